@@ -1,0 +1,104 @@
+"""Command line: ``python -m benchmarks [--quick] [--size 1G] ...``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ALL_SECTIONS, BenchConfig, GiB, MiB
+from .report import compute_ratios, format_table, summary, to_json
+from .runner import run_all
+from .sysinfo import machine
+
+
+def parse_size(text: str) -> int:
+    """'512M', '1G', '64MiB' or a plain byte count."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": MiB, "G": GiB}.get(t[-1:], 1)
+    num = t[:-1] if t[-1:] in "KMG" else t
+    try:
+        value = int(float(num) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {text!r} is not a number with an optional K/M/G suffix") from None
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small state (64 MiB), finishes in under 2 minutes")
+    p.add_argument("--size", type=parse_size, help="synthetic state size, e.g. 256M, 1G (default 1G)")
+    p.add_argument("--runs", type=int, help="runs per measurement; the targets use the median (default 5)")
+    p.add_argument("--memory-saves", type=int, help="consecutive saves for the memory-growth check (default 20)")
+    p.add_argument("--sections", nargs="+", choices=ALL_SECTIONS, help="run only these sections")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the state lives (auto: cuda when available)")
+    p.add_argument("--no-direct-io", action="store_true", help="LocalFileSystemStorageConfig(use_direct_io=False)")
+    p.add_argument("--workdir", type=Path, help="parent of the temporary benchmark directory "
+                   "(default ./bench-out; must be a real disk, not tmpfs)")
+    p.add_argument("--out", type=Path, help="JSON results path (default ./bench-out/results.json)")
+    p.add_argument("--timeout", type=float, help="per-section timeout in seconds")
+    p.add_argument("--sweep", nargs="*", type=parse_size, metavar="SIZE",
+                   help="instead of the full run: blocked time and time to durable vs state size "
+                        "(default sizes 256M 512M 1G 2G 4G) plus the plot")
+    p.add_argument("--plot", type=Path, default=Path("docs/performance.png"), help="plot path for --sweep")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    over: dict[str, Any] = {}
+    if args.size is not None:
+        over["size_bytes"] = args.size
+    if args.runs is not None:
+        over["runs"] = args.runs
+    if args.memory_saves is not None:
+        over["memory_saves"] = args.memory_saves
+    if args.sections:
+        over["sections"] = tuple(args.sections)
+    if args.workdir is not None:
+        over["work_parent"] = args.workdir
+    if args.out is not None:
+        over["out_json"] = args.out
+    if args.timeout is not None:
+        over["section_timeout_s"] = args.timeout
+    over["device"] = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    over["direct_io"] = not args.no_direct_io
+    return BenchConfig.quick_config(**over) if args.quick else replace(BenchConfig(), **over)
+
+
+def run(cfg: BenchConfig, command: str, log: Any = print) -> dict[str, Any]:
+    """The full benchmark: sections, ratio table, JSON. Returns the JSON document."""
+    t0 = time.perf_counter()
+    results = run_all(cfg, log)
+    rows = compute_ratios(results)
+    meta = {"command": command, "machine": machine(), "wall_s": time.perf_counter() - t0,
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}}
+    doc = to_json(results, rows, meta, cfg.out_json)
+    log("")
+    log(format_table(rows))
+    s = summary(rows)
+    log(f"\n{s['passed']}/{s['targets']} targets pass; failed: {s['failed'] or 'none'}; "
+        f"errors: {s['errors'] or 'none'}; wall {meta['wall_s']:.0f}s; JSON: {cfg.out_json}")
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    if args.sweep is not None:
+        from .sweep import run_sweep
+
+        sizes = args.sweep or [256 * MiB, 512 * MiB, GiB, 2 * GiB, 4 * GiB]
+        run_sweep(cfg, sizes, args.plot, command.strip())
+        return 0
+    doc = run(cfg, command.strip())
+    # Failed targets are findings, not a broken run; a ratio that could not be
+    # measured at all (a section crashed) is.
+    return 1 if doc["summary"]["errors"] else 0

@@ -1,0 +1,26 @@
+"""The engine's public API, imported in one place so a missing or broken engine
+shows up as one clear error per section instead of an ImportError traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import BenchConfig
+
+
+def make_manager(cfg: BenchConfig, items: dict[str, Any] | None = None, sync_save: bool = False) -> Any:
+    """An async-save CheckpointManager on local storage with the configured direct-I/O choice."""
+    from torch_checkpointing import CheckpointManager
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+    conf = CheckpointManager.Config.with_sync_save() if sync_save else CheckpointManager.Config.with_async_save()
+    conf.storage_config = LocalFileSystemStorageConfig(use_direct_io=cfg.direct_io)
+    if items:
+        conf.items = items
+    return CheckpointManager(conf)
+
+
+def no_copy_items(keys: list[str]) -> dict[str, Any]:
+    from torch_checkpointing import ItemSpec
+
+    return {k: ItemSpec(requires_copy=False) for k in keys}

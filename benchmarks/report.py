@@ -1,0 +1,263 @@
+"""Turns raw section results into the ratio table (target, pass/fail) and JSON.
+
+Each ratio divides one of our medians by a baseline median measured in the same
+run on the same bytes. A ratio whose inputs are missing (a section failed) is
+still listed, with the error, so a report always names every target.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .sysinfo import median
+
+
+@dataclass
+class Ratio:
+    """One row of the verdict table."""
+
+    key: str
+    label: str
+    value: float | None = None
+    op: str = "<="  # "<=", "<" or "info"
+    limit: float | None = None
+    unit: str = "x"
+    detail: str = ""
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool | None:
+        if self.value is None or self.op == "info" or self.limit is None:
+            return None
+        return self.value <= self.limit if self.op == "<=" else self.value < self.limit
+
+    @property
+    def target(self) -> str:
+        return "info" if self.op == "info" else f"{self.op} {self.limit:g}{self.unit}"
+
+
+Results = dict[str, dict[str, Any]]
+Getter = Callable[[Results], tuple[float, str]]
+
+
+def _r(results: Results, section: str) -> dict[str, Any]:
+    sec = results.get(section)
+    if sec is None:
+        raise LookupError(f"section '{section}' was not run")
+    if "result" not in sec:
+        raise LookupError(f"section '{section}' failed: {sec.get('error')}")
+    return sec["result"]
+
+
+def _m(results: Results, section: str, key: str) -> float:
+    res = _r(results, section)
+    if key not in res:
+        raise LookupError(f"section '{section}' has no '{key}' (a --sweep run measures saves only)")
+    val = res[key]
+    return median(val) if isinstance(val, list) else float(val)
+
+
+def _div(results: Results, num: tuple[str, str], den: tuple[str, str]) -> tuple[float, str]:
+    a, b = _m(results, *num), _m(results, *den)
+    return a / b, f"{num[0]}.{num[1]} {a * 1e3:.1f} ms / {den[0]}.{den[1]} {b * 1e3:.1f} ms"
+
+
+def _no_copy_ms(results: Results) -> tuple[float, str]:
+    v = _m(results, "engine", "no_copy_blocked_s") * 1e3
+    return v, f"all items requires_copy=False, median {v:.3f} ms"
+
+
+def _loop_wait(results: Results) -> tuple[float, str]:
+    lp = _r(results, "loop")
+    w, s = median(lp["save_lock_wait_s"]), median(lp["plain_step_s"])
+    pre = "holds" if lp["forward_backward_s"] > lp["copy_s"] else "DOES NOT hold"
+    return w / s, (f"lock wait {w * 1e3:.2f} ms / step {s * 1e3:.1f} ms; precondition fwd+bwd "
+                   f"{lp['forward_backward_s'] * 1e3:.0f} ms > copy {lp['copy_s'] * 1e3:.0f} ms {pre}")
+
+
+def _loop_step(results: Results) -> tuple[float, str]:
+    lp = _r(results, "loop")
+    a, b = median(lp["inflight_step_s"]), median(lp["plain_step_s"])
+    return a / b, f"step with save in flight {a * 1e3:.1f} ms / without {b * 1e3:.1f} ms"
+
+
+def _reshard_rank_medians(results: Results, kind: str, temp: str, field: str) -> list[float]:
+    ranks = _r(results, "reshard")["ranks"]
+    return [median(r[kind][temp][i][field] for i in range(len(r[kind][temp]))) for r in ranks]
+
+
+def _reshard_bytes(results: Results) -> tuple[float, str]:
+    ranks = _r(results, "reshard")["ranks"]
+    per = [median(x["rchar"] for x in r["reshard"]["warm"]) / r["needed"] for r in ranks]
+    worst = max(range(len(per)), key=lambda i: per[i])
+    return per[worst], f"worst rank {worst}: rchar {per[worst]:.2f}x needed; all ranks " + \
+        " ".join(f"{p:.2f}" for p in per)
+
+
+def _reshard_time(results: Results) -> tuple[float, str]:
+    ranks = _r(results, "reshard")["ranks"]
+    reps = len(ranks[0]["reshard"]["warm"])
+    re_ = median(max(r["reshard"]["warm"][i]["s"] for r in ranks) for i in range(reps))
+    same = median(max(r["same"]["warm"][i]["s"] for r in ranks) for i in range(reps))
+    return re_ / same, f"slowest rank, 4->8 {re_ * 1e3:.1f} ms / 8->8 {same * 1e3:.1f} ms"
+
+
+def _reshard_time_cold(results: Results) -> tuple[float, str]:
+    ranks = _r(results, "reshard")["ranks"]
+    reps = len(ranks[0]["reshard"]["cold"])
+    re_ = median(max(r["reshard"]["cold"][i]["s"] for r in ranks) for i in range(reps))
+    same = median(max(r["same"]["cold"][i]["s"] for r in ranks) for i in range(reps))
+    return re_ / same, f"page cache dropped: 4->8 {re_ * 1e3:.1f} ms / 8->8 {same * 1e3:.1f} ms"
+
+
+def _reshard_disk(results: Results) -> tuple[float, str]:
+    ranks = _r(results, "reshard")["ranks"]
+    reps = len(ranks[0]["reshard"]["cold"])
+    disk = median(sum(r["reshard"]["cold"][i]["read_bytes"] for r in ranks) for i in range(reps))
+    need = sum(r["needed"] for r in ranks)
+    return disk / need, f"all ranks, cold: block-layer reads {disk / 2**20:.1f} MiB / needed {need / 2**20:.1f} MiB"
+
+
+def _rss_growth(results: Results) -> tuple[float, str]:
+    rss = _r(results, "engine")["rss_after_save"]
+    return rss[-1] / rss[1], f"RSS after {len(rss)} saves {rss[-1] / 2**20:.0f} MiB / after 2 {rss[1] / 2**20:.0f} MiB"
+
+
+def _extra_rss(results: Results) -> tuple[float, str]:
+    e = _r(results, "engine")
+    extra = e["rss_after_save"][-1] - e["rss_before_first_save"]
+    return extra / e["staged_bytes"], (f"extra resident {extra / 2**20:.0f} MiB / staged "
+                                       f"{e['staged_bytes'] / 2**20:.0f} MiB")
+
+
+def _writer_rss(results: Results) -> tuple[float, str]:
+    e = _r(results, "engine")
+    w = e["writer"].get("VmHWM", 0)
+    return w / e["staged_bytes"], (f"writer peak RSS {w / 2**20:.0f} MiB, trainer peak "
+                                   f"{e['trainer_peak_rss'] / 2**20:.0f} MiB, staged {e['staged_bytes'] / 2**20:.0f} MiB")
+
+
+def _cache_drop(results: Results) -> tuple[float, str]:
+    c, w = _m(results, "floors", "raw_read_cold_s"), _m(results, "floors", "raw_read_warm_s")
+    b = _r(results, "floors")["bytes"]
+    return c / w, f"raw read cold {b / c / 1e9:.2f} GB/s vs warm {b / w / 1e9:.2f} GB/s (>1 means the drop works)"
+
+
+def _dcp_copy(results: Results) -> tuple[float, str]:
+    ok = _r(results, "dcp").get("async_stages_copy")
+    if ok is None:
+        raise LookupError("dcp section ran saves-only (--sweep)")
+    return float(bool(ok)), "1 = dcp.async_save captured the state as of the call (a real staging copy)"
+
+
+def _spec(key: str, label: str, get: Getter, op: str = "<=", limit: float | None = None,
+          unit: str = "x") -> tuple[str, str, Getter, str, float | None, str]:
+    return key, label, get, op, limit, unit
+
+
+def _d(num: tuple[str, str], den: tuple[str, str]) -> Getter:
+    return lambda r: _div(r, num, den)
+
+
+RATIO_SPECS = [
+    _spec("blocked_vs_memcpy", "worst-case blocked time / memory-copy floor (warm)",
+          _d(("engine", "blocked_s"), ("floors", "memcpy_s")), "<=", 1.2),
+    _spec("blocked_no_copy_ms", "worst-case blocked time, requires_copy=False payload (warm)", _no_copy_ms,
+          "<=", 1.0, " ms"),
+    _spec("blocked_vs_dcp_async", "worst-case blocked time / dcp.async_save blocked time (warm)",
+          _d(("engine", "blocked_s"), ("dcp", "async_blocked_s")), "<", 1.0),
+    _spec("loop_lock_wait_frac", "real loop: lock() wait / step without saves", _loop_wait, "<", 0.05),
+    _spec("loop_step_inflight", "real loop: step with a save in flight / step without", _loop_step, "<=", 1.10),
+    _spec("durable_vs_raw_write", "time to durable / raw write+fsync floor (warm)",
+          _d(("engine", "durable_s"), ("floors", "raw_write_s")), "<=", 1.25),
+    _spec("durable_vs_dcp_save", "time to durable / dcp.save",
+          _d(("engine", "durable_s"), ("dcp", "save_s")), "<", 1.0),
+    _spec("durable_vs_dcp_async", "time to durable / dcp.async_save to durable",
+          _d(("engine", "durable_s"), ("dcp", "async_durable_s")), "<", 1.0),
+    _spec("load_vs_raw_read", "load into templates / raw read floor (warm)",
+          _d(("engine", "load_warm_s"), ("floors", "raw_read_warm_s")), "<=", 1.25),
+    _spec("load_vs_dcp", "load into templates / dcp.load (warm)",
+          _d(("engine", "load_warm_s"), ("dcp", "load_warm_s")), "<", 1.0),
+    _spec("reshard_bytes_read", "reshard 4->8: bytes read / bytes needed (worst rank)", _reshard_bytes, "<=", 1.25),
+    _spec("reshard_time", "reshard 4->8 load time / same-layout 8->8 load (warm)", _reshard_time, "<=", 2.0),
+    _spec("rss_growth", "trainer RSS after all saves / after 2 saves", _rss_growth, "<=", 1.05),
+    _spec("extra_rss_vs_staged", "extra resident memory / staged bytes", _extra_rss, "<=", 1.1),
+    # Informational rows: context for the verdicts above.
+    _spec("blocked_cold_vs_memcpy", "first (cold) save blocked time / memory-copy floor",
+          _d(("engine", "blocked_cold_s"), ("floors", "memcpy_s")), "info"),
+    _spec("durable_vs_torch_save", "time to durable / torch.save+fsync",
+          _d(("engine", "durable_s"), ("torch_save", "save_durable_s")), "info"),
+    _spec("load_cold_vs_raw_read", "load, page cache dropped / raw read, page cache dropped",
+          _d(("engine", "load_cold_s"), ("floors", "raw_read_cold_s")), "info"),
+    _spec("load_cold_vs_dcp", "load, page cache dropped / dcp.load, page cache dropped",
+          _d(("engine", "load_cold_s"), ("dcp", "load_cold_s")), "info"),
+    _spec("load_vs_torch_load", "load into templates / torch.load + copy (warm)",
+          _d(("engine", "load_warm_s"), ("torch_save", "load_warm_s")), "info"),
+    _spec("dcp_blocked_vs_memcpy", "dcp.async_save blocked time / memory-copy floor",
+          _d(("dcp", "async_blocked_s"), ("floors", "memcpy_s")), "info"),
+    _spec("dcp_async_stages_copy", "dcp.async_save really copies before returning", _dcp_copy, "info"),
+    _spec("reshard_time_cold", "reshard 4->8 / same-layout load, page cache dropped", _reshard_time_cold, "info"),
+    _spec("reshard_disk_read", "reshard 4->8, cold: block-layer bytes / needed (all ranks)", _reshard_disk, "info"),
+    _spec("writer_peak_vs_staged", "writer process peak RSS / staged bytes", _writer_rss, "info"),
+    _spec("page_cache_drop", "raw read time cold / warm (checks the cache drop works)", _cache_drop, "info"),
+]
+
+RATIO_KEYS: tuple[str, ...] = tuple(s[0] for s in RATIO_SPECS)
+TARGET_KEYS: tuple[str, ...] = tuple(s[0] for s in RATIO_SPECS if s[3] != "info")
+
+
+def compute_ratios(results: Results) -> list[Ratio]:
+    rows = []
+    for key, label, get, op, limit, unit in RATIO_SPECS:
+        row = Ratio(key=key, label=label, op=op, limit=limit, unit=unit)
+        try:
+            row.value, row.detail = get(results)
+        except (LookupError, ZeroDivisionError, ValueError, TypeError) as exc:
+            row.error = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+    return rows
+
+
+def _verdict(r: Ratio) -> str:
+    if r.error:
+        return "ERROR"
+    if r.passed is None:
+        return "-"
+    return "PASS" if r.passed else "FAIL"
+
+
+def format_table(rows: list[Ratio]) -> str:
+    """A fixed-width table; also pasted into docs/performance.md."""
+    head = f"| {'ratio':<24} | {'measured':>10} | {'target':>9} | {'result':<6} | detail"
+    lines = [head, "|" + "-" * 26 + "|" + "-" * 12 + "|" + "-" * 11 + "|" + "-" * 8 + "|-------"]
+    for r in rows:
+        val = "n/a" if r.value is None else f"{r.value:.3f}{'' if r.unit == 'x' else r.unit.strip()}"
+        lines.append(f"| {r.key:<24} | {val:>10} | {r.target:>9} | {_verdict(r):<6} | "
+                     f"{r.label}: {r.error or r.detail}")
+    return "\n".join(lines)
+
+
+def summary(rows: list[Ratio]) -> dict[str, Any]:
+    targets = [r for r in rows if r.op != "info"]
+    return {
+        "targets": len(targets),
+        "passed": sum(1 for r in targets if r.passed is True),
+        "failed": sorted(r.key for r in targets if r.passed is False),
+        "errors": sorted(r.key for r in rows if r.error),
+    }
+
+
+def to_json(results: Results, rows: list[Ratio], meta: dict[str, Any], path: Path) -> dict[str, Any]:
+    doc = {
+        **meta,
+        "ratios": [{**asdict(r), "target": r.target, "passed": r.passed, "verdict": _verdict(r)} for r in rows],
+        "summary": summary(rows),
+        "sections": results,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    return doc

@@ -1,0 +1,4 @@
+"""Backend-agnostic conformance suite for the checkpointing design document.
+
+Run ``pytest conformance/``; see ``conformance/README.md``.
+"""

@@ -1,0 +1,214 @@
+"""ItemSpec, Config.items / default / strict, key rules, required items, import locations."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from conformance import backend
+from conformance.helpers import files, layout, save, spec
+
+clause = pytest.mark.clause
+Factory = Callable[..., Any]
+
+
+# --------------------------------------------------------------------- ItemSpec
+@clause("SPEC-FIELDS-1")
+def test_itemspec_is_a_dataclass_with_four_fields() -> None:
+    item_spec = backend.name("", "ItemSpec")
+    assert dataclasses.is_dataclass(item_spec)
+    assert [f.name for f in dataclasses.fields(item_spec)] == ["requires_copy", "layout", "resharder", "required"]
+
+
+@clause("SPEC-DEFAULTS-1")
+def test_itemspec_defaults() -> None:
+    s = backend.name("", "ItemSpec")()
+    assert (s.requires_copy, s.layout, s.resharder, s.required) == (True, None, None, True)
+
+
+# ------------------------------------------------------------------------ Config
+@clause("CONFIG-ITEMS-1")
+def test_items_spec_overlays_the_payload_value(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"meta": spec(layout=layout("meta_file.json", "JsonSerialization"))})
+    save(m, tmp_path / "c", {"meta": {"step": 3}, "other": torch.ones(2)})
+    assert "meta_file.json" in files(tmp_path / "c")
+    assert "meta_0.pt" not in files(tmp_path / "c")
+    assert m.load(str(tmp_path / "c"), into={"meta": None})["meta"] == {"step": 3}
+
+
+@clause("CONFIG-DEFAULT-1")
+def test_unlisted_keys_fall_back_to_config_default(manager_factory: Factory, tmp_path: Path) -> None:
+    default = spec(layout=layout("fallback_{rank}.json", "JsonSerialization"))
+    m = manager_factory({"listed": spec()}, default=default)
+    save(m, tmp_path / "c", {"listed": torch.zeros(1), "unlisted": {"a": 1}})
+    written = files(tmp_path / "c")
+    assert {"listed_0.pt", "fallback_0.json"} <= written
+    assert "unlisted_0.pt" not in written
+    out = m.load(str(tmp_path / "c"), into={"listed": torch.ones(1), "unlisted": None})
+    assert out["unlisted"] == {"a": 1}
+
+
+@clause("CONFIG-DEFAULT-2")
+def test_bare_payload_without_schema(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory()
+    w = torch.arange(6.0).reshape(2, 3)
+    save(m, tmp_path / "c", {"model": {"w": w}, "step": 7})
+    out = m.load(str(tmp_path / "c"), into={"model": {"w": torch.zeros(2, 3)}, "step": 0})
+    assert torch.equal(out["model"]["w"], w)
+    assert out["step"] == 7
+
+
+@clause("CONFIG-STRICT-1")
+def test_strict_config_rejects_unlisted_key_on_save(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"model": spec()}, default=None)
+    with pytest.raises(Exception):
+        save(m, tmp_path / "bad", {"model": torch.ones(1), "stray": 1})
+    save(m, tmp_path / "good", {"model": torch.ones(1)})
+    assert "model_0.pt" in files(tmp_path / "good")
+
+
+@clause("CONFIG-STRICT-2")
+def test_strict_config_rejects_unlisted_key_on_load(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"model": spec()}, default=None)
+    save(m, tmp_path / "c", {"model": torch.ones(1)})
+    with pytest.raises(Exception):
+        m.load(str(tmp_path / "c"), into={"model": torch.zeros(1), "stray": None})
+
+
+@clause("CONFIG-REUSE-1")
+def test_one_schema_many_payloads(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"misc": spec(layout=layout("misc_{rank}.json", "JsonSerialization"))})
+    for step in (1, 2, 3):
+        save(m, tmp_path / f"s{step}", {"misc": {"step": step}, "w": torch.full((2,), float(step))})
+    for step in (1, 2, 3):
+        out = m.load(str(tmp_path / f"s{step}"), into={"misc": None, "w": torch.zeros(2)})
+        assert out["misc"] == {"step": step}
+        assert torch.equal(out["w"], torch.full((2,), float(step)))
+
+
+# --------------------------------------------------------------------------- keys
+GOOD_KEYS = ["model", "Model-State_2", "x", "0", "a-b_c-D"]
+BAD_KEYS = ["model.pt", "a.b", "a/b", "a b", "tab\tkey", "trailing\n", "", "caf\u00e9", "a$", "a:b", "x*"]
+
+
+@clause("KEY-CHARSET-1")
+@pytest.mark.parametrize("key", GOOD_KEYS)
+def test_valid_keys_are_accepted(manager_factory: Factory, tmp_path: Path, key: str) -> None:
+    m = manager_factory()
+    save(m, tmp_path / "c", {key: torch.tensor([1.0])})
+    assert f"{key}_0.pt" in files(tmp_path / "c")
+    assert torch.equal(m.load(str(tmp_path / "c"), into={key: torch.zeros(1)})[key], torch.tensor([1.0]))
+
+
+@clause("KEY-CHARSET-2")
+@pytest.mark.parametrize("key", BAD_KEYS, ids=repr)
+def test_invalid_keys_are_rejected_on_save(manager_factory: Factory, tmp_path: Path, key: str) -> None:
+    m = manager_factory()
+    with pytest.raises(Exception):
+        save(m, tmp_path / "c", {key: torch.tensor([1.0])})
+
+
+@clause("KEY-CHARSET-3")
+@pytest.mark.parametrize("key", BAD_KEYS, ids=repr)
+def test_invalid_keys_are_rejected_on_load(manager_factory: Factory, tmp_path: Path, key: str) -> None:
+    m = manager_factory()
+    save(m, tmp_path / "c", {"ok": torch.tensor([1.0])})
+    with pytest.raises(Exception):
+        m.load(str(tmp_path / "c"), into={"ok": torch.zeros(1), key: torch.zeros(1)})
+
+
+@clause("KEY-NESTED-1")
+def test_nested_keys_are_not_item_keys(manager_factory: Factory, tmp_path: Path) -> None:
+    sd = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)).state_dict()
+    assert any("." in k for k in sd)
+    m = manager_factory()
+    save(m, tmp_path / "c", {"model": sd, "misc": {"a.b/c d": 1}})
+    out = m.load(str(tmp_path / "c"), into={"model": {k: torch.zeros_like(v) for k, v in sd.items()}, "misc": None})
+    assert set(out["model"]) == set(sd)
+    assert all(torch.equal(out["model"][k], v) for k, v in sd.items())
+    assert out["misc"] == {"a.b/c d": 1}
+
+
+# ----------------------------------------------------------------------- required
+@clause("REQUIRED-SAVE-1")
+def test_missing_required_item_fails_save(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"model": spec(), "optim": spec(required=True)})
+    with pytest.raises(Exception):
+        save(m, tmp_path / "c", {"model": torch.ones(1)})
+
+
+@clause("REQUIRED-SAVE-2")
+def test_optional_item_may_be_absent_on_save(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"model": spec(), "extra": spec(required=False)})
+    save(m, tmp_path / "c", {"model": torch.ones(1)})
+    assert "model_0.pt" in files(tmp_path / "c")
+    assert "extra_0.pt" not in files(tmp_path / "c")
+
+
+@clause("REQUIRED-LOAD-1")
+def test_required_item_absent_from_checkpoint_fails_load(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory()
+    save(m, tmp_path / "c", {"model": torch.ones(1)})
+    with pytest.raises(Exception):
+        m.load(str(tmp_path / "c"), into={"model": torch.zeros(1), "ghost": None})
+
+
+@clause("REQUIRED-LOAD-2")
+def test_optional_item_absent_from_checkpoint_loads(manager_factory: Factory, tmp_path: Path) -> None:
+    writer = manager_factory({"model": spec(), "extra": spec(required=False)})
+    save(writer, tmp_path / "c", {"model": torch.full((2,), 4.0)})
+    reader = manager_factory({"model": spec(), "extra": spec(required=False)})
+    target = torch.zeros(2)
+    out = reader.load(str(tmp_path / "c"), into={"model": target, "extra": None})
+    assert torch.equal(out["model"], torch.full((2,), 4.0))
+
+
+@clause("REQUIRED-LOAD-3")
+def test_required_item_missing_from_into_fails_load(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"model": spec(), "optim": spec()})
+    save(m, tmp_path / "c", {"model": torch.ones(1), "optim": {"lr": 0.1}})
+    with pytest.raises(Exception):
+        m.load(str(tmp_path / "c"), into={"model": torch.zeros(1)})
+
+
+# ---------------------------------------------------------------- import locations
+@clause("IMPORT-TOP-1")
+def test_top_level_imports() -> None:
+    top = backend.module()
+    manager_cls = top.CheckpointManager
+    assert isinstance(top.ItemSpec(), top.ItemSpec)
+    assert isinstance(manager_cls.Config(), manager_cls.Config)
+
+
+@clause("IMPORT-LAYOUT-1")
+def test_layout_module_names() -> None:
+    mod = backend.module("checkpoint_layout")
+    for fmt in ("TorchSerialization", "JsonSerialization", "RawSerialization", "SafetensorsSerialization"):
+        assert issubclass(getattr(mod, fmt), mod.SerializationFormat), fmt
+    assert isinstance(mod.LayoutInfo("x.pt", mod.TorchSerialization()), mod.LayoutInfo)
+
+
+@clause("IMPORT-RESHARD-1")
+def test_resharder_import_locations() -> None:
+    dt = backend.name("dtensor_resharder", "DTensorResharder")
+    base = backend.name("resharding", "Resharder")
+    assert issubclass(dt, base)
+
+
+@clause("IMPORT-RESHARD-2")
+def test_top_level_reexports() -> None:
+    top, res = backend.module(), backend.module("resharding")
+    for n in ("Resharder", "LoadPlan", "ReshardingInfo"):
+        assert getattr(top, n) is getattr(res, n), n
+
+
+@clause("IMPORT-EXAMPLE-1")
+def test_full_example_imports() -> None:
+    assert isinstance(backend.name("distributed_metadata", "DistributedItemMetadata"), type)
+    assert isinstance(backend.name("distributed_metadata", "ShardingMetadata"), type)
+    assert isinstance(backend.name("storage.base_storage", "Storage"), type)
+    assert backend.name("types", "NestedPath") is not None

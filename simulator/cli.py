@@ -1,0 +1,149 @@
+"""Command line: parse `--world 4→8` style arguments into a :class:`Plan` and run it."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from math import prod
+from pathlib import Path
+
+from simulator.plan import SCENARIOS, Plan
+
+_ARROWS = re.compile(r"\s*(?:→|->|:)\s*")
+
+
+def _positive(text: str, what: str, full: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{what} {full!r}: {text!r} is not a positive whole number")
+    return int(text)
+
+
+def parse_world(text: str) -> tuple[int, int]:
+    """`4→8`, `4->8`, `4:8` → (4, 8); a single `N` → (N, N)."""
+    parts = _ARROWS.split(text.strip())
+    if len(parts) == 1:
+        n = _positive(parts[0], "--world", text)
+        return n, n
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(
+            f"--world {text!r}: expected SAVE→LOAD (also SAVE->LOAD or SAVE:LOAD) or a single N, e.g. 4→8"
+        )
+    return _positive(parts[0], "--world", text), _positive(parts[1], "--world", text)
+
+
+def _parse_mesh_shape(text: str, full: str) -> tuple[int, ...]:
+    dims = text.lower().split("x")
+    return tuple(_positive(d, "--mesh", full) for d in dims)
+
+
+def parse_mesh(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`2x2→2x4` → ((2, 2), (2, 4)); a single shape is used on both sides."""
+    parts = _ARROWS.split(text.strip())
+    if len(parts) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"--mesh {text!r}: expected SHAPE→SHAPE such as 2x2→2x4")
+    meshes = [_parse_mesh_shape(p, text) for p in parts]
+    if len(meshes) == 1:
+        meshes.append(meshes[0])
+    if len(meshes[0]) != len(meshes[1]) or len(meshes[0]) > 2:
+        raise argparse.ArgumentTypeError(
+            f"--mesh {text!r}: both sides need the same number of dimensions (1 or 2), e.g. 2x2→2x4"
+        )
+    return meshes[0], meshes[1]
+
+
+def parse_scenarios(values: Sequence[str] | None) -> tuple[str, ...]:
+    if not values:
+        return tuple(SCENARIOS)
+    chosen: list[str] = []
+    for value in values:
+        for name in filter(None, (v.strip() for v in value.split(","))):
+            if name == "all":
+                return tuple(SCENARIOS)
+            if name not in SCENARIOS:
+                raise argparse.ArgumentTypeError(f"--scenario {name!r}: unknown; choose from {', '.join(SCENARIOS)}")
+            if name not in chosen:
+                chosen.append(name)
+    return tuple(chosen)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    scenario_help = "\n".join(f"  {name}: {text}" for name, text in SCENARIOS.items())
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator",
+        description=(
+            "Launch real multi-rank jobs on this machine (gloo over 127.0.0.1, CPU DTensors) and check that "
+            "a checkpointing backend keeps the design document's promises about {rank} layouts, async "
+            "races and resharding across world sizes."
+        ),
+        epilog=f"scenarios:\n{scenario_help}\n\nexit code 0 only if every scenario passed.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--world", default=None, help="SAVE→LOAD world sizes: 4→8, 4->8, 4:8, or N (default 4→8)")
+    parser.add_argument("--mesh", default=None, help="2-D device meshes SAVE→LOAD, e.g. 2x2→2x4 (implies --world)")
+    parser.add_argument(
+        "--scenario", action="append", metavar="NAME", help=f"run only these ({', '.join(SCENARIOS)}; repeat or comma-separate)"
+    )
+    parser.add_argument("--backend", default="torch_checkpointing", help="module implementing the API (default torch_checkpointing)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for every generated tensor (default 0)")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="write checkpoints under DIR and leave them there")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write a machine-readable report to PATH")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds each multi-rank launch may take (default 150)")
+    parser.add_argument("--write-delay", type=float, default=0.25, help="seconds the slowed storage sleeps per write in async-race")
+    return parser
+
+
+def plan_from_args(args: argparse.Namespace, root: str) -> Plan:
+    """Turn parsed arguments into a validated plan; raises ArgumentTypeError with the flag named."""
+    if args.mesh:
+        save_mesh, load_mesh = parse_mesh(args.mesh)
+        worlds = prod(save_mesh), prod(load_mesh)
+        if args.world and parse_world(args.world) != worlds:
+            raise argparse.ArgumentTypeError(
+                f"--world {args.world} disagrees with --mesh {args.mesh} ({worlds[0]}→{worlds[1]} ranks); drop one"
+            )
+    else:
+        worlds = parse_world(args.world or "4→8")
+        save_mesh, load_mesh = (worlds[0],), (worlds[1],)
+    if args.timeout <= 0:
+        raise argparse.ArgumentTypeError(f"--timeout {args.timeout}: must be positive seconds")
+    return Plan(
+        backend=args.backend,
+        seed=args.seed,
+        root=root,
+        save_world=worlds[0],
+        load_world=worlds[1],
+        save_mesh=save_mesh,
+        load_mesh=load_mesh,
+        scenarios=parse_scenarios(args.scenario),
+        write_delay_s=args.write_delay,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from simulator.run import run_plan  # deferred: --help must not import torch
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    keep: Path | None = args.keep
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        root = str(keep.resolve())
+    else:
+        root = tempfile.mkdtemp(prefix="simulator-")
+    try:
+        plan = plan_from_args(args, root)
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        parser.error(str(exc))
+    report = run_plan(plan, timeout=args.timeout, out=sys.stdout)
+    if args.json is not None:
+        args.json.write_text(report.to_json())
+    if keep is None:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"checkpoints kept under {root}")
+    return 0 if report.passed else 1

@@ -1,0 +1,331 @@
+"""Run a function on N local ranks with torch.distributed's own launcher machinery.
+
+This is the process layer ``torchrun`` sits on
+(``torch.distributed.elastic.multiprocessing.start_processes``): one spawned
+process per rank, stdout/stderr redirected to per-rank log files, return values
+carried back through the elastic return queues. We add the three things a test
+harness needs and ``torchrun`` does not give us directly:
+
+* a rendezvous that cannot collide with another run: the parent process hosts
+  the ``TCPStore`` on a port the OS picks (port 0), so there is no
+  "pick a free port, hope nobody takes it" race between concurrent runs;
+* a hard wall-clock bound: a hung rank never hangs the caller, every rank is
+  killed and :class:`LaunchError` names the rank and its last log lines;
+* a progress channel (:func:`report_progress`) so a long multi-rank run can
+  show a person what phase it is in while it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+
+__all__ = ["LaunchError", "RankFailure", "launch", "report_progress"]
+
+_PROGRESS_ENV = "SIMULATOR_PROGRESS_FILE"
+_STORE_PORT_ENV = "SIMULATOR_STORE_PORT"
+_PG_TIMEOUT_ENV = "SIMULATOR_PG_TIMEOUT"
+_TAIL_LINES = 20
+_POLL_PERIOD_S = 0.05
+_DONE_KEY = "simulator_fn_done"
+_NOISY_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
+
+
+@dataclass
+class RankFailure:
+    """Why one rank did not return: kept structured so callers can name the rank."""
+
+    rank: int
+    cause: str
+    log_tail: list[str] = field(default_factory=list)
+    traceback_tail: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        lines = [f"rank {self.rank}: {self.cause}"]
+        if self.traceback_tail:
+            lines.append(f"  traceback (last {len(self.traceback_tail)} lines) of rank {self.rank}:")
+            lines.extend(f"    | {line}" for line in self.traceback_tail)
+        if self.log_tail:
+            lines.append(f"  last {len(self.log_tail)} log lines of rank {self.rank}:")
+            lines.extend(f"    | {line}" for line in self.log_tail)
+        return "\n".join(lines)
+
+
+class LaunchError(RuntimeError):
+    """Message names each failed rank, its cause (exit code, exception, or
+    'timed out after Ns') and its last log lines."""
+
+    def __init__(self, what: str, failures: list[RankFailure]) -> None:
+        self.failures = failures
+        body = "\n".join(f.describe() for f in failures)
+        super().__init__(f"{what}\n{body}")
+
+
+def report_progress(message: str) -> None:
+    """Send one progress line to the launching process (no-op outside :func:`launch`).
+
+    Lines are appended to a file the parent tails while it waits; appends of a
+    single short line are atomic enough on POSIX for several ranks to share it.
+    """
+    path = os.environ.get(_PROGRESS_ENV)
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(message.replace("\n", " ") + "\n")
+
+
+def _loopback_ifname() -> str | None:
+    """Name of the loopback interface, so gloo never tries a routable address."""
+    for _, name in socket.if_nameindex():
+        if name in ("lo", "lo0"):
+            return name
+    return None
+
+
+def _rank_entry(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Runs inside each spawned rank: join the process group, run ``fn``, leave cleanly."""
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    pg_timeout = timedelta(seconds=float(os.environ[_PG_TIMEOUT_ENV]))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        int(os.environ[_STORE_PORT_ENV]),
+        world_size,
+        is_master=False,
+        timeout=pg_timeout,
+    )
+    dist.init_process_group(
+        "gloo",
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=pg_timeout,
+    )
+    try:
+        result = fn(*args)
+        store.set(f"{_DONE_KEY}/{rank}", "1")
+        dist.barrier()
+        return result
+    finally:
+        dist.destroy_process_group()
+
+
+def _tail(path: str | None, n: int = _TAIL_LINES) -> list[str]:
+    if not path or not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().splitlines()
+    return lines[-n:]
+
+
+def _rank_log_tail(stdouts: Mapping[int, str], stderrs: Mapping[int, str], rank: int) -> list[str]:
+    return (_tail(stdouts.get(rank)) + _tail(stderrs.get(rank)))[-_TAIL_LINES:]
+
+
+def _message_text(message: Any) -> str:
+    if isinstance(message, dict):
+        return str(message.get("message", ""))
+    return message if isinstance(message, str) else ""
+
+
+def _failure_cause(exitcode: int, message: Any) -> str:
+    text = _message_text(message)
+    if exitcode < 0:
+        try:
+            sig = signal.Signals(-exitcode).name
+        except ValueError:
+            sig = f"signal {-exitcode}"
+        cause = f"killed by {sig}"
+    else:
+        cause = f"exited with code {exitcode}"
+    last = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if last and not last[-1].startswith("To enable traceback"):
+        cause += f": {last[-1]}"
+    return cause
+
+
+def _traceback_tail(message: Any, n: int = 8) -> list[str]:
+    """The last frames of the rank's Python traceback, as recorded by the elastic error file."""
+    stack = ""
+    if isinstance(message, dict):
+        stack = str(message.get("extraInfo", {}).get("py_callstack", ""))
+    lines = [line for line in stack.splitlines() if line.strip()]
+    return lines[-n:]
+
+
+def _finished_ranks(store: dist.TCPStore, world_size: int) -> set[int]:
+    return {r for r in range(world_size) if store.check([f"{_DONE_KEY}/{r}"])}
+
+
+@contextmanager
+def _quiet_elastic_logs() -> Iterator[None]:
+    """The elastic agent logs every failure with a full traceback; we report it ourselves."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _drain_progress(path: Path, offset: int, sink: Callable[[str], None] | None) -> int:
+    """Forward complete new lines of the progress file; return the new byte offset."""
+    if sink is None:
+        return offset
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        chunk = fh.read()
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return offset
+    for line in chunk[: end + 1].decode("utf-8", errors="replace").splitlines():
+        sink(line)
+    return offset + end + 1
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    args: tuple[Any, ...] = (),
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    name: str = "simulator",
+) -> list[Any]:
+    """Run fn(*args) on `world_size` local processes with torch.distributed initialised as gloo on
+    127.0.0.1 (free port picked at run time; MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK set),
+    return the per-rank return values in rank order. `fn` must be a module-level importable function,
+    its return value picklable. Any crashed rank or the timeout kills every rank and raises LaunchError.
+
+    ``progress`` receives each line ranks send with :func:`report_progress` while the run is going.
+    """
+    if world_size < 1:
+        raise ValueError(f"launch(world_size={world_size}): world_size must be at least 1")
+    if timeout <= 0:
+        raise ValueError(f"launch(timeout={timeout}): timeout must be positive seconds")
+    if getattr(fn, "__name__", "<lambda>") == "<lambda>" or "<locals>" in getattr(fn, "__qualname__", ""):
+        raise ValueError(
+            f"launch(fn={fn!r}): ranks are spawned processes, so fn must be a module-level "
+            "function they can import by name (not a lambda or a nested function)"
+        )
+
+    log_root = tempfile.mkdtemp(prefix=f"{name}-ranks-")
+    progress_file = Path(log_root) / "progress.log"
+    progress_file.touch()
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
+    port = store.port
+    ifname = _loopback_ifname()
+    envs: dict[int, dict[str, str]] = {}
+    for rank in range(world_size):
+        rank_env = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "GROUP_RANK": "0",
+            "TORCHELASTIC_RUN_ID": name,
+            "OMP_NUM_THREADS": "1",
+            _STORE_PORT_ENV: str(port),
+            _PROGRESS_ENV: str(progress_file),
+            _PG_TIMEOUT_ENV: str(max(5.0, timeout)),
+        }
+        if ifname:
+            rank_env["GLOO_SOCKET_IFNAME"] = ifname
+        rank_env.update(env or {})
+        envs[rank] = rank_env
+
+    job = _Job(fn, tuple(args), world_size, timeout, name, store, progress_file, progress)
+    try:
+        with _quiet_elastic_logs():
+            return job.run(envs, DefaultLogsSpecs(log_dir=log_root, redirects=Std.ALL))
+    finally:
+        shutil.rmtree(log_root, ignore_errors=True)
+
+
+@dataclass
+class _Job:
+    """One launch in flight: the processes, the wall-clock bound and the progress tail."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    world_size: int
+    timeout: float
+    name: str
+    store: dist.TCPStore
+    progress_file: Path
+    progress: Callable[[str], None] | None
+
+    def run(self, envs: dict[int, dict[str, str]], logs: DefaultLogsSpecs) -> list[Any]:
+        ctx = start_processes(
+            name=self.name,
+            entrypoint=_rank_entry,
+            args={rank: (self.fn, self.args) for rank in range(self.world_size)},
+            envs=envs,
+            logs_specs=logs,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + self.timeout
+        offset = 0
+        try:
+            while True:
+                result = ctx.wait(timeout=0)
+                offset = _drain_progress(self.progress_file, offset, self.progress)
+                if result is not None:
+                    break
+                if time.monotonic() >= deadline:
+                    raise self._timed_out(ctx)
+                time.sleep(_POLL_PERIOD_S)
+        finally:
+            ctx.close(death_sig=signal.SIGKILL, timeout=5)
+        if result.is_failed():
+            failures = [
+                RankFailure(
+                    r,
+                    _failure_cause(f.exitcode, f.message),
+                    _rank_log_tail(result.stdouts, result.stderrs, r),
+                    _traceback_tail(f.message),
+                )
+                for r, f in sorted(result.failures.items())
+            ]
+            raise LaunchError(f"{self.name}: {len(failures)} of {self.world_size} ranks failed", failures)
+        return [result.return_values[r] for r in range(self.world_size)]
+
+    def _timed_out(self, ctx: Any) -> LaunchError:
+        stdouts, stderrs = dict(ctx.stdouts), dict(ctx.stderrs)
+        finished = _finished_ranks(self.store, self.world_size)
+        ctx.close(death_sig=signal.SIGKILL, timeout=5)
+        waiting = " (its function had returned; it was waiting for the others)"
+        failures = [
+            RankFailure(
+                r,
+                f"timed out after {self.timeout:g}s" + (waiting if r in finished else ""),
+                _rank_log_tail(stdouts, stderrs, r),
+            )
+            for r in range(self.world_size)
+        ]
+        failures.sort(key=lambda f: (f.rank in finished, f.rank))
+        return LaunchError(
+            f"{self.name}: {self.world_size} ranks did not finish within {self.timeout:g}s", failures
+        )

@@ -1,0 +1,62 @@
+"""Inside a rank: run every chosen scenario's share of one phase, recording rows as they finish.
+
+Rows go to a per-rank JSON-lines file as soon as a scenario ends, so if a later
+scenario hangs or crashes the launch, the parent still reports what finished.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import torch.distributed as dist
+
+from simulator.launcher import report_progress
+from simulator.plan import Plan
+from simulator.report import FAIL, CheckResult
+
+_MODULES = {"layouts": "layouts", "async-race": "async_race", "reshard": "reshard"}
+
+
+def results_file(plan: Plan, phase: str, rank: int) -> Path:
+    return Path(plan.root, "_simulator_results", f"{phase}_rank{rank}.jsonl")
+
+
+def progress_line(phase: str, world: int, scenario: str, message: str) -> str:
+    return f"{phase} ×{world} · {scenario} · {message}"
+
+
+def run_phase(plan: Plan, phase: str) -> int:
+    """Entry point given to the launcher; returns the number of rows this rank recorded."""
+    from simulator.scenarios.common import RankCtx  # imports the backend, so only inside ranks
+
+    ctx = RankCtx(plan, phase)
+    out = results_file(plan, phase, ctx.rank)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    for name in plan.scenarios:
+        module = importlib.import_module(f"simulator.scenarios.{_MODULES[name]}")
+        step = getattr(module, phase, None)
+        if step is None:
+            continue
+        if ctx.rank == 0:
+            report_progress(progress_line(phase, ctx.world, name, "started"))
+        try:
+            rows: list[CheckResult] = step(ctx)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            rows = [ctx.row(name, phase, FAIL, notes=[f"rank {ctx.rank}: {type(exc).__name__}: {first[:300]}"])]
+        with open(out, "a", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps({"phase": phase, **asdict(row)}) + "\n")
+        count += len(rows)
+        dist.barrier()
+        if ctx.rank == 0:
+            summary = ", ".join(f"{r.check or r.scenario} {r.result}" for r in rows)
+            report_progress(progress_line(phase, ctx.world, name, f"done on rank 0: {summary}"))
+    return count

@@ -1,0 +1,1 @@
+"""Scenario modules; each exposes `save(ctx)` and/or `load(ctx)` returning report rows."""

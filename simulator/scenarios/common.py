@@ -1,0 +1,148 @@
+"""What every scenario needs inside a rank: the plan, the backend, timers, byte counts, row helpers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simulator.backend import Backend, load_backend
+from simulator.plan import Plan
+from simulator.report import FAIL, PASS, CheckResult
+from simulator.storage import InstrumentedStorageConfig, bytes_read
+
+
+@dataclass
+class RankCtx:
+    """One rank's view of one phase ("save" on the source world, "load" on the target world)."""
+
+    plan: Plan
+    phase: str
+    rank: int = field(init=False)
+    world: int = field(init=False)
+    b: Backend = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.b = load_backend()
+
+    @property
+    def mesh(self) -> tuple[int, ...]:
+        return self.plan.save_mesh if self.phase == "save" else self.plan.load_mesh
+
+    def path(self, *parts: str) -> Path:
+        return Path(self.plan.root, *parts)
+
+    def storage(self, write_delay_s: float = 0.0) -> InstrumentedStorageConfig:
+        return InstrumentedStorageConfig(write_delay_s=write_delay_s)
+
+    def manager(self, items: Mapping[str, Any], *, sync: bool = True, write_delay_s: float = 0.0) -> Any:
+        """A manager built only from public presets and fields."""
+        cm = self.b.CheckpointManager
+        cfg = cm.Config.with_sync_save() if sync else cm.Config.with_async_save()
+        cfg.items = dict(items)
+        cfg.storage_config = self.storage(write_delay_s)
+        return cm(cfg)
+
+    def row(self, scenario: str, check: str, result: str, *, placements: str = "-", notes: list[str] | None = None,
+            written: int = 0, read: int = 0, seconds: float = 0.0, world: str | None = None) -> CheckResult:
+        return CheckResult(scenario, check, world or self.plan.world_label, placements, result,
+                           written, read, seconds, list(notes or []))
+
+
+@dataclass
+class Meter:
+    """Time and bytes read for one check, measured in this rank."""
+
+    start: float = field(default_factory=time.perf_counter)
+    read_start: int = field(default_factory=bytes_read)
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+    @property
+    def read(self) -> int:
+        return bytes_read() - self.read_start
+
+
+def file_bytes(root: Path, rel_paths: list[str]) -> int:
+    return sum((root / p).stat().st_size for p in rel_paths if (root / p).is_file())
+
+
+def all_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def same(a: Any, b: Any, path: str = "") -> list[str]:
+    """Bit-exact structural comparison; returns human-readable differences (empty = identical)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return [f"{path or '<root>'}: {type(a).__name__} vs {type(b).__name__}"]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return [f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"]
+        if not torch.equal(_bits(a), _bits(b)):
+            return [f"{path}: values differ"]
+        return []
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"]
+        return [d for k in a for d in same(a[k], b[k], f"{path}.{k}" if path else str(k))]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: length {len(a)} vs {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in same(x, y, f"{path}.{i}")]
+    return [] if a == b else [f"{path or '<root>'}: {a!r} vs {b!r}"]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Raw bytes of a tensor, so -0.0 vs 0.0 and NaN payloads count as differences."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def verdict(diffs: list[str]) -> str:
+    return PASS if not diffs else FAIL
+
+
+@contextmanager
+def closing(manager: Any) -> Iterator[Any]:
+    try:
+        yield manager
+    finally:
+        manager.close()
+
+
+def clone_tree(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {k: clone_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone_tree(v) for v in value)
+    return value
+
+
+def zeros_like_tree(value: Any) -> Any:
+    """A load template with the same structure and fresh tensors (values must come from the file)."""
+    if isinstance(value, torch.Tensor):
+        return torch.full_like(value, -7) if not value.dtype.is_floating_point else torch.full_like(value, float("nan"))
+    if isinstance(value, Mapping):
+        return {k: zeros_like_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [zeros_like_tree(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(zeros_like_tree(v) for v in value)
+    return type(value)() if isinstance(value, (int, float, str)) else value
+
+
+def gather(value: Any) -> list[Any]:
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out

@@ -1,0 +1,164 @@
+"""Scenario 1: per-rank file layouts and the collision a layout without {rank} causes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simulator.report import FAIL, HAZARD, PASS, CheckResult
+from simulator.scenarios.common import Meter, RankCtx, closing, file_bytes, gather, same, zeros_like_tree
+
+NAME = "layouts"
+SHARED_FILE = "shared.pt"
+
+
+def _layouts(ctx: RankCtx) -> dict[str, Any]:
+    lay = ctx.b.layout
+    return {
+        "model": None,
+        "optim": lay.LayoutInfo("optim_{rank}.pt", lay.TorchSerialization()),
+        "shard": lay.LayoutInfo("rank_{rank}/shard.pt", lay.TorchSerialization()),
+        "meta": lay.LayoutInfo("meta/meta_{rank}.json", lay.JsonSerialization()),
+        "weights": lay.LayoutInfo(
+            "weights/rank_{rank}.safetensors", lay.SafetensorsSerialization(metadata={"producer": "simulator"})
+        ),
+    }
+
+
+def expected_path(key: str, layout: Any, rank: int) -> str:
+    """Where the design document says an item lands on a given rank."""
+    return f"{key}_{rank}.pt" if layout is None else layout.file_path.replace("{rank}", str(rank))
+
+
+def payload(seed: int, rank: int, world: int) -> dict[str, Any]:
+    """Rank-specific values, deterministic from the seed, so any process can recompute them."""
+    gen = torch.Generator().manual_seed(seed * 7919 + rank)
+    return {
+        "model": {"w": torch.randn(4, 3, generator=gen), "b": torch.randn(3, generator=gen)},
+        "optim": {"state": {0: {"exp_avg": torch.randn(4, 3, generator=gen)}}, "step": rank + 1},
+        "shard": {"rows": torch.arange(rank * 5, rank * 5 + 5)},
+        "meta": {"rank": rank, "world": world, "note": f"written by rank {rank}"},
+        "weights": {"layer": {"w": torch.randn(2, 2, generator=gen)}, "bias": torch.randn(2, generator=gen)},
+    }
+
+
+def _template(value: dict[str, Any]) -> dict[str, Any]:
+    into = {k: zeros_like_tree(v) for k, v in value.items()}
+    into["meta"] = None  # JSON comes back as decoded data
+    return into
+
+
+def _manager(ctx: RankCtx) -> Any:
+    layouts = _layouts(ctx)
+    return ctx.manager({k: ctx.b.ItemSpec(layout=lay) for k, lay in layouts.items()})
+
+
+def _read_back(ctx: RankCtx, source_world: int) -> tuple[list[str], int]:
+    root = ctx.path(NAME)
+    expected = payload(ctx.plan.seed, ctx.rank, source_world)
+    with closing(_manager(ctx)) as mgr:
+        restored = mgr.load(str(root), into=_template(expected))
+    return same(dict(restored), expected), 0
+
+
+def save(ctx: RankCtx) -> list[CheckResult]:
+    rows: list[CheckResult] = []
+    root = ctx.path(NAME)
+    layouts = _layouts(ctx)
+    meter = Meter()
+    mine = [expected_path(k, lay, ctx.rank) for k, lay in layouts.items()]
+    with closing(_manager(ctx)) as mgr:
+        mgr.save(str(root), payload(ctx.plan.seed, ctx.rank, ctx.world))
+    dist.barrier()
+    notes: list[str] = []
+    missing = [p for p in mine if not (root / p).is_file()]
+    if missing:
+        notes.append(f"rank {ctx.rank} files missing after save: {missing}")
+    everyone = gather(mine)
+    flat = [p for paths in everyone for p in paths]
+    if len(set(flat)) != len(flat):
+        notes.append(f"expected per-rank paths collide: {sorted({p for p in flat if flat.count(p) > 1})}")
+    if ctx.rank == 0:
+        on_disk = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+        extra = sorted(on_disk - set(flat))
+        if extra:
+            notes.append(f"engine bookkeeping files next to the items: {extra}")
+        notes.append(f"rank 0 files: {mine}")
+    written = file_bytes(root, mine)
+    result = FAIL if missing or len(set(flat)) != len(flat) else PASS
+    rows.append(ctx.row(NAME, "paths", result, notes=notes, written=written, seconds=meter.seconds,
+                        placements="per-rank files", world=str(ctx.world)))
+
+    meter = Meter()
+    diffs, _ = _read_back(ctx, ctx.world)
+    rows.append(ctx.row(NAME, "read-back", PASS if not diffs else FAIL, notes=[f"rank {ctx.rank}: {d}" for d in diffs[:5]],
+                        read=meter.read, seconds=meter.seconds, placements="own files", world=str(ctx.world)))
+    if ctx.world > 1:
+        rows.append(collision(ctx))
+    return rows
+
+
+def load(ctx: RankCtx) -> list[CheckResult]:
+    rows: list[CheckResult] = []
+    source = ctx.plan.save_world
+    meter = Meter()
+    notes: list[str] = []
+    if ctx.rank < source:
+        diffs, _ = _read_back(ctx, source)
+        result = PASS if not diffs else FAIL
+        notes = [f"rank {ctx.rank}: {d}" for d in diffs[:5]]
+    else:
+        try:
+            _read_back(ctx, source)
+        except Exception as exc:  # the design document: a missing item file fails the load
+            result = PASS
+            if ctx.rank == source:
+                notes.append(f"ranks {source}..{ctx.world - 1} have no files of their own and the load refuses: "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        else:
+            result = FAIL
+            notes.append(f"rank {ctx.rank} loaded a checkpoint that has no files for it without an error")
+    rows.append(ctx.row(NAME, "reload", result, notes=notes, read=meter.read, seconds=meter.seconds,
+                        placements=f"{source} files → {ctx.world} ranks"))
+    if ctx.plan.save_world == 1 and ctx.world > 1:
+        rows.append(collision(ctx))
+    return rows
+
+
+def collision(ctx: RankCtx) -> CheckResult:
+    """A fixed path on several ranks: the engine must refuse it, or ranks overwrite each other."""
+    root = ctx.path(f"{NAME}-shared-{ctx.phase}")
+    lay = ctx.b.layout
+    spec = {"shared": ctx.b.ItemSpec(layout=lay.LayoutInfo(SHARED_FILE, lay.TorchSerialization()))}
+    meter = Meter()
+    value = {"rank": ctx.rank, "data": torch.full((4,), float(ctx.rank))}
+    error = ""
+    try:
+        with closing(ctx.manager(spec)) as mgr:
+            mgr.save(str(root), {"shared": value})
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    errors = gather(error)
+    placements = f"'{SHARED_FILE}' on {ctx.world} ranks"
+    refused = [r for r, e in enumerate(errors) if e]
+    if refused:
+        named = all(SHARED_FILE in errors[r] for r in refused)
+        note = (f"engine refused the save on ranks {refused}: {errors[refused[0]][:200]}"
+                + ("" if named else " (the error does not name the colliding path)"))
+        return ctx.row(NAME, "no-{rank}", HAZARD, notes=[note], placements=placements, seconds=meter.seconds)
+    dist.barrier()
+    file = root / SHARED_FILE
+    if not file.is_file():
+        return ctx.row(NAME, "no-{rank}", FAIL, placements=placements, seconds=meter.seconds,
+                       notes=[f"save succeeded on every rank but {file.name} is not in the checkpoint"])
+    with closing(ctx.manager(spec)) as mgr:
+        got = mgr.load(str(root), into={"shared": None})["shared"]
+    winner = got.get("rank") if isinstance(got, dict) else None
+    note = (f"all {ctx.world} ranks wrote {SHARED_FILE}; only rank {winner}'s data survived, "
+            f"{ctx.world - 1} ranks' data was silently overwritten")
+    return ctx.row(NAME, "no-{rank}", HAZARD, notes=[note], placements=placements, seconds=meter.seconds,
+                   written=file.stat().st_size if ctx.rank == 0 else 0, read=meter.read)
+
+

@@ -1,0 +1,105 @@
+"""A storage that wraps the backend's local filesystem storage to count reads and slow down writes.
+
+Slowing writes keeps an async write in flight long enough for the training loop
+to race it; counting reads gives the report its "bytes read" column. The config
+is a plain dataclass at module level, so the backend can pickle it into its
+spawned writer process, which re-imports this module (and finds the backend
+through ``SIMULATOR_BACKEND``).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulator.backend import backend_module
+
+_base = backend_module("storage.base_storage")
+_fs = backend_module("storage.filesystem")
+
+_COUNTERS = {"bytes_read": 0}
+
+
+def bytes_read() -> int:
+    """Bytes read through any InstrumentedStorage in this process so far."""
+    return _COUNTERS["bytes_read"]
+
+
+@dataclass
+class InstrumentedStorageConfig(_base.StorageConfig):  # type: ignore[misc, name-defined]
+    """Buffered local storage (no O_DIRECT) that sleeps ``write_delay_s`` before every file write."""
+
+    write_delay_s: float = 0.0
+
+    def create_storage(self) -> InstrumentedStorage:
+        return InstrumentedStorage(self)
+
+
+
+class InstrumentedStorage(_base.Storage):  # type: ignore[misc, name-defined]
+    def __init__(self, config: InstrumentedStorageConfig) -> None:
+        self._inner = _fs.LocalFileSystemStorage(_fs.LocalFileSystemStorageConfig(use_direct_io=False))
+        self._delay = config.write_delay_s
+        for optional in ("sync_directory", "replace_directory"):
+            if hasattr(self._inner, optional):
+                setattr(self, optional, getattr(self._inner, optional))
+
+    def _sleep(self) -> None:
+        if self._delay > 0:
+            time.sleep(self._delay)
+
+    def stream_read(self, path: Path, read_args: Any = None) -> io.RawIOBase:
+        data = self._inner.read(path, read_args)
+        _COUNTERS["bytes_read"] += len(data)
+        return io.BytesIO(data)  # type: ignore[return-value]
+
+    def read(self, path: Path, read_args: Any = None) -> bytes:
+        data = self._inner.read(path, read_args)
+        _COUNTERS["bytes_read"] += len(data)
+        return data
+
+    def read_range(self, path: Path, offset: int, length: int) -> bytes:
+        if hasattr(self._inner, "read_range"):
+            data = self._inner.read_range(path, offset, length)
+        else:
+            data = self._inner.read(path)[offset : offset + length]
+        _COUNTERS["bytes_read"] += len(data)
+        return data
+
+    def stream_write(self, path: Path) -> io.IOBase:
+        self._sleep()
+        return self._inner.stream_write(path)
+
+    def write(self, path: Path, data: Any) -> None:
+        self._sleep()
+        self._inner.write(path, data)
+
+    def delete(self, path: Path) -> None:
+        self._inner.delete(path)
+
+    def mkdir(self, path: Path, recursive: bool = True) -> None:
+        self._inner.mkdir(path, recursive)
+
+    def rmdir(self, path: Path) -> None:
+        self._inner.rmdir(path)
+
+    def rename(self, src_path: Path, dst_path: Path, is_directory: bool = False, is_cross_link: bool = False, background_cleanup: bool = False) -> None:
+        self._inner.rename(src_path, dst_path, is_directory, is_cross_link, background_cleanup)
+
+    def ls(self, path: Path) -> list[str]:
+        return self._inner.ls(path)
+
+    def exists(self, path: Path) -> bool:
+        return self._inner.exists(path)
+
+    def getsize(self, path: Path) -> int:
+        return self._inner.getsize(path)
+
+    def isdir(self, path: Path) -> bool:
+        return self._inner.isdir(path)
+
+    def remap_path(self, path: Path) -> str:
+        return self._inner.remap_path(path)

@@ -1,0 +1,74 @@
+"""Barriers for multi-rank commits, over a TCPStore so that they work in processes without a process group."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from torch_checkpointing.store_channel import StoreAddress, StoreChannel
+from torch_checkpointing.types import RankInfo
+
+__all__ = ["Barrier", "BarrierConfig", "TCPStoreBarrier", "TCPStoreBarrierConfig"]
+
+
+@dataclass
+class BarrierConfig(ABC):
+    timeout_barrier_init_sec: int
+
+    @abstractmethod
+    def create_barrier(self, rank_info: RankInfo) -> Barrier: ...
+
+
+class Barrier(ABC):
+    @abstractmethod
+    def __init__(self, config: BarrierConfig) -> None: ...
+
+    @abstractmethod
+    def execute_barrier(self, timeout_secs: int) -> None: ...
+
+
+@dataclass
+class TCPStoreBarrierConfig(BarrierConfig):
+    use_checkpoint_barrier_tcpstore_libuv: bool
+    tcpstore_port: int
+    master_address: str
+    key_prefix: str = ""
+
+    def create_barrier(self, rank_info: RankInfo) -> TCPStoreBarrier:
+        return TCPStoreBarrier(self, rank_info)
+
+
+class TCPStoreBarrier(Barrier):
+    """Role rank 0 hosts the store; each barrier has its own sequence number so barriers never mix."""
+
+    def __init__(self, config: TCPStoreBarrierConfig, rank_info: RankInfo | None = None) -> None:
+        self.config = config
+        self.rank_info = rank_info or RankInfo.single()
+        self._seq = 0
+        self._host_store: dist.TCPStore | None = None
+        if self.rank_info.role_rank == 0:
+            self._host_store = dist.TCPStore(
+                config.master_address,
+                config.tcpstore_port,
+                is_master=True,
+                timeout=timedelta(seconds=config.timeout_barrier_init_sec),
+                wait_for_workers=False,
+                use_libuv=config.use_checkpoint_barrier_tcpstore_libuv,
+            )
+        self._channel: StoreChannel | None = None
+
+    def _get_channel(self, timeout_secs: int) -> StoreChannel:
+        if self._channel is None:
+            address = StoreAddress(self.config.master_address, self.config.tcpstore_port, f"barrier/{self.config.key_prefix}")
+            self._channel = StoreChannel(address, timeout_secs, store=self._host_store)
+        self._channel.timeout_s = timeout_secs
+        return self._channel
+
+    def execute_barrier(self, timeout_secs: int) -> None:
+        channel = self._get_channel(timeout_secs)
+        self._seq += 1
+        channel.publish(f"{self._seq}/{self.rank_info.role_rank}", "arrived")
+        channel.gather(str(self._seq), self.rank_info.role_world_size, f"arrival at barrier {self._seq}")

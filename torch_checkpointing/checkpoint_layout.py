@@ -1,0 +1,152 @@
+"""Where an item lands on disk (`LayoutInfo`) and how it is encoded (`SerializationFormat`).
+
+These are declarations only; encoding and decoding live in `encoding.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from torch_checkpointing.schema_constants import RANK_PLACEHOLDER
+
+
+class SerializationFormat(ABC):
+    """Base of the four shipped formats. The writer supports only those four: a new subclass is refused."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]: ...
+
+    @classmethod
+    @abstractmethod
+    def from_dict(cls, d: dict[str, Any]) -> SerializationFormat: ...
+
+
+@dataclass(frozen=True)
+class TorchSerialization(SerializationFormat):
+    """`torch.save` / `torch.load`: arbitrary picklable state (read back with torch's safe loader by default)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "TorchSerialization"}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TorchSerialization:
+        return cls()
+
+
+@dataclass(frozen=True)
+class JsonSerialization(SerializationFormat):
+    """Pretty-printed JSON with sorted keys; `cls` (a dataclass) is rebuilt on read."""
+
+    cls: type | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        name = None if self.cls is None else f"{self.cls.__module__}.{self.cls.__qualname__}"
+        return {"type": "JsonSerialization", "cls": name}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JsonSerialization:
+        name = d.get("cls")
+        if not name:
+            return cls()
+        # Qualified names of nested classes contain dots: import the longest importable module prefix.
+        parts = name.split(".")
+        for split in range(len(parts) - 1, 0, -1):
+            try:
+                obj: Any = importlib.import_module(".".join(parts[:split]))
+            except ImportError:
+                continue
+            for attr in parts[split:]:
+                obj = getattr(obj, attr)
+            return cls(obj)
+        raise ValueError(f"JsonSerialization: cannot import class {name!r}; make its module importable")
+
+
+@dataclass(frozen=True)
+class RawSerialization(SerializationFormat):
+    """Bytes written as they are."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "RawSerialization"}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RawSerialization:
+        return cls()
+
+
+@dataclass(frozen=True, eq=False)
+class SafetensorsSerialization(SerializationFormat):
+    """Tensor-only safetensors file; nested containers are flattened to dotted keys."""
+
+    metadata: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.metadata is None:
+            return
+        if not isinstance(self.metadata, dict):
+            raise TypeError(f"SafetensorsSerialization metadata must be a dict[str, str], got {type(self.metadata).__name__}")
+        bad = [(k, v) for k, v in self.metadata.items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise TypeError(
+                f"SafetensorsSerialization metadata keys and values must be str (safetensors contract); "
+                f"offending entries: {bad!r}. Convert them with str() first."
+            )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SafetensorsSerialization):
+            return NotImplemented
+        return self.metadata == other.metadata
+
+    def __hash__(self) -> int:
+        return hash(frozenset((self.metadata or {}).items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": "SafetensorsSerialization"}
+        if self.metadata is not None:
+            d["metadata"] = dict(self.metadata)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SafetensorsSerialization:
+        return cls(metadata=d.get("metadata"))
+
+
+SUPPORTED_FORMATS: tuple[type[SerializationFormat], ...] = (
+    TorchSerialization,
+    JsonSerialization,
+    RawSerialization,
+    SafetensorsSerialization,
+)
+_BY_NAME = {f.__name__: f for f in SUPPORTED_FORMATS}
+
+
+def serialization_format_from_dict(d: dict[str, Any]) -> SerializationFormat:
+    fmt = _BY_NAME.get(d.get("type", ""))
+    if fmt is None:
+        raise ValueError(f"Unknown SerializationFormat type: {d.get('type')}")
+    return fmt.from_dict(d)
+
+
+@dataclass(frozen=True)
+class LayoutInfo:
+    """One item's file: `file_path` relative to the checkpoint directory (may hold `{rank}`), and its format."""
+
+    file_path: str
+    serialization_format: SerializationFormat
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file_path": self.file_path, "serialization_format": self.serialization_format.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LayoutInfo:
+        return cls(d["file_path"], serialization_format_from_dict(d["serialization_format"]))
+
+    def for_rank(self, rank: int) -> LayoutInfo:
+        """`{rank}` filled in; every other brace-delimited text stays literal."""
+        return LayoutInfo(self.file_path.replace(RANK_PLACEHOLDER, str(rank)), self.serialization_format)
+
+
+def default_layout_info(key: str, rank: int) -> LayoutInfo:
+    return LayoutInfo(f"{key}_{rank}.pt", TorchSerialization())

@@ -1,0 +1,249 @@
+"""`CheckpointManager`: the one object user code talks to."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch_checkpointing.checkpoint_loader import CheckpointLoader
+from torch_checkpointing.checkpoint_saver import AsyncCheckpointSaver, CheckpointSaver, SavePlan, SyncCheckpointSaver
+from torch_checkpointing.config import (
+    DEFAULT_WAIT_TIMEOUT_SECS,
+    AsyncCheckpointSaverConfig,
+    CheckpointLoaderConfig,
+    CheckpointSaverConfig,
+    SyncCheckpointSaverConfig,
+)
+from torch_checkpointing.rank_context import RankContext
+from torch_checkpointing.schema import ItemSpec, ResolvedItem, resolve, validate_keys
+from torch_checkpointing.storage.base_storage import StorageConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.store_channel import StoreAddress
+
+__all__ = ["CheckpointManager"]
+
+
+def _noop_init(*args: Any) -> None:
+    return None
+
+
+class CheckpointManager:
+    """Saves and loads checkpoints made of top-level items, each shaped by its `ItemSpec`.
+
+    Construct one per training job on every rank (in a multi-rank job, construction, `save()` and `close()`
+    are collective). Async managers start their writer process at construction.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        items: Mapping[str, ItemSpec] = field(default_factory=dict)
+        default: ItemSpec | None = field(default_factory=ItemSpec)
+        save: CheckpointSaverConfig = field(default_factory=AsyncCheckpointSaverConfig)
+        load: CheckpointLoaderConfig = field(default_factory=CheckpointLoaderConfig)
+        storage_config: StorageConfig | None = None
+        subprocess_init_fn: Callable[..., None] | None = None
+        subprocess_init_args: tuple[Any, ...] = ()
+        pre_finalize_callback: Callable[[str, Any], None] | None = None
+        finalize_callback: Callable[[str, Any], None] | None = None
+
+        def build(self) -> CheckpointManager:
+            return CheckpointManager(self)
+
+        @classmethod
+        def with_sync_save(cls) -> CheckpointManager.Config:
+            return cls(save=SyncCheckpointSaverConfig())
+
+        @classmethod
+        def with_async_save(cls) -> CheckpointManager.Config:
+            return cls(save=AsyncCheckpointSaverConfig())
+
+    def __init__(self, config: Config | None = None) -> None:
+        self._closed = True  # until construction succeeds, so close()/__del__ do nothing
+        config = config if config is not None else CheckpointManager.Config()
+        self._validate(config)
+        self.config = config
+        storage_config = config.storage_config or LocalFileSystemStorageConfig()
+        self._storage = storage_config.create_storage()
+        timeout = config.save.wait_timeout_secs
+        self._ctx = RankContext(float(timeout if timeout is not None else DEFAULT_WAIT_TIMEOUT_SECS))
+        self._seq = 0
+        self._saver: CheckpointSaver
+        if isinstance(config.save, SyncCheckpointSaverConfig):
+            self._saver = SyncCheckpointSaver(self._storage, config.save.writer_config)
+        elif isinstance(config.save, AsyncCheckpointSaverConfig):
+            self._saver = AsyncCheckpointSaver(
+                config.save, storage_config, config.subprocess_init_fn or _noop_init, config.subprocess_init_args
+            )
+        else:
+            raise TypeError(f"Unsupported saver_config type: {type(config.save).__name__}")
+        self._loader = CheckpointLoader(self._storage, config.load, self._ctx.rank_info)
+        self._closed = False
+
+    @staticmethod
+    def _validate(config: Config) -> None:
+        if not isinstance(config.items, Mapping):
+            raise TypeError(f"Config.items must be a Mapping of key -> ItemSpec, got {type(config.items).__name__}")
+        validate_keys(list(config.items))
+        for key, spec in config.items.items():
+            if not isinstance(spec, ItemSpec):
+                raise TypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
+        if config.default is not None and not isinstance(config.default, ItemSpec):
+            raise TypeError(f"Config.default must be an ItemSpec or None, got {type(config.default).__name__}")
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def rank_info(self) -> Any:
+        return self._ctx.rank_info
+
+    def save(self, checkpoint_id: str, checkpoint: Mapping[str, Any]) -> Future[Any] | None:
+        """Sync: returns None once the checkpoint is committed and durable. Async: returns the write Future."""
+        self._check_open("save")
+        plan = self._plan(str(checkpoint_id), checkpoint)
+        return self._saver.save(plan)
+
+    def load(
+        self,
+        checkpoint_id: str,
+        into: Mapping[str, Any] | None = None,
+        *,
+        map_location: Any = None,
+        strict: bool = False,
+    ) -> Mapping[str, Any]:
+        """Restore into `into`'s templates (tensors filled in place) and return the loaded mapping."""
+        self._check_open("load")
+        if into is None:
+            if not self.config.items:
+                raise ValueError(
+                    "load requires into= (or a non-empty Config.items): pass the templates to restore into, "
+                    "e.g. into={'model': model.state_dict()}."
+                )
+            into = {k: None for k in self.config.items}
+        items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
+        return self._loader.load(str(checkpoint_id), items, map_location=map_location, strict=strict)
+
+    def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:
+        """Allocate (and fill) the async staging buffers ahead of the first save."""
+        self._check_open("prewarm staging")
+        if isinstance(self._saver, AsyncCheckpointSaver):
+            items = resolve(checkpoint, self.config.items, self.config.default, self._ctx.rank)
+            self._saver.prewarm(items)
+
+    def lock(self) -> AbstractContextManager[Any]:
+        """Hold around in-place updates (optimizer.step()): waits only while a save's staging copy runs."""
+        if isinstance(self._saver, AsyncCheckpointSaver):
+            return self._saver.lock()
+        return nullcontext()
+
+    def close(self) -> None:
+        """Wait for the last write (re-raising its error), then stop the writer process."""
+        if self._closed:
+            return
+        try:
+            self._saver.wait(self.config.save.wait_timeout_secs)
+        finally:
+            self._closed = True
+            self._saver.close()
+            self._loader.close()
+            self._ctx.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"Cannot {what} with a closed CheckpointManager")
+
+    def _plan(self, checkpoint_id: str, payload: Mapping[str, Any]) -> SavePlan:
+        """Resolve the payload, agree with the other ranks, and name the temporary directory."""
+        ctx = self._ctx
+        local_error: Exception | None = None
+        try:
+            items = resolve(payload, self.config.items, self.config.default, ctx.rank)
+            local_metadata = self._extract_metadata(items)
+            report: Any = ("ok", _layout_report(items), local_metadata)
+        except Exception as exc:
+            if ctx.world_size == 1:
+                raise
+            local_error, report = exc, ("error", f"{type(exc).__name__}: {exc}", None)
+        # Every rank learns about every other rank's refusal, so none is left waiting in a collective.
+        reports = ctx.all_gather(report)
+        failures = {r: rep[1] for r, rep in enumerate(reports) if rep[0] == "error"}
+        if local_error is not None:
+            raise local_error
+        if failures:
+            raise RuntimeError(f"Checkpoint save of {checkpoint_id} refused on rank(s) {failures}; nothing was written.")
+        _check_cross_rank_collisions([rep[1] for rep in reports])
+        metadata_json = None
+        if ctx.rank == 0 and local_metadata is not None:
+            metadata_json = self._metadata_json(reports)
+        self._seq += 1
+        final = Path(checkpoint_id)
+        self._storage.mkdir(final.parent if str(final.parent) else Path("."))
+        tmp = final.parent / f".{final.name}.tmp-{ctx.uid}-{self._seq}"
+        store = None
+        if ctx.store_address is not None:
+            store = StoreAddress(ctx.store_address.host, ctx.store_address.port, f"{ctx.store_address.namespace}/{self._seq}")
+        return SavePlan(
+            str(final),
+            str(tmp),
+            ctx.rank,
+            ctx.world_size,
+            items,
+            metadata_json,
+            store,
+            ctx.timeout_s,
+            self.config.pre_finalize_callback,
+            self.config.finalize_callback,
+        )
+
+    def _extract_metadata(self, items: list[ResolvedItem]) -> dict[str, Any] | None:
+        with_resharder = [i for i in items if i.spec.resharder is not None]
+        if not with_resharder and not any(s.resharder is not None for s in self.config.items.values()):
+            return None
+        out: dict[str, Any] = {}
+        for item in with_resharder:
+            extracted = item.spec.resharder.extract_sharding_metadata(item.key, item.value)  # type: ignore[union-attr]
+            if extracted:
+                out[item.key] = extracted
+        return out
+
+    def _metadata_json(self, reports: list[Any]) -> str:
+        from torch_checkpointing.distributed_metadata import build_distributed_metadata
+
+        per_rank = [rep[2] for rep in reports]
+        layouts = [{key: layout for key, (_, layout) in rep[1].items()} for rep in reports]
+        metadata = build_distributed_metadata(per_rank, layouts, len(reports))
+        return json.dumps(metadata.to_dict(), sort_keys=True)
+
+
+def _layout_report(items: list[ResolvedItem]) -> dict[str, tuple[str, Any]]:
+    """Per item: the normalised file path this rank writes, and the layout to record (None = default)."""
+    return {i.key: (posixpath.normpath(i.layout.file_path), None if i.is_default_layout else i.layout) for i in items}
+
+
+def _check_cross_rank_collisions(per_rank: list[dict[str, tuple[str, Any]]]) -> None:
+    owners: dict[str, tuple[int, str]] = {}
+    for rank, report in enumerate(per_rank):
+        for key, (path, _) in report.items():
+            if path in owners:
+                other_rank, other_key = owners[path]
+                raise ValueError(
+                    f"Item '{other_key}' on rank {other_rank} and item '{key}' on rank {rank} would both write "
+                    f"{path!r}: a layout without '{{rank}}' makes ranks target the same file. Put '{{rank}}' in "
+                    f"LayoutInfo.file_path (e.g. '{key}_{{rank}}.pt'). Nothing was written."
+                )
+            owners[path] = (rank, key)
+
+

@@ -1,0 +1,184 @@
+"""The background writer process of async saves.
+
+Spawned (not forked: a forked CUDA or threaded trainer is unsafe to copy) once per manager, started at
+construction so the first save rarely waits for it. Requests arrive over a pipe with staged tensors in shared
+memory (passed by handle, not copied); each reply is "ok" or the original exception object. The process
+survives a failed write, and is restarted if it dies.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared-memory tensors pass by handle)
+
+from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
+from torch_checkpointing.storage.base_storage import StorageConfig
+
+__all__ = ["CheckpointProcess", "CheckpointProcessConfig", "WriterProcessDied"]
+
+
+@dataclass
+class CheckpointProcessConfig:
+    # Spawning imports torch in a fresh interpreter: seconds, more on a loaded 2-core machine with many ranks.
+    subprocess_init_timeout_secs: int = 300
+    subprocess_shutdown_timeout_secs: int = 60
+    thread_name_prefix: str = "ckpt"
+
+
+class WriterProcessDied(RuntimeError):
+    """The writer process ended while a write was in flight."""
+
+
+def _noop(*args: Any) -> None:
+    return None
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """The exception itself when it pickles (so the caller sees the original type), else a RuntimeError."""
+    tb = "".join(traceback.format_exception(exc))
+    try:
+        exc.add_note(f"(raised in the checkpoint writer process)\n{tb}")
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"Checkpoint writer process failed:\n{tb}")
+
+
+def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple) -> None:
+    init_fn(*init_args)
+    storage = storage_config.create_storage()
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message[0] == "stop":
+            conn.send(("stopped", None))
+            return
+        request: WriteRequest = message[1]
+        try:
+            write_checkpoint(storage, request)
+            reply: tuple[str, Any] = ("ok", None)
+        except BaseException as exc:  # reported to the trainer; this process stays up for the next save
+            reply = ("error", _portable(exc))
+        del request, message  # drop shared-memory handles before answering
+        conn.send(reply)
+
+
+class CheckpointProcess:
+    def __init__(
+        self,
+        storage_config: StorageConfig,
+        config: CheckpointProcessConfig | None = None,
+        subprocess_init_fn: Callable[..., None] | None = None,
+        subprocess_init_args: tuple = (),
+    ) -> None:
+        self.config = config or CheckpointProcessConfig()
+        self._storage_config = storage_config
+        self._init = (subprocess_init_fn or _noop, tuple(subprocess_init_args))
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self._start_error: BaseException | None = None
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._start_in_background()
+
+    def _start_in_background(self) -> None:
+        self._ready.clear()
+        self._start_error = None
+        threading.Thread(target=self._start, name=f"{self.config.thread_name_prefix}-spawn", daemon=True).start()
+
+    def _start(self) -> None:
+        try:
+            parent, child = self._ctx.Pipe()
+            proc = self._ctx.Process(
+                target=_writer_main,
+                args=(child, self._storage_config, *self._init),
+                name=f"{self.config.thread_name_prefix}-writer",
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            if not parent.poll(self.config.subprocess_init_timeout_secs):
+                proc.kill()
+                raise TimeoutError(
+                    f"Checkpoint writer process did not start within {self.config.subprocess_init_timeout_secs}s "
+                    f"(CheckpointProcessConfig.subprocess_init_timeout_secs)."
+                )
+            tag, _ = parent.recv()
+            if tag != "ready":
+                raise RuntimeError(f"Checkpoint writer process sent {tag!r} instead of 'ready'")
+            self._proc, self._conn = proc, parent
+        except BaseException as exc:
+            self._start_error = exc
+        finally:
+            self._ready.set()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def wait_ready(self) -> None:
+        if not self._ready.wait(self.config.subprocess_init_timeout_secs + 5):
+            raise TimeoutError("Checkpoint writer process did not start in time")
+        if self._start_error is not None:
+            error, self._start_error = self._start_error, None
+            self._start_in_background()  # let the next save try again
+            raise RuntimeError(
+                f"Checkpoint writer process failed to start: {type(error).__name__}: {error}. The writer is spawned "
+                f"and re-imports your main module: guard your script's entry point with "
+                f"`if __name__ == '__main__':`, and keep storage configs and subprocess_init_fn importable."
+            ) from error
+        if self._proc is not None and not self._proc.is_alive():
+            self._start_in_background()
+            self.wait_ready()
+
+    def write(self, request: WriteRequest) -> None:
+        """Send one request and block until the writer answers; raises the writer's exception."""
+        with self._lock:
+            self.wait_ready()
+            assert self._conn is not None
+            try:
+                self._conn.send(("write", request))
+                tag, payload = self._conn.recv()
+            except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
+                code = self._proc.exitcode if self._proc is not None else None
+                self._start_in_background()
+                raise WriterProcessDied(
+                    f"Checkpoint writer process died during the write of {request.checkpoint_dir} (exit code {code}); "
+                    f"no checkpoint was committed there. It is restarted for the next save."
+                ) from exc
+        if tag == "error":
+            raise payload
+        if tag != "ok":
+            raise RuntimeError(f"Unexpected response from worker process: {tag!r}")
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._ready.wait(self.config.subprocess_init_timeout_secs + 5) or self._proc is None:
+                return
+            proc, conn = self._proc, self._conn
+            self._proc = self._conn = None
+        try:
+            assert conn is not None
+            conn.send(("stop", None))
+            conn.poll(self.config.subprocess_shutdown_timeout_secs)
+        except (OSError, EOFError):
+            pass
+        proc.join(self.config.subprocess_shutdown_timeout_secs)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        if conn is not None:
+            conn.close()

@@ -1,0 +1,52 @@
+"""Saver and loader configuration dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch_checkpointing.checkpoint_process import CheckpointProcessConfig
+from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig
+from torch_checkpointing.staging import CheckpointStagerConfig
+
+__all__ = [
+    "CheckpointSaverConfig",
+    "SyncCheckpointSaverConfig",
+    "AsyncCheckpointSaverConfig",
+    "CheckpointLoaderConfig",
+    "DEFAULT_WAIT_TIMEOUT_SECS",
+]
+
+DEFAULT_WAIT_TIMEOUT_SECS = 600
+
+
+@dataclass(kw_only=True)
+class CheckpointSaverConfig:
+    writer_config: CheckpointWriterConfig = field(default_factory=CheckpointWriterConfig)
+    # How long save()/close() wait on a previous write, and multi-rank commits wait on other ranks.
+    wait_timeout_secs: int | None = DEFAULT_WAIT_TIMEOUT_SECS
+
+    def __post_init__(self) -> None:
+        if self.wait_timeout_secs is not None and self.wait_timeout_secs < 0:
+            raise ValueError("wait_timeout_secs must be non-negative or None")
+
+
+@dataclass(kw_only=True)
+class SyncCheckpointSaverConfig(CheckpointSaverConfig):
+    """Write inline: `save()` returns once the checkpoint is committed and durable."""
+
+
+@dataclass
+class AsyncCheckpointSaverConfig(CheckpointSaverConfig):
+    """Stage off the training thread, write from a background process; `save()` returns a Future."""
+
+    staging_config: CheckpointStagerConfig = field(default_factory=CheckpointStagerConfig)
+    process_config: CheckpointProcessConfig = field(default_factory=CheckpointProcessConfig)
+
+
+@dataclass(kw_only=True)
+class CheckpointLoaderConfig:
+    use_mmap: bool = True
+    # torch's safe unpickler for TorchSerialization files; set False only for checkpoints you trust.
+    weights_only: bool = True
+    # Recompute each file's CRC32 against the manifest on load (costs a full read of every file).
+    verify_checksums: bool = False

@@ -1,0 +1,283 @@
+"""Sharding metadata for a whole checkpoint: what each rank saved, and where.
+
+Rank 0 writes this as JSON next to the item files so that a later job with a
+different world size or mesh can work out which source rank holds which slice.
+It is plain JSON on purpose: reading a checkpoint never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from torch_checkpointing.checkpoint_layout import LayoutInfo, default_layout_info
+from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.types import NestedPath
+
+METADATA_FILE_NAME = "metadata.json"
+METADATA_VERSION = "2.0"
+
+__all__ = [
+    "METADATA_FILE_NAME",
+    "CheckpointMetadata",
+    "DistributedItemMetadata",
+    "DistributedMetadata",
+    "GlobalObjectMetadata",
+    "ItemMetadata",
+    "ShardingMetadata",
+    "build_distributed_metadata",
+    "load_distributed_metadata",
+    "nested_path_from_json",
+    "nested_path_to_json",
+]
+
+
+class ShardingMetadata(ABC):
+    """How one object is spread over ranks. Subclasses register under a type name so JSON can name them."""
+
+    _registry: ClassVar[dict[str, type[ShardingMetadata]]] = {}
+    _type_name: ClassVar[str]
+
+    def __init_subclass__(cls, /, type_name: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = type_name or cls.__name__
+        cls._type_name = name
+        ShardingMetadata._registry[name] = cls
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-compatible dict (str keys, lists, numbers, strings, None)."""
+
+    @classmethod
+    @abstractmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardingMetadata: ...
+
+    @property
+    @abstractmethod
+    def equivalent_ranks(self) -> tuple[int, ...] | None:
+        """Ranks guaranteed to hold identical metadata (None when the notion does not apply)."""
+
+    def _pack(self) -> dict[str, Any]:
+        return {"type": self._type_name, "data": self.to_dict()}
+
+    @staticmethod
+    def _unpack(packed: dict[str, Any]) -> ShardingMetadata:
+        if not isinstance(packed, dict) or "type" not in packed:
+            raise ValueError(
+                f"Invalid ShardingMetadata format: missing 'type' in {packed!r}; "
+                "expected {'type': <registered name>, 'data': {...}}"
+            )
+        kind = packed["type"]
+        cls = ShardingMetadata._registry.get(kind)
+        if cls is None:
+            available = ", ".join(sorted(ShardingMetadata._registry))
+            raise ValueError(
+                f"Unknown ShardingMetadata type '{kind}'. Available types: {available}. "
+                "Import the module defining it before loading the checkpoint."
+            )
+        return cls.from_dict(packed.get("data", {}))
+
+
+ItemMetadata = dict[NestedPath, ShardingMetadata]
+
+
+def nested_path_to_json(path: NestedPath) -> str:
+    """Compact JSON list; str and int components only, so the round trip is exact."""
+    for comp in path:
+        if isinstance(comp, bool) or not isinstance(comp, (str, int)):
+            raise ValueError(
+                f"Nested path {path!r} has component {comp!r} of type {type(comp).__name__}; "
+                "only str dict keys and int indices can be recorded in sharding metadata"
+            )
+    return json.dumps(list(path), separators=(",", ":"))
+
+
+def nested_path_from_json(s: str) -> NestedPath:
+    parts = json.loads(s)
+    if not isinstance(parts, list):
+        raise ValueError(f"Nested path {s!r} is not a JSON list")
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class GlobalObjectMetadata:
+    """One sharding layout and the ranks that reported exactly it."""
+
+    sharding_metadata: ShardingMetadata
+    ranks: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sharding_metadata": self.sharding_metadata._pack(), "ranks": list(self.ranks)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GlobalObjectMetadata:
+        return cls(ShardingMetadata._unpack(d["sharding_metadata"]), tuple(int(r) for r in d["ranks"]))
+
+
+@dataclass(frozen=True)
+class DistributedItemMetadata:
+    """All ranks' metadata for one item, plus each rank's file layout (None = default layout)."""
+
+    nested_path_to_metadata: dict[NestedPath, list[GlobalObjectMetadata]]
+    rank_to_layout_info: dict[int, LayoutInfo | None]
+
+    def get_file_path(self, rank: int, checkpoint_path: Path, item_key: str) -> Path:
+        layout = self.rank_to_layout_info.get(rank) or default_layout_info(item_key, rank)
+        return Path(checkpoint_path) / layout.file_path
+
+    def get_layout(self, rank: int, item_key: str) -> LayoutInfo:
+        return self.rank_to_layout_info.get(rank) or default_layout_info(item_key, rank)
+
+    def get_metadata_for_path_and_rank(self, nested_path: NestedPath, rank: int) -> ShardingMetadata | None:
+        for group in self.nested_path_to_metadata.get(tuple(nested_path), []):
+            if rank in group.ranks:
+                return group.sharding_metadata
+        return None
+
+    def get_all_ranks(self) -> set[int]:
+        ranks = set(self.rank_to_layout_info)
+        for groups in self.nested_path_to_metadata.values():
+            for group in groups:
+                ranks.update(group.ranks)
+        return ranks
+
+    def get_nested_paths(self) -> set[NestedPath]:
+        return set(self.nested_path_to_metadata)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nested_path_to_metadata": {
+                nested_path_to_json(p): [g.to_dict() for g in groups]
+                for p, groups in self.nested_path_to_metadata.items()
+            },
+            # JSON object keys are strings; from_dict turns them back into ints.
+            "rank_to_layout_info": {
+                str(r): (None if lay is None else lay.to_dict()) for r, lay in sorted(self.rank_to_layout_info.items())
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DistributedItemMetadata:
+        paths = {
+            nested_path_from_json(p): [GlobalObjectMetadata.from_dict(g) for g in groups]
+            for p, groups in d["nested_path_to_metadata"].items()
+        }
+        layouts = {
+            int(r): (None if lay is None else LayoutInfo.from_dict(lay)) for r, lay in d["rank_to_layout_info"].items()
+        }
+        return cls(paths, layouts)
+
+
+@dataclass(frozen=True)
+class DistributedMetadata:
+    """The `metadata.json` of one checkpoint: every resharded item, for every rank of the saving job."""
+
+    metadata: dict[str, DistributedItemMetadata]
+    world_size: int
+    version: str = METADATA_VERSION
+
+    def __post_init__(self) -> None:
+        expected = set(range(self.world_size))
+        owners: dict[str, tuple[str, int]] = {}
+        for key, item in self.metadata.items():
+            ranks = set(item.rank_to_layout_info)
+            if ranks != expected:
+                raise RuntimeError(
+                    f"Item '{key}' rank_to_layout_info must contain all ranks 0 to {self.world_size - 1}. "
+                    f"Missing ranks: {sorted(expected - ranks)}, Extra ranks: {sorted(ranks - expected)}"
+                )
+            for rank, layout in sorted(item.rank_to_layout_info.items()):
+                if layout is None:
+                    continue
+                prev = owners.get(layout.file_path)
+                if prev is not None:
+                    raise RuntimeError(
+                        f"Item '{prev[0]}' rank {prev[1]} & item '{key}' rank {rank} both write to the same "
+                        f"file path {layout.file_path}; put {{rank}} in the layout's file_path"
+                    )
+                owners[layout.file_path] = (key, rank)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metadata": {k: v.to_dict() for k, v in self.metadata.items()},
+            "world_size": self.world_size,
+            "version": self.version,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DistributedMetadata:
+        version = d.get("version")
+        if version != METADATA_VERSION:
+            raise ValueError(
+                f"Unsupported sharding metadata version {version!r}; this engine reads version {METADATA_VERSION!r}"
+            )
+        items = {k: DistributedItemMetadata.from_dict(v) for k, v in d["metadata"].items()}
+        return cls(items, int(d["world_size"]), version)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> DistributedMetadata:
+        return cls.from_dict(json.loads(text))
+
+
+@dataclass
+class CheckpointMetadata:
+    """The gathered metadata of a save (or load) plus this rank's own extracted metadata."""
+
+    distributed_metadata: DistributedMetadata
+    local_metadata: dict[str, dict[NestedPath, ShardingMetadata]] = field(default_factory=dict)
+
+
+def build_distributed_metadata(
+    per_rank: list[dict[str, dict[NestedPath, ShardingMetadata]]],
+    rank_to_layouts: list[dict[str, LayoutInfo | None]],
+    world_size: int,
+) -> DistributedMetadata:
+    """Group what each rank extracted (as gathered by all_gather_object) into one DistributedMetadata.
+
+    Ranks reporting equal metadata for a path share one GlobalObjectMetadata, which keeps the file
+    small for replicated/DTensor state (one entry per path instead of one per rank).
+    """
+    if len(per_rank) != world_size or len(rank_to_layouts) != world_size:
+        raise ValueError(
+            f"build_distributed_metadata needs one entry per rank: world_size={world_size}, "
+            f"got {len(per_rank)} metadata dicts and {len(rank_to_layouts)} layout dicts"
+        )
+    keys: list[str] = []
+    for rank_meta in per_rank:
+        for key in rank_meta:
+            if key not in keys:
+                keys.append(key)
+    items: dict[str, DistributedItemMetadata] = {}
+    for key in keys:
+        paths: dict[NestedPath, list[tuple[ShardingMetadata, list[int]]]] = {}
+        for rank, rank_meta in enumerate(per_rank):
+            for path, meta in rank_meta.get(key, {}).items():
+                groups = paths.setdefault(tuple(path), [])
+                for existing, ranks in groups:
+                    if existing == meta:
+                        ranks.append(rank)
+                        break
+                else:
+                    groups.append((meta, [rank]))
+        items[key] = DistributedItemMetadata(
+            {p: [GlobalObjectMetadata(m, tuple(r)) for m, r in groups] for p, groups in paths.items()},
+            {rank: rank_to_layouts[rank].get(key) for rank in range(world_size)},
+        )
+    return DistributedMetadata(items, world_size)
+
+
+def load_distributed_metadata(checkpoint_dir: str | Path, storage: Storage) -> DistributedMetadata | None:
+    """The checkpoint's metadata.json, or None when it has none (it then holds no resharded item)."""
+    path = Path(checkpoint_dir) / METADATA_FILE_NAME
+    if not storage.exists(path):
+        return None
+    try:
+        return DistributedMetadata.from_json(storage.read(path))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"Sharding metadata {path} is malformed: {exc}") from exc

@@ -1,0 +1,260 @@
+"""Sharding metadata of one DTensor: global shape, dtype, device mesh and placements.
+
+Kept free of live process-group objects so it pickles (all_gather_object) and
+serialises to JSON (metadata.json) the same way on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torch_checkpointing.distributed_metadata import ShardingMetadata
+
+__all__ = [
+    "DTensorShardingMetadata",
+    "DeviceMeshSpec",
+    "ReplicateSpec",
+    "ShardSpec",
+    "StridedShardSpec",
+    "_PlacementSpec",
+    "get_device_mesh_spec",
+    "placement_spec_from_dict",
+]
+
+
+class _PlacementSpec(ABC):
+    """A DTensor placement reduced to plain data."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]: ...
+
+    @classmethod
+    @abstractmethod
+    def from_dict(cls, d: dict[str, Any]) -> _PlacementSpec: ...
+
+
+@dataclass(frozen=True)
+class ShardSpec(_PlacementSpec):
+    """torch `Shard(dim)`: contiguous chunks of `dim`, torch.chunk sizes (the last ones may be short or empty)."""
+
+    dim: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "Shard", "dim": self.dim}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardSpec:
+        return cls(int(d["dim"]))
+
+    def __str__(self) -> str:
+        return f"Shard({self.dim})"
+
+
+@dataclass(frozen=True)
+class ReplicateSpec(_PlacementSpec):
+    """torch `Replicate()`: every rank along this mesh dimension holds the same data."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "Replicate"}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReplicateSpec:
+        return cls()
+
+    def __str__(self) -> str:
+        return "Replicate"
+
+
+@dataclass(frozen=True)
+class StridedShardSpec(_PlacementSpec):
+    """torch `_StridedShard(dim, split_factor)` (FSDP2 over TP).
+
+    The dimension is first cut into `split_factor` chunks, each chunk into mesh-size pieces, and
+    rank i keeps piece i of every chunk: its local data is several disjoint runs of the dimension.
+    """
+
+    dim: int
+    split_factor: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "StridedShard", "dim": self.dim, "split_factor": self.split_factor}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StridedShardSpec:
+        return cls(int(d["dim"]), int(d["split_factor"]))
+
+    def __str__(self) -> str:
+        return f"StridedShard({self.dim}, {self.split_factor})"
+
+
+_PLACEMENTS: dict[str, type[_PlacementSpec]] = {
+    "Shard": ShardSpec,
+    "Replicate": ReplicateSpec,
+    "StridedShard": StridedShardSpec,
+}
+
+
+def placement_spec_from_dict(d: dict[str, Any]) -> _PlacementSpec:
+    cls = _PLACEMENTS.get(d.get("type", ""))
+    if cls is None:
+        raise ValueError(f"Unknown placement type {d.get('type')!r}; known: {sorted(_PLACEMENTS)}")
+    return cls.from_dict(d)
+
+
+@dataclass(frozen=True)
+class DeviceMeshSpec:
+    """A device mesh as data: `mesh_data` lists global ranks in row-major order of `mesh_shape`."""
+
+    device_type: str
+    mesh_shape: tuple[int, ...]
+    mesh_data: tuple[int, ...]
+    mesh_dim_names: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        size = 1
+        for n in self.mesh_shape:
+            size *= n
+        if size != len(self.mesh_data):
+            raise ValueError(
+                f"DeviceMeshSpec mesh_shape {self.mesh_shape} holds {size} ranks but mesh_data has {len(self.mesh_data)}"
+            )
+
+    @classmethod
+    def from_mesh(
+        cls, device_type: str, mesh: torch.Tensor, mesh_dim_names: tuple[str, ...] | None = None
+    ) -> DeviceMeshSpec:
+        return get_device_mesh_spec(device_type, tuple(mesh.shape), tuple(int(r) for r in mesh.flatten().tolist()),
+                                    None if mesh_dim_names is None else tuple(mesh_dim_names))
+
+    @property
+    def mesh(self) -> torch.Tensor:
+        return torch.tensor(self.mesh_data, dtype=torch.int64).reshape(self.mesh_shape)
+
+    def get_coordinate(self, rank: int) -> tuple[int, ...] | None:
+        try:
+            flat = self.mesh_data.index(rank)
+        except ValueError:
+            return None
+        coord = []
+        for n in reversed(self.mesh_shape):
+            coord.append(flat % n)
+            flat //= n
+        return tuple(reversed(coord))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device_type": self.device_type,
+            "mesh_shape": list(self.mesh_shape),
+            "mesh_data": list(self.mesh_data),
+            "mesh_dim_names": None if self.mesh_dim_names is None else list(self.mesh_dim_names),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DeviceMeshSpec:
+        names = d.get("mesh_dim_names")
+        return get_device_mesh_spec(
+            d["device_type"],
+            tuple(int(n) for n in d["mesh_shape"]),
+            tuple(int(r) for r in d["mesh_data"]),
+            None if names is None else tuple(names),
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def get_device_mesh_spec(
+    device_type: str,
+    mesh_shape: tuple[int, ...],
+    mesh_data: tuple[int, ...],
+    mesh_dim_names: tuple[str, ...] | None = None,
+) -> DeviceMeshSpec:
+    """Interned: a model has many parameters on few meshes, so equal meshes share one object."""
+    return DeviceMeshSpec(device_type, tuple(mesh_shape), tuple(mesh_data), mesh_dim_names)
+
+
+def _placement_to_spec(placement: Any, where: str) -> _PlacementSpec:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    # _StridedShard is checked first: in some torch releases it subclasses Shard.
+    if isinstance(placement, _StridedShard):
+        return StridedShardSpec(int(placement.dim), int(placement.split_factor))
+    if isinstance(placement, Shard):
+        return ShardSpec(int(placement.dim))
+    if isinstance(placement, Replicate):
+        return ReplicateSpec()
+    raise RuntimeError(
+        f"Unsupported placement type {type(placement).__name__} ({placement}) for the DTensor {where}. "
+        "Checkpoints support Shard, _StridedShard and Replicate placements; a Partial DTensor holds "
+        "unreduced values, so redistribute it (e.g. dt.redistribute(placements=[Replicate()])) before saving."
+    )
+
+
+@dataclass(frozen=True)
+class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetadata"):
+    """Everything needed to know which global slice any rank holds, without the live DTensor."""
+
+    global_shape: tuple[int, ...]
+    dtype: str
+    stride: tuple[int, ...]
+    mesh_spec: DeviceMeshSpec
+    placements: tuple[_PlacementSpec, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.placements) != len(self.mesh_spec.mesh_shape):
+            raise ValueError(
+                f"DTensorShardingMetadata has {len(self.placements)} placements for a "
+                f"{len(self.mesh_spec.mesh_shape)}-D mesh; give one placement per mesh dimension"
+            )
+        for p in self.placements:
+            dim = getattr(p, "dim", None)
+            if dim is not None and not 0 <= dim < len(self.global_shape):
+                raise ValueError(f"Placement {p} shards dim {dim} of a {len(self.global_shape)}-D tensor")
+
+    @classmethod
+    def from_dtensor(cls, dt: Any, where: str = "") -> DTensorShardingMetadata:
+        mesh = dt.device_mesh
+        mesh_spec = DeviceMeshSpec.from_mesh(mesh.device_type, mesh.mesh, mesh.mesh_dim_names)
+        placements = tuple(_placement_to_spec(p, where or "being checkpointed") for p in dt.placements)
+        return cls(tuple(dt.shape), str(dt.dtype), tuple(dt.stride()), mesh_spec, placements)
+
+    @classmethod
+    def replicated(cls, tensor: torch.Tensor, world_size: int) -> DTensorShardingMetadata:
+        """Metadata of a plain tensor that every rank of a `world_size` job holds whole."""
+        mesh_spec = get_device_mesh_spec(tensor.device.type, (world_size,), tuple(range(world_size)), None)
+        return cls(tuple(tensor.shape), str(tensor.dtype), tuple(tensor.stride()), mesh_spec, (ReplicateSpec(),))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        name = self.dtype.removeprefix("torch.")
+        value = getattr(torch, name, None)
+        if not isinstance(value, torch.dtype):
+            raise ValueError(f"Unknown dtype {self.dtype!r} in sharding metadata")
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "global_shape": list(self.global_shape),
+            "dtype": self.dtype,
+            "stride": list(self.stride),
+            "mesh_spec": self.mesh_spec.to_dict(),
+            "placements": [p.to_dict() for p in self.placements],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DTensorShardingMetadata:
+        return cls(
+            tuple(int(n) for n in d["global_shape"]),
+            str(d["dtype"]),
+            tuple(int(n) for n in d["stride"]),
+            DeviceMeshSpec.from_dict(d["mesh_spec"]),
+            tuple(placement_spec_from_dict(p) for p in d["placements"]),
+        )
+
+    @property
+    def equivalent_ranks(self) -> tuple[int, ...] | None:
+        return self.mesh_spec.mesh_data

@@ -1,0 +1,69 @@
+"""JSON <-> dataclass conversion for `JsonSerialization(cls=...)`."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+__all__ = ["to_jsonable", "from_jsonable"]
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclass instances become dicts (recursively); everything else is left to `json`."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def from_jsonable(tp: Any, data: Any, where: str) -> Any:
+    """Rebuild `tp` from decoded JSON: dataclasses (nested, optional, in lists and dicts) are reconstructed."""
+    tp, optional = _strip_optional(tp)
+    if data is None and optional:
+        return None
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a JSON object for {tp.__name__}, got {type(data).__name__}")
+        hints = typing.get_type_hints(tp)
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(tp):
+            if not f.init:
+                continue
+            if f.name in data:
+                kwargs[f.name] = from_jsonable(hints.get(f.name, Any), data[f.name], f"{where}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                if _strip_optional(hints.get(f.name, Any))[1]:
+                    kwargs[f.name] = None
+                else:
+                    raise ValueError(f"{where}: missing required field {f.name!r} of {tp.__name__}")
+        return tp(**kwargs)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (list, tuple, set, frozenset) and isinstance(data, list):
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            args = (args[0],)
+        inner = args[0] if len(args) == 1 else Any
+        items = [from_jsonable(inner, v, f"{where}[{i}]") for i, v in enumerate(data)]
+        return origin(items)
+    if origin is dict and isinstance(data, dict) and len(args) == 2:
+        return {k: from_jsonable(args[1], v, f"{where}[{k!r}]") for k, v in data.items()}
+    if isinstance(tp, type) and tp is not Any and not isinstance(data, tp):
+        try:
+            return tp(data)
+        except Exception as exc:
+            raise ValueError(f"{where}: cannot build {tp.__name__} from JSON value {data!r}: {exc}") from exc
+    return data

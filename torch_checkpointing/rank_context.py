@@ -1,0 +1,77 @@
+"""Rank identity and the checkpointer's own coordination channel.
+
+Checkpoint coordination never rides on the training's process group: collectives go over a gloo group created
+for the manager, and commits go over a TCPStore hosted by rank 0's trainer process, so a save in flight can
+neither deadlock nor slow an NCCL all-reduce.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from torch_checkpointing.store_channel import StoreAddress
+from torch_checkpointing.types import RankInfo
+
+__all__ = ["current_rank_info", "RankContext"]
+
+
+def current_rank_info() -> RankInfo:
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return RankInfo(rank, world, rank, world)
+    return RankInfo.single()
+
+
+class RankContext:
+    """Everything a manager needs to talk to its peers; trivial on a single rank."""
+
+    def __init__(self, timeout_s: float, store_host: str | None = None, store_port: int | None = None) -> None:
+        self.rank_info = current_rank_info()
+        self.timeout_s = timeout_s
+        self.group: Any = None
+        self._host_store: dist.TCPStore | None = None
+        self.store_address: StoreAddress | None = None
+        self.uid = uuid.uuid4().hex[:12]
+        if self.world_size == 1:
+            return
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        host = store_host or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        if self.rank == 0:
+            self._host_store = dist.TCPStore(
+                host, store_port or 0, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+            )
+            shared: list[Any] = [(host, self._host_store.port, self.uid)]
+        else:
+            shared = [None]
+        dist.broadcast_object_list(shared, src=0, group=self.group)
+        host, port, self.uid = shared[0]
+        self.store_address = StoreAddress(host, port, f"torch_checkpointing/{self.uid}")
+
+    @property
+    def rank(self) -> int:
+        return self.rank_info.global_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.rank_info.global_world_size
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def close(self) -> None:
+        if self.group is not None and dist.is_initialized():
+            try:
+                dist.destroy_process_group(self.group)
+            except (ValueError, RuntimeError):
+                pass
+            self.group = None
+        self._host_store = None

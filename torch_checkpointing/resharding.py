@@ -1,0 +1,90 @@
+"""The resharder contract: record how an item is sharded on save, redistribute it on load."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata
+from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.types import NestedPath
+
+__all__ = ["LoadPlan", "ReshardingInfo", "Resharder"]
+
+
+@dataclass
+class LoadPlan:
+    """Copy one rectangular block from a source rank's local tensor into this rank's local tensor.
+
+    `offsets` index the target's local tensor, `src_offsets` the source rank's local tensor; the block
+    has `sizes` (== `src_sizes`) elements per dimension. A strided (non-contiguous) local layout is
+    expressed as several plans, one per contiguous run.
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    src_rank: int
+    src_fqn: str
+    src_offsets: tuple[int, ...]
+    src_sizes: tuple[int, ...]
+    transpose_dims: tuple[int, ...] = ()
+    src_elem_size: int = 0
+    src_dtype: str = ""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+
+@dataclass
+class ReshardingInfo:
+    """The plans for every target path of one item, and the paths that cannot be resharded."""
+
+    nested_path_to_load_plans: dict[NestedPath, list[LoadPlan]] = field(default_factory=dict)
+    non_reshardable_paths: list[NestedPath] = field(default_factory=list)
+
+
+class Resharder(ABC):
+    """Maps an item saved under one distributed layout onto this rank's layout at load time."""
+
+    @property
+    def skip_resharding(self) -> bool:
+        """True lets the loader skip metadata entirely (direct reads) for items using this resharder."""
+        return False
+
+    @abstractmethod
+    def extract_sharding_metadata(self, item_key: str, item_value: Any) -> dict[NestedPath, ShardingMetadata]:
+        """This rank's metadata for each shardable object inside `item_value`; it must pickle."""
+
+    def should_reshard(
+        self,
+        source_metadata: DistributedItemMetadata | None,
+        target_metadata: dict[NestedPath, ShardingMetadata] | None,
+    ) -> bool:
+        """Reshard iff some target path that the source also has was saved with a different layout."""
+        if source_metadata is None or target_metadata is None:
+            return False
+        for path, target in target_metadata.items():
+            groups = source_metadata.nested_path_to_metadata.get(tuple(path))
+            if groups is None:
+                continue
+            if not any(group.sharding_metadata == target for group in groups):
+                return True
+        return False
+
+    @abstractmethod
+    def load(
+        self,
+        source_path: Path,
+        item_key: str,
+        target_metadata: dict[NestedPath, ShardingMetadata],
+        source_metadata: DistributedItemMetadata,
+        target: Any,
+        storage: Storage,
+    ) -> list[NestedPath]:
+        """Fill `target` in place from the source checkpoint; return the paths it could not fill."""

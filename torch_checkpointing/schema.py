@@ -1,0 +1,132 @@
+"""`ItemSpec` and the overlay of specs onto a payload (save) or an `into=` mapping (load).
+
+Resolution happens before anything is staged or written, so every schema error leaves the disk untouched.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch_checkpointing.checkpoint_layout import SUPPORTED_FORMATS, LayoutInfo, default_layout_info
+from torch_checkpointing.schema_constants import KEY_PATTERN, RANK_PLACEHOLDER
+
+if TYPE_CHECKING:
+    from torch_checkpointing.resharding import Resharder
+
+__all__ = ["ItemSpec", "RANK_PLACEHOLDER", "ResolvedItem", "resolve", "validate_keys", "RESERVED_FILE_NAMES"]
+
+_KEY_RE = re.compile(KEY_PATTERN)
+# Files the engine itself writes at the checkpoint root; an item may not claim them.
+RESERVED_FILE_NAMES = frozenset({"manifest.json", "metadata.json", ".incomplete"})
+
+
+@dataclass(frozen=True)
+class ItemSpec:
+    """Per-item behaviour, bound once to a key in `CheckpointManager.Config.items`."""
+
+    requires_copy: bool = True
+    layout: LayoutInfo | None = None
+    resharder: Resharder | None = None
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class ResolvedItem:
+    """One payload entry with its spec overlaid and its layout materialised for this rank."""
+
+    key: str
+    value: Any
+    spec: ItemSpec
+    layout: LayoutInfo
+    is_default_layout: bool
+
+
+def validate_keys(keys: list[Any]) -> None:
+    non_str = [k for k in keys if not isinstance(k, str)]
+    if non_str:
+        raise TypeError(f"Checkpoint keys must be str; got {non_str!r}. Use string keys such as 'model'.")
+    bad = [k for k in keys if not _KEY_RE.fullmatch(k)]
+    if bad:
+        raise ValueError(
+            f"Invalid checkpoint keys {bad!r}: keys must contain only alphanumeric characters, hyphens, and "
+            f"underscores (^[a-zA-Z0-9_-]+$), because they become part of file names. Rename them, e.g. "
+            f"'model.weights' -> 'model_weights'."
+        )
+
+
+def _check_layout(key: str, layout: LayoutInfo) -> None:
+    if not isinstance(layout, LayoutInfo):
+        raise TypeError(f"ItemSpec.layout for key '{key}' must be a LayoutInfo or None, got {type(layout).__name__}")
+    fmt = layout.serialization_format
+    if type(fmt) not in SUPPORTED_FORMATS:
+        raise ValueError(
+            f"Unsupported serialization format for key '{key}': {type(fmt).__name__}. Custom SerializationFormat "
+            f"subclasses are not supported by the writer; use one of "
+            f"{', '.join(f.__name__ for f in SUPPORTED_FORMATS)}."
+        )
+    path = layout.file_path
+    if not isinstance(path, str) or not path or path.endswith("/"):
+        raise ValueError(f"Layout file_path for key '{key}' must name a file relative to the checkpoint, got {path!r}")
+    if posixpath.isabs(path) or path.startswith("\\"):
+        raise ValueError(
+            f"Layout file_path {path!r} for key '{key}' is absolute; it must be relative to the checkpoint "
+            f"directory (e.g. 'model_{{rank}}.pt')."
+        )
+    normal = posixpath.normpath(path)
+    if normal == ".." or normal.startswith("../"):
+        raise ValueError(
+            f"Layout file_path {path!r} for key '{key}' leaves the checkpoint directory; keep it inside, "
+            f"e.g. 'sub/model_{{rank}}.pt'."
+        )
+    if normal in RESERVED_FILE_NAMES:
+        raise ValueError(f"Layout file_path {path!r} for key '{key}' is reserved by the engine; choose another name.")
+
+
+def resolve(
+    payload: Mapping[str, Any],
+    items: Mapping[str, ItemSpec],
+    default: ItemSpec | None,
+    rank: int,
+) -> list[ResolvedItem]:
+    """Overlay specs onto `payload`: required/strict checks, key rules, `{rank}`, layout sanity."""
+    if not isinstance(payload, Mapping):
+        raise TypeError(f"A checkpoint payload must be a Mapping of item key -> value, got {type(payload).__name__}")
+    keys = list(payload.keys())
+    validate_keys(keys)
+    missing = sorted(k for k, spec in items.items() if spec.required and k not in payload)
+    if missing:
+        raise KeyError(
+            f"Missing required checkpoint item(s): {missing}. Pass them, or declare them with ItemSpec(required=False)."
+        )
+    if default is None:
+        unknown = sorted(k for k in keys if k not in items)
+        if unknown:
+            raise KeyError(
+                f"No ItemSpec for checkpoint key(s) {unknown} and the schema is strict (default=None). "
+                f"Declare them in Config.items or set a Config.default."
+            )
+    resolved: list[ResolvedItem] = []
+    owners: dict[str, str] = {}
+    for key in keys:
+        spec = items.get(key, default)
+        assert spec is not None
+        if not isinstance(spec, ItemSpec):
+            raise TypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
+        if spec.layout is None:
+            layout, is_default = default_layout_info(key, rank), True
+        else:
+            _check_layout(key, spec.layout)
+            layout, is_default = spec.layout.for_rank(rank), False
+        normal = posixpath.normpath(layout.file_path)
+        if normal in owners:
+            raise ValueError(
+                f"Items '{owners[normal]}' and '{key}' both resolve to the file {normal!r} on rank {rank}; "
+                f"each key needs its own file. Give one of them a different LayoutInfo.file_path."
+            )
+        owners[normal] = key
+        resolved.append(ResolvedItem(key, payload[key], spec, layout, is_default))
+    return resolved

@@ -1,0 +1,115 @@
+"""The storage interface: everything the engine reads or writes goes through it.
+
+Kept small on purpose (the planner/storage split of torch.distributed.checkpoint):
+a backend only moves bytes and names; layouts, formats and resharding live elsewhere.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ReadArgs:
+    pre_read_full_file: bool = True
+    direct_io: bool = False
+    timeout_us: int = 900_000_000
+
+
+@dataclass
+class StorageConfig(ABC):
+    @abstractmethod
+    def create_storage(self) -> Storage: ...
+
+
+class Storage(ABC):
+    @abstractmethod
+    def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase: ...
+
+    @abstractmethod
+    def stream_write(self, path: Path) -> io.IOBase:
+        """A writable binary stream; closing it must make the bytes durable (fsync)."""
+
+    @abstractmethod
+    def write(self, path: Path, data: Any) -> None:
+        """Write `data` (any buffer) to `path` durably (fsync before returning)."""
+
+    @abstractmethod
+    def delete(self, path: Path) -> None: ...
+
+    @abstractmethod
+    def mkdir(self, path: Path, recursive: bool = True) -> None: ...
+
+    @abstractmethod
+    def rmdir(self, path: Path) -> None:
+        """Remove a directory and everything below it."""
+
+    @abstractmethod
+    def rename(
+        self,
+        src_path: Path,
+        dst_path: Path,
+        is_directory: bool = False,
+        is_cross_link: bool = False,
+        background_cleanup: bool = False,
+    ) -> None: ...
+
+    @abstractmethod
+    def ls(self, path: Path) -> list[str]: ...
+
+    @abstractmethod
+    def exists(self, path: Path) -> bool: ...
+
+    @abstractmethod
+    def getsize(self, path: Path) -> int: ...
+
+    @abstractmethod
+    def isdir(self, path: Path) -> bool: ...
+
+    @abstractmethod
+    def remap_path(self, path: Path) -> str: ...
+
+    # ---- concrete helpers; backends may override them for speed or atomicity ----
+
+    def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
+        with self.stream_read(path, read_args) as stream:
+            return stream.read()
+
+    def read_range(self, path: Path, offset: int, length: int) -> bytes:
+        """Bytes [offset, offset+length) of a file; backends override to avoid reading the rest."""
+        return self.read(path)[offset : offset + length]
+
+    def local_path(self, path: Path) -> str | None:
+        """A path the OS can open (for mmap), or None when the backend is not a local filesystem."""
+        return None
+
+    def sync_directory(self, path: Path) -> None:
+        """Make directory entries below `path` durable; a no-op where the backend has no such notion."""
+
+    def replace_directory(self, src: Path, dst: Path) -> None:
+        """Move the complete directory `src` to `dst`, replacing any `dst` only once `src` is in place.
+
+        The fallback renames the old `dst` aside first, so a crash between the two renames leaves the
+        old checkpoint intact beside its id (never damaged); backends with an atomic exchange override it.
+        """
+        if not self.exists(dst):
+            self.rename(src, dst, is_directory=True)
+            return
+        aside = dst.with_name(f".old_{dst.name}_{os.getpid()}")
+        self.rename(dst, aside, is_directory=True)
+        self.rename(src, dst, is_directory=True)
+        self.rmdir(aside)
+
+    def glob(self, pattern: str) -> list[str]:
+        directory, name_pattern = os.path.split(pattern)
+        try:
+            names = self.ls(Path(directory))
+        except Exception:
+            return []
+        return [os.path.join(directory, n) for n in names if fnmatch.fnmatch(n, name_pattern)]

@@ -1,0 +1,144 @@
+"""A write stream that uses O_DIRECT where the filesystem allows it and buffered I/O where it does not.
+
+O_DIRECT needs block-aligned buffers, offsets and lengths, and some filesystems refuse it outright (tmpfs at
+open) or only later (EINVAL on the first unaligned write, or at fsync/close). Any such refusal switches the
+stream to buffered I/O at the current offset and the write goes on: a checkpoint never fails because of a
+tuning flag. Closing the stream fsyncs it, so a closed file is durable.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import mmap
+import os
+
+ALIGN = 4096
+CHUNK = 16 << 20
+_REFUSALS = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EFAULT}
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+class DurableFileWriter(io.RawIOBase):
+    """Sequential writer of one file; `close()` flushes, fsyncs and closes."""
+
+    def __init__(self, path: str, use_direct_io: bool) -> None:
+        super().__init__()
+        self._path = path
+        self._offset = 0  # bytes durably handed to the kernel so far
+        self._direct = use_direct_io and hasattr(os, "O_DIRECT")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        self._fd = -1
+        if self._direct:
+            try:
+                self._fd = os.open(path, flags | os.O_DIRECT, 0o644)
+            except OSError as exc:
+                if exc.errno not in _REFUSALS:
+                    raise
+                self._direct = False
+        if self._fd < 0:
+            self._fd = os.open(path, flags, 0o644)
+        self._buf = mmap.mmap(-1, CHUNK) if self._direct else None
+        self._fill = 0
+
+    @property
+    def uses_direct_io(self) -> bool:
+        return self._direct
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: object) -> int:  # type: ignore[override]
+        view = memoryview(b).cast("B")  # type: ignore[arg-type]
+        n = len(view)
+        if not self._direct:
+            _write_all(self._fd, view)
+            self._offset += n
+            return n
+        assert self._buf is not None
+        while view:
+            take = min(CHUNK - self._fill, len(view))
+            self._buf[self._fill : self._fill + take] = view[:take]
+            self._fill += take
+            view = view[take:]
+            if self._fill == CHUNK:
+                self._drain(CHUNK)
+        return n
+
+    def _drain(self, nbytes: int) -> None:
+        """Write the first `nbytes` of the aligned buffer, falling back to buffered I/O if refused."""
+        assert self._buf is not None
+        data = memoryview(self._buf)[:nbytes]
+        try:
+            try:
+                _write_all(self._fd, data)
+            except OSError as exc:
+                if not self._direct or exc.errno not in _REFUSALS:
+                    raise
+                self._fall_back()  # rewinds to the last confirmed offset: partial direct writes are redone
+                _write_all(self._fd, data)
+        finally:
+            data.release()
+        self._offset += nbytes
+        remaining = self._fill - nbytes
+        if remaining:
+            self._buf.move(0, nbytes, remaining)
+        self._fill = remaining
+
+    def _fall_back(self) -> None:
+        """Continue with buffered I/O at the last confirmed offset."""
+        if not self._direct:
+            return
+        self._direct = False
+        try:
+            flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
+            fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+        except OSError:
+            os.close(self._fd)
+            self._fd = os.open(self._path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        os.lseek(self._fd, self._offset, os.SEEK_SET)
+
+    def flush(self) -> None:
+        """Data stays in the aligned buffer until close; a mid-stream flush would break alignment."""
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self._direct and self._fill:
+                aligned = self._fill - self._fill % ALIGN
+                if aligned:
+                    self._drain(aligned)
+            if self._fill:
+                self._fall_back()  # the unaligned tail cannot go through O_DIRECT
+                self._drain(self._fill)
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                if exc.errno not in _REFUSALS:
+                    raise
+                self._reopen_and_fsync()
+        finally:
+            try:
+                os.close(self._fd)
+            except OSError as exc:
+                if exc.errno not in _REFUSALS:
+                    raise
+                self._reopen_and_fsync()
+            if self._buf is not None:
+                self._buf.close()
+            super().close()
+
+    def _reopen_and_fsync(self) -> None:
+        fd = os.open(self._path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+

@@ -1,0 +1,46 @@
+"""Library version, read from the installed distribution so there is one source of truth."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+_DIST_NAME = "torch-checkpointing"
+
+
+class Version:
+    """A version string `X.Y.Z[+sha]`, split on the first `+`."""
+
+    def __init__(self, full: str) -> None:
+        self._full = full
+        self._version, _, sha = full.partition("+")
+        self._sha = sha or None
+
+    def get_version(self) -> str:
+        return self._version
+
+    def get_full_version(self) -> str:
+        return self._full
+
+    def get_sha(self) -> str | None:
+        return self._sha
+
+    def __str__(self) -> str:
+        return self._full
+
+    def __repr__(self) -> str:
+        return f"Version({self._full!r})"
+
+
+def _lookup() -> str | None:
+    try:
+        return metadata.version(_DIST_NAME)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def get_version() -> Version | None:
+    found = _lookup()
+    return Version(found) if found is not None else None
+
+
+__version__: str = _lookup() or "Unknown"
