@@ -1,16 +1,25 @@
 """Our engine: blocked time per async save (worst case: nothing overlaps the
 staging copy), time to durable, memory over consecutive saves, and load into
-templates cold and warm."""
+templates cold and warm.
+
+The floors (memory copy, raw write + fsync, raw read) are measured here,
+interleaved with our runs: sample i of a floor is taken right before sample i
+of ours, so both see the same load on a shared machine and their ratio is
+stable even when absolute times are not.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .common import build_state, fresh_dir, now, remove, sync
 from .config import BenchConfig
 from .engine_api import make_manager, no_copy_items
-from .state import make_templates, nbytes, same_values
+from .floors import CopyFloor, raw_read, raw_write
+from .state import make_templates, nbytes, same_values, tensors_of
 from .sysinfo import descendants, drop_page_cache, proc_mem
 
 
@@ -24,11 +33,38 @@ def _writer_memory() -> dict[str, int]:
     return best
 
 
-def save_series(mgr: Any, payload: dict[str, Any], root: Path, n: int) -> dict[str, Any]:
+class _Floors:
+    """Paired floor samples, see the module docstring."""
+
+    def __init__(self, state: dict[str, Any], cfg: BenchConfig, root: Path) -> None:
+        tensors = tensors_of(state)
+        self.copy = CopyFloor(tensors, cfg.device)
+        self.host = [t.cpu() for t in tensors]
+        self.raw = root / "raw.bin"
+        self.buf = memoryview(bytearray(nbytes(state))) if not cfg.saves_only else None
+        self.samples: dict[str, list[float]] = {"memcpy_s": [], "raw_write_s": [],
+                                                "raw_read_cold_s": [], "raw_read_warm_s": []}
+
+    def before_save(self) -> None:
+        self.samples["memcpy_s"].append(self.copy.once())
+        remove(self.raw)
+        self.samples["raw_write_s"].append(raw_write(self.host, self.raw))
+
+    def read(self, cold: bool) -> None:
+        assert self.buf is not None
+        if cold:
+            drop_page_cache(self.raw)
+        self.samples["raw_read_cold_s" if cold else "raw_read_warm_s"].append(raw_read(self.raw, self.buf))
+
+
+def save_series(mgr: Any, payload: dict[str, Any], root: Path, n: int,
+                floors: _Floors | None = None) -> dict[str, Any]:
     """n consecutive saves, each waited to durability before the next (the engine
     serialises saves anyway); blocked = save() call until lock() can be entered."""
     blocked, durable, rss = [], [], []
     for i in range(n):
+        if floors is not None:
+            floors.before_save()
         path = root / f"ckpt_{i}"
         t0 = now()
         fut = mgr.save(str(path), payload)
@@ -42,18 +78,37 @@ def save_series(mgr: Any, payload: dict[str, Any], root: Path, n: int) -> dict[s
         rss.append(proc_mem().get("VmRSS", 0))
         if i >= 2:
             remove(root / f"ckpt_{i - 2}")
-    return {"blocked_s": blocked, "durable_s": durable, "rss_after_save": rss, "last": str(root / f"ckpt_{n - 1}")}
+    return {"blocked_s": blocked, "durable_s": durable, "rss_after_save": rss, "last": root / f"ckpt_{n - 1}"}
+
+
+def _loads(mgr: Any, last: Path, state: dict[str, Any], cfg: BenchConfig, floors: _Floors) -> dict[str, Any]:
+    templates = make_templates(state)
+    out: dict[str, list[float]] = {"load_cold_s": [], "load_warm_s": []}
+    for _ in range(cfg.runs):
+        for cold in (True, False):
+            floors.read(cold)
+            if cold:
+                drop_page_cache(last)
+            t0 = now()
+            mgr.load(str(last), into=templates)
+            sync(cfg.device)
+            out["load_cold_s" if cold else "load_warm_s"].append(now() - t0)
+    if not same_values(templates, state):
+        raise RuntimeError("engine load did not restore the saved values into the templates")
+    return out
 
 
 def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     state = build_state(cfg)
     root = fresh_dir(workdir / "engine")
     root.mkdir()
+    floors = _Floors(state, cfg, workdir)
     rss_before_manager = proc_mem().get("VmRSS", 0)
     mgr = make_manager(cfg)
     try:
         rss_before = proc_mem().get("VmRSS", 0)
-        series = save_series(mgr, state, root, max(cfg.memory_saves, cfg.runs + 1))
+        n = max(cfg.memory_saves, cfg.runs + 1)
+        series = save_series(mgr, state, root, n, floors)
         writer = _writer_memory()
         out: dict[str, Any] = {
             "bytes": nbytes(state), "staged_bytes": nbytes(state),
@@ -64,25 +119,13 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
             "trainer_peak_rss": proc_mem().get("VmHWM", 0), "writer": writer,
         }
         if not cfg.saves_only:
-            last = Path(series["last"])
-            templates = make_templates(state)
-            cold, warm = [], []
-            for _ in range(cfg.runs):
-                drop_page_cache(last)
-                t0 = now()
-                mgr.load(str(last), into=templates)
-                sync(cfg.device)
-                cold.append(now() - t0)
-                t0 = now()
-                mgr.load(str(last), into=templates)
-                sync(cfg.device)
-                warm.append(now() - t0)
-            if not same_values(templates, state):
-                raise RuntimeError("engine load did not restore the saved values into the templates")
-            out["load_cold_s"], out["load_warm_s"] = cold, warm
+            out.update(_loads(mgr, series["last"], state, cfg, floors))
     finally:
         mgr.close()
+    # Floor sample 0 pairs with the cold save: keep the warm pairs only.
+    out.update({k: (v[1:] if k in ("memcpy_s", "raw_write_s") else v) for k, v in floors.samples.items()})
     remove(root)
+    remove(floors.raw)
     if cfg.saves_only:
         return out
     root.mkdir()

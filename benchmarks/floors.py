@@ -1,34 +1,47 @@
 """The floors: a plain memory copy (the staging floor), a raw sequential
-write + fsync (the disk floor) and a raw read of the same byte count, cold and
-warm. Every engine figure is divided by one of these."""
+write + fsync (the disk floor) and a raw read of the same byte count. Every
+engine figure is divided by one of these; benchmarks/engine.py takes the
+samples interleaved with its own runs."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from .common import as_bytes, build_state, fresh_dir, now, remove, sync, timed
-from .config import BenchConfig
-from .state import nbytes, tensors_of
-from .sysinfo import drop_page_cache, fsync_dir
+from .common import as_bytes, now, timed
+from .sysinfo import fsync_dir
 
 _CHUNK = 64 << 20
 
 
+class CopyFloor:
+    """Copy every tensor into preallocated (reused) host buffers, as warm staging must.
+
+    The destination is allocated and touched once up front, so each ``once()``
+    is a pure copy; the engine section calls it right before each save so the
+    floor and our figure share the same moment of a noisy machine.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor], device: str) -> None:
+        self.pin = device.startswith("cuda")
+        self.device = device
+        self.src = tensors
+        self.dst = [torch.empty(t.shape, dtype=t.dtype, pin_memory=self.pin) for t in tensors]
+        self._copy()
+
+    def _copy(self) -> None:
+        for d, s in zip(self.dst, self.src):
+            d.copy_(s, non_blocking=self.pin)
+
+    def once(self) -> float:
+        return timed(self._copy, self.device)
+
+
 def memcpy_floor(tensors: list[torch.Tensor], runs: int, device: str) -> list[float]:
-    """Copy every tensor into preallocated (reused) host buffers, as warm staging must."""
-    pin = device.startswith("cuda")
-    dst = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in tensors]
-
-    def copy() -> None:
-        for d, s in zip(dst, tensors):
-            d.copy_(s, non_blocking=pin)
-
-    copy()  # first touch of the destination pages is not part of the floor
-    return [timed(copy, device) for _ in range(runs)]
+    floor = CopyFloor(tensors, device)
+    return [floor.once() for _ in range(runs)]
 
 
 def raw_write(host: list[torch.Tensor], path: Path) -> float:
@@ -58,34 +71,3 @@ def raw_read(path: Path, buf: memoryview) -> float:
                 break
             off += n
     return now() - t0
-
-
-def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
-    state = build_state(cfg)
-    tensors = tensors_of(state)
-    total = nbytes(state)
-    out: dict[str, Any] = {"bytes": total, "memcpy_s": memcpy_floor(tensors, cfg.runs, cfg.device)}
-    host = [t.cpu() for t in tensors]
-    sync(cfg.device)
-    d = fresh_dir(workdir / "raw")
-    d.mkdir()
-    writes = []
-    for i in range(cfg.runs):
-        path = d / f"raw_{i}.bin"
-        writes.append(raw_write(host, path))
-        if i + 1 < cfg.runs:
-            remove(path)
-    out["raw_write_s"] = writes
-    if not cfg.saves_only:
-        path = d / f"raw_{cfg.runs - 1}.bin"
-        buf = memoryview(bytearray(total))
-        raw_read(path, buf)  # touch the destination once
-        cold, warm = [], []
-        for _ in range(cfg.runs):
-            drop_page_cache(path)
-            cold.append(raw_read(path, buf))
-            warm.append(raw_read(path, buf))
-        out["raw_read_cold_s"] = cold
-        out["raw_read_warm_s"] = warm
-    remove(d)
-    return out

@@ -94,12 +94,15 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     saves = 0
     fut = None
     written: list[Path] = []
+    gap, quiet = 2, 2
     try:
         step = 0
         while saves < cfg.runs + 1 or (fut is not None and not fut.done()):
             t0 = now()
             called = False
-            if saves < cfg.runs + 1 and (fut is None or fut.done()):
+            # After each save completes, `gap` steps run with nothing in flight:
+            # they are the no-save baseline taken in the same time window.
+            if saves < cfg.runs + 1 and (fut is None or fut.done()) and quiet >= gap:
                 if fut is not None:
                     fut.result()
                 if len(written) > 2:
@@ -108,11 +111,12 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
                 fut = mgr.save(str(written[-1]), tr.payload())
                 saves += 1
                 called = True
-            inflight = fut is not None and not fut.done()
+            inflight = called or (fut is not None and not fut.done())
+            quiet = 0 if inflight else quiet + 1
             tr.forward_backward()
             waited = tr.step(mgr.lock)
             steps.append({"step_s": now() - t0, "lock_wait_s": waited, "save_called": called,
-                          "in_flight": inflight or called, "save_index": saves})
+                          "in_flight": inflight, "save_index": saves})
             step += 1
             if step > 40 * (cfg.runs + 1):
                 raise RuntimeError(f"the loop made {step} steps without completing {cfg.runs + 1} saves")
@@ -126,7 +130,7 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     cold = [s for s in steps if s["save_index"] == 1]
     return {
         "state_bytes": state_bytes, "copy_s": copy_s, "forward_backward_s": fb_s, "batch": tr.batch,
-        "plain_step_s": before + after,
+        "plain_step_s": before + after + [s["step_s"] for s in warm if not s["in_flight"]],
         "save_step_s": [s["step_s"] for s in warm if s["save_called"]],
         "save_lock_wait_s": [s["lock_wait_s"] for s in warm if s["save_called"]],
         "inflight_step_s": [s["step_s"] for s in warm if s["in_flight"]],

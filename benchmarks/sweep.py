@@ -14,8 +14,8 @@ from .sysinfo import machine, median
 
 # (series label, section, result key)
 BLOCKED = [("ours", "engine", "blocked_s"), ("dcp.async_save", "dcp", "async_blocked_s"),
-           ("memory-copy floor", "floors", "memcpy_s")]
-DURABLE = [("ours", "engine", "durable_s"), ("raw write+fsync floor", "floors", "raw_write_s"),
+           ("memory-copy floor", "engine", "memcpy_s")]
+DURABLE = [("ours", "engine", "durable_s"), ("raw write+fsync floor", "engine", "raw_write_s"),
            ("torch.save+fsync", "torch_save", "save_durable_s"), ("dcp.save", "dcp", "save_s"),
            ("dcp.async_save", "dcp", "async_durable_s")]
 
@@ -69,7 +69,7 @@ def run_sweep(cfg: BenchConfig, sizes: list[int], plot_path: Path, command: str,
     points = []
     for size in sizes:
         c = replace(cfg, size_bytes=size, runs=min(cfg.runs, 3), memory_saves=min(cfg.runs, 3) + 1,
-                    saves_only=True, sections=("floors", "torch_save", "dcp", "engine"))
+                    saves_only=True, sections=("engine", "dcp", "torch_save"))
         log(f"[sweep] {size / 2**20:.0f} MiB")
         points.append({"size": size, "results": run_all(c, log)})
     doc = {"command": command, "machine": machine(), "sizes": sizes,

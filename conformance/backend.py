@@ -10,11 +10,36 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 BACKEND_ENV = "CONFORMANCE_BACKEND"
 DEFAULT_BACKEND = "torch_checkpointing"
+PREFER_INSTALLED_ENV = "CONFORMANCE_PREFER_INSTALLED"
+
+
+def prefer_installed_requested() -> bool:
+    return os.environ.get(PREFER_INSTALLED_ENV, "") not in ("", "0")
+
+
+def prefer_installed_backend(repo_root: Path) -> None:
+    """Move the checkout behind site-packages so an installed backend wins.
+
+    Used when the suite runs against a published release from a checkout that also
+    contains a package of the same name: ``conformance`` and ``simulator`` stay
+    importable from the checkout (nothing else provides them), the backend resolves
+    to the installed distribution. Child processes inherit the order (spawn copies
+    ``sys.path``) and, through PYTHONPATH, so do plain subprocesses.
+    """
+    root = str(repo_root)
+    hits = [p for p in sys.path if os.path.abspath(p or ".") == root]
+    for p in hits:
+        sys.path.remove(p)
+    sys.path.append(root)
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
+    os.environ["PYTHONPATH"] = os.pathsep.join(kept + [root])
 
 
 def backend_name() -> str:

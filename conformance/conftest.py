@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,33 +11,13 @@ from typing import Any
 import pytest
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
-PREFER_INSTALLED_ENV = "CONFORMANCE_PREFER_INSTALLED"
 
+from conformance import backend  # noqa: E402
 
-def _prefer_installed_backend() -> None:
-    """Move the checkout behind site-packages so an installed backend wins.
+if backend.prefer_installed_requested():
+    backend.prefer_installed_backend(_REPO_ROOT)
 
-    Used when the suite runs against a published release from a checkout that also
-    contains a package of the same name: ``conformance`` and ``simulator`` stay
-    importable from the checkout (nothing else provides them), the backend resolves
-    to the installed distribution. Child processes inherit this order (spawn copies
-    ``sys.path``) and the environment variable.
-    """
-    root = str(_REPO_ROOT)
-    hits = [p for p in sys.path if p in ("", ".", root) or os.path.abspath(p or ".") == root]
-    for p in hits:
-        sys.path.remove(p)
-    sys.path.extend(hits or [root])
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
-        + [root]
-    )
-
-
-if os.environ.get(PREFER_INSTALLED_ENV, "") not in ("", "0"):
-    _prefer_installed_backend()
-
-from conformance import backend, helpers  # noqa: E402  (after the path fix above)
+from conformance import helpers  # noqa: E402
 from conformance.clauses import area_table, fold, load_clauses  # noqa: E402
 
 _OUTCOMES: dict[str, list[str]] = {}
@@ -59,12 +38,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clause(*ids): the design-document clauses a conformance test checks")
     config.addinivalue_line("markers", "multirank: launches real gloo ranks through simulator.launcher")
-    if os.environ.get(PREFER_INSTALLED_ENV, "") not in ("", "0") and str(config.getoption("importmode")) in (
+    if backend.prefer_installed_requested() and str(config.getoption("importmode")) in (
         "prepend",
         "ImportMode.prepend",
     ):
         raise pytest.UsageError(
-            f"{PREFER_INSTALLED_ENV} is set but pytest prepends the checkout to sys.path for every test "
+            f"{backend.PREFER_INSTALLED_ENV} is set but pytest prepends the checkout to sys.path for every test "
             "module, which would shadow the installed backend: add --import-mode=append"
         )
     chosen = config.getoption("--backend", default=None)

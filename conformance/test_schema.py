@@ -117,6 +117,10 @@ def test_invalid_keys_are_rejected_on_save(manager_factory: Factory, tmp_path: P
 def test_invalid_keys_are_rejected_on_load(manager_factory: Factory, tmp_path: Path, key: str) -> None:
     m = manager_factory()
     save(m, tmp_path / "c", {"ok": torch.tensor([1.0])})
+    # Plant the file the default layout would name, so that only the key rule can fail the load.
+    planted = tmp_path / "c" / f"{key}_0.pt"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(torch.tensor([2.0]), planted)
     with pytest.raises(Exception):
         m.load(str(tmp_path / "c"), into={"ok": torch.zeros(1), key: torch.zeros(1)})
 

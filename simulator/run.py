@@ -11,7 +11,7 @@ from simulator.backend import BACKEND_ENV
 from simulator.launcher import LaunchError, launch
 from simulator.plan import Plan
 from simulator.report import CheckResult, Report, merge_ranks
-from simulator.runner import results_file, run_phase
+from simulator.runner import phase_needed, results_file, run_phase
 
 
 def _read_rows(plan: Plan, phase: str, world: int) -> list[tuple[str, str, list[CheckResult]]]:
@@ -38,6 +38,8 @@ def run_plan(plan: Plan, *, timeout: float, out: TextIO) -> Report:
     print(f"checkpoints under {plan.root}", file=out, flush=True)
     order = {name: i for i, name in enumerate(plan.scenarios)}
     for phase, world in (("save", plan.save_world), ("load", plan.load_world)):
+        if not phase_needed(plan, phase):
+            continue
         current = {"scenario": "(starting ranks)"}
 
         def show(line: str, current: dict[str, str] = current) -> None:

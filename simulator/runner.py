@@ -20,6 +20,12 @@ from simulator.plan import Plan
 from simulator.report import FAIL, CheckResult
 
 _MODULES = {"layouts": "layouts", "async-race": "async_race", "reshard": "reshard"}
+_PHASES = {"layouts": ("save", "load"), "async-race": ("save",), "reshard": ("save", "load")}
+
+
+def phase_needed(plan: Plan, phase: str) -> bool:
+    """Whether any chosen scenario has work in this phase (starting ranks for nothing costs seconds)."""
+    return any(phase in _PHASES[name] for name in plan.scenarios)
 
 
 def results_file(plan: Plan, phase: str, rank: int) -> Path:

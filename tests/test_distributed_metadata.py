@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,14 @@ def test_checkpoint_metadata_holds_both_views() -> None:
     dm = sample(1)
     cm = CheckpointMetadata(dm, {"model": {("w",): dtensor_md(1)}})
     assert cm.distributed_metadata is dm and cm.local_metadata["model"][("w",)] == dtensor_md(1)
+
+
+def test_custom_resharder_example_in_docs_runs() -> None:
+    """The 'Writing a resharder' example is executed as written, so the docs cannot drift."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "distributed.md").read_text()
+    section = doc.split("## Writing a resharder", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None, "no python example under 'Writing a resharder'"
+    namespace: dict[str, Any] = {"__name__": "docs_example"}
+    exec(compile(code.group(1), "docs/distributed.md", "exec", dont_inherit=True), namespace)
+    assert "MyCustomDataloaderResharder" in namespace

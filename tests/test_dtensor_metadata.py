@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import pickle
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -124,6 +123,6 @@ def test_extract_records_dtensors_without_warning(one_rank_group: None, recwarn:
     assert not [w for w in recwarn if "plain" in str(w.message)]
 
 
-def test_metadata_file_never_pickles(tmp_path: Path) -> None:
+def test_metadata_json_names_placements_by_type() -> None:
     text = json.dumps(_md()._pack())
     assert "torch.bfloat16" in text and "ShardSpec" not in text

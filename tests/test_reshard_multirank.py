@@ -86,8 +86,8 @@ def save_rank(ckpt: str, layout: str) -> None:
     items = build_items(layout, zeros=False)
     resharder = DTensorResharder()
     root = Path(ckpt)
-    layouts: dict[str, LayoutInfo | None] = {"model": LayoutInfo(f"model/{rank}.safetensors", SafetensorsSerialization()),
-                                              "optim": None}
+    model_layout = LayoutInfo(f"model/{rank}.safetensors", SafetensorsSerialization())
+    layouts: dict[str, LayoutInfo | None] = {"model": model_layout, "optim": None}
     (root / "model").mkdir(parents=True, exist_ok=True)
     flat = {k: v.to_local().contiguous() for k, v in items["model"].items()}
     save_file(flat, str(root / "model" / f"{rank}.safetensors"))

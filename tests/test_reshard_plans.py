@@ -22,7 +22,6 @@ from torch_checkpointing.checkpoint_layout import (
     JsonSerialization,
     LayoutInfo,
     SafetensorsSerialization,
-    TorchSerialization,
 )
 from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
@@ -357,3 +356,19 @@ def test_extract_walks_dicts_and_lists_and_warns_on_plain_tensors() -> None:
     step = md[("opt", "state", 0, "step")]
     assert isinstance(step, DTensorShardingMetadata)
     assert step.global_shape == () and step.placements == (ReplicateSpec(),) and step.mesh_spec.mesh_shape == (1,)
+
+
+def test_open_flat_tensors_unwraps_and_uses_dotted_keys(tmp_path: Path) -> None:
+    from torch_checkpointing.checkpoint_layout import TorchSerialization
+    from torch_checkpointing.source_reader import open_flat_tensors
+
+    value = {"a": {"b": torch.ones(2), "c": [torch.zeros(1), torch.full((3,), 2.0)]}, "n": 1}
+    torch.save(value, tmp_path / "x.pt")
+    save_file({"a.b": torch.ones(2), "a.c.1": torch.full((3,), 2.0)}, str(tmp_path / "x.safetensors"))
+    for name, fmt in [("x.pt", TorchSerialization()), ("x.safetensors", SafetensorsSerialization())]:
+        for storage in (local_storage(), RemoteStorage()):
+            flat = open_flat_tensors(storage, tmp_path / name, fmt)
+            assert {"a.b", "a.c.1"} <= set(flat)
+            assert torch.equal(flat["a.c.1"], torch.full((3,), 2.0)) and torch.equal(flat["a.b"], torch.ones(2))
+            with pytest.raises(KeyError):
+                flat["missing"]

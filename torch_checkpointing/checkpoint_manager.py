@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import posixpath
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -20,6 +19,7 @@ from torch_checkpointing.config import (
     CheckpointSaverConfig,
     SyncCheckpointSaverConfig,
 )
+from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.schema import ItemSpec, ResolvedItem, resolve, validate_keys
 from torch_checkpointing.storage.base_storage import StorageConfig
@@ -73,6 +73,8 @@ class CheckpointManager:
         timeout = config.save.wait_timeout_secs
         self._ctx = RankContext(float(timeout if timeout is not None else DEFAULT_WAIT_TIMEOUT_SECS))
         self._seq = 0
+        wants_metadata = any(s.resharder is not None for s in [*config.items.values(), config.default] if s)
+        self._metadata = DefaultMetadataManager() if wants_metadata else None
         self._saver: CheckpointSaver
         if isinstance(config.save, SyncCheckpointSaverConfig):
             self._saver = SyncCheckpointSaver(self._storage, config.save.writer_config)
@@ -171,7 +173,7 @@ class CheckpointManager:
         local_error: Exception | None = None
         try:
             items = resolve(payload, self.config.items, self.config.default, ctx.rank)
-            local_metadata = self._extract_metadata(items)
+            local_metadata = self._metadata.extract_object_metadata(items) if self._metadata else None
             report: Any = ("ok", _layout_report(items), local_metadata)
         except Exception as exc:
             if ctx.world_size == 1:
@@ -186,8 +188,9 @@ class CheckpointManager:
             raise RuntimeError(f"Checkpoint save of {checkpoint_id} refused on rank(s) {failures}; nothing was written.")
         _check_cross_rank_collisions([rep[1] for rep in reports])
         metadata_json = None
-        if ctx.rank == 0 and local_metadata is not None:
-            metadata_json = self._metadata_json(reports)
+        if ctx.rank == 0 and self._metadata is not None:
+            layouts = [{key: layout for key, (_, layout) in rep[1].items()} for rep in reports]
+            metadata_json = self._metadata.serialize([rep[2] for rep in reports], layouts)
         self._seq += 1
         final = Path(checkpoint_id)
         self._storage.mkdir(final.parent if str(final.parent) else Path("."))
@@ -207,25 +210,6 @@ class CheckpointManager:
             self.config.pre_finalize_callback,
             self.config.finalize_callback,
         )
-
-    def _extract_metadata(self, items: list[ResolvedItem]) -> dict[str, Any] | None:
-        with_resharder = [i for i in items if i.spec.resharder is not None]
-        if not with_resharder and not any(s.resharder is not None for s in self.config.items.values()):
-            return None
-        out: dict[str, Any] = {}
-        for item in with_resharder:
-            extracted = item.spec.resharder.extract_sharding_metadata(item.key, item.value)  # type: ignore[union-attr]
-            if extracted:
-                out[item.key] = extracted
-        return out
-
-    def _metadata_json(self, reports: list[Any]) -> str:
-        from torch_checkpointing.distributed_metadata import build_distributed_metadata
-
-        per_rank = [rep[2] for rep in reports]
-        layouts = [{key: layout for key, (_, layout) in rep[1].items()} for rep in reports]
-        metadata = build_distributed_metadata(per_rank, layouts, len(reports))
-        return json.dumps(metadata.to_dict(), sort_keys=True)
 
 
 def _layout_report(items: list[ResolvedItem]) -> dict[str, tuple[str, Any]]:

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from torch_checkpointing.barriers import BarrierConfig
 from torch_checkpointing.checkpoint_layout import SerializationFormat
+from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, FileRecord, Manifest
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
@@ -38,7 +39,9 @@ __all__ = [
     "METADATA_JSON",
 ]
 
-METADATA_JSON = "metadata.json"
+# Non-zero ranks wait this much longer than rank 0 so that rank 0's verdict (naming the late rank) arrives first.
+_VERDICT_GRACE_S = 2.0
+
 
 
 @dataclass
@@ -190,7 +193,7 @@ def _write_and_commit(storage: Storage, request: WriteRequest) -> None:
         channel.publish(f"files/{request.rank}", json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         raise
     if request.rank != 0:
-        verdict = channel.wait_for("commit", "rank 0")
+        verdict = _await_verdict(channel, request.world_size)
         channel.publish(f"ack/{request.rank}", verdict)  # rank 0 hosts the store: it must outlive our read
         if verdict != "ok":
             raise RuntimeError(f"Checkpoint {request.checkpoint_dir} was not committed: {verdict}")
@@ -204,15 +207,31 @@ def _write_and_commit(storage: Storage, request: WriteRequest) -> None:
         _finalize(storage, request, records)
     except BaseException as exc:
         channel.publish("commit", f"rank 0 could not commit: {type(exc).__name__}: {exc}")
+        _await_acks(channel, request.world_size, timeout_s=_VERDICT_GRACE_S)
         raise
     channel.publish("commit", "ok")
     _await_acks(channel, request.world_size)
 
 
-def _await_acks(channel: StoreChannel, world_size: int) -> None:
+def _await_verdict(channel: StoreChannel, world_size: int) -> str:
+    """Rank 0's verdict; if it never comes, name the ranks that did not report (or rank 0 itself)."""
+    try:
+        return channel.wait_for("commit", "rank 0", grace_s=_VERDICT_GRACE_S)
+    except TimeoutError:
+        silent = channel.missing("files", world_size)
+        if silent:
+            raise TimeoutError(
+                f"Checkpoint commit: rank(s) {silent} did not report their written files within "
+                f"{channel.timeout_s:.0f}s (a rank died, hung, or never called save()). No checkpoint was committed."
+            ) from None
+        raise
+
+
+def _await_acks(channel: StoreChannel, world_size: int, timeout_s: float | None = None) -> None:
+    """Rank 0 hosts the store: keep it up until every live rank has read the verdict."""
     channel.publish("ack/0", "self")
     try:
-        channel.gather("ack", world_size, "that it saw the commit verdict")
+        channel.gather("ack", world_size, "that it saw the commit verdict", timeout_s=timeout_s)
     except TimeoutError:
         pass  # a rank that died after the verdict changes nothing about the committed checkpoint
 

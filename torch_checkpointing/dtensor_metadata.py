@@ -128,8 +128,9 @@ class DeviceMeshSpec:
     def from_mesh(
         cls, device_type: str, mesh: torch.Tensor, mesh_dim_names: tuple[str, ...] | None = None
     ) -> DeviceMeshSpec:
-        return get_device_mesh_spec(device_type, tuple(mesh.shape), tuple(int(r) for r in mesh.flatten().tolist()),
-                                    None if mesh_dim_names is None else tuple(mesh_dim_names))
+        ranks = tuple(int(r) for r in mesh.flatten().tolist())
+        names = None if mesh_dim_names is None else tuple(mesh_dim_names)
+        return get_device_mesh_spec(device_type, tuple(mesh.shape), ranks, names)
 
     @property
     def mesh(self) -> torch.Tensor:

@@ -283,14 +283,16 @@ class _LazyFlatTensors(Mapping[str, torch.Tensor]):
         self._source = source
         self._keys = source.keys()
         self._stats = ReadStats()
+        self._torch_flat: dict[str, torch.Tensor] | None = None
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self._keys:
             raise KeyError(key)
         if isinstance(self._source, _TorchSourceFile):
-            out: dict[str, torch.Tensor] = {}
-            _flatten(self._source._value, "", out)
-            return out[key]
+            if self._torch_flat is None:  # mmap-backed views: flattening reads no tensor data
+                self._torch_flat = {}
+                _flatten(self._source._value, "", self._torch_flat)
+            return self._torch_flat[key]
         handle = self._source.tensor(tuple(key.split(".")) if key else ())
         if handle is None:
             raise KeyError(key)

@@ -44,10 +44,11 @@ class StoreChannel:
     def publish(self, name: str, value: str) -> None:
         self._store.set(self._key(name), value)
 
-    def gather(self, name: str, world_size: int, what: str) -> list[str]:
+    def gather(self, name: str, world_size: int, what: str, timeout_s: float | None = None) -> list[str]:
         """Every rank's value for `name`, or TimeoutError naming the ranks that never published."""
         keys = [self._key(f"{name}/{r}") for r in range(world_size)]
-        deadline = time.monotonic() + self.timeout_s
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         pending = set(range(world_size))
         delay = _POLL_S
         while pending:
@@ -57,19 +58,30 @@ class StoreChannel:
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"Checkpoint commit: rank(s) {sorted(pending)} did not report {what} within "
-                    f"{self.timeout_s:.0f}s (a rank died, hung, or never called save()). No checkpoint was committed."
+                    f"{timeout_s:.0f}s (a rank died, hung, or never called save()). No checkpoint was committed."
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
         return [self._store.get(k).decode("utf-8") for k in keys]
 
-    def wait_for(self, name: str, who: str) -> str:
+    def missing(self, name: str, world_size: int) -> list[int]:
+        return [r for r in range(world_size) if not self._store.check([self._key(f"{name}/{r}")])]
+
+    def wait_for(self, name: str, who: str, grace_s: float = 0.0) -> str:
         key = self._key(name)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self.timeout_s + grace_s
         delay = _POLL_S
-        while not self._store.check([key]):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Checkpoint commit: no word from {who} within {self.timeout_s:.0f}s; the save failed.")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-        return self._store.get(key).decode("utf-8")
+        try:
+            while not self._store.check([key]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Checkpoint commit: no word from {who} within {self.timeout_s:.0f}s; the save failed.")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+            return self._store.get(key).decode("utf-8")
+        except TimeoutError:
+            raise
+        except RuntimeError as exc:  # the store's host (rank 0's trainer) is gone
+            raise RuntimeError(
+                f"Checkpoint commit: lost contact with {who}, which hosts the checkpoint store ({exc}); rank 0 "
+                f"died or closed its CheckpointManager before the commit. No checkpoint was committed by this save."
+            ) from exc

@@ -53,7 +53,8 @@ class RankCtx:
 
     def row(self, scenario: str, check: str, result: str, *, placements: str = "-", notes: list[str] | None = None,
             written: int = 0, read: int = 0, seconds: float = 0.0, world: str | None = None) -> CheckResult:
-        return CheckResult(scenario, check, world or self.plan.world_label, placements, result,
+        label = str(self.plan.save_world) if self.phase == "save" else self.plan.world_label
+        return CheckResult(scenario, check, world or label, placements, result,
                            written, read, seconds, list(notes or []))
 
 

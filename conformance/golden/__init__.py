@@ -1,0 +1,1 @@
+"""Golden checkpoints: small checkpoints every backend must load bit-exact."""

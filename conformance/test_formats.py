@@ -1,0 +1,255 @@
+"""The four serialization formats and the rule that custom formats are not supported."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from conformance import backend
+from conformance.helpers import files, layout, save, spec
+
+clause = pytest.mark.clause
+Factory = Callable[..., Any]
+
+
+@dataclass
+class UserObject:
+    """A user-defined picklable object (module level, so it pickles by reference)."""
+
+    name: str
+    sizes: tuple[int, ...]
+
+
+@dataclass
+class StepInfo:
+    """A JSON-reconstructable type for JsonSerialization(cls=...)."""
+
+    step: int
+    tag: str
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------------- torch
+@clause("TORCH-ROUNDTRIP-1", "TORCH-FILE-1", "LOAD-INPLACE-1")
+def test_torch_nested_state_roundtrip(manager_factory: Factory, tmp_path: Path) -> None:
+    value = {
+        "w": torch.randn(3, 2, generator=_gen(0)),
+        "nested": {"b": torch.arange(4, dtype=torch.int64), "lst": [torch.ones(1), 2, "x"], "tup": (1.5, None)},
+        "flag": True,
+        "n": 7,
+        "name": "abc",
+    }
+    m = manager_factory({"state": spec(layout=layout("state_{rank}.pt", "TorchSerialization"))})
+    save(m, tmp_path / "c", {"state": value})
+    on_disk = torch.load(tmp_path / "c" / "state_0.pt", weights_only=False)
+    assert torch.equal(on_disk["w"], value["w"]) and on_disk["nested"]["tup"] == (1.5, None)
+    template = {
+        "w": torch.zeros(3, 2),
+        "nested": {"b": torch.zeros(4, dtype=torch.int64), "lst": [torch.zeros(1), 0, ""], "tup": (0.0, None)},
+        "flag": False,
+        "n": 0,
+        "name": "",
+    }
+    w_obj = template["w"]
+    out = m.load(str(tmp_path / "c"), into={"state": template})["state"]
+    assert out["w"] is w_obj and torch.equal(out["w"], value["w"])
+    assert torch.equal(out["nested"]["b"], value["nested"]["b"])
+    assert torch.equal(out["nested"]["lst"][0], torch.ones(1)) and out["nested"]["lst"][1:] == [2, "x"]
+    assert tuple(out["nested"]["tup"]) == (1.5, None)
+    assert (out["flag"], out["n"], out["name"]) == (True, 7, "abc")
+
+
+@clause("TORCH-OBJECT-1")
+def test_torch_arbitrary_picklable_object(manager_factory: Factory, tmp_path: Path) -> None:
+    obj = UserObject("loader", (3, 4))
+    m = manager_factory()
+    save(m, tmp_path / "c", {"obj": obj})
+    out = m.load(str(tmp_path / "c"), into={"obj": None})
+    assert out["obj"] == obj
+
+
+# -------------------------------------------------------------------- json
+@clause("JSON-ROUNDTRIP-1", "JSON-PRETTY-1")
+def test_json_sorted_and_indented(manager_factory: Factory, tmp_path: Path) -> None:
+    value = {"zeta": 1, "alpha": {"y": [1, 2], "b": "s"}, "mid": None, "f": 0.25}
+    m = manager_factory({"cfg": spec(layout=layout("cfg.json", "JsonSerialization"))})
+    save(m, tmp_path / "c", {"cfg": value})
+    text = (tmp_path / "c" / "cfg.json").read_text(encoding="utf-8")
+    assert json.loads(text) == value
+    lines = text.splitlines()
+    assert len(lines) > 3, "not pretty-printed over several lines"
+    assert any(line.startswith((" ", "\t")) for line in lines), "nested lines are not indented"
+    top = [k for k in ("alpha", "f", "mid", "zeta")]
+    positions = [text.index(f'"{k}"') for k in top]
+    assert positions == sorted(positions), "top-level keys not sorted"
+    assert text.index('"b"') < text.index('"y"'), "nested keys not sorted"
+
+
+@clause("JSON-CLS-1")
+@pytest.mark.parametrize("value", [{"a": [1, {"b": 2}]}, [3, "x", None], 42, "text", 2.5], ids=repr)
+def test_json_cls_none_returns_raw_json(manager_factory: Factory, tmp_path: Path, value: Any) -> None:
+    fmt = backend.name("checkpoint_layout", "JsonSerialization")()
+    assert fmt.cls is None
+    m = manager_factory({"v": spec(layout=layout("v.json", "JsonSerialization"))})
+    save(m, tmp_path / "c", {"v": value})
+    out = m.load(str(tmp_path / "c"), into={"v": None})["v"]
+    assert out == value and type(out) is type(value)
+
+
+@clause("JSON-CLS-2")
+def test_json_cls_reconstructs_type(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"info": spec(layout=layout("info.json", "JsonSerialization", cls=StepInfo))})
+    save(m, tmp_path / "c", {"info": {"step": 9, "tag": "t"}})
+    out = m.load(str(tmp_path / "c"), into={"info": None})["info"]
+    assert isinstance(out, StepInfo)
+    assert out == StepInfo(9, "t")
+
+
+# --------------------------------------------------------------------- raw
+@clause("RAW-BYTES-1")
+def test_raw_bytes_as_is(manager_factory: Factory, tmp_path: Path) -> None:
+    blob = bytes(range(256)) + b'{"already": "json"}\n'
+    m = manager_factory({"blob": spec(layout=layout("blob.bin", "RawSerialization"))})
+    save(m, tmp_path / "c", {"blob": blob})
+    assert (tmp_path / "c" / "blob.bin").read_bytes() == blob
+    out = m.load(str(tmp_path / "c"), into={"blob": None})["blob"]
+    assert out == blob and isinstance(out, bytes)
+
+
+NOT_BYTES = ["text", bytearray(b"abc"), 5, {"a": 1}]
+
+
+@clause("RAW-TYPE-1")
+@pytest.mark.parametrize("value", NOT_BYTES, ids=repr)
+def test_raw_rejects_non_bytes_sync(manager_factory: Factory, tmp_path: Path, value: Any) -> None:
+    m = manager_factory({"blob": spec(layout=layout("blob.bin", "RawSerialization"))})
+    with pytest.raises(ValueError):
+        save(m, tmp_path / "c", {"blob": value})
+
+
+@clause("RAW-TYPE-2")
+def test_raw_rejects_non_bytes_async(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"blob": spec(requires_copy=False, layout=layout("blob.bin", "RawSerialization"))}, mode="async")
+    with pytest.raises(ValueError):
+        save(m, tmp_path / "c", {"blob": "not bytes"})
+
+
+# ------------------------------------------------------------- safetensors
+def _st(metadata: dict[str, str] | None = None, path: str = "m.safetensors") -> Any:
+    return spec(layout=layout(path, "SafetensorsSerialization", metadata=metadata))
+
+
+@clause("ST-FILE-1", "ST-FLATTEN-1", "ST-META-2")
+def test_safetensors_flattens_to_dotted_keys(manager_factory: Factory, tmp_path: Path) -> None:
+    t = [torch.randn(2, 2, generator=_gen(i)) for i in range(5)]
+    value = {"a": {"b": t[0]}, "c": [t[1], t[2]], "d": (t[3],), "e": t[4]}
+    m = manager_factory({"m": _st()})
+    save(m, tmp_path / "c", {"m": value})
+    flat = load_file(str(tmp_path / "c" / "m.safetensors"))
+    assert set(flat) == {"a.b", "c.0", "c.1", "d.0", "e"}
+    for k, ref in zip(("a.b", "c.0", "c.1", "d.0", "e"), t):
+        assert torch.equal(flat[k], ref), k
+
+
+@clause("ST-RENEST-1", "LOAD-INPLACE-1")
+def test_safetensors_renests_into_template(manager_factory: Factory, tmp_path: Path) -> None:
+    value = {"layer": {"w": torch.randn(3, generator=_gen(1)), "b": torch.randn(1, generator=_gen(2))},
+             "stack": [torch.ones(2), torch.zeros(2)]}
+    m = manager_factory({"m": _st()})
+    save(m, tmp_path / "c", {"m": value})
+    template = {"layer": {"w": torch.empty(3), "b": torch.empty(1)}, "stack": [torch.empty(2), torch.empty(2)]}
+    w_obj = template["layer"]["w"]
+    out = m.load(str(tmp_path / "c"), into={"m": template})["m"]
+    assert out["layer"]["w"] is w_obj
+    assert torch.equal(out["layer"]["w"], value["layer"]["w"]) and torch.equal(out["layer"]["b"], value["layer"]["b"])
+    assert torch.equal(out["stack"][0], torch.ones(2)) and torch.equal(out["stack"][1], torch.zeros(2))
+
+
+@clause("ST-TENSORONLY-1")
+@pytest.mark.parametrize("leaf", [3, "s", None, 1.5], ids=repr)
+def test_safetensors_rejects_non_tensor_leaves(manager_factory: Factory, tmp_path: Path, leaf: Any) -> None:
+    m = manager_factory({"m": _st()})
+    with pytest.raises(ValueError):
+        save(m, tmp_path / "c", {"m": {"w": torch.ones(1), "x": leaf}})
+
+
+@clause("ST-MISSING-1")
+def test_safetensors_missing_dict_leaf(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory({"m": _st()})
+    save(m, tmp_path / "c", {"m": {"a": torch.full((2,), 1.0), "c": torch.full((2,), 3.0)}})
+    sentinel = torch.full((2,), -7.0)
+    template = {"a": torch.zeros(2), "b": sentinel, "c": torch.zeros(2)}
+    out = m.load(str(tmp_path / "c"), into={"m": template}, strict=False)["m"]
+    assert torch.equal(out["a"], torch.full((2,), 1.0)) and torch.equal(out["c"], torch.full((2,), 3.0))
+    assert torch.equal(sentinel, torch.full((2,), -7.0)), "missing leaf overwritten with other data"
+    if "b" in out:
+        assert torch.equal(out["b"], torch.full((2,), -7.0)), "missing leaf misaligned"
+    strict_template = {"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(2)}
+    with pytest.raises(Exception):
+        m.load(str(tmp_path / "c"), into={"m": strict_template}, strict=True)
+
+
+@clause("ST-MISSING-2")
+@pytest.mark.parametrize("container", [list, tuple])
+def test_safetensors_missing_sequence_leaf_is_none(manager_factory: Factory, tmp_path: Path, container: type) -> None:
+    m = manager_factory({"m": _st()})
+    save(m, tmp_path / "c", {"m": {"seq": container([torch.full((2,), 1.0)])}})
+    template = {"seq": container([torch.zeros(2), torch.zeros(2)])}
+    out = m.load(str(tmp_path / "c"), into={"m": template}, strict=False)["m"]
+    assert torch.equal(out["seq"][0], torch.full((2,), 1.0))
+    assert out["seq"][1] is None
+
+
+@clause("ST-CONTIG-1")
+def test_safetensors_non_contiguous(manager_factory: Factory, tmp_path: Path) -> None:
+    base = torch.arange(12.0).reshape(3, 4)
+    value = {"t": base.t(), "s": base[:, ::2]}
+    assert not value["t"].is_contiguous() and not value["s"].is_contiguous()
+    m = manager_factory({"m": _st()})
+    save(m, tmp_path / "c", {"m": value})
+    flat = load_file(str(tmp_path / "c" / "m.safetensors"))
+    assert torch.equal(flat["t"], base.t()) and torch.equal(flat["s"], base[:, ::2])
+    out = m.load(str(tmp_path / "c"), into={"m": {"t": torch.zeros(4, 3), "s": torch.zeros(3, 2)}})["m"]
+    assert torch.equal(out["t"], base.t()) and torch.equal(out["s"], base[:, ::2])
+
+
+@clause("ST-META-1")
+def test_safetensors_metadata_in_header(manager_factory: Factory, tmp_path: Path) -> None:
+    meta = {"format_version": "1", "note": "hello"}
+    m = manager_factory({"m": _st(metadata=meta, path="model_state.safetensors")})
+    save(m, tmp_path / "c", {"m": {"w": torch.ones(2)}})
+    with safe_open(str(tmp_path / "c" / "model_state.safetensors"), framework="pt") as fh:
+        header = fh.metadata() or {}
+    assert {k: header.get(k) for k in meta} == meta
+
+
+@clause("ST-META-3")
+@pytest.mark.parametrize("meta", [{"v": 1}, {1: "v"}, {"v": None}], ids=repr)
+def test_safetensors_metadata_must_be_str(manager_factory: Factory, tmp_path: Path, meta: Any) -> None:
+    with pytest.raises(Exception):
+        m = manager_factory({"m": _st(metadata=meta)})
+        save(m, tmp_path / "c", {"m": {"w": torch.ones(2)}})
+
+
+# ---------------------------------------------------------- custom formats
+@clause("FORMAT-CUSTOM-1")
+def test_custom_format_is_not_supported(manager_factory: Factory, tmp_path: Path) -> None:
+    base = backend.name("checkpoint_layout", "SerializationFormat")
+    members = {name: (lambda *a, **k: {"type": "Custom"}) for name in getattr(base, "__abstractmethods__", ())}
+    custom = type("CustomFormat", (base,), members)
+    fmt = custom()
+    li = backend.name("checkpoint_layout", "LayoutInfo")("custom.bin", fmt)
+    m = manager_factory({"x": spec(layout=li)})
+    with pytest.raises(Exception):
+        save(m, tmp_path / "c", {"x": {"w": torch.ones(1)}})
+    assert "custom.bin" not in files(tmp_path / "c") if (tmp_path / "c").exists() else True

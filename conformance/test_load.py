@@ -1,0 +1,113 @@
+"""Load templates, single-process resharder clauses, and the document's first example."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from conformance import backend
+from conformance.helpers import files, save, spec
+
+clause = pytest.mark.clause
+Factory = Callable[..., Any]
+
+
+@clause("LOAD-INPLACE-1", "LOAD-RETURN-1")
+def test_templates_filled_in_place(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory()
+    saved = {"w": torch.randn(4, 3, generator=torch.Generator().manual_seed(3)), "b": torch.ones(3)}
+    save(m, tmp_path / "c", {"model": saved, "misc_state": {"step": 12}, "step": 5})
+    template = {"w": torch.zeros(4, 3), "b": torch.zeros(3)}
+    ids = {k: id(v) for k, v in template.items()}
+    out = m.load(str(tmp_path / "c"), into={"model": template, "misc_state": {"step": 0}, "step": 0})
+    for k in saved:
+        assert id(out["model"][k]) == ids[k], f"{k}: template identity lost"
+        assert torch.equal(template[k], saved[k]), f"{k}: template not filled in place"
+    assert out["misc_state"]["step"] == 12
+    assert out["step"] == 5
+
+
+@clause("LOAD-MODULE-1")
+def test_module_restored_without_load_state_dict(manager_factory: Factory, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    reference = {k: v.clone() for k, v in net.state_dict().items()}
+    m = manager_factory({"model": spec()})
+    save(m, tmp_path / "c", {"model": net.state_dict()})
+    with torch.no_grad():
+        for p in net.parameters():
+            p.fill_(0.5)
+    m.load(str(tmp_path / "c"), into={"model": net.state_dict()})
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, reference[k]), k
+
+
+@clause("LOAD-FILTER-1")
+def test_returned_mapping_has_the_requested_items(manager_factory: Factory, tmp_path: Path) -> None:
+    m = manager_factory()
+    save(m, tmp_path / "c", {"model": torch.ones(2), "optimizer": torch.zeros(2), "step": 3})
+    out = m.load(str(tmp_path / "c"), into={"model": torch.empty(2), "step": 0})
+    assert set(out.keys()) == {"model", "step"}
+    assert torch.equal(out["model"], torch.ones(2)) and out["step"] == 3
+
+
+@clause("RESHARD-CTOR-1")
+def test_dtensor_resharder_takes_no_arguments() -> None:
+    cls = backend.name("dtensor_resharder", "DTensorResharder")
+    assert isinstance(cls(), backend.name("resharding", "Resharder"))
+    with pytest.raises(TypeError):
+        cls(1)
+
+
+class _Complete:
+    """Mixin body for a minimal custom resharder (both abstract methods implemented)."""
+
+    def extract_sharding_metadata(self, item_key: str, item_value: Any) -> dict[Any, Any]:
+        return {}
+
+    def load(self, source_path: Any, item_key: str, target_metadata: Any, source_metadata: Any,
+             target: Any, storage: Any) -> list[Any]:
+        return []
+
+
+@clause("RESHARD-ABC-1")
+def test_resharder_has_two_abstract_methods(manager_factory: Factory, tmp_path: Path) -> None:
+    base = backend.name("resharding", "Resharder")
+    assert set(getattr(base, "__abstractmethods__", ())) == {"extract_sharding_metadata", "load"}
+    with pytest.raises(TypeError):
+        type("OnlyExtract", (base,), {"extract_sharding_metadata": _Complete.extract_sharding_metadata})()
+    custom = type("Complete", (base,), dict(_Complete.__dict__))()
+    m = manager_factory({"loader": spec(requires_copy=False, resharder=custom)})
+    save(m, tmp_path / "c", {"loader": {"pos": 4}})
+    assert m.load(str(tmp_path / "c"), into={"loader": {"pos": 0}})["loader"]["pos"] == 4
+
+
+@clause("RESHARD-AUTO-1")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_declaring_a_resharder_is_enough(manager_factory: Factory, tmp_path: Path, mode: str) -> None:
+    resharder = backend.name("dtensor_resharder", "DTensorResharder")
+    m = manager_factory({"model": spec(resharder=resharder())}, mode=mode)
+    sd = {"w": torch.arange(6.0).reshape(2, 3)}
+    save(m, tmp_path / "c", {"model": sd})
+    assert "model_0.pt" in files(tmp_path / "c")
+    out = m.load(str(tmp_path / "c"), into={"model": {"w": torch.zeros(2, 3)}})
+    assert torch.equal(out["model"]["w"], sd["w"])
+
+
+@clause("EXAMPLE-DEFAULTS-1")
+def test_first_example_with_defaults(tmp_path: Path) -> None:
+    top = backend.module()
+    manager = top.CheckpointManager(top.CheckpointManager.Config(
+        items={"dataloader": top.ItemSpec(requires_copy=False)},
+    ))
+    try:
+        payload = {"model": {"w": torch.ones(3)}, "step": 4, "dataloader": {"pos": 9}}
+        save(manager, tmp_path / "c", payload)
+        out = manager.load(str(tmp_path / "c"), into={"model": {"w": torch.zeros(3)}, "step": 0, "dataloader": None})
+        assert torch.equal(out["model"]["w"], torch.ones(3))
+        assert out["step"] == 4 and out["dataloader"] == {"pos": 9}
+    finally:
+        manager.close()

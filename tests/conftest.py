@@ -1,0 +1,91 @@
+"""Shared fixtures for the engine's single-rank tests.
+
+Async managers spawn a writer process (seconds each), so the async fixtures are module-scoped: one manager
+per test module that asks for it, reset between tests through its control files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from tests.memory_storage import Control, MemoryStorageConfig, RecordingStorageConfig, free_port
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+
+ManagerFactory = Callable[..., CheckpointManager]
+
+
+@pytest.fixture
+def memory_config() -> MemoryStorageConfig:
+    return MemoryStorageConfig()
+
+
+@pytest.fixture
+def make_sync() -> Iterator[ManagerFactory]:
+    """Builds sync managers (keyword arguments go to Config) and closes them at teardown."""
+    built: list[CheckpointManager] = []
+
+    def make(**kwargs: Any) -> CheckpointManager:
+        kwargs.setdefault("save", SyncCheckpointSaverConfig())
+        manager = CheckpointManager(CheckpointManager.Config(**kwargs))
+        built.append(manager)
+        return manager
+
+    yield make
+    for manager in built:
+        manager.close()
+
+
+@pytest.fixture
+def sync_manager(make_sync: ManagerFactory) -> CheckpointManager:
+    return make_sync()
+
+
+@pytest.fixture(scope="module")
+def async_manager() -> Iterator[CheckpointManager]:
+    """The async preset exactly as a user gets it: default storage (O_DIRECT on), default everything."""
+    manager = CheckpointManager(CheckpointManager.Config.with_async_save())
+    yield manager
+    manager.close()
+
+
+@pytest.fixture(scope="module")
+def controlled_async(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
+    """An async manager whose storage logs every call and can be slowed or blocked through control files."""
+    control = Control(tmp_path_factory.mktemp("control"))
+    manager = CheckpointManager(
+        CheckpointManager.Config(storage_config=RecordingStorageConfig(control_dir=str(control.root)))
+    )
+    yield manager, control
+    control.reset()
+    manager.close()
+
+
+@pytest.fixture
+def control_async(controlled_async: tuple[CheckpointManager, Control]) -> Iterator[tuple[CheckpointManager, Control]]:
+    """The module's controlled manager with clean controls before and after the test (and no write in flight)."""
+    manager, control = controlled_async
+    control.reset()
+    yield manager, control
+    control.reset()
+    try:
+        manager._saver.wait(120)
+    except Exception:
+        pass
+
+
+@pytest.fixture
+def dist_world1() -> Iterator[None]:
+    """A one-rank gloo process group on a free loopback port, for DTensors on a CPU DeviceMesh."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

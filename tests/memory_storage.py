@@ -1,0 +1,340 @@
+"""Storage backends for the engine's tests.
+
+* `MemoryStorage`: every byte lives in a process-local dict, so a save or load that touched the disk instead
+  of the configured backend is caught. Its config pickles (by name) but the dict does not cross processes:
+  use it with sync saves.
+* `RecordingStorage`: the local filesystem backend that logs each call to a file and obeys control files
+  (delay, block). Both work across processes, so async saves (whose writer is a spawned process) can be
+  slowed, blocked mid-file and observed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
+
+__all__ = [
+    "MemoryStore",
+    "MemoryStorage",
+    "MemoryStorageConfig",
+    "RecordingStorage",
+    "RecordingStorageConfig",
+    "Control",
+    "free_port",
+    "files_under",
+]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def files_under(root: Path) -> set[str]:
+    """Relative paths of every file below `root` (hidden ones included)."""
+    return {str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file()}
+
+
+def _norm(path: Any) -> str:
+    return posixpath.normpath(os.fspath(path))
+
+
+@dataclass
+class MemoryStore:
+    files: dict[str, bytes] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=lambda: {"/", "."})
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+
+_STORES: dict[str, MemoryStore] = {}
+
+
+@dataclass
+class MemoryStorageConfig(StorageConfig):
+    """Names a process-local store; equal names share one store."""
+
+    name: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def create_storage(self) -> MemoryStorage:
+        return MemoryStorage(self.store)
+
+    @property
+    def store(self) -> MemoryStore:
+        return _STORES.setdefault(self.name, MemoryStore())
+
+
+class _MemoryWriteStream(io.BytesIO):
+    def __init__(self, store: MemoryStore, path: str) -> None:
+        super().__init__()
+        self._store = store
+        self._path = path
+
+    def close(self) -> None:
+        if not self.closed:
+            self._store.files[self._path] = self.getvalue()
+        super().close()
+
+
+class MemoryStorage(Storage):
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def _log(self, op: str, path: Any) -> str:
+        p = _norm(path)
+        self.store.calls.append((op, p))
+        return p
+
+    def _check_parent(self, p: str) -> None:
+        parent = posixpath.dirname(p) or "."
+        if parent not in self.store.dirs:
+            raise RuntimeError(f"Parent directory does not exist, create it!: {parent}")
+
+    def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase:
+        p = self._log("read", path)
+        if p not in self.store.files:
+            raise FileNotFoundError(p)
+        return io.BytesIO(self.store.files[p])  # type: ignore[return-value]
+
+    def stream_write(self, path: Path) -> io.IOBase:
+        p = self._log("write", path)
+        self._check_parent(p)
+        return _MemoryWriteStream(self.store, p)
+
+    def write(self, path: Path, data: Any) -> None:
+        p = self._log("write", path)
+        self._check_parent(p)
+        self.store.files[p] = bytes(memoryview(data).cast("B"))
+
+    def delete(self, path: Path) -> None:
+        p = self._log("delete", path)
+        if p not in self.store.files:
+            raise FileNotFoundError(p)
+        del self.store.files[p]
+
+    def mkdir(self, path: Path, recursive: bool = True) -> None:
+        p = self._log("mkdir", path)
+        while p not in self.store.dirs:
+            self.store.dirs.add(p)
+            p = posixpath.dirname(p) or "."
+
+    def _below(self, p: str, name: str) -> bool:
+        return name == p or name.startswith(p.rstrip("/") + "/")
+
+    def rmdir(self, path: Path) -> None:
+        p = self._log("rmdir", path)
+        self.store.files = {k: v for k, v in self.store.files.items() if not self._below(p, k)}
+        self.store.dirs = {d for d in self.store.dirs if not self._below(p, d)} | {"/", "."}
+
+    def rename(
+        self,
+        src_path: Path,
+        dst_path: Path,
+        is_directory: bool = False,
+        is_cross_link: bool = False,
+        background_cleanup: bool = False,
+    ) -> None:
+        src, dst = self._log("rename", src_path), _norm(dst_path)
+        if dst in self.store.files or dst in self.store.dirs:
+            raise FileExistsError(dst)
+
+        def move(name: str) -> str:
+            return dst + name[len(src) :] if self._below(src, name) else name
+
+        self.store.files = {move(k): v for k, v in self.store.files.items()}
+        self.store.dirs = {move(d) for d in self.store.dirs}
+
+    def ls(self, path: Path) -> list[str]:
+        p = self._log("ls", path)
+        names = set()
+        for name in [*self.store.files, *self.store.dirs]:
+            if name != p and posixpath.dirname(name) == p:
+                names.add(posixpath.basename(name))
+        return sorted(names)
+
+    def exists(self, path: Path) -> bool:
+        p = self._log("exists", path)
+        return p in self.store.files or p in self.store.dirs
+
+    def getsize(self, path: Path) -> int:
+        p = self._log("getsize", path)
+        if p not in self.store.files:
+            raise FileNotFoundError(p)
+        return len(self.store.files[p])
+
+    def isdir(self, path: Path) -> bool:
+        return self._log("isdir", path) in self.store.dirs
+
+    def remap_path(self, path: Path) -> str:
+        return "memory://" + _norm(path)
+
+    def sync_directory(self, path: Path) -> None:
+        self._log("sync_directory", path)
+
+    def replace_directory(self, src: Path, dst: Path) -> None:
+        self._log("replace_directory", src)
+        super().replace_directory(src, dst)
+
+
+# ----------------------------------------------------------------------------------- recording storage
+
+
+class Control:
+    """Files in `root` that steer a `RecordingStorage` in any process, and its call log."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "calls.log"
+
+    def set_delay(self, seconds: float) -> None:
+        """Every stream_write waits this long before opening the file."""
+        (self.root / "delay_s").write_text(str(seconds))
+
+    def block(self, substring: str) -> None:
+        """The first write() into a file whose path contains `substring` writes its bytes, then blocks."""
+        (self.root / "blocked").unlink(missing_ok=True)
+        (self.root / "block_on").write_text(substring)
+
+    def wait_blocked(self, timeout: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout
+        marker = self.root / "blocked"
+        while time.monotonic() < deadline:
+            if marker.exists() and marker.read_text():
+                return int(marker.read_text())
+            time.sleep(0.02)
+        raise TimeoutError(f"no write blocked within {timeout}s")
+
+    def reset(self) -> None:
+        for name in ("delay_s", "block_on", "blocked", "calls.log"):
+            (self.root / name).unlink(missing_ok=True)
+
+    def calls(self) -> list[tuple[str, ...]]:
+        """(pid, op, path[, path2]) per call, in order."""
+        if not self.log_path.exists():
+            return []
+        return [tuple(line.split("\t")) for line in self.log_path.read_text().splitlines() if line]
+
+
+@dataclass
+class RecordingStorageConfig(LocalFileSystemStorageConfig):
+    control_dir: str = ""
+    use_direct_io: bool = False
+
+    def create_storage(self) -> RecordingStorage:
+        return RecordingStorage(self)
+
+
+class _BlockingStream:
+    def __init__(self, inner: Any, storage: RecordingStorage, path: str) -> None:
+        self.inner = inner
+        self.storage = storage
+        self.path = path
+
+    def write(self, data: Any) -> int:
+        n = self.inner.write(data)
+        self.storage._maybe_block(self.path)
+        return n
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
+        self.storage._log("closed", self.path)
+
+    def __enter__(self) -> _BlockingStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RecordingStorage(LocalFileSystemStorage):
+    config: RecordingStorageConfig
+
+    @property
+    def control(self) -> Control:
+        return Control(self.config.control_dir)
+
+    def _log(self, op: str, *paths: Any) -> None:
+        line = "\t".join([str(os.getpid()), op, *(os.fspath(p) for p in paths)]) + "\n"
+        fd = os.open(self.control.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    def _maybe_block(self, path: str) -> None:
+        root = self.control.root
+        block_on = root / "block_on"
+        try:
+            substring = block_on.read_text()
+        except FileNotFoundError:
+            return
+        if substring and substring in path and not (root / "blocked").exists():
+            tmp = root / f"blocked.{os.getpid()}"
+            tmp.write_text(str(os.getpid()))
+            os.replace(tmp, root / "blocked")
+            while block_on.exists():
+                time.sleep(0.02)
+
+    def stream_write(self, path: Path) -> Any:
+        self._log("stream_write", path)
+        try:
+            delay = float((self.control.root / "delay_s").read_text())
+        except FileNotFoundError:
+            delay = 0.0
+        if delay:
+            time.sleep(delay)
+        return _BlockingStream(super().stream_write(path), self, os.fspath(path))
+
+    def write(self, path: Path, data: Any) -> None:
+        self._log("write", path)
+        with LocalFileSystemStorage.stream_write(self, path) as stream:
+            stream.write(data)
+
+    def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
+        self._log("read", path)
+        return super().read(path, read_args)
+
+    def local_path(self, path: Path) -> str | None:
+        self._log("local_path", path)
+        return super().local_path(path)
+
+    def mkdir(self, path: Path, recursive: bool = True) -> None:
+        self._log("mkdir", path)
+        super().mkdir(path, recursive)
+
+    def delete(self, path: Path) -> None:
+        self._log("delete", path)
+        super().delete(path)
+
+    def rmdir(self, path: Path) -> None:
+        self._log("rmdir", path)
+        super().rmdir(path)
+
+    def rename(self, src_path: Path, dst_path: Path, *args: Any, **kwargs: Any) -> None:
+        self._log("rename", src_path, dst_path)
+        super().rename(src_path, dst_path, *args, **kwargs)
+
+    def sync_directory(self, path: Path) -> None:
+        self._log("sync_directory", path)
+        super().sync_directory(path)
+
+    def replace_directory(self, src: Path, dst: Path) -> None:
+        self._log("replace_directory", src, dst)
+        super().replace_directory(src, dst)

@@ -1,0 +1,82 @@
+"""Rank functions for the engine's multi-rank tests (module level, so spawned ranks can import them)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+
+def _config(async_save: bool, **kw: Any) -> CheckpointManager.Config:
+    cfg = CheckpointManager.Config.with_async_save() if async_save else CheckpointManager.Config.with_sync_save()
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+    cfg.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    return cfg
+
+
+def commit_protocol(root: str) -> dict[str, Any]:
+    """Sync and async saves on every rank: per-rank files, one manifest, futures done only after the commit."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict[str, Any] = {"rank": rank}
+    items = {"misc": ItemSpec(requires_copy=False, layout=LayoutInfo("rank_{rank}/misc.json", JsonSerialization()))}
+    for mode in ("sync", "async"):
+        manager = CheckpointManager(_config(mode == "async", items=items))
+        target = Path(root) / mode
+        state = {"w": torch.full((4,), float(rank))}
+        fut = manager.save(str(target), {"model": state, "misc": {"rank": rank, "step": 3}})
+        if fut is not None:
+            fut.result(timeout=120)
+        # Once our own save is done, the whole checkpoint must be visible and complete.
+        out[f"{mode}_manifest_seen"] = (target / "manifest.json").exists()
+        out[f"{mode}_files"] = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+        dist.barrier()
+        got = manager.load(str(target), into={"model": {"w": torch.zeros(4)}, "misc": None})
+        out[f"{mode}_loaded_ok"] = bool(torch.equal(got["model"]["w"], state["w"])) and got["misc"] == {"rank": rank, "step": 3}
+        manager.close()
+    # A colliding layout (no {rank}) is refused on every rank before anything is written.
+    manager = CheckpointManager(_config(False, items={"misc": ItemSpec(layout=LayoutInfo("misc.json", JsonSerialization()))}))
+    try:
+        manager.save(str(Path(root) / "collide"), {"misc": {"rank": rank}})
+        out["collision"] = "no error"
+    except ValueError as exc:
+        out["collision"] = str(exc)
+    out["collide_exists"] = (Path(root) / "collide").exists()
+    manager.close()
+    return out
+
+
+def dead_rank(root: str) -> dict[str, Any]:
+    """Rank 1 never calls save(): the others fail within the timeout, naming it, and nothing is committed."""
+    rank = dist.get_rank()
+    cfg = _config(False)
+    cfg.save.wait_timeout_secs = 5
+    manager = CheckpointManager(cfg)
+    out: dict[str, Any] = {"rank": rank}
+    target = Path(root) / "ck"
+    try:
+        if rank == 1:
+            manager._plan(str(target), {"x": torch.ones(1)})  # joins the plan's collective, then never writes
+            out["error"] = "rank 1 skipped the write"
+            time.sleep(8)
+        else:
+            manager.save(str(target), {"x": torch.ones(1)})
+            out["error"] = None
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    out["exists"] = target.exists()
+    return out
+
+
+def commit_checks(root: str) -> dict[str, Any]:
+    """One launch for every commit-protocol check (starting ranks costs seconds)."""
+    out = commit_protocol(str(Path(root) / "commit"))
+    out["dead"] = dead_rank(str(Path(root) / "dead"))
+    return out

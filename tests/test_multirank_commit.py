@@ -1,0 +1,54 @@
+"""The multi-rank commit protocol on real gloo ranks: one atomic commit, failures named, collisions refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulator.launcher import launch
+from tests import multirank_jobs
+
+pytestmark = pytest.mark.multirank
+WORLD = 3
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("commit")
+    return launch(multirank_jobs.commit_checks, WORLD, args=(str(root),), timeout=240)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_every_rank_sees_the_commit_when_its_save_returns(results: list[dict[str, Any]], mode: str) -> None:
+    expected = sorted(
+        ["manifest.json"] + [f"model_{r}.pt" for r in range(WORLD)] + [f"rank_{r}/misc.json" for r in range(WORLD)]
+    )
+    for r in results:
+        assert r[f"{mode}_manifest_seen"], f"rank {r['rank']}: save returned before the commit"
+        assert r[f"{mode}_files"] == expected
+        assert r[f"{mode}_loaded_ok"], f"rank {r['rank']} did not read back its own shard"
+
+
+def test_layout_without_rank_is_refused_on_every_rank_before_writing(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        assert "misc.json" in r["collision"] and "{rank}" in r["collision"]
+        assert not r["collide_exists"]
+
+
+def test_a_rank_that_never_writes_fails_the_save_everywhere_naming_it(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        dead = r["dead"]
+        assert not dead["exists"], "a partial checkpoint became visible"
+        if r["rank"] != 1:
+            assert "rank(s) [1]" in dead["error"], dead["error"]
+
+
+def test_manifest_records_world_size(results: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> None:
+    import json
+
+    root = Path(tmp_path_factory.getbasetemp()) / "commit0" / "commit" / "sync"
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["world_size"] == WORLD
+    assert sorted(manifest["items"]["model"]) == [str(r) for r in range(WORLD)]
