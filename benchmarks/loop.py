@@ -95,6 +95,7 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     fut = None
     written: list[Path] = []
     gap, quiet = 2, 2
+    deadline = now() + cfg.section_timeout_s / 2
     try:
         step = 0
         while saves < cfg.runs + 1 or (fut is not None and not fut.done()):
@@ -118,8 +119,9 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
             steps.append({"step_s": now() - t0, "lock_wait_s": waited, "save_called": called,
                           "in_flight": inflight, "save_index": saves})
             step += 1
-            if step > 40 * (cfg.runs + 1):
-                raise RuntimeError(f"the loop made {step} steps without completing {cfg.runs + 1} saves")
+            if now() > deadline:
+                raise TimeoutError(f"the loop made {step} steps in {cfg.section_timeout_s / 2:.0f}s "
+                                   f"without completing {cfg.runs + 1} saves ({saves} started)")
         if fut is not None:
             fut.result()
     finally:

@@ -90,12 +90,21 @@ def _reshard_rank_medians(results: Results, kind: str, temp: str, field: str) ->
     return [median(r[kind][temp][i][field] for i in range(len(r[kind][temp]))) for r in ranks]
 
 
+def _rank_read(r: dict[str, Any], kind: str) -> tuple[float, float]:
+    """(rchar on warm loads, read_bytes on cold loads) / needed; see reshard.py."""
+    rchar = median(x["rchar"] for x in r[kind]["warm"]) / r["needed"]
+    disk = median(x["read_bytes"] for x in r[kind]["cold"]) / r["needed"]
+    return rchar, disk
+
+
 def _reshard_bytes(results: Results) -> tuple[float, str]:
     ranks = _r(results, "reshard")["ranks"]
-    per = [median(x["rchar"] for x in r["reshard"]["warm"]) / r["needed"] for r in ranks]
-    worst = max(range(len(per)), key=lambda i: per[i])
-    return per[worst], f"worst rank {worst}: rchar {per[worst]:.2f}x needed; all ranks " + \
-        " ".join(f"{p:.2f}" for p in per)
+    per = [_rank_read(r, "reshard") for r in ranks]
+    worst = max(range(len(per)), key=lambda i: max(per[i]))
+    same = max(max(_rank_read(r, "same")) for r in ranks)
+    return max(per[worst]), (f"worst rank {worst}: rchar(warm) {per[worst][0]:.2f}x, read_bytes(cold) "
+                             f"{per[worst][1]:.2f}x needed; all ranks "
+                             + " ".join(f"{max(p):.2f}" for p in per) + f"; same-layout worst {same:.2f}x")
 
 
 def _reshard_time(results: Results) -> tuple[float, str]:

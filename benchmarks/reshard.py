@@ -2,14 +2,17 @@
 (gloo on loopback, via the simulator's launcher). Per rank: bytes read vs bytes
 needed, and time vs loading an 8-rank checkpoint of the same layout.
 
-Bytes read are the /proc/self/io ``rchar`` delta around the load call: every
-byte the rank passed through read-family syscalls, page-cache hits included, so
-it measures what the engine asks for independently of what happens to be
-cached. ``read_bytes`` (block-layer reads) is recorded too, from loads run
-after evicting the checkpoint from the page cache; it is shared between ranks
-(the first rank to fault a page pays) and includes readahead, so it is only a
-cross-check of total disk traffic. rchar does not see memory-mapped reads; an
-engine reading by mmap would show up as read_bytes without rchar.
+Bytes read per rank come from two /proc/self/io counters around the load
+call, and the larger one counts:
+
+* ``rchar`` on a warm load: every byte passed through read-family syscalls,
+  page-cache hits included, so caching cannot hide an over-read; but it does
+  not see memory-mapped reads at all.
+* ``read_bytes`` on a cold load (checkpoint evicted from the page cache first):
+  what the block layer fetched for this rank, mmap page faults included; it
+  adds readahead, and a page shared by two ranks is charged to the first one
+  only. With Shard(0) on both sides the ranks' needs are disjoint, so sharing
+  is limited to boundary pages.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from torch_checkpointing.checkpoint_layout import (
     JsonSerialization,
     LayoutInfo,
     SafetensorsSerialization,
+    TorchSerialization,
 )
 from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
@@ -44,6 +45,7 @@ from torch_checkpointing.dtensor_resharder import (
     plan_resharding,
 )
 from torch_checkpointing.default_resharder import DefaultResharder
+from torch_checkpointing.source_reader import open_flat_tensors
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
 ITEM = "model"
@@ -359,9 +361,6 @@ def test_extract_walks_dicts_and_lists_and_warns_on_plain_tensors() -> None:
 
 
 def test_open_flat_tensors_unwraps_and_uses_dotted_keys(tmp_path: Path) -> None:
-    from torch_checkpointing.checkpoint_layout import TorchSerialization
-    from torch_checkpointing.source_reader import open_flat_tensors
-
     value = {"a": {"b": torch.ones(2), "c": [torch.zeros(1), torch.full((3,), 2.0)]}, "n": 1}
     torch.save(value, tmp_path / "x.pt")
     save_file({"a.b": torch.ones(2), "a.c.1": torch.full((3,), 2.0)}, str(tmp_path / "x.safetensors"))

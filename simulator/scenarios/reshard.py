@@ -127,13 +127,37 @@ def load(ctx: RankCtx) -> list[CheckResult]:
     model, optim = _sharded(ctx.plan.seed, mesh, "load", fill=float("nan"))
     into: dict[str, Any] = {"model": model, "optimizer": optim,
                             "dataloader": {"rank": -1, "world": -1, "samples_consumed": -1, "next_sample": -1}}
-    if ctx.rank < ctx.plan.save_world:
-        into["misc_state"] = None
     with closing(ctx.manager(_specs(ctx))) as mgr:
         restored = dict(mgr.load(str(ctx.path(NAME)), into=into))
     rows = _check_values(ctx, mesh, restored, meter, label)
+    rows.append(_check_misc(ctx))
     rows.append(_check_training(ctx, mesh, restored, label))
     return rows
+
+
+def _check_misc(ctx: RankCtx) -> CheckResult:
+    """A separate load (the same rank-local call on every rank) so a refusal cannot desync the others.
+
+    The design document: on a resharded resume "each rank directly reads its own misc_state copy";
+    ranks beyond the source world have no copy and do not ask for one (the item is required=False).
+    """
+    meter = Meter()
+    source = ctx.plan.save_world
+    into = {"misc_state": None} if ctx.rank < source else {}
+    try:
+        with closing(ctx.manager(_specs(ctx))) as mgr:
+            got = dict(mgr.load(str(ctx.path(NAME)), into=into))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return ctx.row(NAME, "misc_state", FAIL, placements="JSON per rank", seconds=meter.seconds,
+                       notes=[f"rank {ctx.rank}: direct read of its own misc_state refused: {type(exc).__name__}: {first[:300]}"])
+    if ctx.rank >= source:
+        note = [f"ranks {source}..{ctx.world - 1} have no misc_state copy and skip it"] if ctx.rank == source else []
+        return ctx.row(NAME, "misc_state", PASS, placements="JSON per rank", notes=note, seconds=meter.seconds)
+    want = {"step": STEP, "rank": ctx.rank, "world": source}
+    diffs = same(got.get("misc_state"), want, "misc_state")
+    return ctx.row(NAME, "misc_state", PASS if not diffs else FAIL, placements="JSON per rank", read=meter.read,
+                   seconds=meter.seconds, notes=[f"rank {ctx.rank}: {d}" for d in diffs[:3]])
 
 
 def _check_values(ctx: RankCtx, mesh: DeviceMesh, got: dict[str, Any], meter: Meter, label: str) -> list[CheckResult]:
@@ -156,11 +180,6 @@ def _check_values(ctx: RankCtx, mesh: DeviceMesh, got: dict[str, Any], meter: Me
             f"sample {want_loader['next_sample']}"] if ctx.rank == 0 and not loader_diffs else []
     rows.append(ctx.row(NAME, "dataloader", PASS if not loader_diffs else FAIL, placements="custom Resharder",
                         notes=note + [f"rank {ctx.rank}: {d}" for d in loader_diffs[:3]]))
-    if "misc_state" in got:
-        want = {"step": STEP, "rank": ctx.rank, "world": ctx.plan.save_world}
-        misc_diffs = same(got["misc_state"], want, "misc_state")
-        rows.append(ctx.row(NAME, "misc_state", PASS if not misc_diffs else FAIL, placements="JSON per rank",
-                            notes=[f"rank {ctx.rank}: {d}" for d in misc_diffs[:3]]))
     return rows
 
 

@@ -1,0 +1,207 @@
+"""Multi-rank clauses: three launches (2 ranks save, 1 and 3 ranks load) shared by all tests.
+
+The launches are shared across pytest-xdist workers through a file lock in the
+session's shared temporary directory: the first worker to need a launch runs it,
+the others read its pickled observations.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.golden.cases import DTENSOR_CASE, GOLDEN_DIR
+
+clause = pytest.mark.clause
+pytestmark = pytest.mark.multirank
+LAUNCH_TIMEOUT_S = 240.0
+Results = list[dict[str, str]]
+
+
+def _shared_dir(factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    base = factory.getbasetemp()
+    return base.parent if worker_id != "master" else base
+
+
+def _once(shared: Path, name: str, run: Any) -> Results:
+    """Run ``run()`` once per session across xdist workers; errors are replayed to every worker."""
+    lock, out = shared / f"{name}.lock", shared / f"{name}.pickle"
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            if not out.exists():
+                try:
+                    payload: Any = ("ok", run())
+                except Exception as exc:  # noqa: BLE001 - replayed below with its text
+                    payload = ("error", f"{type(exc).__name__}: {exc}")
+                out.write_bytes(pickle.dumps(payload))
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    status, value = pickle.loads(out.read_bytes())
+    if status == "error":
+        pytest.fail(f"launch {name} failed: {value}", pytrace=False)
+    return value
+
+
+def golden_dtensor_dirs() -> list[str]:
+    return sorted(str(p) for p in GOLDEN_DIR.glob(f"*/{DTENSOR_CASE}") if p.is_dir())
+
+
+@pytest.fixture(scope="module")
+def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[Path]:
+    root = _shared_dir(tmp_path_factory, worker_id) / "conformance-multirank"
+    root.mkdir(exist_ok=True)
+    yield root
+
+
+@pytest.fixture(scope="module")
+def two(shared_root: Path) -> Results:
+    from conformance import rank_programs
+    from simulator.launcher import launch
+
+    ckpts = shared_root / "ckpts"
+    return _once(shared_root, "two_rank", lambda: (ckpts.mkdir(exist_ok=True), launch(
+        rank_programs.two_rank_program, 2, args=(str(ckpts),), timeout=LAUNCH_TIMEOUT_S))[1])
+
+
+def _other(shared_root: Path, two: Results, world: int) -> Results:
+    from conformance import rank_programs
+    from simulator.launcher import launch
+
+    del two  # only ordering: the 2-rank checkpoints must exist
+    return _once(shared_root, f"world_{world}", lambda: launch(
+        rank_programs.other_world_program, world, args=(str(shared_root / "ckpts"), golden_dtensor_dirs()),
+        timeout=LAUNCH_TIMEOUT_S))
+
+
+@pytest.fixture(scope="module")
+def one(shared_root: Path, two: Results) -> Results:
+    return _other(shared_root, two, 1)
+
+
+@pytest.fixture(scope="module")
+def three(shared_root: Path, two: Results) -> Results:
+    return _other(shared_root, two, 3)
+
+
+def expect(results: Results, *checks: str) -> None:
+    """Assert every named check passed on every rank, reporting all failures at once."""
+    bad = []
+    for rank, obs in enumerate(results):
+        for name in checks:
+            got = obs.get(name, "FAIL: check did not run (an earlier step of this rank's program died)")
+            if got != "ok":
+                bad.append(f"rank {rank} {name}: {got}")
+    assert not bad, "\n".join(bad)
+
+
+# -------------------------------------------------------------------- layouts
+@clause("LAYOUT-RANK-1", "LAYOUT-RANK-2", "LAYOUT-RANK-4")
+def test_rank_placeholder_per_rank(two: Results) -> None:
+    expect(two, "layouts.save", "layouts.rank_files", "layouts.load", "layouts.own_values")
+
+
+@clause("LAYOUT-FIXED-1")
+def test_fixed_path_is_shared(two: Results) -> None:
+    expect(two, "layouts.save", "layouts.fixed")
+
+
+@clause("LAYOUT-DEFAULT-2")
+def test_default_layout_per_rank(two: Results) -> None:
+    expect(two, "layouts.save", "layouts.default")
+
+
+@clause("TORCH-DTENSOR-1", "LOAD-INPLACE-1")
+def test_dtensor_roundtrip_torch(two: Results) -> None:
+    expect(two, "layouts.save", "layouts.dtensor")
+
+
+@clause("ST-DTENSOR-1")
+def test_safetensors_unwraps_dtensor(two: Results) -> None:
+    expect(two, "layouts.save", "layouts.st_dtensor")
+
+
+# ----------------------------------------------------------------- resharding
+@clause("RESHARD-DT-1")
+def test_reshard_two_to_one(one: Results) -> None:
+    expect(one, "reshard1.w", "reshard1.r")
+
+
+@clause("RESHARD-DT-2")
+def test_reshard_two_to_three(three: Results) -> None:
+    expect(three, "reshard3.w")
+
+
+@clause("RESHARD-DT-3")
+def test_reshard_placement_change(two: Results) -> None:
+    expect(two, "reshard.save", "reshard.shard1", "reshard.replicate")
+
+
+@clause("RESHARD-DT-4")
+def test_reshard_mesh_change(two: Results) -> None:
+    expect(two, "reshard.save", "reshard.mesh2d")
+
+
+@clause("RESHARD-DT-5")
+def test_reshard_strided(two: Results, one: Results) -> None:
+    expect(two, "reshard.save", "reshard.strided_to_shard", "reshard.shard_to_strided")
+    expect(one, "reshard1.strided")
+
+
+@clause("RESHARD-CUSTOM-1", "RESHARD-ABC-1")
+def test_custom_resharder_called(one: Results) -> None:
+    expect(one, "custom.load", "custom.called")
+
+
+@clause("RESHARD-AUTO-2")
+def test_metadata_auto_wired(two: Results, one: Results) -> None:
+    expect(two, "reshard.save", "reshard.extract_on_save")
+    expect(one, "custom.auto_wired")
+
+
+@clause("RESHARD-DIRECT-1")
+def test_items_without_resharder_read_directly(one: Results) -> None:
+    expect(one, "custom.direct")
+
+
+@clause("RESHARD-INTO-1")
+def test_reshard_needs_live_target(one: Results) -> None:
+    expect(one, "custom.into_needed")
+
+
+# ------------------------------------------------------------- full example
+@clause("EXAMPLE-FULL-1")
+def test_full_example_files(two: Results) -> None:
+    expect(two, "full.save", "full.files")
+
+
+@clause("EXAMPLE-FULL-2", "LOAD-INPLACE-1", "LOAD-RETURN-1")
+def test_full_example_same_world(two: Results) -> None:
+    expect(two, "full.load2.load", "full.load2.model", "full.load2.optimizer", "full.load2.dataloader",
+           "full.load2.step")
+
+
+@clause("EXAMPLE-FULL-3")
+def test_full_example_one_rank(one: Results) -> None:
+    expect(one, "full.load1.load", "full.load1.model", "full.load1.optimizer", "full.load1.dataloader",
+           "full.load1.step")
+
+
+# ---------------------------------------------------------- golden DTensor
+@clause("RESHARD-DT-1")
+def test_golden_dtensor_on_one_rank(one: Results) -> None:
+    dirs = golden_dtensor_dirs()
+    assert dirs, "no golden 2-rank DTensor checkpoint: run python -m conformance.golden.regenerate"
+    expect(one, *[f"golden1.{Path(d).parent.name}" for d in dirs])
+
+
+@clause("RESHARD-DT-2")
+def test_golden_dtensor_on_three_ranks(three: Results) -> None:
+    dirs = golden_dtensor_dirs()
+    assert dirs, "no golden 2-rank DTensor checkpoint: run python -m conformance.golden.regenerate"
+    expect(three, *[f"golden3.{Path(d).parent.name}" for d in dirs])
