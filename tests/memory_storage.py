@@ -32,6 +32,7 @@ __all__ = [
     "Control",
     "free_port",
     "files_under",
+    "SlowCopy",
 ]
 
 
@@ -338,3 +339,21 @@ class RecordingStorage(LocalFileSystemStorage):
     def replace_directory(self, src: Path, dst: Path) -> None:
         self._log("replace_directory", src, dst)
         super().replace_directory(src, dst)
+
+
+class SlowCopy:
+    """A value whose deep copy takes `seconds`: stretches a save's staging copy so that tests can watch it."""
+
+    def __init__(self, seconds: float, payload: int = 0) -> None:
+        self.seconds = seconds
+        self.payload = payload
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SlowCopy:
+        time.sleep(self.seconds)
+        return SlowCopy(self.seconds, self.payload)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SlowCopy) and (other.seconds, other.payload) == (self.seconds, self.payload)
+
+    def __hash__(self) -> int:
+        return hash((self.seconds, self.payload))

@@ -145,7 +145,7 @@ def _check_misc(ctx: RankCtx) -> CheckResult:
     source = ctx.plan.save_world
     into = {"misc_state": None} if ctx.rank < source else {}
     try:
-        with closing(ctx.manager(_specs(ctx))) as mgr:
+        with closing(ctx.manager({"misc_state": _specs(ctx)["misc_state"]})) as mgr:
             got = dict(mgr.load(str(ctx.path(NAME)), into=into))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -1,0 +1,251 @@
+"""Async saves: staging into reusable shared host buffers, a spawned writer, and what each call waits for."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.memory_storage import Control, RecordingStorageConfig, SlowCopy
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization
+
+RESULT_TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
+    """One async manager for the module: 'snap' skips the staging copy, 'raw' is raw bytes."""
+    control = Control(tmp_path_factory.mktemp("async-control"))
+    manager = CheckpointManager(
+        CheckpointManager.Config(
+            items={
+                "snap": ItemSpec(requires_copy=False, required=False),
+                "raw": ItemSpec(layout=LayoutInfo("raw.bin", RawSerialization()), required=False),
+            },
+            storage_config=RecordingStorageConfig(control_dir=str(control.root)),
+        )
+    )
+    yield manager, control
+    control.reset()
+    manager.close()
+
+
+@pytest.fixture
+def amgr(shared: tuple[CheckpointManager, Control]) -> Iterator[tuple[CheckpointManager, Control]]:
+    manager, control = shared
+    control.reset()
+    yield manager, control
+    control.reset()
+    try:
+        manager._saver.wait(RESULT_TIMEOUT)
+    except Exception:
+        pass
+
+
+def _result(fut: Future[Any] | None) -> Any:
+    assert isinstance(fut, Future)
+    return fut.result(timeout=RESULT_TIMEOUT)
+
+
+# ------------------------------------------------------------------------------------- default preset
+
+
+@pytest.mark.parametrize("nbytes", [0, 4096, 4096 * 3 + 17, (16 << 20) + 4096 * 2 + 5])
+def test_default_async_preset_works_on_cpu(async_manager: CheckpointManager, tmp_path: Path, nbytes: int) -> None:
+    blob = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    payload = {"model": {"blob": blob}, "step": 7}
+    _result(async_manager.save(str(tmp_path / "c"), payload))
+    out = async_manager.load(str(tmp_path / "c"), into={"model": {"blob": torch.empty_like(blob)}, "step": 0})
+    assert torch.equal(out["model"]["blob"], blob) and out["step"] == 7
+
+
+# ------------------------------------------------------------------------------------------- staging
+
+
+def test_staging_reuses_shared_host_buffers(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+    manager, _ = amgr
+    stager = manager._saver.stager
+    model = {"w": torch.randn(64, 8), "b": torch.randn(8), "layers": [torch.randn(3)]}
+    _result(manager.save(str(tmp_path / "a"), {"model": model}))
+    staged = stager.get_staged_state_dict()["model"]
+    first = {"w": staged["w"], "b": staged["b"], "l0": staged["layers"][0]}
+    for name, buf in first.items():
+        assert buf.is_shared(), name
+        assert buf.data_ptr() != (model["w"] if name == "w" else model["b"] if name == "b" else model["layers"][0]).data_ptr()
+    with torch.no_grad():
+        model["w"].add_(1)
+    _result(manager.save(str(tmp_path / "b"), {"model": model}))
+    staged = stager.get_staged_state_dict()["model"]
+    assert staged["w"] is first["w"] and staged["b"] is first["b"] and staged["layers"][0] is first["l0"]
+    assert torch.equal(staged["w"], model["w"])
+    out = manager.load(str(tmp_path / "b"), into={"model": None})
+    assert torch.equal(out["model"]["w"], model["w"])
+
+
+def test_mutation_after_lock_does_not_reach_the_checkpoint(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+    manager, control = amgr
+    control.set_delay(0.5)
+    weights = torch.arange(1000.0)
+    fut = manager.save(str(tmp_path / "c"), {"model": {"w": weights}})
+    with manager.lock():  # the training step: waits for the staging copy, not for the write
+        weights.mul_(-1)
+    _result(fut)
+    out = manager.load(str(tmp_path / "c"), into={"model": {"w": torch.zeros(1000)}})
+    assert torch.equal(out["model"]["w"], torch.arange(1000.0))
+
+
+def test_requires_copy_false_values_are_left_alone(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+    manager, _ = amgr
+    t = torch.arange(6.0)
+    snap = {"progress": t, "seen": [1, 2, 3]}
+    ptr = t.data_ptr()
+    _result(manager.save(str(tmp_path / "c"), {"snap": snap}))
+    assert not t.is_shared(), "a requires_copy=False tensor was moved to shared memory"
+    assert t.data_ptr() == ptr and torch.equal(t, torch.arange(6.0))
+    assert snap == {"progress": t, "seen": [1, 2, 3]} and snap["progress"] is t
+    staged = manager._saver.stager.get_staged_state_dict() or {}
+    assert "snap" not in staged, "requires_copy=False value went through the staging copy"
+    out = manager.load(str(tmp_path / "c"), into={"snap": None})
+    assert torch.equal(out["snap"]["progress"], t) and out["snap"]["seen"] == [1, 2, 3]
+
+
+def test_prewarm_allocates_the_buffers_the_save_uses(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+    manager, control = amgr
+    model = {"pw": torch.randn(32, 4)}
+    assert manager.prewarm_staging({"model": model, "snap": {"x": 1}}) is None
+    _result(manager.save(str(tmp_path / "c"), {"model": model}))
+    buf = manager._saver.stager.get_staged_state_dict()["model"]["pw"]
+    pool = manager._saver.stager._pool
+    assert any(b is buf for b in pool.values())
+    control.set_delay(1.0)
+    fut = manager.save(str(tmp_path / "d"), {"model": model})
+    with pytest.raises(RuntimeError, match="write is active"):
+        manager.prewarm_staging({"model": model})
+    _result(fut)
+
+
+# -------------------------------------------------------------------------------------- what waits for what
+
+
+def test_save_returns_before_the_write_is_durable(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+    manager, control = amgr
+    control.set_delay(1.5)
+    start = time.monotonic()
+    fut = manager.save(str(tmp_path / "c"), {"model": {"w": torch.ones(4)}})
+    returned = time.monotonic() - start
+    assert returned < 1.0, f"save() blocked {returned:.2f}s on a write"
+    assert not fut.done()
+    assert not (tmp_path / "c").exists()
+    assert _result(fut) is None
+    assert (tmp_path / "c" / "manifest.json").is_file()
+
+
+def test_second_save_waits_for_the_previous_write(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+    manager, control = amgr
+    control.set_delay(0.8)
+    first = manager.save(str(tmp_path / "a"), {"model": torch.ones(2)})
+    second = manager.save(str(tmp_path / "b"), {"model": torch.zeros(2)})
+    assert first.done() and first.exception() is None
+    assert (tmp_path / "a" / "manifest.json").is_file()
+    _result(second)
+    assert torch.equal(manager.load(str(tmp_path / "b"), into={"model": None})["model"], torch.zeros(2))
+
+
+def test_lock_waits_for_staging_only(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+    manager, control = amgr
+    control.set_delay(3.0)
+    fut = manager.save(str(tmp_path / "c"), {"model": {"slow": SlowCopy(1.0, 5), "w": torch.ones(2)}})
+    start = time.monotonic()
+    with manager.lock():
+        waited = time.monotonic() - start
+        write_done = fut.done()
+    assert waited >= 0.6, f"lock() did not wait for the staging copy (waited {waited:.2f}s)"
+    assert not write_done, "lock() waited for the write, not just the staging copy"
+    _result(fut)
+    assert manager.load(str(tmp_path / "c"), into={"model": None})["model"]["slow"] == SlowCopy(1.0, 5)
+
+
+def test_lock_does_not_block_between_saves(amgr: tuple[CheckpointManager, Control]) -> None:
+    manager, _ = amgr
+    done = threading.Event()
+
+    def hold() -> None:
+        with manager.lock():
+            done.set()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    thread.join(5)
+    assert done.is_set()
+
+
+def test_writes_happen_in_the_writer_process_through_the_configured_storage(
+    amgr: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, control = amgr
+    _result(manager.save(str(tmp_path / "c"), {"model": torch.ones(1)}))
+    writes = [c for c in control.calls() if c[1] == "stream_write" and c[2].endswith("model_0.pt")]
+    assert writes, "the item file was not written through the configured storage"
+    writer_pid = manager._saver.process.pid
+    assert {int(c[0]) for c in writes} == {writer_pid} and writer_pid != os.getpid()
+
+
+# --------------------------------------------------------------------------------------------- failures
+
+
+def test_unpicklable_requires_copy_false_value_names_the_key(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+    manager, _ = amgr
+    with pytest.raises(pickle.PicklingError, match="'snap'"):
+        _result(manager.save(str(tmp_path / "bad"), {"snap": {"lock": threading.Lock()}}))
+    assert not (tmp_path / "bad").exists()
+    _result(manager.save(str(tmp_path / "good"), {"snap": {"x": 1}}))
+    assert manager.load(str(tmp_path / "good"), into={"snap": None}) == {"snap": {"x": 1}}
+
+
+def test_unpicklable_requires_copy_true_value_names_the_key(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+    manager, _ = amgr
+    with pytest.raises(Exception) as info:
+        _result(manager.save(str(tmp_path / "bad"), {"model": {"fn": lambda x: x}}))
+    assert "'model'" in str(info.value), f"error does not name the item: {info.value!r}"
+    assert not (tmp_path / "bad").exists()
+    _result(manager.save(str(tmp_path / "good"), {"model": {"x": 1}}))
+    assert manager.load(str(tmp_path / "good"), into={"model": None}) == {"model": {"x": 1}}
+
+
+def test_failed_write_fails_its_own_future_with_the_original_type(
+    amgr: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, _ = amgr
+    fut = manager.save(str(tmp_path / "bad"), {"raw": "not bytes"})
+    with pytest.raises(ValueError, match="RawSerialization requires bytes, but key 'raw'"):
+        _result(fut)
+    assert not (tmp_path / "bad").exists()
+    assert not [p for p in tmp_path.iterdir() if "bad" in p.name], "failed save left its temporary directory"
+    nxt = manager.save(str(tmp_path / "good"), {"raw": b"bytes"})
+    assert _result(nxt) is None
+    assert manager.load(str(tmp_path / "good"), into={"raw": None}) == {"raw": b"bytes"}
+
+
+def test_close_waits_for_the_last_write(tmp_path: Path) -> None:
+    control = Control(tmp_path / "control")
+    manager = CheckpointManager(
+        CheckpointManager.Config(storage_config=RecordingStorageConfig(control_dir=str(control.root)))
+    )
+    _result(manager.save(str(tmp_path / "warm"), {"a": 1}))  # the writer is up; now time only the write
+    control.set_delay(1.0)
+    fut = manager.save(str(tmp_path / "c"), {"model": torch.ones(3)})
+    assert not fut.done()
+    manager.close()
+    assert fut.done() and fut.exception() is None
+    assert (tmp_path / "c" / "manifest.json").is_file()
+    with pytest.raises(RuntimeError, match="closed"):
+        manager.save(str(tmp_path / "d"), {"a": 1})
