@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from .config import ALL_SECTIONS, BenchConfig, GiB, MiB
-from .report import compute_ratios, format_table, summary, to_json
+from .report import compute_ratios, format_table, markdown_section, summary, to_json
 from .runner import run_all
 from .sysinfo import machine
 
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", nargs="*", type=parse_size, metavar="SIZE",
                    help="instead of the full run: blocked time and time to durable vs state size "
                         "(default sizes 256M 512M 1G 2G 4G) plus the plot")
+    p.add_argument("--markdown", type=Path, metavar="JSON",
+                   help="print the docs/performance.md section of an earlier run's JSON and exit")
     p.add_argument("--plot", type=Path, default=Path("docs/performance.png"), help="plot path for --sweep")
     return p
 
@@ -90,6 +93,9 @@ def run(cfg: BenchConfig, command: str, log: Any = print) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.markdown is not None:
+        print(markdown_section(json.loads(args.markdown.read_text())))
+        return 0
     cfg = config_from_args(args)
     command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     if args.sweep is not None:

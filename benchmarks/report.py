@@ -270,3 +270,27 @@ def to_json(results: Results, rows: list[Ratio], meta: dict[str, Any], path: Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=str))
     return doc
+
+
+def markdown_section(doc: dict[str, Any]) -> str:
+    """The run's table with its machine and exact command, for docs/performance.md."""
+    m = doc["machine"]
+    rows = [Ratio(**{k: v for k, v in r.items() if k in Ratio.__dataclass_fields__}) for r in doc["ratios"]]
+    s = doc["summary"]
+    cfg = doc["config"]
+    return "\n".join([
+        f"Command: `{doc['command']}` (wall time {doc['wall_s']:.0f} s)",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB RAM, {m['platform']}; "
+        f"Python {m['python']}, torch {m['torch']}, CUDA: {m['cuda'] or 'none'}.",
+        f"State: {int(cfg['size_bytes']) / 2**20:.0f} MiB synthetic (device {cfg['device']}), "
+        f"{cfg['runs']} runs per figure (median), {cfg['memory_saves']} consecutive saves, "
+        f"use_direct_io={cfg['direct_io']}.",
+        "",
+        "```",
+        format_table(rows),
+        "```",
+        "",
+        f"{s['passed']}/{s['targets']} targets pass; failed: {', '.join(s['failed']) or 'none'}; "
+        f"not measured: {', '.join(s['errors']) or 'none'}.",
+    ])

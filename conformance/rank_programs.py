@@ -284,9 +284,16 @@ def _reshard_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     model = {
         "w": _dt("reshard.w", (7, 4), mesh, [Shard(0)]),
         "r": _dt("reshard.r", (3,), mesh, [Replicate()]),
-        "s": _dt("reshard.s", (8, 4), mesh, [_StridedShard(0, split_factor=2)]),
         "p": _dt("reshard.p", (8, 4), mesh, [Shard(0)]),
     }
+    # The strided-shard source gets its own checkpoint, so an engine without StridedShard
+    # support fails RESHARD-DT-5 alone.
+    strided = _manager({"model": spec(resharder=_resharder())})
+    try:
+        _check(obs, "reshard.strided_save", lambda: save(strided, root / "strided", {"model": {
+            "s": _dt("reshard.s", (8, 4), mesh, [_StridedShard(0, split_factor=2)])}}))
+    finally:
+        strided.close()
     loader = {"position": 100 + rank, "epoch": 1}
     custom_resharder.CALLS.clear()
     m = _manager(_reshard_items())
@@ -306,9 +313,9 @@ def _reshard_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     def load_as(name: str, key: str, mesh2: DeviceMesh, placements: list[Any]) -> None:
         shape, seed = RESHARD_SHAPES[key]
         tmpl = _zeros_dt(shape, mesh2, placements)
-        m2 = _manager(_reshard_items(with_loader=False))
+        m2 = _manager(_reshard_items(with_loader=False, with_misc=False))
         try:
-            r = m2.load(str(root / "reshard"), into={"model": {key: tmpl}, "misc": None})
+            r = m2.load(str(root / ("strided" if key == "s" else "reshard")), into={"model": {key: tmpl}})
         finally:
             m2.close()
         assert r["model"][key] is tmpl, "template identity lost"
@@ -331,7 +338,7 @@ def _reshard_load_other_world(root: Path, obs: Obs) -> None:
         tmpl = _zeros_dt(shape, mesh, placements)
         m = _manager(_reshard_items(with_loader=False, with_misc=False))
         try:
-            r = m.load(str(root / "reshard"), into={"model": {key: tmpl}})
+            r = m.load(str(root / ("strided" if key == "s" else "reshard")), into={"model": {key: tmpl}})
         finally:
             m.close()
         assert r["model"][key] is tmpl, "template identity lost"

@@ -149,7 +149,7 @@ def test_reshard_mesh_change(two: Results) -> None:
 
 @clause("RESHARD-DT-5")
 def test_reshard_strided(two: Results, one: Results) -> None:
-    expect(two, "reshard.save", "reshard.strided_to_shard", "reshard.shard_to_strided")
+    expect(two, "reshard.strided_save", "reshard.save", "reshard.strided_to_shard", "reshard.shard_to_strided")
     expect(one, "reshard1.strided")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ FAIL = "FAIL"
 HAZARD = "EXPECTED HAZARD"
 NOT_OBSERVED = "RACE NOT OBSERVED"
 SKIPPED = "SKIPPED"
+_RANK_WORD = re.compile(r"^rank (\d+)\b")
 _RANK_ORDER = {FAIL: 0, HAZARD: 1, NOT_OBSERVED: 2, PASS: 3, SKIPPED: 4}
 
 
@@ -41,11 +43,6 @@ def merge_ranks(per_rank: list[CheckResult]) -> CheckResult:
     """Fold the same check from every rank: worst result wins, bytes add up, time is the slowest rank."""
     first = per_rank[0]
     worst = min((r.result for r in per_rank), key=lambda res: _RANK_ORDER.get(res, 0))
-    notes: list[str] = []
-    for r in per_rank:
-        for note in r.notes:
-            if note not in notes:
-                notes.append(note)
     return CheckResult(
         scenario=first.scenario,
         check=first.check,
@@ -55,8 +52,25 @@ def merge_ranks(per_rank: list[CheckResult]) -> CheckResult:
         bytes_written=sum(r.bytes_written for r in per_rank),
         bytes_read=sum(r.bytes_read for r in per_rank),
         seconds=max(r.seconds for r in per_rank),
-        notes=notes,
+        notes=collapse_notes([n for r in per_rank for n in r.notes]),
     )
+
+
+def collapse_notes(notes: list[str]) -> list[str]:
+    """The same message from many ranks becomes one line naming the ranks, so 8 ranks do not print 8 copies."""
+    groups: dict[str, list[str]] = {}
+    for note in notes:
+        m = _RANK_WORD.match(note)
+        key = note.replace(f"rank {m.group(1)}", "rank N") if m else note
+        groups.setdefault(key, []).append(note)
+    out: list[str] = []
+    for key, members in groups.items():
+        ranks = sorted({int(m.group(1)) for note in members if (m := _RANK_WORD.match(note))})
+        if len(members) == 1 or not ranks:
+            out.append(members[0])
+        else:
+            out.append(f"{key} [ranks {', '.join(map(str, ranks))}]")
+    return out
 
 
 def _human_bytes(n: int) -> str:

@@ -38,11 +38,18 @@ def progress_line(phase: str, world: int, scenario: str, message: str) -> str:
 
 def run_phase(plan: Plan, phase: str) -> int:
     """Entry point given to the launcher; returns the number of rows this rank recorded."""
-    from simulator.scenarios.common import RankCtx  # imports the backend, so only inside ranks
-
-    ctx = RankCtx(plan, phase)
-    out = results_file(plan, phase, ctx.rank)
+    out = results_file(plan, phase, dist.get_rank())
     out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        from simulator.scenarios.common import RankCtx  # imports the backend, so only inside ranks
+
+        ctx = RankCtx(plan, phase)
+    except Exception as exc:  # e.g. the backend (or one of its public modules) does not import
+        label = str(plan.save_world) if phase == "save" else plan.world_label
+        note = f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"
+        rows = [CheckResult(name, phase, label, "-", FAIL, notes=[note]) for name in plan.scenarios]
+        _write(out, phase, rows)
+        return len(rows)
     count = 0
     for name in plan.scenarios:
         module = importlib.import_module(f"simulator.scenarios.{_MODULES[name]}")
@@ -57,12 +64,16 @@ def run_phase(plan: Plan, phase: str) -> int:
             traceback.print_exc(file=sys.stderr)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             rows = [ctx.row(name, phase, FAIL, notes=[f"rank {ctx.rank}: {type(exc).__name__}: {first[:300]}"])]
-        with open(out, "a", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps({"phase": phase, **asdict(row)}) + "\n")
+        _write(out, phase, rows)
         count += len(rows)
         dist.barrier()
         if ctx.rank == 0:
             summary = ", ".join(f"{r.check or r.scenario} {r.result}" for r in rows)
             report_progress(progress_line(phase, ctx.world, name, f"done on rank 0: {summary}"))
     return count
+
+
+def _write(out: Path, phase: str, rows: list[CheckResult]) -> None:
+    with open(out, "a", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps({"phase": phase, **asdict(row)}) + "\n")

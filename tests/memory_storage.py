@@ -206,11 +206,11 @@ class Control:
         (self.root / "delay_s").write_text(str(seconds))
 
     def block(self, substring: str) -> None:
-        """The first write() into a file whose path contains `substring` writes its bytes, then blocks."""
+        """The first write into a file whose path contains `substring` hands over its bytes, then blocks."""
         (self.root / "blocked").unlink(missing_ok=True)
         (self.root / "block_on").write_text(substring)
 
-    def wait_blocked(self, timeout: float = 60.0) -> int:
+    def wait_blocked(self, timeout: float = 30.0) -> int:
         deadline = time.monotonic() + timeout
         marker = self.root / "blocked"
         while time.monotonic() < deadline:
@@ -307,6 +307,7 @@ class RecordingStorage(LocalFileSystemStorage):
         self._log("write", path)
         with LocalFileSystemStorage.stream_write(self, path) as stream:
             stream.write(data)
+            self._maybe_block(os.fspath(path))
 
     def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
         self._log("read", path)

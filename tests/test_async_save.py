@@ -171,7 +171,8 @@ def test_lock_waits_for_staging_only(amgr: tuple[CheckpointManager, Control], tm
     assert waited >= 0.6, f"lock() did not wait for the staging copy (waited {waited:.2f}s)"
     assert not write_done, "lock() waited for the write, not just the staging copy"
     _result(fut)
-    assert manager.load(str(tmp_path / "c"), into={"model": None})["model"]["slow"] == SlowCopy(1.0, 5)
+    with torch.serialization.safe_globals([SlowCopy]):
+        assert manager.load(str(tmp_path / "c"), into={"model": None})["model"]["slow"] == SlowCopy(1.0, 5)
 
 
 def test_lock_does_not_block_between_saves(amgr: tuple[CheckpointManager, Control]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from torch_checkpointing.config import CheckpointLoaderConfig
 from torch_checkpointing.encoding import decode
 from torch_checkpointing.manifest import Manifest, read_manifest
-from torch_checkpointing.schema import RANK_PLACEHOLDER, ResolvedItem
+from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import CheckpointPath, RankInfo
 from torch_checkpointing.walk_utils import walk_checkpoint_structure
@@ -70,12 +70,15 @@ class CheckpointLoader:
         return load_distributed_metadata(root, self.storage)
 
     def _check_world_size(self, item: ResolvedItem, manifest: Manifest | None, source_metadata: Any, checkpoint_id: str) -> None:
+        """Refuse default-layout shards across world sizes; explicit `{rank}` layouts read this rank's own copy.
+
+        The default per-rank layout is "what sharded state wants" (the design document), so reading rank r's
+        file on another world size would hand back a different shard. An explicit per-rank layout is the
+        document's per-rank bookkeeping (misc_state): "each rank directly reads its own copy", if it has one.
+        """
         if manifest is None or manifest.world_size == self.rank_info.global_world_size:
             return
-        if item.spec.resharder is not None:
-            return
-        per_rank = item.is_default_layout or RANK_PLACEHOLDER in (item.spec.layout.file_path if item.spec.layout else "")
-        if per_rank and item.key in manifest.keys():
+        if item.spec.resharder is None and item.is_default_layout and item.key in manifest.keys():
             raise RuntimeError(
                 f"Item '{item.key}' was saved by {manifest.world_size} rank(s) into per-rank files and is being loaded "
                 f"by {self.rank_info.global_world_size}; without a resharder rank {self.rank_info.global_rank} would "

@@ -1,0 +1,82 @@
+"""Argument parsing and plan validation of `python -m simulator` (no ranks launched)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from simulator.cli import build_parser, parse_mesh, parse_scenarios, parse_world, plan_from_args
+from simulator.plan import SCENARIOS, Plan
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4→8", (4, 8)), ("4->8", (4, 8)), ("4:8", (4, 8)), ("3", (3, 3)), (" 8 → 3 ", (8, 3)), ("1->4", (1, 4))],
+)
+def test_world_accepts_every_documented_spelling(text: str, expected: tuple[int, int]) -> None:
+    assert parse_world(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "4→0", "a→b", "4→8→2", "-1", "", "4.5"])
+def test_bad_world_names_the_flag_and_the_value(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="--world"):
+        parse_world(text)
+
+
+def test_mesh_parses_two_dimensional_shapes_and_rejects_mismatched_ranks() -> None:
+    assert parse_mesh("2x2→2x4") == ((2, 2), (2, 4))
+    assert parse_mesh("2x3") == ((2, 3), (2, 3))
+    with pytest.raises(argparse.ArgumentTypeError, match="same number of dimensions"):
+        parse_mesh("4→2x2")
+    with pytest.raises(argparse.ArgumentTypeError, match="--mesh"):
+        parse_mesh("2x0→2x2")
+
+
+def test_scenarios_default_to_all_and_accept_repeats_and_commas() -> None:
+    assert parse_scenarios(None) == tuple(SCENARIOS)
+    assert parse_scenarios(["reshard", "layouts,reshard"]) == ("reshard", "layouts")
+    assert parse_scenarios(["all"]) == tuple(SCENARIOS)
+    with pytest.raises(argparse.ArgumentTypeError, match="'nope'"):
+        parse_scenarios(["nope"])
+
+
+def _plan(*argv: str) -> Plan:
+    return plan_from_args(build_parser().parse_args(list(argv)), root="/tmp/x")
+
+
+def test_mesh_implies_world_and_must_agree_with_an_explicit_world() -> None:
+    plan = _plan("--mesh", "2x2→2x4")
+    assert (plan.save_world, plan.load_world, plan.save_mesh, plan.load_mesh) == (4, 8, (2, 2), (2, 4))
+    assert plan.mesh_label == "2x2→2x4" and plan.world_label == "4→8"
+    with pytest.raises(argparse.ArgumentTypeError, match="disagrees"):
+        _plan("--mesh", "2x2→2x4", "--world", "4→4")
+
+
+def test_defaults_are_four_to_eight_on_the_default_backend() -> None:
+    plan = _plan()
+    assert (plan.save_world, plan.load_world, plan.backend, plan.seed) == (4, 8, "torch_checkpointing", 0)
+    assert plan.scenarios == tuple(SCENARIOS)
+    assert _plan("--seed", "7", "--backend", "other_impl", "--world", "2").backend == "other_impl"
+
+
+def test_plan_rejects_a_mesh_that_does_not_cover_the_world() -> None:
+    with pytest.raises(ValueError, match="mesh"):
+        Plan(backend="b", seed=0, root="/r", save_world=4, load_world=2, save_mesh=(2, 3), load_mesh=(2,))
+
+
+def test_help_explains_every_scenario_without_starting_anything() -> None:
+    out = subprocess.run([sys.executable, "-m", "simulator", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for name in SCENARIOS:
+        assert f"  {name}: " in out.stdout
+    for flag in ("--world", "--mesh", "--scenario", "--backend", "--seed", "--keep", "--json", "--timeout"):
+        assert flag in out.stdout
+
+
+def test_bad_arguments_exit_with_usage_error_naming_the_flag() -> None:
+    out = subprocess.run([sys.executable, "-m", "simulator", "--world", "4→x"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "--world" in out.stderr and "'x'" in out.stderr
