@@ -91,9 +91,9 @@ def _reshard_rank_medians(results: Results, kind: str, temp: str, field: str) ->
 
 
 def _rank_read(r: dict[str, Any], kind: str) -> tuple[float, float]:
-    """(rchar on warm loads, read_bytes on cold loads) / needed; see reshard.py."""
+    """(rchar on warm loads, read_bytes on a cold load run alone) / needed; see reshard.py."""
     rchar = median(x["rchar"] for x in r[kind]["warm"]) / r["needed"]
-    disk = median(x["read_bytes"] for x in r[kind]["cold"]) / r["needed"]
+    disk = r[kind]["alone"][r["rank"]]["read_bytes"] / r["needed"]
     return rchar, disk
 
 
@@ -102,7 +102,7 @@ def _reshard_bytes(results: Results) -> tuple[float, str]:
     per = [_rank_read(r, "reshard") for r in ranks]
     worst = max(range(len(per)), key=lambda i: max(per[i]))
     same = max(max(_rank_read(r, "same")) for r in ranks)
-    return max(per[worst]), (f"worst rank {worst}: rchar(warm) {per[worst][0]:.2f}x, read_bytes(cold) "
+    return max(per[worst]), (f"worst rank {worst}: rchar(warm) {per[worst][0]:.2f}x, read_bytes(cold, alone) "
                              f"{per[worst][1]:.2f}x needed; all ranks "
                              + " ".join(f"{max(p):.2f}" for p in per) + f"; same-layout worst {same:.2f}x")
 

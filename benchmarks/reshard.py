@@ -8,11 +8,11 @@ call, and the larger one counts:
 * ``rchar`` on a warm load: every byte passed through read-family syscalls,
   page-cache hits included, so caching cannot hide an over-read; but it does
   not see memory-mapped reads at all.
-* ``read_bytes`` on a cold load (checkpoint evicted from the page cache first):
-  what the block layer fetched for this rank, mmap page faults included; it
-  adds readahead, and a page shared by two ranks is charged to the first one
-  only. With Shard(0) on both sides the ranks' needs are disjoint, so sharing
-  is limited to boundary pages.
+* ``read_bytes`` on a cold load run by this rank alone (checkpoint evicted
+  from the page cache, the other ranks waiting at a barrier): what the block
+  layer fetched for this rank, mmap page faults and readahead included. Alone,
+  because with concurrent loads a page that two ranks touch (readahead across
+  a shard boundary) is charged to whichever faults first.
 """
 
 from __future__ import annotations
@@ -84,17 +84,34 @@ def rank_save(cfg: BenchConfig, path: str) -> float:
         mgr.close()
 
 
-def _timed_load(mgr: Any, path: str, templates: dict[str, Any], cold: bool) -> dict[str, float]:
+def _timed_load(mgr: Any, path: str, templates: dict[str, Any], cold: bool,
+                only: int | None = None) -> dict[str, float]:
+    """One load on every rank at once, or (only=k) on rank k alone. Loading alone
+    assumes load() makes no collective call (true of this engine: load reads the
+    metadata file); an engine whose load is collective hangs here until the
+    launch timeout, which names the waiting ranks."""
     if cold and dist.get_rank() == 0:
         drop_page_cache(Path(path))
     dist.barrier()
-    io0 = proc_io()
-    t0 = now()
-    mgr.load(path, into={"model": templates})
-    t = now() - t0
-    io1 = proc_io()
+    sample = {"s": 0.0, "rchar": 0, "read_bytes": 0}
+    if only is None or only == dist.get_rank():
+        io0 = proc_io()
+        t0 = now()
+        mgr.load(path, into={"model": templates})
+        t = now() - t0
+        io1 = proc_io()
+        sample = {"s": t, "rchar": io1["rchar"] - io0["rchar"], "read_bytes": io1["read_bytes"] - io0["read_bytes"]}
     dist.barrier()
-    return {"s": t, "rchar": io1["rchar"] - io0["rchar"], "read_bytes": io1["read_bytes"] - io0["read_bytes"]}
+    return sample
+
+
+def _check(templates: dict[str, Any], specs: list[tuple[str, int, torch.dtype]], kind: str) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for i, (name, rows, dtype) in enumerate(specs):
+        want = shard_values(rows, dtype, rank, world, i)
+        if not torch.equal(templates[name].to_local(), want):
+            raise RuntimeError(f"{kind} load on rank {rank} put wrong values into model.{name}")
+        templates[name].to_local().fill_(-1)
 
 
 def rank_load(cfg: BenchConfig, src4: str, same8: str) -> dict[str, Any]:
@@ -114,11 +131,12 @@ def rank_load(cfg: BenchConfig, src4: str, same8: str) -> dict[str, Any]:
             for kind, path in (("same", same8), ("reshard", src4)):
                 out[kind]["cold"].append(_timed_load(mgr, path, templates, cold=True))
                 out[kind]["warm"].append(_timed_load(mgr, path, templates, cold=False))
-                for i, (name, rows, dtype) in enumerate(specs):
-                    want = shard_values(rows, dtype, rank, world, i)
-                    if not torch.equal(templates[name].to_local(), want):
-                        raise RuntimeError(f"{kind} load on rank {rank} put wrong values into model.{name}")
-                    templates[name].to_local().fill_(-1)
+                _check(templates, specs, kind)
+        for kind, path in (("same", same8), ("reshard", src4)):
+            out[kind]["alone"] = []
+            for turn in range(world):
+                out[kind]["alone"].append(_timed_load(mgr, path, templates, cold=True, only=turn))
+            _check(templates, specs, kind)
     finally:
         mgr.close()
     return out

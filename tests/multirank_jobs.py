@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,28 @@ def commit_protocol(root: str) -> dict[str, Any]:
         got = manager.load(str(target), into={"model": {"w": torch.zeros(4)}, "misc": None})
         out[f"{mode}_loaded_ok"] = bool(torch.equal(got["model"]["w"], state["w"])) and got["misc"] == {"rank": rank, "step": 3}
         manager.close()
-    # A colliding layout (no {rank}) is refused on every rank before anything is written.
+    # A layout without {rank}: one file, written once by rank 0, read by every rank; a warning on rank 0.
     manager = CheckpointManager(_config(False, items={"misc": ItemSpec(layout=LayoutInfo("misc.json", JsonSerialization()))}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        manager.save(str(Path(root) / "fixed"), {"misc": {"rank": rank}})
+    out["fixed_warned"] = [str(w.message) for w in caught]
+    out["fixed_files"] = sorted(str(p.relative_to(Path(root) / "fixed")) for p in (Path(root) / "fixed").rglob("*") if p.is_file())
+    out["fixed_loaded"] = manager.load(str(Path(root) / "fixed"), into={"misc": None})["misc"]
+    # Two different keys resolving to one path across ranks are refused before anything is written.
+    clash = {"a": ItemSpec(layout=LayoutInfo("a_{rank}.json", JsonSerialization()))}
+    manager2 = CheckpointManager(_config(False, items=clash))
+    key = "a" if rank == 0 else "b"
+    if rank != 0:
+        manager2.config.items = {"b": ItemSpec(layout=LayoutInfo("a_0.json", JsonSerialization()))}
     try:
-        manager.save(str(Path(root) / "collide"), {"misc": {"rank": rank}})
+        manager2.save(str(Path(root) / "collide"), {key: {"rank": rank}})
         out["collision"] = "no error"
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:
         out["collision"] = str(exc)
     out["collide_exists"] = (Path(root) / "collide").exists()
     manager.close()
+    manager2.close()
     return out
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from torch_checkpointing.config import (
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage
 
 Config = CheckpointManager.Config
+ManagerFactory = Callable[..., CheckpointManager]
 
 
 def test_config_defaults() -> None:
@@ -116,7 +119,7 @@ def test_load_returns_a_new_mapping(sync_manager: CheckpointManager, tmp_path: P
     assert torch.equal(into["model"]["w"], torch.ones(3))
 
 
-def test_storage_config_is_used(make_sync, tmp_path: Path) -> None:
+def test_storage_config_is_used(make_sync: ManagerFactory, tmp_path: Path) -> None:
     config = MemoryStorageConfig()
     manager = make_sync(storage_config=config)
     manager.save(str(tmp_path / "c"), {"a": 1})
@@ -125,7 +128,7 @@ def test_storage_config_is_used(make_sync, tmp_path: Path) -> None:
     assert manager.load(str(tmp_path / "c"), into={"a": None}) == {"a": 1}
 
 
-def test_load_config_is_used(make_sync, tmp_path: Path) -> None:
+def test_load_config_is_used(make_sync: ManagerFactory, tmp_path: Path) -> None:
     manager = make_sync(load=CheckpointLoaderConfig(use_mmap=False, weights_only=False))
     assert manager._loader.config.use_mmap is False
     manager.save(str(tmp_path / "c"), {"s": {1, 2}})
@@ -166,7 +169,7 @@ def test_load_without_into_and_without_items_is_refused(sync_manager: Checkpoint
     ],
     ids=["save", "load", "prewarm_staging", "lock"],
 )
-def test_closed_manager_refuses_every_call(make_sync, tmp_path: Path, call) -> None:
+def test_closed_manager_refuses_every_call(make_sync: ManagerFactory, tmp_path: Path, call: Callable[[CheckpointManager, str], Any]) -> None:
     manager = make_sync()
     manager.save(str(tmp_path / "c"), {"a": 1})
     manager.close()
@@ -174,7 +177,7 @@ def test_closed_manager_refuses_every_call(make_sync, tmp_path: Path, call) -> N
         call(manager, str(tmp_path / "c"))
 
 
-def test_close_is_idempotent(make_sync) -> None:
+def test_close_is_idempotent(make_sync: ManagerFactory) -> None:
     manager = make_sync()
     manager.close()
     manager.close()

@@ -31,9 +31,20 @@ def test_every_rank_sees_the_commit_when_its_save_returns(results: list[dict[str
         assert r[f"{mode}_loaded_ok"], f"rank {r['rank']} did not read back its own shard"
 
 
-def test_layout_without_rank_is_refused_on_every_rank_before_writing(results: list[dict[str, Any]]) -> None:
+def test_layout_without_rank_is_written_once_by_rank_0_and_read_by_all(results: list[dict[str, Any]]) -> None:
     for r in results:
-        assert "misc.json" in r["collision"] and "{rank}" in r["collision"]
+        assert r["fixed_files"] == ["manifest.json", "misc.json"]
+        assert r["fixed_loaded"] == {"rank": 0}, "every rank reads the one copy, written by the lowest rank"
+        warned = r["fixed_warned"]
+        if r["rank"] == 0:
+            assert any("misc.json" in w and "{rank}" in w for w in warned), warned
+        else:
+            assert not warned
+
+
+def test_different_keys_on_one_path_across_ranks_are_refused(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        assert "a_0.json" in r["collision"] and "'a'" in r["collision"] and "'b'" in r["collision"], r["collision"]
         assert not r["collide_exists"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
@@ -139,6 +140,7 @@ class CheckpointManager:
 
     def lock(self) -> AbstractContextManager[Any]:
         """Hold around in-place updates (optimizer.step()): waits only while a save's staging copy runs."""
+        self._check_open("lock")
         if isinstance(self._saver, AsyncCheckpointSaver):
             return self._saver.lock()
         return nullcontext()
@@ -186,7 +188,8 @@ class CheckpointManager:
             raise local_error
         if failures:
             raise RuntimeError(f"Checkpoint save of {checkpoint_id} refused on rank(s) {failures}; nothing was written.")
-        _check_cross_rank_collisions([rep[1] for rep in reports])
+        left_to_others = _shared_paths([rep[1] for rep in reports], ctx.rank)
+        items = [i for i in items if i.key not in left_to_others]
         metadata_json = None
         if ctx.rank == 0 and self._metadata is not None:
             layouts = [{key: layout for key, (_, layout) in rep[1].items()} for rep in reports]
@@ -217,17 +220,35 @@ def _layout_report(items: list[ResolvedItem]) -> dict[str, tuple[str, Any]]:
     return {i.key: (posixpath.normpath(i.layout.file_path), None if i.is_default_layout else i.layout) for i in items}
 
 
-def _check_cross_rank_collisions(per_rank: list[dict[str, tuple[str, Any]]]) -> None:
+def _shared_paths(per_rank: list[dict[str, tuple[str, Any]]], rank: int) -> set[str]:
+    """Keys whose file another, lower rank also writes: this rank leaves them to that rank.
+
+    A layout without `{rank}` makes every rank target one file (the design document's warning). Rather than
+    racing on it, the lowest rank writes it once and the others skip it with a warning. Two *different* keys
+    resolving to one path across ranks are refused.
+    """
     owners: dict[str, tuple[int, str]] = {}
-    for rank, report in enumerate(per_rank):
+    skip: dict[str, list[int]] = {}
+    for r, report in enumerate(per_rank):
         for key, (path, _) in report.items():
-            if path in owners:
-                other_rank, other_key = owners[path]
+            if path not in owners:
+                owners[path] = (r, key)
+                continue
+            first_rank, first_key = owners[path]
+            if first_key != key:
                 raise ValueError(
-                    f"Item '{other_key}' on rank {other_rank} and item '{key}' on rank {rank} would both write "
-                    f"{path!r}: a layout without '{{rank}}' makes ranks target the same file. Put '{{rank}}' in "
-                    f"LayoutInfo.file_path (e.g. '{key}_{{rank}}.pt'). Nothing was written."
+                    f"Item '{first_key}' on rank {first_rank} and item '{key}' on rank {r} would both write "
+                    f"{path!r}. Give them distinct LayoutInfo.file_path values (with '{{rank}}' for per-rank files). "
+                    f"Nothing was written."
                 )
-            owners[path] = (rank, key)
-
-
+            skip.setdefault(key, [first_rank]).append(r)
+    mine = {key for key, ranks in skip.items() if rank in ranks[1:]}
+    if rank == 0:
+        for key, ranks in sorted(skip.items()):
+            warnings.warn(
+                f"Item '{key}' resolves to one file {per_rank[ranks[0]][key][0]!r} on ranks {ranks} (its layout has "
+                f"no '{{rank}}'): only rank {ranks[0]} writes it, and every rank will read that copy. Put "
+                f"'{{rank}}' in LayoutInfo.file_path for per-rank files.",
+                stacklevel=4,
+            )
+    return mine

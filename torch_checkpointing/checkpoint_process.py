@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared-memory tensors pass by handle)
@@ -73,6 +74,20 @@ def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Calla
             reply = ("error", _portable(exc))
         del request, message  # drop shared-memory handles before answering
         conn.send(reply)
+
+
+def _unpicklable(request: WriteRequest) -> pickle.PicklingError:
+    """Name the item whose staged value cannot travel to the writer process."""
+    for entry in request.entries:
+        try:
+            ForkingPickler.dumps(entry.value)
+        except Exception as exc:
+            return pickle.PicklingError(
+                f"Item '{entry.key}' cannot be pickled for the async writer process: {type(exc).__name__}: {exc}. "
+                f"Async saves need every value to pickle (requires_copy=True values are deep-copied, so e.g. a "
+                f"lambda stays a lambda); make it picklable, or use CheckpointManager.Config.with_sync_save()."
+            )
+    return pickle.PicklingError("The checkpoint write request cannot be pickled for the async writer process.")
 
 
 class CheckpointProcess:
@@ -150,7 +165,10 @@ class CheckpointProcess:
             self.wait_ready()
             assert self._conn is not None
             try:
-                self._conn.send(("write", request))
+                try:
+                    self._conn.send(("write", request))  # pickles first: nothing is sent if that fails
+                except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                    raise _unpicklable(request) from exc
                 tag, payload = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
                 code = self._proc.exitcode if self._proc is not None else None

@@ -81,15 +81,15 @@ class Manifest:
 
 def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
     """The manifest, None for a directory written without one (the published release), or an error if incomplete."""
-    path = checkpoint_dir / MANIFEST_FILE_NAME
-    if storage.exists(path):
-        try:
-            return Manifest.from_json(storage.read(path).decode("utf-8"))
-        except (ValueError, KeyError) as exc:
-            raise RuntimeError(f"Checkpoint {checkpoint_dir} has an unreadable manifest ({exc}); it cannot be trusted.") from exc
     if storage.exists(checkpoint_dir / INCOMPLETE_MARKER):
+        # Checked first: a writer killed between writing the manifest and removing the marker leaves both.
         raise RuntimeError(
-            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed (no {MANIFEST_FILE_NAME}). "
-            f"Load an earlier checkpoint."
+            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."
         )
-    return None
+    path = checkpoint_dir / MANIFEST_FILE_NAME
+    if not storage.exists(path):
+        return None
+    try:
+        return Manifest.from_json(storage.read(path).decode("utf-8"))
+    except (ValueError, KeyError) as exc:
+        raise RuntimeError(f"Checkpoint {checkpoint_dir} has an unreadable manifest ({exc}); it cannot be trusted.") from exc

@@ -31,7 +31,10 @@ def _cuda_available() -> bool:
 class CheckpointStagerConfig:
     use_pinned_memory: bool = field(default_factory=_cuda_available)
     use_shared_memory: bool = True
-    use_async_staging: bool = True
+    # False: save() returns once the copy is done, so the loop may mutate right away (the design document's
+    # promise for requires_copy=True). True: the copy overlaps the caller's next work, and in-place updates
+    # must then go inside CheckpointManager.lock(), which waits for the copy.
+    use_async_staging: bool = False
     use_non_blocking_copy: bool = field(default_factory=_cuda_available)
     thread_name: str = "ckpt-staging"
     metric_prefix: str = "train.checkpoint_write"
