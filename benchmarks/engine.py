@@ -13,8 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .common import build_state, fresh_dir, now, remove, sync
 from .config import BenchConfig
 from .engine_api import make_manager, no_copy_items

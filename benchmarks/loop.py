@@ -4,6 +4,7 @@ never saving, run before and after in the same process."""
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,11 @@ def _calibrate(tr: _Trainer, copy_s: float) -> float:
 
 
 def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    # Training gets all cores but one; the other is the checkpoint writer's.
+    # With every core given to intra-op threads, their spin-waits fight the
+    # writer process and any other load, and step times swing by 10x or more.
+    threads = max(1, (os.cpu_count() or 2) - 1)
+    torch.set_num_threads(threads)
     tr = _Trainer(cfg)
     tr.forward_backward()
     tr.step(nullcontext)  # creates the AdamW state
@@ -149,5 +154,5 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
         "inflight_lock_wait_s": [s["lock_wait_s"] for s in warm if s["in_flight"]],
         "cold_save_step_s": [s["step_s"] for s in cold if s["save_called"]],
         "cold_lock_wait_s": [s["lock_wait_s"] for s in cold if s["save_called"]],
-        "steps": len(steps),
+        "steps": len(steps), "torch_threads": threads,
     }

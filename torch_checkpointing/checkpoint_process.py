@@ -54,7 +54,18 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"Checkpoint writer process failed:\n{tb}")
 
 
+def _skip_torch_record_crc() -> None:
+    """The manifest's CRC32 covers each whole file; torch's per-record CRC would checksum every byte twice."""
+    try:
+        import torch.utils.serialization
+
+        torch.utils.serialization.config.save.compute_crc32 = False
+    except (ImportError, AttributeError):  # torch < 2.7 has no such switch
+        pass
+
+
 def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple) -> None:
+    _skip_torch_record_crc()
     init_fn(*init_args)
     storage = storage_config.create_storage()
     conn.send(("ready", os.getpid()))

@@ -158,8 +158,8 @@ def collision(ctx: RankCtx) -> CheckResult:
     with closing(ctx.manager(spec)) as mgr:
         got = mgr.load(str(root), into={"shared": None})["shared"]
     winner = got.get("rank") if isinstance(got, dict) else None
-    note = (f"all {ctx.world} ranks wrote {SHARED_FILE}; only rank {winner}'s data survived, "
-            f"{ctx.world - 1} ranks' data was silently overwritten")
+    note = (f"all {ctx.world} ranks saved into the one file {SHARED_FILE}; only rank {winner}'s data is in the "
+            f"checkpoint, the other {ctx.world - 1} ranks' data is lost")
     return ctx.row(NAME, "no-{rank}", HAZARD, notes=[note], placements=placements, seconds=meter.seconds,
                    written=file.stat().st_size if ctx.rank == 0 else 0, read=meter.read)
 

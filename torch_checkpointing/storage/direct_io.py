@@ -13,6 +13,8 @@ import fcntl
 import io
 import mmap
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 ALIGN = 4096
 CHUNK = 16 << 20
@@ -26,12 +28,16 @@ def _write_all(fd: int, data: memoryview) -> None:
 
 
 class DurableFileWriter(io.RawIOBase):
-    """Sequential writer of one file; `close()` flushes, fsyncs and closes."""
+    """Sequential writer of one file; `close()` flushes, fsyncs and closes.
+
+    In direct mode two aligned buffers alternate: while one is written by the I/O thread (the GIL is released
+    during the write), the caller fills the other, so encoding and checksumming overlap the disk.
+    """
 
     def __init__(self, path: str, use_direct_io: bool) -> None:
         super().__init__()
         self._path = path
-        self._offset = 0  # bytes durably handed to the kernel so far
+        self._offset = 0  # bytes confirmed written so far
         self._direct = use_direct_io and hasattr(os, "O_DIRECT")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
         self._fd = -1
@@ -44,8 +50,10 @@ class DurableFileWriter(io.RawIOBase):
                 self._direct = False
         if self._fd < 0:
             self._fd = os.open(path, flags, 0o644)
-        self._buf = mmap.mmap(-1, CHUNK) if self._direct else None
+        self._buf: mmap.mmap | None = mmap.mmap(-1, CHUNK) if self._direct else None
+        self._spare: mmap.mmap | None = None
         self._fill = 0
+        self._pending: Future[None] | None = None
 
     @property
     def uses_direct_io(self) -> bool:
@@ -57,24 +65,36 @@ class DurableFileWriter(io.RawIOBase):
     def write(self, b: object) -> int:  # type: ignore[override]
         view = memoryview(b).cast("B")  # type: ignore[arg-type]
         n = len(view)
-        if not self._direct:
+        if self._buf is None:
             _write_all(self._fd, view)
             self._offset += n
             return n
-        assert self._buf is not None
         while view:
             take = min(CHUNK - self._fill, len(view))
             self._buf[self._fill : self._fill + take] = view[:take]
             self._fill += take
             view = view[take:]
             if self._fill == CHUNK:
-                self._drain(CHUNK)
+                self._submit_full_buffer()
         return n
 
-    def _drain(self, nbytes: int) -> None:
-        """Write the first `nbytes` of the aligned buffer, falling back to buffered I/O if refused."""
+    def _submit_full_buffer(self) -> None:
         assert self._buf is not None
-        data = memoryview(self._buf)[:nbytes]
+        self._wait_pending()
+        full = self._buf
+        self._buf = self._spare if self._spare is not None else mmap.mmap(-1, CHUNK)
+        self._spare = full
+        self._fill = 0
+        self._pending = _io_pool().submit(self._write_block, full, CHUNK)
+
+    def _wait_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _write_block(self, buf: mmap.mmap, nbytes: int) -> None:
+        """Write the first `nbytes` of an aligned buffer, falling back to buffered I/O if refused."""
+        data = memoryview(buf)[:nbytes]
         try:
             try:
                 _write_all(self._fd, data)
@@ -86,10 +106,6 @@ class DurableFileWriter(io.RawIOBase):
         finally:
             data.release()
         self._offset += nbytes
-        remaining = self._fill - nbytes
-        if remaining:
-            self._buf.move(0, nbytes, remaining)
-        self._fill = remaining
 
     def _fall_back(self) -> None:
         """Continue with buffered I/O at the last confirmed offset."""
@@ -111,13 +127,18 @@ class DurableFileWriter(io.RawIOBase):
         if self.closed:
             return
         try:
-            if self._direct and self._fill:
-                aligned = self._fill - self._fill % ALIGN
+            self._wait_pending()
+            buf = self._buf
+            if buf is not None and self._fill:
+                aligned = self._fill - self._fill % ALIGN if self._direct else 0
                 if aligned:
-                    self._drain(aligned)
-            if self._fill:
-                self._fall_back()  # the unaligned tail cannot go through O_DIRECT
-                self._drain(self._fill)
+                    self._write_block(buf, aligned)
+                    buf.move(0, aligned, self._fill - aligned)
+                    self._fill -= aligned
+                if self._fill:
+                    self._fall_back()  # the unaligned tail cannot go through O_DIRECT
+                    self._write_block(buf, self._fill)
+                    self._fill = 0
             try:
                 os.fsync(self._fd)
             except OSError as exc:
@@ -131,8 +152,9 @@ class DurableFileWriter(io.RawIOBase):
                 if exc.errno not in _REFUSALS:
                     raise
                 self._reopen_and_fsync()
-            if self._buf is not None:
-                self._buf.close()
+            for b in (self._buf, self._spare):
+                if b is not None:
+                    b.close()
             super().close()
 
     def _reopen_and_fsync(self) -> None:
@@ -142,3 +164,15 @@ class DurableFileWriter(io.RawIOBase):
         finally:
             os.close(fd)
 
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _io_pool() -> ThreadPoolExecutor:
+    """One I/O thread per process, shared by all writers (each writer has at most one block in flight)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(2, thread_name_prefix="ckpt-io")
+        return _POOL

@@ -1,0 +1,78 @@
+"""Small public pieces: version, paths, barriers, builders."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_checkpointing import ItemSpec, Version, __version__, get_version, make_async_checkpoint_saver, make_sync_checkpoint_saver
+from torch_checkpointing.barriers import TCPStoreBarrierConfig
+from torch_checkpointing.checkpoint_saver import SavePlan
+from torch_checkpointing.schema import resolve
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.types import CheckpointPath, RankInfo
+
+
+def test_version_splits_on_the_first_plus() -> None:
+    v = Version("1.2.3+abc+def")
+    assert (v.get_version(), v.get_sha(), v.get_full_version()) == ("1.2.3", "abc+def", "1.2.3+abc+def")
+    assert str(v) == "1.2.3+abc+def" and repr(v) == "Version('1.2.3+abc+def')"
+    assert Version("0.1").get_sha() is None
+
+
+def test_installed_version_is_reported() -> None:
+    found = get_version()
+    assert found is not None and found.get_full_version() == __version__ != "Unknown"
+
+
+def test_checkpoint_path_string_and_json_forms() -> None:
+    p = CheckpointPath("model", ("layers", 0, "w"))
+    assert str(p) == "model::layers.0.w" and str(CheckpointPath("step")) == "step"
+    assert CheckpointPath.deserialize(p.serialize()) == p
+    with pytest.raises(ValueError, match="empty"):
+        CheckpointPath.deserialize("[]")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tcpstore_barrier_releases_when_every_rank_arrived() -> None:
+    config = TCPStoreBarrierConfig(30, False, _free_port(), "127.0.0.1", key_prefix="t")
+    host = config.create_barrier(RankInfo(0, 2, 0, 2))
+    other = config.create_barrier(RankInfo(1, 2, 1, 2))
+    passed: list[str] = []
+    thread = threading.Thread(target=lambda: (other.execute_barrier(30), passed.append("rank 1")))
+    thread.start()
+    host.execute_barrier(30)
+    thread.join(30)
+    assert passed == ["rank 1"]
+
+
+def test_tcpstore_barrier_times_out_naming_the_missing_rank() -> None:
+    config = TCPStoreBarrierConfig(30, False, _free_port(), "127.0.0.1")
+    host = config.create_barrier(RankInfo(0, 2, 0, 2))
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\]"):
+        host.execute_barrier(1)
+
+
+def test_builders_make_working_savers(tmp_path: Path) -> None:
+    storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    saver = make_sync_checkpoint_saver(storage_config=storage_config)
+    items = resolve({"w": torch.ones(2)}, {}, ItemSpec(), 0)
+    plan = SavePlan(str(tmp_path / "c"), str(tmp_path / ".c.tmp"), 0, 1, items, None, None, 60.0)
+    assert saver.save(plan) is None and (tmp_path / "c" / "manifest.json").is_file()
+    saver.close()
+    async_saver = make_async_checkpoint_saver(storage_config=storage_config)
+    try:
+        plan = SavePlan(str(tmp_path / "d"), str(tmp_path / ".d.tmp"), 0, 1, items, None, None, 60.0)
+        async_saver.save(plan).result(timeout=120)
+        assert (tmp_path / "d" / "w_0.pt").is_file()
+    finally:
+        async_saver.close()
