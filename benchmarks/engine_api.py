@@ -8,12 +8,20 @@ from typing import Any
 from .config import BenchConfig
 
 
-def make_manager(cfg: BenchConfig, items: dict[str, Any] | None = None, sync_save: bool = False) -> Any:
-    """An async-save CheckpointManager on local storage with the configured direct-I/O choice."""
+def make_manager(
+    cfg: BenchConfig, items: dict[str, Any] | None = None, sync_save: bool = False, overlap_staging: bool = False
+) -> Any:
+    """An async-save CheckpointManager on local storage with the configured direct-I/O choice.
+
+    `overlap_staging` moves the staging copy off save() (CheckpointStagerConfig(use_async_staging=True)), the mode
+    for loops that put their in-place updates inside lock(); by default save() returns once the copy is done.
+    """
     from torch_checkpointing import CheckpointManager
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
     conf = CheckpointManager.Config.with_sync_save() if sync_save else CheckpointManager.Config.with_async_save()
+    if overlap_staging:
+        conf.save.staging_config.use_async_staging = True
     conf.storage_config = LocalFileSystemStorageConfig(use_direct_io=cfg.direct_io)
     if items:
         conf.items = items

@@ -101,7 +101,7 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     before = _plain_steps(tr, n_plain)
     root = fresh_dir(workdir / "loop")
     root.mkdir()
-    mgr = make_manager(cfg)
+    mgr = make_manager(cfg, overlap_staging=True)  # the copy overlaps forward/backward; step() is under lock()
     steps: list[dict[str, Any]] = []
     saves = 0
     fut = None

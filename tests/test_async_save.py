@@ -126,11 +126,14 @@ def test_requires_copy_false_values_are_left_alone(amgr: tuple[CheckpointManager
 def test_prewarm_allocates_the_buffers_the_save_uses(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
     manager, control = amgr
     model = {"pw": torch.randn(32, 4)}
+    stager = manager._saver.stager
     assert manager.prewarm_staging({"model": model, "snap": {"x": 1}}) is None
+    manager._saver.wait(RESULT_TIMEOUT)
+    prewarmed_generation, slab = stager.generation, stager.slab
     _result(manager.save(str(tmp_path / "c"), {"model": model}))
-    buf = manager._saver.stager.get_staged_state_dict()["model"]["pw"]
-    pool = manager._saver.stager._pool
-    assert any(b is buf for b in pool.values())
+    buf = stager.get_staged_state_dict()["model"]["pw"]
+    assert stager.generation == prewarmed_generation, "the save allocated a new slab instead of the prewarmed one"
+    assert buf.untyped_storage().data_ptr() == slab.untyped_storage().data_ptr()
     control.set_delay(1.0)
     fut = manager.save(str(tmp_path / "d"), {"model": model})
     with pytest.raises(RuntimeError, match="write is active"):

@@ -22,6 +22,7 @@ from typing import Any
 import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared-memory tensors pass by handle)
 
 from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
+from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
 
 __all__ = ["CheckpointProcess", "CheckpointProcessConfig", "WriterProcessDied"]
@@ -69,6 +70,7 @@ def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Calla
     init_fn(*init_args)
     storage = storage_config.create_storage()
     conn.send(("ready", os.getpid()))
+    slab: tuple[int, Any] | None = None  # (generation, shared tensor) of the trainer's staging slab
     while True:
         try:
             message = conn.recv()
@@ -77,8 +79,16 @@ def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Calla
         if message[0] == "stop":
             conn.send(("stopped", None))
             return
+        if message[0] == "slab":
+            slab = message[1]
+            continue
         request: WriteRequest = message[1]
         try:
+            if message[2] is not None:
+                assert slab is not None and slab[0] == message[2], "staging slab out of step with the trainer"
+                for entry in request.entries:
+                    if not entry.pickled:
+                        entry.value = from_slab_refs(entry.value, slab[1])
             write_checkpoint(storage, request)
             reply: tuple[str, Any] = ("ok", None)
         except BaseException as exc:  # reported to the trainer; this process stays up for the next save
@@ -121,6 +131,7 @@ class CheckpointProcess:
         self._start_in_background()
 
     def _start_in_background(self) -> None:
+        self._slab_generation: int | None = None  # a new process has mapped no slab yet
         self._ready.clear()
         self._start_error = None
         threading.Thread(target=self._start, name=f"{self.config.thread_name_prefix}-spawn", daemon=True).start()
@@ -170,14 +181,21 @@ class CheckpointProcess:
             self._start_in_background()
             self.wait_ready()
 
-    def write(self, request: WriteRequest) -> None:
-        """Send one request and block until the writer answers; raises the writer's exception."""
+    def write(self, request: WriteRequest, slab: tuple[int, Any] | None = None) -> None:
+        """Send one request and block until the writer answers; raises the writer's exception.
+
+        `slab` is (generation, shared tensor) of the staging slab the request's SlabRefs point into; it is
+        sent (as one shared-memory handle) only when the writer has not seen that generation yet.
+        """
         with self._lock:
             self.wait_ready()
             assert self._conn is not None
             try:
+                if slab is not None and slab[0] != self._slab_generation:
+                    self._conn.send(("slab", slab))
+                    self._slab_generation = slab[0]
                 try:
-                    self._conn.send(("write", request))  # pickles first: nothing is sent if that fails
+                    self._conn.send(("write", request, None if slab is None else slab[0]))  # nothing sent if pickling fails
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
                     raise _unpicklable(request) from exc
                 tag, payload = self._conn.recv()

@@ -21,7 +21,7 @@ from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig, WriteE
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.lock import RWLock, RWLockMode
 from torch_checkpointing.schema import ResolvedItem
-from torch_checkpointing.staging import CheckpointStager, DefaultStager
+from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress
 
@@ -173,14 +173,18 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def _write(self, plan: SavePlan, staged: Future[Any], copy_keys: list[str], write: Future[Any]) -> None:
         try:
             copies = staged.result()
+            slab = self._stager.slab
             entries = []
             for item in plan.items:
                 fmt = item.layout.serialization_format
                 if item.key in copies:
-                    entries.append(WriteEntry(item.key, item.layout.file_path, fmt, copies[item.key]))
+                    # Tensors travel as offsets into the shared slab, which the writer maps once.
+                    value = to_slab_refs(copies[item.key], slab) if slab is not None else copies[item.key]
+                    entries.append(WriteEntry(item.key, item.layout.file_path, fmt, value))
                 else:
                     entries.append(WriteEntry(item.key, item.layout.file_path, fmt, _pickle_item(item), pickled=True))
-            self._process.write(plan.request(entries, self.config.writer_config))
+            slab_info = (self._stager.generation, slab) if slab is not None else None
+            self._process.write(plan.request(entries, self.config.writer_config), slab_info)
         except BaseException as exc:
             write.set_exception(exc)
         else:

@@ -1,26 +1,27 @@
 """Staging: the copy of `requires_copy=True` values that lets training go on while a save is written.
 
-Tensors are copied into host buffers that are kept from one save to the next (keyed by item and nested path),
-so a warm save allocates nothing and costs one memory copy. Buffers live in shared memory so the background
-writer process reads them without another copy; with CUDA they are also page-locked (cudaHostRegister) so
-device-to-host copies run non-blocking.
+Tensors are copied into one host slab that is kept from one save to the next while the state keeps its layout
+(shapes and dtypes in traversal order), so a warm save allocates nothing and costs one memory copy. The slab
+lives in shared memory so the background writer process maps it once and reads it without another copy; with
+CUDA it is also page-locked (cudaHostRegister) so device-to-host copies run non-blocking.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from torch_checkpointing.types import STATE_DICT, NestedPath
+from torch_checkpointing.types import STATE_DICT
 
-__all__ = ["CheckpointStager", "CheckpointStagerConfig", "DefaultStager", "unwrap_dtensor"]
+__all__ = ["CheckpointStager", "CheckpointStagerConfig", "DefaultStager", "SlabRef", "unwrap_dtensor"]
 
 
 def _cuda_available() -> bool:
@@ -61,7 +62,25 @@ class CheckpointStager(ABC):
         return 0
 
 
+@dataclass(frozen=True)
+class SlabRef:
+    """Where a staged tensor lives in the slab: sent to the writer process instead of the tensor itself."""
+
+    offset: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+_ALIGN = 64
+
+
 class DefaultStager(CheckpointStager):
+    """Copies every tensor of a save into one shared-memory slab, reused while the state keeps its layout.
+
+    One slab (not one buffer per tensor) means one allocation, one page-locking call with CUDA, and one
+    file descriptor for the writer process to map, however many tensors the state holds.
+    """
+
     def __init__(self, config: CheckpointStagerConfig | None = None) -> None:
         self.config = config or CheckpointStagerConfig()
         cuda = torch.cuda.is_available()
@@ -70,21 +89,34 @@ class DefaultStager(CheckpointStager):
                           "available; staging uses plain host memory.", stacklevel=2)
         self._pin = self.config.use_pinned_memory and cuda
         self._non_blocking = self.config.use_non_blocking_copy and cuda
-        self._pool: dict[tuple[str, NestedPath], torch.Tensor] = {}
-        self._used: set[tuple[str, NestedPath]] = set()
-        self._pinned_bytes = 0
+        self._slab: torch.Tensor | None = None
+        self._layout: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()
+        self._views: list[torch.Tensor] = []
+        self._generation = 0
         self._staged: STATE_DICT | None = None
 
+    @property
+    def slab(self) -> torch.Tensor | None:
+        return self._slab
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever a new slab is allocated (the writer process maps each slab once)."""
+        return self._generation
+
     def stage(self, state_dict: STATE_DICT, keys_not_requiring_copy: Collection[str] = ()) -> STATE_DICT:
-        self._used = set()
+        sources: list[torch.Tensor] = []
+        for key, value in state_dict.items():
+            if key not in keys_not_requiring_copy:
+                _collect(value, sources)
+        self._ensure_slab(tuple((tuple(t.shape), t.dtype) for t in sources))
+        views = iter(self._views)
         staged = {
-            key: value if key in keys_not_requiring_copy else self._copy(key, (), value)
+            key: value if key in keys_not_requiring_copy else self._copy(value, views)
             for key, value in state_dict.items()
         }
         if self._non_blocking:
             torch.cuda.current_stream().synchronize()
-        for stale in set(self._pool) - self._used:
-            self._release(self._pool.pop(stale))
         self._staged = staged
         return staged
 
@@ -92,57 +124,95 @@ class DefaultStager(CheckpointStager):
         return self._staged
 
     def pinned_num_bytes(self) -> int:
-        return self._pinned_bytes
+        return self._slab.numel() if self._pin and self._slab is not None else 0
 
     def staged_num_bytes(self) -> int:
-        return sum(t.untyped_storage().nbytes() for t in self._pool.values())
+        return 0 if self._slab is None else self._slab.numel()
 
     def close(self) -> None:
-        for buf in self._pool.values():
-            self._release(buf)
-        self._pool.clear()
+        self._release()
         self._staged = None
 
-    def _copy(self, key: str, path: NestedPath, value: Any) -> Any:
+    def _ensure_slab(self, layout: tuple[tuple[tuple[int, ...], torch.dtype], ...]) -> None:
+        if layout == self._layout and self._slab is not None:
+            return
+        offsets, total = [], 0
+        for shape, dtype in layout:
+            offsets.append(total)
+            nbytes = math.prod(shape) * dtype.itemsize
+            total += -(-nbytes // _ALIGN) * _ALIGN
+        self._release()
+        slab = torch.empty(max(total, 1), dtype=torch.uint8)
+        if self.config.use_shared_memory:
+            slab.share_memory_()
+        if self._pin:
+            torch.cuda.cudart().cudaHostRegister(slab.data_ptr(), slab.numel(), 0)
+        self._slab, self._layout, self._generation = slab, layout, self._generation + 1
+        self._views = [slab_view(slab, SlabRef(o, shape, dtype)) for o, (shape, dtype) in zip(offsets, layout)]
+
+    def _release(self) -> None:
+        if self._slab is not None and self._pin:
+            torch.cuda.cudart().cudaHostUnregister(self._slab.data_ptr())
+        self._slab, self._layout, self._views = None, (), []
+
+    def _copy(self, value: Any, views: Iterator[torch.Tensor]) -> Any:
         if isinstance(value, torch.Tensor):
-            return self._copy_tensor(key, path, unwrap_dtensor(value))
+            buf = next(views)
+            src = unwrap_dtensor(value).detach()
+            with torch.no_grad():
+                buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
+            return buf
         if isinstance(value, Mapping):
-            items = {k: self._copy(key, (*path, k), v) for k, v in value.items()}
+            items = {k: self._copy(v, views) for k, v in value.items()}
             return items if type(value) is dict else _rebuild(value, items)
         if isinstance(value, (list, tuple)):
-            items_list = [self._copy(key, (*path, i), v) for i, v in enumerate(value)]
+            items_list = [self._copy(v, views) for v in value]
             if type(value) in (list, tuple):
                 return type(value)(items_list)
             return _rebuild(value, items_list)
         return copy.deepcopy(value)
 
-    def _copy_tensor(self, key: str, path: NestedPath, src: torch.Tensor) -> torch.Tensor:
-        slot = (key, path)
-        self._used.add(slot)
-        buf = self._pool.get(slot)
-        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
-            if buf is not None:
-                self._release(buf)
-            buf = self._allocate(src)
-            self._pool[slot] = buf
-        with torch.no_grad():
-            buf.copy_(src.detach(), non_blocking=self._non_blocking and src.device.type != "cpu")
-        return buf
 
-    def _allocate(self, like: torch.Tensor) -> torch.Tensor:
-        buf = torch.empty(like.shape, dtype=like.dtype, device="cpu")
-        if self.config.use_shared_memory:
-            buf.share_memory_()
-        if self._pin and buf.numel():
-            nbytes = buf.untyped_storage().nbytes()
-            torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
-            self._pinned_bytes += nbytes
-        return buf
+def _collect(value: Any, out: list[torch.Tensor]) -> None:
+    """Tensors in the order `DefaultStager._copy` visits them."""
+    if isinstance(value, torch.Tensor):
+        out.append(unwrap_dtensor(value))
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            _collect(v, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _collect(v, out)
 
-    def _release(self, buf: torch.Tensor) -> None:
-        if self._pin and buf.numel():
-            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
-            self._pinned_bytes -= buf.untyped_storage().nbytes()
+
+def slab_view(slab: torch.Tensor, ref: SlabRef) -> torch.Tensor:
+    nbytes = math.prod(ref.shape) * ref.dtype.itemsize
+    return slab[ref.offset : ref.offset + nbytes].view(ref.dtype).view(ref.shape)
+
+
+def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
+    """The staged tree with every slab tensor replaced by its SlabRef (containers kept)."""
+    if isinstance(value, torch.Tensor):
+        return SlabRef(value.data_ptr() - slab.data_ptr(), tuple(value.shape), value.dtype)
+    if isinstance(value, Mapping):
+        items = {k: to_slab_refs(v, slab) for k, v in value.items()}
+        return items if type(value) is dict else _rebuild(value, items)
+    if isinstance(value, (list, tuple)):
+        items_list = [to_slab_refs(v, slab) for v in value]
+        return type(value)(items_list) if type(value) in (list, tuple) else _rebuild(value, items_list)
+    return value
+
+
+def from_slab_refs(value: Any, slab: torch.Tensor) -> Any:
+    if isinstance(value, SlabRef):
+        return slab_view(slab, value)
+    if isinstance(value, Mapping):
+        items = {k: from_slab_refs(v, slab) for k, v in value.items()}
+        return items if type(value) is dict else _rebuild(value, items)
+    if isinstance(value, (list, tuple)):
+        items_list = [from_slab_refs(v, slab) for v in value]
+        return type(value)(items_list) if type(value) in (list, tuple) else _rebuild(value, items_list)
+    return value
 
 
 def _rebuild(original: Any, items: Any) -> Any:
