@@ -284,3 +284,19 @@ def test_close_waits_for_the_last_write(tmp_path: Path) -> None:
     assert (tmp_path / "c" / "manifest.json").is_file()
     with pytest.raises(RuntimeError, match="closed"):
         manager.save(str(tmp_path / "d"), {"a": 1})
+
+
+def test_staged_items_are_written_alone_and_in_their_own_dtypes(
+    amgr: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    """Staged tensors share one slab; each item's file must still hold only that item's tensors."""
+    manager, _ = amgr
+    big = {"w": torch.randn(512, 256), "h": torch.randn(300).bfloat16(), "i": torch.arange(7), "e": torch.empty(0, 3)}
+    small = {"x": torch.randn(4)}
+    _result(manager.save(str(tmp_path / "c"), {"model": big, "raw": b"r", "snap": {"s": 1}, "opt": small}))
+    own = sum(t.numel() * t.element_size() for t in big.values())
+    assert own <= (tmp_path / "c" / "model_0.pt").stat().st_size < own + (64 << 10)
+    assert (tmp_path / "c" / "opt_0.pt").stat().st_size < 64 << 10, "another item's data leaked into this file"
+    out = manager.load(str(tmp_path / "c"), into={"model": None, "opt": None})
+    assert all(torch.equal(out["model"][k], v) and out["model"][k].dtype == v.dtype for k, v in big.items())
+    assert torch.equal(out["opt"]["x"], small["x"])

@@ -12,7 +12,7 @@ import copy
 import math
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,21 +156,26 @@ class DefaultStager(CheckpointStager):
         self._slab, self._layout, self._views = None, (), []
 
     def _copy(self, value: Any, views: Iterator[torch.Tensor]) -> Any:
-        if isinstance(value, torch.Tensor):
-            buf = next(views)
-            src = unwrap_dtensor(value).detach()
+        def leaf(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor):
+                return copy.deepcopy(x)
+            buf, src = next(views), unwrap_dtensor(x).detach()
             with torch.no_grad():
                 buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
-        if isinstance(value, Mapping):
-            items = {k: self._copy(v, views) for k, v in value.items()}
-            return items if type(value) is dict else _rebuild(value, items)
-        if isinstance(value, (list, tuple)):
-            items_list = [self._copy(v, views) for v in value]
-            if type(value) in (list, tuple):
-                return type(value)(items_list)
-            return _rebuild(value, items_list)
-        return copy.deepcopy(value)
+
+        return _map_leaves(value, leaf)
+
+
+def _map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """`value` with containers rebuilt (same type where possible) and `fn` applied to every other leaf."""
+    if isinstance(value, Mapping):
+        items = {k: _map_leaves(v, fn) for k, v in value.items()}
+        return items if type(value) is dict else _rebuild(value, items)
+    if isinstance(value, (list, tuple)):
+        items_list = [_map_leaves(v, fn) for v in value]
+        return type(value)(items_list) if type(value) in (list, tuple) else _rebuild(value, items_list)
+    return fn(value)
 
 
 def _collect(value: Any, out: list[torch.Tensor]) -> None:
@@ -192,27 +197,30 @@ def slab_view(slab: torch.Tensor, ref: SlabRef) -> torch.Tensor:
 
 def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
     """The staged tree with every slab tensor replaced by its SlabRef (containers kept)."""
-    if isinstance(value, torch.Tensor):
-        return SlabRef(value.data_ptr() - slab.data_ptr(), tuple(value.shape), value.dtype)
-    if isinstance(value, Mapping):
-        items = {k: to_slab_refs(v, slab) for k, v in value.items()}
-        return items if type(value) is dict else _rebuild(value, items)
-    if isinstance(value, (list, tuple)):
-        items_list = [to_slab_refs(v, slab) for v in value]
-        return type(value)(items_list) if type(value) in (list, tuple) else _rebuild(value, items_list)
-    return value
+    base = slab.data_ptr()
+    return _map_leaves(
+        value, lambda x: SlabRef(x.data_ptr() - base, tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x
+    )
 
 
 def from_slab_refs(value: Any, slab: torch.Tensor) -> Any:
-    if isinstance(value, SlabRef):
-        return slab_view(slab, value)
-    if isinstance(value, Mapping):
-        items = {k: from_slab_refs(v, slab) for k, v in value.items()}
-        return items if type(value) is dict else _rebuild(value, items)
-    if isinstance(value, (list, tuple)):
-        items_list = [from_slab_refs(v, slab) for v in value]
-        return type(value)(items_list) if type(value) in (list, tuple) else _rebuild(value, items_list)
-    return value
+    """The tree with each SlabRef turned into a tensor over the slab's memory (no copy).
+
+    Each tensor gets a storage of its own (torch.frombuffer), not a view of the slab's storage: serializers
+    write whole storages, so views would put the entire slab, in one dtype, into every item's file.
+    """
+    memory = memoryview(slab.numpy())
+
+    def own(x: Any) -> Any:
+        if not isinstance(x, SlabRef):
+            return x
+        count = math.prod(x.shape)
+        if count == 0:
+            return torch.empty(x.shape, dtype=x.dtype)
+        flat = torch.frombuffer(memory, dtype=x.dtype, count=count, offset=x.offset)
+        return flat.view(x.shape)
+
+    return _map_leaves(value, own)
 
 
 def _rebuild(original: Any, items: Any) -> Any:
