@@ -86,11 +86,11 @@ class _ChecksumStream:
     def __init__(self, inner: IO[bytes]) -> None:
         self.inner = inner
         self.size = 0
-        self.crc = 0
+        self.crc32 = 0
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.crc = zlib.crc32(view, self.crc)
+        self.crc32 = zlib.crc32(view, self.crc32)
         self.size += len(view)
         self.inner.write(view)
         return len(view)
@@ -103,9 +103,11 @@ def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry) -> 
     value = pickle.loads(entry.value) if entry.pickled else entry.value
     target = root / entry.file_path
     with storage.stream_write(target) as raw:
-        stream = _ChecksumStream(raw)
-        encode(entry.fmt, entry.key, value, stream)  # type: ignore[arg-type]
-    return FileRecord(entry.key, rank, entry.file_path, stream.size, stream.crc, entry.fmt.to_dict())
+        # Streams that checksum what they write (the local filesystem's, off the encoding thread) are used as
+        # they are; any other backend's stream is wrapped.
+        stream: Any = raw if hasattr(raw, "crc32") and hasattr(raw, "size") else _ChecksumStream(raw)
+        encode(entry.fmt, entry.key, value, stream)
+    return FileRecord(entry.key, rank, entry.file_path, stream.size, stream.crc32, entry.fmt.to_dict())
 
 
 def _write_local_files(storage: Storage, request: WriteRequest) -> list[FileRecord]:

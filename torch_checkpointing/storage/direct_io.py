@@ -14,6 +14,7 @@ import io
 import mmap
 import os
 import threading
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 
 ALIGN = 4096
@@ -30,8 +31,9 @@ def _write_all(fd: int, data: memoryview) -> None:
 class DurableFileWriter(io.RawIOBase):
     """Sequential writer of one file; `close()` flushes, fsyncs and closes.
 
-    In direct mode two aligned buffers alternate: while one is written by the I/O thread (the GIL is released
-    during the write), the caller fills the other, so encoding and checksumming overlap the disk.
+    In direct mode two aligned buffers alternate: while one is written by an I/O thread and checksummed by
+    another (both release the GIL), the caller fills the other, so encoding, checksumming and the disk overlap.
+    `crc32` and `size` describe every byte written, for the manifest.
     """
 
     def __init__(self, path: str, use_direct_io: bool) -> None:
@@ -53,7 +55,9 @@ class DurableFileWriter(io.RawIOBase):
         self._buf: mmap.mmap | None = mmap.mmap(-1, CHUNK) if self._direct else None
         self._spare: mmap.mmap | None = None
         self._fill = 0
-        self._pending: Future[None] | None = None
+        self._pending: list[Future[None]] = []  # write and checksum of the spare buffer
+        self.crc32 = 0
+        self.size = 0
 
     @property
     def uses_direct_io(self) -> bool:
@@ -65,7 +69,9 @@ class DurableFileWriter(io.RawIOBase):
     def write(self, b: object) -> int:  # type: ignore[override]
         view = memoryview(b).cast("B")  # type: ignore[arg-type]
         n = len(view)
+        self.size += n
         if self._buf is None:
+            self.crc32 = zlib.crc32(view, self.crc32)
             _write_all(self._fd, view)
             self._offset += n
             return n
@@ -85,12 +91,17 @@ class DurableFileWriter(io.RawIOBase):
         self._buf = self._spare if self._spare is not None else mmap.mmap(-1, CHUNK)
         self._spare = full
         self._fill = 0
-        self._pending = _io_pool().submit(self._write_block, full, CHUNK)
+        # The checksum pool has one thread, so blocks are checksummed in file order.
+        self._pending = [_io_pool().submit(self._write_block, full, CHUNK), _crc_pool().submit(self._checksum, full, CHUNK)]
 
     def _wait_pending(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def _checksum(self, buf: mmap.mmap, nbytes: int) -> None:
+        with memoryview(buf) as whole, whole[:nbytes] as data:
+            self.crc32 = zlib.crc32(data, self.crc32)
 
     def _write_block(self, buf: mmap.mmap, nbytes: int) -> None:
         """Write the first `nbytes` of an aligned buffer, falling back to buffered I/O if refused."""
@@ -130,6 +141,7 @@ class DurableFileWriter(io.RawIOBase):
             self._wait_pending()
             buf = self._buf
             if buf is not None and self._fill:
+                self._checksum(buf, self._fill)
                 aligned = self._fill - self._fill % ALIGN if self._direct else 0
                 if aligned:
                     self._write_block(buf, aligned)
@@ -165,14 +177,22 @@ class DurableFileWriter(io.RawIOBase):
             os.close(fd)
 
 
-_POOL: ThreadPoolExecutor | None = None
+_POOLS: dict[str, ThreadPoolExecutor] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def _io_pool() -> ThreadPoolExecutor:
-    """One I/O thread per process, shared by all writers (each writer has at most one block in flight)."""
-    global _POOL
+def _pool(name: str, workers: int) -> ThreadPoolExecutor:
     with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(2, thread_name_prefix="ckpt-io")
-        return _POOL
+        if name not in _POOLS:
+            _POOLS[name] = ThreadPoolExecutor(workers, thread_name_prefix=name)
+        return _POOLS[name]
+
+
+def _io_pool() -> ThreadPoolExecutor:
+    """Shared by all writers of the process; each writer has at most one block in flight."""
+    return _pool("ckpt-io", 2)
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    """One thread: a file's blocks must be checksummed in order."""
+    return _pool("ckpt-crc", 1)
