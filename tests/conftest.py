@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from tests.memory_storage import Control, MemoryStorageConfig, RecordingStorageConfig, free_port
+from tests.memory_storage import Control, MemoryStorageConfig, controlled_manager, free_port, with_clean_controls
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 
@@ -56,29 +56,13 @@ def async_manager() -> Iterator[CheckpointManager]:
 @pytest.fixture(scope="module")
 def controlled_async(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
     """An async manager whose storage logs every call and can be slowed or blocked through control files."""
-    control = Control(tmp_path_factory.mktemp("control"))
-    manager = CheckpointManager(
-        CheckpointManager.Config(storage_config=RecordingStorageConfig(control_dir=str(control.root)))
-    )
-    yield manager, control
-    control.reset()
-    try:
-        manager.close()
-    except Exception:
-        pass  # close() re-raises the last write's error; a test that failed mid-way may have left one
+    yield from controlled_manager(Control(tmp_path_factory.mktemp("control")))
 
 
 @pytest.fixture
 def control_async(controlled_async: tuple[CheckpointManager, Control]) -> Iterator[tuple[CheckpointManager, Control]]:
     """The module's controlled manager with clean controls before and after the test (and no write in flight)."""
-    manager, control = controlled_async
-    control.reset()
-    yield manager, control
-    control.reset()
-    try:
-        manager._saver.wait(120)
-    except Exception:
-        pass
+    yield from with_clean_controls(*controlled_async)
 
 
 @pytest.fixture

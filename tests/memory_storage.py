@@ -18,6 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
@@ -358,3 +359,32 @@ class SlowCopy:
 
     def __hash__(self) -> int:
         return hash((self.seconds, self.payload))
+
+
+def controlled_manager(control: Control, items: dict[str, Any] | None = None) -> Iterator[tuple[Any, Control]]:
+    """An async manager over RecordingStorage driven by `control`; closed (errors swallowed) at the end.
+
+    Used as the body of module-scoped fixtures: `yield from controlled_manager(...)`.
+    """
+    from torch_checkpointing import CheckpointManager
+
+    manager = CheckpointManager(
+        CheckpointManager.Config(items=items or {}, storage_config=RecordingStorageConfig(control_dir=str(control.root)))
+    )
+    yield manager, control
+    control.reset()
+    try:
+        manager.close()
+    except Exception:
+        pass  # close() re-raises the last write's error; a test that failed mid-way may have left one
+
+
+def with_clean_controls(manager: Any, control: Control, timeout: float = 120) -> Iterator[tuple[Any, Control]]:
+    """Per-test wrapper: controls reset before and after, and no write left in flight."""
+    control.reset()
+    yield manager, control
+    control.reset()
+    try:
+        manager._saver.wait(timeout)
+    except Exception:
+        pass

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.memory_storage import Control, RecordingStorageConfig, SlowCopy
+from tests.memory_storage import Control, RecordingStorageConfig, SlowCopy, controlled_manager, with_clean_controls
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
@@ -26,34 +26,16 @@ RESULT_TIMEOUT = 120
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
     """One async manager for the module: 'snap' skips the staging copy, 'raw' is raw bytes."""
-    control = Control(tmp_path_factory.mktemp("async-control"))
-    manager = CheckpointManager(
-        CheckpointManager.Config(
-            items={
-                "snap": ItemSpec(requires_copy=False, required=False),
-                "raw": ItemSpec(layout=LayoutInfo("raw.bin", RawSerialization()), required=False),
-            },
-            storage_config=RecordingStorageConfig(control_dir=str(control.root)),
-        )
-    )
-    yield manager, control
-    control.reset()
-    try:
-        manager.close()
-    except Exception:
-        pass  # close() re-raises the last write's error; a test that failed mid-way may have left one
+    items = {
+        "snap": ItemSpec(requires_copy=False, required=False),
+        "raw": ItemSpec(layout=LayoutInfo("raw.bin", RawSerialization()), required=False),
+    }
+    yield from controlled_manager(Control(tmp_path_factory.mktemp("async-control")), items)
 
 
 @pytest.fixture
 def amgr(shared: tuple[CheckpointManager, Control]) -> Iterator[tuple[CheckpointManager, Control]]:
-    manager, control = shared
-    control.reset()
-    yield manager, control
-    control.reset()
-    try:
-        manager._saver.wait(RESULT_TIMEOUT)
-    except Exception:
-        pass
+    yield from with_clean_controls(*shared, timeout=RESULT_TIMEOUT)
 
 
 def _result(fut: Future[Any] | None) -> Any:
