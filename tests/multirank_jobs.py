@@ -62,6 +62,16 @@ def commit_protocol(root: str) -> dict[str, Any]:
     except (ValueError, RuntimeError) as exc:
         out["collision"] = str(exc)
     out["collide_exists"] = (Path(root) / "collide").exists()
+    # A payload refused on one rank is refused on every rank, naming that rank; nobody waits in a collective.
+    bad_key = "ok" if rank != 1 else "not ok"
+    manager3 = CheckpointManager(_config(False))
+    try:
+        manager3.save(str(Path(root) / "refused"), {bad_key: 1})
+        out["refused"] = "no error"
+    except (ValueError, RuntimeError) as exc:
+        out["refused"] = f"{type(exc).__name__}: {exc}"
+    out["refused_exists"] = (Path(root) / "refused").exists()
+    manager3.close()
     manager.close()
     manager2.close()
     return out

@@ -48,6 +48,15 @@ def test_different_keys_on_one_path_across_ranks_are_refused(results: list[dict[
         assert not r["collide_exists"]
 
 
+def test_a_payload_refused_on_one_rank_is_refused_on_all(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        assert not r["refused_exists"]
+        if r["rank"] == 1:
+            assert r["refused"].startswith("ValueError: Invalid checkpoint keys ['not ok']"), r["refused"]
+        else:
+            assert r["refused"].startswith("RuntimeError:") and "rank(s) {1:" in r["refused"], r["refused"]
+
+
 def test_a_rank_that_never_writes_fails_the_save_everywhere_naming_it(results: list[dict[str, Any]]) -> None:
     for r in results:
         dead = r["dead"]

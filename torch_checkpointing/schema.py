@@ -97,6 +97,9 @@ def resolve(
         raise TypeError(f"A checkpoint payload must be a Mapping of item key -> value, got {type(payload).__name__}")
     keys = list(payload.keys())
     validate_keys(keys)
+    for key, spec in items.items():
+        if not isinstance(spec, ItemSpec):
+            raise TypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
     missing = sorted(k for k, spec in items.items() if spec.required and k not in payload)
     if missing:
         raise KeyError(
@@ -113,9 +116,7 @@ def resolve(
     owners: dict[str, str] = {}
     for key in keys:
         spec = items.get(key, default)
-        assert spec is not None
-        if not isinstance(spec, ItemSpec):
-            raise TypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
+        assert spec is not None  # strict schemas were checked above
         if spec.layout is None:
             layout, is_default = default_layout_info(key, rank), True
         else:
