@@ -16,7 +16,6 @@ from .config import BenchConfig
 from .engine_api import make_manager
 from .floors import memcpy_floor
 from .state import model_for_state_bytes, nbytes, tensors_of
-from .sysinfo import median
 
 
 _MAX_BATCH = 4096

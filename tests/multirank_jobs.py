@@ -25,7 +25,7 @@ def _config(async_save: bool, **kw: Any) -> CheckpointManager.Config:
 
 def commit_protocol(root: str) -> dict[str, Any]:
     """Sync and async saves on every rank: per-rank files, one manifest, futures done only after the commit."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     out: dict[str, Any] = {"rank": rank}
     items = {"misc": ItemSpec(requires_copy=False, layout=LayoutInfo("rank_{rank}/misc.json", JsonSerialization()))}
     for mode in ("sync", "async"):

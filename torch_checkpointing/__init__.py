@@ -1,4 +1,5 @@
 """Asynchronous, distributed, atomic PyTorch checkpointing.
+# ruff: noqa: F401  (the names below are re-exports)
 
 `__all__` holds what most code needs; the other names below are importable from here for code written
 against the published release, which exposed them at the top level too.

@@ -47,7 +47,7 @@ class CheckpointLoader:
         manifest = read_manifest(self.storage, root)
         source_metadata = self._distributed_metadata(root, items)
         for item in items:
-            self._check_world_size(item, manifest, source_metadata, checkpoint_id)
+            self._check_world_size(item, manifest)
 
         result: dict[str, Any] = {}
         missing: list[CheckpointPath] = []
@@ -69,7 +69,7 @@ class CheckpointLoader:
 
         return load_distributed_metadata(root, self.storage)
 
-    def _check_world_size(self, item: ResolvedItem, manifest: Manifest | None, source_metadata: Any, checkpoint_id: str) -> None:
+    def _check_world_size(self, item: ResolvedItem, manifest: Manifest | None) -> None:
         """Refuse default-layout shards across world sizes; explicit `{rank}` layouts read this rank's own copy.
 
         The default per-rank layout is "what sharded state wants" (the design document), so reading rank r's

@@ -30,10 +30,6 @@ from torch_checkpointing.store_channel import StoreAddress
 __all__ = ["CheckpointManager"]
 
 
-def _noop_init(*args: Any) -> None:
-    return None
-
-
 class CheckpointManager:
     """Saves and loads checkpoints made of top-level items, each shaped by its `ItemSpec`.
 
@@ -81,7 +77,7 @@ class CheckpointManager:
             self._saver = SyncCheckpointSaver(self._storage, config.save.writer_config)
         elif isinstance(config.save, AsyncCheckpointSaverConfig):
             self._saver = AsyncCheckpointSaver(
-                config.save, storage_config, config.subprocess_init_fn or _noop_init, config.subprocess_init_args
+                config.save, storage_config, config.subprocess_init_fn, config.subprocess_init_args
             )
         else:
             raise TypeError(f"Unsupported saver_config type: {type(config.save).__name__}")

@@ -148,7 +148,6 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._wait_previous()
         self._staging_lock.acquire(RWLockMode.WRITE, self._timeout)
         try:
-            copy_keys = [i.key for i in plan.items if i.spec.requires_copy]
             payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
             if self.config.staging_config.use_async_staging:
                 staged: Future[Any] = self._staging_pool.submit(self._stage, payload)
@@ -161,7 +160,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         write: Future[Any] = Future()
         write.set_running_or_notify_cancel()
         self._last_write = write
-        self._comm_pool.submit(self._write, plan, staged, copy_keys, write)
+        self._comm_pool.submit(self._write, plan, staged, write)
         return write
 
     def _stage(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +169,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         finally:
             self._staging_lock.release(RWLockMode.WRITE)
 
-    def _write(self, plan: SavePlan, staged: Future[Any], copy_keys: list[str], write: Future[Any]) -> None:
+    def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any]) -> None:
         try:
             copies = staged.result()
             slab = self._stager.slab
