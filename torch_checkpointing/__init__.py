@@ -1,10 +1,10 @@
 """Asynchronous, distributed, atomic PyTorch checkpointing.
-# ruff: noqa: F401  (the names below are re-exports)
 
 `__all__` holds what most code needs; the other names below are importable from here for code written
 against the published release, which exposed them at the top level too.
 """
 
+# ruff: noqa: F401  (the names below are re-exports)
 from torch_checkpointing.barriers import Barrier, BarrierConfig, TCPStoreBarrier, TCPStoreBarrierConfig
 from torch_checkpointing.builder import make_async_checkpoint_saver, make_sync_checkpoint_saver
 from torch_checkpointing.checkpoint_loader import CheckpointLoader
