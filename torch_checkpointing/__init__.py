@@ -34,6 +34,15 @@ from torch_checkpointing.dtensor_metadata import (
     _PlacementSpec,
     get_device_mesh_spec,
 )
+from torch_checkpointing.errors import (
+    CheckpointError,
+    CommitError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    TemplateMismatchError,
+    UnsafeCheckpointError,
+    WriterProcessDied,
+)
 from torch_checkpointing.metadata_manager import DefaultMetadataManager, MetadataManager
 from torch_checkpointing.resharding import LoadPlan, Resharder, ReshardingInfo
 from torch_checkpointing.schema import ItemSpec
@@ -41,4 +50,17 @@ from torch_checkpointing.staging import CheckpointStager, CheckpointStagerConfig
 from torch_checkpointing.types import STATE_DICT, RankInfo
 from torch_checkpointing.version import Version, __version__, get_version
 
-__all__ = ["CheckpointManager", "ItemSpec", "__version__", "get_version", "Version"]
+__all__ = [
+    "CheckpointManager",
+    "ItemSpec",
+    "__version__",
+    "get_version",
+    "Version",
+    "CheckpointError",
+    "IncompleteCheckpointError",
+    "CorruptCheckpointError",
+    "UnsafeCheckpointError",
+    "TemplateMismatchError",
+    "CommitError",
+    "WriterProcessDied",
+]

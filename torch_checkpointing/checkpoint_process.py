@@ -22,6 +22,7 @@ from typing import Any
 import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared-memory tensors pass by handle)
 
 from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
+from torch_checkpointing.errors import WriterProcessDied
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
 
@@ -34,10 +35,6 @@ class CheckpointProcessConfig:
     subprocess_init_timeout_secs: int = 300
     subprocess_shutdown_timeout_secs: int = 60
     thread_name_prefix: str = "ckpt"
-
-
-class WriterProcessDied(RuntimeError):
-    """The writer process ended while a write was in flight."""
 
 
 def _noop(*args: Any) -> None:

@@ -1,0 +1,66 @@
+"""Every error the engine raises on purpose.
+
+Bad arguments stay `ValueError`/`TypeError` (the caller passed something wrong). Everything that concerns a
+checkpoint itself, or the save/load machinery, is a `CheckpointError`, so one `except CheckpointError`
+catches "this checkpoint cannot be used" without swallowing programming errors. Each subclass names one
+kind of failure a caller may want to handle differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = [
+    "CheckpointError",
+    "IncompleteCheckpointError",
+    "CorruptCheckpointError",
+    "UnsafeCheckpointError",
+    "TemplateMismatchError",
+    "CommitError",
+    "WriterProcessDied",
+]
+
+
+class CheckpointError(RuntimeError):
+    """Base of every checkpoint failure the engine raises on purpose (a `RuntimeError`, for old callers)."""
+
+
+class IncompleteCheckpointError(CheckpointError):
+    """The directory is not a committed checkpoint: its save never finished, or it has no manifest."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A committed checkpoint no longer matches its manifest, or a file of it cannot be parsed.
+
+    The message names the file (and the field, for malformed metadata). Load an earlier checkpoint.
+    """
+
+
+class UnsafeCheckpointError(CorruptCheckpointError):
+    """Checkpoint content that would escape the directory, name code to import, or is not a regular file.
+
+    A subclass of `CorruptCheckpointError`: crafted content is refused the same way damaged content is.
+    """
+
+
+class TemplateMismatchError(CheckpointError):
+    """What the checkpoint holds does not fit the `into=` template (shape, dtype, structure, missing keys)."""
+
+
+class CommitError(CheckpointError):
+    """A collective save step failed on at least one rank; raised identically on every rank.
+
+    `failures` maps each failed rank to its reason. Nothing was committed.
+    """
+
+    def __init__(self, message: str, failures: Mapping[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.failures: dict[int, str] = dict(failures or {})
+
+    def __reduce__(self) -> tuple[type[CommitError], tuple[str, dict[int, str]]]:
+        # Crosses the writer-process pipe intact (the default would drop `failures`).
+        return (type(self), (str(self), self.failures))
+
+
+class WriterProcessDied(CheckpointError):
+    """The background writer process exited before answering; the in-flight save was not committed."""
