@@ -29,6 +29,11 @@ class StorageConfig(ABC):
 
 
 class Storage(ABC):
+    # Whether `replace_directory` can swap a whole directory into place atomically. Stores that cannot
+    # rename a directory (object stores) set this False: the commit then writes files under the final
+    # name and the manifest last, and a prefix without a manifest is an incomplete checkpoint.
+    atomic_rename: bool = True
+
     @abstractmethod
     def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase: ...
 
