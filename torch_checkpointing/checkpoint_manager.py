@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -101,10 +102,24 @@ class CheckpointManager:
     def rank_info(self) -> Any:
         return self._ctx.rank_info
 
-    def save(self, checkpoint_id: str, checkpoint: Mapping[str, Any]) -> Future[Any] | None:
-        """Sync: returns None once the checkpoint is committed and durable. Async: returns the write Future."""
+    def save(
+        self,
+        checkpoint_id: str,
+        checkpoint: Mapping[str, Any],
+        *,
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> Future[Any] | None:
+        """Sync: returns None once the checkpoint is committed and durable. Async: returns the write Future.
+
+        `step` (default: a trailing integer of the id, e.g. `step_100` -> 100) and `metrics` are recorded in the
+        manifest, with the commit time, for tools that pick the latest or best checkpoint.
+        """
         self._check_open("save")
+        step = _step_of(str(checkpoint_id)) if step is None else _checked_step(step)
+        checked_metrics = _checked_metrics(metrics)
         plan = self._plan(str(checkpoint_id), checkpoint)
+        plan.step, plan.metrics = step, checked_metrics
         return self._saver.save(plan)
 
     def load(
@@ -209,6 +224,31 @@ class CheckpointManager:
             self.config.pre_finalize_callback,
             self.config.finalize_callback,
         )
+
+
+def _step_of(checkpoint_id: str) -> int | None:
+    """The trailing integer of the id's last component (`runs/step_0100` -> 100), else None."""
+    match = re.search(r"(\d+)$", posixpath.basename(checkpoint_id.rstrip("/")))
+    return int(match.group(1)) if match else None
+
+
+def _checked_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"save(step=...) must be an int, got {type(step).__name__}")
+    return step
+
+
+def _checked_metrics(metrics: Mapping[str, float] | None) -> dict[str, float] | None:
+    if metrics is None:
+        return None
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"save(metrics=...) must be a Mapping of name -> float, got {type(metrics).__name__}")
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"save(metrics=...): entry {name!r}: {value!r} must map a str to a number")
+        out[name] = float(value)
+    return out
 
 
 def _layout_report(items: list[ResolvedItem]) -> dict[str, tuple[str, Any]]:

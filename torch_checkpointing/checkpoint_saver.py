@@ -42,6 +42,8 @@ class SavePlan:
     timeout_s: float
     pre_finalize_callback: Callable[[str, Any], None] | None = None
     finalize_callback: Callable[[str, Any], None] | None = None
+    step: int | None = None
+    metrics: dict[str, float] | None = None
 
     def request(self, entries: list[WriteEntry], writer_config: CheckpointWriterConfig) -> WriteRequest:
         return WriteRequest(
@@ -56,6 +58,8 @@ class SavePlan:
             writer_config.file_write_max_threads,
             self.pre_finalize_callback,
             self.finalize_callback,
+            self.step,
+            self.metrics,
         )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 import posixpath
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,8 @@ class WriteRequest:
     # Called as f(final_path, event_logger) before the commit and after it; must pickle for async saves.
     pre_finalize_callback: Callable[[str, Any], None] | None = None
     finalize_callback: Callable[[str, Any], None] | None = None
+    step: int | None = None
+    metrics: dict[str, float] | None = None
 
 
 class _ChecksumStream:
@@ -144,7 +147,15 @@ def _finalize(storage: Storage, request: WriteRequest, records: list[FileRecord]
     root = Path(request.tmp_dir)
     if request.metadata_json is not None:
         storage.write(root / METADATA_JSON, request.metadata_json.encode("utf-8"))
-    manifest = Manifest(request.world_size, __version__, tuple(records), METADATA_JSON if request.metadata_json else None)
+    manifest = Manifest(
+        request.world_size,
+        __version__,
+        tuple(records),
+        METADATA_JSON if request.metadata_json else None,
+        request.step,
+        request.metrics,
+        time.time(),
+    )
     storage.write(root / MANIFEST_FILE_NAME, manifest.to_json().encode("utf-8"))
     storage.delete(root / INCOMPLETE_MARKER)
     storage.sync_directory(root)

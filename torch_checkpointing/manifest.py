@@ -43,6 +43,10 @@ class Manifest:
     library_version: str
     files: tuple[FileRecord, ...]
     metadata_file: str | None = None
+    # Optional facts about the save, for discovery/retention tools; absent from older manifests.
+    step: int | None = None
+    metrics: dict[str, float] | None = None
+    commit_time: float | None = None  # unix seconds, taken just before the manifest is written
 
     def to_json(self) -> str:
         items: dict[str, dict[str, Any]] = {}
@@ -56,6 +60,7 @@ class Manifest:
                 "world_size": self.world_size,
                 "metadata_file": self.metadata_file,
                 "items": items,
+                **_extras(self),
             },
             sort_keys=True,
             indent=2,
@@ -67,7 +72,16 @@ class Manifest:
         if d.get("kind") != _KIND:
             raise ValueError(f"not a torch_checkpointing manifest (kind={d.get('kind')!r})")
         files = tuple(FileRecord.from_dict(rec) for per_rank in d["items"].values() for rec in per_rank.values())
-        return cls(int(d["world_size"]), d["library_version"], files, d.get("metadata_file"))
+        step, metrics, when = d.get("step"), d.get("metrics"), d.get("commit_time")
+        return cls(
+            int(d["world_size"]),
+            d["library_version"],
+            files,
+            d.get("metadata_file"),
+            None if step is None else int(step),
+            None if metrics is None else {str(k): float(v) for k, v in metrics.items()},
+            None if when is None else float(when),
+        )
 
     def record(self, key: str, rank: int) -> FileRecord | None:
         for rec in self.files:
@@ -77,6 +91,12 @@ class Manifest:
 
     def keys(self) -> set[str]:
         return {rec.key for rec in self.files}
+
+
+def _extras(manifest: Manifest) -> dict[str, Any]:
+    """The optional fields that are set (so a manifest without them reads exactly as before)."""
+    extras = {"step": manifest.step, "metrics": manifest.metrics, "commit_time": manifest.commit_time}
+    return {k: v for k, v in extras.items() if v is not None}
 
 
 def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
