@@ -6,6 +6,7 @@ import argparse
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from math import prod
 from pathlib import Path
@@ -21,8 +22,31 @@ def _positive(text: str, what: str, full: str) -> int:
     return int(text)
 
 
+def _redirect_hint(save: str, flag: str = "--world", cwd: Path | None = None) -> str:
+    """Why `--world 8->3` arrived as `8-`: unquoted, bash read `>3` as "write stdout to a file named 3".
+
+    Bash creates that file before the command starts, so a fresh all-digit file in the working directory tells
+    us the load size the user meant; otherwise we show a placeholder.
+    """
+    here = cwd or Path.cwd()
+    now = time.time()
+    fresh = sorted(
+        (p for p in here.iterdir() if p.name.isdigit() and p.is_file() and now - p.stat().st_mtime < 60),
+        key=lambda p: p.stat().st_mtime,
+    ) if here.is_dir() else []
+    load = fresh[-1].name if fresh else "LOAD"
+    created = f" (bash also created a file named {load!r} here: remove it)" if fresh else ""
+    return (
+        f"{flag} {save}-: an unquoted '->' is a shell redirect{created}; "
+        f"quote the argument: '{save}->{load}' (or write {save}:{load})"
+    )
+
+
 def parse_world(text: str) -> tuple[int, int]:
     """`4→8`, `4->8`, `4:8` → (4, 8); a single `N` → (N, N)."""
+    stripped = text.strip()
+    if stripped.endswith("-") and stripped[:-1].strip().isdigit():
+        raise argparse.ArgumentTypeError(_redirect_hint(stripped[:-1].strip()))
     parts = _ARROWS.split(text.strip())
     if len(parts) == 1:
         n = _positive(parts[0], "--world", text)
@@ -41,6 +65,8 @@ def _parse_mesh_shape(text: str, full: str) -> tuple[int, ...]:
 
 def parse_mesh(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """`2x2→2x4` → ((2, 2), (2, 4)); a single shape is used on both sides."""
+    if text.strip().endswith("-"):
+        raise argparse.ArgumentTypeError(_redirect_hint(text.strip()[:-1].strip(), "--mesh"))
     parts = _ARROWS.split(text.strip())
     if len(parts) not in (1, 2):
         raise argparse.ArgumentTypeError(f"--mesh {text!r}: expected SHAPE→SHAPE such as 2x2→2x4")

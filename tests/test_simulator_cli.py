@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from simulator.cli import build_parser, parse_mesh, parse_scenarios, parse_world, plan_from_args
 from simulator.plan import SCENARIOS, Plan
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
@@ -80,3 +84,24 @@ def test_bad_arguments_exit_with_usage_error_naming_the_flag() -> None:
     out = subprocess.run([sys.executable, "-m", "simulator", "--world", "4→x"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "--world" in out.stderr and "'x'" in out.stderr
+
+
+@pytest.mark.parametrize(("text", "shown"), [("8-", "'8->"), ("4-", "'4->"), (" 8 - ", "'8->")])
+def test_a_value_cut_by_a_shell_redirect_says_to_quote_the_argument(text: str, shown: str) -> None:
+    """Unquoted `--world 8->3` in bash leaves `8-` (and a file named `3`): say what happened and what to type."""
+    with pytest.raises(argparse.ArgumentTypeError, match="quote the argument: " + shown):
+        parse_world(text)
+
+
+def test_the_file_bash_created_supplies_the_load_size_in_the_hint(tmp_path: Path) -> None:
+    """`--world 8->3` unquoted: bash creates ./3 before the command starts, so the hint can show '8->3' exactly."""
+    (tmp_path / "3").write_text("")
+    out = subprocess.run([sys.executable, "-m", "simulator", "--world", "8-"], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2
+    assert "quote the argument: '8->3'" in out.stderr and "file named '3'" in out.stderr
+
+
+def test_an_unquoted_mesh_arrow_gets_the_same_hint() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="--mesh 2x2-: .*quote the argument: '2x2->"):
+        parse_mesh("2x2-")
