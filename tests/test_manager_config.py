@@ -153,10 +153,10 @@ def test_load_of_missing_checkpoint_names_it(sync_manager: CheckpointManager, tm
         sync_manager.load(str(missing), into={"model": None})
 
 
-def test_load_without_into_and_without_items_is_refused(sync_manager: CheckpointManager, tmp_path: Path) -> None:
+def test_load_without_into_and_without_items_is_self_describing(sync_manager: CheckpointManager, tmp_path: Path) -> None:
+    # Issue 13: with no into= and no Config.items, every item comes back as the manifest describes it.
     sync_manager.save(str(tmp_path / "c"), {"a": 1})
-    with pytest.raises(ValueError, match="into="):
-        sync_manager.load(str(tmp_path / "c"))
+    assert dict(sync_manager.load(str(tmp_path / "c"))) == {"a": 1}
 
 
 @pytest.mark.parametrize(

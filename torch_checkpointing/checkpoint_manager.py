@@ -22,7 +22,9 @@ from torch_checkpointing.config import (
     SyncCheckpointSaverConfig,
 )
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
+from torch_checkpointing.discovery import OwnerLock, check_item_keys, self_describing_layouts
 from torch_checkpointing.rank_context import RankContext
+from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.schema import ItemSpec, ResolvedItem, resolve, validate_keys
 from torch_checkpointing.storage.base_storage import StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -49,6 +51,8 @@ class CheckpointManager:
         subprocess_init_args: tuple[Any, ...] = ()
         pre_finalize_callback: Callable[[str, Any], None] | None = None
         finalize_callback: Callable[[str, Any], None] | None = None
+        # Which committed checkpoints to keep; applied by rank 0 after each commit (torch_checkpointing.retention).
+        retention: RetentionPolicy | None = None
 
         def build(self) -> CheckpointManager:
             return CheckpointManager(self)
@@ -83,6 +87,8 @@ class CheckpointManager:
         else:
             raise TypeError(f"Unsupported saver_config type: {type(config.save).__name__}")
         self._loader = CheckpointLoader(self._storage, config.load, self._ctx.rank_info)
+        self._owner = OwnerLock(self._ctx.uid)  # lets `gc` tell this job's live temporaries from dead ones
+        self._retention = RetentionRunner(config.retention, self._ctx.rank, self._storage) if config.retention else None
         self._closed = False
 
     @staticmethod
@@ -120,7 +126,10 @@ class CheckpointManager:
         checked_metrics = _checked_metrics(metrics)
         plan = self._plan(str(checkpoint_id), checkpoint)
         plan.step, plan.metrics = step, checked_metrics
-        return self._saver.save(plan)
+        write = self._saver.save(plan)
+        if self._retention is not None:
+            self._retention.after_commit(str(checkpoint_id), write)
+        return write
 
     def load(
         self,
@@ -132,14 +141,15 @@ class CheckpointManager:
     ) -> Mapping[str, Any]:
         """Restore into `into`'s templates (tensors filled in place) and return the loaded mapping."""
         self._check_open("load")
+        if into is None and not self.config.items:
+            # Self-describing: every item, read with the layout and (safe) format its manifest records.
+            layouts = self_describing_layouts(self._storage, str(checkpoint_id), self._ctx.rank, self._ctx.world_size)
+            items = [ResolvedItem(k, None, ItemSpec(layout=lay), lay, False) for k, lay in layouts.items()]
+            return self._loader.load(str(checkpoint_id), items, map_location=map_location, strict=strict)
         if into is None:
-            if not self.config.items:
-                raise ValueError(
-                    "load requires into= (or a non-empty Config.items): pass the templates to restore into, "
-                    "e.g. into={'model': model.state_dict()}."
-                )
             into = {k: None for k in self.config.items}
         items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
+        check_item_keys(self._storage, str(checkpoint_id), [i.key for i in items if i.spec.required])
         return self._loader.load(str(checkpoint_id), items, map_location=map_location, strict=strict)
 
     def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:
@@ -164,6 +174,9 @@ class CheckpointManager:
             self._saver.wait(self.config.save.wait_timeout_secs)
         finally:
             self._closed = True
+            if self._retention is not None:
+                self._retention.close()
+            self._owner.release()
             self._saver.close()
             self._loader.close()
             self._ctx.close()

@@ -1,0 +1,380 @@
+"""Finding checkpoints: what is committed under a root, which one is newest, and what a killed save left behind.
+
+Everything here reads manifests only (never item files), so listing a root of large checkpoints is cheap. A
+directory counts as a committed checkpoint of ours exactly when `read_manifest` accepts it: it has our manifest
+and no `.incomplete` marker. Everything else under the root is either a leftover of ours (recognised by the
+names the engine gives its temporary directories) or not ours, and then it is never touched.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo, serialization_format_from_dict
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest, read_manifest
+from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+__all__ = [
+    "CheckpointInfo",
+    "Leftover",
+    "OwnerLock",
+    "checkpoint_info",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "list_leftovers",
+    "check_item_keys",
+    "self_describing_layouts",
+]
+
+logger = logging.getLogger(__name__)
+
+# Names the engine gives to directories that are not (yet, or any more) a checkpoint. Kept in one place:
+# checkpoint_manager.py names temporary directories `.{name}.tmp-{uid}-{seq}`, Storage.replace_directory moves
+# a replaced checkpoint aside as `.old_{name}_{pid}`, and retention renames a checkpoint it deletes to
+# `.{name}.trash-{pid}-{nonce}` before removing it.
+TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<uid>[0-9a-f]+)-(?P<seq>\d+)$")
+OLD_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>\d+)$")
+TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>\d+)-(?P<nonce>[0-9a-f]+)$")
+
+LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete"]
+
+
+def default_storage() -> Storage:
+    """The local filesystem, buffered (no direct I/O: tools read small manifests)."""
+    return LocalFileSystemStorageConfig(use_direct_io=False).create_storage()
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One committed checkpoint, as its manifest describes it."""
+
+    path: str
+    step: int | None
+    commit_time: float | None
+    world_size: int
+    total_bytes: int
+    metrics: dict[str, float] | None
+    library_version: str
+    items: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path.rstrip("/"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "name": self.name,
+            "step": self.step,
+            "commit_time": self.commit_time,
+            "world_size": self.world_size,
+            "total_bytes": self.total_bytes,
+            "metrics": self.metrics,
+            "library_version": self.library_version,
+            "items": list(self.items),
+        }
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A directory a save, a replacement or a deletion left behind; `owner_alive` None when it cannot be told."""
+
+    path: str
+    kind: LeftoverKind
+    checkpoint_name: str
+    owner_alive: bool | None
+    total_bytes: int = 0
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "checkpoint_name": self.checkpoint_name,
+            "owner_alive": self.owner_alive,
+            "total_bytes": self.total_bytes,
+            "detail": self.detail,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ discovery
+
+
+def _step_from_name(name: str) -> int | None:
+    match = re.search(r"(\d+)$", name)
+    return int(match.group(1)) if match else None
+
+
+def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
+    """The manifest of a committed checkpoint, else None (incomplete, unreadable, or not ours: all skipped)."""
+    if not storage.exists(path / MANIFEST_FILE_NAME):
+        return None
+    try:
+        return read_manifest(storage, path)
+    except RuntimeError as exc:
+        logger.debug("Skipping %s: %s", path, exc)
+        return None
+
+
+def _commit_time(storage: Storage, path: Path, manifest: Manifest) -> float | None:
+    """The recorded commit time; for manifests written before it was recorded, the manifest's mtime."""
+    if manifest.commit_time is not None:
+        return manifest.commit_time
+    local = storage.local_path(path / MANIFEST_FILE_NAME)
+    return os.path.getmtime(local) if local is not None else None
+
+
+def checkpoint_info(path: str | os.PathLike[str], storage: Storage | None = None) -> CheckpointInfo | None:
+    """The `CheckpointInfo` of one directory, or None when it is not a committed checkpoint of ours."""
+    storage = storage or default_storage()
+    p = Path(path)
+    if not storage.isdir(p):
+        return None
+    manifest = _manifest_or_none(storage, p)
+    if manifest is None:
+        return None
+    step = manifest.step if manifest.step is not None else _step_from_name(p.name)
+    return CheckpointInfo(
+        path=str(p),
+        step=step,
+        commit_time=_commit_time(storage, p, manifest),
+        world_size=manifest.world_size,
+        total_bytes=sum(r.size for r in manifest.files),
+        metrics=manifest.metrics,
+        library_version=manifest.library_version,
+        items=tuple(sorted(manifest.keys())),
+    )
+
+
+def _sort_key(info: CheckpointInfo) -> tuple[int, float, str]:
+    # A checkpoint without a step sorts before every stepped one: "newest" must not hinge on a guess.
+    return (info.step if info.step is not None else -1, info.commit_time or 0.0, info.path)
+
+
+def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = None) -> list[CheckpointInfo]:
+    """Committed checkpoints directly under `root`, oldest first (by step, then commit time).
+
+    Temporary, incomplete, trashed and foreign directories are skipped; a missing root lists nothing.
+    """
+    storage = storage or default_storage()
+    base = Path(root)
+    if not storage.isdir(base):
+        return []
+    found: list[CheckpointInfo] = []
+    for name in sorted(storage.ls(base)):
+        if name.startswith("."):
+            continue  # ours-in-progress or ours-being-deleted, never a committed checkpoint
+        info = checkpoint_info(base / name, storage)
+        if info is not None:
+            found.append(info)
+    return sorted(found, key=_sort_key)
+
+
+def latest_checkpoint(root: str | os.PathLike[str], storage: Storage | None = None) -> CheckpointInfo | None:
+    """The newest committed checkpoint under `root` (highest step, then latest commit), or None."""
+    found = list_checkpoints(root, storage)
+    return found[-1] if found else None
+
+
+# ------------------------------------------------------------------------------------------------ leftovers
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (a pid reused since is counted alive: the safe side)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_lock_path(uid: str) -> str:
+    """The host-local lock file every live manager of job `uid` holds (shared) for its whole life."""
+    base = os.environ.get("TORCH_CHECKPOINTING_LOCK_DIR") or os.path.join(tempfile.gettempdir(), "torch_checkpointing-owners")
+    return os.path.join(base, f"{uid}.lock")
+
+
+def owner_alive(uid: str) -> bool | None:
+    """Whether a live manager of job `uid` holds its owner lock on this host; None when there is no lock file."""
+    try:
+        fd = os.open(owner_lock_path(uid), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return True  # live managers hold it shared
+        raise
+    finally:
+        os.close(fd)
+    return False
+
+
+def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
+    path = root / name
+    if not storage.isdir(path):
+        return None
+    local = storage.local_path(path)
+    size = _tree_bytes(local) if local is not None else 0
+    if m := TMP_RE.match(name):
+        alive = owner_alive(m["uid"])
+        return Leftover(str(path), "temporary", m["name"], alive, size, f"save {m['uid']}-{m['seq']}")
+    if m := OLD_RE.match(name):
+        return Leftover(str(path), "replaced", m["name"], pid_alive(int(m["pid"])), size, f"pid {m['pid']}")
+    if m := TRASH_RE.match(name):
+        return Leftover(str(path), "trash", m["name"], pid_alive(int(m["pid"])), size, f"pid {m['pid']}")
+    if not name.startswith(".") and storage.exists(path / INCOMPLETE_MARKER):
+        return Leftover(str(path), "incomplete", name, None, size, "has the .incomplete marker")
+    return None
+
+
+def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None) -> list[Leftover]:
+    """Directories under `root` that saves, replacements or deletions of ours left behind (nothing foreign)."""
+    storage = storage or default_storage()
+    base = Path(root)
+    if not storage.isdir(base):
+        return []
+    out = [_classify(base, name, storage) for name in sorted(storage.ls(base))]
+    return [o for o in out if o is not None]
+
+
+# ------------------------------------------------------------------------------------------------ ownership
+
+
+class OwnerLock:
+    """A shared flock held by a live manager, so that `gc` can tell its temporary directories from dead ones.
+
+    A save's temporary directory carries the manager's uid (shared by every rank of a job). Every rank's
+    manager holds `owner_lock_path(uid)` shared for its whole life; the kernel drops the lock when the process
+    dies, however it dies, so a lock that can be taken exclusively proves every owner on this host is gone.
+    The file lives in a host-local directory, never beside the checkpoints, so saves leave nothing extra there.
+    """
+
+    def __init__(self, uid: str) -> None:
+        self.uid = uid
+        self._fd: int | None = None
+        path = owner_lock_path(uid)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._fd = _open_locked(path)
+        except OSError as exc:
+            logger.debug("Owner lock %s not taken (%s): gc will judge this job's temporaries by age", path, exc)
+
+    def release(self) -> None:
+        """Drop the lock; the last holder also removes the file (upgrading to exclusive proves it is the last)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(owner_lock_path(self.uid))
+        except OSError:
+            pass  # another rank still holds it (or it is gone already)
+        finally:
+            os.close(fd)
+
+
+def _open_locked(path: str) -> int:
+    """Open-and-lock that survives the last holder unlinking the file between our open and our flock."""
+    for _ in range(10):
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+    raise OSError(f"could not hold {path}: it keeps being removed")
+
+
+# ------------------------------------------------------------------------------------------------ self-describing
+
+
+def self_describing_layouts(
+    storage: Storage, checkpoint_id: str | os.PathLike[str], rank: int, world_size: int, keys: list[str] | None = None
+) -> dict[str, LayoutInfo]:
+    """Per item key, the file and format this rank should read, as the checkpoint's manifest records them.
+
+    A rank reads its own record; an item written once for all ranks (a fixed path, by the lowest rank) is read
+    from that one record. JSON items come back as plain JSON: a recorded class name is never imported (the
+    manifest is untrusted input). `keys` restricts the result and names the checkpoint's keys on a typo.
+    """
+    from torch_checkpointing.errors import IncompleteCheckpointError
+
+    root = Path(checkpoint_id)
+    if not storage.isdir(root):
+        raise FileNotFoundError(f"Checkpoint path {checkpoint_id} does not exist.")
+    manifest = read_manifest(storage, root)
+    if manifest is None:
+        raise IncompleteCheckpointError(f"{checkpoint_id}: no {MANIFEST_FILE_NAME}: not a checkpoint")
+    available = sorted(manifest.keys())
+    wanted = available if keys is None else keys
+    unknown = [k for k in wanted if k not in available]
+    if unknown:
+        raise KeyError(f"Checkpoint {checkpoint_id} has no item(s) {unknown}; it holds {available}.")
+    out: dict[str, LayoutInfo] = {}
+    for key in wanted:
+        per_rank = [r for r in manifest.files if r.key == key]
+        if len(per_rank) > 1 and manifest.world_size != world_size:
+            raise ValueError(
+                f"Item '{key}' of {checkpoint_id} was saved as per-rank files by {manifest.world_size} rank(s) and "
+                f"this job has {world_size}: reading rank {rank}'s file would hand back another shard. Load it "
+                f"with into= templates and ItemSpec(resharder=...), or on {manifest.world_size} rank(s)."
+            )
+        record = manifest.record(key, rank)
+        if record is None:
+            owners = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
+            if len(owners) != 1:
+                raise KeyError(
+                    f"Item '{key}' of {checkpoint_id} was written by ranks {[r.rank for r in owners]} but not by rank "
+                    f"{rank}; load it with into= and a resharder, or on {manifest.world_size} rank(s)."
+                )
+            record = owners[0]
+        fmt_dict = dict(record.format)
+        if fmt_dict.get("type") == JsonSerialization.__name__:
+            fmt_dict.pop("cls", None)
+        out[key] = LayoutInfo(record.path, serialization_format_from_dict(fmt_dict))
+    return out
+
+
+def check_item_keys(storage: Storage, checkpoint_id: str | os.PathLike[str], keys: list[str]) -> None:
+    """Raise a KeyError naming the checkpoint's keys when a required key is not among them (a typo, usually).
+
+    Silent when there is no committed manifest to compare with: the load itself then says what is wrong.
+    """
+    root = Path(checkpoint_id)
+    try:
+        manifest = read_manifest(storage, root) if storage.isdir(root) else None
+    except (RuntimeError, OSError):
+        return
+    if manifest is None:
+        return
+    available = sorted(manifest.keys())
+    unknown = [k for k in keys if k not in available]
+    if unknown:
+        raise KeyError(f"Checkpoint {checkpoint_id} has no item(s) {unknown}; it holds {available}.")

@@ -1,0 +1,295 @@
+"""Retention (which committed checkpoints to keep) and garbage collection (what killed saves left behind).
+
+Deleting is made crash-safe by renaming first: a checkpoint to be deleted is renamed to a trash name
+(`.{name}.trash-{pid}-{nonce}`), which no listing counts as a checkpoint, and only then removed. A kill during
+the removal therefore leaves a trash directory for the next `gc`, never a half-deleted directory that still
+looks committed. Every decision reads manifests only; nothing here touches the writer or the staging code.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from torch_checkpointing.discovery import (
+    CheckpointInfo,
+    Leftover,
+    default_storage,
+    list_checkpoints,
+    list_leftovers,
+)
+from torch_checkpointing.storage.base_storage import Storage
+
+__all__ = [
+    "GcReport",
+    "RetentionPolicy",
+    "RetentionRunner",
+    "apply_retention",
+    "collect_garbage",
+    "delete_checkpoint",
+    "select_for_deletion",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_UNOWNED_AGE_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """Which committed checkpoints under `root` to keep after each commit; every other one is deleted.
+
+    A checkpoint is kept when any rule keeps it: one of the `keep_last` newest; a step that is a multiple of
+    `keep_every_n_steps`; one of the `keep_best` by `metric` (`mode` "min" or "max"; checkpoints without the
+    metric are never "best"). The newest committed checkpoint is always kept. With no rule set, nothing is
+    deleted. `root` defaults to the parent directory of each saved id. `collect_garbage` also removes the
+    temporaries of dead saves; a temporary whose owner cannot be checked (no owner lock on this host) is removed
+    only once it is `unowned_after_s` old.
+    """
+
+    keep_last: int | None = None
+    keep_every_n_steps: int | None = None
+    keep_best: int | None = None
+    metric: str | None = None
+    mode: Literal["min", "max"] = "min"
+    root: str | None = None
+    collect_garbage: bool = True
+    unowned_after_s: float = DEFAULT_UNOWNED_AGE_S
+
+    def __post_init__(self) -> None:
+        for name in ("keep_last", "keep_every_n_steps", "keep_best"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"RetentionPolicy.{name} must be a positive int or None, got {value!r}")
+        if self.keep_best is not None and not self.metric:
+            raise ValueError("RetentionPolicy.keep_best needs metric= (the name passed in save(..., metrics={...}))")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"RetentionPolicy.mode must be 'min' or 'max', got {self.mode!r}")
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in (self.keep_last, self.keep_every_n_steps, self.keep_best))
+
+
+def select_for_deletion(checkpoints: list[CheckpointInfo], policy: RetentionPolicy) -> list[CheckpointInfo]:
+    """The checkpoints `policy` does not keep, given all committed ones sorted oldest first."""
+    if not policy.active or not checkpoints:
+        return []
+    keep = {checkpoints[-1].path}  # the newest committed one, always
+    if policy.keep_last is not None:
+        keep.update(c.path for c in checkpoints[-policy.keep_last :])
+    if policy.keep_every_n_steps is not None:
+        keep.update(c.path for c in checkpoints if c.step is not None and c.step % policy.keep_every_n_steps == 0)
+    if policy.keep_best is not None and policy.metric is not None:
+        keep.update(c.path for c in _best(checkpoints, policy.metric, policy.mode, policy.keep_best))
+    return [c for c in checkpoints if c.path not in keep]
+
+
+def _best(checkpoints: list[CheckpointInfo], metric: str, mode: str, n: int) -> list[CheckpointInfo]:
+    scored = [
+        (value, i, c)
+        for i, c in enumerate(checkpoints)
+        if c.metrics is not None
+        and (value := c.metrics.get(metric)) is not None
+        and not math.isnan(value)
+    ]
+    # Ties go to the newer checkpoint.
+    scored.sort(key=lambda t: (t[0] if mode == "min" else -t[0], -t[1]))
+    return [c for _, _, c in scored[:n]]
+
+
+def _trash_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.trash-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def delete_checkpoint(path: str | os.PathLike[str], storage: Storage | None = None) -> bool:
+    """Rename `path` to a trash name, then remove it. Returns False (and logs a WARNING) when it failed."""
+    storage = storage or default_storage()
+    src = Path(path)
+    trash = _trash_name(src)
+    try:
+        storage.rename(src, trash, is_directory=True)
+    except OSError as exc:
+        logger.warning("Retention could not delete checkpoint %s (rename failed: %s); it is left as it was", src, exc)
+        return False
+    _sync_parent(storage, src)
+    return _remove(storage, trash, f"checkpoint {src}")
+
+
+def _sync_parent(storage: Storage, path: Path) -> None:
+    try:
+        storage.sync_directory(path.parent)
+    except OSError:
+        pass  # durability of the rename only; the directory is already not a checkpoint
+
+
+def _remove(storage: Storage, path: Path, what: str) -> bool:
+    try:
+        storage.rmdir(path)
+    except OSError as exc:
+        logger.warning("Could not remove %s at %s (%s); `torch-checkpointing gc` will retry", what, path, exc)
+        return False
+    logger.info("Deleted %s (%s)", what, path)
+    return True
+
+
+def apply_retention(
+    root: str | os.PathLike[str], policy: RetentionPolicy, storage: Storage | None = None, *, dry_run: bool = False
+) -> list[CheckpointInfo]:
+    """Delete the committed checkpoints under `root` that `policy` does not keep; returns those (to be) deleted."""
+    storage = storage or default_storage()
+    doomed = select_for_deletion(list_checkpoints(root, storage), policy)
+    if dry_run:
+        return doomed
+    return [c for c in doomed if delete_checkpoint(c.path, storage)]
+
+
+@dataclass
+class GcReport:
+    """What a garbage collection found: removed, kept (with why), failed."""
+
+    removed: list[Leftover] = field(default_factory=list)
+    kept: list[tuple[Leftover, str]] = field(default_factory=list)
+    failed: list[Leftover] = field(default_factory=list)
+
+
+def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s: float, now: float) -> str | None:
+    """None when `leftover` is garbage; else the reason to keep it."""
+    if leftover.kind == "incomplete":
+        return "incomplete checkpoint at its final name (a store without atomic rename may still be writing it)"
+    if leftover.owner_alive:
+        return "its owner is alive"
+    if leftover.kind == "replaced" and not storage.exists(root / leftover.checkpoint_name):
+        return f"the only copy of {leftover.checkpoint_name} (its replacement never landed)"
+    if leftover.owner_alive is None:
+        local = storage.local_path(Path(leftover.path))
+        age = now - os.path.getmtime(local) if local is not None else 0.0
+        if age < unowned_after_s:
+            return f"owner unknown on this host and only {age:.0f}s old (< {unowned_after_s:.0f}s)"
+    return None
+
+
+def collect_garbage(
+    root: str | os.PathLike[str],
+    storage: Storage | None = None,
+    *,
+    dry_run: bool = False,
+    unowned_after_s: float = DEFAULT_UNOWNED_AGE_S,
+) -> GcReport:
+    """Remove what dead saves, replacements and deletions left under `root`; never a live writer's temporary."""
+    storage = storage or default_storage()
+    base, now = Path(root), time.time()
+    report = GcReport()
+    for leftover in list_leftovers(base, storage):
+        why = _why_keep(leftover, base, storage, unowned_after_s, now)
+        if why is not None:
+            report.kept.append((leftover, why))
+        elif dry_run:
+            report.removed.append(leftover)
+        elif _collect(storage, leftover):
+            report.removed.append(leftover)
+        else:
+            report.failed.append(leftover)
+    return report
+
+
+def _collect(storage: Storage, leftover: Leftover) -> bool:
+    path = Path(leftover.path)
+    if leftover.kind == "trash":
+        return _remove(storage, path, f"trash of {leftover.checkpoint_name}")
+    trash = _trash_name(path.with_name(leftover.checkpoint_name))
+    try:
+        storage.rename(path, trash, is_directory=True)
+    except OSError as exc:
+        logger.warning("gc could not move %s aside (%s); left as it was", path, exc)
+        return False
+    return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")
+
+
+class RetentionRunner:
+    """Runs the retention pass after each commit, off the training thread, on one rank only.
+
+    The pass for a save starts once that save's write future has resolved successfully (a failed save deletes
+    nothing). Passes run one at a time on a single worker thread; any error in a pass is logged, never raised.
+    """
+
+    def __init__(self, policy: RetentionPolicy, rank: int, storage: Storage | None = None) -> None:
+        self.policy = policy
+        self.enabled = rank == 0
+        self._storage = storage or default_storage()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-retention") if self.enabled else None
+        self._pending: list[Future[None]] = []
+        self._lock = threading.Lock()
+
+    def root_for(self, checkpoint_id: str) -> str:
+        return self.policy.root or (os.path.dirname(os.path.normpath(checkpoint_id)) or ".")
+
+    def after_commit(self, checkpoint_id: str, write: Future[object] | None) -> None:
+        """Schedule the pass for `checkpoint_id`: now for a sync save (write None), else when `write` succeeds."""
+        if self._pool is None:
+            return
+        scheduled: Future[None] = Future()
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(scheduled)
+        if write is None:
+            self._submit(checkpoint_id, scheduled)
+            return
+
+        def on_done(f: Future[object]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                scheduled.set_result(None)  # a failed save deletes nothing
+            else:
+                self._submit(checkpoint_id, scheduled)
+
+        write.add_done_callback(on_done)
+
+    def _submit(self, checkpoint_id: str, scheduled: Future[None]) -> None:
+        def run() -> None:
+            try:
+                self._run(checkpoint_id)
+            finally:
+                scheduled.set_result(None)
+
+        with self._lock:
+            pool = self._pool
+            if pool is not None:
+                pool.submit(run)
+                return
+        scheduled.set_result(None)
+
+    def _run(self, checkpoint_id: str) -> None:
+        root = self.root_for(checkpoint_id)
+        try:
+            apply_retention(root, self.policy, self._storage)
+            if self.policy.collect_garbage:
+                collect_garbage(root, self._storage, unowned_after_s=self.policy.unowned_after_s)
+        except Exception:  # a retention pass never fails training
+            logger.warning("Retention pass under %s failed", root, exc_info=True)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the passes scheduled so far (tests, and close())."""
+        with self._lock:
+            pending = list(self._pending)
+        for f in pending:
+            f.result(timeout)
+
+    def close(self, timeout: float | None = 600.0) -> None:
+        """Finish the passes already scheduled (a save that committed gets its pass), then stop the worker."""
+        try:
+            self.wait(timeout)
+        except Exception:
+            logger.warning("Retention passes did not finish within %ss of close()", timeout)
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
