@@ -17,13 +17,16 @@ harness needs and ``torchrun`` does not give us directly:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,6 +46,14 @@ _PG_TIMEOUT_ENV = "SIMULATOR_PG_TIMEOUT"
 _TAIL_LINES = 20
 _POLL_PERIOD_S = 0.05
 _DONE_KEY = "simulator_fn_done"
+_ERROR_KEY = "simulator_fn_error"
+# After a rank fails only because a peer went away, wait this long for the peer's own exception to arrive.
+_ROOT_CAUSE_GRACE_S = 5.0
+# What a collective raises when another rank died under it: a consequence, not a cause.
+_COMM_ERROR = re.compile(
+    r"gloo|nccl|connection (reset|closed|refused)|broken pipe|socket|peer|DistBackendError|DistNetworkError",
+    re.IGNORECASE,
+)
 _NOISY_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
 
 
@@ -118,12 +129,45 @@ def _rank_entry(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         timeout=pg_timeout,
     )
     try:
-        result = fn(*args)
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            _record_error(store, rank, exc)
+            raise
         store.set(f"{_DONE_KEY}/{rank}", "1")
         dist.barrier()
         return result
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _is_comm_error(exc: BaseException) -> bool:
+    """A collective broken by another rank's death (gloo/NCCL I/O error), rather than a failure of its own."""
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    return bool(_COMM_ERROR.search(f"{type(exc).__name__}: {exc}"))
+
+
+def _record_error(store: dist.TCPStore, rank: int, exc: BaseException) -> None:
+    """Tell the parent, before this process exits, what this rank raised and when.
+
+    The parent can only see which process exited first, and a rank that dies takes its peers' collectives
+    down with it: the exit order often blames an innocent rank. The time and kind recorded here let the
+    parent put the rank that failed on its own first.
+    """
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    record = {
+        "time": time.time(),
+        "error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__,
+        "comm": _is_comm_error(exc),
+        "traceback": [ln for ln in traceback.format_exc().splitlines() if ln.strip()][-8:],
+    }
+    try:
+        store.set(f"{_ERROR_KEY}/{rank}", json.dumps(record))
+    except Exception:  # the parent may be gone; the exit code still tells it something failed
+        pass
 
 
 def _tail(path: str | None, n: int = _TAIL_LINES) -> list[str]:
@@ -288,9 +332,17 @@ class _Job:
         )
         deadline = time.monotonic() + self.timeout
         offset = 0
+        first_error_at: float | None = None
+        result = None
         try:
             while True:
-                result = ctx.wait(timeout=0)
+                records = self._error_records()
+                if records and first_error_at is None:
+                    first_error_at = time.monotonic()
+                if not self._awaiting_root_cause(records, first_error_at):
+                    # ctx.wait() stops every rank at the first exit it sees, so it is not called while a
+                    # rank that only lost its peers may still be followed by the rank that caused it.
+                    result = ctx.wait(timeout=0)
                 offset = _drain_progress(self.progress_file, offset, self.progress)
                 if result is not None:
                     break
@@ -300,17 +352,55 @@ class _Job:
         finally:
             ctx.close(death_sig=signal.SIGKILL, timeout=5)
         if result.is_failed():
-            failures = [
-                RankFailure(
-                    r,
-                    _failure_cause(f.exitcode, f.message),
-                    _rank_log_tail(result.stdouts, result.stderrs, r),
-                    _traceback_tail(f.message),
-                )
-                for r, f in sorted(result.failures.items())
-            ]
-            raise LaunchError(f"{self.name}: {len(failures)} of {self.world_size} ranks failed", failures)
+            raise self._failed(result, self._error_records())
         return [result.return_values[r] for r in range(self.world_size)]
+
+    def _error_records(self) -> dict[int, dict[str, Any]]:
+        """What each rank that raised recorded about its exception (see :func:`_record_error`)."""
+        keys = {r: f"{_ERROR_KEY}/{r}" for r in range(self.world_size)}
+        return {r: json.loads(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
+
+    @staticmethod
+    def _awaiting_root_cause(records: Mapping[int, dict[str, Any]], first_error_at: float | None) -> bool:
+        """Only communication errors so far: give the rank that broke the links a moment to report its own."""
+        if not records or first_error_at is None or not all(rec["comm"] for rec in records.values()):
+            return False
+        return time.monotonic() - first_error_at < _ROOT_CAUSE_GRACE_S
+
+    def _failed(self, result: Any, records: dict[int, dict[str, Any]]) -> LaunchError:
+        """Blame in order: the rank that failed on its own first, other own failures, then the consequences."""
+        logs = (result.stdouts, result.stderrs)
+        exits = {r: f for r, f in result.failures.items() if r not in records}
+        by_time = sorted(records, key=lambda r: records[r]["time"])
+        own = [r for r in by_time if not records[r]["comm"]]
+        if not own and not exits:
+            own = by_time[:1]  # every rank lost a peer: the earliest is the best guess
+        consequences = [r for r in by_time if r not in own]
+        failures = [self._own_failure(r, records[r], logs) for r in own]
+        failures += [
+            RankFailure(r, _failure_cause(f.exitcode, f.message), _rank_log_tail(*logs, r), _traceback_tail(f.message))
+            for r, f in sorted(exits.items())
+        ]
+        culprit = failures[0].rank
+        for r in consequences:
+            failure = self._own_failure(r, records[r], logs)
+            failure.cause = f"failed as a consequence of rank {culprit}'s failure: {failure.cause}"
+            failures.append(failure)
+        return LaunchError(self._headline(failures, len(consequences)), failures)
+
+    def _headline(self, failures: list[RankFailure], consequences: int) -> str:
+        first = failures[0]
+        line = f"{self.name}: rank {first.rank} failed ({first.cause})"
+        others = len(failures) - 1 - consequences
+        if others:
+            line += f"; {others} other rank(s) failed on their own"
+        if consequences:
+            line += f"; {consequences} rank(s) failed as a consequence"
+        return f"{line} — {len(failures)} of {self.world_size} ranks failed"
+
+    @staticmethod
+    def _own_failure(rank: int, record: dict[str, Any], logs: tuple[Mapping[int, str], Mapping[int, str]]) -> RankFailure:
+        return RankFailure(rank, f"raised {record['error']}", _rank_log_tail(*logs, rank), list(record["traceback"]))
 
     def _timed_out(self, ctx: Any) -> LaunchError:
         stdouts, stderrs = dict(ctx.stdouts), dict(ctx.stderrs)

@@ -50,3 +50,25 @@ def hang_on(rank: int) -> int:
         print(f"rank {rank} hanging now", flush=True)
         time.sleep(3600)
     return dist.get_rank()
+
+
+def fail_while_others_wait(rank: int, message: str) -> int:
+    """One rank raises while the others sit in a collective: they then fail too, with a gloo error."""
+    if dist.get_rank() == rank:
+        raise ValueError(message)
+    dist.barrier()
+    return dist.get_rank()
+
+
+def break_links_then_fail(rank: int, message: str, delay_s: float) -> int:
+    """The worst case for blame: the failing rank drops its connections first and raises only later.
+
+    The waiting ranks fail (connection closed) before the culprit has raised anything, so a launcher that
+    reports whichever process exited first blames an innocent rank every time.
+    """
+    if dist.get_rank() == rank:
+        dist.destroy_process_group()
+        time.sleep(delay_s)
+        raise ValueError(message)
+    dist.barrier()
+    return dist.get_rank()

@@ -29,9 +29,34 @@ def test_a_raising_rank_is_named_with_its_exception_and_log_lines() -> None:
     with pytest.raises(LaunchError) as info:
         launch(probes.crash_on, 2, args=(1, "deliberate failure 42"), timeout=90)
     text = str(info.value)
-    assert "rank 1: exited with code 1: RuntimeError: deliberate failure 42" in text
+    assert "rank 1: raised RuntimeError: deliberate failure 42" in text
     assert "about to fail on rank 1" in text
     assert [f.rank for f in info.value.failures] == [1]
+
+
+def test_the_rank_that_failed_first_is_blamed_not_the_ranks_its_death_broke() -> None:
+    """Issue 16: rank 1 raised, rank 0 died in a barrier; the report named only rank 0's gloo error."""
+    for _ in range(2):  # the old launcher blamed rank 0 in most runs: twice in a row must both be right
+        with pytest.raises(LaunchError) as info:
+            launch(probes.fail_while_others_wait, 2, args=(1, "boom on rank 1"), timeout=90)
+        _assert_rank_1_blamed(info.value)
+
+
+def test_a_culprit_that_broke_the_links_before_raising_is_still_blamed() -> None:
+    """Deterministic: rank 0 fails (connection closed) a second before rank 1 raises its ValueError."""
+    with pytest.raises(LaunchError) as info:
+        launch(probes.break_links_then_fail, 2, args=(1, "boom on rank 1", 1.0), timeout=90)
+    _assert_rank_1_blamed(info.value)
+    assert "consequence" in info.value.failures[1].cause
+
+
+def _assert_rank_1_blamed(error: LaunchError) -> None:
+    text = str(error)
+    assert error.failures[0].rank == 1, text
+    assert "rank 1: raised ValueError: boom on rank 1" in text
+    assert text.splitlines()[0].startswith("simulator: rank 1 failed"), text
+    for later in error.failures[1:]:
+        assert "as a consequence of rank 1" in later.cause, text
 
 
 def test_a_hard_exit_is_reported_with_its_exit_code() -> None:
