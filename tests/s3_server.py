@@ -1,0 +1,109 @@
+"""A real S3 API server on loopback for the object-storage tests: moto's standalone server in a subprocess.
+
+The tests start and stop it themselves (a session fixture), on a port picked at run time, every step bounded
+by a timeout. Nothing here mocks an S3 call: the storage talks HTTP to a server process, exactly as it would
+to a real store. A subprocess (not moto's in-process thread) keeps the server off the test process's GIL and
+lets spawned writer processes and ranks reach it too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from tests.memory_storage import free_port
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
+
+__all__ = ["TEST_PART_SIZE", "S3Server", "missing_s3_packages", "start_s3_server"]
+
+TEST_PART_SIZE = 5 << 20  # S3's smallest part: small test files still take the multipart path
+_START_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 10.0
+
+
+def missing_s3_packages() -> list[str]:
+    """The packages the S3 tests need that are not installed (the `s3` and `test` extras pull them in)."""
+    wanted = {"fsspec": "fsspec", "s3fs": "s3fs", "moto": "moto[server]", "flask": "moto[server]"}
+    return sorted({pkg for mod, pkg in wanted.items() if importlib.util.find_spec(mod) is None})
+
+
+@dataclass
+class S3Server:
+    """A running moto server; `config()` gives a storage config (with a fresh bucket) that reaches it."""
+
+    endpoint: str
+    process: subprocess.Popen[bytes]
+    log_path: str
+
+    def storage_options(self) -> dict[str, Any]:
+        return {
+            "key": "testing",
+            "secret": "testing",
+            "endpoint_url": self.endpoint,
+            "client_kwargs": {"region_name": "us-east-1"},
+            "skip_instance_cache": True,
+        }
+
+    def config(self, bucket: str | None = None, **kwargs: Any) -> FsspecStorageConfig:
+        """A config for `s3://<bucket>` (a new bucket unless one is named); kwargs go to the config."""
+        name = bucket or f"ckpt-{uuid.uuid4().hex[:12]}"
+        kwargs.setdefault("part_size", TEST_PART_SIZE)
+        config = FsspecStorageConfig(url=f"s3://{name}", storage_options=self.storage_options(), **kwargs)
+        if bucket is None:
+            self.make_bucket(name)
+        return config
+
+    def make_bucket(self, name: str) -> None:
+        storage = FsspecStorage(FsspecStorageConfig(protocol="s3", storage_options=self.storage_options()))
+        storage.fs.call_s3("create_bucket", Bucket=name)  # us-east-1: no location constraint
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(_STOP_TIMEOUT_S)
+
+
+def _ready(endpoint: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2):
+            return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start_s3_server(log_dir: str, attempts: int = 3) -> S3Server:
+    """Start `python -m moto.server` on 127.0.0.1 and a free port; retried if another process takes the port."""
+    last = ""
+    for _ in range(attempts):
+        port = free_port()
+        log_path = os.path.join(log_dir, f"moto-{port}.log")
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
+            )
+        server = S3Server(f"http://127.0.0.1:{port}", process, log_path)
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline and process.poll() is None:
+            if _ready(server.endpoint):
+                return server
+            time.sleep(0.1)
+        server.stop()
+        with open(log_path, "rb") as log:
+            last = log.read()[-2000:].decode("utf-8", "replace")
+    raise RuntimeError(f"moto server did not start after {attempts} attempts; last log:\n{last}")

@@ -1,0 +1,536 @@
+"""Object storage (S3, GCS, any fsspec filesystem): checkpoints on stores that cannot rename a directory.
+
+An object store has no directories and no rename: a "directory" is a key prefix, and a rename is a copy of
+every byte. So this backend sets `atomic_rename = False` and the commit writes each file under the final
+prefix with the manifest written last, after every rank's files; a prefix without a manifest is an
+incomplete checkpoint (see docs/storage.md).
+
+Throughput is the other concern. A large file is uploaded as concurrent multipart parts while it is still
+being encoded, holding at most `max_concurrency + 1` parts in memory (never the whole file), and read back
+with concurrent ranged GETs; `read_range` issues ranged GETs only, so a resharding load fetches the byte
+ranges it needs and never the whole file.
+
+fsspec (and s3fs / gcsfs for the protocol) are optional: `pip install torch-checkpointing[s3]`. They are
+imported when a storage is created, never when this module is imported, so the base install stays lean.
+The config is a plain dataclass that pickles: the async writer process rebuilds the storage from it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import io
+import logging
+import os
+import posixpath
+import re
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME
+from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
+
+__all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
+
+logger = logging.getLogger("torch_checkpointing")
+
+MiB = 1 << 20
+# S3 refuses multipart parts under 5 MiB (all but the last); GCS and the others accept them too.
+MIN_PART_SIZE = 5 * MiB
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
+_S3_PROTOCOLS = frozenset({"s3", "s3a"})
+# Stores where a "directory" is only a key prefix: mkdir is a no-op there.
+_OBJECT_STORE_PROTOCOLS = _S3_PROTOCOLS | {"gs", "gcs", "az", "abfs", "abfss", "oss", "r2"}
+
+
+class ObjectStoreError(CheckpointError):
+    """A request to the object store failed (upload, download, copy). Nothing was committed by it.
+
+    The message names the object's URL and the store's own error; the storage stays usable, so the next save
+    can simply be retried.
+    """
+
+
+def url_scheme(checkpoint_id: str | os.PathLike[str]) -> str | None:
+    """The URL scheme of an id (`s3://b/run/step_1` -> `s3`), or None for a local path.
+
+    `pathlib.Path` folds `s3://b/k` into `s3:/b/k`; both spellings are recognised, so ids that went through
+    `Path` inside the engine still name their store.
+    """
+    match = _SCHEME.match(os.fspath(checkpoint_id))
+    return match.group(1).lower() if match else None
+
+
+@dataclass
+class FsspecStorageConfig(StorageConfig):
+    """Where and how to reach an fsspec filesystem; every field pickles (the writer process rebuilds from it).
+
+    * `url`: an optional root (`s3://bucket/runs/exp1`). Relative checkpoint ids are placed under it; full URL
+      ids (`s3://bucket/run/step_100`) are used as they are.
+    * `protocol`: the fsspec protocol; taken from `url` when empty.
+    * `storage_options`: passed to `fsspec.filesystem` (credentials, `endpoint_url`, `client_kwargs`, ...).
+      Leave credentials out to use the store's own chain (environment, instance role, config files).
+    * `part_size`: bytes per multipart part and per ranged GET. `max_concurrency`: parts in flight per file.
+    """
+
+    url: str = ""
+    protocol: str = ""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    part_size: int = 16 * MiB
+    max_concurrency: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.protocol:
+            self.protocol = url_scheme(self.url) or ""
+        if not self.protocol:
+            raise ValueError(
+                f"FsspecStorageConfig needs a protocol: pass url='s3://bucket/prefix' or protocol='s3' "
+                f"(got url={self.url!r})."
+            )
+        if self.part_size < MIN_PART_SIZE and self.protocol in _S3_PROTOCOLS:
+            raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes on S3 (got {self.part_size})")
+        if self.part_size < 1 or self.max_concurrency < 1:
+            raise ValueError("part_size and max_concurrency must be positive")
+
+    @classmethod
+    def from_url(cls, url: str, **storage_options: Any) -> FsspecStorageConfig:
+        """A config for the store named by `url`'s scheme, e.g. `from_url("s3://bucket/run/step_100")`."""
+        return cls(protocol=url_scheme(url) or "", storage_options=dict(storage_options))
+
+    def handles(self, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Whether an id belongs to this store: its scheme is this protocol, or it is relative to `url`."""
+        scheme = url_scheme(checkpoint_id)
+        return scheme == self.protocol.lower() if scheme is not None else bool(self.url)
+
+    def create_storage(self) -> FsspecStorage:
+        return FsspecStorage(self)
+
+
+def _import_fsspec() -> Any:
+    try:
+        import fsspec
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "FsspecStorageConfig needs fsspec and the filesystem for its protocol: "
+            "pip install 'torch-checkpointing[s3]' (S3) or add gcsfs/adlfs for GCS/Azure."
+        ) from exc
+    return fsspec
+
+
+class FsspecStorage(Storage):
+    """The Storage interface over one fsspec filesystem, with the object-store commit (no directory rename)."""
+
+    atomic_rename = False
+
+    def __init__(self, config: FsspecStorageConfig) -> None:
+        self.config = config
+        self.fs: Any = _import_fsspec().filesystem(config.protocol, **config.storage_options)
+        protocols = self.fs.protocol
+        self._protocols = {protocols} if isinstance(protocols, str) else set(protocols)
+        self._protocols.add(config.protocol)
+        self._root = self._strip(config.url) if config.url else ""
+        self._is_s3 = bool(self._protocols & _S3_PROTOCOLS)
+        self._object_store = bool(self._protocols & _OBJECT_STORE_PROTOCOLS)
+
+    # ------------------------------------------------------------------ names
+
+    def _strip(self, text: str) -> str:
+        match = _SCHEME.match(text)
+        if match is None:
+            return text
+        if match.group(1).lower() not in self._protocols:
+            raise ValueError(
+                f"{text!r} is a {match.group(1)}:// path, but this storage talks to {self.config.protocol}://; "
+                f"configure a storage for that scheme."
+            )
+        return text[match.end() :]
+
+    def _key(self, path: Path | str) -> str:
+        """The filesystem's name for a path: `bucket/key` for `s3://bucket/key` (or `s3:/bucket/key`)."""
+        text = os.fspath(path)
+        if _SCHEME.match(text):
+            name = self._strip(text)
+        elif self._root:
+            name = posixpath.join(self._root, text.lstrip("/")) if text not in ("", ".") else self._root
+        else:
+            raise ValueError(
+                f"{text!r} has no URL scheme and FsspecStorageConfig has no url root to place it under; "
+                f"use a full id such as '{self.config.protocol}://bucket/run/step_100'."
+            )
+        return posixpath.normpath(name).strip("/")
+
+    def remap_path(self, path: Path) -> str:
+        return f"{self.config.protocol}://{self._key(path)}"
+
+    def _errors(self, what: str, path: Path | str) -> _ErrorScope:
+        return _ErrorScope(f"{what} {self.remap_path(Path(os.fspath(path)))}", wrap_missing=what.startswith("upload"))
+
+    # ------------------------------------------------------------------ reads
+
+    def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase:
+        args = read_args or ReadArgs()
+        if args.pre_read_full_file:
+            return io.BytesIO(self.read(path))  # type: ignore[return-value]
+        return self.fs.open(self._key(path), "rb", block_size=self.config.part_size)  # type: ignore[no-any-return]
+
+    def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
+        key = self._key(path)
+        with self._errors("download of", path):
+            return self._read_span(key, 0, int(self.fs.size(key)))
+
+    def read_range(self, path: Path, offset: int, length: int) -> bytes:
+        """Ranged GETs only (concurrent ones for a long range): the rest of the object is never fetched."""
+        if length <= 0:
+            return b""
+        with self._errors("ranged read of", path):
+            return self._read_span(self._key(path), offset, length)
+
+    def _get(self, key: str, start: int, end: int) -> bytes:
+        return bytes(self.fs.cat_file(key, start=start, end=end))
+
+    def _read_span(self, key: str, offset: int, length: int) -> bytes:
+        part = self.config.part_size
+        if length <= part:
+            return self._get(key, offset, offset + length) if length else b""
+        out, view = _new_bytes(length)
+        starts = range(0, length, part)
+
+        def fetch(start: int) -> None:
+            size = min(part, length - start)
+            data = self._get(key, offset + start, offset + start + size)
+            if len(data) != size:
+                raise EOFError(f"short ranged read: {len(data)} of {size} bytes at offset {offset + start}")
+            view[start : start + size] = data
+
+        _run_all(fetch, list(starts), self.config.max_concurrency)
+        return out if isinstance(out, bytes) else bytes(out)
+
+    def local_path(self, path: Path) -> str | None:
+        return None  # nothing the OS can mmap: the engine reads through read()/read_range()
+
+    # ------------------------------------------------------------------ writes
+
+    def stream_write(self, path: Path) -> io.RawIOBase:
+        """A stream that uploads parts as they fill; close() completes the upload (the object becomes durable).
+
+        Leaving its `with` block on an exception aborts the upload, so no partial object ever appears.
+        """
+        key = self._key(path)
+        if self._is_s3:
+            return _S3MultipartWriter(self, key)
+        return _FsspecFileWriter(self.fs.open(key, "wb", block_size=self.config.part_size), self.remap_path(path))
+
+    def write(self, path: Path, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        if len(view) > self.config.part_size:
+            with self.stream_write(path) as stream:
+                stream.write(view)
+            return
+        with self._errors("upload of", path):
+            self.fs.pipe_file(self._key(path), bytes(view))
+
+    def delete(self, path: Path) -> None:
+        with self._errors("delete of", path):
+            self.fs.rm_file(self._key(path))
+
+    def mkdir(self, path: Path, recursive: bool = True) -> None:
+        """A no-op on object stores (a prefix exists once an object is under it); makedirs elsewhere."""
+        if not self._object_store:
+            self.fs.makedirs(self._key(path), exist_ok=True)
+
+    def rmdir(self, path: Path) -> None:
+        """Delete every object under the prefix `path/` (and an object named exactly `path`), in bulk."""
+        keys = self._objects_under(self._key(path), include_self=True)
+        if keys:
+            with self._errors("delete of", path):
+                self.fs.rm(keys)
+        self.fs.invalidate_cache()
+
+    def _objects_under(self, key: str, include_self: bool = False) -> list[str]:
+        self.fs.invalidate_cache()
+        try:
+            found = self.fs.find(key)
+        except FileNotFoundError:
+            return []
+        return [k for k in found if k.startswith(key + "/") or (include_self and k == key)]
+
+    def rename(
+        self,
+        src_path: Path,
+        dst_path: Path,
+        is_directory: bool = False,
+        is_cross_link: bool = False,
+        background_cleanup: bool = False,
+    ) -> None:
+        """A server-side copy then delete: NOT atomic on an object store (which is why atomic_rename is False).
+
+        For a directory the manifest is copied last, so `dst` never looks committed before all its files are.
+        """
+        src, dst = self._key(src_path), self._key(dst_path)
+        with self._errors("copy of", src_path):
+            if not is_directory:
+                self.fs.copy(src, dst)
+                self.fs.rm_file(src)
+                return
+            keys = sorted(self._objects_under(src), key=lambda k: posixpath.basename(k) == MANIFEST_FILE_NAME)
+            for k in keys:
+                self.fs.copy(k, dst + k[len(src) :])
+            if keys:
+                self.fs.rm(keys)
+        self.fs.invalidate_cache()
+
+    def replace_directory(self, src: Path, dst: Path) -> None:
+        """Refuses to replace a committed checkpoint: on an object store there is no moment at which the old
+        one could be swapped out without a window where a reader sees a mix of both."""
+        if self.exists(dst / MANIFEST_FILE_NAME):
+            raise CheckpointError(
+                f"Refusing to overwrite the committed checkpoint {self.remap_path(dst)}: an object store cannot "
+                f"replace it atomically. Save under a new id, or delete the old one first."
+            )
+        self.rename(src, dst, is_directory=True)
+
+    # ------------------------------------------------------------------ listings
+
+    def ls(self, path: Path) -> list[str]:
+        key = self._key(path)
+        self.fs.invalidate_cache(key)
+        names = {n.rstrip("/") for n in self.fs.ls(key, detail=False)} - {key}
+        return sorted(posixpath.basename(n) for n in names)
+
+    def exists(self, path: Path) -> bool:
+        key = self._key(path)
+        self.fs.invalidate_cache(key)
+        return bool(self.fs.exists(key))
+
+    def getsize(self, path: Path) -> int:
+        key = self._key(path)
+        self.fs.invalidate_cache(key)
+        return int(self.fs.size(key))
+
+    def isdir(self, path: Path) -> bool:
+        key = self._key(path)
+        self.fs.invalidate_cache(key)
+        return bool(self.fs.isdir(key))
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+class _ErrorScope:
+    """Turns a store's error (botocore's, aiohttp's, OSError) into an ObjectStoreError naming the object.
+
+    FileNotFoundError passes through unchanged: callers ask "is it there?" with it.
+    """
+
+    def __init__(self, what: str, wrap_missing: bool = False) -> None:
+        self.what = what
+        self.wrap_missing = wrap_missing  # uploads: a missing bucket is a failed upload, not "not found"
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, CheckpointError):
+            return
+        if isinstance(exc, FileNotFoundError) and not self.wrap_missing:
+            return
+        raise ObjectStoreError(f"{self.what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _run_all(fn: Callable[[int], None], args: list[int], concurrency: int) -> None:
+    """fn over args on up to `concurrency` threads; the first error is raised once all have stopped."""
+    if len(args) == 1 or concurrency == 1:
+        for a in args:
+            fn(a)
+        return
+    with ThreadPoolExecutor(min(concurrency, len(args)), thread_name_prefix="ckpt-get") as pool:
+        for fut in [pool.submit(fn, a) for a in args]:
+            fut.result()
+
+
+@functools.cache
+def _bytes_api() -> tuple[Any, Any] | None:
+    """CPython's PyBytes_FromStringAndSize / PyBytes_AsString, with private signatures (not ctypes.pythonapi's)."""
+    try:
+        api = ctypes.PyDLL(None)
+        make, as_string = api.PyBytes_FromStringAndSize, api.PyBytes_AsString
+    except (AttributeError, OSError):  # pragma: no cover - not CPython
+        return None
+    make.restype, make.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
+    as_string.restype, as_string.argtypes = ctypes.c_void_p, [ctypes.py_object]
+    return make, as_string
+
+
+def _new_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
+    """A `bytes` of `size` and a writable view of its buffer, so parts land in the result without a second copy.
+
+    Readers want `bytes` (io.BytesIO shares a bytes buffer but copies a bytearray; RawSerialization returns
+    it to the user), and filling a bytearray then converting it would hold the file twice. The new bytes
+    object is seen by nobody until it is filled, so writing into it is safe. Without CPython's C API this
+    falls back to a bytearray (the caller converts it).
+    """
+    api = _bytes_api()
+    if api is None:  # pragma: no cover - not CPython
+        buf = bytearray(size)
+        return buf, memoryview(buf)
+    make, as_string = api
+    out = make(None, size)
+    return out, memoryview((ctypes.c_char * size).from_address(as_string(out))).cast("B")
+
+
+class _FsspecFileWriter(io.RawIOBase):
+    """An fsspec file opened for writing, discarded (never committed) when its `with` block raises."""
+
+    def __init__(self, inner: Any, url: str) -> None:
+        super().__init__()
+        self._inner = inner
+        self._url = url
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
+            return int(self._inner.write(memoryview(data).cast("B")))
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
+                    self._inner.close()
+            finally:
+                super().close()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        discard = getattr(self._inner, "discard", None)
+        if discard is not None:
+            discard()
+        super().close()
+
+
+class _S3MultipartWriter(io.RawIOBase):
+    """Uploads a file as S3 multipart parts while it is written; memory is bounded by in-flight parts.
+
+    Bytes collect in one part-sized buffer; a full buffer is handed to a pool that uploads up to
+    `max_concurrency` parts at once (write() waits when that many are in flight). close() uploads the tail
+    and completes the upload: only then does the object exist. A file smaller than one part is one PUT.
+    Any failure, or leaving the `with` block on an exception, aborts the upload: no object, no stray parts.
+    """
+
+    def __init__(self, storage: FsspecStorage, key: str) -> None:
+        super().__init__()
+        self._fs = storage.fs
+        self._url = f"{storage.config.protocol}://{key}"
+        self._bucket, self._object, _ = self._fs.split_path(key)
+        self._part_size = storage.config.part_size
+        self._concurrency = storage.config.max_concurrency
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[Future[dict[str, Any]]] = []
+        self._pool: ThreadPoolExecutor | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        pos = 0
+        while pos < len(view):
+            take = min(self._part_size - len(self._buffer), len(view) - pos)
+            self._buffer += view[pos : pos + take]
+            pos += take
+            if len(self._buffer) >= self._part_size:
+                self._send_part()
+        return len(view)
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        with _ErrorScope(f"upload of {self._url} ({method})", wrap_missing=True):
+            return self._fs.call_s3(method, Bucket=self._bucket, Key=self._object, **kwargs)
+
+    def _send_part(self) -> None:
+        if self._upload_id is None:
+            self._upload_id = self._call("create_multipart_upload")["UploadId"]
+            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="ckpt-part")
+        pending = [f for f in self._parts if not f.done()]
+        if len(pending) >= self._concurrency:
+            pending[0].result()  # bounds memory: at most `max_concurrency` parts in flight
+        for fut in self._parts:
+            if fut.done() and fut.exception() is not None:
+                fut.result()  # fail fast: no point encoding the rest of the file
+        data, self._buffer = bytes(self._buffer), bytearray()
+        number = len(self._parts) + 1
+        assert self._pool is not None
+        self._parts.append(self._pool.submit(self._upload_part, number, data))
+
+    def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
+        out = self._call("upload_part", PartNumber=number, UploadId=self._upload_id, Body=data)
+        return {"PartNumber": number, "ETag": out["ETag"]}
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._commit()
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            self._shutdown()
+            super().close()
+
+    def _commit(self) -> None:
+        if self._upload_id is None:
+            with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
+                self._fs.pipe_file(f"{self._bucket}/{self._object}", bytes(self._buffer))
+            return
+        if self._buffer:
+            self._send_part()
+        parts = [f.result() for f in self._parts]
+        self._call("complete_multipart_upload", UploadId=self._upload_id, MultipartUpload={"Parts": parts})
+        self._fs.invalidate_cache(f"{self._bucket}/{self._object}")
+
+    def _abort(self) -> None:
+        self._buffer = bytearray()
+        if self._pool is not None:
+            for fut in self._parts:
+                fut.cancel()
+        if self._upload_id is None:
+            return
+        self._shutdown()
+        try:
+            self._fs.call_s3("abort_multipart_upload", Bucket=self._bucket, Key=self._object, UploadId=self._upload_id)
+        except Exception as exc:  # the store's lifecycle rule for incomplete uploads cleans up after us
+            logger.warning("Could not abort the multipart upload of %s: %s", self._url, exc)
+        self._upload_id = None
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        self._abort()
+        super().close()
+
+    def __del__(self) -> None:
+        # IOBase.__del__ would close() and so complete a half-written upload; abort it instead.
+        if not self.closed:
+            self._abort()
+            io.RawIOBase.close(self)
