@@ -17,13 +17,16 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from tests.memory_storage import free_port
 from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
 
-__all__ = ["TEST_PART_SIZE", "S3Server", "missing_s3_packages", "start_s3_server"]
+__all__ = ["TEST_PART_SIZE", "S3Server", "missing_s3_packages", "s3_server", "start_s3_server"]
 
 TEST_PART_SIZE = 5 << 20  # S3's smallest part: small test files still take the multipart path
 _START_TIMEOUT_S = 30.0
@@ -107,3 +110,16 @@ def start_s3_server(log_dir: str, attempts: int = 3) -> S3Server:
         with open(log_path, "rb") as log:
             last = log.read()[-2000:].decode("utf-8", "replace")
     raise RuntimeError(f"moto server did not start after {attempts} attempts; last log:\n{last}")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One moto server for the test session (import this fixture into a test module to use it)."""
+    missing = missing_s3_packages()
+    if missing:
+        pytest.skip(f"the S3 tests need {', '.join(missing)}: pip install 'torch-checkpointing[s3,test]'")
+    server = start_s3_server(str(tmp_path_factory.mktemp("moto")))
+    try:
+        yield server
+    finally:
+        server.stop()

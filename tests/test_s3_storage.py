@@ -1,0 +1,218 @@
+"""FsspecStorage against a real S3 API server (moto on loopback): names, multipart uploads, ranged reads, errors.
+
+The server is started by the session fixture; nothing here mocks an S3 call. Where a test needs to see which
+byte ranges were fetched, a subclass records the arguments of its own `_get` (the real GET still happens).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.s3_server import TEST_PART_SIZE, S3Server, s3_server  # noqa: F401  (s3_server is a fixture)
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME
+from torch_checkpointing.storage.fsspec_storage import (
+    FsspecStorage,
+    FsspecStorageConfig,
+    ObjectStoreError,
+    url_scheme,
+)
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def storage(s3_server: S3Server) -> FsspecStorage:  # noqa: F811
+    return s3_server.config().create_storage()
+
+
+def _bucket(storage: FsspecStorage) -> str:
+    return storage.config.url.removeprefix("s3://")
+
+
+def _pending_uploads(storage: FsspecStorage) -> list[object]:
+    return list(storage.fs.call_s3("list_multipart_uploads", Bucket=_bucket(storage)).get("Uploads", []))
+
+
+# ------------------------------------------------------------------------------------------ config and names
+
+
+def test_config_pickles_and_takes_its_protocol_from_the_url() -> None:
+    config = FsspecStorageConfig(url="s3://bucket/runs", storage_options={"endpoint_url": "http://127.0.0.1:1"})
+    assert config.protocol == "s3"
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert FsspecStorageConfig.from_url("gs://b/run/step_1", token="anon").protocol == "gs"
+
+
+def test_config_refusals_name_the_fix() -> None:
+    with pytest.raises(ValueError, match="needs a protocol"):
+        FsspecStorageConfig()
+    with pytest.raises(ValueError, match="at least"):
+        FsspecStorageConfig(url="s3://b", part_size=MIB)
+    with pytest.raises(ValueError, match="positive"):
+        FsspecStorageConfig(url="s3://b", max_concurrency=0)
+
+
+def test_url_scheme_recognises_ids_folded_by_pathlib() -> None:
+    assert url_scheme("s3://b/run/step_1") == "s3"
+    assert url_scheme(Path("s3://b/run/step_1")) == "s3"  # pathlib folds '//' into '/'
+    assert url_scheme("/tmp/run/step_1") is None and url_scheme("run/step_1") is None
+    config = FsspecStorageConfig(url="s3://b/root")
+    assert config.handles("s3://b/x") and config.handles("relative/id") and not config.handles("gs://b/x")
+
+
+def test_importing_the_package_does_not_import_fsspec() -> None:
+    code = "import sys, torch_checkpointing.storage.fsspec_storage; print('fsspec' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_paths_map_to_keys(storage: FsspecStorage) -> None:
+    bucket = _bucket(storage)
+    assert storage.remap_path(Path("run/a.pt")) == f"s3://{bucket}/run/a.pt"
+    assert storage.remap_path(Path(f"s3://{bucket}/run/a.pt")) == f"s3://{bucket}/run/a.pt"
+    assert storage.remap_path(Path("/abs/a.pt")) == f"s3://{bucket}/abs/a.pt"
+    with pytest.raises(ValueError, match="gs://"):
+        storage.remap_path(Path("gs://other/a.pt"))
+    rootless = FsspecStorage(FsspecStorageConfig(protocol="s3", storage_options=storage.config.storage_options))
+    with pytest.raises(ValueError, match="no URL scheme"):
+        rootless.remap_path(Path("run/a.pt"))
+
+
+# ------------------------------------------------------------------------------------------ writes and reads
+
+
+def test_large_file_is_a_multipart_upload_written_as_it_streams(storage: FsspecStorage) -> None:
+    data = os.urandom(2 * TEST_PART_SIZE + 12345)
+    path = Path("run/big.bin")
+    with storage.stream_write(path) as stream:
+        for start in range(0, len(data), MIB):
+            stream.write(data[start : start + MIB])
+            assert not storage.exists(path)  # invisible until close() completes the upload
+    assert storage.getsize(path) == len(data)
+    etag = storage.fs.info(storage._key(path))["ETag"].strip('"')
+    assert etag.endswith("-3")  # S3's multipart ETag: three parts
+    assert storage.read(path) == data
+    assert isinstance(storage.read(path), bytes)
+
+
+def test_small_file_is_one_put(storage: FsspecStorage) -> None:
+    storage.write(Path("run/small.json"), memoryview(b'{"a": 1}'))
+    assert storage.read(Path("run/small.json")) == b'{"a": 1}'
+    storage.write(Path("run/empty"), b"")
+    assert storage.read(Path("run/empty")) == b"" and storage.getsize(Path("run/empty")) == 0
+
+
+def test_write_of_large_data_goes_multipart(storage: FsspecStorage) -> None:
+    data = os.urandom(TEST_PART_SIZE + 1)
+    storage.write(Path("run/w.bin"), data)
+    assert storage.read(Path("run/w.bin")) == data
+
+
+def test_leaving_the_with_block_on_an_error_aborts_the_upload(storage: FsspecStorage) -> None:
+    with pytest.raises(ValueError, match="encoder failed"), storage.stream_write(Path("run/half.bin")) as stream:
+        stream.write(os.urandom(2 * TEST_PART_SIZE))
+        raise ValueError("encoder failed")
+    assert not storage.exists(Path("run/half.bin"))
+    assert _pending_uploads(storage) == []  # no parts left behind
+
+
+class RecordingStorage(FsspecStorage):
+    """Records the byte range of every GET it issues (the GET itself is real)."""
+
+    def __init__(self, config: FsspecStorageConfig) -> None:
+        super().__init__(config)
+        self.gets: list[tuple[int, int]] = []
+
+    def _get(self, key: str, start: int, end: int) -> bytes:
+        self.gets.append((start, end))
+        return super()._get(key, start, end)
+
+
+def test_read_range_fetches_only_the_range_in_concurrent_parts(storage: FsspecStorage) -> None:
+    data = os.urandom(4 * TEST_PART_SIZE)
+    storage.write(Path("run/r.bin"), data)
+    recorder = RecordingStorage(storage.config)
+    offset, length = 1000, 2 * TEST_PART_SIZE + 7
+    assert recorder.read_range(Path("run/r.bin"), offset, length) == data[offset : offset + length]
+    assert min(s for s, _ in recorder.gets) == offset and max(e for _, e in recorder.gets) == offset + length
+    assert sum(e - s for s, e in recorder.gets) == length  # no byte outside the range, none twice
+    assert len(recorder.gets) == 3 and all(e - s <= TEST_PART_SIZE for s, e in recorder.gets)
+    assert recorder.read_range(Path("run/r.bin"), 5, 0) == b""
+
+
+def test_read_is_concurrent_ranged_gets(storage: FsspecStorage) -> None:
+    data = os.urandom(3 * TEST_PART_SIZE)
+    storage.write(Path("run/whole.bin"), data)
+    recorder = RecordingStorage(storage.config)
+    assert recorder.read(Path("run/whole.bin")) == data
+    assert sorted(recorder.gets) == [(i * TEST_PART_SIZE, (i + 1) * TEST_PART_SIZE) for i in range(3)]
+    with recorder.stream_read(Path("run/whole.bin")) as stream:
+        assert stream.read(10) == data[:10]
+
+
+def test_local_path_is_none(storage: FsspecStorage) -> None:
+    assert storage.local_path(Path("run/a")) is None
+    assert storage.atomic_rename is False
+
+
+# ------------------------------------------------------------------------------------------ listing, deletion
+
+
+def test_listing_exists_isdir(storage: FsspecStorage) -> None:
+    for name in ("ck/a.pt", "ck/sub/b.json", "ck2/c.pt"):
+        storage.write(Path(name), b"x")
+    storage.mkdir(Path("ck/never-needed"))  # a no-op on an object store
+    assert storage.ls(Path("ck")) == ["a.pt", "sub"]
+    assert storage.isdir(Path("ck")) and storage.isdir(Path("ck/sub")) and not storage.isdir(Path("ck/a.pt"))
+    assert storage.exists(Path("ck/a.pt")) and not storage.exists(Path("ck/nope"))
+    assert sorted(storage.glob("ck/*.pt")) == ["ck/a.pt"]
+    with pytest.raises(FileNotFoundError):
+        storage.read(Path("ck/nope"))
+
+
+def test_rmdir_removes_only_that_prefix(storage: FsspecStorage) -> None:
+    for name in ("run/step_1/a", "run/step_1/sub/b", "run/step_10/a", "run/step_1.json"):
+        storage.write(Path(name), b"x")
+    storage.rmdir(Path("run/step_1"))
+    assert not storage.exists(Path("run/step_1/a")) and not storage.exists(Path("run/step_1/sub/b"))
+    assert storage.exists(Path("run/step_10/a")) and storage.exists(Path("run/step_1.json"))
+    storage.rmdir(Path("run/none"))  # nothing there: no error
+    storage.delete(Path("run/step_10/a"))
+    assert not storage.exists(Path("run/step_10/a"))
+
+
+def test_directory_rename_copies_the_manifest_last_and_replace_refuses_a_committed_one(storage: FsspecStorage) -> None:
+    storage.write(Path("tmp/a.pt"), b"A")
+    storage.write(Path("tmp") / MANIFEST_FILE_NAME, b"{}")
+    storage.replace_directory(Path("tmp"), Path("ck"))
+    assert storage.read(Path("ck/a.pt")) == b"A" and storage.exists(Path("ck") / MANIFEST_FILE_NAME)
+    assert not storage.exists(Path("tmp/a.pt"))
+    storage.write(Path("tmp2/a.pt"), b"B")
+    with pytest.raises(CheckpointError, match="Refusing to overwrite"):
+        storage.replace_directory(Path("tmp2"), Path("ck"))
+    assert storage.read(Path("ck/a.pt")) == b"A"
+    storage.rename(Path("tmp2/a.pt"), Path("tmp3/a.pt"))
+    assert storage.read(Path("tmp3/a.pt")) == b"B" and not storage.exists(Path("tmp2/a.pt"))
+
+
+# ------------------------------------------------------------------------------------------ failures
+
+
+def test_failed_upload_raises_a_named_error_and_the_storage_stays_usable(s3_server: S3Server) -> None:  # noqa: F811
+    good = s3_server.config().create_storage()
+    missing = s3_server.config(bucket="no-such-bucket").create_storage()
+    with pytest.raises(ObjectStoreError, match="s3://no-such-bucket/run/a.json"):
+        missing.write(Path("run/a.json"), b"{}")
+    with pytest.raises(ObjectStoreError, match="upload of s3://no-such-bucket/run/big.bin"):
+        with missing.stream_write(Path("run/big.bin")) as stream:
+            stream.write(os.urandom(2 * TEST_PART_SIZE))
+    assert isinstance(ObjectStoreError("x"), CheckpointError)
+    good.write(Path("run/a.json"), b"{}")
+    assert good.read(Path("run/a.json")) == b"{}"
