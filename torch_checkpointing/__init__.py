@@ -1,39 +1,34 @@
 """Asynchronous, distributed, atomic PyTorch checkpointing.
 
-`__all__` holds what most code needs; the other names below are importable from here for code written
-against the published release, which exposed them at the top level too.
+`__all__` says exactly what is public: the manager and its item specs, layouts and the four serialization
+formats, the resharder contract and the DTensor resharder, storage, every configuration class, the errors and
+the version. Importing the package starts no process and no thread (the writer process starts with an async
+`CheckpointManager`).
+
+The second import block keeps the other names the published release exposed at the top level importable for
+old code; they are not part of `__all__` (most are internals with a module of their own).
 """
 
-# ruff: noqa: F401  (the names below are re-exports)
-from torch_checkpointing.barriers import Barrier, BarrierConfig, TCPStoreBarrier, TCPStoreBarrierConfig
-from torch_checkpointing.builder import make_async_checkpoint_saver, make_sync_checkpoint_saver
-from torch_checkpointing.checkpoint_loader import CheckpointLoader
+from torch_checkpointing.checkpoint_layout import (
+    JsonSerialization,
+    LayoutInfo,
+    RawSerialization,
+    SafetensorsSerialization,
+    SerializationFormat,
+    TorchSerialization,
+)
 from torch_checkpointing.checkpoint_manager import CheckpointManager
-from torch_checkpointing.checkpoint_saver import AsyncCheckpointSaver, CheckpointSaver, SyncCheckpointSaver
-from torch_checkpointing.checkpoint_writer import CheckpointWriter, CheckpointWriterConfig
+from torch_checkpointing.checkpoint_process import CheckpointProcessConfig
+from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig
 from torch_checkpointing.config import (
     AsyncCheckpointSaverConfig,
     CheckpointLoaderConfig,
     CheckpointSaverConfig,
     SyncCheckpointSaverConfig,
 )
-from torch_checkpointing.distributed_metadata import (
-    CheckpointMetadata,
-    DistributedItemMetadata,
-    DistributedMetadata,
-    GlobalObjectMetadata,
-    ItemMetadata,
-    ShardingMetadata,
-)
-from torch_checkpointing.dtensor_metadata import (
-    DeviceMeshSpec,
-    DTensorShardingMetadata,
-    ReplicateSpec,
-    ShardSpec,
-    StridedShardSpec,
-    _PlacementSpec,
-    get_device_mesh_spec,
-)
+from torch_checkpointing.default_resharder import DefaultResharder
+from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata
+from torch_checkpointing.dtensor_resharder import DTensorResharder
 from torch_checkpointing.errors import (
     CheckpointError,
     CommitError,
@@ -43,24 +38,78 @@ from torch_checkpointing.errors import (
     UnsafeCheckpointError,
     WriterProcessDied,
 )
-from torch_checkpointing.metadata_manager import DefaultMetadataManager, MetadataManager
-from torch_checkpointing.resharding import LoadPlan, Resharder, ReshardingInfo
+from torch_checkpointing.resharding import Resharder
 from torch_checkpointing.schema import ItemSpec
-from torch_checkpointing.staging import CheckpointStager, CheckpointStagerConfig, DefaultStager
-from torch_checkpointing.types import STATE_DICT, RankInfo
+from torch_checkpointing.staging import CheckpointStagerConfig
+from torch_checkpointing.storage.base_storage import Storage, StorageConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.version import Version, __version__, get_version
 
+# isort: split
+# Importable for code written against the published release; not in `__all__` (`X as X` marks a re-export).
+from torch_checkpointing.barriers import Barrier as Barrier
+from torch_checkpointing.barriers import BarrierConfig as BarrierConfig
+from torch_checkpointing.barriers import TCPStoreBarrier as TCPStoreBarrier
+from torch_checkpointing.barriers import TCPStoreBarrierConfig as TCPStoreBarrierConfig
+from torch_checkpointing.builder import make_async_checkpoint_saver as make_async_checkpoint_saver
+from torch_checkpointing.builder import make_sync_checkpoint_saver as make_sync_checkpoint_saver
+from torch_checkpointing.checkpoint_loader import CheckpointLoader as CheckpointLoader
+from torch_checkpointing.checkpoint_saver import AsyncCheckpointSaver as AsyncCheckpointSaver
+from torch_checkpointing.checkpoint_saver import CheckpointSaver as CheckpointSaver
+from torch_checkpointing.checkpoint_saver import SyncCheckpointSaver as SyncCheckpointSaver
+from torch_checkpointing.checkpoint_writer import CheckpointWriter as CheckpointWriter
+from torch_checkpointing.distributed_metadata import CheckpointMetadata as CheckpointMetadata
+from torch_checkpointing.distributed_metadata import DistributedMetadata as DistributedMetadata
+from torch_checkpointing.distributed_metadata import GlobalObjectMetadata as GlobalObjectMetadata
+from torch_checkpointing.distributed_metadata import ItemMetadata as ItemMetadata
+from torch_checkpointing.dtensor_metadata import DeviceMeshSpec as DeviceMeshSpec
+from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata as DTensorShardingMetadata
+from torch_checkpointing.dtensor_metadata import ReplicateSpec as ReplicateSpec
+from torch_checkpointing.dtensor_metadata import ShardSpec as ShardSpec
+from torch_checkpointing.dtensor_metadata import StridedShardSpec as StridedShardSpec
+from torch_checkpointing.dtensor_metadata import _PlacementSpec as _PlacementSpec
+from torch_checkpointing.dtensor_metadata import get_device_mesh_spec as get_device_mesh_spec
+from torch_checkpointing.metadata_manager import DefaultMetadataManager as DefaultMetadataManager
+from torch_checkpointing.metadata_manager import MetadataManager as MetadataManager
+from torch_checkpointing.resharding import LoadPlan as LoadPlan
+from torch_checkpointing.resharding import ReshardingInfo as ReshardingInfo
+from torch_checkpointing.staging import CheckpointStager as CheckpointStager
+from torch_checkpointing.staging import DefaultStager as DefaultStager
+from torch_checkpointing.types import STATE_DICT as STATE_DICT
+from torch_checkpointing.types import RankInfo as RankInfo
+
 __all__ = [
+    "AsyncCheckpointSaverConfig",
+    "CheckpointError",
+    "CheckpointLoaderConfig",
     "CheckpointManager",
+    "CheckpointProcessConfig",
+    "CheckpointSaverConfig",
+    "CheckpointStagerConfig",
+    "CheckpointWriterConfig",
+    "CommitError",
+    "CorruptCheckpointError",
+    "DTensorResharder",
+    "DefaultResharder",
+    "DistributedItemMetadata",
+    "IncompleteCheckpointError",
     "ItemSpec",
+    "JsonSerialization",
+    "LayoutInfo",
+    "LocalFileSystemStorageConfig",
+    "RawSerialization",
+    "Resharder",
+    "SafetensorsSerialization",
+    "SerializationFormat",
+    "ShardingMetadata",
+    "Storage",
+    "StorageConfig",
+    "SyncCheckpointSaverConfig",
+    "TemplateMismatchError",
+    "TorchSerialization",
+    "UnsafeCheckpointError",
+    "Version",
+    "WriterProcessDied",
     "__version__",
     "get_version",
-    "Version",
-    "CheckpointError",
-    "IncompleteCheckpointError",
-    "CorruptCheckpointError",
-    "UnsafeCheckpointError",
-    "TemplateMismatchError",
-    "CommitError",
-    "WriterProcessDied",
 ]

@@ -31,6 +31,8 @@ __all__ = ["CheckpointProcess", "CheckpointProcessConfig", "WriterProcessDied"]
 
 @dataclass
 class CheckpointProcessConfig:
+    """The background writer process of async saves: start and shutdown timeouts, thread names."""
+
     # Spawning imports torch in a fresh interpreter: seconds, more on a loaded 2-core machine with many ranks.
     subprocess_init_timeout_secs: int = 300
     subprocess_shutdown_timeout_secs: int = 60

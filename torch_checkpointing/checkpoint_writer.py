@@ -47,6 +47,8 @@ _VERDICT_GRACE_S = 2.0
 
 @dataclass
 class CheckpointWriterConfig:
+    """The writer: barrier timeout and barrier between ranks, and how many threads write files."""
+
     checkpoint_write_barrier_timeout_sec: int = 600
     barrier_config: BarrierConfig | None = None
     file_write_max_threads: int = 1

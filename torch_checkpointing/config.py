@@ -21,6 +21,8 @@ DEFAULT_WAIT_TIMEOUT_SECS = 600
 
 @dataclass(kw_only=True)
 class CheckpointSaverConfig:
+    """Settings shared by both savers; pick `SyncCheckpointSaverConfig` or `AsyncCheckpointSaverConfig`."""
+
     writer_config: CheckpointWriterConfig = field(default_factory=CheckpointWriterConfig)
     # How long save()/close() wait on a previous write, and multi-rank commits wait on other ranks.
     wait_timeout_secs: int | None = DEFAULT_WAIT_TIMEOUT_SECS
@@ -45,6 +47,8 @@ class AsyncCheckpointSaverConfig(CheckpointSaverConfig):
 
 @dataclass(kw_only=True)
 class CheckpointLoaderConfig:
+    """How `CheckpointManager.load` reads files: mmap, torch's safe unpickler, checksum verification."""
+
     use_mmap: bool = True
     # torch's safe unpickler for TorchSerialization files; set False only for checkpoints you trust.
     weights_only: bool = True

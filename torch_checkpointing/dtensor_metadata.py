@@ -14,32 +14,39 @@ from typing import Any
 import torch
 
 from torch_checkpointing.distributed_metadata import ShardingMetadata
+from torch_checkpointing.errors import CheckpointError
 
 __all__ = [
     "DTensorShardingMetadata",
     "DeviceMeshSpec",
     "ReplicateSpec",
     "ShardSpec",
+    "PlacementSpec",
     "StridedShardSpec",
-    "_PlacementSpec",
     "get_device_mesh_spec",
     "placement_spec_from_dict",
 ]
 
 
-class _PlacementSpec(ABC):
+class PlacementSpec(ABC):
     """A DTensor placement reduced to plain data."""
 
     @abstractmethod
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form stored in metadata.json: `{"type": ..., **fields}`."""
 
     @classmethod
     @abstractmethod
-    def from_dict(cls, d: dict[str, Any]) -> _PlacementSpec: ...
+    def from_dict(cls, d: dict[str, Any]) -> PlacementSpec:
+        """Rebuild from `to_dict()`'s output."""
+
+
+# The published release's name; importable for old code, not in `__all__`.
+_PlacementSpec = PlacementSpec
 
 
 @dataclass(frozen=True)
-class ShardSpec(_PlacementSpec):
+class ShardSpec(PlacementSpec):
     """torch `Shard(dim)`: contiguous chunks of `dim`, torch.chunk sizes (the last ones may be short or empty)."""
 
     dim: int
@@ -56,7 +63,7 @@ class ShardSpec(_PlacementSpec):
 
 
 @dataclass(frozen=True)
-class ReplicateSpec(_PlacementSpec):
+class ReplicateSpec(PlacementSpec):
     """torch `Replicate()`: every rank along this mesh dimension holds the same data."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,7 +78,7 @@ class ReplicateSpec(_PlacementSpec):
 
 
 @dataclass(frozen=True)
-class StridedShardSpec(_PlacementSpec):
+class StridedShardSpec(PlacementSpec):
     """torch `_StridedShard(dim, split_factor)` (FSDP2 over TP).
 
     The dimension is first cut into `split_factor` chunks, each chunk into mesh-size pieces, and
@@ -92,14 +99,14 @@ class StridedShardSpec(_PlacementSpec):
         return f"StridedShard({self.dim}, {self.split_factor})"
 
 
-_PLACEMENTS: dict[str, type[_PlacementSpec]] = {
+_PLACEMENTS: dict[str, type[PlacementSpec]] = {
     "Shard": ShardSpec,
     "Replicate": ReplicateSpec,
     "StridedShard": StridedShardSpec,
 }
 
 
-def placement_spec_from_dict(d: dict[str, Any]) -> _PlacementSpec:
+def placement_spec_from_dict(d: dict[str, Any]) -> PlacementSpec:
     cls = _PLACEMENTS.get(d.get("type", ""))
     if cls is None:
         raise ValueError(f"Unknown placement type {d.get('type')!r}; known: {sorted(_PLACEMENTS)}")
@@ -121,7 +128,8 @@ class DeviceMeshSpec:
             size *= n
         if size != len(self.mesh_data):
             raise ValueError(
-                f"DeviceMeshSpec mesh_shape {self.mesh_shape} holds {size} ranks but mesh_data has {len(self.mesh_data)}"
+                f"DeviceMeshSpec mesh_shape {self.mesh_shape} holds {size} ranks "
+                f"but mesh_data has {len(self.mesh_data)}"
             )
 
     @classmethod
@@ -166,7 +174,7 @@ class DeviceMeshSpec:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_device_mesh_spec(
     device_type: str,
     mesh_shape: tuple[int, ...],
@@ -177,7 +185,7 @@ def get_device_mesh_spec(
     return DeviceMeshSpec(device_type, tuple(mesh_shape), tuple(mesh_data), mesh_dim_names)
 
 
-def _placement_to_spec(placement: Any, where: str) -> _PlacementSpec:
+def _placement_to_spec(placement: Any, where: str) -> PlacementSpec:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -188,7 +196,8 @@ def _placement_to_spec(placement: Any, where: str) -> _PlacementSpec:
         return ShardSpec(int(placement.dim))
     if isinstance(placement, Replicate):
         return ReplicateSpec()
-    raise RuntimeError(
+    # A CheckpointError is a RuntimeError, the type the published release raised here.
+    raise CheckpointError(
         f"Unsupported placement type {type(placement).__name__} ({placement}) for the DTensor {where}. "
         "Checkpoints support Shard, _StridedShard and Replicate placements; a Partial DTensor holds "
         "unreduced values, so redistribute it (e.g. dt.redistribute(placements=[Replicate()])) before saving."
@@ -203,7 +212,7 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
     dtype: str
     stride: tuple[int, ...]
     mesh_spec: DeviceMeshSpec
-    placements: tuple[_PlacementSpec, ...]
+    placements: tuple[PlacementSpec, ...]
 
     def __post_init__(self) -> None:
         if len(self.placements) != len(self.mesh_spec.mesh_shape):

@@ -30,6 +30,8 @@ def _cuda_available() -> bool:
 
 @dataclass
 class CheckpointStagerConfig:
+    """How `requires_copy=True` values are copied before an async write: memory kind and scheduling."""
+
     use_pinned_memory: bool = field(default_factory=_cuda_available)
     use_shared_memory: bool = True
     # False: save() returns once the copy is done, so the loop may mutate right away (the design document's

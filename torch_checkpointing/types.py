@@ -23,6 +23,7 @@ class RankInfo:
 
     @classmethod
     def single(cls) -> RankInfo:
+        """Rank 0 of a one-process job."""
         return cls(0, 1, 0, 1)
 
 
@@ -39,10 +40,12 @@ class CheckpointPath:
         return f"{self.item_key}::" + ".".join(str(c) for c in self.nested_path)
 
     def serialize(self) -> str:
+        """Compact JSON `["item", "a", 0]`: unambiguous where `str()` is not (keys may contain dots)."""
         return json.dumps([self.item_key, *self.nested_path], separators=(",", ":"))
 
     @classmethod
     def deserialize(cls, s: str) -> CheckpointPath:
+        """The inverse of `serialize()`; an empty list is a `ValueError`."""
         parts = json.loads(s)
         if not parts:
             raise ValueError(f"Cannot deserialize CheckpointPath from empty list: {s!r}")

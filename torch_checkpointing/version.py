@@ -16,12 +16,15 @@ class Version:
         self._sha = sha or None
 
     def get_version(self) -> str:
+        """`X.Y.Z`, without the `+sha` part."""
         return self._version
 
     def get_full_version(self) -> str:
+        """The whole string, `+sha` included."""
         return self._full
 
     def get_sha(self) -> str | None:
+        """What follows the first `+`, or None."""
         return self._sha
 
     def __str__(self) -> str:
@@ -39,8 +42,10 @@ def _lookup() -> str | None:
 
 
 def get_version() -> Version | None:
+    """The installed distribution's version, or None when it is not installed (e.g. run from a bare tree)."""
     found = _lookup()
     return Version(found) if found is not None else None
 
 
 __version__: str = _lookup() or "Unknown"
+"""The installed distribution's version string; `"Unknown"` when the lookup fails."""

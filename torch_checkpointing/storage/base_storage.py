@@ -24,11 +24,15 @@ class ReadArgs:
 
 @dataclass
 class StorageConfig(ABC):
+    """Picklable description of a store; `create_storage()` builds the `Storage` (in the writer process too)."""
+
     @abstractmethod
     def create_storage(self) -> Storage: ...
 
 
 class Storage(ABC):
+    """Where checkpoint files live: streams, whole-file writes, listing, and the commit's directory swap."""
+
     # Whether `replace_directory` can swap a whole directory into place atomically. Stores that cannot
     # rename a directory (object stores) set this False: the commit then writes files under the final
     # name and the manifest last, and a prefix without a manifest is an incomplete checkpoint.

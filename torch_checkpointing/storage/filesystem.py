@@ -23,6 +23,8 @@ _AT_FDCWD = -100
 
 @dataclass
 class LocalFileSystemStorageConfig(StorageConfig):
+    """A local (or mounted) filesystem; `use_direct_io` writes with O_DIRECT, falling back when refused."""
+
     use_direct_io: bool = True
 
     def create_storage(self) -> LocalFileSystemStorage:

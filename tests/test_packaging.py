@@ -1,0 +1,91 @@
+"""The wheel installs `torch_checkpointing` and nothing else; the sdist carries the whole project.
+
+Builds from a copy of the checkout (so a stale `build/` here cannot leak into the result), through
+setuptools' PEP 517 hooks with no build isolation and no network: a few seconds. See docs/packaging.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.packaging
+
+ROOT = Path(__file__).resolve().parents[1]
+# Top-level names a wheel may install: the package and its metadata directory, nothing generic.
+WHEEL_TOP_LEVEL = {"torch_checkpointing", "torch_checkpointing-{version}.dist-info"}
+# What a third party needs from the sdist to run the suite and the simulator against its backend.
+SDIST_MUST_HOLD = [
+    "simulator/__main__.py",
+    "conformance/conftest.py",
+    "conformance/golden",
+    "tests",
+    "docs/packaging.md",
+]
+_IGNORED = shutil.ignore_patterns(
+    ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".tox", ".venv", ".hypothesis", "bench-out"
+)
+
+
+def _checkout_copy(dest: Path) -> Path:
+    """The files of the checkout that git would see (tracked or not ignored), else a filtered copy."""
+    src = dest / "src"
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode != 0:
+        shutil.copytree(ROOT, src, ignore=_IGNORED)
+        return src
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        path = ROOT / name
+        if path.is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, src / name)
+    return src
+
+
+def _build(src: Path, hook: str, out: Path) -> Path:
+    """Run one setuptools PEP 517 hook in a fresh interpreter (as a frontend would) and return the file."""
+    out.mkdir()
+    code = f"import setuptools.build_meta as b; print(b.{hook}({str(out)!r}))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"{hook} failed:\n{done.stdout}\n{done.stderr}"
+    return out / done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _checkout_copy(tmp_path_factory.mktemp("packaging"))
+
+
+def test_wheel_installs_only_torch_checkpointing(source: Path, tmp_path: Path) -> None:
+    wheel = _build(source, "build_wheel", tmp_path / "wheel")
+    names = zipfile.ZipFile(wheel).namelist()
+    version = wheel.name.split("-")[1]
+    top = {name.split("/", 1)[0] for name in names}
+    assert top == {n.format(version=version) for n in WHEEL_TOP_LEVEL}
+    # No generic top-level name anywhere (benchmarks, simulator, conformance, tests).
+    assert not any(name.startswith(("benchmarks/", "simulator/", "conformance/", "tests/")) for name in names)
+    # The engine is complete and typed.
+    assert "torch_checkpointing/py.typed" in names
+    assert "torch_checkpointing/storage/filesystem.py" in names
+    modules = {p.relative_to(source).as_posix() for p in (source / "torch_checkpointing").rglob("*.py")}
+    assert modules <= set(names), sorted(modules - set(names))
+
+
+def test_sdist_carries_the_harness(source: Path, tmp_path: Path) -> None:
+    sdist = _build(source, "build_sdist", tmp_path / "sdist")
+    with tarfile.open(sdist) as tar:
+        members = [m.split("/", 1)[1] for m in tar.getnames() if "/" in m]
+    for needed in SDIST_MUST_HOLD:
+        assert any(m == needed or m.startswith(needed + "/") for m in members), needed
+    assert not any("__pycache__" in m for m in members)
