@@ -1,0 +1,379 @@
+"""Hugging Face interop: export an item to HF-layout safetensors shards, and import such a directory.
+
+Export consolidates an item saved on any number of ranks (DTensor shards on any mesh, `_StridedShard`
+included) into full tensors, using only the checkpoint's manifest, its `metadata.json` and the public
+resharding pieces: every tensor is planned as a load onto a one-rank, fully replicated target
+(`compute_load_plans`), and each planned block is read from its source rank's file (`open_source_file`).
+It streams: output shards are planned from shapes alone (the shard count is known before any data is
+read), and at any time memory holds the tensor being assembled plus the current output shard.
+
+The result is `model-0000k-of-0000n.safetensors` files plus `model.safetensors.index.json`, the layout
+`transformers` reads, and loads with `safetensors.torch.load_file`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_checkpointing.checkpoint_layout import serialization_format_from_dict
+from torch_checkpointing.discovery import default_storage
+from torch_checkpointing.distributed_metadata import DistributedItemMetadata, load_distributed_metadata
+from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, get_device_mesh_spec
+from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs
+from torch_checkpointing.errors import IncompleteCheckpointError, TemplateMismatchError
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME, Manifest, read_manifest
+from torch_checkpointing.source_reader import ReadStats, SourceFile, dotted_key, open_flat_tensors, open_source_file
+from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.types import NestedPath
+
+__all__ = ["ExportReport", "export_hf", "import_hf", "iter_item_tensors", "parse_size", "INDEX_FILE_NAME"]
+
+logger = logging.getLogger(__name__)
+
+INDEX_FILE_NAME = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # transformers' default ("5GB")
+_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
+
+
+def parse_size(text: str | int) -> int:
+    """`5GB`, `500MB`, `2GiB` or a byte count, the way transformers' `max_shard_size` reads."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"Cannot read size {text!r}; write e.g. 5GB, 500MB, 2GiB or a number of bytes")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+@dataclass(frozen=True)
+class _TensorPlan:
+    """One tensor to export: its name, global shape/dtype, and how to assemble it."""
+
+    name: str
+    path: NestedPath
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    sharded: bool
+
+    def nbytes(self, dtype: torch.dtype | None) -> int:
+        numel = 1
+        for n in self.shape:
+            numel *= n
+        return numel * torch.empty((), dtype=_out_dtype(self.dtype, dtype)).element_size()
+
+
+@dataclass
+class ExportReport:
+    """What an export wrote: shard file names (then the index), tensor count, bytes of tensor data."""
+
+    files: list[str] = field(default_factory=list)
+    tensors: int = 0
+    total_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"files": self.files, "tensors": self.tensors, "total_bytes": self.total_bytes}
+
+
+def _out_dtype(saved: torch.dtype, wanted: torch.dtype | None) -> torch.dtype:
+    # Like transformers' torch_dtype: only floating-point tensors are cast; integer buffers keep their type.
+    return wanted if wanted is not None and saved.is_floating_point else saved
+
+
+class _ItemSource:
+    """Reads one item of one checkpoint as full tensors, whichever ranks and layouts wrote it."""
+
+    def __init__(self, storage: Storage, checkpoint: Path, key: str, rank: int | None) -> None:
+        self.storage, self.checkpoint, self.key = storage, checkpoint, key
+        manifest = _committed_manifest(storage, checkpoint)
+        records = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
+        if not records:
+            raise KeyError(f"Checkpoint {checkpoint} has no item '{key}'; it holds {sorted(manifest.keys())}.")
+        metadata = load_distributed_metadata(checkpoint, storage)
+        self.item_metadata: DistributedItemMetadata | None = metadata.metadata.get(key) if metadata else None
+        self._formats = {r.rank: serialization_format_from_dict(_safe_format(r.format)) for r in records}
+        self._paths = {r.rank: r.path for r in records}
+        if rank is not None and rank not in self._paths:
+            raise ValueError(f"Item '{key}' has no file of rank {rank}; ranks: {sorted(self._paths)}")
+        if rank is None and len(records) > 1 and self.item_metadata is None:
+            raise ValueError(
+                f"Item '{key}' was saved as {len(records)} per-rank files without sharding metadata, so they cannot be "
+                f"consolidated; save it with ItemSpec(resharder=DTensorResharder()), or export one rank's copy "
+                f"(rank=R / --rank R)."
+            )
+        self.plain_rank = rank if rank is not None else records[0].rank
+        self._open: dict[int, SourceFile] = {}
+        self._stats = ReadStats()
+        self._flat: Mapping[str, torch.Tensor] | None = None
+
+    def _source(self, rank: int) -> SourceFile:
+        if rank not in self._open:
+            fmt = self._formats.get(rank)
+            if fmt is None and self.item_metadata is not None:
+                fmt = self.item_metadata.get_layout(rank, self.key).serialization_format
+            assert fmt is not None
+            self._open[rank] = open_source_file(self.storage, self.checkpoint / self._path(rank), fmt, self._stats)
+        return self._open[rank]
+
+    def _path(self, rank: int) -> str:
+        if rank in self._paths:
+            return self._paths[rank]
+        assert self.item_metadata is not None
+        return self.item_metadata.get_layout(rank, self.key).file_path
+
+    def plans(self) -> list[_TensorPlan]:
+        """Every tensor of the item, in the saving rank's order, planned from metadata and headers only."""
+        out: list[_TensorPlan] = []
+        sharded: set[NestedPath] = set()
+        if self.item_metadata is not None:
+            for path, groups in self.item_metadata.nested_path_to_metadata.items():
+                md = groups[0].sharding_metadata
+                if isinstance(md, DTensorShardingMetadata):
+                    out.append(_TensorPlan(dotted_key(path), tuple(path), tuple(md.global_shape), md.torch_dtype, True))
+                    sharded.add(tuple(path))
+        flat = self._plain()
+        names = {p.name for p in out}
+        for name in flat:
+            if name not in names:
+                t = flat[name]
+                out.append(_TensorPlan(name, tuple(name.split(".")) if name else (), tuple(t.shape), t.dtype, False))
+        # A bare-tensor item has the empty name; HF needs one: the item key.
+        return [p if p.name else _TensorPlan(self.key, p.path, p.shape, p.dtype, p.sharded) for p in out]
+
+    def _plain(self) -> Mapping[str, torch.Tensor]:
+        """Every tensor of the plain rank's file, lazily (mmap for torch files, header-only for safetensors)."""
+        if self._flat is None:
+            path = self.checkpoint / self._path(self.plain_rank)
+            self._flat = open_flat_tensors(self.storage, path, self._formats[self.plain_rank])
+        return self._flat
+
+    def read(self, plan: _TensorPlan) -> torch.Tensor:
+        """The full tensor of `plan` (a fresh, contiguous CPU tensor)."""
+        if not plan.sharded:
+            return self._plain()[dotted_key(plan.path)].detach().to("cpu").contiguous().clone()
+        assert self.item_metadata is not None
+        groups = self.item_metadata.nested_path_to_metadata[plan.path]
+        source_md = groups[0].sharding_metadata
+        assert isinstance(source_md, DTensorShardingMetadata)
+        whole = DTensorShardingMetadata(
+            tuple(source_md.global_shape),
+            source_md.dtype,
+            _contiguous_stride(source_md.global_shape),
+            get_device_mesh_spec("cpu", (1,), (0,), None),
+            (ReplicateSpec(),),
+        )
+        load_plans = compute_load_plans(plan.path, whole, groups, 0)
+        if load_plans is None:
+            raise ValueError(f"The saved shards of {self.key}::{plan.name} do not cover the whole tensor")
+        out = torch.empty(plan.shape, dtype=plan.dtype)
+        for lp in load_plans:
+            src = self._source(lp.src_rank).tensor(plan.path)
+            if src is None:
+                raise ValueError(f"Rank {lp.src_rank}'s file of '{self.key}' has no tensor {plan.name!r}")
+            block = src.read_block(lp.src_offsets, lp.src_sizes, self._stats)
+            out[tuple(slice(o, o + s) for o, s in zip(lp.offsets, lp.sizes))] = block
+        return out
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(stride))
+
+
+def _safe_format(fmt: dict[str, Any]) -> dict[str, Any]:
+    """The recorded format without a JSON class to import: checkpoint metadata is untrusted input."""
+    return {k: v for k, v in fmt.items() if k != "cls"}
+
+
+def _committed_manifest(storage: Storage, checkpoint: Path) -> Manifest:
+    if not storage.isdir(checkpoint):
+        raise FileNotFoundError(f"Checkpoint path {checkpoint} does not exist.")
+    manifest = read_manifest(storage, checkpoint)
+    if manifest is None:
+        raise IncompleteCheckpointError(f"{checkpoint}: no {MANIFEST_FILE_NAME}: not a checkpoint")
+    return manifest
+
+
+def iter_item_tensors(
+    checkpoint: str | os.PathLike[str], key: str, *, rank: int | None = None, storage: Storage | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (dotted name, full tensor) for every tensor of item `key`, one at a time (consolidated across ranks)."""
+    source = _ItemSource(storage or default_storage(), Path(checkpoint), key, rank)
+    for plan in source.plans():
+        yield plan.name, source.read(plan)
+
+
+def _assign_shards(plans: list[_TensorPlan], max_shard_size: int, dtype: torch.dtype | None) -> list[list[_TensorPlan]]:
+    shards: list[list[_TensorPlan]] = [[]]
+    size = 0
+    for plan in plans:
+        n = plan.nbytes(dtype)
+        if shards[-1] and size + n > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(plan)
+        size += n
+    return shards
+
+
+def export_hf(
+    checkpoint: str | os.PathLike[str],
+    key: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    dtype: torch.dtype | None = None,
+    rank: int | None = None,
+    storage: Storage | None = None,
+) -> ExportReport:
+    """Write item `key` of `checkpoint` as HF-layout safetensors shards plus the index into `out_dir`.
+
+    `dtype` casts floating-point tensors (e.g. torch.bfloat16); `rank` exports one rank's own copy of an item
+    saved per rank without sharding metadata. Non-tensor leaves (safetensors holds tensors only) are skipped.
+    """
+    from safetensors.torch import save_file
+
+    source = _ItemSource(storage or default_storage(), Path(checkpoint), key, rank)
+    plans = source.plans()
+    if not plans:
+        raise ValueError(f"Item '{key}' of {checkpoint} holds no tensors to export")
+    shards = _assign_shards(plans, parse_size(max_shard_size), dtype)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report = ExportReport()
+    weight_map: dict[str, str] = {}
+    for k, shard in enumerate(shards, start=1):
+        name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {p.name: source.read(p).to(_out_dtype(p.dtype, dtype)) for p in shard}
+        save_file(tensors, str(out / name), metadata={"format": "pt"})
+        report.total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
+        del tensors
+        weight_map.update({p.name: name for p in shard})
+        report.files.append(name)
+        logger.info("Exported %s (%d tensors) of %s::%s", name, len(shard), checkpoint, key)
+    report.tensors = len(weight_map)
+    index = {"metadata": {"total_size": report.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / INDEX_FILE_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    report.files.append(INDEX_FILE_NAME)
+    return report
+
+
+# ------------------------------------------------------------------------------------------------ import
+
+
+def _hf_files(directory: Path) -> dict[str, str]:
+    """tensor name -> shard file, from the index, or from the single `model.safetensors`."""
+    index = directory / INDEX_FILE_NAME
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {str(k): str(v) for k, v in weight_map.items()}
+    files = sorted(directory.glob("*.safetensors"))
+    if len(files) != 1:
+        raise FileNotFoundError(f"{directory} has no {INDEX_FILE_NAME} and not exactly one *.safetensors file")
+    from safetensors import safe_open
+
+    with safe_open(str(files[0]), framework="pt", device="cpu") as f:
+        return {k: files[0].name for k in f.keys()}
+
+
+def _leaves(template: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any, Any]]:
+    """(dotted name, container, key, leaf) for every tensor leaf of a template."""
+    items: Iterator[tuple[Any, Any]]
+    if isinstance(template, Mapping):
+        items = iter(template.items())
+    elif isinstance(template, list):
+        items = iter(enumerate(template))
+    else:
+        return
+    for k, v in items:
+        name = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, torch.Tensor):
+            yield name, template, k, v
+        else:
+            yield from _leaves(v, name)
+
+
+def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
+    """Load an HF safetensors directory: a flat `name -> tensor` dict, or filled into `into`'s tensors in place.
+
+    Plain template tensors are filled whole; DTensor templates get only their local shard (read with
+    `get_slice`, so a rank reads its part only). A template tensor the directory lacks, or one whose shape or
+    dtype differs, raises `TemplateMismatchError` before anything is copied.
+    """
+    from safetensors import safe_open
+
+    base = Path(directory)
+    files = _hf_files(base)
+    if into is None:
+        out: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(files.values())):
+            with safe_open(str(base / shard), framework="pt", device="cpu") as f:
+                out.update({k: f.get_tensor(k) for k in f.keys()})
+        return out
+    leaves = list(_leaves(into))
+    missing = sorted(name for name, _, _, _ in leaves if name not in files)
+    if missing:
+        raise TemplateMismatchError(f"{directory} has no tensor(s) {missing[:10]} (of {len(missing)} missing)")
+    handles: dict[str, Any] = {}
+    try:
+        checks = []
+        for name, parent, k, leaf in leaves:
+            handle = handles.setdefault(files[name], safe_open(str(base / files[name]), framework="pt", device="cpu"))
+            checks.append((name, handle.get_slice(name), leaf))
+        for name, sl, leaf in checks:
+            _check_fits(name, tuple(sl.get_shape()), sl.get_dtype(), leaf)
+        for name, sl, leaf in checks:
+            _fill(sl, leaf)
+    finally:
+        handles.clear()
+    return into
+
+
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+def _check_fits(name: str, shape: tuple[int, ...], st_dtype: str, leaf: torch.Tensor) -> None:
+    if tuple(leaf.shape) != shape or _ST_DTYPES.get(st_dtype) != leaf.dtype:
+        raise TemplateMismatchError(
+            f"HF tensor {name!r} is {shape} {st_dtype} but the template holds {tuple(leaf.shape)} {leaf.dtype}"
+        )
+
+
+def _fill(sl: Any, leaf: torch.Tensor) -> None:
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        if not isinstance(leaf, DTensor):
+            leaf.copy_(sl[tuple(slice(0, n) for n in leaf.shape)] if leaf.dim() else sl[...])
+            return
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        md = DTensorShardingMetadata.from_dtensor(leaf)
+        runs = compute_local_runs(md, rank)
+        local = leaf._local_tensor
+        _copy_runs(sl, runs, local)
+
+
+def _copy_runs(sl: Any, runs: tuple[list[Any], ...], local: torch.Tensor) -> None:
+    """Copy each block of global runs into its local position (several runs per dim under _StridedShard)."""
+    import itertools
+
+    for combo in itertools.product(*runs):
+        g = tuple(slice(r.global_start, r.global_start + r.length) for r in combo)
+        loc = tuple(slice(r.local_start, r.local_start + r.length) for r in combo)
+        local[loc] = sl[g]
