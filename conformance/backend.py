@@ -16,8 +16,25 @@ from types import ModuleType
 from typing import Any
 
 BACKEND_ENV = "CONFORMANCE_BACKEND"
+ADAPTER_ENV = "CONFORMANCE_BACKEND_ADAPTER"
 DEFAULT_BACKEND = "torch_checkpointing"
 PREFER_INSTALLED_ENV = "CONFORMANCE_PREFER_INSTALLED"
+
+# Every name an adapter supplied in this process, in order ("sub.attr"). Tests and rank
+# programs read slices of it to mark the clauses whose result depended on the adapter.
+ADAPTED: list[str] = []
+
+
+class MissingName(ImportError):
+    """A name the design document gives is absent from the backend (and from its adapter, if any).
+
+    The suite reports the clauses that needed it as *not measured* rather than failed,
+    except the import-location clauses, which look names up with :func:`located` and fail.
+    """
+
+    def __init__(self, qualified: str, cause: BaseException) -> None:
+        super().__init__(f"needs {qualified} ({type(cause).__name__}: {cause})")
+        self.qualified = qualified
 
 
 def prefer_installed_requested() -> bool:
@@ -54,13 +71,56 @@ def module(sub: str = "") -> ModuleType:
     return importlib.import_module(name)
 
 
-def name(sub: str, attr: str) -> Any:
-    """Fetch ``attr`` from ``<backend>.<sub>`` (``sub`` may be empty for the top level)."""
+def located(sub: str, attr: str) -> Any:
+    """Fetch ``attr`` from ``<backend>.<sub>`` exactly where the document puts it: no adapter.
+
+    The import-location clauses use this, so an adapter never makes them pass.
+    """
     return getattr(module(sub), attr)
+
+
+def adapter_name() -> str:
+    """The adapter module (``--backend-adapter`` / ``CONFORMANCE_BACKEND_ADAPTER``), or ''."""
+    return os.environ.get(ADAPTER_ENV, "").strip()
+
+
+def _qualified(sub: str, attr: str) -> str:
+    return f"{sub}.{attr}" if sub else attr
+
+
+def _from_adapter(sub: str, attr: str) -> Any:
+    """The adapter's value for ``sub.attr``: its ``NAMES`` mapping first, then a module attribute ``attr``."""
+    mod = importlib.import_module(adapter_name())
+    names = getattr(mod, "NAMES", {})
+    key = _qualified(sub, attr)
+    if key in names:
+        return names[key]
+    return getattr(mod, attr)
+
+
+def name(sub: str, attr: str) -> Any:
+    """Fetch ``attr`` from ``<backend>.<sub>`` (``sub`` may be empty for the top level).
+
+    If the backend lacks it and an adapter is configured, the adapter's name is used and
+    recorded in ``ADAPTED``. If neither has it, :class:`MissingName` is raised, so the
+    clauses that needed it are reported as not measured instead of failed.
+    """
+    try:
+        return located(sub, attr)
+    except (ImportError, AttributeError) as exc:
+        if not adapter_name():
+            raise MissingName(_qualified(sub, attr), exc) from exc
+        try:
+            value = _from_adapter(sub, attr)
+        except AttributeError:
+            raise MissingName(_qualified(sub, attr), exc) from exc
+        ADAPTED.append(_qualified(sub, attr))
+        return value
 
 
 def describe() -> str:
     """One line for pytest's report header: module path and version."""
     root = module()
     version = getattr(root, "__version__", "unknown")
-    return f"conformance backend: {root.__name__} {version} ({getattr(root, '__file__', '?')})"
+    adapter = f", adapter {adapter_name()}" if adapter_name() else ""
+    return f"conformance backend: {root.__name__} {version} ({getattr(root, '__file__', '?')}){adapter}"

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CLAUSES_FILE = Path(__file__).with_name("CLAUSES.md")
+# The durability profile's prefixes: one area in the summary, "DURABILITY".
+DURABILITY_PREFIXES = frozenset({"DUR", "INTEG", "SAFE"})
 _ROW = re.compile(r"^\|\s*`(?P<id>[A-Z][A-Z0-9]*(?:-[A-Z0-9]+)+)`\s*\|(?P<section>[^|]*)\|(?P<text>[^|]*)\|")
 
 
@@ -21,7 +23,13 @@ class Clause:
 
     @property
     def area(self) -> str:
-        return self.id.split("-", 1)[0]
+        prefix = self.id.split("-", 1)[0]
+        return "DURABILITY" if prefix in DURABILITY_PREFIXES else prefix
+
+    @property
+    def durability(self) -> bool:
+        """True for the durability profile: beyond the design document, skippable with -m 'not durability'."""
+        return self.id.split("-", 1)[0] in DURABILITY_PREFIXES
 
 
 def load_clauses(path: Path = CLAUSES_FILE) -> dict[str, Clause]:
@@ -38,14 +46,16 @@ def load_clauses(path: Path = CLAUSES_FILE) -> dict[str, Clause]:
     return out
 
 
-# Outcome precedence: one failing test fails the clause; a clause passes when at
-# least one of its tests passed and none failed; it is skipped only when every
-# test that ran for it skipped.
-_RANK = {"failed": 3, "passed": 2, "skipped": 1}
+# Outcome precedence: one failing test fails the clause; a test that could not be
+# measured (error in setup, a name the backend lacks) leaves the clause not measured
+# unless another failed; a clause passes when at least one of its tests passed and the
+# others passed or skipped; it is skipped only when every test that ran for it skipped.
+STATUSES = ("passed", "failed", "not measured", "skipped", "not run")
+_RANK = {"failed": 4, "not measured": 3, "passed": 2, "skipped": 1}
 
 
 def fold(outcomes: Mapping[str, Iterable[str]]) -> dict[str, str]:
-    """Clause id -> 'passed' | 'failed' | 'skipped' from the outcomes of its tests."""
+    """Clause id -> 'passed' | 'failed' | 'not measured' | 'skipped' from the outcomes of its tests."""
     folded: dict[str, str] = {}
     for cid, results in outcomes.items():
         best = max(results, key=lambda r: _RANK[r], default=None)
@@ -54,25 +64,25 @@ def fold(outcomes: Mapping[str, Iterable[str]]) -> dict[str, str]:
     return folded
 
 
-def area_table(clauses: Mapping[str, Clause], status: Mapping[str, str]) -> list[str]:
-    """Rows of the per-area summary: clauses passed / failed / skipped / not run."""
+def area_counts(clauses: Mapping[str, Clause], status: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    """Area -> status -> number of clauses, areas in register order."""
     areas: dict[str, dict[str, int]] = {}
     for cid, clause in clauses.items():
-        row = areas.setdefault(clause.area, {"passed": 0, "failed": 0, "skipped": 0, "not run": 0})
+        row = areas.setdefault(clause.area, dict.fromkeys(STATUSES, 0))
         row[status.get(cid, "not run")] += 1
-    head = f"{'area':<10} {'clauses':>7} {'passed':>7} {'failed':>7} {'skipped':>7} {'not run':>7}"
+    return areas
+
+
+def area_table(clauses: Mapping[str, Clause], status: Mapping[str, str]) -> list[str]:
+    """Rows of the per-area summary: clauses passed / failed / not measured / skipped / not run."""
+    areas = area_counts(clauses, status)
+    head = f"{'area':<10} {'clauses':>7} " + " ".join(f"{k:>12}" for k in STATUSES)
     lines = [head, "-" * len(head)]
-    total = {"passed": 0, "failed": 0, "skipped": 0, "not run": 0}
+    total = dict.fromkeys(STATUSES, 0)
     for area, row in areas.items():
         for k in total:
             total[k] += row[k]
-        lines.append(
-            f"{area:<10} {sum(row.values()):>7} {row['passed']:>7} {row['failed']:>7} "
-            f"{row['skipped']:>7} {row['not run']:>7}"
-        )
+        lines.append(f"{area:<10} {sum(row.values()):>7} " + " ".join(f"{row[k]:>12}" for k in STATUSES))
     lines.append("-" * len(head))
-    lines.append(
-        f"{'total':<10} {sum(total.values()):>7} {total['passed']:>7} {total['failed']:>7} "
-        f"{total['skipped']:>7} {total['not run']:>7}"
-    )
+    lines.append(f"{'total':<10} {sum(total.values()):>7} " + " ".join(f"{total[k]:>12}" for k in STATUSES))
     return lines

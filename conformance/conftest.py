@@ -20,9 +20,16 @@ if backend.prefer_installed_requested():
 
 from conformance import helpers  # noqa: E402
 from conformance.clauses import area_table, fold, load_clauses  # noqa: E402
+from conformance.report import build_report, render_md  # noqa: E402
 
 _OUTCOMES: dict[str, list[str]] = {}
+_ADAPTED_CLAUSES: set[str] = set()
+_REASONS: dict[str, str] = {}
 _CLAUSE_PROP = "clauses"
+_ADAPTED_PROP = "adapted"
+_NOT_MEASURED_PROP = "not_measured"
+NOT_MEASURED = "not measured: "
+_ADAPTED_START: dict[str, int] = {}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,11 +41,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"{backend.DEFAULT_BACKEND})",
     )
     group.addoption("--clause-report", default=None, help="write per-clause outcomes as JSON to this path")
+    group.addoption("--clause-report-md", default=None, help="write the per-area and per-clause tables as Markdown")
+    group.addoption(
+        "--backend-adapter",
+        default=None,
+        help=f"module mapping names the backend moved or renamed onto the document's names (or ${backend.ADAPTER_ENV})",
+    )
+    group.addoption(
+        "--compare-report",
+        default=None,
+        help="after a run that measured every clause, fail the session if any clause's status differs from this "
+        "committed clause-report JSON (keeps the generated docs table honest)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clause(*ids): the design-document clauses a conformance test checks")
     config.addinivalue_line("markers", "multirank: launches real gloo ranks through simulator.launcher")
+    config.addinivalue_line(
+        "markers", "durability: the durability profile (beyond the design document); skip with -m 'not durability'"
+    )
     if backend.prefer_installed_requested() and str(config.getoption("importmode")) in (
         "prepend",
         "ImportMode.prepend",
@@ -50,6 +72,9 @@ def pytest_configure(config: pytest.Config) -> None:
     chosen = config.getoption("--backend", default=None)
     if chosen:
         os.environ[backend.BACKEND_ENV] = chosen
+    adapter = config.getoption("--backend-adapter", default=None)
+    if adapter:  # an environment variable, so rank and writer subprocesses use it too
+        os.environ[backend.ADAPTER_ENV] = adapter
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -68,20 +93,97 @@ def _clause_ids(item: pytest.Item) -> list[str]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # user_properties travel with xdist reports, marker arguments do not.
+    clauses = load_clauses()
     for item in items:
         ids = _clause_ids(item)
         if ids:
             item.user_properties.append((_CLAUSE_PROP, ids))
+        if any(cid in clauses and clauses[cid].durability for cid in ids):
+            item.add_marker(pytest.mark.durability)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _ADAPTED_START[item.nodeid] = len(backend.ADAPTED)
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return ""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Tag reports: not measured (missing name, setup error, not-measured skip) and adapter use."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(backend.MissingName):
+        path, line, _ = item.reportinfo()
+        report.outcome = "skipped"
+        report.longrepr = (str(path), (line or 0) + 1, f"Skipped: {NOT_MEASURED}{call.excinfo.value}")
+    if report.skipped and _skip_reason(report).startswith(NOT_MEASURED):
+        report.user_properties.append((_NOT_MEASURED_PROP, _skip_reason(report).removeprefix(NOT_MEASURED)))
+    elif report.when == "setup" and report.failed:
+        report.user_properties.append((_NOT_MEASURED_PROP, f"error in setup: {_first_line(report.longreprtext)}"))
+    if call.when == "call":
+        used = sorted(set(backend.ADAPTED[_ADAPTED_START.get(item.nodeid, 0):]))
+        if used:
+            report.user_properties.append((_ADAPTED_PROP, used))
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("E ")] or text.strip().splitlines()[-1:]
+    return (lines[0].removeprefix("E").strip() if lines else "")[:300]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    ids = next((v for k, v in report.user_properties if k == _CLAUSE_PROP), None)
+    props = dict(report.user_properties)
+    ids = props.get(_CLAUSE_PROP)
     if not ids:
         return
-    if report.when == "call" or report.outcome != "passed":
+    if _ADAPTED_PROP in props:
+        _ADAPTED_CLAUSES.update(ids)
+    if report.when != "call" and report.outcome == "passed":
+        return
+    if _NOT_MEASURED_PROP in props:
+        outcome, reason = "not measured", str(props[_NOT_MEASURED_PROP])
+    else:
         outcome = "skipped" if report.skipped else report.outcome
-        for cid in ids:
-            _OUTCOMES.setdefault(cid, []).append(outcome)
+        reason = _first_line(report.longreprtext) if report.failed else ""
+    for cid in ids:
+        _OUTCOMES.setdefault(cid, []).append(outcome)
+        if reason and outcome in ("failed", "not measured"):
+            _REASONS.setdefault(cid, reason)
+
+
+def _write_summary(tr: Any, clauses: dict[str, Any], status: dict[str, str]) -> None:
+    for cid in sorted(c for c, s in status.items() if s == "failed"):
+        tr.write_line(f"FAILED clause {cid}: {clauses[cid].statement if cid in clauses else '(not in CLAUSES.md)'}")
+    by_reason: dict[str, list[str]] = {}
+    for cid in sorted(c for c, s in status.items() if s == "not measured"):
+        by_reason.setdefault(_REASONS.get(cid, "?"), []).append(cid)
+    for reason, cids in by_reason.items():  # one line per cause, e.g. a launch that could not start
+        tr.write_line(f"NOT MEASURED ({reason}): {', '.join(cids)}")
+    if _ADAPTED_CLAUSES:
+        tr.write_line(f"clauses whose result used the adapter: {', '.join(sorted(_ADAPTED_CLAUSES))}")
+    for line in area_table(clauses, status):
+        tr.write_line(line)
+
+
+def _compare(tr: Any, config: pytest.Config, clauses: dict[str, Any], status: dict[str, str]) -> None:
+    committed_path = config.getoption("--compare-report")
+    if not committed_path or set(clauses) - set(status):
+        return  # only a run that measured every clause can be compared
+    committed = json.loads(Path(committed_path).read_text())["clauses"]
+    diff = sorted(c for c in clauses if committed.get(c) != status.get(c))
+    if diff:
+        for cid in diff:
+            tr.write_line(f"REPORT DIFFERS {cid}: committed {committed.get(cid)}, this run {status.get(cid)}")
+        tr.write_line(f"{committed_path} is stale: rerun with --clause-report {committed_path}, then "
+                      "python -m conformance.report docs")
+        config._conformance_stale = True  # type: ignore[attr-defined]
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -94,13 +196,22 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr = terminalreporter
     tr.write_sep("=", "conformance clauses by area")
     tr.write_line(backend.describe())
-    for cid in sorted(c for c, s in status.items() if s == "failed"):
-        tr.write_line(f"FAILED clause {cid}: {clauses[cid].statement if cid in clauses else '(not in CLAUSES.md)'}")
-    for line in area_table(clauses, status):
-        tr.write_line(line)
+    _write_summary(tr, clauses, status)
+    report = build_report(backend.describe(), backend.adapter_name(), status,
+                          sorted(_ADAPTED_CLAUSES & set(status)), {c: r for c, r in _REASONS.items()
+                                                                   if status.get(c) in ("failed", "not measured")})
     out = config.getoption("--clause-report")
     if out:
-        Path(out).write_text(json.dumps({"backend": backend.describe(), "clauses": status}, indent=2, sort_keys=True))
+        Path(out).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    md = config.getoption("--clause-report-md")
+    if md:
+        Path(md).write_text(render_md(report, clauses))
+    _compare(tr, config, clauses, status)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if getattr(session.config, "_conformance_stale", False) and exitstatus == 0:
+        session.exitstatus = 1
 
 
 @pytest.fixture

@@ -1,15 +1,21 @@
 """Programs that run inside launched gloo ranks and return observations.
 
 Each program runs many independent checks in one launch (launches cost seconds) and
-returns ``{check name: "ok" | "FAIL: ..."}`` per rank; the tests assert on them. A
-failed check does not stop the others, so each clause fails for its own reason.
+returns ``{check name: "ok" | "FAIL: ..." | "NOT RUN: needs X"}`` per rank; the tests
+assert on them. Each check runs in its own guard, and so does each phase (a group of
+checks sharing a prefix): a failed check or phase does not stop the others, so each
+clause fails, or is not measured, for its own reason. ``"<check>@adapted"`` lists the
+names an adapter supplied while the check's phase ran; ``"<prefix>@phase"`` records an
+error raised by a phase outside any check (read by ``test_multirank.expect``).
 """
 
 from __future__ import annotations
 
+import importlib
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -18,11 +24,22 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from conformance import backend, custom_resharder
+from conformance import backend
 from conformance.golden.cases import DTENSOR_GLOBALS, DTENSOR_ST, seeded
 from conformance.helpers import files, layout, make_config, save, spec
 
 Obs = dict[str, str]
+
+
+_PHASE_START = [0]  # index into backend.ADAPTED where the running phase began
+
+
+def _outcome(exc: BaseException) -> str:
+    """The observation for a raised exception: a missing name is 'not run', anything else a failure."""
+    if isinstance(exc, backend.MissingName):
+        return f"NOT RUN: {exc}"
+    tail = "".join(traceback.format_exception(exc)[-3:])
+    return f"FAIL: {type(exc).__name__}: {exc}"[:1500] + f"\n{tail[-1500:]}"
 
 
 def _check(obs: Obs, name: str, fn: Callable[[], None]) -> None:
@@ -30,8 +47,27 @@ def _check(obs: Obs, name: str, fn: Callable[[], None]) -> None:
         fn()
         obs[name] = "ok"
     except BaseException as exc:  # noqa: BLE001 - every failure becomes an observation
-        tail = "".join(traceback.format_exception(exc)[-3:])
-        obs[name] = f"FAIL: {type(exc).__name__}: {exc}"[:1500] + f"\n{tail[-1500:]}"
+        obs[name] = _outcome(exc)
+    adapted = sorted(set(backend.ADAPTED[_PHASE_START[0]:]))
+    if adapted:
+        obs[f"{name}@adapted"] = ",".join(adapted)
+
+
+def _phase(obs: Obs, prefix: str, fn: Callable[[], None]) -> None:
+    """Run one phase; an exception outside its checks is recorded once for the phase's unrecorded checks."""
+    _PHASE_START[0] = len(backend.ADAPTED)
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - the other phases still run
+        obs[f"{prefix}@phase"] = _outcome(exc)
+        adapted = sorted(set(backend.ADAPTED[_PHASE_START[0]:]))
+        if adapted:
+            obs[f"{prefix}@adapted"] = ",".join(adapted)
+
+
+def _custom() -> ModuleType:
+    """The custom resharder module, imported on first use: it subclasses backend names at import time."""
+    return importlib.import_module("conformance.custom_resharder")
 
 
 def _manager(items: dict[str, Any], mode: str = "sync") -> Any:
@@ -83,7 +119,7 @@ def _full_example_items() -> dict[str, Any]:
     return {
         "model": spec(requires_copy=True, resharder=_resharder()),
         "optimizer": spec(requires_copy=True, resharder=_resharder()),
-        "dataloader": spec(requires_copy=False, resharder=custom_resharder.DataloaderResharder()),
+        "dataloader": spec(requires_copy=False, resharder=_custom().DataloaderResharder()),
         "misc_state": spec(requires_copy=False, layout=layout("misc_state_{rank}.json", "JsonSerialization")),
     }
 
@@ -160,13 +196,14 @@ def _full_example_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> Non
 
 def _full_example_load(root: Path, obs: Obs, prefix: str, expected: dict[str, Any] | None = None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
+    items = _full_example_items()  # first: a backend lacking a name is "not run", not a missing file
     if expected is None:
         expected = torch.load(root / "full_expected.pt", weights_only=False)
     mesh = init_device_mesh("cpu", (world,))
     net = Net(mesh, None)
     opt = _train(net, steps=2, grad=0.0)
     template = net.state_dict()
-    manager = _manager(_full_example_items())
+    manager = _manager(items)
     try:
         holder: dict[str, Any] = {}
 
@@ -277,7 +314,7 @@ def _reshard_items(with_loader: bool = True, with_misc: bool = True) -> dict[str
     if with_misc:
         items["misc"] = spec(layout=layout("misc_{rank}.json", "JsonSerialization"))
     if with_loader:
-        items["loader"] = spec(requires_copy=False, resharder=custom_resharder.DataloaderResharder())
+        items["loader"] = spec(requires_copy=False, resharder=_custom().DataloaderResharder())
     return items
 
 
@@ -296,7 +333,7 @@ def _reshard_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     finally:
         strided.close()
     loader = {"position": 100 + rank, "epoch": 1}
-    custom_resharder.CALLS.clear()
+    _custom().CALLS.clear()
     m = _manager(_reshard_items())
     try:
         _check(obs, "reshard.save", lambda: save(m, root / "reshard", {"model": model, "loader": loader,
@@ -305,7 +342,7 @@ def _reshard_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
         m.close()
 
     def extract_on_save() -> None:
-        seen = [c for c in custom_resharder.CALLS if c["call"] == "extract"]
+        seen = [c for c in _custom().CALLS if c["call"] == "extract"]
         assert any(c["value_id"] == id(loader) and c["position"] == 100 + rank for c in seen), \
             f"extract_sharding_metadata not called with the saved value: {seen}"
     _check(obs, "reshard.extract_on_save", extract_on_save)
@@ -349,11 +386,11 @@ def _reshard_load_other_world(root: Path, obs: Obs) -> None:
     if world == 1:
         _check(obs, "reshard1.r", lambda: load_key("r", [Replicate()]))
         _check(obs, "reshard1.strided", lambda: load_key("s", [Replicate()]))
-        _custom_and_direct(root, obs)
+        _phase(obs, "custom", lambda: _custom_and_direct(root, obs))
 
 
 def _custom_and_direct(root: Path, obs: Obs) -> None:
-    custom_resharder.CALLS.clear()
+    _custom().CALLS.clear()
     target = {"position": -1, "epoch": 0}
     m = _manager(_reshard_items(with_misc=False))
     holder: dict[str, Any] = {}
@@ -364,8 +401,8 @@ def _custom_and_direct(root: Path, obs: Obs) -> None:
     finally:
         m.close()
     r = holder.get("r")
-    calls = list(custom_resharder.CALLS)
-    meta_cls = custom_resharder.LoaderShardMeta
+    calls = list(_custom().CALLS)
+    meta_cls = _custom().LoaderShardMeta
 
     def custom_called() -> None:
         loads = [c for c in calls if c["call"] == "load"]
@@ -457,8 +494,8 @@ def two_rank_program(root: str) -> Obs:
     obs: Obs = {}
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (2,))
-    for phase in (_full_example_save, _layouts, _reshard_save):
-        phase(Path(root), obs, rank, mesh)
+    for prefix, phase in (("full", _full_example_save), ("layouts", _layouts), ("reshard", _reshard_save)):
+        _phase(obs, prefix, lambda phase=phase: phase(Path(root), obs, rank, mesh))
         dist.barrier()
     return obs
 
@@ -466,8 +503,9 @@ def two_rank_program(root: str) -> Obs:
 def other_world_program(root: str, golden_dirs: list[str]) -> Obs:
     """Load the 2-rank checkpoints on 1 or 3 ranks."""
     obs: Obs = {}
-    if dist.get_world_size() == 1:
-        _full_example_load(Path(root), obs, "full.load1")
-    _reshard_load_other_world(Path(root), obs)
-    _golden_load(golden_dirs, obs)
+    world = dist.get_world_size()
+    if world == 1:
+        _phase(obs, "full", lambda: _full_example_load(Path(root), obs, "full.load1"))
+    _phase(obs, f"reshard{world}", lambda: _reshard_load_other_world(Path(root), obs))
+    _phase(obs, f"golden{world}", lambda: _golden_load(golden_dirs, obs))
     return obs

@@ -198,8 +198,8 @@ def test_layout_module_names() -> None:
 
 @clause("IMPORT-RESHARD-1")
 def test_resharder_import_locations() -> None:
-    dt = backend.name("dtensor_resharder", "DTensorResharder")
-    base = backend.name("resharding", "Resharder")
+    dt = backend.located("dtensor_resharder", "DTensorResharder")
+    base = backend.located("resharding", "Resharder")
     assert issubclass(dt, base)
 
 
@@ -212,7 +212,7 @@ def test_top_level_reexports() -> None:
 
 @clause("IMPORT-EXAMPLE-1")
 def test_full_example_imports() -> None:
-    assert isinstance(backend.name("distributed_metadata", "DistributedItemMetadata"), type)
-    assert isinstance(backend.name("distributed_metadata", "ShardingMetadata"), type)
-    assert isinstance(backend.name("storage.base_storage", "Storage"), type)
-    assert backend.name("types", "NestedPath") is not None
+    assert isinstance(backend.located("distributed_metadata", "DistributedItemMetadata"), type)
+    assert isinstance(backend.located("distributed_metadata", "ShardingMetadata"), type)
+    assert isinstance(backend.located("storage.base_storage", "Storage"), type)
+    assert backend.located("types", "NestedPath") is not None

@@ -65,3 +65,37 @@ def test_every_test_names_a_clause() -> None:
 def test_multirank_module_is_marked() -> None:
     src = (HERE / "test_multirank.py").read_text(encoding="utf-8")
     assert "pytestmark = pytest.mark.multirank" in src
+
+
+def test_docs_table_is_generated_from_reports() -> None:
+    """docs/conformance.md's clause table is the generator's output for the committed clause reports.
+
+    The reports come from real runs (``--clause-report conformance/reports/<backend>.json``; ``tox -e
+    conformance`` also fails when a full run of ours disagrees with ``reports/ours.json``); this check
+    only re-renders them, so it is cheap and never re-runs the suite.
+    """
+    from conformance.report import regenerate_docs
+
+    old, new = regenerate_docs()
+    assert old == new, "docs/conformance.md is stale: run python -m conformance.report docs"
+
+
+def test_reports_cover_every_clause() -> None:
+    from conformance.report import load_reports
+
+    known = set(load_clauses())
+    for label, rep in load_reports():
+        assert set(rep["clauses"]) <= known, f"{label}: unknown clauses {sorted(set(rep['clauses']) - known)}"
+
+
+def test_markdown_report_counts() -> None:
+    """The per-backend Markdown (--clause-report-md) shows each status and the adapter mark."""
+    from conformance.report import build_report, render_md
+
+    clauses = load_clauses()
+    first, second, third = list(clauses)[:3]
+    rep = build_report("b", "a.adapter", {first: "passed", second: "failed", third: "not measured"}, [first], {})
+    md = render_md(rep, clauses)
+    assert f"| `{first}` | {clauses[first].area} | pass (adapter) |" in md
+    assert f"| `{second}` | {clauses[second].area} | FAIL |" in md
+    assert f"| `{third}` | {clauses[third].area} | not measured |" in md
