@@ -9,6 +9,7 @@ lets spawned writer processes and ranks reach it too.
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import signal
 import subprocess
@@ -19,14 +20,22 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.memory_storage import free_port
-from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig, _S3MultipartWriter
 
-__all__ = ["TEST_PART_SIZE", "S3Server", "missing_s3_packages", "s3_server", "start_s3_server"]
+__all__ = [
+    "TEST_PART_SIZE",
+    "S3Server",
+    "SlowPartsStorageConfig",
+    "missing_s3_packages",
+    "s3_server",
+    "start_s3_server",
+]
 
 TEST_PART_SIZE = 5 << 20  # S3's smallest part: small test files still take the multipart path
 _START_TIMEOUT_S = 30.0
@@ -77,6 +86,43 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(_STOP_TIMEOUT_S)
+
+
+@dataclass
+class SlowPartsStorageConfig(FsspecStorageConfig):
+    """The real S3 storage, pausing after each uploaded part and touching `signal_file` once one is up.
+
+    For kill tests: the killer waits for the signal file, so the kill lands while an upload is in flight. The
+    uploads themselves are real requests to the server.
+    """
+
+    signal_file: str = ""
+    part_delay_s: float = 0.0
+
+    def create_storage(self) -> FsspecStorage:
+        return _SlowPartsStorage(self)
+
+
+class _SlowPartsStorage(FsspecStorage):
+    config: SlowPartsStorageConfig
+
+    def stream_write(self, path: Path) -> io.RawIOBase:
+        stream = super().stream_write(path)
+        if isinstance(stream, _S3MultipartWriter):
+            stream.__class__ = _SlowPartsWriter
+            stream._slow = self.config  # type: ignore[attr-defined]
+        return stream
+
+
+class _SlowPartsWriter(_S3MultipartWriter):
+    _slow: SlowPartsStorageConfig
+
+    def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
+        out = super()._upload_part(number, data)
+        if self._slow.signal_file:
+            Path(self._slow.signal_file).touch()
+        time.sleep(self._slow.part_delay_s)
+        return out
 
 
 def _ready(endpoint: str) -> bool:

@@ -167,6 +167,11 @@ class FsspecStorage(Storage):
     def remap_path(self, path: Path) -> str:
         return f"{self.config.protocol}://{self._key(path)}"
 
+    def handles_url(self, checkpoint_id: str) -> bool:
+        """URL ids of this store's scheme (`s3://bucket/run/step_1`) are this store's own names."""
+        scheme = url_scheme(checkpoint_id)
+        return scheme is not None and scheme in self._protocols
+
     def _errors(self, what: str, path: Path | str) -> _ErrorScope:
         return _ErrorScope(f"{what} {self.remap_path(Path(os.fspath(path)))}", wrap_missing=what.startswith("upload"))
 
