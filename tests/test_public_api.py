@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import pkgutil
 import subprocess
 import sys
 from typing import Any
@@ -64,6 +65,7 @@ REQUIRED_PUBLIC = [
     "DTensorResharder",
     "DefaultResharder",
     "LocalFileSystemStorageConfig",
+    "FsspecStorageConfig",
     "SyncCheckpointSaverConfig",
     "AsyncCheckpointSaverConfig",
     "CheckpointLoaderConfig",
@@ -116,6 +118,20 @@ def test_user_facing_names_are_public(name: str) -> None:
 @pytest.mark.parametrize("name", COMPATIBILITY)
 def test_published_release_names_stay_importable(name: str) -> None:
     assert hasattr(torch_checkpointing, name)
+
+
+def test_every_checkpoint_error_is_public() -> None:
+    """Callers catch these by name: each `CheckpointError` subclass the package defines is in `__all__`."""
+    for info in pkgutil.walk_packages(torch_checkpointing.__path__, "torch_checkpointing."):
+        importlib.import_module(info.name)
+    seen: list[type] = [torch_checkpointing.CheckpointError]
+    found = set()
+    while seen:
+        cls = seen.pop()
+        seen.extend(cls.__subclasses__())
+        if cls.__module__.startswith("torch_checkpointing.") and not cls.__name__.startswith("_"):
+            found.add(cls.__name__)
+    assert sorted(found - set(PUBLIC)) == []
 
 
 def test_default_resharder_is_the_dtensor_resharder() -> None:

@@ -43,6 +43,7 @@ from torch_checkpointing.schema import ItemSpec
 from torch_checkpointing.staging import CheckpointStagerConfig
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig, ObjectStoreError
 from torch_checkpointing.version import Version, __version__, get_version
 
 # isort: split
@@ -92,11 +93,13 @@ __all__ = [
     "DTensorResharder",
     "DefaultResharder",
     "DistributedItemMetadata",
+    "FsspecStorageConfig",
     "IncompleteCheckpointError",
     "ItemSpec",
     "JsonSerialization",
     "LayoutInfo",
     "LocalFileSystemStorageConfig",
+    "ObjectStoreError",
     "RawSerialization",
     "Resharder",
     "SafetensorsSerialization",
