@@ -1,9 +1,9 @@
 """Asynchronous, distributed, atomic PyTorch checkpointing.
 
 `__all__` says exactly what is public: the manager and its item specs, layouts and the four serialization
-formats, the resharder contract and the DTensor resharder, storage, every configuration class, the errors and
-the version. Importing the package starts no process and no thread (the writer process starts with an async
-`CheckpointManager`).
+formats, the resharder contract and the DTensor resharder, storage, every configuration class, the errors,
+the version, and the operations on committed checkpoints (discovery, retention). Importing the package
+starts no process and no thread (the writer process starts with an async `CheckpointManager`).
 
 The second import block keeps the other names the published release exposed at the top level importable for
 old code; they are not part of `__all__` (most are internals with a module of their own).
@@ -27,6 +27,7 @@ from torch_checkpointing.config import (
     SyncCheckpointSaverConfig,
 )
 from torch_checkpointing.default_resharder import DefaultResharder
+from torch_checkpointing.discovery import CheckpointInfo, latest_checkpoint, list_checkpoints
 from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata
 from torch_checkpointing.dtensor_resharder import DTensorResharder
 from torch_checkpointing.errors import (
@@ -39,6 +40,7 @@ from torch_checkpointing.errors import (
     WriterProcessDied,
 )
 from torch_checkpointing.resharding import Resharder
+from torch_checkpointing.retention import RetentionPolicy
 from torch_checkpointing.schema import ItemSpec
 from torch_checkpointing.staging import CheckpointStagerConfig
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
@@ -82,6 +84,7 @@ from torch_checkpointing.types import RankInfo as RankInfo
 __all__ = [
     "AsyncCheckpointSaverConfig",
     "CheckpointError",
+    "CheckpointInfo",
     "CheckpointLoaderConfig",
     "CheckpointManager",
     "CheckpointProcessConfig",
@@ -102,6 +105,7 @@ __all__ = [
     "ObjectStoreError",
     "RawSerialization",
     "Resharder",
+    "RetentionPolicy",
     "SafetensorsSerialization",
     "SerializationFormat",
     "ShardingMetadata",
@@ -115,4 +119,6 @@ __all__ = [
     "WriterProcessDied",
     "__version__",
     "get_version",
+    "latest_checkpoint",
+    "list_checkpoints",
 ]
