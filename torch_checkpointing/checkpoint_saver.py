@@ -186,7 +186,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
                     entries.append(WriteEntry(item.key, item.layout.file_path, fmt, value))
                 else:
                     entries.append(WriteEntry(item.key, item.layout.file_path, fmt, _pickle_item(item), pickled=True))
-            slab_info = (self._stager.generation, slab) if slab is not None else None
+            slab_info = (self._stager.generation, self._stager.shared_slab) if slab is not None else None
             self._process.write(plan.request(entries, self.config.writer_config), slab_info)
         except BaseException as exc:
             write.set_exception(exc)

@@ -25,6 +25,7 @@ from torch_checkpointing.checkpoint_layout import (
 )
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
+from torch_checkpointing.staging import resolve_lazy_tensors
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = ["encode", "decode", "TRUST_HINT"]
@@ -39,7 +40,7 @@ TRUST_HINT = (
 def encode(fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
     """Write `value` to `stream` in `fmt`; bad values raise ValueError/TypeError naming `key`."""
     if isinstance(fmt, TorchSerialization):
-        torch.save(value, stream)
+        torch.save(resolve_lazy_tensors(value), stream)
     elif isinstance(fmt, JsonSerialization):
         try:
             text = json.dumps(to_jsonable(value), sort_keys=True, indent=4)

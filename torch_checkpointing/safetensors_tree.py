@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from torch_checkpointing.staging import tensor_for_write
 from torch_checkpointing.walk_utils import MISSING
 
 __all__ = ["flatten_tensors", "unflatten_to_target"]
@@ -23,9 +24,7 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
 
     def visit(prefix: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
-            if hasattr(value, "to_local") and type(value).__name__ == "DTensor":
-                value = value.to_local()
-            value = value.detach().contiguous()
+            value = tensor_for_write(value).contiguous()
             if value.device.type != "cpu":
                 value = value.cpu()
             storage_id = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())

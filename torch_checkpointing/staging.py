@@ -10,18 +10,31 @@ from __future__ import annotations
 
 import copy
 import math
+import mmap
+import os
+import tempfile
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from multiprocessing.reduction import DupFd
 from typing import Any
 
 import torch
 
 from torch_checkpointing.types import STATE_DICT
 
-__all__ = ["CheckpointStager", "CheckpointStagerConfig", "DefaultStager", "SlabRef", "unwrap_dtensor"]
+__all__ = [
+    "CheckpointStager",
+    "CheckpointStagerConfig",
+    "DefaultStager",
+    "SharedSlab",
+    "SlabRef",
+    "tensor_for_write",
+    "resolve_lazy_tensors",
+    "unwrap_dtensor",
+]
 
 
 def _cuda_available() -> bool:
@@ -41,6 +54,10 @@ class CheckpointStagerConfig:
     use_non_blocking_copy: bool = field(default_factory=_cuda_available)
     thread_name: str = "ckpt-staging"
     metric_prefix: str = "train.checkpoint_write"
+    # Where the shared staging slab lives (with use_shared_memory). None: anonymous shared memory (memfd),
+    # which a small /dev/shm (64 MiB in containers) does not limit. A directory: an unlinked file there,
+    # mapped shared; it must have room for the whole staged state (about the size of the payload's tensors).
+    staging_dir: str | None = None
 
 
 def unwrap_dtensor(t: torch.Tensor) -> torch.Tensor:
@@ -48,6 +65,38 @@ def unwrap_dtensor(t: torch.Tensor) -> torch.Tensor:
     if type(t).__name__ == "DTensor" and hasattr(t, "to_local"):
         return t.to_local()
     return t
+
+
+def has_lazy_bits(t: torch.Tensor) -> bool:
+    """Whether `t` is a lazy conjugate or negative view (x.conj(), x.mH, torch._neg_view): its memory holds
+    other values than the tensor, and anything that copies memory as it is (safetensors, a raw buffer) would
+    write those."""
+    return bool(t.is_conj() or t.is_neg())
+
+
+def tensor_for_write(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory is exactly the values a checkpoint file must hold for `t`: a DTensor's local
+    shard, detached, lazy conjugate/negative bits applied. Every encoder materialises tensors through here."""
+    t = unwrap_dtensor(t).detach()
+    return t.resolve_conj().resolve_neg() if has_lazy_bits(t) else t
+
+
+def resolve_lazy_tensors(value: Any) -> Any:
+    """`value` itself when no tensor in it has lazy bits (the common case: nothing rebuilt, tied tensors kept
+    tied); else a copy of its containers with those tensors resolved (DTensors stay DTensors)."""
+    if not _any_leaf(value, lambda x: isinstance(x, torch.Tensor) and has_lazy_bits(x)):
+        return value
+    return _map_leaves(
+        value, lambda x: x.resolve_conj().resolve_neg() if isinstance(x, torch.Tensor) and has_lazy_bits(x) else x
+    )
+
+
+def _any_leaf(value: Any, pred: Callable[[Any], bool]) -> bool:
+    if isinstance(value, Mapping):
+        return any(_any_leaf(v, pred) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_any_leaf(v, pred) for v in value)
+    return pred(value)
 
 
 class CheckpointStager(ABC):
@@ -76,6 +125,84 @@ class SlabRef:
 _ALIGN = 64
 
 
+class SharedSlab:
+    """A staging slab in memory shared with the writer process: an mmap (MAP_SHARED) of a memfd, or of an
+    unlinked file in `CheckpointStagerConfig.staging_dir`.
+
+    Not torch's share_memory_(): that puts the whole slab in /dev/shm, which containers cap at 64 MiB, and a
+    bigger save then dies with "unable to allocate shared memory". The space is reserved up front
+    (posix_fallocate), so a directory without room fails at the first save with the fix in the message rather
+    than with SIGBUS in the middle of a copy. Pickled, it travels as a duplicate of its descriptor.
+    """
+
+    def __init__(self, fd: int, nbytes: int, where: str) -> None:
+        self.nbytes, self.where = nbytes, where
+        self._fd = fd
+        self.tensor = _map_shared(fd, nbytes)
+
+    @classmethod
+    def allocate(cls, nbytes: int, directory: str | None) -> SharedSlab:
+        fd, where = _slab_fd(directory)
+        try:
+            _reserve(fd, nbytes, where)
+            return cls(fd, nbytes, where)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self) -> None:
+        """Give up the descriptor; the memory goes with the last tensor that views it."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._fd < 0:
+            raise ValueError(f"staging slab in {self.where} is closed and cannot be sent to the writer process")
+        return (_attach_slab, (DupFd(self._fd), self.nbytes, self.where))
+
+
+def _map_shared(fd: int, nbytes: int) -> torch.Tensor:
+    """A uint8 tensor over the whole descriptor, mapped shared. Through torch's own file mapping where /proc
+    names the descriptor, so that the tensor reports `is_shared()` like the /dev/shm slab it replaces."""
+    proc = f"/proc/self/fd/{fd}"
+    if os.path.exists(proc):
+        storage = torch.UntypedStorage.from_file(proc, shared=True, nbytes=nbytes)
+        return torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[call-overload]
+    return torch.frombuffer(mmap.mmap(fd, nbytes, mmap.MAP_SHARED), dtype=torch.uint8)
+
+
+def _attach_slab(dup: Any, nbytes: int, where: str) -> SharedSlab:
+    """The writer process's side: map the received descriptor (the mapping outlives the descriptor)."""
+    slab = SharedSlab(dup.detach(), nbytes, where)
+    slab.close()
+    return slab
+
+
+def _slab_fd(directory: str | None) -> tuple[int, str]:
+    """A descriptor for a new, empty slab, and where it lives (for messages)."""
+    if directory is None and hasattr(os, "memfd_create"):
+        return os.memfd_create("torch_checkpointing-staging", getattr(os, "MFD_CLOEXEC", 0)), "anonymous shared memory"
+    directory = directory or tempfile.gettempdir()
+    fd, path = tempfile.mkstemp(prefix=".torch_checkpointing-staging-", suffix=".slab", dir=directory)
+    os.unlink(path)  # nothing to clean up after a crash: the descriptors keep the file while they live
+    return fd, directory
+
+
+def _reserve(fd: int, nbytes: int, where: str) -> None:
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            f"Async staging needs {nbytes} bytes of shared memory for the staged tensors and could not reserve "
+            f"them in {where} ({exc.strerror}). Set CheckpointStagerConfig(staging_dir=...) to a directory with "
+            f"room for the whole staged state (or free memory there), or save with "
+            f"CheckpointManager.Config.with_sync_save(), which stages nothing",
+            where,
+        ) from exc
+
+
 class DefaultStager(CheckpointStager):
     """Copies every tensor of a save into one shared-memory slab, reused while the state keeps its layout.
 
@@ -92,6 +219,7 @@ class DefaultStager(CheckpointStager):
         self._pin = self.config.use_pinned_memory and cuda
         self._non_blocking = self.config.use_non_blocking_copy and cuda
         self._slab: torch.Tensor | None = None
+        self._shared: SharedSlab | None = None
         self._layout: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()
         self._views: list[torch.Tensor] = []
         self._generation = 0
@@ -100,6 +228,12 @@ class DefaultStager(CheckpointStager):
     @property
     def slab(self) -> torch.Tensor | None:
         return self._slab
+
+    @property
+    def shared_slab(self) -> SharedSlab | torch.Tensor | None:
+        """What to send the writer process for the slab: the shared mapping's handle (or the tensor itself
+        without use_shared_memory, which torch then moves to shared memory as it pickles it)."""
+        return self._shared if self._shared is not None else self._slab
 
     @property
     def generation(self) -> int:
@@ -144,9 +278,11 @@ class DefaultStager(CheckpointStager):
             nbytes = math.prod(shape) * dtype.itemsize
             total += -(-nbytes // _ALIGN) * _ALIGN
         self._release()
-        slab = torch.empty(max(total, 1), dtype=torch.uint8)
         if self.config.use_shared_memory:
-            slab.share_memory_()
+            self._shared = SharedSlab.allocate(max(total, 1), self.config.staging_dir)
+            slab = self._shared.tensor
+        else:
+            slab = torch.empty(max(total, 1), dtype=torch.uint8)
         if self._pin:
             torch.cuda.cudart().cudaHostRegister(slab.data_ptr(), slab.numel(), 0)
         self._slab, self._layout, self._generation = slab, layout, self._generation + 1
@@ -155,13 +291,15 @@ class DefaultStager(CheckpointStager):
     def _release(self) -> None:
         if self._slab is not None and self._pin:
             torch.cuda.cudart().cudaHostUnregister(self._slab.data_ptr())
-        self._slab, self._layout, self._views = None, (), []
+        if self._shared is not None:
+            self._shared.close()
+        self._slab, self._layout, self._views, self._shared = None, (), [], None
 
     def _copy(self, value: Any, views: Iterator[torch.Tensor]) -> Any:
         def leaf(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
                 return copy.deepcopy(x)
-            buf, src = next(views), unwrap_dtensor(x).detach()
+            buf, src = next(views), tensor_for_write(x)
             with torch.no_grad():
                 buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
@@ -205,13 +343,13 @@ def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
     )
 
 
-def from_slab_refs(value: Any, slab: torch.Tensor) -> Any:
+def from_slab_refs(value: Any, slab: torch.Tensor | SharedSlab) -> Any:
     """The tree with each SlabRef turned into a tensor over the slab's memory (no copy).
 
     Each tensor gets a storage of its own (torch.frombuffer), not a view of the slab's storage: serializers
     write whole storages, so views would put the entire slab, in one dtype, into every item's file.
     """
-    memory = memoryview(slab.numpy())
+    memory = memoryview((slab.tensor if isinstance(slab, SharedSlab) else slab).numpy())
 
     def own(x: Any) -> Any:
         if not isinstance(x, SlabRef):

@@ -119,6 +119,6 @@ class Storage(ABC):
         directory, name_pattern = os.path.split(pattern)
         try:
             names = self.ls(Path(directory))
-        except Exception:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         return [os.path.join(directory, n) for n in names if fnmatch.fnmatch(n, name_pattern)]

@@ -34,6 +34,12 @@ class DurableFileWriter(io.RawIOBase):
     In direct mode two aligned buffers alternate: while one is written by an I/O thread and checksummed by
     another (both release the GIL), the caller fills the other, so encoding, checksumming and the disk overlap.
     `crc32` and `size` describe every byte written, for the manifest.
+
+    The first OSError (ENOSPC, EFBIG, EIO...) is kept, named with the file's path, and raised again by every
+    later call, close() included: an encoder that turns a failed write into its own error (torch's
+    "unexpected pos") cannot hide it, because the stream's close() at the end of the `with` raises it.
+    The descriptor is closed exactly once, whatever fails: a second close of a reused descriptor number would
+    write into, or close, some unrelated file of the process.
     """
 
     def __init__(self, path: str, use_direct_io: bool) -> None:
@@ -41,33 +47,57 @@ class DurableFileWriter(io.RawIOBase):
         self._path = path
         self._offset = 0  # bytes confirmed written so far
         self._direct = use_direct_io and hasattr(os, "O_DIRECT")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-        self._fd = -1
-        if self._direct:
-            try:
-                self._fd = os.open(path, flags | os.O_DIRECT, 0o644)
-            except OSError as exc:
-                if exc.errno not in _REFUSALS:
-                    raise
-                self._direct = False
-        if self._fd < 0:
-            self._fd = os.open(path, flags, 0o644)
-        self._buf: mmap.mmap | None = mmap.mmap(-1, CHUNK) if self._direct else None
+        self._error: OSError | None = None
+        self._finished = False  # set first thing in close(), before anything that can raise
+        self._buf: mmap.mmap | None = None
         self._spare: mmap.mmap | None = None
         self._fill = 0
         self._pending: list[Future[None]] = []  # write and checksum of the spare buffer
         self.crc32 = 0
         self.size = 0
+        self._fd = self._open()
+        if self._direct:
+            try:
+                self._buf = mmap.mmap(-1, CHUNK)
+            except BaseException:
+                self._finished = True
+                self._release()
+                raise
+
+    def _open(self) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        if self._direct:
+            try:
+                return os.open(self._path, flags | os.O_DIRECT, 0o644)
+            except OSError as exc:
+                if exc.errno not in _REFUSALS:
+                    raise
+                self._direct = False
+        return os.open(self._path, flags, 0o644)
 
     @property
     def uses_direct_io(self) -> bool:
         return self._direct
 
+    @property
+    def error(self) -> OSError | None:
+        """The first I/O error this stream met (with errno and path), or None."""
+        return self._error
+
     def writable(self) -> bool:
         return True
 
     def write(self, b: object) -> int:  # type: ignore[override]
-        view = memoryview(b).cast("B")  # type: ignore[arg-type]
+        if self._finished:
+            raise ValueError(f"write to closed checkpoint file {self._path}")
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._write(memoryview(b).cast("B"))  # type: ignore[arg-type]
+        except OSError as exc:
+            raise self._record(exc) from None
+
+    def _write(self, view: memoryview) -> int:
         n = len(view)
         self.size += n
         if self._buf is None:
@@ -84,6 +114,14 @@ class DurableFileWriter(io.RawIOBase):
                 self._submit_full_buffer()
         return n
 
+    def _record(self, exc: OSError) -> OSError:
+        """Keep the first I/O error, with this file's path in it, and return it."""
+        if self._error is None:
+            self._error = exc if exc.filename else OSError(exc.errno, exc.strerror, self._path)
+            if self._error is not exc:
+                self._error.__cause__ = exc
+        return self._error
+
     def _submit_full_buffer(self) -> None:
         assert self._buf is not None
         self._wait_pending()
@@ -95,9 +133,14 @@ class DurableFileWriter(io.RawIOBase):
         self._pending = [_io_pool().submit(self._write_block, full, CHUNK), _crc_pool().submit(self._checksum, full, CHUNK)]
 
     def _wait_pending(self) -> None:
+        """Wait for every submitted block, even after one failed: none may outlive the descriptor."""
         pending, self._pending = self._pending, []
+        first: BaseException | None = None
         for future in pending:
-            future.result()
+            exc = future.exception()
+            first = first or exc
+        if first is not None:
+            raise first
 
     def _checksum(self, buf: mmap.mmap, nbytes: int) -> None:
         with memoryview(buf) as whole, whole[:nbytes] as data:
@@ -105,8 +148,7 @@ class DurableFileWriter(io.RawIOBase):
 
     def _write_block(self, buf: mmap.mmap, nbytes: int) -> None:
         """Write the first `nbytes` of an aligned buffer, falling back to buffered I/O if refused."""
-        data = memoryview(buf)[:nbytes]
-        try:
+        with memoryview(buf) as whole, whole[:nbytes] as data:
             try:
                 _write_all(self._fd, data)
             except OSError as exc:
@@ -114,8 +156,6 @@ class DurableFileWriter(io.RawIOBase):
                     raise
                 self._fall_back()  # rewinds to the last confirmed offset: partial direct writes are redone
                 _write_all(self._fd, data)
-        finally:
-            data.release()
         self._offset += nbytes
 
     def _fall_back(self) -> None:
@@ -127,7 +167,8 @@ class DurableFileWriter(io.RawIOBase):
             flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
             fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
         except OSError:
-            os.close(self._fd)
+            fd, self._fd = self._fd, -1
+            os.close(fd)
             self._fd = os.open(self._path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
         os.lseek(self._fd, self._offset, os.SEEK_SET)
 
@@ -135,39 +176,66 @@ class DurableFileWriter(io.RawIOBase):
         """Data stays in the aligned buffer until close; a mid-stream flush would break alignment."""
 
     def close(self) -> None:
-        if self.closed:
+        """Write what is buffered, fsync, close the descriptor once; raise the first I/O error, if any."""
+        if self._finished:
             return
+        self._finished = True
         try:
             self._wait_pending()
-            buf = self._buf
-            if buf is not None and self._fill:
-                self._checksum(buf, self._fill)
-                aligned = self._fill - self._fill % ALIGN if self._direct else 0
-                if aligned:
-                    self._write_block(buf, aligned)
-                    buf.move(0, aligned, self._fill - aligned)
-                    self._fill -= aligned
-                if self._fill:
-                    self._fall_back()  # the unaligned tail cannot go through O_DIRECT
-                    self._write_block(buf, self._fill)
-                    self._fill = 0
-            try:
-                os.fsync(self._fd)
-            except OSError as exc:
-                if exc.errno not in _REFUSALS:
-                    raise
-                self._reopen_and_fsync()
+            if self._error is None:
+                self._write_tail()
+                self._fsync()
+        except OSError as exc:
+            self._record(exc)
         finally:
-            try:
-                os.close(self._fd)
-            except OSError as exc:
-                if exc.errno not in _REFUSALS:
-                    raise
-                self._reopen_and_fsync()
-            for b in (self._buf, self._spare):
-                if b is not None:
-                    b.close()
+            self._release()
+        if self._error is not None:
+            raise self._error
+
+    def _write_tail(self) -> None:
+        buf = self._buf
+        if buf is None or not self._fill:
+            return
+        self._checksum(buf, self._fill)
+        aligned = self._fill - self._fill % ALIGN if self._direct else 0
+        if aligned:
+            self._write_block(buf, aligned)
+            buf.move(0, aligned, self._fill - aligned)
+            self._fill -= aligned
+        if self._fill:
+            self._fall_back()  # the unaligned tail cannot go through O_DIRECT
+            self._write_block(buf, self._fill)
+            self._fill = 0
+
+    def _fsync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            if exc.errno not in _REFUSALS:
+                raise
+            self._reopen_and_fsync()
+
+    def _release(self) -> None:
+        """Close the descriptor (forgotten before the call: never closed twice) and drop the buffers."""
+        fd, self._fd = self._fd, -1
+        buffers, self._buf, self._spare = (self._buf, self._spare), None, None
+        try:
+            if fd >= 0:
+                self._close_fd(fd)
+        except OSError as exc:
+            self._record(exc)
+        finally:
+            for b in buffers:
+                _close_buffer(b)
             super().close()
+
+    def _close_fd(self, fd: int) -> None:
+        try:
+            os.close(fd)  # never retried: on Linux the descriptor is gone even when close reports an error
+        except OSError as exc:
+            if exc.errno not in _REFUSALS or self._error is not None:
+                raise
+            self._reopen_and_fsync()  # a late refusal of O_DIRECT: make sure what was written is durable
 
     def _reopen_and_fsync(self) -> None:
         fd = os.open(self._path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
@@ -175,6 +243,16 @@ class DurableFileWriter(io.RawIOBase):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _close_buffer(buf: mmap.mmap | None) -> None:
+    """Unmap now if nothing views the buffer; else (a view held by a traceback) when the last view goes."""
+    if buf is None:
+        return
+    try:
+        buf.close()
+    except BufferError:
+        pass
 
 
 _POOLS: dict[str, ThreadPoolExecutor] = {}

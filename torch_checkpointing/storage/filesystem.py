@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import io
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ __all__ = ["LocalFileSystemStorage", "LocalFileSystemStorageConfig", "WriteStrea
 WriteStream = DurableFileWriter
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
+_NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV}
+_log = logging.getLogger("torch_checkpointing.storage")
 
 
 @dataclass
@@ -86,10 +90,26 @@ class LocalFileSystemStorage(Storage):
         os.remove(path)
 
     def mkdir(self, path: Path, recursive: bool = True) -> None:
-        if recursive:
-            os.makedirs(path, exist_ok=True)
-        elif not os.path.isdir(path):
-            os.mkdir(path)
+        """Create `path` (and, if `recursive`, its missing parents), each new entry durable on return.
+
+        A directory's entry lives in its parent, so every parent that gained an entry is fsync'd: without it
+        a power cut after the commit could lose `runs/` of `runs/exp1/step_1` and with it the checkpoint.
+        """
+        missing: list[str] = []
+        current = os.path.abspath(os.fspath(path))
+        while not os.path.isdir(current):
+            missing.append(current)
+            parent = os.path.dirname(current)
+            if parent == current or not recursive:
+                break
+            current = parent
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                if not os.path.isdir(directory):
+                    raise
+            self.sync_directory(Path(os.path.dirname(directory)))
 
     def rmdir(self, path: Path) -> None:
         try:
@@ -136,6 +156,13 @@ class LocalFileSystemStorage(Storage):
         """Swap `src` into `dst` in one atomic step (renameat2 RENAME_EXCHANGE) when replacing."""
         func = _renameat2() if os.path.isdir(dst) else None
         if func is None or func(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_EXCHANGE) != 0:
-            super().replace_directory(src, dst)
+            err = ctypes.get_errno() if func is not None else 0
+            if err and err not in _NO_EXCHANGE:
+                raise OSError(err, f"{os.strerror(err)} (swapping {src} into place)", os.fspath(dst))
+            super().replace_directory(src, dst)  # this filesystem or kernel has no atomic exchange
             return
-        shutil.rmtree(src)  # `src` now holds the replaced checkpoint
+        try:
+            shutil.rmtree(src)  # `src` now holds the replaced checkpoint
+        except OSError as exc:  # the new checkpoint is committed; only the old copy is left behind
+            _log.warning("Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); "
+                         "delete it by hand.", dst, src, exc)
