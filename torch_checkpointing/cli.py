@@ -1,0 +1,579 @@
+"""`torch-checkpointing` / `python -m torch_checkpointing`: look at, check, compare, clean up and export checkpoints.
+
+Exit codes: 0 success; 1 the answer is "no" (verify found damage, diff found differences, gc failed to remove
+something); 2 the command could not run (not a checkpoint, bad arguments, missing path). Every command takes
+`--json` for scripts (one JSON document on stdout). Tables and progress bars use `rich` when it is installed
+(the `[cli]` extra) and the stream is a terminal; otherwise the output is plain text, so pipes and logs work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from torch_checkpointing.checkpoint_layout import serialization_format_from_dict
+from torch_checkpointing.discovery import (
+    CheckpointInfo,
+    checkpoint_info,
+    default_storage,
+    list_checkpoints,
+)
+from torch_checkpointing.distributed_metadata import load_distributed_metadata
+from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, FileRecord, Manifest, read_manifest
+from torch_checkpointing.retention import DEFAULT_UNOWNED_AGE_S, RetentionPolicy, apply_retention, collect_garbage
+from torch_checkpointing.storage.base_storage import ReadArgs, Storage
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_NO, EXIT_ERROR = 0, 1, 2
+_CHUNK = 8 << 20
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _metrics(m: Mapping[str, float] | None) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(m.items())) if m else "-"
+
+
+class Ui:
+    """Tables, lines and progress: `rich` on a terminal when installed, plain text otherwise."""
+
+    def __init__(self, json_mode: bool, plain: bool, out: TextIO | None = None) -> None:
+        self.json_mode = json_mode
+        self.out = out or sys.stdout
+        self._rich: Any = None
+        if not json_mode and not plain and self.out.isatty():
+            try:
+                import rich.console
+
+                self._rich = rich.console.Console(file=self.out)
+            except ImportError:
+                self._rich = None
+
+    def line(self, text: str = "") -> None:
+        if self.json_mode:
+            return
+        print(text, file=self.out)
+
+    def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        if self.json_mode:
+            return
+        cells = [[str(c) for c in row] for row in rows]
+        if self._rich is not None:
+            from rich.table import Table
+
+            table = Table(title=title, title_justify="left")
+            for c in columns:
+                table.add_column(c)
+            for row in cells:
+                table.add_row(*row)
+            self._rich.print(table)
+            return
+        widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+        print(f"{title}:", file=self.out)
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip(), file=self.out)
+        for row in cells:
+            print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=self.out)
+
+    def emit_json(self, doc: Any) -> None:
+        if self.json_mode:
+            json.dump(doc, self.out, indent=2, sort_keys=True, default=str)
+            self.out.write("\n")
+
+    @contextmanager
+    def progress(self, total: int, description: str) -> Iterator[Any]:
+        """A bytes progress bar on stderr when it is a terminal (and rich is there); a no-op advance otherwise."""
+        if self.json_mode or not sys.stderr.isatty():
+            yield lambda n: None
+            return
+        try:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+        except ImportError:
+            yield _PlainProgress(total, description)
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        with Progress(*columns, transient=True, console=_stderr_console()) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda n: bar.advance(task, n)
+
+
+def _stderr_console() -> Any:
+    import rich.console
+
+    return rich.console.Console(stderr=True)
+
+
+@dataclass
+class _PlainProgress:
+    """Percent steps on stderr (a terminal without rich)."""
+
+    total: int
+    description: str
+    done: int = 0
+    shown: int = -1
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        pct = 100 if self.total == 0 else int(100 * self.done / self.total)
+        if pct // 10 != self.shown // 10:
+            self.shown = pct
+            print(f"\r{self.description}: {pct:3d}%", end="\n" if pct >= 100 else "", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _committed(storage: Storage, path: str) -> Manifest:
+    p = Path(path)
+    if not storage.isdir(p):
+        raise FileNotFoundError(f"{path}: no such directory")
+    manifest = read_manifest(storage, p)
+    if manifest is None:
+        raise IncompleteCheckpointError(f"{path}: no {MANIFEST_FILE_NAME}: not a checkpoint")
+    return manifest
+
+
+def _info(storage: Storage, path: str) -> CheckpointInfo:
+    info = checkpoint_info(path, storage)
+    if info is None:
+        _committed(storage, path)  # raises the precise reason
+        raise IncompleteCheckpointError(f"{path}: not a committed checkpoint")
+    return info
+
+
+# ------------------------------------------------------------------------------------------------ ls
+
+
+def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
+    root = args.root
+    if not storage.isdir(Path(root)):
+        raise FileNotFoundError(f"{root}: no such directory")
+    found = list_checkpoints(root, storage)
+    gc = collect_garbage(root, storage, dry_run=True, unowned_after_s=args.older_than)
+    verdicts = [(lo, "removable by gc") for lo in gc.removed] + [(lo, f"kept: {why}") for lo, why in gc.kept]
+    verdicts.sort(key=lambda t: t[0].path)
+    ui.emit_json(
+        {
+            "root": str(root),
+            "checkpoints": [c.to_dict() for c in found],
+            "leftovers": [{**lo.to_dict(), "gc": v} for lo, v in verdicts],
+        }
+    )
+    rows = [[c.name, _s(c.step), _when(c.commit_time), c.world_size, _human(c.total_bytes), _metrics(c.metrics)] for c in found]
+    ui.table(f"{len(found)} committed checkpoint(s) under {root}", ["NAME", "STEP", "COMMITTED", "RANKS", "SIZE", "METRICS"], rows)
+    if verdicts:
+        owner = {True: "alive", False: "dead", None: "unknown"}
+        rows = [[Path(lo.path).name, lo.kind, owner[lo.owner_alive], _human(lo.total_bytes), v] for lo, v in verdicts]
+        ui.table("Leftovers", ["DIRECTORY", "KIND", "OWNER", "SIZE", "GC"], rows)
+    return EXIT_OK
+
+
+def _s(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+# ------------------------------------------------------------------------------------------------ inspect
+
+
+def _sharding(storage: Storage, path: str) -> dict[str, list[dict[str, Any]]]:
+    metadata = load_distributed_metadata(path, storage)
+    if metadata is None:
+        return {}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, item in sorted(metadata.metadata.items()):
+        rows = []
+        for nested, groups in sorted(item.nested_path_to_metadata.items(), key=lambda kv: [str(c) for c in kv[0]]):
+            for g in groups:
+                d = g.sharding_metadata.to_dict()
+                mesh = d.get("mesh_spec", {})
+                rows.append(
+                    {
+                        "tensor": ".".join(str(c) for c in nested),
+                        "type": g.sharding_metadata._type_name,
+                        "global_shape": d.get("global_shape"),
+                        "dtype": d.get("dtype"),
+                        "mesh_shape": mesh.get("mesh_shape"),
+                        "placements": [_placement(p) for p in d.get("placements", [])],
+                        "ranks": list(g.ranks),
+                    }
+                )
+        out[key] = rows
+    return out
+
+
+def _placement(p: Mapping[str, Any]) -> str:
+    if p.get("type") == "Shard":
+        return f"Shard({p['dim']})"
+    if p.get("type") == "StridedShard":
+        return f"_StridedShard({p['dim']}, sf={p['split_factor']})"
+    return str(p.get("type"))
+
+
+def cmd_inspect(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
+    manifest = _committed(storage, args.checkpoint)
+    info = _info(storage, args.checkpoint)
+    sharding = _sharding(storage, args.checkpoint)
+    items: dict[str, list[FileRecord]] = {}
+    for rec in sorted(manifest.files, key=lambda r: (r.key, r.rank)):
+        items.setdefault(rec.key, []).append(rec)
+    doc = {
+        **info.to_dict(),
+        "metadata_file": manifest.metadata_file,
+        "items": {
+            key: {
+                "format": recs[0].format.get("type"),
+                "files": [r.to_dict() for r in recs],
+                "bytes": sum(r.size for r in recs),
+                "layout": _layout_kind(recs, manifest.world_size, key in sharding),
+                "sharding": sharding.get(key, []),
+            }
+            for key, recs in items.items()
+        },
+    }
+    ui.emit_json(doc)
+    ui.line(f"Checkpoint {info.path}")
+    ui.line(f"  step {_s(info.step)}, committed {_when(info.commit_time)}, world size {info.world_size}, "
+            f"{_human(info.total_bytes)}, library {info.library_version}")
+    ui.line(f"  metrics: {_metrics(info.metrics)}")
+    rows = [[k, v["format"], len(v["files"]), _human(v["bytes"]), v["layout"]] for k, v in doc["items"].items()]
+    ui.table("Items", ["ITEM", "FORMAT", "FILES", "SIZE", "LAYOUT"], rows)
+    files = [[r.key, r.rank, r.path, r.format.get("type"), _human(r.size), f"{r.crc32:08x}"] for recs in items.values() for r in recs]
+    ui.table("Files", ["ITEM", "RANK", "PATH", "FORMAT", "SIZE", "CRC32"], files)
+    shard_rows = [
+        [key, r["tensor"] or "<item>", r["global_shape"], r["dtype"], r["mesh_shape"], ", ".join(r["placements"]), r["ranks"]]
+        for key, rows in sharding.items()
+        for r in rows
+    ]
+    if shard_rows:
+        ui.table("Sharding", ["ITEM", "TENSOR", "GLOBAL SHAPE", "DTYPE", "MESH", "PLACEMENTS", "RANKS"], shard_rows)
+    return EXIT_OK
+
+
+def _layout_kind(recs: list[FileRecord], world_size: int, resharded: bool) -> str:
+    if resharded:
+        return f"sharded over {world_size} rank(s) (resharder metadata)"
+    if len(recs) == 1 and world_size > 1:
+        return "one file for every rank"
+    return "per-rank files" if world_size > 1 else "single file"
+
+
+# ------------------------------------------------------------------------------------------------ verify
+
+
+@dataclass
+class _Check:
+    path: str
+    ok: bool
+    problem: str = ""
+
+
+def _verify_record(storage: Storage, root: Path, rec: FileRecord, advance: Any) -> _Check:
+    normal = os.path.normpath(rec.path)
+    if os.path.isabs(normal) or normal == ".." or normal.startswith("../"):
+        return _Check(rec.path, False, "path leaves the checkpoint directory")
+    path = root / normal
+    local = storage.local_path(path)
+    if local is not None and os.path.islink(local):
+        return _Check(rec.path, False, "is a symbolic link, not a regular file")
+    if not storage.exists(path):
+        return _Check(rec.path, False, "missing")
+    size = storage.getsize(path)
+    if size != rec.size:
+        advance(rec.size)
+        return _Check(rec.path, False, f"{size} bytes, manifest records {rec.size}")
+    crc = 0
+    with storage.stream_read(path, ReadArgs(pre_read_full_file=False)) as stream:
+        while chunk := stream.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            advance(len(chunk))
+    if crc != rec.crc32:
+        return _Check(rec.path, False, f"crc32 {crc:08x}, manifest records {rec.crc32:08x}")
+    return _Check(rec.path, True)
+
+
+def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
+    root = Path(args.checkpoint)
+    try:
+        manifest = _committed(storage, args.checkpoint)
+    except (CheckpointError, RuntimeError, FileNotFoundError) as exc:
+        ui.emit_json({"checkpoint": str(root), "ok": False, "error": str(exc), "files": []})
+        ui.line(f"FAILED: {exc}")
+        return EXIT_NO
+    checks: list[_Check] = []
+    total = sum(r.size for r in manifest.files)
+    with ui.progress(total, f"verify {root.name}") as advance:
+        for rec in sorted(manifest.files, key=lambda r: (r.key, r.rank)):
+            checks.append(_verify_record(storage, root, rec, advance))
+    if manifest.metadata_file:
+        checks.append(_verify_metadata(storage, root))
+    ok = all(c.ok for c in checks)
+    ui.emit_json({"checkpoint": str(root), "ok": ok, "files": [c.__dict__ for c in checks]})
+    for c in checks:
+        if not c.ok:
+            ui.line(f"FAILED {c.path}: {c.problem}")
+    ui.line(f"{'OK' if ok else 'FAILED'}: {sum(c.ok for c in checks)}/{len(checks)} file(s) match the manifest "
+            f"({_human(total)} checked)")
+    return EXIT_OK if ok else EXIT_NO
+
+
+def _verify_metadata(storage: Storage, root: Path) -> _Check:
+    try:
+        load_distributed_metadata(root, storage)
+    except (ValueError, OSError) as exc:
+        return _Check("metadata.json", False, str(exc))
+    return _Check("metadata.json", True)
+
+
+# ------------------------------------------------------------------------------------------------ diff
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, torch.Tensor):
+        out[prefix] = value.to_local() if hasattr(value, "to_local") and type(value).__name__ == "DTensor" else value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _flatten(v, f"{prefix}.{i}" if prefix else str(i), out)
+    else:
+        out[prefix] = value
+
+
+def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, resharded: bool) -> dict[str, Any]:
+    """Every leaf of an item: consolidated full tensors for resharded items, else each rank's file."""
+    from torch_checkpointing.encoding import decode
+    from torch_checkpointing.hf import iter_item_tensors
+
+    if resharded:
+        return dict(iter_item_tensors(root, key, storage=storage))
+    out: dict[str, Any] = {}
+    recs = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
+    for rec in recs:
+        fmt = serialization_format_from_dict({k: v for k, v in rec.format.items() if k != "cls"})
+        value = decode(fmt, storage, root / rec.path, key, weights_only=True, use_mmap=True)
+        _flatten(value, f"rank{rec.rank}" if len(recs) > 1 else "", out)
+    return out
+
+
+def _compare(a: Any, b: Any) -> str | None:
+    """None when equal; else what differs (max abs difference for tensors of one shape and dtype)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}"
+        if torch.equal(a, b):
+            return None
+        if a.is_complex():
+            delta = (a - b).abs().max().item()
+        else:
+            delta = (a.to(torch.float64) - b.to(torch.float64)).abs().nan_to_num(nan=float("inf")).max().item()
+        return f"max abs diff {delta:.6g}"
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return f"{type(a).__name__} vs {type(b).__name__}"
+    if a == b and type(a) is type(b):
+        return None
+    return f"{_short(a)} vs {_short(b)}"
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
+    ma, mb = _committed(storage, args.a), _committed(storage, args.b)
+    sa, sb = _sharding(storage, args.a), _sharding(storage, args.b)
+    ka, kb = ma.keys(), mb.keys()
+    rows: list[dict[str, Any]] = [{"item": k, "leaf": "", "status": "only in A", "detail": ""} for k in sorted(ka - kb)]
+    rows += [{"item": k, "leaf": "", "status": "only in B", "detail": ""} for k in sorted(kb - ka)]
+    for key in sorted(ka & kb):
+        resharded = key in sa and key in sb
+        la = _item_leaves(storage, Path(args.a), ma, key, resharded)
+        lb = _item_leaves(storage, Path(args.b), mb, key, resharded)
+        for leaf in sorted(set(la) | set(lb)):
+            if leaf not in lb:
+                rows.append({"item": key, "leaf": leaf, "status": "only in A", "detail": ""})
+            elif leaf not in la:
+                rows.append({"item": key, "leaf": leaf, "status": "only in B", "detail": ""})
+            elif (detail := _compare(la[leaf], lb[leaf])) is not None:
+                rows.append({"item": key, "leaf": leaf, "status": "differs", "detail": detail})
+    same = not rows
+    ui.emit_json({"a": args.a, "b": args.b, "identical": same, "differences": rows})
+    if same:
+        ui.line(f"identical: {args.a} and {args.b} hold the same items and values")
+    else:
+        ui.table(f"{len(rows)} difference(s)", ["ITEM", "LEAF", "STATUS", "DETAIL"],
+                 [[r["item"], r["leaf"] or "-", r["status"], r["detail"]] for r in rows])
+    return EXIT_OK if same else EXIT_NO
+
+
+# ------------------------------------------------------------------------------------------------ gc / prune
+
+
+def cmd_gc(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
+    if not storage.isdir(Path(args.root)):
+        raise FileNotFoundError(f"{args.root}: no such directory")
+    report = collect_garbage(args.root, storage, dry_run=args.dry_run, unowned_after_s=args.older_than)
+    ui.emit_json(
+        {
+            "root": args.root,
+            "dry_run": args.dry_run,
+            "removed": [lo.to_dict() for lo in report.removed],
+            "kept": [{**lo.to_dict(), "reason": why} for lo, why in report.kept],
+            "failed": [lo.to_dict() for lo in report.failed],
+        }
+    )
+    verb = "would remove" if args.dry_run else "removed"
+    rows = [[Path(lo.path).name, lo.kind, _human(lo.total_bytes), verb] for lo in report.removed]
+    rows += [[Path(lo.path).name, lo.kind, _human(lo.total_bytes), f"kept: {why}"] for lo, why in report.kept]
+    rows += [[Path(lo.path).name, lo.kind, _human(lo.total_bytes), "FAILED (see log)"] for lo in report.failed]
+    if rows:
+        ui.table(f"Leftovers under {args.root}", ["DIRECTORY", "KIND", "SIZE", "ACTION"], rows)
+    freed = sum(lo.total_bytes for lo in report.removed)
+    ui.line(f"{verb} {len(report.removed)} leftover(s), {_human(freed)}")
+    return EXIT_NO if report.failed else EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
+    policy = RetentionPolicy(
+        keep_last=args.keep_last,
+        keep_every_n_steps=args.keep_every_n_steps,
+        keep_best=args.keep_best,
+        metric=args.metric,
+        mode=args.mode,
+    )
+    if not policy.active:
+        raise ValueError("prune needs at least one of --keep-last, --keep-every-n-steps, --keep-best")
+    doomed = apply_retention(args.root, policy, storage, dry_run=args.dry_run)
+    ui.emit_json({"root": args.root, "dry_run": args.dry_run, "deleted": [c.to_dict() for c in doomed]})
+    verb = "would delete" if args.dry_run else "deleted"
+    ui.line(f"{verb} {len(doomed)} checkpoint(s): {', '.join(c.name for c in doomed) or '-'}")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------------ export
+
+
+def cmd_export(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
+    from torch_checkpointing.hf import export_hf
+
+    dtype = None
+    if args.dtype:
+        dtype = getattr(torch, args.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"--dtype {args.dtype!r} is not a torch dtype (e.g. bfloat16, float16, float32)")
+    report = export_hf(
+        args.checkpoint, args.item, args.out, max_shard_size=args.max_shard_size, dtype=dtype, rank=args.rank,
+        storage=storage,
+    )
+    ui.emit_json({"checkpoint": args.checkpoint, "item": args.item, "out": args.out, **report.to_dict()})
+    ui.line(f"exported {report.tensors} tensor(s), {_human(report.total_bytes)}, of {args.checkpoint}::{args.item} "
+            f"to {args.out} ({len(report.files) - 1} shard(s) + index)")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
+    common.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+    parser = argparse.ArgumentParser(
+        prog="torch-checkpointing", description=__doc__.splitlines()[0] if __doc__ else None, parents=[common]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("ls", parents=[common], help="committed checkpoints and leftovers under ROOT")
+    p.add_argument("root")
+    _older_than(p)
+    p.set_defaults(run=cmd_ls)
+    p = sub.add_parser("inspect", parents=[common], help="items, files, formats, sizes, sharding, metrics")
+    p.add_argument("checkpoint")
+    p.set_defaults(run=cmd_inspect)
+    p = sub.add_parser("verify", parents=[common], help="check every file against the manifest (size + crc32)")
+    p.add_argument("checkpoint")
+    p.set_defaults(run=cmd_verify)
+    p = sub.add_parser("diff", parents=[common], help="which items/tensors differ between two checkpoints")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.set_defaults(run=cmd_diff)
+    p = sub.add_parser("gc", parents=[common], help="remove what killed saves and deletions left behind")
+    p.add_argument("root")
+    p.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    _older_than(p)
+    p.set_defaults(run=cmd_gc)
+    p = sub.add_parser("prune", parents=[common], help="apply a retention policy to the checkpoints under ROOT")
+    p.add_argument("root")
+    p.add_argument("--keep-last", type=int)
+    p.add_argument("--keep-every-n-steps", type=int)
+    p.add_argument("--keep-best", type=int)
+    p.add_argument("--metric")
+    p.add_argument("--mode", choices=["min", "max"], default="min")
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(run=cmd_prune)
+    p = sub.add_parser("export", parents=[common], help="export an item, e.g. to Hugging Face safetensors")
+    p.add_argument("checkpoint")
+    p.add_argument("--item", required=True, help="the item key to export (e.g. model)")
+    p.add_argument("--to", choices=["hf"], required=True, help="target layout")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--max-shard-size", default="5GB", help="per output file, e.g. 5GB, 500MB (default 5GB)")
+    p.add_argument("--dtype", help="cast floating-point tensors, e.g. bfloat16")
+    p.add_argument("--rank", type=int, help="export one rank's copy of an item saved per rank without a resharder")
+    p.set_defaults(run=cmd_export)
+    return parser
+
+
+def _older_than(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--older-than", type=float, default=DEFAULT_UNOWNED_AGE_S, metavar="SECONDS",
+        help="temporaries whose owner cannot be checked on this host count as dead once this old (default 1 day)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    ui = Ui(args.json, args.plain)
+    try:
+        return int(args.run(args, ui, default_storage()))
+    except (CheckpointError, RuntimeError, OSError, KeyError, ValueError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        ui.emit_json({"error": str(message), "kind": type(exc).__name__})
+        print(f"torch-checkpointing {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:  # `| head`
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
