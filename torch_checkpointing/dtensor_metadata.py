@@ -19,9 +19,9 @@ from torch_checkpointing.errors import CheckpointError
 __all__ = [
     "DTensorShardingMetadata",
     "DeviceMeshSpec",
+    "PlacementSpec",
     "ReplicateSpec",
     "ShardSpec",
-    "PlacementSpec",
     "StridedShardSpec",
     "get_device_mesh_spec",
     "placement_spec_from_dict",
