@@ -6,6 +6,7 @@ setuptools' PEP 517 hooks with no build isolation and no network: a few seconds.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -67,8 +68,12 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _checkout_copy(tmp_path_factory.mktemp("packaging"))
 
 
-def test_wheel_installs_only_torch_checkpointing(source: Path, tmp_path: Path) -> None:
-    wheel = _build(source, "build_wheel", tmp_path / "wheel")
+@pytest.fixture(scope="module")
+def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(source, "build_wheel", tmp_path_factory.mktemp("wheel") / "out")
+
+
+def test_wheel_installs_only_torch_checkpointing(source: Path, wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     version = wheel.name.split("-")[1]
     top = {name.split("/", 1)[0] for name in names}
@@ -80,6 +85,30 @@ def test_wheel_installs_only_torch_checkpointing(source: Path, tmp_path: Path) -
     assert "torch_checkpointing/storage/filesystem.py" in names
     modules = {p.relative_to(source).as_posix() for p in (source / "torch_checkpointing").rglob("*.py")}
     assert modules <= set(names), sorted(modules - set(names))
+
+
+def test_installed_wheel_imports_on_its_own(wheel: Path, tmp_path: Path) -> None:
+    """Every module of the wheel imports from the wheel alone (unpacked: a pure wheel's install), away from
+    the checkout: nothing the engine needs was left out (a subpackage, a data file, a checkout-only import)."""
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import torch_checkpointing as t\n"
+        f"assert t.__file__.startswith({str(target)!r}), t.__file__\n"
+        "for info in pkgutil.walk_packages(t.__path__, 'torch_checkpointing.'):\n"
+        "    if not info.name.endswith('.__main__'):\n"
+        "        importlib.import_module(info.name)\n"
+        "checkout_only = ('simulator', 'conformance', 'benchmarks', 'tests')\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in checkout_only)\n"
+        "assert not bad, bad\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COVERAGE_PROCESS_START")}
+    env["PYTHONPATH"] = str(target)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_sdist_carries_the_harness(source: Path, tmp_path: Path) -> None:
