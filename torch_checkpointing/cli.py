@@ -506,12 +506,13 @@ def cmd_export(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torch-checkpointing", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
+    parser.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+    # The same flags after the command; SUPPRESS keeps a flag given before the command from being reset.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
-    common.add_argument("--plain", action="store_true", help="plain text even on a terminal")
-    parser = argparse.ArgumentParser(
-        prog="torch-checkpointing", description=__doc__.splitlines()[0] if __doc__ else None, parents=[common]
-    )
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document")
+    common.add_argument("--plain", action="store_true", default=argparse.SUPPRESS, help="plain text even on a terminal")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("ls", parents=[common], help="committed checkpoints and leftovers under ROOT")
     p.add_argument("root")
