@@ -9,12 +9,16 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torch_checkpointing.distributed_metadata import ShardingMetadata
 from torch_checkpointing.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Placement
 
 __all__ = [
     "DTensorShardingMetadata",
@@ -185,7 +189,7 @@ def get_device_mesh_spec(
     return DeviceMeshSpec(device_type, tuple(mesh_shape), tuple(mesh_data), mesh_dim_names)
 
 
-def _placement_to_spec(placement: Any, where: str) -> PlacementSpec:
+def _placement_to_spec(placement: Placement, where: str) -> PlacementSpec:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -226,7 +230,7 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
                 raise ValueError(f"Placement {p} shards dim {dim} of a {len(self.global_shape)}-D tensor")
 
     @classmethod
-    def from_dtensor(cls, dt: Any, where: str = "") -> DTensorShardingMetadata:
+    def from_dtensor(cls, dt: DTensor, where: str = "") -> DTensorShardingMetadata:
         mesh = dt.device_mesh
         mesh_spec = DeviceMeshSpec.from_mesh(mesh.device_type, mesh.mesh, mesh.mesh_dim_names)
         placements = tuple(_placement_to_spec(p, where or "being checkpointed") for p in dt.placements)
