@@ -122,8 +122,8 @@ from torch_checkpointing import CheckpointManager
 
 def main():
     root, mode = sys.argv[1], sys.argv[2]
-    config = CheckpointManager.Config.with_async_save() if mode == "async" else CheckpointManager.Config.with_sync_save()
-    manager = CheckpointManager(config)
+    Config = CheckpointManager.Config
+    manager = CheckpointManager(Config.with_sync_save() if mode == "sync" else Config.with_async_save())
     small = {"model": {"w": torch.arange(1000.0)}}
     f = manager.save(os.path.join(root, "c1"), small); f and f.result(120)
     resource.setrlimit(resource.RLIMIT_FSIZE, (6 << 20, resource.RLIM_INFINITY))  # inherited by nothing new

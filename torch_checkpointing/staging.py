@@ -31,8 +31,8 @@ __all__ = [
     "DefaultStager",
     "SharedSlab",
     "SlabRef",
-    "tensor_for_write",
     "resolve_lazy_tensors",
+    "tensor_for_write",
     "unwrap_dtensor",
 ]
 
@@ -63,7 +63,8 @@ class CheckpointStagerConfig:
 def unwrap_dtensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (checkpoint files hold local shards; layout lives in the metadata)."""
     if type(t).__name__ == "DTensor" and hasattr(t, "to_local"):
-        return t.to_local()
+        local: torch.Tensor = t.to_local()
+        return local
     return t
 
 
@@ -101,7 +102,9 @@ def _any_leaf(value: Any, pred: Callable[[Any], bool]) -> bool:
 
 class CheckpointStager(ABC):
     @abstractmethod
-    def stage(self, state_dict: STATE_DICT, keys_not_requiring_copy: Collection[str] = ()) -> STATE_DICT | Future[STATE_DICT]: ...
+    def stage(
+        self, state_dict: STATE_DICT, keys_not_requiring_copy: Collection[str] = ()
+    ) -> STATE_DICT | Future[STATE_DICT]: ...
 
     @abstractmethod
     def get_staged_state_dict(self) -> STATE_DICT | None: ...
@@ -168,7 +171,7 @@ def _map_shared(fd: int, nbytes: int) -> torch.Tensor:
     proc = f"/proc/self/fd/{fd}"
     if os.path.exists(proc):
         storage = torch.UntypedStorage.from_file(proc, shared=True, nbytes=nbytes)
-        return torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[call-overload]
+        return torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[arg-type]
     return torch.frombuffer(mmap.mmap(fd, nbytes, mmap.MAP_SHARED), dtype=torch.uint8)
 
 
@@ -284,13 +287,15 @@ class DefaultStager(CheckpointStager):
         else:
             slab = torch.empty(max(total, 1), dtype=torch.uint8)
         if self._pin:
-            torch.cuda.cudart().cudaHostRegister(slab.data_ptr(), slab.numel(), 0)
+            cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+            cudart.cudaHostRegister(slab.data_ptr(), slab.numel(), 0)
         self._slab, self._layout, self._generation = slab, layout, self._generation + 1
-        self._views = [slab_view(slab, SlabRef(o, shape, dtype)) for o, (shape, dtype) in zip(offsets, layout)]
+        refs = [SlabRef(o, shape, dtype) for o, (shape, dtype) in zip(offsets, layout, strict=True)]
+        self._views = [slab_view(slab, ref) for ref in refs]
 
     def _release(self) -> None:
         if self._slab is not None and self._pin:
-            torch.cuda.cudart().cudaHostUnregister(self._slab.data_ptr())
+            torch.cuda.cudart().cudaHostUnregister(self._slab.data_ptr())  # type: ignore[no-untyped-call]
         if self._shared is not None:
             self._shared.close()
         self._slab, self._layout, self._views, self._shared = None, (), [], None
@@ -349,7 +354,7 @@ def from_slab_refs(value: Any, slab: torch.Tensor | SharedSlab) -> Any:
     Each tensor gets a storage of its own (torch.frombuffer), not a view of the slab's storage: serializers
     write whole storages, so views would put the entire slab, in one dtype, into every item's file.
     """
-    memory = memoryview((slab.tensor if isinstance(slab, SharedSlab) else slab).numpy())
+    memory = (slab.tensor if isinstance(slab, SharedSlab) else slab).numpy().data
 
     def own(x: Any) -> Any:
         if not isinstance(x, SlabRef):

@@ -8,6 +8,7 @@ tuning flag. Closing the stream fsyncs it, so a closed file is durable.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import io
@@ -87,7 +88,7 @@ class DurableFileWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b: object) -> int:  # type: ignore[override]
+    def write(self, b: object) -> int:
         if self._finished:
             raise ValueError(f"write to closed checkpoint file {self._path}")
         if self._error is not None:
@@ -130,7 +131,10 @@ class DurableFileWriter(io.RawIOBase):
         self._spare = full
         self._fill = 0
         # The checksum pool has one thread, so blocks are checksummed in file order.
-        self._pending = [_io_pool().submit(self._write_block, full, CHUNK), _crc_pool().submit(self._checksum, full, CHUNK)]
+        self._pending = [
+            _io_pool().submit(self._write_block, full, CHUNK),
+            _crc_pool().submit(self._checksum, full, CHUNK),
+        ]
 
     def _wait_pending(self) -> None:
         """Wait for every submitted block, even after one failed: none may outlive the descriptor."""
@@ -249,10 +253,8 @@ def _close_buffer(buf: mmap.mmap | None) -> None:
     """Unmap now if nothing views the buffer; else (a view held by a traceback) when the last view goes."""
     if buf is None:
         return
-    try:
+    with contextlib.suppress(BufferError):
         buf.close()
-    except BufferError:
-        pass
 
 
 _POOLS: dict[str, ThreadPoolExecutor] = {}

@@ -62,7 +62,7 @@ class LocalFileSystemStorage(Storage):
         if args.pre_read_full_file:
             with open(path, "rb") as f:
                 return io.BytesIO(f.read())  # type: ignore[return-value]
-        return open(path, "rb", buffering=0)  # type: ignore[return-value]
+        return open(path, "rb", buffering=0)
 
     def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
         with open(path, "rb") as f:
