@@ -51,10 +51,9 @@ def test_different_keys_on_one_path_across_ranks_are_refused(results: list[dict[
 def test_a_payload_refused_on_one_rank_is_refused_on_all(results: list[dict[str, Any]]) -> None:
     for r in results:
         assert not r["refused_exists"]
-        if r["rank"] == 1:
-            assert r["refused"].startswith("ValueError: Invalid checkpoint keys ['not ok']"), r["refused"]
-        else:
-            assert r["refused"].startswith("RuntimeError:") and "rank(s) {1:" in r["refused"], r["refused"]
+        # The same CommitError on every rank, the refusing one included, naming it and its reason.
+        assert r["refused"].startswith("CommitError:") and "rank(s) [1]" in r["refused"], r["refused"]
+        assert "Invalid checkpoint keys ['not ok']" in r["refused"] and r["refused"] == results[0]["refused"]
 
 
 def test_a_rank_that_never_writes_fails_the_save_everywhere_naming_it(results: list[dict[str, Any]]) -> None:

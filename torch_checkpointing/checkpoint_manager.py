@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import logging
+import os
 import posixpath
 import re
+import time
+import weakref
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -12,8 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from torch_checkpointing.agreement import agree
 from torch_checkpointing.checkpoint_loader import CheckpointLoader
-from torch_checkpointing.checkpoint_saver import AsyncCheckpointSaver, CheckpointSaver, SavePlan, SyncCheckpointSaver
+from torch_checkpointing.commit import check_target, temporary_name
+from torch_checkpointing.errors import CommitError
+from torch_checkpointing.checkpoint_saver import (
+    AsyncCheckpointSaver,
+    CheckpointSaver,
+    SavePlan,
+    SyncCheckpointSaver,
+    WriteFuture,
+)
 from torch_checkpointing.config import (
     DEFAULT_WAIT_TIMEOUT_SECS,
     AsyncCheckpointSaverConfig,
@@ -31,6 +48,9 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.store_channel import StoreAddress
 
 __all__ = ["CheckpointManager"]
+
+logger = logging.getLogger("torch_checkpointing.manager")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 class CheckpointManager:
@@ -90,6 +110,10 @@ class CheckpointManager:
         self._owner = OwnerLock(self._ctx.uid)  # lets `gc` tell this job's live temporaries from dead ones
         self._retention = RetentionRunner(config.retention, self._ctx.rank, self._storage) if config.retention else None
         self._closed = False
+        # A save still in flight at interpreter exit gets its bounded wait (and the writer its stop) even when
+        # the script never calls close(); registered per manager, unregistered by close().
+        self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._exit_hook)
 
     @staticmethod
     def _validate(config: Config) -> None:
@@ -122,13 +146,15 @@ class CheckpointManager:
         manifest, with the commit time, for tools that pick the latest or best checkpoint.
         """
         self._check_open("save")
-        step = _step_of(str(checkpoint_id)) if step is None else _checked_step(step)
+        started = time.monotonic()
+        path = self._checkpoint_path(checkpoint_id)
+        step = _step_of(path) if step is None else _checked_step(step)
         checked_metrics = _checked_metrics(metrics)
-        plan = self._plan(str(checkpoint_id), checkpoint)
-        plan.step, plan.metrics = step, checked_metrics
+        plan = self._plan(path, checkpoint)
+        plan.step, plan.metrics, plan.started = step, checked_metrics, started
         write = self._saver.save(plan)
         if self._retention is not None:
-            self._retention.after_commit(str(checkpoint_id), write)
+            self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
         return write
 
     def load(
@@ -167,9 +193,14 @@ class CheckpointManager:
         return nullcontext()
 
     def close(self) -> None:
-        """Wait for the last write (re-raising its error), then stop the writer process."""
+        """Wait for the last write, then stop the writer process.
+
+        The wait is bounded by `save.wait_timeout_secs`: past it the writer is killed and this raises saying the
+        save was not committed. A failed last save is raised here unless its Future already reported it.
+        """
         if self._closed:
             return
+        atexit.unregister(self._exit_hook)
         try:
             self._saver.wait(self.config.save.wait_timeout_secs)
         finally:
@@ -193,49 +224,133 @@ class CheckpointManager:
         if self._closed:
             raise RuntimeError(f"Cannot {what} with a closed CheckpointManager")
 
+    def _checkpoint_path(self, checkpoint_id: Any) -> str:
+        """The id as the storage will see it: `~` expanded; a URL only where the storage takes URLs."""
+        if isinstance(checkpoint_id, os.PathLike):
+            checkpoint_id = os.fspath(checkpoint_id)
+        if not isinstance(checkpoint_id, str):
+            raise TypeError(f"A checkpoint id must be a str or a path, got {type(checkpoint_id).__name__}")
+        url = _URL.match(checkpoint_id)
+        if url is not None:
+            if self._storage.handles_url(checkpoint_id):
+                return checkpoint_id
+            raise ValueError(
+                f"Checkpoint id {checkpoint_id!r} is a {url.group(1)}:// URL, but the configured storage "
+                f"({type(self._storage).__name__}) writes local paths: it would create a directory named "
+                f"'{url.group(1)}:'. Configure a storage for {url.group(1)}:// (CheckpointManager.Config."
+                f"storage_config), or pass a local path."
+            )
+        normal = posixpath.normpath(os.path.expanduser(checkpoint_id)) if checkpoint_id.strip() else ""
+        if normal in ("", ".", "/", "..") or normal.endswith("/..") or normal.endswith("/."):
+            raise ValueError(
+                f"Checkpoint id {checkpoint_id!r} names no directory of its own; pass a path such as 'runs/step_100'."
+            )
+        return normal
+
     def _plan(self, checkpoint_id: str, payload: Mapping[str, Any]) -> SavePlan:
-        """Resolve the payload, agree with the other ranks, and name the temporary directory."""
-        ctx = self._ctx
-        local_error: Exception | None = None
-        try:
-            items = resolve(payload, self.config.items, self.config.default, ctx.rank)
-            local_metadata = self._metadata.extract_object_metadata(items) if self._metadata else None
-            report: Any = ("ok", _layout_report(items), local_metadata)
-        except Exception as exc:
-            if ctx.world_size == 1:
-                raise
-            local_error, report = exc, ("error", f"{type(exc).__name__}: {exc}", None)
-        # Every rank learns about every other rank's refusal, so none is left waiting in a collective.
-        reports = ctx.all_gather(report)
-        failures = {r: rep[1] for r, rep in enumerate(reports) if rep[0] == "error"}
-        if local_error is not None:
-            raise local_error
-        if failures:
-            raise RuntimeError(f"Checkpoint save of {checkpoint_id} refused on rank(s) {failures}; nothing was written.")
-        left_to_others = _shared_paths([rep[1] for rep in reports], ctx.rank)
-        items = [i for i in items if i.key not in left_to_others]
-        metadata_json = None
-        if ctx.rank == 0 and self._metadata is not None:
-            layouts = [{key: layout for key, (_, layout) in rep[1].items()} for rep in reports]
-            metadata_json = self._metadata.serialize([rep[2] for rep in reports], layouts)
-        self._seq += 1
+        """Agree with the other ranks on what is saved where, then name the temporary directory.
+
+        Two agreed steps (`agreement.agree`): every rank's resolved items, id and item set; then rank 0's check
+        of the target and its sharding metadata. Any refusal, on any rank, is the same `CommitError` everywhere.
+        """
+        ctx, seq = self._ctx, self._seq + 1
+        resolved: list[ResolvedItem] = []
+
+        def report() -> dict[str, Any]:
+            self._saver.settle_previous()  # a previous async save's unseen failure is refused on every rank
+            _refuse_live_objects(payload)
+            resolved.extend(resolve(payload, self.config.items, self.config.default, ctx.rank))
+            metadata = self._metadata.extract_object_metadata(resolved) if self._metadata else None
+            keys = sorted(i.key for i in resolved)
+            return {"id": checkpoint_id, "seq": seq, "keys": keys, "layouts": _layout_report(resolved), "metadata": metadata}
+
+        # The ids may differ (that is one of the refusals), so the plan's step is named without one.
+        reports = agree("Checkpoint save: the plan", ctx.transport, report)
+        what = f"Checkpoint save of {reports[0]['id']}"
+        _check_same_save(what, reports, ("id", "seq"))
+        left_to_others = _shared_paths([rep["layouts"] for rep in reports], ctx.rank)
+        _check_same_save(what, reports, ("keys",))
+        items = [i for i in resolved if i.key not in left_to_others]
+
+        def target() -> str | None:
+            if ctx.rank != 0:
+                return None
+            check_target(self._storage, checkpoint_id, self.config.save.overwrite)
+            if self._metadata is None:
+                return None
+            layouts = [{key: layout for key, (_, layout) in rep["layouts"].items()} for rep in reports]
+            return self._metadata.serialize([rep["metadata"] for rep in reports], layouts)
+
+        metadata_json = agree(f"{what}: checking the target and building the metadata", ctx.transport, target)[0]
+        self._seq = seq
         final = Path(checkpoint_id)
         self._storage.mkdir(final.parent if str(final.parent) else Path("."))
-        tmp = final.parent / f".{final.name}.tmp-{ctx.uid}-{self._seq}"
         store = None
         if ctx.store_address is not None:
-            store = StoreAddress(ctx.store_address.host, ctx.store_address.port, f"{ctx.store_address.namespace}/{self._seq}")
+            store = StoreAddress(ctx.store_address.host, ctx.store_address.port, f"{ctx.store_address.namespace}/{seq}")
         return SavePlan(
-            str(final),
-            str(tmp),
+            checkpoint_id,
+            temporary_name(checkpoint_id, ctx.uid, seq),
             ctx.rank,
             ctx.world_size,
             items,
-            metadata_json,
+            metadata_json if ctx.rank == 0 else None,
             store,
             ctx.timeout_s,
             self.config.pre_finalize_callback,
             self.config.finalize_callback,
+            overwrite=self.config.save.overwrite,
+        )
+
+
+def _close_at_exit(ref: weakref.ReferenceType[CheckpointManager]) -> None:
+    manager = ref()
+    if manager is None or manager._closed:
+        return
+    try:
+        manager.close()
+    except Exception as exc:
+        logger.error("Closing the CheckpointManager at interpreter exit failed: %s: %s", type(exc).__name__, exc)
+
+
+def _refuse_live_objects(payload: Mapping[str, Any]) -> None:
+    """A module or optimizer pickles (so the save "works") but cannot be restored into: refuse it now."""
+    if not isinstance(payload, Mapping):
+        return  # resolve() names the problem
+    for key, value in payload.items():
+        if isinstance(value, torch.nn.Module):
+            raise TypeError(
+                f"Item '{key}' is a torch.nn.Module ({type(value).__name__}); save its state instead: pass "
+                f"model.state_dict() (and load into model.state_dict())."
+            )
+        if isinstance(value, torch.optim.Optimizer):
+            raise TypeError(
+                f"Item '{key}' is a torch.optim.Optimizer ({type(value).__name__}); save its state instead: pass "
+                f"optimizer.state_dict() (and restore with optimizer.load_state_dict())."
+            )
+
+
+_DISAGREEMENTS = {
+    "id": "saves {mine!r} while rank 0 saves {first!r}",
+    "seq": "is at save #{mine} of this manager while rank 0 is at #{first}",
+    "keys": "saves items {mine} while rank 0 saves {first}",
+}
+
+
+def _check_same_save(what: str, reports: list[dict[str, Any]], fields: tuple[str, ...]) -> None:
+    """Every rank must save the same id, as the same save of the sequence, with the same item keys."""
+    failures: dict[int, str] = {}
+    for rank, rep in enumerate(reports[1:], start=1):
+        for name in fields:
+            if rep[name] != reports[0][name]:
+                failures[rank] = _DISAGREEMENTS[name].format(mine=rep[name], first=reports[0][name])
+                break
+    if failures:
+        reasons = "; ".join(f"rank {r} {why}" for r, why in sorted(failures.items()))
+        raise CommitError(
+            f"{what}: the ranks disagree on what to save ({reasons}). Every rank must call save() with the same "
+            f"id and the same item keys. Nothing was committed.",
+            failures,
         )
 
 
@@ -285,11 +400,12 @@ def _shared_paths(per_rank: list[dict[str, tuple[str, Any]]], rank: int) -> set[
                 continue
             first_rank, first_key = owners[path]
             if first_key != key:
-                raise ValueError(
+                reason = (
                     f"Item '{first_key}' on rank {first_rank} and item '{key}' on rank {r} would both write "
                     f"{path!r}. Give them distinct LayoutInfo.file_path values (with '{{rank}}' for per-rank files). "
                     f"Nothing was written."
                 )
+                raise CommitError(reason, {first_rank: reason, r: reason})
             skip.setdefault(key, [first_rank]).append(r)
     mine = {key for key, ranks in skip.items() if rank in ranks[1:]}
     if rank == 0:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,7 +66,29 @@ def _skip_torch_record_crc() -> None:
         pass
 
 
+def _ignore_terminal_interrupts() -> None:
+    """Ctrl-C in a terminal reaches the whole process group: the trainer decides, the writer finishes its save."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
+    """An orphaned writer exits at once: committing for a trainer that is gone could replace a newer save.
+
+    (PR_SET_PDEATHSIG would fire when the *thread* that spawned us exits, and we are spawned from a short-lived
+    thread, so the parent is watched instead; `write_checkpoint` checks it again right before the commit.)
+    """
+
+    def watch() -> None:
+        while os.getppid() == trainer_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ckpt-trainer-watch", daemon=True).start()
+
+
 def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple) -> None:
+    _ignore_terminal_interrupts()
+    _die_with_trainer(os.getppid())
     _skip_torch_record_crc()
     init_fn(*init_args)
     storage = storage_config.create_storage()
@@ -88,8 +112,7 @@ def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Calla
                 for entry in request.entries:
                     if not entry.pickled:
                         entry.value = from_slab_refs(entry.value, slab[1])
-            write_checkpoint(storage, request)
-            reply: tuple[str, Any] = ("ok", None)
+            reply: tuple[str, Any] = ("ok", write_checkpoint(storage, request))
         except BaseException as exc:  # reported to the trainer; this process stays up for the next save
             reply = ("error", _portable(exc))
         del request, message  # drop shared-memory handles before answering
@@ -127,9 +150,12 @@ class CheckpointProcess:
         self._start_error: BaseException | None = None
         self._ready = threading.Event()
         self._lock = threading.Lock()
+        self._closing = False
         self._start_in_background()
 
     def _start_in_background(self) -> None:
+        if self._closing:
+            return
         self._slab_generation: int | None = None  # a new process has mapped no slab yet
         self._ready.clear()
         self._start_error = None
@@ -180,7 +206,7 @@ class CheckpointProcess:
             self._start_in_background()
             self.wait_ready()
 
-    def write(self, request: WriteRequest, slab: tuple[int, Any] | None = None) -> None:
+    def write(self, request: WriteRequest, slab: tuple[int, Any] | None = None) -> int:
         """Send one request and block until the writer answers; raises the writer's exception.
 
         `slab` is (generation, shared tensor) of the staging slab the request's SlabRefs point into; it is
@@ -209,13 +235,29 @@ class CheckpointProcess:
             raise payload
         if tag != "ok":
             raise RuntimeError(f"Unexpected response from worker process: {tag!r}")
+        return int(payload)
+
+    def kill(self) -> None:
+        """SIGKILL the writer now (it may be stopped or stuck); a write waiting on it fails as WriterProcessDied."""
+        proc = self._proc
+        if proc is not None and proc.is_alive():
+            proc.kill()
+            proc.join(5)
 
     def close(self) -> None:
-        with self._lock:
+        """Stop the writer; every wait is bounded (a stuck or stopped writer is killed)."""
+        self._closing = True
+        if not self._lock.acquire(timeout=self.config.subprocess_shutdown_timeout_secs):
+            self.kill()  # a write still waits on it: ending the process ends that wait
+            if not self._lock.acquire(timeout=10):
+                return
+        try:
             if not self._ready.wait(self.config.subprocess_init_timeout_secs + 5) or self._proc is None:
                 return
             proc, conn = self._proc, self._conn
             self._proc = self._conn = None
+        finally:
+            self._lock.release()
         try:
             assert conn is not None
             conn.send(("stop", None))

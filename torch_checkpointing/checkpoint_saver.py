@@ -7,25 +7,31 @@ background writer process and resolves the write Future when the commit is durab
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch_checkpointing.checkpoint_process import CheckpointProcess
 from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig, WriteEntry, WriteRequest, write_checkpoint
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
+from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.lock import RWLock, RWLockMode
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress
 
-__all__ = ["CheckpointSaver", "SyncCheckpointSaver", "AsyncCheckpointSaver", "SavePlan"]
+__all__ = ["CheckpointSaver", "SyncCheckpointSaver", "AsyncCheckpointSaver", "SavePlan", "WriteFuture"]
+
+logger = logging.getLogger("torch_checkpointing.saver")
 
 
 @dataclass
@@ -44,8 +50,13 @@ class SavePlan:
     finalize_callback: Callable[[str, Any], None] | None = None
     step: int | None = None
     metrics: dict[str, float] | None = None
+    overwrite: bool = True
+    started: float = field(default_factory=time.monotonic)  # when save() was called
+    blocked_s: float = 0.0  # how long save() held the caller
 
-    def request(self, entries: list[WriteEntry], writer_config: CheckpointWriterConfig) -> WriteRequest:
+    def request(
+        self, entries: list[WriteEntry], writer_config: CheckpointWriterConfig, trainer_pid: int | None = None
+    ) -> WriteRequest:
         return WriteRequest(
             self.checkpoint_dir,
             self.tmp_dir,
@@ -60,6 +71,8 @@ class SavePlan:
             self.finalize_callback,
             self.step,
             self.metrics,
+            self.overwrite,
+            trainer_pid,
         )
 
 
@@ -76,6 +89,9 @@ class CheckpointSaver(ABC):
     def wait(self, timeout: float | None) -> None:
         """Block until the last write is durable; re-raise its error."""
 
+    def settle_previous(self) -> None:
+        """Before a new save: wait for the previous one; raise its failure if the caller never saw it."""
+
     @property
     def stager(self) -> CheckpointStager | None:
         return None
@@ -88,7 +104,13 @@ class SyncCheckpointSaver(CheckpointSaver):
 
     def save(self, plan: SavePlan) -> None:
         entries = [WriteEntry(i.key, i.layout.file_path, i.layout.serialization_format, i.value) for i in plan.items]
-        write_checkpoint(self._storage, plan.request(entries, self._writer_config))
+        try:
+            nbytes = write_checkpoint(self._storage, plan.request(entries, self._writer_config))
+        except BaseException as exc:
+            log_failed(plan, exc)
+            raise
+        plan.blocked_s = time.monotonic() - plan.started
+        log_committed(plan, nbytes)
         return None
 
     def close(self) -> None:
@@ -108,9 +130,9 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._process = CheckpointProcess(storage_config, config.process_config, subprocess_init_fn, subprocess_init_args)
         prefix = config.process_config.thread_name_prefix
         self._staging_pool = ThreadPoolExecutor(1, thread_name_prefix=config.staging_config.thread_name)
-        self._comm_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{prefix}-comm")
+        self._comm_thread_name = f"{prefix}-comm"
         self._staging_lock = RWLock()
-        self._last_write: Future[Any] | None = None
+        self._last_write: WriteFuture | None = None
         self._prewarm: Future[Any] | None = None
         self._state = threading.Lock()
 
@@ -130,9 +152,39 @@ class AsyncCheckpointSaver(CheckpointSaver):
         return self._staging_lock.hold(RWLockMode.READ, self._timeout)
 
     def wait(self, timeout: float | None) -> None:
-        for fut in (self._prewarm, self._last_write):
-            if fut is not None:
-                fut.result(timeout)
+        """Wait (bounded) for the last write; past `timeout` the writer is killed and this raises saying so.
+
+        Re-raises the last write's failure unless the caller already retrieved it from its Future.
+        """
+        if self._prewarm is not None:
+            self._prewarm.result(timeout)
+        write = self._last_write
+        if write is None:
+            return
+        try:
+            write.quiet_exception(timeout)
+        except TimeoutError:
+            self._process.kill()
+            raise CheckpointError(
+                f"The checkpoint write of {write.checkpoint_id} did not finish within {timeout}s "
+                f"(save.wait_timeout_secs); the writer process was killed and {write.checkpoint_id} was not "
+                f"committed."
+            ) from None
+        self._raise_unseen(write, "")
+
+    def _raise_unseen(self, write: WriteFuture, consequence: str) -> None:
+        """Surface a failed save the caller never looked at (its Future was dropped), once."""
+        error = write.quiet_exception(0)
+        if error is None or write.retrieved:
+            return
+        write.retrieved = True
+        raise CheckpointError(
+            f"The async save of {write.checkpoint_id} failed and nothing was committed there: "
+            f"{type(error).__name__}: {error}.{consequence}"
+        ) from error
+
+    def settle_previous(self) -> None:
+        self._wait_previous()
 
     def _wait_previous(self) -> None:
         if self._prewarm is not None:
@@ -140,12 +192,13 @@ class AsyncCheckpointSaver(CheckpointSaver):
             self._prewarm = None
         if self._last_write is not None:
             try:
-                self._last_write.exception(self._timeout)
+                self._last_write.quiet_exception(self._timeout)
             except TimeoutError as exc:
-                raise RuntimeError(
-                    f"The previous checkpoint write did not finish within {self._timeout}s "
-                    f"(save.wait_timeout_secs); refusing to start another."
+                raise CheckpointError(
+                    f"The previous checkpoint write ({self._last_write.checkpoint_id}) did not finish within "
+                    f"{self._timeout}s (save.wait_timeout_secs); refusing to start another."
                 ) from exc
+            self._raise_unseen(self._last_write, " This save() was not started; call it again to retry.")
 
     def save(self, plan: SavePlan) -> Future[Any]:
         """Returns once staging has started (or finished, without async staging); the Future ends with the commit."""
@@ -161,10 +214,14 @@ class AsyncCheckpointSaver(CheckpointSaver):
         except BaseException:
             self._staging_lock.release(RWLockMode.WRITE)
             raise
-        write: Future[Any] = Future()
+        write = WriteFuture(plan.checkpoint_dir)
         write.set_running_or_notify_cancel()
         self._last_write = write
-        self._comm_pool.submit(self._write, plan, staged, write)
+        plan.blocked_s = time.monotonic() - plan.started
+        # A daemon thread, not an executor: a writer that never answers must not hold up interpreter exit.
+        threading.Thread(
+            target=self._write, args=(plan, staged, write), name=self._comm_thread_name, daemon=True
+        ).start()
         return write
 
     def _stage(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -187,10 +244,13 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 else:
                     entries.append(WriteEntry(item.key, item.layout.file_path, fmt, _pickle_item(item), pickled=True))
             slab_info = (self._stager.generation, self._stager.shared_slab) if slab is not None else None
-            self._process.write(plan.request(entries, self.config.writer_config), slab_info)
+            request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
+            nbytes = self._process.write(request, slab_info)
         except BaseException as exc:
+            log_failed(plan, exc)
             write.set_exception(exc)
         else:
+            log_committed(plan, nbytes)
             write.set_result(None)
 
     def prewarm(self, items: list[ResolvedItem]) -> None:
@@ -214,9 +274,73 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     def close(self) -> None:
         self._staging_pool.shutdown(wait=True)
-        self._comm_pool.shutdown(wait=True, cancel_futures=True)
         self._process.close()
         self._stager.close()
+
+
+class WriteFuture(Future[Any]):
+    """The Future of one async save; remembers whether the caller looked at its outcome.
+
+    A failure nobody retrieved (the usual loop keeps only the last Future) is raised by the next `save()` or by
+    `close()`; `quiet_exception` lets the engine itself look without counting as the caller.
+    """
+
+    def __init__(self, checkpoint_id: str) -> None:
+        super().__init__()
+        self.checkpoint_id = checkpoint_id
+        self.retrieved = False
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(timeout)
+        finally:
+            self.retrieved = self.retrieved or self.done()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            return super().exception(timeout)
+        finally:
+            self.retrieved = self.retrieved or self.done()
+
+    def quiet_exception(self, timeout: float | None) -> BaseException | None:
+        return super().exception(timeout)
+
+    def mirror(self) -> Future[Any]:
+        """A plain Future with the same outcome, for engine-internal callbacks (they must not count as the caller)."""
+        copy: Future[Any] = Future()
+
+        def settle(done: Future[Any]) -> None:
+            error = self.quiet_exception(0)
+            if error is None:
+                copy.set_result(None)
+            else:
+                copy.set_exception(error)
+
+        self.add_done_callback(settle)
+        return copy
+
+
+def log_committed(plan: SavePlan, nbytes: int) -> None:
+    durable_s = time.monotonic() - plan.started
+    logger.info(
+        "Checkpoint %s committed (rank %d): %d bytes, save() blocked %.0f ms, durable after %.2f s, %.1f MB/s",
+        plan.checkpoint_dir,
+        plan.rank,
+        nbytes,
+        plan.blocked_s * 1000,
+        durable_s,
+        nbytes / max(durable_s, 1e-9) / 1e6,
+    )
+
+
+def log_failed(plan: SavePlan, exc: BaseException) -> None:
+    logger.error(
+        "Checkpoint save of %s failed (rank %d); nothing was committed there: %s: %s",
+        plan.checkpoint_dir,
+        plan.rank,
+        type(exc).__name__,
+        exc,
+    )
 
 
 def _pickle_item(item: ResolvedItem) -> bytes:

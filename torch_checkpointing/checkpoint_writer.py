@@ -1,30 +1,37 @@
-"""Writing one rank's share of a checkpoint, and the atomic commit of the whole.
+"""Writing one rank's share of a checkpoint, and taking part in its commit.
 
-Every rank writes its item files into a temporary directory beside the target and fsyncs them. Rank 0 then
-collects every rank's file records (through a TCPStore when there are several ranks), writes the sharding
-metadata and the manifest, fsyncs, and renames the directory into place; the other ranks wait for rank 0's
-verdict, so every rank's save ends only after the commit. The same function runs inline for sync saves and
-in the background writer process for async ones.
+Every rank writes its item files under the commit's root (see `commit.py`) and fsyncs them; the ranks then
+agree (`agreement.py`, over the TCPStore hosted by rank 0's trainer) on every rank's file records, rank 0
+publishes the checkpoint, and the ranks agree on that outcome, so every rank's save ends only after the commit
+and a failure anywhere is the same `CommitError` on every rank. The same function runs inline for sync saves
+and in the background writer process for async ones.
 """
 
 from __future__ import annotations
 
-import json
+import logging
+import os
 import pickle
-import time
 import posixpath
+import signal
+import threading
+import time
 import zlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import IO, Any
 
+from torch_checkpointing.agreement import StoreTransport, agree
 from torch_checkpointing.barriers import BarrierConfig
 from torch_checkpointing.checkpoint_layout import SerializationFormat
+from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, FileRecord, Manifest
+from torch_checkpointing.errors import CommitError
+from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
@@ -40,9 +47,9 @@ __all__ = [
     "METADATA_JSON",
 ]
 
-# Non-zero ranks wait this much longer than rank 0 so that rank 0's verdict (naming the late rank) arrives first.
+logger = logging.getLogger("torch_checkpointing.writer")
+# After a failed save, how long rank 0 keeps the store up for the other ranks to read the outcome.
 _VERDICT_GRACE_S = 2.0
-
 
 
 @dataclass
@@ -83,6 +90,8 @@ class WriteRequest:
     finalize_callback: Callable[[str, Any], None] | None = None
     step: int | None = None
     metrics: dict[str, float] | None = None
+    overwrite: bool = True  # may replace an existing checkpoint of ours (never anything else)
+    trainer_pid: int | None = None  # async saves: the trainer that asked; the writer commits only while it lives
 
 
 class _ChecksumStream:
@@ -115,10 +124,9 @@ def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry) -> 
     return FileRecord(entry.key, rank, entry.file_path, stream.size, stream.crc32, entry.fmt.to_dict())
 
 
-def _write_local_files(storage: Storage, request: WriteRequest) -> list[FileRecord]:
-    root = Path(request.tmp_dir)
-    storage.mkdir(root)
-    storage.write(root / INCOMPLETE_MARKER, b"")
+def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) -> list[FileRecord]:
+    root = commit.root
+    commit.begin()
     directories = {root}
     for entry in request.entries:
         parent = root / posixpath.dirname(entry.file_path)
@@ -135,8 +143,7 @@ def _write_local_files(storage: Storage, request: WriteRequest) -> list[FileReco
     return records
 
 
-def _finalize(storage: Storage, request: WriteRequest, records: list[FileRecord]) -> None:
-    """Rank 0: metadata, manifest, marker removal, fsync, atomic rename, fsync of the parent."""
+def _check_distinct(records: list[FileRecord]) -> None:
     by_path: dict[str, FileRecord] = {}
     for rec in records:
         other = by_path.get(posixpath.normpath(rec.path))
@@ -146,109 +153,145 @@ def _finalize(storage: Storage, request: WriteRequest, records: list[FileRecord]
                 f"{rec.path!r}; put '{{rank}}' in the layout's file_path so that every rank has its own file."
             )
         by_path[posixpath.normpath(rec.path)] = rec
-    root = Path(request.tmp_dir)
-    if request.metadata_json is not None:
-        storage.write(root / METADATA_JSON, request.metadata_json.encode("utf-8"))
+
+
+def _publish(commit: Commit, request: WriteRequest, records: list[FileRecord]) -> None:
+    """Rank 0: the manifest over every rank's records, then the commit itself."""
+    _check_distinct(records)
+    metadata = request.metadata_json.encode("utf-8") if request.metadata_json is not None else None
     manifest = Manifest(
         request.world_size,
         __version__,
         tuple(records),
-        METADATA_JSON if request.metadata_json else None,
+        METADATA_JSON if metadata is not None else None,
         request.step,
         request.metrics,
         time.time(),
+        len(metadata) if metadata is not None else None,
+        zlib.crc32(metadata) if metadata is not None else None,
     )
-    storage.write(root / MANIFEST_FILE_NAME, manifest.to_json().encode("utf-8"))
-    storage.delete(root / INCOMPLETE_MARKER)
-    storage.sync_directory(root)
-    final = Path(request.checkpoint_dir)
-    storage.replace_directory(root, final)
-    storage.sync_directory(final.parent)
+    commit.publish(manifest, request.metadata_json, lambda: _check_trainer_alive(request))
 
 
-def write_checkpoint(storage: Storage, request: WriteRequest) -> None:
+def _check_trainer_alive(request: WriteRequest) -> None:
+    """A writer whose trainer is gone must not commit: a newer save of the same id may already be in place."""
+    if request.trainer_pid is not None and os.getppid() != request.trainer_pid:
+        raise CommitError(
+            f"Checkpoint {request.checkpoint_dir} was not committed: the trainer process {request.trainer_pid} that "
+            f"asked for it is gone."
+        )
+
+
+@dataclass
+class _Progress:
+    committed: bool = False
+
+
+def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     """Write this rank's files and take part in the commit; returns once the checkpoint is durable.
 
-    On failure the temporary directory is removed where this rank owns the outcome (single rank, or rank 0);
-    it never reaches the checkpoint's path either way.
+    Returns the bytes this rank wrote. On failure the unfinished save is removed where this rank owns the
+    outcome (single rank, or rank 0); it never becomes visible at the checkpoint's path either way. Once the
+    checkpoint is committed nothing is reported as a failure: a failed `finalize_callback` is logged.
     """
+    commit = Commit(storage, CommitTarget(request.checkpoint_dir, request.tmp_dir, request.overwrite))
+    progress = _Progress()
     try:
-        _write_and_commit(storage, request)
+        with _interrupts_reported(request.checkpoint_dir, progress):
+            nbytes = _write_and_commit(storage, request, commit, progress)
     except BaseException:
-        if request.rank == 0:
-            _discard(storage, Path(request.tmp_dir))
+        if request.rank == 0 and not progress.committed:
+            commit.discard()
         raise
     if request.finalize_callback is not None:
-        request.finalize_callback(request.checkpoint_dir, None)
+        try:
+            request.finalize_callback(request.checkpoint_dir, None)
+        except Exception:
+            logger.exception("finalize_callback failed for the committed checkpoint %s", request.checkpoint_dir)
+    return nbytes
 
 
-def _discard(storage: Storage, tmp: Path) -> None:
+@contextmanager
+def _interrupts_reported(checkpoint_dir: str, progress: _Progress) -> Iterator[None]:
+    """Turn a Ctrl-C in the middle of a save into a KeyboardInterrupt that says what became of the save.
+
+    Without this the interrupt surfaces from inside torch.save as a RuntimeError of its zip writer, which reads
+    like disk corruption. Only the main thread of a process with Python's default SIGINT handler is touched.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    interrupted: list[bool] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        interrupted.append(True)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
     try:
-        if storage.exists(tmp):
-            storage.rmdir(tmp)
-    except OSError:
-        pass  # best effort: the marker still tells load() that this directory is not a checkpoint
+        yield
+    except BaseException as exc:
+        if not interrupted:
+            raise
+        state = "it was committed" if progress.committed else f"nothing was committed at {checkpoint_dir}"
+        raise KeyboardInterrupt(
+            f"Checkpoint save of {checkpoint_dir} interrupted (Ctrl-C): {state}; an earlier checkpoint there, "
+            f"if any, is intact."
+        ) from (None if isinstance(exc, KeyboardInterrupt) else exc)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _write_and_commit(storage: Storage, request: WriteRequest) -> None:
+def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress) -> int:
     before_commit = request.pre_finalize_callback
     if request.store is None:
-        records = _write_local_files(storage, request)
+        records = _write_local_files(storage, request, commit)
         if before_commit is not None:
             before_commit(request.checkpoint_dir, None)
-        _finalize(storage, request, records)
-        return
+        _publish(commit, request, records)
+        progress.committed = True
+        return sum(r.size for r in records)
     channel = StoreChannel(request.store, request.timeout_s)
-    try:
-        local = [r.to_dict() for r in _write_local_files(storage, request)]
+    transport = StoreTransport(request.rank, request.world_size, channel)
+    records: list[FileRecord] = []
+
+    def write() -> list[dict[str, Any]]:
+        local = [r.to_dict() for r in _write_local_files(storage, request, commit)]
         if before_commit is not None:
             before_commit(request.checkpoint_dir, None)
-        channel.publish(f"files/{request.rank}", json.dumps({"ok": local}))
-    except BaseException as exc:
-        channel.publish(f"files/{request.rank}", json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
-        raise
-    if request.rank != 0:
-        verdict = _await_verdict(channel, request.world_size)
-        channel.publish(f"ack/{request.rank}", verdict)  # rank 0 hosts the store: it must outlive our read
-        if verdict != "ok":
-            raise RuntimeError(f"Checkpoint {request.checkpoint_dir} was not committed: {verdict}")
-        return
+        return local
+
+    def publish() -> None:
+        if request.rank == 0:
+            _publish(commit, request, records)
+            progress.committed = True
+
     try:
-        reports = [json.loads(s) for s in channel.gather("files", request.world_size, "its written files")]
-        failed = {r: rep["error"] for r, rep in enumerate(reports) if "error" in rep}
-        if failed:
-            raise RuntimeError(f"rank(s) {sorted(failed)} failed to write their files: {failed}")
-        records = [FileRecord.from_dict(d) for rep in reports for d in rep["ok"]]
-        _finalize(storage, request, records)
-    except BaseException as exc:
-        channel.publish("commit", f"rank 0 could not commit: {type(exc).__name__}: {exc}")
-        _await_acks(channel, request.world_size, timeout_s=_VERDICT_GRACE_S)
-        raise
-    channel.publish("commit", "ok")
-    _await_acks(channel, request.world_size)
+        reports = agree(f"Checkpoint {request.checkpoint_dir}: writing the files", transport, write)
+        records.extend(FileRecord.from_dict(d) for report in reports for d in report)
+        agree(f"Checkpoint {request.checkpoint_dir}: the commit", transport, publish)
+        progress.committed = True
+    finally:
+        _settle(channel, request, progress.committed)
+    return sum(r.size for r in records if r.rank == request.rank)
 
 
-def _await_verdict(channel: StoreChannel, world_size: int) -> str:
-    """Rank 0's verdict; if it never comes, name the ranks that did not report (or rank 0 itself)."""
+def _settle(channel: StoreChannel, request: WriteRequest, committed: bool) -> None:
+    """Rank 0's trainer hosts the store: rank 0 waits until every live rank has read the outcome."""
     try:
-        return channel.wait_for("commit", "rank 0", grace_s=_VERDICT_GRACE_S)
-    except TimeoutError:
-        silent = channel.missing("files", world_size)
-        if silent:
-            raise TimeoutError(
-                f"Checkpoint commit: rank(s) {silent} did not report their written files within "
-                f"{channel.timeout_s:.0f}s (a rank died, hung, or never called save()). No checkpoint was committed."
-            ) from None
-        raise
+        channel.publish(f"ack/{request.rank}", "seen")
+        if request.rank == 0:
+            timeout = request.timeout_s if committed else _VERDICT_GRACE_S
+            channel.gather("ack", request.world_size, "that it saw the outcome", timeout_s=timeout)
+    except CommitError:
+        pass  # a rank (or the store) gone after the outcome changes nothing about it
 
 
-def _await_acks(channel: StoreChannel, world_size: int, timeout_s: float | None = None) -> None:
-    """Rank 0 hosts the store: keep it up until every live rank has read the verdict."""
-    channel.publish("ack/0", "self")
-    try:
-        channel.gather("ack", world_size, "that it saw the commit verdict", timeout_s=timeout_s)
-    except TimeoutError:
-        pass  # a rank that died after the verdict changes nothing about the committed checkpoint
+# ------------------------------------------------------------------------------------------- compatibility
+# `CheckpointWriterArgs`/`CheckpointWriter` are kept importable for code written against the published API
+# (API_SURFACE.md); the engine itself never uses them. `TMP_PREFIX` is inert: temporary names come from commit.py.
 
 
 @dataclass
@@ -265,7 +308,7 @@ class CheckpointWriterArgs:
 
 
 class CheckpointWriter:
-    """A storage plus the callbacks to attach to each request."""
+    """Compatibility only: a storage plus the callbacks to attach to each request."""
 
     TMP_PREFIX = "tmp_"
 
@@ -273,7 +316,7 @@ class CheckpointWriter:
         self.args = args
         self.storage = args.storage_config.create_storage()
 
-    def write(self, request: WriteRequest) -> None:
+    def write(self, request: WriteRequest) -> int:
         request.pre_finalize_callback = request.pre_finalize_callback or self.args.pre_finalize_callback
         request.finalize_callback = request.finalize_callback or self.args.finalize_callback
-        write_checkpoint(self.storage, request)
+        return write_checkpoint(self.storage, request)

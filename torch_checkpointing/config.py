@@ -26,6 +26,9 @@ class CheckpointSaverConfig:
     writer_config: CheckpointWriterConfig = field(default_factory=CheckpointWriterConfig)
     # How long save()/close() wait on a previous write, and multi-rank commits wait on other ranks.
     wait_timeout_secs: int | None = DEFAULT_WAIT_TIMEOUT_SECS
+    # Whether a save may replace an existing checkpoint of ours at its id (atomically; the old one stays intact
+    # until the new one is durable). A path that is not a checkpoint of ours is never replaced, whatever this says.
+    overwrite: bool = True
 
     def __post_init__(self) -> None:
         if self.wait_timeout_secs is not None and self.wait_timeout_secs < 0:
@@ -52,5 +55,7 @@ class CheckpointLoaderConfig:
     use_mmap: bool = True
     # torch's safe unpickler for TorchSerialization files; set False only for checkpoints you trust.
     weights_only: bool = True
-    # Recompute each file's CRC32 against the manifest on load (costs a full read of every file).
-    verify_checksums: bool = False
+    # Recompute each file's CRC32 against the manifest on load (on by default; off only if you know why).
+    verify_checksums: bool = True
+    # Load directories without a manifest (the published release wrote none): unverified, with a warning.
+    allow_legacy_checkpoints: bool = False

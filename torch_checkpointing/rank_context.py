@@ -14,6 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from torch_checkpointing.agreement import GroupTransport
 from torch_checkpointing.store_channel import StoreAddress
 from torch_checkpointing.types import RankInfo
 
@@ -59,6 +60,11 @@ class RankContext:
     @property
     def world_size(self) -> int:
         return self.rank_info.global_world_size
+
+    @property
+    def transport(self) -> GroupTransport:
+        """The manager's gloo group as an agreement transport (see `agreement.agree`)."""
+        return GroupTransport(self.rank, self.world_size, self.group)
 
     def all_gather(self, obj: Any) -> list[Any]:
         if self.world_size == 1:

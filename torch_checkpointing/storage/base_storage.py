@@ -98,6 +98,10 @@ class Storage(ABC):
         """A path the OS can open (for mmap), or None when the backend is not a local filesystem."""
         return None
 
+    def handles_url(self, checkpoint_id: str) -> bool:
+        """Whether this store takes URL-looking ids (`s3://bucket/run`); local stores refuse them (a `./s3:` dir)."""
+        return False
+
     def sync_directory(self, path: Path) -> None:
         """Make directory entries below `path` durable; a no-op where the backend has no such notion."""
 

@@ -1,0 +1,227 @@
+"""The commit of one checkpoint, as one object: where files go, what makes them a checkpoint, and the discard.
+
+Two strategies, chosen by `Storage.atomic_rename` (after Orbax's TemporaryPath: atomic rename vs commit file):
+
+* rename (local filesystems): every rank writes into `<parent>/.<name>.tmp-<uid>-<seq>/`, which carries the
+  `.incomplete` marker from the start. Rank 0 writes `metadata.json` and `manifest.json`, removes the marker,
+  fsyncs, swaps the directory into place (an atomic exchange when it replaces a checkpoint), fsyncs the parent.
+* commit file (object stores, which cannot rename a prefix): every rank writes directly under the final prefix,
+  with the marker; once every rank's files are complete rank 0 removes the marker and writes the manifest LAST.
+  The manifest's presence is the commit. Overwriting an id that already has a manifest is refused (it could
+  not be done atomically), and a prefix without a manifest is not a checkpoint.
+
+What a save may replace is decided here too (`check_target`): nothing, an empty directory, a failed save of
+ours, or, with overwrite allowed, a checkpoint of ours that holds nothing but the files its manifest lists.
+Anything else (a user's directory, a regular file, a symlink) is refused before a byte is written. Once the
+checkpoint is in place the save has succeeded: a failure to clean up after it is a logged warning, never an
+error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
+from torch_checkpointing.errors import CommitError
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest
+from torch_checkpointing.storage.base_storage import Storage
+
+__all__ = [
+    "RESERVED_FILE_NAMES",
+    "MANIFEST_FILE_NAME",
+    "METADATA_FILE_NAME",
+    "INCOMPLETE_MARKER",
+    "CommitTarget",
+    "Commit",
+    "check_target",
+    "temporary_name",
+]
+
+logger = logging.getLogger("torch_checkpointing.commit")
+
+# Files the engine itself writes at a checkpoint's root; an item may not claim them.
+RESERVED_FILE_NAMES = frozenset({MANIFEST_FILE_NAME, METADATA_FILE_NAME, INCOMPLETE_MARKER})
+_SHOWN = 8  # how many unexpected entries a refusal lists
+
+
+@dataclass(frozen=True)
+class CommitTarget:
+    """Where one save lands: the checkpoint's path, its temporary name, and whether it may replace one."""
+
+    final: str
+    tmp: str
+    overwrite: bool = True
+
+
+def temporary_name(final: str, uid: str, seq: int) -> str:
+    """The hidden sibling a rename-mode save writes into (`.step_5.tmp-<uid>-<seq>`)."""
+    path = Path(final)
+    return str(path.parent / f".{path.name}.tmp-{uid}-{seq}")
+
+
+# ------------------------------------------------------------------------------------- what may be replaced
+
+
+def check_target(storage: Storage, final: str, overwrite: bool) -> None:
+    """Refuse, before anything is written, a target whose replacement could lose data that is not ours."""
+    path = Path(final)
+    local = storage.local_path(path)
+    if local is not None and os.path.islink(local):
+        raise CommitError(
+            f"Refusing to save to {final}: it is a symbolic link (to {os.readlink(local)!r}). Save to the real "
+            f"path, or remove the link first."
+        )
+    if not storage.exists(path):
+        return
+    if not storage.isdir(path):
+        raise CommitError(f"Refusing to save to {final}: it is an existing file, not a checkpoint. Choose another id.")
+    entries = _walk(storage, path)
+    if not entries:
+        return  # an empty directory: nothing to lose
+    names = set(entries)
+    if MANIFEST_FILE_NAME in names:
+        _check_checkpoint(storage, final, entries, overwrite)
+    elif INCOMPLETE_MARKER not in names:
+        raise CommitError(
+            f"Refusing to save to {final}: it is a directory that is not a checkpoint (no {MANIFEST_FILE_NAME}); "
+            f"it holds {_listing(entries)}. Saving would replace it. Choose another id (e.g. a subdirectory)."
+        )
+
+
+def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrite: bool) -> None:
+    """An existing checkpoint of ours: replaceable only if allowed, atomic, and holding nothing else."""
+    try:
+        manifest = Manifest.from_json(storage.read(Path(final) / MANIFEST_FILE_NAME).decode("utf-8"))
+    except (ValueError, KeyError, UnicodeDecodeError) as exc:
+        raise CommitError(
+            f"Refusing to save to {final}: its {MANIFEST_FILE_NAME} is not a torch_checkpointing manifest ({exc}). "
+            f"Choose another id."
+        ) from None
+    if not overwrite:
+        raise CommitError(
+            f"Refusing to save to {final}: a checkpoint already exists there and overwrite is off "
+            f"(CheckpointSaverConfig.overwrite=False). Choose another id, or delete it first."
+        )
+    if not storage.atomic_rename:
+        raise CommitError(
+            f"Refusing to save to {final}: a checkpoint already exists there, and this storage cannot replace "
+            f"one atomically (Storage.atomic_rename=False). Delete it first, or save to a new id."
+        )
+    known = {posixpath.normpath(rec.path) for rec in manifest.files} | set(RESERVED_FILE_NAMES)
+    foreign = [e for e in entries if not e.endswith("/") and e not in known]
+    if foreign:
+        raise CommitError(
+            f"Refusing to replace the checkpoint {final}: it also holds files that are not part of it "
+            f"({_listing(foreign)}); replacing it would delete them. Move them out, or save to another id."
+        )
+
+
+def _walk(storage: Storage, root: Path) -> list[str]:
+    """Every file below `root`, relative; directories end with '/' (empty ones too)."""
+    out: list[str] = []
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        for name in sorted(storage.ls(root / rel) if rel else storage.ls(root)):
+            child = f"{rel}{name}"
+            if storage.isdir(root / child):
+                out.append(child + "/")
+                stack.append(child + "/")
+            else:
+                out.append(child)
+    return out
+
+
+def _listing(entries: list[str]) -> str:
+    top = sorted({e.split("/")[0] + ("/" if "/" in e else "") for e in entries})
+    more = f" and {len(top) - _SHOWN} more" if len(top) > _SHOWN else ""
+    return ", ".join(top[:_SHOWN]) + more
+
+
+# ------------------------------------------------------------------------------------------------ the commit
+
+
+class Commit:
+    """One rank's side of one checkpoint's commit. Rank 0 (or the only rank) calls `publish`."""
+
+    def __init__(self, storage: Storage, target: CommitTarget) -> None:
+        self.storage = storage
+        self.target = target
+        self.renames = storage.atomic_rename
+
+    @property
+    def root(self) -> Path:
+        """Where this save's files go: the temporary directory, or the final prefix on object stores."""
+        return Path(self.target.tmp if self.renames else self.target.final)
+
+    def begin(self) -> None:
+        """Create the root with the marker in it: until `publish`, nothing here reads as a checkpoint."""
+        self.storage.mkdir(self.root)
+        self.storage.write(self.root / INCOMPLETE_MARKER, b"")
+
+    def publish(self, manifest: Manifest, metadata_json: str | None, still_wanted: Callable[[], None]) -> None:
+        """Write metadata and manifest and make the checkpoint visible. Errors before that point propagate.
+
+        `still_wanted` raises when the save must not commit after all (its trainer is gone); it runs last,
+        right before the step that makes the checkpoint visible.
+        """
+        check_target(self.storage, self.target.final, self.target.overwrite)
+        root = self.root
+        if metadata_json is not None:
+            self.storage.write(root / METADATA_FILE_NAME, metadata_json.encode("utf-8"))
+        manifest_bytes = manifest.to_json().encode("utf-8")
+        if self.renames:
+            self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)
+            self.storage.delete(root / INCOMPLETE_MARKER)
+            self.storage.sync_directory(root)
+            still_wanted()
+            self._swap(manifest_bytes)
+        else:
+            self.storage.delete(root / INCOMPLETE_MARKER)
+            still_wanted()
+            self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)  # the commit: written last
+        self._after_commit(lambda: self.storage.sync_directory(Path(self.target.final).parent), "sync its parent")
+
+    def _swap(self, manifest_bytes: bytes) -> None:
+        final, tmp = Path(self.target.final), Path(self.target.tmp)
+        try:
+            self.storage.replace_directory(tmp, final)
+        except Exception as exc:
+            if not self._visible(manifest_bytes):
+                raise
+            logger.warning(
+                "Checkpoint %s is committed, but the checkpoint it replaced could not be removed (%s: %s); "
+                "delete any leftover .old_*/.tmp-* entries beside it by hand.",
+                final,
+                type(exc).__name__,
+                exc,
+            )
+        if self.storage.exists(tmp):
+            self._after_commit(lambda: self.storage.rmdir(tmp), f"remove the replaced checkpoint at {tmp}")
+
+    def _visible(self, manifest_bytes: bytes) -> bool:
+        try:
+            return self.storage.read(Path(self.target.final) / MANIFEST_FILE_NAME) == manifest_bytes
+        except Exception:
+            return False
+
+    def _after_commit(self, action: Callable[[], None], what: str) -> None:
+        try:
+            action()
+        except Exception as exc:
+            logger.warning("Checkpoint %s is committed, but could not %s: %s: %s", self.target.final, what,
+                           type(exc).__name__, exc)
+
+    def discard(self) -> None:
+        """Remove what this save wrote (never a committed checkpoint); a failure is only logged."""
+        root = self.root
+        try:
+            if self.storage.exists(root) and not (not self.renames and self.storage.exists(root / MANIFEST_FILE_NAME)):
+                self.storage.rmdir(root)
+        except Exception as exc:
+            logger.warning("Could not remove the unfinished save at %s: %s: %s", root, type(exc).__name__, exc)
