@@ -46,13 +46,31 @@ def _umount(where: Path) -> None:
     subprocess.run(["umount", "-l", os.fspath(where)], capture_output=True, timeout=30, check=False)
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB filesystem of its own: a save bigger than that fails with ENOSPC half-way."""
+def _mount_ext4(where: Path, image: Path) -> str | None:
+    """Mount a 16 MiB ext4 loop image at `where` (a filesystem that takes O_DIRECT, unlike tmpfs)."""
+    where.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    for command in (["mkfs.ext4", "-q", "-F", os.fspath(image)], ["mount", "-o", "loop", os.fspath(image), os.fspath(where)]):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{command[0]} failed: {exc}"
+        if done.returncode != 0:
+            return f"{command[0]} failed: {done.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(params=["tmpfs", "ext4"])
+def small_fs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A filesystem of its own, 8-16 MiB: a save bigger than that fails with ENOSPC half-way.
+
+    tmpfs refuses O_DIRECT (the buffered path); the ext4 loop image takes it (the aligned-buffer path).
+    """
     where = tmp_path / "small"
-    reason = _mount_tmpfs(where, "8m")
+    reason = _mount_tmpfs(where, "8m") if request.param == "tmpfs" else _mount_ext4(where, tmp_path / "ext4.img")
     if reason is not None:
-        pytest.skip(f"cannot mount a small tmpfs ({reason}); test_file_size_limit_* cover disk-full instead")
+        pytest.skip(f"cannot mount a small {request.param} ({reason}); test_file_size_limit_* cover disk-full instead")
     try:
         yield where
     finally:
@@ -60,9 +78,9 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 
 
 def _digest(root: Path) -> dict[str, str]:
-    """Every file below `root` with a hash of its bytes: what 'nothing else changed' compares."""
-    return {os.fspath(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every path below `root`, files with a hash of their bytes: what 'nothing else changed' compares."""
+    return {os.fspath(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
 
 
 def _run(script: str, *args: str) -> str:
@@ -338,3 +356,29 @@ def test_staging_dir_with_room_holds_the_slab_and_saves(tmp_path: Path) -> None:
     finally:
         manager.close()
     assert os.listdir(staging) == []
+
+
+@pytest.mark.usefixtures("dist_world1")
+@pytest.mark.parametrize("fmt", [TorchSerialization(), SafetensorsSerialization()], ids=["torch", "safetensors"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_lazy_views_of_dtensor_local_shards_are_written_as_their_values(tmp_path: Path, mode: str, fmt: Any) -> None:
+    from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+
+    mesh = DeviceMesh("cpu", [0])
+    z = torch.randn(4, 4, dtype=torch.complex64, generator=torch.Generator().manual_seed(1))
+    value = distribute_tensor(z, mesh, [Shard(0)]).conj()
+    assert value.to_local().is_conj()
+    manager = _manager(mode, items={"m": ItemSpec(layout=LayoutInfo("m.bin", fmt))})
+    try:
+        _result(manager.save(os.fspath(tmp_path / "c"), {"m": {"z": value}}))
+    finally:
+        manager.close()
+    if isinstance(fmt, TorchSerialization):
+        stored = torch.load(tmp_path / "c" / "m.bin", weights_only=False)["z"]  # our own file: may hold a DTensor
+    else:
+        from safetensors.torch import load_file
+
+        stored = load_file(tmp_path / "c" / "m.bin")["z"]
+    local = stored.to_local() if hasattr(stored, "to_local") else stored
+    assert not local.is_conj(), "the file holds a lazy conjugate view"
+    assert torch.equal(local, z.conj().resolve_conj())
