@@ -241,10 +241,19 @@ def test_upstream_checkpoint_without_manifest_loads(sync_manager: CheckpointMana
     torch.save(model, root / "model_0.pt")
     torch.save(12, root / "step_0.pt")
     w = torch.zeros(4)
-    out = sync_manager.load(str(root), into={"model": {"w": w, "b": torch.zeros(2)}, "step": 0}, strict=True)
-    assert out["model"]["w"] is w and torch.equal(w, model["w"]) and out["step"] == 12
-    with pytest.raises(RuntimeError, match="Missing file .*optim_0.pt for key optim"):
-        sync_manager.load(str(root), into={"optim": None})
+    into = {"model": {"w": w, "b": torch.zeros(2)}, "step": 0}
+    # Without a manifest nothing says the save committed: loading it is an explicit opt-in.
+    with pytest.raises(torch_checkpointing.errors.IncompleteCheckpointError, match="allow_legacy_checkpoints"):
+        sync_manager.load(str(root), into=into, strict=True)
+    assert torch.equal(w, torch.zeros(4))
+    legacy = _sync(load=CheckpointLoaderConfig(allow_legacy_checkpoints=True))
+    try:
+        out = legacy.load(str(root), into=into, strict=True)
+        assert out["model"]["w"] is w and torch.equal(w, model["w"]) and out["step"] == 12
+        with pytest.raises(RuntimeError, match="no item 'optim'.*optim_0.pt"):
+            legacy.load(str(root), into={"optim": None})
+    finally:
+        legacy.close()
 
 
 def test_file_changed_after_commit_is_detected(tmp_path: Path) -> None:

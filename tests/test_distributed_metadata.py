@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from torch_checkpointing.errors import CorruptCheckpointError
+
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization, TorchSerialization
 from torch_checkpointing.distributed_metadata import (
     METADATA_FILE_NAME,
@@ -157,7 +159,7 @@ def test_load_distributed_metadata(tmp_path: Path) -> None:
     (tmp_path / METADATA_FILE_NAME).write_text(dm.to_json())
     assert load_distributed_metadata(str(tmp_path), storage()) == dm
     (tmp_path / METADATA_FILE_NAME).write_text('{"metadata": {}, "world_size": 1}')
-    with pytest.raises(ValueError, match="metadata.json is malformed"):
+    with pytest.raises(CorruptCheckpointError, match="metadata.json is malformed"):
         load_distributed_metadata(tmp_path, storage())
 
 

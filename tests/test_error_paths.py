@@ -106,7 +106,7 @@ def test_merge_corners() -> None:
     source = {"s": {2, 3}, "p": [torch.ones(1), 5], "d": [7, 8, 9]}
     keep = target["p"].a
     merged, missing = walk_checkpoint_structure(item_key="x", source=source, target=target)
-    assert merged["s"] == {2, 3} and merged["d"] == collections.deque([7, 8])
+    assert merged["s"] == {2, 3} and merged["d"] == collections.deque([7, 8, 9])  # extra entries are kept
     assert isinstance(merged["p"], Pair) and merged["p"].a is keep and torch.equal(keep, torch.ones(1)) and merged["p"].b == 5
     assert missing == []
     with pytest.raises(RuntimeError, match="set to set, but source value is list"):

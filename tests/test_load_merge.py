@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tests.memory_storage import MemoryStorageConfig
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.errors import TemplateMismatchError
 from torch_checkpointing.walk_utils import walk_checkpoint_structure
 
 
@@ -73,10 +74,19 @@ def expected_merge(source: Any, template: Any) -> Any:
     if template is None:
         return source
     if isinstance(template, dict):
-        return {k: expected_merge(source[k], t) for k, t in template.items()}
+        merged = {k: expected_merge(source[k], t) for k, t in template.items()}
+        merged.update((k, v) for k, v in source.items() if k not in template)  # entries the template lacks: kept
+        return merged
     if isinstance(template, (list, tuple)):
-        return type(template)(expected_merge(source[i], t) for i, t in enumerate(template))
+        items = [expected_merge(source[i], t) for i, t in enumerate(template)]
+        return type(template)([*items, *source[len(template):]])
     return source
+
+
+def _sub(template: Any, key: Any) -> Any:
+    if isinstance(template, dict):
+        return template.get(key)
+    return template[key] if template is not None and key < len(template) else None
 
 
 def check(actual: Any, expected: Any, template: Any) -> None:
@@ -93,11 +103,11 @@ def check(actual: Any, expected: Any, template: Any) -> None:
     elif isinstance(expected, dict):
         assert isinstance(actual, dict) and list(actual) == list(expected)
         for k in expected:
-            check(actual[k], expected[k], None if template is None else template[k])
+            check(actual[k], expected[k], _sub(template, k))
     elif isinstance(expected, (list, tuple)):
         assert type(actual) is type(expected) and len(actual) == len(expected)
         for i, e in enumerate(expected):
-            check(actual[i], e, None if template is None else template[i])
+            check(actual[i], e, _sub(template, i))
     else:
         assert actual == expected
 
@@ -111,7 +121,8 @@ def test_merge_into_template_property(source: dict[str, Any], data: st.DataObjec
         manager.save("/ck", {"item": source})
         template = make_template(source, data)
         expected = expected_merge(source, template)
-        out = manager.load("/ck", into={"item": template}, strict=True)
+        # A template lacking entries the checkpoint holds: strict refuses, non-strict returns them too.
+        out = manager.load("/ck", into={"item": template}, strict=False)
         check(out["item"], expected, template)
     finally:
         manager.close()
@@ -147,8 +158,13 @@ def test_mutable_containers_updated_in_place_tuples_and_leaves_replaced(mgr: Che
 
 def test_template_filters_keys_and_indices(mgr: CheckpointManager) -> None:
     mgr.save("/ck", {"s": {"keep": {"a": 1, "b": 2}, "drop": 3, "seq": [10, 20, 30]}})
-    out = mgr.load("/ck", into={"s": {"keep": {"a": 0}, "seq": [0, 0]}}, strict=True)
-    assert out == {"s": {"keep": {"a": 1}, "seq": [10, 20]}}
+    # Entries the template lacks are returned (not dropped); strict refuses them, changing nothing.
+    template = {"keep": {"a": 0}, "seq": [0, 0]}
+    with pytest.raises(TemplateMismatchError, match=r"s::keep.b.*s::seq.2.*s::drop|s::keep.b"):
+        mgr.load("/ck", into={"s": template}, strict=True)
+    assert template == {"keep": {"a": 0}, "seq": [0, 0]}
+    out = mgr.load("/ck", into={"s": template})
+    assert out == {"s": {"keep": {"a": 1, "b": 2}, "seq": [10, 20, 30], "drop": 3}}
 
 
 def test_empty_list_template_takes_the_whole_sequence(mgr: CheckpointManager) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from torch_checkpointing.errors import TemplateMismatchError
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -290,7 +292,7 @@ def test_wrong_target_local_shape_is_a_clear_error(tmp_path: Path) -> None:
     dst_md = make_md((4,), torch.float32, ((2,), (0, 1), (ShardSpec(0),)))
     torch.save({"w": torch.arange(4.0)}, tmp_path / f"{ITEM}_0.pt")
     src = DistributedItemMetadata({("w",): [GlobalObjectMetadata(src_md, (0,))]}, {0: None})
-    with pytest.raises(ValueError, match=r"model::w has local shape \(4,\).*\(2,\)"):
+    with pytest.raises(TemplateMismatchError, match=r"model::w has local shape \(4,\).*\(2,\)"):
         DTensorResharder().load_as_rank(1, tmp_path, ITEM, {("w",): dst_md}, src, {"w": torch.zeros(4)},
                                         local_storage())
 

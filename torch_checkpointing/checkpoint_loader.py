@@ -1,24 +1,56 @@
 """Reading a checkpoint back into templates: a direct read of this rank's file, or a resharder's load.
 
-Nothing is read before every item has been checked (templates for resharded items, world-size changes for
-per-rank files without a resharder), so a refused load leaves the caller's objects untouched.
+The promise: `load()` returns exactly what was committed, or raises a `CheckpointError` naming the file and
+the reason, having changed nothing in the caller's objects. So a load runs in two phases:
+
+1. check: one `CheckpointReadContext` pins the directory and its manifest; every file any item will read is
+   opened (contained, regular, listed), size-checked and CRC-verified (on threads, while the direct items are
+   decoded); every template is dry-run merged (shapes, dtypes, types, missing and unexpected entries);
+2. copy: only then are tensors `copy_()`-ed into the templates and the resharders run.
 """
 
 from __future__ import annotations
 
-import zlib
+import logging
+import pickle
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torch_checkpointing.config import CheckpointLoaderConfig
+from torch_checkpointing.distributed_metadata import DistributedItemMetadata, DistributedMetadata, read_distributed_metadata
 from torch_checkpointing.encoding import decode
-from torch_checkpointing.manifest import Manifest, read_manifest
+from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+from torch_checkpointing.manifest import Manifest
+from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import CheckpointPath, RankInfo
 from torch_checkpointing.walk_utils import walk_checkpoint_structure
 
 __all__ = ["CheckpointLoader"]
+
+logger = logging.getLogger("torch_checkpointing.checkpoint_loader")
+
+
+@dataclass
+class _Direct:
+    item: ResolvedItem
+    rel: str
+    value: Any = None
+
+
+@dataclass
+class _Reshard:
+    item: ResolvedItem
+    source: DistributedItemMetadata
+    target: Any
+
+
+@dataclass
+class _Report:
+    missing: list[CheckpointPath] = field(default_factory=list)
+    unexpected: list[CheckpointPath] = field(default_factory=list)
 
 
 class CheckpointLoader:
@@ -35,39 +67,90 @@ class CheckpointLoader:
         map_location: Any = None,
         strict: bool = False,
     ) -> dict[str, Any]:
-        root = Path(checkpoint_id)
         no_target = sorted(i.key for i in items if i.spec.resharder is not None and i.value is None)
         if no_target:
             raise ValueError(
                 f"Resharding load requires a live target in into= for: {no_target}. Pass the live objects to "
-                f"restore into (e.g. into={{'model': model.state_dict()}})."
+                f"restore into (e.g. into={{'model': model.state_dict()}}); for optimizer state see "
+                f"docs/durability.md 'What a load checks'."
             )
-        if not self.storage.isdir(root):
-            raise FileNotFoundError(f"Checkpoint path {checkpoint_id} does not exist.")
-        manifest = read_manifest(self.storage, root)
-        source_metadata = self._distributed_metadata(root, items)
-        for item in items:
-            self._check_world_size(item, manifest)
+        policy = ReadPolicy(
+            verify_checksums=self.config.verify_checksums,
+            allow_legacy_checkpoints=getattr(self.config, "allow_legacy_checkpoints", False),
+        )
+        with CheckpointReadContext(self.storage, checkpoint_id, policy) as ctx:
+            return self._load(ctx, items, map_location, strict)
 
-        result: dict[str, Any] = {}
-        missing: list[CheckpointPath] = []
+    # ------------------------------------------------------------------ phase 1: check everything
+
+    def _load(self, ctx: CheckpointReadContext, items: list[ResolvedItem], map_location: Any, strict: bool) -> dict[str, Any]:
         for item in items:
-            if self._try_reshard(root, item, source_metadata, missing):
-                result[item.key] = item.value
+            self._check_world_size(item, ctx.manifest)
+        metadata = self._distributed_metadata(ctx, items)
+        plans: list[_Direct | _Reshard] = []
+        for item in items:
+            plan = self._plan_item(ctx, item, metadata)
+            if plan is not None:
+                plans.append(plan)
+        for plan in plans:
+            if isinstance(plan, _Direct):
+                plan.value = self._decode(ctx, plan, map_location)
+        ctx.wait_verified()
+        report = _Report()
+        for plan in plans:
+            if isinstance(plan, _Direct):
+                _, missing = walk_checkpoint_structure(
+                    item_key=plan.item.key, source=plan.value, target=plan.item.value, dry_run=True,
+                    unexpected=report.unexpected,
+                )
+                report.missing.extend(missing)
+            else:
+                self._precheck_reshard(ctx, plan)
+        if strict:
+            _refuse_if_incomplete(ctx.root, report)
+        # ---------------------------------------------------------------- phase 2: copy
+        return self._copy(ctx, plans, report, strict)
+
+    def _copy(self, ctx: CheckpointReadContext, plans: list[_Direct | _Reshard], report: _Report, strict: bool) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        unhandled: list[CheckpointPath] = []
+        for plan in plans:
+            if isinstance(plan, _Direct):
+                result[plan.item.key], _ = walk_checkpoint_structure(
+                    item_key=plan.item.key, source=plan.value, target=plan.item.value, unexpected=[]
+                )
                 continue
-            loaded = self._read_direct(root, item, manifest, map_location, missing)
-            if loaded is not _ABSENT:
-                result[item.key] = loaded
-        if strict and missing:
-            raise RuntimeError(f"Checkpoint at {checkpoint_id} is missing keys: {[str(p) for p in missing]}")
+            resharder = plan.item.spec.resharder
+            assert resharder is not None
+            view = ctx.storage_view()
+            failed = resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
+            unhandled.extend(CheckpointPath(plan.item.key, tuple(p)) for p in failed)
+            result[plan.item.key] = plan.item.value
+        report.missing.extend(unhandled)
+        if strict and unhandled:
+            raise TemplateMismatchError(
+                f"Checkpoint {ctx.root}: the resharder could not fill {[str(p) for p in unhandled]}; the other "
+                f"entries were restored."
+            )
+        if report.missing or report.unexpected:
+            logger.warning(
+                "Checkpoint %s restored partially: %d template entr(ies) not in the checkpoint, left as they were: %s; "
+                "%d checkpoint entr(ies) not in the template, returned but not restored into it: %s. Pass strict=True "
+                "to refuse such loads.",
+                ctx.root, len(report.missing), _names(report.missing), len(report.unexpected), _names(report.unexpected),
+            )
         return result
 
-    def _distributed_metadata(self, root: Path, items: list[ResolvedItem]) -> Any:
+    def _distributed_metadata(self, ctx: CheckpointReadContext, items: list[ResolvedItem]) -> DistributedMetadata | None:
         if not any(i.spec.resharder is not None and not i.spec.resharder.skip_resharding for i in items):
             return None
-        from torch_checkpointing.distributed_metadata import load_distributed_metadata
-
-        return load_distributed_metadata(root, self.storage)
+        metadata = read_distributed_metadata(ctx)
+        if metadata is not None and ctx.manifest is not None and metadata.world_size != ctx.manifest.world_size:
+            raise CorruptCheckpointError(
+                f"Checkpoint {ctx.root}: the sharding metadata records world size {metadata.world_size} but the "
+                f"manifest {ctx.manifest.world_size}; the checkpoint is damaged or crafted."
+            )
+        return metadata
 
     def _check_world_size(self, item: ResolvedItem, manifest: Manifest | None) -> None:
         """Refuse default-layout shards across world sizes; explicit `{rank}` layouts read this rank's own copy.
@@ -79,70 +162,109 @@ class CheckpointLoader:
         if manifest is None or manifest.world_size == self.rank_info.global_world_size:
             return
         if item.spec.resharder is None and item.is_default_layout and item.key in manifest.keys():
-            raise RuntimeError(
+            raise TemplateMismatchError(
                 f"Item '{item.key}' was saved by {manifest.world_size} rank(s) into per-rank files and is being loaded "
                 f"by {self.rank_info.global_world_size}; without a resharder rank {self.rank_info.global_rank} would "
                 f"read the wrong shard. Declare ItemSpec(resharder=...) for '{item.key}' (DTensorResharder for "
                 f"DTensor state, a custom Resharder otherwise), or load on {manifest.world_size} rank(s)."
             )
 
-    def _try_reshard(self, root: Path, item: ResolvedItem, source_metadata: Any, missing: list[CheckpointPath]) -> bool:
-        resharder = item.spec.resharder
-        if resharder is None or resharder.skip_resharding or source_metadata is None:
-            return False
-        source_item = source_metadata.metadata.get(item.key)
-        target = resharder.extract_sharding_metadata(item.key, item.value) or None
-        if not resharder.should_reshard(source_item, target):
-            return False
-        unhandled = resharder.load(root, item.key, target, source_item, item.value, self.storage)
-        missing.extend(CheckpointPath(item.key, tuple(p)) for p in unhandled)
-        return True
-
-    def _read_direct(
-        self,
-        root: Path,
-        item: ResolvedItem,
-        manifest: Manifest | None,
-        map_location: Any,
-        missing: list[CheckpointPath],
-    ) -> Any:
-        path = root / item.layout.file_path
-        if not self.storage.exists(path):
+    def _plan_item(self, ctx: CheckpointReadContext, item: ResolvedItem, metadata: DistributedMetadata | None) -> _Direct | _Reshard | None:
+        reshard = self._plan_reshard(ctx, item, metadata)
+        if reshard is not None:
+            return reshard
+        rel = checked_relative_path(item.layout.file_path, f"item '{item.key}'")
+        if not ctx.lists(rel):
+            if ctx.manifest is not None and item.key in ctx.manifest.keys() and item.spec.required:
+                raise TemplateMismatchError(
+                    f"Checkpoint {ctx.root} holds item '{item.key}' but no file {rel!r} for rank "
+                    f"{self.rank_info.global_rank}. Load with the layout it was saved with, or declare "
+                    f"ItemSpec(required=False) to accept ranks without a copy."
+                )
             if not item.spec.required:
-                return _ABSENT
-            raise RuntimeError(
-                f"Missing file {path} for key {item.key}. Save it, or declare ItemSpec(required=False) to allow "
-                f"checkpoints without it."
+                return None  # the checkpoint does not hold it: excused
+            raise TemplateMismatchError(
+                f"Checkpoint {ctx.root} has no item '{item.key}' (file {rel!r}). Save it, or declare "
+                f"ItemSpec(required=False) to allow checkpoints without it."
             )
-        record = manifest.record(item.key, self.rank_info.global_rank) if manifest is not None else None
-        if record is not None:
-            self._verify(path, record.size, record.crc32, item.key)
-        value = decode(
-            item.layout.serialization_format,
-            self.storage,
-            path,
-            item.key,
-            template=item.value,
-            map_location=map_location,
-            weights_only=self.config.weights_only,
-            use_mmap=self.config.use_mmap,
-        )
-        merged, item_missing = walk_checkpoint_structure(item_key=item.key, source=value, target=item.value)
-        missing.extend(item_missing)
-        return merged
+        record = ctx.record(rel)
+        if record is not None and record.format.get("type") != type(item.layout.serialization_format).__name__:
+            raise TemplateMismatchError(
+                f"File {ctx.root / rel} for item '{item.key}' was written as {record.format.get('type')}, but the "
+                f"loading config reads it as {type(item.layout.serialization_format).__name__}. Load with the saved "
+                f"layout."
+            )
+        ctx.check(rel, f"item '{item.key}'")
+        return _Direct(item, rel)
 
-    def _verify(self, path: Path, size: int, crc: int, key: str) -> None:
-        actual = self.storage.getsize(path)
-        if actual != size:
-            raise RuntimeError(
-                f"File {path} for key {key} has {actual} bytes but the manifest records {size}: the checkpoint "
-                f"was modified or damaged after it was committed."
+    def _plan_reshard(self, ctx: CheckpointReadContext, item: ResolvedItem, metadata: DistributedMetadata | None) -> _Reshard | None:
+        resharder = item.spec.resharder
+        if resharder is None or resharder.skip_resharding or metadata is None:
+            return None
+        source = metadata.metadata.get(item.key)
+        target = resharder.extract_sharding_metadata(item.key, item.value) or None
+        if source is None or not resharder.should_reshard(source, target):
+            return None
+        for rel in self._source_files(item, source, target):
+            ctx.check(rel, f"resharding source of item '{item.key}'")
+        return _Reshard(item, source, target)
+
+    def _source_files(self, item: ResolvedItem, source: DistributedItemMetadata, target: Any) -> list[str]:
+        """The files a resharder will read: exactly the planned ones for DTensorResharder, else all the item's."""
+        from torch_checkpointing.dtensor_resharder import DTensorResharder, plan_resharding
+
+        ranks = sorted(source.rank_to_layout_info)
+        if isinstance(item.spec.resharder, DTensorResharder) and target is not None:
+            info = plan_resharding(target, source, self.rank_info.global_rank)
+            ranks = sorted({p.src_rank for plans in info.nested_path_to_load_plans.values() for p in plans})
+        where = f"sharding metadata of item '{item.key}'"
+        return sorted({checked_relative_path(source.get_layout(r, item.key).file_path, where) for r in ranks})
+
+    def _precheck_reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> None:
+        from torch_checkpointing.dtensor_resharder import DTensorResharder, check_reshard_targets
+
+        if isinstance(plan.item.spec.resharder, DTensorResharder) and plan.target is not None:
+            check_reshard_targets(
+                plan.item.key, plan.target, plan.source, plan.item.value, self.rank_info.global_rank,
+                ctx.root, ctx.storage_view(),
             )
-        if self.config.verify_checksums and zlib.crc32(self.storage.read(path)) != crc:
-            raise RuntimeError(f"File {path} for key {key} fails its CRC32 check: the checkpoint is damaged.")
+
+    def _decode(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:
+        item = plan.item
+        path = ctx.root / plan.rel
+        try:
+            return decode(
+                item.layout.serialization_format,
+                ctx.storage_view(),
+                path,
+                item.key,
+                template=item.value,
+                map_location=map_location,
+                weights_only=self.config.weights_only,
+                use_mmap=self.config.use_mmap,
+            )
+        except (CheckpointError, pickle.UnpicklingError, ValueError, TypeError):
+            ctx.check(plan.rel, item.key).verified.result()  # a damaged file explains the failure best
+            raise
+        except (RuntimeError, EOFError, OSError, OverflowError, KeyError, IndexError, AttributeError) as exc:
+            ctx.check(plan.rel, item.key).verified.result()
+            raise CorruptCheckpointError(
+                f"File {path} for item '{item.key}' cannot be decoded ({type(exc).__name__}: {exc})."
+            ) from exc
 
     def close(self) -> None:
         return None
 
 
-_ABSENT: Any = object()
+def _names(paths: list[CheckpointPath], limit: int = 10) -> str:
+    names = [str(p) for p in paths[:limit]]
+    return f"{names}{' ...' if len(paths) > limit else ''}"
+
+
+def _refuse_if_incomplete(root: Path, report: _Report) -> None:
+    if report.missing or report.unexpected:
+        raise TemplateMismatchError(
+            f"strict load of {root}: missing from the checkpoint {_names(report.missing)}; in the checkpoint but not "
+            f"in the template {_names(report.unexpected)}. Nothing was restored. Fix the template (e.g. for an "
+            f"optimizer, initialise its state first), or load with strict=False to restore the overlap."
+        )

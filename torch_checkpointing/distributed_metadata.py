@@ -13,12 +13,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from torch_checkpointing.checkpoint_layout import LayoutInfo, default_layout_info
+from torch_checkpointing.checkpoint_layout import (
+    JsonSerialization,
+    LayoutInfo,
+    RawSerialization,
+    SafetensorsSerialization,
+    TorchSerialization,
+    default_layout_info,
+)
+from torch_checkpointing.errors import CorruptCheckpointError, UnsafeCheckpointError
+from torch_checkpointing.read_context import (
+    MAX_METADATA_BYTES,
+    CheckpointReadContext,
+    checked_relative_path,
+    parse_json_bounded,
+)
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
 METADATA_FILE_NAME = "metadata.json"
 METADATA_VERSION = "2.0"
+_MAX_WORLD_SIZE = 1 << 20
 
 __all__ = [
     "METADATA_FILE_NAME",
@@ -30,6 +45,9 @@ __all__ = [
     "ShardingMetadata",
     "build_distributed_metadata",
     "load_distributed_metadata",
+    "layout_from_untrusted_dict",
+    "parse_distributed_metadata",
+    "read_distributed_metadata",
     "nested_path_from_json",
     "nested_path_to_json",
 ]
@@ -97,8 +115,8 @@ def nested_path_to_json(path: NestedPath) -> str:
 
 def nested_path_from_json(s: str) -> NestedPath:
     parts = json.loads(s)
-    if not isinstance(parts, list):
-        raise ValueError(f"Nested path {s!r} is not a JSON list")
+    if not isinstance(parts, list) or any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in parts):
+        raise ValueError(f"Nested path {s!r} is not a JSON list of str and int components")
     return tuple(parts)
 
 
@@ -166,7 +184,8 @@ class DistributedItemMetadata:
             for p, groups in d["nested_path_to_metadata"].items()
         }
         layouts = {
-            int(r): (None if lay is None else LayoutInfo.from_dict(lay)) for r, lay in d["rank_to_layout_info"].items()
+            _rank(r): (None if lay is None else layout_from_untrusted_dict(lay, f"rank_to_layout_info.{r}"))
+            for r, lay in d["rank_to_layout_info"].items()
         }
         return cls(paths, layouts)
 
@@ -214,8 +233,11 @@ class DistributedMetadata:
             raise ValueError(
                 f"Unsupported sharding metadata version {version!r}; this engine reads version {METADATA_VERSION!r}"
             )
+        world_size = d["world_size"]
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= _MAX_WORLD_SIZE:
+            raise ValueError(f"field 'world_size' must be an int in [1, {_MAX_WORLD_SIZE}], got {world_size!r}")
         items = {k: DistributedItemMetadata.from_dict(v) for k, v in d["metadata"].items()}
-        return cls(items, int(d["world_size"]), version)
+        return cls(items, world_size, version)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=2)
@@ -273,11 +295,87 @@ def build_distributed_metadata(
 
 
 def load_distributed_metadata(checkpoint_dir: str | Path, storage: Storage) -> DistributedMetadata | None:
-    """The checkpoint's metadata.json, or None when it has none (it then holds no resharded item)."""
+    """The checkpoint's metadata.json, or None when it has none (it then holds no resharded item).
+
+    Loads go through `read_distributed_metadata` (verified against the manifest); this serves tools.
+    """
     path = Path(checkpoint_dir) / METADATA_FILE_NAME
     if not storage.exists(path):
         return None
+    return parse_distributed_metadata(storage.read(path), str(path))
+
+
+def read_distributed_metadata(ctx: CheckpointReadContext) -> DistributedMetadata | None:
+    """The metadata file the manifest names, read and verified through the load's read context.
+
+    A manifest that names no metadata file means the checkpoint holds no resharded item: None, and any
+    `metadata.json` lying there is never read. A named file that is missing is a damaged checkpoint.
+    """
+    if ctx.manifest is None:
+        if not ctx.lists(METADATA_FILE_NAME):
+            return None
+        name = METADATA_FILE_NAME
+    else:
+        if ctx.manifest.metadata_file is None:
+            return None
+        name = ctx.manifest.metadata_file
+    checked = ctx.check(name, "sharding metadata")
+    if checked.size > MAX_METADATA_BYTES:
+        raise CorruptCheckpointError(f"{ctx.root / name} is larger than {MAX_METADATA_BYTES} bytes.")
+    checked.verified.result()
+    return parse_distributed_metadata(ctx.read_bytes(name, "sharding metadata"), str(ctx.root / name))
+
+
+def parse_distributed_metadata(data: bytes, where: str) -> DistributedMetadata:
+    """Validated metadata from untrusted bytes: every defect raises `CorruptCheckpointError` naming the file.
+
+    Nothing named in it is imported: sharding types resolve only against the registry of already-imported
+    `ShardingMetadata` subclasses, and a JSON layout's recorded class is dropped (a source file is read for
+    its tensors only; the class that rebuilds a JSON item is the one the caller's own config names).
+    """
+    value = parse_json_bounded(data, where)
+    if not isinstance(value, dict):
+        raise CorruptCheckpointError(f"{where} is not a JSON object.")
     try:
-        return DistributedMetadata.from_json(storage.read(path))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"Sharding metadata {path} is malformed: {exc}") from exc
+        return DistributedMetadata.from_dict(value)
+    except UnsafeCheckpointError as exc:
+        raise UnsafeCheckpointError(f"{where}: {exc}") from None
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{where}: {exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RuntimeError, OverflowError,
+            RecursionError) as exc:
+        field = f"field {exc.args[0]!r}" if isinstance(exc, KeyError) else type(exc).__name__
+        raise CorruptCheckpointError(f"Sharding metadata {where} is malformed ({field}: {exc}).") from None
+
+
+def _rank(text: Any) -> int:
+    if not isinstance(text, str) or not text.isdigit():
+        raise CorruptCheckpointError(f"rank_to_layout_info key {text!r} is not a rank number")
+    return int(text)
+
+
+def layout_from_untrusted_dict(d: Any, where: str) -> LayoutInfo:
+    """A `LayoutInfo` read from checkpoint data: save-time path rules, one of the four formats, nothing imported."""
+    if not isinstance(d, dict) or not isinstance(d.get("serialization_format"), dict):
+        raise CorruptCheckpointError(f"{where}: a layout must be an object with 'file_path' and 'serialization_format'.")
+    path = checked_relative_path(d.get("file_path"), f"Sharding metadata {where}")
+    if path in _RESERVED_NAMES:
+        raise UnsafeCheckpointError(f"Sharding metadata {where}: file path {path!r} names an engine file.")
+    fmt = d["serialization_format"]
+    kind = fmt.get("type")
+    if kind == "JsonSerialization":
+        return LayoutInfo(path, JsonSerialization())
+    if kind == "SafetensorsSerialization":
+        meta = fmt.get("metadata")
+        if meta is not None and (
+            not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items())
+        ):
+            raise CorruptCheckpointError(f"Sharding metadata {where}: safetensors metadata must map str to str.")
+        return LayoutInfo(path, SafetensorsSerialization(metadata=meta))
+    simple = {"TorchSerialization": TorchSerialization, "RawSerialization": RawSerialization}.get(kind)  # type: ignore[arg-type]
+    if simple is None:
+        raise CorruptCheckpointError(f"Sharding metadata {where}: unknown serialization format type {kind!r}.")
+    return LayoutInfo(path, simple())
+
+
+_RESERVED_NAMES = frozenset({"manifest.json", METADATA_FILE_NAME, ".incomplete"})

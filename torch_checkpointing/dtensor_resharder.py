@@ -25,12 +25,14 @@ from torch_checkpointing.dtensor_metadata import (
     StridedShardSpec,
 )
 from torch_checkpointing.resharding import LoadPlan, Resharder, ReshardingInfo
-from torch_checkpointing.source_reader import ReadStats, SourceFile, dotted_key, open_source_file
+from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError
+from torch_checkpointing.source_reader import ReadStats, SourceFile, SourceTensor, dotted_key, open_source_file
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
 __all__ = [
     "DTensorResharder",
+    "check_reshard_targets",
     "compute_load_plans",
     "compute_local_runs",
     "compute_local_shard_info",
@@ -252,6 +254,59 @@ def _local_of(value: Any) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
+_Copy = tuple[NestedPath, tuple[slice, ...], SourceTensor, LoadPlan]
+
+
+def _collect_copies(
+    info: ReshardingInfo,
+    target: Any,
+    target_metadata: Mapping[NestedPath, ShardingMetadata],
+    source_metadata: DistributedItemMetadata,
+    source_path: Path,
+    item_key: str,
+    storage: Storage,
+    stats: ReadStats,
+    rank: int,
+) -> tuple[list[_Copy], list[NestedPath]]:
+    """Every block copy a load will make, checked (target shapes, source tensors and bounds) before any is made."""
+    failed: list[NestedPath] = list(info.non_reshardable_paths)
+    by_rank: dict[int, list[tuple[NestedPath, LoadPlan]]] = {}
+    for path, plans in info.nested_path_to_load_plans.items():
+        local = _local_of(_resolve(target, path))
+        if local is None:
+            failed.append(path)
+            continue
+        expected, _ = compute_local_shard_info(target_metadata[path], rank)  # type: ignore[arg-type]
+        if tuple(local.shape) != expected:
+            raise TemplateMismatchError(
+                f"Target {item_key}::{dotted_key(path)} has local shape {tuple(local.shape)} but its sharding "
+                f"metadata implies {expected}; pass the live DTensor (not a copy or a full tensor) in into="
+            )
+        for plan in plans:
+            by_rank.setdefault(plan.src_rank, []).append((path, plan))
+    bad: set[NestedPath] = set()
+    copies: list[_Copy] = []
+    for src_rank in sorted(by_rank):
+        file_path = source_metadata.get_file_path(src_rank, source_path, item_key)
+        fmt = source_metadata.get_layout(src_rank, item_key).serialization_format
+        source: SourceFile = open_source_file(storage, file_path, fmt, stats)
+        for path, plan in by_rank[src_rank]:
+            tensor = source.tensor(path)
+            if tensor is None:
+                bad.add(path)
+                continue
+            for o, n, size in zip(plan.src_offsets, plan.src_sizes, tensor.shape):
+                if len(plan.src_offsets) != len(tensor.shape) or o < 0 or o + n > size:
+                    raise CorruptCheckpointError(
+                        f"{file_path} holds {item_key}::{dotted_key(path)} with shape {tuple(tensor.shape)}, which "
+                        f"does not match the checkpoint's sharding metadata; the checkpoint is damaged."
+                    )
+            copies.append((path, tuple(slice(o, o + s) for o, s in zip(plan.offsets, plan.sizes)), tensor, plan))
+    copies = [c for c in copies if c[0] not in bad]
+    failed.extend(p for p in info.nested_path_to_load_plans if p in bad)
+    return copies, failed
+
+
 def execute_plans(
     info: ReshardingInfo,
     target: Any,
@@ -263,41 +318,34 @@ def execute_plans(
     stats: ReadStats,
     rank: int,
 ) -> list[NestedPath]:
-    """Copy every planned block into `target`; returns the paths that could not be filled."""
-    failed: list[NestedPath] = list(info.non_reshardable_paths)
-    by_rank: dict[int, list[tuple[NestedPath, LoadPlan]]] = {}
-    for path, plans in info.nested_path_to_load_plans.items():
+    """Copy every planned block into `target`; returns the paths that could not be filled.
+
+    Every block is located and checked first, so a refused load has copied nothing.
+    """
+    copies, failed = _collect_copies(
+        info, target, target_metadata, source_metadata, source_path, item_key, storage, stats, rank
+    )
+    for path, index, tensor, plan in copies:
+        block = tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
         local = _local_of(_resolve(target, path))
-        if local is None:
-            failed.append(path)
-            continue
-        expected, _ = compute_local_shard_info(target_metadata[path], rank)  # type: ignore[arg-type]
-        if tuple(local.shape) != expected:
-            raise ValueError(
-                f"Target {item_key}::{dotted_key(path)} has local shape {tuple(local.shape)} but its sharding "
-                f"metadata implies {expected}; pass the live DTensor (not a copy or a full tensor) in into="
-            )
-        for plan in plans:
-            by_rank.setdefault(plan.src_rank, []).append((path, plan))
-    bad: set[NestedPath] = set()
-    for src_rank in sorted(by_rank):
-        file_path = source_metadata.get_file_path(src_rank, source_path, item_key)
-        fmt = source_metadata.get_layout(src_rank, item_key).serialization_format
-        source: SourceFile = open_source_file(storage, file_path, fmt, stats)
-        for path, plan in by_rank[src_rank]:
-            if path in bad:
-                continue
-            tensor = source.tensor(path)
-            if tensor is None:
-                bad.add(path)
-                continue
-            block = tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
-            local = _local_of(_resolve(target, path))
-            assert local is not None
-            index = tuple(slice(o, o + s) for o, s in zip(plan.offsets, plan.sizes))
-            local[index].copy_(block)
-    failed.extend(p for p in info.nested_path_to_load_plans if p in bad)
+        assert local is not None
+        local[index].copy_(block)
     return failed
+
+
+def check_reshard_targets(
+    item_key: str,
+    target_metadata: dict[NestedPath, ShardingMetadata],
+    source_metadata: DistributedItemMetadata,
+    target: Any,
+    rank: int,
+    source_path: Path,
+    storage: Storage,
+) -> None:
+    """Raise what `load` would raise for this target, without copying anything (a load's check phase)."""
+    info = plan_resharding(target_metadata, source_metadata, rank)
+    _collect_copies(info, target, target_metadata, source_metadata, Path(source_path), item_key, storage,
+                    ReadStats(), rank)
 
 
 class DTensorResharder(Resharder):

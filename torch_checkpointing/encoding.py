@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
@@ -23,6 +23,7 @@ from torch_checkpointing.checkpoint_layout import (
     SerializationFormat,
     TorchSerialization,
 )
+from torch_checkpointing.errors import CorruptCheckpointError
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
 from torch_checkpointing.staging import resolve_lazy_tensors
@@ -42,6 +43,7 @@ def encode(fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) ->
     if isinstance(fmt, TorchSerialization):
         torch.save(resolve_lazy_tensors(value), stream)
     elif isinstance(fmt, JsonSerialization):
+        _check_json_keys(key, to_jsonable(value), ())
         try:
             text = json.dumps(to_jsonable(value), sort_keys=True, indent=4)
         except TypeError as exc:
@@ -79,7 +81,7 @@ def decode(
     if isinstance(fmt, TorchSerialization):
         return _decode_torch(storage, path, key, map_location, weights_only, use_mmap)
     if isinstance(fmt, JsonSerialization):
-        data = json.loads(storage.read(path).decode("utf-8"))
+        data = _json_loads(storage.read(path), path, key)
         return data if fmt.cls is None else from_jsonable(fmt.cls, data, f"item '{key}'")
     if isinstance(fmt, RawSerialization):
         return storage.read(path)
@@ -109,17 +111,43 @@ def _decode_safetensors(storage: Storage, path: Path, key: str, template: Any, m
         )
     device = str(map_location) if map_location is not None else "cpu"
     local = storage.local_path(path)
-    if local is not None and template is not None and not isinstance(template, torch.Tensor):
-        wanted = set(flatten_keys(template))
-        with safe_open(local, framework="pt", device="cpu") as f:
-            flat = {name: f.get_tensor(name) for name in f.keys() if name in wanted}
-    else:
-        flat = safetensors_load(storage.read(path))
+    try:
+        if local is not None:
+            with safe_open(local, framework="pt", device="cpu") as f:
+                flat = {name: f.get_tensor(name) for name in f.keys()}
+        else:
+            flat = safetensors_load(storage.read(path))
+    except (SafetensorError, ValueError, OverflowError) as exc:
+        raise CorruptCheckpointError(f"File {path} for item '{key}' is not a readable safetensors file: {exc}") from exc
     if device != "cpu":
         flat = {k: v.to(device) for k, v in flat.items()}
     if template is None:
         return flat
     return unflatten_to_target(flat, template)
+
+
+def _json_loads(data: bytes, path: Path, key: str) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"File {path} for item '{key}' is not valid JSON ({type(exc).__name__}: {exc}).") from None
+
+
+def _check_json_keys(key: str, value: Any, path: tuple[Any, ...]) -> None:
+    """JSON object keys are strings: an int key would come back as a str and silently miss its template slot."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                where = ".".join(str(c) for c in (*path, k))
+                raise TypeError(
+                    f"JsonSerialization cannot encode item '{key}': dict key {k!r} at '{where}' is a "
+                    f"{type(k).__name__}, and JSON keys are strings (it would load back as {str(k)!r}). Use str keys, "
+                    f"or TorchSerialization for dicts with non-str keys."
+                )
+            _check_json_keys(key, v, (*path, k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_json_keys(key, v, (*path, i))
 
 
 def flatten_keys(template: Any, prefix: str = "") -> list[str]:

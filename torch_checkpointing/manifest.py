@@ -7,13 +7,16 @@ place. A directory with the `.incomplete` marker and no manifest is a save that 
 from __future__ import annotations
 
 import json
+import math
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError
 from torch_checkpointing.storage.base_storage import Storage
 
-__all__ = ["MANIFEST_FILE_NAME", "INCOMPLETE_MARKER", "FileRecord", "Manifest", "read_manifest"]
+__all__ = ["MANIFEST_FILE_NAME", "INCOMPLETE_MARKER", "FileRecord", "Manifest", "check_json_tree", "parse_manifest", "read_manifest"]
 
 MANIFEST_FILE_NAME = "manifest.json"
 INCOMPLETE_MARKER = ".incomplete"
@@ -47,6 +50,9 @@ class Manifest:
     step: int | None = None
     metrics: dict[str, float] | None = None
     commit_time: float | None = None  # unix seconds, taken just before the manifest is written
+    # Size and CRC32 of the metadata file, so a load verifies it like any item file; absent from older manifests.
+    metadata_size: int | None = None
+    metadata_crc32: int | None = None
 
     def to_json(self) -> str:
         items: dict[str, dict[str, Any]] = {}
@@ -67,21 +73,9 @@ class Manifest:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        d = json.loads(text)
-        if d.get("kind") != _KIND:
-            raise ValueError(f"not a torch_checkpointing manifest (kind={d.get('kind')!r})")
-        files = tuple(FileRecord.from_dict(rec) for per_rank in d["items"].values() for rec in per_rank.values())
-        step, metrics, when = d.get("step"), d.get("metrics"), d.get("commit_time")
-        return cls(
-            int(d["world_size"]),
-            d["library_version"],
-            files,
-            d.get("metadata_file"),
-            None if step is None else int(step),
-            None if metrics is None else {str(k): float(v) for k, v in metrics.items()},
-            None if when is None else float(when),
-        )
+    def from_json(cls, text: str | bytes) -> Manifest:
+        """Parse and validate a manifest; anything malformed raises `CorruptCheckpointError` naming the field."""
+        return parse_manifest(text, MANIFEST_FILE_NAME)
 
     def record(self, key: str, rank: int) -> FileRecord | None:
         for rec in self.files:
@@ -92,24 +86,160 @@ class Manifest:
     def keys(self) -> set[str]:
         return {rec.key for rec in self.files}
 
+    def record_for_path(self, path: str) -> FileRecord | None:
+        """The record of the file at `path`, whichever rank wrote it (a fixed path is written by one rank)."""
+        normal = posixpath.normpath(path)
+        for rec in self.files:
+            if posixpath.normpath(rec.path) == normal:
+                return rec
+        return None
+
 
 def _extras(manifest: Manifest) -> dict[str, Any]:
     """The optional fields that are set (so a manifest without them reads exactly as before)."""
-    extras = {"step": manifest.step, "metrics": manifest.metrics, "commit_time": manifest.commit_time}
+    extras = {
+        "step": manifest.step,
+        "metrics": manifest.metrics,
+        "commit_time": manifest.commit_time,
+        "metadata_size": manifest.metadata_size,
+        "metadata_crc32": manifest.metadata_crc32,
+    }
     return {k: v for k, v in extras.items() if v is not None}
 
 
 def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
-    """The manifest, None for a directory written without one (the published release), or an error if incomplete."""
+    """The manifest, None for a directory written without one (the published release), or an error if incomplete.
+
+    Loads read the manifest through `CheckpointReadContext` (pinned directory, bounded read); this helper serves
+    discovery and tools that only look.
+    """
     if storage.exists(checkpoint_dir / INCOMPLETE_MARKER):
         # Checked first: a writer killed between writing the manifest and removing the marker leaves both.
-        raise RuntimeError(
+        raise IncompleteCheckpointError(
             f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."
         )
     path = checkpoint_dir / MANIFEST_FILE_NAME
     if not storage.exists(path):
         return None
+    return parse_manifest(storage.read(path), str(path))
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+_MAX_DEPTH = 16
+
+
+def parse_manifest(text: str | bytes, where: str) -> Manifest:
+    """A validated `Manifest` from untrusted JSON; every defect raises `CorruptCheckpointError` naming the field."""
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise CorruptCheckpointError(f"{where} is larger than {MAX_MANIFEST_BYTES} bytes; it is not a manifest.")
+    d = _loads(text, where)
+    if not isinstance(d, dict):
+        raise CorruptCheckpointError(f"{where} is not a JSON object.")
+    if d.get("kind") != _KIND:
+        raise CorruptCheckpointError(f"{where} is not a torch_checkpointing manifest (kind={d.get('kind')!r}).")
+    world_size = _int(d, "world_size", where, minimum=1)
+    files: list[FileRecord] = []
+    items = _field(d, "items", dict, where)
+    for key, per_rank in items.items():
+        if not isinstance(per_rank, dict):
+            raise CorruptCheckpointError(f"{where}: field 'items.{key}' must be an object of rank -> file record.")
+        for rank_text, rec in per_rank.items():
+            files.append(_record(rec, key, rank_text, f"{where}: field 'items.{key}.{rank_text}'"))
+    metadata_file = _optional(d, "metadata_file", str, where)
+    metrics = _optional(d, "metrics", dict, where)
+    if metrics is not None and not all(_is_number(v) for v in metrics.values()):
+        raise CorruptCheckpointError(f"{where}: field 'metrics' must map names to numbers.")
+    commit_time = _optional(d, "commit_time", (int, float), where)
+    return Manifest(
+        world_size,
+        _field(d, "library_version", str, where),
+        tuple(files),
+        metadata_file,
+        _optional_int(d, "step", where),
+        None if metrics is None else {str(k): float(v) for k, v in metrics.items()},
+        None if commit_time is None else float(commit_time),
+        _optional_int(d, "metadata_size", where),
+        _optional_int(d, "metadata_crc32", where),
+    )
+
+
+def _loads(text: str | bytes, where: str) -> Any:
     try:
-        return Manifest.from_json(storage.read(path).decode("utf-8"))
-    except (ValueError, KeyError) as exc:
-        raise RuntimeError(f"Checkpoint {checkpoint_dir} has an unreadable manifest ({exc}); it cannot be trusted.") from exc
+        raw = text.decode("utf-8") if isinstance(text, bytes) else text
+        value = json.loads(raw, parse_constant=_BadConstant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"{where} is not valid JSON ({type(exc).__name__}: {exc}).") from None
+    check_json_tree(value, where, _MAX_DEPTH)
+    return value
+
+
+class _BadConstant(str):
+    """Stands in for NaN/Infinity while parsing, so the check can name the field that holds it."""
+
+
+def check_json_tree(value: Any, where: str, max_depth: int) -> None:
+    """Refuse JSON nested deeper than `max_depth` or holding NaN/Infinity, naming the field (iteratively)."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > max_depth:
+            raise CorruptCheckpointError(
+                f"{where}: field '{path}' nests deeper than {max_depth} levels; the file is damaged or crafted."
+            )
+        if isinstance(node, _BadConstant):
+            raise CorruptCheckpointError(
+                f"{where}: field '{path}' holds the non-standard JSON constant {str(node)}; the file is damaged or "
+                f"crafted."
+            )
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1, f"{path}.{k}" if path else str(k)) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(node))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _field(d: dict[str, Any], name: str, kind: Any, where: str) -> Any:
+    if name not in d:
+        raise CorruptCheckpointError(f"{where}: required field '{name}' is missing.")
+    value = d[name]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise CorruptCheckpointError(f"{where}: field '{name}' has the wrong type ({type(value).__name__}).")
+    return value
+
+
+def _optional(d: dict[str, Any], name: str, kind: Any, where: str) -> Any:
+    return None if d.get(name) is None else _field(d, name, kind, where)
+
+
+def _int(d: dict[str, Any], name: str, where: str, minimum: int = 0) -> int:
+    value = _field(d, name, int, where)
+    if value < minimum:
+        raise CorruptCheckpointError(f"{where}: field '{name}' is {value}, below {minimum}.")
+    return int(value)
+
+
+def _optional_int(d: dict[str, Any], name: str, where: str) -> int | None:
+    return None if d.get(name) is None else _int(d, name, where)
+
+
+def _record(rec: Any, key: str, rank_text: str, where: str) -> FileRecord:
+    if not isinstance(rec, dict):
+        raise CorruptCheckpointError(f"{where} must be a file record object.")
+    record = FileRecord(
+        _field(rec, "key", str, where),
+        _int(rec, "rank", where),
+        _field(rec, "path", str, where),
+        _int(rec, "size", where),
+        _int(rec, "crc32", where),
+        _field(rec, "format", dict, where),
+    )
+    if record.key != key or str(record.rank) != rank_text:
+        raise CorruptCheckpointError(f"{where} records key {record.key!r} rank {record.rank}; it is filed elsewhere.")
+    if record.crc32 > 0xFFFFFFFF:
+        raise CorruptCheckpointError(f"{where}: field 'crc32' is not a 32-bit value.")
+    return record

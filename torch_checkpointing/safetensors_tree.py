@@ -53,19 +53,51 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
     return flat
 
 
-def unflatten_to_target(flat: Mapping[str, Any], target: Any, prefix: str = "") -> Any:
+def unflatten_to_target(flat: Mapping[str, Any], target: Any) -> Any:
     """Re-nest `flat` following `target`'s structure.
 
     Dict parents keep only the leaves found (the merge then reports the rest missing); list/tuple parents
-    get `MISSING` placeholders, which the merge turns into None and reports.
+    get `MISSING` placeholders, which the merge turns into None and reports. Leaves the file holds and the
+    template lacks are kept: nested under their dotted name where the parents are dicts, else under the full
+    dotted name at the top, so the merge returns them and reports them unexpected.
     """
+    used: set[str] = set()
+    out = _unflatten(flat, target, "", used)
+    extras = [k for k in flat if k not in used]
+    if extras and isinstance(out, dict):
+        for name in extras:
+            _insert(out, name, flat[name])
+    return out
+
+
+def _insert(out: dict[Any, Any], name: str, value: Any) -> None:
+    node = out
+    parts = name.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            out[name] = value
+            return
+        node = child
+    if parts[-1] in node:
+        out[name] = value
+    else:
+        node[parts[-1]] = value
+
+
+def _unflatten(flat: Mapping[str, Any], target: Any, prefix: str, used: set[str]) -> Any:
     if isinstance(target, Mapping):
         out: dict[Any, Any] = {}
         for k, t in target.items():
-            v = unflatten_to_target(flat, t, _join(prefix, k))
+            v = _unflatten(flat, t, _join(prefix, k), used)
             if v is not MISSING:
                 out[k] = v
         return out
     if isinstance(target, (list, tuple)):
-        return [unflatten_to_target(flat, t, _join(prefix, i)) for i, t in enumerate(target)]
-    return flat.get(prefix, MISSING)
+        return [_unflatten(flat, t, _join(prefix, i), used) for i, t in enumerate(target)]
+    if prefix in flat:
+        used.add(prefix)
+        return flat[prefix]
+    return MISSING

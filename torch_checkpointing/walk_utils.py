@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
+from torch_checkpointing.errors import TemplateMismatchError
 from torch_checkpointing.types import CheckpointPath, NestedPath
 
-__all__ = ["MISSING", "walk_checkpoint_structure", "copy_tensor_into"]
+__all__ = ["MISSING", "walk_checkpoint_structure", "copy_tensor_into", "check_tensor_fits"]
 
 
 class _Missing:
@@ -40,17 +41,8 @@ def _local(x: torch.Tensor) -> torch.Tensor:
 
 def copy_tensor_into(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """`target.copy_(source)` after checking shape and dtype; DTensors are copied through their local shards."""
+    check_tensor_fits(where, source, target)
     src, dst = _local(source), _local(target)
-    if src.shape != dst.shape:
-        raise RuntimeError(
-            f"Shape mismatch at {where}: checkpoint holds {tuple(src.shape)}, template has {tuple(dst.shape)}. "
-            f"Build the template with the saved shape (or reshard with a Resharder); nothing is resized."
-        )
-    if src.dtype != dst.dtype:
-        raise RuntimeError(
-            f"Dtype mismatch at {where}: checkpoint holds {src.dtype}, template has {dst.dtype}. "
-            f"Load into a template of the saved dtype and convert afterwards."
-        )
     with torch.no_grad():
         dst.copy_(src)
     return target
@@ -74,53 +66,107 @@ def walk_checkpoint_structure(
     source: Any,
     target: Any = None,
     leaf_fn: LeafFn | None = None,
+    dry_run: bool = False,
+    unexpected: list[CheckpointPath] | None = None,
 ) -> tuple[Any, list[CheckpointPath]]:
-    """Merge `source` into `target`; returns the merged value and the template paths the source lacked."""
+    """Merge `source` into `target`; returns the merged value and the template paths the source lacked.
+
+    Entries the source holds and the template lacks are kept (added to mutable templates) and recorded in
+    `unexpected`. `dry_run=True` checks every shape, dtype and type and records missing/unexpected paths
+    without copying or changing anything, so a load can refuse before its first `copy_()`.
+    """
     missing: list[CheckpointPath] = []
-    merged = _merge(item_key, (), source, target, missing, leaf_fn)
+    walker = _Walker(item_key, missing, unexpected if unexpected is not None else [], leaf_fn, dry_run)
+    merged = walker.merge((), source, target)
     return merged, missing
 
 
-def _merge(key: str, path: NestedPath, source: Any, target: Any, missing: list[CheckpointPath], leaf_fn: LeafFn | None) -> Any:
-    here = CheckpointPath(key, path)
-    if source is MISSING:
-        missing.append(here)
-        return None
-    if target is None:
-        return source
-    if isinstance(target, torch.Tensor):
-        if not isinstance(source, torch.Tensor):
+class _Walker:
+    def __init__(
+        self,
+        key: str,
+        missing: list[CheckpointPath],
+        unexpected: list[CheckpointPath],
+        leaf_fn: LeafFn | None,
+        dry_run: bool,
+    ) -> None:
+        self.key, self.missing, self.unexpected, self.leaf_fn, self.dry_run = key, missing, unexpected, leaf_fn, dry_run
+
+    def merge(self, path: NestedPath, source: Any, target: Any) -> Any:
+        here = CheckpointPath(self.key, path)
+        if source is MISSING:
+            self.missing.append(here)
+            return None
+        if target is None:
+            return source
+        if isinstance(target, torch.Tensor):
+            if not isinstance(source, torch.Tensor):
+                raise _type_error(here, target, source)
+            if self.dry_run:
+                check_tensor_fits(here, source, target)
+                return target
+            if self.leaf_fn is not None:
+                return self.leaf_fn(here, source, target)
+            return copy_tensor_into(here, source, target)
+        if not _compatible(target, source):
             raise _type_error(here, target, source)
-        if leaf_fn is not None:
-            return leaf_fn(here, source, target)
-        return copy_tensor_into(here, source, target)
-    if not _compatible(target, source):
-        raise _type_error(here, target, source)
-    if isinstance(target, Mapping):
+        if isinstance(target, Mapping):
+            return self._merge_mapping(path, source, target)
+        if isinstance(target, Sequence) and not isinstance(target, _STRINGS):
+            return self._merge_sequence(path, source, target)
+        if self.leaf_fn is not None and not self.dry_run:
+            return self.leaf_fn(here, source, target)
+        return source
+
+    def _merge_mapping(self, path: NestedPath, source: Any, target: Mapping[Any, Any]) -> Any:
         out: MutableMapping[Any, Any] = target if isinstance(target, MutableMapping) else dict(target)
+        if self.dry_run:
+            out = {}
         for k in list(target.keys()):
             if k in source:
-                out[k] = _merge(key, (*path, k), source[k], target[k], missing, leaf_fn)
+                out[k] = self.merge((*path, k), source[k], target[k])
             else:
-                missing.append(CheckpointPath(key, (*path, k)))
+                self.missing.append(CheckpointPath(self.key, (*path, k)))
+        for k in source:
+            if k not in target and source[k] is not MISSING:
+                self.unexpected.append(CheckpointPath(self.key, (*path, k)))
+                out[k] = source[k]
         return out
-    if isinstance(target, Sequence) and not isinstance(target, _STRINGS):
+
+    def _merge_sequence(self, path: NestedPath, source: Any, target: Sequence[Any]) -> Any:
         if len(target) == 0:
             return source
         merged = [
-            _merge(key, (*path, i), source[i], t, missing, leaf_fn) if i < len(source) else _record(missing, key, path, i, t)
+            self.merge((*path, i), source[i], t) if i < len(source) else _record(self.missing, self.key, path, i, t)
             for i, t in enumerate(target)
         ]
+        extra = list(source[len(target):])
+        self.unexpected.extend(CheckpointPath(self.key, (*path, i)) for i in range(len(target), len(source)))
+        if self.dry_run:
+            return merged
         if isinstance(target, MutableSequence):
             for i, value in enumerate(merged):
                 target[i] = value
+            target.extend(extra)
             return target
         if isinstance(target, tuple) and hasattr(target, "_fields"):
-            return type(target)(*merged)
-        return type(target)(merged)
-    if leaf_fn is not None:
-        return leaf_fn(here, source, target)
-    return source
+            return type(target)(*merged)  # a named tuple cannot grow: extras are reported, not kept
+        return type(target)([*merged, *extra])
+
+
+def check_tensor_fits(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> None:
+    """Raise `TemplateMismatchError` unless `source` can be copied into `target` as it is."""
+    src, dst = _local(source), _local(target)
+    if src.shape != dst.shape:
+        raise TemplateMismatchError(
+            f"Shape mismatch at {where}: checkpoint holds {tuple(src.shape)}, template has {tuple(dst.shape)}. "
+            f"Build the template with the saved shape (or reshard with a Resharder); nothing is resized."
+        )
+    if src.dtype != dst.dtype:
+        raise TemplateMismatchError(
+            f"Dtype mismatch at {where}: checkpoint holds {src.dtype}, template has {dst.dtype}. "
+            f"Load into a template of the saved dtype and convert afterwards."
+        )
 
 
 def _record(missing: list[CheckpointPath], key: str, path: NestedPath, index: int, keep: Any) -> Any:
@@ -128,8 +174,8 @@ def _record(missing: list[CheckpointPath], key: str, path: NestedPath, index: in
     return keep
 
 
-def _type_error(where: CheckpointPath, target: Any, source: Any) -> RuntimeError:
-    return RuntimeError(
+def _type_error(where: CheckpointPath, target: Any, source: Any) -> TemplateMismatchError:
+    return TemplateMismatchError(
         f"Target value at nested_path={where.nested_path!r} of item '{where.item_key}' is set to "
         f"{type(target).__name__}, but source value is {type(source).__name__}. Pass a template of the saved "
         f"type, or None to take the stored value as is."
