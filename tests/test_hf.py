@@ -1,0 +1,224 @@
+"""Hugging Face interop: export to HF-layout safetensors shards (consolidating DTensor shards), and import."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from torch_checkpointing import CheckpointManager, ItemSpec, TemplateMismatchError
+from torch_checkpointing import hf as hf_module
+from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+from torch_checkpointing.dtensor_resharder import DTensorResharder
+from torch_checkpointing.hf import INDEX_FILE_NAME, export_hf, import_hf, iter_item_tensors, parse_size
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+
+def _manager(**items: ItemSpec) -> CheckpointManager:
+    cfg = CheckpointManager.Config.with_sync_save()
+    cfg.items = items
+    cfg.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    return CheckpointManager(cfg)
+
+
+def _state() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "embed.weight": torch.randn(50, 8, generator=g),
+        "layers.0.attn.weight": torch.randn(8, 8, generator=g),
+        "layers.0.attn.bias": torch.randn(8, generator=g),
+        "layers.1.attn.weight": torch.randn(8, 8, generator=g).to(torch.bfloat16),
+        "position_ids": torch.arange(50),
+        "step": 7,  # not a tensor: skipped (safetensors holds tensors only)
+    }
+
+
+def _load_all(out: Path) -> dict[str, torch.Tensor]:
+    index = json.loads((out / INDEX_FILE_NAME).read_text())
+    got: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        got.update(load_file(str(out / shard)))
+    assert set(got) == set(index["weight_map"])
+    return got
+
+
+def test_parse_size() -> None:
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30 and parse_size(123) == 123
+    assert parse_size("1.5 MB") == 1_500_000
+    with pytest.raises(ValueError, match="Cannot read size"):
+        parse_size("lots")
+
+
+def test_export_writes_hf_shards_and_index_with_exact_values(tmp_path: Path) -> None:
+    sd = _state()
+    with _manager() as m:
+        m.save(str(tmp_path / "c"), {"model": sd})
+    report = export_hf(tmp_path / "c", "model", tmp_path / "hf", max_shard_size=1000)
+    shards = report.files[:-1]
+    assert report.files[-1] == INDEX_FILE_NAME and len(shards) >= 2
+    assert shards == [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
+    index = json.loads((tmp_path / "hf" / INDEX_FILE_NAME).read_text())
+    tensors = {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
+    got = _load_all(tmp_path / "hf")
+    assert set(got) == set(tensors)
+    for name, t in tensors.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+
+
+def test_export_dtype_casts_floats_only(tmp_path: Path) -> None:
+    sd = _state()
+    with _manager() as m:
+        m.save(str(tmp_path / "c"), {"model": sd})
+    export_hf(tmp_path / "c", "model", tmp_path / "hf", dtype=torch.bfloat16)
+    got = _load_all(tmp_path / "hf")
+    assert got["embed.weight"].dtype == torch.bfloat16 and torch.equal(got["embed.weight"], sd["embed.weight"].bfloat16())
+    assert got["position_ids"].dtype == torch.int64
+
+
+def test_export_streams_one_tensor_at_a_time_within_the_shard_bound(tmp_path: Path, monkeypatch: Any) -> None:
+    sd = {f"w{i}": torch.full((100,), float(i)) for i in range(10)}  # 400 bytes each
+    sd["big"] = torch.zeros(1000)  # 4000 bytes: larger than a shard, gets one of its own
+    with _manager() as m:
+        m.save(str(tmp_path / "c"), {"model": sd})
+    reads: list[str] = []
+    written: list[int] = []
+    real_read = hf_module._ItemSource.read
+
+    def counting_read(self: Any, plan: Any) -> torch.Tensor:
+        reads.append(plan.name)
+        return real_read(self, plan)
+
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_file
+
+    def measuring_save(tensors: dict[str, torch.Tensor], path: str, metadata: Any = None) -> None:
+        written.append(sum(t.numel() * t.element_size() for t in tensors.values()))
+        real_save(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(hf_module._ItemSource, "read", counting_read)
+    monkeypatch.setattr(safetensors.torch, "save_file", measuring_save)
+    export_hf(tmp_path / "c", "model", tmp_path / "hf", max_shard_size=1000)
+    assert sorted(reads) == sorted(sd)  # every tensor read exactly once
+    assert all(n <= 1000 for n in written if n != 4000) and 4000 in written
+    got = _load_all(tmp_path / "hf")
+    assert all(torch.equal(got[k], v) for k, v in sd.items())
+
+
+def test_export_of_a_safetensors_item_and_a_bare_tensor_item(tmp_path: Path) -> None:
+    items = {"weights": ItemSpec(layout=LayoutInfo("w.safetensors", SafetensorsSerialization()))}
+    with _manager(**items) as m:
+        m.save(str(tmp_path / "c"), {"weights": {"a": {"b": torch.ones(2)}}, "head": torch.arange(3.0)})
+    export_hf(tmp_path / "c", "weights", tmp_path / "w")
+    assert torch.equal(_load_all(tmp_path / "w")["a.b"], torch.ones(2))
+    export_hf(tmp_path / "c", "head", tmp_path / "h")
+    assert torch.equal(_load_all(tmp_path / "h")["head"], torch.arange(3.0))
+    with pytest.raises(KeyError, match="no item 'modle'"):
+        export_hf(tmp_path / "c", "modle", tmp_path / "x")
+
+
+def test_import_round_trip_and_mismatches(tmp_path: Path) -> None:
+    sd = {k: v for k, v in _state().items() if isinstance(v, torch.Tensor)}
+    with _manager() as m:
+        m.save(str(tmp_path / "c"), {"model": sd})
+    export_hf(tmp_path / "c", "model", tmp_path / "hf", max_shard_size=500)
+    template = {k: torch.zeros_like(v) for k, v in sd.items()}
+    keep = template["embed.weight"]
+    assert import_hf(tmp_path / "hf", into=template) is template
+    assert template["embed.weight"] is keep and all(torch.equal(template[k], sd[k]) for k in sd)
+    flat = import_hf(tmp_path / "hf")
+    assert set(flat) == set(sd)
+    with pytest.raises(TemplateMismatchError, match="embed.weight"):
+        import_hf(tmp_path / "hf", into={"embed.weight": torch.zeros(49, 8)})
+    with pytest.raises(TemplateMismatchError, match="missing"):
+        import_hf(tmp_path / "hf", into={"missing": torch.zeros(1)})
+    single = tmp_path / "single"
+    single.mkdir()
+    save_file({"x": torch.ones(2)}, str(single / "model.safetensors"))
+    assert torch.equal(import_hf(single, into={"x": torch.zeros(2)})["x"], torch.ones(2))
+
+
+# ------------------------------------------------------------------------------------------------- two ranks
+
+FULL = {
+    "rows": torch.arange(35.0).reshape(5, 7),  # 5 rows over 2 ranks: uneven Shard(0)
+    "cols": torch.arange(24.0).reshape(4, 6),
+    "strided": torch.arange(48.0).reshape(8, 6),
+    "rep": torch.arange(3.0),
+}
+
+
+def _placements() -> dict[str, list[Any]]:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return {
+        "rows": [Shard(0)],
+        "cols": [Shard(1)],
+        "strided": [_StridedShard(0, split_factor=2)],
+        "rep": [Replicate()],
+    }
+
+
+def hf_two_ranks(root: str) -> dict[str, Any]:
+    """Rank function: save DTensors (incl. _StridedShard) and a per-rank plain item; import HF into DTensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2,))
+    model = {k: distribute_tensor(FULL[k], mesh, p) for k, p in _placements().items()}
+    cfg = CheckpointManager.Config.with_sync_save()
+    cfg.items = {"model": ItemSpec(resharder=DTensorResharder())}
+    cfg.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    with CheckpointManager(cfg) as m:
+        m.save(f"{root}/ckpt", {"model": model, "local": {"t": torch.full((2,), float(rank))}})
+    if rank == 0:
+        Path(f"{root}/hf_in").mkdir()
+        save_file({k: v.contiguous() for k, v in FULL.items()}, f"{root}/hf_in/model.safetensors")
+    dist.barrier()
+    template = {k: distribute_tensor(torch.zeros_like(FULL[k]), mesh, p) for k, p in _placements().items()}
+    import_hf(f"{root}/hf_in", into=template)
+    ok = {k: bool(torch.equal(template[k].full_tensor(), FULL[k])) for k in FULL}
+    return {"rank": rank, "import_ok": ok}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    from simulator.launcher import launch
+
+    root = tmp_path_factory.mktemp("hf2")
+    return root, launch(hf_two_ranks, 2, args=(str(root),), timeout=240)
+
+
+@pytest.mark.multirank
+def test_export_consolidates_dtensor_shards_of_any_placement(two_ranks: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    root, _ = two_ranks
+    export_hf(root / "ckpt", "model", tmp_path / "hf", max_shard_size=200)
+    got = _load_all(tmp_path / "hf")
+    assert set(got) == set(FULL)
+    for k, v in FULL.items():
+        assert torch.equal(got[k], v), k
+    assert {n: t.shape for n, t in iter_item_tensors(root / "ckpt", "model")} == {k: v.shape for k, v in FULL.items()}
+
+
+@pytest.mark.multirank
+def test_per_rank_items_without_metadata_need_a_rank(two_ranks: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    root, _ = two_ranks
+    with pytest.raises(ValueError, match="per-rank files without sharding metadata"):
+        export_hf(root / "ckpt", "local", tmp_path / "x")
+    export_hf(root / "ckpt", "local", tmp_path / "r1", rank=1)
+    assert torch.equal(_load_all(tmp_path / "r1")["t"], torch.full((2,), 1.0))
+
+
+@pytest.mark.multirank
+def test_import_fills_dtensor_templates_with_their_local_shards(two_ranks: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, results = two_ranks
+    for r in results:
+        assert all(r["import_ok"].values()), r
