@@ -171,6 +171,7 @@ class Commit:
         right before the step that makes the checkpoint visible.
         """
         check_target(self.storage, self.target.final, self.target.overwrite)
+        self._check_visible(manifest)
         root = self.root
         if metadata_json is not None:
             self.storage.write(root / METADATA_FILE_NAME, metadata_json.encode("utf-8"))
@@ -186,6 +187,29 @@ class Commit:
             still_wanted()
             self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)  # the commit: written last
         self._after_commit(lambda: self.storage.sync_directory(Path(self.target.final).parent), "sync its parent")
+
+    def _check_visible(self, manifest: Manifest) -> None:
+        """Refuse to vouch for files this rank cannot see at their recorded size (one stat/HEAD per file).
+
+        Ranks on machines without a shared filesystem (each writing to its own local disk) report files that
+        never reach the committing rank; a manifest over them would publish a checkpoint nobody can load.
+        """
+        unseen: dict[int, list[str]] = {}
+        for rec in manifest.files:
+            try:
+                size: int | None = self.storage.getsize(self.root / rec.path)
+            except FileNotFoundError:
+                size = None
+            if size != rec.size:
+                unseen.setdefault(rec.rank, []).append(rec.path)
+        if unseen:
+            raise CommitError(
+                f"Checkpoint {self.target.final} was not committed: the committing rank cannot see the files of "
+                f"rank(s) {sorted(unseen)} ({_listing([p for paths in unseen.values() for p in paths])}). Every "
+                f"rank must write to storage the committing rank reads: a shared filesystem or an object store "
+                f"(FsspecStorageConfig), not a node-local disk.",
+                {rank: f"files not visible to the committing rank: {paths}" for rank, paths in unseen.items()},
+            )
 
     def _swap(self, manifest_bytes: bytes) -> None:
         final, tmp = Path(self.target.final), Path(self.target.tmp)
