@@ -30,6 +30,7 @@ from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStor
 
 __all__ = [
     "TEST_PART_SIZE",
+    "RecordingStorageConfig",
     "S3Server",
     "SlowPartsStorageConfig",
     "missing_s3_packages",
@@ -123,6 +124,24 @@ class _SlowPartsWriter(_S3MultipartWriter):
             Path(self._slow.signal_file).touch()
         time.sleep(self._slow.part_delay_s)
         return out
+
+
+@dataclass
+class RecordingStorageConfig(FsspecStorageConfig):
+    """The real storage, recording the (object, start, end) of every GET it issues in `storage.gets`."""
+
+    def create_storage(self) -> FsspecStorage:
+        return _RecordingStorage(self)
+
+
+class _RecordingStorage(FsspecStorage):
+    def __init__(self, config: FsspecStorageConfig) -> None:
+        super().__init__(config)
+        self.gets: list[tuple[str, int, int]] = []
+
+    def _get(self, key: str, start: int, end: int) -> bytes:
+        self.gets.append((key, start, end))
+        return super()._get(key, start, end)
 
 
 def _ready(endpoint: str) -> bool:

@@ -133,13 +133,14 @@ class FsspecStorage(Storage):
         protocols = self.fs.protocol
         self._protocols = {protocols} if isinstance(protocols, str) else set(protocols)
         self._protocols.add(config.protocol)
-        self._root = self._strip(config.url) if config.url else ""
         self._is_s3 = bool(self._protocols & _S3_PROTOCOLS)
         self._object_store = bool(self._protocols & _OBJECT_STORE_PROTOCOLS)
+        self._root = self._strip(config.url) if config.url else ""
 
     # ------------------------------------------------------------------ names
 
     def _strip(self, text: str) -> str:
+        """The filesystem's name for a URL: `bucket/key` on object stores, an absolute path elsewhere (file://)."""
         match = _SCHEME.match(text)
         if match is None:
             return text
@@ -148,7 +149,8 @@ class FsspecStorage(Storage):
                 f"{text!r} is a {match.group(1)}:// path, but this storage talks to {self.config.protocol}://; "
                 f"configure a storage for that scheme."
             )
-        return text[match.end() :]
+        rest = text[match.end() :]  # every slash after the scheme is consumed: `Path` may have folded them
+        return posixpath.normpath(rest if self._object_store else "/" + rest)
 
     def _key(self, path: Path | str) -> str:
         """The filesystem's name for a path: `bucket/key` for `s3://bucket/key` (or `s3:/bucket/key`)."""
@@ -162,7 +164,8 @@ class FsspecStorage(Storage):
                 f"{text!r} has no URL scheme and FsspecStorageConfig has no url root to place it under; "
                 f"use a full id such as '{self.config.protocol}://bucket/run/step_100'."
             )
-        return posixpath.normpath(name).strip("/")
+        name = posixpath.normpath(name)
+        return name.strip("/") if self._object_store else name
 
     def remap_path(self, path: Path) -> str:
         return f"{self.config.protocol}://{self._key(path)}"
@@ -228,7 +231,7 @@ class FsspecStorage(Storage):
         key = self._key(path)
         if self._is_s3:
             return _S3MultipartWriter(self, key)
-        return _FsspecFileWriter(self.fs.open(key, "wb", block_size=self.config.part_size), self.remap_path(path))
+        return _FsspecFileWriter(self.fs, key, self.config.part_size, self.remap_path(path))
 
     def write(self, path: Path, data: Any) -> None:
         view = memoryview(data).cast("B")
@@ -250,7 +253,12 @@ class FsspecStorage(Storage):
 
     def rmdir(self, path: Path) -> None:
         """Delete every object under the prefix `path/` (and an object named exactly `path`), in bulk."""
-        keys = self._objects_under(self._key(path), include_self=True)
+        key = self._key(path)
+        if not self._object_store:  # a real directory tree (file://, memory://)
+            if self.fs.exists(key):
+                self.fs.rm(key, recursive=True)
+            return
+        keys = self._objects_under(key, include_self=True)
         if keys:
             with self._errors("delete of", path):
                 self.fs.rm(keys)
@@ -391,12 +399,15 @@ def _new_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
 
 
 class _FsspecFileWriter(io.RawIOBase):
-    """An fsspec file opened for writing, discarded (never committed) when its `with` block raises."""
+    """An fsspec file opened for writing; leaving its `with` block on an error discards what was written."""
 
-    def __init__(self, inner: Any, url: str) -> None:
+    def __init__(self, fs: Any, key: str, block_size: int, url: str) -> None:
         super().__init__()
-        self._inner = inner
+        self._fs = fs
+        self._key = key
         self._url = url
+        with _ErrorScope(f"upload of {url}", wrap_missing=True):
+            self._inner = fs.open(key, "wb", block_size=block_size)
 
     def writable(self) -> bool:
         return True
@@ -419,9 +430,12 @@ class _FsspecFileWriter(io.RawIOBase):
         if exc is None:
             self.close()
             return
-        discard = getattr(self._inner, "discard", None)
-        if discard is not None:
-            discard()
+        try:
+            self._inner.discard()  # object stores: the upload is dropped, nothing appears
+        except Exception:  # filesystems that write in place (file://) cannot discard: remove the partial file
+            self._inner.close()
+            if self._fs.exists(self._key):
+                self._fs.rm_file(self._key)
         super().close()
 
 
