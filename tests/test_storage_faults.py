@@ -316,7 +316,9 @@ def _async_manager_staging_in(directory: Path) -> CheckpointManager:
     return CheckpointManager(config)
 
 
-def test_staging_dir_without_room_refuses_with_the_fix_and_the_manager_goes_on(tmp_path: Path) -> None:
+def test_staging_dir_without_room_refuses_with_the_fix_and_the_manager_goes_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     staging = tmp_path / "staging"
     reason = _mount_tmpfs(staging, "8m")
     if reason is not None:
@@ -332,6 +334,7 @@ def test_staging_dir_without_room_refuses_with_the_fix_and_the_manager_goes_on(t
             assert info.value.errno == errno.ENOSPC
             assert not (tmp_path / "c2").exists() and _digest(tmp_path / "c1") == before
             assert os.listdir(staging) == [], "the staging file outlived its slab"
+            assert "Traceback" not in capfd.readouterr().err, "a stray traceback (the writer process's?)"
             _result(manager.save(os.fspath(tmp_path / "c3"), small))
             out = manager.load(os.fspath(tmp_path / "c3"), into={"model": {"w": torch.zeros(1000)}})
             assert torch.equal(out["model"]["w"], small["model"]["w"])

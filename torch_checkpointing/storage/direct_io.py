@@ -56,14 +56,15 @@ class DurableFileWriter(io.RawIOBase):
         self._pending: list[Future[None]] = []  # write and checksum of the spare buffer
         self.crc32 = 0
         self.size = 0
-        self._fd = self._open()
-        if self._direct:
-            try:
+        self._fd = -1
+        try:
+            self._fd = self._open()
+            if self._direct:
                 self._buf = mmap.mmap(-1, CHUNK)
-            except BaseException:
-                self._finished = True
-                self._release()
-                raise
+        except BaseException:
+            self._finished = True  # nothing for close() (or the collector) to flush
+            self._release()
+            raise
 
     def _open(self) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
@@ -96,7 +97,7 @@ class DurableFileWriter(io.RawIOBase):
         try:
             return self._write(memoryview(b).cast("B"))  # type: ignore[arg-type]
         except OSError as exc:
-            raise self._record(exc) from None
+            raise self._record(exc)  # noqa: B904 - the recorded error names the path and chains `exc`
 
     def _write(self, view: memoryview) -> int:
         n = len(view)
