@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -130,7 +129,11 @@ def test_gc_dry_run_then_collect(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / ".c.tmp-0badc0de-1").mkdir()
     (tmp_path / ".c.trash-999999999-abcd").mkdir()
     code, doc = _json(capsys, ["gc", str(tmp_path), "--dry-run", "--older-than", "0"])
-    assert code == 0 and len(doc["removed"]) == 2 and all((tmp_path / Path(d["path"]).name).exists() for d in doc["removed"])
+    assert (
+        code == 0
+        and len(doc["removed"]) == 2
+        and all((tmp_path / Path(d["path"]).name).exists() for d in doc["removed"])
+    )
     assert main(["gc", str(tmp_path), "--older-than", "0"]) == 0
     assert "removed 2 leftover(s)" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
@@ -139,7 +142,9 @@ def test_prune_keeps_what_the_policy_says(tmp_path: Path, capsys: pytest.Capture
     with _manager() as m:
         for step in range(4):
             m.save(str(tmp_path / f"s{step}"), {"x": step}, metrics={"acc": [0.9, 0.1, 0.5, 0.2][step]})
-    code, doc = _json(capsys, ["prune", str(tmp_path), "--keep-last", "1", "--keep-best", "1", "--metric", "acc", "--mode", "max"])
+    code, doc = _json(
+        capsys, ["prune", str(tmp_path), "--keep-last", "1", "--keep-best", "1", "--metric", "acc", "--mode", "max"]
+    )
     assert code == 0 and [d["name"] for d in doc["deleted"]] == ["s1", "s2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s0", "s3"]
 
@@ -222,7 +227,9 @@ def test_export_a_two_rank_item_as_a_subprocess(two_rank_root: Path, tmp_path: P
 
 
 @pytest.mark.multirank
-def test_diff_consolidates_sharded_items(two_rank_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_diff_consolidates_sharded_items(
+    two_rank_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(two_rank_root / "step_5", copy)
     code, doc = _json(capsys, ["diff", str(two_rank_root / "step_5"), str(copy)])

@@ -181,13 +181,13 @@ def test_self_describing_load_never_imports_a_recorded_class(manager: Checkpoint
 
 def test_self_describing_torch_items_still_use_the_safe_unpickler(manager: CheckpointManager, tmp_path: Path) -> None:
     manager.save(str(tmp_path / "c"), {"obj": Hparams(1.0, "unsafe")})
-    with pytest.raises(Exception, match="weights_only|safe"):
+    with pytest.raises(Exception, match=r"weights_only|safe"):
         manager.load(str(tmp_path / "c"))
 
 
 def test_not_a_checkpoint_is_named(manager: CheckpointManager, tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
-    with pytest.raises(IncompleteCheckpointError, match="no manifest.json: not a checkpoint"):
+    with pytest.raises(IncompleteCheckpointError, match=r"no manifest\.json: not a checkpoint"):
         manager.load(str(tmp_path / "plain"))
     with pytest.raises(FileNotFoundError):
         manager.load(str(tmp_path / "absent"))

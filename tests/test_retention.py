@@ -40,13 +40,18 @@ def _kept(infos: list[CheckpointInfo], policy: RetentionPolicy) -> list[int | No
 
 
 def test_rules_combine_and_the_newest_is_always_kept() -> None:
-    infos = [_info(s, loss=l) for s, l in [(0, 5.0), (10, 1.0), (20, 3.0), (30, 0.5), (40, 4.0), (50, 9.0)]]
+    infos = [_info(s, loss=v) for s, v in [(0, 5.0), (10, 1.0), (20, 3.0), (30, 0.5), (40, 4.0), (50, 9.0)]]
     assert _kept(infos, RetentionPolicy()) == [0, 10, 20, 30, 40, 50]  # no rule: keep everything
     assert _kept(infos, RetentionPolicy(keep_last=2)) == [40, 50]
     assert _kept(infos, RetentionPolicy(keep_every_n_steps=20)) == [0, 20, 40, 50]
     assert _kept(infos, RetentionPolicy(keep_best=2, metric="loss")) == [10, 30, 50]
     assert _kept(infos, RetentionPolicy(keep_best=1, metric="loss", mode="max")) == [50]
-    assert _kept(infos, RetentionPolicy(keep_last=1, keep_best=1, metric="loss", keep_every_n_steps=40)) == [0, 30, 40, 50]
+    assert _kept(infos, RetentionPolicy(keep_last=1, keep_best=1, metric="loss", keep_every_n_steps=40)) == [
+        0,
+        30,
+        40,
+        50,
+    ]
 
 
 def test_best_ignores_checkpoints_without_the_metric_or_with_nan() -> None:
@@ -292,7 +297,9 @@ def retention_two_ranks(root: str) -> dict[str, Any]:
     cfg = _config(True, RetentionPolicy(keep_last=2))
     with CheckpointManager(cfg) as m:
         for step in range(4):
-            m.save(f"{root}/step_{step}", {"model": {"w": torch.full((4,), float(rank + step))}}, metrics={"loss": step})
+            m.save(
+                f"{root}/step_{step}", {"model": {"w": torch.full((4,), float(rank + step))}}, metrics={"loss": step}
+            )
         deleter = m._retention is not None and m._retention.enabled
     return {"rank": rank, "deleter": deleter}
 

@@ -22,7 +22,10 @@ ARGS = ["--steps", "40", "--save-every", "5"]
 def _run(root: Path, *extra: str) -> str:
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), "--root", str(root), *ARGS, *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -37,7 +40,10 @@ def _kill_after_a_commit(root: Path) -> None:
     """Start a slow run in its own process group; SIGKILL the whole group (trainer and writer) mid-run."""
     proc = subprocess.Popen(
         [sys.executable, str(EXAMPLE), "--root", str(root), *ARGS, "--step-delay", "0.2"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 240

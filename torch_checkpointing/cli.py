@@ -16,7 +16,7 @@ import sys
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,7 +31,7 @@ from torch_checkpointing.discovery import (
 )
 from torch_checkpointing.distributed_metadata import load_distributed_metadata
 from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, FileRecord, Manifest, read_manifest
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest, read_manifest
 from torch_checkpointing.retention import DEFAULT_UNOWNED_AGE_S, RetentionPolicy, apply_retention, collect_garbage
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 
@@ -101,9 +101,9 @@ class Ui:
             return
         widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
         print(f"{title}:", file=self.out)
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip(), file=self.out)
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=self.out)
         for row in cells:
-            print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=self.out)
+            print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=self.out)
 
     def emit_json(self, doc: Any) -> None:
         if self.json_mode:
@@ -189,8 +189,15 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
             "leftovers": [{**lo.to_dict(), "gc": v} for lo, v in verdicts],
         }
     )
-    rows = [[c.name, _s(c.step), _when(c.commit_time), c.world_size, _human(c.total_bytes), _metrics(c.metrics)] for c in found]
-    ui.table(f"{len(found)} committed checkpoint(s) under {root}", ["NAME", "STEP", "COMMITTED", "RANKS", "SIZE", "METRICS"], rows)
+    rows = [
+        [c.name, _s(c.step), _when(c.commit_time), c.world_size, _human(c.total_bytes), _metrics(c.metrics)]
+        for c in found
+    ]
+    ui.table(
+        f"{len(found)} committed checkpoint(s) under {root}",
+        ["NAME", "STEP", "COMMITTED", "RANKS", "SIZE", "METRICS"],
+        rows,
+    )
     if verdicts:
         owner = {True: "alive", False: "dead", None: "unknown"}
         rows = [[Path(lo.path).name, lo.kind, owner[lo.owner_alive], _human(lo.total_bytes), v] for lo, v in verdicts]
@@ -262,15 +269,29 @@ def cmd_inspect(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     }
     ui.emit_json(doc)
     ui.line(f"Checkpoint {info.path}")
-    ui.line(f"  step {_s(info.step)}, committed {_when(info.commit_time)}, world size {info.world_size}, "
-            f"{_human(info.total_bytes)}, library {info.library_version}")
+    ui.line(
+        f"  step {_s(info.step)}, committed {_when(info.commit_time)}, world size {info.world_size}, "
+        f"{_human(info.total_bytes)}, library {info.library_version}"
+    )
     ui.line(f"  metrics: {_metrics(info.metrics)}")
     rows = [[k, v["format"], len(v["files"]), _human(v["bytes"]), v["layout"]] for k, v in doc["items"].items()]
     ui.table("Items", ["ITEM", "FORMAT", "FILES", "SIZE", "LAYOUT"], rows)
-    files = [[r.key, r.rank, r.path, r.format.get("type"), _human(r.size), f"{r.crc32:08x}"] for recs in items.values() for r in recs]
+    files = [
+        [r.key, r.rank, r.path, r.format.get("type"), _human(r.size), f"{r.crc32:08x}"]
+        for recs in items.values()
+        for r in recs
+    ]
     ui.table("Files", ["ITEM", "RANK", "PATH", "FORMAT", "SIZE", "CRC32"], files)
     shard_rows = [
-        [key, r["tensor"] or "<item>", r["global_shape"], r["dtype"], r["mesh_shape"], ", ".join(r["placements"]), r["ranks"]]
+        [
+            key,
+            r["tensor"] or "<item>",
+            r["global_shape"],
+            r["dtype"],
+            r["mesh_shape"],
+            ", ".join(r["placements"]),
+            r["ranks"],
+        ]
         for key, rows in sharding.items()
         for r in rows
     ]
@@ -341,8 +362,10 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     for c in checks:
         if not c.ok:
             ui.line(f"FAILED {c.path}: {c.problem}")
-    ui.line(f"{'OK' if ok else 'FAILED'}: {sum(c.ok for c in checks)}/{len(checks)} file(s) match the manifest "
-            f"({_human(total)} checked)")
+    ui.line(
+        f"{'OK' if ok else 'FAILED'}: {sum(c.ok for c in checks)}/{len(checks)} file(s) match the manifest "
+        f"({_human(total)} checked)"
+    )
     return EXIT_OK if ok else EXIT_NO
 
 
@@ -432,8 +455,11 @@ def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     if same:
         ui.line(f"identical: {args.a} and {args.b} hold the same items and values")
     else:
-        ui.table(f"{len(rows)} difference(s)", ["ITEM", "LEAF", "STATUS", "DETAIL"],
-                 [[r["item"], r["leaf"] or "-", r["status"], r["detail"]] for r in rows])
+        ui.table(
+            f"{len(rows)} difference(s)",
+            ["ITEM", "LEAF", "STATUS", "DETAIL"],
+            [[r["item"], r["leaf"] or "-", r["status"], r["detail"]] for r in rows],
+        )
     return EXIT_OK if same else EXIT_NO
 
 
@@ -493,12 +519,19 @@ def cmd_export(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"--dtype {args.dtype!r} is not a torch dtype (e.g. bfloat16, float16, float32)")
     report = export_hf(
-        args.checkpoint, args.item, args.out, max_shard_size=args.max_shard_size, dtype=dtype, rank=args.rank,
+        args.checkpoint,
+        args.item,
+        args.out,
+        max_shard_size=args.max_shard_size,
+        dtype=dtype,
+        rank=args.rank,
         storage=storage,
     )
     ui.emit_json({"checkpoint": args.checkpoint, "item": args.item, "out": args.out, **report.to_dict()})
-    ui.line(f"exported {report.tensors} tensor(s), {_human(report.total_bytes)}, of {args.checkpoint}::{args.item} "
-            f"to {args.out} ({len(report.files) - 1} shard(s) + index)")
+    ui.line(
+        f"exported {report.tensors} tensor(s), {_human(report.total_bytes)}, of {args.checkpoint}::{args.item} "
+        f"to {args.out} ({len(report.files) - 1} shard(s) + index)"
+    )
     return EXIT_OK
 
 
@@ -506,7 +539,9 @@ def cmd_export(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torch-checkpointing", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="torch-checkpointing", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
     parser.add_argument("--plain", action="store_true", help="plain text even on a terminal")
     # The same flags after the command; SUPPRESS keeps a flag given before the command from being reset.
@@ -556,7 +591,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _older_than(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--older-than", type=float, default=DEFAULT_UNOWNED_AGE_S, metavar="SECONDS",
+        "--older-than",
+        type=float,
+        default=DEFAULT_UNOWNED_AGE_S,
+        metavar="SECONDS",
         help="temporaries whose owner cannot be checked on this host count as dead once this old (default 1 day)",
     )
 

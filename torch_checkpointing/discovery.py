@@ -8,6 +8,7 @@ names the engine gives its temporary directories) or not ours, and then it is ne
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -27,11 +28,11 @@ __all__ = [
     "CheckpointInfo",
     "Leftover",
     "OwnerLock",
+    "check_item_keys",
     "checkpoint_info",
     "latest_checkpoint",
     "list_checkpoints",
     "list_leftovers",
-    "check_item_keys",
     "self_describing_layouts",
 ]
 
@@ -192,10 +193,8 @@ def _tree_bytes(path: str) -> int:
     total = 0
     for dirpath, _, files in os.walk(path):
         for f in files:
-            try:
+            with contextlib.suppress(OSError):  # removed meanwhile
                 total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
     return total
 
 
@@ -212,7 +211,9 @@ def pid_alive(pid: int) -> bool:
 
 def owner_lock_path(uid: str) -> str:
     """The host-local lock file every live manager of job `uid` holds (shared) for its whole life."""
-    base = os.environ.get("TORCH_CHECKPOINTING_LOCK_DIR") or os.path.join(tempfile.gettempdir(), "torch_checkpointing-owners")
+    base = os.environ.get("TORCH_CHECKPOINTING_LOCK_DIR") or os.path.join(
+        tempfile.gettempdir(), "torch_checkpointing-owners"
+    )
     return os.path.join(base, f"{uid}.lock")
 
 

@@ -35,7 +35,7 @@ from torch_checkpointing.source_reader import ReadStats, SourceFile, dotted_key,
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
-__all__ = ["ExportReport", "export_hf", "import_hf", "iter_item_tensors", "parse_size", "INDEX_FILE_NAME"]
+__all__ = ["INDEX_FILE_NAME", "ExportReport", "export_hf", "import_hf", "iter_item_tensors", "parse_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class _ItemSource:
             if src is None:
                 raise ValueError(f"Rank {lp.src_rank}'s file of '{self.key}' has no tensor {plan.name!r}")
             block = src.read_block(lp.src_offsets, lp.src_sizes, self._stats)
-            out[tuple(slice(o, o + s) for o, s in zip(lp.offsets, lp.sizes))] = block
+            out[tuple(slice(o, o + s) for o, s in zip(lp.offsets, lp.sizes, strict=True))] = block
         return out
 
 
@@ -284,11 +284,11 @@ def _hf_files(directory: Path) -> dict[str, str]:
     from safetensors import safe_open
 
     with safe_open(str(files[0]), framework="pt", device="cpu") as f:
-        return {k: files[0].name for k in f.keys()}
+        return dict.fromkeys(f.keys(), files[0].name)
 
 
-def _leaves(template: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any, Any]]:
-    """(dotted name, container, key, leaf) for every tensor leaf of a template."""
+def _leaves(template: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(dotted name, tensor) for every tensor leaf of a template."""
     items: Iterator[tuple[Any, Any]]
     if isinstance(template, Mapping):
         items = iter(template.items())
@@ -299,7 +299,7 @@ def _leaves(template: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any, An
     for k, v in items:
         name = f"{prefix}.{k}" if prefix else str(k)
         if isinstance(v, torch.Tensor):
-            yield name, template, k, v
+            yield name, v
         else:
             yield from _leaves(v, name)
 
@@ -319,21 +319,23 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
         out: dict[str, torch.Tensor] = {}
         for shard in sorted(set(files.values())):
             with safe_open(str(base / shard), framework="pt", device="cpu") as f:
-                out.update({k: f.get_tensor(k) for k in f.keys()})
+                out.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 (a safe_open handle)
         return out
     leaves = list(_leaves(into))
-    missing = sorted(name for name, _, _, _ in leaves if name not in files)
+    missing = sorted(name for name, _ in leaves if name not in files)
     if missing:
         raise TemplateMismatchError(f"{directory} has no tensor(s) {missing[:10]} (of {len(missing)} missing)")
     handles: dict[str, Any] = {}
     try:
         checks = []
-        for name, parent, k, leaf in leaves:
-            handle = handles.setdefault(files[name], safe_open(str(base / files[name]), framework="pt", device="cpu"))
-            checks.append((name, handle.get_slice(name), leaf))
-        for name, sl, leaf in checks:
+        for name, leaf in leaves:
+            shard = files[name]
+            if shard not in handles:
+                handles[shard] = safe_open(str(base / shard), framework="pt", device="cpu")
+            checks.append((name, handles[shard].get_slice(name), leaf))
+        for name, sl, leaf in checks:  # every tensor checked before any is copied
             _check_fits(name, tuple(sl.get_shape()), sl.get_dtype(), leaf)
-        for name, sl, leaf in checks:
+        for _, sl, leaf in checks:
             _fill(sl, leaf)
     finally:
         handles.clear()
@@ -341,8 +343,16 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
 
 
 _ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
-    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 

@@ -8,10 +8,10 @@ looks committed. Every decision reads manifests only; nothing here touches the w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -98,9 +98,7 @@ def _best(checkpoints: list[CheckpointInfo], metric: str, mode: str, n: int) -> 
     scored = [
         (value, i, c)
         for i, c in enumerate(checkpoints)
-        if c.metrics is not None
-        and (value := c.metrics.get(metric)) is not None
-        and not math.isnan(value)
+        if c.metrics is not None and (value := c.metrics.get(metric)) is not None and not math.isnan(value)
     ]
     # Ties go to the newer checkpoint.
     scored.sort(key=lambda t: (t[0] if mode == "min" else -t[0], -t[1]))
@@ -126,10 +124,8 @@ def delete_checkpoint(path: str | os.PathLike[str], storage: Storage | None = No
 
 
 def _sync_parent(storage: Storage, path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # durability of the rename only; it is already not a checkpoint
         storage.sync_directory(path.parent)
-    except OSError:
-        pass  # durability of the rename only; the directory is already not a checkpoint
 
 
 def _remove(storage: Storage, path: Path, what: str) -> bool:
@@ -193,9 +189,7 @@ def collect_garbage(
         why = _why_keep(leftover, base, storage, unowned_after_s, now)
         if why is not None:
             report.kept.append((leftover, why))
-        elif dry_run:
-            report.removed.append(leftover)
-        elif _collect(storage, leftover):
+        elif dry_run or _collect(storage, leftover):
             report.removed.append(leftover)
         else:
             report.failed.append(leftover)

@@ -24,9 +24,7 @@ from torch_checkpointing import CheckpointManager, RetentionPolicy, latest_check
 
 def build_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1))
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
