@@ -135,7 +135,8 @@ def _rank_entry(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
             _record_error(store, rank, exc)
             raise
         store.set(f"{_DONE_KEY}/{rank}", "1")
-        dist.barrier()
+        if dist.is_initialized():  # fn may have replaced the group with its own and destroyed it (torchrun scripts)
+            dist.barrier()
         return result
     finally:
         if dist.is_initialized():
