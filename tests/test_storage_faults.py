@@ -24,6 +24,7 @@ import torch
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization, TorchSerialization
 from torch_checkpointing.storage import filesystem
+from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
 SUBPROCESS_TIMEOUT = 180
@@ -385,3 +386,18 @@ def test_lazy_views_of_dtensor_local_shards_are_written_as_their_values(tmp_path
     local = stored.to_local() if hasattr(stored, "to_local") else stored
     assert not local.is_conj(), "the file holds a lazy conjugate view"
     assert torch.equal(local, z.conj().resolve_conj())
+
+
+# ------------------------------------------------------------------------ the rename-aside fallback of a commit
+
+
+def test_fallback_replace_puts_the_old_checkpoint_back_when_the_swap_fails(tmp_path: Path) -> None:
+    """Stores without an atomic exchange rename the old checkpoint aside first; if the new one then cannot
+    move in, the old one goes back under its id instead of staying hidden beside it."""
+    storage = LocalFileSystemStorage(LocalFileSystemStorageConfig())
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "f").write_bytes(b"old")
+    with pytest.raises(FileNotFoundError):
+        Storage.replace_directory(storage, tmp_path / "missing-new", tmp_path / "ck")  # the base-class fallback
+    assert (tmp_path / "ck" / "f").read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == ["ck"]

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import fnmatch
 import io
+import logging
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+_log = logging.getLogger("torch_checkpointing.storage")
 
 
 @dataclass
@@ -116,8 +119,16 @@ class Storage(ABC):
             return
         aside = dst.with_name(f".old_{dst.name}_{os.getpid()}")
         self.rename(dst, aside, is_directory=True)
-        self.rename(src, dst, is_directory=True)
-        self.rmdir(aside)
+        try:
+            self.rename(src, dst, is_directory=True)
+        except BaseException:
+            self.rename(aside, dst, is_directory=True)  # put the old checkpoint back under its id
+            raise
+        try:
+            self.rmdir(aside)
+        except OSError as exc:  # `dst` is committed; failing the save now would report a checkpoint that exists
+            _log.warning("Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); "
+                         "delete it by hand.", dst, aside, exc)
 
     def glob(self, pattern: str) -> list[str]:
         directory, name_pattern = os.path.split(pattern)
