@@ -52,7 +52,8 @@ def _mount_ext4(where: Path, image: Path) -> str | None:
     where.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as f:
         f.truncate(16 << 20)
-    for command in (["mkfs.ext4", "-q", "-F", os.fspath(image)], ["mount", "-o", "loop", os.fspath(image), os.fspath(where)]):
+    mkfs = ["mkfs.ext4", "-q", "-F", os.fspath(image)]
+    for command in (mkfs, ["mount", "-o", "loop", os.fspath(image), os.fspath(where)]):
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:

@@ -105,7 +105,7 @@ class Storage(ABC):
         """Whether this store takes URL-looking ids (`s3://bucket/run`); local stores refuse them (a `./s3:` dir)."""
         return False
 
-    def sync_directory(self, path: Path) -> None:
+    def sync_directory(self, path: Path) -> None:  # noqa: B027 - a no-op by design, not an abstract method
         """Make directory entries below `path` durable; a no-op where the backend has no such notion."""
 
     def replace_directory(self, src: Path, dst: Path) -> None:
