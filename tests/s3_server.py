@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.memory_storage import free_port
-from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig, _S3MultipartWriter
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig, _Backend, _S3MultipartWriter
 
 __all__ = [
     "TEST_PART_SIZE",
@@ -139,9 +139,9 @@ class _RecordingStorage(FsspecStorage):
         super().__init__(config)
         self.gets: list[tuple[str, int, int]] = []
 
-    def _get(self, key: str, start: int, end: int) -> bytes:
+    def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
         self.gets.append((key, start, end))
-        return super()._get(key, start, end)
+        return super()._get(backend, key, start, end)
 
 
 def _ready(endpoint: str) -> bool:

@@ -100,8 +100,10 @@ def storage(bucket_config: FsspecStorageConfig) -> FsspecStorage:
 
 
 def objects(storage: FsspecStorage, prefix: str) -> list[str]:
+    """Every object under a prefix, relative to it (a listing, no cache)."""
     root = storage._key(Path(prefix))
-    return sorted(k[len(root) + 1 :] for k in storage._objects_under(root))
+    storage.fs.invalidate_cache()
+    return sorted(k[len(root) + 1 :] for k in storage.fs.find(root) if k.startswith(root + "/"))
 
 
 # ------------------------------------------------------------------------------------------ round trips
@@ -249,3 +251,15 @@ def test_a_save_killed_mid_upload_commits_nothing_and_the_earlier_checkpoint_sta
     again = payload(13)
     sync_s3.save(f"{run}/step_12", again)
     assert_round_trip(dict(sync_s3.load(f"{run}/step_12", into=templates())), again)
+
+
+def test_a_config_without_protocol_takes_the_store_from_the_ids_scheme(
+    s3_server: S3Server, bucket_config: FsspecStorageConfig  # noqa: F811
+) -> None:
+    any_scheme = FsspecStorageConfig(storage_options=s3_server.storage_options(), part_size=TEST_PART_SIZE)
+    with manager(any_scheme) as m:
+        want = payload(14)
+        m.save(f"{bucket_config.url}/runs/by-scheme/step_14", want)
+        assert_round_trip(dict(m.load(f"{bucket_config.url}/runs/by-scheme/step_14", into=templates())), want)
+        with pytest.raises(ValueError, match="no URL scheme"):
+            m.save("runs/relative/step_15", want)

@@ -22,6 +22,7 @@ from torch_checkpointing.storage.fsspec_storage import (
     FsspecStorage,
     FsspecStorageConfig,
     ObjectStoreError,
+    _Backend,
     url_scheme,
 )
 
@@ -52,8 +53,8 @@ def test_config_pickles_and_takes_its_protocol_from_the_url() -> None:
 
 
 def test_config_refusals_name_the_fix() -> None:
-    with pytest.raises(ValueError, match="needs a protocol"):
-        FsspecStorageConfig()
+    with pytest.raises(ValueError, match="must be a URL"):
+        FsspecStorageConfig(url="bucket/prefix")
     with pytest.raises(ValueError, match="at least"):
         FsspecStorageConfig(url="s3://b", part_size=MIB)
     with pytest.raises(ValueError, match="positive"):
@@ -66,6 +67,20 @@ def test_url_scheme_recognises_ids_folded_by_pathlib() -> None:
     assert url_scheme("/tmp/run/step_1") is None and url_scheme("run/step_1") is None
     config = FsspecStorageConfig(url="s3://b/root")
     assert config.handles("s3://b/x") and config.handles("relative/id") and not config.handles("gs://b/x")
+
+
+def test_a_config_without_protocol_selects_the_store_by_each_ids_scheme(s3_server: S3Server) -> None:  # noqa: F811
+    bucket = s3_server.config().url
+    storage = FsspecStorageConfig(storage_options=s3_server.storage_options()).create_storage()
+    assert storage.handles_url(f"{bucket}/run") and storage.handles_url("memory://x")
+    storage.write(Path(f"{bucket}/run/a.bin"), b"on s3")
+    assert storage.read(Path(f"{bucket}/run/a.bin")) == b"on s3"
+    assert storage.remap_path(Path(f"{bucket}/run/a.bin")) == f"{bucket}/run/a.bin"
+    with pytest.raises(ValueError, match="no URL scheme"):
+        storage.read(Path("run/a.bin"))
+    with pytest.raises(ValueError, match="single"):
+        storage.fs  # noqa: B018
+    assert not FsspecStorageConfig(url="s3://b").create_storage().handles_url("memory://x")
 
 
 def test_importing_the_package_does_not_import_fsspec() -> None:
@@ -131,9 +146,9 @@ class RecordingStorage(FsspecStorage):
         super().__init__(config)
         self.gets: list[tuple[int, int]] = []
 
-    def _get(self, key: str, start: int, end: int) -> bytes:
+    def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
         self.gets.append((start, end))
-        return super()._get(key, start, end)
+        return super()._get(backend, key, start, end)
 
 
 def test_read_range_fetches_only_the_range_in_concurrent_parts(storage: FsspecStorage) -> None:

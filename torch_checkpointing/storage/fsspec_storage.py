@@ -72,7 +72,8 @@ class FsspecStorageConfig(StorageConfig):
 
     * `url`: an optional root (`s3://bucket/runs/exp1`). Relative checkpoint ids are placed under it; full URL
       ids (`s3://bucket/run/step_100`) are used as they are.
-    * `protocol`: the fsspec protocol; taken from `url` when empty.
+    * `protocol`: the fsspec protocol; taken from `url` when empty. With neither, the store is selected by each
+      id's scheme (`s3://...` -> S3, `gs://...` -> GCS), and ids must be full URLs.
     * `storage_options`: passed to `fsspec.filesystem` (credentials, `endpoint_url`, `client_kwargs`, ...).
       Leave credentials out to use the store's own chain (environment, instance role, config files).
     * `part_size`: bytes per multipart part and per ranged GET. `max_concurrency`: parts in flight per file.
@@ -85,14 +86,10 @@ class FsspecStorageConfig(StorageConfig):
     max_concurrency: int = 8
 
     def __post_init__(self) -> None:
-        if not self.protocol:
-            self.protocol = url_scheme(self.url) or ""
-        if not self.protocol:
-            raise ValueError(
-                f"FsspecStorageConfig needs a protocol: pass url='s3://bucket/prefix' or protocol='s3' "
-                f"(got url={self.url!r})."
-            )
-        if self.part_size < MIN_PART_SIZE and self.protocol in _S3_PROTOCOLS:
+        if self.url and url_scheme(self.url) is None:
+            raise ValueError(f"FsspecStorageConfig.url must be a URL such as 's3://bucket/prefix' (got {self.url!r}).")
+        self.protocol = (self.protocol or url_scheme(self.url) or "").lower()
+        if self.part_size < MIN_PART_SIZE and self.protocol in ("", *_S3_PROTOCOLS):
             raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes on S3 (got {self.part_size})")
         if self.part_size < 1 or self.max_concurrency < 1:
             raise ValueError("part_size and max_concurrency must be positive")
@@ -103,9 +100,11 @@ class FsspecStorageConfig(StorageConfig):
         return cls(protocol=url_scheme(url) or "", storage_options=dict(storage_options))
 
     def handles(self, checkpoint_id: str | os.PathLike[str]) -> bool:
-        """Whether an id belongs to this store: its scheme is this protocol, or it is relative to `url`."""
+        """Whether an id belongs to this store: a URL of its protocol (any, if none is set), or relative to `url`."""
         scheme = url_scheme(checkpoint_id)
-        return scheme == self.protocol.lower() if scheme is not None else bool(self.url)
+        if scheme is None:
+            return bool(self.url)
+        return not self.protocol or scheme == self.protocol
 
     def create_storage(self) -> FsspecStorage:
         return FsspecStorage(self)
@@ -122,58 +121,98 @@ def _import_fsspec() -> Any:
     return fsspec
 
 
+@dataclass
+class _Backend:
+    """One fsspec filesystem and what the names on it look like."""
+
+    fs: Any
+    scheme: str
+    protocols: frozenset[str]
+
+    @property
+    def is_s3(self) -> bool:
+        return bool(self.protocols & _S3_PROTOCOLS)
+
+    @property
+    def object_store(self) -> bool:
+        return bool(self.protocols & _OBJECT_STORE_PROTOCOLS)
+
+    def name(self, rest: str) -> str:
+        """`bucket/key` on object stores; an absolute path elsewhere (file://, memory://)."""
+        name = posixpath.normpath(rest if self.object_store else "/" + rest)
+        return name.strip("/") if self.object_store else name
+
+
 class FsspecStorage(Storage):
-    """The Storage interface over one fsspec filesystem, with the object-store commit (no directory rename)."""
+    """The Storage interface over fsspec filesystems, with the object-store commit (no directory rename)."""
 
     atomic_rename = False
 
     def __init__(self, config: FsspecStorageConfig) -> None:
         self.config = config
-        self.fs: Any = _import_fsspec().filesystem(config.protocol, **config.storage_options)
-        protocols = self.fs.protocol
-        self._protocols = {protocols} if isinstance(protocols, str) else set(protocols)
-        self._protocols.add(config.protocol)
-        self._is_s3 = bool(self._protocols & _S3_PROTOCOLS)
-        self._object_store = bool(self._protocols & _OBJECT_STORE_PROTOCOLS)
-        self._root = self._strip(config.url) if config.url else ""
+        self._backends: dict[str, _Backend] = {}
+        self._root: tuple[_Backend, str] | None = self._resolve_url(config.url) if config.url else None
+        if config.protocol:
+            self._backend(config.protocol)  # fail at construction on an unknown protocol or a missing package
+
+    @property
+    def fs(self) -> Any:
+        """The filesystem of the configured protocol (a config without one has a filesystem per scheme)."""
+        if not self.config.protocol:
+            raise ValueError("this FsspecStorage selects its filesystem by each id's scheme; it has no single `fs`")
+        return self._backend(self.config.protocol).fs
 
     # ------------------------------------------------------------------ names
 
-    def _strip(self, text: str) -> str:
-        """The filesystem's name for a URL: `bucket/key` on object stores, an absolute path elsewhere (file://)."""
+    def _backend(self, scheme: str) -> _Backend:
+        backend = self._backends.get(scheme)
+        if backend is None:
+            fs = _import_fsspec().filesystem(scheme, **self.config.storage_options)
+            protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+            backend = _Backend(fs, scheme, frozenset(protocols | {scheme}))
+            for name in backend.protocols:
+                self._backends.setdefault(name, backend)
+            self._backends[scheme] = backend
+        return backend
+
+    def _resolve_url(self, text: str) -> tuple[_Backend, str]:
         match = _SCHEME.match(text)
-        if match is None:
-            return text
-        if match.group(1).lower() not in self._protocols:
+        assert match is not None
+        scheme = match.group(1).lower()
+        if self.config.protocol and scheme not in self._backend(self.config.protocol).protocols:
             raise ValueError(
-                f"{text!r} is a {match.group(1)}:// path, but this storage talks to {self.config.protocol}://; "
+                f"{text!r} is a {scheme}:// path, but this storage talks to {self.config.protocol}://; "
                 f"configure a storage for that scheme."
             )
-        rest = text[match.end() :]  # every slash after the scheme is consumed: `Path` may have folded them
-        return posixpath.normpath(rest if self._object_store else "/" + rest)
+        backend = self._backend(scheme)
+        return backend, backend.name(text[match.end() :])  # every slash after the scheme: `Path` may fold them
 
-    def _key(self, path: Path | str) -> str:
-        """The filesystem's name for a path: `bucket/key` for `s3://bucket/key` (or `s3:/bucket/key`)."""
+    def _resolve(self, path: Path | str) -> tuple[_Backend, str]:
+        """The filesystem and its name for a path: `bucket/key` for `s3://bucket/key` (or `s3:/bucket/key`)."""
         text = os.fspath(path)
         if _SCHEME.match(text):
-            name = self._strip(text)
-        elif self._root:
-            name = posixpath.join(self._root, text.lstrip("/")) if text not in ("", ".") else self._root
-        else:
+            return self._resolve_url(text)
+        if self._root is None:
             raise ValueError(
                 f"{text!r} has no URL scheme and FsspecStorageConfig has no url root to place it under; "
-                f"use a full id such as '{self.config.protocol}://bucket/run/step_100'."
+                f"use a full id such as 's3://bucket/run/step_100'."
             )
-        name = posixpath.normpath(name)
-        return name.strip("/") if self._object_store else name
+        backend, root = self._root
+        if text in ("", "."):
+            return backend, root
+        return backend, backend.name(posixpath.join(root, text.lstrip("/")))
+
+    def _key(self, path: Path | str) -> str:
+        return self._resolve(path)[1]
 
     def remap_path(self, path: Path) -> str:
-        return f"{self.config.protocol}://{self._key(path)}"
+        backend, key = self._resolve(path)
+        return f"{backend.scheme}://{key}"
 
     def handles_url(self, checkpoint_id: str) -> bool:
-        """URL ids of this store's scheme (`s3://bucket/run/step_1`) are this store's own names."""
+        """URL ids of this store's scheme (any fsspec scheme, without a configured protocol) are its own names."""
         scheme = url_scheme(checkpoint_id)
-        return scheme is not None and scheme in self._protocols
+        return scheme is not None and self.config.handles(checkpoint_id)
 
     def _errors(self, what: str, path: Path | str) -> _ErrorScope:
         return _ErrorScope(f"{what} {self.remap_path(Path(os.fspath(path)))}", wrap_missing=what.startswith("upload"))
@@ -184,38 +223,38 @@ class FsspecStorage(Storage):
         args = read_args or ReadArgs()
         if args.pre_read_full_file:
             return io.BytesIO(self.read(path))  # type: ignore[return-value]
-        return self.fs.open(self._key(path), "rb", block_size=self.config.part_size)  # type: ignore[no-any-return]
+        backend, key = self._resolve(path)
+        return backend.fs.open(key, "rb", block_size=self.config.part_size)  # type: ignore[no-any-return]
 
     def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
-        key = self._key(path)
+        backend, key = self._resolve(path)
         with self._errors("download of", path):
-            return self._read_span(key, 0, int(self.fs.size(key)))
+            return self._read_span(backend, key, 0, int(backend.fs.size(key)))
 
     def read_range(self, path: Path, offset: int, length: int) -> bytes:
         """Ranged GETs only (concurrent ones for a long range): the rest of the object is never fetched."""
         if length <= 0:
             return b""
         with self._errors("ranged read of", path):
-            return self._read_span(self._key(path), offset, length)
+            return self._read_span(*self._resolve(path), offset, length)
 
-    def _get(self, key: str, start: int, end: int) -> bytes:
-        return bytes(self.fs.cat_file(key, start=start, end=end))
+    def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
+        return bytes(backend.fs.cat_file(key, start=start, end=end))
 
-    def _read_span(self, key: str, offset: int, length: int) -> bytes:
+    def _read_span(self, backend: _Backend, key: str, offset: int, length: int) -> bytes:
         part = self.config.part_size
         if length <= part:
-            return self._get(key, offset, offset + length) if length else b""
+            return self._get(backend, key, offset, offset + length) if length else b""
         out, view = _new_bytes(length)
-        starts = range(0, length, part)
 
         def fetch(start: int) -> None:
             size = min(part, length - start)
-            data = self._get(key, offset + start, offset + start + size)
+            data = self._get(backend, key, offset + start, offset + start + size)
             if len(data) != size:
                 raise EOFError(f"short ranged read: {len(data)} of {size} bytes at offset {offset + start}")
             view[start : start + size] = data
 
-        _run_all(fetch, list(starts), self.config.max_concurrency)
+        _run_all(fetch, list(range(0, length, part)), self.config.max_concurrency)
         return out if isinstance(out, bytes) else bytes(out)
 
     def local_path(self, path: Path) -> str | None:
@@ -228,10 +267,11 @@ class FsspecStorage(Storage):
 
         Leaving its `with` block on an exception aborts the upload, so no partial object ever appears.
         """
-        key = self._key(path)
-        if self._is_s3:
-            return _S3MultipartWriter(self, key)
-        return _FsspecFileWriter(self.fs, key, self.config.part_size, self.remap_path(path))
+        backend, key = self._resolve(path)
+        url = f"{backend.scheme}://{key}"
+        if backend.is_s3:
+            return _S3MultipartWriter(backend.fs, key, url, self.config.part_size, self.config.max_concurrency)
+        return _FsspecFileWriter(backend.fs, key, self.config.part_size, url)
 
     def write(self, path: Path, data: Any) -> None:
         view = memoryview(data).cast("B")
@@ -239,38 +279,33 @@ class FsspecStorage(Storage):
             with self.stream_write(path) as stream:
                 stream.write(view)
             return
+        backend, key = self._resolve(path)
         with self._errors("upload of", path):
-            self.fs.pipe_file(self._key(path), bytes(view))
+            backend.fs.pipe_file(key, bytes(view))
 
     def delete(self, path: Path) -> None:
+        backend, key = self._resolve(path)
         with self._errors("delete of", path):
-            self.fs.rm_file(self._key(path))
+            backend.fs.rm_file(key)
 
     def mkdir(self, path: Path, recursive: bool = True) -> None:
         """A no-op on object stores (a prefix exists once an object is under it); makedirs elsewhere."""
-        if not self._object_store:
-            self.fs.makedirs(self._key(path), exist_ok=True)
+        backend, key = self._resolve(path)
+        if not backend.object_store:
+            backend.fs.makedirs(key, exist_ok=True)
 
     def rmdir(self, path: Path) -> None:
         """Delete every object under the prefix `path/` (and an object named exactly `path`), in bulk."""
-        key = self._key(path)
-        if not self._object_store:  # a real directory tree (file://, memory://)
-            if self.fs.exists(key):
-                self.fs.rm(key, recursive=True)
+        backend, key = self._resolve(path)
+        if not backend.object_store:  # a real directory tree (file://, memory://)
+            if backend.fs.exists(key):
+                backend.fs.rm(key, recursive=True)
             return
-        keys = self._objects_under(key, include_self=True)
+        keys = _objects_under(backend, key, include_self=True)
         if keys:
             with self._errors("delete of", path):
-                self.fs.rm(keys)
-        self.fs.invalidate_cache()
-
-    def _objects_under(self, key: str, include_self: bool = False) -> list[str]:
-        self.fs.invalidate_cache()
-        try:
-            found = self.fs.find(key)
-        except FileNotFoundError:
-            return []
-        return [k for k in found if k.startswith(key + "/") or (include_self and k == key)]
+                backend.fs.rm(keys)
+        backend.fs.invalidate_cache()
 
     def rename(
         self,
@@ -284,18 +319,21 @@ class FsspecStorage(Storage):
 
         For a directory the manifest is copied last, so `dst` never looks committed before all its files are.
         """
-        src, dst = self._key(src_path), self._key(dst_path)
+        (backend, src), (other, dst) = self._resolve(src_path), self._resolve(dst_path)
+        if other is not backend:
+            raise ValueError(f"cannot rename across stores: {self.remap_path(src_path)} -> {self.remap_path(dst_path)}")
+        fs = backend.fs
         with self._errors("copy of", src_path):
             if not is_directory:
-                self.fs.copy(src, dst)
-                self.fs.rm_file(src)
+                fs.copy(src, dst)
+                fs.rm_file(src)
                 return
-            keys = sorted(self._objects_under(src), key=lambda k: posixpath.basename(k) == MANIFEST_FILE_NAME)
+            keys = sorted(_objects_under(backend, src), key=lambda k: posixpath.basename(k) == MANIFEST_FILE_NAME)
             for k in keys:
-                self.fs.copy(k, dst + k[len(src) :])
+                fs.copy(k, dst + k[len(src) :])
             if keys:
-                self.fs.rm(keys)
-        self.fs.invalidate_cache()
+                fs.rm(keys)
+        fs.invalidate_cache()
 
     def replace_directory(self, src: Path, dst: Path) -> None:
         """Refuses to replace a committed checkpoint: on an object store there is no moment at which the old
@@ -307,28 +345,40 @@ class FsspecStorage(Storage):
             )
         self.rename(src, dst, is_directory=True)
 
-    # ------------------------------------------------------------------ listings
+    # ------------------------------------------------------------------ listings (never from a stale cache)
+
+    def _fresh(self, path: Path) -> tuple[Any, str]:
+        """The filesystem and name for `path`, with fsspec's listing cache dropped: another process (the writer,
+        another rank) may have written since."""
+        backend, key = self._resolve(path)
+        backend.fs.invalidate_cache(key)
+        return backend.fs, key
 
     def ls(self, path: Path) -> list[str]:
-        key = self._key(path)
-        self.fs.invalidate_cache(key)
-        names = {n.rstrip("/") for n in self.fs.ls(key, detail=False)} - {key}
+        fs, key = self._fresh(path)
+        names = {n.rstrip("/") for n in fs.ls(key, detail=False)} - {key}
         return sorted(posixpath.basename(n) for n in names)
 
     def exists(self, path: Path) -> bool:
-        key = self._key(path)
-        self.fs.invalidate_cache(key)
-        return bool(self.fs.exists(key))
+        fs, key = self._fresh(path)
+        return bool(fs.exists(key))
 
     def getsize(self, path: Path) -> int:
-        key = self._key(path)
-        self.fs.invalidate_cache(key)
-        return int(self.fs.size(key))
+        fs, key = self._fresh(path)
+        return int(fs.size(key))
 
     def isdir(self, path: Path) -> bool:
-        key = self._key(path)
-        self.fs.invalidate_cache(key)
-        return bool(self.fs.isdir(key))
+        fs, key = self._fresh(path)
+        return bool(fs.isdir(key))
+
+
+def _objects_under(backend: _Backend, key: str, include_self: bool = False) -> list[str]:
+    backend.fs.invalidate_cache()
+    try:
+        found = backend.fs.find(key)
+    except FileNotFoundError:
+        return []
+    return [k for k in found if k.startswith(key + "/") or (include_self and k == key)]
 
 
 # ---------------------------------------------------------------------- helpers
@@ -448,13 +498,13 @@ class _S3MultipartWriter(io.RawIOBase):
     Any failure, or leaving the `with` block on an exception, aborts the upload: no object, no stray parts.
     """
 
-    def __init__(self, storage: FsspecStorage, key: str) -> None:
+    def __init__(self, fs: Any, key: str, url: str, part_size: int, concurrency: int) -> None:
         super().__init__()
-        self._fs = storage.fs
-        self._url = f"{storage.config.protocol}://{key}"
-        self._bucket, self._object, _ = self._fs.split_path(key)
-        self._part_size = storage.config.part_size
-        self._concurrency = storage.config.max_concurrency
+        self._fs = fs
+        self._url = url
+        self._bucket, self._object, _ = fs.split_path(key)
+        self._part_size = part_size
+        self._concurrency = concurrency
         self._buffer = bytearray()
         self._upload_id: str | None = None
         self._parts: list[Future[dict[str, Any]]] = []
