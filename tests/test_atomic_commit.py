@@ -242,18 +242,18 @@ def test_upstream_checkpoint_without_manifest_loads(sync_manager: CheckpointMana
     torch.save(12, root / "step_0.pt")
     w = torch.zeros(4)
     into = {"model": {"w": w, "b": torch.zeros(2)}, "step": 0}
-    # Without a manifest nothing says the save committed: loading it is an explicit opt-in.
-    with pytest.raises(torch_checkpointing.errors.IncompleteCheckpointError, match="allow_legacy_checkpoints"):
-        sync_manager.load(str(root), into=into, strict=True)
-    assert torch.equal(w, torch.zeros(4))
-    legacy = _sync(load=CheckpointLoaderConfig(allow_legacy_checkpoints=True))
+    # Asking for verification where there is nothing to verify against refuses, changing nothing.
+    verifying = _sync(load=CheckpointLoaderConfig(verify_checksums=True))
     try:
-        out = legacy.load(str(root), into=into, strict=True)
-        assert out["model"]["w"] is w and torch.equal(w, model["w"]) and out["step"] == 12
-        with pytest.raises(RuntimeError, match="no item 'optim'.*optim_0.pt"):
-            legacy.load(str(root), into={"optim": None})
+        with pytest.raises(torch_checkpointing.errors.IncompleteCheckpointError, match="verify_checksums=True"):
+            verifying.load(str(root), into=into, strict=True)
     finally:
-        legacy.close()
+        verifying.close()
+    assert torch.equal(w, torch.zeros(4))
+    out = sync_manager.load(str(root), into=into, strict=True)  # the default: loads, with a logged warning
+    assert out["model"]["w"] is w and torch.equal(w, model["w"]) and out["step"] == 12
+    with pytest.raises(RuntimeError, match="no item 'optim'.*optim_0.pt"):
+        sync_manager.load(str(root), into={"optim": None})
 
 
 def test_file_changed_after_commit_is_detected(tmp_path: Path) -> None:

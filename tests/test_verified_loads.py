@@ -394,19 +394,22 @@ def test_verifying_without_a_manifest_refuses(tmp_path: Path) -> None:
         m.close()
 
 
-def test_manifest_less_directory_loads_only_on_opt_in_with_a_warning(
+def test_manifest_less_directory_loads_by_default_with_a_warning_unless_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "legacy"
     root.mkdir()
     torch.save(torch.ones(2), root / "model_0.pt")
-    m = _manager(allow_legacy_checkpoints=True)
+    m, strict_m = _manager(), _manager(allow_legacy_checkpoints=False)
     try:
         with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
             assert torch.equal(m.load(str(root), into={"model": torch.zeros(2)})["model"], torch.ones(2))
         assert any("without a manifest" in r.getMessage() for r in caplog.records)
+        with pytest.raises(IncompleteCheckpointError, match="no manifest.json"):
+            strict_m.load(str(root), into={"model": torch.zeros(2)})
     finally:
         m.close()
+        strict_m.close()
 
 
 # ---------------------------------------------------------------------------------- 8. torn reads

@@ -74,9 +74,11 @@ class CheckpointLoader:
                 f"restore into (e.g. into={{'model': model.state_dict()}}); for optimizer state see "
                 f"docs/durability.md 'What a load checks'."
             )
+        verify = self.config.verify_checksums
         policy = ReadPolicy(
-            verify_checksums=self.config.verify_checksums,
-            allow_legacy_checkpoints=getattr(self.config, "allow_legacy_checkpoints", False),
+            verify_checksums=verify is not False,
+            # Asking for verification where there is nothing to verify against refuses.
+            allow_legacy_checkpoints=verify is not True and self.config.allow_legacy_checkpoints,
         )
         with CheckpointReadContext(self.storage, checkpoint_id, policy) as ctx:
             return self._load(ctx, items, map_location, strict)

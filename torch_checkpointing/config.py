@@ -55,7 +55,9 @@ class CheckpointLoaderConfig:
     use_mmap: bool = True
     # torch's safe unpickler for TorchSerialization files; set False only for checkpoints you trust.
     weights_only: bool = True
-    # Recompute each file's CRC32 against the manifest on load (on by default; off only if you know why).
-    verify_checksums: bool = True
-    # Load directories without a manifest (the published release wrote none): unverified, with a warning.
-    allow_legacy_checkpoints: bool = False
+    # CRC32 of every file a load reads, against the manifest. None (default): verify whatever the manifest
+    # records; True: the same, and refuse a directory without a manifest; False: sizes only (know why).
+    verify_checksums: bool | None = None
+    # Directories without a manifest (the published release wrote none) load unverified with a logged warning;
+    # False refuses them.
+    allow_legacy_checkpoints: bool = True

