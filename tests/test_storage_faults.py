@@ -23,6 +23,7 @@ import torch
 
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization, TorchSerialization
+from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
 from torch_checkpointing.storage import filesystem
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
@@ -402,3 +403,11 @@ def test_fallback_replace_puts_the_old_checkpoint_back_when_the_swap_fails(tmp_p
         Storage.replace_directory(storage, tmp_path / "missing-new", tmp_path / "ck")  # the base-class fallback
     assert (tmp_path / "ck" / "f").read_bytes() == b"old"
     assert sorted(os.listdir(tmp_path)) == ["ck"]
+
+
+def test_staging_dir_that_does_not_exist_is_named_with_the_fix(tmp_path: Path) -> None:
+    stager = DefaultStager(CheckpointStagerConfig(staging_dir=os.fspath(tmp_path / "missing")))
+    with pytest.raises(OSError, match="existing, writable directory") as info:
+        stager.stage({"model": {"w": torch.ones(10)}})
+    assert info.value.filename == os.fspath(tmp_path / "missing")
+    stager.close()

@@ -187,7 +187,15 @@ def _slab_fd(directory: str | None) -> tuple[int, str]:
     if directory is None and hasattr(os, "memfd_create"):
         return os.memfd_create("torch_checkpointing-staging", getattr(os, "MFD_CLOEXEC", 0)), "anonymous shared memory"
     directory = directory or tempfile.gettempdir()
-    fd, path = tempfile.mkstemp(prefix=".torch_checkpointing-staging-", suffix=".slab", dir=directory)
+    try:
+        fd, path = tempfile.mkstemp(prefix=".torch_checkpointing-staging-", suffix=".slab", dir=directory)
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            f"Cannot create the async staging slab in {directory} ({exc.strerror}); set "
+            f"CheckpointStagerConfig(staging_dir=...) to an existing, writable directory",
+            directory,
+        ) from exc
     os.unlink(path)  # nothing to clean up after a crash: the descriptors keep the file while they live
     return fd, directory
 
