@@ -315,3 +315,18 @@ def test_two_ranks_prune_once_after_the_commit(tmp_path: Path) -> None:
     assert list_leftovers(tmp_path) == []
     files = sorted(p.name for p in Path(found[-1].path).iterdir())
     assert files == ["manifest.json", "model_0.pt", "model_1.pt"]
+
+
+def test_a_checkpoint_re_saved_since_the_listing_is_not_deleted(tmp_path: Path) -> None:
+    with CheckpointManager(_config(False, None)) as m:
+        m.save(str(tmp_path / "a"), {"x": 1}, step=1)
+        m.save(str(tmp_path / "b"), {"x": 2}, step=2)
+        listed = list_checkpoints(tmp_path)
+        m.save(str(tmp_path / "a"), {"x": 3}, step=1)  # same id, committed again after the listing
+    doomed = select_for_deletion(listed, RetentionPolicy(keep_last=1))
+    assert [c.name for c in doomed] == ["a"]
+    from torch_checkpointing.retention import delete_checkpoint
+
+    assert delete_checkpoint(doomed[0].path, expected=doomed[0]) is False
+    assert [c.name for c in list_checkpoints(tmp_path)] == ["a", "b"]
+    assert delete_checkpoint(tmp_path / "a", expected=list_checkpoints(tmp_path)[0]) is True

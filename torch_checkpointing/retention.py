@@ -23,6 +23,7 @@ from typing import Literal
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
+    checkpoint_info,
     default_storage,
     list_checkpoints,
     list_leftovers,
@@ -109,18 +110,40 @@ def _trash_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.trash-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def delete_checkpoint(path: str | os.PathLike[str], storage: Storage | None = None) -> bool:
-    """Rename `path` to a trash name, then remove it. Returns False (and logs a WARNING) when it failed."""
+def delete_checkpoint(
+    path: str | os.PathLike[str], storage: Storage | None = None, *, expected: CheckpointInfo | None = None
+) -> bool:
+    """Rename `path` to a trash name, then remove it. Returns False (and logs a WARNING) when it failed.
+
+    With `expected`, the checkpoint is deleted only if it is still that one (same commit time): a save that
+    re-used the id and committed since the listing must not be deleted in its place.
+    """
     storage = storage or default_storage()
     src = Path(path)
+    if expected is not None and not _still(storage, src, expected):
+        logger.info("Retention left %s alone: it was re-saved since it was listed", src)
+        return False
     trash = _trash_name(src)
     try:
         storage.rename(src, trash, is_directory=True)
     except OSError as exc:
         logger.warning("Retention could not delete checkpoint %s (rename failed: %s); it is left as it was", src, exc)
         return False
+    if expected is not None and not _still(storage, trash, expected):
+        # Lost a race with a commit that swapped a new checkpoint in between the check and the rename: put it back.
+        try:
+            storage.rename(trash, src, is_directory=True)
+            logger.info("Retention left %s alone: it was re-saved while being deleted", src)
+        except OSError as exc:
+            logger.warning("Retention moved a re-saved %s to %s and could not move it back (%s)", src, trash, exc)
+        return False
     _sync_parent(storage, src)
     return _remove(storage, trash, f"checkpoint {src}")
+
+
+def _still(storage: Storage, path: Path, expected: CheckpointInfo) -> bool:
+    current = checkpoint_info(path, storage)
+    return current is not None and current.commit_time == expected.commit_time
 
 
 def _sync_parent(storage: Storage, path: Path) -> None:
@@ -146,7 +169,7 @@ def apply_retention(
     doomed = select_for_deletion(list_checkpoints(root, storage), policy)
     if dry_run:
         return doomed
-    return [c for c in doomed if delete_checkpoint(c.path, storage)]
+    return [c for c in doomed if delete_checkpoint(c.path, storage, expected=c)]
 
 
 @dataclass
