@@ -234,3 +234,61 @@ def test_diff_consolidates_sharded_items(
     shutil.copytree(two_rank_root / "step_5", copy)
     code, doc = _json(capsys, ["diff", str(two_rank_root / "step_5"), str(copy)])
     assert code == 0 and doc["identical"], doc
+
+
+class _Tty:
+    """A stdout that says it is a terminal."""
+
+    def __init__(self) -> None:
+        import io
+
+        self.buffer = io.StringIO()
+
+    def write(self, s: str) -> int:
+        return self.buffer.write(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_tables_use_rich_on_a_terminal_and_plain_text_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_checkpointing.cli import Ui
+
+    pytest.importorskip("rich")
+    tty = _Tty()
+    ui = Ui(json_mode=False, plain=False, out=tty)  # type: ignore[arg-type]
+    assert ui._rich is not None
+    ui.table("T", ["A", "B"], [["x", 1]])
+    assert "x" in tty.buffer.getvalue() and "│" in tty.buffer.getvalue()
+    monkeypatch.setitem(sys.modules, "rich", None)  # as if the [cli] extra were not installed
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    tty = _Tty()
+    ui = Ui(json_mode=False, plain=False, out=tty)  # type: ignore[arg-type]
+    assert ui._rich is None
+    ui.table("T", ["A", "B"], [["x", 1]])
+    assert tty.buffer.getvalue() == "T:\n  A  B\n  x  1\n"
+
+
+def test_progress_on_a_terminal_with_and_without_rich(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    from torch_checkpointing.cli import Ui
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    try:
+        import rich.progress  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        with Ui(json_mode=False, plain=True).progress(100, "rich bar") as advance:
+            advance(100)  # the bar draws on stderr and is cleared when done
+        capsys.readouterr()
+    monkeypatch.setitem(sys.modules, "rich.progress", None)
+    with Ui(json_mode=False, plain=True).progress(100, "verify c") as advance:
+        advance(50)
+        advance(50)
+    assert "verify c: 100%" in capsys.readouterr().err
+    with Ui(json_mode=True, plain=True).progress(100, "quiet") as advance:
+        advance(100)
+    assert capsys.readouterr().err == ""
