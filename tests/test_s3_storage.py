@@ -253,3 +253,26 @@ def test_the_resharding_source_reader_fetches_only_the_rows_it_needs(storage: Fs
     assert torch.equal(block, full[1024:1040])
     fetched = sum(e - s for s, e in recorder.gets)
     assert fetched < 16 * 256 * 4 + 4096  # the 16 rows and the header, not the 4 MiB file
+
+
+def test_memory_is_bounded_by_parts_in_flight_not_by_the_file(s3_server: S3Server) -> None:  # noqa: F811
+    """Uploading 16 parts keeps a few parts in memory (the in-flight ones and the HTTP client's copies of them),
+    never a copy of the whole file; a download holds the result plus the parts in flight."""
+    import tracemalloc
+
+    storage = s3_server.config(max_concurrency=2).create_storage()
+    data = os.urandom(16 * TEST_PART_SIZE)
+    view = memoryview(data)
+    tracemalloc.start()
+    try:
+        with storage.stream_write(Path("mem/big.bin")) as stream:
+            for start in range(0, len(data), 8 * MIB):
+                stream.write(view[start : start + 8 * MIB])
+        _, upload_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        assert storage.read(Path("mem/big.bin")) == data
+        _, download_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert upload_peak < 10 * TEST_PART_SIZE, upload_peak / MIB  # measured ~7.5 parts; the file is 16
+    assert download_peak < len(data) + 6 * TEST_PART_SIZE, download_peak / MIB  # the result + parts in flight
