@@ -572,3 +572,30 @@ def test_json_item_with_int_keys_is_refused_at_save(tmp_path: Path) -> None:
         assert not (tmp_path / "ck").exists()
     finally:
         m.close()
+
+
+def test_resharded_optimizer_state_gets_its_live_target_from_get_optimizer_state_dict(tmp_path: Path) -> None:
+    """The supported way to a live target for resharded optimizer state (docs/durability.md, 'What a load checks')."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    model, opt = _adam()
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    spec = {"optim": ItemSpec(resharder=AlwaysReshard())}
+    m = _manager(spec)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*plain.*")
+            m.save(str(tmp_path / "ck"), {"optim": get_optimizer_state_dict(model, opt)})
+            with pytest.raises(ValueError, match="live target"):
+                m.load(str(tmp_path / "ck"), into={"optim": None})
+            fresh_model, fresh = _adam()
+            target = get_optimizer_state_dict(fresh_model, fresh)  # zero-initialised moments: the live target
+            m.load(str(tmp_path / "ck"), into={"optim": target}, strict=True)
+    finally:
+        m.close()
+    set_optimizer_state_dict(fresh_model, fresh, optim_state_dict=target)
+    saved, restored = opt.state_dict()["state"], fresh.state_dict()["state"]
+    for i in (0, 1):
+        assert torch.equal(restored[i]["exp_avg"], saved[i]["exp_avg"])
+        assert torch.equal(restored[i]["exp_avg_sq"], saved[i]["exp_avg_sq"])
