@@ -110,6 +110,7 @@ class _ItemSource:
                 f"(rank=R / --rank R)."
             )
         self.plain_rank = rank if rank is not None else records[0].rank
+        self._ambiguous = rank is None and len(records) > 1
         self._open: dict[int, SourceFile] = {}
         self._stats = ReadStats()
         self._flat: Mapping[str, torch.Tensor] | None = None
@@ -143,6 +144,12 @@ class _ItemSource:
         names = {p.name for p in out}
         for name in flat:
             if name not in names:
+                if self._ambiguous:
+                    raise ValueError(
+                        f"Tensor {name!r} of item '{self.key}' has no DTensor sharding metadata but the item was saved "
+                        f"as {len(self._paths)} per-rank files: which rank's copy to export is ambiguous. Export one "
+                        f"rank's copy (rank=R / --rank R)."
+                    )
                 t = flat[name]
                 out.append(_TensorPlan(name, tuple(name.split(".")) if name else (), tuple(t.shape), t.dtype, False))
         # A bare-tensor item has the empty name; HF needs one: the item key.
