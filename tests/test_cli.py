@@ -185,7 +185,18 @@ def save_two_ranks(root: str) -> dict[str, Any]:
     cfg.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
     with CheckpointManager(cfg) as m:
         m.save(f"{root}/step_5", {"model": model, "misc": {"rank": dist.get_rank()}}, metrics={"loss": 0.25})
-    return {"rank": dist.get_rank()}
+    # A self-describing load on every rank: each reads its own per-rank files.
+    plain = CheckpointManager.Config.with_sync_save()
+    plain.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    with CheckpointManager(plain) as reader:
+        got = reader.load(f"{root}/step_5")
+    local = got["model"]["w"]
+    local = local.to_local() if hasattr(local, "to_local") else local
+    return {
+        "rank": dist.get_rank(),
+        "misc": got["misc"],
+        "w_local_ok": bool(torch.equal(local, model["w"].to_local())),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +204,8 @@ def two_rank_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from simulator.launcher import launch
 
     base = tmp_path_factory.mktemp("cli2")
-    launch(save_two_ranks, 2, args=(str(base),), timeout=240)
+    results = launch(save_two_ranks, 2, args=(str(base),), timeout=240)
+    assert [(r["misc"], r["w_local_ok"]) for r in results] == [({"rank": 0}, True), ({"rank": 1}, True)]
     return base
 
 
