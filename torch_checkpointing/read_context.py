@@ -192,6 +192,14 @@ class CheckpointReadContext:
                 self._by_path[name] = FileRecord("<sharding metadata>", 0, name, m.metadata_size, m.metadata_crc32, {})
 
     def _no_manifest(self) -> None:
+        if not self.storage.atomic_rename:
+            # Object stores (issue 14): the manifest, written last, IS the commit. Files without one are a save
+            # still running or one that died; the published release never wrote to such a store.
+            raise IncompleteCheckpointError(
+                f"Checkpoint {self.root} has no {MANIFEST_FILE_NAME}: on this store (no atomic rename) the manifest "
+                f"is written last and is the commit, so this is a save that is still running or never finished. "
+                f"Load an earlier checkpoint."
+            )
         if not self.policy.allow_legacy_checkpoints:
             raise IncompleteCheckpointError(
                 f"Checkpoint {self.root} has no {MANIFEST_FILE_NAME}, so nothing says its save committed and "
