@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from torch_checkpointing.config import CheckpointLoaderConfig
-from torch_checkpointing.distributed_metadata import DistributedItemMetadata, DistributedMetadata, read_distributed_metadata
+from torch_checkpointing.distributed_metadata import (
+    DistributedItemMetadata,
+    DistributedMetadata,
+    read_distributed_metadata,
+)
 from torch_checkpointing.encoding import decode
 from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from torch_checkpointing.manifest import Manifest
@@ -85,7 +89,9 @@ class CheckpointLoader:
 
     # ------------------------------------------------------------------ phase 1: check everything
 
-    def _load(self, ctx: CheckpointReadContext, items: list[ResolvedItem], map_location: Any, strict: bool) -> dict[str, Any]:
+    def _load(
+        self, ctx: CheckpointReadContext, items: list[ResolvedItem], map_location: Any, strict: bool
+    ) -> dict[str, Any]:
         for item in items:
             self._check_world_size(item, ctx.manifest)
         metadata = self._distributed_metadata(ctx, items)
@@ -102,7 +108,10 @@ class CheckpointLoader:
         for plan in plans:
             if isinstance(plan, _Direct):
                 _, missing = walk_checkpoint_structure(
-                    item_key=plan.item.key, source=plan.value, target=plan.item.value, dry_run=True,
+                    item_key=plan.item.key,
+                    source=plan.value,
+                    target=plan.item.value,
+                    dry_run=True,
                     unexpected=report.unexpected,
                 )
                 report.missing.extend(missing)
@@ -113,7 +122,9 @@ class CheckpointLoader:
         # ---------------------------------------------------------------- phase 2: copy
         return self._copy(ctx, plans, report, strict)
 
-    def _copy(self, ctx: CheckpointReadContext, plans: list[_Direct | _Reshard], report: _Report, strict: bool) -> dict[str, Any]:
+    def _copy(
+        self, ctx: CheckpointReadContext, plans: list[_Direct | _Reshard], report: _Report, strict: bool
+    ) -> dict[str, Any]:
         result: dict[str, Any] = {}
         unhandled: list[CheckpointPath] = []
         for plan in plans:
@@ -139,11 +150,17 @@ class CheckpointLoader:
                 "Checkpoint %s restored partially: %d template entr(ies) not in the checkpoint, left as they were: %s; "
                 "%d checkpoint entr(ies) not in the template, returned but not restored into it: %s. Pass strict=True "
                 "to refuse such loads.",
-                ctx.root, len(report.missing), _names(report.missing), len(report.unexpected), _names(report.unexpected),
+                ctx.root,
+                len(report.missing),
+                _names(report.missing),
+                len(report.unexpected),
+                _names(report.unexpected),
             )
         return result
 
-    def _distributed_metadata(self, ctx: CheckpointReadContext, items: list[ResolvedItem]) -> DistributedMetadata | None:
+    def _distributed_metadata(
+        self, ctx: CheckpointReadContext, items: list[ResolvedItem]
+    ) -> DistributedMetadata | None:
         if not any(i.spec.resharder is not None and not i.spec.resharder.skip_resharding for i in items):
             return None
         metadata = read_distributed_metadata(ctx)
@@ -163,7 +180,7 @@ class CheckpointLoader:
         """
         if manifest is None or manifest.world_size == self.rank_info.global_world_size:
             return
-        if item.spec.resharder is None and item.is_default_layout and item.key in manifest.keys():
+        if item.spec.resharder is None and item.is_default_layout and item.key in manifest.keys():  # noqa: SIM118 (a method)
             raise TemplateMismatchError(
                 f"Item '{item.key}' was saved by {manifest.world_size} rank(s) into per-rank files and is being loaded "
                 f"by {self.rank_info.global_world_size}; without a resharder rank {self.rank_info.global_rank} would "
@@ -171,13 +188,16 @@ class CheckpointLoader:
                 f"DTensor state, a custom Resharder otherwise), or load on {manifest.world_size} rank(s)."
             )
 
-    def _plan_item(self, ctx: CheckpointReadContext, item: ResolvedItem, metadata: DistributedMetadata | None) -> _Direct | _Reshard | None:
+    def _plan_item(
+        self, ctx: CheckpointReadContext, item: ResolvedItem, metadata: DistributedMetadata | None
+    ) -> _Direct | _Reshard | None:
         reshard = self._plan_reshard(ctx, item, metadata)
         if reshard is not None:
             return reshard
         rel = checked_relative_path(item.layout.file_path, f"item '{item.key}'")
         if not ctx.lists(rel):
-            if ctx.manifest is not None and item.key in ctx.manifest.keys() and item.spec.required:
+            held = ctx.manifest is not None and item.key in ctx.manifest.keys()  # noqa: SIM118 (a method)
+            if held and item.spec.required:
                 raise TemplateMismatchError(
                     f"Checkpoint {ctx.root} holds item '{item.key}' but no file {rel!r} for rank "
                     f"{self.rank_info.global_rank}. Load with the layout it was saved with, or declare "
@@ -199,7 +219,9 @@ class CheckpointLoader:
         ctx.check(rel, f"item '{item.key}'")
         return _Direct(item, rel)
 
-    def _plan_reshard(self, ctx: CheckpointReadContext, item: ResolvedItem, metadata: DistributedMetadata | None) -> _Reshard | None:
+    def _plan_reshard(
+        self, ctx: CheckpointReadContext, item: ResolvedItem, metadata: DistributedMetadata | None
+    ) -> _Reshard | None:
         resharder = item.spec.resharder
         if resharder is None or resharder.skip_resharding or metadata is None:
             return None
@@ -227,8 +249,13 @@ class CheckpointLoader:
 
         if isinstance(plan.item.spec.resharder, DTensorResharder) and plan.target is not None:
             check_reshard_targets(
-                plan.item.key, plan.target, plan.source, plan.item.value, self.rank_info.global_rank,
-                ctx.root, ctx.storage_view(),
+                plan.item.key,
+                plan.target,
+                plan.source,
+                plan.item.value,
+                self.rank_info.global_rank,
+                ctx.root,
+                ctx.storage_view(),
             )
 
     def _decode(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:

@@ -44,12 +44,12 @@ __all__ = [
     "ItemMetadata",
     "ShardingMetadata",
     "build_distributed_metadata",
-    "load_distributed_metadata",
     "layout_from_untrusted_dict",
-    "parse_distributed_metadata",
-    "read_distributed_metadata",
+    "load_distributed_metadata",
     "nested_path_from_json",
     "nested_path_to_json",
+    "parse_distributed_metadata",
+    "read_distributed_metadata",
 ]
 
 
@@ -342,8 +342,16 @@ def parse_distributed_metadata(data: bytes, where: str) -> DistributedMetadata:
         raise UnsafeCheckpointError(f"{where}: {exc}") from None
     except CorruptCheckpointError as exc:
         raise CorruptCheckpointError(f"{where}: {exc}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RuntimeError, OverflowError,
-            RecursionError) as exc:
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        RuntimeError,
+        OverflowError,
+        RecursionError,
+    ) as exc:
         field = f"field {exc.args[0]!r}" if isinstance(exc, KeyError) else type(exc).__name__
         raise CorruptCheckpointError(f"Sharding metadata {where} is malformed ({field}: {exc}).") from None
 
@@ -357,7 +365,9 @@ def _rank(text: Any) -> int:
 def layout_from_untrusted_dict(d: Any, where: str) -> LayoutInfo:
     """A `LayoutInfo` read from checkpoint data: save-time path rules, one of the four formats, nothing imported."""
     if not isinstance(d, dict) or not isinstance(d.get("serialization_format"), dict):
-        raise CorruptCheckpointError(f"{where}: a layout must be an object with 'file_path' and 'serialization_format'.")
+        raise CorruptCheckpointError(
+            f"{where}: a layout must be an object with 'file_path' and 'serialization_format'."
+        )
     path = checked_relative_path(d.get("file_path"), f"Sharding metadata {where}")
     if path in _RESERVED_NAMES:
         raise UnsafeCheckpointError(f"Sharding metadata {where}: file path {path!r} names an engine file.")
@@ -372,7 +382,7 @@ def layout_from_untrusted_dict(d: Any, where: str) -> LayoutInfo:
         ):
             raise CorruptCheckpointError(f"Sharding metadata {where}: safetensors metadata must map str to str.")
         return LayoutInfo(path, SafetensorsSerialization(metadata=meta))
-    simple = {"TorchSerialization": TorchSerialization, "RawSerialization": RawSerialization}.get(kind)  # type: ignore[arg-type]
+    simple = {"TorchSerialization": TorchSerialization, "RawSerialization": RawSerialization}.get(str(kind))
     if simple is None:
         raise CorruptCheckpointError(f"Sharding metadata {where}: unknown serialization format type {kind!r}.")
     return LayoutInfo(path, simple())

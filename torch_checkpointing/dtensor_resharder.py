@@ -24,8 +24,8 @@ from torch_checkpointing.dtensor_metadata import (
     ShardSpec,
     StridedShardSpec,
 )
-from torch_checkpointing.resharding import LoadPlan, Resharder, ReshardingInfo
 from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError
+from torch_checkpointing.resharding import LoadPlan, Resharder, ReshardingInfo
 from torch_checkpointing.source_reader import ReadStats, SourceFile, SourceTensor, dotted_key, open_source_file
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
@@ -121,7 +121,9 @@ def compute_local_shard_info(metadata: DTensorShardingMetadata, rank: int) -> tu
     """
     runs = compute_local_runs(metadata, rank)
     shape = tuple(sum(r.length for r in dim_runs) for dim_runs in runs)
-    offset = tuple(dim_runs[0].global_start if dim_runs else n for dim_runs, n in zip(runs, metadata.global_shape))
+    offset = tuple(
+        dim_runs[0].global_start if dim_runs else n for dim_runs, n in zip(runs, metadata.global_shape, strict=True)
+    )
     return shape, offset
 
 
@@ -175,19 +177,21 @@ def compute_load_plans(
         if key in seen or target_numel == 0:
             continue
         seen.add(key)
-        per_dim = [_overlaps(t, s) for t, s in zip(target_runs, src_runs)]
+        per_dim = [_overlaps(t, s) for t, s in zip(target_runs, src_runs, strict=True)]
         elem = torch.empty((), dtype=src_md.torch_dtype).element_size()
         for combo in itertools.product(*per_dim):
-            plans.append(LoadPlan(
-                offsets=tuple(c[0] for c in combo),
-                sizes=tuple(c[2] for c in combo),
-                src_rank=src_rank,
-                src_fqn=fqn,
-                src_offsets=tuple(c[1] for c in combo),
-                src_sizes=tuple(c[2] for c in combo),
-                src_elem_size=elem,
-                src_dtype=src_md.dtype,
-            ))
+            plans.append(
+                LoadPlan(
+                    offsets=tuple(c[0] for c in combo),
+                    sizes=tuple(c[2] for c in combo),
+                    src_rank=src_rank,
+                    src_fqn=fqn,
+                    src_offsets=tuple(c[1] for c in combo),
+                    src_sizes=tuple(c[2] for c in combo),
+                    src_elem_size=elem,
+                    src_dtype=src_md.dtype,
+                )
+            )
     covered = sum(p.numel for p in plans)
     if covered != target_numel:
         return None
@@ -295,16 +299,23 @@ def _collect_copies(
             if tensor is None:
                 bad.add(path)
                 continue
-            for o, n, size in zip(plan.src_offsets, plan.src_sizes, tensor.shape):
-                if len(plan.src_offsets) != len(tensor.shape) or o < 0 or o + n > size:
-                    raise CorruptCheckpointError(
-                        f"{file_path} holds {item_key}::{dotted_key(path)} with shape {tuple(tensor.shape)}, which "
-                        f"does not match the checkpoint's sharding metadata; the checkpoint is damaged."
-                    )
-            copies.append((path, tuple(slice(o, o + s) for o, s in zip(plan.offsets, plan.sizes)), tensor, plan))
+            if not _block_fits(plan, tuple(tensor.shape)):
+                raise CorruptCheckpointError(
+                    f"{file_path} holds {item_key}::{dotted_key(path)} with shape {tuple(tensor.shape)}, which "
+                    f"does not match the checkpoint's sharding metadata; the checkpoint is damaged."
+                )
+            copies.append(
+                (path, tuple(slice(o, o + s) for o, s in zip(plan.offsets, plan.sizes, strict=True)), tensor, plan)
+            )
     copies = [c for c in copies if c[0] not in bad]
     failed.extend(p for p in info.nested_path_to_load_plans if p in bad)
     return copies, failed
+
+
+def _block_fits(plan: LoadPlan, shape: tuple[int, ...]) -> bool:
+    if not len(plan.src_offsets) == len(plan.src_sizes) == len(shape):
+        return False
+    return all(o >= 0 and o + n <= size for o, n, size in zip(plan.src_offsets, plan.src_sizes, shape, strict=True))
 
 
 def execute_plans(
@@ -344,8 +355,9 @@ def check_reshard_targets(
 ) -> None:
     """Raise what `load` would raise for this target, without copying anything (a load's check phase)."""
     info = plan_resharding(target_metadata, source_metadata, rank)
-    _collect_copies(info, target, target_metadata, source_metadata, Path(source_path), item_key, storage,
-                    ReadStats(), rank)
+    _collect_copies(
+        info, target, target_metadata, source_metadata, Path(source_path), item_key, storage, ReadStats(), rank
+    )
 
 
 class DTensorResharder(Resharder):
@@ -379,8 +391,9 @@ class DTensorResharder(Resharder):
             )
         return out
 
-    def _walk(self, key: str, value: Any, path: NestedPath, out: dict[NestedPath, ShardingMetadata],
-              plain: list[str]) -> None:
+    def _walk(
+        self, key: str, value: Any, path: NestedPath, out: dict[NestedPath, ShardingMetadata], plain: list[str]
+    ) -> None:
         from torch.distributed.tensor import DTensor
 
         if isinstance(value, DTensor):
@@ -404,8 +417,9 @@ class DTensorResharder(Resharder):
         target: Any,
         storage: Storage,
     ) -> list[NestedPath]:
-        return self.load_as_rank(_current_rank(), source_path, item_key, target_metadata, source_metadata,
-                                 target, storage)
+        return self.load_as_rank(
+            _current_rank(), source_path, item_key, target_metadata, source_metadata, target, storage
+        )
 
     def load_as_rank(
         self,
@@ -421,8 +435,9 @@ class DTensorResharder(Resharder):
         stats = ReadStats()
         try:
             info = plan_resharding(target_metadata, source_metadata, rank)
-            failed = execute_plans(info, target, target_metadata, source_metadata, Path(source_path), item_key,
-                                   storage, stats, rank)
+            failed = execute_plans(
+                info, target, target_metadata, source_metadata, Path(source_path), item_key, storage, stats, rank
+            )
         finally:
             self.last_load_stats = stats
         if failed:

@@ -29,7 +29,7 @@ from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_t
 from torch_checkpointing.staging import resolve_lazy_tensors
 from torch_checkpointing.storage.base_storage import Storage
 
-__all__ = ["encode", "decode", "TRUST_HINT"]
+__all__ = ["TRUST_HINT", "decode", "encode"]
 
 TRUST_HINT = (
     "If you trust this checkpoint, opt in to arbitrary objects with "
@@ -99,7 +99,8 @@ def _decode_torch(storage: Storage, path: Path, key: str, map_location: Any, wei
         if not weights_only:
             raise
         raise pickle.UnpicklingError(
-            f"Refused to load item '{key}' from {path} with torch's safe loader (weights_only=True): {exc}\n{TRUST_HINT}"
+            f"Refused to load item '{key}' from {path} with torch's safe loader (weights_only=True): {exc}\n"
+            f"{TRUST_HINT}"
         ) from exc
 
 
@@ -114,7 +115,7 @@ def _decode_safetensors(storage: Storage, path: Path, key: str, template: Any, m
     try:
         if local is not None:
             with safe_open(local, framework="pt", device="cpu") as f:
-                flat = {name: f.get_tensor(name) for name in f.keys()}
+                flat = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (a safe_open handle)
         else:
             flat = safetensors_load(storage.read(path))
     except (SafetensorError, ValueError, OverflowError) as exc:
@@ -130,7 +131,9 @@ def _json_loads(data: bytes, path: Path, key: str) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CorruptCheckpointError(f"File {path} for item '{key}' is not valid JSON ({type(exc).__name__}: {exc}).") from None
+        raise CorruptCheckpointError(
+            f"File {path} for item '{key}' is not valid JSON ({type(exc).__name__}: {exc})."
+        ) from None
 
 
 def _check_json_keys(key: str, value: Any, path: tuple[Any, ...]) -> None:

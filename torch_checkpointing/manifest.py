@@ -16,7 +16,15 @@ from typing import Any
 from torch_checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError
 from torch_checkpointing.storage.base_storage import Storage
 
-__all__ = ["MANIFEST_FILE_NAME", "INCOMPLETE_MARKER", "FileRecord", "Manifest", "check_json_tree", "parse_manifest", "read_manifest"]
+__all__ = [
+    "INCOMPLETE_MARKER",
+    "MANIFEST_FILE_NAME",
+    "FileRecord",
+    "Manifest",
+    "check_json_tree",
+    "parse_manifest",
+    "read_manifest",
+]
 
 MANIFEST_FILE_NAME = "manifest.json"
 INCOMPLETE_MARKER = ".incomplete"
@@ -33,7 +41,14 @@ class FileRecord:
     format: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "rank": self.rank, "path": self.path, "size": self.size, "crc32": self.crc32, "format": self.format}
+        return {
+            "key": self.key,
+            "rank": self.rank,
+            "path": self.path,
+            "size": self.size,
+            "crc32": self.crc32,
+            "format": self.format,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FileRecord:
@@ -190,7 +205,7 @@ def check_json_tree(value: Any, where: str, max_depth: int) -> None:
             )
         if isinstance(node, _BadConstant):
             raise CorruptCheckpointError(
-                f"{where}: field '{path}' holds the non-standard JSON constant {str(node)}; the file is damaged or "
+                f"{where}: field '{path}' holds the non-standard JSON constant {node!s}; the file is damaged or "
                 f"crafted."
             )
         if isinstance(node, dict):

@@ -26,11 +26,11 @@ import mmap
 import os
 import posixpath
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch_checkpointing.errors import (
     CheckpointError,
@@ -42,14 +42,14 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     FileRecord,
+    Manifest,
     _BadConstant,
     check_json_tree,
-    Manifest,
     parse_manifest,
 )
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 
-__all__ = ["CheckpointReadContext", "CheckedFile", "ReadPolicy", "checked_relative_path", "crc32", "MAX_METADATA_BYTES"]
+__all__ = ["MAX_METADATA_BYTES", "CheckedFile", "CheckpointReadContext", "ReadPolicy", "checked_relative_path", "crc32"]
 
 logger = logging.getLogger("torch_checkpointing.read_context")
 
@@ -96,7 +96,7 @@ def crc32(view: memoryview, pool: ThreadPoolExecutor | None = None) -> int:
     chunks = [view[i : i + _CRC_CHUNK] for i in range(0, n, _CRC_CHUNK)]
     parts = list(pool.map(lambda c: _crc32(c, 0), chunks))
     value = parts[0]
-    for part, chunk in zip(parts[1:], chunks[1:]):
+    for part, chunk in zip(parts[1:], chunks[1:], strict=True):
         value = _crc32_combine(value, part, len(chunk))
     return value & 0xFFFFFFFF
 
@@ -512,7 +512,7 @@ class _ContextStorage(Storage):
 
     def ls(self, path: Path) -> list[str]:
         prefix = "" if Path(path) == self._ctx.root else self._rel(path) + "/"
-        names = {p[len(prefix):].split("/")[0] for p in self._ctx._by_path if p.startswith(prefix)}
+        names = {p[len(prefix) :].split("/")[0] for p in self._ctx._by_path if p.startswith(prefix)}
         return sorted(names)
 
     def remap_path(self, path: Path) -> str:
@@ -521,4 +521,4 @@ class _ContextStorage(Storage):
     def _read_only(self, *args: Any, **kwargs: Any) -> Any:
         raise PermissionError("A load's storage view is read-only; resharders must not write to the checkpoint.")
 
-    stream_write = write = delete = mkdir = rmdir = rename = _read_only  # type: ignore[assignment]
+    stream_write = write = delete = mkdir = rmdir = rename = _read_only

@@ -45,7 +45,8 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
                 visit(_join(prefix, i), v)
         else:
             raise ValueError(
-                f"SafetensorsSerialization only supports tensor values, but key '{_join(item_key, prefix) if prefix else item_key}' "
+                f"SafetensorsSerialization only supports tensor values, but key "
+                f"'{_join(item_key, prefix) if prefix else item_key}' "
                 f"has type '{type(value).__name__}'. Use TorchSerialization or JsonSerialization for non-tensor data."
             )
 

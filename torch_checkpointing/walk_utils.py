@@ -15,7 +15,7 @@ import torch
 from torch_checkpointing.errors import TemplateMismatchError
 from torch_checkpointing.types import CheckpointPath, NestedPath
 
-__all__ = ["MISSING", "walk_checkpoint_structure", "copy_tensor_into", "check_tensor_fits"]
+__all__ = ["MISSING", "check_tensor_fits", "copy_tensor_into", "walk_checkpoint_structure"]
 
 
 class _Missing:
@@ -36,7 +36,7 @@ def _is_dtensor(x: Any) -> bool:
 
 
 def _local(x: torch.Tensor) -> torch.Tensor:
-    return x.to_local() if _is_dtensor(x) else x
+    return x.to_local() if _is_dtensor(x) else x  # type: ignore[attr-defined]
 
 
 def copy_tensor_into(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -140,7 +140,7 @@ class _Walker:
             self.merge((*path, i), source[i], t) if i < len(source) else _record(self.missing, self.key, path, i, t)
             for i, t in enumerate(target)
         ]
-        extra = list(source[len(target):])
+        extra = list(source[len(target) :])
         self.unexpected.extend(CheckpointPath(self.key, (*path, i)) for i in range(len(target), len(source)))
         if self.dry_run:
             return merged
@@ -151,7 +151,8 @@ class _Walker:
             return target
         if isinstance(target, tuple) and hasattr(target, "_fields"):
             return type(target)(*merged)  # a named tuple cannot grow: extras are reported, not kept
-        return type(target)([*merged, *extra])
+        rebuild: Any = type(target)
+        return rebuild([*merged, *extra])
 
 
 def check_tensor_fits(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> None:
