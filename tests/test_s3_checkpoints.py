@@ -5,6 +5,7 @@ a failed upload, and a save killed mid-upload (real processes, SIGKILL).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -222,15 +223,17 @@ def _killed_save(config: FsspecStorageConfig, checkpoint_id: str, async_save: bo
     )
     try:
         deadline = time.monotonic() + 120
-        while not signal_file.exists():
-            assert child.poll() is None, child.stdout.read().decode() if child.stdout else ""
-            assert time.monotonic() < deadline, "the child never uploaded a part"
+        while not signal_file.exists() and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
-        os.killpg(child.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # the group already exited: reported below
+            os.killpg(child.pid, signal.SIGKILL)  # the trainer and its writer process
         child.wait(30)
-        if child.stdout:
-            child.stdout.close()
+    output = child.stdout.read().decode(errors="replace") if child.stdout else ""
+    if child.stdout:
+        child.stdout.close()
+    assert signal_file.exists(), f"the child never uploaded a part (exit {child.returncode}):\n{output[-3000:]}"
+    assert child.returncode == -signal.SIGKILL, f"the child was not killed mid-upload:\n{output[-3000:]}"
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
