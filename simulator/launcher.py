@@ -49,6 +49,8 @@ _DONE_KEY = "simulator_fn_done"
 _ERROR_KEY = "simulator_fn_error"
 # After a rank fails only because a peer went away, wait this long for the peer's own exception to arrive.
 _ROOT_CAUSE_GRACE_S = 5.0
+# After a rank failed on its own, wait this long for the ranks it takes down to record their errors.
+_CONSEQUENCE_GRACE_S = 2.0
 # What a collective raises when another rank died under it: a consequence, not a cause.
 _COMM_ERROR = re.compile(
     r"gloo|nccl|connection (reset|closed|refused)|broken pipe|socket|peer|DistBackendError|DistNetworkError",
@@ -361,12 +363,20 @@ class _Job:
         keys = {r: f"{_ERROR_KEY}/{r}" for r in range(self.world_size)}
         return {r: json.loads(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
 
-    @staticmethod
-    def _awaiting_root_cause(records: Mapping[int, dict[str, Any]], first_error_at: float | None) -> bool:
-        """Only communication errors so far: give the rank that broke the links a moment to report its own."""
-        if not records or first_error_at is None or not all(rec["comm"] for rec in records.values()):
+    def _awaiting_root_cause(self, records: Mapping[int, dict[str, Any]], first_error_at: float | None) -> bool:
+        """Whether to hold off ctx.wait(), which stops every rank at the first exit it sees.
+
+        Only communication errors so far: give the rank that broke the links a moment to report its own.
+        A rank's own failure recorded: give the ranks it takes down a moment to record theirs, so the report
+        can show them as consequences rather than as ranks that were merely stopped.
+        """
+        if not records or first_error_at is None:
             return False
-        return time.monotonic() - first_error_at < _ROOT_CAUSE_GRACE_S
+        waited = time.monotonic() - first_error_at
+        if all(rec["comm"] for rec in records.values()):
+            return waited < _ROOT_CAUSE_GRACE_S
+        settled = set(records) | _finished_ranks(self.store, self.world_size)
+        return len(settled) < self.world_size and waited < _CONSEQUENCE_GRACE_S
 
     def _failed(self, result: Any, records: dict[int, dict[str, Any]]) -> LaunchError:
         """Blame in order: the rank that failed on its own first, other own failures, then the consequences."""

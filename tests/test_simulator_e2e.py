@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
+from simulator.docs_sample import normalise, page_sample
+
 pytestmark = pytest.mark.multirank
 
 _RUN_TIMEOUT_S = 420
+SIMULATOR_PAGE = Path(__file__).resolve().parent.parent / "docs" / "simulator.md"
 
 
 def _simulate(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -28,9 +31,21 @@ def _simulate(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[s
 
 @pytest.fixture(scope="module")
 def two_to_three(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+    """The run docs/simulator.md shows (its marker names the arguments: 2 ranks save, 3 load)."""
     tmp = tmp_path_factory.mktemp("sim")
-    proc, report = _simulate(tmp, "--world", "2→3")
+    argv, _ = page_sample(SIMULATOR_PAGE)
+    assert argv == ["--world", "2->3"], f"the tests below assume the page's sample is a 2→3 run, not {argv}"
+    proc, report = _simulate(tmp, *argv)
     return proc, report, tmp
+
+
+def test_the_sample_run_on_the_simulator_page_is_what_the_program_prints(two_to_three: Any) -> None:
+    proc, _, _ = two_to_three
+    _, shown = page_sample(SIMULATOR_PAGE)
+    assert normalise(shown) == normalise(proc.stdout), (
+        "docs/simulator.md's sample run no longer matches the program; regenerate it with "
+        "`python -m simulator.docs_sample docs/simulator.md` and review the page's prose. Fresh output:\n" + proc.stdout
+    )
 
 
 def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -40,6 +40,7 @@ def test_the_rank_that_failed_first_is_blamed_not_the_ranks_its_death_broke() ->
         with pytest.raises(LaunchError) as info:
             launch(probes.fail_while_others_wait, 2, args=(1, "boom on rank 1"), timeout=90)
         _assert_rank_1_blamed(info.value)
+        assert [f.rank for f in info.value.failures] == [1, 0], "rank 0's broken barrier is listed after rank 1"
 
 
 def test_a_culprit_that_broke_the_links_before_raising_is_still_blamed() -> None:

@@ -143,6 +143,19 @@ def zeros_like_tree(value: Any) -> Any:
     return type(value)() if isinstance(value, (int, float, str)) else value
 
 
+def ranks_label(first: int, last: int) -> str:
+    """`rank 2` or `ranks 2..7`: how a note names a run of ranks."""
+    return f"rank {first}" if first == last else f"ranks {first}..{last}"
+
+
+def brief(text: str, limit: int = 200) -> str:
+    """The first line of a message, cut at a word boundary so a note never ends mid-word."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    if len(first) <= limit:
+        return first
+    return first[:limit].rsplit(" ", 1)[0] + " …"
+
+
 def gather(value: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)

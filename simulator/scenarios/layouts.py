@@ -8,7 +8,17 @@ import torch
 import torch.distributed as dist
 
 from simulator.report import FAIL, HAZARD, PASS, CheckResult
-from simulator.scenarios.common import Meter, RankCtx, closing, file_bytes, gather, same, zeros_like_tree
+from simulator.scenarios.common import (
+    Meter,
+    RankCtx,
+    brief,
+    closing,
+    file_bytes,
+    gather,
+    ranks_label,
+    same,
+    zeros_like_tree,
+)
 
 NAME = "layouts"
 SHARED_FILE = "shared.pt"
@@ -113,8 +123,9 @@ def load(ctx: RankCtx) -> list[CheckResult]:
         # per-rank files onto a different world without a resharder.
         result = PASS
         if ctx.rank == 0 or ctx.rank == source:
-            who = "ranks with files of their own" if ctx.rank < source else f"ranks {source}..{ctx.world - 1} (no files)"
-            notes.append(f"{who}: load refused — {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            who = ("ranks with files of their own" if ctx.rank < source
+                   else f"{ranks_label(source, ctx.world - 1)} (no files)")
+            notes.append(f"{who}: load refused — {type(exc).__name__}: {brief(str(exc))}")
     else:
         if ctx.rank >= source:
             result = FAIL
@@ -147,7 +158,7 @@ def collision(ctx: RankCtx) -> CheckResult:
     refused = [r for r, e in enumerate(errors) if e]
     if refused:
         named = all(SHARED_FILE in errors[r] for r in refused)
-        note = (f"engine refused the save on ranks {refused}: {errors[refused[0]][:200]}"
+        note = (f"engine refused the save on ranks {refused}: {brief(errors[refused[0]])}"
                 + ("" if named else " (the error does not name the colliding path)"))
         return ctx.row(NAME, "no-{rank}", HAZARD, notes=[note], placements=placements, seconds=meter.seconds)
     dist.barrier()
@@ -158,8 +169,10 @@ def collision(ctx: RankCtx) -> CheckResult:
     with closing(ctx.manager(spec)) as mgr:
         got = mgr.load(str(root), into={"shared": None})["shared"]
     winner = got.get("rank") if isinstance(got, dict) else None
-    note = (f"all {ctx.world} ranks saved into the one file {SHARED_FILE}; only rank {winner}'s data is in the "
-            f"checkpoint, the other {ctx.world - 1} ranks' data is lost")
+    others = ctx.world - 1
+    note = (f"all {ctx.world} ranks saved into the one file {SHARED_FILE}; the checkpoint holds rank {winner}'s value only"
+            + (", the other rank's value is not in it" if others == 1 else f", the other {others} ranks' values are not"
+               " in it"))
     return ctx.row(NAME, "no-{rank}", HAZARD, notes=[note], placements=placements, seconds=meter.seconds,
                    written=file.stat().st_size if ctx.rank == 0 else 0, read=meter.read)
 

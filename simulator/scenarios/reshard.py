@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distr
 
 from simulator.dataloader_resharder import DataloaderResharder, dataloader_state
 from simulator.report import FAIL, PASS, CheckResult
-from simulator.scenarios.common import Meter, RankCtx, all_files, closing, file_bytes, same
+from simulator.scenarios.common import Meter, RankCtx, all_files, closing, file_bytes, ranks_label, same
 
 NAME = "reshard"
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -152,7 +152,7 @@ def _check_misc(ctx: RankCtx) -> CheckResult:
         return ctx.row(NAME, "misc_state", FAIL, placements="JSON per rank", seconds=meter.seconds,
                        notes=[f"rank {ctx.rank}: direct read of its own misc_state refused: {type(exc).__name__}: {first[:300]}"])
     if ctx.rank >= source:
-        note = [f"ranks {source}..{ctx.world - 1} have no misc_state copy and skip it"] if ctx.rank == source else []
+        note = [f"{ranks_label(source, ctx.world - 1)}: no misc_state copy of its own, skipped"] if ctx.rank == source else []
         return ctx.row(NAME, "misc_state", PASS, placements="JSON per rank", notes=note, seconds=meter.seconds)
     want = {"step": STEP, "rank": ctx.rank, "world": source}
     diffs = same(got.get("misc_state"), want, "misc_state")
