@@ -1,0 +1,318 @@
+"""The durability profile: clauses beyond the design document (DUR-*, INTEG-*, SAFE-*, see CLAUSES.md).
+
+Every fault is made by the suite (``conformance/faults.py``): real SIGKILLs of the saving process tree,
+real file-size limits, real corrupted and crafted files. The backend is driven through its public API.
+Skip the profile with ``-m "not durability"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conformance import faults
+from conformance.helpers import files, save
+
+clause = pytest.mark.clause
+pytestmark = pytest.mark.durability
+INSTANTS = 10
+FSIZE_LIMITS = (0, 100, 4096, 200_000)  # bytes: every file, the JSON item's, the tensors' (256 KiB each)
+
+
+def _commit(path: Path, version: int, mode: str = "sync") -> None:
+    m = faults.manager(mode)
+    try:
+        save(m, path, faults.payload(version))
+    finally:
+        m.close()
+
+
+@pytest.fixture
+def committed(tmp_path: Path) -> Path:
+    """A committed checkpoint of version 1 (the one the corruption clauses damage copies of)."""
+    _commit(tmp_path / "good", 1)
+    return tmp_path / "good"
+
+
+Damage = Callable[[Path, str], None]  # (the file in the copy, its path relative to the checkpoint)
+
+
+def _each_file(src: Path, tmp: Path, damage: Damage) -> Iterator[tuple[str, Path]]:
+    """For every file of ``src``: a fresh copy of the checkpoint with that one file damaged."""
+    for i, rel in enumerate(sorted(files(src))):
+        dst = tmp / f"damaged{i}"
+        shutil.copytree(src, dst, symlinks=True)
+        damage(dst / rel, rel)
+        yield rel, dst
+
+
+def _right_or_raises(src: Path, tmp: Path, damage: Damage) -> None:
+    wrong = {}
+    for rel, dst in _each_file(src, tmp, damage):
+        got = faults.classify(dst, {"right": 1, "other": 2})
+        if got not in ("right", "raised"):
+            wrong[rel] = got
+    assert not wrong, f"damaged file -> load returned wrong data instead of raising: {wrong}"
+
+
+# --------------------------------------------------------------- killed saves
+@clause("DUR-KILL-1", "DUR-KILL-2")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_killed_save_leaves_old_or_new(tmp_path: Path, mode: str) -> None:
+    out = faults.run_json("kill-series", {"root": str(tmp_path), "mode": mode, "instants": INSTANTS})
+    assert not out.get("timeout"), "the kill series did not finish"
+    bad = {}
+    for i, delay in enumerate(out["delays"]):
+        case = tmp_path / f"case{i}"
+        got = faults.classify(case / "ck", {"old": 1, "new": 2})
+        earlier = faults.classify(case / "earlier", {"intact": 0})
+        if got not in ("old", "new", "raised") or earlier != "intact":
+            bad[f"kill at {delay:.3f}s"] = {"id": got, "earlier checkpoint": earlier}
+    assert not bad, f"save of {out['full_save_s']:.3f}s killed ({mode}): {bad}"
+
+
+@pytest.mark.multirank
+@clause("DUR-KILL-3")
+def test_killed_two_rank_save_leaves_old_or_new(tmp_path: Path) -> None:
+    from conformance import durability_programs
+    from simulator.launcher import launch
+
+    out = faults.run_json("kill-series-ranks", {"root": str(tmp_path), "instants": INSTANTS}, timeout=400.0)
+    assert not out.get("timeout"), "the 2-rank kill series did not finish"
+    cases = [str(tmp_path / f"case{i}") for i in range(len(out["delays"]))]
+    per_rank = launch(durability_programs.classify_cases, 2, args=(cases,), timeout=180.0)
+    bad = {}
+    for rank, seen in enumerate(per_rank):
+        for case, delay in zip(cases, out["delays"]):
+            got = seen[case]
+            if got["id"] not in ("old", "new", "raised") or got["earlier"] != "intact":
+                bad[f"rank {rank}, kill at {delay:.3f}s"] = got
+    assert not bad, f"2-rank save of {out['full_save_s']:.3f}s killed: {bad}"
+
+
+# --------------------------------------------------------------- failing storage
+@clause("DUR-DISKFULL-1")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_disk_full_fails_cleanly(tmp_path: Path, mode: str) -> None:
+    limits = FSIZE_LIMITS if mode == "sync" else FSIZE_LIMITS[::3]  # async: every file, then the tensors only
+    out = faults.run_json("fsize", {"root": str(tmp_path), "limits": list(limits), "mode": mode})
+    assert not out.get("timeout"), "a save under a file-size limit hung"
+    bad = {}
+    for limit, got in out.items():
+        case = tmp_path / f"limit{limit}"
+        problems = [
+            "raised nothing" if not got["error"] else "",
+            "the committed checkpoint changed" if faults.classify(case / "ck", {"old": 1}) != "old" else "",
+            "a checkpoint was committed" if faults.classify(case / "fresh", {"new": 2}) != "raised" else "",
+            f"the next save failed: {got['next_error']}" if got["next_error"] else "",
+            "the next save does not load back" if faults.classify(case / "next", {"next": 3}) != "next" else "",
+        ]
+        if any(problems):
+            bad[f"RLIMIT_FSIZE={limit}"] = [p for p in problems if p]
+    assert not bad, f"{mode} saves on a full disk: {bad}"
+
+
+# --------------------------------------------------------------- one rank fails
+@pytest.mark.multirank
+@clause("DUR-RANK-1")
+def test_one_rank_raising_fails_every_rank(tmp_path: Path) -> None:
+    from conformance import durability_programs
+    from simulator.launcher import launch
+
+    results = launch(durability_programs.one_rank_raises, 2, args=(str(tmp_path),), timeout=120.0)
+    limit = durability_programs.RANK_TIMEOUT_S + 10
+    slow_or_silent = [r for r in results if r["error"] is None or r["elapsed"] > limit]
+    assert not slow_or_silent, f"ranks that did not raise within {limit}s: {slow_or_silent}"
+    changed = [r for r in results if r["after"] != "old"]
+    assert not changed, f"after the failed save the id does not load as the previous checkpoint: {changed}"
+
+
+# --------------------------------------------------------------- corruption after commit
+@clause("INTEG-FLIP-1")
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+def test_bit_flip_is_detected(committed: Path, tmp_path: Path, where: float) -> None:
+    _right_or_raises(committed, tmp_path, lambda p, _rel: faults.flip_byte(p, where))
+
+
+@clause("INTEG-TRUNC-1")
+def test_truncation_is_detected(committed: Path, tmp_path: Path) -> None:
+    _right_or_raises(committed, tmp_path, lambda p, _rel: faults.truncate(p))
+
+
+@clause("INTEG-DELETE-1")
+def test_deleted_file_is_detected(committed: Path, tmp_path: Path) -> None:
+    _right_or_raises(committed, tmp_path, lambda p, _rel: p.unlink())
+
+
+@clause("INTEG-SYMLINK-1")
+def test_symlink_to_other_data_is_refused(committed: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    _commit(other, 2)
+    # Each file points at the same file of another, valid checkpoint: returning its data is wrong data.
+    _right_or_raises(committed, tmp_path, lambda p, rel: faults.replace_with_symlink(p, other / rel))
+
+
+@clause("INTEG-FIFO-1")
+def test_fifo_in_place_of_a_file_raises_without_hanging(committed: Path, tmp_path: Path) -> None:
+    paths = {rel: str(dst) for rel, dst in _each_file(committed, tmp_path, lambda p, _rel: faults.replace_with_fifo(p))}
+    out = faults.run_json("load-many", {"paths": paths, "timeout_s": 20.0}, timeout=120.0)
+    assert not out.get("timeout"), "the loading process did not finish"
+    bad = {rel: got for rel, got in out["results"].items() if got not in ("old", "raised")}  # "old" = the saved data
+    assert not bad, f"FIFO in place of a file: {bad}"
+
+
+# --------------------------------------------------------------- crafted checkpoints
+class _Exploit:
+    """Unpickling it creates the directory named by ``marker``."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.marker,))
+
+
+@clause("SAFE-PICKLE-1")
+@pytest.mark.parametrize("container", ["pickle", "torch"])
+def test_pickles_in_a_checkpoint_are_not_executed(committed: Path, tmp_path: Path, container: str) -> None:
+    marker = tmp_path / "executed"
+
+    def plant(p: Path, _rel: str) -> None:
+        if container == "torch":
+            torch.save({"w": _Exploit(str(marker))}, p)
+        else:
+            p.write_bytes(pickle.dumps(_Exploit(str(marker))))
+
+    ran = []
+    for rel, dst in _each_file(committed, tmp_path, plant):
+        result = faults.classify(dst, {"right": 1})
+        if marker.exists():
+            ran.append(rel)
+            marker.rmdir()
+        assert result in ("right", "raised"), f"{rel}: {result}"
+    assert not ran, f"loading executed a pickle planted in place of: {ran}"
+
+
+def _json_files(root: Path) -> list[str]:
+    out = []
+    for rel in sorted(files(root)):
+        try:
+            json.loads((root / rel).read_text())
+            out.append(rel)
+        except (ValueError, UnicodeDecodeError):
+            continue
+    return out
+
+
+@clause("SAFE-JSON-1")
+@pytest.mark.parametrize("kind", ["malformed", "deep", "huge"])
+def test_malformed_json_is_refused(committed: Path, tmp_path: Path, kind: str) -> None:
+    text = {"malformed": '{"a": [1, 2', "deep": "[" * 200_000 + "]" * 200_000,
+            "huge": json.dumps({f"k{i}": list(range(50)) for i in range(20_000)})}[kind]
+    targets = set(_json_files(committed))
+    _right_or_raises(committed, tmp_path, lambda p, rel: p.write_text(text) if rel in targets else None)
+
+
+def _rewrite_strings(p: Path, change: Callable[[str], str]) -> None:
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return change(v)
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        return v
+    p.write_text(json.dumps(walk(json.loads(p.read_text()))))
+
+
+@clause("SAFE-PATH-1")
+def test_paths_escaping_the_checkpoint_are_refused(committed: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    _commit(outside, 2)
+    names = files(committed)
+    targets = set(_json_files(committed))
+
+    def escape(p: Path, rel: str) -> None:
+        if rel in targets:
+            _rewrite_strings(p, lambda s: f"../outside/{s}" if s in names or Path(s).name in names else s)
+    _right_or_raises(committed, tmp_path, escape)
+
+
+@clause("SAFE-IMPORT-1")
+def test_names_in_metadata_are_never_imported(committed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "canary"
+    monkeypatch.setenv("CONFORMANCE_CANARY_FILE", str(marker))
+    targets = set(_json_files(committed))
+
+    def plant(p: Path, rel: str) -> None:
+        if rel in targets:
+            _rewrite_strings(p, lambda s: "conformance.canary.Canary" if not s.endswith((".pt", ".json")) else s)
+    _right_or_raises(committed, tmp_path, plant)
+    assert "conformance.canary" not in sys.modules and not marker.exists(), "a name read from metadata was imported"
+
+
+# --------------------------------------------------------------- concurrent overwrite
+@clause("DUR-CONC-1")
+def test_load_during_overwrite_is_one_whole_checkpoint(tmp_path: Path) -> None:
+    ck, stop = tmp_path / "ck", tmp_path / "stop"
+    _commit(ck, 1)
+    result: dict[str, Any] = {}
+    saver = threading.Thread(target=lambda: result.update(faults.run_json(
+        "overwrite-loop", {"path": str(ck), "stop": str(stop), "max_s": 60.0})))
+    saver.start()
+    seen: dict[str, int] = {}
+    deadline = time.monotonic() + 8.0
+    try:
+        while time.monotonic() < deadline and saver.is_alive():
+            got = faults.classify(ck, {"one": 1, "two": 2})
+            seen[got] = seen.get(got, 0) + 1
+    finally:
+        stop.touch()
+        saver.join(90.0)
+    assert result.get("saves", 0) >= 2, f"the overwriting process did not save twice: {result}"
+    assert "WRONG" not in seen, f"a load during overwrites returned a mix or partial checkpoint: {seen}"
+
+
+# --------------------------------------------------------------- foreign ids
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {rel: (root / rel).read_bytes() for rel in files(root)}
+
+
+@clause("SAFE-ID-1")
+def test_save_over_an_unrelated_directory_is_refused(tmp_path: Path) -> None:
+    user = tmp_path / "photos"
+    (user / "2024").mkdir(parents=True)
+    (user / "2024" / "beach.jpg").write_bytes(b"\xff\xd8 not a checkpoint")
+    (user / "notes.txt").write_text("keep me\n")
+    before = _snapshot(user)
+    m = faults.manager("sync")
+    try:
+        with pytest.raises(Exception):
+            save(m, user, faults.payload(1))
+    finally:
+        m.close()
+    assert _snapshot(user) == before, "saving touched an unrelated directory"
+
+
+@clause("SAFE-ID-2")
+def test_save_over_a_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "report.txt"
+    target.write_text("not a checkpoint\n")
+    m = faults.manager("sync")
+    try:
+        with pytest.raises(Exception):
+            save(m, target, faults.payload(1))
+    finally:
+        m.close()
+    assert target.is_file() and target.read_text() == "not a checkpoint\n", "saving touched an unrelated file"
