@@ -9,7 +9,6 @@ import os
 import posixpath
 import re
 import time
-import weakref
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -111,8 +110,8 @@ class CheckpointManager:
         self._retention = RetentionRunner(config.retention, self._ctx.rank, self._storage) if config.retention else None
         self._closed = False
         # A save still in flight at interpreter exit gets its bounded wait (and the writer its stop) even when
-        # the script never calls close(); registered per manager, unregistered by close().
-        self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
+        # the script never calls close() or drops the manager; registered per manager, unregistered by close().
+        self._exit_hook = functools.partial(_close_at_exit, self._saver, config.save.wait_timeout_secs)
         atexit.register(self._exit_hook)
 
     @staticmethod
@@ -167,6 +166,7 @@ class CheckpointManager:
     ) -> Mapping[str, Any]:
         """Restore into `into`'s templates (tensors filled in place) and return the loaded mapping."""
         self._check_open("load")
+        checkpoint_id = self._checkpoint_path(checkpoint_id)
         if into is None and not self.config.items:
             # Self-describing: every item, read with the layout and (safe) format its manifest records.
             layouts = self_describing_layouts(self._storage, str(checkpoint_id), self._ctx.rank, self._ctx.world_size)
@@ -303,14 +303,13 @@ class CheckpointManager:
         )
 
 
-def _close_at_exit(ref: weakref.ReferenceType[CheckpointManager]) -> None:
-    manager = ref()
-    if manager is None or manager._closed:
-        return
+def _close_at_exit(saver: CheckpointSaver, timeout: float | None) -> None:
     try:
-        manager.close()
+        saver.wait(timeout)
     except Exception as exc:
-        logger.error("Closing the CheckpointManager at interpreter exit failed: %s: %s", type(exc).__name__, exc)
+        logger.error("At interpreter exit, the last checkpoint save: %s: %s", type(exc).__name__, exc)
+    finally:
+        saver.close()
 
 
 def _refuse_live_objects(payload: Mapping[str, Any]) -> None:

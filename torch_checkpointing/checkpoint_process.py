@@ -9,6 +9,7 @@ survives a failed write, and is restarted if it dies.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util  # noqa: F401  (registers its atexit hook now, so a manager's own exit hook runs first)
 import os
 import pickle
 import signal
