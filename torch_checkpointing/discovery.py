@@ -279,7 +279,7 @@ class OwnerLock:
         self._fd: int | None = None
         path = owner_lock_path(uid)
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _make_lock_dir(os.path.dirname(path))
             self._fd = _open_locked(path)
         except OSError as exc:
             logger.debug("Owner lock %s not taken (%s): gc will judge this job's temporaries by age", path, exc)
@@ -296,6 +296,15 @@ class OwnerLock:
             pass  # another rank still holds it (or it is gone already)
         finally:
             os.close(fd)
+
+
+def _make_lock_dir(directory: str) -> None:
+    """Shared by every user of the host, like /tmp itself (sticky: each user removes only their own files)."""
+    if os.path.isdir(directory):
+        return
+    os.makedirs(directory, exist_ok=True)
+    with contextlib.suppress(OSError):  # another user created it first
+        os.chmod(directory, 0o1777)
 
 
 def _open_locked(path: str) -> int:
