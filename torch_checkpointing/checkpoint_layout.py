@@ -148,5 +148,23 @@ class LayoutInfo:
         return LayoutInfo(self.file_path.replace(RANK_PLACEHOLDER, str(rank)), self.serialization_format)
 
 
+@dataclass(frozen=True)
+class ReplicatedLayoutInfo(LayoutInfo):
+    """A LayoutInfo for an item that is the same on every rank: one file for the whole job, no `{rank}`.
+
+    A path without `{rank}` on several ranks is written once, by the lowest rank, and read by all; for a plain
+    LayoutInfo the manager warns about it (once), since the other ranks' values are not saved. This subclass is
+    how an item says that is intended, so nothing is said. It needs no new ItemSpec field (the design document
+    fixes ItemSpec at four), is recorded like a LayoutInfo, and the engine does not compare the ranks' values.
+    """
+
+    def __post_init__(self) -> None:
+        if RANK_PLACEHOLDER in self.file_path:
+            raise ValueError(
+                f"ReplicatedLayoutInfo({self.file_path!r}): a replicated item has one file for every rank, so its "
+                f"path cannot hold '{RANK_PLACEHOLDER}'; use LayoutInfo for per-rank files."
+            )
+
+
 def default_layout_info(key: str, rank: int) -> LayoutInfo:
     return LayoutInfo(f"{key}_{rank}.pt", TorchSerialization())

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from torch_checkpointing.agreement import agree
+from torch_checkpointing.checkpoint_layout import ReplicatedLayoutInfo
 from torch_checkpointing.checkpoint_loader import CheckpointLoader
 from torch_checkpointing.commit import check_target, temporary_name
 from torch_checkpointing.errors import CommitError
@@ -94,6 +95,7 @@ class CheckpointManager:
         timeout = config.save.wait_timeout_secs
         self._ctx = RankContext(float(timeout if timeout is not None else DEFAULT_WAIT_TIMEOUT_SECS))
         self._seq = 0
+        self._shared_said: set[str] = set()  # {rank}-less items warned about, or declared replicated
         wants_metadata = any(s.resharder is not None for s in [*config.items.values(), config.default] if s)
         self._metadata = DefaultMetadataManager() if wants_metadata else None
         self._saver: CheckpointSaver
@@ -268,7 +270,8 @@ class CheckpointManager:
         reports = agree("Checkpoint save: the plan", ctx.transport, report)
         what = f"Checkpoint save of {reports[0]['id']}"
         _check_same_save(what, reports, ("id", "seq"))
-        left_to_others = _shared_paths([rep["layouts"] for rep in reports], ctx.rank)
+        self._shared_said.update(i.key for i in resolved if isinstance(i.spec.layout, ReplicatedLayoutInfo))
+        left_to_others = _shared_paths([rep["layouts"] for rep in reports], ctx.rank, self._shared_said)
         _check_same_save(what, reports, ("keys",))
         items = [i for i in resolved if i.key not in left_to_others]
 
@@ -383,11 +386,12 @@ def _layout_report(items: list[ResolvedItem]) -> dict[str, tuple[str, Any]]:
     return {i.key: (posixpath.normpath(i.layout.file_path), None if i.is_default_layout else i.layout) for i in items}
 
 
-def _shared_paths(per_rank: list[dict[str, tuple[str, Any]]], rank: int) -> set[str]:
+def _shared_paths(per_rank: list[dict[str, tuple[str, Any]]], rank: int, said: set[str]) -> set[str]:
     """Keys whose file another, lower rank also writes: this rank leaves them to that rank.
 
     A layout without `{rank}` makes every rank target one file (the design document's warning). Rather than
-    racing on it, the lowest rank writes it once and the others skip it with a warning. Two *different* keys
+    racing on it, the lowest rank writes it once and the others skip it with a warning — once per manager: keys in
+    `said` (already warned about, or declared with a ReplicatedLayoutInfo) stay quiet. Two *different* keys
     resolving to one path across ranks are refused.
     """
     owners: dict[str, tuple[int, str]] = {}
@@ -409,10 +413,14 @@ def _shared_paths(per_rank: list[dict[str, tuple[str, Any]]], rank: int) -> set[
     mine = {key for key, ranks in skip.items() if rank in ranks[1:]}
     if rank == 0:
         for key, ranks in sorted(skip.items()):
+            if key in said:
+                continue
+            said.add(key)
             warnings.warn(
                 f"Item '{key}' resolves to one file {per_rank[ranks[0]][key][0]!r} on ranks {ranks} (its layout has "
                 f"no '{{rank}}'): only rank {ranks[0]} writes it, and every rank will read that copy. Put "
-                f"'{{rank}}' in LayoutInfo.file_path for per-rank files.",
+                f"'{{rank}}' in LayoutInfo.file_path for per-rank files, or declare a value that is the same on every "
+                f"rank with ReplicatedLayoutInfo (this is said once per manager).",
                 stacklevel=4,
             )
     return mine

@@ -383,10 +383,14 @@ class DTensorResharder(Resharder):
         out: dict[NestedPath, ShardingMetadata] = {}
         plain: list[str] = []
         self._walk(item_key, item_value, (), out, plain)
-        if plain:
+        # Plain tensors are usually deliberate (FSDP2's scalar `step`, templates on one process without a group):
+        # say so once per resharder (one per manager's ItemSpec), not on every save and load of every rank.
+        said: set[tuple[str, tuple[str, ...]]] = self.__dict__.setdefault("_said", set())
+        if plain and (item_key, tuple(plain)) not in said:
+            said.add((item_key, tuple(plain)))
             warnings.warn(
                 f"Item '{item_key}' has plain (non-DTensor) tensors at {plain[:5]}{' ...' if len(plain) > 5 else ''}; "
-                "they are recorded as replicated on every rank and resharded as such",
+                "they are recorded as replicated on every rank and resharded as such (said once per resharder)",
                 stacklevel=2,
             )
         return out
