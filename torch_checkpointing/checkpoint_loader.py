@@ -100,9 +100,10 @@ class CheckpointLoader:
             plan = self._plan_item(ctx, item, metadata)
             if plan is not None:
                 plans.append(plan)
-        for plan in plans:
-            if isinstance(plan, _Direct):
-                plan.value = self._decode(ctx, plan, map_location)
+        with ctx.reading_ahead():  # decoding overlaps the checksums; nothing decoded is used before they pass
+            for plan in plans:
+                if isinstance(plan, _Direct):
+                    plan.value = self._decode(ctx, plan, map_location)
         ctx.wait_verified()
         report = _Report()
         for plan in plans:

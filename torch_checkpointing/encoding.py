@@ -43,9 +43,10 @@ def encode(fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) ->
     if isinstance(fmt, TorchSerialization):
         torch.save(resolve_lazy_tensors(value), stream)
     elif isinstance(fmt, JsonSerialization):
-        _check_json_keys(key, to_jsonable(value), ())
+        jsonable = to_jsonable(value)
+        _check_json_keys(key, jsonable, ())
         try:
-            text = json.dumps(to_jsonable(value), sort_keys=True, indent=4)
+            text = json.dumps(jsonable, sort_keys=True, indent=4)
         except TypeError as exc:
             raise TypeError(
                 f"JsonSerialization cannot encode item '{key}': {exc}. Store JSON-compatible data "

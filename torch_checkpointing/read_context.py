@@ -17,6 +17,7 @@ decoded, even if the directory is replaced meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import io
@@ -26,7 +27,7 @@ import mmap
 import os
 import posixpath
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +133,7 @@ class CheckpointReadContext:
         self._by_path: dict[str, FileRecord] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._chunk_pool: ThreadPoolExecutor | None = None
+        self._read_ahead = False
         self._metadata: Any = _UNSET
 
     # ------------------------------------------------------------------ lifecycle
@@ -374,8 +376,27 @@ class CheckpointReadContext:
 
     # ------------------------------------------------------------------ reading checked files
 
-    def read_bytes(self, rel_path: str, what: str = "file") -> bytes:
+    @contextlib.contextmanager
+    def reading_ahead(self) -> Iterator[None]:
+        """Within this block reads do not wait for their file's checksum.
+
+        For the loader's decode step only: it overlaps decoding with verification and uses nothing it decoded
+        before `wait_verified()` has returned. Every other read (a resharder's) waits for its file's checksum.
+        """
+        self._read_ahead = True
+        try:
+            yield
+        finally:
+            self._read_ahead = False
+
+    def _checked_for_read(self, rel_path: str, what: str) -> CheckedFile:
         checked = self.check(rel_path, what)
+        if not self._read_ahead:
+            checked.verified.result()
+        return checked
+
+    def read_bytes(self, rel_path: str, what: str = "file") -> bytes:
+        checked = self._checked_for_read(rel_path, what)
         if checked.data is not None:
             return checked.data
         if checked.fd is None:  # a non-local store, read unverified: fetched now
@@ -383,7 +404,7 @@ class CheckpointReadContext:
         return _pread_all(checked.fd, 0, checked.size)
 
     def read_range(self, rel_path: str, offset: int, length: int, what: str = "file") -> bytes:
-        checked = self.check(rel_path, what)
+        checked = self._checked_for_read(rel_path, what)
         if offset < 0 or length < 0 or offset + length > checked.size:
             raise CorruptCheckpointError(
                 f"Read of bytes [{offset}, {offset + length}) of {self.root / checked.rel} ({what}) lies outside "
@@ -396,17 +417,7 @@ class CheckpointReadContext:
         return _pread_all(checked.fd, offset, length)
 
     def local_path(self, rel_path: str, what: str = "file") -> str | None:
-        return self.check(rel_path, what).local_path()
-
-    def read_json(self, rel_path: str, what: str) -> Any:
-        """A small JSON file (manifest, metadata), bounded in size and refused on non-standard constants."""
-        checked = self.check(rel_path, what)
-        if checked.size > MAX_METADATA_BYTES:
-            raise CorruptCheckpointError(
-                f"{self.root / checked.rel} ({what}) has {checked.size} bytes, over the {MAX_METADATA_BYTES} allowed."
-            )
-        checked.verified.result()
-        return parse_json_bounded(self.read_bytes(rel_path, what), str(self.root / checked.rel))
+        return self._checked_for_read(rel_path, what).local_path()
 
     def _exists(self, rel: str) -> bool:
         if self._dirfd is None:
