@@ -115,12 +115,13 @@ def test_dtensor_state_saved_by_two_ranks_reshards_onto_three_from_s3(s3_server:
     assert all(r["ok_True"] and r["ok_False"] for r in reports), reports
     files = config.create_storage()
     saved = sum(files.getsize(Path(f"runs/reshard/step_1/model/{r}.safetensors")) for r in range(2))
+    verified = [r["model_bytes_True"] for r in reports]
     unverified = [r["model_bytes_False"] for r in reports]
-    # Without checksum verification nothing needs whole files: each new rank should fetch about its third of the
-    # rows (plus headers) with ranged GETs. FsspecStorage.read_range does (test_s3_storage), but the load's read
-    # context downloads every file it opens on a non-local store.
-    if not all(0 < f < saved / 2 for f in unverified):
-        pytest.xfail(f"the read context fetched whole files on an unverified load: {unverified} of {saved} bytes")
+    # A verified load CRC-checks whole files, so it downloads every source file it touches, whole. Without
+    # verification each new rank fetches only its third of the rows (plus headers) with ranged GETs.
+    assert all(f >= saved / 2 for f in verified), (verified, saved)
+    assert all(0 < f < saved / 2 for f in unverified), (unverified, saved)
+    assert sum(unverified) < saved * 1.1, (unverified, saved)
 
 
 # ------------------------------------------------------------------------------------------ no shared disk
