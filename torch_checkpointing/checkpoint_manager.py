@@ -240,7 +240,8 @@ class CheckpointManager:
                 f"Checkpoint id {checkpoint_id!r} is a {url.group(1)}:// URL, but the configured storage "
                 f"({type(self._storage).__name__}) writes local paths: it would create a directory named "
                 f"'{url.group(1)}:'. Configure a storage for {url.group(1)}:// (CheckpointManager.Config."
-                f"storage_config), or pass a local path."
+                f"storage_config, e.g. FsspecStorageConfig() after pip install 'torch-checkpointing[s3]': "
+                f"docs/storage.md), or pass a local path."
             )
         normal = posixpath.normpath(os.path.expanduser(checkpoint_id)) if checkpoint_id.strip() else ""
         if normal in ("", ".", "/", "..") or normal.endswith("/..") or normal.endswith("/."):
