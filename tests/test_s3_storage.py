@@ -276,3 +276,16 @@ def test_memory_is_bounded_by_parts_in_flight_not_by_the_file(s3_server: S3Serve
         tracemalloc.stop()
     assert upload_peak < 10 * TEST_PART_SIZE, upload_peak / MIB  # measured ~7.5 parts; the file is 16
     assert download_peak < len(data) + 6 * TEST_PART_SIZE, download_peak / MIB  # the result + parts in flight
+
+
+def test_a_file_over_the_part_limit_fails_clearly_and_leaves_nothing(
+    storage: FsspecStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch_checkpointing.storage import fsspec_storage
+
+    monkeypatch.setattr(fsspec_storage, "MAX_PARTS", 2)
+    too_big = pytest.raises(ObjectStoreError, match=r"raise FsspecStorageConfig\.part_size")
+    with too_big, storage.stream_write(Path("run/too-big.bin")) as stream:
+        stream.write(os.urandom(3 * TEST_PART_SIZE))
+    assert not storage.exists(Path("run/too-big.bin"))
+    assert _pending_uploads(storage) == []

@@ -7,8 +7,8 @@ incomplete checkpoint (see docs/storage.md).
 
 Throughput is the other concern. A large file is uploaded as concurrent multipart parts while it is still
 being encoded, holding at most `max_concurrency + 1` parts in memory (never the whole file), and read back
-with concurrent ranged GETs; `read_range` issues ranged GETs only, so a resharding load fetches the byte
-ranges it needs and never the whole file.
+with concurrent ranged GETs; `read_range` issues ranged GETs only, so an unverified resharding load fetches
+the byte ranges it needs, never whole files (a verified load CRC-checks, so it downloads whole files).
 
 fsspec (and s3fs / gcsfs for the protocol) are optional: `pip install torch-checkpointing[s3]`. They are
 imported when a storage is created, never when this module is imported, so the base install stays lean.
@@ -42,6 +42,7 @@ logger = logging.getLogger("torch_checkpointing")
 MiB = 1 << 20
 # S3 refuses multipart parts under 5 MiB (all but the last); GCS and the others accept them too.
 MIN_PART_SIZE = 5 * MiB
+MAX_PARTS = 10_000  # S3's limit per multipart upload: the largest file is part_size * MAX_PARTS (156 GiB at 16 MiB)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 # Stores where a "directory" is only a key prefix: mkdir is a no-op there.
@@ -538,8 +539,13 @@ class _S3MultipartWriter(io.RawIOBase):
         for fut in self._parts:
             if fut.done() and fut.exception() is not None:
                 fut.result()  # fail fast: no point encoding the rest of the file
-        data, self._buffer = bytes(self._buffer), bytearray()
         number = len(self._parts) + 1
+        if number > MAX_PARTS:
+            raise ObjectStoreError(
+                f"upload of {self._url}: more than {MAX_PARTS} parts of {self._part_size} bytes (S3's limit); "
+                f"raise FsspecStorageConfig.part_size for files this large."
+            )
+        data, self._buffer = bytes(self._buffer), bytearray()
         assert self._pool is not None
         self._parts.append(self._pool.submit(self._upload_part, number, data))
 
