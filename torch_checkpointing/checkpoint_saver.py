@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -131,6 +132,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         prefix = config.process_config.thread_name_prefix
         self._staging_pool = ThreadPoolExecutor(1, thread_name_prefix=config.staging_config.thread_name)
         self._comm_thread_name = f"{prefix}-comm"
+        self._comm = _DaemonWorker(self._comm_thread_name)
         self._staging_lock = RWLock()
         self._last_write: WriteFuture | None = None
         self._prewarm: Future[Any] | None = None
@@ -218,10 +220,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         write.set_running_or_notify_cancel()
         self._last_write = write
         plan.blocked_s = time.monotonic() - plan.started
-        # A daemon thread, not an executor: a writer that never answers must not hold up interpreter exit.
-        threading.Thread(
-            target=self._write, args=(plan, staged, write), name=self._comm_thread_name, daemon=True
-        ).start()
+        self._comm.submit(lambda: self._write(plan, staged, write))
         return write
 
     def _stage(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -274,8 +273,46 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     def close(self) -> None:
         self._staging_pool.shutdown(wait=True)
+        self._comm.stop()
         self._process.close()
         self._stager.close()
+
+
+class _DaemonWorker:
+    """One long-lived daemon thread running jobs in order: the comm thread that hands each write to the writer.
+
+    Long-lived because starting a thread per save made save() wait in Thread.start() for the new thread's
+    handshake, and that thread, already pickling a requires_copy=False payload, held the GIL for up to a
+    switch interval (5 ms) before save() could return. A queue hand-off does not wait for the consumer.
+    A daemon thread, not an executor: a writer that never answers must not hold up interpreter exit.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._name = name
+        self._thread: threading.Thread | None = None
+        self._start()  # now, so that the first save() does not pay the start either
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, args=(self._jobs,), name=self._name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        if self._thread is None:  # stopped: a save after close() still gets its (failing) write
+            self._jobs = queue.SimpleQueue()
+            self._start()
+        self._jobs.put(job)
+
+    def stop(self) -> None:
+        """Ends the thread after the queued jobs; does not wait (close() bounds its own waits)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while (job := jobs.get()) is not None:
+            job()
 
 
 class WriteFuture(Future[Any]):
