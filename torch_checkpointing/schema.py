@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch_checkpointing.checkpoint_layout import SUPPORTED_FORMATS, LayoutInfo, default_layout_info
+from torch_checkpointing.commit import RESERVED_FILE_NAMES  # defined once, beside the commit that writes them
 from torch_checkpointing.schema_constants import KEY_PATTERN, RANK_PLACEHOLDER
 
 if TYPE_CHECKING:
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
 __all__ = ["ItemSpec", "RANK_PLACEHOLDER", "ResolvedItem", "resolve", "validate_keys", "RESERVED_FILE_NAMES"]
 
 _KEY_RE = re.compile(KEY_PATTERN)
-# Files the engine itself writes at the checkpoint root; an item may not claim them.
-RESERVED_FILE_NAMES = frozenset({"manifest.json", "metadata.json", ".incomplete"})
 
 
 @dataclass(frozen=True)
