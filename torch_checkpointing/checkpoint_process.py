@@ -8,11 +8,13 @@ survives a failed write, and is restarted if it dies.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import multiprocessing.util  # noqa: F401  (registers its atexit hook now, so a manager's own exit hook runs first)
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -102,7 +104,7 @@ def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Calla
             return
         if message[0] == "stop":
             conn.send(("stopped", None))
-            return
+            _exit_now()
         if message[0] == "slab":
             slab = message[1]
             continue
@@ -118,6 +120,19 @@ def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Calla
             reply = ("error", _portable(exc))
         del request, message  # drop shared-memory handles before answering
         conn.send(reply)
+
+
+def _exit_now() -> None:
+    """Exit without interpreter teardown once "stopped" is sent: every write has been answered (so committed
+    and fsynced, or failed), and tearing down torch and the storage in a spawned child took seconds of the
+    trainer's close(). Logs and std streams are flushed first; nothing else holds state worth finalising."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(0)
 
 
 def _unpicklable(request: WriteRequest) -> pickle.PicklingError:
