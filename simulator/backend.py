@@ -46,11 +46,11 @@ class Backend:
     filesystem: ModuleType
 
     @property
-    def CheckpointManager(self) -> type:  # noqa: N802 - mirrors the public class name
+    def CheckpointManager(self) -> type:
         return self.top.CheckpointManager
 
     @property
-    def ItemSpec(self) -> type:  # noqa: N802
+    def ItemSpec(self) -> type:
         return self.top.ItemSpec
 
 

@@ -30,10 +30,14 @@ def _redirect_hint(save: str, flag: str = "--world", cwd: Path | None = None) ->
     """
     here = cwd or Path.cwd()
     now = time.time()
-    fresh = sorted(
-        (p for p in here.iterdir() if p.name.isdigit() and p.is_file() and now - p.stat().st_mtime < 60),
-        key=lambda p: p.stat().st_mtime,
-    ) if here.is_dir() else []
+    fresh = (
+        sorted(
+            (p for p in here.iterdir() if p.name.isdigit() and p.is_file() and now - p.stat().st_mtime < 60),
+            key=lambda p: p.stat().st_mtime,
+        )
+        if here.is_dir()
+        else []
+    )
     load = fresh[-1].name if fresh else "LOAD"
     created = f" (bash also created a file named {load!r} here: remove it)" if fresh else ""
     return (
@@ -110,14 +114,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--world", default=None, help="SAVE→LOAD world sizes: 4→8, 4->8, 4:8, or N (default 4→8)")
     parser.add_argument("--mesh", default=None, help="2-D device meshes SAVE→LOAD, e.g. 2x2→2x4 (implies --world)")
     parser.add_argument(
-        "--scenario", action="append", metavar="NAME", help=f"run only these ({', '.join(SCENARIOS)}; repeat or comma-separate)"
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help=f"run only these ({', '.join(SCENARIOS)}; repeat or comma-separate)",
     )
-    parser.add_argument("--backend", default="torch_checkpointing", help="module implementing the API (default torch_checkpointing)")
+    parser.add_argument(
+        "--backend", default="torch_checkpointing", help="module implementing the API (default torch_checkpointing)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for every generated tensor (default 0)")
-    parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="write checkpoints under DIR and leave them there")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write a machine-readable report to PATH")
-    parser.add_argument("--timeout", type=float, default=150.0, help="seconds each multi-rank launch may take (default 150)")
-    parser.add_argument("--write-delay", type=float, default=0.25, help="seconds the slowed storage sleeps per write in async-race")
+    parser.add_argument(
+        "--keep", type=Path, default=None, metavar="DIR", help="write checkpoints under DIR and leave them there"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="also write a machine-readable report to PATH"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=150.0, help="seconds each multi-rank launch may take (default 150)"
+    )
+    parser.add_argument(
+        "--write-delay", type=float, default=0.25, help="seconds the slowed storage sleeps per write in async-race"
+    )
     return parser
 
 

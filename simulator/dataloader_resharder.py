@@ -62,8 +62,15 @@ class DataloaderResharder(_rs.Resharder):  # type: ignore[misc, name-defined]
         rank, world = _world()
         return {(): DataloaderSharding(rank, world)}
 
-    def load(self, source_path: Path, item_key: str, target_metadata: dict[Any, Any], source_metadata: Any,
-             target: Any, storage: Any) -> list[Any]:
+    def load(
+        self,
+        source_path: Path,
+        item_key: str,
+        target_metadata: dict[Any, Any],
+        source_metadata: Any,
+        target: Any,
+        storage: Any,
+    ) -> list[Any]:
         meta = target_metadata.get(())
         if not isinstance(meta, DataloaderSharding):
             return [()]

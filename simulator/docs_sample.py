@@ -32,7 +32,9 @@ def page_sample(page: Path) -> tuple[list[str], str]:
     """The simulator arguments the page's sample was produced with, and the sample as shown."""
     match = _MARKER.search(page.read_text(encoding="utf-8"))
     if match is None:
-        raise ValueError(f"{page}: no '<!-- simulator-output: python -m simulator ... -->' marker before a ```text block")
+        raise ValueError(
+            f"{page}: no '<!-- simulator-output: python -m simulator ... -->' marker before a ```text block"
+        )
     return shlex.split(match.group("command"))[3:], match.group("body")
 
 
@@ -52,8 +54,7 @@ def normalise(output: str) -> list[str]:
 
 def run(argv: list[str], timeout_s: float = 900.0) -> str:
     """Run the simulator as a reader would; its stdout, whatever the verdict (the page shows what it prints)."""
-    done = subprocess.run([sys.executable, "-m", "simulator", *argv], capture_output=True, text=True,
-                          timeout=timeout_s)
+    done = subprocess.run([sys.executable, "-m", "simulator", *argv], capture_output=True, text=True, timeout=timeout_s)
     if not done.stdout.strip():
         raise RuntimeError(f"python -m simulator {shlex.join(argv)} printed nothing:\n{done.stderr[-3000:]}")
     return done.stdout
@@ -67,7 +68,7 @@ def rewrite(page: Path) -> None:
     match = _MARKER.search(text)
     assert match is not None
     body = output if output.endswith("\n") else output + "\n"
-    page.write_text(text[: match.start("body")] + body + text[match.end("body"):], encoding="utf-8")
+    page.write_text(text[: match.start("body")] + body + text[match.end("body") :], encoding="utf-8")
 
 
 def main(args: list[str]) -> int:

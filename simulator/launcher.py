@@ -17,6 +17,7 @@ harness needs and ``torchrun`` does not give us directly:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -167,10 +168,8 @@ def _record_error(store: dist.TCPStore, rank: int, exc: BaseException) -> None:
         "comm": _is_comm_error(exc),
         "traceback": [ln for ln in traceback.format_exc().splitlines() if ln.strip()][-8:],
     }
-    try:
+    with contextlib.suppress(Exception):  # the parent may be gone; the exit code still tells it something failed
         store.set(f"{_ERROR_KEY}/{rank}", json.dumps(record))
-    except Exception:  # the parent may be gone; the exit code still tells it something failed
-        pass
 
 
 def _tail(path: str | None, n: int = _TAIL_LINES) -> list[str]:
@@ -230,7 +229,7 @@ def _quiet_elastic_logs() -> Iterator[None]:
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 
 
@@ -328,7 +327,7 @@ class _Job:
         ctx = start_processes(
             name=self.name,
             entrypoint=_rank_entry,
-            args={rank: (self.fn, self.args) for rank in range(self.world_size)},
+            args=dict.fromkeys(range(self.world_size), (self.fn, self.args)),
             envs=envs,
             logs_specs=logs,
             start_method="spawn",
@@ -410,7 +409,9 @@ class _Job:
         return f"{line} — {len(failures)} of {self.world_size} ranks failed"
 
     @staticmethod
-    def _own_failure(rank: int, record: dict[str, Any], logs: tuple[Mapping[int, str], Mapping[int, str]]) -> RankFailure:
+    def _own_failure(
+        rank: int, record: dict[str, Any], logs: tuple[Mapping[int, str], Mapping[int, str]]
+    ) -> RankFailure:
         return RankFailure(rank, f"raised {record['error']}", _rank_log_tail(*logs, rank), list(record["traceback"]))
 
     def _timed_out(self, ctx: Any) -> LaunchError:
@@ -427,6 +428,4 @@ class _Job:
             for r in range(self.world_size)
         ]
         failures.sort(key=lambda f: (f.rank in finished, f.rank))
-        return LaunchError(
-            f"{self.name}: {self.world_size} ranks did not finish within {self.timeout:g}s", failures
-        )
+        return LaunchError(f"{self.name}: {self.world_size} ranks did not finish within {self.timeout:g}s", failures)

@@ -21,6 +21,11 @@ SCENARIOS: dict[str, str] = {
         "saved on the source world are loaded bit-exact on the target world with other placements, then "
         "two training steps match an unsharded reference."
     ),
+    "faults": (
+        "on real gloo ranks: a rank SIGKILLed mid-save, a killed async writer process, a full disk on one rank "
+        "(RLIMIT_FSIZE) and a bit flipped in a shard before a resharding load must each make every affected "
+        "rank raise in time, commit nothing and leave earlier checkpoints and live tensors intact."
+    ),
 }
 
 

@@ -104,21 +104,30 @@ class Report:
         hazards = sum(r.result == HAZARD for r in self.rows)
         if self.passed:
             extra = f"; {hazards} expected hazard(s) demonstrated" if hazards else ""
-            return f"VERDICT: PASS — {len(self.rows)} checks on {self.backend}, world {self.world}{extra} ({self.seconds:.1f}s)"
+            checks = f"{len(self.rows)} checks on {self.backend}, world {self.world}"
+            return f"VERDICT: PASS — {checks}{extra} ({self.seconds:.1f}s)"
         what = ", ".join(failed) if failed else "the run did not complete"
         return f"VERDICT: FAIL — {what} (backend {self.backend}, world {self.world}, {self.seconds:.1f}s)"
 
     def table(self) -> str:
         header = ("scenario", "world", "placements", "result", "written", "read", "time")
         body = [
-            (r.name, r.world, r.placements, r.result, _human_bytes(r.bytes_written), _human_bytes(r.bytes_read), f"{r.seconds:.2f}s")
+            (
+                r.name,
+                r.world,
+                r.placements,
+                r.result,
+                _human_bytes(r.bytes_written),
+                _human_bytes(r.bytes_read),
+                f"{r.seconds:.2f}s",
+            )
             for r in self.rows
         ]
         widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
         line = "  ".join("-" * w for w in widths)
 
         def fmt(row: tuple[str, ...]) -> str:
-            return "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+            return "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
 
         out = [fmt(header), line, *(fmt(row) for row in body)]
         notes = [(r.name, n) for r in self.rows for n in r.notes]

@@ -33,8 +33,12 @@ def run_plan(plan: Plan, *, timeout: float, out: TextIO) -> Report:
     os.environ[BACKEND_ENV] = plan.backend
     report = Report(backend=plan.backend, world=plan.world_label, mesh=plan.mesh_label, seed=plan.seed)
     start = time.perf_counter()
-    print(f"simulator: backend {plan.backend}, world {plan.world_label}, mesh {plan.mesh_label}, "
-          f"seed {plan.seed}, scenarios {', '.join(plan.scenarios)}", file=out, flush=True)
+    print(
+        f"simulator: backend {plan.backend}, world {plan.world_label}, mesh {plan.mesh_label}, "
+        f"seed {plan.seed}, scenarios {', '.join(plan.scenarios)}",
+        file=out,
+        flush=True,
+    )
     print(f"checkpoints under {plan.root}", file=out, flush=True)
     order = {name: i for i, name in enumerate(plan.scenarios)}
     for phase, world in (("save", plan.save_world), ("load", plan.load_world)):
@@ -51,8 +55,15 @@ def run_plan(plan: Plan, *, timeout: float, out: TextIO) -> Report:
         phase_start = time.perf_counter()
         print(f"▶ {phase} phase: launching {world} rank(s)", file=out, flush=True)
         try:
-            launch(run_phase, world, args=(plan, phase), timeout=timeout, env={BACKEND_ENV: plan.backend},
-                   progress=show, name=f"simulator-{phase}")
+            launch(
+                run_phase,
+                world,
+                args=(plan, phase),
+                timeout=timeout,
+                env={BACKEND_ENV: plan.backend},
+                progress=show,
+                name=f"simulator-{phase}",
+            )
         except LaunchError as exc:
             report.errors.append(f"{phase} phase, scenario {current['scenario']}: {exc}")
             print(f"✗ {phase} phase failed in scenario {current['scenario']}", file=out, flush=True)
@@ -70,5 +81,3 @@ def run_plan(plan: Plan, *, timeout: float, out: TextIO) -> Report:
     print("", file=out)
     print(report.verdict(), file=out, flush=True)
     return report
-
-

@@ -19,8 +19,9 @@ from simulator.launcher import report_progress
 from simulator.plan import Plan
 from simulator.report import FAIL, CheckResult
 
-_MODULES = {"layouts": "layouts", "async-race": "async_race", "reshard": "reshard"}
-_PHASES = {"layouts": ("save", "load"), "async-race": ("save",), "reshard": ("save", "load")}
+_MODULES = {"layouts": "layouts", "async-race": "async_race", "reshard": "reshard", "faults": "faults"}
+_PHASES = {"layouts": ("save", "load"), "async-race": ("save",), "reshard": ("save", "load"),
+           "faults": ("save", "load")}
 
 
 def phase_needed(plan: Plan, phase: str) -> bool:

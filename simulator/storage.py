@@ -38,7 +38,6 @@ class InstrumentedStorageConfig(_base.StorageConfig):  # type: ignore[misc, name
         return InstrumentedStorage(self)
 
 
-
 class InstrumentedStorage(_base.Storage):  # type: ignore[misc, name-defined]
     def __init__(self, config: InstrumentedStorageConfig) -> None:
         self._inner = _fs.LocalFileSystemStorage(_fs.LocalFileSystemStorageConfig(use_direct_io=False))
@@ -86,7 +85,14 @@ class InstrumentedStorage(_base.Storage):  # type: ignore[misc, name-defined]
     def rmdir(self, path: Path) -> None:
         self._inner.rmdir(path)
 
-    def rename(self, src_path: Path, dst_path: Path, is_directory: bool = False, is_cross_link: bool = False, background_cleanup: bool = False) -> None:
+    def rename(
+        self,
+        src_path: Path,
+        dst_path: Path,
+        is_directory: bool = False,
+        is_cross_link: bool = False,
+        background_cleanup: bool = False,
+    ) -> None:
         self._inner.rename(src_path, dst_path, is_directory, is_cross_link, background_cleanup)
 
     def ls(self, path: Path) -> list[str]:

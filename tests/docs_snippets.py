@@ -61,7 +61,9 @@ def _ranks(args: str, path: Path, offset: int) -> tuple[int, ...]:
         return (1,)
     m = re.fullmatch(r"ranks=(\d+(?:,\d+)*)", args)
     if not m:
-        raise ValueError(f"{path.name} at char {offset}: unknown docs-test marker {args!r}; use 'ranks=2' or 'ranks=1,2'")
+        raise ValueError(
+            f"{path.name} at char {offset}: unknown docs-test marker {args!r}; use 'ranks=2' or 'ranks=1,2'"
+        )
     return tuple(int(n) for n in m.group(1).split(","))
 
 

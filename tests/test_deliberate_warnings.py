@@ -26,11 +26,13 @@ def _optimizer_state() -> dict[str, object]:
 
 
 def test_plain_tensors_in_a_resharded_item_are_mentioned_once_per_manager(tmp_path: Path) -> None:
-    manager = CheckpointManager(CheckpointManager.Config(
-        items={"optimizer": ItemSpec(resharder=DTensorResharder())},
-        save=SyncCheckpointSaverConfig(),
-        storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-    ))
+    manager = CheckpointManager(
+        CheckpointManager.Config(
+            items={"optimizer": ItemSpec(resharder=DTensorResharder())},
+            save=SyncCheckpointSaverConfig(),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
     with said_about("plain (non-DTensor) tensors") as heard:
         for step in range(3):
             manager.save(str(tmp_path / f"step_{step}"), {"optimizer": _optimizer_state()})
@@ -43,8 +45,11 @@ def test_plain_tensors_in_a_resharded_item_are_mentioned_once_per_manager(tmp_pa
 def test_a_second_manager_says_it_again(tmp_path: Path) -> None:
     """Once per manager, not once per process: a new manager (a new job phase) is told too."""
     for run in range(2):
-        manager = CheckpointManager(CheckpointManager.Config(
-            items={"optimizer": ItemSpec(resharder=DTensorResharder())}, save=SyncCheckpointSaverConfig()))
+        manager = CheckpointManager(
+            CheckpointManager.Config(
+                items={"optimizer": ItemSpec(resharder=DTensorResharder())}, save=SyncCheckpointSaverConfig()
+            )
+        )
         with said_about("plain (non-DTensor) tensors") as heard:
             manager.save(str(tmp_path / f"run_{run}"), {"optimizer": _optimizer_state()})
             manager.save(str(tmp_path / f"run_{run}_b"), {"optimizer": _optimizer_state()})

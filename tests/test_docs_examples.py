@@ -68,8 +68,9 @@ def test_python_block_runs_as_a_script(block: Block, tmp_path: Path) -> None:
     script = _script(block, tmp_path)
     work = tmp_path / "work"
     work.mkdir()
-    done = subprocess.run([sys.executable, str(script)], cwd=work, capture_output=True, text=True,
-                          timeout=_TIMEOUT_S, env=_env())
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=work, capture_output=True, text=True, timeout=_TIMEOUT_S, env=_env()
+    )
     assert done.returncode == 0, f"{block.id} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 
@@ -83,8 +84,14 @@ def test_multi_rank_python_block_runs_under_torchrun_conditions(block: Block, tm
     for world in sorted(set(block.ranks) - {1}):
         work = tmp_path / f"work{world}"
         work.mkdir()
-        launch(run_script_as_torchrun_rank, world, args=(str(script), str(work)), timeout=_TIMEOUT_S,
-               env={"PYTHONPATH": _env()["PYTHONPATH"]}, name=f"docs-{Path(block.doc).stem}-{block.line}")
+        launch(
+            run_script_as_torchrun_rank,
+            world,
+            args=(str(script), str(work)),
+            timeout=_TIMEOUT_S,
+            env={"PYTHONPATH": _env()["PYTHONPATH"]},
+            name=f"docs-{Path(block.doc).stem}-{block.line}",
+        )
 
 
 def _commands(code: str) -> list[list[str]]:
@@ -139,14 +146,22 @@ def test_markers_and_indented_blocks_are_read_and_unknown_markers_refused(tmp_pa
     page = tmp_path / "page.md"
     page.write_text("<!-- docs-test: ranks=1,2 -->\n```python\nprint(1)\n```\n\n* item\n  ```text\n  out\n  ```\n")
     assert [(b.lang, b.ranks, b.code, b.line) for b in blocks(page)] == [
-        ("python", (1, 2), "print(1)\n", 2), ("text", (1,), "out\n", 7)]
+        ("python", (1, 2), "print(1)\n", 2),
+        ("text", (1,), "out\n", 7),
+    ]
     page.write_text("<!-- docs-test: rank=2 -->\n```python\nprint(1)\n```\n")
     with pytest.raises(ValueError, match="unknown docs-test marker"):
         blocks(page)
 
 
 def test_resume_example_restores_model_and_optimizer(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "resume.py"), str(tmp_path / "ckpt")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=_TIMEOUT_S, env=_env())
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "examples" / "resume.py"), str(tmp_path / "ckpt")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        env=_env(),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed at step 3; weights identical: True; optimizer identical: True" in done.stdout

@@ -22,9 +22,24 @@ def _run(tmp_path: Path) -> dict[str, dict[str, Any]]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "simulator", "--world", "2", "--scenario", "async-race", "--json", str(report),
-         "--timeout", "150", "--write-delay", "0.05"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "simulator",
+            "--world",
+            "2",
+            "--scenario",
+            "async-race",
+            "--json",
+            str(report),
+            "--timeout",
+            "150",
+            "--write-delay",
+            "0.05",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert report.is_file(), proc.stdout + proc.stderr[-3000:]
     assert proc.returncode == 0, proc.stdout
@@ -36,12 +51,16 @@ def test_the_race_and_the_torn_step_are_demonstrated_every_run(tmp_path: Path) -
     for rows in runs:
         no_copy = rows["async-race/requires_copy=False"]
         assert no_copy["result"] == "EXPECTED HAZARD", no_copy
-        assert any(n.startswith("demonstrated: this engine reads requires_copy=False values") and
-                   "after save() has returned" in n for n in no_copy["notes"]), no_copy["notes"]
+        assert any(
+            n.startswith("demonstrated: this engine reads requires_copy=False values")
+            and "after save() has returned" in n
+            for n in no_copy["notes"]
+        ), no_copy["notes"]
         assert rows["async-race/lock()"]["result"] == "PASS", rows["async-race/lock()"]
         unlocked = rows["async-race/no lock()"]
         assert unlocked["result"] == "EXPECTED HAZARD", unlocked
         assert "rank(s) [0, 1] of 2" in " ".join(unlocked["notes"])
         assert rows["async-race/requires_copy=True"]["result"] == "PASS"
     assert [(r["result"], r["notes"]) for r in runs[0].values() if r["check"] != "requires_copy=True"] == [
-        (r["result"], r["notes"]) for r in runs[1].values() if r["check"] != "requires_copy=True"]
+        (r["result"], r["notes"]) for r in runs[1].values() if r["check"] != "requires_copy=True"
+    ]

@@ -81,7 +81,9 @@ def test_help_explains_every_scenario_without_starting_anything() -> None:
 
 
 def test_bad_arguments_exit_with_usage_error_naming_the_flag() -> None:
-    out = subprocess.run([sys.executable, "-m", "simulator", "--world", "4→x"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "simulator", "--world", "4→x"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
     assert "--world" in out.stderr and "'x'" in out.stderr
 
@@ -96,12 +98,18 @@ def test_a_value_cut_by_a_shell_redirect_says_to_quote_the_argument(text: str, s
 def test_the_file_bash_created_supplies_the_load_size_in_the_hint(tmp_path: Path) -> None:
     """`--world 8->3` unquoted: bash creates ./3 before the command starts, so the hint can show '8->3' exactly."""
     (tmp_path / "3").write_text("")
-    out = subprocess.run([sys.executable, "-m", "simulator", "--world", "8-"], capture_output=True, text=True,
-                         timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-m", "simulator", "--world", "8-"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 2
     assert "quote the argument: '8->3'" in out.stderr and "file named '3'" in out.stderr
 
 
 def test_an_unquoted_mesh_arrow_gets_the_same_hint() -> None:
-    with pytest.raises(argparse.ArgumentTypeError, match="--mesh 2x2-: .*quote the argument: '2x2->"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"--mesh 2x2-: .*quote the argument: '2x2->"):
         parse_mesh("2x2-")

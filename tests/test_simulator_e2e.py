@@ -21,16 +21,30 @@ SIMULATOR_PAGE = Path(__file__).resolve().parent.parent / "docs" / "simulator.md
 def _simulate(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "simulator", *argv, "--json", str(report), "--keep", str(tmp_path / "ckpt"),
-         "--timeout", "180"],
-        capture_output=True, text=True, timeout=_RUN_TIMEOUT_S,
+        [
+            sys.executable,
+            "-m",
+            "simulator",
+            *argv,
+            "--json",
+            str(report),
+            "--keep",
+            str(tmp_path / "ckpt"),
+            "--timeout",
+            "180",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=_RUN_TIMEOUT_S,
     )
     assert report.is_file(), f"no JSON report; stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
     return proc, json.loads(report.read_text())
 
 
 @pytest.fixture(scope="module")
-def two_to_three(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+def two_to_three(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
     """The run docs/simulator.md shows (its marker names the arguments: 2 ranks save, 3 load)."""
     tmp = tmp_path_factory.mktemp("sim")
     argv, _ = page_sample(SIMULATOR_PAGE)
@@ -55,10 +69,20 @@ def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_every_scenario_reports_its_checks_with_progress_and_a_table(two_to_three: Any) -> None:
     proc, report, _ = two_to_three
     rows = _rows(report)
-    for name in ("layouts/paths", "layouts/read-back", "layouts/no-{rank}", "layouts/reload",
-                 "async-race/requires_copy=True", "async-race/requires_copy=False", "async-race/lock()",
-                 "reshard/save", "reshard/model+optimizer", "reshard/dataloader", "reshard/misc_state",
-                 "reshard/2 train steps"):
+    for name in (
+        "layouts/paths",
+        "layouts/read-back",
+        "layouts/no-{rank}",
+        "layouts/reload",
+        "async-race/requires_copy=True",
+        "async-race/requires_copy=False",
+        "async-race/lock()",
+        "reshard/save",
+        "reshard/model+optimizer",
+        "reshard/dataloader",
+        "reshard/misc_state",
+        "reshard/2 train steps",
+    ):
         assert name in rows, f"{name} missing from {sorted(rows)}"
     assert "save ×2 · layouts · started" in proc.stdout and "load ×3 · reshard · started" in proc.stdout
     assert "scenario" in proc.stdout and "VERDICT:" in proc.stdout
@@ -71,8 +95,12 @@ def test_layouts_land_per_rank_and_the_shared_path_is_the_expected_hazard(two_to
     assert rows["layouts/read-back"]["result"] == "PASS", rows["layouts/read-back"]
     assert rows["layouts/no-{rank}"]["result"] == "EXPECTED HAZARD"
     for rank in (0, 1):
-        for rel in (f"model_{rank}.pt", f"rank_{rank}/shard.pt", f"meta/meta_{rank}.json",
-                    f"weights/rank_{rank}.safetensors"):
+        for rel in (
+            f"model_{rank}.pt",
+            f"rank_{rank}/shard.pt",
+            f"meta/meta_{rank}.json",
+            f"weights/rank_{rank}.safetensors",
+        ):
             assert (tmp / "ckpt" / "layouts" / rel).is_file(), rel
     assert json.loads((tmp / "ckpt" / "layouts" / "meta" / "meta_1.json").read_text())["rank"] == 1
 

@@ -7,14 +7,20 @@ import json
 from simulator.report import FAIL, HAZARD, NOT_OBSERVED, PASS, CheckResult, Report, collapse_notes, merge_ranks
 
 
-def _row(result: str, *, rank: int = 0, written: int = 0, read: int = 0, seconds: float = 0.0,
-         notes: list[str] | None = None) -> CheckResult:
+def _row(
+    result: str, *, rank: int = 0, written: int = 0, read: int = 0, seconds: float = 0.0, notes: list[str] | None = None
+) -> CheckResult:
     return CheckResult("reshard", "model", "4→8", "S(0)→S(1)", result, written, read, seconds, notes or [])
 
 
 def test_merging_takes_the_worst_result_sums_bytes_and_keeps_the_slowest_time() -> None:
-    merged = merge_ranks([_row(PASS, written=10, read=1, seconds=0.5), _row(FAIL, written=5, read=2, seconds=1.5),
-                          _row(HAZARD, seconds=0.1)])
+    merged = merge_ranks(
+        [
+            _row(PASS, written=10, read=1, seconds=0.5),
+            _row(FAIL, written=5, read=2, seconds=1.5),
+            _row(HAZARD, seconds=0.1),
+        ]
+    )
     assert (merged.result, merged.bytes_written, merged.bytes_read, merged.seconds) == (FAIL, 15, 3, 1.5)
     assert merge_ranks([_row(PASS), _row(NOT_OBSERVED)]).result == NOT_OBSERVED
     assert merge_ranks([_row(NOT_OBSERVED), _row(HAZARD)]).result == HAZARD
@@ -41,8 +47,13 @@ def test_a_launch_error_or_an_empty_run_is_never_a_pass() -> None:
 
 
 def test_table_has_the_documented_columns_and_human_bytes() -> None:
-    report = Report("tc", "4→8", "4→8", 0, rows=[_row(PASS, written=3 * 1024 * 1024, read=512, seconds=1.234,
-                                                    notes=["rank 0: fine"])])
+    report = Report(
+        "tc",
+        "4→8",
+        "4→8",
+        0,
+        rows=[_row(PASS, written=3 * 1024 * 1024, read=512, seconds=1.234, notes=["rank 0: fine"])],
+    )
     lines = report.table().splitlines()
     assert lines[0].split() == ["scenario", "world", "placements", "result", "written", "read", "time"]
     assert "reshard/model" in lines[2] and "3.0 MiB" in lines[2] and "512 B" in lines[2] and "1.23s" in lines[2]

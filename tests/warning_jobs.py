@@ -40,11 +40,13 @@ def said_about(word: str) -> Iterator[list[str]]:
 
 
 def _manager(layout: LayoutInfo) -> CheckpointManager:
-    return CheckpointManager(CheckpointManager.Config(
-        items={"config": ItemSpec(layout=layout)},
-        save=SyncCheckpointSaverConfig(),
-        storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-    ))
+    return CheckpointManager(
+        CheckpointManager.Config(
+            items={"config": ItemSpec(layout=layout)},
+            save=SyncCheckpointSaverConfig(),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
 
 
 def _count_over_saves(root: str, name: str, layout: LayoutInfo, saves: int = 3) -> tuple[int, Any]:
@@ -62,6 +64,8 @@ def shared_layout_warnings(root: str, make_replicated: Callable[[str, Any], Layo
     plain, plain_loaded = _count_over_saves(root, "plain", LayoutInfo("config.json", JsonSerialization()))
     out: dict[str, Any] = {"rank": dist.get_rank(), "plain": plain, "plain_loaded": plain_loaded}
     if make_replicated is not None:
-        declared, declared_loaded = _count_over_saves(root, "declared", make_replicated("config.json", JsonSerialization()))
+        declared, declared_loaded = _count_over_saves(
+            root, "declared", make_replicated("config.json", JsonSerialization())
+        )
         out.update(declared=declared, declared_loaded=declared_loaded)
     return out

@@ -95,11 +95,17 @@ def optimizer_step(state: dict[str, Any], pause_s: float = 0.0) -> None:
 
 def _specs(ctx: RankCtx) -> dict[str, Any]:
     spec = ctx.b.ItemSpec
-    return {"model": spec(requires_copy=True), "optimizer": spec(requires_copy=True), "progress": spec(requires_copy=False)}
+    return {
+        "model": spec(requires_copy=True),
+        "optimizer": spec(requires_copy=True),
+        "progress": spec(requires_copy=False),
+    }
 
 
 def _without_probe(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: ({n: v for n, v in val.items() if n != _PROBE_KEY} if k == "progress" else val) for k, val in state.items()}
+    return {
+        k: ({n: v for n, v in val.items() if n != _PROBE_KEY} if k == "progress" else val) for k, val in state.items()
+    }
 
 
 def _read(ctx: RankCtx, directory: str, like: dict[str, Any]) -> dict[str, Any]:
@@ -136,51 +142,81 @@ def save(ctx: RankCtx) -> list[CheckResult]:
     return rows
 
 
-def _judge_first(ctx: RankCtx, directory: str, snapshot: dict[str, Any], live: dict[str, Any], in_flight: bool,
-                 write_s: float, files: list[str]) -> list[CheckResult]:
+def _judge_first(
+    ctx: RankCtx,
+    directory: str,
+    snapshot: dict[str, Any],
+    live: dict[str, Any],
+    in_flight: bool,
+    write_s: float,
+    files: list[str],
+) -> list[CheckResult]:
     meter = Meter()
     got = _read(ctx, directory, snapshot)
     written = file_bytes(ctx.path(NAME, "mutate-after-save"), files)
-    flight = "write still in flight after the mutation" if in_flight else "write had already finished (storage too fast?)"
+    flight = (
+        "write still in flight after the mutation" if in_flight else "write had already finished (storage too fast?)"
+    )
     copy_diffs = same({k: got[k] for k in ("model", "optimizer")}, {k: snapshot[k] for k in ("model", "optimizer")})
     copy_notes = [f"rank {ctx.rank}: {d}" for d in copy_diffs[:3]]
     if ctx.rank == 0:
         copy_notes.append(f"model+optimizer equal the state at save() bit for bit on every rank that passed; {flight}")
-    return [ctx.row(NAME, "requires_copy=True", PASS if not copy_diffs else FAIL, placements="async, slowed storage",
-                    notes=copy_notes, written=written, read=meter.read, seconds=write_s)]
+    return [
+        ctx.row(
+            NAME,
+            "requires_copy=True",
+            PASS if not copy_diffs else FAIL,
+            placements="async, slowed storage",
+            notes=copy_notes,
+            written=written,
+            read=meter.read,
+            seconds=write_s,
+        )
+    ]
 
 
-def _judge_progress(ctx: RankCtx, probe: ReadProbe, got: dict[str, Any], snapshot: dict[str, Any],
-                    write_s: float) -> CheckResult:
+def _judge_progress(
+    ctx: RankCtx, probe: ReadProbe, got: dict[str, Any], snapshot: dict[str, Any], write_s: float
+) -> CheckResult:
     """One of two definite outcomes, decided by when the engine read the value, never by timing luck."""
     at_save = not same(got, snapshot["progress"])
-    placements = "async, probe in the value"
+    result, note = _progress_verdict(ctx.rank, probe, at_save)
+    notes = [note] if ctx.rank == 0 or result == FAIL else []
+    return ctx.row(
+        NAME, "requires_copy=False", result, placements="async, probe in the value", notes=notes, seconds=write_s
+    )
+
+
+def _progress_verdict(rank: int, probe: ReadProbe, at_save: bool) -> tuple[str, str]:
+    """(result, note) from where the probe saw the read and what the checkpoint holds."""
     thread = probe.reader.rsplit("_", 1)[0]
     if probe.outcome == "after save()":
         # The reader was held until the mutation was made, so the checkpoint must hold the mutated value.
-        result, note = (HAZARD, (
+        if at_save:
+            return FAIL, (
+                f"rank {rank}: the engine read the value after the mutation, yet the checkpoint holds "
+                "the value as of save()"
+            )
+        return HAZARD, (
             f"demonstrated: this engine reads requires_copy=False values on its '{thread}' thread, after save() "
             "has returned (it pickles them there for the writer process), so a mutation made before that read "
             "reaches the checkpoint — the race the design document allows. Mutate such values only after the "
             "write Future resolves, or use requires_copy=True"
-        )) if not at_save else (FAIL, (
-            f"rank {ctx.rank}: the engine read the value after the mutation, yet the checkpoint holds the value "
-            "as of save()"
-        ))
-    elif probe.outcome in ("in save()", "save() waited"):
+        )
+    if probe.outcome in ("in save()", "save() waited"):
+        if not at_save:
+            return FAIL, (
+                f"rank {rank}: the engine read the value before save() returned, yet the checkpoint "
+                "holds a later mutation"
+            )
         where = "on the caller's thread" if probe.outcome == "in save()" else f"on its '{thread}' thread"
-        result, note = (PASS, (
-            f"not exhibited: this engine reads requires_copy=False values {where} before save() returns, so "
-            "a later mutation cannot reach the checkpoint"
-        )) if at_save else (FAIL, (
-            f"rank {ctx.rank}: the engine read the value before save() returned, yet the checkpoint holds a later "
-            "mutation"
-        ))
-    else:
-        result, note = (PASS, "the engine never pickled or copied the value; the checkpoint holds it as of save()") \
-            if at_save else (HAZARD, "the engine read the value without pickling it, after the mutation: the race")
-    notes = [note] if ctx.rank == 0 or result == FAIL else []
-    return ctx.row(NAME, "requires_copy=False", result, placements=placements, notes=notes, seconds=write_s)
+        return PASS, (
+            f"not exhibited: this engine reads requires_copy=False values {where} before save() "
+            "returns, so a later mutation cannot reach the checkpoint"
+        )
+    if at_save:
+        return PASS, "the engine never pickled or copied the value; the checkpoint holds it as of save()"
+    return HAZARD, "the engine read the value without pickling it, after the mutation: the race"
 
 
 def _torn_step_checks(ctx: RankCtx, mgr: Any, state: dict[str, Any]) -> list[CheckResult]:
@@ -194,33 +230,62 @@ def _torn_step_checks(ctx: RankCtx, mgr: Any, state: dict[str, Any]) -> list[Che
         trainer = threading.Thread(target=_step_in_two_halves, args=(mgr, state, use_lock, halfway, saved), daemon=True)
         trainer.start()
         halfway.wait(_WAIT_S)
-        future = mgr.save(directory, {"model": state["model"], "optimizer": state["optimizer"],
-                                      "progress": state["progress"]})
+        future = mgr.save(
+            directory, {"model": state["model"], "optimizer": state["optimizer"], "progress": state["progress"]}
+        )
         saved.set()
         future.result(timeout=_WAIT_S)
         trainer.join(timeout=_WAIT_S)
         got = _read(ctx, directory, state)
-        steps = sorted({round(t[0, 0].item() - b if t.dim() == 2 else t[0].item() - b) for t, b in zip(_tensors(got), base)})
+        steps = sorted(
+            {
+                round(t[0, 0].item() - b if t.dim() == 2 else t[0].item() - b)
+                for t, b in zip(_tensors(got), base, strict=True)
+            }
+        )
         torn_ranks = [r for r, t in enumerate(gather(len(steps) > 1)) if t]
         if use_lock:
             result = FAIL if torn_ranks else PASS
-            note = (f"torn step despite lock() on rank(s) {torn_ranks} (rank {ctx.rank} at steps {steps})" if torn_ranks
-                    else "save() taken while a step was halfway under lock(): it waited, every tensor is at the "
-                         "same step on every rank")
-            rows.append(ctx.row(NAME, "lock()", result, placements="step under lock()", seconds=meter.seconds,
-                                notes=[note] if ctx.rank == 0 else []))
+            note = (
+                f"torn step despite lock() on rank(s) {torn_ranks} (rank {ctx.rank} at steps {steps})"
+                if torn_ranks
+                else "save() taken while a step was halfway under lock(): it waited, every tensor is at the "
+                "same step on every rank"
+            )
+            rows.append(
+                ctx.row(
+                    NAME,
+                    "lock()",
+                    result,
+                    placements="step under lock()",
+                    seconds=meter.seconds,
+                    notes=[note] if ctx.rank == 0 else [],
+                )
+            )
         else:
             result = HAZARD if torn_ranks else PASS
-            note = (f"demonstrated: save() taken while a step was halfway without lock() captured half a step on "
-                    f"rank(s) {torn_ranks} of {ctx.world}" if torn_ranks
-                    else "save() taken while a step was halfway without lock() still captured whole steps")
-            rows.append(ctx.row(NAME, "no lock()", result, placements="step without lock()", seconds=meter.seconds,
-                                notes=[note] if ctx.rank == 0 else []))
+            note = (
+                f"demonstrated: save() taken while a step was halfway without lock() captured half a step on "
+                f"rank(s) {torn_ranks} of {ctx.world}"
+                if torn_ranks
+                else "save() taken while a step was halfway without lock() still captured whole steps"
+            )
+            rows.append(
+                ctx.row(
+                    NAME,
+                    "no lock()",
+                    result,
+                    placements="step without lock()",
+                    seconds=meter.seconds,
+                    notes=[note] if ctx.rank == 0 else [],
+                )
+            )
     return rows
 
 
-def _step_in_two_halves(mgr: Any, state: dict[str, Any], use_lock: bool, halfway: threading.Event,
-                        saved: threading.Event) -> None:
+def _step_in_two_halves(
+    mgr: Any, state: dict[str, Any], use_lock: bool, halfway: threading.Event, saved: threading.Event
+) -> None:
     """Update half the tensors, let the save start, then finish the step.
 
     Under lock() the save cannot start until the step ends, so the pause is a short sleep (waiting for the
@@ -240,4 +305,3 @@ def _step_in_two_halves(mgr: Any, state: dict[str, Any], use_lock: bool, halfway
             saved.wait(_WAIT_S)
         for t in tensors[half:]:
             t.add_(1.0)
-

@@ -51,11 +51,23 @@ class RankCtx:
         cfg.storage_config = self.storage(write_delay_s)
         return cm(cfg)
 
-    def row(self, scenario: str, check: str, result: str, *, placements: str = "-", notes: list[str] | None = None,
-            written: int = 0, read: int = 0, seconds: float = 0.0, world: str | None = None) -> CheckResult:
+    def row(
+        self,
+        scenario: str,
+        check: str,
+        result: str,
+        *,
+        placements: str = "-",
+        notes: list[str] | None = None,
+        written: int = 0,
+        read: int = 0,
+        seconds: float = 0.0,
+        world: str | None = None,
+    ) -> CheckResult:
         label = str(self.plan.save_world) if self.phase == "save" else self.plan.world_label
-        return CheckResult(scenario, check, world or label, placements, result,
-                           written, read, seconds, list(notes or []))
+        return CheckResult(
+            scenario, check, world or label, placements, result, written, read, seconds, list(notes or [])
+        )
 
 
 @dataclass
@@ -99,7 +111,7 @@ def same(a: Any, b: Any, path: str = "") -> list[str]:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b):
             return [f"{path}: length {len(a)} vs {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in same(x, y, f"{path}.{i}")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in same(x, y, f"{path}.{i}")]
     return [] if a == b else [f"{path or '<root>'}: {a!r} vs {b!r}"]
 
 

@@ -98,13 +98,23 @@ def save(ctx: RankCtx) -> list[CheckResult]:
         notes.append(f"rank 0 files: {mine}")
     written = file_bytes(root, mine)
     result = FAIL if missing or len(set(flat)) != len(flat) else PASS
-    rows.append(ctx.row(NAME, "paths", result, notes=notes, written=written, seconds=meter.seconds,
-                        placements="per-rank files"))
+    rows.append(
+        ctx.row(NAME, "paths", result, notes=notes, written=written, seconds=meter.seconds, placements="per-rank files")
+    )
 
     meter = Meter()
     diffs, _ = _read_back(ctx, ctx.world)
-    rows.append(ctx.row(NAME, "read-back", PASS if not diffs else FAIL, notes=[f"rank {ctx.rank}: {d}" for d in diffs[:5]],
-                        read=meter.read, seconds=meter.seconds, placements="own files"))
+    rows.append(
+        ctx.row(
+            NAME,
+            "read-back",
+            PASS if not diffs else FAIL,
+            notes=[f"rank {ctx.rank}: {d}" for d in diffs[:5]],
+            read=meter.read,
+            seconds=meter.seconds,
+            placements="own files",
+        )
+    )
     if ctx.world > 1:
         rows.append(collision(ctx))
     return rows
@@ -123,8 +133,11 @@ def load(ctx: RankCtx) -> list[CheckResult]:
         # per-rank files onto a different world without a resharder.
         result = PASS
         if ctx.rank == 0 or ctx.rank == source:
-            who = ("ranks with files of their own" if ctx.rank < source
-                   else f"{ranks_label(source, ctx.world - 1)} (no files)")
+            who = (
+                "ranks with files of their own"
+                if ctx.rank < source
+                else f"{ranks_label(source, ctx.world - 1)} (no files)"
+            )
             notes.append(f"{who}: load refused — {type(exc).__name__}: {brief(str(exc))}")
     else:
         if ctx.rank >= source:
@@ -133,8 +146,17 @@ def load(ctx: RankCtx) -> list[CheckResult]:
         else:
             result = PASS if not diffs else FAIL
             notes = [f"rank {ctx.rank}: {d}" for d in diffs[:5]]
-    rows.append(ctx.row(NAME, "reload", result, notes=notes, read=meter.read, seconds=meter.seconds,
-                        placements=f"{source} ranks' files → {ctx.world} ranks"))
+    rows.append(
+        ctx.row(
+            NAME,
+            "reload",
+            result,
+            notes=notes,
+            read=meter.read,
+            seconds=meter.seconds,
+            placements=f"{source} ranks' files → {ctx.world} ranks",
+        )
+    )
     if ctx.plan.save_world == 1 and ctx.world > 1:
         rows.append(collision(ctx))
     return rows
@@ -158,22 +180,40 @@ def collision(ctx: RankCtx) -> CheckResult:
     refused = [r for r, e in enumerate(errors) if e]
     if refused:
         named = all(SHARED_FILE in errors[r] for r in refused)
-        note = (f"engine refused the save on ranks {refused}: {brief(errors[refused[0]])}"
-                + ("" if named else " (the error does not name the colliding path)"))
+        note = f"engine refused the save on ranks {refused}: {brief(errors[refused[0]])}" + (
+            "" if named else " (the error does not name the colliding path)"
+        )
         return ctx.row(NAME, "no-{rank}", HAZARD, notes=[note], placements=placements, seconds=meter.seconds)
     dist.barrier()
     file = root / SHARED_FILE
     if not file.is_file():
-        return ctx.row(NAME, "no-{rank}", FAIL, placements=placements, seconds=meter.seconds,
-                       notes=[f"save succeeded on every rank but {file.name} is not in the checkpoint"])
+        return ctx.row(
+            NAME,
+            "no-{rank}",
+            FAIL,
+            placements=placements,
+            seconds=meter.seconds,
+            notes=[f"save succeeded on every rank but {file.name} is not in the checkpoint"],
+        )
     with closing(ctx.manager(spec)) as mgr:
         got = mgr.load(str(root), into={"shared": None})["shared"]
     winner = got.get("rank") if isinstance(got, dict) else None
     others = ctx.world - 1
-    note = (f"all {ctx.world} ranks saved into the one file {SHARED_FILE}; the checkpoint holds rank {winner}'s value only"
-            + (", the other rank's value is not in it" if others == 1 else f", the other {others} ranks' values are not"
-               " in it"))
-    return ctx.row(NAME, "no-{rank}", HAZARD, notes=[note], placements=placements, seconds=meter.seconds,
-                   written=file.stat().st_size if ctx.rank == 0 else 0, read=meter.read)
-
-
+    note = (
+        f"all {ctx.world} ranks saved into the one file {SHARED_FILE}; the checkpoint holds rank {winner}'s value only"
+        + (
+            ", the other rank's value is not in it"
+            if others == 1
+            else f", the other {others} ranks' values are not in it"
+        )
+    )
+    return ctx.row(
+        NAME,
+        "no-{rank}",
+        HAZARD,
+        notes=[note],
+        placements=placements,
+        seconds=meter.seconds,
+        written=file.stat().st_size if ctx.rank == 0 else 0,
+        read=meter.read,
+    )

@@ -74,15 +74,22 @@ def _shard(full: torch.Tensor, mesh: DeviceMesh, side: str) -> DTensor:
     return distribute_tensor(full, mesh, placements(mesh.ndim, full.dim(), side), src_data_rank=None)
 
 
-def _sharded(seed: int, mesh: DeviceMesh, side: str, fill: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _sharded(
+    seed: int, mesh: DeviceMesh, side: str, fill: float | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     params, state = full_state(seed)
-    pick = (lambda t: _shard(t, mesh, side)) if fill is None else (lambda t: _shard(torch.full_like(t, fill), mesh, side))
+    pick = (
+        (lambda t: _shard(t, mesh, side)) if fill is None else (lambda t: _shard(torch.full_like(t, fill), mesh, side))
+    )
     model = {n: pick(t) for n, t in params.items()}
     opt = torch.optim.AdamW(list(model.values()), **HYPER, foreach=False)  # type: ignore[arg-type]
     optim = {
         "state": {
-            i: {"step": torch.tensor(float(STEP) if fill is None else 0.0), "exp_avg": pick(s["exp_avg"]),
-                "exp_avg_sq": pick(s["exp_avg_sq"])}
+            i: {
+                "step": torch.tensor(float(STEP) if fill is None else 0.0),
+                "exp_avg": pick(s["exp_avg"]),
+                "exp_avg_sq": pick(s["exp_avg_sq"]),
+            }
             for i, s in state.items()
         },
         "param_groups": opt.state_dict()["param_groups"],
@@ -98,8 +105,9 @@ def _specs(ctx: RankCtx) -> dict[str, Any]:
         "model": b.ItemSpec(requires_copy=True, resharder=reshard()),
         "optimizer": b.ItemSpec(requires_copy=True, resharder=reshard()),
         "dataloader": b.ItemSpec(requires_copy=False, resharder=DataloaderResharder()),
-        "misc_state": b.ItemSpec(requires_copy=False, layout=lay.LayoutInfo(MISC_PATH, lay.JsonSerialization()),
-                                 required=False),
+        "misc_state": b.ItemSpec(
+            requires_copy=False, layout=lay.LayoutInfo(MISC_PATH, lay.JsonSerialization()), required=False
+        ),
     }
 
 
@@ -108,16 +116,33 @@ def save(ctx: RankCtx) -> list[CheckResult]:
     mesh = _mesh(ctx)
     model, optim = _sharded(ctx.plan.seed, mesh, "save")
     source = dataloader_state(ctx.rank, ctx.world, SAMPLES)
-    payload = {"model": model, "optimizer": optim, "dataloader": source,
-               "misc_state": {"step": STEP, "rank": ctx.rank, "world": ctx.world}}
+    payload = {
+        "model": model,
+        "optimizer": optim,
+        "dataloader": source,
+        "misc_state": {"step": STEP, "rank": ctx.rank, "world": ctx.world},
+    }
     root = ctx.path(NAME)
     with closing(ctx.manager(_specs(ctx))) as mgr:
         mgr.save(str(root), payload)
-    mine = [f"model_{ctx.rank}.pt", f"optimizer_{ctx.rank}.pt", f"dataloader_{ctx.rank}.pt",
-            MISC_PATH.replace("{rank}", str(ctx.rank))]
+    mine = [
+        f"model_{ctx.rank}.pt",
+        f"optimizer_{ctx.rank}.pt",
+        f"dataloader_{ctx.rank}.pt",
+        MISC_PATH.replace("{rank}", str(ctx.rank)),
+    ]
     notes = [f"checkpoint files: {all_files(root)[:12]}"] if ctx.rank == 0 else []
-    return [ctx.row(NAME, "save", PASS, placements=placement_label(mesh.ndim), notes=notes,
-                    written=file_bytes(root, mine), seconds=meter.seconds)]
+    return [
+        ctx.row(
+            NAME,
+            "save",
+            PASS,
+            placements=placement_label(mesh.ndim),
+            notes=notes,
+            written=file_bytes(root, mine),
+            seconds=meter.seconds,
+        )
+    ]
 
 
 def load(ctx: RankCtx) -> list[CheckResult]:
@@ -125,8 +150,11 @@ def load(ctx: RankCtx) -> list[CheckResult]:
     mesh = _mesh(ctx)
     label = placement_label(mesh.ndim)
     model, optim = _sharded(ctx.plan.seed, mesh, "load", fill=float("nan"))
-    into: dict[str, Any] = {"model": model, "optimizer": optim,
-                            "dataloader": {"rank": -1, "world": -1, "samples_consumed": -1, "next_sample": -1}}
+    into: dict[str, Any] = {
+        "model": model,
+        "optimizer": optim,
+        "dataloader": {"rank": -1, "world": -1, "samples_consumed": -1, "next_sample": -1},
+    }
     with closing(ctx.manager(_specs(ctx))) as mgr:
         restored = dict(mgr.load(str(ctx.path(NAME)), into=into))
     rows = _check_values(ctx, mesh, restored, meter, label)
@@ -149,15 +177,32 @@ def _check_misc(ctx: RankCtx) -> CheckResult:
             got = dict(mgr.load(str(ctx.path(NAME)), into=into))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return ctx.row(NAME, "misc_state", FAIL, placements="JSON per rank", seconds=meter.seconds,
-                       notes=[f"rank {ctx.rank}: direct read of its own misc_state refused: {type(exc).__name__}: {first[:300]}"])
+        return ctx.row(
+            NAME,
+            "misc_state",
+            FAIL,
+            placements="JSON per rank",
+            seconds=meter.seconds,
+            notes=[f"rank {ctx.rank}: direct read of its own misc_state refused: {type(exc).__name__}: {first[:300]}"],
+        )
     if ctx.rank >= source:
-        note = [f"{ranks_label(source, ctx.world - 1)}: no misc_state copy of its own, skipped"] if ctx.rank == source else []
+        note = (
+            [f"{ranks_label(source, ctx.world - 1)}: no misc_state copy of its own, skipped"]
+            if ctx.rank == source
+            else []
+        )
         return ctx.row(NAME, "misc_state", PASS, placements="JSON per rank", notes=note, seconds=meter.seconds)
     want = {"step": STEP, "rank": ctx.rank, "world": source}
     diffs = same(got.get("misc_state"), want, "misc_state")
-    return ctx.row(NAME, "misc_state", PASS if not diffs else FAIL, placements="JSON per rank", read=meter.read,
-                   seconds=meter.seconds, notes=[f"rank {ctx.rank}: {d}" for d in diffs[:3]])
+    return ctx.row(
+        NAME,
+        "misc_state",
+        PASS if not diffs else FAIL,
+        placements="JSON per rank",
+        read=meter.read,
+        seconds=meter.seconds,
+        notes=[f"rank {ctx.rank}: {d}" for d in diffs[:3]],
+    )
 
 
 def _check_values(ctx: RankCtx, mesh: DeviceMesh, got: dict[str, Any], meter: Meter, label: str) -> list[CheckResult]:
@@ -169,17 +214,42 @@ def _check_values(ctx: RankCtx, mesh: DeviceMesh, got: dict[str, Any], meter: Me
         entry = got["optimizer"]["state"][i]
         for k in ("exp_avg", "exp_avg_sq"):
             t = entry[k]
-            diffs += same(t.to_local() if isinstance(t, DTensor) else t, _shard(s[k], mesh, "load").to_local(),
-                          f"optimizer.state.{i}.{k}")
+            diffs += same(
+                t.to_local() if isinstance(t, DTensor) else t,
+                _shard(s[k], mesh, "load").to_local(),
+                f"optimizer.state.{i}.{k}",
+            )
         diffs += same(entry["step"], s["step"], f"optimizer.state.{i}.step")
-    rows = [ctx.row(NAME, "model+optimizer", PASS if not diffs else FAIL, placements=label,
-                    notes=[f"rank {ctx.rank}: {d}" for d in diffs[:4]], read=meter.read, seconds=meter.seconds)]
+    rows = [
+        ctx.row(
+            NAME,
+            "model+optimizer",
+            PASS if not diffs else FAIL,
+            placements=label,
+            notes=[f"rank {ctx.rank}: {d}" for d in diffs[:4]],
+            read=meter.read,
+            seconds=meter.seconds,
+        )
+    ]
     want_loader = dataloader_state(ctx.rank, ctx.world, SAMPLES)
     loader_diffs = same(dict(got["dataloader"]), want_loader, "dataloader")
-    note = [f"{SAMPLES} samples consumed by {ctx.plan.save_world} ranks → rank 0 of {ctx.world} resumes at "
-            f"sample {want_loader['next_sample']}"] if ctx.rank == 0 and not loader_diffs else []
-    rows.append(ctx.row(NAME, "dataloader", PASS if not loader_diffs else FAIL, placements="custom Resharder",
-                        notes=note + [f"rank {ctx.rank}: {d}" for d in loader_diffs[:3]]))
+    note = (
+        [
+            f"{SAMPLES} samples consumed by {ctx.plan.save_world} ranks → rank 0 of {ctx.world} resumes at "
+            f"sample {want_loader['next_sample']}"
+        ]
+        if ctx.rank == 0 and not loader_diffs
+        else []
+    )
+    rows.append(
+        ctx.row(
+            NAME,
+            "dataloader",
+            PASS if not loader_diffs else FAIL,
+            placements="custom Resharder",
+            notes=note + [f"rank {ctx.rank}: {d}" for d in loader_diffs[:3]],
+        )
+    )
     return rows
 
 
@@ -194,7 +264,7 @@ def _loss(p: dict[str, torch.Tensor], seed: int, step: int) -> torch.Tensor:
 def _grads(full: dict[str, torch.Tensor], seed: int, step: int) -> dict[str, torch.Tensor]:
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in full.items()}
     grads = torch.autograd.grad(_loss(leaves, seed, step), list(leaves.values()))
-    return dict(zip(leaves, grads))
+    return dict(zip(leaves, grads, strict=True))
 
 
 def _check_training(ctx: RankCtx, mesh: DeviceMesh, got: dict[str, Any], label: str) -> CheckResult:
@@ -206,8 +276,12 @@ def _check_training(ctx: RankCtx, mesh: DeviceMesh, got: dict[str, Any], label: 
     ref_params, ref_state = full_state(ctx.plan.seed)
     ref = {n: t.clone() for n, t in ref_params.items()}
     ref_opt = torch.optim.AdamW(list(ref.values()), **HYPER, foreach=False)  # type: ignore[arg-type]
-    ref_opt.load_state_dict({"state": {i: {k: v.clone() for k, v in s.items()} for i, s in ref_state.items()},
-                             "param_groups": opt.state_dict()["param_groups"]})
+    ref_opt.load_state_dict(
+        {
+            "state": {i: {k: v.clone() for k, v in s.items()} for i, s in ref_state.items()},
+            "param_groups": opt.state_dict()["param_groups"],
+        }
+    )
     for step in range(2):
         full = {n: p.full_tensor() for n, p in params.items()}
         for n, g in _grads(full, ctx.plan.seed, step).items():
@@ -219,5 +293,11 @@ def _check_training(ctx: RankCtx, mesh: DeviceMesh, got: dict[str, Any], label: 
     worst = max(float((params[n].full_tensor() - ref[n]).abs().max()) for n in SHAPES)
     ok = all(torch.allclose(params[n].full_tensor(), ref[n], rtol=1e-5, atol=1e-6) for n in SHAPES)
     note = [f"max |sharded - reference| after 2 AdamW steps: {worst:.2e}"] if ctx.rank == 0 or not ok else []
-    return ctx.row(NAME, "2 train steps", PASS if ok else FAIL, placements=f"{label} vs unsharded", notes=note,
-                   seconds=meter.seconds)
+    return ctx.row(
+        NAME,
+        "2 train steps",
+        PASS if ok else FAIL,
+        placements=f"{label} vs unsharded",
+        notes=note,
+        seconds=meter.seconds,
+    )
