@@ -111,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"scenarios:\n{scenario_help}\n\nexit code 0 only if every scenario passed.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--world", default=None, help="SAVE→LOAD world sizes: 4→8, 4->8, 4:8, or N (default 4→8)")
+    parser.add_argument(
+        "--world",
+        default=None,
+        help="SAVE→LOAD world sizes: 4→8, '4->8' (quoted: > is a shell redirect), 4:8, or N (default 4→8)",
+    )
     parser.add_argument("--mesh", default=None, help="2-D device meshes SAVE→LOAD, e.g. 2x2→2x4 (implies --world)")
     parser.add_argument(
         "--scenario",
