@@ -162,9 +162,10 @@ class CheckpointLoader:
     def _distributed_metadata(
         self, ctx: CheckpointReadContext, items: list[ResolvedItem]
     ) -> DistributedMetadata | None:
-        if not any(i.spec.resharder is not None and not i.spec.resharder.skip_resharding for i in items):
+        keys = {i.key for i in items if i.spec.resharder is not None and not i.spec.resharder.skip_resharding}
+        if not keys:
             return None
-        metadata = read_distributed_metadata(ctx)
+        metadata = read_distributed_metadata(ctx, keys)
         if metadata is not None and ctx.manifest is not None and metadata.world_size != ctx.manifest.world_size:
             raise CorruptCheckpointError(
                 f"Checkpoint {ctx.root}: the sharding metadata records world size {metadata.world_size} but the "

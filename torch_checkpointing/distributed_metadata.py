@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -305,11 +306,15 @@ def load_distributed_metadata(checkpoint_dir: str | Path, storage: Storage) -> D
     return parse_distributed_metadata(storage.read(path), str(path))
 
 
-def read_distributed_metadata(ctx: CheckpointReadContext) -> DistributedMetadata | None:
+def read_distributed_metadata(
+    ctx: CheckpointReadContext, keys: Collection[str] | None = None
+) -> DistributedMetadata | None:
     """The metadata file the manifest names, read and verified through the load's read context.
 
     A manifest that names no metadata file means the checkpoint holds no resharded item: None, and any
     `metadata.json` lying there is never read. A named file that is missing is a damaged checkpoint.
+    With `keys`, only those items' entries are parsed: the sharding types of items this load does not read
+    need not be importable in the loading program.
     """
     if ctx.manifest is None:
         if not ctx.lists(METADATA_FILE_NAME):
@@ -323,10 +328,10 @@ def read_distributed_metadata(ctx: CheckpointReadContext) -> DistributedMetadata
     if checked.size > MAX_METADATA_BYTES:
         raise CorruptCheckpointError(f"{ctx.root / name} is larger than {MAX_METADATA_BYTES} bytes.")
     checked.verified.result()
-    return parse_distributed_metadata(ctx.read_bytes(name, "sharding metadata"), str(ctx.root / name))
+    return parse_distributed_metadata(ctx.read_bytes(name, "sharding metadata"), str(ctx.root / name), keys)
 
 
-def parse_distributed_metadata(data: bytes, where: str) -> DistributedMetadata:
+def parse_distributed_metadata(data: bytes, where: str, keys: Collection[str] | None = None) -> DistributedMetadata:
     """Validated metadata from untrusted bytes: every defect raises `CorruptCheckpointError` naming the file.
 
     Nothing named in it is imported: sharding types resolve only against the registry of already-imported
@@ -336,6 +341,8 @@ def parse_distributed_metadata(data: bytes, where: str) -> DistributedMetadata:
     value = parse_json_bounded(data, where)
     if not isinstance(value, dict):
         raise CorruptCheckpointError(f"{where} is not a JSON object.")
+    if keys is not None and isinstance(value.get("metadata"), dict):
+        value = {**value, "metadata": {k: v for k, v in value["metadata"].items() if k in keys}}
     try:
         return DistributedMetadata.from_dict(value)
     except UnsafeCheckpointError as exc:
