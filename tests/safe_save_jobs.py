@@ -73,7 +73,8 @@ def safe_save_checks(root: str) -> dict[str, Any]:
     base = Path(root)
     # 1. A refusal on rank 0 only (building the metadata of one resharded item in a {rank}-less file), after the
     #    plan was agreed.
-    manager = _sync(items={"model": ItemSpec(layout=LayoutInfo("model.pt", TorchSerialization()), resharder=PerRankResharder())})
+    fixed = ItemSpec(layout=LayoutInfo("model.pt", TorchSerialization()), resharder=PerRankResharder())
+    manager = _sync(items={"model": fixed})
     out["rank0_refusal"] = _attempt(lambda: manager.save(str(base / "refused"), {"model": {"w": torch.ones(2)}}))
     out["rank0_refusal_exists"] = (base / "refused").exists()
     manager.close()

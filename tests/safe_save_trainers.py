@@ -61,6 +61,6 @@ def sync_save_interrupted(control_dir: str, target: str) -> None:
     try:
         manager.save(target, _payload(1.0))
         _say(type=None, message="")
-    except BaseException as exc:  # noqa: BLE001 - reporting exactly what a user's Ctrl-C shows
+    except BaseException as exc:
         parent = Path(target).parent
         _say(type=type(exc).__name__, message=str(exc), left=sorted(p.name for p in parent.iterdir()))

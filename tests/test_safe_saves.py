@@ -109,7 +109,7 @@ def test_a_model_folder_is_refused(tmp_path: Path) -> None:
         (folder / name).write_text("{}")
     manager = _sync()
     try:
-        with pytest.raises(CommitError, match="config.json, tokenizer.json"):
+        with pytest.raises(CommitError, match=r"config\.json, tokenizer\.json"):
             manager.save(str(folder), _payload())
     finally:
         manager.close()
@@ -124,7 +124,7 @@ def test_the_current_directory_is_refused(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.chdir(cwd)
     manager = _sync()
     try:
-        with pytest.raises(CommitError, match="train.py"):
+        with pytest.raises(CommitError, match=r"train\.py"):
             manager.save(os.getcwd(), _payload())
         for bad in (".", "", "..", "a/.."):
             with pytest.raises(ValueError, match="names no directory"):
@@ -141,7 +141,7 @@ def test_a_file_the_user_put_inside_a_checkpoint_stops_its_replacement(tmp_path:
     try:
         manager.save(str(target), _payload(1.0))
         (target / "notes.txt").write_text("best run so far")
-        with pytest.raises(CommitError, match="notes.txt"):
+        with pytest.raises(CommitError, match=r"notes\.txt"):
             manager.save(str(target), _payload(2.0))
         out = manager.load(str(target), into={"model": {"w": torch.zeros(8)}})
     finally:

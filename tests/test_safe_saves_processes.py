@@ -172,7 +172,9 @@ def test_interpreter_exit_is_bounded_on_a_stopped_writer(control: Control, tmp_p
 # -------------------------------------------------------------------------------- failed async saves (8)
 
 
-def test_a_failed_async_save_is_logged_and_surfaced_by_the_next_save(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_async_save_is_logged_and_surfaced_by_the_next_save(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # Before: a failed save whose Future nobody checked left no exception, warning or log.
     items = {"raw": ItemSpec(requires_copy=False, layout=LayoutInfo("raw.bin", RawSerialization()))}
     manager = CheckpointManager(

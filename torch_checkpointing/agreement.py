@@ -12,6 +12,7 @@ into a `CommitError` naming the rank that went silent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import torch.distributed as dist
 
 from torch_checkpointing.errors import CommitError
 
-__all__ = ["Contribution", "Transport", "GroupTransport", "StoreTransport", "agree", "raise_if_failed", "describe"]
+__all__ = ["Contribution", "GroupTransport", "StoreTransport", "Transport", "agree", "describe", "raise_if_failed"]
 
 T = TypeVar("T")
 
@@ -94,10 +95,8 @@ def agree(step: str, transport: Transport, compute: Callable[[], T]) -> list[T]:
 
 
 def _best_effort_exchange(step: str, transport: Transport, mine: Contribution) -> None:
-    try:
+    with contextlib.suppress(Exception):  # we are leaving anyway; the peers learn from the timeout
         transport.exchange(step, mine)
-    except Exception:
-        pass  # we are leaving anyway; the peers learn from the timeout
 
 
 class GroupTransport:

@@ -22,8 +22,6 @@ import torch
 from torch_checkpointing.agreement import agree
 from torch_checkpointing.checkpoint_layout import ReplicatedLayoutInfo
 from torch_checkpointing.checkpoint_loader import CheckpointLoader
-from torch_checkpointing.commit import check_target, temporary_name
-from torch_checkpointing.errors import CommitError
 from torch_checkpointing.checkpoint_saver import (
     AsyncCheckpointSaver,
     CheckpointSaver,
@@ -31,6 +29,7 @@ from torch_checkpointing.checkpoint_saver import (
     SyncCheckpointSaver,
     WriteFuture,
 )
+from torch_checkpointing.commit import check_target, temporary_name
 from torch_checkpointing.config import (
     DEFAULT_WAIT_TIMEOUT_SECS,
     AsyncCheckpointSaverConfig,
@@ -38,8 +37,9 @@ from torch_checkpointing.config import (
     CheckpointSaverConfig,
     SyncCheckpointSaverConfig,
 )
-from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.discovery import OwnerLock, check_item_keys, self_describing_layouts
+from torch_checkpointing.errors import CommitError
+from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.schema import ItemSpec, ResolvedItem, resolve, validate_keys
@@ -175,7 +175,7 @@ class CheckpointManager:
             items = [ResolvedItem(k, None, ItemSpec(layout=lay), lay, False) for k, lay in layouts.items()]
             return self._loader.load(str(checkpoint_id), items, map_location=map_location, strict=strict)
         if into is None:
-            into = {k: None for k in self.config.items}
+            into = dict.fromkeys(self.config.items)
         items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
         check_item_keys(self._storage, str(checkpoint_id), [i.key for i in items if i.spec.required])
         return self._loader.load(str(checkpoint_id), items, map_location=map_location, strict=strict)
@@ -244,7 +244,7 @@ class CheckpointManager:
                 f"docs/storage.md), or pass a local path."
             )
         normal = posixpath.normpath(os.path.expanduser(checkpoint_id)) if checkpoint_id.strip() else ""
-        if normal in ("", ".", "/", "..") or normal.endswith("/..") or normal.endswith("/."):
+        if normal in ("", ".", "/", "..") or normal.endswith(("/..", "/.")):
             raise ValueError(
                 f"Checkpoint id {checkpoint_id!r} names no directory of its own; pass a path such as 'runs/step_100'."
             )
@@ -265,7 +265,8 @@ class CheckpointManager:
             resolved.extend(resolve(payload, self.config.items, self.config.default, ctx.rank))
             metadata = self._metadata.extract_object_metadata(resolved) if self._metadata else None
             keys = sorted(i.key for i in resolved)
-            return {"id": checkpoint_id, "seq": seq, "keys": keys, "layouts": _layout_report(resolved), "metadata": metadata}
+            layouts = _layout_report(resolved)
+            return {"id": checkpoint_id, "seq": seq, "keys": keys, "layouts": layouts, "metadata": metadata}
 
         # The ids may differ (that is one of the refusals), so the plan's step is named without one.
         reports = agree("Checkpoint save: the plan", ctx.transport, report)
@@ -316,7 +317,7 @@ def _close_at_exit(saver: CheckpointSaver, timeout: float | None) -> None:
         saver.close()
 
 
-def _refuse_live_objects(payload: Mapping[str, Any]) -> None:
+def _refuse_live_objects(payload: Any) -> None:
     """A module or optimizer pickles (so the save "works") but cannot be restored into: refuse it now."""
     if not isinstance(payload, Mapping):
         return  # resolve() names the problem

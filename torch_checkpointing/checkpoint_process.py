@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import multiprocessing.util  # noqa: F401  (registers its atexit hook now, so a manager's own exit hook runs first)
+import multiprocessing.util
 import os
 import pickle
 import signal
@@ -89,7 +89,9 @@ def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
     threading.Thread(target=watch, name="ckpt-trainer-watch", daemon=True).start()
 
 
-def _writer_main(conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple) -> None:
+def _writer_main(
+    conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple[Any, ...]
+) -> None:
     _ignore_terminal_interrupts()
     _die_with_trainer(os.getppid())
     _skip_torch_record_crc()
@@ -155,7 +157,7 @@ class CheckpointProcess:
         storage_config: StorageConfig,
         config: CheckpointProcessConfig | None = None,
         subprocess_init_fn: Callable[..., None] | None = None,
-        subprocess_init_args: tuple = (),
+        subprocess_init_args: tuple[Any, ...] = (),
     ) -> None:
         self.config = config or CheckpointProcessConfig()
         self._storage_config = storage_config

@@ -30,7 +30,7 @@ from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress
 
-__all__ = ["CheckpointSaver", "SyncCheckpointSaver", "AsyncCheckpointSaver", "SavePlan", "WriteFuture"]
+__all__ = ["AsyncCheckpointSaver", "CheckpointSaver", "SavePlan", "SyncCheckpointSaver", "WriteFuture"]
 
 logger = logging.getLogger("torch_checkpointing.saver")
 
@@ -124,7 +124,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         config: AsyncCheckpointSaverConfig,
         storage_config: StorageConfig,
         subprocess_init_fn: Any = None,
-        subprocess_init_args: tuple = (),
+        subprocess_init_args: tuple[Any, ...] = (),
     ) -> None:
         self.config = config
         self._stager = DefaultStager(config.staging_config)

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from torch_checkpointing.agreement import StoreTransport, agree
 from torch_checkpointing.barriers import BarrierConfig
@@ -38,13 +38,13 @@ from torch_checkpointing.types import RankInfo
 from torch_checkpointing.version import __version__
 
 __all__ = [
+    "METADATA_JSON",
     "CheckpointWriter",
     "CheckpointWriterArgs",
     "CheckpointWriterConfig",
     "WriteEntry",
     "WriteRequest",
     "write_checkpoint",
-    "METADATA_JSON",
 ]
 
 logger = logging.getLogger("torch_checkpointing.writer")
@@ -97,7 +97,7 @@ class WriteRequest:
 class _ChecksumStream:
     """Forwards writes to `inner`, counting bytes and a running CRC32."""
 
-    def __init__(self, inner: IO[bytes]) -> None:
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.size = 0
         self.crc32 = 0
@@ -247,12 +247,12 @@ def _interrupts_reported(checkpoint_dir: str, progress: _Progress) -> Iterator[N
 def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress) -> int:
     before_commit = request.pre_finalize_callback
     if request.store is None:
-        records = _write_local_files(storage, request, commit)
+        mine = _write_local_files(storage, request, commit)
         if before_commit is not None:
             before_commit(request.checkpoint_dir, None)
-        _publish(commit, request, records)
+        _publish(commit, request, mine)
         progress.committed = True
-        return sum(r.size for r in records)
+        return sum(r.size for r in mine)
     channel = StoreChannel(request.store, request.timeout_s)
     transport = StoreTransport(request.rank, request.world_size, channel)
     records: list[FileRecord] = []
@@ -269,8 +269,8 @@ def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, p
             progress.committed = True
 
     try:
-        reports = agree(f"Checkpoint {request.checkpoint_dir}: writing the files", transport, write)
-        records.extend(FileRecord.from_dict(d) for report in reports for d in report)
+        written = agree(f"Checkpoint {request.checkpoint_dir}: writing the files", transport, write)
+        records.extend(FileRecord.from_dict(d) for report in written for d in report)
         agree(f"Checkpoint {request.checkpoint_dir}: the commit", transport, publish)
         progress.committed = True
     finally:

@@ -32,12 +32,12 @@ from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, 
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
-    "RESERVED_FILE_NAMES",
+    "INCOMPLETE_MARKER",
     "MANIFEST_FILE_NAME",
     "METADATA_FILE_NAME",
-    "INCOMPLETE_MARKER",
-    "CommitTarget",
+    "RESERVED_FILE_NAMES",
     "Commit",
+    "CommitTarget",
     "check_target",
     "temporary_name",
 ]

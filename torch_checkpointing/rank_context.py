@@ -35,7 +35,7 @@ class RankContext:
         self.rank_info = current_rank_info()
         self.timeout_s = timeout_s
         self.group: Any = None
-        self._host_store: dist.TCPStore | None = None
+        self._host_store: Any = None
         self.store_address: StoreAddress | None = None
         self.uid = uuid.uuid4().hex[:12]
         if self.world_size == 1:
@@ -43,7 +43,7 @@ class RankContext:
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         host = store_host or os.environ.get("MASTER_ADDR", "127.0.0.1")
         if self.rank == 0:
-            self._host_store = dist.TCPStore(
+            self._host_store = dist.TCPStore(  # type: ignore[attr-defined]
                 host, store_port or 0, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
             )
             shared: list[Any] = [(host, self._host_store.port, self.uid)]

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
@@ -33,15 +33,15 @@ class StoreAddress:
 class StoreChannel:
     """Key-value rendezvous under one namespace; every wait is bounded and names who is late."""
 
-    def __init__(self, address: StoreAddress, timeout_s: float, store: dist.Store | None = None) -> None:
+    def __init__(self, address: StoreAddress, timeout_s: float, store: Any = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self._store = store if store is not None else self._connect(address, timeout_s)
 
     @staticmethod
-    def _connect(address: StoreAddress, timeout_s: float) -> dist.Store:
+    def _connect(address: StoreAddress, timeout_s: float) -> Any:
         try:
-            return dist.TCPStore(
+            return dist.TCPStore(  # type: ignore[attr-defined]
                 address.host,
                 address.port,
                 is_master=False,
@@ -79,7 +79,7 @@ class StoreChannel:
                 raise CommitError(
                     f"Checkpoint commit: rank(s) {silent} did not report {what} within {timeout_s:.0f}s (a rank "
                     f"died, hung, or never called save()). No checkpoint was committed.",
-                    {r: f"did not report {what} within {timeout_s:.0f}s" for r in silent},
+                    dict.fromkeys(silent, f"did not report {what} within {timeout_s:.0f}s"),
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
@@ -92,7 +92,7 @@ class StoreChannel:
         return self._call(lambda: bool(self._store.check([key])))
 
     def _get(self, key: str) -> str:
-        return self._call(lambda: self._store.get(key)).decode("utf-8")
+        return str(self._call(lambda: self._store.get(key)).decode("utf-8"))
 
 
 def _lost_host(exc: BaseException) -> CommitError:
