@@ -8,6 +8,7 @@ the generator disagree.
     python -m conformance.report docs            # rewrite the generated block of docs/conformance.md
     python -m conformance.report docs --check    # exit 1 if it is stale
     python -m conformance.report md REPORT.json  # one backend's table on stdout
+    python -m conformance.report merge BASE.json PART.json -o OUT.json  # overlay a rerun of some clauses
 """
 
 from __future__ import annotations
@@ -131,6 +132,15 @@ def regenerate_docs(doc_path: Path = DOCS) -> tuple[str, str]:
     return doc, head + new_block + tail
 
 
+def merge(base: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with every clause ``part`` measured replaced by ``part``'s result (a rerun of some clauses)."""
+    redone = set(part["clauses"])
+    adapted = {c for c in base.get("adapted", ()) if c not in redone} | set(part.get("adapted", ()))
+    reasons = {c: r for c, r in base.get("reasons", {}).items() if c not in redone} | dict(part.get("reasons", {}))
+    return build_report(base["backend"], base.get("adapter", ""), {**base["clauses"], **part["clauses"]},
+                        sorted(adapted), reasons)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.report", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -138,7 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     docs.add_argument("--check", action="store_true", help="exit 1 if the document is stale, write nothing")
     md = sub.add_parser("md", help="print one clause-report JSON as Markdown")
     md.add_argument("report", type=Path)
+    mg = sub.add_parser("merge", help="overlay a rerun of some clauses (PART) on a full report (BASE)")
+    mg.add_argument("base", type=Path)
+    mg.add_argument("part", type=Path)
+    mg.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.cmd == "merge":
+        merged = merge(json.loads(args.base.read_text()), json.loads(args.part.read_text()))
+        args.output.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+        return 0
     if args.cmd == "md":
         sys.stdout.write(render_md(json.loads(args.report.read_text())))
         return 0

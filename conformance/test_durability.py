@@ -67,8 +67,8 @@ def _right_or_raises(src: Path, tmp: Path, damage: Damage) -> None:
 
 
 # --------------------------------------------------------------- killed saves
-@clause("DUR-KILL-1", "DUR-KILL-2")
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", [pytest.param("sync", marks=clause("DUR-KILL-1")),
+                                  pytest.param("async", marks=clause("DUR-KILL-2"))])
 def test_killed_save_leaves_old_or_new(tmp_path: Path, mode: str) -> None:
     out = faults.run_json("kill-series", {"root": str(tmp_path), "mode": mode, "instants": INSTANTS})
     assert not out.get("timeout"), "the kill series did not finish"
@@ -196,11 +196,10 @@ def test_pickles_in_a_checkpoint_are_not_executed(committed: Path, tmp_path: Pat
 
     ran = []
     for rel, dst in _each_file(committed, tmp_path, plant):
-        result = faults.classify(dst, {"right": 1})
+        faults.classify(dst, {"right": 1})  # raising or not is INTEG-*'s business; executing is this clause's
         if marker.exists():
             ran.append(rel)
             marker.rmdir()
-        assert result in ("right", "raised"), f"{rel}: {result}"
     assert not ran, f"loading executed a pickle planted in place of: {ran}"
 
 
@@ -218,8 +217,9 @@ def _json_files(root: Path) -> list[str]:
 @clause("SAFE-JSON-1")
 @pytest.mark.parametrize("kind", ["malformed", "deep", "huge"])
 def test_malformed_json_is_refused(committed: Path, tmp_path: Path, kind: str) -> None:
+    # None of them decodes to the saved data: the load must raise (and not crash, hang or exhaust memory).
     text = {"malformed": '{"a": [1, 2', "deep": "[" * 200_000 + "]" * 200_000,
-            "huge": json.dumps({f"k{i}": list(range(50)) for i in range(20_000)})}[kind]
+            "huge": '{"a": [' + "0," * 2_000_000 + "0]"}[kind]
     targets = set(_json_files(committed))
     _right_or_raises(committed, tmp_path, lambda p, rel: p.write_text(text) if rel in targets else None)
 
@@ -243,10 +243,25 @@ def test_paths_escaping_the_checkpoint_are_refused(committed: Path, tmp_path: Pa
     names = files(committed)
     targets = set(_json_files(committed))
 
+    rewritten: list[str] = []
+
+    def to_outside(s: str) -> str:
+        if s in names or Path(s).name in names:
+            rewritten.append(s)
+            return f"../outside/{s}"
+        return s
+
     def escape(p: Path, rel: str) -> None:
         if rel in targets:
-            _rewrite_strings(p, lambda s: f"../outside/{s}" if s in names or Path(s).name in names else s)
-    _right_or_raises(committed, tmp_path, escape)
+            _rewrite_strings(p, to_outside)
+    returned_outside = {}
+    for rel, dst in _each_file(committed, tmp_path, escape):
+        got = faults.classify(dst, {"right": 1, "outside": 2})
+        if got in ("outside", "WRONG"):  # WRONG: part of it may come from outside
+            returned_outside[rel] = got
+    assert not returned_outside, f"escaping paths in these files made load() read outside: {returned_outside}"
+    if not rewritten:  # nothing to craft: the backend's files name no paths in JSON
+        pytest.skip("not measured: no JSON file of the checkpoint names a file of it")
 
 
 @clause("SAFE-IMPORT-1")
@@ -258,7 +273,8 @@ def test_names_in_metadata_are_never_imported(committed: Path, tmp_path: Path, m
     def plant(p: Path, rel: str) -> None:
         if rel in targets:
             _rewrite_strings(p, lambda s: "conformance.canary.Canary" if not s.endswith((".pt", ".json")) else s)
-    _right_or_raises(committed, tmp_path, plant)
+    for _rel, dst in _each_file(committed, tmp_path, plant):
+        faults.classify(dst, {"right": 1})  # raising or not is INTEG-*'s business; importing is this clause's
     assert "conformance.canary" not in sys.modules and not marker.exists(), "a name read from metadata was imported"
 
 
