@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from torch_checkpointing.errors import CommitError
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
 
@@ -71,4 +72,7 @@ class TCPStoreBarrier(Barrier):
         channel = self._get_channel(timeout_secs)
         self._seq += 1
         channel.publish(f"{self._seq}/{self.rank_info.role_rank}", "arrived")
-        channel.gather(str(self._seq), self.rank_info.role_world_size, f"arrival at barrier {self._seq}")
+        try:
+            channel.gather(str(self._seq), self.rank_info.role_world_size, f"arrival at barrier {self._seq}")
+        except CommitError as exc:  # a barrier that times out is a TimeoutError, as it always was
+            raise TimeoutError(str(exc)) from exc

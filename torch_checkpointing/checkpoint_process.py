@@ -2,7 +2,8 @@
 
 Spawned (not forked: a forked CUDA or threaded trainer is unsafe to copy) once per manager, started at
 construction so the first save rarely waits for it. Requests arrive over a pipe with staged tensors in shared
-memory (passed by handle, not copied); each reply is "ok" or the original exception object. The process
+memory (passed by handle, not copied); every message is a dataclass of the protocol below, and each write is
+answered with `Written` or `Failed` (carrying the original exception object). The process
 survives a failed write, and is restarted if it dies.
 """
 
@@ -89,6 +90,68 @@ def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
     threading.Thread(target=watch, name="ckpt-trainer-watch", daemon=True).start()
 
 
+# ------------------------------------------------------------------------------------------- the protocol
+# Every message on the pipe is one of these dataclasses (pickled by multiprocessing; tensors in shared memory
+# travel as handles). Trainer -> writer: MapSlab, Write, Stop. Writer -> trainer: Ready, Written, Failed, Stopped.
+
+
+@dataclass(frozen=True)
+class Ready:
+    pid: int
+
+
+@dataclass(frozen=True)
+class MapSlab:
+    """The staging slab that later requests' SlabRefs point into; sent once per generation."""
+
+    generation: int
+    tensor: Any
+
+
+@dataclass
+class Write:
+    request: WriteRequest
+    slab_generation: int | None  # the slab the request's SlabRefs point into, None when it has none
+
+
+@dataclass(frozen=True)
+class Written:
+    nbytes: int  # what this rank wrote
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class Stopped:
+    pass
+
+
+def _serve(storage: Any, message: Write, slab: MapSlab | None) -> Written | Failed:
+    """One write, answered with its outcome; the process stays up for the next save either way."""
+    try:
+        request = message.request
+        if message.slab_generation is not None:
+            if slab is None or slab.generation != message.slab_generation:
+                raise RuntimeError(
+                    f"The writer process has staging slab {None if slab is None else slab.generation}, but the "
+                    f"request for {request.checkpoint_dir} points into slab {message.slab_generation}."
+                )
+            for entry in request.entries:
+                if not entry.pickled:
+                    entry.value = from_slab_refs(entry.value, slab.tensor)
+        return Written(write_checkpoint(storage, request))
+    except BaseException as exc:
+        return Failed(_portable(exc))
+
+
 def _writer_main(
     conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple[Any, ...]
 ) -> None:
@@ -97,35 +160,28 @@ def _writer_main(
     _skip_torch_record_crc()
     init_fn(*init_args)
     storage = storage_config.create_storage()
-    conn.send(("ready", os.getpid()))
-    slab: tuple[int, Any] | None = None  # (generation, shared tensor) of the trainer's staging slab
+    conn.send(Ready(os.getpid()))
+    slab: MapSlab | None = None
     while True:
         try:
             message = conn.recv()
         except EOFError:
             return
-        if message[0] == "stop":
-            conn.send(("stopped", None))
+        if isinstance(message, Stop):
+            conn.send(Stopped())
             _exit_now()
-        if message[0] == "slab":
-            slab = message[1]
-            continue
-        request: WriteRequest = message[1]
-        try:
-            if message[2] is not None:
-                assert slab is not None and slab[0] == message[2], "staging slab out of step with the trainer"
-                for entry in request.entries:
-                    if not entry.pickled:
-                        entry.value = from_slab_refs(entry.value, slab[1])
-            reply: tuple[str, Any] = ("ok", write_checkpoint(storage, request))
-        except BaseException as exc:  # reported to the trainer; this process stays up for the next save
-            reply = ("error", _portable(exc))
-        del request, message  # drop shared-memory handles before answering
-        conn.send(reply)
+        elif isinstance(message, MapSlab):
+            slab = message
+        elif isinstance(message, Write):
+            reply = _serve(storage, message, slab)
+            del message  # drop shared-memory handles before answering
+            conn.send(reply)
+        else:
+            conn.send(Failed(RuntimeError(f"The checkpoint writer got an unknown message {type(message).__name__}")))
 
 
 def _exit_now() -> None:
-    """Exit without interpreter teardown once "stopped" is sent: every write has been answered (so committed
+    """Exit without interpreter teardown once `Stopped` is sent: every write has been answered (so committed
     and fsynced, or failed), and tearing down torch and the storage in a spawned child took seconds of the
     trainer's close(). Logs and std streams are flushed first; nothing else holds state worth finalising."""
     logging.shutdown()
@@ -196,9 +252,9 @@ class CheckpointProcess:
                     f"Checkpoint writer process did not start within {self.config.subprocess_init_timeout_secs}s "
                     f"(CheckpointProcessConfig.subprocess_init_timeout_secs)."
                 )
-            tag, _ = parent.recv()
-            if tag != "ready":
-                raise RuntimeError(f"Checkpoint writer process sent {tag!r} instead of 'ready'")
+            hello = parent.recv()
+            if not isinstance(hello, Ready):
+                raise RuntimeError(f"Checkpoint writer process sent {type(hello).__name__} instead of Ready")
             self._proc, self._conn = proc, parent
         except BaseException as exc:
             self._start_error = exc
@@ -232,16 +288,17 @@ class CheckpointProcess:
         """
         with self._lock:
             self.wait_ready()
-            assert self._conn is not None
+            if self._conn is None:
+                raise WriterProcessDied("The checkpoint writer process is not running; no checkpoint was committed.")
             try:
                 if slab is not None and slab[0] != self._slab_generation:
-                    self._conn.send(("slab", slab))
+                    self._conn.send(MapSlab(*slab))
                     self._slab_generation = slab[0]
                 try:
-                    self._conn.send(("write", request, None if slab is None else slab[0]))  # nothing sent if pickling fails
+                    self._conn.send(Write(request, None if slab is None else slab[0]))  # nothing sent if pickling fails
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
                     raise _unpicklable(request) from exc
-                tag, payload = self._conn.recv()
+                reply = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
                 code = self._proc.exitcode if self._proc is not None else None
                 self._start_in_background()
@@ -249,11 +306,11 @@ class CheckpointProcess:
                     f"Checkpoint writer process died during the write of {request.checkpoint_dir} (exit code {code}); "
                     f"no checkpoint was committed there. It is restarted for the next save."
                 ) from exc
-        if tag == "error":
-            raise payload
-        if tag != "ok":
-            raise RuntimeError(f"Unexpected response from worker process: {tag!r}")
-        return int(payload)
+        if isinstance(reply, Failed):
+            raise reply.error
+        if not isinstance(reply, Written):
+            raise RuntimeError(f"Unexpected response from the checkpoint writer process: {type(reply).__name__}")
+        return reply.nbytes
 
     def kill(self) -> None:
         """SIGKILL the writer now (it may be stopped or stuck); a write waiting on it fails as WriterProcessDied."""
@@ -277,9 +334,9 @@ class CheckpointProcess:
         finally:
             self._lock.release()
         try:
-            assert conn is not None
-            conn.send(("stop", None))
-            conn.poll(self.config.subprocess_shutdown_timeout_secs)
+            if conn is not None:
+                conn.send(Stop())
+                conn.poll(self.config.subprocess_shutdown_timeout_secs)
         except (OSError, EOFError):
             pass
         proc.join(self.config.subprocess_shutdown_timeout_secs)
