@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", type=Path, metavar="JSON",
                    help="print the docs/performance.md section of an earlier run's JSON and exit")
     p.add_argument("--plot", type=Path, default=Path("docs/performance.png"), help="plot path for --sweep")
+    p.add_argument("--scale", action="store_true",
+                   help="only the scale section: metadata and resharding plans of a 70B layout on 1024/2048 "
+                        "ranks, computed without launching ranks (same as --sections scale)")
+    p.add_argument("--scale-dp", type=int, help="scale section: data-parallel size of the saving mesh (x8 TP; "
+                                                "default 128, i.e. 1024 ranks, loaded on 2048 and back)")
+    p.add_argument("--scale-layers", type=int, help="scale section: transformer layers (default 80: 70B params)")
     return p
 
 
@@ -64,6 +70,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         over["memory_saves"] = args.memory_saves
     if args.sections:
         over["sections"] = tuple(args.sections)
+    if args.scale:
+        over["sections"] = ("scale",)
+    if args.scale_dp is not None:
+        over["scale_dp"] = args.scale_dp
+    if args.scale_layers is not None:
+        over["scale_layers"] = args.scale_layers
     if args.workdir is not None:
         over["work_parent"] = args.workdir
     if args.out is not None:

@@ -102,24 +102,28 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     root.mkdir()
     floors = _Floors(state, cfg, workdir)
     rss_before_manager = proc_mem().get("VmRSS", 0)
+    t0 = now()
     mgr = make_manager(cfg)
+    ctor_s = now() - t0
     try:
         rss_before = proc_mem().get("VmRSS", 0)
         n = max(cfg.memory_saves, cfg.runs + 1)
         series = save_series(mgr, state, root, n, floors)
         writer = _writer_memory()
         out: dict[str, Any] = {
-            "bytes": nbytes(state), "staged_bytes": nbytes(state),
+            "bytes": nbytes(state), "staged_bytes": nbytes(state), "device": cfg.device,
             "blocked_cold_s": series["blocked_s"][0], "durable_cold_s": series["durable_s"][0],
             "blocked_s": series["blocked_s"][1:], "durable_s": series["durable_s"][1:],
             "rss_before_manager": rss_before_manager, "rss_before_first_save": rss_before,
             "rss_after_save": series["rss_after_save"],
-            "trainer_peak_rss": proc_mem().get("VmHWM", 0), "writer": writer,
+            "trainer_peak_rss": proc_mem().get("VmHWM", 0), "writer": writer, "ctor_s": ctor_s,
         }
         if not cfg.saves_only:
             out.update(_loads(mgr, series["last"], state, cfg, floors))
     finally:
+        t0 = now()
         mgr.close()
+    out["close_s"] = now() - t0  # nothing in flight: every save was waited for
     # Floor sample 0 pairs with the cold save: keep the warm pairs only.
     out.update({k: (v[1:] if k in ("memcpy_s", "raw_write_s") else v) for k, v in floors.samples.items()})
     remove(root)

@@ -28,6 +28,7 @@ class Ratio:
     unit: str = "x"
     detail: str = ""
     error: str | None = None
+    skipped: str | None = None  # why a row cannot be measured on this machine (e.g. no CUDA device)
 
     @property
     def passed(self) -> bool | None:
@@ -38,6 +39,10 @@ class Ratio:
     @property
     def target(self) -> str:
         return "info" if self.op == "info" else f"{self.op} {self.limit:g}{self.unit}"
+
+
+class NotMeasured(Exception):
+    """A row this machine cannot measure (no CUDA device): listed as "not measured", neither error nor verdict."""
 
 
 Results = dict[str, dict[str, Any]]
@@ -163,6 +168,111 @@ def _dcp_copy(results: Results) -> tuple[float, str]:
     return float(bool(ok)), "1 = dcp.async_save captured the state as of the call (a real staging copy)"
 
 
+def _scale_plan(which: str) -> Getter:
+    def get(results: Results) -> tuple[float, str]:
+        sc = _r(results, "scale")[which]
+        src, dst = sc["src"], sc["dst"]
+        return sc["one_rank_s"], (f"{sc['tensors']} tensors, {src[0]}x{src[1]} -> {dst[0]}x{dst[1]} ranks: slowest of "
+                                  f"{len(sc['ranks'])} sampled ranks {sc['one_rank_s']:.2f} s, all "
+                                  f"{dst[0] * dst[1]} ranks ~{sc['all_ranks_est_s']:.0f} s (one core); "
+                                  f"parse metadata.json {sc['parse_s']:.2f} s")
+    return get
+
+
+def _scale_meta(results: Results) -> tuple[float, str]:
+    sc = _r(results, "scale")
+    sizes = {sc[w]["src"][0] * sc[w]["src"][1]: sc[w] for w in ("up", "down")}
+    world = max(sizes)
+    big = sizes[world]
+    parts = ", ".join(f"{w} ranks {m['metadata_bytes'] / 2**20:.1f} MiB (write {m['serialise_s']:.1f} s)"
+                      for w, m in sorted(sizes.items()))
+    return big["metadata_bytes"] / 2**20, f"{sc['params'] / 1e9:.1f}B params, {big['tensors']} tensors: {parts}"
+
+
+def _scale_bytes(results: Results) -> tuple[float, str]:
+    sc = _r(results, "scale")
+    worst = max((r["read"] / r["needed"], w, r["rank"]) for w in ("up", "down") for r in sc[w]["ranks"])
+    return worst[0], f"worst sampled rank ({worst[1]}, rank {worst[2]}), MADV_WILLNEED bounding ranges in pages"
+
+
+def _scale_growth(results: Results) -> tuple[float, str]:
+    sc = _r(results, "scale")
+    pts = " ".join(f"{g['dst_world']}:{g['one_rank_s']:.2f}s" for g in sc["growth"])
+    return sc["growth_exponent"], (f"d log(one-rank plan time) / d log(world), last doubling (1 = linear; all ranks "
+                                   f"add 1); one-rank times by target world {pts}")
+
+
+def _engine_s(key: str, what: str) -> Getter:
+    def get(results: Results) -> tuple[float, str]:
+        v = _m(results, "engine", key)
+        return v, f"{what} {v * 1e3:.1f} ms"
+    return get
+
+
+def _first_durable(results: Results) -> tuple[float, str]:
+    e = _r(results, "engine")
+    first, warm = float(e["durable_cold_s"]), median(e["durable_s"])
+    return first / warm, (f"first save {first * 1e3:.0f} ms / warm {warm * 1e3:.0f} ms (first save right after "
+                          f"construction: the spawned writer's start-up overlaps it)")
+
+
+def _ranks(results: Results, world: int) -> list[dict[str, Any]]:
+    ranks = _r(results, "ranks").get(str(world))
+    if ranks is None:
+        raise NotMeasured(f"the ranks section did not run {world} ranks (--quick runs 2 and 4 only)")
+    return list(ranks)
+
+
+def _ranks_first(world: int) -> Getter:
+    def get(results: Results) -> tuple[float, str]:
+        rs = _ranks(results, world)
+        first = max(r["first_durable_s"] for r in rs)
+        warm = median(max(r["durable_s"][i] for r in rs) for i in range(len(rs[0]["durable_s"])))
+        ctor = max(r["ctor_s"] for r in rs)
+        return first / warm, (f"slowest rank: first save {first * 1e3:.0f} ms / warm {warm * 1e3:.0f} ms; "
+                              f"construction {ctor * 1e3:.0f} ms")
+    return get
+
+
+def _ranks_close(world: int) -> Getter:
+    def get(results: Results) -> tuple[float, str]:
+        rs = _ranks(results, world)
+        close = [r["close_s"] for r in rs]
+        return max(close), "per rank: " + " ".join(f"{c * 1e3:.0f}" for c in close) + " ms"
+    return get
+
+
+def _ranks_aggregate(world: int) -> Getter:
+    def get(results: Results) -> tuple[float, str]:
+        rs = _ranks(results, world)
+        n = len(rs[0]["durable_s"])
+        agg = median(max(r["durable_s"][i] for r in rs) for i in range(n))
+        floor = median(rs[0]["floor_s"])
+        total = rs[0]["total"]
+        return agg / floor, (f"{world} ranks x {total / world / 2**20:.0f} MiB, slowest rank to durable "
+                             f"{agg * 1e3:.0f} ms / one process writing {total / 2**20:.0f} MiB {floor * 1e3:.0f} ms")
+    return get
+
+
+def _writer_headroom(results: Results) -> tuple[float, str]:
+    e = _r(results, "engine")
+    w = e["writer"].get("VmHWM", 0)
+    return (w - e["staged_bytes"]) / 2**20, (f"writer peak RSS {w / 2**20:.0f} MiB - staged "
+                                              f"{e['staged_bytes'] / 2**20:.0f} MiB (the mapped slab counts in RSS)")
+
+
+def _cuda(results: Results) -> tuple[float, str]:
+    e = _r(results, "engine")
+    if e.get("device", "cpu") == "cpu":
+        raise NotMeasured("no CUDA device on this machine (run with --device cuda where there is one)")
+    return _div(results, ("engine", "blocked_s"), ("engine", "memcpy_s"))
+
+
+def _cuda_first(results: Results) -> tuple[float, str]:
+    _cuda(results)
+    return _div(results, ("engine", "blocked_cold_s"), ("engine", "memcpy_s"))
+
+
 def _spec(key: str, label: str, get: Getter, op: str = "<=", limit: float | None = None,
           unit: str = "x") -> tuple[str, str, Getter, str, float | None, str]:
     return key, label, get, op, limit, unit
@@ -195,7 +305,37 @@ RATIO_SPECS = [
     _spec("reshard_time", "reshard 4->8 load time / same-layout 8->8 load (warm)", _reshard_time, "<=", 2.0),
     _spec("rss_growth", "trainer RSS after all saves / after 2 saves", _rss_growth, "<=", 1.05),
     _spec("extra_rss_vs_staged", "extra resident memory / staged bytes", _extra_rss, "<=", 1.1),
+    _spec("first_blocked_vs_memcpy", "first save after construction: blocked time / memory-copy floor",
+          _d(("engine", "blocked_cold_s"), ("engine", "memcpy_s")), "<=", 2.0),
+    _spec("first_durable_vs_warm", "first save after construction: time to durable / warm save", _first_durable,
+          "<=", 1.5),
+    _spec("manager_ctor_s", "CheckpointManager construction, one rank", _engine_s("ctor_s", "construction"),
+          "<=", 0.1, " s"),
+    _spec("manager_close_s", "close() with nothing in flight, one rank", _engine_s("close_s", "close()"),
+          "<=", 0.1, " s"),
+    _spec("ranks2_first_vs_warm", "2 ranks: first save to durable / warm save", _ranks_first(2), "<=", 1.5),
+    _spec("ranks2_close_s", "2 ranks: close(), slowest rank", _ranks_close(2), "<=", 0.1, " s"),
+    _spec("ranks4_first_vs_warm", "4 ranks: first save to durable / warm save", _ranks_first(4), "<=", 1.5),
+    _spec("ranks4_close_s", "4 ranks: close(), slowest rank", _ranks_close(4), "<=", 0.1, " s"),
+    _spec("writer_peak_minus_staged", "writer process peak RSS - staged bytes", _writer_headroom, "<=", 300.0,
+          " MiB"),
+    _spec("cold_load_vs_raw_read", "load, page cache dropped / raw read, page cache dropped (verification on)",
+          _d(("engine", "load_cold_s"), ("engine", "raw_read_cold_s")), "<=", 1.2),
+    _spec("ranks4_aggregate_vs_raw", "4 ranks saving at once: time to durable / one-process raw write of the total",
+          _ranks_aggregate(4), "<=", 1.3),
+    _spec("ranks8_aggregate_vs_raw", "8 ranks saving at once: time to durable / one-process raw write of the total",
+          _ranks_aggregate(8), "<=", 1.3),
+    _spec("cuda_blocked_vs_d2h", "CUDA state: blocked time / device-to-host copy floor (pinned)", _cuda, "<=", 1.2),
+    _spec("cuda_first_blocked_vs_d2h", "CUDA state: first save blocked / device-to-host copy floor", _cuda_first,
+          "<=", 2.0),
+    _spec("scale_plan_up_s", "scale: plan one target rank, 70B layout resharded up (no ranks launched)",
+          _scale_plan("up"), "<=", 1.0, " s"),
+    _spec("scale_plan_down_s", "scale: plan one target rank, 70B layout resharded down", _scale_plan("down"),
+          "<=", 1.0, " s"),
+    _spec("scale_metadata_mib", "scale: metadata.json of the larger save", _scale_meta, "<=", 64.0, " MiB"),
     # Informational rows: context for the verdicts above.
+    _spec("scale_plan_growth", "scale: growth exponent of one-rank planning", _scale_growth, "info"),
+    _spec("scale_bytes_read", "scale: bytes a rank reads / bytes it needs", _scale_bytes, "info"),
     _spec("blocked_cold_vs_memcpy", "first (cold) save blocked time / memory-copy floor",
           _d(("engine", "blocked_cold_s"), ("engine", "memcpy_s")), "info"),
     _spec("durable_vs_torch_save", "time to durable / torch.save+fsync",
@@ -225,6 +365,8 @@ def compute_ratios(results: Results) -> list[Ratio]:
         row = Ratio(key=key, label=label, op=op, limit=limit, unit=unit)
         try:
             row.value, row.detail = get(results)
+        except NotMeasured as why:
+            row.skipped = str(why)
         except (LookupError, ZeroDivisionError, ValueError, TypeError) as exc:
             row.error = f"{type(exc).__name__}: {exc}"
         rows.append(row)
@@ -232,6 +374,8 @@ def compute_ratios(results: Results) -> list[Ratio]:
 
 
 def _verdict(r: Ratio) -> str:
+    if r.skipped:
+        return "n/m"
     if r.error:
         return "ERROR"
     if r.passed is None:
@@ -246,14 +390,15 @@ def format_table(rows: list[Ratio]) -> str:
     for r in rows:
         val = "n/a" if r.value is None else f"{r.value:.3f}{'' if r.unit == 'x' else r.unit.strip()}"
         lines.append(f"| {r.key:<24} | {val:>10} | {r.target:>9} | {_verdict(r):<6} | "
-                     f"{r.label}: {r.error or r.detail}")
+                     f"{r.label}: {r.error or (f'not measured: {r.skipped}' if r.skipped else r.detail)}")
     return "\n".join(lines)
 
 
 def summary(rows: list[Ratio]) -> dict[str, Any]:
-    targets = [r for r in rows if r.op != "info"]
+    targets = [r for r in rows if r.op != "info" and not r.skipped]
     return {
         "targets": len(targets),
+        "not_measured": sorted(r.key for r in rows if r.skipped),
         "passed": sum(1 for r in targets if r.passed is True),
         "failed": sorted(r.key for r in targets if r.passed is False),
         "errors": sorted(r.key for r in rows if r.error),
@@ -292,5 +437,6 @@ def markdown_section(doc: dict[str, Any]) -> str:
         "```",
         "",
         f"{s['passed']}/{s['targets']} targets pass; failed: {', '.join(s['failed']) or 'none'}; "
-        f"not measured: {', '.join(s['errors']) or 'none'}.",
+        f"not measured here: {', '.join(s.get('not_measured', [])) or 'none'}; "
+        f"errors: {', '.join(s['errors']) or 'none'}.",
     ])

@@ -1,0 +1,245 @@
+"""Scale on paper: the save-time sharding metadata of a large model, and the resharding plans a load makes
+from it, built without launching a single rank.
+
+A 70B-parameter transformer layout (Llama-style: 80 layers of q/k/v/o, gate/up/down and two norms, plus
+embedding, final norm and output head; with AdamW's exp_avg and exp_avg_sq that is 3 x 723 tensors) is
+sharded FSDP x TP on a 2-D mesh (dp x 8): dp shards dim 0 of every tensor, TP shards column-parallel
+weights on dim 0 and row-parallel ones on dim 1, norms are replicated over TP. The metadata is what
+`build_distributed_metadata` makes from every rank's `DTensorShardingMetadata` (the real save path, on
+rank 0), serialised exactly as the checkpoint's metadata.json; planning is the resharder's own
+`plan_resharding` for one target rank, as `load()` calls it, after `parse_distributed_metadata` (the same
+validation a load runs on the file).
+
+Measured: metadata bytes on disk, build and parse time, plan time for one target rank (the slowest of a
+few spread over the mesh), the estimated time for all target ranks (mean per sampled rank x world), per
+rank bytes read vs bytes needed (as this engine reads a block: MADV_WILLNEED on its bounding byte range in
+the source rank's local tensor, whole pages), and how one-rank planning grows with the world size.
+Pure computation: the figures do not depend on the disk and hardly on the machine's load.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .common import fresh_dir
+
+_PAGE = 4096
+_TP = 8
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One parameter of the synthetic model: name, global shape, and how TP splits it."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp: str  # "col" (Shard(0)), "row" (Shard(1)), "rep" (Replicate)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Llama-3-70B by default; `layers` shrinks it for the smoke test."""
+
+    layers: int = 80
+    hidden: int = 8192
+    ffn: int = 28672
+    vocab: int = 128256
+    kv_dim: int = 1024
+
+
+def model_layout(m: ModelShape) -> list[TensorSpec]:
+    """The parameters of the transformer, in state_dict order."""
+    h = m.hidden
+    out = [TensorSpec("tok_embeddings.weight", (m.vocab, h), "col")]
+    for i in range(m.layers):
+        p = f"layers.{i}."
+        out += [
+            TensorSpec(p + "attention.wq.weight", (h, h), "col"),
+            TensorSpec(p + "attention.wk.weight", (m.kv_dim, h), "col"),
+            TensorSpec(p + "attention.wv.weight", (m.kv_dim, h), "col"),
+            TensorSpec(p + "attention.wo.weight", (h, h), "row"),
+            TensorSpec(p + "feed_forward.w1.weight", (m.ffn, h), "col"),
+            TensorSpec(p + "feed_forward.w3.weight", (m.ffn, h), "col"),
+            TensorSpec(p + "feed_forward.w2.weight", (h, m.ffn), "row"),
+            TensorSpec(p + "attention_norm.weight", (h,), "rep"),
+            TensorSpec(p + "ffn_norm.weight", (h,), "rep"),
+        ]
+    out += [TensorSpec("norm.weight", (h,), "rep"), TensorSpec("output.weight", (m.vocab, h), "col")]
+    return out
+
+
+def param_count(layout: list[TensorSpec]) -> int:
+    return sum(math.prod(t.shape) for t in layout)
+
+
+def _mesh(dp: int, tp: int) -> Any:
+    from torch_checkpointing.dtensor_metadata import get_device_mesh_spec
+
+    shape = (dp, tp) if tp > 1 else (dp,)
+    names = ("dp", "tp") if tp > 1 else ("dp",)
+    return get_device_mesh_spec("cuda", shape, tuple(range(dp * tp)), names)
+
+
+def _metadata(t: TensorSpec, dtype: str, dp: int, tp: int) -> Any:
+    """What DTensorShardingMetadata.from_dtensor records for this tensor on a dp x tp mesh."""
+    from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, ShardSpec
+
+    stride = tuple(math.prod(t.shape[i + 1:]) for i in range(len(t.shape)))
+    placements: tuple[Any, ...] = (ShardSpec(0),)
+    if tp > 1:
+        placements += ({"col": ShardSpec(0), "row": ShardSpec(1), "rep": ReplicateSpec()}[t.tp],)
+    return DTensorShardingMetadata(t.shape, dtype, stride, _mesh(dp, tp), placements)
+
+
+def item_metadata(layout: list[TensorSpec], dp: int, tp: int) -> dict[str, dict[tuple[Any, ...], Any]]:
+    """One rank's extracted metadata: item "model" (bf16 weights) and "optim" (fp32 exp_avg, exp_avg_sq).
+
+    Every rank extracts equal metadata (a DTensor's metadata is global), as on a real job."""
+    model = {(t.name,): _metadata(t, "torch.bfloat16", dp, tp) for t in layout}
+    optim = {("state", t.name, k): _metadata(t, "torch.float32", dp, tp)
+             for t in layout for k in ("exp_avg", "exp_avg_sq")}
+    return {"model": model, "optim": optim}
+
+
+def build_metadata(layout: list[TensorSpec], dp: int, tp: int) -> tuple[Any, dict[str, Any], float]:
+    """(DistributedMetadata, this layout's per-item target metadata, build seconds) for a dp x tp save."""
+    from torch_checkpointing.distributed_metadata import build_distributed_metadata
+
+    world = dp * tp
+    local = item_metadata(layout, dp, tp)
+    t0 = time.perf_counter()
+    meta = build_distributed_metadata([local] * world, [{"model": None, "optim": None}] * world, world)
+    return meta, local, time.perf_counter() - t0
+
+
+def _bounding_bytes(plan: Any, src_shape: tuple[int, ...]) -> int:
+    """Whole pages spanned by the block's first to last element in the row-major source shard."""
+    strides = [math.prod(src_shape[i + 1:]) for i in range(len(src_shape))]
+    first = sum(o * s for o, s in zip(plan.src_offsets, strides))
+    last = sum((o + n - 1) * s for o, n, s in zip(plan.src_offsets, plan.src_sizes, strides))
+    lo, hi = first * plan.src_elem_size, (last + 1) * plan.src_elem_size
+    return (math.ceil(hi / _PAGE) - lo // _PAGE) * _PAGE
+
+
+def representative(layout: list[TensorSpec], layers: int) -> list[tuple[list[str], int]]:
+    """(parameter names, weight): layer 0's parameters count `layers` times, the rest once.
+
+    Every layer has the same shapes and placements, so planning layer 0 and multiplying is exact up to
+    timing noise, and keeps the section's run time to minutes at 2048 ranks (the planner costs O(world)
+    per tensor; see docs/performance.md)."""
+    layer0 = [t.name for t in layout if t.name.startswith("layers.0.")]
+    other = [t.name for t in layout if not t.name.startswith("layers.")]
+    return [(other, 1), (layer0, layers)]
+
+
+def _subset(target: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    keep = set(names)
+    return {key: {p: md for p, md in paths.items() if (p[0] if key == "model" else p[1]) in keep}
+            for key, paths in target.items()}
+
+
+def plan_rank(target: dict[str, Any], source: Any, rank: int, groups: list[tuple[list[str], int]]) -> dict[str, float]:
+    """Plan one target rank's load of both items: seconds, bytes needed, bytes read, plan count (each group's
+    figures times its weight)."""
+    totals = {"s": 0.0, "needed": 0, "read": 0, "plans": 0}
+    for names, weight in groups:
+        part = _plan_part(_subset(target, names), source, rank)
+        for k in totals:
+            totals[k] += part[k] * weight
+    return totals
+
+
+def _plan_part(target: dict[str, Any], source: Any, rank: int) -> dict[str, float]:
+    from torch_checkpointing.dtensor_resharder import compute_local_shard_info, plan_resharding
+
+    t0 = time.perf_counter()
+    infos = {key: plan_resharding(target[key], source.metadata[key], rank) for key in target}
+    secs = time.perf_counter() - t0
+    needed = read = plans = 0
+    src_shapes: dict[tuple[Any, int], tuple[int, ...]] = {}
+    for key, info in infos.items():
+        if info.non_reshardable_paths:
+            raise RuntimeError(f"{key}: planner could not cover {info.non_reshardable_paths[:3]}")
+        for path, plist in info.nested_path_to_load_plans.items():
+            shape, _ = compute_local_shard_info(target[key][path], rank)
+            needed += math.prod(shape) * (plist[0].src_elem_size if plist else 0)
+            for p in plist:
+                ck = (path, p.src_rank)
+                if ck not in src_shapes:
+                    md = source.metadata[key].get_metadata_for_path_and_rank(path, p.src_rank)
+                    src_shapes[ck] = compute_local_shard_info(md, p.src_rank)[0]
+                read += _bounding_bytes(p, src_shapes[ck])
+                plans += 1
+    return {"s": secs, "needed": needed, "read": read, "plans": plans}
+
+
+def _sample_ranks(world: int, n: int) -> list[int]:
+    return sorted({round(i * (world - 1) / max(1, n - 1)) for i in range(n)})
+
+
+def scenario(layout: list[TensorSpec], layers: int, src: tuple[int, int], dst: tuple[int, int], workdir: Path,
+             sample: int) -> dict[str, Any]:
+    """Save metadata for mesh `src`, load-plan it for mesh `dst` (both dp x tp)."""
+    from torch_checkpointing.distributed_metadata import parse_distributed_metadata
+
+    meta, _, build_s = build_metadata(layout, *src)
+    t0 = time.perf_counter()
+    text = meta.to_json().encode()
+    dump_s = time.perf_counter() - t0
+    del meta
+    path = workdir / f"metadata_{src[0]}x{src[1]}.json"
+    path.write_bytes(text)
+    t0 = time.perf_counter()
+    parsed = parse_distributed_metadata(path.read_bytes(), str(path))
+    parse_s = time.perf_counter() - t0
+    path.unlink()
+    target = item_metadata(layout, *dst)
+    world = dst[0] * dst[1]
+    groups = representative(layout, layers)
+    per = [{"rank": r, **plan_rank(target, parsed, r, groups)} for r in _sample_ranks(world, sample)]
+    return {
+        "src": list(src), "dst": list(dst), "tensors": sum(len(v) for v in target.values()),
+        "metadata_bytes": len(text), "build_s": build_s, "serialise_s": dump_s, "parse_s": parse_s,
+        "one_rank_s": max(p["s"] for p in per), "all_ranks_est_s": sum(p["s"] for p in per) / len(per) * world,
+        "ranks": per,
+    }
+
+
+def growth(layers: int, dps: list[int], workdir: Path) -> list[dict[str, Any]]:
+    """One-rank plan time for dp -> 2*dp (x TP 8) at increasing dp, the same model: how planning scales.
+    The metadata is built for one layer only (planning a path does not depend on the others)."""
+    out = []
+    small = model_layout(ModelShape(layers=1))
+    for dp in dps:
+        res = scenario(small, layers, (dp, _TP), (2 * dp, _TP), workdir, sample=2)
+        out.append({"src_world": dp * _TP, "dst_world": 2 * dp * _TP, "one_rank_s": res["one_rank_s"]})
+    return out
+
+
+def growth_exponent(points: list[dict[str, Any]]) -> float:
+    """Slope of log(one-rank plan time) vs log(world) between the two largest worlds: 1 linear, 2 quadratic."""
+    a, b = points[-2], points[-1]
+    return math.log(b["one_rank_s"] / a["one_rank_s"]) / math.log(b["dst_world"] / a["dst_world"])
+
+
+def run(cfg: Any, workdir: Path) -> dict[str, Any]:
+    root = fresh_dir(workdir / "scale")
+    root.mkdir()
+    shape = ModelShape(layers=cfg.scale_layers)
+    layout = model_layout(shape)
+    dp = cfg.scale_dp
+    sample = 2 if cfg.quick else 3
+    out: dict[str, Any] = {
+        "params": param_count(layout), "layers": shape.layers, "tp": _TP, "cpu_count": os.cpu_count(),
+        "up": scenario(layout, shape.layers, (dp, _TP), (2 * dp, _TP), root, sample),
+        "down": scenario(layout, shape.layers, (2 * dp, _TP), (dp, _TP), root, sample),
+    }
+    out["growth"] = growth(shape.layers, sorted({max(1, dp // k) for k in (8, 4, 2)} - {dp}), root)
+    out["growth"].append({"src_world": dp * _TP, "dst_world": 2 * dp * _TP, "one_rank_s": out["up"]["one_rank_s"]})
+    out["growth_exponent"] = growth_exponent(out["growth"])
+    return out
