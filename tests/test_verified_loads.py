@@ -778,3 +778,21 @@ def test_custom_resharder_reads_through_the_verifying_storage_view(tmp_path: Pat
         assert torch.equal(target, torch.zeros(4096))
     finally:
         m.close()
+
+
+class _Custom:
+    """A class torch's safe loader does not allow."""
+
+
+def test_refused_pickle_is_an_unsafe_checkpoint_error_naming_the_file(tmp_path: Path) -> None:
+    import pickle
+
+    root = tmp_path / "ck"
+    m = _manager()
+    try:
+        m.save(str(root), {"obj": {"x": _Custom()}})
+        with pytest.raises(UnsafeCheckpointError, match=r"obj_0.pt") as info:
+            m.load(str(root), into={"obj": None})
+        assert isinstance(info.value, pickle.UnpicklingError)  # what callers caught before
+    finally:
+        m.close()

@@ -23,7 +23,7 @@ from torch_checkpointing.checkpoint_layout import (
     SerializationFormat,
     TorchSerialization,
 )
-from torch_checkpointing.errors import CorruptCheckpointError
+from torch_checkpointing.errors import CorruptCheckpointError, RefusedPickleError
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
 from torch_checkpointing.staging import resolve_lazy_tensors
@@ -99,7 +99,7 @@ def _decode_torch(storage: Storage, path: Path, key: str, map_location: Any, wei
     except pickle.UnpicklingError as exc:
         if not weights_only:
             raise
-        raise pickle.UnpicklingError(
+        raise RefusedPickleError(
             f"Refused to load item '{key}' from {path} with torch's safe loader (weights_only=True): {exc}\n"
             f"{TRUST_HINT}"
         ) from exc

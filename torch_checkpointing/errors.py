@@ -8,15 +8,17 @@ kind of failure a caller may want to handle differently.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
 
 __all__ = [
     "CheckpointError",
-    "IncompleteCheckpointError",
-    "CorruptCheckpointError",
-    "UnsafeCheckpointError",
-    "TemplateMismatchError",
     "CommitError",
+    "CorruptCheckpointError",
+    "IncompleteCheckpointError",
+    "RefusedPickleError",
+    "TemplateMismatchError",
+    "UnsafeCheckpointError",
     "WriterProcessDied",
 ]
 
@@ -41,6 +43,10 @@ class UnsafeCheckpointError(CorruptCheckpointError):
 
     A subclass of `CorruptCheckpointError`: crafted content is refused the same way damaged content is.
     """
+
+
+class RefusedPickleError(UnsafeCheckpointError, pickle.UnpicklingError):
+    """torch's safe loader (weights_only=True) refused an object in a file; still a `pickle.UnpicklingError`."""
 
 
 class TemplateMismatchError(CheckpointError):

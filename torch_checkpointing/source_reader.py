@@ -11,8 +11,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import io
-import mmap
 import json
+import mmap
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
@@ -29,16 +29,28 @@ from torch_checkpointing.checkpoint_layout import (
     SerializationFormat,
     TorchSerialization,
 )
+from torch_checkpointing.errors import RefusedPickleError
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
 __all__ = ["ReadStats", "SourceFile", "SourceTensor", "dotted_key", "open_flat_tensors", "open_source_file"]
 
 _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64, "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
 
 
@@ -57,7 +69,7 @@ def dotted_key(path: NestedPath) -> str:
 
 
 def _block_index(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[slice, ...]:
-    return tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
+    return tuple(slice(o, o + s) for o, s in zip(offsets, sizes, strict=True))
 
 
 class SourceTensor(ABC):
@@ -70,11 +82,11 @@ class SourceTensor(ABC):
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor: ...
 
     def read_block(self, offsets: tuple[int, ...], sizes: tuple[int, ...], stats: ReadStats) -> torch.Tensor:
-        for o, s, n in zip(offsets, sizes, self.shape):
+        if not len(offsets) == len(sizes) == len(self.shape):
+            raise ValueError(f"Block of rank {len(offsets)} for a saved tensor of shape {self.shape}")
+        for o, s, n in zip(offsets, sizes, self.shape, strict=True):
             if o < 0 or o + s > n:
                 raise ValueError(f"Block offsets={offsets} sizes={sizes} lies outside the saved shape {self.shape}")
-        if len(offsets) != len(self.shape):
-            raise ValueError(f"Block of rank {len(offsets)} for a saved tensor of shape {self.shape}")
         block = self._read(tuple(offsets), tuple(sizes))
         stats.blocks_read += 1
         return block
@@ -125,9 +137,9 @@ def _advise_exact_read(source: torch.Tensor, block: torch.Tensor) -> None:
     base, nbytes = storage.data_ptr(), storage.nbytes()
     _madvise(base, base + nbytes, _MADV_RANDOM)
     elem = block.element_size()
-    last = block.storage_offset() + sum((n - 1) * st for n, st in zip(block.shape, block.stride()))
+    last = block.storage_offset() + sum((n - 1) * st for n, st in zip(block.shape, block.stride(), strict=True))
     begin = base + block.storage_offset() * elem
-    _madvise(begin, min(base + (last + 1) * elem, base + nbytes), _MADV_WILLNEED)
+    _madvise(int(begin), int(min(base + (last + 1) * elem, base + nbytes)), _MADV_WILLNEED)
 
 
 class SourceFile(ABC):
@@ -210,7 +222,7 @@ def _torch_load(storage: Storage, path: Path) -> Any:
         return torch.load(io.BytesIO(storage.read(path)), weights_only=True, map_location="cpu")
     except Exception as exc:  # the unpickler raises several unrelated types
         if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            raise RuntimeError(
+            raise RefusedPickleError(
                 f"Resharding reads source file {path} with torch's safe loader and it holds objects that loader "
                 "refuses. Keep resharded items to tensors, DTensors and plain containers/scalars."
             ) from exc
@@ -227,6 +239,7 @@ class _SafetensorsLocalTensor(SourceTensor):
         self.dtype = _SAFETENSORS_DTYPES[sl.get_dtype()]
 
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
+        block: torch.Tensor
         if not offsets:
             block = self._handle.get_tensor(self._key)
         else:
@@ -240,7 +253,7 @@ class _SafetensorsLocalFile(SourceFile):
         from safetensors import safe_open
 
         self._handle = safe_open(local, framework="pt", device="cpu")
-        self._keys = set(self._handle.keys())
+        self._keys = set(self._handle.keys())  # type: ignore[no-untyped-call]
         self._stats = stats
 
     def tensor(self, path: NestedPath) -> SourceTensor | None:
@@ -268,8 +281,8 @@ class _SafetensorsRangeTensor(SourceTensor):
         strides = [1] * len(self.shape)
         for d in range(len(self.shape) - 2, -1, -1):
             strides[d] = strides[d + 1] * self.shape[d + 1]
-        first = sum(o * st for o, st in zip(offsets, strides))
-        last = sum((o + s - 1) * st for o, s, st in zip(offsets, sizes, strides))
+        first = sum(o * st for o, st in zip(offsets, strides, strict=True))
+        last = sum((o + s - 1) * st for o, s, st in zip(offsets, sizes, strides, strict=True))
         elem = torch.empty((), dtype=self.dtype).element_size()
         length = (last - first + 1) * elem
         data = bytearray(self._storage.read_range(self._path, self._begin + first * elem, length))
