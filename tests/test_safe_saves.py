@@ -365,3 +365,16 @@ def test_an_unreachable_store_is_a_commit_error_naming_rank_0() -> None:
     with pytest.raises(CommitError, match="lost contact with rank 0") as info:
         StoreChannel(StoreAddress("127.0.0.1", free_port(), "x"), timeout_s=1.0)
     assert list(info.value.failures) == [0]
+
+
+def test_a_directory_with_a_foreign_manifest_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "other"
+    target.mkdir()
+    (target / "manifest.json").write_text('{"kind": "someone else"}')
+    manager = _sync()
+    try:
+        with pytest.raises(CommitError, match="not a torch_checkpointing manifest"):
+            manager.save(str(target), _payload())
+    finally:
+        manager.close()
+    assert sorted(p.name for p in target.iterdir()) == ["manifest.json"]

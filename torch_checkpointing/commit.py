@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
-from torch_checkpointing.errors import CommitError
+from torch_checkpointing.errors import CheckpointError, CommitError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest
 from torch_checkpointing.storage.base_storage import Storage
 
@@ -97,7 +97,7 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
     """An existing checkpoint of ours: replaceable only if allowed, atomic, and holding nothing else."""
     try:
         manifest = Manifest.from_json(storage.read(Path(final) / MANIFEST_FILE_NAME).decode("utf-8"))
-    except (ValueError, KeyError, UnicodeDecodeError) as exc:
+    except (CheckpointError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise CommitError(
             f"Refusing to save to {final}: its {MANIFEST_FILE_NAME} is not a torch_checkpointing manifest ({exc}). "
             f"Choose another id."
