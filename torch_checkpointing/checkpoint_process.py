@@ -225,6 +225,7 @@ class CheckpointProcess:
         self._ready = threading.Event()
         self._lock = threading.Lock()
         self._closing = False
+        self._starting: Any = None  # the process being spawned, until it is ready
         self._start_in_background()
 
     def _start_in_background(self) -> None:
@@ -245,6 +246,10 @@ class CheckpointProcess:
                 daemon=True,
             )
             proc.start()
+            self._starting = proc
+            if self._closing:  # close() came while we spawned: see _abort_start
+                proc.kill()
+                proc.join(5)
             child.close()
             if not parent.poll(self.config.subprocess_init_timeout_secs):
                 proc.kill()
@@ -302,15 +307,24 @@ class CheckpointProcess:
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
                 code = self._proc.exitcode if self._proc is not None else None
                 self._start_in_background()
+                then = "It was stopped by close()." if self._closing else "It is restarted for the next save."
                 raise WriterProcessDied(
                     f"Checkpoint writer process died during the write of {request.checkpoint_dir} (exit code {code}); "
-                    f"no checkpoint was committed there. It is restarted for the next save."
+                    f"no checkpoint was committed there. {then}"
                 ) from exc
         if isinstance(reply, Failed):
             raise reply.error
         if not isinstance(reply, Written):
             raise RuntimeError(f"Unexpected response from the checkpoint writer process: {type(reply).__name__}")
         return reply.nbytes
+
+    def _abort_start(self) -> None:
+        """close() before the writer is ready: nothing can be in flight (writes hold the lock close() holds), so
+        the spawning child, still importing torch, is killed instead of waited for (seconds on a busy machine)."""
+        starting = self._starting
+        if starting is not None and starting.is_alive():
+            starting.kill()
+            starting.join(5)
 
     def kill(self) -> None:
         """SIGKILL the writer now (it may be stopped or stuck); a write waiting on it fails as WriterProcessDied."""
@@ -327,6 +341,8 @@ class CheckpointProcess:
             if not self._lock.acquire(timeout=10):
                 return
         try:
+            if not self._ready.is_set():
+                self._abort_start()
             if not self._ready.wait(self.config.subprocess_init_timeout_secs + 5) or self._proc is None:
                 return
             proc, conn = self._proc, self._conn
