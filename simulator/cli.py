@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from math import prod
 from pathlib import Path
 
-from simulator.plan import SCENARIOS, Plan
+from simulator.plan import DEFAULT_SCENARIOS, SCENARIOS, Plan
 
 _ARROWS = re.compile(r"\s*(?:→|->|:)\s*")
 
@@ -86,7 +86,7 @@ def parse_mesh(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def parse_scenarios(values: Sequence[str] | None) -> tuple[str, ...]:
     if not values:
-        return tuple(SCENARIOS)
+        return DEFAULT_SCENARIOS
     chosen: list[str] = []
     for value in values:
         for name in filter(None, (v.strip() for v in value.split(","))):

@@ -15,6 +15,7 @@ still loads exactly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,10 +34,21 @@ from simulator.backend import BACKEND_ENV, backend_name
 from simulator.faults_storage import SignallingStorageConfig, wait_for_signal
 
 # Launcher variables of the enclosing rank that must not leak into the job's own ranks.
-_INHERITED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_", "SIMULATOR_PROGRESS_FILE", "SIMULATOR_STORE_PORT", "SIMULATOR_PG_TIMEOUT")
+_INHERITED = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_",
+    "SIMULATOR_PROGRESS_FILE",
+    "SIMULATOR_STORE_PORT",
+    "SIMULATOR_PG_TIMEOUT",
+)
 _STARTUP_S = 120.0  # rank start (import torch, join gloo) plus the v1 save, on a loaded 2-core machine
-_GRACE_S = 20.0  # beyond wait_timeout_secs, how long survivors may take to raise before they count as hung
+GRACE_S = 20.0  # beyond wait_timeout_secs, how long survivors may take to raise before they count as hung
 _HOLD_S = 90.0  # how long the victim holds its write; the kill comes within one poll of the announcement
 
 
@@ -103,7 +115,7 @@ def run_kill_job(job: KillJob) -> KillOutcome:
             outcome.kill_time = time.time()
             outcome.killed_while_writing = Path(writing).name
             outcome.victim_pid_matches = pid == victim.pid
-            outcome.hung = _wait_survivors(procs, job.victim, job.wait_timeout_s + _GRACE_S)
+            outcome.hung = _wait_survivors(procs, job.victim, job.wait_timeout_s + GRACE_S)
         outcome.ranks = {r: _read_result(job, r, procs[r]) for r in range(job.world) if r != job.victim}
     finally:
         for proc in procs:
@@ -125,8 +137,13 @@ def _start_rank(job: KillJob, rank: int, port: int) -> subprocess.Popen[bytes]:
     spec = json.dumps({"job": asdict(job), "rank": rank, "port": port})
     log = open(Path(job.directory, f"rank{rank}.log"), "wb")  # noqa: SIM115 - owned by the child from here on
     try:
-        return subprocess.Popen([sys.executable, "-m", "simulator.faults_job", spec], env=_clean_env(job),
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [sys.executable, "-m", "simulator.faults_job", spec],
+            env=_clean_env(job),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         log.close()
 
@@ -145,10 +162,8 @@ def _wait_survivors(procs: list[subprocess.Popen[bytes]], victim: int, bound_s: 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILLed: only an unkillable (D-state) child stays
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _log_tail(job: KillJob, rank: int, lines: int = 3) -> str:
@@ -190,8 +205,9 @@ def _manager(job: KillJob, rank: int, armed: bool) -> Any:
     cfg.save.wait_timeout_secs = job.wait_timeout_s
     cfg.items = {"model": top.ItemSpec()}
     signalling = armed and rank == job.victim
-    cfg.storage_config = SignallingStorageConfig(signal_path=job.signal_path if signalling else "",
-                                                 hold_s=_HOLD_S)
+    cfg.storage_config = SignallingStorageConfig(
+        signal_path=job.signal_path if signalling else "", trigger="model_", hold_s=_HOLD_S
+    )
     return top.CheckpointManager(cfg)
 
 
@@ -200,20 +216,23 @@ def rank_main(job: KillJob, rank: int, port: int) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    timeout = timedelta(seconds=job.wait_timeout_s)
-    store = dist.TCPStore("127.0.0.1", port, job.world + 1, is_master=False, timeout=timedelta(seconds=60))
+    # Our own group waits long (ranks start seconds apart on a loaded machine); the engine's groups use
+    # wait_timeout_secs, and the barriers line the ranks up before each manager builds one.
+    timeout = timedelta(seconds=_STARTUP_S)
+    store = dist.TCPStore("127.0.0.1", port, job.world + 1, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=job.world, timeout=timeout)
+    dist.barrier()
     first = _manager(job, rank, armed=False)
     first.save(job.checkpoint_id, {"model": rank_state(job.seed, rank, 1)})
     first.close()
+    dist.barrier()
     second = _manager(job, rank, armed=True)
     start = time.time()
     try:
         second.save(job.checkpoint_id, {"model": rank_state(job.seed, rank, 2)})
     except Exception as exc:  # the expected outcome for a survivor: its save learns the victim is gone
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _record(job, rank, stage="v2", raised=True, error=f"{type(exc).__name__}: {text}", start=start,
-                end=time.time())
+        _record(job, rank, stage="v2", raised=True, error=f"{type(exc).__name__}: {text}", start=start, end=time.time())
     else:
         _record(job, rank, stage="v2", raised=False, error="", start=start, end=time.time())
     os._exit(0)  # the group has a dead member: leave without collectives or exit hooks that could wait on it

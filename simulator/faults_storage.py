@@ -2,9 +2,10 @@
 
 The faults scenario kills a rank, or a writer process, *mid-save*. Timing guesses ("sleep 2 s, then kill")
 would kill too early or too late depending on the machine's load, so instead the process that performs the
-write announces itself: on its first file write whose path contains ``trigger``, it writes its pid into
-``signal_path`` (atomically, via a rename) and sleeps ``hold_s`` before writing. The injector waits for that
-file and kills exactly that pid, so the kill always lands while the save is in flight, on every run.
+write announces itself: on its first write of a file whose name contains ``trigger`` (a data file, not the
+engine's bookkeeping), it writes its pid into ``signal_path`` (atomically, via a rename) and sleeps
+``hold_s`` before writing. The injector waits for that file and kills exactly that pid, so the kill always
+lands while the save is in flight, on every run.
 
 The config is a plain module-level dataclass subclassing the public ``StorageConfig`` (through
 :mod:`simulator.storage`), so an async engine can pickle it into its spawned writer process, which re-imports
@@ -46,7 +47,7 @@ class SignallingStorage(InstrumentedStorage):
 
     def _announce(self, path: Path) -> None:
         """Publish this process's pid for the injector, then hold the write so the kill lands mid-save."""
-        if not self._signal_path or self._trigger not in str(path) or os.path.exists(self._signal_path):
+        if not self._signal_path or self._trigger not in Path(path).name or os.path.exists(self._signal_path):
             return
         tmp = f"{self._signal_path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:

@@ -24,9 +24,13 @@ SCENARIOS: dict[str, str] = {
     "faults": (
         "on real gloo ranks: a rank SIGKILLed mid-save, a killed async writer process, a full disk on one rank "
         "(RLIMIT_FSIZE) and a bit flipped in a shard before a resharding load must each make every affected "
-        "rank raise in time, commit nothing and leave earlier checkpoints and live tensors intact."
+        "rank raise in time, commit nothing and leave earlier checkpoints and live tensors intact. Not part "
+        "of the default run (it waits out the engine's timeouts on purpose): name it, --scenario faults."
     ),
 }
+# Named only: a plain run stays within its time budget; `--scenario all` runs these too.
+OPT_IN: frozenset[str] = frozenset({"faults"})
+DEFAULT_SCENARIOS: tuple[str, ...] = tuple(name for name in SCENARIOS if name not in OPT_IN)
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class Plan:
     load_world: int
     save_mesh: tuple[int, ...]
     load_mesh: tuple[int, ...]
-    scenarios: tuple[str, ...] = tuple(SCENARIOS)
+    scenarios: tuple[str, ...] = DEFAULT_SCENARIOS
     write_delay_s: float = 0.25
     results_dir: str = field(default="")
 

@@ -33,38 +33,64 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from simulator.faults_job import KillJob, KillOutcome, rank_state, run_kill_job
+from simulator.faults_job import GRACE_S, KillJob, KillOutcome, rank_state, run_kill_job
 from simulator.faults_storage import SignallingStorageConfig, wait_for_signal
 from simulator.report import FAIL, PASS, CheckResult
 from simulator.scenarios.common import Meter, RankCtx, brief, closing, gather, same, zeros_like_tree
 
 NAME = "faults"
-WAIT_TIMEOUT_S = 15  # save.wait_timeout_secs of every manager here: a lost peer must surface within this
+WAIT_TIMEOUT_S = 20  # save.wait_timeout_secs of every manager here: a lost peer must surface within this
 _GRACE_S = 10.0  # allowed beyond WAIT_TIMEOUT_S before "raised in time" fails
 _HOLD_S = 45.0  # how long an announced write holds when nothing kills it (the check then fails, bounded)
 _FSIZE_LIMIT = 16 * 1024  # bytes a file may grow to in the rank whose disk is "full"; each file is ~64 KiB
 _CORRUPT_ITEM = "optimizer"  # payload order and name order both put it last: earlier items load first
 _SHAPES = {"embed.weight": (24, 16), "fc.weight": (24, 24), "fc.bias": (24,)}
+_CHECK_NAMES = {
+    "_disk_full": "disk full",
+    "_kill_writer": "kill writer",
+    "_kill_rank": "kill rank",
+    "_save_shard_checkpoint": "corrupt shard",
+    "_corrupt_shard": "corrupt shard",
+}
 
 
 def save(ctx: RankCtx) -> list[CheckResult]:
     """Source world: disk full, kill writer, kill rank; then the checkpoint the load phase will corrupt."""
-    rows = [_disk_full(ctx), _kill_writer(ctx), _kill_rank(ctx)]
-    setup = _save_shard_checkpoint(ctx)
+    rows = [_aligned(check, ctx) for check in (_disk_full, _kill_writer, _kill_rank)]
+    setup = _aligned(_save_shard_checkpoint, ctx)
     return rows + ([setup] if setup is not None else [])
 
 
 def load(ctx: RankCtx) -> list[CheckResult]:
     """Target world: a bit flipped in one committed file, then the resharding load."""
-    return [_corrupt_shard(ctx)]
+    return [_aligned(_corrupt_shard, ctx)]
 
 
 # ------------------------------------------------------------------------------------------------ shared
 
 
-def _manager(ctx: RankCtx, items: dict[str, Any], *, sync: bool = True,
-             storage: SignallingStorageConfig | None = None) -> Any:
-    """A manager from public presets and fields, with a short save.wait_timeout_secs so faults surface fast."""
+def _aligned(check: Callable[[RankCtx], Any], ctx: RankCtx) -> Any:
+    """Start each check together (ranks reach it seconds apart on a loaded machine), and keep the rows of the
+    other checks when one breaks outside the engine calls it guards: that check alone becomes a FAIL row."""
+    dist.barrier()
+    try:
+        return check(ctx)
+    except Exception as exc:
+        name = _CHECK_NAMES.get(check.__name__, check.__name__)
+        return ctx.row(NAME, name, FAIL, notes=[f"rank {ctx.rank}: {type(exc).__name__}: {brief(str(exc), 200)}"])
+
+
+def _manager(
+    ctx: RankCtx, items: dict[str, Any], *, sync: bool = True, storage: SignallingStorageConfig | None = None
+) -> Any:
+    """A manager from public presets and fields, with a short save.wait_timeout_secs so faults surface fast.
+
+    Building one is collective (the engine connects its own gloo group, bounded by wait_timeout_secs), and after
+    a fault the ranks learn of it up to wait_timeout_secs apart (the victim at once, the others on timeout), so
+    the ranks line up on the simulator's own group first.
+    """
+    if dist.is_initialized():
+        dist.barrier()
     cm = ctx.b.CheckpointManager
     cfg = cm.Config.with_sync_save() if sync else cm.Config.with_async_save()
     cfg.save.wait_timeout_secs = WAIT_TIMEOUT_S
@@ -86,7 +112,7 @@ def _attempt(fn: Callable[[], Any]) -> tuple[Any, str, float]:
 
 
 def _not_committed(ctx: RankCtx, directory: str, like: dict[str, Any]) -> str:
-    """"" if the id holds no checkpoint (missing, or refused as incomplete), else what a load found there."""
+    """ "" if the id holds no checkpoint (missing, or refused as incomplete), else what a load found there."""
     incomplete = getattr(ctx.b.top, "IncompleteCheckpointError", None)
     with closing(_manager(ctx, {"model": ctx.b.ItemSpec()})) as reader:
         try:
@@ -101,7 +127,7 @@ def _not_committed(ctx: RankCtx, directory: str, like: dict[str, Any]) -> str:
 
 
 def _loads_exactly(ctx: RankCtx, directory: str, expected: dict[str, Any]) -> str:
-    """"" if the checkpoint at `directory` loads on this rank and equals `expected` bit for bit."""
+    """ "" if the checkpoint at `directory` loads on this rank and equals `expected` bit for bit."""
     with closing(_manager(ctx, {"model": ctx.b.ItemSpec()})) as reader:
         got, error, _ = _attempt(lambda: reader.load(directory, into={"model": zeros_like_tree(expected)}))
     if error:
@@ -110,8 +136,9 @@ def _loads_exactly(ctx: RankCtx, directory: str, expected: dict[str, Any]) -> st
     return f"differs: {diffs[:2]}" if diffs else ""
 
 
-def _check_row(ctx: RankCtx, check: str, placements: str, problems: list[str], seen: list[str],
-               seconds: float, summary: str = "") -> CheckResult:
+def _check_row(
+    ctx: RankCtx, check: str, placements: str, problems: list[str], seen: list[str], seconds: float, summary: str = ""
+) -> CheckResult:
     """One rank's row: PASS only without problems; notes say what this rank saw, then what went wrong."""
     notes = [f"rank {ctx.rank}: {s}" for s in seen] + [f"rank {ctx.rank}: {p}" for p in problems]
     if summary and ctx.rank == 0:
@@ -141,11 +168,14 @@ def _disk_full(ctx: RankCtx) -> CheckResult:
         problems += [f"the save after lifting the limit raised {again}"] if again else []
     if not again:
         bad = _loads_exactly(ctx, directory, retry)
-        problems += [f"the save after lifting the limit {bad}"] if bad else []
-    summary = (f"rank {victim}'s files were capped at {_FSIZE_LIMIT // 1024} KiB (RLIMIT_FSIZE: writes fail with "
-               "EFBIG, as on a full disk); nothing committed, the retry at the same id after lifting it loads exactly")
-    return _check_row(ctx, "disk full", f"RLIMIT_FSIZE on rank {victim}", problems, seen, took,
-                      summary if not problems else "")
+        problems += [f"the save after lifting the limit: {bad}"] if bad else []
+    summary = (
+        f"rank {victim}'s files were capped at {_FSIZE_LIMIT // 1024} KiB (RLIMIT_FSIZE: writes fail with "
+        "EFBIG, as on a full disk); nothing committed, the retry at the same id after lifting it loads exactly"
+    )
+    return _check_row(
+        ctx, "disk full", f"RLIMIT_FSIZE on rank {victim}", problems, seen, took, summary if not problems else ""
+    )
 
 
 def _with_file_size_limit(limited: bool, fn: Callable[[], Any]) -> tuple[Any, str, float]:
@@ -168,8 +198,9 @@ def _kill_writer(ctx: RankCtx) -> CheckResult:
     victim = 0
     signal_path = str(ctx.path(NAME, "writer-killed.signal"))
     killed_dir, next_dir = str(ctx.path(NAME, "writer-killed")), str(ctx.path(NAME, "after-writer-death"))
-    storage = SignallingStorageConfig(signal_path=signal_path if ctx.rank == victim else "",
-                                      trigger="writer-killed", hold_s=_HOLD_S)
+    storage = SignallingStorageConfig(
+        signal_path=signal_path if ctx.rank == victim else "", trigger="model_", hold_s=_HOLD_S
+    )
     state, retry = rank_state(ctx.plan.seed, ctx.rank, 20), rank_state(ctx.plan.seed, ctx.rank, 21)
     problems: list[str] = []
     with closing(_manager(ctx, {"model": ctx.b.ItemSpec()}, sync=False, storage=storage)) as mgr:
@@ -179,9 +210,8 @@ def _kill_writer(ctx: RankCtx) -> CheckResult:
         if not error:
             _, error, _ = _attempt(lambda: future.result(timeout=WAIT_TIMEOUT_S + 2 * _GRACE_S))
         took = time.time() - kill_time if kill_time else 0.0
-        seen = [victim_note] if victim_note else []
-        seen.append(f"the Future failed with {error}, {took:.1f}s after the kill" if error
-                    else "the Future succeeded")
+        seen = [victim_note] if victim_note and ctx.rank == victim else []
+        seen.append(f"the Future failed with {error}, {took:.1f}s after the kill" if error else "the Future succeeded")
         problems += [] if kill_time else ["the writer could not be killed (see above)"]
         problems += [] if error else ["the Future of the killed save succeeded on this rank"]
         leftover = _not_committed(ctx, killed_dir, state)
@@ -190,11 +220,14 @@ def _kill_writer(ctx: RankCtx) -> CheckResult:
         problems += [f"the next save raised {again}"] if again else []
     if not again:
         bad = _loads_exactly(ctx, next_dir, retry)
-        problems += [f"the next save {bad}"] if bad else []
-    summary = ("rank 0's async writer process was SIGKILLed while writing; the Future failed on every rank, "
-               "nothing committed, the next save on the same managers loads exactly")
-    return _check_row(ctx, "kill writer", "async, rank 0's writer SIGKILL", problems, seen, took,
-                      summary if not problems else "")
+        problems += [f"the next save: {bad}"] if bad else []
+    summary = (
+        "rank 0's async writer process was SIGKILLed while writing; the Future failed on every rank, "
+        "nothing committed, the next save on the same managers loads exactly"
+    )
+    return _check_row(
+        ctx, "kill writer", "async, rank 0's writer SIGKILL", problems, seen, took, summary if not problems else ""
+    )
 
 
 def _kill_announced_writer(signal_path: str) -> tuple[float, str]:
@@ -215,8 +248,13 @@ def _kill_announced_writer(signal_path: str) -> tuple[float, str]:
 def _kill_rank(ctx: RankCtx) -> CheckResult:
     """Rank 0 runs a fresh job whose last rank is killed mid-save; every rank here then loads that id's v1."""
     meter = Meter()
-    job = KillJob(directory=str(ctx.path(NAME, "kill-rank")), world=ctx.world, seed=ctx.plan.seed,
-                  victim=ctx.world - 1, wait_timeout_s=WAIT_TIMEOUT_S)
+    job = KillJob(
+        directory=str(ctx.path(NAME, "kill-rank")),
+        world=ctx.world,
+        seed=ctx.plan.seed,
+        victim=ctx.world - 1,
+        wait_timeout_s=WAIT_TIMEOUT_S,
+    )
     box: list[Any] = [None]
     if ctx.rank == 0:
         result, error, _ = _attempt(lambda: run_kill_job(job))
@@ -226,13 +264,22 @@ def _kill_rank(ctx: RankCtx) -> CheckResult:
     seen, problems = _judge_survivor(ctx, outcome)
     if not outcome.problem:
         bad = _loads_exactly(ctx, job.checkpoint_id, rank_state(ctx.plan.seed, ctx.rank, 1))
-        problems += [f"the checkpoint saved before at the same id {bad}"] if bad else []
-    summary = (f"rank {job.victim} SIGKILLed while writing {outcome.killed_while_writing}; every survivor raised "
-               f"within wait_timeout_secs={WAIT_TIMEOUT_S}s, and the earlier checkpoint at that id loads exactly "
-               "on every rank")
+        problems += [f"the checkpoint saved before at the same id: {bad}"] if bad else []
+    summary = (
+        f"rank {job.victim} SIGKILLed while writing {outcome.killed_while_writing}; every survivor raised "
+        f"within wait_timeout_secs={WAIT_TIMEOUT_S}s, and the earlier checkpoint at that id loads exactly "
+        "on every rank"
+    )
     slowest = max((r.get("end", 0.0) - outcome.kill_time for r in outcome.ranks.values()), default=0.0)
-    return _check_row(ctx, "kill rank", f"rank {job.victim} SIGKILL mid-write", problems, seen,
-                      max(slowest, 0.0) or meter.seconds, summary if not problems else "")
+    return _check_row(
+        ctx,
+        "kill rank",
+        f"rank {job.victim} SIGKILL mid-write",
+        problems,
+        seen,
+        max(slowest, 0.0) or meter.seconds,
+        summary if not problems else "",
+    )
 
 
 def _judge_survivor(ctx: RankCtx, outcome: KillOutcome) -> tuple[list[str], list[str]]:
@@ -244,14 +291,16 @@ def _judge_survivor(ctx: RankCtx, outcome: KillOutcome) -> tuple[list[str], list
         return [f"SIGKILLed while writing {outcome.killed_while_writing}{where}"], []
     record = outcome.ranks.get(ctx.rank, {})
     if ctx.rank in outcome.hung:
-        return [f"save() neither returned nor raised within {WAIT_TIMEOUT_S + 20}s of the kill (hung)"], \
-            ["a survivor hung"]
+        return [f"save() neither returned nor raised within {WAIT_TIMEOUT_S + GRACE_S:.0f}s of the kill (hung)"], [
+            "a survivor hung"
+        ]
     if record.get("stage") != "v2":
         return [f"left no record: {record}"], ["a survivor left no record"]
     after = record["end"] - outcome.kill_time
     if not record["raised"]:
-        return [f"save() returned normally {after:.1f}s after the kill"], \
-            ["save() reported success although a rank died mid-save"]
+        return [f"save() returned normally {after:.1f}s after the kill"], [
+            "save() reported success although a rank died mid-save"
+        ]
     problems = [f"raised only after {after:.1f}s"] if after > WAIT_TIMEOUT_S + _GRACE_S else []
     problems += [f"raised {-after:.1f}s before the kill"] if after < 0 else []
     return [f"save() raised {record['error']} {after:.1f}s after the kill"], problems
@@ -269,9 +318,11 @@ def _full(seed: int) -> dict[str, dict[str, torch.Tensor]]:
     return {item: {n: torch.randn(s, generator=gen) for n, s in _SHAPES.items()} for item in ("model", _CORRUPT_ITEM)}
 
 
-def _sharded(full: dict[str, dict[str, torch.Tensor]], mesh: DeviceMesh, dim: int,
-             fill: float | None = None) -> dict[str, dict[str, DTensor]]:
+def _sharded(
+    full: dict[str, dict[str, torch.Tensor]], mesh: DeviceMesh, dim: int, fill: float | None = None
+) -> dict[str, dict[str, DTensor]]:
     """Each tensor as a DTensor (Shard(dim), 1-D tensors always Shard(0)); `fill` replaces the values."""
+
     def one(t: torch.Tensor) -> DTensor:
         value = t if fill is None else torch.full_like(t, fill)
         return distribute_tensor(value, mesh, [Shard(min(dim, t.dim() - 1))], src_data_rank=None)
@@ -292,8 +343,14 @@ def _save_shard_checkpoint(ctx: RankCtx) -> CheckResult | None:
         _, error, _ = _attempt(lambda: mgr.save(str(ctx.path(NAME, "shard")), payload))
     if not error:
         return None
-    return ctx.row(NAME, "corrupt shard", FAIL, placements="S(0) save", seconds=meter.seconds,
-                   notes=[f"rank {ctx.rank}: saving the checkpoint to corrupt raised {error}"])
+    return ctx.row(
+        NAME,
+        "corrupt shard",
+        FAIL,
+        placements="S(0) save",
+        seconds=meter.seconds,
+        notes=[f"rank {ctx.rank}: saving the checkpoint to corrupt raised {error}"],
+    )
 
 
 def _locals(tree: dict[str, dict[str, DTensor]]) -> dict[str, dict[str, torch.Tensor]]:
@@ -314,6 +371,8 @@ def _corrupt_shard(ctx: RankCtx) -> CheckResult:
     problems += [f"the intact checkpoint did not load: {error or diffs[:2]}"] if error or diffs else []
     flipped = _flip_one_bit(directory / f"{_CORRUPT_ITEM}_0.pt") if ctx.rank == 0 else ""
     flipped = gather(flipped)[0]
+    if not flipped.startswith("bit"):
+        return _check_row(ctx, "corrupt shard", "S(0)→S(1)", [flipped] if ctx.rank == 0 else [], [], 0.0)
     live = _sharded(full, mesh, 1, fill=-3.5)
     before = _locals(live)
     with closing(_manager(ctx, _reshard_specs(ctx))) as reader:
@@ -321,15 +380,26 @@ def _corrupt_shard(ctx: RankCtx) -> CheckResult:
     changed = same(_locals(live), before)
     seen = [f"load raised {error} after {took:.1f}s" if error else f"load returned after {took:.1f}s"]
     problems += [] if error else [f"the load of a corrupted checkpoint did not raise ({flipped})"]
-    problems += [f"the failed load changed live tensors: {changed[:3]}"] if changed else []
-    summary = (f"flipped {flipped}; every rank reads that file (S(0)→S(1)); the load raised on every rank and "
-               "left every live tensor untouched (the control load before the flip was exact)")
-    return _check_row(ctx, "corrupt shard", f"S(0)→S(1), bit flip in {_CORRUPT_ITEM}_0.pt", problems, seen,
-                      max(took, 0.0) or meter.seconds, summary if not problems else "")
+    problems += [f"the failed load changed live tensors: {changed[:3]}"] if changed and error else []
+    summary = (
+        f"flipped {flipped}; every rank reads that file (S(0)→S(1)); the load raised on every rank and "
+        "left every live tensor untouched (the control load before the flip was exact)"
+    )
+    return _check_row(
+        ctx,
+        "corrupt shard",
+        f"S(0)→S(1), bit flip in {_CORRUPT_ITEM}_0.pt",
+        problems,
+        seen,
+        max(took, 0.0) or meter.seconds,
+        summary if not problems else "",
+    )
 
 
 def _flip_one_bit(path: Path) -> str:
     """Flip one bit inside the first tensor's bytes (the file still parses: only a checksum can tell)."""
+    if not path.is_file():
+        return f"cannot corrupt {path.name}: the save phase left no such file"
     offset = _tensor_data_offset(path)
     with open(path, "r+b") as fh:
         fh.seek(offset)
