@@ -45,6 +45,7 @@ _HOLD_S = 45.0  # how long an announced write holds when nothing kills it (the c
 _FSIZE_LIMIT = 16 * 1024  # bytes a file may grow to in the rank whose disk is "full"; each file is ~64 KiB
 _CORRUPT_ITEM = "optimizer"  # payload order and name order both put it last: earlier items load first
 _SHAPES = {"embed.weight": (24, 16), "fc.weight": (24, 24), "fc.bias": (24,)}
+HUNG = "no answer within our bound (hung)"  # what _attempt reports for a Future that never resolved
 _CHECK_NAMES = {
     "_disk_full": "disk full",
     "_kill_writer": "kill writer",
@@ -105,7 +106,7 @@ def _attempt(fn: Callable[[], Any]) -> tuple[Any, str, float]:
     try:
         value = fn()
     except concurrent.futures.TimeoutError:
-        return None, "no answer (hung past our bound)", time.perf_counter() - start
+        return None, HUNG, time.perf_counter() - start
     except Exception as exc:
         return None, f"{type(exc).__name__}: {brief(str(exc), 160)}".rstrip(": "), time.perf_counter() - start
     return value, "", time.perf_counter() - start
@@ -211,9 +212,9 @@ def _kill_writer(ctx: RankCtx) -> CheckResult:
             _, error, _ = _attempt(lambda: future.result(timeout=WAIT_TIMEOUT_S + 2 * _GRACE_S))
         took = time.time() - kill_time if kill_time else 0.0
         seen = [victim_note] if victim_note and ctx.rank == victim else []
-        seen.append(f"the Future failed with {error}, {took:.1f}s after the kill" if error else "the Future succeeded")
-        problems += [] if kill_time else ["the writer could not be killed (see above)"]
-        problems += [] if error else ["the Future of the killed save succeeded on this rank"]
+        seen.append(_future_outcome(error, took))
+        problems += [] if kill_time else [f"rank {victim}'s writer was not killed: {victim_note}"]
+        problems += [] if error and error != HUNG else ["the Future of the killed save did not fail on this rank"]
         leftover = _not_committed(ctx, killed_dir, state)
         problems += [f"after the killed save: {leftover}"] if leftover else []
         _, again, _ = _attempt(lambda: mgr.save(next_dir, {"model": retry}).result(timeout=WAIT_TIMEOUT_S * 4))
@@ -228,6 +229,12 @@ def _kill_writer(ctx: RankCtx) -> CheckResult:
     return _check_row(
         ctx, "kill writer", "async, rank 0's writer SIGKILL", problems, seen, took, summary if not problems else ""
     )
+
+
+def _future_outcome(error: str, after_kill_s: float) -> str:
+    if error == HUNG:
+        return f"the Future neither failed nor succeeded within {WAIT_TIMEOUT_S + 2 * _GRACE_S:.0f}s (hung)"
+    return f"the Future failed with {error}, {after_kill_s:.1f}s after the kill" if error else "the Future succeeded"
 
 
 def _kill_announced_writer(signal_path: str) -> tuple[float, str]:
