@@ -15,7 +15,7 @@ from typing import Any
 
 from .common import build_state, fresh_dir, now, remove, sync
 from .config import BenchConfig
-from .engine_api import make_manager, no_copy_items
+from .engine_api import import_engine, make_manager, no_copy_items
 from .floors import CopyFloor, raw_read, raw_write
 from .state import make_templates, nbytes, same_values, tensors_of
 from .sysinfo import descendants, drop_page_cache, proc_mem
@@ -101,6 +101,7 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     root = fresh_dir(workdir / "engine")
     root.mkdir()
     floors = _Floors(state, cfg, workdir)
+    import_engine()
     rss_before_manager = proc_mem().get("VmRSS", 0)
     t0 = now()
     mgr = make_manager(cfg)

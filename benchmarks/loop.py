@@ -17,7 +17,6 @@ from .engine_api import make_manager
 from .floors import memcpy_floor
 from .state import model_for_state_bytes, nbytes, tensors_of
 
-
 _MAX_BATCH = 4096
 
 

@@ -52,7 +52,7 @@ Getter = Callable[[Results], tuple[float, str]]
 def _r(results: Results, section: str) -> dict[str, Any]:
     sec = results.get(section)
     if sec is None:
-        raise LookupError(f"section '{section}' was not run")
+        raise NotMeasured(f"section '{section}' was not run in this invocation (--sections / --scale)")
     if "result" not in sec:
         raise LookupError(f"section '{section}' failed: {sec.get('error')}")
     return sec["result"]

@@ -120,10 +120,10 @@ def build_metadata(layout: list[TensorSpec], dp: int, tp: int) -> tuple[Any, dic
 def _bounding_bytes(plan: Any, src_shape: tuple[int, ...]) -> int:
     """Whole pages spanned by the block's first to last element in the row-major source shard."""
     strides = [math.prod(src_shape[i + 1:]) for i in range(len(src_shape))]
-    first = sum(o * s for o, s in zip(plan.src_offsets, strides))
-    last = sum((o + n - 1) * s for o, n, s in zip(plan.src_offsets, plan.src_sizes, strides))
+    first = sum(o * s for o, s in zip(plan.src_offsets, strides, strict=True))
+    last = sum((o + n - 1) * s for o, n, s in zip(plan.src_offsets, plan.src_sizes, strides, strict=True))
     lo, hi = first * plan.src_elem_size, (last + 1) * plan.src_elem_size
-    return (math.ceil(hi / _PAGE) - lo // _PAGE) * _PAGE
+    return int((math.ceil(hi / _PAGE) - lo // _PAGE) * _PAGE)
 
 
 def representative(layout: list[TensorSpec], layers: int) -> list[tuple[list[str], int]]:
