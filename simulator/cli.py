@@ -128,7 +128,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for every generated tensor (default 0)")
     parser.add_argument(
-        "--keep", type=Path, default=None, metavar="DIR", help="write checkpoints under DIR and leave them there"
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=(
+            "write checkpoints under DIR and leave them there (with --storage-url: DIR gets the results and the "
+            "checkpoints stay in the store)"
+        ),
+    )
+    parser.add_argument(
+        "--storage-url",
+        default=None,
+        metavar="URL",
+        help=(
+            "write checkpoints to this fsspec URL through the backend's FsspecStorageConfig, e.g. "
+            "s3://bucket/prefix or file:///abs/dir; each run uses a fresh sub-prefix, deleted afterwards unless "
+            "--keep. S3 endpoint and credentials come from the environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY), which every rank inherits"
+        ),
     )
     parser.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="also write a machine-readable report to PATH"
@@ -156,6 +174,7 @@ def plan_from_args(args: argparse.Namespace, root: str) -> Plan:
         save_mesh, load_mesh = (worlds[0],), (worlds[1],)
     if args.timeout <= 0:
         raise argparse.ArgumentTypeError(f"--timeout {args.timeout}: must be positive seconds")
+    storage_url = parse_storage_url(getattr(args, "storage_url", None))
     return Plan(
         backend=args.backend,
         seed=args.seed,
@@ -166,7 +185,40 @@ def plan_from_args(args: argparse.Namespace, root: str) -> Plan:
         load_mesh=load_mesh,
         scenarios=parse_scenarios(args.scenario),
         write_delay_s=args.write_delay,
+        storage_url=run_prefix(storage_url) if storage_url else "",
     )
+
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+
+
+def parse_storage_url(text: str | None) -> str:
+    """`s3://bucket/prefix` or `file:///abs/dir` as given (no trailing slash); "" when not given."""
+    if text is None:
+        return ""
+    match = _URL.match(text.strip())
+    if match is None or not match.group(2).strip("/"):
+        raise argparse.ArgumentTypeError(
+            f"--storage-url {text!r}: expected an fsspec URL with a location, e.g. s3://bucket/prefix or "
+            "file:///abs/dir (without --storage-url checkpoints go to a local temporary directory)"
+        )
+    if match.group(1).lower() == "file" and not match.group(2).startswith("/"):
+        raise argparse.ArgumentTypeError(
+            f"--storage-url {text!r}: a file:// URL needs an absolute path: file:///abs/dir"
+        )
+    if match.group(1).lower() == "memory":
+        raise argparse.ArgumentTypeError(
+            f"--storage-url {text!r}: memory:// lives in one process, but every rank is its own process; "
+            "use s3://... (or file:///abs/dir)"
+        )
+    return text.strip().rstrip("/")
+
+
+def run_prefix(url: str) -> str:
+    """A fresh prefix under `url` for one run: checkpoint ids cannot be overwritten on an object store."""
+    import uuid
+
+    return f"{url}/simulator-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan_from_args(args, root)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser.error(str(exc))
-    report = run_plan(plan, timeout=args.timeout, out=sys.stdout)
+    report = run_plan(plan, timeout=args.timeout, out=sys.stdout, keep=keep is not None)
     if args.json is not None:
         args.json.write_text(report.to_json())
     if keep is None:
@@ -192,5 +244,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         shutil.rmtree(root, ignore_errors=True)
     else:
-        print(f"checkpoints kept under {root}")
+        print(f"checkpoints kept under {plan.checkpoints_at}")
     return 0 if report.passed else 1

@@ -47,6 +47,9 @@ class Plan:
     scenarios: tuple[str, ...] = DEFAULT_SCENARIOS
     write_delay_s: float = 0.25
     results_dir: str = field(default="")
+    # "" = checkpoints on the local filesystem under `root`; else the URL (this run's own prefix) they go to
+    # through the backend's FsspecStorageConfig. `root` still holds the per-rank result files.
+    storage_url: str = ""
 
     def __post_init__(self) -> None:
         for name, world, mesh in (("save", self.save_world, self.save_mesh), ("load", self.load_world, self.load_mesh)):
@@ -55,6 +58,10 @@ class Plan:
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
         if unknown:
             raise ValueError(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
+
+    @property
+    def checkpoints_at(self) -> str:
+        return self.storage_url or self.root
 
     @property
     def world_label(self) -> str:

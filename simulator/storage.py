@@ -1,10 +1,15 @@
-"""A storage that wraps the backend's local filesystem storage to count reads and slow down writes.
+"""A storage that wraps the backend's storage (local filesystem, or fsspec for --storage-url) to count reads and
+slow down writes.
 
 Slowing writes keeps an async write in flight long enough for the training loop
 to race it; counting reads gives the report its "bytes read" column. The config
 is a plain dataclass at module level, so the backend can pickle it into its
 spawned writer process, which re-imports this module (and finds the backend
 through ``SIMULATOR_BACKEND``).
+
+With ``url`` set (``--storage-url``), the wrapped storage is the backend's public ``FsspecStorageConfig(url=...)``:
+credentials and an S3-compatible endpoint come from the environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``...), which ranks and writer processes inherit, so the config carries no secret.
 """
 
 from __future__ import annotations
@@ -28,11 +33,24 @@ def bytes_read() -> int:
     return _COUNTERS["bytes_read"]
 
 
+def fsspec_storage_config(url: str) -> Any:
+    """The backend's public ``FsspecStorageConfig`` for ``url`` (its endpoint and credentials from the environment)."""
+    top = backend_module()
+    config_cls = getattr(top, "FsspecStorageConfig", None)
+    if config_cls is None:
+        raise ImportError(
+            f"backend {top.__name__!r} exports no FsspecStorageConfig, which --storage-url {url!r} needs; "
+            "run without --storage-url to use the local filesystem"
+        )
+    return config_cls(url=url)
+
+
 @dataclass
 class InstrumentedStorageConfig(_base.StorageConfig):  # type: ignore[misc, name-defined]
-    """Buffered local storage (no O_DIRECT) that sleeps ``write_delay_s`` before every file write."""
+    """Buffered local storage (no O_DIRECT), or the fsspec store at ``url``; sleeps ``write_delay_s`` per write."""
 
     write_delay_s: float = 0.0
+    url: str = ""
 
     def create_storage(self) -> InstrumentedStorage:
         return InstrumentedStorage(self)
@@ -40,11 +58,20 @@ class InstrumentedStorageConfig(_base.StorageConfig):  # type: ignore[misc, name
 
 class InstrumentedStorage(_base.Storage):  # type: ignore[misc, name-defined]
     def __init__(self, config: InstrumentedStorageConfig) -> None:
-        self._inner = _fs.LocalFileSystemStorage(_fs.LocalFileSystemStorageConfig(use_direct_io=False))
+        self._inner = (
+            fsspec_storage_config(config.url).create_storage()
+            if config.url
+            else _fs.LocalFileSystemStorage(_fs.LocalFileSystemStorageConfig(use_direct_io=False))
+        )
         self._delay = config.write_delay_s
+        # An object store commits with a commit file instead of a rename; the engine must see that.
+        self.atomic_rename = getattr(self._inner, "atomic_rename", True)
         for optional in ("sync_directory", "replace_directory"):
             if hasattr(self._inner, optional):
                 setattr(self, optional, getattr(self._inner, optional))
+
+    def handles_url(self, checkpoint_id: str) -> bool:
+        return bool(self._inner.handles_url(checkpoint_id))
 
     def _sleep(self) -> None:
         if self._delay > 0:

@@ -20,6 +20,7 @@ _FENCE = re.compile(
     r"^(?P<indent>[ \t]*)```(?P<lang>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.MULTILINE | re.DOTALL
 )
 _MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<args>.*?)\s*-->")
+SERVICES = frozenset({"s3"})
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Block:
     lang: str
     ranks: tuple[int, ...]
     code: str
+    needs: tuple[str, ...] = ()  # services started for the block: "s3" (see tests/test_docs_examples.py)
 
     @property
     def id(self) -> str:
@@ -48,11 +50,13 @@ def blocks(path: Path) -> list[Block]:
     for match in _FENCE.finditer(text):
         before = text[: match.start()].rstrip().splitlines()
         marker = _MARKER.search(before[-1]) if before else None
-        ranks = _ranks(marker.group("args") if marker else "", path, match.start())
+        tokens = (marker.group("args") if marker else "").split()
+        needs = tuple(t for t in tokens if t in SERVICES)
+        ranks = _ranks(" ".join(t for t in tokens if t not in SERVICES), path, match.start())
         code = textwrap.dedent("\n".join(line for line in match.group("body").splitlines()))
         line = text.count("\n", 0, match.start()) + 1
         name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
-        found.append(Block(name, line, match.group("lang").strip(), ranks, code + "\n"))
+        found.append(Block(name, line, match.group("lang").strip(), ranks, code + "\n", needs))
     return found
 
 
@@ -62,7 +66,7 @@ def _ranks(args: str, path: Path, offset: int) -> tuple[int, ...]:
     m = re.fullmatch(r"ranks=(\d+(?:,\d+)*)", args)
     if not m:
         raise ValueError(
-            f"{path.name} at char {offset}: unknown docs-test marker {args!r}; use 'ranks=2' or 'ranks=1,2'"
+            f"{path.name} at char {offset}: unknown docs-test marker {args!r}; use 'ranks=2', 'ranks=1,2' and/or 's3'"
         )
     return tuple(int(n) for n in m.group(1).split(","))
 

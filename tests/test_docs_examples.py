@@ -10,6 +10,10 @@ here):
   ``torchrun --nproc-per-node 2 script.py`` would run it (each rank calls ``dist.init_process_group("gloo")``
   itself; the ranks share the working directory), through ``simulator.launcher.launch``. ``ranks=1,2`` runs
   it both as a plain script and on 2 ranks.
+* ``<!-- docs-test: s3 -->`` (alone or with ``ranks=...``): the block talks to S3. A local moto server
+  (tests/s3_server.py) is started once, a fresh bucket is made for the block, and the block gets what a real
+  user sets: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION`` and
+  ``CHECKPOINT_BUCKET`` (the bucket's name) in its environment. Skipped without fsspec/s3fs/moto[server].
 * ```bash — commands for the reader to type. Not run, but checked: no unquoted ``->`` (bash reads ``>`` as a
   redirect), and every ``python -m simulator ...`` line must be accepted by the simulator's own parser.
 * ```text, ```console — output, diagrams and shell sessions shown as they look; never run.
@@ -29,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs_snippets import ROOT, Block, blocks, documents
+from tests.s3_server import s3_server  # noqa: F401 - the session fixture, started only for `s3` blocks
 
 RUN = {"python"}
 COMMANDS = {"bash", "sh", "shell"}
@@ -44,6 +49,24 @@ def _env() -> dict[str, str]:
     """The repository root on the path, as when a reader runs a snippet from a clone."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
     return {**os.environ, "PYTHONPATH": path}
+
+
+def _services(block: Block, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The environment a block marked `s3` reads: a local S3 server's endpoint, credentials and a fresh bucket."""
+    if "s3" not in block.needs:
+        return {}
+    import uuid
+
+    server = request.getfixturevalue("s3_server")
+    bucket = f"docs-{uuid.uuid4().hex[:12]}"
+    server.make_bucket(bucket)
+    return {
+        "AWS_ENDPOINT_URL": server.endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "CHECKPOINT_BUCKET": bucket,
+    }
 
 
 def _script(block: Block, tmp_path: Path) -> Path:
@@ -64,19 +87,22 @@ def test_every_block_says_what_it_is(block: Block) -> None:
 
 
 @pytest.mark.parametrize("block", [b for b in PYTHON if 1 in b.ranks], ids=lambda b: b.id)
-def test_python_block_runs_as_a_script(block: Block, tmp_path: Path) -> None:
+def test_python_block_runs_as_a_script(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     script = _script(block, tmp_path)
     work = tmp_path / "work"
     work.mkdir()
+    env = {**_env(), **_services(block, request)}
     done = subprocess.run(
-        [sys.executable, str(script)], cwd=work, capture_output=True, text=True, timeout=_TIMEOUT_S, env=_env()
+        [sys.executable, str(script)], cwd=work, capture_output=True, text=True, timeout=_TIMEOUT_S, env=env
     )
     assert done.returncode == 0, f"{block.id} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("block", [b for b in PYTHON if set(b.ranks) - {1}], ids=lambda b: b.id)
-def test_multi_rank_python_block_runs_under_torchrun_conditions(block: Block, tmp_path: Path) -> None:
+def test_multi_rank_python_block_runs_under_torchrun_conditions(
+    block: Block, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     from simulator.launcher import launch
     from tests.docs_snippets import run_script_as_torchrun_rank
 
@@ -89,7 +115,7 @@ def test_multi_rank_python_block_runs_under_torchrun_conditions(block: Block, tm
             world,
             args=(str(script), str(work)),
             timeout=_TIMEOUT_S,
-            env={"PYTHONPATH": _env()["PYTHONPATH"]},
+            env={"PYTHONPATH": _env()["PYTHONPATH"], **_services(block, request)},
             name=f"docs-{Path(block.doc).stem}-{block.line}",
         )
 
@@ -149,6 +175,8 @@ def test_markers_and_indented_blocks_are_read_and_unknown_markers_refused(tmp_pa
         ("python", (1, 2), "print(1)\n", 2),
         ("text", (1,), "out\n", 7),
     ]
+    page.write_text("<!-- docs-test: s3 ranks=2 -->\n```python\nprint(1)\n```\n")
+    assert [(b.ranks, b.needs) for b in blocks(page)] == [((2,), ("s3",))]
     page.write_text("<!-- docs-test: rank=2 -->\n```python\nprint(1)\n```\n")
     with pytest.raises(ValueError, match="unknown docs-test marker"):
         blocks(page)

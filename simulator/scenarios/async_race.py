@@ -27,7 +27,6 @@ from simulator.scenarios.common import (
     RankCtx,
     clone_tree,
     closing,
-    file_bytes,
     gather,
     same,
     zeros_like_tree,
@@ -121,7 +120,7 @@ def save(ctx: RankCtx) -> list[CheckResult]:
     state = training_state(ctx.plan.seed, ctx.rank)
     probe = ReadProbe()
     state["progress"] = {_PROBE_KEY: probe, **state["progress"]}
-    first = str(ctx.path(NAME, "mutate-after-save"))
+    first = ctx.ckpt(NAME, "mutate-after-save")
     files = [f"{k}_{ctx.rank}.pt" for k in state]
     with closing(ctx.manager(_specs(ctx), sync=False, write_delay_s=ctx.plan.write_delay_s)) as mgr:
         snapshot = clone_tree(_without_probe(state))
@@ -153,7 +152,7 @@ def _judge_first(
 ) -> list[CheckResult]:
     meter = Meter()
     got = _read(ctx, directory, snapshot)
-    written = file_bytes(ctx.path(NAME, "mutate-after-save"), files)
+    written = ctx.file_bytes(directory, files)
     flight = (
         "write still in flight after the mutation" if in_flight else "write had already finished (storage too fast?)"
     )
@@ -224,7 +223,7 @@ def _torn_step_checks(ctx: RankCtx, mgr: Any, state: dict[str, Any]) -> list[Che
     rows = []
     for use_lock in (True, False):
         meter = Meter()
-        directory = str(ctx.path(NAME, "locked-steps" if use_lock else "unlocked-steps"))
+        directory = ctx.ckpt(NAME, "locked-steps" if use_lock else "unlocked-steps")
         base = [t[0, 0].item() if t.dim() == 2 else t[0].item() for t in _tensors(state)]
         halfway, saved = threading.Event(), threading.Event()
         trainer = threading.Thread(target=_step_in_two_halves, args=(mgr, state, use_lock, halfway, saved), daemon=True)

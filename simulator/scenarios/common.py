@@ -27,6 +27,7 @@ class RankCtx:
     rank: int = field(init=False)
     world: int = field(init=False)
     b: Backend = field(init=False)
+    _store: Any = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.rank = dist.get_rank()
@@ -38,10 +39,53 @@ class RankCtx:
         return self.plan.save_mesh if self.phase == "save" else self.plan.load_mesh
 
     def path(self, *parts: str) -> Path:
+        """A local path under the run's directory: for the simulator's own files (signals, results)."""
         return Path(self.plan.root, *parts)
 
+    def ckpt(self, *parts: str) -> str:
+        """A checkpoint id: a local path, or a URL under this run's prefix with --storage-url."""
+        if self.plan.storage_url:
+            return "/".join([self.plan.storage_url, *parts])
+        return str(self.path(*parts))
+
     def storage(self, write_delay_s: float = 0.0) -> InstrumentedStorageConfig:
-        return InstrumentedStorageConfig(write_delay_s=write_delay_s)
+        return InstrumentedStorageConfig(write_delay_s=write_delay_s, url=self.plan.storage_url)
+
+    @property
+    def store(self) -> Any:
+        """The same storage the managers use, for looking at what a save left (never a local path: S3 has none)."""
+        if self._store is None:
+            self._store = self.storage().create_storage()
+        return self._store
+
+    def _at(self, ckpt_id: str, rel: str = "") -> Path:
+        return Path(f"{ckpt_id}/{rel}" if rel else ckpt_id)
+
+    def is_file(self, ckpt_id: str, rel: str) -> bool:
+        where = self._at(ckpt_id, rel)
+        return bool(self.store.exists(where)) and not self.store.isdir(where)
+
+    def size(self, ckpt_id: str, rel: str) -> int:
+        return int(self.store.getsize(self._at(ckpt_id, rel)))
+
+    def file_bytes(self, ckpt_id: str, rel_paths: list[str]) -> int:
+        """Bytes of those files of a checkpoint that exist."""
+        return sum(self.size(ckpt_id, p) for p in rel_paths if self.is_file(ckpt_id, p))
+
+    def all_files(self, ckpt_id: str) -> list[str]:
+        """Every file under a checkpoint, relative to it, sorted (a walk of ls/isdir through the storage)."""
+        found: list[str] = []
+        pending = [""]
+        while pending:
+            rel = pending.pop()
+            try:
+                names = self.store.ls(self._at(ckpt_id, rel))
+            except FileNotFoundError:
+                continue
+            for name in names:
+                child = f"{rel}/{name}" if rel else name
+                (pending if self.store.isdir(self._at(ckpt_id, child)) else found).append(child)
+        return sorted(found)
 
     def manager(self, items: Mapping[str, Any], *, sync: bool = True, write_delay_s: float = 0.0) -> Any:
         """A manager built only from public presets and fields."""
@@ -84,14 +128,6 @@ class Meter:
     @property
     def read(self) -> int:
         return bytes_read() - self.read_start
-
-
-def file_bytes(root: Path, rel_paths: list[str]) -> int:
-    return sum((root / p).stat().st_size for p in rel_paths if (root / p).is_file())
-
-
-def all_files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
 def same(a: Any, b: Any, path: str = "") -> list[str]:

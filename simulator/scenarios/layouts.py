@@ -13,7 +13,6 @@ from simulator.scenarios.common import (
     RankCtx,
     brief,
     closing,
-    file_bytes,
     gather,
     ranks_label,
     same,
@@ -66,24 +65,24 @@ def _manager(ctx: RankCtx) -> Any:
 
 
 def _read_back(ctx: RankCtx, source_world: int) -> tuple[list[str], int]:
-    root = ctx.path(NAME)
+    root = ctx.ckpt(NAME)
     expected = payload(ctx.plan.seed, ctx.rank, source_world)
     with closing(_manager(ctx)) as mgr:
-        restored = mgr.load(str(root), into=_template(expected))
+        restored = mgr.load(root, into=_template(expected))
     return same(dict(restored), expected), 0
 
 
 def save(ctx: RankCtx) -> list[CheckResult]:
     rows: list[CheckResult] = []
-    root = ctx.path(NAME)
+    root = ctx.ckpt(NAME)
     layouts = _layouts(ctx)
     meter = Meter()
     mine = [expected_path(k, lay, ctx.rank) for k, lay in layouts.items()]
     with closing(_manager(ctx)) as mgr:
-        mgr.save(str(root), payload(ctx.plan.seed, ctx.rank, ctx.world))
+        mgr.save(root, payload(ctx.plan.seed, ctx.rank, ctx.world))
     dist.barrier()
     notes: list[str] = []
-    missing = [p for p in mine if not (root / p).is_file()]
+    missing = [p for p in mine if not ctx.is_file(root, p)]
     if missing:
         notes.append(f"rank {ctx.rank} files missing after save: {missing}")
     everyone = gather(mine)
@@ -91,12 +90,12 @@ def save(ctx: RankCtx) -> list[CheckResult]:
     if len(set(flat)) != len(flat):
         notes.append(f"expected per-rank paths collide: {sorted({p for p in flat if flat.count(p) > 1})}")
     if ctx.rank == 0:
-        on_disk = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+        on_disk = set(ctx.all_files(root))
         extra = sorted(on_disk - set(flat))
         if extra:
             notes.append(f"engine bookkeeping files next to the items: {extra}")
         notes.append(f"rank 0 files: {mine}")
-    written = file_bytes(root, mine)
+    written = ctx.file_bytes(root, mine)
     result = FAIL if missing or len(set(flat)) != len(flat) else PASS
     rows.append(
         ctx.row(NAME, "paths", result, notes=notes, written=written, seconds=meter.seconds, placements="per-rank files")
@@ -164,7 +163,7 @@ def load(ctx: RankCtx) -> list[CheckResult]:
 
 def collision(ctx: RankCtx) -> CheckResult:
     """A fixed path on several ranks: the engine must refuse it, or ranks overwrite each other."""
-    root = ctx.path(f"{NAME}-shared-{ctx.phase}")
+    root = ctx.ckpt(f"{NAME}-shared-{ctx.phase}")
     lay = ctx.b.layout
     spec = {"shared": ctx.b.ItemSpec(layout=lay.LayoutInfo(SHARED_FILE, lay.TorchSerialization()))}
     meter = Meter()
@@ -172,7 +171,7 @@ def collision(ctx: RankCtx) -> CheckResult:
     error = ""
     try:
         with closing(ctx.manager(spec)) as mgr:
-            mgr.save(str(root), {"shared": value})
+            mgr.save(root, {"shared": value})
     except Exception as exc:
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     errors = gather(error)
@@ -185,18 +184,17 @@ def collision(ctx: RankCtx) -> CheckResult:
         )
         return ctx.row(NAME, "no-{rank}", HAZARD, notes=[note], placements=placements, seconds=meter.seconds)
     dist.barrier()
-    file = root / SHARED_FILE
-    if not file.is_file():
+    if not ctx.is_file(root, SHARED_FILE):
         return ctx.row(
             NAME,
             "no-{rank}",
             FAIL,
             placements=placements,
             seconds=meter.seconds,
-            notes=[f"save succeeded on every rank but {file.name} is not in the checkpoint"],
+            notes=[f"save succeeded on every rank but {SHARED_FILE} is not in the checkpoint"],
         )
     with closing(ctx.manager(spec)) as mgr:
-        got = mgr.load(str(root), into={"shared": None})["shared"]
+        got = mgr.load(root, into={"shared": None})["shared"]
     winner = got.get("rank") if isinstance(got, dict) else None
     others = ctx.world - 1
     note = (
@@ -214,6 +212,6 @@ def collision(ctx: RankCtx) -> CheckResult:
         notes=[note],
         placements=placements,
         seconds=meter.seconds,
-        written=file.stat().st_size if ctx.rank == 0 else 0,
+        written=ctx.size(root, SHARED_FILE) if ctx.rank == 0 else 0,
         read=meter.read,
     )

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distr
 
 from simulator.dataloader_resharder import DataloaderResharder, dataloader_state
 from simulator.report import FAIL, PASS, CheckResult
-from simulator.scenarios.common import Meter, RankCtx, all_files, closing, file_bytes, ranks_label, same
+from simulator.scenarios.common import Meter, RankCtx, closing, ranks_label, same
 
 NAME = "reshard"
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -122,16 +122,16 @@ def save(ctx: RankCtx) -> list[CheckResult]:
         "dataloader": source,
         "misc_state": {"step": STEP, "rank": ctx.rank, "world": ctx.world},
     }
-    root = ctx.path(NAME)
+    root = ctx.ckpt(NAME)
     with closing(ctx.manager(_specs(ctx))) as mgr:
-        mgr.save(str(root), payload)
+        mgr.save(root, payload)
     mine = [
         f"model_{ctx.rank}.pt",
         f"optimizer_{ctx.rank}.pt",
         f"dataloader_{ctx.rank}.pt",
         MISC_PATH.replace("{rank}", str(ctx.rank)),
     ]
-    notes = [f"checkpoint files: {all_files(root)[:12]}"] if ctx.rank == 0 else []
+    notes = [f"checkpoint files: {ctx.all_files(root)[:12]}"] if ctx.rank == 0 else []
     return [
         ctx.row(
             NAME,
@@ -139,7 +139,7 @@ def save(ctx: RankCtx) -> list[CheckResult]:
             PASS,
             placements=placement_label(mesh.ndim),
             notes=notes,
-            written=file_bytes(root, mine),
+            written=ctx.file_bytes(root, mine),
             seconds=meter.seconds,
         )
     ]
@@ -156,7 +156,7 @@ def load(ctx: RankCtx) -> list[CheckResult]:
         "dataloader": {"rank": -1, "world": -1, "samples_consumed": -1, "next_sample": -1},
     }
     with closing(ctx.manager(_specs(ctx))) as mgr:
-        restored = dict(mgr.load(str(ctx.path(NAME)), into=into))
+        restored = dict(mgr.load(ctx.ckpt(NAME), into=into))
     rows = _check_values(ctx, mesh, restored, meter, label)
     rows.append(_check_misc(ctx))
     rows.append(_check_training(ctx, mesh, restored, label))
@@ -174,7 +174,7 @@ def _check_misc(ctx: RankCtx) -> CheckResult:
     into = {"misc_state": None} if ctx.rank < source else {}
     try:
         with closing(ctx.manager({"misc_state": _specs(ctx)["misc_state"]})) as mgr:
-            got = dict(mgr.load(str(ctx.path(NAME)), into=into))
+            got = dict(mgr.load(ctx.ckpt(NAME), into=into))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return ctx.row(
