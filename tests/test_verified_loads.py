@@ -796,3 +796,32 @@ def test_refused_pickle_is_an_unsafe_checkpoint_error_naming_the_file(tmp_path: 
         assert isinstance(info.value, pickle.UnpicklingError)  # what callers caught before
     finally:
         m.close()
+
+
+_FIFO_MANIFEST_PROGRAM = """
+import os, sys, torch
+from torch_checkpointing import CheckpointManager, UnsafeCheckpointError, list_checkpoints
+root = sys.argv[1]
+m = CheckpointManager(CheckpointManager.Config.with_sync_save())
+m.save(root + "/c", {"model": {"w": torch.ones(3)}})
+os.unlink(root + "/c/manifest.json")
+os.mkfifo(root + "/c/manifest.json")
+for what, call in [("load", lambda: m.load(root + "/c", into={"model": {"w": torch.zeros(3)}})),
+                   ("list", lambda: list_checkpoints(root))]:
+    try:
+        print(what, "returned", call())
+    except UnsafeCheckpointError as exc:
+        print(what, "refused", exc)
+m.close()
+"""
+
+
+def test_fifo_in_place_of_the_manifest_is_refused_without_hanging(tmp_path: Path) -> None:
+    # Before: the manager's key check read manifest.json with a blocking open() outside the read context, and
+    # every manifest reader (load, list_checkpoints, the CLI) hung forever on a FIFO.
+    out = subprocess.run(
+        [sys.executable, "-c", _FIFO_MANIFEST_PROGRAM, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "load refused" in out.stdout and "not a regular file" in out.stdout, out.stdout
+    assert "list returned []" in out.stdout or "list refused" in out.stdout, out.stdout

@@ -208,8 +208,8 @@ class CheckpointLoader:
             if not item.spec.required:
                 return None  # the checkpoint does not hold it: excused
             raise TemplateMismatchError(
-                f"Checkpoint {ctx.root} has no item '{item.key}' (file {rel!r}). Save it, or declare "
-                f"ItemSpec(required=False) to allow checkpoints without it."
+                f"Checkpoint {ctx.root} has no item '{item.key}' (file {rel!r}); it holds {_held(ctx)}. Fix the "
+                f"key, save the item, or declare ItemSpec(required=False) to allow checkpoints without it."
             )
         record = ctx.record(rel)
         if record is not None and record.format.get("type") != type(item.layout.serialization_format).__name__:
@@ -299,3 +299,8 @@ def _refuse_if_incomplete(root: Path, report: _Report) -> None:
             f"in the template {_names(report.unexpected)}. Nothing was restored. Fix the template (e.g. for an "
             f"optimizer, initialise its state first), or load with strict=False to restore the overlap."
         )
+
+
+def _held(ctx: CheckpointReadContext) -> str:
+    """The item keys the checkpoint holds, for errors about a key it lacks (a typo, usually)."""
+    return str(sorted(ctx.manifest.keys())) if ctx.manifest is not None else "no manifest to list them"

@@ -37,7 +37,7 @@ from torch_checkpointing.config import (
     CheckpointSaverConfig,
     SyncCheckpointSaverConfig,
 )
-from torch_checkpointing.discovery import OwnerLock, check_item_keys, self_describing_layouts
+from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
 from torch_checkpointing.errors import CommitError
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.rank_context import RankContext
@@ -177,7 +177,6 @@ class CheckpointManager:
         if into is None:
             into = dict.fromkeys(self.config.items)
         items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
-        check_item_keys(self._storage, str(checkpoint_id), [i.key for i in items if i.spec.required])
         return self._loader.load(str(checkpoint_id), items, map_location=map_location, strict=strict)
 
     def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:

@@ -28,7 +28,6 @@ __all__ = [
     "CheckpointInfo",
     "Leftover",
     "OwnerLock",
-    "check_item_keys",
     "checkpoint_info",
     "latest_checkpoint",
     "list_checkpoints",
@@ -370,21 +369,3 @@ def self_describing_layouts(
             fmt_dict.pop("cls", None)
         out[key] = LayoutInfo(record.path, serialization_format_from_dict(fmt_dict))
     return out
-
-
-def check_item_keys(storage: Storage, checkpoint_id: str | os.PathLike[str], keys: list[str]) -> None:
-    """Raise a KeyError naming the checkpoint's keys when a required key is not among them (a typo, usually).
-
-    Silent when there is no committed manifest to compare with: the load itself then says what is wrong.
-    """
-    root = Path(checkpoint_id)
-    try:
-        manifest = read_manifest(storage, root) if storage.isdir(root) else None
-    except (RuntimeError, OSError):
-        return
-    if manifest is None:
-        return
-    available = sorted(manifest.keys())
-    unknown = [k for k in keys if k not in available]
-    if unknown:
-        raise KeyError(f"Checkpoint {checkpoint_id} has no item(s) {unknown}; it holds {available}.")

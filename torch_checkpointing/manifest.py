@@ -6,14 +6,17 @@ place. A directory with the `.incomplete` marker and no manifest is a save that 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import stat
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError
+from torch_checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
@@ -136,7 +139,29 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
     path = checkpoint_dir / MANIFEST_FILE_NAME
     if not storage.exists(path):
         return None
-    return parse_manifest(storage.read(path), str(path))
+    local = storage.local_path(path)
+    data = _read_local_regular(local, path) if local is not None else storage.read(path)
+    return parse_manifest(data, str(path))
+
+
+def _read_local_regular(local: str, path: Path) -> bytes:
+    """The bytes of a local manifest that is a regular file, never blocking: a FIFO or a symlink is refused."""
+    try:
+        fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeCheckpointError(f"{path} is a symbolic link; a manifest must be a regular file.") from None
+        raise CorruptCheckpointError(f"Cannot open {path}: {exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeCheckpointError(f"{path} is not a regular file; it cannot be a manifest.")
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise CorruptCheckpointError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes; it is not a manifest.")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_MANIFEST_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------------ parsing
