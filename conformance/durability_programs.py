@@ -16,7 +16,7 @@ RANK_TIMEOUT_S = 15
 
 
 def one_rank_raises(root: str) -> dict[str, Any]:
-    """Commit OLD on 2 ranks, then save NEW where rank 1's item cannot be serialized.
+    """Commit OLD on 2 ranks, then save NEW to another id where rank 1's item cannot be serialized.
 
     Returns, per rank, whether the failing save raised and how long it took, so the test can
     check that the surviving rank raised within the configured wait timeout.
@@ -35,8 +35,8 @@ def one_rank_raises(root: str) -> dict[str, Any]:
     m = faults.manager("sync", timeout_s=RANK_TIMEOUT_S)
     start = time.monotonic()
     error = None
-    try:
-        save(m, ck, new, timeout=RANK_TIMEOUT_S * 2)
+    try:  # to a fresh id: a backend that refuses to replace a checkpoint is still tested
+        save(m, Path(root) / "fresh", new, timeout=RANK_TIMEOUT_S * 2)
     except Exception as exc:  # noqa: BLE001 - the clause wants every rank to raise
         error = f"{type(exc).__name__}: {exc}"[:300]
     elapsed = time.monotonic() - start
@@ -45,7 +45,15 @@ def one_rank_raises(root: str) -> dict[str, Any]:
     dist.barrier()
     # Each rank reads its own files: the id must still hold OLD (1), never NEW (2) or a mix.
     after = faults.classify(ck, {"old": 1, "new": 2})
-    return {"rank": rank, "error": error, "elapsed": elapsed, "after": after}
+    fresh = faults.classify(Path(root) / "fresh", {"new": 2})
+    return {"rank": rank, "error": error, "elapsed": elapsed, "after": after, "fresh": fresh}
+
+
+def _stamp(path: Path) -> None:
+    """Write the wall-clock time to ``path`` atomically: the killing process polls for the file and reads it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(repr(time.time()))
+    tmp.replace(path)
 
 
 def save_for_kill(case: str) -> None:
@@ -62,11 +70,13 @@ def save_for_kill(case: str) -> None:
         save(m, root / "warm", faults.payload(9, numel=16))
         dist.barrier()
         if rank == 0:
-            (root / "ready").write_text(repr(time.time()))
-        save(m, root / "ck", faults.payload(2))
+            _stamp(root / "ready")
+        with contextlib.suppress(Exception):  # a backend may refuse to replace a checkpoint
+            save(m, root / "ck", faults.payload(2))
+        save(m, root / "fresh", faults.payload(2))
         dist.barrier()
         if rank == 0:
-            (root / "done").write_text(repr(time.time()))
+            _stamp(root / "done")
     finally:
         m.close()
 
@@ -74,4 +84,5 @@ def save_for_kill(case: str) -> None:
 def classify_cases(paths: list[str]) -> dict[str, dict[str, str]]:
     """Per case: what this rank's load of the id and of the earlier id returned."""
     return {p: {"id": faults.classify(Path(p) / "ck", {"old": 1, "new": 2}),
+                "fresh": faults.classify(Path(p) / "fresh", {"new": 2}),
                 "earlier": faults.classify(Path(p) / "earlier", {"intact": 0})} for p in paths}

@@ -8,7 +8,7 @@ from real processes, real signals and real resource limits. Subprocesses run thi
   instant (each in its own session) and SIGKILLs the child and every process it started at that instant.
 * ``fsize``: saves under ``RLIMIT_FSIZE`` (Python ignores SIGXFSZ, so writes fail with EFBIG), then
   lifts the limit and saves again.
-* ``overwrite-loop``: saves two payloads in turn to one id until told to stop (concurrent-load clause).
+* ``overwrite-loop`` / ``load-loop``: one process saves two payloads in turn to one id, another loads it.
 * ``load-many``: loads checkpoints in threads, reporting a load still blocked after a bound (FIFO clause).
 """
 
@@ -183,7 +183,10 @@ def _save_child(path: str, version: int, mode: str, ready_w: int | None) -> Call
             save(m, Path(path).parent / f"warm-{os.getpid()}", payload(9, numel=16))
             if ready_w is not None:
                 os.write(ready_w, b"x")
-            save(m, path, payload(version))
+            # Over the committed id (a backend may refuse to replace a checkpoint: then the fresh id is the save).
+            with contextlib.suppress(Exception):
+                save(m, path, payload(version))
+            save(m, Path(path).with_name("fresh"), payload(version))
         finally:
             m.close()
     return run
@@ -296,10 +299,12 @@ def fsize_case(root: Path, limit: int, mode: str) -> dict[str, Any]:
     error = None
     m = manager(mode)
     try:
-        save(m, root / "ck", payload(2))
-        save(m, root / "fresh", payload(2))
-    except Exception as exc:  # noqa: BLE001 - the clause wants an error
-        error = f"{type(exc).__name__}: {exc}"[:500]
+        try:  # a fresh id first: a backend that refuses to replace a checkpoint still has to write this one
+            save(m, root / "fresh", payload(2))
+        except Exception as exc:  # noqa: BLE001 - the clause wants an error
+            error = f"{type(exc).__name__}: {exc}"[:500]
+        with contextlib.suppress(Exception):  # over the committed id: raising is expected, damage is not
+            save(m, root / "ck", payload(2))
     finally:
         with contextlib.suppress(Exception):
             m.close()
@@ -320,14 +325,39 @@ def overwrite_loop(args: dict[str, Any]) -> dict[str, Any]:
     """Save versions 1 and 2 in turn to one id until the stop file appears (or a deadline)."""
     path, stop, deadline = Path(args["path"]), Path(args["stop"]), time.monotonic() + float(args["max_s"])
     m = manager(args.get("mode", "sync"))
-    saves = 0
+    saves, refused = 0, None
     try:
         while not stop.exists() and time.monotonic() < deadline:
-            save(m, path, payload(1 + saves % 2))
+            try:
+                save(m, path, payload(1 + saves % 2))
+            except Exception as exc:  # noqa: BLE001 - a backend may refuse to replace a checkpoint
+                refused = f"{type(exc).__name__}: {exc}"[:300]
+                break
             saves += 1
+            if saves == 1:  # the loading side starts its window now, not while this process imports torch
+                stop.with_name("saving").touch()
     finally:
+        stop.with_name("saving").touch()  # also when refused: the loading side must not wait for nothing
         m.close()
-    return {"saves": saves}
+    return {"saves": saves, "refused": refused}
+
+
+def load_loop(args: dict[str, Any]) -> dict[str, Any]:
+    """Once the overwriting process has saved, load the id for ``window_s`` seconds; count each outcome.
+
+    In its own process: a backend that maps files a concurrent writer truncates dies of SIGBUS here,
+    which the test reports, instead of taking pytest down.
+    """
+    path, started = Path(args["path"]), Path(args["started"])
+    bound = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    while not started.exists() and time.monotonic() < bound:
+        time.sleep(0.05)
+    seen: dict[str, int] = {}
+    deadline = time.monotonic() + float(args["window_s"])
+    while time.monotonic() < deadline:
+        got = classify(path, {"one": 1, "two": 2})
+        seen[got] = seen.get(got, 0) + 1
+    return {"seen": seen}
 
 
 def load_many(args: dict[str, Any]) -> dict[str, Any]:
@@ -351,7 +381,9 @@ def load_many(args: dict[str, Any]) -> dict[str, Any]:
 
 
 COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "kill-series": kill_series, "kill-series-ranks": kill_series_ranks, "fsize": fsize, "overwrite-loop": overwrite_loop, "load-many": load_many,
+    "kill-series": kill_series, "kill-series-ranks": kill_series_ranks, "fsize": fsize,
+    "overwrite-loop": overwrite_loop, "load-loop": load_loop,
+    "load-many": load_many,
 }
 
 

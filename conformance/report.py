@@ -69,7 +69,7 @@ def _area_rows(clauses: Mapping[str, Clause], status: Mapping[str, str]) -> list
 def render_md(report: Mapping[str, Any], clauses: Mapping[str, Clause] | None = None) -> str:
     """One backend's per-area and per-clause tables (``--clause-report-md``)."""
     clauses = clauses or load_clauses()
-    lines = [f"# Conformance clause report", "", f"Backend: `{report['backend']}`"]
+    lines = ["# Conformance clause report", "", f"Backend: `{report['backend']}`"]
     if report.get("adapter"):
         lines.append(f"Adapter: `{report['adapter']}` (clauses marked *(adapter)* used a name it supplied)")
     lines += ["", "## By area", "", *_area_rows(clauses, report["clauses"]), "", "## By clause", "",
@@ -104,21 +104,25 @@ def render_docs_block(reports: Sequence[tuple[str, Mapping[str, Any]]], reasons:
                       clauses: Mapping[str, Clause] | None = None) -> str:
     """The generated part of docs/conformance.md: totals per backend and the per-clause comparison."""
     clauses = clauses or load_clauses()
-    lines = [BEGIN, "", "### Totals", "", "| backend | " + " | ".join(["clauses", *STATUSES]) + " | adapted |",
-             "|---|---" + "|---" * len(STATUSES) + "|---|"]
-    for label, rep in reports:
-        counts = {k: 0 for k in STATUSES}
-        for cid in clauses:
-            counts[rep["clauses"].get(cid, "not run")] += 1
-        adapted = sum(1 for cid in clauses if cid in rep.get("adapted", ()))
-        lines.append(f"| {label} | {len(clauses)} | " + " | ".join(str(counts[k]) for k in STATUSES) + f" | {adapted} |")
+    lines = [BEGIN]
+    for title, durability in (("design document clauses", False), ("durability profile", True)):
+        part = [cid for cid, c in clauses.items() if c.durability == durability]
+        lines += ["", f"### Totals: {title}", "", "| backend | " + " | ".join(["clauses", *STATUSES]) + " | adapted |",
+                  "|---|---" + "|---" * len(STATUSES) + "|---|"]
+        for label, rep in reports:
+            counts = dict.fromkeys(STATUSES, 0)
+            for cid in part:
+                counts[rep["clauses"].get(cid, "not run")] += 1
+            adapted = sum(1 for cid in part if cid in rep.get("adapted", ()))
+            cells = " | ".join(str(counts[k]) for k in STATUSES)
+            lines.append(f"| {label} | {len(part)} | {cells} | {adapted} |")
     labels = [label for label, _ in reports]
     lines += ["", "### Clause table", "", "| clause | " + " | ".join(labels) + " | why they differ |",
               "|---|" + "---|" * len(labels) + "---|"]
     for cid in clauses:
         cells = [cell(rep, cid) for _, rep in reports]
         lines.append(f"| `{cid}` | " + " | ".join(cells) + f" | {reasons.get(cid, '')} |")
-    return "\n".join(lines + ["", END])
+    return "\n".join([*lines, "", END])
 
 
 def regenerate_docs(doc_path: Path = DOCS) -> tuple[str, str]:

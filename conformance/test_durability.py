@@ -13,7 +13,6 @@ import pickle
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -76,9 +75,10 @@ def test_killed_save_leaves_old_or_new(tmp_path: Path, mode: str) -> None:
     for i, delay in enumerate(out["delays"]):
         case = tmp_path / f"case{i}"
         got = faults.classify(case / "ck", {"old": 1, "new": 2})
+        fresh = faults.classify(case / "fresh", {"new": 2})
         earlier = faults.classify(case / "earlier", {"intact": 0})
-        if got not in ("old", "new", "raised") or earlier != "intact":
-            bad[f"kill at {delay:.3f}s"] = {"id": got, "earlier checkpoint": earlier}
+        if got not in ("old", "new", "raised") or fresh not in ("new", "raised") or earlier != "intact":
+            bad[f"kill at {delay:.3f}s"] = {"id": got, "fresh id": fresh, "earlier checkpoint": earlier}
     assert not bad, f"save of {out['full_save_s']:.3f}s killed ({mode}): {bad}"
 
 
@@ -94,9 +94,10 @@ def test_killed_two_rank_save_leaves_old_or_new(tmp_path: Path) -> None:
     per_rank = launch(durability_programs.classify_cases, 2, args=(cases,), timeout=180.0)
     bad = {}
     for rank, seen in enumerate(per_rank):
-        for case, delay in zip(cases, out["delays"]):
+        for case, delay in zip(cases, out["delays"], strict=True):
             got = seen[case]
-            if got["id"] not in ("old", "new", "raised") or got["earlier"] != "intact":
+            if got["id"] not in ("old", "new", "raised") or got["fresh"] not in ("new", "raised") \
+                    or got["earlier"] != "intact":
                 bad[f"rank {rank}, kill at {delay:.3f}s"] = got
     assert not bad, f"2-rank save of {out['full_save_s']:.3f}s killed: {bad}"
 
@@ -134,8 +135,8 @@ def test_one_rank_raising_fails_every_rank(tmp_path: Path) -> None:
     limit = durability_programs.RANK_TIMEOUT_S + 10
     slow_or_silent = [r for r in results if r["error"] is None or r["elapsed"] > limit]
     assert not slow_or_silent, f"ranks that did not raise within {limit}s: {slow_or_silent}"
-    changed = [r for r in results if r["after"] != "old"]
-    assert not changed, f"after the failed save the id does not load as the previous checkpoint: {changed}"
+    changed = [r for r in results if r["after"] != "old" or r["fresh"] != "raised"]
+    assert not changed, f"after the failed save: the earlier id changed or the failed one was committed: {changed}"
 
 
 # --------------------------------------------------------------- corruption after commit
@@ -287,17 +288,18 @@ def test_load_during_overwrite_is_one_whole_checkpoint(tmp_path: Path) -> None:
     saver = threading.Thread(target=lambda: result.update(faults.run_json(
         "overwrite-loop", {"path": str(ck), "stop": str(stop), "max_s": 60.0})))
     saver.start()
-    seen: dict[str, int] = {}
-    deadline = time.monotonic() + 8.0
     try:
-        while time.monotonic() < deadline and saver.is_alive():
-            got = faults.classify(ck, {"one": 1, "two": 2})
-            seen[got] = seen.get(got, 0) + 1
+        loads = faults.run_json("load-loop", {"path": str(ck), "started": str(tmp_path / "saving"), "window_s": 8.0})
+    except RuntimeError as exc:  # the loading process died (e.g. SIGBUS on a file rewritten under it)
+        loads = {"seen": {"CRASHED": str(exc)[:300]}}
     finally:
         stop.touch()
         saver.join(90.0)
+    if result.get("refused") and result.get("saves", 0) < 2:
+        pytest.skip(f"not measured: the backend refuses to replace a checkpoint ({result['refused']})")
     assert result.get("saves", 0) >= 2, f"the overwriting process did not save twice: {result}"
-    assert "WRONG" not in seen, f"a load during overwrites returned a mix or partial checkpoint: {seen}"
+    seen = loads.get("seen", {})
+    assert not {"WRONG", "CRASHED"} & set(seen), f"loads during overwrites returned a mix or crashed: {seen}"
 
 
 # --------------------------------------------------------------- foreign ids
