@@ -38,24 +38,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, help="runs per measurement; the targets use the median (default 5)")
     p.add_argument("--memory-saves", type=int, help="consecutive saves for the memory-growth check (default 20)")
     p.add_argument("--sections", nargs="+", choices=ALL_SECTIONS, help="run only these sections")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="where the state lives (auto: cuda when available)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where the state lives (auto: cuda when available)",
+    )
     p.add_argument("--no-direct-io", action="store_true", help="LocalFileSystemStorageConfig(use_direct_io=False)")
-    p.add_argument("--workdir", type=Path, help="parent of the temporary benchmark directory "
-                   "(default ./bench-out; must be a real disk, not tmpfs)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help="parent of the temporary benchmark directory (default ./bench-out; must be a real disk, not tmpfs)",
+    )
     p.add_argument("--out", type=Path, help="JSON results path (default ./bench-out/results.json)")
     p.add_argument("--timeout", type=float, help="per-section timeout in seconds")
-    p.add_argument("--sweep", nargs="*", type=parse_size, metavar="SIZE",
-                   help="instead of the full run: blocked time and time to durable vs state size "
-                        "(default sizes 256M 512M 1G 2G 4G) plus the plot")
-    p.add_argument("--markdown", type=Path, metavar="JSON",
-                   help="print the docs/performance.md section of an earlier run's JSON and exit")
+    p.add_argument(
+        "--sweep",
+        nargs="*",
+        type=parse_size,
+        metavar="SIZE",
+        help="instead of the full run: blocked time and time to durable vs state size "
+        "(default sizes 256M 512M 1G 2G 4G) plus the plot",
+    )
+    p.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="JSON",
+        help="print the docs/performance.md section of an earlier run's JSON and exit",
+    )
     p.add_argument("--plot", type=Path, default=Path("docs/performance.png"), help="plot path for --sweep")
-    p.add_argument("--scale", action="store_true",
-                   help="only the scale section: metadata and resharding plans of a 70B layout on 1024/2048 "
-                        "ranks, computed without launching ranks (same as --sections scale)")
-    p.add_argument("--scale-dp", type=int, help="scale section: data-parallel size of the saving mesh (x8 TP; "
-                                                "default 128, i.e. 1024 ranks, loaded on 2048 and back)")
+    p.add_argument(
+        "--scale",
+        action="store_true",
+        help="only the scale section: metadata and resharding plans of a 70B layout on 1024/2048 "
+        "ranks, computed without launching ranks (same as --sections scale)",
+    )
+    p.add_argument(
+        "--scale-dp",
+        type=int,
+        help="scale section: data-parallel size of the saving mesh (x8 TP; "
+        "default 128, i.e. 1024 ranks, loaded on 2048 and back)",
+    )
     p.add_argument("--scale-layers", type=int, help="scale section: transformer layers (default 80: 70B params)")
     return p
 
@@ -92,14 +115,20 @@ def run(cfg: BenchConfig, command: str, log: Any = print) -> dict[str, Any]:
     t0 = time.perf_counter()
     results = run_all(cfg, log)
     rows = compute_ratios(results)
-    meta = {"command": command, "machine": machine(), "wall_s": time.perf_counter() - t0,
-            "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}}
+    meta = {
+        "command": command,
+        "machine": machine(),
+        "wall_s": time.perf_counter() - t0,
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+    }
     doc = to_json(results, rows, meta, cfg.out_json)
     log("")
     log(format_table(rows))
     s = summary(rows)
-    log(f"\n{s['passed']}/{s['targets']} targets pass; failed: {s['failed'] or 'none'}; "
-        f"errors: {s['errors'] or 'none'}; wall {meta['wall_s']:.0f}s; JSON: {cfg.out_json}")
+    log(
+        f"\n{s['passed']}/{s['targets']} targets pass; failed: {s['failed'] or 'none'}; "
+        f"errors: {s['errors'] or 'none'}; wall {meta['wall_s']:.0f}s; JSON: {cfg.out_json}"
+    )
     return doc
 
 

@@ -44,14 +44,22 @@ class BenchConfig:
         if self.memory_saves < 3:
             raise ValueError(f"memory_saves must be >= 3 (got {self.memory_saves}); growth is RSS after N vs after 2.")
         if self.scale_dp < 2 or self.scale_layers < 1:
-            raise ValueError(f"scale_dp must be >= 2 (the growth fit needs a smaller mesh) and scale_layers >= 1 "
-                             f"(got {self.scale_dp}, {self.scale_layers}).")
+            raise ValueError(
+                f"scale_dp must be >= 2 (the growth fit needs a smaller mesh) and scale_layers >= 1 "
+                f"(got {self.scale_dp}, {self.scale_layers})."
+            )
         if self.size_bytes < MiB:
             raise ValueError(f"size_bytes must be at least 1 MiB (got {self.size_bytes}).")
 
     @classmethod
     def quick_config(cls, **overrides: object) -> BenchConfig:
         """A run that finishes in under two minutes on two cores; same measurements, less data."""
-        base = cls(size_bytes=64 * MiB, loop_state_bytes=16 * MiB, reshard_bytes=32 * MiB, scale_dp=16,
-                   section_timeout_s=240.0, quick=True)
+        base = cls(
+            size_bytes=64 * MiB,
+            loop_state_bytes=16 * MiB,
+            reshard_bytes=32 * MiB,
+            scale_dp=16,
+            section_timeout_s=240.0,
+            quick=True,
+        )
         return replace(base, **overrides)  # type: ignore[arg-type]

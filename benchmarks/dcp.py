@@ -44,8 +44,12 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
             cold_blocked = t1 - t0
         if i < cfg.runs:
             remove(path)
-    out: dict[str, Any] = {"save_s": saves, "async_blocked_s": blocked, "async_durable_s": durable,
-                           "async_blocked_cold_s": cold_blocked}
+    out: dict[str, Any] = {
+        "save_s": saves,
+        "async_blocked_s": blocked,
+        "async_durable_s": durable,
+        "async_blocked_cold_s": cold_blocked,
+    }
     if not cfg.saves_only:
         path = root / f"async_{cfg.runs}"
         templates = make_templates(state)
@@ -67,7 +71,7 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
         # Does async_save really stage a copy? Mutate after a save returns; the
         # checkpoint must still hold the old values.
         snap = make_templates(state)
-        for a, b in zip(tensors_of(snap), tensors_of(state)):
+        for a, b in zip(tensors_of(snap), tensors_of(state), strict=False):
             a.copy_(b)
         p2 = root / "mutation_probe"
         fut = dcp.async_save(state, checkpoint_id=str(p2))

@@ -40,8 +40,12 @@ class _Floors:
         self.host = [t.cpu() for t in tensors]
         self.raw = root / "raw.bin"
         self.buf = memoryview(bytearray(nbytes(state))) if not cfg.saves_only else None
-        self.samples: dict[str, list[float]] = {"memcpy_s": [], "raw_write_s": [],
-                                                "raw_read_cold_s": [], "raw_read_warm_s": []}
+        self.samples: dict[str, list[float]] = {
+            "memcpy_s": [],
+            "raw_write_s": [],
+            "raw_read_cold_s": [],
+            "raw_read_warm_s": [],
+        }
 
     def before_save(self) -> None:
         self.samples["memcpy_s"].append(self.copy.once())
@@ -55,8 +59,7 @@ class _Floors:
         self.samples["raw_read_cold_s" if cold else "raw_read_warm_s"].append(raw_read(self.raw, self.buf))
 
 
-def save_series(mgr: Any, payload: dict[str, Any], root: Path, n: int,
-                floors: _Floors | None = None) -> dict[str, Any]:
+def save_series(mgr: Any, payload: dict[str, Any], root: Path, n: int, floors: _Floors | None = None) -> dict[str, Any]:
     """n consecutive saves, each waited to durability before the next (the engine
     serialises saves anyway); blocked = save() call until lock() can be entered."""
     blocked, durable, rss = [], [], []
@@ -112,12 +115,19 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
         series = save_series(mgr, state, root, n, floors)
         writer = _writer_memory()
         out: dict[str, Any] = {
-            "bytes": nbytes(state), "staged_bytes": nbytes(state), "device": cfg.device,
-            "blocked_cold_s": series["blocked_s"][0], "durable_cold_s": series["durable_s"][0],
-            "blocked_s": series["blocked_s"][1:], "durable_s": series["durable_s"][1:],
-            "rss_before_manager": rss_before_manager, "rss_before_first_save": rss_before,
+            "bytes": nbytes(state),
+            "staged_bytes": nbytes(state),
+            "device": cfg.device,
+            "blocked_cold_s": series["blocked_s"][0],
+            "durable_cold_s": series["durable_s"][0],
+            "blocked_s": series["blocked_s"][1:],
+            "durable_s": series["durable_s"][1:],
+            "rss_before_manager": rss_before_manager,
+            "rss_before_first_save": rss_before,
             "rss_after_save": series["rss_after_save"],
-            "trainer_peak_rss": proc_mem().get("VmHWM", 0), "writer": writer, "ctor_s": ctor_s,
+            "trainer_peak_rss": proc_mem().get("VmHWM", 0),
+            "writer": writer,
+            "ctor_s": ctor_s,
         }
         if not cfg.saves_only:
             out.update(_loads(mgr, series["last"], state, cfg, floors))

@@ -32,7 +32,7 @@ class CopyFloor:
         self._copy()
 
     def _copy(self) -> None:
-        for d, s in zip(self.dst, self.src):
+        for d, s in zip(self.dst, self.src, strict=False):
             d.copy_(s, non_blocking=self.pin)
 
     def once(self) -> float:
@@ -53,7 +53,7 @@ def raw_write(host: list[torch.Tensor], path: Path) -> float:
             view = as_bytes(t)
             off = 0
             while off < len(view):
-                off += os.write(fd, view[off:off + _CHUNK])
+                off += os.write(fd, view[off : off + _CHUNK])
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -66,7 +66,7 @@ def raw_read(path: Path, buf: memoryview) -> float:
     with open(path, "rb", buffering=0) as f:
         off = 0
         while off < len(buf):
-            n = f.readinto(buf[off:off + _CHUNK])
+            n = f.readinto(buf[off : off + _CHUNK])
             if not n:
                 break
             off += n

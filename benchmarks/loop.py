@@ -126,12 +126,21 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
             quiet = 0 if inflight else quiet + 1
             tr.forward_backward()
             waited = tr.step(mgr.lock)
-            steps.append({"step_s": now() - t0, "lock_wait_s": waited, "save_called": called,
-                          "in_flight": inflight, "save_index": saves})
+            steps.append(
+                {
+                    "step_s": now() - t0,
+                    "lock_wait_s": waited,
+                    "save_called": called,
+                    "in_flight": inflight,
+                    "save_index": saves,
+                }
+            )
             step += 1
             if now() > deadline:
-                raise TimeoutError(f"the loop made {step} steps in {cfg.section_timeout_s / 2:.0f}s "
-                                   f"without completing {cfg.runs + 1} saves ({saves} started)")
+                raise TimeoutError(
+                    f"the loop made {step} steps in {cfg.section_timeout_s / 2:.0f}s "
+                    f"without completing {cfg.runs + 1} saves ({saves} started)"
+                )
         if fut is not None:
             fut.result()
     finally:
@@ -141,7 +150,10 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     warm = [s for s in steps if s["save_index"] >= 2]
     cold = [s for s in steps if s["save_index"] == 1]
     return {
-        "state_bytes": state_bytes, "copy_s": copy_s, "forward_backward_s": fb_s, "batch": tr.batch,
+        "state_bytes": state_bytes,
+        "copy_s": copy_s,
+        "forward_backward_s": fb_s,
+        "batch": tr.batch,
         # The baseline is the quiet steps between saves (same time window as the
         # steps with a save in flight); the separate no-save loops are context.
         "plain_step_s": [s["step_s"] for s in warm if not s["in_flight"]],
@@ -152,5 +164,6 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
         "inflight_lock_wait_s": [s["lock_wait_s"] for s in warm if s["in_flight"]],
         "cold_save_step_s": [s["step_s"] for s in cold if s["save_called"]],
         "cold_lock_wait_s": [s["lock_wait_s"] for s in cold if s["save_called"]],
-        "steps": len(steps), "torch_threads": threads,
+        "steps": len(steps),
+        "torch_threads": threads,
     }

@@ -79,7 +79,12 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     for world in worlds:
         root = fresh_dir(workdir / f"ranks_{world}")
         root.mkdir()
-        out[str(world)] = launch(rank_run, world, args=(cfg, str(root), runs),
-                                 timeout=cfg.section_timeout_s / len(worlds), name=f"bench-ranks{world}")
+        out[str(world)] = launch(
+            rank_run,
+            world,
+            args=(cfg, str(root), runs),
+            timeout=cfg.section_timeout_s / len(worlds),
+            name=f"bench-ranks{world}",
+        )
         remove(root)
     return out

@@ -80,8 +80,10 @@ def _loop_wait(results: Results) -> tuple[float, str]:
     lp = _r(results, "loop")
     w, s = median(lp["save_lock_wait_s"]), median(lp["plain_step_s"])
     pre = "holds" if lp["forward_backward_s"] > lp["copy_s"] else "DOES NOT hold"
-    return w / s, (f"lock wait {w * 1e3:.2f} ms / step {s * 1e3:.1f} ms; precondition fwd+bwd "
-                   f"{lp['forward_backward_s'] * 1e3:.0f} ms > copy {lp['copy_s'] * 1e3:.0f} ms {pre}")
+    return w / s, (
+        f"lock wait {w * 1e3:.2f} ms / step {s * 1e3:.1f} ms; precondition fwd+bwd "
+        f"{lp['forward_backward_s'] * 1e3:.0f} ms > copy {lp['copy_s'] * 1e3:.0f} ms {pre}"
+    )
 
 
 def _loop_step(results: Results) -> tuple[float, str]:
@@ -107,9 +109,12 @@ def _reshard_bytes(results: Results) -> tuple[float, str]:
     per = [_rank_read(r, "reshard") for r in ranks]
     worst = max(range(len(per)), key=lambda i: max(per[i]))
     same = max(max(_rank_read(r, "same")) for r in ranks)
-    return max(per[worst]), (f"worst rank {worst}: rchar(warm) {per[worst][0]:.2f}x, read_bytes(cold, alone) "
-                             f"{per[worst][1]:.2f}x needed; all ranks "
-                             + " ".join(f"{max(p):.2f}" for p in per) + f"; same-layout worst {same:.2f}x")
+    return max(per[worst]), (
+        f"worst rank {worst}: rchar(warm) {per[worst][0]:.2f}x, read_bytes(cold, alone) "
+        f"{per[worst][1]:.2f}x needed; all ranks "
+        + " ".join(f"{max(p):.2f}" for p in per)
+        + f"; same-layout worst {same:.2f}x"
+    )
 
 
 def _reshard_time(results: Results) -> tuple[float, str]:
@@ -144,15 +149,18 @@ def _rss_growth(results: Results) -> tuple[float, str]:
 def _extra_rss(results: Results) -> tuple[float, str]:
     e = _r(results, "engine")
     extra = e["rss_after_save"][-1] - e["rss_before_first_save"]
-    return extra / e["staged_bytes"], (f"extra resident {extra / 2**20:.0f} MiB / staged "
-                                       f"{e['staged_bytes'] / 2**20:.0f} MiB")
+    return extra / e["staged_bytes"], (
+        f"extra resident {extra / 2**20:.0f} MiB / staged {e['staged_bytes'] / 2**20:.0f} MiB"
+    )
 
 
 def _writer_rss(results: Results) -> tuple[float, str]:
     e = _r(results, "engine")
     w = e["writer"].get("VmHWM", 0)
-    return w / e["staged_bytes"], (f"writer peak RSS {w / 2**20:.0f} MiB, trainer peak "
-                                   f"{e['trainer_peak_rss'] / 2**20:.0f} MiB, staged {e['staged_bytes'] / 2**20:.0f} MiB")
+    return w / e["staged_bytes"], (
+        f"writer peak RSS {w / 2**20:.0f} MiB, trainer peak "
+        f"{e['trainer_peak_rss'] / 2**20:.0f} MiB, staged {e['staged_bytes'] / 2**20:.0f} MiB"
+    )
 
 
 def _cache_drop(results: Results) -> tuple[float, str]:
@@ -172,10 +180,13 @@ def _scale_plan(which: str) -> Getter:
     def get(results: Results) -> tuple[float, str]:
         sc = _r(results, "scale")[which]
         src, dst = sc["src"], sc["dst"]
-        return sc["one_rank_s"], (f"{sc['tensors']} tensors, {src[0]}x{src[1]} -> {dst[0]}x{dst[1]} ranks: slowest of "
-                                  f"{len(sc['ranks'])} sampled ranks {sc['one_rank_s']:.2f} s, all "
-                                  f"{dst[0] * dst[1]} ranks ~{sc['all_ranks_est_s']:.0f} s (one core); "
-                                  f"parse metadata.json {sc['parse_s']:.2f} s")
+        return sc["one_rank_s"], (
+            f"{sc['tensors']} tensors, {src[0]}x{src[1]} -> {dst[0]}x{dst[1]} ranks: slowest of "
+            f"{len(sc['ranks'])} sampled ranks {sc['one_rank_s']:.2f} s, all "
+            f"{dst[0] * dst[1]} ranks ~{sc['all_ranks_est_s']:.0f} s (one core); "
+            f"parse metadata.json {sc['parse_s']:.2f} s"
+        )
+
     return get
 
 
@@ -184,8 +195,10 @@ def _scale_meta(results: Results) -> tuple[float, str]:
     sizes = {sc[w]["src"][0] * sc[w]["src"][1]: sc[w] for w in ("up", "down")}
     world = max(sizes)
     big = sizes[world]
-    parts = ", ".join(f"{w} ranks {m['metadata_bytes'] / 2**20:.1f} MiB (write {m['serialise_s']:.1f} s)"
-                      for w, m in sorted(sizes.items()))
+    parts = ", ".join(
+        f"{w} ranks {m['metadata_bytes'] / 2**20:.1f} MiB (write {m['serialise_s']:.1f} s)"
+        for w, m in sorted(sizes.items())
+    )
     return big["metadata_bytes"] / 2**20, f"{sc['params'] / 1e9:.1f}B params, {big['tensors']} tensors: {parts}"
 
 
@@ -198,22 +211,27 @@ def _scale_bytes(results: Results) -> tuple[float, str]:
 def _scale_growth(results: Results) -> tuple[float, str]:
     sc = _r(results, "scale")
     pts = " ".join(f"{g['dst_world']}:{g['one_rank_s']:.2f}s" for g in sc["growth"])
-    return sc["growth_exponent"], (f"d log(one-rank plan time) / d log(world), last doubling (1 = linear; all ranks "
-                                   f"add 1); one-rank times by target world {pts}")
+    return sc["growth_exponent"], (
+        f"d log(one-rank plan time) / d log(world), last doubling (1 = linear; all ranks "
+        f"add 1); one-rank times by target world {pts}"
+    )
 
 
 def _engine_s(key: str, what: str) -> Getter:
     def get(results: Results) -> tuple[float, str]:
         v = _m(results, "engine", key)
         return v, f"{what} {v * 1e3:.1f} ms"
+
     return get
 
 
 def _first_durable(results: Results) -> tuple[float, str]:
     e = _r(results, "engine")
     first, warm = float(e["durable_cold_s"]), median(e["durable_s"])
-    return first / warm, (f"first save {first * 1e3:.0f} ms / warm {warm * 1e3:.0f} ms (first save right after "
-                          f"construction: the spawned writer's start-up overlaps it)")
+    return first / warm, (
+        f"first save {first * 1e3:.0f} ms / warm {warm * 1e3:.0f} ms (first save right after "
+        f"construction: the spawned writer's start-up overlaps it)"
+    )
 
 
 def _ranks(results: Results, world: int) -> list[dict[str, Any]]:
@@ -229,8 +247,11 @@ def _ranks_first(world: int) -> Getter:
         first = max(r["first_durable_s"] for r in rs)
         warm = median(max(r["durable_s"][i] for r in rs) for i in range(len(rs[0]["durable_s"])))
         ctor = max(r["ctor_s"] for r in rs)
-        return first / warm, (f"slowest rank: first save {first * 1e3:.0f} ms / warm {warm * 1e3:.0f} ms; "
-                              f"construction {ctor * 1e3:.0f} ms")
+        return first / warm, (
+            f"slowest rank: first save {first * 1e3:.0f} ms / warm {warm * 1e3:.0f} ms; "
+            f"construction {ctor * 1e3:.0f} ms"
+        )
+
     return get
 
 
@@ -239,6 +260,7 @@ def _ranks_close(world: int) -> Getter:
         rs = _ranks(results, world)
         close = [r["close_s"] for r in rs]
         return max(close), "per rank: " + " ".join(f"{c * 1e3:.0f}" for c in close) + " ms"
+
     return get
 
 
@@ -249,16 +271,21 @@ def _ranks_aggregate(world: int) -> Getter:
         agg = median(max(r["durable_s"][i] for r in rs) for i in range(n))
         floor = median(rs[0]["floor_s"])
         total = rs[0]["total"]
-        return agg / floor, (f"{world} ranks x {total / world / 2**20:.0f} MiB, slowest rank to durable "
-                             f"{agg * 1e3:.0f} ms / one process writing {total / 2**20:.0f} MiB {floor * 1e3:.0f} ms")
+        return agg / floor, (
+            f"{world} ranks x {total / world / 2**20:.0f} MiB, slowest rank to durable "
+            f"{agg * 1e3:.0f} ms / one process writing {total / 2**20:.0f} MiB {floor * 1e3:.0f} ms"
+        )
+
     return get
 
 
 def _writer_headroom(results: Results) -> tuple[float, str]:
     e = _r(results, "engine")
     w = e["writer"].get("VmHWM", 0)
-    return (w - e["staged_bytes"]) / 2**20, (f"writer peak RSS {w / 2**20:.0f} MiB - staged "
-                                              f"{e['staged_bytes'] / 2**20:.0f} MiB (the mapped slab counts in RSS)")
+    return (w - e["staged_bytes"]) / 2**20, (
+        f"writer peak RSS {w / 2**20:.0f} MiB - staged "
+        f"{e['staged_bytes'] / 2**20:.0f} MiB (the mapped slab counts in RSS)"
+    )
 
 
 def _cuda(results: Results) -> tuple[float, str]:
@@ -273,8 +300,9 @@ def _cuda_first(results: Results) -> tuple[float, str]:
     return _div(results, ("engine", "blocked_cold_s"), ("engine", "memcpy_s"))
 
 
-def _spec(key: str, label: str, get: Getter, op: str = "<=", limit: float | None = None,
-          unit: str = "x") -> tuple[str, str, Getter, str, float | None, str]:
+def _spec(
+    key: str, label: str, get: Getter, op: str = "<=", limit: float | None = None, unit: str = "x"
+) -> tuple[str, str, Getter, str, float | None, str]:
     return key, label, get, op, limit, unit
 
 
@@ -283,71 +311,176 @@ def _d(num: tuple[str, str], den: tuple[str, str]) -> Getter:
 
 
 RATIO_SPECS = [
-    _spec("blocked_vs_memcpy", "worst-case blocked time / memory-copy floor (warm)",
-          _d(("engine", "blocked_s"), ("engine", "memcpy_s")), "<=", 1.2),
-    _spec("blocked_no_copy_ms", "worst-case blocked time, requires_copy=False payload (warm)", _no_copy_ms,
-          "<=", 1.0, " ms"),
-    _spec("blocked_vs_dcp_async", "worst-case blocked time / dcp.async_save blocked time (warm)",
-          _d(("engine", "blocked_s"), ("dcp", "async_blocked_s")), "<", 1.0),
+    _spec(
+        "blocked_vs_memcpy",
+        "worst-case blocked time / memory-copy floor (warm)",
+        _d(("engine", "blocked_s"), ("engine", "memcpy_s")),
+        "<=",
+        1.2,
+    ),
+    _spec(
+        "blocked_no_copy_ms",
+        "worst-case blocked time, requires_copy=False payload (warm)",
+        _no_copy_ms,
+        "<=",
+        1.0,
+        " ms",
+    ),
+    _spec(
+        "blocked_vs_dcp_async",
+        "worst-case blocked time / dcp.async_save blocked time (warm)",
+        _d(("engine", "blocked_s"), ("dcp", "async_blocked_s")),
+        "<",
+        1.0,
+    ),
     _spec("loop_lock_wait_frac", "real loop: lock() wait / step without saves", _loop_wait, "<", 0.05),
     _spec("loop_step_inflight", "real loop: step with a save in flight / step without", _loop_step, "<=", 1.10),
-    _spec("durable_vs_raw_write", "time to durable / raw write+fsync floor (warm)",
-          _d(("engine", "durable_s"), ("engine", "raw_write_s")), "<=", 1.25),
-    _spec("durable_vs_dcp_save", "time to durable / dcp.save",
-          _d(("engine", "durable_s"), ("dcp", "save_s")), "<", 1.0),
-    _spec("durable_vs_dcp_async", "time to durable / dcp.async_save to durable",
-          _d(("engine", "durable_s"), ("dcp", "async_durable_s")), "<", 1.0),
-    _spec("load_vs_raw_read", "load into templates / raw read floor (warm)",
-          _d(("engine", "load_warm_s"), ("engine", "raw_read_warm_s")), "<=", 1.25),
-    _spec("load_vs_dcp", "load into templates / dcp.load (warm)",
-          _d(("engine", "load_warm_s"), ("dcp", "load_warm_s")), "<", 1.0),
+    _spec(
+        "durable_vs_raw_write",
+        "time to durable / raw write+fsync floor (warm)",
+        _d(("engine", "durable_s"), ("engine", "raw_write_s")),
+        "<=",
+        1.25,
+    ),
+    _spec(
+        "durable_vs_dcp_save", "time to durable / dcp.save", _d(("engine", "durable_s"), ("dcp", "save_s")), "<", 1.0
+    ),
+    _spec(
+        "durable_vs_dcp_async",
+        "time to durable / dcp.async_save to durable",
+        _d(("engine", "durable_s"), ("dcp", "async_durable_s")),
+        "<",
+        1.0,
+    ),
+    _spec(
+        "load_vs_raw_read",
+        "load into templates / raw read floor (warm)",
+        _d(("engine", "load_warm_s"), ("engine", "raw_read_warm_s")),
+        "<=",
+        1.25,
+    ),
+    _spec(
+        "load_vs_dcp",
+        "load into templates / dcp.load (warm)",
+        _d(("engine", "load_warm_s"), ("dcp", "load_warm_s")),
+        "<",
+        1.0,
+    ),
     _spec("reshard_bytes_read", "reshard 4->8: bytes read / bytes needed (worst rank)", _reshard_bytes, "<=", 1.25),
     _spec("reshard_time", "reshard 4->8 load time / same-layout 8->8 load (warm)", _reshard_time, "<=", 2.0),
     _spec("rss_growth", "trainer RSS after all saves / after 2 saves", _rss_growth, "<=", 1.05),
     _spec("extra_rss_vs_staged", "extra resident memory / staged bytes", _extra_rss, "<=", 1.1),
-    _spec("first_blocked_vs_memcpy", "first save after construction: blocked time / memory-copy floor",
-          _d(("engine", "blocked_cold_s"), ("engine", "memcpy_s")), "<=", 2.0),
-    _spec("first_durable_vs_warm", "first save after construction: time to durable / warm save", _first_durable,
-          "<=", 1.5),
-    _spec("manager_ctor_s", "CheckpointManager construction, one rank", _engine_s("ctor_s", "construction"),
-          "<=", 0.1, " s"),
-    _spec("manager_close_s", "close() with nothing in flight, one rank", _engine_s("close_s", "close()"),
-          "<=", 0.1, " s"),
+    _spec(
+        "first_blocked_vs_memcpy",
+        "first save after construction: blocked time / memory-copy floor",
+        _d(("engine", "blocked_cold_s"), ("engine", "memcpy_s")),
+        "<=",
+        2.0,
+    ),
+    _spec(
+        "first_durable_vs_warm", "first save after construction: time to durable / warm save", _first_durable, "<=", 1.5
+    ),
+    _spec(
+        "manager_ctor_s",
+        "CheckpointManager construction, one rank",
+        _engine_s("ctor_s", "construction"),
+        "<=",
+        0.1,
+        " s",
+    ),
+    _spec(
+        "manager_close_s", "close() with nothing in flight, one rank", _engine_s("close_s", "close()"), "<=", 0.1, " s"
+    ),
     _spec("ranks2_first_vs_warm", "2 ranks: first save to durable / warm save", _ranks_first(2), "<=", 1.5),
     _spec("ranks2_close_s", "2 ranks: close(), slowest rank", _ranks_close(2), "<=", 0.1, " s"),
     _spec("ranks4_first_vs_warm", "4 ranks: first save to durable / warm save", _ranks_first(4), "<=", 1.5),
     _spec("ranks4_close_s", "4 ranks: close(), slowest rank", _ranks_close(4), "<=", 0.1, " s"),
-    _spec("writer_peak_minus_staged", "writer process peak RSS - staged bytes", _writer_headroom, "<=", 300.0,
-          " MiB"),
-    _spec("cold_load_vs_raw_read", "load, page cache dropped / raw read, page cache dropped (verification on)",
-          _d(("engine", "load_cold_s"), ("engine", "raw_read_cold_s")), "<=", 1.2),
-    _spec("ranks4_aggregate_vs_raw", "4 ranks saving at once: time to durable / one-process raw write of the total",
-          _ranks_aggregate(4), "<=", 1.3),
-    _spec("ranks8_aggregate_vs_raw", "8 ranks saving at once: time to durable / one-process raw write of the total",
-          _ranks_aggregate(8), "<=", 1.3),
+    _spec("writer_peak_minus_staged", "writer process peak RSS - staged bytes", _writer_headroom, "<=", 300.0, " MiB"),
+    _spec(
+        "cold_load_vs_raw_read",
+        "load, page cache dropped / raw read, page cache dropped (verification on)",
+        _d(("engine", "load_cold_s"), ("engine", "raw_read_cold_s")),
+        "<=",
+        1.2,
+    ),
+    _spec(
+        "ranks4_aggregate_vs_raw",
+        "4 ranks saving at once: time to durable / one-process raw write of the total",
+        _ranks_aggregate(4),
+        "<=",
+        1.3,
+    ),
+    _spec(
+        "ranks8_aggregate_vs_raw",
+        "8 ranks saving at once: time to durable / one-process raw write of the total",
+        _ranks_aggregate(8),
+        "<=",
+        1.3,
+    ),
     _spec("cuda_blocked_vs_d2h", "CUDA state: blocked time / device-to-host copy floor (pinned)", _cuda, "<=", 1.2),
-    _spec("cuda_first_blocked_vs_d2h", "CUDA state: first save blocked / device-to-host copy floor", _cuda_first,
-          "<=", 2.0),
-    _spec("scale_plan_up_s", "scale: plan one target rank, 70B layout resharded up (no ranks launched)",
-          _scale_plan("up"), "<=", 1.0, " s"),
-    _spec("scale_plan_down_s", "scale: plan one target rank, 70B layout resharded down", _scale_plan("down"),
-          "<=", 1.0, " s"),
+    _spec(
+        "cuda_first_blocked_vs_d2h",
+        "CUDA state: first save blocked / device-to-host copy floor",
+        _cuda_first,
+        "<=",
+        2.0,
+    ),
+    _spec(
+        "scale_plan_up_s",
+        "scale: plan one target rank, 70B layout resharded up (no ranks launched)",
+        _scale_plan("up"),
+        "<=",
+        1.0,
+        " s",
+    ),
+    _spec(
+        "scale_plan_down_s",
+        "scale: plan one target rank, 70B layout resharded down",
+        _scale_plan("down"),
+        "<=",
+        1.0,
+        " s",
+    ),
     _spec("scale_metadata_mib", "scale: metadata.json of the larger save", _scale_meta, "<=", 64.0, " MiB"),
     # Informational rows: context for the verdicts above.
     _spec("scale_plan_growth", "scale: growth exponent of one-rank planning", _scale_growth, "info"),
     _spec("scale_bytes_read", "scale: bytes a rank reads / bytes it needs", _scale_bytes, "info"),
-    _spec("blocked_cold_vs_memcpy", "first (cold) save blocked time / memory-copy floor",
-          _d(("engine", "blocked_cold_s"), ("engine", "memcpy_s")), "info"),
-    _spec("durable_vs_torch_save", "time to durable / torch.save+fsync",
-          _d(("engine", "durable_s"), ("torch_save", "save_durable_s")), "info"),
-    _spec("load_cold_vs_raw_read", "load, page cache dropped / raw read, page cache dropped",
-          _d(("engine", "load_cold_s"), ("engine", "raw_read_cold_s")), "info"),
-    _spec("load_cold_vs_dcp", "load, page cache dropped / dcp.load, page cache dropped",
-          _d(("engine", "load_cold_s"), ("dcp", "load_cold_s")), "info"),
-    _spec("load_vs_torch_load", "load into templates / torch.load + copy (warm)",
-          _d(("engine", "load_warm_s"), ("torch_save", "load_warm_s")), "info"),
-    _spec("dcp_blocked_vs_memcpy", "dcp.async_save blocked time / memory-copy floor",
-          _d(("dcp", "async_blocked_s"), ("engine", "memcpy_s")), "info"),
+    _spec(
+        "blocked_cold_vs_memcpy",
+        "first (cold) save blocked time / memory-copy floor",
+        _d(("engine", "blocked_cold_s"), ("engine", "memcpy_s")),
+        "info",
+    ),
+    _spec(
+        "durable_vs_torch_save",
+        "time to durable / torch.save+fsync",
+        _d(("engine", "durable_s"), ("torch_save", "save_durable_s")),
+        "info",
+    ),
+    _spec(
+        "load_cold_vs_raw_read",
+        "load, page cache dropped / raw read, page cache dropped",
+        _d(("engine", "load_cold_s"), ("engine", "raw_read_cold_s")),
+        "info",
+    ),
+    _spec(
+        "load_cold_vs_dcp",
+        "load, page cache dropped / dcp.load, page cache dropped",
+        _d(("engine", "load_cold_s"), ("dcp", "load_cold_s")),
+        "info",
+    ),
+    _spec(
+        "load_vs_torch_load",
+        "load into templates / torch.load + copy (warm)",
+        _d(("engine", "load_warm_s"), ("torch_save", "load_warm_s")),
+        "info",
+    ),
+    _spec(
+        "dcp_blocked_vs_memcpy",
+        "dcp.async_save blocked time / memory-copy floor",
+        _d(("dcp", "async_blocked_s"), ("engine", "memcpy_s")),
+        "info",
+    ),
     _spec("dcp_async_stages_copy", "dcp.async_save really copies before returning", _dcp_copy, "info"),
     _spec("reshard_time_cold", "reshard 4->8 / same-layout load, page cache dropped", _reshard_time_cold, "info"),
     _spec("reshard_disk_read", "reshard 4->8, cold: block-layer bytes / needed (all ranks)", _reshard_disk, "info"),
@@ -389,8 +522,10 @@ def format_table(rows: list[Ratio]) -> str:
     lines = [head, "|" + "-" * 26 + "|" + "-" * 12 + "|" + "-" * 11 + "|" + "-" * 8 + "|-------"]
     for r in rows:
         val = "n/a" if r.value is None else f"{r.value:.3f}{'' if r.unit == 'x' else r.unit.strip()}"
-        lines.append(f"| {r.key:<24} | {val:>10} | {r.target:>9} | {_verdict(r):<6} | "
-                     f"{r.label}: {r.error or (f'not measured: {r.skipped}' if r.skipped else r.detail)}")
+        lines.append(
+            f"| {r.key:<24} | {val:>10} | {r.target:>9} | {_verdict(r):<6} | "
+            f"{r.label}: {r.error or (f'not measured: {r.skipped}' if r.skipped else r.detail)}"
+        )
     return "\n".join(lines)
 
 
@@ -423,20 +558,22 @@ def markdown_section(doc: dict[str, Any]) -> str:
     rows = [Ratio(**{k: v for k, v in r.items() if k in Ratio.__dataclass_fields__}) for r in doc["ratios"]]
     s = doc["summary"]
     cfg = doc["config"]
-    return "\n".join([
-        f"Command: `{doc['command']}` (wall time {doc['wall_s']:.0f} s)",
-        "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB RAM, {m['platform']}; "
-        f"Python {m['python']}, torch {m['torch']}, CUDA: {m['cuda'] or 'none'}.",
-        f"State: {int(cfg['size_bytes']) / 2**20:.0f} MiB synthetic (device {cfg['device']}), "
-        f"{cfg['runs']} runs per figure (median), {cfg['memory_saves']} consecutive saves, "
-        f"use_direct_io={cfg['direct_io']}.",
-        "",
-        "```",
-        format_table(rows),
-        "```",
-        "",
-        f"{s['passed']}/{s['targets']} targets pass; failed: {', '.join(s['failed']) or 'none'}; "
-        f"not measured here: {', '.join(s.get('not_measured', [])) or 'none'}; "
-        f"errors: {', '.join(s['errors']) or 'none'}.",
-    ])
+    return "\n".join(
+        [
+            f"Command: `{doc['command']}` (wall time {doc['wall_s']:.0f} s)",
+            "",
+            f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB RAM, {m['platform']}; "
+            f"Python {m['python']}, torch {m['torch']}, CUDA: {m['cuda'] or 'none'}.",
+            f"State: {int(cfg['size_bytes']) / 2**20:.0f} MiB synthetic (device {cfg['device']}), "
+            f"{cfg['runs']} runs per figure (median), {cfg['memory_saves']} consecutive saves, "
+            f"use_direct_io={cfg['direct_io']}.",
+            "",
+            "```",
+            format_table(rows),
+            "```",
+            "",
+            f"{s['passed']}/{s['targets']} targets pass; failed: {', '.join(s['failed']) or 'none'}; "
+            f"not measured here: {', '.join(s.get('not_measured', [])) or 'none'}; "
+            f"errors: {', '.join(s['errors']) or 'none'}.",
+        ]
+    )

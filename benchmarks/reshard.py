@@ -61,7 +61,9 @@ def _model(specs: list[tuple[str, int, torch.dtype]], fill: bool) -> dict[str, A
     mesh = init_device_mesh("cpu", (world,))
     out = {}
     for i, (name, rows, dtype) in enumerate(specs):
-        local = shard_values(rows, dtype, rank, world, i) if fill else torch.full((rows // world, _COLS), -1, dtype=dtype)
+        local = (
+            shard_values(rows, dtype, rank, world, i) if fill else torch.full((rows // world, _COLS), -1, dtype=dtype)
+        )
         out[name] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
     return out
 
@@ -84,8 +86,9 @@ def rank_save(cfg: BenchConfig, path: str) -> float:
         mgr.close()
 
 
-def _timed_load(mgr: Any, path: str, templates: dict[str, Any], cold: bool,
-                only: int | None = None) -> dict[str, float]:
+def _timed_load(
+    mgr: Any, path: str, templates: dict[str, Any], cold: bool, only: int | None = None
+) -> dict[str, float]:
     """One load on every rank at once, or (only=k) on rank k alone. Loading alone
     assumes load() makes no collective call (true of this engine: load reads the
     metadata file); an engine whose load is collective hangs here until the
@@ -151,5 +154,8 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     budget = cfg.section_timeout_s / 2
     save_s = launch(rank_save, 4, args=(cfg, src4), timeout=budget)
     ranks = launch(rank_load, 8, args=(cfg, src4, same8), timeout=budget)
-    return {"save4_s": save_s, "ranks": ranks, "bytes": sum(r * _COLS * (2 if d == torch.bfloat16 else 4)
-                                                             for _, r, d in global_specs(cfg.reshard_bytes))}
+    return {
+        "save4_s": save_s,
+        "ranks": ranks,
+        "bytes": sum(r * _COLS * (2 if d == torch.bfloat16 else 4) for _, r, d in global_specs(cfg.reshard_bytes)),
+    }

@@ -51,8 +51,11 @@ def run_section(section: str, cfg: BenchConfig, workdir: Path) -> dict[str, Any]
         proc.join()
     wall = time.perf_counter() - t0
     if reply is None:
-        why = (f"process exited with code {proc.exitcode} without a result" if answered
-               else f"timed out after {cfg.section_timeout_s:.0f}s")
+        why = (
+            f"process exited with code {proc.exitcode} without a result"
+            if answered
+            else f"timed out after {cfg.section_timeout_s:.0f}s"
+        )
         return {"error": why, "wall_s": wall}
     if reply["ok"]:
         return {"result": reply["result"], "wall_s": wall}

@@ -96,8 +96,9 @@ def main() -> None:
         server = start_s3_server(tempfile.mkdtemp(prefix="bench-moto-"))
         config = server.config(part_size=part)
     else:
-        config = FsspecStorageConfig(url=f"s3://{args.bucket}", storage_options={"endpoint_url": args.endpoint},
-                                     part_size=part)
+        config = FsspecStorageConfig(
+            url=f"s3://{args.bucket}", storage_options={"endpoint_url": args.endpoint}, part_size=part
+        )
     try:
         rows = run(config, size, args.runs)
     finally:

@@ -89,7 +89,7 @@ def _metadata(t: TensorSpec, dtype: str, dp: int, tp: int) -> Any:
     """What DTensorShardingMetadata.from_dtensor records for this tensor on a dp x tp mesh."""
     from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, ShardSpec
 
-    stride = tuple(math.prod(t.shape[i + 1:]) for i in range(len(t.shape)))
+    stride = tuple(math.prod(t.shape[i + 1 :]) for i in range(len(t.shape)))
     placements: tuple[Any, ...] = (ShardSpec(0),)
     if tp > 1:
         placements += ({"col": ShardSpec(0), "row": ShardSpec(1), "rep": ReplicateSpec()}[t.tp],)
@@ -101,8 +101,9 @@ def item_metadata(layout: list[TensorSpec], dp: int, tp: int) -> dict[str, dict[
 
     Every rank extracts equal metadata (a DTensor's metadata is global), as on a real job."""
     model = {(t.name,): _metadata(t, "torch.bfloat16", dp, tp) for t in layout}
-    optim = {("state", t.name, k): _metadata(t, "torch.float32", dp, tp)
-             for t in layout for k in ("exp_avg", "exp_avg_sq")}
+    optim = {
+        ("state", t.name, k): _metadata(t, "torch.float32", dp, tp) for t in layout for k in ("exp_avg", "exp_avg_sq")
+    }
     return {"model": model, "optim": optim}
 
 
@@ -119,7 +120,7 @@ def build_metadata(layout: list[TensorSpec], dp: int, tp: int) -> tuple[Any, dic
 
 def _bounding_bytes(plan: Any, src_shape: tuple[int, ...]) -> int:
     """Whole pages spanned by the block's first to last element in the row-major source shard."""
-    strides = [math.prod(src_shape[i + 1:]) for i in range(len(src_shape))]
+    strides = [math.prod(src_shape[i + 1 :]) for i in range(len(src_shape))]
     first = sum(o * s for o, s in zip(plan.src_offsets, strides, strict=True))
     last = sum((o + n - 1) * s for o, n, s in zip(plan.src_offsets, plan.src_sizes, strides, strict=True))
     lo, hi = first * plan.src_elem_size, (last + 1) * plan.src_elem_size
@@ -139,8 +140,10 @@ def representative(layout: list[TensorSpec], layers: int) -> list[tuple[list[str
 
 def _subset(target: dict[str, Any], names: list[str]) -> dict[str, Any]:
     keep = set(names)
-    return {key: {p: md for p, md in paths.items() if (p[0] if key == "model" else p[1]) in keep}
-            for key, paths in target.items()}
+    return {
+        key: {p: md for p, md in paths.items() if (p[0] if key == "model" else p[1]) in keep}
+        for key, paths in target.items()
+    }
 
 
 def plan_rank(target: dict[str, Any], source: Any, rank: int, groups: list[tuple[list[str], int]]) -> dict[str, float]:
@@ -182,8 +185,9 @@ def _sample_ranks(world: int, n: int) -> list[int]:
     return sorted({round(i * (world - 1) / max(1, n - 1)) for i in range(n)})
 
 
-def scenario(layout: list[TensorSpec], layers: int, src: tuple[int, int], dst: tuple[int, int], workdir: Path,
-             sample: int) -> dict[str, Any]:
+def scenario(
+    layout: list[TensorSpec], layers: int, src: tuple[int, int], dst: tuple[int, int], workdir: Path, sample: int
+) -> dict[str, Any]:
     """Save metadata for mesh `src`, load-plan it for mesh `dst` (both dp x tp)."""
     from torch_checkpointing.distributed_metadata import parse_distributed_metadata
 
@@ -203,9 +207,15 @@ def scenario(layout: list[TensorSpec], layers: int, src: tuple[int, int], dst: t
     groups = representative(layout, layers)
     per = [{"rank": r, **plan_rank(target, parsed, r, groups)} for r in _sample_ranks(world, sample)]
     return {
-        "src": list(src), "dst": list(dst), "tensors": sum(len(v) for v in target.values()),
-        "metadata_bytes": len(text), "build_s": build_s, "serialise_s": dump_s, "parse_s": parse_s,
-        "one_rank_s": max(p["s"] for p in per), "all_ranks_est_s": sum(p["s"] for p in per) / len(per) * world,
+        "src": list(src),
+        "dst": list(dst),
+        "tensors": sum(len(v) for v in target.values()),
+        "metadata_bytes": len(text),
+        "build_s": build_s,
+        "serialise_s": dump_s,
+        "parse_s": parse_s,
+        "one_rank_s": max(p["s"] for p in per),
+        "all_ranks_est_s": sum(p["s"] for p in per) / len(per) * world,
         "ranks": per,
     }
 
@@ -235,7 +245,10 @@ def run(cfg: Any, workdir: Path) -> dict[str, Any]:
     dp = cfg.scale_dp
     sample = 2 if cfg.quick else 3
     out: dict[str, Any] = {
-        "params": param_count(layout), "layers": shape.layers, "tp": _TP, "cpu_count": os.cpu_count(),
+        "params": param_count(layout),
+        "layers": shape.layers,
+        "tp": _TP,
+        "cpu_count": os.cpu_count(),
         "up": scenario(layout, shape.layers, (dp, _TP), (2 * dp, _TP), root, sample),
         "down": scenario(layout, shape.layers, (2 * dp, _TP), (dp, _TP), root, sample),
     }

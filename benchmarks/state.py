@@ -57,8 +57,16 @@ def make_state(total_bytes: int, seed: int = 0, device: str = "cpu") -> dict[str
             "exp_avg": _fill(tuple(p.shape), torch.float32, gen, device),
             "exp_avg_sq": _fill(tuple(p.shape), torch.float32, gen, device).abs_(),
         }
-    groups = [{"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01,
-               "amsgrad": False, "params": list(range(len(model)))}]
+    groups = [
+        {
+            "lr": 1e-3,
+            "betas": [0.9, 0.999],
+            "eps": 1e-8,
+            "weight_decay": 0.01,
+            "amsgrad": False,
+            "params": list(range(len(model))),
+        }
+    ]
     return {"model": model, "optimizer": {"state": state, "param_groups": groups}}
 
 
@@ -76,7 +84,7 @@ def make_templates(tree: Any) -> Any:
 def same_values(a: Any, b: Any) -> bool:
     """Bitwise equality of two trees' tensors (used to check loads really loaded)."""
     ta, tb = tensors_of(a), tensors_of(b)
-    return len(ta) == len(tb) and all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(ta, tb))
+    return len(ta) == len(tb) and all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(ta, tb, strict=False))
 
 
 def mutate(tree: Any) -> None:

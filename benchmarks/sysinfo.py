@@ -106,8 +106,11 @@ def machine() -> dict[str, object]:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {
-        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / (1 << 30), 1),
-        "python": platform.python_version(), "torch": torch.__version__,
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem / (1 << 30), 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "platform": platform.platform(),
     }

@@ -56,7 +56,7 @@ def prefer_installed_backend(repo_root: Path) -> None:
         sys.path.remove(p)
     sys.path.append(root)
     kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
-    os.environ["PYTHONPATH"] = os.pathsep.join(kept + [root])
+    os.environ["PYTHONPATH"] = os.pathsep.join([*kept, root])
 
 
 def backend_name() -> str:

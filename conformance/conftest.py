@@ -128,7 +128,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     elif report.when == "setup" and report.failed:
         report.user_properties.append((_NOT_MEASURED_PROP, f"error in setup: {_first_line(report.longreprtext)}"))
     if call.when == "call":
-        used = sorted(set(backend.ADAPTED[_ADAPTED_START.get(item.nodeid, 0):]))
+        used = sorted(set(backend.ADAPTED[_ADAPTED_START.get(item.nodeid, 0) :]))
         if used:
             report.user_properties.append((_ADAPTED_PROP, used))
 
@@ -181,8 +181,10 @@ def _compare(tr: Any, config: pytest.Config, clauses: dict[str, Any], status: di
     if diff:
         for cid in diff:
             tr.write_line(f"REPORT DIFFERS {cid}: committed {committed.get(cid)}, this run {status.get(cid)}")
-        tr.write_line(f"{committed_path} is stale: rerun with --clause-report {committed_path}, then "
-                      "python -m conformance.report docs")
+        tr.write_line(
+            f"{committed_path} is stale: rerun with --clause-report {committed_path}, then "
+            "python -m conformance.report docs"
+        )
         config._conformance_stale = True  # type: ignore[attr-defined]
 
 
@@ -197,9 +199,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr.write_sep("=", "conformance clauses by area")
     tr.write_line(backend.describe())
     _write_summary(tr, clauses, status)
-    report = build_report(backend.describe(), backend.adapter_name(), status,
-                          sorted(_ADAPTED_CLAUSES & set(status)), {c: r for c, r in _REASONS.items()
-                                                                   if status.get(c) in ("failed", "not measured")})
+    report = build_report(
+        backend.describe(),
+        backend.adapter_name(),
+        status,
+        sorted(_ADAPTED_CLAUSES & set(status)),
+        {c: r for c, r in _REASONS.items() if status.get(c) in ("failed", "not measured")},
+    )
     out = config.getoption("--clause-report")
     if out:
         Path(out).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -53,8 +53,14 @@ class DataloaderResharder(Resharder):  # type: ignore[misc, valid-type]
 
     def extract_sharding_metadata(self, item_key: str, item_value: Any) -> dict[Any, Any]:
         rank, world = _rank_and_world()
-        CALLS.append({"call": "extract", "item_key": item_key, "value_id": id(item_value),
-                      "position": item_value.get("position") if isinstance(item_value, dict) else None})
+        CALLS.append(
+            {
+                "call": "extract",
+                "item_key": item_key,
+                "value_id": id(item_value),
+                "position": item_value.get("position") if isinstance(item_value, dict) else None,
+            }
+        )
         return {(): LoaderShardMeta(rank, world)}
 
     def load(
@@ -71,16 +77,19 @@ class DataloaderResharder(Resharder):  # type: ignore[misc, valid-type]
         for r in ranks:
             path = source_metadata.get_file_path(r, Path(source_path), item_key)
             positions.append(torch.load(io.BytesIO(storage.read(path)), weights_only=False)["position"])
-        CALLS.append({
-            "call": "load",
-            "source_path": str(source_path),
-            "item_key": item_key,
-            "target_id": id(target),
-            "target_metadata": dict(target_metadata),
-            "source_is_item_metadata": isinstance(
-                source_metadata, backend.name("distributed_metadata", "DistributedItemMetadata")),
-            "source_per_rank": {r: source_metadata.get_metadata_for_path_and_rank((), r) for r in ranks},
-            "storage_is_storage": isinstance(storage, backend.name("storage.base_storage", "Storage")),
-        })
+        CALLS.append(
+            {
+                "call": "load",
+                "source_path": str(source_path),
+                "item_key": item_key,
+                "target_id": id(target),
+                "target_metadata": dict(target_metadata),
+                "source_is_item_metadata": isinstance(
+                    source_metadata, backend.name("distributed_metadata", "DistributedItemMetadata")
+                ),
+                "source_per_rank": {r: source_metadata.get_metadata_for_path_and_rank((), r) for r in ranks},
+                "storage_is_storage": isinstance(storage, backend.name("storage.base_storage", "Storage")),
+            }
+        )
         target["positions"] = positions
         return []

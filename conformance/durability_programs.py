@@ -37,7 +37,7 @@ def one_rank_raises(root: str) -> dict[str, Any]:
     error = None
     try:  # to a fresh id: a backend that refuses to replace a checkpoint is still tested
         save(m, Path(root) / "fresh", new, timeout=RANK_TIMEOUT_S * 2)
-    except Exception as exc:  # noqa: BLE001 - the clause wants every rank to raise
+    except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
     elapsed = time.monotonic() - start
     with contextlib.suppress(Exception):
@@ -83,6 +83,11 @@ def save_for_kill(case: str) -> None:
 
 def classify_cases(paths: list[str]) -> dict[str, dict[str, str]]:
     """Per case: what this rank's load of the id and of the earlier id returned."""
-    return {p: {"id": faults.classify(Path(p) / "ck", {"old": 1, "new": 2}),
-                "fresh": faults.classify(Path(p) / "fresh", {"new": 2}),
-                "earlier": faults.classify(Path(p) / "earlier", {"intact": 0})} for p in paths}
+    return {
+        p: {
+            "id": faults.classify(Path(p) / "ck", {"old": 1, "new": 2}),
+            "fresh": faults.classify(Path(p) / "fresh", {"new": 2}),
+            "earlier": faults.classify(Path(p) / "earlier", {"intact": 0}),
+        }
+        for p in paths
+    }

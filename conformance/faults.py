@@ -84,8 +84,13 @@ def manager(mode: str = "sync", timeout_s: int | None = None) -> Any:
 def same(a: Any, b: Any) -> bool:
     """Exact equality of nested payloads (tensors bit for bit, dtype included)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and torch.equal(a, b))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return set(a) == set(b) and all(same(a[k], b[k]) for k in a)
     return a == b
@@ -97,7 +102,7 @@ def classify(path: Path | str, versions: Mapping[str, int]) -> str:
     try:
         try:
             got = m.load(str(path), into=template())
-        except Exception:  # noqa: BLE001 - raising is an allowed outcome; the clause checks what is returned
+        except Exception:
             return "raised"
         for label, version in versions.items():
             if same({k: got[k] for k in ITEMS}, payload(version)):
@@ -141,9 +146,14 @@ def run_json(command: str, args: Mapping[str, Any], timeout: float = SUBPROCESS_
 
     On timeout the whole session is killed, and ``{"timeout": True}`` is returned.
     """
-    proc = subprocess.Popen([sys.executable, "-m", "conformance.faults", command, json.dumps(dict(args))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            cwd=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conformance.faults", command, json.dumps(dict(args))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -167,7 +177,7 @@ def _fork_session(fn: Callable[[], None]) -> int:
             os.setsid()
             fn()
             code = 0
-        except BaseException:  # noqa: BLE001 - the exit code is the report
+        except BaseException:
             import traceback
 
             traceback.print_exc()
@@ -189,6 +199,7 @@ def _save_child(path: str, version: int, mode: str, ready_w: int | None) -> Call
             save(m, Path(path).with_name("fresh"), payload(version))
         finally:
             m.close()
+
     return run
 
 
@@ -231,6 +242,7 @@ def _launch_child(case: Path) -> Callable[[], None]:
         from simulator.launcher import launch
 
         launch(durability_programs.save_for_kill, 2, args=(str(case),), timeout=SUBPROCESS_TIMEOUT_S)
+
     return run
 
 
@@ -301,7 +313,7 @@ def fsize_case(root: Path, limit: int, mode: str) -> dict[str, Any]:
     try:
         try:  # a fresh id first: a backend that refuses to replace a checkpoint still has to write this one
             save(m, root / "fresh", payload(2))
-        except Exception as exc:  # noqa: BLE001 - the clause wants an error
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:500]
         with contextlib.suppress(Exception):  # over the committed id: raising is expected, damage is not
             save(m, root / "ck", payload(2))
@@ -313,7 +325,7 @@ def fsize_case(root: Path, limit: int, mode: str) -> dict[str, Any]:
     m = manager(mode)
     try:
         save(m, root / "next", payload(3))
-    except Exception as exc:  # noqa: BLE001 - reported to the test
+    except Exception as exc:
         after = f"{type(exc).__name__}: {exc}"[:500]
     finally:
         with contextlib.suppress(Exception):
@@ -330,7 +342,7 @@ def overwrite_loop(args: dict[str, Any]) -> dict[str, Any]:
         while not stop.exists() and time.monotonic() < deadline:
             try:
                 save(m, path, payload(1 + saves % 2))
-            except Exception as exc:  # noqa: BLE001 - a backend may refuse to replace a checkpoint
+            except Exception as exc:
                 refused = f"{type(exc).__name__}: {exc}"[:300]
                 break
             saves += 1
@@ -381,8 +393,11 @@ def load_many(args: dict[str, Any]) -> dict[str, Any]:
 
 
 COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "kill-series": kill_series, "kill-series-ranks": kill_series_ranks, "fsize": fsize,
-    "overwrite-loop": overwrite_loop, "load-loop": load_loop,
+    "kill-series": kill_series,
+    "kill-series-ranks": kill_series_ranks,
+    "fsize": fsize,
+    "overwrite-loop": overwrite_loop,
+    "load-loop": load_loop,
     "load-many": load_many,
 }
 

@@ -46,9 +46,9 @@ def _check(obs: Obs, name: str, fn: Callable[[], None]) -> None:
     try:
         fn()
         obs[name] = "ok"
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes an observation
+    except BaseException as exc:
         obs[name] = _outcome(exc)
-    adapted = sorted(set(backend.ADAPTED[_PHASE_START[0]:]))
+    adapted = sorted(set(backend.ADAPTED[_PHASE_START[0] :]))
     if adapted:
         obs[f"{name}@adapted"] = ",".join(adapted)
 
@@ -58,9 +58,9 @@ def _phase(obs: Obs, prefix: str, fn: Callable[[], None]) -> None:
     _PHASE_START[0] = len(backend.ADAPTED)
     try:
         fn()
-    except BaseException as exc:  # noqa: BLE001 - the other phases still run
+    except BaseException as exc:
         obs[f"{prefix}@phase"] = _outcome(exc)
-        adapted = sorted(set(backend.ADAPTED[_PHASE_START[0]:]))
+        adapted = sorted(set(backend.ADAPTED[_PHASE_START[0] :]))
         if adapted:
             obs[f"{prefix}@adapted"] = ",".join(adapted)
 
@@ -78,13 +78,15 @@ def _manager(items: dict[str, Any], mode: str = "sync") -> Any:
     return backend.name("", "CheckpointManager")(make_config(items, mode=mode))
 
 
-def _dt(name: str, shape: tuple[int, ...], mesh: DeviceMesh, placements: list[Any],
-        dtype: torch.dtype = torch.float32) -> DTensor:
+def _dt(
+    name: str, shape: tuple[int, ...], mesh: DeviceMesh, placements: list[Any], dtype: torch.dtype = torch.float32
+) -> DTensor:
     return distribute_tensor(seeded(name, shape, dtype), mesh, placements)
 
 
-def _zeros_dt(shape: tuple[int, ...], mesh: DeviceMesh, placements: list[Any],
-              dtype: torch.dtype = torch.float32) -> DTensor:
+def _zeros_dt(
+    shape: tuple[int, ...], mesh: DeviceMesh, placements: list[Any], dtype: torch.dtype = torch.float32
+) -> DTensor:
     return distribute_tensor(torch.zeros(shape, dtype=dtype), mesh, placements)
 
 
@@ -104,8 +106,11 @@ class Net(torch.nn.Module):
 
     def __init__(self, mesh: DeviceMesh, seed_prefix: str | None) -> None:
         super().__init__()
-        make = (lambda n, s: _dt(f"{seed_prefix}.{n}", s, mesh, [Shard(0)])) if seed_prefix else (
-            lambda n, s: _zeros_dt(s, mesh, [Shard(0)]))
+        make = (
+            (lambda n, s: _dt(f"{seed_prefix}.{n}", s, mesh, [Shard(0)]))
+            if seed_prefix
+            else (lambda n, s: _zeros_dt(s, mesh, [Shard(0)]))
+        )
         self.w = torch.nn.Parameter(make("w", (6, 4)))
         self.b = torch.nn.Parameter(make("b", (6,)))
 
@@ -140,8 +145,17 @@ def _opt_state_full(opt: torch.optim.Optimizer) -> dict[int, dict[str, torch.Ten
     return {i: {k: (v.full_tensor() if isinstance(v, DTensor) else v) for k, v in st.items()} for i, st in sd.items()}
 
 
-def _check_restored(obs: Obs, prefix: str, restored: Any, net: Net, template: dict[str, Any],
-                    opt: torch.optim.Optimizer, expected: dict[str, Any], rank: int, world: int) -> None:
+def _check_restored(
+    obs: Obs,
+    prefix: str,
+    restored: Any,
+    net: Net,
+    template: dict[str, Any],
+    opt: torch.optim.Optimizer,
+    expected: dict[str, Any],
+    rank: int,
+    world: int,
+) -> None:
     def model() -> None:
         for k in ("w", "b"):
             assert restored["model"][k] is template[k], f"model.{k}: template identity lost"
@@ -174,13 +188,19 @@ def _full_example_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> Non
     ckpt = root / "full"
     manager = backend.name("", "CheckpointManager")(make_config(_full_example_items(), mode="async"))
     try:
+
         def do_save() -> None:
-            save(manager, ckpt, {
-                "model": net.state_dict(),
-                "optimizer": opt.state_dict(),
-                "dataloader": {"position": 100 + rank, "epoch": 1},
-                "misc_state": {"step": 5},
-            })
+            save(
+                manager,
+                ckpt,
+                {
+                    "model": net.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "dataloader": {"position": 100 + rank, "epoch": 1},
+                    "misc_state": {"step": 5},
+                },
+            )
+
         _check(obs, "full.save", do_save)
     finally:
         manager.close()
@@ -194,6 +214,7 @@ def _full_example_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> Non
         want = {f"{k}_{r}.pt" for k in ("model", "optimizer", "dataloader") for r in (0, 1)}
         want |= {f"misc_state_{r}.json" for r in (0, 1)}
         assert want <= got, f"missing {sorted(want - got)}; found {sorted(got)}"
+
     _check(obs, "full.files", layout_files)
     _full_example_load(root, obs, "full.load2", expected)
 
@@ -212,12 +233,16 @@ def _full_example_load(root: Path, obs: Obs, prefix: str, expected: dict[str, An
         holder: dict[str, Any] = {}
 
         def do_load() -> None:
-            holder["r"] = manager.load(str(root / "full"), into={
-                "model": template,
-                "optimizer": opt.state_dict(),
-                "dataloader": {"position": -1, "epoch": 0},
-                "misc_state": {"step": 0},
-            })
+            holder["r"] = manager.load(
+                str(root / "full"),
+                into={
+                    "model": template,
+                    "optimizer": opt.state_dict(),
+                    "dataloader": {"position": -1, "epoch": 0},
+                    "misc_state": {"step": 0},
+                },
+            )
+
         _check(obs, f"{prefix}.load", do_load)
         if "r" in holder:
             _check_restored(obs, prefix, holder["r"], net, template, opt, expected, rank, world)
@@ -244,10 +269,21 @@ def _layouts(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     st = _dt("layout.st", (6, 4), mesh, [Shard(0)])
     m = _manager(_layout_items())
     try:
-        _check(obs, "layouts.save", lambda: save(m, ckpt, {
-            "a": {"x": torch.tensor([float(rank)])}, "b": {"rank": rank},
-            "d": torch.full((2,), float(rank)), "dt": {"w": dt}, "st": {"w": st},
-        }))
+        _check(
+            obs,
+            "layouts.save",
+            lambda: save(
+                m,
+                ckpt,
+                {
+                    "a": {"x": torch.tensor([float(rank)])},
+                    "b": {"rank": rank},
+                    "d": torch.full((2,), float(rank)),
+                    "dt": {"w": dt},
+                    "st": {"w": st},
+                },
+            ),
+        )
     finally:
         m.close()
     dist.barrier()
@@ -256,6 +292,7 @@ def _layouts(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     def per_rank() -> None:
         want = {"model_0.pt", "model_1.pt", "rank_0/misc.json", "rank_1/misc.json"}
         assert want <= got, f"missing {sorted(want - got)}; found {sorted(got)}"
+
     _check(obs, "layouts.rank_files", per_rank)
 
     def fixed() -> None:
@@ -270,23 +307,30 @@ def _layouts(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
         assert "shared.json" in shared, f"files for the fixed path: {shared}"
         # Variants of the item's own file (shared_0.json, ...); a backend's bookkeeping files are not the item's.
         assert not [f for f in shared if f.startswith("shared") and f != "shared.json"], f"per-rank variants: {shared}"
+
     _check(obs, "layouts.fixed", fixed)
 
     def default_files() -> None:
         assert {"d_0.pt", "d_1.pt"} <= got, f"default files missing; found {sorted(got)}"
+
     _check(obs, "layouts.default", default_files)
 
     def st_unwrapped() -> None:
         flat = load_file(str(ckpt / f"st_{rank}.safetensors"))
         assert set(flat) == {"w"}, f"keys {sorted(flat)}"
         assert type(flat["w"]) is torch.Tensor and torch.equal(flat["w"], st.to_local()), "not the local shard"
+
     _check(obs, "layouts.st_dtensor", st_unwrapped)
 
     items = {k: v for k, v in _layout_items().items() if k != "st"}
     m = _manager(items)
     try:
-        tmpl = {"a": {"x": torch.zeros(1)}, "b": None, "d": torch.zeros(2),
-                "dt": {"w": _zeros_dt((6, 4), mesh, [Shard(0)])}}
+        tmpl = {
+            "a": {"x": torch.zeros(1)},
+            "b": None,
+            "d": torch.zeros(2),
+            "dt": {"w": _zeros_dt((6, 4), mesh, [Shard(0)])},
+        }
         dt_obj = tmpl["dt"]["w"]
         holder: dict[str, Any] = {}
         _check(obs, "layouts.load", lambda: holder.setdefault("r", m.load(str(ckpt), into=tmpl)))
@@ -297,20 +341,26 @@ def _layouts(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
             assert torch.equal(r["a"]["x"], torch.tensor([float(rank)])), f"a: {r['a']}"
             assert r["b"] == {"rank": rank}, f"b: {r['b']}"
             assert torch.equal(r["d"], torch.full((2,), float(rank))), f"d: {r['d']}"
+
         _check(obs, "layouts.own_values", own_values)
 
         def dtensor_roundtrip() -> None:
             assert r is not None, "load failed"
             assert r["dt"]["w"] is dt_obj, "DTensor template identity lost"
             _expect_local(r["dt"]["w"], "layout.dt", (6, 4))
+
         _check(obs, "layouts.dtensor", dtensor_roundtrip)
     finally:
         m.close()
 
 
 # ------------------------------------------------------------- resharding sources
-RESHARD_SHAPES = {"w": ((7, 4), "reshard.w"), "r": ((3,), "reshard.r"), "s": ((8, 4), "reshard.s"),
-                  "p": ((8, 4), "reshard.p")}
+RESHARD_SHAPES = {
+    "w": ((7, 4), "reshard.w"),
+    "r": ((3,), "reshard.r"),
+    "s": ((8, 4), "reshard.s"),
+    "p": ((8, 4), "reshard.p"),
+}
 
 
 def _reshard_items(with_loader: bool = True, with_misc: bool = True) -> dict[str, Any]:
@@ -332,23 +382,35 @@ def _reshard_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     # support fails RESHARD-DT-5 alone.
     strided = _manager({"model": spec(resharder=_resharder())})
     try:
-        _check(obs, "reshard.strided_save", lambda: save(strided, root / "strided", {"model": {
-            "s": _dt("reshard.s", (8, 4), mesh, [_StridedShard(0, split_factor=2)])}}))
+        _check(
+            obs,
+            "reshard.strided_save",
+            lambda: save(
+                strided,
+                root / "strided",
+                {"model": {"s": _dt("reshard.s", (8, 4), mesh, [_StridedShard(0, split_factor=2)])}},
+            ),
+        )
     finally:
         strided.close()
     loader = {"position": 100 + rank, "epoch": 1}
     _custom().CALLS.clear()
     m = _manager(_reshard_items())
     try:
-        _check(obs, "reshard.save", lambda: save(m, root / "reshard", {"model": model, "loader": loader,
-                                                                      "misc": {"rank": rank}}))
+        _check(
+            obs,
+            "reshard.save",
+            lambda: save(m, root / "reshard", {"model": model, "loader": loader, "misc": {"rank": rank}}),
+        )
     finally:
         m.close()
 
     def extract_on_save() -> None:
         seen = [c for c in _custom().CALLS if c["call"] == "extract"]
-        assert any(c["value_id"] == id(loader) and c["position"] == 100 + rank for c in seen), \
+        assert any(c["value_id"] == id(loader) and c["position"] == 100 + rank for c in seen), (
             f"extract_sharding_metadata not called with the saved value: {seen}"
+        )
+
     _check(obs, "reshard.extract_on_save", extract_on_save)
     dist.barrier()
 
@@ -399,9 +461,20 @@ def _custom_and_direct(root: Path, obs: Obs) -> None:
     m = _manager(_reshard_items(with_misc=False))
     holder: dict[str, Any] = {}
     try:
-        _check(obs, "custom.load", lambda: holder.setdefault("r", m.load(str(root / "reshard"), into={
-            "model": {"w": _zeros_dt((7, 4), init_device_mesh("cpu", (1,)), [Replicate()])},
-            "loader": target})))
+        _check(
+            obs,
+            "custom.load",
+            lambda: holder.setdefault(
+                "r",
+                m.load(
+                    str(root / "reshard"),
+                    into={
+                        "model": {"w": _zeros_dt((7, 4), init_device_mesh("cpu", (1,)), [Replicate()])},
+                        "loader": target,
+                    },
+                ),
+            ),
+        )
     finally:
         m.close()
     r = holder.get("r")
@@ -419,6 +492,7 @@ def _custom_and_direct(root: Path, obs: Obs) -> None:
         assert c["storage_is_storage"], "storage is not a Storage"
         assert c["target_metadata"] == {(): meta_cls(0, 1)}, c["target_metadata"]
         assert r is not None and r["loader"]["positions"] == [100, 101], f"restored {r and r['loader']}"
+
     _check(obs, "custom.called", custom_called)
 
     def auto_wired() -> None:
@@ -427,6 +501,7 @@ def _custom_and_direct(root: Path, obs: Obs) -> None:
         loads = [c for c in calls if c["call"] == "load"]
         assert loads, "custom load() never called"
         assert loads[0]["source_per_rank"] == {0: meta_cls(0, 2), 1: meta_cls(1, 2)}, loads[0]["source_per_rank"]
+
     _check(obs, "custom.auto_wired", auto_wired)
 
     def direct() -> None:
@@ -439,6 +514,7 @@ def _custom_and_direct(root: Path, obs: Obs) -> None:
             m3.close()
         assert out["misc"] == {"rank": 0}, f"misc {out['misc']} (expected rank 0's own file)"
         _expect_local(tmpl, "reshard.w", (7, 4))
+
     _check(obs, "custom.direct", direct)
 
     def into_needed() -> None:
@@ -448,23 +524,30 @@ def _custom_and_direct(root: Path, obs: Obs) -> None:
                 out = m2.load(str(root / "reshard"), into={"model": None})
             except Exception:
                 return
-            raise AssertionError(f"load without a live target returned {type(out['model']).__name__} instead of raising")
+            raise AssertionError(
+                f"load without a live target returned {type(out['model']).__name__} instead of raising"
+            )
         finally:
             m2.close()
+
     _check(obs, "custom.into_needed", into_needed)
 
 
 # ------------------------------------------------------------------- golden DTensor
 def _golden_items() -> dict[str, Any]:
-    return {"model": spec(resharder=_resharder()),
-            "st": spec(layout=layout("st_{rank}.safetensors", "SafetensorsSerialization"), resharder=_resharder())}
+    return {
+        "model": spec(resharder=_resharder()),
+        "st": spec(layout=layout("st_{rank}.safetensors", "SafetensorsSerialization"), resharder=_resharder()),
+    }
 
 
 def write_golden_dtensor(out_dir: str) -> None:
     """Rank program used by the golden regeneration script (2 ranks)."""
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model = {k: _dt(seed, shape, mesh, [Replicate()] if k == "v" else [Shard(0)], dtype)
-             for k, (seed, shape, dtype) in DTENSOR_GLOBALS.items()}
+    model = {
+        k: _dt(seed, shape, mesh, [Replicate()] if k == "v" else [Shard(0)], dtype)
+        for k, (seed, shape, dtype) in DTENSOR_GLOBALS.items()
+    }
     st_seed, st_shape, st_dtype = DTENSOR_ST
     m = _manager(_golden_items())
     try:
@@ -478,6 +561,7 @@ def _golden_load(golden_dirs: list[str], obs: Obs) -> None:
     mesh = init_device_mesh("cpu", (world,))
     placements = [Shard(0)] if world > 1 else [Replicate()]
     for gdir in golden_dirs:
+
         def check(gdir: str = gdir) -> None:
             model = {k: _zeros_dt(shape, mesh, placements, dtype) for k, (_s, shape, dtype) in DTENSOR_GLOBALS.items()}
             st = {"x": _zeros_dt(DTENSOR_ST[1], mesh, placements, DTENSOR_ST[2])}
@@ -489,6 +573,7 @@ def _golden_load(golden_dirs: list[str], obs: Obs) -> None:
             for k, (seed, shape, dtype) in DTENSOR_GLOBALS.items():
                 _expect_local(model[k], seed, shape, dtype)
             _expect_local(st["x"], DTENSOR_ST[0], DTENSOR_ST[1], DTENSOR_ST[2])
+
         _check(obs, f"golden{world}.{Path(gdir).parent.name}", check)
 
 

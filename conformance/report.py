@@ -37,11 +37,17 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 _CELL = {"passed": "pass", "failed": "FAIL", "not measured": "not measured", "skipped": "skip", "not run": "—"}
 
 
-def build_report(backend: str, adapter: str, status: Mapping[str, str], adapted: Sequence[str],
-                 reasons: Mapping[str, str]) -> dict[str, Any]:
+def build_report(
+    backend: str, adapter: str, status: Mapping[str, str], adapted: Sequence[str], reasons: Mapping[str, str]
+) -> dict[str, Any]:
     """The clause-report JSON: every clause's status, which depended on an adapter, why not pass."""
-    return {"backend": _portable(backend), "adapter": adapter, "clauses": dict(status), "adapted": sorted(adapted),
-            "reasons": {cid: _portable(text) for cid, text in reasons.items()}}
+    return {
+        "backend": _portable(backend),
+        "adapter": adapter,
+        "clauses": dict(status),
+        "adapted": sorted(adapted),
+        "reasons": {cid: _portable(text) for cid, text in reasons.items()},
+    }
 
 
 def _portable(text: str) -> str:
@@ -72,8 +78,17 @@ def render_md(report: Mapping[str, Any], clauses: Mapping[str, Clause] | None = 
     lines = ["# Conformance clause report", "", f"Backend: `{report['backend']}`"]
     if report.get("adapter"):
         lines.append(f"Adapter: `{report['adapter']}` (clauses marked *(adapter)* used a name it supplied)")
-    lines += ["", "## By area", "", *_area_rows(clauses, report["clauses"]), "", "## By clause", "",
-              "| clause | area | result | reason |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "## By area",
+        "",
+        *_area_rows(clauses, report["clauses"]),
+        "",
+        "## By clause",
+        "",
+        "| clause | area | result | reason |",
+        "|---|---|---|---|",
+    ]
     for cid, clause in clauses.items():
         reason = _one_line(report.get("reasons", {}).get(cid, ""))
         lines.append(f"| `{cid}` | {clause.area} | {cell(report, cid)} | {reason} |")
@@ -100,15 +115,23 @@ def existing_reasons(doc: str) -> dict[str, str]:
     return out
 
 
-def render_docs_block(reports: Sequence[tuple[str, Mapping[str, Any]]], reasons: Mapping[str, str],
-                      clauses: Mapping[str, Clause] | None = None) -> str:
+def render_docs_block(
+    reports: Sequence[tuple[str, Mapping[str, Any]]],
+    reasons: Mapping[str, str],
+    clauses: Mapping[str, Clause] | None = None,
+) -> str:
     """The generated part of docs/conformance.md: totals per backend and the per-clause comparison."""
     clauses = clauses or load_clauses()
     lines = [BEGIN]
     for title, durability in (("design document clauses", False), ("durability profile", True)):
         part = [cid for cid, c in clauses.items() if c.durability == durability]
-        lines += ["", f"### Totals: {title}", "", "| backend | " + " | ".join(["clauses", *STATUSES]) + " | adapted |",
-                  "|---|---" + "|---" * len(STATUSES) + "|---|"]
+        lines += [
+            "",
+            f"### Totals: {title}",
+            "",
+            "| backend | " + " | ".join(["clauses", *STATUSES]) + " | adapted |",
+            "|---|---" + "|---" * len(STATUSES) + "|---|",
+        ]
         for label, rep in reports:
             counts = dict.fromkeys(STATUSES, 0)
             for cid in part:
@@ -117,8 +140,13 @@ def render_docs_block(reports: Sequence[tuple[str, Mapping[str, Any]]], reasons:
             cells = " | ".join(str(counts[k]) for k in STATUSES)
             lines.append(f"| {label} | {len(part)} | {cells} | {adapted} |")
     labels = [label for label, _ in reports]
-    lines += ["", "### Clause table", "", "| clause | " + " | ".join(labels) + " | why they differ |",
-              "|---|" + "---|" * len(labels) + "---|"]
+    lines += [
+        "",
+        "### Clause table",
+        "",
+        "| clause | " + " | ".join(labels) + " | why they differ |",
+        "|---|" + "---|" * len(labels) + "---|",
+    ]
     for cid in clauses:
         cells = [cell(rep, cid) for _, rep in reports]
         lines.append(f"| `{cid}` | " + " | ".join(cells) + f" | {reasons.get(cid, '')} |")
@@ -141,8 +169,9 @@ def merge(base: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
     redone = set(part["clauses"])
     adapted = {c for c in base.get("adapted", ()) if c not in redone} | set(part.get("adapted", ()))
     reasons = {c: r for c, r in base.get("reasons", {}).items() if c not in redone} | dict(part.get("reasons", {}))
-    return build_report(base["backend"], base.get("adapter", ""), {**base["clauses"], **part["clauses"]},
-                        sorted(adapted), reasons)
+    return build_report(
+        base["backend"], base.get("adapter", ""), {**base["clauses"], **part["clauses"]}, sorted(adapted), reasons
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,8 +66,9 @@ def _right_or_raises(src: Path, tmp: Path, damage: Damage) -> None:
 
 
 # --------------------------------------------------------------- killed saves
-@pytest.mark.parametrize("mode", [pytest.param("sync", marks=clause("DUR-KILL-1")),
-                                  pytest.param("async", marks=clause("DUR-KILL-2"))])
+@pytest.mark.parametrize(
+    "mode", [pytest.param("sync", marks=clause("DUR-KILL-1")), pytest.param("async", marks=clause("DUR-KILL-2"))]
+)
 def test_killed_save_leaves_old_or_new(tmp_path: Path, mode: str) -> None:
     out = faults.run_json("kill-series", {"root": str(tmp_path), "mode": mode, "instants": INSTANTS})
     assert not out.get("timeout"), "the kill series did not finish"
@@ -96,8 +97,11 @@ def test_killed_two_rank_save_leaves_old_or_new(tmp_path: Path) -> None:
     for rank, seen in enumerate(per_rank):
         for case, delay in zip(cases, out["delays"], strict=True):
             got = seen[case]
-            if got["id"] not in ("old", "new", "raised") or got["fresh"] not in ("new", "raised") \
-                    or got["earlier"] != "intact":
+            if (
+                got["id"] not in ("old", "new", "raised")
+                or got["fresh"] not in ("new", "raised")
+                or got["earlier"] != "intact"
+            ):
                 bad[f"rank {rank}, kill at {delay:.3f}s"] = got
     assert not bad, f"2-rank save of {out['full_save_s']:.3f}s killed: {bad}"
 
@@ -219,8 +223,11 @@ def _json_files(root: Path) -> list[str]:
 @pytest.mark.parametrize("kind", ["malformed", "deep", "huge"])
 def test_malformed_json_is_refused(committed: Path, tmp_path: Path, kind: str) -> None:
     # None of them decodes to the saved data: the load must raise (and not crash, hang or exhaust memory).
-    text = {"malformed": '{"a": [1, 2', "deep": "[" * 200_000 + "]" * 200_000,
-            "huge": '{"a": [' + "0," * 2_000_000 + "0]"}[kind]
+    text = {
+        "malformed": '{"a": [1, 2',
+        "deep": "[" * 200_000 + "]" * 200_000,
+        "huge": '{"a": [' + "0," * 2_000_000 + "0]",
+    }[kind]
     targets = set(_json_files(committed))
     _right_or_raises(committed, tmp_path, lambda p, rel: p.write_text(text) if rel in targets else None)
 
@@ -234,6 +241,7 @@ def _rewrite_strings(p: Path, change: Callable[[str], str]) -> None:
         if isinstance(v, dict):
             return {k: walk(x) for k, x in v.items()}
         return v
+
     p.write_text(json.dumps(walk(json.loads(p.read_text()))))
 
 
@@ -255,6 +263,7 @@ def test_paths_escaping_the_checkpoint_are_refused(committed: Path, tmp_path: Pa
     def escape(p: Path, rel: str) -> None:
         if rel in targets:
             _rewrite_strings(p, to_outside)
+
     returned_outside = {}
     for rel, dst in _each_file(committed, tmp_path, escape):
         got = faults.classify(dst, {"right": 1, "outside": 2})
@@ -274,6 +283,7 @@ def test_names_in_metadata_are_never_imported(committed: Path, tmp_path: Path, m
     def plant(p: Path, rel: str) -> None:
         if rel in targets:
             _rewrite_strings(p, lambda s: "conformance.canary.Canary" if not s.endswith((".pt", ".json")) else s)
+
     for _rel, dst in _each_file(committed, tmp_path, plant):
         faults.classify(dst, {"right": 1})  # raising or not is INTEG-*'s business; importing is this clause's
     assert "conformance.canary" not in sys.modules and not marker.exists(), "a name read from metadata was imported"
@@ -285,8 +295,11 @@ def test_load_during_overwrite_is_one_whole_checkpoint(tmp_path: Path) -> None:
     ck, stop = tmp_path / "ck", tmp_path / "stop"
     _commit(ck, 1)
     result: dict[str, Any] = {}
-    saver = threading.Thread(target=lambda: result.update(faults.run_json(
-        "overwrite-loop", {"path": str(ck), "stop": str(stop), "max_s": 60.0})))
+    saver = threading.Thread(
+        target=lambda: result.update(
+            faults.run_json("overwrite-loop", {"path": str(ck), "stop": str(stop), "max_s": 60.0})
+        )
+    )
     saver.start()
     try:
         loads = faults.run_json("load-loop", {"path": str(ck), "started": str(tmp_path / "saving"), "window_s": 8.0})

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -90,7 +91,7 @@ def test_json_sorted_and_indented(manager_factory: Factory, tmp_path: Path) -> N
     lines = text.splitlines()
     assert len(lines) > 3, "not pretty-printed over several lines"
     assert any(line.startswith((" ", "\t")) for line in lines), "nested lines are not indented"
-    top = [k for k in ("alpha", "f", "mid", "zeta")]
+    top = ["alpha", "f", "mid", "zeta"]
     positions = [text.index(f'"{k}"') for k in top]
     assert positions == sorted(positions), "top-level keys not sorted"
     assert text.index('"b"') < text.index('"y"'), "nested keys not sorted"
@@ -140,7 +141,9 @@ def test_raw_rejects_non_bytes_sync(manager_factory: Factory, tmp_path: Path, va
 
 @clause("RAW-TYPE-2")
 def test_raw_rejects_non_bytes_async(manager_factory: Factory, tmp_path: Path) -> None:
-    m = manager_factory({"blob": spec(requires_copy=False, layout=layout("blob.bin", "RawSerialization"))}, mode="async")
+    m = manager_factory(
+        {"blob": spec(requires_copy=False, layout=layout("blob.bin", "RawSerialization"))}, mode="async"
+    )
     with pytest.raises(ValueError):
         save(m, tmp_path / "c", {"blob": "not bytes"})
 
@@ -158,14 +161,16 @@ def test_safetensors_flattens_to_dotted_keys(manager_factory: Factory, tmp_path:
     save(m, tmp_path / "c", {"m": value})
     flat = load_file(str(tmp_path / "c" / "m.safetensors"))
     assert set(flat) == {"a.b", "c.0", "c.1", "d.0", "e"}
-    for k, ref in zip(("a.b", "c.0", "c.1", "d.0", "e"), t):
+    for k, ref in zip(("a.b", "c.0", "c.1", "d.0", "e"), t, strict=False):
         assert torch.equal(flat[k], ref), k
 
 
 @clause("ST-RENEST-1", "LOAD-INPLACE-1")
 def test_safetensors_renests_into_template(manager_factory: Factory, tmp_path: Path) -> None:
-    value = {"layer": {"w": torch.randn(3, generator=_gen(1)), "b": torch.randn(1, generator=_gen(2))},
-             "stack": [torch.ones(2), torch.zeros(2)]}
+    value = {
+        "layer": {"w": torch.randn(3, generator=_gen(1)), "b": torch.randn(1, generator=_gen(2))},
+        "stack": [torch.ones(2), torch.zeros(2)],
+    }
     m = manager_factory({"m": _st()})
     save(m, tmp_path / "c", {"m": value})
     template = {"layer": {"w": torch.empty(3), "b": torch.empty(1)}, "stack": [torch.empty(2), torch.empty(2)]}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -60,7 +61,7 @@ def test_each_key_gets_its_own_file(manager_factory: Factory, tmp_path: Path) ->
     assert {f"{k}_0.pt" for k in payload} <= files(tmp_path / "c")
     for k, v in payload.items():
         got = torch.load(tmp_path / "c" / f"{k}_0.pt", weights_only=False)
-        assert (torch.equal(got, v) if isinstance(v, torch.Tensor) else got == v), k
+        assert torch.equal(got, v) if isinstance(v, torch.Tensor) else got == v, k
 
 
 @clause("LAYOUT-RANK-1", "LAYOUT-RANK-2", "LAYOUT-RANK-3")
@@ -114,7 +115,9 @@ def test_canonical_flat_layout(manager_factory: Factory, tmp_path: Path) -> None
 
 @clause("JSON-ROUNDTRIP-1", "LAYOUT-RANK-1")
 def test_json_per_rank_file(manager_factory: Factory, tmp_path: Path) -> None:
-    m = manager_factory({"misc_state": spec(requires_copy=False, layout=layout("misc_state_{rank}.json", "JsonSerialization"))})
+    m = manager_factory(
+        {"misc_state": spec(requires_copy=False, layout=layout("misc_state_{rank}.json", "JsonSerialization"))}
+    )
     save(m, tmp_path / "c", {"misc_state": {"step": 11, "cfg": {"lr": 0.5, "names": ["a", "b"]}}})
     data = json.loads((tmp_path / "c" / "misc_state_0.json").read_text())
     assert data == {"step": 11, "cfg": {"lr": 0.5, "names": ["a", "b"]}}

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -68,8 +69,9 @@ class _Complete:
     def extract_sharding_metadata(self, item_key: str, item_value: Any) -> dict[Any, Any]:
         return {}
 
-    def load(self, source_path: Any, item_key: str, target_metadata: Any, source_metadata: Any,
-             target: Any, storage: Any) -> list[Any]:
+    def load(
+        self, source_path: Any, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
+    ) -> list[Any]:
         return []
 
 
@@ -100,9 +102,11 @@ def test_declaring_a_resharder_is_enough(manager_factory: Factory, tmp_path: Pat
 @clause("EXAMPLE-DEFAULTS-1")
 def test_first_example_with_defaults(tmp_path: Path) -> None:
     top = backend.module()
-    manager = top.CheckpointManager(top.CheckpointManager.Config(
-        items={"dataloader": top.ItemSpec(requires_copy=False)},
-    ))
+    manager = top.CheckpointManager(
+        top.CheckpointManager.Config(
+            items={"dataloader": top.ItemSpec(requires_copy=False)},
+        )
+    )
     try:
         payload = {"model": {"w": torch.ones(3)}, "step": 4, "dataloader": {"pos": 9}}
         save(manager, tmp_path / "c", payload)

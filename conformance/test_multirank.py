@@ -39,7 +39,7 @@ def _once(shared: Path, name: str, run: Any) -> Results:
             if not out.exists():
                 try:
                     payload: Any = ("ok", run())
-                except Exception as exc:  # noqa: BLE001 - replayed below with its text
+                except Exception as exc:
                     payload = ("error", f"{type(exc).__name__}: {exc}")
                 out.write_bytes(pickle.dumps(payload))
         finally:
@@ -68,8 +68,14 @@ def two(shared_root: Path) -> Results:
     from simulator.launcher import launch
 
     ckpts = shared_root / "ckpts"
-    return _once(shared_root, "two_rank", lambda: (ckpts.mkdir(exist_ok=True), launch(
-        rank_programs.two_rank_program, 2, args=(str(ckpts),), timeout=LAUNCH_TIMEOUT_S))[1])
+    return _once(
+        shared_root,
+        "two_rank",
+        lambda: (
+            ckpts.mkdir(exist_ok=True),
+            launch(rank_programs.two_rank_program, 2, args=(str(ckpts),), timeout=LAUNCH_TIMEOUT_S),
+        )[1],
+    )
 
 
 def _other(shared_root: Path, two: Results, world: int) -> Results:
@@ -77,9 +83,16 @@ def _other(shared_root: Path, two: Results, world: int) -> Results:
     from simulator.launcher import launch
 
     del two  # only ordering: the 2-rank checkpoints must exist
-    return _once(shared_root, f"world_{world}", lambda: launch(
-        rank_programs.other_world_program, world, args=(str(shared_root / "ckpts"), golden_dtensor_dirs()),
-        timeout=LAUNCH_TIMEOUT_S))
+    return _once(
+        shared_root,
+        f"world_{world}",
+        lambda: launch(
+            rank_programs.other_world_program,
+            world,
+            args=(str(shared_root / "ckpts"), golden_dtensor_dirs()),
+            timeout=LAUNCH_TIMEOUT_S,
+        ),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -212,15 +225,17 @@ def test_full_example_files(two: Results) -> None:
 
 @clause("EXAMPLE-FULL-2", "LOAD-INPLACE-1", "LOAD-RETURN-1")
 def test_full_example_same_world(two: Results) -> None:
-    expect(two, "full.load2.load", "full.load2.model", "full.load2.optimizer", "full.load2.dataloader",
-           "full.load2.step")
+    expect(
+        two, "full.load2.load", "full.load2.model", "full.load2.optimizer", "full.load2.dataloader", "full.load2.step"
+    )
 
 
 @clause("EXAMPLE-FULL-3")
 def test_full_example_one_rank(two: Results, one: Results) -> None:
     expect(two, "full.save")  # the 2-rank checkpoint this load reads
-    expect(one, "full.load1.load", "full.load1.model", "full.load1.optimizer", "full.load1.dataloader",
-           "full.load1.step")
+    expect(
+        one, "full.load1.load", "full.load1.model", "full.load1.optimizer", "full.load1.dataloader", "full.load1.step"
+    )
 
 
 # ---------------------------------------------------------- golden DTensor

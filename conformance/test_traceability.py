@@ -45,8 +45,10 @@ def test_every_clause_has_a_test() -> None:
 
 def test_every_marker_names_a_known_clause() -> None:
     known = set(load_clauses())
-    unknown = sorted({(name, cid) for name, mod in _modules().items() for cid in _marker_ids(mod) if cid not in known}
-                     | {("golden/cases.py", cid) for cid in _golden_ids() - known})
+    unknown = sorted(
+        {(name, cid) for name, mod in _modules().items() for cid in _marker_ids(mod) if cid not in known}
+        | {("golden/cases.py", cid) for cid in _golden_ids() - known}
+    )
     assert not unknown, f"markers naming clauses not in CLAUSES.md: {unknown}"
 
 

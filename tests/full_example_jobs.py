@@ -95,18 +95,22 @@ def _state(mesh: Any, dim: int, fill: bool) -> tuple[dict[str, Any], dict[str, A
 
 
 def _manager() -> CheckpointManager:
-    return CheckpointManager(CheckpointManager.Config(
-        items={
-            "model": ItemSpec(requires_copy=True, resharder=DTensorResharder()),
-            "optimizer": ItemSpec(requires_copy=True, resharder=DTensorResharder()),
-            "dataloader": ItemSpec(requires_copy=False, resharder=MyCustomDataloaderResharder()),
-            # required=False: ranks that did not exist in the saving job have no copy of their own.
-            "misc_state": ItemSpec(
-                requires_copy=False, layout=LayoutInfo("misc_state_{rank}.json", JsonSerialization()), required=False
-            ),
-        },
-        storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-    ))
+    return CheckpointManager(
+        CheckpointManager.Config(
+            items={
+                "model": ItemSpec(requires_copy=True, resharder=DTensorResharder()),
+                "optimizer": ItemSpec(requires_copy=True, resharder=DTensorResharder()),
+                "dataloader": ItemSpec(requires_copy=False, resharder=MyCustomDataloaderResharder()),
+                # required=False: ranks that did not exist in the saving job have no copy of their own.
+                "misc_state": ItemSpec(
+                    requires_copy=False,
+                    layout=LayoutInfo("misc_state_{rank}.json", JsonSerialization()),
+                    required=False,
+                ),
+            },
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
 
 
 def consumed_on(rank: int) -> int:
@@ -118,12 +122,15 @@ def save_job(root: str, shard_dim: int) -> list[str]:
     mesh = init_device_mesh("cpu", (world,))
     model, optimizer = _state(mesh, shard_dim, fill=True)
     manager = _manager()
-    future = manager.save(root, {
-        "model": model,
-        "optimizer": optimizer,
-        "dataloader": {"consumed": consumed_on(rank)},
-        "misc_state": {"step": 7, "rank": rank},
-    })
+    future = manager.save(
+        root,
+        {
+            "model": model,
+            "optimizer": optimizer,
+            "dataloader": {"consumed": consumed_on(rank)},
+            "misc_state": {"step": 7, "rank": rank},
+        },
+    )
     assert future is not None
     future.result(timeout=300)
     manager.close()
@@ -137,12 +144,15 @@ def load_job(root: str, shard_dim: int, saved_world: int) -> dict[str, Any]:
     model, optimizer = _state(mesh, shard_dim, fill=False)
     params = {name: t.to_local() for name, t in model.items()}  # identity must survive the load
     manager = _manager()
-    restored = manager.load(root, into={
-        "model": model,
-        "optimizer": optimizer,
-        "dataloader": {"consumed": -1},
-        "misc_state": {"step": 0, "rank": -1},
-    })
+    restored = manager.load(
+        root,
+        into={
+            "model": model,
+            "optimizer": optimizer,
+            "dataloader": {"consumed": -1},
+            "misc_state": {"step": 0, "rank": -1},
+        },
+    )
     manager.close()
     expected_model, expected_opt = _state(mesh, shard_dim, fill=True)
     total = sum(consumed_on(r) for r in range(saved_world))

@@ -10,30 +10,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import posixpath
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
 __all__ = [
-    "MemoryStore",
+    "Control",
     "MemoryStorage",
     "MemoryStorageConfig",
+    "MemoryStore",
     "RecordingStorage",
     "RecordingStorageConfig",
-    "Control",
-    "free_port",
-    "files_under",
     "SlowCopy",
+    "files_under",
+    "free_port",
 ]
 
 
@@ -369,14 +370,15 @@ def controlled_manager(control: Control, items: dict[str, Any] | None = None) ->
     from torch_checkpointing import CheckpointManager
 
     manager = CheckpointManager(
-        CheckpointManager.Config(items=items or {}, storage_config=RecordingStorageConfig(control_dir=str(control.root)))
+        CheckpointManager.Config(
+            items=items or {}, storage_config=RecordingStorageConfig(control_dir=str(control.root))
+        )
     )
     yield manager, control
     control.reset()
-    try:
+    # close() re-raises the last write's error; a test that failed mid-way may have left one.
+    with contextlib.suppress(Exception):
         manager.close()
-    except Exception:
-        pass  # close() re-raises the last write's error; a test that failed mid-way may have left one
 
 
 def with_clean_controls(manager: Any, control: Control, timeout: float = 120) -> Iterator[tuple[Any, Control]]:
@@ -384,7 +386,5 @@ def with_clean_controls(manager: Any, control: Control, timeout: float = 120) ->
     control.reset()
     yield manager, control
     control.reset()
-    try:
+    with contextlib.suppress(Exception):
         manager._saver.wait(timeout)
-    except Exception:
-        pass

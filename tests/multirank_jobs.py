@@ -40,15 +40,22 @@ def commit_protocol(root: str) -> dict[str, Any]:
         out[f"{mode}_files"] = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
         dist.barrier()
         got = manager.load(str(target), into={"model": {"w": torch.zeros(4)}, "misc": None})
-        out[f"{mode}_loaded_ok"] = bool(torch.equal(got["model"]["w"], state["w"])) and got["misc"] == {"rank": rank, "step": 3}
+        out[f"{mode}_loaded_ok"] = bool(torch.equal(got["model"]["w"], state["w"])) and got["misc"] == {
+            "rank": rank,
+            "step": 3,
+        }
         manager.close()
     # A layout without {rank}: one file, written once by rank 0, read by every rank; a warning on rank 0.
-    manager = CheckpointManager(_config(False, items={"misc": ItemSpec(layout=LayoutInfo("misc.json", JsonSerialization()))}))
+    manager = CheckpointManager(
+        _config(False, items={"misc": ItemSpec(layout=LayoutInfo("misc.json", JsonSerialization()))})
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         manager.save(str(Path(root) / "fixed"), {"misc": {"rank": rank}})
     out["fixed_warned"] = [str(w.message) for w in caught]
-    out["fixed_files"] = sorted(str(p.relative_to(Path(root) / "fixed")) for p in (Path(root) / "fixed").rglob("*") if p.is_file())
+    out["fixed_files"] = sorted(
+        str(p.relative_to(Path(root) / "fixed")) for p in (Path(root) / "fixed").rglob("*") if p.is_file()
+    )
     out["fixed_loaded"] = manager.load(str(Path(root) / "fixed"), into={"misc": None})["misc"]
     # Two different keys resolving to one path across ranks are refused before anything is written.
     clash = {"a": ItemSpec(layout=LayoutInfo("a_{rank}.json", JsonSerialization()))}

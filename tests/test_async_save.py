@@ -67,7 +67,10 @@ def test_staging_reuses_shared_host_buffers(amgr: tuple[CheckpointManager, Contr
     first = {"w": staged["w"], "b": staged["b"], "l0": staged["layers"][0]}
     for name, buf in first.items():
         assert buf.is_shared(), name
-        assert buf.data_ptr() != (model["w"] if name == "w" else model["b"] if name == "b" else model["layers"][0]).data_ptr()
+        assert (
+            buf.data_ptr()
+            != (model["w"] if name == "w" else model["b"] if name == "b" else model["layers"][0]).data_ptr()
+        )
     with torch.no_grad():
         model["w"].add_(1)
     _result(manager.save(str(tmp_path / "b"), {"model": model}))
@@ -78,7 +81,9 @@ def test_staging_reuses_shared_host_buffers(amgr: tuple[CheckpointManager, Contr
     assert torch.equal(out["model"]["w"], model["w"])
 
 
-def test_mutation_after_lock_does_not_reach_the_checkpoint(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+def test_mutation_after_lock_does_not_reach_the_checkpoint(
+    amgr: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
     manager, control = amgr
     control.set_delay(0.5)
     weights = torch.arange(1000.0)
@@ -219,7 +224,9 @@ def test_writes_happen_in_the_writer_process_through_the_configured_storage(
 # --------------------------------------------------------------------------------------------- failures
 
 
-def test_unpicklable_requires_copy_false_value_names_the_key(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+def test_unpicklable_requires_copy_false_value_names_the_key(
+    amgr: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
     manager, _ = amgr
     with pytest.raises(pickle.PicklingError, match="'snap'"):
         _result(manager.save(str(tmp_path / "bad"), {"snap": {"lock": threading.Lock()}}))
@@ -228,7 +235,9 @@ def test_unpicklable_requires_copy_false_value_names_the_key(amgr: tuple[Checkpo
     assert manager.load(str(tmp_path / "good"), into={"snap": None}) == {"snap": {"x": 1}}
 
 
-def test_unpicklable_requires_copy_true_value_names_the_key(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
+def test_unpicklable_requires_copy_true_value_names_the_key(
+    amgr: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
     manager, _ = amgr
     with pytest.raises(Exception) as info:
         _result(manager.save(str(tmp_path / "bad"), {"model": {"fn": lambda x: x}}))

@@ -28,7 +28,9 @@ ITEMS = {
 
 
 def _sync(storage: Any = None, **kwargs: Any) -> CheckpointManager:
-    return CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=storage, **kwargs))
+    return CheckpointManager(
+        CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=storage, **kwargs)
+    )
 
 
 def _payload(tag: float) -> dict[str, Any]:
@@ -157,7 +159,9 @@ def _kill_writer_at(manager: CheckpointManager, control: Control, path: Path, wh
 
 
 @pytest.mark.parametrize("what", [".incomplete", "model_0.pt", "meta_0.pt", "manifest.json"])
-def test_killed_save_keeps_the_old_checkpoint(crash: tuple[CheckpointManager, Control], tmp_path: Path, what: str) -> None:
+def test_killed_save_keeps_the_old_checkpoint(
+    crash: tuple[CheckpointManager, Control], tmp_path: Path, what: str
+) -> None:
     manager, control = crash
     target = tmp_path / "ck"
     manager.save(str(target), {**_payload(1.0), "old_only": 1}).result(timeout=RESULT_TIMEOUT)
@@ -227,7 +231,9 @@ def test_directory_with_incomplete_marker_is_refused(sync_manager: CheckpointMan
     assert str(root) in str(info.value)
 
 
-def test_directory_with_marker_and_manifest_is_still_incomplete(sync_manager: CheckpointManager, tmp_path: Path) -> None:
+def test_directory_with_marker_and_manifest_is_still_incomplete(
+    sync_manager: CheckpointManager, tmp_path: Path
+) -> None:
     sync_manager.save(str(tmp_path / "c"), {"model": torch.ones(1)})
     (tmp_path / "c" / ".incomplete").write_bytes(b"")
     with pytest.raises(RuntimeError, match="incomplete"):

@@ -20,9 +20,29 @@ from benchmarks.sweep import plot
 @pytest.mark.multirank
 def test_quick_run_reports_every_ratio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "results.json"
-    rc = main(["--quick", "--size", "4M", "--runs", "2", "--memory-saves", "3", "--device", "cpu",
-               "--workdir", str(tmp_path / "work"), "--out", str(out), "--timeout", "240",
-               "--scale-dp", "4", "--scale-layers", "2"])
+    rc = main(
+        [
+            "--quick",
+            "--size",
+            "4M",
+            "--runs",
+            "2",
+            "--memory-saves",
+            "3",
+            "--device",
+            "cpu",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+            "--timeout",
+            "240",
+            "--scale-dp",
+            "4",
+            "--scale-layers",
+            "2",
+        ]
+    )
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
     by_key = {r["key"]: r for r in doc["ratios"]}
@@ -79,8 +99,7 @@ def test_scale_section_builds_metadata_and_plans(tmp_path: Path) -> None:
     assert [g["dst_world"] for g in res["growth"]] == [16, 32]
     assert math.isfinite(res["growth_exponent"])
     rows = {r.key: r for r in compute_ratios({"scale": {"result": res}})}
-    for key in ("scale_plan_up_s", "scale_plan_down_s", "scale_metadata_mib", "scale_plan_growth",
-                "scale_bytes_read"):
+    for key in ("scale_plan_up_s", "scale_plan_down_s", "scale_metadata_mib", "scale_plan_growth", "scale_bytes_read"):
         assert rows[key].error is None and rows[key].value is not None, key
     assert not any(tmp_path.glob("scale/*.json")), "metadata files are removed"
 
@@ -115,8 +134,7 @@ def test_parse_size_and_bad_config() -> None:
 
 def test_plot_is_skipped_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    doc = {"sizes": [MiB], "blocked": {"ours": [0.1]}, "durable": {"ours": [0.2]},
-           "machine": {"cpu": "x", "cores": 2}}
+    doc = {"sizes": [MiB], "blocked": {"ours": [0.1]}, "durable": {"ours": [0.2]}, "machine": {"cpu": "x", "cores": 2}}
     msg = plot(doc, tmp_path / "p.png")
     assert "skipped" in msg and "matplotlib" in msg
     assert not (tmp_path / "p.png").exists()

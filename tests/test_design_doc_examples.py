@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -23,7 +23,7 @@ from torch_checkpointing.types import NestedPath
 class MyCustomDataloaderResharder(Resharder):
     """The document's custom resharder, as a stub: no sharding metadata, nothing to reshard."""
 
-    calls: list[str] = []
+    calls: ClassVar[list[str]] = []
 
     def extract_sharding_metadata(self, item_key: str, item_value: Any) -> dict[NestedPath, ShardingMetadata]:
         MyCustomDataloaderResharder.calls.append(f"extract:{item_key}")
@@ -160,7 +160,9 @@ def test_dtensor_resharder_snippet(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         manager = CheckpointManager(
-            CheckpointManager.Config(items={"model": ItemSpec(resharder=DTensorResharder())}, save=SyncCheckpointSaverConfig())
+            CheckpointManager.Config(
+                items={"model": ItemSpec(resharder=DTensorResharder())}, save=SyncCheckpointSaverConfig()
+            )
         )
         try:
             path = str(tmp_path / "c")

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from torch_checkpointing.errors import CorruptCheckpointError
-
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization, TorchSerialization
 from torch_checkpointing.distributed_metadata import (
     METADATA_FILE_NAME,
@@ -28,6 +26,7 @@ from torch_checkpointing.distributed_metadata import (
     nested_path_to_json,
 )
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ShardSpec, get_device_mesh_spec
+from torch_checkpointing.errors import CorruptCheckpointError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
 
@@ -55,18 +54,27 @@ def storage() -> LocalFileSystemStorage:
 
 
 def dtensor_md(world: int) -> DTensorShardingMetadata:
-    return DTensorShardingMetadata((8, 2), "torch.float32", (2, 1),
-                                   get_device_mesh_spec("cpu", (world,), tuple(range(world)), ("dp",)), (ShardSpec(0),))
+    return DTensorShardingMetadata(
+        (8, 2),
+        "torch.float32",
+        (2, 1),
+        get_device_mesh_spec("cpu", (world,), tuple(range(world)), ("dp",)),
+        (ShardSpec(0),),
+    )
 
 
 def sample(world: int = 2) -> DistributedMetadata:
     per_rank = [
-        {"model": {("w",): dtensor_md(world), ("layers", 0, "b"): dtensor_md(world)},
-         "loader": {(): RangeMetadata(r * 10, r * 10 + 10)}}
+        {
+            "model": {("w",): dtensor_md(world), ("layers", 0, "b"): dtensor_md(world)},
+            "loader": {(): RangeMetadata(r * 10, r * 10 + 10)},
+        }
         for r in range(world)
     ]
-    layouts = [{"model": None, "loader": LayoutInfo(f"loader/{r}.safetensors", SafetensorsSerialization({"a": "b"}))}
-               for r in range(world)]
+    layouts = [
+        {"model": None, "loader": LayoutInfo(f"loader/{r}.safetensors", SafetensorsSerialization({"a": "b"}))}
+        for r in range(world)
+    ]
     return build_distributed_metadata(per_rank, layouts, world)
 
 
@@ -76,8 +84,11 @@ def test_registry_and_unpack_errors() -> None:
     assert ShardingMetadata._unpack(packed) == RangeMetadata(1, 2)
     with pytest.raises(ValueError, match="missing 'type'"):
         ShardingMetadata._unpack({"data": {}})
-    with pytest.raises(ValueError, match=r"Unknown ShardingMetadata type 'Nope'\. Available types: .*"
-                                         r"DTensorShardingMetadata.*test\.RangeMetadata"):
+    with pytest.raises(
+        ValueError,
+        match=r"Unknown ShardingMetadata type 'Nope'\. Available types: .*"
+        r"DTensorShardingMetadata.*test\.RangeMetadata",
+    ):
         ShardingMetadata._unpack({"type": "Nope", "data": {}})
 
 
@@ -97,7 +108,9 @@ def test_build_groups_equal_metadata() -> None:
     assert model.nested_path_to_metadata[("w",)] == [GlobalObjectMetadata(dtensor_md(2), (0, 1))]
     loader = dm.metadata["loader"]
     assert loader.nested_path_to_metadata[()] == [
-        GlobalObjectMetadata(RangeMetadata(0, 10), (0,)), GlobalObjectMetadata(RangeMetadata(10, 20), (1,))]
+        GlobalObjectMetadata(RangeMetadata(0, 10), (0,)),
+        GlobalObjectMetadata(RangeMetadata(10, 20), (1,)),
+    ]
     assert loader.get_metadata_for_path_and_rank((), 1) == RangeMetadata(10, 20)
     assert loader.get_metadata_for_path_and_rank(("x",), 1) is None
     assert loader.get_all_ranks() == {0, 1}
@@ -129,12 +142,16 @@ def test_post_init_requires_every_rank() -> None:
 
 def test_post_init_refuses_shared_file_paths() -> None:
     same = LayoutInfo("shared.pt", TorchSerialization())
-    with pytest.raises(RuntimeError, match=r"Item 'a' rank 0 & item 'a' rank 1 both write to the same file path "
-                                           r"shared\.pt"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Item 'a' rank 0 & item 'a' rank 1 both write to the same file path "
+        r"shared\.pt",
+    ):
         DistributedMetadata({"a": DistributedItemMetadata({}, {0: same, 1: same})}, world_size=2)
     with pytest.raises(RuntimeError, match="Item 'a' rank 0 & item 'b' rank 0"):
-        DistributedMetadata({"a": DistributedItemMetadata({}, {0: same}),
-                             "b": DistributedItemMetadata({}, {0: same})}, world_size=1)
+        DistributedMetadata(
+            {"a": DistributedItemMetadata({}, {0: same}), "b": DistributedItemMetadata({}, {0: same})}, world_size=1
+        )
 
 
 def test_nested_paths_keep_int_and_str_components() -> None:

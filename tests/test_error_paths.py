@@ -51,12 +51,13 @@ def test_writer_config_rejects_zero_threads() -> None:
 
 def test_threaded_file_writes_produce_the_same_checkpoint(tmp_path: Path) -> None:
     config = CheckpointManager.Config(
-        save=SyncCheckpointSaverConfig(writer_config=CheckpointWriterConfig(file_write_max_threads=3)), storage_config=STORAGE
+        save=SyncCheckpointSaverConfig(writer_config=CheckpointWriterConfig(file_write_max_threads=3)),
+        storage_config=STORAGE,
     )
     payload = {f"k{i}": torch.full((64,), float(i)) for i in range(5)}
     with CheckpointManager(config) as manager:
         manager.save(str(tmp_path / "c"), payload)
-        out = manager.load(str(tmp_path / "c"), into={k: None for k in payload})
+        out = manager.load(str(tmp_path / "c"), into=dict.fromkeys(payload))
     assert all(torch.equal(out[k], v) for k, v in payload.items())
 
 
@@ -107,7 +108,12 @@ def test_merge_corners() -> None:
     keep = target["p"].a
     merged, missing = walk_checkpoint_structure(item_key="x", source=source, target=target)
     assert merged["s"] == {2, 3} and merged["d"] == collections.deque([7, 8, 9])  # extra entries are kept
-    assert isinstance(merged["p"], Pair) and merged["p"].a is keep and torch.equal(keep, torch.ones(1)) and merged["p"].b == 5
+    assert (
+        isinstance(merged["p"], Pair)
+        and merged["p"].a is keep
+        and torch.equal(keep, torch.ones(1))
+        and merged["p"].b == 5
+    )
     assert missing == []
     with pytest.raises(RuntimeError, match="set to set, but source value is list"):
         walk_checkpoint_structure(item_key="x", source=[1], target={1})
@@ -151,6 +157,9 @@ def test_local_storage_corners(tmp_path: Path) -> None:
 
 
 def test_layout_paths_are_normalised_before_collision_checks() -> None:
-    items = {"a": ItemSpec(layout=LayoutInfo("sub/../x.pt", TorchSerialization())), "b": ItemSpec(layout=LayoutInfo("x.pt", TorchSerialization()))}
+    items = {
+        "a": ItemSpec(layout=LayoutInfo("sub/../x.pt", TorchSerialization())),
+        "b": ItemSpec(layout=LayoutInfo("x.pt", TorchSerialization())),
+    }
     with pytest.raises(ValueError, match="'a' and 'b' both resolve to the file 'x.pt'"):
         resolve({"a": 1, "b": 2}, items, None, 0)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import torch
@@ -69,9 +69,7 @@ leaves = st.one_of(st.integers(), st.text(max_size=5), st.booleans(), st.none(),
 names = st.text("abcdefgh_", min_size=1, max_size=4)
 trees = st.recursive(
     leaves,
-    lambda kids: st.one_of(
-        st.lists(kids, max_size=3), st.dictionaries(names, kids, max_size=3), st.tuples(kids, kids)
-    ),
+    lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(names, kids, max_size=3), st.tuples(kids, kids)),
     max_leaves=10,
 )
 
@@ -86,7 +84,7 @@ def assert_same(a: Any, b: Any) -> None:
             assert_same(a[k], b[k])
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=False):
             assert_same(x, y)
     else:
         assert a == b
@@ -106,7 +104,11 @@ def test_torch_round_trip(value: Any) -> None:
 
 json_values = st.recursive(
     st.one_of(
-        st.none(), st.booleans(), st.integers(-(2**53), 2**53), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6)
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**53), 2**53),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=6),
     ),
     lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=4), kids, max_size=3)),
     max_leaves=12,
@@ -142,7 +144,7 @@ class Outer:
     name: str
     inner: Inner
     maybe: Inner | None = None
-    legacy: Optional[Inner] = None  # noqa: UP007 (typing.Optional must work too)
+    legacy: Inner | None = None
     many: list[Inner] = field(default_factory=list)
     by_name: dict[str, Inner] = field(default_factory=dict)
     absent_optional: Inner | None = None
@@ -211,7 +213,9 @@ def test_raw_refuses_non_bytes_naming_the_key(value: Any) -> None:
     storage = MemoryStorageConfig()
     manager = _manager(RawSerialization(), storage=storage)
     try:
-        with pytest.raises(ValueError, match=f"RawSerialization requires bytes, but key 'item' has type '{type(value).__name__}'"):
+        with pytest.raises(
+            ValueError, match=f"RawSerialization requires bytes, but key 'item' has type '{type(value).__name__}'"
+        ):
             manager.save("/ck", {"item": value})
     finally:
         manager.close()
@@ -261,7 +265,7 @@ def test_safetensors_round_trips_into_a_template(value: dict[str, Any]) -> None:
     template_leaves = tensor_leaves(template)
     out, _ = _round_trip(SafetensorsSerialization(), value, into=template, strict=True)
     assert_same(out, value)
-    for kept, original in zip(tensor_leaves(out), template_leaves):
+    for kept, original in zip(tensor_leaves(out), template_leaves, strict=False):
         assert kept is original
 
 
@@ -332,7 +336,9 @@ def test_safetensors_missing_sequence_leaves_come_back_none(container: type) -> 
     assert torch.equal(out["l"][0], torch.ones(2))
     assert out["l"][1] is None
     with pytest.raises(RuntimeError, match=r"item::l\.1"):
-        _round_trip(SafetensorsSerialization(), saved, into={"l": container([torch.zeros(2), torch.zeros(3)])}, strict=True)
+        _round_trip(
+            SafetensorsSerialization(), saved, into={"l": container([torch.zeros(2), torch.zeros(3)])}, strict=True
+        )
 
 
 def test_safetensors_makes_tensors_contiguous() -> None:
@@ -377,7 +383,7 @@ def test_safetensors_map_location() -> None:
     out, _ = _round_trip(SafetensorsSerialization(), {"w": torch.ones(2)}, into=None, map_location="meta")
     assert out["w"].device.type == "meta"
     with pytest.raises(ValueError, match="map_location must be a str or torch.device"):
-        _round_trip(SafetensorsSerialization(), {"w": torch.ones(2)}, into=None, map_location=lambda s, l: s)
+        _round_trip(SafetensorsSerialization(), {"w": torch.ones(2)}, into=None, map_location=lambda s, _loc: s)
 
 
 @pytest.fixture

@@ -79,7 +79,7 @@ def expected_merge(source: Any, template: Any) -> Any:
         return merged
     if isinstance(template, (list, tuple)):
         items = [expected_merge(source[i], t) for i, t in enumerate(template)]
-        return type(template)([*items, *source[len(template):]])
+        return type(template)([*items, *source[len(template) :]])
     return source
 
 
@@ -205,7 +205,11 @@ def test_strict_names_missing_nested_paths(mgr: CheckpointManager) -> None:
     assert torch.equal(out["model"]["a"]["b"], torch.ones(1))
     assert out["model"]["gone"] == 1  # kept, reported missing
     with pytest.raises(RuntimeError) as info:
-        mgr.load("/ck", into={"model": {"a": {"b": torch.zeros(1), "c": torch.zeros(1)}, "l": [0, 0], "gone": 1}}, strict=True)
+        mgr.load(
+            "/ck",
+            into={"model": {"a": {"b": torch.zeros(1), "c": torch.zeros(1)}, "l": [0, 0], "gone": 1}},
+            strict=True,
+        )
     message = str(info.value)
     assert "/ck" in message
     for path in ("model::a.c", "model::l.1", "model::gone"):

@@ -153,7 +153,9 @@ def test_load_of_missing_checkpoint_names_it(sync_manager: CheckpointManager, tm
         sync_manager.load(str(missing), into={"model": None})
 
 
-def test_load_without_into_and_without_items_is_self_describing(sync_manager: CheckpointManager, tmp_path: Path) -> None:
+def test_load_without_into_and_without_items_is_self_describing(
+    sync_manager: CheckpointManager, tmp_path: Path
+) -> None:
     # Issue 13: with no into= and no Config.items, every item comes back as the manifest describes it.
     sync_manager.save(str(tmp_path / "c"), {"a": 1})
     assert dict(sync_manager.load(str(tmp_path / "c"))) == {"a": 1}
@@ -169,7 +171,9 @@ def test_load_without_into_and_without_items_is_self_describing(sync_manager: Ch
     ],
     ids=["save", "load", "prewarm_staging", "lock"],
 )
-def test_closed_manager_refuses_every_call(make_sync: ManagerFactory, tmp_path: Path, call: Callable[[CheckpointManager, str], Any]) -> None:
+def test_closed_manager_refuses_every_call(
+    make_sync: ManagerFactory, tmp_path: Path, call: Callable[[CheckpointManager, str], Any]
+) -> None:
     manager = make_sync()
     manager.save(str(tmp_path / "c"), {"a": 1})
     manager.close()

@@ -61,8 +61,9 @@ def make_dtensor(full: torch.Tensor, layout: str) -> DTensor:
         for mesh_dim, p in enumerate(placements):
             shards, _ = p._split_tensor(local, mesh_shape[mesh_dim], with_padding=False)
             local = shards[coord[mesh_dim]]
-        return DTensor.from_local(local.contiguous().clone(), mesh, placements, shape=full.shape, stride=full.stride(),
-                                  run_check=False)
+        return DTensor.from_local(
+            local.contiguous().clone(), mesh, placements, shape=full.shape, stride=full.stride(), run_check=False
+        )
     return distribute_tensor(full, mesh, placements)
 
 
@@ -72,9 +73,13 @@ def build_items(layout: str, zeros: bool) -> dict[str, Any]:
         full = {k: torch.zeros_like(v) for k, v in full.items()}
     model = {"layer.w": make_dtensor(full["w"], layout), "emb": make_dtensor(full["emb"], layout)}
     optim = {
-        "state": {0: {"exp_avg": make_dtensor(full["exp_avg"], layout),
-                      "exp_avg_sq": make_dtensor(full["exp_avg_sq"], layout),
-                      "step": torch.tensor(0.0 if zeros else 5.0)}},
+        "state": {
+            0: {
+                "exp_avg": make_dtensor(full["exp_avg"], layout),
+                "exp_avg_sq": make_dtensor(full["exp_avg_sq"], layout),
+                "step": torch.tensor(0.0 if zeros else 5.0),
+            }
+        },
         "param_groups": [{"lr": 0.1, "params": [0]}],
     }
     return {"model": model, "optim": optim}
@@ -121,8 +126,7 @@ def load_rank(ckpt: str, layout: str) -> dict[str, Any]:
             assert stats is not None
             if attempt == 0 and key == "model":
                 report["bytes"] = stats.bytes_read
-                report["needed"] = sum(v.to_local().numel() * v.to_local().element_size()
-                                       for v in target.values())
+                report["needed"] = sum(v.to_local().numel() * v.to_local().element_size() for v in target.values())
     for key in targets:
         for path, want in _leaves(expected[key]):
             got = _at(targets[key], path)
@@ -153,8 +157,9 @@ def _at(value: Any, path: tuple[Any, ...]) -> Any:
     ("save_world", "save_layout", "load_world", "load_layout"),
     [(2, "dp2", 3, "dp3_cols"), (4, "fsdp_tp_2x2", 2, "dp2_cols")],
 )
-def test_reshard_between_world_sizes(tmp_path: Path, save_world: int, save_layout: str, load_world: int,
-                                     load_layout: str) -> None:
+def test_reshard_between_world_sizes(
+    tmp_path: Path, save_world: int, save_layout: str, load_world: int, load_layout: str
+) -> None:
     launch(save_rank, save_world, args=(str(tmp_path), save_layout), timeout=90)
     reports = launch(load_rank, load_world, args=(str(tmp_path), load_layout), timeout=90)
     for rank, report in enumerate(reports):

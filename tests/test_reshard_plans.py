@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from torch_checkpointing.errors import TemplateMismatchError
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,6 +24,7 @@ from torch_checkpointing.checkpoint_layout import (
     SafetensorsSerialization,
     TorchSerialization,
 )
+from torch_checkpointing.default_resharder import DefaultResharder
 from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
     DistributedMetadata,
@@ -46,7 +45,7 @@ from torch_checkpointing.dtensor_resharder import (
     compute_local_shard_info,
     plan_resharding,
 )
-from torch_checkpointing.default_resharder import DefaultResharder
+from torch_checkpointing.errors import TemplateMismatchError
 from torch_checkpointing.source_reader import open_flat_tensors
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
@@ -134,12 +133,14 @@ def layouts(draw: Any, ndim: int, world: int | None = None) -> DTensorShardingMe
 def make_md(shape: tuple[int, ...], dtype: torch.dtype, layout: Any) -> DTensorShardingMetadata:
     mesh_shape, mesh_data, specs = layout
     stride = torch.empty(shape).stride() if shape else ()
-    return DTensorShardingMetadata(tuple(shape), str(dtype), tuple(stride),
-                                   get_device_mesh_spec("cpu", mesh_shape, mesh_data, None), specs)
+    return DTensorShardingMetadata(
+        tuple(shape), str(dtype), tuple(stride), get_device_mesh_spec("cpu", mesh_shape, mesh_data, None), specs
+    )
 
 
-def write_source(tmp: Path, full: torch.Tensor, md: DTensorShardingMetadata, path: tuple[Any, ...],
-                 fmt: str) -> DistributedMetadata:
+def write_source(
+    tmp: Path, full: torch.Tensor, md: DTensorShardingMetadata, path: tuple[Any, ...], fmt: str
+) -> DistributedMetadata:
     """Every source rank's file plus the gathered metadata, as the manager would write them."""
     world = len(md.mesh_spec.mesh_data)
     per_rank, layouts_ = [], []
@@ -167,8 +168,9 @@ def index_set(md: DTensorShardingMetadata, rank: int) -> set[int]:
     return set(torch_shard(idx, md, rank).flatten().tolist())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=st.data())
 def test_reshard_matches_torch_ground_truth(tmp_path_factory: pytest.TempPathFactory, data: Any) -> None:
     ndim = data.draw(st.integers(0, 3), label="ndim")
@@ -263,8 +265,7 @@ def test_paths_missing_in_source_or_not_dtensor_are_reported(tmp_path: Path) -> 
     torch.save({"w": torch.arange(4.0)}, tmp_path / f"{ITEM}_0.pt")
     src = DistributedItemMetadata({("w",): [GlobalObjectMetadata(md, (0,))]}, {0: None})
     target = {"w": torch.zeros(4), "b": torch.zeros(4)}
-    failed = DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): md, ("b",): md}, src, target,
-                                             local_storage())
+    failed = DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): md, ("b",): md}, src, target, local_storage())
     assert failed == [("b",)]
     assert torch.equal(target["w"], torch.arange(4.0))
     assert torch.equal(target["b"], torch.zeros(4))
@@ -281,8 +282,9 @@ def test_source_file_lacking_the_tensor_is_reported(tmp_path: Path) -> None:
 def test_json_source_holds_no_tensors(tmp_path: Path) -> None:
     md = make_md((2,), torch.float32, ((1,), (0,), (ReplicateSpec(),)))
     (tmp_path / "m.json").write_text("{}")
-    src = DistributedItemMetadata({("w",): [GlobalObjectMetadata(md, (0,))]},
-                                  {0: LayoutInfo("m.json", JsonSerialization())})
+    src = DistributedItemMetadata(
+        {("w",): [GlobalObjectMetadata(md, (0,))]}, {0: LayoutInfo("m.json", JsonSerialization())}
+    )
     target = {"w": torch.zeros(2)}
     assert DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): md}, src, target, local_storage()) == [("w",)]
 
@@ -293,15 +295,16 @@ def test_wrong_target_local_shape_is_a_clear_error(tmp_path: Path) -> None:
     torch.save({"w": torch.arange(4.0)}, tmp_path / f"{ITEM}_0.pt")
     src = DistributedItemMetadata({("w",): [GlobalObjectMetadata(src_md, (0,))]}, {0: None})
     with pytest.raises(TemplateMismatchError, match=r"model::w has local shape \(4,\).*\(2,\)"):
-        DTensorResharder().load_as_rank(1, tmp_path, ITEM, {("w",): dst_md}, src, {"w": torch.zeros(4)},
-                                        local_storage())
+        DTensorResharder().load_as_rank(
+            1, tmp_path, ITEM, {("w",): dst_md}, src, {"w": torch.zeros(4)}, local_storage()
+        )
 
 
 def test_dtype_is_converted_on_copy(tmp_path: Path) -> None:
     src_md = make_md((4,), torch.float32, ((2,), (0, 1), (ShardSpec(0),)))
     dst_md = make_md((4,), torch.bfloat16, ((1,), (0,), (ReplicateSpec(),)))
     for r in range(2):
-        torch.save({"w": torch.arange(4.0)[2 * r: 2 * r + 2]}, tmp_path / f"{ITEM}_{r}.pt")
+        torch.save({"w": torch.arange(4.0)[2 * r : 2 * r + 2]}, tmp_path / f"{ITEM}_{r}.pt")
     src = DistributedItemMetadata({("w",): [GlobalObjectMetadata(src_md, (0, 1))]}, {0: None, 1: None})
     target = {"w": torch.zeros(4, dtype=torch.bfloat16)}
     assert DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): dst_md}, src, target, local_storage()) == []
@@ -314,8 +317,9 @@ def test_remote_safetensors_reads_only_the_needed_rows(tmp_path: Path) -> None:
     save_file({"w": full}, str(tmp_path / "m.safetensors"))
     src_md = make_md((1000, 4), torch.float32, ((1,), (0,), (ReplicateSpec(),)))
     dst_md = make_md((1000, 4), torch.float32, ((4,), (0, 1, 2, 3), (ShardSpec(0),)))
-    src = DistributedItemMetadata({("w",): [GlobalObjectMetadata(src_md, (0,))]},
-                                  {0: LayoutInfo("m.safetensors", SafetensorsSerialization())})
+    src = DistributedItemMetadata(
+        {("w",): [GlobalObjectMetadata(src_md, (0,))]}, {0: LayoutInfo("m.safetensors", SafetensorsSerialization())}
+    )
     storage = RemoteStorage()
     target = {"w": torch.zeros(250, 4)}
     assert DTensorResharder().load_as_rank(3, tmp_path, ITEM, {("w",): dst_md}, src, target, storage) == []
@@ -352,8 +356,12 @@ def test_default_resharder_is_the_dtensor_resharder() -> None:
 
 
 def test_extract_walks_dicts_and_lists_and_warns_on_plain_tensors() -> None:
-    value = {"w": torch.zeros(2, 3), "opt": {"state": {0: {"exp_avg": torch.zeros(2), "step": torch.tensor(3.0)}}},
-             "layers": [1, torch.ones(1)], "lr": 0.1}
+    value = {
+        "w": torch.zeros(2, 3),
+        "opt": {"state": {0: {"exp_avg": torch.zeros(2), "step": torch.tensor(3.0)}}},
+        "layers": [1, torch.ones(1)],
+        "lr": 0.1,
+    }
     with pytest.warns(UserWarning, match="plain"):
         md = DTensorResharder().extract_sharding_metadata(ITEM, value)
     assert set(md) == {("w",), ("opt", "state", 0, "exp_avg"), ("opt", "state", 0, "step"), ("layers", 1)}

@@ -79,7 +79,7 @@ def manager(config: FsspecStorageConfig, async_save: bool = False) -> Checkpoint
 
 
 @pytest.fixture(scope="module")
-def bucket_config(s3_server: S3Server) -> FsspecStorageConfig:  # noqa: F811
+def bucket_config(s3_server: S3Server) -> FsspecStorageConfig:
     return s3_server.config()
 
 
@@ -114,7 +114,11 @@ def test_sync_round_trip_of_every_format(sync_s3: CheckpointManager, storage: Fs
     want = payload(1)
     assert sync_s3.save("runs/sync/step_1", want) is None
     assert objects(storage, "runs/sync/step_1") == [
-        "blob_0.bin", MANIFEST_FILE_NAME, "meta_0.json", "model_0.pt", "weights/0.safetensors"
+        "blob_0.bin",
+        MANIFEST_FILE_NAME,
+        "meta_0.json",
+        "model_0.pt",
+        "weights/0.safetensors",
     ]
     assert_round_trip(dict(sync_s3.load("runs/sync/step_1", into=templates())), want)
 
@@ -218,8 +222,12 @@ def _killed_save(config: FsspecStorageConfig, checkpoint_id: str, async_save: bo
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, json.dumps(args)], cwd=REPO, env=env, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [sys.executable, "-c", CHILD, json.dumps(args)],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 120
@@ -238,7 +246,10 @@ def _killed_save(config: FsspecStorageConfig, checkpoint_id: str, async_save: bo
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_a_save_killed_mid_upload_commits_nothing_and_the_earlier_checkpoint_stays(
-    sync_s3: CheckpointManager, bucket_config: FsspecStorageConfig, storage: FsspecStorage, tmp_path: Path,
+    sync_s3: CheckpointManager,
+    bucket_config: FsspecStorageConfig,
+    storage: FsspecStorage,
+    tmp_path: Path,
     async_save: bool,
 ) -> None:
     run = f"runs/killed-{'async' if async_save else 'sync'}"
@@ -257,7 +268,8 @@ def test_a_save_killed_mid_upload_commits_nothing_and_the_earlier_checkpoint_sta
 
 
 def test_a_config_without_protocol_takes_the_store_from_the_ids_scheme(
-    s3_server: S3Server, bucket_config: FsspecStorageConfig  # noqa: F811
+    s3_server: S3Server,
+    bucket_config: FsspecStorageConfig,
 ) -> None:
     any_scheme = FsspecStorageConfig(storage_options=s3_server.storage_options(), part_size=TEST_PART_SIZE)
     with manager(any_scheme) as m:

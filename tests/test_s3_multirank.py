@@ -50,7 +50,7 @@ def two_ranks_save_and_load(config: FsspecStorageConfig, root: str) -> dict[str,
     return out
 
 
-def test_two_ranks_save_and_load_on_s3(s3_server: S3Server) -> None:  # noqa: F811
+def test_two_ranks_save_and_load_on_s3(s3_server: S3Server) -> None:
     config = s3_server.config()
     reports = launch(two_ranks_save_and_load, 2, args=(config, "runs/two"), timeout=240)
     for report in reports:
@@ -81,8 +81,9 @@ def reshard_items() -> dict[str, ItemSpec]:
 
 
 def reshard_save(config: FsspecStorageConfig, ckpt: str) -> None:
-    manager = CheckpointManager(CheckpointManager.Config(items=reshard_items(), save=SyncCheckpointSaverConfig(),
-                                                         storage_config=config))
+    manager = CheckpointManager(
+        CheckpointManager.Config(items=reshard_items(), save=SyncCheckpointSaverConfig(), storage_config=config)
+    )
     with manager:
         manager.save(ckpt, {"model": dtensors(zeros=False), "optim": {"exp_avg": dtensors(zeros=False)}})
 
@@ -92,8 +93,11 @@ def reshard_load(config: FsspecStorageConfig, ckpt: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for verify in (True, False):
         load = CheckpointLoaderConfig(verify_checksums=verify)
-        manager = CheckpointManager(CheckpointManager.Config(items=reshard_items(), save=SyncCheckpointSaverConfig(),
-                                                             load=load, storage_config=config))
+        manager = CheckpointManager(
+            CheckpointManager.Config(
+                items=reshard_items(), save=SyncCheckpointSaverConfig(), load=load, storage_config=config
+            )
+        )
         with manager:
             targets = {"model": dtensors(zeros=True), "optim": {"exp_avg": dtensors(zeros=True)}}
             manager.load(ckpt, into=targets)
@@ -106,11 +110,12 @@ def reshard_load(config: FsspecStorageConfig, ckpt: str) -> dict[str, Any]:
     return out
 
 
-def test_dtensor_state_saved_by_two_ranks_reshards_onto_three_from_s3(s3_server: S3Server) -> None:  # noqa: F811
+def test_dtensor_state_saved_by_two_ranks_reshards_onto_three_from_s3(s3_server: S3Server) -> None:
     config = s3_server.config()
     launch(reshard_save, 2, args=(config, "runs/reshard/step_1"), timeout=240)
-    recording = RecordingStorageConfig(url=config.url, storage_options=config.storage_options,
-                                       part_size=config.part_size)
+    recording = RecordingStorageConfig(
+        url=config.url, storage_options=config.storage_options, part_size=config.part_size
+    )
     reports = launch(reshard_load, 3, args=(recording, "runs/reshard/step_1"), timeout=240)
     assert all(r["ok_True"] and r["ok_False"] for r in reports), reports
     files = config.create_storage()

@@ -54,7 +54,7 @@ def _objects(server: S3Server, bucket: str) -> list[str]:
 
 @pytest.mark.multirank
 def test_simulator_2_to_3_passes_against_s3_and_leaves_the_checkpoints_in_the_bucket(
-    s3_server: S3Server,  # noqa: F811
+    s3_server: S3Server,
     tmp_path: Path,
 ) -> None:
     bucket = f"sim-{uuid.uuid4().hex[:10]}"
@@ -85,7 +85,7 @@ def test_simulator_2_to_3_passes_against_s3_and_leaves_the_checkpoints_in_the_bu
 
 @pytest.mark.multirank
 def test_without_keep_the_run_prefix_is_deleted_and_faults_is_skipped_with_its_reason(
-    s3_server: S3Server,  # noqa: F811
+    s3_server: S3Server,
     tmp_path: Path,
 ) -> None:
     bucket = f"sim-{uuid.uuid4().hex[:10]}"
@@ -101,7 +101,7 @@ def test_without_keep_the_run_prefix_is_deleted_and_faults_is_skipped_with_its_r
 
 
 def test_a_missing_bucket_is_one_clear_error_before_any_rank_starts(
-    s3_server: S3Server,  # noqa: F811
+    s3_server: S3Server,
     tmp_path: Path,
 ) -> None:
     done = _simulator(

@@ -30,7 +30,7 @@ MIB = 1 << 20
 
 
 @pytest.fixture
-def storage(s3_server: S3Server) -> FsspecStorage:  # noqa: F811
+def storage(s3_server: S3Server) -> FsspecStorage:
     return s3_server.config().create_storage()
 
 
@@ -69,7 +69,7 @@ def test_url_scheme_recognises_ids_folded_by_pathlib() -> None:
     assert config.handles("s3://b/x") and config.handles("relative/id") and not config.handles("gs://b/x")
 
 
-def test_a_config_without_protocol_selects_the_store_by_each_ids_scheme(s3_server: S3Server) -> None:  # noqa: F811
+def test_a_config_without_protocol_selects_the_store_by_each_ids_scheme(s3_server: S3Server) -> None:
     bucket = s3_server.config().url
     storage = FsspecStorageConfig(storage_options=s3_server.storage_options()).create_storage()
     assert storage.handles_url(f"{bucket}/run") and storage.handles_url("memory://x")
@@ -221,7 +221,7 @@ def test_directory_rename_copies_the_manifest_last_and_replace_refuses_a_committ
 # ------------------------------------------------------------------------------------------ failures
 
 
-def test_failed_upload_raises_a_named_error_and_the_storage_stays_usable(s3_server: S3Server) -> None:  # noqa: F811
+def test_failed_upload_raises_a_named_error_and_the_storage_stays_usable(s3_server: S3Server) -> None:
     good = s3_server.config().create_storage()
     missing = s3_server.config(bucket="no-such-bucket").create_storage()
     with pytest.raises(ObjectStoreError, match=re.escape("s3://no-such-bucket/run/a.json")):
@@ -255,7 +255,7 @@ def test_the_resharding_source_reader_fetches_only_the_rows_it_needs(storage: Fs
     assert fetched < 16 * 256 * 4 + 4096  # the 16 rows and the header, not the 4 MiB file
 
 
-def test_memory_is_bounded_by_parts_in_flight_not_by_the_file(s3_server: S3Server) -> None:  # noqa: F811
+def test_memory_is_bounded_by_parts_in_flight_not_by_the_file(s3_server: S3Server) -> None:
     """Uploading 16 parts keeps a few parts in memory (the in-flight ones and the HTTP client's copies of them),
     never a copy of the whole file; a download holds the result plus the parts in flight."""
     import tracemalloc

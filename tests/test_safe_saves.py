@@ -59,8 +59,14 @@ def test_manifest_records_step_metrics_and_commit_time(tmp_path: Path) -> None:
 
 
 def test_manifest_without_the_new_fields_still_reads(tmp_path: Path) -> None:
-    old = {"kind": "torch_checkpointing.manifest", "manifest_version": 1, "library_version": "0.2.0",
-           "world_size": 1, "metadata_file": None, "items": {}}
+    old = {
+        "kind": "torch_checkpointing.manifest",
+        "manifest_version": 1,
+        "library_version": "0.2.0",
+        "world_size": 1,
+        "metadata_file": None,
+        "items": {},
+    }
     manifest = Manifest.from_json(json.dumps(old))
     assert (manifest.step, manifest.metrics, manifest.commit_time) == (None, None, None)
     assert "step" not in json.loads(manifest.to_json())

@@ -34,7 +34,11 @@ CHILD_TIMEOUT = 120
 def _child(function: str, *args: Any, new_session: bool = False) -> subprocess.Popen[str]:
     code = f"from tests.safe_save_trainers import {function}; {function}(*{args!r})"
     return subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=new_session,
     )
 
@@ -179,7 +183,8 @@ def test_a_failed_async_save_is_logged_and_surfaced_by_the_next_save(
     items = {"raw": ItemSpec(requires_copy=False, layout=LayoutInfo("raw.bin", RawSerialization()))}
     manager = CheckpointManager(
         CheckpointManager.Config(
-            items=items, save=AsyncCheckpointSaverConfig(wait_timeout_secs=120),
+            items=items,
+            save=AsyncCheckpointSaverConfig(wait_timeout_secs=120),
             storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
         )
     )

@@ -20,7 +20,9 @@ VALID_CHARS = "abcxyzABCXYZ0189_-"
 
 
 def _manager(config: MemoryStorageConfig, **kwargs) -> CheckpointManager:
-    return CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config, **kwargs))
+    return CheckpointManager(
+        CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config, **kwargs)
+    )
 
 
 def test_rank_placeholder_constant() -> None:

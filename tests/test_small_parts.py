@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_checkpointing import ItemSpec, Version, __version__, get_version, make_async_checkpoint_saver, make_sync_checkpoint_saver
+from torch_checkpointing import (
+    ItemSpec,
+    Version,
+    __version__,
+    get_version,
+    make_async_checkpoint_saver,
+    make_sync_checkpoint_saver,
+)
 from torch_checkpointing.barriers import TCPStoreBarrierConfig
 from torch_checkpointing.checkpoint_saver import SavePlan
 from torch_checkpointing.schema import resolve

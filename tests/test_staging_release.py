@@ -40,8 +40,9 @@ def test_layout_change_keeps_the_previous_staged_tree() -> None:
 
 
 def test_private_slab_is_not_advised_away() -> None:
-    stager = DefaultStager(CheckpointStagerConfig(use_pinned_memory=False, use_non_blocking_copy=False,
-                                                  use_shared_memory=False))
+    stager = DefaultStager(
+        CheckpointStagerConfig(use_pinned_memory=False, use_non_blocking_copy=False, use_shared_memory=False)
+    )
     staged = stager.stage({"a": torch.full((100_000,), 2.0)})
     stager.close()
     _wait_for_free_threads()

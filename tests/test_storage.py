@@ -142,9 +142,13 @@ def test_direct_io_is_used_on_this_filesystem(tmp_path: Path) -> None:
     assert (tmp_path / "f").read_bytes() == b"x" * 10_000
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(
-    chunks=st.lists(st.one_of(st.binary(max_size=9000), st.integers(0, 3).map(lambda k: b"\xab" * (4096 * k))), max_size=6),
+    chunks=st.lists(
+        st.one_of(st.binary(max_size=9000), st.integers(0, 3).map(lambda k: b"\xab" * (4096 * k))), max_size=6
+    ),
     use_direct_io=st.booleans(),
 )
 def test_durable_writer_writes_exactly_the_bytes(tmp_path: Path, chunks: list[bytes], use_direct_io: bool) -> None:
@@ -208,7 +212,9 @@ SIZES = [100, 4096 * 3, 4096 * 2 + 7, CHUNK + 4096 + 9]
 
 @pytest.mark.parametrize("step", ["open", "write", "fsync", "close"])
 @pytest.mark.parametrize("size", SIZES, ids=["tiny", "aligned", "unaligned", "over-chunk"])
-def test_refused_direct_io_falls_back_to_buffered(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, step: str, size: int) -> None:
+def test_refused_direct_io_falls_back_to_buffered(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, step: str, size: int
+) -> None:
     fake = RefusingOs(step)
     monkeypatch.setattr(direct_io, "os", fake)
     data = os.urandom(size)
@@ -264,11 +270,19 @@ def test_sync_save_and_load_go_only_through_the_configured_storage(tmp_path: Pat
     )
     target = tmp_path / "ckpts" / "step1"
     try:
-        manager.save(str(target), {"model": {"w": torch.ones(3)}, "meta": {"step": 1}, "blob": b"\x00\x01", "opt": [1, 2], "extra": 5})
-        manager.save(str(target), {"model": {"w": torch.full((3,), 2.0)}, "meta": {"step": 2}, "blob": b"\x02", "opt": [3], "extra": 6})
+        manager.save(
+            str(target),
+            {"model": {"w": torch.ones(3)}, "meta": {"step": 1}, "blob": b"\x00\x01", "opt": [1, 2], "extra": 5},
+        )
+        manager.save(
+            str(target),
+            {"model": {"w": torch.full((3,), 2.0)}, "meta": {"step": 2}, "blob": b"\x02", "opt": [3], "extra": 6},
+        )
         assert list(tmp_path.iterdir()) == [], "the save wrote to the local disk instead of the configured storage"
         w = torch.zeros(3)
-        out = manager.load(str(target), into={"model": {"w": w}, "meta": None, "blob": None, "opt": None, "extra": None})
+        out = manager.load(
+            str(target), into={"model": {"w": w}, "meta": None, "blob": None, "opt": None, "extra": None}
+        )
     finally:
         manager.close()
     assert list(tmp_path.iterdir()) == []

@@ -37,8 +37,12 @@ def _mount_tmpfs(where: Path, size: str) -> str | None:
     """Mount a tmpfs of `size` at `where`; the reason it could not, or None."""
     where.mkdir(parents=True, exist_ok=True)
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", os.fspath(where)],
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", os.fspath(where)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"mount failed: {exc}"
     return None if done.returncode == 0 else f"mount failed: {done.stderr.strip()}"
@@ -82,13 +86,20 @@ def small_fs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
 
 def _digest(root: Path) -> dict[str, str]:
     """Every path below `root`, files with a hash of their bytes: what 'nothing else changed' compares."""
-    return {os.fspath(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}
+    return {
+        os.fspath(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def _run(script: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        cwd=REPO,
+    )
     assert done.returncode == 0, f"subprocess failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -303,8 +314,9 @@ def test_async_save_bigger_than_a_small_dev_shm_works(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(_SMALL_SHM_SAVE))
     shell = f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {sys.executable} {script} {tmp_path}"
     try:
-        done = subprocess.run(["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True,
-                              timeout=SUBPROCESS_TIMEOUT, cwd=REPO)
+        done = subprocess.run(
+            ["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, cwd=REPO
+        )
     except FileNotFoundError:
         pytest.skip("no unshare(1) here; test_staging_dir_* cover a small staging filesystem")
     if done.returncode != 0 and "saved" not in done.stdout and ("mount" in done.stderr or "unshare" in done.stderr):

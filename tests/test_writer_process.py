@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from torch_checkpointing import CheckpointManager
+from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.checkpoint_process import CheckpointProcess, CheckpointProcessConfig
 from torch_checkpointing.checkpoint_writer import WriteEntry, WriteRequest
-from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 STORAGE = LocalFileSystemStorageConfig(use_direct_io=False)
@@ -33,7 +33,9 @@ def _request(root: Path, name: str) -> WriteRequest:
 
 
 def test_a_failing_init_fn_fails_the_write_with_a_clear_error(tmp_path: Path) -> None:
-    process = CheckpointProcess(STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120), failing_init, ("boom",))
+    process = CheckpointProcess(
+        STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120), failing_init, ("boom",)
+    )
     try:
         with pytest.raises(RuntimeError, match="writer process failed to start.*__main__"):
             process.write(_request(tmp_path, "c"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
@@ -49,9 +50,9 @@ class TCPStoreBarrier(Barrier):
         self.config = config
         self.rank_info = rank_info or RankInfo.single()
         self._seq = 0
-        self._host_store: dist.TCPStore | None = None
+        self._host_store: Any = None  # a torch TCPStore, which torch.distributed does not export to type checkers
         if self.rank_info.role_rank == 0:
-            self._host_store = dist.TCPStore(
+            self._host_store = dist.TCPStore(  # type: ignore[attr-defined]
                 config.master_address,
                 config.tcpstore_port,
                 is_master=True,
@@ -63,7 +64,9 @@ class TCPStoreBarrier(Barrier):
 
     def _get_channel(self, timeout_secs: int) -> StoreChannel:
         if self._channel is None:
-            address = StoreAddress(self.config.master_address, self.config.tcpstore_port, f"barrier/{self.config.key_prefix}")
+            address = StoreAddress(
+                self.config.master_address, self.config.tcpstore_port, f"barrier/{self.config.key_prefix}"
+            )
             self._channel = StoreChannel(address, timeout_secs, store=self._host_store)
         self._channel.timeout_s = timeout_secs
         return self._channel

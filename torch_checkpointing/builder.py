@@ -9,7 +9,7 @@ from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpoin
 from torch_checkpointing.storage.base_storage import StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
-__all__ = ["make_sync_checkpoint_saver", "make_async_checkpoint_saver"]
+__all__ = ["make_async_checkpoint_saver", "make_sync_checkpoint_saver"]
 
 
 def make_sync_checkpoint_saver(
@@ -24,7 +24,7 @@ def make_sync_checkpoint_saver(
 def make_async_checkpoint_saver(
     config: AsyncCheckpointSaverConfig | None = None,
     subprocess_init_fn: Any = None,
-    subprocess_init_args: tuple = (),
+    subprocess_init_args: tuple[Any, ...] = (),
     storage_config: StorageConfig | None = None,
 ) -> AsyncCheckpointSaver:
     return AsyncCheckpointSaver(

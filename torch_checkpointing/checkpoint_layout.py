@@ -86,7 +86,9 @@ class SafetensorsSerialization(SerializationFormat):
         if self.metadata is None:
             return
         if not isinstance(self.metadata, dict):
-            raise TypeError(f"SafetensorsSerialization metadata must be a dict[str, str], got {type(self.metadata).__name__}")
+            raise TypeError(
+                f"SafetensorsSerialization metadata must be a dict[str, str], got {type(self.metadata).__name__}"
+            )
         bad = [(k, v) for k, v in self.metadata.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:
             raise TypeError(

@@ -9,6 +9,7 @@ survives a failed write, and is restarted if it dies.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.util
@@ -51,9 +52,10 @@ def _noop(*args: Any) -> None:
 
 def _portable(exc: BaseException) -> BaseException:
     """The exception itself when it pickles (so the caller sees the original type), else a RuntimeError."""
-    tb = "".join(traceback.format_exception(exc))
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
-        exc.add_note(f"(raised in the checkpoint writer process)\n{tb}")
+        if sys.version_info >= (3, 11):  # notes arrived in 3.11; on 3.10 the traceback is lost, the type kept
+            exc.add_note(f"(raised in the checkpoint writer process)\n{tb}")
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:
@@ -186,10 +188,8 @@ def _exit_now() -> None:
     trainer's close(). Logs and std streams are flushed first; nothing else holds state worth finalising."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
     os._exit(0)
 
 

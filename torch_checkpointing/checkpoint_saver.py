@@ -87,10 +87,10 @@ class CheckpointSaver(ABC):
     def lock(self) -> AbstractContextManager[Any]:
         return nullcontext()
 
-    def wait(self, timeout: float | None) -> None:
+    def wait(self, timeout: float | None) -> None:  # noqa: B027  (a hook: savers with nothing in flight keep it)
         """Block until the last write is durable; re-raise its error."""
 
-    def settle_previous(self) -> None:
+    def settle_previous(self) -> None:  # noqa: B027  (a hook: sync savers have nothing to settle)
         """Before a new save: wait for the previous one; raise its failure if the caller never saw it."""
 
     @property
@@ -128,7 +128,9 @@ class AsyncCheckpointSaver(CheckpointSaver):
     ) -> None:
         self.config = config
         self._stager = DefaultStager(config.staging_config)
-        self._process = CheckpointProcess(storage_config, config.process_config, subprocess_init_fn, subprocess_init_args)
+        self._process = CheckpointProcess(
+            storage_config, config.process_config, subprocess_init_fn, subprocess_init_args
+        )
         prefix = config.process_config.thread_name_prefix
         self._staging_pool = ThreadPoolExecutor(1, thread_name_prefix=config.staging_config.thread_name)
         self._comm_thread_name = f"{prefix}-comm"

@@ -238,8 +238,9 @@ class Commit:
         try:
             action()
         except Exception as exc:
-            logger.warning("Checkpoint %s is committed, but could not %s: %s: %s", self.target.final, what,
-                           type(exc).__name__, exc)
+            logger.warning(
+                "Checkpoint %s is committed, but could not %s: %s: %s", self.target.final, what, type(exc).__name__, exc
+            )
 
     def discard(self) -> None:
         """Remove what this save wrote (never a committed checkpoint); a failure is only logged."""

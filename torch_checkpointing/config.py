@@ -9,11 +9,11 @@ from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig
 from torch_checkpointing.staging import CheckpointStagerConfig
 
 __all__ = [
-    "CheckpointSaverConfig",
-    "SyncCheckpointSaverConfig",
+    "DEFAULT_WAIT_TIMEOUT_SECS",
     "AsyncCheckpointSaverConfig",
     "CheckpointLoaderConfig",
-    "DEFAULT_WAIT_TIMEOUT_SECS",
+    "CheckpointSaverConfig",
+    "SyncCheckpointSaverConfig",
 ]
 
 DEFAULT_WAIT_TIMEOUT_SECS = 600

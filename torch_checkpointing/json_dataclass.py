@@ -7,7 +7,7 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["to_jsonable", "from_jsonable"]
+__all__ = ["from_jsonable", "to_jsonable"]
 
 
 def to_jsonable(value: Any) -> Any:

@@ -7,11 +7,11 @@ thread when the copy is done); `CheckpointManager.lock()` takes the read side ar
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
-from collections.abc import Iterator
 
-__all__ = ["RWLock", "RWLockMode", "DEFAULT_ACQUIRE_TIMEOUT_SECS"]
+__all__ = ["DEFAULT_ACQUIRE_TIMEOUT_SECS", "RWLock", "RWLockMode"]
 
 DEFAULT_ACQUIRE_TIMEOUT_SECS = 600.0
 

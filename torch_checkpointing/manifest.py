@@ -10,8 +10,8 @@ import errno
 import json
 import math
 import os
-import stat
 import posixpath
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -14,7 +14,7 @@ from typing import Any
 from torch_checkpointing.distributed_metadata import DistributedMetadata, ItemMetadata, build_distributed_metadata
 from torch_checkpointing.schema import ResolvedItem
 
-__all__ = ["MetadataManager", "DefaultMetadataManager"]
+__all__ = ["DefaultMetadataManager", "MetadataManager"]
 
 
 class MetadataManager(ABC):

@@ -7,6 +7,7 @@ neither deadlock nor slow an NCCL all-reduce.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from datetime import timedelta
@@ -18,7 +19,7 @@ from torch_checkpointing.agreement import GroupTransport
 from torch_checkpointing.store_channel import StoreAddress
 from torch_checkpointing.types import RankInfo
 
-__all__ = ["current_rank_info", "RankContext"]
+__all__ = ["RankContext", "current_rank_info"]
 
 
 def current_rank_info() -> RankInfo:
@@ -75,9 +76,7 @@ class RankContext:
 
     def close(self) -> None:
         if self.group is not None and dist.is_initialized():
-            try:
+            with contextlib.suppress(ValueError, RuntimeError):
                 dist.destroy_process_group(self.group)
-            except (ValueError, RuntimeError):
-                pass
             self.group = None
         self._host_store = None

@@ -11,7 +11,7 @@ from torch_checkpointing.distributed_metadata import DistributedItemMetadata, Sh
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
-__all__ = ["LoadPlan", "ReshardingInfo", "Resharder"]
+__all__ = ["LoadPlan", "Resharder", "ReshardingInfo"]
 
 
 @dataclass

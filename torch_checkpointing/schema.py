@@ -18,7 +18,7 @@ from torch_checkpointing.schema_constants import KEY_PATTERN, RANK_PLACEHOLDER
 if TYPE_CHECKING:
     from torch_checkpointing.resharding import Resharder
 
-__all__ = ["ItemSpec", "RANK_PLACEHOLDER", "ResolvedItem", "resolve", "validate_keys", "RESERVED_FILE_NAMES"]
+__all__ = ["RANK_PLACEHOLDER", "RESERVED_FILE_NAMES", "ItemSpec", "ResolvedItem", "resolve", "validate_keys"]
 
 _KEY_RE = re.compile(KEY_PATTERN)
 
@@ -114,13 +114,12 @@ def resolve(
     resolved: list[ResolvedItem] = []
     owners: dict[str, str] = {}
     for key in keys:
-        spec = items.get(key, default)
-        assert spec is not None  # strict schemas were checked above
-        if spec.layout is None:
+        chosen = _spec_for(key, items, default)
+        if chosen.layout is None:
             layout, is_default = default_layout_info(key, rank), True
         else:
-            _check_layout(key, spec.layout)
-            layout, is_default = spec.layout.for_rank(rank), False
+            _check_layout(key, chosen.layout)
+            layout, is_default = chosen.layout.for_rank(rank), False
         normal = posixpath.normpath(layout.file_path)
         if normal in owners:
             raise ValueError(
@@ -128,5 +127,13 @@ def resolve(
                 f"each key needs its own file. Give one of them a different LayoutInfo.file_path."
             )
         owners[normal] = key
-        resolved.append(ResolvedItem(key, payload[key], spec, layout, is_default))
+        resolved.append(ResolvedItem(key, payload[key], chosen, layout, is_default))
     return resolved
+
+
+def _spec_for(key: str, items: Mapping[str, ItemSpec], default: ItemSpec | None) -> ItemSpec:
+    spec = items.get(key)
+    if spec is not None:
+        return spec
+    assert default is not None  # strict schemas (default=None) refused unknown keys before this
+    return default

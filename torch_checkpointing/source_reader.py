@@ -195,7 +195,9 @@ class _TorchSourceFile(SourceFile):
         for comp in path:
             node = _local_tensor(node)
             try:
-                if isinstance(node, Mapping) or (isinstance(node, (list, tuple)) and isinstance(comp, int)):
+                if isinstance(node, Mapping):  # noqa: SIM114  (two branches: each narrows the index type)
+                    node = node[comp]
+                elif isinstance(node, (list, tuple)) and isinstance(comp, int):
                     node = node[comp]
                 else:
                     return None

@@ -270,8 +270,11 @@ class DefaultStager(CheckpointStager):
         self.config = config or CheckpointStagerConfig()
         cuda = torch.cuda.is_available()
         if (self.config.use_pinned_memory or self.config.use_non_blocking_copy) and not cuda:
-            warnings.warn("CheckpointStagerConfig asks for pinned memory / non-blocking copies but CUDA is not "
-                          "available; staging uses plain host memory.", stacklevel=2)
+            warnings.warn(
+                "CheckpointStagerConfig asks for pinned memory / non-blocking copies but CUDA is not "
+                "available; staging uses plain host memory.",
+                stacklevel=2,
+            )
         self._pin = self.config.use_pinned_memory and cuda
         self._non_blocking = self.config.use_non_blocking_copy and cuda
         self._slab: torch.Tensor | None = None

@@ -75,7 +75,7 @@ CASES: tuple[Case, ...] = (
     Case(
         "torch_default",
         ("TORCH-FILE-1", "LAYOUT-DEFAULT-1"),
-        lambda: {},
+        dict,
         lambda: {"model": _model(), "step": 17},
         lambda: {"model": _zeros_like_tree(_model()), "step": 0},
         ("model_0.pt", "step_0.pt"),
@@ -83,7 +83,9 @@ CASES: tuple[Case, ...] = (
     Case(
         "json",
         ("JSON-CLS-1", "LAYOUT-SUBDIR-1"),
-        lambda: {"misc_state": spec(requires_copy=False, layout=layout("meta/misc_state_{rank}.json", "JsonSerialization"))},
+        lambda: {
+            "misc_state": spec(requires_copy=False, layout=layout("meta/misc_state_{rank}.json", "JsonSerialization"))
+        },
         lambda: {"misc_state": {"step": 17, "cfg": {"lr": 0.5, "name": "x", "betas": [0.9, 0.999]}}},
         lambda: {"misc_state": None},
         ("meta/misc_state_0.json",),
@@ -99,8 +101,13 @@ CASES: tuple[Case, ...] = (
     Case(
         "safetensors",
         ("ST-RENEST-1", "ST-FILE-1", "LAYOUT-SUBDIR-1"),
-        lambda: {"model": spec(layout=layout("rank_{rank}/model.safetensors", "SafetensorsSerialization",
-                                              metadata={"format_version": "1"}))},
+        lambda: {
+            "model": spec(
+                layout=layout(
+                    "rank_{rank}/model.safetensors", "SafetensorsSerialization", metadata={"format_version": "1"}
+                )
+            )
+        },
         lambda: {"model": _st_tree()},
         lambda: {"model": _zeros_like_tree(_st_tree())},
         ("rank_0/model.safetensors",),
@@ -109,8 +116,15 @@ CASES: tuple[Case, ...] = (
         "torch_subdir",
         ("TORCH-FILE-1", "LAYOUT-SUBDIR-1", "LAYOUT-RANK-1"),
         lambda: {"optimizer": spec(layout=layout("rank_{rank}/nested/optimizer.pt", "TorchSerialization"))},
-        lambda: {"optimizer": {"state": {0: {"exp_avg": seeded("opt.m", (6,))}}, "param_groups": [{"lr": 0.1, "params": [0]}]}},
-        lambda: {"optimizer": {"state": {0: {"exp_avg": torch.zeros(6)}}, "param_groups": [{"lr": 0.0, "params": [0]}]}},
+        lambda: {
+            "optimizer": {
+                "state": {0: {"exp_avg": seeded("opt.m", (6,))}},
+                "param_groups": [{"lr": 0.1, "params": [0]}],
+            }
+        },
+        lambda: {
+            "optimizer": {"state": {0: {"exp_avg": torch.zeros(6)}}, "param_groups": [{"lr": 0.0, "params": [0]}]}
+        },
         ("rank_0/nested/optimizer.pt",),
     ),
 )
@@ -138,7 +152,7 @@ def assert_tree_equal(got: Any, want: Any, where: str = "") -> None:
             assert_tree_equal(got[k], v, f"{where}.{k}")
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), f"{where}: length {len(got)} != {len(want)}"
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=False)):
             assert_tree_equal(g, w, f"{where}.{i}")
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"

@@ -127,8 +127,12 @@ class Storage(ABC):
         try:
             self.rmdir(aside)
         except OSError as exc:  # `dst` is committed; failing the save now would report a checkpoint that exists
-            _log.warning("Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); "
-                         "delete it by hand.", dst, aside, exc)
+            _log.warning(
+                "Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); delete it by hand.",
+                dst,
+                aside,
+                exc,
+            )
 
     def glob(self, pattern: str) -> list[str]:
         directory, name_pattern = os.path.split(pattern)

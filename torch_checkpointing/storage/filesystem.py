@@ -164,5 +164,9 @@ class LocalFileSystemStorage(Storage):
         try:
             shutil.rmtree(src)  # `src` now holds the replaced checkpoint
         except OSError as exc:  # the new checkpoint is committed; only the old copy is left behind
-            _log.warning("Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); "
-                         "delete it by hand.", dst, src, exc)
+            _log.warning(
+                "Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); delete it by hand.",
+                dst,
+                src,
+                exc,
+            )
