@@ -35,6 +35,7 @@ from torch_checkpointing.errors import (
     CommitError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
+    ObjectStoreError,
     RefusedPickleError,
     TemplateMismatchError,
     UnsafeCheckpointError,
@@ -46,7 +47,7 @@ from torch_checkpointing.schema import ItemSpec
 from torch_checkpointing.staging import CheckpointStagerConfig
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
-from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig, ObjectStoreError
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 from torch_checkpointing.version import Version, __version__, get_version
 
 # isort: split

@@ -223,6 +223,7 @@ class CheckpointManager:
 
     def _check_open(self, what: str) -> None:
         if self._closed:
+            # RuntimeError (misuse of a closed object), the type recorded in API_SURFACE §2.3
             raise RuntimeError(f"Cannot {what} with a closed CheckpointManager")
 
     def _checkpoint_path(self, checkpoint_id: Any) -> str:

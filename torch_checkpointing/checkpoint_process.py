@@ -29,7 +29,7 @@ from typing import Any
 import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared-memory tensors pass by handle)
 
 from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
-from torch_checkpointing.errors import WriterProcessDied
+from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
 
@@ -142,7 +142,7 @@ def _serve(storage: Any, message: Write, slab: MapSlab | None) -> Written | Fail
         request = message.request
         if message.slab_generation is not None:
             if slab is None or slab.generation != message.slab_generation:
-                raise RuntimeError(
+                raise CheckpointError(
                     f"The writer process has staging slab {None if slab is None else slab.generation}, but the "
                     f"request for {request.checkpoint_dir} points into slab {message.slab_generation}."
                 )
@@ -259,7 +259,7 @@ class CheckpointProcess:
                 )
             hello = parent.recv()
             if not isinstance(hello, Ready):
-                raise RuntimeError(f"Checkpoint writer process sent {type(hello).__name__} instead of Ready")
+                raise CheckpointError(f"Checkpoint writer process sent {type(hello).__name__} instead of Ready")
             self._proc, self._conn = proc, parent
         except BaseException as exc:
             self._start_error = exc
@@ -276,7 +276,7 @@ class CheckpointProcess:
         if self._start_error is not None:
             error, self._start_error = self._start_error, None
             self._start_in_background()  # let the next save try again
-            raise RuntimeError(
+            raise CheckpointError(
                 f"Checkpoint writer process failed to start: {type(error).__name__}: {error}. The writer is spawned "
                 f"and re-imports your main module: guard your script's entry point with "
                 f"`if __name__ == '__main__':`, and keep storage configs and subprocess_init_fn importable."
@@ -315,7 +315,7 @@ class CheckpointProcess:
         if isinstance(reply, Failed):
             raise reply.error
         if not isinstance(reply, Written):
-            raise RuntimeError(f"Unexpected response from the checkpoint writer process: {type(reply).__name__}")
+            raise CheckpointError(f"Unexpected response from the checkpoint writer process: {type(reply).__name__}")
         return reply.nbytes
 
     def _abort_start(self) -> None:

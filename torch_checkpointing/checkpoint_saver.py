@@ -256,14 +256,14 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     def prewarm(self, items: list[ResolvedItem]) -> None:
         if self._last_write is not None and not self._last_write.done():
-            raise RuntimeError("Cannot prewarm staging while a write is active")
+            raise RuntimeError("Cannot prewarm staging while a write is active")  # misuse; API_SURFACE §2.3
         if self._prewarm is not None and not self._prewarm.done():
-            raise RuntimeError("Prewarm staging is already active")
+            raise RuntimeError("Prewarm staging is already active")  # misuse; API_SURFACE §2.3
         payload = {i.key: i.value for i in items if i.spec.requires_copy}
         if not payload:
             return
         if not self._staging_lock_try_write():
-            raise RuntimeError("Cannot prewarm staging while checkpoint staging is active")
+            raise RuntimeError("Cannot prewarm staging while checkpoint staging is active")  # misuse; §2.3
         self._prewarm = self._staging_pool.submit(self._stage, payload)
 
     def _staging_lock_try_write(self) -> bool:

@@ -148,9 +148,10 @@ def _check_distinct(records: list[FileRecord]) -> None:
     for rec in records:
         other = by_path.get(posixpath.normpath(rec.path))
         if other is not None:
-            raise RuntimeError(
+            raise CommitError(
                 f"Item '{other.key}' on rank {other.rank} and item '{rec.key}' on rank {rec.rank} both wrote "
-                f"{rec.path!r}; put '{{rank}}' in the layout's file_path so that every rank has its own file."
+                f"{rec.path!r}; put '{{rank}}' in the layout's file_path so that every rank has its own file.",
+                {other.rank: f"wrote {rec.path!r}", rec.rank: f"wrote {rec.path!r}"},
             )
         by_path[posixpath.normpath(rec.path)] = rec
 

@@ -205,6 +205,7 @@ class DistributedMetadata:
         for key, item in self.metadata.items():
             ranks = set(item.rank_to_layout_info)
             if ranks != expected:
+                # RuntimeError, not a CheckpointError: the type recorded in API_SURFACE §5.3, which callers catch
                 raise RuntimeError(
                     f"Item '{key}' rank_to_layout_info must contain all ranks 0 to {self.world_size - 1}. "
                     f"Missing ranks: {sorted(expected - ranks)}, Extra ranks: {sorted(ranks - expected)}"
@@ -214,6 +215,7 @@ class DistributedMetadata:
                     continue
                 prev = owners.get(layout.file_path)
                 if prev is not None:
+                    # RuntimeError, not a CheckpointError: the type recorded in API_SURFACE §5.3, which callers catch
                     raise RuntimeError(
                         f"Item '{prev[0]}' rank {prev[1]} & item '{key}' rank {rank} both write to the same "
                         f"file path {layout.file_path}; put {{rank}} in the layout's file_path"

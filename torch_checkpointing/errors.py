@@ -16,6 +16,7 @@ __all__ = [
     "CommitError",
     "CorruptCheckpointError",
     "IncompleteCheckpointError",
+    "ObjectStoreError",
     "RefusedPickleError",
     "TemplateMismatchError",
     "UnsafeCheckpointError",
@@ -70,3 +71,11 @@ class CommitError(CheckpointError):
 
 class WriterProcessDied(CheckpointError):
     """The background writer process exited before answering; the in-flight save was not committed."""
+
+
+class ObjectStoreError(CheckpointError):
+    """A request to the object store failed (upload, download, copy). Nothing was committed by it.
+
+    The message names the object's URL and the store's own error; the storage stays usable, so the next save
+    can simply be retried.
+    """

@@ -34,6 +34,7 @@ class RWLock:
             else:
                 ok = self._cond.wait_for(lambda: not self._writer and self._readers == 0, timeout)
             if not ok:
+                # RuntimeError, not a CheckpointError: the type recorded in API_SURFACE §10, which callers catch
                 raise RuntimeError(
                     f"Failed to acquire the checkpoint {mode.value} lock after {timeout} seconds; this is likely a "
                     f"deadlock (a save() inside lock(), or a staging copy that never finished)."

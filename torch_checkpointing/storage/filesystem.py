@@ -55,6 +55,7 @@ class LocalFileSystemStorage(Storage):
     def _check_parent(self, path: Path) -> None:
         parent = os.path.dirname(os.fspath(path)) or "."
         if not os.path.isdir(parent):
+            # RuntimeError, not a CheckpointError: the type recorded in API_SURFACE §7.2, which callers catch
             raise RuntimeError(f"Parent directory does not exist, create it!: {parent}")
 
     def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase:

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.errors import CheckpointError, ObjectStoreError
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
@@ -47,14 +47,6 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 # Stores where a "directory" is only a key prefix: mkdir is a no-op there.
 _OBJECT_STORE_PROTOCOLS = _S3_PROTOCOLS | {"gs", "gcs", "az", "abfs", "abfss", "oss", "r2"}
-
-
-class ObjectStoreError(CheckpointError):
-    """A request to the object store failed (upload, download, copy). Nothing was committed by it.
-
-    The message names the object's URL and the store's own error; the storage stays usable, so the next save
-    can simply be retried.
-    """
 
 
 def url_scheme(checkpoint_id: str | os.PathLike[str]) -> str | None:
