@@ -138,7 +138,6 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._staging_lock = RWLock()
         self._last_write: WriteFuture | None = None
         self._prewarm: Future[Any] | None = None
-        self._state = threading.Lock()
 
     @property
     def stager(self) -> DefaultStager:

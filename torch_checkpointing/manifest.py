@@ -10,7 +10,6 @@ import errno
 import json
 import math
 import os
-import posixpath
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,14 +102,6 @@ class Manifest:
 
     def keys(self) -> set[str]:
         return {rec.key for rec in self.files}
-
-    def record_for_path(self, path: str) -> FileRecord | None:
-        """The record of the file at `path`, whichever rank wrote it (a fixed path is written by one rank)."""
-        normal = posixpath.normpath(path)
-        for rec in self.files:
-            if posixpath.normpath(rec.path) == normal:
-                return rec
-        return None
 
 
 def _extras(manifest: Manifest) -> dict[str, Any]:

@@ -67,13 +67,6 @@ class RankContext:
         """The manager's gloo group as an agreement transport (see `agreement.agree`)."""
         return GroupTransport(self.rank, self.world_size, self.group)
 
-    def all_gather(self, obj: Any) -> list[Any]:
-        if self.world_size == 1:
-            return [obj]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
-
     def close(self) -> None:
         if self.group is not None and dist.is_initialized():
             with contextlib.suppress(ValueError, RuntimeError):

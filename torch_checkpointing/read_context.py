@@ -27,7 +27,7 @@ import mmap
 import os
 import posixpath
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,10 +218,6 @@ class CheckpointReadContext:
 
     # ------------------------------------------------------------------ manifest queries
 
-    @property
-    def is_legacy(self) -> bool:
-        return self.manifest is None
-
     def record(self, rel_path: str) -> FileRecord | None:
         """The manifest record of a file, looked up by path (the record of the rank that wrote it)."""
         return self._by_path.get(posixpath.normpath(rel_path))
@@ -254,9 +250,6 @@ class CheckpointReadContext:
         self._files[rel] = checked
         self._start_verify(checked, what)
         return checked
-
-    def check_all(self, rel_paths: Iterable[str], what: str) -> list[CheckedFile]:
-        return [self.check(p, what) for p in rel_paths]
 
     def wait_verified(self) -> None:
         """Block until every checked file is verified; raise the first failure (in path order)."""

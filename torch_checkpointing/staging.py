@@ -321,9 +321,6 @@ class DefaultStager(CheckpointStager):
     def pinned_num_bytes(self) -> int:
         return self._slab.numel() if self._pin and self._slab is not None else 0
 
-    def staged_num_bytes(self) -> int:
-        return 0 if self._slab is None else self._slab.numel()
-
     def close(self) -> None:
         self._staged = None  # first: the staged tree views the slab, and _release frees it only when unviewed
         self._release()
