@@ -31,7 +31,14 @@ from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, Replic
 from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs
 from torch_checkpointing.errors import IncompleteCheckpointError, TemplateMismatchError
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, Manifest, read_manifest
-from torch_checkpointing.source_reader import ReadStats, SourceFile, dotted_key, open_flat_tensors, open_source_file
+from torch_checkpointing.source_reader import (
+    SAFETENSORS_DTYPES,
+    ReadStats,
+    SourceFile,
+    dotted_key,
+    open_flat_tensors,
+    open_source_file,
+)
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
@@ -349,22 +356,8 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
     return into
 
 
-_ST_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
 def _check_fits(name: str, shape: tuple[int, ...], st_dtype: str, leaf: torch.Tensor) -> None:
-    if tuple(leaf.shape) != shape or _ST_DTYPES.get(st_dtype) != leaf.dtype:
+    if tuple(leaf.shape) != shape or SAFETENSORS_DTYPES.get(st_dtype) != leaf.dtype:
         raise TemplateMismatchError(
             f"HF tensor {name!r} is {shape} {st_dtype} but the template holds {tuple(leaf.shape)} {leaf.dtype}"
         )

@@ -8,11 +8,8 @@ without local paths holding a Torch file is read whole (the zip container offers
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import io
 import json
-import mmap
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
@@ -30,12 +27,21 @@ from torch_checkpointing.checkpoint_layout import (
     TorchSerialization,
 )
 from torch_checkpointing.errors import RefusedPickleError
+from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvise
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
-__all__ = ["ReadStats", "SourceFile", "SourceTensor", "dotted_key", "open_flat_tensors", "open_source_file"]
+__all__ = [
+    "SAFETENSORS_DTYPES",
+    "ReadStats",
+    "SourceFile",
+    "SourceTensor",
+    "dotted_key",
+    "open_flat_tensors",
+    "open_source_file",
+]
 
-_SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F32": torch.float32,
     "F16": torch.float16,
@@ -106,24 +112,6 @@ class _InMemoryTensor(SourceTensor):
         return block
 
 
-_MADV_RANDOM, _MADV_WILLNEED = 1, 3
-_PAGE = mmap.PAGESIZE
-_libc: Any = None
-
-
-def _madvise(start: int, end: int, advice: int) -> None:
-    global _libc
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        _libc = ctypes.CDLL(name, use_errno=True) if name else False
-        if _libc:
-            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if not _libc or end <= start:
-        return
-    aligned = start - start % _PAGE
-    _libc.madvise(aligned, end - aligned, advice)  # advice only: failure changes nothing but speed
-
-
 def _advise_exact_read(source: torch.Tensor, block: torch.Tensor) -> None:
     """Page in exactly the block's byte range of a memory-mapped source, without the kernel's readahead.
 
@@ -135,11 +123,11 @@ def _advise_exact_read(source: torch.Tensor, block: torch.Tensor) -> None:
         return
     storage = source.untyped_storage()
     base, nbytes = storage.data_ptr(), storage.nbytes()
-    _madvise(base, base + nbytes, _MADV_RANDOM)
+    madvise(base, base + nbytes, MADV_RANDOM)
     elem = block.element_size()
     last = block.storage_offset() + sum((n - 1) * st for n, st in zip(block.shape, block.stride(), strict=True))
     begin = base + block.storage_offset() * elem
-    _madvise(int(begin), int(min(base + (last + 1) * elem, base + nbytes)), _MADV_WILLNEED)
+    madvise(int(begin), int(min(base + (last + 1) * elem, base + nbytes)), MADV_WILLNEED)
 
 
 class SourceFile(ABC):
@@ -238,7 +226,7 @@ class _SafetensorsLocalTensor(SourceTensor):
         self._stats = stats
         sl = handle.get_slice(key)
         self.shape = tuple(sl.get_shape())
-        self.dtype = _SAFETENSORS_DTYPES[sl.get_dtype()]
+        self.dtype = SAFETENSORS_DTYPES[sl.get_dtype()]
 
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
         block: torch.Tensor
@@ -275,7 +263,7 @@ class _SafetensorsRangeTensor(SourceTensor):
         self._begin = base + int(entry["data_offsets"][0])
         self._stats = stats
         self.shape = tuple(int(n) for n in entry["shape"])
-        self.dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
+        self.dtype = SAFETENSORS_DTYPES[entry["dtype"]]
 
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
         if any(s == 0 for s in sizes):

@@ -9,8 +9,6 @@ CUDA it is also page-locked (cudaHostRegister) so device-to-host copies run non-
 from __future__ import annotations
 
 import copy
-import ctypes
-import ctypes.util
 import math
 import mmap
 import os
@@ -26,6 +24,7 @@ from typing import Any
 
 import torch
 
+from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise
 from torch_checkpointing.types import STATE_DICT
 
 __all__ = [
@@ -185,29 +184,12 @@ def _free_in_background(slab: torch.Tensor, fd: int) -> None:
     nbytes = slab.numel() * slab.element_size()
 
     def free(holder: list[torch.Tensor]) -> None:
-        _madvise_dontneed(holder[0].data_ptr(), nbytes)
+        madvise(holder[0].data_ptr(), holder[0].data_ptr() + nbytes, MADV_DONTNEED)
         holder.clear()  # the unmap, now of an empty range of page tables
         if fd >= 0:
             os.close(fd)
 
     threading.Thread(target=free, args=([slab],), name="ckpt-staging-free", daemon=True).start()
-
-
-_MADV_DONTNEED = 4
-_libc: Any = None
-
-
-def _madvise_dontneed(addr: int, nbytes: int) -> None:
-    """Advice only: a failure (no libc, EINVAL) leaves the unmap to do the work."""
-    global _libc
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        _libc = ctypes.CDLL(name, use_errno=True) if name else False
-        if _libc:
-            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if _libc and nbytes > 0:
-        start = addr - addr % mmap.PAGESIZE
-        _libc.madvise(start, nbytes + addr - start, _MADV_DONTNEED)
 
 
 def _map_shared(fd: int, nbytes: int) -> torch.Tensor:
