@@ -12,6 +12,7 @@ import itertools
 import logging
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -261,18 +262,48 @@ def _local_of(value: Any) -> torch.Tensor | None:
 _Copy = tuple[NestedPath, tuple[slice, ...], SourceTensor, LoadPlan]
 
 
-def _collect_copies(
-    info: ReshardingInfo,
-    target: Any,
-    target_metadata: Mapping[NestedPath, ShardingMetadata],
-    source_metadata: DistributedItemMetadata,
+@dataclass(frozen=True, kw_only=True)
+class _ReshardJob:
+    """One item's resharding onto one target rank: the plan, where to read, where to write."""
+
+    info: ReshardingInfo
+    target: Any
+    target_metadata: Mapping[NestedPath, ShardingMetadata]
+    source_metadata: DistributedItemMetadata
+    source_path: Path
+    item_key: str
+    storage: Storage
+    stats: ReadStats
+    rank: int
+
+
+def _plan_job(
+    rank: int,
     source_path: Path,
     item_key: str,
+    target_metadata: Mapping[NestedPath, ShardingMetadata],
+    source_metadata: DistributedItemMetadata,
+    target: Any,
     storage: Storage,
     stats: ReadStats,
-    rank: int,
-) -> tuple[list[_Copy], list[NestedPath]]:
+) -> _ReshardJob:
+    return _ReshardJob(
+        info=plan_resharding(target_metadata, source_metadata, rank),
+        target=target,
+        target_metadata=target_metadata,
+        source_metadata=source_metadata,
+        source_path=Path(source_path),
+        item_key=item_key,
+        storage=storage,
+        stats=stats,
+        rank=rank,
+    )
+
+
+def _collect_copies(job: _ReshardJob) -> tuple[list[_Copy], list[NestedPath]]:
     """Every block copy a load will make, checked (target shapes, source tensors and bounds) before any is made."""
+    info, target, target_metadata, source_metadata = job.info, job.target, job.target_metadata, job.source_metadata
+    source_path, item_key, storage, stats, rank = job.source_path, job.item_key, job.storage, job.stats, job.rank
     failed: list[NestedPath] = list(info.non_reshardable_paths)
     by_rank: dict[int, list[tuple[NestedPath, LoadPlan]]] = {}
     for path, plans in info.nested_path_to_load_plans.items():
@@ -318,27 +349,15 @@ def _block_fits(plan: LoadPlan, shape: tuple[int, ...]) -> bool:
     return all(o >= 0 and o + n <= size for o, n, size in zip(plan.src_offsets, plan.src_sizes, shape, strict=True))
 
 
-def execute_plans(
-    info: ReshardingInfo,
-    target: Any,
-    target_metadata: Mapping[NestedPath, ShardingMetadata],
-    source_metadata: DistributedItemMetadata,
-    source_path: Path,
-    item_key: str,
-    storage: Storage,
-    stats: ReadStats,
-    rank: int,
-) -> list[NestedPath]:
-    """Copy every planned block into `target`; returns the paths that could not be filled.
+def _execute_plans(job: _ReshardJob) -> list[NestedPath]:
+    """Copy every planned block into the target; returns the paths that could not be filled.
 
     Every block is located and checked first, so a refused load has copied nothing.
     """
-    copies, failed = _collect_copies(
-        info, target, target_metadata, source_metadata, source_path, item_key, storage, stats, rank
-    )
+    copies, failed = _collect_copies(job)
     for path, index, tensor, plan in copies:
-        block = tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
-        local = _local_of(_resolve(target, path))
+        block = tensor.read_block(plan.src_offsets, plan.src_sizes, job.stats)
+        local = _local_of(_resolve(job.target, path))
         assert local is not None
         local[index].copy_(block)
     return failed
@@ -354,9 +373,8 @@ def check_reshard_targets(
     storage: Storage,
 ) -> None:
     """Raise what `load` would raise for this target, without copying anything (a load's check phase)."""
-    info = plan_resharding(target_metadata, source_metadata, rank)
     _collect_copies(
-        info, target, target_metadata, source_metadata, Path(source_path), item_key, storage, ReadStats(), rank
+        _plan_job(rank, source_path, item_key, target_metadata, source_metadata, target, storage, ReadStats())
     )
 
 
@@ -438,10 +456,8 @@ class DTensorResharder(Resharder):
         """`load` for an explicit target rank: lets one process play every rank (tests, offline tools)."""
         stats = ReadStats()
         try:
-            info = plan_resharding(target_metadata, source_metadata, rank)
-            failed = execute_plans(
-                info, target, target_metadata, source_metadata, Path(source_path), item_key, storage, stats, rank
-            )
+            job = _plan_job(rank, source_path, item_key, target_metadata, source_metadata, target, storage, stats)
+            failed = _execute_plans(job)
         finally:
             self.last_load_stats = stats
         if failed:
