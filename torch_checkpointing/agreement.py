@@ -12,8 +12,8 @@ into a `CommitError` naming the rank that went silent.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch_checkpointing.errors import CommitError
 
 __all__ = ["Contribution", "GroupTransport", "StoreTransport", "Transport", "agree", "describe", "raise_if_failed"]
+
+logger = logging.getLogger("torch_checkpointing.agreement")
 
 T = TypeVar("T")
 
@@ -95,8 +97,10 @@ def agree(step: str, transport: Transport, compute: Callable[[], T]) -> list[T]:
 
 
 def _best_effort_exchange(step: str, transport: Transport, mine: Contribution) -> None:
-    with contextlib.suppress(Exception):  # we are leaving anyway; the peers learn from the timeout
+    try:
         transport.exchange(step, mine)
+    except Exception as exc:  # we are leaving anyway; the peers learn from the timeout
+        logger.debug("Could not tell the other ranks about the failure at %s: %r", step, exc)
 
 
 class GroupTransport:

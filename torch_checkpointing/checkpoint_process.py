@@ -35,6 +35,8 @@ from torch_checkpointing.storage.base_storage import StorageConfig
 
 __all__ = ["CheckpointProcess", "CheckpointProcessConfig", "WriterProcessDied"]
 
+logger = logging.getLogger("torch_checkpointing.process")
+
 
 @dataclass
 class CheckpointProcessConfig:
@@ -353,8 +355,8 @@ class CheckpointProcess:
             if conn is not None:
                 conn.send(Stop())
                 conn.poll(self.config.subprocess_shutdown_timeout_secs)
-        except (OSError, EOFError):
-            pass
+        except (OSError, EOFError) as exc:  # the writer is gone already: the join below reaps it
+            logger.debug("Could not send Stop to the writer process: %r", exc)
         proc.join(self.config.subprocess_shutdown_timeout_secs)
         if proc.is_alive():
             proc.kill()

@@ -286,8 +286,10 @@ def _settle(channel: StoreChannel, request: WriteRequest, committed: bool) -> No
         if request.rank == 0:
             timeout = request.timeout_s if committed else _VERDICT_GRACE_S
             channel.gather("ack", request.world_size, "that it saw the outcome", timeout_s=timeout)
-    except CommitError:
-        pass  # a rank (or the store) gone after the outcome changes nothing about it
+    except CommitError as exc:  # a rank (or the store) gone after the outcome changes nothing about it
+        logger.debug(
+            "Rank %d: not every rank acknowledged the outcome of %s: %s", request.rank, request.checkpoint_dir, exc
+        )
 
 
 # ------------------------------------------------------------------------------------------- compatibility

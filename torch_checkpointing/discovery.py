@@ -291,8 +291,8 @@ class OwnerLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.unlink(owner_lock_path(self.uid))
-        except OSError:
-            pass  # another rank still holds it (or it is gone already)
+        except OSError as exc:  # another rank still holds it (or it is gone already)
+            logger.debug("Owner lock %s kept: %r", owner_lock_path(self.uid), exc)
         finally:
             os.close(fd)
 

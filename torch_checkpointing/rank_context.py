@@ -7,7 +7,7 @@ neither deadlock nor slow an NCCL all-reduce.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import uuid
 from datetime import timedelta
@@ -20,6 +20,8 @@ from torch_checkpointing.store_channel import StoreAddress
 from torch_checkpointing.types import RankInfo
 
 __all__ = ["RankContext", "current_rank_info"]
+
+logger = logging.getLogger("torch_checkpointing.rank_context")
 
 
 def current_rank_info() -> RankInfo:
@@ -69,7 +71,9 @@ class RankContext:
 
     def close(self) -> None:
         if self.group is not None and dist.is_initialized():
-            with contextlib.suppress(ValueError, RuntimeError):
+            try:
                 dist.destroy_process_group(self.group)
+            except (ValueError, RuntimeError) as exc:  # the group is dropped either way
+                logger.debug("Destroying the manager's process group failed: %r", exc)
             self.group = None
         self._host_store = None
