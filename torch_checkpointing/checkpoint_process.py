@@ -29,6 +29,7 @@ from typing import Any
 import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared-memory tensors pass by handle)
 
 from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
+from torch_checkpointing.config import CheckpointProcessConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
@@ -36,16 +37,6 @@ from torch_checkpointing.storage.base_storage import StorageConfig
 __all__ = ["CheckpointProcess", "CheckpointProcessConfig", "WriterProcessDied"]
 
 logger = logging.getLogger("torch_checkpointing.process")
-
-
-@dataclass
-class CheckpointProcessConfig:
-    """The background writer process of async saves: start and shutdown timeouts, thread names."""
-
-    # Spawning imports torch in a fresh interpreter: seconds, more on a loaded 2-core machine with many ranks.
-    subprocess_init_timeout_secs: int = 300
-    subprocess_shutdown_timeout_secs: int = 60
-    thread_name_prefix: str = "ckpt"
 
 
 def _noop(*args: Any) -> None:

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from torch_checkpointing.agreement import StoreTransport, agree
-from torch_checkpointing.barriers import BarrierConfig
 from torch_checkpointing.checkpoint_layout import SerializationFormat
 from torch_checkpointing.commit import Commit, CommitTarget
+from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
 from torch_checkpointing.errors import CommitError
@@ -50,19 +50,6 @@ __all__ = [
 logger = logging.getLogger("torch_checkpointing.writer")
 # After a failed save, how long rank 0 keeps the store up for the other ranks to read the outcome.
 _VERDICT_GRACE_S = 2.0
-
-
-@dataclass
-class CheckpointWriterConfig:
-    """The writer: barrier timeout and barrier between ranks, and how many threads write files."""
-
-    checkpoint_write_barrier_timeout_sec: int = 600
-    barrier_config: BarrierConfig | None = None
-    file_write_max_threads: int = 1
-
-    def __post_init__(self) -> None:
-        if self.file_write_max_threads < 1:
-            raise ValueError("file_write_max_threads must be positive")
 
 
 @dataclass

@@ -1,22 +1,79 @@
-"""Saver and loader configuration dataclasses."""
+"""Every configuration dataclass of the savers and the loader, in one module.
+
+One module so that building a configuration (in a launcher, a config system, a test) imports neither torch
+nor the writer-process stack. `CheckpointStagerConfig`, `CheckpointWriterConfig` and `CheckpointProcessConfig`
+are also importable from `staging`, `checkpoint_writer` and `checkpoint_process`, where they used to live.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from torch_checkpointing.checkpoint_process import CheckpointProcessConfig
-from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig
-from torch_checkpointing.staging import CheckpointStagerConfig
+if TYPE_CHECKING:  # barriers imports torch.distributed; the type is needed for annotations only
+    from torch_checkpointing.barriers import BarrierConfig
 
 __all__ = [
     "DEFAULT_WAIT_TIMEOUT_SECS",
     "AsyncCheckpointSaverConfig",
     "CheckpointLoaderConfig",
+    "CheckpointProcessConfig",
     "CheckpointSaverConfig",
+    "CheckpointStagerConfig",
+    "CheckpointWriterConfig",
     "SyncCheckpointSaverConfig",
 ]
 
 DEFAULT_WAIT_TIMEOUT_SECS = 600
+
+
+def _cuda_available() -> bool:
+    """Imports torch only when a default is actually computed (constructing the config), not on import."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@dataclass
+class CheckpointStagerConfig:
+    """How `requires_copy=True` values are copied before an async write: memory kind and scheduling."""
+
+    use_pinned_memory: bool = field(default_factory=_cuda_available)
+    use_shared_memory: bool = True
+    # False: save() returns once the copy is done, so the loop may mutate right away (the design document's
+    # promise for requires_copy=True). True: the copy overlaps the caller's next work, and in-place updates
+    # must then go inside CheckpointManager.lock(), which waits for the copy.
+    use_async_staging: bool = False
+    use_non_blocking_copy: bool = field(default_factory=_cuda_available)
+    thread_name: str = "ckpt-staging"
+    metric_prefix: str = "train.checkpoint_write"
+    # Where the shared staging slab lives (with use_shared_memory). None: anonymous shared memory (memfd),
+    # which a small /dev/shm (64 MiB in containers) does not limit. A directory: an unlinked file there,
+    # mapped shared; it must have room for the whole staged state (about the size of the payload's tensors).
+    staging_dir: str | None = None
+
+
+@dataclass
+class CheckpointWriterConfig:
+    """The writer: barrier timeout and barrier between ranks, and how many threads write files."""
+
+    checkpoint_write_barrier_timeout_sec: int = 600
+    barrier_config: BarrierConfig | None = None
+    file_write_max_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.file_write_max_threads < 1:
+            raise ValueError("file_write_max_threads must be positive")
+
+
+@dataclass
+class CheckpointProcessConfig:
+    """The background writer process of async saves: start and shutdown timeouts, thread names."""
+
+    # Spawning imports torch in a fresh interpreter: seconds, more on a loaded 2-core machine with many ranks.
+    subprocess_init_timeout_secs: int = 300
+    subprocess_shutdown_timeout_secs: int = 60
+    thread_name_prefix: str = "ckpt"
 
 
 @dataclass(kw_only=True)

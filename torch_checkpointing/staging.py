@@ -18,12 +18,13 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
 from typing import Any
 
 import torch
 
+from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise
 from torch_checkpointing.types import STATE_DICT
 
@@ -37,29 +38,6 @@ __all__ = [
     "tensor_for_write",
     "unwrap_dtensor",
 ]
-
-
-def _cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
-@dataclass
-class CheckpointStagerConfig:
-    """How `requires_copy=True` values are copied before an async write: memory kind and scheduling."""
-
-    use_pinned_memory: bool = field(default_factory=_cuda_available)
-    use_shared_memory: bool = True
-    # False: save() returns once the copy is done, so the loop may mutate right away (the design document's
-    # promise for requires_copy=True). True: the copy overlaps the caller's next work, and in-place updates
-    # must then go inside CheckpointManager.lock(), which waits for the copy.
-    use_async_staging: bool = False
-    use_non_blocking_copy: bool = field(default_factory=_cuda_available)
-    thread_name: str = "ckpt-staging"
-    metric_prefix: str = "train.checkpoint_write"
-    # Where the shared staging slab lives (with use_shared_memory). None: anonymous shared memory (memfd),
-    # which a small /dev/shm (64 MiB in containers) does not limit. A directory: an unlinked file there,
-    # mapped shared; it must have room for the whole staged state (about the size of the payload's tensors).
-    staging_dir: str | None = None
 
 
 def unwrap_dtensor(t: torch.Tensor) -> torch.Tensor:

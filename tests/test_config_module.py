@@ -1,0 +1,59 @@
+"""The configuration dataclasses live in `torch_checkpointing.config`, which imports no torch and no writer stack."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch_checkpointing
+
+# Loads torch_checkpointing/config.py in a fresh interpreter with the package's __init__ bypassed (the package
+# imports the manager, hence everything), so what lands in sys.modules is what the config module itself pulls in.
+_PROBE = """
+import importlib.util, json, sys, types
+pkg = types.ModuleType("torch_checkpointing")
+pkg.__path__ = [sys.argv[1]]
+sys.modules["torch_checkpointing"] = pkg
+import torch_checkpointing.config as config
+config.CheckpointWriterConfig(); config.CheckpointProcessConfig()
+print(json.dumps(sorted(sys.modules)))
+"""
+
+_HEAVY = [
+    "torch",
+    "multiprocessing",
+    "torch_checkpointing.checkpoint_process",
+    "torch_checkpointing.checkpoint_writer",
+    "torch_checkpointing.staging",
+    "torch_checkpointing.barriers",
+]
+
+
+def test_config_module_imports_no_torch_and_no_writer_stack() -> None:
+    package_dir = str(Path(torch_checkpointing.__file__).parent)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, package_dir], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    loaded = set(json.loads(out))
+    assert [name for name in _HEAVY if name in loaded] == []
+
+
+def test_old_modules_re_export_the_same_classes() -> None:
+    from torch_checkpointing import checkpoint_process, checkpoint_writer, config, staging
+
+    assert staging.CheckpointStagerConfig is config.CheckpointStagerConfig
+    assert checkpoint_writer.CheckpointWriterConfig is config.CheckpointWriterConfig
+    assert checkpoint_process.CheckpointProcessConfig is config.CheckpointProcessConfig
+    assert torch_checkpointing.CheckpointStagerConfig is config.CheckpointStagerConfig
+
+
+def test_stager_config_defaults_follow_cuda() -> None:
+    import torch
+
+    from torch_checkpointing.config import CheckpointStagerConfig
+
+    cfg = CheckpointStagerConfig()
+    assert cfg.use_pinned_memory is torch.cuda.is_available()
+    assert cfg.use_non_blocking_copy is torch.cuda.is_available()
