@@ -43,8 +43,10 @@ from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.schema import ItemSpec, ResolvedItem, resolve, validate_keys
-from torch_checkpointing.storage.base_storage import StorageConfig
+from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
+from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 from torch_checkpointing.store_channel import StoreAddress
 
 __all__ = ["CheckpointManager"]
@@ -91,30 +93,45 @@ class CheckpointManager:
         self._validate(config)
         self.config = config
         storage_config = config.storage_config or LocalFileSystemStorageConfig()
-        self._storage = storage_config.create_storage()
+        storage = storage_config.create_storage()
         timeout = config.save.wait_timeout_secs
         self._ctx = RankContext(float(timeout if timeout is not None else DEFAULT_WAIT_TIMEOUT_SECS))
         self._seq = 0
         self._shared_said: set[str] = set()  # {rank}-less items warned about, or declared replicated
         wants_metadata = any(s.resharder is not None for s in [*config.items.values(), config.default] if s)
         self._metadata = DefaultMetadataManager() if wants_metadata else None
+        # Without a storage config, the first id picks the storage (a path: local; s3://...: that store), once.
+        self._first_id: tuple[str | None, str] | None = None  # (scheme, id); None scheme = local filesystem
+        self._attach_storage(storage_config, storage)
+        self._owner = OwnerLock(self._ctx.uid)  # lets `gc` tell this job's live temporaries from dead ones
+        self._closed = False
+
+    def _attach_storage(self, storage_config: StorageConfig, storage: Storage) -> None:
+        """Build what holds the storage: the saver (an async one starts its writer process), loader, retention."""
+        config = self.config
+        self._storage = storage
         self._saver: CheckpointSaver
         if isinstance(config.save, SyncCheckpointSaverConfig):
-            self._saver = SyncCheckpointSaver(self._storage, config.save.writer_config)
+            self._saver = SyncCheckpointSaver(storage, config.save.writer_config)
         elif isinstance(config.save, AsyncCheckpointSaverConfig):
             self._saver = AsyncCheckpointSaver(
                 config.save, storage_config, config.subprocess_init_fn, config.subprocess_init_args
             )
         else:
             raise TypeError(f"Unsupported saver_config type: {type(config.save).__name__}")
-        self._loader = CheckpointLoader(self._storage, config.load, self._ctx.rank_info)
-        self._owner = OwnerLock(self._ctx.uid)  # lets `gc` tell this job's live temporaries from dead ones
-        self._retention = RetentionRunner(config.retention, self._ctx.rank, self._storage) if config.retention else None
-        self._closed = False
+        self._loader = CheckpointLoader(storage, config.load, self._ctx.rank_info)
+        self._retention = RetentionRunner(config.retention, self._ctx.rank, storage) if config.retention else None
         # A save still in flight at interpreter exit gets its bounded wait (and the writer its stop) even when
         # the script never calls close() or drops the manager; registered per manager, unregistered by close().
         self._exit_hook = functools.partial(_close_at_exit, self._saver, config.save.wait_timeout_secs)
         atexit.register(self._exit_hook)
+
+    def _detach_storage(self) -> None:
+        atexit.unregister(self._exit_hook)
+        if self._retention is not None:
+            self._retention.close()
+        self._saver.close()
+        self._loader.close()
 
     @staticmethod
     def _validate(config: Config) -> None:
@@ -206,11 +223,8 @@ class CheckpointManager:
             self._saver.wait(self.config.save.wait_timeout_secs)
         finally:
             self._closed = True
-            if self._retention is not None:
-                self._retention.close()
             self._owner.release()
-            self._saver.close()
-            self._loader.close()
+            self._detach_storage()
             self._ctx.close()
 
     def __enter__(self) -> CheckpointManager:
@@ -227,28 +241,47 @@ class CheckpointManager:
             raise RuntimeError(f"Cannot {what} with a closed CheckpointManager")
 
     def _checkpoint_path(self, checkpoint_id: Any) -> str:
-        """The id as the storage will see it: `~` expanded; a URL only where the storage takes URLs."""
+        """The id as the storage will see it: `~` expanded, `file://` a path; a URL only where the storage takes
+        URLs. Without a storage config, the first id picks the storage (`_pick_storage`)."""
         if isinstance(checkpoint_id, os.PathLike):
             checkpoint_id = os.fspath(checkpoint_id)
         if not isinstance(checkpoint_id, str):
             raise TypeError(f"A checkpoint id must be a str or a path, got {type(checkpoint_id).__name__}")
         url = _URL.match(checkpoint_id)
-        if url is not None:
-            if self._storage.handles_url(checkpoint_id):
-                return checkpoint_id
-            raise ValueError(
-                f"Checkpoint id {checkpoint_id!r} is a {url.group(1)}:// URL, but the configured storage "
-                f"({type(self._storage).__name__}) writes local paths: it would create a directory named "
-                f"'{url.group(1)}:'. Configure a storage for {url.group(1)}:// (CheckpointManager.Config."
-                f"storage_config, e.g. FsspecStorageConfig() after pip install 'torch-checkpointing[s3]': "
-                f"docs/storage.md), or pass a local path."
-            )
-        normal = posixpath.normpath(os.path.expanduser(checkpoint_id)) if checkpoint_id.strip() else ""
-        if normal in ("", ".", "/", "..") or normal.endswith(("/..", "/.")):
-            raise ValueError(
-                f"Checkpoint id {checkpoint_id!r} names no directory of its own; pass a path such as 'runs/step_100'."
-            )
+        scheme = url.group(1).lower() if url is not None else None
+        if scheme is not None and self._storage.handles_url(checkpoint_id):
+            return checkpoint_id
+        if scheme in LOCAL_SCHEMES:
+            checkpoint_id, scheme = local_path_of(checkpoint_id), None
+        normal = checkpoint_id if scheme is not None else _local_path(checkpoint_id)
+        if self.config.storage_config is None:
+            self._pick_storage(scheme, normal)
+        else:
+            _check_storage_takes(self.config.storage_config, scheme, normal)
         return normal
+
+    def _pick_storage(self, scheme: str | None, checkpoint_id: str) -> None:
+        """The first id fixes the storage of a manager built without one; later ids must be of that storage.
+
+        One storage per manager, because the saver, the loader and the async writer process each hold it: a
+        URL first id replaces the local storage built at construction (restarting the writer process, before
+        any checkpoint went through it), and switching back and forth would do that on every save.
+        """
+        if self._first_id is None:
+            if scheme is not None:
+                storage = fsspec_storage_for(scheme, checkpoint_id)
+                self._detach_storage()
+                self._attach_storage(storage.config, storage)
+            self._first_id = (scheme, checkpoint_id)
+            return
+        first_scheme, first_id = self._first_id
+        if scheme != first_scheme:
+            raise ValueError(
+                f"Checkpoint id {checkpoint_id!r} is on {_store_name(scheme)}, but this manager's storage was "
+                f"picked by its first id {first_id!r} ({_store_name(first_scheme)}): a manager built without "
+                f"storage_config keeps the storage its first id selects (docs/storage.md). Use another "
+                f"CheckpointManager for {_store_name(scheme)}."
+            )
 
     def _plan(self, checkpoint_id: str, payload: Mapping[str, Any]) -> SavePlan:
         """Agree with the other ranks on what is saved where, then name the temporary directory.
@@ -305,6 +338,42 @@ class CheckpointManager:
             self.config.pre_finalize_callback,
             self.config.finalize_callback,
             overwrite=self.config.save.overwrite,
+        )
+
+
+def _local_path(checkpoint_id: str) -> str:
+    normal = posixpath.normpath(os.path.expanduser(checkpoint_id)) if checkpoint_id.strip() else ""
+    if normal in ("", ".", "/", "..") or normal.endswith(("/..", "/.")):
+        raise ValueError(
+            f"Checkpoint id {checkpoint_id!r} names no directory of its own; pass a path such as 'runs/step_100'."
+        )
+    return normal
+
+
+def _store_name(scheme: str | None) -> str:
+    return "the local filesystem" if scheme is None else f"the {scheme}:// store"
+
+
+def _check_storage_takes(storage_config: StorageConfig, scheme: str | None, checkpoint_id: str) -> None:
+    """An id the configured storage cannot take is refused here, naming the storage and the fix.
+
+    (URL ids the storage takes never reach this check.)
+    """
+    name = type(storage_config).__name__
+    if scheme is not None:
+        local = isinstance(storage_config, LocalFileSystemStorageConfig)
+        why = f"it writes local paths, and would create a directory named '{scheme}:'" if local else "not its scheme"
+        raise ValueError(
+            f"Checkpoint id {checkpoint_id!r} is a {scheme}:// URL, but the configured storage ({name}) does not "
+            f"take it ({why}). Configure a storage for {scheme}:// (CheckpointManager.Config.storage_config, e.g. "
+            f"FsspecStorageConfig(url='{scheme}://bucket/prefix'); or leave it unset, and the first id picks the "
+            f"storage: docs/storage.md), or pass an id of the configured storage."
+        )
+    if isinstance(storage_config, FsspecStorageConfig) and not storage_config.handles(checkpoint_id):
+        raise ValueError(
+            f"Checkpoint id {checkpoint_id!r} is a local path, but the configured storage ({name}) has no url root "
+            f"to place it under. Pass a full URL ('{storage_config.protocol or 's3'}://bucket/run/step_100'), or "
+            f"set FsspecStorageConfig.url."
         )
 
 
