@@ -7,9 +7,11 @@ It is plain JSON on purpose: reading a checkpoint never unpickles anything.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,8 +35,14 @@ from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
 METADATA_FILE_NAME = "metadata.json"
-METADATA_VERSION = "2.0"
+METADATA_VERSION = "3.0"
+# 2.0 lists every rank of every mesh and group explicitly; 3.0 (same structure) writes such lists as
+# arithmetic runs, so a tensor's entry no longer grows with the world size. Both are read.
+READABLE_METADATA_VERSIONS = ("2.0", "3.0")
 _MAX_WORLD_SIZE = 1 << 20
+# Ranks a parse may expand from runs (distinct lists only: equal ones decode once): bounds what a small
+# hostile file can make this process allocate, far above any real job's few distinct meshes.
+_DECODE_BUDGET = 1 << 24
 
 __all__ = [
     "METADATA_FILE_NAME",
@@ -45,6 +53,8 @@ __all__ = [
     "ItemMetadata",
     "ShardingMetadata",
     "build_distributed_metadata",
+    "decode_rank_list",
+    "encode_rank_list",
     "layout_from_untrusted_dict",
     "load_distributed_metadata",
     "nested_path_from_json",
@@ -79,8 +89,12 @@ class ShardingMetadata(ABC):
     def equivalent_ranks(self) -> tuple[int, ...] | None:
         """Ranks guaranteed to hold identical metadata (None when the notion does not apply)."""
 
-    def _pack(self) -> dict[str, Any]:
-        return {"type": self._type_name, "data": self.to_dict()}
+    def to_compact_dict(self) -> dict[str, Any]:
+        """What metadata version 3.0 stores; `from_dict` must read it. Default: `to_dict()`."""
+        return self.to_dict()
+
+    def _pack(self, compact: bool = False) -> dict[str, Any]:
+        return {"type": self._type_name, "data": self.to_compact_dict() if compact else self.to_dict()}
 
     @staticmethod
     def _unpack(packed: dict[str, Any]) -> ShardingMetadata:
@@ -98,6 +112,86 @@ class ShardingMetadata(ABC):
                 "Import the module defining it before loading the checkpoint."
             )
         return cls.from_dict(packed.get("data", {}))
+
+
+def encode_rank_list(ranks: Sequence[int]) -> list[int] | dict[str, list[list[int]]]:
+    """`{"runs": [[start, count, step], ...]}` when that is shorter than the explicit list, else the list.
+
+    Meshes and rank groups are nearly always `range(world)` or a few strided runs of it (TP-major meshes).
+    """
+    runs: list[list[int]] = []
+    i = 0
+    while i < len(ranks):
+        start = ranks[i]
+        step = ranks[i + 1] - start if i + 1 < len(ranks) else 1
+        count = 1
+        while i + count < len(ranks) and ranks[i + count] == start + count * step:
+            count += 1
+        runs.append([start, count, step if count > 1 else 1])
+        i += count
+    if 3 * len(runs) >= len(ranks):
+        return [int(r) for r in ranks]
+    return {"runs": runs}
+
+
+def decode_rank_list(value: Any, what: str) -> tuple[int, ...]:
+    """The rank tuple `encode_rank_list` (or an explicit list) stands for; equal encodings share one tuple."""
+    if isinstance(value, dict):
+        runs = value.get("runs")
+        if set(value) != {"runs"} or not isinstance(runs, list):
+            raise ValueError(f"{what} must be a list of ranks or {{'runs': [[start, count, step], ...]}}")
+        key = tuple(_run(r, what) for r in runs)
+        return _decoded_runs(key, what)
+    if not isinstance(value, list):
+        raise ValueError(f"{what} must be a list of ranks, got {type(value).__name__}")
+    return tuple(_rank_number(r, what) for r in value)
+
+
+def _run(run: Any, what: str) -> tuple[int, int, int]:
+    if not isinstance(run, list) or len(run) != 3:
+        raise ValueError(f"{what}: a run must be [start, count, step], got {run!r}")
+    start, count, step = (_rank_number(x, what, signed=True) for x in run)
+    last = start + (count - 1) * step
+    if not 1 <= count <= _MAX_WORLD_SIZE or not (0 <= start < _MAX_WORLD_SIZE and 0 <= last < _MAX_WORLD_SIZE):
+        raise ValueError(f"{what}: run {run!r} leaves ranks 0 to {_MAX_WORLD_SIZE - 1}")
+    return start, count, step
+
+
+def _rank_number(x: Any, what: str, signed: bool = False) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or (x < 0 and not signed):
+        raise ValueError(f"{what} holds {x!r}, not a rank number")
+    return x
+
+
+_decode_cache: dict[tuple[tuple[int, int, int], ...], tuple[int, ...]] = {}
+_budget: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_rank_decode_budget", default=None)
+
+
+def _decoded_runs(key: tuple[tuple[int, int, int], ...], what: str) -> tuple[int, ...]:
+    cached = _decode_cache.get(key)
+    if cached is not None:
+        return cached
+    total = sum(count for _, count, _ in key)
+    budget = _budget.get()
+    if total > _MAX_WORLD_SIZE or (budget is not None and total > budget[0]):
+        raise ValueError(f"{what}: its runs expand to more ranks than a metadata file may describe")
+    if budget is not None:
+        budget[0] -= total
+    out = tuple(r for start, count, step in key for r in range(start, start + count * step, step))
+    held = sum(len(t) for t in _decode_cache.values())
+    if held + len(out) > _MAX_WORLD_SIZE * 4:
+        _decode_cache.clear()
+    _decode_cache[key] = out
+    return out
+
+
+@contextlib.contextmanager
+def _decode_budget() -> Iterator[None]:
+    token = _budget.set([_DECODE_BUDGET])
+    try:
+        yield
+    finally:
+        _budget.reset(token)
 
 
 ItemMetadata = dict[NestedPath, ShardingMetadata]
@@ -128,12 +222,15 @@ class GlobalObjectMetadata:
     sharding_metadata: ShardingMetadata
     ranks: tuple[int, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"sharding_metadata": self.sharding_metadata._pack(), "ranks": list(self.ranks)}
+    def to_dict(self, compact: bool = False) -> dict[str, Any]:
+        """Version 2.0's explicit form; `compact=True` gives version 3.0's (rank lists as runs)."""
+        if not compact:
+            return {"sharding_metadata": self.sharding_metadata._pack(), "ranks": list(self.ranks)}
+        return {"sharding_metadata": self.sharding_metadata._pack(True), "ranks": encode_rank_list(self.ranks)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GlobalObjectMetadata:
-        return cls(ShardingMetadata._unpack(d["sharding_metadata"]), tuple(int(r) for r in d["ranks"]))
+        return cls(ShardingMetadata._unpack(d["sharding_metadata"]), decode_rank_list(d["ranks"], "ranks"))
 
 
 @dataclass(frozen=True)
@@ -166,10 +263,10 @@ class DistributedItemMetadata:
     def get_nested_paths(self) -> set[NestedPath]:
         return set(self.nested_path_to_metadata)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, compact: bool = False) -> dict[str, Any]:
         return {
             "nested_path_to_metadata": {
-                nested_path_to_json(p): [g.to_dict() for g in groups]
+                nested_path_to_json(p): [g.to_dict(compact) for g in groups]
                 for p, groups in self.nested_path_to_metadata.items()
             },
             # JSON object keys are strings; from_dict turns them back into ints.
@@ -223,8 +320,10 @@ class DistributedMetadata:
                 owners[layout.file_path] = (key, rank)
 
     def to_dict(self) -> dict[str, Any]:
+        """The file's JSON; its form follows `version` (a 2.0 checkpoint rewritten stays 2.0)."""
+        compact = self.version != "2.0"
         return {
-            "metadata": {k: v.to_dict() for k, v in self.metadata.items()},
+            "metadata": {k: v.to_dict(compact) for k, v in self.metadata.items()},
             "world_size": self.world_size,
             "version": self.version,
         }
@@ -232,14 +331,17 @@ class DistributedMetadata:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistributedMetadata:
         version = d.get("version")
-        if version != METADATA_VERSION:
+        if version not in READABLE_METADATA_VERSIONS:
             raise ValueError(
-                f"Unsupported sharding metadata version {version!r}; this engine reads version {METADATA_VERSION!r}"
+                f"Unsupported sharding metadata version {version!r}; this engine reads versions "
+                f"{', '.join(repr(v) for v in READABLE_METADATA_VERSIONS)}. A newer engine wrote this checkpoint: "
+                "load it with that engine or a newer one."
             )
         world_size = d["world_size"]
         if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= _MAX_WORLD_SIZE:
             raise ValueError(f"field 'world_size' must be an int in [1, {_MAX_WORLD_SIZE}], got {world_size!r}")
-        items = {k: DistributedItemMetadata.from_dict(v) for k, v in d["metadata"].items()}
+        with _decode_budget():
+            items = {k: DistributedItemMetadata.from_dict(v) for k, v in d["metadata"].items()}
         return cls(items, world_size, version)
 
     def to_json(self) -> str:

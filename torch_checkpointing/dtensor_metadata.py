@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torch_checkpointing.distributed_metadata import ShardingMetadata
+from torch_checkpointing.distributed_metadata import ShardingMetadata, decode_rank_list, encode_rank_list
 from torch_checkpointing.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -149,15 +149,37 @@ class DeviceMeshSpec:
         return torch.tensor(self.mesh_data, dtype=torch.int64).reshape(self.mesh_shape)
 
     def get_coordinate(self, rank: int) -> tuple[int, ...] | None:
-        try:
-            flat = self.mesh_data.index(rank)
-        except ValueError:
-            return None
+        return self.coordinates().get(rank)
+
+    def coordinates(self) -> dict[int, tuple[int, ...]]:
+        """rank -> mesh coordinate (a rank listed twice keeps its first place), built once per mesh.
+
+        A load asks this for every tensor; scanning `mesh_data` each time cost O(world) per question.
+        """
+        derived = self._derived()
+        coords: dict[int, tuple[int, ...]] | None = derived.get("coordinates")
+        if coords is None:
+            coords = {}
+            for flat, rank in enumerate(self.mesh_data):
+                if rank not in coords:
+                    coords[rank] = self._unravel(flat)
+            derived["coordinates"] = coords
+        return coords
+
+    def _unravel(self, flat: int) -> tuple[int, ...]:
         coord = []
         for n in reversed(self.mesh_shape):
             coord.append(flat % n)
             flat //= n
         return tuple(reversed(coord))
+
+    def _derived(self) -> dict[str, Any]:
+        """Per-mesh lookup tables, computed on first use; not part of equality, hashing or pickling."""
+        derived: dict[str, Any] = self.__dict__.setdefault("_derived_tables", {})
+        return derived
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_derived_tables"}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -167,13 +189,18 @@ class DeviceMeshSpec:
             "mesh_dim_names": None if self.mesh_dim_names is None else list(self.mesh_dim_names),
         }
 
+    def to_compact_dict(self) -> dict[str, Any]:
+        """`to_dict` with `mesh_data` as arithmetic runs (metadata version 3.0): a 2048-rank mesh is one run."""
+        return {**self.to_dict(), "mesh_data": encode_rank_list(self.mesh_data)}
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DeviceMeshSpec:
+        """Reads both `to_dict` (an explicit rank list) and `to_compact_dict` (runs)."""
         names = d.get("mesh_dim_names")
         return get_device_mesh_spec(
             d["device_type"],
             tuple(int(n) for n in d["mesh_shape"]),
-            tuple(int(r) for r in d["mesh_data"]),
+            decode_rank_list(d["mesh_data"], "mesh_data"),
             None if names is None else tuple(names),
         )
 
@@ -258,6 +285,9 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
             "mesh_spec": self.mesh_spec.to_dict(),
             "placements": [p.to_dict() for p in self.placements],
         }
+
+    def to_compact_dict(self) -> dict[str, Any]:
+        return {**self.to_dict(), "mesh_spec": self.mesh_spec.to_compact_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DTensorShardingMetadata:

@@ -8,6 +8,7 @@ rectangular blocks (`LoadPlan`s) to copy; only those blocks are read from the so
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import warnings
@@ -33,6 +34,7 @@ from torch_checkpointing.types import NestedPath
 
 __all__ = [
     "DTensorResharder",
+    "PlanStats",
     "check_reshard_targets",
     "compute_load_plans",
     "compute_local_runs",
@@ -140,6 +142,23 @@ def _overlaps(target: list[Run], source: list[Run]) -> list[tuple[int, int, int]
     return out
 
 
+@dataclass
+class PlanStats:
+    """Work the planner did, in units that do not depend on the machine.
+
+    `chunk_checks` counts the chunks tested against the target block and `sources` the source blocks
+    that overlap it: with the indexed planner both follow the overlap, not the number of source ranks.
+    """
+
+    chunk_checks: int = 0
+    sources: int = 0
+
+
+@functools.cache
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def _source_ranks(source_groups: list[Any]) -> list[tuple[int, DTensorShardingMetadata]]:
     ranks: dict[int, DTensorShardingMetadata] = {}
     for group in source_groups:
@@ -150,60 +169,249 @@ def _source_ranks(source_groups: list[Any]) -> list[tuple[int, DTensorShardingMe
     return sorted(ranks.items())
 
 
-def compute_load_plans(
+def _check_global_shape(fqn: str, src_md: DTensorShardingMetadata, target: DTensorShardingMetadata) -> None:
+    if tuple(src_md.global_shape) != tuple(target.global_shape):
+        raise ValueError(
+            f"Cannot reshard {fqn or '<item>'}: saved with global shape {tuple(src_md.global_shape)} but the "
+            f"target has {tuple(target.global_shape)}. The model changed; load into a matching model."
+        )
+
+
+def _block_plans(
+    fqn: str, target_runs: tuple[list[Run], ...], src_rank: int, src_md: DTensorShardingMetadata, src_runs: Any
+) -> list[LoadPlan]:
+    per_dim = [_overlaps(t, s) for t, s in zip(target_runs, src_runs, strict=True)]
+    elem = _element_size(src_md.torch_dtype)
+    return [
+        LoadPlan(
+            offsets=tuple(c[0] for c in combo),
+            sizes=tuple(c[2] for c in combo),
+            src_rank=src_rank,
+            src_fqn=fqn,
+            src_offsets=tuple(c[1] for c in combo),
+            src_sizes=tuple(c[2] for c in combo),
+            src_elem_size=elem,
+            src_dtype=src_md.dtype,
+        )
+        for combo in itertools.product(*per_dim)
+    ]
+
+
+def _numel(runs: tuple[list[Run], ...]) -> int:
+    n = 1
+    for dim_runs in runs:
+        n *= sum(r.length for r in dim_runs)
+    return n
+
+
+def _brute_force_plans(
     nested_path: NestedPath,
     target: DTensorShardingMetadata,
     source_groups: list[Any],
     rank: int,
+    stats: PlanStats | None = None,
 ) -> list[LoadPlan] | None:
-    """Plans filling `rank`'s local shard of `target` from the source ranks; None if they cannot cover it.
+    """Every source rank of every group, tested one by one: O(source ranks) per tensor.
 
-    Source ranks holding identical index sets (replicas) are read once, from the lowest rank.
+    Kept for layouts the indexed planner does not take (several groups for one path, a group missing some
+    of its mesh's ranks, a mesh listing a rank twice) and as the reference the indexed planner is tested against.
     """
     target_runs = compute_local_runs(target, rank)
-    target_numel = 1
-    for dim_runs in target_runs:
-        target_numel *= sum(r.length for r in dim_runs)
+    target_numel = _numel(target_runs)
     fqn = dotted_key(nested_path)
     plans: list[LoadPlan] = []
     seen: set[tuple[tuple[Run, ...], ...]] = set()
     for src_rank, src_md in _source_ranks(source_groups):
-        if tuple(src_md.global_shape) != tuple(target.global_shape):
-            raise ValueError(
-                f"Cannot reshard {fqn or '<item>'}: saved with global shape {tuple(src_md.global_shape)} but the "
-                f"target has {tuple(target.global_shape)}. The model changed; load into a matching model."
-            )
+        _check_global_shape(fqn, src_md, target)
+        if stats is not None:
+            stats.chunk_checks += 1
         src_runs = compute_local_runs(src_md, src_rank)
         key = tuple(tuple(r) for r in src_runs)
         if key in seen or target_numel == 0:
             continue
         seen.add(key)
-        per_dim = [_overlaps(t, s) for t, s in zip(target_runs, src_runs, strict=True)]
-        elem = torch.empty((), dtype=src_md.torch_dtype).element_size()
-        for combo in itertools.product(*per_dim):
-            plans.append(
-                LoadPlan(
-                    offsets=tuple(c[0] for c in combo),
-                    sizes=tuple(c[2] for c in combo),
-                    src_rank=src_rank,
-                    src_fqn=fqn,
-                    src_offsets=tuple(c[1] for c in combo),
-                    src_sizes=tuple(c[2] for c in combo),
-                    src_elem_size=elem,
-                    src_dtype=src_md.dtype,
-                )
-            )
+        block = _block_plans(fqn, target_runs, src_rank, src_md, src_runs)
+        if stats is not None and block:
+            stats.sources += 1
+        plans.extend(block)
     covered = sum(p.numel for p in plans)
-    if covered != target_numel:
+    return plans if covered == target_numel else None
+
+
+def _indexable(source_groups: list[Any]) -> DTensorShardingMetadata | None:
+    """The one source layout when a single group holds every rank of its (duplicate-free) mesh, else None."""
+    if len(source_groups) != 1:
         return None
-    return plans
+    group = source_groups[0]
+    md = group.sharding_metadata
+    if not isinstance(md, DTensorShardingMetadata):
+        return None
+    mesh = md.mesh_spec
+    if len(mesh.coordinates()) != len(mesh.mesh_data):
+        return None
+    ranks = group.ranks
+    if ranks is mesh.mesh_data or ranks == mesh.mesh_data or set(mesh.mesh_data) <= set(ranks):
+        return md
+    return None
+
+
+def _local_hits(segments: _Segments, target: list[Run]) -> list[tuple[int, int]]:
+    """Local [lo, hi) positions of `segments` whose global indices the target runs hold."""
+    out = []
+    pos = 0
+    for g, n in segments:
+        for t in target:
+            lo, hi = max(g, t.global_start), min(g + n, t.global_start + t.length)
+            if lo < hi:
+                out.append((pos + lo - g, pos + hi - g))
+        pos += n
+    return out
+
+
+def _chunks_hit(hits: list[tuple[int, int]], base: int, length: int, k: int, out: set[int]) -> int:
+    """Add to `out` the indices of the k torch.chunk pieces of local range [base, base + length) that `hits`
+    touch; returns the number of hit ranges tested."""
+    size = -(-length // k)
+    for lo, hi in hits:
+        a, b = max(lo, base), min(hi, base + length)
+        if a < b:
+            out.update(range((a - base) // size, (b - 1 - base) // size + 1))
+    return len(hits)
+
+
+def _overlapping_chunks(
+    segments: _Segments, placement: ShardSpec | StridedShardSpec, k: int, target: list[Run], stats: PlanStats
+) -> list[int]:
+    """The mesh coordinates (0..k-1) along one mesh dimension whose piece of `segments` meets the target.
+
+    Computed from the chunk sizes (division, not a scan of the k pieces), so the cost follows the overlap.
+    """
+    hits = _local_hits(segments, target)
+    total = sum(n for _, n in segments)
+    found: set[int] = set()
+    if isinstance(placement, StridedShardSpec):
+        piece = -(-total // placement.split_factor)
+        for j in range(placement.split_factor):
+            lo, hi = min(j * piece, total), min((j + 1) * piece, total)
+            if lo < hi:
+                stats.chunk_checks += _chunks_hit(hits, lo, hi - lo, k, found)
+    elif total:
+        stats.chunk_checks += _chunks_hit(hits, 0, total, k, found)
+    stats.chunk_checks += len(found)
+    return sorted(found)
+
+
+_Leaf = tuple[tuple[int | None, ...], list[_Segments]]
+
+
+def _overlapping_blocks(
+    md: DTensorShardingMetadata, target_runs: tuple[list[Run], ...], stats: PlanStats
+) -> list[_Leaf]:
+    """(mesh coordinate, per-dim segments) of every source block meeting the target; None marks a Replicate dim.
+
+    A depth-first walk over the mesh dimensions that only descends into pieces meeting the target.
+    """
+    leaves: list[_Leaf] = []
+    shape = md.mesh_spec.mesh_shape
+
+    def visit(level: int, segments: list[_Segments], coord: tuple[int | None, ...]) -> None:
+        if level == len(md.placements):
+            leaves.append((coord, segments))
+            return
+        placement = md.placements[level]
+        if isinstance(placement, ReplicateSpec):
+            visit(level + 1, segments, (*coord, None))
+            return
+        if not isinstance(placement, ShardSpec | StridedShardSpec):
+            raise ValueError(f"Unsupported placement {placement!r} in sharding metadata")
+        d, k = placement.dim, shape[level]
+        for c in _overlapping_chunks(segments[d], placement, k, target_runs[d], stats):
+            piece = (
+                _strided_chunk(segments[d], placement.split_factor, k, c)
+                if isinstance(placement, StridedShardSpec)
+                else _chunk(segments[d], k, c)
+            )
+            visit(level + 1, [*segments[:d], piece, *segments[d + 1 :]], (*coord, c))
+
+    visit(0, [[(0, n)] for n in md.global_shape], ())
+    return leaves
+
+
+def _replica_owner(md: DTensorShardingMetadata, coord: tuple[int | None, ...]) -> int:
+    """The lowest rank holding the block at `coord` (None: any coordinate along that Replicate dimension)."""
+    mesh = md.mesh_spec
+    free = tuple(i for i, c in enumerate(coord) if c is None)
+    if not free:
+        flat = 0
+        for c, n in zip(coord, mesh.mesh_shape, strict=True):
+            flat = flat * n + int(c)  # type: ignore[arg-type]
+        return mesh.mesh_data[flat]
+    tables = mesh._derived().setdefault("replica_owner", {})
+    table = tables.get(free)
+    if table is None:
+        table = {}
+        for rank, full in mesh.coordinates().items():
+            key = tuple(None if i in free else c for i, c in enumerate(full))
+            if rank < table.get(key, rank + 1):
+                table[key] = rank
+        tables[free] = table
+    owner: int = table[coord]
+    return owner
+
+
+def _indexed_plans(
+    nested_path: NestedPath,
+    target: DTensorShardingMetadata,
+    src_md: DTensorShardingMetadata,
+    rank: int,
+    stats: PlanStats,
+) -> list[LoadPlan] | None:
+    fqn = dotted_key(nested_path)
+    _check_global_shape(fqn, src_md, target)
+    target_runs = compute_local_runs(target, rank)
+    target_numel = _numel(target_runs)
+    if target_numel == 0:
+        return []
+    blocks = sorted(
+        (_replica_owner(src_md, coord), segments) for coord, segments in _overlapping_blocks(src_md, target_runs, stats)
+    )
+    plans: list[LoadPlan] = []
+    for src_rank, segments in blocks:
+        stats.sources += 1
+        plans.extend(_block_plans(fqn, target_runs, src_rank, src_md, tuple(_to_runs(s) for s in segments)))
+    covered = sum(p.numel for p in plans)
+    return plans if covered == target_numel else None
+
+
+def compute_load_plans(
+    nested_path: NestedPath,
+    target: DTensorShardingMetadata,
+    source_groups: list[Any],
+    rank: int,
+    stats: PlanStats | None = None,
+) -> list[LoadPlan] | None:
+    """Plans filling `rank`'s local shard of `target` from the source ranks; None if they cannot cover it.
+
+    Source ranks holding identical index sets (replicas) are read once, from the lowest rank. When one
+    group holds every rank of its mesh (every real save) only the source blocks meeting the target are
+    visited, found by division along each mesh dimension: the work per target rank follows how many source
+    blocks it overlaps, not how many source ranks there are.
+    """
+    stats = stats if stats is not None else PlanStats()
+    src_md = _indexable(source_groups)
+    if src_md is None:
+        return _brute_force_plans(nested_path, target, source_groups, rank, stats)
+    return _indexed_plans(nested_path, target, src_md, rank, stats)
 
 
 def plan_resharding(
     target_metadata: Mapping[NestedPath, ShardingMetadata],
     source_metadata: DistributedItemMetadata,
     rank: int,
+    stats: PlanStats | None = None,
 ) -> ReshardingInfo:
+    """One item's plans for one target rank; `stats` (if given) accumulates the planner's work."""
+    stats = stats if stats is not None else PlanStats()
     info = ReshardingInfo()
     for path, target in target_metadata.items():
         groups = source_metadata.nested_path_to_metadata.get(tuple(path))
@@ -217,7 +425,7 @@ def plan_resharding(
         if target.mesh_spec.get_coordinate(rank) is None:
             info.nested_path_to_load_plans[path] = []  # this rank holds no part of the target
             continue
-        plans = compute_load_plans(path, target, groups, rank)
+        plans = compute_load_plans(path, target, groups, rank, stats)
         if plans is None:
             info.non_reshardable_paths.append(path)
         else:
