@@ -1,6 +1,7 @@
 """Where an item lands on disk (`LayoutInfo`) and how it is encoded (`SerializationFormat`).
 
-These are declarations only; encoding and decoding live in `encoding.py`.
+These are declarations only; each format's codec (encode, decode, open as a resharding source) lives in
+`codecs.py`.
 """
 
 from __future__ import annotations
@@ -129,6 +130,12 @@ def serialization_format_from_dict(d: dict[str, Any]) -> SerializationFormat:
     if fmt is None:
         raise ValueError(f"Unknown SerializationFormat type: {d.get('type')}")
     return fmt.from_dict(d)
+
+
+def untrusted_format_from_dict(d: dict[str, Any]) -> SerializationFormat:
+    """A format as a checkpoint records it, with any JSON class name dropped: checkpoint data is untrusted
+    input, so nothing named in it is imported (such items load as plain JSON)."""
+    return serialization_format_from_dict({k: v for k, v in d.items() if k != "cls"})
 
 
 @dataclass(frozen=True)

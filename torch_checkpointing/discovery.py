@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo, serialization_format_from_dict
+from torch_checkpointing.checkpoint_layout import LayoutInfo, untrusted_format_from_dict
+from torch_checkpointing.errors import IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest, read_manifest
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -29,6 +30,7 @@ __all__ = [
     "Leftover",
     "OwnerLock",
     "checkpoint_info",
+    "committed_manifest",
     "latest_checkpoint",
     "list_checkpoints",
     "list_leftovers",
@@ -123,6 +125,17 @@ def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
     except RuntimeError as exc:
         logger.debug("Skipping %s: %s", path, exc)
         return None
+
+
+def committed_manifest(storage: Storage, path: Path) -> Manifest:
+    """The manifest of the committed checkpoint at `path`, for a caller that needs one: a missing directory is
+    a FileNotFoundError, a directory without a manifest an `IncompleteCheckpointError`, both naming `path`."""
+    if not storage.isdir(path):
+        raise FileNotFoundError(f"Checkpoint path {path} does not exist.")
+    manifest = read_manifest(storage, path)
+    if manifest is None:
+        raise IncompleteCheckpointError(f"{path}: no {MANIFEST_FILE_NAME}: not a checkpoint")
+    return manifest
 
 
 def _commit_time(storage: Storage, path: Path, manifest: Manifest) -> float | None:
@@ -333,14 +346,7 @@ def self_describing_layouts(
     from that one record. JSON items come back as plain JSON: a recorded class name is never imported (the
     manifest is untrusted input). `keys` restricts the result and names the checkpoint's keys on a typo.
     """
-    from torch_checkpointing.errors import IncompleteCheckpointError
-
-    root = Path(checkpoint_id)
-    if not storage.isdir(root):
-        raise FileNotFoundError(f"Checkpoint path {checkpoint_id} does not exist.")
-    manifest = read_manifest(storage, root)
-    if manifest is None:
-        raise IncompleteCheckpointError(f"{checkpoint_id}: no {MANIFEST_FILE_NAME}: not a checkpoint")
+    manifest = committed_manifest(storage, Path(checkpoint_id))
     available = sorted(manifest.keys())
     wanted = available if keys is None else keys
     unknown = [k for k in wanted if k not in available]
@@ -364,8 +370,5 @@ def self_describing_layouts(
                     f"{rank}; load it with into= and a resharder, or on {manifest.world_size} rank(s)."
                 )
             record = owners[0]
-        fmt_dict = dict(record.format)
-        if fmt_dict.get("type") == JsonSerialization.__name__:
-            fmt_dict.pop("cls", None)
-        out[key] = LayoutInfo(record.path, serialization_format_from_dict(fmt_dict))
+        out[key] = LayoutInfo(record.path, untrusted_format_from_dict(record.format))
     return out

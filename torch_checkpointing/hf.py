@@ -24,22 +24,16 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.checkpoint_layout import serialization_format_from_dict
-from torch_checkpointing.discovery import default_storage
+from torch_checkpointing.checkpoint_layout import untrusted_format_from_dict
+from torch_checkpointing.codecs import SAFETENSORS_DTYPES
+from torch_checkpointing.discovery import committed_manifest, default_storage
 from torch_checkpointing.distributed_metadata import DistributedItemMetadata, load_distributed_metadata
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, get_device_mesh_spec
 from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs
-from torch_checkpointing.errors import IncompleteCheckpointError, TemplateMismatchError
-from torch_checkpointing.manifest import MANIFEST_FILE_NAME, Manifest, read_manifest
-from torch_checkpointing.source_reader import (
-    SAFETENSORS_DTYPES,
-    ReadStats,
-    SourceFile,
-    dotted_key,
-    open_flat_tensors,
-    open_source_file,
-)
+from torch_checkpointing.errors import TemplateMismatchError
+from torch_checkpointing.source_reader import ReadStats, SourceFile, open_flat_tensors, open_source_file
 from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves, local_tensor
 from torch_checkpointing.types import NestedPath
 
 __all__ = ["INDEX_FILE_NAME", "ExportReport", "export_hf", "import_hf", "iter_item_tensors", "parse_size"]
@@ -100,13 +94,13 @@ class _ItemSource:
 
     def __init__(self, storage: Storage, checkpoint: Path, key: str, rank: int | None) -> None:
         self.storage, self.checkpoint, self.key = storage, checkpoint, key
-        manifest = _committed_manifest(storage, checkpoint)
+        manifest = committed_manifest(storage, checkpoint)
         records = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
         if not records:
             raise KeyError(f"Checkpoint {checkpoint} has no item '{key}'; it holds {sorted(manifest.keys())}.")
         metadata = load_distributed_metadata(checkpoint, storage)
         self.item_metadata: DistributedItemMetadata | None = metadata.metadata.get(key) if metadata else None
-        self._formats = {r.rank: serialization_format_from_dict(_safe_format(r.format)) for r in records}
+        self._formats = {r.rank: untrusted_format_from_dict(r.format) for r in records}
         self._paths = {r.rank: r.path for r in records}
         if rank is not None and rank not in self._paths:
             raise ValueError(f"Item '{key}' has no file of rank {rank}; ranks: {sorted(self._paths)}")
@@ -205,20 +199,6 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def _safe_format(fmt: dict[str, Any]) -> dict[str, Any]:
-    """The recorded format without a JSON class to import: checkpoint metadata is untrusted input."""
-    return {k: v for k, v in fmt.items() if k != "cls"}
-
-
-def _committed_manifest(storage: Storage, checkpoint: Path) -> Manifest:
-    if not storage.isdir(checkpoint):
-        raise FileNotFoundError(f"Checkpoint path {checkpoint} does not exist.")
-    manifest = read_manifest(storage, checkpoint)
-    if manifest is None:
-        raise IncompleteCheckpointError(f"{checkpoint}: no {MANIFEST_FILE_NAME}: not a checkpoint")
-    return manifest
-
-
 def iter_item_tensors(
     checkpoint: str | os.PathLike[str], key: str, *, rank: int | None = None, storage: Storage | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -301,21 +281,10 @@ def _hf_files(directory: Path) -> dict[str, str]:
         return dict.fromkeys(f.keys(), files[0].name)
 
 
-def _leaves(template: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """(dotted name, tensor) for every tensor leaf of a template."""
-    items: Iterator[tuple[Any, Any]]
-    if isinstance(template, Mapping):
-        items = iter(template.items())
-    elif isinstance(template, list):
-        items = iter(enumerate(template))
-    else:
-        return
-    for k, v in items:
-        name = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, torch.Tensor):
-            yield name, v
-        else:
-            yield from _leaves(v, name)
+def _leaves(template: Any) -> list[tuple[str, torch.Tensor]]:
+    """(dotted name, tensor) for every tensor leaf of a template, named as a checkpoint's safetensors file
+    would name it."""
+    return [(dotted_key(path), leaf) for path, leaf in iter_leaves(template) if isinstance(leaf, torch.Tensor)]
 
 
 def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
@@ -335,7 +304,7 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
             with safe_open(str(base / shard), framework="pt", device="cpu") as f:
                 out.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 (a safe_open handle)
         return out
-    leaves = list(_leaves(into))
+    leaves = _leaves(into)
     missing = sorted(name for name, _ in leaves if name not in files)
     if missing:
         raise TemplateMismatchError(f"{directory} has no tensor(s) {missing[:10]} (of {len(missing)} missing)")
@@ -364,10 +333,8 @@ def _check_fits(name: str, shape: tuple[int, ...], st_dtype: str, leaf: torch.Te
 
 
 def _fill(sl: Any, leaf: torch.Tensor) -> None:
-    from torch.distributed.tensor import DTensor
-
     with torch.no_grad():
-        if not isinstance(leaf, DTensor):
+        if not is_dtensor(leaf):
             leaf.copy_(sl[tuple(slice(0, n) for n in leaf.shape)] if leaf.dim() else sl[...])
             return
         import torch.distributed as dist
@@ -375,8 +342,7 @@ def _fill(sl: Any, leaf: torch.Tensor) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0
         md = DTensorShardingMetadata.from_dtensor(leaf)
         runs = compute_local_runs(md, rank)
-        local = leaf._local_tensor
-        _copy_runs(sl, runs, local)
+        _copy_runs(sl, runs, local_tensor(leaf))
 
 
 def _copy_runs(sl: Any, runs: tuple[list[Any], ...], local: torch.Tensor) -> None:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["from_jsonable", "to_jsonable"]
 
 
 def to_jsonable(value: Any) -> Any:
-    """Dataclass instances become dicts (recursively); everything else is left to `json`."""
+    """Dataclass instances and every Mapping become dicts, lists and tuples lists (recursively); leaves are
+    left to `json`, which refuses what it cannot write."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]

@@ -8,49 +8,37 @@ from typing import Any
 import torch
 
 from torch_checkpointing.staging import tensor_for_write
+from torch_checkpointing.traversal import dotted_key, iter_leaves, join_key
 from torch_checkpointing.walk_utils import MISSING
 
 __all__ = ["flatten_tensors", "unflatten_to_target"]
-
-
-def _join(prefix: str, part: object) -> str:
-    return f"{prefix}.{part}" if prefix else str(part)
 
 
 def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
     """Dotted keys for every tensor leaf; DTensors become their local shard; every tensor contiguous."""
     flat: dict[str, torch.Tensor] = {}
     seen_storage: set[tuple[int, int]] = set()
-
-    def visit(prefix: str, value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            value = tensor_for_write(value).contiguous()
-            if value.device.type != "cpu":
-                value = value.cpu()
-            storage_id = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
-            if value.numel() and storage_id in seen_storage:
-                value = value.clone()  # safetensors refuses tensors that share memory (tied weights)
-            seen_storage.add(storage_id)
-            if prefix in flat:
-                raise ValueError(
-                    f"SafetensorsSerialization: two leaves of item '{item_key}' flatten to the same key "
-                    f"{prefix!r}; rename the dict keys so that no key contains the '.' separator."
-                )
-            flat[prefix] = value
-        elif isinstance(value, Mapping):
-            for k, v in value.items():
-                visit(_join(prefix, k), v)
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                visit(_join(prefix, i), v)
-        else:
+    for path, value in iter_leaves(data):
+        name = dotted_key(path)
+        if not isinstance(value, torch.Tensor):
             raise ValueError(
                 f"SafetensorsSerialization only supports tensor values, but key "
-                f"'{_join(item_key, prefix) if prefix else item_key}' "
+                f"'{join_key(item_key, name) if name else item_key}' "
                 f"has type '{type(value).__name__}'. Use TorchSerialization or JsonSerialization for non-tensor data."
             )
-
-    visit("", data)
+        value = tensor_for_write(value).contiguous()
+        if value.device.type != "cpu":
+            value = value.cpu()
+        storage_id = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
+        if value.numel() and storage_id in seen_storage:
+            value = value.clone()  # safetensors refuses tensors that share memory (tied weights)
+        seen_storage.add(storage_id)
+        if name in flat:
+            raise ValueError(
+                f"SafetensorsSerialization: two leaves of item '{item_key}' flatten to the same key "
+                f"{name!r}; rename the dict keys so that no key contains the '.' separator."
+            )
+        flat[name] = value
     return flat
 
 
@@ -92,12 +80,12 @@ def _unflatten(flat: Mapping[str, Any], target: Any, prefix: str, used: set[str]
     if isinstance(target, Mapping):
         out: dict[Any, Any] = {}
         for k, t in target.items():
-            v = _unflatten(flat, t, _join(prefix, k), used)
+            v = _unflatten(flat, t, join_key(prefix, k), used)
             if v is not MISSING:
                 out[k] = v
         return out
     if isinstance(target, (list, tuple)):
-        return [_unflatten(flat, t, _join(prefix, i), used) for i, t in enumerate(target)]
+        return [_unflatten(flat, t, join_key(prefix, i), used) for i, t in enumerate(target)]
     if prefix in flat:
         used.add(prefix)
         return flat[prefix]

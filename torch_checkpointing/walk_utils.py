@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from torch_checkpointing.errors import TemplateMismatchError
+from torch_checkpointing.traversal import local_tensor
 from torch_checkpointing.types import CheckpointPath, NestedPath
 
 __all__ = ["MISSING", "check_tensor_fits", "copy_tensor_into", "walk_checkpoint_structure"]
@@ -31,18 +32,10 @@ _STRINGS = (str, bytes, bytearray)
 LeafFn = Callable[[CheckpointPath, Any, Any], Any]
 
 
-def _is_dtensor(x: Any) -> bool:
-    return type(x).__name__ == "DTensor" and hasattr(x, "to_local")
-
-
-def _local(x: torch.Tensor) -> torch.Tensor:
-    return x.to_local() if _is_dtensor(x) else x  # type: ignore[attr-defined]
-
-
 def copy_tensor_into(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """`target.copy_(source)` after checking shape and dtype; DTensors are copied through their local shards."""
     check_tensor_fits(where, source, target)
-    src, dst = _local(source), _local(target)
+    src, dst = local_tensor(source), local_tensor(target)
     with torch.no_grad():
         dst.copy_(src)
     return target
@@ -157,7 +150,7 @@ class _Walker:
 
 def check_tensor_fits(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> None:
     """Raise `TemplateMismatchError` unless `source` can be copied into `target` as it is."""
-    src, dst = _local(source), _local(target)
+    src, dst = local_tensor(source), local_tensor(target)
     if src.shape != dst.shape:
         raise TemplateMismatchError(
             f"Shape mismatch at {where}: checkpoint holds {tuple(src.shape)}, template has {tuple(dst.shape)}. "

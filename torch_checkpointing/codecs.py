@@ -1,0 +1,333 @@
+"""One codec per serialization format: how an item value is encoded to its file, decoded back, and opened as a
+resharding source. The registry is keyed by format type; nothing else in the engine branches on the format.
+
+A new format is a `SerializationFormat` declaration in `checkpoint_layout.py` plus a `Codec` here, registered in
+`CODECS`. The sync writer, the background writer process, the loader, the resharders and the exporters all
+reach the format through `codec_for`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
+
+from torch_checkpointing.checkpoint_layout import (
+    JsonSerialization,
+    RawSerialization,
+    SafetensorsSerialization,
+    SerializationFormat,
+    TorchSerialization,
+)
+from torch_checkpointing.errors import CorruptCheckpointError, RefusedPickleError
+from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
+from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
+from torch_checkpointing.staging import resolve_lazy_tensors
+from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.traversal import children, join_key
+
+if TYPE_CHECKING:
+    from torch_checkpointing.source_reader import ReadStats, SourceFile
+
+__all__ = [
+    "CODECS",
+    "SAFETENSORS_DTYPES",
+    "TRUST_HINT",
+    "Codec",
+    "codec_for",
+    "dtype_from_name",
+    "load_torch",
+    "read_safetensors",
+]
+
+TRUST_HINT = (
+    "If you trust this checkpoint, opt in to arbitrary objects with "
+    "CheckpointManager.Config(load=CheckpointLoaderConfig(weights_only=False)), or allow the listed classes "
+    "with torch.serialization.add_safe_globals([...])."
+)
+_RESHARD_HINT = "Keep resharded items to tensors, DTensors and plain containers/scalars."
+
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+"""safetensors' header dtype names (`"BF16"`) to torch dtypes: the one table for every safetensors reader."""
+
+
+def dtype_from_name(name: str) -> torch.dtype | None:
+    """The torch dtype `str(dtype)` or its short form names (`"torch.bfloat16"`, `"bfloat16"`), else None."""
+    value = getattr(torch, name.removeprefix("torch."), None)
+    return value if isinstance(value, torch.dtype) else None
+
+
+class Codec(ABC):
+    """How one serialization format writes, reads, and serves block reads of an item file."""
+
+    @abstractmethod
+    def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
+        """Write `value` to `stream`; a value the format cannot hold raises ValueError/TypeError naming `key`."""
+
+    @abstractmethod
+    def decode(
+        self,
+        fmt: SerializationFormat,
+        storage: Storage,
+        path: Path,
+        key: str,
+        *,
+        template: Any = None,
+        map_location: Any = None,
+        weights_only: bool = True,
+        use_mmap: bool = True,
+    ) -> Any:
+        """Read one item file back whole."""
+
+    @abstractmethod
+    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+        """Open one source rank's file for block reads; nothing is read eagerly beyond headers where the format
+        allows it."""
+
+
+def load_torch(
+    storage: Storage,
+    path: Path,
+    *,
+    what: str,
+    hint: str = TRUST_HINT,
+    map_location: Any = None,
+    weights_only: bool = True,
+    use_mmap: bool = True,
+) -> Any:
+    """`torch.load` of one file: memory-mapped where the storage has a local path (and `use_mmap`), else from
+    its bytes. A refusal by torch's safe loader is a `RefusedPickleError` naming `what`, the file and `hint`."""
+    local = storage.local_path(path) if use_mmap else None
+    try:
+        if local is not None:
+            try:
+                return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
+            except RuntimeError as exc:
+                if "mmap" not in str(exc):  # only legacy (non-zip) files refuse mmap; re-raise the rest
+                    raise
+        return torch.load(io.BytesIO(storage.read(path)), map_location=map_location, weights_only=weights_only)
+    except pickle.UnpicklingError as exc:
+        if not weights_only:
+            raise
+        raise RefusedPickleError(
+            f"Refused to load {what} from {path} with torch's safe loader (weights_only=True): {exc}\n{hint}"
+        ) from exc
+
+
+def read_safetensors(storage: Storage, path: Path, key: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file on the CPU under its stored name (mapped where the storage has a
+    local path); an unreadable file is a `CorruptCheckpointError` naming `key` and the file."""
+    local = storage.local_path(path)
+    try:
+        if local is not None:
+            with safe_open(local, framework="pt", device="cpu") as f:
+                return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (a safe_open handle)
+        return safetensors_load(storage.read(path))
+    except (SafetensorError, ValueError, OverflowError) as exc:
+        raise CorruptCheckpointError(f"File {path} for item '{key}' is not a readable safetensors file: {exc}") from exc
+
+
+class TorchCodec(Codec):
+    """`torch.save`; read back with torch's safe loader unless the caller trusts the file."""
+
+    def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
+        torch.save(resolve_lazy_tensors(value), stream)
+
+    def decode(
+        self,
+        fmt: SerializationFormat,
+        storage: Storage,
+        path: Path,
+        key: str,
+        *,
+        template: Any = None,
+        map_location: Any = None,
+        weights_only: bool = True,
+        use_mmap: bool = True,
+    ) -> Any:
+        return load_torch(
+            storage, path, what=f"item '{key}'", map_location=map_location, weights_only=weights_only, use_mmap=use_mmap
+        )
+
+    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+        from torch_checkpointing.source_reader import _TorchSourceFile
+
+        value = load_torch(storage, path, what="a resharding source", hint=_RESHARD_HINT, map_location="cpu")
+        return _TorchSourceFile(value, stats)
+
+
+class JsonCodec(Codec):
+    """Pretty-printed JSON with sorted keys; a declared dataclass is rebuilt on read."""
+
+    def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
+        jsonable = to_jsonable(value)
+        _check_json_keys(key, jsonable, "")
+        try:
+            text = json.dumps(jsonable, sort_keys=True, indent=4)
+        except TypeError as exc:
+            raise TypeError(
+                f"JsonSerialization cannot encode item '{key}': {exc}. Store JSON-compatible data "
+                f"(dict, list, str, int, float, bool, None, dataclasses) or use TorchSerialization."
+            ) from exc
+        stream.write(text.encode("utf-8"))
+
+    def decode(
+        self,
+        fmt: SerializationFormat,
+        storage: Storage,
+        path: Path,
+        key: str,
+        *,
+        template: Any = None,
+        map_location: Any = None,
+        weights_only: bool = True,
+        use_mmap: bool = True,
+    ) -> Any:
+        data = _json_loads(storage.read(path), path, key)
+        cls = fmt.cls if isinstance(fmt, JsonSerialization) else None
+        return data if cls is None else from_jsonable(cls, data, f"item '{key}'")
+
+    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+        return _no_tensors()
+
+
+class RawCodec(Codec):
+    """Bytes written and read as they are."""
+
+    def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
+        if not isinstance(value, bytes):
+            raise ValueError(
+                f"RawSerialization requires bytes, but key '{key}' has type '{type(value).__name__}'. "
+                f"Encode the value to bytes first, or use another serialization format."
+            )
+        stream.write(value)
+
+    def decode(
+        self,
+        fmt: SerializationFormat,
+        storage: Storage,
+        path: Path,
+        key: str,
+        *,
+        template: Any = None,
+        map_location: Any = None,
+        weights_only: bool = True,
+        use_mmap: bool = True,
+    ) -> Any:
+        return storage.read(path)
+
+    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+        return _no_tensors()
+
+
+class SafetensorsCodec(Codec):
+    """Tensor-only files keyed by dotted keys; re-nested against the caller's template on read."""
+
+    def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
+        metadata = fmt.metadata if isinstance(fmt, SafetensorsSerialization) else None
+        stream.write(safetensors_save(flatten_tensors(value, key), metadata=metadata))
+
+    def decode(
+        self,
+        fmt: SerializationFormat,
+        storage: Storage,
+        path: Path,
+        key: str,
+        *,
+        template: Any = None,
+        map_location: Any = None,
+        weights_only: bool = True,
+        use_mmap: bool = True,
+    ) -> Any:
+        if map_location is not None and not isinstance(map_location, (str, torch.device)):
+            raise ValueError(
+                f"SafetensorsSerialization map_location must be a str or torch.device, got "
+                f"{type(map_location).__name__} (item '{key}')."
+            )
+        device = str(map_location) if map_location is not None else "cpu"
+        flat = read_safetensors(storage, path, key)
+        if device != "cpu":
+            flat = {k: v.to(device) for k, v in flat.items()}
+        return flat if template is None else unflatten_to_target(flat, template)
+
+    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+        from torch_checkpointing.source_reader import _SafetensorsLocalFile, _SafetensorsRangeFile
+
+        local = storage.local_path(path)
+        if local is not None:
+            return _SafetensorsLocalFile(local, stats)
+        return _SafetensorsRangeFile(storage, path, stats)
+
+
+CODECS: Mapping[type[SerializationFormat], Codec] = {
+    TorchSerialization: TorchCodec(),
+    JsonSerialization: JsonCodec(),
+    RawSerialization: RawCodec(),
+    SafetensorsSerialization: SafetensorsCodec(),
+}
+
+
+def codec_for(fmt: SerializationFormat, key: str | None = None) -> Codec:
+    """The codec of `fmt`'s type (or of the nearest registered base class); an unregistered format is a
+    ValueError naming its type and, where given, the item key."""
+    for cls in type(fmt).__mro__:
+        codec = CODECS.get(cls)
+        if codec is not None:
+            return codec
+    where = f" for key '{key}'" if key is not None else ""
+    raise ValueError(
+        f"Unsupported serialization format{where}: {type(fmt).__name__}. Use one of "
+        f"{', '.join(f.__name__ for f in CODECS)}."
+    )
+
+
+def _no_tensors() -> SourceFile:
+    from torch_checkpointing.source_reader import _EmptySourceFile
+
+    return _EmptySourceFile()
+
+
+def _json_loads(data: bytes, path: Path, key: str) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptCheckpointError(
+            f"File {path} for item '{key}' is not valid JSON ({type(exc).__name__}: {exc})."
+        ) from None
+
+
+def _check_json_keys(key: str, value: Any, where: str) -> None:
+    """JSON object keys are strings: an int key would come back as a str and silently miss its template slot."""
+    for k, v in children(value):
+        if isinstance(value, dict) and not isinstance(k, str):
+            raise TypeError(
+                f"JsonSerialization cannot encode item '{key}': dict key {k!r} at '{join_key(where, k)}' is a "
+                f"{type(k).__name__}, and JSON keys are strings (it would load back as {str(k)!r}). Use str keys, "
+                f"or TorchSerialization for dicts with non-str keys."
+            )
+        _check_json_keys(key, v, join_key(where, k))

@@ -1,0 +1,154 @@
+"""Walking nested state: which values are containers, how a position is named, and what a DTensor holds here.
+
+Every module that visits a state tree goes through this one, so that the save side, the load side, the
+resharders and the exporters agree on three rules:
+
+* containers are any `Mapping` (children in `items()` order) and `list`/`tuple` (children by index, named
+  tuples and `torch.Size` included); everything else is a leaf, tensors and DTensors too;
+* a position's dotted key joins its path components with `.`, with no leading dot while the key so far is
+  empty. This is an on-disk contract: safetensors files are keyed by it, so it must never change;
+* a DTensor's data on this rank is its local shard (`local_tensor`), read through DTensor's public API.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+import torch
+
+from torch_checkpointing.types import NestedPath
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+__all__ = [
+    "any_leaf",
+    "children",
+    "dotted_key",
+    "flatten",
+    "get_path",
+    "is_container",
+    "is_dtensor",
+    "iter_leaves",
+    "join_key",
+    "local_tensor",
+    "map_leaves",
+]
+
+
+def is_container(value: Any) -> bool:
+    """Whether the walk descends into `value` (a Mapping, list or tuple)."""
+    return isinstance(value, (Mapping, list, tuple))
+
+
+def children(value: Any) -> Iterable[tuple[Any, Any]]:
+    """`(key or index, child)` pairs of a container, in order; nothing for a leaf."""
+    if isinstance(value, Mapping):
+        return value.items()
+    if isinstance(value, (list, tuple)):
+        return enumerate(value)
+    return ()
+
+
+def iter_leaves(value: Any, path: NestedPath = ()) -> Iterator[tuple[NestedPath, Any]]:
+    """`(path, leaf)` for every leaf under `value`, depth first in container order. Empty containers yield
+    nothing; a bare leaf yields itself at `path`."""
+    if not is_container(value):
+        yield path, value
+        return
+    for k, v in children(value):
+        yield from iter_leaves(v, (*path, k))
+
+
+def join_key(prefix: str, part: object) -> str:
+    """One step of the dotted-key rule: `prefix.part`, or `part` alone while `prefix` is empty."""
+    return f"{prefix}.{part}" if prefix else str(part)
+
+
+def dotted_key(path: NestedPath) -> str:
+    """The dotted key of a nested path (`("a", 0, "b")` -> `"a.0.b"`, `()` -> `""`): the name safetensors
+    files store the leaf under."""
+    return functools.reduce(join_key, path, "")
+
+
+def flatten(value: Any, keep: Callable[[Any], bool] | None = None) -> dict[str, Any]:
+    """Every leaf (or every leaf `keep` accepts) under its dotted key, DTensors as their local shards.
+
+    Dotted keys of distinct paths can be equal (a dict key holding a dot): the later leaf wins here; the
+    safetensors encoder refuses such a tree instead.
+    """
+    return {dotted_key(path): local_tensor(leaf) for path, leaf in iter_leaves(value) if keep is None or keep(leaf)}
+
+
+def get_path(value: Any, path: NestedPath) -> Any:
+    """The value at `path`, or None where a component is absent (a missing key, an index out of range, a
+    non-int index into a list, a path running through a leaf)."""
+    node = value
+    for comp in path:
+        if isinstance(node, Mapping):
+            if comp not in node:
+                return None
+            node = node[comp]
+        elif isinstance(node, (list, tuple)) and isinstance(comp, int) and -len(node) <= comp < len(node):
+            node = node[comp]
+        else:
+            return None
+    return node
+
+
+def any_leaf(value: Any, pred: Callable[[Any], bool]) -> bool:
+    """Whether `pred` holds for some leaf (stops at the first)."""
+    return any(pred(leaf) for _, leaf in iter_leaves(value))
+
+
+def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """`value` with containers rebuilt and `fn` applied to every leaf.
+
+    Plain dicts, lists and tuples come back as such; other containers (OrderedDict, named tuples, custom
+    Mappings) keep their type where it can be rebuilt from its items, else become a dict or list.
+    """
+    if isinstance(value, Mapping):
+        items = {k: map_leaves(v, fn) for k, v in value.items()}
+        return items if type(value) is dict else _rebuild(value, items)
+    if isinstance(value, (list, tuple)):
+        items_list = [map_leaves(v, fn) for v in value]
+        return type(value)(items_list) if type(value) in (list, tuple) else _rebuild(value, items_list)
+    return fn(value)
+
+
+def _rebuild(original: Any, items: Any) -> Any:
+    try:
+        if isinstance(original, tuple) and hasattr(original, "_fields"):
+            return type(original)(*items)
+        return type(original)(items)
+    except Exception:  # a container type that cannot be built from its items: the plain equivalent serves
+        return dict(items) if isinstance(items, dict) else list(items)
+
+
+@functools.cache
+def _dtensor_type() -> type | None:
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
+    """Whether `value` is a DTensor (False where this torch build has no distributed support)."""
+    dtensor = _dtensor_type()
+    return dtensor is not None and isinstance(value, dtensor)
+
+
+def local_tensor(value: Any) -> Any:
+    """A DTensor's local shard (the tensor sharing its memory, not a copy); any other value unchanged.
+
+    `to_local()` under no_grad is the DTensor's own local tensor: no autograd view is built, so what the
+    caller copies into or out of is the shard itself.
+    """
+    if not is_dtensor(value):
+        return value
+    with torch.no_grad():
+        return value.to_local()
