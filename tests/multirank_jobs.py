@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.memory_storage import Control, RecordingStorageConfig
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -85,23 +88,32 @@ def commit_protocol(root: str) -> dict[str, Any]:
 
 
 def dead_rank(root: str) -> dict[str, Any]:
-    """Rank 1 never calls save(): the others fail within the timeout, naming it, and nothing is committed."""
+    """Rank 1 agrees on the plan, then its write hangs: the others fail within the timeout, naming it, and
+    nothing is committed. (Rank 1's storage blocks in its item file until long after the others gave up.)"""
     rank = dist.get_rank()
     cfg = _config(False)
     cfg.save.wait_timeout_secs = 5
+    control = Control(Path(root) / f"control_{rank}")
+    cfg.storage_config = RecordingStorageConfig(control_dir=str(control.root))
+    blocked_in: list[int] = []
+    if rank == 1:
+        control.block("x_1.pt")
+
+        def release_later() -> None:  # once the others have given up
+            blocked_in.append(control.wait_blocked())
+            time.sleep(8)
+            control.reset()
+
+        threading.Thread(target=release_later, daemon=True).start()
     manager = CheckpointManager(cfg)
     out: dict[str, Any] = {"rank": rank}
     target = Path(root) / "ck"
     try:
-        if rank == 1:
-            manager._plan(str(target), {"x": torch.ones(1)})  # joins the plan's collective, then never writes
-            out["error"] = "rank 1 skipped the write"
-            time.sleep(8)
-        else:
-            manager.save(str(target), {"x": torch.ones(1)})
-            out["error"] = None
+        manager.save(str(target), {"x": torch.ones(1)})
+        out["error"] = None
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
+    out["blocked"] = blocked_in == [os.getpid()]  # rank 1's write did hang, in this (the sync saver's) process
     out["exists"] = target.exists()
     return out
 

@@ -150,7 +150,7 @@ def _kill_writer_at(manager: CheckpointManager, control: Control, path: Path, wh
     control.block(what)
     fut = manager.save(str(path), _payload(tag))
     pid = control.wait_blocked()
-    assert pid == manager._saver.process.pid
+    assert pid == manager.writer_pid
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(Exception) as info:
         fut.result(timeout=RESULT_TIMEOUT)

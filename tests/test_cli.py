@@ -272,14 +272,12 @@ def test_tables_use_rich_on_a_terminal_and_plain_text_without_it(monkeypatch: py
     pytest.importorskip("rich")
     tty = _Tty()
     ui = Ui(json_mode=False, plain=False, out=tty)  # type: ignore[arg-type]
-    assert ui._rich is not None
     ui.table("T", ["A", "B"], [["x", 1]])
     assert "x" in tty.buffer.getvalue() and "│" in tty.buffer.getvalue()
     monkeypatch.setitem(sys.modules, "rich", None)  # as if the [cli] extra were not installed
     monkeypatch.setitem(sys.modules, "rich.console", None)
     tty = _Tty()
     ui = Ui(json_mode=False, plain=False, out=tty)  # type: ignore[arg-type]
-    assert ui._rich is None
     ui.table("T", ["A", "B"], [["x", 1]])
     assert tty.buffer.getvalue() == "T:\n  A  B\n  x  1\n"
 

@@ -20,6 +20,7 @@ from torch_checkpointing.checkpoint_layout import (
     SafetensorsSerialization,
 )
 from torch_checkpointing.discovery import (
+    Leftover,
     OwnerLock,
     checkpoint_info,
     latest_checkpoint,
@@ -128,12 +129,21 @@ def test_owner_lock_tells_live_from_dead_temporaries(tmp_path: Path, monkeypatch
 
 
 def test_manager_holds_its_owner_lock_while_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save's temporary directory reads as owned by a live job while its manager is open, and not after."""
     monkeypatch.setenv("TORCH_CHECKPOINTING_LOCK_DIR", str(tmp_path / "locks"))
-    m = _manager()
-    uid = m._ctx.uid
-    assert owner_alive(uid) is True
+    root = tmp_path / "root"
+    during_save: list[Leftover] = []
+    cfg = CheckpointManager.Config.with_sync_save()
+    cfg.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    cfg.pre_finalize_callback = lambda checkpoint_id, _: during_save.extend(list_leftovers(root))
+    m = CheckpointManager(cfg)
+    m.save(str(root / "ck"), {"x": 1})
+    (tmp,) = during_save  # the files are written, the commit has not renamed the directory yet
+    assert (tmp.kind, tmp.checkpoint_name, tmp.owner_alive) == ("temporary", "ck", True)
+    Path(tmp.path).mkdir()  # the same name again, as a crash would have left it
+    assert [d.owner_alive for d in list_leftovers(root)] == [True]
     m.close()
-    assert owner_alive(uid) is None
+    assert [d.owner_alive for d in list_leftovers(root)] == [None]  # the lock file went with the manager
 
 
 # ------------------------------------------------------------------------------------------ self-describing loads

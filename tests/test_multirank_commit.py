@@ -62,6 +62,8 @@ def test_a_rank_that_never_writes_fails_the_save_everywhere_naming_it(results: l
         assert not dead["exists"], "a partial checkpoint became visible"
         if r["rank"] != 1:
             assert "rank(s) [1]" in dead["error"], dead["error"]
+        else:
+            assert dead["blocked"], "rank 1's write never reached the blocking storage"
 
 
 def test_manifest_records_world_size(results: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> None:

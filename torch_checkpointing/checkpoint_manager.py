@@ -150,6 +150,15 @@ class CheckpointManager:
     def rank_info(self) -> Any:
         return self._ctx.rank_info
 
+    @property
+    def writer_pid(self) -> int | None:
+        """The async writer process's pid, for monitoring it (memory, CPU, affinity) like any other process.
+
+        None with sync saves, and while the writer is starting. A writer that dies is replaced, so read this
+        again rather than keep it.
+        """
+        return self._saver.process.pid if isinstance(self._saver, AsyncCheckpointSaver) else None
+
     def save(
         self,
         checkpoint_id: str,
