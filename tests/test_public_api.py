@@ -160,3 +160,24 @@ def test_import_starts_no_process_and_no_thread() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_writer_pid_names_the_async_writer_process(tmp_path: Any) -> None:
+    """The read-only pid for monitoring: the writer process of an async manager, None for a sync one."""
+    import os
+
+    from torch_checkpointing import CheckpointManager, LocalFileSystemStorageConfig
+
+    storage = LocalFileSystemStorageConfig(use_direct_io=False)
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as sync_manager:
+        assert sync_manager.writer_pid is None
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = storage
+    with CheckpointManager(config) as manager:
+        written = manager.save(str(tmp_path / "step_1"), {"x": 1})
+        assert written is not None
+        written.result(timeout=120)  # the writer is up: it wrote this checkpoint
+        pid = manager.writer_pid
+        assert isinstance(pid, int) and pid != os.getpid()
+        with open(f"/proc/{pid}/stat") as stat:  # a child of this process (the spawned writer)
+            assert int(stat.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
