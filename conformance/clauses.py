@@ -50,8 +50,11 @@ def load_clauses(path: Path = CLAUSES_FILE) -> dict[str, Clause]:
 # measured (error in setup, a name the backend lacks) leaves the clause not measured
 # unless another failed; a clause passes when at least one of its tests passed and the
 # others passed or skipped; it is skipped only when every test that ran for it skipped.
+# A test that can only be judged on a local filesystem, run against a storage URL, is
+# LOCAL_ONLY: the clause is not measured unless another of its tests measured it there.
 STATUSES = ("passed", "failed", "not measured", "skipped", "not run")
-_RANK = {"failed": 4, "not measured": 3, "passed": 2, "skipped": 1}
+LOCAL_ONLY = "local only"
+_RANK = {"failed": 4, "not measured": 3, "passed": 2, LOCAL_ONLY: 1.5, "skipped": 1}
 
 
 def fold(outcomes: Mapping[str, Iterable[str]]) -> dict[str, str]:
@@ -60,7 +63,7 @@ def fold(outcomes: Mapping[str, Iterable[str]]) -> dict[str, str]:
     for cid, results in outcomes.items():
         best = max(results, key=lambda r: _RANK[r], default=None)
         if best is not None:
-            folded[cid] = best
+            folded[cid] = "not measured" if best == LOCAL_ONLY else best
     return folded
 
 

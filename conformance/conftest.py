@@ -19,7 +19,7 @@ if backend.prefer_installed_requested():
     backend.prefer_installed_backend(_REPO_ROOT)
 
 from conformance import helpers  # noqa: E402
-from conformance.clauses import area_table, fold, load_clauses  # noqa: E402
+from conformance.clauses import LOCAL_ONLY, area_table, fold, load_clauses  # noqa: E402
 from conformance.report import build_report, render_md  # noqa: E402
 
 _OUTCOMES: dict[str, list[str]] = {}
@@ -29,6 +29,7 @@ _CLAUSE_PROP = "clauses"
 _ADAPTED_PROP = "adapted"
 _NOT_MEASURED_PROP = "not_measured"
 NOT_MEASURED = "not measured: "
+LOCAL_ONLY_REASON = "local filesystem only"
 _ADAPTED_START: dict[str, int] = {}
 
 
@@ -48,6 +49,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"module mapping names the backend moved or renamed onto the document's names (or ${backend.ADAPTER_ENV})",
     )
     group.addoption(
+        "--storage-url",
+        default=None,
+        help=f"run the clauses against this store (s3://bucket/prefix; or ${helpers.STORAGE_URL_ENV}): every "
+        "checkpoint id is a URL under a fresh prefix, managers get the backend's FsspecStorageConfig(url=...), and "
+        "clauses that can only be judged on a local filesystem are reported as not measured",
+    )
+    group.addoption(
         "--compare-report",
         default=None,
         help="after a run that measured every clause, fail the session if any clause's status differs from this "
@@ -58,6 +66,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clause(*ids): the design-document clauses a conformance test checks")
     config.addinivalue_line("markers", "multirank: launches real gloo ranks through simulator.launcher")
+    config.addinivalue_line(
+        "markers",
+        "local_only(reason): the clause can only be judged on a local filesystem (why, in reason); "
+        "not measured under a non-local --storage-url",
+    )
     config.addinivalue_line(
         "markers", "durability: the durability profile (beyond the design document); skip with -m 'not durability'"
     )
@@ -75,13 +88,21 @@ def pytest_configure(config: pytest.Config) -> None:
     adapter = config.getoption("--backend-adapter", default=None)
     if adapter:  # an environment variable, so rank and writer subprocesses use it too
         os.environ[backend.ADAPTER_ENV] = adapter
+    url = config.getoption("--storage-url", default=None)
+    if url:  # likewise; set before xdist starts its workers, so they share one run prefix
+        os.environ[helpers.STORAGE_URL_ENV] = url
+    if helpers.storage_url():
+        helpers.run_id()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     try:
-        return [backend.describe()]
+        lines = [backend.describe()]
     except Exception as exc:  # the header must not hide the real error behind a crash
-        return [f"conformance backend: {backend.backend_name()} FAILED TO IMPORT: {exc!r}"]
+        lines = [f"conformance backend: {backend.backend_name()} FAILED TO IMPORT: {exc!r}"]
+    if helpers.storage_url():
+        lines.append(f"conformance storage: {helpers.storage_url()}/{helpers.run_id()}/ (one prefix per test)")
+    return lines
 
 
 def _clause_ids(item: pytest.Item) -> list[str]:
@@ -100,6 +121,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.user_properties.append((_CLAUSE_PROP, ids))
         if any(cid in clauses and clauses[cid].durability for cid in ids):
             item.add_marker(pytest.mark.durability)
+        _skip_local_only(item)
+
+
+def _skip_local_only(item: pytest.Item) -> None:
+    """Under a non-local storage URL, a local-only clause is not measured (not passed), with its premise."""
+    mark = item.get_closest_marker("local_only")
+    if mark is None or not helpers.remote():
+        return
+    premise = str(mark.args[0]) if mark.args else "(no reason given)"
+    reason = f"{NOT_MEASURED}{LOCAL_ONLY_REASON}, not judged on {helpers.storage_url()}: {premise}"
+    item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -148,13 +180,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when != "call" and report.outcome == "passed":
         return
     if _NOT_MEASURED_PROP in props:
-        outcome, reason = "not measured", str(props[_NOT_MEASURED_PROP])
+        reason = str(props[_NOT_MEASURED_PROP])
+        outcome = LOCAL_ONLY if reason.startswith(LOCAL_ONLY_REASON) else "not measured"
     else:
         outcome = "skipped" if report.skipped else report.outcome
         reason = _first_line(report.longreprtext) if report.failed else ""
     for cid in ids:
         _OUTCOMES.setdefault(cid, []).append(outcome)
-        if reason and outcome in ("failed", "not measured"):
+        if reason and outcome in ("failed", "not measured", LOCAL_ONLY):
             _REASONS.setdefault(cid, reason)
 
 
@@ -218,6 +251,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if getattr(session.config, "_conformance_stale", False) and exitstatus == 0:
         session.exitstatus = 1
+
+
+@pytest.fixture
+def ckpt_root(tmp_path: Path, request: pytest.FixtureRequest) -> helpers.Where:
+    """Where a test puts its checkpoints: ``tmp_path``, or a fresh prefix under ``--storage-url``."""
+    return helpers.fresh_root(tmp_path, request.node.name)
 
 
 @pytest.fixture

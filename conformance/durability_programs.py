@@ -10,7 +10,7 @@ from typing import Any
 import torch.distributed as dist
 
 from conformance import faults
-from conformance.helpers import save
+from conformance.helpers import location, save
 
 RANK_TIMEOUT_S = 15
 
@@ -22,7 +22,7 @@ def one_rank_raises(root: str) -> dict[str, Any]:
     check that the surviving rank raised within the configured wait timeout.
     """
     rank = dist.get_rank()
-    ck = Path(root) / "ck"
+    ck = location(root) / "ck"
     m = faults.manager("sync", timeout_s=RANK_TIMEOUT_S)
     try:
         save(m, ck, faults.payload(1))
@@ -36,7 +36,7 @@ def one_rank_raises(root: str) -> dict[str, Any]:
     start = time.monotonic()
     error = None
     try:  # to a fresh id: a backend that refuses to replace a checkpoint is still tested
-        save(m, Path(root) / "fresh", new, timeout=RANK_TIMEOUT_S * 2)
+        save(m, location(root) / "fresh", new, timeout=RANK_TIMEOUT_S * 2)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
     elapsed = time.monotonic() - start
@@ -45,7 +45,7 @@ def one_rank_raises(root: str) -> dict[str, Any]:
     dist.barrier()
     # Each rank reads its own files: the id must still hold OLD (1), never NEW (2) or a mix.
     after = faults.classify(ck, {"old": 1, "new": 2})
-    fresh = faults.classify(Path(root) / "fresh", {"new": 2})
+    fresh = faults.classify(location(root) / "fresh", {"new": 2})
     return {"rank": rank, "error": error, "elapsed": elapsed, "after": after, "fresh": fresh}
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from conformance import backend
-from conformance.helpers import buffered_storage, save
+from conformance.helpers import Where, read_bytes, save, storage_config, write_bytes
 
 SUBPROCESS_TIMEOUT_S = 180.0
 # The payloads: every item in a different format, values that tell OLD and NEW apart everywhere.
@@ -70,11 +70,14 @@ def template(numel: int = 1 << 16) -> dict[str, Any]:
 
 
 def config(mode: str = "sync", timeout_s: int | None = None) -> Any:
-    """CheckpointManager.Config for the profile: buffered storage, the given save mode and wait timeout."""
+    """CheckpointManager.Config for the profile: the suite's storage, the given save mode and wait timeout.
+
+    Buffered local storage, or the store under ``--storage-url`` for the clauses that are judged there.
+    """
     manager_cls = backend.name("", "CheckpointManager")
     saver = backend.name("config", "SyncCheckpointSaverConfig" if mode == "sync" else "AsyncCheckpointSaverConfig")
     save_cfg = saver() if timeout_s is None else saver(wait_timeout_secs=timeout_s)
-    return manager_cls.Config(items=layouts(), save=save_cfg, storage_config=buffered_storage())
+    return manager_cls.Config(items=layouts(), save=save_cfg, storage_config=storage_config())
 
 
 def manager(mode: str = "sync", timeout_s: int | None = None) -> Any:
@@ -96,7 +99,7 @@ def same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def classify(path: Path | str, versions: Mapping[str, int]) -> str:
+def classify(path: Where | str, versions: Mapping[str, int]) -> str:
     """Load ``path`` with a default-config manager: the name of the version it returned, 'raised', or 'WRONG'."""
     m = manager()
     try:
@@ -403,17 +406,18 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 
 # ------------------------------------------------------------------ files
-def flip_byte(path: Path, where: float = 0.5) -> None:
+def flip_byte(path: Where, where: float = 0.5) -> None:
     """Flip every bit of one byte at ``where`` (fraction of the file)."""
-    data = bytearray(path.read_bytes())
+    data = bytearray(read_bytes(path))
     i = min(len(data) - 1, int(len(data) * where))
     data[i] ^= 0xFF
-    path.write_bytes(bytes(data))
+    write_bytes(path, bytes(data))
 
 
-def truncate(path: Path) -> None:
-    with open(path, "r+b") as fh:
-        fh.truncate(os.path.getsize(path) // 2)
+def truncate(path: Where) -> None:
+    """Keep the first half of the file (an object is rewritten whole: a store has no truncate)."""
+    data = read_bytes(path)
+    write_bytes(path, data[: len(data) // 2])
 
 
 def replace_with_symlink(path: Path, target: Path) -> None:

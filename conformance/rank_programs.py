@@ -26,7 +26,19 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from conformance import backend
 from conformance.golden.cases import DTENSOR_GLOBALS, DTENSOR_ST, seeded
-from conformance.helpers import files, layout, make_config, save, spec
+from conformance.helpers import (
+    Where,
+    files,
+    layout,
+    location,
+    make_config,
+    read_bytes,
+    same_location,
+    save,
+    spec,
+    torch_load,
+    torch_save,
+)
 
 Obs = dict[str, str]
 
@@ -182,7 +194,7 @@ def _check_restored(
         _check(obs, f"{prefix}.{name}", fn)
 
 
-def _full_example_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
+def _full_example_save(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     net = Net(mesh, "full")
     opt = _train(net, steps=1, grad=1.0)
     ckpt = root / "full"
@@ -206,7 +218,7 @@ def _full_example_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> Non
         manager.close()
     expected = {"model": _full_tensors(net.state_dict()), "optimizer": _opt_state_full(opt), "world": 2}
     if rank == 0:
-        torch.save(expected, root / "full_expected.pt")
+        torch_save(expected, root / "full_expected.pt")
     dist.barrier()
 
     def layout_files() -> None:
@@ -219,11 +231,11 @@ def _full_example_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> Non
     _full_example_load(root, obs, "full.load2", expected)
 
 
-def _full_example_load(root: Path, obs: Obs, prefix: str, expected: dict[str, Any] | None = None) -> None:
+def _full_example_load(root: Where, obs: Obs, prefix: str, expected: dict[str, Any] | None = None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     items = _full_example_items()  # first: a backend lacking a name is "not run", not a missing file
     if expected is None:
-        expected = torch.load(root / "full_expected.pt", weights_only=False)
+        expected = torch_load(root / "full_expected.pt")
     mesh = init_device_mesh("cpu", (world,))
     net = Net(mesh, None)
     opt = _train(net, steps=2, grad=0.0)
@@ -261,8 +273,8 @@ def _layout_items() -> dict[str, Any]:
     }
 
 
-def _layouts(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
-    from safetensors.torch import load_file
+def _layouts(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
+    from safetensors.torch import load as st_load
 
     ckpt = root / "layouts"
     dt = _dt("layout.dt", (6, 4), mesh, [Shard(0)])
@@ -316,7 +328,7 @@ def _layouts(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     _check(obs, "layouts.default", default_files)
 
     def st_unwrapped() -> None:
-        flat = load_file(str(ckpt / f"st_{rank}.safetensors"))
+        flat = st_load(read_bytes(ckpt / f"st_{rank}.safetensors"))
         assert set(flat) == {"w"}, f"keys {sorted(flat)}"
         assert type(flat["w"]) is torch.Tensor and torch.equal(flat["w"], st.to_local()), "not the local shard"
 
@@ -372,7 +384,7 @@ def _reshard_items(with_loader: bool = True, with_misc: bool = True) -> dict[str
     return items
 
 
-def _reshard_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
+def _reshard_save(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     model = {
         "w": _dt("reshard.w", (7, 4), mesh, [Shard(0)]),
         "r": _dt("reshard.r", (3,), mesh, [Replicate()]),
@@ -433,7 +445,7 @@ def _reshard_save(root: Path, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     _check(obs, "reshard.shard_to_strided", lambda: load_as("p2s", "p", mesh, [_StridedShard(0, split_factor=2)]))
 
 
-def _reshard_load_other_world(root: Path, obs: Obs) -> None:
+def _reshard_load_other_world(root: Where, obs: Obs) -> None:
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
 
@@ -455,7 +467,7 @@ def _reshard_load_other_world(root: Path, obs: Obs) -> None:
         _phase(obs, "custom", lambda: _custom_and_direct(root, obs))
 
 
-def _custom_and_direct(root: Path, obs: Obs) -> None:
+def _custom_and_direct(root: Where, obs: Obs) -> None:
     _custom().CALLS.clear()
     target = {"position": -1, "epoch": 0}
     m = _manager(_reshard_items(with_misc=False))
@@ -486,7 +498,7 @@ def _custom_and_direct(root: Path, obs: Obs) -> None:
         assert len(loads) == 1, f"custom load() calls: {loads}"
         c = loads[0]
         assert c["item_key"] == "loader", c
-        assert Path(c["source_path"]) == root / "reshard", c["source_path"]
+        assert same_location(c["source_path"], root / "reshard"), c["source_path"]
         assert c["target_id"] == id(target), "target is not the into= value"
         assert c["source_is_item_metadata"], "source_metadata is not a DistributedItemMetadata"
         assert c["storage_is_storage"], "storage is not a Storage"
@@ -584,7 +596,7 @@ def two_rank_program(root: str) -> Obs:
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (2,))
     for prefix, phase in (("full", _full_example_save), ("layouts", _layouts), ("reshard", _reshard_save)):
-        _phase(obs, prefix, lambda phase=phase: phase(Path(root), obs, rank, mesh))
+        _phase(obs, prefix, lambda phase=phase: phase(location(root), obs, rank, mesh))
         dist.barrier()
     return obs
 
@@ -597,7 +609,7 @@ def other_world_program(root: str, golden_dirs: list[str]) -> Obs:
     # class importable, and a backend may rightly refuse to import a type named in metadata by itself.
     _phase(obs, "setup", _import_custom)
     if world == 1:
-        _phase(obs, "full", lambda: _full_example_load(Path(root), obs, "full.load1"))
-    _phase(obs, f"reshard{world}", lambda: _reshard_load_other_world(Path(root), obs))
+        _phase(obs, "full", lambda: _full_example_load(location(root), obs, "full.load1"))
+    _phase(obs, f"reshard{world}", lambda: _reshard_load_other_world(location(root), obs))
     _phase(obs, f"golden{world}", lambda: _golden_load(golden_dirs, obs))
     return obs

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from conformance.helpers import WRITE_TIMEOUT_S, layout, save, spec
+from conformance.helpers import WRITE_TIMEOUT_S, Where, layout, save, spec
 
 clause = pytest.mark.clause
 Factory = Callable[..., Any]
@@ -37,48 +36,48 @@ def _wait(result: Any) -> None:
 
 
 @clause("COPY-STAGE-1")
-def test_async_copy_isolates_tensors(manager_factory: Factory, tmp_path: Path) -> None:
+def test_async_copy_isolates_tensors(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"model": spec()}, mode="async")
     big = torch.zeros(BIG)
-    result = m.save(str(tmp_path / "c"), {"model": {"w": big}})
+    result = m.save(str(ckpt_root / "c"), {"model": {"w": big}})
     big.add_(1.0)  # the training loop's in-place update, right after save() returns
     _wait(result)
-    out = m.load(str(tmp_path / "c"), into={"model": {"w": torch.empty(BIG)}})
+    out = m.load(str(ckpt_root / "c"), into={"model": {"w": torch.empty(BIG)}})
     assert torch.count_nonzero(out["model"]["w"]).item() == 0, "in-place mutation after save() leaked in"
 
 
 @clause("COPY-DEEP-1")
-def test_async_copy_is_deep(manager_factory: Factory, tmp_path: Path) -> None:
+def test_async_copy_is_deep(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"model": spec()}, mode="async")
     live = {"hist": [1, 2], "cfg": {"lr": 0.1}, "pad": list(range(200_000))}
-    result = m.save(str(tmp_path / "c"), {"model": live})
+    result = m.save(str(ckpt_root / "c"), {"model": live})
     live["hist"].append(3)
     live["cfg"]["lr"] = 0.2
     _wait(result)
-    out = m.load(str(tmp_path / "c"), into={"model": None})
+    out = m.load(str(ckpt_root / "c"), into={"model": None})
     assert list(out["model"]["hist"]) == [1, 2], "nested list mutation leaked in (copy was not deep)"
     assert out["model"]["cfg"] == {"lr": 0.1}, "nested dict mutation leaked in (copy was not deep)"
 
 
 @clause("COPY-HOST-1")
-def test_device_tensors_are_staged_to_host(manager_factory: Factory, tmp_path: Path) -> None:
+def test_device_tensors_are_staged_to_host(manager_factory: Factory, ckpt_root: Where) -> None:
     if not torch.cuda.is_available():
         pytest.skip("capability missing: CUDA (COPY-HOST-1 is about device tensors)")
     m = manager_factory({"model": spec()}, mode="async")
     w = torch.zeros(BIG, device="cuda")
-    result = m.save(str(tmp_path / "c"), {"model": {"w": w}})
+    result = m.save(str(ckpt_root / "c"), {"model": {"w": w}})
     w.add_(1.0)
     _wait(result)
-    out = m.load(str(tmp_path / "c"), into={"model": {"w": torch.empty(BIG)}})
+    out = m.load(str(ckpt_root / "c"), into={"model": {"w": torch.empty(BIG)}})
     assert torch.count_nonzero(out["model"]["w"]).item() == 0
 
 
 @clause("COPY-BYPASS-1")
-def test_bypass_leaves_the_value_unchanged(manager_factory: Factory, tmp_path: Path) -> None:
+def test_bypass_leaves_the_value_unchanged(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"snap": spec(requires_copy=False)}, mode="async")
     t = torch.arange(1024.0)
     ptr, shared = t.untyped_storage().data_ptr(), t.is_shared()
-    save(m, tmp_path / "c", {"snap": {"t": t}})
+    save(m, ckpt_root / "c", {"snap": {"t": t}})
     ptr_after, shared_after = t.untyped_storage().data_ptr(), t.is_shared()
     assert ptr_after == ptr, "the saved tensor's storage was replaced"
     assert shared_after == shared, "the saved tensor was moved into shared memory"
@@ -86,48 +85,48 @@ def test_bypass_leaves_the_value_unchanged(manager_factory: Factory, tmp_path: P
 
 
 @clause("COPY-BYPASS-2")
-def test_bypass_does_not_deep_copy(manager_factory: Factory, tmp_path: Path) -> None:
+def test_bypass_does_not_deep_copy(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory(
         {"snap": spec(requires_copy=False, layout=layout("snap_{rank}.json", "JsonSerialization"))}, mode="async"
     )
-    save(m, tmp_path / "c", {"snap": NoDeepCopy(epoch=2, offset=40)})
-    assert m.load(str(tmp_path / "c"), into={"snap": None})["snap"] == {"epoch": 2, "offset": 40}
+    save(m, ckpt_root / "c", {"snap": NoDeepCopy(epoch=2, offset=40)})
+    assert m.load(str(ckpt_root / "c"), into={"snap": None})["snap"] == {"epoch": 2, "offset": 40}
 
 
 @clause("COPY-STABLE-1")
-def test_bypass_value_stable_until_write_completes(manager_factory: Factory, tmp_path: Path) -> None:
+def test_bypass_value_stable_until_write_completes(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"snap": spec(requires_copy=False)}, mode="async")
     t = torch.full((256,), 3.0)
-    save(m, tmp_path / "c", {"snap": {"t": t, "pos": 5}})  # waits for the write Future
+    save(m, ckpt_root / "c", {"snap": {"t": t, "pos": 5}})  # waits for the write Future
     t.fill_(-1.0)
-    out = m.load(str(tmp_path / "c"), into={"snap": {"t": torch.empty(256), "pos": 0}})
+    out = m.load(str(ckpt_root / "c"), into={"snap": {"t": torch.empty(256), "pos": 0}})
     assert torch.equal(out["snap"]["t"], torch.full((256,), 3.0)) and out["snap"]["pos"] == 5
 
 
 @clause("COPY-PICKLE-1")
-def test_async_requires_pickle_without_copy(manager_factory: Factory, tmp_path: Path) -> None:
+def test_async_requires_pickle_without_copy(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory(
         {"snap": spec(requires_copy=False, layout=layout("snap_{rank}.json", "JsonSerialization"))}, mode="async"
     )
     with pytest.raises(Exception):
-        save(m, tmp_path / "c", {"snap": Unpicklable(a=1)})
+        save(m, ckpt_root / "c", {"snap": Unpicklable(a=1)})
 
 
 @clause("COPY-PICKLE-2")
-def test_async_requires_pickle_with_copy(manager_factory: Factory, tmp_path: Path) -> None:
+def test_async_requires_pickle_with_copy(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory(
         {"snap": spec(requires_copy=True, layout=layout("snap_{rank}.json", "JsonSerialization"))}, mode="async"
     )
     with pytest.raises(Exception):
-        save(m, tmp_path / "c", {"snap": Unpicklable(a=1)})
+        save(m, ckpt_root / "c", {"snap": Unpicklable(a=1)})
 
 
 @clause("COPY-SYNC-1")
 @pytest.mark.parametrize("requires_copy", [True, False])
-def test_sync_save_is_complete_on_return(manager_factory: Factory, tmp_path: Path, requires_copy: bool) -> None:
+def test_sync_save_is_complete_on_return(manager_factory: Factory, ckpt_root: Where, requires_copy: bool) -> None:
     m = manager_factory({"model": spec(requires_copy=requires_copy)}, mode="sync")
     w = torch.zeros(4096)
-    m.save(str(tmp_path / "c"), {"model": {"w": w}})  # not waited on: a sync save is done when it returns
+    m.save(str(ckpt_root / "c"), {"model": {"w": w}})  # not waited on: a sync save is done when it returns
     w.add_(5.0)
-    out = m.load(str(tmp_path / "c"), into={"model": {"w": torch.empty(4096)}})
+    out = m.load(str(ckpt_root / "c"), into={"model": {"w": torch.empty(4096)}})
     assert torch.count_nonzero(out["model"]["w"]).item() == 0

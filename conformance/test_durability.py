@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -18,18 +17,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from conformance import faults
-from conformance.helpers import files, save
+from conformance.helpers import (
+    Where,
+    copy_tree,
+    files,
+    read_bytes,
+    read_text,
+    remove,
+    save,
+    torch_save,
+    write_bytes,
+)
 
 clause = pytest.mark.clause
+local_only = pytest.mark.local_only
 pytestmark = pytest.mark.durability
 INSTANTS = 10
 FSIZE_LIMITS = (0, 100, 4096, 200_000)  # bytes: every file, the JSON item's, the tensors' (256 KiB each)
 
 
-def _commit(path: Path, version: int, mode: str = "sync") -> None:
+def _commit(path: Where, version: int, mode: str = "sync") -> None:
     m = faults.manager(mode)
     try:
         save(m, path, faults.payload(version))
@@ -38,25 +47,27 @@ def _commit(path: Path, version: int, mode: str = "sync") -> None:
 
 
 @pytest.fixture
-def committed(tmp_path: Path) -> Path:
+def committed(ckpt_root: Where) -> Where:
     """A committed checkpoint of version 1 (the one the corruption clauses damage copies of)."""
-    _commit(tmp_path / "good", 1)
-    return tmp_path / "good"
+    _commit(ckpt_root / "good", 1)
+    return ckpt_root / "good"
 
 
-Damage = Callable[[Path, str], None]  # (the file in the copy, its path relative to the checkpoint)
+Damage = Callable[[Where, str], None]  # (the file in the copy, its path relative to the checkpoint)
 
 
-def _each_file(src: Path, tmp: Path, damage: Damage) -> Iterator[tuple[str, Path]]:
-    """For every file of ``src``: a fresh copy of the checkpoint with that one file damaged."""
-    for i, rel in enumerate(sorted(files(src))):
-        dst = tmp / f"damaged{i}"
-        shutil.copytree(src, dst, symlinks=True)
+def _each_file(src: Where, root: Where, damage: Damage) -> Iterator[tuple[str, Where]]:
+    """For every file of ``src``: a fresh copy of the checkpoint (under ``root``) with that one file damaged."""
+    names = sorted(files(src))
+    assert names, f"no files found under {src}: nothing to damage"  # a listing that saw nothing must not pass
+    for i, rel in enumerate(names):
+        dst = root / f"damaged{i}"
+        copy_tree(src, dst)
         damage(dst / rel, rel)
         yield rel, dst
 
 
-def _right_or_raises(src: Path, tmp: Path, damage: Damage) -> None:
+def _right_or_raises(src: Where, tmp: Where, damage: Damage) -> None:
     wrong = {}
     for rel, dst in _each_file(src, tmp, damage):
         got = faults.classify(dst, {"right": 1, "other": 2})
@@ -66,9 +77,17 @@ def _right_or_raises(src: Path, tmp: Path, damage: Damage) -> None:
 
 
 # --------------------------------------------------------------- killed saves
+_KILL_LOCAL = local_only(
+    "the kill harness (faults.py) forks savers that keep their checkpoints beside the timing files it polls on "
+    "the local disk, and saves a second payload over a committed id, which an object store refuses by design "
+    "(docs/storage.md); kills during uploads to S3 are the engine's own tests (tests/test_s3_checkpoints.py)"
+)
+
+
 @pytest.mark.parametrize(
     "mode", [pytest.param("sync", marks=clause("DUR-KILL-1")), pytest.param("async", marks=clause("DUR-KILL-2"))]
 )
+@_KILL_LOCAL
 def test_killed_save_leaves_old_or_new(tmp_path: Path, mode: str) -> None:
     out = faults.run_json("kill-series", {"root": str(tmp_path), "mode": mode, "instants": INSTANTS})
     assert not out.get("timeout"), "the kill series did not finish"
@@ -85,6 +104,7 @@ def test_killed_save_leaves_old_or_new(tmp_path: Path, mode: str) -> None:
 
 @pytest.mark.multirank
 @clause("DUR-KILL-3")
+@_KILL_LOCAL
 def test_killed_two_rank_save_leaves_old_or_new(tmp_path: Path) -> None:
     from conformance import durability_programs
     from simulator.launcher import launch
@@ -109,6 +129,10 @@ def test_killed_two_rank_save_leaves_old_or_new(tmp_path: Path) -> None:
 # --------------------------------------------------------------- failing storage
 @clause("DUR-DISKFULL-1")
 @pytest.mark.parametrize("mode", ["sync", "async"])
+@local_only(
+    "a full disk is made with RLIMIT_FSIZE, a limit on the size of local files; an upload to a store is HTTP "
+    "requests, which the limit does not bound"
+)
 def test_disk_full_fails_cleanly(tmp_path: Path, mode: str) -> None:
     limits = FSIZE_LIMITS if mode == "sync" else FSIZE_LIMITS[::3]  # async: every file, then the tensors only
     out = faults.run_json("fsize", {"root": str(tmp_path), "limits": list(limits), "mode": mode})
@@ -131,11 +155,11 @@ def test_disk_full_fails_cleanly(tmp_path: Path, mode: str) -> None:
 # --------------------------------------------------------------- one rank fails
 @pytest.mark.multirank
 @clause("DUR-RANK-1")
-def test_one_rank_raising_fails_every_rank(tmp_path: Path) -> None:
+def test_one_rank_raising_fails_every_rank(ckpt_root: Where) -> None:
     from conformance import durability_programs
     from simulator.launcher import launch
 
-    results = launch(durability_programs.one_rank_raises, 2, args=(str(tmp_path),), timeout=120.0)
+    results = launch(durability_programs.one_rank_raises, 2, args=(str(ckpt_root),), timeout=120.0)
     limit = durability_programs.RANK_TIMEOUT_S + 10
     slow_or_silent = [r for r in results if r["error"] is None or r["elapsed"] > limit]
     assert not slow_or_silent, f"ranks that did not raise within {limit}s: {slow_or_silent}"
@@ -146,22 +170,23 @@ def test_one_rank_raising_fails_every_rank(tmp_path: Path) -> None:
 # --------------------------------------------------------------- corruption after commit
 @clause("INTEG-FLIP-1")
 @pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
-def test_bit_flip_is_detected(committed: Path, tmp_path: Path, where: float) -> None:
-    _right_or_raises(committed, tmp_path, lambda p, _rel: faults.flip_byte(p, where))
+def test_bit_flip_is_detected(committed: Where, ckpt_root: Where, where: float) -> None:
+    _right_or_raises(committed, ckpt_root, lambda p, _rel: faults.flip_byte(p, where))
 
 
 @clause("INTEG-TRUNC-1")
-def test_truncation_is_detected(committed: Path, tmp_path: Path) -> None:
-    _right_or_raises(committed, tmp_path, lambda p, _rel: faults.truncate(p))
+def test_truncation_is_detected(committed: Where, ckpt_root: Where) -> None:
+    _right_or_raises(committed, ckpt_root, lambda p, _rel: faults.truncate(p))
 
 
 @clause("INTEG-DELETE-1")
-def test_deleted_file_is_detected(committed: Path, tmp_path: Path) -> None:
-    _right_or_raises(committed, tmp_path, lambda p, _rel: p.unlink())
+def test_deleted_file_is_detected(committed: Where, ckpt_root: Where) -> None:
+    _right_or_raises(committed, ckpt_root, lambda p, _rel: remove(p))
 
 
 @clause("INTEG-SYMLINK-1")
-def test_symlink_to_other_data_is_refused(committed: Path, tmp_path: Path) -> None:
+@local_only("symbolic links are a filesystem's; an object store has none")
+def test_symlink_to_other_data_is_refused(committed: Where, tmp_path: Path) -> None:
     other = tmp_path / "other"
     _commit(other, 2)
     # Each file points at the same file of another, valid checkpoint: returning its data is wrong data.
@@ -169,7 +194,8 @@ def test_symlink_to_other_data_is_refused(committed: Path, tmp_path: Path) -> No
 
 
 @clause("INTEG-FIFO-1")
-def test_fifo_in_place_of_a_file_raises_without_hanging(committed: Path, tmp_path: Path) -> None:
+@local_only("a FIFO is a filesystem's special file; an object store has none")
+def test_fifo_in_place_of_a_file_raises_without_hanging(committed: Where, tmp_path: Path) -> None:
     paths = {rel: str(dst) for rel, dst in _each_file(committed, tmp_path, lambda p, _rel: faults.replace_with_fifo(p))}
     out = faults.run_json("load-many", {"paths": paths, "timeout_s": 20.0}, timeout=120.0)
     assert not out.get("timeout"), "the loading process did not finish"
@@ -190,17 +216,19 @@ class _Exploit:
 
 @clause("SAFE-PICKLE-1")
 @pytest.mark.parametrize("container", ["pickle", "torch"])
-def test_pickles_in_a_checkpoint_are_not_executed(committed: Path, tmp_path: Path, container: str) -> None:
-    marker = tmp_path / "executed"
+def test_pickles_in_a_checkpoint_are_not_executed(
+    committed: Where, ckpt_root: Where, tmp_path: Path, container: str
+) -> None:
+    marker = tmp_path / "executed"  # on the local disk: the exploit runs in the loading (this) process
 
-    def plant(p: Path, _rel: str) -> None:
+    def plant(p: Where, _rel: str) -> None:
         if container == "torch":
-            torch.save({"w": _Exploit(str(marker))}, p)
+            torch_save({"w": _Exploit(str(marker))}, p)
         else:
-            p.write_bytes(pickle.dumps(_Exploit(str(marker))))
+            write_bytes(p, pickle.dumps(_Exploit(str(marker))))
 
     ran = []
-    for rel, dst in _each_file(committed, tmp_path, plant):
+    for rel, dst in _each_file(committed, ckpt_root, plant):
         faults.classify(dst, {"right": 1})  # raising or not is INTEG-*'s business; executing is this clause's
         if marker.exists():
             ran.append(rel)
@@ -208,11 +236,11 @@ def test_pickles_in_a_checkpoint_are_not_executed(committed: Path, tmp_path: Pat
     assert not ran, f"loading executed a pickle planted in place of: {ran}"
 
 
-def _json_files(root: Path) -> list[str]:
+def _json_files(root: Where) -> list[str]:
     out = []
     for rel in sorted(files(root)):
         try:
-            json.loads((root / rel).read_text())
+            json.loads(read_text(root / rel))
             out.append(rel)
         except (ValueError, UnicodeDecodeError):
             continue
@@ -221,7 +249,7 @@ def _json_files(root: Path) -> list[str]:
 
 @clause("SAFE-JSON-1")
 @pytest.mark.parametrize("kind", ["malformed", "deep", "huge"])
-def test_malformed_json_is_refused(committed: Path, tmp_path: Path, kind: str) -> None:
+def test_malformed_json_is_refused(committed: Where, ckpt_root: Where, kind: str) -> None:
     # None of them decodes to the saved data: the load must raise (and not crash, hang or exhaust memory).
     text = {
         "malformed": '{"a": [1, 2',
@@ -229,10 +257,10 @@ def test_malformed_json_is_refused(committed: Path, tmp_path: Path, kind: str) -
         "huge": '{"a": [' + "0," * 2_000_000 + "0]",
     }[kind]
     targets = set(_json_files(committed))
-    _right_or_raises(committed, tmp_path, lambda p, rel: p.write_text(text) if rel in targets else None)
+    _right_or_raises(committed, ckpt_root, lambda p, rel: write_bytes(p, text.encode()) if rel in targets else None)
 
 
-def _rewrite_strings(p: Path, change: Callable[[str], str]) -> None:
+def _rewrite_strings(p: Where, change: Callable[[str], str]) -> None:
     def walk(v: Any) -> Any:
         if isinstance(v, str):
             return change(v)
@@ -242,12 +270,12 @@ def _rewrite_strings(p: Path, change: Callable[[str], str]) -> None:
             return {k: walk(x) for k, x in v.items()}
         return v
 
-    p.write_text(json.dumps(walk(json.loads(p.read_text()))))
+    write_bytes(p, json.dumps(walk(json.loads(read_text(p)))).encode())
 
 
 @clause("SAFE-PATH-1")
-def test_paths_escaping_the_checkpoint_are_refused(committed: Path, tmp_path: Path) -> None:
-    outside = tmp_path / "outside"
+def test_paths_escaping_the_checkpoint_are_refused(committed: Where, ckpt_root: Where) -> None:
+    outside = ckpt_root / "outside"
     _commit(outside, 2)
     names = files(committed)
     targets = set(_json_files(committed))
@@ -260,12 +288,12 @@ def test_paths_escaping_the_checkpoint_are_refused(committed: Path, tmp_path: Pa
             return f"../outside/{s}"
         return s
 
-    def escape(p: Path, rel: str) -> None:
+    def escape(p: Where, rel: str) -> None:
         if rel in targets:
             _rewrite_strings(p, to_outside)
 
     returned_outside = {}
-    for rel, dst in _each_file(committed, tmp_path, escape):
+    for rel, dst in _each_file(committed, ckpt_root, escape):
         got = faults.classify(dst, {"right": 1, "outside": 2})
         if got in ("outside", "WRONG"):  # WRONG: part of it may come from outside
             returned_outside[rel] = got
@@ -275,22 +303,28 @@ def test_paths_escaping_the_checkpoint_are_refused(committed: Path, tmp_path: Pa
 
 
 @clause("SAFE-IMPORT-1")
-def test_names_in_metadata_are_never_imported(committed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_names_in_metadata_are_never_imported(
+    committed: Where, ckpt_root: Where, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     marker = tmp_path / "canary"
     monkeypatch.setenv("CONFORMANCE_CANARY_FILE", str(marker))
     targets = set(_json_files(committed))
 
-    def plant(p: Path, rel: str) -> None:
+    def plant(p: Where, rel: str) -> None:
         if rel in targets:
             _rewrite_strings(p, lambda s: "conformance.canary.Canary" if not s.endswith((".pt", ".json")) else s)
 
-    for _rel, dst in _each_file(committed, tmp_path, plant):
+    for _rel, dst in _each_file(committed, ckpt_root, plant):
         faults.classify(dst, {"right": 1})  # raising or not is INTEG-*'s business; importing is this clause's
     assert "conformance.canary" not in sys.modules and not marker.exists(), "a name read from metadata was imported"
 
 
 # --------------------------------------------------------------- concurrent overwrite
 @clause("DUR-CONC-1")
+@local_only(
+    "the clause loads while another process saves over a committed id; an object store refuses that overwrite "
+    "by design (docs/storage.md), so there is no overwrite to load during"
+)
 def test_load_during_overwrite_is_one_whole_checkpoint(tmp_path: Path) -> None:
     ck, stop = tmp_path / "ck", tmp_path / "stop"
     _commit(ck, 1)
@@ -316,16 +350,15 @@ def test_load_during_overwrite_is_one_whole_checkpoint(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------- foreign ids
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {rel: (root / rel).read_bytes() for rel in files(root)}
+def _snapshot(root: Where) -> dict[str, bytes]:
+    return {rel: read_bytes(root / rel) for rel in files(root)}
 
 
 @clause("SAFE-ID-1")
-def test_save_over_an_unrelated_directory_is_refused(tmp_path: Path) -> None:
-    user = tmp_path / "photos"
-    (user / "2024").mkdir(parents=True)
-    (user / "2024" / "beach.jpg").write_bytes(b"\xff\xd8 not a checkpoint")
-    (user / "notes.txt").write_text("keep me\n")
+def test_save_over_an_unrelated_directory_is_refused(ckpt_root: Where) -> None:
+    user = ckpt_root / "photos"  # on an object store: a prefix holding the user's objects
+    write_bytes(user / "2024" / "beach.jpg", b"\xff\xd8 not a checkpoint")
+    write_bytes(user / "notes.txt", b"keep me\n")
     before = _snapshot(user)
     m = faults.manager("sync")
     try:
@@ -337,6 +370,10 @@ def test_save_over_an_unrelated_directory_is_refused(tmp_path: Path) -> None:
 
 
 @clause("SAFE-ID-2")
+@local_only(
+    "a file in the way of the id is a filesystem's conflict; on an object store an object named like the id and "
+    "objects under the id's prefix coexist, so nothing is in the way"
+)
 def test_save_over_a_file_is_refused(tmp_path: Path) -> None:
     target = tmp_path / "report.txt"
     target.write_text("not a checkpoint\n")

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load as st_load
 
 from conformance import backend
-from conformance.helpers import files, layout, save, spec
+from conformance.helpers import Where, files, layout, local_file, read_bytes, read_text, save, spec, torch_load
 
 clause = pytest.mark.clause
 Factory = Callable[..., Any]
@@ -42,7 +41,7 @@ def _gen(seed: int) -> torch.Generator:
 
 # ------------------------------------------------------------------- torch
 @clause("TORCH-ROUNDTRIP-1", "TORCH-FILE-1", "LOAD-INPLACE-1")
-def test_torch_nested_state_roundtrip(manager_factory: Factory, tmp_path: Path) -> None:
+def test_torch_nested_state_roundtrip(manager_factory: Factory, ckpt_root: Where) -> None:
     value = {
         "w": torch.randn(3, 2, generator=_gen(0)),
         "nested": {"b": torch.arange(4, dtype=torch.int64), "lst": [torch.ones(1), 2, "x"], "tup": (1.5, None)},
@@ -51,8 +50,8 @@ def test_torch_nested_state_roundtrip(manager_factory: Factory, tmp_path: Path) 
         "name": "abc",
     }
     m = manager_factory({"state": spec(layout=layout("state_{rank}.pt", "TorchSerialization"))})
-    save(m, tmp_path / "c", {"state": value})
-    on_disk = torch.load(tmp_path / "c" / "state_0.pt", weights_only=False)
+    save(m, ckpt_root / "c", {"state": value})
+    on_disk = torch_load(ckpt_root / "c" / "state_0.pt")
     assert torch.equal(on_disk["w"], value["w"]) and on_disk["nested"]["tup"] == (1.5, None)
     template = {
         "w": torch.zeros(3, 2),
@@ -62,7 +61,7 @@ def test_torch_nested_state_roundtrip(manager_factory: Factory, tmp_path: Path) 
         "name": "",
     }
     w_obj = template["w"]
-    out = m.load(str(tmp_path / "c"), into={"state": template})["state"]
+    out = m.load(str(ckpt_root / "c"), into={"state": template})["state"]
     assert out["w"] is w_obj and torch.equal(out["w"], value["w"])
     assert torch.equal(out["nested"]["b"], value["nested"]["b"])
     assert torch.equal(out["nested"]["lst"][0], torch.ones(1)) and out["nested"]["lst"][1:] == [2, "x"]
@@ -71,22 +70,22 @@ def test_torch_nested_state_roundtrip(manager_factory: Factory, tmp_path: Path) 
 
 
 @clause("TORCH-OBJECT-1")
-def test_torch_arbitrary_picklable_object(manager_factory: Factory, tmp_path: Path) -> None:
+def test_torch_arbitrary_picklable_object(manager_factory: Factory, ckpt_root: Where) -> None:
     obj = UserObject("loader", (3, 4))
     m = manager_factory()
-    save(m, tmp_path / "c", {"obj": obj})
+    save(m, ckpt_root / "c", {"obj": obj})
     # The format "uses torch.save / torch.load": the file is what torch.save wrote. Reading arbitrary objects
     # back is torch.load's trusted mode (weights_only=False), which torch itself no longer uses by default.
-    assert torch.load(tmp_path / "c" / "obj_0.pt", weights_only=False) == obj
+    assert torch_load(ckpt_root / "c" / "obj_0.pt") == obj
 
 
 # -------------------------------------------------------------------- json
 @clause("JSON-ROUNDTRIP-1", "JSON-PRETTY-1")
-def test_json_sorted_and_indented(manager_factory: Factory, tmp_path: Path) -> None:
+def test_json_sorted_and_indented(manager_factory: Factory, ckpt_root: Where) -> None:
     value = {"zeta": 1, "alpha": {"y": [1, 2], "b": "s"}, "mid": None, "f": 0.25}
     m = manager_factory({"cfg": spec(layout=layout("cfg.json", "JsonSerialization"))})
-    save(m, tmp_path / "c", {"cfg": value})
-    text = (tmp_path / "c" / "cfg.json").read_text(encoding="utf-8")
+    save(m, ckpt_root / "c", {"cfg": value})
+    text = read_text(ckpt_root / "c" / "cfg.json")
     assert json.loads(text) == value
     lines = text.splitlines()
     assert len(lines) > 3, "not pretty-printed over several lines"
@@ -99,32 +98,32 @@ def test_json_sorted_and_indented(manager_factory: Factory, tmp_path: Path) -> N
 
 @clause("JSON-CLS-1")
 @pytest.mark.parametrize("value", [{"a": [1, {"b": 2}]}, [3, "x", None], 42, "text", 2.5], ids=repr)
-def test_json_cls_none_returns_raw_json(manager_factory: Factory, tmp_path: Path, value: Any) -> None:
+def test_json_cls_none_returns_raw_json(manager_factory: Factory, ckpt_root: Where, value: Any) -> None:
     fmt = backend.name("checkpoint_layout", "JsonSerialization")()
     assert fmt.cls is None
     m = manager_factory({"v": spec(layout=layout("v.json", "JsonSerialization"))})
-    save(m, tmp_path / "c", {"v": value})
-    out = m.load(str(tmp_path / "c"), into={"v": None})["v"]
+    save(m, ckpt_root / "c", {"v": value})
+    out = m.load(str(ckpt_root / "c"), into={"v": None})["v"]
     assert out == value and type(out) is type(value)
 
 
 @clause("JSON-CLS-2")
-def test_json_cls_reconstructs_type(manager_factory: Factory, tmp_path: Path) -> None:
+def test_json_cls_reconstructs_type(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"info": spec(layout=layout("info.json", "JsonSerialization", cls=StepInfo))})
-    save(m, tmp_path / "c", {"info": {"step": 9, "tag": "t"}})
-    out = m.load(str(tmp_path / "c"), into={"info": None})["info"]
+    save(m, ckpt_root / "c", {"info": {"step": 9, "tag": "t"}})
+    out = m.load(str(ckpt_root / "c"), into={"info": None})["info"]
     assert isinstance(out, StepInfo)
     assert out == StepInfo(9, "t")
 
 
 # --------------------------------------------------------------------- raw
 @clause("RAW-BYTES-1")
-def test_raw_bytes_as_is(manager_factory: Factory, tmp_path: Path) -> None:
+def test_raw_bytes_as_is(manager_factory: Factory, ckpt_root: Where) -> None:
     blob = bytes(range(256)) + b'{"already": "json"}\n'
     m = manager_factory({"blob": spec(layout=layout("blob.bin", "RawSerialization"))})
-    save(m, tmp_path / "c", {"blob": blob})
-    assert (tmp_path / "c" / "blob.bin").read_bytes() == blob
-    out = m.load(str(tmp_path / "c"), into={"blob": None})["blob"]
+    save(m, ckpt_root / "c", {"blob": blob})
+    assert read_bytes(ckpt_root / "c" / "blob.bin") == blob
+    out = m.load(str(ckpt_root / "c"), into={"blob": None})["blob"]
     assert out == blob and isinstance(out, bytes)
 
 
@@ -133,19 +132,19 @@ NOT_BYTES = ["text", bytearray(b"abc"), 5, {"a": 1}]
 
 @clause("RAW-TYPE-1")
 @pytest.mark.parametrize("value", NOT_BYTES, ids=repr)
-def test_raw_rejects_non_bytes_sync(manager_factory: Factory, tmp_path: Path, value: Any) -> None:
+def test_raw_rejects_non_bytes_sync(manager_factory: Factory, ckpt_root: Where, value: Any) -> None:
     m = manager_factory({"blob": spec(layout=layout("blob.bin", "RawSerialization"))})
     with pytest.raises(ValueError):
-        save(m, tmp_path / "c", {"blob": value})
+        save(m, ckpt_root / "c", {"blob": value})
 
 
 @clause("RAW-TYPE-2")
-def test_raw_rejects_non_bytes_async(manager_factory: Factory, tmp_path: Path) -> None:
+def test_raw_rejects_non_bytes_async(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory(
         {"blob": spec(requires_copy=False, layout=layout("blob.bin", "RawSerialization"))}, mode="async"
     )
     with pytest.raises(ValueError):
-        save(m, tmp_path / "c", {"blob": "not bytes"})
+        save(m, ckpt_root / "c", {"blob": "not bytes"})
 
 
 # ------------------------------------------------------------- safetensors
@@ -154,28 +153,28 @@ def _st(metadata: dict[str, str] | None = None, path: str = "m.safetensors") -> 
 
 
 @clause("ST-FILE-1", "ST-FLATTEN-1", "ST-META-2")
-def test_safetensors_flattens_to_dotted_keys(manager_factory: Factory, tmp_path: Path) -> None:
+def test_safetensors_flattens_to_dotted_keys(manager_factory: Factory, ckpt_root: Where) -> None:
     t = [torch.randn(2, 2, generator=_gen(i)) for i in range(5)]
     value = {"a": {"b": t[0]}, "c": [t[1], t[2]], "d": (t[3],), "e": t[4]}
     m = manager_factory({"m": _st()})
-    save(m, tmp_path / "c", {"m": value})
-    flat = load_file(str(tmp_path / "c" / "m.safetensors"))
+    save(m, ckpt_root / "c", {"m": value})
+    flat = st_load(read_bytes(ckpt_root / "c" / "m.safetensors"))
     assert set(flat) == {"a.b", "c.0", "c.1", "d.0", "e"}
     for k, ref in zip(("a.b", "c.0", "c.1", "d.0", "e"), t, strict=False):
         assert torch.equal(flat[k], ref), k
 
 
 @clause("ST-RENEST-1", "LOAD-INPLACE-1")
-def test_safetensors_renests_into_template(manager_factory: Factory, tmp_path: Path) -> None:
+def test_safetensors_renests_into_template(manager_factory: Factory, ckpt_root: Where) -> None:
     value = {
         "layer": {"w": torch.randn(3, generator=_gen(1)), "b": torch.randn(1, generator=_gen(2))},
         "stack": [torch.ones(2), torch.zeros(2)],
     }
     m = manager_factory({"m": _st()})
-    save(m, tmp_path / "c", {"m": value})
+    save(m, ckpt_root / "c", {"m": value})
     template = {"layer": {"w": torch.empty(3), "b": torch.empty(1)}, "stack": [torch.empty(2), torch.empty(2)]}
     w_obj = template["layer"]["w"]
-    out = m.load(str(tmp_path / "c"), into={"m": template})["m"]
+    out = m.load(str(ckpt_root / "c"), into={"m": template})["m"]
     assert out["layer"]["w"] is w_obj
     assert torch.equal(out["layer"]["w"], value["layer"]["w"]) and torch.equal(out["layer"]["b"], value["layer"]["b"])
     assert torch.equal(out["stack"][0], torch.ones(2)) and torch.equal(out["stack"][1], torch.zeros(2))
@@ -183,73 +182,73 @@ def test_safetensors_renests_into_template(manager_factory: Factory, tmp_path: P
 
 @clause("ST-TENSORONLY-1")
 @pytest.mark.parametrize("leaf", [3, "s", None, 1.5], ids=repr)
-def test_safetensors_rejects_non_tensor_leaves(manager_factory: Factory, tmp_path: Path, leaf: Any) -> None:
+def test_safetensors_rejects_non_tensor_leaves(manager_factory: Factory, ckpt_root: Where, leaf: Any) -> None:
     m = manager_factory({"m": _st()})
     with pytest.raises(ValueError):
-        save(m, tmp_path / "c", {"m": {"w": torch.ones(1), "x": leaf}})
+        save(m, ckpt_root / "c", {"m": {"w": torch.ones(1), "x": leaf}})
 
 
 @clause("ST-MISSING-1")
-def test_safetensors_missing_dict_leaf(manager_factory: Factory, tmp_path: Path) -> None:
+def test_safetensors_missing_dict_leaf(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"m": _st()})
-    save(m, tmp_path / "c", {"m": {"a": torch.full((2,), 1.0), "c": torch.full((2,), 3.0)}})
+    save(m, ckpt_root / "c", {"m": {"a": torch.full((2,), 1.0), "c": torch.full((2,), 3.0)}})
     sentinel = torch.full((2,), -7.0)
     template = {"a": torch.zeros(2), "b": sentinel, "c": torch.zeros(2)}
-    out = m.load(str(tmp_path / "c"), into={"m": template}, strict=False)["m"]
+    out = m.load(str(ckpt_root / "c"), into={"m": template}, strict=False)["m"]
     assert torch.equal(out["a"], torch.full((2,), 1.0)) and torch.equal(out["c"], torch.full((2,), 3.0))
     assert torch.equal(sentinel, torch.full((2,), -7.0)), "missing leaf overwritten with other data"
     if "b" in out:
         assert torch.equal(out["b"], torch.full((2,), -7.0)), "missing leaf misaligned"
     strict_template = {"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(2)}
     with pytest.raises(Exception):
-        m.load(str(tmp_path / "c"), into={"m": strict_template}, strict=True)
+        m.load(str(ckpt_root / "c"), into={"m": strict_template}, strict=True)
 
 
 @clause("ST-MISSING-2")
 @pytest.mark.parametrize("container", [list, tuple])
-def test_safetensors_missing_sequence_leaf_is_none(manager_factory: Factory, tmp_path: Path, container: type) -> None:
+def test_safetensors_missing_sequence_leaf_is_none(manager_factory: Factory, ckpt_root: Where, container: type) -> None:
     m = manager_factory({"m": _st()})
-    save(m, tmp_path / "c", {"m": {"seq": container([torch.full((2,), 1.0)])}})
+    save(m, ckpt_root / "c", {"m": {"seq": container([torch.full((2,), 1.0)])}})
     template = {"seq": container([torch.zeros(2), torch.zeros(2)])}
-    out = m.load(str(tmp_path / "c"), into={"m": template}, strict=False)["m"]
+    out = m.load(str(ckpt_root / "c"), into={"m": template}, strict=False)["m"]
     assert torch.equal(out["seq"][0], torch.full((2,), 1.0))
     assert out["seq"][1] is None
 
 
 @clause("ST-CONTIG-1")
-def test_safetensors_non_contiguous(manager_factory: Factory, tmp_path: Path) -> None:
+def test_safetensors_non_contiguous(manager_factory: Factory, ckpt_root: Where) -> None:
     base = torch.arange(12.0).reshape(3, 4)
     value = {"t": base.t(), "s": base[:, ::2]}
     assert not value["t"].is_contiguous() and not value["s"].is_contiguous()
     m = manager_factory({"m": _st()})
-    save(m, tmp_path / "c", {"m": value})
-    flat = load_file(str(tmp_path / "c" / "m.safetensors"))
+    save(m, ckpt_root / "c", {"m": value})
+    flat = st_load(read_bytes(ckpt_root / "c" / "m.safetensors"))
     assert torch.equal(flat["t"], base.t()) and torch.equal(flat["s"], base[:, ::2])
-    out = m.load(str(tmp_path / "c"), into={"m": {"t": torch.zeros(4, 3), "s": torch.zeros(3, 2)}})["m"]
+    out = m.load(str(ckpt_root / "c"), into={"m": {"t": torch.zeros(4, 3), "s": torch.zeros(3, 2)}})["m"]
     assert torch.equal(out["t"], base.t()) and torch.equal(out["s"], base[:, ::2])
 
 
 @clause("ST-META-1")
-def test_safetensors_metadata_in_header(manager_factory: Factory, tmp_path: Path) -> None:
+def test_safetensors_metadata_in_header(manager_factory: Factory, ckpt_root: Where) -> None:
     meta = {"format_version": "1", "note": "hello"}
     m = manager_factory({"m": _st(metadata=meta, path="model_state.safetensors")})
-    save(m, tmp_path / "c", {"m": {"w": torch.ones(2)}})
-    with safe_open(str(tmp_path / "c" / "model_state.safetensors"), framework="pt") as fh:
+    save(m, ckpt_root / "c", {"m": {"w": torch.ones(2)}})
+    with safe_open(str(local_file(ckpt_root / "c" / "model_state.safetensors")), framework="pt") as fh:
         header = fh.metadata() or {}
     assert {k: header.get(k) for k in meta} == meta
 
 
 @clause("ST-META-3")
 @pytest.mark.parametrize("meta", [{"v": 1}, {1: "v"}, {"v": None}], ids=repr)
-def test_safetensors_metadata_must_be_str(manager_factory: Factory, tmp_path: Path, meta: Any) -> None:
+def test_safetensors_metadata_must_be_str(manager_factory: Factory, ckpt_root: Where, meta: Any) -> None:
     with pytest.raises(Exception):
         m = manager_factory({"m": _st(metadata=meta)})
-        save(m, tmp_path / "c", {"m": {"w": torch.ones(2)}})
+        save(m, ckpt_root / "c", {"m": {"w": torch.ones(2)}})
 
 
 # ---------------------------------------------------------- custom formats
 @clause("FORMAT-CUSTOM-1")
-def test_custom_format_is_not_supported(manager_factory: Factory, tmp_path: Path) -> None:
+def test_custom_format_is_not_supported(manager_factory: Factory, ckpt_root: Where) -> None:
     base = backend.name("checkpoint_layout", "SerializationFormat")
     members = {name: (lambda *a, **k: {"type": "Custom"}) for name in getattr(base, "__abstractmethods__", ())}
     custom = type("CustomFormat", (base,), members)
@@ -257,5 +256,5 @@ def test_custom_format_is_not_supported(manager_factory: Factory, tmp_path: Path
     li = backend.name("checkpoint_layout", "LayoutInfo")("custom.bin", fmt)
     m = manager_factory({"x": spec(layout=li)})
     with pytest.raises(Exception):
-        save(m, tmp_path / "c", {"x": {"w": torch.ones(1)}})
-    assert "custom.bin" not in files(tmp_path / "c") if (tmp_path / "c").exists() else True
+        save(m, ckpt_root / "c", {"x": {"w": torch.ones(1)}})
+    assert "custom.bin" not in files(ckpt_root / "c")

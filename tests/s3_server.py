@@ -188,3 +188,39 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a server until interrupted, printing the environment that points a process at it.
+
+    For running the conformance suite or the simulator against S3 by hand:
+    ``python -m tests.s3_server --bucket ckpt`` then, in another shell, the printed exports and
+    ``pytest conformance --storage-url s3://ckpt/run``.
+    """
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m tests.s3_server", description=main.__doc__.split("\n\n")[0])
+    parser.add_argument("--bucket", default="conformance", help="bucket to create (default: conformance)")
+    args = parser.parse_args(argv)
+    missing = missing_s3_packages()
+    if missing:
+        print(f"needs {', '.join(missing)}: pip install 'torch-checkpointing[s3,test]'", file=sys.stderr)
+        return 2
+    server = start_s3_server(tempfile.mkdtemp(prefix="moto-"))
+    try:
+        server.make_bucket(args.bucket)
+        print(f"export AWS_ENDPOINT_URL={server.endpoint} AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing")
+        print(f"# bucket s3://{args.bucket} (server log {server.log_path}); Ctrl-C stops it", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        while server.process.poll() is None:
+            time.sleep(0.5)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
