@@ -30,6 +30,7 @@ from torch_checkpointing.checkpoint_layout import (
 from torch_checkpointing.codecs import (
     CODECS,
     SAFETENSORS_DTYPES,
+    DecodeOptions,
     codec_for,
     dtype_from_name,
     load_torch,
@@ -94,7 +95,7 @@ def test_each_format_round_trips_through_its_codec(
     _write(storage, path, fmt, value)
     codec = codec_for(fmt)
     template = value if isinstance(fmt, SafetensorsSerialization) else None
-    got = codec.decode(fmt, storage, path, "item", template=template)
+    got = codec.decode(fmt, storage, path, "item", DecodeOptions(template=template))
     assert _equal(value, got), (value, got)
     # the module-level entry points the writers and the loader call are the same codec
     assert _equal(got, decode(fmt, storage, path, "item", template=template))
@@ -165,8 +166,9 @@ def test_the_one_torch_loader_refuses_unsafe_pickles_naming_the_file(tmp_path: P
     torch.save({"o": _Unsafe()}, str(path))
     refused = r"(?s)Refused to load item 'obj' from .*obj_0\.pt.*weights_only=False"
     with pytest.raises(RefusedPickleError, match=refused):
-        load_torch(storage, path, what="item 'obj'", use_mmap=use_mmap)
-    assert isinstance(load_torch(storage, path, what="item 'obj'", weights_only=False)["o"], _Unsafe)
+        load_torch(storage, path, "item 'obj'", DecodeOptions(use_mmap=use_mmap))
+    trusting = DecodeOptions(weights_only=False, use_mmap=use_mmap)
+    assert isinstance(load_torch(storage, path, "item 'obj'", trusting)["o"], _Unsafe)
     with pytest.raises(RefusedPickleError, match=r"a resharding source"):
         codec_for(TorchSerialization()).open_source(TorchSerialization(), storage, path, ReadStats())
 

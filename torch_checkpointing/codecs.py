@@ -13,6 +13,7 @@ import json
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "SAFETENSORS_DTYPES",
     "TRUST_HINT",
     "Codec",
+    "DecodeOptions",
     "codec_for",
     "dtype_from_name",
     "load_torch",
@@ -82,6 +84,17 @@ def dtype_from_name(name: str) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) else None
 
 
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How a load reads an item file back: the caller's template (safetensors re-nests against it), where
+    tensors go, whether torch files may hold arbitrary objects, whether local files are memory-mapped."""
+
+    template: Any = None
+    map_location: Any = None
+    weights_only: bool = True
+    use_mmap: bool = True
+
+
 class Codec(ABC):
     """How one serialization format writes, reads, and serves block reads of an item file."""
 
@@ -90,18 +103,7 @@ class Codec(ABC):
         """Write `value` to `stream`; a value the format cannot hold raises ValueError/TypeError naming `key`."""
 
     @abstractmethod
-    def decode(
-        self,
-        fmt: SerializationFormat,
-        storage: Storage,
-        path: Path,
-        key: str,
-        *,
-        template: Any = None,
-        map_location: Any = None,
-        weights_only: bool = True,
-        use_mmap: bool = True,
-    ) -> Any:
+    def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         """Read one item file back whole."""
 
     @abstractmethod
@@ -110,19 +112,12 @@ class Codec(ABC):
         allows it."""
 
 
-def load_torch(
-    storage: Storage,
-    path: Path,
-    *,
-    what: str,
-    hint: str = TRUST_HINT,
-    map_location: Any = None,
-    weights_only: bool = True,
-    use_mmap: bool = True,
-) -> Any:
-    """`torch.load` of one file: memory-mapped where the storage has a local path (and `use_mmap`), else from
-    its bytes. A refusal by torch's safe loader is a `RefusedPickleError` naming `what`, the file and `hint`."""
-    local = storage.local_path(path) if use_mmap else None
+def load_torch(storage: Storage, path: Path, what: str, options: DecodeOptions, hint: str = TRUST_HINT) -> Any:
+    """`torch.load` of one file: memory-mapped where the storage has a local path (and `options.use_mmap`),
+    else from its bytes. A refusal by torch's safe loader is a `RefusedPickleError` naming `what`, the file and
+    `hint`."""
+    map_location, weights_only = options.map_location, options.weights_only
+    local = storage.local_path(path) if options.use_mmap else None
     try:
         if local is not None:
             try:
@@ -158,30 +153,26 @@ class TorchCodec(Codec):
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
         torch.save(resolve_lazy_tensors(value), stream)
 
-    def decode(
-        self,
-        fmt: SerializationFormat,
-        storage: Storage,
-        path: Path,
-        key: str,
-        *,
-        template: Any = None,
-        map_location: Any = None,
-        weights_only: bool = True,
-        use_mmap: bool = True,
-    ) -> Any:
-        return load_torch(
-            storage, path, what=f"item '{key}'", map_location=map_location, weights_only=weights_only, use_mmap=use_mmap
-        )
+    def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
+        return load_torch(storage, path, f"item '{key}'", options)
 
     def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
         from torch_checkpointing.source_reader import _TorchSourceFile
 
-        value = load_torch(storage, path, what="a resharding source", hint=_RESHARD_HINT, map_location="cpu")
+        value = load_torch(storage, path, "a resharding source", DecodeOptions(map_location="cpu"), _RESHARD_HINT)
         return _TorchSourceFile(value, stats)
 
 
-class JsonCodec(Codec):
+class _TensorlessCodec(Codec):
+    """A format that holds no tensors: as a resharding source, every path reads as absent."""
+
+    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+        from torch_checkpointing.source_reader import _EmptySourceFile
+
+        return _EmptySourceFile()
+
+
+class JsonCodec(_TensorlessCodec):
     """Pretty-printed JSON with sorted keys; a declared dataclass is rebuilt on read."""
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
@@ -196,27 +187,13 @@ class JsonCodec(Codec):
             ) from exc
         stream.write(text.encode("utf-8"))
 
-    def decode(
-        self,
-        fmt: SerializationFormat,
-        storage: Storage,
-        path: Path,
-        key: str,
-        *,
-        template: Any = None,
-        map_location: Any = None,
-        weights_only: bool = True,
-        use_mmap: bool = True,
-    ) -> Any:
+    def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         data = _json_loads(storage.read(path), path, key)
         cls = fmt.cls if isinstance(fmt, JsonSerialization) else None
         return data if cls is None else from_jsonable(cls, data, f"item '{key}'")
 
-    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
-        return _no_tensors()
 
-
-class RawCodec(Codec):
+class RawCodec(_TensorlessCodec):
     """Bytes written and read as they are."""
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
@@ -227,22 +204,8 @@ class RawCodec(Codec):
             )
         stream.write(value)
 
-    def decode(
-        self,
-        fmt: SerializationFormat,
-        storage: Storage,
-        path: Path,
-        key: str,
-        *,
-        template: Any = None,
-        map_location: Any = None,
-        weights_only: bool = True,
-        use_mmap: bool = True,
-    ) -> Any:
+    def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         return storage.read(path)
-
-    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
-        return _no_tensors()
 
 
 class SafetensorsCodec(Codec):
@@ -252,18 +215,8 @@ class SafetensorsCodec(Codec):
         metadata = fmt.metadata if isinstance(fmt, SafetensorsSerialization) else None
         stream.write(safetensors_save(flatten_tensors(value, key), metadata=metadata))
 
-    def decode(
-        self,
-        fmt: SerializationFormat,
-        storage: Storage,
-        path: Path,
-        key: str,
-        *,
-        template: Any = None,
-        map_location: Any = None,
-        weights_only: bool = True,
-        use_mmap: bool = True,
-    ) -> Any:
+    def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
+        map_location = options.map_location
         if map_location is not None and not isinstance(map_location, (str, torch.device)):
             raise ValueError(
                 f"SafetensorsSerialization map_location must be a str or torch.device, got "
@@ -273,7 +226,7 @@ class SafetensorsCodec(Codec):
         flat = read_safetensors(storage, path, key)
         if device != "cpu":
             flat = {k: v.to(device) for k, v in flat.items()}
-        return flat if template is None else unflatten_to_target(flat, template)
+        return flat if options.template is None else unflatten_to_target(flat, options.template)
 
     def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
         from torch_checkpointing.source_reader import _SafetensorsLocalFile, _SafetensorsRangeFile
@@ -304,12 +257,6 @@ def codec_for(fmt: SerializationFormat, key: str | None = None) -> Codec:
         f"Unsupported serialization format{where}: {type(fmt).__name__}. Use one of "
         f"{', '.join(f.__name__ for f in CODECS)}."
     )
-
-
-def _no_tensors() -> SourceFile:
-    from torch_checkpointing.source_reader import _EmptySourceFile
-
-    return _EmptySourceFile()
 
 
 def _json_loads(data: bytes, path: Path, key: str) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from torch_checkpointing.checkpoint_layout import SerializationFormat
-from torch_checkpointing.codecs import TRUST_HINT, codec_for
+from torch_checkpointing.codecs import TRUST_HINT, DecodeOptions, codec_for
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = ["TRUST_HINT", "decode", "encode"]
@@ -33,13 +33,5 @@ def decode(
     use_mmap: bool = True,
 ) -> Any:
     """Read one item file back. Safetensors values are re-nested against `template` when one is given."""
-    return codec_for(fmt, key).decode(
-        fmt,
-        storage,
-        path,
-        key,
-        template=template,
-        map_location=map_location,
-        weights_only=weights_only,
-        use_mmap=use_mmap,
-    )
+    options = DecodeOptions(template, map_location, weights_only, use_mmap)
+    return codec_for(fmt, key).decode(fmt, storage, path, key, options)
