@@ -68,6 +68,7 @@ class CheckpointManager:
         default: ItemSpec | None = field(default_factory=ItemSpec)
         save: CheckpointSaverConfig = field(default_factory=AsyncCheckpointSaverConfig)
         load: CheckpointLoaderConfig = field(default_factory=CheckpointLoaderConfig)
+        # None: the local filesystem, unless the first id names a store (s3://...; docs/storage.md).
         storage_config: StorageConfig | None = None
         subprocess_init_fn: Callable[..., None] | None = None
         subprocess_init_args: tuple[Any, ...] = ()
