@@ -119,6 +119,10 @@ def encode_rank_list(ranks: Sequence[int]) -> list[int] | dict[str, list[list[in
 
     Meshes and rank groups are nearly always `range(world)` or a few strided runs of it (TP-major meshes).
     """
+    if len(ranks) > 3:
+        start, step = ranks[0], ranks[1] - ranks[0]
+        if step and tuple(ranks) == tuple(range(start, start + len(ranks) * step, step)):  # compared in C
+            return {"runs": [[int(start), len(ranks), int(step)]]}
     runs: list[list[int]] = []
     i = 0
     while i < len(ranks):

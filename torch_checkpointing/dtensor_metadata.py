@@ -181,6 +181,15 @@ class DeviceMeshSpec:
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_derived_tables"}
 
+    def __hash__(self) -> int:
+        """The generated hash, computed once: a mesh of 2048 ranks is hashed for every tensor planned."""
+        derived = self._derived()
+        h: int | None = derived.get("hash")
+        if h is None:
+            h = hash((self.device_type, self.mesh_shape, self.mesh_data, self.mesh_dim_names))
+            derived["hash"] = h
+        return h
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "device_type": self.device_type,

@@ -8,9 +8,11 @@ rectangular blocks (`LoadPlan`s) to copy; only those blocks are read from the so
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
+import threading
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -410,9 +412,67 @@ def plan_resharding(
     rank: int,
     stats: PlanStats | None = None,
 ) -> ReshardingInfo:
-    """One item's plans for one target rank; `stats` (if given) accumulates the planner's work."""
-    stats = stats if stats is not None else PlanStats()
+    """One item's plans for one target rank; `stats` (if given) accumulates the planner's work.
+
+    A load asks for the same plan up to three times (the files to verify, the check phase, the copy); the
+    last few answers are kept and handed back while the same metadata objects are asked about again.
+    """
+    if stats is None:
+        return _plan_memo.get(target_metadata, source_metadata, rank)
+    return _plan(target_metadata, source_metadata, rank, stats)
+
+
+class _PlanMemo:
+    """The last few `plan_resharding` answers, keyed by the identity of the metadata asked about.
+
+    The target mapping is compared entry by entry (same keys, the same metadata objects), so a mapping
+    changed in place is planned afresh. Callers get copies: a caller editing its plans leaves the memo intact.
+    """
+
+    _SIZE = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: list[tuple[Any, DistributedItemMetadata, int, list[tuple[Any, Any]], ReshardingInfo]] = []
+
+    def get(
+        self, target: Mapping[NestedPath, ShardingMetadata], source: DistributedItemMetadata, rank: int
+    ) -> ReshardingInfo:
+        snapshot = list(target.items())
+        with self._lock:
+            for t, s, r, snap, info in self._entries:
+                if t is target and s is source and r == rank and _same_items(snap, snapshot):
+                    return _copy_info(info)
+        info = _plan(target, source, rank, PlanStats())
+        with self._lock:
+            self._entries = [(target, source, rank, snapshot, info), *self._entries][: self._SIZE]
+        return _copy_info(info)
+
+
+def _same_items(a: list[tuple[Any, Any]], b: list[tuple[Any, Any]]) -> bool:
+    return len(a) == len(b) and all(ka == kb and va is vb for (ka, va), (kb, vb) in zip(a, b, strict=True))
+
+
+def _copy_info(info: ReshardingInfo) -> ReshardingInfo:
+    return ReshardingInfo(
+        {p: [dataclasses.replace(plan) for plan in plans] for p, plans in info.nested_path_to_load_plans.items()},
+        list(info.non_reshardable_paths),
+    )
+
+
+_plan_memo = _PlanMemo()
+
+
+def _plan(
+    target_metadata: Mapping[NestedPath, ShardingMetadata],
+    source_metadata: DistributedItemMetadata,
+    rank: int,
+    stats: PlanStats,
+) -> ReshardingInfo:
     info = ReshardingInfo()
+    # Tensors with equal target and source layouts (every layer of a transformer) get the same blocks; only
+    # the name differs, so each distinct pair is planned once per call.
+    same_layout: dict[tuple[DTensorShardingMetadata, DTensorShardingMetadata], list[LoadPlan] | None] = {}
     for path, target in target_metadata.items():
         groups = source_metadata.nested_path_to_metadata.get(tuple(path))
         if (
@@ -425,12 +485,32 @@ def plan_resharding(
         if target.mesh_spec.get_coordinate(rank) is None:
             info.nested_path_to_load_plans[path] = []  # this rank holds no part of the target
             continue
-        plans = compute_load_plans(path, target, groups, rank, stats)
+        plans = _plan_path(path, target, groups, rank, stats, same_layout)
         if plans is None:
             info.non_reshardable_paths.append(path)
         else:
             info.nested_path_to_load_plans[path] = plans
     return info
+
+
+def _plan_path(
+    path: NestedPath,
+    target: DTensorShardingMetadata,
+    groups: list[Any],
+    rank: int,
+    stats: PlanStats,
+    same_layout: dict[tuple[DTensorShardingMetadata, DTensorShardingMetadata], list[LoadPlan] | None],
+) -> list[LoadPlan] | None:
+    src_md = _indexable(groups)
+    if src_md is None:
+        return _brute_force_plans(path, target, groups, rank, stats)
+    key = (target, src_md)
+    if key not in same_layout:
+        same_layout[key] = _indexed_plans(path, target, src_md, rank, stats)
+        return same_layout[key]
+    known = same_layout[key]
+    fqn = dotted_key(path)
+    return None if known is None else [dataclasses.replace(p, src_fqn=fqn) for p in known]
 
 
 def _current_rank() -> int:
