@@ -26,6 +26,7 @@ from typing import Any
 
 from torch_checkpointing.agreement import StoreTransport, agree
 from torch_checkpointing.checkpoint_layout import SerializationFormat
+from torch_checkpointing.checksum import FileChecksum, RunningChecksum
 from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
@@ -82,33 +83,37 @@ class WriteRequest:
 
 
 class _ChecksumStream:
-    """Forwards writes to `inner`, counting bytes and a running CRC32."""
+    """Forwards writes to `inner`, checksumming them (size, CRC32, block CRC32s) for the manifest."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.size = 0
-        self.crc32 = 0
+        self._running = RunningChecksum()
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.crc32 = zlib.crc32(view, self.crc32)
-        self.size += len(view)
+        self._running.update(view)
         self.inner.write(view)
         return len(view)
 
     def flush(self) -> None:
         self.inner.flush()
 
+    def checksum(self) -> FileChecksum:
+        return self._running.result()
+
 
 def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry) -> FileRecord:
     value = pickle.loads(entry.value) if entry.pickled else entry.value
     target = root / entry.file_path
     with storage.stream_write(target) as raw:
-        # Streams that checksum what they write (the local filesystem's, off the encoding thread) are used as
-        # they are; any other backend's stream is wrapped.
-        stream: Any = raw if hasattr(raw, "crc32") and hasattr(raw, "size") else _ChecksumStream(raw)
+        # Streams that checksum what they write (the local filesystem's off the encoding thread, the object
+        # store's on its upload threads) are used as they are; any other backend's stream is wrapped.
+        stream: Any = raw if callable(getattr(raw, "checksum", None)) else _ChecksumStream(raw)
         encode(entry.fmt, entry.key, value, stream)
-    return FileRecord(entry.key, rank, entry.file_path, stream.size, stream.crc32, entry.fmt.to_dict())
+    summed: FileChecksum = stream.checksum()  # complete now: the stream was closed
+    return FileRecord(
+        entry.key, rank, entry.file_path, summed.size, summed.crc32, entry.fmt.to_dict(), blocks=summed.blocks
+    )
 
 
 def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) -> list[FileRecord]:

@@ -6,6 +6,7 @@ place. A directory with the `.incomplete` marker and no manifest is a save that 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_checkpointing.checksum import BlockChecksums
 from torch_checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
 from torch_checkpointing.storage.base_storage import Storage
 
@@ -41,9 +43,12 @@ class FileRecord:
     size: int
     crc32: int
     format: dict[str, Any]
+    # The CRC32 of each fixed-size block, so a ranged read verifies only the blocks it touches; absent from
+    # manifests written before block checksums (those files are verified whole).
+    blocks: BlockChecksums | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "key": self.key,
             "rank": self.rank,
             "path": self.path,
@@ -51,10 +56,23 @@ class FileRecord:
             "crc32": self.crc32,
             "format": self.format,
         }
+        if self.blocks is not None:
+            d["blocks"] = self.blocks.to_json()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FileRecord:
-        return cls(d["key"], int(d["rank"]), d["path"], int(d["size"]), int(d["crc32"]), d["format"])
+        size = int(d["size"])
+        blocks = d.get("blocks")
+        return cls(
+            d["key"],
+            int(d["rank"]),
+            d["path"],
+            size,
+            int(d["crc32"]),
+            d["format"],
+            None if blocks is None else BlockChecksums.from_json(blocks, size, f"file record {d['path']!r}"),
+        )
 
 
 @dataclass(frozen=True)
@@ -269,6 +287,8 @@ def _record(rec: Any, key: str, rank_text: str, where: str) -> FileRecord:
         _int(rec, "crc32", where),
         _field(rec, "format", dict, where),
     )
+    if rec.get("blocks") is not None:
+        record = dataclasses.replace(record, blocks=BlockChecksums.from_json(rec["blocks"], record.size, where))
     if record.key != key or str(record.rank) != rank_text:
         raise CorruptCheckpointError(f"{where} records key {record.key!r} rank {record.rank}; it is filed elsewhere.")
     if record.crc32 > 0xFFFFFFFF:

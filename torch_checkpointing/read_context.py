@@ -8,11 +8,15 @@ It knows the checkpoint directory and its manifest, and does in one place what m
   component may be a symlink, and the file must be a regular file (a FIFO would hang the load);
 * the manifest: a file the manifest does not list is never read; a listed file is looked up by its path (so a
   file written once by the lowest rank is checked on every rank against that rank's record);
-* verification: size always, CRC32 (the checksum the writer records) by default, computed off the caller's
-  thread while decoding proceeds.
+* verification: size always, CRC32 (the checksums the writer records) by default. A file read whole (decoded)
+  is checked whole, off the caller's thread while decoding proceeds; a file read by byte ranges (a resharding
+  source) is checked block by block: each ranged read fetches the checksummed blocks its range touches, checks
+  those it has not checked before, and returns its slice. Files of manifests without block checksums are
+  checked whole, as before.
 
 Each checked file stays open (its descriptor held) until the context closes, so what was verified is what is
-decoded, even if the directory is replaced meanwhile.
+decoded, even if the directory is replaced meanwhile. Object stores have no descriptor to hold: there every
+ranged read checks the bytes it returns (the blocks it fetched, or a few recently checked ones kept in memory).
 """
 
 from __future__ import annotations
@@ -27,12 +31,15 @@ import mmap
 import os
 import posixpath
 import stat
-from collections.abc import Callable, Iterator
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32_parallel
 from torch_checkpointing.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -55,18 +62,8 @@ __all__ = ["MAX_METADATA_BYTES", "CheckedFile", "CheckpointReadContext", "ReadPo
 logger = logging.getLogger("torch_checkpointing.read_context")
 
 MAX_METADATA_BYTES = 256 * 1024 * 1024
-_CRC_CHUNK = 16 * 1024 * 1024
-
-try:  # ISA-L computes the same CRC32 as zlib about four times faster; zlib is the fallback when absent.
-    from isal import isal_zlib as _fast_zlib
-
-    _crc32: Callable[[Any, int], int] = _fast_zlib.crc32
-    _crc32_combine: Callable[[int, int, int], int] | None = _fast_zlib.crc32_combine
-except ImportError:  # pragma: no cover - depends on the optional extra
-    import zlib
-
-    _crc32 = zlib.crc32
-    _crc32_combine = None
+_VERIFY_CHUNK = 16 * 1024 * 1024  # bytes read at a time when checking blocks nobody asked to keep
+_KEPT_BLOCKS = 32  # object stores: checked blocks kept for the next ranged read (the ends of each range)
 
 
 @dataclass(frozen=True)
@@ -90,31 +87,55 @@ def checked_relative_path(path: Any, what: str) -> str:
 
 
 def crc32(view: memoryview, pool: ThreadPoolExecutor | None = None) -> int:
-    """CRC32 of a buffer; large buffers are split over `pool` and combined when the library can combine."""
-    n = len(view)
-    if pool is None or _crc32_combine is None or n <= 2 * _CRC_CHUNK:
-        return _crc32(view, 0) & 0xFFFFFFFF
-    chunks = [view[i : i + _CRC_CHUNK] for i in range(0, n, _CRC_CHUNK)]
-    parts = list(pool.map(lambda c: _crc32(c, 0), chunks))
-    value = parts[0]
-    for part, chunk in zip(parts[1:], chunks[1:], strict=True):
-        value = _crc32_combine(value, part, len(chunk))
-    return value & 0xFFFFFFFF
+    """CRC32 of a buffer; large buffers are split over `pool` and combined (see `checksum.crc32_parallel`)."""
+    return crc32_parallel(view, pool)
 
 
 @dataclass
 class CheckedFile:
-    """One opened, contained, regular file; `verified` resolves once its checksum matched (or fails)."""
+    """One opened, contained, regular file.
+
+    `verified` is the check of the whole file: asking for it starts it (once), and it resolves when every byte
+    matched or fails naming the file. Ranged reads check blocks instead; `checked_blocks` marks those done.
+    """
 
     rel: str
     size: int
     record: FileRecord | None
     fd: int | None = None
     data: bytes | None = None
-    verified: Future[None] = field(default_factory=Future)
+    what: str = "file"
+    error: CheckpointError | None = None  # a size mismatch, raised by every check() of the file
+    checked_blocks: bytearray = field(default_factory=bytearray)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    fetch_lock: threading.Lock = field(default_factory=threading.Lock)
+    _whole: Future[None] | None = None
+    _start_whole: Any = None  # called once to start the whole-file check; set by the context
+
+    @property
+    def verified(self) -> Future[None]:
+        with self.lock:
+            if self._whole is None:
+                self._whole = Future()
+                start = self._start_whole
+            else:
+                return self._whole
+        if start is None:
+            self._whole.set_result(None)
+        else:
+            start(self, self._whole)
+        return self._whole
+
+    @property
+    def whole_started(self) -> bool:
+        return self._whole is not None
 
     def local_path(self) -> str | None:
         return f"/proc/self/fd/{self.fd}" if self.fd is not None and _HAVE_PROC_FD else None
+
+    @property
+    def blocks(self) -> BlockChecksums | None:
+        return self.record.blocks if self.record is not None else None
 
 
 _HAVE_PROC_FD = os.path.isdir("/proc/self/fd")
@@ -135,6 +156,9 @@ class CheckpointReadContext:
         self._chunk_pool: ThreadPoolExecutor | None = None
         self._read_ahead = False
         self._metadata: Any = _UNSET
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._kept_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -232,41 +256,63 @@ class CheckpointReadContext:
     # ------------------------------------------------------------------ opening and checking files
 
     def check(self, rel_path: str, what: str) -> CheckedFile:
-        """Open a file the checkpoint holds, check containment, type and size, and start verifying it.
+        """Open a file the checkpoint holds and check containment, type and size; its checksums are checked as
+        it is read (whole, or block by block for ranged reads).
 
         `what` says who wants the file (an item key, the sharding metadata) for the error message.
         """
         rel = checked_relative_path(rel_path, f"{what} in checkpoint {self.root}")
-        known = self._files.get(rel)
-        if known is not None:
-            return known
-        record = self.record(rel)
-        if self.manifest is not None and record is None and rel != self.manifest.metadata_file:
-            raise UnsafeCheckpointError(
-                f"File {self.root / rel} ({what}) is not listed in the checkpoint's manifest; an unlisted file is "
-                f"never read. Load an untouched copy of the checkpoint."
-            )
-        checked = self._open_file(rel, record, what)
-        self._files[rel] = checked
-        self._start_verify(checked, what)
+        with self._lock:
+            checked = self._files.get(rel)
+            if checked is None:
+                record = self.record(rel)
+                if self.manifest is not None and record is None and rel != self.manifest.metadata_file:
+                    raise UnsafeCheckpointError(
+                        f"File {self.root / rel} ({what}) is not listed in the checkpoint's manifest; an unlisted "
+                        f"file is never read. Load an untouched copy of the checkpoint."
+                    )
+                checked = self._open_file(rel, record, what)
+                self._prepare(checked, what)
+                self._files[rel] = checked
+        if checked.error is not None:
+            raise checked.error
         return checked
 
     def wait_verified(self) -> None:
-        """Block until every checked file is verified; raise the first failure (in path order)."""
+        """Block until every file read whole is verified; raise the first failure (in path order).
+
+        Files read only by byte ranges (resharding sources) are not waited for: each ranged read checked the
+        blocks it returned before returning them.
+        """
         for rel in sorted(self._files):
-            self._files[rel].verified.result()
+            checked = self._files[rel]
+            if checked.whole_started:
+                checked.verified.result()
+
+    def _prepare(self, checked: CheckedFile, what: str) -> None:
+        record = checked.record
+        if record is not None and checked.size != record.size:
+            # Known without reading a byte; kept, so a later check() of the same file raises it again.
+            checked.error = CorruptCheckpointError(
+                f"File {self.root / checked.rel} ({what}) has {checked.size} bytes but the manifest records "
+                f"{record.size}: the checkpoint was modified or damaged after it was committed."
+            )
+            return
+        if record is None or not self.policy.verify_checksums:
+            return  # nothing to verify against: `verified` resolves at once
+        checked.what = what
+        checked._start_whole = self._start_whole
+        if record.blocks is not None:
+            checked.checked_blocks = bytearray(record.blocks.block_count())
 
     def _open_file(self, rel: str, record: FileRecord | None, what: str) -> CheckedFile:
         if self._dirfd is None:
             path = self.root / rel
             if not self.storage.exists(path):
                 raise self._missing(rel, what)
-            if not self.policy.verify_checksums:
-                # Nothing to checksum: the size from one HEAD, the bytes on demand (a resharding read then fetches
-                # only its byte ranges, issue 14), not the whole object up front.
-                return CheckedFile(rel, self.storage.getsize(path), record)
-            data = self.storage.read(path)
-            return CheckedFile(rel, len(data), record, data=data)
+            # The size from one HEAD; the bytes on demand: a resharding read then fetches only the blocks its
+            # byte ranges touch (issue 14), a whole read the object once.
+            return CheckedFile(rel, self.storage.getsize(path), record)
         fd = self._open_contained(rel, what)
         try:
             st = os.fstat(fd)
@@ -317,22 +363,11 @@ class CheckpointReadContext:
             )
         return CorruptCheckpointError(f"File {self.root / rel} ({what}) does not exist.")
 
-    def _start_verify(self, checked: CheckedFile, what: str) -> None:
-        record = checked.record
-        if record is not None and checked.size != record.size:
-            checked.verified.set_exception(
-                CorruptCheckpointError(
-                    f"File {self.root / checked.rel} ({what}) has {checked.size} bytes but the manifest records "
-                    f"{record.size}: the checkpoint was modified or damaged after it was committed."
-                )
-            )
-            checked.verified.result()  # raise now: the size is known without reading a byte
-        if record is None or not self.policy.verify_checksums:
-            checked.verified.set_result(None)
-            return
-        pool = self._get_pool()
-        inner = pool.submit(self._verify, checked, record, what)
-        inner.add_done_callback(lambda f: _forward(f, checked.verified))
+    def _start_whole(self, checked: CheckedFile, outer: Future[None]) -> None:
+        """Check the whole file on the verify pool (decoding proceeds meanwhile); `outer` gets the outcome."""
+        assert checked.record is not None
+        inner = self._get_pool().submit(self._verify, checked, checked.record, checked.what)
+        inner.add_done_callback(lambda f: _forward(f, outer))
 
     def _get_chunk_pool(self) -> ThreadPoolExecutor:
         # Separate from the per-file pool: a file task waiting on chunk tasks in its own pool could deadlock.
@@ -346,26 +381,176 @@ class CheckpointReadContext:
         return self._pool
 
     def _verify(self, checked: CheckedFile, record: FileRecord, what: str) -> None:
-        actual = self._checksum(checked)
+        with self._whole_view(checked) as view:
+            if record.blocks is not None:
+                self._verify_all_blocks(checked, record, view, what)
+                return
+            actual = crc32(view, self._get_chunk_pool())
         if actual != record.crc32:
             raise CorruptCheckpointError(
                 f"File {self.root / checked.rel} ({what}) fails its CRC32 check (manifest {record.crc32:#010x}, "
                 f"file {actual:#010x}): the checkpoint is damaged. Load an earlier checkpoint."
             )
 
-    def _checksum(self, checked: CheckedFile) -> int:
-        if checked.data is not None:
-            return crc32(memoryview(checked.data))
+    def _verify_all_blocks(self, checked: CheckedFile, record: FileRecord, view: memoryview, what: str) -> None:
+        blocks = record.blocks
+        assert blocks is not None
+        actual = block_crc32s(view, blocks.block_size, self._get_chunk_pool())
+        for i, (want, got) in enumerate(zip(blocks.crc32s, actual, strict=True)):
+            if want != got:
+                raise self._block_error(checked, i, want, got, what)
+        whole = combine_blocks(actual, checked.size, blocks.block_size)
+        if whole != record.crc32:
+            raise CorruptCheckpointError(
+                f"File {self.root / checked.rel} ({what}): its manifest record is inconsistent (the block CRC32s "
+                f"combine to {whole:#010x}, the file's CRC32 is recorded as {record.crc32:#010x}): the manifest is "
+                f"damaged. Load an earlier checkpoint."
+            )
+        with checked.lock:
+            checked.checked_blocks[:] = b"\x01" * len(checked.checked_blocks)
+
+    def _block_error(self, checked: CheckedFile, index: int, want: int, got: int, what: str) -> CorruptCheckpointError:
+        blocks = checked.blocks
+        assert blocks is not None
+        start, end = blocks.span(index, checked.size)
+        return CorruptCheckpointError(
+            f"File {self.root / checked.rel} ({what}) fails its CRC32 check in block {index} of "
+            f"{blocks.block_count()} (bytes [{start}, {end})): manifest {want:#010x}, file {got:#010x}. The "
+            f"checkpoint is damaged; load an earlier checkpoint."
+        )
+
+    @contextlib.contextmanager
+    def _whole_view(self, checked: CheckedFile) -> Iterator[memoryview]:
+        """Every byte of a file: the fetched object, or a read-only map of the held descriptor."""
+        if checked.fd is None:
+            yield memoryview(self._whole_data(checked))
+            return
         if checked.size == 0:
-            return 0
-        assert checked.fd is not None
+            yield memoryview(b"")
+            return
         with mmap.mmap(checked.fd, checked.size, prot=mmap.PROT_READ) as mapped:
             view = memoryview(mapped)
             try:
-                # Chunks are checksummed on threads of their own where the library can combine them.
-                return crc32(view, self._get_chunk_pool())
+                yield view
             finally:
                 view.release()
+
+    def _whole_data(self, checked: CheckedFile) -> bytes:
+        """An object store's file, fetched once and kept: what is verified is what is decoded."""
+        with checked.fetch_lock:
+            if checked.data is None:
+                data = self.storage.read(self.root / checked.rel)
+                if len(data) != checked.size:
+                    raise CorruptCheckpointError(
+                        f"File {self.root / checked.rel} changed size while it was read ({checked.size} bytes, then "
+                        f"{len(data)}): it was replaced during the load. Retry the load."
+                    )
+                checked.data = data
+            return checked.data
+
+    # ------------------------------------------------------------------ block checks for ranged reads
+
+    def _ranged(self, checked: CheckedFile) -> bool:
+        """Whether reads of this file are checked by block (else: whole, or not at all)."""
+        return checked._start_whole is not None and checked.blocks is not None and not self._read_ahead
+
+    def _checked_range(self, checked: CheckedFile, offset: int, length: int, keep: bool) -> bytes | None:
+        """Check every block that [offset, offset+length) touches; return the range's bytes when `keep`."""
+        if checked.fd is None:
+            return self._checked_range_remote(checked, offset, length)
+        blocks = checked.blocks
+        assert blocks is not None
+        first, last = offset // blocks.block_size, (offset + length - 1) // blocks.block_size
+        with checked.lock:
+            todo = [i for i in range(first, last + 1) if not checked.checked_blocks[i]]
+        if not todo:
+            return _pread_all(checked.fd, offset, length) if keep else None
+        if not keep:
+            self._check_local_blocks(checked, todo)
+            return None
+        lo = min(offset, blocks.span(todo[0], checked.size)[0])
+        hi = max(offset + length, blocks.span(todo[-1], checked.size)[1])
+        buf = _pread_buffer(checked.fd, lo, hi - lo)
+        view = memoryview(buf)
+        self._check_blocks(checked, view, lo, todo)
+        return bytes(view[offset - lo : offset - lo + length])
+
+    def _check_local_blocks(self, checked: CheckedFile, todo: list[int]) -> None:
+        """Check blocks of a local file without keeping their bytes, reading a bounded run at a time."""
+        blocks = checked.blocks
+        assert blocks is not None and checked.fd is not None
+        per_read = max(1, _VERIFY_CHUNK // blocks.block_size)
+        run: list[int] = []
+        for i in [*todo, -1]:
+            if run and (i != run[-1] + 1 or len(run) == per_read):
+                lo, hi = blocks.span(run[0], checked.size)[0], blocks.span(run[-1], checked.size)[1]
+                self._check_blocks(checked, memoryview(_pread_buffer(checked.fd, lo, hi - lo)), lo, run)
+                run = []
+            if i >= 0:
+                run.append(i)
+
+    def _check_blocks(self, checked: CheckedFile, view: memoryview, view_start: int, indices: list[int]) -> None:
+        """Compare the CRC32 of each listed block (whose bytes `view` holds from `view_start`) with the manifest."""
+        blocks = checked.blocks
+        assert blocks is not None
+
+        def one(i: int) -> int:
+            start, end = blocks.span(i, checked.size)
+            return crc32(view[start - view_start : end - view_start])
+
+        large = len(indices) * blocks.block_size > 2 * _VERIFY_CHUNK
+        actual = list(self._get_chunk_pool().map(one, indices)) if large else [one(i) for i in indices]
+        for i, got in zip(indices, actual, strict=True):
+            if got != blocks.crc32s[i]:
+                raise self._block_error(checked, i, blocks.crc32s[i], got, checked.what)
+        with checked.lock:
+            for i in indices:
+                checked.checked_blocks[i] = 1
+
+    def _checked_range_remote(self, checked: CheckedFile, offset: int, length: int) -> bytes:
+        """An object store: fetch the blocks the range touches (one ranged read per run of blocks not kept from
+        an earlier read), check them, and return the range. Nothing unchecked is returned: no descriptor holds
+        the object, so bytes fetched now are checked now."""
+        blocks = checked.blocks
+        assert blocks is not None
+        bs = blocks.block_size
+        first, last = offset // bs, (offset + length - 1) // bs
+        pieces: dict[int, memoryview] = {}
+        with self._kept_lock:
+            for i in {first, last}:
+                kept = self._kept.get((checked.rel, i))
+                if kept is not None:
+                    self._kept.move_to_end((checked.rel, i))
+                    pieces[i] = memoryview(kept)
+        missing = [i for i in range(first, last + 1) if i not in pieces]
+        for run in _runs(missing):
+            lo, hi = blocks.span(run[0], checked.size)[0], blocks.span(run[-1], checked.size)[1]
+            view = memoryview(self.storage.read_range(self.root / checked.rel, lo, hi - lo))
+            if len(view) != hi - lo:
+                raise CorruptCheckpointError(
+                    f"File {self.root / checked.rel} returned {len(view)} bytes for [{lo}, {hi}); it was replaced "
+                    f"or truncated during the load. Retry the load."
+                )
+            self._check_blocks(checked, view, lo, run)
+            if len(run) == last - first + 1:  # one fetch covers the range: slice it, no joining
+                self._keep(checked.rel, {i: view[blocks.span(i, checked.size)[0] - lo :][:bs] for i in {first, last}})
+                return bytes(view[offset - lo : offset - lo + length])
+            for i in run:
+                start = blocks.span(i, checked.size)[0] - lo
+                pieces[i] = view[start : start + bs]
+        self._keep(checked.rel, {i: pieces[i] for i in {first, last}})
+        begin = offset - first * bs
+        return b"".join(pieces[i] for i in range(first, last + 1))[begin : begin + length]
+
+    def _keep(self, rel: str, pieces: dict[int, memoryview]) -> None:
+        """Keep the end blocks of a ranged read: the next read often starts or ends in the same block."""
+        with self._kept_lock:
+            for i, piece in pieces.items():
+                if (rel, i) not in self._kept:
+                    self._kept[(rel, i)] = bytes(piece)
+                self._kept.move_to_end((rel, i))
+            while len(self._kept) > _KEPT_BLOCKS:
+                self._kept.popitem(last=False)
 
     # ------------------------------------------------------------------ reading checked files
 
@@ -373,8 +558,9 @@ class CheckpointReadContext:
     def reading_ahead(self) -> Iterator[None]:
         """Within this block reads do not wait for their file's checksum.
 
-        For the loader's decode step only: it overlaps decoding with verification and uses nothing it decoded
-        before `wait_verified()` has returned. Every other read (a resharder's) waits for its file's checksum.
+        For the loader's decode step only: it overlaps decoding with verification of the whole file and uses
+        nothing it decoded before `wait_verified()` has returned. Every other read (a resharder's) is checked
+        before it returns: whole reads against the whole file, ranged reads against the blocks they touch.
         """
         self._read_ahead = True
         try:
@@ -382,35 +568,79 @@ class CheckpointReadContext:
         finally:
             self._read_ahead = False
 
-    def _checked_for_read(self, rel_path: str, what: str) -> CheckedFile:
+    def _checked_whole(self, rel_path: str, what: str) -> CheckedFile:
+        """A file about to be used whole: its whole check started (and, outside read-ahead, passed)."""
         checked = self.check(rel_path, what)
+        verified = checked.verified
         if not self._read_ahead:
-            checked.verified.result()
+            verified.result()
         return checked
 
     def read_bytes(self, rel_path: str, what: str = "file") -> bytes:
-        checked = self._checked_for_read(rel_path, what)
-        if checked.data is not None:
-            return checked.data
-        if checked.fd is None:  # a non-local store, read unverified: fetched now
-            return self.storage.read(self.root / checked.rel)
+        checked = self.check(rel_path, what)
+        if checked.fd is None:
+            if checked._start_whole is None:  # nothing to verify: fetched now, as it is
+                return self.storage.read(self.root / checked.rel)
+            data = self._whole_data(checked)
+            self._checked_whole(rel_path, what)
+            return data
+        self._checked_whole(rel_path, what)
         return _pread_all(checked.fd, 0, checked.size)
 
     def read_range(self, rel_path: str, offset: int, length: int, what: str = "file") -> bytes:
-        checked = self._checked_for_read(rel_path, what)
+        checked = self._ranged_file(rel_path, offset, length, what)
+        if length == 0:
+            return b""
+        if self._ranged(checked) and not self._whole_passed(checked):
+            data = self._checked_range(checked, offset, length, keep=True)
+            assert data is not None
+            return data
+        if checked._start_whole is not None:  # no block checksums (an older manifest), or read-ahead
+            self._checked_whole(rel_path, what)
+        if checked.data is not None:
+            return checked.data[offset : offset + length]
+        if checked.fd is None:
+            if checked._start_whole is not None:
+                return self._whole_data(checked)[offset : offset + length]
+            return self.storage.read_range(self.root / checked.rel, offset, length)  # unverified: just these bytes
+        return _pread_all(checked.fd, offset, length)
+
+    def verify_range(self, rel_path: str, offset: int, length: int, what: str = "file") -> None:
+        """Check bytes [offset, offset+length) before a caller uses them through `mapped_path` (a memory map)."""
+        checked = self._ranged_file(rel_path, offset, length, what)
+        if length == 0 or checked._start_whole is None:
+            return
+        if self._ranged(checked):
+            if not self._whole_passed(checked):
+                self._checked_range(checked, offset, length, keep=False)
+            return
+        self._checked_whole(rel_path, what)
+
+    def _ranged_file(self, rel_path: str, offset: int, length: int, what: str) -> CheckedFile:
+        checked = self.check(rel_path, what)
         if offset < 0 or length < 0 or offset + length > checked.size:
             raise CorruptCheckpointError(
                 f"Read of bytes [{offset}, {offset + length}) of {self.root / checked.rel} ({what}) lies outside "
                 f"its {checked.size} bytes: the file's header is damaged."
             )
-        if checked.data is not None:
-            return checked.data[offset : offset + length]
-        if checked.fd is None:  # a non-local store, read unverified: a ranged read of just these bytes
-            return self.storage.read_range(self.root / checked.rel, offset, length)
-        return _pread_all(checked.fd, offset, length)
+        return checked
+
+    @staticmethod
+    def _whole_passed(checked: CheckedFile) -> bool:
+        whole = checked._whole
+        return whole is not None and whole.done() and whole.exception() is None
 
     def local_path(self, rel_path: str, what: str = "file") -> str | None:
-        return self._checked_for_read(rel_path, what).local_path()
+        """A path to the whole file, for callers that may read any byte of it: the whole file is checked."""
+        return self._checked_whole(rel_path, what).local_path()
+
+    def mapped_path(self, rel_path: str, what: str = "file") -> str | None:
+        """A path for a caller that maps the file and calls `verify_range` for every byte range before using
+        it (the resharder's block reads): no whole-file check. None on object stores."""
+        checked = self.check(rel_path, what)
+        if self._read_ahead or (checked._start_whole is not None and checked.blocks is None):
+            self._checked_whole(rel_path, what)
+        return checked.local_path()
 
     def _exists(self, rel: str) -> bool:
         if self._dirfd is None:
@@ -468,6 +698,10 @@ def parse_json_bounded(data: bytes, where: str, max_depth: int = 64) -> Any:
 
 
 def _pread_all(fd: int, offset: int, length: int) -> bytes:
+    return bytes(_pread_buffer(fd, offset, length))
+
+
+def _pread_buffer(fd: int, offset: int, length: int) -> bytearray:
     buf = bytearray(length)
     view = memoryview(buf)
     done = 0
@@ -476,7 +710,19 @@ def _pread_all(fd: int, offset: int, length: int) -> bytes:
         if n == 0:
             raise CorruptCheckpointError(f"File ended after {offset + done} bytes; expected {offset + length}.")
         done += n
-    return bytes(buf)
+    return buf
+
+
+def _runs(indices: list[int]) -> Iterator[list[int]]:
+    """Consecutive runs of sorted block indices: [1, 2, 3, 7, 8] -> [1, 2, 3], [7, 8]."""
+    run: list[int] = []
+    for i in indices:
+        if run and i != run[-1] + 1:
+            yield run
+            run = []
+        run.append(i)
+    if run:
+        yield run
 
 
 def _forward(inner: Future[None], outer: Future[None]) -> None:
@@ -510,6 +756,12 @@ class _ContextStorage(Storage):
 
     def local_path(self, path: Path) -> str | None:
         return self._ctx.local_path(self._rel(path), str(path))
+
+    def mapped_path(self, path: Path) -> str | None:
+        return self._ctx.mapped_path(self._rel(path), str(path))
+
+    def verify_range(self, path: Path, offset: int, length: int) -> None:
+        self._ctx.verify_range(self._rel(path), offset, length, str(path))
 
     def exists(self, path: Path) -> bool:
         return self._ctx.lists(self._rel(path))

@@ -4,15 +4,22 @@ Torch files are opened with `torch.load(mmap=True, weights_only=True)` so slicin
 only that slice; safetensors files are opened with `safe_open(...).get_slice`, or, when the storage
 has no local path, read with byte-range requests computed from the safetensors header. A storage
 without local paths holding a Torch file is read whole (the zip container offers no cheaper route).
+
+Through a load's verifying storage view a mapped file is checked by byte range, never whole: everything the
+library reads itself (the zip directory, the pickle, the safetensors header) is checked before it is opened,
+and each block read checks the byte range it covers (`Storage.verify_range`) before it is returned.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import struct
+import zipfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +45,9 @@ __all__ = [
     "SourceTensor",
     "dotted_key",
     "open_flat_tensors",
+    "open_safetensors_source",
     "open_source_file",
+    "open_torch_source",
 ]
 
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
@@ -99,17 +108,30 @@ class SourceTensor(ABC):
 
 
 class _InMemoryTensor(SourceTensor):
-    def __init__(self, tensor: torch.Tensor, stats: ReadStats) -> None:
+    def __init__(self, tensor: torch.Tensor, stats: ReadStats, mapping: _FileMapping | None = None) -> None:
         self._t = tensor
         self._stats = stats
+        self._mapping = mapping
         self.shape = tuple(tensor.shape)
         self.dtype = tensor.dtype
 
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
         block = self._t[_block_index(offsets, sizes)]
+        if self._mapping is not None and block.numel():
+            self._mapping.verify(*_address_range(self._t, block))
         _advise_exact_read(self._t, block)
         self._stats.bytes_read += block.numel() * block.element_size()
         return block
+
+
+def _address_range(source: torch.Tensor, block: torch.Tensor) -> tuple[int, int]:
+    """The memory addresses [begin, end) bounding a (possibly strided) block of `source`'s storage."""
+    storage = source.untyped_storage()
+    base, nbytes = storage.data_ptr(), storage.nbytes()
+    elem = block.element_size()
+    last = block.storage_offset() + sum((n - 1) * st for n, st in zip(block.shape, block.stride(), strict=True))
+    begin = base + block.storage_offset() * elem
+    return int(begin), int(min(base + (last + 1) * elem, base + nbytes))
 
 
 def _advise_exact_read(source: torch.Tensor, block: torch.Tensor) -> None:
@@ -124,10 +146,23 @@ def _advise_exact_read(source: torch.Tensor, block: torch.Tensor) -> None:
     storage = source.untyped_storage()
     base, nbytes = storage.data_ptr(), storage.nbytes()
     madvise(base, base + nbytes, MADV_RANDOM)
-    elem = block.element_size()
-    last = block.storage_offset() + sum((n - 1) * st for n, st in zip(block.shape, block.stride(), strict=True))
-    begin = base + block.storage_offset() * elem
-    madvise(int(begin), int(min(base + (last + 1) * elem, base + nbytes)), MADV_WILLNEED)
+    madvise(*_address_range(source, block), MADV_WILLNEED)
+
+
+@dataclass
+class _FileMapping:
+    """Where torch mapped a source file in memory, so a block's addresses name its bytes in the file."""
+
+    verify_range: Callable[[int, int], None]
+    base: int  # the address of the file's byte 0
+    size: int
+
+    def verify(self, begin: int, end: int) -> None:
+        offset = begin - self.base
+        if offset < 0 or end - self.base > self.size:  # not from this file's mapping: check all of it
+            self.verify_range(0, self.size)
+            return
+        self.verify_range(offset, end - begin)
 
 
 class SourceFile(ABC):
@@ -174,9 +209,10 @@ def _flatten(value: Any, prefix: str, out: dict[str, torch.Tensor]) -> None:
 
 
 class _TorchSourceFile(SourceFile):
-    def __init__(self, value: Any, stats: ReadStats) -> None:
+    def __init__(self, value: Any, stats: ReadStats, mapping: _FileMapping | None = None) -> None:
         self._value = value
         self._stats = stats
+        self._mapping = mapping
 
     def tensor(self, path: NestedPath) -> SourceTensor | None:
         node = self._value
@@ -192,7 +228,7 @@ class _TorchSourceFile(SourceFile):
             except (KeyError, IndexError):
                 return None
         node = _local_tensor(node)
-        return _InMemoryTensor(node, self._stats) if isinstance(node, torch.Tensor) else None
+        return _InMemoryTensor(node, self._stats, self._mapping) if isinstance(node, torch.Tensor) else None
 
     def keys(self) -> list[str]:
         out: dict[str, torch.Tensor] = {}
@@ -200,8 +236,8 @@ class _TorchSourceFile(SourceFile):
         return list(out)
 
 
-def _torch_load(storage: Storage, path: Path) -> Any:
-    local = storage.local_path(path)
+def _torch_load(storage: Storage, path: Path, local: str | None = None) -> Any:
+    local = storage.local_path(path) if local is None else local
     try:
         if local is not None:
             try:
@@ -219,17 +255,124 @@ def _torch_load(storage: Storage, path: Path) -> Any:
         raise
 
 
+def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+    """A Torch file for block reads: memory-mapped where the storage maps files, each block's bytes checked
+    before use (through a verifying view); else read whole."""
+    mapped = storage.mapped_path(path)
+    if mapped is None:
+        return _TorchSourceFile(_torch_load(storage, path), stats)
+    size = storage.getsize(path)
+    if not _verify_zip_outside_tensors(storage, path, size):
+        storage.verify_range(path, 0, size)  # not a zip (legacy torch.save): torch reads all of it
+    value = _torch_load(storage, path, mapped)
+    return _TorchSourceFile(value, stats, _mapping_of(storage, path, mapped, size, value))
+
+
+_TENSOR_RECORD = re.compile(r"(^|/)data/\d+$")
+
+
+def _verify_zip_outside_tensors(storage: Storage, path: Path, size: int) -> bool:
+    """Check every byte of a Torch zip file except the tensor payloads (torch reads them itself, unchecked):
+    the zip directory, each record's header, the pickle. False if the file is not a zip."""
+    try:
+        with zipfile.ZipFile(_RangeFile(storage, path, size)) as zf:
+            infos = zf.infolist()
+    except zipfile.BadZipFile:
+        return False
+    payloads: list[tuple[int, int]] = []
+    for info in infos:
+        if _TENSOR_RECORD.search(info.filename) is None:
+            continue
+        header = storage.read_range(path, info.header_offset, 30)
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        start = info.header_offset + 30 + name_len + extra_len
+        payloads.append((start, start + info.compress_size))
+    at = 0
+    for start, end in sorted(payloads):
+        if start > at:
+            storage.verify_range(path, at, start - at)
+        at = max(at, end)
+    if at < size:
+        storage.verify_range(path, at, size - at)
+    return True
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only file over `Storage.read_range` (checked reads through a verifying view), for `zipfile`."""
+
+    def __init__(self, storage: Storage, path: Path, size: int) -> None:
+        super().__init__()
+        self._storage, self._path, self._size, self._pos = storage, path, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = max(0, offset + (0, self._pos, self._size)[whence])
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        data = self._storage.read_range(self._path, self._pos, end - self._pos)
+        self._pos = end
+        return data
+
+
+def _mapping_of(storage: Storage, path: Path, mapped: str, size: int, value: Any) -> _FileMapping:
+    """Where torch mapped the file: the kernel's map of this process names the file's byte 0 (found by the
+    file's device and inode). Without it (no /proc) every block read checks the whole file, once."""
+    check: Callable[[int, int], None] = lambda offset, length: storage.verify_range(path, offset, length)  # noqa: E731
+    flat: dict[str, torch.Tensor] = {}
+    _flatten(value, "", flat)
+    pointer = next((t.untyped_storage().data_ptr() for t in flat.values() if t.untyped_storage().nbytes()), None)
+    base = None if pointer is None else _file_base_address(pointer, os.stat(mapped))
+    return _FileMapping(check, base if base is not None else -(1 << 62), size)
+
+
+def _file_base_address(pointer: int, st: os.stat_result) -> int | None:
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                if len(fields) < 5:
+                    continue
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                if lo <= pointer < hi:
+                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    if int(fields[4]) != st.st_ino or os.makedev(major, minor) != st.st_dev:
+                        return None
+                    return lo - int(fields[2], 16)
+    except OSError:
+        return None
+    return None
+
+
 class _SafetensorsLocalTensor(SourceTensor):
-    def __init__(self, handle: Any, key: str, stats: ReadStats) -> None:
+    def __init__(
+        self, handle: Any, key: str, stats: ReadStats, check: Callable[[int, int], None] | None = None, begin: int = 0
+    ) -> None:
         self._handle = handle
         self._key = key
         self._stats = stats
+        self._check = check
+        self._begin = begin
         sl = handle.get_slice(key)
         self.shape = tuple(sl.get_shape())
         self.dtype = SAFETENSORS_DTYPES[sl.get_dtype()]
 
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
         block: torch.Tensor
+        if self._check is not None and all(sizes):
+            first, length = _bounding_range(self.shape, self.dtype, offsets, sizes)
+            self._check(self._begin + first, length)
         if not offsets:
             block = self._handle.get_tensor(self._key)
         else:
@@ -239,16 +382,25 @@ class _SafetensorsLocalTensor(SourceTensor):
 
 
 class _SafetensorsLocalFile(SourceFile):
-    def __init__(self, local: str, stats: ReadStats) -> None:
+    def __init__(self, local: str, stats: ReadStats, checked: tuple[Storage, Path] | None = None) -> None:
         from safetensors import safe_open
 
+        self._begins: dict[str, int] = {}
+        self._check: Callable[[int, int], None] | None = None
+        if checked is not None:  # through a verifying view: the header is checked before safetensors reads it
+            storage, path = checked
+            entries, base, _ = _read_safetensors_header(storage, path)
+            self._begins = {k: base + int(e["data_offsets"][0]) for k, e in entries.items()}
+            self._check = lambda offset, length: storage.verify_range(path, offset, length)
         self._handle = safe_open(local, framework="pt", device="cpu")
         self._keys = set(self._handle.keys())  # type: ignore[no-untyped-call]
         self._stats = stats
 
     def tensor(self, path: NestedPath) -> SourceTensor | None:
         key = dotted_key(path)
-        return _SafetensorsLocalTensor(self._handle, key, self._stats) if key in self._keys else None
+        if key not in self._keys:
+            return None
+        return _SafetensorsLocalTensor(self._handle, key, self._stats, self._check, self._begins.get(key, 0))
 
     def keys(self) -> list[str]:
         return sorted(self._keys)
@@ -268,27 +420,45 @@ class _SafetensorsRangeTensor(SourceTensor):
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
         if any(s == 0 for s in sizes):
             return torch.empty(sizes, dtype=self.dtype)
-        strides = [1] * len(self.shape)
-        for d in range(len(self.shape) - 2, -1, -1):
-            strides[d] = strides[d + 1] * self.shape[d + 1]
-        first = sum(o * st for o, st in zip(offsets, strides, strict=True))
-        last = sum((o + s - 1) * st for o, s, st in zip(offsets, sizes, strides, strict=True))
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        length = (last - first + 1) * elem
-        data = bytearray(self._storage.read_range(self._path, self._begin + first * elem, length))
+        first, length = _bounding_range(self.shape, self.dtype, offsets, sizes)
+        data = bytearray(self._storage.read_range(self._path, self._begin + first, length))
         self._stats.bytes_read += length
         flat = torch.frombuffer(data, dtype=self.dtype)
-        return flat.as_strided(sizes, strides, 0)
+        return flat.as_strided(sizes, _row_major_strides(self.shape), 0)
+
+
+def _row_major_strides(shape: tuple[int, ...]) -> list[int]:
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return strides
+
+
+def _bounding_range(
+    shape: tuple[int, ...], dtype: torch.dtype, offsets: tuple[int, ...], sizes: tuple[int, ...]
+) -> tuple[int, int]:
+    """(byte offset from the tensor's start, length) of the smallest row-major range holding a non-empty block."""
+    strides = _row_major_strides(shape)
+    first = sum(o * st for o, st in zip(offsets, strides, strict=True))
+    last = sum((o + s - 1) * st for o, s, st in zip(offsets, sizes, strides, strict=True))
+    elem = torch.empty((), dtype=dtype).element_size()
+    return first * elem, (last - first + 1) * elem
+
+
+def _read_safetensors_header(storage: Storage, path: Path) -> tuple[dict[str, Any], int, int]:
+    """(tensor entries, byte offset of the data, bytes read) of a safetensors file, via ranged reads."""
+    (header_len,) = struct.unpack("<Q", storage.read_range(path, 0, 8))
+    header = json.loads(storage.read_range(path, 8, header_len))
+    header.pop("__metadata__", None)
+    return header, 8 + header_len, 8 + header_len
 
 
 class _SafetensorsRangeFile(SourceFile):
     def __init__(self, storage: Storage, path: Path, stats: ReadStats) -> None:
-        (header_len,) = struct.unpack("<Q", storage.read_range(path, 0, 8))
-        header = json.loads(storage.read_range(path, 8, header_len))
-        header.pop("__metadata__", None)
-        stats.bytes_read += 8 + header_len
+        header, base, nbytes = _read_safetensors_header(storage, path)
+        stats.bytes_read += nbytes
         self._entries = header
-        self._base = 8 + header_len
+        self._base = base
         self._storage = storage
         self._path = path
         self._stats = stats
@@ -309,16 +479,21 @@ def open_source_file(storage: Storage, path: Path, fmt: SerializationFormat, sta
         raise FileNotFoundError(f"Source file {path} named by the checkpoint's sharding metadata does not exist")
     stats.files_opened.append(str(path))
     if isinstance(fmt, TorchSerialization):
-        value = _torch_load(storage, path)
-        return _TorchSourceFile(value, stats)
+        return open_torch_source(storage, path, stats)
     if isinstance(fmt, SafetensorsSerialization):
-        local = storage.local_path(path)
-        if local is not None:
-            return _SafetensorsLocalFile(local, stats)
-        return _SafetensorsRangeFile(storage, path, stats)
+        return open_safetensors_source(storage, path, stats)
     if isinstance(fmt, (JsonSerialization, RawSerialization)):
         return _EmptySourceFile()
     raise ValueError(f"Unsupported serialization format {fmt!r} for source file {path}")
+
+
+def open_safetensors_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+    """A safetensors file for block reads: mapped where the storage maps files (each block's bytes checked
+    before use, through a verifying view), else read with ranged reads computed from its header."""
+    mapped = storage.mapped_path(path)
+    if mapped is not None:
+        return _SafetensorsLocalFile(mapped, stats, (storage, path))
+    return _SafetensorsRangeFile(storage, path, stats)
 
 
 class _LazyFlatTensors(Mapping[str, torch.Tensor]):

@@ -101,6 +101,20 @@ class Storage(ABC):
         """A path the OS can open (for mmap), or None when the backend is not a local filesystem."""
         return None
 
+    def mapped_path(self, path: Path) -> str | None:
+        """A path for a caller that maps the file and calls `verify_range` for each byte range before using it.
+
+        A load's verifying view hands it out without checking the whole file first (a resharding source is
+        checked block by block); plain stores have nothing to check, so it is `local_path`.
+        """
+        return self.local_path(path)
+
+    def verify_range(self, path: Path, offset: int, length: int) -> None:  # noqa: B027 - a no-op by design
+        """Raise unless bytes [offset, offset+length) of `path` match the checksums the checkpoint recorded.
+
+        For bytes read through `mapped_path`; a no-op on plain stores, which record no checksums.
+        """
+
     def handles_url(self, checkpoint_id: str) -> bool:
         """Whether this store takes URL-looking ids (`s3://bucket/run`); local stores refuse them (a `./s3:` dir)."""
         return False

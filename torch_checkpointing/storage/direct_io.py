@@ -15,8 +15,9 @@ import io
 import mmap
 import os
 import threading
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
+
+from torch_checkpointing.checksum import FileChecksum, RunningChecksum
 
 ALIGN = 4096
 CHUNK = 16 << 20
@@ -34,7 +35,8 @@ class DurableFileWriter(io.RawIOBase):
 
     In direct mode two aligned buffers alternate: while one is written by an I/O thread and checksummed by
     another (both release the GIL), the caller fills the other, so encoding, checksumming and the disk overlap.
-    `crc32` and `size` describe every byte written, for the manifest.
+    `checksum()` (and `crc32`, `size`) describe every byte written, for the manifest: each block is checksummed
+    once, in file order, on the checksum thread in direct mode.
 
     The first OSError (ENOSPC, EFBIG, EIO...) is kept, named with the file's path, and raised again by every
     later call, close() included: an encoder that turns a failed write into its own error (torch's
@@ -54,7 +56,7 @@ class DurableFileWriter(io.RawIOBase):
         self._spare: mmap.mmap | None = None
         self._fill = 0
         self._pending: list[Future[None]] = []  # write and checksum of the spare buffer
-        self.crc32 = 0
+        self._checksum_state = RunningChecksum()
         self.size = 0
         self._fd = -1
         try:
@@ -76,6 +78,15 @@ class DurableFileWriter(io.RawIOBase):
                     raise
                 self._direct = False
         return os.open(self._path, flags, 0o644)
+
+    @property
+    def crc32(self) -> int:
+        """The CRC32 of every byte checksummed so far (all of them once the stream is closed)."""
+        return self._checksum_state.crc32
+
+    def checksum(self) -> FileChecksum:
+        """Size, CRC32 and block CRC32s of the file; complete once the stream is closed."""
+        return self._checksum_state.result()
 
     @property
     def uses_direct_io(self) -> bool:
@@ -103,7 +114,7 @@ class DurableFileWriter(io.RawIOBase):
         n = len(view)
         self.size += n
         if self._buf is None:
-            self.crc32 = zlib.crc32(view, self.crc32)
+            self._checksum_state.update(view)
             _write_all(self._fd, view)
             self._offset += n
             return n
@@ -149,7 +160,7 @@ class DurableFileWriter(io.RawIOBase):
 
     def _checksum(self, buf: mmap.mmap, nbytes: int) -> None:
         with memoryview(buf) as whole, whole[:nbytes] as data:
-            self.crc32 = zlib.crc32(data, self.crc32)
+            self._checksum_state.update(data)
 
     def _write_block(self, buf: mmap.mmap, nbytes: int) -> None:
         """Write the first `nbytes` of an aligned buffer, falling back to buffered I/O if refused."""

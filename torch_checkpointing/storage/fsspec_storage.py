@@ -7,8 +7,10 @@ incomplete checkpoint (see docs/storage.md).
 
 Throughput is the other concern. A large file is uploaded as concurrent multipart parts while it is still
 being encoded, holding at most `max_concurrency + 1` parts in memory (never the whole file), and read back
-with concurrent ranged GETs; `read_range` issues ranged GETs only, so an unverified resharding load fetches
-the byte ranges it needs, never whole files (a verified load CRC-checks, so it downloads whole files).
+with concurrent ranged GETs; `read_range` issues ranged GETs only, so a resharding load fetches the byte ranges
+it needs, never whole files (a verified one widens each range to the checksummed blocks it touches).
+Both writers checksum what they upload (size, CRC32, block CRC32s for the manifest): the multipart writer on
+its upload threads, one part each, when parts are whole blocks.
 
 fsspec (and s3fs / gcsfs for the protocol) are optional: `pip install torch-checkpointing[s3]`. They are
 imported when a storage is created, never when this module is imported, so the base install stays lean.
@@ -31,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
 from torch_checkpointing.errors import CheckpointError, ObjectStoreError
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
@@ -449,15 +452,22 @@ class _FsspecFileWriter(io.RawIOBase):
         self._fs = fs
         self._key = key
         self._url = url
+        self._running = RunningChecksum()
         with _ErrorScope(f"upload of {url}", wrap_missing=True):
             self._inner = fs.open(key, "wb", block_size=block_size)
 
     def writable(self) -> bool:
         return True
 
+    def checksum(self) -> FileChecksum:
+        """Size, CRC32 and block CRC32s of every byte written."""
+        return self._running.result()
+
     def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._running.update(view)
         with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
-            return int(self._inner.write(memoryview(data).cast("B")))
+            return int(self._inner.write(view))
 
     def close(self) -> None:
         if not self.closed:
@@ -500,14 +510,24 @@ class _S3MultipartWriter(io.RawIOBase):
         self._concurrency = concurrency
         self._buffer = bytearray()
         self._upload_id: str | None = None
-        self._parts: list[Future[dict[str, Any]]] = []
+        self._parts: list[Future[tuple[dict[str, Any], list[int]]]] = []
+        self._part_sizes: list[int] = []
         self._pool: ThreadPoolExecutor | None = None
+        self._running = RunningChecksum()
+        # Parts made of whole blocks are checksummed on their upload threads; otherwise here, in order.
+        self._sum_parts = part_size % self._running.block_size == 0
 
     def writable(self) -> bool:
         return True
 
+    def checksum(self) -> FileChecksum:
+        """Size, CRC32 and block CRC32s of every byte written; complete once the stream is closed."""
+        return self._running.result()
+
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        if not self._sum_parts:
+            self._running.update(view)
         pos = 0
         while pos < len(view):
             take = min(self._part_size - len(self._buffer), len(view) - pos)
@@ -539,7 +559,12 @@ class _S3MultipartWriter(io.RawIOBase):
             )
         data, self._buffer = bytes(self._buffer), bytearray()
         assert self._pool is not None
-        self._parts.append(self._pool.submit(self._upload_part, number, data))
+        self._parts.append(self._pool.submit(self._checksum_and_upload, number, data))
+        self._part_sizes.append(len(data))
+
+    def _checksum_and_upload(self, number: int, data: bytes) -> tuple[dict[str, Any], list[int]]:
+        crcs = block_crc32s(memoryview(data), self._running.block_size) if self._sum_parts else []
+        return self._upload_part(number, data), crcs
 
     def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
         out = self._call("upload_part", PartNumber=number, UploadId=self._upload_id, Body=data)
@@ -559,12 +584,19 @@ class _S3MultipartWriter(io.RawIOBase):
 
     def _commit(self) -> None:
         if self._upload_id is None:
+            if self._sum_parts:
+                self._running.update(self._buffer)
             with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
                 self._fs.pipe_file(f"{self._bucket}/{self._object}", bytes(self._buffer))
             return
         if self._buffer:
             self._send_part()
-        parts = [f.result() for f in self._parts]
+        parts = []
+        for future, size in zip(self._parts, self._part_sizes, strict=True):
+            part, crcs = future.result()
+            parts.append(part)
+            if self._sum_parts:
+                self._running.add_blocks(crcs, size)
         self._call("complete_multipart_upload", UploadId=self._upload_id, MultipartUpload={"Parts": parts})
         self._fs.invalidate_cache(f"{self._bucket}/{self._object}")
 
