@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import tempfile
 
-    parser = argparse.ArgumentParser(prog="python -m tests.s3_server", description=main.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.s3_server", description="Run a local S3 server (moto).")
     parser.add_argument("--bucket", default="conformance", help="bucket to create (default: conformance)")
     args = parser.parse_args(argv)
     missing = missing_s3_packages()
