@@ -101,8 +101,8 @@ def test_declaring_a_resharder_is_enough(manager_factory: Factory, ckpt_root: Wh
 
 @clause("EXAMPLE-DEFAULTS-1")
 @pytest.mark.local_only(
-    "the first example configures nothing but items, so it saves with the manager's default storage, the local "
-    "filesystem, which refuses a URL id by design"
+    "the clause is about the defaults on the local filesystem the suite runs on (CLAUSES.md, Storage): the first "
+    "example configures no storage, and the document promises nothing about a URL id without one"
 )
 def test_first_example_with_defaults(tmp_path: Path) -> None:
     top = backend.module()
