@@ -33,6 +33,7 @@ from torch_checkpointing.codecs import (
     DecodeOptions,
     codec_for,
     dtype_from_name,
+    load_resharding_source,
     load_torch,
 )
 from torch_checkpointing.encoding import decode, encode
@@ -169,8 +170,10 @@ def test_the_one_torch_loader_refuses_unsafe_pickles_naming_the_file(tmp_path: P
         load_torch(storage, path, "item 'obj'", DecodeOptions(use_mmap=use_mmap))
     trusting = DecodeOptions(weights_only=False, use_mmap=use_mmap)
     assert isinstance(load_torch(storage, path, "item 'obj'", trusting)["o"], _Unsafe)
-    with pytest.raises(RefusedPickleError, match=r"a resharding source"):
+    with pytest.raises(RefusedPickleError, match=r"obj_0\.pt"):
         codec_for(TorchSerialization()).open_source(TorchSerialization(), storage, path, ReadStats())
+    with pytest.raises(RefusedPickleError, match=r"(?s)a resharding source from .*obj_0\.pt.*Keep resharded items"):
+        load_resharding_source(storage, path, str(path))
 
 
 @pytest.mark.parametrize("dtype", sorted(set(SAFETENSORS_DTYPES.values()), key=str))

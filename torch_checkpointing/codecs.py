@@ -47,6 +47,7 @@ __all__ = [
     "DecodeOptions",
     "codec_for",
     "dtype_from_name",
+    "load_resharding_source",
     "load_torch",
     "read_safetensors",
 ]
@@ -112,12 +113,15 @@ class Codec(ABC):
         allows it."""
 
 
-def load_torch(storage: Storage, path: Path, what: str, options: DecodeOptions, hint: str = TRUST_HINT) -> Any:
-    """`torch.load` of one file: memory-mapped where the storage has a local path (and `options.use_mmap`),
-    else from its bytes. A refusal by torch's safe loader is a `RefusedPickleError` naming `what`, the file and
-    `hint`."""
+def load_torch(
+    storage: Storage, path: Path, what: str, options: DecodeOptions, hint: str = TRUST_HINT, local: str | None = None
+) -> Any:
+    """`torch.load` of one file: memory-mapped from `local` when given (a mapping the caller verifies), else
+    from the storage's local path (with `options.use_mmap`), else from its bytes. A refusal by torch's safe
+    loader is a `RefusedPickleError` naming `what`, the file and `hint`."""
     map_location, weights_only = options.map_location, options.weights_only
-    local = storage.local_path(path) if options.use_mmap else None
+    if local is None and options.use_mmap:
+        local = storage.local_path(path)
     try:
         if local is not None:
             try:
@@ -132,6 +136,12 @@ def load_torch(storage: Storage, path: Path, what: str, options: DecodeOptions, 
         raise RefusedPickleError(
             f"Refused to load {what} from {path} with torch's safe loader (weights_only=True): {exc}\n{hint}"
         ) from exc
+
+
+def load_resharding_source(storage: Storage, path: Path, local: str | None = None) -> Any:
+    """A Torch file's whole value for block reads by a resharder: on the CPU, torch's safe loader, mapped
+    (from `local` when given) where the storage allows."""
+    return load_torch(storage, path, "a resharding source", DecodeOptions(map_location="cpu"), _RESHARD_HINT, local)
 
 
 def read_safetensors(storage: Storage, path: Path, key: str) -> dict[str, torch.Tensor]:
@@ -157,10 +167,9 @@ class TorchCodec(Codec):
         return load_torch(storage, path, f"item '{key}'", options)
 
     def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
-        from torch_checkpointing.source_reader import _TorchSourceFile
+        from torch_checkpointing.source_reader import open_torch_source
 
-        value = load_torch(storage, path, "a resharding source", DecodeOptions(map_location="cpu"), _RESHARD_HINT)
-        return _TorchSourceFile(value, stats)
+        return open_torch_source(storage, path, stats)
 
 
 class _TensorlessCodec(Codec):
@@ -229,12 +238,9 @@ class SafetensorsCodec(Codec):
         return flat if options.template is None else unflatten_to_target(flat, options.template)
 
     def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
-        from torch_checkpointing.source_reader import _SafetensorsLocalFile, _SafetensorsRangeFile
+        from torch_checkpointing.source_reader import open_safetensors_source
 
-        local = storage.local_path(path)
-        if local is not None:
-            return _SafetensorsLocalFile(local, stats)
-        return _SafetensorsRangeFile(storage, path, stats)
+        return open_safetensors_source(storage, path, stats)
 
 
 CODECS: Mapping[type[SerializationFormat], Codec] = {
