@@ -13,7 +13,6 @@ import datetime as _dt
 import json
 import os
 import sys
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any, TextIO
 import torch
 
 from torch_checkpointing.checkpoint_layout import serialization_format_from_dict
+from torch_checkpointing.checksum import RunningChecksum
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     checkpoint_info,
@@ -332,13 +332,20 @@ def _verify_record(storage: Storage, root: Path, rec: FileRecord, advance: Any) 
     if size != rec.size:
         advance(rec.size)
         return _Check(rec.path, False, f"{size} bytes, manifest records {rec.size}")
-    crc = 0
+    running = RunningChecksum(rec.blocks.block_size) if rec.blocks is not None else RunningChecksum()
     with storage.stream_read(path, ReadArgs(pre_read_full_file=False)) as stream:
         while chunk := stream.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            running.update(chunk)
             advance(len(chunk))
-    if crc != rec.crc32:
-        return _Check(rec.path, False, f"crc32 {crc:08x}, manifest records {rec.crc32:08x}")
+    summed = running.result()
+    if rec.blocks is not None:  # every block, so a damaged one is named
+        for i, (want, got) in enumerate(zip(rec.blocks.crc32s, summed.blocks.crc32s, strict=True)):
+            if want != got:
+                start, end = rec.blocks.span(i, rec.size)
+                problem = f"crc32 {got:08x} in block {i} (bytes [{start}, {end})), manifest records {want:08x}"
+                return _Check(rec.path, False, problem)
+    if summed.crc32 != rec.crc32:
+        return _Check(rec.path, False, f"crc32 {summed.crc32:08x}, manifest records {rec.crc32:08x}")
     return _Check(rec.path, True)
 
 

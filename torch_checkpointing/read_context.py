@@ -109,6 +109,7 @@ class CheckedFile:
     checked_blocks: bytearray = field(default_factory=bytearray)
     lock: threading.Lock = field(default_factory=threading.Lock)
     fetch_lock: threading.Lock = field(default_factory=threading.Lock)
+    random_access: bool = False  # readahead switched off for ranged reads
     _whole: Future[None] | None = None
     _start_whole: Any = None  # called once to start the whole-file check; set by the context
 
@@ -458,6 +459,7 @@ class CheckpointReadContext:
         """Check every block that [offset, offset+length) touches; return the range's bytes when `keep`."""
         if checked.fd is None:
             return self._checked_range_remote(checked, offset, length)
+        _read_exactly(checked)
         blocks = checked.blocks
         assert blocks is not None
         first, last = offset // blocks.block_size, (offset + length - 1) // blocks.block_size
@@ -711,6 +713,14 @@ def _pread_buffer(fd: int, offset: int, length: int) -> bytearray:
             raise CorruptCheckpointError(f"File ended after {offset + done} bytes; expected {offset + length}.")
         done += n
     return buf
+
+
+def _read_exactly(checked: CheckedFile) -> None:
+    """Ranged reads of a held file fetch what they ask for: no kernel readahead past the blocks (it can be
+    megabytes, and would be charged to a resharding load as bytes read)."""
+    if not checked.random_access and checked.fd is not None and hasattr(os, "posix_fadvise"):
+        checked.random_access = True
+        os.posix_fadvise(checked.fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
 def _runs(indices: list[int]) -> Iterator[list[int]]:
