@@ -66,3 +66,41 @@ def test_a_writer_killed_between_saves_is_replaced(tmp_path: Path) -> None:
         assert manager._saver.process.pid not in (None, pid)
         out = manager.load(str(tmp_path / "b"), into={"w": None})
     assert torch.equal(out["w"], torch.zeros(3))
+
+
+def slow_exit(seconds: float) -> None:
+    """In the writer: take `seconds` to exit after answering Stop, like the teardown of a big slab mapping."""
+    from torch_checkpointing import checkpoint_process
+
+    exit_now = checkpoint_process._exit_now
+
+    def slow() -> None:
+        time.sleep(seconds)
+        exit_now()
+
+    checkpoint_process._exit_now = slow
+
+
+def test_close_does_not_wait_for_the_writers_exit_but_reaps_it(tmp_path: Path) -> None:
+    process = CheckpointProcess(STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120), slow_exit, (3.0,))
+    assert process.write(_request(tmp_path, "c")) > 0
+    proc = process._proc
+    assert proc is not None
+    t0 = time.monotonic()
+    process.close()
+    assert time.monotonic() - t0 < 1.5, "close() waited for the writer's exit"
+    proc.join(30)  # a no-op once the reaper joined it
+    assert proc.exitcode == 0
+    assert not Path(f"/proc/{proc.pid}").exists(), "the writer was left a zombie"
+
+
+def test_close_kills_a_writer_that_does_not_answer_stop(tmp_path: Path) -> None:
+    process = CheckpointProcess(
+        STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120, subprocess_shutdown_timeout_secs=1)
+    )
+    assert process.write(_request(tmp_path, "c")) > 0
+    proc = process._proc
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGSTOP)  # alive, never answers
+    process.close()
+    assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL
