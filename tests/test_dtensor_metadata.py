@@ -126,3 +126,14 @@ def test_extract_records_dtensors_without_warning(one_rank_group: None, recwarn:
 def test_metadata_json_names_placements_by_type() -> None:
     text = json.dumps(_md()._pack())
     assert "torch.bfloat16" in text and "ShardSpec" not in text
+
+
+def test_unpickled_mesh_is_the_interned_one_without_its_tables() -> None:
+    # Gathered per-rank metadata (all_gather_object) must share mesh objects, so grouping it compares identities.
+    spec = get_device_mesh_spec("cpu", (2, 2), (0, 2, 1, 3), ("dp", "tp"))
+    assert spec.get_coordinate(2) == (0, 1)
+    copy = pickle.loads(pickle.dumps(spec))
+    assert copy is spec
+    fresh = pickle.loads(pickle.dumps(DeviceMeshSpec("cpu", (3,), (0, 1, 2))))
+    assert fresh is get_device_mesh_spec("cpu", (3,), (0, 1, 2))
+    assert b"_derived_tables" not in pickle.dumps(spec)

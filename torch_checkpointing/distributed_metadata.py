@@ -349,7 +349,8 @@ class DistributedMetadata:
         return cls(items, world_size, version)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, indent=2)
+        """The bytes of metadata.json. Not indented: Python encodes indented JSON without its C encoder."""
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> DistributedMetadata:

@@ -178,8 +178,10 @@ class DeviceMeshSpec:
         derived: dict[str, Any] = self.__dict__.setdefault("_derived_tables", {})
         return derived
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_derived_tables"}
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Unpickled through the intern table: rank 0 groups every rank's gathered metadata by equality, and
+        equal meshes that are one object compare in O(1) instead of rank by rank (2048 ranks x every tensor)."""
+        return get_device_mesh_spec, (self.device_type, self.mesh_shape, self.mesh_data, self.mesh_dim_names)
 
     def __hash__(self) -> int:
         """The generated hash, computed once: a mesh of 2048 ranks is hashed for every tensor planned."""
@@ -214,15 +216,23 @@ class DeviceMeshSpec:
         )
 
 
-@functools.cache
 def get_device_mesh_spec(
     device_type: str,
     mesh_shape: tuple[int, ...],
     mesh_data: tuple[int, ...],
     mesh_dim_names: tuple[str, ...] | None = None,
 ) -> DeviceMeshSpec:
-    """Interned: a model has many parameters on few meshes, so equal meshes share one object."""
-    return DeviceMeshSpec(device_type, tuple(mesh_shape), tuple(mesh_data), mesh_dim_names)
+    """Interned: a model has many parameters on few meshes, so equal meshes share one object (however the
+    arguments are spelled: positional or not, names given as None or left out)."""
+    names = None if mesh_dim_names is None else tuple(mesh_dim_names)
+    return _interned_mesh(device_type, tuple(mesh_shape), tuple(mesh_data), names)
+
+
+@functools.cache
+def _interned_mesh(
+    device_type: str, mesh_shape: tuple[int, ...], mesh_data: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None
+) -> DeviceMeshSpec:
+    return DeviceMeshSpec(device_type, mesh_shape, mesh_data, mesh_dim_names)
 
 
 def _placement_to_spec(placement: Placement, where: str) -> PlacementSpec:

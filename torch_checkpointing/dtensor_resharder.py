@@ -240,21 +240,30 @@ def _brute_force_plans(
     return plans if covered == target_numel else None
 
 
-def _indexable(source_groups: list[Any]) -> DTensorShardingMetadata | None:
-    """The one source layout when a single group holds every rank of its (duplicate-free) mesh, else None."""
+def _indexable(
+    source_groups: list[Any], known: dict[tuple[int, int], bool] | None = None
+) -> DTensorShardingMetadata | None:
+    """The one source layout when a single group holds every rank of its (duplicate-free) mesh, else None.
+
+    `known` remembers the answer per (rank list, mesh) object pair for the length of one planning call:
+    every tensor of a model repeats the same two objects, and comparing them costs O(world).
+    """
     if len(source_groups) != 1:
         return None
     group = source_groups[0]
     md = group.sharding_metadata
     if not isinstance(md, DTensorShardingMetadata):
         return None
-    mesh = md.mesh_spec
-    if len(mesh.coordinates()) != len(mesh.mesh_data):
-        return None
-    ranks = group.ranks
-    if ranks is mesh.mesh_data or ranks == mesh.mesh_data or set(mesh.mesh_data) <= set(ranks):
-        return md
-    return None
+    mesh, ranks = md.mesh_spec, group.ranks
+    key = (id(ranks), id(mesh))
+    covers = None if known is None else known.get(key)
+    if covers is None:
+        covers = len(mesh.coordinates()) == len(mesh.mesh_data) and (
+            ranks is mesh.mesh_data or ranks == mesh.mesh_data or set(mesh.mesh_data) <= set(ranks)
+        )
+        if known is not None:
+            known[key] = covers
+    return md if covers else None
 
 
 def _local_hits(segments: _Segments, target: list[Run]) -> list[tuple[int, int]]:
@@ -473,6 +482,7 @@ def _plan(
     # Tensors with equal target and source layouts (every layer of a transformer) get the same blocks; only
     # the name differs, so each distinct pair is planned once per call.
     same_layout: dict[tuple[DTensorShardingMetadata, DTensorShardingMetadata], list[LoadPlan] | None] = {}
+    covering: dict[tuple[int, int], bool] = {}
     for path, target in target_metadata.items():
         groups = source_metadata.nested_path_to_metadata.get(tuple(path))
         if (
@@ -485,7 +495,7 @@ def _plan(
         if target.mesh_spec.get_coordinate(rank) is None:
             info.nested_path_to_load_plans[path] = []  # this rank holds no part of the target
             continue
-        plans = _plan_path(path, target, groups, rank, stats, same_layout)
+        plans = _plan_path(path, target, groups, rank, stats, same_layout, covering)
         if plans is None:
             info.non_reshardable_paths.append(path)
         else:
@@ -500,8 +510,9 @@ def _plan_path(
     rank: int,
     stats: PlanStats,
     same_layout: dict[tuple[DTensorShardingMetadata, DTensorShardingMetadata], list[LoadPlan] | None],
+    covering: dict[tuple[int, int], bool],
 ) -> list[LoadPlan] | None:
-    src_md = _indexable(groups)
+    src_md = _indexable(groups, covering)
     if src_md is None:
         return _brute_force_plans(path, target, groups, rank, stats)
     key = (target, src_md)
@@ -510,7 +521,22 @@ def _plan_path(
         return same_layout[key]
     known = same_layout[key]
     fqn = dotted_key(path)
-    return None if known is None else [dataclasses.replace(p, src_fqn=fqn) for p in known]
+    if known is None:
+        return None
+    return [
+        LoadPlan(
+            p.offsets,
+            p.sizes,
+            p.src_rank,
+            fqn,
+            p.src_offsets,
+            p.src_sizes,
+            p.transpose_dims,
+            p.src_elem_size,
+            p.src_dtype,
+        )
+        for p in known
+    ]
 
 
 def _current_rank() -> int:

@@ -7,7 +7,6 @@ is extracted afresh from the `into=` templates every time (never cached), so eac
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -49,4 +48,4 @@ class DefaultMetadataManager(MetadataManager):
         return build_distributed_metadata(per_rank, per_rank_layouts, len(per_rank))
 
     def serialize(self, per_rank: list[dict[str, ItemMetadata]], per_rank_layouts: list[dict[str, Any]]) -> str:
-        return json.dumps(self.compute_metadata(per_rank, per_rank_layouts).to_dict(), sort_keys=True)
+        return self.compute_metadata(per_rank, per_rank_layouts).to_json()
