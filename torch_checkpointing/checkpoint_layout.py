@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+from typing_extensions import Self
 
 from torch_checkpointing.schema_constants import RANK_PLACEHOLDER
 
@@ -25,16 +27,24 @@ class SerializationFormat(ABC):
     def from_dict(cls, d: dict[str, Any]) -> SerializationFormat: ...
 
 
-@dataclass(frozen=True)
-class TorchSerialization(SerializationFormat):
-    """`torch.save` / `torch.load`: arbitrary picklable state (read back with torch's safe loader by default)."""
+class _OptionlessFormat(SerializationFormat):
+    """A format without options: recorded as its type name alone, rebuilt from nothing else."""
+
+    _TYPE_NAME: ClassVar[str]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "TorchSerialization"}
+        return {"type": self._TYPE_NAME}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TorchSerialization:
+    def from_dict(cls, d: dict[str, Any]) -> Self:
         return cls()
+
+
+@dataclass(frozen=True)
+class TorchSerialization(_OptionlessFormat):
+    """`torch.save` / `torch.load`: arbitrary picklable state (read back with torch's safe loader by default)."""
+
+    _TYPE_NAME: ClassVar[str] = "TorchSerialization"
 
 
 @dataclass(frozen=True)
@@ -66,15 +76,10 @@ class JsonSerialization(SerializationFormat):
 
 
 @dataclass(frozen=True)
-class RawSerialization(SerializationFormat):
+class RawSerialization(_OptionlessFormat):
     """Bytes written as they are."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "RawSerialization"}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RawSerialization:
-        return cls()
+    _TYPE_NAME: ClassVar[str] = "RawSerialization"
 
 
 @dataclass(frozen=True, eq=False)

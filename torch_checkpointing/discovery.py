@@ -9,6 +9,7 @@ names the engine gives its temporary directories) or not ours, and then it is ne
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -73,17 +74,9 @@ class CheckpointInfo:
         return os.path.basename(self.path.rstrip("/"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "name": self.name,
-            "step": self.step,
-            "commit_time": self.commit_time,
-            "world_size": self.world_size,
-            "total_bytes": self.total_bytes,
-            "metrics": self.metrics,
-            "library_version": self.library_version,
-            "items": list(self.items),
-        }
+        """The fields as JSON values, with the directory's `name` after its `path`."""
+        fields = dataclasses.asdict(self)
+        return {"path": fields.pop("path"), "name": self.name, **fields, "items": list(self.items)}
 
 
 @dataclass(frozen=True)
@@ -98,14 +91,7 @@ class Leftover:
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "kind": self.kind,
-            "checkpoint_name": self.checkpoint_name,
-            "owner_alive": self.owner_alive,
-            "total_bytes": self.total_bytes,
-            "detail": self.detail,
-        }
+        return dataclasses.asdict(self)
 
 
 # ------------------------------------------------------------------------------------------------ discovery
@@ -131,7 +117,7 @@ def committed_manifest(storage: Storage, path: Path) -> Manifest:
     """The manifest of the committed checkpoint at `path`, for a caller that needs one: a missing directory is
     a FileNotFoundError, a directory without a manifest an `IncompleteCheckpointError`, both naming `path`."""
     if not storage.isdir(path):
-        raise FileNotFoundError(f"Checkpoint path {path} does not exist.")
+        raise FileNotFoundError(f"{path}: no such directory")
     manifest = read_manifest(storage, path)
     if manifest is None:
         raise IncompleteCheckpointError(f"{path}: no {MANIFEST_FILE_NAME}: not a checkpoint")
