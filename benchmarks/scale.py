@@ -189,9 +189,10 @@ def scenario(
     workdir: Path,
     sample: int,
     every_rank: bool = True,
+    tries: int = 2,
 ) -> dict[str, Any]:
     """Save metadata for mesh `src`, load-plan it for mesh `dst` (both dp x tp): a few sampled target ranks
-    (each planned twice, the faster kept) and, with `every_rank`, every target rank once."""
+    (each planned `tries` times, the fastest kept) and, with `every_rank`, every target rank once."""
     from torch_checkpointing.distributed_metadata import DistributedMetadata, parse_distributed_metadata
 
     meta, _, build_s = build_metadata(layout, *src)
@@ -208,7 +209,7 @@ def scenario(
     path.unlink()
     target = item_metadata(layout, *dst)
     world = dst[0] * dst[1]
-    per = [{"rank": r, **_best_of_two(target, parsed, r)} for r in _sample_ranks(world, sample)]
+    per = [{"rank": r, **_best_of(target, parsed, r, tries)} for r in _sample_ranks(world, sample)]
     out = {
         "src": list(src),
         "dst": list(dst),
@@ -226,12 +227,13 @@ def scenario(
     return out
 
 
-def _best_of_two(target: dict[str, Any], source: Any, rank: int) -> dict[str, Any]:
-    """The faster of two plans of one rank: the load's first plan also builds the per-mesh lookup tables
-    (coordinates, replica owners) once for all its tensors; the slower of the two is kept as `first_s`."""
-    a, b = (plan_rank(target, source, rank) for _ in range(2))
-    best = a if a["s"] <= b["s"] else b
-    return {**best, "first_s": max(a["s"], b["s"])}
+def _best_of(target: dict[str, Any], source: Any, rank: int, tries: int) -> dict[str, Any]:
+    """The fastest of `tries` plans of one rank (the least disturbed by other load on the machine); the
+    slowest is kept as `first_s`: a load's first plan also builds the per-mesh lookup tables (coordinates,
+    replica owners) once for all its tensors."""
+    runs = [plan_rank(target, source, rank) for _ in range(tries)]
+    best = min(runs, key=lambda r: r["s"])
+    return {**best, "first_s": max(r["s"] for r in runs)}
 
 
 def all_ranks(target: dict[str, Any], source: Any, world: int) -> dict[str, Any]:
@@ -258,7 +260,7 @@ def growth(layout: list[TensorSpec], dps: list[int], workdir: Path) -> list[dict
     """One-rank plan time and work for dp -> 2*dp (x TP 8) at increasing dp, the same model: how planning scales."""
     out = []
     for dp in dps:
-        res = scenario(layout, (dp, _TP), (2 * dp, _TP), workdir, 3, every_rank=False)
+        res = scenario(layout, (dp, _TP), (2 * dp, _TP), workdir, 3, every_rank=False, tries=5)
         out.append(
             {
                 "src_world": dp * _TP,
@@ -293,17 +295,7 @@ def run(cfg: Any, workdir: Path) -> dict[str, Any]:
         "down": scenario(layout, (2 * dp, _TP), (dp, _TP), root, sample),
     }
     smaller = sorted({max(1, dp // k) for k in (8, 4, 2)} - {dp})
-    out["growth"] = growth(layout, smaller, root)
-    up = out["up"]
-    out["growth"].append(
-        {
-            "src_world": dp * _TP,
-            "dst_world": 2 * dp * _TP,
-            "one_rank_s": up["one_rank_s"],
-            "chunk_checks": max(r["chunk_checks"] for r in up["ranks"]),
-            "metadata_bytes": up["metadata_bytes"],
-        }
-    )
+    out["growth"] = growth(layout, [*smaller, dp], root)
     out["growth_exponent"] = growth_exponent(out["growth"])
     out["growth_exponent_work"] = growth_exponent(out["growth"], "chunk_checks")
     return out
