@@ -300,6 +300,25 @@ def _cuda_first(results: Results) -> tuple[float, str]:
     return _div(results, ("engine", "blocked_cold_s"), ("engine", "memcpy_s"))
 
 
+def _s3_durable(results: Results) -> tuple[float, str]:
+    s3 = _r(results, "s3")
+    a, b = s3["durable_s"], s3["s3fs_best_s"]
+    return a / b, f"save() to durable {a * 1e3:.0f} ms / best plain s3fs upload of the same bytes {b * 1e3:.0f} ms"
+
+
+def _s3_reshard_fetched(results: Results) -> tuple[float, str]:
+    ranks = _r(results, "s3").get("reshard")
+    if not ranks:
+        raise NotMeasured("the s3 reshard was skipped (--reshard-size 0)")
+    per = [r["fetched"] / r["needed"] for r in ranks]
+    worst = max(range(len(per)), key=per.__getitem__)
+    total = sum(r["fetched"] for r in ranks) / sum(r["needed"] for r in ranks)
+    return per[worst], (
+        f"verified, safetensors layout; worst rank {worst}: {ranks[worst]['fetched'] / 2**20:.1f} MiB fetched / "
+        f"{ranks[worst]['needed'] / 2**20:.1f} MiB needed; all ranks {total:.3f}x"
+    )
+
+
 def _spec(
     key: str, label: str, get: Getter, op: str = "<=", limit: float | None = None, unit: str = "x"
 ) -> tuple[str, str, Getter, str, float | None, str]:
@@ -488,13 +507,22 @@ RATIO_SPECS = [
     _spec("page_cache_drop", "raw read time cold / warm (checks the cache drop works)", _cache_drop, "info"),
 ]
 
+# Object storage (benchmarks/s3.py, `python -m benchmarks.s3`): measured against a local moto server, so kept
+# out of the default run's table; `compute_ratios(results, S3_RATIO_SPECS)` gives these rows.
+S3_RATIO_SPECS = [
+    _spec("s3_durable_vs_s3fs", "s3 durable vs plain s3fs upload", _s3_durable, "<=", 1.2),
+    _spec("s3_reshard_fetched", "s3 reshard 4->8 bytes fetched / bytes needed", _s3_reshard_fetched, "<=", 1.1),
+]
+
 RATIO_KEYS: tuple[str, ...] = tuple(s[0] for s in RATIO_SPECS)
 TARGET_KEYS: tuple[str, ...] = tuple(s[0] for s in RATIO_SPECS if s[3] != "info")
 
 
-def compute_ratios(results: Results) -> list[Ratio]:
+def compute_ratios(
+    results: Results, specs: list[tuple[str, str, Getter, str, float | None, str]] | None = None
+) -> list[Ratio]:
     rows = []
-    for key, label, get, op, limit, unit in RATIO_SPECS:
+    for key, label, get, op, limit, unit in RATIO_SPECS if specs is None else specs:
         row = Ratio(key=key, label=label, op=op, limit=limit, unit=unit)
         try:
             row.value, row.detail = get(results)

@@ -1,6 +1,7 @@
-"""Object storage: time to a durable checkpoint on S3 vs a plain s3fs upload of the same bytes.
+"""Object storage: time to a durable checkpoint on S3 vs a plain s3fs upload of the same bytes, and the bytes a
+verified resharding load fetches vs the bytes it needs.
 
-``python -m benchmarks.s3 [--size 64M] [--runs 3] [--endpoint http://host:port --bucket name]``
+``python -m benchmarks.s3 [--size 64M] [--runs 3] [--reshard-size 256M] [--endpoint http://host:port --bucket name]``
 
 Without ``--endpoint`` a local moto server is started (checkout only: it comes from tests/s3_server.py), so the
 figures measure the client side (encoding, checksums, part scheduling, commit requests) over loopback, not a
@@ -11,7 +12,13 @@ real network. Each row is the median of ``--runs``:
 * ``FsspecStorage.stream_write``: this engine's writer (concurrent parts while the stream is written);
 * ``save() to durable``: a sync ``CheckpointManager.save`` of a tensor of that size (torch.save encoding, CRC32,
   marker, upload, commit check, manifest), returning once the manifest is in the store;
-* reads: s3fs ``cat_file`` vs ``FsspecStorage.read`` (concurrent ranged GETs).
+* reads: s3fs ``cat_file`` vs ``FsspecStorage.read`` (concurrent ranged GETs);
+* reshard 4->8: DTensor state (the reshard section's tensors, safetensors layout) saved by 4 gloo ranks, loaded
+  by 8 with verification on (the default); each rank counts every byte its GETs returned (manifest, metadata
+  and source files: the storage's one GET call, below which only HTTP remains) against the bytes of its shard.
+
+The two targets (durable / best plain s3fs upload <= 1.2x; bytes fetched / needed <= 1.1x, worst rank) are
+defined in benchmarks/report.py; this module's ``run(cfg, workdir)`` is the ``s3`` section's entry point.
 """
 
 from __future__ import annotations
@@ -23,12 +30,16 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage, _Backend
+
+from .config import BenchConfig
 
 MiB = 1 << 20
 
@@ -42,7 +53,7 @@ def _median_s(fn: Callable[[int], Any], runs: int) -> float:
     return statistics.median(times)
 
 
-def run(config: FsspecStorageConfig, size: int, runs: int) -> list[tuple[str, float]]:
+def run_uploads(config: FsspecStorageConfig, size: int, runs: int) -> list[tuple[str, float]]:
     storage = config.create_storage()
     fs, bucket = storage.fs, config.url.removeprefix("s3://")
     data = os.urandom(size)
@@ -80,15 +91,111 @@ def run(config: FsspecStorageConfig, size: int, runs: int) -> list[tuple[str, fl
     return rows
 
 
+# ------------------------------------------------------------------------------------------ reshard 4 -> 8
+
+
+@dataclass
+class CountingStorageConfig(FsspecStorageConfig):
+    """The engine's S3 storage, counting the bytes every GET returns (`storage.fetched`)."""
+
+    def create_storage(self) -> FsspecStorage:
+        return _CountingStorage(self)
+
+
+class _CountingStorage(FsspecStorage):
+    def __init__(self, config: FsspecStorageConfig) -> None:
+        super().__init__(config)
+        self.fetched = 0
+
+    def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
+        data = super()._get(backend, key, start, end)
+        self.fetched += len(data)
+        return data
+
+
+def _reshard_items() -> dict[str, Any]:
+    from torch_checkpointing import ItemSpec
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+    from torch_checkpointing.dtensor_resharder import DTensorResharder
+
+    layout = LayoutInfo("model/{rank}.safetensors", SafetensorsSerialization())
+    return {"model": ItemSpec(resharder=DTensorResharder(), layout=layout)}
+
+
+def _rank_save(config: FsspecStorageConfig, ckpt: str, total: int) -> None:
+    from .reshard import _model, global_specs
+
+    conf = CheckpointManager.Config(items=_reshard_items(), save=SyncCheckpointSaverConfig(), storage_config=config)
+    with CheckpointManager(conf) as manager:
+        manager.save(ckpt, {"model": _model(global_specs(total), fill=True)})
+
+
+def _rank_load(config: CountingStorageConfig, ckpt: str, total: int) -> dict[str, int]:
+    """One verified load (the default); the bytes this rank fetched and the bytes of its shard."""
+    import torch.distributed as dist
+
+    from .reshard import _check, _model, global_specs
+
+    specs = global_specs(total)
+    conf = CheckpointManager.Config(items=_reshard_items(), save=SyncCheckpointSaverConfig(), storage_config=config)
+    with CheckpointManager(conf) as manager:
+        templates = _model(specs, fill=False)
+        manager.load(ckpt, into={"model": templates})
+        fetched = manager._storage.fetched
+    _check(templates, specs, "reshard")
+    needed = sum(t.to_local().numel() * t.to_local().element_size() for t in templates.values())
+    dist.barrier()
+    return {"fetched": fetched, "needed": needed}
+
+
+def run_reshard(config: FsspecStorageConfig, total: int, timeout_s: float = 600.0) -> list[dict[str, int]]:
+    """4 ranks save, 8 ranks load (verified); per rank {"fetched", "needed"}."""
+    from simulator.launcher import launch
+
+    ckpt = f"reshard-{uuid.uuid4().hex[:8]}/step_1"
+    launch(_rank_save, 4, args=(config, ckpt, total), timeout=timeout_s / 2)
+    counting = CountingStorageConfig(url=config.url, storage_options=config.storage_options, part_size=config.part_size)
+    try:
+        return launch(_rank_load, 8, args=(counting, ckpt, total), timeout=timeout_s / 2)
+    finally:
+        config.create_storage().rmdir(Path(ckpt).parent)
+
+
+# ------------------------------------------------------------------------------------------ the section
+
+
+def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
+    """The ``s3`` section: a local moto server, uploads of ``cfg.size_bytes`` and the 4->8 reshard."""
+    from tests.s3_server import start_s3_server
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = start_s3_server(str(workdir))
+    try:
+        config = server.config(part_size=16 * MiB)
+        rows = dict(run_uploads(config, cfg.size_bytes, cfg.runs))
+        ranks = run_reshard(config, cfg.reshard_bytes, cfg.section_timeout_s / 2)
+    finally:
+        server.stop()
+    return {
+        "size": cfg.size_bytes,
+        "durable_s": rows["CheckpointManager.save() to durable"],
+        "s3fs_best_s": min(rows["s3fs open(wb) upload"], rows["s3fs pipe_file upload"]),
+        "uploads": rows,
+        "reshard": ranks,
+        "reshard_total": cfg.reshard_bytes,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.s3", description=__doc__.splitlines()[0])
     p.add_argument("--size", default="64M", help="bytes per upload: 64M, 1G, ... (default 64M)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--part-size", default="16M")
+    p.add_argument("--reshard-size", default="256M", help="global state of the 4->8 reshard (default 256M; 0: skip)")
     p.add_argument("--endpoint", help="an S3 endpoint URL; default: start a local moto server")
     p.add_argument("--bucket", help="an existing bucket at --endpoint")
     args = p.parse_args()
-    size, part = _parse_size(args.size), _parse_size(args.part_size)
+    size, part, total = _parse_size(args.size), _parse_size(args.part_size), _parse_size(args.reshard_size)
     server = None
     if args.endpoint is None:
         from tests.s3_server import start_s3_server
@@ -100,7 +207,8 @@ def main() -> None:
             url=f"s3://{args.bucket}", storage_options={"endpoint_url": args.endpoint}, part_size=part
         )
     try:
-        rows = run(config, size, args.runs)
+        rows = run_uploads(config, size, args.runs)
+        ranks = run_reshard(config, total) if total else None
     finally:
         if server is not None:
             server.stop()
@@ -108,6 +216,18 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, seconds in rows:
         print(f"| {name} | {seconds:.3f} | {size / MiB / seconds:.0f} |")
+    from .report import S3_RATIO_SPECS, compute_ratios, format_table
+
+    upload = dict(rows)
+    result = {
+        "durable_s": upload["CheckpointManager.save() to durable"],
+        "s3fs_best_s": min(upload["s3fs open(wb) upload"], upload["s3fs pipe_file upload"]),
+        "reshard": ranks,
+        "reshard_total": total,
+    }
+    verdicts = compute_ratios({"s3": {"result": result}}, S3_RATIO_SPECS)
+    print()
+    print(format_table(verdicts))
 
 
 def _parse_size(text: str) -> int:
