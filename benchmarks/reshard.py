@@ -2,6 +2,11 @@
 (gloo on loopback, via the simulator's launcher). Per rank: bytes read vs bytes
 needed, and time vs loading an 8-rank checkpoint of the same layout.
 
+Loads verify checksums (the default): a resharding load checks the
+checksummed blocks its byte ranges touch, so the bytes read below include
+that widening (at most one block more at each end of each range), never a
+whole-file check.
+
 Bytes read per rank come from two /proc/self/io counters around the load
 call, and the larger one counts:
 
