@@ -146,6 +146,33 @@ def test_import_round_trip_and_mismatches(tmp_path: Path) -> None:
     assert torch.equal(import_hf(single, into={"x": torch.zeros(2)})["x"], torch.ones(2))
 
 
+@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+def test_export_names_tensors_by_their_stored_dotted_keys(tmp_path: Path, fmt: str) -> None:
+    # Keys that begin with a dot or are empty do not split back into their path: export reads them by the key
+    # the file stores, named exactly as the safetensors encoder names them.
+    items = {"m": ItemSpec(layout=LayoutInfo("m.safetensors", SafetensorsSerialization()))} if fmt != "torch" else {}
+    value = {".hidden": torch.ones(2), "": {"x": torch.arange(3.0)}, "a": {"": torch.zeros(1)}}
+    with _manager(**items) as m:
+        m.save(str(tmp_path / "c"), {"m": value})
+    export_hf(tmp_path / "c", "m", tmp_path / "hf")
+    got = _load_all(tmp_path / "hf")
+    assert set(got) == {".hidden", "x", "a."}
+    assert torch.equal(got[".hidden"], torch.ones(2)) and torch.equal(got["x"], torch.arange(3.0))
+
+
+def test_import_fills_tensors_inside_tuples_and_any_mapping(tmp_path: Path) -> None:
+    # Before: the template walk descended into dicts and lists only, so tensors in a tuple were left untouched
+    # without a word.
+    from types import MappingProxyType
+
+    save_file({"layers.0": torch.ones(2), "layers.1": torch.full((2,), 2.0)}, str(tmp_path / "model.safetensors"))
+    template = MappingProxyType({"layers": (torch.zeros(2), torch.zeros(2))})
+    import_hf(tmp_path, into=template)
+    assert torch.equal(template["layers"][0], torch.ones(2)) and torch.equal(
+        template["layers"][1], torch.full((2,), 2.0)
+    )
+
+
 # ------------------------------------------------------------------------------------------------- two ranks
 
 FULL = {

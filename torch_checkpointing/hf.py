@@ -13,6 +13,7 @@ The result is `model-0000k-of-0000n.safetensors` files plus `model.safetensors.i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -64,6 +65,7 @@ class _TensorPlan:
     shape: tuple[int, ...]
     dtype: torch.dtype
     sharded: bool
+    stored_key: str  # its key in the saving rank's file: a dotted key does not always split back into its path
 
     def nbytes(self, dtype: torch.dtype | None) -> int:
         numel = 1
@@ -139,7 +141,8 @@ class _ItemSource:
             for path, groups in self.item_metadata.nested_path_to_metadata.items():
                 md = groups[0].sharding_metadata
                 if isinstance(md, DTensorShardingMetadata):
-                    out.append(_TensorPlan(dotted_key(path), tuple(path), tuple(md.global_shape), md.torch_dtype, True))
+                    name = dotted_key(path)
+                    out.append(_TensorPlan(name, tuple(path), tuple(md.global_shape), md.torch_dtype, True, name))
                     sharded.add(tuple(path))
         flat = self._plain()
         names = {p.name for p in out}
@@ -152,9 +155,10 @@ class _ItemSource:
                         f"rank's copy (rank=R / --rank R)."
                     )
                 t = flat[name]
-                out.append(_TensorPlan(name, tuple(name.split(".")) if name else (), tuple(t.shape), t.dtype, False))
+                path = tuple(name.split(".")) if name else ()
+                out.append(_TensorPlan(name, path, tuple(t.shape), t.dtype, False, name))
         # A bare-tensor item has the empty name; HF needs one: the item key.
-        return [p if p.name else _TensorPlan(self.key, p.path, p.shape, p.dtype, p.sharded) for p in out]
+        return [p if p.name else dataclasses.replace(p, name=self.key) for p in out]
 
     def _plain(self) -> Mapping[str, torch.Tensor]:
         """Every tensor of the plain rank's file, lazily (mmap for torch files, header-only for safetensors)."""
@@ -166,7 +170,7 @@ class _ItemSource:
     def read(self, plan: _TensorPlan) -> torch.Tensor:
         """The full tensor of `plan` (a fresh, contiguous CPU tensor)."""
         if not plan.sharded:
-            return self._plain()[dotted_key(plan.path)].detach().to("cpu").contiguous().clone()
+            return self._plain()[plan.stored_key].detach().to("cpu").contiguous().clone()
         assert self.item_metadata is not None
         groups = self.item_metadata.nested_path_to_metadata[plan.path]
         source_md = groups[0].sharding_metadata
