@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.util
 import os
 import pickle
@@ -360,7 +361,7 @@ class CheckpointProcess:
 def _reap(proc: Any, timeout_s: float) -> None:
     """Wait for the writer to exit (kill it past `timeout_s`), so that no zombie is left."""
     proc.join(timeout_s)
-    if proc.is_alive():
+    if proc.exitcode is None and not multiprocessing.connection.wait([proc.sentinel], 0):  # not exited
         logger.warning("The checkpoint writer process %s did not exit within %ss; killing it", proc.pid, timeout_s)
         proc.kill()
         proc.join(5)
