@@ -276,5 +276,5 @@ def test_a_config_without_protocol_takes_the_store_from_the_ids_scheme(
         want = payload(14)
         m.save(f"{bucket_config.url}/runs/by-scheme/step_14", want)
         assert_round_trip(dict(m.load(f"{bucket_config.url}/runs/by-scheme/step_14", into=templates())), want)
-        with pytest.raises(ValueError, match="no URL scheme"):
+        with pytest.raises(ValueError, match="no URL scheme|no url root"):
             m.save("runs/relative/step_15", want)
