@@ -266,3 +266,28 @@ def test_a_ranged_read_reads_only_the_blocks_it_touches(tmp_path: Path, counted_
         assert counted_preads == [100]  # checked before: read as it is
         ctx.wait_verified()  # nothing was read whole, so nothing more is read
         assert counted_preads == [100]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["torch", "safetensors"])
+def test_a_check_phase_finds_damage_in_a_planned_block_before_reading_it(
+    tmp_path: Path, layout: LayoutInfo | None
+) -> None:
+    """`SourceTensor.check_block` lets a resharder check every planned block before its first copy."""
+    from torch_checkpointing.checkpoint_layout import TorchSerialization
+    from torch_checkpointing.source_reader import ReadStats, open_source_file
+
+    root = tmp_path / "ck"
+    a, b = torch.arange(N, dtype=torch.float32), torch.arange(N, dtype=torch.float32) + 0.5
+    _save(root, {"a": a, "b": b}, layout)
+    name = "model_0.pt" if layout is None else "model_0.safetensors"
+    _flip(root / name, _offset_of(root / name, b) + 4 * N // 2)  # in the second half of b
+    fmt = TorchSerialization() if layout is None else SafetensorsSerialization()
+    storage: Storage = LocalFileSystemStorage(LocalFileSystemStorageConfig())
+    with CheckpointReadContext(storage, str(root), ReadPolicy()) as ctx:
+        source = open_source_file(ctx.storage_view(), root / name, fmt, ReadStats())
+        tensor_a, tensor_b = source.tensor(("a",)), source.tensor(("b",))
+        assert tensor_a is not None and tensor_b is not None
+        tensor_a.check_block((0,), (N,))
+        tensor_b.check_block((0,), (N // 4,))  # the first quarter of b: undamaged
+        with pytest.raises(CorruptCheckpointError, match=rf"{name} .* fails its CRC32 check in block"):
+            tensor_b.check_block((N // 2,), (N // 2,))

@@ -106,6 +106,10 @@ class SourceTensor(ABC):
         stats.blocks_read += 1
         return block
 
+    def check_block(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> None:  # noqa: B027 - a no-op here
+        """Check the block's bytes against the checkpoint's checksums without reading it out (a check phase
+        that wants damage found before the first copy); a no-op where the storage records none."""
+
 
 class _InMemoryTensor(SourceTensor):
     def __init__(self, tensor: torch.Tensor, stats: ReadStats, mapping: _FileMapping | None = None) -> None:
@@ -114,6 +118,11 @@ class _InMemoryTensor(SourceTensor):
         self._mapping = mapping
         self.shape = tuple(tensor.shape)
         self.dtype = tensor.dtype
+
+    def check_block(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> None:
+        block = self._t[_block_index(offsets, sizes)]
+        if self._mapping is not None and block.numel():
+            self._mapping.verify(*_address_range(self._t, block))
 
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
         block = self._t[_block_index(offsets, sizes)]
@@ -368,11 +377,14 @@ class _SafetensorsLocalTensor(SourceTensor):
         self.shape = tuple(sl.get_shape())
         self.dtype = SAFETENSORS_DTYPES[sl.get_dtype()]
 
-    def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
-        block: torch.Tensor
+    def check_block(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> None:
         if self._check is not None and all(sizes):
             first, length = _bounding_range(self.shape, self.dtype, offsets, sizes)
             self._check(self._begin + first, length)
+
+    def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
+        block: torch.Tensor
+        self.check_block(offsets, sizes)
         if not offsets:
             block = self._handle.get_tensor(self._key)
         else:
@@ -416,6 +428,11 @@ class _SafetensorsRangeTensor(SourceTensor):
         self._stats = stats
         self.shape = tuple(int(n) for n in entry["shape"])
         self.dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+
+    def check_block(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> None:
+        if all(sizes):
+            first, length = _bounding_range(self.shape, self.dtype, offsets, sizes)
+            self._storage.verify_range(self._path, self._begin + first, length)
 
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
         if any(s == 0 for s in sizes):
