@@ -291,3 +291,15 @@ def test_a_check_phase_finds_damage_in_a_planned_block_before_reading_it(
         tensor_b.check_block((0,), (N // 4,))  # the first quarter of b: undamaged
         with pytest.raises(CorruptCheckpointError, match=rf"{name} .* fails its CRC32 check in block"):
             tensor_b.check_block((N // 2,), (N // 2,))
+
+
+def test_without_isal_the_writer_combines_blocks_with_its_own_combine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch_checkpointing.checksum as checksum
+
+    monkeypatch.setattr(checksum, "_native_combine", None)
+    monkeypatch.setattr(checksum, "_crc32", zlib.crc32)
+    data = os.urandom(4 * BLOCK_SIZE + 1234)
+    running = RunningChecksum()
+    running.update(data[:1000])
+    running.update(data[1000:])
+    assert running.result().crc32 == zlib.crc32(data)
