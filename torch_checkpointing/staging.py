@@ -124,23 +124,14 @@ class SharedSlab:
         self.tensor = _map_shared(fd, nbytes)
 
     @classmethod
-    def allocate(cls, nbytes: int, directory: str | None, reserve: bool = True) -> SharedSlab:
-        """A new slab; `reserve=False` leaves the reservation to the caller (see `_Populator`), which must
-        finish it before writing to the memory."""
+    def allocate(cls, nbytes: int, directory: str | None) -> SharedSlab:
         fd, where = _slab_fd(directory)
         try:
-            if reserve:
-                _reserve(fd, 0, nbytes, nbytes, where)
-            else:
-                os.ftruncate(fd, nbytes)
+            _reserve(fd, nbytes, where)
             return cls(fd, nbytes, where)
         except BaseException:
             os.close(fd)
             raise
-
-    @property
-    def fd(self) -> int:
-        return self._fd
 
     def close(self) -> None:
         """Give up the descriptor; the memory goes with the last tensor that views it."""
@@ -214,10 +205,9 @@ def _slab_fd(directory: str | None) -> tuple[int, str]:
     return fd, directory
 
 
-def _reserve(fd: int, offset: int, length: int, nbytes: int, where: str) -> None:
-    """Reserve [offset, offset + length) of a slab of `nbytes`; a full disk fails here, not as SIGBUS later."""
+def _reserve(fd: int, nbytes: int, where: str) -> None:
     try:
-        os.posix_fallocate(fd, offset, length)
+        os.posix_fallocate(fd, 0, nbytes)
     except OSError as exc:
         raise OSError(
             exc.errno,
@@ -227,71 +217,6 @@ def _reserve(fd: int, offset: int, length: int, nbytes: int, where: str) -> None
             f"CheckpointManager.Config.with_sync_save(), which stages nothing",
             where,
         ) from exc
-
-
-MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels refuse it and the copy faults the pages in instead
-_POPULATE_CHUNK = 32 << 20
-_POPULATE_THREADS = 2  # the kernel's zeroing and mapping of new pages is most of a first save's cost
-
-
-class _Populator:
-    """Backs a new shared slab with memory, chunk by chunk on threads, while the first copy fills it behind.
-
-    A new slab's first save used to pay, before and during its copy, for reserving every page (fallocate) and
-    then for one page fault per 4 KiB written: several times the copy itself. Here threads reserve each chunk
-    and map it in with one MADV_POPULATE_WRITE call (both release the GIL), and the copy writes only into
-    chunks already done (`wait_for`), so the work overlaps the copy. The same pages are touched as before, so
-    no more memory. A failed reservation (a full `staging_dir`) is raised by `wait_for`, before the copy
-    reaches that chunk.
-    """
-
-    def __init__(self, shared: SharedSlab, threads: int) -> None:
-        self._cond = threading.Condition()
-        self._chunks = -(-shared.nbytes // _POPULATE_CHUNK)
-        self._finished = [False] * self._chunks
-        self._prefix = 0  # chunks [0, _prefix) are all backed
-        self._error: BaseException | None = None
-        self._nbytes = shared.nbytes
-        self._threads = [
-            threading.Thread(target=self._run, args=(shared, i, threads), name="ckpt-staging-populate", daemon=True)
-            for i in range(min(threads, self._chunks))
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def _run(self, shared: SharedSlab, first: int, stride: int) -> None:
-        base = shared.tensor.data_ptr()
-        try:
-            for chunk in range(first, self._chunks, stride):
-                if self._error is not None:
-                    return
-                start = chunk * _POPULATE_CHUNK
-                end = min(shared.nbytes, start + _POPULATE_CHUNK)
-                _reserve(shared.fd, start, end - start, shared.nbytes, shared.where)
-                madvise(base + start, base + end, MADV_POPULATE_WRITE)
-                with self._cond:
-                    self._finished[chunk] = True
-                    while self._prefix < self._chunks and self._finished[self._prefix]:
-                        self._prefix += 1
-                    self._cond.notify_all()
-        except BaseException as exc:
-            with self._cond:
-                self._error = self._error or exc
-                self._cond.notify_all()
-
-    def _backed(self) -> int:
-        return min(self._nbytes, self._prefix * _POPULATE_CHUNK)
-
-    def wait_for(self, end: int) -> None:
-        """Block until the slab's first `end` bytes are backed; raise the reservation's failure."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._backed() >= end or self._error is not None)
-            if self._error is not None:
-                raise self._error
-
-    def join(self) -> None:
-        for thread in self._threads:
-            thread.join()
 
 
 class DefaultStager(CheckpointStager):
@@ -318,7 +243,6 @@ class DefaultStager(CheckpointStager):
         self._views: list[torch.Tensor] = []
         self._generation = 0
         self._staged: STATE_DICT | None = None
-        self._populator: _Populator | None = None  # while a new slab's first copy runs
 
     @property
     def slab(self) -> torch.Tensor | None:
@@ -342,20 +266,10 @@ class DefaultStager(CheckpointStager):
                 _collect(value, sources)
         self._ensure_slab(tuple((tuple(t.shape), t.dtype) for t in sources))
         views = iter(self._views)
-        try:
-            staged = {
-                key: value if key in keys_not_requiring_copy else self._copy(value, views)
-                for key, value in state_dict.items()
-            }
-            if self._populator is not None:
-                self._populator.wait_for(self._slab.numel() if self._slab is not None else 0)
-        except BaseException:
-            if self._populator is not None:  # a slab never fully backed is not kept for the next save
-                self._populator.join()
-                self._populator = None
-                self._release()
-            raise
-        self._populator = None
+        staged = {
+            key: value if key in keys_not_requiring_copy else self._copy(value, views)
+            for key, value in state_dict.items()
+        }
         if self._non_blocking:
             torch.cuda.current_stream().synchronize()
         self._staged = staged
@@ -381,11 +295,8 @@ class DefaultStager(CheckpointStager):
             total += -(-nbytes // _ALIGN) * _ALIGN
         self._release()
         if self.config.use_shared_memory:
-            # Page-locking needs the whole slab backed at once; otherwise it is backed while the copy runs.
-            self._shared = SharedSlab.allocate(max(total, 1), self.config.staging_dir, reserve=self._pin)
+            self._shared = SharedSlab.allocate(max(total, 1), self.config.staging_dir)
             slab = self._shared.tensor
-            if not self._pin:
-                self._populator = _Populator(self._shared, _POPULATE_THREADS)
         else:
             slab = torch.empty(max(total, 1), dtype=torch.uint8)
         if self._pin:
@@ -411,31 +322,10 @@ class DefaultStager(CheckpointStager):
                 return copy.deepcopy(x)
             buf, src = next(views), tensor_for_write(x)
             with torch.no_grad():
-                if self._populator is not None:
-                    self._copy_behind(self._populator, buf, src)
-                else:
-                    buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
+                buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
 
         return _map_leaves(value, leaf)
-
-    def _copy_behind(self, populator: _Populator, buf: torch.Tensor, src: torch.Tensor) -> None:
-        """Copy `src` into `buf` (in a new slab) piece by piece, each piece once the populator has backed it."""
-        assert self._slab is not None
-        offset = buf.data_ptr() - self._slab.data_ptr()
-        itemsize = buf.element_size()
-        if not (src.is_contiguous() and src.device.type == "cpu" and src.dtype == buf.dtype and buf.numel()):
-            populator.wait_for(offset + buf.numel() * itemsize)
-            buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
-            return
-        dst_flat, src_flat = buf.view(-1), src.reshape(-1)
-        lo, count = 0, dst_flat.numel()
-        while lo < count:  # pieces end where the populator's chunks do
-            chunk_end = (offset + lo * itemsize) // _POPULATE_CHUNK * _POPULATE_CHUNK + _POPULATE_CHUNK
-            hi = min(count, max(lo + 1, (chunk_end - offset) // itemsize))
-            populator.wait_for(offset + hi * itemsize)
-            dst_flat[lo:hi].copy_(src_flat[lo:hi])
-            lo = hi
 
 
 def _map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
