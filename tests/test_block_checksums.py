@@ -220,6 +220,28 @@ def test_damage_outside_every_range_read_is_not_read_and_damage_inside_is_refuse
         _partial_load(root, layout)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["torch", "safetensors"])
+def test_a_resharding_load_that_meets_a_damaged_block_has_filled_no_target(
+    tmp_path: Path, layout: LayoutInfo | None
+) -> None:
+    """All-or-nothing holds for resharding loads too: every planned block is checked before the first copy."""
+    root = tmp_path / "ck"
+    a, b = torch.arange(N, dtype=torch.float32), torch.arange(N, dtype=torch.float32) + 0.5
+    _save(root, {"a": a, "b": b}, layout)
+    name = "model_0.pt" if layout is None else "model_0.safetensors"
+    _flip(root / name, _offset_of(root / name, b) + 4 * N // 2)  # in b, which is copied after a
+    target = {"a": torch.zeros(N), "b": torch.zeros(N)}
+    m = _manager({"model": ItemSpec(resharder=AlwaysReshard(), layout=layout)})
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*plain.*")
+            with pytest.raises(CorruptCheckpointError, match=rf"{name} .* fails its CRC32 check in block"):
+                m.load(str(root), into={"model": target})
+    finally:
+        m.close()
+    assert not target["a"].any() and not target["b"].any()
+
+
 def test_the_direct_loader_still_checks_every_byte_before_the_first_copy(tmp_path: Path) -> None:
     root = tmp_path / "ck"
     a, b = torch.arange(N, dtype=torch.float32), torch.ones(N)

@@ -21,19 +21,23 @@ from typing import Any, TextIO
 
 import torch
 
-from torch_checkpointing.checkpoint_layout import serialization_format_from_dict
+from torch_checkpointing.checkpoint_layout import untrusted_format_from_dict
 from torch_checkpointing.checksum import RunningChecksum
+from torch_checkpointing.codecs import dtype_from_name
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     checkpoint_info,
+    committed_manifest,
     default_storage,
     list_checkpoints,
 )
 from torch_checkpointing.distributed_metadata import load_distributed_metadata
 from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
-from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest, read_manifest
+from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.retention import DEFAULT_UNOWNED_AGE_S, RetentionPolicy, apply_retention, collect_garbage
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
+from torch_checkpointing.traversal import dotted_key, iter_leaves, local_tensor
+from torch_checkpointing.types import NestedPath
 
 __all__ = ["main"]
 
@@ -153,20 +157,10 @@ class _PlainProgress:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _committed(storage: Storage, path: str) -> Manifest:
-    p = Path(path)
-    if not storage.isdir(p):
-        raise FileNotFoundError(f"{path}: no such directory")
-    manifest = read_manifest(storage, p)
-    if manifest is None:
-        raise IncompleteCheckpointError(f"{path}: no {MANIFEST_FILE_NAME}: not a checkpoint")
-    return manifest
-
-
 def _info(storage: Storage, path: str) -> CheckpointInfo:
     info = checkpoint_info(path, storage)
     if info is None:
-        _committed(storage, path)  # raises the precise reason
+        committed_manifest(storage, Path(path))  # raises the precise reason
         raise IncompleteCheckpointError(f"{path}: not a committed checkpoint")
     return info
 
@@ -247,7 +241,7 @@ def _placement(p: Mapping[str, Any]) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
-    manifest = _committed(storage, args.checkpoint)
+    manifest = committed_manifest(storage, Path(args.checkpoint))
     info = _info(storage, args.checkpoint)
     sharding = _sharding(storage, args.checkpoint)
     items: dict[str, list[FileRecord]] = {}
@@ -352,7 +346,7 @@ def _verify_record(storage: Storage, root: Path, rec: FileRecord, advance: Any) 
 def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     root = Path(args.checkpoint)
     try:
-        manifest = _committed(storage, args.checkpoint)
+        manifest = committed_manifest(storage, Path(args.checkpoint))
     except (CheckpointError, RuntimeError, FileNotFoundError) as exc:
         ui.emit_json({"checkpoint": str(root), "ok": False, "error": str(exc), "files": []})
         ui.line(f"FAILED: {exc}")
@@ -387,19 +381,6 @@ def _verify_metadata(storage: Storage, root: Path) -> _Check:
 # ------------------------------------------------------------------------------------------------ diff
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(value, torch.Tensor):
-        out[prefix] = value.to_local() if hasattr(value, "to_local") and type(value).__name__ == "DTensor" else value
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _flatten(v, f"{prefix}.{i}" if prefix else str(i), out)
-    else:
-        out[prefix] = value
-
-
 def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, resharded: bool) -> dict[str, Any]:
     """Every leaf of an item: consolidated full tensors for resharded items, else each rank's file."""
     from torch_checkpointing.encoding import decode
@@ -410,9 +391,9 @@ def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, res
     out: dict[str, Any] = {}
     recs = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
     for rec in recs:
-        fmt = serialization_format_from_dict({k: v for k, v in rec.format.items() if k != "cls"})
-        value = decode(fmt, storage, root / rec.path, key, weights_only=True, use_mmap=True)
-        _flatten(value, f"rank{rec.rank}" if len(recs) > 1 else "", out)
+        value = decode(untrusted_format_from_dict(rec.format), storage, root / rec.path, key)
+        top: NestedPath = (f"rank{rec.rank}",) if len(recs) > 1 else ()
+        out.update((dotted_key(path), local_tensor(leaf)) for path, leaf in iter_leaves(value, top))
     return out
 
 
@@ -441,7 +422,7 @@ def _short(v: Any) -> str:
 
 
 def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
-    ma, mb = _committed(storage, args.a), _committed(storage, args.b)
+    ma, mb = committed_manifest(storage, Path(args.a)), committed_manifest(storage, Path(args.b))
     sa, sb = _sharding(storage, args.a), _sharding(storage, args.b)
     ka, kb = ma.keys(), mb.keys()
     rows: list[dict[str, Any]] = [{"item": k, "leaf": "", "status": "only in A", "detail": ""} for k in sorted(ka - kb)]
@@ -522,8 +503,8 @@ def cmd_export(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
 
     dtype = None
     if args.dtype:
-        dtype = getattr(torch, args.dtype, None)
-        if not isinstance(dtype, torch.dtype):
+        dtype = dtype_from_name(args.dtype)
+        if dtype is None:
             raise ValueError(f"--dtype {args.dtype!r} is not a torch dtype (e.g. bfloat16, float16, float32)")
     report = export_hf(
         args.checkpoint,

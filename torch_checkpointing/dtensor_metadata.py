@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torch_checkpointing.codecs import dtype_from_name
 from torch_checkpointing.distributed_metadata import ShardingMetadata, decode_rank_list, encode_rank_list
 from torch_checkpointing.errors import CheckpointError
 
@@ -290,9 +291,8 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        name = self.dtype.removeprefix("torch.")
-        value = getattr(torch, name, None)
-        if not isinstance(value, torch.dtype):
+        value = dtype_from_name(self.dtype)
+        if value is None:
             raise ValueError(f"Unknown dtype {self.dtype!r} in sharding metadata")
         return value
 

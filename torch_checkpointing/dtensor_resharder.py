@@ -30,8 +30,9 @@ from torch_checkpointing.dtensor_metadata import (
 )
 from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError
 from torch_checkpointing.resharding import LoadPlan, Resharder, ReshardingInfo
-from torch_checkpointing.source_reader import ReadStats, SourceFile, SourceTensor, dotted_key, open_source_file
+from torch_checkpointing.source_reader import ReadStats, SourceFile, SourceTensor, open_source_file
 from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.traversal import dotted_key, get_path, is_dtensor, iter_leaves, local_tensor
 from torch_checkpointing.types import NestedPath
 
 __all__ = [
@@ -551,26 +552,8 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _resolve(target: Any, path: NestedPath) -> Any:
-    node = target
-    for comp in path:
-        if isinstance(node, Mapping):
-            if comp not in node:
-                return None
-            node = node[comp]
-        elif isinstance(node, (list, tuple)) and isinstance(comp, int) and -len(node) <= comp < len(node):
-            node = node[comp]
-        else:
-            return None
-    return node
-
-
 def _local_of(value: Any) -> torch.Tensor | None:
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(value, DTensor):
-        return value._local_tensor
-    return value if isinstance(value, torch.Tensor) else None
+    return local_tensor(value) if isinstance(value, torch.Tensor) else None
 
 
 _Copy = tuple[NestedPath, tuple[slice, ...], SourceTensor, LoadPlan]
@@ -621,7 +604,7 @@ def _collect_copies(job: _ReshardJob) -> tuple[list[_Copy], list[NestedPath]]:
     failed: list[NestedPath] = list(info.non_reshardable_paths)
     by_rank: dict[int, list[tuple[NestedPath, LoadPlan]]] = {}
     for path, plans in info.nested_path_to_load_plans.items():
-        local = _local_of(_resolve(target, path))
+        local = _local_of(get_path(target, path))
         if local is None:
             failed.append(path)
             continue
@@ -671,7 +654,7 @@ def _execute_plans(job: _ReshardJob) -> list[NestedPath]:
     copies, failed = _collect_copies(job)
     for path, index, tensor, plan in copies:
         block = tensor.read_block(plan.src_offsets, plan.src_sizes, job.stats)
-        local = _local_of(_resolve(job.target, path))
+        local = _local_of(get_path(job.target, path))
         assert local is not None
         local[index].copy_(block)
     return failed
@@ -686,10 +669,16 @@ def check_reshard_targets(
     source_path: Path,
     storage: Storage,
 ) -> None:
-    """Raise what `load` would raise for this target, without copying anything (a load's check phase)."""
-    _collect_copies(
+    """Raise what `load` would raise for this target, without copying anything (a load's check phase).
+
+    Every planned source block is checked against the recorded block checksums here, so a damaged block is
+    found before the first copy into any target (the copy phase then reads blocks already checked).
+    """
+    copies, _ = _collect_copies(
         _plan_job(rank, source_path, item_key, target_metadata, source_metadata, target, storage, ReadStats())
     )
+    for _, _, tensor, plan in copies:
+        tensor.check_block(plan.src_offsets, plan.src_sizes)
 
 
 class DTensorResharder(Resharder):
@@ -714,7 +703,12 @@ class DTensorResharder(Resharder):
     def extract_sharding_metadata(self, item_key: str, item_value: Any) -> dict[NestedPath, ShardingMetadata]:
         out: dict[NestedPath, ShardingMetadata] = {}
         plain: list[str] = []
-        self._walk(item_key, item_value, (), out, plain)
+        for path, leaf in iter_leaves(item_value):
+            if is_dtensor(leaf):
+                out[path] = DTensorShardingMetadata.from_dtensor(leaf, where=f"at {item_key}::{dotted_key(path)}")
+            elif isinstance(leaf, torch.Tensor):
+                out[path] = DTensorShardingMetadata.replicated(leaf, _world_size())
+                plain.append(dotted_key(path))
         # Plain tensors are usually deliberate (FSDP2's scalar `step`, templates on one process without a group):
         # say so once per resharder (one per manager's ItemSpec), not on every save and load of every rank.
         said: set[tuple[str, tuple[str, ...]]] = self.__dict__.setdefault("_said", set())
@@ -726,23 +720,6 @@ class DTensorResharder(Resharder):
                 stacklevel=2,
             )
         return out
-
-    def _walk(
-        self, key: str, value: Any, path: NestedPath, out: dict[NestedPath, ShardingMetadata], plain: list[str]
-    ) -> None:
-        from torch.distributed.tensor import DTensor
-
-        if isinstance(value, DTensor):
-            out[path] = DTensorShardingMetadata.from_dtensor(value, where=f"at {key}::{dotted_key(path)}")
-        elif isinstance(value, torch.Tensor):
-            out[path] = DTensorShardingMetadata.replicated(value, _world_size())
-            plain.append(dotted_key(path))
-        elif isinstance(value, Mapping):
-            for k, v in value.items():
-                self._walk(key, v, (*path, k), out, plain)
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                self._walk(key, v, (*path, i), out, plain)
 
     def load(
         self,

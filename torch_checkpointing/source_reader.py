@@ -26,16 +26,11 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.checkpoint_layout import (
-    JsonSerialization,
-    RawSerialization,
-    SafetensorsSerialization,
-    SerializationFormat,
-    TorchSerialization,
-)
-from torch_checkpointing.errors import RefusedPickleError
+from torch_checkpointing.checkpoint_layout import SerializationFormat
+from torch_checkpointing.codecs import SAFETENSORS_DTYPES, codec_for, load_resharding_source
 from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvise
 from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.traversal import dotted_key, flatten, get_path, local_tensor
 from torch_checkpointing.types import NestedPath
 
 __all__ = [
@@ -50,24 +45,6 @@ __all__ = [
     "open_torch_source",
 ]
 
-SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "U16": torch.uint16,
-    "U32": torch.uint32,
-    "U64": torch.uint64,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
-
 
 @dataclass
 class ReadStats:
@@ -76,11 +53,6 @@ class ReadStats:
     files_opened: list[str] = field(default_factory=list)
     blocks_read: int = 0
     bytes_read: int = 0
-
-
-def dotted_key(path: NestedPath) -> str:
-    """The safetensors flatten key of a nested path (`("a", 0, "b")` → `"a.0.b"`, `()` → `""`)."""
-    return ".".join(str(c) for c in path)
 
 
 def _block_index(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[slice, ...]:
@@ -196,25 +168,9 @@ class _EmptySourceFile(SourceFile):
         return []
 
 
-def _local_tensor(value: Any) -> Any:
-    from torch.distributed.tensor import DTensor
-
-    return value._local_tensor if isinstance(value, DTensor) else value
-
-
-def _flatten(value: Any, prefix: str, out: dict[str, torch.Tensor]) -> None:
-    value = _local_tensor(value)
-    if isinstance(value, torch.Tensor):
-        out[prefix] = value
-        return
-    if isinstance(value, Mapping):
-        items: Iterator[tuple[Any, Any]] = iter(value.items())
-    elif isinstance(value, (list, tuple)):
-        items = iter(enumerate(value))
-    else:
-        return
-    for k, v in items:
-        _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+def _tensors(value: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of a Torch file's value under its dotted key, DTensors as their local shards."""
+    return flatten(value, keep=lambda leaf: isinstance(leaf, torch.Tensor))
 
 
 class _TorchSourceFile(SourceFile):
@@ -224,44 +180,11 @@ class _TorchSourceFile(SourceFile):
         self._mapping = mapping
 
     def tensor(self, path: NestedPath) -> SourceTensor | None:
-        node = self._value
-        for comp in path:
-            node = _local_tensor(node)
-            try:
-                if isinstance(node, Mapping):  # noqa: SIM114  (two branches: each narrows the index type)
-                    node = node[comp]
-                elif isinstance(node, (list, tuple)) and isinstance(comp, int):
-                    node = node[comp]
-                else:
-                    return None
-            except (KeyError, IndexError):
-                return None
-        node = _local_tensor(node)
+        node = local_tensor(get_path(self._value, path))
         return _InMemoryTensor(node, self._stats, self._mapping) if isinstance(node, torch.Tensor) else None
 
     def keys(self) -> list[str]:
-        out: dict[str, torch.Tensor] = {}
-        _flatten(self._value, "", out)
-        return list(out)
-
-
-def _torch_load(storage: Storage, path: Path, local: str | None = None) -> Any:
-    local = storage.local_path(path) if local is None else local
-    try:
-        if local is not None:
-            try:
-                return torch.load(local, mmap=True, weights_only=True, map_location="cpu")
-            except RuntimeError as exc:
-                if "mmap" not in str(exc):  # only legacy (non-zip) files refuse mmap; re-raise the rest
-                    raise
-        return torch.load(io.BytesIO(storage.read(path)), weights_only=True, map_location="cpu")
-    except Exception as exc:  # the unpickler raises several unrelated types
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            raise RefusedPickleError(
-                f"Resharding reads source file {path} with torch's safe loader and it holds objects that loader "
-                "refuses. Keep resharded items to tensors, DTensors and plain containers/scalars."
-            ) from exc
-        raise
+        return list(_tensors(self._value))
 
 
 def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
@@ -269,11 +192,11 @@ def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceF
     before use (through a verifying view); else read whole."""
     mapped = storage.mapped_path(path)
     if mapped is None:
-        return _TorchSourceFile(_torch_load(storage, path), stats)
+        return _TorchSourceFile(load_resharding_source(storage, path), stats)
     size = storage.getsize(path)
     if not _verify_zip_outside_tensors(storage, path, size):
         storage.verify_range(path, 0, size)  # not a zip (legacy torch.save): torch reads all of it
-    value = _torch_load(storage, path, mapped)
+    value = load_resharding_source(storage, path, mapped)
     return _TorchSourceFile(value, stats, _mapping_of(storage, path, mapped, size, value))
 
 
@@ -339,8 +262,7 @@ def _mapping_of(storage: Storage, path: Path, mapped: str, size: int, value: Any
     """Where torch mapped the file: the kernel's map of this process names the file's byte 0 (found by the
     file's device and inode). Without it (no /proc) every block read checks the whole file, once."""
     check: Callable[[int, int], None] = lambda offset, length: storage.verify_range(path, offset, length)  # noqa: E731
-    flat: dict[str, torch.Tensor] = {}
-    _flatten(value, "", flat)
+    flat = _tensors(value)
     pointer = next((t.untyped_storage().data_ptr() for t in flat.values() if t.untyped_storage().nbytes()), None)
     base = None if pointer is None else _file_base_address(pointer, os.stat(mapped))
     return _FileMapping(check, base if base is not None else -(1 << 62), size)
@@ -495,13 +417,7 @@ def open_source_file(storage: Storage, path: Path, fmt: SerializationFormat, sta
     if not storage.exists(path):
         raise FileNotFoundError(f"Source file {path} named by the checkpoint's sharding metadata does not exist")
     stats.files_opened.append(str(path))
-    if isinstance(fmt, TorchSerialization):
-        return open_torch_source(storage, path, stats)
-    if isinstance(fmt, SafetensorsSerialization):
-        return open_safetensors_source(storage, path, stats)
-    if isinstance(fmt, (JsonSerialization, RawSerialization)):
-        return _EmptySourceFile()
-    raise ValueError(f"Unsupported serialization format {fmt!r} for source file {path}")
+    return codec_for(fmt).open_source(fmt, storage, path, stats)
 
 
 def open_safetensors_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
@@ -525,10 +441,9 @@ class _LazyFlatTensors(Mapping[str, torch.Tensor]):
             raise KeyError(key)
         if isinstance(self._source, _TorchSourceFile):
             if self._torch_flat is None:  # mmap-backed views: flattening reads no tensor data
-                self._torch_flat = {}
-                _flatten(self._source._value, "", self._torch_flat)
+                self._torch_flat = _tensors(self._source._value)
             return self._torch_flat[key]
-        handle = self._source.tensor(tuple(key.split(".")) if key else ())
+        handle = self._source.tensor((key,))  # one component: its dotted key is `key` itself
         if handle is None:
             raise KeyError(key)
         return handle.read_block((0,) * len(handle.shape), handle.shape, self._stats)
