@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import json
 import pkgutil
 import subprocess
 import sys
@@ -155,11 +156,69 @@ def test_import_starts_no_process_and_no_thread() -> None:
         "import multiprocessing, threading\n"
         "before = threading.active_count()\n"
         "import torch_checkpointing\n"
+        "for name in dir(torch_checkpointing): getattr(torch_checkpointing, name)  # every lazy name imported\n"
         "assert multiprocessing.active_children() == [], multiprocessing.active_children()\n"
         "assert threading.active_count() == before, threading.enumerate()\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def _fresh(code: str) -> Any:
+    """Run `code` in a fresh interpreter (nothing of the package imported yet) and return what it printed as JSON."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_package_import_is_lazy_and_every_top_level_name_resolves() -> None:
+    """Names load on first use (PEP 562): the bare import loads no torch, and every public and published name,
+    looked up in a fresh interpreter, comes from its module and is listed by dir()."""
+    names = PUBLIC + COMPATIBILITY
+    code = (
+        "import json, sys\n"
+        "import torch_checkpointing as t\n"
+        "bare = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch_checkpointing.'))\n"
+        f"names = {names!r}\n"
+        "where = {n: getattr(getattr(t, n), '__module__', None) for n in names}\n"
+        "print(json.dumps({'bare': bare, 'where': where, 'dir': dir(t)}))\n"
+    )
+    report = _fresh(code)
+    assert report["bare"] == ["torch_checkpointing.version"]
+    assert [n for n in names if n not in report["dir"]] == []
+    assert sorted(report["where"]) == sorted(names)  # getattr raised on none of them
+    assert report["where"]["CheckpointManager"] == "torch_checkpointing.checkpoint_manager"
+
+
+def test_unknown_top_level_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        torch_checkpointing.NoSuchThing  # noqa: B018
+    assert torch_checkpointing.errors.CommitError is torch_checkpointing.CommitError  # submodules resolve too
+
+
+def test_writer_process_module_loads_only_the_write_path() -> None:
+    """The spawned writer imports `checkpoint_process` (to unpickle its entry point): not the manager, loader,
+    resharders, barriers or retention, which it never runs."""
+    code = (
+        "import json, sys\n"
+        "import torch_checkpointing.checkpoint_process\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch_checkpointing.'))))\n"
+    )
+    loaded = set(_fresh(code))
+    not_needed = [
+        "checkpoint_manager",
+        "checkpoint_loader",
+        "checkpoint_saver",
+        "dtensor_resharder",
+        "barriers",
+        "retention",
+        "discovery",
+        "source_reader",
+        "hf",
+        "cli",
+    ]
+    assert [m for m in not_needed if f"torch_checkpointing.{m}" in loaded] == []
+    assert "torch_checkpointing.checkpoint_writer" in loaded
 
 
 def test_writer_pid_names_the_async_writer_process(tmp_path: Any) -> None:
