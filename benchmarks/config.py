@@ -10,7 +10,7 @@ GiB = 1 << 30
 
 # The floors (memory copy, raw write, raw read) are measured inside "engine",
 # interleaved with our runs; benchmarks/floors.py holds their code.
-ALL_SECTIONS: tuple[str, ...] = ("engine", "dcp", "torch_save", "loop", "reshard", "ranks", "scale")
+ALL_SECTIONS: tuple[str, ...] = ("engine", "dcp", "torch_save", "loop", "reshard", "ranks", "scale", "s3")
 
 
 @dataclass

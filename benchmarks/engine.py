@@ -83,17 +83,25 @@ def save_series(mgr: Any, payload: dict[str, Any], root: Path, n: int, floors: _
 
 
 def _loads(mgr: Any, last: Path, state: dict[str, Any], cfg: BenchConfig, floors: _Floors) -> dict[str, Any]:
+    """Default (verifying) loads, cold and warm, each next to its raw-read floor; and, interleaved with them, the
+    same loads with `verify_checksums=False`, so that the cost of verification is a ratio within one run."""
     templates = make_templates(state)
-    out: dict[str, list[float]] = {"load_cold_s": [], "load_warm_s": []}
-    for _ in range(cfg.runs):
-        for cold in (True, False):
-            floors.read(cold)
-            if cold:
-                drop_page_cache(last)
-            t0 = now()
-            mgr.load(str(last), into=templates)
-            sync(cfg.device)
-            out["load_cold_s" if cold else "load_warm_s"].append(now() - t0)
+    unverified = make_manager(cfg, verify_checksums=False)
+    keys = ("load_cold_s", "load_warm_s", "unverified_cold_s", "unverified_warm_s")
+    out: dict[str, list[float]] = {k: [] for k in keys}
+    try:
+        for _ in range(cfg.runs):
+            for cold in (True, False):
+                floors.read(cold)
+                for name, manager in (("load", mgr), ("unverified", unverified)):
+                    if cold:
+                        drop_page_cache(last)
+                    t0 = now()
+                    manager.load(str(last), into=templates)
+                    sync(cfg.device)
+                    out[f"{name}_{'cold' if cold else 'warm'}_s"].append(now() - t0)
+    finally:
+        unverified.close()
     if not same_values(templates, state):
         raise RuntimeError("engine load did not restore the saved values into the templates")
     return out

@@ -9,12 +9,17 @@ from .config import BenchConfig
 
 
 def make_manager(
-    cfg: BenchConfig, items: dict[str, Any] | None = None, sync_save: bool = False, overlap_staging: bool = False
+    cfg: BenchConfig,
+    items: dict[str, Any] | None = None,
+    sync_save: bool = False,
+    overlap_staging: bool = False,
+    verify_checksums: bool | None = None,
 ) -> Any:
     """An async-save CheckpointManager on local storage with the configured direct-I/O choice.
 
     `overlap_staging` moves the staging copy off save() (CheckpointStagerConfig(use_async_staging=True)), the mode
     for loops that put their in-place updates inside lock(); by default save() returns once the copy is done.
+    `verify_checksums` is the loader's setting (None: the default, verifying).
     """
     from torch_checkpointing import CheckpointManager
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -25,6 +30,7 @@ def make_manager(
     conf.storage_config = LocalFileSystemStorageConfig(use_direct_io=cfg.direct_io)
     if items:
         conf.items = items
+    conf.load.verify_checksums = verify_checksums
     return CheckpointManager(conf)
 
 

@@ -183,7 +183,8 @@ def _scale_plan(which: str) -> Getter:
         return sc["one_rank_s"], (
             f"{sc['tensors']} tensors, {src[0]}x{src[1]} -> {dst[0]}x{dst[1]} ranks: slowest of "
             f"{len(sc['ranks'])} sampled ranks {sc['one_rank_s']:.2f} s, all "
-            f"{dst[0] * dst[1]} ranks ~{sc['all_ranks_est_s']:.0f} s (one core); "
+            f"{dst[0] * dst[1]} ranks planned one after another {sc['all_ranks_s']:.0f} s (one core; in a job each "
+            f"rank plans only itself); "
             f"parse metadata.json {sc['parse_s']:.2f} s"
         )
 
@@ -199,21 +200,25 @@ def _scale_meta(results: Results) -> tuple[float, str]:
         f"{w} ranks {m['metadata_bytes'] / 2**20:.1f} MiB (write {m['serialise_s']:.1f} s)"
         for w, m in sorted(sizes.items())
     )
-    return big["metadata_bytes"] / 2**20, f"{sc['params'] / 1e9:.1f}B params, {big['tensors']} tensors: {parts}"
+    return big["metadata_bytes"] / 2**20, (
+        f"{sc['params'] / 1e9:.1f}B params, {big['tensors']} tensors: {parts}, version 2.0 would be "
+        f"{big['metadata_bytes_v2'] / 2**20:.1f} MiB"
+    )
 
 
 def _scale_bytes(results: Results) -> tuple[float, str]:
     sc = _r(results, "scale")
-    worst = max((r["read"] / r["needed"], w, r["rank"]) for w in ("up", "down") for r in sc[w]["ranks"])
-    return worst[0], f"worst sampled rank ({worst[1]}, rank {worst[2]}), MADV_WILLNEED bounding ranges in pages"
+    worst = max((sc[w]["all_ranks_worst_read_ratio"], w, sc[w]["all_ranks_worst_read_rank"]) for w in ("up", "down"))
+    return worst[0], f"worst of all ranks ({worst[1]}, rank {worst[2]}), MADV_WILLNEED bounding ranges in pages"
 
 
 def _scale_growth(results: Results) -> tuple[float, str]:
     sc = _r(results, "scale")
-    pts = " ".join(f"{g['dst_world']}:{g['one_rank_s']:.2f}s" for g in sc["growth"])
-    return sc["growth_exponent"], (
-        f"d log(one-rank plan time) / d log(world), last doubling (1 = linear; all ranks "
-        f"add 1); one-rank times by target world {pts}"
+    pts = " ".join(f"{g['dst_world']}:{g['one_rank_s']:.3f}s" for g in sc["growth"])
+    work = " ".join(f"{g['dst_world']}:{g['chunk_checks']}" for g in sc["growth"])
+    return sc["growth_exponent_work"], (
+        f"d log(planner work for one rank) / d log(world) (0 = flat, 1 = linear; all ranks add 1); chunk checks "
+        f"per target rank by target world {work}; one-rank times {pts}"
     )
 
 
@@ -300,14 +305,21 @@ def _cuda_first(results: Results) -> tuple[float, str]:
     return _div(results, ("engine", "blocked_cold_s"), ("engine", "memcpy_s"))
 
 
-def _s3_durable(results: Results) -> tuple[float, str]:
+def _s3(results: Results) -> dict[str, Any]:
     s3 = _r(results, "s3")
+    if s3.get("not_measured"):
+        raise NotMeasured(s3["not_measured"])
+    return s3
+
+
+def _s3_durable(results: Results) -> tuple[float, str]:
+    s3 = _s3(results)
     a, b = s3["durable_s"], s3["s3fs_best_s"]
     return a / b, f"save() to durable {a * 1e3:.0f} ms / best plain s3fs upload of the same bytes {b * 1e3:.0f} ms"
 
 
 def _s3_reshard_fetched(results: Results) -> tuple[float, str]:
-    ranks = _r(results, "s3").get("reshard")
+    ranks = _s3(results).get("reshard")
     if not ranks:
         raise NotMeasured("the s3 reshard was skipped (--reshard-size 0)")
     per = [r["fetched"] / r["needed"] for r in ranks]
@@ -423,6 +435,13 @@ RATIO_SPECS = [
         1.2,
     ),
     _spec(
+        "verify_overhead",
+        "default (verifying) load / the same load with verify_checksums=False (warm)",
+        _d(("engine", "load_warm_s"), ("engine", "unverified_warm_s")),
+        "<=",
+        1.15,
+    ),
+    _spec(
         "ranks4_aggregate_vs_raw",
         "4 ranks saving at once: time to durable / one-process raw write of the total",
         _ranks_aggregate(4),
@@ -505,14 +524,18 @@ RATIO_SPECS = [
     _spec("reshard_disk_read", "reshard 4->8, cold: block-layer bytes / needed (all ranks)", _reshard_disk, "info"),
     _spec("writer_peak_vs_staged", "writer process peak RSS / staged bytes", _writer_rss, "info"),
     _spec("page_cache_drop", "raw read time cold / warm (checks the cache drop works)", _cache_drop, "info"),
-]
-
-# Object storage (benchmarks/s3.py, `python -m benchmarks.s3`): measured against a local moto server, so kept
-# out of the default run's table; `compute_ratios(results, S3_RATIO_SPECS)` gives these rows.
-S3_RATIO_SPECS = [
+    _spec(
+        "verify_overhead_cold",
+        "default (verifying) load / unverified load, page cache dropped",
+        _d(("engine", "load_cold_s"), ("engine", "unverified_cold_s")),
+        "info",
+    ),
     _spec("s3_durable_vs_s3fs", "s3 durable vs plain s3fs upload", _s3_durable, "<=", 1.2),
     _spec("s3_reshard_fetched", "s3 reshard 4->8 bytes fetched / bytes needed", _s3_reshard_fetched, "<=", 1.1),
 ]
+
+# Object storage (the s3 section, against a local moto server): also `python -m benchmarks.s3` on its own.
+S3_RATIO_SPECS = [spec for spec in RATIO_SPECS if spec[0].startswith("s3_")]
 
 RATIO_KEYS: tuple[str, ...] = tuple(s[0] for s in RATIO_SPECS)
 TARGET_KEYS: tuple[str, ...] = tuple(s[0] for s in RATIO_SPECS if s[3] != "info")

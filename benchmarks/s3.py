@@ -166,7 +166,11 @@ def run_reshard(config: FsspecStorageConfig, total: int, timeout_s: float = 600.
 
 def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     """The ``s3`` section: a local moto server, uploads of ``cfg.size_bytes`` and the 4->8 reshard."""
-    from tests.s3_server import start_s3_server
+    from tests.s3_server import missing_s3_packages, start_s3_server
+
+    missing = missing_s3_packages()
+    if missing:
+        return {"not_measured": f"needs {', '.join(missing)} (pip install -e '.[test]')"}
 
     workdir.mkdir(parents=True, exist_ok=True)
     server = start_s3_server(str(workdir))
