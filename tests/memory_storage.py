@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
@@ -345,13 +345,19 @@ class RecordingStorage(LocalFileSystemStorage):
 
 
 class SlowCopy:
-    """A value whose deep copy takes `seconds`: stretches a save's staging copy so that tests can watch it."""
+    """A value whose deep copy takes `seconds`: stretches a save's staging copy so that tests can watch it.
+
+    `SlowCopy.copies` counts the deep copies made in this process, so a test can see whether a value was staged.
+    """
+
+    copies: ClassVar[int] = 0
 
     def __init__(self, seconds: float, payload: int = 0) -> None:
         self.seconds = seconds
         self.payload = payload
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SlowCopy:
+        SlowCopy.copies += 1
         time.sleep(self.seconds)
         return SlowCopy(self.seconds, self.payload)
 

@@ -18,7 +18,7 @@ from tests.memory_storage import Control, RecordingStorageConfig, SlowCopy, cont
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
-from torch_checkpointing.staging import CheckpointStagerConfig
+from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
 
 RESULT_TIMEOUT = 120
 
@@ -58,27 +58,29 @@ def test_default_async_preset_works_on_cpu(async_manager: CheckpointManager, tmp
 # ------------------------------------------------------------------------------------------- staging
 
 
-def test_staging_reuses_shared_host_buffers(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
-    manager, _ = amgr
-    stager = manager._saver.stager
-    model = {"w": torch.randn(64, 8), "b": torch.randn(8), "layers": [torch.randn(3)]}
-    _result(manager.save(str(tmp_path / "a"), {"model": model}))
-    staged = stager.get_staged_state_dict()["model"]
-    first = {"w": staged["w"], "b": staged["b"], "l0": staged["layers"][0]}
-    for name, buf in first.items():
-        assert buf.is_shared(), name
-        assert (
-            buf.data_ptr()
-            != (model["w"] if name == "w" else model["b"] if name == "b" else model["layers"][0]).data_ptr()
-        )
-    with torch.no_grad():
-        model["w"].add_(1)
-    _result(manager.save(str(tmp_path / "b"), {"model": model}))
-    staged = stager.get_staged_state_dict()["model"]
-    assert staged["w"] is first["w"] and staged["b"] is first["b"] and staged["layers"][0] is first["l0"]
-    assert torch.equal(staged["w"], model["w"])
-    out = manager.load(str(tmp_path / "b"), into={"model": None})
-    assert torch.equal(out["model"]["w"], model["w"])
+def test_staging_reuses_shared_host_buffers() -> None:
+    stager = DefaultStager(CheckpointStagerConfig(use_pinned_memory=False, use_non_blocking_copy=False))
+    try:
+        model = {"w": torch.randn(64, 8), "b": torch.randn(8), "layers": [torch.randn(3)]}
+        staged = stager.stage({"model": model})["model"]
+        first = {"w": staged["w"], "b": staged["b"], "l0": staged["layers"][0]}
+        sources = {"w": model["w"], "b": model["b"], "l0": model["layers"][0]}
+        for name, buf in first.items():
+            assert buf.is_shared(), name
+            assert buf.data_ptr() != sources[name].data_ptr(), f"{name} was not copied"
+        with torch.no_grad():
+            model["w"].add_(1)
+        staged = stager.stage({"model": model})["model"]
+        assert staged["w"] is first["w"] and staged["b"] is first["b"] and staged["layers"][0] is first["l0"]
+        assert torch.equal(staged["w"], model["w"])
+    finally:
+        stager.close()
+
+
+def _slab_inodes() -> set[str]:
+    """Inodes of the staging slabs this process maps: what a save's staging copy lands in."""
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    return {line.split()[4] for line in lines if "torch_checkpointing-staging" in line}
 
 
 def test_mutation_after_lock_does_not_reach_the_checkpoint(
@@ -104,23 +106,33 @@ def test_requires_copy_false_values_are_left_alone(amgr: tuple[CheckpointManager
     assert not t.is_shared(), "a requires_copy=False tensor was moved to shared memory"
     assert t.data_ptr() == ptr and torch.equal(t, torch.arange(6.0))
     assert snap == {"progress": t, "seen": [1, 2, 3]} and snap["progress"] is t
-    staged = manager._saver.stager.get_staged_state_dict() or {}
-    assert "snap" not in staged, "requires_copy=False value went through the staging copy"
     out = manager.load(str(tmp_path / "c"), into={"snap": None})
     assert torch.equal(out["snap"]["progress"], t) and out["snap"]["seen"] == [1, 2, 3]
+
+
+def test_requires_copy_false_values_are_not_deep_copied(
+    amgr: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, _ = amgr
+    copies = SlowCopy.copies
+    _result(manager.save(str(tmp_path / "c"), {"snap": {"probe": SlowCopy(0.0)}}))
+    assert SlowCopy.copies == copies, "a requires_copy=False value went through the staging copy"
+    _result(manager.save(str(tmp_path / "d"), {"model": {"probe": SlowCopy(0.0)}}))
+    assert SlowCopy.copies == copies + 1, "the staging copy of a requires_copy=True value was not seen"
 
 
 def test_prewarm_allocates_the_buffers_the_save_uses(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
     manager, control = amgr
     model = {"pw": torch.randn(32, 4)}
-    stager = manager._saver.stager
+    before = _slab_inodes()
     assert manager.prewarm_staging({"model": model, "snap": {"x": 1}}) is None
-    manager._saver.wait(RESULT_TIMEOUT)
-    prewarmed_generation, slab = stager.generation, stager.slab
+    with manager.lock():  # waits for the prewarm's staging copy
+        prewarmed = _slab_inodes() - before
+    assert prewarmed, "the prewarm mapped no new staging slab"
     _result(manager.save(str(tmp_path / "c"), {"model": model}))
-    buf = stager.get_staged_state_dict()["model"]["pw"]
-    assert stager.generation == prewarmed_generation, "the save allocated a new slab instead of the prewarmed one"
-    assert buf.untyped_storage().data_ptr() == slab.untyped_storage().data_ptr()
+    assert not _slab_inodes() - before - prewarmed, "the save allocated a new slab instead of the prewarmed one"
+    out = manager.load(str(tmp_path / "c"), into={"model": None})
+    assert torch.equal(out["model"]["pw"], model["pw"])
     control.set_delay(1.0)
     fut = manager.save(str(tmp_path / "d"), {"model": model})
     with pytest.raises(RuntimeError, match="write is active"):
@@ -216,9 +228,10 @@ def test_writes_happen_in_the_writer_process_through_the_configured_storage(
     _result(manager.save(str(tmp_path / "c"), {"model": torch.ones(1)}))
     writes = [c for c in control.calls() if c[1] == "stream_write" and c[2].endswith("model_0.pt")]
     assert writes, "the item file was not written through the configured storage"
-    writer_pid = manager._saver.process.pid
+    writer_pid = manager.writer_pid
     assert {int(c[0]) for c in writes} == {writer_pid} and writer_pid != os.getpid()
-    assert manager._saver.process._ctx.get_start_method() == "spawn"
+    cmdline = Path(f"/proc/{writer_pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    assert b"multiprocessing.spawn import spawn_main" in cmdline, f"the writer was not spawned: {cmdline!r}"
 
 
 # --------------------------------------------------------------------------------------------- failures

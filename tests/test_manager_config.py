@@ -20,7 +20,7 @@ from torch_checkpointing.config import (
     CheckpointSaverConfig,
     SyncCheckpointSaverConfig,
 )
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorage
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 Config = CheckpointManager.Config
 ManagerFactory = Callable[..., CheckpointManager]
@@ -92,13 +92,12 @@ def test_items_must_hold_item_specs() -> None:
         CheckpointManager(Config(items={"model": object()}, save=SyncCheckpointSaverConfig()))  # type: ignore[dict-item]
 
 
-def test_default_storage_is_local_filesystem_with_direct_io() -> None:
-    manager = CheckpointManager(Config.with_sync_save())
-    try:
-        assert isinstance(manager._storage, LocalFileSystemStorage)
-        assert manager._storage.config.use_direct_io is True
-    finally:
-        manager.close()
+def test_default_storage_is_local_filesystem_with_direct_io(tmp_path: Path) -> None:
+    assert Config.with_sync_save().storage_config is None  # None: the local filesystem (docs/storage.md)
+    assert LocalFileSystemStorageConfig().use_direct_io is True
+    with CheckpointManager(Config.with_sync_save()) as manager:
+        manager.save(str(tmp_path / "c"), {"model": {"w": torch.arange(4.0)}})
+    assert (tmp_path / "c" / "model_0.pt").is_file() and (tmp_path / "c" / "manifest.json").is_file()
 
 
 def test_sync_save_returns_none_and_is_durable_on_return(sync_manager: CheckpointManager, tmp_path: Path) -> None:
@@ -128,11 +127,16 @@ def test_storage_config_is_used(make_sync: ManagerFactory, tmp_path: Path) -> No
     assert manager.load(str(tmp_path / "c"), into={"a": None}) == {"a": 1}
 
 
-def test_load_config_is_used(make_sync: ManagerFactory, tmp_path: Path) -> None:
-    manager = make_sync(load=CheckpointLoaderConfig(use_mmap=False, weights_only=False))
-    assert manager._loader.config.use_mmap is False
-    manager.save(str(tmp_path / "c"), {"s": {1, 2}})
-    assert manager.load(str(tmp_path / "c"), into={"s": None}) == {"s": {1, 2}}
+@pytest.mark.parametrize("use_mmap", [False, True])
+def test_load_config_is_used(make_sync: ManagerFactory, tmp_path: Path, use_mmap: bool) -> None:
+    """use_mmap=False reads the item's bytes: the loaded tensor does not map the checkpoint's file."""
+    manager = make_sync(load=CheckpointLoaderConfig(use_mmap=use_mmap, weights_only=False))
+    manager.save(str(tmp_path / "c"), {"s": {1, 2}, "w": torch.ones(100_000)})
+    out = manager.load(str(tmp_path / "c"), into={"s": None, "w": None})
+    assert out["s"] == {1, 2} and torch.equal(out["w"], torch.ones(100_000))
+    item_file = str(tmp_path / "c" / "w_0.pt")
+    mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(item_file)]
+    assert bool(mapped) is use_mmap
 
 
 def test_sync_lock_is_a_usable_context_manager(sync_manager: CheckpointManager) -> None:

@@ -58,12 +58,12 @@ def test_a_writer_killed_between_saves_is_replaced(tmp_path: Path) -> None:
     config.storage_config = STORAGE
     with CheckpointManager(config) as manager:
         manager.save(str(tmp_path / "a"), {"w": torch.ones(3)}).result(timeout=120)  # type: ignore[union-attr]
-        pid = manager._saver.process.pid
+        pid = manager.writer_pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
         manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)}).result(timeout=180)  # type: ignore[union-attr]
-        assert manager._saver.process.pid not in (None, pid)
+        assert manager.writer_pid not in (None, pid)
         out = manager.load(str(tmp_path / "b"), into={"w": None})
     assert torch.equal(out["w"], torch.zeros(3))
 
