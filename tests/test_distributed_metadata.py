@@ -79,17 +79,20 @@ def sample(world: int = 2) -> DistributedMetadata:
 
 
 def test_registry_and_unpack_errors() -> None:
-    packed = RangeMetadata(1, 2)._pack()
+    """The packed form `{"type", "data"}` (API_SURFACE 5.3), seen through GlobalObjectMetadata's JSON dict."""
+    packed = GlobalObjectMetadata(RangeMetadata(1, 2), (0,)).to_dict()["sharding_metadata"]
     assert packed == {"type": "test.RangeMetadata", "data": {"start": 1, "stop": 2}}
-    assert ShardingMetadata._unpack(packed) == RangeMetadata(1, 2)
+    assert GlobalObjectMetadata.from_dict({"sharding_metadata": packed, "ranks": [0]}).sharding_metadata == (
+        RangeMetadata(1, 2)
+    )
     with pytest.raises(ValueError, match="missing 'type'"):
-        ShardingMetadata._unpack({"data": {}})
+        GlobalObjectMetadata.from_dict({"sharding_metadata": {"data": {}}, "ranks": [0]})
     with pytest.raises(
         ValueError,
         match=r"Unknown ShardingMetadata type 'Nope'\. Available types: .*"
         r"DTensorShardingMetadata.*test\.RangeMetadata",
     ):
-        ShardingMetadata._unpack({"type": "Nope", "data": {}})
+        GlobalObjectMetadata.from_dict({"sharding_metadata": {"type": "Nope", "data": {}}, "ranks": [0]})
 
 
 def test_json_round_trip_is_equal() -> None:

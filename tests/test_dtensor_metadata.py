@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from torch_checkpointing.distributed_metadata import ShardingMetadata
+from torch_checkpointing.distributed_metadata import GlobalObjectMetadata
 from torch_checkpointing.dtensor_metadata import (
     DeviceMeshSpec,
     DTensorShardingMetadata,
@@ -76,9 +76,9 @@ def _md(placements: tuple = (ShardSpec(0),)) -> DTensorShardingMetadata:
 
 def test_metadata_json_round_trip_and_equality() -> None:
     md = _md((StridedShardSpec(0, 2),))
-    packed = json.loads(json.dumps(md._pack()))
-    assert packed["type"] == "DTensorShardingMetadata"
-    back = ShardingMetadata._unpack(packed)
+    as_json = json.loads(json.dumps(GlobalObjectMetadata(md, (0,)).to_dict()))
+    assert as_json["sharding_metadata"]["type"] == "DTensorShardingMetadata"
+    back = GlobalObjectMetadata.from_dict(as_json).sharding_metadata
     assert back == md and hash(back) == hash(md)
     assert pickle.loads(pickle.dumps(md)) == md
     assert md.to_dict()["placements"] == [{"type": "StridedShard", "dim": 0, "split_factor": 2}]
@@ -124,7 +124,7 @@ def test_extract_records_dtensors_without_warning(one_rank_group: None, recwarn:
 
 
 def test_metadata_json_names_placements_by_type() -> None:
-    text = json.dumps(_md()._pack())
+    text = json.dumps(GlobalObjectMetadata(_md(), (0,)).to_dict())
     assert "torch.bfloat16" in text and "ShardSpec" not in text
 
 
