@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,9 @@ class LoadPlan:
     `offsets` index the target's local tensor, `src_offsets` the source rank's local tensor; the block
     has `sizes` (== `src_sizes`) elements per dimension. A strided (non-contiguous) local layout is
     expressed as several plans, one per contiguous run.
+
+    `transpose_dims` is accepted for code written against the published release and ignored: no resharder
+    of this package reads it, so a non-empty value warns (FutureWarning) and the block is copied untransposed.
     """
 
     offsets: tuple[int, ...]
@@ -32,6 +36,15 @@ class LoadPlan:
     transpose_dims: tuple[int, ...] = ()
     src_elem_size: int = 0
     src_dtype: str = ""
+
+    def __post_init__(self) -> None:
+        if self.transpose_dims:
+            warnings.warn(
+                f"LoadPlan.transpose_dims={self.transpose_dims!r} (for {self.src_fqn!r}) is ignored: no resharder "
+                f"transposes blocks, and the field will be removed. Plan untransposed blocks instead.",
+                FutureWarning,
+                stacklevel=3,
+            )
 
     @property
     def numel(self) -> int:
@@ -50,7 +63,22 @@ class ReshardingInfo:
 
 
 class Resharder(ABC):
-    """Maps an item saved under one distributed layout onto this rank's layout at load time."""
+    """Maps an item saved under one distributed layout onto this rank's layout at load time.
+
+    What the engine calls, and when (an item uses a resharder when its `ItemSpec.resharder` is set):
+
+    * save, on every rank, while the ranks agree on the plan: `extract_sharding_metadata(key, value)` for the
+      value being saved. Rank 0 gathers every rank's result into the checkpoint's sharding metadata file.
+    * load, per item, in this order: `skip_resharding` (True: the item is read directly, and the metadata
+      file is not read for it); then, if the checkpoint has sharding metadata for the item,
+      `extract_sharding_metadata(key, target)` on the template being loaded into; then
+      `should_reshard(source, target)` with the two; and only when that returns True, `load(...)`, in the
+      copy phase (which starts once every item's files were checked, so nothing is copied into a template
+      before that). An item not resharded is read directly from this rank's file.
+
+    Each call runs on the caller's thread, never in the writer process. `load` fills `target` in place and
+    returns the paths it could not fill; they are reported as missing (`strict=True` refuses them).
+    """
 
     @property
     def skip_resharding(self) -> bool:

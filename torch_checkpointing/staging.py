@@ -16,7 +16,7 @@ import tempfile
 import threading
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
@@ -26,6 +26,7 @@ import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise
+from torch_checkpointing.traversal import any_leaf, iter_leaves, local_tensor, map_leaves
 from torch_checkpointing.types import STATE_DICT
 
 __all__ = [
@@ -42,10 +43,8 @@ __all__ = [
 
 def unwrap_dtensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (checkpoint files hold local shards; layout lives in the metadata)."""
-    if type(t).__name__ == "DTensor" and hasattr(t, "to_local"):
-        local: torch.Tensor = t.to_local()
-        return local
-    return t
+    local: torch.Tensor = local_tensor(t)
+    return local
 
 
 def has_lazy_bits(t: torch.Tensor) -> bool:
@@ -65,29 +64,40 @@ def tensor_for_write(t: torch.Tensor) -> torch.Tensor:
 def resolve_lazy_tensors(value: Any) -> Any:
     """`value` itself when no tensor in it has lazy bits (the common case: nothing rebuilt, tied tensors kept
     tied); else a copy of its containers with those tensors resolved (DTensors stay DTensors)."""
-    if not _any_leaf(value, lambda x: isinstance(x, torch.Tensor) and has_lazy_bits(x)):
+    if not any_leaf(value, lambda x: isinstance(x, torch.Tensor) and has_lazy_bits(x)):
         return value
-    return _map_leaves(
+    return map_leaves(
         value, lambda x: x.resolve_conj().resolve_neg() if isinstance(x, torch.Tensor) and has_lazy_bits(x) else x
     )
 
 
-def _any_leaf(value: Any, pred: Callable[[Any], bool]) -> bool:
-    if isinstance(value, Mapping):
-        return any(_any_leaf(v, pred) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_any_leaf(v, pred) for v in value)
-    return pred(value)
+def _warn_keys_not_requiring_copy() -> None:
+    warnings.warn(
+        "stage(keys_not_requiring_copy=...) will be removed: the engine never passes it, and which items are "
+        "copied is decided by ItemSpec.requires_copy. Stage only the items that need a copy instead.",
+        FutureWarning,
+        stacklevel=3,
+    )
 
 
 class CheckpointStager(ABC):
+    """Copies the `requires_copy=True` items of a save off the caller's tensors before an async write.
+
+    The async saver calls `stage(items)` once per save on its staging thread, holding the staging lock
+    (`CheckpointManager.lock()` waits for it), with only the items that need a copy; then it sends the
+    result to the writer process. `close()` is called once, by the saver's close(). `get_staged_state_dict`
+    and `pinned_num_bytes` are never called by the engine (kept for code written against the published
+    release).
+    """
+
     @abstractmethod
     def stage(
         self, state_dict: STATE_DICT, keys_not_requiring_copy: Collection[str] = ()
     ) -> STATE_DICT | Future[STATE_DICT]: ...
 
-    @abstractmethod
-    def get_staged_state_dict(self) -> STATE_DICT | None: ...
+    def get_staged_state_dict(self) -> STATE_DICT | None:
+        """The last staged state, where a stager keeps it; the engine never calls this."""
+        return None
 
     @abstractmethod
     def close(self) -> None: ...
@@ -260,10 +270,18 @@ class DefaultStager(CheckpointStager):
         return self._generation
 
     def stage(self, state_dict: STATE_DICT, keys_not_requiring_copy: Collection[str] = ()) -> STATE_DICT:
+        """Copy every item's tensors into the slab; returns the staged state (tensors are slab views).
+
+        `keys_not_requiring_copy` is kept for the published signature: the engine never passes it (it hands
+        over only the `requires_copy=True` items), so a non-empty value warns (FutureWarning); those items
+        are still returned uncopied.
+        """
+        if keys_not_requiring_copy:
+            _warn_keys_not_requiring_copy()
         sources: list[torch.Tensor] = []
         for key, value in state_dict.items():
             if key not in keys_not_requiring_copy:
-                _collect(value, sources)
+                sources.extend(local_tensor(t) for _, t in iter_leaves(value) if isinstance(t, torch.Tensor))
         self._ensure_slab(tuple((tuple(t.shape), t.dtype) for t in sources))
         views = iter(self._views)
         staged = {
@@ -325,30 +343,7 @@ class DefaultStager(CheckpointStager):
                 buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
 
-        return _map_leaves(value, leaf)
-
-
-def _map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
-    """`value` with containers rebuilt (same type where possible) and `fn` applied to every other leaf."""
-    if isinstance(value, Mapping):
-        items = {k: _map_leaves(v, fn) for k, v in value.items()}
-        return items if type(value) is dict else _rebuild(value, items)
-    if isinstance(value, (list, tuple)):
-        items_list = [_map_leaves(v, fn) for v in value]
-        return type(value)(items_list) if type(value) in (list, tuple) else _rebuild(value, items_list)
-    return fn(value)
-
-
-def _collect(value: Any, out: list[torch.Tensor]) -> None:
-    """Tensors in the order `DefaultStager._copy` visits them."""
-    if isinstance(value, torch.Tensor):
-        out.append(unwrap_dtensor(value))
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            _collect(v, out)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _collect(v, out)
+        return map_leaves(value, leaf)
 
 
 def slab_view(slab: torch.Tensor, ref: SlabRef) -> torch.Tensor:
@@ -359,7 +354,7 @@ def slab_view(slab: torch.Tensor, ref: SlabRef) -> torch.Tensor:
 def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
     """The staged tree with every slab tensor replaced by its SlabRef (containers kept)."""
     base = slab.data_ptr()
-    return _map_leaves(
+    return map_leaves(
         value, lambda x: SlabRef(x.data_ptr() - base, tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x
     )
 
@@ -381,14 +376,4 @@ def from_slab_refs(value: Any, slab: torch.Tensor | SharedSlab) -> Any:
         flat = torch.frombuffer(memory, dtype=x.dtype, count=count, offset=x.offset)
         return flat.view(x.shape)
 
-    return _map_leaves(value, own)
-
-
-def _rebuild(original: Any, items: Any) -> Any:
-    """Same container type when it can be rebuilt from its items (OrderedDict, namedtuple), else plain."""
-    try:
-        if isinstance(original, tuple) and hasattr(original, "_fields"):
-            return type(original)(*items)
-        return type(original)(items)
-    except Exception:
-        return dict(items) if isinstance(items, dict) else list(items)
+    return map_leaves(value, own)

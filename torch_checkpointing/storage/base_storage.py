@@ -34,7 +34,28 @@ class StorageConfig(ABC):
 
 
 class Storage(ABC):
-    """Where checkpoint files live: streams, whole-file writes, listing, and the commit's directory swap."""
+    """Where checkpoint files live: streams, whole-file writes, listing, and the commit's directory swap.
+
+    What the engine calls, and when (paths are `Path`s the engine built from the checkpoint id):
+
+    * save, in the process that writes (the trainer for sync saves; the writer process, which builds its
+      own storage with `StorageConfig.create_storage()`, for async ones): rank 0 first checks the target
+      (`exists`, `isdir`, `ls`, `read` of an existing manifest); every rank then `mkdir`s the save's
+      temporary directory (with `atomic_rename=False`: the final one) and the item files' directories,
+      writes each item file through `stream_write` (closing it makes the bytes durable) and calls
+      `sync_directory`; rank 0 writes the small files (`write`: the `.incomplete` marker, `metadata.json`,
+      `manifest.json`), `delete`s the marker and moves the directory into place with `replace_directory`
+      (whose default uses `exists`, `rename(is_directory=True)` and `rmdir`). A failed save is removed
+      with `rmdir`.
+    * load, on every rank: `exists`, `isdir`, `read` (manifest, metadata), `getsize`, then per file either
+      `local_path` (mapped) or `read`/`stream_read`; resharding sources are read with `read_range`, or
+      mapped through `mapped_path` with `verify_range` before each block is used.
+    * discovery, retention and the CLI: `ls`, `isdir`, `exists`, `rename(is_directory=True)` into a trash
+      name and `rmdir`; `handles_url` when a manager picks its storage from a checkpoint id.
+
+    Never called by the engine: `glob`, `remap_path`, and `rename`'s `is_cross_link` and
+    `background_cleanup` (always False); they are kept for code written against the published release.
+    """
 
     # Whether `replace_directory` can swap a whole directory into place atomically. Stores that cannot
     # rename a directory (object stores) set this False: the commit then writes files under the final
@@ -84,8 +105,9 @@ class Storage(ABC):
     @abstractmethod
     def isdir(self, path: Path) -> bool: ...
 
-    @abstractmethod
-    def remap_path(self, path: Path) -> str: ...
+    def remap_path(self, path: Path) -> str:
+        """The backend's own name for `path` (a URL for object stores), for messages; the engine never calls it."""
+        return str(path)
 
     # ---- concrete helpers; backends may override them for speed or atomicity ----
 
@@ -149,6 +171,7 @@ class Storage(ABC):
             )
 
     def glob(self, pattern: str) -> list[str]:
+        """Full paths in `pattern`'s directory whose names match it (one level); kept for old code, unused here."""
         directory, name_pattern = os.path.split(pattern)
         try:
             names = self.ls(Path(directory))
