@@ -103,13 +103,13 @@ def _best_effort_exchange(step: str, transport: Transport, mine: Contribution) -
         logger.debug("Could not tell the other ranks about the failure at %s: %r", step, exc)
 
 
+@dataclass
 class GroupTransport:
     """`all_gather_object` over the manager's own gloo group; a peer's failure becomes a `CommitError`."""
 
-    def __init__(self, rank: int, world_size: int, group: Any) -> None:
-        self.rank = rank
-        self.world_size = world_size
-        self.group = group
+    rank: int
+    world_size: int
+    group: Any
 
     def exchange(self, step: str, mine: Contribution) -> list[Contribution]:
         if self.world_size == 1:
@@ -127,13 +127,13 @@ class GroupTransport:
         return [Contribution(value=v, error=e) for v, e in out]
 
 
+@dataclass
 class StoreTransport:
     """Publish-and-gather over a `StoreChannel` (keys `<step>/<rank>`); silent ranks are named."""
 
-    def __init__(self, rank: int, world_size: int, channel: Any) -> None:
-        self.rank = rank
-        self.world_size = world_size
-        self.channel = channel
+    rank: int
+    world_size: int
+    channel: Any
 
     def exchange(self, step: str, mine: Contribution) -> list[Contribution]:
         self.channel.publish(f"{step}/{self.rank}", mine.to_json())

@@ -162,15 +162,23 @@ def _read_local_regular(local: str, path: Path) -> bytes:
             raise UnsafeCheckpointError(f"{path} is a symbolic link; a manifest must be a regular file.") from None
         raise CorruptCheckpointError(f"Cannot open {path}: {exc}") from exc
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeCheckpointError(f"{path} is not a regular file; it cannot be a manifest.")
-        if st.st_size > MAX_MANIFEST_BYTES:
-            raise CorruptCheckpointError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes; it is not a manifest.")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(MAX_MANIFEST_BYTES + 1)
+        return read_regular_file(fd, path)
     finally:
         os.close(fd)
+
+
+def read_regular_file(fd: int, path: Path | str, what: str = "a manifest") -> bytes:
+    """Every byte of an opened engine file (the manifest), refused unless regular and at most MAX_MANIFEST_BYTES.
+
+    No record can vouch for the manifest itself, so its type and size are what is checked before reading it.
+    """
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeCheckpointError(f"{path} is not a regular file; it cannot be {what}.")
+    if st.st_size > MAX_MANIFEST_BYTES:
+        raise CorruptCheckpointError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes; it is not {what}.")
+    with os.fdopen(os.dup(fd), "rb") as f:
+        return f.read(MAX_MANIFEST_BYTES + 1)
 
 
 # ------------------------------------------------------------------------------------------------ parsing

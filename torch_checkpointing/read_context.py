@@ -54,6 +54,7 @@ from torch_checkpointing.manifest import (
     _BadConstant,
     check_json_tree,
     parse_manifest,
+    read_regular_file,
 )
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 
@@ -662,12 +663,7 @@ class CheckpointReadContext:
             return data
         fd = self._open_contained(rel, "manifest")
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UnsafeCheckpointError(f"{self.root / rel} is not a regular file; it cannot be a manifest.")
-            if st.st_size > MAX_METADATA_BYTES:
-                raise CorruptCheckpointError(f"{self.root / rel} is larger than {MAX_METADATA_BYTES} bytes.")
-            return _pread_all(fd, 0, st.st_size)
+            return read_regular_file(fd, self.root / rel)
         finally:
             os.close(fd)
 
