@@ -9,7 +9,6 @@ lets spawned writer processes and ranks reach it too.
 from __future__ import annotations
 
 import importlib.util
-import io
 import os
 import signal
 import subprocess
@@ -26,13 +25,15 @@ from typing import Any
 import pytest
 
 from tests.memory_storage import free_port
-from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig, _Backend, _S3MultipartWriter
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
 
 __all__ = [
     "TEST_PART_SIZE",
     "RecordingStorageConfig",
     "S3Server",
     "SlowPartsStorageConfig",
+    "instrumented_s3",
+    "logged_gets",
     "missing_s3_packages",
     "s3_server",
     "start_s3_server",
@@ -89,6 +90,21 @@ class S3Server:
                 self.process.wait(_STOP_TIMEOUT_S)
 
 
+def instrumented_s3(storage_options: dict[str, Any], **hooks: Any) -> Any:
+    """An `InstrumentedS3FileSystem` reaching the same server as `storage_options`; see its docstring for hooks."""
+    from tests.s3_instrumented import InstrumentedS3FileSystem  # s3fs is an optional extra
+
+    return InstrumentedS3FileSystem(**storage_options, **hooks)
+
+
+def logged_gets(gets_log: str | Path, pid: int | None = None) -> list[tuple[str, int, int]]:
+    """(key, start, end) of the GETs an `InstrumentedS3FileSystem` logged, of one process when `pid` is given."""
+    if not Path(gets_log).exists():
+        return []
+    rows = [line.split("\t") for line in Path(gets_log).read_text().splitlines() if line]
+    return [(key, int(a), int(b)) for p, key, a, b in rows if pid is None or int(p) == pid]
+
+
 @dataclass
 class SlowPartsStorageConfig(FsspecStorageConfig):
     """The real S3 storage, pausing after each uploaded part and touching `signal_file` once one is up.
@@ -100,35 +116,25 @@ class SlowPartsStorageConfig(FsspecStorageConfig):
     signal_file: str = ""
     part_delay_s: float = 0.0
 
-    def create_storage(self) -> FsspecStorage:
-        return _SlowPartsStorage(self)
-
-
-class _SlowPartsStorage(FsspecStorage):
-    config: SlowPartsStorageConfig
-
-    def stream_write(self, path: Path) -> io.RawIOBase:
-        stream = super().stream_write(path)
-        if isinstance(stream, _S3MultipartWriter):
-            stream.__class__ = _SlowPartsWriter
-            stream._slow = self.config  # type: ignore[attr-defined]
-        return stream
-
-
-class _SlowPartsWriter(_S3MultipartWriter):
-    _slow: SlowPartsStorageConfig
-
-    def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
-        out = super()._upload_part(number, data)
-        if self._slow.signal_file:
-            Path(self._slow.signal_file).touch()
-        time.sleep(self._slow.part_delay_s)
-        return out
+    def __post_init__(self) -> None:
+        if self.filesystem is None:
+            self.filesystem = instrumented_s3(
+                self.storage_options, signal_file=self.signal_file, part_delay_s=self.part_delay_s
+            )
+        super().__post_init__()
 
 
 @dataclass
 class RecordingStorageConfig(FsspecStorageConfig):
-    """The real storage, recording the (object, start, end) of every GET it issues in `storage.gets`."""
+    """The real storage, recording the (object, start, end) of every GET it issues: in `storage.gets` within
+    the process, and in the file `gets_log` (if set) across processes (see `logged_gets`)."""
+
+    gets_log: str = ""
+
+    def __post_init__(self) -> None:
+        if self.filesystem is None:
+            self.filesystem = instrumented_s3(self.storage_options, gets_log=self.gets_log)
+        super().__post_init__()
 
     def create_storage(self) -> FsspecStorage:
         return _RecordingStorage(self)
@@ -137,11 +143,12 @@ class RecordingStorageConfig(FsspecStorageConfig):
 class _RecordingStorage(FsspecStorage):
     def __init__(self, config: FsspecStorageConfig) -> None:
         super().__init__(config)
-        self.gets: list[tuple[str, int, int]] = []
+        self._since = len(self.fs.gets)  # the config's filesystem, shared by every storage built from it
 
-    def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
-        self.gets.append((key, start, end))
-        return super()._get(backend, key, start, end)
+    @property
+    def gets(self) -> list[tuple[str, int, int]]:
+        """The GETs issued since this storage was built."""
+        return self.fs.gets[self._since :]  # type: ignore[no-any-return]
 
 
 def _ready(endpoint: str) -> bool:

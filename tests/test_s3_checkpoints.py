@@ -102,7 +102,7 @@ def storage(bucket_config: FsspecStorageConfig) -> FsspecStorage:
 
 def objects(storage: FsspecStorage, prefix: str) -> list[str]:
     """Every object under a prefix, relative to it (a listing, no cache)."""
-    root = storage._key(Path(prefix))
+    root = storage.remap_path(Path(prefix)).split("://", 1)[1]  # bucket/key, as the listing names objects
     storage.fs.invalidate_cache()
     return sorted(k[len(root) + 1 :] for k in storage.fs.find(root) if k.startswith(root + "/"))
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from simulator.launcher import launch
-from tests.s3_server import RecordingStorageConfig, S3Server, s3_server  # noqa: F401  (s3_server is a fixture)
+from tests.s3_server import RecordingStorageConfig, S3Server, logged_gets, s3_server  # noqa: F401  (s3_server is a fixture)
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo, SafetensorsSerialization
 from torch_checkpointing.checksum import BLOCK_SIZE
@@ -89,9 +90,10 @@ def reshard_save(config: FsspecStorageConfig, ckpt: str) -> None:
         manager.save(ckpt, {"model": dtensors(zeros=False), "optim": {"exp_avg": dtensors(zeros=False)}})
 
 
-def reshard_load(config: FsspecStorageConfig, ckpt: str) -> dict[str, Any]:
+def reshard_load(config: RecordingStorageConfig, ckpt: str) -> dict[str, Any]:
     """Load twice: verified (the default), then unverified, counting the bytes fetched from the model files."""
     out: dict[str, Any] = {}
+    done = len(logged_gets(config.gets_log, os.getpid()))
     for verify in (True, False):
         load = CheckpointLoaderConfig(verify_checksums=verify)
         manager = CheckpointManager(
@@ -105,17 +107,21 @@ def reshard_load(config: FsspecStorageConfig, ckpt: str) -> dict[str, Any]:
             want = dtensors(zeros=False)
             ok = all(torch.equal(targets["model"][k].to_local(), want[k].to_local()) for k in want)
             ok = ok and all(torch.equal(targets["optim"]["exp_avg"][k].to_local(), want[k].to_local()) for k in want)
-            gets = manager._storage.gets  # type: ignore[attr-defined]
+        gets = logged_gets(config.gets_log, os.getpid())[done:]
+        done += len(gets)
         out[f"ok_{verify}"] = ok
         out[f"model_bytes_{verify}"] = sum(end - start for key, start, end in gets if "/model/" in key)
     return out
 
 
-def test_dtensor_state_saved_by_two_ranks_reshards_onto_three_from_s3(s3_server: S3Server) -> None:
+def test_dtensor_state_saved_by_two_ranks_reshards_onto_three_from_s3(s3_server: S3Server, tmp_path: Path) -> None:
     config = s3_server.config()
     launch(reshard_save, 2, args=(config, "runs/reshard/step_1"), timeout=240)
     recording = RecordingStorageConfig(
-        url=config.url, storage_options=config.storage_options, part_size=config.part_size
+        url=config.url,
+        storage_options=config.storage_options,
+        part_size=config.part_size,
+        gets_log=str(tmp_path / "gets.log"),
     )
     reports = launch(reshard_load, 3, args=(recording, "runs/reshard/step_1"), timeout=240)
     assert all(r["ok_True"] and r["ok_False"] for r in reports), reports

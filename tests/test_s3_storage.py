@@ -1,7 +1,8 @@
 """FsspecStorage against a real S3 API server (moto on loopback): names, multipart uploads, ranged reads, errors.
 
 The server is started by the session fixture; nothing here mocks an S3 call. Where a test needs to see which
-byte ranges were fetched, a subclass records the arguments of its own `_get` (the real GET still happens).
+byte ranges were fetched, the storage is given an s3fs filesystem that records its ranged GETs (which still
+happen), through `FsspecStorageConfig.filesystem`.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.s3_server import TEST_PART_SIZE, S3Server, s3_server  # noqa: F401  (s3_server is a fixture)
+from tests.s3_server import TEST_PART_SIZE, RecordingStorageConfig, S3Server, s3_server  # noqa: F401  (s3_server is a fixture)
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME
 from torch_checkpointing.storage.fsspec_storage import (
     FsspecStorage,
     FsspecStorageConfig,
     ObjectStoreError,
-    _Backend,
     url_scheme,
 )
 
@@ -104,6 +104,19 @@ def test_paths_map_to_keys(storage: FsspecStorage) -> None:
 # ------------------------------------------------------------------------------------------ writes and reads
 
 
+def test_a_given_filesystem_is_used_for_its_protocol() -> None:
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    config = FsspecStorageConfig(url="memory://given", filesystem=memory)
+    storage = config.create_storage()
+    assert storage.fs is memory and config.protocol == "memory"
+    storage.write(Path("a.bin"), b"abc")
+    assert memory.cat_file("/given/a.bin") == b"abc"
+    assert pickle.loads(pickle.dumps(config)).create_storage().read(Path("a.bin")) == b"abc"
+    with pytest.raises(ValueError, match=r"speaks \['memory'\], not the configured s3://"):
+        FsspecStorageConfig(url="s3://bucket", filesystem=memory)
+
+
 def test_large_file_is_a_multipart_upload_written_as_it_streams(storage: FsspecStorage) -> None:
     data = os.urandom(2 * TEST_PART_SIZE + 12345)
     path = Path("run/big.bin")
@@ -112,7 +125,7 @@ def test_large_file_is_a_multipart_upload_written_as_it_streams(storage: FsspecS
             stream.write(data[start : start + MIB])
             assert not storage.exists(path)  # invisible until close() completes the upload
     assert storage.getsize(path) == len(data)
-    etag = storage.fs.info(storage._key(path))["ETag"].strip('"')
+    etag = storage.fs.info(storage.remap_path(path))["ETag"].strip('"')
     assert etag.endswith("-3")  # S3's multipart ETag: three parts
     assert storage.read(path) == data
     assert isinstance(storage.read(path), bytes)
@@ -139,36 +152,37 @@ def test_leaving_the_with_block_on_an_error_aborts_the_upload(storage: FsspecSto
     assert _pending_uploads(storage) == []  # no parts left behind
 
 
-class RecordingStorage(FsspecStorage):
-    """Records the byte range of every GET it issues (the GET itself is real)."""
+def _recording(storage: FsspecStorage) -> FsspecStorage:
+    """A storage like `storage` that records the byte range of every GET it issues (the GETs are real)."""
+    config = storage.config
+    return RecordingStorageConfig(
+        url=config.url, storage_options=config.storage_options, part_size=config.part_size
+    ).create_storage()
 
-    def __init__(self, config: FsspecStorageConfig) -> None:
-        super().__init__(config)
-        self.gets: list[tuple[int, int]] = []
 
-    def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
-        self.gets.append((start, end))
-        return super()._get(backend, key, start, end)
+def _ranges(recorder: FsspecStorage) -> list[tuple[int, int]]:
+    return [(start, end) for _, start, end in recorder.gets]  # type: ignore[attr-defined]
 
 
 def test_read_range_fetches_only_the_range_in_concurrent_parts(storage: FsspecStorage) -> None:
     data = os.urandom(4 * TEST_PART_SIZE)
     storage.write(Path("run/r.bin"), data)
-    recorder = RecordingStorage(storage.config)
+    recorder = _recording(storage)
     offset, length = 1000, 2 * TEST_PART_SIZE + 7
     assert recorder.read_range(Path("run/r.bin"), offset, length) == data[offset : offset + length]
-    assert min(s for s, _ in recorder.gets) == offset and max(e for _, e in recorder.gets) == offset + length
-    assert sum(e - s for s, e in recorder.gets) == length  # no byte outside the range, none twice
-    assert len(recorder.gets) == 3 and all(e - s <= TEST_PART_SIZE for s, e in recorder.gets)
+    gets = _ranges(recorder)
+    assert min(s for s, _ in gets) == offset and max(e for _, e in gets) == offset + length
+    assert sum(e - s for s, e in gets) == length  # no byte outside the range, none twice
+    assert len(gets) == 3 and all(e - s <= TEST_PART_SIZE for s, e in gets)
     assert recorder.read_range(Path("run/r.bin"), 5, 0) == b""
 
 
 def test_read_is_concurrent_ranged_gets(storage: FsspecStorage) -> None:
     data = os.urandom(3 * TEST_PART_SIZE)
     storage.write(Path("run/whole.bin"), data)
-    recorder = RecordingStorage(storage.config)
+    recorder = _recording(storage)
     assert recorder.read(Path("run/whole.bin")) == data
-    assert sorted(recorder.gets) == [(i * TEST_PART_SIZE, (i + 1) * TEST_PART_SIZE) for i in range(3)]
+    assert sorted(_ranges(recorder)) == [(i * TEST_PART_SIZE, (i + 1) * TEST_PART_SIZE) for i in range(3)]
     with recorder.stream_read(Path("run/whole.bin")) as stream:
         assert stream.read(10) == data[:10]
 
@@ -244,14 +258,14 @@ def test_the_resharding_source_reader_fetches_only_the_rows_it_needs(storage: Fs
 
     full = torch.arange(4096 * 256, dtype=torch.float32).reshape(4096, 256)  # 4 MiB
     storage.write(Path("src/model.safetensors"), safetensors_save({"w": full}))
-    recorder = RecordingStorage(storage.config)
+    recorder = _recording(storage)
     stats = ReadStats()
     source = open_source_file(recorder, Path("src/model.safetensors"), SafetensorsSerialization(), stats)
     handle = source.tensor(("w",))
     assert handle is not None
     block = handle.read_block((1024, 0), (16, 256), stats)
     assert torch.equal(block, full[1024:1040])
-    fetched = sum(e - s for s, e in recorder.gets)
+    fetched = sum(e - s for s, e in _ranges(recorder))
     assert fetched < 16 * 256 * 4 + 4096  # the 16 rows and the header, not the 4 MiB file
 
 

@@ -73,6 +73,9 @@ class FsspecStorageConfig(StorageConfig):
     * `storage_options`: passed to `fsspec.filesystem` (credentials, `endpoint_url`, `client_kwargs`, ...).
       Leave credentials out to use the store's own chain (environment, instance role, config files).
     * `part_size`: bytes per multipart part and per ranged GET. `max_concurrency`: parts in flight per file.
+    * `filesystem`: an fsspec filesystem instance to use for its protocols instead of building one from
+      `storage_options` (a subclass that adds tracing, throttling or fault injection). It must pickle, as
+      fsspec filesystems do through their constructor arguments, to reach the async writer process.
     """
 
     url: str = ""
@@ -80,11 +83,20 @@ class FsspecStorageConfig(StorageConfig):
     storage_options: dict[str, Any] = field(default_factory=dict)
     part_size: int = 16 * MiB
     max_concurrency: int = 8
+    filesystem: Any = None
 
     def __post_init__(self) -> None:
         if self.url and url_scheme(self.url) is None:
             raise ValueError(f"FsspecStorageConfig.url must be a URL such as 's3://bucket/prefix' (got {self.url!r}).")
         self.protocol = (self.protocol or url_scheme(self.url) or "").lower()
+        if self.filesystem is not None:
+            given = _protocols_of(self.filesystem)
+            self.protocol = self.protocol or sorted(given)[0]
+            if self.protocol not in given:
+                raise ValueError(
+                    f"FsspecStorageConfig.filesystem speaks {sorted(given)}, not the configured {self.protocol}://; "
+                    f"pass a filesystem of that protocol or leave url/protocol to match it."
+                )
         if self.part_size < MIN_PART_SIZE and self.protocol in ("", *_S3_PROTOCOLS):
             raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes on S3 (got {self.part_size})")
         if self.part_size < 1 or self.max_concurrency < 1:
@@ -104,6 +116,11 @@ class FsspecStorageConfig(StorageConfig):
 
     def create_storage(self) -> FsspecStorage:
         return FsspecStorage(self)
+
+
+def _protocols_of(fs: Any) -> frozenset[str]:
+    """The schemes an fsspec filesystem answers to (`fs.protocol` is a name or a tuple of names)."""
+    return frozenset({fs.protocol} if isinstance(fs.protocol, str) else fs.protocol)
 
 
 def _import_fsspec() -> Any:
@@ -163,9 +180,12 @@ class FsspecStorage(Storage):
     def _backend(self, scheme: str) -> _Backend:
         backend = self._backends.get(scheme)
         if backend is None:
-            fs = _import_fsspec().filesystem(scheme, **self.config.storage_options)
-            protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-            backend = _Backend(fs, scheme, frozenset(protocols | {scheme}))
+            given = self.config.filesystem
+            if given is not None and scheme in _protocols_of(given):
+                fs = given
+            else:
+                fs = _import_fsspec().filesystem(scheme, **self.config.storage_options)
+            backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme})
             for name in backend.protocols:
                 self._backends.setdefault(name, backend)
             self._backends[scheme] = backend
