@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -68,41 +69,57 @@ def test_a_writer_killed_between_saves_is_replaced(tmp_path: Path) -> None:
     assert torch.equal(out["w"], torch.zeros(3))
 
 
-def slow_exit(seconds: float) -> None:
-    """In the writer: take `seconds` to exit after answering Stop, like the teardown of a big slab mapping."""
-    from torch_checkpointing import checkpoint_process
+class _SlowToClose(logging.Handler):
+    """A log handler whose close() takes `seconds`, then writes `marker`. The writer closes every handler
+    (logging.shutdown) as it exits after answering Stop, so this makes that exit slow, like the teardown of a
+    big slab mapping, and the marker shows the exit ran to its end."""
 
-    exit_now = checkpoint_process._exit_now
+    def __init__(self, seconds: float, marker: str) -> None:
+        super().__init__()
+        self.seconds, self.marker = seconds, marker
 
-    def slow() -> None:
-        time.sleep(seconds)
-        exit_now()
+    def emit(self, record: logging.LogRecord) -> None:
+        pass
 
-    checkpoint_process._exit_now = slow
+    def close(self) -> None:
+        time.sleep(self.seconds)
+        Path(self.marker).write_text("closed")
+        super().close()
+
+
+def slow_exit(seconds: float, marker: str) -> None:
+    """In the writer: take `seconds` to exit after answering Stop."""
+    logging.getLogger("tests.slow_exit").addHandler(_SlowToClose(seconds, marker))
 
 
 def test_close_does_not_wait_for_the_writers_exit_but_reaps_it(tmp_path: Path) -> None:
-    process = CheckpointProcess(STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120), slow_exit, (3.0,))
+    marker = tmp_path / "exited"
+    process = CheckpointProcess(
+        STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120), slow_exit, (3.0, str(marker))
+    )
     assert process.write(_request(tmp_path, "c")) > 0
-    proc = process._proc
-    assert proc is not None
+    pid = process.pid
+    assert pid is not None
     t0 = time.monotonic()
     process.close()
     assert time.monotonic() - t0 < 1.5, "close() waited for the writer's exit"
+    assert not marker.exists(), "the writer's exit was not slow: the test proves nothing"
     deadline = time.monotonic() + 60
-    while Path(f"/proc/{proc.pid}").exists() and time.monotonic() < deadline:  # a zombie keeps its /proc entry
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # a zombie keeps its /proc entry
         time.sleep(0.1)
-    assert not Path(f"/proc/{proc.pid}").exists(), "the writer was not reaped"
-    assert proc.exitcode == 0
+    assert not Path(f"/proc/{pid}").exists(), "the writer was not reaped"
+    assert marker.read_text() == "closed", "the writer did not finish its exit"
 
 
-def test_close_kills_a_writer_that_does_not_answer_stop(tmp_path: Path) -> None:
+def test_close_kills_a_writer_that_does_not_answer_stop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     process = CheckpointProcess(
         STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120, subprocess_shutdown_timeout_secs=1)
     )
     assert process.write(_request(tmp_path, "c")) > 0
-    proc = process._proc
-    assert proc is not None
-    os.kill(proc.pid, signal.SIGSTOP)  # alive, never answers
-    process.close()
-    assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL
+    pid = process.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # alive, never answers; only SIGKILL can end it now
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        process.close()
+    assert not Path(f"/proc/{pid}").exists(), "the stopped writer was neither killed nor reaped"
+    assert f"checkpoint writer process {pid} did not exit within 1s; killing it" in caplog.text
