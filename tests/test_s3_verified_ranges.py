@@ -5,6 +5,7 @@ ranged read is widened to the checksummed blocks it touches, and those blocks ar
 from __future__ import annotations
 
 import json
+import os
 import warnings
 import zlib
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.s3_server import RecordingStorageConfig, S3Server, s3_server  # noqa: F401  (s3_server is a fixture)
+from tests.s3_server import RecordingStorageConfig, S3Server, logged_gets, s3_server  # noqa: F401  (a fixture)
 from tests.test_verified_loads import AlwaysReshard
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization, SafetensorsSerialization
@@ -27,9 +28,14 @@ LAYOUT = LayoutInfo("model/{rank}.safetensors", SafetensorsSerialization())
 FILE = "model/0.safetensors"
 
 
-def _config(server: S3Server, **kwargs: Any) -> RecordingStorageConfig:
-    base = server.config(**kwargs)
-    return RecordingStorageConfig(url=base.url, storage_options=base.storage_options, part_size=base.part_size)
+def _config(server: S3Server, tmp_path: Path) -> RecordingStorageConfig:
+    base = server.config()
+    return RecordingStorageConfig(
+        url=base.url,
+        storage_options=base.storage_options,
+        part_size=base.part_size,
+        gets_log=str(tmp_path / "gets.log"),
+    )
 
 
 def _manager(config: FsspecStorageConfig, layout: LayoutInfo | None = LAYOUT, **load: Any) -> CheckpointManager:
@@ -54,13 +60,14 @@ def _save(config: FsspecStorageConfig, ckpt: str) -> None:
         m.save(ckpt, {"model": _values()})
 
 
-def _load_a(config: FsspecStorageConfig, ckpt: str, **load: Any) -> tuple[torch.Tensor, int]:
+def _load_a(config: RecordingStorageConfig, ckpt: str, **load: Any) -> tuple[torch.Tensor, int]:
     """Reshard-load tensor 'a' only; returns it and the bytes fetched from the model file."""
     target = {"a": torch.zeros(N)}
+    before = len(logged_gets(config.gets_log, os.getpid()))
     with _manager(config, **load) as m, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*plain.*")
         m.load(ckpt, into={"model": target}, strict=False)
-        gets = m._storage.gets  # type: ignore[attr-defined]
+    gets = logged_gets(config.gets_log, os.getpid())[before:]
     return target["a"], sum(end - start for key, start, end in gets if key.endswith(FILE))
 
 
@@ -70,11 +77,13 @@ def _damage(config: FsspecStorageConfig, ckpt: str, needle: torch.Tensor) -> Non
     data = bytearray(storage.read(path))
     at = bytes(data).find(needle.numpy().tobytes()[:256]) + 4 * N // 2
     data[at] ^= 0x10
-    storage.fs.pipe_file(storage._key(path), bytes(data))
+    storage.fs.pipe_file(storage.remap_path(path), bytes(data))
 
 
-def test_a_verified_resharding_load_fetches_at_most_1_1x_the_bytes_it_needs(s3_server: S3Server) -> None:
-    config = _config(s3_server)
+def test_a_verified_resharding_load_fetches_at_most_1_1x_the_bytes_it_needs(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    config = _config(s3_server, tmp_path)
     _save(config, "run/step_1")
     got, fetched = _load_a(config, "run/step_1")
     assert torch.equal(got, _values()["a"])
@@ -84,8 +93,10 @@ def test_a_verified_resharding_load_fetches_at_most_1_1x_the_bytes_it_needs(s3_s
     assert fetched <= unverified + 2 * BLOCK_SIZE + BLOCK_SIZE  # at most a block more at each end (+ header)
 
 
-def test_damage_outside_the_ranges_read_passes_and_inside_is_refused_naming_the_block(s3_server: S3Server) -> None:
-    config = _config(s3_server)
+def test_damage_outside_the_ranges_read_passes_and_inside_is_refused_naming_the_block(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    config = _config(s3_server, tmp_path)
     _save(config, "run/step_1")
     _damage(config, "run/step_1", _values()["b"])
     got, _ = _load_a(config, "run/step_1")  # by design: b's blocks are not read by this load
@@ -94,6 +105,22 @@ def test_damage_outside_the_ranges_read_passes_and_inside_is_refused_naming_the_
     _damage(config, "run/step_2", _values()["a"])
     with pytest.raises(CorruptCheckpointError, match=rf"{FILE} .* fails its CRC32 check in block \d+ of"):
         _load_a(config, "run/step_2")
+
+
+def test_a_resharding_load_from_s3_that_meets_a_damaged_block_fills_no_target(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """All-or-nothing on an object store, with each needed block fetched once: the check phase fetches and checks
+    the planned ranges and hands them to the copy phase."""
+    config = _config(s3_server, tmp_path)
+    _save(config, "run/step_1")
+    _damage(config, "run/step_1", _values()["b"])  # b is copied after a
+    target = {"a": torch.zeros(N), "b": torch.zeros(N)}
+    with _manager(config) as m, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*plain.*")
+        with pytest.raises(CorruptCheckpointError, match=rf"{FILE} .* fails its CRC32 check in block"):
+            m.load("run/step_1", into={"model": target})
+    assert not target["a"].any() and not target["b"].any()
 
 
 @pytest.mark.parametrize("part_size", [5 << 20, (5 << 20) + 1000])  # parts of whole blocks, and not

@@ -65,6 +65,9 @@ logger = logging.getLogger("torch_checkpointing.read_context")
 MAX_METADATA_BYTES = 256 * 1024 * 1024
 _VERIFY_CHUNK = 16 * 1024 * 1024  # bytes read at a time when checking blocks nobody asked to keep
 _KEPT_BLOCKS = 32  # object stores: checked blocks kept for the next ranged read (the ends of each range)
+# Object stores: bytes a check phase fetched and checked (`verify_range`), kept for the copy phase's `read_range`
+# of the same range so they are not fetched twice. Bounded: past it, the copy phase fetches (and checks) again.
+PREFETCH_BUDGET_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,8 @@ class CheckpointReadContext:
         self._lock = threading.Lock()
         self._kept: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._kept_lock = threading.Lock()
+        self._prefetched: dict[tuple[str, int, int], bytes] = {}
+        self._prefetched_bytes = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -595,7 +600,9 @@ class CheckpointReadContext:
         if length == 0:
             return b""
         if self._ranged(checked) and not self._whole_passed(checked):
-            data = self._checked_range(checked, offset, length, keep=True)
+            data = self._take_prefetched(checked, offset, length)
+            if data is None:
+                data = self._checked_range(checked, offset, length, keep=True)
             assert data is not None
             return data
         if checked._start_whole is not None:  # no block checksums (an older manifest), or read-ahead
@@ -615,9 +622,25 @@ class CheckpointReadContext:
             return
         if self._ranged(checked):
             if not self._whole_passed(checked):
-                self._checked_range(checked, offset, length, keep=False)
+                data = self._checked_range(checked, offset, length, keep=False)
+                if data is not None:  # an object store: the bytes were fetched to check them
+                    self._keep_prefetched(checked, offset, data)
             return
         self._checked_whole(rel_path, what)
+
+    def _keep_prefetched(self, checked: CheckedFile, offset: int, data: bytes) -> None:
+        with self._kept_lock:
+            key = (checked.rel, offset, len(data))
+            if key not in self._prefetched and self._prefetched_bytes + len(data) <= PREFETCH_BUDGET_BYTES:
+                self._prefetched[key] = data
+                self._prefetched_bytes += len(data)
+
+    def _take_prefetched(self, checked: CheckedFile, offset: int, length: int) -> bytes | None:
+        with self._kept_lock:
+            data = self._prefetched.pop((checked.rel, offset, length), None)
+            if data is not None:
+                self._prefetched_bytes -= len(data)
+            return data
 
     def _ranged_file(self, rel_path: str, offset: int, length: int, what: str) -> CheckedFile:
         checked = self.check(rel_path, what)
