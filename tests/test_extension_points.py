@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.resharding import LoadPlan, Resharder
 from torch_checkpointing.staging import CheckpointStager, CheckpointStagerConfig, DefaultStager
 from torch_checkpointing.storage.base_storage import Storage
@@ -112,3 +113,27 @@ def test_stager_needs_only_stage_and_close() -> None:
 @pytest.mark.parametrize("cls", [Storage, Resharder])
 def test_docstrings_give_the_call_order(cls: type) -> None:
     assert "What the engine calls, and when" in (cls.__doc__ or "")
+
+
+@pytest.mark.parametrize(
+    ("build", "field_name"),
+    [
+        (lambda: CheckpointStagerConfig(metric_prefix="x"), "CheckpointStagerConfig.metric_prefix"),
+        (lambda: CheckpointWriterConfig(barrier_config=object()), "CheckpointWriterConfig.barrier_config"),
+        (
+            lambda: CheckpointWriterConfig(checkpoint_write_barrier_timeout_sec=5),
+            "CheckpointWriterConfig.checkpoint_write_barrier_timeout_sec",
+        ),
+    ],
+)
+def test_config_fields_the_engine_ignores_warn_when_set(build: Any, field_name: str) -> None:
+    with pytest.warns(FutureWarning, match=f"{field_name} is ignored") as caught:
+        build()
+    assert caught[0].filename == __file__  # points at the caller's line
+
+
+def test_default_configs_do_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CheckpointStagerConfig(use_pinned_memory=False, use_non_blocking_copy=False)
+        CheckpointWriterConfig(file_write_max_threads=2)

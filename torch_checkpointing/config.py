@@ -7,6 +7,7 @@ are also importable from `staging`, `checkpoint_writer` and `checkpoint_process`
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,13 @@ __all__ = [
 ]
 
 DEFAULT_WAIT_TIMEOUT_SECS = 600
+_DEFAULT_METRIC_PREFIX = "train.checkpoint_write"
+_DEFAULT_BARRIER_TIMEOUT_SECS = 600
+
+
+def _warn_ignored(field_name: str, why: str) -> None:
+    """A field kept for configs written against the published release, which the engine does not read."""
+    warnings.warn(f"{field_name} is ignored and will be removed: {why}", FutureWarning, stacklevel=4)
 
 
 def _cuda_available() -> bool:
@@ -46,24 +54,35 @@ class CheckpointStagerConfig:
     use_async_staging: bool = False
     use_non_blocking_copy: bool = field(default_factory=_cuda_available)
     thread_name: str = "ckpt-staging"
-    metric_prefix: str = "train.checkpoint_write"
+    metric_prefix: str = _DEFAULT_METRIC_PREFIX  # ignored (the engine reports no metrics); warns when set
     # Where the shared staging slab lives (with use_shared_memory). None: anonymous shared memory (memfd),
     # which a small /dev/shm (64 MiB in containers) does not limit. A directory: an unlinked file there,
     # mapped shared; it must have room for the whole staged state (about the size of the payload's tensors).
     staging_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.metric_prefix != _DEFAULT_METRIC_PREFIX:
+            _warn_ignored("CheckpointStagerConfig.metric_prefix", "the engine reports no metrics; leave it unset.")
 
 
 @dataclass
 class CheckpointWriterConfig:
     """The writer: barrier timeout and barrier between ranks, and how many threads write files."""
 
-    checkpoint_write_barrier_timeout_sec: int = 600
+    # Both ignored, and warn when set: the ranks of a save always commit together through the agreement
+    # over rank 0's TCPStore, bounded by CheckpointSaverConfig.wait_timeout_secs.
+    checkpoint_write_barrier_timeout_sec: int = _DEFAULT_BARRIER_TIMEOUT_SECS
     barrier_config: BarrierConfig | None = None
     file_write_max_threads: int = 1
 
     def __post_init__(self) -> None:
         if self.file_write_max_threads < 1:
             raise ValueError("file_write_max_threads must be positive")
+        how = "multi-rank saves always commit together, bounded by CheckpointSaverConfig.wait_timeout_secs."
+        if self.barrier_config is not None:
+            _warn_ignored("CheckpointWriterConfig.barrier_config", how)
+        if self.checkpoint_write_barrier_timeout_sec != _DEFAULT_BARRIER_TIMEOUT_SECS:
+            _warn_ignored("CheckpointWriterConfig.checkpoint_write_barrier_timeout_sec", f"{how} Set that instead.")
 
 
 @dataclass
