@@ -83,11 +83,11 @@ def _warn_keys_not_requiring_copy() -> None:
 class CheckpointStager(ABC):
     """Copies the `requires_copy=True` items of a save off the caller's tensors before an async write.
 
-    The async saver calls `stage(items)` once per save on its staging thread, holding the staging lock
-    (`CheckpointManager.lock()` waits for it), with only the items that need a copy; then it sends the
-    result to the writer process. `close()` is called once, by the saver's close(). `get_staged_state_dict`
-    and `pinned_num_bytes` are never called by the engine (kept for code written against the published
-    release).
+    The async saver calls `stage(items)` once per save and once per `prewarm_staging`, with only the items
+    that need a copy, holding the staging lock (`CheckpointManager.lock()` waits for it): on its staging
+    thread with `use_async_staging`, else on the caller's thread. The result goes to the writer process.
+    `close()` is called once, by the saver's close(). `get_staged_state_dict` and `pinned_num_bytes` are
+    never called by the engine (kept for code written against the published release).
     """
 
     @abstractmethod
