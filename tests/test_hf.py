@@ -15,7 +15,7 @@ from torch_checkpointing import CheckpointManager, ItemSpec, TemplateMismatchErr
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
 from torch_checkpointing.dtensor_resharder import DTensorResharder
 from torch_checkpointing.hf import INDEX_FILE_NAME, export_hf, import_hf, iter_item_tensors, parse_size
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
 
 def _manager(**items: ItemSpec) -> CheckpointManager:
@@ -117,6 +117,33 @@ def test_export_of_a_safetensors_item_and_a_bare_tensor_item(tmp_path: Path) -> 
     assert torch.equal(_load_all(tmp_path / "h")["head"], torch.arange(3.0))
     with pytest.raises(KeyError, match="no item 'modle'"):
         export_hf(tmp_path / "c", "modle", tmp_path / "x")
+
+
+class _RemoteLikeStorage(LocalFileSystemStorage):
+    """The local disk seen as an object store: no local path (so no mmap), every ranged read counted."""
+
+    def __init__(self) -> None:
+        super().__init__(LocalFileSystemStorageConfig())
+        self.range_bytes = 0
+
+    def local_path(self, path: Path) -> str | None:
+        return None
+
+    def read_range(self, path: Path, offset: int, length: int) -> bytes:
+        self.range_bytes += length
+        return super().read_range(path, offset, length)
+
+
+def test_export_from_a_store_without_local_paths_fetches_each_tensor_once(tmp_path: Path) -> None:
+    items = {"weights": ItemSpec(layout=LayoutInfo("w.safetensors", SafetensorsSerialization()))}
+    weights = {f"t{i}": torch.full((256, 256), float(i)) for i in range(4)}
+    with _manager(**items) as m:
+        m.save(str(tmp_path / "c"), {"weights": weights})
+    storage = _RemoteLikeStorage()
+    export_hf(tmp_path / "c", "weights", tmp_path / "w", storage=storage)
+    assert all(torch.equal(_load_all(tmp_path / "w")[k], v) for k, v in weights.items())
+    data = sum(v.numel() * v.element_size() for v in weights.values())
+    assert data <= storage.range_bytes <= 1.1 * data  # plans come from the header; each tensor is read once
 
 
 def test_import_round_trip_and_mismatches(tmp_path: Path) -> None:

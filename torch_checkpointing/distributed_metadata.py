@@ -104,6 +104,8 @@ class ShardingMetadata(ABC):
                 "expected {'type': <registered name>, 'data': {...}}"
             )
         kind = packed["type"]
+        if kind not in ShardingMetadata._registry:
+            _register_builtin_types()
         cls = ShardingMetadata._registry.get(kind)
         if cls is None:
             available = ", ".join(sorted(ShardingMetadata._registry))
@@ -505,3 +507,10 @@ def layout_from_untrusted_dict(d: Any, where: str) -> LayoutInfo:
 
 
 _RESERVED_NAMES = frozenset({"manifest.json", METADATA_FILE_NAME, ".incomplete"})
+
+
+def _register_builtin_types() -> None:
+    """Register the engine's own metadata types (their modules register on import; the package imports lazily).
+
+    Only this fixed module is imported, never a name read from checkpoint data."""
+    import torch_checkpointing.dtensor_metadata  # noqa: F401

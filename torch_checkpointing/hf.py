@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from torch_checkpointing.distributed_metadata import DistributedItemMetadata, lo
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, get_device_mesh_spec
 from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs
 from torch_checkpointing.errors import TemplateMismatchError
-from torch_checkpointing.source_reader import ReadStats, SourceFile, open_flat_tensors, open_source_file
+from torch_checkpointing.source_reader import FlatTensors, ReadStats, SourceFile, open_flat_tensors, open_source_file
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves, local_tensor
 from torch_checkpointing.types import NestedPath
@@ -116,7 +116,7 @@ class _ItemSource:
         self._ambiguous = rank is None and len(records) > 1
         self._open: dict[int, SourceFile] = {}
         self._stats = ReadStats()
-        self._flat: Mapping[str, torch.Tensor] | None = None
+        self._flat: FlatTensors | None = None
 
     def _source(self, rank: int) -> SourceFile:
         if rank not in self._open:
@@ -154,13 +154,13 @@ class _ItemSource:
                         f"as {len(self._paths)} per-rank files: which rank's copy to export is ambiguous. Export one "
                         f"rank's copy (rank=R / --rank R)."
                     )
-                t = flat[name]
+                shape, dtype = flat.describe(name)  # from the header (or a mapping): no tensor bytes read
                 path = tuple(name.split(".")) if name else ()
-                out.append(_TensorPlan(name, path, tuple(t.shape), t.dtype, False, name))
+                out.append(_TensorPlan(name, path, shape, dtype, False, name))
         # A bare-tensor item has the empty name; HF needs one: the item key.
         return [p if p.name else dataclasses.replace(p, name=self.key) for p in out]
 
-    def _plain(self) -> Mapping[str, torch.Tensor]:
+    def _plain(self) -> FlatTensors:
         """Every tensor of the plain rank's file, lazily (mmap for torch files, header-only for safetensors)."""
         if self._flat is None:
             path = self.checkpoint / self._path(self.plain_rank)

@@ -35,6 +35,7 @@ from torch_checkpointing.types import NestedPath
 
 __all__ = [
     "SAFETENSORS_DTYPES",
+    "FlatTensors",
     "ReadStats",
     "SourceFile",
     "SourceTensor",
@@ -429,7 +430,9 @@ def open_safetensors_source(storage: Storage, path: Path, stats: ReadStats) -> S
     return _SafetensorsRangeFile(storage, path, stats)
 
 
-class _LazyFlatTensors(Mapping[str, torch.Tensor]):
+class FlatTensors(Mapping[str, torch.Tensor]):
+    """Every tensor of a file under its dotted key; a tensor's bytes are read only when it is accessed."""
+
     def __init__(self, source: SourceFile) -> None:
         self._source = source
         self._keys = source.keys()
@@ -448,6 +451,16 @@ class _LazyFlatTensors(Mapping[str, torch.Tensor]):
             raise KeyError(key)
         return handle.read_block((0,) * len(handle.shape), handle.shape, self._stats)
 
+    def describe(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) of a tensor without reading its bytes (a torch file's tensors are mapped views)."""
+        if isinstance(self._source, _TorchSourceFile):
+            t = self[key]
+            return tuple(t.shape), t.dtype
+        handle = self._source.tensor((key,)) if key in self._keys else None
+        if handle is None:
+            raise KeyError(key)
+        return tuple(handle.shape), handle.dtype
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
 
@@ -455,6 +468,6 @@ class _LazyFlatTensors(Mapping[str, torch.Tensor]):
         return len(self._keys)
 
 
-def open_flat_tensors(storage: Storage, path: Path, fmt: SerializationFormat) -> Mapping[str, torch.Tensor]:
+def open_flat_tensors(storage: Storage, path: Path, fmt: SerializationFormat) -> FlatTensors:
     """Every tensor of a file under its dotted key (DTensors unwrapped), materialised only when accessed."""
-    return _LazyFlatTensors(open_source_file(storage, path, fmt, ReadStats()))
+    return FlatTensors(open_source_file(storage, path, fmt, ReadStats()))
