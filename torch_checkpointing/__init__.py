@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from torch_checkpointing.errors import __all__ as _ERROR_NAMES
 from torch_checkpointing.version import Version, __version__, get_version
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is imported on first use
@@ -139,17 +140,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "get_device_mesh_spec",
     ),
     "dtensor_resharder": ("DTensorResharder",),
-    "errors": (
-        "CheckpointError",
-        "CommitError",
-        "CorruptCheckpointError",
-        "IncompleteCheckpointError",
-        "ObjectStoreError",
-        "RefusedPickleError",
-        "TemplateMismatchError",
-        "UnsafeCheckpointError",
-        "WriterProcessDied",
-    ),
+    "errors": tuple(_ERROR_NAMES),  # the error types are cheap to import, and listed once, in errors.py
     "metadata_manager": ("DefaultMetadataManager", "MetadataManager"),
     "resharding": ("Resharder", "LoadPlan", "ReshardingInfo"),
     "retention": ("RetentionPolicy",),

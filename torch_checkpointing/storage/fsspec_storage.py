@@ -464,7 +464,33 @@ def _new_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
     return out, memoryview((ctypes.c_char * size).from_address(as_string(out))).cast("B")
 
 
-class _FsspecFileWriter(io.RawIOBase):
+class _ChecksummedUpload(io.RawIOBase):
+    """A write-only stream that checksums what it uploads (`_running`), for the manifest's record."""
+
+    _running: RunningChecksum
+
+    def writable(self) -> bool:
+        return True
+
+    def checksum(self) -> FileChecksum:
+        """Size, CRC32 and block CRC32s of every byte written; complete once the stream is closed."""
+        return self._running.result()
+
+    def _discard(self) -> None:
+        """Drop a failed upload: nothing may appear under its name."""
+        raise NotImplementedError
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        self._discard()
+        super().close()
+
+
+class _FsspecFileWriter(_ChecksummedUpload):
     """An fsspec file opened for writing; leaving its `with` block on an error discards what was written."""
 
     def __init__(self, fs: Any, key: str, block_size: int, url: str) -> None:
@@ -475,13 +501,6 @@ class _FsspecFileWriter(io.RawIOBase):
         self._running = RunningChecksum()
         with _ErrorScope(f"upload of {url}", wrap_missing=True):
             self._inner = fs.open(key, "wb", block_size=block_size)
-
-    def writable(self) -> bool:
-        return True
-
-    def checksum(self) -> FileChecksum:
-        """Size, CRC32 and block CRC32s of every byte written."""
-        return self._running.result()
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -497,22 +516,16 @@ class _FsspecFileWriter(io.RawIOBase):
             finally:
                 super().close()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is None:
-            self.close()
-            return
+    def _discard(self) -> None:
         try:
             self._inner.discard()  # object stores: the upload is dropped, nothing appears
         except Exception:  # filesystems that write in place (file://) cannot discard: remove the partial file
             self._inner.close()
             if self._fs.exists(self._key):
                 self._fs.rm_file(self._key)
-        super().close()
 
 
-class _S3MultipartWriter(io.RawIOBase):
+class _S3MultipartWriter(_ChecksummedUpload):
     """Uploads a file as S3 multipart parts while it is written; memory is bounded by in-flight parts.
 
     Bytes collect in one part-sized buffer; a full buffer is handed to a pool that uploads up to
@@ -536,13 +549,6 @@ class _S3MultipartWriter(io.RawIOBase):
         self._running = RunningChecksum()
         # Parts made of whole blocks are checksummed on their upload threads; otherwise here, in order.
         self._sum_parts = part_size % self._running.block_size == 0
-
-    def writable(self) -> bool:
-        return True
-
-    def checksum(self) -> FileChecksum:
-        """Size, CRC32 and block CRC32s of every byte written; complete once the stream is closed."""
-        return self._running.result()
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -639,14 +645,8 @@ class _S3MultipartWriter(io.RawIOBase):
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is None:
-            self.close()
-            return
+    def _discard(self) -> None:
         self._abort()
-        super().close()
 
     def __del__(self) -> None:
         # IOBase.__del__ would close() and so complete a half-written upload; abort it instead.
