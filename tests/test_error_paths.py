@@ -13,7 +13,13 @@ import torch
 
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, TorchSerialization
-from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig, WriteEntry, WriteRequest, write_checkpoint
+from torch_checkpointing.checkpoint_writer import (
+    CheckpointWriterConfig,
+    SavePlan,
+    WriteEntry,
+    WriteRequest,
+    write_checkpoint,
+)
 from torch_checkpointing.config import CheckpointSaverConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.schema import resolve
@@ -63,7 +69,9 @@ def test_threaded_file_writes_produce_the_same_checkpoint(tmp_path: Path) -> Non
 
 def test_writer_refuses_two_records_for_one_path(tmp_path: Path) -> None:
     entries = [WriteEntry(k, "same.pt", TorchSerialization(), torch.ones(1)) for k in ("a", "b")]
-    request = WriteRequest(str(tmp_path / "c"), str(tmp_path / ".c.tmp"), 0, 1, entries)
+    request = WriteRequest(
+        SavePlan(checkpoint_dir=str(tmp_path / "c"), tmp_dir=str(tmp_path / ".c.tmp"), rank=0, world_size=1), entries
+    )
     with pytest.raises(RuntimeError, match="both wrote 'same.pt'"):
         write_checkpoint(LocalFileSystemStorage(STORAGE), request)
     assert not (tmp_path / "c").exists() and not (tmp_path / ".c.tmp").exists()

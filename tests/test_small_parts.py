@@ -73,12 +73,20 @@ def test_builders_make_working_savers(tmp_path: Path) -> None:
     storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
     saver = make_sync_checkpoint_saver(storage_config=storage_config)
     items = resolve({"w": torch.ones(2)}, {}, ItemSpec(), 0)
-    plan = SavePlan(str(tmp_path / "c"), str(tmp_path / ".c.tmp"), 0, 1, items, None, None, 60.0)
+    plan = SavePlan(
+        checkpoint_dir=str(tmp_path / "c"), tmp_dir=str(tmp_path / ".c.tmp"), rank=0, world_size=1, items=tuple(items)
+    )
     assert saver.save(plan) is None and (tmp_path / "c" / "manifest.json").is_file()
     saver.close()
     async_saver = make_async_checkpoint_saver(storage_config=storage_config)
     try:
-        plan = SavePlan(str(tmp_path / "d"), str(tmp_path / ".d.tmp"), 0, 1, items, None, None, 60.0)
+        plan = SavePlan(
+            checkpoint_dir=str(tmp_path / "d"),
+            tmp_dir=str(tmp_path / ".d.tmp"),
+            rank=0,
+            world_size=1,
+            items=tuple(items),
+        )
         async_saver.save(plan).result(timeout=120)
         assert (tmp_path / "d" / "w_0.pt").is_file()
     finally:

@@ -14,7 +14,7 @@ import torch
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.checkpoint_process import CheckpointProcess, CheckpointProcessConfig
-from torch_checkpointing.checkpoint_writer import WriteEntry, WriteRequest
+from torch_checkpointing.checkpoint_writer import SavePlan, WriteEntry, WriteRequest
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 STORAGE = LocalFileSystemStorageConfig(use_direct_io=False)
@@ -30,7 +30,8 @@ def slow_init(seconds: float) -> None:
 
 def _request(root: Path, name: str) -> WriteRequest:
     entry = WriteEntry("w", "w_0.pt", TorchSerialization(), torch.ones(2))
-    return WriteRequest(str(root / name), str(root / f".{name}.tmp"), 0, 1, [entry])
+    plan = SavePlan(checkpoint_dir=str(root / name), tmp_dir=str(root / f".{name}.tmp"), rank=0, world_size=1)
+    return WriteRequest(plan, [entry])
 
 
 def test_a_failing_init_fn_fails_the_write_with_a_clear_error(tmp_path: Path) -> None:

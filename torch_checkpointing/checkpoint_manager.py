@@ -178,8 +178,7 @@ class CheckpointManager:
         path = self._checkpoint_path(checkpoint_id)
         step = _step_of(path) if step is None else _checked_step(step)
         checked_metrics = _checked_metrics(metrics)
-        plan = self._plan(path, checkpoint)
-        plan.step, plan.metrics, plan.started = step, checked_metrics, started
+        plan = self._plan(path, checkpoint, step=step, metrics=checked_metrics, started=started)
         write = self._saver.save(plan)
         if self._retention is not None:
             self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
@@ -293,7 +292,15 @@ class CheckpointManager:
                 f"CheckpointManager for {_store_name(scheme)}."
             )
 
-    def _plan(self, checkpoint_id: str, payload: Mapping[str, Any]) -> SavePlan:
+    def _plan(
+        self,
+        checkpoint_id: str,
+        payload: Mapping[str, Any],
+        *,
+        step: int | None,
+        metrics: dict[str, float] | None,
+        started: float,
+    ) -> SavePlan:
         """Agree with the other ranks on what is saved where, then name the temporary directory.
 
         Two agreed steps (`agreement.agree`): every rank's resolved items, id and item set; then rank 0's check
@@ -337,17 +344,20 @@ class CheckpointManager:
         if ctx.store_address is not None:
             store = StoreAddress(ctx.store_address.host, ctx.store_address.port, f"{ctx.store_address.namespace}/{seq}")
         return SavePlan(
-            checkpoint_id,
-            temporary_name(checkpoint_id, ctx.uid, seq),
-            ctx.rank,
-            ctx.world_size,
-            items,
-            metadata_json if ctx.rank == 0 else None,
-            store,
-            ctx.timeout_s,
-            self.config.pre_finalize_callback,
-            self.config.finalize_callback,
+            checkpoint_dir=checkpoint_id,
+            tmp_dir=temporary_name(checkpoint_id, ctx.uid, seq),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            items=tuple(items),
+            metadata_json=metadata_json if ctx.rank == 0 else None,
+            store=store,
+            timeout_s=ctx.timeout_s,
+            pre_finalize_callback=self.config.pre_finalize_callback,
+            finalize_callback=self.config.finalize_callback,
+            step=step,
+            metrics=metrics,
             overwrite=self.config.save.overwrite,
+            started=started,
         )
 
 

@@ -138,7 +138,7 @@ def _serve(storage: Any, message: Write, slab: MapSlab | None) -> Written | Fail
             if slab is None or slab.generation != message.slab_generation:
                 raise CheckpointError(
                     f"The writer process has staging slab {None if slab is None else slab.generation}, but the "
-                    f"request for {request.checkpoint_dir} points into slab {message.slab_generation}."
+                    f"request for {request.plan.checkpoint_dir} points into slab {message.slab_generation}."
                 )
             for entry in request.entries:
                 if not entry.pickled:
@@ -303,8 +303,8 @@ class CheckpointProcess:
                 self._start_in_background()
                 then = "It was stopped by close()." if self._closing else "It is restarted for the next save."
                 raise WriterProcessDied(
-                    f"Checkpoint writer process died during the write of {request.checkpoint_dir} (exit code {code}); "
-                    f"no checkpoint was committed there. {then}"
+                    f"Checkpoint writer process died during the write of {request.plan.checkpoint_dir} (exit code "
+                    f"{code}); no checkpoint was committed there. {then}"
                 ) from exc
         if isinstance(reply, Failed):
             raise reply.error

@@ -17,64 +17,20 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch_checkpointing.checkpoint_process import CheckpointProcess
-from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig, WriteEntry, WriteRequest, write_checkpoint
+from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig, SavePlan, WriteEntry, write_checkpoint
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.lock import RWLock, RWLockMode
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
-from torch_checkpointing.store_channel import StoreAddress
 
 __all__ = ["AsyncCheckpointSaver", "CheckpointSaver", "SavePlan", "SyncCheckpointSaver", "WriteFuture"]
 
 logger = logging.getLogger("torch_checkpointing.saver")
-
-
-@dataclass
-class SavePlan:
-    """Everything one rank needs to write and commit one checkpoint."""
-
-    checkpoint_dir: str
-    tmp_dir: str
-    rank: int
-    world_size: int
-    items: list[ResolvedItem]
-    metadata_json: str | None
-    store: StoreAddress | None
-    timeout_s: float
-    pre_finalize_callback: Callable[[str, Any], None] | None = None
-    finalize_callback: Callable[[str, Any], None] | None = None
-    step: int | None = None
-    metrics: dict[str, float] | None = None
-    overwrite: bool = True
-    started: float = field(default_factory=time.monotonic)  # when save() was called
-    blocked_s: float = 0.0  # how long save() held the caller
-
-    def request(
-        self, entries: list[WriteEntry], writer_config: CheckpointWriterConfig, trainer_pid: int | None = None
-    ) -> WriteRequest:
-        return WriteRequest(
-            self.checkpoint_dir,
-            self.tmp_dir,
-            self.rank,
-            self.world_size,
-            entries,
-            self.metadata_json,
-            self.store,
-            self.timeout_s,
-            writer_config.file_write_max_threads,
-            self.pre_finalize_callback,
-            self.finalize_callback,
-            self.step,
-            self.metrics,
-            self.overwrite,
-            trainer_pid,
-        )
 
 
 class CheckpointSaver(ABC):
@@ -110,8 +66,7 @@ class SyncCheckpointSaver(CheckpointSaver):
         except BaseException as exc:
             log_failed(plan, exc)
             raise
-        plan.blocked_s = time.monotonic() - plan.started
-        log_committed(plan, nbytes)
+        log_committed(plan, nbytes, blocked_s=time.monotonic() - plan.started)
         return None
 
     def close(self) -> None:
@@ -220,8 +175,8 @@ class AsyncCheckpointSaver(CheckpointSaver):
         write = WriteFuture(plan.checkpoint_dir)
         write.set_running_or_notify_cancel()
         self._last_write = write
-        plan.blocked_s = time.monotonic() - plan.started
-        self._comm.submit(lambda: self._write(plan, staged, write))
+        blocked_s = time.monotonic() - plan.started
+        self._comm.submit(lambda: self._write(plan, staged, write, blocked_s))
         return write
 
     def _stage(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +185,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         finally:
             self._staging_lock.release(RWLockMode.WRITE)
 
-    def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any]) -> None:
+    def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any], blocked_s: float) -> None:
         try:
             copies = staged.result()
             slab = self._stager.slab
@@ -250,7 +205,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             log_failed(plan, exc)
             write.set_exception(exc)
         else:
-            log_committed(plan, nbytes)
+            log_committed(plan, nbytes, blocked_s)
             write.set_result(None)
 
     def prewarm(self, items: list[ResolvedItem]) -> None:
@@ -358,14 +313,15 @@ class WriteFuture(Future[Any]):
         return copy
 
 
-def log_committed(plan: SavePlan, nbytes: int) -> None:
+def log_committed(plan: SavePlan, nbytes: int, blocked_s: float) -> None:
+    """`blocked_s`: how long save() held the caller (measured after the plan was made, so not part of it)."""
     durable_s = time.monotonic() - plan.started
     logger.info(
         "Checkpoint %s committed (rank %d): %d bytes, save() blocked %.0f ms, durable after %.2f s, %.1f MB/s",
         plan.checkpoint_dir,
         plan.rank,
         nbytes,
-        plan.blocked_s * 1000,
+        blocked_s * 1000,
         durable_s,
         nbytes / max(durable_s, 1e-9) / 1e6,
     )

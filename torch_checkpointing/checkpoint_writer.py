@@ -20,9 +20,9 @@ import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch_checkpointing.agreement import StoreTransport, agree
 from torch_checkpointing.checkpoint_layout import SerializationFormat
@@ -38,11 +38,15 @@ from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
 from torch_checkpointing.version import __version__
 
+if TYPE_CHECKING:  # the writer process never needs the item specs, only their annotation
+    from torch_checkpointing.schema import ResolvedItem
+
 __all__ = [
     "METADATA_JSON",
     "CheckpointWriter",
     "CheckpointWriterArgs",
     "CheckpointWriterConfig",
+    "SavePlan",
     "WriteEntry",
     "WriteRequest",
     "write_checkpoint",
@@ -62,23 +66,51 @@ class WriteEntry:
     pickled: bool = False  # `value` holds pickle bytes (a requires_copy=False value on its way to the writer)
 
 
-@dataclass
-class WriteRequest:
+@dataclass(frozen=True, kw_only=True)
+class SavePlan:
+    """Everything one rank needs to write and commit one checkpoint, fixed once the ranks agreed on it.
+
+    Built once per save by the manager; the savers turn `items` into `WriteEntry`s, and the writer (inline, or
+    in the writer process) reads the rest. `items` hold the caller's values, so the copy that travels in a
+    `WriteRequest` has none (`for_writer`).
+    """
+
     checkpoint_dir: str
-    tmp_dir: str
+    tmp_dir: str  # where the files are written before the commit moves them to `checkpoint_dir`
     rank: int
     world_size: int
-    entries: list[WriteEntry]
+    items: tuple[ResolvedItem, ...] = ()
     metadata_json: str | None = None  # rank 0 only
     store: StoreAddress | None = None  # None: single rank, no coordination
     timeout_s: float = 600.0
-    file_write_max_threads: int = 1
     # Called as f(final_path, event_logger) before the commit and after it; must pickle for async saves.
     pre_finalize_callback: Callable[[str, Any], None] | None = None
     finalize_callback: Callable[[str, Any], None] | None = None
     step: int | None = None
     metrics: dict[str, float] | None = None
     overwrite: bool = True  # may replace an existing checkpoint of ours (never anything else)
+    started: float = field(default_factory=time.monotonic)  # when save() was called
+
+    def for_writer(self) -> SavePlan:
+        """This plan without its items: their values travel as the request's entries instead."""
+        return replace(self, items=()) if self.items else self
+
+    def request(
+        self, entries: list[WriteEntry], writer_config: CheckpointWriterConfig, trainer_pid: int | None = None
+    ) -> WriteRequest:
+        return WriteRequest(self.for_writer(), entries, writer_config.file_write_max_threads, trainer_pid)
+
+
+@dataclass
+class WriteRequest:
+    """One write, as the writer gets it: the plan, each item's value to encode, and the writer's own settings.
+
+    Crosses to the writer process for async saves, so everything in it pickles.
+    """
+
+    plan: SavePlan
+    entries: list[WriteEntry]
+    file_write_max_threads: int = 1
     trainer_pid: int | None = None  # async saves: the trainer that asked; the writer commits only while it lives
 
 
@@ -117,7 +149,7 @@ def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry) -> 
 
 
 def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) -> list[FileRecord]:
-    root = commit.root
+    root, rank = commit.root, request.plan.rank
     commit.begin()
     directories = {root}
     for entry in request.entries:
@@ -127,9 +159,9 @@ def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) 
             directories.add(parent)
     if request.file_write_max_threads > 1 and len(request.entries) > 1:
         with ThreadPoolExecutor(request.file_write_max_threads, thread_name_prefix="ckpt-file") as pool:
-            records = list(pool.map(lambda e: _write_entry(storage, root, request.rank, e), request.entries))
+            records = list(pool.map(lambda e: _write_entry(storage, root, rank, e), request.entries))
     else:
-        records = [_write_entry(storage, root, request.rank, e) for e in request.entries]
+        records = [_write_entry(storage, root, rank, e) for e in request.entries]
     for directory in sorted(directories, key=lambda p: len(p.parts), reverse=True):
         storage.sync_directory(directory)
     return records
@@ -150,27 +182,29 @@ def _check_distinct(records: list[FileRecord]) -> None:
 
 def _publish(commit: Commit, request: WriteRequest, records: list[FileRecord]) -> None:
     """Rank 0: the manifest over every rank's records, then the commit itself."""
+    plan = request.plan
     _check_distinct(records)
-    metadata = request.metadata_json.encode("utf-8") if request.metadata_json is not None else None
+    metadata = plan.metadata_json.encode("utf-8") if plan.metadata_json is not None else None
     manifest = Manifest(
-        request.world_size,
+        plan.world_size,
         __version__,
         tuple(records),
         METADATA_JSON if metadata is not None else None,
-        request.step,
-        request.metrics,
+        plan.step,
+        plan.metrics,
         time.time(),
         len(metadata) if metadata is not None else None,
         zlib.crc32(metadata) if metadata is not None else None,
     )
-    commit.publish(manifest, request.metadata_json, lambda: _check_trainer_alive(request))
+    commit.publish(manifest, plan.metadata_json, lambda: _check_trainer_alive(request))
 
 
 def _check_trainer_alive(request: WriteRequest) -> None:
     """A writer whose trainer is gone must not commit: a newer save of the same id may already be in place."""
+    plan = request.plan
     if request.trainer_pid is not None and os.getppid() != request.trainer_pid:
         raise CommitError(
-            f"Checkpoint {request.checkpoint_dir} was not committed: the trainer process {request.trainer_pid} that "
+            f"Checkpoint {plan.checkpoint_dir} was not committed: the trainer process {request.trainer_pid} that "
             f"asked for it is gone."
         )
 
@@ -187,20 +221,21 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     outcome (single rank, or rank 0); it never becomes visible at the checkpoint's path either way. Once the
     checkpoint is committed nothing is reported as a failure: a failed `finalize_callback` is logged.
     """
-    commit = Commit(storage, CommitTarget(request.checkpoint_dir, request.tmp_dir, request.overwrite))
+    plan = request.plan
+    commit = Commit(storage, CommitTarget(plan.checkpoint_dir, plan.tmp_dir, plan.overwrite))
     progress = _Progress()
     try:
-        with _interrupts_reported(request.checkpoint_dir, progress):
+        with _interrupts_reported(plan.checkpoint_dir, progress):
             nbytes = _write_and_commit(storage, request, commit, progress)
     except BaseException:
-        if request.rank == 0 and not progress.committed:
+        if plan.rank == 0 and not progress.committed:
             commit.discard()
         raise
-    if request.finalize_callback is not None:
+    if plan.finalize_callback is not None:
         try:
-            request.finalize_callback(request.checkpoint_dir, None)
+            plan.finalize_callback(plan.checkpoint_dir, None)
         except Exception:
-            logger.exception("finalize_callback failed for the committed checkpoint %s", request.checkpoint_dir)
+            logger.exception("finalize_callback failed for the committed checkpoint %s", plan.checkpoint_dir)
     return nbytes
 
 
@@ -238,49 +273,53 @@ def _interrupts_reported(checkpoint_dir: str, progress: _Progress) -> Iterator[N
 
 
 def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress) -> int:
-    before_commit = request.pre_finalize_callback
-    if request.store is None:
+    plan = request.plan
+    before_commit = plan.pre_finalize_callback
+    if plan.store is None:
         mine = _write_local_files(storage, request, commit)
         if before_commit is not None:
-            before_commit(request.checkpoint_dir, None)
+            before_commit(plan.checkpoint_dir, None)
         _publish(commit, request, mine)
         progress.committed = True
         return sum(r.size for r in mine)
-    channel = StoreChannel(request.store, request.timeout_s)
-    transport = StoreTransport(request.rank, request.world_size, channel)
+    channel = StoreChannel(plan.store, plan.timeout_s)
+    transport = StoreTransport(plan.rank, plan.world_size, channel)
     records: list[FileRecord] = []
 
     def write() -> list[dict[str, Any]]:
         local = [r.to_dict() for r in _write_local_files(storage, request, commit)]
         if before_commit is not None:
-            before_commit(request.checkpoint_dir, None)
+            before_commit(plan.checkpoint_dir, None)
         return local
 
     def publish() -> None:
-        if request.rank == 0:
+        if plan.rank == 0:
             _publish(commit, request, records)
             progress.committed = True
 
     try:
-        written = agree(f"Checkpoint {request.checkpoint_dir}: writing the files", transport, write)
+        written = agree(f"Checkpoint {plan.checkpoint_dir}: writing the files", transport, write)
         records.extend(FileRecord.from_dict(d) for report in written for d in report)
-        agree(f"Checkpoint {request.checkpoint_dir}: the commit", transport, publish)
+        agree(f"Checkpoint {plan.checkpoint_dir}: the commit", transport, publish)
         progress.committed = True
     finally:
-        _settle(channel, request, progress.committed)
-    return sum(r.size for r in records if r.rank == request.rank)
+        _settle(channel, plan, progress.committed)
+    return sum(r.size for r in records if r.rank == plan.rank)
 
 
-def _settle(channel: StoreChannel, request: WriteRequest, committed: bool) -> None:
+def _settle(channel: StoreChannel, plan: SavePlan, committed: bool) -> None:
     """Rank 0's trainer hosts the store: rank 0 waits until every live rank has read the outcome."""
     try:
-        channel.publish(f"ack/{request.rank}", "seen")
-        if request.rank == 0:
-            timeout = request.timeout_s if committed else _VERDICT_GRACE_S
-            channel.gather("ack", request.world_size, "that it saw the outcome", timeout_s=timeout)
+        channel.publish(f"ack/{plan.rank}", "seen")
+        if plan.rank == 0:
+            timeout = plan.timeout_s if committed else _VERDICT_GRACE_S
+            channel.gather("ack", plan.world_size, "that it saw the outcome", timeout_s=timeout)
     except CommitError as exc:  # a rank (or the store) gone after the outcome changes nothing about it
         logger.debug(
-            "Rank %d: not every rank acknowledged the outcome of %s: %s", request.rank, request.checkpoint_dir, exc
+            "Rank %d: not every rank acknowledged the outcome of %s: %s",
+            plan.rank,
+            plan.checkpoint_dir,
+            exc,
         )
 
 
@@ -312,6 +351,10 @@ class CheckpointWriter:
         self.storage = args.storage_config.create_storage()
 
     def write(self, request: WriteRequest) -> int:
-        request.pre_finalize_callback = request.pre_finalize_callback or self.args.pre_finalize_callback
-        request.finalize_callback = request.finalize_callback or self.args.finalize_callback
+        plan = request.plan
+        request.plan = replace(
+            plan,
+            pre_finalize_callback=plan.pre_finalize_callback or self.args.pre_finalize_callback,
+            finalize_callback=plan.finalize_callback or self.args.finalize_callback,
+        )
         return write_checkpoint(self.storage, request)
