@@ -242,6 +242,23 @@ def test_a_resharding_load_that_meets_a_damaged_block_has_filled_no_target(
     assert not target["a"].any() and not target["b"].any()
 
 
+def test_block_crcs_that_do_not_combine_to_the_file_crc_are_refused_as_a_damaged_manifest(tmp_path: Path) -> None:
+    """The whole-file check trusts the block CRCs a later ranged read uses only if they combine to the file's CRC."""
+    root = tmp_path / "ck"
+    _save(root, {"a": torch.arange(N, dtype=torch.float32)}, reshard=False)
+    d = json.loads((root / "manifest.json").read_text())
+    rec = d["items"]["model"]["0"]
+    hexed = rec["blocks"]["crc32"]
+    rec["blocks"]["crc32"] = ("0" if hexed[0] != "0" else "1") + hexed[1:]  # the data is intact; a record is not
+    (root / "manifest.json").write_text(json.dumps(d))
+    m = _manager({"model": ItemSpec()})
+    try:
+        with pytest.raises(CorruptCheckpointError, match="manifest record is inconsistent"):
+            m.load(str(root), into={"model": {"a": torch.zeros(N)}})
+    finally:
+        m.close()
+
+
 def test_the_direct_loader_still_checks_every_byte_before_the_first_copy(tmp_path: Path) -> None:
     root = tmp_path / "ck"
     a, b = torch.arange(N, dtype=torch.float32), torch.ones(N)
