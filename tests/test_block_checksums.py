@@ -220,16 +220,22 @@ def test_damage_outside_every_range_read_is_not_read_and_damage_inside_is_refuse
         _partial_load(root, layout)
 
 
+def _two_tensors_with_b_damaged(tmp_path: Path, layout: LayoutInfo | None) -> tuple[Path, str]:
+    """A resharded checkpoint of tensors a and b with one bit flipped in the second half of b."""
+    root = tmp_path / "ck"
+    a, b = torch.arange(N, dtype=torch.float32), torch.arange(N, dtype=torch.float32) + 0.5
+    _save(root, {"a": a, "b": b}, layout)
+    name = "model_0.pt" if layout is None else "model_0.safetensors"
+    _flip(root / name, _offset_of(root / name, b) + 4 * N // 2)
+    return root, name
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["torch", "safetensors"])
 def test_a_resharding_load_that_meets_a_damaged_block_has_filled_no_target(
     tmp_path: Path, layout: LayoutInfo | None
 ) -> None:
     """All-or-nothing holds for resharding loads too: every planned block is checked before the first copy."""
-    root = tmp_path / "ck"
-    a, b = torch.arange(N, dtype=torch.float32), torch.arange(N, dtype=torch.float32) + 0.5
-    _save(root, {"a": a, "b": b}, layout)
-    name = "model_0.pt" if layout is None else "model_0.safetensors"
-    _flip(root / name, _offset_of(root / name, b) + 4 * N // 2)  # in b, which is copied after a
+    root, name = _two_tensors_with_b_damaged(tmp_path, layout)  # b is copied after a
     target = {"a": torch.zeros(N), "b": torch.zeros(N)}
     m = _manager({"model": ItemSpec(resharder=AlwaysReshard(), layout=layout)})
     try:
@@ -315,11 +321,7 @@ def test_a_check_phase_finds_damage_in_a_planned_block_before_reading_it(
     from torch_checkpointing.checkpoint_layout import TorchSerialization
     from torch_checkpointing.source_reader import ReadStats, open_source_file
 
-    root = tmp_path / "ck"
-    a, b = torch.arange(N, dtype=torch.float32), torch.arange(N, dtype=torch.float32) + 0.5
-    _save(root, {"a": a, "b": b}, layout)
-    name = "model_0.pt" if layout is None else "model_0.safetensors"
-    _flip(root / name, _offset_of(root / name, b) + 4 * N // 2)  # in the second half of b
+    root, name = _two_tensors_with_b_damaged(tmp_path, layout)
     fmt = TorchSerialization() if layout is None else SafetensorsSerialization()
     storage: Storage = LocalFileSystemStorage(LocalFileSystemStorageConfig())
     with CheckpointReadContext(storage, str(root), ReadPolicy()) as ctx:
