@@ -58,6 +58,16 @@ class S3Server:
     process: subprocess.Popen[bytes]
     log_path: str
 
+    def client_env(self) -> dict[str, str]:
+        """The environment variables a job on a real store would have (its ranks and writer processes inherit
+        them): this server's endpoint and the test credentials."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
     def storage_options(self) -> dict[str, Any]:
         return {
             "key": "testing",
@@ -217,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     server = start_s3_server(tempfile.mkdtemp(prefix="moto-"))
     try:
         server.make_bucket(args.bucket)
-        print(f"export AWS_ENDPOINT_URL={server.endpoint} AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing")
+        print("export " + " ".join(f"{k}={v}" for k, v in server.client_env().items()))
         print(f"# bucket s3://{args.bucket} (server log {server.log_path}); Ctrl-C stops it", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while server.process.poll() is None:

@@ -60,13 +60,7 @@ def _services(block: Block, request: pytest.FixtureRequest) -> dict[str, str]:
     server = request.getfixturevalue("s3_server")
     bucket = f"docs-{uuid.uuid4().hex[:12]}"
     server.make_bucket(bucket)
-    return {
-        "AWS_ENDPOINT_URL": server.endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "CHECKPOINT_BUCKET": bucket,
-    }
+    return {**server.client_env(), "CHECKPOINT_BUCKET": bucket}
 
 
 def _script(block: Block, tmp_path: Path) -> Path:

@@ -57,14 +57,7 @@ MEASURED_ON_S3 = (
 def _env(server: S3Server) -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONFORMANCE_")}
-    return {
-        **env,
-        "PYTHONPATH": path,
-        "AWS_ENDPOINT_URL": server.endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
+    return {**env, "PYTHONPATH": path, **server.client_env()}
 
 
 def _objects(server: S3Server, bucket: str) -> list[str]:

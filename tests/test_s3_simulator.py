@@ -25,14 +25,7 @@ _RUN_TIMEOUT_S = 480
 
 def _env(server: S3Server) -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return {
-        **os.environ,
-        "PYTHONPATH": path,
-        "AWS_ENDPOINT_URL": server.endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
+    return {**os.environ, "PYTHONPATH": path, **server.client_env()}
 
 
 def _simulator(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -34,10 +34,8 @@ def bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh bucket, and the environment a job on a real store would have (the writer process inherits it)."""
     name = f"byid-{uuid.uuid4().hex[:12]}"
     s3_server.make_bucket(name)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for key, value in s3_server.client_env().items():
+        monkeypatch.setenv(key, value)
     return name
 
 
