@@ -9,7 +9,6 @@ rectangular blocks (`LoadPlan`s) to copy; only those blocks are read from the so
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import logging
 import threading
@@ -157,11 +156,6 @@ class PlanStats:
     sources: int = 0
 
 
-@functools.cache
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def _source_ranks(source_groups: list[Any]) -> list[tuple[int, DTensorShardingMetadata]]:
     ranks: dict[int, DTensorShardingMetadata] = {}
     for group in source_groups:
@@ -184,7 +178,7 @@ def _block_plans(
     fqn: str, target_runs: tuple[list[Run], ...], src_rank: int, src_md: DTensorShardingMetadata, src_runs: Any
 ) -> list[LoadPlan]:
     per_dim = [_overlaps(t, s) for t, s in zip(target_runs, src_runs, strict=True)]
-    elem = _element_size(src_md.torch_dtype)
+    elem = src_md.torch_dtype.itemsize
     return [
         LoadPlan(
             offsets=tuple(c[0] for c in combo),
@@ -524,20 +518,7 @@ def _plan_path(
     fqn = dotted_key(path)
     if known is None:
         return None
-    return [
-        LoadPlan(
-            p.offsets,
-            p.sizes,
-            p.src_rank,
-            fqn,
-            p.src_offsets,
-            p.src_sizes,
-            p.transpose_dims,
-            p.src_elem_size,
-            p.src_dtype,
-        )
-        for p in known
-    ]
+    return [dataclasses.replace(p, src_fqn=fqn) for p in known]
 
 
 def _current_rank() -> int:

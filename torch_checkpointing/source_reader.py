@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import struct
@@ -33,6 +34,7 @@ from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, flatten, get_path, local_tensor
 from torch_checkpointing.types import NestedPath
 
+logger = logging.getLogger("torch_checkpointing.source_reader")
 __all__ = [
     "SAFETENSORS_DTYPES",
     "FlatTensors",
@@ -194,6 +196,8 @@ def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceF
     mapped = storage.mapped_path(path)
     if mapped is None:
         return _TorchSourceFile(load_resharding_source(storage, path), stats)
+    if not _checks_reads(storage):  # a plain store records nothing to check: map it, as torch does
+        return _TorchSourceFile(load_resharding_source(storage, path, mapped), stats)
     size = storage.getsize(path)
     if not _verify_zip_outside_tensors(storage, path, size):
         storage.verify_range(path, 0, size)  # not a zip (legacy torch.save): torch reads all of it
@@ -282,7 +286,8 @@ def _file_base_address(pointer: int, st: os.stat_result) -> int | None:
                     if int(fields[4]) != st.st_ino or os.makedev(major, minor) != st.st_dev:
                         return None
                     return lo - int(fields[2], 16)
-    except OSError:
+    except OSError as exc:
+        logger.debug("Cannot read /proc/self/maps (%s): block reads of a mapped source check its whole file", exc)
         return None
     return None
 
@@ -324,7 +329,7 @@ class _SafetensorsLocalFile(SourceFile):
         self._check: Callable[[int, int], None] | None = None
         if checked is not None:  # through a verifying view: the header is checked before safetensors reads it
             storage, path = checked
-            entries, base, _ = _read_safetensors_header(storage, path)
+            entries, base = _read_safetensors_header(storage, path)
             self._begins = {k: base + int(e["data_offsets"][0]) for k, e in entries.items()}
             self._check = lambda offset, length: storage.verify_range(path, offset, length)
         self._handle = safe_open(local, framework="pt", device="cpu")
@@ -381,22 +386,22 @@ def _bounding_range(
     strides = _row_major_strides(shape)
     first = sum(o * st for o, st in zip(offsets, strides, strict=True))
     last = sum((o + s - 1) * st for o, s, st in zip(offsets, sizes, strides, strict=True))
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem = dtype.itemsize
     return first * elem, (last - first + 1) * elem
 
 
-def _read_safetensors_header(storage: Storage, path: Path) -> tuple[dict[str, Any], int, int]:
-    """(tensor entries, byte offset of the data, bytes read) of a safetensors file, via ranged reads."""
+def _read_safetensors_header(storage: Storage, path: Path) -> tuple[dict[str, Any], int]:
+    """(tensor entries, byte offset of the data = bytes read) of a safetensors file, via ranged reads."""
     (header_len,) = struct.unpack("<Q", storage.read_range(path, 0, 8))
     header = json.loads(storage.read_range(path, 8, header_len))
     header.pop("__metadata__", None)
-    return header, 8 + header_len, 8 + header_len
+    return header, 8 + header_len
 
 
 class _SafetensorsRangeFile(SourceFile):
     def __init__(self, storage: Storage, path: Path, stats: ReadStats) -> None:
-        header, base, nbytes = _read_safetensors_header(storage, path)
-        stats.bytes_read += nbytes
+        header, base = _read_safetensors_header(storage, path)
+        stats.bytes_read += base
         self._entries = header
         self._base = base
         self._storage = storage
@@ -426,8 +431,14 @@ def open_safetensors_source(storage: Storage, path: Path, stats: ReadStats) -> S
     before use, through a verifying view), else read with ranged reads computed from its header."""
     mapped = storage.mapped_path(path)
     if mapped is not None:
-        return _SafetensorsLocalFile(mapped, stats, (storage, path))
+        return _SafetensorsLocalFile(mapped, stats, (storage, path) if _checks_reads(storage) else None)
     return _SafetensorsRangeFile(storage, path, stats)
+
+
+def _checks_reads(storage: Storage) -> bool:
+    """Whether `verify_range` does anything (a load's verifying view); on a plain store it is a no-op, and the
+    work done only to call it (walking a zip's records, finding a mapping, parsing headers twice) is skipped."""
+    return type(storage).verify_range is not Storage.verify_range
 
 
 class FlatTensors(Mapping[str, torch.Tensor]):
