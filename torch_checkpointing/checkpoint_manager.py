@@ -260,7 +260,7 @@ class CheckpointManager:
         scheme = url.group(1).lower() if url is not None else None
         if scheme is not None and self._storage.handles_url(checkpoint_id):
             return checkpoint_id
-        if scheme in LOCAL_SCHEMES:
+        if scheme in LOCAL_SCHEMES and _writes_local_paths(self.config.storage_config):
             checkpoint_id, scheme = local_path_of(checkpoint_id), None
         normal = checkpoint_id if scheme is not None else _local_path(checkpoint_id)
         if self.config.storage_config is None:
@@ -515,3 +515,11 @@ def _shared_paths(per_rank: list[dict[str, tuple[str, Any]]], rank: int, said: s
                 stacklevel=4,
             )
     return mine
+
+
+def _writes_local_paths(storage_config: Any) -> bool:
+    """Whether a file:// id means a local path here: with no storage config (the first id picks the local
+    filesystem) or a local one; any other storage refuses the scheme it does not take."""
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+    return storage_config is None or isinstance(storage_config, LocalFileSystemStorageConfig)

@@ -268,7 +268,10 @@ class _DaemonWorker:
     @staticmethod
     def _run(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
         while (job := jobs.get()) is not None:
-            job()
+            try:
+                job()
+            except BaseException:  # a job reports through its own Future; this keeps the thread for the next save
+                logger.exception("A checkpoint write job failed outside its Future; the next save still runs")
 
 
 class WriteFuture(Future[Any]):

@@ -13,6 +13,7 @@ resharders and the exporters agree on three rules:
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -127,13 +128,14 @@ def _rebuild(original: Any, items: Any) -> Any:
         return dict(items) if isinstance(items, dict) else list(items)
 
 
-@functools.cache
 def _dtensor_type() -> type | None:
-    if not torch.distributed.is_available():
-        return None
-    from torch.distributed.tensor import DTensor
+    """DTensor's class once its module is loaded; until then no DTensor can exist, so none is looked for.
 
-    return DTensor
+    Importing `torch.distributed.tensor` costs about a second (it pulls in sympy): a load, a staging copy or
+    the writer process that holds no DTensor must not pay it.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None) if module is not None else None
 
 
 def is_dtensor(value: Any) -> TypeGuard[DTensor]:

@@ -8,7 +8,6 @@ Any other URL scheme (`s3://bucket/run/step_100`, `gs://...`) names an fsspec fi
 from __future__ import annotations
 
 import urllib.parse
-import urllib.request
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,7 +27,7 @@ def local_path_of(url: str) -> str:
             f"Checkpoint id {url!r} names the host {parts.netloc!r}; a {parts.scheme}:// id must be a local path "
             f"such as '{parts.scheme}:///abs/runs/step_100' (three slashes), or a plain path."
         )
-    return urllib.request.url2pathname(parts.path)
+    return urllib.parse.unquote(parts.path)
 
 
 def fsspec_storage_for(scheme: str, checkpoint_id: str) -> FsspecStorage:
