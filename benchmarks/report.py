@@ -487,21 +487,9 @@ RATIO_SPECS = [
     _spec("scale_plan_growth", "scale: growth exponent of one-rank planning", _scale_growth, "info"),
     _spec("scale_bytes_read", "scale: bytes a rank reads / bytes it needs", _scale_bytes, "info"),
     _spec(
-        "blocked_cold_vs_memcpy",
-        "first (cold) save blocked time / memory-copy floor",
-        _d(("engine", "blocked_cold_s"), ("engine", "memcpy_s")),
-        "info",
-    ),
-    _spec(
         "durable_vs_torch_save",
         "time to durable / torch.save+fsync",
         _d(("engine", "durable_s"), ("torch_save", "save_durable_s")),
-        "info",
-    ),
-    _spec(
-        "load_cold_vs_raw_read",
-        "load, page cache dropped / raw read, page cache dropped",
-        _d(("engine", "load_cold_s"), ("engine", "raw_read_cold_s")),
         "info",
     ),
     _spec(

@@ -185,13 +185,18 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
         ranks = run_reshard(config, cfg.reshard_bytes, cfg.section_timeout_s / 2)
     finally:
         server.stop()
+    return _result(size, rows, ranks, cfg.reshard_bytes)
+
+
+def _result(size: int, uploads: dict[str, float], ranks: list[dict[str, int]] | None, total: int) -> dict[str, Any]:
+    """The section's result, as the report's s3 rows read it (the runner's section and `main()` alike)."""
     return {
         "size": size,
-        "durable_s": rows["CheckpointManager.save() to durable"],
-        "s3fs_best_s": min(rows["s3fs open(wb) upload"], rows["s3fs pipe_file upload"]),
-        "uploads": rows,
+        "durable_s": uploads["CheckpointManager.save() to durable"],
+        "s3fs_best_s": min(uploads["s3fs open(wb) upload"], uploads["s3fs pipe_file upload"]),
+        "uploads": uploads,
         "reshard": ranks,
-        "reshard_total": cfg.reshard_bytes,
+        "reshard_total": total,
     }
 
 
@@ -227,14 +232,7 @@ def main() -> None:
         print(f"| {name} | {seconds:.3f} | {size / MiB / seconds:.0f} |")
     from .report import S3_RATIO_SPECS, compute_ratios, format_table
 
-    upload = dict(rows)
-    result = {
-        "durable_s": upload["CheckpointManager.save() to durable"],
-        "s3fs_best_s": min(upload["s3fs open(wb) upload"], upload["s3fs pipe_file upload"]),
-        "reshard": ranks,
-        "reshard_total": total,
-    }
-    verdicts = compute_ratios({"s3": {"result": result}}, S3_RATIO_SPECS)
+    verdicts = compute_ratios({"s3": {"result": _result(size, dict(rows), ranks, total)}}, S3_RATIO_SPECS)
     print()
     print(format_table(verdicts))
 

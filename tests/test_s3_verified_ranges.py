@@ -75,8 +75,9 @@ def _damage(config: FsspecStorageConfig, ckpt: str, needle: torch.Tensor) -> Non
     storage = config.create_storage()
     path = Path(ckpt) / FILE
     data = bytearray(storage.read(path))
-    at = bytes(data).find(needle.numpy().tobytes()[:256]) + 4 * N // 2
-    data[at] ^= 0x10
+    at = bytes(data).find(needle.numpy().tobytes()[:256])
+    assert at >= 0, "the tensor's bytes are not in the file: the damage would land elsewhere"
+    data[at + 4 * N // 2] ^= 0x10
     storage.fs.pipe_file(storage.remap_path(path), bytes(data))
 
 

@@ -67,7 +67,9 @@ def load_rank(root: str, key: str) -> str:
 
 def _flip(path: Path, needle: bytes) -> None:
     data = bytearray(path.read_bytes())
-    data[data.find(needle) + 1] ^= 1
+    at = data.find(needle)
+    assert at >= 0, f"{needle!r} is not in {path}: the damage would land elsewhere"
+    data[at + 1] ^= 1
     path.write_bytes(bytes(data))
 
 
