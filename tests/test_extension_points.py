@@ -137,3 +137,16 @@ def test_default_configs_do_not_warn() -> None:
         warnings.simplefilter("error")
         CheckpointStagerConfig(use_pinned_memory=False, use_non_blocking_copy=False)
         CheckpointWriterConfig(file_write_max_threads=2)
+
+
+def test_writer_args_metric_prefix_is_ignored_and_says_so() -> None:
+    from torch_checkpointing.checkpoint_writer import CheckpointWriterArgs
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+    from torch_checkpointing.types import RankInfo
+
+    rank = RankInfo(0, 1, 0, 1)
+    with pytest.warns(FutureWarning, match="CheckpointWriterArgs.metric_prefix is ignored"):
+        CheckpointWriterArgs(CheckpointWriterConfig(), rank, LocalFileSystemStorageConfig(), metric_prefix="x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CheckpointWriterArgs(CheckpointWriterConfig(), rank, LocalFileSystemStorageConfig())

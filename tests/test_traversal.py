@@ -182,3 +182,14 @@ def test_local_tensor_is_the_dtensor_shard_itself() -> None:
         local.add_(1)
     assert torch.equal(dt.full_tensor(), torch.arange(1.0, 5.0))
     assert flatten({"w": dt})["w"] is local
+
+
+def test_leaves_are_the_leaves_of_iter_leaves_in_the_same_order() -> None:
+    """The path-free walk (staging's hot path) visits exactly what the one traversal visits, in its order."""
+    from collections import OrderedDict
+
+    from torch_checkpointing.traversal import leaves
+
+    value = {"a": [torch.ones(1), (torch.zeros(1), {"b": 3})], "c": OrderedDict(x=[], y=[5, 6]), "d": (), "e": "s"}
+    assert [id(x) for x in leaves(value)] == [id(x) for _, x in iter_leaves(value)]
+    assert list(leaves(7)) == [7] and list(leaves({})) == []

@@ -172,8 +172,8 @@ def _writer_main(
             reply = _serve(storage, message, slab)
             del message  # drop shared-memory handles before answering
             conn.send(reply)
-        else:
-            conn.send(Failed(RuntimeError(f"The checkpoint writer got an unknown message {type(message).__name__}")))
+        else:  # no reply: the trainer reads a reply only after a Write, and would take this one for the next
+            logger.error("The checkpoint writer got an unknown message %s; it is dropped", type(message).__name__)
 
 
 def _exit_now() -> None:

@@ -337,6 +337,12 @@ class CheckpointWriterArgs:
     finalize_callback: Callable[[str, Any], None] | None = None
     metric_prefix: str = "train.checkpoint_write"
 
+    def __post_init__(self) -> None:
+        if self.metric_prefix != "train.checkpoint_write":
+            from torch_checkpointing.config import _warn_ignored
+
+            _warn_ignored("CheckpointWriterArgs.metric_prefix", "the engine reports no metrics; leave it unset.")
+
     def build(self) -> CheckpointWriter:
         return CheckpointWriter(self)
 

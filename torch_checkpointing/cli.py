@@ -36,8 +36,7 @@ from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointErro
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.retention import DEFAULT_UNOWNED_AGE_S, RetentionPolicy, apply_retention, collect_garbage
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
-from torch_checkpointing.traversal import dotted_key, iter_leaves, local_tensor
-from torch_checkpointing.types import NestedPath
+from torch_checkpointing.traversal import flatten
 
 __all__ = ["main"]
 
@@ -392,8 +391,7 @@ def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, res
     recs = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
     for rec in recs:
         value = decode(untrusted_format_from_dict(rec.format), storage, root / rec.path, key)
-        top: NestedPath = (f"rank{rec.rank}",) if len(recs) > 1 else ()
-        out.update((dotted_key(path), local_tensor(leaf)) for path, leaf in iter_leaves(value, top))
+        out.update(flatten({f"rank{rec.rank}": value} if len(recs) > 1 else value))
     return out
 
 

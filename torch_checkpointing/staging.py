@@ -26,7 +26,7 @@ import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise
-from torch_checkpointing.traversal import any_leaf, iter_leaves, local_tensor, map_leaves
+from torch_checkpointing.traversal import any_leaf, leaves, local_tensor, map_leaves
 from torch_checkpointing.types import STATE_DICT
 
 __all__ = [
@@ -41,10 +41,7 @@ __all__ = [
 ]
 
 
-def unwrap_dtensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (checkpoint files hold local shards; layout lives in the metadata)."""
-    local: torch.Tensor = local_tensor(t)
-    return local
+unwrap_dtensor = local_tensor  # the published name: a DTensor's local shard, any other value unchanged
 
 
 def has_lazy_bits(t: torch.Tensor) -> bool:
@@ -57,7 +54,7 @@ def has_lazy_bits(t: torch.Tensor) -> bool:
 def tensor_for_write(t: torch.Tensor) -> torch.Tensor:
     """The tensor whose memory is exactly the values a checkpoint file must hold for `t`: a DTensor's local
     shard, detached, lazy conjugate/negative bits applied. Every encoder materialises tensors through here."""
-    t = unwrap_dtensor(t).detach()
+    t = local_tensor(t).detach()
     return t.resolve_conj().resolve_neg() if has_lazy_bits(t) else t
 
 
@@ -281,7 +278,7 @@ class DefaultStager(CheckpointStager):
         sources: list[torch.Tensor] = []
         for key, value in state_dict.items():
             if key not in keys_not_requiring_copy:
-                sources.extend(local_tensor(t) for _, t in iter_leaves(value) if isinstance(t, torch.Tensor))
+                sources.extend(local_tensor(t) for t in leaves(value) if isinstance(t, torch.Tensor))
         self._ensure_slab(tuple((tuple(t.shape), t.dtype) for t in sources))
         views = iter(self._views)
         staged = {

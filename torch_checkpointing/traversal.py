@@ -63,6 +63,19 @@ def iter_leaves(value: Any, path: NestedPath = ()) -> Iterator[tuple[NestedPath,
         yield from iter_leaves(v, (*path, k))
 
 
+def leaves(value: Any) -> Iterator[Any]:
+    """Every leaf under `value`, in `iter_leaves` order, without building paths (the staging copy's hot path)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, (list, tuple)):
+            stack.extend(reversed(node))
+        else:
+            yield node
+
+
 def join_key(prefix: str, part: object) -> str:
     """One step of the dotted-key rule: `prefix.part`, or `part` alone while `prefix` is empty."""
     return f"{prefix}.{part}" if prefix else str(part)
@@ -101,7 +114,7 @@ def get_path(value: Any, path: NestedPath) -> Any:
 
 def any_leaf(value: Any, pred: Callable[[Any], bool]) -> bool:
     """Whether `pred` holds for some leaf (stops at the first)."""
-    return any(pred(leaf) for _, leaf in iter_leaves(value))
+    return any(pred(leaf) for leaf in leaves(value))
 
 
 def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
