@@ -71,7 +71,7 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
         # Does async_save really stage a copy? Mutate after a save returns; the
         # checkpoint must still hold the old values.
         snap = make_templates(state)
-        for a, b in zip(tensors_of(snap), tensors_of(state), strict=False):
+        for a, b in zip(tensors_of(snap), tensors_of(state), strict=True):
             a.copy_(b)
         p2 = root / "mutation_probe"
         fut = dcp.async_save(state, checkpoint_id=str(p2))

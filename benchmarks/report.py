@@ -218,7 +218,7 @@ def _scale_growth(results: Results) -> tuple[float, str]:
     work = " ".join(f"{g['dst_world']}:{g['chunk_checks']}" for g in sc["growth"])
     return sc["growth_exponent_work"], (
         f"d log(planner work for one rank) / d log(world) (0 = flat, 1 = linear; all ranks add 1); chunk checks "
-        f"per target rank by target world {work}; one-rank times {pts}"
+        f"per target rank by target world {work}; one-rank times {pts} (time exponent {sc['growth_exponent']:.2f})"
     )
 
 
@@ -484,7 +484,7 @@ RATIO_SPECS = [
     ),
     _spec("scale_metadata_mib", "scale: metadata.json of the larger save", _scale_meta, "<=", 64.0, " MiB"),
     # Informational rows: context for the verdicts above.
-    _spec("scale_plan_growth", "scale: growth exponent of one-rank planning", _scale_growth, "info"),
+    _spec("scale_plan_growth", "scale: growth exponent of one-rank planner work (chunk checks)", _scale_growth, "info"),
     _spec("scale_bytes_read", "scale: bytes a rank reads / bytes it needs", _scale_bytes, "info"),
     _spec(
         "durable_vs_torch_save",

@@ -249,7 +249,6 @@ def all_ranks(target: dict[str, Any], source: Any, world: int) -> dict[str, Any]
         worst = max(worst, (r["read"] / r["needed"], rank))
     return {
         "all_ranks_s": total,
-        "all_ranks_est_s": total,
         "all_ranks_worst_read_ratio": worst[0],
         "all_ranks_worst_read_rank": worst[1],
         "chunk_checks_per_rank": [min(checks), max(checks)],

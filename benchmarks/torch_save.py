@@ -30,7 +30,7 @@ def save_durable(state: Any, path: Path) -> float:
 def load_into(path: Path, templates: Any, device: str) -> float:
     t0 = now()
     loaded = torch.load(path, map_location="cpu", weights_only=True)
-    for dst, src in zip(tensors_of(templates), tensors_of(loaded), strict=False):
+    for dst, src in zip(tensors_of(templates), tensors_of(loaded), strict=True):
         dst.copy_(src)
     sync(device)
     return now() - t0

@@ -87,6 +87,23 @@ def test_verify_json_through_the_console_script_and_a_damaged_file(root: Path, t
     assert "FAILED weights.safetensors: crc32" in proc.stdout and "2/3" in proc.stdout
 
 
+def test_verify_names_a_manifest_whose_block_crcs_disagree_with_its_crc(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The data is intact, a block record is not: the CLI says what the loader says (a damaged manifest)."""
+    forged = tmp_path / "forged"
+    shutil.copytree(root / "step_2", forged)
+    doc = json.loads((forged / "manifest.json").read_text())
+    rec = doc["items"]["weights"]["0"]
+    hexed = rec["blocks"]["crc32"]
+    rec["blocks"]["crc32"] = ("0" if hexed[0] != "0" else "1") + hexed[1:]
+    (forged / "manifest.json").write_text(json.dumps(doc))
+    code, out = _json(capsys, ["verify", str(forged)])
+    assert code == 1
+    (bad,) = [f for f in out["files"] if not f["ok"]]
+    assert bad["path"] == "weights.safetensors" and "manifest record is inconsistent" in bad["problem"]
+
+
 # ------------------------------------------------------------------------------------------- in-process
 
 

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 import torch
 
 from torch_checkpointing.checkpoint_layout import untrusted_format_from_dict
-from torch_checkpointing.checksum import RunningChecksum
+from torch_checkpointing.checksum import RunningChecksum, combine_blocks
 from torch_checkpointing.codecs import dtype_from_name
 from torch_checkpointing.discovery import (
     CheckpointInfo,
@@ -331,6 +331,8 @@ def _verify_record(storage: Storage, root: Path, rec: FileRecord, advance: Any) 
             running.update(chunk)
             advance(len(chunk))
     summed = running.result()
+    if rec.blocks is not None and combine_blocks(rec.blocks.crc32s, rec.size, rec.blocks.block_size) != rec.crc32:
+        return _Check(rec.path, False, "manifest record is inconsistent: its block CRC32s do not combine to its CRC32")
     if rec.blocks is not None:  # every block, so a damaged one is named
         for i, (want, got) in enumerate(zip(rec.blocks.crc32s, summed.blocks.crc32s, strict=True)):
             if want != got:
