@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.memory_storage import Control, RecordingStorageConfig, SlowCopy, controlled_manager, with_clean_controls
+from tests.probes import memory_maps
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
@@ -79,8 +80,7 @@ def test_staging_reuses_shared_host_buffers() -> None:
 
 def _slab_inodes() -> set[str]:
     """Inodes of the staging slabs this process maps: what a save's staging copy lands in."""
-    lines = Path("/proc/self/maps").read_text().splitlines()
-    return {line.split()[4] for line in lines if "torch_checkpointing-staging" in line}
+    return {region.inode for region in memory_maps() if "torch_checkpointing-staging" in region.path}
 
 
 def test_mutation_after_lock_does_not_reach_the_checkpoint(

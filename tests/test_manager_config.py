@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.memory_storage import MemoryStorageConfig
+from tests.probes import memory_maps
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.config import (
     AsyncCheckpointSaverConfig,
@@ -135,7 +136,7 @@ def test_load_config_is_used(make_sync: ManagerFactory, tmp_path: Path, use_mmap
     out = manager.load(str(tmp_path / "c"), into={"s": None, "w": None})
     assert out["s"] == {1, 2} and torch.equal(out["w"], torch.ones(100_000))
     item_file = str(tmp_path / "c" / "w_0.pt")
-    mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(item_file)]
+    mapped = [region for region in memory_maps() if region.path == item_file]
     assert bool(mapped) is use_mmap
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.probes import memory_maps
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization, TorchSerialization
 from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
@@ -366,8 +367,8 @@ def test_staging_dir_with_room_holds_the_slab_and_saves(tmp_path: Path) -> None:
     try:
         weights = torch.randn(300_000)
         _result(manager.save(os.fspath(tmp_path / "c"), {"model": {"w": weights}}))
-        mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if "-staging-" in line]
-        assert any(f" {staging}/.torch_checkpointing-staging-" in line for line in mapped), mapped
+        mapped = [region.path for region in memory_maps() if "-staging-" in region.path]
+        assert any(path.startswith(f"{staging}/.torch_checkpointing-staging-") for path in mapped), mapped
         weights.add_(1)
         _result(manager.save(os.fspath(tmp_path / "d"), {"model": {"w": weights}}))  # the same slab, reused
         out = manager.load(os.fspath(tmp_path / "d"), into={"model": {"w": torch.zeros_like(weights)}})
