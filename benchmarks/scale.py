@@ -6,17 +6,19 @@ embedding, final norm and output head; with AdamW's exp_avg and exp_avg_sq that 
 sharded FSDP x TP on a 2-D mesh (dp x 8): dp shards dim 0 of every tensor, TP shards column-parallel
 weights on dim 0 and row-parallel ones on dim 1, norms are replicated over TP. The metadata is what
 `build_distributed_metadata` makes from every rank's `DTensorShardingMetadata` (the real save path, on
-rank 0), serialised exactly as the checkpoint's metadata.json; planning is the resharder's own
-`plan_resharding`, as `load()` calls it, after `parse_distributed_metadata` (the same validation a load
-runs on the file).
+rank 0), serialised to the bytes a save writes as the checkpoint's metadata.json; planning is the
+resharder's own `plan_resharding`, as `load()` calls it, after `parse_distributed_metadata` (the same
+validation a load runs on those bytes).
 
-Measured: metadata bytes on disk (and what the explicit version 2.0 encoding would take), build, write and
-parse time; plan time for one target rank (the slowest of a few spread over the mesh, whole model); plan
-time for every target rank (all of them planned, one after the other on one core); the planner's work per
-target rank (`PlanStats`, machine independent); bytes read vs needed per rank over all ranks (as this engine
-reads a block: MADV_WILLNEED on its bounding byte range in the source rank's local tensor, whole pages); and
-how one-rank planning grows with the world size. Pure computation: the figures do not depend on the disk,
-but do on the CPU's load.
+Measured: the size of metadata.json (and what the explicit version 2.0 encoding would take); build time;
+serialise time (to JSON bytes in memory; no file is written) and parse time (of those bytes, already in
+memory: a load's file read is storage work, not metadata work, and is not measured); plan time for one
+target rank (the slowest of a few spread over the mesh, whole model); plan time for every target rank
+(all of them planned, one after the other on one core); the planner's work per target rank (`PlanStats`,
+machine independent); bytes read vs needed per rank over all ranks (as this engine reads a block:
+MADV_WILLNEED on its bounding byte range in the source rank's local tensor, whole pages); and how one-rank
+planning grows with the world size. Pure computation: nothing touches the disk, so the
+figures depend on the CPU's load only.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .common import fresh_dir
+if TYPE_CHECKING:
+    from torch_checkpointing.distributed_metadata import DistributedMetadata
 
 _PAGE = 4096
 _TP = 8
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -182,11 +187,21 @@ def _sample_ranks(world: int, n: int) -> list[int]:
     return sorted({round(i * (world - 1) / max(1, n - 1)) for i in range(n)})
 
 
+def _timed(fn: Callable[..., _T], *args: Any) -> tuple[_T, float]:
+    t0 = time.perf_counter()
+    value = fn(*args)
+    return value, time.perf_counter() - t0
+
+
+def _json_bytes(meta: DistributedMetadata) -> bytes:
+    """The bytes a save writes as metadata.json."""
+    return meta.to_json().encode()
+
+
 def scenario(
     layout: list[TensorSpec],
     src: tuple[int, int],
     dst: tuple[int, int],
-    workdir: Path,
     sample: int,
     every_rank: bool = True,
     tries: int = 2,
@@ -196,17 +211,10 @@ def scenario(
     from torch_checkpointing.distributed_metadata import DistributedMetadata, parse_distributed_metadata
 
     meta, _, build_s = build_metadata(layout, *src)
-    t0 = time.perf_counter()
-    text = meta.to_json().encode()
-    dump_s = time.perf_counter() - t0
+    text, serialise_s = _timed(_json_bytes, meta)
     explicit = len(DistributedMetadata(meta.metadata, meta.world_size, "2.0").to_json().encode()) if every_rank else 0
     del meta
-    path = workdir / f"metadata_{src[0]}x{src[1]}.json"
-    path.write_bytes(text)
-    t0 = time.perf_counter()
-    parsed = parse_distributed_metadata(path.read_bytes(), str(path))
-    parse_s = time.perf_counter() - t0
-    path.unlink()
+    parsed, parse_s = _timed(parse_distributed_metadata, text, f"metadata.json of {src[0]}x{src[1]}")
     target = item_metadata(layout, *dst)
     world = dst[0] * dst[1]
     per = [{"rank": r, **_best_of(target, parsed, r, tries)} for r in _sample_ranks(world, sample)]
@@ -217,7 +225,7 @@ def scenario(
         "metadata_bytes": len(text),
         "metadata_bytes_v2": explicit,
         "build_s": build_s,
-        "serialise_s": dump_s,
+        "serialise_s": serialise_s,
         "parse_s": parse_s,
         "one_rank_s": max(p["s"] for p in per),
         "ranks": per,
@@ -255,11 +263,11 @@ def all_ranks(target: dict[str, Any], source: Any, world: int) -> dict[str, Any]
     }
 
 
-def growth(layout: list[TensorSpec], dps: list[int], workdir: Path) -> list[dict[str, Any]]:
+def growth(layout: list[TensorSpec], dps: list[int]) -> list[dict[str, Any]]:
     """One-rank plan time and work for dp -> 2*dp (x TP 8) at increasing dp, the same model: how planning scales."""
     out = []
     for dp in dps:
-        res = scenario(layout, (dp, _TP), (2 * dp, _TP), workdir, 3, every_rank=False, tries=5)
+        res = scenario(layout, (dp, _TP), (2 * dp, _TP), 3, every_rank=False, tries=5)
         out.append(
             {
                 "src_world": dp * _TP,
@@ -279,8 +287,7 @@ def growth_exponent(points: list[dict[str, Any]], key: str = "one_rank_s") -> fl
 
 
 def run(cfg: Any, workdir: Path) -> dict[str, Any]:
-    root = fresh_dir(workdir / "scale")
-    root.mkdir()
+    """The section (the runner's `run(cfg, workdir)`; `workdir` is unused: nothing goes to disk)."""
     shape = ModelShape(layers=cfg.scale_layers)
     layout = model_layout(shape)
     dp = cfg.scale_dp
@@ -290,11 +297,11 @@ def run(cfg: Any, workdir: Path) -> dict[str, Any]:
         "layers": shape.layers,
         "tp": _TP,
         "cpu_count": os.cpu_count(),
-        "up": scenario(layout, (dp, _TP), (2 * dp, _TP), root, sample),
-        "down": scenario(layout, (2 * dp, _TP), (dp, _TP), root, sample),
+        "up": scenario(layout, (dp, _TP), (2 * dp, _TP), sample),
+        "down": scenario(layout, (2 * dp, _TP), (dp, _TP), sample),
     }
     smaller = sorted({max(1, dp // k) for k in (8, 4, 2)} - {dp})
-    out["growth"] = growth(layout, [*smaller, dp], root)
+    out["growth"] = growth(layout, [*smaller, dp])
     out["growth_exponent"] = growth_exponent(out["growth"])
     out["growth_exponent_work"] = growth_exponent(out["growth"], "chunk_checks")
     return out

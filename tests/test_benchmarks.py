@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -101,7 +104,42 @@ def test_scale_section_builds_metadata_and_plans(tmp_path: Path) -> None:
     rows = {r.key: r for r in compute_ratios({"scale": {"result": res}})}
     for key in ("scale_plan_up_s", "scale_plan_down_s", "scale_metadata_mib", "scale_plan_growth", "scale_bytes_read"):
         assert rows[key].error is None and rows[key].value is not None, key
-    assert not any(tmp_path.glob("scale/*.json")), "metadata files are removed"
+
+
+_SCALE_UNDER_NO_FILES = """
+import json, sys
+from pathlib import Path
+from benchmarks import scale
+from benchmarks.config import BenchConfig
+res = scale.run(BenchConfig(scale_dp=2, scale_layers=2, quick=True), Path(sys.argv[1]))
+print(json.dumps({w: {k: res[w][k] for k in ("metadata_bytes", "serialise_s", "parse_s")} for w in ("up", "down")}))
+"""
+
+
+def _no_file_bytes() -> None:
+    """RLIMIT_FSIZE 0: any byte written to a file fails with EFBIG (SIGXFSZ ignored, so it raises, not kills)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def test_scale_times_serialise_and_parse_in_memory_without_the_disk(tmp_path: Path) -> None:
+    """The scale figures are pure computation: the metadata is serialised to bytes and those bytes parsed,
+    with no file in between, so parse_s cannot include a disk read (it did: the JSON went to disk and
+    back, and the read was timed as parsing). Proved with the real limit: not one byte may reach a file."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCALE_UNDER_NO_FILES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_no_file_bytes,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    for which, f in figures.items():
+        assert f["metadata_bytes"] > 0, which
+        assert 0 < f["serialise_s"] < 60 and 0 < f["parse_s"] < 60, (which, f)
+    assert not any(tmp_path.rglob("*")), "the scale section creates nothing on disk"
 
 
 def test_scale_layout_is_a_70b_transformer() -> None:
