@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import torch_checkpointing
+from tests.probes import modules_after
 
 # A fresh interpreter imports the config module the way user code does, through the package (whose names load
 # lazily), and reports what landed in sys.modules.
 _PROBE = """
-import json, sys
 import torch_checkpointing.config as config
 config.CheckpointWriterConfig(); config.CheckpointProcessConfig()
-print(json.dumps(sorted(sys.modules)))
 """
 
 _HEAVY = [
@@ -27,16 +22,11 @@ _HEAVY = [
 ]
 
 
-def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
-    return set(json.loads(out))
-
-
 def test_config_module_imports_no_torch_and_no_writer_stack() -> None:
     # What the interpreter itself starts with here is not the config's doing (e.g. a coverage startup hook in CI
     # imports multiprocessing), so only the modules the import adds count.
-    bare = _modules_after("import json, sys\nprint(json.dumps(sorted(sys.modules)))")
-    added = _modules_after(_PROBE) - bare
+    bare = modules_after("")
+    added = modules_after(_PROBE) - bare
     assert [name for name in _HEAVY if name in added] == []
 
 

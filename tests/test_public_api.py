@@ -9,15 +9,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import json
 import pkgutil
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 import torch_checkpointing
+from tests.probes import fresh_json, modules_after, run_fresh
 
 PUBLIC = sorted(torch_checkpointing.__all__)
 
@@ -160,15 +158,7 @@ def test_import_starts_no_process_and_no_thread() -> None:
         "assert multiprocessing.active_children() == [], multiprocessing.active_children()\n"
         "assert threading.active_count() == before, threading.enumerate()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-
-
-def _fresh(code: str) -> Any:
-    """Run `code` in a fresh interpreter (nothing of the package imported yet) and return what it printed as JSON."""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    run_fresh(code)
 
 
 def test_package_import_is_lazy_and_every_top_level_name_resolves() -> None:
@@ -183,7 +173,7 @@ def test_package_import_is_lazy_and_every_top_level_name_resolves() -> None:
         "where = {n: getattr(getattr(t, n), '__module__', None) for n in names}\n"
         "print(json.dumps({'bare': bare, 'where': where, 'dir': dir(t)}))\n"
     )
-    report = _fresh(code)
+    report = fresh_json(code)
     # Only the two pure-Python leaves: the version, and the errors (whose names the lazy table takes from there).
     assert report["bare"] == ["torch_checkpointing.errors", "torch_checkpointing.version"]
     assert [n for n in names if n not in report["dir"]] == []
@@ -200,12 +190,11 @@ def test_unknown_top_level_name_is_an_attribute_error() -> None:
 def test_writer_process_module_loads_only_the_write_path() -> None:
     """The spawned writer imports `checkpoint_process` (to unpickle its entry point): not the manager, loader,
     resharders, barriers or retention, which it never runs."""
-    code = (
-        "import json, sys\n"
-        "import torch_checkpointing.checkpoint_process\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch_checkpointing.'))))\n"
-    )
-    loaded = set(_fresh(code))
+    loaded = {
+        m
+        for m in modules_after("import torch_checkpointing.checkpoint_process")
+        if m.startswith("torch_checkpointing.")
+    }
     not_needed = [
         "checkpoint_manager",
         "checkpoint_loader",

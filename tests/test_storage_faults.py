@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.probes import memory_maps
+from tests.probes import REPO, memory_maps, run_fresh
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization, TorchSerialization
 from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
@@ -31,7 +31,6 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, Local
 
 SUBPROCESS_TIMEOUT = 180
 RESULT_TIMEOUT = 120
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _mount_tmpfs(where: Path, size: str) -> str | None:
@@ -94,15 +93,7 @@ def _digest(root: Path) -> dict[str, str]:
 
 
 def _run(script: str, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, f"subprocess failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return run_fresh(script, *args, timeout=SUBPROCESS_TIMEOUT)
 
 
 def _result(fut: Future[Any] | None) -> None:
