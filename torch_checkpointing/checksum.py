@@ -15,7 +15,6 @@ from __future__ import annotations
 import binascii
 import functools
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +28,6 @@ __all__ = [
     "block_crc32s",
     "crc32",
     "crc32_combine",
-    "crc32_parallel",
 ]
 
 # 256 KiB: a ranged read fetches at most one block more on each side than it needs (the resharding benchmark's
@@ -37,7 +35,6 @@ __all__ = [
 BLOCK_SIZE = 256 * 1024
 MIN_BLOCK_SIZE = 4096
 MAX_BLOCK_SIZE = 1 << 30
-_CHUNK = 16 * 1024 * 1024  # bytes per task when a large buffer is checksummed on several threads
 
 try:  # ISA-L: the same CRC32 as zlib, faster; its combine is in C too.
     from isal import isal_zlib as _isal
@@ -107,29 +104,9 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     return _python_combine(crc1, crc2, len2)
 
 
-def crc32_parallel(view: memoryview, pool: ThreadPoolExecutor | None = None) -> int:
-    """CRC32 of a buffer; a large one is split over `pool` and the parts combined."""
-    n = len(view)
-    if pool is None or n <= 2 * _CHUNK:
-        return crc32(view)
-    chunks = [view[i : i + _CHUNK] for i in range(0, n, _CHUNK)]
-    parts = list(pool.map(crc32, chunks))
-    value = parts[0]
-    for part, chunk in zip(parts[1:], chunks[1:], strict=True):
-        value = crc32_combine(value, part, len(chunk))
-    return value
-
-
-def block_crc32s(view: memoryview, block_size: int, pool: ThreadPoolExecutor | None = None) -> list[int]:
-    """The CRC32 of each `block_size` block of `view` (the last may be short); on `pool` when large."""
-    n = len(view)
-    starts = range(0, n, block_size)
-    if pool is None or n <= 2 * _CHUNK:
-        return [crc32(view[s : s + block_size]) for s in starts]
-    per_task = max(1, _CHUNK // block_size)
-    groups = [list(starts[i : i + per_task]) for i in range(0, len(starts), per_task)]
-    parts = pool.map(lambda g: [crc32(view[s : s + block_size]) for s in g], groups)
-    return [c for part in parts for c in part]
+def block_crc32s(view: memoryview, block_size: int) -> list[int]:
+    """The CRC32 of each `block_size` block of `view` (the last may be short)."""
+    return [crc32(view[s : s + block_size]) for s in range(0, len(view), block_size)]
 
 
 def combine_blocks(crcs: Sequence[int], size: int, block_size: int) -> int:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32_parallel
+from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32
 from torch_checkpointing.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -88,11 +88,6 @@ def checked_relative_path(path: Any, what: str) -> str:
     if normal in (".", "..") or normal.startswith("../"):
         raise UnsafeCheckpointError(f"{what}: file path {path!r} leaves the checkpoint directory.")
     return normal
-
-
-def crc32(view: memoryview, pool: ThreadPoolExecutor | None = None) -> int:
-    """CRC32 of a buffer; large buffers are split over `pool` and combined (see `checksum.crc32_parallel`)."""
-    return crc32_parallel(view, pool)
 
 
 @dataclass
@@ -494,15 +489,9 @@ class CheckpointReadContext:
         """Check blocks of a local file without keeping their bytes, reading a bounded run at a time."""
         blocks = checked.blocks
         assert blocks is not None and checked.fd is not None
-        per_read = max(1, _VERIFY_CHUNK // blocks.block_size)
-        run: list[int] = []
-        for i in [*todo, -1]:
-            if run and (i != run[-1] + 1 or len(run) == per_read):
-                lo, hi = blocks.span(run[0], checked.size)[0], blocks.span(run[-1], checked.size)[1]
-                self._check_blocks(checked, memoryview(_pread_buffer(checked.fd, lo, hi - lo)), lo, run)
-                run = []
-            if i >= 0:
-                run.append(i)
+        for run in _runs(todo, max(1, _VERIFY_CHUNK // blocks.block_size)):
+            lo, hi = blocks.span(run[0], checked.size)[0], blocks.span(run[-1], checked.size)[1]
+            self._check_blocks(checked, memoryview(_pread_buffer(checked.fd, lo, hi - lo)), lo, run)
 
     def _check_blocks(self, checked: CheckedFile, view: memoryview, view_start: int, indices: list[int]) -> None:
         """Compare the CRC32 of each listed block (whose bytes `view` holds from `view_start`) with the manifest."""
@@ -749,11 +738,11 @@ def _read_exactly(checked: CheckedFile) -> None:
         os.posix_fadvise(checked.fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
-def _runs(indices: list[int]) -> Iterator[list[int]]:
-    """Consecutive runs of sorted block indices: [1, 2, 3, 7, 8] -> [1, 2, 3], [7, 8]."""
+def _runs(indices: list[int], longest: int | None = None) -> Iterator[list[int]]:
+    """Consecutive runs of sorted block indices, each at most `longest` long: [1, 2, 3, 7, 8] -> [1, 2, 3], [7, 8]."""
     run: list[int] = []
     for i in indices:
-        if run and i != run[-1] + 1:
+        if run and (i != run[-1] + 1 or len(run) == longest):
             yield run
             run = []
         run.append(i)

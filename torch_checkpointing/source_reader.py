@@ -100,9 +100,8 @@ class _InMemoryTensor(SourceTensor):
             self._mapping.verify(*_address_range(self._t, block))
 
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
+        self.check_block(offsets, sizes)
         block = self._t[_block_index(offsets, sizes)]
-        if self._mapping is not None and block.numel():
-            self._mapping.verify(*_address_range(self._t, block))
         _advise_exact_read(self._t, block)
         self._stats.bytes_read += block.numel() * block.element_size()
         return block
