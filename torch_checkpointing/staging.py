@@ -78,13 +78,15 @@ def _warn_keys_not_requiring_copy() -> None:
 
 
 class CheckpointStager(ABC):
-    """Copies the `requires_copy=True` items of a save off the caller's tensors before an async write.
+    """The interface of the published release's stagers, kept for code written against it: not an extension point.
 
-    The async saver calls `stage(items)` once per save and once per `prewarm_staging`, with only the items
-    that need a copy, holding the staging lock (`CheckpointManager.lock()` waits for it): on its staging
-    thread with `use_async_staging`, else on the caller's thread. The result goes to the writer process.
-    `close()` is called once, by the saver's close(). `get_staged_state_dict` and `pinned_num_bytes` are
-    never called by the engine (kept for code written against the published release).
+    The engine's async saver always stages with `DefaultStager` (configured by `CheckpointStagerConfig`); no
+    config field or constructor takes another stager, because the writer process reads what `DefaultStager`
+    produces (tensors in one shared slab, addressed by `SlabRef`). How `DefaultStager` is called: `stage(items)`
+    once per save and once per `prewarm_staging`, with only the items that need a copy, holding the staging lock
+    (`CheckpointManager.lock()` waits for it): on its staging thread with `use_async_staging`, else on the
+    caller's thread; `close()` once, by the saver's close(). `get_staged_state_dict` and `pinned_num_bytes` are
+    never called by the engine.
     """
 
     @abstractmethod
