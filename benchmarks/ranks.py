@@ -5,14 +5,18 @@ once against the raw floor of writing the same total bytes from one process.
 Each rank saves its own ``size / world`` bytes (files per rank, no resharder), so every world size writes
 the same total. Timed saves start from a barrier; the aggregate figure is the slowest rank's time to durable.
 The floor (one process writing and fsyncing the total in one file) is taken on rank 0 between two barriers,
-right before each timed save, while the other ranks wait: the same minutes of a shared machine.
+right before each timed save, while the other ranks wait: the same minutes of a shared machine. It writes
+the very tensors all ranks save (rank 0's own, and every other rank's state rebuilt from its seed once,
+before the first sample), so the floor's bytes are the ranks' bytes, not a state of about the same size.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from .common import fresh_dir, now, remove
@@ -33,33 +37,51 @@ def _barrier_timed(fn: Any) -> float:
     return now() - t0
 
 
-def _floor(cfg: BenchConfig, root: Path, total: int) -> float:
-    """Rank 0 writes `total` bytes raw (+fsync) while the others wait; 0.0 elsewhere."""
-    t = 0.0
+def floor_tensors(own: dict[str, Any], per_rank: int, world: int) -> list[torch.Tensor]:
+    """What all `world` ranks save, in rank order: `own` is rank 0's state, the others are rebuilt from
+    their seeds (as each rank builds its own, `per_rank` bytes)."""
+    others = [tensors_of(make_state(per_rank, seed=rank)) for rank in range(1, world)]
+    return tensors_of(own) + [t for tensors in others for t in tensors]
+
+
+def _floor(root: Path, host: list[torch.Tensor]) -> tuple[float, int]:
+    """Rank 0 writes `host` raw (+fsync) while the others wait: (seconds, bytes in the file); (0.0, 0) elsewhere."""
+    t, size = 0.0, 0
     if dist.get_rank() == 0:
-        host = tensors_of(make_state(total, seed=99))
         path = root / "raw_floor.bin"
         t = raw_write(host, path)
+        size = os.stat(path).st_size
         remove(path)
     dist.barrier()
-    return t
+    return t, size
 
 
 def rank_run(cfg: BenchConfig, root: str, runs: int) -> dict[str, Any]:
     """One rank: construct, first save, `runs` warm saves (each after a floor sample), close."""
     rank, world = dist.get_rank(), dist.get_world_size()
     base = Path(root)
-    state = make_state(max(MiB, cfg.size_bytes // world), seed=rank)
+    per_rank = max(MiB, cfg.size_bytes // world)
+    state = make_state(per_rank, seed=rank)
     total = sum(t.numel() * t.element_size() for t in tensors_of(state)) * world
+    floor = floor_tensors(state, per_rank, world) if rank == 0 else []
     import_engine()
     dist.barrier()
     t0 = now()
     mgr = make_manager(cfg)
-    out: dict[str, Any] = {"rank": rank, "ctor_s": now() - t0, "floor_s": [], "durable_s": [], "total": total}
+    out: dict[str, Any] = {
+        "rank": rank,
+        "ctor_s": now() - t0,
+        "floor_s": [],
+        "floor_bytes": [],
+        "durable_s": [],
+        "total": total,
+    }
     try:
         out["first_durable_s"] = _barrier_timed(lambda: mgr.save(str(base / "first"), state).result())
         for i in range(runs):
-            out["floor_s"].append(_floor(cfg, base, total))
+            floor_s, floor_bytes = _floor(base, floor)
+            out["floor_s"].append(floor_s)
+            out["floor_bytes"].append(floor_bytes)
             path = str(base / f"warm_{i}")
             out["durable_s"].append(_barrier_timed(lambda: mgr.save(path, state).result()))  # noqa: B023 (run now)
     finally:

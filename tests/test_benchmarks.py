@@ -71,6 +71,25 @@ def test_quick_run_reports_every_ratio(tmp_path: Path, capsys: pytest.CaptureFix
     assert not any((tmp_path / "work").iterdir())
 
 
+@pytest.mark.multirank
+def test_ranks_floor_writes_the_ranks_bytes_and_builds_them_once(tmp_path: Path) -> None:
+    """The ranks section's floor is one process writing what all ranks save: rank 0 builds the other ranks'
+    states once (it rebuilt a state of the whole total, with its own seed and a rounding of its own, before
+    every sample: 1 GiB of random numbers per sample, and 0.5% more bytes than the ranks wrote)."""
+    from benchmarks.state import make_state, nbytes
+    from simulator.launcher import launch
+    from tests.bench_jobs import ranks_rank_run_counting_states
+
+    world, runs, per = 2, 3, MiB
+    cfg = BenchConfig(size_bytes=world * per, direct_io=False)
+    out = launch(ranks_rank_run_counting_states, world, args=(cfg, str(tmp_path), runs), timeout=240, name="t-ranks")
+    assert [r["state_seeds"] for r in out] == [[(per, 0), (per, 1)], [(per, 1)]]
+    total = sum(nbytes(make_state(per, seed=r)) for r in range(world))
+    assert out[0]["total"] == total
+    assert out[0]["floor_bytes"] == [total] * runs and len(out[0]["floor_s"]) == runs
+    assert not any(tmp_path.glob("raw_floor*")), "the floor file is removed"
+
+
 def test_failed_section_still_lists_every_ratio() -> None:
     results = {"engine": {"error": "ImportError: no engine", "wall_s": 0.1}}
     rows = compute_ratios(results)
