@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from torch_checkpointing.staging import tensor_for_write
-from torch_checkpointing.traversal import dotted_key, iter_leaves, join_key
+from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, join_key
 from torch_checkpointing.walk_utils import MISSING
 
 __all__ = ["flatten_tensors", "unflatten_to_target"]
@@ -84,7 +84,7 @@ def _unflatten(flat: Mapping[str, Any], target: Any, prefix: str, used: set[str]
             if v is not MISSING:
                 out[k] = v
         return out
-    if isinstance(target, (list, tuple)):
+    if is_sequence(target):
         return [_unflatten(flat, t, join_key(prefix, i), used) for i, t in enumerate(target)]
     if prefix in flat:
         used.add(prefix)

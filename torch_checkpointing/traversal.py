@@ -4,7 +4,9 @@ Every module that visits a state tree goes through this one, so that the save si
 resharders and the exporters agree on three rules:
 
 * containers are any `Mapping` (children in `items()` order) and `list`/`tuple` (children by index, named
-  tuples and `torch.Size` included); everything else is a leaf, tensors and DTensors too;
+  tuples and `torch.Size` included); everything else is a leaf, tensors and DTensors too, and so are other
+  sequences and sets (a `UserList`, a `deque`, a `range`, a `set`, a `str`): the save stores such a value whole,
+  and the load's merge into a template (`walk_utils`) replaces it whole;
 * a position's dotted key joins its path components with `.`, with no leading dot while the key so far is
   empty. This is an on-disk contract: safetensors files are keyed by it, so it must never change;
 * a DTensor's data on this rank is its local shard (`local_tensor`), read through DTensor's public API.
@@ -32,23 +34,34 @@ __all__ = [
     "get_path",
     "is_container",
     "is_dtensor",
+    "is_sequence",
     "iter_leaves",
     "join_key",
     "local_tensor",
     "map_leaves",
+    "rebuild",
 ]
+
+_SEQUENCES = (list, tuple)
+"""The sequences the walk descends into; any other Sequence is a leaf (see the module docstring)."""
+_CONTAINERS = (Mapping, *_SEQUENCES)
 
 
 def is_container(value: Any) -> bool:
     """Whether the walk descends into `value` (a Mapping, list or tuple)."""
-    return isinstance(value, (Mapping, list, tuple))
+    return isinstance(value, _CONTAINERS)
+
+
+def is_sequence(value: Any) -> bool:
+    """Whether `value` is a container whose children are indexed (a list or tuple, named tuples included)."""
+    return isinstance(value, _SEQUENCES)
 
 
 def children(value: Any) -> Iterable[tuple[Any, Any]]:
     """`(key or index, child)` pairs of a container, in order; nothing for a leaf."""
     if isinstance(value, Mapping):
         return value.items()
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, _SEQUENCES):
         return enumerate(value)
     return ()
 
@@ -70,7 +83,7 @@ def leaves(value: Any) -> Iterator[Any]:
         node = stack.pop()
         if isinstance(node, Mapping):
             stack.extend(reversed(list(node.values())))
-        elif isinstance(node, (list, tuple)):
+        elif isinstance(node, _SEQUENCES):
             stack.extend(reversed(node))
         else:
             yield node
@@ -105,7 +118,7 @@ def get_path(value: Any, path: NestedPath) -> Any:
             if comp not in node:
                 return None
             node = node[comp]
-        elif isinstance(node, (list, tuple)) and isinstance(comp, int) and -len(node) <= comp < len(node):
+        elif isinstance(node, _SEQUENCES) and isinstance(comp, int) and -len(node) <= comp < len(node):
             node = node[comp]
         else:
             return None
@@ -121,18 +134,24 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
     """`value` with containers rebuilt and `fn` applied to every leaf.
 
     Plain dicts, lists and tuples come back as such; other containers (OrderedDict, named tuples, custom
-    Mappings) keep their type where it can be rebuilt from its items, else become a dict or list.
+    Mappings) keep their type where it can be rebuilt from its items, else become a dict or list (`rebuild`).
     """
     if isinstance(value, Mapping):
         items = {k: map_leaves(v, fn) for k, v in value.items()}
-        return items if type(value) is dict else _rebuild(value, items)
-    if isinstance(value, (list, tuple)):
+        return items if type(value) is dict else rebuild(value, items)
+    if isinstance(value, _SEQUENCES):
         items_list = [map_leaves(v, fn) for v in value]
-        return type(value)(items_list) if type(value) in (list, tuple) else _rebuild(value, items_list)
+        return type(value)(items_list) if type(value) in _SEQUENCES else rebuild(value, items_list)
     return fn(value)
 
 
-def _rebuild(original: Any, items: Any) -> Any:
+def rebuild(original: Any, items: dict[Any, Any] | list[Any]) -> Any:
+    """A container of `original`'s type holding `items` (a dict for a Mapping, a list for a sequence).
+
+    Named tuples take their fields positionally, everything else its items as one argument; a type that
+    cannot be built that way (a Mapping taking keywords) comes back as a dict or list, so every walk of the
+    tree returns the same types.
+    """
     try:
         if isinstance(original, tuple) and hasattr(original, "_fields"):
             return type(original)(*items)

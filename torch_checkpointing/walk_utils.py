@@ -1,19 +1,22 @@
 """Merging a loaded value into a caller's template (`into=`), in place wherever the template allows.
 
 Tensors are filled with `copy_()` so the caller's objects (model parameters, optimizer state) keep their
-identity; nothing is resized or cast silently.
+identity; nothing is resized or cast silently. What is merged entry by entry is decided by the traversal's
+container rule (any Mapping, list or tuple), the rule the save walked the value with: any other value (a
+`UserList`, a `deque`, a `set`) was stored whole, so it is replaced whole, and a container never merges with
+a leaf.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence, Set
+from collections.abc import Callable, Mapping, MutableMapping, Set
 from typing import Any
 
 import torch
 
 from torch_checkpointing.errors import TemplateMismatchError
-from torch_checkpointing.traversal import local_tensor
+from torch_checkpointing.traversal import is_container, is_sequence, local_tensor, rebuild
 from torch_checkpointing.types import CheckpointPath, NestedPath
 
 __all__ = ["MISSING", "check_tensor_fits", "copy_tensor_into", "walk_checkpoint_structure"]
@@ -27,7 +30,6 @@ class _Missing:
 
 
 MISSING: Any = _Missing()
-_STRINGS = (str, bytes, bytearray)
 
 LeafFn = Callable[[CheckpointPath, Any, Any], Any]
 
@@ -42,14 +44,15 @@ def copy_tensor_into(where: CheckpointPath, source: torch.Tensor, target: torch.
 
 
 def _compatible(template: Any, source: Any) -> bool:
-    if isinstance(template, Mapping):
-        return isinstance(source, Mapping)
-    if isinstance(template, Set):
-        return isinstance(source, Set)
-    if isinstance(template, Sequence) and not isinstance(template, _STRINGS):
-        return isinstance(source, Sequence) and not isinstance(source, _STRINGS)
+    """A Mapping merges with a Mapping and a list/tuple with a list/tuple (JSON stores tuples as lists); a leaf
+    replaces a leaf of a related type: numbers with numbers (bool apart), sets with sets, else a subclass."""
+    if is_container(template) or is_container(source):
+        both_mappings = isinstance(template, Mapping) and isinstance(source, Mapping)
+        return both_mappings or (is_sequence(template) and is_sequence(source))
     if isinstance(template, numbers.Number) and isinstance(source, numbers.Number):
         return isinstance(template, bool) == isinstance(source, bool)
+    if isinstance(template, Set) and isinstance(source, Set):
+        return True
     return isinstance(template, type(source)) or isinstance(source, type(template))
 
 
@@ -105,16 +108,17 @@ class _Walker:
             raise _type_error(here, target, source)
         if isinstance(target, Mapping):
             return self._merge_mapping(path, source, target)
-        if isinstance(target, Sequence) and not isinstance(target, _STRINGS):
+        if is_sequence(target):
             return self._merge_sequence(path, source, target)
         if self.leaf_fn is not None and not self.dry_run:
             return self.leaf_fn(here, source, target)
         return source
 
-    def _merge_mapping(self, path: NestedPath, source: Any, target: Mapping[Any, Any]) -> Any:
-        out: MutableMapping[Any, Any] = target if isinstance(target, MutableMapping) else dict(target)
-        if self.dry_run:
-            out = {}
+    def _merge_mapping(self, path: NestedPath, source: Mapping[Any, Any], target: Mapping[Any, Any]) -> Any:
+        # In place where the template allows; a dry run changes nothing of the caller's.
+        out: MutableMapping[Any, Any] = (
+            target if isinstance(target, MutableMapping) and not self.dry_run else dict(target)
+        )
         for k in list(target.keys()):
             if k in source:
                 out[k] = self.merge((*path, k), source[k], target[k])
@@ -124,9 +128,11 @@ class _Walker:
             if k not in target and source[k] is not MISSING:
                 self.unexpected.append(CheckpointPath(self.key, (*path, k)))
                 out[k] = source[k]
-        return out
+        if out is target or self.dry_run:
+            return out
+        return rebuild(target, dict(out))  # an immutable Mapping keeps its type where it can be rebuilt
 
-    def _merge_sequence(self, path: NestedPath, source: Any, target: Sequence[Any]) -> Any:
+    def _merge_sequence(self, path: NestedPath, source: list[Any] | tuple[Any, ...], target: Any) -> Any:
         if len(target) == 0:
             return source
         merged = [
@@ -137,15 +143,14 @@ class _Walker:
         self.unexpected.extend(CheckpointPath(self.key, (*path, i)) for i in range(len(target), len(source)))
         if self.dry_run:
             return merged
-        if isinstance(target, MutableSequence):
+        if isinstance(target, list):
             for i, value in enumerate(merged):
                 target[i] = value
             target.extend(extra)
             return target
-        if isinstance(target, tuple) and hasattr(target, "_fields"):
-            return type(target)(*merged)  # a named tuple cannot grow: extras are reported, not kept
-        rebuild: Any = type(target)
-        return rebuild([*merged, *extra])
+        if hasattr(target, "_fields"):
+            return rebuild(target, merged)  # a named tuple cannot grow: extras are reported, not kept
+        return rebuild(target, [*merged, *extra])
 
 
 def check_tensor_fits(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> None:
@@ -169,8 +174,15 @@ def _record(missing: list[CheckpointPath], key: str, path: NestedPath, index: in
 
 
 def _type_error(where: CheckpointPath, target: Any, source: Any) -> TemplateMismatchError:
+    rule = ""
+    if is_container(target) != is_container(source):
+        leaf = source if is_container(target) else target
+        rule = (
+            f" Only Mappings, lists and tuples are merged entry by entry; a {type(leaf).__name__} is saved and "
+            f"loaded as one value."
+        )
     return TemplateMismatchError(
         f"Target value at nested_path={where.nested_path!r} of item '{where.item_key}' is set to "
-        f"{type(target).__name__}, but source value is {type(source).__name__}. Pass a template of the saved "
-        f"type, or None to take the stored value as is."
+        f"{type(target).__name__}, but source value is {type(source).__name__}.{rule} Pass a template of the "
+        f"saved type, or None to take the stored value as is."
     )
