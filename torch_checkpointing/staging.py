@@ -9,6 +9,7 @@ CUDA it is also page-locked (cudaHostRegister) so device-to-host copies run non-
 from __future__ import annotations
 
 import copy
+import io
 import math
 import mmap
 import os
@@ -280,7 +281,7 @@ class DefaultStager(CheckpointStager):
         sources: list[torch.Tensor] = []
         for key, value in state_dict.items():
             if key not in keys_not_requiring_copy:
-                sources.extend(local_tensor(t) for t in leaves(value) if isinstance(t, torch.Tensor))
+                sources.extend(t for t in map(_local_leaf, leaves(value)) if t is not None and fits_slab(t))
         self._ensure_slab(tuple((tuple(t.shape), t.dtype) for t in sources))
         views = iter(self._views)
         staged = {
@@ -337,7 +338,10 @@ class DefaultStager(CheckpointStager):
         def leaf(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
                 return copy.deepcopy(x)
-            buf, src = next(views), tensor_for_write(x)
+            src = tensor_for_write(x)
+            if not fits_slab(src):
+                return _copy_outside_slab(src)
+            buf = next(views)
             with torch.no_grad():
                 buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
@@ -345,17 +349,65 @@ class DefaultStager(CheckpointStager):
         return map_leaves(value, leaf)
 
 
+def fits_slab(t: torch.Tensor) -> bool:
+    """Whether a tensor is staged into the slab: dense (strided), not quantized or nested, with data.
+
+    Sparse, quantized, nested and meta tensors cannot be `copy_()`-ed into a flat byte buffer and rebuilt from
+    an offset; they are copied on their own (`_copy_outside_slab`) and travel to the writer pickled, so an
+    async save takes what a sync save takes."""
+    return t.layout == torch.strided and not t.is_quantized and not t.is_nested and t.device.type != "meta"
+
+
+def _local_leaf(x: Any) -> torch.Tensor | None:
+    return local_tensor(x) if isinstance(x, torch.Tensor) else None
+
+
+def _copy_outside_slab(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of a tensor the slab cannot hold (see `fits_slab`)."""
+    with torch.no_grad():
+        return t.clone() if t.device.type in ("cpu", "meta") else t.to("cpu", copy=True)
+
+
 def slab_view(slab: torch.Tensor, ref: SlabRef) -> torch.Tensor:
     nbytes = math.prod(ref.shape) * ref.dtype.itemsize
     return slab[ref.offset : ref.offset + nbytes].view(ref.dtype).view(ref.shape)
 
 
+@dataclass(frozen=True)
+class TensorBytes:
+    """A staged tensor the slab cannot hold (see `fits_slab`), on its way to the writer by value.
+
+    Shared-memory handles (torch.multiprocessing's reductions) carry a tensor's storage and lose the rest: a
+    quantized tensor arrives without its quantizer. `torch.save` bytes carry all of it.
+    """
+
+    data: bytes
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorBytes:
+        buf = io.BytesIO()
+        torch.save(tensor, buf)
+        return cls(buf.getvalue())
+
+    def tensor(self) -> torch.Tensor:
+        value = torch.load(io.BytesIO(self.data), weights_only=True)
+        assert isinstance(value, torch.Tensor)
+        return value
+
+
 def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
-    """The staged tree with every slab tensor replaced by its SlabRef (containers kept)."""
-    base = slab.data_ptr()
-    return map_leaves(
-        value, lambda x: SlabRef(x.data_ptr() - base, tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x
-    )
+    """The staged tree as it travels to the writer: each slab tensor replaced by its SlabRef, each other tensor
+    by its TensorBytes (containers and other leaves kept)."""
+    base, storage = slab.data_ptr(), slab.untyped_storage().data_ptr()
+
+    def ref(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        if fits_slab(x) and x.untyped_storage().data_ptr() == storage:
+            return SlabRef(x.data_ptr() - base, tuple(x.shape), x.dtype)
+        return TensorBytes.of(x)
+
+    return map_leaves(value, ref)
 
 
 def from_slab_refs(value: Any, slab: torch.Tensor | SharedSlab) -> Any:
@@ -367,6 +419,8 @@ def from_slab_refs(value: Any, slab: torch.Tensor | SharedSlab) -> Any:
     memory = (slab.tensor if isinstance(slab, SharedSlab) else slab).numpy().data
 
     def own(x: Any) -> Any:
+        if isinstance(x, TensorBytes):
+            return x.tensor()
         if not isinstance(x, SlabRef):
             return x
         count = math.prod(x.shape)
