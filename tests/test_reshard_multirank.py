@@ -6,6 +6,7 @@ The ground truth on the loading side is torch's own `distribute_tensor` of the s
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from simulator.launcher import launch
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing import dtensor_resharder as dr
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
 from torch_checkpointing.distributed_metadata import (
     METADATA_FILE_NAME,
@@ -168,3 +171,68 @@ def test_reshard_between_world_sizes(
         assert report["should_reshard"] == {"model": True, "optim": True}
         # Model items are safetensors: the rank reads exactly its own share of bytes.
         assert report["bytes"] == report["needed"], f"rank {rank}: {report}"
+
+
+def _manager() -> CheckpointManager:
+    return CheckpointManager(
+        CheckpointManager.Config(
+            items={"model": ItemSpec(resharder=DTensorResharder()), "optim": ItemSpec(resharder=DTensorResharder())},
+            save=CheckpointManager.Config.with_sync_save().save,
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+
+
+def manager_save_rank(ckpt: str, layout: str) -> None:
+    manager = _manager()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*plain.*")  # the scalar `step` is meant
+            manager.save(ckpt, build_items(layout, zeros=False))
+    finally:
+        manager.close()
+
+
+def manager_load_rank(ckpt: str, layout: str) -> dict[str, Any]:
+    """A manager's resharding load; returns the ranks each `plan_resharding` call planned for, and mismatches."""
+    planned: list[int] = []
+    real = dr.plan_resharding
+
+    def counting(target: Any, source: Any, rank: int, stats: dr.PlanStats | None = None) -> Any:
+        planned.append(rank)
+        return real(target, source, rank, stats)
+
+    dr.plan_resharding = counting  # this rank's own process: nothing else plans here
+    targets = build_items(layout, zeros=True)
+    manager = _manager()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*plain.*")
+            manager.load(ckpt, into=targets, strict=True)
+    finally:
+        manager.close()
+        dr.plan_resharding = real
+    return {"planned": planned, "mismatch": _mismatches(build_items(layout, zeros=False), targets)}
+
+
+def _mismatches(expected: dict[str, Any], targets: dict[str, Any]) -> list[str]:
+    out = []
+    for key in targets:
+        for path, want in _leaves(expected[key]):
+            got = _local(_at(targets[key], path))
+            if not (got.dtype == _local(want).dtype and torch.equal(got, _local(want))):
+                out.append(f"{key}::{dotted_key(path)}")
+    return out
+
+
+def _local(value: torch.Tensor) -> torch.Tensor:
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def test_a_manager_load_plans_each_item_once_on_every_rank(tmp_path: Path) -> None:
+    # 2 ranks save row shards; 3 ranks load column shards: every rank reads both source files.
+    launch(manager_save_rank, 2, args=(str(tmp_path), "dp2"), timeout=120)
+    reports = launch(manager_load_rank, 3, args=(str(tmp_path), "dp3_cols"), timeout=120)
+    for rank, report in enumerate(reports):
+        assert report["mismatch"] == [], f"rank {rank}: {report}"
+        assert report["planned"] == [rank, rank], f"rank {rank}: one plan per item (model, optim), {report}"

@@ -15,7 +15,7 @@ import logging
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch_checkpointing.config import CheckpointLoaderConfig
 from torch_checkpointing.distributed_metadata import (
@@ -31,6 +31,10 @@ from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import CheckpointPath, RankInfo
 from torch_checkpointing.walk_utils import walk_checkpoint_structure
+
+if TYPE_CHECKING:
+    from torch_checkpointing.dtensor_resharder import ReshardJob
+    from torch_checkpointing.types import NestedPath
 
 __all__ = ["CheckpointLoader"]
 
@@ -49,6 +53,9 @@ class _Reshard:
     item: ResolvedItem
     source: DistributedItemMetadata
     target: Any
+    # A DTensorResharder's plan, made once: it names the files to verify, the check phase verifies its blocks
+    # and the copy phase copies them. None for other resharders, whose `load` reads what it likes.
+    job: ReshardJob | None = None
 
 
 @dataclass
@@ -134,10 +141,7 @@ class CheckpointLoader:
                     item_key=plan.item.key, source=plan.value, target=plan.item.value, unexpected=[]
                 )
                 continue
-            resharder = plan.item.spec.resharder
-            assert resharder is not None
-            view = ctx.storage_view()
-            failed = resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
+            failed = self._reshard(ctx, plan)
             unhandled.extend(CheckpointPath(plan.item.key, tuple(p)) for p in failed)
             result[plan.item.key] = plan.item.value
         report.missing.extend(unhandled)
@@ -231,34 +235,45 @@ class CheckpointLoader:
         target = resharder.extract_sharding_metadata(item.key, item.value) or None
         if source is None or not resharder.should_reshard(source, target):
             return None
-        for rel in self._source_files(item, source, target):
+        plan = _Reshard(item, source, target, self._reshard_job(ctx, item, source, target))
+        for rel in self._source_files(plan):
             ctx.check(rel, f"resharding source of item '{item.key}'")
-        return _Reshard(item, source, target)
+        return plan
 
-    def _source_files(self, item: ResolvedItem, source: DistributedItemMetadata, target: Any) -> list[str]:
+    def _reshard_job(
+        self, ctx: CheckpointReadContext, item: ResolvedItem, source: DistributedItemMetadata, target: Any
+    ) -> ReshardJob | None:
+        """The item's one plan when a DTensorResharder (or a subclass) reshards it, else None."""
+        from torch_checkpointing.dtensor_resharder import DTensorResharder, plan_reshard_job
+
+        if not isinstance(item.spec.resharder, DTensorResharder) or target is None:
+            return None
+        return plan_reshard_job(self.rank_info.global_rank, ctx.root, item.key, target, source, item.value)
+
+    def _source_files(self, plan: _Reshard) -> list[str]:
         """The files a resharder will read: exactly the planned ones for DTensorResharder, else all the item's."""
-        from torch_checkpointing.dtensor_resharder import DTensorResharder, plan_resharding
-
-        ranks = sorted(source.rank_to_layout_info)
-        if isinstance(item.spec.resharder, DTensorResharder) and target is not None:
-            info = plan_resharding(target, source, self.rank_info.global_rank)
-            ranks = sorted({p.src_rank for plans in info.nested_path_to_load_plans.values() for p in plans})
-        where = f"sharding metadata of item '{item.key}'"
-        return sorted({checked_relative_path(source.get_layout(r, item.key).file_path, where) for r in ranks})
+        ranks = plan.job.source_ranks if plan.job is not None else sorted(plan.source.rank_to_layout_info)
+        where = f"sharding metadata of item '{plan.item.key}'"
+        layouts = (plan.source.get_layout(r, plan.item.key) for r in ranks)
+        return sorted({checked_relative_path(layout.file_path, where) for layout in layouts})
 
     def _precheck_reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> None:
-        from torch_checkpointing.dtensor_resharder import DTensorResharder, check_reshard_targets
+        from torch_checkpointing.dtensor_resharder import check_reshard_job
 
-        if isinstance(plan.item.spec.resharder, DTensorResharder) and plan.target is not None:
-            check_reshard_targets(
-                plan.item.key,
-                plan.target,
-                plan.source,
-                plan.item.value,
-                self.rank_info.global_rank,
-                ctx.root,
-                ctx.storage_view(),
-            )
+        if plan.job is not None:
+            check_reshard_job(plan.job, ctx.storage_view())
+
+    def _reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> list[NestedPath]:
+        """Phase 2 for one resharded item: the checked job where it stands in for `load`, else the `load` call."""
+        from torch_checkpointing.dtensor_resharder import planned_job_runner
+
+        resharder = plan.item.spec.resharder
+        assert resharder is not None
+        view = ctx.storage_view()
+        runner = planned_job_runner(resharder)
+        if runner is not None and plan.job is not None:
+            return runner.load_planned(plan.job, view)
+        return resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
 
     def _decode(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:
         item = plan.item

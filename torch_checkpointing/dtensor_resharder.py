@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import threading
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,11 +36,14 @@ from torch_checkpointing.types import NestedPath
 __all__ = [
     "DTensorResharder",
     "PlanStats",
-    "check_reshard_targets",
+    "ReshardJob",
+    "check_reshard_job",
     "compute_load_plans",
     "compute_local_runs",
     "compute_local_shard_info",
+    "plan_reshard_job",
     "plan_resharding",
+    "planned_job_runner",
 ]
 
 logger = logging.getLogger(__name__)
@@ -418,53 +420,10 @@ def plan_resharding(
 ) -> ReshardingInfo:
     """One item's plans for one target rank; `stats` (if given) accumulates the planner's work.
 
-    A load asks for the same plan up to three times (the files to verify, the check phase, the copy); the
-    last few answers are kept and handed back while the same metadata objects are asked about again.
+    Every call plans afresh and keeps nothing: a load plans each item once (`plan_reshard_job`) and hands
+    that job from its check phase to its copy phase.
     """
-    if stats is None:
-        return _plan_memo.get(target_metadata, source_metadata, rank)
-    return _plan(target_metadata, source_metadata, rank, stats)
-
-
-class _PlanMemo:
-    """The last few `plan_resharding` answers, keyed by the identity of the metadata asked about.
-
-    The target mapping is compared entry by entry (same keys, the same metadata objects), so a mapping
-    changed in place is planned afresh. Callers get copies: a caller editing its plans leaves the memo intact.
-    """
-
-    _SIZE = 4
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: list[tuple[Any, DistributedItemMetadata, int, list[tuple[Any, Any]], ReshardingInfo]] = []
-
-    def get(
-        self, target: Mapping[NestedPath, ShardingMetadata], source: DistributedItemMetadata, rank: int
-    ) -> ReshardingInfo:
-        snapshot = list(target.items())
-        with self._lock:
-            for t, s, r, snap, info in self._entries:
-                if t is target and s is source and r == rank and _same_items(snap, snapshot):
-                    return _copy_info(info)
-        info = _plan(target, source, rank, PlanStats())
-        with self._lock:
-            self._entries = [(target, source, rank, snapshot, info), *self._entries][: self._SIZE]
-        return _copy_info(info)
-
-
-def _same_items(a: list[tuple[Any, Any]], b: list[tuple[Any, Any]]) -> bool:
-    return len(a) == len(b) and all(ka == kb and va is vb for (ka, va), (kb, vb) in zip(a, b, strict=True))
-
-
-def _copy_info(info: ReshardingInfo) -> ReshardingInfo:
-    return ReshardingInfo(
-        {p: [dataclasses.replace(plan) for plan in plans] for p, plans in info.nested_path_to_load_plans.items()},
-        list(info.non_reshardable_paths),
-    )
-
-
-_plan_memo = _PlanMemo()
+    return _plan(target_metadata, source_metadata, rank, stats if stats is not None else PlanStats())
 
 
 def _plan(
@@ -541,8 +500,12 @@ _Copy = tuple[NestedPath, tuple[slice, ...], SourceTensor, LoadPlan]
 
 
 @dataclass(frozen=True, kw_only=True)
-class _ReshardJob:
-    """One item's resharding onto one target rank: the plan, where to read, where to write."""
+class ReshardJob:
+    """One item's resharding onto one target rank, planned once per load.
+
+    A load's check phase verifies every block of `info` and its copy phase copies exactly those blocks, so
+    what is copied is what was checked, and the (at scale, costly) planning runs once.
+    """
 
     info: ReshardingInfo
     target: Any
@@ -550,38 +513,38 @@ class _ReshardJob:
     source_metadata: DistributedItemMetadata
     source_path: Path
     item_key: str
-    storage: Storage
-    stats: ReadStats
     rank: int
 
+    @property
+    def source_ranks(self) -> list[int]:
+        """The source ranks whose files the plans read."""
+        return sorted({p.src_rank for plans in self.info.nested_path_to_load_plans.values() for p in plans})
 
-def _plan_job(
+
+def plan_reshard_job(
     rank: int,
     source_path: Path,
     item_key: str,
     target_metadata: Mapping[NestedPath, ShardingMetadata],
     source_metadata: DistributedItemMetadata,
     target: Any,
-    storage: Storage,
-    stats: ReadStats,
-) -> _ReshardJob:
-    return _ReshardJob(
+) -> ReshardJob:
+    """Plan filling `target` (rank `rank`'s templates of one item) from the checkpoint at `source_path`."""
+    return ReshardJob(
         info=plan_resharding(target_metadata, source_metadata, rank),
         target=target,
         target_metadata=target_metadata,
         source_metadata=source_metadata,
         source_path=Path(source_path),
         item_key=item_key,
-        storage=storage,
-        stats=stats,
         rank=rank,
     )
 
 
-def _collect_copies(job: _ReshardJob) -> tuple[list[_Copy], list[NestedPath]]:
+def _collect_copies(job: ReshardJob, storage: Storage, stats: ReadStats) -> tuple[list[_Copy], list[NestedPath]]:
     """Every block copy a load will make, checked (target shapes, source tensors and bounds) before any is made."""
     info, target, target_metadata, source_metadata = job.info, job.target, job.target_metadata, job.source_metadata
-    source_path, item_key, storage, stats, rank = job.source_path, job.item_key, job.storage, job.stats, job.rank
+    source_path, item_key, rank = job.source_path, job.item_key, job.rank
     failed: list[NestedPath] = list(info.non_reshardable_paths)
     by_rank: dict[int, list[tuple[NestedPath, LoadPlan]]] = {}
     for path, plans in info.nested_path_to_load_plans.items():
@@ -627,39 +590,43 @@ def _block_fits(plan: LoadPlan, shape: tuple[int, ...]) -> bool:
     return all(o >= 0 and o + n <= size for o, n, size in zip(plan.src_offsets, plan.src_sizes, shape, strict=True))
 
 
-def _execute_plans(job: _ReshardJob) -> list[NestedPath]:
+def _execute_plans(job: ReshardJob, storage: Storage, stats: ReadStats) -> list[NestedPath]:
     """Copy every planned block into the target; returns the paths that could not be filled.
 
     Every block is located and checked first, so a refused load has copied nothing.
     """
-    copies, failed = _collect_copies(job)
+    copies, failed = _collect_copies(job, storage, stats)
     for path, index, tensor, plan in copies:
-        block = tensor.read_block(plan.src_offsets, plan.src_sizes, job.stats)
+        block = tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
         local = _local_of(get_path(job.target, path))
         assert local is not None
         local[index].copy_(block)
     return failed
 
 
-def check_reshard_targets(
-    item_key: str,
-    target_metadata: dict[NestedPath, ShardingMetadata],
-    source_metadata: DistributedItemMetadata,
-    target: Any,
-    rank: int,
-    source_path: Path,
-    storage: Storage,
-) -> None:
-    """Raise what `load` would raise for this target, without copying anything (a load's check phase).
+def check_reshard_job(job: ReshardJob, storage: Storage) -> None:
+    """Raise what running `job` would raise, without copying anything (a load's check phase).
 
     Every planned source block is checked against the recorded block checksums here, so a damaged block is
     found before the first copy into any target (the copy phase then reads blocks already checked).
     """
-    copies, _ = _collect_copies(
-        _plan_job(rank, source_path, item_key, target_metadata, source_metadata, target, storage, ReadStats())
-    )
+    copies, _ = _collect_copies(job, storage, ReadStats())
     for _, _, tensor, plan in copies:
         tensor.check_block(plan.src_offsets, plan.src_sizes)
+
+
+def planned_job_runner(resharder: Resharder) -> DTensorResharder | None:
+    """`resharder` if a planned job may stand in for its `load` call, else None.
+
+    That holds when its `load` and `load_as_rank` (which `load` calls) are DTensorResharder's own; a user's
+    override of either (on the class or the instance) must be called, so it gets None.
+    """
+    if not isinstance(resharder, DTensorResharder):
+        return None
+    for name in ("load", "load_as_rank"):
+        if getattr(getattr(resharder, name), "__func__", None) is not getattr(DTensorResharder, name):
+            return None
+    return resharder
 
 
 class DTensorResharder(Resharder):
@@ -726,12 +693,16 @@ class DTensorResharder(Resharder):
         storage: Storage,
     ) -> list[NestedPath]:
         """`load` for an explicit target rank: lets one process play every rank (tests, offline tools)."""
+        job = plan_reshard_job(rank, source_path, item_key, target_metadata, source_metadata, target)
+        return self.load_planned(job, storage)
+
+    def load_planned(self, job: ReshardJob, storage: Storage) -> list[NestedPath]:
+        """Run a job `plan_reshard_job` planned (a load's check phase already verified its blocks)."""
         stats = ReadStats()
         try:
-            job = _plan_job(rank, source_path, item_key, target_metadata, source_metadata, target, storage, stats)
-            failed = _execute_plans(job)
+            failed = _execute_plans(job, storage, stats)
         finally:
             self.last_load_stats = stats
         if failed:
-            logger.warning("Item %s: could not reshard %s", item_key, [dotted_key(p) for p in failed])
+            logger.warning("Item %s: could not reshard %s", job.item_key, [dotted_key(p) for p in failed])
         return failed

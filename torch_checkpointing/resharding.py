@@ -74,7 +74,9 @@ class Resharder(ABC):
       `extract_sharding_metadata(key, target)` on the template being loaded into; then
       `should_reshard(source, target)` with the two; and only when that returns True, `load(...)`, in the
       copy phase (which starts once every item's files were checked, so nothing is copied into a template
-      before that). An item not resharded is read directly from this rank's file.
+      before that). An item not resharded is read directly from this rank's file. For a `DTensorResharder`
+      the plan is made once, in the check phase (it names the files to verify and every block is checked
+      there); unless a subclass overrides `load` (or `load_as_rank`), that planned job runs in place of the call.
 
     Each call runs on the caller's thread, never in the writer process. `load` fills `target` in place and
     returns the paths it could not fill; they are reported as missing (`strict=True` refuses them).
