@@ -16,6 +16,10 @@ from tests.memory_storage import Control, MemoryStorageConfig, controlled_manage
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 
+# The session's one moto server (`s3_server`), for every test that names it: registered here rather than imported
+# into each module, which gave every importing module a server of its own and shadowed the name (ruff F811).
+pytest_plugins = ["tests.s3_server"]
+
 ManagerFactory = Callable[..., CheckpointManager]
 
 

@@ -196,7 +196,7 @@ def start_s3_server(log_dir: str, attempts: int = 3) -> S3Server:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """One moto server for the test session (import this fixture into a test module to use it)."""
+    """One moto server for the test session; tests/conftest.py registers it (`pytest_plugins`): name it to use it."""
     missing = missing_s3_packages()
     if missing:
         pytest.skip(f"the S3 tests need {', '.join(missing)}: pip install 'torch-checkpointing[s3,test]'")

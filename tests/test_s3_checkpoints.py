@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.s3_server import TEST_PART_SIZE, S3Server, s3_server  # noqa: F401  (s3_server is a fixture)
+from tests.s3_server import TEST_PART_SIZE, S3Server
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import (
     JsonSerialization,

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from simulator.launcher import launch
-from tests.s3_server import RecordingStorageConfig, S3Server, logged_gets, s3_server  # noqa: F401  (s3_server is a fixture)
+from tests.s3_server import RecordingStorageConfig, S3Server, logged_gets
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo, SafetensorsSerialization
 from torch_checkpointing.checksum import BLOCK_SIZE

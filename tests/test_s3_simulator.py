@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.s3_server import S3Server, s3_server  # noqa: F401 - the session fixture
+from tests.s3_server import S3Server
 from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
 
 ROOT = Path(__file__).resolve().parent.parent

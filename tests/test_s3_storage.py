@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.probes import modules_after
-from tests.s3_server import TEST_PART_SIZE, RecordingStorageConfig, S3Server, s3_server  # noqa: F401  (s3_server is a fixture)
+from tests.s3_server import TEST_PART_SIZE, RecordingStorageConfig, S3Server
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME
 from torch_checkpointing.storage.fsspec_storage import (

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.s3_server import RecordingStorageConfig, S3Server, logged_gets, s3_server  # noqa: F401  (a fixture)
+from tests.s3_server import RecordingStorageConfig, S3Server, logged_gets
 from tests.test_verified_loads import AlwaysReshard
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization, SafetensorsSerialization
