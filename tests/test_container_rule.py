@@ -29,6 +29,7 @@ from torch_checkpointing.checkpoint_layout import (
 )
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.errors import TemplateMismatchError
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.traversal import is_container, iter_leaves, local_tensor
 from torch_checkpointing.types import CheckpointPath
 from torch_checkpointing.walk_utils import walk_checkpoint_structure
@@ -384,3 +385,70 @@ def test_a_userlist_of_dtensors_is_one_leaf_to_the_resharder_and_to_the_merge(me
     assert out["w"] is w and float(w.to_local()[0]) == 1.0
     assert out["ul"] is not ul and type(out["ul"]) is collections.UserList and float(out["ul"][0].to_local()[0]) == 2.0
     assert float(ul[0].to_local()[0]) == 0.0 and not is_container(ul)
+
+
+# --------------------------------------------------------------------------------------------------- rank 1
+
+
+def container_rule_on_two_ranks(root: str) -> dict[str, Any]:
+    """Rank function (module level, so spawned ranks import it): a resharded DTensor item in a tuple and a
+    list, and per-rank state holding a named tuple and two sequence leaves, loaded back on every rank."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+
+    def model(scale: float, placement: Any) -> dict[str, Any]:
+        def dt(i: int) -> Any:
+            return distribute_tensor(torch.arange(4.0) * i * scale, mesh, [placement])
+
+        return {"pair": (dt(1), dt(2)), "layers": [dt(3)]}
+
+    def misc(value: float) -> dict[str, Any]:
+        t = torch.full((2,), value)
+        return {"nt": Pair(t, int(value)), "ul": collections.UserList([t.clone()]), "dq": collections.deque([value])}
+
+    manager = CheckpointManager(
+        CheckpointManager.Config(
+            items={"model": ItemSpec(resharder=DTensorResharder()), "misc": ItemSpec()},
+            save=SyncCheckpointSaverConfig(),
+            load=CheckpointLoaderConfig(weights_only=False),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+    try:
+        manager.save(str(Path(root) / "c"), {"model": model(1.0, Shard(0)), "misc": misc(10.0 + rank)})
+        m_template, s_template = model(0.0, Replicate()), misc(0.0)
+        mine = [leaf for _, leaf in iter_leaves(m_template)]
+        nt_tensor, ul = s_template["nt"].first, s_template["ul"]
+        out = manager.load(str(Path(root) / "c"), into={"model": m_template, "misc": s_template}, strict=True)
+    finally:
+        manager.close()
+    got = [leaf for _, leaf in iter_leaves(out["model"])]
+    saved = misc(10.0 + rank)
+    return {
+        "rank": rank,
+        "model_in_place": len(got) == len(mine) and all(g is m for g, m in zip(got, mine, strict=True)),
+        "model_values": [t.to_local().tolist() for t in got],
+        "pair_is_tuple": type(out["model"]["pair"]) is tuple,
+        "nt_in_place": type(out["misc"]["nt"]) is Pair and out["misc"]["nt"].first is nt_tensor,
+        "nt_value": (out["misc"]["nt"].first.tolist(), out["misc"]["nt"].second),
+        "ul_replaced": out["misc"]["ul"] is not ul and _same(out["misc"]["ul"], saved["ul"]),
+        "ul_template_untouched": torch.equal(ul[0], torch.zeros(2)),
+        "dq": list(out["misc"]["dq"]),
+    }
+
+
+@pytest.mark.multirank
+def test_rank_one_merges_by_the_same_rule(tmp_path: Path) -> None:
+    from simulator.launcher import launch
+
+    results = launch(container_rule_on_two_ranks, 2, args=(str(tmp_path),), timeout=180)
+    full = [[0.0, 1.0, 2.0, 3.0], [0.0, 2.0, 4.0, 6.0], [0.0, 3.0, 6.0, 9.0]]
+    for r in results:
+        rank = r["rank"]
+        assert r["model_in_place"] and r["pair_is_tuple"] and r["model_values"] == full, r
+        assert r["nt_in_place"] and r["nt_value"] == ([10.0 + rank] * 2, 10 + rank), r
+        assert r["ul_replaced"] and r["ul_template_untouched"] and r["dq"] == [10.0 + rank], r
