@@ -235,29 +235,3 @@ def test_run_expansion_is_bounded_per_file(tmp_path: Path) -> None:
         paths[json.dumps([f"x{i}"])] = [{**template, "ranks": {"runs": [[i, (1 << 20) - i, 1]]}}]
     with pytest.raises(CorruptCheckpointError, match="more ranks than a metadata file may describe"):
         parse_distributed_metadata(json.dumps(d).encode(), str(tmp_path / "metadata.json"))
-
-
-def test_a_load_plans_once_for_its_three_questions(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch_checkpointing import dtensor_resharder
-
-    calls: list[int] = []
-    real = dtensor_resharder._plan
-
-    def counting(*args: Any) -> Any:
-        calls.append(args[2])
-        return real(*args)
-
-    monkeypatch.setattr(dtensor_resharder, "_plan", counting)
-    src = fsdp_tp((64, 64), 4, 2, ShardSpec(1))
-    dst = fsdp_tp((64, 64), 8, 2, ShardSpec(1))
-    source = build_distributed_metadata([{"m": {("w",): src}}] * 8, [{"m": None}] * 8, 8).metadata["m"]
-    target = {("w",): dst}
-    first = plan_resharding(target, source, 3)
-    first.nested_path_to_load_plans[("w",)].clear()  # a caller's edit does not reach the memo
-    again = [plan_resharding(target, source, 3) for _ in range(2)]
-    assert calls == [3]
-    assert again[0] == again[1] and again[0].nested_path_to_load_plans[("w",)]
-    plan_resharding(target, source, 4)  # another rank
-    target[("v",)] = dst  # the mapping changed in place
-    assert ("v",) in plan_resharding(target, source, 3).non_reshardable_paths
-    assert calls == [3, 4, 3]
