@@ -392,5 +392,8 @@ def with_clean_controls(manager: Any, control: Control, timeout: float = 120) ->
     control.reset()
     yield manager, control
     control.reset()
+    # The public API has no wait that leaves the manager open: close() closes it, lock() waits for staging
+    # only, prewarm_staging() refuses while a write runs, and the test's save() Futures are not ours to see.
+    # Hence the saver's own wait (what close() calls first); an error it re-raises was the test's to report.
     with contextlib.suppress(Exception):
         manager._saver.wait(timeout)
