@@ -21,8 +21,9 @@ from typing import Any
 
 from torch_checkpointing.checkpoint_process import CheckpointProcess
 from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig, SavePlan, WriteEntry, write_checkpoint
+from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
-from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.lock import RWLock, RWLockMode
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
@@ -82,6 +83,8 @@ class AsyncCheckpointSaver(CheckpointSaver):
         subprocess_init_args: tuple[Any, ...] = (),
     ) -> None:
         self.config = config
+        self._storage_config = storage_config
+        self._storage: Storage | None = None  # the trainer's own, made when a dead writer needs cleaning up after
         self._stager = DefaultStager(config.staging_config)
         self._process = CheckpointProcess(
             storage_config, config.process_config, subprocess_init_fn, subprocess_init_args
@@ -202,11 +205,26 @@ class AsyncCheckpointSaver(CheckpointSaver):
             request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
             nbytes = self._process.write(request, slab_info)
         except BaseException as exc:
+            if isinstance(exc, WriterProcessDied):
+                self._discard_orphaned(plan)
             log_failed(plan, exc)
             write.set_exception(exc)
         else:
             log_committed(plan, nbytes, blocked_s)
             write.set_result(None)
+
+    def _discard_orphaned(self, plan: SavePlan) -> None:
+        """A writer that died (SIGKILL, the OOM killer) left its temporary directory: remove it here instead.
+
+        Left there, every such save kept the bytes it had written until someone ran gc, and a job whose writer
+        kept dying filled the disk. Only rank 0 discards, as the writer does; an earlier checkpoint is never
+        touched (`Commit.discard` removes only this save's own temporary name, or its uncommitted prefix).
+        """
+        if plan.rank != 0:
+            return
+        if self._storage is None:
+            self._storage = self._storage_config.create_storage()
+        Commit(self._storage, CommitTarget(plan.checkpoint_dir, plan.tmp_dir, plan.overwrite)).discard()
 
     def prewarm(self, items: list[ResolvedItem]) -> None:
         if self._last_write is not None and not self._last_write.done():

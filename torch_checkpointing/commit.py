@@ -77,6 +77,8 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> None:
             f"path, or remove the link first."
         )
     if not storage.exists(path):
+        if local is not None:
+            _check_parents(final, local)
         return
     if not storage.isdir(path):
         raise CommitError(f"Refusing to save to {final}: it is an existing file, not a checkpoint. Choose another id.")
@@ -91,6 +93,23 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> None:
             f"Refusing to save to {final}: it is a directory that is not a checkpoint (no {MANIFEST_FILE_NAME}); "
             f"it holds {_listing(entries)}. Saving would replace it. Choose another id (e.g. a subdirectory)."
         )
+
+
+def _check_parents(final: str, local: str) -> None:
+    """The directories a save would create must be creatable: no ancestor may be a file or a dangling link."""
+    ancestor = os.path.dirname(os.path.abspath(local))
+    while not os.path.isdir(ancestor):
+        if os.path.islink(ancestor):
+            raise CommitError(
+                f"Refusing to save to {final}: {ancestor} is a symbolic link to {os.readlink(ancestor)!r}, which "
+                f"does not exist. Create the directory it points to, or remove the link."
+            )
+        if os.path.lexists(ancestor):
+            raise CommitError(
+                f"Refusing to save to {final}: {ancestor} is an existing file, not a directory, so the checkpoint "
+                f"cannot be created under it. Choose another id."
+            )
+        ancestor = os.path.dirname(ancestor)
 
 
 def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrite: bool) -> None:
@@ -122,19 +141,28 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
 
 
 def _walk(storage: Storage, root: Path) -> list[str]:
-    """Every file below `root`, relative; directories end with '/' (empty ones too)."""
+    """Every file below `root`, relative; directories end with '/' (empty ones too).
+
+    A symbolic link is an entry, never descended into: we write none, and one pointing at `/usr` or at a
+    directory that links to itself would keep the walk going for hours.
+    """
     out: list[str] = []
     stack = [""]
     while stack:
         rel = stack.pop()
         for name in sorted(storage.ls(root / rel) if rel else storage.ls(root)):
             child = f"{rel}{name}"
-            if storage.isdir(root / child):
+            if storage.isdir(root / child) and not _is_link(storage, root / child):
                 out.append(child + "/")
                 stack.append(child + "/")
             else:
                 out.append(child)
     return out
+
+
+def _is_link(storage: Storage, path: Path) -> bool:
+    local = storage.local_path(path)
+    return local is not None and os.path.islink(local)
 
 
 def _listing(entries: list[str]) -> str:
@@ -170,7 +198,6 @@ class Commit:
         `still_wanted` raises when the save must not commit after all (its trainer is gone); it runs last,
         right before the step that makes the checkpoint visible.
         """
-        check_target(self.storage, self.target.final, self.target.overwrite)
         self._check_visible(manifest)
         root = self.root
         if metadata_json is not None:
@@ -180,9 +207,13 @@ class Commit:
             self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)
             self.storage.delete(root / INCOMPLETE_MARKER)
             self.storage.sync_directory(root)
+            # Checked again after the fsyncs, not before: whatever appeared at the id meanwhile is looked at.
+            check_target(self.storage, self.target.final, self.target.overwrite)
             still_wanted()
             self._swap(manifest_bytes)
         else:
+            # Here the id is the root itself, still marked incomplete until the next line.
+            check_target(self.storage, self.target.final, self.target.overwrite)
             self.storage.delete(root / INCOMPLETE_MARKER)
             still_wanted()
             self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)  # the commit: written last

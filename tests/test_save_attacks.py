@@ -1,0 +1,222 @@
+"""Attacks on the save path with real files, processes and signals: crafted targets, killed writers, races.
+
+Each test here failed on the engine before the fix it names. Child processes are bounded by timeouts, and
+writers a test stops or kills are killed again in `finally`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.memory_storage import Control, RecordingStorageConfig
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.errors import CommitError, WriterProcessDied
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD_TIMEOUT = 120
+RESULT_TIMEOUT = 120
+
+
+def _manager(mode: str = "sync", storage: Any = None) -> CheckpointManager:
+    save = SyncCheckpointSaverConfig if mode == "sync" else AsyncCheckpointSaverConfig
+    return CheckpointManager(
+        CheckpointManager.Config(
+            save=save(wait_timeout_secs=RESULT_TIMEOUT),
+            storage_config=storage or LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+
+
+def _payload(tag: float) -> dict[str, Any]:
+    return {"model": {"w": torch.full((8,), tag)}}
+
+
+def _save(manager: CheckpointManager, path: Path, tag: float) -> None:
+    future = manager.save(str(path), _payload(tag))
+    if future is not None:
+        future.result(timeout=RESULT_TIMEOUT)
+
+
+def _value(manager: CheckpointManager, path: Path) -> float:
+    return float(manager.load(str(path), into={"model": {"w": torch.zeros(8)}})["model"]["w"][0])
+
+
+def _entries(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) + ("/" if p.is_dir() and not p.is_symlink() else "") for p in root.rglob("*")}
+
+
+# ------------------------------------------------------------------------------ symbolic links in a checkpoint
+
+_RESAVE = """
+import json, torch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+m = CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(),
+                      storage_config=LocalFileSystemStorageConfig(use_direct_io=False)))
+try:
+    m.save({target!r}, {{"model": {{"w": torch.full((8,), 2.0)}}}})
+    print(json.dumps({{"error": None}}))
+except Exception as exc:
+    print(json.dumps({{"error": type(exc).__name__ + ": " + str(exc)}}))
+finally:
+    m.close()
+"""
+
+
+def test_a_symlink_inside_a_checkpoint_is_not_walked(tmp_path: Path) -> None:
+    # Before: the target check followed it; a link to a directory that links to itself twice (2**40 paths
+    # before ELOOP), or to `/usr`, kept save() walking for hours.
+    target, tree = tmp_path / "ck", tmp_path / "user_tree"
+    tree.mkdir()
+    (tree / "keep.txt").write_text("mine")
+    for name in ("a", "b"):
+        (tree / name).symlink_to(tree)
+    manager = _manager()
+    try:
+        _save(manager, target, 1.0)
+        (target / "data").symlink_to(tree)
+        before = _entries(tmp_path)
+        child = subprocess.run(
+            [sys.executable, "-c", _RESAVE.format(target=str(target))],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+        seen = json.loads(child.stdout.splitlines()[-1])
+        assert seen["error"] is not None and seen["error"].startswith("CommitError"), (seen, child.stderr)
+        assert "(data)" in seen["error"], seen  # the link is named as what the checkpoint also holds
+        assert _value(manager, target) == 1.0
+    finally:
+        manager.close()
+    assert _entries(tmp_path) == before and (tree / "keep.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------------- what the id sits under
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_id_under_a_regular_file_is_refused_naming_it(tmp_path: Path, mode: str) -> None:
+    # Before: a bare FileExistsError ("[Errno 17] File exists: '.../notes.txt'") from creating the parents.
+    (tmp_path / "notes.txt").write_text("mine")
+    manager = _manager(mode)
+    try:
+        with pytest.raises(CommitError, match=r"notes\.txt.* is an existing file, not a directory"):
+            manager.save(str(tmp_path / "notes.txt" / "run" / "step_1"), _payload(1.0))
+        _save(manager, tmp_path / "ok", 2.0)  # the manager takes the next save
+    finally:
+        manager.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "ok"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_an_id_under_a_dangling_symlink_is_refused_naming_it(tmp_path: Path) -> None:
+    # Before: FileExistsError from mkdir of the link's own name. A link to a real directory is still followed.
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "runs").symlink_to(tmp_path / "real")
+    manager = _manager()
+    try:
+        with pytest.raises(CommitError, match=r"gone.* is a symbolic link to .*nowhere.*, which does not exist"):
+            manager.save(str(tmp_path / "gone" / "step_1"), _payload(1.0))
+        _save(manager, tmp_path / "runs" / "step_1", 2.0)
+    finally:
+        manager.close()
+    assert not (tmp_path / "nowhere").exists() and (tmp_path / "gone").is_symlink()
+    assert (tmp_path / "real" / "step_1" / "manifest.json").exists()
+
+
+# ------------------------------------------------------------------------------------------- a killed writer
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> Iterator[Control]:
+    ctl = Control(tmp_path / "control")
+    yield ctl
+    ctl.reset()
+
+
+def _kill(pid: int | None) -> None:
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_writer_leaves_no_temporary_directory(control: Control, tmp_path: Path) -> None:
+    # Before: each save whose writer was SIGKILLed (the OOM killer's way) left its `.ck.tmp-*` directory, with
+    # every byte written so far, until someone ran gc: a job whose writer kept dying filled the disk.
+    runs = tmp_path / "runs"
+    manager = _manager("async", RecordingStorageConfig(control_dir=str(control.root)))
+    writer = None
+    try:
+        _save(manager, runs / "ck", 1.0)
+        control.block("model_0.pt")
+        future = manager.save(str(runs / "ck"), _payload(2.0))
+        writer = control.wait_blocked(CHILD_TIMEOUT)
+        assert writer == manager.writer_pid
+        os.kill(writer, signal.SIGKILL)
+        with pytest.raises(WriterProcessDied):
+            future.result(timeout=RESULT_TIMEOUT)
+        control.reset()
+        assert sorted(p.name for p in runs.iterdir()) == ["ck"]
+        assert _value(manager, runs / "ck") == 1.0
+        _save(manager, runs / "ck", 3.0)  # a new writer takes the next save
+        assert _value(manager, runs / "ck") == 3.0
+    finally:
+        control.reset()
+        _kill(writer)
+        manager.close()
+    assert sorted(p.name for p in runs.iterdir()) == ["ck"]
+
+
+# ------------------------------------------------------------------------- a directory appearing at the id
+
+
+@dataclass
+class _IntruderConfig(LocalFileSystemStorageConfig):
+    """Local storage where another program creates a directory of its own at the id while the manifest is written."""
+
+    intruder: str = ""
+
+    def create_storage(self) -> LocalFileSystemStorage:
+        return _IntruderStorage(self)
+
+
+class _IntruderStorage(LocalFileSystemStorage):
+    config: _IntruderConfig
+
+    def write(self, path: Path, data: Any) -> None:
+        if Path(path).name == "manifest.json" and self.config.intruder:
+            os.makedirs(self.config.intruder, exist_ok=True)
+            Path(self.config.intruder, "results.csv").write_text("not yours")
+        super().write(path, data)
+
+
+def test_a_directory_created_at_the_id_during_the_commit_is_not_replaced(tmp_path: Path) -> None:
+    # Before: the id was checked before metadata and manifest were written and fsync'd; a directory created at
+    # the id meanwhile was exchanged out and deleted (results.csv lost) by a save that reported success.
+    target = tmp_path / "ck"
+    manager = _manager("sync", _IntruderConfig(use_direct_io=False, intruder=str(target)))
+    try:
+        with pytest.raises(CommitError, match=r"not a checkpoint.*results\.csv"):
+            manager.save(str(target), _payload(1.0))
+    finally:
+        manager.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert (target / "results.csv").read_text() == "not yours" and sorted(os.listdir(target)) == ["results.csv"]
