@@ -1,4 +1,5 @@
-"""Cross-rank agreement: every collective step of a save goes through `agree`.
+"""Cross-rank agreement: every collective step of a save goes through `agree`, each step of a load through
+`agree_outcome`.
 
 Each rank contributes a result or an error; every rank receives every contribution; if any rank failed, every
 rank raises the *same* `CommitError` naming the failed ranks and their reasons. A rank therefore never waits
@@ -14,15 +15,35 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
 
-from torch_checkpointing.errors import CommitError
+from torch_checkpointing.errors import (
+    CheckpointError,
+    CommitError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    ObjectStoreError,
+    RefusedPickleError,
+    TemplateMismatchError,
+    UnsafeCheckpointError,
+    WriterProcessDied,
+)
 
-__all__ = ["Contribution", "GroupTransport", "StoreTransport", "Transport", "agree", "describe", "raise_if_failed"]
+__all__ = [
+    "Contribution",
+    "GroupTransport",
+    "StoreTransport",
+    "Transport",
+    "agree",
+    "agree_outcome",
+    "describe",
+    "raise_if_failed",
+]
 
 logger = logging.getLogger("torch_checkpointing.agreement")
 
@@ -67,11 +88,12 @@ def describe(exc: BaseException) -> str:
 
 def raise_if_failed(step: str, contributions: Sequence[Contribution], cause: BaseException | None = None) -> None:
     """The same `CommitError` on every rank when any contribution failed."""
-    failures = {r: c.error for r, c in enumerate(contributions) if c.error is not None}
+    failures = _failures(contributions)
     if not failures:
         return
-    reasons = "; ".join(f"rank {r}: {why.rstrip('.')}" for r, why in sorted(failures.items()))
-    error = CommitError(f"{step} failed on rank(s) {sorted(failures)}: {reasons}. Nothing was committed.", failures)
+    error = CommitError(
+        f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}. Nothing was committed.", failures
+    )
     raise error from cause
 
 
@@ -94,6 +116,77 @@ def agree(step: str, transport: Transport, compute: Callable[[], T]) -> list[T]:
     contributions = transport.exchange(step, mine)
     raise_if_failed(step, contributions, cause)
     return [c.value for c in contributions]
+
+
+def agree_outcome(step: str, transport: Transport, compute: Callable[[], T], shared: Any = None) -> tuple[T, list[Any]]:
+    """Run `compute` on this rank and keep its result here; tell every rank only whether it succeeded.
+
+    For collective steps whose results stay on each rank (a load's checked plan, then its restore): if any rank
+    failed, every rank raises, so either every rank goes on or none does. The failing rank raises its own
+    exception (the other ranks' failures added as a note); the others raise an error of the same kind (when
+    every failure was one kind of `CheckpointError`, else `CheckpointError`) naming each failed rank and why.
+    Returns `compute()`'s result and every rank's `shared` value (JSON/pickle-friendly), in rank order.
+    """
+    if transport.world_size == 1:
+        return compute(), [shared]
+    try:
+        value = compute()
+    except BaseException as exc:
+        mine = Contribution(value=shared, error=describe(exc))
+        if not isinstance(exc, Exception):
+            _best_effort_exchange(step, transport, mine)
+            raise
+        failures = _failures(_exchange_or_raise(step, transport, mine))
+        others = {r: why for r, why in failures.items() if r != transport.rank}
+        if others and sys.version_info >= (3, 11):
+            exc.add_note(f"{step} failed on other rank(s) too: {_reasons(others)}")
+        raise
+    contributions = _exchange_or_raise(step, transport, Contribution(value=shared))
+    failures = _failures(contributions)
+    if failures:
+        kinds = {_kind_of(why) for why in failures.values()}
+        kind = kinds.pop() if len(kinds) == 1 else CheckpointError
+        raise kind(f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}.")
+    return value, [c.value for c in contributions]
+
+
+def _exchange_or_raise(step: str, transport: Transport, mine: Contribution) -> list[Contribution]:
+    """`transport.exchange`, with a lost peer reported as this step's failure (a `CheckpointError`)."""
+    try:
+        return transport.exchange(step, mine)
+    except CommitError as exc:  # the transports say "commit"; this step may be no commit at all
+        raise CheckpointError(f"{step}: {_reasons(exc.failures) or exc}.") from exc
+
+
+def _failures(contributions: Sequence[Contribution]) -> dict[int, str]:
+    return {r: c.error for r, c in enumerate(contributions) if c.error is not None}
+
+
+def _reasons(failures: Mapping[int, str]) -> str:
+    return "; ".join(f"rank {r}: {why.rstrip('.')}" for r, why in sorted(failures.items()))
+
+
+def _kind_of(reason: str) -> type[CheckpointError]:
+    """The engine's error class a peer's reason (`describe`: "TypeName: message") names, else CheckpointError.
+
+    Only the engine's own message-only error classes are looked up: a peer's text never names what is built."""
+    name = reason.split(":", 1)[0]
+    return _MESSAGE_ONLY_ERRORS.get(name, CheckpointError)
+
+
+_MESSAGE_ONLY_ERRORS: dict[str, type[CheckpointError]] = {
+    cls.__name__: cls
+    for cls in (
+        CheckpointError,
+        CorruptCheckpointError,
+        IncompleteCheckpointError,
+        ObjectStoreError,
+        RefusedPickleError,
+        TemplateMismatchError,
+        UnsafeCheckpointError,
+        WriterProcessDied,
+    )
+}
 
 
 def _best_effort_exchange(step: str, transport: Transport, mine: Contribution) -> None:

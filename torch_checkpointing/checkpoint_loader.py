@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from torch_checkpointing.dtensor_resharder import ReshardJob
     from torch_checkpointing.types import NestedPath
 
-__all__ = ["CheckpointLoader"]
+__all__ = ["CheckedLoad", "CheckpointLoader"]
 
 logger = logging.getLogger("torch_checkpointing.checkpoint_loader")
 
@@ -64,6 +64,38 @@ class _Report:
     unexpected: list[CheckpointPath] = field(default_factory=list)
 
 
+class CheckedLoad:
+    """A load after its check phase: every file it reads and every template it fills passed, nothing changed yet.
+
+    It holds the load's read context (the pinned directory, the checked files) open until `restore()` has
+    copied (phase 2) or `close()` is called, so what is copied is what was checked. A multi-rank manager agrees
+    with the other ranks between the two phases: no rank copies while another rank's check failed.
+    """
+
+    def __init__(
+        self,
+        loader: CheckpointLoader,
+        ctx: CheckpointReadContext,
+        plans: list[_Direct | _Reshard],
+        report: _Report,
+        strict: bool,
+    ) -> None:
+        self._loader, self._ctx, self._plans, self._report, self._strict = loader, ctx, plans, report, strict
+
+    def restore(self) -> dict[str, Any]:
+        """Phase 2: copy into the templates, run the resharders; returns the loaded mapping."""
+        return self._loader._copy(self._ctx, self._plans, self._report, self._strict)
+
+    def close(self) -> None:
+        self._ctx.close()
+
+    def __enter__(self) -> CheckedLoad:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class CheckpointLoader:
     def __init__(self, storage: Storage, config: CheckpointLoaderConfig, rank_info: RankInfo) -> None:
         self.storage = storage
@@ -78,6 +110,21 @@ class CheckpointLoader:
         map_location: Any = None,
         strict: bool = False,
     ) -> dict[str, Any]:
+        """Both phases on this rank alone: `check`, then `CheckedLoad.restore`."""
+        with self.check(checkpoint_id, items, map_location=map_location, strict=strict) as checked:
+            return checked.restore()
+
+    # ------------------------------------------------------------------ phase 1: check everything
+
+    def check(
+        self,
+        checkpoint_id: str,
+        items: list[ResolvedItem],
+        *,
+        map_location: Any = None,
+        strict: bool = False,
+    ) -> CheckedLoad:
+        """Phase 1: open, verify and decode everything the load reads and dry-run every template; copy nothing."""
         no_target = sorted(i.key for i in items if i.spec.resharder is not None and i.value is None)
         if no_target:
             raise ValueError(
@@ -91,14 +138,17 @@ class CheckpointLoader:
             # Asking for verification where there is nothing to verify against refuses.
             allow_legacy_checkpoints=verify is not True and self.config.allow_legacy_checkpoints,
         )
-        with CheckpointReadContext(self.storage, checkpoint_id, policy) as ctx:
-            return self._load(ctx, items, map_location, strict)
+        ctx = CheckpointReadContext(self.storage, checkpoint_id, policy).__enter__()
+        try:
+            plans, report = self._check(ctx, items, map_location, strict)
+        except BaseException:
+            ctx.close()
+            raise
+        return CheckedLoad(self, ctx, plans, report, strict)
 
-    # ------------------------------------------------------------------ phase 1: check everything
-
-    def _load(
+    def _check(
         self, ctx: CheckpointReadContext, items: list[ResolvedItem], map_location: Any, strict: bool
-    ) -> dict[str, Any]:
+    ) -> tuple[list[_Direct | _Reshard], _Report]:
         for item in items:
             self._check_world_size(item, ctx.manifest)
         metadata = self._distributed_metadata(ctx, items)
@@ -127,8 +177,9 @@ class CheckpointLoader:
                 self._precheck_reshard(ctx, plan)
         if strict:
             _refuse_if_incomplete(ctx.root, report)
-        # ---------------------------------------------------------------- phase 2: copy
-        return self._copy(ctx, plans, report, strict)
+        return plans, report
+
+    # ------------------------------------------------------------------ phase 2: copy
 
     def _copy(
         self, ctx: CheckpointReadContext, plans: list[_Direct | _Reshard], report: _Report, strict: bool

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.agreement import agree
+from torch_checkpointing.agreement import agree, agree_outcome
 from torch_checkpointing.checkpoint_layout import ReplicatedLayoutInfo
-from torch_checkpointing.checkpoint_loader import CheckpointLoader
+from torch_checkpointing.checkpoint_loader import CheckedLoad, CheckpointLoader
 from torch_checkpointing.checkpoint_saver import (
     AsyncCheckpointSaver,
     CheckpointSaver,
@@ -38,7 +38,7 @@ from torch_checkpointing.config import (
     SyncCheckpointSaverConfig,
 )
 from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
-from torch_checkpointing.errors import CommitError
+from torch_checkpointing.errors import CheckpointError, CommitError
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
@@ -192,18 +192,43 @@ class CheckpointManager:
         map_location: Any = None,
         strict: bool = False,
     ) -> Mapping[str, Any]:
-        """Restore into `into`'s templates (tensors filled in place) and return the loaded mapping."""
+        """Restore into `into`'s templates (tensors filled in place) and return the loaded mapping.
+
+        On several ranks a load is collective, like a save: every rank checks what it will read (phase 1), the
+        ranks agree, and only then does any rank copy (phase 2). If any rank's check failed, or the ranks asked
+        for different ids, every rank raises and no rank changed anything, so a job that falls back to an
+        earlier checkpoint falls back on every rank together.
+        """
         self._check_open("load")
+        what = f"Checkpoint load of {checkpoint_id}"
+        transport = self._ctx.transport
+        checked, ids = agree_outcome(
+            f"{what}: checking",
+            transport,
+            lambda: self._check_load(checkpoint_id, into, map_location=map_location, strict=strict),
+            shared=_comparable_id(checkpoint_id),
+        )
+        with checked:
+            if len(set(ids)) > 1:
+                raise CheckpointError(
+                    f"{what}: the ranks load different checkpoints ({_by_rank(ids)}); nothing was restored on any "
+                    f"rank. Every rank must load the same id (decide it on one rank, e.g. latest_checkpoint() on "
+                    f"rank 0, and broadcast it)."
+                )
+            return agree_outcome(f"{what}: restoring", transport, checked.restore)[0]
+
+    def _check_load(
+        self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
+    ) -> CheckedLoad:
         checkpoint_id = self._checkpoint_path(checkpoint_id)
         if into is None and not self.config.items:
             # Self-describing: every item, read with the layout and (safe) format its manifest records.
             layouts = self_describing_layouts(self._storage, str(checkpoint_id), self._ctx.rank, self._ctx.world_size)
             items = [ResolvedItem(k, None, ItemSpec(layout=lay), lay, False) for k, lay in layouts.items()]
-            return self._loader.load(str(checkpoint_id), items, map_location=map_location, strict=strict)
-        if into is None:
-            into = dict.fromkeys(self.config.items)
-        items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
-        return self._loader.load(str(checkpoint_id), items, map_location=map_location, strict=strict)
+        else:
+            into = dict.fromkeys(self.config.items) if into is None else into
+            items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
+        return self._loader.check(str(checkpoint_id), items, map_location=map_location, strict=strict)
 
     def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:
         """Allocate (and fill) the async staging buffers ahead of the first save."""
@@ -523,3 +548,15 @@ def _writes_local_paths(storage_config: Any) -> bool:
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
     return storage_config is None or isinstance(storage_config, LocalFileSystemStorageConfig)
+
+
+def _comparable_id(checkpoint_id: Any) -> str:
+    """What ranks compare to tell that they load the same checkpoint: the id as given, paths normalised."""
+    text = os.fspath(checkpoint_id) if isinstance(checkpoint_id, os.PathLike) else checkpoint_id
+    if not isinstance(text, str):
+        return repr(checkpoint_id)
+    return text if _URL.match(text) else os.path.normpath(os.path.expanduser(text))
+
+
+def _by_rank(values: list[Any]) -> str:
+    return ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
