@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .config import ALL_SECTIONS, BenchConfig, GiB, MiB
+from .config import ALL_SECTIONS, SCALE_ALONE_TIMEOUT_S, BenchConfig, GiB, MiB
 from .report import compute_ratios, format_table, markdown_section, summary, to_json
 from .runner import run_all
 from .sysinfo import machine
@@ -33,7 +33,12 @@ def parse_size(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="small state (64 MiB), finishes in under 2 minutes")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: every section, the same measurements on less data (64 MiB state, 2 and 4 ranks, scale on "
+        "128 <-> 256 ranks); several minutes on 2 busy cores (its scale section alone: under a minute)",
+    )
     p.add_argument("--size", type=parse_size, help="synthetic state size, e.g. 256M, 1G (default 1G)")
     p.add_argument("--runs", type=int, help="runs per measurement; the targets use the median (default 5)")
     p.add_argument("--memory-saves", type=int, help="consecutive saves for the memory-growth check (default 20)")
@@ -51,7 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="parent of the temporary benchmark directory (default ./bench-out; must be a real disk, not tmpfs)",
     )
     p.add_argument("--out", type=Path, help="JSON results path (default ./bench-out/results.json)")
-    p.add_argument("--timeout", type=float, help="per-section timeout in seconds")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        help=f"per-section timeout in seconds (default {BenchConfig().section_timeout_s:.0f}; --quick "
+        f"{BenchConfig.quick_config().section_timeout_s:.0f}; the scale section alone {SCALE_ALONE_TIMEOUT_S:.0f})",
+    )
     p.add_argument(
         "--sweep",
         nargs="*",
@@ -71,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--scale",
         action="store_true",
         help="only the scale section: metadata and resharding plans of a 70B layout on 1024/2048 "
-        "ranks, computed without launching ranks (same as --sections scale)",
+        "ranks, computed without launching ranks (same as --sections scale); one process of pure computation, "
+        "about 4 CPU-minutes of one core, so on a loaded machine the wall time is longer (12 min at load 10 "
+        "on 2 cores)",
     )
     p.add_argument(
         "--scale-dp",
@@ -105,6 +117,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         over["out_json"] = args.out
     if args.timeout is not None:
         over["section_timeout_s"] = args.timeout
+    elif over.get("sections") == ("scale",) and not args.quick:
+        over["section_timeout_s"] = SCALE_ALONE_TIMEOUT_S
     over["device"] = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     over["direct_io"] = not args.no_direct_io
     return BenchConfig.quick_config(**over) if args.quick else replace(BenchConfig(), **over)

@@ -12,6 +12,10 @@ GiB = 1 << 30
 # interleaved with our runs; benchmarks/floors.py holds their code.
 ALL_SECTIONS: tuple[str, ...] = ("engine", "dcp", "torch_save", "loop", "reshard", "ranks", "scale", "s3")
 
+# The scale section run alone (--scale) is about 4 CPU-minutes of one core and took 731 s on two cores at
+# load ~10; alone it protects no other section, so its bound only has to catch a hang.
+SCALE_ALONE_TIMEOUT_S = 1800.0
+
 
 @dataclass
 class BenchConfig:
@@ -53,7 +57,7 @@ class BenchConfig:
 
     @classmethod
     def quick_config(cls, **overrides: object) -> BenchConfig:
-        """A run that finishes in under two minutes on two cores; same measurements, less data."""
+        """A smoke run: every section, the same measurements on less data (several minutes on two cores)."""
         base = cls(
             size_bytes=64 * MiB,
             loop_state_bytes=16 * MiB,

@@ -189,6 +189,27 @@ def test_parse_size_and_bad_config() -> None:
         main(["--size", "lots"])
 
 
+def test_scale_alone_has_time_for_a_busy_machine_and_help_names_the_timeouts() -> None:
+    """`--scale` alone is about 4 CPU-minutes of one core; on 2 cores at load ~10 it took 731 s, and the
+    600 s section default killed it (every scale row ERROR). Run alone, with nothing to protect but a hang,
+    it gets the longer bound; an explicit --timeout still wins, and --help says which default applies."""
+    from benchmarks.cli import build_parser, config_from_args
+
+    def timeout(*argv: str) -> float:
+        return config_from_args(build_parser().parse_args(list(argv))).section_timeout_s
+
+    alone = timeout("--scale")
+    assert alone > 731, f"--scale alone gets {alone:.0f} s: less than a measured busy-machine run"
+    assert timeout("--sections", "scale") == alone
+    assert timeout("--scale", "--timeout", "90") == 90
+    assert timeout() == BenchConfig().section_timeout_s < alone
+    assert timeout("--quick", "--scale") == BenchConfig.quick_config().section_timeout_s
+    text = " ".join(build_parser().format_help().split())
+    for default in (BenchConfig().section_timeout_s, BenchConfig.quick_config().section_timeout_s, alone):
+        assert f"{default:.0f}" in text, default
+    assert "under 2 minutes" not in text
+
+
 def test_plot_is_skipped_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     doc = {"sizes": [MiB], "blocked": {"ours": [0.1]}, "durable": {"ours": [0.2]}, "machine": {"cpu": "x", "cores": 2}}
