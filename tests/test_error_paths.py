@@ -112,7 +112,7 @@ class Pair(NamedTuple):
 
 def test_merge_corners() -> None:
     target: dict[str, Any] = {"s": {1}, "p": Pair(torch.zeros(1), 0), "d": collections.deque([0, 0])}
-    source = {"s": {2, 3}, "p": [torch.ones(1), 5], "d": [7, 8, 9]}
+    source = {"s": {2, 3}, "p": [torch.ones(1), 5], "d": collections.deque([7, 8, 9])}
     keep = target["p"].a
     merged, missing = walk_checkpoint_structure(item_key="x", source=source, target=target)
     assert merged["s"] == {2, 3} and merged["d"] == collections.deque([7, 8, 9])  # extra entries are kept
@@ -125,6 +125,8 @@ def test_merge_corners() -> None:
     assert missing == []
     with pytest.raises(RuntimeError, match="set to set, but source value is list"):
         walk_checkpoint_structure(item_key="x", source=[1], target={1})
+    with pytest.raises(RuntimeError, match="set to deque, but source value is list.*a deque is saved and loaded"):
+        walk_checkpoint_structure(item_key="x", source=[7, 8, 9], target=collections.deque([0, 0]))
     with pytest.raises(RuntimeError, match="set to Tensor, but source value is int"):
         walk_checkpoint_structure(item_key="x", source=1, target=torch.zeros(1))
     seen: list[str] = []

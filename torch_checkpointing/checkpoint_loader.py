@@ -204,8 +204,8 @@ class CheckpointLoader:
         if report.missing or report.unexpected:
             logger.warning(
                 "Checkpoint %s restored partially: %d template entr(ies) not in the checkpoint, left as they were: %s; "
-                "%d checkpoint entr(ies) not in the template, returned but not restored into it: %s. Pass strict=True "
-                "to refuse such loads.",
+                "%d checkpoint entr(ies) not in the template, returned too (added to its dicts and lists): %s. Pass "
+                "strict=True to refuse such loads.",
                 ctx.root,
                 len(report.missing),
                 _names(report.missing),
