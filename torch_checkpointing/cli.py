@@ -9,6 +9,7 @@ something); 2 the command could not run (not a checkpoint, bad arguments, missin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -31,9 +32,10 @@ from torch_checkpointing.discovery import (
     default_storage,
     list_checkpoints,
 )
-from torch_checkpointing.distributed_metadata import load_distributed_metadata
+from torch_checkpointing.distributed_metadata import DistributedMetadata, read_distributed_metadata
 from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
 from torch_checkpointing.manifest import FileRecord, Manifest
+from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.retention import DEFAULT_UNOWNED_AGE_S, RetentionPolicy, apply_retention, collect_garbage
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 from torch_checkpointing.traversal import flatten
@@ -156,6 +158,15 @@ class _PlainProgress:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
+def _open(storage: Storage, path: str | Path, *, verify: bool) -> CheckpointReadContext:
+    """The read context every command reads a checkpoint's files through, as a load does: the directory
+    pinned, paths contained, regular files only (no symlink out, no FIFO to hang on), only listed files read.
+    Checksums are checked as files are read when `verify` (diff); verify and inspect check or show them."""
+    return CheckpointReadContext(
+        storage, str(path), ReadPolicy(verify_checksums=verify, allow_legacy_checkpoints=False)
+    )
+
+
 def _info(storage: Storage, path: str) -> CheckpointInfo:
     info = checkpoint_info(path, storage)
     if info is None:
@@ -206,7 +217,12 @@ def _s(v: Any) -> str:
 
 
 def _sharding(storage: Storage, path: str) -> dict[str, list[dict[str, Any]]]:
-    metadata = load_distributed_metadata(path, storage)
+    with _open(storage, path, verify=False) as ctx:
+        metadata = read_distributed_metadata(ctx)
+    return _sharding_rows(metadata)
+
+
+def _sharding_rows(metadata: DistributedMetadata | None) -> dict[str, list[dict[str, Any]]]:
     if metadata is None:
         return {}
     out: dict[str, list[dict[str, Any]]] = {}
@@ -311,25 +327,18 @@ class _Check:
     problem: str = ""
 
 
-def _verify_record(storage: Storage, root: Path, rec: FileRecord, advance: Any) -> _Check:
-    normal = os.path.normpath(rec.path)
-    if os.path.isabs(normal) or normal == ".." or normal.startswith("../"):
-        return _Check(rec.path, False, "path leaves the checkpoint directory")
-    path = root / normal
-    local = storage.local_path(path)
-    if local is not None and os.path.islink(local):
-        return _Check(rec.path, False, "is a symbolic link, not a regular file")
-    if not storage.exists(path):
-        return _Check(rec.path, False, "missing")
-    size = storage.getsize(path)
-    if size != rec.size:
+def _verify_record(ctx: CheckpointReadContext, rec: FileRecord, advance: Any) -> _Check:
+    """Size and CRC32 (and each block's) of one recorded file, opened through the read context (contained,
+    regular, listed); a file that cannot be opened so is a failed check naming why, never followed."""
+    try:
+        checked = ctx.check(rec.path, f"item '{rec.key}' of rank {rec.rank}")
+    except CheckpointError as exc:
         advance(rec.size)
-        return _Check(rec.path, False, f"{size} bytes, manifest records {rec.size}")
+        return _Check(rec.path, False, str(exc))
     running = RunningChecksum(rec.blocks.block_size) if rec.blocks is not None else RunningChecksum()
-    with storage.stream_read(path, ReadArgs(pre_read_full_file=False)) as stream:
-        while chunk := stream.read(_CHUNK):
-            running.update(chunk)
-            advance(len(chunk))
+    for chunk in _chunks(ctx, checked):
+        running.update(chunk)
+        advance(len(chunk))
     summed = running.result()
     if rec.blocks is not None and combine_blocks(rec.blocks.crc32s, rec.size, rec.blocks.block_size) != rec.crc32:
         return _Check(rec.path, False, "manifest record is inconsistent: its block CRC32s do not combine to its CRC32")
@@ -344,21 +353,33 @@ def _verify_record(storage: Storage, root: Path, rec: FileRecord, advance: Any) 
     return _Check(rec.path, True)
 
 
+def _chunks(ctx: CheckpointReadContext, checked: CheckedFile) -> Iterator[bytes]:
+    """The bytes of a checked file: from its held descriptor (what was checked is what is read), else the store."""
+    if checked.fd is None:
+        with ctx.storage.stream_read(ctx.root / checked.rel, ReadArgs(pre_read_full_file=False)) as stream:
+            while chunk := stream.read(_CHUNK):
+                yield chunk
+        return
+    offset = 0
+    while chunk := os.pread(checked.fd, min(_CHUNK, checked.size - offset), offset):
+        offset += len(chunk)
+        yield chunk
+
+
 def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     root = Path(args.checkpoint)
     try:
-        manifest = committed_manifest(storage, Path(args.checkpoint))
+        committed_manifest(storage, root)  # the precise reason a directory is not a checkpoint
+        ctx = _open(storage, root, verify=False)
+        manifest = ctx.__enter__().manifest
     except (CheckpointError, RuntimeError, FileNotFoundError) as exc:
         ui.emit_json({"checkpoint": str(root), "ok": False, "error": str(exc), "files": []})
         ui.line(f"FAILED: {exc}")
         return EXIT_NO
-    checks: list[_Check] = []
+    with ctx:
+        assert manifest is not None  # allow_legacy_checkpoints=False: a directory without one raised
+        checks = _verify_all(ctx, manifest, ui)
     total = sum(r.size for r in manifest.files)
-    with ui.progress(total, f"verify {root.name}") as advance:
-        for rec in sorted(manifest.files, key=lambda r: (r.key, r.rank)):
-            checks.append(_verify_record(storage, root, rec, advance))
-    if manifest.metadata_file:
-        checks.append(_verify_metadata(storage, root))
     ok = all(c.ok for c in checks)
     ui.emit_json({"checkpoint": str(root), "ok": ok, "files": [c.__dict__ for c in checks]})
     for c in checks:
@@ -371,30 +392,56 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     return EXIT_OK if ok else EXIT_NO
 
 
-def _verify_metadata(storage: Storage, root: Path) -> _Check:
+def _verify_all(ctx: CheckpointReadContext, manifest: Manifest, ui: Ui) -> list[_Check]:
+    checks: list[_Check] = []
+    with ui.progress(sum(r.size for r in manifest.files), f"verify {ctx.root.name}") as advance:
+        for rec in sorted(manifest.files, key=lambda r: (r.key, r.rank)):
+            checks.append(_verify_record(ctx, rec, advance))
+    if manifest.metadata_file:
+        checks.append(_verify_metadata(ctx, manifest.metadata_file))
+    return checks
+
+
+def _verify_metadata(ctx: CheckpointReadContext, name: str) -> _Check:
+    """Its bytes against the manifest's size and CRC32 (manifests that record them), then that it parses."""
+    record = ctx.record(name)
+    if record is not None:
+        check = _verify_record(ctx, dataclasses.replace(record, path=name), lambda n: None)
+        if not check.ok:
+            return check
     try:
-        load_distributed_metadata(root, storage)
-    except (ValueError, OSError) as exc:
-        return _Check("metadata.json", False, str(exc))
-    return _Check("metadata.json", True)
+        read_distributed_metadata(ctx)
+    except (CheckpointError, ValueError, OSError) as exc:
+        return _Check(name, False, str(exc))
+    return _Check(name, True)
 
 
 # ------------------------------------------------------------------------------------------------ diff
 
 
 def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, resharded: bool) -> dict[str, Any]:
-    """Every leaf of an item: consolidated full tensors for resharded items, else each rank's file."""
-    from torch_checkpointing.encoding import decode
+    """Every leaf of an item: consolidated full tensors for resharded items, else each rank's file; every file
+    read through a verifying read context (a damaged or crafted file is an error, not a difference)."""
     from torch_checkpointing.hf import iter_item_tensors
 
     if resharded:
         return dict(iter_item_tensors(root, key, storage=storage))
     out: dict[str, Any] = {}
     recs = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
-    for rec in recs:
-        value = decode(untrusted_format_from_dict(rec.format), storage, root / rec.path, key)
-        out.update(flatten({f"rank{rec.rank}": value} if len(recs) > 1 else value))
+    with _open(storage, root, verify=True) as ctx:
+        for rec in recs:
+            value = _decode_checked(ctx, rec, key)
+            out.update(flatten({f"rank{rec.rank}": value} if len(recs) > 1 else value))
     return out
+
+
+def _decode_checked(ctx: CheckpointReadContext, rec: FileRecord, key: str) -> Any:
+    from torch_checkpointing.encoding import decode
+
+    fmt = untrusted_format_from_dict(rec.format)
+    value = decode(fmt, ctx.storage_view(), ctx.root / checked_relative_path(rec.path, str(ctx.root)), key)
+    ctx.wait_verified()
+    return value
 
 
 def _compare(a: Any, b: Any) -> str | None:
@@ -488,6 +535,8 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     )
     if not policy.active:
         raise ValueError("prune needs at least one of --keep-last, --keep-every-n-steps, --keep-best")
+    if not storage.isdir(Path(args.root)):
+        raise FileNotFoundError(f"{args.root}: no such directory")
     doomed = apply_retention(args.root, policy, storage, dry_run=args.dry_run)
     ui.emit_json({"root": args.root, "dry_run": args.dry_run, "deleted": [c.to_dict() for c in doomed]})
     verb = "would delete" if args.dry_run else "deleted"
@@ -514,6 +563,7 @@ def cmd_export(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         dtype=dtype,
         rank=args.rank,
         storage=storage,
+        overwrite=args.overwrite,
     )
     ui.emit_json({"checkpoint": args.checkpoint, "item": args.item, "out": args.out, **report.to_dict()})
     ui.line(
@@ -573,6 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", default="5GB", help="per output file, e.g. 5GB, 500MB (default 5GB)")
     p.add_argument("--dtype", help="cast floating-point tensors, e.g. bfloat16")
     p.add_argument("--rank", type=int, help="export one rank's copy of an item saved per rank without a resharder")
+    p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export in OUT")
     p.set_defaults(run=cmd_export)
     return parser
 

@@ -13,16 +13,19 @@ import dataclasses
 import errno
 import fcntl
 import logging
+import math
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from torch_checkpointing.checkpoint_layout import LayoutInfo, untrusted_format_from_dict
-from torch_checkpointing.errors import IncompleteCheckpointError
+from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest, read_manifest
+from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -32,9 +35,11 @@ __all__ = [
     "OwnerLock",
     "checkpoint_info",
     "committed_manifest",
+    "damage",
     "latest_checkpoint",
     "list_checkpoints",
     "list_leftovers",
+    "newest_intact",
     "self_describing_layouts",
 ]
 
@@ -49,6 +54,9 @@ OLD_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>\d+)$")
 TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>\d+)-(?P<nonce>[0-9a-f]+)$")
 
 LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete"]
+
+# The latest datetime can show (9999-12-31); a commit time past it, or not finite, is a crafted manifest.
+_MAX_COMMIT_TIME = 253402300799.0
 
 
 def default_storage() -> Storage:
@@ -89,6 +97,9 @@ class Leftover:
     owner_alive: bool | None
     total_bytes: int = 0
     detail: str = ""
+    # Whether it holds what only the engine leaves there (its manifest or `.incomplete` marker, a live job's
+    # owner lock) or nothing at all. A directory that merely has one of our names is somebody's own folder.
+    recognised: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -125,9 +136,18 @@ def committed_manifest(storage: Storage, path: Path) -> Manifest:
 
 
 def _commit_time(storage: Storage, path: Path, manifest: Manifest) -> float | None:
-    """The recorded commit time; for manifests written before it was recorded, the manifest's mtime."""
+    """The recorded commit time; for manifests written before it was recorded, the manifest's mtime.
+
+    A recorded time that is not a finite unix time a calendar can show (JSON's `1e400` parses as infinity) is
+    crafted: it is logged and counted as unknown, so it can neither win "newest" nor break a listing.
+    """
     if manifest.commit_time is not None:
-        return manifest.commit_time
+        if math.isfinite(manifest.commit_time) and 0.0 <= manifest.commit_time <= _MAX_COMMIT_TIME:
+            return manifest.commit_time
+        logger.warning(
+            "%s records commit_time %r, which is not a unix time; it is treated as unknown", path, manifest.commit_time
+        )
+        return None
     local = storage.local_path(path / MANIFEST_FILE_NAME)
     return os.path.getmtime(local) if local is not None else None
 
@@ -172,16 +192,62 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
     for name in sorted(storage.ls(base)):
         if name.startswith("."):
             continue  # ours-in-progress or ours-being-deleted, never a committed checkpoint
+        if _is_symlink(storage, base / name):
+            logger.debug("Skipping %s: a symbolic link, never followed out of %s", base / name, base)
+            continue
         info = checkpoint_info(base / name, storage)
         if info is not None:
             found.append(info)
     return sorted(found, key=_sort_key)
 
 
+def _is_symlink(storage: Storage, path: Path) -> bool:
+    """Whether `path` is a symbolic link: the engine never makes one, so what it points at is never ours."""
+    local = storage.local_path(path)
+    return local is not None and os.path.islink(local)
+
+
 def latest_checkpoint(root: str | os.PathLike[str], storage: Storage | None = None) -> CheckpointInfo | None:
-    """The newest committed checkpoint under `root` (highest step, then latest commit), or None."""
-    found = list_checkpoints(root, storage)
-    return found[-1] if found else None
+    """The newest intact committed checkpoint under `root` (highest step, then latest commit), or None.
+
+    "Intact" is what a resume needs and costs no data read: every file the manifest records is there, inside
+    the directory, a regular file of the recorded size. A newer checkpoint that fails it (half deleted by
+    hand, a file lost or swapped for a link) is skipped with a WARNING naming the file.
+    """
+    storage = storage or default_storage()
+    return newest_intact(list_checkpoints(root, storage), storage)
+
+
+def newest_intact(checkpoints: list[CheckpointInfo], storage: Storage) -> CheckpointInfo | None:
+    """The last of `checkpoints` (sorted oldest first) that `damage` finds nothing wrong with."""
+    for info in reversed(checkpoints):
+        problem = damage(info.path, storage)
+        if problem is None:
+            return info
+        logger.warning("Skipping checkpoint %s as a resume point: %s", info.path, problem)
+    return None
+
+
+def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str | None:
+    """None when every file the manifest of `path` records is present, contained, regular and of its recorded
+    size (opened the way a load opens it: no symlink, no FIFO, no path out of the directory); else what is wrong.
+
+    Checksums are not read (`torch-checkpointing verify` reads every byte).
+    """
+    storage = storage or default_storage()
+    try:
+        with CheckpointReadContext(
+            storage, os.fspath(path), ReadPolicy(verify_checksums=False, allow_legacy_checkpoints=False)
+        ) as ctx:
+            if ctx.manifest is None:
+                return f"no {MANIFEST_FILE_NAME}"
+            for record in ctx.manifest.files:
+                ctx.check(record.path, f"item '{record.key}' of rank {record.rank}")
+            if ctx.manifest.metadata_file is not None:
+                ctx.check(ctx.manifest.metadata_file, "sharding metadata")
+    except (CheckpointError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ leftovers
@@ -232,19 +298,43 @@ def owner_alive(uid: str) -> bool | None:
     return False
 
 
+def _marked(storage: Storage, path: Path) -> bool:
+    """Whether a directory holds what only the engine leaves in its directories, or nothing at all.
+
+    Every directory the engine names `.tmp-`/`.old_`/`.trash-` has its manifest or `.incomplete` marker at the
+    top until its very last file is removed (retention removes those two last), so one holding neither, and not
+    empty, is not ours, whatever its name.
+    """
+    local = storage.local_path(path)
+    if local is not None:
+        try:
+            entries = os.listdir(local)
+        except OSError:
+            return False
+        names = set(entries)
+        top = [n for n in (MANIFEST_FILE_NAME, INCOMPLETE_MARKER) if n in names]
+        return not entries or any(stat.S_ISREG(os.lstat(os.path.join(local, n)).st_mode) for n in top)
+    return storage.exists(path / MANIFEST_FILE_NAME) or storage.exists(path / INCOMPLETE_MARKER)
+
+
 def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
     path = root / name
-    if not storage.isdir(path):
-        return None
+    if _is_symlink(storage, path) or not storage.isdir(path):
+        return None  # a link to somebody's directory is never ours, whatever its name
     local = storage.local_path(path)
     size = _tree_bytes(local) if local is not None else 0
     if m := TMP_RE.match(name):
         alive = owner_alive(m["uid"])
-        return Leftover(str(path), "temporary", m["name"], alive, size, f"save {m['uid']}-{m['seq']}")
+        # A lock file of this uid on this host proves the name is one of ours, even once its marker is gone.
+        recognised = alive is not None or _marked(storage, path)
+        detail = f"save {m['uid']}-{m['seq']}"
+        return Leftover(str(path), "temporary", m["name"], alive, size, detail, recognised)
     if m := OLD_RE.match(name):
-        return Leftover(str(path), "replaced", m["name"], pid_alive(int(m["pid"])), size, f"pid {m['pid']}")
+        alive = pid_alive(int(m["pid"]))
+        return Leftover(str(path), "replaced", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if m := TRASH_RE.match(name):
-        return Leftover(str(path), "trash", m["name"], pid_alive(int(m["pid"])), size, f"pid {m['pid']}")
+        alive = pid_alive(int(m["pid"]))
+        return Leftover(str(path), "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if not name.startswith(".") and storage.exists(path / INCOMPLETE_MARKER):
         return Leftover(str(path), "incomplete", name, None, size, "has the .incomplete marker")
     return None

@@ -18,6 +18,9 @@ import json
 import logging
 import os
 import re
+import shutil
+import stat
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +31,16 @@ import torch
 from torch_checkpointing.checkpoint_layout import untrusted_format_from_dict
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES
 from torch_checkpointing.discovery import committed_manifest, default_storage
-from torch_checkpointing.distributed_metadata import DistributedItemMetadata, load_distributed_metadata
+from torch_checkpointing.distributed_metadata import DistributedItemMetadata, read_distributed_metadata
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, get_device_mesh_spec
 from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs
-from torch_checkpointing.errors import TemplateMismatchError
+from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError, UnsafeCheckpointError
+from torch_checkpointing.read_context import (
+    CheckpointReadContext,
+    ReadPolicy,
+    checked_relative_path,
+    parse_json_bounded,
+)
 from torch_checkpointing.source_reader import FlatTensors, ReadStats, SourceFile, open_flat_tensors, open_source_file
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves, local_tensor
@@ -92,15 +101,41 @@ def _out_dtype(saved: torch.dtype, wanted: torch.dtype | None) -> torch.dtype:
 
 
 class _ItemSource:
-    """Reads one item of one checkpoint as full tensors, whichever ranks and layouts wrote it."""
+    """Reads one item of one checkpoint as full tensors, whichever ranks and layouts wrote it.
+
+    Every byte goes through one verifying `CheckpointReadContext`, as a load's do: paths recorded in the
+    checkpoint stay inside it, only regular files listed in the manifest are opened (never a symlink out or a
+    FIFO), and what is read is checked against the recorded checksums. Close it (a context manager) when done.
+    """
 
     def __init__(self, storage: Storage, checkpoint: Path, key: str, rank: int | None) -> None:
-        self.storage, self.checkpoint, self.key = storage, checkpoint, key
-        manifest = committed_manifest(storage, checkpoint)
+        committed_manifest(storage, checkpoint)  # the precise reason a directory is not a checkpoint
+        policy = ReadPolicy(verify_checksums=True, allow_legacy_checkpoints=False)
+        self._ctx = CheckpointReadContext(storage, str(checkpoint), policy).__enter__()
+        try:
+            self._setup(checkpoint, key, rank)
+        except BaseException:
+            self._ctx.close()
+            raise
+
+    def __enter__(self) -> _ItemSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ctx.close()
+
+    def wait_verified(self) -> None:
+        """Raise if any file read whole failed its checksum (ranged reads were checked as they were read)."""
+        self._ctx.wait_verified()
+
+    def _setup(self, checkpoint: Path, key: str, rank: int | None) -> None:
+        manifest = self._ctx.manifest
+        assert manifest is not None  # allow_legacy_checkpoints=False: a directory without one raised
+        self.storage, self.checkpoint, self.key = self._ctx.storage_view(), checkpoint, key
         records = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
         if not records:
             raise KeyError(f"Checkpoint {checkpoint} has no item '{key}'; it holds {sorted(manifest.keys())}.")
-        metadata = load_distributed_metadata(checkpoint, storage)
+        metadata = read_distributed_metadata(self._ctx, [key])
         self.item_metadata: DistributedItemMetadata | None = metadata.metadata.get(key) if metadata else None
         self._formats = {r.rank: untrusted_format_from_dict(r.format) for r in records}
         self._paths = {r.rank: r.path for r in records}
@@ -207,9 +242,10 @@ def iter_item_tensors(
     checkpoint: str | os.PathLike[str], key: str, *, rank: int | None = None, storage: Storage | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (dotted name, full tensor) for every tensor of item `key`, one at a time (consolidated across ranks)."""
-    source = _ItemSource(storage or default_storage(), Path(checkpoint), key, rank)
-    for plan in source.plans():
-        yield plan.name, source.read(plan)
+    with _ItemSource(storage or default_storage(), Path(checkpoint), key, rank) as source:
+        for plan in source.plans():
+            yield plan.name, source.read(plan)
+        source.wait_verified()
 
 
 def _assign_shards(plans: list[_TensorPlan], max_shard_size: int, dtype: torch.dtype | None) -> list[list[_TensorPlan]]:
@@ -234,55 +270,170 @@ def export_hf(
     dtype: torch.dtype | None = None,
     rank: int | None = None,
     storage: Storage | None = None,
+    overwrite: bool = False,
 ) -> ExportReport:
     """Write item `key` of `checkpoint` as HF-layout safetensors shards plus the index into `out_dir`.
 
     `dtype` casts floating-point tensors (e.g. torch.bfloat16); `rank` exports one rank's own copy of an item
     saved per rank without sharding metadata. Non-tensor leaves (safetensors holds tensors only) are skipped.
+
+    All or nothing: the shards and index are written into a hidden sibling of `out_dir` and moved in only once
+    every tensor was read and verified, the index last, so a failed or killed export never leaves a directory
+    that looks like a complete export. `out_dir` may exist and hold other files (a `config.json`); one that
+    already holds an export is refused unless `overwrite`, which replaces only the export's own files.
     """
+    out = Path(out_dir)
+    with _ItemSource(storage or default_storage(), Path(checkpoint), key, rank) as source:
+        _check_out_dir(out, Path(checkpoint), overwrite)
+        plans = source.plans()
+        if not plans:
+            raise ValueError(f"Item '{key}' of {checkpoint} holds no tensors to export")
+        shards = _assign_shards(plans, parse_size(max_shard_size), dtype)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = out.with_name(f".{out.name}.export-tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        staging.mkdir()
+        try:
+            report = _write_export(source, shards, staging, dtype, f"{checkpoint}::{key}")
+            source.wait_verified()
+            _publish(staging, out, report, overwrite, Path(checkpoint))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
+_EXPORT_FILE_RE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
+
+
+def _export_files(out: Path) -> list[str]:
+    """The files of an earlier export in `out` (the shards and index this function writes)."""
+    return sorted(n for n in os.listdir(out) if n == INDEX_FILE_NAME or _EXPORT_FILE_RE.match(n))
+
+
+def _check_out_dir(out: Path, checkpoint: Path, overwrite: bool) -> None:
+    """Refuse an output that is inside the checkpoint, is not a directory, or holds an export (unless
+    `overwrite`): nothing is written before these are known."""
+    target, source = out.resolve(), checkpoint.resolve()
+    if target == source or source in target.parents:
+        raise ValueError(f"Export output {out} lies inside the checkpoint {checkpoint}; choose a directory outside it")
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"Export output {out} exists and is not a directory; choose a new directory")
+    existing = _export_files(out)
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"Export output {out} already holds an export ({', '.join(existing[:3])}"
+            f"{', ...' if len(existing) > 3 else ''}); pass overwrite=True (--overwrite) to replace those files, "
+            f"or export to a new directory"
+        )
+
+
+def _write_export(
+    source: _ItemSource, shards: list[list[_TensorPlan]], staging: Path, dtype: torch.dtype | None, what: str
+) -> ExportReport:
+    """Every shard, then the index, into `staging`."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    source = _ItemSource(storage or default_storage(), Path(checkpoint), key, rank)
-    plans = source.plans()
-    if not plans:
-        raise ValueError(f"Item '{key}' of {checkpoint} holds no tensors to export")
-    shards = _assign_shards(plans, parse_size(max_shard_size), dtype)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     weight_map: dict[str, str] = {}
     for k, shard in enumerate(shards, start=1):
         name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
         tensors = {p.name: source.read(p).to(_out_dtype(p.dtype, dtype)) for p in shard}
-        save_file(tensors, str(out / name), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(staging / name), metadata={"format": "pt"})
+        except SafetensorError as exc:  # a disk full or a file-size limit arrives as this, not as an OSError
+            raise OSError(f"Could not write export shard {name} of {what} ({exc}); nothing was exported") from exc
         report.total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
         del tensors
         weight_map.update({p.name: name for p in shard})
         report.files.append(name)
-        logger.info("Exported %s (%d tensors) of %s::%s", name, len(shard), checkpoint, key)
+        logger.info("Exported %s (%d tensors) of %s", name, len(shard), what)
     report.tensors = len(weight_map)
     index = {"metadata": {"total_size": report.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
-    (out / INDEX_FILE_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    (staging / INDEX_FILE_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     report.files.append(INDEX_FILE_NAME)
     return report
+
+
+def _publish(staging: Path, out: Path, report: ExportReport, overwrite: bool, checkpoint: Path) -> None:
+    """Move a finished export into `out`: one rename when `out` is new; else the old index goes first (the
+    directory stops looking complete), then the new shards, the stale ones of an earlier export, the new index."""
+    _check_out_dir(out, checkpoint, overwrite)  # again: another process may have written there meanwhile
+    if not os.path.lexists(out):
+        os.rename(staging, out)
+        return
+    stale = set(_export_files(out)) - set(report.files)
+    with_index = out / INDEX_FILE_NAME
+    if os.path.lexists(with_index):
+        os.unlink(with_index)
+    for name in report.files[:-1]:
+        os.replace(staging / name, out / name)
+    for name in sorted(stale - {INDEX_FILE_NAME}):
+        os.unlink(out / name)
+    os.replace(staging / INDEX_FILE_NAME, with_index)
 
 
 # ------------------------------------------------------------------------------------------------ import
 
 
+_MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+
 def _hf_files(directory: Path) -> dict[str, str]:
-    """tensor name -> shard file, from the index, or from the single `model.safetensors`."""
+    """tensor name -> shard file, from the index, or from the single `model.safetensors`.
+
+    A downloaded directory is untrusted input: the index is read bounded, and every shard it names must be a
+    plain file name in `directory` (no path out of it) naming a regular file (a FIFO would hang the read).
+    Symbolic links to regular files are followed: a Hugging Face cache snapshot is made of them.
+    """
     index = directory / INDEX_FILE_NAME
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {str(k): str(v) for k, v in weight_map.items()}
-    files = sorted(directory.glob("*.safetensors"))
-    if len(files) != 1:
+    if os.path.lexists(index):
+        doc = parse_json_bounded(_regular_bytes(index, _MAX_INDEX_BYTES), str(index))
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CorruptCheckpointError(f"{index}: field 'weight_map' must be an object of tensor name -> file name")
+        files = {str(k): _shard_name(v, index) for k, v in weight_map.items()}
+        for name in sorted(set(files.values())):
+            _regular(directory / name)
+        return files
+    found = sorted(directory.glob("*.safetensors"))
+    if len(found) != 1:
         raise FileNotFoundError(f"{directory} has no {INDEX_FILE_NAME} and not exactly one *.safetensors file")
+    _regular(found[0])
     from safetensors import safe_open
 
-    with safe_open(str(files[0]), framework="pt", device="cpu") as f:
-        return dict.fromkeys(f.keys(), files[0].name)
+    with safe_open(str(found[0]), framework="pt", device="cpu") as f:
+        return dict.fromkeys(f.keys(), found[0].name)
+
+
+def _shard_name(value: Any, index: Path) -> str:
+    name = checked_relative_path(value, f"{index}: field 'weight_map'")
+    if "/" in name:
+        raise UnsafeCheckpointError(
+            f"{index}: field 'weight_map' names {value!r}; shard files must be plain file names beside the index."
+        )
+    return name
+
+
+def _regular(path: Path) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is named by the export but does not exist") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeCheckpointError(
+            f"{path} is not a regular file (mode {stat.filemode(st.st_mode)}); an HF export holds regular files only."
+        )
+
+
+def _regular_bytes(path: Path, limit: int) -> bytes:
+    _regular(path)
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise CorruptCheckpointError(f"{path} is larger than {limit} bytes; it is not an index.")
+    return data
 
 
 def _leaves(template: Any) -> list[tuple[str, torch.Tensor]]:

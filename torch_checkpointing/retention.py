@@ -12,9 +12,11 @@ import contextlib
 import logging
 import math
 import os
+import stat
 import threading
 import time
 import uuid
+from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,9 @@ from torch_checkpointing.discovery import (
     default_storage,
     list_checkpoints,
     list_leftovers,
+    newest_intact,
 )
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
@@ -81,11 +85,17 @@ class RetentionPolicy:
         return any(v is not None for v in (self.keep_last, self.keep_every_n_steps, self.keep_best))
 
 
-def select_for_deletion(checkpoints: list[CheckpointInfo], policy: RetentionPolicy) -> list[CheckpointInfo]:
-    """The checkpoints `policy` does not keep, given all committed ones sorted oldest first."""
+def select_for_deletion(
+    checkpoints: list[CheckpointInfo], policy: RetentionPolicy, *, protect: Collection[str] = ()
+) -> list[CheckpointInfo]:
+    """The checkpoints `policy` does not keep, given all committed ones sorted oldest first.
+
+    The paths in `protect` are kept whatever the rules say (`apply_retention` protects the newest intact one,
+    which is what `latest_checkpoint` resumes from when the newest one is damaged).
+    """
     if not policy.active or not checkpoints:
         return []
-    keep = {checkpoints[-1].path}  # the newest committed one, always
+    keep = {checkpoints[-1].path, *protect}  # the newest committed one, always
     if policy.keep_last is not None:
         keep.update(c.path for c in checkpoints[-policy.keep_last :])
     if policy.keep_every_n_steps is not None:
@@ -153,6 +163,7 @@ def _sync_parent(storage: Storage, path: Path) -> None:
 
 def _remove(storage: Storage, path: Path, what: str) -> bool:
     try:
+        _remove_contents_but_marks(storage, path)
         storage.rmdir(path)
     except OSError as exc:
         logger.warning("Could not remove %s at %s (%s); `torch-checkpointing gc` will retry", what, path, exc)
@@ -161,12 +172,38 @@ def _remove(storage: Storage, path: Path, what: str) -> bool:
     return True
 
 
+def _remove_contents_but_marks(storage: Storage, path: Path) -> None:
+    """Remove everything below a local directory except its top-level manifest and `.incomplete` marker.
+
+    Those two are what tell gc the directory is ours (see `discovery._marked`), so a removal killed at any
+    point leaves a directory gc still recognises, never an anonymous half that looks like a user's folder.
+    Symbolic links are unlinked, never followed. Object stores have no such partial state worth ordering.
+    """
+    local = storage.local_path(path)
+    if local is None or os.path.islink(local):
+        return
+    marks = {os.path.join(local, MANIFEST_FILE_NAME), os.path.join(local, INCOMPLETE_MARKER)}
+    for dirpath, dirnames, filenames in os.walk(local, topdown=False):
+        for name in filenames + dirnames:
+            full = os.path.join(dirpath, name)
+            if full in marks:
+                continue
+            if stat.S_ISDIR(os.lstat(full).st_mode):
+                os.rmdir(full)
+            else:
+                os.unlink(full)
+
+
 def apply_retention(
     root: str | os.PathLike[str], policy: RetentionPolicy, storage: Storage | None = None, *, dry_run: bool = False
 ) -> list[CheckpointInfo]:
     """Delete the committed checkpoints under `root` that `policy` does not keep; returns those (to be) deleted."""
     storage = storage or default_storage()
-    doomed = select_for_deletion(list_checkpoints(root, storage), policy)
+    found = list_checkpoints(root, storage)
+    doomed = select_for_deletion(found, policy)
+    if doomed:
+        resume = newest_intact(found, storage)  # only worth its stats when something is to be deleted
+        doomed = select_for_deletion(found, policy, protect=() if resume is None else (resume.path,))
     if dry_run:
         return doomed
     return [c for c in doomed if delete_checkpoint(c.path, storage, expected=c)]
@@ -183,6 +220,11 @@ class GcReport:
 
 def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s: float, now: float) -> str | None:
     """None when `leftover` is garbage; else the reason to keep it."""
+    if not leftover.recognised:
+        return (
+            f"named like a {leftover.kind} directory of ours but holds no {MANIFEST_FILE_NAME} or {INCOMPLETE_MARKER} "
+            f"of ours: not removed (delete it by hand if it is garbage)"
+        )
     if leftover.kind == "incomplete":
         return "incomplete checkpoint at its final name (a store without atomic rename may still be writing it)"
     if leftover.owner_alive:
