@@ -27,7 +27,7 @@ from torch_checkpointing.errors import CommitError, WriterProcessDied
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-CHILD_TIMEOUT = 120
+CHILD_TIMEOUT = 60
 RESULT_TIMEOUT = 120
 
 
@@ -105,6 +105,36 @@ def test_a_symlink_inside_a_checkpoint_is_not_walked(tmp_path: Path) -> None:
     finally:
         manager.close()
     assert _entries(tmp_path) == before and (tree / "keep.txt").read_text() == "mine"
+
+
+def _resave_in_child(target: Path) -> str | None:
+    """Save over `target` in a child process, bounded; return its error ("Type: message") or None."""
+    child = subprocess.run(
+        [sys.executable, "-c", _RESAVE.format(target=str(target))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    error: str | None = json.loads(child.stdout.splitlines()[-1])["error"]
+    return error
+
+
+@pytest.mark.parametrize("where", ["id", "ancestor"])
+def test_a_fifo_as_manifest_does_not_block_the_save(tmp_path: Path, where: str) -> None:
+    # Before: the target check opened it to read it, and save() waited forever for a writer to the FIFO.
+    holder = tmp_path / "ck"
+    holder.mkdir()
+    (holder / "model_0.pt").write_bytes(b"mine")
+    os.mkfifo(holder / "manifest.json")
+    target = holder if where == "id" else holder / "inner"
+    before = _entries(tmp_path)
+    error = _resave_in_child(target)
+    if where == "ancestor":  # not one of our manifests, so not a checkpoint the id would be inside of
+        assert error is None and (target / "manifest.json").is_file(), error
+        return
+    assert error is not None and error.startswith("CommitError") and "manifest.json" in error, error
+    assert _entries(tmp_path) == before
 
 
 # ------------------------------------------------------------------------------------- what the id sits under
@@ -220,3 +250,36 @@ def test_a_directory_created_at_the_id_during_the_commit_is_not_replaced(tmp_pat
         manager.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
     assert (target / "results.csv").read_text() == "not yours" and sorted(os.listdir(target)) == ["results.csv"]
+
+
+# ------------------------------------------------------------------------------------ an id inside a checkpoint
+
+
+@pytest.mark.parametrize("inner", ["inner", "x/../inner", "deep/er/step_1"])
+def test_an_id_inside_a_checkpoint_is_refused(tmp_path: Path, inner: str) -> None:
+    # Before: it was saved into the checkpoint's directory, which then held files its manifest does not list:
+    # the outer checkpoint could no longer be re-saved, and deleting it (retention, gc) took the inner one along.
+    outer = tmp_path / "ck"
+    manager = _manager()
+    try:
+        _save(manager, outer, 1.0)
+        before = _entries(tmp_path)
+        with pytest.raises(CommitError, match=r"inside the checkpoint .*ck"):
+            manager.save(f"{outer}/{inner}", _payload(2.0))
+        assert _entries(tmp_path) == before
+        _save(manager, outer, 3.0)  # still a checkpoint holding only its own files
+        assert _value(manager, outer) == 3.0
+    finally:
+        manager.close()
+
+
+def test_an_id_under_someone_elses_manifest_is_saved(tmp_path: Path) -> None:
+    # A web app's manifest.json is not a checkpoint: saving below it stays allowed.
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "manifest.json").write_text('{"name": "my app"}')
+    manager = _manager()
+    try:
+        _save(manager, tmp_path / "site" / "ck", 1.0)
+        assert _value(manager, tmp_path / "site" / "ck") == 1.0
+    finally:
+        manager.close()

@@ -28,7 +28,13 @@ from pathlib import Path
 
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
 from torch_checkpointing.errors import CheckpointError, CommitError
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest
+from torch_checkpointing.manifest import (
+    INCOMPLETE_MARKER,
+    MANIFEST_FILE_NAME,
+    Manifest,
+    parse_manifest,
+    read_regular_file,
+)
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
@@ -76,9 +82,9 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> None:
             f"Refusing to save to {final}: it is a symbolic link (to {os.readlink(local)!r}). Save to the real "
             f"path, or remove the link first."
         )
+    if local is not None:
+        _check_ancestors(storage, final, local)
     if not storage.exists(path):
-        if local is not None:
-            _check_parents(final, local)
         return
     if not storage.isdir(path):
         raise CommitError(f"Refusing to save to {final}: it is an existing file, not a checkpoint. Choose another id.")
@@ -95,28 +101,67 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> None:
         )
 
 
-def _check_parents(final: str, local: str) -> None:
-    """The directories a save would create must be creatable: no ancestor may be a file or a dangling link."""
+def _check_ancestors(storage: Storage, final: str, local: str) -> None:
+    """Refuse an id the save cannot create (under a file or a dangling link) or one inside a checkpoint of ours.
+
+    Saved inside another checkpoint, the new one would be files that checkpoint does not list: it could no
+    longer be replaced, and deleting it (retention, gc) would take the inner one along.
+    """
     ancestor = os.path.dirname(os.path.abspath(local))
-    while not os.path.isdir(ancestor):
-        if os.path.islink(ancestor):
+    while True:
+        if os.path.isdir(ancestor):
+            if _is_checkpoint(storage, os.path.join(ancestor, MANIFEST_FILE_NAME)):
+                raise CommitError(
+                    f"Refusing to save to {final}: it is inside the checkpoint {ancestor}, which would then hold "
+                    f"files its manifest does not list. Save beside it (e.g. {ancestor}_{os.path.basename(local)})."
+                )
+        elif os.path.islink(ancestor):
             raise CommitError(
                 f"Refusing to save to {final}: {ancestor} is a symbolic link to {os.readlink(ancestor)!r}, which "
                 f"does not exist. Create the directory it points to, or remove the link."
             )
-        if os.path.lexists(ancestor):
+        elif os.path.lexists(ancestor):
             raise CommitError(
                 f"Refusing to save to {final}: {ancestor} is an existing file, not a directory, so the checkpoint "
                 f"cannot be created under it. Choose another id."
             )
-        ancestor = os.path.dirname(ancestor)
+        parent = os.path.dirname(ancestor)
+        if parent == ancestor:
+            return
+        ancestor = parent
+
+
+def _is_checkpoint(storage: Storage, manifest_path: str) -> bool:
+    """Whether this file is one of our manifests (a web app's manifest.json is not)."""
+    if not os.path.isfile(manifest_path):
+        return False
+    try:
+        _read_manifest(storage, Path(manifest_path))
+    except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _read_manifest(storage: Storage, path: Path) -> Manifest:
+    """Parse a manifest found at a target; a local one is opened without blocking or following a link.
+
+    (A FIFO named manifest.json made the check wait forever for a writer; a huge file is refused unread.)
+    """
+    local = storage.local_path(path)
+    if local is None:
+        return Manifest.from_json(storage.read(path).decode("utf-8"))
+    fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return parse_manifest(read_regular_file(fd, path), str(path))
+    finally:
+        os.close(fd)
 
 
 def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrite: bool) -> None:
     """An existing checkpoint of ours: replaceable only if allowed, atomic, and holding nothing else."""
     try:
-        manifest = Manifest.from_json(storage.read(Path(final) / MANIFEST_FILE_NAME).decode("utf-8"))
-    except (CheckpointError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        manifest = _read_manifest(storage, Path(final) / MANIFEST_FILE_NAME)
+    except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise CommitError(
             f"Refusing to save to {final}: its {MANIFEST_FILE_NAME} is not a torch_checkpointing manifest ({exc}). "
             f"Choose another id."
