@@ -10,6 +10,10 @@ from real processes, real signals and real resource limits. Subprocesses run thi
   lifts the limit and saves again.
 * ``overwrite-loop`` / ``load-loop``: one process saves two payloads in turn to one id, another loads it.
 * ``load-many``: loads checkpoints in threads, reporting a load still blocked after a bound (FIFO clause).
+
+A save over a committed id is never wrapped in a blanket ``except``: whether the backend replaced the id,
+refused (and with what error) or was killed with the save in flight is returned, so a backend that refuses
+to replace a checkpoint is reported as *not measured* on those clauses instead of holding them by construction.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import json
 import os
 import resource
+import select
 import signal
 import subprocess
 import sys
@@ -30,7 +35,7 @@ from typing import Any
 import torch
 
 from conformance import backend
-from conformance.helpers import Where, read_bytes, save, storage_config, write_bytes
+from conformance.helpers import WRITE_TIMEOUT_S, Where, location, read_bytes, save, storage_config, write_bytes
 
 SUBPROCESS_TIMEOUT_S = 180.0
 # The payloads: every item in a different format, values that tell OLD and NEW apart everywhere.
@@ -189,62 +194,125 @@ def _fork_session(fn: Callable[[], None]) -> int:
     return pid
 
 
-def _save_child(path: str, version: int, mode: str, ready_w: int | None) -> Callable[[], None]:
+# What a saving child tells the killing process through its pipe.
+_READY, _REPLACED, _REFUSED = b"r", b"d", b"e"
+
+
+def _save_child(case: Where, mode: str, signal_w: int) -> Callable[[], None]:
+    """Warm up, then save NEW over the committed id ``case/ck``; report ready, then replaced or refused."""
+
     def run() -> None:
         m = manager(mode)
         try:
-            save(m, Path(path).parent / f"warm-{os.getpid()}", payload(9, numel=16))
-            if ready_w is not None:
-                os.write(ready_w, b"x")
-            # Over the committed id (a backend may refuse to replace a checkpoint: then the fresh id is the save).
-            with contextlib.suppress(Exception):
-                save(m, path, payload(version))
-            save(m, Path(path).with_name("fresh"), payload(version))
+            save(m, case / f"warm-{os.getpid()}", payload(9, numel=16))
+            os.write(signal_w, _READY)
+            try:
+                save(m, case / "ck", payload(2))
+            except Exception as exc:  # reported to the killing process, which judges it
+                os.write(signal_w, _REFUSED + _error(exc).encode())
+                return
+            os.write(signal_w, _REPLACED)
         finally:
             m.close()
 
     return run
 
 
-def _timed_save(path: str, version: int, mode: str, kill_after: float | None) -> dict[str, Any]:
-    """Fork a saving child; ``kill_after`` seconds after it is warm, kill it and its descendants."""
+def _error(exc: BaseException, limit: int = 500) -> str:
+    return f"{type(exc).__name__}: {exc}"[:limit]
+
+
+def _read_to_eof(fd: int, bound_s: float = SUBPROCESS_TIMEOUT_S) -> bytes:
+    """Everything left in the pipe once every writer closed it (bounded: a stray holder must not hang us)."""
+    out, deadline = b"", time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _overwrite_outcome(message: bytes, killed: bool) -> dict[str, Any]:
+    """What became of the save over the committed id: replaced, refused (with the error), in flight or died."""
+    if message.startswith(_REPLACED):
+        return {"overwrite": "replaced"}
+    if message.startswith(_REFUSED):
+        return {"overwrite": "refused", "error": message[1:].decode(errors="replace")}
+    return {"overwrite": "in flight" if killed else "died"}
+
+
+def _timed_save(case: Where, mode: str, kill_after: float | None) -> dict[str, Any]:
+    """Fork a child saving over ``case/ck``; ``kill_after`` seconds after it is warm, kill it and its descendants.
+
+    Without a kill, ``elapsed`` is how long the save over the id took (the instants are fractions of it).
+    """
     r, w = os.pipe()
-    pid = _fork_session(_save_child(path, version, mode, w))
+    pid = _fork_session(_save_child(case, mode, w))
     os.close(w)
-    os.read(r, 1)  # the writer (if any) is up: the instant is measured from the save() call
-    os.close(r)
-    start = time.monotonic()
-    if kill_after is not None:
-        time.sleep(kill_after)
-        kill_tree(pid)
+    try:
+        if os.read(r, 1) != _READY:  # the writer (if any) is up: the instant is measured from the save() call
+            os.waitpid(pid, 0)
+            raise RuntimeError(f"the saving child for {case} died before its save over the committed id")
+        start = time.monotonic()
+        if kill_after is None:
+            message = os.read(r, 1)  # the save over the id returned or raised (or the child died)
+            elapsed = time.monotonic() - start
+        else:
+            time.sleep(kill_after)
+            kill_tree(pid)
+            message, elapsed = b"", kill_after
+        _, status = os.waitpid(pid, 0)
+        message += _read_to_eof(r)
+    finally:
+        os.close(r)
+    return {"elapsed": elapsed, "status": status, **_overwrite_outcome(message, kill_after is not None)}
+
+
+def _mkdir(where: Where) -> Where:
+    """A local case directory is made (a backend need not make an id's parents); a store has no directories."""
+    if isinstance(where, Path):
+        where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+def _committed_case(case: Where) -> Where:
+    """``case/earlier`` (version 0) and ``case/ck`` (version 1) committed by a child process."""
+    pid = _fork_session(lambda: _commit_old(_mkdir(case)))
     _, status = os.waitpid(pid, 0)
-    return {"elapsed": time.monotonic() - start, "status": status}
+    if status != 0:
+        raise RuntimeError(f"committing the old checkpoint failed in {case}")
+    return case
+
+
+def _instants(full_s: float, n: int) -> list[float]:
+    """``n`` instants spread over a save of ``full_s`` seconds, and one after it."""
+    return [full_s * (i + 0.5) / n for i in range(n)] + [full_s * 1.5]
 
 
 def kill_series(args: dict[str, Any]) -> dict[str, Any]:
-    """Per case dir: commit OLD (the id and an earlier id), then save NEW over the id and kill it at an instant."""
-    root, mode, n = Path(args["root"]), args["mode"], int(args["instants"])
-    calib = root / "calibration"
-    calib.mkdir(parents=True, exist_ok=True)
-    full = _timed_save(str(calib / "ck"), 2, mode, None)["elapsed"]
-    delays = [full * (i + 0.5) / n for i in range(n)] + [full * 1.5]
-    for i, delay in enumerate(delays):
-        case = root / f"case{i}"
-        case.mkdir()
-        pid = _fork_session(lambda case=case: _commit_old(case))
-        _, status = os.waitpid(pid, 0)
-        if status != 0:
-            raise RuntimeError(f"committing the old checkpoint failed in {case}")
-        _timed_save(str(case / "ck"), 2, mode, delay)
-    return {"full_save_s": full, "delays": delays}
+    """Per case: commit OLD (the id and an earlier id), then save NEW over the id and kill it at an instant.
+
+    The instants are fractions of an uninterrupted calibration run of the same save. When that run's save
+    over the committed id did not replace it (refused, or the child died), no case is run: there would be no
+    overwrite in flight to kill. Each case records whether its save over the id was still in flight when killed.
+    """
+    root, mode, n = location(args["root"]), args["mode"], int(args["instants"])
+    calibration = _timed_save(_committed_case(root / "calibration"), mode, None)
+    if calibration["overwrite"] != "replaced":
+        return {"calibration": calibration, "delays": [], "at_kill": []}
+    delays = _instants(calibration["elapsed"], n)
+    at_kill = [_timed_save(_committed_case(root / f"case{i}"), mode, d)["overwrite"] for i, d in enumerate(delays)]
+    return {"calibration": calibration, "delays": delays, "at_kill": at_kill}
 
 
-def _launch_child(case: Path) -> Callable[[], None]:
+def _launch_child(control: Path, case: Where) -> Callable[[], None]:
     def run() -> None:
         from conformance import durability_programs
         from simulator.launcher import launch
 
-        launch(durability_programs.save_for_kill, 2, args=(str(case),), timeout=SUBPROCESS_TIMEOUT_S)
+        launch(durability_programs.save_for_kill, 2, args=(str(control), str(case)), timeout=SUBPROCESS_TIMEOUT_S)
 
     return run
 
@@ -259,30 +327,49 @@ def _wait_file(path: Path, pid: int, bound_s: float = SUBPROCESS_TIMEOUT_S) -> b
     return True
 
 
+def ranks_overwrite(control: Path, world: int = 2) -> dict[str, Any]:
+    """What the ranks' save over the committed id became, from their stamps in ``control``."""
+    refused = {r: (control / f"refused-{r}").read_text() for r in range(world) if (control / f"refused-{r}").exists()}
+    if refused:
+        return {"overwrite": "refused", "error": "; ".join(f"rank {r}: {e}" for r, e in sorted(refused.items()))}
+    if all((control / f"replaced-{r}").exists() for r in range(world)):
+        return {"overwrite": "replaced"}
+    return {"overwrite": "in flight"}
+
+
 def kill_series_ranks(args: dict[str, Any]) -> dict[str, Any]:
-    """2 ranks through simulator.launcher: kill the launcher, both ranks and their children at each instant."""
-    root, n = Path(args["root"]), int(args["instants"])
-    calib = root / "calibration"
-    calib.mkdir(parents=True)
-    pid = _fork_session(_launch_child(calib))
+    """2 ranks through simulator.launcher: kill the launcher, both ranks and their children at each instant.
+
+    The ranks keep their checkpoints under ``root`` (any storage) and their time stamps under ``control``
+    (the local disk this process polls). As :func:`kill_series`, nothing is killed unless the uninterrupted
+    calibration run replaced the committed id.
+    """
+    root, control, n = location(args["root"]), Path(args["control"]), int(args["instants"])
+    stamps = _mkdir(control / "calibration")
+    pid = _fork_session(_launch_child(stamps, _mkdir(root / "calibration")))
     _, status = os.waitpid(pid, 0)
-    if status != 0 or not (calib / "done").exists():
+    if status != 0 or not (stamps / "done").exists():
         raise RuntimeError("the uninterrupted 2-rank save failed")
-    full = float((calib / "done").read_text()) - float((calib / "ready").read_text())
-    delays = [full * (i + 0.5) / n for i in range(n)] + [full * 1.5]
+    calibration = ranks_overwrite(stamps)
+    if calibration["overwrite"] != "replaced":
+        return {"calibration": calibration, "delays": [], "at_kill": []}
+    replaced = max(float((stamps / f"replaced-{r}").read_text()) for r in range(2))
+    delays = _instants(replaced - float((stamps / "ready").read_text()), n)
+    at_kill = []
     for i, delay in enumerate(delays):
-        case = root / f"case{i}"
-        case.mkdir()
-        pid = _fork_session(_launch_child(case))
-        if _wait_file(case / "ready", pid):
-            time.sleep(max(0.0, float((case / "ready").read_text()) + delay - time.time()))
+        stamps = _mkdir(control / f"case{i}")
+        pid = _fork_session(_launch_child(stamps, _mkdir(root / f"case{i}")))
+        started = _wait_file(stamps / "ready", pid)
+        if started:
+            time.sleep(max(0.0, float((stamps / "ready").read_text()) + delay - time.time()))
         kill_tree(pid)
-        with contextlib.suppress(ChildProcessError):
+        with contextlib.suppress(ChildProcessError):  # already reaped by _wait_file
             os.waitpid(pid, 0)
-    return {"full_save_s": full, "delays": delays}
+        at_kill.append(ranks_overwrite(stamps)["overwrite"] if started else "not started")
+    return {"calibration": calibration, "delays": delays, "at_kill": at_kill}
 
 
-def _commit_old(case: Path) -> None:
+def _commit_old(case: Where) -> None:
     m = manager("sync")
     try:
         save(m, case / "earlier", payload(0))
@@ -291,19 +378,39 @@ def _commit_old(case: Path) -> None:
         m.close()
 
 
+def overwrite_probe(m: Any, probe: Where) -> dict[str, Any]:
+    """Whether ``m`` replaces a committed checkpoint: commit OLD (1) at ``probe``, save NEW (2) over it, load it.
+
+    The premise of every clause that saves over a committed id under a fault: a backend that refuses to
+    replace a checkpoint (``overwrite`` 'refused', with the ``error`` it raised) holds such a clause by
+    construction, and one whose save returns without replacing the id (``after`` not 'new') fails silently.
+    """
+    save(m, probe, payload(1))
+    error = save_error(m, probe, payload(2))
+    outcome = {"overwrite": "refused", "error": error} if error else {"overwrite": "replaced"}
+    return {**outcome, "after": classify(probe, {"old": 1, "new": 2})}
+
+
 def fsize(args: dict[str, Any]) -> dict[str, Any]:
-    """For each limit, in its own directory: :func:`fsize_case`. One process for all, to keep the profile fast."""
-    root, mode = Path(args["root"]), args["mode"]
-    out = {}
-    for limit in args["limits"]:
-        case = root / f"limit{limit}"
-        case.mkdir()
-        out[str(limit)] = fsize_case(case, int(limit), mode)
-    return out
+    """For each limit, in its own directory: :func:`fsize_case`. One process for all, to keep the profile fast.
+
+    ``overwrite`` is :func:`overwrite_probe` without a limit: the premise of the part saved over a committed id.
+    """
+    root, mode = location(args["root"]), args["mode"]
+    m = manager(mode)
+    try:
+        probe = overwrite_probe(m, _mkdir(root / "probe") / "ck")
+    finally:
+        m.close()
+    limits = {str(limit): fsize_case(_mkdir(root / f"limit{limit}"), int(limit), mode) for limit in args["limits"]}
+    return {"overwrite": probe, "limits": limits}
 
 
-def fsize_case(root: Path, limit: int, mode: str) -> dict[str, Any]:
-    """Save NEW over a committed OLD under a file-size limit; then lift it and save again with a new manager."""
+def fsize_case(root: Where, limit: int, mode: str) -> dict[str, Any]:
+    """Save NEW over a committed OLD under a file-size limit; then lift it and save again with a new manager.
+
+    Each error is returned for the test to judge: the saves under the limit must raise, the next one must not.
+    """
     m = manager("sync")
     try:
         save(m, root / "ck", payload(1))
@@ -311,50 +418,56 @@ def fsize_case(root: Path, limit: int, mode: str) -> dict[str, Any]:
         m.close()
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    error = None
     m = manager(mode)
     try:
-        try:  # a fresh id first: a backend that refuses to replace a checkpoint still has to write this one
-            save(m, root / "fresh", payload(2))
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"[:500]
-        with contextlib.suppress(Exception):  # over the committed id: raising is expected, damage is not
-            save(m, root / "ck", payload(2))
+        error = save_error(m, root / "fresh", payload(2))
+        over_error = save_error(m, root / "ck", payload(2))
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # closing a manager whose write failed may repeat the failure
             m.close()
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    after = None
     m = manager(mode)
     try:
-        save(m, root / "next", payload(3))
-    except Exception as exc:
-        after = f"{type(exc).__name__}: {exc}"[:500]
+        after = save_error(m, root / "next", payload(3))
     finally:
         with contextlib.suppress(Exception):
             m.close()
-    return {"error": error, "next_error": after}
+    return {"error": error, "over_error": over_error, "next_error": after}
+
+
+def save_error(m: Any, path: Where, value: Mapping[str, Any], timeout: float = WRITE_TIMEOUT_S) -> str | None:
+    """The error the save raised (from save() or its Future), or None when it returned normally."""
+    try:
+        save(m, path, value, timeout=timeout)
+    except Exception as exc:
+        return _error(exc)
+    return None
 
 
 def overwrite_loop(args: dict[str, Any]) -> dict[str, Any]:
-    """Save versions 1 and 2 in turn to one id until the stop file appears (or a deadline)."""
-    path, stop, deadline = Path(args["path"]), Path(args["stop"]), time.monotonic() + float(args["max_s"])
+    """Save versions 2 and 1 in turn over a committed id until the stop file appears (or a deadline).
+
+    After the first save (version 2 over the committed 1) the id is loaded here: ``first`` says whether that
+    save replaced it, so a backend that returns without replacing does not hold the clause by construction.
+    """
+    path, stop, deadline = location(args["path"]), Path(args["stop"]), time.monotonic() + float(args["max_s"])
     m = manager(args.get("mode", "sync"))
-    saves, refused = 0, None
+    saves, refused, first = 0, None, None
     try:
         while not stop.exists() and time.monotonic() < deadline:
             try:
-                save(m, path, payload(1 + saves % 2))
+                save(m, path, payload(2 - saves % 2))
             except Exception as exc:
-                refused = f"{type(exc).__name__}: {exc}"[:300]
+                refused = _error(exc, 300)
                 break
             saves += 1
             if saves == 1:  # the loading side starts its window now, not while this process imports torch
+                first = classify(path, {"old": 1, "new": 2})
                 stop.with_name("saving").touch()
     finally:
         stop.with_name("saving").touch()  # also when refused: the loading side must not wait for nothing
         m.close()
-    return {"saves": saves, "refused": refused}
+    return {"saves": saves, "refused": refused, "first": first}
 
 
 def load_loop(args: dict[str, Any]) -> dict[str, Any]:

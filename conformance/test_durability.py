@@ -12,7 +12,7 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from conformance.helpers import (
 clause = pytest.mark.clause
 local_only = pytest.mark.local_only
 pytestmark = pytest.mark.durability
+NOT_MEASURED = "not measured: "
 INSTANTS = 10
 FSIZE_LIMITS = (0, 100, 4096, 200_000)  # bytes: every file, the JSON item's, the tensors' (256 KiB each)
 
@@ -57,9 +58,17 @@ Damage = Callable[[Where, str], None]  # (the file in the copy, its path relativ
 
 
 def _each_file(src: Where, root: Where, damage: Damage) -> Iterator[tuple[str, Where]]:
-    """For every file of ``src``: a fresh copy of the checkpoint (under ``root``) with that one file damaged."""
+    """For every file of ``src``: a fresh copy of the checkpoint (under ``root``) with that one file damaged.
+
+    First an undamaged copy must load exactly as saved: were it refused (a backend may not take a copied
+    checkpoint, or may not load at all), every damaged copy would "raise" and the clause hold by construction.
+    """
     names = sorted(files(src))
     assert names, f"no files found under {src}: nothing to damage"  # a listing that saw nothing must not pass
+    copy_tree(src, root / "undamaged")
+    control = faults.classify(root / "undamaged", {"right": 1})
+    if control != "right":
+        pytest.skip(f"{NOT_MEASURED}an undamaged copy of the checkpoint loads as {control!r}, so damage shows nothing")
     for i, rel in enumerate(names):
         dst = root / f"damaged{i}"
         copy_tree(src, dst)
@@ -76,54 +85,72 @@ def _right_or_raises(src: Where, tmp: Where, damage: Damage) -> None:
     assert not wrong, f"damaged file -> load returned wrong data instead of raising: {wrong}"
 
 
+# --------------------------------------------------------------- premise: saving over a committed id
+def _overwrites(outcome: Mapping[str, Any], after: str, what: str) -> None:
+    """Skip as not measured unless the uninterrupted save over a committed id replaced it.
+
+    ``outcome`` is the harness's record of that save (``overwrite``: replaced, refused with ``error``, died),
+    ``after`` what the id then loaded. A refusal leaves ``what`` (the part of the clause that saves over the
+    id) not measured; a save that returned without replacing the id fails: it failed silently.
+    """
+    if outcome["overwrite"] == "refused":
+        pytest.skip(
+            f"{NOT_MEASURED}the backend refuses to replace a committed checkpoint ({outcome['error']}), "
+            f"so {what} is not measured"
+        )
+    assert outcome["overwrite"] == "replaced", f"the uninterrupted save over a committed id: {outcome}"
+    assert after == "new", f"an uninterrupted save over a committed id returned, but the id then loads {after!r}"
+
+
+def _in_flight(at_kill: list[str]) -> None:
+    if "in flight" not in at_kill:
+        pytest.skip(f"{NOT_MEASURED}no kill instant fell inside the save over the committed id ({at_kill})")
+
+
 # --------------------------------------------------------------- killed saves
-_KILL_LOCAL = local_only(
-    "the kill harness (faults.py) forks savers that keep their checkpoints beside the timing files it polls on "
-    "the local disk, and saves a second payload over a committed id, which an object store refuses by design "
-    "(docs/storage.md); kills during uploads to S3 are the engine's own tests (tests/test_s3_checkpoints.py)"
-)
-
-
 @pytest.mark.parametrize(
     "mode", [pytest.param("sync", marks=clause("DUR-KILL-1")), pytest.param("async", marks=clause("DUR-KILL-2"))]
 )
-@_KILL_LOCAL
-def test_killed_save_leaves_old_or_new(tmp_path: Path, mode: str) -> None:
-    out = faults.run_json("kill-series", {"root": str(tmp_path), "mode": mode, "instants": INSTANTS})
+def test_killed_save_leaves_old_or_new(ckpt_root: Where, mode: str) -> None:
+    out = faults.run_json("kill-series", {"root": str(ckpt_root), "mode": mode, "instants": INSTANTS})
     assert not out.get("timeout"), "the kill series did not finish"
+    calibration = out["calibration"]
+    _overwrites(calibration, faults.classify(ckpt_root / "calibration" / "ck", {"old": 1, "new": 2}), "a kill over it")
     bad = {}
-    for i, delay in enumerate(out["delays"]):
-        case = tmp_path / f"case{i}"
+    for i, (delay, at_kill) in enumerate(zip(out["delays"], out["at_kill"], strict=True)):
+        case = ckpt_root / f"case{i}"
         got = faults.classify(case / "ck", {"old": 1, "new": 2})
-        fresh = faults.classify(case / "fresh", {"new": 2})
         earlier = faults.classify(case / "earlier", {"intact": 0})
-        if got not in ("old", "new", "raised") or fresh not in ("new", "raised") or earlier != "intact":
-            bad[f"kill at {delay:.3f}s"] = {"id": got, "fresh id": fresh, "earlier checkpoint": earlier}
-    assert not bad, f"save of {out['full_save_s']:.3f}s killed ({mode}): {bad}"
+        if got not in ("old", "new", "raised") or earlier != "intact":
+            bad[f"kill at {delay:.3f}s ({at_kill})"] = {"id": got, "earlier checkpoint": earlier}
+    assert not bad, f"save over the id of {calibration['elapsed']:.3f}s killed ({mode}): {bad}"
+    _in_flight(out["at_kill"])
 
 
 @pytest.mark.multirank
 @clause("DUR-KILL-3")
-@_KILL_LOCAL
-def test_killed_two_rank_save_leaves_old_or_new(tmp_path: Path) -> None:
+def test_killed_two_rank_save_leaves_old_or_new(ckpt_root: Where, tmp_path: Path) -> None:
     from conformance import durability_programs
     from simulator.launcher import launch
 
-    out = faults.run_json("kill-series-ranks", {"root": str(tmp_path), "instants": INSTANTS}, timeout=400.0)
+    args = {"root": str(ckpt_root), "control": str(tmp_path / "stamps"), "instants": INSTANTS}
+    out = faults.run_json("kill-series-ranks", args, timeout=400.0)
     assert not out.get("timeout"), "the 2-rank kill series did not finish"
-    cases = [str(tmp_path / f"case{i}") for i in range(len(out["delays"]))]
-    per_rank = launch(durability_programs.classify_cases, 2, args=(cases,), timeout=180.0)
+    calibration = str(ckpt_root / "calibration")
+    cases = [str(ckpt_root / f"case{i}") for i in range(len(out["delays"]))]
+    if out["calibration"]["overwrite"] != "replaced":  # nothing was killed: skip (refused) or fail (died)
+        _overwrites(out["calibration"], "not loaded", "a kill over it")
+    per_rank = launch(durability_programs.classify_cases, 2, args=([calibration, *cases],), timeout=180.0)
+    for seen in per_rank:
+        _overwrites(out["calibration"], seen[calibration]["id"], "a kill over it")
     bad = {}
     for rank, seen in enumerate(per_rank):
-        for case, delay in zip(cases, out["delays"], strict=True):
+        for case, delay, at_kill in zip(cases, out["delays"], out["at_kill"], strict=True):
             got = seen[case]
-            if (
-                got["id"] not in ("old", "new", "raised")
-                or got["fresh"] not in ("new", "raised")
-                or got["earlier"] != "intact"
-            ):
-                bad[f"rank {rank}, kill at {delay:.3f}s"] = got
-    assert not bad, f"2-rank save of {out['full_save_s']:.3f}s killed: {bad}"
+            if got["id"] not in ("old", "new", "raised") or got["earlier"] != "intact":
+                bad[f"rank {rank}, kill at {delay:.3f}s ({at_kill})"] = got
+    assert not bad, f"2-rank save over the id killed: {bad}"
+    _in_flight(out["at_kill"])
 
 
 # --------------------------------------------------------------- failing storage
@@ -138,10 +165,11 @@ def test_disk_full_fails_cleanly(tmp_path: Path, mode: str) -> None:
     out = faults.run_json("fsize", {"root": str(tmp_path), "limits": list(limits), "mode": mode})
     assert not out.get("timeout"), "a save under a file-size limit hung"
     bad = {}
-    for limit, got in out.items():
+    for limit, got in out["limits"].items():
         case = tmp_path / f"limit{limit}"
         problems = [
             "raised nothing" if not got["error"] else "",
+            "the save over the committed checkpoint raised nothing" if not got["over_error"] else "",
             "the committed checkpoint changed" if faults.classify(case / "ck", {"old": 1}) != "old" else "",
             "a checkpoint was committed" if faults.classify(case / "fresh", {"new": 2}) != "raised" else "",
             f"the next save failed: {got['next_error']}" if got["next_error"] else "",
@@ -150,6 +178,7 @@ def test_disk_full_fails_cleanly(tmp_path: Path, mode: str) -> None:
         if any(problems):
             bad[f"RLIMIT_FSIZE={limit}"] = [p for p in problems if p]
     assert not bad, f"{mode} saves on a full disk: {bad}"
+    _overwrites(out["overwrite"], out["overwrite"]["after"], "a full disk during a save over a committed id")
 
 
 # --------------------------------------------------------------- one rank fails
@@ -161,10 +190,12 @@ def test_one_rank_raising_fails_every_rank(ckpt_root: Where) -> None:
 
     results = launch(durability_programs.one_rank_raises, 2, args=(str(ckpt_root),), timeout=120.0)
     limit = durability_programs.RANK_TIMEOUT_S + 10
-    slow_or_silent = [r for r in results if r["error"] is None or r["elapsed"] > limit]
-    assert not slow_or_silent, f"ranks that did not raise within {limit}s: {slow_or_silent}"
+    slow_or_silent = [r for r in results if r["error"] is None or r["elapsed"] > limit or r["over_error"] is None]
+    assert not slow_or_silent, f"ranks whose failing saves did not both raise (within {limit}s): {slow_or_silent}"
     changed = [r for r in results if r["after"] != "old" or r["fresh"] != "raised"]
     assert not changed, f"after the failed save: the earlier id changed or the failed one was committed: {changed}"
+    for r in results:
+        _overwrites(r["overwrite"], r["overwrite"]["after"], f"a failing save over a committed id (rank {r['rank']})")
 
 
 # --------------------------------------------------------------- corruption after commit
@@ -321,12 +352,8 @@ def test_names_in_metadata_are_never_imported(
 
 # --------------------------------------------------------------- concurrent overwrite
 @clause("DUR-CONC-1")
-@local_only(
-    "the clause loads while another process saves over a committed id; an object store refuses that overwrite "
-    "by design (docs/storage.md), so there is no overwrite to load during"
-)
-def test_load_during_overwrite_is_one_whole_checkpoint(tmp_path: Path) -> None:
-    ck, stop = tmp_path / "ck", tmp_path / "stop"
+def test_load_during_overwrite_is_one_whole_checkpoint(ckpt_root: Where, tmp_path: Path) -> None:
+    ck, stop = ckpt_root / "ck", tmp_path / "stop"  # the id on the storage under test; the suite's signals locally
     _commit(ck, 1)
     result: dict[str, Any] = {}
     saver = threading.Thread(
@@ -342,16 +369,24 @@ def test_load_during_overwrite_is_one_whole_checkpoint(tmp_path: Path) -> None:
     finally:
         stop.touch()
         saver.join(90.0)
-    if result.get("refused") and result.get("saves", 0) < 2:
-        pytest.skip(f"not measured: the backend refuses to replace a checkpoint ({result['refused']})")
-    assert result.get("saves", 0) >= 2, f"the overwriting process did not save twice: {result}"
     seen = loads.get("seen", {})
     assert not {"WRONG", "CRASHED"} & set(seen), f"loads during overwrites returned a mix or crashed: {seen}"
+    if result.get("refused") and result.get("saves", 0) < 2:
+        _overwrites({"overwrite": "refused", "error": result["refused"]}, "", "a load during an overwrite")
+    assert result.get("saves", 0) >= 2, f"the overwriting process did not save twice: {result}"
+    _overwrites({"overwrite": "replaced"}, result["first"], "a load during an overwrite")
 
 
 # --------------------------------------------------------------- foreign ids
 def _snapshot(root: Where) -> dict[str, bytes]:
     return {rel: read_bytes(root / rel) for rel in files(root)}
+
+
+def _saves(m: Any, control: Where) -> None:
+    """Skip as not measured unless ``m`` saves to a fresh id: one that raises on every save "refuses" anything."""
+    error = faults.save_error(m, control, faults.payload(1))
+    if error:
+        pytest.skip(f"{NOT_MEASURED}a save to a fresh id raised too ({error}), so a refusal shows nothing")
 
 
 @clause("SAFE-ID-1")
@@ -362,6 +397,7 @@ def test_save_over_an_unrelated_directory_is_refused(ckpt_root: Where) -> None:
     before = _snapshot(user)
     m = faults.manager("sync")
     try:
+        _saves(m, ckpt_root / "control")
         with pytest.raises(Exception):
             save(m, user, faults.payload(1))
     finally:
@@ -379,6 +415,7 @@ def test_save_over_a_file_is_refused(tmp_path: Path) -> None:
     target.write_text("not a checkpoint\n")
     m = faults.manager("sync")
     try:
+        _saves(m, tmp_path / "control")
         with pytest.raises(Exception):
             save(m, target, faults.payload(1))
     finally:
