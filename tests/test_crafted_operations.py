@@ -465,3 +465,20 @@ def test_crafted_manifests_with_huge_steps_and_deep_nesting_do_not_break_listing
     code, doc = _json(capsys, ["ls", str(run)])
     assert code == 0
     assert [c["name"] for c in doc["checkpoints"]] == ["step_1", "step_2", "step_3", "huge_step"]
+
+
+@pytest.mark.parametrize("age", ["nan", "-1"])
+def test_gc_refuses_an_age_threshold_that_would_collect_every_unowned_temporary(tmp_path: Path, age: str) -> None:
+    """NaN compares false with every age, so `--older-than nan` removed a temporary written a second ago whose
+    owner cannot be checked on this host (a save running on another node)."""
+    temporary = tmp_path / ".step_1.tmp-0badc0de-1"
+    temporary.mkdir()
+    (temporary / ".incomplete").write_bytes(b"")
+    with pytest.raises(SystemExit) as exc:
+        main(["gc", str(tmp_path), "--older-than", age])
+    assert exc.value.code == 2 and temporary.is_dir()
+    with pytest.raises(ValueError, match="unowned_after_s"):
+        collect_garbage(tmp_path, unowned_after_s=float(age))
+    with pytest.raises(ValueError, match="unowned_after_s"):
+        RetentionPolicy(keep_last=1, unowned_after_s=float(age))
+    assert temporary.is_dir()

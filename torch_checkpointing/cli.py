@@ -36,7 +36,13 @@ from torch_checkpointing.distributed_metadata import DistributedMetadata, read_d
 from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
-from torch_checkpointing.retention import DEFAULT_UNOWNED_AGE_S, RetentionPolicy, apply_retention, collect_garbage
+from torch_checkpointing.retention import (
+    DEFAULT_UNOWNED_AGE_S,
+    RetentionPolicy,
+    apply_retention,
+    check_age,
+    collect_garbage,
+)
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 from torch_checkpointing.traversal import flatten
 
@@ -628,10 +634,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _seconds(text: str) -> float:
+    try:
+        return check_age(float(text), "--older-than")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _older_than(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--older-than",
-        type=float,
+        type=_seconds,
         default=DEFAULT_UNOWNED_AGE_S,
         metavar="SECONDS",
         help="temporaries whose owner cannot be checked on this host count as dead once this old (default 1 day)",

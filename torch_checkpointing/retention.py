@@ -39,6 +39,7 @@ __all__ = [
     "RetentionPolicy",
     "RetentionRunner",
     "apply_retention",
+    "check_age",
     "collect_garbage",
     "delete_checkpoint",
     "select_for_deletion",
@@ -79,10 +80,19 @@ class RetentionPolicy:
             raise ValueError("RetentionPolicy.keep_best needs metric= (the name passed in save(..., metrics={...}))")
         if self.mode not in ("min", "max"):
             raise ValueError(f"RetentionPolicy.mode must be 'min' or 'max', got {self.mode!r}")
+        check_age(self.unowned_after_s, "RetentionPolicy.unowned_after_s")
 
     @property
     def active(self) -> bool:
         return any(v is not None for v in (self.keep_last, self.keep_every_n_steps, self.keep_best))
+
+
+def check_age(value: float, name: str) -> float:
+    """An age threshold in seconds: NaN compares false with every age, so it would make every temporary whose
+    owner cannot be checked 'old enough' at once; a negative one is a typo for the same."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
+    return float(value)
 
 
 def select_for_deletion(
@@ -247,6 +257,7 @@ def collect_garbage(
     unowned_after_s: float = DEFAULT_UNOWNED_AGE_S,
 ) -> GcReport:
     """Remove what dead saves, replacements and deletions left under `root`; never a live writer's temporary."""
+    check_age(unowned_after_s, "unowned_after_s")
     storage = storage or default_storage()
     base, now = Path(root), time.time()
     report = GcReport()
