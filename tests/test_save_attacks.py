@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,5 +282,53 @@ def test_an_id_under_someone_elses_manifest_is_saved(tmp_path: Path) -> None:
     try:
         _save(manager, tmp_path / "site" / "ck", 1.0)
         assert _value(manager, tmp_path / "site" / "ck") == 1.0
+    finally:
+        manager.close()
+
+
+# ----------------------------------------------------------------------- writer SIGKILLed at many instants
+
+
+def _big(tag: float, numel: int = 1 << 20) -> dict[str, Any]:
+    return {"model": {"w": torch.full((numel,), tag)}, "optim": {"m": torch.full((numel,), tag + 0.5)}}
+
+
+def _whole(manager: CheckpointManager, path: Path, numel: int = 1 << 20) -> float:
+    """The tag of the checkpoint at `path`, asserting that every value in it carries that same tag."""
+    out = manager.load(str(path), into={"model": {"w": torch.zeros(numel)}, "optim": {"m": torch.zeros(numel)}})
+    tag = float(out["model"]["w"][0])
+    assert torch.equal(out["model"]["w"], torch.full((numel,), tag)), "a mix inside model"
+    assert torch.equal(out["optim"]["m"], torch.full((numel,), tag + 0.5)), "model and optim from different saves"
+    return tag
+
+
+def test_a_writer_killed_at_any_instant_leaves_old_or_new_and_nothing_else(tmp_path: Path) -> None:
+    # Before: each kill before the commit left a `.ck.tmp-*` directory beside the id.
+    runs, target = tmp_path / "runs", tmp_path / "runs" / "ck"
+    manager = _manager("async")
+    try:
+        manager.save(str(target), _big(0.0)).result(timeout=RESULT_TIMEOUT)
+        started = time.monotonic()
+        manager.save(str(target), _big(1.0)).result(timeout=RESULT_TIMEOUT)
+        full_s = time.monotonic() - started
+        for i in range(8):
+            tag = float(i + 2)
+            deadline = time.monotonic() + CHILD_TIMEOUT
+            while manager.writer_pid is None and time.monotonic() < deadline:
+                time.sleep(0.02)  # the writer killed last round is restarting
+            writer = manager.writer_pid
+            future = manager.save(str(target), _big(tag))
+            time.sleep(full_s * i / 6)
+            _kill(writer)
+            try:
+                future.result(timeout=RESULT_TIMEOUT)
+                committed = True
+            except WriterProcessDied:
+                committed = False
+            seen = _whole(manager, target)
+            assert seen == tag if committed else seen in (tag, tag - 1), (i, seen, committed)
+            assert sorted(p.name for p in runs.iterdir()) == ["ck"], i
+            if seen != tag:  # the next round replaces the checkpoint the failed one left in place
+                manager.save(str(target), _big(tag)).result(timeout=RESULT_TIMEOUT)
     finally:
         manager.close()
