@@ -174,7 +174,7 @@ class CheckpointLoader:
                 )
                 report.missing.extend(missing)
             else:
-                self._precheck_reshard(ctx, plan)
+                report.missing.extend(self._precheck_reshard(ctx, plan))
         if strict:
             _refuse_if_incomplete(ctx.root, report)
         return plans, report
@@ -186,14 +186,15 @@ class CheckpointLoader:
     ) -> dict[str, Any]:
         result: dict[str, Any] = {}
         unhandled: list[CheckpointPath] = []
+        known = set(report.missing)  # a planned job's unfillable paths were found by the check phase
         for plan in plans:
             if isinstance(plan, _Direct):
                 result[plan.item.key], _ = walk_checkpoint_structure(
                     item_key=plan.item.key, source=plan.value, target=plan.item.value, unexpected=[]
                 )
                 continue
-            failed = self._reshard(ctx, plan)
-            unhandled.extend(CheckpointPath(plan.item.key, tuple(p)) for p in failed)
+            failed = (CheckpointPath(plan.item.key, tuple(p)) for p in self._reshard(ctx, plan))
+            unhandled.extend(p for p in failed if p not in known)
             result[plan.item.key] = plan.item.value
         report.missing.extend(unhandled)
         if strict and unhandled:
@@ -308,11 +309,14 @@ class CheckpointLoader:
         layouts = (plan.source.get_layout(r, plan.item.key) for r in ranks)
         return sorted({checked_relative_path(layout.file_path, where) for layout in layouts})
 
-    def _precheck_reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> None:
+    def _precheck_reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> list[CheckpointPath]:
+        """Phase 1 for a planned job: raise what its copy would raise; returns the paths it cannot fill (so a
+        strict load refuses before the first copy)."""
         from torch_checkpointing.dtensor_resharder import check_reshard_job
 
-        if plan.job is not None:
-            check_reshard_job(plan.job, ctx.storage_view())
+        if plan.job is None:
+            return []
+        return [CheckpointPath(plan.item.key, tuple(p)) for p in check_reshard_job(plan.job, ctx.storage_view())]
 
     def _reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> list[NestedPath]:
         """Phase 2 for one resharded item: the checked job where it stands in for `load`, else the `load` call."""

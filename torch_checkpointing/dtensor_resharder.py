@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -30,8 +30,17 @@ from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchE
 from torch_checkpointing.resharding import LoadPlan, Resharder, ReshardingInfo
 from torch_checkpointing.source_reader import ReadStats, SourceFile, SourceTensor, open_source_file
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.traversal import dotted_key, get_path, is_dtensor, iter_leaves, local_tensor
+from torch_checkpointing.traversal import (
+    any_leaf,
+    children,
+    dotted_key,
+    get_path,
+    is_dtensor,
+    iter_leaves,
+    local_tensor,
+)
 from torch_checkpointing.types import NestedPath
+from torch_checkpointing.walk_utils import MISSING, walk_checkpoint_structure
 
 __all__ = [
     "DTensorResharder",
@@ -514,11 +523,16 @@ class ReshardJob:
     source_path: Path
     item_key: str
     rank: int
+    # The target's entries that hold no tensor (an optimizer's param_groups, counters): not sharded, so the
+    # same on every rank, and restored whole from one source rank's file: the first one the plans read.
+    values: tuple[NestedPath, ...] = ()
+    values_rank: int | None = None
 
     @property
     def source_ranks(self) -> list[int]:
-        """The source ranks whose files the plans read."""
-        return sorted({p.src_rank for plans in self.info.nested_path_to_load_plans.values() for p in plans})
+        """The source ranks whose files the job reads."""
+        ranks = {p.src_rank for plans in self.info.nested_path_to_load_plans.values() for p in plans}
+        return sorted(ranks if self.values_rank is None else {*ranks, self.values_rank})
 
 
 def plan_reshard_job(
@@ -530,18 +544,84 @@ def plan_reshard_job(
     target: Any,
 ) -> ReshardJob:
     """Plan filling `target` (rank `rank`'s templates of one item) from the checkpoint at `source_path`."""
+    info, values = plan_resharding(target_metadata, source_metadata, rank), tuple(_value_entries(target))
+    planned = sorted({p.src_rank for plans in info.nested_path_to_load_plans.values() for p in plans})
+    ranks = planned or sorted(source_metadata.rank_to_layout_info)  # a rank that reads no block: any file
     return ReshardJob(
-        info=plan_resharding(target_metadata, source_metadata, rank),
+        info=info,
         target=target,
         target_metadata=target_metadata,
         source_metadata=source_metadata,
         source_path=Path(source_path),
         item_key=item_key,
         rank=rank,
+        values=values,
+        values_rank=ranks[0] if values and ranks else None,
     )
 
 
-def _collect_copies(job: ReshardJob, storage: Storage, stats: ReadStats) -> tuple[list[_Copy], list[NestedPath]]:
+def _value_entries(node: Any, path: NestedPath = ()) -> Iterator[NestedPath]:
+    """The entries of `node`'s containers that hold no tensor, outermost first (a tensor-free dict is one)."""
+    for key, child in children(node):
+        here = (*path, key)
+        if not any_leaf(child, _is_tensor):
+            yield here
+        else:
+            yield from _value_entries(child, here)
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+@dataclass
+class _Collected:
+    """What a job will do, every piece checked: the block copies, the non-tensor values, the paths it cannot fill."""
+
+    copies: list[_Copy]
+    values: list[tuple[NestedPath, Any]]
+    failed: list[NestedPath]
+
+
+def _collect(job: ReshardJob, storage: Storage, stats: ReadStats) -> _Collected:
+    """Everything a load will write into the target, checked before anything is: the block copies (target
+    shapes, source tensors and bounds) and the non-tensor values (present, tensor-free, of the template's types)."""
+    opened: dict[int, SourceFile] = {}
+
+    def source_of(src_rank: int) -> SourceFile:
+        if src_rank not in opened:
+            file_path = job.source_metadata.get_file_path(src_rank, job.source_path, job.item_key)
+            fmt = job.source_metadata.get_layout(src_rank, job.item_key).serialization_format
+            opened[src_rank] = open_source_file(storage, file_path, fmt, stats)
+        return opened[src_rank]
+
+    copies, failed = _collect_copies(job, source_of)
+    values: list[tuple[NestedPath, Any]] = []
+    if job.values_rank is not None:
+        values, unfilled = _collect_values(job, source_of(job.values_rank))
+        failed.extend(unfilled)
+    return _Collected(copies, values, failed)
+
+
+def _collect_values(job: ReshardJob, source: SourceFile) -> tuple[list[tuple[NestedPath, Any]], list[NestedPath]]:
+    """Each tensor-free entry of the target with the saved value that replaces it, type-checked (a dry run of
+    the merge); entries the source lacks, holds tensors at, or that sit in an immutable container are unfilled."""
+    values: list[tuple[NestedPath, Any]] = []
+    unfilled: list[NestedPath] = []
+    for path in job.values:
+        saved, parent = source.entry(path), get_path(job.target, path[:-1])
+        if saved is MISSING or any_leaf(saved, _is_tensor) or not isinstance(parent, (MutableMapping, list)):
+            unfilled.append(path)
+            continue
+        _, missing = walk_checkpoint_structure(
+            item_key=job.item_key, source=saved, target=get_path(job.target, path), dry_run=True, at=path
+        )
+        unfilled.extend(tuple(m.nested_path) for m in missing)
+        values.append((path, saved))
+    return values, unfilled
+
+
+def _collect_copies(job: ReshardJob, source_of: Callable[[int], SourceFile]) -> tuple[list[_Copy], list[NestedPath]]:
     """Every block copy a load will make, checked (target shapes, source tensors and bounds) before any is made."""
     info, target, target_metadata, source_metadata = job.info, job.target, job.target_metadata, job.source_metadata
     source_path, item_key, rank = job.source_path, job.item_key, job.rank
@@ -564,8 +644,7 @@ def _collect_copies(job: ReshardJob, storage: Storage, stats: ReadStats) -> tupl
     copies: list[_Copy] = []
     for src_rank in sorted(by_rank):
         file_path = source_metadata.get_file_path(src_rank, source_path, item_key)
-        fmt = source_metadata.get_layout(src_rank, item_key).serialization_format
-        source: SourceFile = open_source_file(storage, file_path, fmt, stats)
+        source = source_of(src_rank)
         for path, plan in by_rank[src_rank]:
             tensor = source.tensor(path)
             if tensor is None:
@@ -595,24 +674,31 @@ def _execute_plans(job: ReshardJob, storage: Storage, stats: ReadStats) -> list[
 
     Every block is located and checked first, so a refused load has copied nothing.
     """
-    copies, failed = _collect_copies(job, storage, stats)
-    for path, index, tensor, plan in copies:
+    collected = _collect(job, storage, stats)
+    for path, index, tensor, plan in collected.copies:
         block = tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
         local = _local_of(get_path(job.target, path))
         assert local is not None
         local[index].copy_(block)
-    return failed
+    for path, saved in collected.values:
+        merged, _ = walk_checkpoint_structure(
+            item_key=job.item_key, source=saved, target=get_path(job.target, path), at=path
+        )
+        get_path(job.target, path[:-1])[path[-1]] = merged
+    return collected.failed
 
 
-def check_reshard_job(job: ReshardJob, storage: Storage) -> None:
-    """Raise what running `job` would raise, without copying anything (a load's check phase).
+def check_reshard_job(job: ReshardJob, storage: Storage) -> list[NestedPath]:
+    """Raise what running `job` would raise, without copying anything (a load's check phase); returns the
+    paths it cannot fill.
 
     Every planned source block is checked against the recorded block checksums here, so a damaged block is
     found before the first copy into any target (the copy phase then reads blocks already checked).
     """
-    copies, _ = _collect_copies(job, storage, ReadStats())
-    for _, _, tensor, plan in copies:
+    collected = _collect(job, storage, ReadStats())
+    for _, _, tensor, plan in collected.copies:
         tensor.check_block(plan.src_offsets, plan.src_sizes)
+    return collected.failed
 
 
 def planned_job_runner(resharder: Resharder) -> DTensorResharder | None:

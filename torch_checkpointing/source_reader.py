@@ -33,6 +33,7 @@ from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvis
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, flatten, get_path, local_tensor
 from torch_checkpointing.types import NestedPath
+from torch_checkpointing.walk_utils import MISSING
 
 logger = logging.getLogger("torch_checkpointing.source_reader")
 __all__ = [
@@ -159,6 +160,11 @@ class SourceFile(ABC):
     def keys(self) -> list[str]:
         """Dotted keys of every tensor in the file."""
 
+    def entry(self, path: NestedPath) -> Any:
+        """The saved value at `path` (any value, tensors included), or `MISSING`; formats that hold tensors
+        only have no other values, so by default every path is missing."""
+        return MISSING
+
 
 class _EmptySourceFile(SourceFile):
     """JSON and raw files hold no tensors: every path reads as absent."""
@@ -187,6 +193,9 @@ class _TorchSourceFile(SourceFile):
 
     def keys(self) -> list[str]:
         return list(_tensors(self._value))
+
+    def entry(self, path: NestedPath) -> Any:
+        return get_path(self._value, path, MISSING)
 
 
 def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:

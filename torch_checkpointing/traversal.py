@@ -109,19 +109,19 @@ def flatten(value: Any, keep: Callable[[Any], bool] | None = None) -> dict[str, 
     return {dotted_key(path): local_tensor(leaf) for path, leaf in iter_leaves(value) if keep is None or keep(leaf)}
 
 
-def get_path(value: Any, path: NestedPath) -> Any:
-    """The value at `path`, or None where a component is absent (a missing key, an index out of range, a
+def get_path(value: Any, path: NestedPath, default: Any = None) -> Any:
+    """The value at `path`, or `default` where a component is absent (a missing key, an index out of range, a
     non-int index into a list, a path running through a leaf)."""
     node = value
     for comp in path:
         if isinstance(node, Mapping):
             if comp not in node:
-                return None
+                return default
             node = node[comp]
         elif isinstance(node, _SEQUENCES) and isinstance(comp, int) and -len(node) <= comp < len(node):
             node = node[comp]
         else:
-            return None
+            return default
     return node
 
 

@@ -64,16 +64,18 @@ def walk_checkpoint_structure(
     leaf_fn: LeafFn | None = None,
     dry_run: bool = False,
     unexpected: list[CheckpointPath] | None = None,
+    at: NestedPath = (),
 ) -> tuple[Any, list[CheckpointPath]]:
     """Merge `source` into `target`; returns the merged value and the template paths the source lacked.
 
     Entries the source holds and the template lacks are kept (added to mutable templates) and recorded in
     `unexpected`. `dry_run=True` checks every shape, dtype and type and records missing/unexpected paths
-    without copying or changing anything, so a load can refuse before its first `copy_()`.
+    without copying or changing anything, so a load can refuse before its first `copy_()`. `at` is where
+    `source` and `target` sit in the item (for paths in reports and errors).
     """
     missing: list[CheckpointPath] = []
     walker = _Walker(item_key, missing, unexpected if unexpected is not None else [], leaf_fn, dry_run)
-    merged = walker.merge((), source, target)
+    merged = walker.merge(tuple(at), source, target)
     return merged, missing
 
 
