@@ -332,3 +332,23 @@ def test_a_writer_killed_at_any_instant_leaves_old_or_new_and_nothing_else(tmp_p
                 manager.save(str(target), _big(tag)).result(timeout=RESULT_TIMEOUT)
     finally:
         manager.close()
+
+
+# ------------------------------------------------------------------------------------------ a long final name
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("length", [240, 255])
+def test_an_id_with_a_long_name_is_saved_and_replaced(tmp_path: Path, mode: str, length: int) -> None:
+    # Before: any name over 230 bytes (legal up to 255) failed with ENAMETOOLONG on the temporary name the
+    # engine derives from it, a path the caller never chose.
+    target = tmp_path / ("é" * (length // 2) + "s" * (length % 2))  # 2-byte characters: a cut must not split one
+    assert len(target.name.encode()) == length
+    manager = _manager(mode)
+    try:
+        _save(manager, target, 1.0)
+        _save(manager, target, 2.0)
+        assert _value(manager, target) == 2.0
+    finally:
+        manager.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]

@@ -53,6 +53,7 @@ logger = logging.getLogger("torch_checkpointing.commit")
 # Files the engine itself writes at a checkpoint's root; an item may not claim them.
 RESERVED_FILE_NAMES = frozenset({MANIFEST_FILE_NAME, METADATA_FILE_NAME, INCOMPLETE_MARKER})
 _SHOWN = 8  # how many unexpected entries a refusal lists
+_NAME_MAX = 255  # bytes in one path component on Linux filesystems
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,17 @@ class CommitTarget:
 
 
 def temporary_name(final: str, uid: str, seq: int) -> str:
-    """The hidden sibling a rename-mode save writes into (`.step_5.tmp-<uid>-<seq>`)."""
+    """The hidden sibling a rename-mode save writes into (`.step_5.tmp-<uid>-<seq>`).
+
+    The name part is shortened to keep the whole within NAME_MAX: an id's own name may use all 255 bytes,
+    and its temporary name must not then fail with ENAMETOOLONG. `<uid>-<seq>` keeps it unique.
+    """
     path = Path(final)
-    return str(path.parent / f".{path.name}.tmp-{uid}-{seq}")
+    suffix = f".tmp-{uid}-{seq}"
+    room = _NAME_MAX - 1 - len(suffix)
+    raw = os.fsencode(path.name)
+    name = path.name if len(raw) <= room else raw[:room].decode("utf-8", errors="ignore")
+    return str(path.parent / f".{name}{suffix}")
 
 
 # ------------------------------------------------------------------------------------- what may be replaced
