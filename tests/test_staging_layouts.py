@@ -8,6 +8,7 @@ synchronously. They are now copied on their own and travel to the writer by valu
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -83,3 +84,25 @@ def test_dense_tensors_still_travel_through_the_slab() -> None:
         assert isinstance(refs["odd"], TensorBytes) and _same(refs["odd"].tensor(), ODD["quantized"]())
     finally:
         stager.close()
+
+
+@pytest.mark.parametrize("kind", sorted(ODD))
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_safetensors_refuses_what_it_cannot_store_naming_the_key(tmp_path: Path, kind: str, mode: str) -> None:
+    """safetensors holds dense tensors only: a ValueError naming the key and the fix, not torch's internals."""
+    from torch_checkpointing import ItemSpec
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+
+    config = CheckpointManager.Config.with_sync_save() if mode == "sync" else CheckpointManager.Config.with_async_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.items = {"model": ItemSpec(layout=LayoutInfo("model.safetensors", SafetensorsSerialization()))}
+    manager = CheckpointManager(config)
+    try:
+        with pytest.raises(ValueError, match=r"dense tensors only.*'model\.layer\.odd'.*TorchSerialization"):
+            future = manager.save(str(tmp_path / "ck"), {"model": {"layer": {"odd": ODD[kind]()}}})
+            if future is not None:
+                future.result(timeout=120)
+        assert not (tmp_path / "ck").exists()
+    finally:
+        with contextlib.suppress(Exception):
+            manager.close()

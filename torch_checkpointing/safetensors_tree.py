@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.staging import tensor_for_write
+from torch_checkpointing.staging import fits_slab, tensor_for_write
 from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, join_key
 from torch_checkpointing.walk_utils import MISSING
 
@@ -26,7 +26,14 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
                 f"'{join_key(item_key, name) if name else item_key}' "
                 f"has type '{type(value).__name__}'. Use TorchSerialization or JsonSerialization for non-tensor data."
             )
-        value = tensor_for_write(value).contiguous()
+        value = tensor_for_write(value)
+        if not fits_slab(value):  # a safetensors file holds dense tensors: a dtype, a shape and the bytes
+            raise ValueError(
+                f"SafetensorsSerialization stores dense tensors only, but key "
+                f"'{join_key(item_key, name) if name else item_key}' holds a {_kind(value)} tensor. Use "
+                f"TorchSerialization for it, or convert it first (.to_dense(), .dequantize(), ...)."
+            )
+        value = value.contiguous()
         if value.device.type != "cpu":
             value = value.cpu()
         storage_id = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
@@ -40,6 +47,14 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
             )
         flat[name] = value
     return flat
+
+
+def _kind(t: torch.Tensor) -> str:
+    if t.device.type == "meta":
+        return "meta"
+    if t.is_quantized:
+        return "quantized"
+    return "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
 
 
 def unflatten_to_target(flat: Mapping[str, Any], target: Any) -> Any:
