@@ -33,7 +33,6 @@ from pathlib import Path
 import pytest
 
 from tests.docs_snippets import ROOT, Block, blocks, documents
-from tests.s3_server import s3_server  # noqa: F401 - the session fixture, started only for `s3` blocks
 
 RUN = {"python"}
 COMMANDS = {"bash", "sh", "shell"}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.s3_server import S3Server, s3_server  # noqa: F401  (s3_server is a fixture)
+from tests.s3_server import S3Server
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig, LocalFileSystemStorageConfig
 from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import checkpoint_info
