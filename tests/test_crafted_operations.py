@@ -482,3 +482,23 @@ def test_gc_refuses_an_age_threshold_that_would_collect_every_unowned_temporary(
     with pytest.raises(ValueError, match="unowned_after_s"):
         RetentionPolicy(keep_last=1, unowned_after_s=float(age))
     assert temporary.is_dir()
+
+
+def test_a_file_passed_where_a_directory_belongs_is_named_as_a_file(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Passing a checkpoint's file said "no such directory", which sends the user looking for a missing path."""
+    f = str(run / "step_1" / "model_0.pt")
+    for argv in (
+        ["inspect", f],
+        ["diff", f, f],
+        ["ls", f],
+        ["gc", f],
+        ["prune", f, "--keep-last", "1"],
+        ["export", f, "--item", "model", "--to", "hf", str(tmp_path / "out")],
+    ):
+        code, doc = _json(capsys, argv)
+        assert code == 2 and "is a file, not a directory: pass" in doc["error"], (argv, doc)
+    code, doc = _json(capsys, ["verify", f])
+    assert code == 1 and "is a file, not a directory" in doc["error"]
+    assert not (tmp_path / "out").exists()

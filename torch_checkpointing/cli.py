@@ -31,6 +31,7 @@ from torch_checkpointing.discovery import (
     committed_manifest,
     default_storage,
     list_checkpoints,
+    require_directory,
 )
 from torch_checkpointing.distributed_metadata import DistributedMetadata, read_distributed_metadata
 from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
@@ -49,6 +50,7 @@ from torch_checkpointing.traversal import flatten
 __all__ = ["main"]
 
 EXIT_OK, EXIT_NO, EXIT_ERROR = 0, 1, 2
+_ROOT = "the directory that holds the checkpoints (a run's root)"
 _CHUNK = 8 << 20
 
 
@@ -186,8 +188,7 @@ def _info(storage: Storage, path: str) -> CheckpointInfo:
 
 def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     root = args.root
-    if not storage.isdir(Path(root)):
-        raise FileNotFoundError(f"{root}: no such directory")
+    require_directory(storage, Path(root), _ROOT)
     found = list_checkpoints(root, storage)
     gc = collect_garbage(root, storage, dry_run=True, unowned_after_s=args.older_than)
     verdicts = [(lo, "removable by gc") for lo in gc.removed] + [(lo, f"kept: {why}") for lo, why in gc.kept]
@@ -378,7 +379,7 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         committed_manifest(storage, root)  # the precise reason a directory is not a checkpoint
         ctx = _open(storage, root, verify=False)
         manifest = ctx.__enter__().manifest
-    except (CheckpointError, RuntimeError, FileNotFoundError) as exc:
+    except (CheckpointError, RuntimeError, FileNotFoundError, NotADirectoryError) as exc:
         ui.emit_json({"checkpoint": str(root), "ok": False, "error": str(exc), "files": []})
         ui.line(f"FAILED: {exc}")
         return EXIT_NO
@@ -508,8 +509,7 @@ def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
 
 
 def cmd_gc(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
-    if not storage.isdir(Path(args.root)):
-        raise FileNotFoundError(f"{args.root}: no such directory")
+    require_directory(storage, Path(args.root), _ROOT)
     report = collect_garbage(args.root, storage, dry_run=args.dry_run, unowned_after_s=args.older_than)
     ui.emit_json(
         {
@@ -541,8 +541,7 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     )
     if not policy.active:
         raise ValueError("prune needs at least one of --keep-last, --keep-every-n-steps, --keep-best")
-    if not storage.isdir(Path(args.root)):
-        raise FileNotFoundError(f"{args.root}: no such directory")
+    require_directory(storage, Path(args.root), _ROOT)
     doomed = apply_retention(args.root, policy, storage, dry_run=args.dry_run)
     ui.emit_json({"root": args.root, "dry_run": args.dry_run, "deleted": [c.to_dict() for c in doomed]})
     verb = "would delete" if args.dry_run else "deleted"

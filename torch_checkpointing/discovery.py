@@ -40,6 +40,7 @@ __all__ = [
     "list_checkpoints",
     "list_leftovers",
     "newest_intact",
+    "require_directory",
     "self_describing_layouts",
 ]
 
@@ -124,11 +125,20 @@ def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
         return None
 
 
+def require_directory(storage: Storage, path: Path, what: str) -> None:
+    """Raise unless `path` is a directory: FileNotFoundError when nothing is there, NotADirectoryError (naming
+    what was expected) when it is a file, so a user who passed a checkpoint's file learns what to pass."""
+    if storage.isdir(path):
+        return
+    if storage.exists(path):
+        raise NotADirectoryError(f"{path} is a file, not a directory: pass {what}")
+    raise FileNotFoundError(f"{path}: no such directory")
+
+
 def committed_manifest(storage: Storage, path: Path) -> Manifest:
     """The manifest of the committed checkpoint at `path`, for a caller that needs one: a missing directory is
     a FileNotFoundError, a directory without a manifest an `IncompleteCheckpointError`, both naming `path`."""
-    if not storage.isdir(path):
-        raise FileNotFoundError(f"{path}: no such directory")
+    require_directory(storage, path, "a checkpoint directory (the one that holds manifest.json)")
     manifest = read_manifest(storage, path)
     if manifest is None:
         raise IncompleteCheckpointError(f"{path}: no {MANIFEST_FILE_NAME}: not a checkpoint")
