@@ -502,3 +502,18 @@ def test_a_file_passed_where_a_directory_belongs_is_named_as_a_file(
     code, doc = _json(capsys, ["verify", f])
     assert code == 1 and "is a file, not a directory" in doc["error"]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_manifest_is_skipped_with_a_warning_and_a_foreign_one_quietly(
+    run: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A truncated manifest of ours made its checkpoint vanish from `ls` and "latest" with a DEBUG line only."""
+    raw = (run / "step_3" / "manifest.json").read_bytes()
+    (run / "step_3" / "manifest.json").write_bytes(raw[: len(raw) // 2])
+    (run / "other_tool").mkdir()
+    (run / "other_tool" / "manifest.json").write_text(json.dumps({"kind": "webpack", "files": []}))
+    with caplog.at_level(logging.DEBUG, logger="torch_checkpointing"):
+        latest = latest_checkpoint(run)
+    assert latest is not None and latest.name == "step_2"
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "step_3" in warned[0] and "not valid JSON" in warned[0], warned

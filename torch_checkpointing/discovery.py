@@ -56,6 +56,9 @@ TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>\d+)-(?P<nonce>[0-9a-f]+)
 
 LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete"]
 
+# How `parse_manifest` words a manifest.json that is valid JSON but not ours (another tool's file).
+_FOREIGN_MANIFEST = "is not a torch_checkpointing manifest"
+
 # The latest datetime can show (9999-12-31); a commit time past it, or not finite, is a crafted manifest.
 _MAX_COMMIT_TIME = 253402300799.0
 
@@ -115,14 +118,24 @@ def _step_from_name(name: str) -> int | None:
 
 
 def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
-    """The manifest of a committed checkpoint, else None (incomplete, unreadable, or not ours: all skipped)."""
+    """The manifest of a committed checkpoint, else None (incomplete, unreadable, or not ours: all skipped).
+
+    A save in flight (the `.incomplete` marker) and somebody else's `manifest.json` are skipped quietly; a
+    manifest of ours that cannot be read (truncated, a symlink, a FIFO, a field out of range) is a damaged
+    checkpoint that silently dropped out of every listing and "latest": it is skipped with a WARNING.
+    """
     if not storage.exists(path / MANIFEST_FILE_NAME):
         return None
     try:
         return read_manifest(storage, path)
-    except RuntimeError as exc:
+    except IncompleteCheckpointError as exc:
         logger.debug("Skipping %s: %s", path, exc)
-        return None
+    except RuntimeError as exc:
+        if _FOREIGN_MANIFEST in str(exc):
+            logger.debug("Skipping %s: %s", path, exc)
+        else:
+            logger.warning("Skipping %s, a damaged checkpoint: %s", path, exc)
+    return None
 
 
 def require_directory(storage: Storage, path: Path, what: str) -> None:
