@@ -352,3 +352,28 @@ def test_an_id_with_a_long_name_is_saved_and_replaced(tmp_path: Path, mode: str,
     finally:
         manager.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+# -------------------------------------------------------------------------- a relative id after os.chdir()
+
+
+def test_a_relative_id_after_chdir_is_saved_where_the_caller_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the writer process kept the directory it was started in, so after the script's os.chdir() an async
+    # save of "ck" reported success, wrote <old cwd>/ck, and load("ck") then said the checkpoint does not exist.
+    started_in, moved_to = tmp_path / "started_in", tmp_path / "moved_to"
+    started_in.mkdir()
+    moved_to.mkdir()
+    monkeypatch.chdir(started_in)
+    manager = _manager("async")
+    try:
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        while manager.writer_pid is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # the writer is up, in started_in
+        os.chdir(moved_to)
+        manager.save("ck", _payload(1.0)).result(timeout=RESULT_TIMEOUT)
+        assert _value(manager, Path("ck")) == 1.0
+    finally:
+        manager.close()
+    assert sorted(os.listdir(moved_to)) == ["ck"] and os.listdir(started_in) == []

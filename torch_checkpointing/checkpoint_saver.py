@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import Any
 
 from torch_checkpointing.checkpoint_process import CheckpointProcess
@@ -28,6 +29,7 @@ from torch_checkpointing.lock import RWLock, RWLockMode
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 __all__ = ["AsyncCheckpointSaver", "CheckpointSaver", "SavePlan", "SyncCheckpointSaver", "WriteFuture"]
 
@@ -163,6 +165,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     def save(self, plan: SavePlan) -> Future[Any]:
         """Returns once staging has started (or finished, without async staging); the Future ends with the commit."""
+        plan = self._absolute(plan)
         self._wait_previous()
         self._staging_lock.acquire(RWLockMode.WRITE, self._timeout)
         try:
@@ -181,6 +184,16 @@ class AsyncCheckpointSaver(CheckpointSaver):
         blocked_s = time.monotonic() - plan.started
         self._comm.submit(lambda: self._write(plan, staged, write, blocked_s))
         return write
+
+    def _absolute(self, plan: SavePlan) -> SavePlan:
+        """A local id as the caller means it now: the writer process keeps the working directory it started in.
+
+        A relative id saved after the script's os.chdir() was otherwise written under the old directory, and the
+        caller's load of the same id found nothing.
+        """
+        if not isinstance(self._storage_config, LocalFileSystemStorageConfig):
+            return plan  # an object store's relative id is a key under its url, not a path
+        return replace(plan, checkpoint_dir=os.path.abspath(plan.checkpoint_dir), tmp_dir=os.path.abspath(plan.tmp_dir))
 
     def _stage(self, payload: dict[str, Any]) -> dict[str, Any]:
         try:
