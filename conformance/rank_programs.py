@@ -46,9 +46,14 @@ Obs = dict[str, str]
 _PHASE_START = [0]  # index into backend.ADAPTED where the running phase began
 
 
+class PremiseNotMet(Exception):
+    """A check's control failed (the backend cannot do what the check's claim builds on): not measured."""
+
+
 def _outcome(exc: BaseException) -> str:
-    """The observation for a raised exception: a missing name is 'not run', anything else a failure."""
-    if isinstance(exc, backend.MissingName):
+    """The observation for a raised exception: a missing name or an unmet premise is 'not run', anything else
+    a failure."""
+    if isinstance(exc, (backend.MissingName, PremiseNotMet)):
         return f"NOT RUN: {exc}"
     tail = "".join(traceback.format_exception(exc)[-3:])
     return f"FAIL: {type(exc).__name__}: {exc}"[:1500] + f"\n{tail[-1500:]}"
@@ -532,6 +537,11 @@ def _custom_and_direct(root: Where, obs: Obs) -> None:
     def into_needed() -> None:
         m2 = _manager({"model": spec(resharder=_resharder())})
         try:
+            try:  # the control: with a live target the same load works, so a refusal below is about into=
+                live = {"w": _zeros_dt((7, 4), init_device_mesh("cpu", (1,)), [Replicate()])}
+                m2.load(str(root / "reshard"), into={"model": live})
+            except Exception as exc:
+                raise PremiseNotMet(f"needs a resharding load with a live target to work ({exc!r})"[:500]) from exc
             try:
                 out = m2.load(str(root / "reshard"), into={"model": None})
             except Exception:

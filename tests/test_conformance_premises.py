@@ -138,6 +138,15 @@ def test_damage_shows_nothing_on_a_backend_that_loads_nothing(tmp_path: Path) ->
     assert all("an undamaged copy of the checkpoint loads as 'raised'" in result["reasons"][c] for c in DAMAGE_CLAUSES)
 
 
+def test_a_refused_load_without_target_shows_nothing_on_a_backend_that_loads_nothing(tmp_path: Path) -> None:
+    # RESHARD-INTO-1 counted any exception from a load without a live target as the refusal it asks for.
+    result, out = _run_clauses(
+        tmp_path, ["conformance/test_multirank.py::test_reshard_needs_live_target"], ["--backend", NEVER_LOADS]
+    )
+    assert _statuses(result, ["RESHARD-INTO-1"]) == {"RESHARD-INTO-1": "not measured"}, out[-6000:]
+    assert "needs a resharding load with a live target to work" in result["reasons"]["RESHARD-INTO-1"]
+
+
 def test_a_refused_foreign_id_shows_nothing_on_a_backend_that_saves_nothing(tmp_path: Path) -> None:
     result, out = _run_clauses(tmp_path, FOREIGN_IDS, ["--backend", NEVER_SAVES])
     clauses = ["SAFE-ID-1", "SAFE-ID-2"]
