@@ -37,9 +37,8 @@ def test_golden_sets_are_present() -> None:
 
 @pytest.mark.parametrize(("writer", "case"), _params())
 @pytest.mark.local_only(
-    "the golden checkpoints are files committed to this repository and loaded where they lie; an object store "
-    "would load an upload of them, and the other writers' files carry no commit file, which a store without "
-    "rename requires (docs/storage.md)"
+    "the golden checkpoints are files committed to this repository, loaded where they lie (on the local disk); "
+    "under a storage URL the suite would load an upload of them, which is no longer the other writers' bytes"
 )
 def test_golden_loads_bit_exact(manager_factory: Factory, writer: str, case: Case) -> None:
     ckpt = GOLDEN_DIR / writer / case.name

@@ -59,8 +59,8 @@ def golden_dtensor_dirs() -> list[str]:
 
 
 _GOLDEN_LOCAL = pytest.mark.local_only(
-    "the golden DTensor checkpoints are files committed to this repository and loaded where they lie; other "
-    "writers' files carry no commit file, which a store without rename requires (docs/storage.md)"
+    "the golden DTensor checkpoints are files committed to this repository, loaded where they lie (on the local "
+    "disk); under a storage URL the suite would load an upload of them, which is no longer the other writers' bytes"
 )
 
 
