@@ -23,12 +23,12 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 pytestmark = pytest.mark.multirank
 
 
-def _manager() -> CheckpointManager:
+def _manager(timeout_s: float | None = None) -> CheckpointManager:
+    save = CheckpointManager.Config.with_sync_save().save
+    if timeout_s is not None:
+        save.wait_timeout_secs = timeout_s
     return CheckpointManager(
-        CheckpointManager.Config(
-            save=CheckpointManager.Config.with_sync_save().save,
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-        )
+        CheckpointManager.Config(save=save, storage_config=LocalFileSystemStorageConfig(use_direct_io=False))
     )
 
 
@@ -74,9 +74,15 @@ def scenarios(root: str) -> dict[str, Any]:
         out["resumed_from"] = resumed
         out["different_ids"] = _outcome(manager, str(base / ("step1" if rank == 0 else "other")))
         out["afterwards"] = _outcome(manager, str(base / "step1"))
-        return out
     finally:
         manager.close()
+    alone = _manager(timeout_s=5)  # rank 0 loads, rank 1 never does: bounded, and named
+    try:
+        out["alone"] = _outcome(alone, str(base / "step1")) if rank == 0 else None
+        dist.barrier()
+    finally:
+        alone.close()
+    return out
 
 
 def test_a_load_goes_on_on_every_rank_or_on_none(tmp_path: Path) -> None:
@@ -90,3 +96,6 @@ def test_a_load_goes_on_on_every_rank_or_on_none(tmp_path: Path) -> None:
         assert different["result"] == "CheckpointError" and different["untouched"], (rank, different)
         assert "step1" in different["message"] and "other" in different["message"], (rank, different)
         assert report["afterwards"] == {"result": "ok", "w": 100.0 + rank}, (rank, report)
+    alone = reports[0]["alone"]
+    assert alone["result"] == "CheckpointError" and alone["untouched"], alone
+    assert "rank 0: lost contact" in alone["message"], alone
