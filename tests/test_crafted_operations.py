@@ -517,3 +517,23 @@ def test_a_damaged_manifest_is_skipped_with_a_warning_and_a_foreign_one_quietly(
     assert latest is not None and latest.name == "step_2"
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1 and "step_3" in warned[0] and "not valid JSON" in warned[0], warned
+
+
+@pytest.mark.parametrize("at_the_name", ["empty_folder", "symlink_to_the_copy", "incomplete"])
+def test_a_replaced_copy_is_kept_unless_a_committed_checkpoint_took_its_name(run: Path, at_the_name: str) -> None:
+    """`.old_{id}_{pid}` was removed whenever anything existed at the id: an empty folder, a link (to the copy
+    itself), or a save that never finished; the copy set aside was then the only one, and it was deleted."""
+    aside = run / f".old_step_3_{_dead_pid()}"
+    os.rename(run / "step_3", aside)
+    name = run / "step_3"
+    if at_the_name == "empty_folder":
+        name.mkdir()
+    elif at_the_name == "symlink_to_the_copy":
+        name.symlink_to(aside.name)
+    else:
+        shutil.copytree(aside, name)
+        (name / ".incomplete").write_bytes(b"")
+    report = collect_garbage(run, unowned_after_s=0)
+    assert report.removed == [] and aside.is_dir()
+    reasons = [why for lo, why in report.kept if lo.path == str(aside)]
+    assert reasons and "only copy" in reasons[0], report.kept

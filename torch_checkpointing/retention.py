@@ -239,14 +239,23 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
         return "incomplete checkpoint at its final name (a store without atomic rename may still be writing it)"
     if leftover.owner_alive:
         return "its owner is alive"
-    if leftover.kind == "replaced" and not storage.exists(root / leftover.checkpoint_name):
-        return f"the only copy of {leftover.checkpoint_name} (its replacement never landed)"
+    if leftover.kind == "replaced" and not _committed(storage, root / leftover.checkpoint_name):
+        return f"the only copy of {leftover.checkpoint_name} (no committed checkpoint replaced it)"
     if leftover.owner_alive is None:
         local = storage.local_path(Path(leftover.path))
         age = now - os.path.getmtime(local) if local is not None else 0.0
         if age < unowned_after_s:
             return f"owner unknown on this host and only {age:.0f}s old (< {unowned_after_s:.0f}s)"
     return None
+
+
+def _committed(storage: Storage, path: Path) -> bool:
+    """Whether `path` holds a committed checkpoint of ours (a directory, not a link, with a readable manifest):
+    only then is a copy moved aside for it garbage; an empty folder or a link at the name replaces nothing."""
+    local = storage.local_path(path)
+    if local is not None and os.path.islink(local):
+        return False
+    return checkpoint_info(path, storage) is not None
 
 
 def collect_garbage(
