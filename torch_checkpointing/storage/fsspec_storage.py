@@ -19,14 +19,17 @@ The config is a plain dataclass that pickles: the async writer process rebuilds 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import functools
+import inspect
 import io
 import logging
 import os
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +76,10 @@ class FsspecStorageConfig(StorageConfig):
     * `storage_options`: passed to `fsspec.filesystem` (credentials, `endpoint_url`, `client_kwargs`, ...).
       Leave credentials out to use the store's own chain (environment, instance role, config files).
     * `part_size`: bytes per multipart part and per ranged GET. `max_concurrency`: parts in flight per file.
+    * `request_timeout_s`: the longest one request to the store may take (one part, one ranged GET, one HEAD
+      or listing, s3fs's own retries included) before it fails with an `ObjectStoreError`; None: no bound.
+      The HTTP client's own timeouts (`storage_options={"config_kwargs": {"read_timeout": ...}}`) cover
+      connecting and waiting for an answer, but not sending a body to a server that stopped reading it.
     * `filesystem`: an fsspec filesystem instance to use for its protocols instead of building one from
       `storage_options` (a subclass that adds tracing, throttling or fault injection). It must pickle, as
       fsspec filesystems do through their constructor arguments, to reach the async writer process.
@@ -84,6 +91,7 @@ class FsspecStorageConfig(StorageConfig):
     part_size: int = 16 * MiB
     max_concurrency: int = 8
     filesystem: Any = None
+    request_timeout_s: float | None = 300.0
 
     def __post_init__(self) -> None:
         if self.url and url_scheme(self.url) is None:
@@ -101,6 +109,8 @@ class FsspecStorageConfig(StorageConfig):
             raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes on S3 (got {self.part_size})")
         if self.part_size < 1 or self.max_concurrency < 1:
             raise ValueError("part_size and max_concurrency must be positive")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be positive or None (got {self.request_timeout_s})")
 
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> FsspecStorageConfig:
@@ -134,13 +144,44 @@ def _import_fsspec() -> Any:
     return fsspec
 
 
+# The blocking calls the storage makes; fsspec's sync wrapper of an async filesystem takes `timeout=` for them.
+_BOUNDED_CALLS = frozenset(
+    {"call_s3", "cat_file", "copy", "exists", "find", "info", "isdir", "ls", "pipe_file", "rm", "rm_file", "size"}
+)
+
+
+class _BoundedFs:
+    """A filesystem whose blocking calls give up after `timeout_s` (fsspec cancels the request and raises
+    `FSTimeoutError`). The HTTP client's read timeout does not cover a body sent to a server that stopped
+    reading it: without this, an upload to a hung server waits forever.
+
+    Only fsspec's own sync wrappers of async methods take `timeout=`; a method a subclass overrides (a test
+    filesystem that traces GETs) is called as it is.
+    """
+
+    def __init__(self, fs: Any, timeout_s: float) -> None:
+        self._fs = fs
+        self._timeout_s = timeout_s
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._fs, name)
+        if name in _BOUNDED_CALLS and inspect.iscoroutinefunction(getattr(attr, "__wrapped__", None)):
+            return functools.partial(attr, timeout=self._timeout_s)
+        return attr
+
+
 @dataclass
 class _Backend:
-    """One fsspec filesystem and what the names on it look like."""
+    """One fsspec filesystem and what the names on it look like; `io` is the filesystem for requests."""
 
     fs: Any
     scheme: str
     protocols: frozenset[str]
+    io: Any = None
+
+    def __post_init__(self) -> None:
+        if self.io is None:
+            self.io = self.fs
 
     @property
     def is_s3(self) -> bool:
@@ -185,7 +226,9 @@ class FsspecStorage(Storage):
                 fs = given
             else:
                 fs = _import_fsspec().filesystem(scheme, **self.config.storage_options)
-            backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme})
+            timeout = self.config.request_timeout_s
+            bounded = _BoundedFs(fs, timeout) if timeout is not None and getattr(fs, "async_impl", False) else fs
+            backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme}, bounded)
             for name in backend.protocols:
                 self._backends.setdefault(name, backend)
             self._backends[scheme] = backend
@@ -240,37 +283,63 @@ class FsspecStorage(Storage):
         if args.pre_read_full_file:
             return io.BytesIO(self.read(path))  # type: ignore[return-value]
         backend, key = self._resolve(path)
-        return backend.fs.open(key, "rb", block_size=self.config.part_size)  # type: ignore[no-any-return]
+        with self._errors("download of", path):
+            return backend.fs.open(key, "rb", block_size=self.config.part_size)  # type: ignore[no-any-return]
 
     def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
+        """The object as it is now: its size from a fresh HEAD (never fsspec's listing cache, which another
+        process's write makes stale), and every byte from that one version of it."""
         backend, key = self._resolve(path)
         with self._errors("download of", path):
-            return self._read_span(backend, key, 0, int(backend.fs.size(key)))
+            version = _version(backend, key)
+            return self._read_span(backend, key, 0, version[0], version)
 
     def read_range(self, path: Path, offset: int, length: int) -> bytes:
-        """Ranged GETs only (concurrent ones for a long range): the rest of the object is never fetched."""
+        """Ranged GETs only (concurrent ones for a long range): the rest of the object is never fetched.
+
+        Exactly `length` bytes or an `ObjectStoreError`: a range past the object's end means the object is not
+        the one the caller sized (truncated or replaced), and a short answer would be taken for data.
+        """
         if length <= 0:
             return b""
         with self._errors("ranged read of", path):
             return self._read_span(*self._resolve(path), offset, length)
 
     def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
-        return bytes(backend.fs.cat_file(key, start=start, end=end))
+        data = bytes(backend.io.cat_file(key, start=start, end=end))
+        if len(data) != end - start:
+            raise EOFError(
+                f"asked for bytes [{start}, {end}), got {len(data)}: the object is shorter than that (it was "
+                f"truncated or replaced meanwhile)"
+            )
+        return data
 
-    def _read_span(self, backend: _Backend, key: str, offset: int, length: int) -> bytes:
+    def _read_span(
+        self, backend: _Backend, key: str, offset: int, length: int, version: tuple[int, str] | None = None
+    ) -> bytes:
+        """Bytes [offset, offset+length): one GET, or concurrent part-sized GETs of one version of the object.
+
+        Several GETs may each meet a different object if it is replaced meanwhile, and their parts would join
+        into bytes that no version holds; so the object's size and ETag are taken before and after them and
+        must agree (one GET answers from one version by itself).
+        """
         part = self.config.part_size
         if length <= part:
             return self._get(backend, key, offset, offset + length) if length else b""
+        before = version or _version(backend, key)
         out, view = _new_bytes(length)
 
         def fetch(start: int) -> None:
             size = min(part, length - start)
-            data = self._get(backend, key, offset + start, offset + start + size)
-            if len(data) != size:
-                raise EOFError(f"short ranged read: {len(data)} of {size} bytes at offset {offset + start}")
-            view[start : start + size] = data
+            view[start : start + size] = self._get(backend, key, offset + start, offset + start + size)
 
         _run_all(fetch, list(range(0, length, part)), self.config.max_concurrency)
+        after = _version(backend, key)
+        if after != before:
+            raise _ChangedWhileRead(
+                f"the object changed while it was read (size {before[0]}, ETag {before[1] or '?'} before; "
+                f"size {after[0]}, ETag {after[1] or '?'} after); its parts may come from different versions"
+            )
         return out if isinstance(out, bytes) else bytes(out)
 
     def local_path(self, path: Path) -> str | None:
@@ -286,42 +355,56 @@ class FsspecStorage(Storage):
         backend, key = self._resolve(path)
         url = f"{backend.scheme}://{key}"
         if backend.is_s3:
-            return _S3MultipartWriter(backend.fs, key, url, self.config.part_size, self.config.max_concurrency)
-        return _FsspecFileWriter(backend.fs, key, self.config.part_size, url)
+            return _S3MultipartWriter(
+                backend.io, key, url, self.config.part_size, self.config.max_concurrency, _is_commit_file(key)
+            )
+        return _FsspecFileWriter(backend.io, key, self.config.part_size, url)
 
     def write(self, path: Path, data: Any) -> None:
+        """One PUT (a multipart upload when larger than a part). On S3 a manifest is created, never replaced.
+
+        The manifest's appearance is the commit on a store without rename. Two saves of one id that both pass
+        the commit's "no manifest yet" check would otherwise both succeed, the later manifest silently
+        replacing the earlier one (whose save was told it committed); a conditional create
+        (`If-None-Match: *`) lets only the first land, and the second fails with an `ObjectStoreError`.
+        """
         view = memoryview(data).cast("B")
         if len(view) > self.config.part_size:
             with self.stream_write(path) as stream:
                 stream.write(view)
             return
         backend, key = self._resolve(path)
+        url = f"{backend.scheme}://{key}"
+        if backend.is_s3 and _is_commit_file(key):
+            _create(backend.io, key, bytes(view), url)
+            return
         with self._errors("upload of", path):
-            backend.fs.pipe_file(key, bytes(view))
+            backend.io.pipe_file(key, bytes(view))
 
     def delete(self, path: Path) -> None:
         backend, key = self._resolve(path)
         with self._errors("delete of", path):
-            backend.fs.rm_file(key)
+            backend.io.rm_file(key)
 
     def mkdir(self, path: Path, recursive: bool = True) -> None:
         """A no-op on object stores (a prefix exists once an object is under it); makedirs elsewhere."""
         backend, key = self._resolve(path)
         if not backend.object_store:
-            backend.fs.makedirs(key, exist_ok=True)
+            with self._errors("mkdir of", path):
+                backend.fs.makedirs(key, exist_ok=True)
 
     def rmdir(self, path: Path) -> None:
         """Delete every object under the prefix `path/` (and an object named exactly `path`), in bulk."""
         backend, key = self._resolve(path)
-        if not backend.object_store:  # a real directory tree (file://, memory://)
-            if backend.fs.exists(key):
-                backend.fs.rm(key, recursive=True)
-            return
-        keys = _objects_under(backend, key, include_self=True)
-        if keys:
-            with self._errors("delete of", path):
-                backend.fs.rm(keys)
-        backend.fs.invalidate_cache()
+        with self._errors("delete of", path):
+            if not backend.object_store:  # a real directory tree (file://, memory://)
+                if backend.io.exists(key):
+                    backend.io.rm(key, recursive=True)
+                return
+            keys = _objects_under(backend, key, include_self=True)
+            if keys:
+                backend.io.rm(keys)
+            backend.fs.invalidate_cache()
 
     def rename(
         self,
@@ -338,7 +421,7 @@ class FsspecStorage(Storage):
         (backend, src), (other, dst) = self._resolve(src_path), self._resolve(dst_path)
         if other is not backend:
             raise ValueError(f"cannot rename across stores: {self.remap_path(src_path)} -> {self.remap_path(dst_path)}")
-        fs = backend.fs
+        fs = backend.io
         with self._errors("copy of", src_path):
             if not is_directory:
                 fs.copy(src, dst)
@@ -362,36 +445,97 @@ class FsspecStorage(Storage):
         self.rename(src, dst, is_directory=True)
 
     # ------------------------------------------------------------------ listings (never from a stale cache)
+    # A store that cannot answer is an ObjectStoreError naming the URL, never a raw client error, and never
+    # "nothing there": a listing that failed must not read as an empty run or a missing manifest.
 
     def _fresh(self, path: Path) -> tuple[Any, str]:
         """The filesystem and name for `path`, with fsspec's listing cache dropped: another process (the writer,
         another rank) may have written since."""
         backend, key = self._resolve(path)
         backend.fs.invalidate_cache(key)
-        return backend.fs, key
+        return backend.io, key
 
     def ls(self, path: Path) -> list[str]:
         fs, key = self._fresh(path)
-        names = {n.rstrip("/") for n in fs.ls(key, detail=False)} - {key}
+        with self._errors("listing of", path):
+            names = {n.rstrip("/") for n in fs.ls(key, detail=False)} - {key}
         return sorted(posixpath.basename(n) for n in names)
 
     def exists(self, path: Path) -> bool:
         fs, key = self._fresh(path)
-        return bool(fs.exists(key))
+        with self._errors("lookup of", path):
+            return bool(fs.exists(key))
 
     def getsize(self, path: Path) -> int:
         fs, key = self._fresh(path)
-        return int(fs.size(key))
+        with self._errors("lookup of", path):
+            return int(fs.size(key))
 
     def isdir(self, path: Path) -> bool:
         fs, key = self._fresh(path)
-        return bool(fs.isdir(key))
+        with self._errors("lookup of", path):
+            return bool(fs.isdir(key))
+
+
+def _version(backend: _Backend, key: str) -> tuple[int, str]:
+    """An object's size and ETag from a fresh HEAD (the ETag is empty on filesystems that have none).
+
+    A prefix is refused: read as an object it would be zero bytes of data that nobody wrote.
+    """
+    backend.fs.invalidate_cache(key)
+    info = backend.io.info(key)
+    if info.get("type") == "directory":
+        raise IsADirectoryError(errno.EISDIR, "a prefix (a 'directory'), not an object", key)
+    return int(info["size"]), str(info.get("ETag") or "")
+
+
+def _is_commit_file(key: str) -> bool:
+    return posixpath.basename(key) == MANIFEST_FILE_NAME
+
+
+def _create(fs: Any, key: str, data: bytes, url: str) -> None:
+    """Upload an object that must not exist yet (S3's conditional create, `If-None-Match: *`)."""
+    with _ErrorScope(f"upload of {url}", wrap_missing=True), _refused_if_present(url):
+        fs.pipe_file(key, data, mode="create")
+
+
+@contextlib.contextmanager
+def _refused_if_present(url: str) -> Iterator[None]:
+    """Turns the store's "it already exists" answer to a conditional create into an error that says so."""
+    try:
+        yield
+    except Exception as exc:
+        if not _precondition_failed(exc):
+            raise
+        error = ObjectStoreError(
+            f"upload of {url} refused: it already exists, so another save committed this checkpoint while this "
+            f"one ran. This save was not committed; save under a new id."
+        )
+        logger.error("%s", error)
+        raise error from exc
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether the store refused a conditional create because the object exists (or is being created)."""
+    if isinstance(exc, FileExistsError):  # s3fs's translation of a failed If-None-Match
+        return True
+    seen: BaseException | None = exc
+    while seen is not None:
+        code = (getattr(seen, "response", None) or {}).get("Error", {}).get("Code")
+        if code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class _ChangedWhileRead(OSError):
+    """Raised inside an error scope: the object was replaced between the GETs of one read."""
 
 
 def _objects_under(backend: _Backend, key: str, include_self: bool = False) -> list[str]:
     backend.fs.invalidate_cache()
     try:
-        found = backend.fs.find(key)
+        found = backend.io.find(key)
     except FileNotFoundError:
         return []
     return [k for k in found if k.startswith(key + "/") or (include_self and k == key)]
@@ -420,7 +564,12 @@ class _ErrorScope:
             return
         if isinstance(exc, FileNotFoundError) and not self.wrap_missing:
             return
-        raise ObjectStoreError(f"{self.what} failed: {type(exc).__name__}: {exc}") from exc
+        reason = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError says nothing by itself
+            reason += " (no answer within FsspecStorageConfig.request_timeout_s, or the client's own timeouts)"
+        error = ObjectStoreError(f"{self.what} failed: {reason}")
+        logger.warning("%s", error)
+        raise error from exc
 
 
 def _run_all(fn: Callable[[int], None], args: list[int], concurrency: int) -> None:
@@ -534,10 +683,11 @@ class _S3MultipartWriter(_ChecksummedUpload):
     Any failure, or leaving the `with` block on an exception, aborts the upload: no object, no stray parts.
     """
 
-    def __init__(self, fs: Any, key: str, url: str, part_size: int, concurrency: int) -> None:
+    def __init__(self, fs: Any, key: str, url: str, part_size: int, concurrency: int, exclusive: bool = False) -> None:
         super().__init__()
         self._fs = fs
         self._url = url
+        self._exclusive = exclusive  # created only if absent (a manifest): see FsspecStorage.write
         self._bucket, self._object, _ = fs.split_path(key)
         self._part_size = part_size
         self._concurrency = concurrency
@@ -564,7 +714,7 @@ class _S3MultipartWriter(_ChecksummedUpload):
         return len(view)
 
     def _call(self, method: str, **kwargs: Any) -> Any:
-        with _ErrorScope(f"upload of {self._url} ({method})", wrap_missing=True):
+        with _ErrorScope(f"upload of {self._url} ({method})", wrap_missing=True), _refused_if_present(self._url):
             return self._fs.call_s3(method, Bucket=self._bucket, Key=self._object, **kwargs)
 
     def _send_part(self) -> None:
@@ -612,6 +762,9 @@ class _S3MultipartWriter(_ChecksummedUpload):
         if self._upload_id is None:
             if self._sum_parts:
                 self._running.update(self._buffer)
+            if self._exclusive:
+                _create(self._fs, f"{self._bucket}/{self._object}", bytes(self._buffer), self._url)
+                return
             with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
                 self._fs.pipe_file(f"{self._bucket}/{self._object}", bytes(self._buffer))
             return
@@ -623,7 +776,8 @@ class _S3MultipartWriter(_ChecksummedUpload):
             parts.append(part)
             if self._sum_parts:
                 self._running.add_blocks(crcs, size)
-        self._call("complete_multipart_upload", UploadId=self._upload_id, MultipartUpload={"Parts": parts})
+        condition = {"IfNoneMatch": "*"} if self._exclusive else {}
+        self._call("complete_multipart_upload", UploadId=self._upload_id, MultipartUpload={"Parts": parts}, **condition)
         self._fs.invalidate_cache(f"{self._bucket}/{self._object}")
 
     def _abort(self) -> None:

@@ -1,0 +1,177 @@
+"""Faults of a real S3 server, for the attack tests (tests/test_s3_attacks.py).
+
+* `FaultProxy`: a TCP proxy on loopback in front of the moto server. Every request is forwarded as it is,
+  except those a rule names, which get a real HTTP error response (a 5xx with S3's XML error body) or no
+  answer at all (the server hangs). The client talks HTTP to a socket, as it would to a real store.
+* `HoldingS3FileSystem`: real s3fs requests, pausing before the removal of a `.incomplete` marker until a
+  release file appears (it touches a `held` file first), so another process can act between a save's checks
+  and its commit. A module of its own so that a child process finds the class by name.
+* `ReplacingS3FileSystem`: replaces an object on the server (a real PUT) right after the first ranged GET of
+  it, so the next GET of the same read meets another version.
+"""
+
+from __future__ import annotations
+
+import re
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import s3fs
+
+__all__ = ["FaultProxy", "HoldingS3FileSystem", "ReplacingS3FileSystem", "Rule"]
+
+_HEAD_LIMIT = 64 * 1024
+_POLL_S = 0.05
+
+
+@dataclass
+class Rule:
+    """Requests whose `METHOD /path?query` matches `pattern` get `status` (0: no answer, the connection hangs)."""
+
+    pattern: str
+    status: int = 500
+    code: str = "InternalError"
+
+    def matches(self, request_line: str) -> bool:
+        return re.search(self.pattern, request_line) is not None
+
+
+@dataclass
+class FaultProxy:
+    """A loopback proxy to `upstream_port`; `rules` decide which requests fail. Use as a context manager."""
+
+    upstream_port: int
+    rules: list[Rule] = field(default_factory=list)
+    seen: list[str] = field(default_factory=list)  # request lines, in arrival order
+
+    def __post_init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(_POLL_S)
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="s3-fault-proxy", daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def __enter__(self) -> FaultProxy:
+        self._accept_thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        self._accept_thread.join(10)
+        for thread in self._threads:
+            thread.join(10)
+        self._listener.close()
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client:
+            head = _read_head(client)
+            if head is None:
+                return
+            request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            self.seen.append(request_line)
+            rule = next((r for r in self.rules if r.matches(request_line)), None)
+            if rule is not None and rule.status == 0:
+                self._stopping.wait()  # never answer: the client's read timeout must end the request
+                return
+            if rule is not None:
+                client.sendall(_error_response(rule))
+                return
+            with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as upstream:
+                upstream.sendall(_closing(head))
+                self._pump(client, upstream)
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Copy bytes both ways until either side closes (each request has its own connection)."""
+        peers = {client: upstream, upstream: client}
+        while not self._stopping.is_set():
+            readable, _, _ = select.select(list(peers), [], [], _POLL_S)
+            for sock in readable:
+                data = sock.recv(1 << 16)
+                if not data:
+                    return
+                peers[sock].sendall(data)
+
+
+def _read_head(sock: socket.socket) -> bytes | None:
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data and len(data) < _HEAD_LIMIT:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _closing(head: bytes) -> bytes:
+    """The request with `Connection: close`, so every request arrives on a connection of its own."""
+    top, _, rest = head.partition(b"\r\n\r\n")
+    lines = [ln for ln in top.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
+    return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + rest
+
+
+def _error_response(rule: Rule) -> bytes:
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{rule.code}</Code>'
+        f"<Message>injected by the test proxy</Message></Error>"
+    ).encode()
+    head = (
+        f"HTTP/1.1 {rule.status} Injected\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: close\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+class HoldingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Pauses before removing a `.incomplete` marker, the first step of an object-store commit (after its
+    checks have passed): touches `held_file`, then waits for `release_file`."""
+
+    def __init__(self, *args: Any, held_file: str = "", release_file: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held_file, self.release_file = held_file, release_file
+
+    def rm_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        if self.held_file and path.endswith("/.incomplete"):
+            Path(self.held_file).touch()
+            deadline = time.monotonic() + 120
+            while not Path(self.release_file).exists() and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+        return super().rm_file(path, *args, **kwargs)
+
+
+class ReplacingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
+    """After the first ranged GET of `victim`, PUTs `replacement` over it (through a second, plain client)."""
+
+    def __init__(self, *args: Any, victim: str = "", replacement: bytes = b"", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.victim, self.replacement = victim, replacement
+        self._plain = s3fs.S3FileSystem(*args, **kwargs)
+        self._lock = threading.Lock()
+        self.replaced = False
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
+        data = super().cat_file(path, start=start, end=end, **kwargs)
+        with self._lock:
+            if path == self.victim and not self.replaced:
+                self._plain.pipe_file(path, self.replacement)
+                self.replaced = True
+        return data
