@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from torch_checkpointing.checkpoint_layout import (
 from torch_checkpointing.errors import CorruptCheckpointError, RefusedPickleError
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
-from torch_checkpointing.staging import resolve_lazy_tensors
+from torch_checkpointing.staging import as_written
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import children, join_key
 
@@ -119,23 +120,40 @@ def load_torch(
     """`torch.load` of one file: memory-mapped from `local` when given (a mapping the caller verifies), else
     from the storage's local path (with `options.use_mmap`), else from its bytes. A refusal by torch's safe
     loader is a `RefusedPickleError` naming `what`, the file and `hint`."""
-    map_location, weights_only = options.map_location, options.weights_only
     if local is None and options.use_mmap:
         local = storage.local_path(path)
     try:
-        if local is not None:
-            try:
-                return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
-            except RuntimeError as exc:
-                if "mmap" not in str(exc):  # only legacy (non-zip) files refuse mmap; re-raise the rest
-                    raise
-        return torch.load(io.BytesIO(storage.read(path)), map_location=map_location, weights_only=weights_only)
+        try:
+            return _torch_load(storage, path, local, options)
+        except pickle.UnpicklingError as exc:
+            if not options.weights_only or not _needs_dtensor_module(exc):
+                raise
+            # A file holding pickled DTensors (written by an earlier release of this engine or by the published
+            # one): torch's safe loader takes them once their module is loaded, which a plain load skips (~1 s).
+            import torch.distributed.tensor  # noqa: F401
+
+            return _torch_load(storage, path, local, options)
     except pickle.UnpicklingError as exc:
-        if not weights_only:
+        if not options.weights_only:
             raise
         raise RefusedPickleError(
             f"Refused to load {what} from {path} with torch's safe loader (weights_only=True): {exc}\n{hint}"
         ) from exc
+
+
+def _torch_load(storage: Storage, path: Path, local: str | None, options: DecodeOptions) -> Any:
+    map_location, weights_only = options.map_location, options.weights_only
+    if local is not None:
+        try:
+            return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):  # only legacy (non-zip) files refuse mmap; re-raise the rest
+                raise
+    return torch.load(io.BytesIO(storage.read(path)), map_location=map_location, weights_only=weights_only)
+
+
+def _needs_dtensor_module(exc: pickle.UnpicklingError) -> bool:
+    return "torch.distributed.tensor" in str(exc) and "torch.distributed.tensor" not in sys.modules
 
 
 def load_resharding_source(storage: Storage, path: Path, local: str | None = None) -> Any:
@@ -161,7 +179,7 @@ class TorchCodec(Codec):
     """`torch.save`; read back with torch's safe loader unless the caller trusts the file."""
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
-        torch.save(resolve_lazy_tensors(value), stream)
+        torch.save(as_written(value), stream)
 
     def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         return load_torch(storage, path, f"item '{key}'", options)

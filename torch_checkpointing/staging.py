@@ -36,7 +36,7 @@ __all__ = [
     "DefaultStager",
     "SharedSlab",
     "SlabRef",
-    "resolve_lazy_tensors",
+    "as_written",
     "tensor_for_write",
     "unwrap_dtensor",
 ]
@@ -59,14 +59,19 @@ def tensor_for_write(t: torch.Tensor) -> torch.Tensor:
     return t.resolve_conj().resolve_neg() if has_lazy_bits(t) else t
 
 
-def resolve_lazy_tensors(value: Any) -> Any:
-    """`value` itself when no tensor in it has lazy bits (the common case: nothing rebuilt, tied tensors kept
-    tied); else a copy of its containers with those tensors resolved (DTensors stay DTensors)."""
-    if not any_leaf(value, lambda x: isinstance(x, torch.Tensor) and has_lazy_bits(x)):
+def as_written(value: Any) -> Any:
+    """`value` with each tensor as a checkpoint file holds it (`tensor_for_write`): what the async stager
+    stages, so a sync and an async save write the same file. A file therefore holds plain local tensors, never
+    a DTensor (its layout is in metadata.json), an `nn.Parameter` or autograd state, and loads in a process
+    without torch.distributed. `value` itself when no tensor needs changing (nothing rebuilt); tied tensors
+    stay tied (detached views share their storage)."""
+    if not any_leaf(value, _needs_writing_form):
         return value
-    return map_leaves(
-        value, lambda x: x.resolve_conj().resolve_neg() if isinstance(x, torch.Tensor) and has_lazy_bits(x) else x
-    )
+    return map_leaves(value, lambda x: tensor_for_write(x) if isinstance(x, torch.Tensor) else x)
+
+
+def _needs_writing_form(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and (type(x) is not torch.Tensor or x.requires_grad or has_lazy_bits(x))
 
 
 def _warn_keys_not_requiring_copy() -> None:
