@@ -537,3 +537,40 @@ def test_a_replaced_copy_is_kept_unless_a_committed_checkpoint_took_its_name(run
     assert report.removed == [] and aside.is_dir()
     reasons = [why for lo, why in report.kept if lo.path == str(aside)]
     assert reasons and "only copy" in reasons[0], report.kept
+
+
+LOCK_FIFO_CHILD = """
+import sys
+from torch_checkpointing.discovery import OwnerLock, list_leftovers
+from torch_checkpointing.retention import collect_garbage
+(leftover,) = list_leftovers(sys.argv[1])
+print("OWNER", leftover.owner_alive, flush=True)
+print("REMOVED", len(collect_garbage(sys.argv[1], unowned_after_s=0).removed), flush=True)
+lock = OwnerLock("feedbeef")
+print("LOCK", lock._fd is not None, flush=True)
+lock.release()
+"""
+
+
+def test_a_fifo_planted_as_an_owner_lock_hangs_neither_gc_nor_a_manager(tmp_path: Path) -> None:
+    """The owner-lock directory is shared by every user of the host; a FIFO under a job's uid blocked gc's
+    open() (and a manager's) forever."""
+    lock_dir = tmp_path / "owners"
+    lock_dir.mkdir()
+    os.mkfifo(lock_dir / "0badc0de.lock")
+    os.mkfifo(lock_dir / "feedbeef.lock")
+    root = tmp_path / "run"
+    temporary = root / ".step_1.tmp-0badc0de-1"
+    temporary.mkdir(parents=True)
+    (temporary / ".incomplete").write_bytes(b"")
+    env = {**os.environ, "TORCH_CHECKPOINTING_LOCK_DIR": str(lock_dir)}
+    proc = subprocess.run(
+        [sys.executable, "-c", LOCK_FIFO_CHILD, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        env=env,
+    )
+    # Unknown owner, judged by age (0 here): collected; the manager runs without its lock (judged by age too).
+    assert proc.stdout.split() == ["OWNER", "None", "REMOVED", "1", "LOCK", "False"], proc.stdout + proc.stderr
+    assert "not a regular file" in proc.stderr

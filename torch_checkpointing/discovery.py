@@ -305,10 +305,23 @@ def owner_lock_path(uid: str) -> str:
 
 
 def owner_alive(uid: str) -> bool | None:
-    """Whether a live manager of job `uid` holds its owner lock on this host; None when there is no lock file."""
+    """Whether a live manager of job `uid` holds its owner lock on this host; None when there is no lock file.
+
+    The lock directory is shared by every user of the host, so the file is opened without blocking or following
+    a link: a FIFO (or a link) planted under a job's uid would otherwise hang gc, or lock somebody else's file.
+    Such a file proves nothing about the owner: None (judged by age), with a WARNING.
+    """
+    path = owner_lock_path(uid)
     try:
-        fd = os.open(owner_lock_path(uid), os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.warning("Owner lock %s cannot be opened (%s); its job's temporaries are judged by age", path, exc)
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        logger.warning("Owner lock %s is not a regular file; its job's temporaries are judged by age", path)
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -421,7 +434,11 @@ def _make_lock_dir(directory: str) -> None:
 def _open_locked(path: str) -> int:
     """Open-and-lock that survives the last holder unlinking the file between our open and our flock."""
     for _ in range(10):
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+        # Not through a link or into a FIFO another user of the shared directory planted under our name.
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"{path} is not a regular file")
         fcntl.flock(fd, fcntl.LOCK_SH)
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
