@@ -119,7 +119,8 @@ def test_files_and_directories_are_synced_before_the_rename_and_the_parent_after
         manager.close()
     calls = control.calls()
     ops = [c[1] for c in calls]
-    replaces = [i for i, c in enumerate(calls) if c[1] == "replace_directory"]
+    # The commit step: an exchange over an existing id, a plain rename onto a new one.
+    replaces = [i for i, c in enumerate(calls) if c[1] == ("replace_directory" if existing else "rename")]
     assert len(replaces) == 1, ops
     at = replaces[0]
     tmp, dst = Path(calls[at][2]), Path(calls[at][3])

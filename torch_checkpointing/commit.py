@@ -19,6 +19,7 @@ error.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import posixpath
@@ -82,8 +83,11 @@ def temporary_name(final: str, uid: str, seq: int) -> str:
 # ------------------------------------------------------------------------------------- what may be replaced
 
 
-def check_target(storage: Storage, final: str, overwrite: bool) -> None:
-    """Refuse, before anything is written, a target whose replacement could lose data that is not ours."""
+def check_target(storage: Storage, final: str, overwrite: bool) -> bool:
+    """Refuse, before anything is written, a target whose replacement could lose data that is not ours.
+
+    Returns whether there is a directory to replace (False: nothing at the id yet).
+    """
     path = Path(final)
     local = storage.local_path(path)
     if local is not None and os.path.islink(local):
@@ -94,12 +98,12 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> None:
     if local is not None:
         _check_ancestors(storage, final, local)
     if not storage.exists(path):
-        return
+        return False
     if not storage.isdir(path):
         raise CommitError(f"Refusing to save to {final}: it is an existing file, not a checkpoint. Choose another id.")
     entries = _walk(storage, path)
     if not entries:
-        return  # an empty directory: nothing to lose
+        return True  # an empty directory: nothing to lose
     names = set(entries)
     if MANIFEST_FILE_NAME in names:
         _check_checkpoint(storage, final, entries, overwrite)
@@ -108,6 +112,7 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> None:
             f"Refusing to save to {final}: it is a directory that is not a checkpoint (no {MANIFEST_FILE_NAME}); "
             f"it holds {_listing(entries)}. Saving would replace it. Choose another id (e.g. a subdirectory)."
         )
+    return True
 
 
 def _check_ancestors(storage: Storage, final: str, local: str) -> None:
@@ -262,9 +267,9 @@ class Commit:
             self.storage.delete(root / INCOMPLETE_MARKER)
             self.storage.sync_directory(root)
             # Checked again after the fsyncs, not before: whatever appeared at the id meanwhile is looked at.
-            check_target(self.storage, self.target.final, self.target.overwrite)
+            replacing = check_target(self.storage, self.target.final, self.target.overwrite)
             still_wanted()
-            self._swap(manifest_bytes)
+            self._swap(manifest_bytes, replacing)
         else:
             # Here the id is the root itself, still marked incomplete until the next line.
             check_target(self.storage, self.target.final, self.target.overwrite)
@@ -296,12 +301,26 @@ class Commit:
                 {rank: f"files not visible to the committing rank: {paths}" for rank, paths in unseen.items()},
             )
 
-    def _swap(self, manifest_bytes: bytes) -> None:
+    def _swap(self, manifest_bytes: bytes, replacing: bool) -> None:
+        """Exchange with what the check approved; onto an id the check found empty, only a plain rename.
+
+        The rename refuses a directory that another program (or a racing save) filled since the check, where an
+        exchange would have swapped it out and deleted it.
+        """
         final, tmp = Path(self.target.final), Path(self.target.tmp)
         try:
-            self.storage.replace_directory(tmp, final)
+            if replacing:
+                self.storage.replace_directory(tmp, final)
+            else:
+                self.storage.rename(tmp, final, is_directory=True)
         except Exception as exc:
             if not self._visible(manifest_bytes):
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise CommitError(
+                        f"Checkpoint {final} was not committed: a non-empty directory appeared at {final} while "
+                        f"this save committed (another save of the same id, or another program); it was left as "
+                        f"it is. Save to another id, or retry once it is gone."
+                    ) from exc
                 raise
             logger.warning(
                 "Checkpoint %s is committed, but the checkpoint it replaced could not be removed (%s: %s); "
