@@ -574,3 +574,14 @@ def test_a_fifo_planted_as_an_owner_lock_hangs_neither_gc_nor_a_manager(tmp_path
     # Unknown owner, judged by age (0 here): collected; the manager runs without its lock (judged by age too).
     assert proc.stdout.split() == ["OWNER", "None", "REMOVED", "1", "LOCK", "False"], proc.stdout + proc.stderr
     assert "not a regular file" in proc.stderr
+
+
+def test_export_into_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`export CKPT --to hf .` must keep working with the hidden sibling (Path('.') has no name)."""
+    _save_run(tmp_path / "run", (1,))
+    out = tmp_path / "hf_here"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    assert main(["export", str(tmp_path / "run" / "step_1"), "--item", "model", "--to", "hf", "."]) == 0
+    assert torch.equal(import_hf(out)["w"], torch.full((4,), 1.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf_here", "run"]

@@ -294,7 +294,7 @@ def export_hf(
     that looks like a complete export. `out_dir` may exist and hold other files (a `config.json`); one that
     already holds an export is refused unless `overwrite`, which replaces only the export's own files.
     """
-    out = Path(out_dir)
+    out = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to put a hidden sibling beside
     with _ItemSource(storage or default_storage(), Path(checkpoint), key, rank) as source:
         _check_out_dir(out, Path(checkpoint), overwrite)
         plans = source.plans()
