@@ -32,6 +32,7 @@ import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared
 from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
 from torch_checkpointing.config import CheckpointProcessConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
+from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
 
@@ -193,10 +194,14 @@ def _unpicklable(request: WriteRequest) -> pickle.PicklingError:
         try:
             ForkingPickler.dumps(entry.value)
         except Exception as exc:
-            return pickle.PicklingError(
-                f"Item '{entry.key}' cannot be pickled for the async writer process: {type(exc).__name__}: {exc}. "
-                f"Async saves need every value to pickle (requires_copy=True values are deep-copied, so e.g. a "
-                f"lambda stays a lambda); make it picklable, or use CheckpointManager.Config.with_sync_save()."
+            return unpicklable(
+                entry.key,
+                entry.value,
+                exc,
+                doing="pickled for the async writer process",
+                op=ForkingPickler.dumps,
+                fix="Async saves need every value to pickle (requires_copy=True values are deep-copied, so e.g. a "
+                "lambda stays a lambda); make it picklable, or use CheckpointManager.Config.with_sync_save().",
             )
     return pickle.PicklingError("The checkpoint write request cannot be pickled for the async writer process.")
 

@@ -32,6 +32,7 @@ from torch_checkpointing.checkpoint_layout import (
 )
 from torch_checkpointing.errors import CorruptCheckpointError, RefusedPickleError
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
+from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
 from torch_checkpointing.staging import as_written
 from torch_checkpointing.storage.base_storage import Storage
@@ -179,7 +180,17 @@ class TorchCodec(Codec):
     """`torch.save`; read back with torch's safe loader unless the caller trusts the file."""
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
-        torch.save(as_written(value), stream)
+        try:
+            torch.save(as_written(value), stream)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise unpicklable(
+                key,
+                value,
+                exc,
+                doing="saved with TorchSerialization (torch.save pickles the whole value)",
+                op=pickle.dumps,
+                fix="Make it picklable, or leave it out of the checkpoint.",
+            ) from exc
 
     def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         return load_torch(storage, path, f"item '{key}'", options)

@@ -13,6 +13,7 @@ import io
 import math
 import mmap
 import os
+import pickle
 import tempfile
 import threading
 import warnings
@@ -27,6 +28,7 @@ import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise
+from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.traversal import any_leaf, leaves, local_tensor, map_leaves
 from torch_checkpointing.types import STATE_DICT
 
@@ -290,7 +292,7 @@ class DefaultStager(CheckpointStager):
         self._ensure_slab(tuple((tuple(t.shape), t.dtype) for t in sources))
         views = iter(self._views)
         staged = {
-            key: value if key in keys_not_requiring_copy else self._copy(value, views)
+            key: value if key in keys_not_requiring_copy else self._copy_item(key, value, views)
             for key, value in state_dict.items()
         }
         if self._non_blocking:
@@ -338,6 +340,20 @@ class DefaultStager(CheckpointStager):
             _free_in_background(slab, shared.detach_fd())
         elif shared is not None:
             shared.close()
+
+    def _copy_item(self, key: str, value: Any, views: Iterator[torch.Tensor]) -> Any:
+        try:
+            return self._copy(value, views)
+        except (TypeError, copy.Error, pickle.PicklingError, AttributeError) as exc:  # a deep copy failed
+            raise unpicklable(
+                key,
+                value,
+                exc,
+                doing="deep-copied for the async save (requires_copy=True)",
+                op=copy.deepcopy,
+                fix="Async saves copy and pickle every value: make it deep-copyable and picklable, or leave it "
+                "out of the checkpoint.",
+            ) from exc
 
     def _copy(self, value: Any, views: Iterator[torch.Tensor]) -> Any:
         def leaf(x: Any) -> Any:
