@@ -137,10 +137,6 @@ class _ItemSource:
             raise KeyError(f"Checkpoint {checkpoint} has no item '{key}'; it holds {sorted(manifest.keys())}.")
         metadata = read_distributed_metadata(self._ctx, [key])
         self.item_metadata: DistributedItemMetadata | None = metadata.metadata.get(key) if metadata else None
-        if self.item_metadata is not None and _holds_dtensors(self.item_metadata):
-            # torch's safe loader rebuilds a DTensor only once its module is imported; a fresh process (the
-            # CLI) has not, and refused every DTensor source file.
-            import torch.distributed.tensor  # noqa: F401
         self._formats = {r.rank: untrusted_format_from_dict(r.format) for r in records}
         self._paths = {r.rank: r.path for r in records}
         if rank is not None and rank not in self._paths:
@@ -232,14 +228,6 @@ class _ItemSource:
             block = src.read_block(lp.src_offsets, lp.src_sizes, self._stats)
             out[tuple(slice(o, o + s) for o, s in zip(lp.offsets, lp.sizes, strict=True))] = block
         return out
-
-
-def _holds_dtensors(item: DistributedItemMetadata) -> bool:
-    return any(
-        isinstance(g.sharding_metadata, DTensorShardingMetadata)
-        for groups in item.nested_path_to_metadata.values()
-        for g in groups
-    )
 
 
 def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
