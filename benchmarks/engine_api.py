@@ -14,12 +14,14 @@ def make_manager(
     sync_save: bool = False,
     overlap_staging: bool = False,
     verify_checksums: bool | None = None,
+    collective: bool = True,
 ) -> Any:
     """An async-save CheckpointManager on local storage with the configured direct-I/O choice.
 
     `overlap_staging` moves the staging copy off save() (CheckpointStagerConfig(use_async_staging=True)), the mode
     for loops that put their in-place updates inside lock(); by default save() returns once the copy is done.
-    `verify_checksums` is the loader's setting (None: the default, verifying).
+    `verify_checksums` is the loader's setting (None: the default, verifying); `collective=False` lets one rank
+    load while the others do not (CheckpointLoaderConfig.collective).
     """
     from torch_checkpointing import CheckpointManager
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -31,6 +33,7 @@ def make_manager(
     if items:
         conf.items = items
     conf.load.verify_checksums = verify_checksums
+    conf.load.collective = collective
     return CheckpointManager(conf)
 
 

@@ -197,7 +197,7 @@ def _scale_meta(results: Results) -> tuple[float, str]:
     world = max(sizes)
     big = sizes[world]
     parts = ", ".join(
-        f"{w} ranks {m['metadata_bytes'] / 2**20:.1f} MiB (write {m['serialise_s']:.1f} s)"
+        f"{w} ranks {m['metadata_bytes'] / 2**20:.1f} MiB (serialise {m['serialise_s']:.1f} s)"
         for w, m in sorted(sizes.items())
     )
     return big["metadata_bytes"] / 2**20, (

@@ -94,10 +94,9 @@ def rank_save(cfg: BenchConfig, path: str) -> float:
 def _timed_load(
     mgr: Any, path: str, templates: dict[str, Any], cold: bool, only: int | None = None
 ) -> dict[str, float]:
-    """One load on every rank at once, or (only=k) on rank k alone. Loading alone
-    assumes load() makes no collective call (true of this engine: load reads the
-    metadata file); an engine whose load is collective hangs here until the
-    launch timeout, which names the waiting ranks."""
+    """One load on every rank at once, or (only=k) on rank k alone; a load on one rank alone takes a manager
+    whose loads are not collective (`CheckpointLoaderConfig(collective=False)`), else it would wait for the
+    other ranks' loads."""
     if cold and dist.get_rank() == 0:
         drop_page_cache(Path(path))
     dist.barrier()
@@ -128,6 +127,7 @@ def rank_load(cfg: BenchConfig, src4: str, same8: str) -> dict[str, Any]:
     specs = global_specs(cfg.reshard_bytes)
     rank, world = dist.get_rank(), dist.get_world_size()
     mgr = make_manager(cfg, items=_items(), sync_save=True)
+    alone = make_manager(cfg, items=_items(), sync_save=True, collective=False)
     out: dict[str, Any] = {"rank": rank, "needed": 0}
     try:
         mgr.save(same8, {"model": _model(specs, fill=True)})
@@ -143,9 +143,10 @@ def rank_load(cfg: BenchConfig, src4: str, same8: str) -> dict[str, Any]:
         for kind, path in (("same", same8), ("reshard", src4)):
             out[kind]["alone"] = []
             for turn in range(world):
-                out[kind]["alone"].append(_timed_load(mgr, path, templates, cold=True, only=turn))
+                out[kind]["alone"].append(_timed_load(alone, path, templates, cold=True, only=turn))
             _check(templates, specs, kind)
     finally:
+        alone.close()
         mgr.close()
     return out
 

@@ -23,13 +23,13 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 pytestmark = pytest.mark.multirank
 
 
-def _manager(timeout_s: float | None = None) -> CheckpointManager:
+def _manager(timeout_s: float | None = None, collective: bool = True) -> CheckpointManager:
     save = CheckpointManager.Config.with_sync_save().save
     if timeout_s is not None:
         save.wait_timeout_secs = timeout_s
-    return CheckpointManager(
-        CheckpointManager.Config(save=save, storage_config=LocalFileSystemStorageConfig(use_direct_io=False))
-    )
+    config = CheckpointManager.Config(save=save, storage_config=LocalFileSystemStorageConfig(use_direct_io=False))
+    config.load.collective = collective
+    return CheckpointManager(config)
 
 
 def _value(step: int) -> torch.Tensor:
@@ -76,12 +76,13 @@ def scenarios(root: str) -> dict[str, Any]:
         out["afterwards"] = _outcome(manager, str(base / "step1"))
     finally:
         manager.close()
-    alone = _manager(timeout_s=5)  # rank 0 loads, rank 1 never does: bounded, and named
-    try:
-        out["alone"] = _outcome(alone, str(base / "step1")) if rank == 0 else None
-        dist.barrier()
-    finally:
-        alone.close()
+    for name, collective in (("alone", True), ("alone_not_collective", False)):
+        alone = _manager(timeout_s=5, collective=collective)  # rank 0 loads, rank 1 never does
+        try:
+            out[name] = _outcome(alone, str(base / "step1")) if rank == 0 else None
+            dist.barrier()
+        finally:
+            alone.close()
     return out
 
 
@@ -98,4 +99,5 @@ def test_a_load_goes_on_on_every_rank_or_on_none(tmp_path: Path) -> None:
         assert report["afterwards"] == {"result": "ok", "w": 100.0 + rank}, (rank, report)
     alone = reports[0]["alone"]
     assert alone["result"] == "CheckpointError" and alone["untouched"], alone
-    assert "rank 0: lost contact" in alone["message"], alone
+    assert "rank 0: lost contact" in alone["message"], alone  # bounded by wait_timeout_secs, and named
+    assert reports[0]["alone_not_collective"] == {"result": "ok", "w": 100.0}  # collective=False: rank 0 alone

@@ -197,9 +197,13 @@ class CheckpointManager:
         On several ranks a load is collective, like a save: every rank checks what it will read (phase 1), the
         ranks agree, and only then does any rank copy (phase 2). If any rank's check failed, or the ranks asked
         for different ids, every rank raises and no rank changed anything, so a job that falls back to an
-        earlier checkpoint falls back on every rank together.
+        earlier checkpoint falls back on every rank together. `CheckpointLoaderConfig(collective=False)` loads on
+        this rank alone (for a load that only some ranks run).
         """
         self._check_open("load")
+        if not self.config.load.collective:  # this rank alone (CheckpointLoaderConfig.collective)
+            with self._check_load(checkpoint_id, into, map_location=map_location, strict=strict) as alone:
+                return alone.restore()
         what = f"Checkpoint load of {checkpoint_id}"
         transport = self._ctx.transport
         checked, ids = agree_outcome(

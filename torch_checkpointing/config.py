@@ -137,3 +137,7 @@ class CheckpointLoaderConfig:
     # Directories without a manifest (the published release wrote none) load unverified with a logged warning;
     # False refuses them.
     allow_legacy_checkpoints: bool = True
+    # On several ranks a load is collective: the ranks agree after checking, so it goes on on every rank or on
+    # none, and a load on some ranks only waits for the others (until save.wait_timeout_secs). False: each rank
+    # loads on its own (a rank-0-only read, an evaluation process), and one rank's failure is its own.
+    collective: bool = True
