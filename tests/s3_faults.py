@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec.asyn
 import s3fs
 
 __all__ = ["FaultProxy", "HoldingS3FileSystem", "ReplacingS3FileSystem", "Rule"]
@@ -155,7 +156,8 @@ class HoldingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
             deadline = time.monotonic() + 120
             while not Path(self.release_file).exists() and time.monotonic() < deadline:
                 time.sleep(_POLL_S)
-        return super().rm_file(path, *args, **kwargs)
+        # Overriding rm_file keeps fsspec from installing its sync wrapper of `_rm_file`: run that here.
+        return fsspec.asyn.sync(self.loop, self._rm_file, path, *args, **kwargs)
 
 
 class ReplacingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]

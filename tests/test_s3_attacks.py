@@ -378,6 +378,28 @@ def test_a_server_that_stops_answering_is_bounded_by_the_configured_timeouts(s3_
             assert torch.equal(manager.load("run/after")["model"]["w"], state(5.0)["model"]["w"])
 
 
+def test_missing_credentials_fail_the_save_with_an_error_naming_the_url(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key in the options, the environment or a config file: the first lookup used to raise botocore's
+    NoCredentialsError itself."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-role probe
+    bucket = s3_server.config().url
+    options = {"endpoint_url": s3_server.endpoint, "skip_instance_cache": True, "config_kwargs": FAST_FAIL}
+    config = FsspecStorageConfig(url=bucket, part_size=TEST_PART_SIZE, storage_options=options)
+    with sync_manager(config) as manager:
+        start = time.monotonic()
+        with pytest.raises(ObjectStoreError, match="(?i)credentials") as caught:
+            manager.save("run/step_1", state(1.0))
+        assert time.monotonic() - start < BOUND_S
+    assert f"{bucket}/run/step_1" in str(caught.value)
+    assert not s3_server.config(bucket=bucket.split("://", 1)[1]).create_storage().exists(Path("run/step_1"))
+
+
 # ------------------------------------------------------------------------------------- a killed async writer
 
 KILLED_WRITER_CHILD = """
