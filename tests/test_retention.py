@@ -352,3 +352,16 @@ def test_a_checkpoint_re_saved_since_the_listing_is_not_deleted(tmp_path: Path) 
     assert delete_checkpoint(doomed[0].path, expected=doomed[0]) is False
     assert [c.name for c in list_checkpoints(tmp_path)] == ["a", "b"]
     assert delete_checkpoint(tmp_path / "a", expected=list_checkpoints(tmp_path)[0]) is True
+
+
+def test_retention_does_not_delete_files_a_checkpoint_does_not_list(tmp_path: Path, caplog: Any) -> None:
+    """What save() refuses to replace (a checkpoint holding a user's files), retention refuses to delete."""
+    with CheckpointManager(_config(False, None)) as m:
+        m.save(str(tmp_path / "step_1"), {"w": torch.ones(2)}, step=1)
+    (tmp_path / "step_1" / "notes.txt").write_text("why this run diverged")
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    with CheckpointManager(_config(False, RetentionPolicy(keep_last=1))) as m:
+        m.save(str(tmp_path / "step_2"), {"w": torch.ones(2)}, step=2)
+    assert (tmp_path / "step_1" / "notes.txt").read_text() == "why this run diverged"
+    assert [c.step for c in list_checkpoints(tmp_path)] == [1, 2]
+    assert any("notes.txt" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)

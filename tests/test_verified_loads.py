@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -529,6 +530,18 @@ def test_malformed_manifest_raises_corrupt_naming_the_field(
     mgr.save(str(root), {"model": torch.ones(2)})
     _edit_manifest(root, edit)
     with pytest.raises(CorruptCheckpointError, match=rf"manifest.json.*{field}"):
+        mgr.load(str(root), into={"model": torch.zeros(2)})
+
+
+def test_an_overflowing_number_in_the_manifest_is_refused_naming_the_field(
+    tmp_path: Path, mgr: CheckpointManager
+) -> None:
+    """JSON's `1e400` is no NaN/Infinity token, yet parses as infinity: refused like them (a commit time)."""
+    root = tmp_path / "ck"
+    mgr.save(str(root), {"model": torch.ones(2)})
+    text = (root / "manifest.json").read_text()
+    (root / "manifest.json").write_text(re.sub(r'"commit_time": [0-9.e+]+', '"commit_time": 1e400', text))
+    with pytest.raises(CorruptCheckpointError, match=r"manifest.json.*commit_time"):
         mgr.load(str(root), into={"model": torch.zeros(2)})
 
 

@@ -190,13 +190,29 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
             f"Refusing to save to {final}: a checkpoint already exists there, and this storage cannot replace "
             f"one atomically (Storage.atomic_rename=False). Delete it first, or save to a new id."
         )
-    known = {posixpath.normpath(rec.path) for rec in manifest.files} | set(RESERVED_FILE_NAMES)
-    foreign = [e for e in entries if not e.endswith("/") and e not in known]
+    foreign = _unlisted(entries, manifest)
     if foreign:
         raise CommitError(
             f"Refusing to replace the checkpoint {final}: it also holds files that are not part of it "
             f"({_listing(foreign)}); replacing it would delete them. Move them out, or save to another id."
         )
+
+
+def files_not_listed(storage: Storage, path: Path) -> list[str]:
+    """The files under a checkpoint directory that its manifest does not list (a user's notes, a nested
+    checkpoint): what replacing or deleting the checkpoint would lose. Every file when no manifest can be read
+    (then the directory is not ours to remove)."""
+    entries = _walk(storage, path)
+    try:
+        manifest = _read_manifest(storage, path / MANIFEST_FILE_NAME)
+    except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError):
+        return [e for e in entries if not e.endswith("/")]
+    return _unlisted(entries, manifest)
+
+
+def _unlisted(entries: list[str], manifest: Manifest) -> list[str]:
+    known = {posixpath.normpath(rec.path) for rec in manifest.files} | set(RESERVED_FILE_NAMES)
+    return [e for e in entries if not e.endswith("/") and e not in known]
 
 
 def _walk(storage: Storage, root: Path) -> list[str]:

@@ -209,6 +209,8 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
     if metrics is not None and not all(_is_number(v) for v in metrics.values()):
         raise CorruptCheckpointError(f"{where}: field 'metrics' must map names to numbers.")
     commit_time = _optional(d, "commit_time", (int, float), where)
+    if commit_time is not None and not _is_number(commit_time):  # JSON's 1e400 parses as infinity
+        raise CorruptCheckpointError(f"{where}: field 'commit_time' must be a finite number, got {commit_time!r}.")
     return Manifest(
         world_size,
         _field(d, "library_version", str, where),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from torch_checkpointing.commit import files_not_listed
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
@@ -142,6 +143,16 @@ def delete_checkpoint(
     src = Path(path)
     if expected is not None and not _still(storage, src, expected):
         logger.info("Retention left %s alone: it was re-saved since it was listed", src)
+        return False
+    foreign = files_not_listed(storage, src)
+    if foreign:  # what save() refuses to replace, retention refuses to delete
+        logger.warning(
+            "Retention left checkpoint %s alone: it also holds files that are not part of it (%s%s); deleting it "
+            "would delete them. Move them out, or delete the directory yourself.",
+            src,
+            ", ".join(foreign[:5]),
+            " ..." if len(foreign) > 5 else "",
+        )
         return False
     trash = _trash_name(src)
     try:
