@@ -304,12 +304,13 @@ class CheckpointProcess:
                     raise _unpicklable(request) from exc
                 reply = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
-                code = self._proc.exitcode if self._proc is not None else None
+                code = _exit_code(self._proc)
                 self._start_in_background()
                 then = "It was stopped by close()." if self._closing else "It is restarted for the next save."
                 raise WriterProcessDied(
                     f"Checkpoint writer process died during the write of {request.plan.checkpoint_dir} (exit code "
-                    f"{code}); no checkpoint was committed there. {then}"
+                    f"{code}). The id holds its previous checkpoint, or this one if the writer died right after "
+                    f"committing it; a load returns one of them whole. {then}"
                 ) from exc
         if isinstance(reply, Failed):
             raise reply.error
@@ -361,6 +362,15 @@ class CheckpointProcess:
             _reap(proc, self.config.subprocess_shutdown_timeout_secs)
         if conn is not None:
             conn.close()
+
+
+def _exit_code(proc: Any) -> int | None:
+    """A dead writer's exit code (a negative signal number), once the kernel has it: the pipe breaks a moment
+    before the process can be reaped."""
+    if proc is None:
+        return None
+    proc.join(1.0)
+    return proc.exitcode  # type: ignore[no-any-return]
 
 
 def _reap(proc: Any, timeout_s: float) -> None:
