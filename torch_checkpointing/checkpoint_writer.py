@@ -225,10 +225,10 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     commit = Commit(storage, CommitTarget(plan.checkpoint_dir, plan.tmp_dir, plan.overwrite))
     progress = _Progress()
     try:
-        with _interrupts_reported(plan.checkpoint_dir, progress):
+        with _interrupts_reported(plan.checkpoint_dir, progress, commit):
             nbytes = _write_and_commit(storage, request, commit, progress)
     except BaseException:
-        if plan.rank == 0 and not progress.committed:
+        if plan.rank == 0 and not progress.committed and not commit.is_committed():
             commit.discard()
         raise
     if plan.finalize_callback is not None:
@@ -240,7 +240,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
 
 
 @contextmanager
-def _interrupts_reported(checkpoint_dir: str, progress: _Progress) -> Iterator[None]:
+def _interrupts_reported(checkpoint_dir: str, progress: _Progress, commit: Commit) -> Iterator[None]:
     """Turn a Ctrl-C in the middle of a save into a KeyboardInterrupt that says what became of the save.
 
     Without this the interrupt surfaces from inside torch.save as a RuntimeError of its zip writer, which reads
@@ -263,7 +263,8 @@ def _interrupts_reported(checkpoint_dir: str, progress: _Progress) -> Iterator[N
     except BaseException as exc:
         if not interrupted:
             raise
-        state = "it was committed" if progress.committed else f"nothing was committed at {checkpoint_dir}"
+        done = progress.committed or commit.is_committed()  # the interrupt may land after the swap
+        state = "it was committed" if done else f"nothing was committed at {checkpoint_dir}"
         raise KeyboardInterrupt(
             f"Checkpoint save of {checkpoint_dir} interrupted (Ctrl-C): {state}; an earlier checkpoint there, "
             f"if any, is intact."

@@ -256,6 +256,12 @@ class Commit:
         self.storage = storage
         self.target = target
         self.renames = storage.atomic_rename
+        self._manifest_bytes: bytes | None = None  # what `publish` commits, once it got that far
+
+    def is_committed(self) -> bool:
+        """Whether the id now holds this save: its manifest is the one `publish` wrote (asked after a failure
+        or an interrupt, which can land after the swap, while the replaced copy is removed)."""
+        return self._manifest_bytes is not None and self._visible(self._manifest_bytes)
 
     @property
     def root(self) -> Path:
@@ -277,7 +283,7 @@ class Commit:
         root = self.root
         if metadata_json is not None:
             self.storage.write(root / METADATA_FILE_NAME, metadata_json.encode("utf-8"))
-        manifest_bytes = manifest.to_json().encode("utf-8")
+        manifest_bytes = self._manifest_bytes = manifest.to_json().encode("utf-8")
         if self.renames:
             self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)
             self.storage.delete(root / INCOMPLETE_MARKER)
