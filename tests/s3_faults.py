@@ -3,7 +3,7 @@
 * `FaultProxy`: a TCP proxy on loopback in front of the moto server. Every request is forwarded as it is,
   except those a rule names, which get a real HTTP error response (a 5xx with S3's XML error body) or no
   answer at all (the server hangs). The client talks HTTP to a socket, as it would to a real store.
-* `HoldingS3FileSystem`: real s3fs requests, pausing before the removal of a `.incomplete` marker until a
+* `HoldingS3FileSystem`: real s3fs requests, pausing before the manifest's creation (or the marker's removal) until a
   release file appears (it touches a `held` file first), so another process can act between a save's checks
   and its commit. A module of its own so that a child process finds the class by name.
 * `ReplacingS3FileSystem`: replaces an object on the server (a real PUT) right after the first ranged GET of
@@ -143,20 +143,31 @@ def _error_response(rule: Rule) -> bytes:
 
 
 class HoldingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
-    """Pauses before removing a `.incomplete` marker, the first step of an object-store commit (after its
-    checks have passed): touches `held_file`, then waits for `release_file`."""
+    """Pauses an object-store commit: before creating `manifest.json` (its first store step, after its checks
+    have passed), or with `hold_on="marker"` before removing the `.incomplete` marker (its last): touches
+    `held_file`, then waits for `release_file`."""
 
-    def __init__(self, *args: Any, held_file: str = "", release_file: str = "", **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, held_file: str = "", release_file: str = "", hold_on: str = "manifest", **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.held_file, self.release_file = held_file, release_file
+        self.held_file, self.release_file, self.hold_on = held_file, release_file, hold_on
+
+    def _hold(self) -> None:
+        Path(self.held_file).touch()
+        deadline = time.monotonic() + 120
+        while not Path(self.release_file).exists() and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+
+    def pipe_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        if self.held_file and self.hold_on == "manifest" and path.endswith("/manifest.json"):
+            self._hold()
+        # Overriding pipe_file keeps fsspec from installing its sync wrapper of `_pipe_file`: run that here.
+        return fsspec.asyn.sync(self.loop, self._pipe_file, path, *args, **kwargs)
 
     def rm_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
-        if self.held_file and path.endswith("/.incomplete"):
-            Path(self.held_file).touch()
-            deadline = time.monotonic() + 120
-            while not Path(self.release_file).exists() and time.monotonic() < deadline:
-                time.sleep(_POLL_S)
-        # Overriding rm_file keeps fsspec from installing its sync wrapper of `_rm_file`: run that here.
+        if self.held_file and self.hold_on == "marker" and path.endswith("/.incomplete"):
+            self._hold()
         return fsspec.asyn.sync(self.loop, self._rm_file, path, *args, **kwargs)
 
 

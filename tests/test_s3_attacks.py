@@ -218,7 +218,8 @@ from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 args = json.loads(sys.argv[1])
-fs = HoldingS3FileSystem(**args["options"], held_file=args["held"], release_file=args["release"])
+hold_on = args.get("hold_on", "manifest")
+fs = HoldingS3FileSystem(**args["options"], held_file=args["held"], release_file=args["release"], hold_on=hold_on)
 config = FsspecStorageConfig(url=args["url"], part_size=args["part_size"], filesystem=fs)
 with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)) as m:
     try:
@@ -465,3 +466,43 @@ def test_a_writer_killed_mid_upload_commits_nothing_and_the_next_save_works(
     # The trainer saw its writer die and discarded the prefix, or left it marked: never an unmarked leftover.
     leftovers = [(Path(o.path).name, o.kind) for o in list_leftovers(run, storage)]
     assert leftovers in ([], [("step_2", "incomplete")]), leftovers
+
+
+def test_a_commit_killed_before_its_marker_is_removed_is_incomplete_and_recognised(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The marker goes last: a save killed between its manifest and the marker's removal leaves both, which a
+    load refuses as incomplete, `latest_checkpoint` skips, and gc lists as an unfinished save of ours. With the
+    marker removed first, the same kill left a manifest-less, marker-less prefix that nothing recognised."""
+    from torch_checkpointing.discovery import latest_checkpoint, list_leftovers
+    from torch_checkpointing.errors import IncompleteCheckpointError
+
+    config = s3_server.config()
+    held, release = tmp_path / "held", tmp_path / "release"
+    args = {
+        "options": s3_server.storage_options(),
+        "url": config.url,
+        "part_size": config.part_size,
+        "id": "run/killed",
+        "held": str(held),
+        "release": str(release),
+        "hold_on": "marker",
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", HOLDING_CHILD, json.dumps(args)], cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not held.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert held.exists(), "the save never reached the marker's removal"
+    finally:
+        child.kill()
+        child.wait(30)
+    storage = config.create_storage()
+    assert storage.exists(Path("run/killed/manifest.json"))  # the kill landed after the manifest
+    with sync_manager(config) as manager, pytest.raises(IncompleteCheckpointError):
+        manager.load("run/killed")
+    assert latest_checkpoint("run", storage) is None
+    assert [(Path(lo.path).name, lo.kind, lo.recognised) for lo in list_leftovers("run", storage)] == [
+        ("killed", "incomplete", True)
+    ]

@@ -259,9 +259,15 @@ class Commit:
         self._manifest_bytes: bytes | None = None  # what `publish` commits, once it got that far
 
     def is_committed(self) -> bool:
-        """Whether the id now holds this save: its manifest is the one `publish` wrote (asked after a failure
-        or an interrupt, which can land after the swap, while the replaced copy is removed)."""
-        return self._manifest_bytes is not None and self._visible(self._manifest_bytes)
+        """Whether the id now holds this save: its manifest is the one `publish` wrote and no marker is left
+        (asked after a failure or an interrupt, which can land after the swap, while the replaced copy is
+        removed)."""
+        if self._manifest_bytes is None or not self._visible(self._manifest_bytes):
+            return False
+        try:
+            return not self.storage.exists(Path(self.target.final) / INCOMPLETE_MARKER)
+        except Exception:  # cannot tell: not committed, so the save reports a failure
+            return False
 
     @property
     def root(self) -> Path:
@@ -293,11 +299,13 @@ class Commit:
             still_wanted()
             self._swap(manifest_bytes, replacing)
         else:
-            # Here the id is the root itself, still marked incomplete until the next line.
+            # Here the id is the root itself. The manifest goes first and the marker last (the commit): a crash
+            # in between leaves both, which readers take as incomplete and gc collects as ours (marker first
+            # would leave neither: nothing to recognise, and the id refused to every later save).
             check_target(self.storage, self.target.final, self.target.overwrite)
-            self.storage.delete(root / INCOMPLETE_MARKER)
             still_wanted()
-            self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)  # the commit: written last
+            self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)
+            self.storage.delete(root / INCOMPLETE_MARKER)
         self._after_commit(lambda: self.storage.sync_directory(Path(self.target.final).parent), "sync its parent")
 
     def _check_visible(self, manifest: Manifest) -> None:
