@@ -218,8 +218,8 @@ from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 args = json.loads(sys.argv[1])
-hold_on = args.get("hold_on", "manifest")
-fs = HoldingS3FileSystem(**args["options"], held_file=args["held"], release_file=args["release"], hold_on=hold_on)
+hold = {"held_file": args["held"], "release_file": args["release"], "hold_on": args["hold_on"]}
+fs = HoldingS3FileSystem(**args["options"], **hold)
 config = FsspecStorageConfig(url=args["url"], part_size=args["part_size"], filesystem=fs)
 with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)) as m:
     try:
@@ -230,20 +230,20 @@ with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig()
 """
 
 
-def test_two_processes_committing_one_id_leave_exactly_one_checkpoint_that_loads(
-    s3_server: S3Server, tmp_path: Path
-) -> None:
-    """Process A passes every check of its commit, then pauses; process B saves the same id and commits. A's
-    manifest used to land over B's: both reported success, and A's manifest described B's bytes."""
-    config = s3_server.config()
-    held, release = tmp_path / "held", tmp_path / "release"
+def _held_save(
+    s3_server: S3Server, config: FsspecStorageConfig, tmp_path: Path, checkpoint_id: str, hold_on: str
+) -> subprocess.Popen[bytes]:
+    """A process saving `checkpoint_id` under `config`, paused in its commit (`HoldingS3FileSystem`) until
+    `tmp_path/release` exists; returned once it is paused (its output on a pipe)."""
+    held = tmp_path / "held"
     args = {
         "options": s3_server.storage_options(),
         "url": config.url,
         "part_size": config.part_size,
-        "id": "run/contested",
+        "id": checkpoint_id,
         "held": str(held),
-        "release": str(release),
+        "release": str(tmp_path / "release"),
+        "hold_on": hold_on,
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     child = subprocess.Popen(
@@ -253,11 +253,25 @@ def test_two_processes_committing_one_id_leave_exactly_one_checkpoint_that_loads
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+    deadline = time.monotonic() + 120
+    while not held.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not held.exists():
+        child.kill()
+        output = child.communicate(timeout=30)[0].decode(errors="replace")
+        pytest.fail(f"the save never reached the held step of its commit ({hold_on}):\n{output[-3000:]}")
+    return child
+
+
+def test_two_processes_committing_one_id_leave_exactly_one_checkpoint_that_loads(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """Process A passes every check of its commit, then pauses; process B saves the same id and commits. A's
+    manifest used to land over B's: both reported success, and A's manifest described B's bytes."""
+    config = s3_server.config()
+    release = tmp_path / "release"
+    child = _held_save(s3_server, config, tmp_path, "run/contested", "manifest")
     try:
-        deadline = time.monotonic() + 120
-        while not held.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert held.exists(), "the first save never reached its commit"
         with sync_manager(config) as manager:
             manager.save("run/contested", state(2.0))
             release.touch()
@@ -478,26 +492,9 @@ def test_a_commit_killed_before_its_marker_is_removed_is_incomplete_and_recognis
     from torch_checkpointing.errors import IncompleteCheckpointError
 
     config = s3_server.config()
-    held, release = tmp_path / "held", tmp_path / "release"
-    args = {
-        "options": s3_server.storage_options(),
-        "url": config.url,
-        "part_size": config.part_size,
-        "id": "run/killed",
-        "held": str(held),
-        "release": str(release),
-        "hold_on": "marker",
-    }
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen([sys.executable, "-c", HOLDING_CHILD, json.dumps(args)], cwd=REPO, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while not held.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert held.exists(), "the save never reached the marker's removal"
-    finally:
-        child.kill()
-        child.wait(30)
+    child = _held_save(s3_server, config, tmp_path, "run/killed", "marker")
+    child.kill()
+    child.wait(30)
     storage = config.create_storage()
     assert storage.exists(Path("run/killed/manifest.json"))  # the kill landed after the manifest
     with sync_manager(config) as manager, pytest.raises(IncompleteCheckpointError):

@@ -22,17 +22,8 @@ from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
 
-from torch_checkpointing.errors import (
-    CheckpointError,
-    CommitError,
-    CorruptCheckpointError,
-    IncompleteCheckpointError,
-    ObjectStoreError,
-    RefusedPickleError,
-    TemplateMismatchError,
-    UnsafeCheckpointError,
-    WriterProcessDied,
-)
+from torch_checkpointing import errors
+from torch_checkpointing.errors import CheckpointError, CommitError
 
 __all__ = [
     "Contribution",
@@ -175,18 +166,10 @@ def _kind_of(reason: str) -> type[CheckpointError]:
 
 
 _MESSAGE_ONLY_ERRORS: dict[str, type[CheckpointError]] = {
-    cls.__name__: cls
-    for cls in (
-        CheckpointError,
-        CorruptCheckpointError,
-        IncompleteCheckpointError,
-        ObjectStoreError,
-        RefusedPickleError,
-        TemplateMismatchError,
-        UnsafeCheckpointError,
-        WriterProcessDied,
-    )
-}
+    name: cls
+    for name in errors.__all__
+    if isinstance(cls := getattr(errors, name), type) and issubclass(cls, CheckpointError) and cls is not CommitError
+}  # every error class of the engine that takes a message alone (CommitError also takes the failures)
 
 
 def _best_effort_exchange(step: str, transport: Transport, mine: Contribution) -> None:
