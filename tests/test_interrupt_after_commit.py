@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,18 @@ def _manager(storage: LocalFileSystemStorageConfig) -> CheckpointManager:
     return CheckpointManager(config)
 
 
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals reach the main thread")
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler, which the save's interrupt reporting takes over (a test runner's worker may
+    have replaced or ignored it); signals reach only the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can be set on the main thread only")
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("default_sigint")
 def test_a_ctrl_c_after_the_swap_reports_the_commit(tmp_path: Path) -> None:
     plain = _manager(LocalFileSystemStorageConfig(use_direct_io=False))
     try:

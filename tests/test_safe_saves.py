@@ -292,7 +292,7 @@ class CommitFileStorageConfig(MemoryStorageConfig):
         return CommitFileStorage(self.store)
 
 
-def test_commit_file_mode_writes_in_place_and_the_manifest_last() -> None:
+def test_commit_file_mode_writes_in_place_the_manifest_then_removes_the_marker() -> None:
     config = CommitFileStorageConfig()
     manager = _sync(storage_config=config)
     try:
@@ -301,9 +301,10 @@ def test_commit_file_mode_writes_in_place_and_the_manifest_last() -> None:
     finally:
         manager.close()
     assert torch.equal(out["model"]["w"], torch.full((8,), 1.0)) and out["meta"] == {"a": 1}
-    writes = [path for op, path in config.store.calls if op in ("write", "delete")]
-    assert writes[-1].endswith("step_5/manifest.json"), writes
-    assert writes[-2].endswith("step_5/.incomplete") and ("delete", writes[-2]) in config.store.calls
+    writes = [(op, path) for op, path in config.store.calls if op in ("write", "delete")]
+    # The marker's removal is the commit, after the manifest: a crash between them leaves both (incomplete).
+    assert writes[-1][0] == "delete" and writes[-1][1].endswith("step_5/.incomplete"), writes
+    assert writes[-2] == ("write", "mem:/bucket/run/step_5/manifest.json"), writes
     assert not any(".tmp-" in path for _, path in config.store.calls), "commit-file mode used a temporary name"
     assert json.loads(config.store.files["mem:/bucket/run/step_5/manifest.json"])["step"] == 5
 

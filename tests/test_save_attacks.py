@@ -378,7 +378,8 @@ def test_a_relative_id_after_chdir_is_saved_where_the_caller_is(
         assert _value(manager, Path("ck")) == 1.0
     finally:
         manager.close()
-    assert sorted(os.listdir(moved_to)) == ["ck"] and os.listdir(started_in) == []
+    # (The writer still runs in started_in: a coverage run leaves its data file there.)
+    assert sorted(os.listdir(moved_to)) == ["ck"] and "ck" not in os.listdir(started_in)
 
 
 # ------------------------------------------------------------------ another save committing between check and swap
