@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.launcher import launch
+from tests.test_verified_loads_multirank import _flip
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -34,14 +35,6 @@ def _manager(timeout_s: float | None = None, collective: bool = True) -> Checkpo
 
 def _value(step: int) -> torch.Tensor:
     return torch.full((64,), float(100 * step + dist.get_rank()))
-
-
-def _flip(path: Path, needle: bytes) -> None:
-    data = bytearray(path.read_bytes())
-    at = data.find(needle)
-    assert at >= 0, f"{needle!r} is not in {path}: the damage would land elsewhere"
-    data[at + 1] ^= 1
-    path.write_bytes(bytes(data))
 
 
 def _outcome(manager: CheckpointManager, checkpoint_id: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.test_reshard_plans import make_md
+from tests.test_verified_loads import WholeFileResharder
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing import dtensor_resharder as dr
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
@@ -75,29 +76,17 @@ class RankOverride(AlwaysReshard):
         return super().load_as_rank(rank, *args)
 
 
-class CopyAll(Resharder):
+class CopyAll(WholeFileResharder):
     """A custom resharder (not a DTensorResharder): its `load` gets the public arguments and nothing planned."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
 
-    def extract_sharding_metadata(self, item_key: str, item_value: Any) -> dict[Any, Any]:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*plain.*")
-            return DTensorResharder().extract_sharding_metadata(item_key, item_value)
-
-    def should_reshard(self, source_metadata: Any, target_metadata: Any) -> bool:
-        return source_metadata is not None
-
     def load(
         self, source_path: Path, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
     ) -> list[Any]:
-        import io
-
         self.calls.append((source_path, item_key, target_metadata, source_metadata, target, storage))
-        saved = torch.load(io.BytesIO(storage.read(source_metadata.get_file_path(0, source_path, item_key))))
-        target["w"].copy_(saved["w"])
-        return []
+        return super().load(source_path, item_key, target_metadata, source_metadata, target, storage)
 
 
 def _values() -> dict[str, dict[str, torch.Tensor]]:
