@@ -4,7 +4,8 @@ Tensors are filled with `copy_()` so the caller's objects (model parameters, opt
 identity; nothing is resized or cast silently. What is merged entry by entry is decided by the traversal's
 container rule (any Mapping, list or tuple), the rule the save walked the value with: any other value (a
 `UserList`, a `deque`, a `set`) was stored whole, so it is replaced whole, and a container never merges with
-a leaf.
+a leaf. An empty list or tuple is a container like any other: every stored entry under it is one the template
+lacks (added to a list in place, reported, refused by `strict=True`), as under an empty dict.
 """
 
 from __future__ import annotations
@@ -135,8 +136,6 @@ class _Walker:
         return rebuild(target, dict(out))  # an immutable Mapping keeps its type where it can be rebuilt
 
     def _merge_sequence(self, path: NestedPath, source: list[Any] | tuple[Any, ...], target: Any) -> Any:
-        if len(target) == 0:
-            return source
         merged = [
             self.merge((*path, i), source[i], t) if i < len(source) else _record(self.missing, self.key, path, i, t)
             for i, t in enumerate(target)
