@@ -8,9 +8,11 @@ import json
 import math
 import os
 import random
+import threading
 import warnings
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from torch_checkpointing.checksum import (
     block_crc32s,
     combine_blocks,
     crc32_combine,
+    crc32_parallel,
 )
 from torch_checkpointing.errors import CorruptCheckpointError
 from torch_checkpointing.manifest import parse_manifest
@@ -47,6 +50,60 @@ def test_crc32_combine_equals_zlib_crc32_of_the_concatenation(len2: int) -> None
     want = zlib.crc32(a + b)
     assert _python_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == want  # the zlib fallback's own combine
     assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == want  # whichever library is installed
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+@pytest.mark.parametrize("size", [0, 1, 1999, 2000, 2001, 7 * 1000 + 3])
+def test_crc32_parallel_equals_one_pass(size: int, workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_checkpointing import checksum
+
+    monkeypatch.setattr(checksum, "PARALLEL_PIECE_BYTES", 1000)  # pieces of this test's small buffers
+    data = random.Random(size).randbytes(size)
+    with ThreadPoolExecutor(4) as pool:
+        view = memoryview(data)
+        assert crc32_parallel(view, pool, workers) == zlib.crc32(data)
+        view.release()  # every piece was released: the buffer (an mmap, in a load) can be closed
+
+
+def test_a_whole_file_checked_in_pieces_finds_damage_in_each_piece(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large file's CRC32 is computed in pieces on several cores; damage in any piece still fails the load."""
+    from torch_checkpointing import checksum, read_context
+
+    monkeypatch.setattr(checksum, "PARALLEL_PIECE_BYTES", 64 * 1024)
+    monkeypatch.setattr(read_context, "_CHUNK_WORKERS", 4)
+    threads: set[str] = set()
+    one_pass = checksum.crc32
+
+    def spy(data: Any, value: int = 0) -> int:
+        threads.add(threading.current_thread().name)
+        return one_pass(data, value)
+
+    monkeypatch.setattr(checksum, "crc32", spy)
+    root = tmp_path / "ck"
+    values = torch.arange(N, dtype=torch.float32)
+    _save(root, {"a": values}, reshard=False)
+    data = (root / "model_0.pt").read_bytes()
+    assert len(data) >= 4 * 64 * 1024  # four pieces
+    start = _offset_of(root / "model_0.pt", values)
+    for at in (start, start + 4 * N // 2, start + 4 * N - 1):
+        (root / "model_0.pt").write_bytes(data)
+        _flip(root / "model_0.pt", at)
+        with pytest.raises(CorruptCheckpointError, match=r"model_0.pt.*fails its CRC32 check"):
+            _load_whole(root)
+    (root / "model_0.pt").write_bytes(data)
+    assert torch.equal(_load_whole(root)["model"]["a"], values)
+    assert any(name.startswith("ckpt-crc") for name in threads)  # the pieces ran on the chunk pool
+
+
+def _load_whole(root: Path) -> dict[str, Any]:
+    m = _manager({"model": ItemSpec()})
+    try:
+        out: dict[str, Any] = m.load(str(root), into={"model": {"a": torch.zeros(N)}})
+        return out
+    finally:
+        m.close()
 
 
 @pytest.mark.parametrize("size", [0, 1, BLOCK_SIZE - 1, BLOCK_SIZE, 5 * BLOCK_SIZE + 77])

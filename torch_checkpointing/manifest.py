@@ -28,6 +28,7 @@ __all__ = [
     "check_json_tree",
     "parse_manifest",
     "read_manifest",
+    "read_stored_bounded",
 ]
 
 MANIFEST_FILE_NAME = "manifest.json"
@@ -149,8 +150,21 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
     if not storage.exists(path):
         return None
     local = storage.local_path(path)
-    data = _read_local_regular(local, path) if local is not None else storage.read(path)
+    data = _read_local_regular(local, path) if local is not None else read_stored_bounded(storage, path)
     return parse_manifest(data, str(path))
+
+
+def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest") -> bytes:
+    """Every byte of an engine file on a store with no local path (an object store), its size checked first.
+
+    The size comes from one HEAD and the read asks for exactly that many bytes (a store's `read_range` returns
+    them or raises), so a crafted 300 MiB manifest is refused unread instead of downloaded whole (29 s and its
+    size in memory on S3).
+    """
+    size = storage.getsize(path)
+    if size > MAX_MANIFEST_BYTES:
+        raise CorruptCheckpointError(f"{path} is {size} bytes, larger than {MAX_MANIFEST_BYTES}; it is not {what}.")
+    return storage.read_range(path, 0, size) if size else b""
 
 
 def _read_local_regular(local: str, path: Path) -> bytes:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32
+from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32, crc32_parallel
 from torch_checkpointing.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -55,6 +55,7 @@ from torch_checkpointing.manifest import (
     check_json_tree,
     parse_manifest,
     read_regular_file,
+    read_stored_bounded,
 )
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 
@@ -63,6 +64,7 @@ __all__ = ["MAX_METADATA_BYTES", "CheckedFile", "CheckpointReadContext", "ReadPo
 logger = logging.getLogger("torch_checkpointing.read_context")
 
 MAX_METADATA_BYTES = 256 * 1024 * 1024
+_CHUNK_WORKERS = max(1, min(4, os.cpu_count() or 1))  # threads checking pieces of one file (and ranged blocks)
 _VERIFY_CHUNK = 16 * 1024 * 1024  # bytes read at a time when checking blocks nobody asked to keep
 _KEPT_BLOCKS = 32  # object stores: checked blocks kept for the next ranged read (the ends of each range)
 # Object stores: bytes a check phase fetched and checked (`verify_range`), kept for the copy phase's `read_range`
@@ -314,7 +316,8 @@ class CheckpointReadContext:
                 raise self._missing(rel, what)
             # The size from one HEAD; the bytes on demand: a resharding read then fetches only the blocks its
             # byte ranges touch (issue 14), a whole read the object once.
-            return CheckedFile(rel, self.storage.getsize(path), record)
+            with self._vanishing(rel, what):
+                return CheckedFile(rel, self.storage.getsize(path), record)
         fd = self._open_contained(rel, what)
         try:
             st = os.fstat(fd)
@@ -361,9 +364,18 @@ class CheckpointReadContext:
         if self.manifest is not None:
             return CorruptCheckpointError(
                 f"File {self.root / rel} ({what}) is listed in the checkpoint's manifest but missing: the checkpoint "
-                f"was damaged, or replaced while this load ran (retry the load if another process overwrote it)."
+                f"was damaged, or replaced or deleted while this load ran (retry the load if another process overwrote it)."
             )
         return CorruptCheckpointError(f"File {self.root / rel} ({what}) does not exist.")
+
+    @contextlib.contextmanager
+    def _vanishing(self, rel: str, what: str) -> Iterator[None]:
+        """On a store without a held descriptor, a file can go between the listing and the read (another
+        process deleted or replaced the checkpoint): that is the checkpoint's state, not a caller's bug."""
+        try:
+            yield
+        except FileNotFoundError:
+            raise self._missing(rel, what) from None
 
     def _start_whole(self, checked: CheckedFile, outer: Future[None]) -> None:
         """Check the whole file on the verify pool (decoding proceeds meanwhile); `outer` gets the outcome."""
@@ -374,8 +386,12 @@ class CheckpointReadContext:
     def _get_chunk_pool(self) -> ThreadPoolExecutor:
         # Separate from the per-file pool: a file task waiting on chunk tasks in its own pool could deadlock.
         if self._chunk_pool is None:
-            self._chunk_pool = ThreadPoolExecutor(4, thread_name_prefix="ckpt-crc")
+            self._chunk_pool = ThreadPoolExecutor(_CHUNK_WORKERS, thread_name_prefix="ckpt-crc")
         return self._chunk_pool
+
+    def _crc32(self, view: memoryview) -> int:
+        """A whole file's CRC32, a large one split across the cores (the biggest file bounds the check phase)."""
+        return crc32_parallel(view, self._get_chunk_pool(), _CHUNK_WORKERS)
 
     def _get_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -387,7 +403,7 @@ class CheckpointReadContext:
             if record.blocks is not None:
                 self._verify_all_blocks(checked, record, view, what)
                 return
-            actual = crc32(view)
+            actual = self._crc32(view)
         if actual != record.crc32:
             raise CorruptCheckpointError(
                 f"File {self.root / checked.rel} ({what}) fails its CRC32 check (manifest {record.crc32:#010x}, "
@@ -408,7 +424,7 @@ class CheckpointReadContext:
                 f"combine to {recorded:#010x}, the file's CRC32 is recorded as {record.crc32:#010x}): the manifest is "
                 f"damaged. Load an earlier checkpoint."
             )
-        if crc32(view) != record.crc32:  # some block differs (they combine to the recorded CRC): name it
+        if self._crc32(view) != record.crc32:  # some block differs (they combine to the recorded CRC): name it
             actual = block_crc32s(view, blocks.block_size)
             for i, (want, got) in enumerate(zip(blocks.crc32s, actual, strict=True)):
                 if want != got:
@@ -448,7 +464,8 @@ class CheckpointReadContext:
         """An object store's file, fetched once and kept: what is verified is what is decoded."""
         with checked.fetch_lock:
             if checked.data is None:
-                data = self.storage.read(self.root / checked.rel)
+                with self._vanishing(checked.rel, checked.what):
+                    data = self.storage.read(self.root / checked.rel)
                 if len(data) != checked.size:
                     raise CorruptCheckpointError(
                         f"File {self.root / checked.rel} changed size while it was read ({checked.size} bytes, then "
@@ -529,7 +546,8 @@ class CheckpointReadContext:
         missing = [i for i in range(first, last + 1) if i not in pieces]
         for run in _runs(missing):
             lo, hi = blocks.span(run[0], checked.size)[0], blocks.span(run[-1], checked.size)[1]
-            view = memoryview(self.storage.read_range(self.root / checked.rel, lo, hi - lo))
+            with self._vanishing(checked.rel, checked.what):
+                view = memoryview(self.storage.read_range(self.root / checked.rel, lo, hi - lo))
             if len(view) != hi - lo:
                 raise CorruptCheckpointError(
                     f"File {self.root / checked.rel} returned {len(view)} bytes for [{lo}, {hi}); it was replaced "
@@ -584,7 +602,8 @@ class CheckpointReadContext:
         checked = self.check(rel_path, what)
         if checked.fd is None:
             if checked._start_whole is None:  # nothing to verify: fetched now, as it is
-                return self.storage.read(self.root / checked.rel)
+                with self._vanishing(checked.rel, what):
+                    return self.storage.read(self.root / checked.rel)
             data = self._whole_data(checked)
             self._checked_whole(rel_path, what)
             return data
@@ -608,7 +627,8 @@ class CheckpointReadContext:
         if checked.fd is None:
             if checked._start_whole is not None:
                 return self._whole_data(checked)[offset : offset + length]
-            return self.storage.read_range(self.root / checked.rel, offset, length)  # unverified: just these bytes
+            with self._vanishing(checked.rel, what):  # unverified: just these bytes
+                return self.storage.read_range(self.root / checked.rel, offset, length)
         return _pread_all(checked.fd, offset, length)
 
     def verify_range(self, rel_path: str, offset: int, length: int, what: str = "file") -> None:
@@ -676,10 +696,8 @@ class CheckpointReadContext:
     def _read_bounded(self, rel: str) -> bytes:
         """Read a root file that no manifest can vouch for (the manifest itself), bounded, regular only."""
         if self._dirfd is None:
-            data = self.storage.read(self.root / rel)
-            if len(data) > MAX_METADATA_BYTES:
-                raise CorruptCheckpointError(f"{self.root / rel} is larger than {MAX_METADATA_BYTES} bytes.")
-            return data
+            with self._vanishing(rel, "manifest"):
+                return read_stored_bounded(self.storage, self.root / rel)
         fd = self._open_contained(rel, "manifest")
         try:
             return read_regular_file(fd, self.root / rel)
