@@ -38,9 +38,15 @@ def make_manager(
 
 
 def import_engine() -> None:
-    """Import the engine up front, so that a timed construction measures the constructor, not the import."""
+    """Import the engine up front, so that a timed construction measures the constructor, not the import.
+
+    The package's public names load their modules on first access (lazy exports), so naming the package is not
+    enough: `CheckpointManager` itself is fetched here, as a script's `from torch_checkpointing import ...` does.
+    """
     import torch_checkpointing
-    import torch_checkpointing.storage.filesystem  # noqa: F401
+    import torch_checkpointing.storage.filesystem
+
+    assert torch_checkpointing.CheckpointManager is not None
 
 
 def no_copy_items(keys: list[str]) -> dict[str, Any]:

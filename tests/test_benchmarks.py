@@ -216,3 +216,23 @@ def test_plot_is_skipped_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp
     msg = plot(doc, tmp_path / "p.png")
     assert "skipped" in msg and "matplotlib" in msg
     assert not (tmp_path / "p.png").exists()
+
+
+def test_the_timed_construction_imports_no_engine_module() -> None:
+    """`manager_ctor_s` times the constructor: every module it needs was imported before the clock started
+    (the package's lazy exports once left checkpoint_manager's whole import tree inside the timing)."""
+    program = (
+        "import sys, torch\n"
+        "from benchmarks.config import BenchConfig\n"
+        "from benchmarks.engine_api import import_engine, make_manager\n"
+        "import_engine()\n"
+        "before = set(sys.modules)\n"
+        "manager = make_manager(BenchConfig())\n"
+        "manager.close()\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('torch_checkpointing')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1]
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
