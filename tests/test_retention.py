@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -281,14 +282,18 @@ def test_unowned_temporaries_are_collected_only_when_old(tmp_path: Path) -> None
 
 
 def test_replaced_copy_is_kept_while_it_is_the_only_one(tmp_path: Path) -> None:
+    """With nothing at its id it is moved back there (its replace was killed between its two renames); once a
+    committed checkpoint holds the id, a copy moved aside from it is garbage."""
     with CheckpointManager(_config(False, None)) as m:
         m.save(str(tmp_path / "ck"), {"x": 1})
-    dead_pid = _dead_pid()
-    aside = tmp_path / f".old_ck_{dead_pid}"
+    aside = tmp_path / f".old_ck_{_dead_pid()}"
     os.rename(tmp_path / "ck", aside)
     report = collect_garbage(tmp_path)
-    assert report.removed == [] and "only copy" in report.kept[0][1]
+    assert report.removed == [] and "the only copy of ck, moved back" in report.kept[0][1]
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
     with CheckpointManager(_config(False, None)) as m:
+        assert m.load(str(tmp_path / "ck")) == {"x": 1}
+        shutil.copytree(tmp_path / "ck", aside)
         m.save(str(tmp_path / "ck"), {"x": 2})
     assert [Path(lo.path) for lo in collect_garbage(tmp_path).removed] == [aside]
 

@@ -3,7 +3,9 @@
 Deleting is made crash-safe by renaming first: a checkpoint to be deleted is renamed to a trash name
 (`.{name}.trash-{pid}-{nonce}`), which no listing counts as a checkpoint, and only then removed. A kill during
 the removal therefore leaves a trash directory for the next `gc`, never a half-deleted directory that still
-looks committed. Every decision reads manifests only; nothing here touches the writer or the staging code.
+looks committed. Hidden names are cut to fit NAME_MAX (`names`). gc also puts back a checkpoint whose
+non-exchange replace was killed between its two renames (nothing at the id, the old copy aside). Every decision
+reads manifests only; nothing here touches the writer or the staging code.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import contextlib
 import logging
 import math
 import os
-import stat
 import threading
 import time
 import uuid
@@ -24,6 +25,7 @@ from typing import Literal
 
 from torch_checkpointing.commit import files_not_listed
 from torch_checkpointing.discovery import (
+    OLD_RE,
     CheckpointInfo,
     Leftover,
     checkpoint_info,
@@ -33,6 +35,7 @@ from torch_checkpointing.discovery import (
     newest_intact,
 )
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
+from torch_checkpointing.names import NAME_MAX, aside_name, cut_from, may_be_cut, trash_name
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
@@ -128,7 +131,7 @@ def _best(checkpoints: list[CheckpointInfo], metric: str, mode: str, n: int) -> 
 
 
 def _trash_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.trash-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    return path.with_name(trash_name(path.name, os.getpid(), uuid.uuid4().hex[:8]))
 
 
 def delete_checkpoint(
@@ -183,36 +186,15 @@ def _sync_parent(storage: Storage, path: Path) -> None:
 
 
 def _remove(storage: Storage, path: Path, what: str) -> bool:
+    """Remove a trash or leftover directory; a local store removes its manifest and marker last (see
+    `LocalFileSystemStorage.rmdir`), so a removal killed midway leaves a directory gc still recognises."""
     try:
-        _remove_contents_but_marks(storage, path)
         storage.rmdir(path)
     except OSError as exc:
         logger.warning("Could not remove %s at %s (%s); `torch-checkpointing gc` will retry", what, path, exc)
         return False
     logger.info("Deleted %s (%s)", what, path)
     return True
-
-
-def _remove_contents_but_marks(storage: Storage, path: Path) -> None:
-    """Remove everything below a local directory except its top-level manifest and `.incomplete` marker.
-
-    Those two are what tell gc the directory is ours (see `discovery._marked`), so a removal killed at any
-    point leaves a directory gc still recognises, never an anonymous half that looks like a user's folder.
-    Symbolic links are unlinked, never followed. Object stores have no such partial state worth ordering.
-    """
-    local = storage.local_path(path)
-    if local is None or os.path.islink(local):
-        return
-    marks = {os.path.join(local, MANIFEST_FILE_NAME), os.path.join(local, INCOMPLETE_MARKER)}
-    for dirpath, dirnames, filenames in os.walk(local, topdown=False):
-        for name in filenames + dirnames:
-            full = os.path.join(dirpath, name)
-            if full in marks:
-                continue
-            if stat.S_ISDIR(os.lstat(full).st_mode):
-                os.rmdir(full)
-            else:
-                os.unlink(full)
 
 
 def apply_retention(
@@ -250,14 +232,65 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
         return "incomplete checkpoint at its final name (a store without atomic rename may still be writing it)"
     if leftover.owner_alive:
         return "its owner is alive"
-    if leftover.kind == "replaced" and not _committed(storage, root / leftover.checkpoint_name):
-        return f"the only copy of {leftover.checkpoint_name} (no committed checkpoint replaced it)"
+    if leftover.kind == "replaced":
+        target = _replaced_id(leftover, root, storage)
+        if target is None:
+            return (
+                f"the only copy of a checkpoint whose id starts with {leftover.checkpoint_name!r} (its name was cut "
+                f"to fit {NAME_MAX} bytes and nothing is at the id): rename it back to its id by hand"
+            )
+        if not _committed(storage, root / target):
+            return f"the only copy of {target} (no committed checkpoint replaced it)"
     if leftover.owner_alive is None:
         local = storage.local_path(Path(leftover.path))
         age = now - os.path.getmtime(local) if local is not None else 0.0
         if age < unowned_after_s:
             return f"owner unknown on this host and only {age:.0f}s old (< {unowned_after_s:.0f}s)"
     return None
+
+
+def _replaced_id(leftover: Leftover, root: Path, storage: Storage) -> str | None:
+    """The id a replaced copy was moved aside from; None when its name was cut and no sibling matches it."""
+    name = Path(leftover.path).name
+    match = OLD_RE.match(name)
+    if match is None or not may_be_cut(name):
+        return leftover.checkpoint_name
+    pid = int(match["pid"])
+    return cut_from(name, storage.ls(root), lambda sibling: aside_name(sibling, pid))
+
+
+def _restorable(leftover: Leftover, root: Path, storage: Storage) -> str | None:
+    """The id to move a replaced copy back under, when its replacement was killed between its two renames.
+
+    That crash (the fallback replace of a store without an atomic exchange) leaves nothing at the id and the
+    old checkpoint aside; a load of the id would find nothing. It is put back once its process is gone and
+    nothing else took the id (a later save's checkpoint there makes the copy garbage instead).
+    """
+    if leftover.kind != "replaced" or not leftover.recognised or leftover.owner_alive is not False:
+        return None
+    name = Path(leftover.path).name
+    if may_be_cut(name) or checkpoint_info(leftover.path, storage) is None:
+        return None  # a cut name does not tell the id; an incomplete copy is no checkpoint to restore
+    target = root / leftover.checkpoint_name
+    local = storage.local_path(target)
+    taken = os.path.lexists(local) if local is not None else storage.exists(target)
+    return None if taken else leftover.checkpoint_name
+
+
+def _restore(storage: Storage, leftover: Leftover, target: Path) -> bool:
+    try:
+        storage.rename(Path(leftover.path), target, is_directory=True)
+    except OSError as exc:
+        logger.warning("gc could not move %s back to %s (%s); rename it by hand", leftover.path, target, exc)
+        return False
+    _sync_parent(storage, target)
+    logger.warning(
+        "Restored checkpoint %s from %s: the save that replaced it was killed between its two renames, so the id "
+        "held nothing (the unfinished save's temporary, if any, is garbage)",
+        target,
+        leftover.path,
+    )
+    return True
 
 
 def _committed(storage: Storage, path: Path) -> bool:
@@ -282,6 +315,14 @@ def collect_garbage(
     base, now = Path(root), time.time()
     report = GcReport()
     for leftover in list_leftovers(base, storage):
+        restore_to = _restorable(leftover, base, storage)
+        if restore_to is not None:
+            if dry_run or _restore(storage, leftover, base / restore_to):
+                verb = "to be moved back" if dry_run else "moved back"
+                report.kept.append((leftover, f"the only copy of {restore_to}, {verb} under its id"))
+            else:
+                report.failed.append(leftover)
+            continue
         why = _why_keep(leftover, base, storage, unowned_after_s, now)
         if why is not None:
             report.kept.append((leftover, why))

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_checkpointing.names import aside_name
+
 _log = logging.getLogger("torch_checkpointing.storage")
 
 
@@ -147,13 +149,15 @@ class Storage(ABC):
     def replace_directory(self, src: Path, dst: Path) -> None:
         """Move the complete directory `src` to `dst`, replacing any `dst` only once `src` is in place.
 
-        The fallback renames the old `dst` aside first, so a crash between the two renames leaves the
-        old checkpoint intact beside its id (never damaged); backends with an atomic exchange override it.
+        The fallback renames the old `dst` aside first (`names.aside_name`, cut to fit NAME_MAX), so a crash
+        between the two renames leaves the old checkpoint intact beside its id, never damaged: gc (`retention.
+        collect_garbage`) moves it back under the id once its process is gone. Backends with an atomic exchange
+        override it.
         """
         if not self.exists(dst):
             self.rename(src, dst, is_directory=True)
             return
-        aside = dst.with_name(f".old_{dst.name}_{os.getpid()}")
+        aside = dst.with_name(aside_name(dst.name, os.getpid()))
         self.rename(dst, aside, is_directory=True)
         try:
             self.rename(src, dst, is_directory=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -9,10 +10,12 @@ import io
 import logging
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 from torch_checkpointing.storage.direct_io import DurableFileWriter
 
@@ -44,6 +47,29 @@ def _renameat2() -> Any | None:
         func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
         func.restype = ctypes.c_int
     return func
+
+
+def remove_tree_marks_last(local: str) -> None:
+    """Remove the directory `local`: everything below it bottom-up, then its manifest, marker and itself.
+
+    Symbolic links below it are unlinked, never followed; `local` itself must not be one.
+    """
+    if os.path.islink(local):
+        raise OSError(errno.ENOTDIR, "Refusing to remove a symbolic link as a directory", local)
+    marks = [os.path.join(local, MANIFEST_FILE_NAME), os.path.join(local, INCOMPLETE_MARKER)]
+    for dirpath, dirnames, filenames in os.walk(local, topdown=False):
+        for name in filenames + dirnames:
+            full = os.path.join(dirpath, name)
+            if full in marks:
+                continue
+            if stat.S_ISDIR(os.lstat(full).st_mode):
+                os.rmdir(full)
+            else:
+                os.unlink(full)
+    for mark in marks:  # the manifest before the marker: a directory holding both then holds the marker alone
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(mark)
+    os.rmdir(local)
 
 
 class LocalFileSystemStorage(Storage):
@@ -113,10 +139,20 @@ class LocalFileSystemStorage(Storage):
             self.sync_directory(Path(os.path.dirname(directory)))
 
     def rmdir(self, path: Path) -> None:
+        """Remove a directory and everything below it, its manifest and `.incomplete` marker last.
+
+        Those two are what tell gc a directory is ours (`discovery._marked`), so a removal killed at any point
+        leaves a directory gc still recognises (a `.tmp-`, `.old_` or trash name is collected later), never an
+        anonymous half that looks like a user's folder; one at a checkpoint's own name keeps its manifest, whose
+        missing files make a load refuse it. (shutil.rmtree removed them in whatever order the directory listed.)
+        """
         try:
             os.rmdir(path)
-        except OSError:
-            shutil.rmtree(path, ignore_errors=False)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        remove_tree_marks_last(os.fspath(path))
 
     def rename(
         self,
@@ -163,7 +199,7 @@ class LocalFileSystemStorage(Storage):
             super().replace_directory(src, dst)  # this filesystem or kernel has no atomic exchange
             return
         try:
-            shutil.rmtree(src)  # `src` now holds the replaced checkpoint
+            self.rmdir(src)  # `src` now holds the replaced checkpoint
         except OSError as exc:  # the new checkpoint is committed; only the old copy is left behind
             _log.warning(
                 "Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); delete it by hand.",

@@ -1,0 +1,46 @@
+"""Hidden sibling names the engine gives a checkpoint's directory while it is replaced or deleted.
+
+Every name here must fit one path component (NAME_MAX bytes): an id's own name may use all 255 bytes, so its
+name part is cut, at a UTF-8 character boundary, the way `commit.temporary_name` cuts a save's temporary name.
+The prefix and suffix stay whole, so `discovery`'s patterns (and therefore gc) still recognise a cut name; the
+id it belonged to is then found by cutting each sibling's name the same way (`cut_from`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+__all__ = ["NAME_MAX", "aside_name", "cut_from", "fit_name", "may_be_cut", "trash_name"]
+
+NAME_MAX = 255  # bytes in one path component on Linux filesystems
+_MAX_CHAR_BYTES = 4  # a cut at a character boundary drops at most 3 bytes more than it must
+
+
+def fit_name(prefix: str, name: str, suffix: str) -> str:
+    """`prefix + name + suffix`, `name` shortened so that the whole is at most NAME_MAX bytes."""
+    room = NAME_MAX - len(os.fsencode(prefix + suffix))
+    raw = os.fsencode(name)
+    if len(raw) > room:
+        name = raw[:room].decode("utf-8", errors="ignore")
+    return f"{prefix}{name}{suffix}"
+
+
+def aside_name(name: str, pid: int) -> str:
+    """Where the non-exchange replace moves the old checkpoint `name` while the new one moves in."""
+    return fit_name(".old_", name, f"_{pid}")
+
+
+def trash_name(name: str, pid: int, nonce: str) -> str:
+    """What retention and gc rename a directory to before removing it (never listed as a checkpoint)."""
+    return fit_name(".", name, f".trash-{pid}-{nonce}")
+
+
+def may_be_cut(hidden: str) -> bool:
+    """Whether `hidden` is long enough that its name part may have been shortened (a shorter one never was)."""
+    return len(os.fsencode(hidden)) > NAME_MAX - _MAX_CHAR_BYTES
+
+
+def cut_from(hidden: str, siblings: Iterable[str], make: Callable[[str], str]) -> str | None:
+    """The sibling whose hidden name (`make(sibling)`) is `hidden`: the id a cut name belonged to, if present."""
+    return next((s for s in siblings if make(s) == hidden), None)
