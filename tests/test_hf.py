@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch_checkpointing import CheckpointManager, ItemSpec, TemplateMismatchError
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
 from torch_checkpointing.dtensor_resharder import DTensorResharder
+from torch_checkpointing.errors import CorruptCheckpointError
 from torch_checkpointing.hf import INDEX_FILE_NAME, export_hf, import_hf, iter_item_tensors, parse_size
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
@@ -276,3 +279,41 @@ def test_import_fills_dtensor_templates_with_their_local_shards(two_ranks: tuple
     _, results = two_ranks
     for r in results:
         assert all(r["import_ok"].values()), r
+
+
+def _craft_global_shape(src: Path, dst: Path, name: str, shape: list[int]) -> None:
+    """Copy a checkpoint and rewrite one tensor's `global_shape` in metadata.json, with the manifest's record
+    of that file updated to match (what a crafted checkpoint has)."""
+    shutil.copytree(src, dst)
+    doc = json.loads((dst / "metadata.json").read_text())
+    groups = doc["metadata"]["model"]["nested_path_to_metadata"][json.dumps([name])]
+    groups[0]["sharding_metadata"]["data"]["global_shape"] = shape
+    raw = json.dumps(doc).encode()
+    (dst / "metadata.json").write_bytes(raw)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["metadata_crc32"], manifest["metadata_size"] = zlib.crc32(raw), len(raw)
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("rows", [2**40, 7]),  # 30 TB: the allocation itself failed (RuntimeError), before any refusal
+        ("cols", [4, 2**40]),
+        ("strided", [2**40, 6]),
+        ("rep", [2**40]),
+        ("rows", [5, 7, 3]),
+        ("rows", [1, 7]),  # smaller than saved: a truncated tensor was exported as if it were whole
+    ],
+)
+def test_export_refuses_a_crafted_global_shape_before_allocating(
+    two_ranks: tuple[Path, list[dict[str, Any]]], tmp_path: Path, name: str, shape: list[int]
+) -> None:
+    root, _ = two_ranks
+    crafted = tmp_path / "crafted"
+    _craft_global_shape(root / "ckpt", crafted, name, shape)
+    with pytest.raises(CorruptCheckpointError, match=rf"metadata\.json.*global_shape.*model::{name}") as info:
+        export_hf(crafted, "model", tmp_path / "hf")
+    assert "model_0.pt" in str(info.value)
+    assert not (tmp_path / "hf").exists() and not [p for p in tmp_path.iterdir() if ".export-tmp-" in p.name]

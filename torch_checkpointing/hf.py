@@ -31,9 +31,13 @@ import torch
 from torch_checkpointing.checkpoint_layout import untrusted_format_from_dict
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES
 from torch_checkpointing.discovery import committed_manifest, default_storage
-from torch_checkpointing.distributed_metadata import DistributedItemMetadata, read_distributed_metadata
+from torch_checkpointing.distributed_metadata import (
+    METADATA_FILE_NAME,
+    DistributedItemMetadata,
+    read_distributed_metadata,
+)
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, get_device_mesh_spec
-from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs
+from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs, compute_local_shard_info
 from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError, UnsafeCheckpointError
 from torch_checkpointing.read_context import (
     CheckpointReadContext,
@@ -41,7 +45,14 @@ from torch_checkpointing.read_context import (
     checked_relative_path,
     parse_json_bounded,
 )
-from torch_checkpointing.source_reader import FlatTensors, ReadStats, SourceFile, open_flat_tensors, open_source_file
+from torch_checkpointing.source_reader import (
+    FlatTensors,
+    ReadStats,
+    SourceFile,
+    SourceTensor,
+    open_flat_tensors,
+    open_source_file,
+)
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves, local_tensor
 from torch_checkpointing.types import NestedPath
@@ -219,15 +230,43 @@ class _ItemSource:
         )
         load_plans = compute_load_plans(plan.path, whole, groups, 0)
         if load_plans is None:
-            raise ValueError(f"The saved shards of {self.key}::{plan.name} do not cover the whole tensor")
-        out = torch.empty(plan.shape, dtype=plan.dtype)
+            raise self._corrupt(plan, "the saved shards it describes do not cover the whole tensor")
+        sources = self._checked_sources(plan, groups, {lp.src_rank for lp in load_plans})
+        out = torch.empty(plan.shape, dtype=plan.dtype)  # only now: every shard it names is as large as it says
         for lp in load_plans:
-            src = self._source(lp.src_rank).tensor(plan.path)
-            if src is None:
-                raise ValueError(f"Rank {lp.src_rank}'s file of '{self.key}' has no tensor {plan.name!r}")
-            block = src.read_block(lp.src_offsets, lp.src_sizes, self._stats)
+            block = sources[lp.src_rank].read_block(lp.src_offsets, lp.src_sizes, self._stats)
             out[tuple(slice(o, o + s) for o, s in zip(lp.offsets, lp.sizes, strict=True))] = block
         return out
+
+    def _checked_sources(self, plan: _TensorPlan, groups: list[Any], ranks: set[int]) -> dict[int, SourceTensor]:
+        """Each source rank's saved shard of `plan`, refused unless it has the shape and dtype the metadata's
+        global shape and placements give that rank.
+
+        Checked before the full tensor is allocated: a crafted `global_shape` would otherwise make the export
+        allocate terabytes (or, smaller than saved, export a silently truncated tensor).
+        """
+        sources: dict[int, SourceTensor] = {}
+        for rank in sorted(ranks):
+            src = self._source(rank).tensor(plan.path)
+            if src is None:
+                raise self._corrupt(plan, f"rank {rank}'s file {self._path(rank)} holds no such tensor")
+            md = next(g.sharding_metadata for g in groups if rank in g.ranks)
+            expected, _ = compute_local_shard_info(md, rank)
+            if tuple(src.shape) != tuple(expected) or src.dtype != plan.dtype:
+                raise self._corrupt(
+                    plan,
+                    f"it gives rank {rank} a {tuple(expected)} {plan.dtype} shard, but its file "
+                    f"{self._path(rank)} holds {tuple(src.shape)} {src.dtype}",
+                )
+            sources[rank] = src
+        return sources
+
+    def _corrupt(self, plan: _TensorPlan, why: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"{self.checkpoint / METADATA_FILE_NAME} is damaged or crafted: the global_shape {plan.shape} it records "
+            f"for {self.key}::{plan.name} does not fit the saved shards ({why}). Nothing was exported; export from "
+            f"an intact checkpoint."
+        )
 
 
 def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
