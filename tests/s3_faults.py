@@ -3,9 +3,10 @@
 * `FaultProxy`: a TCP proxy on loopback in front of the moto server. Every request is forwarded as it is,
   except those a rule names, which get a real HTTP error response (a 5xx with S3's XML error body) or no
   answer at all (the server hangs). The client talks HTTP to a socket, as it would to a real store.
-* `HoldingS3FileSystem`: real s3fs requests, pausing before the manifest's creation (or the marker's removal) until a
-  release file appears (it touches a `held` file first), so another process can act between a save's checks
-  and its commit. A module of its own so that a child process finds the class by name.
+* `HoldingS3FileSystem`: real s3fs requests, pausing at one step of a save (the marker's creation, the first
+  data upload, the manifest's creation, the marker's removal) until a release file appears (it touches a `held`
+  file first), so another process can act between two steps of a save. A module of its own so that a child
+  process finds the class by name.
 * `ReplacingS3FileSystem`: replaces an object on the server (a real PUT) right after the first ranged GET of
   it, so the next GET of the same read meets another version.
 """
@@ -143,9 +144,13 @@ def _error_response(rule: Rule) -> bytes:
 
 
 class HoldingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
-    """Pauses an object-store commit: before creating `manifest.json` (its first store step, after its checks
-    have passed), or with `hold_on="marker"` before removing the `.incomplete` marker (its last): touches
-    `held_file`, then waits for `release_file`."""
+    """Pauses an object-store save at one step, touching `held_file`, then waiting for `release_file`:
+
+    * `hold_on="claim"`: before it creates the `.incomplete` marker (after the manager's checks of the id);
+    * `"data"`: before it uploads `model_0.pt` (after the marker is in place);
+    * `"manifest"`: before it creates `manifest.json` (after every check of the commit has passed);
+    * `"marker"`: before it removes the `.incomplete` marker (the commit's last step).
+    """
 
     def __init__(
         self, *args: Any, held_file: str = "", release_file: str = "", hold_on: str = "manifest", **kwargs: Any
@@ -160,7 +165,8 @@ class HoldingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
             time.sleep(_POLL_S)
 
     def pipe_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
-        if self.held_file and self.hold_on == "manifest" and path.endswith("/manifest.json"):
+        held = {"manifest": "/manifest.json", "claim": "/.incomplete", "data": "/model_0.pt"}.get(self.hold_on)
+        if self.held_file and held is not None and path.endswith(held):
             self._hold()
         # Overriding pipe_file keeps fsspec from installing its sync wrapper of `_pipe_file`: run that here.
         return fsspec.asyn.sync(self.loop, self._pipe_file, path, *args, **kwargs)

@@ -6,9 +6,11 @@ Two strategies, chosen by `Storage.atomic_rename` (after Orbax's TemporaryPath: 
   `.incomplete` marker from the start. Rank 0 writes `metadata.json` and `manifest.json`, removes the marker,
   fsyncs, swaps the directory into place (an atomic exchange when it replaces a checkpoint), fsyncs the parent.
 * commit file (object stores, which cannot rename a prefix): every rank writes directly under the final prefix,
-  with the marker; once every rank's files are complete rank 0 removes the marker and writes the manifest LAST.
-  The manifest's presence is the commit. Overwriting an id that already has a manifest is refused (it could
-  not be done atomically), and a prefix without a manifest is not a checkpoint.
+  with the marker; once every rank's files are complete rank 0 writes the manifest and removes the marker
+  LAST. Overwriting an id that already has a manifest is refused (it could not be done atomically), and a
+  prefix without a manifest is not a checkpoint. Two saves of one id would write the same keys, so the marker
+  is also the save's claim on the id (`Claim`): created only if absent, before the first upload, and checked
+  again before the commit; a claim whose owner is provably gone is taken over only if unchanged.
 
 What a save may replace is decided here too (`check_target`): nothing, an empty directory, a failed save of
 ours, or, with overwrite allowed, a checkpoint of ours that holds nothing but the files its manifest lists.
@@ -19,13 +21,19 @@ error.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import logging
 import os
 import posixpath
+import re
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
 from torch_checkpointing.errors import CheckpointError, CommitError
@@ -43,8 +51,10 @@ __all__ = [
     "MANIFEST_FILE_NAME",
     "METADATA_FILE_NAME",
     "RESERVED_FILE_NAMES",
+    "Claim",
     "Commit",
     "CommitTarget",
+    "ConditionalStorage",
     "check_target",
     "temporary_name",
 ]
@@ -55,6 +65,11 @@ logger = logging.getLogger("torch_checkpointing.commit")
 RESERVED_FILE_NAMES = frozenset({MANIFEST_FILE_NAME, METADATA_FILE_NAME, INCOMPLETE_MARKER})
 _SHOWN = 8  # how many unexpected entries a refusal lists
 _NAME_MAX = 255  # bytes in one path component on Linux filesystems
+# A claim older than this is stale whoever holds it: no save takes a day, and gc waits as long for temporaries
+# whose owner it cannot check (retention.DEFAULT_UNOWNED_AGE_S).
+STALE_CLAIM_S = 24 * 3600.0
+_CLAIM_ATTEMPTS = 4  # creates/takeovers tried while other savers change the marker
+_TOKEN_RE = re.compile(r"\.tmp-(?P<uid>[0-9a-f]+)-\d+$")
 
 
 @dataclass(frozen=True)
@@ -246,6 +261,86 @@ def _listing(entries: list[str]) -> str:
     return ", ".join(top[:_SHOWN]) + more
 
 
+# ------------------------------------------------------------------------------------------- the claim
+
+
+@runtime_checkable
+class ConditionalStorage(Protocol):
+    """A store that creates an object only if absent and replaces or deletes one only if unchanged (S3's
+    If-None-Match / If-Match): what makes the object-store marker an exclusive claim (FsspecStorage)."""
+
+    def create_object(self, path: Path, data: bytes) -> bool: ...
+
+    def read_object(self, path: Path) -> tuple[bytes, str] | None: ...
+
+    def replace_object(self, path: Path, data: bytes, etag: str) -> bool: ...
+
+    def delete_object(self, path: Path, etag: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Which save writes under an object-store id: the body of its `.incomplete` marker.
+
+    `token` is the save's temporary name (`<uid>-<seq>` inside), the same on every rank of one save and on
+    no other save; `uid` is the job's, `host`/`pid` the process that made the claim, `created` its time.
+    """
+
+    token: str
+    uid: str
+    host: str
+    pid: int
+    created: float
+
+    @classmethod
+    def of(cls, target: CommitTarget) -> Claim:
+        token = Path(target.tmp).name
+        match = _TOKEN_RE.search(token)
+        return cls(token, match["uid"] if match else "", socket.gethostname(), os.getpid(), time.time())
+
+    @classmethod
+    def parse(cls, data: bytes) -> Claim | None:
+        """The claim a marker holds; None for an empty or foreign marker (an earlier version wrote b"")."""
+        try:
+            d = json.loads(data.decode("utf-8"))
+            return cls(str(d["token"]), str(d["uid"]), str(d["host"]), int(d["pid"]), float(d["created"]))
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            return None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode("utf-8")
+
+    def describe(self) -> str:
+        age = time.time() - self.created
+        return f"claim {self.token!r} of job {self.uid or '?'}, pid {self.pid} on host {self.host}, {age:.0f}s old"
+
+
+def stale_reason(held: Claim | None, mine: Claim) -> str | None:
+    """Why a claim on the id is certainly dead (so it may be taken over), or None while it may be live.
+
+    Only what can be proven is trusted: the job's owner lock (or the pid) on this host, or an age no save
+    reaches. A claim made on another host is live until it is that old: taking over a live save's claim
+    would let two saves write the same keys again.
+    """
+    from torch_checkpointing.discovery import owner_alive, pid_alive  # discovery imports the loader
+
+    if held is None:
+        return "its marker holds no claim (a save by an earlier version, or a marker made by hand)"
+    if held.uid and held.uid == mine.uid:
+        return "an earlier save of this same job, which has ended (a job's saves run one at a time)"
+    age = time.time() - held.created
+    if age > STALE_CLAIM_S:
+        return f"it is {age / 3600:.1f} h old (> {STALE_CLAIM_S / 3600:.0f} h)"
+    if held.host != mine.host:
+        return None
+    alive = owner_alive(held.uid) if held.uid else None
+    if alive is False:
+        return f"no process of job {held.uid} holds its owner lock on this host any more"
+    if alive is None and not pid_alive(held.pid):
+        return f"its process {held.pid} is gone"
+    return None
+
+
 # ------------------------------------------------------------------------------------------------ the commit
 
 
@@ -274,10 +369,104 @@ class Commit:
         """Where this save's files go: the temporary directory, or the final prefix on object stores."""
         return Path(self.target.tmp if self.renames else self.target.final)
 
+    @property
+    def _claims(self) -> ConditionalStorage | None:
+        """The storage as one that can claim an id, where this save writes straight under the id."""
+        return None if self.renames or not isinstance(self.storage, ConditionalStorage) else self.storage
+
     def begin(self) -> None:
-        """Create the root with the marker in it: until `publish`, nothing here reads as a checkpoint."""
+        """Create the root with the marker in it: until `publish`, nothing here reads as a checkpoint.
+
+        Under the final id (object stores) the marker is this save's claim, made before its first upload:
+        the data files of two saves of one id share keys, so the second one must write nothing at all.
+        """
         self.storage.mkdir(self.root)
-        self.storage.write(self.root / INCOMPLETE_MARKER, b"")
+        claims = self._claims
+        if claims is None:
+            self.storage.write(self.root / INCOMPLETE_MARKER, b"")
+            return
+        created = self._claim(claims, Claim.of(self.target))
+        if self.storage.exists(self.root / MANIFEST_FILE_NAME):
+            # Another save committed (and removed its marker) after this one's checks of the id.
+            if created:
+                self._release(claims)
+            raise CommitError(
+                f"Refusing to save to {self._url}: another save committed a checkpoint there while this one was "
+                f"starting; this save wrote nothing. Save under another id."
+            )
+
+    @property
+    def _url(self) -> str:
+        return self.storage.remap_path(Path(self.target.final))
+
+    def _claim(self, claims: ConditionalStorage, mine: Claim) -> bool:
+        """Hold the marker with this save's token; True if this rank created it (False: another rank of this
+        save did, or a dead save's claim was taken over). A live claim of another save is a CommitError."""
+        marker = self.root / INCOMPLETE_MARKER
+        for _ in range(_CLAIM_ATTEMPTS):
+            if claims.create_object(marker, mine.to_bytes()):
+                return True
+            found = claims.read_object(marker)
+            if found is None:
+                continue  # released meanwhile: create it again
+            held = Claim.parse(found[0])
+            if held is not None and held.token == mine.token:
+                return False
+            if self._take_over(claims, held, found[1], mine):
+                return False
+        raise CommitError(
+            f"Refusing to save to {self._url}: its {INCOMPLETE_MARKER} marker kept changing while this save tried "
+            f"to claim the id ({_CLAIM_ATTEMPTS} attempts): other saves of this id are starting. Save under "
+            f"another id."
+        )
+
+    def _take_over(self, claims: ConditionalStorage, held: Claim | None, etag: str, mine: Claim) -> bool:
+        """Replace a dead save's claim, only if it is still the version judged; False if it changed meanwhile."""
+        why = stale_reason(held, mine)
+        if why is None:
+            assert held is not None
+            raise CommitError(
+                f"Refusing to save to {self._url}: another save is writing it ({held.describe()}). Two saves of one "
+                f"id would overwrite each other's files. Save under another id; or, if that save is no longer "
+                f"running, delete what it left: `aws s3 rm --recursive {self._url}/` (or FsspecStorage.rmdir), "
+                f"then save again. A claim is taken over by itself once its owner is provably gone (its job's "
+                f"processes on this host) or it is older than {STALE_CLAIM_S / 3600:.0f} h."
+            )
+        if not claims.replace_object(self.root / INCOMPLETE_MARKER, mine.to_bytes(), etag):
+            return False
+        logger.warning(
+            "Checkpoint save of %s took over the claim of a save that is gone (%s: %s); its leftover files are "
+            "overwritten or left unlisted.",
+            self._url,
+            held.describe() if held is not None else "no claim",
+            why,
+        )
+        return True
+
+    def _holds_claim(self, claims: ConditionalStorage) -> tuple[Claim | None, str | None]:
+        """The claim in the marker now and, when it is this save's, the marker's ETag."""
+        found = claims.read_object(self.root / INCOMPLETE_MARKER)
+        held = Claim.parse(found[0]) if found is not None else None
+        ours = found is not None and held is not None and held.token == Path(self.target.tmp).name
+        return held, found[1] if ours and found is not None else None
+
+    def _check_claim(self) -> None:
+        """Right before the commit: the id must still be this save's (a restart may have judged it dead)."""
+        claims = self._claims
+        if claims is None:
+            return
+        held, etag = self._holds_claim(claims)
+        if etag is None:
+            whose = held.describe() if held is not None else "no claim: the marker is gone"
+            raise CommitError(
+                f"Checkpoint {self._url} was not committed: this save no longer holds the id ({whose}); another "
+                f"save took it over, and its files are left to it. Save under another id."
+            )
+
+    def _release(self, claims: ConditionalStorage) -> None:
+        _, etag = self._holds_claim(claims)
+        if etag is not None:
+            claims.delete_object(self.root / INCOMPLETE_MARKER, etag)
 
     def publish(self, manifest: Manifest, metadata_json: str | None, still_wanted: Callable[[], None]) -> None:
         """Write metadata and manifest and make the checkpoint visible. Errors before that point propagate.
@@ -303,6 +492,7 @@ class Commit:
             # in between leaves both, which readers take as incomplete and gc collects as ours (marker first
             # would leave neither: nothing to recognise, and the id refused to every later save).
             check_target(self.storage, self.target.final, self.target.overwrite)
+            self._check_claim()
             still_wanted()
             self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)
             self.storage.delete(root / INCOMPLETE_MARKER)
@@ -380,7 +570,31 @@ class Commit:
         """Remove what this save wrote (never a committed checkpoint); a failure is only logged."""
         root = self.root
         try:
-            if self.storage.exists(root) and not (not self.renames and self.storage.exists(root / MANIFEST_FILE_NAME)):
+            claims = self._claims
+            if claims is not None:
+                self._discard_claimed(claims)
+            elif self.storage.exists(root) and not (
+                not self.renames and self.storage.exists(root / MANIFEST_FILE_NAME)
+            ):
                 self.storage.rmdir(root)
         except Exception as exc:
             logger.warning("Could not remove the unfinished save at %s: %s: %s", root, type(exc).__name__, exc)
+
+    def _discard_claimed(self, claims: ConditionalStorage) -> None:
+        """Only under this save's own claim: the files first, the marker (the claim) last, and only if unchanged.
+
+        A save refused its claim wrote nothing; removing the prefix would delete the files of the save that
+        holds it (or of a checkpoint committed meanwhile).
+        """
+        root = self.root
+        held, etag = self._holds_claim(claims)
+        if etag is None:
+            if held is not None:
+                logger.info("Not removing %s: it is claimed by another save (%s)", self._url, held.describe())
+            return
+        if self.storage.exists(root / MANIFEST_FILE_NAME):
+            return
+        for rel in _walk(self.storage, root):
+            if not rel.endswith("/") and rel != INCOMPLETE_MARKER:
+                self.storage.delete(root / rel)
+        claims.delete_object(root / INCOMPLETE_MARKER, etag)

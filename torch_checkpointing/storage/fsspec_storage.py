@@ -48,6 +48,7 @@ logger = logging.getLogger("torch_checkpointing")
 MiB = 1 << 20
 # S3 refuses multipart parts under 5 MiB (all but the last); GCS and the others accept them too.
 MIN_PART_SIZE = 5 * MiB
+_READ_ATTEMPTS = 3  # a small object read whole: tries when it changes between its HEADs
 MAX_PARTS = 10_000  # S3's limit per multipart upload: the largest file is part_size * MAX_PARTS (156 GiB at 16 MiB)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
@@ -444,6 +445,82 @@ class FsspecStorage(Storage):
             )
         self.rename(src, dst, is_directory=True)
 
+    # ------------------------------------------------------------------ conditional writes (a save's claim)
+    # What `commit.ConditionalStorage` asks for: the object-store commit claims an id by creating its marker
+    # only if absent, and takes a dead save's claim over only if it is still the version that was judged.
+
+    def create_object(self, path: Path, data: bytes) -> bool:
+        """Create `path` only if no object is there (S3's `If-None-Match: *`); False when one is.
+
+        Elsewhere fsspec checks existence first (not atomic: two creators racing may both succeed).
+        """
+        backend, key = self._resolve(path)
+        with self._errors("upload of", path):
+            try:
+                backend.io.pipe_file(key, bytes(data), mode="create")
+            except Exception as exc:
+                if _precondition_failed(exc):
+                    return False
+                raise
+        backend.fs.invalidate_cache(key)
+        return True
+
+    def read_object(self, path: Path) -> tuple[bytes, str] | None:
+        """A small object's bytes and the ETag of that very version; None when there is none.
+
+        One GET between two HEADs that agree: the bytes belong to the ETag a conditional replace then names.
+        """
+        backend, key = self._resolve(path)
+        with self._errors("download of", path):
+            for _ in range(_READ_ATTEMPTS):
+                try:
+                    before = _version(backend, key)
+                    data = self._get(backend, key, 0, before[0]) if before[0] else b""
+                    after = _version(backend, key)
+                except FileNotFoundError:
+                    return None
+                if after == before:
+                    return data, before[1]
+            raise _ChangedWhileRead(f"the object kept changing while it was read ({_READ_ATTEMPTS} attempts)")
+
+    def replace_object(self, path: Path, data: bytes, etag: str) -> bool:
+        """Replace `path` only if it is still the version `etag` (S3's `If-Match`); False when it changed or went.
+
+        On a store without ETags: a delete, then `create_object` (two replacers racing: one creates).
+        """
+        backend, key = self._resolve(path)
+        if not backend.is_s3:
+            with self._errors("delete of", path), contextlib.suppress(FileNotFoundError):
+                backend.io.rm_file(key)
+            return self.create_object(path, data)
+        with self._errors("upload of", path):
+            try:
+                backend.io.pipe_file(key, bytes(data), IfMatch=etag)
+            except Exception as exc:
+                if _precondition_failed(exc) or _missing(exc):
+                    return False
+                raise
+        backend.fs.invalidate_cache(key)
+        return True
+
+    def delete_object(self, path: Path, etag: str) -> bool:
+        """Delete `path` only if it is still the version `etag` (S3's conditional delete); False otherwise."""
+        backend, key = self._resolve(path)
+        with self._errors("delete of", path):
+            try:
+                if backend.is_s3:
+                    bucket, name, _ = backend.fs.split_path(key)
+                    backend.io.call_s3("delete_object", Bucket=bucket, Key=name, IfMatch=etag)
+                else:
+                    backend.io.rm_file(key)
+            except Exception as exc:
+                if _precondition_failed(exc) or _missing(exc):
+                    return False
+                raise
+            finally:
+                backend.fs.invalidate_cache(key)
+        return True
+
     # ------------------------------------------------------------------ listings (never from a stale cache)
     # A store that cannot answer is an ObjectStoreError naming the URL, never a raw client error, and never
     # "nothing there": a listing that failed must not read as an empty run or a missing manifest.
@@ -516,16 +593,26 @@ def _refused_if_present(url: str) -> Iterator[None]:
 
 
 def _precondition_failed(exc: BaseException) -> bool:
-    """Whether the store refused a conditional create because the object exists (or is being created)."""
+    """Whether the store refused a conditional request: the object exists (If-None-Match), is being created,
+    or is no longer the version named (If-Match)."""
     if isinstance(exc, FileExistsError):  # s3fs's translation of a failed If-None-Match
         return True
+    return _error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _missing(exc: BaseException) -> bool:
+    return isinstance(exc, FileNotFoundError) or _error_code(exc) in ("NoSuchKey", "404")
+
+
+def _error_code(exc: BaseException) -> str | None:
+    """The S3 error code of a botocore error, found through s3fs's translation of it (its cause)."""
     seen: BaseException | None = exc
     while seen is not None:
         code = (getattr(seen, "response", None) or {}).get("Error", {}).get("Code")
-        if code in ("PreconditionFailed", "ConditionalRequestConflict"):
-            return True
+        if code:
+            return str(code)
         seen = seen.__cause__ or seen.__context__
-    return False
+    return None
 
 
 class _ChangedWhileRead(OSError):
