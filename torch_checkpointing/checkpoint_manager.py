@@ -8,6 +8,7 @@ import logging
 import os
 import posixpath
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -98,6 +99,9 @@ class CheckpointManager:
         timeout = config.save.wait_timeout_secs
         self._ctx = RankContext(float(timeout if timeout is not None else DEFAULT_WAIT_TIMEOUT_SECS))
         self._seq = 0
+        # One save() at a time from this process's threads: a save's plan (temporary name, first-save metadata)
+        # and its wait for the previous write come before it stages into the shared slab (API_SURFACE §10).
+        self._saving = threading.Lock()
         self._shared_said: set[str] = set()  # {rank}-less items warned about, or declared replicated
         wants_metadata = any(s.resharder is not None for s in [*config.items.values(), config.default] if s)
         self._metadata = DefaultMetadataManager() if wants_metadata else None
@@ -178,10 +182,12 @@ class CheckpointManager:
         path = self._checkpoint_path(checkpoint_id)
         step = _step_of(path) if step is None else _checked_step(step)
         checked_metrics = _checked_metrics(metrics)
-        plan = self._plan(path, checkpoint, step=step, metrics=checked_metrics, started=started)
-        write = self._saver.save(plan)
-        if self._retention is not None:
-            self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
+        with self._saving:  # another thread's save() waited for here is part of this one's blocked time
+            self._check_open("save")
+            plan = self._plan(path, checkpoint, step=step, metrics=checked_metrics, started=started)
+            write = self._saver.save(plan)
+            if self._retention is not None:
+                self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
         return write
 
     def load(
