@@ -314,6 +314,13 @@ def test_safetensors_refuses_non_tensor_leaves(value: Any, dotted: str, type_nam
     assert "TorchSerialization" in message
 
 
+def test_safetensors_refuses_a_dtype_the_library_cannot_store_naming_the_key() -> None:
+    """complex128 is not in safetensors' dtype table: a bare `KeyError: torch.complex128` before."""
+    value = {"ok": torch.ones(2, dtype=torch.complex64), "z": {"w": torch.ones(2, dtype=torch.complex128)}}
+    with pytest.raises(ValueError, match=r"'item\.z\.w'.*no torch\.complex128 dtype.*TorchSerialization"):
+        _round_trip(SafetensorsSerialization(), value)
+
+
 def test_safetensors_missing_dict_leaves_are_dropped_and_reported() -> None:
     saved = {"a": torch.ones(2), "sub": {"x": torch.ones(1)}}
     keep_b, keep_y = torch.full((2,), 7.0), torch.full((1,), 9.0)

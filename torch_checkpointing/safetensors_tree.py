@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +13,7 @@ from torch_checkpointing.staging import fits_slab, tensor_for_write
 from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, join_key
 from torch_checkpointing.walk_utils import MISSING
 
-__all__ = ["flatten_tensors", "unflatten_to_target"]
+__all__ = ["flatten_tensors", "stores_dtype", "unflatten_to_target"]
 
 
 def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
@@ -33,6 +35,12 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
                 f"'{join_key(item_key, name) if name else item_key}' holds a {_kind(value)} tensor. Use "
                 f"TorchSerialization for it, or convert it first (.to_dense(), .dequantize(), ...)."
             )
+        if not stores_dtype(value.dtype):
+            raise ValueError(
+                f"SafetensorsSerialization cannot store key '{join_key(item_key, name) if name else item_key}': "
+                f"the installed safetensors has no {value.dtype} dtype. Use TorchSerialization for this item, "
+                f"or convert the tensor to a dtype safetensors stores."
+            )
         value = value.contiguous()
         if value.device.type != "cpu":
             value = value.cpu()
@@ -47,6 +55,21 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
             )
         flat[name] = value
     return flat
+
+
+@functools.cache
+def stores_dtype(dtype: torch.dtype) -> bool:
+    """Whether the installed safetensors can write `dtype` (asked of the library itself, once per dtype: its
+    dtype table grows between releases, and a missing entry surfaced as a bare `KeyError: torch.complex128`)."""
+    from safetensors.torch import save
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that an empty complex32 tensor is "experimental"
+            save({"probe": torch.empty(0, dtype=dtype)})
+    except (KeyError, ValueError, TypeError, NotImplementedError):
+        return False
+    return True
 
 
 def _kind(t: torch.Tensor) -> str:
