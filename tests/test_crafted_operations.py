@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -420,6 +421,48 @@ def test_an_export_that_runs_out_of_file_size_leaves_the_earlier_export_intact(t
     assert not [p for p in tmp_path.iterdir() if ".export-tmp-" in p.name]
     loaded = import_hf(out)
     assert all(torch.equal(loaded[k], v) for k, v in small["model"].items())
+
+
+KILLED_EXPORT_CHILD = """
+import os, signal, sys
+import safetensors.torch
+from torch_checkpointing.hf import export_hf
+real_save_file = safetensors.torch.save_file
+def save_then_die(*args, **kwargs):
+    real_save_file(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)  # one shard written, the export not finished
+safetensors.torch.save_file = save_then_die
+export_hf(sys.argv[1], "model", sys.argv[2], max_shard_size="20KB")
+"""
+
+
+@pytest.mark.parametrize("out_name", ["hf", "h" * 255])  # a long name's hidden sibling must still fit NAME_MAX
+def test_a_killed_exports_hidden_folder_is_removed_by_the_next_export(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, out_name: str
+) -> None:
+    """A SIGKILLed export left `.hf.export-tmp-<pid>-<nonce>/` beside its output, which nothing removed or named.
+
+    The next export beside it removes it once its process is gone (with a WARNING naming it); a folder under
+    such a name that holds anything an export never writes is left, and named."""
+    _save_run(tmp_path / "run", (1,), _export_state())
+    out = tmp_path / out_name
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT_CHILD, str(tmp_path / "run" / "step_1"), str(out)],
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    (left,) = [p for p in tmp_path.iterdir() if ".export-tmp-" in p.name]
+    assert [p.name for p in left.iterdir()] == ["model-00001-of-00003.safetensors"] and not out.exists()
+    foreign = tmp_path / f".other.export-tmp-{_dead_pid()}-0abc"  # our name, somebody's file
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        export_hf(tmp_path / "run" / "step_1", "model", out, max_shard_size="20KB")
+    assert not left.exists() and (foreign / "notes.txt").read_text() == "mine"
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(str(left) in m and "died" in m for m in logged) and any(str(foreign) in m for m in logged), logged
+    assert sorted(p.name for p in out.iterdir())[-1] == INDEX_FILE_NAME
 
 
 # ------------------------------------------------------------------------------------------------ import

@@ -30,7 +30,7 @@ import torch
 
 from torch_checkpointing.checkpoint_layout import untrusted_format_from_dict
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES
-from torch_checkpointing.discovery import committed_manifest, default_storage
+from torch_checkpointing.discovery import committed_manifest, default_storage, pid_alive
 from torch_checkpointing.distributed_metadata import (
     METADATA_FILE_NAME,
     DistributedItemMetadata,
@@ -39,6 +39,7 @@ from torch_checkpointing.distributed_metadata import (
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, get_device_mesh_spec
 from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs, compute_local_shard_info
 from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError, UnsafeCheckpointError
+from torch_checkpointing.names import fit_name
 from torch_checkpointing.read_context import (
     CheckpointReadContext,
     ReadPolicy,
@@ -318,7 +319,8 @@ def export_hf(
 
     All or nothing: the shards and index are written into a hidden sibling of `out_dir` and moved in only once
     every tensor was read and verified, the index last, so a failed or killed export never leaves a directory
-    that looks like a complete export. `out_dir` may exist and hold other files (a `config.json`); one that
+    that looks like a complete export; the hidden sibling of a SIGKILLed export is removed by the next export
+    beside it, once its process is gone. `out_dir` may exist and hold other files (a `config.json`); one that
     already holds an export is refused unless `overwrite`, which replaces only the export's own files.
     """
     out = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to put a hidden sibling beside
@@ -329,7 +331,8 @@ def export_hf(
             raise ValueError(f"Item '{key}' of {checkpoint} holds no tensors to export")
         shards = _assign_shards(plans, parse_size(max_shard_size), dtype)
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = out.with_name(f".{out.name}.export-tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        _remove_dead_stagings(out.parent)
+        staging = out.with_name(_staging_name(out.name, os.getpid(), uuid.uuid4().hex[:8]))
         staging.mkdir()
         try:
             report = _write_export(source, shards, staging, dtype, f"{checkpoint}::{key}")
@@ -341,6 +344,32 @@ def export_hf(
 
 
 _EXPORT_FILE_RE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
+_STAGING_RE = re.compile(r"^\..+\.export-tmp-(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def _staging_name(name: str, pid: int, nonce: str) -> str:
+    """The hidden sibling an export of `name` is written into (cut to fit NAME_MAX, as the engine's own are)."""
+    return fit_name(".", name, f".export-tmp-{pid}-{nonce}")
+
+
+def _remove_dead_stagings(parent: Path) -> None:
+    """Remove what SIGKILLed exports left beside their outputs: hidden `.export-tmp-` folders whose process is
+    gone and that hold nothing but export files. Anything else under such a name is left, with a WARNING."""
+    for name in sorted(os.listdir(parent)):
+        match = _STAGING_RE.match(name)
+        path = parent / name
+        if match is None or path.is_symlink() or not path.is_dir() or pid_alive(int(match["pid"])):
+            continue
+        foreign = [n for n in os.listdir(path) if not (n == INDEX_FILE_NAME or _EXPORT_FILE_RE.match(n))]
+        if foreign:
+            logger.warning(
+                "Left %s alone: named like an unfinished export, but it holds %s, which an export never writes",
+                path,
+                ", ".join(sorted(foreign)[:5]),
+            )
+            continue
+        shutil.rmtree(path)
+        logger.warning("Removed %s: the unfinished output of an export whose process (pid %s) died", path, match["pid"])
 
 
 def _export_files(out: Path) -> list[str]:
