@@ -9,6 +9,8 @@
   process finds the class by name.
 * `ReplacingS3FileSystem`: replaces an object on the server (a real PUT) right after the first ranged GET of
   it, so the next GET of the same read meets another version.
+* `DeletingS3FileSystem`: deletes a whole checkpoint on the server (real DELETEs) right after one given request
+  of a load, so its next requests meet objects that are gone.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import fsspec.asyn
 import s3fs
 
-__all__ = ["FaultProxy", "HoldingS3FileSystem", "ReplacingS3FileSystem", "Rule"]
+__all__ = ["DeletingS3FileSystem", "FaultProxy", "HoldingS3FileSystem", "ReplacingS3FileSystem", "Rule"]
 
 _HEAD_LIMIT = 64 * 1024
 _POLL_S = 0.05
@@ -194,3 +196,41 @@ class ReplacingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
                 self._plain.pipe_file(path, self.replacement)
                 self.replaced = True
         return data
+
+
+class DeletingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Deletes every object under `prefix` (through a second, plain client: real DELETEs) right after the first
+    request of `after` ("get": a GET, "head": a HEAD) for the key `trigger` has been answered: another process
+    deleting a checkpoint while a load of it runs, between two of the load's requests."""
+
+    def __init__(self, *args: Any, prefix: str = "", trigger: str = "", after: str = "get", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefix, self.trigger, self.after = prefix, trigger, after
+        self._plain = s3fs.S3FileSystem(*args, **kwargs)
+        self._lock = threading.Lock()
+        self.deleted: list[str] = []
+
+    def _after(self, kind: str, path: str) -> None:
+        with self._lock:
+            if kind != self.after or path != self.trigger or self.deleted:
+                return
+            self._plain.invalidate_cache()
+            self.deleted = [k for k in self._plain.find(self.prefix) if k.startswith(self.prefix + "/")]
+            self._plain.rm(self.deleted)
+            self.invalidate_cache()
+
+    # Overriding these keeps fsspec from installing its sync wrappers of the async methods: run those here.
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
+        data = fsspec.asyn.sync(self.loop, self._cat_file, path, start=start, end=end, **kwargs)
+        self._after("get", path)
+        return data
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        out = fsspec.asyn.sync(self.loop, self._info, path, **kwargs)
+        self._after("head", path)
+        return out
+
+    def size(self, path: str) -> Any:
+        out = fsspec.asyn.sync(self.loop, self._size, path)
+        self._after("head", path)
+        return out
