@@ -239,3 +239,34 @@ def test_a_checkpoint_removed_midway_is_refused_by_load_at_every_point(saved: Pa
         assert (work / "manifest.json").is_file(), (unlinks, sorted(p.name for p in _files(work)))
         with _manager() as manager, pytest.raises((CheckpointError, FileNotFoundError)):
             manager.load(str(work))
+
+
+def _chattr(flag: str, path: Path) -> bool:
+    chattr = shutil.which("chattr")
+    return chattr is not None and subprocess.run([chattr, flag, str(path)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_an_undeletable_replaced_copy_is_a_warning_after_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, exchange: bool
+) -> None:
+    """A file of the replaced checkpoint that cannot be unlinked (immutable: even root gets EPERM) fails its
+    removal after the commit: the save succeeds, a WARNING names the copy, and that copy keeps its manifest."""
+    if not exchange:
+        _no_exchange(monkeypatch)
+    ckpt = tmp_path / "ck"
+    with _manager() as manager:
+        manager.save(str(ckpt), _state(1.0))
+        stuck = sorted(p for p in _files(ckpt) if p.suffix == ".pt")[0]
+        if not _chattr("+i", stuck):
+            pytest.skip("chattr +i is not available here (needs CAP_LINUX_IMMUTABLE and a filesystem that has it)")
+        try:
+            with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+                manager.save(str(ckpt), _state(2.0))
+            assert torch.equal(manager.load(str(ckpt))["model"]["t0"], torch.full((4,), 2.0))
+            (copy,) = [p for p in tmp_path.iterdir() if p.name != "ck"]
+            assert (copy / "manifest.json").is_file() and (copy / stuck.name).is_file()
+            assert any("is committed" in r.getMessage() and str(copy) in r.getMessage() for r in caplog.records)
+        finally:
+            for p in tmp_path.glob(f"*/{stuck.name}"):
+                _chattr("-i", p)
