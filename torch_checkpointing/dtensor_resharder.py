@@ -40,7 +40,7 @@ from torch_checkpointing.traversal import (
     local_tensor,
 )
 from torch_checkpointing.types import NestedPath
-from torch_checkpointing.walk_utils import MISSING, walk_checkpoint_structure
+from torch_checkpointing.walk_utils import MISSING, check_writable, walk_checkpoint_structure
 
 __all__ = [
     "DTensorResharder",
@@ -638,6 +638,7 @@ def _collect_copies(job: ReshardJob, source_of: Callable[[int], SourceFile]) -> 
                 f"Target {item_key}::{dotted_key(path)} has local shape {tuple(local.shape)} but its sharding "
                 f"metadata implies {expected}; pass the live DTensor (not a copy or a full tensor) in into="
             )
+        check_writable(f"{item_key}::{dotted_key(path)}", local)
         for plan in plans:
             by_rank.setdefault(plan.src_rank, []).append((path, plan))
     bad: set[NestedPath] = set()

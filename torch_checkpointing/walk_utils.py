@@ -20,7 +20,7 @@ from torch_checkpointing.errors import TemplateMismatchError
 from torch_checkpointing.traversal import is_container, is_sequence, local_tensor, rebuild
 from torch_checkpointing.types import CheckpointPath, NestedPath
 
-__all__ = ["MISSING", "check_tensor_fits", "copy_tensor_into", "walk_checkpoint_structure"]
+__all__ = ["MISSING", "check_tensor_fits", "check_writable", "copy_tensor_into", "walk_checkpoint_structure"]
 
 
 class _Missing:
@@ -166,6 +166,43 @@ def check_tensor_fits(where: CheckpointPath, source: torch.Tensor, target: torch
         raise TemplateMismatchError(
             f"Dtype mismatch at {where}: checkpoint holds {src.dtype}, template has {dst.dtype}. "
             f"Load into a template of the saved dtype and convert afterwards."
+        )
+    if src.layout != dst.layout:
+        raise TemplateMismatchError(
+            f"Layout mismatch at {where}: checkpoint holds a {src.layout} tensor, template is {dst.layout}; "
+            f"copy_() does not convert between them. Pass a template of the saved layout, or None to take the "
+            f"stored tensor as is."
+        )
+    check_writable(where, dst)
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """torch's own test before an in-place write: a non-contiguous strided tensor with stride 0 along a
+    dimension of size > 1 (an expanded view) has elements sharing memory; an empty tensor never does."""
+    if t.layout != torch.strided or t.numel() <= 1 or t.is_contiguous():
+        return False
+    return any(n > 1 and st == 0 for n, st in zip(t.shape, t.stride(), strict=True))
+
+
+def check_writable(where: object, target: torch.Tensor) -> None:
+    """Raise `TemplateMismatchError` unless `copy_()` can fill `target` in place (checked before the first copy,
+    so a template that cannot be filled refuses the load instead of failing it halfway, with earlier items
+    already overwritten)."""
+    fix = "Pass a template that owns its memory (e.g. torch.empty_like(...) or .clone()), or None to take the value."
+    if target.device.type == "meta":
+        raise TemplateMismatchError(
+            f"Template at {where} is on the meta device: it has no memory to load into, so the load would return "
+            f"it unfilled. Materialize it first (module.to_empty(device=...)) or pass None to take the stored tensor."
+        )
+    if target.is_inference() and not torch.is_inference_mode_enabled():
+        raise TemplateMismatchError(
+            f"Template at {where} is an inference tensor (made under torch.inference_mode()), which cannot be "
+            f"updated in place outside it. {fix}"
+        )
+    if _overlaps_itself(target):
+        raise TemplateMismatchError(
+            f"Template at {where} is an expanded view (stride 0 along a dimension of size > 1): several of its "
+            f"elements share one memory location, so it cannot hold the saved values. {fix}"
         )
 
 
