@@ -173,3 +173,15 @@ def test_layout_paths_are_normalised_before_collision_checks() -> None:
     }
     with pytest.raises(ValueError, match="'a' and 'b' both resolve to the file 'x.pt'"):
         resolve({"a": 1, "b": 2}, items, None, 0)
+
+
+@pytest.mark.parametrize(("outer", "inner"), [("d", "d/x.pt"), ("d/e", "d/e/f/x.pt"), ("./d", "d/x.pt")])
+def test_a_layout_inside_another_items_file_is_refused_naming_both(outer: str, inner: str) -> None:
+    """'d' and 'd/x.pt' cannot both be files: refused at planning (an IsADirectoryError from the writer before)."""
+    items = {
+        "a": ItemSpec(layout=LayoutInfo(outer, TorchSerialization())),
+        "b": ItemSpec(layout=LayoutInfo(inner, TorchSerialization())),
+    }
+    for order in (("a", "b"), ("b", "a")):
+        with pytest.raises(ValueError, match=r"Item 'b' is written to .*the file of item 'a' on rank 0"):
+            resolve(dict.fromkeys(order, 1), items, None, 0)

@@ -128,7 +128,23 @@ def resolve(
             )
         owners[normal] = key
         resolved.append(ResolvedItem(key, payload[key], chosen, layout, is_default))
+    _refuse_file_under_file(owners, rank)
     return resolved
+
+
+def _refuse_file_under_file(owners: Mapping[str, str], rank: int) -> None:
+    """A file path that is another item's folder ('d' and 'd/x.pt') can never both be written: refused here,
+    naming both items, instead of an IsADirectoryError from the writer."""
+    for path, key in owners.items():
+        parent = posixpath.dirname(path)
+        while parent:
+            if parent in owners:
+                raise ValueError(
+                    f"Item '{key}' is written to {path!r}, inside {parent!r}, the file of item '{owners[parent]}' "
+                    f"on rank {rank}: a path cannot be a file and a folder at once. Give one of them a "
+                    f"different LayoutInfo.file_path."
+                )
+            parent = posixpath.dirname(parent)
 
 
 def _spec_for(key: str, items: Mapping[str, ItemSpec], default: ItemSpec | None) -> ItemSpec:
