@@ -185,3 +185,15 @@ def test_a_layout_inside_another_items_file_is_refused_naming_both(outer: str, i
     for order in (("a", "b"), ("b", "a")):
         with pytest.raises(ValueError, match=r"Item 'b' is written to .*the file of item 'a' on rank 0"):
             resolve(dict.fromkeys(order, 1), items, None, 0)
+
+
+@pytest.mark.parametrize(
+    "items",
+    [{}, {"a": ItemSpec(layout=LayoutInfo("sub/" + "n" * 256 + ".pt", TorchSerialization()))}],
+    ids=["long-key-default-layout", "long-layout-name"],
+)
+def test_a_file_name_over_name_max_is_refused_at_planning(items: dict[str, ItemSpec]) -> None:
+    """A 300-character key (or a layout name over 255 bytes) failed in the writer with ENAMETOOLONG."""
+    key = "a" if items else "k" * 300
+    with pytest.raises(ValueError, match=r"file name of \d+ bytes .*over the 255-byte limit"):
+        resolve({key: 1}, items, ItemSpec(), 0)

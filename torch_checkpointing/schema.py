@@ -121,6 +121,7 @@ def resolve(
             _check_layout(key, chosen.layout)
             layout, is_default = chosen.layout.for_rank(rank), False
         normal = posixpath.normpath(layout.file_path)
+        _check_name_lengths(key, normal)
         if normal in owners:
             raise ValueError(
                 f"Items '{owners[normal]}' and '{key}' both resolve to the file {normal!r} on rank {rank}; "
@@ -130,6 +131,22 @@ def resolve(
         resolved.append(ResolvedItem(key, payload[key], chosen, layout, is_default))
     _refuse_file_under_file(owners, rank)
     return resolved
+
+
+_NAME_MAX = 255  # bytes in one path component on Linux filesystems
+
+
+def _check_name_lengths(key: str, path: str) -> None:
+    """A file name over NAME_MAX is refused when the save is planned, naming the item (an ENAMETOOLONG from the
+    writer before), whether it comes from a long key in the default layout or from a LayoutInfo."""
+    for part in path.split("/"):
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > _NAME_MAX:
+            raise ValueError(
+                f"Item '{key[:64]}{'...' if len(key) > 64 else ''}' would be written to a file name of {size} "
+                f"bytes ({part[:40]}...), over the {_NAME_MAX}-byte limit of a file name: use a shorter key or "
+                f"LayoutInfo.file_path."
+            )
 
 
 def _refuse_file_under_file(owners: Mapping[str, str], rank: int) -> None:
