@@ -69,6 +69,8 @@ _NAME_MAX = 255  # bytes in one path component on Linux filesystems
 # whose owner it cannot check (retention.DEFAULT_UNOWNED_AGE_S).
 STALE_CLAIM_S = 24 * 3600.0
 _CLAIM_ATTEMPTS = 4  # creates/takeovers tried while other savers change the marker
+_CLAIM_WAIT_S = 5.0  # how long a claim that looks live is watched before the save is refused
+_CLAIM_POLL_S = 0.25
 _TOKEN_RE = re.compile(r"\.tmp-(?P<uid>[0-9a-f]+)-\d+$")
 
 
@@ -401,38 +403,52 @@ class Commit:
 
     def _claim(self, claims: ConditionalStorage, mine: Claim) -> bool:
         """Hold the marker with this save's token; True if this rank created it (False: another rank of this
-        save did, or a dead save's claim was taken over). A live claim of another save is a CommitError."""
+        save did, or a dead save's claim was taken over). A live claim of another save is a CommitError.
+
+        A claim that looks live is watched for `_CLAIM_WAIT_S` first: on a job spread over hosts, the rank
+        that can prove it dead (the one on the dead job's host) may be taking it over for this save.
+        """
         marker = self.root / INCOMPLETE_MARKER
+        deadline = time.monotonic() + _CLAIM_WAIT_S
         for _ in range(_CLAIM_ATTEMPTS):
-            if claims.create_object(marker, mine.to_bytes()):
-                return True
-            found = claims.read_object(marker)
-            if found is None:
-                continue  # released meanwhile: create it again
-            held = Claim.parse(found[0])
-            if held is not None and held.token == mine.token:
-                return False
-            if self._take_over(claims, held, found[1], mine):
-                return False
+            while True:
+                if claims.create_object(marker, mine.to_bytes()):
+                    return True
+                found = claims.read_object(marker)
+                if found is None:
+                    break  # released meanwhile: create it again
+                held = Claim.parse(found[0])
+                if held is not None and held.token == mine.token:
+                    return False
+                why = stale_reason(held, mine)
+                if why is not None:
+                    if self._take_over(claims, marker, found[1], mine, held, why):
+                        return False
+                    break  # changed meanwhile
+                if time.monotonic() >= deadline:
+                    assert held is not None
+                    raise self._refusal(held)
+                time.sleep(_CLAIM_POLL_S)
         raise CommitError(
             f"Refusing to save to {self._url}: its {INCOMPLETE_MARKER} marker kept changing while this save tried "
             f"to claim the id ({_CLAIM_ATTEMPTS} attempts): other saves of this id are starting. Save under "
             f"another id."
         )
 
-    def _take_over(self, claims: ConditionalStorage, held: Claim | None, etag: str, mine: Claim) -> bool:
+    def _refusal(self, held: Claim) -> CommitError:
+        return CommitError(
+            f"Refusing to save to {self._url}: another save is writing it ({held.describe()}). Two saves of one "
+            f"id would overwrite each other's files. Save under another id; or, if that save is no longer "
+            f"running, delete what it left: `aws s3 rm --recursive {self._url}/` (or FsspecStorage.rmdir), then "
+            f"save again. A claim is taken over by itself once its owner is provably gone (its job's processes "
+            f"on this host) or it is older than {STALE_CLAIM_S / 3600:.0f} h."
+        )
+
+    def _take_over(
+        self, claims: ConditionalStorage, marker: Path, etag: str, mine: Claim, held: Claim | None, why: str
+    ) -> bool:
         """Replace a dead save's claim, only if it is still the version judged; False if it changed meanwhile."""
-        why = stale_reason(held, mine)
-        if why is None:
-            assert held is not None
-            raise CommitError(
-                f"Refusing to save to {self._url}: another save is writing it ({held.describe()}). Two saves of one "
-                f"id would overwrite each other's files. Save under another id; or, if that save is no longer "
-                f"running, delete what it left: `aws s3 rm --recursive {self._url}/` (or FsspecStorage.rmdir), "
-                f"then save again. A claim is taken over by itself once its owner is provably gone (its job's "
-                f"processes on this host) or it is older than {STALE_CLAIM_S / 3600:.0f} h."
-            )
-        if not claims.replace_object(self.root / INCOMPLETE_MARKER, mine.to_bytes(), etag):
+        if not claims.replace_object(marker, mine.to_bytes(), etag):
             return False
         logger.warning(
             "Checkpoint save of %s took over the claim of a save that is gone (%s: %s); its leftover files are "
