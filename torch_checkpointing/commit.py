@@ -324,7 +324,8 @@ def stale_reason(held: Claim | None, mine: Claim) -> str | None:
     reaches. A claim made on another host is live until it is that old: taking over a live save's claim
     would let two saves write the same keys again.
     """
-    from torch_checkpointing.discovery import owner_alive, pid_alive  # discovery imports the loader
+    # Imported here: the writer process loads only the write path, and discovery brings in the loader.
+    from torch_checkpointing.discovery import owner_alive, pid_alive
 
     if held is None:
         return "its marker holds no claim (a save by an earlier version, or a marker made by hand)"
