@@ -43,6 +43,7 @@ from torch_checkpointing.errors import CheckpointError, CommitError
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
+from torch_checkpointing.safe_load_check import SafeLoadCheck
 from torch_checkpointing.schema import ItemSpec, ResolvedItem, resolve, validate_keys
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
@@ -102,6 +103,7 @@ class CheckpointManager:
         # One save() at a time from this process's threads: a save's plan (temporary name, first-save metadata)
         # and its wait for the previous write come before it stages into the shared slab (API_SURFACE §10).
         self._saving = threading.Lock()
+        self._safe_load = SafeLoadCheck()
         self._shared_said: set[str] = set()  # {rank}-less items warned about, or declared replicated
         wants_metadata = any(s.resharder is not None for s in [*config.items.values(), config.default] if s)
         self._metadata = DefaultMetadataManager() if wants_metadata else None
@@ -348,6 +350,8 @@ class CheckpointManager:
             self._saver.settle_previous()  # a previous async save's unseen failure is refused on every rank
             _refuse_live_objects(payload)
             resolved.extend(resolve(payload, self.config.items, self.config.default, ctx.rank))
+            if self.config.load.weights_only:  # this manager's own load would refuse what torch's loader refuses
+                self._safe_load.warn_refused(resolved)
             metadata = self._metadata.extract_object_metadata(resolved) if self._metadata else None
             keys = sorted(i.key for i in resolved)
             layouts = _layout_report(resolved)

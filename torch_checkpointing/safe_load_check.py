@@ -1,0 +1,107 @@
+"""A save-time warning for values that the default (safe) load of the same checkpoint will refuse.
+
+Torch files are read with torch's safe unpickler (`CheckpointLoaderConfig.weights_only=True`), which refuses
+classes it does not know: an `argparse.Namespace` of hyper-parameters, a dataclass, an Enum. The save pickles
+them without complaint, so the refusal surfaced only at resume time, on a checkpoint that may be the only one
+left. Each such type is tried once per manager against torch's own safe loader (no list of ours to drift from
+torch's), and a warning names the item, the path and the fix when the checkpoint is written, not when it is read.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+import warnings
+from types import FrameType
+from typing import Any
+
+import torch
+
+from torch_checkpointing.checkpoint_layout import TorchSerialization
+from torch_checkpointing.schema import ResolvedItem
+from torch_checkpointing.traversal import dotted_key, iter_leaves, leaves
+
+__all__ = ["SafeLoadCheck"]
+
+# Leaf types the safe unpickler always accepts: checked without a trial (the common, tensor-only state).
+_ALWAYS_LOADED = (
+    *(torch.Tensor, int, float, bool, str, bytes, complex, type(None)),
+    *(torch.dtype, torch.device, torch.Size),
+)
+
+
+class SafeLoadCheck:
+    """Remembers which leaf types were tried, so that a type costs one trial per manager, not one per save."""
+
+    def __init__(self) -> None:
+        self._refused: dict[type, str] = {}  # type -> torch's reason
+        self._loaded: set[type] = set()
+
+    def warn_refused(self, items: list[ResolvedItem]) -> None:
+        """Warn (once per type) for each leaf of a torch-format item that the default load would refuse."""
+        for item in items:
+            if not isinstance(item.layout.serialization_format, TorchSerialization):
+                continue
+            for leaf in leaves(item.value):  # no paths built: this runs inside save()'s blocked time
+                kind = type(leaf)
+                if isinstance(leaf, _ALWAYS_LOADED) or kind in self._loaded or kind in self._refused:
+                    continue
+                reason = _refusal(leaf)
+                if reason is None:
+                    self._loaded.add(kind)
+                    continue
+                self._refused[kind] = reason
+                _warn(item.key, _path_of(item.value, leaf), kind, reason)
+
+
+def _path_of(value: Any, leaf: Any) -> str:
+    return next((dotted_key(path) for path, v in iter_leaves(value) if v is leaf), "")
+
+
+def _refusal(leaf: Any) -> str | None:
+    """None if torch's safe loader reads `leaf` back, else its reason (a value that cannot be pickled at all is
+    the save's own error to report, not this check's)."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(leaf, buffer)
+    except Exception:  # not picklable at all: the save itself names it (pickling.unpicklable)
+        return None
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        return _reason(str(exc))
+    except Exception:  # any other failure is not the safe loader's refusal
+        return None
+    return None
+
+
+def _reason(message: str) -> str:
+    """torch's one line that names the refused global, without its advice (ours follows) or terminal colours."""
+    for line in message.splitlines():
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].strip().split(". ")[0].rstrip(".")[:300]
+    return "refused"
+
+
+def _user_stacklevel() -> int:
+    """The stack level of the first frame outside this package: the caller's save()."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch_checkpointing"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _warn(key: str, path: str, kind: type, reason: str) -> None:
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    where = f"'{key}::{path}'" if path else f"'{key}'"
+    warnings.warn(
+        f"Item {where} holds a {name}, which the default load of this checkpoint will refuse (torch's safe "
+        f"unpickler, CheckpointLoaderConfig.weights_only=True; it says: {reason}). Before loading, allow it with "
+        f"torch.serialization.add_safe_globals([{kind.__qualname__}]); or save it as plain data (a dict, or "
+        f"JsonSerialization); or load with CheckpointLoaderConfig(weights_only=False) if you trust the files. "
+        f"(Said once per type per manager.)",
+        stacklevel=_user_stacklevel(),
+    )
