@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.errors import CommitError
 from torch_checkpointing.manifest import Manifest
+from torch_checkpointing.storage import filesystem
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 
@@ -215,7 +215,7 @@ def test_a_cleanup_failure_after_the_commit_is_a_warning(
         def undeletable(path: Any, *args: Any, **kwargs: Any) -> None:
             raise PermissionError(13, "Permission denied", str(path))
 
-        monkeypatch.setattr(shutil, "rmtree", undeletable)
+        monkeypatch.setattr(filesystem, "remove_tree_marks_last", undeletable)
         with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
             manager.save(str(target), _payload(2.0))  # must not raise: the new checkpoint is committed
         monkeypatch.undo()
