@@ -25,6 +25,7 @@ from typing import Any, Literal
 from torch_checkpointing.checkpoint_layout import LayoutInfo, untrusted_format_from_dict
 from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest, read_manifest
+from torch_checkpointing.names import previous_copy_hint
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -145,7 +146,8 @@ def require_directory(storage: Storage, path: Path, what: str) -> None:
         return
     if storage.exists(path):
         raise NotADirectoryError(f"{path} is a file, not a directory: pass {what}")
-    raise FileNotFoundError(f"{path}: no such directory")
+    local = storage.local_path(path)
+    raise FileNotFoundError(f"{path}: no such directory.{previous_copy_hint(local) if local else ''}")
 
 
 def committed_manifest(storage: Storage, path: Path) -> Manifest:

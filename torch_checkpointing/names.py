@@ -9,9 +9,10 @@ id it belonged to is then found by cutting each sibling's name the same way (`cu
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 
-__all__ = ["NAME_MAX", "aside_name", "cut_from", "fit_name", "may_be_cut", "trash_name"]
+__all__ = ["NAME_MAX", "aside_name", "cut_from", "fit_name", "may_be_cut", "previous_copy_hint", "trash_name"]
 
 NAME_MAX = 255  # bytes in one path component on Linux filesystems
 _MAX_CHAR_BYTES = 4  # a cut at a character boundary drops at most 3 bytes more than it must
@@ -44,3 +45,27 @@ def may_be_cut(hidden: str) -> bool:
 def cut_from(hidden: str, siblings: Iterable[str], make: Callable[[str], str]) -> str | None:
     """The sibling whose hidden name (`make(sibling)`) is `hidden`: the id a cut name belonged to, if present."""
     return next((s for s in siblings if make(s) == hidden), None)
+
+
+def previous_copy_hint(local: str) -> str:
+    """Where a replace that died between its two renames left the previous checkpoint of this id, if it did.
+
+    The fallback replace (no atomic exchange, e.g. NFS) moves the old checkpoint aside before moving the new one
+    in; a kill in between leaves the id empty and its committed copy beside it, which gc moves back.
+    """
+    parent, name = os.path.split(os.path.abspath(local))
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return ""
+    for entry in entries:
+        match = _PID_SUFFIX.search(entry)
+        if entry.startswith(".old_") and match and aside_name(name, int(match.group(1))) == entry:
+            return (
+                f" Its previous checkpoint is at {os.path.join(parent, entry)}: a save that replaced it was killed "
+                f"before the new one moved in. Run `torch-checkpointing gc {parent}` to move it back, then load."
+            )
+    return ""
+
+
+_PID_SUFFIX = re.compile(r"_(\d+)$")

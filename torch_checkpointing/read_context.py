@@ -57,6 +57,7 @@ from torch_checkpointing.manifest import (
     read_regular_file,
     read_stored_bounded,
 )
+from torch_checkpointing.names import previous_copy_hint
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 
 __all__ = ["MAX_METADATA_BYTES", "CheckedFile", "CheckpointReadContext", "ReadPolicy", "checked_relative_path", "crc32"]
@@ -197,7 +198,8 @@ class CheckpointReadContext:
             try:
                 self._dirfd = os.open(local, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except FileNotFoundError:
-                raise FileNotFoundError(f"Checkpoint path {self.root} does not exist.") from None
+                hint = previous_copy_hint(local)
+                raise FileNotFoundError(f"Checkpoint path {self.root} does not exist.{hint}") from None
             except NotADirectoryError:
                 raise FileNotFoundError(f"Checkpoint path {self.root} is not a directory.") from None
         elif not self.storage.isdir(self.root):
@@ -364,7 +366,8 @@ class CheckpointReadContext:
         if self.manifest is not None:
             return CorruptCheckpointError(
                 f"File {self.root / rel} ({what}) is listed in the checkpoint's manifest but missing: the checkpoint "
-                f"was damaged, or replaced or deleted while this load ran (retry the load if another process overwrote it)."
+                f"was damaged, or replaced or deleted while this load ran (retry the load if another process "
+                f"overwrote it)."
             )
         return CorruptCheckpointError(f"File {self.root / rel} ({what}) does not exist.")
 

@@ -1,0 +1,36 @@
+"""A load of an id whose replace was killed between its two renames names the copy left beside it.
+
+Before, the error said only "does not exist", though the committed checkpoint sat beside its id under `.old_`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_long_names_and_removal import _killed_replace, _manager
+
+
+def test_the_not_found_error_names_the_previous_copy_and_the_gc_that_moves_it_back(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run" / "step_1"
+    _killed_replace(ckpt)
+    (aside,) = [p for p in ckpt.parent.iterdir() if p.name.startswith(".old_")]
+    hint = rf"Its previous checkpoint is at .*{aside.name}"
+    with _manager() as manager, pytest.raises(FileNotFoundError, match=rf"does not exist\. {hint}"):
+        manager.load(str(ckpt), into={"model": {"w": torch.zeros(4)}})
+    assert f"torch-checkpointing gc {ckpt.parent}" in _message(ckpt)  # the self-describing load (no into=) too
+
+
+def test_an_unrelated_missing_id_gets_no_hint(tmp_path: Path) -> None:
+    (tmp_path / ".old_other_123").mkdir()
+    with _manager() as manager, pytest.raises(FileNotFoundError) as info:
+        manager.load(str(tmp_path / "step_1"))
+    assert "previous checkpoint" not in str(info.value)
+
+
+def _message(ckpt: Path) -> str:
+    with _manager() as manager, pytest.raises(FileNotFoundError) as info:
+        manager.load(str(ckpt))
+    return str(info.value)
