@@ -53,10 +53,13 @@ def build_report(
 
 
 def _portable(text: str) -> str:
-    """Drop machine-specific paths (pytest temp dirs, virtualenvs, this checkout) so committed reports diff
-    cleanly and need no hand edit: the backend imported from this checkout is named by its revision."""
+    """Drop machine-specific paths (pytest temp dirs, virtualenvs, the interpreter, this checkout) so committed
+    reports diff cleanly and need no hand edit: the backend imported from this checkout is named by its revision."""
     text = re.sub(r"/tmp/pytest-of-[^/\s]+/[^\s'\")]*", "<tmp>", text)
     text = re.sub(r"\(/[^()]*/site-packages/[^()]*\)", "(site-packages)", text)
+    # Tracebacks relayed from a backend's writer process name its files and the interpreter's by full path.
+    text = re.sub(r"/[^\s'\"()]*/site-packages/", "<site-packages>/", text)
+    text = re.sub(r"/[^\s'\"()]*/lib/python3\.\d+/", "<stdlib>/", text)
     root = re.escape(str(CHECKOUT))
     if re.search(rf"\({root}/[^()]*\)", text):
         text = re.sub(rf"\({root}/[^()]*\)", f"(this checkout at {_revision()})", text)

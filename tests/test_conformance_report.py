@@ -47,3 +47,20 @@ def test_a_real_report_line_names_no_path_of_this_machine(tmp_path: Path) -> Non
     assert run.returncode == 0, run.stderr
     backend = json.loads(run.stdout)["backend"]
     assert str(ROOT) not in backend and "this checkout at " in backend, backend
+
+
+def test_a_traceback_in_a_reason_names_no_virtualenv_or_interpreter_path() -> None:
+    """A backend error relayed from its writer process carries a traceback with the installed package's and
+    the interpreter's own paths (0.1.1's refusal on an async save), not inside parentheses."""
+    venv = "/opt/venvs/upstream/lib/python3.11/site-packages"
+    stdlib = "/usr/local/lib/python3.11"
+    reason = (
+        f'FileExistsError: Traceback:\n  File "{venv}/torch_checkpointing/storage/filesystem.py", line 334\n'
+        f'  File "{stdlib}/concurrent/futures/_base.py", line 401, in __get_result\n'
+        f"(imported from ({venv}/torch_checkpointing/__init__.py))"
+    )
+    got = build_report("b", "", {"X-1": "failed"}, [], {"X-1": reason})["reasons"]["X-1"]
+    assert venv not in got and stdlib not in got, got
+    assert '"<site-packages>/torch_checkpointing/storage/filesystem.py", line 334' in got, got
+    assert '"<stdlib>/concurrent/futures/_base.py", line 401' in got, got
+    assert "from (site-packages))" in got, got
