@@ -5,12 +5,14 @@ Before, the error said only "does not exist", though the committed checkpoint sa
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.test_long_names_and_removal import _killed_replace, _manager
+from torch_checkpointing.discovery import latest_checkpoint
 
 
 def test_the_not_found_error_names_the_previous_copy_and_the_gc_that_moves_it_back(tmp_path: Path) -> None:
@@ -34,3 +36,15 @@ def _message(ckpt: Path) -> str:
     with _manager() as manager, pytest.raises(FileNotFoundError) as info:
         manager.load(str(ckpt))
     return str(info.value)
+
+
+def test_latest_checkpoint_says_when_the_newest_sits_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before, `latest_checkpoint` went back to step 0 without a word while step 1's copy sat aside."""
+    with _manager() as manager:
+        manager.save(str(tmp_path / "run" / "step_0"), {"model": {"w": torch.zeros(4)}}, step=0)
+    _killed_replace(tmp_path / "run" / "step_1")
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        latest = latest_checkpoint(tmp_path / "run")
+    assert latest is not None and latest.step == 0  # what is listed is unchanged ...
+    said = [r.getMessage() for r in caplog.records if "previous copy" in r.getMessage()]
+    assert len(said) == 1 and "step_1 is missing" in said[0] and "gc" in said[0]  # ... and it is said

@@ -214,7 +214,9 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
     if not storage.isdir(base):
         return []
     found: list[CheckpointInfo] = []
-    for name in sorted(storage.ls(base)):
+    names = sorted(storage.ls(base))
+    _warn_left_aside(base, names, storage)
+    for name in names:
         if name.startswith("."):
             continue  # ours-in-progress or ours-being-deleted, never a committed checkpoint
         if _is_symlink(storage, base / name):
@@ -224,6 +226,26 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
         if info is not None:
             found.append(info)
     return sorted(found, key=_sort_key)
+
+
+def _warn_left_aside(base: Path, names: list[str], storage: Storage) -> None:
+    """A committed checkpoint moved aside by a replace that was killed before the new one moved in is no
+    listing's member (it is hidden) though its id is empty: say so, or "latest" silently goes back a step."""
+    present = set(names)
+    for name in names:
+        match = _ASIDE.match(name)
+        if match is None or match.group(1) in present or not storage.exists(base / name / MANIFEST_FILE_NAME):
+            continue
+        logger.warning(
+            "Checkpoint %s is missing, and its previous copy is at %s (a save that replaced it was killed before "
+            "the new one moved in); it is not listed. Run `torch-checkpointing gc %s` to move it back.",
+            base / match.group(1),
+            base / name,
+            base,
+        )
+
+
+_ASIDE = re.compile(r"^\.old_(.+)_\d+$")
 
 
 def _is_symlink(storage: Storage, path: Path) -> bool:
