@@ -8,6 +8,8 @@ real S3 API server are in test_s3_attacks.py.
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,10 @@ import pytest
 import torch
 
 from tests.memory_storage import MemoryStorage, MemoryStorageConfig, MemoryStore
-from torch_checkpointing import CheckpointManager, CorruptCheckpointError
+from tests.test_verified_loads import AlwaysReshard
+from torch_checkpointing import CheckpointManager, CorruptCheckpointError, ItemSpec
 from torch_checkpointing import manifest as manifest_module
+from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, read_manifest
 from torch_checkpointing.storage.base_storage import ReadArgs
@@ -90,3 +94,91 @@ def test_a_file_deleted_during_the_load_is_a_checkpoint_error_naming_it(verify: 
     finally:
         manager.close()
     assert torch.equal(template["model"]["w"], torch.zeros(1000))  # nothing was restored
+
+
+# ------------------------------------------------------------------ resharded safetensors read by byte ranges
+
+
+@pytest.fixture
+def mesh(dist_world1: None) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (1,))
+
+
+def _resharding_manager(config: MemoryStorageConfig, verify: bool | None = None) -> CheckpointManager:
+    conf = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)
+    conf.items = {
+        "model": ItemSpec(
+            resharder=AlwaysReshard(), layout=LayoutInfo("model_{rank}.safetensors", SafetensorsSerialization())
+        )
+    }
+    conf.load.verify_checksums = verify
+    return CheckpointManager(conf)
+
+
+def _dtensor(mesh: Any, value: torch.Tensor) -> Any:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    return distribute_tensor(value, mesh, [Shard(0)])
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.bfloat16, torch.float16])
+def test_every_dtype_safetensors_stores_reshards_from_a_remote_store(mesh: Any, dtype: torch.dtype) -> None:
+    """complex64 ('C64') was missing from the header table: a bare KeyError on the ranged (object store) path."""
+    config = MemoryStorageConfig()
+    saved = torch.arange(8, dtype=torch.float32).reshape(4, 2).to(dtype)
+    manager = _resharding_manager(config)
+    try:
+        manager.save("/ck/s", {"model": {"w": _dtensor(mesh, saved)}})
+        target = _dtensor(mesh, torch.zeros(4, 2, dtype=dtype))
+        manager.load("/ck/s", into={"model": {"w": target}})
+    finally:
+        manager.close()
+    assert torch.equal(target.to_local().view(torch.uint8), saved.view(torch.uint8))
+
+
+def _header_of(data: bytes) -> tuple[dict[str, Any], bytes]:
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
+CRAFTED: dict[str, Any] = {
+    "unknown dtype": lambda h: {**h, "w": {**h["w"], "dtype": "XX"}},
+    "shape not a list": lambda h: {**h, "w": {**h["w"], "shape": "abc"}},
+    "no data_offsets": lambda h: {**h, "w": {k: v for k, v in h["w"].items() if k != "data_offsets"}},
+    "offsets past the end": lambda h: {**h, "w": {**h["w"], "data_offsets": [0, 10**12]}},
+    "offsets too short for the shape": lambda h: {**h, "w": {**h["w"], "data_offsets": [0, 4]}},
+    "entry not an object": lambda h: {**h, "w": 7},
+    "header a list": lambda h: [1, 2],
+}
+
+
+@pytest.mark.parametrize("craft", sorted(CRAFTED))
+def test_a_crafted_safetensors_header_is_corrupt_checkpoint_on_the_ranged_path(mesh: Any, craft: str) -> None:
+    """An unverified load (verify_checksums=False) still reads only what the header can prove is in the file."""
+    config = MemoryStorageConfig()
+    manager = _resharding_manager(config, verify=False)
+    try:
+        manager.save("/ck/s", {"model": {"w": _dtensor(mesh, torch.ones(4, 2))}})
+        name = "/ck/s/model_0.safetensors"
+        header, data = _header_of(config.store.files[name])
+        body = json.dumps(CRAFTED[craft](header)).encode()
+        config.store.files[name] = struct.pack("<Q", len(body)) + body + data
+        with pytest.raises(CorruptCheckpointError, match=r"model_0\.safetensors"):
+            manager.load("/ck/s", into={"model": {"w": _dtensor(mesh, torch.zeros(4, 2))}})
+    finally:
+        manager.close()
+
+
+def test_a_safetensors_header_length_past_the_file_is_refused_unread(mesh: Any) -> None:
+    config = MemoryStorageConfig()
+    manager = _resharding_manager(config, verify=False)
+    try:
+        manager.save("/ck/s", {"model": {"w": _dtensor(mesh, torch.ones(4, 2))}})
+        name = "/ck/s/model_0.safetensors"
+        config.store.files[name] = struct.pack("<Q", 1 << 62) + config.store.files[name][8:]
+        with pytest.raises(CorruptCheckpointError, match=r"header claims \d+ bytes"):
+            manager.load("/ck/s", into={"model": {"w": _dtensor(mesh, torch.zeros(4, 2))}})
+    finally:
+        manager.close()

@@ -52,6 +52,7 @@ __all__ = [
     "load_resharding_source",
     "load_torch",
     "read_safetensors",
+    "safetensors_dtype",
 ]
 
 TRUST_HINT = (
@@ -77,8 +78,20 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "C64": torch.complex64,
 }
 """safetensors' header dtype names (`"BF16"`) to torch dtypes: the one table for every safetensors reader."""
+
+
+def safetensors_dtype(name: Any, where: object) -> torch.dtype:
+    """The torch dtype of a safetensors header's dtype name; a name not in the table is a damaged (or crafted)
+    header: `CorruptCheckpointError` naming the file, not a bare KeyError."""
+    dtype = SAFETENSORS_DTYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise CorruptCheckpointError(f"{where}: its safetensors header names an unknown dtype {name!r}.")
+    return dtype
 
 
 def dtype_from_name(name: str) -> torch.dtype | None:

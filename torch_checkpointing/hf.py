@@ -329,6 +329,7 @@ def export_hf(
         plans = source.plans()
         if not plans:
             raise ValueError(f"Item '{key}' of {checkpoint} holds no tensors to export")
+        _refuse_unstorable(plans, dtype, f"{checkpoint}::{key}")
         shards = _assign_shards(plans, parse_size(max_shard_size), dtype)
         out.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_stagings(out.parent)
@@ -341,6 +342,18 @@ def export_hf(
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return report
+
+
+def _refuse_unstorable(plans: list[_TensorPlan], dtype: torch.dtype | None, what: str) -> None:
+    """Refuse, before a shard is written, a tensor whose dtype safetensors cannot hold (a bare KeyError from
+    inside the library before, after the shards before it were written)."""
+    bad = [(p.name, _out_dtype(p.dtype, dtype)) for p in plans if not stores_dtype(_out_dtype(p.dtype, dtype))]
+    if bad:
+        listed = ", ".join(f"{name} ({kind})" for name, kind in bad[:10])
+        raise ValueError(
+            f"Cannot export {what}: safetensors has no dtype for {len(bad)} tensor(s): {listed}. An HF export holds "
+            f"safetensors only; convert those tensors before saving (e.g. complex128 to complex64)."
+        )
 
 
 _EXPORT_FILE_RE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
 import re
 import struct
@@ -28,7 +29,8 @@ from typing import Any
 import torch
 
 from torch_checkpointing.checkpoint_layout import SerializationFormat
-from torch_checkpointing.codecs import SAFETENSORS_DTYPES, codec_for, load_resharding_source
+from torch_checkpointing.codecs import SAFETENSORS_DTYPES, codec_for, load_resharding_source, safetensors_dtype
+from torch_checkpointing.errors import CorruptCheckpointError
 from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvise
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, flatten, get_path, local_tensor
@@ -311,7 +313,7 @@ class _SafetensorsLocalTensor(SourceTensor):
         self._begin = begin
         sl = handle.get_slice(key)
         self.shape = tuple(sl.get_shape())
-        self.dtype = SAFETENSORS_DTYPES[sl.get_dtype()]
+        self.dtype = safetensors_dtype(sl.get_dtype(), f"tensor {key!r}")
 
     def check_block(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> None:
         if self._check is not None and all(sizes):
@@ -363,7 +365,7 @@ class _SafetensorsRangeTensor(SourceTensor):
         self._begin = base + int(entry["data_offsets"][0])
         self._stats = stats
         self.shape = tuple(int(n) for n in entry["shape"])
-        self.dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+        self.dtype = safetensors_dtype(entry.get("dtype"), path)
 
     def check_block(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> None:
         if all(sizes):
@@ -398,12 +400,50 @@ def _bounding_range(
     return first * elem, (last - first + 1) * elem
 
 
+_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the limit safetensors' own reader applies
+
+
 def _read_safetensors_header(storage: Storage, path: Path) -> tuple[dict[str, Any], int]:
-    """(tensor entries, byte offset of the data = bytes read) of a safetensors file, via ranged reads."""
+    """(tensor entries, byte offset of the data = bytes read) of a safetensors file, via ranged reads.
+
+    The header is untrusted (an unverified load, or a checkpoint whose manifest was rewritten with it): its
+    length is bounded by the file before it is read, and every entry is checked to lie inside the file.
+    """
+    size = storage.getsize(path)
+    if size < 8:
+        raise CorruptCheckpointError(f"{path} has {size} bytes: too short for a safetensors file.")
     (header_len,) = struct.unpack("<Q", storage.read_range(path, 0, 8))
-    header = json.loads(storage.read_range(path, 8, header_len))
+    if header_len > min(size - 8, _MAX_SAFETENSORS_HEADER):
+        raise CorruptCheckpointError(f"{path}: its safetensors header claims {header_len} bytes of a {size}-byte file.")
+    try:
+        header = json.loads(storage.read_range(path, 8, header_len))
+    except (ValueError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"{path}: its safetensors header is not JSON ({exc}).") from None
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError(f"{path}: its safetensors header is not a JSON object.")
     header.pop("__metadata__", None)
+    for name, entry in header.items():
+        _check_entry(path, name, entry, size - 8 - header_len)
     return header, 8 + header_len
+
+
+def _check_entry(path: Path, name: str, entry: Any, data_size: int) -> None:
+    """One header entry: a known dtype, a shape of non-negative ints, offsets inside the data that hold it."""
+    what = f"{path}: safetensors entry {name!r}"
+    if not isinstance(entry, dict):
+        raise CorruptCheckpointError(f"{what} is not an object.")
+    dtype = safetensors_dtype(entry.get("dtype"), what)
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise CorruptCheckpointError(f"{what} has no valid 'shape' ({shape!r}).")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)):
+        raise CorruptCheckpointError(f"{what} has no valid 'data_offsets' ({offsets!r}).")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * dtype.itemsize:
+        raise CorruptCheckpointError(
+            f"{what}: data_offsets {offsets} do not hold a {tuple(shape)} {dtype} tensor inside the file's "
+            f"{data_size} data bytes."
+        )
 
 
 class _SafetensorsRangeFile(SourceFile):
