@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import array
 import collections
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 import torch
 
+from tests.container_types import Frozen, KeywordMap, Pair
 from torch_checkpointing import CheckpointManager, DTensorResharder, ItemSpec
 from torch_checkpointing.checkpoint_layout import (
     JsonSerialization,
@@ -35,11 +36,6 @@ from torch_checkpointing.types import CheckpointPath
 from torch_checkpointing.walk_utils import walk_checkpoint_structure
 
 
-class Pair(NamedTuple):
-    first: Any
-    second: Any
-
-
 class Seq(Sequence[Any]):
     """A custom immutable Sequence whose constructor takes the items one by one (not an iterable)."""
 
@@ -51,29 +47,6 @@ class Seq(Sequence[Any]):
 
     def __len__(self) -> int:
         return len(self._items)
-
-
-class Frozen(Mapping[Any, Any]):
-    """An immutable Mapping built from its items, as `dict(items)` is."""
-
-    def __init__(self, items: Any = ()) -> None:
-        self._items = dict(items)
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._items[key]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class KeywordMap(Frozen):
-    """An immutable Mapping that cannot be built from its items (keywords only): the merge returns a dict."""
-
-    def __init__(self, **items: Any) -> None:
-        super().__init__(items)
 
 
 class Text(str):

@@ -6,14 +6,15 @@ from __future__ import annotations
 import io
 import json
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 import torch
 
+from tests.container_types import Frozen, KeywordMap, Pair
 from torch_checkpointing.checkpoint_layout import JsonSerialization, SafetensorsSerialization
 from torch_checkpointing.encoding import decode, encode
 from torch_checkpointing.safetensors_tree import flatten_tensors
@@ -28,27 +29,6 @@ from torch_checkpointing.traversal import (
     local_tensor,
     map_leaves,
 )
-
-
-class FrozenMap(Mapping[Any, Any]):
-    """A Mapping that is not a dict."""
-
-    def __init__(self, **items: Any) -> None:
-        self._items = dict(items)
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._items[key]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class Pair(NamedTuple):
-    first: Any
-    second: Any
 
 
 def _old_flatten_keys(data: Any) -> list[str]:
@@ -105,16 +85,14 @@ def test_the_design_document_example() -> None:
 
 
 @pytest.mark.parametrize(
-    "wrap", [FrozenMap, MappingProxyType, OrderedDict, dict], ids=["Mapping", "MappingProxy", "OrderedDict", "dict"]
+    "wrap", [Frozen, MappingProxyType, OrderedDict, dict], ids=["Mapping", "MappingProxy", "OrderedDict", "dict"]
 )
 def test_mapping_subclasses_walk_like_dict(wrap: Any) -> None:
     def build(layer: int) -> Any:
-        inner = {"w": _t(layer), "b": [_t(layer + 1)]}
-        return wrap(**inner) if wrap is FrozenMap else wrap(inner)
+        return wrap({"w": _t(layer), "b": [_t(layer + 1)]})
 
     as_dict = {"l0": {"w": _t(0), "b": [_t(1)]}, "l1": {"w": _t(2), "b": [_t(3)]}}
-    outer = {"l0": build(0), "l1": build(2)}
-    value = wrap(**outer) if wrap is FrozenMap else wrap(outer)
+    value = wrap({"l0": build(0), "l1": build(2)})
     assert [p for p, _ in iter_leaves(value)] == [p for p, _ in iter_leaves(as_dict)]
     assert list(flatten_tensors(value)) == list(flatten_tensors(as_dict))
     assert get_path(value, ("l1", "b", 0)) is value["l1"]["b"][0]
@@ -125,19 +103,19 @@ def test_json_encodes_any_mapping_like_a_dict(tmp_path: Path) -> None:
     # Before: only dicts were converted, so a Mapping that is not a dict reached json.dumps and was refused.
     plain, frozen = io.BytesIO(), io.BytesIO()
     encode(JsonSerialization(), "cfg", {"lr": 0.1, "sched": {"warmup": 10}}, plain)
-    encode(JsonSerialization(), "cfg", FrozenMap(lr=0.1, sched=FrozenMap(warmup=10)), frozen)
+    encode(JsonSerialization(), "cfg", KeywordMap(lr=0.1, sched=KeywordMap(warmup=10)), frozen)
     assert frozen.getvalue() == plain.getvalue()
     assert json.loads(frozen.getvalue()) == {"lr": 0.1, "sched": {"warmup": 10}}
 
 
 def test_json_refuses_non_str_keys_inside_any_mapping() -> None:
     with pytest.raises(TypeError, match=r"dict key 1 at 'outer\.1' is a int"):
-        encode(JsonSerialization(), "cfg", FrozenMap(outer={1: "x"}), io.BytesIO())
+        encode(JsonSerialization(), "cfg", KeywordMap(outer={1: "x"}), io.BytesIO())
 
 
 def test_safetensors_round_trips_a_mapping_template(tmp_path: Path) -> None:
     storage = LocalFileSystemStorageConfig().create_storage()
-    value = FrozenMap(layer=FrozenMap(w=_t(1)), seq=(_t(2),))
+    value = KeywordMap(layer=KeywordMap(w=_t(1)), seq=(_t(2),))
     path = tmp_path / "m.safetensors"
     with open(path, "wb") as f:
         encode(SafetensorsSerialization(), "m", value, f)
@@ -155,11 +133,11 @@ def test_get_path_is_none_where_the_path_leaves_the_tree() -> None:
 
 
 def test_map_leaves_keeps_container_types() -> None:
-    value = {"od": OrderedDict(a=1), "pair": Pair(1, [2, (3,)]), "fm": FrozenMap(x=4)}
+    value = {"od": OrderedDict(a=1), "pair": Pair(1, [2, (3,)]), "fm": KeywordMap(x=4)}
     out = map_leaves(value, lambda x: x * 10)
     assert type(out["od"]) is OrderedDict and out["od"] == {"a": 10}
     assert type(out["pair"]) is Pair and out["pair"] == (10, [20, (30,)])
-    assert dict(out["fm"]) == {"x": 40}  # rebuilt as a dict: FrozenMap takes keywords, not items
+    assert dict(out["fm"]) == {"x": 40}  # rebuilt as a dict: KeywordMap takes keywords, not items
 
 
 def test_local_tensor_leaves_plain_values_alone() -> None:
