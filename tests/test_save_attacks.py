@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -79,6 +79,21 @@ finally:
 """
 
 
+def _resave_in_child(target: Path) -> str | None:
+    """Save over `target` in a child process, bounded; return its error ("Type: message") or None."""
+    child = subprocess.run(
+        [sys.executable, "-c", _RESAVE.format(target=str(target))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    lines = child.stdout.splitlines()
+    assert lines, f"the child printed no result: {child.stderr}"
+    error: str | None = json.loads(lines[-1])["error"]
+    return error
+
+
 def test_a_symlink_inside_a_checkpoint_is_not_walked(tmp_path: Path) -> None:
     # Before: the target check followed it; a link to a directory that links to itself twice (2**40 paths
     # before ELOOP), or to `/usr`, kept save() walking for hours.
@@ -92,33 +107,13 @@ def test_a_symlink_inside_a_checkpoint_is_not_walked(tmp_path: Path) -> None:
         _save(manager, target, 1.0)
         (target / "data").symlink_to(tree)
         before = _entries(tmp_path)
-        child = subprocess.run(
-            [sys.executable, "-c", _RESAVE.format(target=str(target))],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT,
-        )
-        seen = json.loads(child.stdout.splitlines()[-1])
-        assert seen["error"] is not None and seen["error"].startswith("CommitError"), (seen, child.stderr)
-        assert "(data)" in seen["error"], seen  # the link is named as what the checkpoint also holds
+        error = _resave_in_child(target)
+        assert error is not None and error.startswith("CommitError"), error
+        assert "(data)" in error, error  # the link is named as what the checkpoint also holds
         assert _value(manager, target) == 1.0
     finally:
         manager.close()
     assert _entries(tmp_path) == before and (tree / "keep.txt").read_text() == "mine"
-
-
-def _resave_in_child(target: Path) -> str | None:
-    """Save over `target` in a child process, bounded; return its error ("Type: message") or None."""
-    child = subprocess.run(
-        [sys.executable, "-c", _RESAVE.format(target=str(target))],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
-    error: str | None = json.loads(child.stdout.splitlines()[-1])["error"]
-    return error
 
 
 @pytest.mark.parametrize("where", ["id", "ancestor"])
@@ -189,6 +184,15 @@ def _kill(pid: int | None) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _running_writer(manager: CheckpointManager) -> int:
+    """The async writer's pid once it is up: at start, or after the writer a test killed is restarted."""
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while manager.writer_pid is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert manager.writer_pid is not None, f"no writer process within {CHILD_TIMEOUT} s"
+    return manager.writer_pid
+
+
 def test_a_killed_writer_leaves_no_temporary_directory(control: Control, tmp_path: Path) -> None:
     # Before: each save whose writer was SIGKILLed (the OOM killer's way) left its `.ck.tmp-*` directory, with
     # every byte written so far, until someone ran gc: a job whose writer kept dying filled the disk.
@@ -222,37 +226,53 @@ def test_a_killed_writer_leaves_no_temporary_directory(control: Control, tmp_pat
 
 
 @dataclass
-class _IntruderConfig(LocalFileSystemStorageConfig):
-    """Local storage where another program creates a directory of its own at the id while the manifest is written."""
+class _OtherProgramConfig(LocalFileSystemStorageConfig):
+    """Local storage where another program makes a directory of its own at the id (`at`) during the commit:
+    while the manifest is written (`when="manifest"`), or right after the commit's last look at the id
+    (`when="last check"`)."""
 
-    intruder: str = ""
+    at: str = ""
+    when: Literal["manifest", "last check"] = "manifest"
 
     def create_storage(self) -> LocalFileSystemStorage:
-        return _IntruderStorage(self)
+        return _OtherProgramStorage(self)
 
 
-class _IntruderStorage(LocalFileSystemStorage):
-    config: _IntruderConfig
+class _OtherProgramStorage(LocalFileSystemStorage):
+    config: _OtherProgramConfig
+    armed = False  # the manifest is written: the next look at the id is the commit's last
+
+    def _intrude(self) -> None:
+        os.makedirs(self.config.at, exist_ok=True)
+        Path(self.config.at, "theirs.txt").write_text("not yours")
 
     def write(self, path: Path, data: Any) -> None:
-        if Path(path).name == "manifest.json" and self.config.intruder:
-            os.makedirs(self.config.intruder, exist_ok=True)
-            Path(self.config.intruder, "results.csv").write_text("not yours")
+        manifest = Path(path).name == "manifest.json"
+        if manifest and self.config.when == "manifest":
+            self._intrude()
         super().write(path, data)
+        self.armed = self.armed or (manifest and self.config.when == "last check")
+
+    def exists(self, path: Path) -> bool:
+        seen = super().exists(path)
+        if self.armed and os.fspath(path) == self.config.at:
+            self.armed = False  # the check saw the id as it was; now the other program gets there first
+            self._intrude()
+        return seen
 
 
 def test_a_directory_created_at_the_id_during_the_commit_is_not_replaced(tmp_path: Path) -> None:
     # Before: the id was checked before metadata and manifest were written and fsync'd; a directory created at
-    # the id meanwhile was exchanged out and deleted (results.csv lost) by a save that reported success.
+    # the id meanwhile was exchanged out and deleted (theirs.txt lost) by a save that reported success.
     target = tmp_path / "ck"
-    manager = _manager("sync", _IntruderConfig(use_direct_io=False, intruder=str(target)))
+    manager = _manager("sync", _OtherProgramConfig(use_direct_io=False, at=str(target), when="manifest"))
     try:
-        with pytest.raises(CommitError, match=r"not a checkpoint.*results\.csv"):
+        with pytest.raises(CommitError, match=r"not a checkpoint.*theirs\.txt"):
             manager.save(str(target), _payload(1.0))
     finally:
         manager.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
-    assert (target / "results.csv").read_text() == "not yours" and sorted(os.listdir(target)) == ["results.csv"]
+    assert (target / "theirs.txt").read_text() == "not yours" and sorted(os.listdir(target)) == ["theirs.txt"]
 
 
 # ------------------------------------------------------------------------------------ an id inside a checkpoint
@@ -315,10 +335,7 @@ def test_a_writer_killed_at_any_instant_leaves_old_or_new_and_nothing_else(tmp_p
         full_s = time.monotonic() - started
         for i in range(8):
             tag = float(i + 2)
-            deadline = time.monotonic() + CHILD_TIMEOUT
-            while manager.writer_pid is None and time.monotonic() < deadline:
-                time.sleep(0.02)  # the writer killed last round is restarting
-            writer = manager.writer_pid
+            writer = _running_writer(manager)  # the one killed last round restarts
             future = manager.save(str(target), _big(tag))
             time.sleep(full_s * i / 6)
             _kill(writer)
@@ -370,9 +387,7 @@ def test_a_relative_id_after_chdir_is_saved_where_the_caller_is(
     monkeypatch.chdir(started_in)
     manager = _manager("async")
     try:
-        deadline = time.monotonic() + CHILD_TIMEOUT
-        while manager.writer_pid is None and time.monotonic() < deadline:
-            time.sleep(0.02)  # the writer is up, in started_in
+        _running_writer(manager)  # up, in started_in
         os.chdir(moved_to)
         manager.save("ck", _payload(1.0)).result(timeout=RESULT_TIMEOUT)
         assert _value(manager, Path("ck")) == 1.0
@@ -385,33 +400,6 @@ def test_a_relative_id_after_chdir_is_saved_where_the_caller_is(
 # ------------------------------------------------------------------ another save committing between check and swap
 
 
-@dataclass
-class _RacingConfig(LocalFileSystemStorageConfig):
-    """Local storage where, right after the commit's last look at the id, another program fills it."""
-
-    final: str = ""
-
-    def create_storage(self) -> LocalFileSystemStorage:
-        return _RacingStorage(self)
-
-
-class _RacingStorage(LocalFileSystemStorage):
-    config: _RacingConfig
-    armed = False
-
-    def write(self, path: Path, data: Any) -> None:
-        super().write(path, data)
-        self.armed = self.armed or Path(path).name == "manifest.json"
-
-    def exists(self, path: Path) -> bool:
-        seen = super().exists(path)
-        if self.armed and os.fspath(path) == self.config.final:
-            self.armed = False  # the check saw the id as it was; now the other program gets there first
-            os.makedirs(path)
-            Path(path, "theirs.txt").write_text("committed first")
-        return seen
-
-
 @pytest.mark.parametrize("overwrite", [True, False])
 def test_a_directory_filled_between_the_last_check_and_the_swap_is_kept(tmp_path: Path, overwrite: bool) -> None:
     # Before: the swap exchanged whatever was at the id by then and deleted it (theirs.txt lost), and with
@@ -421,7 +409,7 @@ def test_a_directory_filled_between_the_last_check_and_the_swap_is_kept(tmp_path
     manager = CheckpointManager(
         CheckpointManager.Config(
             save=SyncCheckpointSaverConfig(overwrite=overwrite),
-            storage_config=_RacingConfig(use_direct_io=False, final=str(target)),
+            storage_config=_OtherProgramConfig(use_direct_io=False, at=str(target), when="last check"),
         )
     )
     try:
@@ -430,4 +418,4 @@ def test_a_directory_filled_between_the_last_check_and_the_swap_is_kept(tmp_path
     finally:
         manager.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
-    assert sorted(os.listdir(target)) == ["theirs.txt"]
+    assert sorted(os.listdir(target)) == ["theirs.txt"] and (target / "theirs.txt").read_text() == "not yours"
