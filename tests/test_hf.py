@@ -73,6 +73,15 @@ def test_export_writes_hf_shards_and_index_with_exact_values(tmp_path: Path) -> 
         assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
 
 
+def test_export_refuses_a_dtype_safetensors_cannot_store_before_writing(tmp_path: Path) -> None:
+    """complex128 is not a safetensors dtype: a bare KeyError from inside the library before."""
+    with _manager() as m:
+        m.save(str(tmp_path / "c"), {"model": {"a": torch.ones(2), "z": torch.ones(2, dtype=torch.complex128)}})
+    with pytest.raises(ValueError, match=r"safetensors has no dtype for 1 tensor\(s\): z \(torch\.complex128\)"):
+        export_hf(tmp_path / "c", "model", tmp_path / "hf", max_shard_size=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # no export folder, no hidden staging left
+
+
 def test_export_dtype_casts_floats_only(tmp_path: Path) -> None:
     sd = _state()
     with _manager() as m:

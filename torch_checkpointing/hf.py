@@ -46,6 +46,7 @@ from torch_checkpointing.read_context import (
     checked_relative_path,
     parse_json_bounded,
 )
+from torch_checkpointing.safetensors_tree import stores_dtype
 from torch_checkpointing.source_reader import (
     FlatTensors,
     ReadStats,
