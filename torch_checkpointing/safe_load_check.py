@@ -9,6 +9,7 @@ torch's), and a warning names the item, the path and the fix when the checkpoint
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 import sys
@@ -60,12 +61,34 @@ def _path_of(value: Any, leaf: Any) -> str:
 
 
 def _refusal(leaf: Any) -> str | None:
-    """None if torch's safe loader reads `leaf` back, else its reason (a value that cannot be pickled at all is
-    the save's own error to report, not this check's)."""
+    """None if torch's safe loader accepts `leaf` back, else its reason.
+
+    The caller's own objects are judged by their class, never pickled: pickling one inside save() would run its
+    `__reduce__` (side effects, cost, and a read of a requires_copy=False value before save() returns that the
+    engine itself makes later). A class that pickles by the default protocol, or an Enum, names itself in the
+    pickle, so torch's verdict on the class is its verdict on the value; a class with its own `__reduce__` may
+    pickle as anything, so it is not judged (no warning). A builtin value (a set, a slice) has no such code and
+    pickles by opcodes of its own, so it is tried as it is.
+    """
+    kind = type(leaf)
+    if kind.__module__ == "builtins":
+        return _trial(leaf)
+    if issubclass(kind, enum.Enum) or _default_reduce(kind):
+        return _trial(kind)
+    return None
+
+
+def _default_reduce(kind: type) -> bool:
+    """Whether `kind` pickles by object's own protocol (its class named in the pickle, then its state)."""
+    own = (vars(k) for k in kind.__mro__ if k is not object)
+    return not any("__reduce__" in d or "__reduce_ex__" in d for d in own)
+
+
+def _trial(obj: Any) -> str | None:
     buffer = io.BytesIO()
     try:
-        torch.save(leaf, buffer)
-    except Exception:  # not picklable at all: the save itself names it (pickling.unpicklable)
+        torch.save(obj, buffer)
+    except Exception:  # not picklable (or not importable by name): the save itself names it
         return None
     buffer.seek(0)
     try:
