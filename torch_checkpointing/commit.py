@@ -44,6 +44,7 @@ from torch_checkpointing.manifest import (
     parse_manifest,
     read_regular_file,
 )
+from torch_checkpointing.names import fit_name
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
@@ -64,7 +65,6 @@ logger = logging.getLogger("torch_checkpointing.commit")
 # Files the engine itself writes at a checkpoint's root; an item may not claim them.
 RESERVED_FILE_NAMES = frozenset({MANIFEST_FILE_NAME, METADATA_FILE_NAME, INCOMPLETE_MARKER})
 _SHOWN = 8  # how many unexpected entries a refusal lists
-_NAME_MAX = 255  # bytes in one path component on Linux filesystems
 # A claim older than this is stale whoever holds it: no save takes a day, and gc waits as long for temporaries
 # whose owner it cannot check (retention.DEFAULT_UNOWNED_AGE_S).
 STALE_CLAIM_S = 24 * 3600.0
@@ -90,11 +90,7 @@ def temporary_name(final: str, uid: str, seq: int) -> str:
     and its temporary name must not then fail with ENAMETOOLONG. `<uid>-<seq>` keeps it unique.
     """
     path = Path(final)
-    suffix = f".tmp-{uid}-{seq}"
-    room = _NAME_MAX - 1 - len(suffix)
-    raw = os.fsencode(path.name)
-    name = path.name if len(raw) <= room else raw[:room].decode("utf-8", errors="ignore")
-    return str(path.parent / f".{name}{suffix}")
+    return str(path.parent / fit_name(".", path.name, f".tmp-{uid}-{seq}"))
 
 
 # ------------------------------------------------------------------------------------- what may be replaced

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch_checkpointing.checkpoint_layout import SUPPORTED_FORMATS, LayoutInfo, default_layout_info
 from torch_checkpointing.commit import RESERVED_FILE_NAMES  # defined once, beside the commit that writes them
+from torch_checkpointing.names import NAME_MAX
 from torch_checkpointing.schema_constants import KEY_PATTERN, RANK_PLACEHOLDER
 
 if TYPE_CHECKING:
@@ -133,18 +134,15 @@ def resolve(
     return resolved
 
 
-_NAME_MAX = 255  # bytes in one path component on Linux filesystems
-
-
 def _check_name_lengths(key: str, path: str) -> None:
     """A file name over NAME_MAX is refused when the save is planned, naming the item (an ENAMETOOLONG from the
     writer before), whether it comes from a long key in the default layout or from a LayoutInfo."""
     for part in path.split("/"):
         size = len(part.encode("utf-8", "surrogateescape"))
-        if size > _NAME_MAX:
+        if size > NAME_MAX:
             raise ValueError(
                 f"Item '{key[:64]}{'...' if len(key) > 64 else ''}' would be written to a file name of {size} "
-                f"bytes ({part[:40]}...), over the {_NAME_MAX}-byte limit of a file name: use a shorter key or "
+                f"bytes ({part[:40]}...), over the {NAME_MAX}-byte limit of a file name: use a shorter key or "
                 f"LayoutInfo.file_path."
             )
 
