@@ -32,11 +32,11 @@ CHILD_TIMEOUT = 60
 RESULT_TIMEOUT = 120
 
 
-def _manager(mode: str = "sync", storage: Any = None) -> CheckpointManager:
+def _manager(mode: str = "sync", storage: Any = None, overwrite: bool = True) -> CheckpointManager:
     save = SyncCheckpointSaverConfig if mode == "sync" else AsyncCheckpointSaverConfig
     return CheckpointManager(
         CheckpointManager.Config(
-            save=save(wait_timeout_secs=RESULT_TIMEOUT),
+            save=save(wait_timeout_secs=RESULT_TIMEOUT, overwrite=overwrite),
             storage_config=storage or LocalFileSystemStorageConfig(use_direct_io=False),
         )
     )
@@ -261,18 +261,26 @@ class _OtherProgramStorage(LocalFileSystemStorage):
         return seen
 
 
-def test_a_directory_created_at_the_id_during_the_commit_is_not_replaced(tmp_path: Path) -> None:
-    # Before: the id was checked before metadata and manifest were written and fsync'd; a directory created at
-    # the id meanwhile was exchanged out and deleted (theirs.txt lost) by a save that reported success.
+def _save_meets_the_other_program(
+    tmp_path: Path, when: Literal["manifest", "last check"], refusal: str, overwrite: bool = True
+) -> None:
+    """A first save of `tmp_path/ck` while another program makes its directory there: refused with a
+    CommitError matching `refusal`, their directory kept whole, nothing else left beside it."""
     target = tmp_path / "ck"
-    manager = _manager("sync", _OtherProgramConfig(use_direct_io=False, at=str(target), when="manifest"))
+    manager = _manager("sync", _OtherProgramConfig(use_direct_io=False, at=str(target), when=when), overwrite)
     try:
-        with pytest.raises(CommitError, match=r"not a checkpoint.*theirs\.txt"):
+        with pytest.raises(CommitError, match=refusal):
             manager.save(str(target), _payload(1.0))
     finally:
         manager.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
-    assert (target / "theirs.txt").read_text() == "not yours" and sorted(os.listdir(target)) == ["theirs.txt"]
+    assert sorted(os.listdir(target)) == ["theirs.txt"] and (target / "theirs.txt").read_text() == "not yours"
+
+
+def test_a_directory_created_at_the_id_during_the_commit_is_not_replaced(tmp_path: Path) -> None:
+    # Before: the id was checked before metadata and manifest were written and fsync'd; a directory created at
+    # the id meanwhile was exchanged out and deleted (theirs.txt lost) by a save that reported success.
+    _save_meets_the_other_program(tmp_path, "manifest", r"not a checkpoint.*theirs\.txt")
 
 
 # ------------------------------------------------------------------------------------ an id inside a checkpoint
@@ -405,17 +413,4 @@ def test_a_directory_filled_between_the_last_check_and_the_swap_is_kept(tmp_path
     # Before: the swap exchanged whatever was at the id by then and deleted it (theirs.txt lost), and with
     # overwrite=False two racing first saves of one id both succeeded, the second replacing the first
     # (37 of 150 ids, measured with two processes). A rename that refuses a non-empty target closes the gap.
-    target = tmp_path / "ck"
-    manager = CheckpointManager(
-        CheckpointManager.Config(
-            save=SyncCheckpointSaverConfig(overwrite=overwrite),
-            storage_config=_OtherProgramConfig(use_direct_io=False, at=str(target), when="last check"),
-        )
-    )
-    try:
-        with pytest.raises(CommitError, match=r"appeared at .*ck while this save committed"):
-            manager.save(str(target), _payload(1.0))
-    finally:
-        manager.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
-    assert sorted(os.listdir(target)) == ["theirs.txt"] and (target / "theirs.txt").read_text() == "not yours"
+    _save_meets_the_other_program(tmp_path, "last check", r"appeared at .*ck while this save committed", overwrite)
