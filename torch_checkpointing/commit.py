@@ -57,6 +57,7 @@ __all__ = [
     "CommitTarget",
     "ConditionalStorage",
     "check_target",
+    "stale_reason",
     "temporary_name",
 ]
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import threading
 import time
 import uuid
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from torch_checkpointing.commit import files_not_listed
+from torch_checkpointing.commit import Claim, files_not_listed, stale_reason
 from torch_checkpointing.discovery import (
     OLD_RE,
     CheckpointInfo,
@@ -34,6 +35,7 @@ from torch_checkpointing.discovery import (
     list_leftovers,
     newest_intact,
 )
+from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.names import NAME_MAX, aside_name, cut_from, may_be_cut, trash_name
 from torch_checkpointing.storage.base_storage import Storage
@@ -221,6 +223,21 @@ class GcReport:
     failed: list[Leftover] = field(default_factory=list)
 
 
+def _dead_claim(storage: Storage, path: Path) -> str | None:
+    """Why the save (or delete) that left `.incomplete` at a final name of an object store has certainly ended.
+
+    The rule a save uses before it takes such an id over (`commit.stale_reason`): a marker without a claim (an
+    earlier version's save, or a delete that failed midway), a claim whose process is gone on this host, or one
+    older than any save. A claim that may be live is never collected.
+    """
+    try:
+        held = Claim.parse(storage.read(path / INCOMPLETE_MARKER))
+    except (OSError, CheckpointError):
+        return None
+    me = Claim(token="", uid="", host=socket.gethostname(), pid=os.getpid(), created=time.time())
+    return stale_reason(held, me)
+
+
 def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s: float, now: float) -> str | None:
     """None when `leftover` is garbage; else the reason to keep it."""
     if not leftover.recognised:
@@ -229,7 +246,11 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
             f"of ours: not removed (delete it by hand if it is garbage)"
         )
     if leftover.kind == "incomplete":
-        return "incomplete checkpoint at its final name (a store without atomic rename may still be writing it)"
+        dead = None if storage.atomic_rename else _dead_claim(storage, Path(leftover.path))
+        if dead is None:
+            return "incomplete checkpoint at its final name (a store without atomic rename may still be writing it)"
+        logger.info("gc: %s is an unfinished save or delete whose claim is dead (%s)", leftover.path, dead)
+        return None
     if leftover.owner_alive:
         return "its owner is alive"
     if leftover.kind == "replaced":

@@ -38,7 +38,7 @@ from typing import Any
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
 from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, ObjectStoreError
-from torch_checkpointing.manifest import MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
 __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
@@ -405,7 +405,12 @@ class FsspecStorage(Storage):
                 backend.fs.makedirs(key, exist_ok=True)
 
     def rmdir(self, path: Path) -> None:
-        """Delete every object under the prefix `path/` (and an object named exactly `path`), in bulk."""
+        """Delete every object under the prefix `path/` (and an object named exactly `path`), in bulk.
+
+        A committed checkpoint is first marked `.incomplete` and loses its manifest, then its files go in bulk,
+        the marker last: a delete that fails or is killed midway leaves a prefix that readers refuse and gc
+        collects as an incomplete save, never a committed checkpoint missing files, nor files nothing claims.
+        """
         backend, key = self._resolve(path)
         with self._errors("delete of", path):
             if not backend.object_store:  # a real directory tree (file://, memory://)
@@ -413,8 +418,17 @@ class FsspecStorage(Storage):
                     backend.io.rm(key, recursive=True)
                 return
             keys = _objects_under(backend, key, include_self=True)
-            if keys:
-                backend.io.rm(keys)
+            manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
+            if manifest in keys:
+                if marker not in keys:
+                    backend.io.pipe_file(marker, b"")
+                    keys.append(marker)
+                backend.io.rm_file(manifest)
+            rest = [k for k in keys if k not in (manifest, marker)]
+            if rest:
+                backend.io.rm(rest)
+            if marker in keys:
+                backend.io.rm_file(marker)
             backend.fs.invalidate_cache()
 
     def rename(
