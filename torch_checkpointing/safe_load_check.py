@@ -33,17 +33,24 @@ _ALWAYS_LOADED = (
 
 
 class SafeLoadCheck:
-    """Remembers which leaf types were tried, so that a type costs one trial per manager, not one per save."""
+    """Checks each item on the first save that holds it, and tries each leaf type once per manager.
+
+    Once per item, not on every save: the walk over a state's leaves cost 0.3 ms of every save()'s blocked
+    time (192 leaves), against a 1 ms budget for saves that copy nothing; an item's leaf types rarely change
+    between saves of one job.
+    """
 
     def __init__(self) -> None:
         self._refused: dict[type, str] = {}  # type -> torch's reason
         self._loaded: set[type] = set()
+        self._checked: set[str] = set()  # item keys
 
     def warn_refused(self, items: list[ResolvedItem]) -> None:
         """Warn (once per type) for each leaf of a torch-format item that the default load would refuse."""
         for item in items:
-            if not isinstance(item.layout.serialization_format, TorchSerialization):
+            if item.key in self._checked or not isinstance(item.layout.serialization_format, TorchSerialization):
                 continue
+            self._checked.add(item.key)
             for leaf in leaves(item.value):  # no paths built: this runs inside save()'s blocked time
                 kind = type(leaf)
                 if isinstance(leaf, _ALWAYS_LOADED) or kind in self._loaded or kind in self._refused:
@@ -125,6 +132,6 @@ def _warn(key: str, path: str, kind: type, reason: str) -> None:
         f"unpickler, CheckpointLoaderConfig.weights_only=True; it says: {reason}). Before loading, allow it with "
         f"torch.serialization.add_safe_globals([{kind.__qualname__}]); or save it as plain data (a dict, or "
         f"JsonSerialization); or load with CheckpointLoaderConfig(weights_only=False) if you trust the files. "
-        f"(Said once per type per manager.)",
+        f"(Checked on the first save of each item; said once per type per manager.)",
         stacklevel=_user_stacklevel(),
     )
