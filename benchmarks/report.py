@@ -610,7 +610,7 @@ def markdown_section(doc: dict[str, Any]) -> str:
             f"{cfg['runs']} runs per figure (median), {cfg['memory_saves']} consecutive saves, "
             f"use_direct_io={cfg['direct_io']}.",
             "",
-            "```",
+            "```text",  # the docs label every block (tests/test_docs_examples.py)
             format_table(rows),
             "```",
             "",

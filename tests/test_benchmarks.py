@@ -236,3 +236,20 @@ def test_the_timed_construction_imports_no_engine_module() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_markdown_section_labels_its_block_as_the_docs_require() -> None:
+    """`--markdown` output is pasted into docs/performance.md, whose blocks must each say what they are."""
+    from benchmarks.report import markdown_section
+
+    doc = {
+        "command": "python -m benchmarks",
+        "wall_s": 1.0,
+        "machine": {"cpu": "x", "cores": 2, "memory_gib": 1, "platform": "p", "python": "3", "torch": "t"}
+        | {"cuda": None},
+        "config": {"size_bytes": 2**20, "device": "cpu", "runs": 1, "memory_saves": 1, "direct_io": True},
+        "ratios": [],
+        "summary": {"passed": 0, "targets": 0, "failed": [], "errors": []},
+    }
+    fences = [line for line in markdown_section(doc).splitlines() if line.startswith("```")]
+    assert fences == ["```text", "```"]
