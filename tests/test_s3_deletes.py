@@ -44,7 +44,8 @@ def test_a_delete_that_fails_midway_leaves_an_incomplete_save_that_gc_collects(s
                 manager.load("run/step_1")
             assert [c.name for c in list_checkpoints(f"{config.url}/run", storage)] == ["step_2"]
     report = collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
-    assert [Path(lo.path).name for lo in report.removed] == ["step_1"], report.kept  # ... and gc recognises and removes them
+    # ... and gc recognises them and removes them
+    assert [Path(lo.path).name for lo in report.removed] == ["step_1"], report.kept
     assert not storage.exists(Path("run/step_1/model_0.pt"))
     assert [c.name for c in list_checkpoints(f"{config.url}/run", storage)] == ["step_2"]
 
