@@ -6,13 +6,15 @@ Before, the error said only "does not exist", though the committed checkpoint sa
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.test_long_names_and_removal import _killed_replace, _manager
-from torch_checkpointing.discovery import latest_checkpoint
+from tests.test_long_names_and_removal import LONG, _dead_pid, _killed_replace, _manager
+from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints
+from torch_checkpointing.names import aside_name
 
 
 def test_the_not_found_error_names_the_previous_copy_and_the_gc_that_moves_it_back(tmp_path: Path) -> None:
@@ -48,3 +50,18 @@ def test_latest_checkpoint_says_when_the_newest_sits_aside(tmp_path: Path, caplo
     assert latest is not None and latest.step == 0  # what is listed is unchanged ...
     said = [r.getMessage() for r in caplog.records if "previous copy" in r.getMessage()]
     assert len(said) == 1 and "step_1 is missing" in said[0] and "gc" in said[0]  # ... and it is said
+
+
+def test_a_cut_aside_copy_whose_long_id_is_there_is_not_reported_missing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An aside name cut to fit NAME_MAX names its id only in part: the id is found among the siblings, so a
+    leftover copy beside a checkpoint that is there is not reported as the only copy of a missing one."""
+    ckpt = tmp_path / LONG
+    with _manager() as manager:
+        manager.save(str(ckpt), {"model": {"w": torch.zeros(4)}}, step=1)
+    shutil.copytree(ckpt, tmp_path / aside_name(LONG, _dead_pid()))
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        listed = list_checkpoints(tmp_path)
+    assert [c.name for c in listed] == [LONG]
+    assert not [r for r in caplog.records if "previous copy" in r.getMessage()]

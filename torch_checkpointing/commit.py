@@ -43,6 +43,7 @@ from torch_checkpointing.manifest import (
     Manifest,
     parse_manifest,
     read_regular_file,
+    read_stored_bounded,
 )
 from torch_checkpointing.names import fit_name
 from torch_checkpointing.storage.base_storage import Storage
@@ -177,7 +178,7 @@ def _read_manifest(storage: Storage, path: Path) -> Manifest:
     """
     local = storage.local_path(path)
     if local is None:
-        return Manifest.from_json(storage.read(path).decode("utf-8"))
+        return Manifest.from_json(read_stored_bounded(storage, path).decode("utf-8"))
     fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         return parse_manifest(read_regular_file(fd, path), str(path))

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from torch_checkpointing.checkpoint_layout import LayoutInfo, untrusted_format_from_dict
 from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest, read_manifest
-from torch_checkpointing.names import previous_copy_hint
+from torch_checkpointing.names import ASIDE_RE, aside_of, previous_copy_hint
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -52,7 +52,6 @@ logger = logging.getLogger(__name__)
 # a replaced checkpoint aside as `.old_{name}_{pid}`, and retention renames a checkpoint it deletes to
 # `.{name}.trash-{pid}-{nonce}` before removing it.
 TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<uid>[0-9a-f]+)-(?P<seq>\d+)$")
-OLD_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>\d+)$")
 TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>\d+)-(?P<nonce>[0-9a-f]+)$")
 
 LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete"]
@@ -233,19 +232,18 @@ def _warn_left_aside(base: Path, names: list[str], storage: Storage) -> None:
     listing's member (it is hidden) though its id is empty: say so, or "latest" silently goes back a step."""
     present = set(names)
     for name in names:
-        match = _ASIDE.match(name)
-        if match is None or match.group(1) in present or not storage.exists(base / name / MANIFEST_FILE_NAME):
+        if ASIDE_RE.match(name) is None:
+            continue
+        checkpoint = aside_of(name, present)  # None: a cut name whose id holds nothing
+        if checkpoint in present or not storage.exists(base / name / MANIFEST_FILE_NAME):
             continue
         logger.warning(
             "Checkpoint %s is missing, and its previous copy is at %s (a save that replaced it was killed before "
             "the new one moved in); it is not listed. Run `torch-checkpointing gc %s` to move it back.",
-            base / match.group(1),
+            base / checkpoint if checkpoint is not None else f"{base}/<id cut from {name}>",
             base / name,
             base,
         )
-
-
-_ASIDE = re.compile(r"^\.old_(.+)_\d+$")
 
 
 def _is_symlink(storage: Storage, path: Path) -> bool:
@@ -389,7 +387,7 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         recognised = alive is not None or _marked(storage, path)
         detail = f"save {m['uid']}-{m['seq']}"
         return Leftover(str(path), "temporary", m["name"], alive, size, detail, recognised)
-    if m := OLD_RE.match(name):
+    if m := ASIDE_RE.match(name):
         alive = pid_alive(int(m["pid"]))
         return Leftover(str(path), "replaced", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if m := TRASH_RE.match(name):

@@ -12,7 +12,17 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
-__all__ = ["NAME_MAX", "aside_name", "cut_from", "fit_name", "may_be_cut", "previous_copy_hint", "trash_name"]
+__all__ = [
+    "ASIDE_RE",
+    "NAME_MAX",
+    "aside_name",
+    "aside_of",
+    "cut_from",
+    "fit_name",
+    "may_be_cut",
+    "previous_copy_hint",
+    "trash_name",
+]
 
 NAME_MAX = 255  # bytes in one path component on Linux filesystems
 _MAX_CHAR_BYTES = 4  # a cut at a character boundary drops at most 3 bytes more than it must
@@ -27,9 +37,24 @@ def fit_name(prefix: str, name: str, suffix: str) -> str:
     return f"{prefix}{name}{suffix}"
 
 
+ASIDE_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>\d+)$")  # what `aside_name` makes
+
+
 def aside_name(name: str, pid: int) -> str:
     """Where the non-exchange replace moves the old checkpoint `name` while the new one moves in."""
     return fit_name(".old_", name, f"_{pid}")
+
+
+def aside_of(hidden: str, siblings: Iterable[str]) -> str | None:
+    """The id the aside copy `hidden` was moved from: its name part, or for a cut name the sibling it was cut
+    from; None when `hidden` is no aside name, or a cut one whose id is not among `siblings`."""
+    match = ASIDE_RE.match(hidden)
+    if match is None:
+        return None
+    if not may_be_cut(hidden):
+        return match["name"]
+    pid = int(match["pid"])
+    return cut_from(hidden, siblings, lambda sibling: aside_name(sibling, pid))
 
 
 def trash_name(name: str, pid: int, nonce: str) -> str:
@@ -59,13 +84,10 @@ def previous_copy_hint(local: str) -> str:
     except OSError:
         return ""
     for entry in entries:
-        match = _PID_SUFFIX.search(entry)
-        if entry.startswith(".old_") and match and aside_name(name, int(match.group(1))) == entry:
+        match = ASIDE_RE.match(entry)
+        if match and aside_name(name, int(match["pid"])) == entry:
             return (
                 f" Its previous checkpoint is at {os.path.join(parent, entry)}: a save that replaced it was killed "
                 f"before the new one moved in. Run `torch-checkpointing gc {parent}` to move it back, then load."
             )
     return ""
-
-
-_PID_SUFFIX = re.compile(r"_(\d+)$")

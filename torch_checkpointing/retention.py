@@ -26,7 +26,6 @@ from typing import Literal
 
 from torch_checkpointing.commit import Claim, files_not_listed, stale_reason
 from torch_checkpointing.discovery import (
-    OLD_RE,
     CheckpointInfo,
     Leftover,
     checkpoint_info,
@@ -37,7 +36,7 @@ from torch_checkpointing.discovery import (
 )
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
-from torch_checkpointing.names import NAME_MAX, aside_name, cut_from, may_be_cut, trash_name
+from torch_checkpointing.names import NAME_MAX, aside_of, may_be_cut, trash_name
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
@@ -273,11 +272,7 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
 def _replaced_id(leftover: Leftover, root: Path, storage: Storage) -> str | None:
     """The id a replaced copy was moved aside from; None when its name was cut and no sibling matches it."""
     name = Path(leftover.path).name
-    match = OLD_RE.match(name)
-    if match is None or not may_be_cut(name):
-        return leftover.checkpoint_name
-    pid = int(match["pid"])
-    return cut_from(name, storage.ls(root), lambda sibling: aside_name(sibling, pid))
+    return aside_of(name, storage.ls(root)) if may_be_cut(name) else leftover.checkpoint_name
 
 
 def _restorable(leftover: Leftover, root: Path, storage: Storage) -> str | None:

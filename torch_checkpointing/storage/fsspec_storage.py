@@ -37,8 +37,8 @@ from types import TracebackType
 from typing import Any
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
-from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, ObjectStoreError
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES
+from torch_checkpointing.errors import CheckpointError, ObjectStoreError
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
 __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
@@ -291,18 +291,12 @@ class FsspecStorage(Storage):
         """The object as it is now: its size from a fresh HEAD (never fsspec's listing cache, which another
         process's write makes stale), and every byte from that one version of it.
 
-        A manifest larger than any manifest can be is refused on that HEAD, unread: no record vouches for the
-        manifest's size, and every reader of it (a load, `latest_checkpoint`, a save checking its id) reads it
-        whole through here (a crafted 300 MiB one took 29 s and 310 MiB of memory before it was refused).
+        Manifests are not read through here: every reader of one sizes it first and refuses one larger than any
+        manifest unread (`manifest.read_stored_bounded`, for every store without local paths).
         """
         backend, key = self._resolve(path)
         with self._errors("download of", path):
             version = _version(backend, key)
-            if _is_commit_file(key) and version[0] > MAX_MANIFEST_BYTES:
-                raise CorruptCheckpointError(
-                    f"{backend.scheme}://{key} is {version[0]} bytes, larger than {MAX_MANIFEST_BYTES}; it is not "
-                    f"a manifest (refused unread). The checkpoint cannot be loaded; delete it or load another."
-                )
             return self._read_span(backend, key, 0, version[0], version)
 
     def read_range(self, path: Path, offset: int, length: int) -> bytes:
