@@ -80,3 +80,11 @@ def dist_world1() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def mesh(dist_world1: None) -> Any:
+    """A one-rank CPU DeviceMesh (on `dist_world1`'s process group), for DTensor state on one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (1,))

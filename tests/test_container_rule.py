@@ -294,13 +294,6 @@ def test_async_save_then_load_follows_the_same_rule(async_manager: CheckpointMan
 # ---------------------------------------------------------------------------------- DTensors, both load paths
 
 
-@pytest.fixture
-def mesh(dist_world1: None) -> Any:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (1,))
-
-
 def _dtensor_state(mesh: Any, placement: Any, value: Callable[[int], float]) -> dict[str, Any]:
     from torch.distributed.tensor import distribute_tensor
 

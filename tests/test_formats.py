@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -391,13 +390,6 @@ def test_safetensors_map_location() -> None:
     assert out["w"].device.type == "meta"
     with pytest.raises(ValueError, match="map_location must be a str or torch.device"):
         _round_trip(SafetensorsSerialization(), {"w": torch.ones(2)}, into=None, map_location=lambda s, _loc: s)
-
-
-@pytest.fixture
-def mesh(dist_world1: None) -> Iterator[Any]:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    yield init_device_mesh("cpu", (1,))
 
 
 @pytest.mark.parametrize("placement", ["shard", "replicate"])

@@ -99,13 +99,6 @@ def test_a_file_deleted_during_the_load_is_a_checkpoint_error_naming_it(verify: 
 # ------------------------------------------------------------------ resharded safetensors read by byte ranges
 
 
-@pytest.fixture
-def mesh(dist_world1: None) -> Any:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (1,))
-
-
 def _resharding_manager(config: MemoryStorageConfig, verify: bool | None = None) -> CheckpointManager:
     conf = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)
     conf.items = {

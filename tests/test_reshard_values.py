@@ -25,13 +25,6 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 
 @pytest.fixture
-def mesh(dist_world1: None) -> Any:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (1,))
-
-
-@pytest.fixture
 def manager() -> Iterator[CheckpointManager]:
     config = CheckpointManager.Config.with_sync_save()
     config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)

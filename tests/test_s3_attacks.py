@@ -55,6 +55,12 @@ def fast_failing(options: dict[str, Any], endpoint: str | None = None) -> dict[s
     return out
 
 
+def through_proxy(config: FsspecStorageConfig, proxy: FaultProxy, **extra: Any) -> FsspecStorageConfig:
+    """`config`'s bucket reached through the fault proxy, failing fast."""
+    options = fast_failing(config.storage_options, proxy.endpoint)
+    return FsspecStorageConfig(url=config.url, part_size=config.part_size, storage_options=options, **extra)
+
+
 def sync_manager(config: FsspecStorageConfig) -> CheckpointManager:
     return CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config))
 
@@ -330,11 +336,7 @@ def test_5xx_answers_fail_the_save_and_the_load_naming_the_url_and_commit_nothin
     config = s3_server.config()
     port = int(s3_server.endpoint.rsplit(":", 1)[1])
     with FaultProxy(port) as proxy:
-        through = FsspecStorageConfig(
-            url=config.url,
-            part_size=config.part_size,
-            storage_options=fast_failing(config.storage_options, proxy.endpoint),
-        )
+        through = through_proxy(config, proxy)
         storage = config.create_storage()
         caplog.set_level(logging.WARNING, logger="torch_checkpointing")
         with sync_manager(through) as manager:
@@ -369,12 +371,7 @@ def test_a_server_that_stops_answering_is_bounded_by_the_configured_timeouts(s3_
     port = int(s3_server.endpoint.rsplit(":", 1)[1])
     payload = state(1.0, n=TEST_PART_SIZE // 2)  # two parts: the hang lands mid multipart upload / mid read
     with FaultProxy(port) as proxy:
-        through = FsspecStorageConfig(
-            url=config.url,
-            part_size=config.part_size,
-            storage_options=fast_failing(config.storage_options, proxy.endpoint),
-            request_timeout_s=5.0,
-        )
+        through = through_proxy(config, proxy, request_timeout_s=5.0)
         storage = config.create_storage()
         with sync_manager(through) as manager:
             if phase == "load":

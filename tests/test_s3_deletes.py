@@ -15,12 +15,11 @@ import pytest
 
 from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import S3Server
-from tests.test_s3_attacks import fast_failing, state, sync_manager
+from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing import list_checkpoints
 from torch_checkpointing.errors import IncompleteCheckpointError, ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.retention import collect_garbage
-from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
 
 def test_a_delete_that_fails_midway_leaves_an_incomplete_save_that_gc_collects(s3_server: S3Server) -> None:
@@ -28,8 +27,7 @@ def test_a_delete_that_fails_midway_leaves_an_incomplete_save_that_gc_collects(s
     port = int(s3_server.endpoint.rsplit(":", 1)[1])
     storage = config.create_storage()
     with FaultProxy(port) as proxy:
-        options = fast_failing(config.storage_options, proxy.endpoint)
-        through = FsspecStorageConfig(url=config.url, part_size=config.part_size, storage_options=options)
+        through = through_proxy(config, proxy)
         with sync_manager(through) as manager:
             manager.save("run/step_1", state(1.0))
             manager.save("run/step_2", state(2.0))

@@ -14,11 +14,10 @@ import pytest
 
 from tests.s3_faults import FaultProxy
 from tests.s3_server import S3Server
-from tests.test_s3_attacks import fast_failing, state, sync_manager
+from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing import latest_checkpoint
 from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME
-from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
 BOUND = 1 << 20
 HUGE = 12 << 20
@@ -36,11 +35,7 @@ def test_an_oversized_manifest_is_refused_without_downloading_it(s3_server: S3Se
     storage.write(Path("run/huge") / MANIFEST_FILE_NAME, b" " * HUGE)
     port = int(s3_server.endpoint.rsplit(":", 1)[1])
     with FaultProxy(port) as proxy:
-        through = FsspecStorageConfig(
-            url=config.url,
-            part_size=config.part_size,
-            storage_options=fast_failing(config.storage_options, proxy.endpoint),
-        )
+        through = through_proxy(config, proxy)
         with sync_manager(through) as manager:
             with pytest.raises(CorruptCheckpointError, match=r"run/huge/manifest\.json"):
                 manager.load("run/huge")

@@ -45,13 +45,6 @@ def _payload(mesh: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def mesh(dist_world1: None) -> Any:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (1,))
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_checkpoint_of_dtensors_loads_in_a_process_without_torch_distributed(
     mesh: Any, tmp_path: Path, mode: str

@@ -70,13 +70,6 @@ def test_a_template_made_in_inference_mode_loads_inside_it(tmp_path: Path, manag
     assert torch.equal(out["b"]["x"], SAVED) and out["b"]["x"] is target
 
 
-@pytest.fixture
-def mesh(dist_world1: None) -> Any:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (1,))
-
-
 @pytest.mark.parametrize("bad", ["meta", "expanded"])
 def test_a_dtensor_template_that_cannot_be_filled_refuses_the_resharded_load(
     tmp_path: Path, mesh: Any, bad: str
