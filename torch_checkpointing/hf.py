@@ -348,7 +348,8 @@ def export_hf(
 def _refuse_unstorable(plans: list[_TensorPlan], dtype: torch.dtype | None, what: str) -> None:
     """Refuse, before a shard is written, a tensor whose dtype safetensors cannot hold (a bare KeyError from
     inside the library before, after the shards before it were written)."""
-    bad = [(p.name, _out_dtype(p.dtype, dtype)) for p in plans if not stores_dtype(_out_dtype(p.dtype, dtype))]
+    written = [(p.name, _out_dtype(p.dtype, dtype)) for p in plans]
+    bad = [(name, kind) for name, kind in written if not stores_dtype(kind)]
     if bad:
         listed = ", ".join(f"{name} ({kind})" for name, kind in bad[:10])
         raise ValueError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import io
+import logging
 import pickle
 import sys
 import warnings
@@ -24,6 +25,8 @@ from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.traversal import dotted_key, iter_leaves, leaves
 
 __all__ = ["SafeLoadCheck"]
+
+logger = logging.getLogger(__name__)
 
 # Leaf types the safe unpickler always accepts: checked without a trial (the common, tensor-only state).
 _ALWAYS_LOADED = (
@@ -41,8 +44,7 @@ class SafeLoadCheck:
     """
 
     def __init__(self) -> None:
-        self._refused: dict[type, str] = {}  # type -> torch's reason
-        self._loaded: set[type] = set()
+        self._verdicts: dict[type, str | None] = {}  # type -> torch's reason to refuse it, None if it loads
         self._checked: set[str] = set()  # item keys
 
     def warn_refused(self, items: list[ResolvedItem]) -> None:
@@ -53,14 +55,11 @@ class SafeLoadCheck:
             self._checked.add(item.key)
             for leaf in leaves(item.value):  # no paths built: this runs inside save()'s blocked time
                 kind = type(leaf)
-                if isinstance(leaf, _ALWAYS_LOADED) or kind in self._loaded or kind in self._refused:
+                if isinstance(leaf, _ALWAYS_LOADED) or kind in self._verdicts:
                     continue
-                reason = _refusal(leaf)
-                if reason is None:
-                    self._loaded.add(kind)
-                    continue
-                self._refused[kind] = reason
-                _warn(item.key, _path_of(item.value, leaf), kind, reason)
+                reason = self._verdicts[kind] = _refusal(leaf)
+                if reason is not None:
+                    _warn(item.key, _path_of(item.value, leaf), kind, reason)
 
 
 def _path_of(value: Any, leaf: Any) -> str:
@@ -95,14 +94,16 @@ def _trial(obj: Any) -> str | None:
     buffer = io.BytesIO()
     try:
         torch.save(obj, buffer)
-    except Exception:  # not picklable (or not importable by name): the save itself names it
+    except Exception as exc:  # not picklable (or not importable by name): the save itself names it
+        logger.debug("safe-load check: %r does not pickle (%s); the save reports it", obj, exc)
         return None
     buffer.seek(0)
     try:
         torch.load(buffer, weights_only=True)
     except pickle.UnpicklingError as exc:
         return _reason(str(exc))
-    except Exception:  # any other failure is not the safe loader's refusal
+    except Exception as exc:  # any other failure is not the safe loader's refusal
+        logger.debug("safe-load check: %r could not be tried (%s)", obj, exc)
         return None
     return None
 
