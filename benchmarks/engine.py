@@ -86,7 +86,9 @@ def _loads(mgr: Any, last: Path, state: dict[str, Any], cfg: BenchConfig, floors
     """Default (verifying) loads, cold and warm, each next to its raw-read floor; and, interleaved with them, the
     same loads with `verify_checksums=False`, so that the cost of verification is a ratio within one run."""
     templates = make_templates(state)
-    unverified = make_manager(cfg, verify_checksums=False)
+    # Sync saves: a manager that only loads needs no writer process, and one spawned here would import torch
+    # on the cores the first loads are timed on.
+    unverified = make_manager(cfg, verify_checksums=False, sync_save=True)
     keys = ("load_cold_s", "load_warm_s", "unverified_cold_s", "unverified_warm_s")
     out: dict[str, list[float]] = {k: [] for k in keys}
     try:

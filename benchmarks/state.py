@@ -71,9 +71,13 @@ def make_state(total_bytes: int, seed: int = 0, device: str = "cpu") -> dict[str
 
 
 def make_templates(tree: Any) -> Any:
-    """Same structure, fresh uninitialised tensors: the into= targets of a load."""
+    """Same structure, fresh zeroed tensors: the into= targets of a load.
+
+    Zeroed, not just allocated: a live model's memory has been written before it is restored into, and the raw
+    read floor reads into a buffer that has too. An untouched template charged the first load the kernel's first
+    touch of every page (about a second per GiB on a VM), which is not a cost of loading."""
     if isinstance(tree, torch.Tensor):
-        return torch.empty_like(tree)
+        return torch.zeros_like(tree)
     if isinstance(tree, dict):
         return {k: make_templates(v) for k, v in tree.items()}
     if isinstance(tree, list):

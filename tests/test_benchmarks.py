@@ -253,3 +253,35 @@ def test_the_markdown_section_labels_its_block_as_the_docs_require() -> None:
     }
     fences = [line for line in markdown_section(doc).splitlines() if line.startswith("```")]
     assert fences == ["```text", "```"]
+
+
+def test_the_timed_loads_start_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's loads are timed next to a raw read on the same cores: a process started for them (the
+    unverified manager's writer, importing torch) was timed with the first loads."""
+    import benchmarks.engine as engine
+    from benchmarks.common import build_state
+    from benchmarks.engine_api import make_manager
+    from benchmarks.sysinfo import descendants
+
+    cfg = BenchConfig(size_bytes=MiB, runs=1, work_parent=tmp_path)
+    state = build_state(cfg)
+    saver = make_manager(cfg, sync_save=True)
+    last = tmp_path / "ckpt"
+    try:
+        saver.save(str(last), state)
+        floors = engine._Floors(state, cfg, tmp_path)
+        floors.before_save()  # writes the raw-read floor's file
+        before = set(descendants())
+        started: list[set[int]] = []
+        real_now = engine.now
+
+        def now_and_look() -> float:
+            started.append(set(descendants()) - before)
+            return real_now()
+
+        monkeypatch.setattr(engine, "now", now_and_look)
+        engine._loads(saver, last, state, cfg, floors)
+    finally:
+        saver.close()
+    assert len(started) == 8  # two clock reads per load: cold and warm, verified and not
+    assert not any(started), f"processes started while loads were timed: {started}"
