@@ -8,12 +8,13 @@ reach the format through `codec_for`.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import pickle
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
 from torch_checkpointing.staging import as_written
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.traversal import children, join_key
+from torch_checkpointing.traversal import children, is_container, join_key
 
 if TYPE_CHECKING:
     from torch_checkpointing.source_reader import ReadStats, SourceFile
@@ -195,7 +196,7 @@ class TorchCodec(Codec):
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
         try:
             torch.save(as_written(value), stream)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        except (pickle.PicklingError, TypeError, AttributeError, KeyError, NotImplementedError) as exc:
             raise unpicklable(
                 key,
                 value,
@@ -227,8 +228,11 @@ class JsonCodec(_TensorlessCodec):
     """Pretty-printed JSON with sorted keys; a declared dataclass is rebuilt on read."""
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
-        jsonable = to_jsonable(value)
-        _check_json_keys(key, jsonable, "")
+        _check_json_tree(key, value)
+        try:
+            jsonable = to_jsonable(value)
+        except RecursionError:  # the save itself runs deep in the caller's stack
+            raise _too_deep(key, "") from None
         try:
             text = json.dumps(jsonable, sort_keys=True, indent=4)
         except TypeError as exc:
@@ -316,13 +320,70 @@ def _json_loads(data: bytes, path: Path, key: str) -> Any:
         ) from None
 
 
-def _check_json_keys(key: str, value: Any, where: str) -> None:
-    """JSON object keys are strings: an int key would come back as a str and silently miss its template slot."""
-    for k, v in children(value):
-        if isinstance(value, dict) and not isinstance(k, str):
-            raise TypeError(
-                f"JsonSerialization cannot encode item '{key}': dict key {k!r} at '{join_key(where, k)}' is a "
-                f"{type(k).__name__}, and JSON keys are strings (it would load back as {str(k)!r}). Use str keys, "
-                f"or TorchSerialization for dicts with non-str keys."
-            )
-        _check_json_keys(key, v, join_key(where, k))
+JSON_MAX_DEPTH = 256
+"""The deepest nesting (containers and dataclasses) a JSON save writes. The conversion to JSON and
+`json.loads` recurse per level, from whatever stack depth the save or load runs at: a deeper value failed the
+save with a bare RecursionError, or saved and then failed a load called from deeper in a program."""
+
+
+def _check_json_tree(key: str, value: Any) -> None:
+    """Refuse, naming the path, what JSON would not give back as saved: a non-str dict key (an int key loads
+    back as a str and silently misses its template slot), nesting deeper than `JSON_MAX_DEPTH` (a value that
+    contains itself included), and an int too long for Python's int-to-str limit (a bare ValueError from
+    `json.dumps`, or a file no load reads). Iterative, so the walk itself never hits the recursion limit."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        kids = _json_children(node)
+        if kids is not None:
+            if depth >= JSON_MAX_DEPTH:
+                raise _too_deep(key, where)
+            for k, v in kids:
+                if isinstance(node, Mapping):
+                    _check_json_key(key, k, join_key(where, k))
+                stack.append((v, join_key(where, k), depth + 1))
+        elif type(node) is int and node.bit_length() > _LONG_INT_BITS:
+            _check_int_digits(key, node, where)
+
+
+def _json_children(node: Any) -> Iterable[tuple[Any, Any]] | None:
+    """The `(name, child)` pairs `to_jsonable` descends into (a dataclass instance's fields too); None for
+    a leaf."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
+    return children(node) if is_container(node) else None
+
+
+_LONG_INT_BITS = 14_000  # below Python's default 4300-digit int/str limit: shorter ints need no check
+
+
+def _check_json_key(key: str, k: Any, where: str) -> None:
+    if not isinstance(k, str):
+        raise TypeError(
+            f"JsonSerialization cannot encode item '{key}': dict key {k!r} at '{where}' is a "
+            f"{type(k).__name__}, and JSON keys are strings (it would load back as {str(k)!r}). Use str keys, "
+            f"or TorchSerialization for dicts with non-str keys."
+        )
+
+
+def _check_int_digits(key: str, value: int, where: str) -> None:
+    try:
+        str(value)
+    except ValueError as exc:
+        raise ValueError(
+            f"JsonSerialization cannot encode item '{key}': the int at '{_at(key, where)}' has "
+            f"{value.bit_length()} bits, over Python's limit on int/str conversion ({exc}), so no loader could "
+            f"read it back. Store it as a str, or use TorchSerialization."
+        ) from None
+
+
+def _too_deep(key: str, where: str) -> ValueError:
+    return ValueError(
+        f"JsonSerialization cannot encode item '{key}': the value at '{_at(key, where)}' is nested more than "
+        f"{JSON_MAX_DEPTH} levels deep (or contains itself), deeper than a JSON file is read back. Flatten it, "
+        f"or use TorchSerialization."
+    )
+
+
+def _at(key: str, where: str) -> str:
+    return f"{key}::{where}" if where else key

@@ -30,19 +30,36 @@ def unpicklable(
     path, leaf, leaf_exc = found
     where = f"{key}::{dotted_key(path)}" if path else key
     return pickle.PicklingError(
-        f"Item '{key}' cannot be {doing}: the value at '{where}' (a {type(leaf).__name__}) fails: "
+        f"Item '{key}' cannot be {doing}: the value at '{where}' (a {_kind(leaf)}) fails: "
         f"{type(leaf_exc).__name__}: {leaf_exc}. {fix}"
     )
 
 
+def _kind(leaf: Any) -> str:
+    return f"Tensor of dtype {leaf.dtype}" if isinstance(leaf, torch.Tensor) else type(leaf).__name__
+
+
 def _first_failing_leaf(value: Any, op: Callable[[Any], object]) -> tuple[NestedPath, Any, Exception] | None:
-    """The first non-tensor leaf (depth first) on which `op` raises; tensors are never the culprit, and
-    pickling one to find out would copy its data."""
+    """The first leaf (depth first) on which `op` raises. A tensor is tried as an empty tensor of its dtype,
+    once per dtype: its data is never the culprit (and pickling it to find out would copy it), but its dtype
+    can be one torch.save has no name for (uint1..uint7, int1..int7: a bare `KeyError` before)."""
+    tried: set[torch.dtype] = set()
     for path, leaf in iter_leaves(value):
-        if isinstance(leaf, torch.Tensor):
+        probe = _dtype_probe(leaf, tried)
+        if probe is None:
             continue
         try:
-            op(leaf)
+            op(probe)
         except Exception as exc:
             return path, leaf, exc
     return None
+
+
+def _dtype_probe(leaf: Any, tried: set[torch.dtype]) -> Any:
+    """What to try `op` on for `leaf`: itself, an empty tensor of a dtype not yet tried, or None (skip it)."""
+    if not isinstance(leaf, torch.Tensor):
+        return leaf
+    if leaf.dtype in tried or leaf.layout != torch.strided or leaf.is_quantized:
+        return None
+    tried.add(leaf.dtype)
+    return torch.empty(0, dtype=leaf.dtype)

@@ -13,7 +13,10 @@ from torch_checkpointing.staging import fits_slab, tensor_for_write
 from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, join_key
 from torch_checkpointing.walk_utils import MISSING
 
-__all__ = ["flatten_tensors", "stores_dtype", "unflatten_to_target"]
+__all__ = ["RESERVED_NAME", "flatten_tensors", "stores_dtype", "unflatten_to_target"]
+
+RESERVED_NAME = "__metadata__"
+"""The header entry safetensors keeps for the file's str->str metadata: no tensor may take that name."""
 
 
 def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
@@ -22,28 +25,7 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
     seen_storage: set[tuple[int, int]] = set()
     for path, value in iter_leaves(data):
         name = dotted_key(path)
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(
-                f"SafetensorsSerialization only supports tensor values, but key "
-                f"'{join_key(item_key, name) if name else item_key}' "
-                f"has type '{type(value).__name__}'. Use TorchSerialization or JsonSerialization for non-tensor data."
-            )
-        value = tensor_for_write(value)
-        if not fits_slab(value):  # a safetensors file holds dense tensors: a dtype, a shape and the bytes
-            raise ValueError(
-                f"SafetensorsSerialization stores dense tensors only, but key "
-                f"'{join_key(item_key, name) if name else item_key}' holds a {_kind(value)} tensor. Use "
-                f"TorchSerialization for it, or convert it first (.to_dense(), .dequantize(), ...)."
-            )
-        if not stores_dtype(value.dtype):
-            raise ValueError(
-                f"SafetensorsSerialization cannot store key '{join_key(item_key, name) if name else item_key}': "
-                f"the installed safetensors has no {value.dtype} dtype. Use TorchSerialization for this item, "
-                f"or convert the tensor to a dtype safetensors stores."
-            )
-        value = value.contiguous()
-        if value.device.type != "cpu":
-            value = value.cpu()
+        value = _storable(join_key(item_key, name) if name else item_key, name, value)
         storage_id = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
         if value.numel() and storage_id in seen_storage:
             value = value.clone()  # safetensors refuses tensors that share memory (tied weights)
@@ -57,19 +39,51 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
     return flat
 
 
+def _storable(where: str, name: str, value: Any) -> torch.Tensor:
+    """`value` as the file holds it (dense, contiguous, on the CPU), or the ValueError naming `where` and the
+    fix for a leaf no safetensors file could hold and give back."""
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(
+            f"SafetensorsSerialization only supports tensor values, but key '{where}' has type "
+            f"'{type(value).__name__}'. Use TorchSerialization or JsonSerialization for non-tensor data."
+        )
+    if name == RESERVED_NAME:
+        raise ValueError(
+            f"SafetensorsSerialization cannot store key '{where}': safetensors reserves the name "
+            f"{RESERVED_NAME!r} for the file's metadata, and the file would not load. Rename that dict key."
+        )
+    tensor = tensor_for_write(value)
+    if not fits_slab(tensor):  # a safetensors file holds dense tensors: a dtype, a shape and the bytes
+        raise ValueError(
+            f"SafetensorsSerialization stores dense tensors only, but key '{where}' holds a {_kind(tensor)} "
+            f"tensor. Use TorchSerialization for it, or convert it first (.to_dense(), .dequantize(), ...)."
+        )
+    if not stores_dtype(tensor.dtype):
+        raise ValueError(
+            f"SafetensorsSerialization cannot store key '{where}': the installed safetensors has no {tensor.dtype} "
+            f"dtype that it writes and reads back. Use TorchSerialization for this item, or convert the tensor to "
+            f"a dtype safetensors stores."
+        )
+    return tensor.contiguous().cpu()
+
+
 @functools.cache
 def stores_dtype(dtype: torch.dtype) -> bool:
-    """Whether the installed safetensors can write `dtype` (asked of the library itself, once per dtype: its
-    dtype table grows between releases, and a missing entry surfaced as a bare `KeyError: torch.complex128`)."""
-    from safetensors.torch import save
+    """Whether the installed safetensors writes `dtype` and reads it back as `dtype` from bytes (an object
+    store's read), and the engine's dtype table names it for block reads: asked of the library itself, once
+    per dtype. Its tables grow between releases and not in step: complex128 surfaced as a bare `KeyError`
+    while writing; float8_e8m0fnu and float4_e2m1fn_x2 were written and then failed every load."""
+    from safetensors.torch import load, save
+
+    from torch_checkpointing.codecs import SAFETENSORS_DTYPES  # codecs imports this module
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns that an empty complex32 tensor is "experimental"
-            save({"probe": torch.empty(0, dtype=dtype)})
+            loaded = load(save({"probe": torch.empty(0, dtype=dtype)}))["probe"]
     except (KeyError, ValueError, TypeError, NotImplementedError):
         return False
-    return True
+    return loaded.dtype == dtype and dtype in SAFETENSORS_DTYPES.values()
 
 
 def _kind(t: torch.Tensor) -> str:
