@@ -30,7 +30,7 @@ from torch_checkpointing.checkpoint_layout import (
 from torch_checkpointing.codecs import JSON_MAX_DEPTH
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.dtensor_resharder import DTensorResharder
-from torch_checkpointing.errors import IncompleteCheckpointError
+from torch_checkpointing.errors import IncompleteCheckpointError, TemplateMismatchError
 from torch_checkpointing.storage.base_storage import StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -225,3 +225,39 @@ def test_torch_refuses_a_dtype_torch_save_cannot_name_naming_the_path(dtype: tor
     value = {"ok": torch.ones(2), "q": {"packed": torch.zeros(4, dtype=dtype)}}
     match = rf"'item::q\.packed' \(a Tensor of dtype {dtype}\).*not recognized"
     _refused_and_not_committed(TorchSerialization(), value, pickle.PicklingError, match, tmp_path)
+
+
+# --------------------------------------------------------------------------------------------- templates
+
+_ONE, _ZERO = torch.ones(2), torch.zeros(2)
+_MISFITS = [
+    pytest.param({"x": _ONE}, _ZERO, id="file-dict-template-tensor"),
+    pytest.param([_ONE, _ONE], _ZERO, id="file-list-template-tensor"),
+    pytest.param(_ONE, {"x": _ZERO}, id="file-tensor-template-dict"),
+    pytest.param(_ONE, [_ZERO], id="file-tensor-template-list"),
+    pytest.param({"l": [{"x": _ONE}]}, {"l": [_ZERO]}, id="under-a-list-file-dict-template-tensor"),
+    pytest.param({"l": [_ONE]}, {"l": [[_ZERO]]}, id="under-a-list-file-tensor-template-list"),
+]
+
+
+@pytest.mark.parametrize(("saved", "into"), _MISFITS)
+@pytest.mark.parametrize("fmt", [TorchSerialization(), SafetensorsSerialization()], ids=lambda f: type(f).__name__)
+def test_a_container_never_merges_with_a_leaf_in_either_tensor_format(
+    fmt: SerializationFormat, saved: Any, into: Any
+) -> None:
+    """A safetensors file whose container met a template tensor (or the other way round) came back as None
+    or as the template's own values, the file's tensors dropped without a word, where a Torch file of the
+    same value is refused naming the path."""
+    with pytest.raises(TemplateMismatchError, match="item 'item'"):
+        _round_trip(fmt, saved, MemoryStorageConfig(), "/ck", into)
+
+
+@pytest.mark.parametrize("fmt", [TorchSerialization(), SafetensorsSerialization()], ids=lambda f: type(f).__name__)
+def test_a_list_running_past_the_template_comes_back_whole_in_either_tensor_format(fmt: SerializationFormat) -> None:
+    """The template's list gains the stored entries past its end; safetensors gave them back as a top-level
+    'a.1' key beside a one-entry list instead."""
+    saved = {"a": [torch.full((2,), 1.0), {"w": torch.full((2,), 2.0)}]}
+    into = {"a": [torch.zeros(2)]}
+    out = _round_trip(fmt, saved, MemoryStorageConfig(), "/ck", into)
+    assert list(out) == ["a"] and len(out["a"]) == 2
+    assert torch.equal(out["a"][0], saved["a"][0]) and torch.equal(out["a"][1]["w"], saved["a"][1]["w"])

@@ -95,16 +95,20 @@ def _kind(t: torch.Tensor) -> str:
 
 
 def unflatten_to_target(flat: Mapping[str, Any], target: Any) -> Any:
-    """Re-nest `flat` following `target`'s structure.
+    """Re-nest `flat` following `target`'s structure, so the merge sees what a Torch file of the same value
+    would give it.
 
     Dict parents keep only the leaves found (the merge then reports the rest missing); list/tuple parents
     get `MISSING` placeholders, which the merge turns into None and reports. Leaves the file holds and the
-    template lacks are kept: nested under their dotted name where the parents are dicts, else under the full
-    dotted name at the top, so the merge returns them and reports them unexpected.
+    template lacks are kept, so the merge returns them and reports them unexpected: nested under their dotted
+    name where the parents are dicts, appended where a list runs on past the template's end, else under the
+    full dotted name at the top. Where the file holds a container and the template a leaf, or the other way
+    round, the file's side is given as it is, so the merge refuses it naming the path (it came back as None
+    or as the template's own value, the file's tensors dropped, before).
     """
-    used: set[str] = set()
-    out = _unflatten(flat, target, "", used)
-    extras = [k for k in flat if k not in used]
+    tree = _FlatTree(flat)
+    out = tree.unflatten(target, "")
+    extras = [k for k in flat if k not in tree.used]
     if extras and isinstance(out, dict):
         for name in extras:
             _insert(out, name, flat[name])
@@ -128,17 +132,52 @@ def _insert(out: dict[Any, Any], name: str, value: Any) -> None:
         node[parts[-1]] = value
 
 
-def _unflatten(flat: Mapping[str, Any], target: Any, prefix: str, used: set[str]) -> Any:
-    if isinstance(target, Mapping):
+class _FlatTree:
+    """A safetensors file's `name -> tensor` map seen as a tree: which names are leaves, which are parents
+    (a proper prefix of some name; the top, `""`, is every name's), and which entries a re-nest took."""
+
+    def __init__(self, flat: Mapping[str, Any]) -> None:
+        self.flat = flat
+        self.used: set[str] = set()
+        self.parents: set[str] = set()
+        for name in flat:
+            parts = name.split(".")
+            self.parents.update(".".join(parts[:i]) for i in range(len(parts)) if name)
+
+    def unflatten(self, target: Any, prefix: str) -> Any:
+        if isinstance(target, Mapping) or is_sequence(target):
+            if prefix in self.flat and prefix not in self.parents:
+                return self._take(prefix)  # a leaf where the template has a container: the merge refuses it
+            if isinstance(target, Mapping):
+                return self._mapping(target, prefix)
+            return self._sequence(target, prefix)
+        if prefix in self.flat:
+            return self._take(prefix)
+        return self._subtree(prefix) if prefix in self.parents else MISSING
+
+    def _mapping(self, target: Mapping[Any, Any], prefix: str) -> dict[Any, Any]:
         out: dict[Any, Any] = {}
         for k, t in target.items():
-            v = _unflatten(flat, t, join_key(prefix, k), used)
+            v = self.unflatten(t, join_key(prefix, k))
             if v is not MISSING:
                 out[k] = v
         return out
-    if is_sequence(target):
-        return [_unflatten(flat, t, join_key(prefix, i), used) for i, t in enumerate(target)]
-    if prefix in flat:
-        used.add(prefix)
-        return flat[prefix]
-    return MISSING
+
+    def _sequence(self, target: Any, prefix: str) -> list[Any]:
+        out = [self.unflatten(t, join_key(prefix, i)) for i, t in enumerate(target)]
+        while (name := join_key(prefix, len(out))) in self.flat or name in self.parents:
+            out.append(self._take(name) if name in self.flat else self._subtree(name))
+        return out
+
+    def _take(self, name: str) -> Any:
+        self.used.add(name)
+        return self.flat[name]
+
+    def _subtree(self, prefix: str) -> dict[Any, Any]:
+        """The entries under `prefix`, nested by their dotted names (a template leaf stands there)."""
+        out: dict[Any, Any] = {}
+        start = f"{prefix}." if prefix else ""
+        for name in self.flat:
+            if name.startswith(start) and name != prefix and name not in self.used:
+                _insert(out, name[len(start) :], self._take(name))
+        return out
