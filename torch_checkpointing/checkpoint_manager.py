@@ -11,9 +11,10 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,11 @@ class CheckpointManager:
             return cls(save=AsyncCheckpointSaverConfig())
 
     def __init__(self, config: Config | None = None) -> None:
-        self._closed = True  # until construction succeeds, so close()/__del__ do nothing
+        self._closed = True  # until construction succeeds, so close() does nothing
+        self._pid = os.getpid()  # a child made by os.fork() has a copy of this manager, not its writer
+        # Which threads are inside save()/load()/prewarm_staging() now: close() from another thread waits for them.
+        self._calls = threading.Condition()
+        self._running: Counter[int] = Counter()
         config = config if config is not None else CheckpointManager.Config()
         self._validate(config)
         self.config = config
@@ -130,7 +135,7 @@ class CheckpointManager:
         self._retention = RetentionRunner(config.retention, self._ctx.rank, storage) if config.retention else None
         # A save still in flight at interpreter exit gets its bounded wait (and the writer its stop) even when
         # the script never calls close() or drops the manager; registered per manager, unregistered by close().
-        self._exit_hook = functools.partial(_close_at_exit, self._saver, config.save.wait_timeout_secs)
+        self._exit_hook = functools.partial(_close_at_exit, self._saver, config.save.wait_timeout_secs, self._pid)
         atexit.register(self._exit_hook)
 
     def _detach_storage(self) -> None:
@@ -179,18 +184,17 @@ class CheckpointManager:
         `step` (default: a trailing integer of the id, e.g. `step_100` -> 100) and `metrics` are recorded in the
         manifest, with the commit time, for tools that pick the latest or best checkpoint.
         """
-        self._check_open("save")
-        started = time.monotonic()
-        path = self._checkpoint_path(checkpoint_id)
-        step = _step_of(path) if step is None else _checked_step(step)
-        checked_metrics = _checked_metrics(metrics)
-        with self._saving:  # another thread's save() waited for here is part of this one's blocked time
-            self._check_open("save")
-            plan = self._plan(path, checkpoint, step=step, metrics=checked_metrics, started=started)
-            write = self._saver.save(plan)
-            if self._retention is not None:
-                self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
-        return write
+        with self._call("save"):
+            started = time.monotonic()
+            path = self._checkpoint_path(checkpoint_id)
+            step = _step_of(path) if step is None else _checked_step(step)
+            checked_metrics = _checked_metrics(metrics)
+            with self._saving:  # another thread's save() waited for here is part of this one's blocked time
+                plan = self._plan(path, checkpoint, step=step, metrics=checked_metrics, started=started)
+                write = self._saver.save(plan)
+                if self._retention is not None:
+                    self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
+            return write
 
     def load(
         self,
@@ -208,7 +212,12 @@ class CheckpointManager:
         earlier checkpoint falls back on every rank together. `CheckpointLoaderConfig(collective=False)` loads on
         this rank alone (for a load that only some ranks run).
         """
-        self._check_open("load")
+        with self._call("load"):
+            return self._load(checkpoint_id, into, map_location=map_location, strict=strict)
+
+    def _load(
+        self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
+    ) -> Mapping[str, Any]:
         if not self.config.load.collective:  # this rank alone (CheckpointLoaderConfig.collective)
             with self._check_load(checkpoint_id, into, map_location=map_location, strict=strict) as alone:
                 return alone.restore()
@@ -233,6 +242,7 @@ class CheckpointManager:
         self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
     ) -> CheckedLoad:
         checkpoint_id = self._checkpoint_path(checkpoint_id)
+        self._saver.settle_before_load(checkpoint_id)  # this manager's own save of the id, still in flight
         if into is None and not self.config.items:
             # Self-describing: every item, read with the layout and (safe) format its manifest records.
             layouts = self_describing_layouts(self._storage, str(checkpoint_id), self._ctx.rank, self._ctx.world_size)
@@ -244,10 +254,10 @@ class CheckpointManager:
 
     def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:
         """Allocate (and fill) the async staging buffers ahead of the first save."""
-        self._check_open("prewarm staging")
-        if isinstance(self._saver, AsyncCheckpointSaver):
-            items = resolve(checkpoint, self.config.items, self.config.default, self._ctx.rank)
-            self._saver.prewarm(items)
+        with self._call("prewarm staging"):
+            if isinstance(self._saver, AsyncCheckpointSaver):
+                items = resolve(checkpoint, self.config.items, self.config.default, self._ctx.rank)
+                self._saver.prewarm(items)
 
     def lock(self) -> AbstractContextManager[Any]:
         """Hold around in-place updates (optimizer.step()): waits only while a save's staging copy runs."""
@@ -257,18 +267,24 @@ class CheckpointManager:
         return nullcontext()
 
     def close(self) -> None:
-        """Wait for the last write, then stop the writer process.
+        """Wait for save()/load() calls running on other threads and for the last write, then stop the writer.
 
-        The wait is bounded by `save.wait_timeout_secs`: past it the writer is killed and this raises saying the
-        save was not committed. A failed last save is raised here unless its Future already reported it.
+        The waits are bounded by `save.wait_timeout_secs`: past it the writer is killed and this raises saying the
+        save was not committed. A failed last save is raised here unless its Future already reported it. In a
+        child made by os.fork() this only marks the copy closed: the writer process is the parent's.
         """
-        if self._closed:
-            return
+        with self._calls:
+            if self._closed:
+                return
+            self._closed = True  # refuses new calls from here on
+            if os.getpid() != self._pid:
+                atexit.unregister(self._exit_hook)
+                return
+            self._wait_for_running_calls()
         atexit.unregister(self._exit_hook)
         try:
             self._saver.wait(self.config.save.wait_timeout_secs)
         finally:
-            self._closed = True
             self._owner.release()
             self._detach_storage()
             self._ctx.close()
@@ -285,6 +301,40 @@ class CheckpointManager:
         if self._closed:
             # RuntimeError (misuse of a closed object), the type recorded in API_SURFACE §2.3
             raise RuntimeError(f"Cannot {what} with a closed CheckpointManager")
+        if os.getpid() != self._pid:
+            raise CheckpointError(
+                f"Cannot {what} with this CheckpointManager in process {os.getpid()}: it was built in process "
+                f"{self._pid}, and this is a child made by os.fork(). Its writer process, pipe and locks are the "
+                f"parent's, shared with it, so nothing was done in the child. Build a new CheckpointManager in the "
+                f"child, or start child processes with the 'spawn' method."
+            )
+
+    @contextmanager
+    def _call(self, what: str) -> Iterator[None]:
+        """A public call that close() from another thread waits for, instead of stopping the writer under it."""
+        me = threading.get_ident()
+        with self._calls:
+            self._check_open(what)
+            self._running[me] += 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._running[me] -= 1
+                if not self._running[me]:
+                    del self._running[me]
+                self._calls.notify_all()
+
+    def _wait_for_running_calls(self) -> None:
+        """(Holding `_calls`.) Calls on this thread are not waited for: close() inside them would wait for itself."""
+        me = threading.get_ident()
+        timeout = self.config.save.wait_timeout_secs
+        if not self._calls.wait_for(lambda: not (set(self._running) - {me}), timeout):
+            logger.error(
+                "close(): a save()/load() on another thread was still running after %ss (save.wait_timeout_secs); "
+                "closing anyway, so that call fails with the writer stopped under it.",
+                timeout,
+            )
 
     def _checkpoint_path(self, checkpoint_id: Any) -> str:
         """The id as the storage will see it: `~` expanded, `file://` a path; a URL only where the storage takes
@@ -347,6 +397,7 @@ class CheckpointManager:
         resolved: list[ResolvedItem] = []
 
         def report() -> dict[str, Any]:
+            self._saver.check_can_save(checkpoint_id)  # inside lock() on this thread: refused on every rank
             self._saver.settle_previous()  # a previous async save's unseen failure is refused on every rank
             _refuse_live_objects(payload)
             resolved.extend(resolve(payload, self.config.items, self.config.default, ctx.rank))
@@ -436,7 +487,9 @@ def _check_storage_takes(storage_config: StorageConfig, scheme: str | None, chec
         )
 
 
-def _close_at_exit(saver: CheckpointSaver, timeout: float | None) -> None:
+def _close_at_exit(saver: CheckpointSaver, timeout: float | None, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:
+        return  # a child made by os.fork() exits: the writer and its last save are the parent's
     try:
         saver.wait(timeout)
     except Exception as exc:

@@ -8,11 +8,13 @@ background writer process and resolves the write Future when the commit is durab
 from __future__ import annotations
 
 import logging
+import multiprocessing.process
 import os
 import pickle
 import queue
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,6 +53,12 @@ class CheckpointSaver(ABC):
 
     def settle_previous(self) -> None:  # noqa: B027  (a hook: sync savers have nothing to settle)
         """Before a new save: wait for the previous one; raise its failure if the caller never saw it."""
+
+    def check_can_save(self, checkpoint_id: str) -> None:  # noqa: B027  (a hook: a sync save needs no lock)
+        """Before a new save is planned: refuse one that could never start (it would wait for the caller)."""
+
+    def settle_before_load(self, checkpoint_id: str) -> None:  # noqa: B027  (a hook: sync saves are done)
+        """Before a load: wait for this saver's write still in flight to that id, so the load sees it."""
 
     @property
     def stager(self) -> CheckpointStager | None:
@@ -98,6 +106,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._staging_lock = RWLock()
         self._last_write: WriteFuture | None = None
         self._prewarm: Future[Any] | None = None
+        _LIVE_ASYNC_SAVERS.add(self)
 
     @property
     def stager(self) -> DefaultStager:
@@ -149,6 +158,42 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def settle_previous(self) -> None:
         self._wait_previous()
 
+    def check_can_save(self, checkpoint_id: str) -> None:
+        """A save inside `with manager.lock():` on this thread waits for a lock it holds itself: refused now,
+        before any rank plans it (else it waited the whole wait_timeout_secs, then failed on this rank only)."""
+        if self._staging_lock.held_by_this_thread():
+            raise CheckpointError(
+                f"Checkpoint save of {checkpoint_id}: save() was called inside `with manager.lock():` on the same "
+                f"thread; its staging copy needs that lock, so it would wait for itself. Nothing was saved. Call "
+                f"save() after the with block (lock() is for in-place updates such as optimizer.step())."
+            )
+
+    def settle_before_load(self, checkpoint_id: str) -> None:
+        """Read your own writes: a load of the id whose async save is in flight waits for its commit (bounded).
+
+        Without it the load found "does not exist", or the checkpoint that save was replacing, although the same
+        manager had just been asked to save there. A failed save leaves the id as it was; the load then reads that.
+        """
+        write = self._last_write
+        if write is None or write.done() or write.checkpoint_id != self._absolute_id(checkpoint_id):
+            return
+        try:
+            error = write.quiet_exception(self._timeout)
+        except TimeoutError:
+            raise CheckpointError(
+                f"Checkpoint load of {checkpoint_id}: this manager's async save of that id is still being written "
+                f"after {self._timeout}s (save.wait_timeout_secs); nothing was loaded. Wait for the save's Future "
+                f"(future.result()), then load again."
+            ) from None
+        if error is not None:
+            logger.warning(
+                "Checkpoint load of %s: this manager's async save of that id failed (%s: %s); the load reads what "
+                "the id held before that save, if anything.",
+                checkpoint_id,
+                type(error).__name__,
+                error,
+            )
+
     def _wait_previous(self) -> None:
         if self._prewarm is not None:
             self._prewarm.result(self._timeout)
@@ -191,9 +236,14 @@ class AsyncCheckpointSaver(CheckpointSaver):
         A relative id saved after the script's os.chdir() was otherwise written under the old directory, and the
         caller's load of the same id found nothing.
         """
+        return replace(
+            plan, checkpoint_dir=self._absolute_id(plan.checkpoint_dir), tmp_dir=self._absolute_id(plan.tmp_dir)
+        )
+
+    def _absolute_id(self, checkpoint_id: str) -> str:
         if not isinstance(self._storage_config, LocalFileSystemStorageConfig):
-            return plan  # an object store's relative id is a key under its url, not a path
-        return replace(plan, checkpoint_dir=os.path.abspath(plan.checkpoint_dir), tmp_dir=os.path.abspath(plan.tmp_dir))
+            return checkpoint_id  # an object store's relative id is a key under its url, not a path
+        return os.path.abspath(checkpoint_id)
 
     def _stage(self, payload: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -263,6 +313,26 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._comm.stop()
         self._process.close()
         self._stager.close()
+
+
+_LIVE_ASYNC_SAVERS: weakref.WeakSet[AsyncCheckpointSaver] = weakref.WeakSet()
+
+
+def _forget_the_parents_writers() -> None:
+    """In a child made by os.fork(): drop the parent's writer processes from the child's multiprocessing children.
+
+    The child inherits multiprocessing's list of the parent's children, and at its exit multiprocessing
+    terminates every daemon child on it and joins it: the child's normal exit SIGTERMed the parent's writer (a
+    save in flight there was lost) and then failed joining a process that is not its own. The fork start method
+    clears that list itself; a plain os.fork() does not, and multiprocessing offers no public way to.
+    """
+    pids = {saver.process.pid for saver in list(_LIVE_ASYNC_SAVERS)} - {None}
+    children = getattr(multiprocessing.process, "_children", None)
+    if pids and isinstance(children, set):
+        children.difference_update({child for child in children if getattr(child, "pid", None) in pids})
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_writers)
 
 
 class _DaemonWorker:

@@ -2,6 +2,8 @@
 
 The staging copy holds the write side (taken by `save()` on the caller's thread, released by the staging
 thread when the copy is done); `CheckpointManager.lock()` takes the read side around optimizer steps.
+The lock knows which threads hold its read side: a thread asking for the write side while it holds the read
+side (a `save()` inside `with manager.lock():`) would wait for itself, so it is refused at once.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
+
+from torch_checkpointing.errors import CheckpointError
 
 __all__ = ["DEFAULT_ACQUIRE_TIMEOUT_SECS", "RWLock", "RWLockMode"]
 
@@ -26,9 +30,20 @@ class RWLock:
         self._cond = threading.Condition()
         self._readers = 0
         self._writer = False
+        self._read_holds: dict[int, int] = {}  # thread ident -> read holds it has not released
+
+    def held_by_this_thread(self) -> bool:
+        """Whether the calling thread holds the read side (it is inside `with manager.lock():`)."""
+        with self._cond:
+            return self._read_holds.get(threading.get_ident(), 0) > 0
 
     def acquire(self, mode: RWLockMode, timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECS) -> None:
         with self._cond:
+            if mode is RWLockMode.WRITE and self._read_holds.get(threading.get_ident(), 0) > 0:
+                raise CheckpointError(
+                    "The checkpoint write lock was asked for by a thread that holds its read side: a save() inside "
+                    "`with manager.lock():` would wait for itself. Call save() after the with block."
+                )
             if mode is RWLockMode.READ:
                 ok = self._cond.wait_for(lambda: not self._writer, timeout)
             else:
@@ -37,10 +52,12 @@ class RWLock:
                 # RuntimeError, not a CheckpointError: the type recorded in API_SURFACE §10, which callers catch
                 raise RuntimeError(
                     f"Failed to acquire the checkpoint {mode.value} lock after {timeout} seconds; this is likely a "
-                    f"deadlock (a save() inside lock(), or a staging copy that never finished)."
+                    f"deadlock (a staging copy that never finished, or a lock() another thread never released)."
                 )
             if mode is RWLockMode.READ:
                 self._readers += 1
+                me = threading.get_ident()
+                self._read_holds[me] = self._read_holds.get(me, 0) + 1
             else:
                 self._writer = True
 
@@ -48,9 +65,17 @@ class RWLock:
         with self._cond:
             if mode is RWLockMode.READ:
                 self._readers -= 1
+                self._forget_read_hold(threading.get_ident())
             else:
                 self._writer = False
             self._cond.notify_all()
+
+    def _forget_read_hold(self, me: int) -> None:
+        held = self._read_holds.get(me, 0)
+        if held > 1:
+            self._read_holds[me] = held - 1
+        else:  # a read side released by another thread than took it leaves nothing to forget here
+            self._read_holds.pop(me, None)
 
     @contextmanager
     def hold(self, mode: RWLockMode, timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECS) -> Iterator[None]:

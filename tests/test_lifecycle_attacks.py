@@ -1,0 +1,275 @@
+"""The manager's lifecycle under misuse: calls in the wrong order, from the wrong thread or the wrong process.
+
+Each test drives a real async manager (a spawned writer process, real files). What they pin:
+* `save()` inside `with manager.lock():` on the same thread can never get the staging lock; it is refused at
+  once (not after `wait_timeout_secs`), while a save from another thread still just waits for the holder.
+* `close()` from another thread while a `save()` runs waits for that save instead of pulling the writer and
+  the staging slab out from under it.
+* `load()` of an id whose async save from this manager is still in flight sees that save (not "does not exist",
+  not the checkpoint it replaces).
+* a manager copied into an `os.fork()`ed child refuses to be used there, and the child's exit leaves the
+  parent's writer process alone.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.memory_storage import Control, RecordingStorageConfig, SlowCopy
+from tests.probes import REPO
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.errors import CheckpointError
+
+WAIT_S = 30
+
+
+def _manager(control: Control) -> CheckpointManager:
+    config = CheckpointManager.Config(storage_config=RecordingStorageConfig(control_dir=str(control.root)))
+    config.save.wait_timeout_secs = WAIT_S
+    return CheckpointManager(config)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
+    """One async manager for the tests that leave it open (a writer process costs seconds to start)."""
+    control = Control(tmp_path_factory.mktemp("control"))
+    manager = _manager(control)
+    yield manager, control
+    control.reset()
+    manager.close()
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Iterator[tuple[CheckpointManager, Control]]:
+    control = Control(tmp_path / "control")
+    manager = _manager(control)
+    yield manager, control
+    control.reset()
+    manager.close()
+
+
+def _state(value: float) -> dict[str, Any]:
+    return {"model": {"w": torch.full((8,), value)}}
+
+
+def _loaded(manager: CheckpointManager, checkpoint_id: str) -> float:
+    into = _state(0.0)
+    manager.load(checkpoint_id, into)
+    return float(into["model"]["w"][0])
+
+
+# ------------------------------------------------------------------------------------------ save inside lock()
+
+
+def test_save_inside_lock_on_the_same_thread_is_refused_at_once(
+    shared: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, _ = shared
+    target = str(tmp_path / "inside")
+    started = time.monotonic()
+    with manager.lock(), pytest.raises(CheckpointError, match=r"inside `with manager.lock\(\):`") as caught:
+        manager.save(target, _state(1.0))
+    assert time.monotonic() - started < WAIT_S / 3, "the refusal waited for the lock timeout first"
+    assert "lock()" in str(caught.value) and target in str(caught.value)
+    assert not Path(target).exists()
+    manager.save(target, _state(2.0)).result(WAIT_S)  # the lock was left free: the same save works outside
+    assert _loaded(manager, target) == 2.0
+
+
+def test_save_inside_nested_lock_is_refused_and_the_lock_stays_usable(
+    shared: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, _ = shared
+    with manager.lock(), manager.lock(), pytest.raises(CheckpointError, match="lock"):
+        manager.save(str(tmp_path / "nested"), _state(1.0))
+    with manager.lock():
+        pass
+    manager.save(str(tmp_path / "after"), _state(3.0)).result(WAIT_S)
+    assert _loaded(manager, str(tmp_path / "after")) == 3.0
+
+
+def test_save_from_another_thread_waits_for_the_lock_holder(
+    shared: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, _ = shared
+    target = str(tmp_path / "other_thread")
+    outcome: dict[str, Any] = {}
+
+    def save() -> None:
+        try:
+            outcome["future"] = manager.save(target, _state(4.0))
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    with manager.lock():
+        saver = threading.Thread(target=save)
+        saver.start()
+        time.sleep(0.5)
+        assert saver.is_alive(), f"the other thread's save did not wait for lock(): {outcome}"
+    saver.join(WAIT_S)
+    assert "error" not in outcome, outcome
+    outcome["future"].result(WAIT_S)
+    assert _loaded(manager, target) == 4.0
+
+
+# ------------------------------------------------------------------------------ close() from another thread
+
+
+@pytest.mark.filterwarnings("ignore:Item 'slow' holds")  # the slow value is staged, never loaded
+def test_close_from_another_thread_waits_for_a_running_save(
+    fresh: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, _ = fresh
+    manager.save(str(tmp_path / "first"), _state(1.0)).result(WAIT_S)  # the writer is up
+    target = str(tmp_path / "during_close")
+    outcome: dict[str, Any] = {}
+
+    def save() -> None:
+        try:
+            future = manager.save(target, {**_state(5.0), "slow": SlowCopy(1.5)})
+            outcome["result"] = future.result(WAIT_S)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    saver = threading.Thread(target=save)
+    saver.start()
+    time.sleep(0.5)  # the save is in its staging copy
+    manager.close()
+    saver.join(WAIT_S)
+    assert outcome == {"result": None}, outcome
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as reader:
+        into = _state(0.0)
+        reader.load(target, into)
+    assert float(into["model"]["w"][0]) == 5.0
+
+
+def test_calls_after_close_from_another_thread_are_refused(fresh: tuple[CheckpointManager, Control]) -> None:
+    manager, _ = fresh
+    closer = threading.Thread(target=manager.close)
+    closer.start()
+    closer.join(WAIT_S)
+    with pytest.raises(RuntimeError, match="closed CheckpointManager"):
+        manager.save("never", _state(1.0))
+    manager.close()  # idempotent from any thread
+
+
+# ------------------------------------------------------------------------------------- load of an in-flight id
+
+
+def test_load_of_an_id_whose_save_is_in_flight_sees_that_save(
+    shared: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, control = shared
+    target = str(tmp_path / "in_flight")
+    control.set_delay(1.0)
+    try:
+        future = manager.save(target, _state(6.0))
+        assert not future.done()
+        assert _loaded(manager, target) == 6.0
+        assert future.done()
+    finally:
+        control.reset()
+
+
+def test_load_of_an_id_being_replaced_returns_the_replacement(
+    shared: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, control = shared
+    target = str(tmp_path / "replaced")
+    manager.save(target, _state(1.0)).result(WAIT_S)
+    control.set_delay(1.0)
+    try:
+        future = manager.save(target, _state(7.0))
+        assert _loaded(manager, target) == 7.0
+        assert future.done()
+    finally:
+        control.reset()
+
+
+def test_load_of_another_id_does_not_wait_for_the_save_in_flight(
+    shared: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, control = shared
+    manager.save(str(tmp_path / "old"), _state(8.0)).result(WAIT_S)
+    control.set_delay(2.0)
+    try:
+        future = manager.save(str(tmp_path / "new"), _state(9.0))
+        assert _loaded(manager, str(tmp_path / "old")) == 8.0
+        assert not future.done()
+        future.result(WAIT_S)
+    finally:
+        control.reset()
+
+
+# ----------------------------------------------------------------------------------- a manager in a forked child
+
+_FORKED = """
+import os, sys, time
+import torch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.errors import CheckpointError
+
+if __name__ == "__main__":
+    root = sys.argv[1]
+    config = CheckpointManager.Config()
+    config.save.wait_timeout_secs = 30
+    manager = CheckpointManager(config)
+    manager.save(f"{root}/before", {"model": {"w": torch.ones(4)}}).result(30)
+    writer = manager.writer_pid
+    child = os.fork()
+    if child == 0:
+        started = time.monotonic()
+        for name, call in [
+            ("save", lambda: manager.save(f"{root}/child", {"model": {"w": torch.zeros(4)}})),
+            ("load", lambda: manager.load(f"{root}/before", {"model": {"w": torch.zeros(4)}})),
+            ("lock", lambda: manager.lock()),
+        ]:
+            try:
+                call()
+                print(f"child {name}: accepted", flush=True)
+            except CheckpointError as exc:
+                print(f"child {name}: refused: {exc}", flush=True)
+        manager.close()
+        print(f"child done in {time.monotonic() - started:.1f}s", flush=True)
+        sys.exit(0)  # a normal exit: the interpreter's exit hooks run in the child
+    _, status = os.waitpid(child, 0)
+    print(f"child status {status}", flush=True)
+    print(f"writer kept: {manager.writer_pid == writer}", flush=True)
+    manager.save(f"{root}/after", {"model": {"w": torch.full((4,), 2.0)}}).result(30)
+    print(f"writer still kept: {manager.writer_pid == writer}", flush=True)
+    manager.close()
+    print("entries:", sorted(os.listdir(root)), flush=True)
+"""
+
+
+def test_a_manager_in_a_forked_child_is_refused_and_leaves_the_parents_writer_alone(tmp_path: Path) -> None:
+    script = tmp_path / "forked.py"
+    script.write_text(textwrap.dedent(_FORKED))
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"{out}\n{done.stderr}"
+    for name in ("save", "load", "lock"):
+        assert f"child {name}: refused:" in out, f"{out}\n{done.stderr}"
+    assert "os.fork()" in out and "in the child" in out, out
+    assert "child status 0" in out, out
+    child_s = float(out.split("child done in ")[1].split("s")[0])
+    assert child_s < 10, f"the child's close waited on the parent's writer:\n{out}"
+    assert "writer kept: True" in out and "writer still kept: True" in out, f"{out}\n{done.stderr}"
+    assert "entries: ['after', 'before']" in out, out
+    assert "AssertionError" not in done.stderr, done.stderr
