@@ -13,6 +13,7 @@ Each test drives a real async manager (a spawned writer process, real files). Wh
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -273,3 +274,68 @@ def test_a_manager_in_a_forked_child_is_refused_and_leaves_the_parents_writer_al
     assert "writer kept: True" in out and "writer still kept: True" in out, f"{out}\n{done.stderr}"
     assert "entries: ['after', 'before']" in out, out
     assert "AssertionError" not in done.stderr, done.stderr
+
+
+_CLOSE_INTERRUPTED = """
+import os, signal, sys, threading, time
+import torch
+from tests.memory_storage import SlowCopy
+from torch_checkpointing import CheckpointManager
+
+if __name__ == "__main__":
+    root = sys.argv[1]
+    config = CheckpointManager.Config()
+    config.save.wait_timeout_secs = 30
+    manager = CheckpointManager(config)
+    manager.save(f"{root}/first", {"model": {"w": torch.ones(4)}}).result(30)
+    outcome = {}
+
+    def save():
+        try:
+            future = manager.save(f"{root}/during", {"model": {"w": torch.full((4,), 3.0)}, "slow": SlowCopy(2.0)})
+            outcome["result"] = future.result(30)
+        except BaseException as exc:
+            outcome["error"] = repr(exc)
+
+    saver = threading.Thread(target=save)
+    saver.start()
+    time.sleep(0.5)
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    try:
+        manager.close()
+        print("close: returned", flush=True)
+    except KeyboardInterrupt:
+        print("close: interrupted", flush=True)
+    saver.join(30)
+    print(f"save: {outcome}", flush=True)
+    writer = manager.writer_pid
+    manager.close()
+    time.sleep(1.0)
+    try:
+        os.kill(writer, 0)
+        print("writer: alive after close", flush=True)
+    except ProcessLookupError:
+        print("writer: stopped", flush=True)
+    except TypeError:
+        print("writer: none", flush=True)
+"""
+
+
+@pytest.mark.filterwarnings("ignore:Item 'slow' holds")
+def test_ctrl_c_in_close_while_another_threads_save_runs_leaves_a_manager_that_closes_later(tmp_path: Path) -> None:
+    script = tmp_path / "close_interrupted.py"
+    script.write_text(textwrap.dedent(_CLOSE_INTERRUPTED))
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt")],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # the script imports tests.memory_storage
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"{out}\n{done.stderr}"
+    assert "close: interrupted" in out, f"{out}\n{done.stderr}"
+    assert "save: {'result': None}" in out, f"{out}\n{done.stderr}"
+    assert "writer: stopped" in out, f"{out}\n{done.stderr}"
+    assert (tmp_path / "ckpt" / "during").is_dir()

@@ -270,8 +270,9 @@ class CheckpointManager:
         """Wait for save()/load() calls running on other threads and for the last write, then stop the writer.
 
         The waits are bounded by `save.wait_timeout_secs`: past it the writer is killed and this raises saying the
-        save was not committed. A failed last save is raised here unless its Future already reported it. In a
-        child made by os.fork() this only marks the copy closed: the writer process is the parent's.
+        save was not committed. A failed last save is raised here unless its Future already reported it. Interrupted
+        while it waits for other threads' calls, it leaves the manager open (call close() again). In a child made by
+        os.fork() this only marks the copy closed: the writer process is the parent's.
         """
         with self._calls:
             if self._closed:
@@ -280,7 +281,11 @@ class CheckpointManager:
             if os.getpid() != self._pid:
                 atexit.unregister(self._exit_hook)
                 return
-            self._wait_for_running_calls()
+            try:
+                self._wait_for_running_calls()
+            except BaseException:  # Ctrl-C while waiting: nothing is closed yet, so the manager stays usable
+                self._closed = False
+                raise
         atexit.unregister(self._exit_hook)
         try:
             self._saver.wait(self.config.save.wait_timeout_secs)
