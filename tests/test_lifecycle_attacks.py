@@ -339,3 +339,51 @@ def test_ctrl_c_in_close_while_another_threads_save_runs_leaves_a_manager_that_c
     assert "save: {'result': None}" in out, f"{out}\n{done.stderr}"
     assert "writer: stopped" in out, f"{out}\n{done.stderr}"
     assert (tmp_path / "ckpt" / "during").is_dir()
+
+
+_FORKED_IN_FLIGHT = """
+import os, sys, time
+import torch
+from tests.memory_storage import Control, RecordingStorageConfig
+from torch_checkpointing import CheckpointManager
+
+if __name__ == "__main__":
+    root, control = sys.argv[1], Control(sys.argv[2])
+    config = CheckpointManager.Config(storage_config=RecordingStorageConfig(control_dir=sys.argv[2]))
+    config.save.wait_timeout_secs = 30
+    manager = CheckpointManager(config)
+    manager.save(f"{root}/before", {"model": {"w": torch.ones(4)}}).result(30)
+    control.set_delay(1.0)
+    future = manager.save(f"{root}/in_flight", {"model": {"w": torch.full((4,), 2.0)}})
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # at once, with the parent's save in flight: the interpreter's exit hooks run in the child
+    started = time.monotonic()
+    _, status = os.waitpid(child, 0)
+    print(f"child exited {status} in {time.monotonic() - started:.1f}s", flush=True)
+    try:
+        print(f"parent save: {future.result(30)}", flush=True)
+    except Exception as exc:
+        print(f"parent save: {type(exc).__name__}: {exc}", flush=True)
+    control.reset()
+    manager.close()
+"""
+
+
+def test_a_forked_child_exiting_during_the_parents_save_leaves_that_save_alone(tmp_path: Path) -> None:
+    script = tmp_path / "forked_in_flight.py"
+    script.write_text(textwrap.dedent(_FORKED_IN_FLIGHT))
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt"), str(tmp_path / "control")],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # the script imports tests.memory_storage
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"{out}\n{done.stderr}"
+    child_s = float(out.split(" in ")[1].split("s")[0])
+    assert child_s < 10, f"the child's exit waited on the parent's save:\n{out}"
+    assert "parent save: None" in out, f"{out}\n{done.stderr}"
+    assert (tmp_path / "ckpt" / "in_flight" / "manifest.json").is_file()

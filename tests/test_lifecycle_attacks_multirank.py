@@ -1,0 +1,59 @@
+"""Lifecycle misuse on real gloo ranks: a save inside `with manager.lock():` on one rank (rank 1, not rank 0) is
+refused on every rank at once, nothing is committed, and the next save of every rank works."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from simulator.launcher import launch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+pytestmark = pytest.mark.multirank
+WORLD = 2
+WAIT_S = 60
+
+
+def save_inside_lock_on_rank_1(root: str) -> dict[str, Any]:
+    """Rank 1 saves inside lock(), rank 0 outside it; then both save normally and load what they saved."""
+    rank = dist.get_rank()
+    config = CheckpointManager.Config(storage_config=LocalFileSystemStorageConfig(use_direct_io=False))
+    config.save.wait_timeout_secs = WAIT_S
+    manager = CheckpointManager(config)
+    out: dict[str, Any] = {"rank": rank}
+    state = {"model": {"w": torch.full((4,), float(rank + 1))}}
+    started = time.monotonic()
+    try:
+        if rank == 1:
+            with manager.lock():
+                manager.save(f"{root}/refused", state)
+        else:
+            manager.save(f"{root}/refused", state)
+        out["refused"] = "no error"
+    except CheckpointError as exc:
+        out["refused"] = f"{type(exc).__name__}: {exc}"
+    out["refused_s"] = time.monotonic() - started
+    out["refused_exists"] = Path(root, "refused").exists()
+    manager.save(f"{root}/after", state).result(WAIT_S)
+    into = {"model": {"w": torch.zeros(4)}}
+    manager.load(f"{root}/after", into)
+    out["after_loaded"] = float(into["model"]["w"][0])
+    manager.close()
+    return out
+
+
+def test_save_inside_lock_on_rank_1_is_refused_on_every_rank_at_once(tmp_path: Path) -> None:
+    results = launch(save_inside_lock_on_rank_1, WORLD, args=(str(tmp_path),), timeout=240)
+    for r in results:
+        assert "inside `with manager.lock():`" in r["refused"], r
+        assert "rank 1" in r["refused"] or r["rank"] == 1, r
+        assert r["refused_s"] < WAIT_S / 3, r
+        assert not r["refused_exists"], r
+        assert r["after_loaded"] == float(r["rank"] + 1), r
