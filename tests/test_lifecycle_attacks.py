@@ -99,6 +99,14 @@ def test_save_inside_nested_lock_is_refused_and_the_lock_stays_usable(
     assert _loaded(manager, str(tmp_path / "after")) == 3.0
 
 
+def test_prewarm_staging_inside_lock_says_so(shared: tuple[CheckpointManager, Control]) -> None:
+    manager, _ = shared
+    with manager.lock(), pytest.raises(RuntimeError, match=r"inside `with manager.lock\(\):`"):
+        manager.prewarm_staging(_state(1.0))
+    with manager.lock():  # the lock was left as it was: held and released once more
+        pass
+
+
 def test_save_from_another_thread_waits_for_the_lock_holder(
     shared: tuple[CheckpointManager, Control], tmp_path: Path
 ) -> None:

@@ -297,6 +297,11 @@ class AsyncCheckpointSaver(CheckpointSaver):
         payload = {i.key: i.value for i in items if i.spec.requires_copy}
         if not payload:
             return
+        if self._staging_lock.held_by_this_thread():
+            raise CheckpointError(  # a RuntimeError, as API_SURFACE §2.3 records for a refused prewarm
+                "Cannot prewarm staging inside `with manager.lock():` on the same thread: its staging copy needs "
+                "that lock. Call prewarm_staging() before or after the with block."
+            )
         if not self._staging_lock_try_write():
             raise RuntimeError("Cannot prewarm staging while checkpoint staging is active")  # misuse; §2.3
         self._prewarm = self._staging_pool.submit(self._stage, payload)
