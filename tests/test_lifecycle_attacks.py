@@ -162,6 +162,29 @@ def test_close_from_another_thread_waits_for_a_running_save(
     assert float(into["model"]["w"][0]) == 5.0
 
 
+def test_an_interrupt_just_before_the_write_is_handed_over_does_not_stall_the_next_save(
+    fresh: tuple[CheckpointManager, Control], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C landing between the staging copy and the hand-off to the comm thread (microseconds wide, so it
+    is injected there) left a write Future nobody would resolve: the next save waited wait_timeout_secs for it."""
+    manager, _ = fresh
+    manager.save(str(tmp_path / "first"), _state(1.0)).result(WAIT_S)
+    comm = manager._saver._comm  # type: ignore[attr-defined]
+
+    def interrupted(job: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(comm, "submit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(str(tmp_path / "interrupted"), _state(2.0))
+    monkeypatch.undo()
+    started = time.monotonic()
+    manager.save(str(tmp_path / "next"), _state(3.0)).result(WAIT_S)
+    assert time.monotonic() - started < WAIT_S / 3, "the next save waited for the interrupted one"
+    assert _loaded(manager, str(tmp_path / "next")) == 3.0
+    assert not (tmp_path / "interrupted").exists()
+
+
 def test_calls_after_close_from_another_thread_are_refused(fresh: tuple[CheckpointManager, Control]) -> None:
     manager, _ = fresh
     closer = threading.Thread(target=manager.close)

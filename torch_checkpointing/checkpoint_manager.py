@@ -333,7 +333,7 @@ class CheckpointManager:
     def _wait_for_running_calls(self) -> None:
         """(Holding `_calls`.) Calls on this thread are not waited for: close() inside them would wait for itself."""
         me = threading.get_ident()
-        timeout = self.config.save.wait_timeout_secs
+        timeout = self._ctx.timeout_s  # save.wait_timeout_secs, or its default when None: always bounded
         if not self._calls.wait_for(lambda: not (set(self._running) - {me}), timeout):
             logger.error(
                 "close(): a save()/load() on another thread was still running after %ss (save.wait_timeout_secs); "

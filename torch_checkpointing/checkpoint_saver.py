@@ -226,8 +226,14 @@ class AsyncCheckpointSaver(CheckpointSaver):
         write = WriteFuture(plan.checkpoint_dir)
         write.set_running_or_notify_cancel()
         self._last_write = write
-        blocked_s = time.monotonic() - plan.started
-        self._comm.submit(lambda: self._write(plan, staged, write, blocked_s))
+        try:
+            blocked_s = time.monotonic() - plan.started
+            self._comm.submit(lambda: self._write(plan, staged, write, blocked_s))
+        except BaseException as exc:  # (Ctrl-C) nothing will resolve the Future: the next save must not wait on it
+            write.retrieved = True  # the caller sees this failure: save() raises it
+            log_failed(plan, exc)
+            write.set_exception(exc)
+            raise
         return write
 
     def _absolute(self, plan: SavePlan) -> SavePlan:
