@@ -261,3 +261,23 @@ def test_a_list_running_past_the_template_comes_back_whole_in_either_tensor_form
     out = _round_trip(fmt, saved, MemoryStorageConfig(), "/ck", into)
     assert list(out) == ["a"] and len(out["a"]) == 2
     assert torch.equal(out["a"][0], saved["a"][0]) and torch.equal(out["a"][1]["w"], saved["a"][1]["w"])
+
+
+# --------------------------------------------------------------------------------------------- meta, depth
+
+
+@pytest.mark.parametrize("fmt", [TorchSerialization(), SafetensorsSerialization()], ids=lambda f: type(f).__name__)
+def test_a_meta_tensor_is_refused_by_both_tensor_formats_naming_its_path(
+    fmt: SerializationFormat, tmp_path: Path
+) -> None:
+    """A meta tensor has no values: a Torch file of it was committed, restored nothing, and loading it into a
+    real template failed with a bare "Cannot copy out of meta tensor"."""
+    value = {"layers": [{"w": torch.ones(2)}, {"w": torch.empty(3, 4, device="meta")}]}
+    _refused_and_not_committed(fmt, value, ValueError, r"'item(::|\.)layers\.1\.w'.*meta tensor", tmp_path)
+
+
+@pytest.mark.parametrize("fmt", [TorchSerialization(), SafetensorsSerialization()], ids=lambda f: type(f).__name__)
+def test_nesting_too_deep_to_encode_is_a_value_error_naming_the_item(fmt: SerializationFormat, tmp_path: Path) -> None:
+    """torch.save's pickler and the safetensors flattening recurse per level: a bare RecursionError before."""
+    value = {"deep": functools.reduce(lambda inner, _: [inner], range(2_000), [torch.ones(1)])}
+    _refused_and_not_committed(fmt, value, ValueError, r"item 'item'.*nested deeper.*Flatten", tmp_path)

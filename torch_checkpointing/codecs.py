@@ -37,7 +37,7 @@ from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
 from torch_checkpointing.staging import as_written
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.traversal import children, is_container, join_key
+from torch_checkpointing.traversal import children, dotted_key, is_container, iter_leaves, join_key, local_tensor
 
 if TYPE_CHECKING:
     from torch_checkpointing.source_reader import ReadStats, SourceFile
@@ -195,7 +195,10 @@ class TorchCodec(Codec):
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
         try:
+            _refuse_meta_tensors(key, value, "TorchSerialization")
             torch.save(as_written(value), stream)
+        except RecursionError:
+            raise _nested_too_deep("TorchSerialization", key) from None
         except (pickle.PicklingError, TypeError, AttributeError, KeyError, NotImplementedError) as exc:
             raise unpicklable(
                 key,
@@ -213,6 +216,27 @@ class TorchCodec(Codec):
         from torch_checkpointing.source_reader import open_torch_source
 
         return open_torch_source(storage, path, stats)
+
+
+def _nested_too_deep(fmt_name: str, key: str) -> ValueError:
+    return ValueError(
+        f"{fmt_name} cannot save item '{key}': it is nested deeper than Python's recursion limit lets the "
+        f"encoder walk (a bare RecursionError before). Flatten it, e.g. into a list of its rows."
+    )
+
+
+def _refuse_meta_tensors(key: str, value: Any, fmt_name: str) -> None:
+    """A meta tensor has a shape and a dtype but no values: a file of it restores nothing (and loading it into
+    a real template failed with a bare "Cannot copy out of meta tensor"). Refused naming the path, like a
+    safetensors file refuses it."""
+    for path, leaf in iter_leaves(value):
+        if isinstance(leaf, torch.Tensor) and local_tensor(leaf).device.type == "meta":
+            where = f"{key}::{dotted_key(path)}" if path else key
+            raise ValueError(
+                f"{fmt_name} cannot store '{where}': it is a meta tensor (shape {tuple(leaf.shape)}, "
+                f"{leaf.dtype}, no values), so the checkpoint would restore nothing. Materialise it first "
+                f"(e.g. module.to_empty(device='cpu') and initialise or load it), or leave it out of the save."
+            )
 
 
 class _TensorlessCodec(Codec):
@@ -268,7 +292,11 @@ class SafetensorsCodec(Codec):
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
         metadata = fmt.metadata if isinstance(fmt, SafetensorsSerialization) else None
-        stream.write(safetensors_save(flatten_tensors(value, key), metadata=metadata))
+        try:
+            flat = flatten_tensors(value, key)
+        except RecursionError:
+            raise _nested_too_deep("SafetensorsSerialization", key) from None
+        stream.write(safetensors_save(flat, metadata=metadata))
 
     def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         map_location = options.map_location
