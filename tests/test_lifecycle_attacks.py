@@ -246,7 +246,7 @@ def test_load_of_another_id_does_not_wait_for_the_save_in_flight(
 # ----------------------------------------------------------------------------------- a manager in a forked child
 
 _FORKED = """
-import os, sys, time
+import os, signal, sys, threading, time
 import torch
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.errors import CheckpointError
@@ -258,8 +258,21 @@ if __name__ == "__main__":
     manager = CheckpointManager(config)
     manager.save(f"{root}/before", {"model": {"w": torch.ones(4)}}).result(30)
     writer = manager.writer_pid
+    # A parent's thread holds the manager's internal call lock at the fork (internals: the only way to pin that
+    # instant); the child's copy of that lock stays held forever, and the child must not wait on it.
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with manager._calls:
+            held.set()
+            release.wait()
+
+    threading.Thread(target=hold).start()
+    held.wait()
     child = os.fork()
+    release.set()
     if child == 0:
+        signal.alarm(20)  # a child stuck on an inherited lock dies, and the test reads its status
         started = time.monotonic()
         for name, call in [
             ("save", lambda: manager.save(f"{root}/child", {"model": {"w": torch.zeros(4)}})),

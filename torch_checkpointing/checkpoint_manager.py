@@ -274,13 +274,14 @@ class CheckpointManager:
         while it waits for other threads' calls, it leaves the manager open (call close() again). In a child made by
         os.fork() this only marks the copy closed: the writer process is the parent's.
         """
+        if os.getpid() != self._pid:  # before taking `_calls`: a parent's thread may have held it at the fork
+            self._closed = True
+            atexit.unregister(self._exit_hook)
+            return
         with self._calls:
             if self._closed:
                 return
             self._closed = True  # refuses new calls from here on
-            if os.getpid() != self._pid:
-                atexit.unregister(self._exit_hook)
-                return
             try:
                 self._wait_for_running_calls()
             except BaseException:  # Ctrl-C while waiting: nothing is closed yet, so the manager stays usable
@@ -306,6 +307,9 @@ class CheckpointManager:
         if self._closed:
             # RuntimeError (misuse of a closed object), the type recorded in API_SURFACE §2.3
             raise RuntimeError(f"Cannot {what} with a closed CheckpointManager")
+        self._check_not_forked(what)
+
+    def _check_not_forked(self, what: str) -> None:
         if os.getpid() != self._pid:
             raise CheckpointError(
                 f"Cannot {what} with this CheckpointManager in process {os.getpid()}: it was built in process "
@@ -318,6 +322,7 @@ class CheckpointManager:
     def _call(self, what: str) -> Iterator[None]:
         """A public call that close() from another thread waits for, instead of stopping the writer under it."""
         me = threading.get_ident()
+        self._check_not_forked(what)  # before taking `_calls`: a parent's thread may have held it at the fork
         with self._calls:
             self._check_open(what)
             self._running[me] += 1
