@@ -281,3 +281,12 @@ def test_nesting_too_deep_to_encode_is_a_value_error_naming_the_item(fmt: Serial
     """torch.save's pickler and the safetensors flattening recurse per level: a bare RecursionError before."""
     value = {"deep": functools.reduce(lambda inner, _: [inner], range(2_000), [torch.ones(1)])}
     _refused_and_not_committed(fmt, value, ValueError, r"item 'item'.*nested deeper.*Flatten", tmp_path)
+
+
+def test_two_template_paths_for_one_safetensors_name_are_refused() -> None:
+    """`{"a": {"b": ...}, "a.b": ...}` both flatten to 'a.b': the one stored tensor was copied into both
+    template slots, one of them with values that were never saved under it."""
+    into = {"a": {"b": torch.zeros(2)}, "a.b": torch.zeros(2)}
+    with pytest.raises(TemplateMismatchError, match=r"same safetensors name 'a\.b'"):
+        _round_trip(SafetensorsSerialization(), {"a": {"b": torch.ones(2)}}, MemoryStorageConfig(), "/ck", into)
+    assert not into["a"]["b"].any() and not into["a.b"].any()  # refused before anything was copied

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from torch_checkpointing.errors import TemplateMismatchError
 from torch_checkpointing.staging import fits_slab, tensor_for_write
 from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, join_key
 from torch_checkpointing.walk_utils import MISSING
@@ -170,6 +171,12 @@ class _FlatTree:
         return out
 
     def _take(self, name: str) -> Any:
+        if name in self.used:  # {"a": {"b": t}} and {"a.b": t} are one file entry: which one was saved is unknown
+            raise TemplateMismatchError(
+                f"Two paths of the template flatten to the same safetensors name {name!r} (a dict key with a '.' "
+                f"beside a nested dict or list): the file holds one tensor for it, and which path it was saved "
+                f"under is unknown. Keep one of them in the template."
+            )
         self.used.add(name)
         return self.flat[name]
 
