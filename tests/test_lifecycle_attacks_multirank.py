@@ -1,5 +1,6 @@
 """Lifecycle misuse on real gloo ranks: a save inside `with manager.lock():` on one rank (rank 1, not rank 0) is
-refused on every rank at once, nothing is committed, and the next save of every rank works."""
+refused on every rank at once, nothing is committed, and the next save of every rank works; a collective load of
+an id whose async save is still in flight returns that save on every rank."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.launcher import launch
+from tests.memory_storage import Control, RecordingStorageConfig
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -57,3 +59,37 @@ def test_save_inside_lock_on_rank_1_is_refused_on_every_rank_at_once(tmp_path: P
         assert r["refused_s"] < WAIT_S / 3, r
         assert not r["refused_exists"], r
         assert r["after_loaded"] == float(r["rank"] + 1), r
+
+
+def load_while_the_save_is_in_flight(root: str, control_dir: str) -> dict[str, Any]:
+    """Every rank saves an id with slowed writes, then loads it at once (collectively)."""
+    rank = dist.get_rank()
+    control = Control(f"{control_dir}/{rank}")
+    config = CheckpointManager.Config(storage_config=RecordingStorageConfig(control_dir=str(control.root)))
+    config.save.wait_timeout_secs = WAIT_S
+    manager = CheckpointManager(config)
+    manager.save(f"{root}/warm", {"model": {"w": torch.zeros(4)}}).result(WAIT_S)
+    control.set_delay(1.0)
+    future = manager.save(f"{root}/in_flight", {"model": {"w": torch.full((4,), float(rank + 1))}})
+    out: dict[str, Any] = {"rank": rank, "done_before_load": future.done()}
+    into = {"model": {"w": torch.zeros(4)}}
+    try:
+        manager.load(f"{root}/in_flight", into)
+        out["loaded"] = float(into["model"]["w"][0])
+    except CheckpointError as exc:
+        out["loaded"] = f"{type(exc).__name__}: {exc}"
+    except FileNotFoundError as exc:
+        out["loaded"] = f"FileNotFoundError: {exc}"
+    future.result(WAIT_S)
+    control.reset()
+    manager.close()
+    return out
+
+
+def test_a_collective_load_of_an_id_whose_save_is_in_flight_returns_that_save(tmp_path: Path) -> None:
+    results = launch(
+        load_while_the_save_is_in_flight, WORLD, args=(str(tmp_path / "ckpt"), str(tmp_path / "control")), timeout=240
+    )
+    for r in results:
+        assert not r["done_before_load"], r
+        assert r["loaded"] == float(r["rank"] + 1), r
