@@ -28,7 +28,7 @@ from torch_checkpointing.checkpoint_layout import (
     TorchSerialization,
 )
 from torch_checkpointing.codecs import JSON_MAX_DEPTH
-from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.dtensor_resharder import DTensorResharder
 from torch_checkpointing.errors import IncompleteCheckpointError, TemplateMismatchError
 from torch_checkpointing.storage.base_storage import StorageConfig
@@ -290,3 +290,39 @@ def test_two_template_paths_for_one_safetensors_name_are_refused() -> None:
     with pytest.raises(TemplateMismatchError, match=r"same safetensors name 'a\.b'"):
         _round_trip(SafetensorsSerialization(), {"a": {"b": torch.ones(2)}}, MemoryStorageConfig(), "/ck", into)
     assert not into["a"]["b"].any() and not into["a.b"].any()  # refused before anything was copied
+
+
+def _async_manager() -> CheckpointManager:
+    def spec(name: str, fmt: SerializationFormat) -> ItemSpec:
+        return ItemSpec(layout=LayoutInfo(name, fmt), required=False)
+
+    items = {
+        "torch": spec("t.pt", TorchSerialization()),
+        "st": spec("s.safetensors", SafetensorsSerialization()),
+        "json": spec("j.json", JsonSerialization()),
+    }
+    config = CheckpointManager.Config(items=items, save=AsyncCheckpointSaverConfig())
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    return CheckpointManager(config)
+
+
+def test_the_background_writer_refuses_the_same_values_naming_the_item(tmp_path: Path) -> None:
+    """The async save encodes in the writer process: each refusal above reaches the caller from there, a
+    ValueError naming the item, with nothing committed."""
+    cases = [
+        ("torch", {"w": torch.empty(2, device="meta")}, r"'torch::w'.*meta tensor"),
+        ("st", {"__metadata__": torch.ones(1)}, r"'st\.__metadata__'.*reserves"),
+        ("st", {"s": torch.ones(2).to(torch.float8_e8m0fnu)}, r"'st\.s'.*float8_e8m0fnu"),
+        ("json", {"n": 10**5000}, r"'json::n'.*Store it as a str"),
+        ("json", {"cfg": _nested(JSON_MAX_DEPTH + 1)}, r"item 'json'.*nested more than"),
+    ]
+    manager = _async_manager()
+    try:
+        for i, (key, value, match) in enumerate(cases):
+            where = str(tmp_path / f"ck{i}")
+            with pytest.raises(ValueError, match=match):
+                manager.save(where, {key: value}).result(timeout=120)
+            with pytest.raises((IncompleteCheckpointError, FileNotFoundError)):
+                manager.load(where)
+    finally:
+        manager.close()
