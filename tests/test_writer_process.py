@@ -55,7 +55,9 @@ def test_a_writer_that_does_not_start_in_time_times_out(tmp_path: Path) -> None:
         process.close()
 
 
-def test_a_writer_killed_between_saves_is_replaced(tmp_path: Path) -> None:
+def test_a_writer_killed_between_saves_is_replaced_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A writer that died between saves (the OOM killer, an operator's kill) is replaced, and said so: it used to
+    be restarted without a word, so a job whose writer kept being killed showed nothing."""
     config = CheckpointManager.Config.with_async_save()
     config.storage_config = STORAGE
     with CheckpointManager(config) as manager:
@@ -64,10 +66,14 @@ def test_a_writer_killed_between_saves_is_replaced(tmp_path: Path) -> None:
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
-        manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)}).result(timeout=180)  # type: ignore[union-attr]
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)}).result(timeout=180)  # type: ignore[union-attr]
         assert manager.writer_pid not in (None, pid)
         out = manager.load(str(tmp_path / "b"), into={"w": None})
     assert torch.equal(out["w"], torch.zeros(3))
+    died = [r for r in caplog.records if r.levelno == logging.WARNING and str(pid) in r.getMessage()]
+    assert died, [r.getMessage() for r in caplog.records]
+    assert "SIGKILL" in died[0].getMessage()
 
 
 class _SlowToClose(logging.Handler):

@@ -281,6 +281,12 @@ class CheckpointProcess:
                 f"`if __name__ == '__main__':`, and keep storage configs and subprocess_init_fn importable."
             ) from error
         if self._proc is not None and not self._proc.is_alive():
+            logger.warning(
+                "The checkpoint writer process %s died since the last save (%s); starting a new one for this save. "
+                "If it keeps dying, look for the OOM killer (dmesg) or whatever else kills it.",
+                self._proc.pid,
+                _how_it_ended(self._proc.exitcode),
+            )
             self._start_in_background()
             self.wait_ready()
 
@@ -362,6 +368,16 @@ class CheckpointProcess:
             _reap(proc, self.config.subprocess_shutdown_timeout_secs)
         if conn is not None:
             conn.close()
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    """A process's exit code in words: multiprocessing gives -N for death by signal N."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
 
 
 def _exit_code(proc: Any) -> int | None:
