@@ -213,15 +213,16 @@ class AsyncCheckpointSaver(CheckpointSaver):
         plan = self._absolute(plan)
         self._wait_previous()
         self._staging_lock.acquire(RWLockMode.WRITE, self._timeout)
+        release = _ReleaseOnce(self._staging_lock)
         try:
             payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
             if self.config.staging_config.use_async_staging:
-                staged: Future[Any] = self._staging_pool.submit(self._stage, payload)
+                staged: Future[Any] = self._staging_pool.submit(self._stage, payload, release)
             else:
                 staged = Future()
-                staged.set_result(self._stage(payload))
+                staged.set_result(self._stage(payload, release))
         except BaseException:
-            self._staging_lock.release(RWLockMode.WRITE)
+            release()
             raise
         write = WriteFuture(plan.checkpoint_dir)
         write.set_running_or_notify_cancel()
@@ -251,11 +252,11 @@ class AsyncCheckpointSaver(CheckpointSaver):
             return checkpoint_id  # an object store's relative id is a key under its url, not a path
         return os.path.abspath(checkpoint_id)
 
-    def _stage(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def _stage(self, payload: dict[str, Any], release: _ReleaseOnce) -> dict[str, Any]:
         try:
             return dict(self._stager.stage(payload))
         finally:
-            self._staging_lock.release(RWLockMode.WRITE)
+            release()
 
     def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any], blocked_s: float) -> None:
         try:
@@ -310,7 +311,12 @@ class AsyncCheckpointSaver(CheckpointSaver):
             )
         if not self._staging_lock_try_write():
             raise RuntimeError("Cannot prewarm staging while checkpoint staging is active")  # misuse; §2.3
-        self._prewarm = self._staging_pool.submit(self._stage, payload)
+        release = _ReleaseOnce(self._staging_lock)
+        try:
+            self._prewarm = self._staging_pool.submit(self._stage, payload, release)
+        except BaseException:
+            release()
+            raise
 
     def _staging_lock_try_write(self) -> bool:
         try:
@@ -324,6 +330,28 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._comm.stop()
         self._process.close()
         self._stager.close()
+
+
+class _ReleaseOnce:
+    """One staging copy's hold of the write lock, released by whoever finishes first: the staging copy, or the
+    save() that failed before or around handing it over.
+
+    A second release of the write side clears it whoever holds it then: another thread's prewarm_staging() or
+    save() that took the lock in between would have its copy run while an optimizer step in `lock()` updates
+    the tensors it copies. A failed sync staging copy released it twice.
+    """
+
+    def __init__(self, lock: RWLock) -> None:
+        self._lock = lock
+        self._once = threading.Lock()
+        self._done = False
+
+    def __call__(self) -> None:
+        with self._once:
+            if self._done:
+                return
+            self._done = True
+        self._lock.release(RWLockMode.WRITE)
 
 
 _LIVE_ASYNC_SAVERS: weakref.WeakSet[AsyncCheckpointSaver] = weakref.WeakSet()
