@@ -54,3 +54,46 @@ def test_a_failed_staging_copy_releases_the_write_lock_once(
         monkeypatch.undo()
         manager.save(str(tmp_path / "b"), {"w": torch.ones(4)}).result(timeout=120)  # type: ignore[union-attr]
         assert torch.equal(manager.load(str(tmp_path / "b"), into={"w": None})["w"], torch.ones(4))
+
+
+def test_with_no_wait_timeout_the_staging_lock_wait_is_still_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """API_SURFACE §10: save() waits for the staging lock `wait_timeout_secs`, or 600 s if None, then raises the
+    deadlock RuntimeError. With None it waited forever (a lock() never released hung the save)."""
+    import threading
+
+    import torch_checkpointing.checkpoint_saver as saver_module
+
+    monkeypatch.setattr(saver_module, "DEFAULT_ACQUIRE_TIMEOUT_SECS", 0.5, raising=False)  # the 600 s, shortened
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = None
+    with CheckpointManager(config) as manager:
+        held, release = threading.Event(), threading.Event()
+
+        def hold_lock() -> None:
+            with manager.lock():
+                held.set()
+                release.wait(60)
+
+        holder = threading.Thread(target=hold_lock, daemon=True)
+        holder.start()
+        assert held.wait(30)
+        outcome: list[BaseException | None] = []
+
+        def save() -> None:
+            try:
+                manager.save(str(tmp_path / "a"), {"w": torch.ones(4)})
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        saving = threading.Thread(target=save, daemon=True)
+        saving.start()
+        saving.join(20)
+        release.set()
+        holder.join(30)
+        saving.join(30)
+    assert outcome and isinstance(outcome[0], RuntimeError), outcome
+    assert "lock" in str(outcome[0]) and "deadlock" in str(outcome[0])

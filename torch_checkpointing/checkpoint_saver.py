@@ -27,7 +27,7 @@ from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig, SavePl
 from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
-from torch_checkpointing.lock import RWLock, RWLockMode
+from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
@@ -120,8 +120,15 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def _timeout(self) -> float | None:
         return self.config.wait_timeout_secs
 
+    @property
+    def _lock_timeout(self) -> float:
+        """How long the staging lock is waited for: `wait_timeout_secs`, or 600 s if None (API_SURFACE §10), so
+        a lock() never released is the deadlock error, not a hang."""
+        timeout = self.config.wait_timeout_secs
+        return DEFAULT_ACQUIRE_TIMEOUT_SECS if timeout is None else timeout
+
     def lock(self) -> AbstractContextManager[Any]:
-        return self._staging_lock.hold(RWLockMode.READ, self._timeout)
+        return self._staging_lock.hold(RWLockMode.READ, self._lock_timeout)
 
     def wait(self, timeout: float | None) -> None:
         """Wait (bounded) for the last write; past `timeout` the writer is killed and this raises saying so.
@@ -212,7 +219,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         """Returns once staging has started (or finished, without async staging); the Future ends with the commit."""
         plan = self._absolute(plan)
         self._wait_previous()
-        self._staging_lock.acquire(RWLockMode.WRITE, self._timeout)
+        self._staging_lock.acquire(RWLockMode.WRITE, self._lock_timeout)
         release = _ReleaseOnce(self._staging_lock)
         try:
             payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
