@@ -22,7 +22,7 @@ import torch
 
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.schema import ResolvedItem
-from torch_checkpointing.traversal import dotted_key, iter_leaves, leaves
+from torch_checkpointing.traversal import NestingError, dotted_key, iter_leaves, leaves
 
 __all__ = ["SafeLoadCheck"]
 
@@ -52,14 +52,20 @@ class SafeLoadCheck:
         for item in items:
             if item.key in self._checked or not isinstance(item.layout.serialization_format, TorchSerialization):
                 continue
+            try:
+                self._check_item(item)
+            except NestingError as exc:  # a value that contains itself: refused here, before anything is written
+                raise exc.for_item(item.key) from None
             self._checked.add(item.key)
-            for leaf in leaves(item.value):  # no paths built: this runs inside save()'s blocked time
-                kind = type(leaf)
-                if isinstance(leaf, _ALWAYS_LOADED) or kind in self._verdicts:
-                    continue
-                reason = self._verdicts[kind] = _refusal(leaf)
-                if reason is not None:
-                    _warn(item.key, _path_of(item.value, leaf), kind, reason)
+
+    def _check_item(self, item: ResolvedItem) -> None:
+        for leaf in leaves(item.value):  # no paths built: this runs inside save()'s blocked time
+            kind = type(leaf)
+            if isinstance(leaf, _ALWAYS_LOADED) or kind in self._verdicts:
+                continue
+            reason = self._verdicts[kind] = _refusal(leaf)
+            if reason is not None:
+                _warn(item.key, _path_of(item.value, leaf), kind, reason)
 
 
 def _path_of(value: Any, leaf: Any) -> str:

@@ -9,7 +9,11 @@ resharders and the exporters agree on three rules:
   and the load's merge into a template (`walk_utils`) replaces it whole;
 * a position's dotted key joins its path components with `.`, with no leading dot while the key so far is
   empty. This is an on-disk contract: safetensors files are keyed by it, so it must never change;
-* a DTensor's data on this rank is its local shard (`local_tensor`), read through DTensor's public API.
+* a DTensor's data on this rank is its local shard (`local_tensor`), read through DTensor's public API;
+* a value no walk can finish is refused with `NestingError` (a ValueError naming the path): a container that
+  contains itself (a cycle: the walk would never end, with memory growing), or nesting deeper than Python's
+  recursion limit lets a recursive walk descend. A container reached twice by different paths (a shared
+  subtree) is not a cycle and is walked twice.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 import torch
 
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 __all__ = [
+    "NestingError",
     "any_leaf",
     "children",
     "dotted_key",
@@ -45,6 +50,44 @@ __all__ = [
 _SEQUENCES = (list, tuple)
 """The sequences the walk descends into; any other Sequence is a leaf (see the module docstring)."""
 _CONTAINERS = (Mapping, *_SEQUENCES)
+
+
+class NestingError(ValueError):
+    """A value the tree walk cannot finish: it contains itself (`cycle`, `path` is the container met again),
+    or nests deeper than a recursive walk can descend. `for_item` names the item, for callers that know it."""
+
+    def __init__(self, path: NestedPath, cycle: bool, key: str = "") -> None:
+        self.path, self.cycle, self.key = path, cycle, key
+        super().__init__(self._describe())
+
+    def for_item(self, key: str) -> NestingError:
+        """The same refusal, naming item `key` (raise it `from None`: it says everything)."""
+        return NestingError(self.path, self.cycle, key)
+
+    def _describe(self) -> str:
+        dotted = dotted_key(self.path)
+        where = f"{self.key}::{dotted}" if self.key and dotted else self.key or dotted
+        if self.cycle:
+            return (
+                f"The value at '{where}' contains itself (a container that is its own ancestor), so no save can "
+                f"walk it to the end. Break the cycle (store what it refers to once, e.g. by key) before saving."
+            )
+        item = f"Item '{self.key}'" if self.key else "The value"
+        return (
+            f"{item} is nested deeper than Python's recursion limit ({sys.getrecursionlimit()}) lets the "
+            f"checkpoint walk descend. Flatten it, e.g. into a list of its rows."
+        )
+
+
+class _Cycle(Exception):
+    """Raised inside the recursive walks that build no paths; the caller finds the path (`_raise_cycle`)."""
+
+
+def _enter(node: Any, on_path: set[int]) -> None:
+    """Mark container `node` as being walked, refusing one already on the current path (a cycle)."""
+    if id(node) in on_path:
+        raise _Cycle
+    on_path.add(id(node))
 
 
 def is_container(value: Any) -> bool:
@@ -68,25 +111,61 @@ def children(value: Any) -> Iterable[tuple[Any, Any]]:
 
 def iter_leaves(value: Any, path: NestedPath = ()) -> Iterator[tuple[NestedPath, Any]]:
     """`(path, leaf)` for every leaf under `value`, depth first in container order. Empty containers yield
-    nothing; a bare leaf yields itself at `path`."""
+    nothing; a bare leaf yields itself at `path`. `NestingError` for a cycle or too deep a nesting."""
+    try:
+        yield from _iter_leaves(value, path, set())
+    except RecursionError:
+        raise NestingError(path, cycle=False) from None
+
+
+def _iter_leaves(value: Any, path: NestedPath, on_path: set[int]) -> Iterator[tuple[NestedPath, Any]]:
     if not is_container(value):
         yield path, value
         return
+    if id(value) in on_path:
+        raise NestingError(path, cycle=True)
+    on_path.add(id(value))
     for k, v in children(value):
-        yield from iter_leaves(v, (*path, k))
+        yield from _iter_leaves(v, (*path, k), on_path)
+    on_path.discard(id(value))
+
+
+class _Exit:
+    """Pushed under a container's children in `leaves`: popping it means the walk has left that container."""
+
+    __slots__ = ("node_id",)
+
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
 
 
 def leaves(value: Any) -> Iterator[Any]:
-    """Every leaf under `value`, in `iter_leaves` order, without building paths (the staging copy's hot path)."""
+    """Every leaf under `value`, in `iter_leaves` order, without building paths (the staging copy's hot path).
+
+    Iterative, so any depth is walked; a cycle is a `NestingError` naming the container met again (its path
+    is found only then, by `iter_leaves`)."""
     stack = [value]
+    on_path: set[int] = set()
     while stack:
         node = stack.pop()
-        if isinstance(node, Mapping):
-            stack.extend(reversed(list(node.values())))
-        elif isinstance(node, _SEQUENCES):
-            stack.extend(reversed(node))
+        if type(node) is _Exit:
+            on_path.discard(node.node_id)
+            continue
+        if isinstance(node, Mapping | list | tuple):
+            if id(node) in on_path:
+                _raise_cycle(value)
+            on_path.add(id(node))
+            stack.append(_Exit(id(node)))
+            stack.extend(reversed(list(node.values())) if isinstance(node, Mapping) else reversed(node))
         else:
             yield node
+
+
+def _raise_cycle(value: Any) -> NoReturn:
+    """Raise the cycle's `NestingError` with its path, found by the walk that builds paths."""
+    for _ in iter_leaves(value):
+        pass
+    raise NestingError((), cycle=True)  # the value changed between the two walks
 
 
 def join_key(prefix: str, part: object) -> str:
@@ -135,12 +214,26 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
 
     Plain dicts, lists and tuples come back as such; other containers (OrderedDict, named tuples, custom
     Mappings) keep their type where it can be rebuilt from its items, else become a dict or list (`rebuild`).
+    `NestingError` for a cycle or too deep a nesting; no paths are built unless one is refused.
     """
+    try:
+        return _map_leaves(value, fn, set())
+    except RecursionError:
+        raise NestingError((), cycle=False) from None
+    except _Cycle:
+        _raise_cycle(value)
+
+
+def _map_leaves(value: Any, fn: Callable[[Any], Any], on_path: set[int]) -> Any:
     if isinstance(value, Mapping):
-        items = {k: map_leaves(v, fn) for k, v in value.items()}
+        _enter(value, on_path)
+        items = {k: _map_leaves(v, fn, on_path) for k, v in value.items()}
+        on_path.discard(id(value))
         return items if type(value) is dict else rebuild(value, items)
     if isinstance(value, _SEQUENCES):
-        items_list = [map_leaves(v, fn) for v in value]
+        _enter(value, on_path)
+        items_list = [_map_leaves(v, fn, on_path) for v in value]
+        on_path.discard(id(value))
         return type(value)(items_list) if type(value) in _SEQUENCES else rebuild(value, items_list)
     return fn(value)
 

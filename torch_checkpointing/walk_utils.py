@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.errors import TemplateMismatchError
-from torch_checkpointing.traversal import is_container, is_sequence, local_tensor, rebuild
+from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError
+from torch_checkpointing.traversal import NestingError, is_container, is_sequence, local_tensor, rebuild
 from torch_checkpointing.types import CheckpointPath, NestedPath
 
 __all__ = ["MISSING", "check_tensor_fits", "check_writable", "copy_tensor_into", "walk_checkpoint_structure"]
@@ -76,7 +76,10 @@ def walk_checkpoint_structure(
     """
     missing: list[CheckpointPath] = []
     walker = _Walker(item_key, missing, unexpected if unexpected is not None else [], leaf_fn, dry_run)
-    merged = walker.merge(tuple(at), source, target)
+    try:
+        merged = walker.merge(tuple(at), source, target)
+    except RecursionError:
+        raise NestingError((), cycle=False).for_item(item_key) from None
     return merged, missing
 
 
@@ -90,6 +93,7 @@ class _Walker:
         dry_run: bool,
     ) -> None:
         self.key, self.missing, self.unexpected, self.leaf_fn, self.dry_run = key, missing, unexpected, leaf_fn, dry_run
+        self._on_path: set[int] = set()  # ids of the source containers being merged: one met again is a cycle
 
     def merge(self, path: NestedPath, source: Any, target: Any) -> Any:
         here = CheckpointPath(self.key, path)
@@ -109,13 +113,24 @@ class _Walker:
             return copy_tensor_into(here, source, target)
         if not _compatible(target, source):
             raise _type_error(here, target, source)
-        if isinstance(target, Mapping):
-            return self._merge_mapping(path, source, target)
-        if is_sequence(target):
-            return self._merge_sequence(path, source, target)
+        if is_container(target):
+            return self._merge_container(path, source, target)
         if self.leaf_fn is not None and not self.dry_run:
             return self.leaf_fn(here, source, target)
         return source
+
+    def _merge_container(self, path: NestedPath, source: Any, target: Any) -> Any:
+        """Merge entry by entry; a source that contains itself (with a template that does too, else the
+        template's end stops the walk) is a `NestingError` naming the path, not an endless recursion."""
+        if id(source) in self._on_path:
+            raise NestingError(path, cycle=True).for_item(self.key)
+        self._on_path.add(id(source))
+        if isinstance(target, Mapping):
+            merged = self._merge_mapping(path, source, target)
+        else:
+            merged = self._merge_sequence(path, source, target)
+        self._on_path.discard(id(source))
+        return merged
 
     def _merge_mapping(self, path: NestedPath, source: Mapping[Any, Any], target: Mapping[Any, Any]) -> Any:
         # In place where the template allows; a dry run changes nothing of the caller's.
@@ -157,6 +172,12 @@ class _Walker:
 def check_tensor_fits(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> None:
     """Raise `TemplateMismatchError` unless `source` can be copied into `target` as it is."""
     src, dst = local_tensor(source), local_tensor(target)
+    if src.device.type == "meta":
+        raise CorruptCheckpointError(
+            f"The checkpoint holds a meta tensor at {where} (shape {tuple(src.shape)}, {src.dtype}, no values): "
+            f"it was saved from an unmaterialised model and has nothing to load. Load it with None as the template "
+            f"to inspect it, and re-save from a materialised model (module.to_empty(device=...) then initialise)."
+        )
     if src.shape != dst.shape:
         raise TemplateMismatchError(
             f"Shape mismatch at {where}: checkpoint holds {tuple(src.shape)}, template has {tuple(dst.shape)}. "
