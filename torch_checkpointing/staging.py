@@ -29,7 +29,15 @@ import torch
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise
 from torch_checkpointing.pickling import unpicklable
-from torch_checkpointing.traversal import any_leaf, leaves, local_tensor, map_leaves
+from torch_checkpointing.traversal import (
+    NestingError,
+    any_leaf,
+    dotted_key,
+    iter_leaves,
+    leaves,
+    local_tensor,
+    map_leaves,
+)
 from torch_checkpointing.types import STATE_DICT
 
 __all__ = [
@@ -62,18 +70,58 @@ def tensor_for_write(t: torch.Tensor) -> torch.Tensor:
 
 
 def as_written(value: Any) -> Any:
-    """`value` with each tensor as a checkpoint file holds it (`tensor_for_write`): what the async stager
-    stages, so a sync and an async save write the same file. A file therefore holds plain local tensors, never
-    a DTensor (its layout is in metadata.json), an `nn.Parameter` or autograd state, and loads in a process
-    without torch.distributed. `value` itself when no tensor needs changing (nothing rebuilt); tied tensors
-    stay tied (detached views share their storage)."""
+    """`value` with each tensor as a checkpoint file holds it: what the async stager stages, so a sync and an
+    async save write the same file. A file therefore holds plain local tensors, never a DTensor (its layout is
+    in metadata.json), an `nn.Parameter` or autograd state, and loads in a process without torch.distributed.
+
+    The one storage rule of both modes: leaves that are the same view of the same memory (`alias_of`: tied
+    weights, a tensor under two keys) are written once and load back as one tensor; every other tensor is
+    written as a storage of its own, so a slice of a larger tensor is written compacted (its elements only,
+    contiguous), never with the whole base storage. `value` itself when no tensor needs changing."""
     if not any_leaf(value, _needs_writing_form):
         return value
-    return map_leaves(value, lambda x: tensor_for_write(x) if isinstance(x, torch.Tensor) else x)
+    written: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def write(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        alias = alias_of(x)
+        if alias is None:
+            return _compacted(tensor_for_write(x))
+        if alias not in written:
+            written[alias] = _compacted(tensor_for_write(x))
+        return written[alias]
+
+    return map_leaves(value, write)
+
+
+def alias_of(x: torch.Tensor) -> tuple[Any, ...] | None:
+    """What makes two leaves one tensor in a file: the same memory viewed the same way (None for a tensor
+    without strided memory of its own: it is never tied)."""
+    t = local_tensor(x)
+    if t.layout != torch.strided or t.is_quantized or t.is_nested or t.device.type == "meta":
+        return None
+    ptr = t.data_ptr()
+    if ptr == 0:
+        return None
+    return (ptr, t.device, t.dtype, t.shape, t.stride(), t.is_conj(), t.is_neg())
+
+
+def _is_partial(t: torch.Tensor) -> bool:
+    """Whether `t` views its storage other than whole and contiguous (a slice, a transpose): written compacted."""
+    if t.layout != torch.strided or t.is_quantized or t.is_nested or t.device.type == "meta":
+        return False
+    return not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size()
+
+
+def _compacted(t: torch.Tensor) -> torch.Tensor:
+    return t.clone(memory_format=torch.contiguous_format) if _is_partial(t) else t
 
 
 def _needs_writing_form(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and (type(x) is not torch.Tensor or x.requires_grad or has_lazy_bits(x))
+    if not isinstance(x, torch.Tensor):
+        return False
+    return type(x) is not torch.Tensor or x.requires_grad or has_lazy_bits(x) or _is_partial(x)
 
 
 def _warn_keys_not_requiring_copy() -> None:
@@ -285,14 +333,15 @@ class DefaultStager(CheckpointStager):
         """
         if keys_not_requiring_copy:
             _warn_keys_not_requiring_copy()
-        sources: list[torch.Tensor] = []
+        plan = _SlabPlan()
         for key, value in state_dict.items():
             if key not in keys_not_requiring_copy:
-                sources.extend(t for t in map(_local_leaf, leaves(value)) if t is not None and fits_slab(t))
-        self._ensure_slab(tuple((tuple(t.shape), t.dtype) for t in sources))
-        views = iter(self._views)
+                plan.add_item(key, value)
+        self._ensure_slab(tuple(plan.layout))
+        slots = iter(plan.slots)
+        copied: set[int] = set()
         staged = {
-            key: value if key in keys_not_requiring_copy else self._copy_item(key, value, views)
+            key: value if key in keys_not_requiring_copy else self._copy_item(key, value, slots, copied)
             for key, value in state_dict.items()
         }
         if self._non_blocking:
@@ -341,9 +390,11 @@ class DefaultStager(CheckpointStager):
         elif shared is not None:
             shared.close()
 
-    def _copy_item(self, key: str, value: Any, views: Iterator[torch.Tensor]) -> Any:
+    def _copy_item(self, key: str, value: Any, slots: Iterator[int], copied: set[int]) -> Any:
         try:
-            return self._copy(value, views)
+            return self._copy(value, slots, copied)
+        except NestingError as exc:
+            raise exc.for_item(key) from None
         except (TypeError, copy.Error, pickle.PicklingError, AttributeError) as exc:  # a deep copy failed
             raise unpicklable(
                 key,
@@ -355,19 +406,75 @@ class DefaultStager(CheckpointStager):
                 "out of the checkpoint.",
             ) from exc
 
-    def _copy(self, value: Any, views: Iterator[torch.Tensor]) -> Any:
+    def _copy(self, value: Any, slots: Iterator[int], copied: set[int]) -> Any:
+        """The staged tree: each slab tensor copied into its slot once (`_SlabPlan`), tied leaves sharing it."""
+
         def leaf(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
                 return copy.deepcopy(x)
             src = tensor_for_write(x)
             if not fits_slab(src):
                 return _copy_outside_slab(src)
-            buf = next(views)
-            with torch.no_grad():
-                buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
+            slot = next(slots)
+            buf = self._views[slot]
+            if slot not in copied:
+                copied.add(slot)
+                with torch.no_grad():
+                    buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
 
         return map_leaves(value, leaf)
+
+
+class _SlabPlan:
+    """Where each slab tensor of a save is staged: one slot per distinct `alias_of` (tied leaves share one, so
+    they stay tied and are copied once), in traversal order. Refuses, before anything is copied, a value no
+    walk can finish and a dtype no copy can take."""
+
+    def __init__(self) -> None:
+        self.layout: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self.slots: list[int] = []  # the slot of each slab tensor, in traversal order
+        self._slot_of: dict[tuple[Any, ...], int] = {}
+
+    def add_item(self, key: str, value: Any) -> None:
+        try:
+            tensors = [t for t in map(_local_leaf, leaves(value)) if t is not None]
+        except NestingError as exc:
+            raise exc.for_item(key) from None
+        for t in tensors:
+            if t.dtype in SUB_BYTE_DTYPES:
+                raise _sub_byte_refusal(key, value, t.dtype)
+            if fits_slab(t):
+                self.slots.append(self._slot(t))
+
+    def _slot(self, t: torch.Tensor) -> int:
+        alias = alias_of(t)
+        slot = self._slot_of.get(alias, -1) if alias is not None else -1
+        if slot < 0:
+            slot = len(self.layout)
+            self.layout.append((tuple(t.shape), t.dtype))
+            if alias is not None:
+                self._slot_of[alias] = slot
+        return slot
+
+
+SUB_BYTE_DTYPES = frozenset(
+    getattr(torch, f"{sign}int{bits}")
+    for sign in ("u", "")
+    for bits in range(1, 8)
+    if hasattr(torch, f"{sign}int{bits}")
+)
+"""uint1..uint7, int1..int7: torch has the dtypes but no kernels (no copy, no pickling) for them."""
+
+
+def _sub_byte_refusal(key: str, value: Any, dtype: torch.dtype) -> pickle.PicklingError:
+    path = next(p for p, leaf in iter_leaves(value) if isinstance(leaf, torch.Tensor) and leaf.dtype == dtype)
+    where = f"{key}::{dotted_key(path)}" if path else key
+    return pickle.PicklingError(
+        f"Item '{key}' cannot be staged for the async save: the value at '{where}' is a tensor of dtype {dtype}, "
+        f"a sub-byte dtype torch can neither copy nor save (no kernels). Store it packed into torch.uint8 (or "
+        f"as a wider integer dtype), or leave it out of the checkpoint."
+    )
 
 
 def fits_slab(t: torch.Tensor) -> bool:
@@ -436,18 +543,24 @@ def from_slab_refs(value: Any, slab: torch.Tensor | SharedSlab) -> Any:
 
     Each tensor gets a storage of its own (torch.frombuffer), not a view of the slab's storage: serializers
     write whole storages, so views would put the entire slab, in one dtype, into every item's file.
+    One SlabRef met twice (tied leaves staged once) gives one tensor, so the file keeps them tied.
     """
     memory = (slab.tensor if isinstance(slab, SharedSlab) else slab).numpy().data
+    made: dict[SlabRef, torch.Tensor] = {}
 
     def own(x: Any) -> Any:
         if isinstance(x, TensorBytes):
             return x.tensor()
         if not isinstance(x, SlabRef):
             return x
-        count = math.prod(x.shape)
-        if count == 0:
+        if math.prod(x.shape) == 0:  # no memory, so never tied (empty slots share offsets)
             return torch.empty(x.shape, dtype=x.dtype)
-        flat = torch.frombuffer(memory, dtype=x.dtype, count=count, offset=x.offset)
-        return flat.view(x.shape)
+        if x not in made:
+            made[x] = _over_slab(memory, x)
+        return made[x]
 
     return map_leaves(value, own)
+
+
+def _over_slab(memory: memoryview, ref: SlabRef) -> torch.Tensor:
+    return torch.frombuffer(memory, dtype=ref.dtype, count=math.prod(ref.shape), offset=ref.offset).view(ref.shape)
