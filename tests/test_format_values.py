@@ -326,3 +326,17 @@ def test_the_background_writer_refuses_the_same_values_naming_the_item(tmp_path:
                 manager.load(where)
     finally:
         manager.close()
+
+
+@pytest.mark.parametrize("fmt", [TorchSerialization(), SafetensorsSerialization()], ids=lambda f: type(f).__name__)
+def test_a_value_containing_itself_is_refused_by_the_encoder_naming_the_item(fmt: SerializationFormat) -> None:
+    """The encoders are reached without the save's planning walk too (the writer encodes what it is sent): the
+    cycle refusal names the item, not only the path inside it."""
+    import io
+
+    from torch_checkpointing.encoding import encode
+
+    loop: dict[str, Any] = {"w": torch.ones(1)}
+    loop["self"] = loop
+    with pytest.raises(ValueError, match=r"'item::self'.*contains itself"):
+        encode(fmt, "item", loop, io.BytesIO())

@@ -37,7 +37,15 @@ from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
 from torch_checkpointing.staging import as_written
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.traversal import children, dotted_key, is_container, iter_leaves, join_key, local_tensor
+from torch_checkpointing.traversal import (
+    NestingError,
+    children,
+    dotted_key,
+    is_container,
+    iter_leaves,
+    join_key,
+    local_tensor,
+)
 
 if TYPE_CHECKING:
     from torch_checkpointing.source_reader import ReadStats, SourceFile
@@ -197,6 +205,8 @@ class TorchCodec(Codec):
         try:
             _refuse_meta_tensors(key, value, "TorchSerialization")
             torch.save(as_written(value), stream)
+        except NestingError as exc:
+            raise exc.for_item(key) from None
         except RecursionError:
             raise _nested_too_deep("TorchSerialization", key) from None
         except (pickle.PicklingError, TypeError, AttributeError, KeyError, NotImplementedError) as exc:
@@ -294,6 +304,8 @@ class SafetensorsCodec(Codec):
         metadata = fmt.metadata if isinstance(fmt, SafetensorsSerialization) else None
         try:
             flat = flatten_tensors(value, key)
+        except NestingError as exc:
+            raise exc.for_item(key) from None
         except RecursionError:
             raise _nested_too_deep("SafetensorsSerialization", key) from None
         stream.write(safetensors_save(flat, metadata=metadata))
