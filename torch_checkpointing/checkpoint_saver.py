@@ -57,8 +57,9 @@ class CheckpointSaver(ABC):
     def check_can_save(self, checkpoint_id: str) -> None:  # noqa: B027  (a hook: a sync save needs no lock)
         """Before a new save is planned: refuse one that could never start (it would wait for the caller)."""
 
-    def settle_before_load(self, checkpoint_id: str) -> None:  # noqa: B027  (a hook: sync saves are done)
-        """Before a load: wait for this saver's write still in flight to that id, so the load sees it."""
+    def writing(self, checkpoint_id: str) -> bool:
+        """Whether this saver's write to that id is still in flight (sync saves are done when save() returns)."""
+        return False
 
     @property
     def stager(self) -> CheckpointStager | None:
@@ -175,31 +176,12 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 f"save() after the with block (lock() is for in-place updates such as optimizer.step())."
             )
 
-    def settle_before_load(self, checkpoint_id: str) -> None:
-        """Read your own writes: a load of the id whose async save is in flight waits for its commit (bounded).
-
-        Without it the load found "does not exist", or the checkpoint that save was replacing, although the same
-        manager had just been asked to save there. A failed save leaves the id as it was; the load then reads that.
-        """
+    def writing(self, checkpoint_id: str) -> bool:
+        """Whether this saver's last write, still in flight, is to that id: a load of it then reads what the id
+        held before (API_SURFACE: until the commit the old checkpoint stays loadable), or finds nothing there
+        yet, and says why."""
         write = self._last_write
-        if write is None or write.done() or write.checkpoint_id != self._absolute_id(checkpoint_id):
-            return
-        try:
-            error = write.quiet_exception(self._timeout)
-        except TimeoutError:
-            raise CheckpointError(
-                f"Checkpoint load of {checkpoint_id}: this manager's async save of that id is still being written "
-                f"after {self._timeout}s (save.wait_timeout_secs); nothing was loaded. Wait for the save's Future "
-                f"(future.result()), then load again."
-            ) from None
-        if error is not None:
-            logger.warning(
-                "Checkpoint load of %s: this manager's async save of that id failed (%s: %s); the load reads what "
-                "the id held before that save, if anything.",
-                checkpoint_id,
-                type(error).__name__,
-                error,
-            )
+        return write is not None and not write.done() and write.checkpoint_id == self._absolute_id(checkpoint_id)
 
     def _wait_previous(self) -> None:
         if self._prewarm is not None:
