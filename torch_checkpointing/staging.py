@@ -99,7 +99,7 @@ def alias_of(x: torch.Tensor) -> tuple[Any, ...] | None:
     """What makes two leaves one tensor in a file: the same memory viewed the same way (None for a tensor
     without strided memory of its own: it is never tied)."""
     t = local_tensor(x)
-    if t.layout != torch.strided or t.is_quantized or t.is_nested or t.device.type == "meta":
+    if not fits_slab(t):
         return None
     ptr = t.data_ptr()
     if ptr == 0:
@@ -109,7 +109,7 @@ def alias_of(x: torch.Tensor) -> tuple[Any, ...] | None:
 
 def _is_partial(t: torch.Tensor) -> bool:
     """Whether `t` views its storage other than whole and contiguous (a slice, a transpose): written compacted."""
-    if t.layout != torch.strided or t.is_quantized or t.is_nested or t.device.type == "meta":
+    if not fits_slab(t):
         return False
     return not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size()
 
