@@ -13,6 +13,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import select
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -78,8 +79,20 @@ def _metrics(m: Mapping[str, float] | None) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in sorted(m.items())) if m else "-"
 
 
+def shown(text: str) -> str:
+    """`text` with every non-printable character escaped (`\\n`, `\\x1b`): names and messages come from
+    whoever can write into a root, and a newline would forge a table row, an escape sequence drive the
+    terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class Ui:
-    """Tables, lines and progress: `rich` on a terminal when installed, plain text otherwise."""
+    """Tables, lines and progress: `rich` on a terminal when installed, plain text otherwise.
+
+    Every cell and line is shown as data (`shown`), and `rich` is given it as plain text, never as markup: a
+    checkpoint named `[bold]x` is shown as that name."""
 
     def __init__(self, json_mode: bool, plain: bool, out: TextIO | None = None) -> None:
         self.json_mode = json_mode
@@ -96,20 +109,22 @@ class Ui:
     def line(self, text: str = "") -> None:
         if self.json_mode:
             return
-        print(text, file=self.out)
+        print(shown(text), file=self.out)
 
     def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if self.json_mode:
             return
-        cells = [[str(c) for c in row] for row in rows]
+        cells = [[shown(str(c)) for c in row] for row in rows]
+        title = shown(title)
         if self._rich is not None:
             from rich.table import Table
+            from rich.text import Text
 
-            table = Table(title=title, title_justify="left")
+            table = Table(title=Text(title), title_justify="left")
             for c in columns:
                 table.add_column(c)
             for row in cells:
-                table.add_row(*row)
+                table.add_row(*(Text(c) for c in row))
             self._rich.print(table)
             return
         widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
@@ -656,13 +671,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     ui = Ui(args.json, args.plain)
     try:
         return int(args.run(args, ui, default_storage()))
-    except (CheckpointError, RuntimeError, OSError, KeyError, ValueError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        ui.emit_json({"error": str(message), "kind": type(exc).__name__})
-        print(f"torch-checkpointing {args.command}: error: {message}", file=sys.stderr)
-        return EXIT_ERROR
-    except BrokenPipeError:  # `| head`
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # a connection of the store's, not our reader: a failure like any other
+            return _report_error(args.command, ui, exc)
+        _silence_stdout()  # `| head -1`: the reader has what it wanted
         return EXIT_OK
+    except (CheckpointError, RuntimeError, OSError, KeyError, ValueError) as exc:
+        return _report_error(args.command, ui, exc)
+
+
+def _report_error(command: str, ui: Ui, exc: Exception) -> int:
+    """One line on stderr (and the JSON error document in --json mode); EXIT_ERROR even when stdout is closed."""
+    message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    try:
+        ui.emit_json({"error": str(message), "kind": type(exc).__name__})
+        print(f"torch-checkpointing {command}: error: {shown(str(message))}", file=sys.stderr)
+    except BrokenPipeError:
+        _silence_stdout()
+    return EXIT_ERROR
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for the closed pipe would otherwise fail again when
+    the interpreter flushes it at exit ("Exception ignored ... BrokenPipeError")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a capture: nothing of ours flushes it at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

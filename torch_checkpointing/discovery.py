@@ -133,9 +133,21 @@ def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
     except RuntimeError as exc:
         if _FOREIGN_MANIFEST in str(exc):
             logger.debug("Skipping %s: %s", path, exc)
+        elif not _still_there(storage, path / MANIFEST_FILE_NAME):
+            logger.debug("Skipping %s: removed while it was read (a deletion in another process): %s", path, exc)
         else:
             logger.warning("Skipping %s, a damaged checkpoint: %s", path, exc)
     return None
+
+
+def _still_there(storage: Storage, path: Path) -> bool:
+    """Whether something (even a dangling link) is still at `path`: a checkpoint another process deleted
+    between our listing and our read is gone, not damaged."""
+    local = storage.local_path(path)
+    try:
+        return os.path.lexists(local) if local is not None else storage.exists(path)
+    except OSError:
+        return True  # cannot tell: the safe side is to report what was found
 
 
 def require_directory(storage: Storage, path: Path, what: str) -> None:
@@ -173,7 +185,10 @@ def _commit_time(storage: Storage, path: Path, manifest: Manifest) -> float | No
         )
         return None
     local = storage.local_path(path / MANIFEST_FILE_NAME)
-    return os.path.getmtime(local) if local is not None else None
+    try:
+        return os.path.getmtime(local) if local is not None else None
+    except FileNotFoundError:  # deleted since it was read
+        return None
 
 
 def checkpoint_info(path: str | os.PathLike[str], storage: Storage | None = None) -> CheckpointInfo | None:
@@ -371,8 +386,15 @@ def _marked(storage: Storage, path: Path) -> bool:
             return False
         names = set(entries)
         top = [n for n in (MANIFEST_FILE_NAME, INCOMPLETE_MARKER) if n in names]
-        return not entries or any(stat.S_ISREG(os.lstat(os.path.join(local, n)).st_mode) for n in top)
+        return not entries or any(_is_regular(os.path.join(local, n)) for n in top)
     return storage.exists(path / MANIFEST_FILE_NAME) or storage.exists(path / INCOMPLETE_MARKER)
+
+
+def _is_regular(local: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(local).st_mode)
+    except FileNotFoundError:  # removed since it was listed (a gc or a removal in another process)
+        return False
 
 
 def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:

@@ -337,7 +337,7 @@ def export_hf(
         staging = out.with_name(_staging_name(out.name, os.getpid(), uuid.uuid4().hex[:8]))
         staging.mkdir()
         try:
-            report = _write_export(source, shards, staging, dtype, f"{checkpoint}::{key}")
+            report = _write_export(source, shards, staging, dtype, f"{checkpoint}::{key} to {out}")
             source.wait_verified()
             _publish(staging, out, report, overwrite, Path(checkpoint))
         finally:
@@ -434,7 +434,14 @@ def _write_export(
         logger.info("Exported %s (%d tensors) of %s", name, len(shard), what)
     report.tensors = len(weight_map)
     index = {"metadata": {"total_size": report.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
-    (staging / INDEX_FILE_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    try:
+        (staging / INDEX_FILE_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:  # a disk full or a file-size limit: bare "[Errno 27] File too large" before
+        raise OSError(
+            exc.errno,
+            f"Could not write the export's {INDEX_FILE_NAME} of {what} ({exc.strerror}); nothing was "
+            f"exported: free space (or raise the file-size limit) and export again",
+        ) from exc
     report.files.append(INDEX_FILE_NAME)
     return report
 

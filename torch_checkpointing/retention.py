@@ -141,15 +141,21 @@ def delete_checkpoint(
     """Rename `path` to a trash name, then remove it. Returns False (and logs a WARNING) when it failed.
 
     With `expected`, the checkpoint is deleted only if it is still that one (same commit time): a save that
-    re-used the id and committed since the listing must not be deleted in its place.
+    re-used the id and committed since the listing must not be deleted in its place. One that another process
+    (a second retention pass, an operator's `prune`) deleted meanwhile is no failure: False, at INFO.
     """
     storage = storage or default_storage()
     src = Path(path)
     if expected is not None and not _still(storage, src, expected):
-        logger.info("Retention left %s alone: it was re-saved since it was listed", src)
+        logger.info("Retention left %s alone: it was re-saved or deleted since it was listed", src)
         return False
-    foreign = files_not_listed(storage, src)
+    try:
+        foreign = files_not_listed(storage, src)
+    except OSError as exc:
+        return _not_deleted(storage, src, f"its files could not be listed: {exc}")
     if foreign:  # what save() refuses to replace, retention refuses to delete
+        if _gone(storage, src):  # its manifest vanished with it: nothing there is foreign, nothing is left
+            return _not_deleted(storage, src, "")
         logger.warning(
             "Retention left checkpoint %s alone: it also holds files that are not part of it (%s%s); deleting it "
             "would delete them. Move them out, or delete the directory yourself.",
@@ -162,8 +168,7 @@ def delete_checkpoint(
     try:
         storage.rename(src, trash, is_directory=True)
     except OSError as exc:
-        logger.warning("Retention could not delete checkpoint %s (rename failed: %s); it is left as it was", src, exc)
-        return False
+        return _not_deleted(storage, src, f"rename failed: {exc}")
     if expected is not None and not _still(storage, trash, expected):
         # Lost a race with a commit that swapped a new checkpoint in between the check and the rename: put it back.
         try:
@@ -173,7 +178,25 @@ def delete_checkpoint(
             logger.warning("Retention moved a re-saved %s to %s and could not move it back (%s)", src, trash, exc)
         return False
     _sync_parent(storage, src)
-    return _remove(storage, trash, f"checkpoint {src}")
+    return _remove(storage, trash, f"checkpoint {src}") is not False  # it is no checkpoint any more either way
+
+
+def _gone(storage: Storage, path: Path) -> bool:
+    """Whether nothing is at `path` any more (not even a dangling link)."""
+    local = storage.local_path(path)
+    try:
+        return not os.path.lexists(local) if local is not None else not storage.exists(path)
+    except OSError:
+        return False
+
+
+def _not_deleted(storage: Storage, src: Path, why: str) -> bool:
+    """False, logged: at INFO when another process deleted `src` first (the goal is met), else at WARNING."""
+    if _gone(storage, src):
+        logger.info("Retention found %s already gone: another process deleted it meanwhile", src)
+    else:
+        logger.warning("Retention could not delete checkpoint %s (%s); it is left as it was", src, why)
+    return False
 
 
 def _still(storage: Storage, path: Path, expected: CheckpointInfo) -> bool:
@@ -186,12 +209,17 @@ def _sync_parent(storage: Storage, path: Path) -> None:
         storage.sync_directory(path.parent)
 
 
-def _remove(storage: Storage, path: Path, what: str) -> bool:
+def _remove(storage: Storage, path: Path, what: str) -> bool | None:
     """Remove a trash or leftover directory; a local store removes its manifest and marker last (see
-    `LocalFileSystemStorage.rmdir`), so a removal killed midway leaves a directory gc still recognises."""
+    `LocalFileSystemStorage.rmdir`), so a removal killed midway leaves a directory gc still recognises.
+
+    None when another process (a second gc) removed it first: not a failure, and not ours to count."""
     try:
         storage.rmdir(path)
     except OSError as exc:
+        if _gone(storage, path):
+            logger.info("%s at %s was removed by another process meanwhile", what, path)
+            return None
         logger.warning("Could not remove %s at %s (%s); `torch-checkpointing gc` will retry", what, path, exc)
         return False
     logger.info("Deleted %s (%s)", what, path)
@@ -263,7 +291,10 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
             return f"the only copy of {target} (no committed checkpoint replaced it)"
     if leftover.owner_alive is None:
         local = storage.local_path(Path(leftover.path))
-        age = now - os.path.getmtime(local) if local is not None else 0.0
+        try:
+            age = now - os.path.getmtime(local) if local is not None else 0.0
+        except FileNotFoundError:
+            return "removed by another process while gc looked at it"
         if age < unowned_after_s:
             return f"owner unknown on this host and only {age:.0f}s old (< {unowned_after_s:.0f}s)"
     return None
@@ -293,10 +324,14 @@ def _restorable(leftover: Leftover, root: Path, storage: Storage) -> str | None:
     return None if taken else leftover.checkpoint_name
 
 
-def _restore(storage: Storage, leftover: Leftover, target: Path) -> bool:
+def _restore(storage: Storage, leftover: Leftover, target: Path) -> bool | None:
+    """True once moved back; None when another gc moved it back (or away) first; False, warned, otherwise."""
     try:
         storage.rename(Path(leftover.path), target, is_directory=True)
     except OSError as exc:
+        if _gone(storage, Path(leftover.path)):
+            logger.info("gc found %s already moved by another process (to %s, or away)", leftover.path, target)
+            return None
         logger.warning("gc could not move %s back to %s (%s); rename it by hand", leftover.path, target, exc)
         return False
     _sync_parent(storage, target)
@@ -333,23 +368,27 @@ def collect_garbage(
     for leftover in list_leftovers(base, storage):
         restore_to = _restorable(leftover, base, storage)
         if restore_to is not None:
-            if dry_run or _restore(storage, leftover, base / restore_to):
+            done = True if dry_run else _restore(storage, leftover, base / restore_to)
+            if done:
                 verb = "to be moved back" if dry_run else "moved back"
                 report.kept.append((leftover, f"the only copy of {restore_to}, {verb} under its id"))
-            else:
+            elif done is False:
                 report.failed.append(leftover)
             continue
         why = _why_keep(leftover, base, storage, unowned_after_s, now)
         if why is not None:
             report.kept.append((leftover, why))
-        elif dry_run or _collect(storage, leftover):
+            continue
+        removed = True if dry_run else _collect(storage, leftover)
+        if removed:
             report.removed.append(leftover)
-        else:
+        elif removed is False:
             report.failed.append(leftover)
     return report
 
 
-def _collect(storage: Storage, leftover: Leftover) -> bool:
+def _collect(storage: Storage, leftover: Leftover) -> bool | None:
+    """True once removed; None when another process (a second gc) removed it first; False, warned, otherwise."""
     path = Path(leftover.path)
     if leftover.kind == "trash":
         return _remove(storage, path, f"trash of {leftover.checkpoint_name}")
@@ -357,6 +396,9 @@ def _collect(storage: Storage, leftover: Leftover) -> bool:
     try:
         storage.rename(path, trash, is_directory=True)
     except OSError as exc:
+        if _gone(storage, path):
+            logger.info("gc found %s already removed by another process", path)
+            return None
         logger.warning("gc could not move %s aside (%s); left as it was", path, exc)
         return False
     return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")

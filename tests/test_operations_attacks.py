@@ -1,0 +1,365 @@
+"""The operations layer (listing, retention, the CLI, HF export) attacked with real processes, pipes, terminals,
+concurrent deletions and file-size limits.
+
+Each test failed before its fix: `| head -1` printed a BrokenPipeError traceback (and an `--json` error
+document into the closed pipe); two retention runs on one root crashed one of them with a bare
+FileNotFoundError and warned "could not delete" for checkpoints the other had deleted; a listing that met a
+checkpoint deleted meanwhile warned it was damaged; a checkpoint named with `[bold]` or an escape sequence was
+rendered as markup or sent raw to the terminal; an export whose index did not fit the disk said only
+"[Errno 27] File too large".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pty
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager, list_checkpoints
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.retention import RetentionPolicy, apply_retention, collect_garbage, delete_checkpoint
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
+
+REPO = Path(__file__).resolve().parents[1]
+SUBPROCESS_TIMEOUT_S = 300  # a loaded 2-core machine takes ~15 s to import torch; a hang never ends
+
+
+def _save_one(root: Path, state: Any = None) -> Path:
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(str(root / "step_1"), state or {"model": {"w": torch.ones(4)}}, step=1, metrics={"loss": 1.0})
+    return root / "step_1"
+
+
+def _copy_as(src: Path, dst: Path, step: int) -> None:
+    """A copy of a committed checkpoint under another name and step (what a long run leaves, made fast)."""
+    shutil.copytree(src, dst)
+    doc = json.loads((dst / "manifest.json").read_text())
+    doc["step"] = step
+    (dst / "manifest.json").write_text(json.dumps(doc))
+
+
+def _wide_root(tmp_path: Path, count: int) -> Path:
+    root = tmp_path / "run"
+    first = _save_one(root)
+    for step in range(2, count + 1):
+        _copy_as(first, root / f"step_{step}", step)
+    return root
+
+
+def _cli_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch_checkpointing", *args]
+
+
+# ------------------------------------------------------------------------------------------------ closed pipes
+
+
+@pytest.mark.parametrize("json_mode", [True, False])
+def test_output_into_a_closed_pipe_prints_no_traceback(tmp_path: Path, json_mode: bool) -> None:
+    """`torch-checkpointing ls ROOT | head -1`: the reader goes away after one line. BrokenPipeError is an
+    OSError, so the generic error branch caught it first: it printed "error: [Errno 32] Broken pipe", exit 2,
+    and in --json mode wrote an error document into the same closed pipe (a second traceback)."""
+    root = _wide_root(tmp_path, 1200)  # far more output, plain too, than a pipe buffers (64 KiB)
+    argv = ["--json", "ls", str(root)] if json_mode else ["ls", str(root)]
+    proc = subprocess.Popen(_cli_cmd(*argv), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does once it has its line
+    err = proc.stderr.read().decode()
+    code = proc.wait(SUBPROCESS_TIMEOUT_S)
+    assert first.strip(), err
+    assert "Traceback" not in err and "Broken pipe" not in err and "Exception ignored" not in err, err
+    assert code == 0, err
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The closed-pipe exit must not swallow a store's own EPIPE (a connection the peer closed mid-transfer): that
+    is a failed command, exit 2 with its message, while stdout is still open."""
+    from torch_checkpointing import cli
+
+    def cmd_gc_on_a_closed_connection(args: Any, ui: Any, storage: Any) -> int:
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            os.write(writer, b"x")  # EPIPE, as a socket whose peer hung up gives it
+        finally:
+            os.close(writer)
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_gc", cmd_gc_on_a_closed_connection)
+    assert cli.main(["gc", str(tmp_path)]) == 2
+    assert "error: [Errno 32] Broken pipe" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ concurrent retention
+
+PRUNE_CHILD = """
+import json, logging, sys
+from torch_checkpointing.retention import RetentionPolicy, apply_retention
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append([record.levelname, record.getMessage()])
+logging.getLogger("torch_checkpointing").addHandler(Keep())
+logging.getLogger("torch_checkpointing").setLevel(logging.INFO)
+sys.stdin.readline()  # start together
+deleted = apply_retention(sys.argv[1], RetentionPolicy(keep_last=1))
+print(json.dumps({"deleted": [c.name for c in deleted], "records": records}), flush=True)
+"""
+
+
+def test_two_retention_runs_on_one_root_both_finish_and_delete_each_checkpoint_once(tmp_path: Path) -> None:
+    """Two processes prune the same root at once (a training run's retention and an operator's `prune`).
+
+    Before: the loser of a race on one checkpoint crashed the whole pass with a bare FileNotFoundError from
+    inside the foreign-file check (the rest of its policy and its gc never ran), or logged "could not delete
+    ... it is left as it was" at WARNING for a checkpoint the other process had just deleted."""
+    root = _wide_root(tmp_path, 300)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PRUNE_CHILD, str(root)],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    time.sleep(3.0)  # both have imported torch and wait on stdin
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = [p.communicate(timeout=SUBPROCESS_TIMEOUT_S) for p in procs]
+    for p, (out, err) in zip(procs, results, strict=True):
+        assert p.returncode == 0 and out.strip(), err[-3000:]
+    docs = [json.loads(out.strip().splitlines()[-1]) for out, _ in results]
+    warnings = [m for d in docs for level, m in d["records"] if level != "INFO" and level != "DEBUG"]
+    assert warnings == [], warnings[:5]
+    deleted = [name for d in docs for name in d["deleted"]]
+    assert sorted(deleted) == sorted(f"step_{s}" for s in range(1, 300)), "each deleted once, by one of them"
+    assert [c.name for c in list_checkpoints(root)] == ["step_300"]
+    assert sorted(os.listdir(root)) == ["step_300"]
+
+
+class _VanishingStorage(LocalFileSystemStorage):
+    """The local store, except that another process (here: this one, with a real rmtree) removes `victim` just
+    after the `nth` time the code under test asks `on` about `trigger` (a path inside it, or itself) and has
+    been answered: the window between a check and the use of its answer, held open."""
+
+    def __init__(self, victim: Path, on: str, trigger: str = "", nth: int = 1) -> None:
+        super().__init__(LocalFileSystemStorageConfig(use_direct_io=False))
+        self.victim, self.on, self.trigger, self.left = victim, on, victim / trigger, nth
+
+    @property
+    def fired(self) -> bool:
+        return self.left <= 0
+
+    def _strike(self, path: Path, op: str) -> None:
+        if self.left > 0 and op == self.on and Path(path) == self.trigger:
+            self.left -= 1
+            if self.left == 0:
+                shutil.rmtree(self.victim)
+
+    def isdir(self, path: Path) -> bool:
+        answer = super().isdir(path)
+        self._strike(path, "isdir")
+        return answer
+
+    def exists(self, path: Path) -> bool:
+        answer = super().exists(path)
+        self._strike(path, "exists")
+        return answer
+
+    def ls(self, path: Path) -> list[str]:
+        answer = super().ls(path)
+        self._strike(path, "ls")
+        return answer
+
+    def rename(self, src_path: Path, dst_path: Path, *args: Any, **kwargs: Any) -> None:
+        self._strike(src_path, "rename")  # before: the other process got there first
+        super().rename(src_path, dst_path, *args, **kwargs)
+
+    def rmdir(self, path: Path) -> None:
+        self._strike(path, "rmdir")  # before: the other process got there first
+        super().rmdir(path)
+
+
+@pytest.mark.parametrize("window", ["ls", "rename"])
+def test_deleting_a_checkpoint_another_process_just_deleted_is_not_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, window: str
+) -> None:
+    """The checkpoint is still there when it is checked against its listing, gone once its files were listed
+    (its manifest then unreadable: every file looked foreign, "holds files that are not part of it") or just
+    before its rename ("could not delete ... left as it was"): the deletion's goal is met by the other
+    process; it must return False with an INFO saying so, never warn or raise."""
+    root = _wide_root(tmp_path, 2)
+    (info,) = [c for c in list_checkpoints(root) if c.name == "step_1"]
+    storage = _VanishingStorage(root / "step_1", on=window)
+    with caplog.at_level(logging.INFO, logger="torch_checkpointing"):
+        assert delete_checkpoint(info.path, storage, expected=info) is False
+    assert storage.fired
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("another process" in r.getMessage() and "step_1" in r.getMessage() for r in caplog.records)
+    assert sorted(os.listdir(root)) == ["step_2"]
+
+
+def test_a_checkpoint_deleted_while_a_root_is_listed_is_not_called_damaged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`ls`/`latest_checkpoint` met a checkpoint that retention removed between seeing its manifest and reading
+    it, and warned "Skipping ..., a damaged checkpoint: Cannot open ... No such file": an alarm about a
+    checkpoint that is simply gone. Retention on the same root sees the same."""
+    root = _wide_root(tmp_path, 3)
+    # read_manifest confirms the manifest is there (the listing's second look), then opens it: removed between.
+    storage = _VanishingStorage(root / "step_2", on="exists", trigger="manifest.json", nth=2)
+    with caplog.at_level(logging.DEBUG, logger="torch_checkpointing"):
+        found = list_checkpoints(root, storage)
+    assert storage.fired
+    assert [c.name for c in found] == ["step_1", "step_3"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    storage = _VanishingStorage(root / "step_1", on="exists", trigger="manifest.json", nth=2)
+    with caplog.at_level(logging.DEBUG, logger="torch_checkpointing"):
+        caplog.clear()
+        assert apply_retention(root, RetentionPolicy(keep_last=1), storage) == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert sorted(os.listdir(root)) == ["step_3"]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(60)
+    return proc.pid
+
+
+@pytest.mark.parametrize("kind", ["temporary", "trash", "replaced"])
+def test_gc_of_a_leftover_another_gc_removed_first_is_no_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """Two `gc` runs on one root: the one that lost the race on a dead save's temporary ("could not move ...
+    aside"), a dead deletion's trash ("Could not remove") or a killed replace's copy ("could not move ... back,
+    rename it by hand") warned and reported it FAILED (exit 1), though the other one had done the job."""
+    root = _wide_root(tmp_path, 1)
+    pid = _dead_pid()
+    name = {
+        "temporary": ".step_2.tmp-0badc0de-7",  # no owner lock on this host: collected with --older-than 0
+        "trash": f".step_2.trash-{pid}-0abc1234",
+        "replaced": f".old_step_2_{pid}",  # nothing at step_2: gc moves it back
+    }[kind]
+    shutil.copytree(root / "step_1", root / name)
+    window = "rmdir" if kind == "trash" else "rename"
+    storage = _VanishingStorage(root / name, on=window)
+    with caplog.at_level(logging.INFO, logger="torch_checkpointing"):
+        report = collect_garbage(root, storage, unowned_after_s=0.0)
+    assert storage.fired
+    assert report.failed == [] and report.removed == [], report
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("another process" in r.getMessage() for r in caplog.records)
+    assert sorted(os.listdir(root)) == ["step_1"]
+
+
+# ------------------------------------------------------------------------------------------------ terminals
+
+
+def _on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """Run the CLI with its stdout on a real pseudo-terminal (so `rich` draws, when installed)."""
+    master, slave = pty.openpty()
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen(_cli_cmd(*args), cwd=REPO, stdout=slave, stderr=subprocess.PIPE, env=env)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode()
+    return proc.wait(SUBPROCESS_TIMEOUT_S), b"".join(chunks).decode(errors="replace"), err
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_checkpoint_names_are_shown_as_names_never_as_markup_or_terminal_codes(tmp_path: Path, terminal: bool) -> None:
+    """A directory name is data from whoever can write into the root. On a terminal `rich` read `[bold red]x`
+    as markup (the name shown as a red `x`, `step_1[x]` as `step_1`), and an escape sequence in a name (here:
+    clear the screen) reached the terminal raw, in plain output too; a newline in a name forged a table row."""
+    root = tmp_path / "run"
+    first = _save_one(root)
+    names = ["[bold red]step_2", "step_3[x]", "step_4\x1b[2J", "step_5\n  step_99  99  forged"]
+    for step, name in enumerate(names, start=2):
+        _copy_as(first, root / name, step)
+    if terminal:
+        pytest.importorskip("rich")
+        code, out, err = _on_a_terminal("ls", str(root))
+    else:
+        proc = subprocess.run(
+            _cli_cmd("ls", str(root)), cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+        )
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    assert code == 0, err
+    assert "\x1b[2J" not in out and "step_4\\x1b[2J" in out
+    assert "[bold red]step_2" in out and "step_3[x]" in out
+    assert "step_5\\n  step_99" in out
+    rows = [line for line in out.splitlines() if "step_" in line]
+    assert len(rows) == 1 + len(names), out  # one row per checkpoint: nothing forged
+
+
+# ------------------------------------------------------------------------------------------------ export
+
+
+def _limit_file_size(limit: int) -> Any:
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_an_export_whose_index_does_not_fit_names_it_and_leaves_nothing(tmp_path: Path) -> None:
+    """Every shard fits under RLIMIT_FSIZE, the index (many long names) does not: the error said only
+    "[Errno 27] File too large", naming neither the file nor that nothing was exported."""
+    state = {"model": {("n" * 120) + str(i): torch.zeros(1) for i in range(6)}}
+    ckpt = _save_one(tmp_path / "run", state)
+    out = tmp_path / "hf"
+    (out / "config.json").parent.mkdir()
+    (out / "config.json").write_text("{}")  # the user's own file beside the export
+    argv = _cli_cmd("export", str(ckpt), "--item", "model", "--to", "hf", str(out), "--max-shard-size", "1")
+    proc = subprocess.run(
+        argv,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        preexec_fn=_limit_file_size(600),
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "model.safetensors.index.json" in lines[0] and "nothing was exported" in lines[0], lines[0]
+    assert sorted(os.listdir(out)) == ["config.json"]
+    assert not [p for p in tmp_path.iterdir() if ".export-tmp-" in p.name]
