@@ -363,3 +363,67 @@ def test_an_export_whose_index_does_not_fit_names_it_and_leaves_nothing(tmp_path
     assert "model.safetensors.index.json" in lines[0] and "nothing was exported" in lines[0], lines[0]
     assert sorted(os.listdir(out)) == ["config.json"]
     assert not [p for p in tmp_path.iterdir() if ".export-tmp-" in p.name]
+
+
+SLOW_EXPORT_CHILD = """
+import sys
+from torch_checkpointing.hf import export_hf
+report = export_hf(sys.argv[1], "model", sys.argv[2], max_shard_size="1MB")
+print("EXPORTED", len(report.files), flush=True)
+"""
+
+OTHER_NAMESPACE_EXPORT = """
+import sys
+from torch_checkpointing.hf import export_hf
+export_hf(sys.argv[1], "model", sys.argv[2])
+print("EXPORTED", flush=True)
+"""
+
+
+def _staging_with_a_shard(parent: Path, deadline: float) -> Path:
+    while time.monotonic() < deadline:
+        for p in parent.iterdir():
+            if ".export-tmp-" in p.name and any(p.iterdir()):
+                return p
+        time.sleep(0.005)
+    raise AssertionError(f"no export staging appeared under {parent}")
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
+def test_an_export_in_another_pid_namespace_never_removes_a_live_exports_staging(tmp_path: Path) -> None:
+    """Two containers (pid namespaces) exporting beside each other on a shared volume: each export removes the
+    hidden stagings of exports whose pid is gone, and a pid of another namespace (or host) is always "gone"
+    there: the second export deleted the first one's staging while it ran, and the first export then failed.
+
+    The first export is stopped (SIGSTOP) once its staging holds a shard; the second runs in a new pid
+    namespace beside it; the first, continued, must finish intact."""
+    many = {"model": {f"w{i}": torch.full((1 << 18,), float(i)) for i in range(24)}}  # 24 x 1 MiB: 24 shards
+    ckpt = _save_one(tmp_path / "run", many)
+    small = _save_one(tmp_path / "small")
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    first = subprocess.Popen(
+        [sys.executable, "-c", SLOW_EXPORT_CHILD, str(ckpt), str(exports / "a")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        staging = _staging_with_a_shard(exports, time.monotonic() + SUBPROCESS_TIMEOUT_S)
+        os.kill(first.pid, signal.SIGSTOP)
+        other = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", OTHER_NAMESPACE_EXPORT]
+            + [str(small), str(exports / "b")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )
+        assert "EXPORTED" in other.stdout, other.stderr[-3000:]
+        assert staging.exists(), "the live export's staging was removed by an export in another pid namespace"
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    out, err = first.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert first.returncode == 0 and "EXPORTED 25" in out, err[-3000:]
+    assert sorted(p.name for p in exports.iterdir()) == ["a", "b"]

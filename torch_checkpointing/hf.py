@@ -19,8 +19,11 @@ import logging
 import os
 import re
 import shutil
+import socket
 import stat
+import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +49,7 @@ from torch_checkpointing.read_context import (
     checked_relative_path,
     parse_json_bounded,
 )
+from torch_checkpointing.retention import DEFAULT_UNOWNED_AGE_S
 from torch_checkpointing.safetensors_tree import stores_dtype
 from torch_checkpointing.source_reader import (
     FlatTensors,
@@ -359,12 +363,40 @@ def _refuse_unstorable(plans: list[_TensorPlan], dtype: torch.dtype | None, what
 
 
 _EXPORT_FILE_RE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
-_STAGING_RE = re.compile(r"^\..+\.export-tmp-(?P<pid>\d+)-[0-9a-f]+$")
+# `{pid}-{where}{nonce}`: `where` (8 hex digits) names the host and pid namespace the pid belongs to; names
+# written before it was recorded have the 8-digit nonce alone.
+_STAGING_RE = re.compile(r"^\..+\.export-tmp-(?P<pid>\d+)-(?P<mark>[0-9a-f]+)$")
+# A staging of another host or pid namespace (whose pid cannot be checked here) is removed once this old.
+_FOREIGN_STAGING_AGE_S = DEFAULT_UNOWNED_AGE_S
 
 
 def _staging_name(name: str, pid: int, nonce: str) -> str:
     """The hidden sibling an export of `name` is written into (cut to fit NAME_MAX, as the engine's own are)."""
-    return fit_name(".", name, f".export-tmp-{pid}-{nonce}")
+    return fit_name(".", name, f".export-tmp-{pid}-{_where()}{nonce}")
+
+
+def _where() -> str:
+    """This host and pid namespace, as 8 hex digits: a pid is only meaningful there. Two containers that
+    share a volume (or two hosts sharing a file system) each see the other's exporting pid as gone."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{zlib.crc32(f'{socket.gethostname()}:{namespace}'.encode()):08x}"
+
+
+def _staging_dead(path: Path, match: re.Match[str]) -> bool:
+    """Whether the export writing `path` has certainly ended: its pid is gone and was one of this host and pid
+    namespace; a staging of another (or of an older version, which did not say) only once it is a day old."""
+    where = match["mark"][:8] if len(match["mark"]) == 16 else None
+    if where == _where():
+        return not pid_alive(int(match["pid"]))
+    if where is None and not pid_alive(int(match["pid"])):
+        return True  # an older version's name: judged as before, by the pid alone
+    try:
+        return time.time() - path.stat().st_mtime > _FOREIGN_STAGING_AGE_S
+    except FileNotFoundError:
+        return False  # removed meanwhile
 
 
 def _remove_dead_stagings(parent: Path) -> None:
@@ -373,7 +405,7 @@ def _remove_dead_stagings(parent: Path) -> None:
     for name in sorted(os.listdir(parent)):
         match = _STAGING_RE.match(name)
         path = parent / name
-        if match is None or path.is_symlink() or not path.is_dir() or pid_alive(int(match["pid"])):
+        if match is None or path.is_symlink() or not path.is_dir() or not _staging_dead(path, match):
             continue
         foreign = [n for n in os.listdir(path) if not (n == INDEX_FILE_NAME or _EXPORT_FILE_RE.match(n))]
         if foreign:
