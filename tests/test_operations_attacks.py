@@ -372,6 +372,7 @@ report = export_hf(sys.argv[1], "model", sys.argv[2], max_shard_size="1MB")
 print("EXPORTED", len(report.files), flush=True)
 """
 
+_IN_A_NEW_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc"]
 OTHER_NAMESPACE_EXPORT = """
 import sys
 from torch_checkpointing.hf import export_hf
@@ -413,8 +414,7 @@ def test_an_export_in_another_pid_namespace_never_removes_a_live_exports_staging
         staging = _staging_with_a_shard(exports, time.monotonic() + SUBPROCESS_TIMEOUT_S)
         os.kill(first.pid, signal.SIGSTOP)
         other = subprocess.run(
-            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", OTHER_NAMESPACE_EXPORT]
-            + [str(small), str(exports / "b")],
+            [*_IN_A_NEW_PID_NAMESPACE, sys.executable, "-c", OTHER_NAMESPACE_EXPORT, str(small), str(exports / "b")],
             cwd=REPO,
             capture_output=True,
             text=True,
