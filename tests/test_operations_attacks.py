@@ -311,6 +311,7 @@ def test_checkpoint_names_are_shown_as_names_never_as_markup_or_terminal_codes(t
     root = tmp_path / "run"
     first = _save_one(root)
     names = ["[bold red]step_2", "step_3[x]", "step_4\x1b[2J", "step_5\n  step_99  99  forged"]
+    names.append(os.fsdecode(b"step_6\xff"))  # not UTF-8: shown as the byte it is
     for step, name in enumerate(names, start=2):
         _copy_as(first, root / name, step)
     if terminal:
@@ -324,7 +325,7 @@ def test_checkpoint_names_are_shown_as_names_never_as_markup_or_terminal_codes(t
     assert code == 0, err
     assert "\x1b[2J" not in out and "step_4\\x1b[2J" in out
     assert "[bold red]step_2" in out and "step_3[x]" in out
-    assert "step_5\\n  step_99" in out
+    assert "step_5\\n  step_99" in out and "step_6\\xff" in out
     rows = [line for line in out.splitlines() if "step_" in line]
     assert len(rows) == 1 + len(names), out  # one row per checkpoint: nothing forged
 

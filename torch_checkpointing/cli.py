@@ -80,12 +80,18 @@ def _metrics(m: Mapping[str, float] | None) -> str:
 
 
 def shown(text: str) -> str:
-    """`text` with every non-printable character escaped (`\\n`, `\\x1b`): names and messages come from
-    whoever can write into a root, and a newline would forge a table row, an escape sequence drive the
-    terminal."""
+    """`text` with every non-printable character escaped (`\\n`, `\\x1b`; a byte of a name that is not
+    UTF-8 as `\\xff`): names and messages come from whoever can write into a root, and a newline would forge a
+    table row, an escape sequence drive the terminal."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    if "\udc80" <= c <= "\udcff":  # os.fsdecode's stand-in for an undecodable byte
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    return repr(c)[1:-1]
 
 
 class Ui:
