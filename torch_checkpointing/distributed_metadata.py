@@ -283,10 +283,12 @@ class DistributedItemMetadata:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistributedItemMetadata:
-        paths = {
-            nested_path_from_json(p): [GlobalObjectMetadata.from_dict(g) for g in groups]
-            for p, groups in d["nested_path_to_metadata"].items()
-        }
+        paths: dict[NestedPath, list[GlobalObjectMetadata]] = {}
+        for p, groups in d["nested_path_to_metadata"].items():
+            try:
+                paths[nested_path_from_json(p)] = [GlobalObjectMetadata.from_dict(g) for g in groups]
+            except ValueError as exc:  # a bad value: say where it is (a missing field names itself)
+                raise ValueError(f"path {p}: {exc}") from None
         layouts = {
             _rank(r): (None if lay is None else layout_from_untrusted_dict(lay, f"rank_to_layout_info.{r}"))
             for r, lay in d["rank_to_layout_info"].items()
@@ -347,7 +349,11 @@ class DistributedMetadata:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= _MAX_WORLD_SIZE:
             raise ValueError(f"field 'world_size' must be an int in [1, {_MAX_WORLD_SIZE}], got {world_size!r}")
         with _decode_budget():
-            items = {k: DistributedItemMetadata.from_dict(v) for k, v in d["metadata"].items()}
+            items = {k: _item_from_dict(k, v) for k, v in d["metadata"].items()}
+        checked: dict[tuple[int, int], None] = {}
+        for key, item in items.items():
+            for path, groups in item.nested_path_to_metadata.items():
+                _check_groups(f"item {key!r} path {nested_path_to_json(path)}", groups, world_size, checked)
         return cls(items, world_size, version)
 
     def to_json(self) -> str:
@@ -357,6 +363,44 @@ class DistributedMetadata:
     @classmethod
     def from_json(cls, text: str | bytes) -> DistributedMetadata:
         return cls.from_dict(json.loads(text))
+
+
+def _item_from_dict(key: str, d: dict[str, Any]) -> DistributedItemMetadata:
+    try:
+        return DistributedItemMetadata.from_dict(d)
+    except ValueError as exc:
+        raise ValueError(f"item {key!r} {exc}") from None
+
+
+def _check_groups(
+    where: str, groups: list[GlobalObjectMetadata], world_size: int, checked: dict[tuple[int, int], None]
+) -> None:
+    """One path's groups name only ranks the save had, each rank in one group, each inside its own mesh.
+
+    A rank outside the world has no file (a planner would read one that is not there); a rank in two groups
+    has two layouts; a rank outside its mesh holds no block of it. `checked` skips (rank list, mesh) pairs
+    already checked: parsed runs and meshes are shared objects, so a model's tensors repeat a few pairs.
+    """
+    if len(groups) > 1:
+        owners: dict[int, int] = {}
+        for index, group in enumerate(groups):
+            for rank in group.ranks:
+                if owners.setdefault(rank, index) != index:
+                    raise ValueError(f"{where}: rank {rank} is listed in two groups of different layouts")
+    for group in groups:
+        mesh = group.sharding_metadata.equivalent_ranks
+        key = (id(group.ranks), id(mesh))
+        if key in checked:
+            continue
+        for ranks, what in ((group.ranks, "rank list"), (mesh or (), "mesh")):
+            if ranks and max(ranks) >= world_size:
+                raise ValueError(
+                    f"{where}: its {what} names rank {max(ranks)}, but the save had world_size {world_size}"
+                )
+        if mesh is not None and not set(group.ranks) <= set(mesh):
+            outside = sorted(set(group.ranks) - set(mesh))[:5]
+            raise ValueError(f"{where}: ranks {outside} are listed for a layout whose mesh does not hold them")
+        checked[key] = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ serialises to JSON (metadata.json) the same way on every rank.
 from __future__ import annotations
 
 import functools
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -61,7 +62,7 @@ class ShardSpec(PlacementSpec):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardSpec:
-        return cls(int(d["dim"]))
+        return cls(_count(d["dim"], "placement field 'dim'"))
 
     def __str__(self) -> str:
         return f"Shard({self.dim})"
@@ -98,7 +99,10 @@ class StridedShardSpec(PlacementSpec):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StridedShardSpec:
-        return cls(int(d["dim"]), int(d["split_factor"]))
+        split = _count(d["split_factor"], "placement field 'split_factor'")
+        if split < 1:
+            raise ValueError(f"placement field 'split_factor' is {split}; a split factor is at least 1")
+        return cls(_count(d["dim"], "placement field 'dim'"), split)
 
     def __str__(self) -> str:
         return f"StridedShard({self.dim}, {self.split_factor})"
@@ -109,6 +113,26 @@ _PLACEMENTS: dict[str, type[PlacementSpec]] = {
     "Replicate": ReplicateSpec,
     "StridedShard": StridedShardSpec,
 }
+
+
+# A tensor of more elements than this cannot exist (torch indexes elements with int64).
+_MAX_NUMEL = (1 << 63) - 1
+# torch's split factor counts the shards later mesh dimensions make, so it is at most a world size; the
+# planner's work per strided dimension is min(split factor, dimension size).
+_MAX_SPLIT_FACTOR = 1 << 20
+
+
+def _count(value: Any, what: str) -> int:
+    """A non-negative JSON int: a float, bool or string in a field the planner computes with is damage."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_NUMEL:
+        raise ValueError(f"{what} must be an int in [0, 2**63), got {value!r}")
+    return value
+
+
+def _counts(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"{what} must be a list of ints, got {type(value).__name__}")
+    return tuple(_count(n, what) for n in value)
 
 
 def placement_spec_from_dict(d: dict[str, Any]) -> PlacementSpec:
@@ -207,13 +231,20 @@ class DeviceMeshSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DeviceMeshSpec:
-        """Reads both `to_dict` (an explicit rank list) and `to_compact_dict` (runs)."""
-        names = d.get("mesh_dim_names")
+        """Reads both `to_dict` (an explicit rank list) and `to_compact_dict` (runs), checking what the planner
+        divides by and indexes with: a mesh dimension of size 0 or less has no chunks to plan."""
+        device_type, names = d["device_type"], d.get("mesh_dim_names")
+        if not isinstance(device_type, str):
+            raise ValueError(f"mesh field 'device_type' must be a string, got {device_type!r}")
+        shape = _counts(d["mesh_shape"], "mesh field 'mesh_shape'")
+        if not shape or min(shape) < 1:
+            raise ValueError(f"mesh field 'mesh_shape' {list(shape)} must list one or more sizes of at least 1")
+        if names is not None and (
+            not isinstance(names, list) or len(names) != len(shape) or not all(isinstance(n, str) for n in names)
+        ):
+            raise ValueError(f"mesh field 'mesh_dim_names' must be null or {len(shape)} strings, got {names!r}")
         return get_device_mesh_spec(
-            d["device_type"],
-            tuple(int(n) for n in d["mesh_shape"]),
-            decode_rank_list(d["mesh_data"], "mesh_data"),
-            None if names is None else tuple(names),
+            device_type, shape, decode_rank_list(d["mesh_data"], "mesh_data"), None if names is None else tuple(names)
         )
 
 
@@ -310,13 +341,23 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DTensorShardingMetadata:
-        return cls(
-            tuple(int(n) for n in d["global_shape"]),
-            str(d["dtype"]),
-            tuple(int(n) for n in d["stride"]),
-            DeviceMeshSpec.from_dict(d["mesh_spec"]),
-            tuple(placement_spec_from_dict(p) for p in d["placements"]),
-        )
+        """Read from untrusted JSON: every number the planner computes with is checked here (a bad one is a
+        ValueError naming the field), so planning a load is arithmetic on sane values, in bounded time."""
+        shape = _counts(d["global_shape"], "field 'global_shape'")
+        if math.prod(shape) > _MAX_NUMEL:
+            raise ValueError(f"field 'global_shape' {list(shape)} holds more than 2**63 elements")
+        stride = _counts(d["stride"], "field 'stride'")
+        if len(stride) != len(shape):
+            raise ValueError(f"field 'stride' {list(stride)} has {len(stride)} entries for a {len(shape)}-D tensor")
+        dtype = d["dtype"]
+        if not isinstance(dtype, str) or dtype_from_name(dtype) is None:
+            raise ValueError(f"field 'dtype' {dtype!r} names no torch dtype")
+        mesh = DeviceMeshSpec.from_dict(d["mesh_spec"])
+        placements = tuple(placement_spec_from_dict(p) for p in d["placements"])
+        for p in placements:
+            if isinstance(p, StridedShardSpec) and p.split_factor > _MAX_SPLIT_FACTOR:
+                raise ValueError(f"placement field 'split_factor' {p.split_factor} exceeds {_MAX_SPLIT_FACTOR}")
+        return cls(shape, dtype, stride, mesh, placements)
 
     @property
     def equivalent_ranks(self) -> tuple[int, ...] | None:

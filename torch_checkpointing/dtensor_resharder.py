@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata
+from torch_checkpointing.codecs import dtype_from_name
+from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME, DistributedItemMetadata, ShardingMetadata
 from torch_checkpointing.dtensor_metadata import (
     DTensorShardingMetadata,
     ReplicateSpec,
@@ -93,9 +94,17 @@ def _chunk(segments: _Segments, num_chunks: int, index: int) -> _Segments:
 def _strided_chunk(segments: _Segments, split_factor: int, num_chunks: int, index: int) -> _Segments:
     """_StridedShard: chunk into split_factor pieces, then take chunk `index` of each piece."""
     out: _Segments = []
-    for j in range(split_factor):
+    for j in range(_nonempty_pieces(sum(n for _, n in segments), split_factor)):
         out.extend(_chunk(_chunk(segments, split_factor, j), num_chunks, index))
     return out
+
+
+def _nonempty_pieces(total: int, split_factor: int) -> int:
+    """How many of torch.chunk's `split_factor` pieces of `total` elements hold any: the later ones are empty,
+    so a split factor far above the dimension's size costs no more than the size."""
+    if total == 0:
+        return 0
+    return min(split_factor, -(-total // -(-total // split_factor)))
 
 
 def _to_runs(segments: _Segments) -> list[Run]:
@@ -212,6 +221,21 @@ def _numel(runs: tuple[list[Run], ...]) -> int:
     return n
 
 
+def _check_groups_agree(nested_path: NestedPath, groups: list[Any]) -> None:
+    """The ranks of one tensor may lay it out differently, but all save the same global tensor: groups that
+    disagree on its global shape or dtype are damaged metadata, not a model that changed since the save."""
+    first: DTensorShardingMetadata = groups[0].sharding_metadata
+    for group in groups[1:]:
+        md: DTensorShardingMetadata = group.sharding_metadata
+        if (tuple(md.global_shape), md.dtype) != (tuple(first.global_shape), first.dtype):
+            where, a, b = dotted_key(nested_path) or "<item>", list(groups[0].ranks[:3]), list(group.ranks[:3])
+            raise CorruptCheckpointError(
+                f"the sharding metadata of {where} gives ranks {a} a {first.dtype} tensor of global shape "
+                f"{tuple(first.global_shape)} and ranks {b} a {md.dtype} one of global shape "
+                f"{tuple(md.global_shape)}; one tensor has one global shape and dtype: the metadata is damaged."
+            )
+
+
 def _brute_force_plans(
     nested_path: NestedPath,
     target: DTensorShardingMetadata,
@@ -242,8 +266,40 @@ def _brute_force_plans(
         if stats is not None and block:
             stats.sources += 1
         plans.extend(block)
+    clash = _first_overlap(plans)
+    if clash is not None:
+        a, b = clash
+        raise CorruptCheckpointError(
+            f"the sharding metadata of {fqn or '<item>'} has source ranks {a.src_rank} and {b.src_rank} holding "
+            f"overlapping, unequal blocks (at target offsets {a.offsets} and {b.offsets}): no save lays a tensor "
+            f"out so; the metadata is damaged."
+        )
     covered = sum(p.numel for p in plans)
     return plans if covered == target_numel else None
+
+
+def _first_overlap(plans: list[LoadPlan]) -> tuple[LoadPlan, LoadPlan] | None:
+    """Two plans writing one target element, if any. Counting covered elements is no proof of a cover: an
+    overlap hides a gap of its size. A sweep along the dimension with the most distinct block starts, so
+    a tiling compares each block with the few that share its stripe, not with all of them."""
+    if len(plans) < 2:
+        return None
+    ndim = len(plans[0].offsets)
+    if ndim == 0:
+        return plans[0], plans[1]
+    axis = max(range(ndim), key=lambda d: len({p.offsets[d] for p in plans}))
+    active: list[LoadPlan] = []
+    for plan in sorted(plans, key=lambda p: p.offsets[axis]):
+        start = plan.offsets[axis]
+        active = [a for a in active if a.offsets[axis] + a.sizes[axis] > start]
+        for other in active:
+            if all(
+                o < p + n and p < o + m
+                for o, m, p, n in zip(other.offsets, other.sizes, plan.offsets, plan.sizes, strict=True)
+            ):
+                return other, plan
+        active.append(plan)
+    return None
 
 
 def _indexable(
@@ -308,7 +364,7 @@ def _overlapping_chunks(
     found: set[int] = set()
     if isinstance(placement, StridedShardSpec):
         piece = -(-total // placement.split_factor)
-        for j in range(placement.split_factor):
+        for j in range(_nonempty_pieces(total, placement.split_factor)):
             lo, hi = min(j * piece, total), min((j + 1) * piece, total)
             if lo < hi:
                 stats.chunk_checks += _chunks_hit(hits, lo, hi - lo, k, found)
@@ -477,6 +533,7 @@ def _plan_path(
 ) -> list[LoadPlan] | None:
     src_md = _indexable(groups, covering)
     if src_md is None:
+        _check_groups_agree(path, groups)
         return _brute_force_plans(path, target, groups, rank, stats)
     key = (target, src_md)
     if key not in same_layout:
@@ -544,7 +601,11 @@ def plan_reshard_job(
     target: Any,
 ) -> ReshardJob:
     """Plan filling `target` (rank `rank`'s templates of one item) from the checkpoint at `source_path`."""
-    info, values = plan_resharding(target_metadata, source_metadata, rank), tuple(_value_entries(target))
+    try:
+        info = plan_resharding(target_metadata, source_metadata, rank)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{Path(source_path) / METADATA_FILE_NAME}: item '{item_key}': {exc}") from None
+    values = tuple(_value_entries(target))
     planned = sorted({p.src_rank for plans in info.nested_path_to_load_plans.values() for p in plans})
     ranks = planned or sorted(source_metadata.rank_to_layout_info)  # a rank that reads no block: any file
     return ReshardJob(
@@ -643,6 +704,7 @@ def _collect_copies(job: ReshardJob, source_of: Callable[[int], SourceFile]) -> 
             by_rank.setdefault(plan.src_rank, []).append((path, plan))
     bad: set[NestedPath] = set()
     copies: list[_Copy] = []
+    saved_shapes: dict[tuple[int, int], tuple[int, ...]] = {}
     for src_rank in sorted(by_rank):
         file_path = source_metadata.get_file_path(src_rank, source_path, item_key)
         source = source_of(src_rank)
@@ -651,10 +713,18 @@ def _collect_copies(job: ReshardJob, source_of: Callable[[int], SourceFile]) -> 
             if tensor is None:
                 bad.add(path)
                 continue
-            if not _block_fits(plan, tuple(tensor.shape)):
+            expected_shape = _saved_shape(job, path, src_rank, saved_shapes)
+            if tuple(tensor.shape) != expected_shape or not _block_fits(plan, tuple(tensor.shape)):
                 raise CorruptCheckpointError(
-                    f"{file_path} holds {item_key}::{dotted_key(path)} with shape {tuple(tensor.shape)}, which "
-                    f"does not match the checkpoint's sharding metadata; the checkpoint is damaged."
+                    f"{file_path} holds {item_key}::{dotted_key(path)} with shape {tuple(tensor.shape)}, but the "
+                    f"checkpoint's sharding metadata gives rank {src_rank} a {expected_shape} piece of it; the "
+                    f"checkpoint is damaged."
+                )
+            recorded = dtype_from_name(plan.src_dtype)
+            if recorded is not None and tensor.dtype != recorded:
+                raise CorruptCheckpointError(
+                    f"{file_path} holds {item_key}::{dotted_key(path)} as {tensor.dtype}, but the checkpoint's "
+                    f"sharding metadata records {plan.src_dtype}; the checkpoint is damaged."
                 )
             copies.append(
                 (path, tuple(slice(o, o + s) for o, s in zip(plan.offsets, plan.sizes, strict=True)), tensor, plan)
@@ -662,6 +732,20 @@ def _collect_copies(job: ReshardJob, source_of: Callable[[int], SourceFile]) -> 
     copies = [c for c in copies if c[0] not in bad]
     failed.extend(p for p in info.nested_path_to_load_plans if p in bad)
     return copies, failed
+
+
+def _saved_shape(
+    job: ReshardJob, path: NestedPath, src_rank: int, known: dict[tuple[int, int], tuple[int, ...]]
+) -> tuple[int, ...]:
+    """The local shape the sharding metadata gives `src_rank`'s piece of `path`: its file must hold exactly that
+    (a larger tensor would be read at offsets computed for another one). `known` caches it per layout object."""
+    groups = job.source_metadata.nested_path_to_metadata[tuple(path)]
+    md = next(g.sharding_metadata for g in groups if len(groups) == 1 or src_rank in g.ranks)
+    assert isinstance(md, DTensorShardingMetadata)  # _plan plans DTensor layouts only
+    key = (id(md), src_rank)
+    if key not in known:
+        known[key] = compute_local_shard_info(md, src_rank)[0]
+    return known[key]
 
 
 def _block_fits(plan: LoadPlan, shape: tuple[int, ...]) -> bool:

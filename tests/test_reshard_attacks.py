@@ -1,0 +1,187 @@
+"""Crafted sharding metadata against resharding loads: refused naming the file and field, nothing copied.
+
+An attacker (or a damaged tool) controls metadata.json and can forge the manifest to match, so every field a
+planner computes with is untrusted: a mesh of zero or negative size, a split factor of 0 or 2**40 (a division
+by zero, a loop that never ends), ranks the save never had, dtypes and shapes that disagree with the file,
+groups that overlap and leave a gap. Each must be a `CorruptCheckpointError` naming metadata.json (or the
+source file) and the field, raised in bounded time before anything is copied into the caller's template.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+import torch
+
+from tests.test_reshard_plans import ITEM, local_storage, make_md
+from tests.test_verified_loads import _reshard_load, _reshard_save, _rewrite_metadata
+from torch_checkpointing.distributed_metadata import (
+    DistributedItemMetadata,
+    GlobalObjectMetadata,
+    parse_distributed_metadata,
+)
+from torch_checkpointing.dtensor_metadata import ReplicateSpec, ShardSpec
+from torch_checkpointing.dtensor_resharder import DTensorResharder
+from torch_checkpointing.errors import CorruptCheckpointError
+
+BOUND_S = 20.0  # any refusal below must come well within this
+
+Edit = Callable[[dict[str, Any]], None]
+
+
+@contextlib.contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """Fail with TimeoutError (a real SIGALRM) if the body runs longer than `seconds`: a hang is a failure."""
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _group(d: dict[str, Any]) -> dict[str, Any]:
+    group: dict[str, Any] = d["metadata"]["model"]["nested_path_to_metadata"]['["w"]'][0]
+    return group
+
+
+def _md(d: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = _group(d)["sharding_metadata"]["data"]
+    return data
+
+
+def _placements(*placements: dict[str, Any]) -> Edit:
+    return lambda d: _md(d).update(placements=list(placements))
+
+
+def _mesh(**fields: Any) -> Edit:
+    return lambda d: _md(d)["mesh_spec"].update(**fields)
+
+
+def _two_meshes(d: dict[str, Any]) -> None:
+    _md(d)["mesh_spec"].update(mesh_shape=[-1, -1])
+    _md(d).update(placements=[{"type": "Shard", "dim": 0}, {"type": "Shard", "dim": 0}])
+
+
+def _duplicate_group(d: dict[str, Any]) -> None:
+    groups = d["metadata"]["model"]["nested_path_to_metadata"]['["w"]']
+    other = copy.deepcopy(groups[0])
+    other["sharding_metadata"]["data"]["global_shape"] = [8192]
+    groups.insert(0, other)
+
+
+def _foreign_mesh_rank(d: dict[str, Any]) -> None:
+    _md(d)["mesh_spec"].update(mesh_data=[5])
+    _group(d).update(ranks=[5])
+
+
+CRAFTS: dict[str, tuple[Edit, str]] = {
+    "unknown dtype": (lambda d: _md(d).update(dtype="torch.foo"), "dtype"),
+    "negative global shape": (lambda d: _md(d).update(global_shape=[-4096]), "global_shape"),
+    "fractional global shape": (lambda d: _md(d).update(global_shape=[4096.7]), "global_shape"),
+    "global shape of 2**70 elements": (lambda d: _md(d).update(global_shape=[2**35, 2**35]), "global_shape"),
+    "stride of another rank": (lambda d: _md(d).update(stride=[-3, 5]), "stride"),
+    "fractional shard dim": (_placements({"type": "Shard", "dim": 0.5}), "dim"),
+    "split factor 0": (_placements({"type": "StridedShard", "dim": 0, "split_factor": 0}), "split_factor"),
+    "negative split factor": (_placements({"type": "StridedShard", "dim": 0, "split_factor": -1}), "split_factor"),
+    "split factor 2**40": (_placements({"type": "StridedShard", "dim": 0, "split_factor": 2**40}), "split_factor"),
+    "empty mesh": (_mesh(mesh_shape=[0], mesh_data=[]), "mesh_shape"),
+    "negative mesh sizes": (_two_meshes, "mesh_shape"),
+    "device type not a string": (_mesh(device_type=5), "device_type"),
+    "a rank the save never had": (lambda d: _group(d).update(ranks=[0, 7]), "world_size"),
+    "a mesh naming a rank the save never had": (_foreign_mesh_rank, "world_size"),
+    "one rank in two groups": (_duplicate_group, "rank 0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTS))
+def test_crafted_sharding_metadata_is_refused_naming_the_file_and_field(tmp_path: Path, name: str) -> None:
+    edit, field = CRAFTS[name]
+    root, _ = _reshard_save(tmp_path)
+    _rewrite_metadata(root, edit)
+    with bounded(BOUND_S), pytest.raises(CorruptCheckpointError) as caught:
+        _reshard_load(root)
+    message = str(caught.value)
+    assert "metadata.json" in message and field in message, message
+
+
+def test_a_group_naming_a_rank_outside_its_own_mesh_is_refused(tmp_path: Path) -> None:
+    """Two ranks saved; rank 0 reports a layout on a mesh holding only rank 1, which no DTensor of rank 0 has."""
+    root, _ = _reshard_save(tmp_path)
+    d = json.loads((root / "metadata.json").read_text())
+    d["world_size"] = 2
+    d["metadata"]["model"]["rank_to_layout_info"]["1"] = None
+    _mesh(mesh_data=[1])(d)
+    with pytest.raises(CorruptCheckpointError, match=r"metadata\.json.*\[0\].*mesh does not hold"):
+        parse_distributed_metadata(json.dumps(d).encode(), str(root / "metadata.json"))
+
+
+def test_metadata_dtype_differing_from_the_files_is_refused_naming_the_file(tmp_path: Path) -> None:
+    root, _ = _reshard_save(tmp_path)
+    _rewrite_metadata(root, lambda d: _md(d).update(dtype="torch.float64"))
+    with pytest.raises(CorruptCheckpointError, match=r"model_0\.pt.*torch\.float32.*torch\.float64"):
+        _reshard_load(root)
+
+
+# ------------------------------------------------------------------------- the planner, on real files
+
+
+def _load(tmp_path: Path, groups: list[GlobalObjectMetadata], world: int, target: torch.Tensor) -> list[Any]:
+    dst = make_md(tuple(target.shape), target.dtype, ((1,), (0,), (ReplicateSpec(),)))
+    src = DistributedItemMetadata({("w",): groups}, dict.fromkeys(range(world)))
+    return DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): dst}, src, {"w": target}, local_storage())
+
+
+def _shard_md(shape: int, mesh_data: tuple[int, ...]) -> Any:
+    return make_md((shape,), torch.float32, ((len(mesh_data),), mesh_data, (ShardSpec(0),)))
+
+
+def test_source_blocks_that_overlap_and_leave_a_gap_are_refused_not_half_filled(tmp_path: Path) -> None:
+    """Rank 0 holds [0, 4), rank 1 [2, 4), rank 2 [6, 8): 8 elements in all, as the target needs, but [4, 6)
+    is in no file. Counting elements took that for a cover and left [4, 6) as the template had it."""
+    full = torch.arange(8.0)
+    for rank, part in enumerate((full[0:4], full[2:4], full[6:8])):
+        torch.save({"w": part.clone()}, tmp_path / f"{ITEM}_{rank}.pt")
+    groups = [
+        GlobalObjectMetadata(_shard_md(8, (0, 1)), (0,)),
+        GlobalObjectMetadata(_shard_md(8, (0, 1, 2, 3)), (1,)),
+        GlobalObjectMetadata(_shard_md(8, (0, 1, 3, 2)), (2,)),
+    ]
+    target = torch.full((8,), -1.0)
+    with pytest.raises(CorruptCheckpointError, match=r"w.*overlap"):
+        _load(tmp_path, groups, 3, target)
+    assert torch.equal(target, torch.full((8,), -1.0))
+
+
+def test_groups_disagreeing_on_the_global_shape_are_corrupt_not_a_changed_model(tmp_path: Path) -> None:
+    for rank in range(2):
+        torch.save({"w": torch.zeros(4)}, tmp_path / f"{ITEM}_{rank}.pt")
+    groups = [
+        GlobalObjectMetadata(_shard_md(8, (0, 1)), (0,)),
+        GlobalObjectMetadata(_shard_md(16, (0, 1, 2, 3)), (1,)),
+    ]
+    with pytest.raises(CorruptCheckpointError, match=r"w.*global shape.*\(8,\).*\(16,\)"):
+        _load(tmp_path, groups, 2, torch.zeros(8))
+
+
+def test_a_source_tensor_larger_than_its_metadata_says_is_refused(tmp_path: Path) -> None:
+    """Rank 0 of a 2-way Shard(0) of 8 elements holds 4; a file holding 6 would be read at the wrong place."""
+    torch.save({"w": torch.arange(6.0)}, tmp_path / f"{ITEM}_0.pt")
+    torch.save({"w": torch.arange(4.0, 8.0)}, tmp_path / f"{ITEM}_1.pt")
+    target = torch.full((8,), -1.0)
+    with pytest.raises(CorruptCheckpointError, match=r"model_0\.pt.*\(6,\).*\(4,\)"):
+        _load(tmp_path, [GlobalObjectMetadata(_shard_md(8, (0, 1)), (0, 1))], 2, target)
+    assert torch.equal(target, torch.full((8,), -1.0))
