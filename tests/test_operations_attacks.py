@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, list_checkpoints
+from torch_checkpointing import CheckpointManager, latest_checkpoint, list_checkpoints
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.retention import RetentionPolicy, apply_retention, collect_garbage, delete_checkpoint
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
@@ -271,6 +271,66 @@ def test_gc_of_a_leftover_another_gc_removed_first_is_no_failure(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert any("another process" in r.getMessage() for r in caplog.records)
     assert sorted(os.listdir(root)) == ["step_1"]
+
+
+OVERWRITER_CHILD = """
+import sys, time, torch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+if __name__ == "__main__":
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        n = 0
+        while sys.stdin.readline().strip() == "again":
+            manager.save(sys.argv[1], {"model": {"w": torch.full((1 << 16,), float(n))}}, step=2)
+            n += 1
+            print("saved", n, flush=True)
+"""
+
+
+def test_latest_during_an_overwrite_of_the_newest_id_returns_it_and_warns_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process saves the newest id again and again (a job re-saving `latest`), while this one asks
+    `latest_checkpoint`. The check that the newest is intact opened the old copy just as the replace removed
+    it: `latest_checkpoint` went back a step (to a checkpoint older than any the id ever held) and warned that
+    the newest one was damaged (about 1 in 200 calls here before the fix)."""
+    root = _wide_root(tmp_path, 2)  # step_1, and step_2 that the child re-saves
+    child = subprocess.Popen(
+        [sys.executable, "-c", OVERWRITER_CHILD, str(root / "step_2")],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    answers: dict[str | None, int] = {}
+    saves = 0
+    try:
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            child.stdin.write("again\n" * 400)  # queued: the child saves back to back, 400 times
+            child.stdin.flush()
+            deadline = time.monotonic() + 120
+            while saves < 400 and time.monotonic() < deadline:
+                info = latest_checkpoint(root)
+                name = None if info is None else info.name
+                answers[name] = answers.get(name, 0) + 1
+                while select.select([child.stdout], [], [], 0)[0]:
+                    if not child.stdout.readline():
+                        saves = 400  # the child ended
+                        break
+                    saves += 1
+    finally:
+        child.stdin.close()  # the child stops at the end of its queue
+        child.stdout.read()
+        assert child.stderr is not None
+        err = child.stderr.read()
+        child.wait(SUBPROCESS_TIMEOUT_S)
+    assert child.returncode == 0, err[-3000:]
+    assert sum(answers.values()) > 200, answers  # the two really overlapped
+    assert answers == {"step_2": sum(answers.values())}, answers
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 # ------------------------------------------------------------------------------------------------ terminals

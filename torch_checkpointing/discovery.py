@@ -278,14 +278,42 @@ def latest_checkpoint(root: str | os.PathLike[str], storage: Storage | None = No
     return newest_intact(list_checkpoints(root, storage), storage)
 
 
+# How many times one id is checked again when a save replaced it while it was being checked.
+_REPLACED_RETRIES = 5
+
+
 def newest_intact(checkpoints: list[CheckpointInfo], storage: Storage) -> CheckpointInfo | None:
     """The last of `checkpoints` (sorted oldest first) that `damage` finds nothing wrong with."""
-    for info in reversed(checkpoints):
-        problem = damage(info.path, storage)
+    for listed in reversed(checkpoints):
+        info, problem = _intact_now(listed, storage)
         if problem is None:
             return info
-        logger.warning("Skipping checkpoint %s as a resume point: %s", info.path, problem)
+        if info is not None:
+            logger.warning("Skipping checkpoint %s as a resume point: %s", info.path, problem)
     return None
+
+
+def _intact_now(info: CheckpointInfo, storage: Storage) -> tuple[CheckpointInfo | None, str | None]:
+    """(the checkpoint now at `info.path`, what is wrong with it or None).
+
+    A save that replaces the id while it is checked swaps the directory and removes the old copy, whose files
+    then look missing: that is no damage. When the id holds another commit than the one checked, the new one
+    is checked instead; (None, problem) when the id was deleted meanwhile (nothing to warn about).
+    """
+    problem: str | None = None
+    for _ in range(_REPLACED_RETRIES):
+        problem = damage(info.path, storage)
+        if problem is None:
+            return info, None
+        now = checkpoint_info(info.path, storage)
+        if now is None and not _still_there(storage, Path(info.path)):
+            logger.debug("%s was deleted while it was checked: %s", info.path, problem)
+            return None, problem
+        if now is None or now.commit_time == info.commit_time:
+            return info, problem  # the same commit (or no longer a checkpoint): damaged, as found
+        logger.debug("%s was replaced by a new save while it was checked; checking the new one", info.path)
+        info = now
+    return info, problem
 
 
 def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str | None:
