@@ -584,6 +584,8 @@ class ReshardJob:
     # same on every rank, and restored whole from one source rank's file: the first one the plans read.
     values: tuple[NestedPath, ...] = ()
     values_rank: int | None = None
+    # What the check phase read for the copy phase (at most one entry; a list, as the job is frozen).
+    prepared: list[_Prepared] = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     @property
     def source_ranks(self) -> list[int]:
@@ -754,14 +756,44 @@ def _block_fits(plan: LoadPlan, shape: tuple[int, ...]) -> bool:
     return all(o >= 0 and o + n <= size for o, n, size in zip(plan.src_offsets, plan.src_sizes, shape, strict=True))
 
 
+@dataclass
+class _Prepared:
+    """A job's checked copies, with the blocks already fetched from a store (by index into `copies`)."""
+
+    collected: _Collected
+    fetched: dict[int, torch.Tensor]
+    stats: ReadStats
+
+
+def _prepare(job: ReshardJob, storage: Storage, stats: ReadStats) -> _Prepared:
+    """Check every copy, and fetch every block that is a request to a store: a store can fail, or serve
+    another object, between two requests, and a block copied before such a failure would leave the target
+    half restored. Blocks of open files (memory maps) are views, read in the copy itself."""
+    collected = _collect(job, storage, stats)
+    fetched = {
+        i: tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
+        for i, (_, _, tensor, plan) in enumerate(collected.copies)
+        if tensor.reads_on_demand
+    }
+    return _Prepared(collected, fetched, stats)
+
+
 def _execute_plans(job: ReshardJob, storage: Storage, stats: ReadStats) -> list[NestedPath]:
     """Copy every planned block into the target; returns the paths that could not be filled.
 
-    Every block is located and checked first, so a refused load has copied nothing.
+    Every block is located and checked first, and every block from a store fetched, so a refused load
+    has copied nothing.
     """
-    collected = _collect(job, storage, stats)
-    for path, index, tensor, plan in collected.copies:
-        block = tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
+    prepared = job.prepared.pop() if job.prepared else _prepare(job, storage, stats)
+    if prepared.stats is not stats:  # read by the check phase: counted in this load's statistics
+        stats.files_opened.extend(prepared.stats.files_opened)
+        stats.blocks_read += prepared.stats.blocks_read
+        stats.bytes_read += prepared.stats.bytes_read
+    collected = prepared.collected
+    for i, (path, index, tensor, plan) in enumerate(collected.copies):
+        block = prepared.fetched.pop(i, None)
+        if block is None:
+            block = tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
         local = _local_of(get_path(job.target, path))
         assert local is not None
         local[index].copy_(block)
@@ -778,12 +810,16 @@ def check_reshard_job(job: ReshardJob, storage: Storage) -> list[NestedPath]:
     paths it cannot fill.
 
     Every planned source block is checked against the recorded block checksums here, so a damaged block is
-    found before the first copy into any target (the copy phase then reads blocks already checked).
+    found before the first copy into any target (the copy phase then reads blocks already checked). Blocks a
+    store serves are fetched here and handed to the copy phase, so a store failing after this leaves no target
+    half restored, and on several ranks the load's agreement makes every rank refuse it.
     """
-    collected = _collect(job, storage, ReadStats())
-    for _, _, tensor, plan in collected.copies:
-        tensor.check_block(plan.src_offsets, plan.src_sizes)
-    return collected.failed
+    prepared = _prepare(job, storage, ReadStats())
+    for i, (_, _, tensor, plan) in enumerate(prepared.collected.copies):
+        if i not in prepared.fetched:  # a fetched block was checked as it was read
+            tensor.check_block(plan.src_offsets, plan.src_sizes)
+    job.prepared[:] = [prepared]
+    return prepared.collected.failed
 
 
 def planned_job_runner(resharder: Resharder) -> DTensorResharder | None:

@@ -70,6 +70,9 @@ class SourceTensor(ABC):
 
     shape: tuple[int, ...]
     dtype: torch.dtype
+    # True where each read is a request to a store (ranged GETs), which can fail or meet another object at any
+    # time; False where blocks are views of a file already open (memory-mapped, or read whole).
+    reads_on_demand: bool = False
 
     @abstractmethod
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor: ...
@@ -358,6 +361,8 @@ class _SafetensorsLocalFile(SourceFile):
 
 class _SafetensorsRangeTensor(SourceTensor):
     """Reads the smallest byte range holding a block (row-major bounding range) through `read_range`."""
+
+    reads_on_demand = True
 
     def __init__(self, storage: Storage, path: Path, base: int, entry: dict[str, Any], stats: ReadStats) -> None:
         self._storage = storage
