@@ -488,3 +488,24 @@ def test_an_export_in_another_pid_namespace_never_removes_a_live_exports_staging
     out, err = first.communicate(timeout=SUBPROCESS_TIMEOUT_S)
     assert first.returncode == 0 and "EXPORTED 25" in out, err[-3000:]
     assert sorted(p.name for p in exports.iterdir()) == ["a", "b"]
+
+
+def test_ctrl_c_during_an_export_is_one_line_exit_130_and_leaves_nothing(tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) while an export writes its shards printed a KeyboardInterrupt traceback. Now: the export's
+    cleanup runs, one line on stderr, exit 130 (128 + SIGINT, what shells expect), and nothing half-written."""
+    many = {"model": {f"w{i}": torch.full((1 << 18,), float(i)) for i in range(48)}}  # 48 shards of 1 MiB
+    ckpt = _save_one(tmp_path / "run", many)
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    argv = _cli_cmd(
+        "export", str(ckpt), "--item", "model", "--to", "hf", str(exports / "hf"), "--max-shard-size", "1MB"
+    )
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _staging_with_a_shard(exports, time.monotonic() + SUBPROCESS_TIMEOUT_S)
+    finally:
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.strip().splitlines() == ["torch-checkpointing export: interrupted"], err
+    assert list(exports.iterdir()) == []

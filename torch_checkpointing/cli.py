@@ -1,9 +1,10 @@
 """`torch-checkpointing` / `python -m torch_checkpointing`: look at, check, compare, clean up and export checkpoints.
 
 Exit codes: 0 success; 1 the answer is "no" (verify found damage, diff found differences, gc failed to remove
-something); 2 the command could not run (not a checkpoint, bad arguments, missing path). Every command takes
-`--json` for scripts (one JSON document on stdout). Tables and progress bars use `rich` when it is installed
-(the `[cli]` extra) and the stream is a terminal; otherwise the output is plain text, so pipes and logs work.
+something); 2 the command could not run (not a checkpoint, bad arguments, missing path); 130 interrupted
+(Ctrl-C). Every command takes `--json` for scripts (one JSON document on stdout). Tables and progress bars use
+`rich` when it is installed (the `[cli]` extra) and the stream is a terminal; otherwise the output is plain
+text, so pipes and logs work.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from torch_checkpointing.traversal import flatten
 __all__ = ["main"]
 
 EXIT_OK, EXIT_NO, EXIT_ERROR = 0, 1, 2
+EXIT_INTERRUPTED = 128 + 2  # SIGINT, as shells report a command Ctrl-C stopped
 _ROOT = "the directory that holds the checkpoints (a run's root)"
 _CHUNK = 8 << 20
 
@@ -684,6 +686,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except (CheckpointError, RuntimeError, OSError, KeyError, ValueError) as exc:
         return _report_error(args.command, ui, exc)
+    except KeyboardInterrupt:  # Ctrl-C: what was under way has cleaned up on the way out (an export's staging)
+        print(f"torch-checkpointing {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _report_error(command: str, ui: Ui, exc: Exception) -> int:
