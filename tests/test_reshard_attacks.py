@@ -88,6 +88,11 @@ def _foreign_mesh_rank(d: dict[str, Any]) -> None:
     _group(d).update(ranks=[5])
 
 
+def _rank_twice(d: dict[str, Any]) -> None:
+    _md(d)["mesh_spec"].update(mesh_shape=[2], mesh_data=[0, 0])
+    _md(d).update(placements=[{"type": "Shard", "dim": 0}])
+
+
 CRAFTS: dict[str, tuple[Edit, str]] = {
     "unknown dtype": (lambda d: _md(d).update(dtype="torch.foo"), "dtype"),
     "negative global shape": (lambda d: _md(d).update(global_shape=[-4096]), "global_shape"),
@@ -104,6 +109,7 @@ CRAFTS: dict[str, tuple[Edit, str]] = {
     "a rank the save never had": (lambda d: _group(d).update(ranks=[0, 7]), "world_size"),
     "a mesh naming a rank the save never had": (_foreign_mesh_rank, "world_size"),
     "one rank in two groups": (_duplicate_group, "rank 0"),
+    "a mesh listing a rank twice": (_rank_twice, "twice"),
 }
 
 

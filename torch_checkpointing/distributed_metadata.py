@@ -375,12 +375,16 @@ def _item_from_dict(key: str, d: dict[str, Any]) -> DistributedItemMetadata:
 def _check_groups(
     where: str, groups: list[GlobalObjectMetadata], world_size: int, checked: dict[tuple[int, int], None]
 ) -> None:
-    """One path's groups name only ranks the save had, each rank in one group, each inside its own mesh.
+    """One path's groups name only ranks the save had, each rank in one group; a DTensor's mesh, too, names
+    only ranks the save had, each once, and holds every rank that reported it.
 
     A rank outside the world has no file (a planner would read one that is not there); a rank in two groups
-    has two layouts; a rank outside its mesh holds no block of it. `checked` skips (rank list, mesh) pairs
-    already checked: parsed runs and meshes are shared objects, so a model's tensors repeat a few pairs.
+    has two layouts; a rank outside its mesh, or a mesh place no rank fills, holds no block. `checked` skips
+    (rank list, mesh) pairs already checked: parsed runs and meshes are shared objects, so a model's tensors
+    repeat a few pairs.
     """
+    from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata
+
     if len(groups) > 1:
         owners: dict[int, int] = {}
         for index, group in enumerate(groups):
@@ -388,19 +392,34 @@ def _check_groups(
                 if owners.setdefault(rank, index) != index:
                     raise ValueError(f"{where}: rank {rank} is listed in two groups of different layouts")
     for group in groups:
-        mesh = group.sharding_metadata.equivalent_ranks
+        md = group.sharding_metadata
+        mesh = md.mesh_spec.mesh_data if isinstance(md, DTensorShardingMetadata) else None
         key = (id(group.ranks), id(mesh))
         if key in checked:
             continue
-        for ranks, what in ((group.ranks, "rank list"), (mesh or (), "mesh")):
-            if ranks and max(ranks) >= world_size:
-                raise ValueError(
-                    f"{where}: its {what} names rank {max(ranks)}, but the save had world_size {world_size}"
-                )
-        if mesh is not None and not set(group.ranks) <= set(mesh):
-            outside = sorted(set(group.ranks) - set(mesh))[:5]
-            raise ValueError(f"{where}: ranks {outside} are listed for a layout whose mesh does not hold them")
+        _check_world(where, "rank list", group.ranks, world_size)
+        if mesh is not None:
+            _check_world(where, "mesh", mesh, world_size)
+            if len(set(mesh)) != len(mesh):
+                raise ValueError(f"{where}: its mesh lists a rank twice ({_first_repeat(mesh)})")
+            if not set(group.ranks) <= set(mesh):
+                outside = sorted(set(group.ranks) - set(mesh))[:5]
+                raise ValueError(f"{where}: ranks {outside} are listed for a layout whose mesh does not hold them")
         checked[key] = None
+
+
+def _check_world(where: str, what: str, ranks: tuple[int, ...], world_size: int) -> None:
+    if ranks and max(ranks) >= world_size:
+        raise ValueError(f"{where}: its {what} names rank {max(ranks)}, but the save had world_size {world_size}")
+
+
+def _first_repeat(ranks: tuple[int, ...]) -> int | None:
+    seen: set[int] = set()
+    for rank in ranks:
+        if rank in seen:
+            return rank
+        seen.add(rank)
+    return None
 
 
 @dataclass
