@@ -333,6 +333,43 @@ def test_latest_during_an_overwrite_of_the_newest_id_returns_it_and_warns_nothin
     assert [r.getMessage() for r in caplog.records] == []
 
 
+@pytest.mark.parametrize("kind", ["temporary", "trash"])
+def test_a_leftover_removed_while_gc_classifies_it_is_not_called_a_users_folder(tmp_path: Path, kind: str) -> None:
+    """`ls`/`gc --dry-run` beside a gc in another process: a leftover removed between being listed and being
+    looked into held nothing of ours by then, so it was shown as kept, "named like a ... directory of ours but
+    holds no manifest.json ... delete it by hand if it is garbage": a folder that no longer exists."""
+    root = _wide_root(tmp_path, 1)
+    name = {"temporary": ".step_2.tmp-0badc0de-7", "trash": f".step_2.trash-{_dead_pid()}-0abc1234"}[kind]
+    shutil.copytree(root / "step_1", root / name)
+    storage = _VanishingStorage(root / name, on="isdir")
+    report = collect_garbage(root, storage, dry_run=True, unowned_after_s=0.0)
+    assert storage.fired
+    assert (report.removed, report.kept, report.failed) == ([], [], []), report
+
+
+def test_a_directory_created_while_it_is_checked_is_never_called_a_file(tmp_path: Path) -> None:
+    """`require_directory` asked "a directory?" and then "anything there?": a checkpoint that a save committed
+    between the two answers was reported as "is a file, not a directory". One look answers both. A link loop
+    at the name was "no such directory"; it is named for what it is."""
+    from torch_checkpointing.discovery import require_directory
+
+    root = _wide_root(tmp_path, 1)
+    appearing = root / "step_2"
+
+    class Appearing(_VanishingStorage):
+        def isdir(self, path: Path) -> bool:
+            answer = super().isdir(path)
+            if Path(path) == appearing and not appearing.exists():
+                shutil.copytree(root / "step_1", appearing)  # a save committed just after the look
+            return answer
+
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        require_directory(Appearing(root / "step_1", on="none"), appearing, "a checkpoint directory")
+    (root / "loop").symlink_to(root / "loop")
+    with pytest.raises(NotADirectoryError, match="loop.*symbolic links"):
+        require_directory(Appearing(root / "step_1", on="none"), root / "loop", "a checkpoint directory")
+
+
 # ------------------------------------------------------------------------------------------------ terminals
 
 

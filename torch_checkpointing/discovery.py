@@ -153,12 +153,26 @@ def _still_there(storage: Storage, path: Path) -> bool:
 def require_directory(storage: Storage, path: Path, what: str) -> None:
     """Raise unless `path` is a directory: FileNotFoundError when nothing is there, NotADirectoryError (naming
     what was expected) when it is a file, so a user who passed a checkpoint's file learns what to pass."""
+    local = storage.local_path(path)
+    if local is not None:
+        _require_local_directory(path, local, what)  # one look: a save or a deletion may be under way there
+        return
     if storage.isdir(path):
         return
     if storage.exists(path):
         raise NotADirectoryError(f"{path} is a file, not a directory: pass {what}")
-    local = storage.local_path(path)
-    raise FileNotFoundError(f"{path}: no such directory.{previous_copy_hint(local) if local else ''}")
+    raise FileNotFoundError(f"{path}: no such directory.")
+
+
+def _require_local_directory(path: Path, local: str, what: str) -> None:
+    try:
+        mode = os.stat(local).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such directory.{previous_copy_hint(local)}") from None
+    except OSError as exc:  # a link loop, a name too long
+        raise NotADirectoryError(f"{path} cannot be opened as a directory ({exc.strerror}): pass {what}") from None
+    if not stat.S_ISDIR(mode):
+        raise NotADirectoryError(f"{path} is a file, not a directory: pass {what}")
 
 
 def committed_manifest(storage: Storage, path: Path) -> Manifest:
@@ -455,7 +469,8 @@ def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None)
     if not storage.isdir(base):
         return []
     out = [_classify(base, name, storage) for name in sorted(storage.ls(base))]
-    return [o for o in out if o is not None]
+    # One removed while it was looked into (a gc in another process) held nothing by then: no user's folder.
+    return [o for o in out if o is not None and _still_there(storage, Path(o.path))]
 
 
 # ------------------------------------------------------------------------------------------------ ownership
