@@ -141,6 +141,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         write = self._last_write
         if write is None:
             return
+        self._comm.run_queued_here()
         try:
             write.quiet_exception(timeout)
         except TimeoutError:
@@ -188,6 +189,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             self._prewarm.result(self._timeout)
             self._prewarm = None
         if self._last_write is not None:
+            self._comm.run_queued_here()
             try:
                 self._last_write.quiet_exception(self._timeout)
             except TimeoutError as exc:
@@ -382,6 +384,21 @@ class _DaemonWorker:
         self._thread = threading.Thread(target=self._run, args=(self._jobs,), name=self._name, daemon=True)
         self._thread.start()
 
+    def run_queued_here(self) -> None:
+        """On this worker's own thread (a save Future's done-callback, which runs here): run the jobs queued
+        behind the current one now. A wait for one of their Futures would otherwise wait for itself."""
+        if threading.current_thread() is not self._thread:
+            return
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:  # stop() came: the loop ends after the current job, as it would have
+                self._jobs.put(None)
+                return
+            self._run_one(job)
+
     def submit(self, job: Callable[[], None]) -> None:
         if self._thread is None:  # stopped: a save after close() still gets its (failing) write
             self._jobs = queue.SimpleQueue()
@@ -397,10 +414,14 @@ class _DaemonWorker:
     @staticmethod
     def _run(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
         while (job := jobs.get()) is not None:
-            try:
-                job()
-            except BaseException:  # a job reports through its own Future; this keeps the thread for the next save
-                logger.exception("A checkpoint write job failed outside its Future; the next save still runs")
+            _DaemonWorker._run_one(job)
+
+    @staticmethod
+    def _run_one(job: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException:  # a job reports through its own Future; this keeps the thread for the next save
+            logger.exception("A checkpoint write job failed outside its Future; the next save still runs")
 
 
 class WriteFuture(Future[Any]):
