@@ -7,6 +7,7 @@ background writer process and resolves the write Future when the commit is durab
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing.process
 import os
@@ -29,13 +30,17 @@ from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
 from torch_checkpointing.schema import ResolvedItem
-from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
+from torch_checkpointing.staging import CheckpointStager, DefaultStager, SharedSlab, StagingCopy, to_slab_refs
+from torch_checkpointing.staging_gate import STAGING_FAILED
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 __all__ = ["AsyncCheckpointSaver", "CheckpointSaver", "SavePlan", "SyncCheckpointSaver", "WriteFuture"]
 
 logger = logging.getLogger("torch_checkpointing.saver")
+# Whether a save whose slab is reused (warm) is written during its copy too, or only a fresh slab's (the
+# first save, whose copy pays first-touch page faults); see docs/performance.md for the measurement.
+_PIPELINE_WARM_SAVES = os.environ.get("TC_PIPELINE_WARM", "1") == "1"
 
 
 class CheckpointSaver(ABC):
@@ -107,6 +112,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._staging_lock = RWLock()
         self._last_write: WriteFuture | None = None
         self._prewarm: Future[Any] | None = None
+        self._staging_numbers = itertools.count()
         _LIVE_ASYNC_SAVERS.add(self)
 
     @property
@@ -200,32 +206,47 @@ class AsyncCheckpointSaver(CheckpointSaver):
             self._raise_unseen(self._last_write, " This save() was not started; call it again to retry.")
 
     def save(self, plan: SavePlan) -> Future[Any]:
-        """Returns once staging has started (or finished, without async staging); the Future ends with the commit."""
+        """Returns once staging has started (or finished, without async staging); the Future ends with the commit.
+
+        The write is handed to the writer process as soon as the staged tree is planned, before the slab is
+        filled: the writer writes what the copy has reached (`staging_gate.py`) while the copy goes on.
+        """
         plan = self._absolute(plan)
         self._wait_previous()
         self._staging_lock.acquire(RWLockMode.WRITE, self._lock_timeout)
         release = _ReleaseOnce(self._staging_lock)
+        staging = _Staging(next(self._staging_numbers), self._process)
+        inline = not self.config.staging_config.use_async_staging
         try:
             payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
-            if self.config.staging_config.use_async_staging:
-                staged: Future[Any] = self._staging_pool.submit(self._stage, payload, release)
+            if inline:
+                copy = self._plan_staging(payload, release, staging)
             else:
-                staged = Future()
-                staged.set_result(self._stage(payload, release))
+                self._staging_pool.submit(self._stage, payload, release, staging)
         except BaseException:
             release()
             raise
         write = WriteFuture(plan.checkpoint_dir)
         write.set_running_or_notify_cancel()
         self._last_write = write
+        blocked: list[float] = []
         try:
-            blocked_s = time.monotonic() - plan.started
-            self._comm.submit(lambda: self._write(plan, staged, write, blocked_s))
+            self._comm.submit(lambda: self._write(plan, staging, write, blocked))
         except BaseException as exc:  # (Ctrl-C) nothing will resolve the Future: the next save must not wait on it
             write.retrieved = True  # the caller sees this failure: save() raises it
+            if inline:
+                staging.failed(exc)
+                release()
             log_failed(plan, exc)
             write.set_exception(exc)
             raise
+        if inline:
+            try:
+                self._copy(copy, release, staging)
+            except BaseException:
+                write.retrieved = True  # save() raises it; the Future fails with it too
+                raise
+        blocked.append(time.monotonic() - plan.started)
         return write
 
     def _absolute(self, plan: SavePlan) -> SavePlan:
@@ -243,15 +264,41 @@ class AsyncCheckpointSaver(CheckpointSaver):
             return checkpoint_id  # an object store's relative id is a key under its url, not a path
         return os.path.abspath(checkpoint_id)
 
-    def _stage(self, payload: dict[str, Any], release: _ReleaseOnce) -> dict[str, Any]:
+    def _plan_staging(self, payload: dict[str, Any], release: _ReleaseOnce, staging: _Staging) -> StagingCopy:
+        try:
+            copy = self._stager.prepare(payload)
+        except BaseException as exc:
+            staging.failed(exc)
+            release()
+            raise
+        staging.planned.set_result(copy)
+        return copy
+
+    def _copy(self, copy: StagingCopy, release: _ReleaseOnce, staging: _Staging) -> None:
+        try:
+            copy.run(staging.report)
+        except BaseException as exc:
+            staging.failed(exc)
+            raise
+        else:
+            staging.copied.set_result(None)
+        finally:
+            release()
+
+    def _stage(self, payload: dict[str, Any], release: _ReleaseOnce, staging: _Staging) -> None:
+        """The staging thread's whole job (async staging): plan, then copy."""
+        self._copy(self._plan_staging(payload, release, staging), release, staging)
+
+    def _stage_whole(self, payload: dict[str, Any], release: _ReleaseOnce) -> dict[str, Any]:
         try:
             return dict(self._stager.stage(payload))
         finally:
             release()
 
-    def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any], blocked_s: float) -> None:
+    def _write(self, plan: SavePlan, staging: _Staging, write: Future[Any], blocked: list[float]) -> None:
         try:
-            copies = staged.result()
+            planned = staging.planned.result()
+            copies = planned.staged
             slab = self._stager.slab
             entries = []
             for item in plan.items:
@@ -262,16 +309,23 @@ class AsyncCheckpointSaver(CheckpointSaver):
                     entries.append(WriteEntry(item.key, item.layout.file_path, fmt, value))
                 else:
                     entries.append(WriteEntry(item.key, item.layout.file_path, fmt, _pickle_item(item), pickled=True))
-            slab_info = (self._stager.generation, self._stager.shared_slab) if slab is not None else None
             request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
-            nbytes = self._process.write(request, slab_info)
+            shared = self._stager.shared_slab
+            slab_info = (self._stager.generation, shared) if slab is not None else None
+            if isinstance(shared, SharedSlab) and (planned.fresh or _PIPELINE_WARM_SAVES):
+                nbytes = self._process.write(request, slab_info, staging.number)
+            else:  # values, or a slab that torch moves to shared memory as it pickles it: complete it first
+                staging.copied.result()
+                nbytes = self._process.write(request, slab_info)
+            staging.copied.result()
         except BaseException as exc:
+            exc = staging.cause(exc)
             if isinstance(exc, WriterProcessDied):
                 self._discard_orphaned(plan)
             log_failed(plan, exc)
             write.set_exception(exc)
         else:
-            log_committed(plan, nbytes, blocked_s)
+            log_committed(plan, nbytes, blocked[0] if blocked else time.monotonic() - plan.started)
             write.set_result(None)
 
     def _discard_orphaned(self, plan: SavePlan) -> None:
@@ -304,7 +358,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             raise RuntimeError("Cannot prewarm staging while checkpoint staging is active")  # misuse; §2.3
         release = _ReleaseOnce(self._staging_lock)
         try:
-            self._prewarm = self._staging_pool.submit(self._stage, payload, release)
+            self._prewarm = self._staging_pool.submit(self._stage_whole, payload, release)
         except BaseException:
             release()
             raise
@@ -321,6 +375,36 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._comm.stop()
         self._process.close()
         self._stager.close()
+
+
+class _Staging:
+    """One save's staging copy as the comm thread and the writer process follow it.
+
+    `planned` holds the staged tree as soon as it is planned (before the slab is filled), `copied` the copy's
+    outcome; `report` passes the copy's progress to the writer process, and a failed copy is reported there
+    as such, so a write under way fails at once instead of committing a half-filled slab.
+    """
+
+    def __init__(self, number: int, process: CheckpointProcess) -> None:
+        self.number = number
+        self.planned: Future[StagingCopy] = Future()
+        self.copied: Future[None] = Future()
+        self._process = process
+
+    def report(self, upto: int) -> None:
+        self._process.report_staged(self.number, upto)
+
+    def failed(self, exc: BaseException) -> None:
+        for future in (self.planned, self.copied):
+            if not future.done():
+                future.set_exception(exc)
+        self._process.report_staged(self.number, STAGING_FAILED)
+
+    def cause(self, exc: BaseException) -> BaseException:
+        """What a failed write reports: the staging copy's own error when that is why the write failed."""
+        if self.copied.done() and self.copied.exception() is not None:
+            return self.copied.exception() or exc
+        return exc
 
 
 class _ReleaseOnce:

@@ -40,6 +40,7 @@ from torch_checkpointing.version import __version__
 
 if TYPE_CHECKING:  # the writer process never needs the item specs, only their annotation
     from torch_checkpointing.schema import ResolvedItem
+    from torch_checkpointing.staging_gate import SlabGate
 
 __all__ = [
     "METADATA_JSON",
@@ -134,21 +135,26 @@ class _ChecksumStream:
         return self._running.result()
 
 
-def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry) -> FileRecord:
+def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry, gate: SlabGate | None) -> FileRecord:
     value = pickle.loads(entry.value) if entry.pickled else entry.value
     target = root / entry.file_path
     with storage.stream_write(target) as raw:
         # Streams that checksum what they write (the local filesystem's off the encoding thread, the object
         # store's on its upload threads) are used as they are; any other backend's stream is wrapped.
         stream: Any = raw if callable(getattr(raw, "checksum", None)) else _ChecksumStream(raw)
-        encode(entry.fmt, entry.key, value, stream)
+        if gate is None:
+            encode(entry.fmt, entry.key, value, stream)
+        else:
+            gate.encode(entry.fmt, entry.key, value, stream)
     summed: FileChecksum = stream.checksum()  # complete now: the stream was closed
     return FileRecord(
         entry.key, rank, entry.file_path, summed.size, summed.crc32, entry.fmt.to_dict(), blocks=summed.blocks
     )
 
 
-def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) -> list[FileRecord]:
+def _write_local_files(
+    storage: Storage, request: WriteRequest, commit: Commit, gate: SlabGate | None
+) -> list[FileRecord]:
     root, rank = commit.root, request.plan.rank
     commit.begin()
     directories = {root}
@@ -159,11 +165,13 @@ def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) 
             directories.add(parent)
     if request.file_write_max_threads > 1 and len(request.entries) > 1:
         with ThreadPoolExecutor(request.file_write_max_threads, thread_name_prefix="ckpt-file") as pool:
-            records = list(pool.map(lambda e: _write_entry(storage, root, rank, e), request.entries))
+            records = list(pool.map(lambda e: _write_entry(storage, root, rank, e, gate), request.entries))
     else:
-        records = [_write_entry(storage, root, rank, e) for e in request.entries]
+        records = [_write_entry(storage, root, rank, e, gate) for e in request.entries]
     for directory in sorted(directories, key=lambda p: len(p.parts), reverse=True):
         storage.sync_directory(directory)
+    if gate is not None:
+        gate.wait_all()  # no rank reports its files written before its staging copy has ended well
     return records
 
 
@@ -214,8 +222,10 @@ class _Progress:
     committed: bool = False
 
 
-def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
+def write_checkpoint(storage: Storage, request: WriteRequest, gate: SlabGate | None = None) -> int:
     """Write this rank's files and take part in the commit; returns once the checkpoint is durable.
+
+    `gate`: the request's tensors view a staging slab the trainer is still filling (`staging_gate.py`).
 
     Returns the bytes this rank wrote. On failure the unfinished save is removed where this rank owns the
     outcome (single rank, or rank 0); it never becomes visible at the checkpoint's path either way. Once the
@@ -226,7 +236,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     progress = _Progress()
     try:
         with _interrupts_reported(plan.checkpoint_dir, progress, commit):
-            nbytes = _write_and_commit(storage, request, commit, progress)
+            nbytes = _write_and_commit(storage, request, commit, progress, gate)
     except BaseException:
         if plan.rank == 0 and not progress.committed and not commit.is_committed():
             commit.discard()
@@ -273,11 +283,13 @@ def _interrupts_reported(checkpoint_dir: str, progress: _Progress, commit: Commi
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress) -> int:
+def _write_and_commit(
+    storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress, gate: SlabGate | None
+) -> int:
     plan = request.plan
     before_commit = plan.pre_finalize_callback
     if plan.store is None:
-        mine = _write_local_files(storage, request, commit)
+        mine = _write_local_files(storage, request, commit, gate)
         if before_commit is not None:
             before_commit(plan.checkpoint_dir, None)
         _publish(commit, request, mine)
@@ -288,7 +300,7 @@ def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, p
     records: list[FileRecord] = []
 
     def write() -> list[dict[str, Any]]:
-        local = [r.to_dict() for r in _write_local_files(storage, request, commit)]
+        local = [r.to_dict() for r in _write_local_files(storage, request, commit, gate)]
         if before_commit is not None:
             before_commit(plan.checkpoint_dir, None)
         return local
