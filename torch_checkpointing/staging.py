@@ -504,6 +504,8 @@ class _SlabPlan:
         for t in tensors:
             if t.dtype in SUB_BYTE_DTYPES:
                 raise _sub_byte_refusal(key, value, t.dtype)
+            if t.device.type == "meta":
+                raise _meta_refusal(key, value)
             if fits_slab(t):
                 self.slots.append(self._slot(t))
 
@@ -534,6 +536,20 @@ def _sub_byte_refusal(key: str, value: Any, dtype: torch.dtype) -> pickle.Pickli
         f"Item '{key}' cannot be staged for the async save: the value at '{where}' is a tensor of dtype {dtype}, "
         f"a sub-byte dtype torch can neither copy nor save (no kernels). Store it packed into torch.uint8 (or "
         f"as a wider integer dtype), or leave it out of the checkpoint."
+    )
+
+
+def _meta_refusal(key: str, value: Any) -> ValueError:
+    """Refused before anything is copied, as a sync save's encoder refuses it: a meta tensor has a shape and a
+    dtype but no values, so a checkpoint of it would restore nothing."""
+    path, leaf = next(
+        (p, x) for p, x in iter_leaves(value) if isinstance(x, torch.Tensor) and local_tensor(x).device.type == "meta"
+    )
+    where = f"{key}::{dotted_key(path)}" if path else key
+    return ValueError(
+        f"Item '{key}' cannot be saved: '{where}' is a meta tensor (shape {tuple(leaf.shape)}, {leaf.dtype}, no "
+        f"values), so the checkpoint would restore nothing. Materialise it first (e.g. "
+        f"module.to_empty(device='cpu') and initialise or load it), or leave it out of the save."
     )
 
 
