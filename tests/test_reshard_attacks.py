@@ -13,6 +13,7 @@ import contextlib
 import copy
 import json
 import signal
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -190,4 +191,26 @@ def test_a_source_tensor_larger_than_its_metadata_says_is_refused(tmp_path: Path
     target = torch.full((8,), -1.0)
     with pytest.raises(CorruptCheckpointError, match=r"model_0\.pt.*\(6,\).*\(4,\)"):
         _load(tmp_path, [GlobalObjectMetadata(_shard_md(8, (0, 1)), (0, 1))], 2, target)
+    assert torch.equal(target, torch.full((8,), -1.0))
+
+
+def _shorten_storage_record(file: Path, keep: int) -> None:
+    """Rewrite a torch zip file with its one tensor record cut to `keep` bytes, the pickle unchanged."""
+    with zipfile.ZipFile(file) as zin:
+        entries = [(name, zin.read(name)) for name in zin.namelist()]
+    with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED) as zout:
+        for name, data in entries:
+            zout.writestr(name, data[:keep] if name.endswith("/data/0") else data)
+
+
+def test_a_tensor_record_shorter_than_its_storage_is_refused_not_read_past(tmp_path: Path) -> None:
+    """torch's memory-mapped load does not check a record's size: a tensor of 8 floats whose record holds 16
+    bytes came back with the zip entries after it as its last 4 values."""
+    md = make_md((8,), torch.float32, ((1,), (0,), (ReplicateSpec(),)))
+    file = tmp_path / f"{ITEM}_0.pt"
+    torch.save({"w": torch.arange(8.0)}, file)
+    _shorten_storage_record(file, 16)
+    target = torch.full((8,), -1.0)
+    with pytest.raises(CorruptCheckpointError, match=r"model_0\.pt.*w.*32 bytes.*16"):
+        _load(tmp_path, [GlobalObjectMetadata(md, (0,))], 1, target)
     assert torch.equal(target, torch.full((8,), -1.0))

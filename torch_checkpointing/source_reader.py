@@ -209,42 +209,76 @@ def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceF
     mapped = storage.mapped_path(path)
     if mapped is None:
         return _TorchSourceFile(load_resharding_source(storage, path), stats)
-    if not _checks_reads(storage):  # a plain store records nothing to check: map it, as torch does
-        return _TorchSourceFile(load_resharding_source(storage, path, mapped), stats)
     size = storage.getsize(path)
-    if not _verify_zip_outside_tensors(storage, path, size):
+    records = _tensor_records(storage, path, size)
+    if not _checks_reads(storage):  # a plain store records nothing to check: map it, as torch does
+        value = load_resharding_source(storage, path, mapped)
+        _check_storages_fit(path, value, records, mapped)
+        return _TorchSourceFile(value, stats)
+    if records is None:
         storage.verify_range(path, 0, size)  # not a zip (legacy torch.save): torch reads all of it
+    else:
+        _verify_outside(storage, path, size, records)
     value = load_resharding_source(storage, path, mapped)
+    _check_storages_fit(path, value, records, mapped)
     return _TorchSourceFile(value, stats, _mapping_of(storage, path, mapped, size, value))
 
 
 _TENSOR_RECORD = re.compile(r"(^|/)data/\d+$")
 
 
-def _verify_zip_outside_tensors(storage: Storage, path: Path, size: int) -> bool:
-    """Check every byte of a Torch zip file except the tensor payloads (torch reads them itself, unchecked):
-    the zip directory, each record's header, the pickle. False if the file is not a zip."""
+def _tensor_records(storage: Storage, path: Path, size: int) -> dict[int, int] | None:
+    """Where each tensor record's payload starts in a Torch zip file, and its size; None if not a zip."""
     try:
         with zipfile.ZipFile(_RangeFile(storage, path, size)) as zf:
             infos = zf.infolist()
     except zipfile.BadZipFile:
-        return False
-    payloads: list[tuple[int, int]] = []
+        return None
+    records: dict[int, int] = {}
     for info in infos:
         if _TENSOR_RECORD.search(info.filename) is None:
             continue
         header = storage.read_range(path, info.header_offset, 30)
         name_len, extra_len = struct.unpack("<HH", header[26:30])
-        start = info.header_offset + 30 + name_len + extra_len
-        payloads.append((start, start + info.compress_size))
+        records[info.header_offset + 30 + name_len + extra_len] = info.compress_size
+    return records
+
+
+def _verify_outside(storage: Storage, path: Path, size: int, records: dict[int, int]) -> None:
+    """Check every byte of a Torch zip file except the tensor payloads (torch reads them itself, unchecked):
+    the zip directory, each record's header, the pickle."""
     at = 0
-    for start, end in sorted(payloads):
+    for start, length in sorted(records.items()):
         if start > at:
             storage.verify_range(path, at, start - at)
-        at = max(at, end)
+        at = max(at, start + length)
     if at < size:
         storage.verify_range(path, at, size - at)
-    return True
+
+
+def _check_storages_fit(path: Path, value: Any, records: dict[int, int] | None, mapped: str) -> None:
+    """Each tensor's storage lies inside its own record of the mapped file. torch's memory-mapped load does
+    not compare a record's size with the storage the pickle declares: a shorter record hands back the bytes
+    after it (other records, the zip directory) as tensor data."""
+    if records is None:
+        return
+    flat = _tensors(value)
+    pointer = next((t.untyped_storage().data_ptr() for t in flat.values() if t.untyped_storage().nbytes()), None)
+    st = os.stat(mapped)
+    base = None if pointer is None else _file_base_address(pointer, st)
+    if base is None:
+        logger.debug("No mapping of %s found: its tensor records are not compared with their storages", path)
+        return
+    for key, tensor in flat.items():
+        storage = tensor.untyped_storage()
+        if not storage.nbytes() or not base <= storage.data_ptr() < base + st.st_size:
+            continue  # empty, or not read from the file (nothing of the file is read past)
+        held = records.get(storage.data_ptr() - base)
+        if held is None or storage.nbytes() > held:
+            raise CorruptCheckpointError(
+                f"{path}: tensor {key!r} declares {storage.nbytes()} bytes of storage, but its record in the file "
+                f"holds {held if held is not None else 'no'} bytes there; the file is damaged or crafted."
+            )
 
 
 class _RangeFile(io.RawIOBase):
