@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.test_reshard_plans import ITEM, local_storage, make_md
+from tests.test_reshard_plans import ITEM, RemoteStorage, local_storage, make_md
 from tests.test_verified_loads import _reshard_load, _reshard_save, _rewrite_metadata
 from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
@@ -146,10 +146,13 @@ def test_metadata_dtype_differing_from_the_files_is_refused_naming_the_file(tmp_
 # ------------------------------------------------------------------------- the planner, on real files
 
 
-def _load(tmp_path: Path, groups: list[GlobalObjectMetadata], world: int, target: torch.Tensor) -> list[Any]:
+def _load(
+    tmp_path: Path, groups: list[GlobalObjectMetadata], world: int, target: torch.Tensor, storage: Any = None
+) -> list[Any]:
     dst = make_md(tuple(target.shape), target.dtype, ((1,), (0,), (ReplicateSpec(),)))
     src = DistributedItemMetadata({("w",): groups}, dict.fromkeys(range(world)))
-    return DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): dst}, src, {"w": target}, local_storage())
+    storage = storage if storage is not None else local_storage()
+    return DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): dst}, src, {"w": target}, storage)
 
 
 def _shard_md(shape: int, mesh_data: tuple[int, ...]) -> Any:
@@ -203,14 +206,16 @@ def _shorten_storage_record(file: Path, keep: int) -> None:
             zout.writestr(name, data[:keep] if name.endswith("/data/0") else data)
 
 
-def test_a_tensor_record_shorter_than_its_storage_is_refused_not_read_past(tmp_path: Path) -> None:
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_tensor_record_shorter_than_its_storage_is_refused_not_read_past(tmp_path: Path, remote: bool) -> None:
     """torch's memory-mapped load does not check a record's size: a tensor of 8 floats whose record holds 16
-    bytes came back with the zip entries after it as its last 4 values."""
+    bytes came back with the zip entries after it as its last 4 values. Read whole (a store without local
+    paths), torch refuses it with a bare RuntimeError."""
     md = make_md((8,), torch.float32, ((1,), (0,), (ReplicateSpec(),)))
     file = tmp_path / f"{ITEM}_0.pt"
     torch.save({"w": torch.arange(8.0)}, file)
     _shorten_storage_record(file, 16)
     target = torch.full((8,), -1.0)
-    with pytest.raises(CorruptCheckpointError, match=r"model_0\.pt.*w.*32 bytes.*16"):
-        _load(tmp_path, [GlobalObjectMetadata(md, (0,))], 1, target)
+    with pytest.raises(CorruptCheckpointError, match=r"model_0\.pt.*(32 bytes.*16|16 bytes.*32)"):
+        _load(tmp_path, [GlobalObjectMetadata(md, (0,))], 1, target, RemoteStorage() if remote else None)
     assert torch.equal(target, torch.full((8,), -1.0))

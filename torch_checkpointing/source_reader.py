@@ -30,7 +30,7 @@ import torch
 
 from torch_checkpointing.checkpoint_layout import SerializationFormat
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES, codec_for, load_resharding_source, safetensors_dtype
-from torch_checkpointing.errors import CorruptCheckpointError
+from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError
 from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvise
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, flatten, get_path, local_tensor
@@ -208,23 +208,34 @@ def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceF
     before use (through a verifying view); else read whole."""
     mapped = storage.mapped_path(path)
     if mapped is None:
-        return _TorchSourceFile(load_resharding_source(storage, path), stats)
+        return _TorchSourceFile(_load_torch_source(storage, path, None), stats)
     size = storage.getsize(path)
     records = _tensor_records(storage, path, size)
     if not _checks_reads(storage):  # a plain store records nothing to check: map it, as torch does
-        value = load_resharding_source(storage, path, mapped)
+        value = _load_torch_source(storage, path, mapped)
         _check_storages_fit(path, value, records, mapped)
         return _TorchSourceFile(value, stats)
     if records is None:
         storage.verify_range(path, 0, size)  # not a zip (legacy torch.save): torch reads all of it
     else:
         _verify_outside(storage, path, size, records)
-    value = load_resharding_source(storage, path, mapped)
+    value = _load_torch_source(storage, path, mapped)
     _check_storages_fit(path, value, records, mapped)
     return _TorchSourceFile(value, stats, _mapping_of(storage, path, mapped, size, value))
 
 
 _TENSOR_RECORD = re.compile(r"(^|/)data/\d+$")
+
+
+def _load_torch_source(storage: Storage, path: Path, mapped: str | None) -> Any:
+    """The file's value; torch's own refusals of its container (a record shorter than its storage, a broken
+    zip) are RuntimeErrors, here a `CorruptCheckpointError` naming the file."""
+    try:
+        return load_resharding_source(storage, path, mapped)
+    except CheckpointError:
+        raise
+    except RuntimeError as exc:
+        raise CorruptCheckpointError(f"{path} is not a readable Torch file: {exc}") from exc
 
 
 def _tensor_records(storage: Storage, path: Path, size: int) -> dict[int, int] | None:
