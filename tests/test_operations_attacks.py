@@ -546,3 +546,32 @@ def test_ctrl_c_during_an_export_is_one_line_exit_130_and_leaves_nothing(tmp_pat
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and err.strip().splitlines() == ["torch-checkpointing export: interrupted"], err
     assert list(exports.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json", "gc", "ROOT", "--older-than", "nan"],
+        ["gc", "ROOT", "--json", "--older-than", "-1"],
+        ["--json", "inspect"],
+        ["--json", "frobnicate"],
+    ],
+)
+def test_bad_arguments_with_json_give_the_error_document(tmp_path: Path, argv: list[str]) -> None:
+    """docs/operations.md: with --json, errors come as {"error": ..., "kind": ...} with exit code 2. Argument
+    errors printed only argparse's usage on stderr: a script doing json.load(stdout) got nothing to parse."""
+    argv = [str(tmp_path) if a == "ROOT" else a for a in argv]
+    proc = subprocess.run(_cli_cmd(*argv), cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 2, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["kind"] == "UsageError" and doc["error"], doc
+    assert "usage: torch-checkpointing" in proc.stderr and "error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_help_and_bad_arguments_without_json_are_argparse_s(tmp_path: Path) -> None:
+    """--help needs no checkpoint, no torch.distributed set up, and exits 0; a bad argument is usage + one error
+    line on stderr, exit 2, and nothing on stdout."""
+    help_run = subprocess.run(_cli_cmd("prune", "--help"), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert help_run.returncode == 0 and "--keep-last" in help_run.stdout, help_run.stderr
+    bad = subprocess.run(_cli_cmd("prune", str(tmp_path), "--keep-last", "x"), cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == "" and "invalid int value: 'x'" in bad.stderr, bad.stderr

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import torch
 
@@ -604,14 +604,25 @@ def cmd_export(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
 # ------------------------------------------------------------------------------------------------ parser
 
 
+class UsageError(Exception):
+    """Bad arguments, raised instead of argparse's print-and-exit so that `--json` gets its error document."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="torch-checkpointing", description=__doc__.splitlines()[0] if __doc__ else None
-    )
+    parser = _Parser(prog="torch-checkpointing", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
     parser.add_argument("--plain", action="store_true", help="plain text even on a terminal")
     # The same flags after the command; SUPPRESS keeps a flag given before the command from being reset.
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document")
     common.add_argument("--plain", action="store_true", default=argparse.SUPPRESS, help="plain text even on a terminal")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -674,8 +685,12 @@ def _older_than(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:  # SystemExit(2), as argparse's own error() exits
+        json_mode = "--json" in argv[: argv.index("--") if "--" in argv else None]
+        raise SystemExit(_usage_error(exc, json_mode)) from None
     ui = Ui(args.json, args.plain)
     try:
         return int(args.run(args, ui, default_storage()))
@@ -689,6 +704,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: what was under way has cleaned up on the way out (an export's staging)
         print(f"torch-checkpointing {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _usage_error(exc: UsageError, json_mode: bool) -> int:
+    """What argparse prints for bad arguments (usage and the message, on stderr, exit 2), and with --json also
+    the error document on stdout that scripts parse: before, they got an empty stdout."""
+    if json_mode:
+        Ui(json_mode=True, plain=True).emit_json({"error": str(exc), "kind": "UsageError"})
+    exc.parser.print_usage(sys.stderr)
+    print(f"{exc.parser.prog}: error: {shown(str(exc))}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 def _report_error(command: str, ui: Ui, exc: Exception) -> int:
