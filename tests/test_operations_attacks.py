@@ -575,3 +575,37 @@ def test_help_and_bad_arguments_without_json_are_argparse_s(tmp_path: Path) -> N
     assert help_run.returncode == 0 and "--keep-last" in help_run.stdout, help_run.stderr
     bad = subprocess.run(_cli_cmd("prune", str(tmp_path), "--keep-last", "x"), cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stdout == "" and "invalid int value: 'x'" in bad.stderr, bad.stderr
+
+
+def test_two_exports_into_one_directory_move_in_one_after_the_other(tmp_path: Path) -> None:
+    """Two exports into one `out` with --overwrite at once moved their files in interleaved (index out, shards
+    in, stale shards out, index in), so one's index could end up over a mix of both one's shards: a complete-
+    looking export of neither checkpoint. A move-in now holds an exclusive flock on `out`'s parent directory;
+    here this test holds it, and the export must wait for it with everything staged and nothing in `out`."""
+    import fcntl
+
+    ckpt = _save_one(tmp_path / "run", {"model": {f"w{i}": torch.full((8,), float(i)) for i in range(4)}})
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    fd = os.open(exports, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what another export's move-in holds
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SLOW_EXPORT_CHILD, str(ckpt), str(exports / "hf")],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+        staged: list[Path] = []
+        while time.monotonic() < deadline and proc.poll() is None and not staged:
+            staged = [p for p in exports.glob(".hf.export-tmp-*") if (p / "model.safetensors.index.json").exists()]
+            time.sleep(0.01)
+        time.sleep(0.5)  # an export that ignored the lock would have moved in by now
+        assert staged and not (exports / "hf").exists(), proc.communicate(timeout=60)
+    finally:
+        os.close(fd)  # the other move-in is done
+    out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 0 and "EXPORTED" in out, err[-3000:]
+    assert sorted(p.name for p in exports.iterdir()) == ["hf"]

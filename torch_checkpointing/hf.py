@@ -13,7 +13,9 @@ The result is `model-0000k-of-0000n.safetensors` files plus `model.safetensors.i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -343,7 +345,8 @@ def export_hf(
         try:
             report = _write_export(source, shards, staging, dtype, f"{checkpoint}::{key} to {out}")
             source.wait_verified()
-            _publish(staging, out, report, overwrite, Path(checkpoint))
+            with _publishing_beside(out):
+                _publish(staging, out, report, overwrite, Path(checkpoint))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return report
@@ -476,6 +479,28 @@ def _write_export(
         ) from exc
     report.files.append(INDEX_FILE_NAME)
     return report
+
+
+@contextlib.contextmanager
+def _publishing_beside(out: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `out`'s parent directory while an export moves in: two exports into one
+    `out` at once (both with --overwrite) would otherwise interleave their file moves and leave one's index over
+    a mix of both one's shards, which looks complete. Nothing is written for the lock; on a file system
+    without flock on directories the publish goes ahead unlocked, with a DEBUG line."""
+    try:
+        fd = os.open(out.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        logger.debug("Publishing %s without a lock (%s)", out, exc)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            logger.debug("Publishing %s without a lock (%s)", out, exc)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
 
 
 def _publish(staging: Path, out: Path, report: ExportReport, overwrite: bool, checkpoint: Path) -> None:
