@@ -312,7 +312,6 @@ def _craft_global_shape(src: Path, dst: Path, name: str, shape: list[int]) -> No
         ("cols", [4, 2**40]),
         ("strided", [2**40, 6]),
         ("rep", [2**40]),
-        ("rows", [5, 7, 3]),
         ("rows", [1, 7]),  # smaller than saved: a truncated tensor was exported as if it were whole
     ],
 )
@@ -325,4 +324,18 @@ def test_export_refuses_a_crafted_global_shape_before_allocating(
     with pytest.raises(CorruptCheckpointError, match=rf"metadata\.json.*global_shape.*model::{name}") as info:
         export_hf(crafted, "model", tmp_path / "hf")
     assert "model_0.pt" in str(info.value)
+    assert not (tmp_path / "hf").exists() and not [p for p in tmp_path.iterdir() if ".export-tmp-" in p.name]
+
+
+@pytest.mark.multirank
+def test_export_refuses_a_global_shape_of_another_rank_count_at_parse(
+    two_ranks: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """A 3-D global shape over 2-D shards disagrees with the tensor's own stride: refused as the metadata is
+    parsed, naming metadata.json, the item, the path and the field, before any file is read or written."""
+    root, _ = two_ranks
+    crafted = tmp_path / "crafted"
+    _craft_global_shape(root / "ckpt", crafted, "rows", [5, 7, 3])
+    with pytest.raises(CorruptCheckpointError, match=r"""metadata\.json.*item 'model' path \["rows"\].*'stride'"""):
+        export_hf(crafted, "model", tmp_path / "hf")
     assert not (tmp_path / "hf").exists() and not [p for p in tmp_path.iterdir() if ".export-tmp-" in p.name]
