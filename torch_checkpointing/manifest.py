@@ -217,7 +217,13 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         if not isinstance(per_rank, dict):
             raise CorruptCheckpointError(f"{where}: field 'items.{key}' must be an object of rank -> file record.")
         for rank_text, rec in per_rank.items():
-            files.append(_record(rec, key, rank_text, f"{where}: field 'items.{key}.{rank_text}'"))
+            record = _record(rec, key, rank_text, f"{where}: field 'items.{key}.{rank_text}'")
+            if record.rank >= world_size:
+                raise CorruptCheckpointError(
+                    f"{where}: field 'items.{key}.{rank_text}' is a file of rank {record.rank}, but the checkpoint "
+                    f"was saved by {world_size} rank(s) (field 'world_size'); this manifest is not what its save wrote."
+                )
+            files.append(record)
     metadata_file = _optional(d, "metadata_file", str, where)
     metrics = _optional(d, "metrics", dict, where)
     if metrics is not None and not all(_is_number(v) for v in metrics.values()):
