@@ -11,8 +11,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
+import os
 import pickle
+import re
+import struct
 import sys
+import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -31,7 +36,7 @@ from torch_checkpointing.checkpoint_layout import (
     SerializationFormat,
     TorchSerialization,
 )
-from torch_checkpointing.errors import CorruptCheckpointError, RefusedPickleError
+from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, RefusedPickleError
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
@@ -41,6 +46,7 @@ from torch_checkpointing.traversal import (
     NestingError,
     children,
     dotted_key,
+    flatten,
     is_container,
     iter_leaves,
     join_key,
@@ -56,13 +62,19 @@ __all__ = [
     "TRUST_HINT",
     "Codec",
     "DecodeOptions",
+    "check_storages_fit",
     "codec_for",
     "dtype_from_name",
+    "file_base_address",
     "load_resharding_source",
     "load_torch",
     "read_safetensors",
     "safetensors_dtype",
+    "tensor_records",
+    "tensor_records_of",
 ]
+
+logger = logging.getLogger("torch_checkpointing.codecs")
 
 TRUST_HINT = (
     "If you trust this checkpoint, opt in to arbitrary objects with "
@@ -138,13 +150,35 @@ class Codec(ABC):
 
 
 def load_torch(
-    storage: Storage, path: Path, what: str, options: DecodeOptions, hint: str = TRUST_HINT, local: str | None = None
+    storage: Storage,
+    path: Path,
+    what: str,
+    options: DecodeOptions,
+    hint: str = TRUST_HINT,
+    local: str | None = None,
+    records: Mapping[int, int] | None = None,
 ) -> Any:
     """`torch.load` of one file: memory-mapped from `local` when given (a mapping the caller verifies), else
     from the storage's local path (with `options.use_mmap`), else from its bytes. A refusal by torch's safe
-    loader is a `RefusedPickleError` naming `what`, the file and `hint`."""
+    loader is a `RefusedPickleError` naming `what`, the file and `hint`; a container torch cannot read, or a
+    mapped tensor whose storage runs past its record (`records`: payload offset to size, walked from the
+    file when not given), is a `CorruptCheckpointError` naming the file."""
     if local is None and options.use_mmap:
         local = storage.local_path(path)
+    try:
+        value, mapped = _load_refusing_pickles(storage, path, what, options, hint, local)
+    except CheckpointError:
+        raise
+    except RuntimeError as exc:
+        raise CorruptCheckpointError(f"File {path} for {what} is not a readable Torch file: {exc}") from exc
+    if mapped is not None:
+        check_storages_fit(path, value, tensor_records_of(mapped) if records is None else records, mapped)
+    return value
+
+
+def _load_refusing_pickles(
+    storage: Storage, path: Path, what: str, options: DecodeOptions, hint: str, local: str | None
+) -> tuple[Any, str | None]:
     try:
         try:
             return _torch_load(storage, path, local, options)
@@ -164,25 +198,108 @@ def load_torch(
         ) from exc
 
 
-def _torch_load(storage: Storage, path: Path, local: str | None, options: DecodeOptions) -> Any:
+def _torch_load(storage: Storage, path: Path, local: str | None, options: DecodeOptions) -> tuple[Any, str | None]:
+    """The file's value, and the local path torch memory-mapped it from (None when it read the bytes)."""
     map_location, weights_only = options.map_location, options.weights_only
     if local is not None:
         try:
-            return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
+            return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True), local
         except RuntimeError as exc:
             if "mmap" not in str(exc):  # only legacy (non-zip) files refuse mmap; re-raise the rest
                 raise
-    return torch.load(io.BytesIO(storage.read(path)), map_location=map_location, weights_only=weights_only)
+    value = torch.load(io.BytesIO(storage.read(path)), map_location=map_location, weights_only=weights_only)
+    return value, None
+
+
+_TENSOR_RECORD = re.compile(r"(^|/)data/\d+$")
+_LOCAL_HEADER = 30  # bytes of a zip local file header before its name and extra field
+
+
+def tensor_records(file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:
+    """Where each tensor record's payload starts in a Torch zip file, and its size; None if not a zip."""
+    try:
+        with zipfile.ZipFile(file) as zf:
+            infos = zf.infolist()
+    except zipfile.BadZipFile:
+        return None
+    records: dict[int, int] = {}
+    for info in infos:
+        if _TENSOR_RECORD.search(info.filename) is None:
+            continue
+        file.seek(info.header_offset)
+        header = file.read(_LOCAL_HEADER)
+        if len(header) < _LOCAL_HEADER:
+            raise CorruptCheckpointError(f"Tensor record {info.filename!r} has its header past the file's end.")
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        records[info.header_offset + _LOCAL_HEADER + name_len + extra_len] = info.compress_size
+    return records
+
+
+def tensor_records_of(local: str) -> dict[int, int] | None:
+    """`tensor_records` of a local file."""
+    with open(local, "rb") as file:
+        return tensor_records(file)
+
+
+def check_storages_fit(path: Path, value: Any, records: Mapping[int, int] | None, mapped: str) -> None:
+    """Each tensor's storage lies inside its own record of the mapped file. torch's memory-mapped load does
+    not compare a record's size with the storage the pickle declares: a shorter record hands back the bytes
+    after it (other records, the zip directory) as tensor data."""
+    if records is None:
+        return  # not a zip (legacy torch.save): torch read it whole, checking each storage's size
+    flat = flatten(value, keep=lambda leaf: isinstance(leaf, torch.Tensor))
+    pointer = next((t.untyped_storage().data_ptr() for t in flat.values() if t.untyped_storage().nbytes()), None)
+    st = os.stat(mapped)
+    base = None if pointer is None else file_base_address(pointer, st)
+    if base is None:
+        if pointer is not None:
+            logger.debug("No mapping of %s found: its tensor records are not compared with their storages", path)
+        return
+    for key, tensor in flat.items():
+        storage = tensor.untyped_storage()
+        if not storage.nbytes() or not base <= storage.data_ptr() < base + st.st_size:
+            continue  # empty, or not read from the file (nothing of the file is read past)
+        held = records.get(storage.data_ptr() - base)
+        if held is None or storage.nbytes() > held:
+            raise CorruptCheckpointError(
+                f"{path}: tensor {key!r} declares {storage.nbytes()} bytes of storage, but its record in the file "
+                f"holds {held if held is not None else 'no'} bytes there; the file is damaged or crafted. Load an "
+                f"earlier checkpoint."
+            )
+
+
+def file_base_address(pointer: int, st: os.stat_result) -> int | None:
+    """The address of byte 0 of the file `st` describes in the mapping holding `pointer` (from the kernel's
+    map of this process, matched by device and inode); None if no such mapping (or no /proc)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                if len(fields) < 5:
+                    continue
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                if lo <= pointer < hi:
+                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    if int(fields[4]) != st.st_ino or os.makedev(major, minor) != st.st_dev:
+                        return None
+                    return lo - int(fields[2], 16)
+    except OSError as exc:
+        logger.debug("Cannot read /proc/self/maps (%s): a mapped file's records are not located", exc)
+        return None
+    return None
 
 
 def _needs_dtensor_module(exc: pickle.UnpicklingError) -> bool:
     return "torch.distributed.tensor" in str(exc) and "torch.distributed.tensor" not in sys.modules
 
 
-def load_resharding_source(storage: Storage, path: Path, local: str | None = None) -> Any:
+def load_resharding_source(
+    storage: Storage, path: Path, local: str | None = None, records: Mapping[int, int] | None = None
+) -> Any:
     """A Torch file's whole value for block reads by a resharder: on the CPU, torch's safe loader, mapped
-    (from `local` when given) where the storage allows."""
-    return load_torch(storage, path, "a resharding source", DecodeOptions(map_location="cpu"), _RESHARD_HINT, local)
+    (from `local` when given, its tensor `records` already walked where given) where the storage allows."""
+    options = DecodeOptions(map_location="cpu")
+    return load_torch(storage, path, "a resharding source", options, _RESHARD_HINT, local, records)
 
 
 def read_safetensors(storage: Storage, path: Path, key: str) -> dict[str, torch.Tensor]:

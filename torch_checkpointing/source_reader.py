@@ -17,9 +17,7 @@ import json
 import logging
 import math
 import os
-import re
 import struct
-import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,8 +27,15 @@ from typing import Any
 import torch
 
 from torch_checkpointing.checkpoint_layout import SerializationFormat
-from torch_checkpointing.codecs import SAFETENSORS_DTYPES, codec_for, load_resharding_source, safetensors_dtype
-from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError
+from torch_checkpointing.codecs import (
+    SAFETENSORS_DTYPES,
+    codec_for,
+    file_base_address,
+    load_resharding_source,
+    safetensors_dtype,
+    tensor_records,
+)
+from torch_checkpointing.errors import CorruptCheckpointError
 from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvise
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, flatten, get_path, local_tensor
@@ -205,54 +210,21 @@ class _TorchSourceFile(SourceFile):
 
 def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
     """A Torch file for block reads: memory-mapped where the storage maps files, each block's bytes checked
-    before use (through a verifying view); else read whole."""
+    before use (through a verifying view); else read whole. Every mapped tensor is checked to lie inside its
+    own record of the file (`codecs.check_storages_fit`, the check every Torch decode runs)."""
     mapped = storage.mapped_path(path)
     if mapped is None:
-        return _TorchSourceFile(_load_torch_source(storage, path, None), stats)
-    size = storage.getsize(path)
-    records = _tensor_records(storage, path, size)
+        return _TorchSourceFile(load_resharding_source(storage, path), stats)
     if not _checks_reads(storage):  # a plain store records nothing to check: map it, as torch does
-        value = _load_torch_source(storage, path, mapped)
-        _check_storages_fit(path, value, records, mapped)
-        return _TorchSourceFile(value, stats)
+        return _TorchSourceFile(load_resharding_source(storage, path, mapped), stats)
+    size = storage.getsize(path)
+    records = tensor_records(_RangeFile(storage, path, size))  # through the view: the zip directory is checked
     if records is None:
         storage.verify_range(path, 0, size)  # not a zip (legacy torch.save): torch reads all of it
     else:
         _verify_outside(storage, path, size, records)
-    value = _load_torch_source(storage, path, mapped)
-    _check_storages_fit(path, value, records, mapped)
+    value = load_resharding_source(storage, path, mapped, records)
     return _TorchSourceFile(value, stats, _mapping_of(storage, path, mapped, size, value))
-
-
-_TENSOR_RECORD = re.compile(r"(^|/)data/\d+$")
-
-
-def _load_torch_source(storage: Storage, path: Path, mapped: str | None) -> Any:
-    """The file's value; torch's own refusals of its container (a record shorter than its storage, a broken
-    zip) are RuntimeErrors, here a `CorruptCheckpointError` naming the file."""
-    try:
-        return load_resharding_source(storage, path, mapped)
-    except CheckpointError:
-        raise
-    except RuntimeError as exc:
-        raise CorruptCheckpointError(f"{path} is not a readable Torch file: {exc}") from exc
-
-
-def _tensor_records(storage: Storage, path: Path, size: int) -> dict[int, int] | None:
-    """Where each tensor record's payload starts in a Torch zip file, and its size; None if not a zip."""
-    try:
-        with zipfile.ZipFile(_RangeFile(storage, path, size)) as zf:
-            infos = zf.infolist()
-    except zipfile.BadZipFile:
-        return None
-    records: dict[int, int] = {}
-    for info in infos:
-        if _TENSOR_RECORD.search(info.filename) is None:
-            continue
-        header = storage.read_range(path, info.header_offset, 30)
-        name_len, extra_len = struct.unpack("<HH", header[26:30])
-        records[info.header_offset + 30 + name_len + extra_len] = info.compress_size
-    return records
 
 
 def _verify_outside(storage: Storage, path: Path, size: int, records: dict[int, int]) -> None:
@@ -265,31 +237,6 @@ def _verify_outside(storage: Storage, path: Path, size: int, records: dict[int, 
         at = max(at, start + length)
     if at < size:
         storage.verify_range(path, at, size - at)
-
-
-def _check_storages_fit(path: Path, value: Any, records: dict[int, int] | None, mapped: str) -> None:
-    """Each tensor's storage lies inside its own record of the mapped file. torch's memory-mapped load does
-    not compare a record's size with the storage the pickle declares: a shorter record hands back the bytes
-    after it (other records, the zip directory) as tensor data."""
-    if records is None:
-        return
-    flat = _tensors(value)
-    pointer = next((t.untyped_storage().data_ptr() for t in flat.values() if t.untyped_storage().nbytes()), None)
-    st = os.stat(mapped)
-    base = None if pointer is None else _file_base_address(pointer, st)
-    if base is None:
-        logger.debug("No mapping of %s found: its tensor records are not compared with their storages", path)
-        return
-    for key, tensor in flat.items():
-        storage = tensor.untyped_storage()
-        if not storage.nbytes() or not base <= storage.data_ptr() < base + st.st_size:
-            continue  # empty, or not read from the file (nothing of the file is read past)
-        held = records.get(storage.data_ptr() - base)
-        if held is None or storage.nbytes() > held:
-            raise CorruptCheckpointError(
-                f"{path}: tensor {key!r} declares {storage.nbytes()} bytes of storage, but its record in the file "
-                f"holds {held if held is not None else 'no'} bytes there; the file is damaged or crafted."
-            )
 
 
 class _RangeFile(io.RawIOBase):
@@ -327,27 +274,8 @@ def _mapping_of(storage: Storage, path: Path, mapped: str, size: int, value: Any
     check: Callable[[int, int], None] = lambda offset, length: storage.verify_range(path, offset, length)  # noqa: E731
     flat = _tensors(value)
     pointer = next((t.untyped_storage().data_ptr() for t in flat.values() if t.untyped_storage().nbytes()), None)
-    base = None if pointer is None else _file_base_address(pointer, os.stat(mapped))
+    base = None if pointer is None else file_base_address(pointer, os.stat(mapped))
     return _FileMapping(check, base if base is not None else -(1 << 62), size)
-
-
-def _file_base_address(pointer: int, st: os.stat_result) -> int | None:
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split()
-                if len(fields) < 5:
-                    continue
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                if lo <= pointer < hi:
-                    major, minor = (int(x, 16) for x in fields[3].split(":"))
-                    if int(fields[4]) != st.st_ino or os.makedev(major, minor) != st.st_dev:
-                        return None
-                    return lo - int(fields[2], 16)
-    except OSError as exc:
-        logger.debug("Cannot read /proc/self/maps (%s): block reads of a mapped source check its whole file", exc)
-        return None
-    return None
 
 
 class _SafetensorsLocalTensor(SourceTensor):
