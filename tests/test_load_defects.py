@@ -6,6 +6,7 @@ Each test failed on the code before its fix.
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,15 @@ import torch
 
 from tests.memory_storage import MemoryStorageConfig
 from tests.test_reshard_attacks import _shorten_storage_record
-from tests.test_verified_loads import _edit_manifest, _manager
+from tests.test_reshard_plans import make_md
+from tests.test_verified_loads import AlwaysReshard, _edit_manifest, _manager, _reshard_save
 from torch_checkpointing.checkpoint_layout import TorchSerialization
+from torch_checkpointing.distributed_metadata import GlobalObjectMetadata
+from torch_checkpointing.dtensor_metadata import ReplicateSpec
+from torch_checkpointing.dtensor_resharder import compute_load_plans
 from torch_checkpointing.encoding import decode
-from torch_checkpointing.errors import CorruptCheckpointError
+from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+from torch_checkpointing.schema import ItemSpec
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -86,3 +92,32 @@ def test_a_load_refuses_a_forged_file_whose_record_is_shorter_than_its_storage(
         assert torch.equal(template["w"], torch.full((8,), -1.0))
     finally:
         m.close()
+
+
+# ------------------------------------------------------------ 2. a model changed under a resharding load
+
+
+def test_a_changed_model_under_a_resharding_load_is_a_template_mismatch(tmp_path: Path) -> None:
+    """It escaped the loader as a bare ValueError, outside `except CheckpointError`; it stays a ValueError."""
+    root, _ = _reshard_save(tmp_path)
+    m = _manager({"model": ItemSpec(resharder=AlwaysReshard())})
+    target = torch.full((4095,), -1.0)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*plain.*")
+            with pytest.raises(TemplateMismatchError, match=r"model.*\bw\b.*\(4096,\).*\(4095,\).*load into") as info:
+                m.load(str(root), into={"model": {"w": target}})
+    finally:
+        m.close()
+    assert isinstance(info.value, ValueError) and isinstance(info.value, CheckpointError)
+    assert torch.equal(target, torch.full((4095,), -1.0))
+
+
+@pytest.mark.parametrize("groups", [1, 2], ids=["indexed", "brute-force"])
+def test_the_planner_refuses_a_changed_global_shape_as_a_template_mismatch(groups: int) -> None:
+    """Both planners (one group per path is indexed; several take the brute-force route) raise it."""
+    src = make_md((4,), torch.float32, ((1,), (0,), (ReplicateSpec(),)))
+    dst = make_md((5,), torch.float32, ((1,), (0,), (ReplicateSpec(),)))
+    source = [GlobalObjectMetadata(src, (0,)) for _ in range(groups)]
+    with pytest.raises(TemplateMismatchError, match=r"layer\.w.*\(4,\).*\(5,\)"):
+        compute_load_plans(("layer", "w"), dst, source, 0)

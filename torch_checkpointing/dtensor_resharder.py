@@ -187,10 +187,12 @@ def _source_ranks(source_groups: list[Any]) -> list[tuple[int, DTensorShardingMe
 
 
 def _check_global_shape(fqn: str, src_md: DTensorShardingMetadata, target: DTensorShardingMetadata) -> None:
+    """A target whose global shape differs from the saved one is a changed model, not a layout to reshard."""
     if tuple(src_md.global_shape) != tuple(target.global_shape):
-        raise ValueError(
+        raise TemplateMismatchError(
             f"Cannot reshard {fqn or '<item>'}: saved with global shape {tuple(src_md.global_shape)} but the "
-            f"target has {tuple(target.global_shape)}. The model changed; load into a matching model."
+            f"target has {tuple(target.global_shape)}. The model changed since the save; load into a model of "
+            f"the saved shape, or leave this entry out of the template."
         )
 
 
@@ -607,6 +609,8 @@ def plan_reshard_job(
         info = plan_resharding(target_metadata, source_metadata, rank)
     except CorruptCheckpointError as exc:
         raise CorruptCheckpointError(f"{Path(source_path) / METADATA_FILE_NAME}: item '{item_key}': {exc}") from None
+    except TemplateMismatchError as exc:
+        raise TemplateMismatchError(f"Checkpoint {source_path}, item '{item_key}': {exc}") from None
     values = tuple(_value_entries(target))
     planned = sorted({p.src_rank for plans in info.nested_path_to_load_plans.values() for p in plans})
     ranks = planned or sorted(source_metadata.rank_to_layout_info)  # a rank that reads no block: any file

@@ -3,7 +3,8 @@
 Bad arguments stay `ValueError`/`TypeError` (the caller passed something wrong). Everything that concerns a
 checkpoint itself, or the save/load machinery, is a `CheckpointError`, so one `except CheckpointError`
 catches "this checkpoint cannot be used" without swallowing programming errors. Each subclass names one
-kind of failure a caller may want to handle differently.
+kind of failure a caller may want to handle differently. `TemplateMismatchError` is both: the checkpoint and
+the caller's `into=` template disagree.
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ class RefusedPickleError(UnsafeCheckpointError, pickle.UnpicklingError):
     """torch's safe loader (weights_only=True) refused an object in a file; still a `pickle.UnpicklingError`."""
 
 
-class TemplateMismatchError(CheckpointError):
-    """What the checkpoint holds does not fit the `into=` template (shape, dtype, structure, missing keys)."""
+class TemplateMismatchError(CheckpointError, ValueError):
+    """What the checkpoint holds does not fit the `into=` template (shape, dtype, structure, missing keys).
+
+    Also a `ValueError`: the template is the caller's argument, and a resharding load refused a model whose
+    shapes changed with a bare ValueError before, which callers may still catch.
+    """
 
 
 class CommitError(CheckpointError):
