@@ -609,3 +609,21 @@ def test_two_exports_into_one_directory_move_in_one_after_the_other(tmp_path: Pa
     out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0 and "EXPORTED" in out, err[-3000:]
     assert sorted(p.name for p in exports.iterdir()) == ["hf"]
+
+
+def test_an_overwrite_replaces_an_export_of_more_than_99999_shards(tmp_path: Path) -> None:
+    """Shard names have five digits and more past 99999 shards (`{k:05d}`); an --overwrite export took such a
+    folder's shards for someone else's files and refused (or would have left them beside the new export)."""
+    import torch
+
+    from torch_checkpointing import CheckpointManager
+    from torch_checkpointing.hf import INDEX_FILE_NAME, export_hf
+
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
+        manager.save(str(tmp_path / "c"), {"model": {"w": torch.arange(4.0)}})
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "model-100000-of-100001.safetensors").write_bytes(b"an earlier export's shard")
+    (out / INDEX_FILE_NAME).write_text('{"metadata": {}, "weight_map": {}}')
+    report = export_hf(tmp_path / "c", "model", out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == sorted(report.files)

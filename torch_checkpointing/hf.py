@@ -365,7 +365,7 @@ def _refuse_unstorable(plans: list[_TensorPlan], dtype: torch.dtype | None, what
         )
 
 
-_EXPORT_FILE_RE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
+_EXPORT_FILE_RE = re.compile(r"^model(-\d{5,}-of-\d{5,})?\.safetensors$")  # 5 digits, more past 99999 shards
 # `{pid}-{where}{nonce}`: `where` (8 hex digits) names the host and pid namespace the pid belongs to; names
 # written before it was recorded have the 8-digit nonce alone.
 _STAGING_RE = re.compile(r"^\..+\.export-tmp-(?P<pid>\d+)-(?P<mark>[0-9a-f]+)$")
