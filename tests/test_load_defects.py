@@ -6,6 +6,7 @@ Each test failed on the code before its fix.
 
 from __future__ import annotations
 
+import os
 import warnings
 import zlib
 from pathlib import Path
@@ -15,13 +16,16 @@ import pytest
 import torch
 
 from tests.memory_storage import MemoryStorageConfig
+from tests.s3_server import RecordingStorageConfig, S3Server, logged_gets
 from tests.test_reshard_attacks import _shorten_storage_record
 from tests.test_reshard_plans import make_md
 from tests.test_verified_loads import AlwaysReshard, _edit_manifest, _manager, _reshard_save
-from torch_checkpointing.checkpoint_layout import TorchSerialization
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization, TorchSerialization
+from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.distributed_metadata import GlobalObjectMetadata
 from torch_checkpointing.dtensor_metadata import ReplicateSpec
-from torch_checkpointing.dtensor_resharder import compute_load_plans
+from torch_checkpointing.dtensor_resharder import DTensorResharder, compute_load_plans
 from torch_checkpointing.encoding import decode
 from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from torch_checkpointing.schema import ItemSpec
@@ -121,3 +125,57 @@ def test_the_planner_refuses_a_changed_global_shape_as_a_template_mismatch(group
     source = [GlobalObjectMetadata(src, (0,)) for _ in range(groups)]
     with pytest.raises(TemplateMismatchError, match=r"layer\.w.*\(4,\).*\(5,\)"):
         compute_load_plans(("layer", "w"), dst, source, 0)
+
+
+# ------------------------------------------------------------ 3. a custom resharder's blocks are not prefetched
+
+
+class OwnLoad(AlwaysReshard):
+    """A DTensorResharder subclass with its own `load`: the load must call it, and only it reads the blocks."""
+
+    def load(
+        self, source_path: Path, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
+    ) -> list[Any]:
+        self.loads = getattr(self, "loads", 0) + 1
+        return super().load(source_path, item_key, target_metadata, source_metadata, target, storage)
+
+
+def _s3_manager(resharder: DTensorResharder, config: RecordingStorageConfig) -> CheckpointManager:
+    items = {"model": ItemSpec(resharder=resharder, layout=_S3_LAYOUT)}
+    return CheckpointManager(
+        CheckpointManager.Config(items=items, save=SyncCheckpointSaverConfig(), storage_config=config)
+    )
+
+
+_S3_LAYOUT = LayoutInfo("model/{rank}.safetensors", SafetensorsSerialization())
+_N = 1 << 20  # float32 elements: 4 MiB, many checksummed blocks
+
+
+def _bytes_fetched(config: RecordingStorageConfig, resharder: DTensorResharder) -> int:
+    """Load tensor 'a' through `resharder`; the bytes this process fetched from the item file."""
+    target = {"a": torch.zeros(_N)}
+    before = len(logged_gets(config.gets_log, os.getpid()))
+    with _s3_manager(resharder, config) as m, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*plain.*")
+        m.load("/ck", into={"model": target}, strict=False)
+    assert torch.equal(target["a"], torch.arange(_N, dtype=torch.float32))
+    gets = logged_gets(config.gets_log, os.getpid())[before:]
+    return sum(end - start for key, start, end in gets if key.endswith("model/0.safetensors"))
+
+
+def test_a_resharder_with_its_own_load_fetches_its_blocks_once(s3_server: S3Server, tmp_path: Path) -> None:
+    """Its blocks were fetched (and held to the end of the load) by the check phase, then fetched again by its
+    own `load`: twice the bytes of the engine's own resharder."""
+    base = s3_server.config()
+    config = RecordingStorageConfig(
+        url=base.url, storage_options=base.storage_options, part_size=base.part_size, gets_log=str(tmp_path / "g")
+    )
+    values = {"a": torch.arange(_N, dtype=torch.float32), "b": torch.zeros(_N)}
+    with _s3_manager(AlwaysReshard(), config) as m, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*plain.*")
+        m.save("/ck", {"model": values})
+    planned = _bytes_fetched(config, AlwaysReshard())
+    own = OwnLoad()
+    fetched = _bytes_fetched(config, own)
+    assert own.loads == 1
+    assert 4 * _N <= fetched <= planned, (fetched, planned)

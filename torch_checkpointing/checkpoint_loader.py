@@ -311,10 +311,15 @@ class CheckpointLoader:
 
     def _precheck_reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> list[CheckpointPath]:
         """Phase 1 for a planned job: raise what its copy would raise; returns the paths it cannot fill (so a
-        strict load refuses before the first copy)."""
-        from torch_checkpointing.dtensor_resharder import check_reshard_job
+        strict load refuses before the first copy). A job the copy phase will not run (a subclass with its own
+        `load`, which reads what it likes) is only planned: checking its blocks here would fetch them, hold
+        them to the end of the load, and leave the subclass's `load` to fetch them again."""
+        from torch_checkpointing.dtensor_resharder import check_reshard_job, planned_job_runner
 
         if plan.job is None:
+            return []
+        resharder = plan.item.spec.resharder
+        if resharder is None or planned_job_runner(resharder) is None:
             return []
         return [CheckpointPath(plan.item.key, tuple(p)) for p in check_reshard_job(plan.job, ctx.storage_view())]
 
