@@ -170,7 +170,8 @@ def load_torch(
     except CheckpointError:
         raise
     except RuntimeError as exc:
-        raise CorruptCheckpointError(f"File {path} for {what} is not a readable Torch file: {exc}") from exc
+        placed = "" if options.map_location is None else f", or map_location={options.map_location!r} is not here"
+        raise CorruptCheckpointError(f"File {path} for {what} is not a readable Torch file{placed}: {exc}") from exc
     if mapped is not None:
         check_storages_fit(path, value, tensor_records_of(mapped) if records is None else records, mapped)
     return value
