@@ -248,7 +248,11 @@ def check_storages_fit(path: Path, value: Any, records: Mapping[int, int] | None
     after it (other records, the zip directory) as tensor data."""
     if records is None:
         return  # not a zip (legacy torch.save): torch read it whole, checking each storage's size
-    flat = flatten(value, keep=lambda leaf: isinstance(leaf, torch.Tensor))
+    flat = {
+        f"{key}{part}": dense
+        for key, tensor in flatten(value, keep=lambda leaf: isinstance(leaf, torch.Tensor)).items()
+        for part, dense in _dense_parts(tensor)
+    }
     pointer = next((t.untyped_storage().data_ptr() for t in flat.values() if t.untyped_storage().nbytes()), None)
     st = os.stat(mapped)
     base = None if pointer is None else file_base_address(pointer, st)
@@ -267,6 +271,28 @@ def check_storages_fit(path: Path, value: Any, records: Mapping[int, int] | None
                 f"holds {held if held is not None else 'no'} bytes there; the file is damaged or crafted. Load an "
                 f"earlier checkpoint."
             )
+
+
+def _dense_parts(tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The strided tensors whose storages hold `tensor`'s data: itself, or a sparse tensor's index and value
+    tensors (a sparse tensor has no storage of its own); none for a nested tensor (no storage to compare)."""
+    if tensor.layout == torch.strided:
+        return [] if tensor.is_nested else [("", tensor)]
+    if tensor.layout == torch.sparse_coo:
+        return [(".indices", tensor._indices()), (".values", tensor._values())]
+    if tensor.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [
+            (".crow_indices", tensor.crow_indices()),
+            (".col_indices", tensor.col_indices()),
+            (".values", tensor.values()),
+        ]
+    if tensor.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [
+            (".ccol_indices", tensor.ccol_indices()),
+            (".row_indices", tensor.row_indices()),
+            (".values", tensor.values()),
+        ]
+    return []
 
 
 def file_base_address(pointer: int, st: os.stat_result) -> int | None:
