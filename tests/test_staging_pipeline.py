@@ -128,8 +128,8 @@ def test_a_safetensors_item_waits_for_its_whole_range(tmp_path: Path) -> None:
 
 def test_a_copy_that_fails_midway_commits_nothing(tmp_path: Path) -> None:
     ck = str(tmp_path / "ck")
-    before = {
-        "a": {"w": torch.full((BIG,), 3.0), "b": torch.ones(7)},
+    before = {  # another layout than _state()'s: the failing save gets a fresh slab, so it is written during its copy
+        "a": {"w": torch.full((BIG + 1,), 3.0), "b": torch.ones(7)},
         "z": {"held": torch.ones(1000), "after": torch.ones(5)},
     }
     manager = _manager(True)
@@ -138,7 +138,8 @@ def test_a_copy_that_fails_midway_commits_nothing(tmp_path: Path) -> None:
         HeldCopy.fail = True
         future = manager.save(ck, _state())
         assert HeldCopy.copying.wait(60)
-        time.sleep(0.5)  # item a is being written meanwhile
+        written = _wait_for(lambda: any(p.stat().st_size >= BIG * 4 for p in _files_under(tmp_path, "a*.pt")), 30)
+        assert written, "the failing save was not being written during its copy"
         HeldCopy.release.set()
         with pytest.raises(RuntimeError, match="held copy failed on purpose"):
             future.result(120)

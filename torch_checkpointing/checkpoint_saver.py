@@ -38,9 +38,6 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 __all__ = ["AsyncCheckpointSaver", "CheckpointSaver", "SavePlan", "SyncCheckpointSaver", "WriteFuture"]
 
 logger = logging.getLogger("torch_checkpointing.saver")
-# Whether a save whose slab is reused (warm) is written during its copy too, or only a fresh slab's (the
-# first save, whose copy pays first-touch page faults); see docs/performance.md for the measurement.
-_PIPELINE_WARM_SAVES = os.environ.get("TC_PIPELINE_WARM", "1") == "1"
 
 
 class CheckpointSaver(ABC):
@@ -208,8 +205,11 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def save(self, plan: SavePlan) -> Future[Any]:
         """Returns once staging has started (or finished, without async staging); the Future ends with the commit.
 
-        The write is handed to the writer process as soon as the staged tree is planned, before the slab is
-        filled: the writer writes what the copy has reached (`staging_gate.py`) while the copy goes on.
+        A save into a fresh slab (the first one, or after the state's layout changed) is handed to the writer
+        process as soon as its staged tree is planned: its copy pays the first touch of every page, and the
+        writer writes what the copy has reached meanwhile (`staging_gate.py`). A save into a reused slab is
+        handed over after its copy, as a copy at memory speed loses more to a writer reading beside it (and
+        to the GIL the hand-off takes) than the overlap gains (docs/performance.md).
         """
         plan = self._absolute(plan)
         self._wait_previous()
@@ -217,10 +217,14 @@ class AsyncCheckpointSaver(CheckpointSaver):
         release = _ReleaseOnce(self._staging_lock)
         staging = _Staging(next(self._staging_numbers), self._process)
         inline = not self.config.staging_config.use_async_staging
+        early = False  # whether the write is handed over before the inline copy runs
         try:
             payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
             if inline:
                 copy = self._plan_staging(payload, release, staging)
+                early = self._written_during_copy(copy)
+                if not early:
+                    self._copy(copy, release, staging)
             else:
                 self._staging_pool.submit(self._stage, payload, release, staging)
         except BaseException:
@@ -234,13 +238,13 @@ class AsyncCheckpointSaver(CheckpointSaver):
             self._comm.submit(lambda: self._write(plan, staging, write, blocked))
         except BaseException as exc:  # (Ctrl-C) nothing will resolve the Future: the next save must not wait on it
             write.retrieved = True  # the caller sees this failure: save() raises it
-            if inline:
+            if inline and early:
                 staging.failed(exc)
                 release()
             log_failed(plan, exc)
             write.set_exception(exc)
             raise
-        if inline:
+        if inline and early:
             try:
                 self._copy(copy, release, staging)
             except BaseException:
@@ -289,6 +293,11 @@ class AsyncCheckpointSaver(CheckpointSaver):
         """The staging thread's whole job (async staging): plan, then copy."""
         self._copy(self._plan_staging(payload, release, staging), release, staging)
 
+    def _written_during_copy(self, copy: StagingCopy) -> bool:
+        """Whether the writer gets this save before its copy is done (see save()). Never for a slab that torch
+        moves to shared memory as it pickles it (use_shared_memory=False): the copy would go on in the old one."""
+        return copy.fresh and copy.copies > 0 and isinstance(self._stager.shared_slab, SharedSlab)
+
     def _stage_whole(self, payload: dict[str, Any], release: _ReleaseOnce) -> dict[str, Any]:
         try:
             return dict(self._stager.stage(payload))
@@ -298,6 +307,9 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def _write(self, plan: SavePlan, staging: _Staging, write: Future[Any], blocked: list[float]) -> None:
         try:
             planned = staging.planned.result()
+            early = self._written_during_copy(planned)
+            if not early:
+                staging.copied.result()  # before any work here: this thread would take the GIL from the copy
             copies = planned.staged
             slab = self._stager.slab
             entries = []
@@ -310,13 +322,8 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 else:
                     entries.append(WriteEntry(item.key, item.layout.file_path, fmt, _pickle_item(item), pickled=True))
             request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
-            shared = self._stager.shared_slab
-            slab_info = (self._stager.generation, shared) if slab is not None else None
-            if isinstance(shared, SharedSlab) and (planned.fresh or _PIPELINE_WARM_SAVES):
-                nbytes = self._process.write(request, slab_info, staging.number)
-            else:  # values, or a slab that torch moves to shared memory as it pickles it: complete it first
-                staging.copied.result()
-                nbytes = self._process.write(request, slab_info)
+            slab_info = (self._stager.generation, self._stager.shared_slab) if slab is not None else None
+            nbytes = self._process.write(request, slab_info, staging.number if early else None)
             staging.copied.result()
         except BaseException as exc:
             exc = staging.cause(exc)

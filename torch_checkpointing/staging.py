@@ -469,6 +469,11 @@ class StagingCopy:
         self._stager = stager
         self._copies = copies
 
+    @property
+    def copies(self) -> int:
+        """How many slab tensors `run` copies."""
+        return len(self._copies)
+
     def run(self, on_progress: Callable[[int], None] | None = None, report_every: int = 32 << 20) -> STATE_DICT:
         stager, reported = self._stager, 0
         non_blocking = stager._non_blocking
