@@ -17,7 +17,6 @@ import multiprocessing.util
 import os
 import pickle
 import signal
-import struct
 import sys
 import threading
 import time
@@ -34,8 +33,7 @@ from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
 from torch_checkpointing.config import CheckpointProcessConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.pickling import unpicklable
-from torch_checkpointing.staging import SharedSlab, from_slab_refs
-from torch_checkpointing.staging_gate import SlabGate, StagingMarks
+from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
 
 __all__ = ["CheckpointProcess", "CheckpointProcessConfig", "WriterProcessDied"]
@@ -92,10 +90,6 @@ def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
 # ------------------------------------------------------------------------------------------- the protocol
 # Every message on the pipe is one of these dataclasses (pickled by multiprocessing; tensors in shared memory
 # travel as handles). Trainer -> writer: MapSlab, Write, Stop. Writer -> trainer: Ready, Written, Failed, Stopped.
-# A second, one-way pipe carries the staging progress of the save in flight (`_STAGED` records: save number,
-# slab offset filled so far or STAGING_FAILED), sent from the thread that copies while the write is under way.
-
-_STAGED = struct.Struct("<qq")
 
 
 @dataclass(frozen=True)
@@ -115,8 +109,6 @@ class MapSlab:
 class Write:
     request: WriteRequest
     slab_generation: int | None  # the slab the request's SlabRefs point into, None when it has none
-    # Set while the slab is still being filled: the save number whose progress `_STAGED` records report.
-    staging: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,11 +131,10 @@ class Stopped:
     pass
 
 
-def _serve(storage: Any, message: Write, slab: MapSlab | None, marks: StagingMarks) -> Written | Failed:
+def _serve(storage: Any, message: Write, slab: MapSlab | None) -> Written | Failed:
     """One write, answered with its outcome; the process stays up for the next save either way."""
     try:
         request = message.request
-        gate = None
         if message.slab_generation is not None:
             if slab is None or slab.generation != message.slab_generation:
                 raise CheckpointError(
@@ -153,38 +144,19 @@ def _serve(storage: Any, message: Write, slab: MapSlab | None, marks: StagingMar
             for entry in request.entries:
                 if not entry.pickled:
                     entry.value = from_slab_refs(entry.value, slab.tensor)
-            if message.staging is not None:
-                mapped = slab.tensor.tensor if isinstance(slab.tensor, SharedSlab) else slab.tensor
-                what = f"Checkpoint {request.plan.checkpoint_dir}"
-                gate = SlabGate(marks, message.staging, mapped, request.plan.timeout_s, what)
-        return Written(write_checkpoint(storage, request, gate))
+        return Written(write_checkpoint(storage, request))
     except BaseException as exc:
         return Failed(_portable(exc))
 
 
-def _read_progress(progress: Connection, marks: StagingMarks) -> None:
-    """The writer's reader of staging progress; the pipe's end means the trainer is gone."""
-    try:
-        while True:
-            marks.update(*_STAGED.unpack(progress.recv_bytes()))
-    except (EOFError, OSError):
-        marks.trainer_gone()
-
-
 def _writer_main(
-    conn: Connection,
-    progress: Connection,
-    storage_config: StorageConfig,
-    init_fn: Callable[..., None],
-    init_args: tuple[Any, ...],
+    conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple[Any, ...]
 ) -> None:
     _ignore_terminal_interrupts()
     _die_with_trainer(os.getppid())
     _skip_torch_record_crc()
     init_fn(*init_args)
     storage = storage_config.create_storage()
-    marks = StagingMarks()
-    threading.Thread(target=_read_progress, args=(progress, marks), name="ckpt-staging-progress", daemon=True).start()
     conn.send(Ready(os.getpid()))
     slab: MapSlab | None = None
     while True:
@@ -198,7 +170,7 @@ def _writer_main(
         elif isinstance(message, MapSlab):
             slab = message
         elif isinstance(message, Write):
-            reply = _serve(storage, message, slab, marks)
+            reply = _serve(storage, message, slab)
             del message  # drop shared-memory handles before answering
             conn.send(reply)
         else:  # no reply: the trainer reads a reply only after a Write, and would take this one for the next
@@ -253,10 +225,6 @@ class CheckpointProcess:
         self._lock = threading.Lock()
         self._closing = False
         self._starting: Any = None  # the process being spawned, until it is ready
-        self._progress_lock = threading.Lock()
-        self._progress: Connection | None = None  # the trainer's end of the running writer's progress pipe
-        self._staged = (-1, 0)  # the last progress reported: (save number, slab offset filled)
-        self._unsent = False  # whether the running writer may not have heard `_staged` yet
         self._start_in_background()
 
     def _start_in_background(self) -> None:
@@ -270,10 +238,9 @@ class CheckpointProcess:
     def _start(self) -> None:
         try:
             parent, child = self._ctx.Pipe()
-            progress_in, progress_out = self._ctx.Pipe(duplex=False)
             proc = self._ctx.Process(
                 target=_writer_main,
-                args=(child, progress_in, self._storage_config, *self._init),
+                args=(child, self._storage_config, *self._init),
                 name=f"{self.config.thread_name_prefix}-writer",
                 daemon=True,
             )
@@ -283,7 +250,6 @@ class CheckpointProcess:
                 proc.kill()
                 proc.join(5)
             child.close()
-            progress_in.close()
             if not parent.poll(self.config.subprocess_init_timeout_secs):
                 proc.kill()
                 raise TimeoutError(
@@ -294,12 +260,6 @@ class CheckpointProcess:
             if not isinstance(hello, Ready):
                 raise CheckpointError(f"Checkpoint writer process sent {type(hello).__name__} instead of Ready")
             self._proc, self._conn = proc, parent
-            os.set_blocking(progress_out.fileno(), False)
-            with self._progress_lock:
-                old, self._progress = self._progress, progress_out
-                self._unsent = True
-            if old is not None:
-                old.close()
         except BaseException as exc:
             self._start_error = exc
         finally:
@@ -330,40 +290,11 @@ class CheckpointProcess:
             self._start_in_background()
             self.wait_ready()
 
-    def report_staged(self, staging: int, upto: int) -> None:
-        """From the thread that copies into the slab: save `staging` has its slab filled below byte `upto`
-        (STAGING_FAILED: its copy failed). Never blocks the copy: a report that finds the pipe full (a stopped
-        writer) is sent later by `write()`, which keeps offering the latest one while it waits for the reply.
-        A writer that is gone misses it; its write reports that."""
-        with self._progress_lock:
-            self._staged = (staging, upto)
-            self._unsent = True
-            self._send_staged()
-
-    def _send_staged(self) -> None:
-        if self._progress is None or not self._unsent:
-            return
-        try:
-            self._progress.send_bytes(_STAGED.pack(*self._staged))  # 20 bytes: one atomic pipe write, or none
-            self._unsent = False
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            logger.debug("Could not report staging progress to the writer process: %r", exc)
-
-    def _await_reply(self, conn: Connection, staging: int | None) -> Any:
-        while staging is not None and not conn.poll(0.5):
-            with self._progress_lock:
-                self._send_staged()
-        return conn.recv()
-
-    def write(self, request: WriteRequest, slab: tuple[int, Any] | None = None, staging: int | None = None) -> int:
+    def write(self, request: WriteRequest, slab: tuple[int, Any] | None = None) -> int:
         """Send one request and block until the writer answers; raises the writer's exception.
 
         `slab` is (generation, shared tensor) of the staging slab the request's SlabRefs point into; it is
-        sent (as one shared-memory handle) only when the writer has not seen that generation yet. `staging`
-        is the save number whose copy into the slab may still be running (`report_staged` tells the writer
-        how far it is), None when the slab is filled already.
+        sent (as one shared-memory handle) only when the writer has not seen that generation yet.
         """
         with self._lock:
             self.wait_ready()
@@ -373,16 +304,11 @@ class CheckpointProcess:
                 if slab is not None and slab[0] != self._slab_generation:
                     self._conn.send(MapSlab(*slab))
                     self._slab_generation = slab[0]
-                if staging is not None:
-                    with self._progress_lock:  # a writer started since the last report has not heard it yet
-                        self._unsent = self._unsent or self._staged[0] == staging
-                        self._send_staged()
                 try:
-                    message = Write(request, None if slab is None else slab[0], staging)
-                    self._conn.send(message)  # nothing sent if pickling fails
+                    self._conn.send(Write(request, None if slab is None else slab[0]))  # nothing sent if pickling fails
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
                     raise _unpicklable(request) from exc
-                reply = self._await_reply(self._conn, staging)
+                reply = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
                 code = _exit_code(self._proc)
                 self._start_in_background()
@@ -442,10 +368,6 @@ class CheckpointProcess:
             _reap(proc, self.config.subprocess_shutdown_timeout_secs)
         if conn is not None:
             conn.close()
-        with self._progress_lock:
-            progress, self._progress = self._progress, None
-        if progress is not None:
-            progress.close()
 
 
 def _how_it_ended(exitcode: int | None) -> str:

@@ -7,7 +7,6 @@ background writer process and resolves the write Future when the commit is durab
 
 from __future__ import annotations
 
-import itertools
 import logging
 import multiprocessing.process
 import os
@@ -30,8 +29,7 @@ from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
 from torch_checkpointing.schema import ResolvedItem
-from torch_checkpointing.staging import CheckpointStager, DefaultStager, SharedSlab, StagingCopy, to_slab_refs
-from torch_checkpointing.staging_gate import STAGING_FAILED
+from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -109,7 +107,6 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._staging_lock = RWLock()
         self._last_write: WriteFuture | None = None
         self._prewarm: Future[Any] | None = None
-        self._staging_numbers = itertools.count()
         _LIVE_ASYNC_SAVERS.add(self)
 
     @property
@@ -203,54 +200,32 @@ class AsyncCheckpointSaver(CheckpointSaver):
             self._raise_unseen(self._last_write, " This save() was not started; call it again to retry.")
 
     def save(self, plan: SavePlan) -> Future[Any]:
-        """Returns once staging has started (or finished, without async staging); the Future ends with the commit.
-
-        A save into a fresh slab (the first one, or after the state's layout changed) is handed to the writer
-        process as soon as its staged tree is planned: its copy pays the first touch of every page, and the
-        writer writes what the copy has reached meanwhile (`staging_gate.py`). A save into a reused slab is
-        handed over after its copy, as a copy at memory speed loses more to a writer reading beside it (and
-        to the GIL the hand-off takes) than the overlap gains (docs/performance.md).
-        """
+        """Returns once staging has started (or finished, without async staging); the Future ends with the commit."""
         plan = self._absolute(plan)
         self._wait_previous()
         self._staging_lock.acquire(RWLockMode.WRITE, self._lock_timeout)
         release = _ReleaseOnce(self._staging_lock)
-        staging = _Staging(next(self._staging_numbers), self._process)
-        inline = not self.config.staging_config.use_async_staging
-        early = False  # whether the write is handed over before the inline copy runs
         try:
             payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
-            if inline:
-                copy = self._plan_staging(payload, release, staging)
-                early = self._written_during_copy(copy)
-                if not early:
-                    self._copy(copy, release, staging)
+            if self.config.staging_config.use_async_staging:
+                staged: Future[Any] = self._staging_pool.submit(self._stage, payload, release)
             else:
-                self._staging_pool.submit(self._stage, payload, release, staging)
+                staged = Future()
+                staged.set_result(self._stage(payload, release))
         except BaseException:
             release()
             raise
         write = WriteFuture(plan.checkpoint_dir)
         write.set_running_or_notify_cancel()
         self._last_write = write
-        blocked: list[float] = []
         try:
-            self._comm.submit(lambda: self._write(plan, staging, write, blocked))
+            blocked_s = time.monotonic() - plan.started
+            self._comm.submit(lambda: self._write(plan, staged, write, blocked_s))
         except BaseException as exc:  # (Ctrl-C) nothing will resolve the Future: the next save must not wait on it
             write.retrieved = True  # the caller sees this failure: save() raises it
-            if inline and early:
-                staging.failed(exc)
-                release()
             log_failed(plan, exc)
             write.set_exception(exc)
             raise
-        if inline and early:
-            try:
-                self._copy(copy, release, staging)
-            except BaseException:
-                write.retrieved = True  # save() raises it; the Future fails with it too
-                raise
-        blocked.append(time.monotonic() - plan.started)
         return write
 
     def _absolute(self, plan: SavePlan) -> SavePlan:
@@ -268,49 +243,15 @@ class AsyncCheckpointSaver(CheckpointSaver):
             return checkpoint_id  # an object store's relative id is a key under its url, not a path
         return os.path.abspath(checkpoint_id)
 
-    def _plan_staging(self, payload: dict[str, Any], release: _ReleaseOnce, staging: _Staging) -> StagingCopy:
-        try:
-            copy = self._stager.prepare(payload)
-        except BaseException as exc:
-            staging.failed(exc)
-            release()
-            raise
-        staging.planned.set_result(copy)
-        return copy
-
-    def _copy(self, copy: StagingCopy, release: _ReleaseOnce, staging: _Staging) -> None:
-        try:
-            copy.run(staging.report)
-        except BaseException as exc:
-            staging.failed(exc)
-            raise
-        else:
-            staging.copied.set_result(None)
-        finally:
-            release()
-
-    def _stage(self, payload: dict[str, Any], release: _ReleaseOnce, staging: _Staging) -> None:
-        """The staging thread's whole job (async staging): plan, then copy."""
-        self._copy(self._plan_staging(payload, release, staging), release, staging)
-
-    def _written_during_copy(self, copy: StagingCopy) -> bool:
-        """Whether the writer gets this save before its copy is done (see save()). Never for a slab that torch
-        moves to shared memory as it pickles it (use_shared_memory=False): the copy would go on in the old one."""
-        return copy.fresh and copy.copies > 0 and isinstance(self._stager.shared_slab, SharedSlab)
-
-    def _stage_whole(self, payload: dict[str, Any], release: _ReleaseOnce) -> dict[str, Any]:
+    def _stage(self, payload: dict[str, Any], release: _ReleaseOnce) -> dict[str, Any]:
         try:
             return dict(self._stager.stage(payload))
         finally:
             release()
 
-    def _write(self, plan: SavePlan, staging: _Staging, write: Future[Any], blocked: list[float]) -> None:
+    def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any], blocked_s: float) -> None:
         try:
-            planned = staging.planned.result()
-            early = self._written_during_copy(planned)
-            if not early:
-                staging.copied.result()  # before any work here: this thread would take the GIL from the copy
-            copies = planned.staged
+            copies = staged.result()
             slab = self._stager.slab
             entries = []
             for item in plan.items:
@@ -321,18 +262,16 @@ class AsyncCheckpointSaver(CheckpointSaver):
                     entries.append(WriteEntry(item.key, item.layout.file_path, fmt, value))
                 else:
                     entries.append(WriteEntry(item.key, item.layout.file_path, fmt, _pickle_item(item), pickled=True))
-            request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
             slab_info = (self._stager.generation, self._stager.shared_slab) if slab is not None else None
-            nbytes = self._process.write(request, slab_info, staging.number if early else None)
-            staging.copied.result()
+            request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
+            nbytes = self._process.write(request, slab_info)
         except BaseException as exc:
-            exc = staging.cause(exc)
             if isinstance(exc, WriterProcessDied):
                 self._discard_orphaned(plan)
             log_failed(plan, exc)
             write.set_exception(exc)
         else:
-            log_committed(plan, nbytes, blocked[0] if blocked else time.monotonic() - plan.started)
+            log_committed(plan, nbytes, blocked_s)
             write.set_result(None)
 
     def _discard_orphaned(self, plan: SavePlan) -> None:
@@ -365,7 +304,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             raise RuntimeError("Cannot prewarm staging while checkpoint staging is active")  # misuse; §2.3
         release = _ReleaseOnce(self._staging_lock)
         try:
-            self._prewarm = self._staging_pool.submit(self._stage_whole, payload, release)
+            self._prewarm = self._staging_pool.submit(self._stage, payload, release)
         except BaseException:
             release()
             raise
@@ -382,36 +321,6 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._comm.stop()
         self._process.close()
         self._stager.close()
-
-
-class _Staging:
-    """One save's staging copy as the comm thread and the writer process follow it.
-
-    `planned` holds the staged tree as soon as it is planned (before the slab is filled), `copied` the copy's
-    outcome; `report` passes the copy's progress to the writer process, and a failed copy is reported there
-    as such, so a write under way fails at once instead of committing a half-filled slab.
-    """
-
-    def __init__(self, number: int, process: CheckpointProcess) -> None:
-        self.number = number
-        self.planned: Future[StagingCopy] = Future()
-        self.copied: Future[None] = Future()
-        self._process = process
-
-    def report(self, upto: int) -> None:
-        self._process.report_staged(self.number, upto)
-
-    def failed(self, exc: BaseException) -> None:
-        for future in (self.planned, self.copied):
-            if not future.done():
-                future.set_exception(exc)
-        self._process.report_staged(self.number, STAGING_FAILED)
-
-    def cause(self, exc: BaseException) -> BaseException:
-        """What a failed write reports: the staging copy's own error when that is why the write failed."""
-        if self.copied.done() and self.copied.exception() is not None:
-            return self.copied.exception() or exc
-        return exc
 
 
 class _ReleaseOnce:

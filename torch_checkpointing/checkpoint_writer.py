@@ -40,7 +40,6 @@ from torch_checkpointing.version import __version__
 
 if TYPE_CHECKING:  # the writer process never needs the item specs, only their annotation
     from torch_checkpointing.schema import ResolvedItem
-    from torch_checkpointing.staging_gate import SlabGate
 
 __all__ = [
     "METADATA_JSON",
@@ -135,26 +134,21 @@ class _ChecksumStream:
         return self._running.result()
 
 
-def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry, gate: SlabGate | None) -> FileRecord:
+def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry) -> FileRecord:
     value = pickle.loads(entry.value) if entry.pickled else entry.value
     target = root / entry.file_path
     with storage.stream_write(target) as raw:
         # Streams that checksum what they write (the local filesystem's off the encoding thread, the object
         # store's on its upload threads) are used as they are; any other backend's stream is wrapped.
         stream: Any = raw if callable(getattr(raw, "checksum", None)) else _ChecksumStream(raw)
-        if gate is None:
-            encode(entry.fmt, entry.key, value, stream)
-        else:
-            gate.encode(entry.fmt, entry.key, value, stream)
+        encode(entry.fmt, entry.key, value, stream)
     summed: FileChecksum = stream.checksum()  # complete now: the stream was closed
     return FileRecord(
         entry.key, rank, entry.file_path, summed.size, summed.crc32, entry.fmt.to_dict(), blocks=summed.blocks
     )
 
 
-def _write_local_files(
-    storage: Storage, request: WriteRequest, commit: Commit, gate: SlabGate | None
-) -> list[FileRecord]:
+def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) -> list[FileRecord]:
     root, rank = commit.root, request.plan.rank
     commit.begin()
     directories = {root}
@@ -165,13 +159,11 @@ def _write_local_files(
             directories.add(parent)
     if request.file_write_max_threads > 1 and len(request.entries) > 1:
         with ThreadPoolExecutor(request.file_write_max_threads, thread_name_prefix="ckpt-file") as pool:
-            records = list(pool.map(lambda e: _write_entry(storage, root, rank, e, gate), request.entries))
+            records = list(pool.map(lambda e: _write_entry(storage, root, rank, e), request.entries))
     else:
-        records = [_write_entry(storage, root, rank, e, gate) for e in request.entries]
+        records = [_write_entry(storage, root, rank, e) for e in request.entries]
     for directory in sorted(directories, key=lambda p: len(p.parts), reverse=True):
         storage.sync_directory(directory)
-    if gate is not None:
-        gate.wait_all()  # no rank reports its files written before its staging copy has ended well
     return records
 
 
@@ -222,10 +214,8 @@ class _Progress:
     committed: bool = False
 
 
-def write_checkpoint(storage: Storage, request: WriteRequest, gate: SlabGate | None = None) -> int:
+def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     """Write this rank's files and take part in the commit; returns once the checkpoint is durable.
-
-    `gate`: the request's tensors view a staging slab the trainer is still filling (`staging_gate.py`).
 
     Returns the bytes this rank wrote. On failure the unfinished save is removed where this rank owns the
     outcome (single rank, or rank 0); it never becomes visible at the checkpoint's path either way. Once the
@@ -236,7 +226,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest, gate: SlabGate | N
     progress = _Progress()
     try:
         with _interrupts_reported(plan.checkpoint_dir, progress, commit):
-            nbytes = _write_and_commit(storage, request, commit, progress, gate)
+            nbytes = _write_and_commit(storage, request, commit, progress)
     except BaseException:
         if plan.rank == 0 and not progress.committed and not commit.is_committed():
             commit.discard()
@@ -283,13 +273,11 @@ def _interrupts_reported(checkpoint_dir: str, progress: _Progress, commit: Commi
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _write_and_commit(
-    storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress, gate: SlabGate | None
-) -> int:
+def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress) -> int:
     plan = request.plan
     before_commit = plan.pre_finalize_callback
     if plan.store is None:
-        mine = _write_local_files(storage, request, commit, gate)
+        mine = _write_local_files(storage, request, commit)
         if before_commit is not None:
             before_commit(plan.checkpoint_dir, None)
         _publish(commit, request, mine)
@@ -300,7 +288,7 @@ def _write_and_commit(
     records: list[FileRecord] = []
 
     def write() -> list[dict[str, Any]]:
-        local = [r.to_dict() for r in _write_local_files(storage, request, commit, gate)]
+        local = [r.to_dict() for r in _write_local_files(storage, request, commit)]
         if before_commit is not None:
             before_commit(plan.checkpoint_dir, None)
         return local

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
@@ -46,7 +46,6 @@ __all__ = [
     "DefaultStager",
     "SharedSlab",
     "SlabRef",
-    "StagingCopy",
     "as_written",
     "tensor_for_write",
     "unwrap_dtensor",
@@ -307,8 +306,6 @@ class DefaultStager(CheckpointStager):
         self._shared: SharedSlab | None = None
         self._layout: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()
         self._views: list[torch.Tensor] = []
-        self._ends: list[int] = []  # the byte offset where each slot's tensor ends in the slab
-        self.nbytes = 0  # of the current slab
         self._generation = 0
         self._staged: STATE_DICT | None = None
 
@@ -336,37 +333,17 @@ class DefaultStager(CheckpointStager):
         """
         if keys_not_requiring_copy:
             _warn_keys_not_requiring_copy()
-        return self.prepare(state_dict, keys_not_requiring_copy).run()
-
-    def prepare(self, state_dict: STATE_DICT, keys_not_requiring_copy: Collection[str] = ()) -> StagingCopy:
-        """The staged tree before any slab tensor is copied, and the copy still to run (`StagingCopy.run`).
-
-        Everything that can refuse the save runs here (the walk, sub-byte dtypes, deep copies of non-tensor
-        leaves, tensors the slab cannot hold), so the tree can go to the writer process while the slab is
-        still being filled: the writer reads a tensor only once `run` has reported it copied.
-        """
         plan = _SlabPlan()
         for key, value in state_dict.items():
             if key not in keys_not_requiring_copy:
                 plan.add_item(key, value)
-        generation = self._generation
         self._ensure_slab(tuple(plan.layout))
         slots = iter(plan.slots)
-        copies: dict[int, torch.Tensor] = {}
-        item_ends: set[int] = set()  # the slot whose copy completes an item's tensors
-        staged: dict[str, Any] = {}
-        for key, value in state_dict.items():
-            if key in keys_not_requiring_copy:
-                staged[key] = value
-                continue
-            before = len(copies)
-            staged[key] = self._copy_item(key, value, slots, copies)
-            if len(copies) > before:
-                item_ends.add(next(reversed(copies)))
-        jobs = [(self._views[s], src, self._ends[s], s in item_ends) for s, src in copies.items()]
-        return StagingCopy(self, staged, jobs, fresh=self._generation != generation)
-
-    def _finish(self, staged: STATE_DICT) -> STATE_DICT:
+        copied: set[int] = set()
+        staged = {
+            key: value if key in keys_not_requiring_copy else self._copy_item(key, value, slots, copied)
+            for key, value in state_dict.items()
+        }
         if self._non_blocking:
             torch.cuda.current_stream().synchronize()
         self._staged = staged
@@ -402,22 +379,20 @@ class DefaultStager(CheckpointStager):
         self._slab, self._layout, self._generation = slab, layout, self._generation + 1
         refs = [SlabRef(o, shape, dtype) for o, (shape, dtype) in zip(offsets, layout, strict=True)]
         self._views = [slab_view(slab, ref) for ref in refs]
-        self._ends = [o + math.prod(shape) * dtype.itemsize for o, (shape, dtype) in zip(offsets, layout, strict=True)]
-        self.nbytes = max(total, 1)
 
     def _release(self) -> None:
         if self._slab is not None and self._pin:
             torch.cuda.cudart().cudaHostUnregister(self._slab.data_ptr())  # type: ignore[no-untyped-call]
         shared, slab = self._shared, self._slab
-        self._slab, self._layout, self._views, self._ends, self._shared = None, (), [], [], None
+        self._slab, self._layout, self._views, self._shared = None, (), [], None
         if shared is not None and slab is not None:
             _free_in_background(slab, shared.detach_fd())
         elif shared is not None:
             shared.close()
 
-    def _copy_item(self, key: str, value: Any, slots: Iterator[int], copies: dict[int, torch.Tensor]) -> Any:
+    def _copy_item(self, key: str, value: Any, slots: Iterator[int], copied: set[int]) -> Any:
         try:
-            return self._copy(value, slots, copies)
+            return self._copy(value, slots, copied)
         except NestingError as exc:
             raise exc.for_item(key) from None
         except (TypeError, copy.Error, pickle.PicklingError, AttributeError) as exc:  # a deep copy failed
@@ -431,9 +406,8 @@ class DefaultStager(CheckpointStager):
                 "out of the checkpoint.",
             ) from exc
 
-    def _copy(self, value: Any, slots: Iterator[int], copies: dict[int, torch.Tensor]) -> Any:
-        """The staged tree: each slab tensor's slot (`_SlabPlan`), tied leaves sharing it, with the source of
-        each slot's copy recorded in `copies` (in slot order, so in slab order) for `StagingCopy.run`."""
+    def _copy(self, value: Any, slots: Iterator[int], copied: set[int]) -> Any:
+        """The staged tree: each slab tensor copied into its slot once (`_SlabPlan`), tied leaves sharing it."""
 
         def leaf(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
@@ -442,53 +416,14 @@ class DefaultStager(CheckpointStager):
             if not fits_slab(src):
                 return _copy_outside_slab(src)
             slot = next(slots)
-            copies.setdefault(slot, src)
-            return self._views[slot]
+            buf = self._views[slot]
+            if slot not in copied:
+                copied.add(slot)
+                with torch.no_grad():
+                    buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
+            return buf
 
         return map_leaves(value, leaf)
-
-
-class StagingCopy:
-    """The slab copies of one staging, run in slab order, reporting how far the slab is filled.
-
-    `on_progress(upto)` is called with a byte offset below which every slab tensor of this staging is copied:
-    once an item's tensors are all copied (the writer may then write that item whatever its format), at least
-    every `report_every` bytes within an item, and with the slab's whole size at the end. With non-blocking
-    CUDA copies nothing is complete before the stream is synchronised, so only the end is reported.
-    """
-
-    def __init__(
-        self,
-        stager: DefaultStager,
-        staged: STATE_DICT,
-        copies: list[tuple[torch.Tensor, torch.Tensor, int, bool]],
-        fresh: bool,
-    ) -> None:
-        self.staged = staged
-        self.fresh = fresh  # the slab was allocated for this staging: its copy pays every page's first touch
-        self._stager = stager
-        self._copies = copies
-
-    @property
-    def copies(self) -> int:
-        """How many slab tensors `run` copies."""
-        return len(self._copies)
-
-    def run(self, on_progress: Callable[[int], None] | None = None, report_every: int = 32 << 20) -> STATE_DICT:
-        stager, reported = self._stager, 0
-        non_blocking = stager._non_blocking
-        with torch.no_grad():
-            for buf, src, end, ends_item in self._copies:
-                buf.copy_(src, non_blocking=non_blocking and src.device.type != "cpu")
-                if on_progress is None or non_blocking:
-                    continue
-                if ends_item or end - reported >= report_every:
-                    on_progress(end)
-                    reported = end
-        staged = stager._finish(self.staged)
-        if on_progress is not None:
-            on_progress(stager.nbytes)
-        return staged
 
 
 class _SlabPlan:
