@@ -488,6 +488,17 @@ def _staging_with_a_shard(parent: Path, deadline: float) -> Path:
     raise AssertionError(f"no export staging appeared under {parent}")
 
 
+def _slow_export(ckpt: Path, out: Path) -> subprocess.Popen[str]:
+    """An export in a child process that pauses between shards (SLOW_EXPORT_CHILD)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", SLOW_EXPORT_CHILD, str(ckpt), str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
 def test_an_export_in_another_pid_namespace_never_removes_a_live_exports_staging(tmp_path: Path) -> None:
     """Two containers (pid namespaces) exporting beside each other on a shared volume: each export removes the
@@ -501,13 +512,7 @@ def test_an_export_in_another_pid_namespace_never_removes_a_live_exports_staging
     small = _save_one(tmp_path / "small")
     exports = tmp_path / "exports"
     exports.mkdir()
-    first = subprocess.Popen(
-        [sys.executable, "-c", SLOW_EXPORT_CHILD, str(ckpt), str(exports / "a")],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = _slow_export(ckpt, exports / "a")
     try:
         staging = _staging_with_a_shard(exports, time.monotonic() + SUBPROCESS_TIMEOUT_S)
         os.kill(first.pid, signal.SIGSTOP)
@@ -590,13 +595,7 @@ def test_two_exports_into_one_directory_move_in_one_after_the_other(tmp_path: Pa
     fd = os.open(exports, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # what another export's move-in holds
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SLOW_EXPORT_CHILD, str(ckpt), str(exports / "hf")],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = _slow_export(ckpt, exports / "hf")
         deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
         staged: list[Path] = []
         while time.monotonic() < deadline and proc.poll() is None and not staged:
