@@ -39,7 +39,7 @@ def test_quick_run_reports_every_ratio(tmp_path: Path, capsys: pytest.CaptureFix
             "--out",
             str(out),
             "--timeout",
-            "240",
+            "480",  # per section; the s3 section's 8-rank load gets a quarter (60 s at 240 ran out under CI's load)
             "--scale-dp",
             "4",
             "--scale-layers",
