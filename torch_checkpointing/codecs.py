@@ -64,10 +64,12 @@ __all__ = [
     "DecodeOptions",
     "check_storages_fit",
     "codec_for",
+    "dense_tensors",
     "dtype_from_name",
     "file_base_address",
     "load_resharding_source",
     "load_torch",
+    "mapped_base",
     "read_safetensors",
     "safetensors_dtype",
     "tensor_records",
@@ -248,17 +250,11 @@ def check_storages_fit(path: Path, value: Any, records: Mapping[int, int] | None
     after it (other records, the zip directory) as tensor data."""
     if records is None:
         return  # not a zip (legacy torch.save): torch read it whole, checking each storage's size
-    flat = {
-        f"{key}{part}": dense
-        for key, tensor in flatten(value, keep=lambda leaf: isinstance(leaf, torch.Tensor)).items()
-        for part, dense in _dense_parts(tensor)
-    }
-    pointer = next((t.untyped_storage().data_ptr() for t in flat.values() if t.untyped_storage().nbytes()), None)
+    flat = dense_tensors(value)
     st = os.stat(mapped)
-    base = None if pointer is None else file_base_address(pointer, st)
+    base = mapped_base(flat.values(), mapped)
     if base is None:
-        if pointer is not None:
-            logger.debug("No mapping of %s found: its tensor records are not compared with their storages", path)
+        logger.debug("No mapping of %s found: its tensor records are not compared with their storages", path)
         return
     for key, tensor in flat.items():
         storage = tensor.untyped_storage()
@@ -271,6 +267,22 @@ def check_storages_fit(path: Path, value: Any, records: Mapping[int, int] | None
                 f"holds {held if held is not None else 'no'} bytes there; the file is damaged or crafted. Load an "
                 f"earlier checkpoint."
             )
+
+
+def dense_tensors(value: Any) -> dict[str, torch.Tensor]:
+    """Every strided tensor holding data of `value`, under its dotted key (a sparse tensor's parts suffixed)."""
+    return {
+        f"{key}{part}": dense
+        for key, tensor in flatten(value, keep=lambda leaf: isinstance(leaf, torch.Tensor)).items()
+        for part, dense in _dense_parts(tensor)
+    }
+
+
+def mapped_base(tensors: Iterable[torch.Tensor], mapped: str) -> int | None:
+    """The address of byte 0 of the file `mapped` where torch mapped it for these tensors (the first one with
+    data tells the mapping); None if none has data or no such mapping is found."""
+    pointer = next((t.untyped_storage().data_ptr() for t in tensors if t.untyped_storage().nbytes()), None)
+    return None if pointer is None else file_base_address(pointer, os.stat(mapped))
 
 
 def _dense_parts(tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

@@ -16,7 +16,6 @@ import io
 import json
 import logging
 import math
-import os
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
@@ -30,8 +29,9 @@ from torch_checkpointing.checkpoint_layout import SerializationFormat
 from torch_checkpointing.codecs import (
     SAFETENSORS_DTYPES,
     codec_for,
-    file_base_address,
+    dense_tensors,
     load_resharding_source,
+    mapped_base,
     safetensors_dtype,
     tensor_records,
 )
@@ -272,9 +272,7 @@ def _mapping_of(storage: Storage, path: Path, mapped: str, size: int, value: Any
     """Where torch mapped the file: the kernel's map of this process names the file's byte 0 (found by the
     file's device and inode). Without it (no /proc) every block read checks the whole file, once."""
     check: Callable[[int, int], None] = lambda offset, length: storage.verify_range(path, offset, length)  # noqa: E731
-    flat = _tensors(value)
-    pointer = next((t.untyped_storage().data_ptr() for t in flat.values() if t.untyped_storage().nbytes()), None)
-    base = None if pointer is None else file_base_address(pointer, os.stat(mapped))
+    base = mapped_base(dense_tensors(value).values(), mapped)
     return _FileMapping(check, base if base is not None else -(1 << 62), size)
 
 
