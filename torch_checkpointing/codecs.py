@@ -40,17 +40,14 @@ from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, 
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
-from torch_checkpointing.staging import as_written
+from torch_checkpointing.staging import as_written, meta_tensor_refusal
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import (
     NestingError,
     children,
-    dotted_key,
     flatten,
     is_container,
-    iter_leaves,
     join_key,
-    local_tensor,
 )
 
 if TYPE_CHECKING:
@@ -392,17 +389,11 @@ def _nested_too_deep(fmt_name: str, key: str) -> ValueError:
 
 
 def _refuse_meta_tensors(key: str, value: Any, fmt_name: str) -> None:
-    """A meta tensor has a shape and a dtype but no values: a file of it restores nothing (and loading it into
-    a real template failed with a bare "Cannot copy out of meta tensor"). Refused naming the path, like a
-    safetensors file refuses it."""
-    for path, leaf in iter_leaves(value):
-        if isinstance(leaf, torch.Tensor) and local_tensor(leaf).device.type == "meta":
-            where = f"{key}::{dotted_key(path)}" if path else key
-            raise ValueError(
-                f"{fmt_name} cannot store '{where}': it is a meta tensor (shape {tuple(leaf.shape)}, "
-                f"{leaf.dtype}, no values), so the checkpoint would restore nothing. Materialise it first "
-                f"(e.g. module.to_empty(device='cpu') and initialise or load it), or leave it out of the save."
-            )
+    """A meta tensor restores nothing (and loading it into a real template failed with a bare "Cannot copy out
+    of meta tensor"): refused naming the path, like a safetensors file refuses it, with the stager's words."""
+    refusal = meta_tensor_refusal(key, value, f"{fmt_name} cannot store")
+    if refusal is not None:
+        raise refusal
 
 
 class _TensorlessCodec(Codec):

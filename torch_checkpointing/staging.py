@@ -445,7 +445,9 @@ class _SlabPlan:
             if t.dtype in SUB_BYTE_DTYPES:
                 raise _sub_byte_refusal(key, value, t.dtype)
             if t.device.type == "meta":
-                raise _meta_refusal(key, value)
+                refusal = meta_tensor_refusal(key, value, f"Item '{key}' cannot be saved:")
+                assert refusal is not None  # `t` is one
+                raise refusal
             if fits_slab(t):
                 self.slots.append(self._slot(t))
 
@@ -479,17 +481,20 @@ def _sub_byte_refusal(key: str, value: Any, dtype: torch.dtype) -> pickle.Pickli
     )
 
 
-def _meta_refusal(key: str, value: Any) -> ValueError:
-    """Refused before anything is copied, as a sync save's encoder refuses it: a meta tensor has a shape and a
-    dtype but no values, so a checkpoint of it would restore nothing."""
-    path, leaf = next(
-        (p, x) for p, x in iter_leaves(value) if isinstance(x, torch.Tensor) and local_tensor(x).device.type == "meta"
-    )
+def meta_tensor_refusal(key: str, value: Any, who: str) -> ValueError | None:
+    """The refusal of `value`'s first meta tensor (None without one), as every save gives it before writing:
+    a meta tensor has a shape and a dtype but no values, so a checkpoint of it would restore nothing. `who`
+    begins the message ("TorchSerialization cannot store")."""
+    metas = ((p, x) for p, x in iter_leaves(value) if isinstance(x, torch.Tensor) and local_tensor(x).is_meta)
+    found = next(metas, None)
+    if found is None:
+        return None
+    path, leaf = found
     where = f"{key}::{dotted_key(path)}" if path else key
     return ValueError(
-        f"Item '{key}' cannot be saved: '{where}' is a meta tensor (shape {tuple(leaf.shape)}, {leaf.dtype}, no "
-        f"values), so the checkpoint would restore nothing. Materialise it first (e.g. "
-        f"module.to_empty(device='cpu') and initialise or load it), or leave it out of the save."
+        f"{who} '{where}': it is a meta tensor (shape {tuple(leaf.shape)}, {leaf.dtype}, no values), so the "
+        f"checkpoint would restore nothing. Materialise it first (e.g. module.to_empty(device='cpu') and "
+        f"initialise or load it), or leave it out of the save."
     )
 
 
