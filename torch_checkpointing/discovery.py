@@ -43,6 +43,7 @@ __all__ = [
     "newest_intact",
     "require_directory",
     "self_describing_layouts",
+    "still_there",
 ]
 
 logger = logging.getLogger(__name__)
@@ -133,14 +134,14 @@ def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
     except RuntimeError as exc:
         if _FOREIGN_MANIFEST in str(exc):
             logger.debug("Skipping %s: %s", path, exc)
-        elif not _still_there(storage, path / MANIFEST_FILE_NAME):
+        elif not still_there(storage, path / MANIFEST_FILE_NAME):
             logger.debug("Skipping %s: removed while it was read (a deletion in another process): %s", path, exc)
         else:
             logger.warning("Skipping %s, a damaged checkpoint: %s", path, exc)
     return None
 
 
-def _still_there(storage: Storage, path: Path) -> bool:
+def still_there(storage: Storage, path: Path) -> bool:
     """Whether something (even a dangling link) is still at `path`: a checkpoint another process deleted
     between our listing and our read is gone, not damaged."""
     local = storage.local_path(path)
@@ -320,7 +321,7 @@ def _intact_now(info: CheckpointInfo, storage: Storage) -> tuple[CheckpointInfo 
         if problem is None:
             return info, None
         now = checkpoint_info(info.path, storage)
-        if now is None and not _still_there(storage, Path(info.path)):
+        if now is None and not still_there(storage, Path(info.path)):
             logger.debug("%s was deleted while it was checked: %s", info.path, problem)
             return None, problem
         if now is None or now.commit_time == info.commit_time:
@@ -470,7 +471,7 @@ def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None)
         return []
     out = [_classify(base, name, storage) for name in sorted(storage.ls(base))]
     # One removed while it was looked into (a gc in another process) held nothing by then: no user's folder.
-    return [o for o in out if o is not None and _still_there(storage, Path(o.path))]
+    return [o for o in out if o is not None and still_there(storage, Path(o.path))]
 
 
 # ------------------------------------------------------------------------------------------------ ownership

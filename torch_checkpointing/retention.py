@@ -33,6 +33,7 @@ from torch_checkpointing.discovery import (
     list_checkpoints,
     list_leftovers,
     newest_intact,
+    still_there,
 )
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
@@ -183,11 +184,7 @@ def delete_checkpoint(
 
 def _gone(storage: Storage, path: Path) -> bool:
     """Whether nothing is at `path` any more (not even a dangling link)."""
-    local = storage.local_path(path)
-    try:
-        return not os.path.lexists(local) if local is not None else not storage.exists(path)
-    except OSError:
-        return False
+    return not still_there(storage, path)
 
 
 def _not_deleted(storage: Storage, src: Path, why: str) -> bool:
