@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from typing_extensions import Self
 
+from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.schema_constants import RANK_PLACEHOLDER
 
 
@@ -53,6 +54,13 @@ class JsonSerialization(SerializationFormat):
 
     cls: type | None = None
 
+    def __post_init__(self) -> None:
+        if self.cls is not None and not isinstance(self.cls, type):
+            raise ConfigTypeError(
+                f"JsonSerialization.cls must be a class (a dataclass to rebuild on read) or None, got "
+                f"{self.cls!r}; pass the class itself, e.g. JsonSerialization(MyConfig)."
+            )
+
     def to_dict(self) -> dict[str, Any]:
         name = None if self.cls is None else f"{self.cls.__module__}.{self.cls.__qualname__}"
         return {"type": "JsonSerialization", "cls": name}
@@ -62,6 +70,8 @@ class JsonSerialization(SerializationFormat):
         name = d.get("cls")
         if not name:
             return cls()
+        if not isinstance(name, str):
+            raise ConfigTypeError(f"JsonSerialization 'cls' must be a dotted class name (str), got {name!r}")
         # Qualified names of nested classes contain dots: import the longest importable module prefix.
         parts = name.split(".")
         for split in range(len(parts) - 1, 0, -1):
@@ -70,9 +80,15 @@ class JsonSerialization(SerializationFormat):
             except ImportError:
                 continue
             for attr in parts[split:]:
-                obj = getattr(obj, attr)
+                obj = getattr(obj, attr, None)
+                if obj is None:
+                    module, attrs = ".".join(parts[:split]), ".".join(parts[split:])
+                    raise ConfigError(
+                        f"JsonSerialization: module {module!r} has no class {attrs!r} (from {name!r}); make the "
+                        f"class importable under that name"
+                    )
             return cls(obj)
-        raise ValueError(f"JsonSerialization: cannot import class {name!r}; make its module importable")
+        raise ConfigError(f"JsonSerialization: cannot import class {name!r}; make its module importable")
 
 
 @dataclass(frozen=True)
@@ -92,12 +108,12 @@ class SafetensorsSerialization(SerializationFormat):
         if self.metadata is None:
             return
         if not isinstance(self.metadata, dict):
-            raise TypeError(
+            raise ConfigTypeError(
                 f"SafetensorsSerialization metadata must be a dict[str, str], got {type(self.metadata).__name__}"
             )
         bad = [(k, v) for k, v in self.metadata.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:
-            raise TypeError(
+            raise ConfigTypeError(
                 f"SafetensorsSerialization metadata keys and values must be str (safetensors contract); "
                 f"offending entries: {bad!r}. Convert them with str() first."
             )
@@ -131,9 +147,14 @@ _BY_NAME = {f.__name__: f for f in SUPPORTED_FORMATS}
 
 
 def serialization_format_from_dict(d: dict[str, Any]) -> SerializationFormat:
-    fmt = _BY_NAME.get(d.get("type", ""))
+    if not isinstance(d, dict):
+        raise ConfigTypeError(
+            f"A serialization format dict must be a dict such as {{'type': 'TorchSerialization'}}, got {d!r}"
+        )
+    kind = d.get("type")
+    fmt = _BY_NAME.get(kind) if isinstance(kind, str) else None
     if fmt is None:
-        raise ValueError(f"Unknown SerializationFormat type: {d.get('type')}")
+        raise ConfigError(f"Unknown SerializationFormat type: {kind} (known: {', '.join(_BY_NAME)})")
     return fmt.from_dict(d)
 
 
@@ -150,11 +171,36 @@ class LayoutInfo:
     file_path: str
     serialization_format: SerializationFormat
 
+    def __post_init__(self) -> None:
+        # Only the type here: what the path may name (not empty, inside the checkpoint, no engine file) is checked
+        # when an item is resolved, where the message can name the item's key.
+        if not isinstance(self.file_path, str):
+            raise ConfigTypeError(
+                f"LayoutInfo.file_path must be a str relative to the checkpoint (e.g. 'model_{{rank}}.pt'), "
+                f"got {self.file_path!r}"
+            )
+        fmt = self.serialization_format
+        if isinstance(fmt, type) and issubclass(fmt, SerializationFormat):
+            raise ConfigTypeError(
+                f"LayoutInfo({self.file_path!r}).serialization_format must be an instance: pass {fmt.__name__}(), "
+                f"not the class {fmt.__name__}"
+            )
+        if not isinstance(fmt, SerializationFormat):
+            raise ConfigTypeError(
+                f"LayoutInfo({self.file_path!r}).serialization_format must be a SerializationFormat such as "
+                f"TorchSerialization() or SafetensorsSerialization(), got {fmt!r}"
+            )
+
     def to_dict(self) -> dict[str, Any]:
         return {"file_path": self.file_path, "serialization_format": self.serialization_format.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LayoutInfo:
+        fields = ("file_path", "serialization_format")
+        if not isinstance(d, dict) or any(k not in d for k in fields):
+            raise ConfigError(
+                f"LayoutInfo.from_dict needs a dict with 'file_path' and 'serialization_format'; got {d!r}"
+            )
         return cls(d["file_path"], serialization_format_from_dict(d["serialization_format"]))
 
     def for_rank(self, rank: int) -> LayoutInfo:
@@ -173,8 +219,9 @@ class ReplicatedLayoutInfo(LayoutInfo):
     """
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if RANK_PLACEHOLDER in self.file_path:
-            raise ValueError(
+            raise ConfigError(
                 f"ReplicatedLayoutInfo({self.file_path!r}): a replicated item has one file for every rank, so its "
                 f"path cannot hold '{RANK_PLACEHOLDER}'; use LayoutInfo for per-rank files."
             )

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from torch_checkpointing.config import CheckpointLoaderConfig
 from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
@@ -24,7 +26,13 @@ from torch_checkpointing.distributed_metadata import (
     read_distributed_metadata,
 )
 from torch_checkpointing.encoding import decode
-from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+from torch_checkpointing.errors import (
+    CheckpointError,
+    ConfigError,
+    ConfigTypeError,
+    CorruptCheckpointError,
+    TemplateMismatchError,
+)
 from torch_checkpointing.manifest import Manifest
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.schema import ResolvedItem
@@ -125,9 +133,10 @@ class CheckpointLoader:
         strict: bool = False,
     ) -> CheckedLoad:
         """Phase 1: open, verify and decode everything the load reads and dry-run every template; copy nothing."""
+        _check_load_arguments(map_location, strict)
         no_target = sorted(i.key for i in items if i.spec.resharder is not None and i.value is None)
         if no_target:
-            raise ValueError(
+            raise ConfigError(
                 f"Resharding load requires a live target in into= for: {no_target}. Pass the live objects to "
                 f"restore into (e.g. into={{'model': model.state_dict()}}); for optimizer state see "
                 f"docs/durability.md 'What a load checks'."
@@ -379,3 +388,16 @@ def _refuse_if_incomplete(root: Path, report: _Report) -> None:
 def _held(ctx: CheckpointReadContext) -> str:
     """The item keys the checkpoint holds, for errors about a key it lacks (a typo, usually)."""
     return str(sorted(ctx.manifest.keys())) if ctx.manifest is not None else "no manifest to list them"
+
+
+def _check_load_arguments(map_location: Any, strict: object) -> None:
+    """Refused at the call: a truthy `strict="no"` would be strict, and a `map_location` torch cannot use failed
+    inside the decoder with a bare "'float' object is not callable"."""
+    if not isinstance(strict, bool):
+        raise ConfigTypeError(f"load(strict=...) must be True or False, got {strict!r}.")
+    if map_location is None or isinstance(map_location, (str, torch.device, dict)) or callable(map_location):
+        return
+    raise ConfigTypeError(
+        f"load(map_location=...) must be None, a str or torch.device ('cpu', 'meta'), a dict of device names or a "
+        f"callable, as torch.load takes; got {map_location!r} ({type(map_location).__name__})."
+    )

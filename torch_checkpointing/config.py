@@ -7,9 +7,13 @@ are also importable from `staging`, `checkpoint_writer` and `checkpoint_process`
 
 from __future__ import annotations
 
+import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from torch_checkpointing.errors import ConfigError, ConfigTypeError
 
 if TYPE_CHECKING:  # barriers imports torch.distributed; the type is needed for annotations only
     from torch_checkpointing.barriers import BarrierConfig
@@ -33,6 +37,37 @@ _DEFAULT_BARRIER_TIMEOUT_SECS = 600
 def _warn_ignored(field_name: str, why: str) -> None:
     """A field kept for configs written against the published release, which the engine does not read."""
     warnings.warn(f"{field_name} is ignored and will be removed: {why}", FutureWarning, stacklevel=4)
+
+
+def check_bool(owner: str, name: str, value: object, *, allow_none: bool = False) -> None:
+    """A flag must be a real bool: `"no"` is truthy, so a string or a number would silently mean True."""
+    if isinstance(value, bool) or (allow_none and value is None):
+        return
+    also = " or None" if allow_none else ""
+    raise ConfigTypeError(f"{owner}.{name} must be True or False{also}, got {value!r}.")
+
+
+def check_number(owner: str, name: str, value: object, *, positive: bool = False, integer: bool = False) -> None:
+    """A count or a timeout: a real, finite number, non-negative (or `positive`); bools and strings are refused."""
+    kinds = (int,) if integer else (int, float)
+    what = "an int" if integer else "a number of seconds"
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise ConfigTypeError(f"{owner}.{name} must be {what}, got {value!r} ({type(value).__name__}).")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = "positive" if positive else "non-negative"
+        raise ConfigError(f"{owner}.{name} must be a finite, {bound} number, got {value!r}.")
+
+
+def check_text(owner: str, name: str, value: object) -> None:
+    """A non-empty str (a thread name, a prefix)."""
+    if not isinstance(value, str) or not value:
+        raise ConfigTypeError(f"{owner}.{name} must be a non-empty str, got {value!r}.")
+
+
+def check_instance(owner: str, name: str, value: object, cls: type, fix: str) -> None:
+    """A nested configuration object: None here would fail much later, inside the saver or the writer process."""
+    if not isinstance(value, cls):
+        raise ConfigTypeError(f"{owner}.{name} must be a {cls.__name__}, got {value!r}. {fix}")
 
 
 def _cuda_available() -> bool:
@@ -61,6 +96,19 @@ class CheckpointStagerConfig:
     staging_dir: str | None = None
 
     def __post_init__(self) -> None:
+        owner = "CheckpointStagerConfig"
+        for flag in ("use_pinned_memory", "use_shared_memory", "use_async_staging", "use_non_blocking_copy"):
+            check_bool(owner, flag, getattr(self, flag))
+        check_text(owner, "thread_name", self.thread_name)
+        if not isinstance(self.metric_prefix, str):
+            raise ConfigTypeError(f"{owner}.metric_prefix must be a str, got {self.metric_prefix!r}; leave it unset.")
+        if self.staging_dir is not None and not isinstance(self.staging_dir, (str, os.PathLike)):
+            raise ConfigTypeError(
+                f"{owner}.staging_dir must be a directory path (str) or None, got {self.staging_dir!r}; None "
+                f"stages in anonymous shared memory."
+            )
+        if self.staging_dir is not None and not os.fspath(self.staging_dir):
+            raise ConfigError(f"{owner}.staging_dir is empty; name a directory, or leave it None (anonymous memory).")
         if self.metric_prefix != _DEFAULT_METRIC_PREFIX:
             _warn_ignored("CheckpointStagerConfig.metric_prefix", "the engine reports no metrics; leave it unset.")
 
@@ -76,8 +124,15 @@ class CheckpointWriterConfig:
     file_write_max_threads: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.file_write_max_threads, bool) or not isinstance(self.file_write_max_threads, int):
+            raise ConfigTypeError(
+                f"CheckpointWriterConfig.file_write_max_threads must be an int, got {self.file_write_max_threads!r}."
+            )
         if self.file_write_max_threads < 1:
-            raise ValueError("file_write_max_threads must be positive")
+            raise ConfigError(
+                f"file_write_max_threads must be positive (CheckpointWriterConfig.file_write_max_threads="
+                f"{self.file_write_max_threads}); 1 writes the files one after another."
+            )
         how = "multi-rank saves always commit together, bounded by CheckpointSaverConfig.wait_timeout_secs."
         if self.barrier_config is not None:
             _warn_ignored("CheckpointWriterConfig.barrier_config", how)
@@ -94,6 +149,13 @@ class CheckpointProcessConfig:
     subprocess_shutdown_timeout_secs: int = 60
     thread_name_prefix: str = "ckpt"
 
+    def __post_init__(self) -> None:
+        owner = "CheckpointProcessConfig"
+        # Zero would time out before the writer could answer: the first save would fail, not this line.
+        check_number(owner, "subprocess_init_timeout_secs", self.subprocess_init_timeout_secs, positive=True)
+        check_number(owner, "subprocess_shutdown_timeout_secs", self.subprocess_shutdown_timeout_secs)
+        check_text(owner, "thread_name_prefix", self.thread_name_prefix)
+
 
 @dataclass(kw_only=True)
 class CheckpointSaverConfig:
@@ -107,8 +169,21 @@ class CheckpointSaverConfig:
     overwrite: bool = True
 
     def __post_init__(self) -> None:
-        if self.wait_timeout_secs is not None and self.wait_timeout_secs < 0:
-            raise ValueError("wait_timeout_secs must be non-negative or None")
+        owner = type(self).__name__
+        check_instance(
+            owner, "writer_config", self.writer_config, CheckpointWriterConfig, "Leave it unset for the default."
+        )
+        if self.wait_timeout_secs is not None:
+            if isinstance(self.wait_timeout_secs, bool) or not isinstance(self.wait_timeout_secs, (int, float)):
+                raise ConfigTypeError(
+                    f"{owner}.wait_timeout_secs must be a number of seconds or None, got {self.wait_timeout_secs!r}."
+                )
+            if not self.wait_timeout_secs >= 0:  # also refuses NaN, which no wait could ever reach
+                raise ConfigError(
+                    f"wait_timeout_secs must be non-negative or None ({owner}.wait_timeout_secs="
+                    f"{self.wait_timeout_secs!r}); None waits {DEFAULT_WAIT_TIMEOUT_SECS} s."
+                )
+        check_bool(owner, "overwrite", self.overwrite)
 
 
 @dataclass(kw_only=True)
@@ -122,6 +197,12 @@ class AsyncCheckpointSaverConfig(CheckpointSaverConfig):
 
     staging_config: CheckpointStagerConfig = field(default_factory=CheckpointStagerConfig)
     process_config: CheckpointProcessConfig = field(default_factory=CheckpointProcessConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fix = "Leave it unset for the default."
+        check_instance(type(self).__name__, "staging_config", self.staging_config, CheckpointStagerConfig, fix)
+        check_instance(type(self).__name__, "process_config", self.process_config, CheckpointProcessConfig, fix)
 
 
 @dataclass(kw_only=True)
@@ -141,3 +222,9 @@ class CheckpointLoaderConfig:
     # none, and a load on some ranks only waits for the others (until save.wait_timeout_secs). False: each rank
     # loads on its own (a rank-0-only read, an evaluation process), and one rank's failure is its own.
     collective: bool = True
+
+    def __post_init__(self) -> None:
+        owner = "CheckpointLoaderConfig"
+        for flag in ("use_mmap", "weights_only", "allow_legacy_checkpoints", "collective"):
+            check_bool(owner, flag, getattr(self, flag))
+        check_bool(owner, "verify_checksums", self.verify_checksums, allow_none=True)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pickle
 from collections.abc import Mapping
 
+# `ConfigError` and `ConfigTypeError` are imported from this module; `__all__` lists what the package's top
+# level also exports (its lazy table reads this list), and they are not top-level names.
 __all__ = [
     "CheckpointError",
     "CommitError",
@@ -23,6 +25,19 @@ __all__ = [
     "UnsafeCheckpointError",
     "WriterProcessDied",
 ]
+
+
+class ConfigError(ValueError):
+    """A configuration field or an argument holds a value the engine cannot use.
+
+    Raised where the value is given (a config dataclass's construction, the call that takes the argument),
+    never later inside the stager or the background writer. The message names the field and says what to pass.
+    A `ValueError`, not a `CheckpointError`: the caller passed something wrong, no checkpoint is involved.
+    """
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A configuration field or an argument has the wrong type; also a `TypeError`, for callers that catch one."""
 
 
 class CheckpointError(RuntimeError):

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch_checkpointing.checkpoint_layout import SUPPORTED_FORMATS, LayoutInfo, default_layout_info
 from torch_checkpointing.commit import RESERVED_FILE_NAMES  # defined once, beside the commit that writes them
+from torch_checkpointing.config import check_bool
+from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.names import NAME_MAX
 from torch_checkpointing.schema_constants import KEY_PATTERN, RANK_PLACEHOLDER
 
@@ -33,6 +35,35 @@ class ItemSpec:
     resharder: Resharder | None = None
     required: bool = True
 
+    def __post_init__(self) -> None:
+        check_bool("ItemSpec", "requires_copy", self.requires_copy)
+        check_bool("ItemSpec", "required", self.required)
+        if self.layout is not None and not isinstance(self.layout, LayoutInfo):
+            raise ConfigTypeError(
+                f"ItemSpec.layout must be a LayoutInfo or None, got {type(self.layout).__name__} "
+                f"({self.layout!r}); e.g. LayoutInfo('model_{{rank}}.pt', TorchSerialization())."
+            )
+        _check_resharder(self.resharder)
+
+
+def _check_resharder(resharder: object) -> None:
+    """Refused here, not on the first save, where a non-resharder failed with an AttributeError."""
+    if resharder is None:
+        return
+    if isinstance(resharder, type):
+        raise ConfigTypeError(
+            f"ItemSpec.resharder must be a resharder instance, got the class {resharder.__name__}; "
+            f"pass {resharder.__name__}()."
+        )
+    missing = [
+        m for m in ("extract_sharding_metadata", "should_reshard", "load") if not callable(getattr(resharder, m, None))
+    ]
+    if missing:
+        raise ConfigTypeError(
+            f"ItemSpec.resharder must be a Resharder (e.g. DTensorResharder()), got {type(resharder).__name__}, "
+            f"which has no {', '.join(missing)}."
+        )
+
 
 @dataclass(frozen=True)
 class ResolvedItem:
@@ -48,10 +79,10 @@ class ResolvedItem:
 def validate_keys(keys: list[Any]) -> None:
     non_str = [k for k in keys if not isinstance(k, str)]
     if non_str:
-        raise TypeError(f"Checkpoint keys must be str; got {non_str!r}. Use string keys such as 'model'.")
+        raise ConfigTypeError(f"Checkpoint keys must be str; got {non_str!r}. Use string keys such as 'model'.")
     bad = [k for k in keys if not _KEY_RE.fullmatch(k)]
     if bad:
-        raise ValueError(
+        raise ConfigError(
             f"Invalid checkpoint keys {bad!r}: keys must contain only alphanumeric characters, hyphens, and "
             f"underscores (^[a-zA-Z0-9_-]+$), because they become part of file names. Rename them, e.g. "
             f"'model.weights' -> 'model_weights'."
@@ -60,30 +91,32 @@ def validate_keys(keys: list[Any]) -> None:
 
 def _check_layout(key: str, layout: LayoutInfo) -> None:
     if not isinstance(layout, LayoutInfo):
-        raise TypeError(f"ItemSpec.layout for key '{key}' must be a LayoutInfo or None, got {type(layout).__name__}")
+        raise ConfigTypeError(
+            f"ItemSpec.layout for key '{key}' must be a LayoutInfo or None, got {type(layout).__name__}"
+        )
     fmt = layout.serialization_format
     if type(fmt) not in SUPPORTED_FORMATS:
-        raise ValueError(
+        raise ConfigError(
             f"Unsupported serialization format for key '{key}': {type(fmt).__name__}. Custom SerializationFormat "
             f"subclasses are not supported by the writer; use one of "
             f"{', '.join(f.__name__ for f in SUPPORTED_FORMATS)}."
         )
     path = layout.file_path
     if not isinstance(path, str) or not path or path.endswith("/"):
-        raise ValueError(f"Layout file_path for key '{key}' must name a file relative to the checkpoint, got {path!r}")
+        raise ConfigError(f"Layout file_path for key '{key}' must name a file relative to the checkpoint, got {path!r}")
     if posixpath.isabs(path) or path.startswith("\\"):
-        raise ValueError(
+        raise ConfigError(
             f"Layout file_path {path!r} for key '{key}' is absolute; it must be relative to the checkpoint "
             f"directory (e.g. 'model_{{rank}}.pt')."
         )
     normal = posixpath.normpath(path)
     if normal == ".." or normal.startswith("../"):
-        raise ValueError(
+        raise ConfigError(
             f"Layout file_path {path!r} for key '{key}' leaves the checkpoint directory; keep it inside, "
             f"e.g. 'sub/model_{{rank}}.pt'."
         )
     if normal in RESERVED_FILE_NAMES:
-        raise ValueError(f"Layout file_path {path!r} for key '{key}' is reserved by the engine; choose another name.")
+        raise ConfigError(f"Layout file_path {path!r} for key '{key}' is reserved by the engine; choose another name.")
 
 
 def resolve(
@@ -94,12 +127,14 @@ def resolve(
 ) -> list[ResolvedItem]:
     """Overlay specs onto `payload`: required/strict checks, key rules, `{rank}`, layout sanity."""
     if not isinstance(payload, Mapping):
-        raise TypeError(f"A checkpoint payload must be a Mapping of item key -> value, got {type(payload).__name__}")
+        raise ConfigTypeError(
+            f"A checkpoint payload must be a Mapping of item key -> value, got {type(payload).__name__}"
+        )
     keys = list(payload.keys())
     validate_keys(keys)
     for key, spec in items.items():
         if not isinstance(spec, ItemSpec):
-            raise TypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
+            raise ConfigTypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
     missing = sorted(k for k, spec in items.items() if spec.required and k not in payload)
     if missing:
         raise KeyError(
@@ -124,7 +159,7 @@ def resolve(
         normal = posixpath.normpath(layout.file_path)
         _check_name_lengths(key, normal)
         if normal in owners:
-            raise ValueError(
+            raise ConfigError(
                 f"Items '{owners[normal]}' and '{key}' both resolve to the file {normal!r} on rank {rank}; "
                 f"each key needs its own file. Give one of them a different LayoutInfo.file_path."
             )
@@ -140,7 +175,7 @@ def _check_name_lengths(key: str, path: str) -> None:
     for part in path.split("/"):
         size = len(part.encode("utf-8", "surrogateescape"))
         if size > NAME_MAX:
-            raise ValueError(
+            raise ConfigError(
                 f"Item '{key[:64]}{'...' if len(key) > 64 else ''}' would be written to a file name of {size} "
                 f"bytes ({part[:40]}...), over the {NAME_MAX}-byte limit of a file name: use a shorter key or "
                 f"LayoutInfo.file_path."
@@ -154,7 +189,7 @@ def _refuse_file_under_file(owners: Mapping[str, str], rank: int) -> None:
         parent = posixpath.dirname(path)
         while parent:
             if parent in owners:
-                raise ValueError(
+                raise ConfigError(
                     f"Item '{key}' is written to {path!r}, inside {parent!r}, the file of item '{owners[parent]}' "
                     f"on rank {rank}: a path cannot be a file and a folder at once. Give one of them a "
                     f"different LayoutInfo.file_path."

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_checkpointing.config import check_bool
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 from torch_checkpointing.storage.direct_io import DurableFileWriter
@@ -33,6 +34,9 @@ class LocalFileSystemStorageConfig(StorageConfig):
     """A local (or mounted) filesystem; `use_direct_io` writes with O_DIRECT, falling back when refused."""
 
     use_direct_io: bool = True
+
+    def __post_init__(self) -> None:
+        check_bool("LocalFileSystemStorageConfig", "use_direct_io", self.use_direct_io)
 
     def create_storage(self) -> LocalFileSystemStorage:
         return LocalFileSystemStorage(config=self)

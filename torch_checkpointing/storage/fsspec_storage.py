@@ -37,7 +37,8 @@ from types import TracebackType
 from typing import Any
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
-from torch_checkpointing.errors import CheckpointError, ObjectStoreError
+from torch_checkpointing.config import check_number
+from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
@@ -95,23 +96,43 @@ class FsspecStorageConfig(StorageConfig):
     request_timeout_s: float | None = 300.0
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.url and url_scheme(self.url) is None:
-            raise ValueError(f"FsspecStorageConfig.url must be a URL such as 's3://bucket/prefix' (got {self.url!r}).")
+            raise ConfigError(f"FsspecStorageConfig.url must be a URL such as 's3://bucket/prefix' (got {self.url!r}).")
         self.protocol = (self.protocol or url_scheme(self.url) or "").lower()
         if self.filesystem is not None:
             given = _protocols_of(self.filesystem)
             self.protocol = self.protocol or sorted(given)[0]
             if self.protocol not in given:
-                raise ValueError(
+                raise ConfigError(
                     f"FsspecStorageConfig.filesystem speaks {sorted(given)}, not the configured {self.protocol}://; "
                     f"pass a filesystem of that protocol or leave url/protocol to match it."
                 )
         if self.part_size < MIN_PART_SIZE and self.protocol in ("", *_S3_PROTOCOLS):
-            raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes on S3 (got {self.part_size})")
+            raise ConfigError(f"part_size must be at least {MIN_PART_SIZE} bytes on S3 (got {self.part_size})")
         if self.part_size < 1 or self.max_concurrency < 1:
-            raise ValueError("part_size and max_concurrency must be positive")
+            raise ConfigError(
+                f"part_size and max_concurrency must be positive (FsspecStorageConfig.part_size={self.part_size}, "
+                f"max_concurrency={self.max_concurrency})"
+            )
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
-            raise ValueError(f"request_timeout_s must be positive or None (got {self.request_timeout_s})")
+            raise ConfigError(f"request_timeout_s must be positive or None (got {self.request_timeout_s})")
+
+    def _check_types(self) -> None:
+        """Wrong types fail here, naming the field, not as a comparison error or inside the writer process."""
+        owner = "FsspecStorageConfig"
+        for name in ("url", "protocol"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigTypeError(f"{owner}.{name} must be a str ('' when unset), got {getattr(self, name)!r}.")
+        if not isinstance(self.storage_options, dict):
+            raise ConfigTypeError(
+                f"{owner}.storage_options must be a dict of fsspec options ({{}} when none), got "
+                f"{self.storage_options!r}."
+            )
+        check_number(owner, "part_size", self.part_size, integer=True)
+        check_number(owner, "max_concurrency", self.max_concurrency, integer=True)
+        if self.request_timeout_s is not None:
+            check_number(owner, "request_timeout_s", self.request_timeout_s)
 
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> FsspecStorageConfig:
