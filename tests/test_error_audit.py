@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.builder import make_async_checkpoint_saver, make_sync_checkpoint_saver
 from torch_checkpointing.checkpoint_layout import (
     JsonSerialization,
     LayoutInfo,
@@ -209,6 +210,49 @@ BAD_CONFIG: list[Row] = [
     ),
     ("layout from_dict empty", lambda: LayoutInfo.from_dict({}), ConfigError, "file_path"),
     ("layout from_dict None", lambda: LayoutInfo.from_dict(None), ConfigError, "file_path"),  # type: ignore[arg-type]
+    # The builder functions and the manager's loader (built with the manager)
+    (
+        "make_sync wrong config",
+        lambda: make_sync_checkpoint_saver(AsyncCheckpointSaverConfig()),
+        ConfigTypeError,
+        "config",
+    ),  # type: ignore[arg-type]
+    (
+        "make_sync storage str",
+        lambda: make_sync_checkpoint_saver(storage_config="/tmp"),
+        ConfigTypeError,
+        "storage_config",
+    ),  # type: ignore[arg-type]
+    (
+        "make_async wrong config",
+        lambda: make_async_checkpoint_saver(SyncCheckpointSaverConfig()),
+        ConfigTypeError,
+        "config",
+    ),  # type: ignore[arg-type]
+    (
+        "make_async init_fn str",
+        lambda: make_async_checkpoint_saver(subprocess_init_fn="setup"),
+        ConfigTypeError,
+        "subprocess_init_fn",
+    ),
+    (
+        "make_async init_args int",
+        lambda: make_async_checkpoint_saver(subprocess_init_args=5),
+        ConfigTypeError,
+        "subprocess_init_args",
+    ),  # type: ignore[arg-type]
+    (
+        "manager load None",
+        lambda: CheckpointManager(
+            CheckpointManager.Config(
+                save=SyncCheckpointSaverConfig(),
+                load=None,
+                storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+            )
+        ),
+        ConfigTypeError,
+        r"Config\.load",
+    ),  # type: ignore[arg-type]
 ]
 
 
