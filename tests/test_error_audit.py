@@ -130,6 +130,12 @@ BAD_CONFIG: list[Row] = [
     ),  # type: ignore[arg-type]
     ("stager dir int", lambda: CheckpointStagerConfig(staging_dir=3), ConfigTypeError, "staging_dir"),  # type: ignore[arg-type]
     ("stager dir empty", lambda: CheckpointStagerConfig(staging_dir=""), ConfigError, "staging_dir"),
+    (
+        "stager dir without shm",
+        lambda: CheckpointStagerConfig(use_shared_memory=False, staging_dir="/tmp"),
+        ConfigError,
+        "use_shared_memory",
+    ),
     ("stager thread None", lambda: CheckpointStagerConfig(thread_name=None), ConfigTypeError, "thread_name"),  # type: ignore[arg-type]
     # CheckpointLoaderConfig
     ("loader mmap str", lambda: CheckpointLoaderConfig(use_mmap="no"), ConfigTypeError, "use_mmap"),  # type: ignore[arg-type]

@@ -109,6 +109,11 @@ class CheckpointStagerConfig:
             )
         if self.staging_dir is not None and not os.fspath(self.staging_dir):
             raise ConfigError(f"{owner}.staging_dir is empty; name a directory, or leave it None (anonymous memory).")
+        if self.staging_dir is not None and not self.use_shared_memory:
+            raise ConfigError(
+                f"{owner}.staging_dir={self.staging_dir!r} is used only with use_shared_memory=True (it holds the "
+                f"shared staging slab); with use_shared_memory=False nothing is staged there. Drop one of the two."
+            )
         if self.metric_prefix != _DEFAULT_METRIC_PREFIX:
             _warn_ignored("CheckpointStagerConfig.metric_prefix", "the engine reports no metrics; leave it unset.")
 
