@@ -421,6 +421,9 @@ class JsonCodec(_TensorlessCodec):
                 f"JsonSerialization cannot encode item '{key}': {exc}. Store JSON-compatible data "
                 f"(dict, list, str, int, float, bool, None, dataclasses) or use TorchSerialization."
             ) from exc
+        cls = fmt.cls if isinstance(fmt, JsonSerialization) else None
+        if cls is not None:
+            _check_rebuilds(cls, key, jsonable)
         stream.write(text.encode("utf-8"))
 
     def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
@@ -498,6 +501,21 @@ def codec_for(fmt: SerializationFormat, key: str | None = None) -> Codec:
     )
 
 
+def _check_rebuilds(cls: type, key: str, jsonable: Any) -> None:
+    """Refuse, before anything is written, a value the load could not rebuild as `cls` exactly: a field holding
+    a value its annotation cannot take back (None in a field annotated `int`, 2.7 in one annotated `int`, a
+    list where a dataclass is declared). Such a save was committed, and then every load of it failed, or gave
+    back a different value."""
+    try:
+        from_jsonable(cls, jsonable, key)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"JsonSerialization(cls={cls.__name__}) cannot save item '{key}': the load would not rebuild it as "
+            f"saved ({exc}). Store values of the annotated types, correct the annotation, or use "
+            f"JsonSerialization() (plain JSON) or TorchSerialization for this item."
+        ) from None
+
+
 def _json_loads(data: bytes, path: Path, key: str) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
@@ -514,10 +532,11 @@ save with a bare RecursionError, or saved and then failed a load called from dee
 
 
 def _check_json_tree(key: str, value: Any) -> None:
-    """Refuse, naming the path, what JSON would not give back as saved: a non-str dict key (an int key loads
-    back as a str and silently misses its template slot), nesting deeper than `JSON_MAX_DEPTH` (a value that
-    contains itself included), and an int too long for Python's int-to-str limit (a bare ValueError from
-    `json.dumps`, or a file no load reads). Iterative, so the walk itself never hits the recursion limit."""
+    """Refuse, naming the path, what JSON would not give back as saved: a leaf JSON cannot hold (a set, bytes,
+    a tensor), a non-str dict key (an int key loads back as a str and silently misses its template slot),
+    nesting deeper than `JSON_MAX_DEPTH` (a value that contains itself included), and an int too long for
+    Python's int-to-str limit (a bare ValueError from `json.dumps`, or a file no load reads). Iterative, so the
+    walk itself never hits the recursion limit."""
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     while stack:
         node, where, depth = stack.pop()
@@ -529,8 +548,23 @@ def _check_json_tree(key: str, value: Any) -> None:
                 if isinstance(node, Mapping):
                     _check_json_key(key, k, join_key(where, k))
                 stack.append((v, join_key(where, k), depth + 1))
+        elif not isinstance(node, _JSON_LEAVES):
+            raise _not_json(key, node, where)
         elif type(node) is int and node.bit_length() > _LONG_INT_BITS:
             _check_int_digits(key, node, where)
+
+
+_JSON_LEAVES = (str, int, float, type(None))
+"""The leaf types `json.dumps` writes (bool is an int)."""
+
+
+def _not_json(key: str, leaf: Any, where: str) -> TypeError:
+    """The refusal of a leaf JSON cannot hold, naming its path: `json.dumps` named only its type."""
+    return TypeError(
+        f"JsonSerialization cannot encode item '{key}': the value at '{_at(key, where)}' is a "
+        f"{type(leaf).__module__}.{type(leaf).__qualname__}, which is not JSON serializable. Store JSON-compatible "
+        f"data (dict, list, str, int, float, bool, None, dataclasses) or use TorchSerialization."
+    )
 
 
 def _json_children(node: Any) -> Iterable[tuple[Any, Any]] | None:

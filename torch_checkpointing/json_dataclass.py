@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from collections.abc import Mapping
@@ -64,8 +65,31 @@ def from_jsonable(tp: Any, data: Any, where: str) -> Any:
     if origin is dict and isinstance(data, dict) and len(args) == 2:
         return {k: from_jsonable(args[1], v, f"{where}[{k!r}]") for k, v in data.items()}
     if isinstance(tp, type) and tp is not Any and not isinstance(data, tp):
-        try:
-            return tp(data)
-        except Exception as exc:
-            raise ValueError(f"{where}: cannot build {tp.__name__} from JSON value {data!r}: {exc}") from exc
+        return _exact_leaf(tp, data, where)
     return data
+
+
+def _exact_leaf(tp: type, data: Any, where: str) -> Any:
+    """`data` as the annotated type `tp` where that gives back exactly the JSON value (an IntEnum from its int,
+    a str subclass from its str); an int stays an int under a float annotation (PEP 484's numeric tower accepts
+    it, so it was saved as one). Any other conversion would change the value (`int(2.7)` is 2, `bool("false")`
+    is True, `str(5)` is "5"), so it is a ValueError naming the field instead."""
+    if type(data) is int and tp in (float, complex):
+        return data
+    try:
+        value = tp(data)
+    except Exception as exc:
+        raise ValueError(f"{where}: cannot build {tp.__name__} from JSON value {data!r}: {exc}") from exc
+    if not _same_json(value, data):
+        raise ValueError(
+            f"{where}: the field is annotated {tp.__name__}, but its JSON value {data!r} is a "
+            f"{type(data).__name__}, and {tp.__name__}({data!r}) is {value!r}, a different value."
+        )
+    return value
+
+
+def _same_json(value: Any, data: Any) -> bool:
+    try:
+        return bool(json.dumps(to_jsonable(value)) == json.dumps(data))
+    except (TypeError, ValueError):
+        return False

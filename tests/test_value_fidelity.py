@@ -1,0 +1,165 @@
+"""`load()` gives back exactly what was saved, or `save()` refuses the value naming the item, the path and the
+fix: the defects the value-fidelity harness (`test_value_fidelity_harness.py`) led to.
+
+Each test here failed before its fix:
+
+* `JsonSerialization(cls=...)` rebuilt each field by calling its annotation on the JSON value, so a value the
+  annotation could not take back exactly was changed on load (2.7 in a field annotated `int` loaded as 2, a
+  str in a field annotated `bool` as True, an int under `float` as a float), and one it could not take at all
+  (None under `int`, a list where a dataclass is declared) was committed and then failed every load;
+* a leaf JSON cannot hold was refused with json's own words, which name its type but not where it sits.
+
+Template tensors sharing memory are in `test_value_fidelity_tied.py`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import (
+    JsonSerialization,
+    LayoutInfo,
+    SerializationFormat,
+)
+from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.errors import IncompleteCheckpointError
+from torch_checkpointing.json_dataclass import from_jsonable
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+
+class Mode(enum.IntEnum):
+    TRAIN = 1
+    EVAL = 2
+
+
+class Tag(str, enum.Enum):
+    BEST = "best"
+
+
+@dataclass
+class Inner:
+    x: int = 0
+
+
+@dataclass
+class Config:
+    steps: int = 0
+    lr: float = 0.1
+    resume: bool = False
+    name: str = ""
+    inner: Inner = field(default_factory=Inner)
+    maybe: Inner | None = None
+    mode: Mode = Mode.TRAIN
+    tag: Tag = Tag.BEST
+    many: list[Inner] = field(default_factory=list)
+
+
+def manager_for(fmt: SerializationFormat, *, async_save: bool = False) -> CheckpointManager:
+    save = AsyncCheckpointSaverConfig() if async_save else SyncCheckpointSaverConfig()
+    return CheckpointManager(
+        CheckpointManager.Config(
+            items={"cfg": ItemSpec(layout=LayoutInfo("cfg_{rank}.bin", fmt))},
+            save=save,
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+
+
+def _save(manager: CheckpointManager, where: Path, value: Any) -> None:
+    """A save that has committed (or failed) on return, in either mode: an async refusal comes from the writer
+    process, through the write Future."""
+    write = manager.save(str(where), {"cfg": value})
+    if write is not None:
+        write.result(timeout=120)
+
+
+def round_trip(fmt: SerializationFormat, value: Any, where: Path, into: Any = None, async_save: bool = False) -> Any:
+    """Save `value` as item 'cfg' in `fmt`, then load it back into `into`."""
+    with manager_for(fmt, async_save=async_save) as manager:
+        _save(manager, where, value)
+        return manager.load(str(where), into={"cfg": into})["cfg"]
+
+
+# ------------------------------------------------------------------------------------------ JSON with cls
+
+
+@pytest.mark.parametrize(
+    ("value", "field_name"),
+    [
+        (Config(steps=2.7), "steps"),  # type: ignore[arg-type]  # int(2.7) is 2
+        (Config(resume="false"), "resume"),  # type: ignore[arg-type]  # bool("false") is True
+        (Config(name=5), "name"),  # type: ignore[arg-type]  # str(5) is "5"
+        (Config(steps=None), "steps"),  # type: ignore[arg-type]  # int(None): every load failed
+        (Config(inner=None), "inner"),  # type: ignore[arg-type]  # no Inner from null: every load failed
+        (Config(many=[[1]]), "many"),  # type: ignore[list-item]  # no Inner from a list
+        ({"steps": 1.5}, "steps"),  # a dict payload is rebuilt as the declared dataclass too
+    ],
+)
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_json_cls_refuses_a_field_its_annotation_would_not_give_back(
+    value: Any, field_name: str, async_save: bool, tmp_path: Path
+) -> None:
+    where = tmp_path / "ck"
+    with manager_for(JsonSerialization(cls=Config), async_save=async_save) as manager:
+        with pytest.raises(ValueError, match=rf"(?s)item 'cfg'.*{field_name}.*annotat"):
+            _save(manager, where, value)
+        with pytest.raises((IncompleteCheckpointError, FileNotFoundError)):
+            manager.load(str(where))
+
+
+def test_json_cls_refuses_a_value_that_is_not_an_object_for_a_dataclass(tmp_path: Path) -> None:
+    match = r"item 'cfg'.*expected a JSON object for Config"
+    with manager_for(JsonSerialization(cls=Config)) as manager, pytest.raises(ValueError, match=match):
+        manager.save(str(tmp_path / "ck"), {"cfg": [1, 2]})
+
+
+def test_json_cls_keeps_an_int_under_a_float_annotation(tmp_path: Path) -> None:
+    """PEP 484 lets an int stand where a float is annotated; it was saved as an int and comes back as one."""
+    out = round_trip(JsonSerialization(cls=Config), Config(lr=1), tmp_path / "ck")
+    assert out == Config(lr=1) and type(out.lr) is int
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_json_cls_rebuilds_what_its_annotations_take_back_exactly(async_save: bool, tmp_path: Path) -> None:
+    value = Config(
+        steps=3, lr=0.5, resume=True, name="n\x00é", inner=Inner(4), maybe=Inner(5), mode=Mode.EVAL, many=[Inner(6)]
+    )
+    out = round_trip(JsonSerialization(cls=Config), value, tmp_path / "ck", async_save=async_save)
+    assert out == value
+    assert type(out.mode) is Mode and type(out.tag) is Tag and type(out.maybe) is Inner
+
+
+@pytest.mark.parametrize(
+    ("data", "field_name"),
+    [({"steps": 2.7}, "steps"), ({"resume": "false"}, "resume"), ({"name": 5}, "name"), ({"steps": 2.0}, "steps")],
+)
+def test_json_cls_load_refuses_a_file_value_its_annotation_would_change(data: dict[str, Any], field_name: str) -> None:
+    """A file written elsewhere (by hand, by another tool) whose value the annotation would change is refused
+    naming the field, not rebuilt as a different value."""
+    with pytest.raises(ValueError, match=rf"item 'cfg'\.{field_name}: the field is annotated"):
+        from_jsonable(Config, data, "item 'cfg'")
+
+
+# ------------------------------------------------------------------------------------------ JSON leaves
+
+
+@pytest.mark.parametrize(
+    ("value", "path", "kind"),
+    [
+        ({"a": {"b": {1, 2}}}, "cfg::a.b", "builtins.set"),
+        ({"a": [1, b"x"]}, "cfg::a.1", "builtins.bytes"),
+        ({"a": (torch.ones(1),)}, "cfg::a.0", "torch.Tensor"),
+        (Config(name=1j), "cfg::name", "builtins.complex"),  # type: ignore[arg-type]
+    ],
+)
+def test_json_refuses_a_leaf_it_cannot_hold_naming_its_path(value: Any, path: str, kind: str, tmp_path: Path) -> None:
+    match = rf"the value at '{path}' is a {kind}, which is not JSON serializable"
+    with manager_for(JsonSerialization()) as manager, pytest.raises(TypeError, match=match):
+        manager.save(str(tmp_path / "ck"), {"cfg": value})
