@@ -20,7 +20,14 @@ from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchE
 from torch_checkpointing.traversal import NestingError, is_container, is_sequence, local_tensor, rebuild
 from torch_checkpointing.types import CheckpointPath, NestedPath
 
-__all__ = ["MISSING", "check_tensor_fits", "check_writable", "copy_tensor_into", "walk_checkpoint_structure"]
+__all__ = [
+    "MISSING",
+    "check_shared_targets",
+    "check_tensor_fits",
+    "check_writable",
+    "copy_tensor_into",
+    "walk_checkpoint_structure",
+]
 
 
 class _Missing:
@@ -80,7 +87,94 @@ def walk_checkpoint_structure(
         merged = walker.merge(tuple(at), source, target)
     except RecursionError:
         raise NestingError((), cycle=False).for_item(item_key) from None
+    if dry_run:
+        check_shared_targets(walker.copies)
     return merged, missing
+
+
+_Copy = tuple[CheckpointPath, torch.Tensor, torch.Tensor]  # where, source, target
+
+
+def check_shared_targets(copies: list[_Copy]) -> None:
+    """Refuse copies into template tensors that share memory (tied weights, overlapping views) unless every
+    target still holds its own source once all are made: the later copy overwrote the earlier one's values, so
+    the load returned one entry holding another entry's values, silently. Only tensors whose memory overlaps
+    another's are compared: tied ones (the same view) by their sources, any other overlap by making the copies
+    into a scratch copy of the storage (the template is not touched)."""
+    by_storage: dict[int, list[_Copy]] = {}
+    for copy in copies:
+        dst = local_tensor(copy[2])
+        if dst.layout == torch.strided and dst.numel() and dst.device.type != "meta":
+            by_storage.setdefault(dst.untyped_storage().data_ptr(), []).append(copy)
+    for group in by_storage.values():
+        if len(group) > 1 and _overlapping(group):
+            _check_group(group)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage a strided tensor's elements lie in, as [start, end)."""
+    low = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if st < 0)
+    high = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if st > 0)
+    size = t.element_size()
+    offset = int(t.storage_offset())
+    return (offset + low) * size, (offset + high + 1) * size
+
+
+def _overlapping(group: list[_Copy]) -> bool:
+    end = -1
+    for start, stop in sorted(_span(local_tensor(target)) for _, _, target in group):
+        if start < end:
+            return True
+        end = max(end, stop)
+    return False
+
+
+def _view_of(t: torch.Tensor) -> tuple[Any, ...]:
+    return t.storage_offset(), tuple(t.shape), t.stride(), t.dtype
+
+
+def _check_group(group: list[_Copy]) -> None:
+    """Tied targets (one view) must receive equal sources; targets overlapping otherwise are replayed."""
+    if len({_view_of(local_tensor(target)) for _, _, target in group}) > 1:
+        _replay(group)
+        return
+    where, first, _ = group[0]
+    for other, source, _ in group[1:]:
+        if source is not first and not _same_bits(local_tensor(source), local_tensor(first)):
+            raise _shared_memory_error(where, other)
+
+
+def _replay(group: list[_Copy]) -> None:
+    """Make the group's copies, in the load's order, into a scratch copy of their storage, then check that each
+    target reads back its own source bit for bit."""
+    scratch = local_tensor(group[0][2]).untyped_storage().clone()
+    views = []
+    with torch.no_grad():
+        for where, source, target in group:
+            dst = local_tensor(target)
+            view = torch.empty(0, dtype=dst.dtype, device=dst.device)
+            view.set_(scratch, dst.storage_offset(), dst.shape, dst.stride())
+            view.copy_(local_tensor(source))
+            views.append((where, view, local_tensor(source), _span(dst)))
+    for where, view, source, span in views:
+        if not _same_bits(view, source):
+            other = next(w for w, _, _, s in views if w != where and s[0] < span[1] and span[0] < s[1])
+            raise _shared_memory_error(where, other)
+
+
+def _shared_memory_error(where: CheckpointPath, other: CheckpointPath) -> TemplateMismatchError:
+    return TemplateMismatchError(
+        f"Template entries at {where} and {other} share memory (tied weights, or overlapping views of one "
+        f"tensor), but the checkpoint holds different values for them: the load would leave one holding the "
+        f"other's values. Untie them in the template (e.g. .clone() one) and tie them again after the load, or "
+        f"pass None to take the stored tensors."
+    )
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (a NaN payload and -0.0 included), whatever the dtype."""
+    a, b = a.reshape(-1).contiguous(), b.reshape(-1).contiguous()
+    return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
 
 
 class _Walker:
@@ -94,6 +188,7 @@ class _Walker:
     ) -> None:
         self.key, self.missing, self.unexpected, self.leaf_fn, self.dry_run = key, missing, unexpected, leaf_fn, dry_run
         self._on_path: set[int] = set()  # ids of the source containers being merged: one met again is a cycle
+        self.copies: list[_Copy] = []  # the tensor copies a dry run found, for `check_shared_targets`
 
     def merge(self, path: NestedPath, source: Any, target: Any) -> Any:
         here = CheckpointPath(self.key, path)
@@ -107,6 +202,7 @@ class _Walker:
                 raise _type_error(here, target, source)
             if self.dry_run:
                 check_tensor_fits(here, source, target)
+                self.copies.append((here, source, target))
                 return target
             if self.leaf_fn is not None:
                 return self.leaf_fn(here, source, target)
