@@ -36,8 +36,8 @@ from torch_checkpointing.config import (
 )
 from torch_checkpointing.dtensor_resharder import DTensorResharder
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
-from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
 
 Row = tuple[str, Callable[[], object], type[ConfigError], str]
 
@@ -158,6 +158,9 @@ BAD_CONFIG: list[Row] = [
     ("fsspec timeout str", lambda: FsspecStorageConfig(request_timeout_s="5"), ConfigTypeError, "request_timeout_s"),  # type: ignore[arg-type]
     ("fsspec concurrency 0", lambda: FsspecStorageConfig(max_concurrency=0), ConfigError, "max_concurrency"),
     ("fsspec url not url", lambda: FsspecStorageConfig(url="bucket/prefix"), ConfigError, "FsspecStorageConfig.url"),
+    ("local storage None", lambda: LocalFileSystemStorage(None), ConfigError, "LocalFileSystemStorageConfig"),
+    ("local storage str", lambda: LocalFileSystemStorage("/tmp"), ConfigTypeError, "LocalFileSystemStorageConfig"),  # type: ignore[arg-type]
+    ("fsspec storage dict", lambda: FsspecStorage({"url": "s3://b"}), ConfigTypeError, "FsspecStorageConfig"),  # type: ignore[arg-type]
     # ItemSpec
     ("itemspec layout str", lambda: ItemSpec(layout="x.pt"), ConfigTypeError, "ItemSpec.layout"),  # type: ignore[arg-type]
     ("itemspec resharder object", lambda: ItemSpec(resharder=object()), ConfigTypeError, "ItemSpec.resharder"),  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_checkpointing.config import check_bool
+from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 from torch_checkpointing.storage.direct_io import DurableFileWriter
@@ -78,8 +79,12 @@ def remove_tree_marks_last(local: str) -> None:
 
 class LocalFileSystemStorage(Storage):
     def __init__(self, config: LocalFileSystemStorageConfig | None) -> None:
-        if config is None:
-            raise ValueError("LocalFileSystemStorage needs a LocalFileSystemStorageConfig (got None)")
+        if not isinstance(config, LocalFileSystemStorageConfig):  # None: the ValueError API_SURFACE §7.2 records
+            error = ConfigError if config is None else ConfigTypeError
+            raise error(
+                f"LocalFileSystemStorage needs a LocalFileSystemStorageConfig (got {config!r}); e.g. "
+                f"LocalFileSystemStorageConfig(use_direct_io=False)."
+            )
         self.config = config
 
     def _check_parent(self, path: Path) -> None:

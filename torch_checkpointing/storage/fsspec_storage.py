@@ -225,6 +225,10 @@ class FsspecStorage(Storage):
     atomic_rename = False
 
     def __init__(self, config: FsspecStorageConfig) -> None:
+        if not isinstance(config, FsspecStorageConfig):
+            raise ConfigTypeError(
+                f"FsspecStorage needs an FsspecStorageConfig, got {config!r}; e.g. FsspecStorageConfig(url='s3://b/run')."
+            )
         self.config = config
         self._backends: dict[str, _Backend] = {}
         self._root: tuple[_Backend, str] | None = self._resolve_url(config.url) if config.url else None
