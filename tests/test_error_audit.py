@@ -365,3 +365,40 @@ def test_a_bad_layout_path_is_a_config_error_naming_the_key(tmp_path: Path, file
     finally:
         manager.close()
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------ a resharder's own results
+
+
+class _ReturnsThis(DTensorResharder):
+    """A resharder whose extract_sharding_metadata returns a fixed, wrong, value."""
+
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def extract_sharding_metadata(self, item_key: str, item_value: Any) -> Any:
+        return self.result
+
+
+@pytest.mark.parametrize(
+    ("result", "names"),
+    [([1, 2], "returned list"), ("meta", "returned str"), ({"w": 1}, "entry 'w'"), ({("w",): None}, "NoneType")],
+    ids=["list", "str", "str key", "None value"],
+)
+def test_a_resharder_returning_the_wrong_metadata_is_named_by_the_save(
+    tmp_path: Path, result: object, names: str
+) -> None:
+    """Before: an AttributeError ('list' object has no attribute 'items', ... no attribute '_pack')."""
+    manager = CheckpointManager(
+        CheckpointManager.Config(
+            items={"model": ItemSpec(resharder=_ReturnsThis(result))},
+            save=SyncCheckpointSaverConfig(),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+    try:
+        with pytest.raises(ConfigTypeError, match=rf"_ReturnsThis.extract_sharding_metadata for item 'model'.*{names}"):
+            manager.save(os.fspath(tmp_path / "c"), {"model": {"w": torch.ones(2)}})
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        manager.close()

@@ -10,7 +10,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from torch_checkpointing.distributed_metadata import DistributedMetadata, ItemMetadata, build_distributed_metadata
+from torch_checkpointing.distributed_metadata import (
+    DistributedMetadata,
+    ItemMetadata,
+    ShardingMetadata,
+    build_distributed_metadata,
+)
+from torch_checkpointing.errors import ConfigTypeError
 from torch_checkpointing.schema import ResolvedItem
 
 __all__ = ["DefaultMetadataManager", "MetadataManager"]
@@ -38,6 +44,7 @@ class DefaultMetadataManager(MetadataManager):
             if resharder is None:
                 continue
             extracted = resharder.extract_sharding_metadata(item.key, item.value)
+            _check_extracted(type(resharder).__name__, item.key, extracted)
             if extracted:
                 out[item.key] = extracted
         return out
@@ -49,3 +56,20 @@ class DefaultMetadataManager(MetadataManager):
 
     def serialize(self, per_rank: list[dict[str, ItemMetadata]], per_rank_layouts: list[dict[str, Any]]) -> str:
         return self.compute_metadata(per_rank, per_rank_layouts).to_json()
+
+
+def _check_extracted(resharder: str, key: str, extracted: object) -> None:
+    """A resharder's result, checked where it is returned: a wrong one failed later with an AttributeError
+    (`'list' object has no attribute 'items'`, `'str' object has no attribute '_pack'`) that named nothing."""
+    where = f"{resharder}.extract_sharding_metadata for item '{key}'"
+    if not isinstance(extracted, dict):
+        raise ConfigTypeError(
+            f"{where} returned {type(extracted).__name__}; it must return a dict of nested path (a tuple such as "
+            f"('layers', 0, 'w')) -> ShardingMetadata, {{}} when the item has nothing to describe."
+        )
+    for path, meta in extracted.items():
+        if not isinstance(path, tuple) or not isinstance(meta, ShardingMetadata):
+            raise ConfigTypeError(
+                f"{where} returned the entry {path!r}: {type(meta).__name__}; each key must be a nested path (a "
+                f"tuple such as ('w',)) and each value a ShardingMetadata (e.g. DTensorShardingMetadata)."
+            )
