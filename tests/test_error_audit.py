@@ -35,7 +35,7 @@ from torch_checkpointing.config import (
     SyncCheckpointSaverConfig,
 )
 from torch_checkpointing.dtensor_resharder import DTensorResharder
-from torch_checkpointing.errors import ConfigError, ConfigTypeError
+from torch_checkpointing.errors import ConfigError, ConfigTypeError, TemplateMismatchError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
 
@@ -377,7 +377,12 @@ class _ReturnsThis(DTensorResharder):
         self.result = result
 
     def extract_sharding_metadata(self, item_key: str, item_value: Any) -> Any:
+        if self.result is _REAL:
+            return super().extract_sharding_metadata(item_key, item_value)
         return self.result
+
+
+_REAL = object()
 
 
 @pytest.mark.parametrize(
@@ -400,5 +405,84 @@ def test_a_resharder_returning_the_wrong_metadata_is_named_by_the_save(
         with pytest.raises(ConfigTypeError, match=rf"_ReturnsThis.extract_sharding_metadata for item 'model'.*{names}"):
             manager.save(os.fspath(tmp_path / "c"), {"model": {"w": torch.ones(2)}})
         assert list(tmp_path.iterdir()) == []
+    finally:
+        manager.close()
+
+
+@pytest.mark.filterwarnings("ignore:Item 'model' has plain")
+@pytest.mark.parametrize(
+    ("result", "names"), [([1, 2], "returned list"), ({"w": 1}, "entry 'w'")], ids=["list", "str key"]
+)
+def test_a_resharder_returning_the_wrong_target_metadata_is_named_by_the_load(
+    tmp_path: Path, result: object, names: str
+) -> None:
+    """The load extracts its target metadata itself (not through the metadata manager): the same check."""
+    resharder = _ReturnsThis(_REAL)
+    manager = CheckpointManager(
+        CheckpointManager.Config(
+            items={"model": ItemSpec(resharder=resharder)},
+            save=SyncCheckpointSaverConfig(),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+    try:
+        manager.save(os.fspath(tmp_path / "c"), {"model": {"w": torch.ones(2)}})
+        resharder.result = result
+        template = {"w": torch.zeros(2)}
+        with pytest.raises(ConfigTypeError, match=rf"_ReturnsThis.extract_sharding_metadata for item 'model'.*{names}"):
+            manager.load(os.fspath(tmp_path / "c"), {"model": template})
+        assert torch.equal(template["w"], torch.zeros(2))
+    finally:
+        manager.close()
+
+
+class _LoadReturns(DTensorResharder):
+    """Copies the saved tensor in whole, then returns `result` from `load` (a custom resharder's own load)."""
+
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def should_reshard(self, source_metadata: Any, target_metadata: Any) -> bool:
+        return source_metadata is not None
+
+    def load(
+        self, source_path: Path, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
+    ) -> Any:
+        import io
+
+        data = storage.read(source_metadata.get_file_path(0, source_path, item_key))
+        target["w"].copy_(torch.load(io.BytesIO(data), weights_only=True)["w"])
+        return self.result
+
+
+@pytest.mark.filterwarnings("ignore:Item 'model' has plain")
+@pytest.mark.parametrize("result", [None, ["model.w"], "w"], ids=["None", "str paths", "str"])
+def test_a_resharder_load_returning_the_wrong_result_is_named(tmp_path: Path, result: object) -> None:
+    """Before: None failed as "'NoneType' object is not iterable"; str paths were split into characters and
+    dropped as missing (strict=False) without a word."""
+    config = CheckpointManager.Config(
+        items={"model": ItemSpec(resharder=_LoadReturns(result))},
+        save=SyncCheckpointSaverConfig(),
+        storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+    )
+    manager = CheckpointManager(config)
+    try:
+        manager.save(os.fspath(tmp_path / "c"), {"model": {"w": torch.ones(2)}})
+        with pytest.raises(ConfigTypeError, match=r"_LoadReturns.load for item 'model' returned"):
+            manager.load(os.fspath(tmp_path / "c"), {"model": {"w": torch.zeros(2)}})
+    finally:
+        manager.close()
+    manager = CheckpointManager(
+        CheckpointManager.Config(
+            items={"model": ItemSpec(resharder=_LoadReturns([("w",)]))},
+            save=SyncCheckpointSaverConfig(),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+    try:  # the right result still loads, and its paths count as missing for strict=True
+        got = manager.load(os.fspath(tmp_path / "c"), {"model": {"w": torch.zeros(2)}})
+        assert torch.equal(got["model"]["w"], torch.ones(2))
+        with pytest.raises(TemplateMismatchError, match=r"model::w"):
+            manager.load(os.fspath(tmp_path / "c"), {"model": {"w": torch.zeros(2)}}, strict=True)
     finally:
         manager.close()

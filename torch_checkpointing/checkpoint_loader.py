@@ -34,6 +34,7 @@ from torch_checkpointing.errors import (
     TemplateMismatchError,
 )
 from torch_checkpointing.manifest import Manifest
+from torch_checkpointing.metadata_manager import check_extracted
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.storage.base_storage import Storage
@@ -297,7 +298,9 @@ class CheckpointLoader:
         if resharder is None or resharder.skip_resharding or metadata is None:
             return None
         source = metadata.metadata.get(item.key)
-        target = resharder.extract_sharding_metadata(item.key, item.value) or None
+        extracted = resharder.extract_sharding_metadata(item.key, item.value)
+        check_extracted(type(resharder).__name__, item.key, extracted)  # the load's target, checked as a save's
+        target = extracted or None
         if source is None or not resharder.should_reshard(source, target):
             return None
         plan = _Reshard(item, source, target, self._reshard_job(ctx, item, source, target))
@@ -346,7 +349,8 @@ class CheckpointLoader:
         runner = planned_job_runner(resharder)
         if runner is not None and plan.job is not None:
             return runner.load_planned(plan.job, view)
-        return resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
+        unfilled = resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
+        return _checked_unfilled(type(resharder).__name__, plan.item.key, unfilled)
 
     def _decode(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:
         item = plan.item
@@ -373,6 +377,17 @@ class CheckpointLoader:
 
     def close(self) -> None:
         return None
+
+
+def _checked_unfilled(resharder: str, key: str, unfilled: object) -> list[NestedPath]:
+    """A custom `Resharder.load` result: the nested paths (tuples) it could not fill. A `load` without a `return`
+    (None) failed with "'NoneType' object is not iterable", and a str path was split into its characters."""
+    if isinstance(unfilled, (list, tuple)) and all(isinstance(p, tuple) for p in unfilled):
+        return list(unfilled)
+    raise ConfigTypeError(
+        f"{resharder}.load for item '{key}' returned {unfilled!r}; it must return the list of nested paths it could "
+        f"not fill, each a tuple such as ('layers', 0, 'w') ([] when it filled everything)."
+    )
 
 
 def _names(paths: list[CheckpointPath], limit: int = 10) -> str:

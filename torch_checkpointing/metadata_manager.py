@@ -44,7 +44,7 @@ class DefaultMetadataManager(MetadataManager):
             if resharder is None:
                 continue
             extracted = resharder.extract_sharding_metadata(item.key, item.value)
-            _check_extracted(type(resharder).__name__, item.key, extracted)
+            check_extracted(type(resharder).__name__, item.key, extracted)
             if extracted:
                 out[item.key] = extracted
         return out
@@ -58,7 +58,7 @@ class DefaultMetadataManager(MetadataManager):
         return self.compute_metadata(per_rank, per_rank_layouts).to_json()
 
 
-def _check_extracted(resharder: str, key: str, extracted: object) -> None:
+def check_extracted(resharder: str, key: str, extracted: object) -> None:
     """A resharder's result, checked where it is returned: a wrong one failed later with an AttributeError
     (`'list' object has no attribute 'items'`, `'str' object has no attribute '_pack'`) that named nothing."""
     where = f"{resharder}.extract_sharding_metadata for item '{key}'"
