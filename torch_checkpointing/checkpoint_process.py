@@ -36,7 +36,7 @@ from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
 
-__all__ = ["CheckpointProcess", "CheckpointProcessConfig", "WriterProcessDied"]
+__all__ = ["CheckpointProcess", "CheckpointProcessConfig", "EncodedWrite", "WriterProcessDied", "encode_write"]
 
 logger = logging.getLogger("torch_checkpointing.process")
 
@@ -109,6 +109,29 @@ class MapSlab:
 class Write:
     request: WriteRequest
     slab_generation: int | None  # the slab the request's SlabRefs point into, None when it has none
+
+
+@dataclass(frozen=True)
+class EncodedWrite:
+    """A `Write` already pickled on the trainer's side (what `Connection.send` does inside `write()` otherwise).
+
+    The saver encodes before the hand-over, so a value that cannot travel fails while the writer has seen
+    nothing: on several ranks that failure can then be reported to the other ranks' writers, which would
+    otherwise wait for this rank until the save's timeout (`CheckpointProcess.write` takes either form).
+    """
+
+    checkpoint_dir: str
+    slab_generation: int | None
+    data: memoryview
+
+
+def encode_write(request: WriteRequest, slab_generation: int | None) -> EncodedWrite:
+    """Pickle one write for the pipe; a value that cannot be pickled is a `PicklingError` naming its item."""
+    try:
+        data = ForkingPickler.dumps(Write(request, slab_generation))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise _unpicklable(request) from exc
+    return EncodedWrite(request.plan.checkpoint_dir, slab_generation, data)
 
 
 @dataclass(frozen=True)
@@ -290,12 +313,14 @@ class CheckpointProcess:
             self._start_in_background()
             self.wait_ready()
 
-    def write(self, request: WriteRequest, slab: tuple[int, Any] | None = None) -> int:
+    def write(self, request: WriteRequest | EncodedWrite, slab: tuple[int, Any] | None = None) -> int:
         """Send one request and block until the writer answers; raises the writer's exception.
 
         `slab` is (generation, shared tensor) of the staging slab the request's SlabRefs point into; it is
         sent (as one shared-memory handle) only when the writer has not seen that generation yet.
         """
+        generation = None if slab is None else slab[0]
+        encoded = request if isinstance(request, EncodedWrite) else encode_write(request, generation)
         with self._lock:
             self.wait_ready()
             if self._conn is None:
@@ -304,17 +329,14 @@ class CheckpointProcess:
                 if slab is not None and slab[0] != self._slab_generation:
                     self._conn.send(MapSlab(*slab))
                     self._slab_generation = slab[0]
-                try:
-                    self._conn.send(Write(request, None if slab is None else slab[0]))  # nothing sent if pickling fails
-                except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                    raise _unpicklable(request) from exc
+                self._conn.send_bytes(encoded.data)
                 reply = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
                 code = _exit_code(self._proc)
                 self._start_in_background()
                 then = "It was stopped by close()." if self._closing else "It is restarted for the next save."
                 raise WriterProcessDied(
-                    f"Checkpoint writer process died during the write of {request.plan.checkpoint_dir} (exit code "
+                    f"Checkpoint writer process died during the write of {encoded.checkpoint_dir} (exit code "
                     f"{code}). The id holds its previous checkpoint, or this one if the writer died right after "
                     f"committing it; a load returns one of them whole. {then}"
                 ) from exc

@@ -22,8 +22,14 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any
 
-from torch_checkpointing.checkpoint_process import CheckpointProcess
-from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig, SavePlan, WriteEntry, write_checkpoint
+from torch_checkpointing.checkpoint_process import CheckpointProcess, EncodedWrite, encode_write
+from torch_checkpointing.checkpoint_writer import (
+    CheckpointWriterConfig,
+    SavePlan,
+    WriteEntry,
+    refuse_before_writing,
+    write_checkpoint,
+)
 from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
@@ -251,35 +257,54 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any], blocked_s: float) -> None:
         try:
-            copies = staged.result()
-            slab = self._stager.slab
-            entries = []
-            for item in plan.items:
-                fmt = item.layout.serialization_format
-                if item.key in copies:
-                    # Tensors travel as offsets into the shared slab, which the writer maps once.
-                    value = to_slab_refs(copies[item.key], slab) if slab is not None else copies[item.key]
-                    entries.append(WriteEntry(item.key, item.layout.file_path, fmt, value))
-                else:
-                    entries.append(WriteEntry(item.key, item.layout.file_path, fmt, _pickle_item(item), pickled=True))
-            slab_info = (self._stager.generation, self._stager.shared_slab) if slab is not None else None
-            request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
-            nbytes = self._process.write(request, slab_info)
+            encoded, slab_info = self._encode(plan, staged)
+        except BaseException as exc:  # the writer saw nothing: the other ranks' writers are told instead
+            error = refuse_before_writing(plan, exc)
+            if error is not exc:
+                self._discard(plan)  # what the other ranks wrote into the temporary directory
+            self._fail(plan, write, error)
+            return
+        try:
+            nbytes = self._process.write(encoded, slab_info)
         except BaseException as exc:
             if isinstance(exc, WriterProcessDied):
-                self._discard_orphaned(plan)
-            log_failed(plan, exc)
-            write.set_exception(exc)
+                self._discard(plan)  # what the dead writer left in the temporary directory
+            self._fail(plan, write, exc)
         else:
             log_committed(plan, nbytes, blocked_s)
             write.set_result(None)
 
-    def _discard_orphaned(self, plan: SavePlan) -> None:
-        """A writer that died (SIGKILL, the OOM killer) left its temporary directory: remove it here instead.
+    def _encode(self, plan: SavePlan, staged: Future[Any]) -> tuple[EncodedWrite, tuple[int, Any] | None]:
+        """The write request, pickled for the pipe, and the slab it points into: everything that can fail
+        before the writer process is involved."""
+        copies = staged.result()
+        slab = self._stager.slab
+        entries = []
+        for item in plan.items:
+            fmt = item.layout.serialization_format
+            if item.key in copies:
+                # Tensors travel as offsets into the shared slab, which the writer maps once.
+                value = to_slab_refs(copies[item.key], slab) if slab is not None else copies[item.key]
+                entries.append(WriteEntry(item.key, item.layout.file_path, fmt, value))
+            else:
+                entries.append(WriteEntry(item.key, item.layout.file_path, fmt, _pickle_item(item), pickled=True))
+        slab_info = (self._stager.generation, self._stager.shared_slab) if slab is not None else None
+        request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
+        return encode_write(request, None if slab_info is None else slab_info[0]), slab_info
 
-        Left there, every such save kept the bytes it had written until someone ran gc, and a job whose writer
-        kept dying filled the disk. Only rank 0 discards, as the writer does; an earlier checkpoint is never
-        touched (`Commit.discard` removes only this save's own temporary name, or its uncommitted prefix).
+    @staticmethod
+    def _fail(plan: SavePlan, write: Future[Any], exc: BaseException) -> None:
+        log_failed(plan, exc)
+        write.set_exception(exc)
+
+    def _discard(self, plan: SavePlan) -> None:
+        """Remove this save's temporary directory from the trainer: its writer died (SIGKILL, the OOM killer), or
+        never got the save while the other ranks' writers wrote theirs into it.
+
+        Left there, every such save kept the bytes written until someone ran gc, and a job whose writer kept
+        dying filled the disk. Only rank 0 discards, as the writer does, once every rank answered; an earlier
+        checkpoint is never touched (`Commit.discard` removes only this save's own temporary name, or its
+        uncommitted prefix).
         """
         if plan.rank != 0:
             return

@@ -49,6 +49,7 @@ __all__ = [
     "SavePlan",
     "WriteEntry",
     "WriteRequest",
+    "refuse_before_writing",
     "write_checkpoint",
 ]
 
@@ -299,13 +300,45 @@ def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, p
             progress.committed = True
 
     try:
-        written = agree(f"Checkpoint {plan.checkpoint_dir}: writing the files", transport, write)
+        written = agree(_files_step(plan), transport, write)
         records.extend(FileRecord.from_dict(d) for report in written for d in report)
         agree(f"Checkpoint {plan.checkpoint_dir}: the commit", transport, publish)
         progress.committed = True
     finally:
         _settle(channel, plan, progress.committed)
     return sum(r.size for r in records if r.rank == plan.rank)
+
+
+def _files_step(plan: SavePlan) -> str:
+    """The first agreement of a multi-rank commit: every rank's file records, or why it has none."""
+    return f"Checkpoint {plan.checkpoint_dir}: writing the files"
+
+
+def refuse_before_writing(plan: SavePlan, exc: BaseException) -> BaseException:
+    """Report a save that failed on this rank before its writer got it; returns the error for this rank's Future.
+
+    A value that cannot travel to the writer process, a failed staging copy, a writer that cannot start: the
+    writer never takes part in the commit, so the other ranks' writers waited for this rank the save's whole
+    timeout, then called it silent. Answering the first agreement with the failure makes every rank raise the
+    same `CommitError` at once, naming this rank and its reason. Single rank: `exc` itself, the clearest.
+    """
+    if plan.store is None:
+        return exc
+
+    def failed() -> list[dict[str, Any]]:
+        raise exc
+
+    try:
+        channel = StoreChannel(plan.store, plan.timeout_s)
+    except CommitError as lost:  # rank 0's store is gone: the others cannot be waiting on it either
+        return lost
+    try:
+        agree(_files_step(plan), StoreTransport(plan.rank, plan.world_size, channel), failed)
+    except CommitError as agreed:
+        return agreed
+    finally:
+        _settle(channel, plan, committed=False)
+    return exc  # not reached: a failed contribution always makes the agreement raise
 
 
 def _settle(channel: StoreChannel, plan: SavePlan, committed: bool) -> None:

@@ -1,0 +1,101 @@
+"""Two real gloo ranks where only one rank's save goes wrong before its writer process gets it (round 8).
+
+A value that cannot travel to the writer process (a `requires_copy=False` value that does not pickle, or a
+deep-copied one that does not) fails on the trainer's side of that rank only. Before, that rank's Future failed at
+once while every other rank's writer waited `wait_timeout_secs` for it and then called it silent ("did not
+report"), and the ranks then fell out of step: the next save of every rank failed too ("lost contact"). Now the
+failing rank answers the save's agreement with its failure, so every rank raises the same `CommitError` at once,
+naming that rank and its reason, nothing is committed, and the next save works on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from simulator.launcher import launch
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.errors import CommitError
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+pytestmark = pytest.mark.multirank
+WORLD = 2
+WAIT_S = 20
+
+
+class _NoPickle:
+    """Deep-copies (a staging copy takes it) but refuses to pickle (so it can never reach the writer)."""
+
+    def __reduce__(self) -> Any:
+        raise TypeError("_NoPickle refuses to be pickled")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _NoPickle:
+        return _NoPickle()
+
+
+def bad_value_on_one_rank(root: str, bad_rank: int, item: str) -> dict[str, Any]:
+    """Every rank saves; on `bad_rank` only, `item` holds a value that cannot reach the writer process."""
+    rank = dist.get_rank()
+    config = CheckpointManager.Config(
+        storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        items={"frozen": ItemSpec(requires_copy=False), "copied": ItemSpec(requires_copy=True)},
+    )
+    config.save.wait_timeout_secs = WAIT_S
+    manager = CheckpointManager(config)
+    out: dict[str, Any] = {"rank": rank}
+
+    def state(value: float, bad: bool) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model": {"w": torch.full((4,), value)}, "frozen": 1, "copied": 1}
+        if bad:
+            payload[item] = _NoPickle()
+        return payload
+
+    manager.save(f"{root}/first", state(1.0, False)).result(WAIT_S * 3)
+    started = time.monotonic()
+    try:
+        manager.save(f"{root}/bad", state(2.0, rank == bad_rank)).result(WAIT_S * 3)
+        out["bad"] = "no error"
+    except CommitError as exc:
+        out["bad"] = f"CommitError: {exc}"
+        out["failures"] = dict(exc.failures)
+    except BaseException as exc:
+        out["bad"] = f"{type(exc).__name__}: {exc}"
+    out["bad_s"] = time.monotonic() - started
+    dist.barrier()
+    out["bad_exists"] = Path(root, "bad").exists()
+    out["leftovers"] = sorted(p.name for p in Path(root).iterdir() if p.name not in ("first", "bad"))
+    try:
+        manager.save(f"{root}/after", state(3.0, False)).result(WAIT_S * 3)
+        into = {"model": {"w": torch.zeros(4)}, "frozen": None, "copied": None}
+        out["after"] = float(manager.load(f"{root}/after", into)["model"]["w"][0])
+        into = {"model": {"w": torch.zeros(4)}, "frozen": None, "copied": None}
+        out["first"] = float(manager.load(f"{root}/first", into)["model"]["w"][0])
+    except BaseException as exc:
+        out["after"] = f"{type(exc).__name__}: {exc}"
+    manager.close()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("bad_rank", "item"),
+    [(1, "frozen"), (0, "frozen"), (1, "copied")],
+    ids=["rank1-frozen", "rank0-frozen", "rank1-copied"],
+)
+def test_a_value_that_cannot_reach_one_ranks_writer_fails_every_rank_at_once(
+    tmp_path: Path, bad_rank: int, item: str
+) -> None:
+    results = launch(bad_value_on_one_rank, WORLD, args=(str(tmp_path), bad_rank, item), timeout=240)
+    for r in results:
+        assert r["bad"].startswith("CommitError:"), r
+        assert f"'{item}'" in r["bad"] and "pickle" in r["bad"], r  # the failing rank's own reason, on every rank
+        assert list(r["failures"]) == [bad_rank], r
+        assert r["bad_s"] < WAIT_S / 2, r  # before: the good rank waited WAIT_S for the bad one
+        assert not r["bad_exists"], r
+        assert r["leftovers"] == [], r  # the good rank's files in the temporary directory are discarded too
+        assert r["after"] == 3.0, r  # before: 'lost contact' on every rank
+        assert r["first"] == 1.0, r
