@@ -7,7 +7,9 @@ Each test here failed before its fix:
   annotation could not take back exactly was changed on load (2.7 in a field annotated `int` loaded as 2, a
   str in a field annotated `bool` as True, an int under `float` as a float), and one it could not take at all
   (None under `int`, a list where a dataclass is declared) was committed and then failed every load;
-* a leaf JSON cannot hold was refused with json's own words, which name its type but not where it sits.
+* a leaf JSON cannot hold was refused with json's own words, which name its type but not where it sits;
+* an Enum member (an IntEnum, a str Enum) where no annotation rebuilds it, and a str Enum dict key, loaded
+  back as the bare int or str.
 
 Template tensors sharing memory are in `test_value_fidelity_tied.py`.
 """
@@ -163,3 +165,44 @@ def test_json_refuses_a_leaf_it_cannot_hold_naming_its_path(value: Any, path: st
     match = rf"the value at '{path}' is a {kind}, which is not JSON serializable"
     with manager_for(JsonSerialization()) as manager, pytest.raises(TypeError, match=match):
         manager.save(str(tmp_path / "ck"), {"cfg": value})
+
+
+# ------------------------------------------------------------------------------------------- JSON enums
+
+
+@pytest.mark.parametrize(
+    ("value", "path", "match"),
+    [
+        ({"mode": Mode.EVAL}, "cfg::mode", "Mode.EVAL, which JSON holds as 2"),
+        ({"run": [{"tag": Tag.BEST}]}, "cfg::run.0.tag", "Tag.BEST, which JSON holds as 'best'"),
+        (Mode.TRAIN, "cfg", "Mode.TRAIN"),
+    ],
+)
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_json_refuses_an_enum_member_that_would_load_back_bare(
+    value: Any, path: str, match: str, async_save: bool, tmp_path: Path
+) -> None:
+    """Without an annotation to rebuild it, an IntEnum or str Enum member loaded back as its bare int or str
+    (`is Mode.EVAL` then silently false); a declared dataclass field of the Enum type still takes it back."""
+    with manager_for(JsonSerialization(), async_save=async_save) as manager:
+        with pytest.raises(ValueError, match=rf"item 'cfg'.*the value at '{path}' is {match}"):
+            _save(manager, tmp_path / "ck", value)
+        with pytest.raises((IncompleteCheckpointError, FileNotFoundError)):
+            manager.load(str(tmp_path / "ck"))
+
+
+def test_json_refuses_an_enum_dict_key(tmp_path: Path) -> None:
+    match = r"dict key <Tag.BEST: 'best'> at 'Tag.BEST' is a Tag.*load back as 'best'"
+    with manager_for(JsonSerialization()) as manager, pytest.raises(TypeError, match=match):
+        manager.save(str(tmp_path / "ck"), {"cfg": {Tag.BEST: 1}})
+
+
+@dataclass
+class Loose:
+    anything: Any = None
+
+
+def test_json_cls_refuses_an_enum_member_under_a_field_that_does_not_rebuild_it(tmp_path: Path) -> None:
+    match = r"'cfg::anything' is Mode.EVAL"
+    with manager_for(JsonSerialization(cls=Loose)) as manager, pytest.raises(ValueError, match=match):
+        manager.save(str(tmp_path / "ck"), {"cfg": Loose(anything=Mode.EVAL)})

@@ -9,6 +9,7 @@ reach the format through `codec_for`.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import io
 import json
 import logging
@@ -409,21 +410,9 @@ class JsonCodec(_TensorlessCodec):
     """Pretty-printed JSON with sorted keys; a declared dataclass is rebuilt on read."""
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
-        _check_json_tree(key, value)
-        try:
-            jsonable = to_jsonable(value)
-        except RecursionError:  # the save itself runs deep in the caller's stack
-            raise _too_deep(key, "") from None
-        try:
-            text = json.dumps(jsonable, sort_keys=True, indent=4)
-        except TypeError as exc:
-            raise TypeError(
-                f"JsonSerialization cannot encode item '{key}': {exc}. Store JSON-compatible data "
-                f"(dict, list, str, int, float, bool, None, dataclasses) or use TorchSerialization."
-            ) from exc
+        text = _json_text(key, value)
         cls = fmt.cls if isinstance(fmt, JsonSerialization) else None
-        if cls is not None:
-            _check_rebuilds(cls, key, jsonable)
+        _check_loads_back(cls, key, value, json.loads(text))
         stream.write(text.encode("utf-8"))
 
     def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
@@ -501,19 +490,77 @@ def codec_for(fmt: SerializationFormat, key: str | None = None) -> Codec:
     )
 
 
-def _check_rebuilds(cls: type, key: str, jsonable: Any) -> None:
-    """Refuse, before anything is written, a value the load could not rebuild as `cls` exactly: a field holding
-    a value its annotation cannot take back (None in a field annotated `int`, 2.7 in one annotated `int`, a
-    list where a dataclass is declared). Such a save was committed, and then every load of it failed, or gave
-    back a different value."""
+def _json_text(key: str, value: Any) -> str:
+    """The file's text for `value`: pretty-printed, sorted keys; what JSON cannot hold refused naming its path."""
+    _check_json_tree(key, value)
     try:
-        from_jsonable(cls, jsonable, key)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(
-            f"JsonSerialization(cls={cls.__name__}) cannot save item '{key}': the load would not rebuild it as "
-            f"saved ({exc}). Store values of the annotated types, correct the annotation, or use "
-            f"JsonSerialization() (plain JSON) or TorchSerialization for this item."
-        ) from None
+        jsonable = to_jsonable(value)
+    except RecursionError:  # the save itself runs deep in the caller's stack
+        raise _too_deep(key, "") from None
+    try:
+        return json.dumps(jsonable, sort_keys=True, indent=4)
+    except TypeError as exc:
+        raise TypeError(
+            f"JsonSerialization cannot encode item '{key}': {exc}. Store JSON-compatible data "
+            f"(dict, list, str, int, float, bool, None, dataclasses) or use TorchSerialization."
+        ) from exc
+
+
+def _check_loads_back(cls: type | None, key: str, value: Any, decoded: Any) -> None:
+    """Refuse, before anything is written, a value the load would not give back: one `cls` cannot rebuild
+    exactly (None in a field annotated `int`, 2.7 in one annotated `int`, a list where a dataclass is declared:
+    committed, then every load failed or gave back a different value), and an Enum member that would come back
+    as its bare int or str (no annotation rebuilds it there)."""
+    loaded = decoded
+    if cls is not None:
+        try:
+            loaded = from_jsonable(cls, decoded, key)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"JsonSerialization(cls={cls.__name__}) cannot save item '{key}': the load would not rebuild it "
+                f"as saved ({exc}). Store values of the annotated types, correct the annotation, or use "
+                f"JsonSerialization() (plain JSON) or TorchSerialization for this item."
+            ) from None
+    _check_enums_come_back(key, value, loaded)
+
+
+_ABSENT = object()
+
+
+def _check_enums_come_back(key: str, value: Any, loaded: Any) -> None:
+    """Walk the saved value beside what the load gives back: an Enum member must come back as itself."""
+    stack: list[tuple[Any, Any, str]] = [(value, loaded, "")]
+    while stack:
+        saved, back, where = stack.pop()
+        if isinstance(saved, enum.Enum):
+            if back is not saved:
+                raise _enum_lost(key, saved, back, where)
+            continue
+        for k, v in _json_children(saved) or ():
+            child = _child(back, k)
+            if child is not _ABSENT:
+                stack.append((v, child, join_key(where, k)))
+
+
+def _child(node: Any, k: Any) -> Any:
+    """The entry `k` of a loaded container (a field of a rebuilt dataclass); `_ABSENT` where there is none."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return getattr(node, k, _ABSENT)
+    if isinstance(node, Mapping):
+        return node.get(k, _ABSENT)
+    if isinstance(node, list | tuple) and isinstance(k, int) and k < len(node):
+        return node[k]
+    return _ABSENT
+
+
+def _enum_lost(key: str, saved: enum.Enum, back: Any, where: str) -> ValueError:
+    kind = type(saved).__name__
+    return ValueError(
+        f"JsonSerialization cannot save item '{key}': the value at '{_at(key, where)}' is {kind}.{saved.name}, "
+        f"which JSON holds as {back!r} and the load gives back as that bare {type(back).__name__}. Store "
+        f"{saved.value!r} (its .value), declare a dataclass with the field annotated {kind} "
+        f"(JsonSerialization(cls=...)), or use TorchSerialization."
+    )
 
 
 def _json_loads(data: bytes, path: Path, key: str) -> Any:
@@ -579,10 +626,11 @@ _LONG_INT_BITS = 14_000  # below Python's default 4300-digit int/str limit: shor
 
 
 def _check_json_key(key: str, k: Any, where: str) -> None:
-    if not isinstance(k, str):
+    if not isinstance(k, str) or isinstance(k, enum.Enum):  # a str Enum member's key loads back a bare str
+        back = k.value if isinstance(k, enum.Enum) else str(k)
         raise TypeError(
             f"JsonSerialization cannot encode item '{key}': dict key {k!r} at '{where}' is a "
-            f"{type(k).__name__}, and JSON keys are strings (it would load back as {str(k)!r}). Use str keys, "
+            f"{type(k).__name__}, and JSON keys are strings (it would load back as {back!r}). Use str keys, "
             f"or TorchSerialization for dicts with non-str keys."
         )
 
