@@ -354,7 +354,9 @@ def _collides(value: Any) -> bool:
     return len(set(names)) != len(names)
 
 
-def check_case(manager: CheckpointManager, name: str, case: Case, where: Path, with_template: bool) -> None:
+def check_case(
+    manager: CheckpointManager, name: str, case: Case, where: Path, with_template: bool, rank: int = 0
+) -> None:
     """Save `case`, then load it back (into a template when asked) and compare; or see the save refuse it."""
     value = case.value
     if name == "safetensors" and _collides(value):
@@ -364,7 +366,8 @@ def check_case(manager: CheckpointManager, name: str, case: Case, where: Path, w
             manager.load(str(where))
         return
     _save(manager, where, value)
-    assert (where / "r0" / "item_0.bin").is_file(), "the {rank} layout was not expanded to rank 0's file"
+    mine = where / f"r{rank}" / f"item_{rank}.bin"
+    assert mine.is_file(), f"the {{rank}} layout was not expanded to rank {rank}'s file"
     template = template_of(value) if with_template else None
     got = manager.load(str(where), into={KEY: template})[KEY]
     if with_template:
@@ -440,3 +443,42 @@ def test_the_harness_sees_a_value_that_comes_back_different() -> None:
     for expected, got in [(nan, other), (0.0, -0.0), ((1,), [1]), (True, 1), ({"a": 1, "b": 2}, {"b": 2, "a": 1})]:
         with pytest.raises(AssertionError):
             same(expected, got)
+
+
+# ------------------------------------------------------------------------------------------------ rank 1
+
+
+def _seed_for_both_ranks(make: Callable[[int], Case], start: int) -> int:
+    """The first seed from `start` whose payloads on rank 0 and rank 1 (seed + 1000 * rank) save: a collective
+    save refused on one rank fails on both, so both ranks take seeds that save (refusals are covered above)."""
+    seed = start
+    while any(_collides(make(seed + 1000 * rank).value) for rank in (0, 1)):
+        seed += 1
+    return seed
+
+
+def harness_on_two_ranks(root: str) -> list[str]:
+    """Rank function (module level, so spawned ranks import it): each rank saves its own random payload of each
+    format, sync and async, under the `{rank}` layout, and loads its own back; returns what came back different."""
+    import torch.distributed as dist
+
+    rank, failures = dist.get_rank(), []
+    for name, (fmt, make) in FORMATS.items():
+        for async_save in (False, True):
+            with _manager(fmt, async_save) as manager:
+                for i, with_template in enumerate((False, True)):
+                    seed = _seed_for_both_ranks(make, 10 * i + async_save)
+                    where = Path(root) / f"{name}-{async_save}-{i}"
+                    try:
+                        check_case(manager, name, make(seed + 1000 * rank), where, with_template, rank)
+                    except AssertionError as exc:
+                        failures.append(f"rank {rank} {name} async={async_save} seed={seed + 1000 * rank}: {exc}")
+    return failures
+
+
+@pytest.mark.multirank
+def test_rank_one_loads_back_its_own_values_exactly(tmp_path: Path) -> None:
+    from simulator.launcher import launch
+
+    results = launch(harness_on_two_ranks, 2, args=(str(tmp_path),), timeout=400)
+    assert results == [[], []]
