@@ -250,18 +250,6 @@ BAD_CONFIG: list[Row] = [
         ConfigTypeError,
         "subprocess_init_args",
     ),  # type: ignore[arg-type]
-    (
-        "manager load None",
-        lambda: CheckpointManager(
-            CheckpointManager.Config(
-                save=SyncCheckpointSaverConfig(),
-                load=None,
-                storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-            )
-        ),
-        ConfigTypeError,
-        r"Config\.load",
-    ),  # type: ignore[arg-type]
 ]
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torch_checkpointing.config import CheckpointLoaderConfig, check_instance
+from torch_checkpointing.config import CheckpointLoaderConfig
 from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
     DistributedMetadata,
@@ -107,10 +107,6 @@ class CheckedLoad:
 
 class CheckpointLoader:
     def __init__(self, storage: Storage, config: CheckpointLoaderConfig, rank_info: RankInfo) -> None:
-        # Built with the manager: a wrong `Config.load` fails there, not as an AttributeError in the first load.
-        check_instance(
-            "CheckpointManager.Config", "load", config, CheckpointLoaderConfig, "Leave it unset for the default."
-        )
         self.storage = storage
         self.config = config
         self.rank_info = rank_info
