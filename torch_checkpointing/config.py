@@ -102,20 +102,25 @@ class CheckpointStagerConfig:
         check_text(owner, "thread_name", self.thread_name)
         if not isinstance(self.metric_prefix, str):
             raise ConfigTypeError(f"{owner}.metric_prefix must be a str, got {self.metric_prefix!r}; leave it unset.")
-        if self.staging_dir is not None and not isinstance(self.staging_dir, (str, os.PathLike)):
+        if self.staging_dir is not None:
+            self._check_staging_dir(owner)
+        if self.metric_prefix != _DEFAULT_METRIC_PREFIX:
+            _warn_ignored("CheckpointStagerConfig.metric_prefix", "the engine reports no metrics; leave it unset.")
+
+    def _check_staging_dir(self, owner: str) -> None:
+        """A path, and only where it is used: with use_shared_memory=False it was silently ignored."""
+        if not isinstance(self.staging_dir, (str, os.PathLike)):
             raise ConfigTypeError(
                 f"{owner}.staging_dir must be a directory path (str) or None, got {self.staging_dir!r}; None "
                 f"stages in anonymous shared memory."
             )
-        if self.staging_dir is not None and not os.fspath(self.staging_dir):
+        if not os.fspath(self.staging_dir):
             raise ConfigError(f"{owner}.staging_dir is empty; name a directory, or leave it None (anonymous memory).")
-        if self.staging_dir is not None and not self.use_shared_memory:
+        if not self.use_shared_memory:
             raise ConfigError(
                 f"{owner}.staging_dir={self.staging_dir!r} is used only with use_shared_memory=True (it holds the "
                 f"shared staging slab); with use_shared_memory=False nothing is staged there. Drop one of the two."
             )
-        if self.metric_prefix != _DEFAULT_METRIC_PREFIX:
-            _warn_ignored("CheckpointStagerConfig.metric_prefix", "the engine reports no metrics; leave it unset.")
 
 
 @dataclass
