@@ -206,3 +206,35 @@ def test_json_cls_refuses_an_enum_member_under_a_field_that_does_not_rebuild_it(
     match = r"'cfg::anything' is Mode.EVAL"
     with manager_for(JsonSerialization(cls=Loose)) as manager, pytest.raises(ValueError, match=match):
         manager.save(str(tmp_path / "ck"), {"cfg": Loose(anything=Mode.EVAL)})
+
+
+@dataclass
+class Derived:
+    base: int = 1
+    double: int = field(init=False)
+    tags: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.double = 2 * self.base
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_json_cls_refuses_a_field_the_constructor_does_not_take_back(async_save: bool, tmp_path: Path) -> None:
+    """A `field(init=False)` is set by `__post_init__` on load: a saved instance holding another value there
+    loaded back with the recomputed one."""
+    value = Derived(base=3)
+    value.double = 7
+    match = r"item 'cfg'.*'cfg::double' would load back as another value"
+    with (
+        manager_for(JsonSerialization(cls=Derived), async_save=async_save) as manager,
+        pytest.raises(ValueError, match=match),
+    ):
+        _save(manager, tmp_path / "ck", value)
+    assert round_trip(JsonSerialization(cls=Derived), Derived(base=3), tmp_path / "ok") == Derived(base=3)
+
+
+def test_json_cls_refuses_a_field_rebuilt_as_a_type_json_cannot_hold(tmp_path: Path) -> None:
+    value = Derived()
+    value.tags = ["a"]  # type: ignore[assignment]  # saved as a list, rebuilt as a frozenset
+    with manager_for(JsonSerialization(cls=Derived)) as manager, pytest.raises(ValueError, match="cannot hold"):
+        manager.save(str(tmp_path / "ck"), {"cfg": value})

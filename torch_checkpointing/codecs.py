@@ -516,12 +516,45 @@ def _check_loads_back(cls: type | None, key: str, value: Any, decoded: Any) -> N
         try:
             loaded = from_jsonable(cls, decoded, key)
         except (ValueError, TypeError) as exc:
-            raise ValueError(
-                f"JsonSerialization(cls={cls.__name__}) cannot save item '{key}': the load would not rebuild it "
-                f"as saved ({exc}). Store values of the annotated types, correct the annotation, or use "
-                f"JsonSerialization() (plain JSON) or TorchSerialization for this item."
-            ) from None
+            raise _not_rebuilt(cls, key, str(exc)) from None
+        if isinstance(value, cls):  # an instance saves every field: each must come back (a dict may omit some)
+            _check_fields_come_back(cls, key, decoded, loaded)
     _check_enums_come_back(key, value, loaded)
+
+
+def _not_rebuilt(cls: type, key: str, why: str) -> ValueError:
+    return ValueError(
+        f"JsonSerialization(cls={cls.__name__}) cannot save item '{key}': the load would not rebuild it as "
+        f"saved ({why}). Store values of the annotated types, correct the annotation, or use "
+        f"JsonSerialization() (plain JSON) or TorchSerialization for this item."
+    )
+
+
+def _check_fields_come_back(cls: type, key: str, decoded: Any, loaded: Any) -> None:
+    """The rebuilt instance writes the same JSON as the saved one: a field the constructor does not take
+    (`field(init=False)`, set by `__post_init__`) holding another value than its rebuild gives was lost."""
+    try:
+        again = json.loads(json.dumps(to_jsonable(loaded)))
+    except (TypeError, ValueError) as exc:  # rebuilt as a type JSON does not write (a set from a list)
+        raise _not_rebuilt(cls, key, f"it rebuilds as a value JSON cannot hold: {exc}") from None
+    where = _first_difference(decoded, again, "")
+    if where is not None:
+        raise _not_rebuilt(cls, key, f"'{_at(key, where)}' would load back as another value")
+
+
+def _first_difference(a: Any, b: Any, where: str) -> str | None:
+    """The dotted path of the first place two decoded JSON values differ (NaN equal to NaN), else None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(a.keys() | b.keys()):
+            found = _first_difference(a.get(k, _ABSENT), b.get(k, _ABSENT), join_key(where, k))
+            if found is not None:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        found_any = (_first_difference(x, y, join_key(where, i)) for i, (x, y) in enumerate(zip(a, b, strict=True)))
+        return next((f for f in found_any if f is not None), None)
+    same = json.dumps(a) == json.dumps(b) if a is not _ABSENT and b is not _ABSENT else a is b
+    return None if same else where
 
 
 _ABSENT = object()
