@@ -8,14 +8,20 @@ What these pin, each with real threads, processes and files:
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from tests.probes import REPO
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.lock import RWLock, RWLockMode
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -144,3 +150,150 @@ def test_a_save_is_not_starved_by_a_training_thread_taking_lock_back_to_back(
     w = into["model"]["w"]
     assert bool((w == w[0]).all()), "the staging copy ran during a lock() holder's update"
     assert float(w[0]) > 0
+
+
+# ------------------------------------------------------------------ resources: dropped managers, many managers
+
+_RESOURCES = r"""
+import gc, json, os, sys, threading, time
+import torch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+
+def children():
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and "resource_tracker" not in open(f"/proc/{pid}/cmdline").read():
+            out.append(f"{pid}:{fields[0]}")  # a zombie shows as Z
+    return sorted(out)
+
+
+def snapshot():
+    fds = sorted(os.readlink(f"/proc/self/fd/{fd}").split("[")[0] for fd in os.listdir("/proc/self/fd")
+                 if os.path.exists(f"/proc/self/fd/{fd}"))
+    threads = sorted(t.name for t in threading.enumerate())
+    return {"fds": fds, "threads": threads, "children": children(), "tmp": sorted(os.listdir(os.environ["TMPDIR"]))}
+
+
+def settled(base, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while True:
+        gc.collect()
+        now = snapshot()
+        if now == base or time.monotonic() > deadline:
+            return now
+        time.sleep(0.1)
+
+
+def manager(sync=False):
+    config = CheckpointManager.Config.with_sync_save() if sync else CheckpointManager.Config()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = 60
+    return CheckpointManager(config)
+
+
+def load(checkpoint_id):
+    with manager(sync=True) as m:
+        return float(m.load(checkpoint_id, into={"model": {"w": torch.zeros(4)}})["model"]["w"][0])
+
+
+if __name__ == "__main__":
+    root, scenario = sys.argv[1], sys.argv[2]
+    warm = manager()
+    warm.save(f"{root}/warm", {"model": {"w": torch.ones(4)}}).result(60)
+    warm.close()
+    with manager(sync=True) as m:
+        m.save(f"{root}/warm_sync", {"model": {"w": torch.ones(4)}})
+    base = settled({}, 2.0)
+    report = {}
+    if scenario == "dropped":
+        for i in range(3):
+            m = manager()
+            m.save(f"{root}/done_{i}", {"model": {"w": torch.full((4,), float(i))}}).result(60)
+            del m
+        m = manager(sync=True)
+        m.save(f"{root}/sync", {"model": {"w": torch.full((4,), 7.0)}})
+        del m
+        m = manager()
+        m.save(f"{root}/in_flight", {"model": {"w": torch.full((4,), 5.0)}, "big": torch.ones(20_000_000)})
+        del m  # the save is still being written
+    elif scenario == "closed_loop":
+        for i in range(200):
+            m = manager(sync=(i % 2 == 1))
+            if i % 50 == 0:
+                m.save(f"{root}/loop_{i}", {"model": {"w": torch.full((4,), float(i))}})
+            m.close()
+    after = settled(base)
+    for name in base:
+        report[name] = {"leaked": sorted(set(after[name]) - set(base[name])),
+                        "count": [len(base[name]), len(after[name])]}
+    if scenario == "dropped":
+        report["in_flight"] = load(f"{root}/in_flight")
+        report["done_2"] = load(f"{root}/done_2")
+    print("REPORT " + json.dumps(report), flush=True)
+"""
+
+
+def _resources(tmp_path: Path, scenario: str) -> dict[str, Any]:
+    script = tmp_path / "resources.py"
+    script.write_text(_RESOURCES)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    (tmp_path / "ck").mkdir()
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ck"), scenario],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    line = next(x for x in done.stdout.splitlines() if x.startswith("REPORT "))
+    return dict(json.loads(line[len("REPORT ") :]))
+
+
+def test_managers_dropped_without_close_give_back_their_writer_threads_and_descriptors(tmp_path: Path) -> None:
+    # Before: each dropped async manager kept its writer process, comm thread, staging memfd, pipe and owner lock
+    # until interpreter exit (a sync one its owner lock descriptor).
+    report = _resources(tmp_path, "dropped")
+    for name in ("fds", "threads", "children", "tmp"):
+        assert report[name]["leaked"] == [] and report[name]["count"][0] == report[name]["count"][1], report
+    assert report["in_flight"] == 5.0, report  # the save in flight when its manager was dropped completed
+    assert report["done_2"] == 2.0, report
+
+
+def test_two_hundred_managers_closed_in_a_loop_leave_nothing_behind(tmp_path: Path) -> None:
+    report = _resources(tmp_path, "closed_loop")
+    for name in ("fds", "threads", "children", "tmp"):
+        assert report[name]["leaked"] == [] and report[name]["count"][0] == report[name]["count"][1], report
+
+
+# ------------------------------------------------------------------------------------------ calls after close()
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_every_call_after_close_is_refused_naming_the_fix(tmp_path: Path, sync: bool) -> None:
+    config = CheckpointManager.Config.with_sync_save() if sync else CheckpointManager.Config()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    closed = CheckpointManager(config)
+    closed.close()
+    closed.close()  # idempotent
+    state = {"model": {"w": torch.ones(4)}}
+    calls = {
+        "save": lambda: closed.save(str(tmp_path / "ck"), state),
+        "load": lambda: closed.load(str(tmp_path / "ck"), into=state),
+        "lock": closed.lock,
+        "prewarm staging": lambda: closed.prewarm_staging(state),
+    }
+    for what, call in calls.items():
+        # The type and the prefix API_SURFACE §2.3 records; before, the message stopped there.
+        with pytest.raises(RuntimeError, match=f"^Cannot {what} with a closed CheckpointManager") as caught:
+            call()
+        assert "close() was called" in str(caught.value) and "new CheckpointManager" in str(caught.value), what
+    assert not (tmp_path / "ck").exists()

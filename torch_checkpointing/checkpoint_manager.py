@@ -11,6 +11,7 @@ import re
 import threading
 import time
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -114,8 +115,8 @@ class CheckpointManager:
         self._metadata = DefaultMetadataManager() if wants_metadata else None
         # Without a storage config, the first id picks the storage (a path: local; s3://...: that store), once.
         self._first_id: tuple[str | None, str] | None = None  # (scheme, id); None scheme = local filesystem
-        self._attach_storage(storage_config, storage)
         self._owner = OwnerLock(self._ctx.uid)  # lets `gc` tell this job's live temporaries from dead ones
+        self._attach_storage(storage_config, storage)
         self._closed = False
 
     def _attach_storage(self, storage_config: StorageConfig, storage: Storage) -> None:
@@ -137,8 +138,14 @@ class CheckpointManager:
         # the script never calls close() or drops the manager; registered per manager, unregistered by close().
         self._exit_hook = functools.partial(_close_at_exit, self._saver, config.save.wait_timeout_secs, self._pid)
         atexit.register(self._exit_hook)
+        # A manager dropped without close() gives its writer, threads, slab and descriptors back once collected,
+        # not only at interpreter exit (a loop building a manager per call kept a writer process per call).
+        parts = _Parts(self._pid, self._exit_hook, self._loader, self._retention, self._owner)
+        self._dropped = weakref.finalize(self, _close_dropped, parts)
+        self._dropped.atexit = False  # at exit, the exit hook does it
 
     def _detach_storage(self) -> None:
+        self._dropped.detach()
         atexit.unregister(self._exit_hook)
         if self._retention is not None:
             self._retention.close()
@@ -315,7 +322,10 @@ class CheckpointManager:
     def _check_open(self, what: str) -> None:
         if self._closed:
             # RuntimeError (misuse of a closed object), the type recorded in API_SURFACE §2.3
-            raise RuntimeError(f"Cannot {what} with a closed CheckpointManager")
+            raise RuntimeError(
+                f"Cannot {what} with a closed CheckpointManager: close() was called on it (or its `with` block "
+                f"ended). Build a new CheckpointManager to save or load again."
+            )
         self._check_not_forked(what)
 
     def _check_not_forked(self, what: str) -> None:
@@ -504,6 +514,46 @@ def _check_storage_takes(storage_config: StorageConfig, scheme: str | None, chec
             f"to place it under. Pass a full URL ('{storage_config.protocol or 's3'}://bucket/run/step_100'), or "
             f"set FsspecStorageConfig.url."
         )
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What a manager holds outside itself, for releasing it after the manager is gone (never the manager)."""
+
+    pid: int
+    exit_hook: Callable[[], None]  # waits for the last save (bounded), then closes the saver
+    loader: CheckpointLoader
+    retention: RetentionRunner | None
+    owner: OwnerLock
+
+
+def _close_dropped(parts: _Parts) -> None:
+    """A manager collected without close(): close its parts on a thread of its own.
+
+    Its own thread, because the last save may still be in flight (it completes, waited for as at exit: at most
+    `save.wait_timeout_secs`) and whatever dropped the manager must not wait for it; not a daemon, so that an
+    interpreter exiting meanwhile still waits for that save. In a child made by os.fork() nothing is the
+    child's to close: the writer, and the owner lock's open file, are the parent's.
+    """
+    if os.getpid() != parts.pid:
+        return
+
+    def close() -> None:
+        try:
+            if parts.retention is not None:
+                parts.retention.close()
+            parts.exit_hook()
+            parts.loader.close()
+        except Exception:
+            logger.exception("Closing a CheckpointManager dropped without close() failed")
+        finally:
+            atexit.unregister(parts.exit_hook)
+            parts.owner.release()
+
+    try:
+        threading.Thread(target=close, name="ckpt-dropped-close").start()
+    except RuntimeError:  # at interpreter shutdown no thread starts: the exit hook closes the saver
+        parts.owner.release()
 
 
 def _close_at_exit(saver: CheckpointSaver, timeout: float | None, owner_pid: int) -> None:
