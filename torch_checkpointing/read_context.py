@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32, crc32_parallel
+from torch_checkpointing.cold_read import crc32_by_reads, is_cached
 from torch_checkpointing.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -66,6 +67,7 @@ logger = logging.getLogger("torch_checkpointing.read_context")
 
 MAX_METADATA_BYTES = 256 * 1024 * 1024
 _CHUNK_WORKERS = max(1, min(4, os.cpu_count() or 1))  # threads checking pieces of one file (and ranged blocks)
+_COLD_READ_MIN_BYTES = 16 * 1024 * 1024  # smaller files: one mapping's readahead is as good
 _VERIFY_CHUNK = 16 * 1024 * 1024  # bytes read at a time when checking blocks nobody asked to keep
 _KEPT_BLOCKS = 32  # object stores: checked blocks kept for the next ranged read (the ends of each range)
 # Object stores: bytes a check phase fetched and checked (`verify_range`), kept for the copy phase's `read_range`
@@ -402,38 +404,56 @@ class CheckpointReadContext:
         return self._pool
 
     def _verify(self, checked: CheckedFile, record: FileRecord, what: str) -> None:
-        with self._whole_view(checked) as view:
-            if record.blocks is not None:
-                self._verify_all_blocks(checked, record, view, what)
-                return
-            actual = self._crc32(view)
+        """Check every byte of a file against its record: one whole-file CRC32 (native calls release the GIL for
+        the whole pass; a call per block waits for the GIL 4096 times a GiB while the loader decodes), and, with
+        block CRCs, the manifest's own consistency: they must combine to its whole-file CRC. Only on a mismatch
+        are the blocks checked one by one, to name the damaged one."""
+        blocks = record.blocks
+        if blocks is not None:
+            recorded = combine_blocks(blocks.crc32s, checked.size, blocks.block_size)
+            if recorded != record.crc32:
+                raise CorruptCheckpointError(
+                    f"File {self.root / checked.rel} ({what}): its manifest record is inconsistent (the block "
+                    f"CRC32s combine to {recorded:#010x}, the file's CRC32 is recorded as {record.crc32:#010x}): "
+                    f"the manifest is damaged. Load an earlier checkpoint."
+                )
+        actual = self._file_crc32(checked, what)
         if actual != record.crc32:
+            if blocks is not None:
+                self._name_damaged_block(checked, blocks, what)
             raise CorruptCheckpointError(
                 f"File {self.root / checked.rel} ({what}) fails its CRC32 check (manifest {record.crc32:#010x}, "
                 f"file {actual:#010x}): the checkpoint is damaged. Load an earlier checkpoint."
             )
+        if blocks is not None:
+            with checked.lock:
+                checked.checked_blocks[:] = b"\x01" * len(checked.checked_blocks)
 
-    def _verify_all_blocks(self, checked: CheckedFile, record: FileRecord, view: memoryview, what: str) -> None:
-        """Check every byte of a file with block CRCs: one whole-file CRC32 in one native call, which releases the
-        GIL for the whole pass (a call per block waits for the GIL 4096 times a GiB while the loader decodes), plus
-        the manifest's own consistency: its block CRCs must combine to its whole-file CRC. Only on a mismatch are
-        the blocks checked one by one, to name the damaged one."""
-        blocks = record.blocks
-        assert blocks is not None
-        recorded = combine_blocks(blocks.crc32s, checked.size, blocks.block_size)
-        if recorded != record.crc32:
-            raise CorruptCheckpointError(
-                f"File {self.root / checked.rel} ({what}): its manifest record is inconsistent (the block CRC32s "
-                f"combine to {recorded:#010x}, the file's CRC32 is recorded as {record.crc32:#010x}): the manifest is "
-                f"damaged. Load an earlier checkpoint."
+    def _file_crc32(self, checked: CheckedFile, what: str) -> int:
+        """A whole file's CRC32: read in large `pread`s when a local file is not in the page cache (`cold_read`),
+        else through a mapping (or the fetched bytes of an object store's file)."""
+        fd = checked.fd
+        if fd is not None and checked.size >= _COLD_READ_MIN_BYTES and not is_cached(fd, checked.size):
+            return crc32_by_reads(
+                fd, checked.size, self._get_chunk_pool(), _CHUNK_WORKERS, lambda at: self._shrank(checked, at, what)
             )
-        if self._crc32(view) != record.crc32:  # some block differs (they combine to the recorded CRC): name it
+        with self._whole_view(checked) as view:
+            return self._crc32(view)
+
+    def _shrank(self, checked: CheckedFile, at: int, what: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"File {self.root / checked.rel} ({what}) ends at byte {at} while this load read it, but its size was "
+            f"{checked.size}: another process truncated it. Load an earlier checkpoint, or retry if another process "
+            f"overwrote it."
+        )
+
+    def _name_damaged_block(self, checked: CheckedFile, blocks: BlockChecksums, what: str) -> None:
+        """Raise the error naming the first block whose CRC32 differs from its record (if one still does)."""
+        with self._whole_view(checked) as view:
             actual = block_crc32s(view, blocks.block_size)
-            for i, (want, got) in enumerate(zip(blocks.crc32s, actual, strict=True)):
-                if want != got:
-                    raise self._block_error(checked, i, want, got, what)
-        with checked.lock:
-            checked.checked_blocks[:] = b"\x01" * len(checked.checked_blocks)
+        for i, (want, got) in enumerate(zip(blocks.crc32s, actual, strict=True)):
+            if want != got:
+                raise self._block_error(checked, i, want, got, what)
 
     def _block_error(self, checked: CheckedFile, index: int, want: int, got: int, what: str) -> CorruptCheckpointError:
         blocks = checked.blocks
