@@ -28,6 +28,7 @@ from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import (
     JsonSerialization,
     LayoutInfo,
+    SafetensorsSerialization,
     SerializationFormat,
 )
 from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
@@ -237,4 +238,23 @@ def test_json_cls_refuses_a_field_rebuilt_as_a_type_json_cannot_hold(tmp_path: P
     value = Derived()
     value.tags = ["a"]  # type: ignore[assignment]  # saved as a list, rebuilt as a frozenset
     with manager_for(JsonSerialization(cls=Derived)) as manager, pytest.raises(ValueError, match="cannot hold"):
+        manager.save(str(tmp_path / "ck"), {"cfg": value})
+
+
+# -------------------------------------------------------------------------------------- safetensors names
+
+
+@pytest.mark.parametrize(
+    ("value", "paths"),
+    [
+        ({0: torch.ones(1), "0": torch.zeros(1)}, r"\(0,\) and \('0',\)"),
+        ({"a": {"b": torch.ones(1)}, "a.b": torch.zeros(1)}, r"\('a', 'b'\) and \('a.b',\)"),
+        ({"l": [torch.ones(1)], "l.0": torch.zeros(1)}, r"\('l', 0\) and \('l.0',\)"),
+    ],
+)
+def test_safetensors_names_both_paths_that_would_load_as_one(value: Any, paths: str, tmp_path: Path) -> None:
+    """Two distinct keys never load as one: the save refuses them naming both paths (it named only the dotted
+    name, and blamed a '.' where an int key met a str key)."""
+    match = rf"item 'cfg' flatten to the same key .*the paths {paths}"
+    with manager_for(SafetensorsSerialization()) as manager, pytest.raises(ValueError, match=match):
         manager.save(str(tmp_path / "ck"), {"cfg": value})

@@ -12,6 +12,7 @@ import torch
 from torch_checkpointing.errors import TemplateMismatchError
 from torch_checkpointing.staging import fits_slab, tensor_for_write
 from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, join_key
+from torch_checkpointing.types import NestedPath
 from torch_checkpointing.walk_utils import MISSING
 
 __all__ = ["RESERVED_NAME", "flatten_tensors", "stores_dtype", "unflatten_to_target"]
@@ -23,21 +24,30 @@ RESERVED_NAME = "__metadata__"
 def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
     """Dotted keys for every tensor leaf; DTensors become their local shard; every tensor contiguous."""
     flat: dict[str, torch.Tensor] = {}
+    paths: dict[str, NestedPath] = {}
     seen_storage: set[tuple[int, int]] = set()
     for path, value in iter_leaves(data):
         name = dotted_key(path)
+        if name in paths:
+            raise _same_name(item_key, name, paths[name], path)
+        paths[name] = path
         value = _storable(join_key(item_key, name) if name else item_key, name, value)
         storage_id = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
         if value.numel() and storage_id in seen_storage:
             value = value.clone()  # safetensors refuses tensors that share memory (tied weights)
         seen_storage.add(storage_id)
-        if name in flat:
-            raise ValueError(
-                f"SafetensorsSerialization: two leaves of item '{item_key}' flatten to the same key "
-                f"{name!r}; rename the dict keys so that no key contains the '.' separator."
-            )
         flat[name] = value
     return flat
+
+
+def _same_name(item_key: str, name: str, first: NestedPath, second: NestedPath) -> ValueError:
+    """Two distinct paths one safetensors name would hold: the file keeps one tensor, the load gives one back."""
+    return ValueError(
+        f"SafetensorsSerialization: two leaves of item '{item_key}' flatten to the same key {name!r}: the paths "
+        f"{first!r} and {second!r} (a file holds one tensor per dotted name, so one of them would load as the "
+        f"other). Rename the dict keys so that none contains the '.' separator and no int key equals a str key "
+        f"beside it, or use TorchSerialization for this item."
+    )
 
 
 def _storable(where: str, name: str, value: Any) -> torch.Tensor:
