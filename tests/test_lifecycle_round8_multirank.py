@@ -10,6 +10,7 @@ naming that rank and its reason, nothing is committed, and the next save works o
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,55 @@ def bad_value_on_one_rank(root: str, bad_rank: int, item: str) -> dict[str, Any]
         out["after"] = f"{type(exc).__name__}: {exc}"
     manager.close()
     return out
+
+
+def fail_first_start(marker: str | None) -> None:
+    """The writer's `subprocess_init_fn`: fails the first start where a marker path is given, then works."""
+    if marker is not None and not os.path.exists(marker):
+        Path(marker).touch()
+        raise RuntimeError("subprocess_init_fn failed on purpose")
+
+
+def writer_fails_to_start_on_rank_1(root: str) -> dict[str, Any]:
+    """Rank 1's writer process fails its first start; every rank saves once, then again."""
+    rank = dist.get_rank()
+    config = CheckpointManager.Config(
+        storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        subprocess_init_fn=fail_first_start,
+        subprocess_init_args=(f"{root}/.marker" if rank == 1 else None,),
+    )
+    config.save.wait_timeout_secs = WAIT_S
+    manager = CheckpointManager(config)
+    out: dict[str, Any] = {"rank": rank}
+    started = time.monotonic()
+    try:
+        manager.save(f"{root}/first", {"model": {"w": torch.full((4,), 1.0)}}).result(WAIT_S * 3)
+        out["first"] = "no error"
+    except CommitError as exc:
+        out["first"] = f"CommitError: {exc}"
+        out["failures"] = dict(exc.failures)
+    except BaseException as exc:
+        out["first"] = f"{type(exc).__name__}: {exc}"
+    out["first_s"] = time.monotonic() - started
+    dist.barrier()
+    out["first_exists"] = Path(root, "first").exists()
+    try:
+        manager.save(f"{root}/after", {"model": {"w": torch.full((4,), 3.0)}}).result(WAIT_S * 3)
+        out["after"] = float(manager.load(f"{root}/after", {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
+    except BaseException as exc:
+        out["after"] = f"{type(exc).__name__}: {exc}"
+    manager.close()
+    return out
+
+
+def test_a_writer_that_fails_to_start_on_one_rank_fails_every_rank_at_once(tmp_path: Path) -> None:
+    results = launch(writer_fails_to_start_on_rank_1, WORLD, args=(str(tmp_path),), timeout=240)
+    for r in results:
+        assert r["first"].startswith("CommitError:") and "failed to start" in r["first"], r
+        assert list(r["failures"]) == [1], r
+        assert r["first_s"] < WAIT_S / 2, r  # before: rank 0 waited WAIT_S for rank 1
+        assert not r["first_exists"], r
+        assert r["after"] == 3.0, r
 
 
 @pytest.mark.parametrize(

@@ -292,6 +292,12 @@ class CheckpointProcess:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
+    def ensure_ready(self) -> None:
+        """Start (or restart) the writer now if it is not up: a writer that cannot start fails here, before any
+        request is sent, as a `CheckpointError` saying why."""
+        with self._lock:
+            self.wait_ready()
+
     def wait_ready(self) -> None:
         if not self._ready.wait(self.config.subprocess_init_timeout_secs + 5):
             raise TimeoutError("Checkpoint writer process did not start in time")

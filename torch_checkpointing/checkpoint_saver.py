@@ -258,6 +258,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any], blocked_s: float) -> None:
         try:
             encoded, slab_info = self._encode(plan, staged)
+            self._process.ensure_ready()
         except BaseException as exc:  # the writer saw nothing: the other ranks' writers are told instead
             error = refuse_before_writing(plan, exc)
             if error is not exc:
