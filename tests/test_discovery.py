@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -220,3 +221,18 @@ def test_list_skips_dot_directories_even_if_committed(manager: CheckpointManager
     os.rename(tmp_path / "ck", tmp_path / ".ck.trash-1-abcd")
     assert list_checkpoints(tmp_path) == []
     assert [lo.kind for lo in list_leftovers(tmp_path)] == ["trash"]
+
+
+def test_an_owner_lock_not_taken_is_a_warning_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without its owner lock a job's live temporaries look abandoned to `gc --older-than`: the user must hear it."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TORCH_CHECKPOINTING_LOCK_DIR", str(tmp_path / "a-file" / "locks"))  # cannot be created
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        m = CheckpointManager(CheckpointManager.Config.with_sync_save())
+    m.close()
+    (record,) = [r for r in caplog.records if "Owner lock" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert str(tmp_path / "a-file" / "locks") in record.getMessage()
+    assert "TORCH_CHECKPOINTING_LOCK_DIR" in record.getMessage()

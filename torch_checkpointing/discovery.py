@@ -494,7 +494,13 @@ class OwnerLock:
             _make_lock_dir(os.path.dirname(path))
             self._fd = _open_locked(path)
         except OSError as exc:
-            logger.debug("Owner lock %s not taken (%s): gc will judge this job's temporaries by age", path, exc)
+            logger.warning(
+                "Owner lock %s could not be taken (%s): `gc` cannot tell this job's in-progress saves from abandoned "
+                "ones and judges them by age only (`gc --older-than` could remove a live save's temporary "
+                "directory). Set TORCH_CHECKPOINTING_LOCK_DIR to a writable directory on this host.",
+                path,
+                exc,
+            )
 
     def release(self) -> None:
         """Drop the lock; the last holder also removes the file (upgrading to exclusive proves it is the last)."""

@@ -346,10 +346,32 @@ def export_hf(
             report = _write_export(source, shards, staging, dtype, f"{checkpoint}::{key} to {out}")
             source.wait_verified()
             with _publishing_beside(out):
-                _publish(staging, out, report, overwrite, Path(checkpoint))
+                try:
+                    _publish(staging, out, report, overwrite, Path(checkpoint))
+                except OSError as exc:
+                    raise OSError(
+                        f"Could not move the finished export of {checkpoint}::{key} into {out} ({exc}): {out} does "
+                        f"not hold it. Check that {out.parent} lets you rename and remove entries (permissions, an "
+                        f"append-only or read-only file system) and export again."
+                    ) from exc
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            _remove_staging(staging)
     return report
+
+
+def _remove_staging(staging: Path) -> None:
+    """Remove an export's staging directory (gone already once it was published); one that stays is named."""
+    try:
+        shutil.rmtree(staging)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        logger.warning(
+            "Could not remove the export's staging directory %s (%s); it holds no export. Delete it by hand (an "
+            "export into the same folder removes it too, once this process has ended).",
+            staging,
+            exc,
+        )
 
 
 def _refuse_unstorable(plans: list[_TensorPlan], dtype: torch.dtype | None, what: str) -> None:
