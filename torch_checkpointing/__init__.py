@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from torch_checkpointing.errors import (
         CheckpointError,
         CommitError,
+        ConfigError,
+        ConfigTypeError,
         CorruptCheckpointError,
         IncompleteCheckpointError,
         ObjectStoreError,
@@ -185,6 +187,8 @@ __all__ = [
     "CheckpointStagerConfig",
     "CheckpointWriterConfig",
     "CommitError",
+    "ConfigError",
+    "ConfigTypeError",
     "CorruptCheckpointError",
     "DTensorResharder",
     "DefaultResharder",

@@ -12,11 +12,12 @@ from __future__ import annotations
 import pickle
 from collections.abc import Mapping
 
-# `ConfigError` and `ConfigTypeError` are imported from this module; `__all__` lists what the package's top
-# level also exports (its lazy table reads this list), and they are not top-level names.
+# The package's top level exports every name listed here (its lazy table reads this list).
 __all__ = [
     "CheckpointError",
     "CommitError",
+    "ConfigError",
+    "ConfigTypeError",
     "CorruptCheckpointError",
     "IncompleteCheckpointError",
     "ObjectStoreError",
