@@ -8,7 +8,10 @@ so the common path pays nothing.
 
 from __future__ import annotations
 
+import functools
+import io
 import pickle
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +20,7 @@ import torch
 from torch_checkpointing.traversal import dotted_key, iter_leaves
 from torch_checkpointing.types import NestedPath
 
-__all__ = ["unpicklable"]
+__all__ = ["dumps_value", "plain_pickle_keeps", "unpicklable"]
 
 
 def unpicklable(
@@ -63,3 +66,43 @@ def _dtype_probe(leaf: Any, tried: set[torch.dtype]) -> Any:
         return None
     tried.add(leaf.dtype)
     return torch.empty(0, dtype=leaf.dtype)
+
+
+def dumps_value(value: Any) -> bytes:
+    """Pickle bytes of `value` that `pickle.loads` gives back whole in another process, for a value that travels
+    to the writer process as it is (requires_copy=False). Plain pickling writes a tensor's storage in torch's
+    legacy format, whose loader has no storage class for uint16/32/64, the float8 types, complex32 and the bits
+    types (a bare `AttributeError: ... UntypedStorage ... has no attribute 'dtype'` in the writer): such a tensor
+    travels as `torch.save` bytes instead, which hold every dtype torch can name. Nothing is put in shared
+    memory: the caller's tensors are left where they are."""
+    buffer = io.BytesIO()
+    _WholePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+class _WholePickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and not plain_pickle_keeps(obj.dtype):
+            buffer = io.BytesIO()
+            torch.save(obj, buffer)
+            return _tensor_from_torch_bytes, (buffer.getvalue(),)
+        return NotImplemented
+
+
+def _tensor_from_torch_bytes(data: bytes) -> torch.Tensor:
+    """The tensor `dumps_value` wrote as `torch.save` bytes (the engine's own bytes, read back by itself)."""
+    tensor: torch.Tensor = torch.load(io.BytesIO(data), weights_only=False)
+    return tensor
+
+
+@functools.cache
+def plain_pickle_keeps(dtype: torch.dtype) -> bool:
+    """Whether `pickle.loads(pickle.dumps(t))` gives a tensor of `dtype` back: asked of torch itself, once per
+    dtype (its legacy storage table and its dtypes do not grow in step)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # complex32 is "experimental"
+            back = pickle.loads(pickle.dumps(torch.empty(0, dtype=dtype)))
+    except Exception:
+        return False
+    return bool(back.dtype == dtype)
