@@ -11,6 +11,7 @@ naming that rank and its reason, nothing is committed, and the next save works o
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.launcher import launch
+from tests.memory_storage import Control, RecordingStorageConfig
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.errors import CommitError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -129,6 +131,58 @@ def test_a_writer_that_fails_to_start_on_one_rank_fails_every_rank_at_once(tmp_p
         assert r["first_s"] < WAIT_S / 2, r  # before: rank 0 waited WAIT_S for rank 1
         assert not r["first_exists"], r
         assert r["after"] == 3.0, r
+
+
+def writer_killed_on_rank_1(root: str, control_dir: str) -> dict[str, Any]:
+    """Rank 1's writer is SIGKILLed (the OOM killer) while it writes its file; then every rank saves again."""
+    rank = dist.get_rank()
+    control = Control(control_dir)
+    config = CheckpointManager.Config(storage_config=RecordingStorageConfig(control_dir=control_dir))
+    config.save.wait_timeout_secs = WAIT_S
+    manager = CheckpointManager(config)
+    out: dict[str, Any] = {"rank": rank}
+    manager.save(f"{root}/first", {"model": {"w": torch.full((4,), 1.0)}}).result(WAIT_S * 3)
+    if rank == 1:
+        control.block("model_1.pt")
+    dist.barrier()
+    started = time.monotonic()
+    future = manager.save(f"{root}/killed", {"model": {"w": torch.full((4,), 2.0)}})
+    if rank == 1:
+        os.kill(control.wait_blocked(WAIT_S), signal.SIGKILL)
+    try:
+        future.result(WAIT_S * 3)
+        out["killed"] = "no error"
+    except CommitError as exc:
+        out["killed"] = f"CommitError: {exc}"
+        out["failures"] = dict(exc.failures)
+    except BaseException as exc:
+        out["killed"] = f"{type(exc).__name__}: {exc}"
+    out["killed_s"] = time.monotonic() - started
+    dist.barrier()
+    control.reset()
+    out["killed_exists"] = Path(root, "killed").exists()
+    out["leftovers"] = sorted(p.name for p in Path(root).iterdir() if p.name not in ("first", "control"))
+    try:
+        manager.save(f"{root}/after", {"model": {"w": torch.full((4,), 3.0)}}).result(WAIT_S * 3)
+        out["after"] = float(manager.load(f"{root}/after", {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
+        out["first"] = float(manager.load(f"{root}/first", {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
+    except BaseException as exc:
+        out["after"] = f"{type(exc).__name__}: {exc}"
+    manager.close()
+    return out
+
+
+def test_a_writer_killed_on_one_rank_fails_every_rank_at_once(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    root.mkdir()
+    results = launch(writer_killed_on_rank_1, WORLD, args=(str(root), str(tmp_path / "control")), timeout=240)
+    for r in results:
+        assert r["killed"].startswith("CommitError:") and "died" in r["killed"] and "exit code -9" in r["killed"], r
+        assert list(r["failures"]) == [1], r
+        assert r["killed_s"] < WAIT_S / 2, r  # before: rank 0 waited WAIT_S for rank 1's dead writer
+        assert not r["killed_exists"], r
+        assert r["leftovers"] == ["after"] or r["leftovers"] == [], r
+        assert r["after"] == 3.0 and r["first"] == 1.0, r
 
 
 @pytest.mark.parametrize(

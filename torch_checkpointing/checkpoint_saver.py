@@ -27,7 +27,7 @@ from torch_checkpointing.checkpoint_writer import (
     CheckpointWriterConfig,
     SavePlan,
     WriteEntry,
-    refuse_before_writing,
+    refuse_unanswered,
     write_checkpoint,
 )
 from torch_checkpointing.commit import Commit, CommitTarget
@@ -260,20 +260,25 @@ class AsyncCheckpointSaver(CheckpointSaver):
             encoded, slab_info = self._encode(plan, staged)
             self._process.ensure_ready()
         except BaseException as exc:  # the writer saw nothing: the other ranks' writers are told instead
-            error = refuse_before_writing(plan, exc)
-            if error is not exc:
-                self._discard(plan)  # what the other ranks wrote into the temporary directory
-            self._fail(plan, write, error)
+            self._fail_unanswered(plan, write, exc)
             return
         try:
             nbytes = self._process.write(encoded, slab_info)
+        except WriterProcessDied as exc:  # it may have died before answering the other ranks
+            self._fail_unanswered(plan, write, exc)
         except BaseException as exc:
-            if isinstance(exc, WriterProcessDied):
-                self._discard(plan)  # what the dead writer left in the temporary directory
             self._fail(plan, write, exc)
         else:
             log_committed(plan, nbytes, blocked_s)
             write.set_result(None)
+
+    def _fail_unanswered(self, plan: SavePlan, write: Future[Any], exc: BaseException) -> None:
+        """A save this rank's writer will never answer: tell the other ranks (`refuse_unanswered`), then remove
+        what was written into its temporary directory (by the dead writer, or by the other ranks)."""
+        error = refuse_unanswered(plan, exc)
+        if error is not exc or isinstance(exc, WriterProcessDied):
+            self._discard(plan)
+        self._fail(plan, write, error)
 
     def _encode(self, plan: SavePlan, staged: Future[Any]) -> tuple[EncodedWrite, tuple[int, Any] | None]:
         """The write request, pickled for the pipe, and the slab it points into: everything that can fail

@@ -49,7 +49,7 @@ __all__ = [
     "SavePlan",
     "WriteEntry",
     "WriteRequest",
-    "refuse_before_writing",
+    "refuse_unanswered",
     "write_checkpoint",
 ]
 
@@ -314,13 +314,16 @@ def _files_step(plan: SavePlan) -> str:
     return f"Checkpoint {plan.checkpoint_dir}: writing the files"
 
 
-def refuse_before_writing(plan: SavePlan, exc: BaseException) -> BaseException:
-    """Report a save that failed on this rank before its writer got it; returns the error for this rank's Future.
+def refuse_unanswered(plan: SavePlan, exc: BaseException) -> BaseException:
+    """Report a save whose writer never answered the commit's first agreement; returns the error for this
+    rank's Future.
 
-    A value that cannot travel to the writer process, a failed staging copy, a writer that cannot start: the
-    writer never takes part in the commit, so the other ranks' writers waited for this rank the save's whole
-    timeout, then called it silent. Answering the first agreement with the failure makes every rank raise the
-    same `CommitError` at once, naming this rank and its reason. Single rank: `exc` itself, the clearest.
+    The save failed on this rank before its writer got it (a value that cannot travel to the writer process, a
+    failed staging copy, a writer that cannot start), or the writer died before it answered (SIGKILL, the OOM
+    killer): the other ranks' writers waited for this rank the save's whole timeout, then called it silent.
+    Answering the agreement with the failure makes every rank raise the same `CommitError` at once, naming this
+    rank and its reason. A writer that answered before it died is left to the commit's own timeout; single rank:
+    `exc` itself, the clearest. Only call this once the writer can no longer answer (never sent, or dead).
     """
     if plan.store is None:
         return exc
@@ -328,12 +331,15 @@ def refuse_before_writing(plan: SavePlan, exc: BaseException) -> BaseException:
     def failed() -> list[dict[str, Any]]:
         raise exc
 
+    step = _files_step(plan)
     try:
         channel = StoreChannel(plan.store, plan.timeout_s)
+        if plan.rank not in channel.missing(step, plan.world_size):
+            return exc
     except CommitError as lost:  # rank 0's store is gone: the others cannot be waiting on it either
         return lost
     try:
-        agree(_files_step(plan), StoreTransport(plan.rank, plan.world_size, channel), failed)
+        agree(step, StoreTransport(plan.rank, plan.world_size, channel), failed)
     except CommitError as agreed:
         return agreed
     finally:
