@@ -38,8 +38,13 @@ def _transposed() -> dict[str, torch.Tensor]:
     return {"a": base, "b": base.t()}
 
 
+def _inside() -> dict[str, torch.Tensor]:
+    base = torch.zeros(10)
+    return {"a": base, "b": base[1:2], "c": base[5:7]}  # two views inside a third, apart from each other
+
+
 @pytest.mark.parametrize("fmt", _TENSOR_FORMATS, ids=lambda f: type(f).__name__)
-@pytest.mark.parametrize("template", [_tied, _overlapping, _transposed], ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("template", [_tied, _overlapping, _transposed, _inside], ids=lambda f: f.__name__.strip("_"))
 def test_a_template_sharing_memory_is_refused_when_the_saved_values_differ(
     fmt: SerializationFormat, template: Any, tmp_path: Path
 ) -> None:
@@ -79,3 +84,10 @@ def test_a_tied_template_with_a_differing_nan_payload_is_refused(tmp_path: Path)
     w = torch.zeros(1)
     with pytest.raises(TemplateMismatchError, match="share memory"):
         round_trip(TorchSerialization(), {"a": a, "b": b}, tmp_path / "ck", into={"a": w, "b": w})
+
+
+def test_views_inside_a_tied_tensor_take_values_that_agree_with_it(tmp_path: Path) -> None:
+    saved = torch.arange(10.0)
+    into = _inside()
+    out = round_trip(TorchSerialization(), {"a": saved, "b": saved[1:2], "c": saved[5:7]}, tmp_path / "ck", into=into)
+    assert torch.equal(out["a"], saved) and out["c"] is into["c"] and torch.equal(out["c"], saved[5:7])
