@@ -14,6 +14,7 @@ import os
 import pickle
 import posixpath
 import signal
+import sys
 import threading
 import time
 import zlib
@@ -240,38 +241,69 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     return nbytes
 
 
+# Signals whose Python handlers are watched during a save on the main thread (SIGINT: Ctrl-C; the others:
+# what schedulers send to preempt a job, and what jobs install handlers for).
+_REPORTED_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
+)
+
+
 @contextmanager
 def _interrupts_reported(checkpoint_dir: str, progress: _Progress, commit: Commit) -> Iterator[None]:
-    """Turn a Ctrl-C in the middle of a save into a KeyboardInterrupt that says what became of the save.
+    """Turn a signal handled in the middle of a save into the exception its handler raised, saying what became
+    of the save.
 
-    Without this the interrupt surfaces from inside torch.save as a RuntimeError of its zip writer, which reads
-    like disk corruption. Only the main thread of a process with Python's default SIGINT handler is touched.
+    A Python signal handler's exception (Ctrl-C's KeyboardInterrupt, a preemption handler's sys.exit() on
+    SIGTERM) raised inside torch.save came out as torch's zip-writer RuntimeError ("unexpected pos"), which reads
+    like disk corruption, and a SystemExit lost its exit status. Ctrl-C under Python's default handler becomes a
+    KeyboardInterrupt whose message says it; any other handler's own exception is raised as itself, with a note
+    (and a log line) saying it. Only the main thread runs signal handlers; SIG_IGN/SIG_DFL are left alone.
     """
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    interrupted: list[bool] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        interrupted.append(True)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, handler)
+    raised: list[tuple[int, BaseException]] = []
+    previous = {n: h for n in _REPORTED_SIGNALS if callable(h := signal.getsignal(n))}
+    for signum, handler in previous.items():
+        signal.signal(signum, _recording(handler, raised))
     try:
         yield
-    except BaseException as exc:
-        if not interrupted:
+    except BaseException:
+        if not raised:
             raise
-        done = progress.committed or commit.is_committed()  # the interrupt may land after the swap
+        done = progress.committed or commit.is_committed()  # the signal may land after the swap
         state = "it was committed" if done else f"nothing was committed at {checkpoint_dir}"
-        raise KeyboardInterrupt(
-            f"Checkpoint save of {checkpoint_dir} interrupted (Ctrl-C): {state}; an earlier checkpoint there, "
-            f"if any, is intact."
-        ) from (None if isinstance(exc, KeyboardInterrupt) else exc)
+        # What torch.save made of the handler's exception was only a consequence of it.
+        raise _as_reported(raised[0], checkpoint_dir, state) from None
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _recording(handler: Callable[..., Any], raised: list[tuple[int, BaseException]]) -> Callable[[int, Any], None]:
+    """`handler`, remembering what it raised (Python's default SIGINT handler raises a bare KeyboardInterrupt)."""
+
+    def recorded(signum: int, frame: Any) -> None:
+        try:
+            handler(signum, frame)
+        except BaseException as exc:
+            raised.append((signum, exc))
+            raise
+
+    return recorded
+
+
+def _as_reported(signalled: tuple[int, BaseException], checkpoint_dir: str, state: str) -> BaseException:
+    signum, exc = signalled
+    what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    said = f"Checkpoint save of {checkpoint_dir} interrupted ({what}): {state}; an earlier checkpoint there, if any, "
+    said += "is intact."
+    if type(exc) is KeyboardInterrupt and not exc.args:  # Python's own Ctrl-C: the message is ours to give
+        return KeyboardInterrupt(said)
+    logger.warning("%s (the signal handler raised %s)", said, type(exc).__name__)
+    if sys.version_info >= (3, 11):
+        exc.add_note(said)
+    return exc
 
 
 def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress) -> int:
