@@ -37,7 +37,12 @@ from torch_checkpointing.checkpoint_layout import (
     SerializationFormat,
     TorchSerialization,
 )
-from torch_checkpointing.errors import CheckpointError, CorruptCheckpointError, RefusedPickleError
+from torch_checkpointing.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    RefusedPickleError,
+    TemplateMismatchError,
+)
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
@@ -418,7 +423,17 @@ class JsonCodec(_TensorlessCodec):
     def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         data = _json_loads(storage.read(path), path, key)
         cls = fmt.cls if isinstance(fmt, JsonSerialization) else None
-        return data if cls is None else from_jsonable(cls, data, f"item '{key}'")
+        if cls is None:
+            return data
+        try:
+            return from_jsonable(cls, data, f"item '{key}'")
+        except (ValueError, TypeError, KeyError) as exc:
+            reason = str(exc).rstrip(".")
+            raise TemplateMismatchError(
+                f"File {path} does not rebuild the {cls.__qualname__} that item '{key}' declares "
+                f"(JsonSerialization(cls=...)): {reason}. Declare the class the checkpoint was saved with, or load "
+                f"with JsonSerialization() to get the stored JSON as it is."
+            ) from exc
 
 
 class RawCodec(_TensorlessCodec):
