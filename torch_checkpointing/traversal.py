@@ -18,7 +18,9 @@ resharders and the exporters agree on three rules:
 
 from __future__ import annotations
 
+import copy
 import functools
+import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
@@ -46,6 +48,8 @@ __all__ = [
     "map_leaves",
     "rebuild",
 ]
+
+logger = logging.getLogger(__name__)
 
 _SEQUENCES = (list, tuple)
 """The sequences the walk descends into; any other Sequence is a leaf (see the module docstring)."""
@@ -212,45 +216,119 @@ def any_leaf(value: Any, pred: Callable[[Any], bool]) -> bool:
 def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
     """`value` with containers rebuilt and `fn` applied to every leaf.
 
-    Plain dicts, lists and tuples come back as such; other containers (OrderedDict, named tuples, custom
-    Mappings) keep their type where it can be rebuilt from its items, else become a dict or list (`rebuild`).
-    `NestingError` for a cycle or too deep a nesting; no paths are built unless one is refused.
+    Plain dicts, lists and tuples come back as such; any other container keeps its type and attributes where
+    `rebuild` can make one (a defaultdict, an OrderedDict, a named tuple, a dict or list subclass), else
+    becomes a dict or list, logged with its path. `NestingError` for a cycle or too deep a nesting; no paths
+    are built unless one is refused or logged.
     """
+    fell_back: list[Any] = []
     try:
-        return _map_leaves(value, fn, set())
+        out = _map_leaves(value, fn, set(), fell_back)
     except RecursionError:
         raise NestingError((), cycle=False) from None
     except _Cycle:
         _raise_cycle(value)
+    for original in fell_back:
+        _log_fallback(original, _container_path(value, original))
+    return out
 
 
-def _map_leaves(value: Any, fn: Callable[[Any], Any], on_path: set[int]) -> Any:
+def _map_leaves(value: Any, fn: Callable[[Any], Any], on_path: set[int], fell_back: list[Any]) -> Any:
     if isinstance(value, Mapping):
         _enter(value, on_path)
-        items = {k: _map_leaves(v, fn, on_path) for k, v in value.items()}
+        items = {k: _map_leaves(v, fn, on_path, fell_back) for k, v in value.items()}
         on_path.discard(id(value))
-        return items if type(value) is dict else rebuild(value, items)
+        return items if type(value) is dict else _rebuilt_or_plain(value, items, fell_back)
     if isinstance(value, _SEQUENCES):
         _enter(value, on_path)
-        items_list = [_map_leaves(v, fn, on_path) for v in value]
+        items_list = [_map_leaves(v, fn, on_path, fell_back) for v in value]
         on_path.discard(id(value))
-        return type(value)(items_list) if type(value) in _SEQUENCES else rebuild(value, items_list)
+        if type(value) in _SEQUENCES:
+            return type(value)(items_list)
+        return _rebuilt_or_plain(value, items_list, fell_back)
     return fn(value)
 
 
-def rebuild(original: Any, items: dict[Any, Any] | list[Any]) -> Any:
-    """A container of `original`'s type holding `items` (a dict for a Mapping, a list for a sequence).
+def _rebuilt_or_plain(original: Any, items: dict[Any, Any] | list[Any], fell_back: list[Any]) -> Any:
+    try:
+        return _rebuilt(original, items)
+    except Exception:  # a type none of the ways builds: the caller logs it with its path
+        fell_back.append(original)
+        return _plain(items)
 
-    Named tuples take their fields positionally, everything else its items as one argument; a type that
-    cannot be built that way (a Mapping taking keywords) comes back as a dict or list, so every walk of the
-    tree returns the same types.
+
+def rebuild(original: Any, items: dict[Any, Any] | list[Any], where: str = "") -> Any:
+    """A container of `original`'s type and attributes holding `items` (a dict for a Mapping, a list for a
+    sequence), so that every walk of a tree gives back what a pickle of the tree itself would.
+
+    * a dict or list subclass (defaultdict, OrderedDict, Counter, one of the caller's): a shallow copy of
+      `original` (its `default_factory`, its instance attributes), emptied and refilled with `items`;
+    * a named tuple through `_make`; another tuple subclass (torch.Size, a torch `return_types` value) from
+      its items, with the instance attributes it has;
+    * any other Mapping or sequence from its items, as one argument.
+
+    A type none of these builds comes back as a dict or list, and a warning on the `torch_checkpointing` logger
+    names `where` (the dotted path, when the caller knows it) and the type: never silently.
     """
     try:
-        if isinstance(original, tuple) and hasattr(original, "_fields"):
-            return type(original)(*items)
-        return type(original)(items)
-    except Exception:  # a container type that cannot be built from its items: the plain equivalent serves
-        return dict(items) if isinstance(items, dict) else list(items)
+        return _rebuilt(original, items)
+    except Exception:  # a type none of the ways builds: the plain equivalent serves, and that is said
+        _log_fallback(original, where)
+        return _plain(items)
+
+
+def _rebuilt(original: Any, items: dict[Any, Any] | list[Any]) -> Any:
+    kind = type(original)
+    if isinstance(original, dict | list):
+        out = copy.copy(original)  # a new object (a dict or list subclass copies its items, never aliases them)
+        if type(out) is not kind or out is original:
+            raise TypeError(f"copy.copy gave {type(out).__name__}")
+        # The base class's own methods: an override (say one mirroring into an attribute the copy shares with
+        # `original`) must not run on the caller's state.
+        if isinstance(out, dict):
+            dict.clear(out)
+            dict.update(out, items)
+        else:
+            list.clear(out)
+            list.extend(out, items)
+        return out
+    if isinstance(original, tuple) and hasattr(kind, "_make"):
+        return kind._make(items)
+    built = kind(items)
+    if type(built) is not kind:
+        raise TypeError(f"{kind.__name__}(items) gave {type(built).__name__}")
+    if getattr(original, "__dict__", None):
+        built.__dict__.update(original.__dict__)
+    return built
+
+
+def _plain(items: dict[Any, Any] | list[Any]) -> dict[Any, Any] | list[Any]:
+    return dict(items) if isinstance(items, dict) else list(items)
+
+
+def _log_fallback(original: Any, where: str) -> None:
+    kind = type(original)
+    logger.warning(
+        "The %s at '%s' cannot be rebuilt as its own type (neither a copy refilled with its items, nor its "
+        "constructor given them), so the checkpoint holds it as a plain %s. Save it as a dict or list, or give "
+        "%s a constructor taking its items.",
+        f"{kind.__module__}.{kind.__qualname__}",
+        where or "<unnamed path>",
+        "dict" if isinstance(original, Mapping) else "list",
+        kind.__qualname__,
+    )
+
+
+def _container_path(root: Any, node: Any) -> str:
+    """The dotted path of container `node` under `root` (found only to name a fallback in a log line)."""
+    stack: list[tuple[NestedPath, Any]] = [((), root)]
+    while stack:
+        path, here = stack.pop()
+        if here is node:
+            return dotted_key(path)
+        if is_container(here):
+            stack.extend(((*path, k), v) for k, v in children(here))
+    return ""
 
 
 def _dtensor_type() -> type | None:
