@@ -229,6 +229,25 @@ if __name__ == "__main__":
             if i % 50 == 0:
                 m.save(f"{root}/loop_{i}", {"model": {"w": torch.full((4,), float(i))}})
             m.close()
+    elif scenario == "fork_drop":
+        m = manager()
+        owners = os.path.join(os.environ["TMPDIR"], "torch_checkpointing-owners")
+        locks = sorted(os.listdir(owners))
+        future = m.save(f"{root}/in_flight", {"model": {"w": torch.full((4,), 5.0)}, "big": torch.ones(20_000_000)})
+        child = os.fork()
+        if child == 0:  # the child drops its copy of the manager, collects it and exits normally
+            del m
+            gc.collect()
+            time.sleep(0.5)
+            sys.exit(0)
+        _, status = os.waitpid(child, 0)
+        future.result(60)
+        report["child_status"] = status
+        report["locks_kept"] = sorted(os.listdir(owners)) == locks and bool(locks)
+        m.save(f"{root}/after", {"model": {"w": torch.full((4,), 6.0)}}).result(60)
+        m.close()
+        report["in_flight"] = load(f"{root}/in_flight")
+        report["after"] = load(f"{root}/after")
     after = settled(base)
     for name in base:
         report[name] = {"leaked": sorted(set(after[name]) - set(base[name])),
@@ -267,6 +286,19 @@ def test_managers_dropped_without_close_give_back_their_writer_threads_and_descr
         assert report[name]["leaked"] == [] and report[name]["count"][0] == report[name]["count"][1], report
     assert report["in_flight"] == 5.0, report  # the save in flight when its manager was dropped completed
     assert report["done_2"] == 2.0, report
+
+
+def test_a_forked_child_dropping_its_copy_while_the_writer_starts_leaves_the_parents_save_alone(tmp_path: Path) -> None:
+    # Before: forked right after construction, while the writer was still being spawned, the child's exit
+    # SIGTERMed that writer ("can only join a child process" in the child) and the parent's first save failed
+    # ("writer process failed to start: EOFError"). The collected copy must close nothing either: the writer is
+    # the parent's, and so is the owner lock's open file (releasing it in the child unlinks the parent's lock).
+    report = _resources(tmp_path, "fork_drop")
+    assert report["child_status"] == 0, report
+    assert report["locks_kept"], report
+    assert report["in_flight"] == 5.0 and report["after"] == 6.0, report
+    for name in ("fds", "threads", "children", "tmp"):
+        assert report[name]["leaked"] == [], report
 
 
 def test_two_hundred_managers_closed_in_a_loop_leave_nothing_behind(tmp_path: Path) -> None:

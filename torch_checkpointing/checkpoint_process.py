@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -229,6 +230,28 @@ def _unpicklable(request: WriteRequest) -> pickle.PicklingError:
     return pickle.PicklingError("The checkpoint write request cannot be pickled for the async writer process.")
 
 
+# Every writer process object this process made, started or starting: a child made by os.fork() forgets them.
+_WRITER_PROCESSES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _forget_the_parents_writers() -> None:
+    """In a child made by os.fork(): drop the parent's writer processes from the child's multiprocessing children.
+
+    The child inherits multiprocessing's list of the parent's children, and at its exit multiprocessing
+    terminates every daemon child on it and joins it: the child's normal exit SIGTERMed the parent's writer (a
+    save in flight there was lost; a writer still starting failed the parent's first save) and then failed
+    joining a process that is not its own. The fork start method clears that list itself; a plain os.fork() does
+    not, and multiprocessing offers no public way to. Writers are known by object, not by pid: one still being
+    spawned at the fork has no pid the saver knows yet.
+    """
+    children = getattr(multiprocessing.process, "_children", None)
+    if isinstance(children, set):
+        children.difference_update(set(_WRITER_PROCESSES))
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_writers)
+
+
 class CheckpointProcess:
     def __init__(
         self,
@@ -267,6 +290,7 @@ class CheckpointProcess:
                 name=f"{self.config.thread_name_prefix}-writer",
                 daemon=True,
             )
+            _WRITER_PROCESSES.add(proc)
             proc.start()
             self._starting = proc
             if self._closing:  # close() came while we spawned: see _abort_start

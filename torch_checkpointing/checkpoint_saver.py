@@ -8,13 +8,11 @@ background writer process and resolves the write Future when the commit is durab
 from __future__ import annotations
 
 import logging
-import multiprocessing.process
 import os
 import pickle
 import queue
 import threading
 import time
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -113,7 +111,6 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._staging_lock = RWLock()
         self._last_write: WriteFuture | None = None
         self._prewarm: Future[Any] | None = None
-        _LIVE_ASYNC_SAVERS.add(self)
 
     @property
     def stager(self) -> DefaultStager:
@@ -374,26 +371,6 @@ class _ReleaseOnce:
                 return
             self._done = True
         self._lock.release(RWLockMode.WRITE)
-
-
-_LIVE_ASYNC_SAVERS: weakref.WeakSet[AsyncCheckpointSaver] = weakref.WeakSet()
-
-
-def _forget_the_parents_writers() -> None:
-    """In a child made by os.fork(): drop the parent's writer processes from the child's multiprocessing children.
-
-    The child inherits multiprocessing's list of the parent's children, and at its exit multiprocessing
-    terminates every daemon child on it and joins it: the child's normal exit SIGTERMed the parent's writer (a
-    save in flight there was lost) and then failed joining a process that is not its own. The fork start method
-    clears that list itself; a plain os.fork() does not, and multiprocessing offers no public way to.
-    """
-    pids = {saver.process.pid for saver in list(_LIVE_ASYNC_SAVERS)} - {None}
-    children = getattr(multiprocessing.process, "_children", None)
-    if pids and isinstance(children, set):
-        children.difference_update({child for child in children if getattr(child, "pid", None) in pids})
-
-
-os.register_at_fork(after_in_child=_forget_the_parents_writers)
 
 
 class _DaemonWorker:
