@@ -8,6 +8,8 @@ What these pin, each with real threads, processes and files:
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import signal
@@ -24,6 +26,8 @@ import torch
 
 from tests.probes import REPO
 from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import CheckpointSaverConfig
+from torch_checkpointing.errors import ConfigTypeError
 from torch_checkpointing.lock import RWLock, RWLockMode
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -435,3 +439,28 @@ def test_a_signal_handlers_exception_during_a_sync_write_is_raised_as_itself(
     with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
         loaded = manager.load(str(root / "ck"), into={"model": {"w": torch.zeros(4)}})
     assert float(loaded["model"]["w"][0]) == 1.0  # the earlier checkpoint, intact
+
+
+# ------------------------------------------------------------------------------ a construction that is refused
+
+
+def _open_descriptors() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the descriptor listdir itself had open is gone
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("bad", [None, object(), "sync", CheckpointSaverConfig()], ids=repr)
+def test_a_save_config_of_the_wrong_type_is_refused_naming_the_field_and_leaks_nothing(bad: Any) -> None:
+    # Before: None / object() / "sync" gave AttributeError("... has no attribute 'wait_timeout_secs'"), and every
+    # refused construction left the owner lock's descriptor open.
+    CheckpointManager(CheckpointManager.Config.with_sync_save()).close()  # the owner-lock directory exists
+    before = _open_descriptors()
+    for _ in range(3):
+        with pytest.raises(ConfigTypeError, match="Unsupported saver_config type") as caught:
+            CheckpointManager(CheckpointManager.Config(save=bad))
+        assert "Config.save" in str(caught.value) and "with_sync_save()" in str(caught.value)
+    gc.collect()
+    assert _open_descriptors() == before

@@ -41,7 +41,7 @@ from torch_checkpointing.config import (
     SyncCheckpointSaverConfig,
 )
 from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
-from torch_checkpointing.errors import CheckpointError, CommitError
+from torch_checkpointing.errors import CheckpointError, CommitError, ConfigTypeError
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
@@ -116,7 +116,12 @@ class CheckpointManager:
         # Without a storage config, the first id picks the storage (a path: local; s3://...: that store), once.
         self._first_id: tuple[str | None, str] | None = None  # (scheme, id); None scheme = local filesystem
         self._owner = OwnerLock(self._ctx.uid)  # lets `gc` tell this job's live temporaries from dead ones
-        self._attach_storage(storage_config, storage)
+        try:
+            self._attach_storage(storage_config, storage)
+        except BaseException:  # a refused construction keeps nothing: no descriptor, no process group
+            self._owner.release()
+            self._ctx.close()
+            raise
         self._closed = False
 
     def _attach_storage(self, storage_config: StorageConfig, storage: Storage) -> None:
@@ -130,8 +135,8 @@ class CheckpointManager:
             self._saver = AsyncCheckpointSaver(
                 config.save, storage_config, config.subprocess_init_fn, config.subprocess_init_args
             )
-        else:
-            raise TypeError(f"Unsupported saver_config type: {type(config.save).__name__}")
+        else:  # not reached: `_validate` refuses any other type
+            raise ConfigTypeError(_unsupported_saver(config.save))
         self._loader = CheckpointLoader(storage, config.load, self._ctx.rank_info)
         self._retention = RetentionRunner(config.retention, self._ctx.rank, storage) if config.retention else None
         # A save still in flight at interpreter exit gets its bounded wait (and the writer its stop) even when
@@ -160,6 +165,8 @@ class CheckpointManager:
         for key, spec in config.items.items():
             if not isinstance(spec, ItemSpec):
                 raise TypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
+        if not isinstance(config.save, (SyncCheckpointSaverConfig, AsyncCheckpointSaverConfig)):
+            raise ConfigTypeError(_unsupported_saver(config.save))
         if config.default is not None and not isinstance(config.default, ItemSpec):
             raise TypeError(f"Config.default must be an ItemSpec or None, got {type(config.default).__name__}")
 
@@ -478,6 +485,15 @@ class CheckpointManager:
             overwrite=self.config.save.overwrite,
             started=started,
         )
+
+
+def _unsupported_saver(save: Any) -> str:
+    """API_SURFACE §2.2's refusal of `Config.save`, with the fix."""
+    return (
+        f"Unsupported saver_config type: {type(save).__name__}. Config.save must be a SyncCheckpointSaverConfig or an "
+        f"AsyncCheckpointSaverConfig (or build the config with CheckpointManager.Config.with_sync_save() / "
+        f"with_async_save())."
+    )
 
 
 def _local_path(checkpoint_id: str) -> str:
