@@ -1,9 +1,20 @@
-"""The manager's lifecycle under real misuse and concurrency (round 8).
+"""The manager's lifecycle under real misuse, signals and concurrency (round 8).
 
-What these pin, each with real threads, processes and files:
+What these pin, each with real threads, processes, signals and files (scenarios that could hang run in a child
+process with a timeout):
 * a `lock()` taken back to back by a training thread (`with manager.lock(): optimizer.step()` in a loop) never
   starves a `save()` on another thread: a waiting save goes before new lock() holders (it waited until
-  `wait_timeout_secs`, then failed with the "deadlock" RuntimeError);
+  `wait_timeout_secs`, then failed with the "deadlock" RuntimeError); a nested lock() still gets in;
+* a manager dropped without close() gives back its writer process, threads, staging memfd and descriptors once
+  collected, and its save in flight still completes; 200 managers closed in a loop leave nothing behind;
+* a forked child that drops its copy of a manager (even while the parent's writer is still starting) leaves the
+  parent's writer, save and owner lock alone;
+* every call after close() is refused with API_SURFACE's RuntimeError, saying what to do;
+* a signal handler's exception in the middle of a sync save (a SIGTERM preemption handler's sys.exit(), a custom
+  SIGINT handler) is raised as itself, not as torch's zip-writer RuntimeError; nothing is committed, the earlier
+  checkpoint stays loadable;
+* a `Config.save` of the wrong type is a ConfigTypeError naming the field, and a refused construction leaks no
+  descriptor.
 """
 
 from __future__ import annotations
