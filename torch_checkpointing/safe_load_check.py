@@ -22,11 +22,17 @@ import torch
 
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.schema import ResolvedItem
-from torch_checkpointing.traversal import NestingError, dotted_key, iter_leaves, leaves
+from torch_checkpointing.traversal import NestingError, find_path, is_container, nodes
 
 __all__ = ["SafeLoadCheck"]
 
 logger = logging.getLogger(__name__)
+
+# Containers the walk descends into that pickle by opcodes of their own: never a global to refuse.
+_PLAIN_CONTAINERS = (dict, list, tuple)
+# Modules whose containers' own `__reduce__` names their class, as the default protocol does (defaultdict,
+# OrderedDict, Counter, a torch `return_types` value): their class's verdict is the container's.
+_REDUCE_BY_CLASS = ("builtins", "collections", "torch.return_types")
 
 # Leaf types the safe unpickler always accepts: checked without a trial (the common, tensor-only state).
 _ALWAYS_LOADED = (
@@ -36,7 +42,7 @@ _ALWAYS_LOADED = (
 
 
 class SafeLoadCheck:
-    """Checks each item on the first save that holds it, and tries each leaf type once per manager.
+    """Checks each item on the first save that holds it, and tries each leaf and container type once per manager.
 
     Once per item, not on every save: the walk over a state's leaves cost 0.3 ms of every save()'s blocked
     time (192 leaves), against a 1 ms budget for saves that copy nothing; an item's leaf types rarely change
@@ -48,7 +54,8 @@ class SafeLoadCheck:
         self._checked: set[str] = set()  # item keys
 
     def warn_refused(self, items: list[ResolvedItem]) -> None:
-        """Warn (once per type) for each leaf of a torch-format item that the default load would refuse."""
+        """Warn (once per type) for each leaf or container of a torch-format item that the default load would
+        refuse."""
         for item in items:
             if item.key in self._checked or not isinstance(item.layout.serialization_format, TorchSerialization):
                 continue
@@ -59,17 +66,33 @@ class SafeLoadCheck:
             self._checked.add(item.key)
 
     def _check_item(self, item: ResolvedItem) -> None:
-        for leaf in leaves(item.value):  # no paths built: this runs inside save()'s blocked time
-            kind = type(leaf)
-            if isinstance(leaf, _ALWAYS_LOADED) or kind in self._verdicts:
+        """Judge each leaf, and each container of another type than dict/list/tuple (a named tuple, a
+        defaultdict, a dict subclass): the safe unpickler refuses a container's class as it does a leaf's."""
+        for node in nodes(item.value):  # no paths built: this runs inside save()'s blocked time
+            kind = type(node)
+            if kind in _PLAIN_CONTAINERS or isinstance(node, _ALWAYS_LOADED) or kind in self._verdicts:
                 continue
-            reason = self._verdicts[kind] = _refusal(leaf)
+            reason = self._verdicts[kind] = _container_refusal(kind) if is_container(node) else _refusal(node)
             if reason is not None:
-                _warn(item.key, _path_of(item.value, leaf), kind, reason)
+                _warn(item.key, find_path(item.value, node), kind, reason)
 
 
-def _path_of(value: Any, leaf: Any) -> str:
-    return next((dotted_key(path) for path, v in iter_leaves(value) if v is leaf), "")
+def _container_refusal(kind: type) -> str | None:
+    """None if torch's safe loader accepts a container of class `kind` back, else its reason: the class is
+    tried, never the caller's container (whose pickle would run its `__reduce__` and pickle everything in it).
+    A class whose own `__reduce__` may pickle it as another type is not judged (no warning), as for leaves."""
+    return _trial(kind) if _pickles_by_class(kind) else None
+
+
+def _pickles_by_class(kind: type) -> bool:
+    """Whether a `kind` instance's pickle names `kind`: its nearest `__reduce__`/`__reduce_ex__` is object's or
+    one of the standard containers' (which reduce to `type(self)`), not the caller's own."""
+    for k in kind.__mro__:
+        if k is object:
+            return True
+        if "__reduce__" in vars(k) or "__reduce_ex__" in vars(k):
+            return k.__module__ in _REDUCE_BY_CLASS
+    return True
 
 
 def _refusal(leaf: Any) -> str | None:

@@ -37,6 +37,7 @@ __all__ = [
     "any_leaf",
     "children",
     "dotted_key",
+    "find_path",
     "flatten",
     "get_path",
     "is_container",
@@ -46,6 +47,7 @@ __all__ = [
     "join_key",
     "local_tensor",
     "map_leaves",
+    "nodes",
     "rebuild",
 ]
 
@@ -148,6 +150,17 @@ def leaves(value: Any) -> Iterator[Any]:
 
     Iterative, so any depth is walked; a cycle is a `NestingError` naming the container met again (its path
     is found only then, by `iter_leaves`)."""
+    return _walk(value, with_containers=False)
+
+
+def nodes(value: Any) -> Iterator[Any]:
+    """Every container (before its children) and every leaf under `value`, `value` itself first, in
+    `iter_leaves` order and without building paths: a check that judges container types too (the safe-load
+    check). `NestingError` for a cycle, as `leaves`."""
+    return _walk(value, with_containers=True)
+
+
+def _walk(value: Any, with_containers: bool) -> Iterator[Any]:
     stack = [value]
     on_path: set[int] = set()
     while stack:
@@ -159,6 +172,8 @@ def leaves(value: Any) -> Iterator[Any]:
             if id(node) in on_path:
                 _raise_cycle(value)
             on_path.add(id(node))
+            if with_containers:
+                yield node
             stack.append(_Exit(id(node)))
             stack.extend(reversed(list(node.values())) if isinstance(node, Mapping) else reversed(node))
         else:
@@ -229,7 +244,7 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
     except _Cycle:
         _raise_cycle(value)
     for original in fell_back:
-        _log_fallback(original, _container_path(value, original))
+        _log_fallback(original, find_path(value, original))
     return out
 
 
@@ -319,15 +334,16 @@ def _log_fallback(original: Any, where: str) -> None:
     )
 
 
-def _container_path(root: Any, node: Any) -> str:
-    """The dotted path of container `node` under `root` (found only to name a fallback in a log line)."""
+def find_path(root: Any, node: Any) -> str:
+    """The dotted path of `node` (found by identity: a container, or a leaf object) under `root`, "" where it is
+    `root` or is not found: to name a value in a warning or a log line, never on a hot path."""
     stack: list[tuple[NestedPath, Any]] = [((), root)]
     while stack:
         path, here = stack.pop()
         if here is node:
             return dotted_key(path)
         if is_container(here):
-            stack.extend(((*path, k), v) for k, v in children(here))
+            stack.extend(reversed([((*path, k), v) for k, v in children(here)]))  # the first in walk order wins
     return ""
 
 
