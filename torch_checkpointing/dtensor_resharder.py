@@ -40,8 +40,8 @@ from torch_checkpointing.traversal import (
     iter_leaves,
     local_tensor,
 )
-from torch_checkpointing.types import NestedPath
-from torch_checkpointing.walk_utils import MISSING, check_writable, walk_checkpoint_structure
+from torch_checkpointing.types import CheckpointPath, NestedPath
+from torch_checkpointing.walk_utils import MISSING, check_shared_targets, check_writable, walk_checkpoint_structure
 
 __all__ = [
     "DTensorResharder",
@@ -54,6 +54,9 @@ __all__ = [
     "plan_reshard_job",
     "plan_resharding",
     "planned_job_runner",
+    "shared_storage_paths",
+    "shared_target_copies",
+    "target_storages",
 ]
 
 logger = logging.getLogger(__name__)
@@ -648,6 +651,8 @@ class _Collected:
     copies: list[_Copy]
     values: list[tuple[NestedPath, Any]]
     failed: list[NestedPath]
+    # Each copied path's target tensor (its local shard), for the shared-memory check.
+    targets: dict[NestedPath, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 def _collect(job: ReshardJob, storage: Storage, stats: ReadStats) -> _Collected:
@@ -662,12 +667,12 @@ def _collect(job: ReshardJob, storage: Storage, stats: ReadStats) -> _Collected:
             opened[src_rank] = open_source_file(storage, file_path, fmt, stats)
         return opened[src_rank]
 
-    copies, failed = _collect_copies(job, source_of)
+    copies, failed, targets = _collect_copies(job, source_of)
     values: list[tuple[NestedPath, Any]] = []
     if job.values_rank is not None:
         values, unfilled = _collect_values(job, source_of(job.values_rank))
         failed.extend(unfilled)
-    return _Collected(copies, values, failed)
+    return _Collected(copies, values, failed, targets)
 
 
 def _collect_values(job: ReshardJob, source: SourceFile) -> tuple[list[tuple[NestedPath, Any]], list[NestedPath]]:
@@ -688,11 +693,15 @@ def _collect_values(job: ReshardJob, source: SourceFile) -> tuple[list[tuple[Nes
     return values, unfilled
 
 
-def _collect_copies(job: ReshardJob, source_of: Callable[[int], SourceFile]) -> tuple[list[_Copy], list[NestedPath]]:
-    """Every block copy a load will make, checked (target shapes, source tensors and bounds) before any is made."""
+def _collect_copies(
+    job: ReshardJob, source_of: Callable[[int], SourceFile]
+) -> tuple[list[_Copy], list[NestedPath], dict[NestedPath, torch.Tensor]]:
+    """Every block copy a load will make, checked (target shapes, source tensors and bounds) before any is made,
+    with each copied path's target tensor."""
     info, target, target_metadata, source_metadata = job.info, job.target, job.target_metadata, job.source_metadata
     source_path, item_key, rank = job.source_path, job.item_key, job.rank
     failed: list[NestedPath] = list(info.non_reshardable_paths)
+    targets: dict[NestedPath, torch.Tensor] = {}
     by_rank: dict[int, list[tuple[NestedPath, LoadPlan]]] = {}
     for path, plans in info.nested_path_to_load_plans.items():
         local = _local_of(get_path(target, path))
@@ -706,6 +715,7 @@ def _collect_copies(job: ReshardJob, source_of: Callable[[int], SourceFile]) -> 
                 f"metadata implies {expected}; pass the live DTensor (not a copy or a full tensor) in into="
             )
         check_writable(f"{item_key}::{dotted_key(path)}", local)
+        targets[path] = local
         for plan in plans:
             by_rank.setdefault(plan.src_rank, []).append((path, plan))
     bad: set[NestedPath] = set()
@@ -737,7 +747,7 @@ def _collect_copies(job: ReshardJob, source_of: Callable[[int], SourceFile]) -> 
             )
     copies = [c for c in copies if c[0] not in bad]
     failed.extend(p for p in info.nested_path_to_load_plans if p in bad)
-    return copies, failed
+    return copies, failed, {p: t for p, t in targets.items() if p not in bad}
 
 
 def _saved_shape(
@@ -782,13 +792,74 @@ def _prepare(job: ReshardJob, storage: Storage, stats: ReadStats) -> _Prepared:
     return _Prepared(collected, fetched, stats)
 
 
+def _check_tied_targets(job: ReshardJob, prepared: _Prepared) -> None:
+    """Refuse (`TemplateMismatchError` naming both paths) target tensors sharing memory (tied weights,
+    overlapping views) that the job would fill with different values: the last copy would win, silently.
+    Run before any copy, after the blocks are verified; costs one dict operation per target without sharing."""
+    paths = shared_storage_paths(prepared.collected.targets, set())
+    if paths:
+        check_shared_targets(_assembled_copies(job, prepared, paths))
+
+
+def shared_target_copies(job: ReshardJob, others: set[int]) -> list[tuple[CheckpointPath, torch.Tensor, torch.Tensor]]:
+    """For a checked job (`check_reshard_job`): `(where, what the load writes, target)`, in
+    `walk_utils.check_shared_targets`' form, for each target whose storage another of its targets or one of
+    `others` (storage addresses of other items' targets) uses; [] when none does, the common case."""
+    if not job.prepared:
+        return []
+    prepared = job.prepared[0]
+    paths = shared_storage_paths(prepared.collected.targets, others)
+    return _assembled_copies(job, prepared, paths) if paths else []
+
+
+def target_storages(job: ReshardJob) -> list[int]:
+    """The storage addresses of the target tensors a checked job copies into (for a check across items)."""
+    targets = job.prepared[0].collected.targets if job.prepared else {}
+    return [t.untyped_storage().data_ptr() for t in targets.values()]
+
+
+def shared_storage_paths(targets: Mapping[NestedPath, torch.Tensor], others: set[int]) -> list[NestedPath]:
+    """The paths whose target tensor's storage another target of `targets` uses too, or one of `others`
+    (storage addresses of other items' targets): the only ones the shared-memory check must look at, found
+    with one dict operation per tensor."""
+    by_storage: dict[int, list[NestedPath]] = {}
+    for path, target in targets.items():
+        address = target.untyped_storage().data_ptr()
+        if address:  # no memory (empty, meta): nothing to share
+            by_storage.setdefault(address, []).append(path)
+    return [p for address, paths in by_storage.items() if len(paths) > 1 or address in others for p in paths]
+
+
+def _assembled_copies(
+    job: ReshardJob, prepared: _Prepared, paths: list[NestedPath]
+) -> list[tuple[CheckpointPath, torch.Tensor, torch.Tensor]]:
+    """`(where, what the load writes, target)` for each of `paths`: each target's values assembled, off the
+    template, from the blocks the job copies into it (a store's blocks as fetched, a file's read here)."""
+    wanted = set(paths)
+    assembled = {p: torch.empty_like(t) for p, t in prepared.collected.targets.items() if p in wanted}
+    with torch.no_grad():
+        for i, (path, index, tensor, plan) in enumerate(prepared.collected.copies):
+            if path in assembled:
+                block = prepared.fetched.get(i)
+                if block is None:
+                    block = tensor.read_block(plan.src_offsets, plan.src_sizes, prepared.stats)
+                assembled[path][index].copy_(block)
+    return [
+        (CheckpointPath(job.item_key, p), assembled[p], prepared.collected.targets[p]) for p in paths if p in assembled
+    ]
+
+
 def _execute_plans(job: ReshardJob, storage: Storage, stats: ReadStats) -> list[NestedPath]:
     """Copy every planned block into the target; returns the paths that could not be filled.
 
     Every block is located and checked first, and every block from a store fetched, so a refused load
     has copied nothing.
     """
-    prepared = job.prepared.pop() if job.prepared else _prepare(job, storage, stats)
+    if job.prepared:
+        prepared = job.prepared.pop()  # checked by `check_reshard_job`, tied targets included
+    else:
+        prepared = _prepare(job, storage, stats)
+        _check_tied_targets(job, prepared)
     if prepared.stats is not stats:  # read by the check phase: counted in this load's statistics
         stats.files_opened.extend(prepared.stats.files_opened)
         stats.blocks_read += prepared.stats.blocks_read
@@ -822,6 +893,7 @@ def check_reshard_job(job: ReshardJob, storage: Storage) -> list[NestedPath]:
     for i, (_, _, tensor, plan) in enumerate(prepared.collected.copies):
         if i not in prepared.fetched:  # a fetched block was checked as it was read
             tensor.check_block(plan.src_offsets, plan.src_sizes)
+    _check_tied_targets(job, prepared)
     job.prepared[:] = [prepared]
     return prepared.collected.failed
 
