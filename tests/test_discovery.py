@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -236,3 +237,21 @@ def test_an_owner_lock_not_taken_is_a_warning_naming_the_fix(
     assert record.levelno == logging.WARNING
     assert str(tmp_path / "a-file" / "locks") in record.getMessage()
     assert "TORCH_CHECKPOINTING_LOCK_DIR" in record.getMessage()
+
+
+def test_an_owner_lock_dropped_without_release_gives_its_descriptor_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_CHECKPOINTING_LOCK_DIR", str(tmp_path / "locks"))
+    before = set(os.listdir("/proc/self/fd"))
+    lock = OwnerLock("feedbeef")
+    assert owner_alive("feedbeef") is True
+    del lock
+    gc.collect()
+    assert set(os.listdir("/proc/self/fd")) <= before
+    assert owner_alive("feedbeef") is False  # the file stays (as after a crash), nobody holds it
+    released = OwnerLock("feedbeef")
+    released.release()
+    del released
+    gc.collect()  # the finalizer was detached by release(): nothing is closed twice
+    assert set(os.listdir("/proc/self/fd")) <= before

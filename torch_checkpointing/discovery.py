@@ -18,6 +18,7 @@ import os
 import re
 import stat
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -489,10 +490,14 @@ class OwnerLock:
     def __init__(self, uid: str) -> None:
         self.uid = uid
         self._fd: int | None = None
+        self._close_when_collected: weakref.finalize[[int], OwnerLock] | None = None
         path = owner_lock_path(uid)
         try:
             _make_lock_dir(os.path.dirname(path))
             self._fd = _open_locked(path)
+            # A holder dropped without release() gives its descriptor back when collected (the kernel drops the
+            # lock with it); the file stays, as when its process dies.
+            self._close_when_collected = weakref.finalize(self, os.close, self._fd)
         except OSError as exc:
             logger.warning(
                 "Owner lock %s could not be taken (%s): `gc` cannot tell this job's in-progress saves from abandoned "
@@ -507,6 +512,8 @@ class OwnerLock:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        if self._close_when_collected is not None:
+            self._close_when_collected.detach()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.unlink(owner_lock_path(self.uid))
