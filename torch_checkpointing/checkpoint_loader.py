@@ -38,12 +38,15 @@ from torch_checkpointing.metadata_manager import check_extracted
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.traversal import local_tensor
 from torch_checkpointing.types import CheckpointPath, RankInfo
-from torch_checkpointing.walk_utils import walk_checkpoint_structure
+from torch_checkpointing.walk_utils import check_shared_targets, walk_checkpoint_structure
 
 if TYPE_CHECKING:
     from torch_checkpointing.dtensor_resharder import ReshardJob
     from torch_checkpointing.types import NestedPath
+
+_Copy = tuple[CheckpointPath, torch.Tensor, torch.Tensor]  # where, what the load writes, the template tensor
 
 __all__ = ["CheckedLoad", "CheckpointLoader"]
 
@@ -173,6 +176,7 @@ class CheckpointLoader:
                     plan.value = self._decode(ctx, plan, map_location)
         ctx.wait_verified()
         report = _Report()
+        copies: list[_Copy] = []  # every direct item's tensor copies, checked together for shared memory
         for plan in plans:
             if isinstance(plan, _Direct):
                 _, missing = walk_checkpoint_structure(
@@ -181,10 +185,12 @@ class CheckpointLoader:
                     target=plan.item.value,
                     dry_run=True,
                     unexpected=report.unexpected,
+                    copies=copies,
                 )
                 report.missing.extend(missing)
             else:
                 report.missing.extend(self._precheck_reshard(ctx, plan))
+        _check_shared_targets(plans, copies)
         if strict:
             _refuse_if_incomplete(ctx.root, report)
         return plans, report
@@ -373,6 +379,29 @@ class CheckpointLoader:
 
     def close(self) -> None:
         return None
+
+
+def _check_shared_targets(plans: list[_Direct | _Reshard], copies: list[_Copy]) -> None:
+    """Refuse, before the first copy, template tensors that share memory (tied weights, overlapping views)
+    and would be filled with different saved values, within an item or across items (`into={"model": sd,
+    "ema": sd_sharing_its_tensors}`): the later copy would win, silently. `copies` are the direct items';
+    a resharded item's targets join in only where they share storage with another item's (a DTensorResharder
+    job checks its own ones), so a load without resharded items pays nothing more than before."""
+    from torch_checkpointing.dtensor_resharder import shared_target_copies, target_storages
+
+    jobs = [p.job for p in plans if isinstance(p, _Reshard) and p.job is not None]
+    if jobs:
+        owners: dict[int, int] = {}  # storage address -> the one owner (-1: the direct items) seen so far
+        across: set[int] = set()  # addresses more than one owner uses
+        direct = (local_tensor(target).untyped_storage().data_ptr() for _, _, target in copies)
+        for owner, addresses in enumerate([direct, *map(target_storages, jobs)], start=-1):
+            for address in addresses:
+                if owners.setdefault(address, owner) != owner:
+                    across.add(address)
+        across.discard(0)  # no memory (empty, meta): nothing to share
+        if across:
+            copies = copies + [copy for job in jobs for copy in shared_target_copies(job, across)]
+    check_shared_targets(copies)
 
 
 def _checked_unfilled(resharder: str, key: str, unfilled: object) -> list[NestedPath]:

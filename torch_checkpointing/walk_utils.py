@@ -40,6 +40,7 @@ class _Missing:
 MISSING: Any = _Missing()
 
 LeafFn = Callable[[CheckpointPath, Any, Any], Any]
+_Copy = tuple[CheckpointPath, torch.Tensor, torch.Tensor]  # where, source, target
 
 
 def copy_tensor_into(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -73,13 +74,16 @@ def walk_checkpoint_structure(
     dry_run: bool = False,
     unexpected: list[CheckpointPath] | None = None,
     at: NestedPath = (),
+    copies: list[_Copy] | None = None,
 ) -> tuple[Any, list[CheckpointPath]]:
     """Merge `source` into `target`; returns the merged value and the template paths the source lacked.
 
     Entries the source holds and the template lacks are kept (added to mutable templates) and recorded in
     `unexpected`. `dry_run=True` checks every shape, dtype and type and records missing/unexpected paths
     without copying or changing anything, so a load can refuse before its first `copy_()`. `at` is where
-    `source` and `target` sit in the item (for paths in reports and errors).
+    `source` and `target` sit in the item (for paths in reports and errors). A dry run given `copies` appends
+    the tensor copies it found to that list and leaves the shared-memory check to the caller: a load of several
+    items makes one `check_shared_targets` call over all of theirs, since two items' templates may share tensors.
     """
     missing: list[CheckpointPath] = []
     walker = _Walker(item_key, missing, unexpected if unexpected is not None else [], leaf_fn, dry_run)
@@ -87,12 +91,11 @@ def walk_checkpoint_structure(
         merged = walker.merge(tuple(at), source, target)
     except RecursionError:
         raise NestingError((), cycle=False).for_item(item_key) from None
-    if dry_run:
+    if dry_run and copies is not None:
+        copies.extend(walker.copies)
+    elif dry_run:
         check_shared_targets(walker.copies)
     return merged, missing
-
-
-_Copy = tuple[CheckpointPath, torch.Tensor, torch.Tensor]  # where, source, target
 
 
 def check_shared_targets(copies: list[_Copy]) -> None:
