@@ -128,3 +128,44 @@ def _saved_metadata(root: Path) -> Any:
 
     raw = json.loads((root / METADATA_FILE_NAME).read_text())
     return DistributedMetadata.from_dict(raw).metadata["opt"]
+
+
+# ------------------------------------------------------------------------------------ on two gloo ranks
+
+
+def _two_rank_save(root: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2,))
+    with _manager({"opt": ItemSpec(resharder=DTensorResharder())}) as manager:
+        state = {"a": _sharded(mesh, torch.arange(4.0)), "b": _sharded(mesh, torch.arange(4.0) + 10)}
+        manager.save(root, {"opt": state})
+
+
+def _two_rank_load(root: str, placement: str) -> dict[str, Any]:
+    """Every rank refuses, on the resharding path (Replicate targets) and the direct one (the saved Shard)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2,))
+    make = _replicated if placement == "replicate" else _sharded
+    w = make(mesh, torch.zeros(4))
+    before = w.to_local().clone()
+    with _manager({"opt": ItemSpec(resharder=DTensorResharder())}) as manager:
+        try:
+            manager.load(root, into={"opt": {"a": w, "b": w}})
+            said = ""
+        except TemplateMismatchError as exc:
+            said = str(exc)
+    return {"said": said, "unchanged": bool(torch.equal(w.to_local(), before))}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("placement", ["replicate", "shard"])
+def test_every_rank_refuses_tied_targets_fed_different_values(placement: str, tmp_path: Path) -> None:
+    from simulator.launcher import launch
+
+    launch(_two_rank_save, 2, args=(str(tmp_path / "ck"),), timeout=90)
+    reports = launch(_two_rank_load, 2, args=(str(tmp_path / "ck"), placement), timeout=90)
+    for rank, report in enumerate(reports):
+        assert "opt::a and opt::b share memory" in report["said"], f"rank {rank}: {report}"
+        assert report["unchanged"], f"rank {rank}: the refused load changed the template"
