@@ -387,10 +387,10 @@ def _check_shared_targets(plans: list[_Direct | _Reshard], copies: list[_Copy]) 
     "ema": sd_sharing_its_tensors}`): the later copy would win, silently. `copies` are the direct items';
     a resharded item's targets join in only where they share storage with another item's (a DTensorResharder
     job checks its own ones), so a load without resharded items pays nothing more than before."""
-    from torch_checkpointing.dtensor_resharder import shared_target_copies, target_storages
-
     jobs = [p.job for p in plans if isinstance(p, _Reshard) and p.job is not None]
     if jobs:
+        from torch_checkpointing.dtensor_resharder import shared_target_copies, target_storages
+
         owners: dict[int, int] = {}  # storage address -> the one owner (-1: the direct items) seen so far
         across: set[int] = set()  # addresses more than one owner uses
         direct = (local_tensor(target).untyped_storage().data_ptr() for _, _, target in copies)
