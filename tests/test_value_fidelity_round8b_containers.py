@@ -158,3 +158,17 @@ def test_the_torch_format_stays_the_reference_for_a_plain_sync_save(tmp_path: Pa
     with _manager(async_save=False) as manager:
         loaded = manager.load(str(tmp_path / "ck"))["cfg"]
     _assert_same(value, loaded)
+
+
+class Labelled(tuple):  # type: ignore[type-arg]
+    """A tuple subclass with an attribute of its own."""
+
+
+def test_a_tuple_subclass_keeps_its_attributes_and_a_mapping_its_new_items() -> None:
+    from tests.container_types import Frozen
+
+    row = Labelled((torch.ones(1), 2))
+    row.label = "r"  # type: ignore[attr-defined]
+    out = map_leaves({"row": row, "frozen": Frozen({"w": 1})}, lambda leaf: leaf * 3)
+    assert type(out["row"]) is Labelled and out["row"].label == "r" and out["row"][1] == 6
+    assert type(out["frozen"]) is Frozen and out["frozen"]["w"] == 3  # the constructor's items, not the original's

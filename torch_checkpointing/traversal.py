@@ -279,7 +279,7 @@ def rebuild(original: Any, items: dict[Any, Any] | list[Any], where: str = "") -
     * a dict or list subclass (defaultdict, OrderedDict, Counter, one of the caller's): a shallow copy of
       `original` (its `default_factory`, its instance attributes), emptied and refilled with `items`;
     * a named tuple through `_make`; another tuple subclass (torch.Size, a torch `return_types` value) from
-      its items, with the instance attributes it has;
+      its items, with the instance attributes it has that its constructor did not set;
     * any other Mapping or sequence from its items, as one argument.
 
     A type none of these builds comes back as a dict or list, and a warning on the `torch_checkpointing` logger
@@ -312,8 +312,11 @@ def _rebuilt(original: Any, items: dict[Any, Any] | list[Any]) -> Any:
     built = kind(items)
     if type(built) is not kind:
         raise TypeError(f"{kind.__name__}(items) gave {type(built).__name__}")
-    if getattr(original, "__dict__", None):
-        built.__dict__.update(original.__dict__)
+    if isinstance(original, tuple) and getattr(original, "__dict__", None):
+        # A tuple holds its items itself, so its attributes are its own; a Mapping built from its items may
+        # keep them in an attribute, which the constructor just set.
+        for name, attribute in vars(original).items():
+            vars(built).setdefault(name, attribute)
     return built
 
 
