@@ -463,7 +463,11 @@ def _open_descriptors() -> list[str]:
     return sorted(out)
 
 
-@pytest.mark.parametrize("bad", [None, object(), "sync", CheckpointSaverConfig()], ids=repr)
+@pytest.mark.parametrize(
+    "bad",
+    [None, object(), "sync", CheckpointSaverConfig()],
+    ids=["None", "object", "str", "base-CheckpointSaverConfig"],
+)
 def test_a_save_config_of_the_wrong_type_is_refused_naming_the_field_and_leaks_nothing(bad: Any) -> None:
     # Before: None / object() / "sync" gave AttributeError("... has no attribute 'wait_timeout_secs'"), and every
     # refused construction left the owner lock's descriptor open.
