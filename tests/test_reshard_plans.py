@@ -307,15 +307,17 @@ def test_wrong_target_local_shape_is_a_clear_error(tmp_path: Path) -> None:
         )
 
 
-def test_dtype_is_converted_on_copy(tmp_path: Path) -> None:
+def test_a_dtype_change_is_refused_like_a_direct_load_refuses_it(tmp_path: Path) -> None:
+    """copy_() would convert float32 into the bfloat16 template silently; a direct load refuses the mismatch."""
     src_md = make_md((4,), torch.float32, ((2,), (0, 1), (ShardSpec(0),)))
     dst_md = make_md((4,), torch.bfloat16, ((1,), (0,), (ReplicateSpec(),)))
     for r in range(2):
         torch.save({"w": torch.arange(4.0)[2 * r : 2 * r + 2]}, tmp_path / f"{ITEM}_{r}.pt")
     src = DistributedItemMetadata({("w",): [GlobalObjectMetadata(src_md, (0, 1))]}, {0: None, 1: None})
     target = {"w": torch.zeros(4, dtype=torch.bfloat16)}
-    assert DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): dst_md}, src, target, local_storage()) == []
-    assert torch.equal(target["w"], torch.arange(4.0).to(torch.bfloat16))
+    with pytest.raises(TemplateMismatchError, match=r"saved as torch\.float32 but the target is torch\.bfloat16"):
+        DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): dst_md}, src, target, local_storage())
+    assert not target["w"].any()
 
 
 def test_remote_safetensors_reads_only_the_needed_rows(tmp_path: Path) -> None:

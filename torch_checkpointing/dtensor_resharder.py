@@ -742,6 +742,12 @@ def _collect_copies(
                     f"{file_path} holds {item_key}::{dotted_key(path)} as {tensor.dtype}, but the checkpoint's "
                     f"sharding metadata records {plan.src_dtype}; the checkpoint is damaged."
                 )
+            if tensor.dtype != targets[path].dtype:  # a direct load refuses it too: copy_() would convert silently
+                raise TemplateMismatchError(
+                    f"Cannot reshard {item_key}::{dotted_key(path)}: saved as {tensor.dtype} but the target is "
+                    f"{targets[path].dtype}; a load does not convert dtypes. Load into a template of the saved dtype "
+                    f"and convert it afterwards (e.g. model.to(dtype)), or leave this entry out of the template."
+                )
             copies.append(
                 (path, tuple(slice(o, o + s) for o, s in zip(plan.offsets, plan.sizes, strict=True)), tensor, plan)
             )
