@@ -328,7 +328,7 @@ def _log_fallback(original: Any, where: str) -> None:
     kind = type(original)
     logger.warning(
         "The %s at '%s' cannot be rebuilt as its own type (neither a copy refilled with its items, nor its "
-        "constructor given them), so the checkpoint holds it as a plain %s. Save it as a dict or list, or give "
+        "constructor given them): it is saved, or returned by a load, as a plain %s. Use a dict or list, or give "
         "%s a constructor taking its items.",
         f"{kind.__module__}.{kind.__qualname__}",
         where or "<unnamed path>",

@@ -270,7 +270,8 @@ class _Walker:
                 out[k] = source[k]
         if out is target or self.dry_run:
             return out
-        return rebuild(target, dict(out))  # an immutable Mapping keeps its type where it can be rebuilt
+        where = str(CheckpointPath(self.key, path))
+        return rebuild(target, dict(out), where)  # an immutable Mapping keeps its type where it can be rebuilt
 
     def _merge_sequence(self, path: NestedPath, source: list[Any] | tuple[Any, ...], target: Any) -> Any:
         merged = [
@@ -286,9 +287,10 @@ class _Walker:
                 target[i] = value
             target.extend(extra)
             return target
+        where = str(CheckpointPath(self.key, path))
         if hasattr(target, "_fields"):
-            return rebuild(target, merged)  # a named tuple cannot grow: extras are reported, not kept
-        return rebuild(target, [*merged, *extra])
+            return rebuild(target, merged, where)  # a named tuple cannot grow: extras are reported, not kept
+        return rebuild(target, [*merged, *extra], where)
 
 
 def check_tensor_fits(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> None:
