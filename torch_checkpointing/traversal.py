@@ -295,18 +295,10 @@ def rebuild(original: Any, items: dict[Any, Any] | list[Any], where: str = "") -
 def _rebuilt(original: Any, items: dict[Any, Any] | list[Any]) -> Any:
     kind = type(original)
     if isinstance(original, dict | list):
-        out = copy.copy(original)  # a new object (a dict or list subclass copies its items, never aliases them)
-        if type(out) is not kind or out is original:
-            raise TypeError(f"copy.copy gave {type(out).__name__}")
-        # The base class's own methods: an override (say one mirroring into an attribute the copy shares with
-        # `original`) must not run on the caller's state.
-        if isinstance(out, dict):
-            dict.clear(out)
-            dict.update(out, items)
-        else:
-            list.clear(out)
-            list.extend(out, items)
-        return out
+        try:
+            return _refilled_copy(original, items)
+        except Exception:  # its copy fails (its own __reduce_ex__ refuses): its constructor may still build it
+            pass
     if isinstance(original, tuple) and hasattr(kind, "_make"):
         return kind._make(items)
     built = kind(items)
@@ -318,6 +310,22 @@ def _rebuilt(original: Any, items: dict[Any, Any] | list[Any]) -> Any:
         for name, attribute in vars(original).items():
             vars(built).setdefault(name, attribute)
     return built
+
+
+def _refilled_copy(original: dict[Any, Any] | list[Any], items: dict[Any, Any] | list[Any]) -> Any:
+    """A shallow copy of a dict or list subclass (its `default_factory`, its attributes), refilled with `items`."""
+    out = copy.copy(original)  # a new object (a dict or list subclass copies its items, never aliases them)
+    if type(out) is not type(original) or out is original:
+        raise TypeError(f"copy.copy gave {type(out).__name__}")
+    # The base class's own methods: an override (say one mirroring into an attribute the copy shares with
+    # `original`) must not run on the caller's state.
+    if isinstance(out, dict):
+        dict.clear(out)
+        dict.update(out, items)
+    else:
+        list.clear(out)
+        list.extend(out, items)
+    return out
 
 
 def _plain(items: dict[Any, Any] | list[Any]) -> dict[Any, Any] | list[Any]:
