@@ -593,7 +593,14 @@ class Commit:
             ):
                 self.storage.rmdir(root)
         except Exception as exc:
-            logger.warning("Could not remove the unfinished save at %s: %s: %s", root, type(exc).__name__, exc)
+            logger.warning(
+                "Could not remove the unfinished save at %s: %s: %s. Delete it by hand, or run "
+                "`torch-checkpointing gc %s` (it removes what dead saves left there).",
+                root,
+                type(exc).__name__,
+                exc,
+                root.parent,
+            )
 
     def _discard_claimed(self, claims: ConditionalStorage) -> None:
         """Only under this save's own claim: the files first, the marker (the claim) last, and only if unchanged.
