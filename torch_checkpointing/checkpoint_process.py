@@ -90,12 +90,21 @@ def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
 
 # ------------------------------------------------------------------------------------------- the protocol
 # Every message on the pipe is one of these dataclasses (pickled by multiprocessing; tensors in shared memory
-# travel as handles). Trainer -> writer: MapSlab, Write, Stop. Writer -> trainer: Ready, Written, Failed, Stopped.
+# travel as handles). Trainer -> writer: MapSlab, Write, Stop. Writer -> trainer: Ready (or StartFailed), Written,
+# Failed, Stopped.
 
 
 @dataclass(frozen=True)
 class Ready:
     pid: int
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    """The writer's set-up raised (`step` names which part); sent instead of `Ready`, and the writer exits."""
+
+    step: str
+    error: BaseException
 
 
 @dataclass(frozen=True)
@@ -179,8 +188,9 @@ def _writer_main(
     _ignore_terminal_interrupts()
     _die_with_trainer(os.getppid())
     _skip_torch_record_crc()
-    init_fn(*init_args)
-    storage = storage_config.create_storage()
+    storage = _set_up(conn, storage_config, init_fn, init_args)
+    if storage is None:
+        return
     conn.send(Ready(os.getpid()))
     slab: MapSlab | None = None
     while True:
@@ -199,6 +209,28 @@ def _writer_main(
             conn.send(reply)
         else:  # no reply: the trainer reads a reply only after a Write, and would take this one for the next
             logger.error("The checkpoint writer got an unknown message %s; it is dropped", type(message).__name__)
+
+
+def _set_up(
+    conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple[Any, ...]
+) -> Any:
+    """Run the caller's init function, then build the storage; None once a failure was sent to the trainer.
+
+    Without this the child died with its traceback on its own stderr, and the trainer read only an EOFError.
+    """
+    step = f"subprocess_init_fn ({_name_of(init_fn)})"
+    try:
+        init_fn(*init_args)
+        step = f"storage_config.create_storage() ({type(storage_config).__name__})"
+        return storage_config.create_storage()
+    except BaseException as exc:  # SystemExit from an init function too: the trainer must learn why
+        with contextlib.suppress(OSError):
+            conn.send(StartFailed(step, _portable(exc)))
+        return None
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def _exit_now() -> None:
@@ -282,6 +314,8 @@ class CheckpointProcess:
         threading.Thread(target=self._start, name=f"{self.config.thread_name_prefix}-spawn", daemon=True).start()
 
     def _start(self) -> None:
+        proc: Any = None
+        parent: Connection | None = None
         try:
             parent, child = self._ctx.Pipe()
             proc = self._ctx.Process(
@@ -304,12 +338,18 @@ class CheckpointProcess:
                     f"(CheckpointProcessConfig.subprocess_init_timeout_secs)."
                 )
             hello = parent.recv()
+            if isinstance(hello, StartFailed):
+                proc.join(5)
+                raise _WriterSetUpFailed(hello.step, hello.error)
             if not isinstance(hello, Ready):
                 raise CheckpointError(f"Checkpoint writer process sent {type(hello).__name__} instead of Ready")
             self._proc, self._conn = proc, parent
         except BaseException as exc:
             self._start_error = exc
+            self._starting = None
+            _release(proc, parent)
         finally:
+            self._starting = None  # a closed process object keeps its pipes open for as long as it is held
             self._ready.set()
 
     @property
@@ -328,6 +368,12 @@ class CheckpointProcess:
         if self._start_error is not None:
             error, self._start_error = self._start_error, None
             self._start_in_background()  # let the next save try again
+            if isinstance(error, _WriterSetUpFailed):
+                raise CheckpointError(
+                    f"Checkpoint writer process failed to start: {error.step} raised in the writer process: "
+                    f"{type(error.error).__name__}: {error.error}. Nothing was saved; fix it and save again (the "
+                    f"next save starts a new writer)."
+                ) from error.error
             raise CheckpointError(
                 f"Checkpoint writer process failed to start: {type(error).__name__}: {error}. The writer is spawned "
                 f"and re-imports your main module: guard your script's entry point with "
@@ -340,8 +386,16 @@ class CheckpointProcess:
                 self._proc.pid,
                 _how_it_ended(self._proc.exitcode),
             )
+            self._drop_dead_writer()
             self._start_in_background()
             self.wait_ready()
+
+    def _drop_dead_writer(self) -> None:
+        """(Holding `_lock`, so no write uses its pipe.) A writer that died gives back its pipe and process
+        descriptors now, not when the last reference to it goes (a save's error may keep it for the whole run)."""
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        _release(proc, conn)
 
     def write(self, request: WriteRequest | EncodedWrite, slab: tuple[int, Any] | None = None) -> int:
         """Send one request and block until the writer answers; raises the writer's exception.
@@ -363,6 +417,7 @@ class CheckpointProcess:
                 reply = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
                 code = _exit_code(self._proc)
+                self._drop_dead_writer()
                 self._start_in_background()
                 then = "It was stopped by close()." if self._closing else "It is restarted for the next save."
                 raise WriterProcessDied(
@@ -380,9 +435,10 @@ class CheckpointProcess:
         """close() before the writer is ready: nothing can be in flight (writes hold the lock close() holds), so
         the spawning child, still importing torch, is killed instead of waited for (seconds on a busy machine)."""
         starting = self._starting
-        if starting is not None and starting.is_alive():
-            starting.kill()
-            starting.join(5)
+        with contextlib.suppress(ValueError):  # the spawn failed meanwhile, and closed its process object
+            if starting is not None and starting.is_alive():
+                starting.kill()
+                starting.join(5)
 
     def kill(self) -> None:
         """SIGKILL the writer now (it may be stopped or stuck); a write waiting on it fails as WriterProcessDied."""
@@ -396,7 +452,16 @@ class CheckpointProcess:
         self._closing = True
         if not self._lock.acquire(timeout=self.config.subprocess_shutdown_timeout_secs):
             self.kill()  # a write still waits on it: ending the process ends that wait
+            self._abort_start()  # or it waits for a restarted writer still being spawned: end that one too
             if not self._lock.acquire(timeout=10):
+                logger.warning(
+                    "close(): %ss (CheckpointProcessConfig.subprocess_shutdown_timeout_secs) and 10 s more after "
+                    "killing the writer process %s, a save still waits for the checkpoint writer (a write in "
+                    "progress, or a writer being started); close() returns without waiting longer. That save is "
+                    "not committed and fails; a writer still being spawned is killed once its spawn returns.",
+                    self.config.subprocess_shutdown_timeout_secs,
+                    None if self._proc is None else self._proc.pid,
+                )
                 return
         try:
             if not self._ready.is_set():
@@ -420,6 +485,26 @@ class CheckpointProcess:
             _reap(proc, self.config.subprocess_shutdown_timeout_secs)
         if conn is not None:
             conn.close()
+
+
+class _WriterSetUpFailed(Exception):
+    """(Trainer side.) What `StartFailed` reported, kept until a save asks for the writer."""
+
+    def __init__(self, step: str, error: BaseException) -> None:
+        super().__init__(f"{step}: {type(error).__name__}: {error}")
+        self.step = step
+        self.error = error
+
+
+def _release(proc: Any, conn: Connection | None) -> None:
+    """A writer that failed to start, or died, gives back its descriptors now, not when the error that names it
+    is collected (its traceback holds them, and a save's Future holds the error)."""
+    if conn is not None:
+        conn.close()
+    if proc is not None and proc.pid is not None:
+        proc.join(5)
+        with contextlib.suppress(ValueError):  # still running after 5 s: its pipes stay until it is reaped
+            proc.close()
 
 
 def _how_it_ended(exitcode: int | None) -> str:
