@@ -39,9 +39,10 @@ from torch_checkpointing.config import (
     CheckpointLoaderConfig,
     CheckpointSaverConfig,
     SyncCheckpointSaverConfig,
+    check_instance,
 )
 from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
-from torch_checkpointing.errors import CheckpointError, CommitError, ConfigTypeError
+from torch_checkpointing.errors import CheckpointError, CommitError, ConfigError, ConfigTypeError
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
@@ -159,16 +160,20 @@ class CheckpointManager:
 
     @staticmethod
     def _validate(config: Config) -> None:
+        """Every field, at construction: a wrong one failed later, at the first load or inside the writer."""
         if not isinstance(config.items, Mapping):
-            raise TypeError(f"Config.items must be a Mapping of key -> ItemSpec, got {type(config.items).__name__}")
+            raise ConfigTypeError(
+                f"Config.items must be a Mapping of key -> ItemSpec, got {type(config.items).__name__}"
+            )
         validate_keys(list(config.items))
         for key, spec in config.items.items():
             if not isinstance(spec, ItemSpec):
-                raise TypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
+                raise ConfigTypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
         if not isinstance(config.save, (SyncCheckpointSaverConfig, AsyncCheckpointSaverConfig)):
             raise ConfigTypeError(_unsupported_saver(config.save))
         if config.default is not None and not isinstance(config.default, ItemSpec):
-            raise TypeError(f"Config.default must be an ItemSpec or None, got {type(config.default).__name__}")
+            raise ConfigTypeError(f"Config.default must be an ItemSpec or None, got {type(config.default).__name__}")
+        _validate_parts(config)
 
     # ---------------------------------------------------------------- public API
 
@@ -378,7 +383,10 @@ class CheckpointManager:
         if isinstance(checkpoint_id, os.PathLike):
             checkpoint_id = os.fspath(checkpoint_id)
         if not isinstance(checkpoint_id, str):
-            raise TypeError(f"A checkpoint id must be a str or a path, got {type(checkpoint_id).__name__}")
+            raise ConfigTypeError(
+                f"A checkpoint id must be a str or a path (e.g. 'runs/step_100'), got {checkpoint_id!r} "
+                f"({type(checkpoint_id).__name__})."
+            )
         url = _URL.match(checkpoint_id)
         scheme = url.group(1).lower() if url is not None else None
         if scheme is not None and self._storage.handles_url(checkpoint_id):
@@ -408,7 +416,7 @@ class CheckpointManager:
             return
         first_scheme, first_id = self._first_id
         if scheme != first_scheme:
-            raise ValueError(
+            raise ConfigError(
                 f"Checkpoint id {checkpoint_id!r} is on {_store_name(scheme)}, but this manager's storage was "
                 f"picked by its first id {first_id!r} ({_store_name(first_scheme)}): a manager built without "
                 f"storage_config keeps the storage its first id selects (docs/storage.md). Use another "
@@ -437,6 +445,7 @@ class CheckpointManager:
             self._saver.settle_previous()  # a previous async save's unseen failure is refused on every rank
             _refuse_live_objects(payload)
             resolved.extend(resolve(payload, self.config.items, self.config.default, ctx.rank))
+            self._saver.refuse_unencodable(resolved)  # an async save encodes in its writer: refused here instead
             if self.config.load.weights_only:  # this manager's own load would refuse what torch's loader refuses
                 self._safe_load.warn_refused(resolved)
             metadata = self._metadata.extract_object_metadata(resolved) if self._metadata else None
@@ -487,6 +496,40 @@ class CheckpointManager:
         )
 
 
+def _validate_parts(config: CheckpointManager.Config) -> None:
+    """The loader, storage, writer-process and callback fields of `Config`."""
+    owner = "CheckpointManager.Config"
+    check_instance(owner, "load", config.load, CheckpointLoaderConfig, "Leave it unset for the default.")
+    _check_optional(
+        "storage_config",
+        config.storage_config,
+        StorageConfig,
+        "a StorageConfig (e.g. LocalFileSystemStorageConfig(), FsspecStorageConfig(url=...)), or None for the "
+        "local filesystem; a directory goes in the checkpoint id, not here",
+    )
+    _check_optional("retention", config.retention, RetentionPolicy, "a RetentionPolicy(keep_last=...) or None")
+    for name in ("subprocess_init_fn", "pre_finalize_callback", "finalize_callback"):
+        value = getattr(config, name)
+        if value is not None and not callable(value):
+            raise ConfigTypeError(
+                f"{owner}.{name} must be a function (importable, e.g. defined at module level) or None, got "
+                f"{value!r} ({type(value).__name__})."
+            )
+    if not isinstance(config.subprocess_init_args, (tuple, list)):
+        raise ConfigTypeError(
+            f"{owner}.subprocess_init_args must be a tuple of the arguments for subprocess_init_fn, got "
+            f"{config.subprocess_init_args!r} ({type(config.subprocess_init_args).__name__}); one argument x "
+            f"is (x,)."
+        )
+
+
+def _check_optional(name: str, value: Any, cls: type, what: str) -> None:
+    if value is not None and not isinstance(value, cls):
+        raise ConfigTypeError(
+            f"CheckpointManager.Config.{name} must be {what}, got {value!r} ({type(value).__name__})."
+        )
+
+
 def _unsupported_saver(save: Any) -> str:
     """API_SURFACE §2.2's refusal of `Config.save`, with the fix."""
     return (
@@ -499,7 +542,7 @@ def _unsupported_saver(save: Any) -> str:
 def _local_path(checkpoint_id: str) -> str:
     normal = posixpath.normpath(os.path.expanduser(checkpoint_id)) if checkpoint_id.strip() else ""
     if normal in ("", ".", "/", "..") or normal.endswith(("/..", "/.")):
-        raise ValueError(
+        raise ConfigError(
             f"Checkpoint id {checkpoint_id!r} names no directory of its own; pass a path such as 'runs/step_100'."
         )
     return normal
@@ -518,14 +561,14 @@ def _check_storage_takes(storage_config: StorageConfig, scheme: str | None, chec
     if scheme is not None:
         local = isinstance(storage_config, LocalFileSystemStorageConfig)
         why = f"it writes local paths, and would create a directory named '{scheme}:'" if local else "not its scheme"
-        raise ValueError(
+        raise ConfigError(
             f"Checkpoint id {checkpoint_id!r} is a {scheme}:// URL, but the configured storage ({name}) does not "
             f"take it ({why}). Configure a storage for {scheme}:// (CheckpointManager.Config.storage_config, e.g. "
             f"FsspecStorageConfig(url='{scheme}://bucket/prefix'); or leave it unset, and the first id picks the "
             f"storage: docs/storage.md), or pass an id of the configured storage."
         )
     if isinstance(storage_config, FsspecStorageConfig) and not storage_config.handles(checkpoint_id):
-        raise ValueError(
+        raise ConfigError(
             f"Checkpoint id {checkpoint_id!r} is a local path, but the configured storage ({name}) has no url root "
             f"to place it under. Pass a full URL ('{storage_config.protocol or 's3'}://bucket/run/step_100'), or "
             f"set FsspecStorageConfig.url."
@@ -589,12 +632,12 @@ def _refuse_live_objects(payload: Any) -> None:
         return  # resolve() names the problem
     for key, value in payload.items():
         if isinstance(value, torch.nn.Module):
-            raise TypeError(
+            raise ConfigTypeError(
                 f"Item '{key}' is a torch.nn.Module ({type(value).__name__}); save its state instead: pass "
                 f"model.state_dict() (and load into model.state_dict())."
             )
         if isinstance(value, torch.optim.Optimizer):
-            raise TypeError(
+            raise ConfigTypeError(
                 f"Item '{key}' is a torch.optim.Optimizer ({type(value).__name__}); save its state instead: pass "
                 f"optimizer.state_dict() (and restore with optimizer.load_state_dict())."
             )
@@ -631,8 +674,14 @@ def _step_of(checkpoint_id: str) -> int | None:
 
 
 def _checked_step(step: Any) -> int:
+    """A non-negative int: steps order checkpoints for `latest`, and an id's own trailing step is never negative."""
     if isinstance(step, bool) or not isinstance(step, int):
-        raise TypeError(f"save(step=...) must be an int, got {type(step).__name__}")
+        raise ConfigTypeError(f"save(step=...) must be an int (or None: the id's trailing number), got {step!r}.")
+    if step < 0:
+        raise ConfigError(
+            f"save(step={step}) is negative; a step orders checkpoints (latest_checkpoint() picks the highest): "
+            f"pass the training step (0 or more), or None to take the id's trailing number."
+        )
     return step
 
 
@@ -640,11 +689,11 @@ def _checked_metrics(metrics: Mapping[str, float] | None) -> dict[str, float] | 
     if metrics is None:
         return None
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"save(metrics=...) must be a Mapping of name -> float, got {type(metrics).__name__}")
+        raise ConfigTypeError(f"save(metrics=...) must be a Mapping of name -> float, got {type(metrics).__name__}")
     out: dict[str, float] = {}
     for name, value in metrics.items():
         if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"save(metrics=...): entry {name!r}: {value!r} must map a str to a number")
+            raise ConfigTypeError(f"save(metrics=...): entry {name!r}: {value!r} must map a str to a number")
         out[name] = float(value)
     return out
 

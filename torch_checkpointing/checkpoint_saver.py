@@ -28,10 +28,12 @@ from torch_checkpointing.checkpoint_writer import (
     refuse_unanswered,
     write_checkpoint,
 )
+from torch_checkpointing.codecs import refuse_before_handover
 from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
+from torch_checkpointing.pickling import dumps_value
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
@@ -60,6 +62,9 @@ class CheckpointSaver(ABC):
 
     def check_can_save(self, checkpoint_id: str) -> None:  # noqa: B027  (a hook: a sync save needs no lock)
         """Before a new save is planned: refuse one that could never start (it would wait for the caller)."""
+
+    def refuse_unencodable(self, items: list[ResolvedItem]) -> None:  # noqa: B027  (sync: the write refuses)
+        """Before a save is planned: raise what the encoding in a writer process would refuse later."""
 
     def writing(self, checkpoint_id: str) -> bool:
         """Whether this saver's write to that id is still in flight (sync saves are done when save() returns)."""
@@ -180,6 +185,13 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 f"save() after the with block (lock() is for in-place updates such as optimizer.step())."
             )
 
+    def refuse_unencodable(self, items: list[ResolvedItem]) -> None:
+        """A JSON item JSON cannot hold (or that would not load back) and a safetensors item whose names collide
+        are refused from save(), as a sync save refuses them, not through the Future once the writer encoded
+        them. Cheap: JSON items are small, and only safetensors names are compared, never bytes."""
+        for item in items:
+            refuse_before_handover(item.layout.serialization_format, item.key, item.value)
+
     def writing(self, checkpoint_id: str) -> bool:
         """Whether this saver's last write, still in flight, is to that id: a load of it then reads what the id
         held before (API_SURFACE: until the commit the old checkpoint stays loadable), or finds nothing there
@@ -272,10 +284,13 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def _fail_unanswered(self, plan: SavePlan, write: Future[Any], exc: BaseException) -> None:
         """A save this rank's writer will never answer: tell the other ranks (`refuse_unanswered`), then remove
         what was written into its temporary directory (by the dead writer, or by the other ranks)."""
-        error = refuse_unanswered(plan, exc)
-        if error is not exc or isinstance(exc, WriterProcessDied):
-            self._discard(plan)
-        self._fail(plan, write, error)
+        error = exc
+        try:
+            error = refuse_unanswered(plan, exc)
+            if error is not exc or isinstance(exc, WriterProcessDied):
+                self._discard(plan)
+        finally:  # whatever the report or the cleanup did, the Future resolves (its waiter would hang)
+            self._fail(plan, write, error)
 
     def _encode(self, plan: SavePlan, staged: Future[Any]) -> tuple[EncodedWrite, tuple[int, Any] | None]:
         """The write request, pickled for the pipe, and the slab it points into: everything that can fail
@@ -311,9 +326,20 @@ class AsyncCheckpointSaver(CheckpointSaver):
         """
         if plan.rank != 0:
             return
-        if self._storage is None:
-            self._storage = self._storage_config.create_storage()
-        Commit(self._storage, CommitTarget(plan.checkpoint_dir, plan.tmp_dir, plan.overwrite)).discard()
+        try:
+            if self._storage is None:
+                self._storage = self._storage_config.create_storage()
+            Commit(self._storage, CommitTarget(plan.checkpoint_dir, plan.tmp_dir, plan.overwrite)).discard()
+        except Exception as exc:
+            logger.error(
+                "Could not remove the temporary directory %s of the failed save of %s: %s: %s. Delete it by hand, "
+                "or run `torch-checkpointing gc %s` (it removes what dead saves left there).",
+                plan.tmp_dir,
+                plan.checkpoint_dir,
+                type(exc).__name__,
+                exc,
+                os.path.dirname(plan.tmp_dir.rstrip("/")) or ".",
+            )
 
     def prewarm(self, items: list[ResolvedItem]) -> None:
         if self._last_write is not None and not self._last_write.done():
@@ -499,9 +525,10 @@ def log_failed(plan: SavePlan, exc: BaseException) -> None:
 
 
 def _pickle_item(item: ResolvedItem) -> bytes:
-    """Plain pickle (not the tensor-sharing one): the caller's object is never moved to shared memory."""
+    """Not the tensor-sharing pickle: the caller's object is never moved to shared memory. `dumps_value`, not
+    plain pickle: a tensor of a dtype plain pickle cannot give back (uint16, float8_*, ...) still arrives whole."""
     try:
-        return pickle.dumps(item.value, protocol=pickle.HIGHEST_PROTOCOL)
+        return dumps_value(item.value)
     except Exception as exc:
         raise pickle.PicklingError(
             f"Item '{item.key}' (requires_copy=False) cannot be pickled for the async writer process: "

@@ -45,16 +45,20 @@ from torch_checkpointing.errors import (
 )
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.pickling import unpicklable
+from torch_checkpointing.safetensors_tree import _same_name as same_safetensors_name
 from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
 from torch_checkpointing.staging import as_written, meta_tensor_refusal
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import (
     NestingError,
     children,
+    dotted_key,
     flatten,
     is_container,
+    iter_leaves,
     join_key,
 )
+from torch_checkpointing.types import NestedPath
 
 if TYPE_CHECKING:
     from torch_checkpointing.source_reader import ReadStats, SourceFile
@@ -503,6 +507,31 @@ def codec_for(fmt: SerializationFormat, key: str | None = None) -> Codec:
         f"Unsupported serialization format{where}: {type(fmt).__name__}. Use one of "
         f"{', '.join(f.__name__ for f in CODECS)}."
     )
+
+
+def refuse_before_handover(fmt: SerializationFormat, key: str, value: Any) -> None:
+    """Raise what encoding `value` as `fmt` would raise, where finding out costs little next to the save: a
+    JSON item is encoded (JSON items are small), a safetensors item's names are compared (never its bytes). An
+    async save encodes in the writer process; this lets its save() refuse such an item, as a sync save does."""
+    if isinstance(fmt, JsonSerialization):
+        codec_for(fmt, key).encode(fmt, key, value, io.BytesIO())
+    elif isinstance(fmt, SafetensorsSerialization):
+        _check_safetensors_names(key, value)
+
+
+def _check_safetensors_names(key: str, value: Any) -> None:
+    """`flatten_tensors`' name check alone: it also makes every tensor contiguous on the CPU, which copies."""
+    seen: dict[str, NestedPath] = {}
+    try:
+        for path, _ in iter_leaves(value):
+            name = dotted_key(path)
+            if name in seen:
+                raise same_safetensors_name(key, name, seen[name], path)
+            seen[name] = path
+    except NestingError as exc:
+        raise exc.for_item(key) from None
+    except RecursionError:
+        raise _nested_too_deep("SafetensorsSerialization", key) from None
 
 
 def _json_text(key: str, value: Any) -> str:
