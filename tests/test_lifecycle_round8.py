@@ -23,9 +23,11 @@ import contextlib
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -277,17 +279,21 @@ if __name__ == "__main__":
 def _resources(tmp_path: Path, scenario: str) -> dict[str, Any]:
     script = tmp_path / "resources.py"
     script.write_text(_RESOURCES)
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
+    # A short TMPDIR of its own: multiprocessing's fd-sharing socket lives below it, and an AF_UNIX path has at
+    # most 107 bytes (a pytest-xdist worker's tmp_path left too few).
+    tmpdir = tempfile.mkdtemp(prefix="tc-", dir="/tmp")
     (tmp_path / "ck").mkdir()
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "ck"), scenario],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "TMPDIR": str(tmpdir)},
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / "ck"), scenario],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env={**os.environ, "TMPDIR": tmpdir},
+        )
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     line = next(x for x in done.stdout.splitlines() if x.startswith("REPORT "))
     return dict(json.loads(line[len("REPORT ") :]))
@@ -472,10 +478,17 @@ def test_a_save_config_of_the_wrong_type_is_refused_naming_the_field_and_leaks_n
     # Before: None / object() / "sync" gave AttributeError("... has no attribute 'wait_timeout_secs'"), and every
     # refused construction left the owner lock's descriptor open.
     CheckpointManager(CheckpointManager.Config.with_sync_save()).close()  # the owner-lock directory exists
-    before = _open_descriptors()
+    before = _file_descriptors()
     for _ in range(3):
         with pytest.raises(ConfigTypeError, match="Unsupported saver_config type") as caught:
             CheckpointManager(CheckpointManager.Config(save=bad))
         assert "Config.save" in str(caught.value) and "with_sync_save()" in str(caught.value)
     gc.collect()
-    assert _open_descriptors() == before
+    assert _file_descriptors() == before
+
+
+def _file_descriptors() -> list[str]:
+    """This process's descriptors of files (the owner lock's among them), without sockets and pipes: in a
+    pytest-xdist worker, earlier tests' managers still wind down on background threads, opening and closing
+    those while this test runs (a refused construction starts no process, so it has none of its own)."""
+    return [d for d in _open_descriptors() if not d.startswith(("socket:", "pipe:", "anon_inode:"))]

@@ -39,7 +39,11 @@ def test_a_failing_init_fn_fails_the_write_with_a_clear_error(tmp_path: Path) ->
         STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120), failing_init, ("boom",)
     )
     try:
-        with pytest.raises(RuntimeError, match="writer process failed to start.*__main__"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"failed to start: subprocess_init_fn .*failing_init.* raised in the writer process: "
+            r"RuntimeError: boom",
+        ):
             process.write(_request(tmp_path, "c"))
         assert not (tmp_path / "c").exists()
     finally:
