@@ -45,8 +45,7 @@ from torch_checkpointing.errors import (
 )
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.pickling import unpicklable
-from torch_checkpointing.safetensors_tree import _same_name as same_safetensors_name
-from torch_checkpointing.safetensors_tree import flatten_tensors, unflatten_to_target
+from torch_checkpointing.safetensors_tree import flatten_tensors, same_name_error, unflatten_to_target
 from torch_checkpointing.staging import as_written, meta_tensor_refusal
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import (
@@ -526,7 +525,7 @@ def _check_safetensors_names(key: str, value: Any) -> None:
         for path, _ in iter_leaves(value):
             name = dotted_key(path)
             if name in seen:
-                raise same_safetensors_name(key, name, seen[name], path)
+                raise same_name_error(key, name, seen[name], path)
             seen[name] = path
     except NestingError as exc:
         raise exc.for_item(key) from None

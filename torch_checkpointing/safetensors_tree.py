@@ -15,7 +15,7 @@ from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, 
 from torch_checkpointing.types import NestedPath
 from torch_checkpointing.walk_utils import MISSING
 
-__all__ = ["RESERVED_NAME", "flatten_tensors", "stores_dtype", "unflatten_to_target"]
+__all__ = ["RESERVED_NAME", "flatten_tensors", "same_name_error", "stores_dtype", "unflatten_to_target"]
 
 RESERVED_NAME = "__metadata__"
 """The header entry safetensors keeps for the file's str->str metadata: no tensor may take that name."""
@@ -29,7 +29,7 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
     for path, value in iter_leaves(data):
         name = dotted_key(path)
         if name in paths:
-            raise _same_name(item_key, name, paths[name], path)
+            raise same_name_error(item_key, name, paths[name], path)
         paths[name] = path
         value = _storable(join_key(item_key, name) if name else item_key, name, value)
         storage_id = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
@@ -40,7 +40,7 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
     return flat
 
 
-def _same_name(item_key: str, name: str, first: NestedPath, second: NestedPath) -> ValueError:
+def same_name_error(item_key: str, name: str, first: NestedPath, second: NestedPath) -> ValueError:
     """Two distinct paths one safetensors name would hold: the file keeps one tensor, the load gives one back."""
     return ValueError(
         f"SafetensorsSerialization: two leaves of item '{item_key}' flatten to the same key {name!r}: the paths "
