@@ -45,19 +45,16 @@ from torch_checkpointing.errors import (
 )
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.pickling import unpicklable
-from torch_checkpointing.safetensors_tree import flatten_tensors, same_name_error, unflatten_to_target
+from torch_checkpointing.safetensors_tree import flatten_tensors, named_leaves, unflatten_to_target
 from torch_checkpointing.staging import as_written, meta_tensor_refusal
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import (
     NestingError,
     children,
-    dotted_key,
     flatten,
     is_container,
-    iter_leaves,
     join_key,
 )
-from torch_checkpointing.types import NestedPath
 
 if TYPE_CHECKING:
     from torch_checkpointing.source_reader import ReadStats, SourceFile
@@ -520,13 +517,9 @@ def refuse_before_handover(fmt: SerializationFormat, key: str, value: Any) -> No
 
 def _check_safetensors_names(key: str, value: Any) -> None:
     """`flatten_tensors`' name check alone: it also makes every tensor contiguous on the CPU, which copies."""
-    seen: dict[str, NestedPath] = {}
     try:
-        for path, _ in iter_leaves(value):
-            name = dotted_key(path)
-            if name in seen:
-                raise same_name_error(key, name, seen[name], path)
-            seen[name] = path
+        for _ in named_leaves(value, key):
+            pass
     except NestingError as exc:
         raise exc.for_item(key) from None
     except RecursionError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -15,7 +15,7 @@ from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, 
 from torch_checkpointing.types import NestedPath
 from torch_checkpointing.walk_utils import MISSING
 
-__all__ = ["RESERVED_NAME", "flatten_tensors", "same_name_error", "stores_dtype", "unflatten_to_target"]
+__all__ = ["RESERVED_NAME", "flatten_tensors", "named_leaves", "same_name_error", "stores_dtype", "unflatten_to_target"]
 
 RESERVED_NAME = "__metadata__"
 """The header entry safetensors keeps for the file's str->str metadata: no tensor may take that name."""
@@ -24,13 +24,8 @@ RESERVED_NAME = "__metadata__"
 def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
     """Dotted keys for every tensor leaf; DTensors become their local shard; every tensor contiguous."""
     flat: dict[str, torch.Tensor] = {}
-    paths: dict[str, NestedPath] = {}
     seen_storage: set[tuple[int, int]] = set()
-    for path, value in iter_leaves(data):
-        name = dotted_key(path)
-        if name in paths:
-            raise same_name_error(item_key, name, paths[name], path)
-        paths[name] = path
+    for name, value in named_leaves(data, item_key):
         value = _storable(join_key(item_key, name) if name else item_key, name, value)
         storage_id = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
         if value.numel() and storage_id in seen_storage:
@@ -38,6 +33,17 @@ def flatten_tensors(data: Any, item_key: str = "") -> dict[str, torch.Tensor]:
         seen_storage.add(storage_id)
         flat[name] = value
     return flat
+
+
+def named_leaves(data: Any, item_key: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf with the dotted name a file gives it; two paths that one name would hold are refused."""
+    paths: dict[str, NestedPath] = {}
+    for path, value in iter_leaves(data):
+        name = dotted_key(path)
+        if name in paths:
+            raise same_name_error(item_key, name, paths[name], path)
+        paths[name] = path
+        yield name, value
 
 
 def same_name_error(item_key: str, name: str, first: NestedPath, second: NestedPath) -> ValueError:
