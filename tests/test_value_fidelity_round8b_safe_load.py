@@ -7,7 +7,6 @@ warning, and the default load of that checkpoint raised `RefusedPickleError`.
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,10 +15,9 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
+from tests.test_safe_load_warning import _save
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.errors import RefusedPickleError
-
-ABOUT = "which the default load of this checkpoint will refuse"
 
 
 class Point(NamedTuple):
@@ -49,15 +47,6 @@ def manager(request: pytest.FixtureRequest) -> Iterator[CheckpointManager]:
     m = CheckpointManager(presets[request.param]())
     yield m
     m.close()
-
-
-def _save(manager: CheckpointManager, path: Path, payload: dict[str, Any]) -> list[str]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fut = manager.save(str(path), payload)
-        if fut is not None:
-            fut.result(timeout=120)
-    return [str(w.message) for w in caught if ABOUT in str(w.message)]
 
 
 @pytest.mark.parametrize(("make", "name"), REFUSED, ids=[n.rsplit(".", 1)[1] for _, n in REFUSED])
