@@ -14,12 +14,24 @@ from pathlib import Path
 from simulator.plan import DEFAULT_SCENARIOS, SCENARIOS, Plan
 
 _ARROWS = re.compile(r"\s*(?:→|->|:)\s*")
+# Every rank is a trainer process plus its checkpoint writer, each importing torch, on this one machine.
+MAX_RANKS = 64
 
 
 def _positive(text: str, what: str, full: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{what} {full!r}: {text!r} is not a positive whole number")
     return int(text)
+
+
+def _launchable(ranks: int, what: str, full: str) -> int:
+    if ranks > MAX_RANKS:
+        raise argparse.ArgumentTypeError(
+            f"{what} {full!r}: {ranks} ranks is more than this one-machine simulator launches (at most "
+            f"{MAX_RANKS}: each rank is a process with its own writer); for planning at thousands of ranks, "
+            "run the benchmarks' scale section (python -m benchmarks --sections scale), which launches nothing"
+        )
+    return ranks
 
 
 def _redirect_hint(save: str, flag: str = "--world", cwd: Path | None = None) -> str:
@@ -53,13 +65,14 @@ def parse_world(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(_redirect_hint(stripped[:-1].strip()))
     parts = _ARROWS.split(text.strip())
     if len(parts) == 1:
-        n = _positive(parts[0], "--world", text)
+        n = _launchable(_positive(parts[0], "--world", text), "--world", text)
         return n, n
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(
             f"--world {text!r}: expected SAVE→LOAD (also SAVE->LOAD or SAVE:LOAD) or a single N, e.g. 4→8"
         )
-    return _positive(parts[0], "--world", text), _positive(parts[1], "--world", text)
+    save, load = (_launchable(_positive(p, "--world", text), "--world", text) for p in parts)
+    return save, load
 
 
 def _parse_mesh_shape(text: str, full: str) -> tuple[int, ...]:
@@ -81,6 +94,8 @@ def parse_mesh(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         raise argparse.ArgumentTypeError(
             f"--mesh {text!r}: both sides need the same number of dimensions (1 or 2), e.g. 2x2→2x4"
         )
+    for mesh in meshes:
+        _launchable(prod(mesh), "--mesh", text)
     return meshes[0], meshes[1]
 
 

@@ -30,6 +30,14 @@ def test_bad_world_names_the_flag_and_the_value(text: str) -> None:
         parse_world(text)
 
 
+@pytest.mark.parametrize(("parse", "text"), [(parse_world, "9999"), (parse_world, "4→65"), (parse_mesh, "2x2→16x8")])
+def test_more_ranks_than_one_machine_launches_is_refused_before_anything_starts(parse: object, text: str) -> None:
+    # 9999 ranks used to start launching and die with "OSError: Too many open files" and a traceback.
+    with pytest.raises(argparse.ArgumentTypeError, match=r"at most 64.*--sections scale"):
+        parse(text)  # type: ignore[operator]
+    assert parse_world("64") == (64, 64)
+
+
 def test_mesh_parses_two_dimensional_shapes_and_rejects_mismatched_ranks() -> None:
     assert parse_mesh("2x2→2x4") == ((2, 2), (2, 4))
     assert parse_mesh("2x3") == ((2, 3), (2, 3))
