@@ -162,7 +162,7 @@ class Storage(ABC):
         try:
             self.rename(src, dst, is_directory=True)
         except BaseException:
-            self.rename(aside, dst, is_directory=True)  # put the old checkpoint back under its id
+            self._put_back(aside, dst)
             raise
         try:
             self.rmdir(aside)
@@ -172,6 +172,27 @@ class Storage(ABC):
                 dst,
                 aside,
                 exc,
+            )
+
+    def _put_back(self, aside: Path, dst: Path) -> None:
+        """Move the displaced checkpoint back under its id after a failed swap; a failure here is a WARNING.
+
+        The swap's own error is the one the caller raises; if this rename fails too, the old checkpoint is
+        intact but hidden at `aside`, and only this message says where it is and how to get it back.
+        """
+        try:
+            self.rename(aside, dst, is_directory=True)
+        except Exception as exc:
+            _log.warning(
+                "Checkpoint %s could not be put back under its id after a failed replace: it is intact at %s, but "
+                "moving it back failed (%s). Remove whatever is at %s now, then rename %s to %s (gc does that "
+                "once nothing is at the id and this process is gone).",
+                dst,
+                aside,
+                exc,
+                dst,
+                aside,
+                dst,
             )
 
     def glob(self, pattern: str) -> list[str]:
