@@ -50,7 +50,22 @@ MiB = 1 << 20
 # S3 refuses multipart parts under 5 MiB (all but the last); GCS and the others accept them too.
 MIN_PART_SIZE = 5 * MiB
 _READ_ATTEMPTS = 3  # a small object read whole: tries when it changes between its HEADs
+_DELETE_BATCH = 1000  # S3's limit of keys per DeleteObjects request
 MAX_PARTS = 10_000  # S3's limit per multipart upload: the largest file is part_size * MAX_PARTS (156 GiB at 16 MiB)
+# What to do when the store refuses a request, by its S3 error code: appended to the ObjectStoreError.
+_CREDENTIALS = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or storage_options 'key' / 'secret')"
+_FIXES = {
+    "NoSuchBucket": "the bucket does not exist: create it, or fix the bucket name in the checkpoint id or url",
+    "AccessDenied": (
+        "these credentials may not do this here: grant them s3:GetObject, s3:PutObject, s3:DeleteObject and "
+        "s3:ListBucket on the bucket (its policy or the role's), or use credentials that have them"
+    ),
+    "AllAccessDisabled": "all access to this bucket is disabled: use another bucket",
+    "InvalidAccessKeyId": f"the store does not know this access key: check {_CREDENTIALS} and AWS_ENDPOINT_URL",
+    "SignatureDoesNotMatch": f"the secret does not match the access key: check {_CREDENTIALS}",
+    "ExpiredToken": "the session token has expired: refresh the credentials (AWS_SESSION_TOKEN, the role)",
+    "InvalidToken": "the session token is malformed: check AWS_SESSION_TOKEN (or storage_options 'token')",
+}
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 # Stores where a "directory" is only a key prefix: mkdir is a no-op there.
@@ -445,7 +460,7 @@ class FsspecStorage(Storage):
                 backend.io.rm_file(manifest)
             rest = [k for k in keys if k not in (manifest, marker)]
             if rest:
-                backend.io.rm(rest)
+                _delete_all(backend, rest)  # the marker stays if any is kept: gc collects the prefix later
             if marker in keys:
                 backend.io.rm_file(marker)
             backend.fs.invalidate_cache()
@@ -475,7 +490,7 @@ class FsspecStorage(Storage):
             for k in keys:
                 fs.copy(k, dst + k[len(src) :])
             if keys:
-                fs.rm(keys)
+                _delete_all(backend, keys)
         fs.invalidate_cache()
 
     def replace_directory(self, src: Path, dst: Path) -> None:
@@ -671,6 +686,43 @@ def _objects_under(backend: _Backend, key: str, include_self: bool = False) -> l
     return [k for k in found if k.startswith(key + "/") or (include_self and k == key)]
 
 
+def _delete_all(backend: _Backend, keys: list[str]) -> None:
+    """Delete `keys` in bulk (1000 a request on S3); raise naming every object the store kept.
+
+    s3fs's bulk delete drops the per-key errors S3 answers with status 200 (a bucket policy or role that
+    denies s3:DeleteObject): the objects stayed while the caller went on as if they were gone, and removed
+    the `.incomplete` marker that let gc find them.
+    """
+    if not backend.is_s3:
+        backend.io.rm(keys)
+        return
+    kept: list[str] = []
+    try:
+        for start in range(0, len(keys), _DELETE_BATCH):
+            kept += _delete_batch(backend, keys[start : start + _DELETE_BATCH])
+    finally:
+        backend.fs.invalidate_cache()
+    if kept:
+        more = " ..." if len(kept) > 5 else ""
+        raise _KeptObjects(
+            f"the store kept {len(kept)} of {len(keys)} objects ({', '.join(kept[:5])}{more})"
+            f": let these credentials delete objects in the bucket (s3:DeleteObject in its policy or the role's), "
+            f"then delete the prefix again (FsspecStorage.rmdir, or `aws s3 rm --recursive`)"
+        )
+
+
+def _delete_batch(backend: _Backend, keys: list[str]) -> list[str]:
+    """One DeleteObjects request (keys of one bucket); the objects it did not delete, with the store's reason."""
+    bucket = backend.fs.split_path(keys[0])[0]
+    objects = [{"Key": backend.fs.split_path(k)[1]} for k in keys]
+    out = backend.io.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
+    return [f"{bucket}/{e.get('Key')} ({e.get('Code')}: {e.get('Message')})" for e in out.get("Errors", [])]
+
+
+class _KeptObjects(OSError):
+    """Raised inside an error scope: a bulk delete answered, but left some objects in place."""
+
+
 # ---------------------------------------------------------------------- helpers
 
 
@@ -697,6 +749,9 @@ class _ErrorScope:
         reason = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError says nothing by itself
             reason += " (no answer within FsspecStorageConfig.request_timeout_s, or the client's own timeouts)"
+        code = _error_code(exc)
+        if code in _FIXES:
+            reason += f" ({code}: {_FIXES[code]})"
         error = ObjectStoreError(f"{self.what} failed: {reason}")
         logger.warning("%s", error)
         raise error from exc
