@@ -5,14 +5,20 @@
 * more than 1000 objects under one prefix: listing paginates, a delete of them all takes several requests;
 * a store that answers a bulk delete with per-key errors (status 200, as S3 does when a bucket policy denies
   s3:DeleteObject), served by a real HTTP proxy in front of moto: the delete fails naming the kept objects;
-* refusals that name their fix: a bucket that does not exist, denied access, an unknown access key.
+* refusals that name their fix: a bucket that does not exist, denied access, an unknown access key;
+* the server process SIGKILLed while a multipart upload is in flight, then restarted on the same port.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 import socket
+import subprocess
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,8 +28,8 @@ import pytest
 import torch
 
 from tests.s3_faults import FaultProxy, Rule, _closing, _read_head
-from tests.s3_server import TEST_PART_SIZE, S3Server
-from tests.test_s3_attacks import BOUND_S, state, sync_manager, through_proxy
+from tests.s3_server import TEST_PART_SIZE, S3Server, SlowPartsStorageConfig, start_s3_server
+from tests.test_s3_attacks import BOUND_S, fast_failing, state, sync_manager, through_proxy
 from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints
 from torch_checkpointing.errors import IncompleteCheckpointError, ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
@@ -178,8 +184,9 @@ def test_a_delete_the_store_refuses_per_key_fails_naming_the_objects_and_keeps_t
         message = str(refused.value)
         assert "AccessDenied" in message and "s3:DeleteObject" in message and "run/step_1/model_0.pt" in message
         assert message in caplog.text
-        with pytest.raises(ObjectStoreError, match=r"run/step_2"):
+        with pytest.raises(ObjectStoreError, match=r"run/step_2") as kept:
             denied.rename(Path("run/step_2"), Path("run/.step_2.trash"), is_directory=True)
+        assert "run/.step_2.trash" in str(kept.value)  # the copy that now exists beside it is named too
     # The refused delete left an unfinished save that readers refuse and gc can find, not anonymous files.
     assert INCOMPLETE_MARKER in plain.ls(Path("run/step_1"))
     with sync_manager(config) as manager, pytest.raises(IncompleteCheckpointError):
@@ -221,3 +228,71 @@ def test_refused_credentials_name_the_fix_and_the_earlier_checkpoint_stays(
         with pytest.raises((IncompleteCheckpointError, FileNotFoundError)):
             manager.load("run/step_2")
         torch.testing.assert_close(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])
+
+
+# ------------------------------------------------------------------------------------------ a server killed mid-save
+
+
+def _restart_on(endpoint: str, log_dir: Path) -> subprocess.Popen[bytes]:
+    """A new moto process on the port of one that was killed (its objects died with it: moto keeps no disk)."""
+    port = endpoint.rsplit(":", 1)[1]
+    with open(log_dir / "moto-restarted.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port], stdout=log, stderr=subprocess.STDOUT
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", int(port)), timeout=1):
+            return process
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"moto did not restart on port {port}")
+
+
+def test_a_server_killed_mid_upload_fails_the_save_naming_the_object_and_a_restarted_one_takes_the_next(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGKILL of the server process while a multipart upload is in flight: the save fails within the bound with
+    an ObjectStoreError naming the object (and logged); after a restart the same manager saves and loads."""
+    server = start_s3_server(os.fspath(tmp_path))
+    restarted: subprocess.Popen[bytes] | None = None
+    try:
+        bucket = server.config().url.split("://", 1)[1]
+        signal_file = tmp_path / "part-up"
+        config = SlowPartsStorageConfig(
+            url=f"s3://{bucket}",
+            storage_options=fast_failing(server.storage_options()),
+            part_size=TEST_PART_SIZE,
+            signal_file=os.fspath(signal_file),
+            part_delay_s=0.5,
+        )
+        caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+        with sync_manager(config) as manager:
+            killer = threading.Thread(target=_kill_when, args=(signal_file, server.process), daemon=True)
+            killer.start()
+            start = time.monotonic()
+            with pytest.raises(ObjectStoreError, match=rf"s3://{bucket}/run/step_1/model_0\.pt") as failed:
+                manager.save("run/step_1", state(1.0, n=TEST_PART_SIZE))  # 4 parts: the kill lands mid-upload
+            assert time.monotonic() - start < BOUND_S
+            killer.join(10)
+            assert str(failed.value) in caplog.text
+            restarted = _restart_on(server.endpoint, tmp_path)
+            server.make_bucket(bucket)
+            signal_file.unlink()
+            manager.save("run/step_2", state(2.0))
+            assert _w(manager.load("run/step_2")) == 2.0
+            with pytest.raises((IncompleteCheckpointError, FileNotFoundError)):
+                manager.load("run/step_1")
+    finally:
+        server.stop()
+        if restarted is not None:
+            restarted.terminate()
+            restarted.wait(10)
+
+
+def _kill_when(signal_file: Path, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not signal_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.kill()
+    process.wait(10)

@@ -481,7 +481,7 @@ class FsspecStorage(Storage):
         if other is not backend:
             raise ValueError(f"cannot rename across stores: {self.remap_path(src_path)} -> {self.remap_path(dst_path)}")
         fs = backend.io
-        with self._errors("copy of", src_path):
+        with self._errors(f"rename (copy, then delete) of {self.remap_path(src_path)} to", dst_path):
             if not is_directory:
                 fs.copy(src, dst)
                 fs.rm_file(src)
