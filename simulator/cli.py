@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
+import math
+import os
 import re
 import sys
 import tempfile
@@ -187,8 +191,12 @@ def plan_from_args(args: argparse.Namespace, root: str) -> Plan:
     else:
         worlds = parse_world(args.world or "4→8")
         save_mesh, load_mesh = (worlds[0],), (worlds[1],)
-    if args.timeout <= 0:
-        raise argparse.ArgumentTypeError(f"--timeout {args.timeout}: must be positive seconds")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise argparse.ArgumentTypeError(f"--timeout {args.timeout}: must be a positive, finite number of seconds")
+    if not math.isfinite(args.write_delay) or args.write_delay < 0:
+        raise argparse.ArgumentTypeError(
+            f"--write-delay {args.write_delay}: must be zero or a positive, finite number of seconds"
+        )
     storage_url = parse_storage_url(getattr(args, "storage_url", None))
     return Plan(
         backend=args.backend,
@@ -236,28 +244,75 @@ def run_prefix(url: str) -> str:
     return f"{url}/simulator-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before anything is launched, a run whose results could not be written at the end."""
+    keep: Path | None = args.keep
+    if keep is not None and keep.exists() and not keep.is_dir():
+        raise argparse.ArgumentTypeError(f"--keep {str(keep)!r}: exists and is not a directory; name a directory")
+    report: Path | None = args.json
+    if report is not None:
+        parent = report.parent if str(report.parent) else Path(".")
+        if report.is_dir():
+            raise argparse.ArgumentTypeError(f"--json {str(report)!r}: is a directory; name a file to write")
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise argparse.ArgumentTypeError(
+                f"--json {str(report)!r}: {str(parent)!r} is not a writable directory; create it or name another path"
+            )
+
+
+def check_backend(name: str) -> None:
+    """A backend that is not importable fails here, not as every scenario failing on every rank."""
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as exc:
+        found = None
+        reason = f" ({type(exc).__name__}: {exc})"
+    else:
+        reason = ""
+    if found is None:
+        raise argparse.ArgumentTypeError(
+            f"--backend {name!r}: no importable module of that name{reason}; install the package that "
+            "implements the API, or leave --backend out for torch_checkpointing"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from simulator.run import run_plan  # deferred: --help must not import torch
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        check_outputs(args)
+        check_backend(args.backend)
+        plan = plan_from_args(args, root="")
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        parser.error(str(exc))
     keep: Path | None = args.keep
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         root = str(keep.resolve())
     else:
         root = tempfile.mkdtemp(prefix="simulator-")
+    plan = dataclasses.replace(plan, root=root)
     try:
-        plan = plan_from_args(args, root)
-    except (argparse.ArgumentTypeError, ValueError) as exc:
-        parser.error(str(exc))
-    report = run_plan(plan, timeout=args.timeout, out=sys.stdout, keep=keep is not None)
-    if args.json is not None:
-        args.json.write_text(report.to_json())
-    if keep is None:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
-    else:
+        report = run_plan(plan, timeout=args.timeout, out=sys.stdout, keep=keep is not None)
+        if args.json is not None:
+            args.json.write_text(report.to_json())
+    finally:
+        if keep is None:
+            _remove_run_directory(root)
+    if keep is not None:
         print(f"checkpoints kept under {plan.checkpoints_at}")
     return 0 if report.passed else 1
+
+
+def _remove_run_directory(root: str) -> None:
+    import shutil
+
+    def report(path: str, exc: BaseException) -> None:
+        print(f"warning: could not remove {path} ({exc}); delete {root} by hand", file=sys.stderr)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(root, onexc=lambda _f, path, exc: report(path, exc))
+    else:
+        shutil.rmtree(root, onerror=lambda _f, path, info: report(path, info[1]))

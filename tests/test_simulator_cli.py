@@ -121,3 +121,38 @@ def test_the_file_bash_created_supplies_the_load_size_in_the_hint(tmp_path: Path
 def test_an_unquoted_mesh_arrow_gets_the_same_hint() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"--mesh 2x2-: .*quote the argument: '2x2->"):
         parse_mesh("2x2-")
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--timeout", "0"], "--timeout"),
+        (["--timeout", "nan"], "--timeout"),
+        (["--timeout", "inf"], "--timeout"),
+        (["--write-delay", "-1"], "--write-delay"),
+        (["--backend", "no_such_backend_module"], "--backend"),
+        (["--json", "{tmp}/missing/report.json"], "--json"),
+        (["--json", "{tmp}"], "--json"),
+        (["--keep", "{tmp}/a-file"], "--keep"),
+    ],
+)
+def test_a_run_that_could_not_finish_or_report_is_refused_before_launching(
+    tmp_path: Path, extra: list[str], named: str
+) -> None:
+    # Each used to launch ranks: `nan`/`inf` timeouts and negative delays ran, an unimportable backend failed
+    # every check on every rank, and an unwritable --json or a file given as --keep ended in a traceback
+    # after the whole run.
+    (tmp_path / "a-file").write_text("not a directory")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "simulator", "--world", "1", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert named in out.stderr and "Traceback" not in out.stderr
+    assert (tmp_path / "a-file").read_text() == "not a directory"
+    assert not list(tmp_path.glob("simulator-*")), "a refused run left its temporary directory behind"
