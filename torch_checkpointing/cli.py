@@ -34,6 +34,7 @@ from torch_checkpointing.discovery import (
     default_storage,
     list_checkpoints,
     require_directory,
+    resume_point,
 )
 from torch_checkpointing.distributed_metadata import DistributedMetadata, read_distributed_metadata
 from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
@@ -42,9 +43,9 @@ from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext,
 from torch_checkpointing.retention import (
     DEFAULT_UNOWNED_AGE_S,
     RetentionPolicy,
-    apply_retention,
     check_age,
     collect_garbage,
+    prune,
 )
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 from torch_checkpointing.traversal import flatten
@@ -213,6 +214,7 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     root = args.root
     require_directory(storage, Path(root), _ROOT)
     found = list_checkpoints(root, storage)
+    latest, damaged = resume_point(found, storage)
     gc = collect_garbage(root, storage, dry_run=True, unowned_after_s=args.older_than)
     verdicts = [(lo, "removable by gc") for lo in gc.removed] + [(lo, f"kept: {why}") for lo, why in gc.kept]
     verdicts.sort(key=lambda t: t[0].path)
@@ -220,6 +222,8 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         {
             "root": str(root),
             "checkpoints": [c.to_dict() for c in found],
+            "latest": None if latest is None else latest.path,
+            "damaged": [{"path": c.path, "name": c.name, "problem": why} for c, why in damaged],
             "leftovers": [{**lo.to_dict(), "gc": v} for lo, v in verdicts],
         }
     )
@@ -232,11 +236,26 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         ["NAME", "STEP", "COMMITTED", "RANKS", "SIZE", "METRICS"],
         rows,
     )
+    _show_resume_point(ui, latest, damaged)
     if verdicts:
         owner = {True: "alive", False: "dead", None: "unknown"}
         rows = [[Path(lo.path).name, lo.kind, owner[lo.owner_alive], _human(lo.total_bytes), v] for lo, v in verdicts]
         ui.table("Leftovers", ["DIRECTORY", "KIND", "OWNER", "SIZE", "GC"], rows)
     return EXIT_OK
+
+
+def _show_resume_point(ui: Ui, latest: CheckpointInfo | None, damaged: list[tuple[CheckpointInfo, str]]) -> None:
+    """When the newest rows are damaged: why, and which row a resume loads. The last row of the table is what an
+    operator reads as "latest", and a load refuses a checkpoint whose recorded files are gone or resized. (An
+    intact root prints nothing more: its last row is the resume point.)"""
+    if not damaged:
+        return
+    for c, why in damaged:
+        ui.line(f"DAMAGED {c.name}: not a resume point: {why}")
+    if latest is not None:
+        ui.line(f"resume point (what latest_checkpoint returns): {latest.name}")
+    else:
+        ui.line("no intact checkpoint: every committed one is damaged (torch-checkpointing verify names the files)")
 
 
 def _s(v: Any) -> str:
@@ -565,11 +584,16 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     if not policy.active:
         raise ValueError("prune needs at least one of --keep-last, --keep-every-n-steps, --keep-best")
     require_directory(storage, Path(args.root), _ROOT)
-    doomed = apply_retention(args.root, policy, storage, dry_run=args.dry_run)
-    ui.emit_json({"root": args.root, "dry_run": args.dry_run, "deleted": [c.to_dict() for c in doomed]})
+    report = prune(args.root, policy, storage, dry_run=args.dry_run)
+    failed = [{**c.to_dict(), "reason": why} for c, why in report.failed]
+    ui.emit_json(
+        {"root": args.root, "dry_run": args.dry_run, "deleted": [c.to_dict() for c in report.deleted], "failed": failed}
+    )
     verb = "would delete" if args.dry_run else "deleted"
-    ui.line(f"{verb} {len(doomed)} checkpoint(s): {', '.join(c.name for c in doomed) or '-'}")
-    return EXIT_OK
+    ui.line(f"{verb} {len(report.deleted)} checkpoint(s): {', '.join(c.name for c in report.deleted) or '-'}")
+    for c, why in report.failed:
+        ui.line(f"NOT DELETED {c.name}: {why}")
+    return EXIT_NO if report.failed else EXIT_OK
 
 
 # ------------------------------------------------------------------------------------------------ export

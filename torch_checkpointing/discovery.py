@@ -43,6 +43,7 @@ __all__ = [
     "list_leftovers",
     "newest_intact",
     "require_directory",
+    "resume_point",
     "self_describing_layouts",
     "still_there",
 ]
@@ -300,13 +301,24 @@ _REPLACED_RETRIES = 5
 
 def newest_intact(checkpoints: list[CheckpointInfo], storage: Storage) -> CheckpointInfo | None:
     """The last of `checkpoints` (sorted oldest first) that `damage` finds nothing wrong with."""
+    return resume_point(checkpoints, storage)[0]
+
+
+def resume_point(
+    checkpoints: list[CheckpointInfo], storage: Storage
+) -> tuple[CheckpointInfo | None, list[tuple[CheckpointInfo, str]]]:
+    """(the newest intact one of `checkpoints`, sorted oldest first, or None; the newer ones it passed over,
+    newest first, each with what is wrong with it): a listing that shows those as the newest rows must say so.
+    """
+    passed_over: list[tuple[CheckpointInfo, str]] = []
     for listed in reversed(checkpoints):
         info, problem = _intact_now(listed, storage)
         if problem is None:
-            return info
+            return info, passed_over
         if info is not None:
             logger.warning("Skipping checkpoint %s as a resume point: %s", info.path, problem)
-    return None
+            passed_over.append((info, problem))
+    return None, passed_over
 
 
 def _intact_now(info: CheckpointInfo, storage: Storage) -> tuple[CheckpointInfo | None, str | None]:

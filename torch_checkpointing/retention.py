@@ -42,12 +42,14 @@ from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
     "GcReport",
+    "PruneReport",
     "RetentionPolicy",
     "RetentionRunner",
     "apply_retention",
     "check_age",
     "collect_garbage",
     "delete_checkpoint",
+    "prune",
     "select_for_deletion",
 ]
 
@@ -145,11 +147,22 @@ def delete_checkpoint(
     re-used the id and committed since the listing must not be deleted in its place. One that another process
     (a second retention pass, an operator's `prune`) deleted meanwhile is no failure: False, at INFO.
     """
-    storage = storage or default_storage()
-    src = Path(path)
+    return _delete(Path(path), storage or default_storage(), expected).deleted
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What one deletion did; `failure` says why a checkpoint the policy does not keep is still there (None
+    when it was deleted, or when it is no longer the one listed: deleted or re-saved by another process)."""
+
+    deleted: bool
+    failure: str | None = None
+
+
+def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Outcome:
     if expected is not None and not _still(storage, src, expected):
         logger.info("Retention left %s alone: it was re-saved or deleted since it was listed", src)
-        return False
+        return _Outcome(False)
     try:
         foreign = files_not_listed(storage, src)
     except OSError as exc:
@@ -157,29 +170,35 @@ def delete_checkpoint(
     if foreign:  # what save() refuses to replace, retention refuses to delete
         if _gone(storage, src):  # its manifest vanished with it: nothing there is foreign, nothing is left
             return _not_deleted(storage, src, "")
-        logger.warning(
-            "Retention left checkpoint %s alone: it also holds files that are not part of it (%s%s); deleting it "
-            "would delete them. Move them out, or delete the directory yourself.",
-            src,
-            ", ".join(foreign[:5]),
-            " ..." if len(foreign) > 5 else "",
+        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        why = (
+            f"it also holds files that are not part of it ({shown}); deleting it would delete them. Move them out, "
+            f"or delete the directory yourself"
         )
-        return False
+        logger.warning("Retention left checkpoint %s alone: %s.", src, why)
+        return _Outcome(False, why)
     trash = _trash_name(src)
     try:
         storage.rename(src, trash, is_directory=True)
     except OSError as exc:
         return _not_deleted(storage, src, f"rename failed: {exc}")
     if expected is not None and not _still(storage, trash, expected):
-        # Lost a race with a commit that swapped a new checkpoint in between the check and the rename: put it back.
-        try:
-            storage.rename(trash, src, is_directory=True)
-            logger.info("Retention left %s alone: it was re-saved while being deleted", src)
-        except OSError as exc:
-            logger.warning("Retention moved a re-saved %s to %s and could not move it back (%s)", src, trash, exc)
-        return False
+        return _put_back(storage, trash, src)
     _sync_parent(storage, src)
-    return _remove(storage, trash, f"checkpoint {src}") is not False  # it is no checkpoint any more either way
+    _remove(storage, trash, f"checkpoint {src}")  # it is no checkpoint any more either way; gc retries a failure
+    return _Outcome(True)
+
+
+def _put_back(storage: Storage, trash: Path, src: Path) -> _Outcome:
+    """Lost a race with a commit that swapped a new checkpoint in between the check and the rename."""
+    try:
+        storage.rename(trash, src, is_directory=True)
+    except OSError as exc:
+        why = f"a re-saved {src} was moved to {trash} and could not be moved back ({exc}): rename it back by hand"
+        logger.warning("Retention %s", why)
+        return _Outcome(False, why)
+    logger.info("Retention left %s alone: it was re-saved while being deleted", src)
+    return _Outcome(False)
 
 
 def _gone(storage: Storage, path: Path) -> bool:
@@ -187,13 +206,13 @@ def _gone(storage: Storage, path: Path) -> bool:
     return not still_there(storage, path)
 
 
-def _not_deleted(storage: Storage, src: Path, why: str) -> bool:
-    """False, logged: at INFO when another process deleted `src` first (the goal is met), else at WARNING."""
+def _not_deleted(storage: Storage, src: Path, why: str) -> _Outcome:
+    """Not deleted, logged: at INFO when another process deleted `src` first (the goal is met), else at WARNING."""
     if _gone(storage, src):
         logger.info("Retention found %s already gone: another process deleted it meanwhile", src)
-    else:
-        logger.warning("Retention could not delete checkpoint %s (%s); it is left as it was", src, why)
-    return False
+        return _Outcome(False)
+    logger.warning("Retention could not delete checkpoint %s (%s); it is left as it was", src, why)
+    return _Outcome(False, why or "it could not be deleted")
 
 
 def _still(storage: Storage, path: Path, expected: CheckpointInfo) -> bool:
@@ -227,6 +246,22 @@ def apply_retention(
     root: str | os.PathLike[str], policy: RetentionPolicy, storage: Storage | None = None, *, dry_run: bool = False
 ) -> list[CheckpointInfo]:
     """Delete the committed checkpoints under `root` that `policy` does not keep; returns those (to be) deleted."""
+    return prune(root, policy, storage, dry_run=dry_run).deleted
+
+
+@dataclass
+class PruneReport:
+    """What a retention pass did: the checkpoints (to be) deleted, and those the policy does not keep that are
+    still there, each with why (foreign files inside, a failed rename), so that `prune` can exit non-zero."""
+
+    deleted: list[CheckpointInfo] = field(default_factory=list)
+    failed: list[tuple[CheckpointInfo, str]] = field(default_factory=list)
+
+
+def prune(
+    root: str | os.PathLike[str], policy: RetentionPolicy, storage: Storage | None = None, *, dry_run: bool = False
+) -> PruneReport:
+    """`apply_retention`, reporting the deletions that failed as well as those done."""
     storage = storage or default_storage()
     found = list_checkpoints(root, storage)
     doomed = select_for_deletion(found, policy)
@@ -234,8 +269,15 @@ def apply_retention(
         resume = newest_intact(found, storage)  # only worth its stats when something is to be deleted
         doomed = select_for_deletion(found, policy, protect=() if resume is None else (resume.path,))
     if dry_run:
-        return doomed
-    return [c for c in doomed if delete_checkpoint(c.path, storage, expected=c)]
+        return PruneReport(deleted=doomed)
+    report = PruneReport()
+    for c in doomed:
+        outcome = _delete(Path(c.path), storage, c)
+        if outcome.deleted:
+            report.deleted.append(c)
+        elif outcome.failure is not None:
+            report.failed.append((c, outcome.failure))
+    return report
 
 
 @dataclass
