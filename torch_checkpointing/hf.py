@@ -43,7 +43,7 @@ from torch_checkpointing.distributed_metadata import (
 )
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, get_device_mesh_spec
 from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs, compute_local_shard_info
-from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError, UnsafeCheckpointError
+from torch_checkpointing.errors import ConfigError, CorruptCheckpointError, TemplateMismatchError, UnsafeCheckpointError
 from torch_checkpointing.names import fit_name
 from torch_checkpointing.read_context import (
     CheckpointReadContext,
@@ -52,18 +52,18 @@ from torch_checkpointing.read_context import (
     parse_json_bounded,
 )
 from torch_checkpointing.retention import DEFAULT_UNOWNED_AGE_S
-from torch_checkpointing.safetensors_tree import stores_dtype
+from torch_checkpointing.safetensors_tree import RESERVED_NAME, stores_dtype
 from torch_checkpointing.source_reader import (
     FlatTensors,
     ReadStats,
     SourceFile,
     SourceTensor,
-    open_flat_tensors,
     open_source_file,
 )
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves, local_tensor
 from torch_checkpointing.types import NestedPath
+from torch_checkpointing.walk_utils import MISSING
 
 __all__ = ["INDEX_FILE_NAME", "ExportReport", "export_hf", "import_hf", "iter_item_tensors", "parse_size"]
 
@@ -75,13 +75,18 @@ _UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 1024, 
 
 
 def parse_size(text: str | int) -> int:
-    """`5GB`, `500MB`, `2GiB` or a byte count, the way transformers' `max_shard_size` reads."""
+    """`5GB`, `500MB`, `2GiB` or a byte count, the way transformers' `max_shard_size` reads; at least one byte
+    (a size of 0 or less would give every tensor a shard of its own without saying so)."""
     if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).upper() not in _UNITS:
-        raise ValueError(f"Cannot read size {text!r}; write e.g. 5GB, 500MB, 2GiB or a number of bytes")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+        size = text
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+        if not match or match.group(2).upper() not in _UNITS:
+            raise ConfigError(f"Cannot read size {text!r}; write e.g. 5GB, 500MB, 2GiB or a number of bytes")
+        size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if size < 1:
+        raise ConfigError(f"max_shard_size {text!r} is not a positive size; write e.g. 5GB, 500MB or 2GiB")
+    return size
 
 
 @dataclass(frozen=True)
@@ -212,13 +217,20 @@ class _ItemSource:
                 path = tuple(name.split(".")) if name else ()
                 out.append(_TensorPlan(name, path, shape, dtype, False, name))
         # A bare-tensor item has the empty name; HF needs one: the item key.
-        return [p if p.name else dataclasses.replace(p, name=self.key) for p in out]
+        named = [p if p.name else dataclasses.replace(p, name=self.key) for p in out]
+        _check_unique_names(named, f"{self.checkpoint}::{self.key}")
+        return named
 
     def _plain(self) -> FlatTensors:
-        """Every tensor of the plain rank's file, lazily (mmap for torch files, header-only for safetensors)."""
+        """Every tensor of the plain rank's file, lazily (mmap for torch files, header-only for safetensors).
+
+        A Torch file holds a nested value, which the flat view names by dotted keys: two tensors whose paths
+        give one name (`{"a.b": t, "a": {"b": u}}`) would reach it as one, and the export would hold only one
+        of them; they are refused here, naming both paths."""
         if self._flat is None:
-            path = self.checkpoint / self._path(self.plain_rank)
-            self._flat = open_flat_tensors(self.storage, path, self._formats[self.plain_rank])
+            source = self._source(self.plain_rank)  # one open of the file, shared with the block reads
+            _check_tensor_names(source.entry(()), f"{self.checkpoint}::{self.key}")
+            self._flat = FlatTensors(source)
         return self._flat
 
     def read(self, plan: _TensorPlan) -> torch.Tensor:
@@ -277,6 +289,50 @@ class _ItemSource:
         )
 
 
+def _check_tensor_names(value: Any, what: str) -> None:
+    """Refuse two tensor leaves of a saved value that one safetensors name would hold, and log the non-tensor
+    leaves the export leaves out. `value` is `MISSING` for formats that hold flat tensors only."""
+    seen: dict[str, NestedPath] = {}
+    skipped: list[str] = []
+    for path, leaf in iter_leaves(value) if value is not MISSING else ():
+        name = dotted_key(path)
+        if not isinstance(leaf, torch.Tensor):
+            skipped.append(name)
+        elif name in seen:
+            raise _merged_names_error(what, name, seen[name], path)
+        else:
+            seen[name] = path
+    if skipped:
+        listed = ", ".join(repr(n) for n in skipped[:10])
+        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        logger.info(
+            "Export of %s leaves out %d non-tensor leaves (safetensors holds tensors only): %s%s",
+            what,
+            len(skipped),
+            listed,
+            more,
+        )
+
+
+def _check_unique_names(plans: list[_TensorPlan], what: str) -> None:
+    """Refuse two planned tensors of one name (sharded paths from metadata.json included): a shard file and the
+    index hold one tensor per name."""
+    seen: dict[str, NestedPath] = {}
+    for plan in plans:
+        if plan.name in seen:
+            raise _merged_names_error(what, plan.name, seen[plan.name], plan.path)
+        seen[plan.name] = plan.path
+
+
+def _merged_names_error(what: str, name: str, first: NestedPath, second: NestedPath) -> ValueError:
+    return ValueError(
+        f"Cannot export {what}: the tensors at paths {first!r} and {second!r} both take the safetensors name "
+        f"{name!r} (a dict key holding a '.', an int key beside an equal str key, or an empty key, which is "
+        f"exported under the item key), and an HF export holds one tensor per name. Rename those keys in the "
+        f"model's state before saving; nothing was exported."
+    )
+
+
 def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     stride, acc = [], 1
     for n in reversed(shape):
@@ -296,16 +352,23 @@ def iter_item_tensors(
 
 
 def _assign_shards(plans: list[_TensorPlan], max_shard_size: int, dtype: torch.dtype | None) -> list[list[_TensorPlan]]:
-    shards: list[list[_TensorPlan]] = [[]]
+    """The split huggingface_hub's `split_torch_state_dict_into_shards` makes (transformers' save_pretrained):
+    in order, a shard is closed when the next tensor would take it past the limit; a tensor larger than the
+    limit gets a shard of its own and the open shard stays open (closing it made one more file than HF's)."""
+    shards: list[list[_TensorPlan]] = []
+    current: list[_TensorPlan] = []
     size = 0
     for plan in plans:
         n = plan.nbytes(dtype)
-        if shards[-1] and size + n > max_shard_size:
-            shards.append([])
-            size = 0
-        shards[-1].append(plan)
+        if n > max_shard_size:
+            shards.append([plan])
+            continue
+        if current and size + n > max_shard_size:
+            shards.append(current)
+            current, size = [], 0
+        current.append(plan)
         size += n
-    return shards
+    return [*shards, current] if current else shards
 
 
 def export_hf(
@@ -331,17 +394,16 @@ def export_hf(
     already holds an export is refused unless `overwrite`, which replaces only the export's own files.
     """
     out = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to put a hidden sibling beside
+    shard_size = parse_size(max_shard_size)
+    _check_cast(dtype)
     with _ItemSource(storage or default_storage(), Path(checkpoint), key, rank) as source:
         _check_out_dir(out, Path(checkpoint), overwrite)
         plans = source.plans()
         if not plans:
             raise ValueError(f"Item '{key}' of {checkpoint} holds no tensors to export")
-        _refuse_unstorable(plans, dtype, f"{checkpoint}::{key}")
-        shards = _assign_shards(plans, parse_size(max_shard_size), dtype)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_stagings(out.parent)
-        staging = out.with_name(_staging_name(out.name, os.getpid(), uuid.uuid4().hex[:8]))
-        staging.mkdir()
+        _refuse_unexportable(plans, dtype, f"{checkpoint}::{key}")
+        shards = _assign_shards(plans, shard_size, dtype)
+        staging = _make_staging(out)
         try:
             report = _write_export(source, shards, staging, dtype, f"{checkpoint}::{key} to {out}")
             source.wait_verified()
@@ -359,6 +421,36 @@ def export_hf(
     return report
 
 
+def _check_cast(dtype: torch.dtype | None) -> None:
+    """`dtype` must be a floating-point dtype: it casts floating-point tensors only (as transformers'
+    `torch_dtype` does), and a cast of weights to an integer or complex type would silently change them."""
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise ConfigError(
+            f"dtype={dtype!r} (--dtype) is not a floating-point torch dtype; it casts the floating-point tensors "
+            f"of the export, so give e.g. torch.bfloat16, torch.float16 or torch.float32, or none to keep the "
+            f"saved dtypes"
+        )
+
+
+def _make_staging(out: Path) -> Path:
+    """Create `out`'s parent (if needed) and the hidden staging folder beside `out` that the export is written
+    into, naming `out` and the fix when that fails (a bare error naming the hidden folder before)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_stagings(out.parent)
+        staging = out.with_name(_staging_name(out.name, os.getpid(), uuid.uuid4().hex[:8]))
+        staging.mkdir()
+    except OSError as exc:
+        raise type(exc)(
+            exc.errno,
+            f"Could not create the export's hidden staging folder beside {out} ({exc.strerror}: {exc.filename}); "
+            f"nothing was exported. An export is written beside its output folder and moved in whole, so "
+            f"{out.parent} must be a directory you can write to: choose another output folder or fix its "
+            f"permissions",
+        ) from exc
+    return staging
+
+
 def _remove_staging(staging: Path) -> None:
     """Remove an export's staging directory (gone already once it was published); one that stays is named."""
     try:
@@ -374,9 +466,17 @@ def _remove_staging(staging: Path) -> None:
         )
 
 
-def _refuse_unstorable(plans: list[_TensorPlan], dtype: torch.dtype | None, what: str) -> None:
+def _refuse_unexportable(plans: list[_TensorPlan], dtype: torch.dtype | None, what: str) -> None:
     """Refuse, before a shard is written, a tensor whose dtype safetensors cannot hold (a bare KeyError from
-    inside the library before, after the shards before it were written)."""
+    inside the library before, after the shards before it were written), or one named as the header's
+    metadata entry (written, then every load of that shard failed on a duplicate `__metadata__` field)."""
+    reserved = [p.path for p in plans if p.name == RESERVED_NAME]
+    if reserved:
+        raise ValueError(
+            f"Cannot export {what}: the tensor at path {reserved[0]!r} takes the name {RESERVED_NAME!r}, which "
+            f"safetensors reserves for a file's metadata (the shard would not load). Rename that key before "
+            f"saving; nothing was exported."
+        )
     written = [(p.name, _out_dtype(p.dtype, dtype)) for p in plans]
     bad = [(name, kind) for name, kind in written if not stores_dtype(kind)]
     if bad:
