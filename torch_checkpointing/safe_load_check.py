@@ -9,12 +9,15 @@ torch's), and a warning names the item, the path and the fix when the checkpoint
 
 from __future__ import annotations
 
+import copyreg
+import dataclasses
 import enum
 import io
 import logging
 import pickle
 import sys
 import warnings
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -34,11 +37,24 @@ _PLAIN_CONTAINERS = (dict, list, tuple)
 # OrderedDict, Counter, a torch `return_types` value): their class's verdict is the container's.
 _REDUCE_BY_CLASS = ("builtins", "collections", "torch.return_types")
 
+# The pickle protocol torch.save writes (torch.serialization.DEFAULT_PROTOCOL): reductions are asked for it.
+TORCH_PICKLE_PROTOCOL = 2
+
 # Leaf types the safe unpickler always accepts: checked without a trial (the common, tensor-only state).
 _ALWAYS_LOADED = (
     *(torch.Tensor, int, float, bool, str, bytes, complex, type(None)),
     *(torch.dtype, torch.device, torch.Size),
 )
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """torch's reason to refuse a value, and the global a caller would allow for it (its class, or what the
+    class's own `__reduce__` pickles it as)."""
+
+    reason: str
+    allow: str
+    via_reduce: bool = False
 
 
 class SafeLoadCheck:
@@ -50,7 +66,7 @@ class SafeLoadCheck:
     """
 
     def __init__(self) -> None:
-        self._verdicts: dict[type, str | None] = {}  # type -> torch's reason to refuse it, None if it loads
+        self._verdicts: dict[type, _Refusal | None] = {}  # type -> why torch refuses it, None if it loads
         self._checked: set[str] = set()  # item keys
 
     def warn_refused(self, items: list[ResolvedItem]) -> None:
@@ -72,16 +88,45 @@ class SafeLoadCheck:
             kind = type(node)
             if kind in _PLAIN_CONTAINERS or isinstance(node, _ALWAYS_LOADED) or kind in self._verdicts:
                 continue
-            reason = self._verdicts[kind] = _container_refusal(kind) if is_container(node) else _refusal(node)
-            if reason is not None:
-                _warn(item.key, find_path(item.value, node), kind, reason)
+            refusal = self._verdicts[kind] = _verdict(node, _MAX_REDUCE_DEPTH)
+            if refusal is not None:
+                _warn(item.key, find_path(item.value, node), kind, refusal)
 
 
-def _container_refusal(kind: type) -> str | None:
-    """None if torch's safe loader accepts a container of class `kind` back, else its reason: the class is
-    tried, never the caller's container (whose pickle would run its `__reduce__` and pickle everything in it).
-    A class whose own `__reduce__` may pickle it as another type is not judged (no warning), as for leaves."""
-    return _trial(kind) if _pickles_by_class(kind) else None
+# copyreg's stand-ins for "call the class's __new__" (pickle's NEWOBJ opcodes): the class is the global named.
+_NEWOBJ = (getattr(copyreg, "__newobj__", None), getattr(copyreg, "__newobj_ex__", None))
+
+_MAX_REDUCE_DEPTH = 4
+"""How many `__reduce__` results deep the check follows a value whose reduction holds more such values."""
+
+
+def _verdict(node: Any, depth: int) -> _Refusal | None:
+    """None if torch's safe loader accepts `node` back, else why not.
+
+    A class that pickles by the default protocol (or a standard container's, or an Enum) names itself in the
+    pickle, so torch's verdict on the class is its verdict on the value; the caller's own objects are then
+    judged by their class, never pickled (pickling one inside save() would pickle everything it holds). A
+    builtin value (a set, a slice) has no such code and pickles by opcodes of its own, so it is tried as it is.
+    A class with its own `__reduce__` pickles as whatever that returns, so the reduction is what is judged:
+    asked for once per type per manager, its callable (or, for `copyreg.__newobj__`, the class it names) is
+    tried, and the values in its arguments and state are judged in turn.
+    """
+    kind = type(node)
+    if is_container(node):
+        return _class_verdict(kind) if _pickles_by_class(kind) else _reduced_verdict(node, depth)
+    if kind.__module__ == "builtins":
+        return _as_refusal(_trial(node), f"{kind.__module__}.{kind.__qualname__}")
+    if issubclass(kind, enum.Enum) or _default_reduce(kind):
+        return _class_verdict(kind)
+    return _reduced_verdict(node, depth)
+
+
+def _class_verdict(kind: type) -> _Refusal | None:
+    return _as_refusal(_trial(kind), kind.__qualname__)
+
+
+def _as_refusal(reason: str | None, allow: str, via_reduce: bool = False) -> _Refusal | None:
+    return None if reason is None else _Refusal(reason, allow, via_reduce)
 
 
 def _pickles_by_class(kind: type) -> bool:
@@ -95,28 +140,47 @@ def _pickles_by_class(kind: type) -> bool:
     return True
 
 
-def _refusal(leaf: Any) -> str | None:
-    """None if torch's safe loader accepts `leaf` back, else its reason.
-
-    The caller's own objects are judged by their class, never pickled: pickling one inside save() would run its
-    `__reduce__` (side effects, cost, and a read of a requires_copy=False value before save() returns that the
-    engine itself makes later). A class that pickles by the default protocol, or an Enum, names itself in the
-    pickle, so torch's verdict on the class is its verdict on the value; a class with its own `__reduce__` may
-    pickle as anything, so it is not judged (no warning). A builtin value (a set, a slice) has no such code and
-    pickles by opcodes of its own, so it is tried as it is.
-    """
-    kind = type(leaf)
-    if kind.__module__ == "builtins":
-        return _trial(leaf)
-    if issubclass(kind, enum.Enum) or _default_reduce(kind):
-        return _trial(kind)
-    return None
-
-
 def _default_reduce(kind: type) -> bool:
     """Whether `kind` pickles by object's own protocol (its class named in the pickle, then its state)."""
     own = (vars(k) for k in kind.__mro__ if k is not object)
     return not any("__reduce__" in d or "__reduce_ex__" in d for d in own)
+
+
+def _reduced_verdict(node: Any, depth: int) -> _Refusal | None:
+    """The verdict on what `node`'s own `__reduce_ex__` returns: the global it names, then its arguments."""
+    try:
+        reduced = node.__reduce_ex__(TORCH_PICKLE_PROTOCOL)
+    except Exception as exc:  # not picklable: the save itself names it
+        logger.debug("safe-load check: %s does not reduce (%s); the save reports it", type(node), exc)
+        return None
+    if isinstance(reduced, str):  # pickled as the module-level global of that name
+        return _as_refusal(_trial(node), f"{type(node).__module__}.{reduced}", via_reduce=True)
+    if not isinstance(reduced, tuple) or len(reduced) < 2:
+        return None  # pickle refuses it at the save, naming it
+    func, args, *rest = reduced
+    named = args[0] if func in _NEWOBJ and args else func
+    refusal = _as_refusal(_trial(named), _global_name(named), via_reduce=True)
+    if refusal is not None or depth <= 1:
+        return refusal
+    return _first_refused((args, *rest[:3]), depth - 1)
+
+
+def _first_refused(parts: tuple[Any, ...], depth: int) -> _Refusal | None:
+    """The first refusal among the values a reduction passes (arguments, state, items), judged as leaves are."""
+    try:
+        for node in nodes(parts):
+            if type(node) in _PLAIN_CONTAINERS or isinstance(node, _ALWAYS_LOADED):
+                continue
+            refusal = _verdict(node, depth)
+            if refusal is not None:
+                return dataclasses.replace(refusal, via_reduce=True)
+    except (NestingError, TypeError) as exc:  # an iterator of items, a reduction that holds itself
+        logger.debug("safe-load check: a reduction's arguments are not walked (%s)", exc)
+    return None
+
+
+def _global_name(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
 
 def _trial(obj: Any) -> str | None:
@@ -154,14 +218,15 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _warn(key: str, path: str, kind: type, reason: str) -> None:
+def _warn(key: str, path: str, kind: type, refusal: _Refusal) -> None:
     name = f"{kind.__module__}.{kind.__qualname__}"
     where = f"'{key}::{path}'" if path else f"'{key}'"
+    pickled = f" (pickled by its own __reduce__ as {refusal.allow})" if refusal.via_reduce else ""
     warnings.warn(
-        f"Item {where} holds a {name}, which the default load of this checkpoint will refuse (torch's safe "
-        f"unpickler, CheckpointLoaderConfig.weights_only=True; it says: {reason}). Before loading, allow it with "
-        f"torch.serialization.add_safe_globals([{kind.__qualname__}]); or save it as plain data (a dict, or "
-        f"JsonSerialization); or load with CheckpointLoaderConfig(weights_only=False) if you trust the files. "
-        f"(Checked on the first save of each item; said once per type per manager.)",
+        f"Item {where} holds a {name}{pickled}, which the default load of this checkpoint will refuse (torch's "
+        f"safe unpickler, CheckpointLoaderConfig.weights_only=True; it says: {refusal.reason}). Before loading, "
+        f"allow it with torch.serialization.add_safe_globals([{refusal.allow}]); or save it as plain data (a "
+        f"dict, or JsonSerialization); or load with CheckpointLoaderConfig(weights_only=False) if you trust the "
+        f"files. (Checked on the first save of each item; said once per type per manager.)",
         stacklevel=_user_stacklevel(),
     )
