@@ -44,6 +44,7 @@ from torch_checkpointing.errors import (
     TemplateMismatchError,
 )
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
+from torch_checkpointing.manifest import DuplicateKeyError, unique_keys
 from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, named_leaves, unflatten_to_target
 from torch_checkpointing.staging import as_written, meta_tensor_refusal
@@ -634,7 +635,9 @@ def _enum_lost(key: str, saved: enum.Enum, back: Any, where: str) -> ValueError:
 
 def _json_loads(data: bytes, path: Path, key: str) -> Any:
     try:
-        return json.loads(data.decode("utf-8"))
+        return json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys)
+    except DuplicateKeyError as exc:
+        raise CorruptCheckpointError(f"File {path} for item '{key}' is refused: {exc}.") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(
             f"File {path} for item '{key}' is not valid JSON ({type(exc).__name__}: {exc})."

@@ -23,12 +23,14 @@ from torch_checkpointing.storage.base_storage import Storage
 __all__ = [
     "INCOMPLETE_MARKER",
     "MANIFEST_FILE_NAME",
+    "DuplicateKeyError",
     "FileRecord",
     "Manifest",
     "check_json_tree",
     "parse_manifest",
     "read_manifest",
     "read_stored_bounded",
+    "unique_keys",
 ]
 
 MANIFEST_FILE_NAME = "manifest.json"
@@ -247,10 +249,31 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
 def _loads(text: str | bytes, where: str) -> Any:
     try:
         raw = text.decode("utf-8") if isinstance(text, bytes) else text
-        value = json.loads(raw, parse_constant=_BadConstant)
+        value = json.loads(raw, parse_constant=_BadConstant, object_pairs_hook=unique_keys)
+    except DuplicateKeyError as exc:
+        raise CorruptCheckpointError(f"{where}: {exc}.") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{where} is not valid JSON ({type(exc).__name__}: {exc}).") from None
     check_json_tree(value, where, _MAX_DEPTH)
+    return value
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object names one key twice (raised while parsing, so the caller's message names its file)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`' `object_pairs_hook` for checkpoint data: an object naming a key twice is refused. The
+    engine's writers never repeat a key, and `json.loads` alone keeps the last value silently, so one reader
+    could check the first value and another use the second."""
+    value = dict(pairs)
+    if len(value) == len(pairs):
+        return value
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKeyError(f"field {key!r} appears twice in one object; the file is damaged or crafted")
+        seen.add(key)
     return value
 
 

@@ -50,6 +50,7 @@ from torch_checkpointing.errors import (
 from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
+    DuplicateKeyError,
     FileRecord,
     Manifest,
     _BadConstant,
@@ -57,6 +58,7 @@ from torch_checkpointing.manifest import (
     parse_manifest,
     read_regular_file,
     read_stored_bounded,
+    unique_keys,
 )
 from torch_checkpointing.names import previous_copy_hint
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
@@ -748,7 +750,9 @@ class CheckpointReadContext:
 def parse_json_bounded(data: bytes, where: str, max_depth: int = 64) -> Any:
     """JSON from checkpoint data: UTF-8, no NaN/Infinity, nesting bounded; errors name the file and field."""
     try:
-        value = json.loads(data.decode("utf-8"), parse_constant=_BadConstant)
+        value = json.loads(data.decode("utf-8"), parse_constant=_BadConstant, object_pairs_hook=unique_keys)
+    except DuplicateKeyError as exc:
+        raise CorruptCheckpointError(f"{where}: {exc}.") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
         raise CorruptCheckpointError(f"{where} is not valid JSON ({type(exc).__name__}: {exc}).") from None
     check_json_tree(value, where, max_depth)

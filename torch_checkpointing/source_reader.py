@@ -36,6 +36,7 @@ from torch_checkpointing.codecs import (
     tensor_records,
 )
 from torch_checkpointing.errors import CorruptCheckpointError
+from torch_checkpointing.manifest import DuplicateKeyError, unique_keys
 from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvise
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, flatten, get_path, local_tensor
@@ -392,7 +393,9 @@ def _read_safetensors_header(storage: Storage, path: Path) -> tuple[dict[str, An
     if header_len > min(size - 8, _MAX_SAFETENSORS_HEADER):
         raise CorruptCheckpointError(f"{path}: its safetensors header claims {header_len} bytes of a {size}-byte file.")
     try:
-        header = json.loads(storage.read_range(path, 8, header_len))
+        header = json.loads(storage.read_range(path, 8, header_len), object_pairs_hook=unique_keys)
+    except DuplicateKeyError as exc:
+        raise CorruptCheckpointError(f"{path}: its safetensors header is refused: {exc}.") from None
     except (ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{path}: its safetensors header is not JSON ({exc}).") from None
     if not isinstance(header, dict):
