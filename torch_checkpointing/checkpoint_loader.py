@@ -38,9 +38,9 @@ from torch_checkpointing.metadata_manager import check_extracted
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.traversal import local_tensor
+from torch_checkpointing.traversal import iter_leaves, local_tensor
 from torch_checkpointing.types import CheckpointPath, RankInfo
-from torch_checkpointing.walk_utils import check_shared_targets, walk_checkpoint_structure
+from torch_checkpointing.walk_utils import check_shared_targets, overlapping_targets, walk_checkpoint_structure
 
 if TYPE_CHECKING:
     from torch_checkpointing.dtensor_resharder import ReshardJob
@@ -191,6 +191,7 @@ class CheckpointLoader:
             else:
                 report.missing.extend(self._precheck_reshard(ctx, plan))
         _check_shared_targets(plans, copies)
+        _warn_unchecked_ties(plans, copies)
         if strict:
             _refuse_if_incomplete(ctx.root, report)
         return plans, report
@@ -402,6 +403,41 @@ def _check_shared_targets(plans: list[_Direct | _Reshard], copies: list[_Copy]) 
         if across:
             copies = copies + [copy for job in jobs for copy in shared_target_copies(job, across)]
     check_shared_targets(copies)
+
+
+def _warn_unchecked_ties(plans: list[_Direct | _Reshard], copies: list[_Copy]) -> None:
+    """Name (WARNING), before any copy, template entries sharing memory where one of them is filled by a
+    resharder's own `load`: the engine does not see what that `load` writes, so it cannot refuse different
+    values as it does for its own copies (the `Resharder` contract states the limit). Silent before: the last
+    write won. Costs nothing on a load without such an item."""
+    from torch_checkpointing.dtensor_resharder import planned_job_runner
+
+    custom = {
+        p.item.key: type(p.item.spec.resharder).__name__
+        for p in plans
+        if isinstance(p, _Reshard)
+        and p.item.spec.resharder is not None
+        and planned_job_runner(p.item.spec.resharder) is None
+    }
+    if not custom:
+        return
+    targets = [(where, target) for where, _, target in copies]
+    for plan in plans:
+        if isinstance(plan, _Reshard):
+            leaves = iter_leaves(plan.item.value)
+            targets.extend((CheckpointPath(plan.item.key, p), t) for p, t in leaves if isinstance(t, torch.Tensor))
+    for a, b in overlapping_targets(targets):
+        owner = custom.get(a.item_key) or custom.get(b.item_key)
+        if owner is not None:
+            logger.warning(
+                "Template entries '%s' and '%s' share memory (tied weights, or overlapping views), and %s.load fills "
+                "them itself: the engine cannot check that it writes the same values into both, and if it does not, "
+                "the last write wins. Untie them in the template (e.g. .clone() one) and tie them again after the "
+                "load, or check it in the resharder's load.",
+                a,
+                b,
+                owner,
+            )
 
 
 def _checked_unfilled(resharder: str, key: str, unfilled: object) -> list[NestedPath]:

@@ -80,6 +80,14 @@ class Resharder(ABC):
 
     Each call runs on the caller's thread, never in the writer process. `load` fills `target` in place and
     returns the paths it could not fill; they are reported as missing (`strict=True` refuses them).
+
+    What the engine cannot check for an overriding `load`: its copies. The direct and `DTensorResharder`
+    paths refuse, before any copy, template entries that share memory (tied weights, overlapping views) but
+    would be filled with different saved values; an overriding `load` writes into `target` itself, so the
+    engine sees neither the values nor their order. It logs a WARNING naming each such pair before the call,
+    and the `load` must check them (or the caller untie them and tie them again after the load): otherwise
+    the last write wins. Handing the `load` an untied scratch copy instead would double the item's memory and
+    change the object this extension point has always filled in place.
     """
 
     @property

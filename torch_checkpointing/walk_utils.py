@@ -26,6 +26,7 @@ __all__ = [
     "check_tensor_fits",
     "check_writable",
     "copy_tensor_into",
+    "overlapping_targets",
     "walk_checkpoint_structure",
 ]
 
@@ -115,6 +116,34 @@ def check_shared_targets(copies: list[_Copy]) -> None:
         group.append(copies[index])
         reach = max(reach, stop)
     _check_if_shared(group)
+
+
+def overlapping_targets(
+    targets: list[tuple[CheckpointPath, torch.Tensor]],
+) -> list[tuple[CheckpointPath, CheckpointPath]]:
+    """Pairs of entries whose tensors' memory overlaps within one storage (tied weights, overlapping views):
+    for a load whose copies the engine does not make itself, so cannot compare (a custom resharder's `load`).
+    Found as `check_shared_targets` finds them: one sort of the address ranges."""
+    copies: list[_Copy] = [(where, t, t) for where, t in targets]
+    spans = sorted(span for span in map(_address_span, enumerate(copies)) if span is not None)
+    pairs: list[tuple[CheckpointPath, CheckpointPath]] = []
+    group: list[_Copy] = []
+    reach = -1
+    for start, stop, index in [*spans, (-1, -1, -1)]:  # the sentinel closes the last group
+        if start >= reach or index < 0:
+            pairs.extend(_pairs_per_storage(group))
+            group = []
+        if index >= 0:
+            group.append(copies[index])
+            reach = max(reach, stop)
+    return pairs
+
+
+def _pairs_per_storage(group: list[_Copy]) -> list[tuple[CheckpointPath, CheckpointPath]]:
+    by_storage: dict[int, list[CheckpointPath]] = {}
+    for where, _, target in group:
+        by_storage.setdefault(local_tensor(target).untyped_storage().data_ptr(), []).append(where)
+    return [(paths[0], other) for paths in by_storage.values() for other in paths[1:]]
 
 
 def _address_span(indexed: tuple[int, _Copy]) -> tuple[int, int, int] | None:
