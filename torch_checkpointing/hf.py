@@ -306,7 +306,7 @@ def _check_tensor_names(value: Any, what: str) -> None:
         listed = ", ".join(repr(n) for n in skipped[:10])
         more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
         logger.info(
-            "Export of %s leaves out %d non-tensor leaves (safetensors holds tensors only): %s%s",
+            "%s: %d non-tensor leaves are not among its tensors to export (safetensors holds tensors only): %s%s",
             what,
             len(skipped),
             listed,
