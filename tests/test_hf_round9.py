@@ -418,3 +418,31 @@ def test_two_dtensors_of_one_dotted_name_are_refused(two_rank_ckpt: Path, tmp_pa
     with pytest.raises(ValueError, match=r"\('a\.b',\) and \('a', 'b'\).*one tensor per name"):
         export_hf(two_rank_ckpt, "clash", tmp_path / "hf")
     _nothing_left(tmp_path, set())
+
+
+@pytest.mark.parametrize("where", ["step_1", "step_1/hf", "step_1/a/b"])
+def test_an_output_inside_another_checkpoint_is_refused(tmp_path: Path, where: str) -> None:
+    """Into step_1 (another committed checkpoint) or a folder under it: the export was written there, and from
+    then on `prune` could never delete step_1 ("it also holds files that are not part of it")."""
+    cfg = CheckpointManager.Config.with_sync_save()
+    cfg.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    with CheckpointManager(cfg) as m:
+        for step in (1, 2):
+            m.save(str(tmp_path / f"step_{step}"), {"m": {"w": torch.full((2,), float(step))}})
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match=r"lies inside the checkpoint .*step_1: .*retention"):
+        export_hf(tmp_path / "step_2", "m", tmp_path / where)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+def test_an_output_beside_another_tools_manifest_is_not_a_checkpoint(tmp_path: Path) -> None:
+    _save(tmp_path, {"w": torch.ones(2)})
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "manifest.json").write_text('{"name": "a web app", "version": "1"}')
+    _, got = _read_export_of_into(tmp_path, tmp_path / "app" / "hf")
+    assert torch.equal(got["w"], torch.ones(2))
+
+
+def _read_export_of_into(root: Path, out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    export_hf(root / "c", "m", out)
+    return _read_export(out)

@@ -43,7 +43,14 @@ from torch_checkpointing.distributed_metadata import (
 )
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, get_device_mesh_spec
 from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs, compute_local_shard_info
-from torch_checkpointing.errors import ConfigError, CorruptCheckpointError, TemplateMismatchError, UnsafeCheckpointError
+from torch_checkpointing.errors import (
+    CheckpointError,
+    ConfigError,
+    CorruptCheckpointError,
+    TemplateMismatchError,
+    UnsafeCheckpointError,
+)
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME, read_manifest
 from torch_checkpointing.names import fit_name
 from torch_checkpointing.read_context import (
     CheckpointReadContext,
@@ -549,12 +556,31 @@ def _export_files(out: Path) -> list[str]:
     return sorted(n for n in os.listdir(out) if n == INDEX_FILE_NAME or _EXPORT_FILE_RE.match(n))
 
 
+def _enclosing_checkpoint(target: Path) -> Path | None:
+    """The committed checkpoint directory that `target` is or lies in, if any: one whose manifest.json reads
+    as a checkpoint's (another tool's manifest.json, a web app's, does not count)."""
+    for folder in (target, *target.parents):
+        if os.path.isfile(folder / MANIFEST_FILE_NAME):
+            try:
+                if read_manifest(default_storage(), folder) is not None:
+                    return folder
+            except (CheckpointError, ValueError, OSError):
+                continue
+    return None
+
+
 def _check_out_dir(out: Path, checkpoint: Path, overwrite: bool) -> None:
-    """Refuse an output that is inside the checkpoint, is not a directory, or holds an export (unless
-    `overwrite`): nothing is written before these are known."""
+    """Refuse an output that is inside the checkpoint (or any other), is not a directory, or holds an export
+    (unless `overwrite`): nothing is written before these are known."""
     target, source = out.resolve(), checkpoint.resolve()
     if target == source or source in target.parents:
-        raise ValueError(f"Export output {out} lies inside the checkpoint {checkpoint}; choose a directory outside it")
+        raise ConfigError(f"Export output {out} lies inside the checkpoint {checkpoint}; choose a directory outside it")
+    other = _enclosing_checkpoint(target)
+    if other is not None:
+        raise ConfigError(
+            f"Export output {out} lies inside the checkpoint {other}: the export's files would become part of "
+            f"that directory, so retention could never delete it; choose a directory outside every checkpoint"
+        )
     if not os.path.lexists(out):
         return
     if not out.is_dir():
