@@ -321,6 +321,33 @@ def test_a_read_only_parent_is_refused_naming_the_output(world_readable_dir: Pat
     assert not out_exists or os.listdir(out) == []
 
 
+FSIZE_EXPORT = """
+import resource, signal, sys
+from torch_checkpointing.hf import export_hf
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+try:
+    export_hf(sys.argv[1], "m", sys.argv[2], max_shard_size="20KB")
+except OSError as exc:
+    print("FAILED", exc, flush=True)
+"""
+
+
+def test_a_full_disk_on_a_fresh_output_leaves_nothing_that_looks_like_an_export(tmp_path: Path) -> None:
+    """Two small tensors fit under the file-size limit, the 256 KiB one does not: no output folder, no
+    staging, and the error names the shard."""
+    _save(tmp_path, {"a": torch.zeros(8), "b": torch.ones(8), "big": torch.zeros(64 * 1024)})
+    proc = subprocess.run(
+        [sys.executable, "-c", FSIZE_EXPORT, str(tmp_path / "c"), str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert proc.stdout.startswith("FAILED Could not write export shard model-0000"), proc.stdout + proc.stderr
+    assert "nothing was exported" in proc.stdout
+    _nothing_left(tmp_path, {"c"})
+
+
 # ------------------------------------------------------------------------------------------------ two ranks
 
 
