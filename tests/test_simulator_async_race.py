@@ -8,12 +8,16 @@ take the save while a step is halfway. Two runs in a row must agree, word for wo
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from simulator.scenarios.async_race import ReadProbe
 
 pytestmark = pytest.mark.multirank
 
@@ -64,3 +68,19 @@ def test_the_race_and_the_torn_step_are_demonstrated_every_run(tmp_path: Path) -
     assert [(r["result"], r["notes"]) for r in runs[0].values() if r["check"] != "requires_copy=True"] == [
         (r["result"], r["notes"]) for r in runs[1].values() if r["check"] != "requires_copy=True"
     ]
+
+
+def test_the_probe_lets_the_later_read_off_the_callers_thread_decide() -> None:
+    # An engine that checks what a value pickles as inside save() and pickles it for the writer later, on
+    # another thread: the first read used to fix the verdict ("read in save()"), so the checkpoint's later
+    # bytes were judged a FAIL of the engine instead of the race the design document allows.
+    probe = ReadProbe()
+    pickle.dumps(probe)
+    assert probe.outcome == "in save()"
+    probe.mutated.set()
+    reader = threading.Thread(target=pickle.dumps, args=(probe,), name="writer-feed_0")
+    reader.start()
+    reader.join(timeout=30)
+    assert (probe.outcome, probe.reader) == ("after save()", "writer-feed_0")
+    pickle.dumps(probe)  # a read back on the caller's thread does not undo what the later read showed
+    assert probe.outcome == "after save()"

@@ -57,9 +57,13 @@ class ReadProbe:
         self.reader = ""
 
     def __reduce__(self) -> tuple[type[str], tuple[str]]:
-        if not self.outcome:
+        on_caller = threading.get_ident() == self.caller
+        # A later read off the caller's thread decides: an engine may look at a value in save() (a check of
+        # what it pickles as) and serialize it for the checkpoint afterwards, and the later read is the one
+        # whose bytes are written.
+        if not self.outcome or (self.outcome == "in save()" and not on_caller):
             self.reader = threading.current_thread().name
-            if threading.get_ident() == self.caller:
+            if on_caller:
                 self.outcome = "in save()"
             else:
                 self.outcome = "after save()" if self.mutated.wait(_PROBE_HOLD_S) else "save() waited"
