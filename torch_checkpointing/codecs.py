@@ -18,9 +18,8 @@ import pickle
 import re
 import struct
 import sys
-import zipfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -171,6 +170,9 @@ def load_torch(
     file when not given), is a `CorruptCheckpointError` naming the file."""
     if local is None and options.use_mmap:
         local = storage.local_path(path)
+    if local is not None and records is None:
+        with open(local, "rb") as file:  # before torch reads it: a crafted directory is refused first
+            records = _records_naming(path, file)
     try:
         value, mapped = _load_refusing_pickles(storage, path, what, options, hint, local)
     except CheckpointError:
@@ -179,7 +181,7 @@ def load_torch(
         placed = "" if options.map_location is None else f", or map_location={options.map_location!r} is not here"
         raise CorruptCheckpointError(f"File {path} for {what} is not a readable Torch file{placed}: {exc}") from exc
     if mapped is not None:
-        check_storages_fit(path, value, tensor_records_of(mapped) if records is None else records, mapped)
+        check_storages_fit(path, value, records, mapped)
     return value
 
 
@@ -214,7 +216,10 @@ def _torch_load(storage: Storage, path: Path, local: str | None, options: Decode
         except RuntimeError as exc:
             if "mmap" not in str(exc):  # only legacy (non-zip) files refuse mmap; re-raise the rest
                 raise
-    value = torch.load(io.BytesIO(storage.read(path)), map_location=map_location, weights_only=weights_only)
+    data = io.BytesIO(storage.read(path))
+    _records_naming(path, data)  # refuses a crafted zip directory before torch walks it
+    data.seek(0)
+    value = torch.load(data, map_location=map_location, weights_only=weights_only)
     return value, None
 
 
@@ -223,23 +228,131 @@ _LOCAL_HEADER = 30  # bytes of a zip local file header before its name and extra
 
 
 def tensor_records(file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:
-    """Where each tensor record's payload starts in a Torch zip file, and its size; None if not a zip."""
-    try:
-        with zipfile.ZipFile(file) as zf:
-            infos = zf.infolist()
-    except zipfile.BadZipFile:
+    """Where each tensor record's payload starts in a Torch zip file, and its size; None if not a zip.
+
+    The zip's central directory is walked by hand, without a `ZipInfo` per entry: `zipfile` built one for
+    each of a crafted file's 10**6 empty entries (26 s, over 1 GiB, for a 100 MB file). A file holding entries
+    torch.save never writes beyond `MAX_OTHER_ENTRIES`, or one name twice, is refused at the first such entry.
+    """
+    directory = _central_directory(file)
+    if directory is None:
         return None
     records: dict[int, int] = {}
-    for info in infos:
-        if _TENSOR_RECORD.search(info.filename) is None:
+    seen: set[bytes] = set()
+    others = 0
+    for name, size, header_offset in directory:
+        if name in seen:
+            raise CorruptCheckpointError(f"Torch zip entry {name!r} appears twice; the file is damaged or crafted.")
+        seen.add(name)
+        if _TENSOR_RECORD.search(name.decode("utf-8", "replace")) is None:
+            others += 1
+            if others > MAX_OTHER_ENTRIES:
+                raise CorruptCheckpointError(
+                    f"Torch zip entry {name!r} is one of more than {MAX_OTHER_ENTRIES} entries that are not "
+                    f"tensor records; torch.save writes fewer than 10. The file is damaged or crafted."
+                )
             continue
-        file.seek(info.header_offset)
-        header = file.read(_LOCAL_HEADER)
-        if len(header) < _LOCAL_HEADER:
-            raise CorruptCheckpointError(f"Tensor record {info.filename!r} has its header past the file's end.")
-        name_len, extra_len = struct.unpack("<HH", header[26:30])
-        records[info.header_offset + _LOCAL_HEADER + name_len + extra_len] = info.compress_size
+        records[_payload_offset(file, name, header_offset)] = size
     return records
+
+
+MAX_OTHER_ENTRIES = 64
+"""The most entries a Torch zip file may hold besides its tensor records (torch.save writes the pickle,
+`version`, `byteorder`, `.format_version`, `.storage_alignment`, `.data/serialization_id`)."""
+
+_EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
+_EOCD64_LOCATOR = struct.Struct("<4sLQL")
+_EOCD64 = struct.Struct("<4sQ2H2L4Q")
+_CENTRAL = struct.Struct("<4s6H3L5H2L")  # one central directory entry, before its name
+_MAX_EOCD_SEARCH = _EOCD.size + 0xFFFF  # the record, then a comment of at most 64 KiB
+
+
+def _central_directory(file: io.RawIOBase | IO[bytes]) -> Iterator[tuple[bytes, int, int]] | None:
+    """(name, stored size, local header offset) of each entry, lazily; None if the file is not a zip."""
+    size = file.seek(0, os.SEEK_END)
+    tail_at = max(0, size - _MAX_EOCD_SEARCH)
+    file.seek(tail_at)
+    tail = file.read(size - tail_at) or b""
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < _EOCD.size:
+        return None
+    _, _, _, _, count, cd_size, cd_offset, comment_len = _EOCD.unpack_from(tail, at)
+    if at + _EOCD.size + comment_len != len(tail):  # those bytes inside other data (a legacy file), not a record
+        return None
+    if 0xFFFF in (count,) or 0xFFFFFFFF in (cd_size, cd_offset):
+        count, cd_size, cd_offset = _zip64_directory(file, tail_at + at)
+    if cd_offset + cd_size > size:
+        raise CorruptCheckpointError(f"The zip directory ({cd_size} bytes at {cd_offset}) runs past the file's end.")
+    file.seek(cd_offset)
+    directory = file.read(cd_size) or b""
+    return _entries(directory, count)
+
+
+def _zip64_directory(file: io.RawIOBase | IO[bytes], eocd_at: int) -> tuple[int, int, int]:
+    if eocd_at < _EOCD64_LOCATOR.size:
+        raise CorruptCheckpointError("The zip's 64-bit directory locator is missing.")
+    file.seek(eocd_at - _EOCD64_LOCATOR.size)
+    signature, _, record_at, _ = _EOCD64_LOCATOR.unpack(file.read(_EOCD64_LOCATOR.size))
+    file.seek(record_at)
+    record = file.read(_EOCD64.size) or b""
+    if signature != b"PK\x06\x07" or len(record) < _EOCD64.size or record[:4] != b"PK\x06\x06":
+        raise CorruptCheckpointError("The zip's 64-bit directory record is missing or damaged.")
+    *_, count, cd_size, cd_offset = _EOCD64.unpack(record)
+    return count, cd_size, cd_offset
+
+
+def _entries(directory: bytes, count: int) -> Iterator[tuple[bytes, int, int]]:
+    pos = 0
+    for _ in range(count):
+        if len(directory) - pos < _CENTRAL.size or directory[pos : pos + 4] != b"PK\x01\x02":
+            raise CorruptCheckpointError(f"The zip directory's entry at byte {pos} is damaged.")
+        fields = _CENTRAL.unpack_from(directory, pos)
+        compressed, name_len, extra_len, comment_len, header_offset = *fields[8:9], *fields[10:13], fields[16]
+        uncompressed = fields[9]
+        name = directory[pos + _CENTRAL.size : pos + _CENTRAL.size + name_len]
+        extra = directory[pos + _CENTRAL.size + name_len : pos + _CENTRAL.size + name_len + extra_len]
+        compressed, header_offset = _zip64_extra(extra, uncompressed, compressed, header_offset)
+        yield name, compressed, header_offset
+        pos += _CENTRAL.size + name_len + extra_len + comment_len
+
+
+def _zip64_extra(extra: bytes, uncompressed: int, compressed: int, header_offset: int) -> tuple[int, int]:
+    """The 64-bit values a zip64 extra field (id 1) holds for the 32-bit fields set to 0xFFFFFFFF, in order."""
+    if 0xFFFFFFFF not in (uncompressed, compressed, header_offset):
+        return compressed, header_offset
+    at = 0
+    while at + 4 <= len(extra):
+        kind, length = struct.unpack_from("<HH", extra, at)
+        if kind == 1:
+            values = iter(struct.unpack_from(f"<{length // 8}Q", extra, at + 4))
+            if uncompressed == 0xFFFFFFFF:
+                next(values, None)
+            if compressed == 0xFFFFFFFF:
+                compressed = next(values, compressed)
+            if header_offset == 0xFFFFFFFF:
+                header_offset = next(values, header_offset)
+            break
+        at += 4 + length
+    return compressed, header_offset
+
+
+def _payload_offset(file: io.RawIOBase | IO[bytes], name: bytes, header_offset: int) -> int:
+    file.seek(header_offset)
+    header = file.read(_LOCAL_HEADER) or b""
+    if len(header) < _LOCAL_HEADER:
+        raise CorruptCheckpointError(
+            f"Tensor record {name.decode('utf-8', 'replace')!r} has its header past the file's end."
+        )
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    return int(header_offset + _LOCAL_HEADER + name_len + extra_len)
+
+
+def _records_naming(path: Path, file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:
+    """`tensor_records`, its refusal naming the file."""
+    try:
+        return tensor_records(file)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{path}: {exc} Load an earlier checkpoint.") from None
 
 
 def tensor_records_of(local: str) -> dict[int, int] | None:

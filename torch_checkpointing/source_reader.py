@@ -219,7 +219,10 @@ def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceF
     if not _checks_reads(storage):  # a plain store records nothing to check: map it, as torch does
         return _TorchSourceFile(load_resharding_source(storage, path, mapped), stats)
     size = storage.getsize(path)
-    records = tensor_records(_RangeFile(storage, path, size))  # through the view: the zip directory is checked
+    try:
+        records = tensor_records(_RangeFile(storage, path, size))  # through the view: the zip directory is checked
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{path}: {exc} Load an earlier checkpoint.") from None
     if records is None:
         storage.verify_range(path, 0, size)  # not a zip (legacy torch.save): torch reads all of it
     else:
