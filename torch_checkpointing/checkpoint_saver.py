@@ -31,7 +31,7 @@ from torch_checkpointing.checkpoint_writer import (
 from torch_checkpointing.codecs import refuse_before_handover
 from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
-from torch_checkpointing.errors import CheckpointError, WriterProcessDied
+from torch_checkpointing.errors import CheckpointError, WriterProcessDied, log_safely
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
 from torch_checkpointing.pickling import dumps_value
 from torch_checkpointing.schema import ResolvedItem
@@ -218,9 +218,9 @@ class AsyncCheckpointSaver(CheckpointSaver):
         """Returns once staging has started (or finished, without async staging); the Future ends with the commit."""
         plan = self._absolute(plan)
         self._wait_previous()
-        self._staging_lock.acquire(RWLockMode.WRITE, self._lock_timeout)
         release = _ReleaseOnce(self._staging_lock)
-        try:
+        try:  # the acquire inside: a Ctrl-C landing anywhere after it releases the hold (lock.py)
+            self._staging_lock.acquire(RWLockMode.WRITE, self._lock_timeout, release)
             payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
             if self.config.staging_config.use_async_staging:
                 staged: Future[Any] = self._staging_pool.submit(self._stage, payload, release)
@@ -231,9 +231,9 @@ class AsyncCheckpointSaver(CheckpointSaver):
             release()
             raise
         write = WriteFuture(plan.checkpoint_dir)
-        write.set_running_or_notify_cancel()
-        self._last_write = write
         try:
+            write.set_running_or_notify_cancel()
+            self._last_write = write
             blocked_s = time.monotonic() - plan.started
             self._comm.submit(lambda: self._write(plan, staged, write, blocked_s))
         except BaseException as exc:  # (Ctrl-C) nothing will resolve the Future: the next save must not wait on it
@@ -265,6 +265,20 @@ class AsyncCheckpointSaver(CheckpointSaver):
             release()
 
     def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any], blocked_s: float) -> None:
+        """(On the comm thread.) Whatever raises on the way, the Future resolves: its waiter, and the next save,
+        would otherwise wait for it until `wait_timeout_secs`."""
+        try:
+            self._write_and_resolve(plan, staged, write, blocked_s)
+        finally:
+            if not write.done():
+                write.set_exception(
+                    CheckpointError(
+                        f"The async save of {plan.checkpoint_dir} ended without an outcome (see the error logged "
+                        f"with it); whether it was committed is not known: load it to check, or save again."
+                    )
+                )
+
+    def _write_and_resolve(self, plan: SavePlan, staged: Future[Any], write: Future[Any], blocked_s: float) -> None:
         try:
             encoded, slab_info = self._encode(plan, staged)
             self._process.ensure_ready()
@@ -331,7 +345,9 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 self._storage = self._storage_config.create_storage()
             Commit(self._storage, CommitTarget(plan.checkpoint_dir, plan.tmp_dir, plan.overwrite)).discard()
         except Exception as exc:
-            logger.error(
+            log_safely(
+                logger,
+                logging.ERROR,
                 "Could not remove the temporary directory %s of the failed save of %s: %s: %s. Delete it by hand, "
                 "or run `torch-checkpointing gc %s` (it removes what dead saves left there).",
                 plan.tmp_dir,
@@ -354,20 +370,24 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 "Cannot prewarm staging inside `with manager.lock():` on the same thread: its staging copy needs "
                 "that lock. Call prewarm_staging() before or after the with block."
             )
-        if not self._staging_lock_try_write():
-            raise RuntimeError("Cannot prewarm staging while checkpoint staging is active")  # misuse; §2.3
         release = _ReleaseOnce(self._staging_lock)
+        if not self._staging_lock_try_write(release):
+            raise RuntimeError("Cannot prewarm staging while checkpoint staging is active")  # misuse; §2.3
         try:
             self._prewarm = self._staging_pool.submit(self._stage, payload, release)
         except BaseException:
             release()
             raise
 
-    def _staging_lock_try_write(self) -> bool:
+    def _staging_lock_try_write(self, release: _ReleaseOnce) -> bool:
+        """Take the write side now or never, under `release`'s token: interrupted, `release()` gives it back."""
         try:
-            self._staging_lock.acquire(RWLockMode.WRITE, timeout=0)
+            self._staging_lock.acquire(RWLockMode.WRITE, 0, release)
         except RuntimeError:
             return False
+        except BaseException:
+            release()
+            raise
         return True
 
     def close(self) -> None:
@@ -384,6 +404,9 @@ class _ReleaseOnce:
     A second release of the write side clears it whoever holds it then: another thread's prewarm_staging() or
     save() that took the lock in between would have its copy run while an optimizer step in `lock()` updates
     the tensors it copies. A failed sync staging copy released it twice.
+
+    The object is the hold's token (`RWLock.acquire(..., token=self)`): made before the acquire, so that a save()
+    interrupted anywhere around the acquire releases what it took, and nothing it did not take.
     """
 
     def __init__(self, lock: RWLock) -> None:
@@ -393,10 +416,16 @@ class _ReleaseOnce:
 
     def __call__(self) -> None:
         with self._once:
-            if self._done:
+            if self._done or not self._lock.holds(RWLockMode.WRITE, self):
                 return
             self._done = True
         self._lock.release(RWLockMode.WRITE)
+
+    def __del__(self) -> None:
+        """A hold whose releaser is gone (an interrupted save() dropped it) is given back: nothing else could."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None and not self._done and lock.holds_unlocked(self):
+            self()
 
 
 class _DaemonWorker:
@@ -455,7 +484,12 @@ class _DaemonWorker:
         try:
             job()
         except BaseException:  # a job reports through its own Future; this keeps the thread for the next save
-            logger.exception("A checkpoint write job failed outside its Future; the next save still runs")
+            log_safely(
+                logger,
+                logging.ERROR,
+                "A checkpoint write job failed outside its Future; the next save still runs",
+                exc_info=True,
+            )
 
 
 class WriteFuture(Future[Any]):
@@ -503,7 +537,9 @@ class WriteFuture(Future[Any]):
 def log_committed(plan: SavePlan, nbytes: int, blocked_s: float) -> None:
     """`blocked_s`: how long save() held the caller (measured after the plan was made, so not part of it)."""
     durable_s = time.monotonic() - plan.started
-    logger.info(
+    log_safely(
+        logger,
+        logging.INFO,
         "Checkpoint %s committed (rank %d): %d bytes, save() blocked %.0f ms, durable after %.2f s, %.1f MB/s",
         plan.checkpoint_dir,
         plan.rank,
@@ -515,7 +551,10 @@ def log_committed(plan: SavePlan, nbytes: int, blocked_s: float) -> None:
 
 
 def log_failed(plan: SavePlan, exc: BaseException) -> None:
-    logger.error(
+    """Never raises (`log_safely`): the failed save's own error is what its caller and its Future get."""
+    log_safely(
+        logger,
+        logging.ERROR,
         "Checkpoint save of %s failed (rank %d); nothing was committed there: %s: %s",
         plan.checkpoint_dir,
         plan.rank,

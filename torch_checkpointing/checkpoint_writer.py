@@ -32,7 +32,7 @@ from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
-from torch_checkpointing.errors import CommitError
+from torch_checkpointing.errors import CommitError, log_safely
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
@@ -236,8 +236,14 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     if plan.finalize_callback is not None:
         try:
             plan.finalize_callback(plan.checkpoint_dir, None)
-        except Exception:
-            logger.exception("finalize_callback failed for the committed checkpoint %s", plan.checkpoint_dir)
+        except Exception:  # committed: a save does not fail after its commit (the design document's rule)
+            log_safely(
+                logger,
+                logging.ERROR,
+                "finalize_callback failed for the committed checkpoint %s",
+                plan.checkpoint_dir,
+                exc_info=True,
+            )
     return nbytes
 
 
@@ -300,7 +306,7 @@ def _as_reported(signalled: tuple[int, BaseException], checkpoint_dir: str, stat
     said += "is intact."
     if type(exc) is KeyboardInterrupt and not exc.args:  # Python's own Ctrl-C: the message is ours to give
         return KeyboardInterrupt(said)
-    logger.warning("%s (the signal handler raised %s)", said, type(exc).__name__)
+    log_safely(logger, logging.WARNING, "%s (the signal handler raised %s)", said, type(exc).__name__)
     if sys.version_info >= (3, 11):
         exc.add_note(said)
     return exc
@@ -387,7 +393,9 @@ def _settle(channel: StoreChannel, plan: SavePlan, committed: bool) -> None:
             timeout = plan.timeout_s if committed else _VERDICT_GRACE_S
             channel.gather("ack", plan.world_size, "that it saw the outcome", timeout_s=timeout)
     except CommitError as exc:  # a rank (or the store) gone after the outcome changes nothing about it
-        logger.debug(
+        log_safely(
+            logger,
+            logging.DEBUG,
             "Rank %d: not every rank acknowledged the outcome of %s: %s",
             plan.rank,
             plan.checkpoint_dir,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
-from torch_checkpointing.errors import CheckpointError, CommitError
+from torch_checkpointing.errors import CheckpointError, CommitError, log_safely
 from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
@@ -557,7 +557,9 @@ class Commit:
                         f"it is. Save to another id, or retry once it is gone."
                     ) from exc
                 raise
-            logger.warning(
+            log_safely(
+                logger,
+                logging.WARNING,
                 "Checkpoint %s is committed, but the checkpoint it replaced could not be removed (%s: %s); "
                 "delete any leftover .old_*/.tmp-* entries beside it by hand.",
                 final,
@@ -577,8 +579,14 @@ class Commit:
         try:
             action()
         except Exception as exc:
-            logger.warning(
-                "Checkpoint %s is committed, but could not %s: %s: %s", self.target.final, what, type(exc).__name__, exc
+            log_safely(
+                logger,
+                logging.WARNING,
+                "Checkpoint %s is committed, but could not %s: %s: %s",
+                self.target.final,
+                what,
+                type(exc).__name__,
+                exc,
             )
 
     def discard(self) -> None:
@@ -593,7 +601,9 @@ class Commit:
             ):
                 self.storage.rmdir(root)
         except Exception as exc:
-            logger.warning(
+            log_safely(
+                logger,
+                logging.WARNING,
                 "Could not remove the unfinished save at %s: %s: %s. Delete it by hand, or run "
                 "`torch-checkpointing gc %s` (it removes what dead saves left there).",
                 root,

@@ -5,11 +5,17 @@ checkpoint itself, or the save/load machinery, is a `CheckpointError`, so one `e
 catches "this checkpoint cannot be used" without swallowing programming errors. Each subclass names one
 kind of failure a caller may want to handle differently. `TemplateMismatchError` is both: the checkpoint and
 the caller's `into=` template disagree.
+
+`log_safely` is how the engine reports a failure (or a commit) where a log handler that raises must not
+change the outcome: it is not exported (the package's top level exports only the errors).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import pickle
+import sys
 from collections.abc import Mapping
 
 # The package's top level exports every name listed here (its lazy table reads this list).
@@ -100,3 +106,22 @@ class ObjectStoreError(CheckpointError):
     The message names the object's URL and the store's own error; the storage stays usable, so the next save
     can simply be retried.
     """
+
+
+def log_safely(log: logging.Logger, level: int, msg: str, *args: object, exc_info: bool = False) -> None:
+    """`log.log(...)` that never raises: a `logging.Handler` whose `emit` raises (one that does not catch its own
+    I/O error) propagates out of the logging call, and on a save's completion path that made a committed save
+    raise, or left its Future unresolved forever. What the handler could not take goes to stderr instead, with
+    the handler's error, so that it is not lost either."""
+    try:
+        log.log(level, msg, *args, exc_info=exc_info)
+    except Exception as exc:
+        try:
+            text = msg % args if args else msg
+        except Exception:  # the record's own arguments do not format: keep the template
+            text = msg
+        with contextlib.suppress(Exception):  # stderr itself is gone: no channel is left to report on
+            sys.stderr.write(
+                f"{log.name}: a logging handler raised {type(exc).__name__}: {exc}; the record it dropped: "
+                f"{logging.getLevelName(level)} {text}\n"
+            )

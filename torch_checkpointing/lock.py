@@ -9,20 +9,34 @@ A waiting writer goes before new readers: a training thread taking `lock()` back
 after the other) otherwise kept the read side held, or retaken within microseconds, so that a `save()` on another
 thread never found it free and failed as a deadlock after `wait_timeout_secs`. A thread that already holds the
 read side still gets it again (a nested `lock()`): making it wait for the writer would wait for itself.
+
+Ctrl-C: every hold is registered under a token (the `hold()` object, or the saver's releaser) in one store
+inside the acquire's critical section, and released by that token, a no-op for a token never registered. So
+the acquire runs inside the `try` that releases: a KeyboardInterrupt landing before the acquire counted the
+hold, after it, or between its return and the `with` body releases exactly what was taken. `RWLockHold.__exit__`
+gives the hold back in its first statement; an interrupt at its very entry (the one point Python leaves) is
+covered by `__del__`: the registry keys holds by `id(token)`, never keeping the token alive, so a hold whose
+object is gone (the interrupted statement's frame and traceback freed) is given back then. Waits re-check every
+`_RECHECK_S`, in case such a release could not notify. The critical sections use a C-level RLock as their
+`with` target: `threading.Condition.__exit__` is a Python frame in which an interrupt could skip the unlock.
+(A hold taken without a token, `acquire(mode)` then `release(mode)`, keeps the window between the two calls;
+the engine takes none that way.)
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import Callable
 from enum import Enum
+from types import TracebackType
 
 from torch_checkpointing.errors import CheckpointError
 
-__all__ = ["DEFAULT_ACQUIRE_TIMEOUT_SECS", "RWLock", "RWLockMode"]
+__all__ = ["DEFAULT_ACQUIRE_TIMEOUT_SECS", "RWLock", "RWLockHold", "RWLockMode"]
 
 DEFAULT_ACQUIRE_TIMEOUT_SECS = 600.0
+_RECHECK_S = 0.1
 
 
 class RWLockMode(Enum):
@@ -32,72 +46,159 @@ class RWLockMode(Enum):
 
 class RWLock:
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writer = False
-        self._read_holds: dict[int, int] = {}  # thread ident -> read holds it has not released
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
+        # Holds by id(token), never the token itself: a hold's object that is gone must be able to go (its
+        # __del__ gives the hold back). Each value: the ident of the thread that took it, and the token when
+        # acquire() made it (kept until released; a caller's own token stays the caller's).
+        self._read_holds: dict[int, tuple[int, object | None]] = {}
+        self._writer: tuple[int, object | None] | None = None
         self._writers_waiting = 0
+
+    @property
+    def _readers(self) -> int:
+        return len(self._read_holds)
 
     def held_by_this_thread(self) -> bool:
         """Whether the calling thread holds the read side (it is inside `with manager.lock():`)."""
-        with self._cond:
-            return self._read_holds.get(threading.get_ident(), 0) > 0
+        with self._mutex:
+            return self._holds_read(threading.get_ident())
 
-    def acquire(self, mode: RWLockMode, timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECS) -> None:
-        with self._cond:
-            if mode is RWLockMode.WRITE and self._read_holds.get(threading.get_ident(), 0) > 0:
+    def _holds_read(self, me: int) -> bool:
+        # list() first, in one C call: `RWLockHold.__exit__` pops from the dict without the mutex
+        return any(ident == me for ident, _ in list(self._read_holds.values()))
+
+    def acquire(
+        self, mode: RWLockMode, timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECS, token: object | None = None
+    ) -> object:
+        """Take one hold, registered under `token` (a new one if None); returns the token to release it by."""
+        kept = object() if token is None else None
+        token = kept if token is None else token
+        me = threading.get_ident()
+        with self._mutex:
+            if mode is RWLockMode.WRITE and self._holds_read(me):
                 raise CheckpointError(
                     "The checkpoint write lock was asked for by a thread that holds its read side: a save() inside "
                     "`with manager.lock():` would wait for itself. Call save() after the with block."
                 )
-            ok = self._wait_read(timeout) if mode is RWLockMode.READ else self._wait_write(timeout)
+            ok = self._wait_read(me, timeout) if mode is RWLockMode.READ else self._wait_write(timeout)
             if not ok:
                 # RuntimeError, not a CheckpointError: the type recorded in API_SURFACE §10, which callers catch
                 raise RuntimeError(
                     f"Failed to acquire the checkpoint {mode.value} lock after {timeout} seconds; this is likely a "
                     f"deadlock (a staging copy that never finished, or a lock() another thread never released)."
                 )
+            # One store each: the hold is either registered (its token releases it) or not taken at all.
             if mode is RWLockMode.READ:
-                self._readers += 1
-                me = threading.get_ident()
-                self._read_holds[me] = self._read_holds.get(me, 0) + 1
+                self._read_holds[id(token)] = (me, kept)
             else:
-                self._writer = True
+                self._writer = (id(token), kept)
+        return token
 
-    def _wait_read(self, timeout: float | None) -> bool:
-        """(Holding `_cond`.) Behind a waiting writer, unless this thread holds the read side already."""
-        nested = self._read_holds.get(threading.get_ident(), 0) > 0
-        return self._cond.wait_for(lambda: not self._writer and (nested or not self._writers_waiting), timeout)
+    def _wait_read(self, me: int, timeout: float | None) -> bool:
+        """(Holding the mutex.) Behind a waiting writer, unless this thread holds the read side already."""
+        nested = self._holds_read(me)
+        return self._wait_for(lambda: self._writer is None and (nested or not self._writers_waiting), timeout)
 
     def _wait_write(self, timeout: float | None) -> bool:
-        """(Holding `_cond`.) Counted as waiting meanwhile, so that new readers queue behind this writer."""
+        """(Holding the mutex.) Counted as waiting meanwhile, so that new readers queue behind this writer."""
         self._writers_waiting += 1
         try:
-            return self._cond.wait_for(lambda: not self._writer and self._readers == 0, timeout)
+            return self._wait_for(lambda: self._writer is None and not self._read_holds, timeout)
         finally:
             self._writers_waiting -= 1
             self._cond.notify_all()  # readers held back by this writer re-check, whether it got the lock or gave up
 
-    def release(self, mode: RWLockMode) -> None:
-        with self._cond:
-            if mode is RWLockMode.READ:
-                self._readers -= 1
-                self._forget_read_hold(threading.get_ident())
-            else:
-                self._writer = False
+    def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """(Holding the mutex.) `Condition.wait_for` in slices of `_RECHECK_S`: a hold given back by an interrupted
+        `__exit__` (its wake() skipped) is then seen within a slice instead of at the end of the timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ready():
+            left = _RECHECK_S if deadline is None else min(_RECHECK_S, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self._cond.wait(left)
+        return True
+
+    def release(self, mode: RWLockMode, token: object | None = None) -> bool:
+        """Give back the hold registered under `token`; False (and nothing changed) if it holds none.
+
+        Without a token: the write side whoever holds it, or one read hold of the calling thread.
+        """
+        with self._mutex:
+            released = self._forget(mode, token)
+            if released:
+                self._cond.notify_all()
+            return released
+
+    def wake(self) -> None:
+        """Let the waiters re-check (after a hold was given back without the mutex, by `RWLockHold.__exit__`)."""
+        with self._mutex:
             self._cond.notify_all()
 
-    def _forget_read_hold(self, me: int) -> None:
-        held = self._read_holds.get(me, 0)
-        if held > 1:
-            self._read_holds[me] = held - 1
-        else:  # a read side released by another thread than took it leaves nothing to forget here
-            self._read_holds.pop(me, None)
+    def holds_unlocked(self, token: object) -> bool:
+        """Whether `token` holds either side, read without the mutex (one dict lookup, safe under the GIL)."""
+        writer = self._writer
+        return (writer is not None and writer[0] == id(token)) or id(token) in self._read_holds
 
-    @contextmanager
-    def hold(self, mode: RWLockMode, timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECS) -> Iterator[None]:
-        self.acquire(mode, timeout)
+    def holds(self, mode: RWLockMode, token: object) -> bool:
+        """Whether `token` holds the lock in `mode` now."""
+        with self._mutex:
+            if mode is RWLockMode.WRITE:
+                return self._writer is not None and self._writer[0] == id(token)
+            return id(token) in self._read_holds
+
+    def _forget(self, mode: RWLockMode, token: object | None) -> bool:
+        if mode is RWLockMode.WRITE:
+            if self._writer is None or (token is not None and self._writer[0] != id(token)):
+                return False
+            self._writer = None
+            return True
+        if token is None:
+            me = threading.get_ident()
+            key = next((k for k, (ident, _) in list(self._read_holds.items()) if ident == me), None)
+        else:
+            key = id(token)
+        return key is not None and self._read_holds.pop(key, None) is not None
+
+    def hold(self, mode: RWLockMode, timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECS) -> RWLockHold:
+        """`with lock.hold(mode):` — the hold is released on any exit, an interrupt in the acquire included."""
+        return RWLockHold(self, mode, timeout)
+
+
+class RWLockHold:
+    """One hold of an `RWLock`, as a context manager; the object itself is the hold's token.
+
+    `__enter__` releases what its own acquire took if anything interrupts it (a KeyboardInterrupt raised after
+    the hold was registered, before `__enter__` returned, skips `__exit__`). `__exit__` gives the hold back in
+    its first statement, one C-level store, so that an interrupt can land only at its entry; that last window
+    is closed by `__del__`: a hold whose object is gone (the interrupted `with` statement's frame, and the
+    traceback that kept it, were freed) is given back then.
+    """
+
+    def __init__(self, lock: RWLock, mode: RWLockMode, timeout: float | None) -> None:
+        self._lock = lock
+        self._mode = mode
+        self._timeout = timeout
+
+    def __enter__(self) -> None:
         try:
-            yield
-        finally:
-            self.release(mode)
+            self._lock.acquire(self._mode, self._timeout, self)
+        except BaseException:
+            self._lock.release(self._mode, self)
+            raise
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        # Inlined, not a call: a Python call's entry is where an interrupt lands (see the module docstring).
+        if self._mode is RWLockMode.READ:
+            self._lock._read_holds.pop(id(self), None)
+        elif self._lock._writer is not None and self._lock._writer[0] == id(self):
+            self._lock._writer = None
+        self._lock.wake()
+
+    def __del__(self) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None and lock.holds_unlocked(self):
+            lock.release(self._mode, self)

@@ -1,0 +1,143 @@
+"""Ctrl-C landing anywhere around `manager.lock()` and `save()` leaks no hold of the staging lock.
+
+A real child process takes `manager.lock()` in a tight loop (an optimizer step each time) and saves every few
+steps, while this test delivers SIGINT to it about every millisecond. Each KeyboardInterrupt is caught by the
+child's loop, as a training script's `except KeyboardInterrupt` does. Before the fix a KeyboardInterrupt that
+landed between the lock's acquire returning and the `try` that releases it (or inside the acquire, after the hold
+was counted) left a read hold nobody owned, and every later save failed: refused as a save "inside `with
+manager.lock():`" on the training thread, or a deadlock after `wait_timeout_secs` from any other thread.
+Afterwards the child must take the write side from another thread at once and finish a save, bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+STORM_S = 4.0
+CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    import torch
+    from torch_checkpointing import CheckpointManager
+    from torch_checkpointing.lock import RWLockMode
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+    root, stop = sys.argv[1], sys.argv[2]
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = 20
+    manager = CheckpointManager(config)
+    manager.save(f"{root}/first", {"w": torch.zeros(8)}).result(60)
+    w = torch.zeros(8)
+    counts = {"steps": 0, "interrupts": 0, "ignored": 0, "saves": 0, "save_errors": 0}
+    armed = [False]
+
+    def on_sigint(signum, frame):
+        # Python's own Ctrl-C raises KeyboardInterrupt the same way; disarmed until the loop is back inside its
+        # try, so that every interrupt lands in lock()/save() and none in the loop's own bookkeeping.
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        counts["ignored"] += 1
+
+    signal.signal(signal.SIGINT, on_sigint)
+    print("ready", flush=True)
+    while not os.path.exists(stop):
+        try:
+            armed[0] = True
+            with manager.lock():
+                w.add_(1)
+            counts["steps"] += 1
+            if counts["steps"] % 200 == 0:
+                try:
+                    future = manager.save(f"{root}/loop", {"w": w})
+                    counts["saves"] += 1
+                    future.result(20)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as exc:
+                    counts["save_errors"] += 1
+                    counts["last_save_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            armed[0] = False
+        except KeyboardInterrupt:
+            counts["interrupts"] += 1
+        except Exception as exc:  # lock() itself failed (the deadlock): report it
+            armed[0] = False
+            counts["loop_error"] = f"{type(exc).__name__}: {exc}"[:400]
+            break
+    armed[0] = False
+    time.sleep(0.5)  # the last SIGINT sent is delivered and handled before the checks
+    out = dict(counts)
+    try:
+        lock = manager._saver._staging_lock
+        took = []
+        def writer():
+            try:
+                lock.acquire(RWLockMode.WRITE, timeout=5)
+                lock.release(RWLockMode.WRITE)
+                took.append("ok")
+            except Exception as exc:
+                took.append(f"{type(exc).__name__}: {exc}")
+        t = threading.Thread(target=writer)
+        t.start()
+        t.join(10)
+        out["write_side_from_another_thread"] = took[0] if took else "hung"
+        started = time.monotonic()
+        try:
+            manager.save(f"{root}/after", {"w": torch.ones(8)}).result(20)
+            out["save_after"] = "ok"
+        except Exception as exc:
+            out["save_after"] = f"{type(exc).__name__}: {exc}"[:400]
+        out["save_after_s"] = time.monotonic() - started
+        manager.close()
+    finally:
+        print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+def _storm(proc: subprocess.Popen[str], seconds: float) -> int:
+    """SIGINT about every millisecond for `seconds`; returns how many were sent."""
+    sent, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGINT)
+        sent += 1
+        time.sleep(0.001 * (1 + sent % 3))  # an uneven rhythm lands in more places
+    return sent
+
+
+def test_sigint_storm_around_lock_and_save_leaks_no_lock_hold(tmp_path: Path) -> None:
+    stop = tmp_path / "stop"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path / "ckpt"), str(stop)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
+        sent = _storm(proc, STORM_S)
+        stop.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no result; stderr:\n{err[-3000:]}"
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["interrupts"] > 100 and sent > 100, result  # the storm really landed
+    assert "loop_error" not in result, result
+    assert result["write_side_from_another_thread"] == "ok", result
+    assert result["save_after"] == "ok", result
+    assert result["save_after_s"] < 15, result
