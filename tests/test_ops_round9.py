@@ -112,3 +112,35 @@ def test_prune_that_must_leave_a_checkpoint_exits_1_and_names_it(tmp_path: Path)
     code, doc = _json_cli("prune", str(root), "--keep-last", "1")
     assert code == 0 and [d["name"] for d in doc["deleted"]] == ["step_1"] and doc["failed"] == []
     assert (outside / "canary").read_text() == "alive"
+
+
+def test_prune_dry_run_says_what_the_real_run_would_leave(tmp_path: Path) -> None:
+    """`--dry-run` listed a checkpoint holding a foreign file as "would delete"; the real run then left it."""
+    outside = _canary(tmp_path)
+    root = tmp_path / "run"
+    _save_run(root, (1, 2, 3))
+    os.symlink(outside / "canary", root / "step_1" / "notes.txt")
+    code, doc = _json_cli("prune", str(root), "--keep-last", "1", "--dry-run")
+    assert code == 1 and [d["name"] for d in doc["deleted"]] == ["step_2"]
+    assert [f["name"] for f in doc["failed"]] == ["step_1"] and "notes.txt" in doc["failed"][0]["reason"]
+    assert [c.name for c in list_checkpoints(root)] == ["step_1", "step_2", "step_3"]  # nothing deleted
+    code, real = _json_cli("prune", str(root), "--keep-last", "1")
+    assert code == 1 and (real["deleted"], real["failed"]) == (doc["deleted"], doc["failed"])
+    assert (outside / "canary").read_text() == "alive"
+
+
+def test_bad_prune_arguments_name_the_flag_not_the_python_field(tmp_path: Path) -> None:
+    """`prune --keep-last 0` said "RetentionPolicy.keep_last must be a positive int", and `--keep-best 1`
+    without a metric "needs metric=": an operator at a shell has flags, not fields."""
+    root = tmp_path / "run"
+    _save_run(root, (1, 2))
+    for argv, flag in [
+        (["--keep-last", "0"], "--keep-last"),
+        (["--keep-every-n-steps", "-5"], "--keep-every-n-steps"),
+        (["--keep-best", "1"], "--metric"),
+    ]:
+        proc = _cli("prune", str(root), *argv)
+        assert proc.returncode == 2, proc.stderr
+        assert flag in proc.stderr and "RetentionPolicy" not in proc.stderr and "metric=" not in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert [c.name for c in list_checkpoints(root)] == ["step_1", "step_2"]

@@ -37,7 +37,7 @@ from torch_checkpointing.discovery import (
     resume_point,
 )
 from torch_checkpointing.distributed_metadata import DistributedMetadata, read_distributed_metadata
-from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
+from torch_checkpointing.errors import CheckpointError, ConfigError, IncompleteCheckpointError
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.retention import (
@@ -574,6 +574,7 @@ def cmd_gc(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
 
 
 def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
+    _check_prune_flags(args)
     policy = RetentionPolicy(
         keep_last=args.keep_last,
         keep_every_n_steps=args.keep_every_n_steps,
@@ -594,6 +595,17 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     for c, why in report.failed:
         ui.line(f"NOT DELETED {c.name}: {why}")
     return EXIT_NO if report.failed else EXIT_OK
+
+
+def _check_prune_flags(args: argparse.Namespace) -> None:
+    """The policy's own checks, in the flags' words: an operator at a shell has flags, not fields."""
+    for flag in ("keep_last", "keep_every_n_steps", "keep_best"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            name = "--" + flag.replace("_", "-")
+            raise ConfigError(f"prune {name} must be a whole number >= 1, got {value} (leave it out for no such rule)")
+    if args.keep_best is not None and not args.metric:
+        raise ConfigError("prune --keep-best needs --metric NAME (a name passed in save(..., metrics={...}))")
 
 
 # ------------------------------------------------------------------------------------------------ export
@@ -671,10 +683,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_gc)
     p = sub.add_parser("prune", parents=[common], help="apply a retention policy to the checkpoints under ROOT")
     p.add_argument("root")
-    p.add_argument("--keep-last", type=int)
-    p.add_argument("--keep-every-n-steps", type=int)
-    p.add_argument("--keep-best", type=int)
-    p.add_argument("--metric")
+    p.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest")
+    p.add_argument("--keep-every-n-steps", type=int, metavar="N", help="keep every step that is a multiple of N")
+    p.add_argument("--keep-best", type=int, metavar="N", help="keep the N best by --metric")
+    p.add_argument("--metric", help="the metric --keep-best ranks by (a name passed in save(..., metrics={...}))")
     p.add_argument("--mode", choices=["min", "max"], default="min")
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(run=cmd_prune)

@@ -170,11 +170,7 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
     if foreign:  # what save() refuses to replace, retention refuses to delete
         if _gone(storage, src):  # its manifest vanished with it: nothing there is foreign, nothing is left
             return _not_deleted(storage, src, "")
-        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
-        why = (
-            f"it also holds files that are not part of it ({shown}); deleting it would delete them. Move them out, "
-            f"or delete the directory yourself"
-        )
+        why = _foreign_files(foreign)
         logger.warning("Retention left checkpoint %s alone: %s.", src, why)
         return _Outcome(False, why)
     trash = _trash_name(src)
@@ -187,6 +183,14 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
     _sync_parent(storage, src)
     _remove(storage, trash, f"checkpoint {src}")  # it is no checkpoint any more either way; gc retries a failure
     return _Outcome(True)
+
+
+def _foreign_files(foreign: list[str]) -> str:
+    shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+    return (
+        f"it also holds files that are not part of it ({shown}); deleting it would delete them. Move them out, "
+        f"or delete the directory yourself"
+    )
 
 
 def _put_back(storage: Storage, trash: Path, src: Path) -> _Outcome:
@@ -269,7 +273,7 @@ def prune(
         resume = newest_intact(found, storage)  # only worth its stats when something is to be deleted
         doomed = select_for_deletion(found, policy, protect=() if resume is None else (resume.path,))
     if dry_run:
-        return PruneReport(deleted=doomed)
+        return _dry_run(doomed, storage)
     report = PruneReport()
     for c in doomed:
         outcome = _delete(Path(c.path), storage, c)
@@ -277,6 +281,23 @@ def prune(
             report.deleted.append(c)
         elif outcome.failure is not None:
             report.failed.append((c, outcome.failure))
+    return report
+
+
+def _dry_run(doomed: list[CheckpointInfo], storage: Storage) -> PruneReport:
+    """What a pass would do: a checkpoint holding files it does not list would be left, as the pass leaves it."""
+    report = PruneReport()
+    for c in doomed:
+        try:
+            foreign = files_not_listed(storage, Path(c.path))
+        except OSError as exc:
+            if not _gone(storage, Path(c.path)):  # else deleted by another process meanwhile: nothing to do
+                report.failed.append((c, f"its files could not be listed: {exc}"))
+            continue
+        if foreign:
+            report.failed.append((c, _foreign_files(foreign)))
+        else:
+            report.deleted.append(c)
     return report
 
 
