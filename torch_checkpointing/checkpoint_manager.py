@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import enum
 import functools
 import logging
 import os
@@ -42,7 +44,7 @@ from torch_checkpointing.config import (
     check_instance,
 )
 from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
-from torch_checkpointing.errors import CheckpointError, CommitError, ConfigError, ConfigTypeError
+from torch_checkpointing.errors import CheckpointError, CommitError, ConfigError, ConfigTypeError, log_safely
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
@@ -65,10 +67,29 @@ class CheckpointManager:
 
     Construct one per training job on every rank (in a multi-rank job, construction, `save()` and `close()`
     are collective). Async managers start their writer process at construction.
+
+    The config after construction: `manager.config` is the object passed in (not a copy), and it stays
+    mutable, so the manager checks it again at every `save()`, `load()` and `prewarm_staging()`:
+
+    * `items`, `default`, `pre_finalize_callback` and `finalize_callback` are read at each call: a change
+      applies from the next call, checked as at construction (a non-ItemSpec or a bad key is a
+      ConfigTypeError/ConfigError naming it).
+    * Every other field (`save` and everything in it, `load`, `storage_config`, `subprocess_init_fn`/`_args`,
+      `retention`) built the saver, the writer process, the loader and the timeouts at construction; a change
+      (a field set, or the object replaced) is refused by the next call with a ConfigError naming the field.
+      Build a new CheckpointManager for a new setting.
+
+    What is compared is a snapshot of the values of those fields, taken at construction: the configuration
+    dataclasses are walked field by field and plain values (numbers, strings, flags, tuples, dicts) copied;
+    any other object (a resharder, a callback, a storage config's client or credentials object) is neither
+    copied nor compared by value, only by identity, and stays the caller's, shared with the manager.
     """
 
     @dataclass(kw_only=True, slots=True)
     class Config:
+        """What a `CheckpointManager` saves and loads, and how; see the class docstring for which fields may
+        change after construction (items, default, the finalize callbacks) and which are refused."""
+
         items: Mapping[str, ItemSpec] = field(default_factory=dict)
         default: ItemSpec | None = field(default_factory=ItemSpec)
         save: CheckpointSaverConfig = field(default_factory=AsyncCheckpointSaverConfig)
@@ -102,6 +123,7 @@ class CheckpointManager:
         config = config if config is not None else CheckpointManager.Config()
         self._validate(config)
         self.config = config
+        self._fixed = _fixed_fields(config)  # what a later change is refused against (`_recheck_config`)
         storage_config = config.storage_config or LocalFileSystemStorageConfig()
         storage = storage_config.create_storage()
         timeout = config.save.wait_timeout_secs
@@ -112,8 +134,7 @@ class CheckpointManager:
         self._saving = threading.Lock()
         self._safe_load = SafeLoadCheck()
         self._shared_said: set[str] = set()  # {rank}-less items warned about, or declared replicated
-        wants_metadata = any(s.resharder is not None for s in [*config.items.values(), config.default] if s)
-        self._metadata = DefaultMetadataManager() if wants_metadata else None
+        self._metadata = DefaultMetadataManager() if _wants_metadata(config) else None
         # Without a storage config, the first id picks the storage (a path: local; s3://...: that store), once.
         self._first_id: tuple[str | None, str] | None = None  # (scheme, id); None scheme = local filesystem
         self._owner = OwnerLock(self._ctx.uid)  # lets `gc` tell this job's live temporaries from dead ones
@@ -146,7 +167,7 @@ class CheckpointManager:
         atexit.register(self._exit_hook)
         # A manager dropped without close() gives its writer, threads, slab and descriptors back once collected,
         # not only at interpreter exit (a loop building a manager per call kept a writer process per call).
-        parts = _Parts(self._pid, self._exit_hook, self._loader, self._retention, self._owner)
+        parts = _Parts(self._pid, self._exit_hook, self._loader, self._retention, self._owner, self._ctx)
         self._dropped = weakref.finalize(self, _close_dropped, parts)
         self._dropped.atexit = False  # at exit, the exit hook does it
 
@@ -157,6 +178,23 @@ class CheckpointManager:
             self._retention.close()
         self._saver.close()
         self._loader.close()
+
+    def _recheck_config(self) -> None:
+        """At each call: `config` may have been changed since construction (the class docstring's contract)."""
+        config = self.config
+        self._validate(config)
+        changed = _changed_fields(self._fixed, _fixed_fields(config))
+        if changed:
+            raise ConfigError(
+                f"CheckpointManager.Config.{changed[0]} was changed after this manager was built (fields changed: "
+                f"{', '.join(changed)}); it is read at construction only (the saver, the writer process, the "
+                f"loader and the timeouts were built from it), so the change would not apply, or apply only in "
+                f"part. Set it back, or close() this manager and build a new CheckpointManager with the new "
+                f"config. Only items, default, pre_finalize_callback and finalize_callback may change between "
+                f"calls."
+            )
+        if self._metadata is None and _wants_metadata(config):  # a resharder item added since
+            self._metadata = DefaultMetadataManager()
 
     @staticmethod
     def _validate(config: Config) -> None:
@@ -260,6 +298,7 @@ class CheckpointManager:
     def _check_load(
         self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
     ) -> CheckedLoad:
+        self._recheck_config()  # in the checked step: a config changed on one rank is refused on every rank
         checkpoint_id = self._checkpoint_path(checkpoint_id)
         try:
             if into is None and not self.config.items:
@@ -283,6 +322,7 @@ class CheckpointManager:
     def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:
         """Allocate (and fill) the async staging buffers ahead of the first save."""
         with self._call("prewarm staging"):
+            self._recheck_config()
             if isinstance(self._saver, AsyncCheckpointSaver):
                 items = resolve(checkpoint, self.config.items, self.config.default, self._ctx.rank)
                 self._saver.prewarm(items)
@@ -441,6 +481,7 @@ class CheckpointManager:
         resolved: list[ResolvedItem] = []
 
         def report() -> dict[str, Any]:
+            self._recheck_config()  # in the agreed step: a config changed on one rank is refused on every rank
             self._saver.check_can_save(checkpoint_id)  # inside lock() on this thread: refused on every rank
             self._saver.settle_previous()  # a previous async save's unseen failure is refused on every rank
             _refuse_live_objects(payload)
@@ -530,6 +571,66 @@ def _check_optional(name: str, value: Any, cls: type, what: str) -> None:
         )
 
 
+def _wants_metadata(config: CheckpointManager.Config) -> bool:
+    return any(s.resharder is not None for s in [*config.items.values(), config.default] if s)
+
+
+# Read at each call (and checked then by `_validate`); every other Config field is fixed at construction.
+_LIVE_FIELDS = frozenset({"items", "default", "pre_finalize_callback", "finalize_callback"})
+
+
+@dataclass(frozen=True, eq=False)
+class _Same:
+    """A user object in the snapshot: compared by identity, never copied (it stays shared with the caller)."""
+
+    value: Any
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), enum.Enum)
+
+
+def _fixed_fields(config: CheckpointManager.Config) -> dict[str, Any]:
+    """The construction-only fields of `config`, flattened to {dotted path: plain value or `_Same`}."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        if f.name not in _LIVE_FIELDS:
+            _flatten(getattr(config, f.name), f.name, out)
+    return out
+
+
+def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out[path] = type(value)  # a replaced object of another type is a change too
+        for f in dataclasses.fields(value):
+            _flatten(getattr(value, f.name, None), f"{path}.{f.name}", out)
+    elif isinstance(value, (list, tuple)):
+        out[path] = (type(value), len(value))
+        for i, item in enumerate(value):
+            _flatten(item, f"{path}[{i}]", out)
+    elif isinstance(value, dict):
+        out[path] = (dict, tuple(map(repr, value)))
+        for key, item in value.items():
+            _flatten(item, f"{path}[{key!r}]", out)
+    else:
+        out[path] = value if isinstance(value, _PLAIN) else _Same(value)
+
+
+def _changed_fields(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The dotted paths whose value differs (NaN is never equal to itself: compared by identity first)."""
+    return [
+        path
+        for path in sorted(before.keys() | now.keys())
+        if not (before.get(path) is now.get(path) or before.get(path) == now.get(path))
+        or (path in before) != (path in now)
+    ]
+
+
 def _unsupported_saver(save: Any) -> str:
     """API_SURFACE §2.2's refusal of `Config.save`, with the fix."""
     return (
@@ -584,18 +685,33 @@ class _Parts:
     loader: CheckpointLoader
     retention: RetentionRunner | None
     owner: OwnerLock
+    # The manager's gloo group and, on rank 0, the TCPStore its writers commit through: held until the last
+    # save is done (a dropped manager's store went with it, under its in-flight commit), then released.
+    ctx: RankContext
 
 
 def _close_dropped(parts: _Parts) -> None:
-    """A manager collected without close(): close its parts on a thread of its own.
+    """A manager collected without close(): say so, then close its parts on a thread of its own.
 
     Its own thread, because the last save may still be in flight (it completes, waited for as at exit: at most
     `save.wait_timeout_secs`) and whatever dropped the manager must not wait for it; not a daemon, so that an
-    interpreter exiting meanwhile still waits for that save. In a child made by os.fork() nothing is the
-    child's to close: the writer, and the owner lock's open file, are the parent's.
+    interpreter exiting meanwhile still waits for that save. Everything is released without a collective: the
+    process group is destroyed locally (each rank's own manager releases its half when it is dropped). In a
+    child made by os.fork() nothing is the child's to close: the writer, and the owner lock's open file, are
+    the parent's.
     """
     if os.getpid() != parts.pid:
         return
+    log_safely(
+        logger,
+        logging.WARNING,
+        "A CheckpointManager (rank %d of %d) was dropped without close(): its last save is waited for (at most "
+        "save.wait_timeout_secs), then its writer, threads%s are released in the background. Call close() "
+        "(or build it in `with CheckpointManager(config) as manager:`) so that this happens where you choose.",
+        parts.ctx.rank,
+        parts.ctx.world_size,
+        ", process group and store" if parts.ctx.world_size > 1 else "",
+    )
 
     def close() -> None:
         try:
@@ -604,10 +720,13 @@ def _close_dropped(parts: _Parts) -> None:
             parts.exit_hook()
             parts.loader.close()
         except Exception:
-            logger.exception("Closing a CheckpointManager dropped without close() failed")
+            log_safely(
+                logger, logging.ERROR, "Closing a CheckpointManager dropped without close() failed", exc_info=True
+            )
         finally:
             atexit.unregister(parts.exit_hook)
             parts.owner.release()
+            parts.ctx.close()
 
     try:
         threading.Thread(target=close, name="ckpt-dropped-close").start()
