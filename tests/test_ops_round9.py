@@ -9,12 +9,14 @@ deleted and exited 0, so `prune ... && echo pruned` reported success.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from torch_checkpointing import CheckpointManager, latest_checkpoint, list_checkpoints
@@ -144,3 +146,46 @@ def test_bad_prune_arguments_name_the_flag_not_the_python_field(tmp_path: Path) 
         assert flag in proc.stderr and "RetentionPolicy" not in proc.stderr and "metric=" not in proc.stderr
         assert "Traceback" not in proc.stderr
     assert [c.name for c in list_checkpoints(root)] == ["step_1", "step_2"]
+
+
+# ------------------------------------------------------------------------------------------------ wrong roots
+
+
+def test_a_file_as_the_root_of_latest_is_an_error_not_a_first_run(tmp_path: Path) -> None:
+    """`latest_checkpoint(file)` returned None, which a resume reads as "no checkpoint yet": a misconfigured
+    root (a checkpoint's file, a log) silently restarted training from step 0. A missing root still lists
+    nothing (a first run)."""
+    root = tmp_path / "run"
+    _save_run(root, (1,))
+    afile = root / "step_1" / "model_0.pt"
+    for call in (latest_checkpoint, list_checkpoints):
+        try:
+            call(afile)
+        except NotADirectoryError as exc:
+            assert str(afile) in str(exc) and "pass the directory that holds the checkpoints" in str(exc)
+        else:
+            raise AssertionError(f"{call.__name__}({afile}) did not raise")
+    assert latest_checkpoint(tmp_path / "not-yet") is None
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    assert list_checkpoints(tmp_path / "dangling") == []  # a link to a root not made yet: a first run too
+
+
+def test_a_checkpoint_passed_as_the_root_says_to_pass_its_parent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`latest_checkpoint("run/step_2")` (the checkpoint, not its root) listed nothing and said nothing."""
+    (tmp_path / "empty-but-made").mkdir()
+    root = tmp_path / "run"
+    _save_run(root, (1, 2))
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        assert latest_checkpoint(root / "step_2") is None
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("is itself a checkpoint" in m and f"pass its parent directory {root}" in m for m in said), said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        assert latest_checkpoint(root).name == "step_2"  # type: ignore[union-attr]
+        assert latest_checkpoint(tmp_path / "empty-but-made") is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    proc = _cli("ls", str(root / "step_2"))
+    assert proc.returncode == 0 and "0 committed checkpoint(s)" in proc.stdout
+    assert f"pass its parent directory {root}" in proc.stderr, proc.stderr

@@ -243,6 +243,8 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
     storage = storage or default_storage()
     base = Path(root)
     if not storage.isdir(base):
+        if storage.exists(base):  # a file: a resume that took "nothing listed" for a first run would start over
+            raise NotADirectoryError(f"{base} is a file, not a directory: pass {_ROOT}")
         return []
     found: list[CheckpointInfo] = []
     names = sorted(storage.ls(base))
@@ -256,7 +258,24 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
         info = checkpoint_info(base / name, storage)
         if info is not None:
             found.append(info)
+    if not found:
+        _warn_if_a_checkpoint(base, storage)
     return sorted(found, key=_sort_key)
+
+
+# What a root is, in the words of the errors that name one.
+_ROOT = "the directory that holds the checkpoints (a run's root)"
+
+
+def _warn_if_a_checkpoint(base: Path, storage: Storage) -> None:
+    """A checkpoint passed as the root lists nothing, and "nothing" reads as a first run to a resume."""
+    if storage.exists(base / MANIFEST_FILE_NAME) and _manifest_or_none(storage, base) is not None:
+        logger.warning(
+            "%s is itself a checkpoint, not a root of checkpoints, so nothing is listed under it: pass its parent "
+            "directory %s",
+            base,
+            base.parent,
+        )
 
 
 def _warn_left_aside(base: Path, names: list[str], storage: Storage) -> None:
