@@ -1,5 +1,5 @@
 """Round 9: an operator's `prune` and `gc` run again and again, in another process, while a 2-rank job saves
-asynchronously (per-rank `{rank}` files, its own retention on rank 0) into the same root.
+(sync and async; per-rank `{rank}` files, its own retention on rank 0) into the same root.
 
 What must hold: every save commits; no command deletes or damages a committed checkpoint the policy keeps, or
 anything outside the root (a link to a directory outside, planted inside a leftover, under the root and
@@ -44,14 +44,14 @@ print(json.dumps(codes), flush=True)
 """
 
 
-def save_while_operated(root: str, stop: str, ready: str) -> dict[str, Any]:
-    """Rank function: STEPS async saves with per-rank files and retention, not waiting on one before the next,
-    started once the operator's loop runs."""
+def save_while_operated(root: str, stop: str, ready: str, mode: str) -> dict[str, Any]:
+    """Rank function: STEPS saves (async: not waiting on one before the next) with per-rank files and
+    retention, started once the operator's loop runs."""
     rank = dist.get_rank()
     deadline = time.monotonic() + 120
     while not Path(ready).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    cfg = CheckpointManager.Config.with_async_save()
+    cfg = CheckpointManager.Config.with_async_save() if mode == "async" else CheckpointManager.Config.with_sync_save()
     cfg.items = {"misc": ItemSpec(requires_copy=False, layout=LayoutInfo("rank_{rank}/misc.json", JsonSerialization()))}
     cfg.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
     cfg.retention = RetentionPolicy(keep_last=KEEP, unowned_after_s=0.0)
@@ -80,7 +80,8 @@ def _plant(root: Path, outside: Path) -> list[Path]:
 
 
 @pytest.mark.multirank
-def test_prune_and_gc_in_a_loop_during_a_two_rank_async_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_prune_and_gc_in_a_loop_during_a_two_rank_job(tmp_path: Path, mode: str) -> None:
     from simulator.launcher import launch
 
     outside = tmp_path / "outside"
@@ -97,7 +98,7 @@ def test_prune_and_gc_in_a_loop_during_a_two_rank_async_job(tmp_path: Path) -> N
         text=True,
     )
     try:
-        results = launch(save_while_operated, 2, args=(str(root), str(stop), str(ready)), timeout=300)
+        results = launch(save_while_operated, 2, args=(str(root), str(stop), str(ready), mode), timeout=300)
         stop.touch()  # also when the job failed before rank 0 got to it
         out, err = operator.communicate(timeout=120)
     finally:
