@@ -31,7 +31,7 @@ from tests.s3_faults import FaultProxy, Rule, _closing, _read_head
 from tests.s3_server import TEST_PART_SIZE, S3Server, SlowPartsStorageConfig, start_s3_server
 from tests.test_s3_attacks import BOUND_S, fast_failing, state, sync_manager, through_proxy
 from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints
-from torch_checkpointing.errors import IncompleteCheckpointError, ObjectStoreError
+from torch_checkpointing.errors import CommitError, IncompleteCheckpointError, ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.retention import delete_checkpoint
 from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
@@ -73,6 +73,21 @@ def test_ids_that_prefix_one_another_never_see_or_delete_each_others_objects(s3_
         latest = latest_checkpoint(f"{config.url}/r", storage)
         assert latest is not None and latest.name in ("step10", "step1.x")
         assert _w(manager.load("r-other/step1")) == 4.0
+
+
+def test_an_id_inside_another_checkpoints_prefix_is_refused_and_never_deleted_with_it(s3_server: S3Server) -> None:
+    """`r/a/b` saved first: `r/a` is a prefix of it. Saving `r/a` would write over a prefix it does not own, and
+    deleting `r/a` would take `r/a/b` along: both are refused, and `r/a/b` still loads."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("r/a/b", state(2.0))
+        with pytest.raises(CommitError, match=r"r/a"):
+            manager.save("r/a", state(1.0))
+        assert not delete_checkpoint(f"{config.url}/r/a", storage)
+        assert _w(manager.load("r/a/b")) == 2.0
+        assert [c.name for c in list_checkpoints(f"{config.url}/r/a", storage)] == ["b"]
+        assert list_checkpoints(f"{config.url}/r", storage) == []
 
 
 ODD_IDS = ["odd/step 1", "odd/step+1", "odd/step%201", "odd/step%2B1", "odd/stüp€1"]
@@ -209,6 +224,43 @@ def test_a_bucket_that_does_not_exist_is_an_error_that_says_to_create_it(s3_serv
     assert "s3://no-such-bucket-r9/run/step_1" in message and "NoSuchBucket" in message and "create it" in message
 
 
+def test_lookups_in_a_bucket_that_does_not_exist_raise_instead_of_reporting_an_empty_run(s3_server: S3Server) -> None:
+    """Before: s3fs answered a key of a missing bucket as a missing key, so `latest_checkpoint` was None and
+    `list_checkpoints` empty (a resume on a misspelt bucket started from scratch), and a load said "no such
+    directory"."""
+    url = "s3://no-such-bucket-r9b/run"
+    options = s3_server.storage_options()
+    storage = FsspecStorageConfig(url=url, storage_options=options, part_size=TEST_PART_SIZE).create_storage()
+    lookups = {
+        "latest_checkpoint": lambda: latest_checkpoint(url, storage),
+        "list_checkpoints": lambda: list_checkpoints(url, storage),
+        "isdir": lambda: storage.isdir(Path("step_1")),
+        "ls": lambda: storage.ls(Path("step_1")),
+        "read": lambda: storage.read(Path("step_1") / MANIFEST_FILE_NAME),
+        "getsize": lambda: storage.getsize(Path("step_1/model_0.pt")),
+    }
+    for name, lookup in lookups.items():
+        with pytest.raises(ObjectStoreError, match=r"no-such-bucket-r9b") as refused:
+            lookup()
+        assert "does not exist" in str(refused.value) and "create it" in str(refused.value), name
+    config = FsspecStorageConfig(url=url, storage_options=options, part_size=TEST_PART_SIZE)
+    with sync_manager(config) as manager, pytest.raises(ObjectStoreError, match=r"no-such-bucket-r9b"):
+        manager.load("step_1")
+
+
+def test_a_miss_in_a_bucket_that_exists_stays_a_miss_and_checks_the_bucket_once(s3_server: S3Server) -> None:
+    config = s3_server.config()
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    with FaultProxy(port) as proxy:
+        storage = through_proxy(config, proxy).create_storage()
+        assert latest_checkpoint(f"{config.url}/run", storage) is None
+        assert not storage.exists(Path("run/step_1")) and not storage.isdir(Path("run/step_1"))
+        with pytest.raises(FileNotFoundError):
+            storage.read(Path("run/step_1/manifest.json"))
+        bucket = config.url.split("://", 1)[1]
+        assert sum(line.startswith(f"HEAD /{bucket} ") for line in proxy.seen) == 1, proxy.seen
+
+
 @pytest.mark.parametrize(
     ("code", "fix"), [("AccessDenied", "s3:PutObject"), ("InvalidAccessKeyId", "AWS_ACCESS_KEY_ID")]
 )
@@ -228,6 +280,41 @@ def test_refused_credentials_name_the_fix_and_the_earlier_checkpoint_stays(
         with pytest.raises((IncompleteCheckpointError, FileNotFoundError)):
             manager.load("run/step_2")
         torch.testing.assert_close(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        Rule(r"^PUT \S*/run/step_2/model_0\.pt\?partNumber=2", 500, "InternalError"),  # one part of a multipart
+        Rule(r"^PUT \S*/run/step_2/model_0\.pt\?partNumber=3", 503, "SlowDown"),
+        Rule(r"^HEAD \S*/run/step_2/model_0\.pt ", 500, "InternalError"),  # uploaded, then the commit's HEAD fails
+        Rule(r"^GET \S*\?list-type=2&prefix=run%2Fstep_2%2F&", 503, "ServiceUnavailable"),  # a listing of the save
+    ],
+    ids=["part-500", "part-503", "head-after-put", "listing"],
+)
+def test_one_failing_request_of_a_save_fails_it_naming_the_object_and_leaves_nothing_loadable(
+    s3_server: S3Server, rule: Rule, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = s3_server.config()
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    bucket = config.url.split("://", 1)[1]
+    plain = config.create_storage()
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    with FaultProxy(port) as proxy, sync_manager(through_proxy(config, proxy)) as manager:
+        manager.save("run/step_1", state(1.0))
+        proxy.rules = [rule]
+        with pytest.raises(ObjectStoreError, match=r"run/step_2") as failed:
+            manager.save("run/step_2", state(2.0, n=TEST_PART_SIZE))  # 4 parts of 5 MiB
+        assert str(failed.value) in caplog.text
+        hit = [line for line in proxy.seen if rule.matches(line)]
+        proxy.rules = []
+        if not hit:
+            pytest.fail(f"the save never sent the request {rule.pattern}: {proxy.seen}")
+        with pytest.raises((IncompleteCheckpointError, FileNotFoundError)):
+            manager.load("run/step_2")
+        assert _w(manager.load("run/step_1")) == 1.0
+    assert not plain.exists(Path("run/step_2") / MANIFEST_FILE_NAME)
+    assert not plain.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads")  # every upload aborted
 
 
 # ------------------------------------------------------------------------------------------ a server killed mid-save

@@ -246,6 +246,7 @@ class FsspecStorage(Storage):
             )
         self.config = config
         self._backends: dict[str, _Backend] = {}
+        self._buckets_seen: set[str] = set()  # buckets known to exist: a miss in them is only a miss
         self._root: tuple[_Backend, str] | None = self._resolve_url(config.url) if config.url else None
         if config.protocol:
             self._backend(config.protocol)  # fail at construction on an unknown protocol or a missing package
@@ -335,7 +336,7 @@ class FsspecStorage(Storage):
         manifest unread (`manifest.read_stored_bounded`, for every store without local paths).
         """
         backend, key = self._resolve(path)
-        with self._errors("download of", path):
+        with self._missing_bucket_named(backend, key, "download of", path), self._errors("download of", path):
             version = _version(backend, key)
             return self._read_span(backend, key, 0, version[0], version)
 
@@ -347,8 +348,9 @@ class FsspecStorage(Storage):
         """
         if length <= 0:
             return b""
-        with self._errors("ranged read of", path):
-            return self._read_span(*self._resolve(path), offset, length)
+        backend, key = self._resolve(path)
+        with self._missing_bucket_named(backend, key, "ranged read of", path), self._errors("ranged read of", path):
+            return self._read_span(backend, key, offset, length)
 
     def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
         data = bytes(backend.io.cat_file(key, start=start, end=end))
@@ -536,6 +538,7 @@ class FsspecStorage(Storage):
                     data = self._get(backend, key, 0, before[0]) if before[0] else b""
                     after = _version(backend, key)
                 except FileNotFoundError:
+                    self._check_bucket(backend, key, "download of", path)
                     return None
                 if after == before:
                     return data, before[1]
@@ -583,33 +586,75 @@ class FsspecStorage(Storage):
     # A store that cannot answer is an ObjectStoreError naming the URL, never a raw client error, and never
     # "nothing there": a listing that failed must not read as an empty run or a missing manifest.
 
-    def _fresh(self, path: Path) -> tuple[Any, str]:
+    def _fresh(self, path: Path) -> tuple[_Backend, str]:
         """The filesystem and name for `path`, with fsspec's listing cache dropped: another process (the writer,
         another rank) may have written since."""
         backend, key = self._resolve(path)
         backend.fs.invalidate_cache(key)
-        return backend.io, key
+        return backend, key
 
     def ls(self, path: Path) -> list[str]:
-        fs, key = self._fresh(path)
-        with self._errors("listing of", path):
-            names = {n.rstrip("/") for n in fs.ls(key, detail=False)} - {key}
+        backend, key = self._fresh(path)
+        with self._missing_bucket_named(backend, key, "listing of", path), self._errors("listing of", path):
+            names = {n.rstrip("/") for n in backend.io.ls(key, detail=False)} - {key}
         return sorted(posixpath.basename(n) for n in names)
 
     def exists(self, path: Path) -> bool:
-        fs, key = self._fresh(path)
+        """Whether an object or prefix is there; False in a bucket that does not exist, as s3fs answers (the
+        listing, read or upload that follows says why: a save's first check calls this, and an async save's
+        failure belongs in its Future)."""
+        backend, key = self._fresh(path)
         with self._errors("lookup of", path):
-            return bool(fs.exists(key))
+            return bool(backend.io.exists(key))
 
     def getsize(self, path: Path) -> int:
-        fs, key = self._fresh(path)
-        with self._errors("lookup of", path):
-            return int(fs.size(key))
+        backend, key = self._fresh(path)
+        with self._missing_bucket_named(backend, key, "lookup of", path), self._errors("lookup of", path):
+            return int(backend.io.size(key))
 
     def isdir(self, path: Path) -> bool:
-        fs, key = self._fresh(path)
+        """Whether `path` is a prefix with objects under it; an `ObjectStoreError` in a bucket that does not exist
+        (discovery asks this first: a missing run must not list as an empty one)."""
+        backend, key = self._fresh(path)
         with self._errors("lookup of", path):
-            return bool(fs.isdir(key))
+            found = bool(backend.io.isdir(key))
+        if not found:
+            self._check_bucket(backend, key, "lookup of", path)
+        return found
+
+    @contextlib.contextmanager
+    def _missing_bucket_named(self, backend: _Backend, key: str, what: str, path: Path | str) -> Iterator[None]:
+        """A "not found" inside is re-raised as it is, unless the bucket itself is missing (then that error)."""
+        try:
+            yield
+        except FileNotFoundError:
+            self._check_bucket(backend, key, what, path)
+            raise
+
+    def _check_bucket(self, backend: _Backend, key: str, what: str, path: Path | str) -> None:
+        """After a lookup found nothing: on S3, an `ObjectStoreError` if the bucket itself does not exist.
+
+        s3fs answers a key in a missing bucket as a missing key (`exists` False, an empty run), so a typo in the
+        bucket read as "no checkpoint yet" and a resume started from scratch. One HEAD of the bucket per storage,
+        on its first miss; an answer other than "no such bucket" (a store that denies ListBucket, or is failing)
+        leaves the lookup's own answer standing.
+        """
+        bucket = backend.fs.split_path(key)[0] if backend.is_s3 else ""
+        if not bucket or bucket in self._buckets_seen:
+            return
+        try:
+            backend.io.call_s3("head_bucket", Bucket=bucket)
+        except Exception as exc:
+            if not (_missing(exc) or _error_code(exc) == "NoSuchBucket"):
+                self._buckets_seen.add(bucket)  # asked once: a role without ListBucket must not pay this per miss
+                return
+            error = ObjectStoreError(
+                f"{what} {self.remap_path(Path(os.fspath(path)))} failed: the bucket {bucket!r} does not exist "
+                f"(NoSuchBucket: {_FIXES['NoSuchBucket']})"
+            )
+            logger.warning("%s", error)
+            raise error from exc
+        self._buckets_seen.add(bucket)
 
 
 def _version(backend: _Backend, key: str) -> tuple[int, str]:
