@@ -482,3 +482,67 @@ def test_a_zip64_extra_field_gives_the_64_bit_size_and_offset() -> None:
     assert _zip64_extra(extra, big, big, big) == (5 << 32, 6 << 32)
     assert _zip64_extra(struct.pack("<HHQ", 1, 8, 6 << 32), 10, 10, big) == (10, 6 << 32)
     assert _zip64_extra(b"", 10, 10, 20) == (10, 20)
+
+
+# ------------------------------------------------------------ 5. declared sizes the files do not hold
+
+
+def _header_of_2_60(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(struct.pack("<Q", 2**60) + data[8:])
+
+
+def _overlapping_offsets(path: Path) -> None:
+    header, body = _safetensors_header(path)
+    entries = json.loads(header)
+    entries["w"]["data_offsets"] = entries["v"]["data_offsets"]
+    _write_safetensors(path, json.dumps(entries), body)
+
+
+def _offsets_past_the_file(path: Path) -> None:
+    header, body = _safetensors_header(path)
+    entries = json.loads(header)
+    entries["w"].update(shape=[2**40], data_offsets=[0, 2**42])
+    _write_safetensors(path, json.dumps(entries), body)
+
+
+@pytest.mark.parametrize(
+    ("craft", "reshard"),
+    # a resharded save holds `w` alone, so the overlap is the direct case's only
+    [
+        (_header_of_2_60, False),
+        (_overlapping_offsets, False),
+        (_offsets_past_the_file, False),
+        (_header_of_2_60, True),
+        (_offsets_past_the_file, True),
+    ],
+)
+def test_a_safetensors_file_declaring_what_it_does_not_hold_is_refused(
+    tmp_path: Path, craft: Any, reshard: bool
+) -> None:
+    """Pins what held: a header length of 2**60, offsets shared by two tensors, a [2**40] tensor past the
+    file's end: each refused before anything is allocated, by safetensors' reader (direct) or ours (resharded)."""
+    layout = LayoutInfo("model_{rank}.safetensors", SafetensorsSerialization())
+    if reshard:
+        root, _ = _reshard_save(tmp_path, layout)
+    else:
+        root = tmp_path / "ck"
+        _save(root, "safetensors")
+    craft(root / "model_0.safetensors")
+    _forge(root, "model_0.safetensors")
+    outcome = in_child(f"load_outcome({str(root)!r}, 'safetensors', reshard={reshard})")
+    _assert_refused(outcome, "model_0.safetensors")
+
+
+def test_sharding_metadata_declaring_a_tensor_of_2_40_elements_is_refused_before_allocating(tmp_path: Path) -> None:
+    """Pins what held: a global shape of [2**40] against a 4096-element target is refused at once."""
+    root, _ = _reshard_save(tmp_path)
+
+    def huge(d: dict[str, Any]) -> None:
+        group = d["metadata"]["model"]["nested_path_to_metadata"]['["w"]'][0]
+        group["sharding_metadata"]["data"]["global_shape"] = [2**40]
+
+    _rewrite_metadata(root, huge)
+    outcome = in_child(f"load_outcome({str(root)!r}, reshard=True)")
+    assert outcome["raised"] == "TemplateMismatchError" and "1099511627776" in outcome["message"], outcome
+    assert outcome["unchanged"], outcome
