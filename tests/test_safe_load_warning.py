@@ -93,12 +93,28 @@ class CountsItsPickling:
         return str, ("counted",)
 
 
-def test_the_check_never_pickles_the_callers_objects(tmp_path: Path, manager: CheckpointManager) -> None:
-    """Only the engine's own write pickles a value (the async-race simulator's probe saw an extra read inside
-    save() when the check pickled values); a class with its own __reduce__ is not judged at all (a stated
-    limit: this one pickles as builtins.str, which the safe loader refuses, and no warning is said)."""
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_class_with_its_own_reduce_is_judged_by_what_it_pickles_as(tmp_path: Path, kind: str) -> None:
+    """The check asks a class with its own __reduce__ what it pickles as (once per type per manager, so one
+    extra reduce call beside the engine's own write): this one pickles as builtins.str, which the safe loader
+    refuses, and a sync save used to say nothing before the default load raised RefusedPickleError.
+
+    An async save sends the value to the writer process, which rebuilds it (here: a plain str) before it
+    writes; the warning is then an overstatement, and the default load reads the value back."""
     CountsItsPickling.calls = 0
-    assert _save(manager, tmp_path / "ck", {"extra": {"v": CountsItsPickling()}}) == []
-    assert CountsItsPickling.calls == 1
-    with torch.serialization.safe_globals([str]):  # its reduce names builtins.str, which the safe loader refuses
-        assert manager.load(str(tmp_path / "ck"))["extra"]["v"] == "counted"
+    manager = _manager(kind)
+    try:
+        said = _save(manager, tmp_path / "ck", {"extra": {"v": CountsItsPickling()}})
+        assert len(said) == 1 and "builtins.str" in said[0] and "'extra::v'" in said[0]
+        assert CountsItsPickling.calls == 2  # the check, then the write
+        assert _save(manager, tmp_path / "again", {"extra": {"v": CountsItsPickling()}}) == []
+        assert CountsItsPickling.calls == 3  # the check ran once for the type
+        if kind == "sync":
+            with pytest.raises(RefusedPickleError):  # what the warning foretold
+                manager.load(str(tmp_path / "ck"))
+        else:
+            assert manager.load(str(tmp_path / "ck"))["extra"]["v"] == "counted"
+        with torch.serialization.safe_globals([str]):
+            assert manager.load(str(tmp_path / "ck"))["extra"]["v"] == "counted"
+    finally:
+        manager.close()
