@@ -476,12 +476,13 @@ class FlatTensors(Mapping[str, torch.Tensor]):
 
     def __init__(self, source: SourceFile) -> None:
         self._source = source
-        self._keys = source.keys()
+        self._keys = source.keys()  # the file's order, for iteration
+        self._known = frozenset(self._keys)  # membership: a list made every lookup scan all keys
         self._stats = ReadStats()
         self._torch_flat: dict[str, torch.Tensor] | None = None
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        if key not in self._keys:
+        if key not in self._known:
             raise KeyError(key)
         if isinstance(self._source, _TorchSourceFile):
             if self._torch_flat is None:  # mmap-backed views: flattening reads no tensor data
@@ -497,7 +498,7 @@ class FlatTensors(Mapping[str, torch.Tensor]):
         if isinstance(self._source, _TorchSourceFile):
             t = self[key]
             return tuple(t.shape), t.dtype
-        handle = self._source.tensor((key,)) if key in self._keys else None
+        handle = self._source.tensor((key,)) if key in self._known else None
         if handle is None:
             raise KeyError(key)
         return tuple(handle.shape), handle.dtype
