@@ -415,11 +415,13 @@ class _ReleaseOnce:
         self._done = False
 
     def __call__(self) -> None:
+        # Marked done only once released: a Ctrl-C landing inside the release leaves it to the next call (the
+        # save()'s own cleanup), which a flag set first turned into a no-op, leaking the write side.
         with self._once:
-            if self._done or not self._lock.holds(RWLockMode.WRITE, self):
+            if not self._lock.holds(RWLockMode.WRITE, self):
                 return
+            self._lock.release(RWLockMode.WRITE)
             self._done = True
-        self._lock.release(RWLockMode.WRITE)
 
     def __del__(self) -> None:
         """A hold whose releaser is gone (an interrupted save() dropped it) is given back: nothing else could."""
