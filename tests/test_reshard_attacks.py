@@ -59,6 +59,11 @@ def _group(d: dict[str, Any]) -> dict[str, Any]:
     return group
 
 
+def _paths(d: dict[str, Any]) -> dict[str, Any]:
+    paths: dict[str, Any] = d["metadata"]["model"]["nested_path_to_metadata"]
+    return paths
+
+
 def _md(d: dict[str, Any]) -> dict[str, Any]:
     data: dict[str, Any] = _group(d)["sharding_metadata"]["data"]
     return data
@@ -111,6 +116,9 @@ CRAFTS: dict[str, tuple[Edit, str]] = {
     "a mesh naming a rank the save never had": (_foreign_mesh_rank, "world_size"),
     "one rank in two groups": (_duplicate_group, "rank 0"),
     "a mesh listing a rank twice": (_rank_twice, "twice"),
+    "a path with no groups": (lambda d: _paths(d).update({'["w"]': []}), "nested_path_to_metadata"),
+    "groups not a list": (lambda d: _paths(d).update({'["w"]': {}}), "nested_path_to_metadata"),
+    "a group not an object": (lambda d: _paths(d).update({'["w"]': [7]}), "nested_path_to_metadata"),
 }
 
 

@@ -285,6 +285,12 @@ class DistributedItemMetadata:
     def from_dict(cls, d: dict[str, Any]) -> DistributedItemMetadata:
         paths: dict[NestedPath, list[GlobalObjectMetadata]] = {}
         for p, groups in d["nested_path_to_metadata"].items():
+            if not isinstance(groups, list) or not groups or not all(isinstance(g, dict) for g in groups):
+                # an empty list read as "not in the checkpoint": the template entry was silently left as it was
+                raise ValueError(
+                    f"nested_path_to_metadata {p}: expected a non-empty list of sharding groups (objects), "
+                    f"got {type(groups).__name__} {str(groups)[:80]}"
+                )
             try:
                 paths[nested_path_from_json(p)] = [GlobalObjectMetadata.from_dict(g) for g in groups]
             except ValueError as exc:  # a bad value: say where it is (a missing field names itself)
