@@ -35,10 +35,14 @@ from torch_checkpointing.discovery import (
     newest_intact,
     still_there,
 )
-from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.errors import CheckpointError, ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.names import NAME_MAX, aside_of, may_be_cut, trash_name
 from torch_checkpointing.storage.base_storage import Storage
+
+# What a storage raises for a refused or failed request: a filesystem's OSError, an object store's
+# ObjectStoreError (a rename there is a copy and a delete, and a refused delete is no OSError).
+STORE_ERRORS: tuple[type[Exception], ...] = (OSError, ObjectStoreError)
 
 __all__ = [
     "GcReport",
@@ -165,7 +169,7 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
         return _Outcome(False)
     try:
         foreign = files_not_listed(storage, src)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         return _not_deleted(storage, src, f"its files could not be listed: {exc}")
     if foreign:  # what save() refuses to replace, retention refuses to delete
         if _gone(storage, src):  # its manifest vanished with it: nothing there is foreign, nothing is left
@@ -176,7 +180,7 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
     trash = _trash_name(src)
     try:
         storage.rename(src, trash, is_directory=True)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         return _not_deleted(storage, src, f"rename failed: {exc}")
     if expected is not None and not _still(storage, trash, expected):
         return _put_back(storage, trash, src)
@@ -197,7 +201,7 @@ def _put_back(storage: Storage, trash: Path, src: Path) -> _Outcome:
     """Lost a race with a commit that swapped a new checkpoint in between the check and the rename."""
     try:
         storage.rename(trash, src, is_directory=True)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         why = f"a re-saved {src} was moved to {trash} and could not be moved back ({exc}): rename it back by hand"
         logger.warning("Retention %s", why)
         return _Outcome(False, why)
@@ -225,7 +229,7 @@ def _still(storage: Storage, path: Path, expected: CheckpointInfo) -> bool:
 
 
 def _sync_parent(storage: Storage, path: Path) -> None:
-    with contextlib.suppress(OSError):  # durability of the rename only; it is already not a checkpoint
+    with contextlib.suppress(*STORE_ERRORS):  # durability of the rename only; it is already not a checkpoint
         storage.sync_directory(path.parent)
 
 
@@ -236,7 +240,7 @@ def _remove(storage: Storage, path: Path, what: str) -> bool | None:
     None when another process (a second gc) removed it first: not a failure, and not ours to count."""
     try:
         storage.rmdir(path)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         if _gone(storage, path):
             logger.info("%s at %s was removed by another process meanwhile", what, path)
             return None
@@ -290,7 +294,7 @@ def _dry_run(doomed: list[CheckpointInfo], storage: Storage) -> PruneReport:
     for c in doomed:
         try:
             foreign = files_not_listed(storage, Path(c.path))
-        except OSError as exc:
+        except STORE_ERRORS as exc:
             if not _gone(storage, Path(c.path)):  # else deleted by another process meanwhile: nothing to do
                 report.failed.append((c, f"its files could not be listed: {exc}"))
             continue
@@ -388,7 +392,7 @@ def _restore(storage: Storage, leftover: Leftover, target: Path) -> bool | None:
     """True once moved back; None when another gc moved it back (or away) first; False, warned, otherwise."""
     try:
         storage.rename(Path(leftover.path), target, is_directory=True)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         if _gone(storage, Path(leftover.path)):
             logger.info("gc found %s already moved by another process (to %s, or away)", leftover.path, target)
             return None
@@ -455,7 +459,7 @@ def _collect(storage: Storage, leftover: Leftover) -> bool | None:
     trash = _trash_name(path.with_name(leftover.checkpoint_name))
     try:
         storage.rename(path, trash, is_directory=True)
-    except OSError as exc:
+    except STORE_ERRORS as exc:
         if _gone(storage, path):
             logger.info("gc found %s already removed by another process", path)
             return None

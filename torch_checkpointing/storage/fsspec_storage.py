@@ -234,6 +234,16 @@ class _Backend:
         return name.strip("/") if self.object_store else name
 
 
+def _own_copy(options: Any) -> Any:
+    """The caller's fsspec options with every dict and list copied: botocore fills in a `retries` dict given in
+    `config_kwargs` (adding `total_max_attempts`), which changed the caller's config under them."""
+    if isinstance(options, dict):
+        return {key: _own_copy(value) for key, value in options.items()}
+    if isinstance(options, list):
+        return [_own_copy(value) for value in options]
+    return options
+
+
 class FsspecStorage(Storage):
     """The Storage interface over fsspec filesystems, with the object-store commit (no directory rename)."""
 
@@ -267,7 +277,7 @@ class FsspecStorage(Storage):
             if given is not None and scheme in _protocols_of(given):
                 fs = given
             else:
-                fs = _import_fsspec().filesystem(scheme, **self.config.storage_options)
+                fs = _import_fsspec().filesystem(scheme, **_own_copy(self.config.storage_options))
             timeout = self.config.request_timeout_s
             bounded = _BoundedFs(fs, timeout) if timeout is not None and getattr(fs, "async_impl", False) else fs
             backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme}, bounded)
