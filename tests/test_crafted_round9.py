@@ -257,6 +257,20 @@ def test_a_torch_file_with_a_million_entries_is_refused_quickly(tmp_path: Path) 
     os.remove(root / "model_0.pt")
 
 
+@pytest.mark.parametrize("use_mmap", [True, False])
+def test_bytes_after_the_zip_directory_are_refused_not_read_as_a_legacy_file(tmp_path: Path, use_mmap: bool) -> None:
+    """The hand-made directory walk took a zip whose end record was followed by bytes for a legacy (non-zip)
+    file and returned no records, so the check that each storage fits its record was skipped, while torch read
+    the zip as usual (it ignores what follows)."""
+    root = tmp_path / "ck"
+    _save(root)
+    with open(root / "model_0.pt", "ab") as file:
+        file.write(b"appended")
+    _forge(root, "model_0.pt")
+    outcome = in_child(f"load_outcome({str(root)!r}, use_mmap={use_mmap})")
+    _assert_refused(outcome, "model_0.pt", "follow the zip's end-of-directory record")
+
+
 # ------------------------------------------------------------ 3. a custom resharder's load into tied targets
 
 

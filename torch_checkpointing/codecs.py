@@ -269,16 +269,23 @@ _MAX_EOCD_SEARCH = _EOCD.size + 0xFFFF  # the record, then a comment of at most 
 
 def _central_directory(file: io.RawIOBase | IO[bytes]) -> Iterator[tuple[bytes, int, int]] | None:
     """(name, stored size, local header offset) of each entry, lazily; None if the file is not a zip."""
+    file.seek(0)
+    if file.read(4) != b"PK\x03\x04":  # a zip starts with a local header; legacy torch.save files with a pickle
+        return None
     size = file.seek(0, os.SEEK_END)
     tail_at = max(0, size - _MAX_EOCD_SEARCH)
     file.seek(tail_at)
     tail = file.read(size - tail_at) or b""
     at = tail.rfind(b"PK\x05\x06")
     if at < 0 or len(tail) - at < _EOCD.size:
-        return None
+        raise CorruptCheckpointError("The zip's end-of-directory record is missing: the file is cut short or damaged.")
     _, _, _, _, count, cd_size, cd_offset, comment_len = _EOCD.unpack_from(tail, at)
-    if at + _EOCD.size + comment_len != len(tail):  # those bytes inside other data (a legacy file), not a record
-        return None
+    if at + _EOCD.size + comment_len != len(tail):
+        # torch.save writes nothing after it; torch reads past such bytes, and the records would go unchecked
+        raise CorruptCheckpointError(
+            f"{len(tail) - at - _EOCD.size - comment_len} bytes follow the zip's end-of-directory record, which "
+            "torch.save never writes: the file is damaged or crafted."
+        )
     if 0xFFFF in (count,) or 0xFFFFFFFF in (cd_size, cd_offset):
         count, cd_size, cd_offset = _zip64_directory(file, tail_at + at)
     if cd_offset + cd_size > size:
