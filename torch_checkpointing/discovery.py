@@ -314,6 +314,35 @@ def latest_checkpoint(root: str | os.PathLike[str], storage: Storage | None = No
     return newest_intact(list_checkpoints(root, storage), storage)
 
 
+def _warn_if_named_steps_disagree(latest: CheckpointInfo, checkpoints: list[CheckpointInfo]) -> None:
+    """A step taken from an id's trailing integer (what save() records without `step=`) may be no step:
+    `ckpt-2026-11-30` reads as step 30, newer than `ckpt-2026-12-01` (step 1), and `step500_epoch3` as step 3.
+    When a checkpoint committed after the latest one has a lower step, both steps being their ids' trailing
+    integers, say so: the resume may be going back in time."""
+    step = _ids_number_step(latest)
+    if latest.commit_time is None or step is None:
+        return
+    for other in checkpoints:
+        later = other.commit_time is not None and other.commit_time > latest.commit_time
+        other_step = _ids_number_step(other)
+        if later and other_step is not None and other_step < step:
+            logger.warning(
+                "The latest checkpoint %s is newest by its step %d, the trailing integer of its id, but %s was "
+                "committed after it with step %d, also its id's trailing integer. If ids carry dates or several "
+                "numbers, pass save(..., step=N) so that the order is the training step's, not the id's.",
+                latest.path,
+                step,
+                other.path,
+                other_step,
+            )
+            return
+
+
+def _ids_number_step(info: CheckpointInfo) -> int | None:
+    """The step, when it is the trailing integer of the id (what save() records without `step=`)."""
+    return info.step if info.step is not None and info.step == _step_from_name(Path(info.path).name) else None
+
+
 # How many times one id is checked again when a save replaced it while it was being checked.
 _REPLACED_RETRIES = 5
 
@@ -333,6 +362,8 @@ def resume_point(
     for listed in reversed(checkpoints):
         info, problem = _intact_now(listed, storage)
         if problem is None:
+            if info is not None:
+                _warn_if_named_steps_disagree(info, checkpoints)
             return info, passed_over
         if info is not None:
             logger.warning("Skipping checkpoint %s as a resume point: %s", info.path, problem)
