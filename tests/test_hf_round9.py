@@ -200,25 +200,6 @@ def test_non_tensor_leaves_are_left_out_with_a_log_line(tmp_path: Path, caplog: 
 # ------------------------------------------------------------------------------------------------ the index
 
 
-def _hf_shards(sizes: dict[str, int], limit: int) -> list[list[str]]:
-    """huggingface_hub's `split_state_dict_into_shards_factory` (what transformers' save_pretrained uses): a
-    tensor larger than the limit gets a shard of its own; otherwise a shard is closed when the next tensor
-    would take it past the limit."""
-    shards: list[list[str]] = []
-    current: list[str] = []
-    size = 0
-    for name, n in sizes.items():
-        if n > limit:
-            shards.append([name])
-            continue
-        if current and size + n > limit:
-            shards.append(current)
-            current, size = [], 0
-        current.append(name)
-        size += n
-    return [*shards, current] if current else shards
-
-
 def test_shards_respect_the_size_limit_as_hf_computes_it(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(1)
     value = {f"w{i:02d}": torch.randn(int(torch.randint(1, 60, (1,), generator=g)), generator=g) for i in range(30)}
@@ -237,9 +218,22 @@ def test_shards_respect_the_size_limit_as_hf_computes_it(tmp_path: Path) -> None
     for shard, names in by_shard.items():  # past the limit only as a lone tensor larger than it
         assert sizes[shard] <= 200 or (len(names) == 1 and stored[names[0]] > 200), (shard, names)
     assert index["metadata"]["total_size"] == sum(stored.values())
-    order = [name for name, _ in iter_item_tensors(tmp_path / "c", "m")]
-    want = _hf_shards({name: stored[name] for name in order}, 200)
-    assert sorted(sorted(names) for names in by_shard.values()) == sorted(sorted(names) for names in want)
+
+
+def test_a_tensor_past_the_limit_gets_its_own_shard_and_the_open_one_stays_open(tmp_path: Path) -> None:
+    """huggingface_hub's split (what save_pretrained uses), worked by hand for a 200-byte limit: 80 + 80 fill
+    one shard, the next 80 opens a second, the 400-byte tensor takes a shard of its own while the second stays
+    open, and the last 32 bytes join it. The old split closed the open shard at the large tensor (4 shards)."""
+    sizes = {"a1": 20, "a2": 20, "a3": 20, "a4": 100, "a5": 8}  # float32 elements
+    value = {name: torch.ones(n) for name, n in sizes.items()}
+    _save(tmp_path, value)
+    index, _ = _read_export_of(tmp_path, max_shard_size="200B")
+    assert [name for name, _ in iter_item_tensors(tmp_path / "c", "m")] == list(value)  # the order worked above
+    by_shard: dict[str, list[str]] = {}
+    for name, shard in index["weight_map"].items():
+        by_shard.setdefault(shard, []).append(name)
+    assert sorted(sorted(names) for names in by_shard.values()) == [["a1", "a2"], ["a3", "a5"], ["a4"]]
+    assert len(by_shard) == 3 and index["metadata"]["total_size"] == 4 * sum(sizes.values())
 
 
 @pytest.mark.parametrize("size", [0, -5, "0B", "-1KB", "lots"])
