@@ -600,20 +600,22 @@ def _fixed_fields(config: CheckpointManager.Config) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(config):
         if f.name not in _LIVE_FIELDS:
-            _flatten(getattr(config, f.name), f.name, out)
+            # A storage config's dicts (storage_options) go to the store's client library, which fills them in
+            # (botocore adds to a `retries` dict): compared as objects, not walked, or that looked like a change.
+            _flatten(getattr(config, f.name), f.name, out, walk_dicts=f.name != "storage_config")
     return out
 
 
-def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
+def _flatten(value: Any, path: str, out: dict[str, Any], walk_dicts: bool = True) -> None:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out[path] = type(value)  # a replaced object of another type is a change too
         for f in dataclasses.fields(value):
-            _flatten(getattr(value, f.name, None), f"{path}.{f.name}", out)
+            _flatten(getattr(value, f.name, None), f"{path}.{f.name}", out, walk_dicts)
     elif isinstance(value, (list, tuple)):
         out[path] = (type(value), len(value))
         for i, item in enumerate(value):
-            _flatten(item, f"{path}[{i}]", out)
-    elif isinstance(value, dict):
+            _flatten(item, f"{path}[{i}]", out, walk_dicts)
+    elif isinstance(value, dict) and walk_dicts:
         out[path] = (dict, tuple(map(repr, value)))
         for key, item in value.items():
             _flatten(item, f"{path}[{key!r}]", out)

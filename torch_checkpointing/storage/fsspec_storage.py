@@ -311,7 +311,15 @@ class FsspecStorage(Storage):
         backend, root = self._root
         if text in ("", "."):
             return backend, root
-        return backend, backend.name(posixpath.join(root, text.lstrip("/")))
+        key = backend.name(posixpath.join(root, text.lstrip("/")))
+        inside, under = key.lstrip("/"), root.strip("/")
+        if under and inside != under and not inside.startswith(under + "/"):
+            # `..` steps out: on an object store up to another bucket, where retention and gc of this root never look
+            raise ConfigError(
+                f"Checkpoint id {text!r} leaves this storage's url root {backend.scheme}://{root} (it names "
+                f"{backend.scheme}://{key}); name ids inside the root, or give the full URL as the id"
+            )
+        return backend, key
 
     def _key(self, path: Path | str) -> str:
         return self._resolve(path)[1]
