@@ -112,6 +112,7 @@ def writer_fails_to_start_on_rank_1(root: str) -> dict[str, Any]:
     except BaseException as exc:
         out["first"] = f"{type(exc).__name__}: {exc}"
     out["first_s"] = time.monotonic() - started
+    out["first_at"] = time.monotonic()  # CLOCK_MONOTONIC is one clock for every process on this machine
     dist.barrier()
     out["first_exists"] = Path(root, "first").exists()
     try:
@@ -128,9 +129,12 @@ def test_a_writer_that_fails_to_start_on_one_rank_fails_every_rank_at_once(tmp_p
     for r in results:
         assert r["first"].startswith("CommitError:") and "failed to start" in r["first"], r
         assert list(r["failures"]) == [1], r
-        assert r["first_s"] < WAIT_S / 2, r  # before: rank 0 waited WAIT_S for rank 1
         assert not r["first_exists"], r
         assert r["after"] == 3.0, r
+    # Before, rank 0 raised WAIT_S after rank 1 did. Compared with each other, not with the start: both ranks'
+    # writers import torch first, which on 2 busy cores under coverage took most of WAIT_S / 2 by itself.
+    spread = max(r["first_at"] for r in results) - min(r["first_at"] for r in results)
+    assert spread < WAIT_S / 2, results
 
 
 def writer_killed_on_rank_1(root: str, control_dir: str) -> dict[str, Any]:
