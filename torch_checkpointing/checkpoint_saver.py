@@ -418,10 +418,8 @@ class _ReleaseOnce:
         # Marked done only once released: a Ctrl-C landing inside the release leaves it to the next call (the
         # save()'s own cleanup), which a flag set first turned into a no-op, leaking the write side.
         with self._once:
-            if not self._lock.holds(RWLockMode.WRITE, self):
-                return
-            self._lock.release(RWLockMode.WRITE)
-            self._done = True
+            if self._lock.release(RWLockMode.WRITE, self):  # by this token: a no-op once given back
+                self._done = True
 
     def __del__(self) -> None:
         """A hold whose releaser is gone (an interrupted save() dropped it) is given back: nothing else could."""
