@@ -92,16 +92,22 @@ class FaultProxy:
                 return
             request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
             self.seen.append(request_line)
-            rule = next((r for r in self.rules if r.matches(request_line)), None)
-            if rule is not None and rule.status == 0:
-                self._stopping.wait()  # never answer: the client's read timeout must end the request
-                return
-            if rule is not None:
-                client.sendall(_error_response(rule))
+            if self._answer(client, head, request_line):
                 return
             with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as upstream:
                 upstream.sendall(_closing(head))
                 self._pump(client, upstream)
+
+    def _answer(self, client: socket.socket, head: bytes, request_line: str) -> bool:
+        """Answer the request here (True), or let it through to the server (False): the first matching rule."""
+        rule = next((r for r in self.rules if r.matches(request_line)), None)
+        if rule is not None and rule.status == 0:
+            self._stopping.wait()  # never answer: the client's read timeout must end the request
+            return True
+        if rule is not None:
+            client.sendall(_error_response(rule))
+            return True
+        return False
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         """Copy bytes both ways until either side closes (each request has its own connection)."""

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.s3_faults import FaultProxy, Rule, _closing, _read_head
+from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import TEST_PART_SIZE, S3Server, SlowPartsStorageConfig, start_s3_server
 from tests.test_s3_attacks import BOUND_S, fast_failing, state, sync_manager, through_proxy
 from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints
@@ -148,19 +148,11 @@ class _DeleteDenyingProxy(FaultProxy):
     """Forwards every request to moto, except DeleteObjects: answered 200 with an AccessDenied error for each
     key, which is what S3 does when a bucket policy denies s3:DeleteObject to the caller."""
 
-    def _serve(self, client: socket.socket) -> None:
-        with client:
-            head = _read_head(client)
-            if head is None:
-                return
-            request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            self.seen.append(request_line)
-            if re.match(r"^POST \S*\?delete", request_line):
-                client.sendall(_denied_deletes(client, head))
-                return
-            with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as upstream:
-                upstream.sendall(_closing(head))
-                self._pump(client, upstream)
+    def _answer(self, client: socket.socket, head: bytes, request_line: str) -> bool:
+        if re.match(r"^POST \S*\?delete", request_line):
+            client.sendall(_denied_deletes(client, head))
+            return True
+        return super()._answer(client, head, request_line)
 
 
 def _denied_deletes(client: socket.socket, head: bytes) -> bytes:
