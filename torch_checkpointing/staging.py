@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
-from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise
+from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
 from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.traversal import (
     NestingError,
@@ -51,6 +51,9 @@ __all__ = [
     "unwrap_dtensor",
 ]
 
+
+_MEMFD_WHERE = "anonymous shared memory"
+_POPULATE_WORKERS = 4  # threads populating a new slab: page allocation and zeroing scale with cores up to here
 
 unwrap_dtensor = local_tensor  # the published name: a DTensor's local shard, any other value unchanged
 
@@ -192,11 +195,20 @@ class SharedSlab:
     def allocate(cls, nbytes: int, directory: str | None) -> SharedSlab:
         fd, where = _slab_fd(directory)
         try:
-            _reserve(fd, nbytes, where)
-            return cls(fd, nbytes, where)
+            if where != _MEMFD_WHERE:
+                _reserve(fd, nbytes, where)  # a file: its blocks, up front
+                return cls(fd, nbytes, where)
+            slab = cls(fd, nbytes, where)
         except BaseException:
             os.close(fd)
             raise
+        try:
+            _populate(slab)
+        except BaseException:
+            slab.tensor = torch.empty(0, dtype=torch.uint8)  # the mapping goes with its last view
+            slab.close()
+            raise
+        return slab
 
     def close(self) -> None:
         """Give up the descriptor; the memory goes with the last tensor that views it."""
@@ -255,7 +267,7 @@ def _attach_slab(dup: Any, nbytes: int, where: str) -> SharedSlab:
 def _slab_fd(directory: str | None) -> tuple[int, str]:
     """A descriptor for a new, empty slab, and where it lives (for messages)."""
     if directory is None and hasattr(os, "memfd_create"):
-        return os.memfd_create("torch_checkpointing-staging", getattr(os, "MFD_CLOEXEC", 0)), "anonymous shared memory"
+        return os.memfd_create("torch_checkpointing-staging", getattr(os, "MFD_CLOEXEC", 0)), _MEMFD_WHERE
     directory = directory or tempfile.gettempdir()
     try:
         fd, path = tempfile.mkstemp(prefix=".torch_checkpointing-staging-", suffix=".slab", dir=directory)
@@ -270,18 +282,36 @@ def _slab_fd(directory: str | None) -> tuple[int, str]:
     return fd, directory
 
 
+def _populate(slab: SharedSlab) -> None:
+    """Memory for a memfd slab, allocated and mapped up front on every core the process may use (the first
+    save's copy would fault each page in on one core: on the benchmark machine 0.7 s a GiB, against 0.4 s on
+    two); where the kernel cannot, reserved with posix_fallocate as a file slab is."""
+    start = slab.tensor.data_ptr()
+    workers = min(_POPULATE_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    try:
+        populated = populate_write(start, start + slab.nbytes, workers)
+    except OSError as exc:
+        raise _no_room(exc, slab.nbytes, slab.where) from exc
+    if not populated:
+        _reserve(slab._fd, slab.nbytes, slab.where)
+
+
 def _reserve(fd: int, nbytes: int, where: str) -> None:
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as exc:
-        raise OSError(
-            exc.errno,
-            f"Async staging needs {nbytes} bytes of shared memory for the staged tensors and could not reserve "
-            f"them in {where} ({exc.strerror}). Set CheckpointStagerConfig(staging_dir=...) to a directory with "
-            f"room for the whole staged state (or free memory there), or save with "
-            f"CheckpointManager.Config.with_sync_save(), which stages nothing",
-            where,
-        ) from exc
+        raise _no_room(exc, nbytes, where) from exc
+
+
+def _no_room(exc: OSError, nbytes: int, where: str) -> OSError:
+    return OSError(
+        exc.errno,
+        f"Async staging needs {nbytes} bytes of shared memory for the staged tensors and could not reserve "
+        f"them in {where} ({exc.strerror}). Set CheckpointStagerConfig(staging_dir=...) to a directory with "
+        f"room for the whole staged state (or free memory there), or save with "
+        f"CheckpointManager.Config.with_sync_save(), which stages nothing",
+        where,
+    )
 
 
 class DefaultStager(CheckpointStager):
