@@ -144,3 +144,38 @@ def test_a_cold_verified_load_refuses_a_flipped_bit_and_changes_nothing(tmp_path
         assert reads
     finally:
         mgr.close()
+
+
+def test_a_cold_file_is_decoded_after_its_check_has_read_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoder's small reads (the pickle, the zip directory, a header per record) each waited for the disk
+    while the check streamed the same file: decoding a cold file now starts once its check is done, so it
+    reads cached pages. (A cached file's decode still overlaps its check.)"""
+    from torch_checkpointing import codecs
+
+    events: list[str] = []
+
+    def checked_by_reads(fd: int, size: int, *args: object) -> int:
+        try:
+            return crc32_by_reads(fd, size, *args)  # type: ignore[arg-type]
+        finally:
+            events.append("checked")
+
+    real_load = codecs.torch.load
+
+    def load(*args: object, **kwargs: object) -> object:
+        events.append("decode")
+        return real_load(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(read_context, "crc32_by_reads", checked_by_reads)
+    monkeypatch.setattr(codecs.torch, "load", load)
+    mgr, root, state = _saved(tmp_path)
+    try:
+        if not _dropped_all(root):
+            pytest.skip("this file system keeps the files cached (tmpfs) or has no RWF_NOWAIT")
+        into = {"model": {k: torch.zeros_like(v) for k, v in state.items()}}
+        events.clear()
+        mgr.load(str(root), into=into)
+        assert all(torch.equal(into["model"][k], v) for k, v in state.items())
+        assert events == ["checked", "decode"]
+    finally:
+        mgr.close()

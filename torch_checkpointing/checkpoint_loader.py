@@ -170,6 +170,9 @@ class CheckpointLoader:
             plan = self._plan_item(ctx, item, metadata)
             if plan is not None:
                 plans.append(plan)
+        for plan in plans:  # every whole-file check at once: a cold file's decode waits for its own check only
+            if isinstance(plan, _Direct):
+                ctx.start_whole(plan.rel, f"item '{plan.item.key}'")
         with ctx.reading_ahead():  # decoding overlaps the checksums; nothing decoded is used before they pass
             for plan in plans:
                 if isinstance(plan, _Direct):

@@ -116,6 +116,7 @@ class CheckedFile:
     lock: threading.Lock = field(default_factory=threading.Lock)
     fetch_lock: threading.Lock = field(default_factory=threading.Lock)
     random_access: bool = False  # readahead switched off for ranged reads
+    cold: bool = False  # a large local file not in the page cache when opened: checked by reads, decoded after
     _whole: Future[None] | None = None
     _start_whole: Any = None  # called once to start the whole-file check; set by the context
 
@@ -288,6 +289,10 @@ class CheckpointReadContext:
             raise checked.error
         return checked
 
+    def start_whole(self, rel_path: str, what: str) -> None:
+        """Start checking a file that will be read whole, before the first read asks for it."""
+        _ = self.check(rel_path, what).verified
+
     def wait_verified(self) -> None:
         """Block until every file read whole is verified; raise the first failure (in path order).
 
@@ -312,6 +317,8 @@ class CheckpointReadContext:
             return  # nothing to verify against: `verified` resolves at once
         checked.what = what
         checked._start_whole = self._start_whole
+        fd = checked.fd
+        checked.cold = fd is not None and checked.size >= _COLD_READ_MIN_BYTES and not is_cached(fd, checked.size)
         if record.blocks is not None:
             checked.checked_blocks = bytearray(record.blocks.block_count())
 
@@ -435,7 +442,7 @@ class CheckpointReadContext:
         """A whole file's CRC32: read in large `pread`s when a local file is not in the page cache (`cold_read`),
         else through a mapping (or the fetched bytes of an object store's file)."""
         fd = checked.fd
-        if fd is not None and checked.size >= _COLD_READ_MIN_BYTES and not is_cached(fd, checked.size):
+        if fd is not None and checked.cold:
             return crc32_by_reads(
                 fd, checked.size, self._get_chunk_pool(), _CHUNK_WORKERS, lambda at: self._shrank(checked, at, what)
             )
@@ -603,7 +610,7 @@ class CheckpointReadContext:
 
     @contextlib.contextmanager
     def reading_ahead(self) -> Iterator[None]:
-        """Within this block reads do not wait for their file's checksum.
+        """Within this block reads of a file in the page cache do not wait for its checksum (a cold file's do).
 
         For the loader's decode step only: it overlaps decoding with verification of the whole file and uses
         nothing it decoded before `wait_verified()` has returned. Every other read (a resharder's) is checked
@@ -616,10 +623,14 @@ class CheckpointReadContext:
             self._read_ahead = False
 
     def _checked_whole(self, rel_path: str, what: str) -> CheckedFile:
-        """A file about to be used whole: its whole check started (and, outside read-ahead, passed)."""
+        """A file about to be used whole: its whole check started (and, outside read-ahead or for a cold file,
+        passed)."""
         checked = self.check(rel_path, what)
         verified = checked.verified
-        if not self._read_ahead:
+        if not self._read_ahead or checked.cold:
+            # A cold file is decoded after its check has read it into the page cache: a decoder's small reads
+            # (the pickle, the zip directory, one header per record) would each wait for the disk, and seek the
+            # check's sequential reads away.
             verified.result()
         return checked
 
