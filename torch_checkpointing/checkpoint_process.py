@@ -33,7 +33,7 @@ import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared
 from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
 from torch_checkpointing.config import CheckpointProcessConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
-from torch_checkpointing.pickling import unpicklable
+from torch_checkpointing.pickling import OutOfBand, unpicklable
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
 
@@ -133,15 +133,64 @@ class EncodedWrite:
     checkpoint_dir: str
     slab_generation: int | None
     data: memoryview
+    # The out-of-band buffers of the request's `OutOfBand` entries, in entry order, sent right after `data`;
+    # `keep` holds the storages they view until then.
+    buffers: tuple[memoryview, ...] = ()
+    keep: tuple[Any, ...] = ()
 
 
-def encode_write(request: WriteRequest, slab_generation: int | None) -> EncodedWrite:
+def encode_write(
+    request: WriteRequest,
+    slab_generation: int | None,
+    buffers: tuple[memoryview, ...] = (),
+    keep: tuple[Any, ...] = (),
+) -> EncodedWrite:
     """Pickle one write for the pipe; a value that cannot be pickled is a `PicklingError` naming its item."""
     try:
         data = ForkingPickler.dumps(Write(request, slab_generation))
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise _unpicklable(request) from exc
-    return EncodedWrite(request.plan.checkpoint_dir, slab_generation, data)
+    return EncodedWrite(request.plan.checkpoint_dir, slab_generation, data, buffers, keep)
+
+
+def _send_buffers(fd: int, buffers: tuple[memoryview, ...]) -> None:
+    """Each buffer's bytes, straight from its memory (os.write releases the GIL: the trainer goes on)."""
+    for buffer in buffers:
+        view = buffer
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+def _receive_buffers(fd: int, message: Write) -> BaseException | None:
+    """Read the out-of-band buffers that follow `message` on the pipe into its `OutOfBand` entries. Every byte
+    is read whatever fails (the next message must start where the trainer put it); a failure (no memory for a
+    buffer) is returned, for the reply, after the last byte."""
+    failed: BaseException | None = None
+    for entry in message.request.entries:
+        value = entry.value
+        if not isinstance(value, OutOfBand):
+            continue
+        value.received = []
+        for size in value.sizes:
+            try:
+                buffer = bytearray(size) if failed is None else None
+            except MemoryError as exc:
+                failed, buffer = exc, None
+            _read_exactly(fd, buffer, size)
+            if buffer is not None:
+                value.received.append(buffer)
+    return failed
+
+
+def _read_exactly(fd: int, buffer: bytearray | None, size: int) -> None:
+    scratch = memoryview(buffer) if buffer is not None else memoryview(bytearray(min(size, 1 << 20)))
+    pos = 0
+    while pos < size:
+        room = scratch[pos:] if buffer is not None else scratch[: min(len(scratch), size - pos)]
+        n = os.readv(fd, [room])
+        if n == 0:
+            raise EOFError("the trainer closed the pipe in the middle of a write request's buffers")
+        pos += n
 
 
 @dataclass(frozen=True)
@@ -204,7 +253,11 @@ def _writer_main(
         elif isinstance(message, MapSlab):
             slab = message
         elif isinstance(message, Write):
-            reply = _serve(storage, message, slab)
+            try:
+                failed = _receive_buffers(conn.fileno(), message)
+            except (EOFError, OSError):
+                return  # the trainer went away in the middle of the request: nobody is left to answer
+            reply = _serve(storage, message, slab) if failed is None else Failed(_portable(failed))
             del message  # drop shared-memory handles before answering
             conn.send(reply)
         else:  # no reply: the trainer reads a reply only after a Write, and would take this one for the next
@@ -414,6 +467,7 @@ class CheckpointProcess:
                     self._conn.send(MapSlab(*slab))
                     self._slab_generation = slab[0]
                 self._conn.send_bytes(encoded.data)
+                _send_buffers(self._conn.fileno(), encoded.buffers)
                 reply = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
                 code = _exit_code(self._proc)

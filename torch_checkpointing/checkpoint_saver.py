@@ -33,7 +33,7 @@ from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied, log_safely
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
-from torch_checkpointing.pickling import dumps_value
+from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
@@ -312,6 +312,8 @@ class AsyncCheckpointSaver(CheckpointSaver):
         copies = staged.result()
         slab = self._stager.slab
         entries = []
+        buffers: list[memoryview] = []
+        keep: list[Any] = []
         for item in plan.items:
             fmt = item.layout.serialization_format
             if item.key in copies:
@@ -319,10 +321,14 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 value = to_slab_refs(copies[item.key], slab) if slab is not None else copies[item.key]
                 entries.append(WriteEntry(item.key, item.layout.file_path, fmt, value))
             else:
-                entries.append(WriteEntry(item.key, item.layout.file_path, fmt, _pickle_item(item), pickled=True))
+                pickled, views, storages = _pickle_item(item)
+                buffers.extend(views)
+                keep.extend(storages)
+                entries.append(WriteEntry(item.key, item.layout.file_path, fmt, pickled, pickled=True))
         slab_info = (self._stager.generation, self._stager.shared_slab) if slab is not None else None
         request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
-        return encode_write(request, None if slab_info is None else slab_info[0]), slab_info
+        generation = None if slab_info is None else slab_info[0]
+        return encode_write(request, generation, tuple(buffers), tuple(keep)), slab_info
 
     @staticmethod
     def _fail(plan: SavePlan, write: Future[Any], exc: BaseException) -> None:
@@ -563,11 +569,12 @@ def log_failed(plan: SavePlan, exc: BaseException) -> None:
     )
 
 
-def _pickle_item(item: ResolvedItem) -> bytes:
-    """Not the tensor-sharing pickle: the caller's object is never moved to shared memory. `dumps_value`, not
-    plain pickle: a tensor of a dtype plain pickle cannot give back (uint16, float8_*, ...) still arrives whole."""
+def _pickle_item(item: ResolvedItem) -> tuple[OutOfBand, list[memoryview], list[Any]]:
+    """Not the tensor-sharing pickle: the caller's object is never moved to shared memory. Its tensors' bytes
+    travel out of band, written to the pipe from their own memory (`dumps_out_of_band`), and a tensor of a
+    dtype plain pickle cannot give back (uint16, float8_*, ...) still arrives whole."""
     try:
-        return dumps_value(item.value)
+        return dumps_out_of_band(item.value)
     except Exception as exc:
         raise pickle.PicklingError(
             f"Item '{item.key}' (requires_copy=False) cannot be pickled for the async writer process: "

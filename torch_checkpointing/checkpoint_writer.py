@@ -34,6 +34,7 @@ from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METAD
 from torch_checkpointing.encoding import encode
 from torch_checkpointing.errors import CommitError, log_safely
 from torch_checkpointing.manifest import FileRecord, Manifest
+from torch_checkpointing.pickling import OutOfBand
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
@@ -65,7 +66,7 @@ class WriteEntry:
     file_path: str  # relative to the checkpoint directory, {rank} already filled in
     fmt: SerializationFormat
     value: Any
-    pickled: bool = False  # `value` holds pickle bytes (a requires_copy=False value on its way to the writer)
+    pickled: bool = False  # `value` is pickled bytes or an OutOfBand (a requires_copy=False value for the writer)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,8 +137,13 @@ class _ChecksumStream:
         return self._running.result()
 
 
+def _received(value: bytes | OutOfBand) -> Any:
+    """A requires_copy=False value as it arrived: pickle bytes, or a header with its out-of-band buffers."""
+    return value.loads() if isinstance(value, OutOfBand) else pickle.loads(value)
+
+
 def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry) -> FileRecord:
-    value = pickle.loads(entry.value) if entry.pickled else entry.value
+    value = _received(entry.value) if entry.pickled else entry.value
     target = root / entry.file_path
     with storage.stream_write(target) as raw:
         # Streams that checksum what they write (the local filesystem's off the encoding thread, the object
