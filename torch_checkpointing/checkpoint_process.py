@@ -172,25 +172,33 @@ def _receive_buffers(fd: int, message: Write) -> BaseException | None:
             continue
         value.received = []
         for size in value.sizes:
-            try:
-                buffer = bytearray(size) if failed is None else None
-            except MemoryError as exc:
-                failed, buffer = exc, None
-            _read_exactly(fd, buffer, size)
-            if buffer is not None:
-                value.received.append(buffer)
+            if failed is None:
+                try:
+                    buffer = bytearray(size)
+                except MemoryError as exc:
+                    failed = exc
+                else:
+                    _read_into(fd, memoryview(buffer))
+                    value.received.append(buffer)
+                    continue
+            _discard(fd, size)
     return failed
 
 
-def _read_exactly(fd: int, buffer: bytearray | None, size: int) -> None:
-    scratch = memoryview(buffer) if buffer is not None else memoryview(bytearray(min(size, 1 << 20)))
-    pos = 0
-    while pos < size:
-        room = scratch[pos:] if buffer is not None else scratch[: min(len(scratch), size - pos)]
-        n = os.readv(fd, [room])
+def _read_into(fd: int, view: memoryview) -> None:
+    while view:
+        n = os.readv(fd, [view])
         if n == 0:
             raise EOFError("the trainer closed the pipe in the middle of a write request's buffers")
-        pos += n
+        view = view[n:]
+
+
+def _discard(fd: int, size: int) -> None:
+    scratch = memoryview(bytearray(min(size, 1 << 20)))
+    while size:
+        chunk = scratch[: min(len(scratch), size)]
+        _read_into(fd, chunk)
+        size -= len(chunk)
 
 
 @dataclass(frozen=True)
@@ -224,7 +232,7 @@ def _serve(storage: Any, message: Write, slab: MapSlab | None) -> Written | Fail
                     f"request for {request.plan.checkpoint_dir} points into slab {message.slab_generation}."
                 )
             for entry in request.entries:
-                if not entry.pickled:
+                if not isinstance(entry.value, OutOfBand):
                     entry.value = from_slab_refs(entry.value, slab.tensor)
         return Written(write_checkpoint(storage, request))
     except BaseException as exc:

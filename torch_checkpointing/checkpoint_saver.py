@@ -321,10 +321,10 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 value = to_slab_refs(copies[item.key], slab) if slab is not None else copies[item.key]
                 entries.append(WriteEntry(item.key, item.layout.file_path, fmt, value))
             else:
-                pickled, views, storages = _pickle_item(item)
+                sent, views, storages = _pickle_item(item)
                 buffers.extend(views)
                 keep.extend(storages)
-                entries.append(WriteEntry(item.key, item.layout.file_path, fmt, pickled, pickled=True))
+                entries.append(WriteEntry(item.key, item.layout.file_path, fmt, sent))
         slab_info = (self._stager.generation, self._stager.shared_slab) if slab is not None else None
         request = plan.request(entries, self.config.writer_config, trainer_pid=os.getpid())
         generation = None if slab_info is None else slab_info[0]

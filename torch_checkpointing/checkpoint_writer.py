@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import posixpath
 import signal
 import sys
@@ -65,8 +64,7 @@ class WriteEntry:
     key: str
     file_path: str  # relative to the checkpoint directory, {rank} already filled in
     fmt: SerializationFormat
-    value: Any
-    pickled: bool = False  # `value` is pickled bytes or an OutOfBand (a requires_copy=False value for the writer)
+    value: Any  # an OutOfBand for a requires_copy=False value on its way to the writer process
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,13 +135,8 @@ class _ChecksumStream:
         return self._running.result()
 
 
-def _received(value: bytes | OutOfBand) -> Any:
-    """A requires_copy=False value as it arrived: pickle bytes, or a header with its out-of-band buffers."""
-    return value.loads() if isinstance(value, OutOfBand) else pickle.loads(value)
-
-
 def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry) -> FileRecord:
-    value = _received(entry.value) if entry.pickled else entry.value
+    value = entry.value.loads() if isinstance(entry.value, OutOfBand) else entry.value
     target = root / entry.file_path
     with storage.stream_write(target) as raw:
         # Streams that checksum what they write (the local filesystem's off the encoding thread, the object

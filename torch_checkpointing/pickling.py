@@ -12,7 +12,6 @@ import ctypes
 import functools
 import io
 import pickle
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ import torch
 from torch_checkpointing.traversal import dotted_key, iter_leaves
 from torch_checkpointing.types import NestedPath
 
-__all__ = ["OutOfBand", "dumps_out_of_band", "dumps_value", "plain_pickle_keeps", "unpicklable"]
+__all__ = ["SUB_BYTE_DTYPES", "OutOfBand", "dumps_out_of_band", "plain_pickle_keeps", "unpicklable"]
 
 
 def unpicklable(
@@ -71,19 +70,12 @@ def _dtype_probe(leaf: Any, tried: set[torch.dtype]) -> Any:
     return torch.empty(0, dtype=leaf.dtype)
 
 
-def dumps_value(value: Any) -> bytes:
-    """Pickle bytes of `value` that `pickle.loads` gives back whole in another process, for a value that travels
-    to the writer process as it is (requires_copy=False). Plain pickling writes a tensor's storage in torch's
-    legacy format, whose loader has no storage class for uint16/32/64, the float8 types, complex32 and the bits
-    types (a bare `AttributeError: ... UntypedStorage ... has no attribute 'dtype'` in the writer): such a tensor
-    travels as `torch.save` bytes instead, which hold every dtype torch can name. Nothing is put in shared
-    memory: the caller's tensors are left where they are."""
-    buffer = io.BytesIO()
-    _WholePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    return buffer.getvalue()
-
-
 class _WholePickler(pickle.Pickler):
+    """Plain pickling writes a tensor's storage in torch's legacy format, whose loader has no storage class for
+    uint16/32/64, the float8 types, complex32 and the bits types (a bare `AttributeError: ... UntypedStorage ...
+    has no attribute 'dtype'` in the writer): such a tensor, where it is pickled in band, travels as
+    `torch.save` bytes instead, which hold every dtype torch can name."""
+
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and not plain_pickle_keeps(obj.dtype):
             buffer = io.BytesIO()
@@ -93,7 +85,7 @@ class _WholePickler(pickle.Pickler):
 
 
 def _tensor_from_torch_bytes(data: bytes) -> torch.Tensor:
-    """The tensor `dumps_value` wrote as `torch.save` bytes (the engine's own bytes, read back by itself)."""
+    """The tensor `_WholePickler` wrote as `torch.save` bytes (the engine's own bytes, read back by itself)."""
     tensor: torch.Tensor = torch.load(io.BytesIO(data), weights_only=False)
     return tensor
 
@@ -118,10 +110,10 @@ def plain_pickle_keeps(dtype: torch.dtype) -> bool:
 class OutOfBand:
     """A value on its way to the writer process with its tensors' bytes outside the pickle.
 
-    `header` is pickle bytes whose storages name, by index, buffers of `sizes` bytes; the buffers travel on the
-    pipe right after the message that holds this (the trainer writes them from the tensors' own memory,
-    without the GIL) and the writer reads each into a bytearray of its own, which the rebuilt tensor then uses.
-    `received` is the writer's side only and never travels.
+    `header` is pickle bytes whose storages name, by index (pickle's persistent ids), buffers of `sizes` bytes;
+    the buffers travel on the pipe right after the message that holds this (the trainer writes them from the
+    tensors' own memory, without the GIL) and the writer reads each into a bytearray of its own, which the
+    rebuilt tensor then uses. `received` is the writer's side only and never travels.
     """
 
     header: bytes
@@ -134,11 +126,7 @@ class OutOfBand:
     def loads(self) -> Any:
         if self.received is None or len(self.received) != len(self.sizes):
             raise RuntimeError("the out-of-band buffers of a requires_copy=False value were not received")
-        _RECEIVING.buffers = self.received
-        try:
-            return pickle.loads(self.header)
-        finally:
-            _RECEIVING.buffers = None
+        return _OutOfBandUnpickler(io.BytesIO(self.header), self.received).load()
 
 
 def dumps_out_of_band(value: Any) -> tuple[OutOfBand, list[memoryview], list[Any]]:
@@ -148,35 +136,14 @@ def dumps_out_of_band(value: Any) -> tuple[OutOfBand, list[memoryview], list[Any
     Pickling a GiB in band copied it twice under the GIL on the trainer's side (the storage into the pickle,
     the pickle into the message) and twice more in the writer, and a `requires_copy=False` save took 6-12 s to
     durable against 1 s for a staged one. A tensor the plain path reduces in its own way (a subclass, a
-    quantized, sparse or lazy-bit tensor, user attributes, a non-leaf that requires grad) and a dtype below
-    a byte go as `dumps_value` sends them. Storages shared by several tensors travel once and stay shared.
+    quantized, sparse or lazy-bit tensor, user attributes, a non-leaf that requires grad) and a sub-byte dtype
+    are pickled in band (a dtype plain pickling cannot give back as `torch.save` bytes: `_WholePickler`).
+    Storages shared by several tensors travel once and stay shared.
     """
     stream = io.BytesIO()
     pickler = _OutOfBandPickler(stream, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.dump(value)
-    views, keep = pickler.views, pickler.keep
-    return OutOfBand(stream.getvalue(), [len(v) for v in views]), views, keep
-
-
-_RECEIVING = threading.local()  # the writer's received buffers while `OutOfBand.loads` runs
-
-
-class _StorageBytes:
-    """One storage's bytes by index into the out-of-band buffers (one instance per storage: pickle's memo then
-    sends a storage that several tensors view once)."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _storage_from_buffer, (self.index,)
-
-
-def _storage_from_buffer(index: int) -> torch.UntypedStorage:
-    buffer = _RECEIVING.buffers[index]
-    if not len(buffer):
-        return torch.empty(0, dtype=torch.uint8).untyped_storage()
-    return torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+    return OutOfBand(stream.getvalue(), [len(v) for v in pickler.views]), pickler.views, pickler.keep
 
 
 def _tensor_from_storage(
@@ -192,11 +159,15 @@ def _tensor_from_storage(
 
 
 class _OutOfBandPickler(_WholePickler):
+    """Each eligible tensor reduces to `_tensor_from_storage` over its storage, and each storage (one wrapper
+    per storage, keyed by its C++ object) pickles as the persistent id naming its buffer."""
+
     def __init__(self, stream: io.BytesIO, **kwargs: Any) -> None:
         super().__init__(stream, **kwargs)
         self.views: list[memoryview] = []
-        self.keep: list[Any] = []
-        self._storages: dict[int, _StorageBytes] = {}
+        self.keep: list[torch.UntypedStorage] = []  # the wrapper objects whose ids are persistent ids
+        self._by_cdata: dict[int, torch.UntypedStorage] = {}
+        self._index: dict[int, int] = {}  # id(wrapper) -> buffer index
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor) and _goes_out_of_band(obj):
@@ -204,16 +175,33 @@ class _OutOfBandPickler(_WholePickler):
             return _tensor_from_storage, (*args, obj.requires_grad)
         return super().reducer_override(obj)
 
-    def _storage(self, tensor: torch.Tensor) -> _StorageBytes:
+    def persistent_id(self, obj: Any) -> int | None:
+        return self._index.get(id(obj)) if isinstance(obj, torch.UntypedStorage) else None
+
+    def _storage(self, tensor: torch.Tensor) -> torch.UntypedStorage:
         storage = tensor.untyped_storage()
-        holder = self._storages.get(storage._cdata)
-        if holder is None:
-            n = storage.nbytes()
-            memory: Any = (ctypes.c_char * n).from_address(storage.data_ptr()) if n else bytearray()
-            holder = self._storages[storage._cdata] = _StorageBytes(len(self.views))
-            self.views.append(memoryview(memory).cast("B"))
-            self.keep.append(storage)
-        return holder
+        known = self._by_cdata.get(storage._cdata)
+        if known is not None:
+            return known
+        n = storage.nbytes()
+        memory: Any = (ctypes.c_char * n).from_address(storage.data_ptr()) if n else bytearray()
+        self._by_cdata[storage._cdata] = storage
+        self._index[id(storage)] = len(self.views)
+        self.views.append(memoryview(memory).cast("B"))
+        self.keep.append(storage)
+        return storage
+
+
+class _OutOfBandUnpickler(pickle.Unpickler):
+    def __init__(self, stream: io.BytesIO, buffers: list[bytearray]) -> None:
+        super().__init__(stream)
+        self._buffers = buffers
+
+    def persistent_load(self, pid: Any) -> torch.UntypedStorage:
+        buffer = self._buffers[pid]
+        if not len(buffer):
+            return torch.empty(0, dtype=torch.uint8).untyped_storage()
+        return torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
 
 
 def _goes_out_of_band(t: torch.Tensor) -> bool:
@@ -227,19 +215,14 @@ def _goes_out_of_band(t: torch.Tensor) -> bool:
         and not t.is_neg()
         and (t.is_leaf or not t.requires_grad)
         and not getattr(t, "__dict__", None)
-        and t.dtype.itemsize >= 1
-        and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype in _WHOLE_BYTE_OTHER)
+        and t.dtype not in SUB_BYTE_DTYPES
     )
 
 
-_WHOLE_BYTE_OTHER = {
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-}
+SUB_BYTE_DTYPES = frozenset(
+    getattr(torch, f"{sign}int{bits}")
+    for sign in ("u", "")
+    for bits in range(1, 8)
+    if hasattr(torch, f"{sign}int{bits}")
+)
+"""uint1..uint7, int1..int7: torch has the dtypes but no kernels (no copy, no pickling) for them."""

@@ -116,7 +116,8 @@ class CheckedFile:
     lock: threading.Lock = field(default_factory=threading.Lock)
     fetch_lock: threading.Lock = field(default_factory=threading.Lock)
     random_access: bool = False  # readahead switched off for ranged reads
-    cold: bool = False  # a large local file not in the page cache when opened: checked by reads, decoded after
+    cold: bool = False  # a large local file not in the page cache when its whole check started: checked by
+    # reads, decoded after the check
     _whole: Future[None] | None = None
     _start_whole: Any = None  # called once to start the whole-file check; set by the context
 
@@ -317,8 +318,6 @@ class CheckpointReadContext:
             return  # nothing to verify against: `verified` resolves at once
         checked.what = what
         checked._start_whole = self._start_whole
-        fd = checked.fd
-        checked.cold = fd is not None and checked.size >= _COLD_READ_MIN_BYTES and not is_cached(fd, checked.size)
         if record.blocks is not None:
             checked.checked_blocks = bytearray(record.blocks.block_count())
 
@@ -393,6 +392,8 @@ class CheckpointReadContext:
 
     def _start_whole(self, checked: CheckedFile, outer: Future[None]) -> None:
         """Check the whole file on the verify pool (decoding proceeds meanwhile); `outer` gets the outcome."""
+        fd = checked.fd  # asked here, not at open: a file read only by ranges is never checked whole
+        checked.cold = fd is not None and checked.size >= _COLD_READ_MIN_BYTES and not is_cached(fd, checked.size)
         assert checked.record is not None
         inner = self._get_pool().submit(self._verify, checked, checked.record, checked.what)
         inner.add_done_callback(lambda f: _forward(f, outer))

@@ -28,7 +28,7 @@ import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
-from torch_checkpointing.pickling import unpicklable
+from torch_checkpointing.pickling import SUB_BYTE_DTYPES, unpicklable
 from torch_checkpointing.traversal import (
     NestingError,
     any_leaf,
@@ -490,15 +490,6 @@ class _SlabPlan:
             if alias is not None:
                 self._slot_of[alias] = slot
         return slot
-
-
-SUB_BYTE_DTYPES = frozenset(
-    getattr(torch, f"{sign}int{bits}")
-    for sign in ("u", "")
-    for bits in range(1, 8)
-    if hasattr(torch, f"{sign}int{bits}")
-)
-"""uint1..uint7, int1..int7: torch has the dtypes but no kernels (no copy, no pickling) for them."""
 
 
 def _sub_byte_refusal(key: str, value: Any, dtype: torch.dtype) -> pickle.PicklingError:
