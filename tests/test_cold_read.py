@@ -57,13 +57,17 @@ def test_a_file_shorter_than_asked_raises_the_callers_error(tmp_path: Path) -> N
 
 
 def _drop(path: Path) -> bool:
-    """Drop a file from the page cache; whether the system demonstrably did (a RWF_NOWAIT read is refused)."""
+    """Drop a file from the page cache; whether the system demonstrably did (a RWF_NOWAIT read is refused).
+
+    The proof reads the file's last page: a refused RWF_NOWAIT read still starts readahead from where it asked,
+    and a proof at offset 0 raced `is_cached`'s own first probe there (the readahead could land before it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        last_page = max(0, os.fstat(fd).st_size - 1) & ~4095
         try:
-            os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+            os.preadv(fd, [bytearray(4096)], last_page, os.RWF_NOWAIT)
         except BlockingIOError:
             return True
         return False
