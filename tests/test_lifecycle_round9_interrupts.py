@@ -138,6 +138,7 @@ def test_sigint_storm_around_lock_and_save_leaks_no_lock_hold(tmp_path: Path) ->
     result = json.loads(lines[-1][len("RESULT ") :])
     assert result["interrupts"] > 100 and sent > 100, result  # the storm really landed
     assert "loop_error" not in result, result
+    assert result["save_errors"] == 0, result  # was a RuntimeError (a Future's lock released twice), or a wedge
     assert result["write_side_from_another_thread"] == "ok", result
     assert result["save_after"] == "ok", result
     assert result["save_after_s"] < 15, result

@@ -15,7 +15,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any
@@ -32,6 +32,7 @@ from torch_checkpointing.codecs import refuse_before_handover
 from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied, log_safely
+from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
 from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band
 from torch_checkpointing.schema import ResolvedItem
@@ -110,7 +111,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             storage_config, config.process_config, subprocess_init_fn, subprocess_init_args
         )
         prefix = config.process_config.thread_name_prefix
-        self._staging_pool = ThreadPoolExecutor(1, thread_name_prefix=config.staging_config.thread_name)
+        self._staging_pool = _DaemonWorker(config.staging_config.thread_name)
         self._comm_thread_name = f"{prefix}-comm"
         self._comm = _DaemonWorker(self._comm_thread_name)
         self._staging_lock = RWLock()
@@ -223,7 +224,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             self._staging_lock.acquire(RWLockMode.WRITE, self._lock_timeout, release)
             payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
             if self.config.staging_config.use_async_staging:
-                staged: Future[Any] = self._staging_pool.submit(self._stage, payload, release)
+                staged: Future[Any] = self._staging_pool.call(self._stage, payload, release)
             else:
                 staged = Future()
                 staged.set_result(self._stage(payload, release))
@@ -232,14 +233,23 @@ class AsyncCheckpointSaver(CheckpointSaver):
             raise
         write = WriteFuture(plan.checkpoint_dir)
         try:
-            write.set_running_or_notify_cancel()
             self._last_write = write
             blocked_s = time.monotonic() - plan.started
             self._comm.submit(lambda: self._write(plan, staged, write, blocked_s))
-        except BaseException as exc:  # (Ctrl-C) nothing will resolve the Future: the next save must not wait on it
-            write.retrieved = True  # the caller sees this failure: save() raises it
-            log_failed(plan, exc)
-            write.set_exception(exc)
+        except BaseException as exc:  # (Ctrl-C) interrupted around the hand-over
+            if write.claim():  # the write job had not started, and now never will: the next save must not wait
+                write.retrieved = True  # the caller sees this failure: save() raises it
+                log_failed(plan, exc)
+                write.try_set_exception(exc)
+            else:
+                log_safely(
+                    logger,
+                    logging.WARNING,
+                    "save() of %s was interrupted (%s) after its write started; the write goes on, and the next "
+                    "save() or close() waits for it",
+                    plan.checkpoint_dir,
+                    type(exc).__name__,
+                )
             raise
         return write
 
@@ -264,9 +274,12 @@ class AsyncCheckpointSaver(CheckpointSaver):
         finally:
             release()
 
-    def _write(self, plan: SavePlan, staged: Future[Any], write: Future[Any], blocked_s: float) -> None:
+    def _write(self, plan: SavePlan, staged: Future[Any], write: WriteFuture, blocked_s: float) -> None:
         """(On the comm thread.) Whatever raises on the way, the Future resolves: its waiter, and the next save,
         would otherwise wait for it until `wait_timeout_secs`."""
+        if not write.claim():
+            self._abandon(plan, write)
+            return
         try:
             self._write_and_resolve(plan, staged, write, blocked_s)
         finally:
@@ -294,6 +307,17 @@ class AsyncCheckpointSaver(CheckpointSaver):
         else:
             log_committed(plan, nbytes, blocked_s)
             write.set_result(None)
+
+    def _abandon(self, plan: SavePlan, write: WriteFuture) -> None:
+        """The save() that queued this write was interrupted and failed its Future itself (`claim`): the writer
+        never gets it. Written anyway, it could commit a save its caller was told had failed."""
+        exc = CheckpointError(
+            f"The save of {plan.checkpoint_dir} was interrupted inside save() (rank {plan.rank}) before its write "
+            f"started; nothing was written. Save again."
+        )
+        write.try_set_exception(exc)  # in case the interrupt also cut save()'s own cleanup short
+        if refuse_unanswered(plan, exc) is not exc:  # the other ranks' writers are told, and what they wrote goes
+            self._discard(plan)
 
     def _fail_unanswered(self, plan: SavePlan, write: Future[Any], exc: BaseException) -> None:
         """A save this rank's writer will never answer: tell the other ranks (`refuse_unanswered`), then remove
@@ -380,7 +404,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         if not self._staging_lock_try_write(release):
             raise RuntimeError("Cannot prewarm staging while checkpoint staging is active")  # misuse; §2.3
         try:
-            self._prewarm = self._staging_pool.submit(self._stage, payload, release)
+            self._prewarm = self._staging_pool.call(self._stage, payload, release)
         except BaseException:
             release()
             raise
@@ -397,7 +421,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         return True
 
     def close(self) -> None:
-        self._staging_pool.shutdown(wait=True)
+        self._staging_pool.stop(wait=True)  # a copy still running writes into the slab that close() unmaps
         self._comm.stop()
         self._process.close()
         self._stager.close()
@@ -435,12 +459,15 @@ class _ReleaseOnce:
 
 
 class _DaemonWorker:
-    """One long-lived daemon thread running jobs in order: the comm thread that hands each write to the writer.
+    """One long-lived daemon thread running jobs in order: the comm thread that hands each write to the writer,
+    and the staging thread that copies a save's tensors.
 
     Long-lived because starting a thread per save made save() wait in Thread.start() for the new thread's
     handshake, and that thread, already pickling a requires_copy=False payload, held the GIL for up to a
     switch interval (5 ms) before save() could return. A queue hand-off does not wait for the consumer.
-    A daemon thread, not an executor: a writer that never answers must not hold up interpreter exit.
+    A daemon thread, not an executor: a writer that never answers must not hold up interpreter exit. And the
+    Futures it gives (`call`) are `SettledFuture`s, which a Ctrl-C on the caller's thread cannot wedge (an
+    executor's are not: see `futures`).
     """
 
     def __init__(self, name: str) -> None:
@@ -474,11 +501,29 @@ class _DaemonWorker:
             self._start()
         self._jobs.put(job)
 
-    def stop(self) -> None:
-        """Ends the thread after the queued jobs; does not wait (close() bounds its own waits)."""
-        if self._thread is not None:
+    def call(self, fn: Callable[..., Any], *args: Any) -> SettledFuture[Any]:
+        """Run `fn(*args)` on the thread, after the jobs queued before it; the Future holds its outcome."""
+        future: SettledFuture[Any] = SettledFuture()
+
+        def job() -> None:
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        self.submit(job)
+        return future
+
+    def stop(self, wait: bool = False) -> None:
+        """Ends the thread after the queued jobs; waits for them only if asked (close() bounds its own waits)."""
+        thread = self._thread
+        if thread is not None:
             self._jobs.put(None)
             self._thread = None
+            if wait and thread is not threading.current_thread():
+                thread.join()
 
     @staticmethod
     def _run(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
@@ -498,7 +543,7 @@ class _DaemonWorker:
             )
 
 
-class WriteFuture(Future[Any]):
+class WriteFuture(SettledFuture[Any]):
     """The Future of one async save; remembers whether the caller looked at its outcome.
 
     A failure nobody retrieved (the usual loop keeps only the last Future) is raised by the next `save()` or by
@@ -509,6 +554,15 @@ class WriteFuture(Future[Any]):
         super().__init__()
         self.checkpoint_id = checkpoint_id
         self.retrieved = False
+        self._claim = threading.Lock()
+        self._claimed = False
+
+    def claim(self) -> bool:
+        """Whether this caller is the first to claim the write: the write job when it starts, or the save()
+        that queued it, failing (Ctrl-C) before it returned. Exactly one of them resolves the Future."""
+        with self._claim:
+            first, self._claimed = not self._claimed, True
+            return first
 
     def result(self, timeout: float | None = None) -> Any:
         try:
@@ -526,8 +580,8 @@ class WriteFuture(Future[Any]):
         return super().exception(timeout)
 
     def mirror(self) -> Future[Any]:
-        """A plain Future with the same outcome, for engine-internal callbacks (they must not count as the caller)."""
-        copy: Future[Any] = Future()
+        """A Future with the same outcome, for engine-internal callbacks (they must not count as the caller)."""
+        copy: SettledFuture[Any] = SettledFuture()
 
         def settle(done: Future[Any]) -> None:
             error = self.quiet_exception(0)

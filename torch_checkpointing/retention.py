@@ -36,6 +36,7 @@ from torch_checkpointing.discovery import (
     still_there,
 )
 from torch_checkpointing.errors import CheckpointError, ObjectStoreError
+from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.names import NAME_MAX, aside_of, may_be_cut, trash_name
 from torch_checkpointing.storage.base_storage import Storage
@@ -490,7 +491,7 @@ class RetentionRunner:
         """Schedule the pass for `checkpoint_id`: now for a sync save (write None), else when `write` succeeds."""
         if self._pool is None:
             return
-        scheduled: Future[None] = Future()
+        scheduled: Future[None] = SettledFuture()  # its done() is read on the caller's thread (see futures)
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(scheduled)
