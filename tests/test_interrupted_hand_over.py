@@ -29,7 +29,8 @@ def test_an_interrupt_after_the_hand_over_neither_commits_nor_wedges_the_next_sa
     config = CheckpointManager.Config.with_async_save()
     config.save.wait_timeout_secs = 10
     manager = CheckpointManager(config)
-    held: list[threading.Condition] = []
+    interrupted: list[bool] = []
+    leaked: list[threading.Condition] = []  # the Future's Condition, left held below
     try:
         manager.save(str(tmp_path / "first"), {"w": torch.zeros(8)}).result(60)
         comm = manager._saver._comm  # type: ignore[attr-defined]
@@ -37,11 +38,11 @@ def test_an_interrupt_after_the_hand_over_neither_commits_nor_wedges_the_next_sa
         go = threading.Event()
 
         def interrupted_submit(self: _DaemonWorker, job: object) -> None:
-            if self is not comm or go.is_set() or held:
+            if self is not comm or interrupted:
                 real_submit(self, job)  # type: ignore[arg-type]
                 return
             real_submit(self, lambda: (go.wait(10), job()))  # type: ignore[operator]
-            held.append(threading.Condition())  # marks the interrupt as delivered
+            interrupted.append(True)
             raise KeyboardInterrupt
 
         monkeypatch.setattr(_DaemonWorker, "submit", interrupted_submit)
@@ -49,7 +50,7 @@ def test_an_interrupt_after_the_hand_over_neither_commits_nor_wedges_the_next_sa
             manager.save(str(tmp_path / "second"), {"w": torch.ones(8)})
         write = manager._saver._last_write  # type: ignore[attr-defined]
         write._condition.acquire()  # what an interrupt inside Condition.__enter__ leaves on this thread
-        held[0] = write._condition
+        leaked.append(write._condition)
         go.set()
         manager.save(str(tmp_path / "third"), {"w": torch.full((8,), 3.0)}).result(15)
         into = {"w": torch.zeros(8)}
@@ -57,6 +58,6 @@ def test_an_interrupt_after_the_hand_over_neither_commits_nor_wedges_the_next_sa
         assert torch.equal(into["w"], torch.full((8,), 3.0))
         assert not (tmp_path / "second").exists()  # save() raised: it was never committed behind the caller's back
     finally:
-        if held and held[0]._is_owned():  # type: ignore[attr-defined]
-            held[0].release()
+        for condition in leaked:
+            condition.release()
         manager.close()

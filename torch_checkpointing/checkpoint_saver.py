@@ -315,7 +315,8 @@ class AsyncCheckpointSaver(CheckpointSaver):
             f"The save of {plan.checkpoint_dir} was interrupted inside save() (rank {plan.rank}) before its write "
             f"started; nothing was written. Save again."
         )
-        write.try_set_exception(exc)  # in case the interrupt also cut save()'s own cleanup short
+        if write.try_set_exception(exc):  # the interrupt also cut save()'s own cleanup (and its log) short
+            log_failed(plan, exc)
         if refuse_unanswered(plan, exc) is not exc:  # the other ranks' writers are told, and what they wrote goes
             self._discard(plan)
 
