@@ -478,13 +478,41 @@ def read_safetensors(storage: Storage, path: Path, key: str) -> dict[str, torch.
         raise CorruptCheckpointError(f"File {path} for item '{key}' is not a readable safetensors file: {exc}") from exc
 
 
+class _ZipWriterTarget:
+    """What `torch.save` writes to: the item's stream until the save has returned or failed, then nothing.
+
+    torch's zip writer writes the end of its archive from its C++ destructor when the save did not (a Ctrl-C
+    that lands in torch.save's `__exit__` before that write), and the destructor runs whenever the writer is
+    collected, possibly much later, in another call. Anything raised there, by the stream (closed by then, it
+    refuses the write) or by a signal handler (a Ctrl-C landing in a Python `write`), is thrown out of a C++
+    destructor, and the process aborts. Released, `write` is the builtin `len`: it takes the bytes, raises
+    nothing and runs no Python frame for a signal handler to interrupt.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream: IO[bytes] | None = stream
+
+    def write(self, data: Any) -> int:
+        assert self._stream is not None
+        return self._stream.write(data)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            self._stream.flush()
+
+    def release(self) -> None:
+        self.write = len  # type: ignore[method-assign,assignment]
+        self._stream = None
+
+
 class TorchCodec(Codec):
     """`torch.save`; read back with torch's safe loader unless the caller trusts the file."""
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
+        target = _ZipWriterTarget(stream)
         try:
             _refuse_meta_tensors(key, value, "TorchSerialization")
-            torch.save(as_written(value), stream)
+            torch.save(as_written(value), target)  # type: ignore[arg-type]  # it needs only write() and flush()
         except NestingError as exc:
             raise exc.for_item(key) from None
         except RecursionError:
@@ -498,6 +526,8 @@ class TorchCodec(Codec):
                 op=pickle.dumps,
                 fix="Make it picklable, or leave it out of the checkpoint.",
             ) from exc
+        finally:
+            target.release()
 
     def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         return load_torch(storage, path, f"item '{key}'", options)
