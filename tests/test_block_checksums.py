@@ -94,7 +94,7 @@ def test_a_whole_file_checked_in_pieces_finds_damage_in_each_piece(
             _load_whole(root)
     (root / "model_0.pt").write_bytes(data)
     assert torch.equal(_load_whole(root)["model"]["a"], values)
-    assert any(name.startswith("ckpt-crc") for name in threads)  # the pieces ran on the chunk pool
+    assert any(name.startswith("ckpt-verify-crc") for name in threads)  # the pieces ran on the chunk pool
 
 
 def _load_whole(root: Path) -> dict[str, Any]:

@@ -227,6 +227,7 @@ if __name__ == "__main__":
     warm.close()
     with manager(sync=True) as m:
         m.save(f"{root}/warm_sync", {"model": {"w": torch.ones(4)}})
+    load(f"{root}/warm")  # a load's checks run on process-wide threads, started once: part of the base
     base = settled({}, 2.0)
     report = {}
     if scenario == "dropped":

@@ -37,6 +37,7 @@ from torch_checkpointing.manifest import Manifest
 from torch_checkpointing.metadata_manager import check_extracted
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.schema import ResolvedItem
+from torch_checkpointing.signals import signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import iter_leaves, local_tensor
 from torch_checkpointing.types import CheckpointPath, RankInfo
@@ -95,8 +96,10 @@ class CheckedLoad:
         self._loader, self._ctx, self._plans, self._report, self._strict = loader, ctx, plans, report, strict
 
     def restore(self) -> dict[str, Any]:
-        """Phase 2: copy into the templates, run the resharders; returns the loaded mapping."""
-        return self._loader._copy(self._ctx, self._plans, self._report, self._strict)
+        """Phase 2: copy into the templates, run the resharders; returns the loaded mapping. A signal arriving
+        meanwhile is handled once the copy has finished (`signals`): none leaves the templates half restored."""
+        with signals_deferred(f"Load of {self._ctx.root}"):
+            return self._loader._copy(self._ctx, self._plans, self._report, self._strict)
 
     def close(self) -> None:
         self._ctx.close()

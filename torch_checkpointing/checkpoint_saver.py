@@ -226,7 +226,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             if self.config.staging_config.use_async_staging:
                 staged: Future[Any] = self._staging_pool.call(self._stage, payload, release)
             else:
-                staged = Future()
+                staged = SettledFuture()
                 staged.set_result(self._stage(payload, release))
         except BaseException:
             release()

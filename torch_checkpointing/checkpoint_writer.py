@@ -18,7 +18,6 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,8 +31,10 @@ from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
 from torch_checkpointing.errors import CommitError, log_safely
+from torch_checkpointing.futures import WorkerPool, map_bounded
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.pickling import OutOfBand
+from torch_checkpointing.signals import WATCHED_SIGNALS
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
@@ -57,6 +58,7 @@ __all__ = [
 logger = logging.getLogger("torch_checkpointing.writer")
 # After a failed save, how long rank 0 keeps the store up for the other ranks to read the outcome.
 _VERDICT_GRACE_S = 2.0
+_FILE_POOL = WorkerPool(1, "ckpt-file")  # grown to the writes at once (map_bounded)
 
 
 @dataclass
@@ -159,8 +161,10 @@ def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) 
             storage.mkdir(parent)
             directories.add(parent)
     if request.file_write_max_threads > 1 and len(request.entries) > 1:
-        with ThreadPoolExecutor(request.file_write_max_threads, thread_name_prefix="ckpt-file") as pool:
-            records = list(pool.map(lambda e: _write_entry(storage, root, rank, e), request.entries))
+        # A process-wide pool: a sync save writes from the training thread, where a Ctrl-C must not wedge it.
+        records = map_bounded(
+            _FILE_POOL, lambda e: _write_entry(storage, root, rank, e), request.entries, request.file_write_max_threads
+        )
     else:
         records = [_write_entry(storage, root, rank, e) for e in request.entries]
     for directory in sorted(directories, key=lambda p: len(p.parts), reverse=True):
@@ -246,13 +250,6 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     return nbytes
 
 
-# Signals whose Python handlers are watched during a save on the main thread (SIGINT: Ctrl-C; the others:
-# what schedulers send to preempt a job, and what jobs install handlers for).
-_REPORTED_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
-)
-
-
 @contextmanager
 def _interrupts_reported(checkpoint_dir: str, progress: _Progress, commit: Commit) -> Iterator[None]:
     """Turn a signal handled in the middle of a save into the exception its handler raised, saying what became
@@ -268,7 +265,7 @@ def _interrupts_reported(checkpoint_dir: str, progress: _Progress, commit: Commi
         yield
         return
     raised: list[tuple[int, BaseException]] = []
-    previous = {n: h for n in _REPORTED_SIGNALS if callable(h := signal.getsignal(n))}
+    previous = {n: h for n in WATCHED_SIGNALS if callable(h := signal.getsignal(n))}
     for signum, handler in previous.items():
         signal.signal(signum, _recording(handler, raised))
     try:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import binascii
 import functools
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, wait
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch_checkpointing.errors import CorruptCheckpointError
+from torch_checkpointing.futures import settle_all
 
 __all__ = [
     "BLOCK_SIZE",
@@ -127,7 +128,7 @@ def crc32_parallel(view: memoryview, executor: Executor, workers: int) -> int:
     try:
         crcs = [f.result() for f in futures]
     finally:
-        wait(futures)  # released only once no thread reads them: the caller may unmap the buffer next
+        settle_all(futures)  # released only once no thread reads them: the caller may unmap the buffer next
         for piece in pieces:
             piece.release()
     value = 0

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import Executor, wait
+from concurrent.futures import Executor
 
 from torch_checkpointing.checksum import crc32, crc32_combine
+from torch_checkpointing.futures import settle_all
 
 __all__ = ["READ_BYTES", "crc32_by_reads", "is_cached"]
 
@@ -51,7 +52,7 @@ def crc32_by_reads(fd: int, size: int, executor: Executor, streams: int, on_shor
     try:
         crcs = [f.result() for f in futures]
     finally:
-        wait(futures)
+        settle_all(futures)
     value = 0
     for part_crc, (s, e) in zip(crcs, bounds, strict=True):
         value = crc32_combine(value, part_crc, e - s)

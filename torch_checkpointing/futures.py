@@ -19,19 +19,24 @@ do not see the Future done) and never the engine thread behind it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import queue
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
+from typing import Any, ParamSpec, TypeVar
 
 from torch_checkpointing.errors import log_safely
 
-__all__ = ["SettledFuture"]
+__all__ = ["SettledFuture", "WorkerPool", "map_bounded", "settle_all"]
 
 logger = logging.getLogger("torch_checkpointing")
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 _STDLIB_WAIT_S = 1.0  # the Condition is held for microseconds by a live holder
 _SLICE_S = 0.1  # a waiter whose wake-up was taken by an interrupted waiter sees the outcome within a slice
 
@@ -150,3 +155,154 @@ class SettledFuture(Future[T]):
             if self._settled.acquire(True, left):
                 self._settled.release()
         return outcome
+
+
+_Job = tuple[SettledFuture[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+class WorkerPool(Executor):
+    """Up to `workers` daemon threads running submitted calls in submission order; `submit` gives a SettledFuture.
+
+    The threads start at the first call (and at the first after `grow()`) and stay, so a process-wide pool
+    starts each thread once (`Thread.start()` waits on an Event, one more Python-level lock on the caller's
+    thread). Daemons: a check still running must not hold up interpreter exit after a Ctrl-C. A forked child
+    starts its own threads (it inherits none).
+    """
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._workers = max(1, workers)
+        self._name = name
+        self._guard = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def grow(self, workers: int) -> None:
+        """Allow at least `workers` threads from now on."""
+        self._workers = max(self._workers, workers)
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> SettledFuture[T]:
+        future: SettledFuture[T] = SettledFuture()
+        with self._guard:
+            if self._pid != os.getpid():
+                self._reset()
+            if self._closed:
+                raise RuntimeError(f"{self._name}: cannot schedule work after shutdown()")
+            self._jobs.put((future, fn, args, kwargs))
+            new = [self._thread(i) for i in range(len(self._threads), self._workers)]
+            self._threads.extend(new)
+        for thread in new:  # all at the first call: a process-wide pool's threads are then there for good
+            thread.start()
+        return future
+
+    def _thread(self, i: int) -> threading.Thread:
+        return threading.Thread(target=_work, args=(self._jobs,), name=f"{self._name}_{i}", daemon=True)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop the threads once the queued calls ran (or, with `cancel_futures`, failed with CancelledError)."""
+        with self._guard:
+            if self._closed:
+                return
+            self._closed = True
+            threads = list(self._threads)
+        if cancel_futures:
+            _cancel_queued(self._jobs)
+        for _ in threads:
+            self._jobs.put(None)
+        if wait:
+            for thread in threads:
+                if thread is not threading.current_thread():
+                    thread.join()
+
+
+def _work(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    while (job := jobs.get()) is not None:
+        _run(*job)
+        del job  # nothing of a finished call is kept alive while the thread waits for the next
+
+
+def _run(future: SettledFuture[Any], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:  # the caller gets it from the Future, as from an executor's
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+def _cancel_queued(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    while True:
+        try:
+            job = jobs.get_nowait()
+        except queue.Empty:
+            return
+        if job is not None:
+            job[0].set_exception(CancelledError())
+
+
+def settle_all(futures: Iterable[Future[Any]]) -> None:
+    """Wait until every Future has its outcome (the outcomes are the caller's to read).
+
+    For a SettledFuture this takes no Python-level lock; `concurrent.futures.wait()` takes each Future's Condition.
+    """
+    for future in futures:
+        with contextlib.suppress(CancelledError):  # a stdlib Future's exception() raises it
+            future.exception()
+
+
+class _Runners:
+    """How many `map_bounded` runners are queued or running on each pool, which is what it grows to."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count: dict[int, int] = {}
+
+    def add(self, pool: WorkerPool, n: int) -> None:
+        with self._lock:
+            self._count[id(pool)] = self._count.get(id(pool), 0) + n
+            pool.grow(self._count[id(pool)])
+
+    def remove(self, pool: WorkerPool) -> None:
+        with self._lock:
+            self._count[id(pool)] -= 1
+
+
+_RUNNERS = _Runners()
+
+
+def map_bounded(pool: WorkerPool, fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> list[R]:
+    """`[fn(x) for x in items]` on at most `concurrency` of `pool`'s threads at once; once every call has stopped,
+    the first error is raised (calls not started after an error are skipped).
+
+    The pool grows to the runners of every call at once, so concurrent callers do not queue behind each other.
+    """
+    workers = max(1, min(concurrency, len(items)))
+    if workers == 1:
+        return [fn(x) for x in items]
+    todo = iter(enumerate(items))  # shared by the runners; an iterator's next() here is atomic
+    results: list[Any] = [None] * len(items)
+    failed: list[BaseException] = []
+
+    def runner() -> None:
+        try:
+            for i, x in todo:
+                if failed:
+                    return
+                try:
+                    results[i] = fn(x)
+                except BaseException as exc:
+                    failed.append(exc)
+                    raise
+        finally:
+            _RUNNERS.remove(pool)
+
+    _RUNNERS.add(pool, workers)
+    futures = [pool.submit(runner) for _ in range(workers)]
+    settle_all(futures)
+    if failed:
+        raise failed[0]  # the first to fail, in time
+    return results

@@ -33,11 +33,11 @@ import posixpath
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError, Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32, crc32_parallel
 from torch_checkpointing.cold_read import crc32_by_reads, is_cached
@@ -47,6 +47,7 @@ from torch_checkpointing.errors import (
     IncompleteCheckpointError,
     UnsafeCheckpointError,
 )
+from torch_checkpointing.futures import SettledFuture, WorkerPool, settle_all
 from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
@@ -66,6 +67,8 @@ from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 __all__ = ["MAX_METADATA_BYTES", "CheckedFile", "CheckpointReadContext", "ReadPolicy", "checked_relative_path", "crc32"]
 
 logger = logging.getLogger("torch_checkpointing.read_context")
+
+T = TypeVar("T")
 
 MAX_METADATA_BYTES = 256 * 1024 * 1024
 _CHUNK_WORKERS = max(1, min(4, os.cpu_count() or 1))  # threads checking pieces of one file (and ranged blocks)
@@ -125,7 +128,7 @@ class CheckedFile:
     def verified(self) -> Future[None]:
         with self.lock:
             if self._whole is None:
-                self._whole = Future()
+                self._whole = SettledFuture()  # the load thread waits for it: see `futures`
                 start = self._start_whole
             else:
                 return self._whole
@@ -161,8 +164,8 @@ class CheckpointReadContext:
         self._dirfd: int | None = None
         self._files: dict[str, CheckedFile] = {}
         self._by_path: dict[str, FileRecord] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._chunk_pool: ThreadPoolExecutor | None = None
+        self._tasks = _Tasks(_VERIFY_POOL)
+        self._chunk_tasks = _Tasks(_CHUNK_POOL)
         self._read_ahead = False
         self._metadata: Any = _UNSET
         self._lock = threading.Lock()
@@ -185,10 +188,10 @@ class CheckpointReadContext:
         self.close()
 
     def close(self) -> None:
-        for pool in (self._pool, self._chunk_pool):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self._pool = self._chunk_pool = None
+        # Every check stopped first: none reads a descriptor or mapping released below. (A second Ctrl-C while
+        # waiting leaves the descriptors open rather than closing them under a running check.)
+        self._tasks.drain()  # before the chunk calls: a whole-file check waits for its own
+        self._chunk_tasks.drain()
         for f in self._files.values():
             if f.fd is not None:
                 os.close(f.fd)
@@ -395,23 +398,12 @@ class CheckpointReadContext:
         fd = checked.fd  # asked here, not at open: a file read only by ranges is never checked whole
         checked.cold = fd is not None and checked.size >= _COLD_READ_MIN_BYTES and not is_cached(fd, checked.size)
         assert checked.record is not None
-        inner = self._get_pool().submit(self._verify, checked, checked.record, checked.what)
+        inner = self._tasks.submit(self._verify, checked, checked.record, checked.what)
         inner.add_done_callback(lambda f: _forward(f, outer))
-
-    def _get_chunk_pool(self) -> ThreadPoolExecutor:
-        # Separate from the per-file pool: a file task waiting on chunk tasks in its own pool could deadlock.
-        if self._chunk_pool is None:
-            self._chunk_pool = ThreadPoolExecutor(_CHUNK_WORKERS, thread_name_prefix="ckpt-crc")
-        return self._chunk_pool
 
     def _crc32(self, view: memoryview) -> int:
         """A whole file's CRC32, a large one split across the cores (the biggest file bounds the check phase)."""
-        return crc32_parallel(view, self._get_chunk_pool(), _CHUNK_WORKERS)
-
-    def _get_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="ckpt-verify")
-        return self._pool
+        return crc32_parallel(view, self._chunk_tasks, _CHUNK_WORKERS)
 
     def _verify(self, checked: CheckedFile, record: FileRecord, what: str) -> None:
         """Check every byte of a file against its record: one whole-file CRC32 (native calls release the GIL for
@@ -445,7 +437,7 @@ class CheckpointReadContext:
         fd = checked.fd
         if fd is not None and checked.cold:
             return crc32_by_reads(
-                fd, checked.size, self._get_chunk_pool(), _CHUNK_WORKERS, lambda at: self._shrank(checked, at, what)
+                fd, checked.size, self._chunk_tasks, _CHUNK_WORKERS, lambda at: self._shrank(checked, at, what)
             )
         with self._whole_view(checked) as view:
             return self._crc32(view)
@@ -553,7 +545,7 @@ class CheckpointReadContext:
             return crc32(view[start - view_start : end - view_start])
 
         large = len(indices) * blocks.block_size > 2 * _VERIFY_CHUNK
-        actual = list(self._get_chunk_pool().map(one, indices)) if large else [one(i) for i in indices]
+        actual = list(self._chunk_tasks.map(one, indices)) if large else [one(i) for i in indices]
         for i, got in zip(indices, actual, strict=True):
             if got != blocks.crc32s[i]:
                 raise self._block_error(checked, i, blocks.crc32s[i], got, checked.what)
@@ -805,6 +797,43 @@ def _runs(indices: list[int], longest: int | None = None) -> Iterator[list[int]]
         run.append(i)
     if run:
         yield run
+
+
+class _Tasks(Executor):
+    """One load's calls on a process-wide pool (threads start once per process, not once per load).
+
+    `drain()`, at the load's close, waits for every call made through it (one may still read a descriptor or a
+    mapping the close releases next) and turns those not started yet into CancelledError: a failed load does not
+    wait for the checks of files it will never read.
+    """
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = pool
+        self._futures: list[Future[Any]] = []
+        self._draining = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future = self._pool.submit(self._unless_draining, fn, args, kwargs)
+        self._futures.append(future)
+        return future
+
+    def _unless_draining(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        if self._draining:
+            raise CancelledError()
+        return fn(*args, **kwargs)
+
+    def drain(self) -> None:
+        self._draining = True
+        done = 0
+        while done < len(self._futures):  # a running check may still add calls
+            settle_all(self._futures[done : done + 1])
+            done += 1
+        self._futures.clear()
+
+
+# Separate pools: a whole-file check waits for its chunk calls, which in its own pool could deadlock.
+_VERIFY_POOL = WorkerPool(max(2, min(8, os.cpu_count() or 2)), "ckpt-verify")
+_CHUNK_POOL = WorkerPool(_CHUNK_WORKERS, "ckpt-verify-crc")
 
 
 def _forward(inner: Future[None], outer: Future[None]) -> None:

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Collection
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -36,7 +36,7 @@ from torch_checkpointing.discovery import (
     still_there,
 )
 from torch_checkpointing.errors import CheckpointError, ObjectStoreError
-from torch_checkpointing.futures import SettledFuture
+from torch_checkpointing.futures import SettledFuture, WorkerPool
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.names import NAME_MAX, aside_of, may_be_cut, trash_name
 from torch_checkpointing.storage.base_storage import Storage
@@ -480,7 +480,7 @@ class RetentionRunner:
         self.policy = policy
         self.enabled = rank == 0
         self._storage = storage or default_storage()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-retention") if self.enabled else None
+        self._pool = WorkerPool(1, "ckpt-retention") if self.enabled else None  # see `futures`
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
 

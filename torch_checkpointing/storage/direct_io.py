@@ -15,9 +15,10 @@ import io
 import mmap
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum
+from torch_checkpointing.futures import WorkerPool
 
 ALIGN = 4096
 CHUNK = 16 << 20
@@ -269,22 +270,22 @@ def _close_buffer(buf: mmap.mmap | None) -> None:
         buf.close()
 
 
-_POOLS: dict[str, ThreadPoolExecutor] = {}
+_POOLS: dict[str, WorkerPool] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def _pool(name: str, workers: int) -> ThreadPoolExecutor:
+def _pool(name: str, workers: int) -> WorkerPool:
     with _POOL_LOCK:
         if name not in _POOLS:
-            _POOLS[name] = ThreadPoolExecutor(workers, thread_name_prefix=name)
+            _POOLS[name] = WorkerPool(workers, name)
         return _POOLS[name]
 
 
-def _io_pool() -> ThreadPoolExecutor:
+def _io_pool() -> WorkerPool:
     """Shared by all writers of the process; each writer has at most one block in flight."""
     return _pool("ckpt-io", 2)
 
 
-def _crc_pool() -> ThreadPoolExecutor:
+def _crc_pool() -> WorkerPool:
     """One thread: a file's blocks must be checksummed in order."""
     return _pool("ckpt-crc", 1)

@@ -30,7 +30,7 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +39,7 @@ from typing import Any
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
 from torch_checkpointing.config import check_number
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
+from torch_checkpointing.futures import WorkerPool, map_bounded
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
@@ -821,14 +822,12 @@ class _ErrorScope:
 
 
 def _run_all(fn: Callable[[int], None], args: list[int], concurrency: int) -> None:
-    """fn over args on up to `concurrency` threads; the first error is raised once all have stopped."""
-    if len(args) == 1 or concurrency == 1:
-        for a in args:
-            fn(a)
-        return
-    with ThreadPoolExecutor(min(concurrency, len(args)), thread_name_prefix="ckpt-get") as pool:
-        for fut in [pool.submit(fn, a) for a in args]:
-            fut.result()
+    """fn over args on up to `concurrency` threads; the first error is raised once all have stopped. The threads
+    are a process-wide WorkerPool's: a Ctrl-C on the caller's thread cannot wedge one (see `futures`)."""
+    map_bounded(_GET_POOL, fn, args, concurrency)
+
+
+_GET_POOL = WorkerPool(1, "ckpt-get")
 
 
 @functools.cache
@@ -943,7 +942,7 @@ class _S3MultipartWriter(_ChecksummedUpload):
         self._upload_id: str | None = None
         self._parts: list[Future[tuple[dict[str, Any], list[int]]]] = []
         self._part_sizes: list[int] = []
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: WorkerPool | None = None  # waited for on the caller's thread (a sync save): see `futures`
         self._running = RunningChecksum()
         # Parts made of whole blocks are checksummed on their upload threads; otherwise here, in order.
         self._sum_parts = part_size % self._running.block_size == 0
@@ -968,7 +967,7 @@ class _S3MultipartWriter(_ChecksummedUpload):
     def _send_part(self) -> None:
         if self._upload_id is None:
             self._upload_id = self._call("create_multipart_upload")["UploadId"]
-            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="ckpt-part")
+            self._pool = WorkerPool(self._concurrency, "ckpt-part")
         pending = [f for f in self._parts if not f.done()]
         if len(pending) >= self._concurrency:
             pending[0].result()  # bounds memory: at most `max_concurrency` parts in flight

@@ -1,0 +1,131 @@
+"""`WorkerPool` and `map_bounded`: the executor for work a Ctrl-C-able thread waits for (see `futures`)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import CancelledError
+
+import pytest
+
+from torch_checkpointing.futures import SettledFuture, WorkerPool, map_bounded
+
+
+def test_submit_gives_settled_futures_with_results_and_errors_in_order() -> None:
+    pool = WorkerPool(1, "t-order")
+    seen: list[int] = []
+    futures = [pool.submit(seen.append, i) for i in range(20)]
+    failing = pool.submit(int, "not a number")
+    assert all(isinstance(f, SettledFuture) for f in futures)
+    assert [f.result(5) for f in futures] == [None] * 20
+    assert seen == list(range(20))  # one thread: submission order
+    with pytest.raises(ValueError, match="not a number"):
+        failing.result(5)
+    pool.shutdown()
+
+
+def test_a_condition_lock_left_held_by_a_waiter_does_not_stop_the_worker() -> None:
+    # What a Ctrl-C inside Condition.__enter__ leaves on the waiting thread: with an executor's stdlib Future the
+    # worker would wait for that lock in set_result forever, and every call queued behind it with it.
+    pool = WorkerPool(1, "t-leak")
+    go = threading.Event()
+    first = pool.submit(go.wait, 5)
+    first._condition.acquire()
+    try:
+        second = pool.submit(lambda: "ran")
+        go.set()
+        assert first.result(10) is True
+        assert second.result(10) == "ran"
+    finally:
+        first._condition.release()
+        pool.shutdown()
+
+
+def test_shutdown_with_cancel_futures_fails_the_queued_calls() -> None:
+    pool = WorkerPool(1, "t-cancel")
+    go = threading.Event()
+    running = pool.submit(go.wait, 5)
+    queued = [pool.submit(lambda: "ran") for _ in range(3)]
+    stopper = threading.Thread(target=pool.shutdown, kwargs={"wait": True, "cancel_futures": True})
+    stopper.start()
+    time.sleep(0.1)
+    go.set()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    assert running.result(5) is True
+    for future in queued:
+        assert isinstance(future.exception(5), CancelledError)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(lambda: None)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_forked_child_runs_calls_on_its_own_threads() -> None:
+    pool = WorkerPool(2, "t-fork")
+    assert pool.submit(lambda: 1).result(5) == 1  # the parent's threads exist; a child inherits none
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        try:
+            ok = pool.submit(lambda: 2).result(5) == 2
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    pool.shutdown()
+
+
+def test_map_bounded_keeps_order_and_its_concurrency_bound() -> None:
+    pool = WorkerPool(1, "t-map")
+    lock = threading.Lock()
+    running = [0, 0]  # now, most
+
+    def work(x: int) -> int:
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+        return x * x
+
+    assert map_bounded(pool, work, list(range(24)), 3) == [x * x for x in range(24)]
+    assert running[1] == 3  # grown to 3 threads, never more at once
+
+
+def test_map_bounded_raises_the_first_error_once_every_call_stopped() -> None:
+    pool = WorkerPool(1, "t-map-error")
+    finished: list[int] = []
+
+    def work(x: int) -> int:
+        if x == 2:
+            raise OSError(f"item {x}")
+        time.sleep(0.05)
+        finished.append(x)
+        return x
+
+    with pytest.raises(OSError, match="item 2"):
+        map_bounded(pool, work, [0, 1, 2, 3, 4, 5, 6, 7], 2)
+    count = len(finished)
+    time.sleep(0.2)
+    assert len(finished) == count  # nothing ran after the call returned
+    assert count < 7  # the calls not started after the error were skipped
+
+
+def test_concurrent_map_bounded_calls_each_get_their_concurrency() -> None:
+    # Two callers of concurrency 2 on one pool: all four calls must run at once (a barrier of 4), which they can
+    # only if the pool grew to both callers' runners instead of queueing one behind the other.
+    pool = WorkerPool(1, "t-map-grow")
+    barrier = threading.Barrier(4, timeout=10)
+    results: list[list[int]] = []
+
+    def caller() -> None:
+        results.append(map_bounded(pool, lambda x: barrier.wait() * 0 + x, [1, 2], 2))
+
+    threads = [threading.Thread(target=caller) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert results == [[1, 2], [1, 2]]
