@@ -4,19 +4,33 @@
   slabs, memory-mapped checkpoint files) are mapped right now, without asking the engine.
 * `run_fresh()`, `fresh_json()`, `modules_after()`: run code in a new interpreter, where nothing of the package
   is imported yet, to see what an import loads or starts; this test process has long since imported it all.
+* `sigint_storm()`, `stormed_child()`: SIGINT to a child process about every millisecond, real signals for the
+  interrupt tests; the child prints "ready", runs until the stop file exists, then prints "RESULT <json>".
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REPO", "MappedRegion", "fresh_json", "memory_maps", "modules_after", "run_fresh"]
+__all__ = [
+    "REPO",
+    "MappedRegion",
+    "fresh_json",
+    "memory_maps",
+    "modules_after",
+    "run_fresh",
+    "sigint_storm",
+    "stormed_child",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 FRESH_TIMEOUT_S = 120.0
@@ -71,3 +85,40 @@ def modules_after(code: str, *, timeout: float = FRESH_TIMEOUT_S) -> set[str]:
     """The names in sys.modules once a new interpreter has run `code`."""
     report = "import json as _json, sys as _sys\nprint(_json.dumps(sorted(_sys.modules)))\n"
     return set(fresh_json(textwrap.dedent(code) + "\n" + report, timeout=timeout))
+
+
+def sigint_storm(proc: subprocess.Popen[str], seconds: float, pause_s: float = 0.001) -> int:
+    """SIGINT to `proc` every one to three `pause_s` for `seconds` (an uneven rhythm lands in more places), or
+    until it exits; returns how many were sent."""
+    sent, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGINT)
+        sent += 1
+        time.sleep(pause_s * (1 + sent % 3))
+    return sent
+
+
+def stormed_child(code: str, stop: Path, *args: str, seconds: float, pause_s: float = 0.001) -> tuple[Any, int]:
+    """Run `code` (argv: stop file, then `args`) under a SIGINT storm of `seconds`; its RESULT and the count sent.
+    The child is killed if it has not ended 120 s after the storm (a hang fails here, bounded)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(stop), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
+        sent = sigint_storm(proc, seconds, pause_s)
+        stop.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no result; stderr:\n{err[-3000:]}"
+    return json.loads(lines[-1][len("RESULT ") :]), sent

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.probes import sigint_storm
 
 _PRELUDE = """
 import json, os, signal, sys, threading, time
@@ -243,15 +243,6 @@ def test_a_lock_left_held_by_an_interrupt_in_load_does_not_hang_it(tmp_path: Pat
     assert result["second_restored"] is True, result
 
 
-def _storm(proc: subprocess.Popen[str], seconds: float) -> int:
-    sent, deadline = 0, time.monotonic() + seconds
-    while time.monotonic() < deadline and proc.poll() is None:
-        os.kill(proc.pid, signal.SIGINT)
-        sent += 1
-        time.sleep(0.001 * (1 + sent % 3))  # an uneven rhythm lands in more places
-    return sent
-
-
 @pytest.mark.parametrize("mode", ["loads", "sync saves and loads"])
 def test_a_sigint_storm_never_hangs_aborts_or_tears_a_load(tmp_path: Path, mode: str) -> None:
     # "sync saves and loads" also found the process aborting (SIGABRT) one run in three: see
@@ -264,7 +255,7 @@ def test_a_sigint_storm_never_hangs_aborts_or_tears_a_load(tmp_path: Path, mode:
         ready = proc.stdout.readline().strip()
         if ready != "ready":
             raise AssertionError(_result(proc, timeout=30))
-        sent = _storm(proc, 4.0)
+        sent = sigint_storm(proc, 4.0)
         stop.touch()
         result = _result(proc, timeout=60)
     finally:

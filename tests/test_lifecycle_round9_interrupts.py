@@ -11,14 +11,10 @@ Afterwards the child must take the write side from another thread at once and fi
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
+
+from tests.probes import stormed_child
 
 STORM_S = 4.0
 CHILD = textwrap.dedent(
@@ -29,7 +25,7 @@ CHILD = textwrap.dedent(
     from torch_checkpointing.lock import RWLockMode
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
-    root, stop = sys.argv[1], sys.argv[2]
+    stop, root = sys.argv[1], sys.argv[2]
     config = CheckpointManager.Config.with_async_save()
     config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
     config.save.wait_timeout_secs = 20
@@ -103,39 +99,8 @@ CHILD = textwrap.dedent(
 )
 
 
-def _storm(proc: subprocess.Popen[str], seconds: float) -> int:
-    """SIGINT about every millisecond for `seconds`; returns how many were sent."""
-    sent, deadline = 0, time.monotonic() + seconds
-    while time.monotonic() < deadline and proc.poll() is None:
-        os.kill(proc.pid, signal.SIGINT)
-        sent += 1
-        time.sleep(0.001 * (1 + sent % 3))  # an uneven rhythm lands in more places
-    return sent
-
-
 def test_sigint_storm_around_lock_and_save_leaks_no_lock_hold(tmp_path: Path) -> None:
-    stop = tmp_path / "stop"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path / "ckpt"), str(stop)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
-        sent = _storm(proc, STORM_S)
-        stop.touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"no result; stderr:\n{err[-3000:]}"
-    result = json.loads(lines[-1][len("RESULT ") :])
+    result, sent = stormed_child(CHILD, tmp_path / "stop", str(tmp_path / "ckpt"), seconds=STORM_S)
     assert result["interrupts"] > 100 and sent > 100, result  # the storm really landed
     assert "loop_error" not in result, result
     assert result["save_errors"] == 0, result  # was a RuntimeError (a Future's lock released twice), or a wedge

@@ -10,14 +10,10 @@ the test delivers SIGINT to it about every millisecond.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
+
+from tests.probes import stormed_child
 
 CHILD = textwrap.dedent(
     """
@@ -70,28 +66,7 @@ CHILD = textwrap.dedent(
 
 
 def test_a_sigint_storm_on_a_waiting_lock_raises_only_keyboardinterrupt(tmp_path: Path) -> None:
-    stop = tmp_path / "stop"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(stop)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
-        sent, deadline = 0, time.monotonic() + 6.0
-        while time.monotonic() < deadline and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGINT)
-            sent += 1
-            time.sleep(0.0005 * (1 + sent % 3))  # an uneven rhythm lands in more places
-        stop.touch()
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"no result; stderr:\n{err[-3000:]}"
-    result = json.loads(lines[-1][len("RESULT ") :])
+    result, _ = stormed_child(CHILD, tmp_path / "stop", seconds=6.0, pause_s=0.0005)
     assert result["interrupts"] > 100 and result["takes"] > 1000, result  # the storm landed in waits that ran
     assert result["other"] == 0, result  # was RuntimeError: cannot release un-acquired lock
     assert result["after"] == "ok", result  # nothing left held
