@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -129,3 +130,33 @@ def test_concurrent_map_bounded_calls_each_get_their_concurrency() -> None:
     for t in threads:
         t.join(20)
     assert results == [[1, 2], [1, 2]]
+
+
+def test_an_interrupted_map_bounded_starts_nothing_more_and_returns_once_its_calls_ended() -> None:
+    # A sync save's file writes: after a Ctrl-C the caller removes what they write, so none may still run then.
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    pool = WorkerPool(1, "t-map-interrupt")
+    running, started = [0], [0]
+    lock = threading.Lock()
+
+    def work(x: int) -> int:
+        with lock:
+            running[0] += 1
+            started[0] += 1
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+        return x
+
+    timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            map_bounded(pool, work, list(range(8)), 2)
+        assert running[0] == 0  # the calls running at the interrupt had ended
+        assert started[0] == 2  # and none started after it
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, before)

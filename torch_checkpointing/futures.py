@@ -302,7 +302,12 @@ def map_bounded(pool: WorkerPool, fn: Callable[[T], R], items: Sequence[T], conc
 
     _RUNNERS.add(pool, workers)
     futures = [pool.submit(runner) for _ in range(workers)]
-    settle_all(futures)
+    try:
+        settle_all(futures)
+    except BaseException as exc:  # a Ctrl-C while waiting: no new call starts, and the running ones end before
+        failed.append(exc)  # the caller cleans up after them (a sync save removes the files they write)
+        settle_all(futures)
+        raise
     if failed:
         raise failed[0]  # the first to fail, in time
     return results
