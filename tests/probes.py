@@ -5,7 +5,8 @@
 * `run_fresh()`, `fresh_json()`, `modules_after()`: run code in a new interpreter, where nothing of the package
   is imported yet, to see what an import loads or starts; this test process has long since imported it all.
 * `sigint_storm()`, `stormed_child()`: SIGINT to a child process about every millisecond, real signals for the
-  interrupt tests; the child prints "ready", runs until the stop file exists, then prints "RESULT <json>".
+  interrupt tests; the child prints "ready", runs until the stop file exists, then prints "RESULT <json>";
+  `armed_sigint()`, in the child, makes each signal an interrupt only where the test wants one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 __all__ = [
     "REPO",
     "MappedRegion",
+    "armed_sigint",
     "fresh_json",
     "memory_maps",
     "modules_after",
@@ -122,3 +124,19 @@ def stormed_child(code: str, stop: Path, *args: str, seconds: float, pause_s: fl
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert lines, f"no result; stderr:\n{err[-3000:]}"
     return json.loads(lines[-1][len("RESULT ") :]), sent
+
+
+def armed_sigint(counts: dict[str, Any]) -> list[bool]:
+    """In a stormed child: SIGINT raises KeyboardInterrupt (as Python's own Ctrl-C does) only while `armed[0]` is
+    set, and disarms it, so that every interrupt lands inside the calls under test and none in the loop's own
+    bookkeeping; the others are counted as `counts["ignored"]`. Returns `armed`."""
+    armed = [False]
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        counts["ignored"] = counts.get("ignored", 0) + 1
+
+    signal.signal(signal.SIGINT, on_sigint)
+    return armed

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.probes import sigint_storm
+from tests.probes import REPO, sigint_storm
 
 _PRELUDE = """
 import json, os, signal, sys, threading, time
@@ -92,6 +92,8 @@ STORM_CHILD = _PRELUDE + textwrap.dedent(
     import logging
     import random
 
+    from tests.probes import armed_sigint
+
     def value_of(into):  # the one saved value both tensors hold, None if they hold a mix
         a, b = into["model"]["a"], into["model"]["b"]
         v = float(a[0])
@@ -107,7 +109,6 @@ STORM_CHILD = _PRELUDE + textwrap.dedent(
             future.result(60)
         committed = {7.0}  # what the checkpoint may hold: an interrupted sync save committed or did not
         counts = {"saves": 0, "loads": 0, "interrupts": 0, "ignored": 0, "torn": 0, "forced": 0}
-        armed = [False]
         forced = []  # a second signal during the copy interrupts it at once, by design (signals_deferred)
 
         class Forced(logging.Handler):
@@ -117,13 +118,7 @@ STORM_CHILD = _PRELUDE + textwrap.dedent(
 
         logging.getLogger("torch_checkpointing").addHandler(Forced())
 
-        def on_sigint(signum, frame):  # armed only inside save() and load(), as in the save storm
-            if armed[0]:
-                armed[0] = False
-                raise KeyboardInterrupt
-            counts["ignored"] += 1
-
-        signal.signal(signal.SIGINT, on_sigint)
+        armed = armed_sigint(counts)  # interrupts only inside save() and load()
         print("ready", flush=True)
         step = 7
         rng = random.Random(0)  # half the calls run unarmed: they finish, so the next ones start from a new state
@@ -211,7 +206,7 @@ COPY_PHASE_CHILD = _PRELUDE + textwrap.dedent(
 
 
 def _child(script: str, *args: str, numel: int = 1 << 20) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     env["STORM_TENSOR_NUMEL"] = str(numel)
     return subprocess.Popen(
         [sys.executable, "-c", script, *args],

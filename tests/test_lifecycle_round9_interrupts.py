@@ -24,6 +24,7 @@ CHILD = textwrap.dedent(
     from torch_checkpointing import CheckpointManager
     from torch_checkpointing.lock import RWLockMode
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+    from tests.probes import armed_sigint
 
     stop, root = sys.argv[1], sys.argv[2]
     config = CheckpointManager.Config.with_async_save()
@@ -33,17 +34,7 @@ CHILD = textwrap.dedent(
     manager.save(f"{root}/first", {"w": torch.zeros(8)}).result(60)
     w = torch.zeros(8)
     counts = {"steps": 0, "interrupts": 0, "ignored": 0, "saves": 0, "save_errors": 0}
-    armed = [False]
-
-    def on_sigint(signum, frame):
-        # Python's own Ctrl-C raises KeyboardInterrupt the same way; disarmed until the loop is back inside its
-        # try, so that every interrupt lands in lock()/save() and none in the loop's own bookkeeping.
-        if armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt
-        counts["ignored"] += 1
-
-    signal.signal(signal.SIGINT, on_sigint)
+    armed = armed_sigint(counts)  # every interrupt lands in lock()/save(), none in the loop's own bookkeeping
     print("ready", flush=True)
     while not os.path.exists(stop):
         try:

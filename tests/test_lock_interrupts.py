@@ -19,17 +19,12 @@ CHILD = textwrap.dedent(
     """
     import json, os, signal, sys, threading, time
     from torch_checkpointing.lock import RWLock, RWLockMode
+    from tests.probes import armed_sigint
     if __name__ == "__main__":
         stop = sys.argv[1]
         lock = RWLock()
         counts = {"takes": 0, "interrupts": 0, "ignored": 0, "other": 0}
-        armed = [False]
-        def on_sigint(signum, frame):
-            if armed[0]:
-                armed[0] = False
-                raise KeyboardInterrupt
-            counts["ignored"] += 1
-        signal.signal(signal.SIGINT, on_sigint)
+        armed = armed_sigint(counts)
         done = threading.Event()
         def writer():  # takes and gives back the write side in a tight loop: the reader waits and wakes again and again
             while not done.is_set():
