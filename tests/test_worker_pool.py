@@ -1,4 +1,4 @@
-"""`WorkerPool` and `map_bounded`: the executor for work a Ctrl-C-able thread waits for (see `futures`)."""
+"""`WorkerPool` and its `map_bounded`: the executor for work a Ctrl-C-able thread waits for (see `futures`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from torch_checkpointing.futures import SettledFuture, WorkerPool, map_bounded
+from torch_checkpointing.futures import SettledFuture, WorkerPool
 
 
 def test_submit_gives_settled_futures_with_results_and_errors_in_order() -> None:
@@ -91,7 +91,7 @@ def test_map_bounded_keeps_order_and_its_concurrency_bound() -> None:
             running[0] -= 1
         return x * x
 
-    assert map_bounded(pool, work, list(range(24)), 3) == [x * x for x in range(24)]
+    assert pool.map_bounded(work, list(range(24)), 3) == [x * x for x in range(24)]
     assert running[1] == 3  # grown to 3 threads, never more at once
 
 
@@ -107,7 +107,7 @@ def test_map_bounded_raises_the_first_error_once_every_call_stopped() -> None:
         return x
 
     with pytest.raises(OSError, match="item 2"):
-        map_bounded(pool, work, [0, 1, 2, 3, 4, 5, 6, 7], 2)
+        pool.map_bounded(work, [0, 1, 2, 3, 4, 5, 6, 7], 2)
     count = len(finished)
     time.sleep(0.2)
     assert len(finished) == count  # nothing ran after the call returned
@@ -122,7 +122,7 @@ def test_concurrent_map_bounded_calls_each_get_their_concurrency() -> None:
     results: list[list[int]] = []
 
     def caller() -> None:
-        results.append(map_bounded(pool, lambda x: barrier.wait() * 0 + x, [1, 2], 2))
+        results.append(pool.map_bounded(lambda x: barrier.wait() * 0 + x, [1, 2], 2))
 
     threads = [threading.Thread(target=caller) for _ in range(2)]
     for t in threads:
@@ -154,7 +154,7 @@ def test_an_interrupted_map_bounded_starts_nothing_more_and_returns_once_its_cal
     try:
         timer.start()
         with pytest.raises(KeyboardInterrupt):
-            map_bounded(pool, work, list(range(8)), 2)
+            pool.map_bounded(work, list(range(8)), 2)
         assert running[0] == 0  # the calls running at the interrupt had ended
         assert started[0] == 2  # and none started after it
     finally:

@@ -31,7 +31,7 @@ from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
 from torch_checkpointing.errors import CommitError, log_safely
-from torch_checkpointing.futures import WorkerPool, map_bounded
+from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.pickling import OutOfBand
 from torch_checkpointing.signals import WATCHED_SIGNALS
@@ -162,8 +162,8 @@ def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) 
             directories.add(parent)
     if request.file_write_max_threads > 1 and len(request.entries) > 1:
         # A process-wide pool: a sync save writes from the training thread, where a Ctrl-C must not wedge it.
-        records = map_bounded(
-            _FILE_POOL, lambda e: _write_entry(storage, root, rank, e), request.entries, request.file_write_max_threads
+        records = _FILE_POOL.map_bounded(
+            lambda e: _write_entry(storage, root, rank, e), request.entries, request.file_write_max_threads
         )
     else:
         records = [_write_entry(storage, root, rank, e) for e in request.entries]

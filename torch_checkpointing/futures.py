@@ -31,7 +31,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from torch_checkpointing.errors import log_safely
 
-__all__ = ["SettledFuture", "WorkerPool", "map_bounded", "settle_all"]
+__all__ = ["SettledFuture", "WorkerPool", "settle_all"]
 
 logger = logging.getLogger("torch_checkpointing")
 T = TypeVar("T")
@@ -163,16 +163,17 @@ _Job = tuple[SettledFuture[Any], Callable[..., Any], tuple[Any, ...], dict[str, 
 class WorkerPool(Executor):
     """Up to `workers` daemon threads running submitted calls in submission order; `submit` gives a SettledFuture.
 
-    The threads start at the first call (and at the first after `grow()`) and stay, so a process-wide pool
-    starts each thread once (`Thread.start()` waits on an Event, one more Python-level lock on the caller's
-    thread). Daemons: a check still running must not hold up interpreter exit after a Ctrl-C. A forked child
-    starts its own threads (it inherits none).
+    The threads start at the first call (and at the first after it grew for `map_bounded`) and stay, so a
+    process-wide pool starts each thread once (`Thread.start()` waits on an Event, one more Python-level lock on
+    the caller's thread). Daemons: a check still running must not hold up interpreter exit after a Ctrl-C. A
+    forked child starts its own threads (it inherits none).
     """
 
     def __init__(self, workers: int, name: str) -> None:
         self._workers = max(1, workers)
         self._name = name
         self._guard = threading.Lock()
+        self._runners = 0  # map_bounded runners queued or running
         self._reset()
 
     def _reset(self) -> None:
@@ -181,9 +182,53 @@ class WorkerPool(Executor):
         self._threads: list[threading.Thread] = []
         self._closed = False
 
-    def grow(self, workers: int) -> None:
-        """Allow at least `workers` threads from now on."""
-        self._workers = max(self._workers, workers)
+    def _reserve(self, runners: int) -> None:
+        """`runners` more calls that each keep a thread busy (`map_bounded`): the pool grows to all of them."""
+        with self._guard:
+            self._runners += runners
+            self._workers = max(self._workers, self._runners)
+
+    def _unreserve(self) -> None:
+        with self._guard:
+            self._runners -= 1
+
+    def map_bounded(self, fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> list[R]:
+        """`[fn(x) for x in items]` on at most `concurrency` of the pool's threads at once; once every call has stopped,
+        the first error is raised (calls not started after an error are skipped).
+
+        The pool grows to the runners of every call at once, so concurrent callers do not queue behind each other.
+        """
+        workers = max(1, min(concurrency, len(items)))
+        if workers == 1:
+            return [fn(x) for x in items]
+        todo = iter(enumerate(items))  # shared by the runners; an iterator's next() here is atomic
+        results: list[Any] = [None] * len(items)
+        failed: list[BaseException] = []
+
+        def runner() -> None:
+            try:
+                for i, x in todo:
+                    if failed:
+                        return
+                    try:
+                        results[i] = fn(x)
+                    except BaseException as exc:
+                        failed.append(exc)
+                        raise
+            finally:
+                self._unreserve()
+
+        self._reserve(workers)
+        futures = [self.submit(runner) for _ in range(workers)]
+        try:
+            settle_all(futures)
+        except BaseException as exc:  # a Ctrl-C while waiting: no new call starts, and the running ones end before
+            failed.append(exc)  # the caller cleans up after them (a sync save removes the files they write)
+            settle_all(futures)
+            raise
+        if failed:
+            raise failed[0]  # the first to fail, in time
+        return results
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> SettledFuture[T]:
         future: SettledFuture[T] = SettledFuture()
@@ -252,62 +297,3 @@ def settle_all(futures: Iterable[Future[Any]]) -> None:
     for future in futures:
         with contextlib.suppress(CancelledError):  # a stdlib Future's exception() raises it
             future.exception()
-
-
-class _Runners:
-    """How many `map_bounded` runners are queued or running on each pool, which is what it grows to."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count: dict[int, int] = {}
-
-    def add(self, pool: WorkerPool, n: int) -> None:
-        with self._lock:
-            self._count[id(pool)] = self._count.get(id(pool), 0) + n
-            pool.grow(self._count[id(pool)])
-
-    def remove(self, pool: WorkerPool) -> None:
-        with self._lock:
-            self._count[id(pool)] -= 1
-
-
-_RUNNERS = _Runners()
-
-
-def map_bounded(pool: WorkerPool, fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> list[R]:
-    """`[fn(x) for x in items]` on at most `concurrency` of `pool`'s threads at once; once every call has stopped,
-    the first error is raised (calls not started after an error are skipped).
-
-    The pool grows to the runners of every call at once, so concurrent callers do not queue behind each other.
-    """
-    workers = max(1, min(concurrency, len(items)))
-    if workers == 1:
-        return [fn(x) for x in items]
-    todo = iter(enumerate(items))  # shared by the runners; an iterator's next() here is atomic
-    results: list[Any] = [None] * len(items)
-    failed: list[BaseException] = []
-
-    def runner() -> None:
-        try:
-            for i, x in todo:
-                if failed:
-                    return
-                try:
-                    results[i] = fn(x)
-                except BaseException as exc:
-                    failed.append(exc)
-                    raise
-        finally:
-            _RUNNERS.remove(pool)
-
-    _RUNNERS.add(pool, workers)
-    futures = [pool.submit(runner) for _ in range(workers)]
-    try:
-        settle_all(futures)
-    except BaseException as exc:  # a Ctrl-C while waiting: no new call starts, and the running ones end before
-        failed.append(exc)  # the caller cleans up after them (a sync save removes the files they write)
-        settle_all(futures)
-        raise
-    if failed:
-        raise failed[0]  # the first to fail, in time
-    return results

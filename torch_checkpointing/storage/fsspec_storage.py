@@ -39,7 +39,7 @@ from typing import Any
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
 from torch_checkpointing.config import check_number
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
-from torch_checkpointing.futures import WorkerPool, map_bounded
+from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
@@ -824,7 +824,7 @@ class _ErrorScope:
 def _run_all(fn: Callable[[int], None], args: list[int], concurrency: int) -> None:
     """fn over args on up to `concurrency` threads; the first error is raised once all have stopped. The threads
     are a process-wide WorkerPool's: a Ctrl-C on the caller's thread cannot wedge one (see `futures`)."""
-    map_bounded(_GET_POOL, fn, args, concurrency)
+    _GET_POOL.map_bounded(fn, args, concurrency)
 
 
 _GET_POOL = WorkerPool(1, "ckpt-get")
