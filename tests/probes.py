@@ -7,6 +7,8 @@
 * `sigint_storm()`, `stormed_child()`: SIGINT to a child process about every millisecond, real signals for the
   interrupt tests; the child prints "ready", runs until the stop file exists, then prints "RESULT <json>";
   `armed_sigint()`, in the child, makes each signal an interrupt only where the test wants one.
+* `interrupted_at()`: a KeyboardInterrupt raised at one chosen point (a line, a call's entry or a return) of the
+  Python frames of chosen files, on the calling thread: every point a signal handler could raise at, in turn.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "MappedRegion",
     "armed_sigint",
     "fresh_json",
+    "interrupted_at",
     "memory_maps",
     "modules_after",
     "run_fresh",
@@ -140,3 +143,62 @@ def armed_sigint(counts: dict[str, Any]) -> list[bool]:
 
     signal.signal(signal.SIGINT, on_sigint)
     return armed
+
+
+@dataclass
+class InterruptPoint:
+    """Where `interrupted_at` raised (`where`: "file:line event function"), or None: the block ran past every
+    point, so `point` was beyond the last one and a sweep is complete."""
+
+    point: int
+    where: str | None = None
+
+
+class interrupted_at:  # used as a function: `with interrupted_at(k, files) as at:`
+    """`with interrupted_at(point, files) as at:` interrupts the block at the `point`-th (0-based) place on this
+    thread where CPython would run a signal handler inside the frames whose code lives in a file ending with one
+    of `files`.
+
+    What runs there is the handler of `signum` (SIGINT unless told) installed at that moment, as for a real
+    signal: Python's SIGINT handler raises KeyboardInterrupt, one that defers the signal records it (a
+    non-Python handler counts as Python's SIGINT handler). CPython runs a handler at a function's entry
+    and just after a call into C returns, before the caller stores its result (also at loop back-edges, not
+    modelled here). A profile function sees both (its "call" and "c_return" events), and a raise there lands
+    exactly where the handler's KeyboardInterrupt would: a `with lock:` acquires and releases in C with no such
+    point between the acquire and the block (the way Python makes it safe), while `x = lock.acquire(); try:`
+    has one before the `try`. Sweeping `point` from 0 until `where` stays None visits every such place the
+    block reaches. CPython unsets a profile function that raises; the one before the block is put back after
+    it. A class, not a generator context manager: its own `__exit__` would be a contextlib frame, which a sweep
+    may be told to interrupt.
+    """
+
+    def __init__(self, point: int, files: tuple[str, ...], signum: int = signal.SIGINT) -> None:
+        self._at = InterruptPoint(point)
+        self._files = files
+        self._signum = signum
+        self._seen = 0
+        self._previous: Any = None
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        at = self._at
+        if at.where is not None or event not in ("call", "c_return"):
+            return
+        if not frame.f_code.co_filename.endswith(self._files):
+            return
+        if self._seen == at.point:
+            code = frame.f_code
+            callee = f" of {getattr(arg, '__qualname__', arg)}" if event == "c_return" else ""
+            at.where = f"{Path(code.co_filename).name}:{frame.f_lineno} {event}{callee} in {code.co_name}"
+            handler = signal.getsignal(self._signum)  # what a real signal would run here, a deferring one too
+            if not callable(handler):
+                raise KeyboardInterrupt(f"interrupted at {at.where}")
+            handler(self._signum, frame)
+        self._seen += 1
+
+    def __enter__(self) -> InterruptPoint:
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self._at
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(self._previous)

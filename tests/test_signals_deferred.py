@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from torch_checkpointing.signals import signals_deferred
+from tests.probes import interrupted_at
+from torch_checkpointing.signals import signals_deferred, start_thread
 
 
 @pytest.fixture
@@ -70,3 +71,61 @@ def test_off_the_main_thread_signals_are_left_alone(handlers: list[str]) -> None
     thread.start()
     thread.join(10)
     assert seen == [signal.default_int_handler]
+
+
+def test_the_same_signal_twice_in_a_quiet_block_logs_nothing(
+    handlers: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(KeyboardInterrupt), signals_deferred("start", quiet=True):
+        signal.raise_signal(signal.SIGUSR1)
+        signal.raise_signal(signal.SIGINT)
+        assert handlers == []  # deferred, as in a loud block
+    assert handlers == ["usr1"]
+    assert [r.getMessage() for r in caplog.records if r.name == "torch_checkpointing"] == []
+
+
+def test_a_signal_while_the_handlers_are_replaced_leaves_every_handler_as_it_was(handlers: list[str]) -> None:
+    # Before: the handlers were replaced before the `try`; a SIGTERM whose handler raised (SystemExit, as a
+    # preemption handler does) just after SIGINT's was replaced left SIGINT deferring for good: each later
+    # Ctrl-C was recorded and never run.
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(143)
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        for point in range(100):
+            with interrupted_at(point, ("torch_checkpointing/signals.py",), signal.SIGTERM) as at:
+                try:
+                    with signals_deferred("test"):
+                        pass
+                except SystemExit:
+                    pass
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, at.where
+            assert signal.getsignal(signal.SIGTERM) is on_term, at.where
+            if at.where is None:
+                break
+        assert point > 5  # the sweep reached the replacing and the restoring
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_ctrl_c_at_any_point_of_start_thread_leaves_the_thread_running_or_never_started(
+    handlers: list[str],
+) -> None:
+    # Thread.start() waits on an Event that the new thread sets: a KeyboardInterrupt in that wait left the
+    # Event's lock held, and the new thread blocked before running its target.
+    files = ("threading.py", "contextlib.py", "torch_checkpointing/signals.py")
+    for point in range(1000):
+        ran = threading.Event()
+        thread = threading.Thread(target=ran.set, daemon=True)
+        with interrupted_at(point, files) as at:
+            try:  # noqa: SIM105 - contextlib.suppress's frames are among those interrupted
+                start_thread(thread)
+            except KeyboardInterrupt:
+                pass
+        if thread.ident is not None:  # started: it runs its target
+            thread.join(10)
+            assert ran.is_set() and not thread.is_alive(), at.where
+        if at.where is None:
+            break
+    assert point > 10

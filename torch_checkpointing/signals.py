@@ -20,7 +20,7 @@ from typing import Any
 
 from torch_checkpointing.errors import log_safely
 
-__all__ = ["WATCHED_SIGNALS", "signals_deferred"]
+__all__ = ["WATCHED_SIGNALS", "signals_deferred", "start_thread"]
 
 logger = logging.getLogger("torch_checkpointing")
 
@@ -33,10 +33,11 @@ Handler = Callable[[int, Any], Any]
 
 
 @contextmanager
-def signals_deferred(what: str) -> Iterator[None]:
+def signals_deferred(what: str, *, quiet: bool = False) -> Iterator[None]:
     """Run the Python handlers of signals that arrive inside the block after it (see the module docstring).
 
-    Only the main thread runs signal handlers; elsewhere, and for SIG_IGN/SIG_DFL, nothing changes.
+    Only the main thread runs signal handlers; elsewhere, and for SIG_IGN/SIG_DFL, nothing changes. `quiet`:
+    no WARNING for a block of a few milliseconds (starting a thread), where the signal is only postponed.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -45,31 +46,51 @@ def signals_deferred(what: str) -> Iterator[None]:
     pending: list[int] = []
     closed = [False]
 
+    def finish() -> None:  # the handlers put back, then the recorded signals sent to them
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is deferred:
+                signal.signal(signum, handler)
+        sent = pending.copy()
+        pending.clear()
+        _deliver(sent)
+
     def deferred(signum: int, frame: Any) -> None:
         handler = previous[signum]
-        if closed[0]:  # left installed by an interrupted restore below: it is the handler it replaced
+        if closed[0]:  # the block has ended and this signal interrupted finish(): finish it, then run the handler
+            finish()
             handler(signum, frame)
         elif signum in pending:
-            _warn("%s: %s again: its handler runs now, and the templates may be partly restored", what, signum)
+            if not quiet:
+                _warn("%s: %s again: its handler runs now, and the templates may be partly restored", what, signum)
             handler(signum, frame)
         else:
             pending.append(signum)
-            _warn(
-                "%s: %s during the copy into the templates; its handler runs once the copy has finished (send it "
-                "again to run it now, leaving the templates partly restored)",
-                what,
-                signum,
-            )
+            if not quiet:
+                _warn(
+                    "%s: %s during the copy into the templates; its handler runs once the copy has finished (send "
+                    "it again to run it now, leaving the templates partly restored)",
+                    what,
+                    signum,
+                )
 
-    for signum in previous:
-        signal.signal(signum, deferred)
     try:
+        for signum in previous:  # inside the try: an interrupt between two leaves none of them replaced
+            signal.signal(signum, deferred)
         yield
     finally:
         closed[0] = True
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        _deliver(pending)
+        finish()
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """`thread.start()`, with the signals deferred until it has returned.
+
+    `Thread.start()` waits on an Event for the new thread to say it runs; a KeyboardInterrupt landing in that
+    wait left the Event's lock held, and the new thread blocked for good before running anything (a worker
+    pool's thread never took a job). A signal that arrives meanwhile runs its handler once the thread runs.
+    """
+    with signals_deferred(f"starting thread {thread.name}", quiet=True):
+        thread.start()
 
 
 def _deliver(pending: list[int]) -> None:
