@@ -14,10 +14,9 @@ import threading
 import time
 import warnings
 import weakref
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,11 +49,13 @@ from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.safe_load_check import SafeLoadCheck
 from torch_checkpointing.schema import ItemSpec, ResolvedItem, resolve, validate_keys
+from torch_checkpointing.signals import start_thread
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 from torch_checkpointing.store_channel import StoreAddress
+from torch_checkpointing.waiting import Wakeups
 
 __all__ = ["CheckpointManager"]
 
@@ -118,8 +119,11 @@ class CheckpointManager:
         self._closed = True  # until construction succeeds, so close() does nothing
         self._pid = os.getpid()  # a child made by os.fork() has a copy of this manager, not its writer
         # Which threads are inside save()/load()/prewarm_staging() now: close() from another thread waits for them.
-        self._calls = threading.Condition()
-        self._running: Counter[int] = Counter()
+        # Each call registered by its token -> thread ident, one store in, one pop out (`_enter_call`); `_calls`
+        # guards it, a C-level lock (not a Condition: see `waiting`), and `_call_ended` wakes close().
+        self._calls = threading.RLock()
+        self._call_ended = Wakeups()
+        self._running: dict[object, int] = {}
         config = config if config is not None else CheckpointManager.Config()
         self._validate(config)
         self.config = config
@@ -241,7 +245,9 @@ class CheckpointManager:
         `step` (default: a trailing integer of the id, e.g. `step_100` -> 100) and `metrics` are recorded in the
         manifest, with the commit time, for tools that pick the latest or best checkpoint.
         """
-        with self._call("save"):
+        call = object()  # see `_enter_call`
+        try:
+            self._enter_call("save", call)
             started = time.monotonic()
             path = self._checkpoint_path(checkpoint_id)
             step = _step_of(path) if step is None else _checked_step(step)
@@ -252,6 +258,9 @@ class CheckpointManager:
                 if self._retention is not None:
                     self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
             return write
+        finally:
+            self._running.pop(call, None)
+            self._call_left()
 
     def load(
         self,
@@ -269,8 +278,13 @@ class CheckpointManager:
         earlier checkpoint falls back on every rank together. `CheckpointLoaderConfig(collective=False)` loads on
         this rank alone (for a load that only some ranks run).
         """
-        with self._call("load"):
+        call = object()  # see `_enter_call`
+        try:
+            self._enter_call("load", call)
             return self._load(checkpoint_id, into, map_location=map_location, strict=strict)
+        finally:
+            self._running.pop(call, None)
+            self._call_left()
 
     def _load(
         self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
@@ -321,11 +335,16 @@ class CheckpointManager:
 
     def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:
         """Allocate (and fill) the async staging buffers ahead of the first save."""
-        with self._call("prewarm staging"):
+        call = object()  # see `_enter_call`
+        try:
+            self._enter_call("prewarm staging", call)
             self._recheck_config()
             if isinstance(self._saver, AsyncCheckpointSaver):
                 items = resolve(checkpoint, self.config.items, self.config.default, self._ctx.rank)
                 self._saver.prewarm(items)
+        finally:
+            self._running.pop(call, None)
+            self._call_left()
 
     def lock(self) -> AbstractContextManager[Any]:
         """Hold around in-place updates (optimizer.step()): waits only while a save's staging copy runs."""
@@ -346,15 +365,17 @@ class CheckpointManager:
             self._closed = True
             atexit.unregister(self._exit_hook)
             return
-        with self._calls:
-            if self._closed:
-                return
-            self._closed = True  # refuses new calls from here on
-            try:
-                self._wait_for_running_calls()
-            except BaseException:  # Ctrl-C while waiting: nothing is closed yet, so the manager stays usable
+        closing = False
+        try:
+            with self._calls:
+                if self._closed:
+                    return
+                self._closed = closing = True  # refuses new calls from here on; one line: no interrupt between
+            self._wait_for_running_calls()
+        except BaseException:  # Ctrl-C while waiting: nothing is closed yet, so the manager stays usable
+            if closing:
                 self._closed = False
-                raise
+            raise
         atexit.unregister(self._exit_hook)
         try:
             self._saver.wait(self.config.save.wait_timeout_secs)
@@ -389,28 +410,31 @@ class CheckpointManager:
                 f"child, or start child processes with the 'spawn' method."
             )
 
-    @contextmanager
-    def _call(self, what: str) -> Iterator[None]:
-        """A public call that close() from another thread waits for, instead of stopping the writer under it."""
-        me = threading.get_ident()
+    def _enter_call(self, what: str, call: object) -> None:
+        """Register a public call, which close() from another thread waits for instead of stopping the writer
+        under it.
+
+        Called first inside the `try` whose `finally` forgets the call, in its first statement, by one pop
+        (`self._running.pop(call, None)`): a Ctrl-C lands only where CPython runs a signal handler (a function's
+        entry, a C call's return), so it lands before the one store here or after the pop, never between a
+        registration and a `try` that would forget it. A context manager could not do this: its `__exit__`'s
+        entry is such a place, and a call it skipped stayed registered, so that close() waited for it until
+        `save.wait_timeout_secs`.
+        """
         self._check_not_forked(what)  # before taking `_calls`: a parent's thread may have held it at the fork
         with self._calls:
             self._check_open(what)
-            self._running[me] += 1
-        try:
-            yield
-        finally:
-            with self._calls:
-                self._running[me] -= 1
-                if not self._running[me]:
-                    del self._running[me]
-                self._calls.notify_all()
+            self._running[call] = threading.get_ident()
+
+    def _call_left(self) -> None:
+        with self._calls:
+            self._call_ended.notify_all()
 
     def _wait_for_running_calls(self) -> None:
-        """(Holding `_calls`.) Calls on this thread are not waited for: close() inside them would wait for itself."""
+        """Calls on this thread are not waited for: close() inside them would wait for itself."""
         me = threading.get_ident()
         timeout = self._ctx.timeout_s  # save.wait_timeout_secs, or its default when None: always bounded
-        if not self._calls.wait_for(lambda: not (set(self._running) - {me}), timeout):
+        if not self._call_ended.wait_for(self._calls, lambda: not (set(self._running.values()) - {me}), timeout):
             logger.error(
                 "close(): a save()/load() on another thread was still running after %ss (save.wait_timeout_secs); "
                 "closing anyway, so that call fails with the writer stopped under it.",
@@ -731,7 +755,7 @@ def _close_dropped(parts: _Parts) -> None:
             parts.ctx.close()
 
     try:
-        threading.Thread(target=close, name="ckpt-dropped-close").start()
+        start_thread(threading.Thread(target=close, name="ckpt-dropped-close"))
     except RuntimeError:  # at interpreter shutdown no thread starts: the exit hook closes the saver
         parts.owner.release()
 

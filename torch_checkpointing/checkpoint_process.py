@@ -34,8 +34,10 @@ from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
 from torch_checkpointing.config import CheckpointProcessConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.pickling import OutOfBand, unpicklable
+from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
+from torch_checkpointing.waiting import Flag
 
 __all__ = ["CheckpointProcess", "CheckpointProcessConfig", "EncodedWrite", "WriterProcessDied", "encode_write"]
 
@@ -360,7 +362,7 @@ class CheckpointProcess:
         self._proc: Any = None
         self._conn: Connection | None = None
         self._start_error: BaseException | None = None
-        self._ready = threading.Event()
+        self._ready = Flag()  # not an Event: an interrupt in its wait left its lock held, and set() blocked
         self._lock = threading.Lock()
         self._closing = False
         self._starting: Any = None  # the process being spawned, until it is ready
@@ -372,7 +374,7 @@ class CheckpointProcess:
         self._slab_generation: int | None = None  # a new process has mapped no slab yet
         self._ready.clear()
         self._start_error = None
-        threading.Thread(target=self._start, name=f"{self.config.thread_name_prefix}-spawn", daemon=True).start()
+        start_thread(threading.Thread(target=self._start, name=f"{self.config.thread_name_prefix}-spawn", daemon=True))
 
     def _start(self) -> None:
         proc: Any = None
@@ -604,4 +606,4 @@ def _reap_in_background(proc: Any, timeout_s: float) -> None:
     tearing down the writer's address space, slab mapping included, which took a tenth of a second per GiB
     staged. An interpreter exiting first still joins it (multiprocessing's exit handler).
     """
-    threading.Thread(target=_reap, args=(proc, timeout_s), name="ckpt-writer-reap", daemon=True).start()
+    start_thread(threading.Thread(target=_reap, args=(proc, timeout_s), name="ckpt-writer-reap", daemon=True))

@@ -36,6 +36,7 @@ from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
 from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band
 from torch_checkpointing.schema import ResolvedItem
+from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -441,9 +442,9 @@ class _ReleaseOnce:
     """
 
     def __init__(self, lock: RWLock) -> None:
-        self._lock = lock
-        self._once = threading.Lock()
         self._done = False
+        self._once = threading.Lock()
+        self._lock = lock  # last: `__del__` of one whose __init__ was interrupted finds no `_lock`, and stops there
 
     def __call__(self) -> None:
         # Marked done only once released: a Ctrl-C landing inside the release leaves it to the next call (the
@@ -479,7 +480,7 @@ class _DaemonWorker:
 
     def _start(self) -> None:
         self._thread = threading.Thread(target=self._run, args=(self._jobs,), name=self._name, daemon=True)
-        self._thread.start()
+        start_thread(self._thread)
 
     def run_queued_here(self) -> None:
         """On this worker's own thread (a save Future's done-callback, which runs here): run the jobs queued

@@ -30,6 +30,7 @@ from concurrent.futures import CancelledError, Executor, Future, InvalidStateErr
 from typing import Any, ParamSpec, TypeVar
 
 from torch_checkpointing.errors import log_safely
+from torch_checkpointing.signals import signals_deferred
 
 __all__ = ["SettledFuture", "WorkerPool", "settle_all"]
 
@@ -238,11 +239,18 @@ class WorkerPool(Executor):
             if self._closed:
                 raise RuntimeError(f"{self._name}: cannot schedule work after shutdown()")
             self._jobs.put((future, fn, args, kwargs))
-            new = [self._thread(i) for i in range(len(self._threads), self._workers)]
-            self._threads.extend(new)
-        for thread in new:  # all at the first call: a process-wide pool's threads are then there for good
-            thread.start()
+            if len(self._threads) < self._workers:  # all at the first call: a process-wide pool keeps them
+                with signals_deferred(f"{self._name}: starting its threads", quiet=True):
+                    self._start_threads()
         return future
+
+    def _start_threads(self) -> None:
+        """(Holding the guard, signals deferred: an interrupt between registering a thread and starting it left
+        the pool counting a thread that never ran, and its jobs waited for good.)"""
+        for i in range(len(self._threads), self._workers):
+            thread = self._thread(i)
+            thread.start()
+            self._threads.append(thread)
 
     def _thread(self, i: int) -> threading.Thread:
         return threading.Thread(target=_work, args=(self._jobs,), name=f"{self._name}_{i}", daemon=True)

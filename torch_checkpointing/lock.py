@@ -17,8 +17,8 @@ hold, after it, or between its return and the `with` body releases exactly what 
 gives the hold back in its first statement; an interrupt at its very entry (the one point Python leaves) is
 covered by `__del__`: the registry keys holds by `id(token)`, never keeping the token alive, so a hold whose
 object is gone (the interrupted statement's frame and traceback freed) is given back then. Waits re-check every
-`_RECHECK_S`, in case such a release could not notify. The critical sections use a C-level RLock as their
-`with` target, and a waiter sleeps outside it on a C-level lock of its own: `threading.Condition`'s `__exit__`
+`waiting.RECHECK_S`, in case such a release could not notify. The critical sections use a C-level RLock as
+their `with` target, and a waiter sleeps outside it (`waiting.Wakeups`): `threading.Condition`'s `__exit__`
 and `wait` are Python frames in which an interrupt could skip the unlock, or unlock twice.
 (A hold taken without a token, `acquire(mode)` then `release(mode)`, keeps the window between the two calls;
 the engine takes none that way.)
@@ -27,16 +27,15 @@ the engine takes none that way.)
 from __future__ import annotations
 
 import threading
-import time
 from enum import Enum
 from types import TracebackType
 
 from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.waiting import Wakeups
 
 __all__ = ["DEFAULT_ACQUIRE_TIMEOUT_SECS", "RWLock", "RWLockHold", "RWLockMode"]
 
 DEFAULT_ACQUIRE_TIMEOUT_SECS = 600.0
-_RECHECK_S = 0.1
 
 
 class RWLockMode(Enum):
@@ -47,7 +46,7 @@ class RWLockMode(Enum):
 class RWLock:
     def __init__(self) -> None:
         self._mutex = threading.RLock()
-        self._waiters: list[threading.Lock] = []  # one per waiting acquire's current slice (`_waiter`)
+        self._wakeups = Wakeups()  # the acquires waiting, each outside the mutex on a lock of its own
         # Holds by id(token), never the token itself: a hold's object that is gone must be able to go (its
         # __del__ gives the hold back). Each value: the ident of the thread that took it, and the token when
         # acquire() made it (kept until released; a caller's own token stays the caller's).
@@ -75,9 +74,7 @@ class RWLock:
         kept = object() if token is None else None
         token = kept if token is None else token
         me = threading.get_ident()
-        deadline = None if timeout is None else time.monotonic() + timeout
         counted = False  # whether this call counts among the writers waiting
-        waiter: threading.Lock | None = None
         try:
             with self._mutex:
                 if mode is RWLockMode.WRITE and self._holds_read(me):
@@ -86,54 +83,37 @@ class RWLock:
                         "inside `with manager.lock():` would wait for itself. Call save() after the with block."
                     )
                 nested = mode is RWLockMode.READ and self._holds_read(me)
-                if mode is RWLockMode.WRITE:
-                    self._writers_waiting += 1  # new readers queue behind this writer from now on
-                    counted = True
-            while True:
-                with self._mutex:
-                    if waiter is not None and waiter in self._waiters:
-                        self._waiters.remove(waiter)  # its slice ran out unnotified
-                    if self._free_for(mode, nested):
-                        # One store each: the hold is either registered (its token releases it) or not taken.
-                        if mode is RWLockMode.READ:
-                            self._read_holds[id(token)] = (me, kept)
-                        else:
-                            self._writer = (id(token), kept)
-                        return token
-                    waiter = self._waiter()
-                if not _sleep(waiter, deadline):
-                    # RuntimeError, not a CheckpointError: the type recorded in API_SURFACE §10, which callers catch
-                    raise RuntimeError(
-                        f"Failed to acquire the checkpoint {mode.value} lock after {timeout} seconds; this is likely "
-                        f"a deadlock (a staging copy that never finished, or a lock() another thread never released)."
-                    )
+                if mode is RWLockMode.WRITE:  # new readers queue behind this writer from now on; one line, so
+                    self._writers_waiting, counted = self._writers_waiting + 1, True  # no interrupt between the two
+
+            def take() -> bool:
+                if not self._free_for(mode, nested):
+                    return False
+                # One store each: the hold is either registered (its token releases it) or not taken.
+                if mode is RWLockMode.READ:
+                    self._read_holds[id(token)] = (me, kept)
+                else:
+                    self._writer = (id(token), kept)
+                return True
+
+            if not self._wakeups.wait_for(self._mutex, take, timeout):
+                # RuntimeError, not a CheckpointError: the type recorded in API_SURFACE §10, which callers catch
+                raise RuntimeError(
+                    f"Failed to acquire the checkpoint {mode.value} lock after {timeout} seconds; this is likely "
+                    f"a deadlock (a staging copy that never finished, or a lock() another thread never released)."
+                )
+            return token
         finally:
-            if counted or waiter is not None:
+            if counted:
                 with self._mutex:
-                    if waiter is not None and waiter in self._waiters:
-                        self._waiters.remove(waiter)  # a timeout or an interrupt: nobody will wake it
-                    if counted:
-                        self._writers_waiting -= 1
-                        self._notify_all()  # readers held back by this writer re-check, whether it got the lock
+                    self._writers_waiting -= 1
+                    self._wakeups.notify_all()  # readers held back by this writer re-check, whether it got the lock
 
     def _free_for(self, mode: RWLockMode, nested: bool) -> bool:
         """(Holding the mutex.) A reader waits behind a waiting writer, unless it holds the read side already."""
         if mode is RWLockMode.READ:
             return self._writer is None and (nested or not self._writers_waiting)
         return self._writer is None and not self._read_holds
-
-    def _waiter(self) -> threading.Lock:
-        """(Holding the mutex.) A lock to sleep on, outside the mutex, until the next `_notify_all()`."""
-        waiter = threading.Lock()
-        waiter.acquire()
-        self._waiters.append(waiter)
-        return waiter
-
-    def _notify_all(self) -> None:
-        """(Holding the mutex.) Wake every waiter to re-check."""
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            waiter.release()
 
     def release(self, mode: RWLockMode, token: object | None = None) -> bool:
         """Give back the hold registered under `token`; False (and nothing changed) if it holds none.
@@ -143,13 +123,13 @@ class RWLock:
         with self._mutex:
             released = self._forget(mode, token)
             if released:
-                self._notify_all()
+                self._wakeups.notify_all()
             return released
 
     def wake(self) -> None:
         """Let the waiters re-check (after a hold was given back without the mutex, by `RWLockHold.__exit__`)."""
         with self._mutex:
-            self._notify_all()
+            self._wakeups.notify_all()
 
     def holds_unlocked(self, token: object) -> bool:
         """Whether `token` holds either side, read without the mutex (one dict lookup, safe under the GIL)."""
@@ -217,17 +197,3 @@ class RWLockHold:
         lock = getattr(self, "_lock", None)
         if lock is not None and lock.holds_unlocked(self):
             lock.release(self._mode, self)
-
-
-def _sleep(waiter: threading.Lock, deadline: float | None) -> bool:
-    """Sleep until `waiter` is released or one `_RECHECK_S` slice ends; False once the deadline has passed.
-
-    Outside the mutex and on a C-level lock: a Ctrl-C while sleeping is raised from inside the acquire, having
-    taken nothing (`threading.Condition.wait` gave the mutex back in a Python frame, and an interrupt landing
-    just after that turned the KeyboardInterrupt into `RuntimeError: cannot release un-acquired lock`).
-    """
-    left = _RECHECK_S if deadline is None else min(_RECHECK_S, deadline - time.monotonic())
-    if left <= 0:
-        return False
-    waiter.acquire(True, left)
-    return True

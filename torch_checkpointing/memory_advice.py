@@ -14,6 +14,8 @@ import os
 import threading
 from typing import Any
 
+from torch_checkpointing.signals import start_thread
+
 __all__ = ["MADV_DONTNEED", "MADV_RANDOM", "MADV_WILLNEED", "madvise", "populate_write"]
 
 MADV_RANDOM, MADV_WILLNEED, MADV_DONTNEED = 1, 3, 4
@@ -66,7 +68,7 @@ def populate_write(start: int, end: int, workers: int) -> bool:
 
     threads = [threading.Thread(target=one, args=(i,), name="ckpt-populate") for i in range(1, len(bounds))]
     for thread in threads:
-        thread.start()
+        start_thread(thread)
     try:
         one(0)
     finally:

@@ -29,6 +29,7 @@ import torch
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
 from torch_checkpointing.pickling import SUB_BYTE_DTYPES, unpicklable
+from torch_checkpointing.signals import start_thread
 from torch_checkpointing.traversal import (
     NestingError,
     any_leaf,
@@ -244,7 +245,7 @@ def _free_in_background(slab: torch.Tensor, fd: int) -> None:
         if fd >= 0:
             os.close(fd)
 
-    threading.Thread(target=free, args=([slab],), name="ckpt-staging-free", daemon=True).start()
+    start_thread(threading.Thread(target=free, args=([slab],), name="ckpt-staging-free", daemon=True))
 
 
 def _map_shared(fd: int, nbytes: int) -> torch.Tensor:
