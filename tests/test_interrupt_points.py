@@ -10,13 +10,16 @@ KeyboardInterrupt landing in one left the lock held by the interrupted thread:
 * the writer process's readiness was an Event: an interrupt in its wait left its lock held, and the thread that
   sets it (and every later wait) blocked for good;
 * `Thread.start()` waits on an Event: an interrupt there left the new thread blocked before it ran anything,
-  so a worker pool's first thread never took a job.
+  so a worker pool's first thread never took a job;
+* a sync save replaced the signal handlers before its `try`: an interrupt just after SIGINT's was replaced
+  left it replaced, wrapped once more by each such save.
 
 Instead of waiting for a storm to hit such a window, `probes.interrupted_at` raises at each point in turn
 (every function entry and every C call's return in the frames of the engine's and the stdlib's synchronisation
 code) and, after each interrupted call, checks from another thread that a load and a save still work (bounded:
 a hang is a failure, not a stuck suite), that the interrupted call raised KeyboardInterrupt and nothing else,
-and that an interrupted load left the templates either untouched or whole. One child process runs every sweep.
+left the signal handlers as they were, and, for a load, left the templates either untouched or whole. One
+child process runs every sweep.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from tests.probes import REPO
 
 CHILD = textwrap.dedent(
     """
-    import faulthandler, json, os, sys, threading, time
+    import faulthandler, json, os, signal, sys, threading, time
     import torch
     from torch_checkpointing import CheckpointManager
     from torch_checkpointing.checkpoint_process import CheckpointProcess
@@ -45,6 +48,7 @@ CHILD = textwrap.dedent(
     SYNC_FILES = (
         "threading.py", "queue.py", "contextlib.py", "concurrent/futures/_base.py", "concurrent/futures/thread.py",
         "torch_checkpointing/checkpoint_manager.py", "torch_checkpointing/checkpoint_process.py",
+        "torch_checkpointing/checkpoint_writer.py",
         "torch_checkpointing/futures.py", "torch_checkpointing/lock.py", "torch_checkpointing/signals.py",
         "torch_checkpointing/waiting.py",
     )
@@ -71,8 +75,12 @@ CHILD = textwrap.dedent(
             return "hang"
         return box.get("error", "ok")
 
+    def handlers():
+        return {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+
     def sweep(op, check, limit=5000, prepare=lambda: None):
         found = []
+        before = handlers()
         for k in range(limit):
             prepare()
             with interrupted_at(k, SYNC_FILES) as at:
@@ -82,6 +90,10 @@ CHILD = textwrap.dedent(
                     pass
                 except BaseException as exc:
                     found.append([at.where, f"raised {type(exc).__name__}: {exc}"[:300]])
+            if handlers() != before:
+                found.append([at.where, "signal handlers left replaced"])
+                for n, h in before.items():
+                    signal.signal(n, h)
             if at.where is None:
                 return {"points": k, "found": found}
             after = check()
@@ -144,6 +156,7 @@ CHILD = textwrap.dedent(
 
     if __name__ == "__main__":
         root = sys.argv[1]
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # a job's preemption handler
         out = {}
         manager_sweeps(root, CheckpointManager.Config.with_sync_save(), out, "sync")
         manager_sweeps(root, CheckpointManager.Config(), out, "async")

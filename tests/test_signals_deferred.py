@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.probes import interrupted_at
-from torch_checkpointing.signals import signals_deferred, start_thread
+from torch_checkpointing.signals import handlers_replaced, signals_deferred, start_thread
 
 
 @pytest.fixture
@@ -129,3 +129,27 @@ def test_a_ctrl_c_at_any_point_of_start_thread_leaves_the_thread_running_or_neve
         if at.where is None:
             break
     assert point > 10
+
+
+def test_a_raising_replacement_interrupting_any_point_leaves_the_handlers_as_they_were(handlers: list[str]) -> None:
+    # Before: a sync save replaced the handlers before its `try`, and restored them in a generator's `finally`,
+    # so a replaced handler raising there (or at contextlib's __exit__) left SIGINT's replacement in force.
+    def raising(signum: int, handler: object) -> object:
+        def replaced(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt("from the replacement")
+
+        return replaced
+
+    body = 0
+    for point in range(100):
+        with interrupted_at(point, ("torch_checkpointing/signals.py",)) as at:
+            try:
+                with handlers_replaced(raising):
+                    body += 1
+            except KeyboardInterrupt:
+                pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, at.where
+        assert callable(signal.getsignal(signal.SIGUSR1)) and signal.getsignal(signal.SIGUSR1).__name__ == "<lambda>"
+        if at.where is None:
+            break
+    assert point > 5 and body > 0

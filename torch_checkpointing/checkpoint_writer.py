@@ -14,11 +14,9 @@ import os
 import posixpath
 import signal
 import sys
-import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +32,7 @@ from torch_checkpointing.errors import CommitError, log_safely
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.pickling import OutOfBand
-from torch_checkpointing.signals import WATCHED_SIGNALS
+from torch_checkpointing.signals import handlers_replaced
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
@@ -229,9 +227,17 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     plan = request.plan
     commit = Commit(storage, CommitTarget(plan.checkpoint_dir, plan.tmp_dir, plan.overwrite))
     progress = _Progress()
+    raised: list[tuple[int, BaseException]] = []  # what a signal handler raised during the write (see _as_reported)
     try:
-        with _interrupts_reported(plan.checkpoint_dir, progress, commit):
-            nbytes = _write_and_commit(storage, request, commit, progress)
+        with handlers_replaced(lambda signum, handler: _recording(handler, raised)):
+            try:
+                nbytes = _write_and_commit(storage, request, commit, progress)
+            except BaseException:
+                if not raised:
+                    raise
+                committed = progress.committed or commit.is_committed()
+                # What torch.save made of the handler's exception was only a consequence of it.
+                raise _as_reported(raised[0], plan.checkpoint_dir, committed) from None
     except BaseException:
         if plan.rank == 0 and not progress.committed and not commit.is_committed():
             commit.discard()
@@ -250,38 +256,6 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     return nbytes
 
 
-@contextmanager
-def _interrupts_reported(checkpoint_dir: str, progress: _Progress, commit: Commit) -> Iterator[None]:
-    """Turn a signal handled in the middle of a save into the exception its handler raised, saying what became
-    of the save.
-
-    A Python signal handler's exception (Ctrl-C's KeyboardInterrupt, a preemption handler's sys.exit() on
-    SIGTERM) raised inside torch.save came out as torch's zip-writer RuntimeError ("unexpected pos"), which reads
-    like disk corruption, and a SystemExit lost its exit status. Ctrl-C under Python's default handler becomes a
-    KeyboardInterrupt whose message says it; any other handler's own exception is raised as itself, with a note
-    (and a log line) saying it. Only the main thread runs signal handlers; SIG_IGN/SIG_DFL are left alone.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    raised: list[tuple[int, BaseException]] = []
-    previous = {n: h for n in WATCHED_SIGNALS if callable(h := signal.getsignal(n))}
-    for signum, handler in previous.items():
-        signal.signal(signum, _recording(handler, raised))
-    try:
-        yield
-    except BaseException:
-        if not raised:
-            raise
-        done = progress.committed or commit.is_committed()  # the signal may land after the swap
-        state = "it was committed" if done else f"nothing was committed at {checkpoint_dir}"
-        # What torch.save made of the handler's exception was only a consequence of it.
-        raise _as_reported(raised[0], checkpoint_dir, state) from None
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def _recording(handler: Callable[..., Any], raised: list[tuple[int, BaseException]]) -> Callable[[int, Any], None]:
     """`handler`, remembering what it raised (Python's default SIGINT handler raises a bare KeyboardInterrupt)."""
 
@@ -295,8 +269,17 @@ def _recording(handler: Callable[..., Any], raised: list[tuple[int, BaseExceptio
     return recorded
 
 
-def _as_reported(signalled: tuple[int, BaseException], checkpoint_dir: str, state: str) -> BaseException:
+def _as_reported(signalled: tuple[int, BaseException], checkpoint_dir: str, committed: bool) -> BaseException:
+    """The exception a signal handler raised in the middle of a save, saying what became of the save.
+
+    A Python signal handler's exception (Ctrl-C's KeyboardInterrupt, a preemption handler's sys.exit() on
+    SIGTERM) raised inside torch.save came out as torch's zip-writer RuntimeError ("unexpected pos"), which reads
+    like disk corruption, and a SystemExit lost its exit status. Ctrl-C under Python's default handler becomes a
+    KeyboardInterrupt whose message says it; any other handler's own exception is raised as itself, with a note
+    (and a log line) saying it. (`committed`: the signal may land after the swap.)
+    """
     signum, exc = signalled
+    state = "it was committed" if committed else f"nothing was committed at {checkpoint_dir}"
     what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
     said = f"Checkpoint save of {checkpoint_dir} interrupted ({what}): {state}; an earlier checkpoint there, if any, "
     said += "is intact."

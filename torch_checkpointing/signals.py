@@ -14,13 +14,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from torch_checkpointing.errors import log_safely
 
-__all__ = ["WATCHED_SIGNALS", "signals_deferred", "start_thread"]
+__all__ = ["WATCHED_SIGNALS", "handlers_replaced", "signals_deferred", "start_thread"]
 
 logger = logging.getLogger("torch_checkpointing")
 
@@ -32,38 +31,78 @@ WATCHED_SIGNALS = tuple(
 Handler = Callable[[int, Any], Any]
 
 
-@contextmanager
-def signals_deferred(what: str, *, quiet: bool = False) -> Iterator[None]:
-    """Run the Python handlers of signals that arrive inside the block after it (see the module docstring).
+class handlers_replaced:  # used as a function: `with handlers_replaced(replacement):`
+    """For the block, `replacement(signum, handler)` handles each watched signal that has a Python handler;
+    after it the handlers are as they were, and then `after()` runs.
 
-    Only the main thread runs signal handlers; elsewhere, and for SIG_IGN/SIG_DFL, nothing changes. `quiet`:
-    no WARNING for a block of a few milliseconds (starting a thread), where the signal is only postponed.
+    A signal can land while the handlers are being replaced or put back (its handler runs between two of those
+    calls, or at the entry of `__exit__`): one landing in `__enter__` puts them back before it is raised, one
+    landing at or in `__exit__` finishes putting them back (and runs `after()`) before its own handler runs.
+    Before, a Ctrl-C landing just as a sync save replaced SIGINT's handler left it replaced for good, wrapped
+    once more by each such save. A class, not a generator context manager: contextlib's `__enter__` and
+    `__exit__` frames would be more such places, where the block's handlers are in force but nobody puts them
+    back. Only the main thread runs signal handlers; elsewhere, and for SIG_IGN/SIG_DFL, nothing changes.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous: dict[int, Handler] = {n: h for n in WATCHED_SIGNALS if callable(h := signal.getsignal(n))}
-    pending: list[int] = []
-    closed = [False]
 
-    def finish() -> None:  # the handlers put back, then the recorded signals sent to them
-        for signum, handler in previous.items():
-            if signal.getsignal(signum) is deferred:
+    def __init__(self, replacement: Callable[[int, Handler], Handler], after: Callable[[], None] = lambda: None):
+        self._replacement = replacement
+        self._after = after
+        self._previous: dict[int, Handler] = {}
+        self._replaced: dict[int, Handler] = {}
+        self._closed = False
+        self._handler: Handler = self._guarded  # one bound method, so that `getsignal(n) is` finds it
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous = {n: h for n in WATCHED_SIGNALS if callable(h := signal.getsignal(n))}
+        self._replaced = {signum: self._replacement(signum, h) for signum, h in self._previous.items()}
+        try:
+            for signum in self._previous:
+                signal.signal(signum, self._handler)
+        except BaseException:  # a replaced handler raised between two of these
+            self._closed = True
+            self._finish()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed = True
+        self._finish()
+
+    def _finish(self) -> None:
+        for signum, handler in self._previous.items():
+            if signal.getsignal(signum) is self._handler:
                 signal.signal(signum, handler)
-        sent = pending.copy()
-        pending.clear()
-        _deliver(sent)
+        self._after()
 
-    def deferred(signum: int, frame: Any) -> None:
-        handler = previous[signum]
-        if closed[0]:  # the block has ended and this signal interrupted finish(): finish it, then run the handler
-            finish()
-            handler(signum, frame)
-        elif signum in pending:
-            if not quiet:
-                _warn("%s: %s again: its handler runs now, and the templates may be partly restored", what, signum)
-            handler(signum, frame)
+    def _guarded(self, signum: int, frame: Any) -> None:
+        if self._closed or (frame is not None and frame.f_code is _EXIT_CODE):  # the block has ended
+            self._closed = True
+            self._finish()
+            self._previous[signum](signum, frame)
         else:
+            self._replaced[signum](signum, frame)
+
+
+_EXIT_CODE = handlers_replaced.__exit__.__code__
+
+
+def signals_deferred(what: str, *, quiet: bool = False) -> handlers_replaced:
+    """`with signals_deferred(what):` runs the Python handlers of signals that arrive inside the block after it
+    (see the module docstring).
+
+    `quiet`: no WARNING, for a block of a few milliseconds (starting a thread), where the signal is only
+    postponed.
+    """
+    pending: list[int] = []
+
+    def deferring(signum: int, handler: Handler) -> Handler:
+        def deferred(signum: int, frame: Any) -> None:
+            if signum in pending:
+                if not quiet:
+                    _warn("%s: %s again: its handler runs now, and the templates may be partly restored", what, signum)
+                handler(signum, frame)
+                return
             pending.append(signum)
             if not quiet:
                 _warn(
@@ -73,13 +112,14 @@ def signals_deferred(what: str, *, quiet: bool = False) -> Iterator[None]:
                     signum,
                 )
 
-    try:
-        for signum in previous:  # inside the try: an interrupt between two leaves none of them replaced
-            signal.signal(signum, deferred)
-        yield
-    finally:
-        closed[0] = True
-        finish()
+        return deferred
+
+    def deliver() -> None:
+        sent = pending.copy()
+        pending.clear()
+        _deliver(sent)
+
+    return handlers_replaced(deferring, deliver)
 
 
 def start_thread(thread: threading.Thread) -> None:
