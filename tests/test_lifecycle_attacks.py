@@ -268,6 +268,7 @@ if __name__ == "__main__":
             ("save", lambda: manager.save(f"{root}/child", {"model": {"w": torch.zeros(4)}})),
             ("load", lambda: manager.load(f"{root}/before", {"model": {"w": torch.zeros(4)}})),
             ("lock", lambda: manager.lock()),
+            ("prewarm", lambda: manager.prewarm_staging({"model": {"w": torch.zeros(4)}})),
         ]:
             try:
                 call()
@@ -299,7 +300,7 @@ def test_a_manager_in_a_forked_child_is_refused_and_leaves_the_parents_writer_al
     )
     out = done.stdout
     assert done.returncode == 0, f"{out}\n{done.stderr}"
-    for name in ("save", "load", "lock"):
+    for name in ("save", "load", "lock", "prewarm"):
         assert f"child {name}: refused:" in out, f"{out}\n{done.stderr}"
     assert "os.fork()" in out and "in the child" in out, out
     assert "child status 0" in out, out

@@ -259,8 +259,8 @@ class CheckpointManager:
                     self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
             return write
         finally:
-            self._running.pop(call, None)
-            self._call_left()
+            if self._running.pop(call, None) is not None:  # a refused call (closed, forked) never registered
+                self._call_left()
 
     def load(
         self,
@@ -283,8 +283,8 @@ class CheckpointManager:
             self._enter_call("load", call)
             return self._load(checkpoint_id, into, map_location=map_location, strict=strict)
         finally:
-            self._running.pop(call, None)
-            self._call_left()
+            if self._running.pop(call, None) is not None:  # a refused call (closed, forked) never registered
+                self._call_left()
 
     def _load(
         self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
@@ -343,8 +343,8 @@ class CheckpointManager:
                 items = resolve(checkpoint, self.config.items, self.config.default, self._ctx.rank)
                 self._saver.prewarm(items)
         finally:
-            self._running.pop(call, None)
-            self._call_left()
+            if self._running.pop(call, None) is not None:  # a refused call (closed, forked) never registered
+                self._call_left()
 
     def lock(self) -> AbstractContextManager[Any]:
         """Hold around in-place updates (optimizer.step()): waits only while a save's staging copy runs."""
