@@ -248,12 +248,13 @@ if __name__ == "__main__":
     manager = CheckpointManager(config)
     manager.save(f"{root}/before", {"model": {"w": torch.ones(4)}}).result(30)
     writer = manager.writer_pid
-    # A parent's thread holds the manager's internal call lock at the fork (internals: the only way to pin that
-    # instant); the child's copy of that lock stays held forever, and the child must not wait on it.
+    # A parent's thread holds the manager's internal locks (its call registry, its save lock) and the staging
+    # lock at the fork (internals: the only way to pin that instant); the child's copies stay held forever, and
+    # the child must not wait on any of them.
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with manager._calls:
+        with manager._calls, manager._saving, manager.lock():
             held.set()
             release.wait()
 
