@@ -259,8 +259,7 @@ class CheckpointManager:
                     self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
             return write
         finally:
-            if self._running.pop(call, None) is not None:  # a refused call (closed, forked) never registered
-                self._call_left()
+            self._call_left(self._running.pop(call, None))
 
     def load(
         self,
@@ -283,8 +282,7 @@ class CheckpointManager:
             self._enter_call("load", call)
             return self._load(checkpoint_id, into, map_location=map_location, strict=strict)
         finally:
-            if self._running.pop(call, None) is not None:  # a refused call (closed, forked) never registered
-                self._call_left()
+            self._call_left(self._running.pop(call, None))
 
     def _load(
         self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
@@ -343,8 +341,7 @@ class CheckpointManager:
                 items = resolve(checkpoint, self.config.items, self.config.default, self._ctx.rank)
                 self._saver.prewarm(items)
         finally:
-            if self._running.pop(call, None) is not None:  # a refused call (closed, forked) never registered
-                self._call_left()
+            self._call_left(self._running.pop(call, None))
 
     def lock(self) -> AbstractContextManager[Any]:
         """Hold around in-place updates (optimizer.step()): waits only while a save's staging copy runs."""
@@ -426,7 +423,12 @@ class CheckpointManager:
             self._check_open(what)
             self._running[call] = threading.get_ident()
 
-    def _call_left(self) -> None:
+    def _call_left(self, registered: int | None) -> None:
+        """Wake close() for a call that `_enter_call` registered (`registered`: what the pop returned). A refused
+        call (closed, or in a forked child) never registered and takes no lock: a parent's thread may have held
+        `_calls` at the fork."""
+        if registered is None:
+            return
         with self._calls:
             self._call_ended.notify_all()
 
