@@ -5,9 +5,10 @@ Each test drives a real async manager (a spawned writer process, real files). Wh
   once (not after `wait_timeout_secs`), while a save from another thread still just waits for the holder.
 * `close()` from another thread while a `save()` runs waits for that save instead of pulling the writer and
   the staging slab out from under it.
-* `load()` of an id whose first async save from this manager is still in flight says so (not a bare "does not
-  exist"); an id being replaced keeps loading the old checkpoint until the commit (API_SURFACE, deliberate
-  difference 6; tests/test_atomic_commit.py), without waiting for the save.
+* `load()` of an id this manager's async save is still writing waits for that save and restores what it
+  saved (the design document's `save(path, ...)` then `load(path, ...)`), for a new id and for one being
+  replaced; if that save fails, the load raises with its error and restores nothing; a load of another id
+  never waits.
 * a manager copied into an `os.fork()`ed child refuses to be used there, and the child's exit leaves the
   parent's writer process alone.
 """
@@ -199,23 +200,63 @@ def test_calls_after_close_from_another_thread_are_refused(fresh: tuple[Checkpoi
 # ------------------------------------------------------------------------------------- load of an in-flight id
 
 
-def test_load_of_an_id_whose_first_save_is_in_flight_says_so(
+def test_load_of_an_id_whose_first_save_is_in_flight_waits_for_it(
     shared: tuple[CheckpointManager, Control], tmp_path: Path
 ) -> None:
-    """A load right after save() of a new id found nothing (true: it is not committed) and said only "does not
-    exist"; it now names the save still being written and the fix, without waiting for it."""
+    """The design document's resharder snippet and full example call save(path) then load(path) with the default
+    (async) config. The load raised FileNotFoundError ("still being written") instead of restoring the save."""
     manager, control = shared
     target = str(tmp_path / "in_flight")
     control.set_delay(1.0)
     try:
         future = manager.save(target, _state(6.0))
-        with pytest.raises(FileNotFoundError, match=r"does not exist.*still being written.*future\.result\(\)"):
-            _loaded(manager, target)
         assert not future.done()
-        future.result(WAIT_S)
         assert _loaded(manager, target) == 6.0
+        assert future.done() and future.result() is None
     finally:
         control.reset()
+
+
+def test_load_of_an_id_being_replaced_by_this_manager_restores_the_new_save(
+    shared: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    """The load restored the checkpoint the id held before this manager's save of it, with no word of the newer
+    save in flight: a `save(path)` then `load(path)` silently read older state."""
+    manager, control = shared
+    target = str(tmp_path / "replaced")
+    manager.save(target, _state(1.0)).result(WAIT_S)
+    control.set_delay(1.0)
+    try:
+        future = manager.save(target, _state(2.0))
+        assert not future.done()
+        assert _loaded(manager, target) == 2.0
+        assert future.done()
+    finally:
+        control.reset()
+
+
+def test_load_of_an_id_whose_save_in_flight_fails_raises_with_that_failure_and_restores_nothing(
+    fresh: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, control = fresh
+    target = str(tmp_path / "fails")
+    manager.save(target, _state(1.0)).result(WAIT_S)
+    control.set_delay(3.0)
+    future = manager.save(target, _state(2.0))
+    killer = threading.Timer(0.5, os.kill, (manager.writer_pid, 9))
+    killer.start()
+    into = _state(-1.0)
+    try:
+        with pytest.raises(CheckpointError, match=r"async save of that id.*failed and committed nothing") as info:
+            manager.load(target, into)
+    finally:
+        killer.cancel()
+        control.reset()
+    assert info.value.__cause__ is not None
+    assert float(into["model"]["w"][0]) == -1.0  # nothing restored
+    assert future.done() and future.exception() is not None
+    manager.save(target, _state(3.0)).result(WAIT_S)  # the failure was seen: the next save just runs
+    assert _loaded(manager, target) == 3.0
 
 
 def test_load_of_another_id_does_not_wait_for_the_save_in_flight(

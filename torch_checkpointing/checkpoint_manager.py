@@ -312,24 +312,15 @@ class CheckpointManager:
     ) -> CheckedLoad:
         self._recheck_config()  # in the checked step: a config changed on one rank is refused on every rank
         checkpoint_id = self._checkpoint_path(checkpoint_id)
-        try:
-            if into is None and not self.config.items:
-                # Self-describing: every item, read with the layout and (safe) format its manifest records.
-                layouts = self_describing_layouts(
-                    self._storage, str(checkpoint_id), self._ctx.rank, self._ctx.world_size
-                )
-                items = [ResolvedItem(k, None, ItemSpec(layout=lay), lay, False) for k, lay in layouts.items()]
-            else:
-                into = dict.fromkeys(self.config.items) if into is None else into
-                items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
-            return self._loader.check(str(checkpoint_id), items, map_location=map_location, strict=strict)
-        except FileNotFoundError as exc:
-            if not self._saver.writing(checkpoint_id):
-                raise
-            raise FileNotFoundError(
-                f"{exc} This manager's async save of that id is still being written and is not committed yet: "
-                f"wait for the Future save() returned (future.result()), then load it."
-            ) from exc
+        self._saver.wait_for_write_of(checkpoint_id)
+        if into is None and not self.config.items:
+            # Self-describing: every item, read with the layout and (safe) format its manifest records.
+            layouts = self_describing_layouts(self._storage, str(checkpoint_id), self._ctx.rank, self._ctx.world_size)
+            items = [ResolvedItem(k, None, ItemSpec(layout=lay), lay, False) for k, lay in layouts.items()]
+        else:
+            into = dict.fromkeys(self.config.items) if into is None else into
+            items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
+        return self._loader.check(str(checkpoint_id), items, map_location=map_location, strict=strict)
 
     def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:
         """Allocate (and fill) the async staging buffers ahead of the first save."""

@@ -68,9 +68,8 @@ class CheckpointSaver(ABC):
     def refuse_unencodable(self, items: list[ResolvedItem]) -> None:  # noqa: B027  (sync: the write refuses)
         """Before a save is planned: raise what the encoding in a writer process would refuse later."""
 
-    def writing(self, checkpoint_id: str) -> bool:
-        """Whether this saver's write to that id is still in flight (sync saves are done when save() returns)."""
-        return False
+    def wait_for_write_of(self, checkpoint_id: str) -> None:  # noqa: B027  (sync saves are done on return)
+        """Before a load of `checkpoint_id`: wait for this saver's write of it, if one is in flight."""
 
     @property
     def stager(self) -> CheckpointStager | None:
@@ -194,12 +193,35 @@ class AsyncCheckpointSaver(CheckpointSaver):
         for item in items:
             refuse_before_handover(item.layout.serialization_format, item.key, item.value)
 
-    def writing(self, checkpoint_id: str) -> bool:
-        """Whether this saver's last write, still in flight, is to that id: a load of it then reads what the id
-        held before (API_SURFACE: until the commit the old checkpoint stays loadable), or finds nothing there
-        yet, and says why."""
+    def wait_for_write_of(self, checkpoint_id: str) -> None:
+        """A load reads its own manager's writes: the design document's `save(path, ...)` then
+        `load(path, ...)` restores what was just saved, not what the id held before (nor "does not exist").
+
+        Waits (bounded by `wait_timeout_secs`) only when the last write is to that id and still in flight; a
+        load of any other id never waits. If that write fails, raises a CheckpointError carrying its error
+        (which counts as the caller having seen it): the load would otherwise restore an older checkpoint, or
+        none, in silence.
+        """
         write = self._last_write
-        return write is not None and not write.done() and write.checkpoint_id == self._absolute_id(checkpoint_id)
+        if write is None or write.done() or write.checkpoint_id != self._absolute_id(checkpoint_id):
+            return
+        self._comm.run_queued_here()
+        try:
+            error = write.quiet_exception(self._timeout)
+        except TimeoutError:
+            raise CheckpointError(
+                f"Checkpoint load of {write.checkpoint_id}: this manager's async save of that id did not commit "
+                f"within {self._timeout}s (save.wait_timeout_secs), and the load waits for it to read what was "
+                f"saved; nothing was restored. If this thread holds `with manager.lock():`, the save's staging copy "
+                f"waits for that lock: load after the with block."
+            ) from None
+        if error is not None:
+            write.retrieved = True
+            raise CheckpointError(
+                f"Checkpoint load of {write.checkpoint_id}: this manager's async save of that id, which the load "
+                f"waited for, failed and committed nothing ({type(error).__name__}: {error}); nothing was "
+                f"restored. Fix the save's failure and save again, or load another id."
+            ) from error
 
     def _wait_previous(self) -> None:
         if self._prewarm is not None:
