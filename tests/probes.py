@@ -62,7 +62,7 @@ def _region(line: str) -> MappedRegion:
 
 def memory_maps() -> list[MappedRegion]:
     """Every mapping of this process, in address order, read now."""
-    return [_region(line) for line in Path("/proc/self/maps").read_text().splitlines() if line]
+    return [_region(line) for line in Path("/proc/self/maps").read_text(errors="surrogateescape").splitlines() if line]
 
 
 def run_fresh(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> str:

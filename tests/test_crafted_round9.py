@@ -493,9 +493,9 @@ def test_a_zip64_extra_field_gives_the_64_bit_size_and_offset() -> None:
 
     big = 0xFFFFFFFF
     extra = struct.pack("<HH", 0x5455, 1) + b"\0" + struct.pack("<HH3Q", 1, 24, 5 << 32, 5 << 32, 6 << 32)
-    assert _zip64_extra(extra, big, big, big) == (5 << 32, 6 << 32)
-    assert _zip64_extra(struct.pack("<HHQ", 1, 8, 6 << 32), 10, 10, big) == (10, 6 << 32)
-    assert _zip64_extra(b"", 10, 10, 20) == (10, 20)
+    assert _zip64_extra(extra, big, big, big) == (5 << 32, 5 << 32, 6 << 32)
+    assert _zip64_extra(struct.pack("<HHQ", 1, 8, 6 << 32), 10, 10, big) == (10, 10, 6 << 32)
+    assert _zip64_extra(b"", 10, 10, 20) == (10, 10, 20)
 
 
 # ------------------------------------------------------------ 5. declared sizes the files do not hold

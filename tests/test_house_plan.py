@@ -49,7 +49,7 @@ PUBLIC_MODULES = frozenset(
 LISTED_PRIVATE_NAMES = frozenset({"_PlacementSpec"})
 LOOKUP_FUNCTIONS = frozenset({"name", "located", "module", "backend_module"})
 ENGINE_FORBIDDEN = frozenset({"simulator", "conformance", "tests", "benchmarks"})
-OPERATIONS = ("discovery.py", "retention.py", "cli.py", "hf.py")
+OPERATIONS = ("discovery.py", "retention.py", "cli.py", "hf.py", "value_diff.py")
 OPERATIONS_FORBIDDEN = frozenset({"checkpoint_writer", "checkpoint_process", "checkpoint_saver", "staging"})
 
 Checker = Callable[[str, str], list[str]]

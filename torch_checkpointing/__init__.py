@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
         ObjectStoreError,
         RefusedPickleError,
         TemplateMismatchError,
+        UndecodableFileError,
         UnsafeCheckpointError,
         WriterProcessDied,
     )
@@ -212,6 +213,7 @@ __all__ = [
     "SyncCheckpointSaverConfig",
     "TemplateMismatchError",
     "TorchSerialization",
+    "UndecodableFileError",
     "UnsafeCheckpointError",
     "Version",
     "WriterProcessDied",

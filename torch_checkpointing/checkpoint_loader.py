@@ -12,7 +12,6 @@ the reason, having changed nothing in the caller's objects. So a load runs in tw
 from __future__ import annotations
 
 import logging
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,11 +26,13 @@ from torch_checkpointing.distributed_metadata import (
 )
 from torch_checkpointing.encoding import decode
 from torch_checkpointing.errors import (
+    DECODE_ERRORS,
     CheckpointError,
     ConfigError,
     ConfigTypeError,
     CorruptCheckpointError,
     TemplateMismatchError,
+    undecodable,
 )
 from torch_checkpointing.manifest import Manifest
 from torch_checkpointing.metadata_manager import check_extracted
@@ -52,6 +53,8 @@ _Copy = tuple[CheckpointPath, torch.Tensor, torch.Tensor]  # where, what the loa
 __all__ = ["CheckedLoad", "CheckpointLoader"]
 
 logger = logging.getLogger("torch_checkpointing.checkpoint_loader")
+# A direct decode also turns an OSError of the read into "cannot be decoded" (the file, named).
+_DECODE_ERRORS_OR_OS: tuple[type[BaseException], ...] = (*DECODE_ERRORS, OSError)
 
 
 @dataclass
@@ -375,14 +378,12 @@ class CheckpointLoader:
                 weights_only=self.config.weights_only,
                 use_mmap=self.config.use_mmap,
             )
-        except (CheckpointError, pickle.UnpicklingError, ValueError, TypeError):
+        except (CheckpointError, ConfigError):
             ctx.check(plan.rel, item.key).verified.result()  # a damaged file explains the failure best
             raise
-        except (RuntimeError, EOFError, OSError, OverflowError, KeyError, IndexError, AttributeError) as exc:
+        except _DECODE_ERRORS_OR_OS as exc:
             ctx.check(plan.rel, item.key).verified.result()
-            raise CorruptCheckpointError(
-                f"File {path} for item '{item.key}' cannot be decoded ({type(exc).__name__}: {exc})."
-            ) from exc
+            raise undecodable(path, f"item '{item.key}'", exc) from exc
 
     def close(self) -> None:
         return None

@@ -48,7 +48,7 @@ from torch_checkpointing.retention import (
     prune,
 )
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
-from torch_checkpointing.traversal import flatten
+from torch_checkpointing.value_diff import compare, named_leaves
 
 __all__ = ["main"]
 
@@ -445,10 +445,20 @@ def _verify_all(ctx: CheckpointReadContext, manifest: Manifest, ui: Ui) -> list[
     checks: list[_Check] = []
     with ui.progress(sum(r.size for r in manifest.files), f"verify {ctx.root.name}") as advance:
         for rec in sorted(manifest.files, key=lambda r: (r.key, r.rank)):
-            checks.append(_verify_record(ctx, rec, advance))
+            checks.append(_known_format(rec) or _verify_record(ctx, rec, advance))
     if manifest.metadata_file:
         checks.append(_verify_metadata(ctx, manifest.metadata_file))
     return checks
+
+
+def _known_format(rec: FileRecord) -> _Check | None:
+    """A failed check for a file recorded in a format no load reads (a newer engine's, or a damaged record):
+    its bytes may match, but the checkpoint does not load, and `verify` said OK."""
+    try:
+        untrusted_format_from_dict(rec.format)
+    except (CheckpointError, ConfigError) as exc:
+        return _Check(rec.path, False, str(exc))
+    return None
 
 
 def _verify_metadata(ctx: CheckpointReadContext, name: str) -> _Check:
@@ -469,18 +479,23 @@ def _verify_metadata(ctx: CheckpointReadContext, name: str) -> _Check:
 
 
 def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, resharded: bool) -> dict[str, Any]:
-    """Every leaf of an item: consolidated full tensors for resharded items, else each rank's file; every file
-    read through a verifying read context (a damaged or crafted file is an error, not a difference)."""
+    """Every leaf of an item: for a resharded one its consolidated full tensors plus the non-tensor state its
+    lowest rank saved (an optimizer's param_groups, which a resharding load restores from there), else each
+    rank's file; every file read through a verifying read context (a damaged or crafted file is an error,
+    not a difference)."""
     from torch_checkpointing.hf import iter_item_tensors
 
-    if resharded:
-        return dict(iter_item_tensors(root, key, storage=storage))
-    out: dict[str, Any] = {}
     recs = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
+    out: dict[str, Any] = {}
     with _open(storage, root, verify=True) as ctx:
-        for rec in recs:
-            value = _decode_checked(ctx, rec, key)
-            out.update(flatten({f"rank{rec.rank}": value} if len(recs) > 1 else value))
+        if resharded:
+            state = named_leaves(_decode_checked(ctx, recs[0], key)) if recs else {}
+            out.update((name, leaf) for name, leaf in state.items() if not isinstance(leaf, torch.Tensor))
+        else:
+            for rec in recs:
+                out.update(named_leaves(_decode_checked(ctx, rec, key), f"rank{rec.rank}" if len(recs) > 1 else ""))
+    if resharded:
+        out.update(iter_item_tensors(root, key, storage=storage))
     return out
 
 
@@ -493,30 +508,6 @@ def _decode_checked(ctx: CheckpointReadContext, rec: FileRecord, key: str) -> An
     return value
 
 
-def _compare(a: Any, b: Any) -> str | None:
-    """None when equal; else what differs (max abs difference for tensors of one shape and dtype)."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return f"{tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}"
-        if torch.equal(a, b):
-            return None
-        if a.is_complex():
-            delta = (a - b).abs().max().item()
-        else:
-            delta = (a.to(torch.float64) - b.to(torch.float64)).abs().nan_to_num(nan=float("inf")).max().item()
-        return f"max abs diff {delta:.6g}"
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return f"{type(a).__name__} vs {type(b).__name__}"
-    if a == b and type(a) is type(b):
-        return None
-    return f"{_short(a)} vs {_short(b)}"
-
-
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     ma, mb = committed_manifest(storage, Path(args.a)), committed_manifest(storage, Path(args.b))
     sa, sb = _sharding(storage, args.a), _sharding(storage, args.b)
@@ -524,15 +515,15 @@ def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     rows: list[dict[str, Any]] = [{"item": k, "leaf": "", "status": "only in A", "detail": ""} for k in sorted(ka - kb)]
     rows += [{"item": k, "leaf": "", "status": "only in B", "detail": ""} for k in sorted(kb - ka)]
     for key in sorted(ka & kb):
-        resharded = key in sa and key in sb
-        la = _item_leaves(storage, Path(args.a), ma, key, resharded)
-        lb = _item_leaves(storage, Path(args.b), mb, key, resharded)
+        # each side as it was saved: a resharded item compares with one saved whole (one rank, no resharder)
+        la = _item_leaves(storage, Path(args.a), ma, key, key in sa)
+        lb = _item_leaves(storage, Path(args.b), mb, key, key in sb)
         for leaf in sorted(set(la) | set(lb)):
             if leaf not in lb:
                 rows.append({"item": key, "leaf": leaf, "status": "only in A", "detail": ""})
             elif leaf not in la:
                 rows.append({"item": key, "leaf": leaf, "status": "only in B", "detail": ""})
-            elif (detail := _compare(la[leaf], lb[leaf])) is not None:
+            elif (detail := compare(la[leaf], lb[leaf])) is not None:
                 rows.append({"item": key, "leaf": leaf, "status": "differs", "detail": detail})
     same = not rows
     ui.emit_json({"a": args.a, "b": args.b, "identical": same, "differences": rows})

@@ -234,6 +234,13 @@ def tensor_records(file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:
     each of a crafted file's 10**6 empty entries (26 s, over 1 GiB, for a 100 MB file). A file holding entries
     torch.save never writes beyond `MAX_OTHER_ENTRIES`, or one name twice, is refused at the first such entry.
     """
+    try:
+        return _tensor_records(file)
+    except (struct.error, ValueError, OverflowError) as exc:  # a field the walk trusted too far
+        raise CorruptCheckpointError(f"The zip directory is damaged or crafted ({type(exc).__name__}: {exc}).") from exc
+
+
+def _tensor_records(file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:
     directory = _central_directory(file)
     if directory is None:
         return None
@@ -314,33 +321,51 @@ def _entries(directory: bytes, count: int) -> Iterator[tuple[bytes, int, int]]:
         if len(directory) - pos < _CENTRAL.size or directory[pos : pos + 4] != b"PK\x01\x02":
             raise CorruptCheckpointError(f"The zip directory's entry at byte {pos} is damaged.")
         fields = _CENTRAL.unpack_from(directory, pos)
-        compressed, name_len, extra_len, comment_len, header_offset = *fields[8:9], *fields[10:13], fields[16]
-        uncompressed = fields[9]
+        method, uncompressed, compressed = fields[4], fields[9], fields[8]
+        name_len, extra_len, comment_len, header_offset = *fields[10:13], fields[16]
         name = directory[pos + _CENTRAL.size : pos + _CENTRAL.size + name_len]
         extra = directory[pos + _CENTRAL.size + name_len : pos + _CENTRAL.size + name_len + extra_len]
-        compressed, header_offset = _zip64_extra(extra, uncompressed, compressed, header_offset)
+        uncompressed, compressed, header_offset = _zip64_extra(extra, uncompressed, compressed, header_offset)
+        _refuse_compressed(name, method, uncompressed, compressed)
         yield name, compressed, header_offset
         pos += _CENTRAL.size + name_len + extra_len + comment_len
 
 
-def _zip64_extra(extra: bytes, uncompressed: int, compressed: int, header_offset: int) -> tuple[int, int]:
+def _refuse_compressed(name: bytes, method: int, uncompressed: int, compressed: int) -> None:
+    """torch.save stores every entry uncompressed. torch reads a deflated one too, and unchecked: a deflated
+    tensor record came back from a mapped load as its compressed bytes (a record a few bytes longer than the
+    storage passes the size check), and a 1 MB file inflated a 1 GiB pickle."""
+    if method != 0 or uncompressed != compressed:
+        raise CorruptCheckpointError(
+            f"Torch zip entry {name.decode('utf-8', 'replace')!r} is compressed (method {method}, {compressed} "
+            f"bytes holding {uncompressed}); torch.save stores every entry uncompressed. The file is damaged or "
+            f"crafted."
+        )
+
+
+def _zip64_extra(extra: bytes, uncompressed: int, compressed: int, header_offset: int) -> tuple[int, int, int]:
     """The 64-bit values a zip64 extra field (id 1) holds for the 32-bit fields set to 0xFFFFFFFF, in order."""
     if 0xFFFFFFFF not in (uncompressed, compressed, header_offset):
-        return compressed, header_offset
+        return uncompressed, compressed, header_offset
     at = 0
     while at + 4 <= len(extra):
         kind, length = struct.unpack_from("<HH", extra, at)
+        if at + 4 + length > len(extra):
+            raise CorruptCheckpointError(
+                f"A zip extra field claims {length} bytes where {len(extra) - at - 4} are left: the zip directory "
+                f"is damaged or crafted."
+            )
         if kind == 1:
             values = iter(struct.unpack_from(f"<{length // 8}Q", extra, at + 4))
             if uncompressed == 0xFFFFFFFF:
-                next(values, None)
+                uncompressed = next(values, uncompressed)
             if compressed == 0xFFFFFFFF:
                 compressed = next(values, compressed)
             if header_offset == 0xFFFFFFFF:
                 header_offset = next(values, header_offset)
             break
         at += 4 + length
-    return compressed, header_offset
+    return uncompressed, compressed, header_offset
 
 
 def _payload_offset(file: io.RawIOBase | IO[bytes], name: bytes, header_offset: int) -> int:
@@ -350,7 +375,16 @@ def _payload_offset(file: io.RawIOBase | IO[bytes], name: bytes, header_offset: 
         raise CorruptCheckpointError(
             f"Tensor record {name.decode('utf-8', 'replace')!r} has its header past the file's end."
         )
-    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    if header[:4] != b"PK\x03\x04":
+        raise CorruptCheckpointError(
+            f"Tensor record {name.decode('utf-8', 'replace')!r}: no zip entry header where the directory puts it."
+        )
+    method, name_len, extra_len = struct.unpack("<H", header[8:10])[0], *struct.unpack("<HH", header[26:30])
+    if method != 0:
+        raise CorruptCheckpointError(
+            f"Tensor record {name.decode('utf-8', 'replace')!r} is compressed (method {method} in its entry "
+            f"header); torch.save stores every entry uncompressed. The file is damaged or crafted."
+        )
     return int(header_offset + _LOCAL_HEADER + name_len + extra_len)
 
 
@@ -435,14 +469,14 @@ def file_base_address(pointer: int, st: os.stat_result) -> int | None:
     """The address of byte 0 of the file `st` describes in the mapping holding `pointer` (from the kernel's
     map of this process, matched by device and inode); None if no such mapping (or no /proc)."""
     try:
-        with open("/proc/self/maps") as maps:
+        with open("/proc/self/maps", "rb") as maps:  # bytes: a mapped file's name need not be UTF-8
             for line in maps:
                 fields = line.split()
                 if len(fields) < 5:
                     continue
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                lo, hi = (int(x, 16) for x in fields[0].split(b"-"))
                 if lo <= pointer < hi:
-                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    major, minor = (int(x, 16) for x in fields[3].split(b":"))
                     if int(fields[4]) != st.st_ino or os.makedev(major, minor) != st.st_dev:
                         return None
                     return lo - int(fields[2], 16)
@@ -471,11 +505,35 @@ def read_safetensors(storage: Storage, path: Path, key: str) -> dict[str, torch.
     local = storage.local_path(path)
     try:
         if local is not None:
+            with open(local, "rb") as file:
+                _refuse_names_twice(path, file)
             with safe_open(local, framework="pt", device="cpu") as f:
                 return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (a safe_open handle)
-        return safetensors_load(storage.read(path))
+        data = storage.read(path)
+        _refuse_names_twice(path, io.BytesIO(data))
+        return safetensors_load(data)
     except (SafetensorError, ValueError, OverflowError) as exc:
         raise CorruptCheckpointError(f"File {path} for item '{key}' is not a readable safetensors file: {exc}") from exc
+
+
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the limit safetensors' own reader applies
+
+
+def _refuse_names_twice(path: Path, file: IO[bytes]) -> None:
+    """A header naming one tensor twice: safetensors keeps the last entry silently (another dtype, other bytes),
+    where the resharder's header parse refuses it; the direct load refuses it too."""
+    head = file.read(8)
+    if len(head) < 8:
+        return  # too short: safetensors refuses it, naming why
+    (length,) = struct.unpack("<Q", head)
+    if length > MAX_SAFETENSORS_HEADER:
+        return  # safetensors refuses it before reading it
+    try:
+        json.loads(file.read(length), object_pairs_hook=unique_keys)
+    except DuplicateKeyError as exc:
+        raise CorruptCheckpointError(f"{path}: its safetensors header is refused: {exc}.") from None
+    except (ValueError, RecursionError):
+        return  # not JSON: safetensors refuses it, naming why
 
 
 class _ZipWriterTarget:

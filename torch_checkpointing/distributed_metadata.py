@@ -403,6 +403,8 @@ def _check_groups(
         key = (id(group.ranks), id(mesh))
         if key in checked:
             continue
+        if not group.ranks:  # no rank holds it: the same as no group, which a load took for "not saved"
+            raise ValueError(f"{where}: a sharding group lists no ranks")
         _check_world(where, "rank list", group.ranks, world_size)
         if mesh is not None:
             _check_world(where, "mesh", mesh, world_size)

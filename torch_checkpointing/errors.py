@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import pickle
+import struct
 import sys
+import zipfile
 from collections.abc import Mapping
 
 # The package's top level exports every name listed here (its lazy table reads this list).
@@ -29,6 +31,7 @@ __all__ = [
     "ObjectStoreError",
     "RefusedPickleError",
     "TemplateMismatchError",
+    "UndecodableFileError",
     "UnsafeCheckpointError",
     "WriterProcessDied",
 ]
@@ -60,6 +63,39 @@ class CorruptCheckpointError(CheckpointError):
 
     The message names the file (and the field, for malformed metadata). Load an earlier checkpoint.
     """
+
+
+class UndecodableFileError(CorruptCheckpointError, ValueError, TypeError):
+    """A checkpoint file whose bytes do not decode as its format says (crafted, or damaged where no checksum
+    covers it). Also a `ValueError` and a `TypeError`: the parsers raised those for it before, and callers
+    (and API_SURFACE, for a JSON item missing a dataclass field) catch them."""
+
+
+def undecodable(path: object, what: str, exc: BaseException) -> UndecodableFileError:
+    """The error for `exc`, met decoding file `path` for `what`; raise it `from exc`."""
+    return UndecodableFileError(
+        f"File {path} for {what} cannot be decoded ({type(exc).__name__}: {exc}); the file is damaged or crafted. "
+        f"Load an earlier checkpoint."
+    )
+
+
+# What parsing untrusted bytes raises when they are not what they claim: torch's loader (RuntimeError), pickle,
+# zipfile, struct, json, and the engine's own walkers (NestingError is a ValueError). Never MemoryError: a
+# real shortage is not a property of the file.
+DECODE_ERRORS: tuple[type[BaseException], ...] = (
+    RuntimeError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    EOFError,
+    RecursionError,
+    struct.error,
+    pickle.UnpicklingError,
+    zipfile.BadZipFile,
+)
 
 
 class UnsafeCheckpointError(CorruptCheckpointError):

@@ -237,6 +237,7 @@ class _ItemSource:
         if self._flat is None:
             source = self._source(self.plain_rank)  # one open of the file, shared with the block reads
             _check_tensor_names(source.entry(()), f"{self.checkpoint}::{self.key}")
+            _refuse_sparse(source.entry(()), f"{self.checkpoint}::{self.key}")
             self._flat = FlatTensors(source)
         return self._flat
 
@@ -319,6 +320,18 @@ def _check_tensor_names(value: Any, what: str) -> None:
             listed,
             more,
         )
+
+
+def _refuse_sparse(value: Any, what: str) -> None:
+    """A sparse (or other non-strided) tensor, refused before a shard is written and naming it: safetensors
+    holds dense tensors only (torch's error from inside the writer named neither the tensor nor the fix)."""
+    for path, leaf in iter_leaves(value) if value is not MISSING else ():
+        if isinstance(leaf, torch.Tensor) and leaf.layout != torch.strided:
+            raise ValueError(
+                f"Cannot export {what}: the tensor at path {path!r} is {leaf.layout}, and safetensors holds dense "
+                f"tensors only. Save it dense (tensor.to_dense()), or leave it out of the exported item; nothing "
+                f"was exported."
+            )
 
 
 def _check_unique_names(plans: list[_TensorPlan], what: str) -> None:

@@ -302,7 +302,13 @@ def check_json_tree(value: Any, where: str, max_depth: int) -> None:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite JSON number that a float holds (an int of 400 digits does not: float() overflows)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def _field(d: dict[str, Any], name: str, kind: Any, where: str) -> Any:

@@ -27,6 +27,7 @@ import torch
 
 from torch_checkpointing.checkpoint_layout import SerializationFormat
 from torch_checkpointing.codecs import (
+    MAX_SAFETENSORS_HEADER,
     SAFETENSORS_DTYPES,
     codec_for,
     dense_tensors,
@@ -35,7 +36,13 @@ from torch_checkpointing.codecs import (
     safetensors_dtype,
     tensor_records,
 )
-from torch_checkpointing.errors import CorruptCheckpointError
+from torch_checkpointing.errors import (
+    DECODE_ERRORS,
+    CheckpointError,
+    ConfigError,
+    CorruptCheckpointError,
+    undecodable,
+)
 from torch_checkpointing.manifest import DuplicateKeyError, unique_keys
 from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvise
 from torch_checkpointing.storage.base_storage import Storage
@@ -380,9 +387,6 @@ def _bounding_range(
     return first * elem, (last - first + 1) * elem
 
 
-_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the limit safetensors' own reader applies
-
-
 def _read_safetensors_header(storage: Storage, path: Path) -> tuple[dict[str, Any], int]:
     """(tensor entries, byte offset of the data = bytes read) of a safetensors file, via ranged reads.
 
@@ -393,7 +397,7 @@ def _read_safetensors_header(storage: Storage, path: Path) -> tuple[dict[str, An
     if size < 8:
         raise CorruptCheckpointError(f"{path} has {size} bytes: too short for a safetensors file.")
     (header_len,) = struct.unpack("<Q", storage.read_range(path, 0, 8))
-    if header_len > min(size - 8, _MAX_SAFETENSORS_HEADER):
+    if header_len > min(size - 8, MAX_SAFETENSORS_HEADER):
         raise CorruptCheckpointError(f"{path}: its safetensors header claims {header_len} bytes of a {size}-byte file.")
     try:
         header = json.loads(storage.read_range(path, 8, header_len), object_pairs_hook=unique_keys)
@@ -453,7 +457,12 @@ def open_source_file(storage: Storage, path: Path, fmt: SerializationFormat, sta
     if not storage.exists(path):
         raise FileNotFoundError(f"Source file {path} named by the checkpoint's sharding metadata does not exist")
     stats.files_opened.append(str(path))
-    return codec_for(fmt).open_source(fmt, storage, path, stats)
+    try:
+        return codec_for(fmt).open_source(fmt, storage, path, stats)
+    except (CheckpointError, ConfigError):
+        raise
+    except DECODE_ERRORS as exc:
+        raise undecodable(path, "a resharding load", exc) from exc
 
 
 def open_safetensors_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:

@@ -1,0 +1,116 @@
+"""The operations CLI, round 14: `diff` and `verify` answers a user acts on (docs/operations.md: exit 0 means
+"intact/identical"; `diff` reports "non-tensor values that differ, and for tensors ... the maximum absolute
+difference"; items saved with a resharder are compared as consolidated full tensors).
+
+What each case did before:
+* two bit-identical checkpoints holding a NaN (tensor or float leaf): "differs, max abs diff inf", exit 1;
+  `[inf, 1]` against `[inf, 2]`: "max abs diff inf"; int64 `2**53` against `2**53 + 1`: "max abs diff 0";
+* a resharded item's non-tensor state (an optimizer's param_groups) was never compared: exit 0, identical;
+* leaves whose dotted names collide (`{"a.b": x, "a": {"b": y}}`) were merged, the later one winning: a
+  difference in the other went unreported;
+* a sparse tensor: `diff` died with a torch dispatcher dump, `export` with "unsupported memory format option"
+  naming no tensor;
+* a file recorded in a format no load reads: `verify` said OK (exit 0) while every load refused it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.cli import main
+from torch_checkpointing.dtensor_resharder import DTensorResharder
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+
+def _save(path: Path, payload: dict[str, Any], **items: ItemSpec) -> str:
+    cfg = CheckpointManager.Config.with_sync_save()
+    cfg.items = items
+    cfg.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    with pytest.warns(UserWarning, match="plain") if items else contextlib.nullcontext(), CheckpointManager(cfg) as m:
+        m.save(str(path), payload)
+    return str(path)
+
+
+def _diff(capsys: pytest.CaptureFixture[str], a: str, b: str) -> tuple[int, list[dict[str, Any]]]:
+    code = main(["--json", "diff", a, b])
+    return code, json.loads(capsys.readouterr().out)["differences"]
+
+
+def test_a_checkpoint_holding_nan_is_identical_to_its_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    payload = {"model": {"w": torch.tensor([1.0, float("nan"), float("inf")]), "lr": float("nan")}}
+    a, b = _save(tmp_path / "a", payload), _save(tmp_path / "b", payload)
+    assert _diff(capsys, a, b) == (0, [])
+
+
+@pytest.mark.parametrize(
+    ("left", "right", "detail"),
+    [
+        (torch.tensor([float("inf"), 1.0]), torch.tensor([float("inf"), 2.0]), "max abs diff 1"),
+        (torch.tensor([2**53], dtype=torch.int64), torch.tensor([2**53 + 1], dtype=torch.int64), "max abs diff 1"),
+        (torch.tensor([1.0, 2.0]), torch.tensor([1.0, float("nan")]), "1 NaN where the other holds a number"),
+        (torch.tensor([-(2**63)], dtype=torch.int64), torch.tensor([2**63 - 1], dtype=torch.int64), "1.84467e+19"),
+    ],
+)
+def test_diff_reports_the_real_largest_difference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], left: torch.Tensor, right: torch.Tensor, detail: str
+) -> None:
+    a, b = _save(tmp_path / "a", {"model": {"x": left}}), _save(tmp_path / "b", {"model": {"x": right}})
+    code, rows = _diff(capsys, a, b)
+    assert code == 1 and [r["leaf"] for r in rows] == ["x"], rows
+    assert detail in rows[0]["detail"], rows
+
+
+def test_a_resharded_items_non_tensor_state_is_compared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    groups_a = [{"lr": 0.1, "betas": [0.9, 0.999], "params": [0]}]
+    groups_b = [{"lr": 0.5, "betas": [0.9, 0.999], "params": [0]}]
+    state = {"state": {0: {"exp_avg": torch.ones(4)}}}
+    a = _save(tmp_path / "a", {"opt": {**state, "param_groups": groups_a}}, opt=ItemSpec(resharder=DTensorResharder()))
+    b = _save(tmp_path / "b", {"opt": {**state, "param_groups": groups_b}}, opt=ItemSpec(resharder=DTensorResharder()))
+    code, rows = _diff(capsys, a, b)
+    assert code == 1 and [(r["leaf"], r["detail"]) for r in rows] == [("param_groups.0.lr", "0.1 vs 0.5")], rows
+
+
+def test_leaves_whose_dotted_names_collide_are_each_compared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _save(tmp_path / "a", {"model": {"a.b": torch.zeros(2), "a": {"b": torch.ones(2)}}})
+    b = _save(tmp_path / "b", {"model": {"a.b": torch.full((2,), 6.0), "a": {"b": torch.ones(2)}}})
+    code, rows = _diff(capsys, a, b)
+    assert code == 1 and len(rows) == 1 and rows[0]["status"] == "differs", rows
+    assert "a.b" in rows[0]["leaf"] and "max abs diff 6" in rows[0]["detail"], rows
+
+
+def test_sparse_tensors_are_compared_and_refused_by_export_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dense = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
+    other = torch.tensor([[0.0, 2.0], [5.0, 0.0]])
+    a = _save(tmp_path / "a", {"model": {"adj": dense.to_sparse()}})
+    same = _save(tmp_path / "same", {"model": {"adj": dense.to_sparse()}})
+    b = _save(tmp_path / "b", {"model": {"adj": other.to_sparse()}})
+    assert _diff(capsys, a, same) == (0, [])
+    code, rows = _diff(capsys, a, b)
+    assert code == 1 and "max abs diff 2" in rows[0]["detail"], rows
+    assert main(["export", a, "--item", "model", "--to", "hf", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "'adj'" in err and "sparse" in err and "to_dense" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_fails_a_file_recorded_in_a_format_no_load_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = Path(_save(tmp_path / "ck", {"model": {"w": torch.ones(2)}}))
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["items"]["model"]["0"]["format"] = {"type": "ZstdTorchSerialization"}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["verify", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "model_0.pt" in out and "ZstdTorchSerialization" in out, out
