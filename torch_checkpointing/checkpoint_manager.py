@@ -45,6 +45,7 @@ from torch_checkpointing.config import (
 from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
 from torch_checkpointing.errors import CheckpointError, CommitError, ConfigError, ConfigTypeError, log_safely
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
+from torch_checkpointing.names import NAME_MAX
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.safe_load_check import SafeLoadCheck
@@ -250,6 +251,7 @@ class CheckpointManager:
             self._enter_call("save", call)
             started = time.monotonic()
             path = self._checkpoint_path(checkpoint_id)
+            _check_saveable_name(path)
             step = _step_of(path) if step is None else _checked_step(step)
             checked_metrics = _checked_metrics(metrics)
             with self._saving:  # another thread's save() waited for here is part of this one's blocked time
@@ -661,11 +663,34 @@ def _unsupported_saver(save: Any) -> str:
 
 def _local_path(checkpoint_id: str) -> str:
     normal = posixpath.normpath(os.path.expanduser(checkpoint_id)) if checkpoint_id.strip() else ""
-    if normal in ("", ".", "/", "..") or normal.endswith(("/..", "/.")):
+    if normal.strip("/") in ("", ".", "..") or normal.endswith(("/..", "/.")):  # normpath keeps a leading "//"
         raise ConfigError(
             f"Checkpoint id {checkpoint_id!r} names no directory of its own; pass a path such as 'runs/step_100'."
         )
     return normal
+
+
+def _check_saveable_name(path: str) -> None:
+    """Refuse, before anything is planned, an id whose own name no listing shows or no directory can take.
+
+    Names starting with '.' are the engine's own (temporaries `.x.tmp-...`, trash `.x.trash-...`, copies set
+    aside `.old_x_...`): listings, retention and `latest_checkpoint` skip them, and gc removes or renames
+    those that match its patterns, so a checkpoint saved as `run/.last` was never found for a resume. A name
+    over NAME_MAX bytes was refused by the final rename, after every byte was written.
+    """
+    name = posixpath.basename(path.rstrip("/"))
+    if name.startswith("."):
+        raise ConfigError(
+            f"Checkpoint id {path!r}: its name {name!r} starts with '.', which this engine keeps for its own "
+            f"temporary and trash directories; listings and latest_checkpoint() never show such a checkpoint, and "
+            f"gc may remove it. Drop the leading '.' (e.g. {name.lstrip('.') or 'last'!r})."
+        )
+    size = len(os.fsencode(name))
+    if size > NAME_MAX:
+        raise ConfigError(
+            f"Checkpoint id {path!r}: its name is {size} bytes, over the {NAME_MAX}-byte limit of a file name; "
+            f"use a shorter name. Nothing was saved."
+        )
 
 
 def _store_name(scheme: str | None) -> str:
@@ -832,7 +857,13 @@ def _checked_metrics(metrics: Mapping[str, float] | None) -> dict[str, float] | 
     for name, value in metrics.items():
         if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigTypeError(f"save(metrics=...): entry {name!r}: {value!r} must map a str to a number")
-        out[name] = float(value)
+        try:
+            out[name] = float(value)
+        except OverflowError:
+            raise ConfigError(
+                f"save(metrics=...): entry {name!r} is an int of {len(str(abs(value)))} digits, past what a float "
+                f"holds; pass it as a float (math.inf if that is what it means). Nothing was saved."
+            ) from None
     return out
 
 

@@ -203,7 +203,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         none, in silence.
         """
         write = self._last_write
-        if write is None or write.done() or write.checkpoint_id != self._absolute_id(checkpoint_id):
+        if write is None or write.done() or not self._same_id(write.checkpoint_id, checkpoint_id):
             return
         self._comm.run_queued_here()
         try:
@@ -285,6 +285,14 @@ class AsyncCheckpointSaver(CheckpointSaver):
         return replace(
             plan, checkpoint_dir=self._absolute_id(plan.checkpoint_dir), tmp_dir=self._absolute_id(plan.tmp_dir)
         )
+
+    def _same_id(self, written: str, checkpoint_id: str) -> bool:
+        """Whether two ids name one checkpoint: locally, one directory however spelled (a symlinked parent)."""
+        if written == self._absolute_id(checkpoint_id):
+            return True
+        return isinstance(self._storage_config, LocalFileSystemStorageConfig) and os.path.realpath(
+            written
+        ) == os.path.realpath(checkpoint_id)
 
     def _absolute_id(self, checkpoint_id: str) -> str:
         if not isinstance(self._storage_config, LocalFileSystemStorageConfig):

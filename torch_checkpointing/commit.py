@@ -122,12 +122,25 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> bool:
     names = set(entries)
     if MANIFEST_FILE_NAME in names:
         _check_checkpoint(storage, final, entries, overwrite)
-    elif INCOMPLETE_MARKER not in names:
+    elif not _failed_save_of_ours(storage, names):
         raise CommitError(
             f"Refusing to save to {final}: it is a directory that is not a checkpoint (no {MANIFEST_FILE_NAME}); "
             f"it holds {_listing(entries)}. Saving would replace it. Choose another id (e.g. a subdirectory)."
         )
     return True
+
+
+def _failed_save_of_ours(storage: Storage, names: set[str]) -> bool:
+    """Whether a directory without a manifest is what a failed save or delete of ours leaves at an id.
+
+    On a store without rename a save writes under the id itself, behind its marker: the marker and any of
+    its files. Where saves rename, nothing of ours is ever written at the id but a committed checkpoint, and
+    deleting one in place removes the marker last: the marker alone. A user's folder that merely holds a
+    file named `.incomplete` (a download tool's) is not ours, and replacing it deleted every file in it.
+    """
+    if INCOMPLETE_MARKER not in names:
+        return False
+    return not storage.atomic_rename or names == {INCOMPLETE_MARKER}
 
 
 def _check_ancestors(storage: Storage, final: str, local: str) -> None:

@@ -14,7 +14,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torch_checkpointing.checksum import BlockChecksums
 from torch_checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
@@ -129,12 +129,30 @@ def _extras(manifest: Manifest) -> dict[str, Any]:
     """The optional fields that are set (so a manifest without them reads exactly as before)."""
     extras = {
         "step": manifest.step,
-        "metrics": manifest.metrics,
+        "metrics": None if manifest.metrics is None else {k: _metric_json(v) for k, v in manifest.metrics.items()},
         "commit_time": manifest.commit_time,
         "metadata_size": manifest.metadata_size,
         "metadata_crc32": manifest.metadata_crc32,
     }
     return {k: v for k, v in extras.items() if v is not None}
+
+
+# A metric JSON has no number for: a diverged loss is NaN, and its checkpoint is still one to keep and load
+# (strict JSON parsing refused the NaN constant json.dumps wrote, so that checkpoint never loaded).
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _metric_json(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _metric_value(value: Any) -> float | None:
+    """A recorded metric as a float; None if it is neither a finite number nor one of `_NON_FINITE`'s names."""
+    if isinstance(value, str):
+        return _NON_FINITE.get(value)
+    return float(value) if _is_number(value) else None
 
 
 def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
@@ -227,9 +245,12 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
                 )
             files.append(record)
     metadata_file = _optional(d, "metadata_file", str, where)
-    metrics = _optional(d, "metrics", dict, where)
-    if metrics is not None and not all(_is_number(v) for v in metrics.values()):
-        raise CorruptCheckpointError(f"{where}: field 'metrics' must map names to numbers.")
+    recorded = _optional(d, "metrics", dict, where)
+    metrics = None if recorded is None else {str(k): _metric_value(v) for k, v in recorded.items()}
+    if metrics is not None and any(v is None for v in metrics.values()):
+        raise CorruptCheckpointError(
+            f'{where}: field \'metrics\' must map names to numbers (or "NaN", "Infinity", "-Infinity").'
+        )
     commit_time = _optional(d, "commit_time", (int, float), where)
     if commit_time is not None and not _is_number(commit_time):  # JSON's 1e400 parses as infinity
         raise CorruptCheckpointError(f"{where}: field 'commit_time' must be a finite number, got {commit_time!r}.")
@@ -239,7 +260,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         tuple(files),
         metadata_file,
         _optional_int(d, "step", where),
-        None if metrics is None else {str(k): float(v) for k, v in metrics.items()},
+        cast("dict[str, float] | None", metrics),
         None if commit_time is None else float(commit_time),
         _optional_int(d, "metadata_size", where),
         _optional_int(d, "metadata_crc32", where),

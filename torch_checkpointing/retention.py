@@ -252,10 +252,16 @@ def _remove(storage: Storage, path: Path, what: str) -> bool | None:
 
 
 def apply_retention(
-    root: str | os.PathLike[str], policy: RetentionPolicy, storage: Storage | None = None, *, dry_run: bool = False
+    root: str | os.PathLike[str],
+    policy: RetentionPolicy,
+    storage: Storage | None = None,
+    *,
+    dry_run: bool = False,
+    protect: Collection[str] = (),
 ) -> list[CheckpointInfo]:
-    """Delete the committed checkpoints under `root` that `policy` does not keep; returns those (to be) deleted."""
-    return prune(root, policy, storage, dry_run=dry_run).deleted
+    """Delete the committed checkpoints under `root` that `policy` does not keep (never one in `protect`);
+    returns those (to be) deleted."""
+    return prune(root, policy, storage, dry_run=dry_run, protect=protect).deleted
 
 
 @dataclass
@@ -268,15 +274,22 @@ class PruneReport:
 
 
 def prune(
-    root: str | os.PathLike[str], policy: RetentionPolicy, storage: Storage | None = None, *, dry_run: bool = False
+    root: str | os.PathLike[str],
+    policy: RetentionPolicy,
+    storage: Storage | None = None,
+    *,
+    dry_run: bool = False,
+    protect: Collection[str] = (),
 ) -> PruneReport:
     """`apply_retention`, reporting the deletions that failed as well as those done."""
     storage = storage or default_storage()
     found = list_checkpoints(root, storage)
-    doomed = select_for_deletion(found, policy)
+    kept = {os.path.normpath(os.fspath(p)) for p in protect}
+    protected = [c.path for c in found if os.path.normpath(c.path) in kept]
+    doomed = select_for_deletion(found, policy, protect=protected)
     if doomed:
         resume = newest_intact(found, storage)  # only worth its stats when something is to be deleted
-        doomed = select_for_deletion(found, policy, protect=() if resume is None else (resume.path,))
+        doomed = select_for_deletion(found, policy, protect=protected + ([] if resume is None else [resume.path]))
     if dry_run:
         return _dry_run(doomed, storage)
     report = PruneReport()
@@ -524,7 +537,9 @@ class RetentionRunner:
     def _run(self, checkpoint_id: str) -> None:
         root = self.root_for(checkpoint_id)
         try:
-            apply_retention(root, self.policy, self._storage)
+            # never the checkpoint this pass follows: a run restarted at step 0 beside step_1000 and step_2000
+            # (keep_last by step), or an id without a step ("final", a rolling "latest"), lost it at once
+            apply_retention(root, self.policy, self._storage, protect=(checkpoint_id,))
             if self.policy.collect_garbage:
                 collect_garbage(root, self._storage, unowned_after_s=self.policy.unowned_after_s)
         except Exception:  # a retention pass never fails training
