@@ -199,7 +199,8 @@ def test_replacement_happens_only_once_the_new_checkpoint_is_complete(
     manager.save(str(target), {**_payload(1.0), "old_only": 1}).result(timeout=RESULT_TIMEOUT)
     control.set_delay(0.7)
     fut = manager.save(str(target), _payload(2.0))
-    _assert_holds(manager, target, 1.0)  # while the new one is being written
+    with _sync() as reader:  # another reader (this manager's own load waits for its save: test_lifecycle_attacks)
+        _assert_holds(reader, target, 1.0)  # while the new one is being written
     assert not fut.done()
     fut.result(timeout=RESULT_TIMEOUT)
     _assert_holds(manager, target, 2.0)

@@ -114,3 +114,32 @@ def test_verify_fails_a_file_recorded_in_a_format_no_load_reads(
     assert main(["verify", str(root)]) == 1
     out = capsys.readouterr().out
     assert "model_0.pt" in out and "ZstdTorchSerialization" in out, out
+
+
+def test_prune_by_a_metric_no_checkpoint_records_deletes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--metric lsos` (a typo of `loss`): every checkpoint was "not best", and the best by loss was deleted."""
+    cfg = CheckpointManager.Config.with_sync_save()
+    with CheckpointManager(cfg) as m:
+        for step, loss in ((1, 0.1), (2, 0.5), (3, 0.9)):
+            m.save(str(tmp_path / f"step_{step}"), {"model": {"w": torch.ones(2)}}, metrics={"loss": loss})
+    code = main(["prune", str(tmp_path), "--keep-best", "1", "--metric", "lsos"])
+    assert code == 2, capsys.readouterr()
+    assert "'lsos'" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_2", "step_3"]
+    assert main(["prune", str(tmp_path), "--keep-best", "1", "--metric", "loss"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_3"]  # the best, and the newest
+
+
+def test_a_trailing_number_in_other_scripts_digits_is_not_a_step(tmp_path: Path) -> None:
+    from torch_checkpointing import list_checkpoints
+
+    cfg = CheckpointManager.Config.with_sync_save()
+    with CheckpointManager(cfg) as m:
+        m.save(str(tmp_path / "step_\u0663\u0660\u0660"), {"model": {"w": torch.ones(2)}})  # Arabic-Indic 300
+        m.save(str(tmp_path / "step_7"), {"model": {"w": torch.ones(2)}})
+    assert [(Path(c.path).name, c.step) for c in list_checkpoints(str(tmp_path))] == [
+        ("step_\u0663\u0660\u0660", None),
+        ("step_7", 7),
+    ]

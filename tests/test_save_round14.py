@@ -137,3 +137,21 @@ def test_a_load_through_a_symlinked_parent_waits_for_the_save_in_flight(tmp_path
     finally:
         control.reset()
         manager.close()
+
+
+def test_safetensors_serialization_has_the_static_helpers_api_surface_lists() -> None:
+    """API_SURFACE §4: `SafetensorsSerialization.prepare_tensors_for_save(data)` and `unflatten_to_target`."""
+    from torch_checkpointing.checkpoint_layout import SafetensorsSerialization
+
+    data = {"a": {"b": torch.ones(1), "c": [torch.zeros(1), torch.ones(2)]}, "t": (torch.ones(3),)}
+    flat = SafetensorsSerialization.prepare_tensors_for_save(data)
+    assert sorted(flat) == ["a.b", "a.c.0", "a.c.1", "t.0"]
+    back = SafetensorsSerialization.unflatten_to_target(flat, {"a": {"b": None, "c": [None, None]}})
+    assert torch.equal(back["a"]["c"][1], torch.ones(2)) and torch.equal(back["a"]["b"], torch.ones(1))
+
+
+def test_the_releases_metadata_version_is_refused_saying_what_it_is() -> None:
+    from torch_checkpointing.distributed_metadata import DistributedMetadata
+
+    with pytest.raises(ValueError, match=r"'1\.0' is the published release's format.*metadata\.pkl"):
+        DistributedMetadata.from_dict({"version": "1.0", "world_size": 1, "metadata": {}})

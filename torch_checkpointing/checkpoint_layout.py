@@ -136,6 +136,20 @@ class SafetensorsSerialization(SerializationFormat):
     def from_dict(cls, d: dict[str, Any]) -> SafetensorsSerialization:
         return cls(metadata=d.get("metadata"))
 
+    @staticmethod
+    def prepare_tensors_for_save(data: Any) -> dict[str, Any]:
+        """The flat `dotted name -> tensor` dict a file of this format holds for `data` (API_SURFACE §4)."""
+        from torch_checkpointing.safetensors_tree import flatten_tensors
+
+        return flatten_tensors(data)
+
+    @staticmethod
+    def unflatten_to_target(flat: Any, target: Any) -> Any:
+        """`flat` (a file's `name -> tensor` dict) re-nested in the shape of `target` (API_SURFACE §4)."""
+        from torch_checkpointing.safetensors_tree import unflatten_to_target
+
+        return unflatten_to_target(flat, target)
+
 
 SUPPORTED_FORMATS: tuple[type[SerializationFormat], ...] = (
     TorchSerialization,

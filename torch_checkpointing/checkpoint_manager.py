@@ -832,7 +832,7 @@ def _check_same_save(what: str, reports: list[dict[str, Any]], fields: tuple[str
 
 def _step_of(checkpoint_id: str) -> int | None:
     """The trailing integer of the id's last component (`runs/step_0100` -> 100), else None."""
-    match = re.search(r"(\d+)$", posixpath.basename(checkpoint_id.rstrip("/")))
+    match = re.search(r"([0-9]+)$", posixpath.basename(checkpoint_id.rstrip("/")))
     return int(match.group(1)) if match else None
 
 

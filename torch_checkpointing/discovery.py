@@ -54,8 +54,8 @@ logger = logging.getLogger(__name__)
 # checkpoint_manager.py names temporary directories `.{name}.tmp-{uid}-{seq}`, Storage.replace_directory moves
 # a replaced checkpoint aside as `.old_{name}_{pid}`, and retention renames a checkpoint it deletes to
 # `.{name}.trash-{pid}-{nonce}` before removing it.
-TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<uid>[0-9a-f]+)-(?P<seq>\d+)$")
-TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>\d+)-(?P<nonce>[0-9a-f]+)$")
+TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<uid>[0-9a-f]+)-(?P<seq>[0-9]+)$")
+TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]+)$")
 
 LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete"]
 
@@ -116,7 +116,7 @@ class Leftover:
 
 
 def _step_from_name(name: str) -> int | None:
-    match = re.search(r"(\d+)$", name)
+    match = re.search(r"([0-9]+)$", name)
     return int(match.group(1)) if match else None
 
 

@@ -346,10 +346,15 @@ class DistributedMetadata:
     def from_dict(cls, d: dict[str, Any]) -> DistributedMetadata:
         version = d.get("version")
         if version not in READABLE_METADATA_VERSIONS:
+            readable = ", ".join(repr(v) for v in READABLE_METADATA_VERSIONS)
+            why = (
+                "Version '1.0' is the published release's format, kept in a pickled metadata.pkl, which this engine "
+                "never unpickles (docs/api_differences.md): save the checkpoint again with this engine."
+                if version == "1.0"
+                else "A newer engine wrote this checkpoint: load it with that engine or a newer one."
+            )
             raise ValueError(
-                f"Unsupported sharding metadata version {version!r}; this engine reads versions "
-                f"{', '.join(repr(v) for v in READABLE_METADATA_VERSIONS)}. A newer engine wrote this checkpoint: "
-                "load it with that engine or a newer one."
+                f"Unsupported sharding metadata version {version!r}; this engine reads versions {readable}. {why}"
             )
         world_size = d["world_size"]
         if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= _MAX_WORLD_SIZE:

@@ -37,7 +37,7 @@ def fit_name(prefix: str, name: str, suffix: str) -> str:
     return f"{prefix}{name}{suffix}"
 
 
-ASIDE_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>\d+)$")  # what `aside_name` makes
+ASIDE_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>[0-9]+)$")  # what `aside_name` makes
 
 
 def aside_name(name: str, pid: int) -> str:

@@ -35,7 +35,7 @@ from torch_checkpointing.discovery import (
     newest_intact,
     still_there,
 )
-from torch_checkpointing.errors import CheckpointError, ObjectStoreError
+from torch_checkpointing.errors import CheckpointError, ConfigError, ObjectStoreError
 from torch_checkpointing.futures import SettledFuture, WorkerPool
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.names import NAME_MAX, aside_of, may_be_cut, trash_name
@@ -251,6 +251,20 @@ def _remove(storage: Storage, path: Path, what: str) -> bool | None:
     return True
 
 
+def _check_metric_recorded(root: object, policy: RetentionPolicy, found: list[CheckpointInfo]) -> None:
+    """Refuse a `keep_best` metric that no checkpoint under `root` records: almost always a typo (`lsos`),
+    and it made every checkpoint "not best", so the pass deleted the best one by the metric meant, silently."""
+    if policy.keep_best is None or policy.metric is None or not found:
+        return
+    recorded = sorted({name for c in found for name in (c.metrics or {})})
+    if policy.metric not in recorded:
+        raise ConfigError(
+            f"RetentionPolicy(metric={policy.metric!r}): no checkpoint under {root} records that metric (they "
+            f"record {recorded or 'no metrics'}); nothing was deleted. Fix the metric name, or pass "
+            f"save(..., metrics={{{policy.metric!r}: value}})."
+        )
+
+
 def apply_retention(
     root: str | os.PathLike[str],
     policy: RetentionPolicy,
@@ -284,6 +298,7 @@ def prune(
     """`apply_retention`, reporting the deletions that failed as well as those done."""
     storage = storage or default_storage()
     found = list_checkpoints(root, storage)
+    _check_metric_recorded(root, policy, found)
     kept = {os.path.normpath(os.fspath(p)) for p in protect}
     protected = [c.path for c in found if os.path.normpath(c.path) in kept]
     doomed = select_for_deletion(found, policy, protect=protected)
