@@ -143,3 +143,57 @@ def test_a_trailing_number_in_other_scripts_digits_is_not_a_step(tmp_path: Path)
         ("step_\u0663\u0660\u0660", None),
         ("step_7", 7),
     ]
+
+
+def test_export_flushes_its_files_and_directories_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut after `export` returned could leave an index naming shards whose bytes were never on disk."""
+    import os
+
+    from torch_checkpointing.hf import export_hf
+
+    cfg = CheckpointManager.Config.with_sync_save()
+    with CheckpointManager(cfg) as m:
+        m.save(str(tmp_path / "ck"), {"model": {"a": torch.ones(4), "b": torch.zeros(4)}})
+    flushed: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    export_hf(str(tmp_path / "ck"), "model", str(tmp_path / "out"), max_shard_size=16)
+    names = [Path(p).name for p in flushed]
+    assert names.count("model.safetensors.index.json") == 1, flushed
+    assert sum(n.startswith("model-0000") for n in names) == 2, flushed
+    assert str(tmp_path) in flushed, flushed  # the parent, after the rename into place
+
+
+def test_prune_keeps_a_checkpoint_someone_wrote_into_after_its_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check for files a checkpoint does not list ran, then the rename to trash, then the removal: a file
+    written between the check and the rename (an eval job's results beside the weights) was deleted with it.
+    The other writer is this wrapper, which writes once, right after the first check returns."""
+    from torch_checkpointing import RetentionPolicy, retention
+
+    cfg = CheckpointManager.Config.with_sync_save()
+    with CheckpointManager(cfg) as m:
+        for step in (1, 2):
+            m.save(str(tmp_path / f"step_{step}"), {"model": {"w": torch.zeros(1)}})
+    real = retention.files_not_listed
+    wrote: list[Path] = []
+
+    def check_then_another_process_writes(storage: Any, path: Any) -> list[str]:
+        found = real(storage, path)
+        if not wrote:
+            wrote.append(Path(path) / "eval.json")
+            wrote[0].write_text('{"acc": 0.9}')
+        return found
+
+    monkeypatch.setattr(retention, "files_not_listed", check_then_another_process_writes)
+    report = retention.prune(str(tmp_path), RetentionPolicy(keep_last=1))
+    assert report.deleted == [] and len(report.failed) == 1 and "eval.json" in report.failed[0][1], report
+    assert (tmp_path / "step_1" / "eval.json").read_text() == '{"acc": 0.9}'

@@ -621,6 +621,7 @@ def _write_export(
         tensors = {p.name: source.read(p).to(_out_dtype(p.dtype, dtype)) for p in shard}
         try:
             save_file(tensors, str(staging / name), metadata={"format": "pt"})
+            _fsync(staging / name)
         except SafetensorError as exc:  # a disk full or a file-size limit arrives as this, not as an OSError
             raise OSError(f"Could not write export shard {name} of {what} ({exc}); nothing was exported") from exc
         report.total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
@@ -632,6 +633,8 @@ def _write_export(
     index = {"metadata": {"total_size": report.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
     try:
         (staging / INDEX_FILE_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        _fsync(staging / INDEX_FILE_NAME)
+        _fsync(staging)
     except OSError as exc:  # a disk full or a file-size limit: bare "[Errno 27] File too large" before
         raise OSError(
             exc.errno,
@@ -670,6 +673,7 @@ def _publish(staging: Path, out: Path, report: ExportReport, overwrite: bool, ch
     _check_out_dir(out, checkpoint, overwrite)  # again: another process may have written there meanwhile
     if not os.path.lexists(out):
         os.rename(staging, out)
+        _fsync(out.parent)
         return
     stale = set(_export_files(out)) - set(report.files)
     with_index = out / INDEX_FILE_NAME
@@ -680,6 +684,17 @@ def _publish(staging: Path, out: Path, report: ExportReport, overwrite: bool, ch
     for name in sorted(stale - {INDEX_FILE_NAME}):
         os.unlink(out / name)
     os.replace(staging / INDEX_FILE_NAME, with_index)
+    _fsync(out)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a written file (or a directory's entries) to disk: without it a power cut after the export
+    returned could leave an index naming shards whose bytes never reached the disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------------ import

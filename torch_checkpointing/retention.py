@@ -185,9 +185,24 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
         return _not_deleted(storage, src, f"rename failed: {exc}")
     if expected is not None and not _still(storage, trash, expected):
         return _put_back(storage, trash, src)
+    if late := _written_since_the_check(storage, trash):
+        # a file written into it between the check above and the rename (an eval job's eval.json) is not ours
+        _put_back(storage, trash, src)
+        why = _foreign_files(late)
+        logger.warning("Retention left checkpoint %s alone: %s.", src, why)
+        return _Outcome(False, why)
     _sync_parent(storage, src)
     _remove(storage, trash, f"checkpoint {src}")  # it is no checkpoint any more either way; gc retries a failure
     return _Outcome(True)
+
+
+def _written_since_the_check(storage: Storage, trash: Path) -> list[str]:
+    """Files not listed by its manifest, asked again once the rename took the checkpoint out of every writer's
+    path (a writer can no longer open a new file there by the checkpoint's name)."""
+    try:
+        return files_not_listed(storage, trash)
+    except STORE_ERRORS:
+        return []  # it was listable a moment ago: its removal reports what fails
 
 
 def _foreign_files(foreign: list[str]) -> str:
