@@ -292,3 +292,35 @@ def test_a_mapped_file_with_an_undecodable_name_does_not_fail_every_torch_load(t
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.split("RESULT", 1)[1]) == [None, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]]
+
+
+# ------------------------------------------------------------------------------ a resharded item's extras
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_saved_tensor_no_template_entry_receives_is_reported_on_a_resharding_load(
+    tmp_path: Path, strict: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """durability.md: `strict=True` refuses entries the checkpoint holds and the template lacks, and a
+    non-strict load logs them. A resharding load dropped such a saved tensor silently, strict or not."""
+    from tests.test_verified_loads import AlwaysReshard, _manager
+    from torch_checkpointing import ItemSpec
+    from torch_checkpointing.errors import TemplateMismatchError
+
+    items = {"model": ItemSpec(resharder=AlwaysReshard())}
+    m = _manager(items)
+    try:
+        with pytest.warns(UserWarning, match="plain"):
+            m.save(str(tmp_path / "ck"), {"model": {"w": torch.arange(8.0), "head": torch.ones(2)}})
+        target = torch.full((8,), -1.0)
+        if strict:
+            with pytest.raises(TemplateMismatchError, match=r"not in the template \['model::head'\]"):
+                m.load(str(tmp_path / "ck"), into={"model": {"w": target}}, strict=True)
+            assert bool((target == -1.0).all())  # nothing restored
+        else:
+            with caplog.at_level("WARNING", logger="torch_checkpointing"):
+                m.load(str(tmp_path / "ck"), into={"model": {"w": target}})
+            assert torch.equal(target, torch.arange(8.0))
+            assert "model::head" in caplog.text and "not in the template" in caplog.text, caplog.text
+    finally:
+        m.close()

@@ -199,6 +199,7 @@ class CheckpointLoader:
                 report.missing.extend(missing)
             else:
                 report.missing.extend(self._precheck_reshard(ctx, plan))
+                report.unexpected.extend(_tensors_not_in_template(plan))
         _check_shared_targets(plans, copies)
         _warn_unchecked_ties(plans, copies)
         if strict:
@@ -445,6 +446,25 @@ def _warn_unchecked_ties(plans: list[_Direct | _Reshard], copies: list[_Copy]) -
                 b,
                 owner,
             )
+
+
+def _tensors_not_in_template(plan: _Reshard) -> list[CheckpointPath]:
+    """The saved tensors of a planned DTensorResharder job that no template entry receives: dropped silently
+    before, even by a strict load (a direct load returns such entries, and `strict=True` refuses them). Those
+    under a tensor-free template entry (a fresh optimizer's empty `state`) are already reported unfilled."""
+    from torch_checkpointing.dtensor_resharder import planned_job_runner
+
+    job = plan.job
+    resharder = plan.item.spec.resharder
+    if job is None or resharder is None or planned_job_runner(resharder) is None:
+        return []
+    received = set(job.target_metadata)
+    covered = job.values
+    return [
+        CheckpointPath(plan.item.key, tuple(path))
+        for path in job.source_metadata.nested_path_to_metadata
+        if path not in received and not any(path[: len(entry)] == entry for entry in covered)
+    ]
 
 
 def _checked_unfilled(resharder: str, key: str, unfilled: object) -> list[NestedPath]:
