@@ -168,7 +168,7 @@ def test_local_storage_corners(tmp_path: Path) -> None:
 
 def test_layout_paths_are_normalised_before_collision_checks() -> None:
     items = {
-        "a": ItemSpec(layout=LayoutInfo("sub/../x.pt", TorchSerialization())),
+        "a": ItemSpec(layout=LayoutInfo("./x.pt", TorchSerialization())),
         "b": ItemSpec(layout=LayoutInfo("x.pt", TorchSerialization())),
     }
     with pytest.raises(ValueError, match="'a' and 'b' both resolve to the file 'x.pt'"):
