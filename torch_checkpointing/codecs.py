@@ -526,14 +526,19 @@ def _refuse_names_twice(path: Path, file: IO[bytes]) -> None:
     if len(head) < 8:
         return  # too short: safetensors refuses it, naming why
     (length,) = struct.unpack("<Q", head)
-    if length > MAX_SAFETENSORS_HEADER:
-        return  # safetensors refuses it before reading it
+    if length <= MAX_SAFETENSORS_HEADER:  # a longer one safetensors refuses before reading it
+        parse_safetensors_header(path, file.read(length))
+
+
+def parse_safetensors_header(path: Path, raw: bytes) -> Any:
+    """A safetensors header's JSON, a name given twice or bytes that are not JSON refused naming the file (the
+    one parse of the direct load's check and the resharder's ranged reader)."""
     try:
-        json.loads(file.read(length), object_pairs_hook=unique_keys)
+        return json.loads(raw, object_pairs_hook=unique_keys)
     except DuplicateKeyError as exc:
         raise CorruptCheckpointError(f"{path}: its safetensors header is refused: {exc}.") from None
-    except (ValueError, RecursionError):
-        return  # not JSON: safetensors refuses it, naming why
+    except (ValueError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"{path}: its safetensors header is not JSON ({exc}).") from None
 
 
 class _ZipWriterTarget:

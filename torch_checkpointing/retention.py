@@ -187,10 +187,10 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
         return _put_back(storage, trash, src)
     if late := _written_since_the_check(storage, trash):
         # a file written into it between the check above and the rename (an eval job's eval.json) is not ours
-        _put_back(storage, trash, src)
         why = _foreign_files(late)
-        logger.warning("Retention left checkpoint %s alone: %s.", src, why)
-        return _Outcome(False, why)
+        unmoved = _move_back(storage, trash, src)
+        logger.warning("Retention left checkpoint %s alone: %s.", src, unmoved or why)
+        return _Outcome(False, unmoved or why)
     _sync_parent(storage, src)
     _remove(storage, trash, f"checkpoint {src}")  # it is no checkpoint any more either way; gc retries a failure
     return _Outcome(True)
@@ -201,8 +201,9 @@ def _written_since_the_check(storage: Storage, trash: Path) -> list[str]:
     path (a writer can no longer open a new file there by the checkpoint's name)."""
     try:
         return files_not_listed(storage, trash)
-    except STORE_ERRORS:
-        return []  # it was listable a moment ago: its removal reports what fails
+    except STORE_ERRORS as exc:  # it was listable a moment ago: its removal reports what fails
+        logger.warning("Retention could not list %s again after renaming it (%s); removing it", trash, exc)
+        return []
 
 
 def _foreign_files(foreign: list[str]) -> str:
@@ -215,14 +216,21 @@ def _foreign_files(foreign: list[str]) -> str:
 
 def _put_back(storage: Storage, trash: Path, src: Path) -> _Outcome:
     """Lost a race with a commit that swapped a new checkpoint in between the check and the rename."""
+    unmoved = _move_back(storage, trash, src)
+    if unmoved:
+        logger.warning("Retention a re-saved %s", unmoved)
+        return _Outcome(False, f"a re-saved {unmoved}")
+    logger.info("Retention left %s alone: it was re-saved while being deleted", src)
+    return _Outcome(False)
+
+
+def _move_back(storage: Storage, trash: Path, src: Path) -> str:
+    """Rename `trash` back to `src`; '' when done, else what failed and the fix."""
     try:
         storage.rename(trash, src, is_directory=True)
     except STORE_ERRORS as exc:
-        why = f"a re-saved {src} was moved to {trash} and could not be moved back ({exc}): rename it back by hand"
-        logger.warning("Retention %s", why)
-        return _Outcome(False, why)
-    logger.info("Retention left %s alone: it was re-saved while being deleted", src)
-    return _Outcome(False)
+        return f"{src} was moved to {trash} and could not be moved back ({exc}): rename it back by hand"
+    return ""
 
 
 def _gone(storage: Storage, path: Path) -> bool:

@@ -13,7 +13,6 @@ and each block read checks the byte range it covers (`Storage.verify_range`) bef
 from __future__ import annotations
 
 import io
-import json
 import logging
 import math
 import struct
@@ -33,6 +32,7 @@ from torch_checkpointing.codecs import (
     dense_tensors,
     load_resharding_source,
     mapped_base,
+    parse_safetensors_header,
     safetensors_dtype,
     tensor_records,
 )
@@ -43,7 +43,6 @@ from torch_checkpointing.errors import (
     CorruptCheckpointError,
     undecodable,
 )
-from torch_checkpointing.manifest import DuplicateKeyError, unique_keys
 from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvise
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import dotted_key, flatten, get_path, local_tensor
@@ -399,12 +398,7 @@ def _read_safetensors_header(storage: Storage, path: Path) -> tuple[dict[str, An
     (header_len,) = struct.unpack("<Q", storage.read_range(path, 0, 8))
     if header_len > min(size - 8, MAX_SAFETENSORS_HEADER):
         raise CorruptCheckpointError(f"{path}: its safetensors header claims {header_len} bytes of a {size}-byte file.")
-    try:
-        header = json.loads(storage.read_range(path, 8, header_len), object_pairs_hook=unique_keys)
-    except DuplicateKeyError as exc:
-        raise CorruptCheckpointError(f"{path}: its safetensors header is refused: {exc}.") from None
-    except (ValueError, RecursionError) as exc:
-        raise CorruptCheckpointError(f"{path}: its safetensors header is not JSON ({exc}).") from None
+    header = parse_safetensors_header(path, storage.read_range(path, 8, header_len))
     if not isinstance(header, dict):
         raise CorruptCheckpointError(f"{path}: its safetensors header is not a JSON object.")
     header.pop("__metadata__", None)
