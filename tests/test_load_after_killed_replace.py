@@ -60,7 +60,7 @@ def test_a_cut_aside_copy_whose_long_id_is_there_is_not_reported_missing(
     ckpt = tmp_path / LONG
     with _manager() as manager:
         manager.save(str(ckpt), {"model": {"w": torch.zeros(4)}}, step=1)
-    shutil.copytree(ckpt, tmp_path / aside_name(LONG, _dead_pid()))
+    shutil.copytree(ckpt, tmp_path / aside_name(LONG, _dead_pid(), "0a1b2c3d"))
     with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
         listed = list_checkpoints(tmp_path)
     assert [c.name for c in listed] == [LONG]

@@ -61,11 +61,14 @@ def _dead_pid() -> int:
 @pytest.mark.parametrize("char", ["s", "é"])  # one byte, two bytes: the cut keeps whole characters
 def test_hidden_names_fit_name_max_and_keep_their_patterns(char: str) -> None:
     name = char * (NAME_MAX // len(char.encode()))
-    for hidden in (aside_name(name, 4_194_304), trash_name(name, 4_194_304, "deadbeef")):
+    hidden_names = (aside_name(name, 4_194_304, "deadbeef"), aside_name(name, 4_194_304, None))
+    for hidden in (*hidden_names, trash_name(name, 4_194_304, "deadbeef")):
         raw = os.fsencode(hidden)
         assert len(raw) <= NAME_MAX and raw.decode("utf-8")
-    assert aside_name(name, 12).startswith(".old_") and aside_name(name, 12).endswith("_12")
-    assert aside_name("step_1", 12) == ".old_step_1_12" and trash_name("a", 3, "ff") == ".a.trash-3-ff"
+    assert aside_name(name, 12, "0a1b2c3d").startswith(".old_") and aside_name(name, 12, "0a1b2c3d").endswith(
+        "_12-0a1b2c3d"
+    )
+    assert aside_name("step_1", 12, None) == ".old_step_1_12" and trash_name("a", 3, "ff") == ".a.trash-3-ff"
 
 
 def test_saving_over_a_long_id_without_an_exchange(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,7 +88,7 @@ def test_pruning_and_collecting_long_ids(tmp_path: Path) -> None:
     deleted = apply_retention(tmp_path, RetentionPolicy(keep_last=1))
     assert len(deleted) == 2 and [c.step for c in list_checkpoints(tmp_path)] == [3]
     kept = tmp_path / f"{LONG[:-1]}3"
-    aside = tmp_path / aside_name(kept.name, _dead_pid())  # a copy a finished replace failed to remove
+    aside = tmp_path / aside_name(kept.name, _dead_pid(), "0a1b2c3d")  # a copy a finished replace failed to remove
     shutil.copytree(kept, aside)
     tmp = Path(temporary_name(str(tmp_path / f"{LONG}_9"), "feedbeef", 1))  # a dead save's (no owner lock here)
     tmp.mkdir()
@@ -166,7 +169,7 @@ def test_a_cut_aside_with_nothing_at_its_id_is_kept_with_what_to_do(tmp_path: Pa
     """A cut name does not tell the whole id: gc keeps the only copy and says to rename it back by hand."""
     with _manager() as manager:
         manager.save(str(tmp_path / "ck"), _state(1.0))
-    aside = tmp_path / aside_name(f"{LONG}_7", _dead_pid())
+    aside = tmp_path / aside_name(f"{LONG}_7", _dead_pid(), "0a1b2c3d")
     os.rename(tmp_path / "ck", aside)
     report = collect_garbage(tmp_path, unowned_after_s=0)
     assert report.removed == [] and aside.is_dir()

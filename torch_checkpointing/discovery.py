@@ -26,7 +26,7 @@ from typing import Any, Literal
 from torch_checkpointing.checkpoint_layout import LayoutInfo, untrusted_format_from_dict
 from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest, read_manifest
-from torch_checkpointing.names import ASIDE_RE, aside_of, previous_copy_hint
+from torch_checkpointing.names import ASIDE_RE, aside_of, held_here, previous_copy_hint
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 # Names the engine gives to directories that are not (yet, or any more) a checkpoint. Kept in one place:
 # checkpoint_manager.py names temporary directories `.{name}.tmp-{uid}-{seq}`, Storage.replace_directory moves
-# a replaced checkpoint aside as `.old_{name}_{pid}`, and retention renames a checkpoint it deletes to
+# a replaced checkpoint aside as `.old_{name}_{pid}-{nonce}`, and retention renames a checkpoint it deletes to
 # `.{name}.trash-{pid}-{nonce}` before removing it.
 TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<uid>[0-9a-f]+)-(?P<seq>[0-9]+)$")
 TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]+)$")
@@ -428,6 +428,13 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
+def _hidden_name_alive(pid: int, path: Path) -> bool:
+    """Whether the process that made a hidden name (`.old_`, `.trash-`) may still be using it. This process's own
+    pid says so only for names it holds now: a job restarted in a container often gets the pid of the one that
+    was killed, and that one's leftovers are garbage, not this process's work in flight."""
+    return held_here(path) if pid == os.getpid() else pid_alive(pid)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists on this host (a pid reused since is counted alive: the safe side)."""
     try:
@@ -516,10 +523,10 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         detail = f"save {m['uid']}-{m['seq']}"
         return Leftover(str(path), "temporary", m["name"], alive, size, detail, recognised)
     if m := ASIDE_RE.match(name):
-        alive = pid_alive(int(m["pid"]))
+        alive = _hidden_name_alive(int(m["pid"]), path)
         return Leftover(str(path), "replaced", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if m := TRASH_RE.match(name):
-        alive = pid_alive(int(m["pid"]))
+        alive = _hidden_name_alive(int(m["pid"]), path)
         return Leftover(str(path), "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if not name.startswith(".") and storage.exists(path / INCOMPLETE_MARKER):
         return Leftover(str(path), "incomplete", name, None, size, "has the .incomplete marker")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import uuid
 from collections.abc import Callable, Iterable
 
 __all__ = [
@@ -19,7 +21,10 @@ __all__ = [
     "aside_of",
     "cut_from",
     "fit_name",
+    "held_here",
+    "holding",
     "may_be_cut",
+    "new_nonce",
     "previous_copy_hint",
     "trash_name",
 ]
@@ -37,12 +42,19 @@ def fit_name(prefix: str, name: str, suffix: str) -> str:
     return f"{prefix}{name}{suffix}"
 
 
-ASIDE_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>[0-9]+)$")  # what `aside_name` makes
+# What `aside_name` makes; names without the nonce were made by earlier versions and are still recognised.
+ASIDE_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>[0-9]+)(?:-(?P<nonce>[0-9a-f]{8}))?$")
 
 
-def aside_name(name: str, pid: int) -> str:
+def new_nonce() -> str:
+    """Eight hex digits that tell apart the hidden names of processes given the same pid (a job restarted in a
+    container gets the pid of the one that was killed, and its names must not collide with the dead one's)."""
+    return uuid.uuid4().hex[:8]
+
+
+def aside_name(name: str, pid: int, nonce: str | None) -> str:
     """Where the non-exchange replace moves the old checkpoint `name` while the new one moves in."""
-    return fit_name(".old_", name, f"_{pid}")
+    return fit_name(".old_", name, f"_{pid}" if nonce is None else f"_{pid}-{nonce}")
 
 
 def aside_of(hidden: str, siblings: Iterable[str]) -> str | None:
@@ -53,8 +65,8 @@ def aside_of(hidden: str, siblings: Iterable[str]) -> str | None:
         return None
     if not may_be_cut(hidden):
         return match["name"]
-    pid = int(match["pid"])
-    return cut_from(hidden, siblings, lambda sibling: aside_name(sibling, pid))
+    pid, nonce = int(match["pid"]), match["nonce"]
+    return cut_from(hidden, siblings, lambda sibling: aside_name(sibling, pid, nonce))
 
 
 def trash_name(name: str, pid: int, nonce: str) -> str:
@@ -85,9 +97,35 @@ def previous_copy_hint(local: str) -> str:
         return ""
     for entry in entries:
         match = ASIDE_RE.match(entry)
-        if match and aside_name(name, int(match["pid"])) == entry:
+        if match and aside_name(name, int(match["pid"]), match["nonce"]) == entry:
             return (
                 f" Its previous checkpoint is at {os.path.join(parent, entry)}: a save that replaced it was killed "
                 f"before the new one moved in. Run `torch-checkpointing gc {parent}` to move it back, then load."
             )
     return ""
+
+
+_held: set[str] = set()
+_held_lock = threading.Lock()
+
+
+class holding:
+    """Marks a hidden name as in use by this process for the block, so that `held_here` tells it from one a
+    killed process of the same pid left behind (pid liveness alone says "alive" for both)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = os.path.abspath(path)
+
+    def __enter__(self) -> None:
+        with _held_lock:
+            _held.add(self._path)
+
+    def __exit__(self, *exc: object) -> None:
+        with _held_lock:
+            _held.discard(self._path)
+
+
+def held_here(path: str | os.PathLike[str]) -> bool:
+    """Whether this process is using the hidden name `path` now (see `holding`)."""
+    with _held_lock:
+        return os.path.abspath(path) in _held

@@ -17,7 +17,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from torch_checkpointing.discovery import (
 from torch_checkpointing.errors import CheckpointError, ConfigError, ObjectStoreError
 from torch_checkpointing.futures import SettledFuture, WorkerPool
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
-from torch_checkpointing.names import NAME_MAX, aside_of, may_be_cut, trash_name
+from torch_checkpointing.names import NAME_MAX, aside_of, holding, may_be_cut, new_nonce, trash_name
 from torch_checkpointing.storage.base_storage import Storage
 
 # What a storage raises for a refused or failed request: a filesystem's OSError, an object store's
@@ -140,7 +139,7 @@ def _best(checkpoints: list[CheckpointInfo], metric: str, mode: str, n: int) -> 
 
 
 def _trash_name(path: Path) -> Path:
-    return path.with_name(trash_name(path.name, os.getpid(), uuid.uuid4().hex[:8]))
+    return path.with_name(trash_name(path.name, os.getpid(), new_nonce()))
 
 
 def delete_checkpoint(
@@ -179,6 +178,12 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
         logger.warning("Retention left checkpoint %s alone: %s.", src, why)
         return _Outcome(False, why)
     trash = _trash_name(src)
+    with holding(trash):  # gc in this process must not take it for a killed process's of the same pid
+        return _delete_through(trash, src, storage, expected)
+
+
+def _delete_through(trash: Path, src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Outcome:
+    """Rename `src` to `trash`, check it once more, remove it (or put it back)."""
     try:
         storage.rename(src, trash, is_directory=True)
     except STORE_ERRORS as exc:
@@ -509,15 +514,16 @@ def _collect(storage: Storage, leftover: Leftover) -> bool | None:
     if leftover.kind == "trash":
         return _remove(storage, path, f"trash of {leftover.checkpoint_name}")
     trash = _trash_name(path.with_name(leftover.checkpoint_name))
-    try:
-        storage.rename(path, trash, is_directory=True)
-    except STORE_ERRORS as exc:
-        if _gone(storage, path):
-            logger.info("gc found %s already removed by another process", path)
-            return None
-        logger.warning("gc could not move %s aside (%s); left as it was", path, exc)
-        return False
-    return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")
+    with holding(trash):
+        try:
+            storage.rename(path, trash, is_directory=True)
+        except STORE_ERRORS as exc:
+            if _gone(storage, path):
+                logger.info("gc found %s already removed by another process", path)
+                return None
+            logger.warning("gc could not move %s aside (%s); left as it was", path, exc)
+            return False
+        return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")
 
 
 class RetentionRunner:

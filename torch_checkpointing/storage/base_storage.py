@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing.names import aside_name
+from torch_checkpointing.names import aside_name, holding, new_nonce
 
 _log = logging.getLogger("torch_checkpointing.storage")
 
@@ -149,21 +149,25 @@ class Storage(ABC):
     def replace_directory(self, src: Path, dst: Path) -> None:
         """Move the complete directory `src` to `dst`, replacing any `dst` only once `src` is in place.
 
-        The fallback renames the old `dst` aside first (`names.aside_name`, cut to fit NAME_MAX), so a crash
-        between the two renames leaves the old checkpoint intact beside its id, never damaged: gc (`retention.
-        collect_garbage`) moves it back under the id once its process is gone. Backends with an atomic exchange
-        override it.
+        The fallback renames the old `dst` aside first (`names.aside_name`: pid and nonce, cut to fit NAME_MAX),
+        so a crash between the two renames leaves the old checkpoint intact beside its id, never damaged: gc
+        (`retention.collect_garbage`) moves it back under the id once its process is gone. Backends with an atomic
+        exchange override it.
         """
         if not self.exists(dst):
             self.rename(src, dst, is_directory=True)
             return
-        aside = dst.with_name(aside_name(dst.name, os.getpid()))
-        self.rename(dst, aside, is_directory=True)
-        try:
-            self.rename(src, dst, is_directory=True)
-        except BaseException:
-            self._put_back(aside, dst)
-            raise
+        aside = dst.with_name(aside_name(dst.name, os.getpid(), new_nonce()))
+        with holding(aside):  # this process's pid may be a killed one's: gc here must not take it for that one's
+            self.rename(dst, aside, is_directory=True)
+            try:
+                self.rename(src, dst, is_directory=True)
+            except BaseException:
+                self._put_back(aside, dst)
+                raise
+            self._remove_replaced(aside, dst)
+
+    def _remove_replaced(self, aside: Path, dst: Path) -> None:
         try:
             self.rmdir(aside)
         except OSError as exc:  # `dst` is committed; failing the save now would report a checkpoint that exists
