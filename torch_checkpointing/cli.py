@@ -422,7 +422,7 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         ctx = _open(storage, root, verify=False)
         manifest = ctx.__enter__().manifest
     except (CheckpointError, RuntimeError, FileNotFoundError, NotADirectoryError) as exc:
-        ui.emit_json({"checkpoint": str(root), "ok": False, "error": str(exc), "files": []})
+        ui.emit_json({"checkpoint": str(root), "ok": False, "error": str(exc), "kind": type(exc).__name__, "files": []})
         ui.line(f"FAILED: {exc}")
         return EXIT_NO
     with ctx:
