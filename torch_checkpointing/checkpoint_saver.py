@@ -34,7 +34,7 @@ from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied, log_safely
 from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
-from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band
+from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band, unpicklable
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
@@ -374,7 +374,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             fmt = item.layout.serialization_format
             if item.key in copies:
                 # Tensors travel as offsets into the shared slab, which the writer maps once.
-                value = to_slab_refs(copies[item.key], slab) if slab is not None else copies[item.key]
+                value = _slab_refs(item.key, copies[item.key], slab) if slab is not None else copies[item.key]
                 entries.append(WriteEntry(item.key, item.layout.file_path, fmt, value))
             else:
                 sent, views, storages = _pickle_item(item)
@@ -653,6 +653,22 @@ def log_failed(plan: SavePlan, exc: BaseException) -> None:
         type(exc).__name__,
         exc,
     )
+
+
+def _slab_refs(key: str, staged: Any, slab: Any) -> Any:
+    """`to_slab_refs`, naming the item when a tensor the slab cannot hold does not pickle (an mkldnn tensor: a
+    bare NotImplementedError on the Future before, where a sync save names the item)."""
+    try:
+        return to_slab_refs(staged, slab)
+    except (pickle.PicklingError, TypeError, AttributeError, KeyError, NotImplementedError, RuntimeError) as exc:
+        raise unpicklable(
+            key,
+            staged,
+            exc,
+            doing="pickled for the async writer process (a tensor the staging slab cannot hold travels by value)",
+            op=pickle.dumps,
+            fix="Make it picklable (an mkldnn tensor: .to_dense()), or leave it out of the checkpoint.",
+        ) from exc
 
 
 def _pickle_item(item: ResolvedItem) -> tuple[OutOfBand, list[memoryview], list[Any]]:

@@ -40,10 +40,14 @@ _REDUCE_BY_CLASS = ("builtins", "collections", "torch.return_types")
 # The pickle protocol torch.save writes (torch.serialization.DEFAULT_PROTOCOL): reductions are asked for it.
 TORCH_PICKLE_PROTOCOL = 2
 
-# Leaf types the safe unpickler always accepts: checked without a trial (the common, tensor-only state).
-_ALWAYS_LOADED = (
-    *(torch.Tensor, int, float, bool, str, bytes, complex, type(None)),
-    *(torch.dtype, torch.device, torch.Size),
+# Leaf types the safe unpickler always accepts: checked without a trial (the common, tensor-only state). Exact
+# types, never `isinstance`: a subclass (numpy's float64 is a float, an IntEnum an int, a tensor subclass a
+# Tensor) pickles under its own class's name, and the safe unpickler refuses that name.
+_ALWAYS_LOADED = frozenset(
+    {
+        *(torch.Tensor, torch.nn.Parameter, int, float, bool, str, bytes, complex, type(None)),
+        *(torch.dtype, torch.device, torch.Size),
+    }
 )
 
 
@@ -86,7 +90,7 @@ class SafeLoadCheck:
         defaultdict, a dict subclass): the safe unpickler refuses a container's class as it does a leaf's."""
         for node in nodes(item.value):  # no paths built: this runs inside save()'s blocked time
             kind = type(node)
-            if kind in _PLAIN_CONTAINERS or isinstance(node, _ALWAYS_LOADED) or kind in self._verdicts:
+            if kind in _PLAIN_CONTAINERS or kind in _ALWAYS_LOADED or kind in self._verdicts:
                 continue
             refusal = self._verdicts[kind] = _verdict(node, _MAX_REDUCE_DEPTH)
             if refusal is not None:
@@ -169,7 +173,7 @@ def _first_refused(parts: tuple[Any, ...], depth: int) -> _Refusal | None:
     """The first refusal among the values a reduction passes (arguments, state, items), judged as leaves are."""
     try:
         for node in nodes(parts):
-            if type(node) in _PLAIN_CONTAINERS or isinstance(node, _ALWAYS_LOADED):
+            if type(node) in _PLAIN_CONTAINERS or type(node) in _ALWAYS_LOADED:
                 continue
             refusal = _verdict(node, depth)
             if refusal is not None:

@@ -521,12 +521,17 @@ def meta_tensor_refusal(key: str, value: Any, who: str) -> ValueError | None:
 
 
 def fits_slab(t: torch.Tensor) -> bool:
-    """Whether a tensor is staged into the slab: dense (strided), not quantized or nested, with data.
+    """Whether a tensor is staged into the slab: a plain tensor (no subclass), dense (strided), not quantized or
+    nested, with data.
 
     Sparse, quantized, nested and meta tensors cannot be `copy_()`-ed into a flat byte buffer and rebuilt from
-    an offset; they are copied on their own (`_copy_outside_slab`) and travel to the writer pickled, so an
-    async save takes what a sync save takes."""
-    return t.layout == torch.strided and not t.is_quantized and not t.is_nested and t.device.type != "meta"
+    an offset, and a tensor subclass rebuilt from one is a plain tensor; they are copied on their own
+    (`_copy_outside_slab`) and travel to the writer pickled, so an async save writes what a sync save writes."""
+    plain = type(t) in _PLAIN_TENSOR_TYPES  # a subclass's class travels with it, or the file loses it
+    return plain and t.layout == torch.strided and not t.is_quantized and not t.is_nested and t.device.type != "meta"
+
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _local_leaf(x: Any) -> torch.Tensor | None:
@@ -561,7 +566,10 @@ class TensorBytes:
         return cls(buf.getvalue())
 
     def tensor(self) -> torch.Tensor:
-        value = torch.load(io.BytesIO(self.data), weights_only=True)
+        # Bytes the trainer made from its own value for this save, never a file: read with the full unpickler,
+        # which rebuilds what the safe one refuses (a tensor subclass, a jagged nested tensor) as torch.save
+        # wrote it. A file holding such a value is refused or allowed by the load's own rules.
+        value = torch.load(io.BytesIO(self.data), weights_only=False)
         assert isinstance(value, torch.Tensor)
         return value
 

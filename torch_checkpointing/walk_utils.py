@@ -331,7 +331,9 @@ def check_tensor_fits(where: CheckpointPath, source: torch.Tensor, target: torch
             f"it was saved from an unmaterialised model and has nothing to load. Load it with None as the template "
             f"to inspect it, and re-save from a materialised model (module.to_empty(device=...) then initialise)."
         )
-    if src.shape != dst.shape:
+    if src.is_nested or dst.is_nested:  # a nested tensor has no one shape to compare (`.shape` raises)
+        _check_nested_fits(where, src, dst)
+    elif src.shape != dst.shape:
         raise TemplateMismatchError(
             f"Shape mismatch at {where}: checkpoint holds {tuple(src.shape)}, template has {tuple(dst.shape)}. "
             f"Build the template with the saved shape (or reshard with a Resharder); nothing is resized."
@@ -347,15 +349,77 @@ def check_tensor_fits(where: CheckpointPath, source: torch.Tensor, target: torch
             f"copy_() does not convert between them. Pass a template of the saved layout, or None to take the "
             f"stored tensor as is."
         )
+    _check_kind_fits(where, src, dst)
     check_writable(where, dst)
 
 
+def _check_nested_fits(where: CheckpointPath, src: torch.Tensor, dst: torch.Tensor) -> None:
+    if src.is_nested != dst.is_nested or src.layout != dst.layout or _nested_sizes(src) != _nested_sizes(dst):
+        raise TemplateMismatchError(
+            f"Nested tensor mismatch at {where}: checkpoint holds {_nested_kind(src)}, template is "
+            f"{_nested_kind(dst)}; copy_() fills a nested template only from one of the same layout and component "
+            f"shapes. Pass such a template, or None to take the stored tensor as is."
+        )
+
+
+def _nested_sizes(t: torch.Tensor) -> list[tuple[int, ...]] | None:
+    return [tuple(c.shape) for c in t.unbind()] if t.is_nested else None
+
+
+def _nested_kind(t: torch.Tensor) -> str:
+    if not t.is_nested:
+        return f"a tensor of shape {tuple(t.shape)}"
+    return f"a {t.layout} nested tensor of component shapes {_nested_sizes(t)}"
+
+
+def _check_kind_fits(where: CheckpointPath, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """What copy_() needs beyond shape, dtype and layout, refused before the first copy (a raw RuntimeError
+    midway before, with earlier items already overwritten): the same quantization scheme, and for a sparse
+    compressed template the same number of stored elements (it cannot grow its index arrays in place)."""
+    if src.is_quantized or dst.is_quantized:
+        held, wanted = _qscheme(src), _qscheme(dst)
+        if held != wanted:
+            raise TemplateMismatchError(
+                f"Quantization mismatch at {where}: checkpoint holds {held}, template is {wanted}; copy_() does "
+                f"not convert between them. Pass a template quantized the same way, or None to take the stored "
+                f"tensor as is."
+            )
+    if src.layout in _SPARSE_COMPRESSED and src._nnz() != dst._nnz():
+        raise TemplateMismatchError(
+            f"Sparse tensor mismatch at {where}: checkpoint holds {src._nnz()} stored elements, the {dst.layout} "
+            f"template {dst._nnz()}; a compressed sparse template is filled in place only with as many. Pass "
+            f"None to take the stored tensor as is."
+        )
+
+
+_SPARSE_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def _qscheme(t: torch.Tensor) -> str:
+    return f"a tensor quantized {t.qscheme()}" if t.is_quantized else "a tensor that is not quantized"
+
+
 def _overlaps_itself(t: torch.Tensor) -> bool:
-    """torch's own test before an in-place write: a non-contiguous strided tensor with stride 0 along a
-    dimension of size > 1 (an expanded view) has elements sharing memory; an empty tensor never does."""
+    """Whether elements of the strided tensor `t` share memory (an expanded view, an unfold with a step smaller
+    than its size), so that it cannot hold distinct values. Its dimensions sorted by stride, each stride must
+    pass the reach of those before it; a layout that fails this (interleaved strides) is checked exactly."""
     if t.layout != torch.strided or t.numel() <= 1 or t.is_contiguous():
         return False
-    return any(n > 1 and st == 0 for n, st in zip(t.shape, t.stride(), strict=True))
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1)
+    reach = 0
+    for st, n in dims:
+        if st <= reach:
+            return _offsets_repeat(dims)
+        reach += (n - 1) * st
+    return False
+
+
+def _offsets_repeat(dims: list[tuple[int, int]]) -> bool:
+    """Whether two index tuples of a layout (stride, size per dimension) reach one memory offset."""
+    offsets = torch.zeros(1, dtype=torch.int64)
+    for st, n in dims:
+        offsets = (offsets.unsqueeze(1) + torch.arange(n, dtype=torch.int64) * st).flatten()
+    return bool(torch.unique(offsets).numel() < offsets.numel())
 
 
 def check_writable(where: object, target: torch.Tensor) -> None:
@@ -375,8 +439,9 @@ def check_writable(where: object, target: torch.Tensor) -> None:
         )
     if _overlaps_itself(target):
         raise TemplateMismatchError(
-            f"Template at {where} is an expanded view (stride 0 along a dimension of size > 1): several of its "
-            f"elements share one memory location, so it cannot hold the saved values. {fix}"
+            f"Template at {where} is a view whose elements share memory (an expanded view, or an unfold with a "
+            f"step smaller than its size): several of its elements are one memory location, so it cannot hold the "
+            f"saved values. {fix}"
         )
 
 

@@ -1,0 +1,182 @@
+"""Value fidelity defects found in round 15, each with the test that failed before its fix.
+
+* A float/int/str subclass (numpy's float64, an IntEnum) or a tensor subclass saved with TorchSerialization got
+  no save-time warning, though torch's safe loader refuses it and the load then failed at resume time.
+* An async save wrote a different file than a sync save: a tensor subclass was silently stripped to a plain
+  tensor, a jagged nested tensor failed in the writer with torch's unpickler message, and an mkldnn tensor failed
+  with a bare NotImplementedError naming no item (sync names it).
+* Templates copy_() cannot fill were not all refused before the first copy: an unfolded view whose elements
+  share memory was filled silently with wrong values; a sparse CSR template of another element count, a
+  quantized one of another scheme, and any nested one raised torch's RuntimeError, after earlier items had been
+  overwritten.
+"""
+
+from __future__ import annotations
+
+import enum
+import pickle
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager, TemplateMismatchError
+from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass made by `as_subclass`, as user code makes them."""
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+
+
+def _manager(sync: bool) -> CheckpointManager:
+    save = SyncCheckpointSaverConfig() if sync else AsyncCheckpointSaverConfig()
+    return CheckpointManager(CheckpointManager.Config(save=save))
+
+
+@pytest.fixture
+def sync_manager() -> Iterator[CheckpointManager]:
+    with _manager(True) as manager:
+        yield manager
+
+
+def _save(manager: CheckpointManager, path: Path, state: dict[str, Any]) -> None:
+    future = manager.save(str(path), state)
+    if future is not None:
+        future.result(timeout=120)
+
+
+# ------------------------------------------------------------------------------------ the safe-load warning
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.float64(0.25), Colour.RED, torch.ones(2).as_subclass(Tagged)],
+    ids=["numpy-float64", "IntEnum", "tensor-subclass"],
+)
+def test_a_subclass_of_an_always_loaded_type_is_warned_about_at_save(
+    tmp_path: Path, sync_manager: CheckpointManager, value: Any
+) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sync_manager.save(str(tmp_path / "ck"), {"stats": {"loss": value}})
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning) and "stats" in str(w.message)]
+    assert said, [str(w.message) for w in caught]
+
+
+def test_exact_plain_types_are_not_warned_about(tmp_path: Path, sync_manager: CheckpointManager) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = {"stats": {"loss": 0.25, "n": 3, "w": torch.ones(2), "p": torch.nn.Parameter(torch.ones(2))}}
+        sync_manager.save(str(tmp_path / "ck"), state)
+    assert not [w for w in caught if "stats" in str(w.message)], [str(w.message) for w in caught]
+
+
+# ---------------------------------------------------------------------------- sync and async write one file
+
+
+def test_an_async_save_keeps_a_tensor_subclass_as_a_sync_save_does(tmp_path: Path) -> None:
+    for sync in (True, False):
+        with _manager(sync) as manager, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _save(manager, tmp_path / f"ck{sync}", {"model": {"t": torch.arange(3.0).as_subclass(Tagged)}})
+        stored = torch.load(tmp_path / f"ck{sync}" / "model_0.pt", weights_only=False)["t"]
+        assert type(stored) is Tagged and torch.equal(stored.as_subclass(torch.Tensor), torch.arange(3.0)), sync
+
+
+def test_an_async_save_of_a_jagged_nested_tensor_loads_as_a_sync_one_does(tmp_path: Path) -> None:
+    parts = [torch.arange(2.0), torch.arange(3.0)]
+    for sync in (True, False):
+        with _manager(sync) as manager, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _save(
+                manager,
+                tmp_path / f"ck{sync}",
+                {"model": {"t": torch.nested.nested_tensor(parts, layout=torch.jagged)}},
+            )
+            loaded = manager.load(str(tmp_path / f"ck{sync}"))["model"]["t"]
+        assert loaded.is_nested and [torch.equal(a, b) for a, b in zip(loaded.unbind(), parts, strict=True)] == [
+            True,
+            True,
+        ], sync
+
+
+def test_an_async_save_of_an_mkldnn_tensor_fails_naming_the_item(tmp_path: Path) -> None:
+    with _manager(False) as manager:
+        future = manager.save(str(tmp_path / "ck"), {"model": {"t": torch.ones(2).to_mkldnn()}})
+        assert future is not None
+        with pytest.raises(pickle.PicklingError, match="'model'"):
+            future.result(timeout=120)
+    assert not (tmp_path / "ck").exists()
+
+
+# ------------------------------------------------------------------------ templates refused before any copy
+
+
+def _unfolded() -> torch.Tensor:
+    return torch.zeros(10).unfold(0, 4, 3)  # rows overlap by one element; no stride is 0
+
+
+BAD: dict[str, tuple[torch.Tensor, Callable[[], torch.Tensor], str]] = {
+    "unfolded": (torch.arange(1.0, 13.0).reshape(3, 4), _unfolded, "share memory"),
+    "csr-element-count": (torch.eye(3).to_sparse_csr(), lambda: torch.zeros(3, 3).to_sparse_csr(), "stored elements"),
+    "qscheme": (
+        torch.quantize_per_tensor(torch.tensor([1.0, 2.0]), 0.5, 2, torch.quint8),
+        lambda: torch.quantize_per_channel(
+            torch.zeros(2), torch.tensor([0.1, 0.1]), torch.tensor([0, 0]), 0, torch.quint8
+        ),
+        "Quantization mismatch",
+    ),
+    "nested-shapes": (
+        torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+        lambda: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(4)]),
+        "component shapes",
+    ),
+    "nested-into-dense": (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), lambda: torch.zeros(5), "Nested"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_template_copy_cannot_fill_refuses_the_load_before_any_copy(
+    tmp_path: Path, sync_manager: CheckpointManager, bad: str
+) -> None:
+    saved, make, says = BAD[bad]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sync_manager.save(str(tmp_path / "ck"), {"a": {"w": torch.arange(3.0)}, "b": {"x": saved}})
+    first, template = torch.zeros(3), make()
+    before = template.clone() if template.layout == torch.strided and not template.is_nested else None
+    with pytest.raises(TemplateMismatchError, match=says) as raised:
+        sync_manager.load(str(tmp_path / "ck"), into={"a": {"w": first}, "b": {"x": template}})
+    assert "b::x" in str(raised.value)
+    assert torch.equal(first, torch.zeros(3))  # nothing was copied, not even the item before
+    if before is not None:
+        assert torch.equal(template, before)
+
+
+def test_a_nested_template_of_the_saved_shapes_is_filled(tmp_path: Path, sync_manager: CheckpointManager) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        saved = torch.nested.nested_tensor([torch.ones(2), torch.full((3,), 2.0)])
+        sync_manager.save(str(tmp_path / "ck"), {"b": {"x": saved}})
+        template = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+        loaded = sync_manager.load(str(tmp_path / "ck"), into={"b": {"x": template}})
+    assert loaded["b"]["x"] is template
+    assert [t.tolist() for t in template.unbind()] == [[1.0, 1.0], [2.0, 2.0, 2.0]]
+
+
+def test_an_interleaved_template_whose_elements_do_not_share_memory_is_filled(
+    tmp_path: Path, sync_manager: CheckpointManager
+) -> None:
+    """Strides (2, 3) over sizes (3, 2) interleave without sharing (offsets 0,3,2,5,4,7): not refused."""
+    sync_manager.save(str(tmp_path / "ck"), {"b": {"x": torch.arange(6.0).reshape(3, 2)}})
+    template = torch.zeros(8).as_strided((3, 2), (2, 3))
+    sync_manager.load(str(tmp_path / "ck"), into={"b": {"x": template}})
+    assert torch.equal(template, torch.arange(6.0).reshape(3, 2))
