@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
+from torch_checkpointing import CheckpointManager, RetentionPolicy
 from torch_checkpointing.cli import main
+from torch_checkpointing.config import SyncCheckpointSaverConfig
 
 
 def test_verify_json_of_a_path_that_is_no_checkpoint_names_the_kind_of_error(
@@ -17,3 +21,16 @@ def test_verify_json_of_a_path_that_is_no_checkpoint_names_the_kind_of_error(
     assert main(["--json", "verify", str(tmp_path / "missing")]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False and doc["kind"] == "FileNotFoundError" and "missing" in doc["error"]
+
+
+def test_the_pass_after_a_save_keeps_it_when_the_policy_root_is_spelt_otherwise_than_the_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An absolute policy root, ids relative to the working directory: the checkpoint just saved was deleted."""
+    monkeypatch.chdir(tmp_path)
+    retention = RetentionPolicy(keep_last=1, root=str(tmp_path / "run"))
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), retention=retention)
+    with CheckpointManager(config) as manager:
+        for step in (1000, 2000, 0):  # a run restarted at step 0
+            manager.save(f"run/step_{step}", {"model": {"w": torch.full((2,), float(step))}})
+    assert sorted(os.listdir(tmp_path / "run")) == ["step_0", "step_2000"]

@@ -35,6 +35,7 @@ from torch_checkpointing.discovery import (
     list_checkpoints,
     require_directory,
     resume_point,
+    storage_for,
 )
 from torch_checkpointing.distributed_metadata import DistributedMetadata, read_distributed_metadata
 from torch_checkpointing.errors import CheckpointError, ConfigError, IncompleteCheckpointError
@@ -711,6 +712,12 @@ def _older_than(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _storage_of(args: argparse.Namespace) -> Storage:
+    """The store the command's path names (`s3://bucket/run`: that object store, from the environment)."""
+    where = next((getattr(args, name) for name in ("root", "checkpoint", "a") if getattr(args, name, None)), None)
+    return storage_for(where) if where is not None else default_storage()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -720,13 +727,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(_usage_error(exc, json_mode)) from None
     ui = Ui(args.json, args.plain)
     try:
-        return int(args.run(args, ui, default_storage()))
+        return int(args.run(args, ui, _storage_of(args)))
     except BrokenPipeError as exc:
         if not _stdout_closed():  # a connection of the store's, not our reader: a failure like any other
             return _report_error(args.command, ui, exc)
         _silence_stdout()  # `| head -1`: the reader has what it wanted
         return EXIT_OK
-    except (CheckpointError, RuntimeError, OSError, KeyError, ValueError) as exc:
+    except (CheckpointError, RuntimeError, OSError, KeyError, ValueError, ImportError) as exc:
         return _report_error(args.command, ui, exc)
     except KeyboardInterrupt:  # Ctrl-C: what was under way has cleaned up on the way out (an export's staging)
         print(f"torch-checkpointing {args.command}: interrupted", file=sys.stderr)

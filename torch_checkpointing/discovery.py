@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torch_checkpointing.checkpoint_layout import LayoutInfo, untrusted_format_from_dict
-from torch_checkpointing.errors import CheckpointError, IncompleteCheckpointError
+from torch_checkpointing.errors import CheckpointError, ConfigError, IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest, read_manifest
 from torch_checkpointing.names import ASIDE_RE, aside_of, held_here, previous_copy_hint
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
+from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -69,6 +70,33 @@ _MAX_COMMIT_TIME = 253402300799.0
 def default_storage() -> Storage:
     """The local filesystem, buffered (no direct I/O: tools read small manifests)."""
     return LocalFileSystemStorageConfig(use_direct_io=False).create_storage()
+
+
+_URL_ROOT = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+(.*)$", re.DOTALL)  # `Path` folds `s3://b` into `s3:/b`
+
+
+def storage_for(where: str | os.PathLike[str]) -> Storage:
+    """The storage a root or checkpoint path names when the caller passes none: for a URL (`s3://bucket/run`)
+    its object store, configured from the environment as a manager built without a storage config picks it;
+    else the local filesystem. Before, a URL was looked up as a local path: `latest_checkpoint("s3://b/run")`
+    found nothing and a resume started from scratch, without a word."""
+    match = _URL_ROOT.match(os.fspath(where))
+    if match is None:
+        return default_storage()
+    scheme = match.group(1).lower()
+    if scheme in LOCAL_SCHEMES:
+        raise ConfigError(
+            f"{os.fspath(where)!r} is a {scheme}:// URL; pass the local path it names ({match.group(2)!r} after the "
+            f"scheme, e.g. '/{match.group(2).lstrip('/')}')."
+        )
+    return fsspec_storage_for(scheme, os.fspath(where))
+
+
+def spelt(path: Path) -> str:
+    """`path` as an id: a URL's `scheme://` put back where `Path` folded it, so that a manager built without a
+    storage config recognises the store (it read `s3:/b/run/step_5` as a local path)."""
+    match = _URL_ROOT.match(str(path))
+    return f"{match.group(1)}://{match.group(2)}" if match is not None else str(path)
 
 
 @dataclass(frozen=True)
@@ -210,7 +238,7 @@ def _commit_time(storage: Storage, path: Path, manifest: Manifest) -> float | No
 
 def checkpoint_info(path: str | os.PathLike[str], storage: Storage | None = None) -> CheckpointInfo | None:
     """The `CheckpointInfo` of one directory, or None when it is not a committed checkpoint of ours."""
-    storage = storage or default_storage()
+    storage = storage or storage_for(path)
     p = Path(path)
     if not storage.isdir(p):
         return None
@@ -219,7 +247,7 @@ def checkpoint_info(path: str | os.PathLike[str], storage: Storage | None = None
         return None
     step = manifest.step if manifest.step is not None else _step_from_name(p.name)
     return CheckpointInfo(
-        path=str(p),
+        path=spelt(p),
         step=step,
         commit_time=_commit_time(storage, p, manifest),
         world_size=manifest.world_size,
@@ -240,7 +268,7 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
 
     Temporary, incomplete, trashed and foreign directories are skipped; a missing root lists nothing.
     """
-    storage = storage or default_storage()
+    storage = storage or storage_for(root)
     base = Path(root)
     if not storage.isdir(base):
         if storage.exists(base):  # a file: a resume that took "nothing listed" for a first run would start over
@@ -310,7 +338,7 @@ def latest_checkpoint(root: str | os.PathLike[str], storage: Storage | None = No
     the directory, a regular file of the recorded size. A newer checkpoint that fails it (half deleted by
     hand, a file lost or swapped for a link) is skipped with a WARNING naming the file.
     """
-    storage = storage or default_storage()
+    storage = storage or storage_for(root)
     return newest_intact(list_checkpoints(root, storage), storage)
 
 
@@ -400,7 +428,7 @@ def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str 
 
     Checksums are not read (`torch-checkpointing verify` reads every byte).
     """
-    storage = storage or default_storage()
+    storage = storage or storage_for(path)
     try:
         with CheckpointReadContext(
             storage, os.fspath(path), ReadPolicy(verify_checksums=False, allow_legacy_checkpoints=False)
@@ -535,7 +563,7 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
 
 def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None) -> list[Leftover]:
     """Directories under `root` that saves, replacements or deletions of ours left behind (nothing foreign)."""
-    storage = storage or default_storage()
+    storage = storage or storage_for(root)
     base = Path(root)
     if not storage.isdir(base):
         return []

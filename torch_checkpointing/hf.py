@@ -35,7 +35,7 @@ import torch
 
 from torch_checkpointing.checkpoint_layout import untrusted_format_from_dict
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES
-from torch_checkpointing.discovery import committed_manifest, default_storage, pid_alive
+from torch_checkpointing.discovery import committed_manifest, default_storage, pid_alive, storage_for
 from torch_checkpointing.distributed_metadata import (
     METADATA_FILE_NAME,
     DistributedItemMetadata,
@@ -365,7 +365,7 @@ def iter_item_tensors(
     checkpoint: str | os.PathLike[str], key: str, *, rank: int | None = None, storage: Storage | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (dotted name, full tensor) for every tensor of item `key`, one at a time (consolidated across ranks)."""
-    with _ItemSource(storage or default_storage(), Path(checkpoint), key, rank) as source:
+    with _ItemSource(storage or storage_for(checkpoint), Path(checkpoint), key, rank) as source:
         for plan in source.plans():
             yield plan.name, source.read(plan)
         source.wait_verified()
@@ -413,10 +413,11 @@ def export_hf(
     beside it, once its process is gone. `out_dir` may exist and hold other files (a `config.json`); one that
     already holds an export is refused unless `overwrite`, which replaces only the export's own files.
     """
+    _check_local_out_dir(out_dir)
     out = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to put a hidden sibling beside
     shard_size = parse_size(max_shard_size)
     _check_cast(dtype)
-    with _ItemSource(storage or default_storage(), Path(checkpoint), key, rank) as source:
+    with _ItemSource(storage or storage_for(checkpoint), Path(checkpoint), key, rank) as source:
         _check_out_dir(out, Path(checkpoint), overwrite)
         plans = source.plans()
         if not plans:
@@ -580,6 +581,17 @@ def _enclosing_checkpoint(target: Path) -> Path | None:
             except (CheckpointError, ValueError, OSError):
                 continue
     return None
+
+
+def _check_local_out_dir(out_dir: str | os.PathLike[str]) -> None:
+    """An export is written to a local directory: a URL there made a local folder named `s3:`."""
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):/", os.fspath(out_dir))
+    if scheme is not None:
+        raise ConfigError(
+            f"The export's output {os.fspath(out_dir)!r} is a {scheme.group(1)}:// URL, but an export is written to "
+            f"a local directory (and fsynced there). Export to a local path, then upload that folder "
+            f"(`huggingface-cli upload`, `aws s3 sync`)."
+        )
 
 
 def _check_out_dir(out: Path, checkpoint: Path, overwrite: bool) -> None:

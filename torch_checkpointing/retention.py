@@ -33,6 +33,7 @@ from torch_checkpointing.discovery import (
     list_leftovers,
     newest_intact,
     still_there,
+    storage_for,
 )
 from torch_checkpointing.errors import CheckpointError, ConfigError, ObjectStoreError
 from torch_checkpointing.futures import SettledFuture, WorkerPool
@@ -151,7 +152,7 @@ def delete_checkpoint(
     re-used the id and committed since the listing must not be deleted in its place. One that another process
     (a second retention pass, an operator's `prune`) deleted meanwhile is no failure: False, at INFO.
     """
-    return _delete(Path(path), storage or default_storage(), expected).deleted
+    return _delete(Path(path), storage or storage_for(path), expected).deleted
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,18 @@ def _remove(storage: Storage, path: Path, what: str) -> bool | None:
     return True
 
 
+def _identity(storage: Storage, path: str | os.PathLike[str]) -> str:
+    """One name per checkpoint however it is spelt: a save's id (relative to the working directory or to an
+    object store's `url` root, or a full URL) and the path a listing under the policy's `root` gives for it.
+    Compared as written, a root spelt otherwise than the ids protected nothing, and the pass after a save
+    deleted that save's checkpoint."""
+    try:
+        local = storage.local_path(Path(path))
+        return os.path.realpath(local) if local is not None else storage.remap_path(Path(path)).rstrip("/")
+    except (ValueError, OSError):  # a name this store does not resolve: as written
+        return os.path.normpath(os.fspath(path))
+
+
 def _check_metric_recorded(root: object, policy: RetentionPolicy, found: list[CheckpointInfo]) -> None:
     """Refuse a `keep_best` metric that no checkpoint under `root` records: almost always a typo (`lsos`),
     and it made every checkpoint "not best", so the pass deleted the best one by the metric meant, silently."""
@@ -324,11 +337,11 @@ def prune(
     protect: Collection[str] = (),
 ) -> PruneReport:
     """`apply_retention`, reporting the deletions that failed as well as those done."""
-    storage = storage or default_storage()
+    storage = storage or storage_for(root)
     found = list_checkpoints(root, storage)
     _check_metric_recorded(root, policy, found)
-    kept = {os.path.normpath(os.fspath(p)) for p in protect}
-    protected = [c.path for c in found if os.path.normpath(c.path) in kept]
+    kept = {_identity(storage, p) for p in protect}
+    protected = [c.path for c in found if _identity(storage, c.path) in kept]
     doomed = select_for_deletion(found, policy, protect=protected)
     if doomed:
         resume = newest_intact(found, storage)  # only worth its stats when something is to be deleted
@@ -483,7 +496,7 @@ def collect_garbage(
 ) -> GcReport:
     """Remove what dead saves, replacements and deletions left under `root`; never a live writer's temporary."""
     check_age(unowned_after_s, "unowned_after_s")
-    storage = storage or default_storage()
+    storage = storage or storage_for(root)
     base, now = Path(root), time.time()
     report = GcReport()
     for leftover in list_leftovers(base, storage):

@@ -472,19 +472,7 @@ class FsspecStorage(Storage):
                 if backend.io.exists(key):
                     backend.io.rm(key, recursive=True)
                 return
-            keys = _objects_under(backend, key, include_self=True)
-            manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
-            if manifest in keys:
-                if marker not in keys:
-                    backend.io.pipe_file(marker, b"")
-                    keys.append(marker)
-                backend.io.rm_file(manifest)
-            rest = [k for k in keys if k not in (manifest, marker)]
-            if rest:
-                _delete_all(backend, rest)  # the marker stays if any is kept: gc collects the prefix later
-            if marker in keys:
-                backend.io.rm_file(marker)
-            backend.fs.invalidate_cache()
+            _delete_prefix(backend, key, _objects_under(backend, key, include_self=True))
 
     def rename(
         self,
@@ -496,7 +484,10 @@ class FsspecStorage(Storage):
     ) -> None:
         """A server-side copy then delete: NOT atomic on an object store (which is why atomic_rename is False).
 
-        For a directory the manifest is copied last, so `dst` never looks committed before all its files are.
+        For a directory on an object store, `dst` first gets an `.incomplete` marker and the manifest is copied
+        last, so `dst` never looks committed before all its files are and a copy killed midway leaves a prefix
+        gc recognises as ours (before: files nothing claimed, kept for good). The source then goes as `rmdir`
+        deletes: marked, manifest first, marker last, never a committed manifest whose files are gone.
         """
         (backend, src), (other, dst) = self._resolve(src_path), self._resolve(dst_path)
         if other is not backend:
@@ -508,10 +499,14 @@ class FsspecStorage(Storage):
                 fs.rm_file(src)
                 return
             keys = sorted(_objects_under(backend, src), key=lambda k: posixpath.basename(k) == MANIFEST_FILE_NAME)
-            for k in keys:
-                fs.copy(k, dst + k[len(src) :])
-            if keys:
-                _delete_all(backend, keys)
+            if not backend.object_store:
+                for k in keys:
+                    fs.copy(k, dst + k[len(src) :])
+                if keys:
+                    _delete_all(backend, keys)
+            elif keys:
+                _copy_prefix(backend, src, dst, keys)
+                _delete_prefix(backend, src, keys, restore=True)
         fs.invalidate_cache()
 
     def replace_directory(self, src: Path, dst: Path) -> None:
@@ -748,6 +743,70 @@ def _objects_under(backend: _Backend, key: str, include_self: bool = False) -> l
     except FileNotFoundError:
         return []
     return [k for k in found if k.startswith(key + "/") or (include_self and k == key)]
+
+
+def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None:
+    """Copy `keys` (under `src`, its manifest last) to `dst`, marked `.incomplete` until every one is there."""
+    marker = f"{dst}/{INCOMPLETE_MARKER}"
+    marked_already = f"{src}/{INCOMPLETE_MARKER}" in keys  # an unfinished save's: its copy stays unfinished
+    if not marked_already:
+        backend.io.pipe_file(marker, b"")
+    for k in sorted(keys, key=_copy_order):  # an unfinished save's own marker first, the manifest last
+        backend.io.copy(k, dst + k[len(src) :])
+    if not marked_already:
+        backend.io.rm_file(marker)
+
+
+def _copy_order(key: str) -> int:
+    name = posixpath.basename(key)
+    return 0 if name == INCOMPLETE_MARKER else 2 if name == MANIFEST_FILE_NAME else 1
+
+
+def _delete_prefix(backend: _Backend, key: str, keys: list[str], *, restore: bool = False) -> None:
+    """Delete `keys` (the objects under `key`): a committed checkpoint is first marked `.incomplete` and loses
+    its manifest, then its files go in bulk, the marker last (see `FsspecStorage.rmdir`). With `restore` (the
+    source of a rename, which must stay whole if it cannot go), a delete the store refuses before any file
+    went (a policy denying s3:DeleteObject) puts the manifest back and the marker away; one that deleted some
+    files, or any refused `rmdir`, leaves an incomplete prefix that readers refuse and gc collects."""
+    manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
+    rest = [k for k in keys if k not in (manifest, marker)]
+    committed, marked = manifest in keys, marker in keys
+    saved = backend.io.cat_file(manifest) if committed else b""
+    if committed and not marked:
+        backend.io.pipe_file(marker, b"")
+    try:
+        if committed:
+            backend.io.rm_file(manifest)
+        if rest:
+            _delete_all(backend, rest)  # the marker stays if any is kept: gc collects the prefix later
+    except BaseException:
+        if committed and restore:
+            _restore_if_whole(backend, key, rest, saved, remove_marker=not marked)
+        raise
+    if committed or marked:
+        backend.io.rm_file(marker)
+    backend.fs.invalidate_cache()
+
+
+def _restore_if_whole(backend: _Backend, key: str, files: list[str], manifest: bytes, remove_marker: bool) -> None:
+    """After a refused delete: a checkpoint none of whose files went is committed again, as it was."""
+    try:
+        backend.fs.invalidate_cache()
+        if not set(files) <= set(_objects_under(backend, key)):
+            return  # some files are gone: it stays marked incomplete, and gc collects it
+        backend.io.pipe_file(f"{key}/{MANIFEST_FILE_NAME}", manifest)
+        if remove_marker:
+            backend.io.rm_file(f"{key}/{INCOMPLETE_MARKER}")
+        backend.fs.invalidate_cache()
+    except Exception as exc:  # the delete's own error is the one raised; this says what is left
+        logger.warning(
+            "A refused delete of %s://%s could not put its manifest back (%s): it is left marked incomplete; its "
+            "files are all there. Delete the prefix, or restore manifest.json from a copy and remove %s",
+            backend.scheme,
+            key,
+            exc,
+            INCOMPLETE_MARKER,
+        )
 
 
 def _delete_all(backend: _Backend, keys: list[str]) -> None:
