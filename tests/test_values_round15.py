@@ -180,3 +180,31 @@ def test_an_interleaved_template_whose_elements_do_not_share_memory_is_filled(
     template = torch.zeros(8).as_strided((3, 2), (2, 3))
     sync_manager.load(str(tmp_path / "ck"), into={"b": {"x": template}})
     assert torch.equal(template, torch.arange(6.0).reshape(3, 2))
+
+
+def test_a_tensor_subclass_in_a_safetensors_item_is_stored_as_its_data_by_both_modes(tmp_path: Path) -> None:
+    """The guard from the other side: a safetensors file holds data only, as before, in either mode."""
+    from torch_checkpointing import ItemSpec
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+
+    items = {"model": ItemSpec(layout=LayoutInfo("model.safetensors", SafetensorsSerialization()))}
+    for sync in (True, False):
+        save = SyncCheckpointSaverConfig() if sync else AsyncCheckpointSaverConfig()
+        with CheckpointManager(CheckpointManager.Config(items=items, save=save)) as manager:
+            _save(manager, tmp_path / f"ck{sync}", {"model": {"t": torch.arange(3.0).as_subclass(Tagged)[1:]}})
+            loaded = manager.load(str(tmp_path / f"ck{sync}"))["model"]["t"]
+        assert type(loaded) is torch.Tensor and torch.equal(loaded, torch.arange(1.0, 3.0)), sync
+
+
+def test_a_dtensor_is_judged_as_the_local_shard_its_file_holds(tmp_path: Path, mesh: Any) -> None:
+    """The guard from the other side of the exact-type rule: a file holds a DTensor's local shard, which the
+    safe loader takes, so saving one warns of nothing (judging the DTensor itself warned on every save)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    value = DTensor.from_local(torch.arange(4.0), mesh, [Shard(0)])
+    with _manager(True) as manager, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        manager.save(str(tmp_path / "ck"), {"model": {"w": value}})
+        loaded = manager.load(str(tmp_path / "ck"))
+    assert not [str(w.message) for w in caught if "model" in str(w.message)]
+    assert torch.equal(loaded["model"]["w"], torch.arange(4.0))

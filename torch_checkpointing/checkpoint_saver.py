@@ -232,9 +232,14 @@ class AsyncCheckpointSaver(CheckpointSaver):
             try:
                 self._last_write.quiet_exception(self._timeout)
             except TimeoutError as exc:
+                # As wait() does: left alive, a stopped or hung writer refused every later save until close().
+                self._process.kill()
+                self._last_write.retrieved = True  # this error reports it; the next save must not raise it again
                 raise CheckpointError(
                     f"The previous checkpoint write ({self._last_write.checkpoint_id}) did not finish within "
-                    f"{self._timeout}s (save.wait_timeout_secs); refusing to start another."
+                    f"{self._timeout}s (save.wait_timeout_secs): the writer process was killed (stopped or hung) "
+                    f"and {self._last_write.checkpoint_id} was not committed. This save() was not started; call it "
+                    f"again (a new writer process starts)."
                 ) from exc
             self._raise_unseen(self._last_write, " This save() was not started; call it again to retry.")
 

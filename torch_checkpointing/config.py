@@ -47,8 +47,22 @@ def check_bool(owner: str, name: str, value: object, *, allow_none: bool = False
     raise ConfigTypeError(f"{owner}.{name} must be True or False{also}, got {value!r}.")
 
 
-def check_number(owner: str, name: str, value: object, *, positive: bool = False, integer: bool = False) -> None:
-    """A count or a timeout: a real, finite number, non-negative (or `positive`); bools and strings are refused."""
+# The longest wait a pipe's poll() or a lock's acquire() takes (2**31 ms is about 24.8 days): a timeout past it
+# failed inside close() or the writer's start with a bare OverflowError, after the config had been accepted.
+MAX_OS_WAIT_S = 2_000_000
+
+
+def check_number(
+    owner: str,
+    name: str,
+    value: object,
+    *,
+    positive: bool = False,
+    integer: bool = False,
+    at_most: float | None = None,
+) -> None:
+    """A count or a timeout: a real, finite number, non-negative (or `positive`), not over `at_most`; bools and
+    strings are refused."""
     kinds = (int,) if integer else (int, float)
     what = "an int" if integer else "a number of seconds"
     if isinstance(value, bool) or not isinstance(value, kinds):
@@ -56,6 +70,11 @@ def check_number(owner: str, name: str, value: object, *, positive: bool = False
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         bound = "positive" if positive else "non-negative"
         raise ConfigError(f"{owner}.{name} must be a finite, {bound} number, got {value!r}.")
+    if at_most is not None and value > at_most:
+        raise ConfigError(
+            f"{owner}.{name} must be at most {at_most:g} seconds (about {at_most / 86400:.0f} days: the longest wait "
+            f"the operating system's pipe and lock waits take), got {value!r}."
+        )
 
 
 def check_text(owner: str, name: str, value: object) -> None:
@@ -162,8 +181,9 @@ class CheckpointProcessConfig:
     def __post_init__(self) -> None:
         owner = "CheckpointProcessConfig"
         # Zero would time out before the writer could answer: the first save would fail, not this line.
-        check_number(owner, "subprocess_init_timeout_secs", self.subprocess_init_timeout_secs, positive=True)
-        check_number(owner, "subprocess_shutdown_timeout_secs", self.subprocess_shutdown_timeout_secs)
+        init, shutdown = self.subprocess_init_timeout_secs, self.subprocess_shutdown_timeout_secs
+        check_number(owner, "subprocess_init_timeout_secs", init, positive=True, at_most=MAX_OS_WAIT_S)
+        check_number(owner, "subprocess_shutdown_timeout_secs", shutdown, at_most=MAX_OS_WAIT_S)
         check_text(owner, "thread_name_prefix", self.thread_name_prefix)
 
 

@@ -25,7 +25,7 @@ import torch
 
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.schema import ResolvedItem
-from torch_checkpointing.traversal import NestingError, find_path, is_container, nodes
+from torch_checkpointing.traversal import NestingError, find_path, is_container, local_tensor, nodes
 
 __all__ = ["SafeLoadCheck"]
 
@@ -89,12 +89,19 @@ class SafeLoadCheck:
         """Judge each leaf, and each container of another type than dict/list/tuple (a named tuple, a
         defaultdict, a dict subclass): the safe unpickler refuses a container's class as it does a leaf's."""
         for node in nodes(item.value):  # no paths built: this runs inside save()'s blocked time
-            kind = type(node)
+            written = _as_written(node)
+            kind = type(written)
             if kind in _PLAIN_CONTAINERS or kind in _ALWAYS_LOADED or kind in self._verdicts:
                 continue
-            refusal = self._verdicts[kind] = _verdict(node, _MAX_REDUCE_DEPTH)
+            refusal = self._verdicts[kind] = _verdict(written, _MAX_REDUCE_DEPTH)
             if refusal is not None:
                 _warn(item.key, find_path(item.value, node), kind, refusal)
+
+
+def _as_written(node: Any) -> Any:
+    """What the file holds for `node`: a DTensor's local shard (its layout goes to metadata.json), not the
+    DTensor, which the safe loader would refuse but no file of ours holds."""
+    return local_tensor(node) if isinstance(node, torch.Tensor) else node
 
 
 # copyreg's stand-ins for "call the class's __new__" (pickle's NEWOBJ opcodes): the class is the global named.

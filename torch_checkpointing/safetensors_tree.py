@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from torch_checkpointing.errors import TemplateMismatchError
-from torch_checkpointing.staging import fits_slab, tensor_for_write
+from torch_checkpointing.staging import is_dense_data, tensor_for_write
 from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, join_key
 from torch_checkpointing.types import NestedPath
 from torch_checkpointing.walk_utils import MISSING
@@ -71,7 +71,7 @@ def _storable(where: str, name: str, value: Any) -> torch.Tensor:
             f"{RESERVED_NAME!r} for the file's metadata, and the file would not load. Rename that dict key."
         )
     tensor = tensor_for_write(value)
-    if not fits_slab(tensor):  # a safetensors file holds dense tensors: a dtype, a shape and the bytes
+    if not is_dense_data(tensor):  # a safetensors file holds dense tensors: a dtype, a shape and the bytes
         raise ValueError(
             f"SafetensorsSerialization stores dense tensors only, but key '{where}' holds a {_kind(tensor)} "
             f"tensor. Use TorchSerialization for it, or convert it first (.to_dense(), .dequantize(), ...)."

@@ -103,7 +103,7 @@ def alias_of(x: torch.Tensor) -> tuple[Any, ...] | None:
     """What makes two leaves one tensor in a file: the same memory viewed the same way (None for a tensor
     without strided memory of its own: it is never tied)."""
     t = local_tensor(x)
-    if not fits_slab(t):
+    if not is_dense_data(t):
         return None
     ptr = t.data_ptr()
     if ptr == 0:
@@ -113,7 +113,7 @@ def alias_of(x: torch.Tensor) -> tuple[Any, ...] | None:
 
 def _is_partial(t: torch.Tensor) -> bool:
     """Whether `t` views its storage other than whole and contiguous (a slice, a transpose): written compacted."""
-    if not fits_slab(t):
+    if not is_dense_data(t):
         return False
     return not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size()
 
@@ -521,17 +521,20 @@ def meta_tensor_refusal(key: str, value: Any, who: str) -> ValueError | None:
 
 
 def fits_slab(t: torch.Tensor) -> bool:
-    """Whether a tensor is staged into the slab: a plain tensor (no subclass), dense (strided), not quantized or
-    nested, with data.
+    """Whether a tensor is staged into the slab: a plain tensor (no subclass) of dense data (`is_dense_data`).
 
     Sparse, quantized, nested and meta tensors cannot be `copy_()`-ed into a flat byte buffer and rebuilt from
     an offset, and a tensor subclass rebuilt from one is a plain tensor; they are copied on their own
     (`_copy_outside_slab`) and travel to the writer pickled, so an async save writes what a sync save writes."""
-    plain = type(t) in _PLAIN_TENSOR_TYPES  # a subclass's class travels with it, or the file loses it
-    return plain and t.layout == torch.strided and not t.is_quantized and not t.is_nested and t.device.type != "meta"
+    return type(t) in _PLAIN_TENSOR_TYPES and is_dense_data(t)
 
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def is_dense_data(t: torch.Tensor) -> bool:
+    """Whether a tensor is dense (strided), not quantized or nested, with data: its values are its memory."""
+    return t.layout == torch.strided and not t.is_quantized and not t.is_nested and t.device.type != "meta"
 
 
 def _local_leaf(x: Any) -> torch.Tensor | None:
