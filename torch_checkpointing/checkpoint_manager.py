@@ -56,6 +56,7 @@ from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 from torch_checkpointing.store_channel import StoreAddress
+from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 from torch_checkpointing.waiting import Wakeups
 
 __all__ = ["CheckpointManager"]
@@ -505,13 +506,22 @@ class CheckpointManager:
             self._saver.settle_previous()  # a previous async save's unseen failure is refused on every rank
             _refuse_live_objects(payload)
             resolved.extend(resolve(payload, self.config.items, self.config.default, ctx.rank))
+            _refuse_shards_in_one_file(resolved, ctx.world_size)
             self._saver.refuse_unencodable(resolved)  # an async save encodes in its writer: refused here instead
             if self.config.load.weights_only:  # this manager's own load would refuse what torch's loader refuses
                 self._safe_load.warn_refused(resolved)
             metadata = self._metadata.extract_object_metadata(resolved) if self._metadata else None
             keys = sorted(i.key for i in resolved)
             layouts = _layout_report(resolved)
-            return {"id": checkpoint_id, "seq": seq, "keys": keys, "layouts": layouts, "metadata": metadata}
+            resharders = {i.key: _resharder_name(i) for i in resolved if i.spec.resharder is not None}
+            return {
+                "id": checkpoint_id,
+                "seq": seq,
+                "keys": keys,
+                "resharders": resharders,
+                "layouts": layouts,
+                "metadata": metadata,
+            }
 
         # The ids may differ (that is one of the refusals), so the plan's step is named without one.
         reports = agree("Checkpoint save: the plan", ctx.transport, report)
@@ -519,7 +529,7 @@ class CheckpointManager:
         _check_same_save(what, reports, ("id", "seq"))
         self._shared_said.update(i.key for i in resolved if isinstance(i.spec.layout, ReplicatedLayoutInfo))
         left_to_others = _shared_paths([rep["layouts"] for rep in reports], ctx.rank, self._shared_said)
-        _check_same_save(what, reports, ("keys",))
+        _check_same_save(what, reports, ("keys", "resharders"))
         items = [i for i in resolved if i.key not in left_to_others]
 
         def target() -> str | None:
@@ -806,11 +816,39 @@ def _refuse_live_objects(payload: Any) -> None:
             )
 
 
+def _refuse_shards_in_one_file(items: list[ResolvedItem], world_size: int) -> None:
+    """A layout without `{rank}` is one file for every rank, written once by the lowest: a DTensor sharded over
+    the ranks then kept rank 0's shard only, and every other rank loaded rank 0's shard as its own (no error,
+    strict or not). Refused before anything is written, on every rank (the plan's agreement)."""
+    if world_size <= 1:
+        return
+    for item in items:
+        if item.is_default_layout or "{rank}" in item.spec.layout.file_path:  # type: ignore[union-attr]
+            continue
+        for path, leaf in iter_leaves(item.value):
+            if is_dtensor(leaf) and any(p.is_shard() for p in leaf.placements):
+                where = f"{item.key}::{dotted_key(path)}" if path else item.key
+                raise ConfigError(
+                    f"Item '{item.key}' holds a sharded DTensor at '{where}' (placements {tuple(leaf.placements)}), "
+                    f"but its layout {item.spec.layout.file_path!r} has no '{{rank}}': one file cannot hold every "  # type: ignore[union-attr]
+                    f"rank's shard (only rank 0's would be written, and every rank would load it). Put '{{rank}}' "
+                    f"in LayoutInfo.file_path, and declare ItemSpec(resharder=DTensorResharder()) to load it on "
+                    f"another world size."
+                )
+
+
 _DISAGREEMENTS = {
     "id": "saves {mine!r} while rank 0 saves {first!r}",
     "seq": "is at save #{mine} of this manager while rank 0 is at #{first}",
     "keys": "saves items {mine} while rank 0 saves {first}",
+    # A resharder on some ranks only: its sharding metadata was dropped silently, or the save failed with a bare
+    # TypeError naming nothing.
+    "resharders": "declares resharders {mine} (item: class) while rank 0 declares {first}",
 }
+
+
+def _resharder_name(item: ResolvedItem) -> str:
+    return type(item.spec.resharder).__qualname__
 
 
 def _check_same_save(what: str, reports: list[dict[str, Any]], fields: tuple[str, ...]) -> None:
@@ -825,7 +863,7 @@ def _check_same_save(what: str, reports: list[dict[str, Any]], fields: tuple[str
         reasons = "; ".join(f"rank {r} {why}" for r, why in sorted(failures.items()))
         raise CommitError(
             f"{what}: the ranks disagree on what to save ({reasons}). Every rank must call save() with the same "
-            f"id and the same item keys. Nothing was committed.",
+            f"id, the same item keys and the same ItemSpec resharders. Nothing was committed.",
             failures,
         )
 

@@ -24,7 +24,7 @@ from torch_checkpointing.checkpoint_layout import (
     TorchSerialization,
     default_layout_info,
 )
-from torch_checkpointing.errors import CorruptCheckpointError, UnsafeCheckpointError
+from torch_checkpointing.errors import ConfigError, CorruptCheckpointError, UnsafeCheckpointError
 from torch_checkpointing.read_context import (
     MAX_METADATA_BYTES,
     CheckpointReadContext,
@@ -32,6 +32,7 @@ from torch_checkpointing.read_context import (
     parse_json_bounded,
 )
 from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.traversal import dotted_key
 from torch_checkpointing.types import NestedPath
 
 METADATA_FILE_NAME = "metadata.json"
@@ -475,11 +476,32 @@ def build_distributed_metadata(
                         break
                 else:
                     groups.append((meta, [rank]))
+        _check_one_global_tensor(key, paths)
         items[key] = DistributedItemMetadata(
             {p: [GlobalObjectMetadata(m, tuple(r)) for m, r in groups] for p, groups in paths.items()},
             {rank: rank_to_layouts[rank].get(key) for rank in range(world_size)},
         )
     return DistributedMetadata(items, world_size)
+
+
+def _check_one_global_tensor(key: str, paths: dict[NestedPath, list[tuple[ShardingMetadata, list[int]]]]) -> None:
+    """The ranks of one tensor may lay it out differently, but they save one global tensor: ranks whose metadata
+    disagree on its global shape or dtype (`DTensor.from_local(..., run_check=False)` with other local shapes,
+    a plain tensor of another shape on each rank) are refused at save. Before, the save committed, replacing
+    the checkpoint at the id, and every load on another world size called the new one damaged."""
+    for path, groups in paths.items():
+        if len(groups) < 2:
+            continue
+        seen = {(tuple(getattr(m, "global_shape", ())), getattr(m, "dtype", None)): ranks for m, ranks in groups}
+        if len(seen) < 2:
+            continue
+        told = "; ".join(f"ranks {ranks[:4]}: {shape} {dtype}" for (shape, dtype), ranks in seen.items())
+        raise ConfigError(
+            f"Item '{key}' at '{dotted_key(path) or '<item>'}': the ranks save tensors of different global shapes "
+            f"or dtypes ({told}), which no resharding load can put back together. Give every rank the same global "
+            f"tensor (a DTensor made by DTensor.from_local(..., run_check=False) needs the same local shape on "
+            f"every rank, or explicit shape= and stride=); nothing was written."
+        )
 
 
 def load_distributed_metadata(checkpoint_dir: str | Path, storage: Storage) -> DistributedMetadata | None:
