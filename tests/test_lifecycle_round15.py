@@ -13,7 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -57,3 +60,94 @@ def test_a_writer_timeout_no_os_wait_takes_is_refused_naming_the_field(field: st
 def test_a_writer_timeout_of_three_weeks_is_taken() -> None:
     config = CheckpointProcessConfig(subprocess_init_timeout_secs=21 * 86400, subprocess_shutdown_timeout_secs=1800)
     assert config.subprocess_init_timeout_secs == 21 * 86400
+
+
+# ------------------------------------------------------------------------------ a tensor whose storage was freed
+
+FREED_CHILD = """
+import sys, warnings
+import torch
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+mode, fmt, path = sys.argv[1], sys.argv[2], sys.argv[3]
+freed = torch.ones(100)
+freed.untyped_storage().resize_(0)  # what FSDP does to an unsharded parameter
+config = CheckpointManager.Config.with_sync_save() if mode == "sync" else CheckpointManager.Config.with_async_save()
+spec = {"requires_copy": mode != "async-no-copy"}
+if fmt == "safetensors":
+    spec["layout"] = LayoutInfo("m.safetensors", SafetensorsSerialization())
+config.items = {"m": ItemSpec(**spec)}
+with CheckpointManager(config) as manager:
+    if mode == "load":
+        manager.save(path, {"m": {"w": torch.ones(100)}})
+        template = torch.ones(100)
+        template.untyped_storage().resize_(0)
+        try:
+            manager.load(path, into={"m": {"w": template}})
+        except Exception as exc:
+            print("REFUSED", type(exc).__name__, exc)
+        sys.exit(0)
+    try:
+        future = manager.save(path, {"m": {"w": freed}})
+        if future is not None:
+            future.result(timeout=120)
+    except Exception as exc:
+        print("REFUSED", type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "fmt"),
+    [("sync", "torch"), ("sync", "safetensors"), ("async", "torch"), ("async-no-copy", "torch"), ("load", "torch")],
+)
+def test_a_tensor_whose_storage_was_freed_is_refused_naming_it_and_the_process_lives(
+    tmp_path: Path, mode: str, fmt: str
+) -> None:
+    """Before: the process died of SIGSEGV inside torch's copy (the sync writer's, or the staging copy's)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", FREED_CHILD, mode, fmt, str(tmp_path / "ck")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    said = proc.stdout
+    assert "REFUSED" in said and "freed" in said and ("m::w" in said or "m.w" in said or "'m'" in said), said
+    if mode != "load":
+        assert not (tmp_path / "ck").exists()
+
+
+# ------------------------------------------------------------------- a new staging slab after a layout change
+
+
+def _slab_mappings(pid: int) -> int:
+    with open(f"/proc/{pid}/maps") as maps:
+        return sum("torch_checkpointing-staging" in line for line in maps)
+
+
+def test_a_new_layouts_slab_is_allocated_once_neither_process_maps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the trainer (the staging worker still held the last job, and with it the staged tree) and the
+    writer (until it got the new slab) both mapped the old slab while the new one was allocated, so a state
+    whose layout changed needed room for both: in a staging directory with room for one it failed with ENOSPC
+    on that save and on every later one, and in memory the peak was both slabs."""
+    from torch_checkpointing import staging
+
+    seen: list[tuple[int, int]] = []
+    real = staging.SharedSlab.allocate.__func__  # type: ignore[attr-defined]
+    with CheckpointManager(CheckpointManager.Config(save=AsyncCheckpointSaverConfig())) as manager:
+
+        def allocate(cls: Any, nbytes: int, directory: str | None) -> Any:
+            writer = manager.writer_pid
+            seen.append((_slab_mappings(os.getpid()), -1 if writer is None else _slab_mappings(writer)))
+            return real(cls, nbytes, directory)
+
+        monkeypatch.setattr(staging.SharedSlab, "allocate", classmethod(allocate))
+        for n in (4096, 4096, 1024):  # the third save changes the layout
+            future = manager.save(str(tmp_path / "ck"), {"m": {"w": torch.full((n,), float(n))}})
+            assert future is not None
+            future.result(timeout=120)
+        assert torch.equal(manager.load(str(tmp_path / "ck"))["m"]["w"], torch.full((1024,), 1024.0))
+    assert seen[0][0] == 0 and len(seen) == 2, seen  # one slab per layout
+    assert seen[1] == (0, 0), seen  # neither the trainer nor the writer maps the old slab any more

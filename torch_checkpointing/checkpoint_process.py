@@ -10,6 +10,7 @@ survives a failed write, and is restarted if it dies.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -115,6 +116,20 @@ class MapSlab:
 
     generation: int
     tensor: Any
+
+
+_DROP_SLAB_WAIT_S = 30.0  # an idle writer unmaps at once; a stopped one must not hold up the save
+
+
+@dataclass(frozen=True)
+class DropSlab:
+    """Unmap the staging slab: the trainer is about to allocate another (the state's layout changed), and the
+    old one's memory is free only once neither process maps it. Answered with `SlabDropped`."""
+
+
+@dataclass(frozen=True)
+class SlabDropped:
+    """The writer no longer maps a staging slab."""
 
 
 @dataclass
@@ -262,6 +277,10 @@ def _writer_main(
             _exit_now()
         elif isinstance(message, MapSlab):
             slab = message
+        elif isinstance(message, DropSlab):
+            slab = None  # the mapping goes with its last reference: this one (the request's views went with it)
+            gc.collect()
+            conn.send(SlabDropped())
         elif isinstance(message, Write):
             try:
                 failed = _receive_buffers(conn.fileno(), message)
@@ -460,6 +479,27 @@ class CheckpointProcess:
         self._proc = self._conn = None
         _release(proc, conn)
 
+    def drop_slab(self) -> None:
+        """Have the writer unmap the staging slab it maps, and wait (bounded) until it has: called between saves,
+        before the stager allocates a slab of a new layout. A writer that does not answer is left as it is (the
+        next write finds out); the new slab then needs room beside the old one, as before."""
+        with self._lock:
+            conn = self._conn
+            if conn is None or self._slab_generation is None:
+                return
+            try:
+                conn.send(DropSlab())
+                self._slab_generation = None  # the next write sends the new slab, whatever happens here
+                answered = conn.poll(_DROP_SLAB_WAIT_S) and isinstance(conn.recv(), SlabDropped)
+            except (EOFError, OSError):
+                return  # the writer is gone: it maps nothing; the next write restarts it
+            if not answered:  # a late answer is skipped by the next write()
+                logger.warning(
+                    "The checkpoint writer process did not unmap the old staging slab within %ss; the new one "
+                    "needs room beside it",
+                    _DROP_SLAB_WAIT_S,
+                )
+
     def write(self, request: WriteRequest | EncodedWrite, slab: tuple[int, Any] | None = None) -> int:
         """Send one request and block until the writer answers; raises the writer's exception.
 
@@ -479,6 +519,8 @@ class CheckpointProcess:
                 self._conn.send_bytes(encoded.data)
                 _send_buffers(self._conn.fileno(), encoded.buffers)
                 reply = self._conn.recv()
+                while isinstance(reply, SlabDropped):  # the late answer to a drop_slab() that stopped waiting
+                    reply = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
                 code = _exit_code(self._proc)
                 self._drop_dead_writer()

@@ -110,6 +110,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._process = CheckpointProcess(
             storage_config, config.process_config, subprocess_init_fn, subprocess_init_args
         )
+        self._stager.before_new_slab = self._process.drop_slab  # the old slab's memory is free only then
         prefix = config.process_config.thread_name_prefix
         self._staging_pool = _DaemonWorker(config.staging_config.thread_name)
         self._comm_thread_name = f"{prefix}-comm"
@@ -564,8 +565,14 @@ class _DaemonWorker:
 
     @staticmethod
     def _run(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
-        while (job := jobs.get()) is not None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
             _DaemonWorker._run_one(job)
+            # Not kept while waiting for the next: a done job still held the last save's staged tree (the old
+            # staging slab stayed mapped, and a new layout's slab needed room beside it) and its payload.
+            del job
 
     @staticmethod
     def _run_one(job: Callable[[], None]) -> None:

@@ -11,8 +11,16 @@ from typing import Any
 import torch
 
 from torch_checkpointing.errors import TemplateMismatchError
-from torch_checkpointing.staging import is_dense_data, tensor_for_write
-from torch_checkpointing.traversal import dotted_key, is_sequence, iter_leaves, join_key
+from torch_checkpointing.staging import freed_refusal, tensor_for_write
+from torch_checkpointing.traversal import (
+    dotted_key,
+    is_dense_data,
+    is_sequence,
+    iter_leaves,
+    join_key,
+    local_tensor,
+    storage_freed,
+)
 from torch_checkpointing.types import NestedPath
 from torch_checkpointing.walk_utils import MISSING
 
@@ -70,6 +78,8 @@ def _storable(where: str, name: str, value: Any) -> torch.Tensor:
             f"SafetensorsSerialization cannot store key '{where}': safetensors reserves the name "
             f"{RESERVED_NAME!r} for the file's metadata, and the file would not load. Rename that dict key."
         )
+    if storage_freed(local_tensor(value)):
+        raise freed_refusal("SafetensorsSerialization cannot store", where, local_tensor(value))
     tensor = tensor_for_write(value)
     if not is_dense_data(tensor):  # a safetensors file holds dense tensors: a dtype, a shape and the bytes
         raise ValueError(

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
@@ -34,10 +34,12 @@ from torch_checkpointing.traversal import (
     NestingError,
     any_leaf,
     dotted_key,
+    is_dense_data,
     iter_leaves,
     leaves,
     local_tensor,
     map_leaves,
+    storage_freed,
 )
 from torch_checkpointing.types import STATE_DICT
 
@@ -228,7 +230,10 @@ class SharedSlab:
         return (_attach_slab, (DupFd(self._fd), self.nbytes, self.where))
 
 
-def _free_in_background(slab: torch.Tensor, fd: int) -> None:
+_FREE_WAIT_S = 60.0  # the unmap of a slab takes about a tenth of a second per GiB
+
+
+def _free_in_background(slab: torch.Tensor, fd: int) -> threading.Thread:
     """Unmap a shared slab and close its descriptor on a daemon thread, instead of on the caller's.
 
     Dropping a mapped GiB costs the caller about a tenth of a second (page-table teardown, then returning the
@@ -245,7 +250,9 @@ def _free_in_background(slab: torch.Tensor, fd: int) -> None:
         if fd >= 0:
             os.close(fd)
 
-    start_thread(threading.Thread(target=free, args=([slab],), name="ckpt-staging-free", daemon=True))
+    thread = threading.Thread(target=free, args=([slab],), name="ckpt-staging-free", daemon=True)
+    start_thread(thread)
+    return thread
 
 
 def _map_shared(fd: int, nbytes: int) -> torch.Tensor:
@@ -339,6 +346,10 @@ class DefaultStager(CheckpointStager):
         self._views: list[torch.Tensor] = []
         self._generation = 0
         self._staged: STATE_DICT | None = None
+        self._freeing: threading.Thread | None = None  # the old slab's unmap, on its own thread
+        # Asks the writer process to drop its mapping of the old slab (the async saver sets it): until it does,
+        # the old slab's memory stays reserved, and a new one had to find room beside it.
+        self.before_new_slab: Callable[[], None] | None = None
 
     @property
     def slab(self) -> torch.Tensor | None:
@@ -398,9 +409,13 @@ class DefaultStager(CheckpointStager):
             offsets.append(total)
             nbytes = math.prod(shape) * dtype.itemsize
             total += -(-nbytes // _ALIGN) * _ALIGN
+        had_one = self._slab is not None
+        self._staged = None  # the last staged tree views the old slab: its memory is free only once unviewed
         self._release()
+        if had_one and self.before_new_slab is not None:
+            self.before_new_slab()
         if self.config.use_shared_memory:
-            self._shared = SharedSlab.allocate(max(total, 1), self.config.staging_dir)
+            self._shared = self._allocate_shared(max(total, 1))
             slab = self._shared.tensor
         else:
             slab = torch.empty(max(total, 1), dtype=torch.uint8)
@@ -411,13 +426,26 @@ class DefaultStager(CheckpointStager):
         refs = [SlabRef(o, shape, dtype) for o, (shape, dtype) in zip(offsets, layout, strict=True)]
         self._views = [slab_view(slab, ref) for ref in refs]
 
+    def _allocate_shared(self, nbytes: int) -> SharedSlab:
+        """A new shared slab; short of room, once more after the old slab's unmap has finished (it runs on its
+        own thread, and its memory is free only then: a state whose layout changed failed with ENOSPC in a
+        staging directory with room for it, on every later save)."""
+        try:
+            return SharedSlab.allocate(nbytes, self.config.staging_dir)
+        except OSError:
+            freeing = self._freeing
+            if freeing is None or not freeing.is_alive():
+                raise
+            freeing.join(_FREE_WAIT_S)
+            return SharedSlab.allocate(nbytes, self.config.staging_dir)
+
     def _release(self) -> None:
         if self._slab is not None and self._pin:
             torch.cuda.cudart().cudaHostUnregister(self._slab.data_ptr())  # type: ignore[no-untyped-call]
         shared, slab = self._shared, self._slab
         self._slab, self._layout, self._views, self._shared = None, (), [], None
         if shared is not None and slab is not None:
-            _free_in_background(slab, shared.detach_fd())
+            self._freeing = _free_in_background(slab, shared.detach_fd())
         elif shared is not None:
             shared.close()
 
@@ -475,7 +503,7 @@ class _SlabPlan:
         for t in tensors:
             if t.dtype in SUB_BYTE_DTYPES:
                 raise _sub_byte_refusal(key, value, t.dtype)
-            if t.device.type == "meta":
+            if t.device.type == "meta" or storage_freed(t):
                 refusal = meta_tensor_refusal(key, value, f"Item '{key}' cannot be saved:")
                 assert refusal is not None  # `t` is one
                 raise refusal
@@ -504,20 +532,38 @@ def _sub_byte_refusal(key: str, value: Any, dtype: torch.dtype) -> pickle.Pickli
 
 
 def meta_tensor_refusal(key: str, value: Any, who: str) -> ValueError | None:
-    """The refusal of `value`'s first meta tensor (None without one), as every save gives it before writing:
-    a meta tensor has a shape and a dtype but no values, so a checkpoint of it would restore nothing. `who`
-    begins the message ("TorchSerialization cannot store")."""
-    metas = ((p, x) for p, x in iter_leaves(value) if isinstance(x, torch.Tensor) and local_tensor(x).is_meta)
-    found = next(metas, None)
+    """The refusal of `value`'s first meta tensor, or tensor whose storage was freed (None without one), as
+    every save gives it before writing: a meta tensor has a shape and a dtype but no values, so a checkpoint of
+    it would restore nothing; copying a freed one crashed the process (SIGSEGV inside torch). `who` begins the
+    message ("TorchSerialization cannot store")."""
+    found = next(((p, x) for p, x in iter_leaves(value) if _without_values(x)), None)
     if found is None:
         return None
     path, leaf = found
     where = f"{key}::{dotted_key(path)}" if path else key
+    if local_tensor(leaf).is_meta:
+        return ValueError(
+            f"{who} '{where}': it is a meta tensor (shape {tuple(leaf.shape)}, {leaf.dtype}, no values), so the "
+            f"checkpoint would restore nothing. Materialise it first (e.g. module.to_empty(device='cpu') and "
+            f"initialise or load it), or leave it out of the save."
+        )
+    return freed_refusal(who, where, local_tensor(leaf))
+
+
+def freed_refusal(who: str, where: str, t: torch.Tensor) -> ValueError:
     return ValueError(
-        f"{who} '{where}': it is a meta tensor (shape {tuple(leaf.shape)}, {leaf.dtype}, no values), so the "
-        f"checkpoint would restore nothing. Materialise it first (e.g. module.to_empty(device='cpu') and "
-        f"initialise or load it), or leave it out of the save."
+        f"{who} '{where}': it is a tensor of shape {tuple(t.shape)} whose storage holds "
+        f"{t.untyped_storage().nbytes()} bytes, fewer than its elements need (freed with "
+        f"untyped_storage().resize_(0), as FSDP does with unsharded parameters): copying it crashes the process. "
+        f"Save the sharded state (model.state_dict() outside forward/backward), or leave it out of the save."
     )
+
+
+def _without_values(x: Any) -> bool:
+    if not isinstance(x, torch.Tensor):
+        return False
+    t = local_tensor(x)
+    return t.is_meta or storage_freed(t)
 
 
 def fits_slab(t: torch.Tensor) -> bool:
@@ -530,11 +576,6 @@ def fits_slab(t: torch.Tensor) -> bool:
 
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
-
-
-def is_dense_data(t: torch.Tensor) -> bool:
-    """Whether a tensor is dense (strided), not quantized or nested, with data: its values are its memory."""
-    return t.layout == torch.strided and not t.is_quantized and not t.is_nested and t.device.type != "meta"
 
 
 def _local_leaf(x: Any) -> torch.Tensor | None:

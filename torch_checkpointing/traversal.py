@@ -384,3 +384,17 @@ def local_tensor(value: Any) -> Any:
         return value
     with torch.no_grad():
         return value.to_local()
+
+
+def is_dense_data(t: torch.Tensor) -> bool:
+    """Whether a tensor is dense (strided), not quantized or nested, with data: its values are its memory."""
+    return t.layout == torch.strided and not t.is_quantized and not t.is_nested and t.device.type != "meta"
+
+
+def storage_freed(t: torch.Tensor) -> bool:
+    """Whether a dense tensor's storage is too small for its elements (freed with `untyped_storage().resize_(0)`,
+    as FSDP frees unsharded parameters): copying or pickling it crashed the process or sent garbage."""
+    if not is_dense_data(t) or t.numel() == 0:
+        return False
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    return t.untyped_storage().nbytes() < (t.storage_offset() + extent) * t.element_size()
