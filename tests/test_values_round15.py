@@ -208,3 +208,23 @@ def test_a_dtensor_is_judged_as_the_local_shard_its_file_holds(tmp_path: Path, m
         loaded = manager.load(str(tmp_path / "ck"))
     assert not [str(w.message) for w in caught if "model" in str(w.message)]
     assert torch.equal(loaded["model"]["w"], torch.arange(4.0))
+
+
+def test_the_partial_load_warning_says_a_safetensors_list_entry_comes_back_as_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The entry is None by the design document's rule; the warning said it was "left as it was"."""
+    import logging
+
+    from torch_checkpointing import ItemSpec
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+
+    items = {"x": ItemSpec(layout=LayoutInfo("x.safetensors", SafetensorsSerialization()))}
+    with CheckpointManager(CheckpointManager.Config(items=items, save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(str(tmp_path / "ck"), {"x": {"a": [torch.ones(1), torch.ones(1)]}})
+        template = [torch.zeros(1), torch.zeros(1), torch.full((1,), 7.0)]
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            loaded = manager.load(str(tmp_path / "ck"), into={"x": {"a": template}})
+    assert loaded["x"]["a"][2] is None
+    said = [r.getMessage() for r in caplog.records if "restored partially" in r.getMessage()]
+    assert len(said) == 1 and "x::a.2" in said[0] and "None" in said[0], said

@@ -231,7 +231,8 @@ class CheckpointLoader:
             )
         if report.missing or report.unexpected:
             logger.warning(
-                "Checkpoint %s restored partially: %d template entr(ies) not in the checkpoint, left as they were: %s; "
+                "Checkpoint %s restored partially: %d template entr(ies) not in the checkpoint, left as they were "
+                "(an entry of a list in a safetensors item comes back as None instead): %s; "
                 "%d checkpoint entr(ies) not in the template, returned too (added to its dicts and lists): %s. Pass "
                 "strict=True to refuse such loads.",
                 ctx.root,
