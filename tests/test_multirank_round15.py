@@ -53,6 +53,15 @@ def _earlier_whole(manager: CheckpointManager, path: str, expected: torch.Tensor
     return bool(torch.equal(torch.as_tensor(loaded.to_local() if hasattr(loaded, "to_local") else loaded), expected))
 
 
+class RaisingOnRank1(DTensorResharder):
+    """A custom resharder that fails on rank 1 only, after the check phase (in its own load)."""
+
+    def load(self, *args: Any, **kwargs: Any) -> Any:
+        if dist.get_rank() == 1:
+            raise RuntimeError("custom resharder failed on rank 1")
+        return super().load(*args, **kwargs)
+
+
 def save_rank(root: str) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -81,12 +90,23 @@ def save_rank(root: str) -> dict[str, Any]:
             f"{root}/shapes", into={"model": {"w": DTensor.from_local(torch.zeros(3, 2), mesh, [Shard(0)])}}
         )
         out["shapes_earlier_whole"] = bool(torch.equal(loaded["model"]["w"].to_local(), torch.ones(3, 2)))
+    with _manager({"model": ItemSpec(resharder=RaisingOnRank1())}) as manager:
+        template = torch.zeros(4)
+        try:
+            manager.load(f"{root}/one_process", into={"model": {"w": template}})
+            out["custom"] = "loaded"
+        except (CheckpointError, RuntimeError) as exc:
+            out["custom"] = f"refused: {exc}"
+        out["custom_filled"] = bool(torch.equal(template, torch.arange(4.0)))
     return out
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     root = tmp_path_factory.mktemp("round15")
+    with _manager({"model": ItemSpec(resharder=DTensorResharder())}) as manager, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a plain tensor under a resharder is recorded as replicated: said so
+        manager.save(f"{root}/one_process", {"model": {"w": torch.arange(4.0)}})  # world size 1: resharded later
     return launch(save_rank, 2, args=(str(root),), timeout=240)
 
 
@@ -113,3 +133,13 @@ def test_ranks_saving_one_tensor_of_different_global_shapes_are_refused_on_every
     for rank, out in enumerate(outcomes):
         assert out["shapes"].startswith("refused") and "global shape" in out["shapes"], (rank, out["shapes"])
         assert out["shapes_earlier_whole"], rank
+
+
+def test_a_custom_resharder_failing_on_one_rank_says_the_others_already_filled_their_templates(
+    outcomes: list[dict[str, Any]],
+) -> None:
+    """distributed.md said "nothing is restored on any rank then"; rank 0 had filled its template already."""
+    assert outcomes[1]["custom"].startswith("refused") and "rank 1" in outcomes[1]["custom"], outcomes[1]
+    rank0 = outcomes[0]
+    assert rank0["custom"].startswith("refused") and "already filled" in rank0["custom"], rank0["custom"]
+    assert rank0["custom_filled"], rank0  # what the message says is so

@@ -308,7 +308,9 @@ class CheckpointManager:
                     f"rank. Every rank must load the same id (decide it on one rank, e.g. latest_checkpoint() on "
                     f"rank 0, and broadcast it)."
                 )
-            return agree_outcome(f"{what}: restoring", transport, checked.restore)[0]
+            # A failure now (a custom resharder raising) comes after the other ranks copied: the step says so.
+            step = f"{what}: restoring (ranks that did not fail have already filled their templates)"
+            return agree_outcome(step, transport, checked.restore)[0]
 
     def _check_load(
         self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
