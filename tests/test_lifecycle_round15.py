@@ -144,10 +144,33 @@ def test_a_new_layouts_slab_is_allocated_once_neither_process_maps_the_old_one(
             return real(cls, nbytes, directory)
 
         monkeypatch.setattr(staging.SharedSlab, "allocate", classmethod(allocate))
+        baseline = _slab_mappings(os.getpid())  # other managers' slabs in this process (a test worker's)
         for n in (4096, 4096, 1024):  # the third save changes the layout
             future = manager.save(str(tmp_path / "ck"), {"m": {"w": torch.full((n,), float(n))}})
             assert future is not None
             future.result(timeout=120)
         assert torch.equal(manager.load(str(tmp_path / "ck"))["m"]["w"], torch.full((1024,), 1024.0))
-    assert seen[0][0] == 0 and len(seen) == 2, seen  # one slab per layout
-    assert seen[1] == (0, 0), seen  # neither the trainer nor the writer maps the old slab any more
+    assert len(seen) == 2 and seen[0][0] == baseline, (baseline, seen)  # one slab per layout
+    assert seen[1] == (baseline, 0), (baseline, seen)  # neither process maps the old slab any more
+
+
+def test_a_writer_killed_while_it_starts_is_said_to_be_killed(tmp_path: Path) -> None:
+    """Before: "failed to start: EOFError ... guard your script's entry point", which was not the fix."""
+    import time
+
+    with CheckpointManager(CheckpointManager.Config(save=AsyncCheckpointSaverConfig())) as manager:
+        process = manager._saver.process  # type: ignore[attr-defined]  # this manager's writer, not a neighbour's
+        deadline = time.monotonic() + 60
+        while process._starting is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        starting = process._starting
+        assert starting is not None and manager.writer_pid is None  # still importing torch: not ready yet
+        os.kill(starting.pid, signal.SIGKILL)
+        first = manager.save(str(tmp_path / "a"), {"m": {"w": torch.ones(4)}})
+        assert first is not None
+        error = first.exception(timeout=120)
+        assert isinstance(error, CheckpointError) and "killed by SIGKILL while it started" in str(error), error
+        assert "__main__" not in str(error)
+        again = manager.save(str(tmp_path / "a"), {"m": {"w": torch.ones(4)}})  # a new writer
+        assert again is not None
+        again.result(timeout=120)

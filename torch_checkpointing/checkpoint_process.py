@@ -427,7 +427,8 @@ class CheckpointProcess:
                 raise CheckpointError(f"Checkpoint writer process sent {type(hello).__name__} instead of Ready")
             self._proc, self._conn = proc, parent
         except BaseException as exc:
-            self._start_error = exc
+            self._start_error = _killed_at_start(proc) if isinstance(exc, EOFError) else None
+            self._start_error = self._start_error or exc
             self._starting = None
             _release(proc, parent)
         finally:
@@ -450,6 +451,12 @@ class CheckpointProcess:
         if self._start_error is not None:
             error, self._start_error = self._start_error, None
             self._start_in_background()  # let the next save try again
+            if isinstance(error, _WriterKilledAtStart):
+                raise CheckpointError(
+                    f"Checkpoint writer process was {_how_it_ended(error.exitcode)} while it started (the OOM "
+                    f"killer, or whatever else kills it; dmesg says). Nothing was saved; save again (the next save "
+                    f"starts a new writer)."
+                ) from error
             if isinstance(error, _WriterSetUpFailed):
                 raise CheckpointError(
                     f"Checkpoint writer process failed to start: {error.step} raised in the writer process: "
@@ -611,6 +618,26 @@ def _release(proc: Any, conn: Connection | None) -> None:
         proc.join(5)
         with contextlib.suppress(ValueError):  # still running after 5 s: its pipes stay until it is reaped
             proc.close()
+
+
+class _WriterKilledAtStart(Exception):
+    """(Trainer side.) The writer died of a signal before it said Ready: no import problem of the user's."""
+
+    def __init__(self, exitcode: int) -> None:
+        super().__init__(f"killed by signal {-exitcode} while starting")
+        self.exitcode = exitcode
+
+
+def _killed_at_start(proc: Any) -> _WriterKilledAtStart | None:
+    """Before: a writer SIGKILLed while it imported torch read as "failed to start: EOFError", with advice to
+    guard the script's entry point, which was not the fix."""
+    if proc is None:
+        return None
+    with contextlib.suppress(Exception):
+        proc.join(5)
+        if proc.exitcode is not None and proc.exitcode < 0:
+            return _WriterKilledAtStart(proc.exitcode)
+    return None
 
 
 def _how_it_ended(exitcode: int | None) -> str:
