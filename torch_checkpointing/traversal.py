@@ -394,7 +394,13 @@ def is_dense_data(t: torch.Tensor) -> bool:
 def storage_freed(t: torch.Tensor) -> bool:
     """Whether a dense tensor's storage is too small for its elements (freed with `untyped_storage().resize_(0)`,
     as FSDP frees unsharded parameters): copying or pickling it crashed the process or sent garbage."""
-    if not is_dense_data(t) or t.numel() == 0:
+    if t.layout != torch.strided or t.is_nested or t.is_meta:  # checked on every save: the cheap tests first
         return False
+    count = t.numel()
+    if count == 0:
+        return False
+    have, offset, size = t.untyped_storage().nbytes(), t.storage_offset(), t.element_size()
+    if t.is_contiguous():
+        return have < (offset + count) * size
     extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
-    return t.untyped_storage().nbytes() < (t.storage_offset() + extent) * t.element_size()
+    return have < (offset + extent) * size
