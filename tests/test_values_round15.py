@@ -228,3 +228,61 @@ def test_the_partial_load_warning_says_a_safetensors_list_entry_comes_back_as_no
     assert loaded["x"]["a"][2] is None
     said = [r.getMessage() for r in caplog.records if "restored partially" in r.getMessage()]
     assert len(said) == 1 and "x::a.2" in said[0] and "None" in said[0], said
+
+
+# ------------------------------------------------------------------------------- documented error types
+
+
+def test_a_cycle_found_in_the_async_writer_reaches_the_caller_as_a_nesting_error(tmp_path: Path) -> None:
+    """Before: after the writer's first save, a requires_copy=False value holding a cycle failed its Future with
+    a RuntimeError (NestingError did not survive the trip back from the writer process)."""
+    from torch_checkpointing import ItemSpec
+    from torch_checkpointing.traversal import NestingError
+
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    items = {"a": ItemSpec(), "b": ItemSpec(requires_copy=False)}
+    with CheckpointManager(CheckpointManager.Config(items=items, save=AsyncCheckpointSaverConfig())) as manager:
+        _save(manager, tmp_path / "warm", {"a": torch.ones(1), "b": 1})
+        with pytest.raises(NestingError, match="contains itself") as raised:
+            _save(manager, tmp_path / "x", {"a": torch.ones(1), "b": cycle})
+    assert "b" in str(raised.value)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_nul_in_a_layout_path_is_refused_naming_the_key_before_anything_is_written(
+    tmp_path: Path, sync_manager: CheckpointManager
+) -> None:
+    from torch_checkpointing import ConfigError, ItemSpec
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, TorchSerialization
+
+    sync_manager.config.items = {"a": ItemSpec(layout=LayoutInfo("a\x00.pt", TorchSerialization()))}
+    with pytest.raises(ConfigError, match=r"'a'.*NUL"):
+        sync_manager.save(str(tmp_path / "ck"), {"a": torch.ones(1)})
+    assert not (tmp_path / "ck").exists() and not list(tmp_path.iterdir())
+
+
+def test_a_load_of_an_item_the_checkpoint_lacks_is_a_key_error(tmp_path: Path, sync_manager: CheckpointManager) -> None:
+    """operations.md: such a load "raises a KeyError that lists the keys it does have"."""
+    from torch_checkpointing import TemplateMismatchError
+
+    sync_manager.save(str(tmp_path / "ck"), {"a": torch.ones(1)})
+    with pytest.raises(KeyError) as raised:
+        sync_manager.load(str(tmp_path / "ck"), into={"a": None, "b": None})
+    assert isinstance(raised.value, TemplateMismatchError)
+    assert "'b'" in str(raised.value) and "'a'" in str(raised.value) and not str(raised.value).startswith('"')
+
+
+@pytest.mark.parametrize("where", ["bogus", "cpu:3", "cuda", {"cuda:0": "cuda:7"}])
+def test_a_map_location_this_machine_cannot_use_is_a_config_error_not_a_corrupt_file(
+    tmp_path: Path, sync_manager: CheckpointManager, where: Any
+) -> None:
+    """Before: a CorruptCheckpointError ("not a readable Torch file"), so a fallback took an intact checkpoint
+    for a damaged one."""
+    from torch_checkpointing import ConfigError
+
+    if torch.cuda.is_available() and where == "cuda":
+        pytest.skip("this machine has a CUDA device: 'cuda' is a device it can use")
+    sync_manager.save(str(tmp_path / "ck"), {"a": torch.ones(1)})
+    with pytest.raises(ConfigError, match="map_location"):
+        sync_manager.load(str(tmp_path / "ck"), into={"a": None}, map_location=where)

@@ -31,6 +31,7 @@ from torch_checkpointing.errors import (
     ConfigError,
     ConfigTypeError,
     CorruptCheckpointError,
+    MissingItemError,
     TemplateMismatchError,
     undecodable,
 )
@@ -291,7 +292,7 @@ class CheckpointLoader:
                 )
             if not item.spec.required:
                 return None  # the checkpoint does not hold it: excused
-            raise TemplateMismatchError(
+            raise MissingItemError(
                 f"Checkpoint {ctx.root} has no item '{item.key}' (file {rel!r}); it holds {_held(ctx)}. Fix the "
                 f"key, save the item, or declare ItemSpec(required=False) to allow checkpoints without it."
             )
@@ -503,9 +504,46 @@ def _check_load_arguments(map_location: Any, strict: object) -> None:
     inside the decoder with a bare "'float' object is not callable"."""
     if not isinstance(strict, bool):
         raise ConfigTypeError(f"load(strict=...) must be True or False, got {strict!r}.")
-    if map_location is None or isinstance(map_location, (str, torch.device, dict)) or callable(map_location):
+    if isinstance(map_location, (str, torch.device)):
+        _check_device(map_location)
+        return
+    if isinstance(map_location, dict):
+        for device in map_location.values():
+            if isinstance(device, (str, torch.device)):
+                _check_device(device)
+        return
+    if map_location is None or callable(map_location):
         return
     raise ConfigTypeError(
         f"load(map_location=...) must be None, a str or torch.device ('cpu', 'meta'), a dict of device names or a "
         f"callable, as torch.load takes; got {map_location!r} ({type(map_location).__name__})."
     )
+
+
+def _check_device(device: str | torch.device) -> None:
+    """A device torch cannot name, or one this machine does not have, is the caller's argument, refused here.
+    It failed inside torch.load before, which read as a damaged file (`CorruptCheckpointError`): a caller that
+    falls back to an earlier checkpoint, or deletes a corrupt one, acted on an intact checkpoint."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"load(map_location={device!r}) names no device torch knows ({exc}); pass e.g. 'cpu', 'cuda:0' or 'meta'."
+        ) from None
+    if parsed.type in ("cpu", "meta"):
+        if parsed.type == "cpu" and parsed.index not in (None, 0):
+            raise ConfigError(f"load(map_location={device!r}): the CPU has no device {parsed.index}; pass 'cpu'.")
+        return
+    module = getattr(torch, parsed.type, None)
+    available = getattr(module, "is_available", None)
+    if callable(available) and not available():
+        raise ConfigError(
+            f"load(map_location={device!r}): no {parsed.type} device is available on this machine; pass 'cpu' "
+            f"(or map each stored device with a dict, e.g. {{'cuda:0': 'cpu'}})."
+        )
+    count = getattr(module, "device_count", None)
+    if parsed.index is not None and callable(count) and parsed.index >= count():
+        raise ConfigError(
+            f"load(map_location={device!r}): this machine has {count()} {parsed.type} device(s); pass one of them "
+            f"or 'cpu'."
+        )

@@ -28,6 +28,7 @@ __all__ = [
     "ConfigTypeError",
     "CorruptCheckpointError",
     "IncompleteCheckpointError",
+    "MissingItemError",
     "ObjectStoreError",
     "RefusedPickleError",
     "TemplateMismatchError",
@@ -115,6 +116,16 @@ class TemplateMismatchError(CheckpointError, ValueError):
     Also a `ValueError`: the template is the caller's argument, and a resharding load refused a model whose
     shapes changed with a bare ValueError before, which callers may still catch.
     """
+
+
+class MissingItemError(TemplateMismatchError, KeyError):
+    """A load asked for an item the checkpoint does not hold (the message lists those it does hold).
+
+    Also a `KeyError`, as the docs promise and as a missing key of a mapping is: `except KeyError` catches it.
+    """
+
+    def __str__(self) -> str:  # KeyError's own str() quotes the message
+        return str(self.args[0]) if self.args else ""
 
 
 class CommitError(CheckpointError):

@@ -104,6 +104,8 @@ def _check_layout(key: str, layout: LayoutInfo) -> None:
     path = layout.file_path
     if not isinstance(path, str) or not path or path.endswith("/"):
         raise ConfigError(f"Layout file_path for key '{key}' must name a file relative to the checkpoint, got {path!r}")
+    if "\x00" in path:  # the OS refuses it when the file is opened: mid-save, as a bare ValueError naming nothing
+        raise ConfigError(f"Layout file_path {path!r} for key '{key}' holds a NUL character; remove it.")
     if posixpath.isabs(path) or path.startswith("\\"):
         raise ConfigError(
             f"Layout file_path {path!r} for key '{key}' is absolute; it must be relative to the checkpoint "

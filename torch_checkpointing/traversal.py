@@ -66,6 +66,11 @@ class NestingError(ValueError):
         self.path, self.cycle, self.key = path, cycle, key
         super().__init__(self._describe())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by its fields, not its message: a refusal found in the async writer process reached the
+        # trainer as a RuntimeError (the default pickling called __init__ with the message alone and failed).
+        return (type(self), (self.path, self.cycle, self.key), self.__dict__)
+
     def for_item(self, key: str) -> NestingError:
         """The same refusal, naming item `key` (raise it `from None`: it says everything)."""
         return NestingError(self.path, self.cycle, key)
