@@ -34,3 +34,30 @@ def test_the_pass_after_a_save_keeps_it_when_the_policy_root_is_spelt_otherwise_
         for step in (1000, 2000, 0):  # a run restarted at step 0
             manager.save(f"run/step_{step}", {"model": {"w": torch.full((2,), float(step))}})
     assert sorted(os.listdir(tmp_path / "run")) == ["step_0", "step_2000"]
+
+
+def test_a_ctrl_c_while_the_cli_starts_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """operations.md: "130: interrupted (Ctrl-C), one line on stderr, no traceback". Before, a Ctrl-C in the
+    first seconds (while the CLI imported torch) printed a traceback through __main__.py."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "run").mkdir()
+    hit = 0
+    for delay in (0.2, 0.4, 0.6):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch_checkpointing", "ls", str(tmp_path / "run")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err, (delay, err)
+        if proc.returncode == 130:
+            hit += 1
+            assert len(err.strip().splitlines()) == 1 and "interrupted" in err, (delay, err)
+    assert hit, "no Ctrl-C landed while the CLI ran"
