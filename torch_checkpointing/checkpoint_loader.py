@@ -142,8 +142,12 @@ class CheckpointLoader:
         *,
         map_location: Any = None,
         strict: bool = False,
+        listed: list[str] | None = None,
     ) -> CheckedLoad:
-        """Phase 1: open, verify and decode everything the load reads and dry-run every template; copy nothing."""
+        """Phase 1: open, verify and decode everything the load reads and dry-run every template; copy nothing.
+
+        `listed`: the item keys the caller read from the checkpoint's manifest (a load without templates); the
+        manifest this load pins must list the same, or the id was replaced between the two reads."""
         _check_load_arguments(map_location, strict)
         no_target = sorted(i.key for i in items if i.spec.resharder is not None and i.value is None)
         if no_target:
@@ -160,6 +164,7 @@ class CheckpointLoader:
         )
         ctx = CheckpointReadContext(self.storage, checkpoint_id, policy).__enter__()
         try:
+            _check_listed(ctx, listed)
             plans, report = self._check(ctx, items, map_location, strict)
         except BaseException:
             ctx.close()
@@ -546,4 +551,18 @@ def _check_device(device: str | torch.device) -> None:
         raise ConfigError(
             f"load(map_location={device!r}): this machine has {count()} {parsed.type} device(s); pass one of them "
             f"or 'cpu'."
+        )
+
+
+def _check_listed(ctx: CheckpointReadContext, listed: list[str] | None) -> None:
+    """A load without templates takes its item list from one read of the manifest and its files from the
+    directory it pins: a save replacing the id between the two returned the new checkpoint without the items
+    the old one listed (silently), or refused an item "the checkpoint lacks"."""
+    if listed is None:
+        return
+    pinned = sorted(ctx.manifest.keys()) if ctx.manifest is not None else None
+    if pinned != sorted(listed):
+        raise CorruptCheckpointError(
+            f"Checkpoint {ctx.root} was replaced while this load ran (its manifest listed items {sorted(listed)}, "
+            f"the checkpoint now open lists {pinned}); nothing was restored. Retry the load."
         )

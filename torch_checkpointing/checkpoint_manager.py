@@ -318,14 +318,16 @@ class CheckpointManager:
         self._recheck_config()  # in the checked step: a config changed on one rank is refused on every rank
         checkpoint_id = self._checkpoint_path(checkpoint_id)
         self._saver.wait_for_write_of(checkpoint_id)
+        listed: list[str] | None = None
         if into is None and not self.config.items:
             # Self-describing: every item, read with the layout and (safe) format its manifest records.
             layouts = self_describing_layouts(self._storage, str(checkpoint_id), self._ctx.rank, self._ctx.world_size)
             items = [ResolvedItem(k, None, ItemSpec(layout=lay), lay, False) for k, lay in layouts.items()]
+            listed = list(layouts)  # the pinned manifest must list the same (a replace between the two reads)
         else:
             into = dict.fromkeys(self.config.items) if into is None else into
             items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
-        return self._loader.check(str(checkpoint_id), items, map_location=map_location, strict=strict)
+        return self._loader.check(str(checkpoint_id), items, map_location=map_location, strict=strict, listed=listed)
 
     def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:
         """Allocate (and fill) the async staging buffers ahead of the first save."""

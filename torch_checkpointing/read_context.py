@@ -233,6 +233,14 @@ class CheckpointReadContext:
                 self._by_path[name] = FileRecord("<sharding metadata>", 0, name, m.metadata_size, m.metadata_crc32, {})
 
     def _no_manifest(self) -> None:
+        if self._dirfd is not None and os.fstat(self._dirfd).st_nlink == 0:
+            # The directory this load pinned was removed since it was opened (a save replaced the id, or a
+            # prune deleted it): its manifest is gone with it, which is no legacy checkpoint. Taken for one, a
+            # load with only optional items returned {} and restored nothing.
+            raise CorruptCheckpointError(
+                f"Checkpoint {self.root} was replaced or deleted while this load ran (the directory it opened is "
+                f"gone); nothing was restored. Retry the load."
+            )
         if not self.storage.atomic_rename:
             # Object stores (issue 14): the manifest, written last, IS the commit. Files without one are a save
             # still running or one that died; the published release never wrote to such a store.
