@@ -31,6 +31,7 @@ from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.storage.fsspec_storage import url_scheme
 
 __all__ = [
     "CheckpointInfo",
@@ -72,22 +73,18 @@ def default_storage() -> Storage:
     return LocalFileSystemStorageConfig(use_direct_io=False).create_storage()
 
 
-_URL_ROOT = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+(.*)$", re.DOTALL)  # `Path` folds `s3://b` into `s3:/b`
-
-
 def storage_for(where: str | os.PathLike[str]) -> Storage:
     """The storage a root or checkpoint path names when the caller passes none: for a URL (`s3://bucket/run`)
     its object store, configured from the environment as a manager built without a storage config picks it;
     else the local filesystem. Before, a URL was looked up as a local path: `latest_checkpoint("s3://b/run")`
     found nothing and a resume started from scratch, without a word."""
-    match = _URL_ROOT.match(os.fspath(where))
-    if match is None:
+    scheme = url_scheme(where)
+    if scheme is None:
         return default_storage()
-    scheme = match.group(1).lower()
     if scheme in LOCAL_SCHEMES:
         raise ConfigError(
-            f"{os.fspath(where)!r} is a {scheme}:// URL; pass the local path it names ({match.group(2)!r} after the "
-            f"scheme, e.g. '/{match.group(2).lstrip('/')}')."
+            f"{os.fspath(where)!r} is a {scheme}:// URL; pass the local path it names (e.g. "
+            f"'/{_after_scheme(os.fspath(where))}')."
         )
     return fsspec_storage_for(scheme, os.fspath(where))
 
@@ -95,8 +92,13 @@ def storage_for(where: str | os.PathLike[str]) -> Storage:
 def spelt(path: Path) -> str:
     """`path` as an id: a URL's `scheme://` put back where `Path` folded it, so that a manager built without a
     storage config recognises the store (it read `s3:/b/run/step_5` as a local path)."""
-    match = _URL_ROOT.match(str(path))
-    return f"{match.group(1)}://{match.group(2)}" if match is not None else str(path)
+    text = str(path)
+    return text if url_scheme(text) is None else f"{text.split(':', 1)[0]}://{_after_scheme(text)}"
+
+
+def _after_scheme(url: str) -> str:
+    """`s3://b/run` (or `Path`'s `s3:/b/run`) without its scheme and slashes: `b/run`."""
+    return url.split(":", 1)[1].lstrip("/")
 
 
 @dataclass(frozen=True)

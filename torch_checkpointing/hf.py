@@ -68,6 +68,7 @@ from torch_checkpointing.source_reader import (
     open_source_file,
 )
 from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.fsspec_storage import url_scheme
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves, local_tensor
 from torch_checkpointing.types import NestedPath
 from torch_checkpointing.walk_utils import MISSING
@@ -585,10 +586,10 @@ def _enclosing_checkpoint(target: Path) -> Path | None:
 
 def _check_local_out_dir(out_dir: str | os.PathLike[str]) -> None:
     """An export is written to a local directory: a URL there made a local folder named `s3:`."""
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):/", os.fspath(out_dir))
+    scheme = url_scheme(out_dir)
     if scheme is not None:
         raise ConfigError(
-            f"The export's output {os.fspath(out_dir)!r} is a {scheme.group(1)}:// URL, but an export is written to "
+            f"The export's output {os.fspath(out_dir)!r} is a {scheme}:// URL, but an export is written to "
             f"a local directory (and fsynced there). Export to a local path, then upload that folder "
             f"(`huggingface-cli upload`, `aws s3 sync`)."
         )

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.traversal import dotted_key, iter_leaves, storage_freed
+from torch_checkpointing.traversal import dotted_key, freed_storage_said, iter_leaves, storage_freed
 from torch_checkpointing.types import NestedPath
 
 __all__ = ["SUB_BYTE_DTYPES", "OutOfBand", "dumps_out_of_band", "plain_pickle_keeps", "unpicklable"]
@@ -172,11 +172,7 @@ class _OutOfBandPickler(_WholePickler):
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor) and _goes_out_of_band(obj):
             if storage_freed(obj):
-                raise ValueError(
-                    f"a tensor of shape {tuple(obj.shape)} whose storage holds {obj.untyped_storage().nbytes()} "
-                    f"bytes, fewer than its elements need (freed with untyped_storage().resize_(0), as FSDP does "
-                    f"with unsharded parameters): save the sharded state, or leave it out of the save"
-                )
+                raise ValueError(f"{freed_storage_said(obj)}: save the sharded state, or leave it out of the save")
             args = (self._storage(obj), obj.dtype, obj.storage_offset(), tuple(obj.shape), obj.stride())
             return _tensor_from_storage, (*args, obj.requires_grad)
         return super().reducer_override(obj)

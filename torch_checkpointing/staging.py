@@ -34,6 +34,7 @@ from torch_checkpointing.traversal import (
     NestingError,
     any_leaf,
     dotted_key,
+    freed_storage_said,
     is_dense_data,
     iter_leaves,
     leaves,
@@ -552,10 +553,8 @@ def meta_tensor_refusal(key: str, value: Any, who: str) -> ValueError | None:
 
 def freed_refusal(who: str, where: str, t: torch.Tensor) -> ValueError:
     return ValueError(
-        f"{who} '{where}': it is a tensor of shape {tuple(t.shape)} whose storage holds "
-        f"{t.untyped_storage().nbytes()} bytes, fewer than its elements need (freed with "
-        f"untyped_storage().resize_(0), as FSDP does with unsharded parameters): copying it crashes the process. "
-        f"Save the sharded state (model.state_dict() outside forward/backward), or leave it out of the save."
+        f"{who} '{where}': it is {freed_storage_said(t)}: copying it crashes the process. Save the sharded "
+        f"state (model.state_dict() outside forward/backward), or leave it out of the save."
     )
 
 

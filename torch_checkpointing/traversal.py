@@ -396,6 +396,14 @@ def is_dense_data(t: torch.Tensor) -> bool:
     return t.layout == torch.strided and not t.is_quantized and not t.is_nested and t.device.type != "meta"
 
 
+def freed_storage_said(t: torch.Tensor) -> str:
+    """What is wrong with a tensor `storage_freed` finds, for the messages that refuse it."""
+    return (
+        f"a tensor of shape {tuple(t.shape)} whose storage holds {t.untyped_storage().nbytes()} bytes, fewer than "
+        f"its elements need (freed with untyped_storage().resize_(0), as FSDP does with unsharded parameters)"
+    )
+
+
 def storage_freed(t: torch.Tensor) -> bool:
     """Whether a dense tensor's storage is too small for its elements (freed with `untyped_storage().resize_(0)`,
     as FSDP frees unsharded parameters): copying or pickling it crashed the process or sent garbage."""

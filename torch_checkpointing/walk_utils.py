@@ -17,7 +17,15 @@ from typing import Any
 import torch
 
 from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError
-from torch_checkpointing.traversal import NestingError, is_container, is_sequence, local_tensor, rebuild, storage_freed
+from torch_checkpointing.traversal import (
+    NestingError,
+    freed_storage_said,
+    is_container,
+    is_sequence,
+    local_tensor,
+    rebuild,
+    storage_freed,
+)
 from torch_checkpointing.types import CheckpointPath, NestedPath
 
 __all__ = [
@@ -439,9 +447,7 @@ def check_writable(where: object, target: torch.Tensor) -> None:
         )
     if storage_freed(target):
         raise TemplateMismatchError(
-            f"Template at {where} is a tensor of shape {tuple(target.shape)} whose storage holds "
-            f"{target.untyped_storage().nbytes()} bytes, fewer than its elements need (freed with "
-            f"untyped_storage().resize_(0)): copying into it crashes the process. {fix}"
+            f"Template at {where} is {freed_storage_said(target)}: copying into it crashes the process. {fix}"
         )
     if _overlaps_itself(target):
         raise TemplateMismatchError(
