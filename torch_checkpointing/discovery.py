@@ -183,35 +183,38 @@ def still_there(storage: Storage, path: Path) -> bool:
         return True  # cannot tell: the safe side is to report what was found
 
 
-def require_directory(storage: Storage, path: Path, what: str) -> None:
-    """Raise unless `path` is a directory: FileNotFoundError when nothing is there, NotADirectoryError (naming
-    what was expected) when it is a file, so a user who passed a checkpoint's file learns what to pass."""
+def require_directory(storage: Storage, path: Path, what: str, missing: str | None = None) -> None:
+    """Raise unless `path` is a directory: FileNotFoundError when nothing is there (saying `missing`, by
+    default "<path>: no such directory."), NotADirectoryError (naming what was expected) when it is a file, so
+    a user who passed a checkpoint's file learns what to pass."""
+    missing = f"{path}: no such directory." if missing is None else missing
     local = storage.local_path(path)
     if local is not None:
-        _require_local_directory(path, local, what)  # one look: a save or a deletion may be under way there
+        _require_local_directory(path, local, what, missing)  # one look: a save or a deletion may be under way
         return
     if storage.isdir(path):
         return
     if storage.exists(path):
         raise NotADirectoryError(f"{path} is a file, not a directory: pass {what}")
-    raise FileNotFoundError(f"{path}: no such directory.")
+    raise FileNotFoundError(missing)
 
 
-def _require_local_directory(path: Path, local: str, what: str) -> None:
+def _require_local_directory(path: Path, local: str, what: str, missing: str) -> None:
     try:
         mode = os.stat(local).st_mode
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such directory.{previous_copy_hint(local)}") from None
+        raise FileNotFoundError(f"{missing}{previous_copy_hint(local)}") from None
     except OSError as exc:  # a link loop, a name too long
         raise NotADirectoryError(f"{path} cannot be opened as a directory ({exc.strerror}): pass {what}") from None
     if not stat.S_ISDIR(mode):
         raise NotADirectoryError(f"{path} is a file, not a directory: pass {what}")
 
 
-def committed_manifest(storage: Storage, path: Path) -> Manifest:
+def committed_manifest(storage: Storage, path: Path, missing: str | None = None) -> Manifest:
     """The manifest of the committed checkpoint at `path`, for a caller that needs one: a missing directory is
-    a FileNotFoundError, a directory without a manifest an `IncompleteCheckpointError`, both naming `path`."""
-    require_directory(storage, path, "a checkpoint directory (the one that holds manifest.json)")
+    a FileNotFoundError (saying `missing`, see require_directory), a directory without a manifest an
+    `IncompleteCheckpointError`, both naming `path`."""
+    require_directory(storage, path, "a checkpoint directory (the one that holds manifest.json)", missing)
     manifest = read_manifest(storage, path)
     if manifest is None:
         raise IncompleteCheckpointError(f"{path}: no {MANIFEST_FILE_NAME}: not a checkpoint")
@@ -662,7 +665,9 @@ def self_describing_layouts(
     from that one record. JSON items come back as plain JSON: a recorded class name is never imported (the
     manifest is untrusted input). `keys` restricts the result and names the checkpoint's keys on a typo.
     """
-    manifest = committed_manifest(storage, Path(checkpoint_id))
+    # A load's own wording for a missing id (API_SURFACE §2.4), whether or not into= was given.
+    missing = f"Checkpoint path {checkpoint_id} does not exist."
+    manifest = committed_manifest(storage, Path(checkpoint_id), missing)
     available = sorted(manifest.keys())
     wanted = available if keys is None else keys
     unknown = [k for k in wanted if k not in available]
