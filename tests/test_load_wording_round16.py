@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager
+from torch_checkpointing import CheckpointManager, CorruptCheckpointError
 
 
 @pytest.mark.parametrize("with_into", [False, True], ids=["self-describing", "into"])
@@ -22,3 +22,36 @@ def test_a_missing_checkpoint_is_named_as_the_api_surface_says_with_or_without_i
     with pytest.raises(FileNotFoundError) as caught:
         manager.load(str(missing), **kwargs)
     assert str(caught.value).startswith(f"Checkpoint path {missing} does not exist."), str(caught.value)
+
+
+@pytest.mark.parametrize("with_into", [False, True], ids=["self-describing", "into"])
+def test_a_load_whose_pinned_directory_is_deleted_says_it_lost_a_race_and_to_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_into: bool
+) -> None:
+    """Issue 10.8: "a load that loses the race raises, and a retry succeeds". When the directory a load pinned
+    is removed under it (another process replaced the id), its item files vanish; the load said "listed in the
+    checkpoint's manifest but missing: the checkpoint was damaged, or ..." although the pinned directory being
+    gone says for certain it was the race, which a retry resolves."""
+    import shutil
+
+    from torch_checkpointing.config import SyncCheckpointSaverConfig
+    from torch_checkpointing.read_context import CheckpointReadContext
+
+    path = tmp_path / "step1"
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(str(path), {"w": torch.arange(4.0)})
+        real_open = CheckpointReadContext._open
+
+        def open_then_lose_the_race(self: CheckpointReadContext) -> None:
+            real_open(self)
+            shutil.rmtree(path)  # what a replace of the id does to the directory this load holds
+
+        monkeypatch.setattr(CheckpointReadContext, "_open", open_then_lose_the_race)
+        template = torch.zeros(4)
+        kwargs = {"into": {"w": template}} if with_into else {}
+        with pytest.raises(CorruptCheckpointError) as caught:
+            manager.load(str(path), **kwargs)
+        said = str(caught.value)
+        assert "was replaced or deleted while this load ran" in said and "directory it opened is gone" in said, said
+        assert "Retry the load" in said, said
+        assert torch.equal(template, torch.zeros(4))

@@ -232,15 +232,22 @@ class CheckpointReadContext:
             if m.metadata_size is not None and m.metadata_crc32 is not None:
                 self._by_path[name] = FileRecord("<sharding metadata>", 0, name, m.metadata_size, m.metadata_crc32, {})
 
+    def _pinned_gone(self) -> bool:
+        """Whether the directory this load pinned was removed since it was opened (a save replaced the id, or a
+        prune deleted it): then every file missing from it is that race, not damage."""
+        return self._dirfd is not None and os.fstat(self._dirfd).st_nlink == 0
+
+    def _replaced(self) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"Checkpoint {self.root} was replaced or deleted while this load ran (the directory it opened is "
+            f"gone); nothing was restored. Retry the load."
+        )
+
     def _no_manifest(self) -> None:
-        if self._dirfd is not None and os.fstat(self._dirfd).st_nlink == 0:
-            # The directory this load pinned was removed since it was opened (a save replaced the id, or a
-            # prune deleted it): its manifest is gone with it, which is no legacy checkpoint. Taken for one, a
-            # load with only optional items returned {} and restored nothing.
-            raise CorruptCheckpointError(
-                f"Checkpoint {self.root} was replaced or deleted while this load ran (the directory it opened is "
-                f"gone); nothing was restored. Retry the load."
-            )
+        if self._pinned_gone():
+            # Its manifest is gone with it, which is no legacy checkpoint. Taken for one, a load with only
+            # optional items returned {} and restored nothing.
+            raise self._replaced()
         if not self.storage.atomic_rename:
             # Object stores (issue 14): the manifest, written last, IS the commit. Files without one are a save
             # still running or one that died; the published release never wrote to such a store.
@@ -384,6 +391,8 @@ class CheckpointReadContext:
             raise
 
     def _missing(self, rel: str, what: str) -> CheckpointError:
+        if self._pinned_gone():
+            return self._replaced()
         if self.manifest is not None:
             return CorruptCheckpointError(
                 f"File {self.root / rel} ({what}) is listed in the checkpoint's manifest but missing: the checkpoint "
