@@ -318,6 +318,7 @@ class CheckpointLoader:
         if resharder is None or resharder.skip_resharding or metadata is None:
             return None
         source = metadata.metadata.get(item.key)
+        _refuse_partial_targets(item)
         extracted = resharder.extract_sharding_metadata(item.key, item.value)
         check_extracted(type(resharder).__name__, item.key, extracted)  # the load's target, checked as a save's
         target = extracted or None
@@ -453,6 +454,15 @@ def _warn_unchecked_ties(plans: list[_Direct | _Reshard], copies: list[_Copy]) -
                 b,
                 owner,
             )
+
+
+def _refuse_partial_targets(item: ResolvedItem) -> None:
+    """A DTensorResharder's target metadata refused a Partial DTensor in words for a save: the load says it."""
+    from torch_checkpointing.dtensor_metadata import refuse_partial_targets
+    from torch_checkpointing.dtensor_resharder import DTensorResharder
+
+    if isinstance(item.spec.resharder, DTensorResharder):
+        refuse_partial_targets(item.key, item.value)
 
 
 def _tensors_not_in_template(plan: _Reshard) -> list[CheckpointPath]:

@@ -55,6 +55,7 @@ from torch_checkpointing.traversal import (
     is_container,
     join_key,
 )
+from torch_checkpointing.types import NestedPath
 
 if TYPE_CHECKING:
     from torch_checkpointing.source_reader import ReadStats, SourceFile
@@ -865,25 +866,48 @@ save with a bare RecursionError, or saved and then failed a load called from dee
 
 def _check_json_tree(key: str, value: Any) -> None:
     """Refuse, naming the path, what JSON would not give back as saved: a leaf JSON cannot hold (a set, bytes,
-    a tensor), a non-str dict key (an int key loads back as a str and silently misses its template slot),
-    nesting deeper than `JSON_MAX_DEPTH` (a value that contains itself included), and an int too long for
-    Python's int-to-str limit (a bare ValueError from `json.dumps`, or a file no load reads). Iterative, so the
-    walk itself never hits the recursion limit."""
-    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    a tensor), a non-str dict key (an int key loads back as a str and silently misses its template slot), a
+    value that contains itself (a `NestingError`, as every other walk refuses a cycle), nesting deeper than
+    `JSON_MAX_DEPTH`, and an int too long for Python's int-to-str limit (a bare ValueError from `json.dumps`,
+    or a file no load reads). Iterative, so the walk itself never hits the recursion limit."""
+    stack: list[tuple[Any, NestedPath, str, int]] = [(value, (), "", 0)]
+    on_path: set[int] = set()
     while stack:
-        node, where, depth = stack.pop()
+        node, path, where, depth = stack.pop()
+        if type(node) is _LeftContainer:
+            on_path.discard(node.node_id)
+            continue
         kids = _json_children(node)
-        if kids is not None:
-            if depth >= JSON_MAX_DEPTH:
-                raise _too_deep(key, where)
-            for k, v in kids:
-                if isinstance(node, Mapping):
-                    _check_json_key(key, k, join_key(where, k))
-                stack.append((v, join_key(where, k), depth + 1))
-        elif not isinstance(node, _JSON_LEAVES):
-            raise _not_json(key, node, where)
-        elif type(node) is int and node.bit_length() > _LONG_INT_BITS:
-            _check_int_digits(key, node, where)
+        if kids is None:
+            _check_json_leaf(key, node, where)
+            continue
+        if id(node) in on_path:
+            raise NestingError(path, cycle=True).for_item(key)
+        if depth >= JSON_MAX_DEPTH:
+            raise _too_deep(key, where)
+        on_path.add(id(node))
+        stack.append((_LeftContainer(id(node)), path, where, depth))
+        for k, v in kids:
+            if isinstance(node, Mapping):
+                _check_json_key(key, k, join_key(where, k))
+            stack.append((v, (*path, k), join_key(where, k), depth + 1))
+
+
+class _LeftContainer:
+    """Pushed under a container's children in `_check_json_tree`: popping it means the walk has left that
+    container, so meeting it again later is a shared subtree, not a cycle."""
+
+    __slots__ = ("node_id",)
+
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+
+
+def _check_json_leaf(key: str, node: Any, where: str) -> None:
+    if not isinstance(node, _JSON_LEAVES):
+        raise _not_json(key, node, where)
+    if type(node) is int and node.bit_length() > _LONG_INT_BITS:
+        _check_int_digits(key, node, where)
 
 
 _JSON_LEAVES = (str, int, float, type(None))
@@ -934,7 +958,7 @@ def _check_int_digits(key: str, value: int, where: str) -> None:
 def _too_deep(key: str, where: str) -> ValueError:
     return ValueError(
         f"JsonSerialization cannot encode item '{key}': the value at '{_at(key, where)}' is nested more than "
-        f"{JSON_MAX_DEPTH} levels deep (or contains itself), deeper than a JSON file is read back. Flatten it, "
+        f"{JSON_MAX_DEPTH} levels deep, deeper than a JSON file is read back. Flatten it, "
         f"or use TorchSerialization."
     )
 

@@ -16,7 +16,8 @@ import torch
 
 from torch_checkpointing.codecs import dtype_from_name
 from torch_checkpointing.distributed_metadata import ShardingMetadata, decode_rank_list, encode_rank_list
-from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.errors import CheckpointError, TemplateMismatchError
+from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -31,6 +32,7 @@ __all__ = [
     "StridedShardSpec",
     "get_device_mesh_spec",
     "placement_spec_from_dict",
+    "refuse_partial_targets",
 ]
 
 
@@ -284,6 +286,26 @@ def _placement_to_spec(placement: Placement, where: str) -> PlacementSpec:
         "Checkpoints support Shard, _StridedShard and Replicate placements; a Partial DTensor holds "
         "unreduced values, so redistribute it (e.g. dt.redistribute(placements=[Replicate()])) before saving."
     )
+
+
+def refuse_partial_targets(item_key: str, template: Any) -> None:
+    """Refuse a load into a template that holds a DTensor with a Partial placement, before anything is copied.
+
+    A Partial DTensor's local tensor is an unreduced addend, not a slice of the global value, so no load can
+    write what was saved into it. The refusal names the load (the metadata extraction that found it before
+    spoke of saving) and the placements to use instead."""
+    from torch.distributed.tensor import Partial
+
+    for path, leaf in iter_leaves(template):
+        if is_dtensor(leaf) and any(isinstance(p, Partial) for p in leaf.placements):
+            dotted = dotted_key(path)
+            where = f"{item_key}::{dotted}" if item_key and dotted else item_key or dotted
+            raise TemplateMismatchError(
+                f"The load target at {where} is a DTensor with placements {tuple(leaf.placements)}; a Partial "
+                f"DTensor cannot be a load target (its local tensor holds unreduced values, not a slice of the "
+                f"saved tensor). Nothing was loaded. Load into a DTensor with Replicate or Shard placements, e.g. "
+                f"template = dt.redistribute(placements=[Replicate()]) before loading."
+            )
 
 
 @dataclass(frozen=True)
