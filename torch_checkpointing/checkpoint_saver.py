@@ -25,6 +25,7 @@ from torch_checkpointing.checkpoint_writer import (
     CheckpointWriterConfig,
     SavePlan,
     WriteEntry,
+    committed_before_interrupt,
     refuse_unanswered,
     write_checkpoint,
 )
@@ -656,6 +657,18 @@ def log_committed(plan: SavePlan, nbytes: int, blocked_s: float) -> None:
 
 def log_failed(plan: SavePlan, exc: BaseException) -> None:
     """Never raises (`log_safely`): the failed save's own error is what its caller and its Future get."""
+    if committed_before_interrupt(exc):  # a signal handler's exception, raised once the save was in place
+        log_safely(
+            logger,
+            logging.WARNING,
+            "Checkpoint save of %s (rank %d) was interrupted right after its commit; the checkpoint is in place: "
+            "%s: %s",
+            plan.checkpoint_dir,
+            plan.rank,
+            type(exc).__name__,
+            exc,
+        )
+        return
     log_safely(
         logger,
         logging.ERROR,

@@ -49,6 +49,7 @@ __all__ = [
     "SavePlan",
     "WriteEntry",
     "WriteRequest",
+    "committed_before_interrupt",
     "refuse_unanswered",
     "write_checkpoint",
 ]
@@ -276,19 +277,33 @@ def _as_reported(signalled: tuple[int, BaseException], checkpoint_dir: str, comm
     SIGTERM) raised inside torch.save came out as torch's zip-writer RuntimeError ("unexpected pos"), which reads
     like disk corruption, and a SystemExit lost its exit status. Ctrl-C under Python's default handler becomes a
     KeyboardInterrupt whose message says it; any other handler's own exception is raised as itself, with a note
-    (and a log line) saying it. (`committed`: the signal may land after the swap.)
+    (and a log line) saying it. (`committed`: the signal may land after the swap, which replaced any earlier
+    checkpoint: the message then says the new one is in place.)
     """
     signum, exc = signalled
-    state = "it was committed" if committed else f"nothing was committed at {checkpoint_dir}"
+    if committed:  # the swap has replaced any earlier checkpoint: it is not "intact" any more
+        state = "it was committed before the signal landed; the new checkpoint is in place"
+    else:
+        state = f"nothing was committed at {checkpoint_dir}; an earlier checkpoint there, if any, is intact"
     what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-    said = f"Checkpoint save of {checkpoint_dir} interrupted ({what}): {state}; an earlier checkpoint there, if any, "
-    said += "is intact."
+    said = f"Checkpoint save of {checkpoint_dir} interrupted ({what}): {state}."
     if type(exc) is KeyboardInterrupt and not exc.args:  # Python's own Ctrl-C: the message is ours to give
-        return KeyboardInterrupt(said)
-    log_safely(logger, logging.WARNING, "%s (the signal handler raised %s)", said, type(exc).__name__)
-    if sys.version_info >= (3, 11):
-        exc.add_note(said)
+        exc = KeyboardInterrupt(said)
+    else:
+        log_safely(logger, logging.WARNING, "%s (the signal handler raised %s)", said, type(exc).__name__)
+        if sys.version_info >= (3, 11):
+            exc.add_note(said)
+    setattr(exc, _COMMITTED_ATTR, committed)
     return exc
+
+
+_COMMITTED_ATTR = "_torch_checkpointing_committed_before_interrupt"
+
+
+def committed_before_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` is a signal handler's exception that landed after its save had committed (`_as_reported`
+    found so): the save's failure log must not say that nothing was committed."""
+    return getattr(exc, _COMMITTED_ATTR, False) is True
 
 
 def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress) -> int:

@@ -45,7 +45,8 @@ from torch_checkpointing.manifest import (
     read_regular_file,
     read_stored_bounded,
 )
-from torch_checkpointing.names import fit_name
+from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name
+from torch_checkpointing.signals import signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
@@ -514,7 +515,12 @@ class Commit:
             # Checked again after the fsyncs, not before: whatever appeared at the id meanwhile is looked at.
             replacing = check_target(self.storage, self.target.final, self.target.overwrite)
             still_wanted()
-            self._swap(manifest_bytes, replacing)
+            # A signal handler's exception (a preemption handler's sys.exit()) landing between the swap and the
+            # removal of the replaced copy left that copy beside the id; its handler runs once both are done.
+            with signals_deferred(f"committing {self.target.final}", quiet=True):
+                self._swap(manifest_bytes, replacing)
+                self._sync_parent()
+            return
         else:
             # Here the id is the root itself. The manifest goes first and the marker last (the commit): a crash
             # in between leaves both, which readers take as incomplete and gc collects as ours (marker first
@@ -524,6 +530,9 @@ class Commit:
             still_wanted()
             self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)
             self.storage.delete(root / INCOMPLETE_MARKER)
+        self._sync_parent()
+
+    def _sync_parent(self) -> None:
         self._after_commit(lambda: self.storage.sync_directory(Path(self.target.final).parent), "sync its parent")
 
     def _check_visible(self, manifest: Manifest) -> None:
@@ -561,7 +570,7 @@ class Commit:
                 self.storage.replace_directory(tmp, final)
             else:
                 self.storage.rename(tmp, final, is_directory=True)
-        except Exception as exc:
+        except BaseException as exc:
             if not self._visible(manifest_bytes):
                 if isinstance(exc, OSError) and exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                     raise CommitError(
@@ -570,17 +579,38 @@ class Commit:
                         f"it is. Save to another id, or retry once it is gone."
                     ) from exc
                 raise
-            log_safely(
-                logger,
-                logging.WARNING,
-                "Checkpoint %s is committed, but the checkpoint it replaced could not be removed (%s: %s); "
-                "delete any leftover .old_*/.tmp-* entries beside it by hand.",
-                final,
-                type(exc).__name__,
-                exc,
-            )
+            self._warn_left_behind(exc)
+            if not isinstance(exc, Exception):  # a signal handler's: it ends the save as the handler meant
+                raise
         if self.storage.exists(tmp):
             self._after_commit(lambda: self.storage.rmdir(tmp), f"remove the replaced checkpoint at {tmp}")
+
+    def _warn_left_behind(self, exc: BaseException) -> None:
+        """Name what the interrupted or failed removal of the replaced checkpoint left beside the id, for gc."""
+        left = self._left_behind()
+        parent = Path(self.target.final).parent
+        log_safely(
+            logger,
+            logging.WARNING,
+            "Checkpoint %s is committed, but the removal of the checkpoint it replaced was stopped (%s: %s); left "
+            "beside it: %s. `torch-checkpointing gc %s` removes it once this process is gone (or delete it by hand).",
+            self.target.final,
+            type(exc).__name__,
+            exc,
+            ", ".join(left) or "nothing",
+            parent,
+        )
+
+    def _left_behind(self) -> list[str]:
+        """This process's hidden copies of the replaced checkpoint: the swapped-out temporary, or its aside."""
+        final, tmp = Path(self.target.final), Path(self.target.tmp)
+        try:
+            names = self.storage.ls(final.parent)
+        except Exception:
+            return [str(tmp)]
+        mine = (m for n in names if (m := ASIDE_RE.match(n)) is not None and int(m["pid"]) == os.getpid())
+        asides = [m.string for m in mine if aside_of(m.string, [final.name]) == final.name]
+        return [str(final.parent / n) for n in sorted(asides + [tmp.name] * (tmp.name in names))]
 
     def _visible(self, manifest_bytes: bytes) -> bool:
         try:
@@ -589,9 +619,10 @@ class Commit:
             return False
 
     def _after_commit(self, action: Callable[[], None], what: str) -> None:
+        """Run a step after the commit: its failure is a WARNING; a signal handler's exception is raised too."""
         try:
             action()
-        except Exception as exc:
+        except BaseException as exc:
             log_safely(
                 logger,
                 logging.WARNING,
@@ -601,6 +632,8 @@ class Commit:
                 type(exc).__name__,
                 exc,
             )
+            if not isinstance(exc, Exception):
+                raise
 
     def discard(self) -> None:
         """Remove what this save wrote (never a committed checkpoint); a failure is only logged."""

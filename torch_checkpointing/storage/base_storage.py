@@ -163,9 +163,26 @@ class Storage(ABC):
             try:
                 self.rename(src, dst, is_directory=True)
             except BaseException:
-                self._put_back(aside, dst)
+                # A signal handler can raise once the rename is done: `dst` is then the new checkpoint, and
+                # putting the old one back would fail (and say so wrongly).
+                if self._moved(src, dst):
+                    _log.warning(
+                        "Checkpoint %s was moved into place, but the replace was interrupted right after; the "
+                        "replaced copy is left at %s (gc removes it once this process is gone).",
+                        dst,
+                        aside,
+                    )
+                else:
+                    self._put_back(aside, dst)
                 raise
             self._remove_replaced(aside, dst)
+
+    def _moved(self, src: Path, dst: Path) -> bool:
+        """Whether a rename of `src` to `dst` took effect (asked after it raised)."""
+        try:
+            return not self.exists(src) and self.exists(dst)
+        except Exception:
+            return False
 
     def _remove_replaced(self, aside: Path, dst: Path) -> None:
         try:
