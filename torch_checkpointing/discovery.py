@@ -195,6 +195,10 @@ def require_directory(storage: Storage, path: Path, what: str, missing: str | No
     if storage.isdir(path):
         return
     if storage.exists(path):
+        # Two lookups, not one: on an object store a save of the id may have started between them (its marker
+        # makes the prefix). Only a second "no prefix" makes it a file; a prefix now is read (incomplete) as such.
+        if storage.isdir(path):
+            return
         raise NotADirectoryError(f"{path} is a file, not a directory: pass {what}")
     raise FileNotFoundError(missing)
 
