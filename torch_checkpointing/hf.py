@@ -195,10 +195,21 @@ class _ItemSource:
         return self._open[rank]
 
     def _path(self, rank: int) -> str:
+        """Rank `rank`'s file of the item: the manifest's record, else the one metadata.json names, which must
+        be a file the manifest lists for the item (one file shared by every rank); any other was refused by the
+        read context as "does not exist", a false reason for a file that is there but is no part of the item."""
         if rank in self._paths:
             return self._paths[rank]
         assert self.item_metadata is not None
-        return self.item_metadata.get_layout(rank, self.key).file_path
+        path = self.item_metadata.get_layout(rank, self.key).file_path
+        if path not in self._paths.values():
+            raise CorruptCheckpointError(
+                f"{self.checkpoint / METADATA_FILE_NAME} is damaged or crafted: it names {path} as rank {rank}'s "
+                f"file of item '{self.key}', but {self.checkpoint / MANIFEST_FILE_NAME} lists no such file of that "
+                f"item (its files: {sorted(set(self._paths.values()))}). Nothing was exported; export from an "
+                f"intact checkpoint."
+            )
+        return path
 
     def plans(self) -> list[_TensorPlan]:
         """Every tensor of the item, in the saving rank's order, planned from metadata and headers only."""
@@ -239,6 +250,7 @@ class _ItemSource:
             source = self._source(self.plain_rank)  # one open of the file, shared with the block reads
             _check_tensor_names(source.entry(()), f"{self.checkpoint}::{self.key}")
             _refuse_sparse(source.entry(()), f"{self.checkpoint}::{self.key}")
+            _refuse_expanded(source.entry(()), self.checkpoint / self._path(self.plain_rank), self.key)
             self._flat = FlatTensors(source)
         return self._flat
 
@@ -335,6 +347,22 @@ def _refuse_sparse(value: Any, what: str) -> None:
             )
 
 
+def _refuse_expanded(value: Any, file: Path, key: str) -> None:
+    """A tensor with more elements than its storage holds (a stride-0 `expand`), refused as crafted: no save of
+    ours writes one (they are written dense), and an export writes it dense, so a file of a few bytes became a
+    shard of any size (and the memory to assemble it): a crafted 1.5 KB checkpoint exported 512 MiB."""
+    for path, leaf in iter_leaves(value) if value is not MISSING else ():
+        if not isinstance(leaf, torch.Tensor) or leaf.layout != torch.strided:
+            continue
+        needed = leaf.numel() * leaf.element_size()
+        if needed > leaf.untyped_storage().nbytes():
+            raise CorruptCheckpointError(
+                f"{file} is damaged or crafted: the tensor at path {path!r} of item '{key}' has {tuple(leaf.shape)} "
+                f"elements ({needed} bytes) over a storage of {leaf.untyped_storage().nbytes()} bytes (a stride-0 "
+                f"view), which no save writes. Nothing was exported; export from an intact checkpoint."
+            )
+
+
 def _check_unique_names(plans: list[_TensorPlan], what: str) -> None:
     """Refuse two planned tensors of one name (sharded paths from metadata.json included): a shard file and the
     index hold one tensor per name."""
@@ -415,7 +443,7 @@ def export_hf(
     already holds an export is refused unless `overwrite`, which replaces only the export's own files.
     """
     _check_local_out_dir(out_dir)
-    out = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to put a hidden sibling beside
+    out = _output_path(out_dir)
     shard_size = parse_size(max_shard_size)
     _check_cast(dtype)
     with _ItemSource(storage or storage_for(checkpoint), Path(checkpoint), key, rank) as source:
@@ -509,6 +537,7 @@ def _refuse_unexportable(plans: list[_TensorPlan], dtype: torch.dtype | None, wh
         )
 
 
+_SINGLE_FILE = "model.safetensors"  # an unsharded HF export's one file
 _EXPORT_FILE_RE = re.compile(r"^model(-\d{5,}-of-\d{5,})?\.safetensors$")  # 5 digits, more past 99999 shards
 # `{pid}-{where}{nonce}`: `where` (8 hex digits) names the host and pid namespace the pid belongs to; names
 # written before it was recorded have the 8-digit nonce alone.
@@ -595,6 +624,18 @@ def _check_local_out_dir(out_dir: str | os.PathLike[str]) -> None:
         )
 
 
+def _output_path(out_dir: str | os.PathLike[str]) -> Path:
+    """`out_dir` made absolute ("." and "a/.." have no name to put a hidden sibling beside), refused when it is
+    the file system's root, which has neither a name nor a parent to stage the export in."""
+    out = Path(os.path.abspath(out_dir))
+    if not out.name:
+        raise ConfigError(
+            f"Export output {os.fspath(out_dir)!r} is the file system's root: an export is staged beside its "
+            f"output folder and moved in whole, so export to a folder of its own (e.g. /hf_model)"
+        )
+    return out
+
+
 def _check_out_dir(out: Path, checkpoint: Path, overwrite: bool) -> None:
     """Refuse an output that is inside the checkpoint (or any other), is not a directory, or holds an export
     (unless `overwrite`): nothing is written before these are known."""
@@ -629,11 +670,15 @@ def _write_export(
 
     report = ExportReport()
     weight_map: dict[str, str] = {}
+    # safetensors creates its files mode 0600 whatever the umask: a shard then read as the index does, by the
+    # umask, which the staging folder's own mode holds (mkdir applied it), less the execute bits.
+    file_mode = stat.S_IMODE(os.stat(staging).st_mode) & 0o666
     for k, shard in enumerate(shards, start=1):
         name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
         tensors = {p.name: source.read(p).to(_out_dtype(p.dtype, dtype)) for p in shard}
         try:
             save_file(tensors, str(staging / name), metadata={"format": "pt"})
+            os.chmod(staging / name, file_mode)
             _fsync(staging / name)
         except SafetensorError as exc:  # a disk full or a file-size limit arrives as this, not as an OSError
             raise OSError(f"Could not write export shard {name} of {what} ({exc}); nothing was exported") from exc
@@ -681,23 +726,32 @@ def _publishing_beside(out: Path) -> Iterator[None]:
 
 
 def _publish(staging: Path, out: Path, report: ExportReport, overwrite: bool, checkpoint: Path) -> None:
-    """Move a finished export into `out`: one rename when `out` is new; else the old index goes first (the
-    directory stops looking complete), then the new shards, the stale ones of an earlier export, the new index."""
+    """Move a finished export into `out`: one rename when `out` is new; else the new shards, then the new index
+    over the old in one rename, then the stale files of an earlier export. A kill at any point leaves one whole
+    export in `out`, the earlier or the new, unless a new shard takes an old one's name (the same shard count):
+    then the old index goes first, so that the folder stops looking complete rather than pair it with new bytes."""
     _check_out_dir(out, checkpoint, overwrite)  # again: another process may have written there meanwhile
     if not os.path.lexists(out):
         os.rename(staging, out)
         _fsync(out.parent)
         return
+    shards, with_index = report.files[:-1], out / INDEX_FILE_NAME
     stale = set(_export_files(out)) - set(report.files)
-    with_index = out / INDEX_FILE_NAME
-    if os.path.lexists(with_index):
-        os.unlink(with_index)
-    for name in report.files[:-1]:
+    if any(os.path.lexists(out / name) for name in shards):
+        _unlink_if_there(with_index)
+    for name in shards:
         os.replace(staging / name, out / name)
-    for name in sorted(stale - {INDEX_FILE_NAME}):
-        os.unlink(out / name)
+    if _SINGLE_FILE in stale:  # transformers reads it before an index: it must not outlive the old export
+        os.unlink(out / _SINGLE_FILE)
     os.replace(staging / INDEX_FILE_NAME, with_index)
+    for name in sorted(stale - {INDEX_FILE_NAME, _SINGLE_FILE}):
+        os.unlink(out / name)  # named by no index now: harmless until removed, and an overwrite removes them
     _fsync(out)
+
+
+def _unlink_if_there(path: Path) -> None:
+    if os.path.lexists(path):
+        os.unlink(path)
 
 
 def _fsync(path: Path) -> None:
