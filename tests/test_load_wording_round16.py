@@ -55,3 +55,24 @@ def test_a_load_whose_pinned_directory_is_deleted_says_it_lost_a_race_and_to_ret
         assert "was replaced or deleted while this load ran" in said and "directory it opened is gone" in said, said
         assert "Retry the load" in said, said
         assert torch.equal(template, torch.zeros(4))
+
+
+def test_an_hf_import_into_a_partial_dtensor_says_load_and_copies_nothing(mesh: object, tmp_path: Path) -> None:
+    """import_hf's docstring: a template that does not fit "raises TemplateMismatchError before anything is
+    copied". A Partial DTensor template was refused while filling, in the save's words ("... before saving"),
+    after the tensors before it had been filled."""
+    from safetensors.torch import save_file
+    from torch.distributed.tensor import DTensor, Partial
+
+    from torch_checkpointing import TemplateMismatchError
+    from torch_checkpointing.hf import import_hf
+
+    save_file({"a": torch.ones(4), "b": torch.full((4,), 2.0)}, str(tmp_path / "model.safetensors"))
+    first = torch.zeros(4)
+    partial = DTensor.from_local(torch.zeros(4), mesh, [Partial()])  # type: ignore[arg-type]
+    with pytest.raises(TemplateMismatchError) as caught:
+        import_hf(tmp_path, into={"a": first, "b": partial})
+    said = str(caught.value)
+    assert "'b'" in said or " b " in said or "at b" in said, said
+    assert "load target" in said and "before saving" not in said, said
+    assert torch.equal(first, torch.zeros(4)), "a tensor was filled before the refusal"

@@ -41,7 +41,12 @@ from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
     read_distributed_metadata,
 )
-from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ReplicateSpec, get_device_mesh_spec
+from torch_checkpointing.dtensor_metadata import (
+    DTensorShardingMetadata,
+    ReplicateSpec,
+    get_device_mesh_spec,
+    refuse_partial_targets,
+)
 from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_local_runs, compute_local_shard_info
 from torch_checkpointing.errors import (
     CheckpointError,
@@ -861,10 +866,12 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
             if shard not in handles:
                 handles[shard] = safe_open(str(base / shard), framework="pt", device="cpu")
             checks.append((name, handles[shard].get_slice(name), leaf))
-        for name, sl, leaf in checks:  # every tensor checked before any is copied
+        refuse_partial_targets("", into)  # worded for this load, before anything is copied
+        for name, sl, leaf in checks:  # every tensor checked (its local runs planned) before any is copied
             _check_fits(name, tuple(sl.get_shape()), sl.get_dtype(), leaf)
-        for _, sl, leaf in checks:
-            _fill(sl, leaf)
+        fills = [(sl, leaf, _local_runs(leaf)) for _, sl, leaf in checks]
+        for sl, leaf, runs in fills:
+            _fill(sl, leaf, runs)
     finally:
         handles.clear()
     return into
@@ -877,17 +884,22 @@ def _check_fits(name: str, shape: tuple[int, ...], st_dtype: str, leaf: torch.Te
         )
 
 
-def _fill(sl: Any, leaf: torch.Tensor) -> None:
-    with torch.no_grad():
-        if not is_dtensor(leaf):
-            leaf.copy_(sl[tuple(slice(0, n) for n in leaf.shape)] if leaf.dim() else sl[...])
-            return
-        import torch.distributed as dist
+def _local_runs(leaf: torch.Tensor) -> tuple[list[Any], ...] | None:
+    """The global slices a DTensor template's local shard receives (None for a plain tensor, filled whole)."""
+    if not is_dtensor(leaf):
+        return None
+    import torch.distributed as dist
 
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        md = DTensorShardingMetadata.from_dtensor(leaf)
-        runs = compute_local_runs(md, rank)
-        _copy_runs(sl, runs, local_tensor(leaf))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return compute_local_runs(DTensorShardingMetadata.from_dtensor(leaf), rank)
+
+
+def _fill(sl: Any, leaf: torch.Tensor, runs: tuple[list[Any], ...] | None) -> None:
+    with torch.no_grad():
+        if runs is None:
+            leaf.copy_(sl[tuple(slice(0, n) for n in leaf.shape)] if leaf.dim() else sl[...])
+        else:
+            _copy_runs(sl, runs, local_tensor(leaf))
 
 
 def _copy_runs(sl: Any, runs: tuple[list[Any], ...], local: torch.Tensor) -> None:
