@@ -44,6 +44,7 @@ from torch_checkpointing.manifest import (
     parse_manifest,
     read_regular_file,
     read_stored_bounded,
+    stray_claim,
 )
 from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name
 from torch_checkpointing.signals import signals_deferred
@@ -374,8 +375,12 @@ class Commit:
         removed)."""
         if self._manifest_bytes is None or not self._visible(self._manifest_bytes):
             return False
+        marker = Path(self.target.final) / INCOMPLETE_MARKER
         try:
-            return not self.storage.exists(Path(self.target.final) / INCOMPLETE_MARKER)
+            if not self.storage.exists(marker):
+                return True
+            # Another save's claim that appeared beside it since (see `stray_claim`) does not undo the commit.
+            return stray_claim(self.storage.read(marker), Manifest.from_json(self._manifest_bytes))
         except Exception:  # cannot tell: not committed, so the save reports a failure
             return False
 
@@ -503,6 +508,8 @@ class Commit:
         `still_wanted` raises when the save must not commit after all (its trainer is gone); it runs last,
         right before the step that makes the checkpoint visible.
         """
+        if self._claims is not None:  # the marker is this save's claim: the manifest names it (`stray_claim`)
+            manifest = dataclasses.replace(manifest, claim=Path(self.target.tmp).name)
         self._check_visible(manifest)
         root = self.root
         if metadata_json is not None:

@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<uid>[0-9a-f]+)-(?P<seq>[0-9]+)$")
 TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]+)$")
 
-LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete"]
+LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete", "claim"]
 
 # How `parse_manifest` words a manifest.json that is valid JSON but not ours (another tool's file).
 _FOREIGN_MANIFEST = "is not a torch_checkpointing manifest"
@@ -566,8 +566,19 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         alive = _hidden_name_alive(int(m["pid"]), path)
         return Leftover(str(path), "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if not name.startswith(".") and storage.exists(path / INCOMPLETE_MARKER):
+        if _committed_beside_marker(storage, path):
+            # Only the marker is left over (gc removes it alone), not the checkpoint it sits in.
+            return Leftover(str(path), "claim", name, None, 0, "a stopped save's claim beside a committed checkpoint")
         return Leftover(str(path), "incomplete", name, None, size, "has the .incomplete marker")
     return None
+
+
+def _committed_beside_marker(storage: Storage, path: Path) -> bool:
+    """Whether `path` is committed although a marker is there: another save's claim (`manifest.stray_claim`)."""
+    try:
+        return read_manifest(storage, path) is not None
+    except (OSError, CheckpointError):
+        return False
 
 
 def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None) -> list[Leftover]:

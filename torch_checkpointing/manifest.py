@@ -27,9 +27,11 @@ __all__ = [
     "FileRecord",
     "Manifest",
     "check_json_tree",
+    "incomplete",
     "parse_manifest",
     "read_manifest",
     "read_stored_bounded",
+    "stray_claim",
     "unique_keys",
 ]
 
@@ -91,6 +93,9 @@ class Manifest:
     # Size and CRC32 of the metadata file, so a load verifies it like any item file; absent from older manifests.
     metadata_size: int | None = None
     metadata_crc32: int | None = None
+    # On a store where the `.incomplete` marker is the save's claim on the id (object stores): that save's
+    # claim token, so that another save's claim found beside this manifest is told apart (`stray_claim`).
+    claim: str | None = None
 
     def to_json(self) -> str:
         items: dict[str, dict[str, Any]] = {}
@@ -133,6 +138,7 @@ def _extras(manifest: Manifest) -> dict[str, Any]:
         "commit_time": manifest.commit_time,
         "metadata_size": manifest.metadata_size,
         "metadata_crc32": manifest.metadata_crc32,
+        "claim": manifest.claim,
     }
     return {k: v for k, v in extras.items() if v is not None}
 
@@ -161,17 +167,57 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
     Loads read the manifest through `CheckpointReadContext` (pinned directory, bounded read); this helper serves
     discovery and tools that only look.
     """
-    if storage.exists(checkpoint_dir / INCOMPLETE_MARKER):
-        # Checked first: a writer killed between writing the manifest and removing the marker leaves both.
-        raise IncompleteCheckpointError(
-            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."
-        )
+    # Looked at first: a writer killed between writing the manifest and removing the marker leaves both.
+    marked = storage.exists(checkpoint_dir / INCOMPLETE_MARKER)
     path = checkpoint_dir / MANIFEST_FILE_NAME
     if not storage.exists(path):
+        if marked:
+            raise incomplete(checkpoint_dir)
         return None
     local = storage.local_path(path)
     data = _read_local_regular(local, path) if local is not None else read_stored_bounded(storage, path)
-    return parse_manifest(data, str(path))
+    manifest = parse_manifest(data, str(path))
+    if marked and not _stray_marker(storage, checkpoint_dir, manifest):
+        raise incomplete(checkpoint_dir)
+    return manifest
+
+
+def incomplete(checkpoint_dir: Path | str) -> IncompleteCheckpointError:
+    return IncompleteCheckpointError(
+        f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."
+    )
+
+
+def _stray_marker(storage: Storage, checkpoint_dir: Path, manifest: Manifest) -> bool:
+    if manifest.claim is None:
+        return False
+    where = checkpoint_dir / INCOMPLETE_MARKER
+    try:
+        local = storage.local_path(where)
+        marker = _read_local_regular(local, where) if local is not None else read_stored_bounded(storage, where)
+    except (OSError, CorruptCheckpointError, UnsafeCheckpointError):  # let go since it was seen, or not a claim
+        return not storage.exists(where)
+    return stray_claim(marker, manifest)
+
+
+def stray_claim(marker: bytes, manifest: Manifest) -> bool:
+    """Whether the `.incomplete` marker found beside `manifest` is another save's claim on the id, not the
+    commit of this checkpoint left unfinished.
+
+    On an object store the marker is a save's claim (its JSON names the save's token) and the commit removes it
+    after writing the manifest, which names the same token. A save that checked the id before that commit and
+    claimed it right after (the marker was gone: "create if absent" succeeds) sees the manifest and lets go;
+    killed in between, its claim stayed beside a committed checkpoint, which readers refused as incomplete and
+    gc deleted whole. A marker naming another token than the manifest's is that claim. An empty marker (a
+    delete under way, a rename-mode save) or the manifest's own token is an unfinished commit or delete.
+    """
+    if manifest.claim is None:
+        return False
+    try:
+        token = json.loads(marker.decode("utf-8")).get("token")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        return False
+    return isinstance(token, str) and token != manifest.claim
 
 
 def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest") -> bytes:
@@ -264,6 +310,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         None if commit_time is None else float(commit_time),
         _optional_int(d, "metadata_size", where),
         _optional_int(d, "metadata_crc32", where),
+        _optional(d, "claim", str, where),
     )
 
 

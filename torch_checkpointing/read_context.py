@@ -56,9 +56,11 @@ from torch_checkpointing.manifest import (
     Manifest,
     _BadConstant,
     check_json_tree,
+    incomplete,
     parse_manifest,
     read_regular_file,
     read_stored_bounded,
+    stray_claim,
     unique_keys,
 )
 from torch_checkpointing.names import previous_copy_hint
@@ -213,16 +215,17 @@ class CheckpointReadContext:
                 raise FileNotFoundError(f"Checkpoint path {self.root} is not a directory.") from None
         elif not self.storage.isdir(self.root):
             raise FileNotFoundError(f"Checkpoint path {self.root} does not exist.")
-        if self._exists(INCOMPLETE_MARKER):
-            # Checked first: a writer killed between writing the manifest and removing the marker leaves both.
-            raise IncompleteCheckpointError(
-                f"Checkpoint {self.root} is incomplete: its save never committed. Load an earlier checkpoint."
-            )
+        # Looked at first: a writer killed between writing the manifest and removing the marker leaves both.
+        marked = self._exists(INCOMPLETE_MARKER)
         if not self._exists(MANIFEST_FILE_NAME):
+            if marked:
+                raise incomplete(self.root)
             self._no_manifest()
             return
         text = self._read_bounded(MANIFEST_FILE_NAME)
         self.manifest = parse_manifest(text, str(self.root / MANIFEST_FILE_NAME))
+        if marked and not self._stray_claim(self.manifest):
+            raise incomplete(self.root)
         where = str(self.root / MANIFEST_FILE_NAME)
         self._by_path = {checked_relative_path(r.path, where): r for r in self.manifest.files}
         m = self.manifest
@@ -231,6 +234,16 @@ class CheckpointReadContext:
             self.manifest = m = dataclasses.replace(m, metadata_file=name)
             if m.metadata_size is not None and m.metadata_crc32 is not None:
                 self._by_path[name] = FileRecord("<sharding metadata>", 0, name, m.metadata_size, m.metadata_crc32, {})
+
+    def _stray_claim(self, manifest: Manifest) -> bool:
+        """Whether the marker beside this manifest is another save's claim (see `manifest.stray_claim`)."""
+        if manifest.claim is None:
+            return False
+        try:
+            marker = self._read_bounded(INCOMPLETE_MARKER)
+        except (OSError, CheckpointError):  # let go since it was seen, or no marker a save writes: incomplete
+            return not self._exists(INCOMPLETE_MARKER)
+        return stray_claim(marker, manifest)
 
     def _pinned_gone(self) -> bool:
         """Whether the directory this load pinned was removed since it was opened (a save replaced the id, or a

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from torch_checkpointing.commit import Claim, files_not_listed, stale_reason
+from torch_checkpointing.commit import Claim, ConditionalStorage, files_not_listed, stale_reason
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
@@ -392,11 +392,14 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
     older than any save. A claim that may be live is never collected.
     """
     try:
-        held = Claim.parse(storage.read(path / INCOMPLETE_MARKER))
+        return _dead_reason(storage.read(path / INCOMPLETE_MARKER))
     except (OSError, CheckpointError):
         return None
+
+
+def _dead_reason(marker: bytes) -> str | None:
     me = Claim(token="", uid="", host=socket.gethostname(), pid=os.getpid(), created=time.time())
-    return stale_reason(held, me)
+    return stale_reason(Claim.parse(marker), me)
 
 
 def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s: float, now: float) -> str | None:
@@ -406,6 +409,10 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
             f"named like a {leftover.kind} directory of ours but holds no {MANIFEST_FILE_NAME} or {INCOMPLETE_MARKER} "
             f"of ours: not removed (delete it by hand if it is garbage)"
         )
+    if leftover.kind == "claim":
+        if _dead_claim(storage, Path(leftover.path)) is None:
+            return "a save's claim beside a committed checkpoint; that save may be live (it lets go on its own)"
+        return None
     if leftover.kind == "incomplete":
         dead = None if storage.atomic_rename else _dead_claim(storage, Path(leftover.path))
         if dead is None:
@@ -526,6 +533,8 @@ def _collect(storage: Storage, leftover: Leftover) -> bool | None:
     path = Path(leftover.path)
     if leftover.kind == "trash":
         return _remove(storage, path, f"trash of {leftover.checkpoint_name}")
+    if leftover.kind == "claim":
+        return _let_go_of_stray_claim(storage, path)
     trash = _trash_name(path.with_name(leftover.checkpoint_name))
     with holding(trash):
         try:
@@ -537,6 +546,27 @@ def _collect(storage: Storage, leftover: Leftover) -> bool | None:
             logger.warning("gc could not move %s aside (%s); left as it was", path, exc)
             return False
         return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")
+
+
+def _let_go_of_stray_claim(storage: Storage, path: Path) -> bool | None:
+    """Remove a dead save's claim from beside the committed checkpoint at `path`, only if it is still the
+    claim judged dead (a conditional delete); the checkpoint itself is not touched."""
+    marker = path / INCOMPLETE_MARKER
+    if not isinstance(storage, ConditionalStorage):
+        logger.warning("gc cannot remove the claim %s conditionally on this store; left as it is", marker)
+        return False
+    try:
+        found = storage.read_object(marker)
+        if found is None:
+            return None  # let go of meanwhile
+        if _dead_reason(found[0]) is None or not storage.delete_object(marker, found[1]):
+            logger.warning("gc left the claim %s: it changed since it was judged dead", marker)
+            return False
+    except STORE_ERRORS as exc:
+        logger.warning("gc could not remove the claim %s (%s); left as it is", marker, exc)
+        return False
+    logger.info("gc removed a stopped save's claim %s beside a committed checkpoint", marker)
+    return True
 
 
 class RetentionRunner:

@@ -1,0 +1,97 @@
+"""A save killed right after it claims an id another save has just committed (round 16, object stores).
+
+Save A passes the manager's checks of the id (nothing there yet); save B commits the id; A then creates its
+`.incomplete` claim ("only if absent": B's own marker is gone by then) and is SIGKILLed before it looks for
+B's manifest and lets go. The committed checkpoint was left with a manifest and a marker: `load` refused it as
+incomplete, `latest_checkpoint` skipped it, and gc deleted it whole once A's claim was provably dead. The
+manifest now names the claim of the save that committed it, so a marker holding another save's claim beside
+it is a stray claim, not an unfinished commit: readers take the checkpoint as committed and gc removes only
+the stray marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tests.s3_server import S3Server
+from tests.test_s3_attacks import sync_manager
+from torch_checkpointing import latest_checkpoint, list_checkpoints
+from torch_checkpointing.retention import collect_garbage
+
+REPO = Path(__file__).resolve().parent.parent
+
+_CLAIMING_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+import torch
+from tests.s3_faults import HoldingS3FileSystem
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+
+a = json.loads(sys.argv[1])
+
+
+class ClaimThenStall(HoldingS3FileSystem):
+    def pipe_file(self, path, *args, **kwargs):
+        out = super().pipe_file(path, *args, **kwargs)
+        if path.endswith("/.incomplete"):
+            Path(a["claimed"]).touch()  # the claim is made: the parent kills this process now
+            time.sleep(600)
+        return out
+
+
+fs = ClaimThenStall(**a["options"], held_file=a["held"], release_file=a["release"], hold_on="claim")
+config = FsspecStorageConfig(url=a["url"], filesystem=fs)
+with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)) as m:
+    m.save("run/x", {"model": {"w": torch.full((10,), 1.0)}})
+"""
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"the saving child ended early ({proc.returncode})"
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def test_a_save_killed_right_after_claiming_a_just_committed_id_leaves_it_committed(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    config = s3_server.config()
+    files = {k: str(tmp_path / k) for k in ("held", "release", "claimed")}
+    args = {"options": s3_server.storage_options(), "url": config.url, **files}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", _CLAIMING_CHILD, json.dumps(args)], cwd=REPO, env=env)
+    try:
+        _wait_for(tmp_path / "held", child)  # A has checked the id and is about to claim it
+        with sync_manager(config) as manager:
+            manager.save("run/x", {"model": {"w": torch.full((10,), 2.0)}})  # B commits
+        (tmp_path / "release").touch()
+        _wait_for(tmp_path / "claimed", child)
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+
+    storage = config.create_storage()
+    root = f"{config.url}/run"
+    with sync_manager(config) as manager:
+        assert float(manager.load("run/x")["model"]["w"][0]) == 2.0  # was IncompleteCheckpointError
+    latest = latest_checkpoint(root, storage)
+    assert latest is not None and latest.path.endswith("run/x"), latest  # was None
+    assert [Path(c.path).name for c in list_checkpoints(root, storage)] == ["x"]
+    report = collect_garbage(root, storage, unowned_after_s=0)  # A's claim is provably dead now
+    assert [o.kind for o in report.removed] == ["claim"], report  # was: the whole checkpoint, as incomplete
+    x = Path(f"{root}/x")
+    assert storage.exists(x / "manifest.json") and not storage.exists(x / ".incomplete")  # only the claim went
+    with sync_manager(config) as manager:
+        assert float(manager.load("run/x")["model"]["w"][0]) == 2.0
+        manager.save("run/y", {"model": {"w": torch.full((10,), 3.0)}})  # the store is usable as before
