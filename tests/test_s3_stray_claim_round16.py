@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.s3_server import S3Server
@@ -30,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 _CLAIMING_CHILD = r"""
 import json, sys, time
 from pathlib import Path
+import pytest
 import torch
 from tests.s3_faults import HoldingS3FileSystem
 from torch_checkpointing import CheckpointManager
@@ -95,3 +97,49 @@ def test_a_save_killed_right_after_claiming_a_just_committed_id_leaves_it_commit
     with sync_manager(config) as manager:
         assert float(manager.load("run/x")["model"]["w"][0]) == 2.0
         manager.save("run/y", {"model": {"w": torch.full((10,), 3.0)}})  # the store is usable as before
+
+
+def test_a_load_of_an_id_whose_save_is_running_says_it_may_still_commit_and_to_retry(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """On an object store a save writes under the id itself, behind its marker: a load meanwhile said "its save
+    never committed. Load an earlier checkpoint.", which is false while that save runs, and gave no retry."""
+    import threading
+
+    from tests.s3_faults import HoldingS3FileSystem
+    from torch_checkpointing import IncompleteCheckpointError
+    from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+
+    config = s3_server.config()
+    held, release = tmp_path / "held", tmp_path / "release"
+    fs = HoldingS3FileSystem(
+        **s3_server.storage_options(), held_file=str(held), release_file=str(release), hold_on="data"
+    )
+    saving = FsspecStorageConfig(url=config.url, filesystem=fs)
+    failed: list[BaseException] = []
+
+    def save() -> None:
+        try:
+            with sync_manager(saving) as manager:
+                manager.save("run/z", {"model": {"w": torch.ones(4)}})
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=save)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not held.exists():
+            assert thread.is_alive() and time.monotonic() < deadline, failed
+            time.sleep(0.02)
+        with sync_manager(config) as manager, pytest.raises(IncompleteCheckpointError) as caught:
+            manager.load("run/z")
+        said = str(caught.value)
+        assert "still running" in said and "retry" in said.lower(), said
+        assert "never committed" not in said, said
+    finally:
+        release.touch()
+        thread.join(timeout=120)
+    assert not failed, failed
+    with sync_manager(config) as manager:  # the retry the message asks for
+        assert torch.equal(manager.load("run/z")["model"]["w"], torch.ones(4))

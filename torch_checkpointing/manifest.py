@@ -172,19 +172,28 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
     path = checkpoint_dir / MANIFEST_FILE_NAME
     if not storage.exists(path):
         if marked:
-            raise incomplete(checkpoint_dir)
+            raise incomplete(checkpoint_dir, storage)
         return None
     local = storage.local_path(path)
     data = _read_local_regular(local, path) if local is not None else read_stored_bounded(storage, path)
     manifest = parse_manifest(data, str(path))
     if marked and not _stray_marker(storage, checkpoint_dir, manifest):
-        raise incomplete(checkpoint_dir)
+        raise incomplete(checkpoint_dir, storage)
     return manifest
 
 
-def incomplete(checkpoint_dir: Path | str) -> IncompleteCheckpointError:
+def incomplete(checkpoint_dir: Path | str, storage: Storage) -> IncompleteCheckpointError:
+    """The refusal of a checkpoint whose `.incomplete` marker is there. Where saves rename, a final name holds
+    one only while a delete of ours runs or after one stopped; on a store without rename a save writes under
+    the id itself, behind its marker, so it may be a save still running (which a retry then finds committed)."""
+    if storage.atomic_rename:
+        return IncompleteCheckpointError(
+            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."
+        )
     return IncompleteCheckpointError(
-        f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."
+        f"Checkpoint {checkpoint_dir} is incomplete: on this store a save writes under the id itself, so a save of "
+        f"it is still running, or it stopped before it committed (or a delete of it is under way). Retry once "
+        f"that save has committed, or load an earlier checkpoint."
     )
 
 

@@ -219,13 +219,13 @@ class CheckpointReadContext:
         marked = self._exists(INCOMPLETE_MARKER)
         if not self._exists(MANIFEST_FILE_NAME):
             if marked:
-                raise incomplete(self.root)
+                raise incomplete(self.root, self.storage)
             self._no_manifest()
             return
         text = self._read_bounded(MANIFEST_FILE_NAME)
         self.manifest = parse_manifest(text, str(self.root / MANIFEST_FILE_NAME))
         if marked and not self._stray_claim(self.manifest):
-            raise incomplete(self.root)
+            raise incomplete(self.root, self.storage)
         where = str(self.root / MANIFEST_FILE_NAME)
         self._by_path = {checked_relative_path(r.path, where): r for r in self.manifest.files}
         m = self.manifest
