@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -24,10 +26,18 @@ class NoDeepCopy(dict):  # type: ignore[type-arg]
 
 
 class Unpicklable(dict):  # type: ignore[type-arg]
-    """JSON-serializable but not picklable (so only the async pickling rule can fail it)."""
+    """JSON-serializable and deep-copyable, but not picklable (so only the async pickling rule can fail it).
+
+    ``copy.deepcopy`` of a dict subclass falls back to ``__reduce_ex__``; without ``__deepcopy__`` the
+    staging copy of ``requires_copy=True`` would fail first, and COPY-PICKLE-2 would pass on a backend
+    that never asks for pickling.
+    """
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError("Unpicklable refuses pickling")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Unpicklable:
+        return Unpicklable(copy.deepcopy(dict(self), memo))
 
 
 def _wait(result: Any) -> None:
@@ -117,8 +127,12 @@ def test_async_requires_pickle_with_copy(manager_factory: Factory, ckpt_root: Wh
     m = manager_factory(
         {"snap": spec(requires_copy=True, layout=layout("snap_{rank}.json", "JsonSerialization"))}, mode="async"
     )
+    value = Unpicklable(a=1)
+    assert copy.deepcopy(value) == value, "premise: the value is deep-copyable (staging can copy it)"
+    with pytest.raises(TypeError):
+        pickle.dumps(value)
     with pytest.raises(Exception):
-        save(m, ckpt_root / "c", {"snap": Unpicklable(a=1)})
+        save(m, ckpt_root / "c", {"snap": value})
 
 
 @clause("COPY-SYNC-1")

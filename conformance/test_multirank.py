@@ -256,17 +256,62 @@ def test_full_example_one_rank(two: Results, one: Results) -> None:
 
 
 # ---------------------------------------------------------- golden DTensor
+def _writer_of(gdir: str) -> str:
+    """The backend that wrote a golden set, as ``regenerate.py`` records it in ``WRITER.txt``."""
+    marker = Path(gdir).parent / "WRITER.txt"
+    return marker.read_text(encoding="utf-8").strip() if marker.is_file() else "unknown"
+
+
+def _backend_as_writer() -> str:
+    root = backend.module()
+    return f"{root.__name__} {getattr(root, '__version__', 'unknown')}"
+
+
+def _release(writer: str) -> tuple[int, ...] | None:
+    """`(0, 2, 0)` from "torch_checkpointing 0.2.0" (a local suffix such as `+abc` ignored); None if unknown."""
+    version = writer.rpartition(" ")[2].split("+")[0]
+    parts = version.split(".")
+    return tuple(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else None
+
+
+def _readable_by_backend(writer: str) -> bool:
+    """A golden set is judged for a backend whose release is the writer's or a later one: a reader keeps
+    reading what earlier releases wrote (the check this set exists for), and owes nothing to later ones."""
+    mine, theirs = _release(_backend_as_writer()), _release(writer)
+    return mine is not None and theirs is not None and theirs <= mine
+
+
+def _own_golden_dtensor_dirs() -> list[str]:
+    """The golden 2-rank DTensor checkpoints written by this backend's release or an earlier one; skipped if
+    there is none.
+
+    Resharding a checkpoint reads the sharding metadata its writer recorded ("the manager auto-wires the
+    sharding-metadata pipeline"), and the document describes no file for that metadata: a golden set is
+    judged only where its files are ones "the document describes" (CLAUSES.md, Golden checkpoints), so a
+    later release's 2-rank checkpoint (its own metadata format) says nothing about an earlier release.
+    """
+    dirs = golden_dtensor_dirs()
+    assert dirs, "no golden 2-rank DTensor checkpoint: run python -m conformance.golden.regenerate"
+    own = [d for d in dirs if _readable_by_backend(_writer_of(d))]
+    if not own:
+        # A plain skip, not "not measured": the clause's other tests measure this backend, and a skip does not
+        # outrank their result (clauses.fold), so a conforming backend that is no golden writer can still pass.
+        writers = sorted({_writer_of(d) for d in dirs})
+        pytest.skip(
+            f"the golden 2-rank DTensor checkpoints were written by {', '.join(writers)}, later than "
+            f"{_backend_as_writer()}: their sharding metadata is the writer's own format, which the document "
+            "does not describe"
+        )
+    return own
+
+
 @clause("RESHARD-DT-1")
 @_GOLDEN_LOCAL
 def test_golden_dtensor_on_one_rank(one: Results) -> None:
-    dirs = golden_dtensor_dirs()
-    assert dirs, "no golden 2-rank DTensor checkpoint: run python -m conformance.golden.regenerate"
-    expect(one, *[f"golden1.{Path(d).parent.name}" for d in dirs])
+    expect(one, *[f"golden1.{Path(d).parent.name}" for d in _own_golden_dtensor_dirs()])
 
 
 @clause("RESHARD-DT-2")
 @_GOLDEN_LOCAL
 def test_golden_dtensor_on_three_ranks(three: Results) -> None:
-    dirs = golden_dtensor_dirs()
-    assert dirs, "no golden 2-rank DTensor checkpoint: run python -m conformance.golden.regenerate"
-    expect(three, *[f"golden3.{Path(d).parent.name}" for d in dirs])
+    expect(three, *[f"golden3.{Path(d).parent.name}" for d in _own_golden_dtensor_dirs()])
