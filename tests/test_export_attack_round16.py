@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -131,7 +132,7 @@ def round16_two_ranks(root: str) -> int:
 
 
 @pytest.mark.multirank
-def test_a_rank_file_the_manifest_does_not_list_is_refused_as_crafted(tmp_path: Path) -> None:
+def test_a_rank_file_the_manifest_does_not_list_is_refused_as_crafted(tmp_path: Path, mesh: Any) -> None:
     """Spec (operations.md, Crafted checkpoints): export opens "only files the manifest lists" and stops "naming
     the file". Defect: a manifest with rank 1's record removed (its file still there, named by metadata.json)
     failed with FileNotFoundError "... model_1.pt ... does not exist", a false reason and not a
@@ -146,6 +147,27 @@ def test_a_rank_file_the_manifest_does_not_list_is_refused_as_crafted(tmp_path: 
     with pytest.raises(CorruptCheckpointError, match=r"names model_1\.pt as rank 1's file of item 'model'"):
         export_hf(tmp_path / "ckpt", "model", tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+    _a_resharding_load_refuses_the_unlisted_file(tmp_path / "ckpt", mesh)
+
+
+def _a_resharding_load_refuses_the_unlisted_file(ckpt: Path, mesh: Any) -> None:
+    """The same crafted checkpoint, loaded resharded on one rank (the launch is shared): the load said "Source
+    file .../model_1.pt named by the checkpoint's sharding metadata does not exist", false for a file that is
+    there; the read context's own reason (not listed in the manifest, never read) is the one to give."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from torch_checkpointing import ItemSpec, UnsafeCheckpointError
+    from torch_checkpointing.dtensor_resharder import DTensorResharder
+
+    cfg = CheckpointManager.Config.with_sync_save()
+    cfg.items = {"model": ItemSpec(resharder=DTensorResharder())}
+    template = DTensor.from_local(torch.zeros(4, 2), mesh, [Replicate()])
+    with CheckpointManager(cfg) as manager, pytest.raises(UnsafeCheckpointError) as caught:
+        manager.load(str(ckpt), into={"model": {"w": template}})
+    said = str(caught.value)
+    assert "model_1.pt" in said and "not listed in the checkpoint's manifest" in said, said
+    assert "does not exist" not in said, said
+    assert torch.equal(template.to_local(), torch.zeros(4, 2))
 
 
 def test_a_crafted_stride_zero_tensor_is_refused_before_it_is_written_dense(tmp_path: Path) -> None:
