@@ -9,6 +9,7 @@ and in the background writer process for async ones.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import posixpath
@@ -239,9 +240,13 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
                 committed = progress.committed or commit.is_committed()
                 # What torch.save made of the handler's exception was only a consequence of it.
                 raise _as_reported(raised[0], plan.checkpoint_dir, committed) from None
-    except BaseException:
-        if plan.rank == 0 and not progress.committed and not commit.is_committed():
+    except BaseException as exc:
+        committed = progress.committed or commit.is_committed()
+        if plan.rank == 0 and not committed:
             commit.discard()
+        explained = None if committed else _explained(exc, plan.checkpoint_dir)
+        if explained is not None:
+            raise explained from exc
         raise
     if plan.finalize_callback is not None:
         try:
@@ -255,6 +260,38 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
                 exc_info=True,
             )
     return nbytes
+
+
+# What a disk fault means for the save, and what to do about it; `{parent}` is the checkpoint's directory.
+_DISK_FAULT_FIXES = {
+    errno.ENOSPC: "the filesystem holding {parent} is out of space or inodes: free some there (delete old "
+    "checkpoints; `torch-checkpointing gc {parent}` removes what failed saves left), then save again",
+    errno.EDQUOT: "the disk quota for {parent} is used up: free some of it or raise the quota, then save again",
+    errno.EFBIG: "a file reached the file-size limit (`ulimit -f`, RLIMIT_FSIZE) or the filesystem's maximum "
+    "file size: raise the limit, or use smaller files (more items, or max_shard_size), then save again",
+    errno.EROFS: "{parent} is on a read-only filesystem: save under a writable directory, or remount it read-write",
+    errno.EACCES: "this process may not write there: check the owner and mode of {parent} and of the "
+    "checkpoint id's own directory, or save under another directory",
+    errno.EPERM: "the filesystem refused the operation: check the attributes (`lsattr -d`: immutable or "
+    "append-only) and permissions of {parent} and of the checkpoint id's own directory, or save elsewhere",
+}
+
+
+def _explained(exc: BaseException, checkpoint_dir: str) -> OSError | None:
+    """`exc` again (same type, errno and paths) with what failed and the fix, if it is a disk fault we can name.
+
+    The bare OS error named only a file inside the hidden temporary directory: not the checkpoint, nor
+    whether the earlier one survived, nor what to do.
+    """
+    if not isinstance(exc, OSError) or exc.errno not in _DISK_FAULT_FIXES or not exc.strerror:
+        return None
+    parent = os.path.dirname(os.path.abspath(checkpoint_dir))
+    fix = _DISK_FAULT_FIXES[exc.errno].format(parent=parent)
+    said = (
+        f"{exc.strerror} (checkpoint {checkpoint_dir} was not committed; an earlier checkpoint under that id, "
+        f"if any, is intact. Fix: {fix})"
+    )
+    return OSError(exc.errno, said, exc.filename, None, exc.filename2)
 
 
 def _recording(handler: Callable[..., Any], raised: list[tuple[int, BaseException]]) -> Callable[[int, Any], None]:

@@ -590,7 +590,8 @@ class Commit:
             if not isinstance(exc, Exception):  # a signal handler's: it ends the save as the handler meant
                 raise
         if self.storage.exists(tmp):
-            self._after_commit(lambda: self.storage.rmdir(tmp), f"remove the replaced checkpoint at {tmp}")
+            gc = f"`torch-checkpointing gc {final.parent}` removes it once this process is gone, or delete it by hand"
+            self._after_commit(lambda: self.storage.rmdir(tmp), f"remove the replaced checkpoint at {tmp} ({gc})")
 
     def _warn_left_behind(self, exc: BaseException) -> None:
         """Name what the interrupted or failed removal of the replaced checkpoint left beside the id, for gc."""

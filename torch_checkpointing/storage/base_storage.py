@@ -189,10 +189,12 @@ class Storage(ABC):
             self.rmdir(aside)
         except OSError as exc:  # `dst` is committed; failing the save now would report a checkpoint that exists
             _log.warning(
-                "Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); delete it by hand.",
+                "Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); "
+                "`torch-checkpointing gc %s` removes it once this process is gone, or delete it by hand.",
                 dst,
                 aside,
                 exc,
+                dst.parent,
             )
 
     def _put_back(self, aside: Path, dst: Path) -> None:

@@ -211,8 +211,10 @@ class LocalFileSystemStorage(Storage):
             self.rmdir(src)  # `src` now holds the replaced checkpoint
         except OSError as exc:  # the new checkpoint is committed; only the old copy is left behind
             _log.warning(
-                "Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); delete it by hand.",
+                "Checkpoint %s is committed, but its replaced copy %s could not be removed (%s); "
+                "`torch-checkpointing gc %s` removes it once this process is gone, or delete it by hand.",
                 dst,
                 src,
                 exc,
+                os.path.dirname(os.path.abspath(dst)),
             )
