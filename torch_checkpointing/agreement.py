@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -104,7 +105,10 @@ def agree(step: str, transport: Transport, compute: Callable[[], T]) -> list[T]:
         if not isinstance(exc, Exception):
             _best_effort_exchange(step, transport, mine)
             raise
-    contributions = transport.exchange(step, mine)
+    try:
+        contributions = transport.exchange(step, mine)
+    except _CallsDiffer as exc:  # the engine's own class, not the marker
+        raise CommitError(str(exc), exc.failures) from cause
     raise_if_failed(step, contributions, cause)
     return [c.value for c in contributions]
 
@@ -145,6 +149,8 @@ def _exchange_or_raise(step: str, transport: Transport, mine: Contribution) -> l
     """`transport.exchange`, with a lost peer reported as this step's failure (a `CheckpointError`)."""
     try:
         return transport.exchange(step, mine)
+    except _CallsDiffer as exc:
+        raise CheckpointError(str(exc)) from exc
     except CommitError as exc:  # the transports say "commit"; this step may be no commit at all
         raise CheckpointError(f"{step}: {_reasons(exc.failures) or exc}.") from exc
 
@@ -192,7 +198,7 @@ class GroupTransport:
             return [mine]
         out: list[Any] = [None] * self.world_size
         try:
-            dist.all_gather_object(out, (mine.value, mine.error), group=self.group)
+            dist.all_gather_object(out, (_call_of(step), mine.value, mine.error), group=self.group)
         except Exception as exc:  # gloo: a peer died or timed out (DistError / RuntimeError with C++ frames)
             reason = _first_line(exc)
             raise CommitError(
@@ -200,7 +206,33 @@ class GroupTransport:
                 f"called save(). Nothing was committed.",
                 {self.rank: f"lost contact with the other ranks: {reason}"},
             ) from None
-        return [Contribution(value=v, error=e) for v, e in out]
+        _refuse_other_calls(step, [call for call, _, _ in out])
+        return [Contribution(value=v, error=e) for _, v, e in out]
+
+
+def _call_of(step: str) -> str:
+    """The public call a step belongs to ("Checkpoint save", "Checkpoint load"): its words before the id.
+
+    Every collective gathers over the one group, so a save on one rank meets a load on another; without the
+    call in each contribution, each read the other's contribution as its own and failed with a bare TypeError.
+    """
+    return re.split(r" of |:", step, maxsplit=1)[0]
+
+
+class _CallsDiffer(CommitError):
+    """The ranks were in different calls: its message is the whole story, on a load's step as on a save's."""
+
+
+def _refuse_other_calls(step: str, calls: list[str]) -> None:
+    """The same `CommitError` on every rank when the ranks are in different calls (save() against load())."""
+    if len(set(calls)) == 1:
+        return
+    failures = {r: f"was in {call}" for r, call in enumerate(calls)}
+    raise _CallsDiffer(
+        f"{step}: the ranks are in different calls ({_reasons(failures)}). Call save() and load() on every "
+        f"rank together, in the same order. Nothing was committed and nothing was restored.",
+        failures,
+    )
 
 
 @dataclass

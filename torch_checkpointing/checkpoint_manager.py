@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import functools
 import logging
+import math
 import os
 import posixpath
 import re
@@ -140,6 +141,7 @@ class CheckpointManager:
         self._saving = threading.Lock()
         self._safe_load = SafeLoadCheck()
         self._shared_said: set[str] = set()  # {rank}-less items warned about, or declared replicated
+        self._metrics_said = False  # rank-local metrics= warned about (once per manager)
         self._metadata = DefaultMetadataManager() if _wants_metadata(config) else None
         # Without a storage config, the first id picks the storage (a path: local; s3://...: that store), once.
         self._first_id: tuple[str | None, str] | None = None  # (scheme, id); None scheme = local filesystem
@@ -487,6 +489,24 @@ class CheckpointManager:
                 f"CheckpointManager for {_store_name(scheme)}."
             )
 
+    def _say_rank_local_metrics(self, what: str, reports: list[dict[str, Any]]) -> None:
+        """The manifest records rank 0's metrics=. A rank-local value (the guide's `loss.item()` on each rank of a
+        data-parallel job) differing across ranks is no reason to refuse a save, but the others' values are not
+        recorded: rank 0 says so once per manager, naming the fix for a job-wide value."""
+        differ = sorted(r for r, rep in enumerate(reports) if rep["metrics"] != reports[0]["metrics"])
+        if not differ or self._metrics_said or self._ctx.rank != 0:
+            return
+        self._metrics_said = True
+        logger.warning(
+            "%s: ranks %s pass other metrics= than rank 0 (%s); the checkpoint records rank 0's, which retention's "
+            "keep_best and list_checkpoints then use. For a job-wide value, reduce it first (e.g. "
+            "dist.all_reduce(loss, op=ReduceOp.AVG)) and pass the same metrics on every rank. (Said once per "
+            "manager.)",
+            what,
+            differ,
+            reports[0]["metrics"],
+        )
+
     def _plan(
         self,
         checkpoint_id: str,
@@ -521,6 +541,8 @@ class CheckpointManager:
             return {
                 "id": checkpoint_id,
                 "seq": seq,
+                "step": step,
+                "metrics": _comparable_metrics(metrics),
                 "keys": keys,
                 "resharders": resharders,
                 "layouts": layouts,
@@ -530,7 +552,8 @@ class CheckpointManager:
         # The ids may differ (that is one of the refusals), so the plan's step is named without one.
         reports = agree("Checkpoint save: the plan", ctx.transport, report)
         what = f"Checkpoint save of {reports[0]['id']}"
-        _check_same_save(what, reports, ("id", "seq"))
+        _check_same_save(what, reports, ("id", "seq", "step"))
+        self._say_rank_local_metrics(what, reports)
         self._shared_said.update(i.key for i in resolved if isinstance(i.spec.layout, ReplicatedLayoutInfo))
         left_to_others = _shared_paths([rep["layouts"] for rep in reports], ctx.rank, self._shared_said)
         _check_same_save(what, reports, ("keys", "resharders"))
@@ -848,6 +871,8 @@ _DISAGREEMENTS = {
     # A resharder on some ranks only: its sharding metadata was dropped silently, or the save failed with a bare
     # TypeError naming nothing.
     "resharders": "declares resharders {mine} (item: class) while rank 0 declares {first}",
+    # The manifest records one step (latest_checkpoint orders by it): rank 0's was kept, the others' dropped.
+    "step": "passes step={mine} while rank 0 passes step={first}",
 }
 
 
@@ -856,7 +881,7 @@ def _resharder_name(item: ResolvedItem) -> str:
 
 
 def _check_same_save(what: str, reports: list[dict[str, Any]], fields: tuple[str, ...]) -> None:
-    """Every rank must save the same id, as the same save of the sequence, with the same item keys."""
+    """Every rank must save the same id and step, as the same save of the sequence, with the same keys."""
     failures: dict[int, str] = {}
     for rank, rep in enumerate(reports[1:], start=1):
         for name in fields:
@@ -867,7 +892,7 @@ def _check_same_save(what: str, reports: list[dict[str, Any]], fields: tuple[str
         reasons = "; ".join(f"rank {r} {why}" for r, why in sorted(failures.items()))
         raise CommitError(
             f"{what}: the ranks disagree on what to save ({reasons}). Every rank must call save() with the same "
-            f"id, the same item keys and the same ItemSpec resharders. Nothing was committed.",
+            f"id and step=, the same item keys and the same ItemSpec resharders. Nothing was committed.",
             failures,
         )
 
@@ -888,6 +913,13 @@ def _checked_step(step: Any) -> int:
             f"pass the training step (0 or more), or None to take the id's trailing number."
         )
     return step
+
+
+def _comparable_metrics(metrics: dict[str, float] | None) -> dict[str, float | str] | None:
+    """The metrics as the ranks compare them: a NaN (a diverged loss, on every rank) equals itself."""
+    if metrics is None:
+        return None
+    return {name: "nan" if math.isnan(value) else value for name, value in metrics.items()}
 
 
 def _checked_metrics(metrics: Mapping[str, float] | None) -> dict[str, float] | None:
