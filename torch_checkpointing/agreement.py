@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 import torch.distributed as dist
 
 from torch_checkpointing import errors
-from torch_checkpointing.errors import CheckpointError, CommitError
+from torch_checkpointing.errors import CheckpointError, CommitError, log_safely
 
 __all__ = [
     "Contribution",
@@ -113,13 +113,20 @@ def agree(step: str, transport: Transport, compute: Callable[[], T]) -> list[T]:
     return [c.value for c in contributions]
 
 
-def agree_outcome(step: str, transport: Transport, compute: Callable[[], T], shared: Any = None) -> tuple[T, list[Any]]:
+def agree_outcome(
+    step: str,
+    transport: Transport,
+    compute: Callable[[], T],
+    shared: Any = None,
+    discard: Callable[[T], None] | None = None,
+) -> tuple[T, list[Any]]:
     """Run `compute` on this rank and keep its result here; tell every rank only whether it succeeded.
 
     For collective steps whose results stay on each rank (a load's checked plan, then its restore): if any rank
     failed, every rank raises, so either every rank goes on or none does. The failing rank raises its own
     exception (the other ranks' failures added as a note); the others raise an error of the same kind (when
-    every failure was one kind of `CheckpointError`, else `CheckpointError`) naming each failed rank and why.
+    every failure was one kind of `CheckpointError`, else `CheckpointError`) naming each failed rank and why,
+    after `discard`ing their own result (a checked load holds descriptors open: dropped, they leaked for good).
     Returns `compute()`'s result and every rank's `shared` value (JSON/pickle-friendly), in rank order.
     """
     if transport.world_size == 1:
@@ -136,13 +143,26 @@ def agree_outcome(step: str, transport: Transport, compute: Callable[[], T], sha
         if others and sys.version_info >= (3, 11):
             exc.add_note(f"{step} failed on other rank(s) too: {_reasons(others)}")
         raise
-    contributions = _exchange_or_raise(step, transport, Contribution(value=shared))
-    failures = _failures(contributions)
-    if failures:
-        kinds = {_kind_of(why) for why in failures.values()}
-        kind = kinds.pop() if len(kinds) == 1 else CheckpointError
-        raise kind(f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}.")
+    try:
+        contributions = _exchange_or_raise(step, transport, Contribution(value=shared))
+        failures = _failures(contributions)
+        if failures:
+            kinds = {_kind_of(why) for why in failures.values()}
+            kind = kinds.pop() if len(kinds) == 1 else CheckpointError
+            raise kind(f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}.")
+    except BaseException:
+        if discard is not None:
+            _discard_quietly(step, discard, value)
+        raise
     return value, [c.value for c in contributions]
+
+
+def _discard_quietly(step: str, discard: Callable[[T], None], value: T) -> None:
+    """Release this rank's result of a step that failed elsewhere; the step's own error is the one raised."""
+    try:
+        discard(value)
+    except Exception:
+        log_safely(logger, logging.WARNING, "%s: could not release this rank's result", step, exc_info=True)
 
 
 def _exchange_or_raise(step: str, transport: Transport, mine: Contribution) -> list[Contribution]:

@@ -302,6 +302,7 @@ class CheckpointManager:
             transport,
             lambda: self._check_load(checkpoint_id, into, map_location=map_location, strict=strict),
             shared=_comparable_id(checkpoint_id),
+            discard=CheckedLoad.close,
         )
         with checked:
             if len(set(ids)) > 1:
