@@ -8,6 +8,7 @@ reach the format through `codec_for`.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 import io
@@ -41,6 +42,7 @@ from torch_checkpointing.errors import (
     CorruptCheckpointError,
     RefusedPickleError,
     TemplateMismatchError,
+    undecodable,
 )
 from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
 from torch_checkpointing.manifest import DuplicateKeyError, unique_keys
@@ -181,6 +183,8 @@ def load_torch(
     except RuntimeError as exc:
         placed = "" if options.map_location is None else f", or map_location={options.map_location!r} is not here"
         raise CorruptCheckpointError(f"File {path} for {what} is not a readable Torch file{placed}: {exc}") from exc
+    except AssertionError as exc:  # torch's unpickler asserts on some records (a persistent id not a tuple)
+        raise undecodable(path, what, exc) from exc
     if mapped is not None:
         check_storages_fit(path, value, records, mapped)
     return value
@@ -242,16 +246,19 @@ def tensor_records(file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:
 
 
 def _tensor_records(file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:
-    directory = _central_directory(file)
-    if directory is None:
+    walked = _central_directory(file)
+    if walked is None:
         return None
-    records: dict[int, int] = {}
+    directory, directory_at = walked
+    tensors: list[tuple[bytes, int, int]] = []
+    starts = [directory_at]  # where each entry's local header begins, and the directory itself
     seen: set[bytes] = set()
     others = 0
     for name, size, header_offset in directory:
         if name in seen:
             raise CorruptCheckpointError(f"Torch zip entry {name!r} appears twice; the file is damaged or crafted.")
         seen.add(name)
+        starts.append(header_offset)
         if _TENSOR_RECORD.search(name.decode("utf-8", "replace")) is None:
             others += 1
             if others > MAX_OTHER_ENTRIES:
@@ -260,7 +267,26 @@ def _tensor_records(file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:
                     f"tensor records; torch.save writes fewer than 10. The file is damaged or crafted."
                 )
             continue
-        records[_payload_offset(file, name, header_offset)] = size
+        tensors.append((name, size, header_offset))
+    return _placed_records(file, tensors, sorted(starts))
+
+
+def _placed_records(
+    file: io.RawIOBase | IO[bytes], tensors: list[tuple[bytes, int, int]], starts: list[int]
+) -> dict[int, int]:
+    """Payload offset to size of each tensor record, each ending before the next entry (or the directory)
+    begins: a local header whose lengths were changed moves the payload torch reads, and the record would
+    come back as other bytes than were saved."""
+    records: dict[int, int] = {}
+    for name, size, header_offset in tensors:
+        payload = _payload_offset(file, name, header_offset)
+        following = starts[bisect.bisect_right(starts, header_offset)] if header_offset < starts[-1] else -1
+        if payload + size > following:
+            raise CorruptCheckpointError(
+                f"Tensor record {name.decode('utf-8', 'replace')!r} ({size} bytes at {payload}) runs into the next "
+                f"zip entry or the directory (at {following}); the file is damaged or crafted."
+            )
+        records[payload] = size
     return records
 
 
@@ -275,8 +301,9 @@ _CENTRAL = struct.Struct("<4s6H3L5H2L")  # one central directory entry, before i
 _MAX_EOCD_SEARCH = _EOCD.size + 0xFFFF  # the record, then a comment of at most 64 KiB
 
 
-def _central_directory(file: io.RawIOBase | IO[bytes]) -> Iterator[tuple[bytes, int, int]] | None:
-    """(name, stored size, local header offset) of each entry, lazily; None if the file is not a zip."""
+def _central_directory(file: io.RawIOBase | IO[bytes]) -> tuple[Iterator[tuple[bytes, int, int]], int] | None:
+    """(name, stored size, local header offset) of each entry, lazily, and where the directory starts; None
+    if the file is not a zip."""
     file.seek(0)
     if file.read(4) != b"PK\x03\x04":  # a zip starts with a local header; legacy torch.save files with a pickle
         return None
@@ -300,7 +327,7 @@ def _central_directory(file: io.RawIOBase | IO[bytes]) -> Iterator[tuple[bytes, 
         raise CorruptCheckpointError(f"The zip directory ({cd_size} bytes at {cd_offset}) runs past the file's end.")
     file.seek(cd_offset)
     directory = file.read(cd_size) or b""
-    return _entries(directory, count)
+    return _entries(directory, count), cd_offset
 
 
 def _zip64_directory(file: io.RawIOBase | IO[bytes], eocd_at: int) -> tuple[int, int, int]:
@@ -386,7 +413,25 @@ def _payload_offset(file: io.RawIOBase | IO[bytes], name: bytes, header_offset: 
             f"Tensor record {name.decode('utf-8', 'replace')!r} is compressed (method {method} in its entry "
             f"header); torch.save stores every entry uncompressed. The file is damaged or crafted."
         )
+    local = file.read(name_len + extra_len) or b""
+    if local[:name_len] != name or not _whole_extra_fields(local[name_len:], extra_len):
+        raise CorruptCheckpointError(
+            f"Tensor record {name.decode('utf-8', 'replace')!r}: its entry header names another file or holds a "
+            f"damaged extra field ({name_len} name and {extra_len} extra bytes), so its payload is misplaced. The "
+            f"file is damaged or crafted."
+        )
     return int(header_offset + _LOCAL_HEADER + name_len + extra_len)
+
+
+def _whole_extra_fields(extra: bytes, claimed: int) -> bool:
+    """Whether `extra` is `claimed` bytes of whole (id, length, data) fields, as zip writers (torch's
+    alignment padding among them) write them: a length changed by a few bytes breaks the chain."""
+    if len(extra) != claimed:
+        return False
+    at = 0
+    while at + 4 <= claimed:
+        at += 4 + struct.unpack_from("<H", extra, at + 2)[0]
+    return at == claimed
 
 
 def _records_naming(path: Path, file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:

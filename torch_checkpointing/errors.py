@@ -93,6 +93,7 @@ DECODE_ERRORS: tuple[type[BaseException], ...] = (
     OverflowError,
     EOFError,
     RecursionError,
+    AssertionError,  # torch's unpickler asserts on some crafted records (a persistent id that is not a tuple)
     struct.error,
     pickle.UnpicklingError,
     zipfile.BadZipFile,
