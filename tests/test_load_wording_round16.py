@@ -76,3 +76,25 @@ def test_an_hf_import_into_a_partial_dtensor_says_load_and_copies_nothing(mesh: 
     assert "'b'" in said or " b " in said or "at b" in said, said
     assert "load target" in said and "before saving" not in said, said
     assert torch.equal(first, torch.zeros(4)), "a tensor was filled before the refusal"
+
+
+@pytest.mark.parametrize("world_size", [2**32 + 1, 10**400], ids=["2**32+1", "400 digits"])
+def test_a_crafted_world_size_is_refused_as_the_manifest_s_field(tmp_path: Path, world_size: int) -> None:
+    """Issue 10.11: a malformed manifest raises CorruptCheckpointError naming the file and the field. A
+    `world_size` past what any job has (the sharding metadata refuses past 2**20) was accepted, and the load
+    then blamed the caller's job ("Item 'model' was saved by 1000...0 rank(s)") in a TemplateMismatchError."""
+    import json
+
+    from torch_checkpointing.config import SyncCheckpointSaverConfig
+
+    path = tmp_path / "c"
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(str(path), {"model": {"w": torch.ones(2)}})
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["world_size"] = world_size
+        (path / "manifest.json").write_text(json.dumps(manifest))
+        for kwargs in ({}, {"into": {"model": {"w": torch.zeros(2)}}}):
+            with pytest.raises(CorruptCheckpointError) as caught:
+                manager.load(str(path), **kwargs)
+            said = str(caught.value)
+            assert "manifest.json" in said and "'world_size'" in said, said

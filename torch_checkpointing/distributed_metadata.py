@@ -25,6 +25,7 @@ from torch_checkpointing.checkpoint_layout import (
     default_layout_info,
 )
 from torch_checkpointing.errors import ConfigError, CorruptCheckpointError, UnsafeCheckpointError
+from torch_checkpointing.manifest import MAX_WORLD_SIZE
 from torch_checkpointing.read_context import (
     MAX_METADATA_BYTES,
     CheckpointReadContext,
@@ -40,7 +41,7 @@ METADATA_VERSION = "3.0"
 # 2.0 lists every rank of every mesh and group explicitly; 3.0 (same structure) writes such lists as
 # arithmetic runs, so a tensor's entry no longer grows with the world size. Both are read.
 READABLE_METADATA_VERSIONS = ("2.0", "3.0")
-_MAX_WORLD_SIZE = 1 << 20
+_MAX_WORLD_SIZE = MAX_WORLD_SIZE  # one bound for the manifest and the sharding metadata
 # Ranks a parse may expand from runs (distinct lists only: equal ones decode once): bounds what a small
 # hostile file can make this process allocate, far above any real job's few distinct meshes.
 _DECODE_BUDGET = 1 << 24

@@ -23,6 +23,7 @@ from torch_checkpointing.storage.base_storage import Storage
 __all__ = [
     "INCOMPLETE_MARKER",
     "MANIFEST_FILE_NAME",
+    "MAX_WORLD_SIZE",
     "DuplicateKeyError",
     "FileRecord",
     "Manifest",
@@ -35,6 +36,8 @@ __all__ = [
     "unique_keys",
 ]
 
+# More ranks than any job has: a manifest or sharding metadata that records more is crafted.
+MAX_WORLD_SIZE = 1 << 20
 MANIFEST_FILE_NAME = "manifest.json"
 INCOMPLETE_MARKER = ".incomplete"
 _KIND = "torch_checkpointing.manifest"
@@ -285,7 +288,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         raise CorruptCheckpointError(f"{where} is not a JSON object.")
     if d.get("kind") != _KIND:
         raise CorruptCheckpointError(f"{where} is not a torch_checkpointing manifest (kind={d.get('kind')!r}).")
-    world_size = _int(d, "world_size", where, minimum=1)
+    world_size = _int(d, "world_size", where, minimum=1, maximum=MAX_WORLD_SIZE)
     files: list[FileRecord] = []
     items = _field(d, "items", dict, where)
     for key, per_rank in items.items():
@@ -401,10 +404,13 @@ def _optional(d: dict[str, Any], name: str, kind: Any, where: str) -> Any:
     return None if d.get(name) is None else _field(d, name, kind, where)
 
 
-def _int(d: dict[str, Any], name: str, where: str, minimum: int = 0) -> int:
+def _int(d: dict[str, Any], name: str, where: str, minimum: int = 0, maximum: int | None = None) -> int:
     value = _field(d, name, int, where)
     if value < minimum:
         raise CorruptCheckpointError(f"{where}: field '{name}' is {value}, below {minimum}.")
+    if maximum is not None and value > maximum:
+        shown = value if value.bit_length() < 64 else f"a {value.bit_length()}-bit number"
+        raise CorruptCheckpointError(f"{where}: field '{name}' is {shown}, above {maximum}; the file is crafted.")
     return int(value)
 
 
