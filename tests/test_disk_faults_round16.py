@@ -128,48 +128,32 @@ def _assert_loads(manager: CheckpointManager, ckpt: str, value: float) -> None:
     assert torch.equal(out["model"]["w"], _state(value)["model"]["w"])
 
 
-@pytest.mark.parametrize("phase", list(INODE_PHASES))
+_RUNNING_OUT = [("inodes", phase) for phase in INODE_PHASES] + [("space", phase) for phase in PAGE_PHASES]
+
+
+@pytest.mark.parametrize(("resource", "phase"), _RUNNING_OUT, ids=[f"{r}-{p}" for r, p in _RUNNING_OUT])
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_running_out_of_inodes_at_each_phase_names_the_fix_and_keeps_the_earlier_checkpoint(
-    small_fs: Path, mode: str, phase: str
+def test_running_out_of_inodes_or_space_at_each_phase_names_the_fix_and_keeps_the_earlier_checkpoint(
+    small_fs: Path, mode: str, resource: str, phase: str
 ) -> None:
     """Defect: the ENOSPC of a save named only a file inside the hidden temporary directory, not the checkpoint,
     nor that the earlier one survived, nor the fix (free space, gc). durability.md: the earlier checkpoint stays,
-    nothing is left, the next save works."""
+    nothing is left, the next save works. The inodes run out at each phase, the bytes at the items and the
+    manifest."""
     manager = _manager(mode)
     try:
         ckpt = os.fspath(small_fs / "step_1")
         _result(manager.save(ckpt, _state(1.0)))
-        _leave_inodes(small_fs, INODE_PHASES[phase])
+        if resource == "inodes":
+            _leave_inodes(small_fs, INODE_PHASES[phase])
+        else:
+            _leave_pages(small_fs, PAGE_PHASES[phase])
         with pytest.raises(OSError) as info:
             _result(manager.save(ckpt, _state(2.0)))
         assert info.value.errno == errno.ENOSPC and os.fspath(small_fs) in (info.value.filename or "")
         _assert_says_what_failed_and_the_fix(info.value, ckpt, f"`torch-checkpointing gc {small_fs}`")
-        assert _ours(small_fs) == ["step_1"]  # the temporary directory is gone
-        _assert_loads(manager, ckpt, 1.0)
-        _free(small_fs)
-        _result(manager.save(ckpt, _state(3.0)))
-        _assert_loads(manager, ckpt, 3.0)
-    finally:
-        manager.close()
-
-
-@pytest.mark.parametrize("phase", list(PAGE_PHASES))
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_running_out_of_space_at_each_phase_names_the_fix_and_keeps_the_earlier_checkpoint(
-    small_fs: Path, mode: str, phase: str
-) -> None:
-    """As above, with the bytes running out (first item, last item, manifest.json) instead of the inodes."""
-    manager = _manager(mode)
-    try:
-        ckpt = os.fspath(small_fs / "step_1")
-        _result(manager.save(ckpt, _state(1.0)))
-        _leave_pages(small_fs, PAGE_PHASES[phase])
-        with pytest.raises(OSError) as info:
-            _result(manager.save(ckpt, _state(2.0)))
-        assert info.value.errno == errno.ENOSPC and os.fspath(small_fs) in (info.value.filename or "")
         _assert_says_what_failed_and_the_fix(info.value, ckpt, "out of space or inodes: free some there")
-        assert _ours(small_fs) == ["step_1"]
+        assert _ours(small_fs) == ["step_1"]  # the temporary directory is gone
         _assert_loads(manager, ckpt, 1.0)
         _free(small_fs)
         _result(manager.save(ckpt, _state(3.0)))
