@@ -25,7 +25,14 @@ from typing import Any, Literal
 
 from torch_checkpointing.checkpoint_layout import LayoutInfo, untrusted_format_from_dict
 from torch_checkpointing.errors import CheckpointError, ConfigError, IncompleteCheckpointError
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Manifest, read_manifest
+from torch_checkpointing.manifest import (
+    INCOMPLETE_MARKER,
+    MANIFEST_FILE_NAME,
+    Manifest,
+    parse_manifest,
+    read_manifest,
+    read_regular_file,
+)
 from torch_checkpointing.names import ASIDE_RE, aside_of, held_here, previous_copy_hint
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for
@@ -535,9 +542,29 @@ def _marked(storage: Storage, path: Path) -> bool:
         except OSError:
             return False
         names = set(entries)
-        top = [n for n in (MANIFEST_FILE_NAME, INCOMPLETE_MARKER) if n in names]
-        return not entries or any(_is_regular(os.path.join(local, n)) for n in top)
+        if MANIFEST_FILE_NAME in names and _is_regular(os.path.join(local, MANIFEST_FILE_NAME)):
+            return not _foreign_manifest(os.path.join(local, MANIFEST_FILE_NAME))
+        return not entries or (INCOMPLETE_MARKER in names and _is_regular(os.path.join(local, INCOMPLETE_MARKER)))
     return storage.exists(path / MANIFEST_FILE_NAME) or storage.exists(path / INCOMPLETE_MARKER)
+
+
+def _foreign_manifest(local: str) -> bool:
+    """Whether the `manifest.json` at `local` is another tool's (valid JSON, not ours): a name is no proof, and
+    gc deleted a folder named like ours because it held a browser extension's manifest. One we cannot parse
+    (a write killed midway, removed meanwhile) still counts as ours, so that gc collects what a kill left."""
+    try:
+        fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        parse_manifest(read_regular_file(fd, local), local)
+    except CheckpointError as exc:
+        return _FOREIGN_MANIFEST in str(exc)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
 
 
 def _is_regular(local: str) -> bool:
