@@ -98,3 +98,31 @@ def test_a_crafted_world_size_is_refused_as_the_manifest_s_field(tmp_path: Path,
                 manager.load(str(path), **kwargs)
             said = str(caught.value)
             assert "manifest.json" in said and "'world_size'" in said, said
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"keep_last": "3"}, "ConfigTypeError"),
+        ({"keep_last": 2.0}, "ConfigTypeError"),
+        ({"keep_last": -1}, "ConfigError"),
+        ({"keep_every_n_steps": 0}, "ConfigError"),
+        ({"keep_best": 1}, "ConfigError"),
+        ({"keep_best": 1, "metric": 3}, "ConfigTypeError"),
+        ({"mode": "avg"}, "ConfigError"),
+        ({"unowned_after_s": -5}, "ConfigError"),
+        ({"unowned_after_s": "1h"}, "ConfigTypeError"),
+        ({"collect_garbage": "yes"}, "ConfigTypeError"),
+        ({"root": 5}, "ConfigTypeError"),
+    ],
+)
+def test_a_retention_policy_field_the_engine_cannot_use_is_a_config_error(fields: dict, error: str) -> None:
+    """guide.md's errors table: a configuration field the engine cannot use is a ConfigError (ConfigTypeError,
+    also a TypeError, for a wrong type), raised where it is given. RetentionPolicy raised a bare ValueError, and
+    took a metric, a root or collect_garbage of any type (failing later, inside the retention pass)."""
+    from torch_checkpointing import ConfigError, RetentionPolicy
+
+    with pytest.raises(ConfigError) as caught:
+        RetentionPolicy(**fields)
+    assert type(caught.value).__name__ == error, (type(caught.value), caught.value)
+    assert "RetentionPolicy." in str(caught.value), str(caught.value)

@@ -35,7 +35,7 @@ from torch_checkpointing.discovery import (
     still_there,
     storage_for,
 )
-from torch_checkpointing.errors import CheckpointError, ConfigError, ObjectStoreError
+from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.futures import SettledFuture, WorkerPool
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.names import NAME_MAX, aside_of, holding, may_be_cut, new_nonce, trash_name
@@ -85,14 +85,22 @@ class RetentionPolicy:
     unowned_after_s: float = DEFAULT_UNOWNED_AGE_S
 
     def __post_init__(self) -> None:
+        """Refuse, where the policy is built, what the retention pass could not use (a wrong type failed later,
+        inside the pass, off the training thread)."""
         for name in ("keep_last", "keep_every_n_steps", "keep_best"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"RetentionPolicy.{name} must be a positive int or None, got {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigTypeError(f"RetentionPolicy.{name} must be a positive int or None, got {value!r}")
+            if value is not None and value < 1:
+                raise ConfigError(f"RetentionPolicy.{name} must be a positive int or None, got {value!r}")
+        for name, cls in (("metric", str), ("root", (str, os.PathLike)), ("collect_garbage", bool)):
+            value = getattr(self, name)
+            if not isinstance(value, cls) and not (value is None and name != "collect_garbage"):
+                raise ConfigTypeError(f"RetentionPolicy.{name} cannot be {value!r} ({type(value).__name__})")
         if self.keep_best is not None and not self.metric:
-            raise ValueError("RetentionPolicy.keep_best needs metric= (the name passed in save(..., metrics={...}))")
+            raise ConfigError("RetentionPolicy.keep_best needs metric= (the name passed in save(..., metrics={...}))")
         if self.mode not in ("min", "max"):
-            raise ValueError(f"RetentionPolicy.mode must be 'min' or 'max', got {self.mode!r}")
+            raise ConfigError(f"RetentionPolicy.mode must be 'min' or 'max', got {self.mode!r}")
         check_age(self.unowned_after_s, "RetentionPolicy.unowned_after_s")
 
     @property
@@ -103,8 +111,10 @@ class RetentionPolicy:
 def check_age(value: float, name: str) -> float:
     """An age threshold in seconds: NaN compares false with every age, so it would make every temporary whose
     owner cannot be checked 'old enough' at once; a negative one is a typo for the same."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-        raise ValueError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigTypeError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
+    if math.isnan(value) or value < 0:
+        raise ConfigError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
     return float(value)
 
 
