@@ -8,6 +8,7 @@ import importlib.util
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -249,6 +250,8 @@ def check_outputs(args: argparse.Namespace) -> None:
     keep: Path | None = args.keep
     if keep is not None and keep.exists() and not keep.is_dir():
         raise argparse.ArgumentTypeError(f"--keep {str(keep)!r}: exists and is not a directory; name a directory")
+    if keep is not None:
+        _check_creatable(keep)
     report: Path | None = args.json
     if report is not None:
         parent = report.parent if str(report.parent) else Path(".")
@@ -258,6 +261,18 @@ def check_outputs(args: argparse.Namespace) -> None:
             raise argparse.ArgumentTypeError(
                 f"--json {str(report)!r}: {str(parent)!r} is not a writable directory; create it or name another path"
             )
+
+
+def _check_creatable(keep: Path) -> None:
+    """--keep DIR (or the nearest folder above it that exists) must be writable: otherwise every rank fails."""
+    existing = keep.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(
+            f"--keep {str(keep)!r}: {str(existing)!r} is not a writable directory (read-only or no permission); "
+            "name a directory you can write to, or leave --keep out for a temporary one"
+        )
 
 
 def check_backend(name: str) -> None:
@@ -277,6 +292,33 @@ def check_backend(name: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the simulator; Ctrl-C (or SIGTERM) ends it with one line on stderr and the shell's 128+signal code.
+
+    The ranks are stopped and the run directory removed by the `finally` blocks on the way out; a traceback
+    (torch's elastic launcher turns SIGINT into its own SignalException) would only hide that line.
+    """
+    try:
+        return _main(argv)
+    except BaseException as exc:
+        signum = _interrupt_signal(exc)
+        if signum is None:
+            raise
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"simulator: interrupted ({name}); ranks stopped, nothing left running", file=sys.stderr)
+        return 128 + signum
+
+
+def _interrupt_signal(exc: BaseException) -> int | None:
+    """The signal number behind an interruption, or None for any other exception."""
+    if isinstance(exc, KeyboardInterrupt):
+        return int(signal.SIGINT)
+    sigval = getattr(exc, "sigval", None)  # torch.distributed.elastic's SignalException, raised on SIGINT/SIGTERM
+    if type(exc).__name__ == "SignalException" and isinstance(sigval, int):
+        return int(sigval)
+    return None
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from simulator.run import run_plan  # deferred: --help must not import torch
 
     parser = build_parser()

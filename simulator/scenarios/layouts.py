@@ -119,6 +119,22 @@ def save(ctx: RankCtx) -> list[CheckResult]:
     return rows
 
 
+def _refused(ctx: RankCtx, source: int, exc: Exception) -> tuple[str, list[str]]:
+    """The reload row when the load raised.
+
+    Refusing is safe on another world (a rank with no files of its own, or an engine that will not map per-rank
+    files onto a different world without a resharder); on the world that saved the checkpoint it is a failure:
+    an engine that cannot read back its own checkpoint in fresh processes must not pass.
+    """
+    what = f"{type(exc).__name__}: {brief(str(exc))}"
+    if source == ctx.world:
+        return FAIL, [f"rank {ctx.rank}: reloading on the {source}-rank world that saved it raised {what}"]
+    if ctx.rank != 0 and ctx.rank != source:
+        return PASS, []
+    who = "ranks with files of their own" if ctx.rank < source else f"{ranks_label(source, ctx.world - 1)} (no files)"
+    return PASS, [f"{who}: load refused — {what}"]
+
+
 def load(ctx: RankCtx) -> list[CheckResult]:
     """Fresh processes on the target world: own data comes back, or the load is refused — never wrong data."""
     rows: list[CheckResult] = []
@@ -128,16 +144,7 @@ def load(ctx: RankCtx) -> list[CheckResult]:
     try:
         diffs, _ = _read_back(ctx, source)
     except Exception as exc:
-        # Refusing is always safe: a rank with no files of its own, or an engine that will not map
-        # per-rank files onto a different world without a resharder.
-        result = PASS
-        if ctx.rank == 0 or ctx.rank == source:
-            who = (
-                "ranks with files of their own"
-                if ctx.rank < source
-                else f"{ranks_label(source, ctx.world - 1)} (no files)"
-            )
-            notes.append(f"{who}: load refused — {type(exc).__name__}: {brief(str(exc))}")
+        result, notes = _refused(ctx, source, exc)
     else:
         if ctx.rank >= source:
             result = FAIL

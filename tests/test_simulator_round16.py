@@ -1,0 +1,160 @@
+"""Round 16 attacks on `python -m simulator` as a user runs it: interruptions and how the run ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _start(tmp_path: Path, *argv: str) -> tuple[subprocess.Popen[str], Path]:
+    """The simulator in its own session, with TMPDIR inside tmp_path so leftover temp dirs can be seen."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simulator", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    return proc, tmpdir
+
+
+def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    pytest.fail(f"never printed {needle!r}; printed: {''.join(seen)[-2000:]}")
+
+
+def _session_gone(pgid: int, timeout: float = 15.0) -> bool:
+    """Whether every process of the simulator's session (ranks, writers) has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _interrupt_and_check(proc: subprocess.Popen[str], tmpdir: Path, to_group: bool) -> None:
+    if to_group:  # a terminal's Ctrl-C reaches every process in the foreground group, the ranks too
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if line.strip()]
+    alive = not _session_gone(proc.pid)
+    if alive:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, f"exit code {proc.returncode}, stderr:\n{err[-3000:]}"
+    assert len(lines) == 1 and "interrupted" in lines[0], f"stderr should be one line, got:\n{err[-3000:]}"
+    assert not alive, "rank or writer processes outlived the interrupted simulator"
+    assert list(tmpdir.iterdir()) == [], f"temporary files left behind: {list(tmpdir.iterdir())}"
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["parent-only", "whole-group"])
+def test_ctrl_c_while_ranks_run_exits_130_with_one_line_and_nothing_left(tmp_path: Path, to_group: bool) -> None:
+    """Defect: SIGINT during a launch ended with exit code 1 and a 20-line SignalException traceback from
+    torch's elastic launcher instead of the shell's 130 and one line saying the run was interrupted."""
+    proc, tmpdir = _start(tmp_path, "--world", "2", "--scenario", "layouts", "--timeout", "120")
+    _wait_for_line(proc, "layouts · started", timeout=120)
+    _interrupt_and_check(proc, tmpdir, to_group)
+
+
+def test_ctrl_c_before_any_rank_starts_exits_130_with_one_line(tmp_path: Path) -> None:
+    """Defect: SIGINT while the simulator was still importing torch printed a KeyboardInterrupt traceback
+    and exited 1."""
+    proc, tmpdir = _start(tmp_path, "--world", "2", "--scenario", "layouts", "--timeout", "120")
+    time.sleep(1.0)
+    _interrupt_and_check(proc, tmpdir, to_group=False)
+
+
+def test_a_keep_dir_that_cannot_be_created_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    """Defect: `--keep` under a path that cannot hold a directory (a file, a read-only mount) ended in an
+    OSError traceback from mkdir (or, for an existing read-only dir, every rank failing); bad input must be
+    refused before anything starts, naming the flag and the fix."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = subprocess.run(
+        [sys.executable, "-m", "simulator", "--world", "1", "--scenario", "layouts", "--keep", str(blocker / "k")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "--keep" in proc.stderr and "not a writable directory" in proc.stderr
+    assert "launching" not in proc.stdout
+
+
+_FORGETFUL_BACKEND = '''
+"""torch_checkpointing whose load cannot read a checkpoint saved by another process (a lost-on-restart engine)."""
+import sys
+import torch_checkpointing as _tc
+from torch_checkpointing import *  # noqa: F403
+
+for _name in ("checkpoint_layout", "resharding", "dtensor_resharder", "distributed_metadata", "storage",
+              "storage.base_storage", "storage.filesystem"):
+    __import__(f"torch_checkpointing.{_name}")
+    sys.modules[f"{__name__}.{_name}"] = sys.modules[f"torch_checkpointing.{_name}"]
+
+_SAVED: set[str] = set()
+
+
+class CheckpointManager(_tc.CheckpointManager):
+    def save(self, checkpoint_id, *args, **kwargs):
+        _SAVED.add(str(checkpoint_id))
+        return super().save(checkpoint_id, *args, **kwargs)
+
+    def load(self, checkpoint_id, *args, **kwargs):
+        if str(checkpoint_id) not in _SAVED:
+            raise RuntimeError(f"{checkpoint_id}: not saved by this process")
+        return super().load(checkpoint_id, *args, **kwargs)
+'''
+
+
+def test_layouts_fails_an_engine_that_cannot_reload_on_the_world_that_saved(tmp_path: Path) -> None:
+    """Defect: layouts/reload counted any exception from load as a safe refusal, so on 2→2 an engine that
+    cannot read back its own checkpoint in fresh processes got `VERDICT: PASS` from `--scenario layouts`."""
+    pkg = tmp_path / "forgetful_tc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_FORGETFUL_BACKEND)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "simulator", "--world", "2", "--scenario", "layouts", "--backend", "forgetful_tc"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "layouts/read-back" in proc.stdout and "paths PASS, read-back PASS" in proc.stdout, proc.stdout[-3000:]
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "VERDICT: FAIL — layouts/reload" in proc.stdout, proc.stdout[-3000:]
+    assert "not saved by this process" in proc.stdout
