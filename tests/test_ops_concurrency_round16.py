@@ -59,6 +59,23 @@ def test_gc_never_removes_a_folder_named_like_ours_that_holds_another_tools_mani
     assert [c.name for c in list_checkpoints(root)] == ["step_1"]
 
 
+def test_gc_never_removes_a_folder_named_like_ours_that_holds_another_tools_incomplete_file(tmp_path: Path) -> None:
+    """The same promise for the marker: our `.incomplete` is empty (where saves rename) or a save's claim (a
+    small JSON object naming its token). A download tool's `.incomplete` (its progress, say) made a folder
+    named like ours "ours", and gc deleted it with the user's files."""
+    root = tmp_path / "run"
+    _save(root, [1])
+    foreign = {".incomplete": "downloaded 45% of data.bin\n", "user.txt": "mine"}
+    trash = root / f".data.trash-{_dead_pid()}-ab12"
+    _folder(trash, foreign)
+    ours = root / f".step_9.trash-{_dead_pid()}-cd34"
+    _folder(ours, {".incomplete": "", "model_0.pt": "x"})  # what a killed delete of ours leaves
+    report = collect_garbage(root, unowned_after_s=0)
+    assert (trash / "user.txt").read_text() == "mine", report
+    assert [Path(lo.path).name for lo in report.removed] == [ours.name], report
+    assert "delete it by hand" in {Path(lo.path).name: why for lo, why in report.kept}[trash.name]
+
+
 _JOB = textwrap.dedent(
     """
     import sys, time, torch

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import json
 import logging
 import math
 import os
@@ -544,8 +545,35 @@ def _marked(storage: Storage, path: Path) -> bool:
         names = set(entries)
         if MANIFEST_FILE_NAME in names and _is_regular(os.path.join(local, MANIFEST_FILE_NAME)):
             return not _foreign_manifest(os.path.join(local, MANIFEST_FILE_NAME))
-        return not entries or (INCOMPLETE_MARKER in names and _is_regular(os.path.join(local, INCOMPLETE_MARKER)))
+        marker = os.path.join(local, INCOMPLETE_MARKER)
+        return not entries or (INCOMPLETE_MARKER in names and _is_regular(marker) and _our_marker(marker))
     return storage.exists(path / MANIFEST_FILE_NAME) or storage.exists(path / INCOMPLETE_MARKER)
+
+
+_MAX_MARKER_BYTES = 64 * 1024  # a claim is a few hundred bytes
+
+
+def _our_marker(local: str) -> bool:
+    """Whether the `.incomplete` at `local` is one we write: empty (where saves rename, and a delete's), or a
+    save's claim (a JSON object naming its token). A download tool's `.incomplete` (its progress) made a folder
+    named like ours "ours", and gc deleted it. One that cannot be read (removed meanwhile) is not proof."""
+    try:
+        fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        data = os.read(fd, _MAX_MARKER_BYTES + 1)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if not data:
+        return True
+    try:
+        claim = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(claim, dict) and isinstance(claim.get("token"), str)
 
 
 def _foreign_manifest(local: str) -> bool:
