@@ -39,6 +39,7 @@ from torch_checkpointing.checkpoint_layout import (
 )
 from torch_checkpointing.errors import (
     CheckpointError,
+    ConfigTypeError,
     CorruptCheckpointError,
     RefusedPickleError,
     TemplateMismatchError,
@@ -727,9 +728,11 @@ class SafetensorsCodec(Codec):
     def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         map_location = options.map_location
         if map_location is not None and not isinstance(map_location, (str, torch.device)):
-            raise ValueError(
+            # a ConfigError, so the loader passes it on instead of blaming the (intact) file
+            raise ConfigTypeError(
                 f"SafetensorsSerialization map_location must be a str or torch.device, got "
-                f"{type(map_location).__name__} (item '{key}')."
+                f"{type(map_location).__name__} (item '{key}'). Pass e.g. map_location='cpu'; callables and "
+                f"dicts work only for TorchSerialization items."
             )
         device = str(map_location) if map_location is not None else "cpu"
         flat = read_safetensors(storage, path, key)
