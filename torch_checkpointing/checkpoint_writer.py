@@ -268,7 +268,7 @@ _DISK_FAULT_FIXES = {
     "checkpoints; `torch-checkpointing gc {parent}` removes what failed saves left), then save again",
     errno.EDQUOT: "the disk quota for {parent} is used up: free some of it or raise the quota, then save again",
     errno.EFBIG: "a file reached the file-size limit (`ulimit -f`, RLIMIT_FSIZE) or the filesystem's maximum "
-    "file size: raise the limit, or use smaller files (more items, or max_shard_size), then save again",
+    "file size: raise the limit, or split the state into more items (one file each), then save again",
     errno.EROFS: "{parent} is on a read-only filesystem: save under a writable directory, or remount it read-write",
     errno.EACCES: "this process may not write there: check the owner and mode of {parent} and of the "
     "checkpoint id's own directory, or save under another directory",

@@ -399,7 +399,9 @@ def _zip64_extra(extra: bytes, uncompressed: int, compressed: int, header_offset
 
 def _payload_offset(file: io.RawIOBase | IO[bytes], name: bytes, header_offset: int) -> int:
     file.seek(header_offset)
-    header = file.read(_LOCAL_HEADER) or b""
+    # One read for the fixed header, the name and torch's alignment padding (under 64 bytes) on a load's hot
+    # path; a longer extra field is read on below.
+    header = file.read(_LOCAL_HEADER + len(name) + _EXTRA_READ) or b""
     if len(header) < _LOCAL_HEADER:
         raise CorruptCheckpointError(
             f"Tensor record {name.decode('utf-8', 'replace')!r} has its header past the file's end."
@@ -414,7 +416,9 @@ def _payload_offset(file: io.RawIOBase | IO[bytes], name: bytes, header_offset: 
             f"Tensor record {name.decode('utf-8', 'replace')!r} is compressed (method {method} in its entry "
             f"header); torch.save stores every entry uncompressed. The file is damaged or crafted."
         )
-    local = file.read(name_len + extra_len) or b""
+    local = header[_LOCAL_HEADER : _LOCAL_HEADER + name_len + extra_len]
+    if len(local) < name_len + extra_len:
+        local += file.read(name_len + extra_len - len(local)) or b""
     if local[:name_len] != name or not _whole_extra_fields(local[name_len:], extra_len):
         raise CorruptCheckpointError(
             f"Tensor record {name.decode('utf-8', 'replace')!r}: its entry header names another file or holds a "
@@ -422,6 +426,9 @@ def _payload_offset(file: io.RawIOBase | IO[bytes], name: bytes, header_offset: 
             f"file is damaged or crafted."
         )
     return int(header_offset + _LOCAL_HEADER + name_len + extra_len)
+
+
+_EXTRA_READ = 128  # bytes of extra field read with a local header in one go
 
 
 def _whole_extra_fields(extra: bytes, claimed: int) -> bool:

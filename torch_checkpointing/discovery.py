@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import json
 import logging
 import math
 import os
@@ -30,9 +29,10 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
+    claim_token,
     parse_manifest,
+    read_local_regular,
     read_manifest,
-    read_regular_file,
 )
 from torch_checkpointing.names import ASIDE_RE, aside_of, held_here, previous_copy_hint
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
@@ -550,30 +550,15 @@ def _marked(storage: Storage, path: Path) -> bool:
     return storage.exists(path / MANIFEST_FILE_NAME) or storage.exists(path / INCOMPLETE_MARKER)
 
 
-_MAX_MARKER_BYTES = 64 * 1024  # a claim is a few hundred bytes
-
-
 def _our_marker(local: str) -> bool:
     """Whether the `.incomplete` at `local` is one we write: empty (where saves rename, and a delete's), or a
-    save's claim (a JSON object naming its token). A download tool's `.incomplete` (its progress) made a folder
-    named like ours "ours", and gc deleted it. One that cannot be read (removed meanwhile) is not proof."""
+    save's claim. A download tool's `.incomplete` (its progress) made a folder named like ours "ours", and gc
+    deleted it. One that cannot be read (removed meanwhile) is not proof."""
     try:
-        fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        data = read_local_regular(local, local)
+    except (OSError, CheckpointError):
         return False
-    try:
-        data = os.read(fd, _MAX_MARKER_BYTES + 1)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    if not data:
-        return True
-    try:
-        claim = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(claim, dict) and isinstance(claim.get("token"), str)
+    return not data or claim_token(data) is not None
 
 
 def _foreign_manifest(local: str) -> bool:
@@ -581,17 +566,11 @@ def _foreign_manifest(local: str) -> bool:
     gc deleted a folder named like ours because it held a browser extension's manifest. One we cannot parse
     (a write killed midway, removed meanwhile) still counts as ours, so that gc collects what a kill left."""
     try:
-        fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        parse_manifest(read_regular_file(fd, local), local)
+        parse_manifest(read_local_regular(local, local), local)
     except CheckpointError as exc:
         return _FOREIGN_MANIFEST in str(exc)
     except OSError:
         return False
-    finally:
-        os.close(fd)
     return False
 
 

@@ -28,8 +28,10 @@ __all__ = [
     "FileRecord",
     "Manifest",
     "check_json_tree",
+    "claim_token",
     "incomplete",
     "parse_manifest",
+    "read_local_regular",
     "read_manifest",
     "read_stored_bounded",
     "stray_claim",
@@ -178,7 +180,7 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
             raise incomplete(checkpoint_dir, storage)
         return None
     local = storage.local_path(path)
-    data = _read_local_regular(local, path) if local is not None else read_stored_bounded(storage, path)
+    data = read_local_regular(local, path) if local is not None else read_stored_bounded(storage, path)
     manifest = parse_manifest(data, str(path))
     if marked and not _stray_marker(storage, checkpoint_dir, manifest):
         raise incomplete(checkpoint_dir, storage)
@@ -206,7 +208,7 @@ def _stray_marker(storage: Storage, checkpoint_dir: Path, manifest: Manifest) ->
     where = checkpoint_dir / INCOMPLETE_MARKER
     try:
         local = storage.local_path(where)
-        marker = _read_local_regular(local, where) if local is not None else read_stored_bounded(storage, where)
+        marker = read_local_regular(local, where) if local is not None else read_stored_bounded(storage, where)
     except (OSError, CorruptCheckpointError, UnsafeCheckpointError):  # let go since it was seen, or not a claim
         return not storage.exists(where)
     return stray_claim(marker, manifest)
@@ -223,13 +225,19 @@ def stray_claim(marker: bytes, manifest: Manifest) -> bool:
     gc deleted whole. A marker naming another token than the manifest's is that claim. An empty marker (a
     delete under way, a rename-mode save) or the manifest's own token is an unfinished commit or delete.
     """
-    if manifest.claim is None:
-        return False
+    token = claim_token(marker)
+    return manifest.claim is not None and token is not None and token != manifest.claim
+
+
+def claim_token(marker: bytes) -> str | None:
+    """The save token an `.incomplete` marker's claim names (`commit.Claim`), or None: an empty marker (where
+    saves rename, and a delete's) or bytes that are no claim of ours."""
     try:
-        token = json.loads(marker.decode("utf-8")).get("token")
-    except (UnicodeDecodeError, ValueError, AttributeError):
-        return False
-    return isinstance(token, str) and token != manifest.claim
+        claim = json.loads(marker.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    token = claim.get("token") if isinstance(claim, dict) else None
+    return token if isinstance(token, str) else None
 
 
 def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest") -> bytes:
@@ -245,8 +253,9 @@ def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest") 
     return storage.read_range(path, 0, size) if size else b""
 
 
-def _read_local_regular(local: str, path: Path) -> bytes:
-    """The bytes of a local manifest that is a regular file, never blocking: a FIFO or a symlink is refused."""
+def read_local_regular(local: str, path: Path | str) -> bytes:
+    """The bytes of a local engine file (a manifest, a marker) that is a regular file, never blocking: a FIFO or a
+    symlink is refused."""
     try:
         fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:

@@ -93,10 +93,11 @@ class RetentionPolicy:
                 raise ConfigTypeError(f"RetentionPolicy.{name} must be a positive int or None, got {value!r}")
             if value is not None and value < 1:
                 raise ConfigError(f"RetentionPolicy.{name} must be a positive int or None, got {value!r}")
-        for name, cls in (("metric", str), ("root", (str, os.PathLike)), ("collect_garbage", bool)):
-            value = getattr(self, name)
-            if not isinstance(value, cls) and not (value is None and name != "collect_garbage"):
+        for name, value, cls in (("metric", self.metric, str), ("root", self.root, (str, os.PathLike))):
+            if value is not None and not isinstance(value, cls):
                 raise ConfigTypeError(f"RetentionPolicy.{name} cannot be {value!r} ({type(value).__name__})")
+        if not isinstance(self.collect_garbage, bool):
+            raise ConfigTypeError(f"RetentionPolicy.collect_garbage must be a bool, got {self.collect_garbage!r}")
         if self.keep_best is not None and not self.metric:
             raise ConfigError("RetentionPolicy.keep_best needs metric= (the name passed in save(..., metrics={...}))")
         if self.mode not in ("min", "max"):
