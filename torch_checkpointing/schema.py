@@ -77,9 +77,17 @@ class ResolvedItem:
 
 
 def validate_keys(keys: list[Any]) -> None:
+    _check_key_types(keys)
+    _check_key_rule(keys)
+
+
+def _check_key_types(keys: list[Any]) -> None:
     non_str = [k for k in keys if not isinstance(k, str)]
     if non_str:
         raise ConfigTypeError(f"Checkpoint keys must be str; got {non_str!r}. Use string keys such as 'model'.")
+
+
+def _check_key_rule(keys: list[str]) -> None:
     bad = [k for k in keys if not _KEY_RE.fullmatch(k)]
     if bad:
         raise ConfigError(
@@ -144,7 +152,7 @@ def resolve(
             f"A checkpoint payload must be a Mapping of item key -> value, got {type(payload).__name__}"
         )
     keys = list(payload.keys())
-    validate_keys(keys)
+    _check_key_types(keys)  # the checks below sort and compare keys; the key rule comes after them (§3 order)
     for key, spec in items.items():
         if not isinstance(spec, ItemSpec):
             raise ConfigTypeError(f"Config.items['{key}'] must be an ItemSpec, got {type(spec).__name__}")
@@ -160,6 +168,7 @@ def resolve(
                 f"No ItemSpec for checkpoint key(s) {unknown} and the schema is strict (default=None). "
                 f"Declare them in Config.items or set a Config.default."
             )
+    _check_key_rule(keys)
     resolved: list[ResolvedItem] = []
     owners: dict[str, str] = {}
     for key in keys:
