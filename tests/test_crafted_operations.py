@@ -11,6 +11,7 @@ checkpoint, and exported bytes that failed their checksums.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -421,6 +422,34 @@ def test_an_export_that_runs_out_of_file_size_leaves_the_earlier_export_intact(t
     assert not [p for p in tmp_path.iterdir() if ".export-tmp-" in p.name]
     loaded = import_hf(out)
     assert all(torch.equal(loaded[k], v) for k, v in small["model"].items())
+
+
+FSIZE_ERRNO_CHILD = """
+import resource, signal, sys
+from torch_checkpointing.hf import export_hf
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+try:
+    export_hf(sys.argv[1], "model", sys.argv[2], max_shard_size="20KB")
+except OSError as exc:
+    print("FAILED", type(exc).__name__, exc.errno, exc, flush=True)
+"""
+
+
+def test_an_export_shard_past_the_file_size_limit_is_an_os_error_with_its_errno_and_the_fix(tmp_path: Path) -> None:
+    """A shard that safetensors cannot write (its error carries the OS error only in its text) must be an OSError
+    with that errno, saying nothing was exported and what to do, as the index's write error does. Defect: a
+    bare OSError(message) whose errno was None and which named no fix."""
+    _save_run(tmp_path / "run", (1,), _export_state())
+    proc = subprocess.run(
+        [sys.executable, "-c", FSIZE_ERRNO_CHILD, str(tmp_path / "run" / "step_1"), str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert proc.stdout.startswith(f"FAILED OSError {errno.EFBIG} "), proc.stdout + proc.stderr
+    assert "nothing was exported" in proc.stdout and "file-size limit" in proc.stdout, proc.stdout
+    assert not (tmp_path / "hf").exists()
 
 
 KILLED_EXPORT_CHILD = """

@@ -686,7 +686,7 @@ def _write_export(
             os.chmod(staging / name, file_mode)
             _fsync(staging / name)
         except SafetensorError as exc:  # a disk full or a file-size limit arrives as this, not as an OSError
-            raise OSError(f"Could not write export shard {name} of {what} ({exc}); nothing was exported") from exc
+            raise _write_failed(f"export shard {name}", what, _os_errno(str(exc)), str(exc)) from exc
         report.total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
         del tensors
         weight_map.update({p.name: name for p in shard})
@@ -699,13 +699,26 @@ def _write_export(
         _fsync(staging / INDEX_FILE_NAME)
         _fsync(staging)
     except OSError as exc:  # a disk full or a file-size limit: bare "[Errno 27] File too large" before
-        raise OSError(
-            exc.errno,
-            f"Could not write the export's {INDEX_FILE_NAME} of {what} ({exc.strerror}); nothing was "
-            f"exported: free space (or raise the file-size limit) and export again",
-        ) from exc
+        raise _write_failed(f"the export's {INDEX_FILE_NAME}", what, exc.errno, exc.strerror) from exc
     report.files.append(INDEX_FILE_NAME)
     return report
+
+
+def _os_errno(text: str) -> int | None:
+    """The errno in safetensors' error text ("I/O error: File too large (os error 27)"), which keeps it nowhere
+    else."""
+    found = re.search(r"\(os error (\d+)\)", text)
+    return int(found.group(1)) if found else None
+
+
+def _write_failed(file: str, what: str, code: int | None, reason: str | None) -> OSError:
+    """An export file that could not be written: the OS error's errno (so callers can tell a full disk), what
+    was not written, and the fix."""
+    return OSError(
+        code,
+        f"Could not write {file} of {what} ({reason}); nothing was exported: free space (or raise the file-size "
+        f"limit) and export again",
+    )
 
 
 @contextlib.contextmanager
