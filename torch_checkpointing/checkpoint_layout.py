@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from typing_extensions import Self
 
-from torch_checkpointing.errors import ConfigError, ConfigTypeError
+from torch_checkpointing.errors import ConfigError, ConfigTypeError, CorruptCheckpointError
 from torch_checkpointing.schema_constants import RANK_PLACEHOLDER
 
 
@@ -172,10 +172,22 @@ def serialization_format_from_dict(d: dict[str, Any]) -> SerializationFormat:
     return fmt.from_dict(d)
 
 
-def untrusted_format_from_dict(d: dict[str, Any]) -> SerializationFormat:
+def untrusted_format_from_dict(d: Any, where: str) -> SerializationFormat:
     """A format as a checkpoint records it, with any JSON class name dropped: checkpoint data is untrusted
-    input, so nothing named in it is imported (such items load as plain JSON)."""
-    return serialization_format_from_dict({k: v for k, v in d.items() if k != "cls"})
+    input, so nothing named in it is imported (such items load as plain JSON).
+
+    A record no format reads (an unknown `type`, options of the wrong type) is the checkpoint's defect, not the
+    caller's: a `CorruptCheckpointError` naming `where` (the file and field), never the `ConfigError` a bad
+    config gets (a load without templates, `export` and `diff` raised that bare, naming nothing)."""
+    try:
+        if not isinstance(d, dict):
+            raise ConfigTypeError(f"a format record must be an object such as {{'type': 'TorchSerialization'}}: {d!r}")
+        return serialization_format_from_dict({k: v for k, v in d.items() if k != "cls"})
+    except ConfigError as exc:
+        raise CorruptCheckpointError(
+            f"{where} records a serialization format no load reads ({exc}); the checkpoint was written by another "
+            f"tool or engine version, or its manifest is damaged or crafted."
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from typing import Any, NoReturn, TextIO
 
 import torch
 
-from torch_checkpointing.checkpoint_layout import untrusted_format_from_dict
 from torch_checkpointing.checksum import RunningChecksum, combine_blocks
 from torch_checkpointing.codecs import dtype_from_name
 from torch_checkpointing.discovery import (
@@ -39,7 +38,7 @@ from torch_checkpointing.discovery import (
 )
 from torch_checkpointing.distributed_metadata import DistributedMetadata, read_distributed_metadata
 from torch_checkpointing.errors import CheckpointError, ConfigError, IncompleteCheckpointError
-from torch_checkpointing.manifest import FileRecord, Manifest
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest
 from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.retention import (
     DEFAULT_UNOWNED_AGE_S,
@@ -446,18 +445,18 @@ def _verify_all(ctx: CheckpointReadContext, manifest: Manifest, ui: Ui) -> list[
     checks: list[_Check] = []
     with ui.progress(sum(r.size for r in manifest.files), f"verify {ctx.root.name}") as advance:
         for rec in sorted(manifest.files, key=lambda r: (r.key, r.rank)):
-            checks.append(_known_format(rec) or _verify_record(ctx, rec, advance))
+            checks.append(_known_format(ctx, rec) or _verify_record(ctx, rec, advance))
     if manifest.metadata_file:
         checks.append(_verify_metadata(ctx, manifest.metadata_file))
     return checks
 
 
-def _known_format(rec: FileRecord) -> _Check | None:
+def _known_format(ctx: CheckpointReadContext, rec: FileRecord) -> _Check | None:
     """A failed check for a file recorded in a format no load reads (a newer engine's, or a damaged record):
     its bytes may match, but the checkpoint does not load, and `verify` said OK."""
     try:
-        untrusted_format_from_dict(rec.format)
-    except (CheckpointError, ConfigError) as exc:
+        rec.serialization_format(ctx.root / MANIFEST_FILE_NAME)
+    except CheckpointError as exc:
         return _Check(rec.path, False, str(exc))
     return None
 
@@ -503,7 +502,7 @@ def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, res
 def _decode_checked(ctx: CheckpointReadContext, rec: FileRecord, key: str) -> Any:
     from torch_checkpointing.encoding import decode
 
-    fmt = untrusted_format_from_dict(rec.format)
+    fmt = rec.serialization_format(ctx.root / MANIFEST_FILE_NAME)
     value = decode(fmt, ctx.storage_view(), ctx.root / checked_relative_path(rec.path, str(ctx.root)), key)
     ctx.wait_verified()
     return value

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from torch_checkpointing.checkpoint_layout import LayoutInfo, untrusted_format_from_dict
+from torch_checkpointing.checkpoint_layout import LayoutInfo
 from torch_checkpointing.errors import CheckpointError, ConfigError, IncompleteCheckpointError
 from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
@@ -740,5 +740,5 @@ def self_describing_layouts(
                     f"{rank}; load it with into= and a resharder, or on {manifest.world_size} rank(s)."
                 )
             record = owners[0]
-        out[key] = LayoutInfo(record.path, untrusted_format_from_dict(record.format))
+        out[key] = LayoutInfo(record.path, record.serialization_format(Path(checkpoint_id) / MANIFEST_FILE_NAME))
     return out

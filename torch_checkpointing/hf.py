@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.checkpoint_layout import untrusted_format_from_dict
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES
 from torch_checkpointing.discovery import committed_manifest, default_storage, pid_alive, storage_for
 from torch_checkpointing.distributed_metadata import (
@@ -174,7 +173,7 @@ class _ItemSource:
             raise KeyError(f"Checkpoint {checkpoint} has no item '{key}'; it holds {sorted(manifest.keys())}.")
         metadata = read_distributed_metadata(self._ctx, [key])
         self.item_metadata: DistributedItemMetadata | None = metadata.metadata.get(key) if metadata else None
-        self._formats = {r.rank: untrusted_format_from_dict(r.format) for r in records}
+        self._formats = {r.rank: r.serialization_format(checkpoint / MANIFEST_FILE_NAME) for r in records}
         self._paths = {r.rank: r.path for r in records}
         if rank is not None and rank not in self._paths:
             raise ValueError(f"Item '{key}' has no file of rank {rank}; ranks: {sorted(self._paths)}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from torch_checkpointing.checkpoint_layout import SerializationFormat, untrusted_format_from_dict
 from torch_checkpointing.checksum import BlockChecksums
 from torch_checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
 from torch_checkpointing.storage.base_storage import Storage
@@ -69,6 +70,12 @@ class FileRecord:
         if self.blocks is not None:
             d["blocks"] = self.blocks.to_json()
         return d
+
+    def serialization_format(self, manifest: Path | str) -> SerializationFormat:
+        """The format this record says its file was written in, as every reader turns it into one (nothing named
+        in it imported); a record no format reads is a `CorruptCheckpointError` naming `manifest` and the field."""
+        where = f"{manifest}: field 'items.{self.key}.{self.rank}.format' (file {self.path!r})"
+        return untrusted_format_from_dict(self.format, where)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FileRecord:
