@@ -78,3 +78,99 @@ def test_export_and_diff_refuse_a_recorded_format_naming_the_manifest_field(
         export_hf(str(root), "model", str(tmp_path / "out"))
     assert cli_main(["diff", str(root), str(other)]) == 2
     assert "field 'items.model.0.format'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ 2. import_hf: every template and shard checked first
+
+
+def _hf_dir(tmp_path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file({"a": torch.ones(3), "b": torch.full((3,), 2.0)}, str(hf / "model.safetensors"))
+    return hf
+
+
+def _inference_zeros() -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.zeros(3)
+
+
+@pytest.mark.parametrize(
+    "second",
+    [lambda: torch.zeros(1).expand(3), lambda: torch.empty(3, device="meta"), _inference_zeros],
+    ids=["expanded-view", "meta", "inference"],
+)
+def test_import_hf_refuses_a_template_it_cannot_fill_before_copying_anything(
+    tmp_path: Path, second: Callable[[], torch.Tensor]
+) -> None:
+    """The loader's template checks were not made: an expanded view or an inference tensor failed in copy_() with
+    a bare RuntimeError after 'a' had been filled, and a meta template was returned unfilled, silently."""
+    from torch_checkpointing.errors import TemplateMismatchError
+    from torch_checkpointing.hf import import_hf
+
+    first = torch.zeros(3)
+    with pytest.raises(TemplateMismatchError, match=r"'b'"):
+        import_hf(_hf_dir(tmp_path), into={"a": first, "b": second()})
+    assert torch.equal(first, torch.zeros(3)), "'a' was filled before the refusal"
+
+
+def test_import_hf_refuses_tied_template_entries_that_receive_different_values(tmp_path: Path) -> None:
+    """Two entries sharing one tensor were filled one after the other: the last copy won silently."""
+    from torch_checkpointing.errors import TemplateMismatchError
+    from torch_checkpointing.hf import import_hf
+
+    hf = _hf_dir(tmp_path)
+    tied = torch.zeros(3)
+    with pytest.raises(TemplateMismatchError, match=r"share memory"):
+        import_hf(hf, into={"a": tied, "b": tied})
+    assert torch.equal(tied, torch.zeros(3))
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.ones(3), "b": torch.ones(3)}, str(hf / "model.safetensors"))
+    assert torch.equal(import_hf(hf, into={"a": tied, "b": tied})["a"], torch.ones(3))  # equal values: fine
+
+
+def _dup_header(path: Path) -> None:
+    """Rewrite the shard's header to name 'a' twice: first as its F32 bytes, then as the same bytes read as I32."""
+    import struct
+
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    first = json.dumps(header["a"])
+    second = json.dumps({**header["a"], "dtype": "I32"})
+    text = ('{"a":' + first + ',"a":' + second + ',"b":' + json.dumps(header["b"]) + "}").encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n :])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated", "garbage", "name-twice", "index-names-absent-tensor"],
+)
+def test_import_hf_refuses_a_damaged_shard_naming_it(tmp_path: Path, damage: str) -> None:
+    """A truncated or crafted shard raised safetensors' bare `SafetensorError` (no file named); a header naming a
+    tensor twice was read as its last entry (an int32 view of float bytes); an index naming a tensor its shard
+    lacks raised it too."""
+    from torch_checkpointing.hf import INDEX_FILE_NAME, import_hf
+
+    hf = _hf_dir(tmp_path)
+    shard = hf / "model.safetensors"
+    if damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-4])
+    elif damage == "garbage":
+        shard.write_bytes(b"\x00\x01\x02")
+    elif damage == "name-twice":
+        _dup_header(shard)
+    else:
+        index = {"metadata": {}, "weight_map": {"a": "model.safetensors", "c": "model.safetensors"}}
+        (hf / INDEX_FILE_NAME).write_text(json.dumps(index))
+    template = torch.zeros(3)
+    with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors"):
+        import_hf(hf, into={"a": template, "c": torch.zeros(3)} if damage.startswith("index") else {"a": template})
+    assert torch.equal(template, torch.zeros(3))
+    if not damage.startswith("index"):
+        with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors"):
+            import_hf(hf)

@@ -560,11 +560,11 @@ def read_safetensors(storage: Storage, path: Path, key: str) -> dict[str, torch.
     try:
         if local is not None:
             with open(local, "rb") as file:
-                _refuse_names_twice(path, file)
+                refuse_names_twice(path, file)
             with safe_open(local, framework="pt", device="cpu") as f:
                 return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (a safe_open handle)
         data = storage.read(path)
-        _refuse_names_twice(path, io.BytesIO(data))
+        refuse_names_twice(path, io.BytesIO(data))
         return safetensors_load(data)
     except (SafetensorError, ValueError, OverflowError) as exc:
         raise CorruptCheckpointError(f"File {path} for item '{key}' is not a readable safetensors file: {exc}") from exc
@@ -573,7 +573,7 @@ def read_safetensors(storage: Storage, path: Path, key: str) -> dict[str, torch.
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the limit safetensors' own reader applies
 
 
-def _refuse_names_twice(path: Path, file: IO[bytes]) -> None:
+def refuse_names_twice(path: Path, file: IO[bytes]) -> None:
     """A header naming one tensor twice: safetensors keeps the last entry silently (another dtype, other bytes),
     where the resharder's header parse refuses it; the direct load refuses it too."""
     head = file.read(8)

@@ -23,6 +23,7 @@ import re
 import shutil
 import socket
 import stat
+import struct
 import time
 import uuid
 import zlib
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.codecs import SAFETENSORS_DTYPES
+from torch_checkpointing.codecs import SAFETENSORS_DTYPES, refuse_names_twice
 from torch_checkpointing.discovery import committed_manifest, default_storage, pid_alive, storage_for
 from torch_checkpointing.distributed_metadata import (
     METADATA_FILE_NAME,
@@ -74,8 +75,8 @@ from torch_checkpointing.source_reader import (
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.fsspec_storage import url_scheme
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves, local_tensor
-from torch_checkpointing.types import NestedPath
-from torch_checkpointing.walk_utils import MISSING
+from torch_checkpointing.types import CheckpointPath, NestedPath
+from torch_checkpointing.walk_utils import MISSING, check_shared_targets, check_writable, overlapping_targets
 
 __all__ = ["INDEX_FILE_NAME", "ExportReport", "export_hf", "import_hf", "iter_item_tensors", "parse_size"]
 
@@ -808,10 +809,38 @@ def _hf_files(directory: Path) -> dict[str, str]:
     if len(found) != 1:
         raise FileNotFoundError(f"{directory} has no {INDEX_FILE_NAME} and not exactly one *.safetensors file")
     _regular(found[0])
+    with _open_shard(found[0]) as f:
+        return dict.fromkeys(f.keys(), found[0].name)
+
+
+@contextlib.contextmanager
+def _reading_shard(path: Path) -> Iterator[None]:
+    """What safetensors raises on a shard that is not what its header says (truncated, damaged, crafted): a
+    `CorruptCheckpointError` naming the shard, not a bare `SafetensorError` naming nothing."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (SafetensorError, ValueError, OverflowError, EOFError, struct.error) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CorruptCheckpointError(
+            f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc}); the download is damaged or "
+            f"incomplete. Download it again."
+        ) from exc
+
+
+@contextlib.contextmanager
+def _open_shard(path: Path) -> Iterator[Any]:
+    """A shard opened with safetensors, its header checked as a checkpoint's is (a tensor named twice, which
+    safetensors resolves silently to the last entry, is refused)."""
     from safetensors import safe_open
 
-    with safe_open(str(found[0]), framework="pt", device="cpu") as f:
-        return dict.fromkeys(f.keys(), found[0].name)
+    with _reading_shard(path):
+        with open(path, "rb") as file:
+            refuse_names_twice(path, file)
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            yield f
 
 
 def _shard_name(value: Any, index: Path) -> str:
@@ -856,37 +885,63 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
     `get_slice`, so a rank reads its part only). A template tensor the directory lacks, or one whose shape or
     dtype differs, raises `TemplateMismatchError` before anything is copied.
     """
-    from safetensors import safe_open
-
     base = Path(directory)
     files = _hf_files(base)
     if into is None:
         out: dict[str, torch.Tensor] = {}
         for shard in sorted(set(files.values())):
-            with safe_open(str(base / shard), framework="pt", device="cpu") as f:
+            with _open_shard(base / shard) as f, _reading_shard(base / shard):
                 out.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 (a safe_open handle)
         return out
     leaves = _leaves(into)
     missing = sorted(name for name, _ in leaves if name not in files)
     if missing:
         raise TemplateMismatchError(f"{directory} has no tensor(s) {missing[:10]} (of {len(missing)} missing)")
-    handles: dict[str, Any] = {}
-    try:
-        checks = []
+    with contextlib.ExitStack() as handles:
+        opened: dict[str, Any] = {}
+        checks: list[tuple[str, Path, Any, torch.Tensor]] = []
         for name, leaf in leaves:
             shard = files[name]
-            if shard not in handles:
-                handles[shard] = safe_open(str(base / shard), framework="pt", device="cpu")
-            checks.append((name, handles[shard].get_slice(name), leaf))
+            if shard not in opened:
+                opened[shard] = handles.enter_context(_open_shard(base / shard))
+            with _reading_shard(base / shard):
+                if name not in opened[shard].keys():  # noqa: SIM118 (a safe_open handle)
+                    raise CorruptCheckpointError(
+                        f"{base / INDEX_FILE_NAME} names {shard!r} for tensor {name!r}, which that shard does not "
+                        f"hold; the download is damaged or incomplete."
+                    )
+                checks.append((name, base / shard, opened[shard].get_slice(name), leaf))
         refuse_partial_targets("", into)  # worded for this load, before anything is copied
-        for name, sl, leaf in checks:  # every tensor checked (its local runs planned) before any is copied
+        for name, _, sl, leaf in checks:  # every tensor checked (its local runs planned) before any is copied
             _check_fits(name, tuple(sl.get_shape()), sl.get_dtype(), leaf)
-        fills = [(sl, leaf, _local_runs(leaf)) for _, sl, leaf in checks]
-        for sl, leaf, runs in fills:
-            _fill(sl, leaf, runs)
-    finally:
-        handles.clear()
+            check_writable(f"HF tensor {name!r}", local_tensor(leaf))
+        fills: list[_Fill] = [(name, file, sl, leaf, _local_runs(leaf)) for name, file, sl, leaf in checks]
+        _refuse_tied_differing(fills)
+        for _, file, sl, leaf, runs in fills:
+            with _reading_shard(file):
+                _fill(sl, leaf, runs)
     return into
+
+
+_Fill = tuple[str, Path, Any, torch.Tensor, "tuple[list[Any], ...] | None"]
+
+
+def _refuse_tied_differing(fills: list[_Fill]) -> None:
+    """Template tensors sharing memory (tied weights, overlapping views) that the directory fills with different
+    values are refused before the first copy, as a load refuses them (`walk_utils.check_shared_targets`): the
+    later copy won silently. Only entries whose memory overlaps another's are read here."""
+    targets = [(CheckpointPath(name, ()), leaf) for name, _, _, leaf, _ in fills]
+    tied = {str(where) for pair in overlapping_targets(targets) for where in pair}
+    if not tied:
+        return
+    copies = []
+    for name, shard, sl, leaf, runs in fills:
+        if str(CheckpointPath(name, ())) in tied:
+            scratch = torch.empty_like(local_tensor(leaf))
+            with _reading_shard(shard):
+                _fill(sl, scratch, runs, local=True)
+            copies.append((CheckpointPath(name, ()), scratch, leaf))
+    check_shared_targets(copies)
 
 
 def _check_fits(name: str, shape: tuple[int, ...], st_dtype: str, leaf: torch.Tensor) -> None:
@@ -906,12 +961,13 @@ def _local_runs(leaf: torch.Tensor) -> tuple[list[Any], ...] | None:
     return compute_local_runs(DTensorShardingMetadata.from_dtensor(leaf), rank)
 
 
-def _fill(sl: Any, leaf: torch.Tensor, runs: tuple[list[Any], ...] | None) -> None:
+def _fill(sl: Any, leaf: torch.Tensor, runs: tuple[list[Any], ...] | None, local: bool = False) -> None:
+    """Copy the slice into the template `leaf` (into `leaf` itself, taken as the local shard, when `local`)."""
     with torch.no_grad():
         if runs is None:
             leaf.copy_(sl[tuple(slice(0, n) for n in leaf.shape)] if leaf.dim() else sl[...])
         else:
-            _copy_runs(sl, runs, local_tensor(leaf))
+            _copy_runs(sl, runs, leaf if local else local_tensor(leaf))
 
 
 def _copy_runs(sl: Any, runs: tuple[list[Any], ...], local: torch.Tensor) -> None:
