@@ -174,3 +174,22 @@ def test_import_hf_refuses_a_damaged_shard_naming_it(tmp_path: Path, damage: str
     if not damage.startswith("index"):
         with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors"):
             import_hf(hf)
+
+
+def test_import_hf_refuses_a_shard_holding_a_tensor_the_index_places_elsewhere(tmp_path: Path) -> None:
+    """Without templates every tensor of every shard was returned, so a tensor in two shards came back as the one
+    in the shard last in name order, whatever the index said (a templated import read the index's)."""
+    from safetensors.torch import save_file
+
+    from torch_checkpointing.hf import INDEX_FILE_NAME, import_hf
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file({"a": torch.ones(3)}, str(hf / "m-1.safetensors"))
+    save_file({"a": torch.full((3,), 9.0), "b": torch.zeros(1)}, str(hf / "m-2.safetensors"))
+    index = {"metadata": {}, "weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}}
+    (hf / INDEX_FILE_NAME).write_text(json.dumps(index))
+    with pytest.raises(CorruptCheckpointError, match=r"m-2\.safetensors holds tensor 'a'.*places it in 'm-1"):
+        import_hf(hf)
+    save_file({"b": torch.zeros(1)}, str(hf / "m-2.safetensors"))
+    assert torch.equal(import_hf(hf)["a"], torch.ones(3))

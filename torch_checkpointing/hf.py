@@ -891,7 +891,10 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
         out: dict[str, torch.Tensor] = {}
         for shard in sorted(set(files.values())):
             with _open_shard(base / shard) as f, _reading_shard(base / shard):
-                out.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 (a safe_open handle)
+                for name in f.keys():  # noqa: SIM118 (a safe_open handle)
+                    if files.get(name) != shard:  # the index places it in another shard, or nowhere
+                        raise _index_disagrees(base, name, files.get(name), shard)
+                    out[name] = f.get_tensor(name)
         return out
     leaves = _leaves(into)
     missing = sorted(name for name, _ in leaves if name not in files)
@@ -921,6 +924,16 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
             with _reading_shard(file):
                 _fill(sl, leaf, runs)
     return into
+
+
+def _index_disagrees(base: Path, name: str, indexed: str | None, shard: str) -> CorruptCheckpointError:
+    """A shard holding a tensor the index places elsewhere: which copy is the model's is unknown (a flat import
+    returned whichever shard came last in name order, a templated one the index's)."""
+    said = f"places it in {indexed!r}" if indexed is not None else "does not list it"
+    return CorruptCheckpointError(
+        f"{base / shard} holds tensor {name!r}, but {base / INDEX_FILE_NAME} {said}; the index and its shards "
+        f"disagree, so the download is damaged or mixes two exports. Download it again."
+    )
 
 
 _Fill = tuple[str, Path, Any, torch.Tensor, "tuple[list[Any], ...] | None"]
