@@ -895,6 +895,12 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
                     if files.get(name) != shard:  # the index places it in another shard, or nowhere
                         raise _index_disagrees(base, name, files.get(name), shard)
                     out[name] = f.get_tensor(name)
+        absent = sorted(name for name in files if name not in out)
+        if absent:
+            raise CorruptCheckpointError(
+                f"{base / INDEX_FILE_NAME} lists tensor(s) {absent[:10]} (of {len(absent)}) that the shards it names "
+                f"do not hold; the download is damaged or incomplete. Download it again."
+            )
         return out
     leaves = _leaves(into)
     missing = sorted(name for name, _ in leaves if name not in files)
