@@ -192,3 +192,44 @@ def test_import_hf_refuses_a_shard_holding_a_tensor_the_index_places_elsewhere(t
         import_hf(hf)
     save_file({"b": torch.zeros(1)}, str(hf / "m-2.safetensors"))
     assert torch.equal(import_hf(hf)["a"], torch.ones(3))
+
+
+# ------------------------------------------------------------ 3. a resharding source safetensors refuses
+
+
+def _forge_file(root: Path, rel: str, data: bytes) -> None:
+    """Replace a file and forge its manifest record to match (an attacker controls both)."""
+    import zlib
+
+    (root / rel).write_bytes(data)
+
+    def forge(d: dict[str, Any]) -> None:
+        for per_rank in d["items"].values():
+            for rec in per_rank.values():
+                if rec["path"] == rel:
+                    rec.update(size=len(data), crc32=zlib.crc32(data))
+                    rec.pop("blocks", None)
+
+    _edit_manifest(root, forge)
+
+
+def test_a_resharding_load_refuses_a_safetensors_source_safetensors_cannot_open(tmp_path: Path) -> None:
+    """safetensors' own `SafetensorError` (no ValueError) was not among the decode errors, so a resharding load
+    of a source with bytes past its last tensor raised it bare, naming no file (a direct load named it)."""
+    import warnings
+
+    from tests.test_verified_loads import AlwaysReshard
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+
+    spec = ItemSpec(layout=LayoutInfo("m_{rank}.safetensors", SafetensorsSerialization()), resharder=AlwaysReshard())
+    m = _manager({"m": spec})
+    root = tmp_path / "ck"
+    template = torch.zeros(16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.save(str(root), {"m": {"w": torch.arange(16.0)}})
+        _forge_file(root, "m_0.safetensors", (root / "m_0.safetensors").read_bytes() + b"xx")
+        with pytest.raises(CorruptCheckpointError, match=r"m_0\.safetensors.*SafetensorError"):
+            m.load(str(root), into={"m": {"w": template}})
+    m.close()
+    assert torch.equal(template, torch.zeros(16))

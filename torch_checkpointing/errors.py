@@ -20,6 +20,8 @@ import sys
 import zipfile
 from collections.abc import Mapping
 
+from safetensors import SafetensorError
+
 # The package's top level exports every name listed here (its lazy table reads this list).
 __all__ = [
     "CheckpointError",
@@ -81,8 +83,9 @@ def undecodable(path: object, what: str, exc: BaseException) -> UndecodableFileE
 
 
 # What parsing untrusted bytes raises when they are not what they claim: torch's loader (RuntimeError), pickle,
-# zipfile, struct, json, and the engine's own walkers (NestingError is a ValueError). Never MemoryError: a
-# real shortage is not a property of the file.
+# zipfile, struct, json, safetensors (its SafetensorError is no ValueError: a resharding load of a safetensors
+# source with bytes past its last tensor raised it bare), and the engine's own walkers (NestingError is a
+# ValueError). Never MemoryError: a real shortage is not a property of the file.
 DECODE_ERRORS: tuple[type[BaseException], ...] = (
     RuntimeError,
     ValueError,
@@ -97,6 +100,7 @@ DECODE_ERRORS: tuple[type[BaseException], ...] = (
     struct.error,
     pickle.UnpicklingError,
     zipfile.BadZipFile,
+    SafetensorError,
 )
 
 
