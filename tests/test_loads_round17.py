@@ -233,3 +233,34 @@ def test_a_resharding_load_refuses_a_safetensors_source_safetensors_cannot_open(
             m.load(str(root), into={"m": {"w": template}})
     m.close()
     assert torch.equal(template, torch.zeros(16))
+
+
+# ------------------------------------------------------------ 4. a custom resharder's damage before any other copy
+
+
+def test_a_custom_resharder_meeting_damage_raises_before_any_other_item_is_copied(tmp_path: Path) -> None:
+    """A custom resharder's `load` reads its source in the copy phase (the check phase cannot know what it will
+    read), and it ran in item order: its CRC32 failure came after item 'aaa' had been copied into its template."""
+    import warnings
+
+    from tests.test_verified_loads import WholeFileResharder, _flip, _offset_of
+
+    m = _manager({"model": ItemSpec(resharder=WholeFileResharder()), "aaa": ItemSpec(), "zzz": ItemSpec()})
+    root = tmp_path / "ck"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.save(
+            str(root), {"model": {"w": torch.arange(4096.0)}, "aaa": {"x": torch.ones(3)}, "zzz": {"x": torch.ones(3)}}
+        )
+        a, z, w = torch.zeros(3), torch.zeros(3), torch.zeros(4096)
+        loaded = m.load(str(root), into={"aaa": {"x": a}, "model": {"w": w}, "zzz": {"x": z}})
+        assert list(loaded) == ["aaa", "model", "zzz"]  # the items' order, whatever the copy order
+        assert torch.equal(a, torch.ones(3)) and torch.equal(w, torch.arange(4096.0))
+        path = root / "model_0.pt"
+        _flip(path, _offset_of(path.read_bytes(), torch.arange(100, 104, dtype=torch.float32).numpy().tobytes()) + 2)
+        a, z, w = torch.zeros(3), torch.zeros(3), torch.zeros(4096)
+        with pytest.raises(CorruptCheckpointError, match=r"model_0\.pt.*CRC32"):
+            m.load(str(root), into={"aaa": {"x": a}, "model": {"w": w}, "zzz": {"x": z}})
+    m.close()
+    assert torch.equal(a, torch.zeros(3)), "item 'aaa' was restored before the refusal"
+    assert torch.equal(z, torch.zeros(3)) and torch.equal(w, torch.zeros(4096))

@@ -217,18 +217,23 @@ class CheckpointLoader:
     def _copy(
         self, ctx: CheckpointReadContext, plans: list[_Direct | _Reshard], report: _Report, strict: bool
     ) -> dict[str, Any]:
-        result: dict[str, Any] = {}
+        loaded: dict[str, Any] = {}
         unhandled: list[CheckpointPath] = []
         known = set(report.missing)  # a planned job's unfillable paths were found by the check phase
-        for plan in plans:
+        # A custom resharder's `load` reads what it likes, so the check phase could not check it (its damaged
+        # block raises as it reads): it runs first, before the engine has copied into any template. Run in item
+        # order, a failure there left the items before it restored and the rest not.
+        unchecked = [p for p in plans if isinstance(p, _Reshard) and not _engine_runs(p)]
+        for plan in [*unchecked, *(p for p in plans if not any(p is u for u in unchecked))]:
             if isinstance(plan, _Direct):
-                result[plan.item.key], _ = walk_checkpoint_structure(
+                loaded[plan.item.key], _ = walk_checkpoint_structure(
                     item_key=plan.item.key, source=plan.value, target=plan.item.value, unexpected=[]
                 )
                 continue
             failed = (CheckpointPath(plan.item.key, tuple(p)) for p in self._reshard(ctx, plan))
             unhandled.extend(p for p in failed if p not in known)
-            result[plan.item.key] = plan.item.value
+            loaded[plan.item.key] = plan.item.value
+        result = {plan.item.key: loaded[plan.item.key] for plan in plans}  # in the items' order
         report.missing.extend(unhandled)
         if strict and unhandled:
             raise TemplateMismatchError(
@@ -454,6 +459,15 @@ def _warn_unchecked_ties(plans: list[_Direct | _Reshard], copies: list[_Copy]) -
                 b,
                 owner,
             )
+
+
+def _engine_runs(plan: _Reshard) -> bool:
+    """Whether the engine runs this resharded item's checked plan itself (a DTensorResharder job), rather than
+    a resharder's own `load`."""
+    from torch_checkpointing.dtensor_resharder import planned_job_runner
+
+    resharder = plan.item.spec.resharder
+    return plan.job is not None and resharder is not None and planned_job_runner(resharder) is not None
 
 
 def _refuse_partial_targets(item: ResolvedItem) -> None:
