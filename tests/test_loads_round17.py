@@ -264,3 +264,29 @@ def test_a_custom_resharder_meeting_damage_raises_before_any_other_item_is_copie
     m.close()
     assert torch.equal(a, torch.zeros(3)), "item 'aaa' was restored before the refusal"
     assert torch.equal(z, torch.zeros(3)) and torch.equal(w, torch.zeros(4096))
+
+
+def test_a_strict_load_refuses_what_a_custom_resharder_could_not_fill_before_other_items_are_copied(
+    tmp_path: Path,
+) -> None:
+    """strict=True refused the paths a custom resharder reported unfilled only once every item had been copied."""
+    import warnings
+
+    from tests.test_verified_loads import WholeFileResharder
+    from torch_checkpointing.errors import TemplateMismatchError
+
+    class Unfilled(WholeFileResharder):
+        def load(self, *args: Any) -> list[Any]:
+            super().load(*args)
+            return [("not_there",)]
+
+    m = _manager({"model": ItemSpec(resharder=Unfilled()), "aaa": ItemSpec()})
+    root = tmp_path / "ck"
+    a, w = torch.zeros(3), torch.zeros(4096)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.save(str(root), {"model": {"w": torch.arange(4096.0)}, "aaa": {"x": torch.ones(3)}})
+        with pytest.raises(TemplateMismatchError, match=r"model::not_there.*no other item"):
+            m.load(str(root), into={"aaa": {"x": a}, "model": {"w": w}}, strict=True)
+    m.close()
+    assert torch.equal(a, torch.zeros(3)), "item 'aaa' was restored before the refusal"

@@ -225,6 +225,11 @@ class CheckpointLoader:
         # order, a failure there left the items before it restored and the rest not.
         unchecked = [p for p in plans if isinstance(p, _Reshard) and not _engine_runs(p)]
         for plan in [*unchecked, *(p for p in plans if not any(p is u for u in unchecked))]:
+            if strict and unhandled:  # what a custom resharder could not fill: refused before the engine copies
+                raise TemplateMismatchError(
+                    f"Checkpoint {ctx.root}: the resharder could not fill {[str(p) for p in unhandled]}; the entries "
+                    f"it filled were restored, no other item was."
+                )
             if isinstance(plan, _Direct):
                 loaded[plan.item.key], _ = walk_checkpoint_structure(
                     item_key=plan.item.key, source=plan.value, target=plan.item.value, unexpected=[]
