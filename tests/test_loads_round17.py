@@ -290,3 +290,27 @@ def test_a_strict_load_refuses_what_a_custom_resharder_could_not_fill_before_oth
             m.load(str(root), into={"aaa": {"x": a}, "model": {"w": w}}, strict=True)
     m.close()
     assert torch.equal(a, torch.zeros(3)), "item 'aaa' was restored before the refusal"
+
+
+# ------------------------------------------------------------ 5. an optional item held under another path
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_optional_item_held_under_another_layout_is_refused_not_dropped(tmp_path: Path, strict: bool) -> None:
+    """`required=False` excuses a rank without a copy of an item. A load whose layout missed this rank's own copy
+    (saved to `sub/opt_0.pt`, read at `opt_0.pt`) took it for one: the item was left out of the result and its
+    template unrestored, with no warning, even under strict=True."""
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, TorchSerialization
+    from torch_checkpointing.errors import TemplateMismatchError
+
+    saver = _manager({"opt": ItemSpec(layout=LayoutInfo("sub/opt_{rank}.pt", TorchSerialization()), required=False)})
+    root = tmp_path / "ck"
+    saver.save(str(root), {"opt": {"x": torch.ones(3)}})
+    saver.close()
+    m = _manager({"opt": ItemSpec(required=False)})
+    x = torch.zeros(3)
+    with pytest.raises(TemplateMismatchError, match=r"'opt' of rank 0 in file 'sub/opt_0\.pt'.*reads 'opt_0\.pt'"):
+        m.load(str(root), into={"opt": {"x": x}}, strict=strict)
+    with pytest.raises(TemplateMismatchError, match=r"sub/opt_0\.pt"):
+        m.load(str(root))  # into=None: every configured item
+    m.close()

@@ -299,6 +299,15 @@ class CheckpointLoader:
         rel = checked_relative_path(item.layout.file_path, f"item '{item.key}'")
         if not ctx.lists(rel):
             held = ctx.manifest is not None and item.key in ctx.manifest.keys()  # noqa: SIM118 (a method)
+            own = ctx.manifest.record(item.key, self.rank_info.global_rank) if ctx.manifest is not None else None
+            if own is not None:
+                # This rank's copy is there, under the path it was saved to: a load with another layout is no
+                # rank without a copy, which required=False excuses (it dropped the item silently, even when strict).
+                raise TemplateMismatchError(
+                    f"Checkpoint {ctx.root} holds item '{item.key}' of rank {self.rank_info.global_rank} in file "
+                    f"{own.path!r}, but this load's layout reads {rel!r}. Load with the layout it was saved with "
+                    f"(ItemSpec(layout=...)), or load without templates to read each item as its manifest records it."
+                )
             if held and item.spec.required:
                 raise TemplateMismatchError(
                     f"Checkpoint {ctx.root} holds item '{item.key}' but no file {rel!r} for rank "
