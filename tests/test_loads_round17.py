@@ -314,3 +314,38 @@ def test_an_optional_item_held_under_another_layout_is_refused_not_dropped(tmp_p
     with pytest.raises(TemplateMismatchError, match=r"sub/opt_0\.pt"):
         m.load(str(root))  # into=None: every configured item
     m.close()
+
+
+# ------------------------------------------------------------ 6. one template container reached at two places
+
+
+def test_one_template_container_at_two_places_with_different_saved_values_is_refused(
+    mgr: CheckpointManager, tmp_path: Path
+) -> None:
+    """Template dicts and lists are filled in place. One object passed for two items (or under two keys) was
+    filled twice, and the load returned the second saved value at both places, silently: item 'a' came back
+    holding item 'b''s values. (Tensors sharing memory were already refused; containers were not.)"""
+    from torch_checkpointing.errors import TemplateMismatchError
+
+    root = tmp_path / "ck"
+    mgr.save(str(root), {"a": {"n": 1, "l": [1, 2]}, "b": {"n": 2, "l": [3, 4]}, "x": {"p": [1], "q": [2]}})
+    shared = {"n": 0, "l": [0, 0]}
+    with pytest.raises(TemplateMismatchError, match=r"a and b are one dict"):
+        mgr.load(str(root), into={"a": shared, "b": shared})
+    assert shared == {"n": 0, "l": [0, 0]}
+    tied: list[int] = [0]
+    with pytest.raises(TemplateMismatchError, match=r"x::p and x::q are one list"):
+        mgr.load(str(root), into={"x": {"p": tied, "q": tied}})
+    assert tied == [0]
+
+
+def test_one_template_container_at_two_places_with_equal_saved_values_loads(
+    mgr: CheckpointManager, tmp_path: Path
+) -> None:
+    """The same value saved at both places (a pickle keeps such sharing; or two equal items) fills it once."""
+    root = tmp_path / "ck"
+    inner = {"w": torch.arange(3.0), "n": [1, 2]}
+    mgr.save(str(root), {"a": {"p": inner, "q": inner}, "b": {"w": torch.arange(3.0), "n": [1, 2]}})
+    shared = {"w": torch.zeros(3), "n": [0, 0]}
+    loaded = mgr.load(str(root), into={"a": {"p": shared, "q": shared}, "b": shared})
+    assert loaded["a"]["p"] is shared and torch.equal(shared["w"], torch.arange(3.0)) and shared["n"] == [1, 2]

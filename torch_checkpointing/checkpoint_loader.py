@@ -192,6 +192,7 @@ class CheckpointLoader:
         ctx.wait_verified()
         report = _Report()
         copies: list[_Copy] = []  # every direct item's tensor copies, checked together for shared memory
+        containers: dict[int, Any] = {}  # every direct item's template dicts and lists, filled in place
         for plan in plans:
             if isinstance(plan, _Direct):
                 _, missing = walk_checkpoint_structure(
@@ -201,6 +202,7 @@ class CheckpointLoader:
                     dry_run=True,
                     unexpected=report.unexpected,
                     copies=copies,
+                    containers=containers,
                 )
                 report.missing.extend(missing)
             else:

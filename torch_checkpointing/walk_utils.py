@@ -50,6 +50,7 @@ MISSING: Any = _Missing()
 
 LeafFn = Callable[[CheckpointPath, Any, Any], Any]
 _Copy = tuple[CheckpointPath, torch.Tensor, torch.Tensor]  # where, source, target
+_Filled = tuple[CheckpointPath, Any, Any]  # where a template container was first met, its source, the container
 
 
 def copy_tensor_into(where: CheckpointPath, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -84,6 +85,7 @@ def walk_checkpoint_structure(
     unexpected: list[CheckpointPath] | None = None,
     at: NestedPath = (),
     copies: list[_Copy] | None = None,
+    containers: dict[int, _Filled] | None = None,
 ) -> tuple[Any, list[CheckpointPath]]:
     """Merge `source` into `target`; returns the merged value and the template paths the source lacked.
 
@@ -93,9 +95,13 @@ def walk_checkpoint_structure(
     `source` and `target` sit in the item (for paths in reports and errors). A dry run given `copies` appends
     the tensor copies it found to that list and leaves the shared-memory check to the caller: a load of several
     items makes one `check_shared_targets` call over all of theirs, since two items' templates may share tensors.
+    `containers` does the same for the template dicts and lists a dry run met (filled in place): one met again,
+    in this item or another given the same dict, must receive the same saved value there.
     """
     missing: list[CheckpointPath] = []
     walker = _Walker(item_key, missing, unexpected if unexpected is not None else [], leaf_fn, dry_run)
+    if containers is not None:
+        walker.containers = containers
     try:
         merged = walker.merge(tuple(at), source, target)
     except RecursionError:
@@ -252,6 +258,7 @@ class _Walker:
         self.key, self.missing, self.unexpected, self.leaf_fn, self.dry_run = key, missing, unexpected, leaf_fn, dry_run
         self._on_path: set[int] = set()  # ids of the source containers being merged: one met again is a cycle
         self.copies: list[_Copy] = []  # the tensor copies a dry run found, for `check_shared_targets`
+        self.containers: dict[int, _Filled] = {}  # the template containers a dry run met, filled in place
 
     def merge(self, path: NestedPath, source: Any, target: Any) -> Any:
         here = CheckpointPath(self.key, path)
@@ -283,6 +290,8 @@ class _Walker:
         template's end stops the walk) is a `NestingError` naming the path, not an endless recursion."""
         if id(source) in self._on_path:
             raise NestingError(path, cycle=True).for_item(self.key)
+        if self.dry_run and isinstance(target, (list, MutableMapping)):
+            self._check_filled_once(CheckpointPath(self.key, path), source, target)
         self._on_path.add(id(source))
         if isinstance(target, Mapping):
             merged = self._merge_mapping(path, source, target)
@@ -290,6 +299,20 @@ class _Walker:
             merged = self._merge_sequence(path, source, target)
         self._on_path.discard(id(source))
         return merged
+
+    def _check_filled_once(self, here: CheckpointPath, source: Any, target: Any) -> None:
+        """A template dict or list is updated in place: reached at two places (one object under two keys, or in
+        two items), the second fill overwrote the first, and the load returned the second saved value at both,
+        silently. Refused unless both places hold the same saved value (a pickle keeps such sharing)."""
+        seen = self.containers.setdefault(id(target), (here, source, target))
+        if seen[2] is not target or seen[1] is source or _same_value(seen[1], source):
+            return
+        raise TemplateMismatchError(
+            f"Template entries at {seen[0]} and {here} are one {type(target).__name__} (the same object reached at "
+            f"two places), but the checkpoint holds different values for them: the load fills it in place, so "
+            f"both would come back holding the values saved at {here}. Pass separate containers (e.g. "
+            f"copy.deepcopy one), or None to take the stored values."
+        )
 
     def _merge_mapping(self, path: NestedPath, source: Mapping[Any, Any], target: Mapping[Any, Any]) -> Any:
         # In place where the template allows; a dry run changes nothing of the caller's.
@@ -455,6 +478,31 @@ def check_writable(where: object, target: torch.Tensor) -> None:
             f"step smaller than its size): several of its elements are one memory location, so it cannot hold the "
             f"saved values. {fix}"
         )
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two saved values are the same: containers entry by entry, tensors bit for bit (shape, dtype)."""
+    try:
+        return _same_tree(a, b)
+    except (RecursionError, RuntimeError, TypeError, ValueError):  # no comparison says they are equal
+        return False
+
+
+def _same_tree(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        x, y = local_tensor(a), local_tensor(b)
+        if x.shape != y.shape or x.dtype != y.dtype or x.layout != y.layout or x.layout != torch.strided:
+            return False
+        return x.device.type != "meta" and _same_bits(x, y)
+    if isinstance(a, Mapping):
+        return list(a) == list(b) and all(_same_tree(a[k], b[k]) for k in a)
+    if is_sequence(a):
+        return len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def _record(missing: list[CheckpointPath], key: str, path: NestedPath, index: int, keep: Any) -> Any:
