@@ -349,3 +349,28 @@ def test_one_template_container_at_two_places_with_equal_saved_values_loads(
     shared = {"w": torch.zeros(3), "n": [0, 0]}
     loaded = mgr.load(str(root), into={"a": {"p": shared, "q": shared}, "b": shared})
     assert loaded["a"]["p"] is shared and torch.equal(shared["w"], torch.arange(3.0)) and shared["n"] == [1, 2]
+
+
+# ------------------------------------------------------------ 7. a load without templates at another world size
+
+
+def test_a_load_without_templates_of_per_rank_files_at_another_world_size_is_a_checkpoint_error(
+    mgr: CheckpointManager, tmp_path: Path
+) -> None:
+    """The same refusal with templates is a TemplateMismatchError; without them it was a bare ValueError, which a
+    caller falling back on `except CheckpointError` did not catch."""
+    import shutil
+
+    from torch_checkpointing.errors import TemplateMismatchError
+
+    root = tmp_path / "ck"
+    mgr.save(str(root), {"model": {"w": torch.ones(3)}})
+    shutil.copy(root / "model_0.pt", root / "model_1.pt")  # as two ranks save it
+
+    def two_ranks(d: dict[str, Any]) -> None:
+        d["world_size"] = 2
+        d["items"]["model"]["1"] = {**d["items"]["model"]["0"], "rank": 1, "path": "model_1.pt"}
+
+    _edit_manifest(root, two_ranks)
+    with pytest.raises(TemplateMismatchError, match=r"per-rank files by 2 rank\(s\) and this job has 1"):
+        mgr.load(str(root))

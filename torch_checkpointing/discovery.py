@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torch_checkpointing.checkpoint_layout import LayoutInfo
-from torch_checkpointing.errors import CheckpointError, ConfigError, IncompleteCheckpointError
+from torch_checkpointing.errors import (
+    CheckpointError,
+    ConfigError,
+    IncompleteCheckpointError,
+    MissingItemError,
+    TemplateMismatchError,
+)
 from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
@@ -721,12 +727,13 @@ def self_describing_layouts(
     wanted = available if keys is None else keys
     unknown = [k for k in wanted if k not in available]
     if unknown:
-        raise KeyError(f"Checkpoint {checkpoint_id} has no item(s) {unknown}; it holds {available}.")
+        raise MissingItemError(f"Checkpoint {checkpoint_id} has no item(s) {unknown}; it holds {available}.")
     out: dict[str, LayoutInfo] = {}
     for key in wanted:
         per_rank = [r for r in manifest.files if r.key == key]
         if len(per_rank) > 1 and manifest.world_size != world_size:
-            raise ValueError(
+            # A load with templates refuses this as TemplateMismatchError (also a ValueError): so does this one.
+            raise TemplateMismatchError(
                 f"Item '{key}' of {checkpoint_id} was saved as per-rank files by {manifest.world_size} rank(s) and "
                 f"this job has {world_size}: reading rank {rank}'s file would hand back another shard. Load it "
                 f"with into= templates and ItemSpec(resharder=...), or on {manifest.world_size} rank(s)."
@@ -735,7 +742,7 @@ def self_describing_layouts(
         if record is None:
             owners = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
             if len(owners) != 1:
-                raise KeyError(
+                raise MissingItemError(
                     f"Item '{key}' of {checkpoint_id} was written by ranks {[r.rank for r in owners]} but not by rank "
                     f"{rank}; load it with into= and a resharder, or on {manifest.world_size} rank(s)."
                 )
