@@ -374,3 +374,21 @@ def test_a_load_without_templates_of_per_rank_files_at_another_world_size_is_a_c
     _edit_manifest(root, two_ranks)
     with pytest.raises(TemplateMismatchError, match=r"per-rank files by 2 rank\(s\) and this job has 1"):
         mgr.load(str(root))
+
+
+def test_import_hf_names_the_tensors_the_template_did_not_receive(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A template without one of the directory's tensors imported the others and left it out, silently (a load
+    names what it did not restore)."""
+    import logging
+
+    from torch_checkpointing.hf import import_hf
+
+    hf = _hf_dir(tmp_path)
+    a = torch.zeros(3)
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        import_hf(hf, into={"a": a})
+    assert torch.equal(a, torch.ones(3))
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("torch_checkpointing")]
+    assert any("not in the template" in m and "'b'" in m for m in said), said

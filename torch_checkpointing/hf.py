@@ -906,6 +906,7 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
     missing = sorted(name for name, _ in leaves if name not in files)
     if missing:
         raise TemplateMismatchError(f"{directory} has no tensor(s) {missing[:10]} (of {len(missing)} missing)")
+    _warn_not_received(base, files, leaves)
     with contextlib.ExitStack() as handles:
         opened: dict[str, Any] = {}
         checks: list[tuple[str, Path, Any, torch.Tensor]] = []
@@ -930,6 +931,22 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
             with _reading_shard(file):
                 _fill(sl, leaf, runs)
     return into
+
+
+def _warn_not_received(base: Path, files: dict[str, str], leaves: list[tuple[str, torch.Tensor]]) -> None:
+    """Name (WARNING) the directory's tensors no template entry receives, as a non-strict load names the entries
+    it did not restore: they were left out silently (a template missing `lm_head.weight` imported without it)."""
+    received = {name for name, _ in leaves}
+    left = sorted(name for name in files if name not in received)
+    if left:
+        logger.warning(
+            "import_hf of %s restored the template partially: %d tensor(s) of the directory are not in the template "
+            "and were not imported: %s%s. Add them to the template, or import without one to get every tensor.",
+            base,
+            len(left),
+            left[:10],
+            " ..." if len(left) > 10 else "",
+        )
 
 
 def _index_disagrees(base: Path, name: str, indexed: str | None, shard: str) -> CorruptCheckpointError:
