@@ -139,6 +139,9 @@ class CheckpointManager:
         # One save() at a time from this process's threads: a save's plan (temporary name, first-save metadata)
         # and its wait for the previous write come before it stages into the shared slab (API_SURFACE §10).
         self._saving = threading.Lock()
+        # The thread inside `_saving` and the id it saves: a save() that thread makes meanwhile (from the save's
+        # pre_finalize_callback/finalize_callback, or a signal handler's emergency save) would wait for itself.
+        self._saving_on: tuple[int, str] | None = None
         self._safe_load = SafeLoadCheck()
         self._shared_said: set[str] = set()  # {rank}-less items warned about, or declared replicated
         self._metrics_said = False  # rank-local metrics= warned about (once per manager)
@@ -257,14 +260,33 @@ class CheckpointManager:
             _check_saveable_name(path)
             step = _step_of(path) if step is None else _checked_step(step)
             checked_metrics = _checked_metrics(metrics)
+            self._refuse_nested_save(path)
             with self._saving:  # another thread's save() waited for here is part of this one's blocked time
-                plan = self._plan(path, checkpoint, step=step, metrics=checked_metrics, started=started)
-                write = self._saver.save(plan)
-                if self._retention is not None:
-                    self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
+                self._saving_on = (threading.get_ident(), path)
+                try:
+                    plan = self._plan(path, checkpoint, step=step, metrics=checked_metrics, started=started)
+                    write = self._saver.save(plan)
+                    if self._retention is not None:
+                        self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
+                finally:
+                    self._saving_on = None
             return write
         finally:
             self._call_left(self._running.pop(call, None))
+
+    def _refuse_nested_save(self, path: str) -> None:
+        """Refuse a save() made by the thread that is inside another save() of this manager: from that save's
+        `pre_finalize_callback`/`finalize_callback`, or from a signal handler (a preemption handler's emergency
+        save) that ran during it. It waited for the outer save, which waited for it: the process hung for good."""
+        held = self._saving_on
+        if held is None or held[0] != threading.get_ident():
+            return
+        raise CheckpointError(
+            f"Cannot save {path} from inside the save of {held[1]} on the same thread (a pre_finalize_callback or "
+            f"finalize_callback, or a signal handler that ran during that save): saves of one manager run one at "
+            f"a time, so this one would wait for ever for the save it is part of. Nothing was written for {path}. "
+            f"Save it after that save() has returned (e.g. note the id in the callback and save it next)."
+        )
 
     def load(
         self,
