@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+
+from torch_checkpointing.errors import CommitError
 
 # ------------------------------------------------------------------ a save() made from inside a save()
 
@@ -58,3 +63,52 @@ def test_a_save_from_a_save_callback_is_refused_instead_of_hanging(tmp_path: Pat
     line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT"))
     assert "'after', 'outer']" in line and "inner" not in line.split("]")[-2], line
     assert "from inside the save of" in line and "outer" in line and "Save it after" in line, line
+
+
+# ------------------------------------------------------------------ the working directory is never replaced
+
+
+def _manager(mode: str) -> Any:
+    from torch_checkpointing import CheckpointManager
+
+    config = CheckpointManager.Config.with_sync_save() if mode == "sync" else CheckpointManager.Config.with_async_save()
+    config.save.wait_timeout_secs = 60
+    return CheckpointManager(config)
+
+
+def _save(manager: Any, checkpoint_id: str, value: float) -> None:
+    write = manager.save(checkpoint_id, {"model": {"w": torch.full((4,), value)}})
+    if write is not None:
+        write.result(60)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("where", ["checkpoint", "empty", "inside"])
+def test_a_save_never_replaces_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, where: str
+) -> None:
+    # Before: a checkpoint of ours (or an empty folder) that was the working directory, or held it in an empty
+    # folder no listing counts as a file, was replaced: the program's directory was deleted under it, and every
+    # relative path (a relative save id included: a bare FileNotFoundError) failed after.
+    target = tmp_path / "ck"
+    manager = _manager(mode)
+    try:
+        if where == "empty":
+            target.mkdir()
+            cwd = target
+        else:
+            _save(manager, str(target), 1.0)
+            cwd = target / "scratch" if where == "inside" else target
+            cwd.mkdir(exist_ok=True)
+        monkeypatch.chdir(cwd)
+        with pytest.raises(CommitError, match=r"working directory of this process.*os\.chdir"):
+            _save(manager, str(target), 2.0)
+        assert os.path.samefile(os.getcwd(), cwd)  # still there, not a deleted inode
+        monkeypatch.chdir(tmp_path)
+        if where != "empty":
+            out = manager.load(str(target), into={"model": {"w": torch.zeros(4)}})
+            assert torch.equal(out["model"]["w"], torch.full((4,), 1.0))
+        _save(manager, str(target), 3.0)  # out of it, the id is saved as before
+    finally:
+        manager.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

@@ -119,16 +119,16 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> bool:
     if not storage.isdir(path):
         raise CommitError(f"Refusing to save to {final}: it is an existing file, not a checkpoint. Choose another id.")
     entries = _walk(storage, path)
-    if not entries:
-        return True  # an empty directory: nothing to lose
     names = set(entries)
     if MANIFEST_FILE_NAME in names:
         _check_checkpoint(storage, final, entries, overwrite)
-    elif not _failed_save_of_ours(storage, names):
+    elif entries and not _failed_save_of_ours(storage, names):
         raise CommitError(
             f"Refusing to save to {final}: it is a directory that is not a checkpoint (no {MANIFEST_FILE_NAME}); "
             f"it holds {_listing(entries)}. Saving would replace it. Choose another id (e.g. a subdirectory)."
         )
+    if local is not None:  # replaceable by what it holds (empty, ours), but not while the program runs in it
+        _refuse_working_directory(final, local)
     return True
 
 
@@ -173,6 +173,34 @@ def _check_ancestors(storage: Storage, final: str, local: str) -> None:
         if parent == ancestor:
             return
         ancestor = parent
+
+
+def _refuse_working_directory(final: str, local: str) -> None:
+    """Refuse a target that is this process's working directory or holds it (an empty folder the job was started
+    in, a checkpoint of ours someone `cd`-ed into, or an empty folder inside one, which no listing counts as a
+    file): replacing it deleted the directory the program runs in, and every relative path failed after."""
+    try:
+        target = os.stat(local)
+        cwd = os.getcwd()
+    except OSError:  # nothing there yet, or the working directory is already gone
+        return
+    here = cwd
+    while True:
+        try:
+            st = os.stat(here)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+            what = "is" if here == cwd else "holds"
+            raise CommitError(
+                f"Refusing to save to {final}: it {what} the working directory of this process ({cwd}); replacing "
+                f"it would delete the directory the program runs in. Save to another id, or change directory "
+                f"(os.chdir) out of it first."
+            )
+        parent = os.path.dirname(here)
+        if parent == here:
+            return
+        here = parent
 
 
 def _is_checkpoint(storage: Storage, manifest_path: str) -> bool:
