@@ -41,6 +41,7 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
+    our_marker,
     parse_manifest,
     read_regular_file,
     read_stored_bounded,
@@ -463,6 +464,8 @@ class Commit:
                 found = claims.read_object(marker)
                 if found is None:
                     break  # released meanwhile: create it again
+                if not our_marker(found[0]):
+                    raise self._foreign(found[0])
                 held = Claim.parse(found[0])
                 if held is not None and held.token == mine.token:
                     return False
@@ -479,6 +482,14 @@ class Commit:
             f"Refusing to save to {self._url}: its {INCOMPLETE_MARKER} marker kept changing while this save tried "
             f"to claim the id ({_CLAIM_ATTEMPTS} attempts): other saves of this id are starting. Save under "
             f"another id."
+        )
+
+    def _foreign(self, marker: bytes) -> CommitError:
+        """Another program's `.incomplete` (a download tool's progress): the prefix is not ours to write or clean."""
+        return CommitError(
+            f"Refusing to save to {self._url}: its {INCOMPLETE_MARKER} is not a marker of ours (it holds "
+            f"{marker[:40]!r}{'...' if len(marker) > 40 else ''}), so the prefix is another program's; saving would "
+            f"write among its files, and a failed save would delete them. Choose another id."
         )
 
     def _refusal(self, held: Claim) -> CommitError:

@@ -35,10 +35,11 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
-    claim_token,
+    our_marker,
     parse_manifest,
     read_local_regular,
     read_manifest,
+    read_marker,
 )
 from torch_checkpointing.names import ASIDE_RE, aside_of, held_here, previous_copy_hint
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
@@ -552,19 +553,22 @@ def _marked(storage: Storage, path: Path) -> bool:
         if MANIFEST_FILE_NAME in names and _is_regular(os.path.join(local, MANIFEST_FILE_NAME)):
             return not _foreign_manifest(os.path.join(local, MANIFEST_FILE_NAME))
         marker = os.path.join(local, INCOMPLETE_MARKER)
-        return not entries or (INCOMPLETE_MARKER in names and _is_regular(marker) and _our_marker(marker))
-    return storage.exists(path / MANIFEST_FILE_NAME) or storage.exists(path / INCOMPLETE_MARKER)
+        return not entries or (INCOMPLETE_MARKER in names and _is_regular(marker) and _our_marker(storage, path))
+    if storage.exists(path / MANIFEST_FILE_NAME):
+        return True
+    return storage.exists(path / INCOMPLETE_MARKER) and _our_marker(storage, path)
 
 
-def _our_marker(local: str) -> bool:
-    """Whether the `.incomplete` at `local` is one we write: empty (where saves rename, and a delete's), or a
-    save's claim. A download tool's `.incomplete` (its progress) made a folder named like ours "ours", and gc
-    deleted it. One that cannot be read (removed meanwhile) is not proof."""
+def _our_marker(storage: Storage, path: Path) -> bool:
+    """Whether the `.incomplete` in the directory `path` is one we write: empty (where saves rename, and a
+    delete's), or a save's claim. A download tool's `.incomplete` (its progress) made a folder named like ours
+    "ours", and gc deleted it (on an object store, whatever its name). One that cannot be read (removed
+    meanwhile) is not proof."""
     try:
-        data = read_local_regular(local, local)
+        data = read_marker(storage, path / INCOMPLETE_MARKER)
     except (OSError, CheckpointError):
         return False
-    return not data or claim_token(data) is not None
+    return data is not None and our_marker(data)
 
 
 def _foreign_manifest(local: str) -> bool:
@@ -609,7 +613,9 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         if _committed_beside_marker(storage, path):
             # Only the marker is left over (gc removes it alone), not the checkpoint it sits in.
             return Leftover(str(path), "claim", name, None, 0, "a stopped save's claim beside a committed checkpoint")
-        return Leftover(str(path), "incomplete", name, None, size, "has the .incomplete marker")
+        # Another tool's `.incomplete` (a download's progress) does not make a user's folder ours.
+        recognised = _our_marker(storage, path)
+        return Leftover(str(path), "incomplete", name, None, size, "has the .incomplete marker", recognised)
     return None
 
 

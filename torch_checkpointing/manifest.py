@@ -24,6 +24,7 @@ from torch_checkpointing.storage.base_storage import Storage
 __all__ = [
     "INCOMPLETE_MARKER",
     "MANIFEST_FILE_NAME",
+    "MAX_MARKER_BYTES",
     "MAX_WORLD_SIZE",
     "DuplicateKeyError",
     "FileRecord",
@@ -31,9 +32,11 @@ __all__ = [
     "check_json_tree",
     "claim_token",
     "incomplete",
+    "our_marker",
     "parse_manifest",
     "read_local_regular",
     "read_manifest",
+    "read_marker",
     "read_stored_bounded",
     "stray_claim",
     "unique_keys",
@@ -245,6 +248,31 @@ def claim_token(marker: bytes) -> str | None:
         return None
     token = claim.get("token") if isinstance(claim, dict) else None
     return token if isinstance(token, str) else None
+
+
+# A claim is a few hundred bytes: a larger `.incomplete` is another program's file, refused unread.
+MAX_MARKER_BYTES = 64 * 1024
+
+
+def our_marker(marker: bytes) -> bool:
+    """Whether an `.incomplete` marker's bytes are one we write: empty (where saves rename, and a delete's), or
+    a save's claim (`claim_token`). Anything else is another program's file (a download tool's progress), and
+    the folder it sits in is not ours to take over or delete."""
+    return not marker or claim_token(marker) is not None
+
+
+def read_marker(storage: Storage, path: Path) -> bytes | None:
+    """The bytes of the `.incomplete` marker at `path` (no link, no FIFO, at most `MAX_MARKER_BYTES`); None when
+    it is larger than any marker of ours."""
+    local = storage.local_path(path)
+    if local is not None:
+        data = read_local_regular(local, path)
+    else:
+        size = storage.getsize(path)
+        if size > MAX_MARKER_BYTES:
+            return None
+        data = storage.read_range(path, 0, size) if size else b""
+    return data if len(data) <= MAX_MARKER_BYTES else None
 
 
 def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest") -> bytes:

@@ -37,7 +37,7 @@ from torch_checkpointing.discovery import (
 )
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.futures import SettledFuture, WorkerPool
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, our_marker
 from torch_checkpointing.names import NAME_MAX, aside_of, holding, may_be_cut, new_nonce, trash_name
 from torch_checkpointing.storage.base_storage import Storage
 
@@ -409,12 +409,19 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
 
 
 def _dead_reason(marker: bytes) -> str | None:
+    if not our_marker(marker):
+        return None  # another program's file: nothing of ours, never collected
     me = Claim(token="", uid="", host=socket.gethostname(), pid=os.getpid(), created=time.time())
     return stale_reason(Claim.parse(marker), me)
 
 
 def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s: float, now: float) -> str | None:
     """None when `leftover` is garbage; else the reason to keep it."""
+    if not leftover.recognised and leftover.kind == "incomplete":
+        return (
+            f"its {INCOMPLETE_MARKER} is not a marker of ours (another program's file, e.g. a download's "
+            f"progress): not removed (delete it by hand if it is garbage)"
+        )
     if not leftover.recognised:
         return (
             f"named like a {leftover.kind} directory of ours but holds no {MANIFEST_FILE_NAME} or {INCOMPLETE_MARKER} "
