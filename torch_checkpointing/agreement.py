@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -29,6 +30,7 @@ from torch_checkpointing.errors import CheckpointError, CommitError, log_safely
 __all__ = [
     "Contribution",
     "GroupTransport",
+    "RollCall",
     "StoreTransport",
     "Transport",
     "agree",
@@ -205,22 +207,41 @@ def _best_effort_exchange(step: str, transport: Transport, mine: Contribution) -
         logger.debug("Could not tell the other ranks about the failure at %s: %r", step, exc)
 
 
+class RollCall(Protocol):
+    """After a collective broke: which ranks are gone, one verdict for every rank that is still there."""
+
+    def next_exchange(self) -> int: ...
+
+    def lost(self, exchange: int, step: str, reason: str, started: float) -> CommitError: ...
+
+
 @dataclass
 class GroupTransport:
-    """`all_gather_object` over the manager's own gloo group; a peer's failure becomes a `CommitError`."""
+    """`all_gather_object` over the manager's own gloo group; a peer's failure becomes a `CommitError`.
+
+    gloo says only that a connection broke (each survivor its own "Connection reset by peer [addr]:port", or a
+    timeout), never which rank went: each survivor raised a different error naming itself. With a `roll_call`
+    (the manager's TCPStore) the survivors report in and every one of them raises the same `CommitError`,
+    naming the ranks that never did.
+    """
 
     rank: int
     world_size: int
     group: Any
+    roll_call: RollCall | None = None
 
     def exchange(self, step: str, mine: Contribution) -> list[Contribution]:
         if self.world_size == 1:
             return [mine]
         out: list[Any] = [None] * self.world_size
+        exchange = self.roll_call.next_exchange() if self.roll_call is not None else 0
+        started = time.monotonic()
         try:
             dist.all_gather_object(out, (_call_of(step), mine.value, mine.error), group=self.group)
         except Exception as exc:  # gloo: a peer died or timed out (DistError / RuntimeError with C++ frames)
             reason = _first_line(exc)
+            if self.roll_call is not None:
+                raise self.roll_call.lost(exchange, step, reason, started) from None
             raise CommitError(
                 f"{step}: rank {self.rank} lost contact with its peers ({reason}); a rank died, hung, or never "
                 f"called save(). Nothing was committed.",

@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from torch_checkpointing.agreement import GroupTransport
-from torch_checkpointing.store_channel import StoreAddress
+from torch_checkpointing.store_channel import StoreAddress, StoreRollCall
 from torch_checkpointing.types import RankInfo
 
 __all__ = ["RankContext", "current_rank_info"]
@@ -40,6 +40,7 @@ class RankContext:
         self.group: Any = None
         self._host_store: Any = None
         self.store_address: StoreAddress | None = None
+        self._roll_call: StoreRollCall | None = None
         self.uid = uuid.uuid4().hex[:12]
         if self.world_size == 1:
             return
@@ -55,6 +56,7 @@ class RankContext:
         dist.broadcast_object_list(shared, src=0, group=self.group)
         host, port, self.uid = shared[0]
         self.store_address = StoreAddress(host, port, f"torch_checkpointing/{self.uid}")
+        self._roll_call = StoreRollCall(self.rank, self.world_size, self.store_address, timeout_s, self._host_store)
 
     @property
     def rank(self) -> int:
@@ -67,7 +69,7 @@ class RankContext:
     @property
     def transport(self) -> GroupTransport:
         """The manager's gloo group as an agreement transport (see `agreement.agree`)."""
-        return GroupTransport(self.rank, self.world_size, self.group)
+        return GroupTransport(self.rank, self.world_size, self.group, self._roll_call)
 
     def close(self) -> None:
         if self.group is not None and dist.is_initialized():
@@ -77,3 +79,4 @@ class RankContext:
                 logger.debug("Destroying the manager's process group failed: %r", exc)
             self.group = None
         self._host_store = None
+        self._roll_call = None

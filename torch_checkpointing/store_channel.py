@@ -7,6 +7,7 @@ failure is a `CommitError` that names the rank(s) that went silent or away (neve
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,9 +18,12 @@ import torch.distributed as dist
 
 from torch_checkpointing.errors import CommitError
 
-__all__ = ["StoreAddress", "StoreChannel"]
+__all__ = ["StoreAddress", "StoreChannel", "StoreRollCall"]
 
 _POLL_S = 0.005
+# How long past the collective's own timeout rank 0 waits for the survivors of a broken one to report in.
+_ROLL_CALL_GRACE_S = 5.0
+_REASON_CHARS = 300
 T = TypeVar("T")
 
 
@@ -85,6 +89,25 @@ class StoreChannel:
             delay = min(delay * 2, 0.1)
         return [self._get(k) for k in keys]
 
+    def wait_for(self, name: str, ranks: list[int], timeout_s: float) -> list[int]:
+        """The ranks among `ranks` that have not published `name/<rank>` within `timeout_s` (none: all did)."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(ranks)
+        while True:
+            pending = [r for r in pending if not self._has(self._key(f"{name}/{r}"))]
+            if not pending or time.monotonic() > deadline:
+                return pending
+            time.sleep(0.05)
+
+    def wait_value(self, name: str, timeout_s: float) -> str | None:
+        """The value published under `name`, or None if none came within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not self._has(self._key(name)):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+        return self._get(self._key(name))
+
     def missing(self, name: str, world_size: int) -> list[int]:
         return [r for r in range(world_size) if not self._has(self._key(f"{name}/{r}"))]
 
@@ -101,4 +124,72 @@ def _lost_host(exc: BaseException) -> CommitError:
         f"Checkpoint commit: lost contact with rank 0, which hosts the checkpoint store ({type(exc).__name__}: "
         f"{first}); rank 0 died or closed its CheckpointManager. No checkpoint was committed by this save.",
         {0: "went away (its checkpoint store is unreachable)"},
+    )
+
+
+class StoreRollCall:
+    """Who is still there after a collective over the manager's gloo group broke (`agreement.GroupTransport`).
+
+    gloo tells a survivor only that a connection broke (or that it timed out), not which rank went; each
+    survivor raised its own "rank N lost contact" naming itself. Here every survivor reports in on rank 0's
+    store; rank 0 waits until the collective's own timeout (by then every survivor's gloo call has ended) and
+    publishes one verdict: the ranks that never reported. Every survivor raises the same `CommitError` from it.
+    If rank 0 itself is gone, so is its store: every survivor says that rank 0 went away.
+    """
+
+    def __init__(self, rank: int, world_size: int, address: StoreAddress, timeout_s: float, store: Any = None) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.address = address
+        self.timeout_s = timeout_s
+        self._store = store  # rank 0 hosts it; the others connect when a collective breaks
+        self._exchanges = 0
+
+    def next_exchange(self) -> int:
+        """Numbers the collectives: every rank makes the same ones, in the same order."""
+        self._exchanges += 1
+        return self._exchanges
+
+    def lost(self, exchange: int, step: str, reason: str, started: float) -> CommitError:
+        name = f"rollcall/{exchange}"
+        reason = reason if len(reason) <= _REASON_CHARS else reason[:_REASON_CHARS] + "..."
+        try:
+            # Connecting to a store that is gone retries until its timeout: bounded by the grace, not the save's.
+            channel = StoreChannel(self.address, min(self.timeout_s, _ROLL_CALL_GRACE_S), self._store)
+            channel.publish(f"{name}/{self.rank}", reason)
+            if self.rank == 0:
+                # Every survivor's gloo call has ended by `started + timeout_s` (ranks enter a little apart).
+                wait = max(started + self.timeout_s + _ROLL_CALL_GRACE_S - time.monotonic(), _ROLL_CALL_GRACE_S)
+                silent = channel.wait_for(name, list(range(1, self.world_size)), wait)
+                text = json.dumps({"step": step, "silent": silent, "reason": reason})
+                channel.publish(f"{name}/verdict", text)
+                # The store lives in this process: keep it up until every survivor has read the verdict.
+                survivors = [r for r in range(1, self.world_size) if r not in silent]
+                channel.wait_for(f"{name}/seen", survivors, _ROLL_CALL_GRACE_S)
+            else:
+                wait = max(started + 2 * self.timeout_s + 2 * _ROLL_CALL_GRACE_S - time.monotonic(), _ROLL_CALL_GRACE_S)
+                found = channel.wait_value(f"{name}/verdict", wait)
+                if found is None:
+                    return _lost(step, [0], "never gave its verdict", reason)
+                text = found
+                channel.publish(f"{name}/seen/{self.rank}", "1")
+        except CommitError:  # rank 0's store is unreachable: rank 0 died (or closed its manager)
+            return _lost(step, [0], "went away (its checkpoint store is unreachable: it died or closed its manager)")
+        verdict = json.loads(text)
+        return _lost(str(verdict["step"]), [int(r) for r in verdict["silent"]], "", str(verdict["reason"]))
+
+
+def _lost(step: str, silent: list[int], how: str, reason: str = "") -> CommitError:
+    """The one error every survivor of a broken collective raises."""
+    said = f" (rank 0 saw: {reason})" if reason else ""
+    if not silent:
+        return CommitError(
+            f"{step}: the ranks lost contact over the checkpoint's gloo group, though every rank reported in "
+            f"afterwards{said}. Nothing was committed.",
+            {0: f"lost contact with the other ranks{said}"},
+        )
+    how = how or "went silent: it died, hung, or never made this call (save() or load())"
+    return CommitError(
+        f"{step}: rank(s) {silent} {how}; every other rank lost contact with it{said}. Nothing was committed.",
+        dict.fromkeys(silent, how),
     )

@@ -1,0 +1,142 @@
+"""Multi-rank agreement when a rank goes away, on real gloo ranks (round 17; one 3-rank launch).
+
+The collective steps of a save (the plan, the target check) and of a load go over the manager's gloo group. gloo
+tells a survivor only that a connection broke ("Connection reset by peer [127.0.0.1]:port") or that it timed
+out, never which rank went: each survivor raised its own CommitError, "rank 0 lost contact", "rank 2 lost
+contact", naming itself and not the rank that died or never called save(). Now the survivors report in on rank
+0's store and every one of them raises the same CommitError naming the silent rank, within the timeout.
+
+The ranks are spawned here (not by `simulator.launcher.launch`, which stops every rank once one dies): rank 1 is
+SIGKILLed in the middle of its save, and the others must still finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.multirank
+WORLD = 3
+TIMEOUT_S = 6  # save.wait_timeout_secs: the gloo group's timeout too
+BOUND_S = 2 * TIMEOUT_S + 15  # the roll call waits at most the collective's timeout and a grace past it
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _attempt(fn: Any) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        fn()
+        result = "ok"
+    except Exception as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    return {"result": result, "elapsed": time.monotonic() - started}
+
+
+def _rank(rank: int, port: int, root: str, out_dir: str) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    from torch_checkpointing import CheckpointManager
+    from torch_checkpointing import checkpoint_manager as cm
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=120))
+
+    def manager() -> CheckpointManager:
+        config = CheckpointManager.Config.with_sync_save()
+        config.save.wait_timeout_secs = TIMEOUT_S
+        config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+        return CheckpointManager(config)
+
+    out: dict[str, Any] = {}
+    state = {"model": {"w": torch.full((8,), float(rank))}}
+    # 1. rank 2 never calls save() (it is busy elsewhere): ranks 0 and 1 give up naming it, with one error.
+    first = manager()
+    if rank == 2:
+        time.sleep(TIMEOUT_S + 12)  # past the others' roll call
+        out["absent"] = None
+    else:
+        out["absent"] = _attempt(lambda: first.save(f"{root}/absent", state))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))  # rank 1 does not live to write the rest
+    dist.barrier()  # the default group, not the manager's (which the failure broke)
+    # 2. rank 1 is SIGKILLed in the middle of its save (in the plan step): ranks 0 and 2 name it, with one error.
+    second = manager()
+    if rank == 1:
+        planned = cm.agree
+
+        def dying(step: str, *args: Any, **kwargs: Any) -> Any:
+            if "the plan" in step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return planned(step, *args, **kwargs)
+
+        cm.agree = dying  # type: ignore[assignment]
+    out["killed"] = _attempt(lambda: second.save(f"{root}/killed", state))
+    out["killed_left"] = os.path.exists(f"{root}/killed")
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    os._exit(0)  # the default group lost rank 1: no clean teardown to wait for
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("round17")
+    out_dir = root / "out"
+    out_dir.mkdir()
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, str(root), str(out_dir))) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 240
+    try:
+        for p in procs:
+            p.join(max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    return {
+        r: json.loads((out_dir / f"rank{r}.json").read_text())
+        for r in range(WORLD)
+        if (out_dir / f"rank{r}.json").exists()
+    }
+
+
+def test_a_rank_that_never_calls_save_is_named_by_one_error_on_every_other_rank(
+    outcomes: dict[int, dict[str, Any]],
+) -> None:
+    got = [outcomes[r]["absent"] for r in (0, 1)]
+    for one in got:
+        assert one["result"].startswith("CommitError: ") and "[2]" in one["result"], got
+        assert one["elapsed"] < BOUND_S, got
+    assert got[0]["result"] == got[1]["result"], got  # before: "rank 0 lost contact" / "rank 1 lost contact"
+
+
+def test_a_rank_sigkilled_mid_save_is_named_by_one_error_on_every_other_rank(
+    outcomes: dict[int, dict[str, Any]],
+) -> None:
+    assert "killed" not in outcomes[1], outcomes  # it was killed
+    got = [outcomes[r]["killed"] for r in (0, 2)]
+    for one in got:
+        assert one["result"].startswith("CommitError: ") and "rank(s) [1]" in one["result"], got
+        assert one["elapsed"] < BOUND_S, got
+    assert got[0]["result"] == got[1]["result"], got
+    assert not outcomes[0]["killed_left"] and not outcomes[2]["killed_left"]  # nothing committed
