@@ -3,19 +3,26 @@
 * A user's folder under a run whose `.incomplete` is another program's file (a download tool's progress, neither
   empty nor a save's claim): gc deleted it with the user's files (on S3 any `.incomplete` made a prefix "an
   unfinished save of ours" whose claim was "dead"), and a save of that id took it over and wrote among them.
+* A client that cannot reach or configure the store: an endpoint that refuses connections, an `endpoint_url`
+  without its scheme, an option s3fs does not take. The error was botocore's or aiohttp's text alone
+  ("Could not connect to the endpoint URL", "Invalid endpoint", "AioSession.__init__() got an unexpected
+  keyword argument"), naming no fix; a scheme-less endpoint surfaced only at the first request.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.memory_storage import free_port
 from tests.s3_server import S3Server
-from tests.test_s3_attacks import state, sync_manager
+from tests.test_s3_attacks import BOUND_S, fast_failing, state, sync_manager
 from torch_checkpointing.discovery import list_leftovers
-from torch_checkpointing.errors import CommitError
+from torch_checkpointing.errors import CommitError, ConfigError, ObjectStoreError
 from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
 # ------------------------------------------------------------------------------------ foreign objects under a run
 
@@ -42,3 +49,26 @@ def test_a_users_folder_with_another_programs_incomplete_file_is_never_collected
     assert sorted(storage.ls(Path("run/downloads"))) == [".incomplete", "dataset.tar.part"]
     with sync_manager(config) as manager:
         assert float(manager.load("run/step_1")["model"]["w"][0]) == 1.0
+
+
+# ------------------------------------------------------------------------------ a client that cannot reach the store
+
+
+def test_an_unreachable_endpoint_or_an_unknown_option_fails_naming_the_fix(s3_server: S3Server) -> None:
+    bucket = s3_server.config().url
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    cases = {
+        "refused": (fast_failing(s3_server.storage_options(), closed), "AWS_ENDPOINT_URL or storage_options"),
+        "unknown option": ({**s3_server.storage_options(), "endpoint": closed}, "storage_options holds an option"),
+    }
+    for name, (options, fix) in cases.items():
+        config = FsspecStorageConfig(url=bucket, storage_options=options, part_size=s3_server.config().part_size)
+        with sync_manager(config) as manager:
+            start = time.monotonic()
+            with pytest.raises(ObjectStoreError) as caught:
+                manager.save("run/step_1", state(1.0))
+            assert time.monotonic() - start < BOUND_S, name
+        assert f"{bucket}/run/step_1" in str(caught.value) and fix in str(caught.value), (name, str(caught.value))
+    for options in ({"endpoint_url": "127.0.0.1:9000"}, {"client_kwargs": {"endpoint_url": "minio:9000"}}):
+        with pytest.raises(ConfigError, match=r"endpoint_url'\] must be a URL with its scheme"):
+            FsspecStorageConfig(url=bucket, storage_options=options)

@@ -131,8 +131,20 @@ class FsspecStorageConfig(StorageConfig):
                 f"part_size and max_concurrency must be positive (FsspecStorageConfig.part_size={self.part_size}, "
                 f"max_concurrency={self.max_concurrency})"
             )
+        self._check_endpoint()
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ConfigError(f"request_timeout_s must be positive or None (got {self.request_timeout_s})")
+
+    def _check_endpoint(self) -> None:
+        """An `endpoint_url` without a scheme (`minio:9000`) failed only at the first request, as a client error."""
+        client_kwargs = self.storage_options.get("client_kwargs")
+        for where, options in (("", self.storage_options), ("['client_kwargs']", client_kwargs)):
+            endpoint = options.get("endpoint_url") if isinstance(options, dict) else None
+            if endpoint is not None and not (isinstance(endpoint, str) and _SCHEME.match(endpoint)):
+                raise ConfigError(
+                    f"FsspecStorageConfig.storage_options{where}['endpoint_url'] must be a URL with its scheme, such "
+                    f"as 'http://127.0.0.1:9000' or 'https://minio.internal:9000' (got {endpoint!r})."
+                )
 
     def _check_types(self) -> None:
         """Wrong types fail here, naming the field, not as a comparison error or inside the writer process."""
@@ -721,6 +733,41 @@ def _missing(exc: BaseException) -> bool:
     return isinstance(exc, FileNotFoundError) or _error_code(exc) in ("NoSuchKey", "404")
 
 
+# Failures of the client itself, before any answer of the store (no S3 error code): by the class name of the
+# exception or of one of its causes (botocore's and aiohttp's; neither is imported here), or by its message.
+_ENDPOINT_FIX = (
+    "the store cannot be reached at its endpoint: check AWS_ENDPOINT_URL or storage_options['endpoint_url'] "
+    "(scheme, host and port, e.g. 'http://minio.internal:9000'), and that the store is up and reachable from this host"
+)
+_CLIENT_FIXES = {
+    "NoCredentialsError": f"no credentials were found: set {_CREDENTIALS}, a profile (AWS_PROFILE), or an "
+    "instance role",
+    "PartialCredentialsError": f"the credentials are incomplete: set both {_CREDENTIALS}",
+    "EndpointConnectionError": _ENDPOINT_FIX,
+    "ConnectTimeoutError": _ENDPOINT_FIX,
+    "ClientConnectorError": _ENDPOINT_FIX,
+    "InvalidEndpointError": _ENDPOINT_FIX,
+}
+
+
+def _client_fix(exc: BaseException) -> str | None:
+    """What to do about a failure of the client's configuration or connection (see `_CLIENT_FIXES`)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        name, text = type(seen).__name__, str(seen)
+        if name in _CLIENT_FIXES:
+            return _CLIENT_FIXES[name]
+        if isinstance(seen, ValueError) and text.startswith("Invalid endpoint"):
+            return _ENDPOINT_FIX
+        if isinstance(seen, TypeError) and "unexpected keyword argument" in text:
+            return (
+                "FsspecStorageConfig.storage_options holds an option the filesystem does not take: fix or remove "
+                "it (S3: key, secret, token, endpoint_url, client_kwargs, config_kwargs, ... of s3fs.S3FileSystem)"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _error_code(exc: BaseException) -> str | None:
     """The S3 error code of a botocore error, found through s3fs's translation of it (its cause)."""
     seen: BaseException | None = exc
@@ -875,6 +922,8 @@ class _ErrorScope:
         code = _error_code(exc)
         if code in _FIXES:
             reason += f" ({code}: {_FIXES[code]})"
+        elif (fix := _client_fix(exc)) is not None:
+            reason += f" ({fix})"
         error = ObjectStoreError(f"{self.what} failed: {reason}")
         logger.warning("%s", error)
         raise error from exc
