@@ -7,20 +7,28 @@
   without its scheme, an option s3fs does not take. The error was botocore's or aiohttp's text alone
   ("Could not connect to the endpoint URL", "Invalid endpoint", "AioSession.__init__() got an unexpected
   keyword argument"), naming no fix; a scheme-less endpoint surfaced only at the first request.
+* The commit's last step, the DELETE of the `.incomplete` marker, failing: refused (a 5xx), the failed save left
+  its manifest beside its claim, so loads called the id incomplete while the next save of it was refused ("a
+  checkpoint already exists there") until gc outlived the process; answered with an error after the store had
+  deleted it (a dropped connection), the save raised although its checkpoint was committed and loaded.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import s3fs
 
 from tests.memory_storage import free_port
+from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import S3Server
-from tests.test_s3_attacks import BOUND_S, fast_failing, state, sync_manager
-from torch_checkpointing.discovery import list_leftovers
-from torch_checkpointing.errors import CommitError, ConfigError, ObjectStoreError
+from tests.test_s3_attacks import BOUND_S, fast_failing, state, sync_manager, through_proxy
+from torch_checkpointing.discovery import list_checkpoints, list_leftovers
+from torch_checkpointing.errors import CommitError, ConfigError, IncompleteCheckpointError, ObjectStoreError
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
@@ -72,3 +80,55 @@ def test_an_unreachable_endpoint_or_an_unknown_option_fails_naming_the_fix(s3_se
     for options in ({"endpoint_url": "127.0.0.1:9000"}, {"client_kwargs": {"endpoint_url": "minio:9000"}}):
         with pytest.raises(ConfigError, match=r"endpoint_url'\] must be a URL with its scheme"):
             FsspecStorageConfig(url=bucket, storage_options=options)
+
+
+# ------------------------------------------------------------------------------ the commit's last step failing
+
+
+def _w(loaded: Any) -> float:
+    return float(loaded["model"]["w"][0])
+
+
+def test_a_refused_removal_of_the_marker_fails_the_save_and_leaves_the_id_to_the_next_save(s3_server: S3Server) -> None:
+    config = s3_server.config()
+    storage = config.create_storage()
+    with (
+        FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy,
+        sync_manager(through_proxy(config, proxy)) as manager,
+    ):
+        manager.save("run/step_1", state(1.0))
+        proxy.rules = [Rule(r"^DELETE \S*/run/step_2/\.incomplete", 500, "InternalError")]
+        with pytest.raises(ObjectStoreError, match=r"run/step_2/\.incomplete"):
+            manager.save("run/step_2", state(2.0))
+        proxy.rules = []
+        assert not storage.exists(Path("run/step_2") / MANIFEST_FILE_NAME)  # before: the manifest stayed
+        with pytest.raises(IncompleteCheckpointError):
+            manager.load("run/step_2")
+        assert [c.name for c in list_checkpoints(f"{config.url}/run", storage)] == ["step_1"]
+        manager.save("run/step_2", state(3.0))  # before: "a checkpoint already exists there", in this process
+        assert _w(manager.load("run/step_2")) == 3.0 and _w(manager.load("run/step_1")) == 1.0
+
+
+class _DeletesThenDrops(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Deletes `.incomplete` markers on the server, then answers as if the connection dropped."""
+
+    async def _rm_file(self, path: str, **kwargs: Any) -> None:
+        await super()._rm_file(path, **kwargs)
+        if path.endswith(f"/{INCOMPLETE_MARKER}"):
+            raise ConnectionResetError("connection reset after the request was sent")
+
+
+def test_a_marker_removal_whose_answer_is_lost_is_a_commit_not_a_failure(s3_server: S3Server) -> None:
+    base = s3_server.config()
+    config = FsspecStorageConfig(
+        url=base.url,
+        part_size=base.part_size,
+        storage_options=base.storage_options,
+        filesystem=_DeletesThenDrops(**base.storage_options),
+    )
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))  # before: ObjectStoreError, for a checkpoint that loads
+        assert _w(manager.load("run/step_1")) == 1.0
+    storage = base.create_storage()
+    assert not storage.exists(Path("run/step_1") / INCOMPLETE_MARKER)
+    assert [c.name for c in list_checkpoints(f"{base.url}/run", storage)] == ["step_1"]

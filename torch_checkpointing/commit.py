@@ -575,8 +575,28 @@ class Commit:
             self._check_claim()
             still_wanted()
             self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)
-            self.storage.delete(root / INCOMPLETE_MARKER)
+            self._remove_claim()
         self._sync_parent()
+
+    def _remove_claim(self) -> None:
+        """The commit on an object store: its marker removed. A DELETE that failed on the way back (a dropped
+        connection, a 5xx once the store had acted) may have removed it: then the checkpoint is committed, and
+        the save must not report a failure (every rank raised, and a retry was refused: "a checkpoint already
+        exists there") for a checkpoint that loads."""
+        try:
+            self.storage.delete(self.root / INCOMPLETE_MARKER)
+        except Exception as exc:
+            if not self.is_committed():
+                raise
+            log_safely(
+                logger,
+                logging.WARNING,
+                "Checkpoint %s is committed: the removal of its %s marker answered %s: %s, but the marker is gone.",
+                self._url,
+                INCOMPLETE_MARKER,
+                type(exc).__name__,
+                exc,
+            )
 
     def _sync_parent(self) -> None:
         self._after_commit(lambda: self.storage.sync_directory(Path(self.target.final).parent), "sync its parent")
@@ -718,7 +738,12 @@ class Commit:
                 logger.info("Not removing %s: it is claimed by another save (%s)", self._url, held.describe())
             return
         if self.storage.exists(root / MANIFEST_FILE_NAME):
-            return
+            if self._manifest_bytes is None or not self._visible(self._manifest_bytes):
+                return  # not this save's manifest
+            # This save's own manifest, beside its own claim: the commit failed at its last step (the marker's
+            # removal). Left there, the id read as incomplete to loads yet "a checkpoint already exists" to the
+            # next save of it, until gc outlived this process. It goes first, as a delete's does.
+            self.storage.delete(root / MANIFEST_FILE_NAME)
         for rel in _walk(self.storage, root):
             if not rel.endswith("/") and rel != INCOMPLETE_MARKER:
                 self.storage.delete(root / rel)
