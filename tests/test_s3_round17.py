@@ -10,7 +10,9 @@
 * The commit's last step, the DELETE of the `.incomplete` marker, failing: refused (a 5xx), the failed save left
   its manifest beside its claim, so loads called the id incomplete while the next save of it was refused ("a
   checkpoint already exists there") until gc outlived the process; answered with an error after the store had
-  deleted it (a dropped connection), the save raised although its checkpoint was committed and loaded.
+  deleted it (a dropped connection), the save raised although its checkpoint was committed and loaded. The
+  manifest's conditional create whose answer was lost and which the client retried met its own manifest and
+  failed the save as "another save committed this checkpoint while this one ran".
 """
 
 from __future__ import annotations
@@ -131,4 +133,29 @@ def test_a_marker_removal_whose_answer_is_lost_is_a_commit_not_a_failure(s3_serv
         assert _w(manager.load("run/step_1")) == 1.0
     storage = base.create_storage()
     assert not storage.exists(Path("run/step_1") / INCOMPLETE_MARKER)
+    assert [c.name for c in list_checkpoints(f"{base.url}/run", storage)] == ["step_1"]
+
+
+class _PutsThenDrops(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Creates manifests on the server, then answers as if the connection dropped (the client retries)."""
+
+    async def _pipe_file(self, path: str, data: bytes, **kwargs: Any) -> Any:
+        out = await super()._pipe_file(path, data, **kwargs)
+        if path.endswith(f"/{MANIFEST_FILE_NAME}"):
+            raise ConnectionResetError("connection reset after the request was sent")
+        return out
+
+
+def test_a_manifest_upload_whose_answer_is_lost_is_not_taken_for_another_saves(s3_server: S3Server) -> None:
+    base = s3_server.config()
+    config = FsspecStorageConfig(
+        url=base.url,
+        part_size=base.part_size,
+        storage_options=base.storage_options,
+        filesystem=_PutsThenDrops(**base.storage_options),
+    )
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))  # before: ObjectStoreError, and the id left incomplete
+        assert _w(manager.load("run/step_1")) == 1.0
+    storage = base.create_storage()
     assert [c.name for c in list_checkpoints(f"{base.url}/run", storage)] == ["step_1"]

@@ -574,9 +574,27 @@ class Commit:
             check_target(self.storage, self.target.final, self.target.overwrite)
             self._check_claim()
             still_wanted()
-            self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)
+            self._write_manifest(manifest_bytes)
             self._remove_claim()
         self._sync_parent()
+
+    def _write_manifest(self, manifest_bytes: bytes) -> None:
+        """The manifest's conditional create. One whose answer was lost (a dropped connection) and that the
+        client retried met its own manifest: "it already exists, another save committed" for this very save.
+        The manifest names this save's claim token, so bytes equal to ours in the store are ours."""
+        try:
+            self.storage.write(self.root / MANIFEST_FILE_NAME, manifest_bytes)
+        except Exception as exc:
+            if not self._visible(manifest_bytes):
+                raise
+            log_safely(
+                logger,
+                logging.WARNING,
+                "The upload of the manifest of %s answered %s: %s, but the manifest in the store is this save's.",
+                self._url,
+                type(exc).__name__,
+                exc,
+            )
 
     def _remove_claim(self) -> None:
         """The commit on an object store: its marker removed. A DELETE that failed on the way back (a dropped
