@@ -3,6 +3,7 @@
 * A user's folder under a run whose `.incomplete` is another program's file (a download tool's progress, neither
   empty nor a save's claim): gc deleted it with the user's files (on S3 any `.incomplete` made a prefix "an
   unfinished save of ours" whose claim was "dead"), and a save of that id took it over and wrote among them.
+  Such a file may be large: the save's claim check and gc read at most a claim's worth of it.
 * A client that cannot reach or configure the store: an endpoint that refuses connections, an `endpoint_url`
   without its scheme, an option s3fs does not take. The error was botocore's or aiohttp's text alone
   ("Could not connect to the endpoint URL", "Invalid endpoint", "AioSession.__init__() got an unexpected
@@ -26,7 +27,7 @@ import s3fs
 
 from tests.memory_storage import free_port
 from tests.s3_faults import FaultProxy, Rule
-from tests.s3_server import S3Server
+from tests.s3_server import RecordingStorageConfig, S3Server
 from tests.test_s3_attacks import BOUND_S, fast_failing, state, sync_manager, through_proxy
 from torch_checkpointing.discovery import list_checkpoints, list_leftovers
 from torch_checkpointing.errors import CommitError, ConfigError, IncompleteCheckpointError, ObjectStoreError
@@ -59,6 +60,20 @@ def test_a_users_folder_with_another_programs_incomplete_file_is_never_collected
     assert sorted(storage.ls(Path("run/downloads"))) == [".incomplete", "dataset.tar.part"]
     with sync_manager(config) as manager:
         assert float(manager.load("run/step_1")["model"]["w"][0]) == 1.0
+
+
+def test_a_large_foreign_incomplete_file_is_refused_after_reading_a_claims_worth(s3_server: S3Server) -> None:
+    base = s3_server.config()
+    config = RecordingStorageConfig(url=base.url, storage_options=base.storage_options, part_size=base.part_size)
+    storage = config.create_storage()
+    big = b"partial download " * (3 << 20 >> 4)  # 3 MiB of another program's bytes
+    storage.write(Path("run/dl/.incomplete"), big)
+    with sync_manager(config) as manager, pytest.raises(CommitError, match="not a marker of ours"):
+        manager.save("run/dl", state(1.0))
+    report = collect_garbage(f"{config.url}/run", storage)
+    assert not report.removed and storage.read(Path("run/dl/.incomplete")) == big
+    fetched = [end - start for key, start, end in config.filesystem.gets if key.endswith("run/dl/.incomplete")]
+    assert fetched and max(fetched[:-1]) <= (64 << 10) + 1, fetched  # the last GET is the test's own read
 
 
 # ------------------------------------------------------------------------------ a client that cannot reach the store

@@ -37,7 +37,7 @@ from torch_checkpointing.discovery import (
 )
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.futures import SettledFuture, WorkerPool
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, our_marker
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, our_marker, read_marker
 from torch_checkpointing.names import NAME_MAX, aside_of, holding, may_be_cut, new_nonce, trash_name
 from torch_checkpointing.storage.base_storage import Storage
 
@@ -403,9 +403,10 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
     older than any save. A claim that may be live is never collected.
     """
     try:
-        return _dead_reason(storage.read(path / INCOMPLETE_MARKER))
+        marker = read_marker(storage, path / INCOMPLETE_MARKER)
     except (OSError, CheckpointError):
         return None
+    return None if marker is None else _dead_reason(marker)  # a file larger than any marker is not ours
 
 
 def _dead_reason(marker: bytes) -> str | None:

@@ -40,7 +40,7 @@ from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_cr
 from torch_checkpointing.config import check_number
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.futures import WorkerPool
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, MAX_MARKER_BYTES
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
 __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
@@ -552,7 +552,8 @@ class FsspecStorage(Storage):
         return True
 
     def read_object(self, path: Path) -> tuple[bytes, str] | None:
-        """A small object's bytes and the ETag of that very version; None when there is none.
+        """A small object's bytes and the ETag of that very version; None when there is none. Of an object larger
+        than any claim (`MAX_MARKER_BYTES`) only its first bytes are read: enough to tell it is none.
 
         One GET between two HEADs that agree: the bytes belong to the ETag a conditional replace then names.
         """
@@ -561,7 +562,8 @@ class FsspecStorage(Storage):
             for _ in range(_READ_ATTEMPTS):
                 try:
                     before = _version(backend, key)
-                    data = self._get(backend, key, 0, before[0]) if before[0] else b""
+                    # A claim is small: of a larger object (another program's) its first bytes tell that.
+                    data = self._get(backend, key, 0, min(before[0], MAX_MARKER_BYTES + 1)) if before[0] else b""
                     after = _version(backend, key)
                 except FileNotFoundError:
                     self._check_bucket(backend, key, "download of", path)
