@@ -909,13 +909,15 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
     _warn_not_received(base, files, leaves)
     with contextlib.ExitStack() as handles:
         opened: dict[str, Any] = {}
+        held: dict[str, set[str]] = {}  # each opened shard's tensor names
         checks: list[tuple[str, Path, Any, torch.Tensor]] = []
         for name, leaf in leaves:
             shard = files[name]
             if shard not in opened:
                 opened[shard] = handles.enter_context(_open_shard(base / shard))
+                held[shard] = set(opened[shard].keys())
             with _reading_shard(base / shard):
-                if name not in opened[shard].keys():  # noqa: SIM118 (a safe_open handle)
+                if name not in held[shard]:
                     raise CorruptCheckpointError(
                         f"{base / INDEX_FILE_NAME} names {shard!r} for tensor {name!r}, which that shard does not "
                         f"hold; the download is damaged or incomplete."
