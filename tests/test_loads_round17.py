@@ -5,6 +5,7 @@ Each test failed on the code before its fix.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -392,3 +393,44 @@ def test_import_hf_names_the_tensors_the_template_did_not_receive(
     assert torch.equal(a, torch.ones(3))
     said = [r.getMessage() for r in caplog.records if r.name.startswith("torch_checkpointing")]
     assert any("not in the template" in m and "'b'" in m for m in said), said
+
+
+# ------------------------------------------------------------ 8. JSON fields the declared class has no field for
+
+
+@dataclasses.dataclass
+class _NewCfg:
+    lr: float
+    names: list[str]
+
+
+@dataclasses.dataclass
+class _OldCfg:
+    lr: float
+
+
+def test_json_fields_the_declared_class_lacks_are_named_and_refused_by_a_strict_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A JSON item rebuilt with a class lacking one of its saved fields dropped that field, silently, even under
+    strict=True (which refuses entries the template lacks)."""
+    import logging
+
+    from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo
+    from torch_checkpointing.errors import TemplateMismatchError
+
+    def spec(cls: type) -> dict[str, ItemSpec]:
+        return {"cfg": ItemSpec(layout=LayoutInfo("cfg.json", JsonSerialization(cls=cls)))}
+
+    root = tmp_path / "ck"
+    saver = _manager(spec(_NewCfg))
+    saver.save(str(root), {"cfg": _NewCfg(0.1, ["a"])})
+    saver.close()
+    m = _manager(spec(_OldCfg))
+    with pytest.raises(TemplateMismatchError, match=r"cfg::names"):
+        m.load(str(root), strict=True)
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        assert m.load(str(root))["cfg"] == _OldCfg(0.1)  # still ignored (API_SURFACE), now named
+    m.close()
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("torch_checkpointing")]
+    assert any("cfg::names" in s and "not restored" in s for s in said), said

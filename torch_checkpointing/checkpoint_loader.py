@@ -63,6 +63,7 @@ class _Direct:
     item: ResolvedItem
     rel: str
     value: Any = None
+    ignored: list[tuple[Any, ...]] = field(default_factory=list)  # JSON keys its dataclass has no field for
 
 
 @dataclass
@@ -79,6 +80,7 @@ class _Reshard:
 class _Report:
     missing: list[CheckpointPath] = field(default_factory=list)
     unexpected: list[CheckpointPath] = field(default_factory=list)
+    dropped: list[CheckpointPath] = field(default_factory=list)  # read, but the declared class has no field
 
 
 class CheckedLoad:
@@ -205,6 +207,7 @@ class CheckpointLoader:
                     containers=containers,
                 )
                 report.missing.extend(missing)
+                report.dropped.extend(CheckpointPath(plan.item.key, p) for p in plan.ignored)
             else:
                 report.missing.extend(self._precheck_reshard(ctx, plan))
                 report.unexpected.extend(_tensors_not_in_template(plan))
@@ -246,6 +249,15 @@ class CheckpointLoader:
             raise TemplateMismatchError(
                 f"Checkpoint {ctx.root}: the resharder could not fill {[str(p) for p in unhandled]}; the other "
                 f"entries were restored."
+            )
+        if report.dropped:
+            logger.warning(
+                "Checkpoint %s restored partially: %d JSON entr(ies) that the declared JsonSerialization(cls=...) "
+                "class has no field for were read and not restored: %s. Declare the class the checkpoint was saved "
+                "with, or pass strict=True to refuse such loads.",
+                ctx.root,
+                len(report.dropped),
+                _names(report.dropped),
             )
         if report.missing or report.unexpected:
             logger.warning(
@@ -407,6 +419,7 @@ class CheckpointLoader:
                 map_location=map_location,
                 weights_only=self.config.weights_only,
                 use_mmap=self.config.use_mmap,
+                ignored=plan.ignored,
             )
         except (CheckpointError, ConfigError):
             ctx.check(plan.rel, item.key).verified.result()  # a damaged file explains the failure best
@@ -531,6 +544,12 @@ def _names(paths: list[CheckpointPath], limit: int = 10) -> str:
 
 
 def _refuse_if_incomplete(root: Path, report: _Report) -> None:
+    if report.dropped:
+        raise TemplateMismatchError(
+            f"strict load of {root}: the checkpoint holds JSON entries {_names(report.dropped)} that the declared "
+            f"JsonSerialization(cls=...) class has no field for. Nothing was restored. Declare the class the "
+            f"checkpoint was saved with, or load with strict=False to drop them (with a warning)."
+        )
     if report.missing or report.unexpected:
         raise TemplateMismatchError(
             f"strict load of {root}: missing from the checkpoint {_names(report.missing)}; in the checkpoint but not "

@@ -139,6 +139,8 @@ class DecodeOptions:
     map_location: Any = None
     weights_only: bool = True
     use_mmap: bool = True
+    # Receives the nested paths of JSON keys the declared dataclass has no field for (read, not restored).
+    ignored: list[tuple[Any, ...]] | None = None
 
 
 class Codec(ABC):
@@ -694,7 +696,7 @@ class JsonCodec(_TensorlessCodec):
         if cls is None:
             return data
         try:
-            return from_jsonable(cls, data, f"item '{key}'")
+            return from_jsonable(cls, data, f"item '{key}'", options.ignored)
         except (ValueError, TypeError, KeyError) as exc:
             reason = str(exc).rstrip(".")
             raise TemplateMismatchError(

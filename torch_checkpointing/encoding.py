@@ -31,7 +31,9 @@ def decode(
     map_location: Any = None,
     weights_only: bool = True,
     use_mmap: bool = True,
+    ignored: list[tuple[Any, ...]] | None = None,
 ) -> Any:
-    """Read one item file back. Safetensors values are re-nested against `template` when one is given."""
-    options = DecodeOptions(template, map_location, weights_only, use_mmap)
+    """Read one item file back. Safetensors values are re-nested against `template` when one is given; JSON keys
+    the declared dataclass has no field for are ignored, their nested paths appended to `ignored` when given."""
+    options = DecodeOptions(template, map_location, weights_only, use_mmap, ignored)
     return codec_for(fmt, key).decode(fmt, storage, path, key, options)

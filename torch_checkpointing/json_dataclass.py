@@ -33,8 +33,13 @@ def _strip_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def from_jsonable(tp: Any, data: Any, where: str) -> Any:
-    """Rebuild `tp` from decoded JSON: dataclasses (nested, optional, in lists and dicts) are reconstructed."""
+def from_jsonable(
+    tp: Any, data: Any, where: str, ignored: list[tuple[Any, ...]] | None = None, at: tuple[Any, ...] = ()
+) -> Any:
+    """Rebuild `tp` from decoded JSON: dataclasses (nested, optional, in lists and dicts) are reconstructed.
+
+    A JSON key no field of its dataclass takes is ignored (the published behaviour); `ignored`, when given,
+    receives its nested path (`at` is where `data` sits), so a load can name what it did not restore."""
     tp, optional = _strip_optional(tp)
     if data is None and optional:
         return None
@@ -43,11 +48,14 @@ def from_jsonable(tp: Any, data: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected a JSON object for {tp.__name__}, got {type(data).__name__}")
         hints = typing.get_type_hints(tp)
         kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(tp):
-            if not f.init:
-                continue
+        fields = [f for f in dataclasses.fields(tp) if f.init]
+        if ignored is not None:
+            taken = {f.name for f in fields}
+            ignored.extend((*at, k) for k in data if k not in taken)
+        for f in fields:
             if f.name in data:
-                kwargs[f.name] = from_jsonable(hints.get(f.name, Any), data[f.name], f"{where}.{f.name}")
+                hint = hints.get(f.name, Any)
+                kwargs[f.name] = from_jsonable(hint, data[f.name], f"{where}.{f.name}", ignored, (*at, f.name))
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 if _strip_optional(hints.get(f.name, Any))[1]:
                     kwargs[f.name] = None
@@ -60,10 +68,10 @@ def from_jsonable(tp: Any, data: Any, where: str) -> Any:
         if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
             args = (args[0],)
         inner = args[0] if len(args) == 1 else Any
-        items = [from_jsonable(inner, v, f"{where}[{i}]") for i, v in enumerate(data)]
+        items = [from_jsonable(inner, v, f"{where}[{i}]", ignored, (*at, i)) for i, v in enumerate(data)]
         return origin(items)
     if origin is dict and isinstance(data, dict) and len(args) == 2:
-        return {k: from_jsonable(args[1], v, f"{where}[{k!r}]") for k, v in data.items()}
+        return {k: from_jsonable(args[1], v, f"{where}[{k!r}]", ignored, (*at, k)) for k, v in data.items()}
     if isinstance(tp, type) and tp is not Any and not isinstance(data, tp):
         return _exact_leaf(tp, data, where)
     return data
