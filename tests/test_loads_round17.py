@@ -434,3 +434,41 @@ def test_json_fields_the_declared_class_lacks_are_named_and_refused_by_a_strict_
     m.close()
     said = [r.getMessage() for r in caplog.records if r.name.startswith("torch_checkpointing")]
     assert any("cfg::names" in s and "not restored" in s for s in said), said
+
+
+@dataclasses.dataclass
+class _GrownCfg:
+    lr: float
+    names: list[str] = dataclasses.field(default_factory=list)
+    depth: int | None = None
+    derived: float = dataclasses.field(init=False, default=0.0)
+
+
+def test_json_fields_the_checkpoint_lacks_are_named_and_refused_by_a_strict_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fields of the declared class the JSON lacks took their default (None if optional), silently, even under
+    strict=True (which refuses template entries the checkpoint lacks). A field(init=False), written by the save
+    and rebuilt by the class, is neither."""
+    import logging
+
+    from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo
+    from torch_checkpointing.errors import TemplateMismatchError
+
+    def spec(cls: type) -> dict[str, ItemSpec]:
+        return {"cfg": ItemSpec(layout=LayoutInfo("cfg.json", JsonSerialization(cls=cls)))}
+
+    root = tmp_path / "ck"
+    saver = _manager(spec(_OldCfg))
+    saver.save(str(root), {"cfg": _OldCfg(0.1)})
+    saver.close()
+    m = _manager(spec(_GrownCfg))
+    with pytest.raises(TemplateMismatchError, match=r"cfg::names.*cfg::depth"):
+        m.load(str(root), strict=True)
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        assert m.load(str(root))["cfg"] == _GrownCfg(0.1)
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("torch_checkpointing")]
+    assert any("cfg::names" in s and "cfg::depth" in s for s in said), said
+    m.save(str(tmp_path / "same"), {"cfg": _GrownCfg(0.2, ["a"], 3)})
+    assert m.load(str(tmp_path / "same"), strict=True)["cfg"] == _GrownCfg(0.2, ["a"], 3)  # a round trip: no gap
+    m.close()

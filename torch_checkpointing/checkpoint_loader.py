@@ -35,6 +35,7 @@ from torch_checkpointing.errors import (
     TemplateMismatchError,
     undecodable,
 )
+from torch_checkpointing.json_dataclass import RebuildGaps
 from torch_checkpointing.manifest import Manifest
 from torch_checkpointing.metadata_manager import check_extracted
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, checked_relative_path
@@ -63,7 +64,7 @@ class _Direct:
     item: ResolvedItem
     rel: str
     value: Any = None
-    ignored: list[tuple[Any, ...]] = field(default_factory=list)  # JSON keys its dataclass has no field for
+    gaps: RebuildGaps = field(default_factory=RebuildGaps)  # a JSON item's keys and fields its class missed
 
 
 @dataclass
@@ -207,7 +208,8 @@ class CheckpointLoader:
                     containers=containers,
                 )
                 report.missing.extend(missing)
-                report.dropped.extend(CheckpointPath(plan.item.key, p) for p in plan.ignored)
+                report.dropped.extend(CheckpointPath(plan.item.key, p) for p in plan.gaps.ignored)
+                report.missing.extend(CheckpointPath(plan.item.key, p) for p in plan.gaps.defaulted)
             else:
                 report.missing.extend(self._precheck_reshard(ctx, plan))
                 report.unexpected.extend(_tensors_not_in_template(plan))
@@ -419,7 +421,7 @@ class CheckpointLoader:
                 map_location=map_location,
                 weights_only=self.config.weights_only,
                 use_mmap=self.config.use_mmap,
-                ignored=plan.ignored,
+                gaps=plan.gaps,
             )
         except (CheckpointError, ConfigError):
             ctx.check(plan.rel, item.key).verified.result()  # a damaged file explains the failure best

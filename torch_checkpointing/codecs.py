@@ -45,7 +45,7 @@ from torch_checkpointing.errors import (
     TemplateMismatchError,
     undecodable,
 )
-from torch_checkpointing.json_dataclass import from_jsonable, to_jsonable
+from torch_checkpointing.json_dataclass import RebuildGaps, from_jsonable, to_jsonable
 from torch_checkpointing.manifest import DuplicateKeyError, unique_keys
 from torch_checkpointing.pickling import unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, named_leaves, unflatten_to_target
@@ -139,8 +139,8 @@ class DecodeOptions:
     map_location: Any = None
     weights_only: bool = True
     use_mmap: bool = True
-    # Receives the nested paths of JSON keys the declared dataclass has no field for (read, not restored).
-    ignored: list[tuple[Any, ...]] | None = None
+    # Receives where a JSON item and its declared dataclass disagreed without failing (see `RebuildGaps`).
+    gaps: RebuildGaps | None = None
 
 
 class Codec(ABC):
@@ -696,7 +696,7 @@ class JsonCodec(_TensorlessCodec):
         if cls is None:
             return data
         try:
-            return from_jsonable(cls, data, f"item '{key}'", options.ignored)
+            return from_jsonable(cls, data, f"item '{key}'", options.gaps)
         except (ValueError, TypeError, KeyError) as exc:
             reason = str(exc).rstrip(".")
             raise TemplateMismatchError(

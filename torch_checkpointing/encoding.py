@@ -11,6 +11,7 @@ from typing import IO, Any
 
 from torch_checkpointing.checkpoint_layout import SerializationFormat
 from torch_checkpointing.codecs import TRUST_HINT, DecodeOptions, codec_for
+from torch_checkpointing.json_dataclass import RebuildGaps
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = ["TRUST_HINT", "decode", "encode"]
@@ -31,9 +32,9 @@ def decode(
     map_location: Any = None,
     weights_only: bool = True,
     use_mmap: bool = True,
-    ignored: list[tuple[Any, ...]] | None = None,
+    gaps: RebuildGaps | None = None,
 ) -> Any:
-    """Read one item file back. Safetensors values are re-nested against `template` when one is given; JSON keys
-    the declared dataclass has no field for are ignored, their nested paths appended to `ignored` when given."""
-    options = DecodeOptions(template, map_location, weights_only, use_mmap, ignored)
+    """Read one item file back. Safetensors values are re-nested against `template` when one is given; where a
+    JSON item and its declared dataclass disagree without failing is recorded in `gaps` when given."""
+    options = DecodeOptions(template, map_location, weights_only, use_mmap, gaps)
     return codec_for(fmt, key).decode(fmt, storage, path, key, options)

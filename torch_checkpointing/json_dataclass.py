@@ -9,7 +9,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["from_jsonable", "to_jsonable"]
+__all__ = ["RebuildGaps", "from_jsonable", "to_jsonable"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -33,13 +33,22 @@ def _strip_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def from_jsonable(
-    tp: Any, data: Any, where: str, ignored: list[tuple[Any, ...]] | None = None, at: tuple[Any, ...] = ()
-) -> Any:
+@dataclasses.dataclass
+class RebuildGaps:
+    """Where a rebuild and the JSON disagreed without failing: keys no field takes (`ignored`), and fields the
+    JSON lacks that got their default, or None (`defaulted`); nested paths, so a load can name them."""
+
+    ignored: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    defaulted: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+
+
+def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = None, at: tuple[Any, ...] = ()) -> Any:
     """Rebuild `tp` from decoded JSON: dataclasses (nested, optional, in lists and dicts) are reconstructed.
 
-    A JSON key no field of its dataclass takes is ignored (the published behaviour); `ignored`, when given,
-    receives its nested path (`at` is where `data` sits), so a load can name what it did not restore."""
+    A JSON key no field of its dataclass takes is ignored, and a field the JSON lacks takes its default (None if
+    optional), as the published release does; `gaps`, when given, receives their nested paths (`at` is where
+    `data` sits), so a load can name what it did not restore."""
+    ignored = gaps.ignored if gaps is not None else None
     tp, optional = _strip_optional(tp)
     if data is None and optional:
         return None
@@ -50,17 +59,20 @@ def from_jsonable(
         kwargs: dict[str, Any] = {}
         fields = [f for f in dataclasses.fields(tp) if f.init]
         if ignored is not None:
-            taken = {f.name for f in fields}
+            taken = {f.name for f in dataclasses.fields(tp)}  # a field(init=False) is written, and rebuilt by the class
             ignored.extend((*at, k) for k in data if k not in taken)
         for f in fields:
             if f.name in data:
                 hint = hints.get(f.name, Any)
-                kwargs[f.name] = from_jsonable(hint, data[f.name], f"{where}.{f.name}", ignored, (*at, f.name))
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                kwargs[f.name] = from_jsonable(hint, data[f.name], f"{where}.{f.name}", gaps, (*at, f.name))
+                continue
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 if _strip_optional(hints.get(f.name, Any))[1]:
                     kwargs[f.name] = None
                 else:
                     raise ValueError(f"{where}: missing required field {f.name!r} of {tp.__name__}")
+            if gaps is not None:
+                gaps.defaulted.append((*at, f.name))
         return tp(**kwargs)
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -68,10 +80,10 @@ def from_jsonable(
         if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
             args = (args[0],)
         inner = args[0] if len(args) == 1 else Any
-        items = [from_jsonable(inner, v, f"{where}[{i}]", ignored, (*at, i)) for i, v in enumerate(data)]
+        items = [from_jsonable(inner, v, f"{where}[{i}]", gaps, (*at, i)) for i, v in enumerate(data)]
         return origin(items)
     if origin is dict and isinstance(data, dict) and len(args) == 2:
-        return {k: from_jsonable(args[1], v, f"{where}[{k!r}]", ignored, (*at, k)) for k, v in data.items()}
+        return {k: from_jsonable(args[1], v, f"{where}[{k!r}]", gaps, (*at, k)) for k, v in data.items()}
     if isinstance(tp, type) and tp is not Any and not isinstance(data, tp):
         return _exact_leaf(tp, data, where)
     return data
