@@ -78,6 +78,14 @@ class _Reshard:
 
 
 @dataclass
+class _Copied:
+    """What a load's copy phase did so far (it may run in two parts: `CheckedLoad.restore_unchecked`)."""
+
+    loaded: dict[str, Any] = field(default_factory=dict)
+    unhandled: list[CheckpointPath] = field(default_factory=list)
+
+
+@dataclass
 class _Report:
     missing: list[CheckpointPath] = field(default_factory=list)
     unexpected: list[CheckpointPath] = field(default_factory=list)
@@ -101,12 +109,20 @@ class CheckedLoad:
         strict: bool,
     ) -> None:
         self._loader, self._ctx, self._plans, self._report, self._strict = loader, ctx, plans, report, strict
+        self._copied = _Copied()
+
+    def restore_unchecked(self) -> None:
+        """Phase 2, first part: what the check phase could not check (a custom resharder's own `load`), before the
+        engine copies into any template. A multi-rank load agrees on it before `restore`, so a rank whose
+        resharder fails leaves every other rank's templates as they were too."""
+        with signals_deferred(f"Load of {self._ctx.root}"):
+            self._loader._copy(self._ctx, self._plans, self._report, self._strict, self._copied, unchecked_only=True)
 
     def restore(self) -> dict[str, Any]:
         """Phase 2: copy into the templates, run the resharders; returns the loaded mapping. A signal arriving
         meanwhile is handled once the copy has finished (`signals`): none leaves the templates half restored."""
         with signals_deferred(f"Load of {self._ctx.root}"):
-            return self._loader._copy(self._ctx, self._plans, self._report, self._strict)
+            return self._loader._copy(self._ctx, self._plans, self._report, self._strict, self._copied)
 
     def close(self) -> None:
         self._ctx.close()
@@ -222,21 +238,27 @@ class CheckpointLoader:
     # ------------------------------------------------------------------ phase 2: copy
 
     def _copy(
-        self, ctx: CheckpointReadContext, plans: list[_Direct | _Reshard], report: _Report, strict: bool
+        self,
+        ctx: CheckpointReadContext,
+        plans: list[_Direct | _Reshard],
+        report: _Report,
+        strict: bool,
+        copied: _Copied | None = None,
+        unchecked_only: bool = False,
     ) -> dict[str, Any]:
-        loaded: dict[str, Any] = {}
-        unhandled: list[CheckpointPath] = []
+        copied = copied if copied is not None else _Copied()
+        loaded, unhandled = copied.loaded, copied.unhandled
         known = set(report.missing)  # a planned job's unfillable paths were found by the check phase
         # A custom resharder's `load` reads what it likes, so the check phase could not check it (its damaged
         # block raises as it reads): it runs first, before the engine has copied into any template. Run in item
         # order, a failure there left the items before it restored and the rest not.
         unchecked = [p for p in plans if isinstance(p, _Reshard) and not _engine_runs(p)]
-        for plan in [*unchecked, *(p for p in plans if not any(p is u for u in unchecked))]:
-            if strict and unhandled:  # what a custom resharder could not fill: refused before the engine copies
-                raise TemplateMismatchError(
-                    f"Checkpoint {ctx.root}: the resharder could not fill {[str(p) for p in unhandled]}; the entries "
-                    f"it filled were restored, no other item was."
-                )
+        order = unchecked if unchecked_only else [*unchecked, *(p for p in plans if not any(p is u for u in unchecked))]
+        for plan in order:
+            if strict and unhandled and not any(plan is u for u in unchecked):
+                raise _unfilled(ctx.root, unhandled, "no other item was")  # refused before the engine copies
+            if plan.item.key in loaded:  # run by `restore_unchecked`
+                continue
             if isinstance(plan, _Direct):
                 loaded[plan.item.key], _ = walk_checkpoint_structure(
                     item_key=plan.item.key, source=plan.value, target=plan.item.value, unexpected=[]
@@ -245,13 +267,12 @@ class CheckpointLoader:
             failed = (CheckpointPath(plan.item.key, tuple(p)) for p in self._reshard(ctx, plan))
             unhandled.extend(p for p in failed if p not in known)
             loaded[plan.item.key] = plan.item.value
+        if strict and unhandled:
+            raise _unfilled(ctx.root, unhandled, "no other item was" if unchecked_only else "so were the other items")
+        if unchecked_only:
+            return {}
         result = {plan.item.key: loaded[plan.item.key] for plan in plans}  # in the items' order
         report.missing.extend(unhandled)
-        if strict and unhandled:
-            raise TemplateMismatchError(
-                f"Checkpoint {ctx.root}: the resharder could not fill {[str(p) for p in unhandled]}; the other "
-                f"entries were restored."
-            )
         if report.dropped:
             logger.warning(
                 "Checkpoint %s restored partially: %d JSON entr(ies) that the declared JsonSerialization(cls=...) "
@@ -490,6 +511,13 @@ def _warn_unchecked_ties(plans: list[_Direct | _Reshard], copies: list[_Copy]) -
                 b,
                 owner,
             )
+
+
+def _unfilled(root: Path, unhandled: list[CheckpointPath], others: str) -> TemplateMismatchError:
+    return TemplateMismatchError(
+        f"Checkpoint {root}: the resharder could not fill {[str(p) for p in unhandled]}; the entries it filled were "
+        f"restored, {others}."
+    )
 
 
 def _engine_runs(plan: _Reshard) -> bool:

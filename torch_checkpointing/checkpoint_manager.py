@@ -333,7 +333,11 @@ class CheckpointManager:
                     f"rank. Every rank must load the same id (decide it on one rank, e.g. latest_checkpoint() on "
                     f"rank 0, and broadcast it)."
                 )
-            # A failure now (a custom resharder raising) comes after the other ranks copied: the step says so.
+            # What the check could not check (a custom resharder's own load) runs first on every rank, and is
+            # agreed on before the engine copies anything: a rank whose resharder fails leaves every rank's other
+            # templates as they were (the ranks' resharders may have filled their own items).
+            unchecked = f"{what}: running custom resharders (their items may be partly filled; nothing else was)"
+            agree_outcome(unchecked, transport, checked.restore_unchecked)
             step = f"{what}: restoring (ranks that did not fail have already filled their templates)"
             return agree_outcome(step, transport, checked.restore)[0]
 
