@@ -336,7 +336,10 @@ class CheckpointManager:
             # What the check could not check (a custom resharder's own load) runs first on every rank, and is
             # agreed on before the engine copies anything: a rank whose resharder fails leaves every rank's other
             # templates as they were (the ranks' resharders may have filled their own items).
-            unchecked = f"{what}: running custom resharders (their items may be partly filled; nothing else was)"
+            unchecked = (
+                f"{what}: running custom resharders (ranks that did not fail have already filled the items those "
+                f"resharders load; nothing else was restored)"
+            )
             agree_outcome(unchecked, transport, checked.restore_unchecked)
             step = f"{what}: restoring (ranks that did not fail have already filled their templates)"
             return agree_outcome(step, transport, checked.restore)[0]
