@@ -112,3 +112,54 @@ def test_a_save_never_replaces_the_working_directory(
     finally:
         manager.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+# ------------------------------------------------------------------ a value whose own pickling raises anything
+
+
+class _RaisesOnPickle:
+    """A value whose __reduce__ raises its own exception type (a handle that refuses to be serialised)."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        self.error = error
+
+    def __reduce__(self) -> Any:
+        raise self.error("this handle cannot be serialised")
+
+
+class _CopiesButRaisesOnPickle(_RaisesOnPickle):
+    """Deep-copied fine (the async staging copy), refused only when pickled for the writer process."""
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return _CopiesButRaisesOnPickle(self.error)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "async-copies", "async-no-copy"])
+@pytest.mark.parametrize("error", [RuntimeError, ValueError, OSError])
+def test_a_value_whose_pickling_raises_its_own_error_is_named(tmp_path: Path, mode: str, error: type) -> None:
+    # Before: only PicklingError/TypeError/AttributeError/... were taken for a value that cannot be saved; a
+    # RuntimeError, ValueError or OSError raised by a value's own __reduce__ came out bare, naming neither the
+    # item nor the leaf nor the fix (and an async save's was not even a PicklingError).
+    import pickle
+
+    from torch_checkpointing import CheckpointManager, ItemSpec
+
+    config = CheckpointManager.Config.with_sync_save() if mode == "sync" else CheckpointManager.Config.with_async_save()
+    if mode == "async-no-copy":
+        config.default = ItemSpec(requires_copy=False)
+    bad = (_CopiesButRaisesOnPickle if mode == "async-copies" else _RaisesOnPickle)(error)
+    target = tmp_path / "ck"
+    manager = CheckpointManager(config)
+    try:
+        _save(manager, str(target), 1.0)
+        with pytest.raises(pickle.PicklingError, match=r"'model::b\.1'.*this handle cannot be serialised") as info:
+            write = manager.save(str(target), {"model": {"w": torch.ones(4), "b": [1, bad]}})
+            if write is not None:
+                write.result(60)
+        assert isinstance(info.value.__cause__, error)
+        out = manager.load(str(target), into={"model": {"w": torch.zeros(4)}})
+        assert torch.equal(out["model"]["w"], torch.full((4,), 1.0))  # the earlier checkpoint is intact
+        _save(manager, str(target), 2.0)  # and the manager saves on
+    finally:
+        manager.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

@@ -166,7 +166,14 @@ def encode_write(
     try:
         data = ForkingPickler.dumps(Write(request, slab_generation))
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise _unpicklable(request) from exc
+        raise _unpicklable(request) or pickle.PicklingError(
+            "The checkpoint write request cannot be pickled for the async writer process."
+        ) from exc
+    except Exception as exc:  # a value's own __reduce__ may raise anything: named when an item's value does
+        named = _unpicklable(request)
+        if named is None:
+            raise
+        raise named from exc
     return EncodedWrite(request.plan.checkpoint_dir, slab_generation, data, buffers, keep)
 
 
@@ -326,8 +333,8 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-def _unpicklable(request: WriteRequest) -> pickle.PicklingError:
-    """Name the item whose staged value cannot travel to the writer process."""
+def _unpicklable(request: WriteRequest) -> pickle.PicklingError | None:
+    """Name the item whose staged value cannot travel to the writer process (None: no item's value fails)."""
     for entry in request.entries:
         try:
             ForkingPickler.dumps(entry.value)
@@ -341,7 +348,7 @@ def _unpicklable(request: WriteRequest) -> pickle.PicklingError:
                 fix="Async saves need every value to pickle (requires_copy=True values are deep-copied, so e.g. a "
                 "lambda stays a lambda); make it picklable, or use CheckpointManager.Config.with_sync_save().",
             )
-    return pickle.PicklingError("The checkpoint write request cannot be pickled for the async writer process.")
+    return None
 
 
 # Every writer process object this process made, started or starting: a child made by os.fork() forgets them.

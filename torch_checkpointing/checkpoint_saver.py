@@ -35,7 +35,7 @@ from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied, log_safely
 from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
-from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band, unpicklable
+from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band, raised_by_a_leaf, unpicklable
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
@@ -703,6 +703,20 @@ def _pickle_item(item: ResolvedItem) -> tuple[OutOfBand, list[memoryview], list[
     try:
         return dumps_out_of_band(item.value)
     except Exception as exc:
+        fix = (
+            "Async saves need every value to pickle; make it picklable, or use "
+            "CheckpointManager.Config.with_sync_save()."
+        )
+        named = raised_by_a_leaf(
+            item.key,
+            item.value,
+            exc,
+            doing="pickled for the async writer process (requires_copy=False)",
+            op=pickle.dumps,
+            fix=fix,
+        )
+        if named is not None:
+            raise named from exc
         raise pickle.PicklingError(
             f"Item '{item.key}' (requires_copy=False) cannot be pickled for the async writer process: "
             f"{type(exc).__name__}: {exc}. Async saves need every value to pickle; make it picklable, or use "

@@ -47,7 +47,7 @@ from torch_checkpointing.errors import (
 )
 from torch_checkpointing.json_dataclass import RebuildGaps, from_jsonable, to_jsonable
 from torch_checkpointing.manifest import DuplicateKeyError, unique_keys
-from torch_checkpointing.pickling import unpicklable
+from torch_checkpointing.pickling import raised_by_a_leaf, unpicklable
 from torch_checkpointing.safetensors_tree import flatten_tensors, named_leaves, unflatten_to_target
 from torch_checkpointing.staging import as_written, meta_tensor_refusal
 from torch_checkpointing.storage.base_storage import Storage
@@ -624,6 +624,13 @@ class _ZipWriterTarget:
         self._stream = None
 
 
+_TORCH_SAVE_FAILS: dict[str, Any] = {
+    "doing": "saved with TorchSerialization (torch.save pickles the whole value)",
+    "op": pickle.dumps,
+    "fix": "Make it picklable, or leave it out of the checkpoint.",
+}
+
+
 class TorchCodec(Codec):
     """`torch.save`; read back with torch's safe loader unless the caller trusts the file."""
 
@@ -637,14 +644,12 @@ class TorchCodec(Codec):
         except RecursionError:
             raise _nested_too_deep("TorchSerialization", key) from None
         except (pickle.PicklingError, TypeError, AttributeError, KeyError, NotImplementedError) as exc:
-            raise unpicklable(
-                key,
-                value,
-                exc,
-                doing="saved with TorchSerialization (torch.save pickles the whole value)",
-                op=pickle.dumps,
-                fix="Make it picklable, or leave it out of the checkpoint.",
-            ) from exc
+            raise unpicklable(key, value, exc, **_TORCH_SAVE_FAILS) from exc
+        except Exception as exc:  # a value's own __reduce__ may raise anything: named when a leaf raises it
+            named = raised_by_a_leaf(key, value, exc, **_TORCH_SAVE_FAILS)
+            if named is None:
+                raise
+            raise named from exc
         finally:
             target.release()
 

@@ -22,7 +22,14 @@ import torch
 from torch_checkpointing.traversal import dotted_key, freed_storage_said, iter_leaves, storage_freed
 from torch_checkpointing.types import NestedPath
 
-__all__ = ["SUB_BYTE_DTYPES", "OutOfBand", "dumps_out_of_band", "plain_pickle_keeps", "unpicklable"]
+__all__ = [
+    "SUB_BYTE_DTYPES",
+    "OutOfBand",
+    "dumps_out_of_band",
+    "plain_pickle_keeps",
+    "raised_by_a_leaf",
+    "unpicklable",
+]
 
 
 def unpicklable(
@@ -38,6 +45,16 @@ def unpicklable(
         f"Item '{key}' cannot be {doing}: the value at '{where}' (a {_kind(leaf)}) fails: "
         f"{type(leaf_exc).__name__}: {leaf_exc}. {fix}"
     )
+
+
+def raised_by_a_leaf(
+    key: str, value: Any, exc: Exception, *, doing: str, op: Callable[[Any], object], fix: str
+) -> pickle.PicklingError | None:
+    """`unpicklable` for an exception of any type (a `__reduce__`/`__getstate__`/`__deepcopy__` may raise
+    RuntimeError, ValueError, OSError...), or None when no leaf of `value` fails `op`: then `exc` came from
+    elsewhere (the stream's I/O error, a signal handler) and the caller raises it as itself."""
+    found = _first_failing_leaf(value, op)
+    return None if found is None else unpicklable(key, value, exc, doing=doing, op=op, fix=fix)
 
 
 def _kind(leaf: Any) -> str:

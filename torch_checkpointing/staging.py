@@ -28,7 +28,7 @@ import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
-from torch_checkpointing.pickling import SUB_BYTE_DTYPES, unpicklable
+from torch_checkpointing.pickling import SUB_BYTE_DTYPES, raised_by_a_leaf, unpicklable
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.traversal import (
     NestingError,
@@ -57,6 +57,12 @@ __all__ = [
 
 
 _MEMFD_WHERE = "anonymous shared memory"
+_DEEP_COPY_FAILS: dict[str, Any] = {
+    "doing": "deep-copied for the async save (requires_copy=True)",
+    "op": copy.deepcopy,
+    "fix": "Async saves copy and pickle every value: make it deep-copyable and picklable, or leave it out of the "
+    "checkpoint.",
+}
 _POPULATE_WORKERS = 4  # threads populating a new slab: page allocation and zeroing scale with cores up to here
 
 unwrap_dtensor = local_tensor  # the published name: a DTensor's local shard, any other value unchanged
@@ -456,15 +462,12 @@ class DefaultStager(CheckpointStager):
         except NestingError as exc:
             raise exc.for_item(key) from None
         except (TypeError, copy.Error, pickle.PicklingError, AttributeError) as exc:  # a deep copy failed
-            raise unpicklable(
-                key,
-                value,
-                exc,
-                doing="deep-copied for the async save (requires_copy=True)",
-                op=copy.deepcopy,
-                fix="Async saves copy and pickle every value: make it deep-copyable and picklable, or leave it "
-                "out of the checkpoint.",
-            ) from exc
+            raise unpicklable(key, value, exc, **_DEEP_COPY_FAILS) from exc
+        except Exception as exc:  # a value's own __deepcopy__/__reduce__ may raise anything: named when a leaf does
+            named = raised_by_a_leaf(key, value, exc, **_DEEP_COPY_FAILS)
+            if named is None:
+                raise
+            raise named from exc
 
     def _copy(self, value: Any, slots: Iterator[int], copied: set[int]) -> Any:
         """The staged tree: each slab tensor copied into its slot once (`_SlabPlan`), tied leaves sharing it."""
