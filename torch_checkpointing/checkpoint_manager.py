@@ -1000,6 +1000,7 @@ def _shared_paths(per_rank: list[dict[str, tuple[str, Any]]], rank: int, said: s
                 )
                 raise CommitError(reason, {first_rank: reason, r: reason})
             skip.setdefault(key, [first_rank]).append(r)
+    _refuse_file_under_file_across_ranks(owners)
     mine = {key for key, ranks in skip.items() if rank in ranks[1:]}
     if rank == 0:
         for key, ranks in sorted(skip.items()):
@@ -1014,6 +1015,26 @@ def _shared_paths(per_rank: list[dict[str, tuple[str, Any]]], rank: int, said: s
                 stacklevel=4,
             )
     return mine
+
+
+def _refuse_file_under_file_across_ranks(owners: Mapping[str, tuple[int, str]]) -> None:
+    """A file one rank writes that is the folder of a file another rank writes ('01' on rank 0, '01/y.pt' on
+    rank 1: LayoutInfo('{rank}1') and LayoutInfo('0{rank}/y.pt')) can never both be written. Each rank's own
+    paths are checked when resolved (`schema.resolve`); across ranks it failed mid-write, on whichever rank
+    came second, with a bare IsADirectoryError or FileExistsError naming no item. Refused here, from the agreed
+    reports, with the same CommitError on every rank before anything is written."""
+    for path, (r, key) in owners.items():
+        parent = posixpath.dirname(path)
+        while parent:
+            if parent in owners:
+                parent_rank, parent_key = owners[parent]
+                reason = (
+                    f"Item '{key}' on rank {r} would be written to {path!r}, inside {parent!r}, the file of item "
+                    f"'{parent_key}' on rank {parent_rank}: a path cannot be a file and a folder at once. Give them "
+                    f"distinct LayoutInfo.file_path values (e.g. each under its own folder). Nothing was written."
+                )
+                raise CommitError(reason, {parent_rank: reason, r: reason})
+            parent = posixpath.dirname(parent)
 
 
 def _writes_local_paths(storage_config: Any) -> bool:
