@@ -163,3 +163,26 @@ def test_a_value_whose_pickling_raises_its_own_error_is_named(tmp_path: Path, mo
     finally:
         manager.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+# ------------------------------------------------------------------ a layout path that names a folder
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("path", ["x.pt/.", "sub/x_{rank}.pt/."])
+def test_a_layout_path_ending_in_slash_dot_is_refused_naming_the_item(tmp_path: Path, mode: str, path: str) -> None:
+    # Before: normpath('x.pt/.') is 'x.pt', so the layout check passed, but the writer opened 'x.pt/.' as given:
+    # the save failed mid-write with a bare IsADirectoryError naming no item.
+    from torch_checkpointing import CheckpointManager, ItemSpec
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, TorchSerialization
+    from torch_checkpointing.errors import ConfigError
+
+    config = CheckpointManager.Config.with_sync_save() if mode == "sync" else CheckpointManager.Config.with_async_save()
+    config.items = {"model": ItemSpec(layout=LayoutInfo(path, TorchSerialization()))}
+    manager = CheckpointManager(config)
+    try:
+        with pytest.raises(ConfigError, match=r"for key 'model' must name a file.*trailing '/\.'"):
+            _save(manager, str(tmp_path / "ck"), 1.0)
+    finally:
+        manager.close()
+    assert list(tmp_path.iterdir()) == []

@@ -125,12 +125,12 @@ def _check_layout(key: str, layout: LayoutInfo) -> None:
             f"Layout file_path {path!r} for key '{key}' leaves the checkpoint directory; keep it inside, "
             f"e.g. 'sub/model_{{rank}}.pt'."
         )
-    if normal == "." or ".." in path.split("/"):
+    if normal == "." or ".." in path.split("/") or path.split("/")[-1] == ".":
         # the writer opens the path as given: 'a/../x.bin' failed mid-save ("Parent directory does not exist"),
-        # '.' and 'a/..' with IsADirectoryError, naming no item
+        # '.', 'a/..' and 'x.pt/.' (the folder x.pt: normpath drops the '/.') with IsADirectoryError, naming no item
         raise ConfigError(
             f"Layout file_path {path!r} for key '{key}' must name a file by a plain relative path, without '..' "
-            f"(e.g. {normal if normal != '.' else 'model_{rank}.pt'!r})."
+            f"or a trailing '/.' (e.g. {normal if normal != '.' else 'model_{rank}.pt'!r})."
         )
     if normal.split("/")[0] in RESERVED_FILE_NAMES:
         # also as a directory: 'manifest.json/x.bin' failed at the commit, leaving a directory nothing removes
