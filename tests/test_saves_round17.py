@@ -186,3 +186,25 @@ def test_a_layout_path_ending_in_slash_dot_is_refused_naming_the_item(tmp_path: 
     finally:
         manager.close()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_relative_id_after_the_working_directory_was_deleted_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    # Before: save("ck") and load("ck") raised a bare "[Errno 2] No such file or directory" from os.path.abspath
+    # deep in the target check, naming neither the id nor why.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    manager = _manager(mode)
+    try:
+        monkeypatch.chdir(gone)
+        gone.rmdir()
+        for call in (lambda: _save(manager, "ck", 1.0), lambda: manager.load("ck")):
+            with pytest.raises(FileNotFoundError, match=r"'ck' is relative, but the working directory.*absolute id"):
+                call()
+        monkeypatch.chdir(tmp_path)
+        _save(manager, "ck", 2.0)  # the manager works on once there is a working directory again
+    finally:
+        manager.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import enum
+import errno
 import functools
 import logging
 import math
@@ -490,6 +491,8 @@ class CheckpointManager:
         if scheme in LOCAL_SCHEMES and _writes_local_paths(self.config.storage_config):
             checkpoint_id, scheme = local_path_of(checkpoint_id), None
         normal = checkpoint_id if scheme is not None else _local_path(checkpoint_id)
+        if scheme is None and not posixpath.isabs(normal):
+            _check_working_directory(normal)
         if self.config.storage_config is None:
             self._pick_storage(scheme, normal)
         else:
@@ -735,6 +738,21 @@ def _local_path(checkpoint_id: str) -> str:
             f"Checkpoint id {checkpoint_id!r} names no directory of its own; pass a path such as 'runs/step_100'."
         )
     return normal
+
+
+def _check_working_directory(checkpoint_id: str) -> None:
+    """A relative id needs a working directory: one deleted after the program changed into it made every call a
+    bare FileNotFoundError from deep inside the engine, naming neither the id nor why."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"Checkpoint id {checkpoint_id!r} is relative, but the working directory of this process no longer "
+            f"exists (it was deleted after the program changed into it), so the id names no place. Pass an "
+            f"absolute id, or os.chdir() to a directory that exists. Nothing was done",
+            checkpoint_id,
+        ) from None
 
 
 def _check_saveable_name(path: str) -> None:
