@@ -208,3 +208,47 @@ def test_a_relative_id_after_the_working_directory_was_deleted_is_named(
     finally:
         manager.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+_EMERGENCY = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    from torch_checkpointing import CheckpointManager
+
+    if __name__ == "__main__":
+        root = sys.argv[1]
+        config = CheckpointManager.Config.with_sync_save()
+        config.pre_finalize_callback = lambda checkpoint_id, _: os.kill(os.getpid(), signal.SIGTERM)
+
+        def preempted(signum, frame):  # the usual preemption handler: an emergency save, then exit
+            try:
+                manager.save(f"{root}/emergency", {"model": {"w": torch.zeros(2)}})
+                print("EMERGENCY saved", flush=True)
+            except Exception as exc:
+                print("EMERGENCY", type(exc).__name__, str(exc), flush=True)
+            sys.exit(143)
+
+        signal.signal(signal.SIGTERM, preempted)
+        manager = CheckpointManager(config)
+        try:
+            manager.save(f"{root}/step_1", {"model": {"w": torch.ones(2)}})
+        finally:
+            print("LEFT", sorted(os.listdir(root)), flush=True)
+    """
+)
+
+
+def test_an_emergency_save_in_a_sigterm_handler_during_a_sync_save_does_not_hang(tmp_path: Path) -> None:
+    # Before: SIGTERM landing inside a sync save ran the handler on the saving thread; its save() waited for the
+    # save it interrupted: the preempted job hung until SIGKILL, exiting with neither checkpoint.
+    script = tmp_path / "emergency.py"
+    script.write_text(_EMERGENCY)
+    root = tmp_path / "run"
+    root.mkdir()
+    try:
+        run = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the emergency save hung: {exc.stdout!r} {exc.stderr!r}")
+    assert run.returncode == 143, run.stdout + run.stderr
+    assert "EMERGENCY CheckpointError" in run.stdout and "from inside the save of" in run.stdout, run.stdout
+    assert "LEFT []" in run.stdout, run.stdout  # the interrupted save committed nothing, and left nothing
