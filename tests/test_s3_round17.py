@@ -14,10 +14,13 @@
   deleted it (a dropped connection), the save raised although its checkpoint was committed and loaded. The
   manifest's conditional create whose answer was lost and which the client retried met its own manifest and
   failed the save as "another save committed this checkpoint while this one ran".
+* A crafted manifest on S3 whose record names a format no load reads (`{"type": "os.system"}`): a load raised
+  the engine's ConfigError "Unknown SerializationFormat type" (a ValueError, no CheckpointError), naming no file.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,13 @@ from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import RecordingStorageConfig, S3Server
 from tests.test_s3_attacks import BOUND_S, fast_failing, state, sync_manager, through_proxy
 from torch_checkpointing.discovery import list_checkpoints, list_leftovers
-from torch_checkpointing.errors import CommitError, ConfigError, IncompleteCheckpointError, ObjectStoreError
+from torch_checkpointing.errors import (
+    CommitError,
+    ConfigError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    ObjectStoreError,
+)
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
@@ -174,3 +183,25 @@ def test_a_manifest_upload_whose_answer_is_lost_is_not_taken_for_another_saves(s
         assert _w(manager.load("run/step_1")) == 1.0
     storage = base.create_storage()
     assert [c.name for c in list_checkpoints(f"{base.url}/run", storage)] == ["step_1"]
+
+
+# ------------------------------------------------------------------------------------------- crafted manifests
+
+
+@pytest.mark.parametrize("fmt", [{"type": "os.system"}, {"type": None}, {}])
+def test_a_manifest_recording_a_format_no_load_reads_is_refused_naming_the_file(
+    s3_server: S3Server, fmt: dict[str, Any]
+) -> None:
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manifest = json.loads(storage.read(Path("run/step_1/manifest.json")))
+        manifest["items"]["model"]["0"]["format"] = fmt
+        storage.delete(Path("run/step_1/manifest.json"))
+        storage.write(Path("run/step_1/manifest.json"), json.dumps(manifest).encode())
+        with pytest.raises(
+            CorruptCheckpointError,
+            match=r"run/step_1/manifest\.json: field 'items\.model\.0\.format' \(file 'model_0\.pt'\)",
+        ):
+            manager.load("run/step_1")
