@@ -14,6 +14,10 @@
   deleted it (a dropped connection), the save raised although its checkpoint was committed and loaded. The
   manifest's conditional create whose answer was lost and which the client retried met its own manifest and
   failed the save as "another save committed this checkpoint while this one ran".
+* Ids holding `*`, `?` or `[` (`run/step*1`): a retention delete (a copy to a trash name, then a delete) went
+  through fsspec's `copy`, which expands them as a glob: it copied the objects of every checkpoint the pattern
+  matched into nested keys under the trash and the id, and one with `[` failed and left a trash prefix behind.
+  An id holding `?versionId=` named another object altogether (s3fs drops it and all after it: `run/step`).
 * A crafted manifest on S3 whose record names a format no load reads (`{"type": "os.system"}`): a load raised
   the engine's ConfigError "Unknown SerializationFormat type" (a ValueError, no CheckpointError), naming no file.
 """
@@ -41,7 +45,7 @@ from torch_checkpointing.errors import (
     ObjectStoreError,
 )
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
-from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.retention import collect_garbage, delete_checkpoint
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
 # ------------------------------------------------------------------------------------ foreign objects under a run
@@ -205,3 +209,30 @@ def test_a_manifest_recording_a_format_no_load_reads_is_refused_naming_the_file(
             match=r"run/step_1/manifest\.json: field 'items\.model\.0\.format' \(file 'model_0\.pt'\)",
         ):
             manager.load("run/step_1")
+
+
+# ------------------------------------------------------------------------------------------- odd characters in ids
+
+
+def test_ids_with_glob_characters_are_deleted_alone_and_a_version_marker_is_refused(s3_server: S3Server) -> None:
+    config = s3_server.config()
+    storage = config.create_storage()
+    bucket = config.url.split("://", 1)[1]
+    globs = {"r/step*1": 1.0, "r/step?1": 2.0, "r/step[1]": 3.0}
+    matched = {"r/stepX1": 4.0, "r/step1": 5.0, "r/stepYY1": 6.0}  # what the patterns match as globs
+    with sync_manager(config) as manager:
+        for ckpt_id, seed in {**globs, **matched}.items():
+            manager.save(ckpt_id, state(seed))
+        before = {k: storage.read(Path(k.split("/", 1)[1])) for k in storage.fs.find(f"{bucket}/r/step1")}
+        for ckpt_id in globs:
+            assert delete_checkpoint(f"{config.url}/{ckpt_id}", storage), ckpt_id
+        left = sorted(storage.fs.find(f"{bucket}/r"))
+        expected = sorted(f"{bucket}/{i}/{f}" for i in matched for f in ("manifest.json", "meta_0.pt", "model_0.pt"))
+        assert left == expected, left  # nothing copied into other names, no trash left, nothing else deleted
+        for ckpt_id, seed in matched.items():
+            assert _w(manager.load(ckpt_id)) == seed, ckpt_id
+        assert {k: storage.read(Path(k.split("/", 1)[1])) for k in storage.fs.find(f"{bucket}/r/step1")} == before
+        storage.write(Path("r/step"), b"a user's object")
+        with pytest.raises(ConfigError, match="versionId"):
+            manager.save("r/step?versionId=1", state(7.0))
+        assert storage.read(Path("r/step")) == b"a user's object"

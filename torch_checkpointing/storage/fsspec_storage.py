@@ -69,6 +69,7 @@ _FIXES = {
 }
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
+_VERSION_ID = "?versionId="  # s3fs's version marker in a path
 # Stores where a "directory" is only a key prefix: mkdir is a no-op there.
 _OBJECT_STORE_PROTOCOLS = _S3_PROTOCOLS | {"gs", "gcs", "az", "abfs", "abfss", "oss", "r2"}
 
@@ -196,7 +197,7 @@ def _import_fsspec() -> Any:
 
 # The blocking calls the storage makes; fsspec's sync wrapper of an async filesystem takes `timeout=` for them.
 _BOUNDED_CALLS = frozenset(
-    {"call_s3", "cat_file", "copy", "exists", "find", "info", "isdir", "ls", "pipe_file", "rm", "rm_file", "size"}
+    {"call_s3", "cat_file", "cp_file", "exists", "find", "info", "isdir", "ls", "pipe_file", "rm", "rm_file", "size"}
 )
 
 
@@ -309,7 +310,7 @@ class FsspecStorage(Storage):
                 f"configure a storage for that scheme."
             )
         backend = self._backend(scheme)
-        return backend, backend.name(text[match.end() :])  # every slash after the scheme: `Path` may fold them
+        return self._addressable(backend, backend.name(text[match.end() :]))  # every slash: `Path` may fold them
 
     def _resolve(self, path: Path | str) -> tuple[_Backend, str]:
         """The filesystem and its name for a path: `bucket/key` for `s3://bucket/key` (or `s3:/bucket/key`)."""
@@ -332,10 +333,21 @@ class FsspecStorage(Storage):
                 f"Checkpoint id {text!r} leaves this storage's url root {backend.scheme}://{root} (it names "
                 f"{backend.scheme}://{key}); name ids inside the root, or give the full URL as the id"
             )
-        return backend, key
+        return self._addressable(backend, key)
 
     def _key(self, path: Path | str) -> str:
         return self._resolve(path)[1]
+
+    @staticmethod
+    def _addressable(backend: _Backend, key: str) -> tuple[_Backend, str]:
+        """s3fs reads `?versionId=` in a name as a version and drops it with all that follows: every file of
+        `run/step?versionId=1/` was the one object `run/step`, another name's."""
+        if backend.is_s3 and _VERSION_ID in key:
+            raise ConfigError(
+                f"{backend.scheme}://{key} cannot be stored on S3 through s3fs: it reads {_VERSION_ID!r} in a name "
+                f"as an object version. Choose an id without it."
+            )
+        return backend, key
 
     def remap_path(self, path: Path) -> str:
         backend, key = self._resolve(path)
@@ -507,13 +519,13 @@ class FsspecStorage(Storage):
         fs = backend.io
         with self._errors(f"rename (copy, then delete) of {self.remap_path(src_path)} to", dst_path):
             if not is_directory:
-                fs.copy(src, dst)
+                fs.cp_file(src, dst)  # never `copy`: it expands `*`, `?` and `[` in a name as a glob
                 fs.rm_file(src)
                 return
             keys = sorted(_objects_under(backend, src), key=lambda k: posixpath.basename(k) == MANIFEST_FILE_NAME)
             if not backend.object_store:
                 for k in keys:
-                    fs.copy(k, dst + k[len(src) :])
+                    fs.cp_file(k, dst + k[len(src) :])
                 if keys:
                     _delete_all(backend, keys)
             elif keys:
@@ -801,7 +813,7 @@ def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None
     if not marked_already:
         backend.io.pipe_file(marker, b"")
     for k in sorted(keys, key=_copy_order):  # an unfinished save's own marker first, the manifest last
-        backend.io.copy(k, dst + k[len(src) :])
+        backend.io.cp_file(k, dst + k[len(src) :])  # `copy` would expand `*?[` in an id as a glob
     if not marked_already:
         backend.io.rm_file(marker)
 
@@ -866,7 +878,9 @@ def _delete_all(backend: _Backend, keys: list[str]) -> None:
     the `.incomplete` marker that let gc find them.
     """
     if not backend.is_s3:
-        backend.io.rm(keys)
+        for key in keys:  # one by one: `rm(keys)` expands `*`, `?` and `[` in a name as a glob
+            backend.io.rm_file(key)
+        backend.fs.invalidate_cache()
         return
     kept: list[str] = []
     try:
