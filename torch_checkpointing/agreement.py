@@ -13,6 +13,7 @@ into a `CommitError` naming the rank that went silent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -201,6 +202,10 @@ _MESSAGE_ONLY_ERRORS: dict[str, type[CheckpointError]] = {
 
 
 def _best_effort_exchange(step: str, transport: Transport, mine: Contribution) -> None:
+    if isinstance(transport, GroupTransport) and transport.roll_call is not None:
+        # On the way out (Ctrl-C): no roll call to wait for, but the collective is numbered like every rank's.
+        transport.roll_call.next_exchange()
+        transport = dataclasses.replace(transport, roll_call=None)
     try:
         transport.exchange(step, mine)
     except Exception as exc:  # we are leaving anyway; the peers learn from the timeout
