@@ -3,7 +3,8 @@
 * A user's folder under a run whose `.incomplete` is another program's file (a download tool's progress, neither
   empty nor a save's claim): gc deleted it with the user's files (on S3 any `.incomplete` made a prefix "an
   unfinished save of ours" whose claim was "dead"), and a save of that id took it over and wrote among them.
-  Such a file may be large: the save's claim check and gc read at most a claim's worth of it.
+  Such a file may be large: the save's claim check and gc read at most a claim's worth of it. Likewise a
+  user's prefix named like one of our trash prefixes that holds another tool's `manifest.json`: gc deleted it.
 * A client that cannot reach or configure the store: an endpoint that refuses connections, an `endpoint_url`
   without its scheme, an option s3fs does not take. The error was botocore's or aiohttp's text alone
   ("Could not connect to the endpoint URL", "Invalid endpoint", "AioSession.__init__() got an unexpected
@@ -73,6 +74,21 @@ def test_a_users_folder_with_another_programs_incomplete_file_is_never_collected
     assert sorted(storage.ls(Path("run/downloads"))) == [".incomplete", "dataset.tar.part"]
     with sync_manager(config) as manager:
         assert float(manager.load("run/step_1")["model"]["w"][0]) == 1.0
+
+
+def test_a_trash_named_prefix_holding_another_tools_manifest_is_never_collected(s3_server: S3Server) -> None:
+    config = s3_server.config()
+    storage = config.create_storage()
+    user = {
+        "run/.ext.trash-3999999-abcd/manifest.json": b'{"manifest_version": 3, "name": "my extension"}',
+        "run/.ext.trash-3999999-abcd/background.js": b"console.log(1)",
+    }
+    for key, data in user.items():
+        storage.write(Path(key), data)
+    report = collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
+    assert not report.removed and not report.failed, report
+    for key, data in user.items():
+        assert storage.read(Path(key)) == data, key
 
 
 def test_a_large_foreign_incomplete_file_is_refused_after_reading_a_claims_worth(s3_server: S3Server) -> None:

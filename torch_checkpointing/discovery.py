@@ -40,6 +40,7 @@ from torch_checkpointing.manifest import (
     read_local_regular,
     read_manifest,
     read_marker,
+    read_stored_bounded,
 )
 from torch_checkpointing.names import ASIDE_RE, aside_of, held_here, previous_copy_hint
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
@@ -555,7 +556,7 @@ def _marked(storage: Storage, path: Path) -> bool:
         marker = os.path.join(local, INCOMPLETE_MARKER)
         return not entries or (INCOMPLETE_MARKER in names and _is_regular(marker) and _our_marker(storage, path))
     if storage.exists(path / MANIFEST_FILE_NAME):
-        return True
+        return not _foreign_stored_manifest(storage, path / MANIFEST_FILE_NAME)
     return storage.exists(path / INCOMPLETE_MARKER) and _our_marker(storage, path)
 
 
@@ -569,6 +570,18 @@ def _our_marker(storage: Storage, path: Path) -> bool:
     except (OSError, CheckpointError):
         return False
     return data is not None and our_marker(data)
+
+
+def _foreign_stored_manifest(storage: Storage, path: Path) -> bool:
+    """`_foreign_manifest` on a store without local paths (an object store): a prefix named like a trash or
+    temporary of ours holding another tool's `manifest.json` is not ours either."""
+    try:
+        parse_manifest(read_stored_bounded(storage, path), str(path))
+    except CheckpointError as exc:
+        return _FOREIGN_MANIFEST in str(exc)
+    except OSError:
+        return False
+    return False
 
 
 def _foreign_manifest(local: str) -> bool:
