@@ -6,6 +6,10 @@ out, never which rank went: each survivor raised its own CommitError, "rank 0 lo
 contact", naming itself and not the rank that died or never called save(). Now the survivors report in on rank
 0's store and every one of them raises the same CommitError naming the silent rank, within the timeout.
 
+When rank 0 itself dies, its store (which the commit step uses) goes with it, and each survivor raised the
+client's own words in its CommitError ("Connection reset by peer" on one, "Failed to recv, got 0 bytes" on
+another): two different errors for one event. Now they raise one.
+
 The ranks are spawned here (not by `simulator.launcher.launch`, which stops every rank once one dies): rank 1 is
 SIGKILLed in the middle of its save, and the others must still finish.
 """
@@ -49,7 +53,7 @@ def _attempt(fn: Any) -> dict[str, Any]:
     return {"result": result, "elapsed": time.monotonic() - started}
 
 
-def _rank(rank: int, port: int, root: str, out_dir: str) -> None:
+def _rank(rank: int, port: int, root: str, out_dir: str, scenario: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     from torch_checkpointing import CheckpointManager
@@ -67,6 +71,20 @@ def _rank(rank: int, port: int, root: str, out_dir: str) -> None:
 
     out: dict[str, Any] = {}
     state = {"model": {"w": torch.full((8,), float(rank))}}
+    if scenario == "rank0":  # rank 0 is SIGKILLed while it writes its files: ranks 1 and 2 lose its store
+        from torch_checkpointing import checkpoint_writer as cw
+
+        killed = manager()
+        if rank == 0:
+
+            def dying_write(*args: Any, **kwargs: Any) -> Any:
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            cw._write_local_files = dying_write  # type: ignore[assignment]
+        out["rank0"] = _attempt(lambda: killed.save(f"{root}/rank0", state))
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+        os._exit(0)
     # 1. rank 2 never calls save() (it is busy elsewhere): ranks 0 and 1 give up naming it, with one error.
     first = manager()
     if rank == 2:
@@ -93,15 +111,13 @@ def _rank(rank: int, port: int, root: str, out_dir: str) -> None:
     os._exit(0)  # the default group lost rank 1: no clean teardown to wait for
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
-    root = tmp_path_factory.mktemp("round17")
+def _launch(root: Path, scenario: str) -> dict[int, dict[str, Any]]:
     out_dir = root / "out"
     out_dir.mkdir()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     ctx = mp.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(root), str(out_dir))) for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank, args=(r, port, str(root), str(out_dir), scenario)) for r in range(WORLD)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + 240
@@ -118,6 +134,22 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, An
         for r in range(WORLD)
         if (out_dir / f"rank{r}.json").exists()
     }
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    return _launch(tmp_path_factory.mktemp("round17"), "ranks")
+
+
+def test_rank_0_sigkilled_mid_write_fails_the_others_with_one_error(tmp_path: Path) -> None:
+    got = _launch(tmp_path, "rank0")
+    assert "rank0" not in got.get(0, {}), got  # it was killed
+    results = [got[r]["rank0"] for r in (1, 2)]
+    for one in results:
+        assert one["result"].startswith("CommitError: ") and "rank 0" in one["result"], results
+        assert one["elapsed"] < BOUND_S, results
+    assert results[0]["result"] == results[1]["result"], results
+    assert not (tmp_path / "rank0").exists()
 
 
 def test_a_rank_that_never_calls_save_is_named_by_one_error_on_every_other_rank(
@@ -140,3 +172,29 @@ def test_a_rank_sigkilled_mid_save_is_named_by_one_error_on_every_other_rank(
         assert one["elapsed"] < BOUND_S, got
     assert got[0]["result"] == got[1]["result"], got
     assert not outcomes[0]["killed_left"] and not outcomes[2]["killed_left"]  # nothing committed
+
+
+class _GoneStore:
+    """A TCPStore client whose host died, failing with the words one rank's socket saw."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def set(self, *args: Any) -> None:
+        raise self.exc
+
+    def check(self, *args: Any) -> bool:
+        raise self.exc
+
+
+def test_losing_rank_0s_store_is_one_error_whatever_each_client_saw() -> None:
+    from torch_checkpointing.errors import CommitError
+    from torch_checkpointing.store_channel import StoreAddress, StoreChannel
+
+    said = set()
+    for exc in (RuntimeError("Connection reset by peer"), RuntimeError("Failed to recv, got 0 bytes")):
+        channel = StoreChannel(StoreAddress("127.0.0.1", 1, "ns"), 5.0, _GoneStore(exc))
+        with pytest.raises(CommitError, match="lost contact with rank 0") as caught:
+            channel.publish("step/1", "answer")
+        said.add(str(caught.value))
+    assert len(said) == 1, said

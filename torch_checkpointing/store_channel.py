@@ -8,6 +8,7 @@ failure is a `CommitError` that names the rank(s) that went silent or away (neve
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from torch_checkpointing.errors import CommitError
+from torch_checkpointing.errors import CommitError, log_safely
 
 __all__ = ["StoreAddress", "StoreChannel", "StoreRollCall"]
+
+logger = logging.getLogger("torch_checkpointing.store_channel")
 
 _POLL_S = 0.005
 # How long past the collective's own timeout rank 0 waits for the survivors of a broken one to report in.
@@ -119,10 +122,16 @@ class StoreChannel:
 
 
 def _lost_host(exc: BaseException) -> CommitError:
+    """The same error on every rank that lost rank 0's store: the client's own words differ from rank to rank
+    ("Connection reset by peer" on one, "Failed to recv, got 0 bytes" on another), so they are logged here and
+    kept out of the message."""
     first = (str(exc).strip().splitlines() or [""])[0]
+    log_safely(
+        logger, logging.WARNING, "Lost contact with rank 0's checkpoint store: %s: %s", type(exc).__name__, first
+    )
     return CommitError(
-        f"Checkpoint commit: lost contact with rank 0, which hosts the checkpoint store ({type(exc).__name__}: "
-        f"{first}); rank 0 died or closed its CheckpointManager. No checkpoint was committed by this save.",
+        "Checkpoint commit: lost contact with rank 0, which hosts the checkpoint store: rank 0 died or closed its "
+        "CheckpointManager. No checkpoint was committed by this save.",
         {0: "went away (its checkpoint store is unreachable)"},
     )
 
