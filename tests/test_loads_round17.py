@@ -472,3 +472,26 @@ def test_json_fields_the_checkpoint_lacks_are_named_and_refused_by_a_strict_load
     m.save(str(tmp_path / "same"), {"cfg": _GrownCfg(0.2, ["a"], 3)})
     assert m.load(str(tmp_path / "same"), strict=True)["cfg"] == _GrownCfg(0.2, ["a"], 3)  # a round trip: no gap
     m.close()
+
+
+def test_one_template_container_in_a_resharded_item_and_another_place_is_refused(tmp_path: Path) -> None:
+    """A resharded item's tensor-free entries are merged into the template in place too: one list under two of
+    its keys, or shared with another item, came back holding the values saved at the last place filled."""
+    import warnings
+
+    from tests.test_verified_loads import AlwaysReshard
+    from torch_checkpointing.errors import TemplateMismatchError
+
+    m = _manager({"model": ItemSpec(resharder=AlwaysReshard()), "aaa": ItemSpec()})
+    root = tmp_path / "ck"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.save(str(root), {"model": {"w": torch.arange(8.0), "p": [1], "q": [2]}, "aaa": {"r": [3]}})
+        shared = [0]
+        w = torch.zeros(8)
+        with pytest.raises(TemplateMismatchError, match=r"model::p and model::q are one list"):
+            m.load(str(root), into={"model": {"w": w, "p": shared, "q": shared}, "aaa": {"r": [0]}})
+        with pytest.raises(TemplateMismatchError, match=r"model::p and aaa::r are one list"):
+            m.load(str(root), into={"model": {"w": w, "p": shared, "q": [0]}, "aaa": {"r": shared}})
+    m.close()
+    assert shared == [0] and torch.equal(w, torch.zeros(8))

@@ -229,6 +229,7 @@ class CheckpointLoader:
             else:
                 report.missing.extend(self._precheck_reshard(ctx, plan))
                 report.unexpected.extend(_tensors_not_in_template(plan))
+                _check_values_filled_once(plan, containers)
         _check_shared_targets(plans, copies)
         _warn_unchecked_ties(plans, copies)
         if strict:
@@ -511,6 +512,22 @@ def _warn_unchecked_ties(plans: list[_Direct | _Reshard], copies: list[_Copy]) -
                 b,
                 owner,
             )
+
+
+def _check_values_filled_once(plan: _Reshard, containers: dict[int, Any]) -> None:
+    """A planned job's tensor-free entries (an optimizer's param_groups) are merged into the template in place,
+    as a direct item's are: their template dicts and lists join the load's one check of containers reached at
+    two places (`walk_utils`), so one shared with another entry or item must receive the same saved value."""
+    from torch_checkpointing.traversal import get_path
+
+    job = plan.job
+    if job is None or not job.prepared:  # not planned here: a custom `load` fills it
+        return
+    for path, saved in job.prepared[0].collected.values:
+        target = get_path(job.target, path)
+        walk_checkpoint_structure(
+            item_key=job.item_key, source=saved, target=target, dry_run=True, at=path, containers=containers
+        )
 
 
 def _unfilled(root: Path, unhandled: list[CheckpointPath], others: str) -> TemplateMismatchError:
