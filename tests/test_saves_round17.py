@@ -252,3 +252,22 @@ def test_an_emergency_save_in_a_sigterm_handler_during_a_sync_save_does_not_hang
     assert run.returncode == 143, run.stdout + run.stderr
     assert "EMERGENCY CheckpointError" in run.stdout and "from inside the save of" in run.stdout, run.stdout
     assert "LEFT []" in run.stdout, run.stdout  # the interrupted save committed nothing, and left nothing
+
+
+def test_the_async_writers_own_start_directory_is_no_reason_to_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writer process keeps the directory the manager was built in; only the program's working directory
+    # protects a target. A job built in an empty run/ that then changed directory saves to run/.
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.chdir(run)
+    manager = _manager("async")
+    try:
+        _save(manager, str(tmp_path / "warm"), 0.0)  # the writer is up, started in run/
+        monkeypatch.chdir(tmp_path)
+        _save(manager, str(run), 1.0)
+        out = manager.load(str(run), into={"model": {"w": torch.zeros(4)}})
+    finally:
+        manager.close()
+    assert torch.equal(out["model"]["w"], torch.full((4,), 1.0))

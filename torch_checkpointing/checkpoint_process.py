@@ -32,6 +32,7 @@ from typing import Any
 import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared-memory tensors pass by handle)
 
 from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
+from torch_checkpointing.commit import working_directory_is_not_the_programs
 from torch_checkpointing.config import CheckpointProcessConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.pickling import OutOfBand, unpicklable
@@ -268,6 +269,7 @@ def _writer_main(
 ) -> None:
     _ignore_terminal_interrupts()
     _die_with_trainer(os.getppid())
+    working_directory_is_not_the_programs()
     _skip_torch_record_crc()
     storage = _set_up(conn, storage_config, init_fn, init_args)
     if storage is None:

@@ -63,6 +63,7 @@ __all__ = [
     "check_target",
     "stale_reason",
     "temporary_name",
+    "working_directory_is_not_the_programs",
 ]
 
 logger = logging.getLogger("torch_checkpointing.commit")
@@ -176,10 +177,22 @@ def _check_ancestors(storage: Storage, final: str, local: str) -> None:
         ancestor = parent
 
 
+_working_directory_is_the_programs = True
+
+
+def working_directory_is_not_the_programs() -> None:
+    """Said by the async writer process: its working directory is the one it was started in, not the program's
+    (the trainer checks its own when the save is planned), so it is no reason to refuse a target there."""
+    global _working_directory_is_the_programs
+    _working_directory_is_the_programs = False
+
+
 def _refuse_working_directory(final: str, local: str) -> None:
     """Refuse a target that is this process's working directory or holds it (an empty folder the job was started
     in, a checkpoint of ours someone `cd`-ed into, or an empty folder inside one, which no listing counts as a
     file): replacing it deleted the directory the program runs in, and every relative path failed after."""
+    if not _working_directory_is_the_programs:
+        return
     try:
         target = os.stat(local)
         cwd = os.getcwd()
