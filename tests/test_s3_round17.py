@@ -37,7 +37,7 @@ from tests.memory_storage import free_port
 from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import RecordingStorageConfig, S3Server
 from tests.test_s3_attacks import BOUND_S, fast_failing, state, sync_manager, through_proxy
-from torch_checkpointing.discovery import list_checkpoints, list_leftovers
+from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints, list_leftovers
 from torch_checkpointing.errors import (
     CommitError,
     ConfigError,
@@ -225,6 +225,8 @@ def test_a_manifest_recording_a_format_no_load_reads_is_refused_naming_the_file(
             match=r"run/step_1/manifest\.json: field 'items\.model\.0\.format' \(file 'model_0\.pt'\)",
         ):
             manager.load("run/step_1")
+    latest = latest_checkpoint(f"{config.url}/run", storage)  # never a resume point that no load reads
+    assert latest is None, latest
 
 
 # ------------------------------------------------------------------------------------------- odd characters in ids

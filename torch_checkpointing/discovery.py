@@ -448,8 +448,9 @@ def _intact_now(info: CheckpointInfo, storage: Storage) -> tuple[CheckpointInfo 
 
 
 def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str | None:
-    """None when every file the manifest of `path` records is present, contained, regular and of its recorded
-    size (opened the way a load opens it: no symlink, no FIFO, no path out of the directory); else what is wrong.
+    """None when every file the manifest of `path` records is present, contained, regular, of its recorded size
+    (opened the way a load opens it: no symlink, no FIFO, no path out of the directory) and recorded in a format a
+    load reads; else what is wrong.
 
     Checksums are not read (`torch-checkpointing verify` reads every byte).
     """
@@ -462,6 +463,8 @@ def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str 
                 return f"no {MANIFEST_FILE_NAME}"
             for record in ctx.manifest.files:
                 ctx.check(record.path, f"item '{record.key}' of rank {record.rank}")
+                # A format no load reads (a crafted or newer record): the checkpoint cannot be resumed from.
+                untrusted_format_from_dict(record.format, f"{ctx.root / MANIFEST_FILE_NAME}: item '{record.key}'")
             if ctx.manifest.metadata_file is not None:
                 ctx.check(ctx.manifest.metadata_file, "sharding metadata")
     except (CheckpointError, OSError) as exc:
