@@ -19,6 +19,7 @@
   through fsspec's `copy`, which expands them as a glob: it copied the objects of every checkpoint the pattern
   matched into nested keys under the trash and the id, and one with `[` failed and left a trash prefix behind.
   An id holding `?versionId=` named another object altogether (s3fs drops it and all after it: `run/step`).
+  On a directory store through fsspec (memory://), removing `run/step*1` removed `run/stepX1` too.
 * A crafted manifest on S3 whose record names a format no load reads (`{"type": "os.system"}`): a load raised
   the engine's ConfigError "Unknown SerializationFormat type" (a ValueError, no CheckpointError), naming no file.
 """
@@ -254,3 +255,17 @@ def test_ids_with_glob_characters_are_deleted_alone_and_a_version_marker_is_refu
         with pytest.raises(ConfigError, match="versionId"):
             manager.save("r/step?versionId=1", state(7.0))
         assert storage.read(Path("r/step")) == b"a user's object"
+
+
+@pytest.mark.parametrize("root", ["memory://r17-globs", "file"])
+def test_removing_a_glob_named_id_on_a_directory_store_removes_it_alone(root: str, tmp_path: Path) -> None:
+    """fsspec's `rm(recursive=True)` expands the name as a glob: removing `run/step*1` removed `run/stepX1`."""
+    url = root if root.startswith("memory") else f"file://{tmp_path}/run"
+    config = FsspecStorageConfig(url=url)
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        for ckpt_id, seed in (("r/step*1", 1.0), ("r/stepX1", 2.0), ("r/step11", 3.0)):
+            manager.save(ckpt_id, state(seed))
+        storage.rmdir(Path("r/step*1"))
+        assert not storage.exists(Path("r/step*1"))
+        assert _w(manager.load("r/stepX1")) == 2.0 and _w(manager.load("r/step11")) == 3.0

@@ -494,7 +494,7 @@ class FsspecStorage(Storage):
         with self._errors("delete of", path):
             if not backend.object_store:  # a real directory tree (file://, memory://)
                 if backend.io.exists(key):
-                    backend.io.rm(key, recursive=True)
+                    _remove_tree(backend, key)
                 return
             _delete_prefix(backend, key, _objects_under(backend, key, include_self=True))
 
@@ -846,6 +846,23 @@ def _delete_prefix(backend: _Backend, key: str, keys: list[str], *, restore: boo
         raise
     if committed or marked:
         backend.io.rm_file(marker)
+    backend.fs.invalidate_cache()
+
+
+def _remove_tree(backend: _Backend, key: str) -> None:
+    """Remove a directory tree (or one file) by its own name: fsspec's `rm(recursive=True)` expands `*`, `?` and
+    `[` in it as a glob, and removing `run/step*1` removed `run/stepX1` and `run/step11` with it."""
+    if not backend.io.isdir(key):
+        backend.io.rm_file(key)
+        return
+    found = backend.io.find(key, withdirs=True, detail=True)
+    for name, info in found.items():
+        if info.get("type") != "directory":
+            backend.io.rm_file(name)
+    dirs = [name for name, info in found.items() if info.get("type") == "directory" and name != key]
+    for name in [*sorted(dirs, key=len, reverse=True), key]:  # the deepest first
+        with contextlib.suppress(FileNotFoundError):
+            backend.io.rmdir(name)
     backend.fs.invalidate_cache()
 
 
