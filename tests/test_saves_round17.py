@@ -271,3 +271,33 @@ def test_the_async_writers_own_start_directory_is_no_reason_to_refuse(
     finally:
         manager.close()
     assert torch.equal(out["model"]["w"], torch.full((4,), 1.0))
+
+
+_KILLED_WHILE_THE_WRITER_STARTS = textwrap.dedent(
+    """
+    import os, signal, sys, time, torch
+    from torch_checkpointing import CheckpointManager
+
+    if __name__ == "__main__":
+        manager = CheckpointManager(CheckpointManager.Config.with_async_save())
+        time.sleep(float(sys.argv[2]))  # the writer is importing torch: its death signal is not armed yet
+        print("WRITER STARTING", flush=True)
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("after", ["0.5", "0.9"])
+def test_a_job_killed_while_its_writer_starts_gets_no_writer_traceback(tmp_path: Path, sig: str, after: str) -> None:
+    # Before: the writer, still starting, sent its Ready to a trainer that was gone and printed a BrokenPipeError
+    # traceback under "Process ckpt-writer", as if the writer had failed; it now ends quietly, as on EOF.
+    script = tmp_path / "killed.py"
+    script.write_text(_KILLED_WHILE_THE_WRITER_STARTS)
+    run = subprocess.run([sys.executable, str(script), sig, after], capture_output=True, text=True, timeout=120)
+    # The writer holds the captured stderr until it has ended: by now it has answered, or ended without a word.
+    assert run.returncode == -getattr(__import__("signal"), sig), run.stdout + run.stderr
+    assert "WRITER STARTING" in run.stdout, run.stdout + run.stderr
+    # (A kill before the spawned child has read its start-up data makes multiprocessing's own bootstrap print a
+    # traceback: that is the standard library's, before any of the writer's code runs.)
+    assert "Process ckpt-writer" not in run.stderr and "BrokenPipeError" not in run.stderr, run.stderr

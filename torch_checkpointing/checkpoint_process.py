@@ -274,7 +274,8 @@ def _writer_main(
     storage = _set_up(conn, storage_config, init_fn, init_args)
     if storage is None:
         return
-    conn.send(Ready(os.getpid()))
+    if not _answer(conn, Ready(os.getpid())):
+        return
     slab: MapSlab | None = None
     while True:
         try:
@@ -282,14 +283,15 @@ def _writer_main(
         except EOFError:
             return
         if isinstance(message, Stop):
-            conn.send(Stopped())
+            _answer(conn, Stopped())
             _exit_now()
         elif isinstance(message, MapSlab):
             slab = message
         elif isinstance(message, DropSlab):
             slab = None  # the mapping goes with its last reference: this one (the request's views went with it)
             gc.collect()
-            conn.send(SlabDropped())
+            if not _answer(conn, SlabDropped()):
+                return
         elif isinstance(message, Write):
             try:
                 failed = _receive_buffers(conn.fileno(), message)
@@ -297,9 +299,21 @@ def _writer_main(
                 return  # the trainer went away in the middle of the request: nobody is left to answer
             reply = _serve(storage, message, slab) if failed is None else Failed(_portable(failed))
             del message  # drop shared-memory handles before answering
-            conn.send(reply)
+            if not _answer(conn, reply):
+                return
         else:  # no reply: the trainer reads a reply only after a Write, and would take this one for the next
             logger.error("The checkpoint writer got an unknown message %s; it is dropped", type(message).__name__)
+
+
+def _answer(conn: Connection, message: Any) -> bool:
+    """Send to the trainer; False when it is gone (killed while this writer started or wrote): the writer then
+    ends quietly, as it does when the trainer's end of the pipe reads EOF. A SIGKILLed or SIGTERMed job's
+    writer printed a BrokenPipeError traceback under "Process ckpt-writer", as if the writer had failed."""
+    try:
+        conn.send(message)
+    except OSError:  # BrokenPipeError, ConnectionResetError: nobody reads the other end any more
+        return False
+    return True
 
 
 def _set_up(
