@@ -301,3 +301,18 @@ def test_a_job_killed_while_its_writer_starts_gets_no_writer_traceback(tmp_path:
     # (A kill before the spawned child has read its start-up data makes multiprocessing's own bootstrap print a
     # traceback: that is the standard library's, before any of the writer's code runs.)
     assert "Process ckpt-writer" not in run.stderr and "BrokenPipeError" not in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_id_holding_a_nul_character_is_refused_naming_it(tmp_path: Path, mode: str) -> None:
+    # Before: save() and load() failed with a bare ValueError "embedded null byte" naming neither the id nor the fix.
+    from torch_checkpointing.errors import ConfigError
+
+    manager = _manager(mode)
+    try:
+        for call in (lambda: _save(manager, f"{tmp_path}/a\x00b", 1.0), lambda: manager.load(f"{tmp_path}/a\x00b")):
+            with pytest.raises(ConfigError, match=r"Checkpoint id '.*a\\x00b' holds a NUL character"):
+                call()
+    finally:
+        manager.close()
+    assert list(tmp_path.iterdir()) == []

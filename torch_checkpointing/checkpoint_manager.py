@@ -484,6 +484,8 @@ class CheckpointManager:
                 f"A checkpoint id must be a str or a path (e.g. 'runs/step_100'), got {checkpoint_id!r} "
                 f"({type(checkpoint_id).__name__})."
             )
+        if "\x00" in checkpoint_id:  # no path holds one: a bare "embedded null byte" ValueError, naming nothing
+            raise ConfigError(f"Checkpoint id {checkpoint_id!r} holds a NUL character, which no path can; remove it.")
         url = _URL.match(checkpoint_id)
         scheme = url.group(1).lower() if url is not None else None
         if scheme is not None and self._storage.handles_url(checkpoint_id):
