@@ -48,7 +48,7 @@ from torch_checkpointing.errors import (
 )
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.retention import collect_garbage, delete_checkpoint
-from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
 
 # ------------------------------------------------------------------------------------ foreign objects under a run
 
@@ -251,10 +251,17 @@ def test_ids_with_glob_characters_are_deleted_alone_and_a_version_marker_is_refu
         for ckpt_id, seed in matched.items():
             assert _w(manager.load(ckpt_id)) == seed, ckpt_id
         assert {k: storage.read(Path(k.split("/", 1)[1])) for k in storage.fs.find(f"{bucket}/r/step1")} == before
-        storage.write(Path("r/step"), b"a user's object")
-        with pytest.raises(ConfigError, match="versionId"):
+        with pytest.raises(ConfigError, match="versionId"):  # it would land on the object r/step
+            storage.write(Path("r/step?versionId=1/x"), b"data")
+    user = FsspecStorage(FsspecStorageConfig(protocol="s3", storage_options=s3_server.storage_options()))
+    user.fs.call_s3("put_object", Bucket=bucket, Key="r/step?versionId=2", Body=b"a user's object")  # raw
+    storage.write(Path("r/step"), b"another user's object")
+    with sync_manager(config) as manager:
+        with pytest.raises((ConfigError, CommitError)):
             manager.save("r/step?versionId=1", state(7.0))
-        assert storage.read(Path("r/step")) == b"a user's object"
+        assert storage.read(Path("r/step")) == b"another user's object"
+        names = sorted(c.name for c in list_checkpoints(f"{config.url}/r", storage))  # a listing takes the odd key
+        assert names == ["step1", "stepX1", "stepYY1"], names
 
 
 @pytest.mark.parametrize("root", ["memory://r17-globs", "file"])

@@ -310,7 +310,7 @@ class FsspecStorage(Storage):
                 f"configure a storage for that scheme."
             )
         backend = self._backend(scheme)
-        return self._addressable(backend, backend.name(text[match.end() :]))  # every slash: `Path` may fold them
+        return backend, backend.name(text[match.end() :])  # every slash after the scheme: `Path` may fold them
 
     def _resolve(self, path: Path | str) -> tuple[_Backend, str]:
         """The filesystem and its name for a path: `bucket/key` for `s3://bucket/key` (or `s3:/bucket/key`)."""
@@ -333,15 +333,16 @@ class FsspecStorage(Storage):
                 f"Checkpoint id {text!r} leaves this storage's url root {backend.scheme}://{root} (it names "
                 f"{backend.scheme}://{key}); name ids inside the root, or give the full URL as the id"
             )
-        return self._addressable(backend, key)
+        return backend, key
 
     def _key(self, path: Path | str) -> str:
         return self._resolve(path)[1]
 
-    @staticmethod
-    def _addressable(backend: _Backend, key: str) -> tuple[_Backend, str]:
-        """s3fs reads `?versionId=` in a name as a version and drops it with all that follows: every file of
-        `run/step?versionId=1/` was the one object `run/step`, another name's."""
+    def _resolve_for_write(self, path: Path | str) -> tuple[_Backend, str]:
+        """`_resolve` for a write. s3fs reads `?versionId=` in a name as a version and drops it with all that
+        follows: every file of `run/step?versionId=1/` was written to the one object `run/step`, another name's.
+        (Reads and listings take such a name as it comes: a user's object so named must not break a listing.)"""
+        backend, key = self._resolve(path)
         if backend.is_s3 and _VERSION_ID in key:
             raise ConfigError(
                 f"{backend.scheme}://{key} cannot be stored on S3 through s3fs: it reads {_VERSION_ID!r} in a name "
@@ -442,7 +443,7 @@ class FsspecStorage(Storage):
 
         Leaving its `with` block on an exception aborts the upload, so no partial object ever appears.
         """
-        backend, key = self._resolve(path)
+        backend, key = self._resolve_for_write(path)
         url = f"{backend.scheme}://{key}"
         if backend.is_s3:
             return _S3MultipartWriter(
@@ -463,7 +464,7 @@ class FsspecStorage(Storage):
             with self.stream_write(path) as stream:
                 stream.write(view)
             return
-        backend, key = self._resolve(path)
+        backend, key = self._resolve_for_write(path)
         url = f"{backend.scheme}://{key}"
         if backend.is_s3 and _is_commit_file(key):
             _create(backend.io, key, bytes(view), url)
@@ -513,7 +514,7 @@ class FsspecStorage(Storage):
         gc recognises as ours (before: files nothing claimed, kept for good). The source then goes as `rmdir`
         deletes: marked, manifest first, marker last, never a committed manifest whose files are gone.
         """
-        (backend, src), (other, dst) = self._resolve(src_path), self._resolve(dst_path)
+        (backend, src), (other, dst) = self._resolve(src_path), self._resolve_for_write(dst_path)
         if other is not backend:
             raise ValueError(f"cannot rename across stores: {self.remap_path(src_path)} -> {self.remap_path(dst_path)}")
         fs = backend.io
@@ -552,7 +553,7 @@ class FsspecStorage(Storage):
 
         Elsewhere fsspec checks existence first (not atomic: two creators racing may both succeed).
         """
-        backend, key = self._resolve(path)
+        backend, key = self._resolve_for_write(path)
         with self._errors("upload of", path):
             try:
                 backend.io.pipe_file(key, bytes(data), mode="create")
