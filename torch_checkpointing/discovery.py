@@ -464,7 +464,7 @@ def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str 
             for record in ctx.manifest.files:
                 ctx.check(record.path, f"item '{record.key}' of rank {record.rank}")
                 # A format no load reads (a crafted or newer record): the checkpoint cannot be resumed from.
-                untrusted_format_from_dict(record.format, f"{ctx.root / MANIFEST_FILE_NAME}: item '{record.key}'")
+                record.serialization_format(ctx.root / MANIFEST_FILE_NAME)
             if ctx.manifest.metadata_file is not None:
                 ctx.check(ctx.manifest.metadata_file, "sharding metadata")
     except (CheckpointError, OSError) as exc:
