@@ -190,7 +190,13 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
             raise incomplete(checkpoint_dir, storage)
         return None
     local = storage.local_path(path)
-    data = read_local_regular(local, path) if local is not None else read_stored_bounded(storage, path)
+    try:
+        data = read_local_regular(local, path) if local is not None else read_stored_bounded(storage, path)
+    except FileNotFoundError:  # an object store: found by one request, gone by the next
+        raise CorruptCheckpointError(
+            f"Checkpoint {checkpoint_dir}: its {MANIFEST_FILE_NAME} went between two reads: the checkpoint was "
+            f"replaced or deleted meanwhile. Retry (the next read finds the new checkpoint or none)."
+        ) from None
     manifest = parse_manifest(data, str(path))
     if marked and not _stray_marker(storage, checkpoint_dir, manifest):
         raise incomplete(checkpoint_dir, storage)
