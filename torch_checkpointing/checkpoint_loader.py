@@ -254,9 +254,9 @@ class CheckpointLoader:
         # block raises as it reads): it runs first, before the engine has copied into any template. Run in item
         # order, a failure there left the items before it restored and the rest not.
         unchecked = [p for p in plans if isinstance(p, _Reshard) and not _engine_runs(p)]
-        order = unchecked if unchecked_only else [*unchecked, *(p for p in plans if not any(p is u for u in unchecked))]
-        for plan in order:
-            if strict and unhandled and not any(plan is u for u in unchecked):
+        checked = [p for p in plans if not isinstance(p, _Reshard) or _engine_runs(p)]
+        for n, plan in enumerate(unchecked if unchecked_only else [*unchecked, *checked]):
+            if strict and unhandled and n >= len(unchecked):
                 raise _unfilled(ctx.root, unhandled, "no other item was")  # refused before the engine copies
             if plan.item.key in loaded:  # run by `restore_unchecked`
                 continue
