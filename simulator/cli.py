@@ -11,10 +11,12 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from math import prod
 from pathlib import Path
+from types import ModuleType
 
 from simulator.plan import DEFAULT_SCENARIOS, SCENARIOS, Plan
 
@@ -318,8 +320,33 @@ def _interrupt_signal(exc: BaseException) -> int | None:
     return None
 
 
+def _import_holding_ctrl_c(module: str) -> ModuleType:
+    """`module` imported (deferred: --help must not import torch) with a Ctrl-C during the import held until it
+    is done, then raised as KeyboardInterrupt.
+
+    Importing torch runs seconds of C++ that a KeyboardInterrupt cannot cross: landing there, it was swallowed
+    (the run went on as if no key was pressed), turned into `ImportError: cannot load module more than once per
+    process` (torch had tried numpy and cleared the error) or aborted the process from C++ (`terminate called`).
+    """
+    held: list[int] = []
+    # not when the shell ignores SIGINT (`cmd &`), a caller handles it, or signals cannot be set (another thread)
+    hold = signal.getsignal(signal.SIGINT) is signal.default_int_handler and threading.current_thread() is (
+        threading.main_thread()
+    )
+    if hold:
+        signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        imported = importlib.import_module(module)
+    finally:
+        if hold:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+    return imported
+
+
 def _main(argv: Sequence[str] | None) -> int:
-    from simulator.run import run_plan  # deferred: --help must not import torch
+    run_plan = _import_holding_ctrl_c("simulator.run").run_plan
 
     parser = build_parser()
     args = parser.parse_args(argv)
