@@ -25,6 +25,7 @@ import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -73,8 +74,31 @@ def _skip_torch_record_crc() -> None:
 
 
 def _ignore_terminal_interrupts() -> None:
-    """Ctrl-C in a terminal reaches the whole process group: the trainer decides, the writer finishes its save."""
+    """Ctrl-C in a terminal reaches the whole process group: the trainer decides, the writer finishes its save.
+
+    The writer starts with SIGINT blocked (see `_spawn_with_terminal_interrupts_blocked`); once it is ignored, the
+    block is lifted, and a Ctrl-C that came meanwhile is dropped with it.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
+def _spawn_with_terminal_interrupts_blocked(proc: Any) -> None:
+    """`proc.start()` from this (spawning) thread with SIGINT blocked in it, which the child inherits.
+
+    The spawned writer imports torch for seconds before `_ignore_terminal_interrupts` runs: a Ctrl-C then killed
+    it (a KeyboardInterrupt in the import, or torch's C++ aborting on one), and the first save, which the trainer
+    may finish on Ctrl-C before it exits, failed with "writer killed by SIGINT". Only this short-lived thread
+    blocks it: the trainer's main thread still gets its KeyboardInterrupt at once. multiprocessing's resource
+    tracker is started first, as the start would: starting it unblocks SIGINT in the calling thread.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - POSIX has it
+        proc.start()
+        return
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+    proc.start()
 
 
 def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
@@ -430,7 +454,7 @@ class CheckpointProcess:
                 daemon=True,
             )
             _WRITER_PROCESSES.add(proc)
-            proc.start()
+            _spawn_with_terminal_interrupts_blocked(proc)
             self._starting = proc
             if self._closing:  # close() came while we spawned: see _abort_start
                 proc.kill()
