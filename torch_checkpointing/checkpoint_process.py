@@ -73,31 +73,61 @@ def _skip_torch_record_crc() -> None:
         pass
 
 
-def _ignore_terminal_interrupts() -> None:
-    """Ctrl-C in a terminal reaches the whole process group: the trainer decides, the writer finishes its save.
+# Signals a job's whole process group receives: a terminal's Ctrl-C, a scheduler's preemption notice (SLURM and
+# torchrun's agent signal every process of the job or of each worker's group). The trainer decides on them.
+_GROUP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    The writer starts with SIGINT blocked (see `_spawn_with_terminal_interrupts_blocked`); once it is ignored, the
-    block is lifted, and a Ctrl-C that came meanwhile is dropped with it.
+
+def _leave_group_signals_to_the_trainer(trainer_pid: int) -> None:
+    """A Ctrl-C or a preemption SIGTERM reaches the writer with its trainer: the trainer decides, and a trainer
+    that waits for its in-flight save (on KeyboardInterrupt, in a SIGTERM handler) gets it. Before, SIGTERM
+    killed the writer mid-write and the save was lost however the trainer handled it.
+
+    The writer starts with both signals blocked (see `_spawn_with_group_signals_blocked`). SIGINT is then
+    ignored and unblocked (a Ctrl-C that came meanwhile is dropped). SIGTERM stays blocked and one thread takes
+    each: from the trainer (multiprocessing terminating its children at exit) it ends the writer as before; from
+    anyone else it is logged and left to the trainer. A trainer that dies anyway takes its writer with it
+    (`_die_with_trainer`).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - POSIX has it
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # also when it was not inherited (see below)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    if hasattr(signal, "sigwaitinfo"):
+        threading.Thread(target=_take_sigterm, args=(trainer_pid,), name="ckpt-sigterm", daemon=True).start()
 
 
-def _spawn_with_terminal_interrupts_blocked(proc: Any) -> None:
-    """`proc.start()` from this (spawning) thread with SIGINT blocked in it, which the child inherits.
+def _take_sigterm(trainer_pid: int) -> None:
+    while True:
+        info = signal.sigwaitinfo([signal.SIGTERM])
+        if info.si_pid == trainer_pid:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])  # die of it as before (exit code -15)
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            return
+        logger.info(
+            "The checkpoint writer got SIGTERM from pid %s and goes on: its trainer (pid %s) decides; a save in "
+            "flight completes unless the trainer ends first.",
+            info.si_pid,
+            trainer_pid,
+        )
 
-    The spawned writer imports torch for seconds before `_ignore_terminal_interrupts` runs: a Ctrl-C then killed
-    it (a KeyboardInterrupt in the import, or torch's C++ aborting on one), and the first save, which the trainer
-    may finish on Ctrl-C before it exits, failed with "writer killed by SIGINT". Only this short-lived thread
-    blocks it: the trainer's main thread still gets its KeyboardInterrupt at once. multiprocessing's resource
-    tracker is started first, as the start would: starting it unblocks SIGINT in the calling thread.
+
+def _spawn_with_group_signals_blocked(proc: Any) -> None:
+    """`proc.start()` from this (spawning) thread with SIGINT and SIGTERM blocked in it, which the child inherits.
+
+    The spawned writer imports torch for seconds before `_leave_group_signals_to_the_trainer` runs: a Ctrl-C
+    then killed it (a KeyboardInterrupt in the import, or torch's C++ aborting on one), and the first save, which
+    the trainer may finish on Ctrl-C before it exits, failed with "writer killed by SIGINT". Only this
+    short-lived thread blocks them: the trainer's main thread still gets its KeyboardInterrupt at once.
+    multiprocessing's resource tracker is started first, as the start would: starting it unblocks both signals
+    in the calling thread.
     """
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - POSIX has it
         proc.start()
         return
     resource_tracker.ensure_running()
-    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+    signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
     proc.start()
 
 
@@ -291,8 +321,9 @@ def _serve(storage: Any, message: Write, slab: MapSlab | None) -> Written | Fail
 def _writer_main(
     conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple[Any, ...]
 ) -> None:
-    _ignore_terminal_interrupts()
-    _die_with_trainer(os.getppid())
+    trainer_pid = os.getppid()
+    _leave_group_signals_to_the_trainer(trainer_pid)
+    _die_with_trainer(trainer_pid)
     working_directory_is_not_the_programs()
     _skip_torch_record_crc()
     storage = _set_up(conn, storage_config, init_fn, init_args)
@@ -454,7 +485,7 @@ class CheckpointProcess:
                 daemon=True,
             )
             _WRITER_PROCESSES.add(proc)
-            _spawn_with_terminal_interrupts_blocked(proc)
+            _spawn_with_group_signals_blocked(proc)
             self._starting = proc
             if self._closing:  # close() came while we spawned: see _abort_start
                 proc.kill()
