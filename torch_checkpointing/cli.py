@@ -15,7 +15,9 @@ import datetime as _dt
 import json
 import os
 import select
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,6 +56,7 @@ __all__ = ["main"]
 
 EXIT_OK, EXIT_NO, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 128 + 2  # SIGINT, as shells report a command Ctrl-C stopped
+EXIT_TERMINATED = 128 + 15  # SIGTERM
 _ROOT = "the directory that holds the checkpoints (a run's root)"
 _CHUNK = 8 << 20
 
@@ -726,7 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(_usage_error(exc, json_mode)) from None
     ui = Ui(args.json, args.plain)
     try:
-        return int(args.run(args, ui, _storage_of(args)))
+        with _sigterm_raises():
+            return int(args.run(args, ui, _storage_of(args)))
     except BrokenPipeError as exc:
         if not _stdout_closed():  # a connection of the store's, not our reader: a failure like any other
             return _report_error(args.command, ui, exc)
@@ -737,6 +741,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: what was under way has cleaned up on the way out (an export's staging)
         print(f"torch-checkpointing {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:  # SIGTERM (`timeout`, a scheduler, `kill`): the same clean-up as on Ctrl-C
+        print(f"torch-checkpointing {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised as Ctrl-C's KeyboardInterrupt is (not an Exception: no `except Exception` swallows it)."""
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises `Terminated` while a command runs, so that what it was doing cleans up on the way out.
+
+    Before, SIGTERM killed the process outright: an export's staging folder, with the shards written so far, was
+    left beside its output. Only where SIGTERM has its default action (not when a caller handles or ignores it)
+    and on the main thread, which alone may set a handler.
+    """
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or threading.current_thread() is not (
+        threading.main_thread()
+    ):
+        yield
+        return
+
+    def terminate(_signum: int, _frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _usage_error(exc: UsageError, json_mode: bool) -> int:

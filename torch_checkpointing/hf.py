@@ -544,6 +544,9 @@ def _refuse_unexportable(plans: list[_TensorPlan], dtype: torch.dtype | None, wh
 
 _SINGLE_FILE = "model.safetensors"  # an unsharded HF export's one file
 _EXPORT_FILE_RE = re.compile(r"^model(-\d{5,}-of-\d{5,})?\.safetensors$")  # 5 digits, more past 99999 shards
+# safetensors' `save_file` writes each shard to a temporary of its own beside it (Rust's tempfile: `.tmp` and 6
+# letters or digits) and renames it: an export killed while it wrote a shard, most of its time, left one.
+_SHARD_TEMPORARY_RE = re.compile(r"^\.tmp[0-9A-Za-z]{6}$")
 # `{pid}-{where}{nonce}`: `where` (8 hex digits) names the host and pid namespace the pid belongs to; names
 # written before it was recorded have the 8-digit nonce alone.
 _STAGING_RE = re.compile(r"^\..+\.export-tmp-(?P<pid>\d+)-(?P<mark>[0-9a-f]+)$")
@@ -588,7 +591,7 @@ def _remove_dead_stagings(parent: Path) -> None:
         path = parent / name
         if match is None or path.is_symlink() or not path.is_dir() or not _staging_dead(path, match):
             continue
-        foreign = [n for n in os.listdir(path) if not (n == INDEX_FILE_NAME or _EXPORT_FILE_RE.match(n))]
+        foreign = [n for n in os.listdir(path) if not _written_by_an_export(n)]
         if foreign:
             logger.warning(
                 "Left %s alone: named like an unfinished export, but it holds %s, which an export never writes",
@@ -598,6 +601,11 @@ def _remove_dead_stagings(parent: Path) -> None:
             continue
         shutil.rmtree(path)
         logger.warning("Removed %s: the unfinished output of an export whose process (pid %s) died", path, match["pid"])
+
+
+def _written_by_an_export(name: str) -> bool:
+    """Whether an export's staging folder may hold `name`: its shards, its index, a shard's temporary."""
+    return name == INDEX_FILE_NAME or bool(_EXPORT_FILE_RE.match(name) or _SHARD_TEMPORARY_RE.match(name))
 
 
 def _export_files(out: Path) -> list[str]:
