@@ -299,6 +299,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     The ranks are stopped and the run directory removed by the `finally` blocks on the way out; a traceback
     (torch's elastic launcher turns SIGINT into its own SignalException) would only hide that line.
     """
+    terminating = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and (
+        threading.current_thread() is threading.main_thread()
+    )
+    if terminating:
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return _main(argv)
     except BaseException as exc:
@@ -308,45 +313,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         print(f"simulator: interrupted ({name}); ranks stopped, nothing left running", file=sys.stderr)
         return 128 + signum
+    finally:
+        if terminating:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _interrupt_signal(exc: BaseException) -> int | None:
     """The signal number behind an interruption, or None for any other exception."""
     if isinstance(exc, KeyboardInterrupt):
         return int(signal.SIGINT)
+    if isinstance(exc, Terminated):
+        return int(signal.SIGTERM)
     sigval = getattr(exc, "sigval", None)  # torch.distributed.elastic's SignalException, raised on SIGINT/SIGTERM
     if type(exc).__name__ == "SignalException" and isinstance(sigval, int):
         return int(sigval)
     return None
 
 
-def _import_holding_ctrl_c(module: str) -> ModuleType:
-    """`module` imported (deferred: --help must not import torch) with a Ctrl-C during the import held until it
-    is done, then raised as KeyboardInterrupt.
+class Terminated(BaseException):
+    """SIGTERM outside a launch (torch's elastic launcher raises its own SignalException inside one), raised as
+    Ctrl-C's KeyboardInterrupt is, so that the `finally` blocks stop the ranks and remove the run directory."""
 
-    Importing torch runs seconds of C++ that a KeyboardInterrupt cannot cross: landing there, it was swallowed
-    (the run went on as if no key was pressed), turned into `ImportError: cannot load module more than once per
-    process` (torch had tried numpy and cleared the error) or aborted the process from C++ (`terminate called`).
+
+def _raise_terminated(_signum: int, _frame: object) -> None:
+    raise Terminated
+
+
+def _import_holding_signals(module: str) -> ModuleType:
+    """`module` imported (deferred: --help must not import torch) with a Ctrl-C or SIGTERM during the import held
+    until it is done, then delivered to the handler it would have run.
+
+    Importing torch runs seconds of C++ that a Python exception cannot cross: a KeyboardInterrupt landing there
+    was swallowed (the run went on as if no key was pressed), turned into `ImportError: cannot load module more
+    than once per process` (torch had tried numpy and cleared the error) or aborted the process from C++.
     """
     held: list[int] = []
-    # not when the shell ignores SIGINT (`cmd &`), a caller handles it, or signals cannot be set (another thread)
-    hold = signal.getsignal(signal.SIGINT) is signal.default_int_handler and threading.current_thread() is (
-        threading.main_thread()
-    )
-    if hold:
-        signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    # not for a signal the shell ignores (`cmd &`), nor on another thread, where signals cannot be set
+    holding = [
+        signum
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(signum) not in (signal.SIG_IGN, None)
+        and threading.current_thread() is threading.main_thread()
+    ]
+    previous = {signum: signal.signal(signum, lambda signum, _frame: held.append(signum)) for signum in holding}
     try:
         imported = importlib.import_module(module)
     finally:
-        if hold:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    if held:
-        raise KeyboardInterrupt
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for signum in held[:1]:
+        signal.raise_signal(signum)  # runs the handler now restored: KeyboardInterrupt, or Terminated
     return imported
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    run_plan = _import_holding_ctrl_c("simulator.run").run_plan
+    run_plan = _import_holding_signals("simulator.run").run_plan
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -6,41 +6,41 @@ import sys
 import threading
 from collections.abc import Callable
 
-EXIT_INTERRUPTED = 128 + 2  # SIGINT, as shells report a command Ctrl-C stopped
+_HELD = (signal.SIGINT, signal.SIGTERM)
+_SAID = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)"}
 
 
 def run() -> int:
-    """The CLI, with a Ctrl-C during its start (importing torch takes seconds) ended as one inside it is: one
-    line on stderr and exit code 130, no traceback."""
-    try:
-        main = _import_cli_holding_ctrl_c()
-    except KeyboardInterrupt:
-        print("torch-checkpointing: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    """The CLI, with a Ctrl-C or SIGTERM during its start (importing torch takes seconds) ended as one inside it
+    is: one line on stderr and exit code 128 + the signal (130, 143), no traceback."""
+    held: list[int] = []
+    main = _import_cli_holding(held)
+    if held:
+        print(f"torch-checkpointing: {_SAID[signal.Signals(held[0])]}", file=sys.stderr)
+        return 128 + held[0]
     return main()
 
 
-def _import_cli_holding_ctrl_c() -> Callable[[], int]:
-    """`cli.main`, with a Ctrl-C during the import held until it is done, then raised as KeyboardInterrupt.
+def _import_cli_holding(held: list[int]) -> Callable[[], int]:
+    """`cli.main`, with a Ctrl-C or SIGTERM during the import held (appended to `held`) until it is done.
 
     Importing torch runs seconds of C++ that a KeyboardInterrupt cannot cross: landing there, it was swallowed
     (the command went on as if no key was pressed), turned into `ImportError: cannot load module more than once
     per process` (torch had tried numpy and cleared the error) or aborted the process from C++.
     """
-    held: list[int] = []
-    # not when the shell ignores SIGINT (`cmd &`), a caller handles it, or signals cannot be set (another thread)
-    hold = signal.getsignal(signal.SIGINT) is signal.default_int_handler and threading.current_thread() is (
-        threading.main_thread()
-    )
-    if hold:
-        signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    # not for a signal the shell ignores (`cmd &`) or a caller handles, nor on another thread (cannot set one)
+    holding = [
+        signum
+        for signum in _HELD
+        if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL)
+        and threading.current_thread() is threading.main_thread()
+    ]
+    previous = {signum: signal.signal(signum, lambda signum, _frame: held.append(signum)) for signum in holding}
     try:
         from torch_checkpointing.cli import main
     finally:
-        if hold:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    if held:
-        raise KeyboardInterrupt
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return main
 
 
