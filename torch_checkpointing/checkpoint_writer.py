@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch_checkpointing.agreement import StoreTransport, agree
+from torch_checkpointing.agreement import Contribution, StoreTransport, agree
 from torch_checkpointing.checkpoint_layout import SerializationFormat
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum
 from torch_checkpointing.commit import Commit, CommitTarget
@@ -371,11 +371,46 @@ def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, p
     try:
         written = agree(_files_step(plan), transport, write)
         records.extend(FileRecord.from_dict(d) for report in written for d in report)
-        agree(f"Checkpoint {plan.checkpoint_dir}: the commit", transport, publish)
+        _agree_on_the_commit(plan, transport, channel, publish)
         progress.committed = True
     finally:
         _settle(channel, plan, progress.committed)
     return sum(r.size for r in records if r.rank == plan.rank)
+
+
+def _agree_on_the_commit(
+    plan: SavePlan, transport: StoreTransport, channel: StoreChannel, publish: Callable[[], None]
+) -> None:
+    """The commit step: rank 0 publishes the checkpoint, every rank hears that it did.
+
+    A rank that went silent after rank 0 published (its writer killed, its host gone) changes nothing about what
+    the id holds: the checkpoint is committed, and the design document's rule is that nothing is reported as a
+    failure then. Before, every surviving rank raised "rank(s) [k] did not report ... No checkpoint was
+    committed" for a checkpoint that was in place and loaded whole. It is logged at WARNING instead. Where rank 0
+    itself did not answer, whether it published is not known here, and the error says so.
+    """
+    step = f"Checkpoint {plan.checkpoint_dir}: the commit"
+    try:
+        agree(step, transport, publish)
+    except CommitError as exc:
+        rank_0 = channel.wait_value(f"{step}/0", 0)
+        if rank_0 is None or not Contribution.from_json(rank_0).ok:
+            if 0 in exc.failures and rank_0 is None:
+                reasons = "; ".join(f"rank {r}: {why}" for r, why in sorted(exc.failures.items()))
+                raise CommitError(
+                    f"Checkpoint {plan.checkpoint_dir}: rank 0 did not say whether it committed ({reasons}). The "
+                    f"id holds either its previous checkpoint or this one, and a load returns one of them whole; "
+                    f"save again to be sure of this step's state.",
+                    exc.failures,
+                ) from exc
+            raise
+        log_safely(
+            logger,
+            logging.WARNING,
+            "Checkpoint %s is committed (rank 0 published it), but not every rank answered after that: %s",
+            plan.checkpoint_dir,
+            exc,
+        )
 
 
 def _files_step(plan: SavePlan) -> str:

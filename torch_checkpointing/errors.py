@@ -136,7 +136,8 @@ class MissingItemError(TemplateMismatchError, KeyError):
 class CommitError(CheckpointError):
     """A collective save step failed on at least one rank; raised identically on every rank.
 
-    `failures` maps each failed rank to its reason. Nothing was committed.
+    `failures` maps each failed rank to its reason. Nothing was committed, unless the message says that rank 0
+    did not say whether it committed (its writer gone in the commit step itself).
     """
 
     def __init__(self, message: str, failures: Mapping[int, str] | None = None) -> None:
