@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -64,6 +65,11 @@ def _save_and_load(target: Path, rank: int, init_fn: Any, init_args: tuple[Any, 
         config.subprocess_init_args = init_args
     manager = CheckpointManager(config)
     out: dict[str, Any] = {}
+    logged: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("torch_checkpointing").addHandler(handler)
+    out["logged"] = logged
     try:
         write = manager.save(str(target), {"model": {"w": torch.full((4,), float(rank + 1))}})
         try:
@@ -81,4 +87,5 @@ def _save_and_load(target: Path, rank: int, init_fn: Any, init_args: tuple[Any, 
             out["loaded"] = f"{type(exc).__name__}: {exc}"
     finally:
         manager.close()
+        logging.getLogger("torch_checkpointing").removeHandler(handler)
     return out

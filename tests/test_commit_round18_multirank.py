@@ -43,6 +43,10 @@ def test_a_rank_whose_writer_died_is_told_so_and_the_checkpoint_loads_whole_ever
     assert "or this one if the writer died right after committing it" in error, error
     for r in results:
         assert r[save]["loaded"] == [float(r["rank"] + 1)] * 4, r
+    # Before: its log line said "nothing was committed there" before an error saying it may have been.
+    failed = [line for line in results[dead][save]["logged"] if "Checkpoint save of" in line]
+    assert failed and all("nothing was committed" not in line for line in failed), failed
+    assert all("may have been committed right before it failed" in line for line in failed), failed
 
 
 def test_when_rank_0_is_the_one_gone_the_others_are_told_the_outcome_is_unknown(
@@ -51,7 +55,7 @@ def test_when_rank_0_is_the_one_gone_the_others_are_told_the_outcome_is_unknown(
     # Before: "... did not report ... No checkpoint was committed." for a checkpoint rank 0 had published.
     for r in (results[1], results[2]):
         error = r["second"]["error"]
-        assert error is not None and error.startswith("CommitError:"), error
+        assert error is not None and error.startswith("CommitOutcomeUnknownError:"), error
         assert "No checkpoint was committed" not in error, error
         assert "rank 0 did not say whether it committed" in error, error
         assert "holds either its previous checkpoint or this one" in error, error

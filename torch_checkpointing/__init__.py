@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from torch_checkpointing.errors import (
         CheckpointError,
         CommitError,
+        CommitOutcomeUnknownError,
         ConfigError,
         ConfigTypeError,
         CorruptCheckpointError,
@@ -189,6 +190,7 @@ __all__ = [
     "CheckpointStagerConfig",
     "CheckpointWriterConfig",
     "CommitError",
+    "CommitOutcomeUnknownError",
     "ConfigError",
     "ConfigTypeError",
     "CorruptCheckpointError",

@@ -614,7 +614,8 @@ class CheckpointProcess:
                 raise WriterProcessDied(
                     f"Checkpoint writer process died during the write of {encoded.checkpoint_dir} (exit code "
                     f"{code}). The id holds its previous checkpoint, or this one if the writer died right after "
-                    f"committing it; a load returns one of them whole. {then}"
+                    f"committing it; a load returns one of them whole. {then}",
+                    outcome_unknown=True,
                 ) from exc
         if isinstance(reply, Failed):
             raise reply.error

@@ -32,7 +32,7 @@ from torch_checkpointing.checkpoint_writer import (
 from torch_checkpointing.codecs import refuse_before_handover
 from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
-from torch_checkpointing.errors import CheckpointError, WriterProcessDied, log_safely
+from torch_checkpointing.errors import CheckpointError, WriterProcessDied, committed_state, log_safely
 from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
 from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band, raised_by_a_leaf, unpicklable
@@ -171,7 +171,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             return
         write.retrieved = True
         raise CheckpointError(
-            f"The async save of {write.checkpoint_id} failed and nothing was committed there: "
+            f"The async save of {write.checkpoint_id} failed and {committed_state(error)}: "
             f"{type(error).__name__}: {error}.{consequence}"
         ) from error
 
@@ -672,9 +672,10 @@ def log_failed(plan: SavePlan, exc: BaseException) -> None:
     log_safely(
         logger,
         logging.ERROR,
-        "Checkpoint save of %s failed (rank %d); nothing was committed there: %s: %s",
+        "Checkpoint save of %s failed (rank %d); %s: %s: %s",
         plan.checkpoint_dir,
         plan.rank,
+        committed_state(exc),
         type(exc).__name__,
         exc,
     )

@@ -29,7 +29,7 @@ from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
-from torch_checkpointing.errors import CommitError, log_safely
+from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, log_safely
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.pickling import OutOfBand
@@ -397,7 +397,7 @@ def _agree_on_the_commit(
         if rank_0 is None or not Contribution.from_json(rank_0).ok:
             if 0 in exc.failures and rank_0 is None:
                 reasons = "; ".join(f"rank {r}: {why}" for r, why in sorted(exc.failures.items()))
-                raise CommitError(
+                raise CommitOutcomeUnknownError(
                     f"Checkpoint {plan.checkpoint_dir}: rank 0 did not say whether it committed ({reasons}). The "
                     f"id holds either its previous checkpoint or this one, and a load returns one of them whole; "
                     f"save again to be sure of this step's state.",

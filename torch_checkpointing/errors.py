@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 __all__ = [
     "CheckpointError",
     "CommitError",
+    "CommitOutcomeUnknownError",
     "ConfigError",
     "ConfigTypeError",
     "CorruptCheckpointError",
@@ -136,9 +137,10 @@ class MissingItemError(TemplateMismatchError, KeyError):
 class CommitError(CheckpointError):
     """A collective save step failed on at least one rank; raised identically on every rank.
 
-    `failures` maps each failed rank to its reason. Nothing was committed, unless the message says that rank 0
-    did not say whether it committed (its writer gone in the commit step itself).
+    `failures` maps each failed rank to its reason. Nothing was committed (but see `CommitOutcomeUnknownError`).
     """
+
+    outcome_unknown = False  # see `committed_state`
 
     def __init__(self, message: str, failures: Mapping[int, str] | None = None) -> None:
         super().__init__(message)
@@ -149,8 +151,34 @@ class CommitError(CheckpointError):
         return (type(self), (str(self), self.failures))
 
 
+class CommitOutcomeUnknownError(CommitError):
+    """Rank 0 did not answer the commit step, which it may have completed: the id holds its previous checkpoint
+    or this save's, either of them whole. Save again to be sure of the state."""
+
+    outcome_unknown = True
+
+
 class WriterProcessDied(CheckpointError):
-    """The background writer process exited before answering; the in-flight save was not committed."""
+    """The background writer process exited before answering.
+
+    `outcome_unknown`: it died during a write, which it may have committed right before it died (the id then
+    holds this save, whole); otherwise the save was not committed.
+    """
+
+    def __init__(self, message: str, outcome_unknown: bool = False) -> None:
+        super().__init__(message)
+        self.outcome_unknown = outcome_unknown
+
+    def __reduce__(self) -> tuple[type[WriterProcessDied], tuple[str, bool]]:
+        return (type(self), (str(self), self.outcome_unknown))
+
+
+def committed_state(exc: BaseException) -> str:
+    """What a failed save's error means for its id, as its log line and its Future's message say it: "nothing
+    was committed" was said too of a save whose writer died right after committing it."""
+    if getattr(exc, "outcome_unknown", False) is True:
+        return "it may have been committed right before it failed (the id holds its previous checkpoint or this one)"
+    return "nothing was committed there"
 
 
 class ObjectStoreError(CheckpointError):
