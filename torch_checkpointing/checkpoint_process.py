@@ -92,7 +92,7 @@ def _leave_group_signals_to_the_trainer(trainer_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - POSIX has it
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # also when it was not inherited (see below)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # also if not inherited (a resource tracker restart)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     if hasattr(signal, "sigwaitinfo"):
         threading.Thread(target=_take_sigterm, args=(trainer_pid,), name="ckpt-sigterm", daemon=True).start()
