@@ -16,6 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from torch_checkpointing import CheckpointManager
@@ -46,6 +47,27 @@ def main():
 if __name__ == "__main__":
     main()
 """
+
+
+def _saving_trainer(tmp_path: Path, source: str, where: Path) -> subprocess.Popen[str]:
+    """`source` run as a trainer in its own session (as a job's processes are), once it printed "saving"."""
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(source))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(where)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    if not first.startswith("saving"):
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(first + proc.communicate(timeout=60)[1][-3000:])
+    return proc
 
 
 def _writer_of(trainer_pid: int, timeout: float = 30.0) -> int:
@@ -80,22 +102,9 @@ def test_a_ctrl_c_while_the_writer_imports_torch_leaves_the_first_save_to_the_tr
     manager was made killed it and the first save failed ("writer killed by SIGINT while it started"), in 7 of 8
     runs at delays of 0.05-1.1 s. The test checks that the writer had not yet reached its own set-up when the
     Ctrl-C was sent, so it does hit the window."""
-    script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent(_TRAINER))
     target = tmp_path / "ckpt"
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(target)],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _saving_trainer(tmp_path, _TRAINER, target)
     try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert first.startswith("saving"), first + proc.communicate(timeout=60)[1][-3000:]
         writer_pid = _writer_of(proc.pid)
         assert not _ignores_sigint(writer_pid), "the writer had already set up: this run misses the window"
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
@@ -147,21 +156,8 @@ if __name__ == "__main__":
 def test_a_preemption_sigterm_to_the_group_leaves_the_save_in_flight_to_the_trainers_handler(tmp_path: Path) -> None:
     """Defect: SIGTERM killed the writer mid-write (exit code -15); the save in flight was lost ("writer process
     died during the write") although the trainer's handler waited for it."""
-    script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent(_PREEMPTED_TRAINER))
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _saving_trainer(tmp_path, _PREEMPTED_TRAINER, tmp_path)
     try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert first.startswith("saving"), first + proc.communicate(timeout=60)[1][-3000:]
         os.killpg(proc.pid, signal.SIGTERM)  # what SLURM or torchrun's agent does on preemption
         out, err = proc.communicate(timeout=180)
     finally:
