@@ -35,7 +35,16 @@ from torch_checkpointing.checkpoint_saver import (
     SyncCheckpointSaver,
     WriteFuture,
 )
-from torch_checkpointing.commit import check_target, temporary_name
+from torch_checkpointing.commit import (
+    INCOMPLETE_MARKER,
+    MANIFEST_FILE_NAME,
+    METADATA_FILE_NAME,
+    MadeDirectory,
+    check_target,
+    make_parents,
+    remove_made,
+    temporary_name,
+)
 from torch_checkpointing.config import (
     DEFAULT_WAIT_TIMEOUT_SECS,
     AsyncCheckpointSaverConfig,
@@ -47,7 +56,7 @@ from torch_checkpointing.config import (
 from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
 from torch_checkpointing.errors import CheckpointError, CommitError, ConfigError, ConfigTypeError, log_safely
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
-from torch_checkpointing.names import NAME_MAX
+from torch_checkpointing.names import NAME_MAX, PATH_MAX
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.safe_load_check import SafeLoadCheck
@@ -259,6 +268,8 @@ class CheckpointManager:
             started = time.monotonic()
             path = self._checkpoint_path(checkpoint_id)
             _check_saveable_name(path)
+            if self._storage.local_path(Path(path)) is not None:
+                _check_components_fit(path)
             step = _step_of(path) if step is None else _checked_step(step)
             checked_metrics = _checked_metrics(metrics)
             self._refuse_nested_save(path)
@@ -266,7 +277,7 @@ class CheckpointManager:
                 self._saving_on = (threading.get_ident(), path)
                 try:
                     plan = self._plan(path, checkpoint, step=step, metrics=checked_metrics, started=started)
-                    write = self._saver.save(plan)
+                    write = self._saved_or_undone(plan)
                     if self._retention is not None:
                         self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
                 finally:
@@ -274,6 +285,14 @@ class CheckpointManager:
             return write
         finally:
             self._call_left(self._running.pop(call, None))
+
+    def _saved_or_undone(self, plan: SavePlan) -> Future[Any] | None:
+        """The saver's save of `plan`; if it raises, the parent directories the plan made for the id go too."""
+        try:
+            return self._saver.save(plan)
+        except BaseException:
+            remove_made(plan.made)
+            raise
 
     def _refuse_nested_save(self, path: str) -> None:
         """Refuse a save() made by the thread that is inside another save() of this manager: from that save's
@@ -566,6 +585,8 @@ class CheckpointManager:
             _refuse_live_objects(payload)
             resolved.extend(resolve(payload, self.config.items, self.config.default, ctx.rank))
             _refuse_shards_in_one_file(resolved, ctx.world_size)
+            if self._storage.local_path(Path(checkpoint_id)) is not None:
+                _check_paths_fit(checkpoint_id, temporary_name(checkpoint_id, ctx.uid, seq), resolved)
             self._saver.refuse_unencodable(resolved)  # an async save encodes in its writer: refused here instead
             if self.config.load.weights_only:  # this manager's own load would refuse what torch's loader refuses
                 self._safe_load.warn_refused(resolved)
@@ -594,10 +615,16 @@ class CheckpointManager:
         _check_same_save(what, reports, ("keys", "resharders"))
         items = [i for i in resolved if i.key not in left_to_others]
 
+        made: tuple[MadeDirectory, ...] = ()
+
         def target() -> str | None:
+            nonlocal made
             if ctx.rank != 0:
                 return None
             check_target(self._storage, checkpoint_id, self.config.save.overwrite)
+            # Made by rank 0 before any other rank gets past this step, so rank 0 knows every parent the save
+            # created; a failure anywhere from here removes them again (`remove_made`).
+            made = make_parents(self._storage, checkpoint_id)
             if self._metadata is None:
                 return None
             layouts = [{key: layout for key, (_, layout) in rep["layouts"].items()} for rep in reports]
@@ -625,6 +652,7 @@ class CheckpointManager:
             metrics=metrics,
             overwrite=self.config.save.overwrite,
             started=started,
+            made=made,
         )
 
 
@@ -777,6 +805,33 @@ def _check_saveable_name(path: str) -> None:
         raise ConfigError(
             f"Checkpoint id {path!r}: its name is {size} bytes, over the {NAME_MAX}-byte limit of a file name; "
             f"use a shorter name. Nothing was saved."
+        )
+
+
+def _check_components_fit(path: str) -> None:
+    """Refuse a local id with a directory name over NAME_MAX bytes before anything is created: the save failed
+    with a bare ENAMETOOLONG after making the id's parents above that name, which stayed behind."""
+    for part in path.split("/"):
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            raise ConfigError(
+                f"Checkpoint id {path!r}: its directory name {part[:40]}... is {size} bytes, over the {NAME_MAX}-byte "
+                f"limit of a file name; use a shorter name. Nothing was saved."
+            )
+
+
+def _check_paths_fit(checkpoint_id: str, tmp: str, items: list[ResolvedItem]) -> None:
+    """Refuse a local id whose temporary directory and files would pass PATH_MAX, before anything is created:
+    the id itself may fit while `<parent>/.<name>.tmp-<uid>-<seq>/<item file>` does not (ENAMETOOLONG from the
+    writer, after the id's parents were made)."""
+    names = [i.layout.file_path for i in items] + [MANIFEST_FILE_NAME, METADATA_FILE_NAME, INCOMPLETE_MARKER]
+    longest = os.path.join(os.path.abspath(tmp), max(names, key=lambda n: len(os.fsencode(n))))
+    size = len(os.fsencode(longest))
+    if size >= PATH_MAX:
+        raise ConfigError(
+            f"Checkpoint id {checkpoint_id!r}: the save would write {longest[:60]}...{longest[-40:]}, a path of "
+            f"{size} bytes, over the PATH_MAX limit of {PATH_MAX - 1}; use a shorter id (fewer or shorter "
+            f"directories) or shorter item file paths. Nothing was saved."
         )
 
 

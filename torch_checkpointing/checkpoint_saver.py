@@ -30,7 +30,7 @@ from torch_checkpointing.checkpoint_writer import (
     write_checkpoint,
 )
 from torch_checkpointing.codecs import refuse_before_handover
-from torch_checkpointing.commit import Commit, CommitTarget
+from torch_checkpointing.commit import Commit, remove_made
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied, committed_state, log_safely
 from torch_checkpointing.futures import SettledFuture
@@ -357,6 +357,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             log_failed(plan, exc)
         if refuse_unanswered(plan, exc) is not exc:  # the other ranks' writers are told, and what they wrote goes
             self._discard(plan)
+        remove_made(plan.made)
 
     def _fail_unanswered(self, plan: SavePlan, write: Future[Any], exc: BaseException) -> None:
         """A save this rank's writer will never answer: tell the other ranks (`refuse_unanswered`), then remove
@@ -395,6 +396,8 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     @staticmethod
     def _fail(plan: SavePlan, write: Future[Any], exc: BaseException) -> None:
+        """Report the failure, once the parents made for the id are gone (the caller may save again at once)."""
+        remove_made(plan.made)
         log_failed(plan, exc)
         write.set_exception(exc)
 
@@ -412,7 +415,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         try:
             if self._storage is None:
                 self._storage = self._storage_config.create_storage()
-            Commit(self._storage, CommitTarget(plan.checkpoint_dir, plan.tmp_dir, plan.overwrite)).discard()
+            Commit(self._storage, plan.target()).discard()
         except Exception as exc:
             log_safely(
                 logger,

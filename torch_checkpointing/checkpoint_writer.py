@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from torch_checkpointing.agreement import Contribution, StoreTransport, agree
 from torch_checkpointing.checkpoint_layout import SerializationFormat
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum
-from torch_checkpointing.commit import Commit, CommitTarget
+from torch_checkpointing.commit import Commit, CommitTarget, MadeDirectory
 from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
@@ -93,6 +93,10 @@ class SavePlan:
     metrics: dict[str, float] | None = None
     overwrite: bool = True  # may replace an existing checkpoint of ours (never anything else)
     started: float = field(default_factory=time.monotonic)  # when save() was called
+    made: tuple[MadeDirectory, ...] = ()  # the id's parents this save created (rank 0): a failure removes them
+
+    def target(self) -> CommitTarget:
+        return CommitTarget(self.checkpoint_dir, self.tmp_dir, self.overwrite, self.made)
 
     def for_writer(self) -> SavePlan:
         """This plan without its items: their values travel as the request's entries instead."""
@@ -227,7 +231,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     checkpoint is committed nothing is reported as a failure: a failed `finalize_callback` is logged.
     """
     plan = request.plan
-    commit = Commit(storage, CommitTarget(plan.checkpoint_dir, plan.tmp_dir, plan.overwrite))
+    commit = Commit(storage, plan.target())
     progress = _Progress()
     raised: list[tuple[int, BaseException]] = []  # what a signal handler raised during the write (see _as_reported)
     try:

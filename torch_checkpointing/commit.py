@@ -29,6 +29,7 @@ import os
 import posixpath
 import re
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +61,10 @@ __all__ = [
     "Commit",
     "CommitTarget",
     "ConditionalStorage",
+    "MadeDirectory",
     "check_target",
+    "make_parents",
+    "remove_made",
     "stale_reason",
     "temporary_name",
     "working_directory_is_not_the_programs",
@@ -81,12 +85,69 @@ _TOKEN_RE = re.compile(r"\.tmp-(?P<uid>[0-9a-f]+)-\d+$")
 
 
 @dataclass(frozen=True)
+class MadeDirectory:
+    """A directory a save created (the id's missing parents), by identity: a failed save removes it only if it is
+    still that same, empty directory, never one that another program put at its path since."""
+
+    path: str
+    dev: int
+    ino: int
+
+
+@dataclass(frozen=True)
 class CommitTarget:
-    """Where one save lands: the checkpoint's path, its temporary name, and whether it may replace one."""
+    """Where one save lands: the checkpoint's path, its temporary name, and whether it may replace one.
+
+    `made` are the parent directories the save created for the id (outermost first), removed with it on failure.
+    """
 
     final: str
     tmp: str
     overwrite: bool = True
+    made: tuple[MadeDirectory, ...] = ()
+
+
+def make_parents(storage: Storage, final: str) -> tuple[MadeDirectory, ...]:
+    """Create the id's parent directory and record which of its ancestors this call created.
+
+    A failed save must leave nothing that was not there before: the parents made for it go with it
+    (`remove_made`). Only local paths are recorded; a store's prefixes vanish with their last object.
+    """
+    parent = Path(final).parent if str(Path(final).parent) else Path(".")
+    local = storage.local_path(parent)
+    missing: list[str] = []
+    if local is not None:
+        current = os.path.abspath(local)
+        while not os.path.lexists(current):
+            missing.append(current)
+            current = os.path.dirname(current)
+    storage.mkdir(parent)
+    made = []
+    for path in reversed(missing):
+        st = os.lstat(path)
+        made.append(MadeDirectory(path, st.st_dev, st.st_ino))
+    return tuple(made)
+
+
+def remove_made(made: tuple[MadeDirectory, ...]) -> None:
+    """Remove, innermost first, the directories a failed save made that are still its own and empty.
+
+    One that now holds anything (another save's checkpoint, a user's file) or that was replaced (another inode)
+    is left as it is, and so is everything above it.
+    """
+    for entry in reversed(made):
+        try:
+            st = os.lstat(entry.path)
+        except FileNotFoundError:
+            continue  # removed already (the writer's discard, then the trainer's)
+        if (st.st_dev, st.st_ino) != (entry.dev, entry.ino) or not stat.S_ISDIR(st.st_mode):
+            logger.warning("Not removing %s after the failed save: it is no longer the directory it made", entry.path)
+            return
+        try:
+            os.rmdir(entry.path)
+        except OSError as exc:
+            logger.info("Not removing %s after the failed save: %s", entry.path, exc.strerror)
+            return
 
 
 def temporary_name(final: str, uid: str, seq: int) -> str:
@@ -744,6 +805,7 @@ class Commit:
                 not self.renames and self.storage.exists(root / MANIFEST_FILE_NAME)
             ):
                 self.storage.rmdir(root)
+            remove_made(self.target.made)
         except Exception as exc:
             log_safely(
                 logger,

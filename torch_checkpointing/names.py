@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 __all__ = [
     "ASIDE_RE",
     "NAME_MAX",
+    "PATH_MAX",
     "aside_name",
     "aside_of",
     "cut_from",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 NAME_MAX = 255  # bytes in one path component on Linux filesystems
+PATH_MAX = 4096  # bytes in a path a system call takes on Linux, its terminating NUL included
 _MAX_CHAR_BYTES = 4  # a cut at a character boundary drops at most 3 bytes more than it must
 
 

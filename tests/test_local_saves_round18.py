@@ -1,0 +1,126 @@
+"""Round 18: what a failed local save leaves behind, and what its cleanup may remove.
+
+Each test failed before its fix:
+
+* an id with a component over NAME_MAX bytes (in the middle of the path), or whose temporary directory and item
+  files would pass PATH_MAX, failed with a bare `OSError: [Errno 36] File name too long` after the save had
+  created the id's missing parent directories, which stayed behind (sync and async alike);
+* a save that failed for any other reason (here: its pre_finalize_callback raised) left the parent
+  directories it had created.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import LayoutInfo, TorchSerialization
+from torch_checkpointing.errors import ConfigError
+from torch_checkpointing.names import NAME_MAX
+
+PATH_MAX = 4096
+MODES = ["sync", "async"]
+
+
+def _manager(mode: str, **config: Any) -> Any:
+    make = CheckpointManager.Config.with_sync_save if mode == "sync" else CheckpointManager.Config.with_async_save
+    cfg = make()
+    for name, value in config.items():
+        setattr(cfg, name, value)
+    if mode == "async":
+        cfg.save.wait_timeout_secs = 120
+    return CheckpointManager(cfg)
+
+
+def _save(manager: Any, checkpoint_id: str, state: dict[str, Any]) -> None:
+    write = manager.save(checkpoint_id, state)
+    if write is not None:
+        write.result(120)
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def _id_of_length(root: Path, size: int) -> str:
+    """An absolute id of exactly `size` bytes under `root`: 200-byte directories, then `step_<padding>`."""
+    left = size - len(os.fsencode(str(root)))
+    parts = []
+    while left > 201 + 1 + 20:
+        parts.append("d" * 200)
+        left -= 201
+    parts.append("step_" + "1" * (left - 1 - 5))
+    checkpoint_id = str(root) + "/" + "/".join(parts)
+    assert len(os.fsencode(checkpoint_id)) == size
+    return checkpoint_id
+
+
+def _state() -> dict[str, Any]:
+    return {"model": {"w": torch.ones(4)}, "extra": {"n": 1}}
+
+
+@pytest.fixture(scope="module", params=MODES)
+def manager(request: pytest.FixtureRequest) -> Any:
+    with _manager(request.param) as m:
+        yield m
+
+
+# ------------------------------------------------------------------------ ids too long for the filesystem
+
+
+@pytest.mark.parametrize(
+    "where", ["middle", "first", "after_parent"], ids=["component-in-the-middle", "first-new", "last-parent"]
+)
+def test_an_id_with_a_component_over_name_max_is_refused_and_creates_nothing(
+    tmp_path: Path, manager: Any, where: str
+) -> None:
+    long = "x" * (NAME_MAX + 1)
+    rel = {"middle": f"a/b/{long}/c/step_1", "first": f"{long}/step_1", "after_parent": f"a/{long}/step_1"}[where]
+    (tmp_path / "keep").mkdir()
+    with pytest.raises(ConfigError, match=r"256 bytes.*255-byte limit.*shorter") as info:
+        _save(manager, str(tmp_path / rel), _state())
+    assert long[:40] in str(info.value)
+    assert _tree(tmp_path) == ["keep"]
+
+
+def test_an_id_whose_files_would_pass_path_max_is_refused_and_creates_nothing(tmp_path: Path, manager: Any) -> None:
+    # The id itself fits PATH_MAX; its temporary name and the item files under it do not.
+    with pytest.raises(ConfigError, match=r"PATH_MAX") as info:
+        _save(manager, _id_of_length(tmp_path, PATH_MAX - 10), _state())
+    assert "shorter" in str(info.value)
+    assert _tree(tmp_path) == []
+
+
+def test_a_rank_layout_under_a_long_id_is_refused_before_anything_is_created(tmp_path: Path) -> None:
+    spec = ItemSpec(layout=LayoutInfo("rank_{rank}/" + "f" * 250 + "/model.pt", TorchSerialization()))
+    # The id and its temporary name fit with room to spare; the item's file under it does not.
+    with _manager("sync", items={"model": spec}) as m, pytest.raises(ConfigError, match="PATH_MAX") as info:
+        _save(m, _id_of_length(tmp_path, PATH_MAX - 200), _state())
+    assert "model.pt" in str(info.value)
+    assert _tree(tmp_path) == []
+
+
+# ------------------------------------------------------------------ a failed save removes the parents it made
+
+
+def _refuse_commit(checkpoint_id: str, _: Any) -> None:
+    raise RuntimeError(f"refusing {checkpoint_id}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failed_save_removes_the_parent_directories_it_created(tmp_path: Path, mode: str) -> None:
+    # Fails after every file was written (a pre_finalize_callback that raises): its temporary directory went,
+    # the parents `a/b/` it had made for the id stayed.
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "old.txt").write_text("mine")
+    rank_layout = ItemSpec(layout=LayoutInfo("rank_{rank}/model.pt", TorchSerialization()))
+    with _manager(mode, pre_finalize_callback=_refuse_commit, items={"model": rank_layout}) as m:
+        for rel in ("a/b/step_1", "keep/new/step_1", "keep/step_1"):
+            with pytest.raises(Exception, match="refusing"):
+                _save(m, str(tmp_path / rel), _state())
+            assert _tree(tmp_path) == ["keep", "keep/old.txt"], rel
