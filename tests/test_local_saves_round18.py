@@ -11,6 +11,7 @@ Each test failed before its fix:
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,36 @@ def test_a_failed_save_removes_the_parent_directories_it_created(tmp_path: Path,
             with pytest.raises(Exception, match="refusing"):
                 _save(m, str(tmp_path / rel), _state())
             assert _tree(tmp_path) == ["keep", "keep/old.txt"], rel
+
+
+# ----------------------------------------------------- a failed save's cleanup removes only what it created
+
+
+def _replace_a_file_then_refuse(checkpoint_id: str, _: Any) -> None:
+    """Another program replaces one of the save's files (same name, another inode and size), then the save fails."""
+    final = Path(checkpoint_id)
+    (tmp,) = final.parent.glob(f".{final.name}.tmp-*")
+    theirs = tmp / "rank_0" / "model.pt"
+    (tmp / "theirs.partial").write_bytes(b"their bytes")
+    os.replace(tmp / "theirs.partial", theirs)
+    raise RuntimeError(f"refusing {checkpoint_id}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failed_saves_cleanup_leaves_a_file_replaced_meanwhile(
+    tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the discard removed the whole temporary directory, the other program's file with it.
+    rank_layout = ItemSpec(layout=LayoutInfo("rank_{rank}/model.pt", TorchSerialization()))
+    config = {"pre_finalize_callback": _replace_a_file_then_refuse, "items": {"model": rank_layout}}
+    level = caplog.at_level(logging.WARNING, logger="torch_checkpointing")
+    with level, _manager(mode, **config) as m, pytest.raises(Exception, match="refusing"):
+        _save(m, str(tmp_path / "step_1"), _state())
+    (tmp,) = tmp_path.glob(".step_1.tmp-*")  # kept, with its marker: gc still knows it as a dead save's
+    left = {str(p.relative_to(tmp)): p.read_bytes() for p in tmp.rglob("*") if p.is_file()}
+    assert left == {"rank_0/model.pt": b"their bytes", ".incomplete": b""}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tmp.name]
+    if mode == "sync":  # (the async writer logs in its own process)
+        said = [r for r in caplog.records if r.levelno == logging.WARNING and "model.pt" in r.getMessage()]
+        assert said, caplog.text
+        assert "not created by this save" in said[0].getMessage()

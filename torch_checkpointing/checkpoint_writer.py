@@ -19,7 +19,6 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch_checkpointing.agreement import Contribution, StoreTransport, agree
@@ -141,15 +140,20 @@ class _ChecksumStream:
         return self._running.result()
 
 
-def _write_entry(storage: Storage, root: Path, rank: int, entry: WriteEntry) -> FileRecord:
+def _write_entry(commit: Commit, rank: int, entry: WriteEntry) -> FileRecord:
     value = entry.value.loads() if isinstance(entry.value, OutOfBand) else entry.value
-    target = root / entry.file_path
-    with storage.stream_write(target) as raw:
+    target = commit.root / entry.file_path
+    with commit.storage.stream_write(target) as raw:
+        identity = getattr(raw, "identity", None)
+        if identity is not None:  # a local file: the discard checks it is still this one before removing it
+            commit.own(target, identity)
         # Streams that checksum what they write (the local filesystem's off the encoding thread, the object
         # store's on its upload threads) are used as they are; any other backend's stream is wrapped.
         stream: Any = raw if callable(getattr(raw, "checksum", None)) else _ChecksumStream(raw)
         encode(entry.fmt, entry.key, value, stream)
     summed: FileChecksum = stream.checksum()  # complete now: the stream was closed
+    if identity is not None:
+        commit.own(target, identity, summed.size)
     return FileRecord(
         entry.key, rank, entry.file_path, summed.size, summed.crc32, entry.fmt.to_dict(), blocks=summed.blocks
     )
@@ -167,10 +171,10 @@ def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) 
     if request.file_write_max_threads > 1 and len(request.entries) > 1:
         # A process-wide pool: a sync save writes from the training thread, where a Ctrl-C must not wedge it.
         records = _FILE_POOL.map_bounded(
-            lambda e: _write_entry(storage, root, rank, e), request.entries, request.file_write_max_threads
+            lambda e: _write_entry(commit, rank, e), request.entries, request.file_write_max_threads
         )
     else:
-        records = [_write_entry(storage, root, rank, e) for e in request.entries]
+        records = [_write_entry(commit, rank, e) for e in request.entries]
     for directory in sorted(directories, key=lambda p: len(p.parts), reverse=True):
         storage.sync_directory(directory)
     return records
@@ -232,6 +236,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     """
     plan = request.plan
     commit = Commit(storage, plan.target())
+    commit.others_write = plan.world_size > 1
     progress = _Progress()
     raised: list[tuple[int, BaseException]] = []  # what a signal handler raised during the write (see _as_reported)
     try:

@@ -21,6 +21,7 @@ error.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -51,6 +52,7 @@ from torch_checkpointing.manifest import (
 from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name
 from torch_checkpointing.signals import signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.filesystem import remove_tree_marks_last
 
 __all__ = [
     "INCOMPLETE_MARKER",
@@ -471,6 +473,11 @@ class Commit:
         self.target = target
         self.renames = storage.atomic_rename
         self._manifest_bytes: bytes | None = None  # what `publish` commits, once it got that far
+        # The local files this process created under the root, by path: (st_dev, st_ino, size once closed).
+        self._own: dict[str, tuple[int, int, int | None]] = {}
+        # Whether other processes (the other ranks) also write under the root: files this one did not record
+        # may then be theirs. False (one rank): a file it did not record is another program's, left alone.
+        self.others_write = True
 
     def is_committed(self) -> bool:
         """Whether the id now holds this save: its manifest is the one `publish` wrote and no marker is left
@@ -486,6 +493,10 @@ class Commit:
             return stray_claim(self.storage.read(marker), Manifest.from_json(self._manifest_bytes))
         except Exception:  # cannot tell: not committed, so the save reports a failure
             return False
+
+    def own(self, path: Path, identity: tuple[int, int], size: int | None = None) -> None:
+        """Record a file this save created (its size once it is complete), for `discard`."""
+        self._own[os.path.abspath(path)] = (*identity, size)
 
     @property
     def root(self) -> Path:
@@ -804,7 +815,7 @@ class Commit:
             elif self.storage.exists(root) and not (
                 not self.renames and self.storage.exists(root / MANIFEST_FILE_NAME)
             ):
-                self.storage.rmdir(root)
+                self._remove_root()
             remove_made(self.target.made)
         except Exception as exc:
             log_safely(
@@ -817,6 +828,58 @@ class Commit:
                 exc,
                 root.parent,
             )
+
+    def _remove_root(self) -> None:
+        """The unfinished root, but only what this save created: a file it wrote that another program replaced
+        since (another inode or size), or one it never wrote, stays, and so do the directories holding it.
+
+        (Before, the whole root went, whatever someone had put at the save's file names meanwhile.)
+        """
+        local = self.storage.local_path(self.root) if self._own else None
+        if local is None or not self.renames:  # nothing recorded (the trainer cleaning up after its writer)
+            self.storage.rmdir(self.root)
+            return
+        left = self._remove_own_files(local)
+        if not left:
+            remove_tree_marks_last(local)
+            return
+        logger.warning(
+            "The unfinished save at %s was not removed whole: %s not created by this save (replaced or added since "
+            "by another program), so %s left there with the directory. Move what you need out of %s, then "
+            "delete it (or run `torch-checkpointing gc %s`).",
+            local,
+            ", ".join(left[:_SHOWN]) + (f" and {len(left) - _SHOWN} more" if len(left) > _SHOWN else ""),
+            "they are" if len(left) > 1 else "it is",
+            local,
+            os.path.dirname(local),
+        )
+
+    def _remove_own_files(self, local: str) -> list[str]:
+        """Remove, bottom-up, the files this save created and the directories left empty; return the others."""
+        left: list[str] = []
+        marks = {os.path.join(local, name) for name in (MANIFEST_FILE_NAME, INCOMPLETE_MARKER)}
+        for dirpath, dirnames, filenames in os.walk(local, topdown=False):
+            for name in filenames + dirnames:
+                full = os.path.join(dirpath, name)
+                st = os.lstat(full)
+                if stat.S_ISDIR(st.st_mode):
+                    with contextlib.suppress(OSError):  # not empty: it holds what is left
+                        os.rmdir(full)
+                elif full in marks:
+                    continue  # removed last, with the root (`remove_tree_marks_last`), when nothing is left
+                elif self._created(full, st):
+                    os.unlink(full)
+                else:
+                    left.append(os.path.relpath(full, local))
+        return sorted(left)
+
+    def _created(self, path: str, st: os.stat_result) -> bool:
+        """Whether `path` is a file this save created and still the same one (inode, and size once complete)."""
+        mine = self._own.get(path)
+        if mine is None:
+            return self.others_write and path != self.target.tmp and stat.S_ISREG(st.st_mode)
+        dev, ino, size = mine
+        return (st.st_dev, st.st_ino) == (dev, ino) and size in (None, st.st_size)
 
     def _discard_claimed(self, claims: ConditionalStorage) -> None:
         """Only under this save's own claim: the files first, the marker (the claim) last, and only if unchanged.

@@ -62,6 +62,10 @@ class DurableFileWriter(io.RawIOBase):
         self._fd = -1
         try:
             self._fd = self._open()
+            st = os.fstat(self._fd)
+            # The file this stream created, (st_dev, st_ino): a failed save's cleanup removes only that file,
+            # never one another program put at its path since (`Commit.discard`).
+            self.identity = (st.st_dev, st.st_ino)
             if self._direct:
                 self._buf = mmap.mmap(-1, CHUNK)
         except BaseException:
