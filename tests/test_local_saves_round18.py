@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from torch_checkpointing.errors import ConfigError
 from torch_checkpointing.names import NAME_MAX
 
 PATH_MAX = 4096
+SUBPROCESS_S = 300  # importing torch on a loaded 2-core machine takes a while; a hang never ends
 MODES = ["sync", "async"]
 
 
@@ -158,3 +161,36 @@ def test_a_failed_saves_cleanup_leaves_a_file_replaced_meanwhile(
         said = [r for r in caplog.records if r.levelno == logging.WARNING and "model.pt" in r.getMessage()]
         assert said, caplog.text
         assert "not created by this save" in said[0].getMessage()
+
+
+# ------------------------------------------------------------------------ a file-size limit (RLIMIT_FSIZE)
+
+_FSIZE_JOB = """
+import os, resource, sys, torch
+from torch_checkpointing import CheckpointManager
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+mode, base = sys.argv[1], sys.argv[2]
+make = CheckpointManager.Config.with_sync_save if mode == "sync" else CheckpointManager.Config.with_async_save
+with CheckpointManager(make()) as m:
+    try:
+        write = m.save(os.path.join(base, "a", "b", "step_1"), {"model": {"w": torch.ones(1 << 20)}})
+        if write is not None:
+            write.result(120)
+    except Exception as exc:
+        print("RAISED", type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_save_over_the_file_size_limit_says_so_and_leaves_nothing(tmp_path: Path, mode: str) -> None:
+    # Before: sync left the parents `a/b/` it had made; async failed in its staging with torch's bare
+    # "RuntimeError: unable to resize file </proc/self/fd/5> to the right size: File too large (27)".
+    base = tmp_path / "base"
+    base.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-c", _FSIZE_JOB, mode, str(base)], capture_output=True, text=True, timeout=SUBPROCESS_S
+    )
+    assert run.returncode == 0, run.stderr
+    said = next(line for line in run.stdout.splitlines() if line.startswith("RAISED"))
+    assert said.startswith("RAISED OSError") and "[Errno 27]" in said and "RLIMIT_FSIZE" in said, said
+    assert _tree(base) == []

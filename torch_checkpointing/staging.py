@@ -9,6 +9,7 @@ CUDA it is also page-locked (cudaHostRegister) so device-to-host copies run non-
 from __future__ import annotations
 
 import copy
+import errno
 import io
 import math
 import mmap
@@ -208,6 +209,7 @@ class SharedSlab:
             if where != _MEMFD_WHERE:
                 _reserve(fd, nbytes, where)  # a file: its blocks, up front
                 return cls(fd, nbytes, where)
+            _resize(fd, nbytes, where)  # torch's own resize failed as a bare RuntimeError naming /proc/self/fd/N
             slab = cls(fd, nbytes, where)
         except BaseException:
             os.close(fd)
@@ -311,6 +313,13 @@ def _populate(slab: SharedSlab) -> None:
         _reserve(slab._fd, slab.nbytes, slab.where)
 
 
+def _resize(fd: int, nbytes: int, where: str) -> None:
+    try:
+        os.ftruncate(fd, nbytes)
+    except OSError as exc:  # EFBIG under a file-size limit (`ulimit -f`), which a memfd counts against too
+        raise _no_room(exc, nbytes, where) from exc
+
+
 def _reserve(fd: int, nbytes: int, where: str) -> None:
     try:
         os.posix_fallocate(fd, 0, nbytes)
@@ -319,12 +328,20 @@ def _reserve(fd: int, nbytes: int, where: str) -> None:
 
 
 def _no_room(exc: OSError, nbytes: int, where: str) -> OSError:
+    if exc.errno == errno.EFBIG:
+        fix = (
+            "The process's file-size limit (`ulimit -f`, RLIMIT_FSIZE) is below that: raise it, or save with "
+            "CheckpointManager.Config.with_sync_save(), which stages nothing (its files must fit the limit too)"
+        )
+    else:
+        fix = (
+            "Set CheckpointStagerConfig(staging_dir=...) to a directory with room for the whole staged state (or "
+            "free memory there), or save with CheckpointManager.Config.with_sync_save(), which stages nothing"
+        )
     return OSError(
         exc.errno,
         f"Async staging needs {nbytes} bytes of shared memory for the staged tensors and could not reserve "
-        f"them in {where} ({exc.strerror}). Set CheckpointStagerConfig(staging_dir=...) to a directory with "
-        f"room for the whole staged state (or free memory there), or save with "
-        f"CheckpointManager.Config.with_sync_save(), which stages nothing",
+        f"them in {where} ({exc.strerror}). {fix}",
         where,
     )
 
