@@ -7,14 +7,22 @@ Each test failed before its fix:
   created the id's missing parent directories, which stayed behind (sync and async alike);
 * a save that failed for any other reason (here: its pre_finalize_callback raised) left the parent
   directories it had created.
+* a failed save's cleanup removed its whole temporary directory, a file another program had put at one of
+  its file names meanwhile with it;
+* an async save over the file-size limit (RLIMIT_FSIZE) failed with torch's bare "unable to resize file
+  </proc/self/fd/N>"; a sync one left the parents it had made;
+* a parent directory that could not be made (EACCES under umask 0o277) left those made before it, and the
+  error was a bare PermissionError naming neither the save nor the fix.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +202,51 @@ def test_a_save_over_the_file_size_limit_says_so_and_leaves_nothing(tmp_path: Pa
     said = next(line for line in run.stdout.splitlines() if line.startswith("RAISED"))
     assert said.startswith("RAISED OSError") and "[Errno 27]" in said and "RLIMIT_FSIZE" in said, said
     assert _tree(base) == []
+
+
+# ------------------------------------------------------- a parent that cannot be made, after others were
+
+_UMASK_JOB = """
+import os, sys, torch
+from torch_checkpointing import CheckpointManager
+mode, base, warm = sys.argv[1], sys.argv[2], sys.argv[3]
+make = CheckpointManager.Config.with_sync_save if mode == "sync" else CheckpointManager.Config.with_async_save
+with CheckpointManager(make()) as m:
+    write = m.save(warm, {"model": {"w": torch.ones(4)}})  # the async writer is up (it stays root)
+    if write is not None:
+        write.result(120)
+    if os.geteuid() == 0:  # root writes into any directory: the refusal needs an ordinary user
+        os.setgid(65534)
+        os.setuid(65534)
+    os.umask(0o277)  # new directories are made read-only (r-x) for their owner too
+    try:
+        write = m.save(os.path.join(base, "a", "b", "step_1"), {"model": {"w": torch.ones(4)}})
+        if write is not None:
+            write.result(120)
+    except Exception as exc:
+        print("RAISED", type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_parent_that_cannot_be_made_leaves_none_of_those_made_before_it(tmp_path: Path, mode: str) -> None:
+    # Under umask 0o277 the save makes `a/` (r-x), then cannot make `a/b/` in it (EACCES). Before: `a/` stayed.
+    base = Path(tempfile.mkdtemp(prefix="round18-umask-"))  # under /tmp: an ordinary user can reach it
+    try:
+        base.chmod(0o777)
+        run = subprocess.run(
+            [sys.executable, "-c", _UMASK_JOB, mode, str(base), str(tmp_path / "warm")],
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_S,
+        )
+        assert run.returncode == 0, run.stderr
+        said = next(line for line in run.stdout.splitlines() if line.startswith("RAISED"))
+        assert "PermissionError [Errno 13]" in said and "a/b" in said, said
+        assert "step_1 was not committed" in said and "check the owner and mode" in said, said
+        assert _tree(base) == []
+    finally:
+        for path in base.rglob("*"):
+            if path.is_dir():
+                path.chmod(0o700)
+        shutil.rmtree(base)

@@ -35,6 +35,7 @@ from torch_checkpointing.checkpoint_saver import (
     SyncCheckpointSaver,
     WriteFuture,
 )
+from torch_checkpointing.checkpoint_writer import explained_disk_fault
 from torch_checkpointing.commit import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
@@ -624,7 +625,13 @@ class CheckpointManager:
             check_target(self._storage, checkpoint_id, self.config.save.overwrite)
             # Made by rank 0 before any other rank gets past this step, so rank 0 knows every parent the save
             # created; a failure anywhere from here removes them again (`remove_made`).
-            made = make_parents(self._storage, checkpoint_id)
+            try:
+                made = make_parents(self._storage, checkpoint_id)
+            except OSError as exc:  # a bare "Permission denied: 'runs/a'" named neither the save nor the fix
+                explained = explained_disk_fault(exc, checkpoint_id)
+                if explained is None:
+                    raise
+                raise explained from exc
             if self._metadata is None:
                 return None
             layouts = [{key: layout for key, (_, layout) in rep["layouts"].items()} for rep in reports]

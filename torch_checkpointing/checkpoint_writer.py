@@ -50,6 +50,7 @@ __all__ = [
     "WriteEntry",
     "WriteRequest",
     "committed_before_interrupt",
+    "explained_disk_fault",
     "refuse_unanswered",
     "write_checkpoint",
 ]
@@ -253,7 +254,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
         committed = progress.committed or commit.is_committed()
         if plan.rank == 0 and not committed:
             commit.discard()
-        explained = None if committed else _explained(exc, plan.checkpoint_dir)
+        explained = None if committed else explained_disk_fault(exc, plan.checkpoint_dir)
         if explained is not None:
             raise explained from exc
         raise
@@ -286,7 +287,7 @@ _DISK_FAULT_FIXES = {
 }
 
 
-def _explained(exc: BaseException, checkpoint_dir: str) -> OSError | None:
+def explained_disk_fault(exc: BaseException, checkpoint_dir: str) -> OSError | None:
     """`exc` again (same type, errno and paths) with what failed and the fix, if it is a disk fault we can name.
 
     The bare OS error named only a file inside the hidden temporary directory: not the checkpoint, nor

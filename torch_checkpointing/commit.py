@@ -32,7 +32,7 @@ import re
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -123,10 +123,22 @@ def make_parents(storage: Storage, final: str) -> tuple[MadeDirectory, ...]:
         while not os.path.lexists(current):
             missing.append(current)
             current = os.path.dirname(current)
-    storage.mkdir(parent)
+    try:
+        storage.mkdir(parent)
+    except BaseException:  # (EACCES, ENOSPC) on one of them: those made before it go again
+        remove_made(_made(reversed(missing)))
+        raise
+    return _made(reversed(missing))
+
+
+def _made(paths: Iterable[str]) -> tuple[MadeDirectory, ...]:
+    """The directories among `paths` that exist now, by identity (outermost first, as `paths` come)."""
     made = []
-    for path in reversed(missing):
-        st = os.lstat(path)
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            break  # not made: nor is anything below it
         made.append(MadeDirectory(path, st.st_dev, st.st_ino))
     return tuple(made)
 
