@@ -250,3 +250,24 @@ def test_a_parent_that_cannot_be_made_leaves_none_of_those_made_before_it(tmp_pa
             if path.is_dir():
                 path.chmod(0o700)
         shutil.rmtree(base)
+
+
+def _move_the_temporary_away_then_refuse(checkpoint_id: str, _: Any) -> None:
+    """Another program moves the save's directory into a folder of its own and leaves a link in its place."""
+    final = Path(checkpoint_id)
+    (tmp,) = final.parent.glob(f".{final.name}.tmp-*")
+    theirs = final.parent / "theirs"
+    os.rename(tmp, theirs)
+    (theirs / "notes.txt").write_text("mine")
+    tmp.symlink_to(theirs)
+    raise RuntimeError(f"refusing {checkpoint_id}")
+
+
+def test_a_failed_saves_cleanup_never_follows_a_link_put_at_its_directory(tmp_path: Path) -> None:
+    # The save's own files, moved into the other program's folder, are that program's now: nothing is removed
+    # through the link (its cleanup walked the folder the link pointed to and removed them).
+    refuse = _move_the_temporary_away_then_refuse
+    with _manager("sync", pre_finalize_callback=refuse) as m, pytest.raises(Exception, match="refusing"):
+        _save(m, str(tmp_path / "step_1"), _state())
+    left = _tree(tmp_path / "theirs")
+    assert "notes.txt" in left and any(name.endswith(".pt") for name in left), left

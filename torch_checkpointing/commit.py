@@ -848,7 +848,9 @@ class Commit:
         (Before, the whole root went, whatever someone had put at the save's file names meanwhile.)
         """
         local = self.storage.local_path(self.root) if self._own else None
-        if local is None or not self.renames:  # nothing recorded (the trainer cleaning up after its writer)
+        # Nothing recorded (the trainer cleaning up after its writer), or a link put in its place: `rmdir`
+        # refuses a link, never walking the folder it points to.
+        if local is None or not self.renames or os.path.islink(local):
             self.storage.rmdir(self.root)
             return
         left = self._remove_own_files(local)
