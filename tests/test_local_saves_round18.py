@@ -124,17 +124,21 @@ def _refuse_commit(checkpoint_id: str, _: Any) -> None:
     raise RuntimeError(f"refusing {checkpoint_id}")
 
 
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
 @pytest.mark.parametrize("mode", MODES)
-def test_a_failed_save_removes_the_parent_directories_it_created(tmp_path: Path, mode: str) -> None:
+def test_a_failed_save_removes_the_parent_directories_it_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, relative: bool
+) -> None:
     # Fails after every file was written (a pre_finalize_callback that raises): its temporary directory went,
     # the parents `a/b/` it had made for the id stayed.
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "old.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
     rank_layout = ItemSpec(layout=LayoutInfo("rank_{rank}/model.pt", TorchSerialization()))
     with _manager(mode, pre_finalize_callback=_refuse_commit, items={"model": rank_layout}) as m:
         for rel in ("a/b/step_1", "keep/new/step_1", "keep/step_1"):
             with pytest.raises(Exception, match="refusing"):
-                _save(m, str(tmp_path / rel), _state())
+                _save(m, rel if relative else str(tmp_path / rel), _state())
             assert _tree(tmp_path) == ["keep", "keep/old.txt"], rel
 
 

@@ -853,6 +853,7 @@ class Commit:
         if local is None or not self.renames or os.path.islink(local):
             self.storage.rmdir(self.root)
             return
+        local = os.path.abspath(local)  # as `own` recorded them: a relative id's paths are relative
         left = self._remove_own_files(local)
         if not left:
             remove_tree_marks_last(local)
