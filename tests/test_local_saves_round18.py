@@ -275,3 +275,26 @@ def test_a_failed_saves_cleanup_never_follows_a_link_put_at_its_directory(tmp_pa
         _save(m, str(tmp_path / "step_1"), _state())
     left = _tree(tmp_path / "theirs")
     assert "notes.txt" in left and any(name.endswith(".pt") for name in left), left
+
+
+def _fill_the_id_then_go_on(checkpoint_id: str, _: Any) -> None:
+    """Another program makes the id a folder of its own while the save writes: the commit then refuses it."""
+    Path(checkpoint_id).mkdir()
+    (Path(checkpoint_id) / "notes.txt").write_text("mine")
+
+
+@pytest.mark.filterwarnings("ignore:Item 'model' has plain:UserWarning")  # the resharder's note on plain tensors
+def test_a_save_refused_at_its_commit_leaves_no_metadata_behind(tmp_path: Path) -> None:
+    # With a resharder the save writes metadata.json beside the manifest; refused after that (the id became a
+    # folder of another program's), its cleanup took metadata.json for another program's file and kept the
+    # whole temporary directory.
+    from torch_checkpointing.dtensor_resharder import DTensorResharder
+    from torch_checkpointing.errors import CommitError
+
+    config = {
+        "pre_finalize_callback": _fill_the_id_then_go_on,
+        "items": {"model": ItemSpec(resharder=DTensorResharder())},
+    }
+    with _manager("sync", **config) as m, pytest.raises(CommitError, match="not a checkpoint"):
+        _save(m, str(tmp_path / "step_1"), _state())
+    assert _tree(tmp_path) == ["step_1", "step_1/notes.txt"]

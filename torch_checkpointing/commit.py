@@ -872,7 +872,9 @@ class Commit:
     def _remove_own_files(self, local: str) -> list[str]:
         """Remove, bottom-up, the files this save created and the directories left empty; return the others."""
         left: list[str] = []
-        marks = {os.path.join(local, name) for name in (MANIFEST_FILE_NAME, INCOMPLETE_MARKER)}
+        # The engine's own files at the root (marker, metadata, manifest), written with `storage.write`, which
+        # records nothing: in the save's own directory their names say whose they are.
+        marks = {os.path.join(local, name) for name in RESERVED_FILE_NAMES}
         for dirpath, dirnames, filenames in os.walk(local, topdown=False):
             for name in filenames + dirnames:
                 full = os.path.join(dirpath, name)
