@@ -298,3 +298,20 @@ def test_a_save_refused_at_its_commit_leaves_no_metadata_behind(tmp_path: Path) 
     with _manager("sync", **config) as m, pytest.raises(CommitError, match="not a checkpoint"):
         _save(m, str(tmp_path / "step_1"), _state())
     assert _tree(tmp_path) == ["step_1", "step_1/notes.txt"]
+
+
+# ------------------------------------------------------------------------------------- on real gloo ranks
+
+
+@pytest.mark.multirank
+def test_a_multi_rank_save_failed_on_one_rank_removes_the_parents_rank_0_made(tmp_path: Path) -> None:
+    from simulator.launcher import launch
+    from tests import local_saves_round18_jobs
+
+    for mode in MODES:
+        (tmp_path / mode).mkdir()
+    results = launch(local_saves_round18_jobs.failed_save_into_new_parents, 2, args=(str(tmp_path),), timeout=240)
+    for r in results:
+        for mode in MODES:
+            assert "rank 1 refuses" in r[mode], r
+            assert r[f"{mode}_left"] == ["async", "sync"], r
