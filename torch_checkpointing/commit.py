@@ -64,6 +64,7 @@ __all__ = [
     "CommitTarget",
     "ConditionalStorage",
     "MadeDirectory",
+    "TaggedStorage",
     "check_target",
     "make_parents",
     "remove_made",
@@ -410,6 +411,16 @@ class ConditionalStorage(Protocol):
     def delete_object(self, path: Path, etag: str) -> bool: ...
 
 
+@runtime_checkable
+class TaggedStorage(Protocol):
+    """A store that records which save uploaded an object (S3's user metadata, `FsspecStorage`): what lets a
+    failed save under its final id remove its own objects and leave the ones others PUT there meanwhile."""
+
+    def own_writes(self, root: Path, token: str) -> None: ...
+
+    def objects_by_save(self, root: Path) -> tuple[dict[str, str], list[str]] | None: ...
+
+
 @dataclass(frozen=True)
 class Claim:
     """Which save writes under an object-store id: the body of its `.incomplete` marker.
@@ -532,6 +543,8 @@ class Commit:
             self.storage.write(self.root / INCOMPLETE_MARKER, b"")
             return
         created = self._claim(claims, Claim.of(self.target))
+        if isinstance(self.storage, TaggedStorage):  # before the first upload: each names this save
+            self.storage.own_writes(self.root, Path(self.target.tmp).name)
         if self.storage.exists(self.root / MANIFEST_FILE_NAME):
             # Another save committed (and removed its marker) after this one's checks of the id.
             if created:
@@ -917,7 +930,34 @@ class Commit:
             # removal). Left there, the id read as incomplete to loads yet "a checkpoint already exists" to the
             # next save of it, until gc outlived this process. It goes first, as a delete's does.
             self.storage.delete(root / MANIFEST_FILE_NAME)
-        for rel in _walk(self.storage, root):
-            if not rel.endswith("/") and rel != INCOMPLETE_MARKER:
-                self.storage.delete(root / rel)
+        by_save = self.storage.objects_by_save(root) if isinstance(self.storage, TaggedStorage) else None
+        if by_save is None:  # a store that records no writer: everything under the claim is taken as the save's
+            for rel in _walk(self.storage, root):
+                if not rel.endswith("/") and rel != INCOMPLETE_MARKER:
+                    self.storage.delete(root / rel)
+            claims.delete_object(root / INCOMPLETE_MARKER, etag)
+            return
+        ours, others = by_save
+        changed = [
+            rel for rel, tag in ours.items() if rel != INCOMPLETE_MARKER and not claims.delete_object(root / rel, tag)
+        ]
         claims.delete_object(root / INCOMPLETE_MARKER, etag)
+        self._warn_left_in_place([*others, *changed])
+
+    def _warn_left_in_place(self, left: list[str]) -> None:
+        """Name the objects a failed save found under its id but did not write (a user's or another program's,
+        PUT while it ran, or over one of its keys): they stay, and the id holds no checkpoint of ours."""
+        left = sorted(set(left) - {INCOMPLETE_MARKER})
+        if not left:
+            return
+        shown = ", ".join(f"{self._url}/{rel}" for rel in left[:_SHOWN]) + (" ..." if len(left) > _SHOWN else "")
+        log_safely(
+            logger,
+            logging.WARNING,
+            "The failed save of %s removed its own files and left %d object(s) in place that were not written by "
+            "this save (put there by a user or another program while it ran, or over one of its keys): %s. "
+            "Saving to this id is refused while they are there: move or delete them, or save under another id.",
+            self._url,
+            len(left),
+            shown,
+        )

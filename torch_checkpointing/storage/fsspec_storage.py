@@ -29,6 +29,7 @@ import logging
 import os
 import posixpath
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -72,6 +73,8 @@ _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 _VERSION_ID = "?versionId="  # s3fs's version marker in a path
 # Stores where a "directory" is only a key prefix: mkdir is a no-op there.
 _OBJECT_STORE_PROTOCOLS = _S3_PROTOCOLS | {"gs", "gcs", "az", "abfs", "abfss", "oss", "r2"}
+# The user-metadata key (x-amz-meta-...) that names the save which uploaded an object: its claim token.
+SAVE_TAG = "torch-checkpointing-save"
 
 
 def url_scheme(checkpoint_id: str | os.PathLike[str]) -> str | None:
@@ -271,6 +274,7 @@ class FsspecStorage(Storage):
         self.config = config
         self._backends: dict[str, _Backend] = {}
         self._buckets_seen: set[str] = set()  # buckets known to exist: a miss in them is only a miss
+        self._owners: dict[str, str] = {}  # prefix -> the claim token its uploads carry (`own_writes`)
         self._root: tuple[_Backend, str] | None = self._resolve_url(config.url) if config.url else None
         if config.protocol:
             self._backend(config.protocol)  # fail at construction on an unknown protocol or a missing package
@@ -447,7 +451,13 @@ class FsspecStorage(Storage):
         url = f"{backend.scheme}://{key}"
         if backend.is_s3:
             return _S3MultipartWriter(
-                backend.io, key, url, self.config.part_size, self.config.max_concurrency, _is_commit_file(key)
+                backend.io,
+                key,
+                url,
+                self.config.part_size,
+                self.config.max_concurrency,
+                _is_commit_file(key),
+                self._tag(key),
             )
         return _FsspecFileWriter(backend.io, key, self.config.part_size, url)
 
@@ -466,11 +476,12 @@ class FsspecStorage(Storage):
             return
         backend, key = self._resolve_for_write(path)
         url = f"{backend.scheme}://{key}"
+        tag = self._tag(key) if backend.is_s3 else {}
         if backend.is_s3 and _is_commit_file(key):
-            _create(backend.io, key, bytes(view), url)
+            _create(backend.io, key, bytes(view), url, tag)
             return
         with self._errors("upload of", path):
-            backend.io.pipe_file(key, bytes(view))
+            backend.io.pipe_file(key, bytes(view), **tag)
 
     def delete(self, path: Path) -> None:
         backend, key = self._resolve(path)
@@ -623,6 +634,52 @@ class FsspecStorage(Storage):
                 backend.fs.invalidate_cache(key)
         return True
 
+    # ------------------------------------------------------------------ which save wrote an object
+    # A failed save removes only what a save of ours wrote (`commit.TaggedStorage`): a user's object PUT under
+    # its prefix while it ran, or over one of its keys, stays.
+
+    def own_writes(self, root: Path, token: str) -> None:
+        """From now on, every object this storage uploads under `root/` names the save `token` in its metadata.
+
+        Only on S3, whose HEAD returns it; elsewhere nothing is recorded and `objects_by_save` says so.
+        """
+        backend, key = self._resolve(root)
+        if backend.is_s3:
+            self._owners[key] = token
+
+    def _tag(self, key: str) -> dict[str, Any]:
+        """The metadata of an upload to `key`: its save's token when `key` is under a prefix a save owns."""
+        owners = [prefix for prefix in self._owners if key.startswith(prefix + "/")]
+        if not owners:
+            return {}
+        return {"Metadata": {SAVE_TAG: save_tag(self._owners[max(owners, key=len)])}}
+
+    def objects_by_save(self, root: Path) -> tuple[dict[str, str], list[str]] | None:
+        """The objects under `root/`, relative: {name: ETag} of those a save of ours uploaded (tagged), and the
+        names of the others (a user's, another program's, or one PUT over a save's key). None off S3, whose
+        objects carry no such record. One HEAD per object: the ETag is the version the caller may delete."""
+        backend, key = self._resolve(root)
+        if not backend.is_s3:
+            return None
+        ours: dict[str, str] = {}
+        others: list[str] = []
+        with self._errors("listing of", root):
+            for name in _objects_under(backend, key):
+                bucket, obj, _ = backend.fs.split_path(name)
+                try:
+                    head = backend.io.call_s3("head_object", Bucket=bucket, Key=obj)
+                except FileNotFoundError:
+                    continue  # deleted meanwhile
+                rel = name[len(key) + 1 :]
+                # A name no save writes (`a//b`, `a/../b`, `a/`) is never joined back into a path to delete:
+                # `Path` folds it into another object's name.
+                clean = posixpath.normpath(rel) == rel and not rel.startswith("/")
+                if clean and (head.get("Metadata") or {}).get(SAVE_TAG):
+                    ours[rel] = str(head.get("ETag") or "")
+                else:
+                    others.append(rel)
+        return ours, sorted(others)
+
     # ------------------------------------------------------------------ listings (never from a stale cache)
     # A store that cannot answer is an ObjectStoreError naming the URL, never a raw client error, and never
     # "nothing there": a listing that failed must not read as an empty run or a missing manifest.
@@ -710,14 +767,19 @@ def _version(backend: _Backend, key: str) -> tuple[int, str]:
     return int(info["size"]), str(info.get("ETag") or "")
 
 
+def save_tag(token: str) -> str:
+    """A claim token as S3 metadata takes it: ASCII only (the token holds the checkpoint's name, `stüp€1`)."""
+    return urllib.parse.quote(token, safe="")
+
+
 def _is_commit_file(key: str) -> bool:
     return posixpath.basename(key) == MANIFEST_FILE_NAME
 
 
-def _create(fs: Any, key: str, data: bytes, url: str) -> None:
+def _create(fs: Any, key: str, data: bytes, url: str, tag: dict[str, Any]) -> None:
     """Upload an object that must not exist yet (S3's conditional create, `If-None-Match: *`)."""
     with _ErrorScope(f"upload of {url}", wrap_missing=True), _refused_if_present(url):
-        fs.pipe_file(key, data, mode="create")
+        fs.pipe_file(key, data, mode="create", **tag)
 
 
 @contextlib.contextmanager
@@ -1072,10 +1134,20 @@ class _S3MultipartWriter(_ChecksummedUpload):
     Any failure, or leaving the `with` block on an exception, aborts the upload: no object, no stray parts.
     """
 
-    def __init__(self, fs: Any, key: str, url: str, part_size: int, concurrency: int, exclusive: bool = False) -> None:
+    def __init__(
+        self,
+        fs: Any,
+        key: str,
+        url: str,
+        part_size: int,
+        concurrency: int,
+        exclusive: bool = False,
+        tag: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self._fs = fs
         self._url = url
+        self._tag = tag or {}  # the save's metadata (`FsspecStorage.own_writes`), on whichever request creates it
         self._exclusive = exclusive  # created only if absent (a manifest): see FsspecStorage.write
         self._bucket, self._object, _ = fs.split_path(key)
         self._part_size = part_size
@@ -1108,7 +1180,7 @@ class _S3MultipartWriter(_ChecksummedUpload):
 
     def _send_part(self) -> None:
         if self._upload_id is None:
-            self._upload_id = self._call("create_multipart_upload")["UploadId"]
+            self._upload_id = self._call("create_multipart_upload", **self._tag)["UploadId"]
             self._pool = WorkerPool(self._concurrency, "ckpt-part")
         pending = [f for f in self._parts if not f.done()]
         if len(pending) >= self._concurrency:
@@ -1152,10 +1224,10 @@ class _S3MultipartWriter(_ChecksummedUpload):
             if self._sum_parts:
                 self._running.update(self._buffer)
             if self._exclusive:
-                _create(self._fs, f"{self._bucket}/{self._object}", bytes(self._buffer), self._url)
+                _create(self._fs, f"{self._bucket}/{self._object}", bytes(self._buffer), self._url, self._tag)
                 return
             with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
-                self._fs.pipe_file(f"{self._bucket}/{self._object}", bytes(self._buffer))
+                self._fs.pipe_file(f"{self._bucket}/{self._object}", bytes(self._buffer), **self._tag)
             return
         if self._buffer:
             self._send_part()

@@ -1,0 +1,209 @@
+"""Round 18 attacks on the object-store save and cleanup path, against a real S3 server (moto on loopback).
+
+* A save that failed (a later upload refused, or its writer killed) cleaned up by deleting every object under
+  the checkpoint's prefix: also the objects a user or another program PUT there while it ran (an eval job's
+  results, a note), and an object a user PUT over one of the save's own keys. A failed save now removes only
+  the objects its own saves wrote (each upload carries the save's claim token in its metadata; each delete is
+  conditional on the ETag it was seen with) and logs at WARNING what it left in place. Checked on a prefix
+  claimed fresh, on an id whose dead save's claim was taken over, and from the trainer after a killed writer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.s3_faults import FaultProxy, HoldingS3FileSystem, Rule
+from tests.s3_server import S3Server
+from tests.test_s3_attacks import REPO, fast_failing, state, sync_manager
+from torch_checkpointing.commit import Claim
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
+
+_WAIT_S = 120.0
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (a claim made by it is provably dead on this host)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    return int(done.stdout)
+
+
+def _failing_save_with_user_puts(
+    s3_server: S3Server, tmp_path: Path, ckpt: str, user: dict[str, bytes]
+) -> tuple[FsspecStorage, BaseException]:
+    """Save `ckpt`, PUT `user`'s objects (a plain client) while it waits to create its manifest, then make the
+    store refuse that manifest (a real 500 through the proxy). Returns the plain storage and the save's error."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    held, release = tmp_path / "held", tmp_path / "release"
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    failed: list[BaseException] = []
+    with FaultProxy(port) as proxy:
+        options = fast_failing(s3_server.storage_options(), proxy.endpoint)
+        fs = HoldingS3FileSystem(**options, held_file=str(held), release_file=str(release), hold_on="manifest")
+        saving = FsspecStorageConfig(url=config.url, part_size=config.part_size, filesystem=fs)
+
+        def save() -> None:
+            try:
+                with sync_manager(saving) as manager:
+                    manager.save(ckpt, state(1.0))
+            except BaseException as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=save)
+        thread.start()
+        try:
+            deadline = time.monotonic() + _WAIT_S
+            while not held.exists():
+                assert thread.is_alive() and time.monotonic() < deadline, failed
+                time.sleep(0.02)
+            for key, data in user.items():
+                storage.write(Path(key), data)
+            proxy.rules = [Rule(rf"^PUT \S*/{ckpt}/{MANIFEST_FILE_NAME}", 500, "InternalError")]
+        finally:
+            release.touch()
+            thread.join(timeout=_WAIT_S)
+    assert len(failed) == 1 and isinstance(failed[0], CheckpointError), failed
+    return storage, failed[0]
+
+
+def _assert_only_users_left(storage: FsspecStorage, ckpt: str, user: dict[str, bytes], log: str) -> None:
+    for key, data in user.items():
+        assert storage.read(Path(key)) == data, key
+        assert key in log, (key, log)
+    left = sorted(str(Path(key).relative_to(ckpt)) for key in user)
+    found = sorted(p.split(f"{ckpt}/", 1)[1] for p in storage.fs.find(f"{storage.config.url[5:]}/{ckpt}"))
+    assert found == left, found  # the save's own files and its marker are gone, the user's are all there
+
+
+def test_a_failed_save_on_a_fresh_prefix_removes_only_what_it_wrote(
+    s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    ckpt = "run/step_1"
+    user = {
+        f"{ckpt}/eval/results.json": b'{"acc": 0.9}',  # an eval job writing beside the save
+        f"{ckpt}/NOTES.txt": b"do not delete",
+        f"{ckpt}/model_0.pt": b"the user's own bytes over one of the save's keys",
+    }
+    storage, _ = _failing_save_with_user_puts(s3_server, tmp_path, ckpt, user)
+    _assert_only_users_left(storage, ckpt, user, caplog.text)
+    assert "not written by this save" in caplog.text, caplog.text
+
+
+def test_a_failed_save_over_a_dead_saves_id_removes_only_what_it_wrote(
+    s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The id holds a killed save's claim (its process is gone): the new save takes it over, then fails."""
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    ckpt = "run/step_2"
+    config = s3_server.config()
+    dead = Claim(token=".step_2.tmp-dead-1", uid="", host=os.uname().nodename, pid=_dead_pid(), created=time.time())
+    user = {f"{ckpt}/eval/results.json": b'{"acc": 0.5}'}
+    # The same bucket as the save: the fixture makes a fresh one per config, so write through the save's own.
+    failed: list[BaseException] = []
+    held, release = tmp_path / "held", tmp_path / "release"
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    storage = config.create_storage()
+    storage.write(Path(ckpt) / INCOMPLETE_MARKER, dead.to_bytes())
+    with FaultProxy(port) as proxy:
+        options = fast_failing(s3_server.storage_options(), proxy.endpoint)
+        fs = HoldingS3FileSystem(**options, held_file=str(held), release_file=str(release), hold_on="manifest")
+        saving = FsspecStorageConfig(url=config.url, part_size=config.part_size, filesystem=fs)
+
+        def save() -> None:
+            try:
+                with sync_manager(saving) as manager:
+                    manager.save(ckpt, state(2.0))
+            except BaseException as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=save)
+        thread.start()
+        try:
+            deadline = time.monotonic() + _WAIT_S
+            while not held.exists():
+                assert thread.is_alive() and time.monotonic() < deadline, failed
+                time.sleep(0.02)
+            assert b"dead" not in storage.read(Path(ckpt) / INCOMPLETE_MARKER)  # taken over
+            for key, data in user.items():
+                storage.write(Path(key), data)
+            proxy.rules = [Rule(rf"^PUT \S*/{ckpt}/{MANIFEST_FILE_NAME}", 500, "InternalError")]
+        finally:
+            release.touch()
+            thread.join(timeout=_WAIT_S)
+    assert len(failed) == 1 and isinstance(failed[0], CheckpointError), failed
+    _assert_only_users_left(storage, ckpt, user, caplog.text)
+
+
+KILLED_WRITER_CHILD = """
+import json, os, signal, sys, time, torch
+from pathlib import Path
+from tests.s3_server import SlowPartsStorageConfig
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import AsyncCheckpointSaverConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+args = json.loads(sys.argv[1])
+config = SlowPartsStorageConfig(**args["config"])
+plain = FsspecStorageConfig(url=config.url, storage_options=config.storage_options).create_storage()
+with CheckpointManager(CheckpointManager.Config(save=AsyncCheckpointSaverConfig(), storage_config=config)) as m:
+    future = m.save(args["id"], {"model": {"w": torch.ones(3 * args["config"]["part_size"] // 4)}, "x": 1})
+    deadline = time.monotonic() + 120
+    while not Path(args["config"]["signal_file"]).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for key, data in args["user"].items():
+        plain.write(Path(key), data.encode())
+    os.kill(m.writer_pid, signal.SIGKILL)  # the writer dies with a multipart upload in flight
+    try:
+        future.result(timeout=120)
+        print("KILLED SAVE COMMITTED", flush=True)
+    except Exception as exc:
+        print("KILLED SAVE FAILED", type(exc).__name__, flush=True)
+"""
+
+
+def test_the_trainers_cleanup_after_a_killed_writer_removes_only_what_the_save_wrote(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    config = s3_server.config()
+    ckpt = f"run-{uuid.uuid4().hex[:6]}/step_1"
+    user = {f"{ckpt}/eval/results.json": '{"acc": 0.7}', f"{ckpt}/NOTES.txt": "keep me"}
+    args: dict[str, Any] = {
+        "id": ckpt,
+        "user": user,
+        "config": {
+            "url": config.url,
+            "storage_options": config.storage_options,
+            "part_size": config.part_size,
+            "signal_file": str(tmp_path / "part-uploaded"),
+            "part_delay_s": 30.0,
+        },
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER_CHILD, json.dumps(args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    output = (done.stdout + done.stderr).decode(errors="replace")
+    assert done.returncode == 0 and "KILLED SAVE FAILED" in output, output[-3000:]
+    storage = config.create_storage()
+    for key, data in user.items():
+        assert storage.read(Path(key)) == data.encode(), (key, output[-3000:])
+        assert key in output, output[-3000:]  # the WARNING names what was left in place
+    found = sorted(p.split(f"{ckpt}/", 1)[1] for p in storage.fs.find(f"{config.url[5:]}/{ckpt}"))
+    assert found == ["NOTES.txt", "eval/results.json"], found
