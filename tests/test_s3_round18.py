@@ -207,3 +207,51 @@ def test_the_trainers_cleanup_after_a_killed_writer_removes_only_what_the_save_w
         assert key in output, output[-3000:]  # the WARNING names what was left in place
     found = sorted(p.split(f"{ckpt}/", 1)[1] for p in storage.fs.find(f"{config.url[5:]}/{ckpt}"))
     assert found == ["NOTES.txt", "eval/results.json"], found
+
+
+# ------------------------------------------------------------------------------- gc of a killed save's prefix
+
+_HELD_SAVE_CHILD = r"""
+import json, sys, torch
+from tests.s3_faults import HoldingS3FileSystem
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+
+a = json.loads(sys.argv[1])
+fs = HoldingS3FileSystem(**a["options"], held_file=a["held"], release_file=a["release"], hold_on="manifest")
+config = FsspecStorageConfig(url=a["url"], filesystem=fs, part_size=5 << 20)
+with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)) as m:
+    m.save(a["id"], {"model": {"w": torch.ones(8)}, "x": 1})
+"""
+
+
+def test_gc_of_a_killed_saves_prefix_removes_only_what_that_save_wrote(
+    s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The whole trainer is killed mid-save (no cleanup at all): gc collects its prefix once its claim is dead,
+    and deleted the objects a user PUT there while it ran along with it."""
+    from torch_checkpointing.retention import collect_garbage
+
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    config = s3_server.config()
+    ckpt = "run/step_3"
+    files = {k: str(tmp_path / k) for k in ("held", "release")}
+    args = {"options": s3_server.storage_options(), "url": config.url, "id": ckpt, **files}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", _HELD_SAVE_CHILD, json.dumps(args)], cwd=REPO, env=env)
+    storage = config.create_storage()
+    user = {f"{ckpt}/eval/results.json": b'{"acc": 0.3}', f"{ckpt}/NOTES.txt": b"keep me"}
+    try:
+        deadline = time.monotonic() + _WAIT_S
+        while not Path(files["held"]).exists():  # its files are up; it is about to create its manifest
+            assert child.poll() is None and time.monotonic() < deadline, child.returncode
+            time.sleep(0.02)
+        for key, data in user.items():
+            storage.write(Path(key), data)
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    assert storage.exists(Path(ckpt) / INCOMPLETE_MARKER)  # killed: nothing cleaned up
+    collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
+    _assert_only_users_left(storage, ckpt, user, caplog.text)

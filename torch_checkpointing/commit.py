@@ -68,8 +68,10 @@ __all__ = [
     "check_target",
     "make_parents",
     "remove_made",
+    "remove_saves_objects",
     "stale_reason",
     "temporary_name",
+    "warn_left_in_place",
     "working_directory_is_not_the_programs",
 ]
 
@@ -416,9 +418,38 @@ class TaggedStorage(Protocol):
     """A store that records which save uploaded an object (S3's user metadata, `FsspecStorage`): what lets a
     failed save under its final id remove its own objects and leave the ones others PUT there meanwhile."""
 
-    def own_writes(self, root: Path, token: str) -> None: ...
+    def own_writes(self, root: Path, token: str) -> bool: ...
 
-    def objects_by_save(self, root: Path) -> tuple[dict[str, str], list[str]] | None: ...
+    def objects_by_save(self, root: Path) -> tuple[dict[str, tuple[str, str]], list[str]] | None: ...
+
+
+def remove_saves_objects(storage: ConditionalStorage, root: Path, objects: dict[str, tuple[str, str]]) -> list[str]:
+    """Delete each of a save's objects under `root` only if it is still the version seen (its ETag): one a user
+    PUT over it since stays. Returns the names that changed (left in place). The marker is not touched."""
+    return [
+        rel
+        for rel, (_, etag) in objects.items()
+        if rel != INCOMPLETE_MARKER and not storage.delete_object(root / rel, etag)
+    ]
+
+
+def warn_left_in_place(url: str, left: list[str], what: str) -> None:
+    """Name the objects a cleanup found under a save's id that the save did not write (a user's or another
+    program's, PUT while it ran or over one of its keys): they stay, and the id holds no checkpoint of ours."""
+    left = sorted(set(left) - {INCOMPLETE_MARKER})
+    if not left:
+        return
+    shown = ", ".join(f"{url}/{rel}" for rel in left[:_SHOWN]) + (" ..." if len(left) > _SHOWN else "")
+    log_safely(
+        logger,
+        logging.WARNING,
+        "%s removed the save's own files and left %d object(s) in place that were not written by this save (put "
+        "there by a user or another program while it ran, or over one of its keys): %s. Saving to this id is "
+        "refused while they are there: move or delete them, or save under another id.",
+        what,
+        len(left),
+        shown,
+    )
 
 
 @dataclass(frozen=True)
@@ -434,6 +465,9 @@ class Claim:
     host: str
     pid: int
     created: float
+    # Its save's uploads name its token (`TaggedStorage`): what is untagged under it is not its own. A claim of
+    # an earlier version (no such record) is collected whole, as it always was.
+    tags: bool = False
 
     @classmethod
     def of(cls, target: CommitTarget) -> Claim:
@@ -446,8 +480,9 @@ class Claim:
         """The claim a marker holds; None for an empty or foreign marker (an earlier version wrote b"")."""
         try:
             d = json.loads(data.decode("utf-8"))
-            return cls(str(d["token"]), str(d["uid"]), str(d["host"]), int(d["pid"]), float(d["created"]))
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            claim = cls(str(d["token"]), str(d["uid"]), str(d["host"]), int(d["pid"]), float(d["created"]))
+            return dataclasses.replace(claim, tags=d.get("tags") is True)
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
     def to_bytes(self) -> bytes:
@@ -542,9 +577,9 @@ class Commit:
         if claims is None:
             self.storage.write(self.root / INCOMPLETE_MARKER, b"")
             return
-        created = self._claim(claims, Claim.of(self.target))
-        if isinstance(self.storage, TaggedStorage):  # before the first upload: each names this save
-            self.storage.own_writes(self.root, Path(self.target.tmp).name)
+        # Before the claim, and so before the first upload: each names this save, and the claim says they do.
+        tags = isinstance(self.storage, TaggedStorage) and self.storage.own_writes(self.root, self._token)
+        created = self._claim(claims, dataclasses.replace(Claim.of(self.target), tags=tags))
         if self.storage.exists(self.root / MANIFEST_FILE_NAME):
             # Another save committed (and removed its marker) after this one's checks of the id.
             if created:
@@ -553,6 +588,10 @@ class Commit:
                 f"Refusing to save to {self._url}: another save committed a checkpoint there while this one was "
                 f"starting; this save wrote nothing. Save under another id."
             )
+
+    @property
+    def _token(self) -> str:
+        return Path(self.target.tmp).name
 
     @property
     def _url(self) -> str:
@@ -937,27 +976,7 @@ class Commit:
                     self.storage.delete(root / rel)
             claims.delete_object(root / INCOMPLETE_MARKER, etag)
             return
-        ours, others = by_save
-        changed = [
-            rel for rel, tag in ours.items() if rel != INCOMPLETE_MARKER and not claims.delete_object(root / rel, tag)
-        ]
+        ours, others = by_save  # saves of ours that wrote here hold the claim no more: this one holds it
+        changed = remove_saves_objects(claims, root, ours)
         claims.delete_object(root / INCOMPLETE_MARKER, etag)
-        self._warn_left_in_place([*others, *changed])
-
-    def _warn_left_in_place(self, left: list[str]) -> None:
-        """Name the objects a failed save found under its id but did not write (a user's or another program's,
-        PUT while it ran, or over one of its keys): they stay, and the id holds no checkpoint of ours."""
-        left = sorted(set(left) - {INCOMPLETE_MARKER})
-        if not left:
-            return
-        shown = ", ".join(f"{self._url}/{rel}" for rel in left[:_SHOWN]) + (" ..." if len(left) > _SHOWN else "")
-        log_safely(
-            logger,
-            logging.WARNING,
-            "The failed save of %s removed its own files and left %d object(s) in place that were not written by "
-            "this save (put there by a user or another program while it ran, or over one of its keys): %s. "
-            "Saving to this id is refused while they are there: move or delete them, or save under another id.",
-            self._url,
-            len(left),
-            shown,
-        )
+        warn_left_in_place(self._url, [*others, *changed], f"The failed save of {self._url}")

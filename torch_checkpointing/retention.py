@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from torch_checkpointing.commit import Claim, ConditionalStorage, files_not_listed, stale_reason
+from torch_checkpointing.commit import (
+    Claim,
+    ConditionalStorage,
+    TaggedStorage,
+    files_not_listed,
+    remove_saves_objects,
+    stale_reason,
+    warn_left_in_place,
+)
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
@@ -554,6 +562,8 @@ def _collect(storage: Storage, leftover: Leftover) -> bool | None:
         return _remove(storage, path, f"trash of {leftover.checkpoint_name}")
     if leftover.kind == "claim":
         return _let_go_of_stray_claim(storage, path)
+    if leftover.kind == "incomplete" and (removed := _collect_saves_objects(storage, path)) is not None:
+        return removed
     trash = _trash_name(path.with_name(leftover.checkpoint_name))
     with holding(trash):
         try:
@@ -565,6 +575,38 @@ def _collect(storage: Storage, leftover: Leftover) -> bool | None:
             logger.warning("gc could not move %s aside (%s); left as it was", path, exc)
             return False
         return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")
+
+
+def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
+    """A dead save's prefix on a store that records which save wrote each object: only objects saves of ours
+    wrote go (each only if unchanged since seen), then the claim (only if still the one judged dead), and what
+    is left (a user's PUT while the save ran, or over one of its keys) is named at WARNING. None where the claim
+    records no writer (an earlier version's): the prefix is collected whole, as before.
+
+    Every tagged object goes, not only the dead claim's: the saves whose claims it took over are as dead. A save
+    taking the id over meanwhile fails its commit on a file gone, and keeps its claim (the delete is conditional).
+    """
+    if not (isinstance(storage, TaggedStorage) and isinstance(storage, ConditionalStorage)):
+        return None
+    marker = path / INCOMPLETE_MARKER
+    try:
+        found = storage.read_object(marker)
+        held = Claim.parse(found[0]) if found is not None else None
+        if found is None or held is None or not held.tags or _dead_reason(found[0]) is None:
+            return None
+        by_save = storage.objects_by_save(path)
+        if by_save is None:
+            return None
+        ours, others = by_save
+        changed = remove_saves_objects(storage, path, ours)
+        storage.delete_object(marker, found[1])
+    except STORE_ERRORS as exc:
+        logger.warning("gc could not remove the unfinished save at %s (%s); left as it is", path, exc)
+        return False
+    url = storage.remap_path(path)
+    warn_left_in_place(url, [*others, *changed], f"gc of the unfinished save at {url}")
+    logger.info("gc removed the unfinished save at %s (its claim is dead)", path)
+    return True
 
 
 def _let_go_of_stray_claim(storage: Storage, path: Path) -> bool | None:

@@ -638,14 +638,13 @@ class FsspecStorage(Storage):
     # A failed save removes only what a save of ours wrote (`commit.TaggedStorage`): a user's object PUT under
     # its prefix while it ran, or over one of its keys, stays.
 
-    def own_writes(self, root: Path, token: str) -> None:
-        """From now on, every object this storage uploads under `root/` names the save `token` in its metadata.
-
-        Only on S3, whose HEAD returns it; elsewhere nothing is recorded and `objects_by_save` says so.
-        """
+    def own_writes(self, root: Path, token: str) -> bool:
+        """From now on, every object this storage uploads under `root/` names the save `token` in its metadata;
+        whether it does. Only on S3, whose HEAD returns it; elsewhere nothing is recorded."""
         backend, key = self._resolve(root)
         if backend.is_s3:
             self._owners[key] = token
+        return backend.is_s3
 
     def _tag(self, key: str) -> dict[str, Any]:
         """The metadata of an upload to `key`: its save's token when `key` is under a prefix a save owns."""
@@ -654,14 +653,14 @@ class FsspecStorage(Storage):
             return {}
         return {"Metadata": {SAVE_TAG: save_tag(self._owners[max(owners, key=len)])}}
 
-    def objects_by_save(self, root: Path) -> tuple[dict[str, str], list[str]] | None:
-        """The objects under `root/`, relative: {name: ETag} of those a save of ours uploaded (tagged), and the
+    def objects_by_save(self, root: Path) -> tuple[dict[str, tuple[str, str]], list[str]] | None:
+        """The objects under `root/`, relative: {name: (token, ETag)} of those a save of ours uploaded, and the
         names of the others (a user's, another program's, or one PUT over a save's key). None off S3, whose
         objects carry no such record. One HEAD per object: the ETag is the version the caller may delete."""
         backend, key = self._resolve(root)
         if not backend.is_s3:
             return None
-        ours: dict[str, str] = {}
+        ours: dict[str, tuple[str, str]] = {}
         others: list[str] = []
         with self._errors("listing of", root):
             for name in _objects_under(backend, key):
@@ -673,9 +672,9 @@ class FsspecStorage(Storage):
                 rel = name[len(key) + 1 :]
                 # A name no save writes (`a//b`, `a/../b`, `a/`) is never joined back into a path to delete:
                 # `Path` folds it into another object's name.
-                clean = posixpath.normpath(rel) == rel and not rel.startswith("/")
-                if clean and (head.get("Metadata") or {}).get(SAVE_TAG):
-                    ours[rel] = str(head.get("ETag") or "")
+                tag = (head.get("Metadata") or {}).get(SAVE_TAG)
+                if tag and posixpath.normpath(rel) == rel and not rel.startswith("/"):
+                    ours[rel] = (urllib.parse.unquote(tag), str(head.get("ETag") or ""))
                 else:
                     others.append(rel)
         return ours, sorted(others)
