@@ -422,15 +422,13 @@ class TaggedStorage(Protocol):
 
     def objects_by_save(self, root: Path) -> tuple[dict[str, tuple[str, str]], list[str]] | None: ...
 
+    def delete_unchanged(self, root: Path, etags: dict[str, str]) -> list[str]: ...
 
-def remove_saves_objects(storage: ConditionalStorage, root: Path, objects: dict[str, tuple[str, str]]) -> list[str]:
+
+def remove_saves_objects(storage: TaggedStorage, root: Path, objects: dict[str, tuple[str, str]]) -> list[str]:
     """Delete each of a save's objects under `root` only if it is still the version seen (its ETag): one a user
     PUT over it since stays. Returns the names that changed (left in place). The marker is not touched."""
-    return [
-        rel
-        for rel, (_, etag) in objects.items()
-        if rel != INCOMPLETE_MARKER and not storage.delete_object(root / rel, etag)
-    ]
+    return storage.delete_unchanged(root, {rel: etag for rel, (_, etag) in objects.items() if rel != INCOMPLETE_MARKER})
 
 
 def warn_left_in_place(url: str, left: list[str], what: str) -> None:
@@ -969,14 +967,17 @@ class Commit:
             # removal). Left there, the id read as incomplete to loads yet "a checkpoint already exists" to the
             # next save of it, until gc outlived this process. It goes first, as a delete's does.
             self.storage.delete(root / MANIFEST_FILE_NAME)
-        by_save = self.storage.objects_by_save(root) if isinstance(self.storage, TaggedStorage) else None
-        if by_save is None:  # a store that records no writer: everything under the claim is taken as the save's
+        tagged = self.storage if isinstance(self.storage, TaggedStorage) else None
+        by_save = tagged.objects_by_save(root) if tagged is not None else None
+        if (
+            tagged is None or by_save is None
+        ):  # a store that records no writer: everything under the claim is taken as the save's
             for rel in _walk(self.storage, root):
                 if not rel.endswith("/") and rel != INCOMPLETE_MARKER:
                     self.storage.delete(root / rel)
             claims.delete_object(root / INCOMPLETE_MARKER, etag)
             return
         ours, others = by_save  # saves of ours that wrote here hold the claim no more: this one holds it
-        changed = remove_saves_objects(claims, root, ours)
+        changed = remove_saves_objects(tagged, root, ours)
         claims.delete_object(root / INCOMPLETE_MARKER, etag)
         warn_left_in_place(self._url, [*others, *changed], f"The failed save of {self._url}")

@@ -656,28 +656,36 @@ class FsspecStorage(Storage):
     def objects_by_save(self, root: Path) -> tuple[dict[str, tuple[str, str]], list[str]] | None:
         """The objects under `root/`, relative: {name: (token, ETag)} of those a save of ours uploaded, and the
         names of the others (a user's, another program's, or one PUT over a save's key). None off S3, whose
-        objects carry no such record. One HEAD per object: the ETag is the version the caller may delete."""
+        objects carry no such record. One HEAD per object (`max_concurrency` at once: a checkpoint of many ranks
+        holds thousands): the ETag is the version the caller may delete."""
         backend, key = self._resolve(root)
         if not backend.is_s3:
             return None
+        with self._errors("listing of", root):
+            names = _objects_under(backend, key)
+            heads = _GET_POOL.map_bounded(lambda name: _head(backend, name), names, self.config.max_concurrency)
         ours: dict[str, tuple[str, str]] = {}
         others: list[str] = []
-        with self._errors("listing of", root):
-            for name in _objects_under(backend, key):
-                bucket, obj, _ = backend.fs.split_path(name)
-                try:
-                    head = backend.io.call_s3("head_object", Bucket=bucket, Key=obj)
-                except FileNotFoundError:
-                    continue  # deleted meanwhile
-                rel = name[len(key) + 1 :]
-                # A name no save writes (`a//b`, `a/../b`, `a/`) is never joined back into a path to delete:
-                # `Path` folds it into another object's name.
-                tag = (head.get("Metadata") or {}).get(SAVE_TAG)
-                if tag and posixpath.normpath(rel) == rel and not rel.startswith("/"):
-                    ours[rel] = (urllib.parse.unquote(tag), str(head.get("ETag") or ""))
-                else:
-                    others.append(rel)
+        for name, head in zip(names, heads, strict=True):
+            if head is None:
+                continue  # deleted meanwhile
+            rel = name[len(key) + 1 :]
+            # A name no save writes (`a//b`, `a/../b`, `a/`) is never joined back into a path to delete: `Path`
+            # folds it into another object's name.
+            tag = (head.get("Metadata") or {}).get(SAVE_TAG)
+            if tag and posixpath.normpath(rel) == rel and not rel.startswith("/"):
+                ours[rel] = (urllib.parse.unquote(tag), str(head.get("ETag") or ""))
+            else:
+                others.append(rel)
         return ours, sorted(others)
+
+    def delete_unchanged(self, root: Path, etags: dict[str, str]) -> list[str]:
+        """Delete each object under `root` (relative name: ETag) only if it is still that version, `max_concurrency`
+        at once; the names that changed or went meanwhile (left as they are)."""
+        kept = _GET_POOL.map_bounded(
+            lambda rel: not self.delete_object(root / rel, etags[rel]), list(etags), self.config.max_concurrency
+        )
+        return [rel for rel, k in zip(etags, kept, strict=True) if k]
 
     # ------------------------------------------------------------------ listings (never from a stale cache)
     # A store that cannot answer is an ObjectStoreError naming the URL, never a raw client error, and never
@@ -769,6 +777,15 @@ def _version(backend: _Backend, key: str) -> tuple[int, str]:
 def save_tag(token: str) -> str:
     """A claim token as S3 metadata takes it: ASCII only (the token holds the checkpoint's name, `stüp€1`)."""
     return urllib.parse.quote(token, safe="")
+
+
+def _head(backend: _Backend, name: str) -> dict[str, Any] | None:
+    """One object's HEAD (its metadata and ETag); None when it is gone."""
+    bucket, obj, _ = backend.fs.split_path(name)
+    try:
+        return dict(backend.io.call_s3("head_object", Bucket=bucket, Key=obj))
+    except FileNotFoundError:
+        return None
 
 
 def _is_commit_file(key: str) -> bool:
