@@ -255,3 +255,22 @@ def test_gc_of_a_killed_saves_prefix_removes_only_what_that_save_wrote(
     assert storage.exists(Path(ckpt) / INCOMPLETE_MARKER)  # killed: nothing cleaned up
     collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
     _assert_only_users_left(storage, ckpt, user, caplog.text)
+
+
+# ------------------------------------------------------------------------------- what retention's messages name
+
+
+def test_retention_names_an_s3_checkpoint_by_its_url(s3_server: S3Server, caplog: pytest.LogCaptureFixture) -> None:
+    """Retention's messages named `s3:/bucket/run/step_1` (a `Path` folds the URL's `//`): neither `aws s3` nor
+    this library's CLI takes that back, and the message is the operator's only pointer to what to clean up."""
+    from torch_checkpointing.retention import delete_checkpoint
+
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+    storage.write(Path("run/step_1/eval.json"), b"an eval job's result")
+    assert not delete_checkpoint(f"{config.url}/run/step_1", storage)
+    assert f"{config.url}/run/step_1 alone" in caplog.text, caplog.text
+    assert "s3:/ckpt" not in caplog.text, caplog.text

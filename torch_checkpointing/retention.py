@@ -14,6 +14,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -158,6 +159,16 @@ def _best(checkpoints: list[CheckpointInfo], metric: str, mode: str, n: int) -> 
     return [c for _, _, c in scored[:n]]
 
 
+def _shown(path: str | os.PathLike[str]) -> str:
+    """A path as messages name it: an object store's id as its URL (`Path` folds `s3://b/k` into `s3:/b/k`, which
+    neither `aws s3` nor this library's CLI takes back)."""
+    text = os.fspath(path)
+    return _FOLDED_URL.sub(r"\1://", text)
+
+
+_FOLDED_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
+
+
 def _trash_name(path: Path) -> Path:
     return path.with_name(trash_name(path.name, os.getpid(), new_nonce()))
 
@@ -185,7 +196,7 @@ class _Outcome:
 
 def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Outcome:
     if expected is not None and not _still(storage, src, expected):
-        logger.info("Retention left %s alone: it was re-saved or deleted since it was listed", src)
+        logger.info("Retention left %s alone: it was re-saved or deleted since it was listed", _shown(src))
         return _Outcome(False)
     try:
         foreign = files_not_listed(storage, src)
@@ -195,7 +206,7 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
         if _gone(storage, src):  # its manifest vanished with it: nothing there is foreign, nothing is left
             return _not_deleted(storage, src, "")
         why = _foreign_files(foreign)
-        logger.warning("Retention left checkpoint %s alone: %s.", src, why)
+        logger.warning("Retention left checkpoint %s alone: %s.", _shown(src), why)
         return _Outcome(False, why)
     trash = _trash_name(src)
     with holding(trash):  # gc in this process must not take it for a killed process's of the same pid
@@ -214,10 +225,12 @@ def _delete_through(trash: Path, src: Path, storage: Storage, expected: Checkpoi
         # a file written into it between the check above and the rename (an eval job's eval.json) is not ours
         why = _foreign_files(late)
         unmoved = _move_back(storage, trash, src)
-        logger.warning("Retention left checkpoint %s alone: %s.", src, unmoved or why)
+        logger.warning("Retention left checkpoint %s alone: %s.", _shown(src), unmoved or why)
         return _Outcome(False, unmoved or why)
     _sync_parent(storage, src)
-    _remove(storage, trash, f"checkpoint {src}")  # it is no checkpoint any more either way; gc retries a failure
+    _remove(
+        storage, trash, f"checkpoint {_shown(src)}"
+    )  # it is no checkpoint any more either way; gc retries a failure
     return _Outcome(True)
 
 
@@ -227,7 +240,7 @@ def _written_since_the_check(storage: Storage, trash: Path) -> list[str]:
     try:
         return files_not_listed(storage, trash)
     except STORE_ERRORS as exc:  # it was listable a moment ago: its removal reports what fails
-        logger.warning("Retention could not list %s again after renaming it (%s); removing it", trash, exc)
+        logger.warning("Retention could not list %s again after renaming it (%s); removing it", _shown(trash), exc)
         return []
 
 
@@ -243,9 +256,9 @@ def _put_back(storage: Storage, trash: Path, src: Path) -> _Outcome:
     """Lost a race with a commit that swapped a new checkpoint in between the check and the rename."""
     unmoved = _move_back(storage, trash, src)
     if unmoved:
-        logger.warning("Retention a re-saved %s", unmoved)
+        logger.warning("Retention could not put back a checkpoint re-saved while it was deleted: %s", unmoved)
         return _Outcome(False, f"a re-saved {unmoved}")
-    logger.info("Retention left %s alone: it was re-saved while being deleted", src)
+    logger.info("Retention left %s alone: it was re-saved while being deleted", _shown(src))
     return _Outcome(False)
 
 
@@ -254,7 +267,7 @@ def _move_back(storage: Storage, trash: Path, src: Path) -> str:
     try:
         storage.rename(trash, src, is_directory=True)
     except STORE_ERRORS as exc:
-        return f"{src} was moved to {trash} and could not be moved back ({exc}): rename it back by hand"
+        return f"{_shown(src)} was moved to {_shown(trash)} and could not be moved back ({exc}): rename it back by hand"
     return ""
 
 
@@ -266,9 +279,9 @@ def _gone(storage: Storage, path: Path) -> bool:
 def _not_deleted(storage: Storage, src: Path, why: str) -> _Outcome:
     """Not deleted, logged: at INFO when another process deleted `src` first (the goal is met), else at WARNING."""
     if _gone(storage, src):
-        logger.info("Retention found %s already gone: another process deleted it meanwhile", src)
+        logger.info("Retention found %s already gone: another process deleted it meanwhile", _shown(src))
         return _Outcome(False)
-    logger.warning("Retention could not delete checkpoint %s (%s); it is left as it was", src, why)
+    logger.warning("Retention could not delete checkpoint %s (%s); it is left as it was", _shown(src), why)
     return _Outcome(False, why or "it could not be deleted")
 
 
@@ -291,11 +304,11 @@ def _remove(storage: Storage, path: Path, what: str) -> bool | None:
         storage.rmdir(path)
     except STORE_ERRORS as exc:
         if _gone(storage, path):
-            logger.info("%s at %s was removed by another process meanwhile", what, path)
+            logger.info("%s at %s was removed by another process meanwhile", what, _shown(path))
             return None
-        logger.warning("Could not remove %s at %s (%s); `torch-checkpointing gc` will retry", what, path, exc)
+        logger.warning("Could not remove %s at %s (%s); `torch-checkpointing gc` will retry", what, _shown(path), exc)
         return False
-    logger.info("Deleted %s (%s)", what, path)
+    logger.info("Deleted %s (%s)", what, _shown(path))
     return True
 
 
@@ -444,7 +457,7 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
         dead = None if storage.atomic_rename else _dead_claim(storage, Path(leftover.path))
         if dead is None:
             return "incomplete checkpoint at its final name (a store without atomic rename may still be writing it)"
-        logger.info("gc: %s is an unfinished save or delete whose claim is dead (%s)", leftover.path, dead)
+        logger.info("gc: %s is an unfinished save or delete whose claim is dead (%s)", _shown(leftover.path), dead)
         return None
     if leftover.owner_alive:
         return "its owner is alive"
@@ -498,16 +511,20 @@ def _restore(storage: Storage, leftover: Leftover, target: Path) -> bool | None:
         storage.rename(Path(leftover.path), target, is_directory=True)
     except STORE_ERRORS as exc:
         if _gone(storage, Path(leftover.path)):
-            logger.info("gc found %s already moved by another process (to %s, or away)", leftover.path, target)
+            logger.info(
+                "gc found %s already moved by another process (to %s, or away)", _shown(leftover.path), _shown(target)
+            )
             return None
-        logger.warning("gc could not move %s back to %s (%s); rename it by hand", leftover.path, target, exc)
+        logger.warning(
+            "gc could not move %s back to %s (%s); rename it by hand", _shown(leftover.path), _shown(target), exc
+        )
         return False
     _sync_parent(storage, target)
     logger.warning(
         "Restored checkpoint %s from %s: the save that replaced it was killed between its two renames, so the id "
         "held nothing (the unfinished save's temporary, if any, is garbage)",
-        target,
-        leftover.path,
+        _shown(target),
+        _shown(leftover.path),
     )
     return True
 
@@ -570,9 +587,9 @@ def _collect(storage: Storage, leftover: Leftover) -> bool | None:
             storage.rename(path, trash, is_directory=True)
         except STORE_ERRORS as exc:
             if _gone(storage, path):
-                logger.info("gc found %s already removed by another process", path)
+                logger.info("gc found %s already removed by another process", _shown(path))
                 return None
-            logger.warning("gc could not move %s aside (%s); left as it was", path, exc)
+            logger.warning("gc could not move %s aside (%s); left as it was", _shown(path), exc)
             return False
         return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")
 
@@ -601,11 +618,11 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
         changed = remove_saves_objects(storage, path, ours)
         storage.delete_object(marker, found[1])
     except STORE_ERRORS as exc:
-        logger.warning("gc could not remove the unfinished save at %s (%s); left as it is", path, exc)
+        logger.warning("gc could not remove the unfinished save at %s (%s); left as it is", _shown(path), exc)
         return False
     url = storage.remap_path(path)
     warn_left_in_place(url, [*others, *changed], f"gc of the unfinished save at {url}")
-    logger.info("gc removed the unfinished save at %s (its claim is dead)", path)
+    logger.info("gc removed the unfinished save at %s (its claim is dead)", _shown(path))
     return True
 
 
@@ -614,19 +631,19 @@ def _let_go_of_stray_claim(storage: Storage, path: Path) -> bool | None:
     claim judged dead (a conditional delete); the checkpoint itself is not touched."""
     marker = path / INCOMPLETE_MARKER
     if not isinstance(storage, ConditionalStorage):
-        logger.warning("gc cannot remove the claim %s conditionally on this store; left as it is", marker)
+        logger.warning("gc cannot remove the claim %s conditionally on this store; left as it is", _shown(marker))
         return False
     try:
         found = storage.read_object(marker)
         if found is None:
             return None  # let go of meanwhile
         if _dead_reason(found[0]) is None or not storage.delete_object(marker, found[1]):
-            logger.warning("gc left the claim %s: it changed since it was judged dead", marker)
+            logger.warning("gc left the claim %s: it changed since it was judged dead", _shown(marker))
             return False
     except STORE_ERRORS as exc:
-        logger.warning("gc could not remove the claim %s (%s); left as it is", marker, exc)
+        logger.warning("gc could not remove the claim %s (%s); left as it is", _shown(marker), exc)
         return False
-    logger.info("gc removed a stopped save's claim %s beside a committed checkpoint", marker)
+    logger.info("gc removed a stopped save's claim %s beside a committed checkpoint", _shown(marker))
     return True
 
 
@@ -691,7 +708,7 @@ class RetentionRunner:
             if self.policy.collect_garbage:
                 collect_garbage(root, self._storage, unowned_after_s=self.policy.unowned_after_s)
         except Exception:  # a retention pass never fails training
-            logger.warning("Retention pass under %s failed", root, exc_info=True)
+            logger.warning("Retention pass under %s failed", _shown(root), exc_info=True)
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the passes scheduled so far (tests, and close())."""
