@@ -274,3 +274,24 @@ def test_retention_names_an_s3_checkpoint_by_its_url(s3_server: S3Server, caplog
     assert not delete_checkpoint(f"{config.url}/run/step_1", storage)
     assert f"{config.url}/run/step_1 alone" in caplog.text, caplog.text
     assert "s3:/ckpt" not in caplog.text, caplog.text
+
+
+# ------------------------------------------------------------------------------- a URL id that leaves its bucket
+
+
+def test_a_url_id_whose_dots_leave_its_bucket_is_refused_naming_it(s3_server: S3Server) -> None:
+    """`s3://a/../b/step_1` was normalised to `b/step_1`: the save wrote into another bucket than the one its id
+    names, where retention and gc of `s3://a/...` never look (and a load read from there)."""
+    from torch_checkpointing.errors import ConfigError
+
+    config, other = s3_server.config(), s3_server.config()
+    bucket, other_bucket = config.url[5:], other.url[5:]
+    for crafted in (f"s3://{bucket}/../{other_bucket}/step_1", f"s3://{bucket}/run/../../{other_bucket}/step_1"):
+        with sync_manager(config) as manager, pytest.raises(ConfigError) as refused:
+            manager.save(crafted, state(1.0))
+        said = str(refused.value)
+        assert crafted in said and "'..'" in said and "drop the '..'" in said, said
+    assert other.create_storage().fs.find(other_bucket) == []  # nothing reached the other bucket
+    with sync_manager(config) as manager:  # '..' that stays inside the bucket names a key there, as before
+        manager.save(f"s3://{bucket}/run/x/../step_2", state(2.0))
+        assert float(manager.load(f"s3://{bucket}/run/step_2")["model"]["w"][0]) == 2.0

@@ -182,6 +182,17 @@ class FsspecStorageConfig(StorageConfig):
         return FsspecStorage(self)
 
 
+def _check_same_bucket(scheme: str, rest: str, name: str) -> None:
+    """Refuse an object-store URL whose `..` climbs out of the bucket it names (`s3://a/../b/k` is `b/k`): the save
+    wrote into another bucket, where retention and gc of the named one never look."""
+    bucket = rest.strip("/").split("/", 1)[0]
+    if name.split("/", 1)[0] != bucket or name in ("", "."):
+        raise ConfigError(
+            f"Checkpoint id {scheme}://{rest.lstrip('/')} leaves its bucket {bucket!r} through '..' (it names "
+            f"{scheme}://{name}). Give {scheme}://{name} as the id if that is meant; otherwise drop the '..'."
+        )
+
+
 def _protocols_of(fs: Any) -> frozenset[str]:
     """The schemes an fsspec filesystem answers to (`fs.protocol` is a name or a tuple of names)."""
     return frozenset({fs.protocol} if isinstance(fs.protocol, str) else fs.protocol)
@@ -314,7 +325,11 @@ class FsspecStorage(Storage):
                 f"configure a storage for that scheme."
             )
         backend = self._backend(scheme)
-        return backend, backend.name(text[match.end() :])  # every slash after the scheme: `Path` may fold them
+        rest = text[match.end() :]  # every slash after the scheme: `Path` may fold them
+        name = backend.name(rest)
+        if backend.object_store and ".." in rest.split("/"):
+            _check_same_bucket(match.group(1), rest, name)
+        return backend, name
 
     def _resolve(self, path: Path | str) -> tuple[_Backend, str]:
         """The filesystem and its name for a path: `bucket/key` for `s3://bucket/key` (or `s3:/bucket/key`)."""
