@@ -41,7 +41,7 @@ def _dead_pid() -> int:
 
 
 def _failing_save_with_user_puts(
-    s3_server: S3Server, tmp_path: Path, ckpt: str, user: dict[str, bytes]
+    s3_server: S3Server, tmp_path: Path, ckpt: str, user: dict[str, bytes], also: tuple[Rule, ...] = ()
 ) -> tuple[FsspecStorage, BaseException]:
     """Save `ckpt`, PUT `user`'s objects (a plain client) while it waits to create its manifest, then make the
     store refuse that manifest (a real 500 through the proxy). Returns the plain storage and the save's error."""
@@ -71,7 +71,7 @@ def _failing_save_with_user_puts(
                 time.sleep(0.02)
             for key, data in user.items():
                 storage.write(Path(key), data)
-            proxy.rules = [Rule(rf"^PUT \S*/{ckpt}/{MANIFEST_FILE_NAME}", 500, "InternalError")]
+            proxy.rules = [Rule(rf"^PUT \S*/{ckpt}/{MANIFEST_FILE_NAME}", 500, "InternalError"), *also]
         finally:
             release.touch()
             thread.join(timeout=_WAIT_S)
@@ -295,3 +295,17 @@ def test_a_url_id_whose_dots_leave_its_bucket_is_refused_naming_it(s3_server: S3
     with sync_manager(config) as manager:  # '..' that stays inside the bucket names a key there, as before
         manager.save(f"s3://{bucket}/run/x/../step_2", state(2.0))
         assert float(manager.load(f"s3://{bucket}/run/step_2")["model"]["w"][0]) == 2.0
+
+
+def test_a_cleanup_that_fails_names_the_prefix_and_the_gc_command_by_url(
+    s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store refuses the failed save's DELETEs: the warning said `s3:/bucket/run/step_4` and `torch-checkpointing
+    gc s3:/bucket/run`, a command that does not run."""
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    ckpt = "run/step_4"
+    refuse = Rule(r"^DELETE ", 500, "InternalError")
+    storage, _ = _failing_save_with_user_puts(s3_server, tmp_path, ckpt, {}, also=(refuse,))
+    url = storage.config.url
+    assert f"Could not remove the unfinished save at {url}/{ckpt}:" in caplog.text, caplog.text
+    assert f"`torch-checkpointing gc {url}/run`" in caplog.text, caplog.text

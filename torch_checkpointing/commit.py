@@ -885,10 +885,10 @@ class Commit:
                 logging.WARNING,
                 "Could not remove the unfinished save at %s: %s: %s. Delete it by hand, or run "
                 "`torch-checkpointing gc %s` (it removes what dead saves left there).",
-                root,
+                self._named(root),
                 type(exc).__name__,
                 exc,
-                root.parent,
+                self._named(root.parent),
             )
 
     def _remove_root(self) -> None:
@@ -947,6 +947,14 @@ class Commit:
             return self.others_write and path != self.target.tmp and stat.S_ISREG(st.st_mode)
         dev, ino, size = mine
         return (st.st_dev, st.st_ino) == (dev, ino) and size in (None, st.st_size)
+
+    def _named(self, path: Path) -> str:
+        """`path` as the store names it (an object store's URL: an id relative to its `url` root, or a `Path` that
+        folded `s3://` into `s3:/`, is no name `aws s3` or `torch-checkpointing gc` takes)."""
+        try:
+            return self.storage.remap_path(path)
+        except Exception:  # a message must not fail on a name the store cannot map
+            return str(path)
 
     def _discard_claimed(self, claims: ConditionalStorage) -> None:
         """Only under this save's own claim: the files first, the marker (the claim) last, and only if unchanged.
