@@ -29,6 +29,11 @@ _TURN_INTO_IMPORT_ERROR = "raise ImportError('cannot load module more than once 
 _PRELUDE = """
 import os, signal, sys, time
 
+# A command typed at a terminal: Ctrl-C unblocked, with Python's own handler. A process started from a test
+# worker may inherit SIGINT ignored or blocked (its launcher's state), which no terminal gives.
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 class _SignalDuringTorchImport:
     fired = False
 
