@@ -137,7 +137,8 @@ def test_a_failed_save_over_a_dead_saves_id_removes_only_what_it_wrote(
             while not held.exists():
                 assert thread.is_alive() and time.monotonic() < deadline, failed
                 time.sleep(0.02)
-            assert b"dead" not in storage.read(Path(ckpt) / INCOMPLETE_MARKER)  # taken over
+            taken = Claim.parse(storage.read(Path(ckpt) / INCOMPLETE_MARKER))
+            assert taken is not None and taken.token != dead.token, taken  # taken over
             for key, data in user.items():
                 storage.write(Path(key), data)
             proxy.rules = [Rule(rf"^PUT \S*/{ckpt}/{MANIFEST_FILE_NAME}", 500, "InternalError")]
