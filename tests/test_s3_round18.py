@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,22 @@ def _dead_pid() -> int:
 
 
 def _failing_save_with_user_puts(
-    s3_server: S3Server, tmp_path: Path, ckpt: str, user: dict[str, bytes], also: tuple[Rule, ...] = ()
+    s3_server: S3Server,
+    tmp_path: Path,
+    ckpt: str,
+    user: dict[str, bytes],
+    also: tuple[Rule, ...] = (),
+    before: Callable[[FsspecStorage], None] = lambda storage: None,
+    while_held: Callable[[FsspecStorage], None] = lambda storage: None,
 ) -> tuple[FsspecStorage, BaseException]:
     """Save `ckpt`, PUT `user`'s objects (a plain client) while it waits to create its manifest, then make the
-    store refuse that manifest (a real 500 through the proxy). Returns the plain storage and the save's error."""
+    store refuse that manifest (a real 500 through the proxy). Returns the plain storage and the save's error.
+
+    `before` runs on the plain storage before the save starts (the fixture makes a fresh bucket per config, so
+    this is the only way to write into the save's bucket), `while_held` once the save waits at its manifest."""
     config = s3_server.config()
     storage = config.create_storage()
+    before(storage)
     held, release = tmp_path / "held", tmp_path / "release"
     port = int(s3_server.endpoint.rsplit(":", 1)[1])
     failed: list[BaseException] = []
@@ -69,6 +80,7 @@ def _failing_save_with_user_puts(
             while not held.exists():
                 assert thread.is_alive() and time.monotonic() < deadline, failed
                 time.sleep(0.02)
+            while_held(storage)
             for key, data in user.items():
                 storage.write(Path(key), data)
             proxy.rules = [Rule(rf"^PUT \S*/{ckpt}/{MANIFEST_FILE_NAME}", 500, "InternalError"), *also]
@@ -109,43 +121,21 @@ def test_a_failed_save_over_a_dead_saves_id_removes_only_what_it_wrote(
     """The id holds a killed save's claim (its process is gone): the new save takes it over, then fails."""
     caplog.set_level(logging.WARNING, logger="torch_checkpointing")
     ckpt = "run/step_2"
-    config = s3_server.config()
     dead = Claim(token=".step_2.tmp-dead-1", uid="", host=os.uname().nodename, pid=_dead_pid(), created=time.time())
     user = {f"{ckpt}/eval/results.json": b'{"acc": 0.5}'}
-    # The same bucket as the save: the fixture makes a fresh one per config, so write through the save's own.
-    failed: list[BaseException] = []
-    held, release = tmp_path / "held", tmp_path / "release"
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
-    storage = config.create_storage()
-    storage.write(Path(ckpt) / INCOMPLETE_MARKER, dead.to_bytes())
-    with FaultProxy(port) as proxy:
-        options = fast_failing(s3_server.storage_options(), proxy.endpoint)
-        fs = HoldingS3FileSystem(**options, held_file=str(held), release_file=str(release), hold_on="manifest")
-        saving = FsspecStorageConfig(url=config.url, part_size=config.part_size, filesystem=fs)
 
-        def save() -> None:
-            try:
-                with sync_manager(saving) as manager:
-                    manager.save(ckpt, state(2.0))
-            except BaseException as exc:
-                failed.append(exc)
+    def taken_over(storage: FsspecStorage) -> None:
+        taken = Claim.parse(storage.read(Path(ckpt) / INCOMPLETE_MARKER))
+        assert taken is not None and taken.token != dead.token, taken
 
-        thread = threading.Thread(target=save)
-        thread.start()
-        try:
-            deadline = time.monotonic() + _WAIT_S
-            while not held.exists():
-                assert thread.is_alive() and time.monotonic() < deadline, failed
-                time.sleep(0.02)
-            taken = Claim.parse(storage.read(Path(ckpt) / INCOMPLETE_MARKER))
-            assert taken is not None and taken.token != dead.token, taken  # taken over
-            for key, data in user.items():
-                storage.write(Path(key), data)
-            proxy.rules = [Rule(rf"^PUT \S*/{ckpt}/{MANIFEST_FILE_NAME}", 500, "InternalError")]
-        finally:
-            release.touch()
-            thread.join(timeout=_WAIT_S)
-    assert len(failed) == 1 and isinstance(failed[0], CheckpointError), failed
+    storage, _ = _failing_save_with_user_puts(
+        s3_server,
+        tmp_path,
+        ckpt,
+        user,
+        before=lambda storage: storage.write(Path(ckpt) / INCOMPLETE_MARKER, dead.to_bytes()),
+        while_held=taken_over,
+    )
     _assert_only_users_left(storage, ckpt, user, caplog.text)
 
 
