@@ -76,6 +76,13 @@ class TCPStoreBarrier(Barrier):
         self._seq += 1
         channel.publish(f"{self._seq}/{self.rank_info.role_rank}", "arrived")
         try:
-            channel.gather(str(self._seq), self.rank_info.role_world_size, f"arrival at barrier {self._seq}")
+            channel.gather(
+                str(self._seq),
+                self.rank_info.role_world_size,
+                f"arrival at barrier {self._seq}",
+                during="TCPStoreBarrier",
+                call="execute_barrier()",
+                outcome="",
+            )
         except CommitError as exc:  # a barrier that times out is a TimeoutError, as it always was
             raise TimeoutError(str(exc)) from exc

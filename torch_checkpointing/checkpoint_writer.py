@@ -403,7 +403,7 @@ def _agree_on_the_commit(
     try:
         agree(step, transport, publish)
     except CommitError as exc:
-        rank_0 = channel.wait_value(f"{step}/0", 0)
+        rank_0 = _rank_0s_answer(channel, step)
         if rank_0 is None or not Contribution.from_json(rank_0).ok:
             if 0 in exc.failures and rank_0 is None:
                 reasons = "; ".join(f"rank {r}: {why}" for r, why in sorted(exc.failures.items()))
@@ -421,6 +421,18 @@ def _agree_on_the_commit(
             plan.checkpoint_dir,
             exc,
         )
+
+
+def _rank_0s_answer(channel: StoreChannel, step: str) -> str | None:
+    """What rank 0 answered to the commit step, if it did and its store (its trainer) is still there to say so.
+
+    A store gone with rank 0's trainer is no answer: before, its "lost contact with rank 0 ... No checkpoint was
+    committed by this save" escaped from here, although rank 0's writer may have published just before.
+    """
+    try:
+        return channel.wait_value(f"{step}/0", 0)
+    except CommitError:
+        return None
 
 
 def _files_step(plan: SavePlan) -> str:
@@ -467,7 +479,7 @@ def _settle(channel: StoreChannel, plan: SavePlan, committed: bool) -> None:
         channel.publish(f"ack/{plan.rank}", "seen")
         if plan.rank == 0:
             timeout = plan.timeout_s if committed else _VERDICT_GRACE_S
-            channel.gather("ack", plan.world_size, "that it saw the outcome", timeout_s=timeout)
+            channel.gather("ack", plan.world_size, "that it saw the outcome", timeout_s=timeout, outcome="")
     except CommitError as exc:  # a rank (or the store) gone after the outcome changes nothing about it
         log_safely(
             logger,

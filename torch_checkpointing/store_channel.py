@@ -70,8 +70,22 @@ class StoreChannel:
     def publish(self, name: str, value: str) -> None:
         self._call(lambda: self._store.set(self._key(name), value))
 
-    def gather(self, name: str, world_size: int, what: str, timeout_s: float | None = None) -> list[str]:
-        """Every rank's value for `name`, or a `CommitError` naming the ranks that never published."""
+    def gather(
+        self,
+        name: str,
+        world_size: int,
+        what: str,
+        timeout_s: float | None = None,
+        during: str = "Checkpoint commit",
+        call: str = "save()",
+        outcome: str = "No checkpoint was committed.",
+    ) -> list[str]:
+        """Every rank's value for `name`, or a `CommitError` naming the ranks that never published.
+
+        Its message is `during: rank(s) ... never called <call> ... <outcome>`: only the caller knows what the
+        wait was for and what a silent rank means there (nothing committed, before the commit; nothing at all, at
+        a user's barrier).
+        """
         keys = [self._key(f"{name}/{r}") for r in range(world_size)]
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
@@ -84,8 +98,8 @@ class StoreChannel:
             if time.monotonic() > deadline:
                 silent = sorted(pending)
                 raise CommitError(
-                    f"Checkpoint commit: rank(s) {silent} did not report {what} within {timeout_s:.0f}s (a rank "
-                    f"died, hung, or never called save()). No checkpoint was committed.",
+                    f"{during}: rank(s) {silent} did not report {what} within {timeout_s:.0f}s (a rank died, hung, "
+                    f"or never called {call}). {outcome}".rstrip(),
                     dict.fromkeys(silent, f"did not report {what} within {timeout_s:.0f}s"),
                 )
             time.sleep(delay)
