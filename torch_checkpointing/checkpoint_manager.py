@@ -637,7 +637,11 @@ class CheckpointManager:
             layouts = [{key: layout for key, (_, layout) in rep["layouts"].items()} for rep in reports]
             return self._metadata.serialize([rep["metadata"] for rep in reports], layouts)
 
-        metadata_json = agree(f"{what}: checking the target and building the metadata", ctx.transport, target)[0]
+        try:
+            metadata_json = agree(f"{what}: checking the target and building the metadata", ctx.transport, target)[0]
+        except BaseException:  # the metadata (a resharder's to_dict), or another rank, failed after they were made
+            remove_made(made)
+            raise
         self._seq = seq
         final = Path(checkpoint_id)
         self._storage.mkdir(final.parent if str(final.parent) else Path("."))

@@ -7,6 +7,7 @@ is extracted afresh from the `into=` templates every time (never cached), so eac
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -16,7 +17,7 @@ from torch_checkpointing.distributed_metadata import (
     ShardingMetadata,
     build_distributed_metadata,
 )
-from torch_checkpointing.errors import ConfigTypeError
+from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.schema import ResolvedItem
 
 __all__ = ["DefaultMetadataManager", "MetadataManager"]
@@ -45,6 +46,7 @@ class DefaultMetadataManager(MetadataManager):
                 continue
             extracted = resharder.extract_sharding_metadata(item.key, item.value)
             check_extracted(type(resharder).__name__, item.key, extracted)
+            check_storable(type(resharder).__name__, item.key, extracted)
             if extracted:
                 out[item.key] = extracted
         return out
@@ -73,3 +75,43 @@ def check_extracted(resharder: str, key: str, extracted: object) -> None:
                 f"{where} returned the entry {path!r}: {type(meta).__name__}; each key must be a nested path (a "
                 f"tuple such as ('w',)) and each value a ShardingMetadata (e.g. DTensorShardingMetadata)."
             )
+
+
+def check_storable(resharder: str, key: str, extracted: dict[Any, ShardingMetadata]) -> None:
+    """A save's metadata, checked before anything is written: what a resharder of the user's returns must be
+    JSON that metadata.json holds as it was given (the engine's own classes are)."""
+    for path, meta in extracted.items():
+        if not type(meta).__module__.startswith(_ENGINE):
+            where = f"{resharder}.extract_sharding_metadata for item '{key}', entry {path!r}"
+            _check_stored_json(f"{where}: {type(meta).__name__}.to_dict()", meta.to_compact_dict())
+
+
+_ENGINE = "torch_checkpointing."
+
+
+def _check_stored_json(where: str, value: object, field: str = "") -> None:
+    """Refuse, before anything is written, what metadata.json cannot hold as it was given.
+
+    A set or a tensor failed rank 0's save with a bare "Object of type set is not JSON serializable"; a NaN was
+    written as the non-standard `NaN`, so the save committed a checkpoint that every load then refused as damaged;
+    an int key came back as a str.
+    """
+    at = f" at {field!r}" if field else ""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigTypeError(f"{where} holds the {type(key).__name__} key {key!r}{at}: {_JSON_ONLY}")
+            _check_stored_json(where, item, f"{field}.{key}" if field else key)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_stored_json(where, item, f"{field}[{index}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} holds {value}{at}, which JSON has no number for: {_JSON_ONLY}")
+    elif value is not None and not isinstance(value, (str, int, float)):
+        raise ConfigTypeError(f"{where} holds a {type(value).__name__}{at}: {_JSON_ONLY}")
+
+
+_JSON_ONLY = (
+    "metadata.json stores only JSON values. Return str, int, finite float, bool, None, and lists and dicts with "
+    "str keys of those (e.g. a list for a set, tensor.tolist() for a tensor, None for a missing number)."
+)
