@@ -38,7 +38,13 @@ from torch_checkpointing.discovery import (
     resume_point,
     storage_for,
 )
-from torch_checkpointing.distributed_metadata import DistributedMetadata, read_distributed_metadata
+from torch_checkpointing.distributed_metadata import (
+    DistributedMetadata,
+    read_distributed_metadata,
+    sharding_type,
+    unknown_types_as_stored,
+)
+from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata
 from torch_checkpointing.errors import CheckpointError, ConfigError, IncompleteCheckpointError
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest
 from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
@@ -269,7 +275,7 @@ def _s(v: Any) -> str:
 
 
 def _sharding(storage: Storage, path: str) -> dict[str, list[dict[str, Any]]]:
-    with _open(storage, path, verify=False) as ctx:
+    with _open(storage, path, verify=False) as ctx, unknown_types_as_stored():
         metadata = read_distributed_metadata(ctx)
     return _sharding_rows(metadata)
 
@@ -287,7 +293,7 @@ def _sharding_rows(metadata: DistributedMetadata | None) -> dict[str, list[dict[
                 rows.append(
                     {
                         "tensor": ".".join(str(c) for c in nested),
-                        "type": g.sharding_metadata._type_name,
+                        "type": sharding_type(g.sharding_metadata),
                         "global_shape": d.get("global_shape"),
                         "dtype": d.get("dtype"),
                         "mesh_shape": mesh.get("mesh_shape"),
@@ -472,7 +478,8 @@ def _verify_metadata(ctx: CheckpointReadContext, name: str) -> _Check:
         if not check.ok:
             return check
     try:
-        read_distributed_metadata(ctx)
+        with unknown_types_as_stored():  # a user's resharder's class, which this process never imports
+            read_distributed_metadata(ctx)
     except (CheckpointError, ValueError, OSError) as exc:
         return _Check(name, False, str(exc))
     return _Check(name, True)
@@ -502,6 +509,12 @@ def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, res
     return out
 
 
+def _consolidated(sharding: dict[str, list[dict[str, Any]]], key: str) -> bool:
+    """Whether an item's tensors are compared whole across ranks: DTensors are; an item of a user's own resharder
+    (its metadata says nothing of tensors) is compared file by file, as one saved without a resharder."""
+    return any(row["type"] == DTensorShardingMetadata._type_name for row in sharding.get(key, []))
+
+
 def _decode_checked(ctx: CheckpointReadContext, rec: FileRecord, key: str) -> Any:
     from torch_checkpointing.encoding import decode
 
@@ -519,8 +532,8 @@ def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     rows += [{"item": k, "leaf": "", "status": "only in B", "detail": ""} for k in sorted(kb - ka)]
     for key in sorted(ka & kb):
         # each side as it was saved: a resharded item compares with one saved whole (one rank, no resharder)
-        la = _item_leaves(storage, Path(args.a), ma, key, key in sa)
-        lb = _item_leaves(storage, Path(args.b), mb, key, key in sb)
+        la = _item_leaves(storage, Path(args.a), ma, key, _consolidated(sa, key))
+        lb = _item_leaves(storage, Path(args.b), mb, key, _consolidated(sb, key))
         for leaf in sorted(set(la) | set(lb)):
             if leaf not in lb:
                 rows.append({"item": key, "leaf": leaf, "status": "only in A", "detail": ""})

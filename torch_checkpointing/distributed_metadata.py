@@ -54,6 +54,7 @@ __all__ = [
     "GlobalObjectMetadata",
     "ItemMetadata",
     "ShardingMetadata",
+    "StoredShardingMetadata",
     "build_distributed_metadata",
     "decode_rank_list",
     "encode_rank_list",
@@ -63,6 +64,8 @@ __all__ = [
     "nested_path_to_json",
     "parse_distributed_metadata",
     "read_distributed_metadata",
+    "sharding_type",
+    "unknown_types_as_stored",
 ]
 
 
@@ -109,6 +112,8 @@ class ShardingMetadata(ABC):
         if kind not in ShardingMetadata._registry:
             _register_builtin_types()
         cls = ShardingMetadata._registry.get(kind)
+        if cls is None and _as_stored.get():
+            return StoredShardingMetadata(kind, packed.get("data", {}))
         if cls is None:
             available = ", ".join(sorted(ShardingMetadata._registry))
             raise ValueError(
@@ -116,6 +121,55 @@ class ShardingMetadata(ABC):
                 "Import the module defining it before loading the checkpoint."
             )
         return cls.from_dict(packed.get("data", {}))
+
+
+class StoredShardingMetadata(ShardingMetadata, type_name="<stored>"):
+    """Sharding metadata of a type that no class imported in this process registers, kept as it is stored.
+
+    Only tools read metadata so (`unknown_types_as_stored`): `verify`, `inspect` and `diff` of a checkpoint saved
+    with a user's own resharder, whose metadata class the CLI never imports (nothing a checkpoint names is
+    imported). Before, such a healthy checkpoint read as "malformed" to every tool. No file can name this class.
+    """
+
+    def __init__(self, stored_type: str, data: Any) -> None:
+        if not isinstance(data, dict):
+            raise ValueError(f"the data of sharding metadata type {stored_type!r} is not an object: {data!r}")
+        self.stored_type = stored_type
+        self.data = data
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardingMetadata:
+        raise ValueError("stored sharding metadata is never resolved from a file")
+
+    @property
+    def equivalent_ranks(self) -> tuple[int, ...] | None:
+        return None
+
+    def _pack(self, compact: bool = False) -> dict[str, Any]:
+        return {"type": self.stored_type, "data": self.data}
+
+
+del ShardingMetadata._registry["<stored>"]
+_as_stored: contextvars.ContextVar[bool] = contextvars.ContextVar("_sharding_types_as_stored", default=False)
+
+
+@contextlib.contextmanager
+def unknown_types_as_stored() -> Iterator[None]:
+    """Within it, metadata parsed from a checkpoint keeps a sharding type no imported class registers as a
+    `StoredShardingMetadata` instead of refusing it (loads never do: their resharder needs the class)."""
+    token = _as_stored.set(True)
+    try:
+        yield
+    finally:
+        _as_stored.reset(token)
+
+
+def sharding_type(meta: ShardingMetadata) -> str:
+    """The type name a checkpoint stores for `meta`."""
+    return meta.stored_type if isinstance(meta, StoredShardingMetadata) else meta._type_name
 
 
 def encode_rank_list(ranks: Sequence[int]) -> list[int] | dict[str, list[list[int]]]:
