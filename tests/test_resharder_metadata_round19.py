@@ -115,3 +115,34 @@ def test_metadata_that_json_holds_still_saves_and_loads(tmp_path: Path) -> None:
     with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
         out = manager.load(str(tmp_path / "new" / "run" / "step_1"), into={"loader": None})
     assert out == {"loader": {"position": 3}}
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    """`levels` values deep, counting the innermost number, as a load's metadata.json reader counts."""
+    value: Any = 1
+    for _ in range(levels - 1):
+        value = {"k": value}
+    return value
+
+
+def test_metadata_as_deep_as_a_load_reads_saves_and_verifies_deeper_is_refused(tmp_path: Path) -> None:
+    from torch_checkpointing.cli import main
+    from torch_checkpointing.distributed_metadata import STORED_DATA_DEPTH
+
+    # to_dict() is {"value": v}: one level more than v
+    _save(tmp_path / "deepest", _Position(_nested(STORED_DATA_DEPTH - 1)))
+    assert main(["verify", str(tmp_path / "deepest" / "new" / "run" / "step_1")]) == 0
+    with pytest.raises(ConfigError, match=f"nests deeper than {STORED_DATA_DEPTH} levels"):
+        _save(tmp_path / "deeper", _Position(_nested(STORED_DATA_DEPTH)))
+    assert not (tmp_path / "deeper").exists()
+
+
+def test_metadata_larger_than_a_load_reads_is_refused_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch_checkpointing.metadata_manager as metadata_manager
+
+    monkeypatch.setattr(metadata_manager, "MAX_METADATA_BYTES", 400)  # the real bound is 256 MiB
+    with pytest.raises(ConfigError, match="larger than a load reads back"):
+        _save(tmp_path, _Position("x" * 400))
+    assert _created(tmp_path) == [], _created(tmp_path)

@@ -38,6 +38,11 @@ from torch_checkpointing.types import NestedPath
 
 METADATA_FILE_NAME = "metadata.json"
 METADATA_VERSION = "3.0"
+# How deep metadata.json may nest for a load to read it (every value counts, a number as much as an object), and
+# so how deep a ShardingMetadata's data may (its object is the 8th level: the file, metadata, the item,
+# nested_path_to_metadata, the path's groups, a group, sharding_metadata, data).
+METADATA_MAX_DEPTH = 64
+STORED_DATA_DEPTH = METADATA_MAX_DEPTH - 7
 # 2.0 lists every rank of every mesh and group explicitly; 3.0 (same structure) writes such lists as
 # arithmetic runs, so a tensor's entry no longer grows with the world size. Both are read.
 READABLE_METADATA_VERSIONS = ("2.0", "3.0")
@@ -48,6 +53,8 @@ _DECODE_BUDGET = 1 << 24
 
 __all__ = [
     "METADATA_FILE_NAME",
+    "METADATA_MAX_DEPTH",
+    "STORED_DATA_DEPTH",
     "CheckpointMetadata",
     "DistributedItemMetadata",
     "DistributedMetadata",
@@ -601,7 +608,7 @@ def parse_distributed_metadata(data: bytes, where: str, keys: Collection[str] | 
     `ShardingMetadata` subclasses, and a JSON layout's recorded class is dropped (a source file is read for
     its tensors only; the class that rebuilds a JSON item is the one the caller's own config names).
     """
-    value = parse_json_bounded(data, where)
+    value = parse_json_bounded(data, where, METADATA_MAX_DEPTH)
     if not isinstance(value, dict):
         raise CorruptCheckpointError(f"{where} is not a JSON object.")
     if keys is not None and isinstance(value.get("metadata"), dict):

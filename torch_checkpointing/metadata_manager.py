@@ -12,12 +12,14 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from torch_checkpointing.distributed_metadata import (
+    STORED_DATA_DEPTH,
     DistributedMetadata,
     ItemMetadata,
     ShardingMetadata,
     build_distributed_metadata,
 )
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
+from torch_checkpointing.read_context import MAX_METADATA_BYTES
 from torch_checkpointing.schema import ResolvedItem
 
 __all__ = ["DefaultMetadataManager", "MetadataManager"]
@@ -57,7 +59,15 @@ class DefaultMetadataManager(MetadataManager):
         return build_distributed_metadata(per_rank, per_rank_layouts, len(per_rank))
 
     def serialize(self, per_rank: list[dict[str, ItemMetadata]], per_rank_layouts: list[dict[str, Any]]) -> str:
-        return self.compute_metadata(per_rank, per_rank_layouts).to_json()
+        """metadata.json's text; one larger than a load reads back is refused before it is written."""
+        text = self.compute_metadata(per_rank, per_rank_layouts).to_json()
+        if len(text) > MAX_METADATA_BYTES:  # json.dumps writes ASCII: one byte per character
+            raise ConfigError(
+                f"The sharding metadata of this save is {len(text)} bytes, larger than a load reads back "
+                f"({MAX_METADATA_BYTES}): a resharder's ShardingMetadata.to_dict() returns too much. Store the data "
+                f"itself in the item, and only what resharding needs in its metadata."
+            )
+        return text
 
 
 def check_extracted(resharder: str, key: str, extracted: object) -> None:
@@ -89,7 +99,7 @@ def check_storable(resharder: str, key: str, extracted: dict[Any, ShardingMetada
 _ENGINE = "torch_checkpointing."
 
 
-def _check_stored_json(where: str, value: object, field: str = "") -> None:
+def _check_stored_json(where: str, value: object, field: str = "", depth: int = 1) -> None:
     """Refuse, before anything is written, what metadata.json cannot hold as it was given.
 
     A set or a tensor failed rank 0's save with a bare "Object of type set is not JSON serializable"; a NaN was
@@ -97,14 +107,19 @@ def _check_stored_json(where: str, value: object, field: str = "") -> None:
     an int key came back as a str.
     """
     at = f" at {field!r}" if field else ""
+    if depth > STORED_DATA_DEPTH:
+        raise ConfigError(
+            f"{where} nests deeper than {STORED_DATA_DEPTH} levels{at}, deeper than a load reads metadata.json "
+            f"back. Flatten it (e.g. a list of records instead of nested objects)."
+        )
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ConfigTypeError(f"{where} holds the {type(key).__name__} key {key!r}{at}: {_JSON_ONLY}")
-            _check_stored_json(where, item, f"{field}.{key}" if field else key)
+            _check_stored_json(where, item, f"{field}.{key}" if field else key, depth + 1)
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            _check_stored_json(where, item, f"{field}[{index}]")
+            _check_stored_json(where, item, f"{field}[{index}]", depth + 1)
     elif isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{where} holds {value}{at}, which JSON has no number for: {_JSON_ONLY}")
     elif value is not None and not isinstance(value, (str, int, float)):
