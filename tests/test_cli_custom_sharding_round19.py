@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.config import SyncCheckpointSaverConfig
@@ -57,7 +58,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     items = {"loader": ItemSpec(resharder=_LoaderResharder())}
     with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), items=items)) as manager:
         for name, position in (("a", 3), ("b", 3), ("c", 4)):
-            manager.save(str(root / name), {"loader": {"position": position}, "step": 1})
+            manager.save(str(root / name), {"loader": {"position": position, "seen": torch.arange(4.0)}, "step": 1})
     return root
 
 
@@ -88,3 +89,13 @@ def test_diff_compares_checkpoints_with_custom_sharding(saved: Path) -> None:
     assert differs.returncode == 1, differs.stdout + differs.stderr
     rows = json.loads(differs.stdout)["differences"]
     assert [(r["item"], r["status"]) for r in rows] == [("loader", "differs")], rows
+
+
+def test_export_takes_an_item_of_a_custom_resharder_as_saved(saved: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "hf"
+    proc = _cli("export", str(saved / "a"), "--item", "loader", "--to", "hf", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (shard,) = out.glob("*.safetensors")
+    assert torch.equal(load_file(shard)["seen"], torch.arange(4.0))

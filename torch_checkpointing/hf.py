@@ -40,6 +40,7 @@ from torch_checkpointing.distributed_metadata import (
     METADATA_FILE_NAME,
     DistributedItemMetadata,
     read_distributed_metadata,
+    unknown_types_as_stored,
 )
 from torch_checkpointing.dtensor_metadata import (
     DTensorShardingMetadata,
@@ -172,7 +173,8 @@ class _ItemSource:
         records = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
         if not records:
             raise KeyError(f"Checkpoint {checkpoint} has no item '{key}'; it holds {sorted(manifest.keys())}.")
-        metadata = read_distributed_metadata(self._ctx, [key])
+        with unknown_types_as_stored():  # a user's resharder's class, which an export never imports
+            metadata = read_distributed_metadata(self._ctx, [key])
         self.item_metadata: DistributedItemMetadata | None = metadata.metadata.get(key) if metadata else None
         self._formats = {r.rank: r.serialization_format(checkpoint / MANIFEST_FILE_NAME) for r in records}
         self._paths = {r.rank: r.path for r in records}
