@@ -21,7 +21,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,12 @@ def fresh(tmp_path: Path) -> Iterator[tuple[CheckpointManager, Control]]:
 
 def _state(value: float) -> dict[str, Any]:
     return {"model": {"w": torch.full((8,), value)}}
+
+
+def _wait_until(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _loaded(manager: CheckpointManager, checkpoint_id: str) -> float:
@@ -152,9 +158,10 @@ def test_close_from_another_thread_waits_for_a_running_save(
         except BaseException as exc:
             outcome["error"] = exc
 
+    copies = SlowCopy.copies
     saver = threading.Thread(target=save)
     saver.start()
-    time.sleep(0.5)  # the save is in its staging copy
+    _wait_until(lambda: SlowCopy.copies > copies or not saver.is_alive())  # the save is in its staging copy
     manager.close()
     saver.join(WAIT_S)
     assert outcome == {"result": None}, outcome
@@ -376,7 +383,8 @@ if __name__ == "__main__":
 
     saver = threading.Thread(target=save)
     saver.start()
-    time.sleep(0.5)
+    while SlowCopy.copies == 0 and saver.is_alive():  # until the save is in its staging copy
+        time.sleep(0.01)
     threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
     try:
         manager.close()
@@ -387,14 +395,16 @@ if __name__ == "__main__":
     print(f"save: {outcome}", flush=True)
     writer = manager.writer_pid
     manager.close()
-    time.sleep(1.0)
-    try:
-        os.kill(writer, 0)
-        print("writer: alive after close", flush=True)
-    except ProcessLookupError:
-        print("writer: stopped", flush=True)
-    except TypeError:
-        print("writer: none", flush=True)
+    state, deadline = "alive after close", time.monotonic() + 60
+    while state == "alive after close" and time.monotonic() < deadline:  # its exit saves coverage data in CI
+        try:
+            os.kill(writer, 0)
+            time.sleep(0.05)
+        except ProcessLookupError:
+            state = "stopped"
+        except TypeError:
+            state = "none"
+    print(f"writer: {state}", flush=True)
 """
 
 
