@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -35,12 +34,22 @@ WORLD = 3
 TIMEOUT_S = 6  # save.wait_timeout_secs: the gloo group's timeout too
 BOUND_S = 2 * TIMEOUT_S + 15  # the roll call waits at most the collective's timeout and a grace past it
 REPO = Path(__file__).resolve().parent.parent
+_STORE_WAIT = timedelta(seconds=120)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _store(rank: int, out_dir: str) -> dist.TCPStore:
+    """Rank 0 hosts the store on a port the kernel picks and publishes it in `out_dir` (a port picked in the
+    parent could be taken by another process before rank 0, seconds later, binds it)."""
+    published = Path(out_dir, "port")
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False, timeout=_STORE_WAIT)
+        Path(out_dir, "port.tmp").write_text(str(store.port))
+        os.replace(Path(out_dir, "port.tmp"), published)
+        return store
+    deadline = time.monotonic() + _STORE_WAIT.total_seconds()
+    while not published.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return dist.TCPStore("127.0.0.1", int(published.read_text()), WORLD, is_master=False, timeout=_STORE_WAIT)
 
 
 def _attempt(fn: Any) -> dict[str, Any]:
@@ -53,15 +62,15 @@ def _attempt(fn: Any) -> dict[str, Any]:
     return {"result": result, "elapsed": time.monotonic() - started}
 
 
-def _rank(rank: int, port: int, root: str, out_dir: str, scenario: str) -> None:
+def _rank(rank: int, root: str, out_dir: str, scenario: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     from torch_checkpointing import CheckpointManager
     from torch_checkpointing import checkpoint_manager as cm
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
-    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=120))
+    store = _store(rank, out_dir)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=_STORE_WAIT)
 
     def manager() -> CheckpointManager:
         config = CheckpointManager.Config.with_sync_save()
@@ -116,8 +125,7 @@ def _launch(root: Path, scenario: str) -> dict[int, dict[str, Any]]:
     out_dir.mkdir()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(root), str(out_dir), scenario)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank, args=(r, str(root), str(out_dir), scenario)) for r in range(WORLD)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + 240
