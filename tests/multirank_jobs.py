@@ -87,9 +87,18 @@ def commit_protocol(root: str) -> dict[str, Any]:
     return out
 
 
+def _release_once_the_others_gave_up(control: Control, root: Path, blocked_in: list[int]) -> None:
+    blocked_in.append(control.wait_blocked(120))
+    others = [root / f"gave_up_{r}" for r in range(dist.get_world_size()) if r != dist.get_rank()]
+    deadline = time.monotonic() + 120
+    while not all(p.exists() for p in others) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    control.reset()
+
+
 def dead_rank(root: str) -> dict[str, Any]:
     """Rank 1 agrees on the plan, then its write hangs: the others fail within the timeout, naming it, and
-    nothing is committed. (Rank 1's storage blocks in its item file until long after the others gave up.)"""
+    nothing is committed. (Rank 1's storage blocks in its item file until the others gave up.)"""
     rank = dist.get_rank()
     cfg = _config(False)
     cfg.save.wait_timeout_secs = 5
@@ -98,13 +107,10 @@ def dead_rank(root: str) -> dict[str, Any]:
     blocked_in: list[int] = []
     if rank == 1:
         control.block("x_1.pt")
-
-        def release_later() -> None:  # once the others have given up
-            blocked_in.append(control.wait_blocked())
-            time.sleep(8)
-            control.reset()
-
-        threading.Thread(target=release_later, daemon=True).start()
+        release = threading.Thread(
+            target=_release_once_the_others_gave_up, args=(control, Path(root), blocked_in), daemon=True
+        )
+        release.start()
     manager = CheckpointManager(cfg)
     out: dict[str, Any] = {"rank": rank}
     target = Path(root) / "ck"
@@ -113,6 +119,7 @@ def dead_rank(root: str) -> dict[str, Any]:
         out["error"] = None
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
+    Path(root, f"gave_up_{rank}").touch()
     out["blocked"] = blocked_in == [os.getpid()]  # rank 1's write did hang, in this (the sync saver's) process
     out["exists"] = target.exists()
     return out
