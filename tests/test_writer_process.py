@@ -28,6 +28,19 @@ def slow_init(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def _wait_dead(pid: int, timeout_s: float = 60) -> None:
+    """Until `pid` is a zombie or reaped: a SIGKILL takes effect when the kernel next runs the process."""
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return
+        except OSError:
+            return
+        time.sleep(0.01)
+
+
 def _request(root: Path, name: str) -> WriteRequest:
     entry = WriteEntry("w", "w_0.pt", TorchSerialization(), torch.ones(2))
     plan = SavePlan(checkpoint_dir=str(root / name), tmp_dir=str(root / f".{name}.tmp"), rank=0, world_size=1)
@@ -69,7 +82,7 @@ def test_a_writer_killed_between_saves_is_replaced_and_logged(tmp_path: Path, ca
         pid = manager.writer_pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        time.sleep(0.5)
+        _wait_dead(pid)
         with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
             manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)}).result(timeout=180)  # type: ignore[union-attr]
         assert manager.writer_pid not in (None, pid)
