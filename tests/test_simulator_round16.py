@@ -45,7 +45,7 @@ def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> 
     pytest.fail(f"never printed {needle!r}; printed: {''.join(seen)[-2000:]}")
 
 
-def _session_gone(pgid: int, timeout: float = 15.0) -> bool:
+def _session_gone(pgid: int, timeout: float = 60.0) -> bool:
     """Whether every process of the simulator's session (ranks, writers) has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
