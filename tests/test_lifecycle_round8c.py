@@ -251,8 +251,11 @@ class StorageSlowToSendToANewWriter(LocalFileSystemStorageConfig):
     """Pickling it for a spawned writer takes `slow_s` once armed (a config that gathers state when sent)."""
 
     slow_s: ClassVar[float] = 0.0
+    sending: ClassVar[threading.Event] = threading.Event()  # set once a slow send has begun
 
     def __getstate__(self) -> dict[str, Any]:
+        if type(self).slow_s:
+            type(self).sending.set()
         time.sleep(type(self).slow_s)
         return dict(self.__dict__)
 
@@ -261,6 +264,7 @@ def test_close_that_gives_up_on_a_save_waiting_for_the_writer_logs_why(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     StorageSlowToSendToANewWriter.slow_s = 0.0
+    StorageSlowToSendToANewWriter.sending.clear()
     config = _async_config(storage_config=StorageSlowToSendToANewWriter(use_direct_io=False))
     config.save.wait_timeout_secs = 1
     config.save.process_config = CheckpointProcessConfig(subprocess_shutdown_timeout_secs=1)
@@ -274,7 +278,8 @@ def test_close_that_gives_up_on_a_save_waiting_for_the_writer_logs_why(
         time.sleep(0.01)
     future = manager.save(str(tmp_path / "step_1"), {"w": torch.ones(4)})
     assert future is not None
-    time.sleep(0.5)  # the save now waits for the replacement writer, holding the writer
+    # the replacement's spawn began once the save, holding the writer, found the old one dead
+    assert StorageSlowToSendToANewWriter.sending.wait(WAIT_S), "the save never restarted the writer"
     with caplog.at_level(logging.WARNING, logger="torch_checkpointing"), pytest.raises(CheckpointError):
         manager.close()
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("close():")]
