@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 TEST_PART_SIZE = 5 << 20  # S3's smallest part: small test files still take the multipart path
-_START_TIMEOUT_S = 30.0
+_START_TIMEOUT_S = 90.0  # ends once the server answers; moto's imports take seconds, more under coverage
 _STOP_TIMEOUT_S = 10.0
 
 

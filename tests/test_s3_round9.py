@@ -319,13 +319,13 @@ def _restart_on(endpoint: str, log_dir: Path) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port], stdout=log, stderr=subprocess.STDOUT
         )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and process.poll() is None:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", int(port)), timeout=1):
             return process
         time.sleep(0.1)
     process.kill()
-    raise RuntimeError(f"moto did not restart on port {port}")
+    raise RuntimeError(f"moto did not restart on port {port} (exit code {process.poll()})")
 
 
 def test_a_server_killed_mid_upload_fails_the_save_naming_the_object_and_a_restarted_one_takes_the_next(
