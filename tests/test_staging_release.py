@@ -22,9 +22,10 @@ from tests.probes import memory_maps
 from torch_checkpointing import staging
 from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
 
-# How long the slowed release holds a slab: what a caller that frees inline would wait before it returns.
-HOLD_S = 3.0
-GONE_TIMEOUT_S = 10.0
+# How long the slowed release holds a slab unless let go: what a caller that frees inline would wait before it
+# returns. Long, so that a busy machine cannot see the hold end before the test has looked at it.
+HOLD_S = 30.0
+GONE_TIMEOUT_S = 30.0
 
 
 def _stager(staging_dir: str | None = None) -> DefaultStager:
@@ -126,7 +127,7 @@ def test_a_released_slab_is_freed_off_the_callers_thread(
         stager.close()
 
 
-def _wait_for_free_threads(timeout: float = 10.0) -> None:
+def _wait_for_free_threads(timeout: float = GONE_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while any(t.name == "ckpt-staging-free" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
