@@ -46,17 +46,17 @@ def test_a_condition_lock_left_held_by_a_waiter_does_not_stop_the_worker() -> No
 def test_shutdown_with_cancel_futures_fails_the_queued_calls() -> None:
     pool = WorkerPool(1, "t-cancel")
     go = threading.Event()
-    running = pool.submit(go.wait, 5)
+    running = pool.submit(go.wait, 60)
     queued = [pool.submit(lambda: "ran") for _ in range(3)]
     stopper = threading.Thread(target=pool.shutdown, kwargs={"wait": True, "cancel_futures": True})
     stopper.start()
-    time.sleep(0.1)
+    for future in queued:  # failed while the running call still runs
+        assert isinstance(future.exception(30), CancelledError)
+    assert stopper.is_alive()  # shutdown(wait=True) waits for it
     go.set()
     stopper.join(10)
     assert not stopper.is_alive()
     assert running.result(5) is True
-    for future in queued:
-        assert isinstance(future.exception(5), CancelledError)
     with pytest.raises(RuntimeError, match="after shutdown"):
         pool.submit(lambda: None)
 
