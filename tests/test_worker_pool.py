@@ -81,11 +81,14 @@ def test_map_bounded_keeps_order_and_its_concurrency_bound() -> None:
     pool = WorkerPool(1, "t-map")
     lock = threading.Lock()
     running = [0, 0]  # now, most
+    first_three = threading.Barrier(3, timeout=30)  # they run at once, whenever the threads get to run
 
     def work(x: int) -> int:
         with lock:
             running[0] += 1
             running[1] = max(running[1], running[0])
+        if x < 3:
+            first_three.wait()
         time.sleep(0.01)
         with lock:
             running[0] -= 1
