@@ -36,6 +36,9 @@ local_only = pytest.mark.local_only
 pytestmark = pytest.mark.durability
 NOT_MEASURED = "not measured: "
 INSTANTS = 10
+# The calibration and each instant's case start a saving child and, async, its writer: 10 s and more apiece
+# under coverage on a busy 2-core machine (130 s for the async series, against the 180 s it had).
+KILL_SERIES_TIMEOUT_S = 30.0 * (INSTANTS + 2)
 FSIZE_LIMITS = (0, 100, 4096, 200_000)  # bytes: every file, the JSON item's, the tensors' (256 KiB each)
 
 
@@ -112,7 +115,8 @@ def _in_flight(at_kill: list[str]) -> None:
     "mode", [pytest.param("sync", marks=clause("DUR-KILL-1")), pytest.param("async", marks=clause("DUR-KILL-2"))]
 )
 def test_killed_save_leaves_old_or_new(ckpt_root: Where, mode: str) -> None:
-    out = faults.run_json("kill-series", {"root": str(ckpt_root), "mode": mode, "instants": INSTANTS})
+    args = {"root": str(ckpt_root), "mode": mode, "instants": INSTANTS}
+    out = faults.run_json("kill-series", args, timeout=KILL_SERIES_TIMEOUT_S)
     assert not out.get("timeout"), "the kill series did not finish"
     calibration = out["calibration"]
     _overwrites(calibration, faults.classify(ckpt_root / "calibration" / "ck", {"old": 1, "new": 2}), "a kill over it")
