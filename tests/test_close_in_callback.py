@@ -40,8 +40,8 @@ _SCRIPT = textwrap.dedent(
 
         first.add_done_callback(callback)
         second = manager.save(f"{root}/b", state)  # queued behind the callback on the comm thread
-        assert done.wait(30), "the call in the done-callback hung"
-        second.result(30)
+        assert done.wait(120), "the call in the done-callback hung"  # after the first save, writer spawn included
+        second.result(120)
         if action == "save":
             outcome[0].result(60)
             manager.close()

@@ -22,7 +22,7 @@ import torch
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
-WAIT_S = 30.0
+WAIT_S = 60.0  # also the first async save's bound, which includes spawning the writer
 BROKEN = "the log handler's socket is gone"
 
 
