@@ -12,6 +12,7 @@ the reason, having changed nothing in the caller's objects. So a load runs in tw
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -250,9 +251,10 @@ class CheckpointLoader:
         copied = copied if copied is not None else _Copied()
         loaded, unhandled = copied.loaded, copied.unhandled
         known = set(report.missing)  # a planned job's unfillable paths were found by the check phase
-        # A custom resharder's `load` reads what it likes, so the check phase could not check it (its damaged
-        # block raises as it reads): it runs first, before the engine has copied into any template. Run in item
-        # order, a failure there left the items before it restored and the rest not.
+        # A resharder's own `load` (user code) copies into its template itself, as it reads: the check phase
+        # verified every file of its item whole, but a read of any other file, or its own code, can still fail
+        # midway. So it runs first, before the engine has copied into any template; run in item order, such a
+        # failure leaves the items before it restored and the rest not (`_partly_restored` says so).
         unchecked = [p for p in plans if isinstance(p, _Reshard) and not _engine_runs(p)]
         checked = [p for p in plans if not isinstance(p, _Reshard) or _engine_runs(p)]
         for n, plan in enumerate(unchecked if unchecked_only else [*unchecked, *checked]):
@@ -265,7 +267,12 @@ class CheckpointLoader:
                     item_key=plan.item.key, source=plan.value, target=plan.item.value, unexpected=[]
                 )
                 continue
-            failed = (CheckpointPath(plan.item.key, tuple(p)) for p in self._reshard(ctx, plan))
+            try:
+                failed = [CheckpointPath(plan.item.key, tuple(p)) for p in self._reshard(ctx, plan)]
+            except Exception as exc:
+                if not _engine_runs(plan):
+                    _partly_restored(ctx.root, plan, [p.item.key for p in unchecked if p.item.key in loaded], exc)
+                raise
             unhandled.extend(p for p in failed if p not in known)
             loaded[plan.item.key] = plan.item.value
         if strict and unhandled:
@@ -383,7 +390,14 @@ class CheckpointLoader:
             return None
         plan = _Reshard(item, source, target, self._reshard_job(ctx, item, source, target))
         for rel in self._source_files(plan):
-            ctx.check(rel, f"resharding source of item '{item.key}'")
+            what = f"resharding source of item '{item.key}'"
+            ctx.check(rel, what)
+            if plan.job is None:
+                # A custom resharder's `load` copies into the template as it reads, and nothing says what it will
+                # read: every file of the item is checked whole now, with the direct items' files (the check phase
+                # waits for them all), so a damaged one raises before the first copy. Its reads then reuse the
+                # check (no block is checked twice; on object stores the fetched object is kept for them).
+                ctx.start_whole(rel, what)
         return plan
 
     def _reshard_job(
@@ -528,6 +542,23 @@ def _check_values_filled_once(plan: _Reshard, containers: dict[int, Any]) -> Non
         walk_checkpoint_structure(
             item_key=job.item_key, source=saved, target=target, dry_run=True, at=path, containers=containers
         )
+
+
+def _partly_restored(root: Path, plan: _Reshard, done: list[str], exc: Exception) -> None:
+    """Say (WARNING, and a note on the error) that a resharder's own `load` failed after it may have written into
+    its template: what the check phase checks for it passed, so what failed is a read beyond that (which the check
+    phase could not know of) or its own code. The error it raised does not say so itself."""
+    name = type(plan.item.spec.resharder).__name__
+    checked = "every planned block of the item" if plan.job is not None else "every file of the item"
+    before = f"; the resharders of items {done} had already restored theirs" if done else ""
+    said = (
+        f"Load of {root}: {name}.load for item '{plan.item.key}' failed ({type(exc).__name__}) after {checked} had "
+        f"been verified; it may have written part of the template of '{plan.item.key}' before it failed{before}. "
+        f"No other template was changed. Load again (an earlier checkpoint) to restore them whole."
+    )
+    logger.warning("%s", said)
+    if sys.version_info >= (3, 11):
+        exc.add_note(said)
 
 
 def _unfilled(root: Path, unhandled: list[CheckpointPath], others: str) -> TemplateMismatchError:
