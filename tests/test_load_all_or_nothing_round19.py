@@ -230,7 +230,7 @@ def _expect_failed_load(m: CheckpointManager, root: Path, damaged: Path, strict:
 # the check phase (sizes, listing) already: kept, they guard that promise.
 @pytest.mark.parametrize("strict", [False, True])
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-@pytest.mark.parametrize("kind", ["custom-ranged"])
+@pytest.mark.parametrize("kind", ["custom-ranged", "dtensor-override"])
 def test_a_resharder_with_its_own_load_changes_no_template_when_its_file_is_damaged(
     tmp_path: Path, new_manager: Any, kind: str, damage: str, strict: bool
 ) -> None:
@@ -258,7 +258,7 @@ def test_a_damaged_item_file_on_other_load_paths_changes_no_template(
 # check phase) leaves every template, the resharded items' included, untouched.
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 @pytest.mark.parametrize("damaged_key", ["first", "extra"])
-@pytest.mark.parametrize("kind", ["custom-ranged", "dtensor", "direct"])
+@pytest.mark.parametrize("kind", ["custom-ranged", "dtensor-override", "dtensor", "direct"])
 def test_a_damaged_file_of_another_item_changes_no_template(
     tmp_path: Path, new_manager: Any, kind: str, damaged_key: str, damage: str
 ) -> None:

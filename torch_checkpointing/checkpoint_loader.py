@@ -418,18 +418,17 @@ class CheckpointLoader:
         return sorted({checked_relative_path(layout.file_path, where) for layout in layouts})
 
     def _precheck_reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> list[CheckpointPath]:
-        """Phase 1 for a planned job: raise what its copy would raise; returns the paths it cannot fill (so a
-        strict load refuses before the first copy). A job the copy phase will not run (a subclass with its own
-        `load`, which reads what it likes) is only planned: checking its blocks here would fetch them, hold
-        them to the end of the load, and leave the subclass's `load` to fetch them again."""
-        from torch_checkpointing.dtensor_resharder import check_reshard_job, planned_job_runner
+        """Phase 1 for a planned job: raise what its copy would raise, its every block checked (and on a store
+        fetched) before the first copy; returns the paths it cannot fill (so a strict load refuses first). That
+        holds for a subclass with its own `load` too: the checked job is offered to `DTensorResharder.load` when
+        that `load` calls it (`offering_checked_job`), so its blocks are not fetched twice; the paths reported are
+        then what the `load` returns."""
+        from torch_checkpointing.dtensor_resharder import check_reshard_job
 
         if plan.job is None:
             return []
-        resharder = plan.item.spec.resharder
-        if resharder is None or planned_job_runner(resharder) is None:
-            return []
-        return [CheckpointPath(plan.item.key, tuple(p)) for p in check_reshard_job(plan.job, ctx.storage_view())]
+        failed = [CheckpointPath(plan.item.key, tuple(p)) for p in check_reshard_job(plan.job, ctx.storage_view())]
+        return failed if _engine_runs(plan) else []
 
     def _reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> list[NestedPath]:
         """Phase 2 for one resharded item: the checked job where it stands in for `load`, else the `load` call."""
@@ -441,7 +440,13 @@ class CheckpointLoader:
         runner = planned_job_runner(resharder)
         if runner is not None and plan.job is not None:
             return runner.load_planned(plan.job, view)
-        unfilled = resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
+        if plan.job is None:
+            unfilled = resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
+        else:
+            from torch_checkpointing.dtensor_resharder import offering_checked_job
+
+            with offering_checked_job(plan.job):
+                unfilled = resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
         return _checked_unfilled(type(resharder).__name__, plan.item.key, unfilled)
 
     def _decode(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:
@@ -535,7 +540,7 @@ def _check_values_filled_once(plan: _Reshard, containers: dict[int, Any]) -> Non
     from torch_checkpointing.traversal import get_path
 
     job = plan.job
-    if job is None or not job.prepared:  # not planned here: a custom `load` fills it
+    if job is None or not job.prepared or not _engine_runs(plan):  # a custom `load` fills it
         return
     for path, saved in job.prepared[0].collected.values:
         target = get_path(job.target, path)

@@ -8,11 +8,13 @@ rectangular blocks (`LoadPlan`s) to copy; only those blocks are read from the so
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -51,6 +53,7 @@ __all__ = [
     "compute_load_plans",
     "compute_local_runs",
     "compute_local_shard_info",
+    "offering_checked_job",
     "plan_reshard_job",
     "plan_resharding",
     "planned_job_runner",
@@ -904,6 +907,44 @@ def check_reshard_job(job: ReshardJob, storage: Storage) -> list[NestedPath]:
     return prepared.collected.failed
 
 
+# The job a load's check phase planned and checked for a subclass whose own `load` the engine calls: offered to
+# `DTensorResharder.load`/`load_as_rank` when that `load` calls it with the same arguments, so its blocks (checked,
+# and on a store fetched, before the first copy) are neither planned, fetched nor checked again.
+_CHECKED_JOB: ContextVar[ReshardJob | None] = ContextVar("torch_checkpointing_checked_job", default=None)
+
+
+@contextlib.contextmanager
+def offering_checked_job(job: ReshardJob) -> Iterator[None]:
+    """Within this block, a `load_as_rank` call for exactly `job`'s item, rank, target and metadata runs `job`."""
+    token = _CHECKED_JOB.set(job)
+    try:
+        yield
+    finally:
+        _CHECKED_JOB.reset(token)
+
+
+def _checked_job(
+    rank: int,
+    source_path: Path,
+    item_key: str,
+    target_metadata: Mapping[NestedPath, ShardingMetadata],
+    source_metadata: DistributedItemMetadata,
+    target: Any,
+) -> ReshardJob | None:
+    """The offered job, once, if it was planned for these very arguments (the same objects)."""
+    job = _CHECKED_JOB.get()
+    if job is None or not job.prepared:
+        return None
+    if (job.rank, job.item_key, job.source_path) != (rank, item_key, Path(source_path)):
+        return None
+    if job.target is not target or job.source_metadata is not source_metadata:
+        return None
+    if job.target_metadata is not target_metadata:
+        return None
+    _CHECKED_JOB.set(None)  # a second call plans (and checks) its own
+    return job
+
+
 def planned_job_runner(resharder: Resharder) -> DTensorResharder | None:
     """`resharder` if a planned job may stand in for its `load` call, else None.
 
@@ -982,7 +1023,9 @@ class DTensorResharder(Resharder):
         storage: Storage,
     ) -> list[NestedPath]:
         """`load` for an explicit target rank: lets one process play every rank (tests, offline tools)."""
-        job = plan_reshard_job(rank, source_path, item_key, target_metadata, source_metadata, target)
+        job = _checked_job(rank, source_path, item_key, target_metadata, source_metadata, target)
+        if job is None:
+            job = plan_reshard_job(rank, source_path, item_key, target_metadata, source_metadata, target)
         return self.load_planned(job, storage)
 
     def load_planned(self, job: ReshardJob, storage: Storage) -> list[NestedPath]:
