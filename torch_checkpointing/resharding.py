@@ -79,7 +79,11 @@ class Resharder(ABC):
       there); unless a subclass overrides `load` (or `load_as_rank`), that planned job runs in place of the call.
 
     Each call runs on the caller's thread, never in the writer process. `load` fills `target` in place and
-    returns the paths it could not fill; they are reported as missing (`strict=True` refuses them).
+    returns the paths it could not fill; they are reported as missing (`strict=True` refuses them). Before a
+    `load` of your own is called, every file of the item (each rank's, as `source_metadata` lists them) has been
+    checked whole, so what it reads of them through `storage` is what was committed; a file outside the item is
+    checked as it is read, and a failure there (or an exception of the `load` itself) leaves what it had
+    written in `target`: the error says so.
 
     What the engine cannot check for an overriding `load`: its copies. The direct and `DTensorResharder`
     paths refuse, before any copy, template entries that share memory (tied weights, overlapping views) but
