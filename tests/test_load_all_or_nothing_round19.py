@@ -53,9 +53,8 @@ def _metadata(item_key: str, item_value: Any) -> Any:
         return DTensorResharder().extract_sharding_metadata(item_key, item_value)
 
 
-class RangedSafetensorsResharder(Resharder):
-    """A custom resharder as users write them: it reads its source safetensors file tensor by tensor, by byte
-    ranges through the `storage` it is given, and copies each tensor into the template as soon as it has it."""
+class _SourceFileResharder(Resharder):
+    """What the two custom resharders below share: metadata for every tensor, and the one file they read."""
 
     def extract_sharding_metadata(self, item_key: str, item_value: Any) -> Any:
         return _metadata(item_key, item_value)
@@ -63,10 +62,19 @@ class RangedSafetensorsResharder(Resharder):
     def should_reshard(self, source_metadata: Any, target_metadata: Any) -> bool:
         return source_metadata is not None
 
+    def source_rank(self) -> int:
+        """The rank whose file `load` reads (one process here; each rank its own in the 2-rank test)."""
+        return 0
+
+
+class RangedSafetensorsResharder(_SourceFileResharder):
+    """A custom resharder as users write them: it reads its source safetensors file tensor by tensor, by byte
+    ranges through the `storage` it is given, and copies each tensor into the template as soon as it has it."""
+
     def load(
         self, source_path: Path, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
     ) -> list[Any]:
-        path = source_metadata.get_file_path(0, source_path, item_key)
+        path = source_metadata.get_file_path(self.source_rank(), source_path, item_key)
         (length,) = struct.unpack("<Q", storage.read_range(path, 0, 8))
         header = json.loads(storage.read_range(path, 8, length))
         for name in sorted(k for k in header if k != "__metadata__"):
@@ -76,21 +84,17 @@ class RangedSafetensorsResharder(Resharder):
         return []
 
 
-class WholeFileResharder(Resharder):
+class WholeFileResharder(_SourceFileResharder):
     """A custom resharder that reads its source torch file whole."""
-
-    def extract_sharding_metadata(self, item_key: str, item_value: Any) -> Any:
-        return _metadata(item_key, item_value)
-
-    def should_reshard(self, source_metadata: Any, target_metadata: Any) -> bool:
-        return source_metadata is not None
 
     def load(
         self, source_path: Path, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
     ) -> list[Any]:
         import io
 
-        saved = torch.load(io.BytesIO(storage.read(source_metadata.get_file_path(0, source_path, item_key))))
+        saved = torch.load(
+            io.BytesIO(storage.read(source_metadata.get_file_path(self.source_rank(), source_path, item_key)))
+        )
         for name, tensor in saved.items():
             target[name].copy_(tensor)
         return []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -30,34 +29,15 @@ pytestmark = pytest.mark.multirank
 class OwnRankWhole(WholeFileResharder):
     """Reads this rank's own file whole (the world size is unchanged)."""
 
-    def load(
-        self, source_path: Path, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
-    ) -> list[Any]:
-        import io
-
-        path = source_metadata.get_file_path(dist.get_rank(), source_path, item_key)
-        for name, tensor in torch.load(io.BytesIO(storage.read(path))).items():
-            target[name].copy_(tensor)
-        return []
+    def source_rank(self) -> int:
+        return dist.get_rank()
 
 
 class OwnRankRanged(RangedSafetensorsResharder):
     """Reads this rank's own safetensors file tensor by tensor, copying each as it has it."""
 
-    def load(
-        self, source_path: Path, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
-    ) -> list[Any]:
-        import json
-        import struct
-
-        path = source_metadata.get_file_path(dist.get_rank(), source_path, item_key)
-        (length,) = struct.unpack("<Q", storage.read_range(path, 0, 8))
-        header = json.loads(storage.read_range(path, 8, length))
-        for name in sorted(k for k in header if k != "__metadata__"):
-            lo, hi = header[name]["data_offsets"]
-            data = bytearray(storage.read_range(path, 8 + length + lo, hi - lo))
-            target[name].copy_(torch.frombuffer(data, dtype=torch.float32))
-        return []
+    def source_rank(self) -> int:
+        return dist.get_rank()
 
 
 def _manager() -> CheckpointManager:
