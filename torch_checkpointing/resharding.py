@@ -81,7 +81,8 @@ class Resharder(ABC):
     Each call runs on the caller's thread, never in the writer process. `load` fills `target` in place and
     returns the paths it could not fill; they are reported as missing (`strict=True` refuses them). Before a
     `load` of your own is called, every file of the item (each rank's, as `source_metadata` lists them) has been
-    checked whole, so what it reads of them through `storage` is what was committed; a file outside the item is
+    checked whole (for a `DTensorResharder` subclass: every block its planned job reads), so what it reads of
+    them through `storage` is what was committed; a file outside the item (or a block beyond that plan) is
     checked as it is read, and a failure there (or an exception of the `load` itself) leaves what it had
     written in `target`: the error says so.
 
