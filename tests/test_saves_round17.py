@@ -198,6 +198,9 @@ def test_a_relative_id_after_the_working_directory_was_deleted_is_named(
     gone.mkdir()
     manager = _manager(mode)
     try:
+        # The async writer is spawned in the background and takes the working directory it is spawned in: one
+        # spawned after the chdir below (a slow machine) could not start there. Its first save waits for it.
+        _save(manager, str(tmp_path / "warm"), 0.0)
         monkeypatch.chdir(gone)
         gone.rmdir()
         for call in (lambda: _save(manager, "ck", 1.0), lambda: manager.load("ck")):
@@ -207,7 +210,7 @@ def test_a_relative_id_after_the_working_directory_was_deleted_is_named(
         _save(manager, "ck", 2.0)  # the manager works on once there is a working directory again
     finally:
         manager.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "warm"]
 
 
 _EMERGENCY = textwrap.dedent(

@@ -29,16 +29,18 @@ def slow_init(seconds: float) -> None:
 
 
 def _wait_dead(pid: int, timeout_s: float = 60) -> None:
-    """Until `pid` is a zombie or reaped: a SIGKILL takes effect when the kernel next runs the process."""
-    stat = Path(f"/proc/{pid}/stat")
+    """Until the child `pid` can be reaped (without reaping it: multiprocessing does that). /proc shows a killed
+    writer's main thread as a zombie while its other threads still exit, and until they have, the parent sees it
+    alive: a save then went to its pipe and failed, where a writer dead between saves is replaced."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
                 return
-        except OSError:
+        except ChildProcessError:  # reaped already
             return
         time.sleep(0.01)
+    raise AssertionError(f"the killed writer {pid} had not exited after {timeout_s} s")
 
 
 def _request(root: Path, name: str) -> WriteRequest:
