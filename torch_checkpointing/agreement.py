@@ -17,7 +17,6 @@ import dataclasses
 import json
 import logging
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 import torch.distributed as dist
 
 from torch_checkpointing import errors
-from torch_checkpointing.errors import CheckpointError, CommitError, log_safely
+from torch_checkpointing.errors import CheckpointError, CommitError, add_note, log_safely
 
 __all__ = [
     "Contribution",
@@ -143,8 +142,8 @@ def agree_outcome(
             raise
         failures = _failures(_exchange_or_raise(step, transport, mine))
         others = {r: why for r, why in failures.items() if r != transport.rank}
-        if others and sys.version_info >= (3, 11):
-            exc.add_note(f"{step} failed on other rank(s) too: {_reasons(others)}")
+        if others:
+            add_note(exc, f"{step} failed on other rank(s) too: {_reasons(others)}")
         raise
     try:
         contributions = _exchange_or_raise(step, transport, Contribution(value=shared))

@@ -12,7 +12,6 @@ the reason, having changed nothing in the caller's objects. So a load runs in tw
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,7 @@ from torch_checkpointing.errors import (
     CorruptCheckpointError,
     MissingItemError,
     TemplateMismatchError,
+    add_note,
     undecodable,
 )
 from torch_checkpointing.json_dataclass import RebuildGaps
@@ -562,8 +562,7 @@ def _partly_restored(root: Path, plan: _Reshard, done: list[str], exc: Exception
         f"No other template was changed. Load again (an earlier checkpoint) to restore them whole."
     )
     logger.warning("%s", said)
-    if sys.version_info >= (3, 11):
-        exc.add_note(said)
+    add_note(exc, said)
 
 
 def _unfilled(root: Path, unhandled: list[CheckpointPath], others: str) -> TemplateMismatchError:

@@ -35,7 +35,7 @@ import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared
 from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
 from torch_checkpointing.commit import working_directory_is_not_the_programs
 from torch_checkpointing.config import CheckpointProcessConfig
-from torch_checkpointing.errors import CheckpointError, WriterProcessDied
+from torch_checkpointing.errors import CheckpointError, WriterProcessDied, add_note
 from torch_checkpointing.pickling import OutOfBand, unpicklable
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import from_slab_refs
@@ -55,8 +55,7 @@ def _portable(exc: BaseException) -> BaseException:
     """The exception itself when it pickles (so the caller sees the original type), else a RuntimeError."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
-        if sys.version_info >= (3, 11):  # notes arrived in 3.11; on 3.10 the traceback is lost, the type kept
-            exc.add_note(f"(raised in the checkpoint writer process)\n{tb}")
+        add_note(exc, f"(raised in the checkpoint writer process)\n{tb}")  # on 3.10 lost, the type kept
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:

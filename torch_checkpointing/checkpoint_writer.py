@@ -14,7 +14,6 @@ import logging
 import os
 import posixpath
 import signal
-import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from torch_checkpointing.commit import Commit, CommitTarget, MadeDirectory
 from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
-from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, log_safely
+from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, add_note, log_safely
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.pickling import OutOfBand
@@ -338,8 +337,7 @@ def _as_reported(signalled: tuple[int, BaseException], checkpoint_dir: str, comm
         exc = KeyboardInterrupt(said)
     else:
         log_safely(logger, logging.WARNING, "%s (the signal handler raised %s)", said, type(exc).__name__)
-        if sys.version_info >= (3, 11):
-            exc.add_note(said)
+        add_note(exc, said)
     setattr(exc, _COMMITTED_ATTR, committed)
     return exc
 

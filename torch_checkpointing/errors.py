@@ -173,6 +173,13 @@ class WriterProcessDied(CheckpointError):
         return (type(self), (str(self), self.outcome_unknown))
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """`exc.add_note(note)` where Python has notes (3.11+); on 3.10 the note is dropped (callers that must be heard
+    also log it)."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+
+
 def committed_state(exc: BaseException) -> str:
     """What a failed save's error means for its id, as its log line and its Future's message say it: "nothing
     was committed" was said too of a save whose writer died right after committing it."""
