@@ -120,9 +120,13 @@ def test_a_tensor_whose_storage_was_freed_is_refused_naming_it_and_the_process_l
 # ------------------------------------------------------------------- a new staging slab after a layout change
 
 
-def _slab_mappings(pid: int) -> int:
+def _slab_inodes(pid: int | None) -> set[str]:
+    """The staging slabs `pid` maps, by inode: a count also saw other managers' slabs, which a test worker's
+    earlier tests release on a daemon thread, so it changed under the test."""
+    if pid is None:
+        return set()
     with open(f"/proc/{pid}/maps") as maps:
-        return sum("torch_checkpointing-staging" in line for line in maps)
+        return {line.split()[4] for line in maps if "torch_checkpointing-staging" in line}
 
 
 def test_a_new_layouts_slab_is_allocated_once_neither_process_maps_the_old_one(
@@ -134,24 +138,27 @@ def test_a_new_layouts_slab_is_allocated_once_neither_process_maps_the_old_one(
     on that save and on every later one, and in memory the peak was both slabs."""
     from torch_checkpointing import staging
 
-    seen: list[tuple[int, int]] = []
+    made: list[set[str]] = []  # the inode of each slab allocated
+    still_mapped: list[tuple[set[str], set[str]]] = []  # (trainer, writer): earlier slabs mapped at each allocation
     real = staging.SharedSlab.allocate.__func__  # type: ignore[attr-defined]
     with CheckpointManager(CheckpointManager.Config(save=AsyncCheckpointSaverConfig())) as manager:
 
         def allocate(cls: Any, nbytes: int, directory: str | None) -> Any:
-            writer = manager.writer_pid
-            seen.append((_slab_mappings(os.getpid()), -1 if writer is None else _slab_mappings(writer)))
-            return real(cls, nbytes, directory)
+            earlier = set().union(*made)
+            still_mapped.append((_slab_inodes(os.getpid()) & earlier, _slab_inodes(manager.writer_pid) & earlier))
+            before = _slab_inodes(os.getpid())
+            slab = real(cls, nbytes, directory)
+            made.append(_slab_inodes(os.getpid()) - before)
+            return slab
 
         monkeypatch.setattr(staging.SharedSlab, "allocate", classmethod(allocate))
-        baseline = _slab_mappings(os.getpid())  # other managers' slabs in this process (a test worker's)
         for n in (4096, 4096, 1024):  # the third save changes the layout
             future = manager.save(str(tmp_path / "ck"), {"m": {"w": torch.full((n,), float(n))}})
             assert future is not None
             future.result(timeout=120)
         assert torch.equal(manager.load(str(tmp_path / "ck"))["m"]["w"], torch.full((1024,), 1024.0))
-    assert len(seen) == 2 and seen[0][0] == baseline, (baseline, seen)  # one slab per layout
-    assert seen[1] == (baseline, 0), (baseline, seen)  # neither process maps the old slab any more
+    assert len(made) == 2 and all(len(inodes) == 1 for inodes in made), made  # one slab per layout
+    assert still_mapped == [(set(), set()), (set(), set())], (made, still_mapped)  # the old one is gone from both
 
 
 def test_a_writer_killed_while_it_starts_is_said_to_be_killed(tmp_path: Path) -> None:
