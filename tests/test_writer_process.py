@@ -15,6 +15,7 @@ from torch_checkpointing import CheckpointManager
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.checkpoint_process import CheckpointProcess, CheckpointProcessConfig
 from torch_checkpointing.checkpoint_writer import SavePlan, WriteEntry, WriteRequest
+from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 STORAGE = LocalFileSystemStorageConfig(use_direct_io=False)
@@ -95,6 +96,67 @@ def test_a_writer_killed_between_saves_is_replaced_and_logged(tmp_path: Path, ca
     assert "SIGKILL" in died[0].getMessage()
 
 
+def _held_by_a_write(process: CheckpointProcess, timeout_s: float = 120) -> None:
+    """Until a save's write holds the writer (it has sent, or is about to send, its request)."""
+    deadline = time.monotonic() + timeout_s
+    while not process._lock.locked():
+        assert time.monotonic() < deadline, f"no write took the writer within {timeout_s} s"
+        time.sleep(0.005)
+
+
+def test_a_writer_that_dies_before_taking_a_request_is_replaced_and_the_save_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer killed a moment before a save (the OOM killer: the kernel takes a while to tear down a dying
+    process, and the trainer still saw it alive) failed that save with "died during the write ... may have been
+    committed", although it had read nothing. It now answers each request's receipt first, so a writer that
+    dies before that has written nothing, and the request goes to a new writer, once."""
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = STORAGE
+    with CheckpointManager(config) as manager:
+        manager.save(str(tmp_path / "a"), {"w": torch.ones(3)}).result(timeout=120)  # type: ignore[union-attr]
+        pid = manager.writer_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # alive, but reads nothing: the request waits in its pipe
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            future = manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)})
+            assert future is not None
+            _held_by_a_write(manager._saver.process)
+            time.sleep(0.2)  # the request is in the stopped writer's pipe (a save that found it dead passes too)
+            os.kill(pid, signal.SIGKILL)
+            future.result(timeout=180)
+        assert manager.writer_pid not in (None, pid)
+        out = manager.load(str(tmp_path / "b"), into={"w": None})
+    assert torch.equal(out["w"], torch.zeros(3))
+    died = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(pid) in r.getMessage()]
+    assert died and "SIGKILL" in died[0], [r.getMessage() for r in caplog.records]
+
+
+def die_on_every_request() -> None:
+    """(A writer's init function.) The writer dies as it reads a request, before it can take it."""
+    import torch_checkpointing.checkpoint_process as process
+
+    def die(fd: int, message: object) -> None:
+        os._exit(3)
+
+    process._receive_buffers = die  # type: ignore[assignment]
+
+
+def test_a_request_no_writer_takes_fails_saying_nothing_was_written(tmp_path: Path) -> None:
+    """The request goes to one new writer, not forever; when that one dies before taking it too, the save fails,
+    and its error says what is known: nothing of it was written."""
+    process = CheckpointProcess(
+        STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120), die_on_every_request
+    )
+    try:
+        with pytest.raises(WriterProcessDied, match=r"before it took .*nothing of it was written") as raised:
+            process.write(_request(tmp_path, "c"))
+        assert raised.value.outcome_unknown is False
+        assert not (tmp_path / "c").exists()
+    finally:
+        process.close()
+
+
 class _SlowToClose(logging.Handler):
     """A log handler whose close() takes `seconds`, then writes `marker`. The writer closes every handler
     (logging.shutdown) as it exits after answering Stop, so this makes that exit slow, like the teardown of a
@@ -149,3 +211,27 @@ def test_close_kills_a_writer_that_does_not_answer_stop(tmp_path: Path, caplog: 
         process.close()
     assert not Path(f"/proc/{pid}").exists(), "the stopped writer was neither killed nor reaped"
     assert f"checkpoint writer process {pid} did not exit within 1s; killing it" in caplog.text
+
+
+def test_a_writer_started_after_the_working_directory_was_deleted_names_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer is spawned in the working directory. One deleted after the program changed into it failed the
+    spawn with "failed to start: FileNotFoundError ... guard your script's entry point with if __name__ ==
+    '__main__'", which was not the cause. The error now names it and its fix, and the writer starts once there
+    is a working directory again."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    process = CheckpointProcess(STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120))
+    try:
+        with pytest.raises(CheckpointError, match=r"working directory of this process no longer exists") as raised:
+            process.write(_request(tmp_path, "c"))
+        assert "__main__" not in str(raised.value)
+        assert "os.chdir()" in str(raised.value)
+        monkeypatch.chdir(tmp_path)
+        assert process.write(_request(tmp_path, "c")) > 0
+    finally:
+        process.close()
+    assert (tmp_path / "c").is_dir()

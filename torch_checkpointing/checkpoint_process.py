@@ -148,7 +148,7 @@ def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
 # ------------------------------------------------------------------------------------------- the protocol
 # Every message on the pipe is one of these dataclasses (pickled by multiprocessing; tensors in shared memory
 # travel as handles). Trainer -> writer: MapSlab, Write, Stop. Writer -> trainer: Ready (or StartFailed), Written,
-# Failed, Stopped.
+# Taken, Failed, Stopped.
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,12 @@ class DropSlab:
 @dataclass(frozen=True)
 class SlabDropped:
     """The writer no longer maps a staging slab."""
+
+
+@dataclass(frozen=True)
+class Taken:
+    """The writer has read a whole `Write` and starts on it. A writer that dies before sending this has written
+    nothing for that request, so the trainer can hand it to a new writer; one that dies after may have committed."""
 
 
 @dataclass
@@ -351,6 +357,8 @@ def _writer_main(
                 failed = _receive_buffers(conn.fileno(), message)
             except (EOFError, OSError):
                 return  # the trainer went away in the middle of the request: nobody is left to answer
+            if not _answer(conn, Taken()):
+                return
             reply = _serve(storage, message, slab) if failed is None else Failed(_portable(failed))
             del message  # drop shared-memory handles before answering
             if not _answer(conn, reply):
@@ -462,6 +470,7 @@ class CheckpointProcess:
         self._lock = threading.Lock()
         self._closing = False
         self._starting: Any = None  # the process being spawned, until it is ready
+        self._killed_pid: int | None = None  # the writer kill() ended: a request it had not taken is not handed on
         self._start_in_background()
 
     def _start_in_background(self) -> None:
@@ -476,6 +485,7 @@ class CheckpointProcess:
         proc: Any = None
         parent: Connection | None = None
         try:
+            _check_working_directory()
             parent, child = self._ctx.Pipe()
             proc = self._ctx.Process(
                 target=_writer_main,
@@ -533,6 +543,13 @@ class CheckpointProcess:
                     f"Checkpoint writer process was {_how_it_ended(error.exitcode)} while it started (the OOM "
                     f"killer, or whatever else kills it; dmesg says). Nothing was saved; save again (the next save "
                     f"starts a new writer)."
+                ) from error
+            if isinstance(error, _NoWorkingDirectory):
+                raise CheckpointError(
+                    "Checkpoint writer process cannot start: the working directory of this process no longer "
+                    "exists (it was deleted after the program changed into it), and the writer is spawned there. "
+                    "os.chdir() to a directory that exists (the next save starts the writer), or save synchronously "
+                    "(CheckpointManager.Config.with_sync_save()). Nothing was saved."
                 ) from error
             if isinstance(error, _WriterSetUpFailed):
                 raise CheckpointError(
@@ -593,34 +610,62 @@ class CheckpointProcess:
         generation = None if slab is None else slab[0]
         encoded = request if isinstance(request, EncodedWrite) else encode_write(request, generation)
         with self._lock:
-            self.wait_ready()
-            if self._conn is None:
-                raise WriterProcessDied("The checkpoint writer process is not running; no checkpoint was committed.")
             try:
-                if slab is not None and slab[0] != self._slab_generation:
-                    self._conn.send(MapSlab(*slab))
-                    self._slab_generation = slab[0]
-                self._conn.send_bytes(encoded.data)
-                _send_buffers(self._conn.fileno(), encoded.buffers)
-                reply = self._conn.recv()
-                while isinstance(reply, SlabDropped):  # the late answer to a drop_slab() that stopped waiting
-                    reply = self._conn.recv()
-            except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
-                code = _exit_code(self._proc)
-                self._drop_dead_writer()
-                self._start_in_background()
-                then = "It was stopped by close()." if self._closing else "It is restarted for the next save."
-                raise WriterProcessDied(
-                    f"Checkpoint writer process died during the write of {encoded.checkpoint_dir} (exit code "
-                    f"{code}). The id holds its previous checkpoint, or this one if the writer died right after "
-                    f"committing it; a load returns one of them whole. {then}",
-                    outcome_unknown=True,
-                ) from exc
+                reply = self._exchange(encoded, slab)
+            except _DiedBeforeTaking as first:
+                if first.ended_by_us:
+                    raise first.error() from first
+                logger.warning(
+                    "The checkpoint writer process %s died (%s) before it took the write of %s; nothing of it was "
+                    "written. It goes to a new writer. If writers keep dying, look for the OOM killer (dmesg) or "
+                    "whatever else kills them.",
+                    first.pid,
+                    _how_it_ended(first.exitcode),
+                    encoded.checkpoint_dir,
+                )
+                try:
+                    reply = self._exchange(encoded, slab)
+                except _DiedBeforeTaking as second:
+                    raise second.error() from second
         if isinstance(reply, Failed):
             raise reply.error
         if not isinstance(reply, Written):
             raise CheckpointError(f"Unexpected response from the checkpoint writer process: {type(reply).__name__}")
         return reply.nbytes
+
+    def _exchange(self, encoded: EncodedWrite, slab: tuple[int, Any] | None) -> Any:
+        """(Holding `_lock`.) Send one request to the writer, starting one if none is up, and return its answer.
+        Raises `_DiedBeforeTaking` when the writer died before it said `Taken` (nothing was written), and
+        `WriterProcessDied` (outcome unknown) when it died after."""
+        self.wait_ready()
+        if self._conn is None:
+            raise WriterProcessDied("The checkpoint writer process is not running; no checkpoint was committed.")
+        pid, taken = self.pid, False
+        try:
+            if slab is not None and slab[0] != self._slab_generation:
+                self._conn.send(MapSlab(*slab))
+                self._slab_generation = slab[0]
+            self._conn.send_bytes(encoded.data)
+            _send_buffers(self._conn.fileno(), encoded.buffers)
+            reply = self._conn.recv()
+            while isinstance(reply, (SlabDropped, Taken)):  # SlabDropped: late, for a drop_slab() that gave up
+                taken = taken or isinstance(reply, Taken)
+                reply = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            code = _exit_code(self._proc)
+            self._drop_dead_writer()
+            self._start_in_background()
+            ended_by_us = self._closing or (pid is not None and pid == self._killed_pid)
+            if not taken:
+                raise _DiedBeforeTaking(pid, code, encoded.checkpoint_dir, ended_by_us) from exc
+            then = "It was stopped by close()." if self._closing else "It is restarted for the next save."
+            raise WriterProcessDied(
+                f"Checkpoint writer process died during the write of {encoded.checkpoint_dir} (exit code "
+                f"{code}). The id holds its previous checkpoint, or this one if the writer died right after "
+                f"committing it; a load returns one of them whole. {then}",
+                outcome_unknown=True,
+            ) from exc
+        return reply
 
     def _abort_start(self) -> None:
         """close() before the writer is ready: nothing can be in flight (writes hold the lock close() holds), so
@@ -635,6 +680,7 @@ class CheckpointProcess:
         """SIGKILL the writer now (it may be stopped or stuck); a write waiting on it fails as WriterProcessDied."""
         proc = self._proc
         if proc is not None and proc.is_alive():
+            self._killed_pid = proc.pid
             proc.kill()
             proc.join(5)
 
@@ -676,6 +722,35 @@ class CheckpointProcess:
             _reap(proc, self.config.subprocess_shutdown_timeout_secs)
         if conn is not None:
             conn.close()
+
+
+class _DiedBeforeTaking(Exception):
+    """(Trainer side.) The writer died before it said `Taken`: it wrote nothing of the request."""
+
+    def __init__(self, pid: int | None, exitcode: int | None, checkpoint_dir: str, ended_by_us: bool) -> None:
+        super().__init__(f"writer {pid} died ({_how_it_ended(exitcode)}) before it took the write")
+        self.pid, self.exitcode, self.checkpoint_dir = pid, exitcode, checkpoint_dir
+        self.ended_by_us = ended_by_us  # close() or a timeout's kill(): the request must not go to another writer
+
+    def error(self) -> WriterProcessDied:
+        then = "It was stopped by close() or a timeout." if self.ended_by_us else "It is restarted for the next save."
+        return WriterProcessDied(
+            f"Checkpoint writer process {self.pid} died ({_how_it_ended(self.exitcode)}) before it took the write "
+            f"of {self.checkpoint_dir}: nothing of it was written, and the id holds what it held before. {then}"
+        )
+
+
+class _NoWorkingDirectory(Exception):
+    """(Trainer side.) The working directory is gone, and a spawned process starts in it."""
+
+
+def _check_working_directory() -> None:
+    """multiprocessing's spawn reads os.getcwd() for the child: a deleted one failed the start with a bare
+    FileNotFoundError, which read as an import problem of the user's."""
+    try:
+        os.getcwd()
+    except FileNotFoundError as exc:
+        raise _NoWorkingDirectory(str(exc)) from None
 
 
 class _WriterSetUpFailed(Exception):
