@@ -150,6 +150,27 @@ def test_safetensors_serialization_has_the_static_helpers_api_surface_lists() ->
     assert torch.equal(back["a"]["c"][1], torch.ones(2)) and torch.equal(back["a"]["b"], torch.ones(1))
 
 
+def test_unflatten_to_target_gives_none_for_missing_list_leaves_and_the_templates_sequence_type() -> None:
+    """API_SURFACE §4: re-nesting walks the template; "list/tuple parent -> `type(t)(...)` with `None` for missing
+    leaves", dict parents keep only the leaves found, a leaf template takes `flat.get(prefix)`. The public helper
+    handed the engine's internal MISSING placeholder back (where a load gives None) and lists for tuples."""
+    from collections import namedtuple
+
+    from torch_checkpointing.checkpoint_layout import SafetensorsSerialization
+
+    pair = namedtuple("pair", "x y")
+    one = torch.ones(1)
+    flat = {"a.b": one, "a.c.0": one, "t.0": one, "p.0": one}
+    template = {"a": {"b": None, "c": [None, None], "z": None}, "t": (None, None), "p": pair(None, None)}
+    back = SafetensorsSerialization.unflatten_to_target(flat, template)
+    assert back["a"]["c"][1] is None and back["a"]["c"][0] is one
+    assert "z" not in back["a"]
+    assert type(back["t"]) is tuple and back["t"] == (one, None)
+    assert type(back["p"]) is pair and back["p"].x is one and back["p"].y is None
+    assert SafetensorsSerialization.unflatten_to_target({}, None) is None
+    assert SafetensorsSerialization.unflatten_to_target({"x": one}, [None, [None]]) == [None, [None]]
+
+
 def test_the_releases_metadata_version_is_refused_saying_what_it_is() -> None:
     from torch_checkpointing.distributed_metadata import DistributedMetadata
 

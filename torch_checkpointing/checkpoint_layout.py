@@ -145,10 +145,11 @@ class SafetensorsSerialization(SerializationFormat):
 
     @staticmethod
     def unflatten_to_target(flat: Any, target: Any) -> Any:
-        """`flat` (a file's `name -> tensor` dict) re-nested in the shape of `target` (API_SURFACE §4)."""
-        from torch_checkpointing.safetensors_tree import unflatten_to_target
+        """`flat` (a file's `name -> tensor` dict) re-nested in the shape of `target` (API_SURFACE §4): None for a
+        list/tuple parent's missing leaves, list/tuple parents of the template's type."""
+        from torch_checkpointing.safetensors_tree import unflatten_for_caller
 
-        return unflatten_to_target(flat, target)
+        return unflatten_for_caller(flat, target)
 
 
 SUPPORTED_FORMATS: tuple[type[SerializationFormat], ...] = (

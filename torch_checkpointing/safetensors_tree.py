@@ -24,7 +24,15 @@ from torch_checkpointing.traversal import (
 from torch_checkpointing.types import NestedPath
 from torch_checkpointing.walk_utils import MISSING
 
-__all__ = ["RESERVED_NAME", "flatten_tensors", "named_leaves", "same_name_error", "stores_dtype", "unflatten_to_target"]
+__all__ = [
+    "RESERVED_NAME",
+    "flatten_tensors",
+    "named_leaves",
+    "same_name_error",
+    "stores_dtype",
+    "unflatten_for_caller",
+    "unflatten_to_target",
+]
 
 RESERVED_NAME = "__metadata__"
 """The header entry safetensors keeps for the file's str->str metadata: no tensor may take that name."""
@@ -141,6 +149,33 @@ def unflatten_to_target(flat: Mapping[str, Any], target: Any) -> Any:
         for name in extras:
             _insert(out, name, flat[name])
     return out
+
+
+def unflatten_for_caller(flat: Mapping[str, Any], target: Any) -> Any:
+    """`unflatten_to_target` as API_SURFACE §4 states it for callers of the public helper: a missing leaf of a
+    list/tuple parent (or a missing leaf template at the top) is None, not the engine's internal `MISSING`
+    placeholder (which only the merge may see, to report it), and a list/tuple parent comes back as
+    `type(template)(...)` (a named tuple by its fields, when the file holds as many entries)."""
+    return _settle(unflatten_to_target(flat, target), target)
+
+
+def _settle(value: Any, target: Any) -> Any:
+    if value is MISSING:
+        return None
+    if isinstance(target, Mapping) and isinstance(value, dict):
+        return {k: _settle(v, target[k]) if k in target else v for k, v in value.items()}
+    if is_sequence(target) and isinstance(value, list):
+        items = [_settle(v, target[i]) if i < len(target) else v for i, v in enumerate(value)]
+        kind = type(target)
+        if kind is list or kind is tuple:
+            return kind(items)
+        if hasattr(kind, "_fields"):  # a named tuple: built from its fields
+            return kind(*items) if len(items) == len(target) else tuple(items)
+        try:
+            return kind(items)
+        except TypeError:  # a sequence type that does not build from one iterable
+            return tuple(items) if isinstance(target, tuple) else items
+    return value
 
 
 def _insert(out: dict[Any, Any], name: str, value: Any) -> None:
