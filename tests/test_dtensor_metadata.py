@@ -137,3 +137,27 @@ def test_unpickled_mesh_is_the_interned_one_without_its_tables() -> None:
     fresh = pickle.loads(pickle.dumps(DeviceMeshSpec("cpu", (3,), (0, 1, 2))))
     assert fresh is get_device_mesh_spec("cpu", (3,), (0, 1, 2))
     assert b"_derived_tables" not in pickle.dumps(spec)
+
+
+def test_from_dict_reads_the_documented_in_process_forms_with_tuples() -> None:
+    """API_SURFACE §5.4: `DeviceMeshSpec.to_dict()` is the dataclass dict with its tuples kept, and §9.3 shows the
+    metadata as `"mesh_shape": (1,), "mesh_data": (0,), "mesh_dim_names": ("dp",)` and `"ranks": (0,)`;
+    `from_dict` rebuilds from that form. It refused every tuple ("must be a list of ints, got tuple"): only the
+    lists a JSON file gives were read, so metadata built in-process as documented could not be rebuilt."""
+    mesh = {"device_type": "cpu", "mesh_shape": (2,), "mesh_data": (0, 1), "mesh_dim_names": ("dp",)}
+    spec = DeviceMeshSpec.from_dict(mesh)
+    assert spec is get_device_mesh_spec("cpu", (2,), (0, 1), ("dp",))
+    data = {
+        "global_shape": (4, 2),
+        "dtype": "torch.float32",
+        "stride": (2, 1),
+        "mesh_spec": mesh,
+        "placements": ({"type": "Shard", "dim": 0},),
+    }
+    meta = DTensorShardingMetadata.from_dict(data)
+    assert meta.global_shape == (4, 2) and meta.stride == (2, 1) and meta.mesh_spec is spec
+    assert meta.placements == (ShardSpec(0),)
+    group = GlobalObjectMetadata.from_dict({"sharding_metadata": meta._pack(), "ranks": (0, 1)})
+    assert group.ranks == (0, 1) and group.sharding_metadata == meta
+    with pytest.raises(ValueError, match="mesh_shape"):
+        DeviceMeshSpec.from_dict({**mesh, "mesh_shape": "2"})  # a str is not a sequence of sizes

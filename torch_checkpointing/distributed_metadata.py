@@ -47,11 +47,15 @@ STORED_DATA_DEPTH = METADATA_MAX_DEPTH - 7
 # arithmetic runs, so a tensor's entry no longer grows with the world size. Both are read.
 READABLE_METADATA_VERSIONS = ("2.0", "3.0")
 _MAX_WORLD_SIZE = MAX_WORLD_SIZE  # one bound for the manifest and the sharding metadata
+# What a `from_dict` takes for a JSON array: the list a file gives, or the tuple of the in-process form API_SURFACE
+# shows (`"ranks": (0,)`, `"mesh_shape": (1,)`); a tuple was refused as "not a list", so documented dicts never read.
+JSON_ARRAY = (list, tuple)
 # Ranks a parse may expand from runs (distinct lists only: equal ones decode once): bounds what a small
 # hostile file can make this process allocate, far above any real job's few distinct meshes.
 _DECODE_BUDGET = 1 << 24
 
 __all__ = [
+    "JSON_ARRAY",
     "METADATA_FILE_NAME",
     "METADATA_MAX_DEPTH",
     "STORED_DATA_DEPTH",
@@ -207,17 +211,17 @@ def decode_rank_list(value: Any, what: str) -> tuple[int, ...]:
     """The rank tuple `encode_rank_list` (or an explicit list) stands for; equal encodings share one tuple."""
     if isinstance(value, dict):
         runs = value.get("runs")
-        if set(value) != {"runs"} or not isinstance(runs, list):
+        if set(value) != {"runs"} or not isinstance(runs, JSON_ARRAY):
             raise ValueError(f"{what} must be a list of ranks or {{'runs': [[start, count, step], ...]}}")
         key = tuple(_run(r, what) for r in runs)
         return _decoded_runs(key, what)
-    if not isinstance(value, list):
+    if not isinstance(value, JSON_ARRAY):
         raise ValueError(f"{what} must be a list of ranks, got {type(value).__name__}")
     return tuple(_rank_number(r, what) for r in value)
 
 
 def _run(run: Any, what: str) -> tuple[int, int, int]:
-    if not isinstance(run, list) or len(run) != 3:
+    if not isinstance(run, JSON_ARRAY) or len(run) != 3:
         raise ValueError(f"{what}: a run must be [start, count, step], got {run!r}")
     start, count, step = (_rank_number(x, what, signed=True) for x in run)
     last = start + (count - 1) * step
@@ -348,7 +352,7 @@ class DistributedItemMetadata:
     def from_dict(cls, d: dict[str, Any]) -> DistributedItemMetadata:
         paths: dict[NestedPath, list[GlobalObjectMetadata]] = {}
         for p, groups in d["nested_path_to_metadata"].items():
-            if not isinstance(groups, list) or not groups or not all(isinstance(g, dict) for g in groups):
+            if not isinstance(groups, JSON_ARRAY) or not groups or not all(isinstance(g, dict) for g in groups):
                 # an empty list read as "not in the checkpoint": the template entry was silently left as it was
                 raise ValueError(
                     f"nested_path_to_metadata {p}: expected a non-empty list of sharding groups (objects), "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torch_checkpointing.codecs import dtype_from_name
-from torch_checkpointing.distributed_metadata import ShardingMetadata, decode_rank_list, encode_rank_list
+from torch_checkpointing.distributed_metadata import JSON_ARRAY, ShardingMetadata, decode_rank_list, encode_rank_list
 from torch_checkpointing.errors import CheckpointError, TemplateMismatchError
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 
@@ -132,7 +132,7 @@ def _count(value: Any, what: str) -> int:
 
 
 def _counts(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, list):
+    if not isinstance(value, JSON_ARRAY):
         raise ValueError(f"{what} must be a list of ints, got {type(value).__name__}")
     return tuple(_count(n, what) for n in value)
 
@@ -242,7 +242,7 @@ class DeviceMeshSpec:
         if not shape or min(shape) < 1:
             raise ValueError(f"mesh field 'mesh_shape' {list(shape)} must list one or more sizes of at least 1")
         if names is not None and (
-            not isinstance(names, list) or len(names) != len(shape) or not all(isinstance(n, str) for n in names)
+            not isinstance(names, JSON_ARRAY) or len(names) != len(shape) or not all(isinstance(n, str) for n in names)
         ):
             raise ValueError(f"mesh field 'mesh_dim_names' must be null or {len(shape)} strings, got {names!r}")
         return get_device_mesh_spec(
