@@ -19,6 +19,7 @@ from torch_checkpointing import (
 )
 from torch_checkpointing.barriers import TCPStoreBarrierConfig
 from torch_checkpointing.checkpoint_saver import SavePlan
+from torch_checkpointing.errors import ConfigError
 from torch_checkpointing.schema import resolve
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.types import CheckpointPath, RankInfo
@@ -42,6 +43,17 @@ def test_checkpoint_path_string_and_json_forms() -> None:
     assert CheckpointPath.deserialize(p.serialize()) == p
     with pytest.raises(ValueError, match="empty"):
         CheckpointPath.deserialize("[]")
+
+
+@pytest.mark.parametrize("text", ['"ab"', "{}", '{"a": 1}', "[1]", '["a", true]', '["a", 1.5]', '["a", null]', "5"])
+def test_checkpoint_path_deserialize_refuses_what_serialize_never_writes(text: str) -> None:
+    """API_SURFACE §6: `serialize()` is a compact JSON list `["item", "a", 0]` (a str item key, then str keys and
+    int indices) and `deserialize` its inverse. Other JSON was taken apart as if it were one: '"ab"' read as item
+    'a' at path ('b',), '[1]' as an int item key, a dict as "empty list"; each is a ConfigError (a ValueError)
+    naming the text and the form expected."""
+    with pytest.raises(ConfigError, match=r"CheckpointPath.*\["):
+        CheckpointPath.deserialize(text)
+    assert CheckpointPath.deserialize('["m", "state", 0, "exp_avg"]') == CheckpointPath("m", ("state", 0, "exp_avg"))
 
 
 def _free_port() -> int:

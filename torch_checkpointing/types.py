@@ -45,8 +45,20 @@ class CheckpointPath:
 
     @classmethod
     def deserialize(cls, s: str) -> CheckpointPath:
-        """The inverse of `serialize()`; an empty list is a `ValueError`."""
+        """The inverse of `serialize()`; an empty list is a `ValueError`, and so is any JSON `serialize()` never
+        writes (not a list, a non-str item key, a component neither str nor int): a `ConfigError` naming it."""
+        from torch_checkpointing.errors import ConfigError
+
         parts = json.loads(s)
-        if not parts:
-            raise ValueError(f"Cannot deserialize CheckpointPath from empty list: {s!r}")
+        if isinstance(parts, list) and not parts:
+            raise ConfigError(f'Cannot deserialize CheckpointPath from empty list: {s!r}; expected ["item", ...]')
+        if (
+            not isinstance(parts, list)
+            or not isinstance(parts[0], str)
+            or any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in parts[1:])
+        ):
+            raise ConfigError(
+                f"Cannot deserialize CheckpointPath from {s!r}: expected what serialize() writes, a JSON list of the "
+                f'str item key then str keys and int indices (e.g. ["model", "state", 0, "exp_avg"])'
+            )
         return cls(parts[0], tuple(parts[1:]))
