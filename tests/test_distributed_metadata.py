@@ -198,3 +198,38 @@ def test_custom_resharder_example_in_docs_runs() -> None:
     namespace: dict[str, Any] = {"__name__": "docs_example"}
     exec(compile(code.group(1), "docs/distributed.md", "exec", dont_inherit=True), namespace)
     assert "MyCustomDataloaderResharder" in namespace
+
+
+def _sound_metadata() -> dict[str, Any]:
+    mesh = get_device_mesh_spec("cpu", (1,), (0,), None)
+    meta = DTensorShardingMetadata((4,), "torch.float32", (1,), mesh, (ShardSpec(0),))
+    item = DistributedItemMetadata({("w",): [GlobalObjectMetadata(meta, (0,))]}, {0: None})
+    return json.loads(json.dumps(DistributedMetadata({"model": item}, world_size=1).to_dict()))
+
+
+def _data(d: dict[str, Any]) -> dict[str, Any]:
+    return d["metadata"]["model"]["nested_path_to_metadata"]['["w"]'][0]["sharding_metadata"]["data"]
+
+
+@pytest.mark.parametrize(
+    ("where", "bad"),
+    [
+        ("metadata", lambda d: d.update(metadata=[])),
+        ("model", lambda d: d["metadata"].update(model="x")),
+        ("nested_path_to_metadata", lambda d: d["metadata"]["model"].update(nested_path_to_metadata=[1])),
+        ("rank_to_layout_info", lambda d: d["metadata"]["model"].update(rank_to_layout_info=None)),
+        ("placements", lambda d: _data(d).update(placements="ab")),
+        ("placements", lambda d: _data(d).update(placements=[5])),
+        ("placements", lambda d: _data(d).update(placements=None)),
+        ("mesh_spec", lambda d: _data(d).update(mesh_spec=[1])),
+    ],
+)
+def test_from_dict_names_the_field_whose_json_has_the_wrong_shape(where: str, bad: Any) -> None:
+    """API_SURFACE §5.3: `DistributedMetadata.from_dict` reads metadata.json, untrusted input; a wrong value is a
+    ValueError naming its field, as a wrong number already was. An array where an object belongs (or a str where
+    the placements array belongs) escaped as AttributeError/TypeError ("'list' object has no attribute 'items'")."""
+    d = _sound_metadata()
+    assert DistributedMetadata.from_dict(json.loads(json.dumps(d))).world_size == 1
+    bad(d)
+    with pytest.raises(ValueError, match=where):
+        DistributedMetadata.from_dict(d)

@@ -50,6 +50,17 @@ _MAX_WORLD_SIZE = MAX_WORLD_SIZE  # one bound for the manifest and the sharding 
 # What a `from_dict` takes for a JSON array: the list a file gives, or the tuple of the in-process form API_SURFACE
 # shows (`"ranks": (0,)`, `"mesh_shape": (1,)`); a tuple was refused as "not a list", so documented dicts never read.
 JSON_ARRAY = (list, tuple)
+
+
+def json_object(value: Any, what: str) -> dict[str, Any]:
+    """`value` when it is a JSON object (a dict), else a ValueError naming the field: metadata.json is untrusted,
+    and an array or a string where an object belongs escaped as AttributeError ("'list' object has no attribute
+    'items'")."""
+    if not isinstance(value, dict):
+        raise ValueError(f"field {what!r} must be a JSON object, got {type(value).__name__} {str(value)[:80]}")
+    return value
+
+
 # Ranks a parse may expand from runs (distinct lists only: equal ones decode once): bounds what a small
 # hostile file can make this process allocate, far above any real job's few distinct meshes.
 _DECODE_BUDGET = 1 << 24
@@ -69,6 +80,7 @@ __all__ = [
     "build_distributed_metadata",
     "decode_rank_list",
     "encode_rank_list",
+    "json_object",
     "layout_from_untrusted_dict",
     "load_distributed_metadata",
     "nested_path_from_json",
@@ -351,7 +363,8 @@ class DistributedItemMetadata:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistributedItemMetadata:
         paths: dict[NestedPath, list[GlobalObjectMetadata]] = {}
-        for p, groups in d["nested_path_to_metadata"].items():
+        d = json_object(d, "item metadata")
+        for p, groups in json_object(d["nested_path_to_metadata"], "nested_path_to_metadata").items():
             if not isinstance(groups, JSON_ARRAY) or not groups or not all(isinstance(g, dict) for g in groups):
                 # an empty list read as "not in the checkpoint": the template entry was silently left as it was
                 raise ValueError(
@@ -364,7 +377,7 @@ class DistributedItemMetadata:
                 raise ValueError(f"path {p}: {exc}") from None
         layouts = {
             _rank(r): (None if lay is None else layout_from_untrusted_dict(lay, f"rank_to_layout_info.{r}"))
-            for r, lay in d["rank_to_layout_info"].items()
+            for r, lay in json_object(d["rank_to_layout_info"], "rank_to_layout_info").items()
         }
         return cls(paths, layouts)
 
@@ -411,7 +424,7 @@ class DistributedMetadata:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistributedMetadata:
-        version = d.get("version")
+        version = json_object(d, "metadata.json").get("version")
         if version not in READABLE_METADATA_VERSIONS:
             readable = ", ".join(repr(v) for v in READABLE_METADATA_VERSIONS)
             why = (
@@ -427,7 +440,7 @@ class DistributedMetadata:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= _MAX_WORLD_SIZE:
             raise ValueError(f"field 'world_size' must be an int in [1, {_MAX_WORLD_SIZE}], got {world_size!r}")
         with _decode_budget():
-            items = {k: _item_from_dict(k, v) for k, v in d["metadata"].items()}
+            items = {k: _item_from_dict(k, v) for k, v in json_object(d["metadata"], "metadata").items()}
         checked: dict[tuple[int, int], None] = {}
         for key, item in items.items():
             for path, groups in item.nested_path_to_metadata.items():

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torch_checkpointing.codecs import dtype_from_name
-from torch_checkpointing.distributed_metadata import JSON_ARRAY, ShardingMetadata, decode_rank_list, encode_rank_list
+from torch_checkpointing.distributed_metadata import (
+    JSON_ARRAY,
+    ShardingMetadata,
+    decode_rank_list,
+    encode_rank_list,
+    json_object,
+)
 from torch_checkpointing.errors import CheckpointError, TemplateMismatchError
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 
@@ -138,7 +144,7 @@ def _counts(value: Any, what: str) -> tuple[int, ...]:
 
 
 def placement_spec_from_dict(d: dict[str, Any]) -> PlacementSpec:
-    cls = _PLACEMENTS.get(d.get("type", ""))
+    cls = _PLACEMENTS.get(json_object(d, "placements[]").get("type", ""))
     if cls is None:
         raise ValueError(f"Unknown placement type {d.get('type')!r}; known: {sorted(_PLACEMENTS)}")
     return cls.from_dict(d)
@@ -235,6 +241,7 @@ class DeviceMeshSpec:
     def from_dict(cls, d: dict[str, Any]) -> DeviceMeshSpec:
         """Reads both `to_dict` (an explicit rank list) and `to_compact_dict` (runs), checking what the planner
         divides by and indexes with: a mesh dimension of size 0 or less has no chunks to plan."""
+        d = json_object(d, "mesh_spec")
         device_type, names = d["device_type"], d.get("mesh_dim_names")
         if not isinstance(device_type, str):
             raise ValueError(f"mesh field 'device_type' must be a string, got {device_type!r}")
@@ -365,6 +372,7 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
     def from_dict(cls, d: dict[str, Any]) -> DTensorShardingMetadata:
         """Read from untrusted JSON: every number the planner computes with is checked here (a bad one is a
         ValueError naming the field), so planning a load is arithmetic on sane values, in bounded time."""
+        d = json_object(d, "data")
         shape = _counts(d["global_shape"], "field 'global_shape'")
         if math.prod(shape) > _MAX_NUMEL:
             raise ValueError(f"field 'global_shape' {list(shape)} holds more than 2**63 elements")
@@ -375,6 +383,8 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
         if not isinstance(dtype, str) or dtype_from_name(dtype) is None:
             raise ValueError(f"field 'dtype' {dtype!r} names no torch dtype")
         mesh = DeviceMeshSpec.from_dict(d["mesh_spec"])
+        if not isinstance(d["placements"], JSON_ARRAY):
+            raise ValueError(f"field 'placements' must be a list of placements, got {type(d['placements']).__name__}")
         placements = tuple(placement_spec_from_dict(p) for p in d["placements"])
         for p in placements:
             if isinstance(p, StridedShardSpec) and p.split_factor > _MAX_SPLIT_FACTOR:
