@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -686,12 +687,31 @@ def _validate_parts(config: CheckpointManager.Config) -> None:
                 f"{owner}.{name} must be a function (importable, e.g. defined at module level) or None, got "
                 f"{value!r} ({type(value).__name__})."
             )
+    if isinstance(config.save, AsyncCheckpointSaverConfig):
+        for name in ("pre_finalize_callback", "finalize_callback"):
+            _check_picklable_callback(owner, name, getattr(config, name))
     if not isinstance(config.subprocess_init_args, (tuple, list)):
         raise ConfigTypeError(
             f"{owner}.subprocess_init_args must be a tuple of the arguments for subprocess_init_fn, got "
             f"{config.subprocess_init_args!r} ({type(config.subprocess_init_args).__name__}); one argument x "
             f"is (x,)."
         )
+
+
+def _check_picklable_callback(owner: str, name: str, value: Any) -> None:
+    """An async save runs its callbacks in the writer process, which gets them pickled with each write
+    (API_SURFACE §9.2): one that cannot pickle (a lambda, a nested function) failed only that write's Future, with
+    a message naming neither the callback nor the fix. Checked where it is set, before anything is staged."""
+    if value is None:
+        return
+    try:
+        ForkingPickler.dumps(value)
+    except Exception as exc:  # a callable object's own __reduce__ may raise anything
+        raise ConfigTypeError(
+            f"{owner}.{name} cannot be pickled for the async writer process, which runs it ({type(exc).__name__}: "
+            f"{exc}). Define it at module level (importable by name; bind arguments with functools.partial), or "
+            f"use CheckpointManager.Config.with_sync_save(), which runs it in this process."
+        ) from exc
 
 
 def _check_optional(name: str, value: Any, cls: type, what: str) -> None:
