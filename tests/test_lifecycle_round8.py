@@ -82,8 +82,12 @@ class _BackToBackReaders:
     def __enter__(self) -> _BackToBackReaders:
         for t in self.threads:
             t.start()
-        while self.holds < 10:  # the readers are overlapping before the writer comes
+        deadline = time.monotonic() + WAIT_S * 4  # as long as a reader may wait for the lock
+        while self.holds < 10 and time.monotonic() < deadline:  # the readers are overlapping before the writer comes
             time.sleep(0.001)
+        if self.holds < 10:
+            self.stop.set()
+            raise AssertionError(f"the readers took the lock {self.holds} times in {WAIT_S * 4} s")
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -274,8 +274,10 @@ def test_close_that_gives_up_on_a_save_waiting_for_the_writer_logs_why(
     pid = manager.writer_pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    while manager._saver.process._proc.is_alive():
+    deadline = time.monotonic() + WAIT_S
+    while manager._saver.process._proc.is_alive() and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert not manager._saver.process._proc.is_alive(), f"the SIGKILLed writer {pid} still runs after {WAIT_S} s"
     future = manager.save(str(tmp_path / "step_1"), {"w": torch.ones(4)})
     assert future is not None
     # the replacement's spawn began once the save, holding the writer, found the old one dead
@@ -446,8 +448,10 @@ def test_writers_killed_mid_save_give_back_their_pipes_without_waiting_for_a_col
                 marker.unlink(missing_ok=True)
                 future = manager.save(str(tmp_path / f"step_{i}"), {"w": torch.ones(4)})
                 assert future is not None
-                while not marker.exists():
+                deadline = time.monotonic() + WAIT_S
+                while not marker.exists() and time.monotonic() < deadline:
                     time.sleep(0.05)
+                assert marker.exists(), f"save {i}'s writer never reached the commit"
                 os.kill(manager.writer_pid or 0, signal.SIGKILL)
                 errors.append(future.exception(timeout=WAIT_S))  # kept, as a job's error log would keep them
             config.pre_finalize_callback = None
