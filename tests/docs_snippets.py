@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import runpy
-import socket
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,23 +70,25 @@ def _ranks(args: str, path: Path, offset: int) -> tuple[int, ...]:
     return tuple(int(n) for n in m.group(1).split(","))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_script_as_torchrun_rank(script: str, cwd: str) -> None:
     """Run a docs script on this rank the way `torchrun --nproc-per-node N script.py` would.
 
-    The launcher's process group is only used to agree on a fresh rendezvous port; it is then destroyed so the
-    script initialises its own group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, as under torchrun. All ranks
-    share one working directory, as torchrun's ranks on one node do.
+    As torchrun's agent does, rank 0 hosts the script's rendezvous store and every rank's
+    `init_process_group` joins it as a client (TORCHELASTIC_USE_AGENT_STORE). The store listens on a port the
+    kernel picks (port 0), which the launcher's process group carries to the other ranks before it is destroyed:
+    no port is ever free between being picked and being bound, where another process could take it. The script
+    initialises its own group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, as under torchrun. All ranks share
+    one working directory, as torchrun's ranks on one node do.
     """
-    port = [_free_port() if dist.get_rank() == 0 else 0]
+    host = os.environ["MASTER_ADDR"]
+    store = None  # rank 0's, held by this frame until the script is done
+    if dist.get_rank() == 0:
+        store = dist.TCPStore(host, 0, dist.get_world_size(), is_master=True, wait_for_workers=False)
+    port = [store.port if store is not None else 0]
     dist.broadcast_object_list(port, src=0)
     dist.destroy_process_group()
     os.environ["MASTER_PORT"] = str(port[0])
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = str(True)
     os.chdir(cwd)
     try:
         runpy.run_path(script, run_name="__main__")
