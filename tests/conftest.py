@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from tests.memory_storage import Control, MemoryStorageConfig, controlled_manager, free_port, with_clean_controls
+from tests.memory_storage import Control, MemoryStorageConfig, controlled_manager, with_clean_controls
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 
@@ -71,11 +71,13 @@ def control_async(controlled_async: tuple[CheckpointManager, Control]) -> Iterat
 
 @pytest.fixture
 def dist_world1() -> Iterator[None]:
-    """A one-rank gloo process group on a free loopback port, for DTensors on a CPU DeviceMesh."""
+    """A one-rank gloo process group, for DTensors on a CPU DeviceMesh. Its store listens on a loopback port the
+    kernel picks (port 0): a port probed free and bound later could be taken in between by another process."""
     if dist.is_initialized():
         yield
         return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         yield
     finally:
