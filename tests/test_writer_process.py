@@ -75,27 +75,6 @@ def test_a_writer_that_does_not_start_in_time_times_out(tmp_path: Path) -> None:
         process.close()
 
 
-def test_a_writer_killed_between_saves_is_replaced_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A writer that died between saves (the OOM killer, an operator's kill) is replaced, and said so: it used to
-    be restarted without a word, so a job whose writer kept being killed showed nothing."""
-    config = CheckpointManager.Config.with_async_save()
-    config.storage_config = STORAGE
-    with CheckpointManager(config) as manager:
-        manager.save(str(tmp_path / "a"), {"w": torch.ones(3)}).result(timeout=120)  # type: ignore[union-attr]
-        pid = manager.writer_pid
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        _wait_dead(pid)
-        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
-            manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)}).result(timeout=180)  # type: ignore[union-attr]
-        assert manager.writer_pid not in (None, pid)
-        out = manager.load(str(tmp_path / "b"), into={"w": None})
-    assert torch.equal(out["w"], torch.zeros(3))
-    died = [r for r in caplog.records if r.levelno == logging.WARNING and str(pid) in r.getMessage()]
-    assert died, [r.getMessage() for r in caplog.records]
-    assert "SIGKILL" in died[0].getMessage()
-
-
 def _held_by_a_write(process: CheckpointProcess, timeout_s: float = 120) -> None:
     """Until a save's write holds the writer (it has sent, or is about to send, its request)."""
     deadline = time.monotonic() + timeout_s
@@ -104,26 +83,35 @@ def _held_by_a_write(process: CheckpointProcess, timeout_s: float = 120) -> None
         time.sleep(0.005)
 
 
-def test_a_writer_that_dies_before_taking_a_request_is_replaced_and_the_save_goes_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("when", ["between saves", "before it takes the request"])
+def test_a_killed_writer_is_replaced_for_the_next_save_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, when: str
 ) -> None:
-    """A writer killed a moment before a save (the OOM killer: the kernel takes a while to tear down a dying
-    process, and the trainer still saw it alive) failed that save with "died during the write ... may have been
-    committed", although it had read nothing. It now answers each request's receipt first, so a writer that
-    dies before that has written nothing, and the request goes to a new writer, once."""
+    """A writer that died between saves (the OOM killer, an operator's kill) is replaced, and said so: it used to
+    be restarted without a word, so a job whose writer kept being killed showed nothing.
+
+    One killed a moment before a save (the kernel takes a while to tear a dying process down, and the trainer
+    still saw it alive) failed that save with "died during the write ... may have been committed", although it
+    had read nothing. It now says when it has taken a request, so one that dies before that has written nothing,
+    and the request goes to a new writer, once."""
     config = CheckpointManager.Config.with_async_save()
     config.storage_config = STORAGE
     with CheckpointManager(config) as manager:
         manager.save(str(tmp_path / "a"), {"w": torch.ones(3)}).result(timeout=120)  # type: ignore[union-attr]
         pid = manager.writer_pid
         assert pid is not None
-        os.kill(pid, signal.SIGSTOP)  # alive, but reads nothing: the request waits in its pipe
         with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
-            future = manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)})
+            if when == "between saves":
+                os.kill(pid, signal.SIGKILL)
+                _wait_dead(pid)
+                future = manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)})
+            else:
+                os.kill(pid, signal.SIGSTOP)  # alive, but reads nothing: the request waits in its pipe
+                future = manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)})
+                _held_by_a_write(manager._saver.process)
+                time.sleep(0.2)  # the request is in the stopped writer's pipe (a save that found it dead passes too)
+                os.kill(pid, signal.SIGKILL)
             assert future is not None
-            _held_by_a_write(manager._saver.process)
-            time.sleep(0.2)  # the request is in the stopped writer's pipe (a save that found it dead passes too)
-            os.kill(pid, signal.SIGKILL)
             future.result(timeout=180)
         assert manager.writer_pid not in (None, pid)
         out = manager.load(str(tmp_path / "b"), into={"w": None})
