@@ -18,7 +18,7 @@ import select
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,7 @@ from torch_checkpointing.discovery import (
     default_storage,
     list_checkpoints,
     require_directory,
+    require_path,
     resume_point,
     storage_for,
 )
@@ -670,26 +671,26 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--plain", action="store_true", default=argparse.SUPPRESS, help="plain text even on a terminal")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("ls", parents=[common], help="committed checkpoints and leftovers under ROOT")
-    p.add_argument("root")
+    p.add_argument("root", type=_path("root"))
     _older_than(p)
     p.set_defaults(run=cmd_ls)
     p = sub.add_parser("inspect", parents=[common], help="items, files, formats, sizes, sharding, metrics")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", type=_path("checkpoint path"))
     p.set_defaults(run=cmd_inspect)
     p = sub.add_parser("verify", parents=[common], help="check every file against the manifest (size + crc32)")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", type=_path("checkpoint path"))
     p.set_defaults(run=cmd_verify)
     p = sub.add_parser("diff", parents=[common], help="which items/tensors differ between two checkpoints")
-    p.add_argument("a")
-    p.add_argument("b")
+    p.add_argument("a", type=_path("checkpoint path"))
+    p.add_argument("b", type=_path("checkpoint path"))
     p.set_defaults(run=cmd_diff)
     p = sub.add_parser("gc", parents=[common], help="remove what killed saves and deletions left behind")
-    p.add_argument("root")
+    p.add_argument("root", type=_path("root"))
     p.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     _older_than(p)
     p.set_defaults(run=cmd_gc)
     p = sub.add_parser("prune", parents=[common], help="apply a retention policy to the checkpoints under ROOT")
-    p.add_argument("root")
+    p.add_argument("root", type=_path("root"))
     p.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest")
     p.add_argument("--keep-every-n-steps", type=int, metavar="N", help="keep every step that is a multiple of N")
     p.add_argument("--keep-best", type=int, metavar="N", help="keep the N best by --metric")
@@ -698,16 +699,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(run=cmd_prune)
     p = sub.add_parser("export", parents=[common], help="export an item, e.g. to Hugging Face safetensors")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", type=_path("checkpoint path"))
     p.add_argument("--item", required=True, help="the item key to export (e.g. model)")
     p.add_argument("--to", choices=["hf"], required=True, help="target layout")
-    p.add_argument("out", help="output directory")
+    p.add_argument("out", type=_path("output directory"), help="output directory")
     p.add_argument("--max-shard-size", default="5GB", help="per output file, e.g. 5GB, 500MB (default 5GB)")
     p.add_argument("--dtype", help="cast floating-point tensors, e.g. bfloat16")
     p.add_argument("--rank", type=int, help="export one rank's copy of an item saved per rank without a resharder")
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export in OUT")
     p.set_defaults(run=cmd_export)
     return parser
+
+
+def _path(what: str) -> Callable[[str], str]:
+    """An argparse type refusing an empty path (`prune "$ROOT"` with ROOT unset pruned the current directory)."""
+
+    def check(text: str) -> str:
+        try:
+            require_path(text, what)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return check
 
 
 def _seconds(text: str) -> float:

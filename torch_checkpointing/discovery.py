@@ -61,6 +61,7 @@ __all__ = [
     "list_leftovers",
     "newest_intact",
     "require_directory",
+    "require_path",
     "resume_point",
     "self_describing_layouts",
     "still_there",
@@ -288,11 +289,22 @@ def _sort_key(info: CheckpointInfo) -> tuple[int, float, str]:
     return (info.step if info.step is not None else -1, info.commit_time or 0.0, info.path)
 
 
+def require_path(where: str | os.PathLike[str], what: str = "root") -> None:
+    """Refuse an empty path: `Path("")` is the current directory, so `prune(os.environ.get("ROOT", ""), ...)` or
+    `torch-checkpointing prune "$ROOT"` with ROOT unset listed, pruned and collected whatever was there."""
+    if os.fspath(where) in ("", b""):
+        raise ConfigError(
+            f"an empty {what} names no directory (an unset variable?); pass '.' for the current directory"
+        )
+
+
 def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = None) -> list[CheckpointInfo]:
     """Committed checkpoints directly under `root`, oldest first (by step, then commit time).
 
-    Temporary, incomplete, trashed and foreign directories are skipped; a missing root lists nothing.
+    Temporary, incomplete, trashed and foreign directories are skipped; a missing root lists nothing. An empty
+    root is refused with a `ConfigError` (pass "." for the current directory).
     """
+    require_path(root)
     storage = storage or storage_for(root)
     base = Path(root)
     if not storage.isdir(base):
@@ -645,6 +657,7 @@ def _committed_beside_marker(storage: Storage, path: Path) -> bool:
 
 def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None) -> list[Leftover]:
     """Directories under `root` that saves, replacements or deletions of ours left behind (nothing foreign)."""
+    require_path(root)
     storage = storage or storage_for(root)
     base = Path(root)
     if not storage.isdir(base):

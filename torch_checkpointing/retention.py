@@ -41,6 +41,7 @@ from torch_checkpointing.discovery import (
     list_checkpoints,
     list_leftovers,
     newest_intact,
+    require_path,
     still_there,
     storage_for,
 )
@@ -369,6 +370,7 @@ def prune(
     protect: Collection[str] = (),
 ) -> PruneReport:
     """`apply_retention`, reporting the deletions that failed as well as those done."""
+    require_path(root)
     storage = storage or storage_for(root)
     found = list_checkpoints(root, storage)
     _check_metric_recorded(root, policy, found)
@@ -547,6 +549,7 @@ def collect_garbage(
 ) -> GcReport:
     """Remove what dead saves, replacements and deletions left under `root`; never a live writer's temporary."""
     check_age(unowned_after_s, "unowned_after_s")
+    require_path(root)
     storage = storage or storage_for(root)
     base, now = Path(root), time.time()
     report = GcReport()
