@@ -1,13 +1,16 @@
 """Operations (ls, gc, prune, export and their library calls) attacked as a script with a wrong argument would.
 
-Each test here failed before its fix: an empty root (`torch-checkpointing prune "$ROOT" --keep-last 1` with
-ROOT unset, or `prune(os.environ.get("ROOT", ""), policy)`) was taken for the current directory, and the
-checkpoints there were deleted.
+Each test here failed before its fix: with `--json`, a Ctrl-C or SIGTERM (during the command or while the CLI
+imported torch) left stdout empty, no JSON document for the script to parse; an empty root
+(`torch-checkpointing prune "$ROOT" --keep-last 1` with ROOT unset, or `prune(os.environ.get("ROOT", ""),
+policy)`) was taken for the current directory, and the checkpoints there were deleted.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, latest_checkpoint, list_checkpoints
+from torch_checkpointing import CheckpointManager, cli, latest_checkpoint, list_checkpoints
+from torch_checkpointing import __main__ as entry
 from torch_checkpointing.cli import main
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import list_leftovers
@@ -101,3 +105,55 @@ def test_an_empty_root_is_refused_by_the_library_and_deletes_nothing(cwd_run: Pa
 def test_the_current_directory_spelt_as_a_dot_still_works(cwd_run: Path) -> None:
     assert [c.step for c in list_checkpoints(".")] == [1, 2, 3]
     assert [c.step for c in prune(".", RetentionPolicy(keep_last=1)).deleted] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("raised", "code", "kind"),
+    [(KeyboardInterrupt, 130, "KeyboardInterrupt"), (cli.Terminated, 143, "Terminated")],
+)
+def test_an_interrupted_command_with_json_still_prints_one_json_document(
+    cwd_run: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    raised: type[BaseException],
+    code: int,
+    kind: str,
+) -> None:
+    def interrupted(*_args: object, **_kwargs: object) -> object:
+        raise raised
+
+    monkeypatch.setattr(cli, "list_checkpoints", interrupted)
+    assert _main(["--json", "ls", "."]) == code
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["kind"] == kind and doc["error"], doc
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    # without --json: the one line on stderr, and nothing on stdout, as before
+    assert _main(["ls", "."]) == code
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured
+
+
+@pytest.mark.parametrize(("signum", "kind"), [(signal.SIGINT, "KeyboardInterrupt"), (signal.SIGTERM, "Terminated")])
+@pytest.mark.parametrize("json_flag", [True, False])
+def test_a_signal_while_the_cli_starts_with_json_still_prints_one_json_document(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    signum: signal.Signals,
+    kind: str,
+    json_flag: bool,
+) -> None:
+    def held_import(held: list[int]) -> Callable[[], int]:
+        held.append(signum)
+        return lambda: 0
+
+    monkeypatch.setattr(entry, "_import_cli_holding", held_import)
+    monkeypatch.setattr(sys, "argv", ["torch-checkpointing", "ls", ".", *(["--json"] if json_flag else [])])
+    assert entry.run() == 128 + signum
+    captured = capsys.readouterr()
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    if json_flag:
+        doc = json.loads(captured.out)
+        assert doc["kind"] == kind and doc["error"], doc
+    else:
+        assert captured.out == ""

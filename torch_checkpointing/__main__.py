@@ -1,6 +1,7 @@
 """`python -m torch_checkpointing ...` and the `torch-checkpointing` command: the operations CLI (see
 torch_checkpointing.cli)."""
 
+import json
 import signal
 import sys
 import threading
@@ -8,6 +9,7 @@ from collections.abc import Callable
 
 _HELD = (signal.SIGINT, signal.SIGTERM)
 _SAID = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)"}
+_KIND = {signal.SIGINT: "KeyboardInterrupt", signal.SIGTERM: "Terminated"}  # as cli.main's --json document names them
 
 
 def run() -> int:
@@ -16,7 +18,11 @@ def run() -> int:
     held: list[int] = []
     main = _import_cli_holding(held)
     if held:
-        print(f"torch-checkpointing: {_SAID[signal.Signals(held[0])]}", file=sys.stderr)
+        said = f"torch-checkpointing: {_SAID[signal.Signals(held[0])]}"
+        argv = sys.argv[1:]
+        if "--json" in argv[: argv.index("--") if "--" in argv else None]:  # the document scripts parse, as cli's
+            print(json.dumps({"error": said, "kind": _KIND[signal.Signals(held[0])]}, indent=2, sort_keys=True))
+        print(said, file=sys.stderr)
         return 128 + held[0]
     return main()
 

@@ -766,11 +766,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, RuntimeError, OSError, KeyError, ValueError, ImportError) as exc:
         return _report_error(args.command, ui, exc)
     except KeyboardInterrupt:  # Ctrl-C: what was under way has cleaned up on the way out (an export's staging)
-        print(f"torch-checkpointing {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _report_stop(args.command, ui, "interrupted", "KeyboardInterrupt", EXIT_INTERRUPTED)
     except Terminated:  # SIGTERM (`timeout`, a scheduler, `kill`): the same clean-up as on Ctrl-C
-        print(f"torch-checkpointing {args.command}: terminated (SIGTERM)", file=sys.stderr)
-        return EXIT_TERMINATED
+        return _report_stop(args.command, ui, "terminated (SIGTERM)", "Terminated", EXIT_TERMINATED)
 
 
 class Terminated(BaseException):
@@ -820,6 +818,17 @@ def _report_error(command: str, ui: Ui, exc: Exception) -> int:
     except BrokenPipeError:
         _silence_stdout()
     return EXIT_ERROR
+
+
+def _report_stop(command: str, ui: Ui, said: str, kind: str, code: int) -> int:
+    """A command stopped by a signal: one line on stderr, and with --json the error document on stdout (before,
+    stdout was left empty and a script's json.load of it failed instead of reading why)."""
+    try:
+        ui.emit_json({"error": f"torch-checkpointing {command}: {said}", "kind": kind})
+    except BrokenPipeError:
+        _silence_stdout()
+    print(f"torch-checkpointing {command}: {said}", file=sys.stderr)
+    return code
 
 
 def _stdout_closed() -> bool:
