@@ -157,3 +157,17 @@ def test_a_signal_while_the_cli_starts_with_json_still_prints_one_json_document(
         assert doc["kind"] == kind and doc["error"], doc
     else:
         assert captured.out == ""
+
+
+def test_gc_of_a_checkpoint_instead_of_its_root_says_so(
+    cwd_run: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`ls` and `prune` of a checkpoint warn naming the parent to pass; `gc` said "removed 0 leftover(s)", and the
+    run's real leftovers beside it stayed, with nothing said."""
+    leftover = cwd_run / ".step_4.tmp-abc-1"
+    leftover.mkdir()
+    with caplog.at_level("WARNING", logger="torch_checkpointing"):
+        assert _main(["gc", str(cwd_run / "step_3")]) == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert any("is itself a checkpoint" in m and f"pass its parent directory {cwd_run}" in m for m in said), said
+    assert leftover.is_dir()

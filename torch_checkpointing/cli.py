@@ -38,6 +38,7 @@ from torch_checkpointing.discovery import (
     require_path,
     resume_point,
     storage_for,
+    warn_if_a_checkpoint,
 )
 from torch_checkpointing.distributed_metadata import (
     DistributedMetadata,
@@ -561,6 +562,8 @@ def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
 def cmd_gc(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     require_directory(storage, Path(args.root), _ROOT)
     report = collect_garbage(args.root, storage, dry_run=args.dry_run, unowned_after_s=args.older_than)
+    if not (report.removed or report.kept or report.failed):  # "removed 0" of a checkpoint hid its run's leftovers
+        warn_if_a_checkpoint(Path(args.root), storage)
     ui.emit_json(
         {
             "root": args.root,

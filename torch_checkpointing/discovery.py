@@ -65,6 +65,7 @@ __all__ = [
     "resume_point",
     "self_describing_layouts",
     "still_there",
+    "warn_if_a_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -324,7 +325,7 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
         if info is not None:
             found.append(info)
     if not found:
-        _warn_if_a_checkpoint(base, storage)
+        warn_if_a_checkpoint(base, storage)
     return sorted(found, key=_sort_key)
 
 
@@ -332,7 +333,7 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
 _ROOT = "the directory that holds the checkpoints (a run's root)"
 
 
-def _warn_if_a_checkpoint(base: Path, storage: Storage) -> None:
+def warn_if_a_checkpoint(base: Path, storage: Storage) -> None:
     """A checkpoint passed as the root lists nothing, and "nothing" reads as a first run to a resume."""
     if storage.exists(base / MANIFEST_FILE_NAME) and _manifest_or_none(storage, base) is not None:
         logger.warning(
