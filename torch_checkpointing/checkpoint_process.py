@@ -471,6 +471,7 @@ class CheckpointProcess:
         self._closing = False
         self._starting: Any = None  # the process being spawned, until it is ready
         self._killed_pid: int | None = None  # the writer kill() ended: a request it had not taken is not handed on
+        self._start_at_next_save = False  # a start now would fail as the last one did (no working directory)
         self._start_in_background()
 
     def _start_in_background(self) -> None:
@@ -533,11 +534,17 @@ class CheckpointProcess:
             self.wait_ready()
 
     def wait_ready(self) -> None:
+        if self._start_at_next_save:
+            self._start_at_next_save = False
+            self._start_in_background()
         if not self._ready.wait(self.config.subprocess_init_timeout_secs + 5):
             raise TimeoutError("Checkpoint writer process did not start in time")
         if self._start_error is not None:
             error, self._start_error = self._start_error, None
-            self._start_in_background()  # let the next save try again
+            if isinstance(error, _NoWorkingDirectory):  # started now, it fails again before the caller can chdir
+                self._start_at_next_save = True
+            else:
+                self._start_in_background()  # let the next save try again
             if isinstance(error, _WriterKilledAtStart):
                 raise CheckpointError(
                     f"Checkpoint writer process was {_how_it_ended(error.exitcode)} while it started (the OOM "
