@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import enum
 import errno
@@ -698,11 +699,16 @@ def _validate_parts(config: CheckpointManager.Config) -> None:
         )
 
 
+# Callbacks found picklable: every save() and load() rechecks these live fields, and pickling the same callback
+# (a bound method pickles its object) at each call was work the write repeats anyway.
+_PICKLABLE_CALLBACKS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def _check_picklable_callback(owner: str, name: str, value: Any) -> None:
     """An async save runs its callbacks in the writer process, which gets them pickled with each write
     (API_SURFACE §9.2): one that cannot pickle (a lambda, a nested function) failed only that write's Future, with
     a message naming neither the callback nor the fix. Checked where it is set, before anything is staged."""
-    if value is None:
+    if value is None or _known_picklable(value):
         return
     try:
         ForkingPickler.dumps(value)
@@ -712,6 +718,15 @@ def _check_picklable_callback(owner: str, name: str, value: Any) -> None:
             f"{exc}). Define it at module level (importable by name; bind arguments with functools.partial), or "
             f"use CheckpointManager.Config.with_sync_save(), which runs it in this process."
         ) from exc
+    with contextlib.suppress(TypeError):  # neither hashable nor weakly referenceable: checked at each call
+        _PICKLABLE_CALLBACKS.add(value)
+
+
+def _known_picklable(value: Any) -> bool:
+    try:
+        return value in _PICKLABLE_CALLBACKS
+    except TypeError:
+        return False
 
 
 def _check_optional(name: str, value: Any, cls: type, what: str) -> None:
