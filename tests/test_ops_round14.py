@@ -116,20 +116,26 @@ def test_verify_fails_a_file_recorded_in_a_format_no_load_reads(
     assert "model_0.pt" in out and "ZstdTorchSerialization" in out, out
 
 
-def test_prune_by_a_metric_no_checkpoint_records_deletes_nothing(
+def test_prune_by_a_metric_no_checkpoint_records_never_deletes_the_best_by_the_name_meant(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--metric lsos` (a typo of `loss`): every checkpoint was "not best", and the best by loss was deleted."""
+    """`--metric lsos` (a typo of `loss`): every checkpoint was "not best", and the best by loss was deleted.
+
+    The pass is no longer refused (that also refused it to jobs before their first eval, whose checkpoints then
+    piled up): the best by `loss`, the metric the checkpoints record, is kept in place of the best by `lsos`,
+    and the output says so, naming both."""
     cfg = CheckpointManager.Config.with_sync_save()
     with CheckpointManager(cfg) as m:
-        for step, loss in ((1, 0.1), (2, 0.5), (3, 0.9)):
+        for step, loss in ((1, 0.1), (2, 0.5), (3, 0.9), (4, 0.7)):
             m.save(str(tmp_path / f"step_{step}"), {"model": {"w": torch.ones(2)}}, metrics={"loss": loss})
-    code = main(["prune", str(tmp_path), "--keep-best", "1", "--metric", "lsos"])
-    assert code == 2, capsys.readouterr()
-    assert "'lsos'" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_2", "step_3"]
+    code = main(["prune", str(tmp_path), "--keep-best", "1", "--metric", "lsos", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0 and "'lsos'" in out and "'loss'" in out, out
+    assert "would delete 2 checkpoint(s): step_2, step_3" in out, out
+    assert main(["prune", str(tmp_path), "--keep-best", "1", "--metric", "lsos"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_4"]  # the best by loss, and the newest
     assert main(["prune", str(tmp_path), "--keep-best", "1", "--metric", "loss"]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_3"]  # the best, and the newest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_4"]
 
 
 def test_a_trailing_number_in_other_scripts_digits_is_not_a_step(tmp_path: Path) -> None:

@@ -59,7 +59,11 @@ def test_rules_combine_and_the_newest_is_always_kept() -> None:
 def test_best_ignores_checkpoints_without_the_metric_or_with_nan() -> None:
     infos = [_info(1), _info(2, float("nan")), _info(3, 2.0), _info(4)]
     assert _kept(infos, RetentionPolicy(keep_best=2, metric="loss")) == [3, 4]
-    assert _kept(infos, RetentionPolicy(keep_best=1, metric="acc")) == [4]
+    with_acc = [CheckpointInfo("/r/acc", 0, 0.0, 1, 10, {"acc": 0.5}, "x"), *infos]
+    assert _kept(with_acc, RetentionPolicy(keep_best=1, metric="acc")) == [0, 4]
+    # While no checkpoint records acc (a misspelt name, or no eval yet), the best by loss, the name they do
+    # record, is kept in its place: a misspelt name deleted the best by the name meant.
+    assert _kept(infos, RetentionPolicy(keep_best=1, metric="acc")) == [3, 4]
 
 
 @pytest.mark.parametrize(

@@ -599,8 +599,16 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     report = prune(args.root, policy, storage, dry_run=args.dry_run)
     failed = [{**c.to_dict(), "reason": why} for c, why in report.failed]
     ui.emit_json(
-        {"root": args.root, "dry_run": args.dry_run, "deleted": [c.to_dict() for c in report.deleted], "failed": failed}
+        {
+            "root": args.root,
+            "dry_run": args.dry_run,
+            "deleted": [c.to_dict() for c in report.deleted],
+            "failed": failed,
+            "metric_not_recorded": report.metric_not_recorded,
+        }
     )
+    if report.metric_not_recorded is not None:  # on stdout beside the deletions it explains, at either level
+        ui.line(f"warning: {report.metric_not_recorded}")
     verb = "would delete" if args.dry_run else "deleted"
     ui.line(f"{verb} {len(report.deleted)} checkpoint(s): {', '.join(c.name for c in report.deleted) or '-'}")
     for c, why in report.failed:

@@ -79,8 +79,11 @@ class RetentionPolicy:
 
     A checkpoint is kept when any rule keeps it: one of the `keep_last` newest; a step that is a multiple of
     `keep_every_n_steps`; one of the `keep_best` by `metric` (`mode` "min" or "max"; checkpoints without the
-    metric are never "best"). The newest committed checkpoint is always kept. With no rule set, nothing is
-    deleted. `root` defaults to the parent directory of each saved id. `collect_garbage` also removes the
+    metric are never "best"). While no checkpoint under the root records `metric` (a job before its first eval,
+    or a misspelt name), the `keep_best` best by each metric they do record are kept in its place, so that a
+    misspelt name never deletes the best by the name meant, and the pass is told once (INFO while no checkpoint
+    records any metric, else WARNING). The newest committed checkpoint is always kept. With no rule set, nothing
+    is deleted. `root` defaults to the parent directory of each saved id. `collect_garbage` also removes the
     temporaries of dead saves; a temporary whose owner cannot be checked (no owner lock on this host) is removed
     only once it is `unowned_after_s` old.
     """
@@ -144,9 +147,30 @@ def select_for_deletion(
         keep.update(c.path for c in checkpoints[-policy.keep_last :])
     if policy.keep_every_n_steps is not None:
         keep.update(c.path for c in checkpoints if c.step is not None and c.step % policy.keep_every_n_steps == 0)
-    if policy.keep_best is not None and policy.metric is not None:
-        keep.update(c.path for c in _best(checkpoints, policy.metric, policy.mode, policy.keep_best))
+    keep.update(c.path for c in _kept_as_best(checkpoints, policy))
     return [c for c in checkpoints if c.path not in keep]
+
+
+def _kept_as_best(checkpoints: list[CheckpointInfo], policy: RetentionPolicy) -> list[CheckpointInfo]:
+    """What `keep_best` keeps: the best by `metric`, or, while no checkpoint records it, the best by each metric
+    they do record.
+
+    Refusing the pass instead (the guard against a misspelt `lsos` deleting the best by `loss`) also refused it
+    to a job recording its metric only at evals, before the first: keep_last was never applied and the disk
+    filled. Keeping every checkpoint that records some metric would fill it as well where a train loss is
+    recorded at every save. The name meant is one they record, if any checkpoint can be best by it, so its best
+    is kept; and a checkpoint that falls out of the best by a name never comes back into it.
+    """
+    if policy.keep_best is None or policy.metric is None:
+        return []
+    recorded = _recorded_metrics(checkpoints)
+    names = [policy.metric] if policy.metric in recorded else recorded
+    return [c for name in names for c in _best(checkpoints, name, policy.mode, policy.keep_best)]
+
+
+def _recorded_metrics(checkpoints: list[CheckpointInfo]) -> list[str]:
+    """The metric names the checkpoints record, sorted."""
+    return sorted({name for c in checkpoints for name in (c.metrics or {})})
 
 
 def _best(checkpoints: list[CheckpointInfo], metric: str, mode: str, n: int) -> list[CheckpointInfo]:
@@ -325,18 +349,51 @@ def _identity(storage: Storage, path: str | os.PathLike[str]) -> str:
         return os.path.normpath(os.fspath(path))
 
 
-def _check_metric_recorded(root: object, policy: RetentionPolicy, found: list[CheckpointInfo]) -> None:
-    """Refuse a `keep_best` metric that no checkpoint under `root` records: almost always a typo (`lsos`),
-    and it made every checkpoint "not best", so the pass deleted the best one by the metric meant, silently."""
+def _metric_not_recorded(
+    root: str | os.PathLike[str], policy: RetentionPolicy, found: list[CheckpointInfo]
+) -> tuple[int, str] | None:
+    """The level and text to tell a pass whose `keep_best` metric no checkpoint under `root` records (what
+    `_kept_as_best` keeps instead); None when one does. INFO while they record no metric at all (a job before
+    its first eval: nothing can be best by any name, so nothing is at risk); WARNING while they record others
+    (a misspelt name, or a metric recorded at evals only beside others recorded at every save)."""
     if policy.keep_best is None or policy.metric is None or not found:
-        return
-    recorded = sorted({name for c in found for name in (c.metrics or {})})
-    if policy.metric not in recorded:
-        raise ConfigError(
-            f"RetentionPolicy(metric={policy.metric!r}): no checkpoint under {root} records that metric (they "
-            f"record {recorded or 'no metrics'}); nothing was deleted. Fix the metric name, or pass "
-            f"save(..., metrics={{{policy.metric!r}: value}})."
+        return None
+    recorded = _recorded_metrics(found)
+    metric, n = policy.metric, policy.keep_best
+    if metric in recorded:
+        return None
+    if not recorded:
+        return logging.INFO, (
+            f"keep_best by metric {metric!r}: no checkpoint under {_shown(root)} records any metrics yet, so none "
+            f"is kept as best until a save passes metrics={{{metric!r}: value}}; the other rules apply meanwhile"
         )
+    return logging.WARNING, (
+        f"keep_best by metric {metric!r}: no checkpoint under {_shown(root)} records it (they record "
+        f"{', '.join(map(repr, recorded))}), so retention keeps the best {n} by each of those instead, and applies "
+        f"the other rules. If {metric!r} is recorded only at some saves (an eval), this lasts until the first; "
+        f"else fix the metric name (RetentionPolicy(metric=...), prune --metric) or pass "
+        f"save(..., metrics={{{metric!r}: value}})"
+    )
+
+
+def _tell_metric_not_recorded(
+    root: str | os.PathLike[str],
+    policy: RetentionPolicy,
+    found: list[CheckpointInfo],
+    told: set[tuple[str, int]] | None,
+) -> str | None:
+    """Log `_metric_not_recorded`'s text, once per root and level among the passes sharing `told` (a job's
+    passes: one a save); returns the text."""
+    said = _metric_not_recorded(root, policy, found)
+    if said is None:
+        return None
+    level, text = said
+    key = (_shown(root), level)
+    if told is None or key not in told:
+        logger.log(level, "%s", text)
+        if told is not None:
+            told.add(key)
+    return text
 
 
 def apply_retention(
@@ -359,6 +416,8 @@ class PruneReport:
 
     deleted: list[CheckpointInfo] = field(default_factory=list)
     failed: list[tuple[CheckpointInfo, str]] = field(default_factory=list)
+    # None, or why keep_best kept the best by the metrics recorded instead of by its own (no checkpoint records it)
+    metric_not_recorded: str | None = None
 
 
 def prune(
@@ -370,10 +429,24 @@ def prune(
     protect: Collection[str] = (),
 ) -> PruneReport:
     """`apply_retention`, reporting the deletions that failed as well as those done."""
+    return _prune(root, policy, storage, dry_run=dry_run, protect=protect, told=None)
+
+
+def _prune(
+    root: str | os.PathLike[str],
+    policy: RetentionPolicy,
+    storage: Storage | None,
+    *,
+    dry_run: bool,
+    protect: Collection[str],
+    told: set[tuple[str, int]] | None,
+) -> PruneReport:
+    """`prune`; `told` is what the passes sharing it were already told (see `_tell_metric_not_recorded`), None
+    to tell every time."""
     require_path(root)
     storage = storage or storage_for(root)
     found = list_checkpoints(root, storage)
-    _check_metric_recorded(root, policy, found)
+    note = _tell_metric_not_recorded(root, policy, found, told)
     kept = {_identity(storage, p) for p in protect}
     protected = [c.path for c in found if _identity(storage, c.path) in kept]
     doomed = select_for_deletion(found, policy, protect=protected)
@@ -381,8 +454,10 @@ def prune(
         resume = newest_intact(found, storage)  # only worth its stats when something is to be deleted
         doomed = select_for_deletion(found, policy, protect=protected + ([] if resume is None else [resume.path]))
     if dry_run:
-        return _dry_run(doomed, storage)
-    report = PruneReport()
+        report = _dry_run(doomed, storage)
+        report.metric_not_recorded = note
+        return report
+    report = PruneReport(metric_not_recorded=note)
     for c in doomed:
         outcome = _delete(Path(c.path), storage, c)
         if outcome.deleted:
@@ -664,6 +739,7 @@ class RetentionRunner:
         self._pool = WorkerPool(1, "ckpt-retention") if self.enabled else None  # see `futures`
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
+        self._told: set[tuple[str, int]] = set()  # a metric no checkpoint records: told once, not at every save
 
     def root_for(self, checkpoint_id: str) -> str:
         return self.policy.root or (os.path.dirname(os.path.normpath(checkpoint_id)) or ".")
@@ -707,7 +783,7 @@ class RetentionRunner:
         try:
             # never the checkpoint this pass follows: a run restarted at step 0 beside step_1000 and step_2000
             # (keep_last by step), or an id without a step ("final", a rolling "latest"), lost it at once
-            apply_retention(root, self.policy, self._storage, protect=(checkpoint_id,))
+            _prune(root, self.policy, self._storage, dry_run=False, protect=(checkpoint_id,), told=self._told)
             if self.policy.collect_garbage:
                 collect_garbage(root, self._storage, unowned_after_s=self.policy.unowned_after_s)
         except Exception:  # a retention pass never fails training
