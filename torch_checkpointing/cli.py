@@ -108,6 +108,66 @@ def _escaped(c: str) -> str:
     return repr(c)[1:-1]
 
 
+def _encodable(text: str, encoding: str) -> str:
+    """`text` with each character `encoding` cannot hold written as `\\u00e9`: under `PYTHONIOENCODING=ascii` a
+    name like `ckpt-é` raised UnicodeEncodeError mid-table. (`\\x..` stays an undecodable byte's, `shown`.)"""
+    try:
+        text.encode(encoding)
+        return text
+    except UnicodeEncodeError:
+        return "".join(
+            c if _holds(encoding, c) else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text
+        )
+
+
+def _holds(encoding: str, c: str) -> bool:
+    try:
+        c.encode(encoding)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_safe(doc: Any) -> Any:
+    """`doc` with every string valid Unicode, so that strict JSON parsers read it and what json.loads gives back
+    can be encoded: a name that is not UTF-8 (os.fsdecode's lone surrogates) has each undecodable byte written
+    as `\\xff`, as the text output shows it, and, as a dict value, its exact bytes beside it in hex under the key
+    plus `_hex` (`bytes.fromhex(entry["path_hex"])` opens it). Before, such a name was written as a `"\\udcff"`
+    escape, which parsers refuse or replace, and Python's json.loads returned a str that `.encode()` refused."""
+    if isinstance(doc, os.PathLike):
+        doc = os.fspath(doc)
+    if isinstance(doc, str):
+        return _unicode(doc)
+    if isinstance(doc, Mapping):
+        out: dict[Any, Any] = {}
+        for key, value in doc.items():
+            safe_key = _unicode(key) if isinstance(key, str) else key
+            text = os.fspath(value) if isinstance(value, os.PathLike) else value
+            out[safe_key] = _json_safe(text)
+            if isinstance(text, str) and out[safe_key] != text and (exact := _fs_bytes(text)) is not None:
+                out[f"{safe_key}_hex"] = exact.hex()
+        return out
+    if isinstance(doc, (list, tuple)):
+        return [_json_safe(v) for v in doc]
+    return doc
+
+
+def _unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:  # lone surrogates: \udcff from os.fsdecode, or any from a crafted JSON file
+        return "".join(_escaped(c) if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
+def _fs_bytes(value: str) -> bytes | None:
+    """The bytes a name os.fsdecode'd came from; None for a string no file name gives (other lone surrogates)."""
+    try:
+        return os.fsencode(value)
+    except UnicodeEncodeError:
+        return None
+
+
 class Ui:
     """Tables, lines and progress: `rich` on a terminal when installed, plain text otherwise.
 
@@ -129,13 +189,16 @@ class Ui:
     def line(self, text: str = "") -> None:
         if self.json_mode:
             return
-        print(shown(text), file=self.out)
+        print(self._fit(shown(text)), file=self.out)
+
+    def _fit(self, text: str) -> str:
+        return _encodable(text, getattr(self.out, "encoding", None) or "utf-8")
 
     def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if self.json_mode:
             return
-        cells = [[shown(str(c)) for c in row] for row in rows]
-        title = shown(title)
+        cells = [[self._fit(shown(str(c))) for c in row] for row in rows]
+        title = self._fit(shown(title))
         if self._rich is not None:
             from rich.table import Table
             from rich.text import Text
@@ -155,7 +218,7 @@ class Ui:
 
     def emit_json(self, doc: Any) -> None:
         if self.json_mode:
-            json.dump(doc, self.out, indent=2, sort_keys=True, default=str)
+            json.dump(_json_safe(doc), self.out, indent=2, sort_keys=True, default=lambda o: _json_safe(str(o)))
             self.out.write("\n")
 
     @contextmanager
