@@ -111,3 +111,13 @@ def test_text_output_shows_every_name_whatever_stdout_can_encode(root: Path, env
         out = done.stdout.decode("utf-8")
         assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
         assert "ckpt-\\xff" in out and accented in out, out
+
+
+def test_the_entry_point_reads_its_stop_names_without_importing_torch() -> None:
+    """`python -m torch_checkpointing` holds Ctrl-C and SIGTERM while it imports the CLI (and torch); what it
+    needs before then, the names of a stop, comes from a module that imports no torch."""
+    probe = (
+        "import sys, torch_checkpointing.__main__; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -7,9 +7,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-_HELD = (signal.SIGINT, signal.SIGTERM)
-_SAID = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)"}
-_KIND = {signal.SIGINT: "KeyboardInterrupt", signal.SIGTERM: "Terminated"}  # as cli.main's --json document names them
+from torch_checkpointing.cli_stops import STOPS, json_requested
 
 
 def run() -> int:
@@ -18,12 +16,12 @@ def run() -> int:
     held: list[int] = []
     main = _import_cli_holding(held)
     if held:
-        said = f"torch-checkpointing: {_SAID[signal.Signals(held[0])]}"
-        argv = sys.argv[1:]
-        if "--json" in argv[: argv.index("--") if "--" in argv else None]:  # the document scripts parse, as cli's
-            print(json.dumps({"error": said, "kind": _KIND[signal.Signals(held[0])]}, indent=2, sort_keys=True))
+        stop = STOPS[signal.Signals(held[0])]
+        said = f"torch-checkpointing: {stop.said}"
+        if json_requested(sys.argv[1:]):  # the document scripts parse, as cli's
+            print(json.dumps({"error": said, "kind": stop.kind}, indent=2, sort_keys=True))
         print(said, file=sys.stderr)
-        return 128 + held[0]
+        return stop.code
     return main()
 
 
@@ -37,7 +35,7 @@ def _import_cli_holding(held: list[int]) -> Callable[[], int]:
     # not for a signal the shell ignores (`cmd &`) or a caller handles, nor on another thread (cannot set one)
     holding = [
         signum
-        for signum in _HELD
+        for signum in STOPS
         if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL)
         and threading.current_thread() is threading.main_thread()
     ]

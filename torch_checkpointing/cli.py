@@ -27,6 +27,7 @@ from typing import Any, NoReturn, TextIO
 import torch
 
 from torch_checkpointing.checksum import RunningChecksum, combine_blocks
+from torch_checkpointing.cli_stops import STOPS, json_requested
 from torch_checkpointing.codecs import dtype_from_name
 from torch_checkpointing.discovery import (
     CheckpointInfo,
@@ -63,8 +64,6 @@ from torch_checkpointing.value_diff import compare, named_leaves
 __all__ = ["main"]
 
 EXIT_OK, EXIT_NO, EXIT_ERROR = 0, 1, 2
-EXIT_INTERRUPTED = 128 + 2  # SIGINT, as shells report a command Ctrl-C stopped
-EXIT_TERMINATED = 128 + 15  # SIGTERM
 _ROOT = "the directory that holds the checkpoints (a run's root)"
 _CHUNK = 8 << 20
 
@@ -826,8 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:  # SystemExit(2), as argparse's own error() exits
-        json_mode = "--json" in argv[: argv.index("--") if "--" in argv else None]
-        raise SystemExit(_usage_error(exc, json_mode)) from None
+        raise SystemExit(_usage_error(exc, json_requested(argv))) from None
     ui = Ui(args.json, args.plain)
     try:
         with _sigterm_raises():
@@ -840,9 +838,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, RuntimeError, OSError, KeyError, ValueError, ImportError) as exc:
         return _report_error(args.command, ui, exc)
     except KeyboardInterrupt:  # Ctrl-C: what was under way has cleaned up on the way out (an export's staging)
-        return _report_stop(args.command, ui, "interrupted", "KeyboardInterrupt", EXIT_INTERRUPTED)
+        return _report_stop(args.command, ui, signal.SIGINT)
     except Terminated:  # SIGTERM (`timeout`, a scheduler, `kill`): the same clean-up as on Ctrl-C
-        return _report_stop(args.command, ui, "terminated (SIGTERM)", "Terminated", EXIT_TERMINATED)
+        return _report_stop(args.command, ui, signal.SIGTERM)
 
 
 class Terminated(BaseException):
@@ -894,15 +892,16 @@ def _report_error(command: str, ui: Ui, exc: Exception) -> int:
     return EXIT_ERROR
 
 
-def _report_stop(command: str, ui: Ui, said: str, kind: str, code: int) -> int:
+def _report_stop(command: str, ui: Ui, signum: signal.Signals) -> int:
     """A command stopped by a signal: one line on stderr, and with --json the error document on stdout (before,
     stdout was left empty and a script's json.load of it failed instead of reading why)."""
+    stop = STOPS[signum]
     try:
-        ui.emit_json({"error": f"torch-checkpointing {command}: {said}", "kind": kind})
+        ui.emit_json({"error": f"torch-checkpointing {command}: {stop.said}", "kind": stop.kind})
     except BrokenPipeError:
         _silence_stdout()
-    print(f"torch-checkpointing {command}: {said}", file=sys.stderr)
-    return code
+    print(f"torch-checkpointing {command}: {stop.said}", file=sys.stderr)
+    return stop.code
 
 
 def _stdout_closed() -> bool:
