@@ -665,11 +665,8 @@ class CheckpointProcess:
             ended_by_us = self._closing or (pid is not None and pid == self._killed_pid)
             if not taken:
                 raise _DiedBeforeTaking(pid, code, encoded.checkpoint_dir, ended_by_us) from exc
-            then = "It was stopped by close()." if self._closing else "It is restarted for the next save."
             raise WriterProcessDied(
-                f"Checkpoint writer process died during the write of {encoded.checkpoint_dir} (exit code "
-                f"{code}). The id holds its previous checkpoint, or this one if the writer died right after "
-                f"committing it; a load returns one of them whole. {then}",
+                _death_message(pid, code, encoded.checkpoint_dir, taken=True, ended_by_us=ended_by_us),
                 outcome_unknown=True,
             ) from exc
         return reply
@@ -740,11 +737,29 @@ class _DiedBeforeTaking(Exception):
         self.ended_by_us = ended_by_us  # close() or a timeout's kill(): the request must not go to another writer
 
     def error(self) -> WriterProcessDied:
-        then = "It was stopped by close() or a timeout." if self.ended_by_us else "It is restarted for the next save."
         return WriterProcessDied(
-            f"Checkpoint writer process {self.pid} died ({_how_it_ended(self.exitcode)}) before it took the write "
-            f"of {self.checkpoint_dir}: nothing of it was written, and the id holds what it held before. {then}"
+            _death_message(self.pid, self.exitcode, self.checkpoint_dir, taken=False, ended_by_us=self.ended_by_us)
         )
+
+
+def _death_message(
+    pid: int | None, exitcode: int | None, checkpoint_dir: str, *, taken: bool, ended_by_us: bool
+) -> str:
+    """What a save whose writer died is told: which writer, how it ended, what became of the save, and of the
+    writer. One sentence for both moments, so that they differ only where the facts do: before the writer
+    took the request nothing of it was written; after, it may have committed."""
+    how = _how_it_ended(exitcode) + (f", exit code {exitcode}" if exitcode is not None and exitcode < 0 else "")
+    if taken:
+        when = f"during the write of {checkpoint_dir} ({how})"
+        save = (
+            ". The id holds its previous checkpoint, or this one if the writer died right after committing it; a "
+            "load returns one of them whole."
+        )
+    else:
+        when = f"before it took the write of {checkpoint_dir} ({how})"
+        save = ": nothing of it was written, and the id holds what it held before."
+    then = "It was stopped by close() or a timeout." if ended_by_us else "It is restarted for the next save."
+    return f"Checkpoint writer process {pid} died {when}{save} {then}"
 
 
 class _NoWorkingDirectory(Exception):
