@@ -346,6 +346,10 @@ def _import_holding_signals(module: str) -> ModuleType:
     Importing torch runs seconds of C++ that a Python exception cannot cross: a KeyboardInterrupt landing there
     was swallowed (the run went on as if no key was pressed), turned into `ImportError: cannot load module more
     than once per process` (torch had tried numpy and cleared the error) or aborted the process from C++.
+
+    torch_checkpointing's entry point (`__main__`) holds its import of the CLI the same way, and reports the
+    signal instead of raising it. It stays a copy: the simulator uses only a backend's public API (the house
+    plan), which has no such helper, and the engine does not import the simulator.
     """
     held: list[int] = []
     # not for a signal the shell ignores (`cmd &`), nor on another thread, where signals cannot be set

@@ -31,6 +31,8 @@ def _import_cli_holding(held: list[int]) -> Callable[[], int]:
     Importing torch runs seconds of C++ that a KeyboardInterrupt cannot cross: landing there, it was swallowed
     (the command went on as if no key was pressed), turned into `ImportError: cannot load module more than once
     per process` (torch had tried numpy and cleared the error) or aborted the process from C++.
+
+    simulator.cli keeps its own copy (`_import_holding_signals`): it may use only the engine's public API.
     """
     # not for a signal the shell ignores (`cmd &`) or a caller handles, nor on another thread (cannot set one)
     holding = [
