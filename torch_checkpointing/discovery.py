@@ -583,9 +583,9 @@ def _our_marker(storage: Storage, path: Path) -> bool:
     meanwhile) is not proof."""
     try:
         data = read_marker(storage, path / INCOMPLETE_MARKER)
-    except (OSError, CheckpointError):
+    except (OSError, CheckpointError):  # larger than any marker of ours, too
         return False
-    return data is not None and our_marker(data)
+    return our_marker(data)
 
 
 def _foreign_stored_manifest(storage: Storage, path: Path) -> bool:

@@ -267,60 +267,64 @@ def our_marker(marker: bytes) -> bool:
     return not marker or claim_token(marker) is not None
 
 
-def read_marker(storage: Storage, path: Path) -> bytes | None:
-    """The bytes of the `.incomplete` marker at `path` (no link, no FIFO, at most `MAX_MARKER_BYTES`); None when
-    it is larger than any marker of ours."""
+def read_marker(storage: Storage, path: Path) -> bytes:
+    """The bytes of the `.incomplete` marker at `path`, read as the manifest is (no link, no FIFO, the size
+    checked before a byte is read), but refused (CorruptCheckpointError) past `MAX_MARKER_BYTES`: larger than
+    any marker of ours, it is another program's file, and reading it whole cost its size in memory."""
     local = storage.local_path(path)
+    what, limit = f"an {INCOMPLETE_MARKER} marker of ours", MAX_MARKER_BYTES
     if local is not None:
-        data = read_local_regular(local, path)
-    else:
-        size = storage.getsize(path)
-        if size > MAX_MARKER_BYTES:
-            return None
-        data = storage.read_range(path, 0, size) if size else b""
-    return data if len(data) <= MAX_MARKER_BYTES else None
+        return read_local_regular(local, path, what, limit)
+    return read_stored_bounded(storage, path, what, limit)
 
 
-def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest") -> bytes:
-    """Every byte of an engine file on a store with no local path (an object store), its size checked first.
+def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest", limit: int | None = None) -> bytes:
+    """Every byte of an engine file on a store with no local path (an object store), its size checked first
+    against `limit` (default `MAX_MANIFEST_BYTES`).
 
     The size comes from one HEAD and the read asks for exactly that many bytes (a store's `read_range` returns
     them or raises), so a crafted 300 MiB manifest is refused unread instead of downloaded whole (29 s and its
     size in memory on S3).
     """
+    limit = MAX_MANIFEST_BYTES if limit is None else limit
     size = storage.getsize(path)
-    if size > MAX_MANIFEST_BYTES:
-        raise CorruptCheckpointError(f"{path} is {size} bytes, larger than {MAX_MANIFEST_BYTES}; it is not {what}.")
+    if size > limit:
+        raise CorruptCheckpointError(f"{path} is {size} bytes, larger than {limit}; it is not {what}.")
     return storage.read_range(path, 0, size) if size else b""
 
 
-def read_local_regular(local: str, path: Path | str) -> bytes:
-    """The bytes of a local engine file (a manifest, a marker) that is a regular file, never blocking: a FIFO or a
-    symlink is refused."""
+def read_local_regular(local: str, path: Path | str, what: str = "a manifest", limit: int | None = None) -> bytes:
+    """The bytes of a local engine file (a manifest, a marker) that is a regular file of at most `limit` bytes
+    (`read_regular_file`), never blocking: a FIFO or a symlink is refused."""
     try:
         fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise UnsafeCheckpointError(f"{path} is a symbolic link; a manifest must be a regular file.") from None
+            raise UnsafeCheckpointError(f"{path} is a symbolic link; it cannot be {what}.") from None
         raise CorruptCheckpointError(f"Cannot open {path}: {exc}") from exc
     try:
-        return read_regular_file(fd, path)
+        return read_regular_file(fd, path, what, limit)
     finally:
         os.close(fd)
 
 
-def read_regular_file(fd: int, path: Path | str, what: str = "a manifest") -> bytes:
-    """Every byte of an opened engine file (the manifest), refused unless regular and at most MAX_MANIFEST_BYTES.
+def read_regular_file(fd: int, path: Path | str, what: str = "a manifest", limit: int | None = None) -> bytes:
+    """Every byte of an opened engine file (the manifest), refused unless regular and at most `limit` bytes
+    (default `MAX_MANIFEST_BYTES`).
 
     No record can vouch for the manifest itself, so its type and size are what is checked before reading it.
     """
+    limit = MAX_MANIFEST_BYTES if limit is None else limit
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeCheckpointError(f"{path} is not a regular file; it cannot be {what}.")
-    if st.st_size > MAX_MANIFEST_BYTES:
-        raise CorruptCheckpointError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes; it is not {what}.")
+    if st.st_size > limit:
+        raise CorruptCheckpointError(f"{path} is larger than {limit} bytes; it is not {what}.")
     with os.fdopen(os.dup(fd), "rb") as f:
-        return f.read(MAX_MANIFEST_BYTES + 1)
+        data = f.read(limit + 1)
+    if len(data) > limit:  # it grew since fstat
+        raise CorruptCheckpointError(f"{path} is larger than {limit} bytes; it is not {what}.")
+    return data
 
 
 # ------------------------------------------------------------------------------------------------ parsing

@@ -502,9 +502,9 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
     """
     try:
         marker = read_marker(storage, path / INCOMPLETE_MARKER)
-    except (OSError, CheckpointError):
+    except (OSError, CheckpointError):  # a file larger than any marker is not ours, either
         return None
-    return None if marker is None else _dead_reason(marker)  # a file larger than any marker is not ours
+    return _dead_reason(marker)
 
 
 def _dead_reason(marker: bytes) -> str | None:
