@@ -26,6 +26,7 @@ from torch_checkpointing.checkpoint_writer import (
     SavePlan,
     WriteEntry,
     committed_before_interrupt,
+    finish_for_a_dead_writer,
     refuse_unanswered,
     write_checkpoint,
 )
@@ -338,12 +339,39 @@ class AsyncCheckpointSaver(CheckpointSaver):
             return
         try:
             nbytes = self._process.write(encoded, slab_info)
-        except WriterProcessDied as exc:  # it may have died before answering the other ranks
-            self._fail_unanswered(plan, write, exc)
+        except WriterProcessDied as exc:  # it may have died before answering the other ranks, or in the commit
+            self._finish_for_a_dead_writer(plan, write, exc, blocked_s)
         except BaseException as exc:
             self._fail(plan, write, exc)
         else:
             log_committed(plan, nbytes, blocked_s)
+            write.set_result(None)
+
+    def _finish_for_a_dead_writer(
+        self, plan: SavePlan, write: Future[Any], exc: WriterProcessDied, blocked_s: float
+    ) -> None:
+        """The writer died in the middle of the save: this rank answers the rest of the commit in its place
+        where it can (`finish_for_a_dead_writer`), and the save ends as it did on every other rank."""
+        try:
+            outcome = finish_for_a_dead_writer(plan, exc) if exc.outcome_unknown else exc
+        except BaseException as unexpected:  # the Future must resolve whatever went wrong here
+            outcome = unexpected
+        if outcome is exc:
+            self._fail_unanswered(plan, write, exc)
+        elif outcome is not None:
+            self._fail(plan, write, outcome)
+        else:
+            log_safely(
+                logger,
+                logging.WARNING,
+                "The checkpoint writer process of rank %d died after it had written its files for %s, and rank 0 "
+                "committed the checkpoint with them, so the save is done; a new writer is started for the next "
+                "save. What the trainer saw: %s",
+                plan.rank,
+                plan.checkpoint_dir,
+                exc,
+            )
+            log_committed(plan, 0, blocked_s)
             write.set_result(None)
 
     def _abandon(self, plan: SavePlan, write: WriteFuture) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from torch_checkpointing.agreement import Contribution, StoreTransport, agree
+from torch_checkpointing.agreement import Contribution, StoreTransport, agree, raise_if_failed
 from torch_checkpointing.checkpoint_layout import SerializationFormat
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum
 from torch_checkpointing.commit import Commit, CommitTarget, MadeDirectory
@@ -469,6 +469,40 @@ def refuse_unanswered(plan: SavePlan, exc: BaseException) -> BaseException:
     finally:
         _settle(channel, plan, committed=False)
     return exc  # not reached: a failed contribution always makes the agreement raise
+
+
+def finish_for_a_dead_writer(plan: SavePlan, exc: BaseException) -> BaseException | None:
+    """(In the trainer, rank > 0.) This rank's writer died after it answered the commit's first agreement (its
+    files written and synced): take the rest of the commit in its place. None when rank 0 committed the
+    checkpoint; else the error every rank raises. `exc` itself where this cannot stand in (single rank, rank 0,
+    a writer that had not answered yet: `refuse_unanswered` is for that one).
+
+    Before, such a rank raised "died during the write ... the id holds its previous checkpoint, or this one"
+    for a checkpoint rank 0 then committed whole, and rank 0's writer waited the save's whole timeout for the
+    dead writer's answer to the commit, then as long again for its acknowledgement, before it called the save
+    done. What the dead writer had left to do is no write: answer the commit step (its part of it is empty) and
+    acknowledge the outcome.
+    """
+    if plan.store is None or plan.rank == 0:
+        return exc
+    step = _files_step(plan)
+    try:
+        channel = StoreChannel(plan.store, plan.timeout_s)
+        if plan.rank in channel.missing(step, plan.world_size):
+            return exc
+    except CommitError as lost:  # rank 0's store is gone with its trainer: nothing is left to agree with
+        return lost
+    committed = False
+    try:
+        texts = channel.gather(step, plan.world_size, f"its answer to {step!r}")
+        raise_if_failed(step, [Contribution.from_json(text) for text in texts])
+        _agree_on_the_commit(plan, StoreTransport(plan.rank, plan.world_size, channel), channel, lambda: None)
+        committed = True
+    except CommitError as agreed:
+        return agreed
+    finally:
+        _settle(channel, plan, committed)
+    return None
 
 
 def _settle(channel: StoreChannel, plan: SavePlan, committed: bool) -> None:

@@ -1,0 +1,160 @@
+"""Rank 1's writer process dies in a save, on two real gloo ranks (one launch, several saves).
+
+* Before it takes the request (SIGSTOPped, the request waiting unread in its pipe, then SIGKILLed): the request
+  goes to a new writer on rank 1, and the save commits on every rank, whole, rank 1's files included.
+* After it answered the commit's first agreement (its files written), while rank 0 writes the manifest: rank 0
+  commits the checkpoint, so every rank must say so. Before, rank 1 raised "died during the write ... the id holds
+  its previous checkpoint, or this one", and rank 0's writer waited the save's whole timeout twice for rank 1's
+  dead writer (its answer to the commit, then its acknowledgement) before it called the save done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from simulator.launcher import launch
+from tests.memory_storage import Control, RecordingStorageConfig
+from torch_checkpointing import CheckpointManager
+
+pytestmark = pytest.mark.multirank
+WORLD = 2
+WAIT_S = 30
+
+
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _state(step: int, rank: int) -> dict[str, Any]:
+    return {"model": {"w": torch.full((4,), float(step * 10 + rank))}}
+
+
+def _outcome(future: Any) -> str:
+    try:
+        future.result(WAIT_S * 4)
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def _loaded(manager: CheckpointManager, path: str) -> Any:
+    try:
+        return float(manager.load(path, {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _wait_locked(manager: CheckpointManager) -> None:
+    """Until rank 1's save holds its writer (its request is sent, or about to be)."""
+    deadline = time.monotonic() + WAIT_S
+    while not manager._saver.process._lock.locked():  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "no write took the writer"
+        time.sleep(0.005)
+
+
+def _killed_before_taking(manager: CheckpointManager, root: str, rank: int, out: dict[str, Any]) -> None:
+    pid = manager.writer_pid
+    assert pid is not None
+    if rank == 1:
+        os.kill(pid, signal.SIGSTOP)  # alive, but reads nothing: the request waits in its pipe
+    dist.barrier()
+    started = time.monotonic()
+    future = manager.save(f"{root}/retried", _state(2, rank))
+    if rank == 1:
+        _wait_locked(manager)
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+    out["retried"] = _outcome(future)
+    out["retried_s"] = time.monotonic() - started
+    out["retried_new_writer"] = manager.writer_pid not in (None, pid)
+    out["retried_pid"] = pid
+    dist.barrier()
+    out["retried_files"] = sorted(p.name for p in Path(root, "retried").glob("*.pt"))
+    out["retried_loaded"] = _loaded(manager, f"{root}/retried")
+
+
+def _killed_in_the_commit(
+    manager: CheckpointManager, root: str, rank: int, controls: list[Control], out: dict[str, Any]
+) -> None:
+    if rank == 0:
+        controls[0].block("manifest")  # rank 0's writer stops in the commit, after every rank's files are in
+    dist.barrier()
+    pid = manager.writer_pid
+    started = time.monotonic()
+    future = manager.save(f"{root}/commit", _state(3, rank))
+    if rank == 1:
+        controls[0].wait_blocked(WAIT_S * 2)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1.0)  # rank 1's trainer sees its writer gone before rank 0 commits
+        controls[0].reset()
+    out["commit"] = _outcome(future)
+    out["commit_s"] = time.monotonic() - started
+    dist.barrier()
+    out["commit_files"] = sorted(p.name for p in Path(root, "commit").glob("*.pt"))
+    out["commit_loaded"] = _loaded(manager, f"{root}/commit")
+
+
+def writer_dies_on_rank_1(root: str, control_root: str) -> dict[str, Any]:
+    rank = dist.get_rank()
+    controls = [Control(f"{control_root}/{r}") for r in range(WORLD)]
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = RecordingStorageConfig(control_dir=str(controls[rank].root))
+    config.save.wait_timeout_secs = WAIT_S
+    warnings = _Warnings()
+    logging.getLogger("torch_checkpointing").addHandler(warnings)
+    manager = CheckpointManager(config)
+    out: dict[str, Any] = {"rank": rank}
+    out["first"] = _outcome(manager.save(f"{root}/first", _state(1, rank)))
+    _killed_before_taking(manager, root, rank, out)
+    _killed_in_the_commit(manager, root, rank, controls, out)
+    out["after"] = _outcome(manager.save(f"{root}/after", _state(4, rank)))
+    out["after_loaded"] = _loaded(manager, f"{root}/after")
+    out["warnings"] = warnings.lines
+    manager.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("round21")
+    root = tmp / "ck"
+    root.mkdir()
+    return launch(writer_dies_on_rank_1, WORLD, args=(str(root), str(tmp / "control")), timeout=600)
+
+
+def test_a_request_rank_1s_writer_never_took_goes_to_a_new_writer_and_commits_on_every_rank(
+    results: list[dict[str, Any]],
+) -> None:
+    for r in results:
+        assert r["first"] == "ok", r
+        assert r["retried"] == "ok", r
+        assert r["retried_files"] == ["model_0.pt", "model_1.pt"], r
+        assert r["retried_loaded"] == 20.0 + r["rank"], r
+    rank_1 = results[1]
+    assert rank_1["retried_new_writer"], rank_1
+    said = [w for w in rank_1["warnings"] if str(rank_1["retried_pid"]) in w and "before it took" in w]
+    assert said and "SIGKILL" in said[0], rank_1["warnings"]
+
+
+def test_rank_1s_writer_killed_after_its_files_are_in_agrees_with_rank_0s_commit(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        assert [x["commit"] for x in results] == ["ok", "ok"], results
+        assert r["commit_s"] < WAIT_S / 2, results
+        assert r["commit_files"] == ["model_0.pt", "model_1.pt"], r
+        assert r["commit_loaded"] == 30.0 + r["rank"], r
+        assert r["after"] == "ok" and r["after_loaded"] == 40.0 + r["rank"], r
