@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import enum
 import errno
@@ -21,7 +20,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +58,7 @@ from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
 from torch_checkpointing.errors import CheckpointError, CommitError, ConfigError, ConfigTypeError, log_safely
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.names import NAME_MAX, PATH_MAX
+from torch_checkpointing.pickling import callback_unpicklable
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.safe_load_check import SafeLoadCheck
@@ -690,43 +689,15 @@ def _validate_parts(config: CheckpointManager.Config) -> None:
             )
     if isinstance(config.save, AsyncCheckpointSaverConfig):
         for name in ("pre_finalize_callback", "finalize_callback"):
-            _check_picklable_callback(owner, name, getattr(config, name))
+            error = callback_unpicklable(owner, name, getattr(config, name))
+            if error is not None:
+                raise error
     if not isinstance(config.subprocess_init_args, (tuple, list)):
         raise ConfigTypeError(
             f"{owner}.subprocess_init_args must be a tuple of the arguments for subprocess_init_fn, got "
             f"{config.subprocess_init_args!r} ({type(config.subprocess_init_args).__name__}); one argument x "
             f"is (x,)."
         )
-
-
-# Callbacks found picklable: every save() and load() rechecks these live fields, and pickling the same callback
-# (a bound method pickles its object) at each call was work the write repeats anyway.
-_PICKLABLE_CALLBACKS: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _check_picklable_callback(owner: str, name: str, value: Any) -> None:
-    """An async save runs its callbacks in the writer process, which gets them pickled with each write
-    (API_SURFACE §9.2): one that cannot pickle (a lambda, a nested function) failed only that write's Future, with
-    a message naming neither the callback nor the fix. Checked where it is set, before anything is staged."""
-    if value is None or _known_picklable(value):
-        return
-    try:
-        ForkingPickler.dumps(value)
-    except Exception as exc:  # a callable object's own __reduce__ may raise anything
-        raise ConfigTypeError(
-            f"{owner}.{name} cannot be pickled for the async writer process, which runs it ({type(exc).__name__}: "
-            f"{exc}). Define it at module level (importable by name; bind arguments with functools.partial), or "
-            f"use CheckpointManager.Config.with_sync_save(), which runs it in this process."
-        ) from exc
-    with contextlib.suppress(TypeError):  # neither hashable nor weakly referenceable: checked at each call
-        _PICKLABLE_CALLBACKS.add(value)
-
-
-def _known_picklable(value: Any) -> bool:
-    try:
-        return value in _PICKLABLE_CALLBACKS
-    except TypeError:
-        return False
 
 
 def _check_optional(name: str, value: Any, cls: type, what: str) -> None:

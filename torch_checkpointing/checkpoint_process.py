@@ -36,7 +36,7 @@ from torch_checkpointing.checkpoint_writer import WriteRequest, write_checkpoint
 from torch_checkpointing.commit import working_directory_is_not_the_programs
 from torch_checkpointing.config import CheckpointProcessConfig
 from torch_checkpointing.errors import CheckpointError, WriterProcessDied, add_note
-from torch_checkpointing.pickling import OutOfBand, unpicklable
+from torch_checkpointing.pickling import OutOfBand, callback_unpicklable, unpicklable
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
@@ -411,8 +411,14 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-def _unpicklable(request: WriteRequest) -> pickle.PicklingError | None:
-    """Name the item whose staged value cannot travel to the writer process (None: no item's value fails)."""
+def _unpicklable(request: WriteRequest) -> Exception | None:
+    """Name the item whose staged value, or the callback, that cannot travel to the writer process (None: none
+    fails). A callback found picklable when it was set may have stopped pickling since (a lock added to a callable
+    object): the write was then refused as a whole, naming neither the callback nor the fix."""
+    for name in ("pre_finalize_callback", "finalize_callback"):
+        error = callback_unpicklable("CheckpointManager.Config", name, getattr(request.plan, name), cached=False)
+        if error is not None:
+            return error
     for entry in request.entries:
         try:
             ForkingPickler.dumps(entry.value)

@@ -8,23 +8,28 @@ so the common path pays nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import io
 import pickle
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
 
+from torch_checkpointing.errors import ConfigTypeError
 from torch_checkpointing.traversal import dotted_key, freed_storage_said, iter_leaves, storage_freed
 from torch_checkpointing.types import NestedPath
 
 __all__ = [
     "SUB_BYTE_DTYPES",
     "OutOfBand",
+    "callback_unpicklable",
     "dumps_out_of_band",
     "plain_pickle_keeps",
     "raised_by_a_leaf",
@@ -45,6 +50,42 @@ def unpicklable(
         f"Item '{key}' cannot be {doing}: the value at '{where}' (a {_kind(leaf)}) fails: "
         f"{type(leaf_exc).__name__}: {leaf_exc}. {fix}"
     )
+
+
+# Callbacks found picklable: every save() and load() rechecks these live fields, and pickling the same callback
+# (a bound method pickles its object) at each call was work the write repeats anyway. A callable object's state
+# may stop pickling later (given a lock): the write then finds out, and forgets it here (`cached=False`).
+_PICKLABLE_CALLBACKS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def callback_unpicklable(owner: str, name: str, value: Any, cached: bool = True) -> ConfigTypeError | None:
+    """The error for callback field `owner.name` when `value` cannot be pickled for the async writer process,
+    which runs it (API_SURFACE §9.2); None when it pickles (or is None). `cached=False`: pickle it again even if
+    it was found picklable before."""
+    if value is None or (cached and _known_picklable(value)):
+        return None
+    try:
+        ForkingPickler.dumps(value)
+    except Exception as exc:  # a callable object's own __reduce__ may raise anything
+        with contextlib.suppress(TypeError):
+            _PICKLABLE_CALLBACKS.discard(value)
+        error = ConfigTypeError(
+            f"{owner}.{name} cannot be pickled for the async writer process, which runs it ({type(exc).__name__}: "
+            f"{exc}). Define it at module level (importable by name; bind arguments with functools.partial), or "
+            f"use CheckpointManager.Config.with_sync_save(), which runs it in this process."
+        )
+        error.__cause__ = exc
+        return error
+    with contextlib.suppress(TypeError):  # neither hashable nor weakly referenceable: checked at each call
+        _PICKLABLE_CALLBACKS.add(value)
+    return None
+
+
+def _known_picklable(value: Any) -> bool:
+    try:
+        return value in _PICKLABLE_CALLBACKS
+    except TypeError:
+        return False
 
 
 def raised_by_a_leaf(
