@@ -1,9 +1,11 @@
 """An async save's callbacks on their way to the writer process: a callable object found picklable may stop
 pickling later (given a lock). Its save must fail with an error naming the callback and the fix, the next save()
-must refuse it at once, and saves must work again once it pickles."""
+must refuse it at once, and saves must work again once it pickles. A request whose first writer died before it
+took it must reach a second writer whole."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,9 @@ import pytest
 import torch
 
 from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import TorchSerialization
+from torch_checkpointing.checkpoint_process import CheckpointProcess, CheckpointProcessConfig
+from torch_checkpointing.checkpoint_writer import SavePlan, WriteEntry, WriteRequest
 from torch_checkpointing.errors import ConfigTypeError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -66,3 +71,40 @@ def test_a_callback_that_stops_pickling_after_it_was_found_picklable_is_named(
         clean.save(str(tmp_path / "c"), {"model": {"w": torch.ones(3)}})  # refused in save() itself now
     del callback.lock  # type: ignore[attr-defined]
     _save(clean, tmp_path / "d")
+
+
+def die_on_the_first_request(marker: str) -> None:
+    """(A writer's init function.) The first writer to read a request dies reading its buffers: after it has
+    unpickled the request (taking the file descriptors of its shared-memory tensors), before it says Taken."""
+    import torch_checkpointing.checkpoint_process as process
+
+    receive = process._receive_buffers
+
+    def die_once(fd: int, message: Any) -> Any:
+        if not os.path.exists(marker):
+            Path(marker).touch()
+            os._exit(3)
+        return receive(fd, message)
+
+    process._receive_buffers = die_once
+
+
+def test_a_request_whose_first_writer_died_reading_it_is_served_by_the_second(tmp_path: Path) -> None:
+    """The request went to the second writer as the same bytes, whose shared-memory tensors' file descriptors
+    the first writer had taken (multiprocessing hands each out once): the second writer died unpickling it, and
+    the save failed as "died before it took the write" instead of being retried."""
+    marker = tmp_path / "first_died"
+    process = CheckpointProcess(
+        LocalFileSystemStorageConfig(use_direct_io=False),
+        CheckpointProcessConfig(subprocess_init_timeout_secs=WAIT_S),
+        die_on_the_first_request,
+        (str(marker),),
+    )
+    entry = WriteEntry("w", "w_0.pt", TorchSerialization(), torch.full((2,), 7.0))
+    plan = SavePlan(checkpoint_dir=str(tmp_path / "c"), tmp_dir=str(tmp_path / ".c.tmp"), rank=0, world_size=1)
+    try:
+        assert process.write(WriteRequest(plan, [entry])) > 0
+    finally:
+        process.close()
+    assert marker.exists(), "the first writer did not die: the test proves nothing"
+    assert torch.equal(torch.load(tmp_path / "c" / "w_0.pt"), torch.full((2,), 7.0))

@@ -214,6 +214,7 @@ class EncodedWrite:
     # `keep` holds the storages they view until then.
     buffers: tuple[memoryview, ...] = ()
     keep: tuple[Any, ...] = ()
+    request: WriteRequest | None = None  # what `data` pickles, to pickle anew for another writer (`_for_a_new_writer`)
 
 
 def encode_write(
@@ -234,7 +235,20 @@ def encode_write(
         if named is None:
             raise
         raise named from exc
-    return EncodedWrite(request.plan.checkpoint_dir, slab_generation, data, buffers, keep)
+    return EncodedWrite(request.plan.checkpoint_dir, slab_generation, data, buffers, keep, request)
+
+
+def _for_a_new_writer(encoded: EncodedWrite) -> EncodedWrite:
+    """`encoded` pickled anew, for the writer that gets it after the first died before it took it.
+
+    A tensor in shared memory travels as a file descriptor that multiprocessing's resource sharer hands out
+    once, to the first process that asks: a writer that read the request and died before it took it (in the
+    middle of its out-of-band buffers) had taken them, and the second writer, sent the same bytes, died in
+    EOFError unpickling them, so the save that was to be retried failed as "died before it took the write".
+    """
+    if encoded.request is None:
+        return encoded
+    return encode_write(encoded.request, encoded.slab_generation, encoded.buffers, encoded.keep)
 
 
 def _send_buffers(fd: int, buffers: tuple[memoryview, ...]) -> None:
@@ -637,7 +651,7 @@ class CheckpointProcess:
                     encoded.checkpoint_dir,
                 )
                 try:
-                    reply = self._exchange(encoded, slab)
+                    reply = self._exchange(_for_a_new_writer(encoded), slab)
                 except _DiedBeforeTaking as second:
                     raise second.error() from second
         if isinstance(reply, Failed):
