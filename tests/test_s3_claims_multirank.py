@@ -68,9 +68,9 @@ def ranks_on_two_hosts_save(config: FsspecStorageConfig, checkpoint_id: str, loc
     else:
         begin = Commit.begin
 
-        def late_begin(self: Commit) -> None:
+        def late_begin(self: Commit, *args: Any) -> None:
             time.sleep(1.0)
-            begin(self)
+            begin(self, *args)
 
         Commit.begin = late_begin  # type: ignore[method-assign]
     return two_ranks_save(config, checkpoint_id)

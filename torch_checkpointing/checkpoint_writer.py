@@ -161,7 +161,10 @@ def _write_entry(commit: Commit, rank: int, entry: WriteEntry) -> FileRecord:
 
 def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) -> list[FileRecord]:
     root, rank = commit.root, request.plan.rank
-    commit.begin()
+    names = [posixpath.normpath(entry.file_path) for entry in request.entries]
+    if request.plan.metadata_json is not None:
+        names.append(METADATA_JSON)
+    commit.begin(rank, names)
     directories = {root}
     for entry in request.entries:
         parent = root / posixpath.dirname(entry.file_path)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -67,7 +68,9 @@ __all__ = [
     "TaggedStorage",
     "check_target",
     "make_parents",
+    "record_name",
     "remove_made",
+    "remove_recorded",
     "remove_saves_objects",
     "stale_reason",
     "temporary_name",
@@ -87,6 +90,9 @@ _CLAIM_ATTEMPTS = 4  # creates/takeovers tried while other savers change the mar
 _CLAIM_WAIT_S = 5.0  # how long a claim that looks live is watched before the save is refused
 _CLAIM_POLL_S = 0.25
 _TOKEN_RE = re.compile(r"\.tmp-(?P<uid>[0-9a-f]+)-\d+$")
+# On a store that records no writer per object (all but S3), each rank of a save records the names it writes in
+# `.incomplete.<save>.<rank>` beside the marker, before its first upload (`record_name`, `remove_recorded`).
+_RECORD_RE = re.compile(rf"^{re.escape(INCOMPLETE_MARKER)}\.[0-9a-f]{{16}}\.\d+$")
 
 
 @dataclass(frozen=True)
@@ -450,6 +456,71 @@ def warn_left_in_place(url: str, left: list[str], what: str) -> None:
     )
 
 
+def record_name(token: str, rank: int) -> str:
+    """The name, beside the marker, of the record of what rank `rank` of the save `token` writes (a hash of the
+    token keeps it short: the token holds the checkpoint's own name)."""
+    return f"{INCOMPLETE_MARKER}.{hashlib.sha256(token.encode('utf-8')).hexdigest()[:16]}.{rank}"
+
+
+def _records_of(storage: Storage, root: Path, token: str | None = None) -> list[str]:
+    """The names of the records under `root` (of the save `token`, or of any save)."""
+    names = [name for name in storage.ls(root) if _RECORD_RE.match(name)]
+    if token is None:
+        return names
+    save = record_name(token, 0).rsplit(".", 1)[0]
+    return [name for name in names if name.rsplit(".", 1)[0] == save]
+
+
+def _recorded_files(storage: Storage, root: Path, record: str) -> set[str]:
+    """The names one record lists; a name that is not a plain path inside the root (`../x`, `/x`, `a//b`) is
+    never joined back into a path to delete. An unreadable record names nothing (logged)."""
+    try:
+        files = json.loads(storage.read(root / record).decode("utf-8"))["files"]
+        names = {str(name) for name in files}
+    except FileNotFoundError:
+        return set()
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+        logger.warning("Ignoring the record %s of a save's files: it is not one of ours (%s)", root / record, exc)
+        return set()
+    return {n for n in names if n and posixpath.normpath(n) == n and not n.startswith(("/", "../")) and n != ".."}
+
+
+def remove_recorded(storage: Storage, root: Path, manifest: Manifest | None) -> list[str]:
+    """Remove, under a claimed prefix of a store that records no writer per object, what saves of ours wrote
+    there: the names their records list (every save's: those whose claims were taken over are as dead), the
+    files `manifest` (this claim's own, already deleted) lists, the records, and the directories left empty.
+    Returns the other files (a user's, another program's), left in place. The marker is not touched.
+
+    A file a user put at one of the recorded names cannot be told apart from the save's and goes with it.
+    """
+    records = _records_of(storage, root)
+    ours = set().union(*(_recorded_files(storage, root, record) for record in records))
+    if manifest is not None:
+        ours |= {posixpath.normpath(rec.path) for rec in manifest.files} | {METADATA_FILE_NAME}
+    entries = _walk(storage, root)
+    left = [rel for rel in entries if not rel.endswith("/") and rel not in ours]
+    for rel in sorted(ours & set(entries)):
+        storage.delete(root / rel)
+    for record in records:
+        storage.delete(root / record)
+    for directory in sorted(_parents(ours), key=len, reverse=True):  # innermost first
+        with contextlib.suppress(FileNotFoundError):
+            if storage.isdir(root / directory) and not storage.ls(root / directory):
+                storage.rmdir(root / directory)
+    return sorted(set(left) - {INCOMPLETE_MARKER, *records})
+
+
+def _parents(names: Iterable[str]) -> set[str]:
+    """Every directory above `names` inside the root (`a`, `a/b` for `a/b/c`)."""
+    out: set[str] = set()
+    for name in names:
+        parent = posixpath.dirname(name)
+        while parent and parent not in out:
+            out.add(parent)
+            parent = posixpath.dirname(parent)
+    return out
+
+
 @dataclass(frozen=True)
 class Claim:
     """Which save writes under an object-store id: the body of its `.incomplete` marker.
@@ -466,6 +537,9 @@ class Claim:
     # Its save's uploads name its token (`TaggedStorage`): what is untagged under it is not its own. A claim of
     # an earlier version (no such record) is collected whole, as it always was.
     tags: bool = False
+    # Its ranks name what they write in records beside the marker (`record_name`): on stores without tags,
+    # what no record names is not its own.
+    records: bool = False
 
     @classmethod
     def of(cls, target: CommitTarget) -> Claim:
@@ -479,7 +553,7 @@ class Claim:
         try:
             d = json.loads(data.decode("utf-8"))
             claim = cls(str(d["token"]), str(d["uid"]), str(d["host"]), int(d["pid"]), float(d["created"]))
-            return dataclasses.replace(claim, tags=d.get("tags") is True)
+            return dataclasses.replace(claim, tags=d.get("tags") is True, records=d.get("records") is True)
         except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
@@ -564,11 +638,13 @@ class Commit:
         """The storage as one that can claim an id, where this save writes straight under the id."""
         return None if self.renames or not isinstance(self.storage, ConditionalStorage) else self.storage
 
-    def begin(self) -> None:
+    def begin(self, rank: int = 0, names: Iterable[str] = ()) -> None:
         """Create the root with the marker in it: until `publish`, nothing here reads as a checkpoint.
 
         Under the final id (object stores) the marker is this save's claim, made before its first upload:
-        the data files of two saves of one id share keys, so the second one must write nothing at all.
+        the data files of two saves of one id share keys, so the second one must write nothing at all. On a
+        store whose uploads cannot name their save, this rank then records `names` (the files it is about to
+        write, relative to the root), so that a cleanup removes those and leaves what others put there.
         """
         self.storage.mkdir(self.root)
         claims = self._claims
@@ -577,7 +653,7 @@ class Commit:
             return
         # Before the claim, and so before the first upload: each names this save, and the claim says they do.
         tags = isinstance(self.storage, TaggedStorage) and self.storage.own_writes(self.root, self._token)
-        created = self._claim(claims, dataclasses.replace(Claim.of(self.target), tags=tags))
+        created = self._claim(claims, dataclasses.replace(Claim.of(self.target), tags=tags, records=not tags))
         if self.storage.exists(self.root / MANIFEST_FILE_NAME):
             # Another save committed (and removed its marker) after this one's checks of the id.
             if created:
@@ -586,6 +662,9 @@ class Commit:
                 f"Refusing to save to {self._url}: another save committed a checkpoint there while this one was "
                 f"starting; this save wrote nothing. Save under another id."
             )
+        if not tags:
+            record = {"token": self._token, "rank": rank, "files": sorted(set(names))}
+            self.storage.write(self.root / record_name(self._token, rank), json.dumps(record).encode("utf-8"))
 
     @property
     def _token(self) -> str:
@@ -663,6 +742,10 @@ class Commit:
         )
         return True
 
+    def _manifest_of_ours(self) -> Manifest | None:
+        """The manifest this save wrote (deleted by now: its files are this save's), if it got that far."""
+        return None if self._manifest_bytes is None else Manifest.from_json(self._manifest_bytes.decode("utf-8"))
+
     def _holds_claim(self, claims: ConditionalStorage) -> tuple[Claim | None, str | None]:
         """The claim in the marker now and, when it is this save's, the marker's ETag."""
         found = claims.read_object(self.root / INCOMPLETE_MARKER)
@@ -722,6 +805,7 @@ class Commit:
             self._check_claim()
             still_wanted()
             self._write_manifest(manifest_bytes)
+            self._drop_records()
             self._remove_claim()
         self._sync_parent()
 
@@ -742,6 +826,12 @@ class Commit:
                 type(exc).__name__,
                 exc,
             )
+
+    def _drop_records(self) -> None:
+        """This save's records of the names its ranks wrote, once its manifest lists them: the marker goes after
+        them, so a committed checkpoint holds none, and a crash in between leaves the manifest to name the files."""
+        for name in _records_of(self.storage, self.root, self._token):
+            self.storage.delete(self.root / name)
 
     def _remove_claim(self) -> None:
         """The commit on an object store: its marker removed. A DELETE that failed on the way back (a dropped
@@ -973,13 +1063,17 @@ class Commit:
                 return  # not this save's manifest
             # This save's own manifest, beside its own claim: the commit failed at its last step (the marker's
             # removal). Left there, the id read as incomplete to loads yet "a checkpoint already exists" to the
-            # next save of it, until gc outlived this process. It goes first, as a delete's does.
+            # next save of it, until gc outlived this process. It goes first, as a delete's does (its records
+            # may be gone already: the files it lists are this save's too).
             self.storage.delete(root / MANIFEST_FILE_NAME)
+        if held is not None and held.records:  # no tags, but its ranks recorded what they write
+            left = remove_recorded(self.storage, root, self._manifest_of_ours())
+            claims.delete_object(root / INCOMPLETE_MARKER, etag)
+            warn_left_in_place(self._url, left, f"The failed save of {self._url}")
+            return
         tagged = self.storage if isinstance(self.storage, TaggedStorage) else None
         by_save = tagged.objects_by_save(root) if tagged is not None else None
-        if (
-            tagged is None or by_save is None
-        ):  # a store that records no writer: everything under the claim is taken as the save's
+        if tagged is None or by_save is None:  # a claim of an earlier version: everything under it is the save's
             for rel in _walk(self.storage, root):
                 if not rel.endswith("/") and rel != INCOMPLETE_MARKER:
                     self.storage.delete(root / rel)

@@ -29,6 +29,7 @@ from torch_checkpointing.commit import (
     ConditionalStorage,
     TaggedStorage,
     files_not_listed,
+    remove_recorded,
     remove_saves_objects,
     stale_reason,
     warn_left_in_place,
@@ -47,7 +48,14 @@ from torch_checkpointing.discovery import (
 )
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.futures import SettledFuture, WorkerPool
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, our_marker, read_marker
+from torch_checkpointing.manifest import (
+    INCOMPLETE_MARKER,
+    MANIFEST_FILE_NAME,
+    Manifest,
+    our_marker,
+    read_marker,
+    read_stored_bounded,
+)
 from torch_checkpointing.names import NAME_MAX, aside_of, holding, may_be_cut, new_nonce, trash_name
 from torch_checkpointing.storage.base_storage import Storage
 
@@ -675,25 +683,32 @@ def _collect(storage: Storage, leftover: Leftover) -> bool | None:
 def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
     """A dead save's prefix on a store that records which save wrote each object: only objects saves of ours
     wrote go (each only if unchanged since seen), then the claim (only if still the one judged dead), and what
-    is left (a user's PUT while the save ran, or over one of its keys) is named at WARNING. None where the claim
-    records no writer (an earlier version's): the prefix is collected whole, as before.
+    is left (a user's PUT while the save ran, or over one of its keys) is named at WARNING. On a store without
+    such a record the save's ranks named their files in records beside the claim (`commit.remove_recorded`):
+    only those go. None where the claim has neither (an earlier version's): the prefix is collected whole, as
+    before.
 
     Every tagged object goes, not only the dead claim's: the saves whose claims it took over are as dead. A save
     taking the id over meanwhile fails its commit on a file gone, and keeps its claim (the delete is conditional).
     """
-    if not (isinstance(storage, TaggedStorage) and isinstance(storage, ConditionalStorage)):
+    if not isinstance(storage, ConditionalStorage):
         return None
     marker = path / INCOMPLETE_MARKER
     try:
         found = storage.read_object(marker)
         held = Claim.parse(found[0]) if found is not None else None
-        if found is None or held is None or not held.tags or _dead_reason(found[0]) is None:
+        if found is None or held is None or _dead_reason(found[0]) is None:
             return None
-        by_save = storage.objects_by_save(path)
-        if by_save is None:
+        if held.records:
+            changed, others = [], remove_recorded(storage, path, _take_manifest(storage, path, held))
+        elif held.tags and isinstance(storage, TaggedStorage):
+            by_save = storage.objects_by_save(path)
+            if by_save is None:
+                return None
+            ours, others = by_save
+            changed = remove_saves_objects(storage, path, ours)
+        else:
             return None
-        ours, others = by_save
-        changed = remove_saves_objects(storage, path, ours)
         storage.delete_object(marker, found[1])
     except STORE_ERRORS as exc:
         logger.warning("gc could not remove the unfinished save at %s (%s); left as it is", _shown(path), exc)
@@ -702,6 +717,22 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
     warn_left_in_place(url, [*others, *changed], f"gc of the unfinished save at {url}")
     logger.info("gc removed the unfinished save at %s (its claim is dead)", _shown(path))
     return True
+
+
+def _take_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None:
+    """The manifest of the dead save `held`, deleted first (as a delete's is): the save died after writing it
+    and before removing its marker, perhaps with its records gone already, so the files it lists are its own.
+    None when there is none, or it is another save's (left in place)."""
+    try:
+        manifest = Manifest.from_json(read_stored_bounded(storage, path / MANIFEST_FILE_NAME).decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (CheckpointError, ValueError, KeyError, UnicodeDecodeError):
+        return None  # not a manifest of ours: named as left in place
+    if manifest.claim != held.token:
+        return None
+    storage.delete(path / MANIFEST_FILE_NAME)
+    return manifest
 
 
 def _let_go_of_stray_claim(storage: Storage, path: Path) -> bool | None:
