@@ -28,6 +28,7 @@ import torch
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.errors import IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.fsspec_storage import FsspecStorage
@@ -156,8 +157,10 @@ def test_gc_of_a_killed_saves_prefix_removes_only_what_that_save_wrote(
     storage = FsspecStorageConfig(url=url).create_storage()
     assert storage.exists(Path(ckpt) / INCOMPLETE_MARKER)  # killed: nothing cleaned up
     assert len(_entries(storage, ckpt)[0]) > len(USER) + 1  # the save's own files are there too
+    caplog.set_level(logging.INFO, logger="torch_checkpointing")
     collect_garbage(url, storage, unowned_after_s=0)
     _assert_only_users_left(storage, ckpt, caplog.text)
+    assert f"gc removed the unfinished save at {url}/{ckpt} " in caplog.text, caplog.text  # `file:///abs/...`
 
 
 def test_gc_of_a_dead_saves_prefix_in_memory_removes_only_what_that_save_wrote(
@@ -239,3 +242,33 @@ def test_a_failed_two_rank_save_removes_every_ranks_files_and_only_those(
     files, dirs = _entries(storage, ckpt)
     assert files == set(USER), files  # rank 0 removed rank 1's files too, and left the user's
     assert dirs <= {"eval"}, dirs
+
+
+# ------------------------------------------------------------------------------- what messages name
+
+
+def test_messages_name_a_memory_checkpoint_by_the_url_a_user_passes(caplog: pytest.LogCaptureFixture) -> None:
+    """Messages named a memory:// checkpoint `memory:////root/run/step_7` (a relative id joined to the root kept
+    a doubled leading slash), or by its bare id: neither is what `load` or the CLI are given. A save's message
+    and a load's now name `memory://root/run/step_7`."""
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    url = _root_url("memory", Path())
+    ckpt, full = "step_7", f"{url}/step_7"
+    callback = _PutsUserFilesThenFails(url)
+    with _manager(url, callback) as manager, pytest.raises(RuntimeError):
+        manager.save(ckpt, _state())
+    assert f"The failed save of {full} removed" in caplog.text, caplog.text
+    assert f"{full}/NOTES.txt" in caplog.text, caplog.text
+    assert callback.storage.remap_path(Path(ckpt)) == full
+    callback.storage.write(Path(ckpt) / INCOMPLETE_MARKER, b"")  # a delete of it under way
+    with _manager(url) as manager, pytest.raises(IncompleteCheckpointError) as refused:
+        manager.load(ckpt)
+    assert f"Checkpoint {full} is incomplete" in str(refused.value), refused.value
+    assert ":////" not in caplog.text + str(refused.value)
+
+
+def test_a_file_url_keeps_its_absolute_path_in_messages(tmp_path: Path) -> None:
+    """A local directory through fsspec is named `file:///abs/path`, the URL fsspec and the CLI take."""
+    storage = FsspecStorageConfig(url=f"file://{tmp_path}/run").create_storage()
+    assert storage.remap_path(Path("step_1")) == f"file://{tmp_path}/run/step_1"
+    assert storage.remap_path(Path(f"file://{tmp_path}/run/step_1")) == f"file://{tmp_path}/run/step_1"

@@ -206,7 +206,9 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
 def incomplete(checkpoint_dir: Path | str, storage: Storage) -> IncompleteCheckpointError:
     """The refusal of a checkpoint whose `.incomplete` marker is there. Where saves rename, a final name holds
     one only while a delete of ours runs or after one stopped; on a store without rename a save writes under
-    the id itself, behind its marker, so it may be a save still running (which a retry then finds committed)."""
+    the id itself, behind its marker, so it may be a save still running (which a retry then finds committed).
+    The checkpoint is named as the store names it (an object store's URL), not as the bare id."""
+    checkpoint_dir = storage.remap_path(Path(checkpoint_dir))
     if storage.atomic_rename:
         return IncompleteCheckpointError(
             f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."

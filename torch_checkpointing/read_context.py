@@ -214,7 +214,7 @@ class CheckpointReadContext:
             except NotADirectoryError:
                 raise FileNotFoundError(f"Checkpoint path {self.root} is not a directory.") from None
         elif not self.storage.isdir(self.root):
-            raise FileNotFoundError(f"Checkpoint path {self.root} does not exist.")
+            raise FileNotFoundError(f"Checkpoint path {self.storage.remap_path(self.root)} does not exist.")
         # Looked at first: a writer killed between writing the manifest and removing the marker leaves both.
         marked = self._exists(INCOMPLETE_MARKER)
         if not self._exists(MANIFEST_FILE_NAME):
@@ -919,7 +919,7 @@ class _ContextStorage(Storage):
         return sorted(names)
 
     def remap_path(self, path: Path) -> str:
-        return str(path)
+        return self._ctx.storage.remap_path(path)
 
     def _read_only(self, *args: Any, **kwargs: Any) -> Any:
         raise PermissionError("A load's storage view is read-only; resharders must not write to the checkpoint.")

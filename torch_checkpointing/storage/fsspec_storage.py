@@ -259,7 +259,16 @@ class _Backend:
     def name(self, rest: str) -> str:
         """`bucket/key` on object stores; an absolute path elsewhere (file://, memory://)."""
         name = posixpath.normpath(rest if self.object_store else "/" + rest)
-        return name.strip("/") if self.object_store else name
+        # One leading slash on a directory store: `normpath` keeps a leading `//`, so a relative id joined to the
+        # root (itself named here) read `//root/id`, another name for the same file.
+        return name.strip("/") if self.object_store else "/" + name.lstrip("/")
+
+    def url(self, key: str) -> str:
+        """The URL a user passes for `key` (to `load`, the CLI, fsspec): `s3://bucket/key`, `file:///abs/path`,
+        `memory://root/id` (a directory store's key is absolute, but only a local path keeps its slash in a URL).
+        The one place a name of this store is turned back into a URL: every message names it so."""
+        local = bool(self.protocols & {"file", "local"})
+        return f"{self.scheme}://{key if self.object_store or local else key.lstrip('/')}"
 
 
 def _own_copy(options: Any) -> Any:
@@ -349,8 +358,8 @@ class FsspecStorage(Storage):
         if under and inside != under and not inside.startswith(under + "/"):
             # `..` steps out: on an object store up to another bucket, where retention and gc of this root never look
             raise ConfigError(
-                f"Checkpoint id {text!r} leaves this storage's url root {backend.scheme}://{root} (it names "
-                f"{backend.scheme}://{key}); name ids inside the root, or give the full URL as the id"
+                f"Checkpoint id {text!r} leaves this storage's url root {backend.url(root)} (it names "
+                f"{backend.url(key)}); name ids inside the root, or give the full URL as the id"
             )
         return backend, key
 
@@ -364,14 +373,14 @@ class FsspecStorage(Storage):
         backend, key = self._resolve(path)
         if backend.is_s3 and _VERSION_ID in key:
             raise ConfigError(
-                f"{backend.scheme}://{key} cannot be stored on S3 through s3fs: it reads {_VERSION_ID!r} in a name "
+                f"{backend.url(key)} cannot be stored on S3 through s3fs: it reads {_VERSION_ID!r} in a name "
                 f"as an object version. Choose an id without it."
             )
         return backend, key
 
     def remap_path(self, path: Path) -> str:
         backend, key = self._resolve(path)
-        return f"{backend.scheme}://{key}"
+        return backend.url(key)
 
     def handles_url(self, checkpoint_id: str) -> bool:
         """URL ids of this store's scheme (any fsspec scheme, without a configured protocol) are its own names."""
@@ -463,7 +472,7 @@ class FsspecStorage(Storage):
         Leaving its `with` block on an exception aborts the upload, so no partial object ever appears.
         """
         backend, key = self._resolve_for_write(path)
-        url = f"{backend.scheme}://{key}"
+        url = backend.url(key)
         if backend.is_s3:
             return _S3MultipartWriter(
                 backend.io,
@@ -490,7 +499,7 @@ class FsspecStorage(Storage):
                 stream.write(view)
             return
         backend, key = self._resolve_for_write(path)
-        url = f"{backend.scheme}://{key}"
+        url = backend.url(key)
         tag = self._tag(key) if backend.is_s3 else {}
         if backend.is_s3 and _is_commit_file(key):
             _create(backend.io, key, bytes(view), url, tag)
