@@ -272,3 +272,17 @@ def test_a_file_url_keeps_its_absolute_path_in_messages(tmp_path: Path) -> None:
     storage = FsspecStorageConfig(url=f"file://{tmp_path}/run").create_storage()
     assert storage.remap_path(Path("step_1")) == f"file://{tmp_path}/run/step_1"
     assert storage.remap_path(Path(f"file://{tmp_path}/run/step_1")) == f"file://{tmp_path}/run/step_1"
+
+
+def test_a_loads_refusals_name_a_memory_checkpoint_by_its_url() -> None:
+    """A load of a missing id, and of a prefix without a manifest, named the bare id (`step_8`)."""
+    url = _root_url("memory", Path())
+    storage = FsspecStorageConfig(url=url).create_storage()
+    storage.write(Path("step_9/notes.txt"), b"not a checkpoint")
+    with _manager(url) as manager:
+        with pytest.raises(FileNotFoundError) as missing:
+            manager.load("step_8")
+        assert f"Checkpoint path {url}/step_8 does not exist." in str(missing.value), missing.value
+        with pytest.raises(IncompleteCheckpointError) as not_one:
+            manager.load("step_9")
+        assert f"{url}/step_9: no manifest.json" in str(not_one.value), not_one.value

@@ -41,6 +41,7 @@ from torch_checkpointing.manifest import (
     read_manifest,
     read_marker,
     read_stored_bounded,
+    shown_name,
 )
 from torch_checkpointing.names import ASIDE_RE, aside_of, held_here, previous_copy_hint
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
@@ -205,20 +206,21 @@ def require_directory(storage: Storage, path: Path, what: str, missing: str | No
     """Raise unless `path` is a directory: FileNotFoundError when nothing is there (saying `missing`, by
     default "<path>: no such directory."), NotADirectoryError (naming what was expected) when it is a file, so
     a user who passed a checkpoint's file learns what to pass."""
-    missing = f"{path}: no such directory." if missing is None else missing
     local = storage.local_path(path)
     if local is not None:
+        missing = f"{path}: no such directory." if missing is None else missing
         _require_local_directory(path, local, what, missing)  # one look: a save or a deletion may be under way
         return
     if storage.isdir(path):
         return
+    shown = shown_name(storage, path)
     if storage.exists(path):
         # Two lookups, not one: on an object store a save of the id may have started between them (its marker
         # makes the prefix). Only a second "no prefix" makes it a file; a prefix now is read (incomplete) as such.
         if storage.isdir(path):
             return
-        raise NotADirectoryError(f"{path} is a file, not a directory: pass {what}")
-    raise FileNotFoundError(missing)
+        raise NotADirectoryError(f"{shown} is a file, not a directory: pass {what}")
+    raise FileNotFoundError(f"{shown}: no such directory." if missing is None else missing)
 
 
 def _require_local_directory(path: Path, local: str, what: str, missing: str) -> None:
@@ -239,7 +241,7 @@ def committed_manifest(storage: Storage, path: Path, missing: str | None = None)
     require_directory(storage, path, "a checkpoint directory (the one that holds manifest.json)", missing)
     manifest = read_manifest(storage, path)
     if manifest is None:
-        raise IncompleteCheckpointError(f"{path}: no {MANIFEST_FILE_NAME}: not a checkpoint")
+        raise IncompleteCheckpointError(f"{shown_name(storage, path)}: no {MANIFEST_FILE_NAME}: not a checkpoint")
     return manifest
 
 
@@ -757,7 +759,7 @@ def self_describing_layouts(
     manifest is untrusted input). `keys` restricts the result and names the checkpoint's keys on a typo.
     """
     # A load's own wording for a missing id (API_SURFACE §2.4), whether or not into= was given.
-    missing = f"Checkpoint path {checkpoint_id} does not exist."
+    missing = f"Checkpoint path {shown_name(storage, checkpoint_id)} does not exist."
     manifest = committed_manifest(storage, Path(checkpoint_id), missing)
     available = sorted(manifest.keys())
     wanted = available if keys is None else keys

@@ -38,6 +38,7 @@ __all__ = [
     "read_manifest",
     "read_marker",
     "read_stored_bounded",
+    "shown_name",
     "stray_claim",
     "unique_keys",
 ]
@@ -203,12 +204,23 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
     return manifest
 
 
+def shown_name(storage: Storage, path: str | os.PathLike[str]) -> str:
+    """`path` as messages name it: on a store without local paths its URL (`memory://root/run/step_1`, what
+    `load` and the CLI take, never the bare id relative to the store's root); a local path as it was given."""
+    if storage.local_path(Path(path)) is not None:
+        return os.fspath(path)
+    try:
+        return storage.remap_path(Path(path))
+    except Exception:  # a message must not fail on a name the store cannot map
+        return os.fspath(path)
+
+
 def incomplete(checkpoint_dir: Path | str, storage: Storage) -> IncompleteCheckpointError:
     """The refusal of a checkpoint whose `.incomplete` marker is there. Where saves rename, a final name holds
     one only while a delete of ours runs or after one stopped; on a store without rename a save writes under
     the id itself, behind its marker, so it may be a save still running (which a retry then finds committed).
     The checkpoint is named as the store names it (an object store's URL), not as the bare id."""
-    checkpoint_dir = storage.remap_path(Path(checkpoint_dir))
+    checkpoint_dir = shown_name(storage, checkpoint_dir)
     if storage.atomic_rename:
         return IncompleteCheckpointError(
             f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."

@@ -60,6 +60,7 @@ from torch_checkpointing.manifest import (
     parse_manifest,
     read_regular_file,
     read_stored_bounded,
+    shown_name,
     stray_claim,
     unique_keys,
 )
@@ -214,7 +215,7 @@ class CheckpointReadContext:
             except NotADirectoryError:
                 raise FileNotFoundError(f"Checkpoint path {self.root} is not a directory.") from None
         elif not self.storage.isdir(self.root):
-            raise FileNotFoundError(f"Checkpoint path {self.storage.remap_path(self.root)} does not exist.")
+            raise FileNotFoundError(f"Checkpoint path {shown_name(self.storage, self.root)} does not exist.")
         # Looked at first: a writer killed between writing the manifest and removing the marker leaves both.
         marked = self._exists(INCOMPLETE_MARKER)
         if not self._exists(MANIFEST_FILE_NAME):
