@@ -16,8 +16,10 @@ import logging
 import os
 import posixpath
 import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -286,3 +288,23 @@ def test_a_loads_refusals_name_a_memory_checkpoint_by_its_url() -> None:
         with pytest.raises(IncompleteCheckpointError) as not_one:
             manager.load("step_9")
         assert f"{url}/step_9: no manifest.json" in str(not_one.value), not_one.value
+
+
+def test_gc_of_a_save_killed_between_its_manifest_and_its_marker_removes_what_the_manifest_lists(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Killed after writing its manifest and dropping its records, before removing its marker: the manifest is
+    what names the save's files then (the claim's own token is in it), and the user's file still stays."""
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    url, ckpt = _root_url("memory", Path()), "step_10"
+    storage = FsspecStorageConfig(url=url).create_storage()
+    with _manager(url) as manager:
+        manager.save(ckpt, _state())
+    manifest = json.loads(storage.read(Path(ckpt) / "manifest.json"))
+    files, _ = _entries(storage, ckpt)
+    dead = Claim(manifest["claim"], "", socket.gethostname(), _dead_pid(), time.time(), records=True)
+    storage.write(Path(ckpt) / INCOMPLETE_MARKER, dead.to_bytes())  # as the kill left it
+    _put_users_files(storage, ckpt)
+    collect_garbage(url, storage, unowned_after_s=0)
+    _assert_only_users_left(storage, ckpt, caplog.text)
+    assert files - {"manifest.json"}, files  # the checkpoint had files of its own, and they went
