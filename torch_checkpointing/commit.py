@@ -40,6 +40,7 @@ from typing import Protocol, runtime_checkable
 
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
 from torch_checkpointing.errors import CheckpointError, CommitError, log_safely
+from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
@@ -92,6 +93,8 @@ _CLAIM_POLL_S = 0.25
 _TOKEN_RE = re.compile(r"\.tmp-(?P<uid>[0-9a-f]+)-\d+$")
 # On a store that records no writer per object (all but S3), each rank of a save records the names it writes in
 # `.incomplete.<save>.<rank>` beside the marker, before its first upload (`record_name`, `remove_recorded`).
+_DELETES_AT_ONCE = 16  # a save of many ranks has as many records, each one DELETE on the commit's path
+_DELETE_POOL = WorkerPool(1, "ckpt-delete")  # grown to the deletes at once (map_bounded)
 _RECORD_RE = re.compile(rf"^{re.escape(INCOMPLETE_MARKER)}\.[0-9a-f]{{16}}\.\d+$")
 
 
@@ -499,15 +502,25 @@ def remove_recorded(storage: Storage, root: Path, manifest: Manifest | None) -> 
         ours |= {posixpath.normpath(rec.path) for rec in manifest.files} | {METADATA_FILE_NAME}
     entries = _walk(storage, root)
     left = [rel for rel in entries if not rel.endswith("/") and rel not in ours]
-    for rel in sorted(ours & set(entries)):
-        storage.delete(root / rel)
-    for record in records:
-        storage.delete(root / record)
+    _delete_all(storage, root, sorted(ours & set(entries)))
+    _delete_all(storage, root, records)
     for directory in sorted(_parents(ours), key=len, reverse=True):  # innermost first
         with contextlib.suppress(FileNotFoundError):
             if storage.isdir(root / directory) and not storage.ls(root / directory):
                 storage.rmdir(root / directory)
     return sorted(set(left) - {INCOMPLETE_MARKER, *records})
+
+
+def _delete_all(storage: Storage, root: Path, names: list[str]) -> None:
+    """Delete `root/name` for each name, several at once (one request each on an object store); one gone
+    already (another cleanup's) is no failure, the first other failure is raised once every started delete
+    has stopped."""
+
+    def delete(name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            storage.delete(root / name)
+
+    _DELETE_POOL.map_bounded(delete, names, _DELETES_AT_ONCE)
 
 
 def _parents(names: Iterable[str]) -> set[str]:
@@ -830,8 +843,7 @@ class Commit:
     def _drop_records(self) -> None:
         """This save's records of the names its ranks wrote, once its manifest lists them: the marker goes after
         them, so a committed checkpoint holds none, and a crash in between leaves the manifest to name the files."""
-        for name in _records_of(self.storage, self.root, self._token):
-            self.storage.delete(self.root / name)
+        _delete_all(self.storage, self.root, _records_of(self.storage, self.root, self._token))
 
     def _remove_claim(self) -> None:
         """The commit on an object store: its marker removed. A DELETE that failed on the way back (a dropped
