@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, FsspecStorageConfig
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig, ItemSpec
+from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.errors import IncompleteCheckpointError
@@ -54,12 +55,18 @@ def _root_url(store: str, tmp_path: Path) -> str:
 
 
 def _state() -> dict[str, Any]:
-    # Two items in two files (one in a subdirectory): the save's own files are more than the marker.
+    # Three items in three files, the model's in a directory of its own (`_ITEMS`): the save writes files and a
+    # directory besides the marker, and the user's `eval/` is a directory too.
     return {"model": {"w": torch.arange(6.0)}, "optim": {"lr": 0.1}, "x": 1}
 
 
-def _manager(url: str, callback: Any = None) -> CheckpointManager:
-    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=url))
+_ITEMS = {"model": ItemSpec(layout=LayoutInfo("rank_{rank}/model.safetensors", SafetensorsSerialization()))}
+
+
+def _manager(url: str, callback: Any = None, items: dict[str, ItemSpec] = _ITEMS) -> CheckpointManager:
+    config = CheckpointManager.Config(
+        items=items, save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=url)
+    )
     config.pre_finalize_callback = callback
     return CheckpointManager(config)
 
@@ -119,7 +126,8 @@ def test_a_failed_save_removes_only_what_it_wrote(store: str, tmp_path: Path, ca
 _KILLED_SAVE_CHILD = r"""
 import json, os, signal, sys, torch
 from pathlib import Path
-from torch_checkpointing import CheckpointManager, FsspecStorageConfig
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig, ItemSpec
+from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 
@@ -132,7 +140,10 @@ def killed(checkpoint_id, _):
         plain.write(Path(checkpoint_id) / rel, data.encode())
     os.kill(os.getpid(), signal.SIGKILL)  # no cleanup at all
 
-config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=a["url"]))
+from tests.test_objstore_round21 import _ITEMS
+config = CheckpointManager.Config(
+    items=_ITEMS, save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=a["url"])
+)
 config.pre_finalize_callback = killed
 with CheckpointManager(config) as m:
     m.save(a["id"], {"model": {"w": torch.arange(6.0)}, "optim": {"lr": 0.1}, "x": 1})
@@ -277,17 +288,19 @@ def test_a_file_url_keeps_its_absolute_path_in_messages(tmp_path: Path) -> None:
 
 
 def test_a_loads_refusals_name_a_memory_checkpoint_by_its_url() -> None:
-    """A load of a missing id, and of a prefix without a manifest, named the bare id (`step_8`)."""
+    """A load of a missing id, and of a prefix without a manifest, named the bare id (`step_8`), by the
+    self-describing route (no items configured) and through the configured items alike."""
     url = _root_url("memory", Path())
     storage = FsspecStorageConfig(url=url).create_storage()
     storage.write(Path("step_9/notes.txt"), b"not a checkpoint")
-    with _manager(url) as manager:
-        with pytest.raises(FileNotFoundError) as missing:
-            manager.load("step_8")
-        assert f"Checkpoint path {url}/step_8 does not exist." in str(missing.value), missing.value
-        with pytest.raises(IncompleteCheckpointError) as not_one:
-            manager.load("step_9")
-        assert f"{url}/step_9: no manifest.json" in str(not_one.value), not_one.value
+    for items, no_manifest in (({}, f"{url}/step_9: no manifest.json"), (_ITEMS, f"{url}/step_9 has no manifest")):
+        with _manager(url, items=items) as manager:
+            with pytest.raises(FileNotFoundError) as missing:
+                manager.load("step_8")
+            assert f"Checkpoint path {url}/step_8 does not exist." in str(missing.value), missing.value
+            with pytest.raises(IncompleteCheckpointError) as not_one:
+                manager.load("step_9")
+            assert no_manifest in str(not_one.value), not_one.value
 
 
 def test_gc_of_a_save_killed_between_its_manifest_and_its_marker_removes_what_the_manifest_lists(

@@ -162,6 +162,7 @@ class CheckpointReadContext:
     def __init__(self, storage: Storage, checkpoint_id: str, policy: ReadPolicy) -> None:
         self.storage = storage
         self.root = Path(checkpoint_id)
+        self.shown = shown_name(storage, self.root)  # how messages name it: an object store's URL
         self.policy = policy
         self.manifest: Manifest | None = None
         self._dirfd: int | None = None
@@ -211,11 +212,11 @@ class CheckpointReadContext:
                 self._dirfd = os.open(local, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except FileNotFoundError:
                 hint = previous_copy_hint(local)
-                raise FileNotFoundError(f"Checkpoint path {self.root} does not exist.{hint}") from None
+                raise FileNotFoundError(f"Checkpoint path {self.shown} does not exist.{hint}") from None
             except NotADirectoryError:
-                raise FileNotFoundError(f"Checkpoint path {self.root} is not a directory.") from None
+                raise FileNotFoundError(f"Checkpoint path {self.shown} is not a directory.") from None
         elif not self.storage.isdir(self.root):
-            raise FileNotFoundError(f"Checkpoint path {shown_name(self.storage, self.root)} does not exist.")
+            raise FileNotFoundError(f"Checkpoint path {self.shown} does not exist.")
         # Looked at first: a writer killed between writing the manifest and removing the marker leaves both.
         marked = self._exists(INCOMPLETE_MARKER)
         if not self._exists(MANIFEST_FILE_NAME):
@@ -253,7 +254,7 @@ class CheckpointReadContext:
 
     def _replaced(self) -> CorruptCheckpointError:
         return CorruptCheckpointError(
-            f"Checkpoint {self.root} was replaced or deleted while this load ran (the directory it opened is "
+            f"Checkpoint {self.shown} was replaced or deleted while this load ran (the directory it opened is "
             f"gone); nothing was restored. Retry the load."
         )
 
@@ -266,13 +267,13 @@ class CheckpointReadContext:
             # Object stores (issue 14): the manifest, written last, IS the commit. Files without one are a save
             # still running or one that died; the published release never wrote to such a store.
             raise IncompleteCheckpointError(
-                f"Checkpoint {self.root} has no {MANIFEST_FILE_NAME}: on this store (no atomic rename) the manifest "
+                f"Checkpoint {self.shown} has no {MANIFEST_FILE_NAME}: on this store (no atomic rename) the manifest "
                 f"is written last and is the commit, so this is a save that is still running or never finished. "
                 f"Load an earlier checkpoint."
             )
         if not self.policy.allow_legacy_checkpoints:
             raise IncompleteCheckpointError(
-                f"Checkpoint {self.root} has no {MANIFEST_FILE_NAME}, so nothing says its save committed and "
+                f"Checkpoint {self.shown} has no {MANIFEST_FILE_NAME}, so nothing says its save committed and "
                 f"nothing can be verified (its manifest was removed, or it was written without one by the "
                 f"published release), and this load asked for verification (verify_checksums=True or "
                 f"allow_legacy_checkpoints=False). Load an intact checkpoint, or, if you trust this one, load it "
@@ -281,8 +282,12 @@ class CheckpointReadContext:
         logger.warning(
             "Loading %s without a manifest (allow_legacy_checkpoints=True): files are checked for containment "
             "and type only; their contents cannot be verified.",
-            self.root,
+            self.shown,
         )
+
+    def _at(self, rel: str) -> str:
+        """A file of this checkpoint as messages name it (under an object store's URL)."""
+        return f"{self.shown}/{rel}" if self.storage.local_path(self.root) is None else str(self.root / rel)
 
     # ------------------------------------------------------------------ manifest queries
 
@@ -305,14 +310,14 @@ class CheckpointReadContext:
 
         `what` says who wants the file (an item key, the sharding metadata) for the error message.
         """
-        rel = checked_relative_path(rel_path, f"{what} in checkpoint {self.root}")
+        rel = checked_relative_path(rel_path, f"{what} in checkpoint {self.shown}")
         with self._lock:
             checked = self._files.get(rel)
             if checked is None:
                 record = self.record(rel)
                 if self.manifest is not None and record is None and rel != self.manifest.metadata_file:
                     raise UnsafeCheckpointError(
-                        f"File {self.root / rel} ({what}) is not listed in the checkpoint's manifest; an unlisted "
+                        f"File {self._at(rel)} ({what}) is not listed in the checkpoint's manifest; an unlisted "
                         f"file is never read. Load an untouched copy of the checkpoint."
                     )
                 checked = self._open_file(rel, record, what)
@@ -342,7 +347,7 @@ class CheckpointReadContext:
         if record is not None and checked.size != record.size:
             # Known without reading a byte; kept, so a later check() of the same file raises it again.
             checked.error = CorruptCheckpointError(
-                f"File {self.root / checked.rel} ({what}) has {checked.size} bytes but the manifest records "
+                f"File {self._at(checked.rel)} ({what}) has {checked.size} bytes but the manifest records "
                 f"{record.size}: the checkpoint was modified or damaged after it was committed."
             )
             return
@@ -367,7 +372,7 @@ class CheckpointReadContext:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise UnsafeCheckpointError(
-                    f"File {self.root / rel} ({what}) is not a regular file (mode {stat.filemode(st.st_mode)}); "
+                    f"File {self._at(rel)} ({what}) is not a regular file (mode {stat.filemode(st.st_mode)}); "
                     f"a checkpoint holds only regular files. Load an untouched copy of the checkpoint."
                 )
         except BaseException:
@@ -391,10 +396,10 @@ class CheckpointReadContext:
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
                         raise UnsafeCheckpointError(
-                            f"File {self.root / rel} ({what}) is reached through a symbolic link or a non-directory "
+                            f"File {self._at(rel)} ({what}) is reached through a symbolic link or a non-directory "
                             f"({exc.strerror}); checkpoint files must be regular files inside the directory."
                         ) from None
-                    raise CorruptCheckpointError(f"Cannot open {self.root / rel} ({what}): {exc}") from exc
+                    raise CorruptCheckpointError(f"Cannot open {self._at(rel)} ({what}): {exc}") from exc
                 if current != self._dirfd:
                     os.close(current)
                 current = fd
@@ -409,11 +414,11 @@ class CheckpointReadContext:
             return self._replaced()
         if self.manifest is not None:
             return CorruptCheckpointError(
-                f"File {self.root / rel} ({what}) is listed in the checkpoint's manifest but missing: the checkpoint "
+                f"File {self._at(rel)} ({what}) is listed in the checkpoint's manifest but missing: the checkpoint "
                 f"was damaged, or replaced or deleted while this load ran (retry the load if another process "
                 f"overwrote it)."
             )
-        return CorruptCheckpointError(f"File {self.root / rel} ({what}) does not exist.")
+        return CorruptCheckpointError(f"File {self._at(rel)} ({what}) does not exist.")
 
     @contextlib.contextmanager
     def _vanishing(self, rel: str, what: str) -> Iterator[None]:
@@ -446,7 +451,7 @@ class CheckpointReadContext:
             recorded = combine_blocks(blocks.crc32s, checked.size, blocks.block_size)
             if recorded != record.crc32:
                 raise CorruptCheckpointError(
-                    f"File {self.root / checked.rel} ({what}): its manifest record is inconsistent (the block "
+                    f"File {self._at(checked.rel)} ({what}): its manifest record is inconsistent (the block "
                     f"CRC32s combine to {recorded:#010x}, the file's CRC32 is recorded as {record.crc32:#010x}): "
                     f"the manifest is damaged. Load an earlier checkpoint."
                 )
@@ -455,7 +460,7 @@ class CheckpointReadContext:
             if blocks is not None:
                 self._name_damaged_block(checked, blocks, what)
             raise CorruptCheckpointError(
-                f"File {self.root / checked.rel} ({what}) fails its CRC32 check (manifest {record.crc32:#010x}, "
+                f"File {self._at(checked.rel)} ({what}) fails its CRC32 check (manifest {record.crc32:#010x}, "
                 f"file {actual:#010x}): the checkpoint is damaged. Load an earlier checkpoint."
             )
         if blocks is not None:
@@ -475,7 +480,7 @@ class CheckpointReadContext:
 
     def _shrank(self, checked: CheckedFile, at: int, what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(
-            f"File {self.root / checked.rel} ({what}) ends at byte {at} while this load read it, but its size was "
+            f"File {self._at(checked.rel)} ({what}) ends at byte {at} while this load read it, but its size was "
             f"{checked.size}: another process truncated it. Load an earlier checkpoint, or retry if another process "
             f"overwrote it."
         )
@@ -493,7 +498,7 @@ class CheckpointReadContext:
         assert blocks is not None
         start, end = blocks.span(index, checked.size)
         return CorruptCheckpointError(
-            f"File {self.root / checked.rel} ({what}) fails its CRC32 check in block {index} of "
+            f"File {self._at(checked.rel)} ({what}) fails its CRC32 check in block {index} of "
             f"{blocks.block_count()} (bytes [{start}, {end})): manifest {want:#010x}, file {got:#010x}. The "
             f"checkpoint is damaged; load an earlier checkpoint."
         )
@@ -524,7 +529,7 @@ class CheckpointReadContext:
                     data = self.storage.read(self.root / checked.rel)
                 if len(data) != checked.size:
                     raise CorruptCheckpointError(
-                        f"File {self.root / checked.rel} changed size while it was read ({checked.size} bytes, then "
+                        f"File {self._at(checked.rel)} changed size while it was read ({checked.size} bytes, then "
                         f"{len(data)}): it was replaced during the load. Retry the load."
                     )
                 checked.data = data
@@ -606,7 +611,7 @@ class CheckpointReadContext:
                 view = memoryview(self.storage.read_range(self.root / checked.rel, lo, hi - lo))
             if len(view) != hi - lo:
                 raise CorruptCheckpointError(
-                    f"File {self.root / checked.rel} returned {len(view)} bytes for [{lo}, {hi}); it was replaced "
+                    f"File {self._at(checked.rel)} returned {len(view)} bytes for [{lo}, {hi}); it was replaced "
                     f"or truncated during the load. Retry the load."
                 )
             self._check_blocks(checked, view, lo, run)
@@ -722,7 +727,7 @@ class CheckpointReadContext:
         checked = self.check(rel_path, what)
         if offset < 0 or length < 0 or offset + length > checked.size:
             raise CorruptCheckpointError(
-                f"Read of bytes [{offset}, {offset + length}) of {self.root / checked.rel} ({what}) lies outside "
+                f"Read of bytes [{offset}, {offset + length}) of {self._at(checked.rel)} ({what}) lies outside "
                 f"its {checked.size} bytes: the file's header is damaged."
             )
         return checked
@@ -777,7 +782,7 @@ class CheckpointReadContext:
             rel = p.relative_to(self.root)
         except ValueError:
             raise UnsafeCheckpointError(
-                f"Path {p} lies outside the checkpoint {self.root} being loaded; a load reads only its own files."
+                f"Path {p} lies outside the checkpoint {self.shown} being loaded; a load reads only its own files."
             ) from None
         return checked_relative_path(rel.as_posix(), f"path {p}")
 
