@@ -1,12 +1,18 @@
-"""An async save's callbacks on their way to the writer process: a callable object found picklable may stop
-pickling later (given a lock). Its save must fail with an error naming the callback and the fix, the next save()
-must refuse it at once, and saves must work again once it pickles. A request whose first writer died before it
-took it must reach a second writer whole."""
+"""An async save's callbacks and staged values on their way to the writer process: a callable object found
+picklable may stop pickling later (given a lock), and what pickles in the trainer may not unpickle in the writer (a
+class it cannot import, a `__reduce__` whose load raises). Each must fail its save with an error naming what and
+the fix, with no writer killed or replaced for it, and the next save must work. A request whose first writer died
+before it took it must reach a second writer whole."""
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +24,7 @@ from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.checkpoint_process import CheckpointProcess, CheckpointProcessConfig
 from torch_checkpointing.checkpoint_writer import SavePlan, WriteEntry, WriteRequest
-from torch_checkpointing.errors import ConfigTypeError
+from torch_checkpointing.errors import CheckpointError, ConfigTypeError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 WAIT_S = 120
@@ -29,6 +35,23 @@ class Callback:
 
     def __call__(self, path: str, metadata: Any) -> None:
         return None
+
+
+def _refuse_to_load() -> Any:
+    raise RuntimeError("this callback refuses to be unpickled")
+
+
+class LoadsBadly:
+    """Pickles in the trainer; its load raises (in the writer process)."""
+
+    def __call__(self, path: str, metadata: Any) -> None:
+        return None
+
+    def __reduce__(self) -> Any:
+        return (_refuse_to_load, ())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LoadsBadly:
+        return LoadsBadly()
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +94,80 @@ def test_a_callback_that_stops_pickling_after_it_was_found_picklable_is_named(
         clean.save(str(tmp_path / "c"), {"model": {"w": torch.ones(3)}})  # refused in save() itself now
     del callback.lock  # type: ignore[attr-defined]
     _save(clean, tmp_path / "d")
+
+
+@pytest.mark.filterwarnings("ignore:Item 'extra' holds")  # the safe-load warning of the first save of the value
+@pytest.mark.parametrize("where", ["finalize_callback", "requires_copy value"])
+def test_a_request_the_writer_cannot_unpickle_fails_its_save_naming_that_and_keeps_the_writer(
+    clean: CheckpointManager, tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """The writer died unpickling the request (its traceback on stderr), was taken for one killed before it took
+    the request, and the request went to a second writer, which died the same way: after two writer starts the
+    save failed with "writer process died (exit code 1) before it took the write", naming neither the unpickling
+    nor what to fix, and a warning sent the user to the OOM killer."""
+    _save(clean, tmp_path / "warm")
+    pid = clean.writer_pid
+    extra: dict[str, Any] = {}
+    if where == "finalize_callback":
+        clean.config.finalize_callback = LoadsBadly()
+    else:
+        extra = {"extra": LoadsBadly()}
+    started = time.monotonic()
+    with (
+        caplog.at_level(logging.WARNING, logger="torch_checkpointing"),
+        pytest.raises(CheckpointError, match=r"could not be unpickled in the writer process") as raised,
+    ):
+        _save(clean, tmp_path / "bad", **extra)
+    said = str(raised.value)
+    assert "this callback refuses to be unpickled" in said, said
+    assert "module level" in said and "with_sync_save()" in said, said
+    assert not (tmp_path / "bad").exists()
+    assert time.monotonic() - started < 3, "a writer was started for the request"
+    assert clean.writer_pid == pid, "the writer was replaced"
+    assert "OOM" not in caplog.text, caplog.text
+    clean.config.finalize_callback = None
+    _save(clean, tmp_path / "after")
+    assert clean.writer_pid == pid
+
+
+SCRIPT = """
+import sys
+import torch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+if __name__ == "__main__":
+    class OnlyInMain:  # the spawned writer imports this script as __mp_main__, without running this block
+        def __call__(self, path, metadata):
+            pass
+
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.finalize_callback = OnlyInMain()
+    with CheckpointManager(config) as manager:
+        try:
+            manager.save(sys.argv[1] + "/bad", {"w": torch.ones(2)}).result(120)
+            print("SAVED")
+        except Exception as exc:
+            print("FAILED", type(exc).__name__, exc)
+        config.finalize_callback = None
+        manager.save(sys.argv[1] + "/after", {"w": torch.ones(2)}).result(120)
+        print("AFTER OK")
+"""
+
+
+def test_a_callback_class_defined_under_the_main_guard_of_a_script_is_named(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FAILED CheckpointError" in done.stdout, (done.stdout, done.stderr[-3000:])
+    assert "could not be unpickled in the writer process" in done.stdout, done.stdout
+    assert "OnlyInMain" in done.stdout and "__main__" in done.stdout, done.stdout
+    assert "AFTER OK" in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
 def die_on_the_first_request(marker: str) -> None:

@@ -1,7 +1,8 @@
-"""Rank 1's writer process dies in a save, on two real gloo ranks (one launch, several saves).
+"""Rank 1's writer process dies, or cannot read its request, in a save on two real gloo ranks (one launch).
 
 * Before it takes the request (SIGSTOPped, the request waiting unread in its pipe, then SIGKILLed): the request
   goes to a new writer on rank 1, and the save commits on every rank, whole, rank 1's files included.
+* Unable to unpickle the request (a callback whose load raises): every rank fails at once, naming rank 1 and why.
 * After it answered the commit's first agreement (its files written), while rank 0 writes the manifest: rank 0
   commits the checkpoint, so every rank must say so. Before, rank 1 raised "died during the write ... the id holds
   its previous checkpoint, or this one", and rank 0's writer waited the save's whole timeout twice for rank 1's
@@ -109,6 +110,32 @@ def _killed_in_the_commit(
     out["commit_loaded"] = _loaded(manager, f"{root}/commit")
 
 
+def _refuse_to_load() -> Any:
+    raise RuntimeError("this callback refuses to be unpickled")
+
+
+class LoadsBadly:
+    """A finalize_callback that pickles on rank 1's trainer and whose load raises in its writer."""
+
+    def __call__(self, path: str, metadata: Any) -> None:
+        return None
+
+    def __reduce__(self) -> Any:
+        return (_refuse_to_load, ())
+
+
+def _unloadable_on_rank_1(manager: CheckpointManager, root: str, rank: int, out: dict[str, Any]) -> None:
+    if rank == 1:
+        manager.config.finalize_callback = LoadsBadly()
+    dist.barrier()
+    started = time.monotonic()
+    out["unloadable"] = _outcome(manager.save(f"{root}/unloadable", _state(5, rank)))
+    out["unloadable_s"] = time.monotonic() - started
+    manager.config.finalize_callback = None
+    dist.barrier()
+    out["unloadable_exists"] = Path(root, "unloadable").exists()
+
+
 def writer_dies_on_rank_1(root: str, control_root: str) -> dict[str, Any]:
     rank = dist.get_rank()
     controls = [Control(f"{control_root}/{r}") for r in range(WORLD)]
@@ -122,6 +149,7 @@ def writer_dies_on_rank_1(root: str, control_root: str) -> dict[str, Any]:
     out["first"] = _outcome(manager.save(f"{root}/first", _state(1, rank)))
     _killed_before_taking(manager, root, rank, out)
     _killed_in_the_commit(manager, root, rank, controls, out)
+    _unloadable_on_rank_1(manager, root, rank, out)
     out["after"] = _outcome(manager.save(f"{root}/after", _state(4, rank)))
     out["after_loaded"] = _loaded(manager, f"{root}/after")
     out["warnings"] = warnings.lines
@@ -158,3 +186,15 @@ def test_rank_1s_writer_killed_after_its_files_are_in_agrees_with_rank_0s_commit
         assert r["commit_files"] == ["model_0.pt", "model_1.pt"], r
         assert r["commit_loaded"] == 30.0 + r["rank"], r
         assert r["after"] == "ok" and r["after_loaded"] == 40.0 + r["rank"], r
+
+
+def test_a_request_rank_1s_writer_cannot_unpickle_fails_every_rank_at_once(results: list[dict[str, Any]]) -> None:
+    """Before, rank 1's writer died unpickling it, and so did a second writer it was retried on: every rank
+    failed with "died (exit code 1) before it took the write", naming neither the unpickling nor the fix. The
+    writer now answers with the failure without having reached the commit's agreement, so rank 1's trainer
+    answers it (else rank 0's writer would wait the save's whole timeout for rank 1)."""
+    for r in results:
+        assert r["unloadable"].startswith("CommitError:"), r["unloadable"]
+        assert "rank 1" in r["unloadable"] and "could not be unpickled in the writer process" in r["unloadable"], r
+        assert r["unloadable_s"] < WAIT_S / 2, r
+        assert not r["unloadable_exists"], r

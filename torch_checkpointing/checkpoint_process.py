@@ -147,8 +147,8 @@ def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
 
 # ------------------------------------------------------------------------------------------- the protocol
 # Every message on the pipe is one of these dataclasses (pickled by multiprocessing; tensors in shared memory
-# travel as handles). Trainer -> writer: MapSlab, Write, Stop. Writer -> trainer: Ready (or StartFailed), Written,
-# Taken, Failed, Stopped.
+# travel as handles). Trainer -> writer: MapSlab, DropSlab, Incoming + Write, Stop. Writer -> trainer: Ready (or
+# StartFailed), SlabDropped, Taken, Written or Failed, Stopped.
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,18 @@ class SlabDropped:
 class Taken:
     """The writer has read a whole `Write` and starts on it. A writer that dies before sending this has written
     nothing for that request, so the trainer can hand it to a new writer; one that dies after may have committed."""
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """Sent right before each `Write` (pickled apart from it): how many bytes of out-of-band buffers follow it.
+
+    A request that pickled here may not unpickle in the writer (a callback's class defined under the script's
+    `if __name__ == "__main__":`, a `__reduce__` whose load raises). The writer then cannot know its buffers'
+    sizes from it, yet must read them all for the next message to start where the trainer put it.
+    """
+
+    buffer_bytes: int
 
 
 @dataclass
@@ -283,6 +295,35 @@ def _receive_buffers(fd: int, message: Write) -> BaseException | None:
     return failed
 
 
+def _receive_write(conn: Connection, incoming: Incoming) -> Write | BaseException:
+    """The `Write` that follows `incoming`, its buffers read; or why it cannot be served, once every byte of it
+    is read. Before, a request that did not unpickle here killed the writer (its traceback on stderr), was taken
+    for one killed before it took the request and went to a second writer, which died the same way: the save
+    failed with "died (exit code 1) before it took the write", naming neither the cause nor the fix."""
+    data = conn.recv_bytes()
+    try:
+        message = ForkingPickler.loads(data)
+    except Exception as exc:
+        _discard(conn.fileno(), incoming.buffer_bytes)
+        return _not_loadable(exc)
+    del data
+    failed = _receive_buffers(conn.fileno(), message)
+    return message if failed is None else failed
+
+
+def _not_loadable(exc: Exception) -> CheckpointError:
+    error = CheckpointError(
+        f"The save's write request pickled in the training process but could not be unpickled in the writer "
+        f"process ({type(exc).__name__}: {exc}); nothing was written. A pre_finalize_callback, finalize_callback or "
+        f"requires_copy=True value in it is of a class the writer process cannot rebuild: one defined under the "
+        f"script's `if __name__ == '__main__':` (the spawned writer imports the script without running that block) "
+        f"or in a notebook, or one whose __reduce__/__setstate__ raises on load. Define it at module level of an "
+        f"importable module, or use CheckpointManager.Config.with_sync_save()."
+    )
+    error.__cause__ = exc
+    return error
+
+
 def _read_into(fd: int, view: memoryview) -> None:
     while view:
         n = os.readv(fd, [view])
@@ -366,15 +407,15 @@ def _writer_main(
             gc.collect()
             if not _answer(conn, SlabDropped()):
                 return
-        elif isinstance(message, Write):
+        elif isinstance(message, Incoming):
             try:
-                failed = _receive_buffers(conn.fileno(), message)
+                received = _receive_write(conn, message)
             except (EOFError, OSError):
                 return  # the trainer went away in the middle of the request: nobody is left to answer
             if not _answer(conn, Taken()):
                 return
-            reply = _serve(storage, message, slab) if failed is None else Failed(_portable(failed))
-            del message  # drop shared-memory handles before answering
+            reply = _serve(storage, received, slab) if isinstance(received, Write) else Failed(_portable(received))
+            del received  # drop shared-memory handles before answering
             if not _answer(conn, reply):
                 return
         else:  # no reply: the trainer reads a reply only after a Write, and would take this one for the next
@@ -672,6 +713,7 @@ class CheckpointProcess:
             if slab is not None and slab[0] != self._slab_generation:
                 self._conn.send(MapSlab(*slab))
                 self._slab_generation = slab[0]
+            self._conn.send(Incoming(sum(buffer.nbytes for buffer in encoded.buffers)))
             self._conn.send_bytes(encoded.data)
             _send_buffers(self._conn.fileno(), encoded.buffers)
             reply = self._conn.recv()

@@ -341,8 +341,8 @@ class AsyncCheckpointSaver(CheckpointSaver):
             nbytes = self._process.write(encoded, slab_info)
         except WriterProcessDied as exc:  # it may have died before answering the other ranks, or in the commit
             self._finish_for_a_dead_writer(plan, write, exc, blocked_s)
-        except BaseException as exc:
-            self._fail(plan, write, exc)
+        except BaseException as exc:  # the writer is done with it; it may not have reached the agreement
+            self._fail_unanswered(plan, write, exc)
         else:
             log_committed(plan, nbytes, blocked_s)
             write.set_result(None)
