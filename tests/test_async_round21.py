@@ -6,8 +6,10 @@ before it took it must reach a second writer whole."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,7 +26,8 @@ from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.checkpoint_process import CheckpointProcess, CheckpointProcessConfig
 from torch_checkpointing.checkpoint_writer import SavePlan, WriteEntry, WriteRequest
-from torch_checkpointing.errors import CheckpointError, ConfigTypeError
+from torch_checkpointing.config import AsyncCheckpointSaverConfig
+from torch_checkpointing.errors import CheckpointError, ConfigTypeError, WriterProcessDied
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 WAIT_S = 120
@@ -205,3 +208,37 @@ def test_a_request_whose_first_writer_died_reading_it_is_served_by_the_second(tm
         process.close()
     assert marker.exists(), "the first writer did not die: the test proves nothing"
     assert torch.equal(torch.load(tmp_path / "c" / "w_0.pt"), torch.full((2,), 7.0))
+
+
+def test_close_while_a_request_waits_unread_in_a_stopped_writers_pipe_hands_it_to_no_other_writer(
+    tmp_path: Path,
+) -> None:
+    """close() waits for the save (save.wait_timeout_secs), then ends the stopped writer by SIGKILL: the request it
+    had not taken must not go to a new writer (the engine ended that writer itself), the save must fail saying
+    nothing of it was written, and close() must return within its bounds, leaving no process behind."""
+    process = CheckpointProcessConfig(subprocess_shutdown_timeout_secs=2)
+    manager = CheckpointManager(
+        CheckpointManager.Config(
+            save=AsyncCheckpointSaverConfig(wait_timeout_secs=3, process_config=process),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+    try:
+        _save(manager, tmp_path / "a")
+        pid = manager.writer_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        future = manager.save(str(tmp_path / "b"), {"model": {"w": torch.full((3,), 2.0)}})
+        assert future is not None
+        time.sleep(0.5)  # the request is in the stopped writer's pipe
+    finally:
+        started = time.monotonic()
+        with contextlib.suppress(CheckpointError):  # close() re-raises the failed save's error
+            manager.close()
+    assert time.monotonic() - started < 30
+    error = future.exception(timeout=0)
+    assert isinstance(error, WriterProcessDied), error
+    assert "before it took" in str(error) and "stopped by close() or a timeout" in str(error), error
+    assert manager.writer_pid is None
+    assert not (tmp_path / "b").exists()
+    assert not Path(f"/proc/{pid}").exists(), "the stopped writer was neither killed nor reaped"
