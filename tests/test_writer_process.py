@@ -235,11 +235,13 @@ def test_a_dead_writer_is_described_alike_before_and_after_it_took_the_write(tak
     Before, the two were separate copies, and the one after named neither the pid nor the signal."""
     from torch_checkpointing.checkpoint_process import _death_message
 
-    said = _death_message(4242, -9, "/ck/b", taken=taken, ended_by_us=False)
+    said = _death_message(4242, -9, "/ck/b", taken=taken, stopped_by=None)
     where = "during the write of" if taken else "before it took the write of"
     assert said.startswith(f"Checkpoint writer process 4242 died {where} /ck/b (killed by SIGKILL, exit code -9)")
     assert said.endswith("It is restarted for the next save."), said
     fate = "or this one if the writer died right after committing it" if taken else "nothing of it was written"
     assert fate in said, said
-    stopped = _death_message(4242, 3, "/ck/b", taken=taken, ended_by_us=True)
-    assert "(exit code 3)" in stopped and stopped.endswith("It was stopped by close() or a timeout."), stopped
+    stopped = _death_message(4242, 3, "/ck/b", taken=taken, stopped_by="close()")
+    assert "(exit code 3)" in stopped and stopped.endswith("It was stopped by close()."), stopped
+    timed_out = _death_message(4242, -9, "/ck/b", taken=taken, stopped_by="timeout")
+    assert timed_out.endswith("It was killed when a wait for the save timed out (save.wait_timeout_secs)."), timed_out

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, Literal
 
 import torch.multiprocessing  # noqa: F401  (registers tensor reductions: shared-memory tensors pass by handle)
 
@@ -724,11 +724,12 @@ class CheckpointProcess:
             code = _exit_code(self._proc)
             self._drop_dead_writer()
             self._start_in_background()
-            ended_by_us = self._closing or (pid is not None and pid == self._killed_pid)
+            killed = pid is not None and pid == self._killed_pid
+            stopped_by: StoppedBy = "close()" if self._closing else "timeout" if killed else None
             if not taken:
-                raise _DiedBeforeTaking(pid, code, encoded.checkpoint_dir, ended_by_us) from exc
+                raise _DiedBeforeTaking(pid, code, encoded.checkpoint_dir, stopped_by) from exc
             raise WriterProcessDied(
-                _death_message(pid, code, encoded.checkpoint_dir, taken=True, ended_by_us=ended_by_us),
+                _death_message(pid, code, encoded.checkpoint_dir, taken=True, stopped_by=stopped_by),
                 outcome_unknown=True,
             ) from exc
         return reply
@@ -790,22 +791,31 @@ class CheckpointProcess:
             conn.close()
 
 
+# Who ended a writer that died under a save, when the engine did: close(), or a save's timeout (kill()).
+StoppedBy = Literal["close()", "timeout"] | None
+
+
 class _DiedBeforeTaking(Exception):
     """(Trainer side.) The writer died before it said `Taken`: it wrote nothing of the request."""
 
-    def __init__(self, pid: int | None, exitcode: int | None, checkpoint_dir: str, ended_by_us: bool) -> None:
+    def __init__(self, pid: int | None, exitcode: int | None, checkpoint_dir: str, stopped_by: StoppedBy) -> None:
         super().__init__(f"writer {pid} died ({_how_it_ended(exitcode)}) before it took the write")
         self.pid, self.exitcode, self.checkpoint_dir = pid, exitcode, checkpoint_dir
-        self.ended_by_us = ended_by_us  # close() or a timeout's kill(): the request must not go to another writer
+        self.stopped_by = stopped_by
+
+    @property
+    def ended_by_us(self) -> bool:
+        """close() or a timeout's kill(): the request must not go to another writer."""
+        return self.stopped_by is not None
 
     def error(self) -> WriterProcessDied:
         return WriterProcessDied(
-            _death_message(self.pid, self.exitcode, self.checkpoint_dir, taken=False, ended_by_us=self.ended_by_us)
+            _death_message(self.pid, self.exitcode, self.checkpoint_dir, taken=False, stopped_by=self.stopped_by)
         )
 
 
 def _death_message(
-    pid: int | None, exitcode: int | None, checkpoint_dir: str, *, taken: bool, ended_by_us: bool
+    pid: int | None, exitcode: int | None, checkpoint_dir: str, *, taken: bool, stopped_by: StoppedBy
 ) -> str:
     """What a save whose writer died is told: which writer, how it ended, what became of the save, and of the
     writer. One sentence for both moments, so that they differ only where the facts do: before the writer
@@ -820,8 +830,16 @@ def _death_message(
     else:
         when = f"before it took the write of {checkpoint_dir} ({how})"
         save = ": nothing of it was written, and the id holds what it held before."
-    then = "It was stopped by close() or a timeout." if ended_by_us else "It is restarted for the next save."
-    return f"Checkpoint writer process {pid} died {when}{save} {then}"
+    return f"Checkpoint writer process {pid} died {when}{save} {_what_became_of_the_writer(stopped_by)}"
+
+
+def _what_became_of_the_writer(stopped_by: StoppedBy) -> str:
+    """Before, a timeout's kill read "stopped by close() or a timeout", naming neither which nor the setting."""
+    if stopped_by == "close()":
+        return "It was stopped by close()."
+    if stopped_by == "timeout":
+        return "It was killed when a wait for the save timed out (save.wait_timeout_secs)."
+    return "It is restarted for the next save."
 
 
 class _NoWorkingDirectory(Exception):
