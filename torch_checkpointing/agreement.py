@@ -282,7 +282,15 @@ def _refuse_other_calls(step: str, calls: list[str]) -> None:
 
 @dataclass
 class StoreTransport:
-    """Publish-and-gather over a `StoreChannel` (keys `<step>/<rank>`); silent ranks are named."""
+    """Publish-and-gather over a `StoreChannel` (keys `<step>/<rank>`); silent ranks are named.
+
+    Each rank waits for the others on its own clock, so one rank may give up on a step that a later rank then
+    finds complete: before, that rank went on to the next step alone, and told another story (rank 1 "outcome
+    unknown" after a second timeout, where rank 0 had said "no checkpoint was committed"), or rank 0 committed a
+    save that a rank had already reported failed. So every rank also proposes how the step ended under
+    `<step>/decided`, on rank 0's store, where only the first proposal is kept: given up (with the error), or
+    complete. Every rank then raises the error decided, or goes on.
+    """
 
     rank: int
     world_size: int
@@ -290,8 +298,34 @@ class StoreTransport:
 
     def exchange(self, step: str, mine: Contribution) -> list[Contribution]:
         self.channel.publish(f"{step}/{self.rank}", mine.to_json())
-        texts = self.channel.gather(step, self.world_size, f"its answer to {step!r}")
+        return self.answers(step)
+
+    def answers(self, step: str) -> list[Contribution]:
+        """Every rank's answer to `step`, once the ranks have decided that it is complete."""
+        what = f"its answer to {step!r}"
+        try:
+            texts = self.channel.gather(step, self.world_size, what)
+        except CommitError as gave_up:  # (rank 0's store gone: deciding raises that again)
+            _go_on_if_complete(self.channel.decide(f"{step}/decided", _gave_up(gave_up)))
+            texts = self.channel.gather(step, self.world_size, what)  # another rank found them all in
+        else:
+            _go_on_if_complete(self.channel.decide(f"{step}/decided", _COMPLETE))
         return [Contribution.from_json(t) for t in texts]
+
+
+_COMPLETE = "complete"
+
+
+def _gave_up(error: CommitError) -> str:
+    return json.dumps({"message": str(error), "failures": {str(r): why for r, why in error.failures.items()}})
+
+
+def _go_on_if_complete(decided: str) -> None:
+    """Raise the error a rank that gave up on the step decided for every rank."""
+    if decided == _COMPLETE:
+        return
+    error = json.loads(decided)
+    raise CommitError(str(error["message"]), {int(r): str(why) for r, why in error["failures"].items()})
 
 
 def _first_line(exc: BaseException) -> str:

@@ -496,10 +496,10 @@ def finish_for_a_dead_writer(plan: SavePlan, exc: BaseException) -> BaseExceptio
     except CommitError as lost:  # rank 0's store is gone with its trainer: nothing is left to agree with
         return lost
     committed = False
+    transport = StoreTransport(plan.rank, plan.world_size, channel)
     try:
-        texts = channel.gather(step, plan.world_size, f"its answer to {step!r}")
-        raise_if_failed(step, [Contribution.from_json(text) for text in texts])
-        _agree_on_the_commit(plan, StoreTransport(plan.rank, plan.world_size, channel), channel, lambda: None)
+        raise_if_failed(step, transport.answers(step))
+        _agree_on_the_commit(plan, transport, channel, lambda: None)
         committed = True
     except CommitError as agreed:
         return agreed

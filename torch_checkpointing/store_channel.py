@@ -106,6 +106,10 @@ class StoreChannel:
             delay = min(delay * 2, 0.1)
         return [self._get(k) for k in keys]
 
+    def decide(self, name: str, proposal: str) -> str:
+        """The value of `name`: `proposal` if no rank set it first (a compare-and-set: the first one stays)."""
+        return str(self._call(lambda: self._store.compare_set(self._key(name), "", proposal)).decode("utf-8"))
+
     def wait_for(self, name: str, ranks: list[int], timeout_s: float) -> list[int]:
         """The ranks among `ranks` that have not published `name/<rank>` within `timeout_s` (none: all did)."""
         deadline = time.monotonic() + timeout_s
