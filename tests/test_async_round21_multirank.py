@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from simulator.launcher import launch
 from tests.memory_storage import Control, RecordingStorageConfig
+from tests.test_async_round21 import LoadsBadly
 from torch_checkpointing import CheckpointManager
 
 pytestmark = pytest.mark.multirank
@@ -108,20 +109,6 @@ def _killed_in_the_commit(
     dist.barrier()
     out["commit_files"] = sorted(p.name for p in Path(root, "commit").glob("*.pt"))
     out["commit_loaded"] = _loaded(manager, f"{root}/commit")
-
-
-def _refuse_to_load() -> Any:
-    raise RuntimeError("this callback refuses to be unpickled")
-
-
-class LoadsBadly:
-    """A finalize_callback that pickles on rank 1's trainer and whose load raises in its writer."""
-
-    def __call__(self, path: str, metadata: Any) -> None:
-        return None
-
-    def __reduce__(self) -> Any:
-        return (_refuse_to_load, ())
 
 
 def _unloadable_on_rank_1(manager: CheckpointManager, root: str, rank: int, out: dict[str, Any]) -> None:
