@@ -27,7 +27,7 @@ from torch_checkpointing import CheckpointManager
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 pytestmark = pytest.mark.multirank
-TIMEOUT_S = 4
+TIMEOUT_S = 8
 
 
 def _state(rank: int) -> dict[str, Any]:

@@ -242,3 +242,47 @@ def test_close_while_a_request_waits_unread_in_a_stopped_writers_pipe_hands_it_t
     assert manager.writer_pid is None
     assert not (tmp_path / "b").exists()
     assert not Path(f"/proc/{pid}").exists(), "the stopped writer was neither killed nor reaped"
+
+
+@pytest.mark.parametrize("how", ["close()", "the next save()"])
+def test_a_wait_that_timed_out_returns_with_the_killed_writes_future_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A wait that times out kills the writer and says the save was not committed; the thread that sent the
+    write fails its Future once the pipe breaks. Before, close() and the next save() raised without waiting for
+    that, so right after them `future.done()` was False (`future.exception(timeout=0)` raised TimeoutError) for a
+    save just reported failed: the fresh-clone run of the close() test above caught it. The delay stands in for
+    that thread being late (a busy machine; on several ranks, the failure agreed with the others first)."""
+    manager = CheckpointManager(
+        CheckpointManager.Config(
+            save=AsyncCheckpointSaverConfig(
+                wait_timeout_secs=2, process_config=CheckpointProcessConfig(subprocess_shutdown_timeout_secs=2)
+            ),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+    saver: Any = manager._saver
+    fail_unanswered = saver._fail_unanswered
+
+    def late(*args: Any) -> None:
+        time.sleep(1.0)
+        fail_unanswered(*args)
+
+    monkeypatch.setattr(saver, "_fail_unanswered", late)
+    try:
+        _save(manager, tmp_path / "a")
+        pid = manager.writer_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        future = manager.save(str(tmp_path / "b"), {"model": {"w": torch.full((3,), 2.0)}})
+        assert future is not None
+        with pytest.raises(CheckpointError, match="was not committed"):
+            if how == "close()":
+                manager.close()
+            else:
+                manager.save(str(tmp_path / "c"), {"model": {"w": torch.full((3,), 3.0)}})
+        assert future.done(), "the Future of the save just reported not committed is still pending"
+        assert isinstance(future.exception(timeout=0), WriterProcessDied)
+    finally:
+        with contextlib.suppress(CheckpointError):
+            manager.close()

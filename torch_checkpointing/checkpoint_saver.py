@@ -46,6 +46,8 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 __all__ = ["AsyncCheckpointSaver", "CheckpointSaver", "SavePlan", "SyncCheckpointSaver", "WriteFuture"]
 
 logger = logging.getLogger("torch_checkpointing.saver")
+# How long a wait that timed out and killed the writer then waits for that write's Future to fail (`_kill_for`).
+_FUTURE_AFTER_KILL_S = 10.0
 
 
 class CheckpointSaver(ABC):
@@ -157,13 +159,24 @@ class AsyncCheckpointSaver(CheckpointSaver):
         try:
             write.quiet_exception(timeout)
         except TimeoutError:
-            self._process.kill()
+            self._kill_for(write)
             raise CheckpointError(
                 f"The checkpoint write of {write.checkpoint_id} did not finish within {timeout}s "
                 f"(save.wait_timeout_secs); the writer process was killed and {write.checkpoint_id} was not "
                 f"committed."
             ) from None
         self._raise_unseen(write, "")
+
+    def _kill_for(self, write: WriteFuture) -> None:
+        """Kill the writer a timed-out wait for `write` gave up on, then wait (bounded) for `write`'s Future to
+        fail: the thread that sent it fails it once the pipe breaks. Before, close() (and the next save())
+        raised "was not committed" while that Future was still pending, so `future.exception(timeout=0)` right
+        after close() raised TimeoutError, and `future.done()` was False, for a save just reported failed."""
+        self._process.kill()
+        try:
+            write.quiet_exception(_FUTURE_AFTER_KILL_S)
+        except TimeoutError:  # its failure still has to be agreed with other ranks: it resolves on its own
+            logger.debug("The killed write of %s had not failed its Future yet", write.checkpoint_id)
 
     def _raise_unseen(self, write: WriteFuture, consequence: str) -> None:
         """Surface a failed save the caller never looked at (its Future was dropped), once."""
@@ -236,7 +249,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 self._last_write.quiet_exception(self._timeout)
             except TimeoutError as exc:
                 # As wait() does: left alive, a stopped or hung writer refused every later save until close().
-                self._process.kill()
+                self._kill_for(self._last_write)
                 self._last_write.retrieved = True  # this error reports it; the next save must not raise it again
                 raise CheckpointError(
                     f"The previous checkpoint write ({self._last_write.checkpoint_id}) did not finish within "
