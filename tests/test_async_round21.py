@@ -210,26 +210,36 @@ def test_a_request_whose_first_writer_died_reading_it_is_served_by_the_second(tm
     assert torch.equal(torch.load(tmp_path / "c" / "w_0.pt"), torch.full((2,), 7.0))
 
 
+def _manager_with_a_short_wait(wait_s: float) -> CheckpointManager:
+    process = CheckpointProcessConfig(subprocess_shutdown_timeout_secs=2)
+    return CheckpointManager(
+        CheckpointManager.Config(
+            save=AsyncCheckpointSaverConfig(wait_timeout_secs=wait_s, process_config=process),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
+
+
+def _save_into_a_stopped_writer(manager: CheckpointManager, tmp_path: Path) -> tuple[int, Any]:
+    """A first save done, the writer SIGSTOPped, then a save whose request waits in its pipe: (writer pid, Future)."""
+    _save(manager, tmp_path / "a")
+    pid = manager.writer_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    future = manager.save(str(tmp_path / "b"), {"model": {"w": torch.full((3,), 2.0)}})
+    assert future is not None
+    return pid, future
+
+
 def test_close_while_a_request_waits_unread_in_a_stopped_writers_pipe_hands_it_to_no_other_writer(
     tmp_path: Path,
 ) -> None:
     """close() waits for the save (save.wait_timeout_secs), then ends the stopped writer by SIGKILL: the request it
     had not taken must not go to a new writer (the engine ended that writer itself), the save must fail saying
     nothing of it was written, and close() must return within its bounds, leaving no process behind."""
-    process = CheckpointProcessConfig(subprocess_shutdown_timeout_secs=2)
-    manager = CheckpointManager(
-        CheckpointManager.Config(
-            save=AsyncCheckpointSaverConfig(wait_timeout_secs=3, process_config=process),
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-        )
-    )
+    manager = _manager_with_a_short_wait(3)
     try:
-        _save(manager, tmp_path / "a")
-        pid = manager.writer_pid
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
-        future = manager.save(str(tmp_path / "b"), {"model": {"w": torch.full((3,), 2.0)}})
-        assert future is not None
+        pid, future = _save_into_a_stopped_writer(manager, tmp_path)
         time.sleep(0.5)  # the request is in the stopped writer's pipe
     finally:
         started = time.monotonic()
@@ -253,14 +263,7 @@ def test_a_wait_that_timed_out_returns_with_the_killed_writes_future_failed(
     that, so right after them `future.done()` was False (`future.exception(timeout=0)` raised TimeoutError) for a
     save just reported failed: the fresh-clone run of the close() test above caught it. The delay stands in for
     that thread being late (a busy machine; on several ranks, the failure agreed with the others first)."""
-    manager = CheckpointManager(
-        CheckpointManager.Config(
-            save=AsyncCheckpointSaverConfig(
-                wait_timeout_secs=2, process_config=CheckpointProcessConfig(subprocess_shutdown_timeout_secs=2)
-            ),
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-        )
-    )
+    manager = _manager_with_a_short_wait(2)
     saver: Any = manager._saver
     fail_unanswered = saver._fail_unanswered
 
@@ -270,12 +273,7 @@ def test_a_wait_that_timed_out_returns_with_the_killed_writes_future_failed(
 
     monkeypatch.setattr(saver, "_fail_unanswered", late)
     try:
-        _save(manager, tmp_path / "a")
-        pid = manager.writer_pid
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
-        future = manager.save(str(tmp_path / "b"), {"model": {"w": torch.full((3,), 2.0)}})
-        assert future is not None
+        _, future = _save_into_a_stopped_writer(manager, tmp_path)
         with pytest.raises(CheckpointError, match="was not committed"):
             if how == "close()":
                 manager.close()
