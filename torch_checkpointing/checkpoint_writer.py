@@ -460,11 +460,11 @@ def refuse_unanswered(plan: SavePlan, exc: BaseException) -> BaseException:
 
     step = _files_step(plan)
     try:
-        channel = StoreChannel(plan.store, plan.timeout_s)
-        if plan.rank not in channel.missing(step, plan.world_size):
-            return exc
+        channel, answered = _answered_the_files_step(plan, plan.store)
     except CommitError as lost:  # rank 0's store is gone: the others cannot be waiting on it either
         return lost
+    if answered:
+        return exc
     try:
         agree(step, StoreTransport(plan.rank, plan.world_size, channel), failed)
     except CommitError as agreed:
@@ -490,11 +490,11 @@ def finish_for_a_dead_writer(plan: SavePlan, exc: BaseException) -> BaseExceptio
         return exc
     step = _files_step(plan)
     try:
-        channel = StoreChannel(plan.store, plan.timeout_s)
-        if plan.rank in channel.missing(step, plan.world_size):
-            return exc
+        channel, answered = _answered_the_files_step(plan, plan.store)
     except CommitError as lost:  # rank 0's store is gone with its trainer: nothing is left to agree with
         return lost
+    if not answered:
+        return exc
     committed = False
     transport = StoreTransport(plan.rank, plan.world_size, channel)
     try:
@@ -506,6 +506,13 @@ def finish_for_a_dead_writer(plan: SavePlan, exc: BaseException) -> BaseExceptio
     finally:
         _settle(channel, plan, committed)
     return None
+
+
+def _answered_the_files_step(plan: SavePlan, store: StoreAddress) -> tuple[StoreChannel, bool]:
+    """A channel to rank 0's store, and whether this rank's writer answered the commit's first agreement (which
+    of `refuse_unanswered` and `finish_for_a_dead_writer` stands in for it); `CommitError` if the store is gone."""
+    channel = StoreChannel(store, plan.timeout_s)
+    return channel, plan.rank not in channel.missing(_files_step(plan), plan.world_size)
 
 
 def _settle(channel: StoreChannel, plan: SavePlan, committed: bool) -> None:
