@@ -658,7 +658,8 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     if not policy.active:
         raise ValueError("prune needs at least one of --keep-last, --keep-every-n-steps, --keep-best")
     require_directory(storage, Path(args.root), _ROOT)
-    report = prune(args.root, policy, storage, dry_run=args.dry_run)
+    # The text output shows the note itself (below); --json has it in the document, and on stderr as logged.
+    report = prune(args.root, policy, storage, dry_run=args.dry_run, log_note=ui.json_mode)
     failed = [{**c.to_dict(), "reason": why} for c, why in report.failed]
     ui.emit_json(
         {
@@ -669,7 +670,7 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
             "metric_not_recorded": report.metric_not_recorded,
         }
     )
-    if report.metric_not_recorded is not None:  # on stdout beside the deletions it explains, at either level
+    if report.metric_not_recorded is not None:  # on stdout beside the deletions it explains, at either level, once
         ui.line(f"warning: {report.metric_not_recorded}")
     verb = "would delete" if args.dry_run else "deleted"
     ui.line(f"{verb} {len(report.deleted)} checkpoint(s): {', '.join(c.name for c in report.deleted) or '-'}")

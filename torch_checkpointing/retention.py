@@ -385,6 +385,12 @@ def _metric_not_recorded(
     )
 
 
+def _note(root: str | os.PathLike[str], policy: RetentionPolicy, found: list[CheckpointInfo]) -> str | None:
+    """`_metric_not_recorded`'s text alone, for a pass whose caller shows it itself."""
+    said = _metric_not_recorded(root, policy, found)
+    return None if said is None else said[1]
+
+
 def _tell_metric_not_recorded(
     root: str | os.PathLike[str],
     policy: RetentionPolicy,
@@ -436,9 +442,13 @@ def prune(
     *,
     dry_run: bool = False,
     protect: Collection[str] = (),
+    log_note: bool = True,
 ) -> PruneReport:
-    """`apply_retention`, reporting the deletions that failed as well as those done."""
-    return _prune(root, policy, storage, dry_run=dry_run, protect=protect, told=None)
+    """`apply_retention`, reporting the deletions that failed as well as those done.
+
+    `log_note=False` is for a caller that shows `PruneReport.metric_not_recorded` itself (the CLI's text
+    output): logged as well, its WARNING reached the operator twice, on stderr and beside the deletions."""
+    return _prune(root, policy, storage, dry_run=dry_run, protect=protect, told=None, log_note=log_note)
 
 
 def _prune(
@@ -449,13 +459,14 @@ def _prune(
     dry_run: bool,
     protect: Collection[str],
     told: set[tuple[str, int]] | None,
+    log_note: bool = True,
 ) -> PruneReport:
     """`prune`; `told` is what the passes sharing it were already told (see `_tell_metric_not_recorded`), None
-    to tell every time."""
+    to tell every time; `log_note=False` to tell nothing (the caller shows the report's note)."""
     require_path(root)
     storage = storage or storage_for(root)
     found = list_checkpoints(root, storage)
-    note = _tell_metric_not_recorded(root, policy, found, told)
+    note = _tell_metric_not_recorded(root, policy, found, told) if log_note else _note(root, policy, found)
     kept = {_identity(storage, p) for p in protect}
     protected = [c.path for c in found if _identity(storage, c.path) in kept]
     doomed = select_for_deletion(found, policy, protect=protected)
