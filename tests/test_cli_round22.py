@@ -8,6 +8,7 @@ characters backslash, x, f, f.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,3 +61,17 @@ def test_prune_says_once_that_no_checkpoint_records_the_metric(root: Path) -> No
     assert f"warning: {MISSPELT}" in out and "would delete" in out, out
     done = _cli("--json", *argv)
     assert done.stdout.decode().count(MISSPELT) == 1 and done.stderr.decode().count(MISSPELT) <= 1, done
+
+
+def test_text_output_tells_an_undecodable_byte_from_a_literal_backslash(root: Path) -> None:
+    """`ckpt-\\xff` is the byte 0xff; a name holding a backslash shows it doubled (`ckpt-\\\\xff`), as `ls -b`
+    and Python's repr do (failed before: both rows read `ckpt-\\xff`)."""
+    out = _cli("ls", str(root)).stdout.decode()
+    names = [line.split()[0] for line in out.splitlines() if line.strip().startswith("ckpt-")]
+    assert sorted(names) == ["ckpt-\\\\xff", "ckpt-\\xff"], out
+    pruned = _cli("prune", str(root), "--keep-last", "1", "--dry-run").stdout.decode()
+    assert "ckpt-\\xff, ckpt-\\\\xff" in pruned, pruned
+    listed = json.loads(_cli("--json", "ls", str(root)).stdout)["checkpoints"]
+    by_step = {entry["step"]: entry for entry in listed}  # --json: the same string, told apart by `name_hex`
+    assert by_step[2]["name"] == by_step[3]["name"] == LITERAL_NAME, listed
+    assert bytes.fromhex(by_step[2]["name_hex"]) == os.fsencode(BYTE_NAME) and "name_hex" not in by_step[3]

@@ -94,11 +94,13 @@ def _metrics(m: Mapping[str, float] | None) -> str:
 
 def shown(text: str) -> str:
     """`text` with every non-printable character escaped (`\\n`, `\\x1b`; a byte of a name that is not
-    UTF-8 as `\\xff`): names and messages come from whoever can write into a root, and a newline would forge a
-    table row, an escape sequence drive the terminal."""
-    if text.isprintable():
+    UTF-8 as `\\xff`) and every backslash doubled: names and messages come from whoever can write into a root,
+    and a newline would forge a table row, an escape sequence drive the terminal. A backslash is doubled
+    always, as `ls -b` and Python's repr do, so that each escape reads one way: before, the byte 0xff and a
+    name holding the four characters `\\xff` were shown alike."""
+    if text.isprintable() and "\\" not in text:
         return text
-    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+    return "".join(c if c.isprintable() and c != "\\" else _escaped(c) for c in text)
 
 
 def _escaped(c: str) -> str:
