@@ -327,6 +327,8 @@ def read_regular_file(fd: int, path: Path | str, what: str = "a manifest", limit
     (default `MAX_MANIFEST_BYTES`).
 
     No record can vouch for the manifest itself, so its type and size are what is checked before reading it.
+    What is asked for is the size fstat gave (a read of n bytes allocates n up front: asking for `limit + 1`
+    cost 256 MiB per manifest read), and more only if the file grew meanwhile.
     """
     limit = MAX_MANIFEST_BYTES if limit is None else limit
     st = os.fstat(fd)
@@ -335,8 +337,10 @@ def read_regular_file(fd: int, path: Path | str, what: str = "a manifest", limit
     if st.st_size > limit:
         raise CorruptCheckpointError(f"{path} is larger than {limit} bytes; it is not {what}.")
     with os.fdopen(os.dup(fd), "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:  # it grew since fstat
+        data = f.read(st.st_size + 1)
+        if len(data) > st.st_size:  # it grew since fstat: read on, to the limit
+            data += f.read(limit + 1 - len(data))
+    if len(data) > limit:
         raise CorruptCheckpointError(f"{path} is larger than {limit} bytes; it is not {what}.")
     return data
 
