@@ -232,14 +232,33 @@ def incomplete(checkpoint_dir: Path | str, storage: Storage) -> IncompleteCheckp
     )
 
 
+class _OversizedFile(CorruptCheckpointError):
+    """An engine file (a manifest, a marker) larger than any the engine writes, refused before it is read.
+
+    Callers see a `CorruptCheckpointError`; `_stray_marker`, which lets go of a marker it cannot read (gone
+    meanwhile, a link), tells by this one that is there but too large, and refuses it naming it.
+    """
+
+
 def _stray_marker(storage: Storage, checkpoint_dir: Path, manifest: Manifest) -> bool:
+    """Whether the `.incomplete` beside `manifest` is another save's stray claim (`stray_claim`).
+
+    Read as every marker is (`read_marker`): one larger than any claim is refused unread with a
+    `CorruptCheckpointError` naming it (before, up to 256 MiB of it was read and parsed as JSON).
+    """
     if manifest.claim is None:
         return False
     where = checkpoint_dir / INCOMPLETE_MARKER
     try:
-        local = storage.local_path(where)
-        marker = read_local_regular(local, where) if local is not None else read_stored_bounded(storage, where)
-    except (OSError, CorruptCheckpointError, UnsafeCheckpointError):  # let go since it was seen, or not a claim
+        marker = read_marker(storage, where)
+    except _OversizedFile:
+        raise CorruptCheckpointError(
+            f"Checkpoint {shown_name(storage, checkpoint_dir)} has an {INCOMPLETE_MARKER} "
+            f"({shown_name(storage, where)}) larger than {MAX_MARKER_BYTES} bytes, larger than any marker or claim "
+            f"of ours: another program's file, or crafted. If no other program owns it, remove it; the checkpoint "
+            f"then reads as committed."
+        ) from None
+    except (OSError, CorruptCheckpointError):  # let go since it was seen, or not a claim (a link, a FIFO)
         return not storage.exists(where)
     return stray_claim(marker, manifest)
 
@@ -303,7 +322,7 @@ def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest", 
     limit = MAX_MANIFEST_BYTES if limit is None else limit
     size = storage.getsize(path)
     if size > limit:
-        raise CorruptCheckpointError(f"{path} is {size} bytes, larger than {limit}; it is not {what}.")
+        raise _OversizedFile(f"{path} is {size} bytes, larger than {limit}; it is not {what}.")
     return storage.read_range(path, 0, size) if size else b""
 
 
@@ -335,13 +354,13 @@ def read_regular_file(fd: int, path: Path | str, what: str = "a manifest", limit
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeCheckpointError(f"{path} is not a regular file; it cannot be {what}.")
     if st.st_size > limit:
-        raise CorruptCheckpointError(f"{path} is larger than {limit} bytes; it is not {what}.")
+        raise _OversizedFile(f"{path} is larger than {limit} bytes; it is not {what}.")
     with os.fdopen(os.dup(fd), "rb") as f:
         data = f.read(st.st_size + 1)
         if len(data) > st.st_size:  # it grew since fstat: read on, to the limit
             data += f.read(limit + 1 - len(data))
     if len(data) > limit:
-        raise CorruptCheckpointError(f"{path} is larger than {limit} bytes; it is not {what}.")
+        raise _OversizedFile(f"{path} is larger than {limit} bytes; it is not {what}.")
     return data
 
 
