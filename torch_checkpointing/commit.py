@@ -47,8 +47,7 @@ from torch_checkpointing.manifest import (
     Manifest,
     our_marker,
     parse_manifest,
-    read_regular_file,
-    read_stored_bounded,
+    read_bounded,
     stray_claim,
 )
 from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name
@@ -316,18 +315,12 @@ def _is_checkpoint(storage: Storage, manifest_path: str) -> bool:
 
 
 def _read_manifest(storage: Storage, path: Path) -> Manifest:
-    """Parse a manifest found at a target; a local one is opened without blocking or following a link.
+    """Parse a manifest found at a target, read bounded (`manifest.read_bounded`): a local one is opened without
+    blocking or following a link.
 
     (A FIFO named manifest.json made the check wait forever for a writer; a huge file is refused unread.)
     """
-    local = storage.local_path(path)
-    if local is None:
-        return Manifest.from_json(read_stored_bounded(storage, path).decode("utf-8"))
-    fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        return parse_manifest(read_regular_file(fd, path), str(path))
-    finally:
-        os.close(fd)
+    return parse_manifest(read_bounded(storage, path), str(path))
 
 
 def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrite: bool) -> None:

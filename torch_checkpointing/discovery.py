@@ -37,10 +37,9 @@ from torch_checkpointing.manifest import (
     Manifest,
     our_marker,
     parse_manifest,
-    read_local_regular,
+    read_bounded,
     read_manifest,
     read_marker,
-    read_stored_bounded,
     shown_name,
 )
 from torch_checkpointing.names import ASIDE_RE, aside_of, held_here, previous_copy_hint
@@ -570,11 +569,11 @@ def _marked(storage: Storage, path: Path) -> bool:
             return False
         names = set(entries)
         if MANIFEST_FILE_NAME in names and _is_regular(os.path.join(local, MANIFEST_FILE_NAME)):
-            return not _foreign_manifest(os.path.join(local, MANIFEST_FILE_NAME))
+            return not _foreign_manifest(storage, path / MANIFEST_FILE_NAME)
         marker = os.path.join(local, INCOMPLETE_MARKER)
         return not entries or (INCOMPLETE_MARKER in names and _is_regular(marker) and _our_marker(storage, path))
     if storage.exists(path / MANIFEST_FILE_NAME):
-        return not _foreign_stored_manifest(storage, path / MANIFEST_FILE_NAME)
+        return not _foreign_manifest(storage, path / MANIFEST_FILE_NAME)
     return storage.exists(path / INCOMPLETE_MARKER) and _our_marker(storage, path)
 
 
@@ -590,24 +589,13 @@ def _our_marker(storage: Storage, path: Path) -> bool:
     return our_marker(data)
 
 
-def _foreign_stored_manifest(storage: Storage, path: Path) -> bool:
-    """`_foreign_manifest` on a store without local paths (an object store): a prefix named like a trash or
-    temporary of ours holding another tool's `manifest.json` is not ours either."""
+def _foreign_manifest(storage: Storage, path: Path) -> bool:
+    """Whether the `manifest.json` at `path` is another tool's (valid JSON, not ours): a name is no proof, and
+    gc deleted a folder named like ours because it held a browser extension's manifest (on an object store, a
+    prefix named like a trash or temporary of ours likewise). One we cannot parse (a write killed midway,
+    removed meanwhile) still counts as ours, so that gc collects what a kill left."""
     try:
-        parse_manifest(read_stored_bounded(storage, path), str(path))
-    except CheckpointError as exc:
-        return _FOREIGN_MANIFEST in str(exc)
-    except OSError:
-        return False
-    return False
-
-
-def _foreign_manifest(local: str) -> bool:
-    """Whether the `manifest.json` at `local` is another tool's (valid JSON, not ours): a name is no proof, and
-    gc deleted a folder named like ours because it held a browser extension's manifest. One we cannot parse
-    (a write killed midway, removed meanwhile) still counts as ours, so that gc collects what a kill left."""
-    try:
-        parse_manifest(read_local_regular(local, local), local)
+        parse_manifest(read_bounded(storage, path), str(path))
     except CheckpointError as exc:
         return _FOREIGN_MANIFEST in str(exc)
     except OSError:

@@ -34,6 +34,7 @@ __all__ = [
     "incomplete",
     "our_marker",
     "parse_manifest",
+    "read_bounded",
     "read_local_regular",
     "read_manifest",
     "read_marker",
@@ -190,9 +191,8 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
         if marked:
             raise incomplete(checkpoint_dir, storage)
         return None
-    local = storage.local_path(path)
     try:
-        data = read_local_regular(local, path) if local is not None else read_stored_bounded(storage, path)
+        data = read_bounded(storage, path)
     except FileNotFoundError:  # an object store: found by one request, gone by the next
         raise CorruptCheckpointError(
             f"Checkpoint {checkpoint_dir}: its {MANIFEST_FILE_NAME} went between two reads: the checkpoint was "
@@ -304,8 +304,17 @@ def read_marker(storage: Storage, path: Path) -> bytes:
     """The bytes of the `.incomplete` marker at `path`, read as the manifest is (no link, no FIFO, the size
     checked before a byte is read), but refused (CorruptCheckpointError) past `MAX_MARKER_BYTES`: larger than
     any marker of ours, it is another program's file, and reading it whole cost its size in memory."""
+    return read_bounded(storage, path, f"an {INCOMPLETE_MARKER} marker of ours", MAX_MARKER_BYTES)
+
+
+def read_bounded(storage: Storage, path: Path, what: str = "a manifest", limit: int | None = None) -> bytes:
+    """Every byte of the engine file at `path` (a manifest, a marker) that no record vouches for, read the one
+    way every such read is: its size checked against `limit` (default `MAX_MANIFEST_BYTES`) before a byte is
+    read, and on a local disk a regular file opened without following a link or blocking on a FIFO
+    (`read_local_regular`); on a store without local paths by its size, then exactly that range
+    (`read_stored_bounded`). One helper, so that no reader of such a file picks one half and forgets the other.
+    """
     local = storage.local_path(path)
-    what, limit = f"an {INCOMPLETE_MARKER} marker of ours", MAX_MARKER_BYTES
     if local is not None:
         return read_local_regular(local, path, what, limit)
     return read_stored_bounded(storage, path, what, limit)

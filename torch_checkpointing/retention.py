@@ -53,8 +53,8 @@ from torch_checkpointing.manifest import (
     MANIFEST_FILE_NAME,
     Manifest,
     our_marker,
+    read_bounded,
     read_marker,
-    read_stored_bounded,
 )
 from torch_checkpointing.names import NAME_MAX, aside_of, holding, may_be_cut, new_nonce, trash_name
 from torch_checkpointing.storage.base_storage import Storage
@@ -736,7 +736,7 @@ def _take_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None
     and before removing its marker, perhaps with its records gone already, so the files it lists are its own.
     None when there is none, or it is another save's (left in place)."""
     try:
-        manifest = Manifest.from_json(read_stored_bounded(storage, path / MANIFEST_FILE_NAME).decode("utf-8"))
+        manifest = Manifest.from_json(read_bounded(storage, path / MANIFEST_FILE_NAME))
     except FileNotFoundError:
         return None
     except (CheckpointError, ValueError, KeyError, UnicodeDecodeError):
