@@ -71,12 +71,14 @@ def _save_and_load(target: Path, rank: int, init_fn: Any, init_args: tuple[Any, 
     logging.getLogger("torch_checkpointing").addHandler(handler)
     out["logged"] = logged
     try:
+        started = time.monotonic()
         write = manager.save(str(target), {"model": {"w": torch.full((4,), float(rank + 1))}})
         try:
             write.result(120)
             out["error"] = None
         except Exception as exc:
             out["error"] = f"{type(exc).__name__}: {exc}"
+        out["s"] = time.monotonic() - started
         dist.barrier()
         out["manifest_there"] = (target / "manifest.json").exists()
         into = {"model": {"w": torch.zeros(4)}}

@@ -208,7 +208,10 @@ class Control:
         (self.root / "delay_s").write_text(str(seconds))
 
     def block(self, substring: str) -> None:
-        """The first write into a file whose path contains `substring` hands over its bytes, then blocks."""
+        """The first write into a file whose path contains `substring` hands over its bytes, then blocks.
+
+        "before rmdir": the first directory removal blocks before it starts (a swap's removal of the replaced copy).
+        """
         (self.root / "blocked").unlink(missing_ok=True)
         (self.root / "block_on").write_text(substring)
 
@@ -329,6 +332,7 @@ class RecordingStorage(LocalFileSystemStorage):
 
     def rmdir(self, path: Path) -> None:
         self._log("rmdir", path)
+        self._maybe_block(f"before rmdir {os.fspath(path)}")  # `Control.block("before rmdir")`
         super().rmdir(path)
 
     def rename(self, src_path: Path, dst_path: Path, *args: Any, **kwargs: Any) -> None:

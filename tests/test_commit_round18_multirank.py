@@ -46,27 +46,16 @@ def test_a_rank_whose_writer_died_after_rank_0_committed_is_told_the_save_is_don
         assert r["first"]["loaded"] == [float(r["rank"] + 1)] * 4, r
 
 
-def test_rank_0_whose_writer_died_is_told_so_and_the_checkpoint_loads_whole_everywhere(
+def test_rank_0_whose_writer_died_after_publishing_is_told_the_save_is_done_on_every_rank_at_once(
     results: list[dict[str, Any]],
 ) -> None:
-    error = results[0]["second"]["error"]
-    assert error is not None and "WriterProcessDied" in error, error
-    assert "or this one if the writer died right after committing it" in error, error
+    # Before: rank 0 raised WriterProcessDied ("the id holds its previous checkpoint, or this one") and ranks 1 and
+    # 2 waited the save's whole timeout (10 s) for rank 0's answer to the commit step, then raised
+    # CommitOutcomeUnknownError. Rank 0's trainer now sees its writer's checkpoint in place (`Commit.adopt`) and
+    # answers the commit step in its writer's place.
     for r in results:
-        assert r["second"]["loaded"] == [float(r["rank"] + 1)] * 4, r
-    # Before: its log line said "nothing was committed there" before an error saying it may have been.
-    failed = [line for line in results[0]["second"]["logged"] if "Checkpoint save of" in line]
-    assert failed and all("nothing was committed" not in line for line in failed), failed
-    assert all("may have been committed right before it failed" in line for line in failed), failed
-
-
-def test_when_rank_0_is_the_one_gone_the_others_are_told_the_outcome_is_unknown(
-    results: list[dict[str, Any]],
-) -> None:
-    # Before: "... did not report ... No checkpoint was committed." for a checkpoint rank 0 had published.
-    for r in (results[1], results[2]):
-        error = r["second"]["error"]
-        assert error is not None and error.startswith("CommitOutcomeUnknownError:"), error
-        assert "No checkpoint was committed" not in error, error
-        assert "rank 0 did not say whether it committed" in error, error
-        assert "holds either its previous checkpoint or this one" in error, error
+        second = r["second"]
+        assert second["error"] is None, second["error"]
+        assert second["s"] < 5, second
+        assert second["loaded"] == [float(r["rank"] + 1)] * 4, r
+        assert not [line for line in second["logged"] if "Checkpoint save of" in line], second["logged"]

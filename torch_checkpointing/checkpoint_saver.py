@@ -366,7 +366,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         """The writer died in the middle of the save: this rank answers the rest of the commit in its place
         where it can (`finish_for_a_dead_writer`), and the save ends as it did on every other rank."""
         try:
-            outcome = finish_for_a_dead_writer(plan, exc) if exc.outcome_unknown else exc
+            outcome = finish_for_a_dead_writer(plan, exc, self._trainer_storage()) if exc.outcome_unknown else exc
         except BaseException as unexpected:  # the Future must resolve whatever went wrong here
             outcome = unexpected
         if outcome is exc:
@@ -377,9 +377,9 @@ class AsyncCheckpointSaver(CheckpointSaver):
             log_safely(
                 logger,
                 logging.WARNING,
-                "The checkpoint writer process of rank %d died after it had written its files for %s, and rank 0 "
-                "committed the checkpoint with them, so the save is done; a new writer is started for the next "
-                "save. What the trainer saw: %s",
+                "The checkpoint writer process of rank %d died after it had written its files for %s, and the "
+                "checkpoint is committed with them (rank 0 published it), so the save is done; a new writer is "
+                "started for the next save. What the trainer saw: %s",
                 plan.rank,
                 plan.checkpoint_dir,
                 exc,
@@ -442,6 +442,12 @@ class AsyncCheckpointSaver(CheckpointSaver):
         log_failed(plan, exc)
         write.set_exception(exc)
 
+    def _trainer_storage(self) -> Storage:
+        """The trainer's own storage, made the first time a dead writer needs cleaning up or finishing after."""
+        if self._storage is None:
+            self._storage = self._storage_config.create_storage()
+        return self._storage
+
     def _discard(self, plan: SavePlan) -> None:
         """Remove this save's temporary directory from the trainer: its writer died (SIGKILL, the OOM killer), or
         never got the save while the other ranks' writers wrote theirs into it.
@@ -454,9 +460,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         if plan.rank != 0:
             return
         try:
-            if self._storage is None:
-                self._storage = self._storage_config.create_storage()
-            Commit(self._storage, plan.target()).discard()
+            Commit(self._trainer_storage(), plan.target()).discard()
         except Exception as exc:
             log_safely(
                 logger,

@@ -196,8 +196,11 @@ def _check_distinct(records: list[FileRecord]) -> None:
         by_path[posixpath.normpath(rec.path)] = rec
 
 
-def _publish(commit: Commit, request: WriteRequest, records: list[FileRecord]) -> None:
-    """Rank 0: the manifest over every rank's records, then the commit itself."""
+def _publish(
+    commit: Commit, request: WriteRequest, records: list[FileRecord], channel: StoreChannel | None = None
+) -> None:
+    """Rank 0: the manifest over every rank's records, then the commit itself. On several ranks the manifest is
+    put in the store first, for the trainer to tell whether it is in place should this writer die (`adopt`)."""
     plan = request.plan
     _check_distinct(records)
     metadata = plan.metadata_json.encode("utf-8") if plan.metadata_json is not None else None
@@ -212,7 +215,8 @@ def _publish(commit: Commit, request: WriteRequest, records: list[FileRecord]) -
         len(metadata) if metadata is not None else None,
         zlib.crc32(metadata) if metadata is not None else None,
     )
-    commit.publish(manifest, plan.metadata_json, lambda: _check_trainer_alive(request))
+    announce = None if channel is None else (lambda data: channel.publish(_manifest_key(plan), data.decode("utf-8")))
+    commit.publish(manifest, plan.metadata_json, lambda: _check_trainer_alive(request), announce)
 
 
 def _check_trainer_alive(request: WriteRequest) -> None:
@@ -376,7 +380,7 @@ def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, p
 
     def publish() -> None:
         if plan.rank == 0:
-            _publish(commit, request, records)
+            _publish(commit, request, records, channel)
             progress.committed = True
 
     try:
@@ -400,7 +404,7 @@ def _agree_on_the_commit(
     committed" for a checkpoint that was in place and loaded whole. It is logged at WARNING instead. Where rank 0
     itself did not answer, whether it published is not known here, and the error says so.
     """
-    step = f"Checkpoint {plan.checkpoint_dir}: the commit"
+    step = _commit_step(plan)
     try:
         agree(step, transport, publish)
     except CommitError as exc:
@@ -441,6 +445,16 @@ def _files_step(plan: SavePlan) -> str:
     return f"Checkpoint {plan.checkpoint_dir}: writing the files"
 
 
+def _commit_step(plan: SavePlan) -> str:
+    """The second agreement: rank 0 publishes the checkpoint, every rank hears that it did."""
+    return f"Checkpoint {plan.checkpoint_dir}: the commit"
+
+
+def _manifest_key(plan: SavePlan) -> str:
+    """Where rank 0's writer puts the manifest it is about to write (`_publish`), beside the commit step's answers."""
+    return f"{_commit_step(plan)}/manifest"
+
+
 def refuse_unanswered(plan: SavePlan, exc: BaseException) -> BaseException:
     """Report a save whose writer never answered the commit's first agreement; returns the error for this
     rank's Future.
@@ -474,19 +488,18 @@ def refuse_unanswered(plan: SavePlan, exc: BaseException) -> BaseException:
     return exc  # not reached: a failed contribution always makes the agreement raise
 
 
-def finish_for_a_dead_writer(plan: SavePlan, exc: BaseException) -> BaseException | None:
-    """(In the trainer, rank > 0.) This rank's writer died after it answered the commit's first agreement (its
-    files written and synced): take the rest of the commit in its place. None when rank 0 committed the
-    checkpoint; else the error every rank raises. `exc` itself where this cannot stand in (single rank, rank 0,
-    a writer that had not answered yet: `refuse_unanswered` is for that one).
+def finish_for_a_dead_writer(plan: SavePlan, exc: BaseException, storage: Storage) -> BaseException | None:
+    """(In the trainer.) This rank's writer died after it answered the commit's first agreement (its files written
+    and synced): take the rest of the commit in its place. None when the checkpoint was committed; else the error
+    every rank raises. `exc` itself where this cannot stand in (single rank, a writer that had not answered yet:
+    `refuse_unanswered` is for that one). `storage` is the trainer's own, for rank 0.
 
-    Before, such a rank raised "died during the write ... the id holds its previous checkpoint, or this one"
-    for a checkpoint rank 0 then committed whole, and rank 0's writer waited the save's whole timeout for the
-    dead writer's answer to the commit, then as long again for its acknowledgement, before it called the save
-    done. What the dead writer had left to do is no write: answer the commit step (its part of it is empty) and
-    acknowledge the outcome.
+    Before, such a rank raised "died during the write ... the id holds its previous checkpoint, or this one", and
+    the others waited the save's whole timeout for the dead writer. On a rank other than 0, what the writer had
+    left is no write: answer the commit step (its part of it is empty) and acknowledge the outcome. On rank 0 it
+    may have been anywhere in the commit itself: what the id holds decides (`_stand_in_for_rank_0`).
     """
-    if plan.store is None or plan.rank == 0:
+    if plan.store is None:
         return exc
     step = _files_step(plan)
     try:
@@ -495,17 +508,61 @@ def finish_for_a_dead_writer(plan: SavePlan, exc: BaseException) -> BaseExceptio
         return lost
     if not answered:
         return exc
+    commit = Commit(storage, plan.target())
     committed = False
     transport = StoreTransport(plan.rank, plan.world_size, channel)
     try:
         raise_if_failed(step, transport.answers(step))
-        _agree_on_the_commit(plan, transport, channel, lambda: None)
+        publish = _stand_in_for_rank_0(plan, commit, channel, exc) if plan.rank == 0 else lambda: None
+        _agree_on_the_commit(plan, transport, channel, publish)
         committed = True
     except CommitError as agreed:
+        if plan.rank == 0 and not commit.is_committed():  # what the writer would have removed, had it lived
+            commit.discard()
         return agreed
     finally:
         _settle(channel, plan, committed)
     return None
+
+
+def _stand_in_for_rank_0(
+    plan: SavePlan, commit: Commit, channel: StoreChannel, died: BaseException
+) -> Callable[[], None]:
+    """Rank 0's answer to the commit step, for its writer that died after every rank's files were in.
+
+    Where that writer answered the step before it died, the same answer again (the other ranks may have read it).
+    Else the id decides (`Commit.adopt`, told the manifest the writer was writing): this save in place is
+    committed, and the trainer finishes what came after the swap; anything short of that is removed, and the
+    commit fails on every rank alike, an earlier checkpoint at the id intact. Not the commit redone: the trainer
+    never makes visible what its writer did not.
+    """
+    step = _commit_step(plan)
+    answered = _rank_0s_answer(channel, step)
+
+    def publish() -> None:
+        if answered is not None:
+            said = Contribution.from_json(answered)
+            if not said.ok:
+                raise CommitError(str(said.error))
+            return
+        manifest = channel.wait_value(_manifest_key(plan), 0)
+        if commit.adopt(None if manifest is None else manifest.encode("utf-8")):
+            return
+        log_safely(
+            logger,
+            logging.WARNING,
+            "Rank 0's checkpoint writer process died in the commit of %s before the checkpoint was in place: it is "
+            "not committed, and its trainer removed what the save wrote. What the trainer saw: %s",
+            plan.checkpoint_dir,
+            died,
+        )
+        raise CommitError(
+            "its checkpoint writer process died before the checkpoint was in place (the WARNING logged on rank 0 "
+            "says how); what this save wrote was removed and an earlier checkpoint at this id is intact. Save "
+            "again; if writers keep dying, look for the OOM killer (dmesg) or whatever else kills them"
+        )
+
+    return publish
 
 
 def _answered_the_files_step(plan: SavePlan, store: StoreAddress) -> tuple[StoreChannel, bool]:

@@ -777,19 +777,29 @@ class Commit:
         if etag is not None:
             claims.delete_object(self.root / INCOMPLETE_MARKER, etag)
 
-    def publish(self, manifest: Manifest, metadata_json: str | None, still_wanted: Callable[[], None]) -> None:
+    def publish(
+        self,
+        manifest: Manifest,
+        metadata_json: str | None,
+        still_wanted: Callable[[], None],
+        before_writing: Callable[[bytes], None] | None = None,
+    ) -> None:
         """Write metadata and manifest and make the checkpoint visible. Errors before that point propagate.
 
         `still_wanted` raises when the save must not commit after all (its trainer is gone); it runs last,
-        right before the step that makes the checkpoint visible.
+        right before the step that makes the checkpoint visible. `before_writing` gets the manifest's bytes before
+        anything of it is written: whoever finishes for a writer that dies from then on can tell this save's
+        manifest from any other (`adopt`).
         """
         if self._claims is not None:  # the marker is this save's claim: the manifest names it (`stray_claim`)
             manifest = dataclasses.replace(manifest, claim=Path(self.target.tmp).name)
         self._check_visible(manifest)
         root = self.root
+        manifest_bytes = self._manifest_bytes = manifest.to_json().encode("utf-8")
+        if before_writing is not None:
+            before_writing(manifest_bytes)
         if metadata_json is not None:
             self.storage.write(root / METADATA_FILE_NAME, metadata_json.encode("utf-8"))
-        manifest_bytes = self._manifest_bytes = manifest.to_json().encode("utf-8")
         if self.renames:
             self.storage.write(root / MANIFEST_FILE_NAME, manifest_bytes)
             self.storage.delete(root / INCOMPLETE_MARKER)
@@ -908,9 +918,34 @@ class Commit:
             self._warn_left_behind(exc)
             if not isinstance(exc, Exception):  # a signal handler's: it ends the save as the handler meant
                 raise
+        self._remove_replaced()
+
+    def _remove_replaced(self) -> None:
+        """After the swap: the checkpoint it replaced, which an atomic exchange left at this save's temporary name."""
+        final, tmp = Path(self.target.final), Path(self.target.tmp)
         if self.storage.exists(tmp):
             gc = f"`torch-checkpointing gc {final.parent}` removes it once this process is gone, or delete it by hand"
             self._after_commit(lambda: self.storage.rmdir(tmp), f"remove the replaced checkpoint at {tmp} ({gc})")
+
+    def adopt(self, manifest_bytes: bytes | None) -> bool:
+        """(Rank 0's trainer, for its writer process that died in `publish`.) Whether the id holds this save, whose
+        manifest is `manifest_bytes` (None: the writer died before it had one). If it does, what the writer had left
+        is done here (the replaced checkpoint's removal, the parent's fsync); if not, what the save wrote is removed
+        (`discard`), and an earlier checkpoint at the id is untouched.
+
+        A killed writer's last rename has either happened or not by the time its trainer learns that it died (an
+        object store's request already sent can still land, the store's own business), so what the id holds then is
+        the outcome; without this the trainer could only say that it did not know, and the other ranks waited the
+        save's whole timeout for rank 0's answer to the commit step.
+        """
+        self._manifest_bytes = manifest_bytes
+        if manifest_bytes is None or not self.is_committed():
+            self.discard()
+            return False
+        if self.renames:
+            self._remove_replaced()
+        self._sync_parent()
+        return True
 
     def _warn_left_behind(self, exc: BaseException) -> None:
         """Name what the interrupted or failed removal of the replaced checkpoint left beside the id, for gc."""

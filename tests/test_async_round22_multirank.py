@@ -1,0 +1,139 @@
+"""Rank 0's own writer process is SIGKILLed in the commit, after every rank's files are in (two real gloo ranks,
+one launch, saves of one id in a row).
+
+* While it writes the manifest (nothing is in place yet): every rank must raise the same `CommitError` at once,
+  and the id must still hold the earlier checkpoint, with nothing of the failed save left beside it.
+* Right after it swapped the checkpoint into place (the replaced one still at its temporary name, the commit step
+  unanswered): the checkpoint is committed, so every rank must say the save is done, at once, and the replaced
+  checkpoint must be gone.
+
+Before, in both, rank 0 raised `WriterProcessDied` ("the id holds its previous checkpoint, or this one") while
+rank 1's writer waited the save's whole timeout for rank 0's answer to the commit step, then raised
+`CommitOutcomeUnknownError`: two stories, and the timeout's wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from simulator.launcher import launch
+from tests.memory_storage import Control, RecordingStorageConfig
+from torch_checkpointing import CheckpointManager
+
+pytestmark = pytest.mark.multirank
+WORLD = 2
+WAIT_S = 10
+
+
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _state(step: int, rank: int) -> dict[str, Any]:
+    return {"model": {"w": torch.full((4,), float(step * 10 + rank))}}
+
+
+def _outcome(future: Any) -> str:
+    try:
+        future.result(WAIT_S * 4)
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def _loaded(manager: CheckpointManager, path: str) -> Any:
+    try:
+        return float(manager.load(path, {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _rank_0s_writer_killed(
+    manager: CheckpointManager, root: str, control: Control, moment: str, step: int, out: dict[str, Any]
+) -> None:
+    """Save `ck` again; rank 0's writer blocks at `moment` of its commit, and rank 0's trainer SIGKILLs it."""
+    rank = dist.get_rank()
+    if rank == 0:
+        control.block(moment)
+    dist.barrier()
+    pid = None
+    started = time.monotonic()
+    future = manager.save(f"{root}/ck", _state(step, rank))
+    if rank == 0:
+        pid = control.wait_blocked(WAIT_S * 3)  # the blocked process: rank 0's writer
+        assert pid == manager.writer_pid, (pid, manager.writer_pid)
+        os.kill(pid, signal.SIGKILL)
+        control.reset()
+    said = {"outcome": _outcome(future), "s": time.monotonic() - started, "pid": pid}
+    dist.barrier()
+    said["loaded"] = _loaded(manager, f"{root}/ck")
+    said["entries"] = sorted(p.name for p in Path(root).iterdir())
+    out[moment] = said
+
+
+def rank_0s_writer_dies_in_the_commit(root: str, control_root: str) -> dict[str, Any]:
+    rank = dist.get_rank()
+    control = Control(f"{control_root}/{rank}")
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = RecordingStorageConfig(control_dir=str(control.root))
+    config.save.wait_timeout_secs = WAIT_S
+    warnings = _Warnings()
+    logging.getLogger("torch_checkpointing").addHandler(warnings)
+    manager = CheckpointManager(config)
+    out: dict[str, Any] = {"rank": rank}
+    out["first"] = _outcome(manager.save(f"{root}/ck", _state(1, rank)))
+    _rank_0s_writer_killed(manager, root, control, "manifest", 2, out)
+    _rank_0s_writer_killed(manager, root, control, "before rmdir", 3, out)
+    out["after"] = _outcome(manager.save(f"{root}/after", _state(4, rank)))
+    out["after_loaded"] = _loaded(manager, f"{root}/after")
+    out["warnings"] = warnings.lines
+    manager.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("round22")
+    root = tmp / "ck"
+    root.mkdir()
+    return launch(rank_0s_writer_dies_in_the_commit, WORLD, args=(str(root), str(tmp / "control")), timeout=300)
+
+
+def test_rank_0s_writer_killed_before_the_swap_fails_every_rank_alike_at_once(results: list[dict[str, Any]]) -> None:
+    said = [r["manifest"] for r in results]
+    assert [r["first"] for r in results] == ["ok", "ok"], results
+    assert said[0]["outcome"] == said[1]["outcome"], said
+    assert said[0]["outcome"].startswith("CommitError:"), said
+    assert "rank(s) [0]" in said[0]["outcome"] and "Nothing was committed" in said[0]["outcome"], said
+    for r in results:
+        assert r["manifest"]["s"] < WAIT_S / 2, said
+        assert r["manifest"]["loaded"] == 10.0 + r["rank"], r  # the earlier checkpoint, intact
+        assert r["manifest"]["entries"] == ["ck"], r  # nothing of the failed save left beside it
+
+
+def test_rank_0s_writer_killed_after_the_swap_is_a_committed_save_on_every_rank(results: list[dict[str, Any]]) -> None:
+    said = [r["before rmdir"] for r in results]
+    assert [s["outcome"] for s in said] == ["ok", "ok"], said
+    for r in results:
+        done = r["before rmdir"]
+        assert done["s"] < WAIT_S / 2, said
+        assert done["loaded"] == 30.0 + r["rank"], r
+        assert done["entries"] == ["ck"], r  # the replaced checkpoint (in the temporary name at the kill) was removed
+        assert r["after"] == "ok" and r["after_loaded"] == 40.0 + r["rank"], r
+    rank_0 = results[0]
+    died = [w for w in rank_0["warnings"] if str(said[0]["pid"]) in w and "save is done" in w]
+    assert died, rank_0["warnings"]
