@@ -1,0 +1,116 @@
+"""What rank 0's trainer answers to the commit step for its writer that died in it (one process, a real TCPStore).
+
+`tests/test_async_round22_multirank.py` kills a real writer on two gloo ranks; these pin the two decisions inside
+it that a timed kill reaches only by luck: what `Commit.adopt` makes of each state the id can be left in, and that
+an answer the writer gave before it died is given again unchanged (the other ranks may already have read it),
+never replaced by the trainer's own look at the id.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from torch_checkpointing.checkpoint_writer import SavePlan, _commit_step, _manifest_key, _stand_in_for_rank_0
+from torch_checkpointing.commit import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Commit, CommitTarget
+from torch_checkpointing.errors import CommitError
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.store_channel import StoreAddress, StoreChannel
+
+OURS = b'{"ours": true}'
+EARLIER = b'{"earlier": true}'
+
+
+def _ids(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "ck", tmp_path / ".ck.tmp-0123abcd-1"
+
+
+def _commit(tmp_path: Path) -> Commit:
+    final, tmp = _ids(tmp_path)
+    storage = LocalFileSystemStorageConfig(use_direct_io=False).create_storage()
+    return Commit(storage, CommitTarget(str(final), str(tmp)))
+
+
+def _checkpoint(path: Path, manifest: bytes, marker: bool = False) -> None:
+    path.mkdir()
+    (path / "model_0.pt").write_bytes(b"x")
+    (path / MANIFEST_FILE_NAME).write_bytes(manifest)
+    if marker:
+        (path / INCOMPLETE_MARKER).write_bytes(b"")
+
+
+def test_adopt_removes_an_unfinished_save_and_leaves_the_earlier_checkpoint(tmp_path: Path) -> None:
+    final, tmp = _ids(tmp_path)
+    _checkpoint(final, EARLIER)
+    _checkpoint(tmp, OURS, marker=True)  # killed before the swap: the manifest written, the marker still there
+    assert _commit(tmp_path).adopt(OURS) is False
+    assert not tmp.exists()
+    assert (final / MANIFEST_FILE_NAME).read_bytes() == EARLIER
+
+
+def test_adopt_without_a_manifest_never_takes_the_earlier_checkpoint_for_this_save(tmp_path: Path) -> None:
+    final, tmp = _ids(tmp_path)
+    _checkpoint(final, EARLIER)
+    tmp.mkdir()
+    (tmp / INCOMPLETE_MARKER).write_bytes(b"")
+    assert _commit(tmp_path).adopt(None) is False
+    assert not tmp.exists() and (final / MANIFEST_FILE_NAME).read_bytes() == EARLIER
+
+
+def test_adopt_finishes_a_swapped_save_by_removing_the_replaced_copy(tmp_path: Path) -> None:
+    final, tmp = _ids(tmp_path)
+    _checkpoint(final, OURS)  # the exchange done: this save at the id, the replaced one at its temporary name
+    _checkpoint(tmp, EARLIER)
+    assert _commit(tmp_path).adopt(OURS) is True
+    assert not tmp.exists()
+    assert (final / MANIFEST_FILE_NAME).read_bytes() == OURS
+
+
+@pytest.fixture
+def channel() -> Any:
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    return StoreChannel(StoreAddress("127.0.0.1", store.port, "ns"), 10.0, store)
+
+
+def _plan(tmp_path: Path) -> SavePlan:
+    final, tmp = _ids(tmp_path)
+    return SavePlan(checkpoint_dir=str(final), tmp_dir=str(tmp), rank=0, world_size=2)
+
+
+@pytest.mark.parametrize("answer", [{"ok": None}, {"error": "rank 0's own words, read by rank 1 already"}])
+def test_an_answer_the_writer_gave_before_it_died_is_given_again(tmp_path: Path, channel: Any, answer: Any) -> None:
+    plan = _plan(tmp_path)
+    final, tmp = _ids(tmp_path)
+    _checkpoint(final, EARLIER)  # the id says "not this save": the trainer must not look there
+    _checkpoint(tmp, OURS, marker=True)
+    channel.publish(f"{_commit_step(plan)}/0", json.dumps(answer))
+    channel.publish(_manifest_key(plan), OURS.decode())
+    publish = _stand_in_for_rank_0(plan, _commit(tmp_path), channel, RuntimeError("died"))
+    if "ok" in answer:
+        publish()
+    else:
+        with pytest.raises(CommitError) as raised:
+            publish()
+        assert str(raised.value) == answer["error"]
+    assert tmp.exists(), "the trainer looked at the id instead of repeating the writer's answer"
+
+
+def test_with_no_answer_the_id_decides_and_the_failure_says_what_became_of_the_save(
+    tmp_path: Path, channel: Any
+) -> None:
+    plan = _plan(tmp_path)
+    final, tmp = _ids(tmp_path)
+    _checkpoint(final, EARLIER)
+    _checkpoint(tmp, OURS, marker=True)
+    channel.publish(_manifest_key(plan), OURS.decode())
+    with pytest.raises(CommitError) as raised:
+        _stand_in_for_rank_0(plan, _commit(tmp_path), channel, RuntimeError("killed by SIGKILL"))()
+    message = str(raised.value)
+    assert "died before the checkpoint was in place" in message and "earlier checkpoint" in message, message
+    assert "Save again" in message, message
+    assert not tmp.exists() and (final / MANIFEST_FILE_NAME).read_bytes() == EARLIER
