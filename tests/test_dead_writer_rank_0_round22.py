@@ -8,7 +8,10 @@ never replaced by the trainer's own look at the id.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import uuid
+import zlib
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,10 +20,13 @@ import pytest
 import torch.distributed as dist
 
 from torch_checkpointing.checkpoint_writer import SavePlan, _commit_step, _manifest_key, _stand_in_for_rank_0
-from torch_checkpointing.commit import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Commit, CommitTarget
+from torch_checkpointing.commit import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Commit, CommitTarget, temporary_name
 from torch_checkpointing.errors import CommitError
+from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
+from torch_checkpointing.version import __version__
 
 OURS = b'{"ours": true}'
 EARLIER = b'{"earlier": true}'
@@ -114,3 +120,42 @@ def test_with_no_answer_the_id_decides_and_the_failure_says_what_became_of_the_s
     assert "died before the checkpoint was in place" in message and "earlier checkpoint" in message, message
     assert "Save again" in message, message
     assert not tmp.exists() and (final / MANIFEST_FILE_NAME).read_bytes() == EARLIER
+
+
+def _killed() -> None:
+    raise RuntimeError("killed right before the marker's removal")
+
+
+def _object_store_save(fail_at_the_marker: bool) -> tuple[Any, CommitTarget, bytes]:
+    """A one-file save under a memory:// prefix (an object store: the marker is the save's claim, removed last),
+    published by a Commit as the writer's would be; `fail_at_the_marker`: the writer stops right before the
+    marker's removal, as a kill there leaves it (manifest written, records dropped, claim held)."""
+    storage = FsspecStorageConfig(url=f"memory://r22-{uuid.uuid4().hex[:8]}/run").create_storage()
+    target = CommitTarget("step_1", temporary_name("step_1", uuid.uuid4().hex[:16], 1))
+    writer = Commit(storage, target)
+    writer.begin(0, ["model_0.pt"])
+    storage.write(writer.root / "model_0.pt", b"x")
+    record = FileRecord("model", 0, "model_0.pt", 1, zlib.crc32(b"x"), {"type": "TorchSerialization"})
+    announced: list[bytes] = []
+    if fail_at_the_marker:
+        writer._remove_claim = _killed  # type: ignore[method-assign]
+    with contextlib.suppress(RuntimeError):
+        writer.publish(Manifest(1, __version__, (record,)), None, lambda: None, announced.append)
+    return storage, target, announced[0]
+
+
+def test_adopt_on_an_object_store_removes_a_save_killed_before_its_marker_went() -> None:
+    storage, target, manifest = _object_store_save(fail_at_the_marker=True)
+    assert storage.exists(Path("step_1") / MANIFEST_FILE_NAME) and storage.exists(Path("step_1") / INCOMPLETE_MARKER)
+    assert Commit(storage, target).adopt(manifest) is False
+    assert not storage.exists(Path("step_1") / MANIFEST_FILE_NAME)
+    assert not storage.exists(Path("step_1") / INCOMPLETE_MARKER)
+    assert not storage.exists(Path("step_1") / "model_0.pt")
+
+
+def test_adopt_on_an_object_store_keeps_a_committed_save() -> None:
+    storage, target, manifest = _object_store_save(fail_at_the_marker=False)
+    assert Commit(storage, target).adopt(manifest) is True
+    assert storage.read(Path("step_1") / MANIFEST_FILE_NAME) == manifest
+    assert storage.exists(Path("step_1") / "model_0.pt")
+    assert not storage.exists(Path("step_1") / INCOMPLETE_MARKER)
