@@ -71,7 +71,8 @@ def _save_and_load(target: Path, rank: int, init_fn: Any, init_args: tuple[Any, 
     logging.getLogger("torch_checkpointing").addHandler(handler)
     out["logged"] = logged
     try:
-        started = time.monotonic()
+        wait_for_the_writer(manager)
+        started = time.monotonic()  # the writer's own start (seconds on a busy machine) is not the save's time
         write = manager.save(str(target), {"model": {"w": torch.full((4,), float(rank + 1))}})
         try:
             write.result(120)
@@ -91,3 +92,11 @@ def _save_and_load(target: Path, rank: int, init_fn: Any, init_args: tuple[Any, 
         manager.close()
         logging.getLogger("torch_checkpointing").removeHandler(handler)
     return out
+
+
+def wait_for_the_writer(manager: CheckpointManager, timeout_s: float = 120.0) -> None:
+    """Until the manager's async writer process is up (a new manager's, or a killed one's replacement)."""
+    deadline = time.monotonic() + timeout_s
+    while manager.writer_pid is None:
+        assert time.monotonic() < deadline, f"the writer process did not start within {timeout_s}s"
+        time.sleep(0.02)

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.launcher import launch
+from tests.commit_round18_jobs import wait_for_the_writer
 from tests.memory_storage import Control, RecordingStorageConfig
 from torch_checkpointing import CheckpointManager
 
@@ -67,6 +68,7 @@ def _rank_0s_writer_killed(
 ) -> None:
     """Save `ck` again; rank 0's writer blocks at `moment` of its commit, and rank 0's trainer SIGKILLs it."""
     rank = dist.get_rank()
+    wait_for_the_writer(manager)  # a killed writer's replacement: its start is not the save's time
     if rank == 0:
         control.block(moment)
     dist.barrier()

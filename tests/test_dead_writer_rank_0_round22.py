@@ -20,7 +20,14 @@ import pytest
 import torch.distributed as dist
 
 from torch_checkpointing.checkpoint_writer import SavePlan, _commit_step, _manifest_key, _stand_in_for_rank_0
-from torch_checkpointing.commit import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, Commit, CommitTarget, temporary_name
+from torch_checkpointing.commit import (
+    INCOMPLETE_MARKER,
+    MANIFEST_FILE_NAME,
+    Commit,
+    CommitTarget,
+    manifest_digest,
+    temporary_name,
+)
 from torch_checkpointing.errors import CommitError
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -54,7 +61,7 @@ def test_adopt_removes_an_unfinished_save_and_leaves_the_earlier_checkpoint(tmp_
     final, tmp = _ids(tmp_path)
     _checkpoint(final, EARLIER)
     _checkpoint(tmp, OURS, marker=True)  # killed before the swap: the manifest written, the marker still there
-    assert _commit(tmp_path).adopt(OURS) is False
+    assert _commit(tmp_path).adopt(manifest_digest(OURS)) is False
     assert not tmp.exists()
     assert (final / MANIFEST_FILE_NAME).read_bytes() == EARLIER
 
@@ -72,7 +79,7 @@ def test_adopt_finishes_a_swapped_save_by_removing_the_replaced_copy(tmp_path: P
     final, tmp = _ids(tmp_path)
     _checkpoint(final, OURS)  # the exchange done: this save at the id, the replaced one at its temporary name
     _checkpoint(tmp, EARLIER)
-    assert _commit(tmp_path).adopt(OURS) is True
+    assert _commit(tmp_path).adopt(manifest_digest(OURS)) is True
     assert not tmp.exists()
     assert (final / MANIFEST_FILE_NAME).read_bytes() == OURS
 
@@ -95,7 +102,7 @@ def test_an_answer_the_writer_gave_before_it_died_is_given_again(tmp_path: Path,
     _checkpoint(final, EARLIER)  # the id says "not this save": the trainer must not look there
     _checkpoint(tmp, OURS, marker=True)
     channel.publish(f"{_commit_step(plan)}/0", json.dumps(answer))
-    channel.publish(_manifest_key(plan), OURS.decode())
+    channel.publish(_manifest_key(plan), manifest_digest(OURS))
     publish = _stand_in_for_rank_0(plan, _commit(tmp_path), channel, RuntimeError("died"))
     if "ok" in answer:
         publish()
@@ -113,7 +120,7 @@ def test_with_no_answer_the_id_decides_and_the_failure_says_what_became_of_the_s
     final, tmp = _ids(tmp_path)
     _checkpoint(final, EARLIER)
     _checkpoint(tmp, OURS, marker=True)
-    channel.publish(_manifest_key(plan), OURS.decode())
+    channel.publish(_manifest_key(plan), manifest_digest(OURS))
     with pytest.raises(CommitError) as raised:
         _stand_in_for_rank_0(plan, _commit(tmp_path), channel, RuntimeError("killed by SIGKILL"))()
     message = str(raised.value)
@@ -126,7 +133,7 @@ def _killed() -> None:
     raise RuntimeError("killed right before the marker's removal")
 
 
-def _object_store_save(fail_at_the_marker: bool) -> tuple[Any, CommitTarget, bytes]:
+def _object_store_save(fail_at_the_marker: bool) -> tuple[Any, CommitTarget, str]:
     """A one-file save under a memory:// prefix (an object store: the marker is the save's claim, removed last),
     published by a Commit as the writer's would be; `fail_at_the_marker`: the writer stops right before the
     marker's removal, as a kill there leaves it (manifest written, records dropped, claim held)."""
@@ -136,7 +143,7 @@ def _object_store_save(fail_at_the_marker: bool) -> tuple[Any, CommitTarget, byt
     writer.begin(0, ["model_0.pt"])
     storage.write(writer.root / "model_0.pt", b"x")
     record = FileRecord("model", 0, "model_0.pt", 1, zlib.crc32(b"x"), {"type": "TorchSerialization"})
-    announced: list[bytes] = []
+    announced: list[str] = []
     if fail_at_the_marker:
         writer._remove_claim = _killed  # type: ignore[method-assign]
     with contextlib.suppress(RuntimeError):
@@ -156,6 +163,6 @@ def test_adopt_on_an_object_store_removes_a_save_killed_before_its_marker_went()
 def test_adopt_on_an_object_store_keeps_a_committed_save() -> None:
     storage, target, manifest = _object_store_save(fail_at_the_marker=False)
     assert Commit(storage, target).adopt(manifest) is True
-    assert storage.read(Path("step_1") / MANIFEST_FILE_NAME) == manifest
+    assert manifest_digest(storage.read(Path("step_1") / MANIFEST_FILE_NAME)) == manifest
     assert storage.exists(Path("step_1") / "model_0.pt")
     assert not storage.exists(Path("step_1") / INCOMPLETE_MARKER)

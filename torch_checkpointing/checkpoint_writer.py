@@ -199,8 +199,9 @@ def _check_distinct(records: list[FileRecord]) -> None:
 def _publish(
     commit: Commit, request: WriteRequest, records: list[FileRecord], channel: StoreChannel | None = None
 ) -> None:
-    """Rank 0: the manifest over every rank's records, then the commit itself. On several ranks the manifest is
-    put in the store first, for the trainer to tell whether it is in place should this writer die (`adopt`)."""
+    """Rank 0: the manifest over every rank's records, then the commit itself. On several ranks the manifest's
+    digest goes in the store first, for the trainer to tell whether it is in place should this writer die
+    (`Commit.adopt`)."""
     plan = request.plan
     _check_distinct(records)
     metadata = plan.metadata_json.encode("utf-8") if plan.metadata_json is not None else None
@@ -215,7 +216,7 @@ def _publish(
         len(metadata) if metadata is not None else None,
         zlib.crc32(metadata) if metadata is not None else None,
     )
-    announce = None if channel is None else (lambda data: channel.publish(_manifest_key(plan), data.decode("utf-8")))
+    announce = None if channel is None else (lambda digest: channel.publish(_manifest_key(plan), digest))
     commit.publish(manifest, plan.metadata_json, lambda: _check_trainer_alive(request), announce)
 
 
@@ -451,7 +452,8 @@ def _commit_step(plan: SavePlan) -> str:
 
 
 def _manifest_key(plan: SavePlan) -> str:
-    """Where rank 0's writer puts the manifest it is about to write (`_publish`), beside the commit step's answers."""
+    """Where rank 0's writer puts the digest of the manifest it is about to write (`_publish`), beside the commit
+    step's answers."""
     return f"{_commit_step(plan)}/manifest"
 
 
@@ -531,7 +533,7 @@ def _stand_in_for_rank_0(
     """Rank 0's answer to the commit step, for its writer that died after every rank's files were in.
 
     Where that writer answered the step before it died, the same answer again (the other ranks may have read it).
-    Else the id decides (`Commit.adopt`, told the manifest the writer was writing): this save in place is
+    Else the id decides (`Commit.adopt`, told which manifest the writer was writing): this save in place is
     committed, and the trainer finishes what came after the swap; anything short of that is removed, and the
     commit fails on every rank alike, an earlier checkpoint at the id intact. Not the commit redone: the trainer
     never makes visible what its writer did not.
@@ -545,8 +547,7 @@ def _stand_in_for_rank_0(
             if not said.ok:
                 raise CommitError(str(said.error))
             return
-        manifest = channel.wait_value(_manifest_key(plan), 0)
-        if commit.adopt(None if manifest is None else manifest.encode("utf-8")):
+        if commit.adopt(channel.wait_value(_manifest_key(plan), 0)):
             return
         log_safely(
             logger,

@@ -68,6 +68,7 @@ __all__ = [
     "TaggedStorage",
     "check_target",
     "make_parents",
+    "manifest_digest",
     "record_name",
     "remove_made",
     "remove_recorded",
@@ -173,6 +174,12 @@ def remove_made(made: tuple[MadeDirectory, ...]) -> None:
         except OSError as exc:
             logger.info("Not removing %s after the failed save: %s", entry.path, exc.strerror)
             return
+
+
+def manifest_digest(manifest_bytes: bytes) -> str:
+    """What tells one save's manifest from any other's (it holds the save's commit time and file checksums), short
+    enough to pass through the checkpoint store for every save of a run."""
+    return hashlib.sha256(manifest_bytes).hexdigest()
 
 
 def temporary_name(final: str, uid: str, seq: int) -> str:
@@ -782,14 +789,14 @@ class Commit:
         manifest: Manifest,
         metadata_json: str | None,
         still_wanted: Callable[[], None],
-        before_writing: Callable[[bytes], None] | None = None,
+        before_writing: Callable[[str], None] | None = None,
     ) -> None:
         """Write metadata and manifest and make the checkpoint visible. Errors before that point propagate.
 
         `still_wanted` raises when the save must not commit after all (its trainer is gone); it runs last,
-        right before the step that makes the checkpoint visible. `before_writing` gets the manifest's bytes before
-        anything of it is written: whoever finishes for a writer that dies from then on can tell this save's
-        manifest from any other (`adopt`).
+        right before the step that makes the checkpoint visible. `before_writing` gets the manifest's digest
+        (`manifest_digest`) before anything of it is written: whoever finishes for a writer that dies from then on
+        can tell this save's manifest from any other (`adopt`).
         """
         if self._claims is not None:  # the marker is this save's claim: the manifest names it (`stray_claim`)
             manifest = dataclasses.replace(manifest, claim=Path(self.target.tmp).name)
@@ -797,7 +804,7 @@ class Commit:
         root = self.root
         manifest_bytes = self._manifest_bytes = manifest.to_json().encode("utf-8")
         if before_writing is not None:
-            before_writing(manifest_bytes)
+            before_writing(manifest_digest(manifest_bytes))
         if metadata_json is not None:
             self.storage.write(root / METADATA_FILE_NAME, metadata_json.encode("utf-8"))
         if self.renames:
@@ -927,9 +934,9 @@ class Commit:
             gc = f"`torch-checkpointing gc {final.parent}` removes it once this process is gone, or delete it by hand"
             self._after_commit(lambda: self.storage.rmdir(tmp), f"remove the replaced checkpoint at {tmp} ({gc})")
 
-    def adopt(self, manifest_bytes: bytes | None) -> bool:
+    def adopt(self, digest: str | None) -> bool:
         """(Rank 0's trainer, for its writer process that died in `publish`.) Whether the id holds this save, whose
-        manifest is `manifest_bytes` (None: the writer died before it had one). If it does, what the writer had left
+        manifest's digest is `digest` (None: the writer died before it had one). If it does, what the writer had left
         is done here (the replaced checkpoint's removal, the parent's fsync); if not, what the save wrote is removed
         (`discard`), and an earlier checkpoint at the id is untouched.
 
@@ -938,8 +945,9 @@ class Commit:
         the outcome; without this the trainer could only say that it did not know, and the other ranks waited the
         save's whole timeout for rank 0's answer to the commit step.
         """
-        self._manifest_bytes = manifest_bytes
-        if manifest_bytes is None or not self.is_committed():
+        found = self._manifest_at_the_id()
+        self._manifest_bytes = found if found is not None and manifest_digest(found) == digest else None
+        if self._manifest_bytes is None or not self.is_committed():
             self.discard()
             return False
         if self.renames:
@@ -973,6 +981,12 @@ class Commit:
         mine = (m for n in names if (m := ASIDE_RE.match(n)) is not None and int(m["pid"]) == os.getpid())
         asides = [m.string for m in mine if aside_of(m.string, [final.name]) == final.name]
         return [str(final.parent / n) for n in sorted(asides + [tmp.name] * (tmp.name in names))]
+
+    def _manifest_at_the_id(self) -> bytes | None:
+        try:
+            return self.storage.read(Path(self.target.final) / MANIFEST_FILE_NAME)
+        except Exception:  # none there, or unreadable: not this save's
+            return None
 
     def _visible(self, manifest_bytes: bytes) -> bool:
         try:
