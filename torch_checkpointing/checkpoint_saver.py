@@ -366,7 +366,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         """The writer died in the middle of the save: this rank answers the rest of the commit in its place
         where it can (`finish_for_a_dead_writer`), and the save ends as it did on every other rank."""
         try:
-            outcome = finish_for_a_dead_writer(plan, exc, self._trainer_storage()) if exc.outcome_unknown else exc
+            outcome = finish_for_a_dead_writer(plan, exc, self._trainer_storage) if exc.outcome_unknown else exc
         except BaseException as unexpected:  # the Future must resolve whatever went wrong here
             outcome = unexpected
         if outcome is exc:

@@ -490,11 +490,14 @@ def refuse_unanswered(plan: SavePlan, exc: BaseException) -> BaseException:
     return exc  # not reached: a failed contribution always makes the agreement raise
 
 
-def finish_for_a_dead_writer(plan: SavePlan, exc: BaseException, storage: Storage) -> BaseException | None:
+def finish_for_a_dead_writer(
+    plan: SavePlan, exc: BaseException, storage: Callable[[], Storage]
+) -> BaseException | None:
     """(In the trainer.) This rank's writer died after it answered the commit's first agreement (its files written
     and synced): take the rest of the commit in its place. None when the checkpoint was committed; else the error
     every rank raises. `exc` itself where this cannot stand in (single rank, a writer that had not answered yet:
-    `refuse_unanswered` is for that one). `storage` is the trainer's own, for rank 0.
+    `refuse_unanswered` is for that one). `storage` makes the trainer's own, which only rank 0 needs (and only
+    then: a trainer that cannot make one must still end a single-rank save as its writer's death).
 
     Before, such a rank raised "died during the write ... the id holds its previous checkpoint, or this one", and
     the others waited the save's whole timeout for the dead writer. On a rank other than 0, what the writer had
@@ -510,16 +513,28 @@ def finish_for_a_dead_writer(plan: SavePlan, exc: BaseException, storage: Storag
         return lost
     if not answered:
         return exc
-    commit = Commit(storage, plan.target())
+    try:
+        commit = Commit(storage(), plan.target()) if plan.rank == 0 else None
+    except Exception as blind:  # it cannot look at the id: the outcome stays unknown, as it was before
+        log_safely(
+            logger,
+            logging.WARNING,
+            "Rank 0's trainer cannot look at %s for its dead writer (%s: %s): the other ranks hear nothing from rank "
+            "0 and give up after save.wait_timeout_secs.",
+            plan.checkpoint_dir,
+            type(blind).__name__,
+            blind,
+        )
+        return exc
     committed = False
     transport = StoreTransport(plan.rank, plan.world_size, channel)
     try:
         raise_if_failed(step, transport.answers(step))
-        publish = _stand_in_for_rank_0(plan, commit, channel, exc) if plan.rank == 0 else lambda: None
+        publish = _stand_in_for_rank_0(plan, commit, channel, exc) if commit is not None else lambda: None
         _agree_on_the_commit(plan, transport, channel, publish)
         committed = True
     except CommitError as agreed:
-        if plan.rank == 0 and not commit.is_committed():  # what the writer would have removed, had it lived
+        if commit is not None and not commit.is_committed():  # what the writer would have removed, had it lived
             commit.discard()
         return agreed
     finally:
