@@ -470,8 +470,7 @@ def _records_of(storage: Storage, root: Path, token: str | None = None) -> list[
     names = [name for name in storage.ls(root) if _RECORD_RE.match(name)]
     if token is None:
         return names
-    save = record_name(token, 0).rsplit(".", 1)[0]
-    return [name for name in names if name.rsplit(".", 1)[0] == save]
+    return [name for name in names if _save_of(name) == _save_of(record_name(token, 0))]
 
 
 def _recorded_files(storage: Storage, root: Path, record: str) -> set[str]:
@@ -504,11 +503,40 @@ def remove_recorded(storage: Storage, root: Path, manifest: Manifest | None) -> 
     left = [rel for rel in entries if not rel.endswith("/") and rel not in ours]
     _delete_all(storage, root, sorted(ours & set(entries)))
     _delete_all(storage, root, records)
-    for directory in sorted(_parents(ours), key=len, reverse=True):  # innermost first
+    _remove_emptied(storage, root, ours)
+    return sorted(set(left) - {INCOMPLETE_MARKER, *records})
+
+
+def _remove_emptied(storage: Storage, root: Path, removed: Iterable[str]) -> None:
+    """The directories above the removed files that hold nothing now, innermost first (a user's file in one
+    keeps it, and the directories above it)."""
+    for directory in sorted(_parents(removed), key=len, reverse=True):
         with contextlib.suppress(FileNotFoundError):
             if storage.isdir(root / directory) and not storage.ls(root / directory):
                 storage.rmdir(root / directory)
-    return sorted(set(left) - {INCOMPLETE_MARKER, *records})
+
+
+def _save_of(record: str) -> str:
+    """The save a record belongs to: its name without the rank (`.incomplete.<hash of token>`)."""
+    return record.rsplit(".", 1)[0]
+
+
+def _remove_taken_over(storage: Storage, root: Path, token: str, kept: set[str]) -> list[str]:
+    """Remove what the dead saves whose claims the save `token` took over recorded under `root`, except `kept`
+    (the names that save writes itself), then their records; returns the names removed.
+
+    Without this the new save committed with them still there: files its manifest does not list, that no marker
+    pointed gc at any more, kept for good (and a record that made the checkpoint look half-written).
+    """
+    dead = [record for record in _records_of(storage, root) if _save_of(record) != _save_of(record_name(token, 0))]
+    if not dead:
+        return []
+    names = set().union(*(_recorded_files(storage, root, record) for record in dead)) - kept
+    present = sorted(names & set(_walk(storage, root)))
+    _delete_all(storage, root, present)
+    _delete_all(storage, root, dead)
+    _remove_emptied(storage, root, present)
+    return present
 
 
 def _delete_all(storage: Storage, root: Path, names: list[str]) -> None:
@@ -747,11 +775,13 @@ class Commit:
         if not claims.replace_object(marker, mine.to_bytes(), etag):
             return False
         logger.warning(
-            "Checkpoint save of %s took over the claim of a save that is gone (%s: %s); its leftover files are "
-            "overwritten or left unlisted.",
+            "Checkpoint save of %s took over the claim of a save that is gone (%s: %s); its files are %s.",
             self._url,
             held.describe() if held is not None else "no claim",
             why,
+            "overwritten, or removed at the commit (those its records name)"
+            if mine.records
+            else "overwritten or left unlisted",
         )
         return True
 
@@ -826,6 +856,7 @@ class Commit:
             # would leave neither: nothing to recognise, and the id refused to every later save).
             check_target(self.storage, self.target.final, self.target.overwrite)
             self._check_claim()
+            self._clear_taken_over(manifest, metadata_json is not None)
             still_wanted()
             self._write_manifest(manifest_bytes)
             self._drop_records()
@@ -848,6 +879,28 @@ class Commit:
                 self._url,
                 type(exc).__name__,
                 exc,
+            )
+
+    def _clear_taken_over(self, manifest: Manifest, wrote_metadata: bool) -> None:
+        """Before the manifest: the files of the dead saves whose claims this one took over, but for the names
+        this save wrote over. Every rank has finished writing (a rank that removed them at its takeover deleted
+        what the other ranks of this save were writing at the same names)."""
+        if self.storage.atomic_rename:
+            return
+        kept = {posixpath.normpath(rec.path) for rec in manifest.files} | {MANIFEST_FILE_NAME, INCOMPLETE_MARKER}
+        kept |= {METADATA_FILE_NAME} if wrote_metadata else set()
+        removed = _remove_taken_over(self.storage, self.root, self._token, kept)
+        if removed:
+            shown = ", ".join(f"{self._url}/{rel}" for rel in removed[:_SHOWN])
+            log_safely(
+                logger,
+                logging.WARNING,
+                "Checkpoint save of %s removed %d file(s) that the save whose claim it took over had written and "
+                "this one does not: %s%s",
+                self._url,
+                len(removed),
+                shown,
+                " ..." if len(removed) > _SHOWN else "",
             )
 
     def _drop_records(self) -> None:
