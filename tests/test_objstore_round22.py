@@ -34,9 +34,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
-def _killed_save(url: str, ckpt: str) -> None:
-    """A trainer SIGKILLed mid-save (after its uploads and the user's files, before any manifest)."""
-    args = {"url": url, "id": ckpt, "user": {rel: data.decode() for rel, data in USER.items()}}
+def _killed_save(url: str, ckpt: str, user: dict[str, bytes] = USER) -> None:
+    """A trainer SIGKILLed mid-save (after its uploads and the `user`'s files, before any manifest)."""
+    args = {"url": url, "id": ckpt, "user": {rel: data.decode() for rel, data in user.items()}}
     done = subprocess.run(
         [sys.executable, "-c", _KILLED_SAVE_CHILD, json.dumps(args)],
         cwd=REPO,
@@ -78,3 +78,26 @@ def test_a_save_that_takes_over_a_killed_saves_claim_removes_that_saves_files(
     assert f"{url}/{ckpt}/optim_0.pt" in caplog.text, caplog.text  # what went is named, by URL
     for rel in USER:
         assert storage.read(Path(ckpt) / rel) == USER[rel]
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_a_conditional_replace_or_delete_off_s3_leaves_a_marker_that_changed(store: str, tmp_path: Path) -> None:
+    """Off S3 there is no ETag, and `replace_object` / `delete_object` ignored the version they were given: gc's
+    delete of the claim it had judged dead removed the claim a new save had put there since (and a takeover
+    replaced it), so that save's commit failed on "no longer holds the id" and left its files behind. They now
+    compare the marker's bytes with the version read (a check, then the act: not atomic, see docs)."""
+    storage = FsspecStorageConfig(url=_root_url(store, tmp_path)).create_storage()
+    marker = Path("step_3") / INCOMPLETE_MARKER
+    storage.mkdir(marker.parent)
+    assert storage.create_object(marker, b'{"claim": "dead"}')
+    judged = storage.read_object(marker)
+    assert judged is not None
+    assert storage.replace_object(marker, b'{"claim": "new save"}', judged[1])  # the new save's takeover
+    assert not storage.replace_object(marker, b'{"claim": "third"}', judged[1])
+    assert not storage.delete_object(marker, judged[1])
+    assert storage.read(marker) == b'{"claim": "new save"}'
+    current = storage.read_object(marker)
+    assert current is not None and current[1] != judged[1]
+    assert storage.delete_object(marker, current[1]) and not storage.exists(marker)
+    assert not storage.replace_object(marker, b'{"claim": "fourth"}', current[1])  # gone: nothing is made
+    assert not storage.exists(marker)

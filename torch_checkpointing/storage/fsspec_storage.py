@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import inspect
 import io
 import logging
@@ -604,6 +605,7 @@ class FsspecStorage(Storage):
         than any claim (`MAX_MARKER_BYTES`) only its first bytes are read: enough to tell it is none.
 
         One GET between two HEADs that agree: the bytes belong to the ETag a conditional replace then names.
+        A store without ETags (file://, memory://) gets a version from the bytes (`_content_version`).
         """
         backend, key = self._resolve(path)
         with self._errors("download of", path):
@@ -617,16 +619,19 @@ class FsspecStorage(Storage):
                     self._check_bucket(backend, key, "download of", path)
                     return None
                 if after == before:
-                    return data, before[1]
+                    return data, before[1] or _content_version(data)
             raise _ChangedWhileRead(f"the object kept changing while it was read ({_READ_ATTEMPTS} attempts)")
 
     def replace_object(self, path: Path, data: bytes, etag: str) -> bool:
         """Replace `path` only if it is still the version `etag` (S3's `If-Match`); False when it changed or went.
 
-        On a store without ETags: a delete, then `create_object` (two replacers racing: one creates).
+        On a store without ETags: the bytes compared with that version, a delete, then `create_object` (two
+        replacers racing: one creates). The comparison and the delete are two steps, not one atomic act.
         """
         backend, key = self._resolve(path)
         if not backend.is_s3:
+            if not self._still(path, etag):
+                return False
             with self._errors("delete of", path), contextlib.suppress(FileNotFoundError):
                 backend.io.rm_file(key)
             return self.create_object(path, data)
@@ -641,8 +646,12 @@ class FsspecStorage(Storage):
         return True
 
     def delete_object(self, path: Path, etag: str) -> bool:
-        """Delete `path` only if it is still the version `etag` (S3's conditional delete); False otherwise."""
+        """Delete `path` only if it is still the version `etag` (S3's conditional delete); False otherwise.
+
+        On a store without ETags the bytes are compared with that version first (then deleted: two steps)."""
         backend, key = self._resolve(path)
+        if not backend.is_s3 and not self._still(path, etag):
+            return False
         with self._errors("delete of", path):
             try:
                 if backend.is_s3:
@@ -657,6 +666,13 @@ class FsspecStorage(Storage):
             finally:
                 backend.fs.invalidate_cache(key)
         return True
+
+    def _still(self, path: Path, etag: str) -> bool:
+        """Whether `path` is still the version `etag` that `read_object` returned (a store without ETags: its
+        bytes). Before, such a store's conditional replace and delete ignored the version: gc's delete of a claim
+        it had judged dead removed the claim a new save had put there since."""
+        found = self.read_object(path)
+        return found is not None and found[1] == etag
 
     # ------------------------------------------------------------------ which save wrote an object
     # A failed save removes only what a save of ours wrote (`commit.TaggedStorage`): a user's object PUT under
@@ -796,6 +812,12 @@ def _version(backend: _Backend, key: str) -> tuple[int, str]:
     if info.get("type") == "directory":
         raise IsADirectoryError(errno.EISDIR, "a prefix (a 'directory'), not an object", key)
     return int(info["size"]), str(info.get("ETag") or "")
+
+
+def _content_version(data: bytes) -> str:
+    """A version of a small object on a store without ETags: a hash of its bytes. A claim holds its save's unique
+    token and time, so two claims never share one; it is not an ETag a store's request could name."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def save_tag(token: str) -> str:
