@@ -4,6 +4,9 @@ same way), where a save's ranks name what they write in records beside its claim
 * A save that took over the claim of a killed save of the same id committed with the killed save's records
   and files still under it: files its manifest does not list, which nothing ever deleted (the marker, which
   gc looks for, was gone once the new save committed).
+* gc of a dead save's prefix listed the names to delete, a save took the dead claim over and committed the same
+  names, and gc's deletes went on: the committed checkpoint lost files. gc now holds the id with its own claim.
+* Off S3 a marker's conditional replace and delete ignored the version they were given.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ import torch
 from tests.test_objstore_round21 import _KILLED_SAVE_CHILD, USER, _entries, _root_url
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.errors import CommitError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 
 pytest.importorskip("fsspec")
@@ -78,6 +83,91 @@ def test_a_save_that_takes_over_a_killed_saves_claim_removes_that_saves_files(
     assert f"{url}/{ckpt}/optim_0.pt" in caplog.text, caplog.text  # what went is named, by URL
     for rel in USER:
         assert storage.read(Path(ckpt) / rel) == USER[rel]
+
+
+# ------------------------------------------------------------------------------- gc racing a save of the id
+
+_PAUSED_GC_CHILD = r"""
+import os, sys, time
+from fsspec.implementations.local import LocalFileSystem
+from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing.retention import collect_garbage
+
+url, pause_at, paused, go = sys.argv[1:5]
+
+class PausingAtOneDelete(LocalFileSystem):
+    # gc's delete of one of the dead save's files waits until the test says go: a gc slowed down (a large
+    # prefix, a slow store) while a save of the same id starts.
+    def rm_file(self, path):
+        if os.path.basename(path) == pause_at and not os.path.exists(go):
+            open(paused, "w").close()
+            while not os.path.exists(go):
+                time.sleep(0.05)
+        return super().rm_file(path)
+
+storage = FsspecStorageConfig(url=url, filesystem=PausingAtOneDelete()).create_storage()
+report = collect_garbage(url, storage, unowned_after_s=0)
+print("removed", [leftover.path for leftover in report.removed], "failed", [l.path for l in report.failed])
+"""
+
+
+def _assert_loads_whole(url: str, ckpt: str) -> None:
+    """Every item of the checkpoint loads (the self-describing route: all of them, not only configured ones)."""
+    with _plain_manager(url) as manager:
+        restored = manager.load(ckpt)
+    assert torch.equal(restored["model"]["w"], torch.arange(6.0))
+    assert restored["optim"] == {"lr": 0.1} and restored["x"] == 1, restored
+
+
+def _wait_for(path: Path, child: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + _CHILD_TIMEOUT_S
+    while not path.exists():
+        assert child.poll() is None, child.communicate()
+        assert time.monotonic() < deadline, "gc never reached its pause"
+        time.sleep(0.05)
+
+
+def test_gc_of_a_dead_saves_prefix_never_deletes_the_files_of_a_save_taking_the_id_over(tmp_path: Path) -> None:
+    """gc (one process) collects the prefix of a SIGKILLed save while a new save of the id (this process) takes
+    the dead claim over. Before, gc had listed the dead save's recorded names, and its deletes went on after the
+    new save had committed the same names: `latest` was a checkpoint whose `optim_0.pt` was gone. Now gc first
+    holds the id with a claim of its own: the new save is refused while gc runs (naming gc), and once gc is
+    done a save of the id commits a checkpoint that loads."""
+    from tests.test_objstore_round21 import _manager, _state
+
+    url, ckpt = _root_url("file", tmp_path), "step_2"
+    _killed_save(url, ckpt, user={})  # a user's file left there would refuse the last save (not a checkpoint)
+    paused, go = tmp_path / "paused", tmp_path / "go"
+    gc = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_GC_CHILD, url, "optim_0.pt", str(paused), str(go)],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(paused, gc)
+        refused = None
+        try:
+            with _manager(url) as manager:
+                manager.save(ckpt, _state())
+        except CommitError as exc:
+            refused = exc
+        go.touch()
+        out, err = gc.communicate(timeout=_CHILD_TIMEOUT_S)
+    finally:
+        go.touch()
+        if gc.poll() is None:
+            gc.kill()
+            gc.wait()
+    assert gc.returncode == 0, err.decode(errors="replace")[-3000:]
+    if refused is None:  # the save said it committed: what it committed must be there, whole
+        _assert_loads_whole(url, ckpt)
+    assert refused is not None, out
+    assert "gc" in str(refused) and f"{url}/{ckpt}" in str(refused), refused
+    with _manager(url) as manager:  # gc is done: the id is free, and a save of it commits whole
+        manager.save(ckpt, _state())
+    _assert_loads_whole(url, ckpt)
 
 
 @pytest.mark.parametrize("store", ["memory", "file"])

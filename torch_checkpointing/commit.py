@@ -33,6 +33,7 @@ import re
 import socket
 import stat
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,7 @@ _TOKEN_RE = re.compile(r"\.tmp-(?P<uid>[0-9a-f]+)-\d+$")
 # `.incomplete.<save>.<rank>` beside the marker, before its first upload (`record_name`, `remove_recorded`).
 _DELETES_AT_ONCE = 16  # a save of many ranks has as many records, each one DELETE on the commit's path
 _DELETE_POOL = WorkerPool(1, "ckpt-delete")  # grown to the deletes at once (map_bounded)
+GC_TOKEN_PREFIX = "gc-"  # the token of gc's own claim (`Claim.for_gc`); a save's token is a hidden `.name`
 _RECORD_RE = re.compile(rf"^{re.escape(INCOMPLETE_MARKER)}\.[0-9a-f]{{16}}\.\d+$")
 
 
@@ -589,6 +591,14 @@ class Claim:
         return cls(token, match["uid"] if match else "", socket.gethostname(), os.getpid(), time.time())
 
     @classmethod
+    def for_gc(cls) -> Claim:
+        """gc's own claim on a dead save's prefix while it deletes what that save recorded: a save of the id
+        finds it live (this process) and waits or is refused, rather than taking the id over and writing files
+        that gc's deletes, listed before, then removed. Killed, it is as dead as the save's was."""
+        token = f"{GC_TOKEN_PREFIX}{uuid.uuid4().hex}"
+        return cls(token, "", socket.gethostname(), os.getpid(), time.time(), records=True)
+
+    @classmethod
     def parse(cls, data: bytes) -> Claim | None:
         """The claim a marker holds; None for an empty or foreign marker (an earlier version wrote b"")."""
         try:
@@ -603,7 +613,10 @@ class Claim:
 
     def describe(self) -> str:
         age = time.time() - self.created
-        return f"claim {self.token!r} of job {self.uid or '?'}, pid {self.pid} on host {self.host}, {age:.0f}s old"
+        who = (
+            "gc, removing what a dead save left" if self.token.startswith(GC_TOKEN_PREFIX) else f"job {self.uid or '?'}"
+        )
+        return f"claim {self.token!r} of {who}, pid {self.pid} on host {self.host}, {age:.0f}s old"
 
 
 def stale_reason(held: Claim | None, mine: Claim) -> str | None:

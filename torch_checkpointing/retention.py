@@ -702,6 +702,8 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
 
     Every tagged object goes, not only the dead claim's: the saves whose claims it took over are as dead. A save
     taking the id over meanwhile fails its commit on a file gone, and keeps its claim (the delete is conditional).
+    Recorded names have no such version: gc first holds the id with its own claim (`_hold_for_gc`), so no save
+    takes it over while the names gc listed are deleted.
     """
     if not isinstance(storage, ConditionalStorage):
         return None
@@ -712,6 +714,10 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
         if found is None or held is None or _dead_reason(found[0]) is None:
             return None
         if held.records:
+            etag = _hold_for_gc(storage, marker, found[1])
+            if etag is None:
+                return _taken_over_meanwhile(path)
+            found = (found[0], etag)
             changed, others = [], remove_recorded(storage, path, _take_manifest(storage, path, held))
         elif held.tags and isinstance(storage, TaggedStorage):
             by_save = storage.objects_by_save(path)
@@ -729,6 +735,26 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
     warn_left_in_place(url, [*others, *changed], f"gc of the unfinished save at {url}")
     logger.info("gc removed the unfinished save at %s (its claim is dead)", _shown(path))
     return True
+
+
+def _hold_for_gc(storage: ConditionalStorage, marker: Path, etag: str) -> str | None:
+    """Replace the dead claim (only if still the version `etag`) with gc's own; the version of gc's claim, or
+    None when the marker changed meanwhile (a save of the id took it over: its files are not gc's to delete)."""
+    mine = Claim.for_gc()
+    if not storage.replace_object(marker, mine.to_bytes(), etag):
+        return None
+    found = storage.read_object(marker)
+    held = Claim.parse(found[0]) if found is not None else None
+    return found[1] if found is not None and held is not None and held.token == mine.token else None
+
+
+def _taken_over_meanwhile(path: Path) -> bool:
+    logger.warning(
+        "gc left the unfinished save at %s: its claim changed after gc judged it dead (a save of that id took it "
+        "over), so what is there is that save's now",
+        _shown(path),
+    )
+    return False
 
 
 def _take_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None:
