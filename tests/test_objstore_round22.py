@@ -191,3 +191,34 @@ def test_a_conditional_replace_or_delete_off_s3_leaves_a_marker_that_changed(sto
     assert storage.delete_object(marker, current[1]) and not storage.exists(marker)
     assert not storage.replace_object(marker, b'{"claim": "fourth"}', current[1])  # gone: nothing is made
     assert not storage.exists(marker)
+
+
+# ------------------------------------------------------------------------------- what a save's messages name
+
+
+def _fails(_: str, __: object) -> None:
+    raise RuntimeError("the pre-commit check failed")
+
+
+def test_a_failed_saves_error_line_names_the_checkpoint_by_url(caplog: pytest.LogCaptureFixture) -> None:
+    """The save's own ERROR line said "Checkpoint save of step_1 failed": the bare id, which `load` and the CLI
+    of another process do not take without the manager's root. It names `memory://.../step_1` now."""
+    caplog.set_level(logging.ERROR, logger="torch_checkpointing")
+    url = _root_url("memory", Path())
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=url))
+    config.pre_finalize_callback = _fails
+    with CheckpointManager(config) as manager, pytest.raises(RuntimeError, match="pre-commit"):
+        manager.save("step_1", {"x": 1})
+    assert f"Checkpoint save of {url}/step_1 failed (rank 0)" in caplog.text, caplog.text
+
+
+def test_a_refused_save_names_the_checkpoint_by_url(tmp_path: Path) -> None:
+    """A save refused before it writes (the id holds a user's folder) said "Refusing to save to step_2"."""
+    url = _root_url("file", tmp_path)
+    storage = FsspecStorageConfig(url=url).create_storage()
+    storage.mkdir(Path("step_2"))
+    storage.write(Path("step_2") / "NOTES.txt", b"mine")
+    with _plain_manager(url) as manager, pytest.raises(CommitError) as refused:
+        manager.save("step_2", {"x": 1})
+    assert f"Refusing to save to {url}/step_2: it is a directory that is not a checkpoint" in str(refused.value)
+    assert storage.read(Path("step_2") / "NOTES.txt") == b"mine"

@@ -56,6 +56,7 @@ from torch_checkpointing.config import (
 )
 from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
 from torch_checkpointing.errors import CheckpointError, CommitError, ConfigError, ConfigTypeError, log_safely
+from torch_checkpointing.manifest import shown_name
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.names import NAME_MAX, PATH_MAX
 from torch_checkpointing.pickling import callback_unpicklable
@@ -665,6 +666,8 @@ class CheckpointManager:
             overwrite=self.config.save.overwrite,
             started=started,
             made=made,
+            # An object store's checkpoint is named by its URL (a local one as the id: made absolute for the writer).
+            shown=shown_name(self._storage, checkpoint_id) if self._storage.local_path(final) is None else "",
         )
 
 

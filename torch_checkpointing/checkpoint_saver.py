@@ -291,7 +291,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
                     logging.WARNING,
                     "save() of %s was interrupted (%s) after its write started; the write goes on, and the next "
                     "save() or close() waits for it",
-                    plan.checkpoint_dir,
+                    plan.name,
                     type(exc).__name__,
                 )
             raise
@@ -338,7 +338,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
             if not write.done():
                 write.set_exception(
                     CheckpointError(
-                        f"The async save of {plan.checkpoint_dir} ended without an outcome (see the error logged "
+                        f"The async save of {plan.name} ended without an outcome (see the error logged "
                         f"with it); whether it was committed is not known: load it to check, or save again."
                     )
                 )
@@ -381,7 +381,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 "checkpoint is committed with them (rank 0 published it), so the save is done; a new writer is "
                 "started for the next save. What the trainer saw: %s",
                 plan.rank,
-                plan.checkpoint_dir,
+                plan.name,
                 exc,
             )
             log_committed(plan, 0, blocked_s)
@@ -391,7 +391,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         """The save() that queued this write was interrupted and failed its Future itself (`claim`): the writer
         never gets it. Written anyway, it could commit a save its caller was told had failed."""
         exc = CheckpointError(
-            f"The save of {plan.checkpoint_dir} was interrupted inside save() (rank {plan.rank}) before its write "
+            f"The save of {plan.name} was interrupted inside save() (rank {plan.rank}) before its write "
             f"started; nothing was written. Save again."
         )
         if write.try_set_exception(exc):  # the interrupt also cut save()'s own cleanup (and its log) short
@@ -468,7 +468,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 "Could not remove the temporary directory %s of the failed save of %s: %s: %s. Delete it by hand, "
                 "or run `torch-checkpointing gc %s` (it removes what dead saves left there).",
                 plan.tmp_dir,
-                plan.checkpoint_dir,
+                plan.name,
                 type(exc).__name__,
                 exc,
                 os.path.dirname(plan.tmp_dir.rstrip("/")) or ".",
@@ -694,7 +694,7 @@ def log_committed(plan: SavePlan, nbytes: int, blocked_s: float) -> None:
         logger,
         logging.INFO,
         "Checkpoint %s committed (rank %d): %d bytes, save() blocked %.0f ms, durable after %.2f s, %.1f MB/s",
-        plan.checkpoint_dir,
+        plan.name,
         plan.rank,
         nbytes,
         blocked_s * 1000,
@@ -711,7 +711,7 @@ def log_failed(plan: SavePlan, exc: BaseException) -> None:
             logging.WARNING,
             "Checkpoint save of %s (rank %d) was interrupted right after its commit; the checkpoint is in place: "
             "%s: %s",
-            plan.checkpoint_dir,
+            plan.name,
             plan.rank,
             type(exc).__name__,
             exc,
@@ -721,7 +721,7 @@ def log_failed(plan: SavePlan, exc: BaseException) -> None:
         logger,
         logging.ERROR,
         "Checkpoint save of %s failed (rank %d); %s: %s: %s",
-        plan.checkpoint_dir,
+        plan.name,
         plan.rank,
         committed_state(exc),
         type(exc).__name__,

@@ -93,6 +93,13 @@ class SavePlan:
     overwrite: bool = True  # may replace an existing checkpoint of ours (never anything else)
     started: float = field(default_factory=time.monotonic)  # when save() was called
     made: tuple[MadeDirectory, ...] = ()  # the id's parents this save created (rank 0): a failure removes them
+    # How messages name the checkpoint where that is not `checkpoint_dir`: an object store's URL (`shown_name`).
+    shown: str = ""
+
+    @property
+    def name(self) -> str:
+        """The checkpoint as messages name it: the URL `load` and the CLI take on an object store, else the id."""
+        return self.shown or self.checkpoint_dir
 
     def target(self) -> CommitTarget:
         return CommitTarget(self.checkpoint_dir, self.tmp_dir, self.overwrite, self.made)
@@ -225,7 +232,7 @@ def _check_trainer_alive(request: WriteRequest) -> None:
     plan = request.plan
     if request.trainer_pid is not None and os.getppid() != request.trainer_pid:
         raise CommitError(
-            f"Checkpoint {plan.checkpoint_dir} was not committed: the trainer process {request.trainer_pid} that "
+            f"Checkpoint {plan.name} was not committed: the trainer process {request.trainer_pid} that "
             f"asked for it is gone."
         )
 
@@ -256,7 +263,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
                     raise
                 committed = progress.committed or commit.is_committed()
                 # What torch.save made of the handler's exception was only a consequence of it.
-                raise _as_reported(raised[0], plan.checkpoint_dir, committed) from None
+                raise _as_reported(raised[0], plan.name, committed) from None
     except BaseException as exc:
         committed = progress.committed or commit.is_committed()
         if plan.rank == 0 and not committed:
@@ -273,7 +280,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
                 logger,
                 logging.ERROR,
                 "finalize_callback failed for the committed checkpoint %s",
-                plan.checkpoint_dir,
+                plan.name,
                 exc_info=True,
             )
     return nbytes
@@ -414,7 +421,7 @@ def _agree_on_the_commit(
             if 0 in exc.failures and rank_0 is None:
                 reasons = "; ".join(f"rank {r}: {why}" for r, why in sorted(exc.failures.items()))
                 raise CommitOutcomeUnknownError(
-                    f"Checkpoint {plan.checkpoint_dir}: rank 0 did not say whether it committed ({reasons}). The "
+                    f"Checkpoint {plan.name}: rank 0 did not say whether it committed ({reasons}). The "
                     f"id holds either its previous checkpoint or this one, and a load returns one of them whole; "
                     f"save again to be sure of this step's state.",
                     exc.failures,
@@ -424,7 +431,7 @@ def _agree_on_the_commit(
             logger,
             logging.WARNING,
             "Checkpoint %s is committed (rank 0 published it), but not every rank answered after that: %s",
-            plan.checkpoint_dir,
+            plan.name,
             exc,
         )
 

@@ -49,6 +49,7 @@ from torch_checkpointing.manifest import (
     our_marker,
     parse_manifest,
     read_bounded,
+    shown_name,
     stray_claim,
 )
 from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name
@@ -202,7 +203,7 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> bool:
 
     Returns whether there is a directory to replace (False: nothing at the id yet).
     """
-    path = Path(final)
+    path, shown = Path(final), shown_name(storage, final)
     local = storage.local_path(path)
     if local is not None and os.path.islink(local):
         raise CommitError(
@@ -214,14 +215,14 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> bool:
     if not storage.exists(path):
         return False
     if not storage.isdir(path):
-        raise CommitError(f"Refusing to save to {final}: it is an existing file, not a checkpoint. Choose another id.")
+        raise CommitError(f"Refusing to save to {shown}: it is an existing file, not a checkpoint. Choose another id.")
     entries = _walk(storage, path)
     names = set(entries)
     if MANIFEST_FILE_NAME in names:
         _check_checkpoint(storage, final, entries, overwrite)
     elif entries and not _failed_save_of_ours(storage, names):
         raise CommitError(
-            f"Refusing to save to {final}: it is a directory that is not a checkpoint (no {MANIFEST_FILE_NAME}); "
+            f"Refusing to save to {shown}: it is a directory that is not a checkpoint (no {MANIFEST_FILE_NAME}); "
             f"it holds {_listing(entries)}. Saving would replace it. Choose another id (e.g. a subdirectory)."
         )
     if local is not None:  # replaceable by what it holds (empty, ours), but not while the program runs in it
@@ -334,27 +335,28 @@ def _read_manifest(storage: Storage, path: Path) -> Manifest:
 
 def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrite: bool) -> None:
     """An existing checkpoint of ours: replaceable only if allowed, atomic, and holding nothing else."""
+    shown = shown_name(storage, final)
     try:
         manifest = _read_manifest(storage, Path(final) / MANIFEST_FILE_NAME)
     except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise CommitError(
-            f"Refusing to save to {final}: its {MANIFEST_FILE_NAME} is not a torch_checkpointing manifest ({exc}). "
+            f"Refusing to save to {shown}: its {MANIFEST_FILE_NAME} is not a torch_checkpointing manifest ({exc}). "
             f"Choose another id."
         ) from None
     if not overwrite:
         raise CommitError(
-            f"Refusing to save to {final}: a checkpoint already exists there and overwrite is off "
+            f"Refusing to save to {shown}: a checkpoint already exists there and overwrite is off "
             f"(CheckpointSaverConfig.overwrite=False). Choose another id, or delete it first."
         )
     if not storage.atomic_rename:
         raise CommitError(
-            f"Refusing to save to {final}: a checkpoint already exists there, and this storage cannot replace "
+            f"Refusing to save to {shown}: a checkpoint already exists there, and this storage cannot replace "
             f"one atomically (Storage.atomic_rename=False). Delete it first, or save to a new id."
         )
     foreign = _unlisted(entries, manifest)
     if foreign:
         raise CommitError(
-            f"Refusing to replace the checkpoint {final}: it also holds files that are not part of it "
+            f"Refusing to replace the checkpoint {shown}: it also holds files that are not part of it "
             f"({_listing(foreign)}); replacing it would delete them. Move them out, or save to another id."
         )
 
@@ -726,7 +728,8 @@ class Commit:
 
     @property
     def _url(self) -> str:
-        return self.storage.remap_path(Path(self.target.final))
+        """The checkpoint as messages name it (`shown_name`): an object store's URL, a local path as given."""
+        return shown_name(self.storage, self.target.final)
 
     def _claim(self, claims: ConditionalStorage, mine: Claim) -> bool:
         """Hold the marker with this save's token; True if this rank created it (False: another rank of this
@@ -960,7 +963,7 @@ class Commit:
                 unseen.setdefault(rec.rank, []).append(rec.path)
         if unseen:
             raise CommitError(
-                f"Checkpoint {self.target.final} was not committed: the committing rank cannot see the files of "
+                f"Checkpoint {self._url} was not committed: the committing rank cannot see the files of "
                 f"rank(s) {sorted(unseen)} ({_listing([p for paths in unseen.values() for p in paths])}). Every "
                 f"rank must write to storage the committing rank reads: a shared filesystem or an object store "
                 f"(FsspecStorageConfig), not a node-local disk.",
