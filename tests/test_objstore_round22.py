@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.s3_server import S3Server
 from tests.test_objstore_round21 import _KILLED_SAVE_CHILD, USER, _entries, _root_url
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.config import SyncCheckpointSaverConfig
@@ -222,3 +223,33 @@ def test_a_refused_save_names_the_checkpoint_by_url(tmp_path: Path) -> None:
         manager.save("step_2", {"x": 1})
     assert f"Refusing to save to {url}/step_2: it is a directory that is not a checkpoint" in str(refused.value)
     assert storage.read(Path("step_2") / "NOTES.txt") == b"mine"
+
+
+def test_on_s3_a_save_that_takes_over_a_killed_saves_claim_removes_that_saves_objects(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same on S3, where the save's uploads carry its token (no records): before, the killed save's
+    `optim_0.pt`, `x_0.pt` and `rank_0/model.safetensors` stayed under the new checkpoint, unlisted. Now the
+    objects a save of ours wrote under another token go at the commit (each only if unchanged); the user's
+    objects (untagged) stay."""
+    config = s3_server.config()
+    ckpt = "step_1"
+    args = {"url": config.url, "id": ckpt, "user": {rel: data.decode() for rel, data in USER.items()}}
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_SAVE_CHILD, json.dumps(args)],
+        cwd=REPO,
+        env={**_env(), **s3_server.client_env()},
+        capture_output=True,
+        timeout=_CHILD_TIMEOUT_S,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-3000:]
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)) as m:
+        m.save(ckpt, {"model": {"w": torch.arange(3.0)}})
+        assert torch.equal(m.load(ckpt)["model"]["w"], torch.arange(3.0))
+    storage = config.create_storage()
+    storage.fs.invalidate_cache()
+    key = f"{config.url.removeprefix('s3://')}/{ckpt}"
+    left = {name[len(key) + 1 :] for name in storage.fs.find(key)}
+    assert left == {"manifest.json", "model_0.pt", *USER}, left
+    assert f"{config.url}/{ckpt}/optim_0.pt" in caplog.text, caplog.text

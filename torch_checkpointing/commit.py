@@ -585,6 +585,8 @@ class Claim:
     # Its ranks name what they write in records beside the marker (`record_name`): on stores without tags,
     # what no record names is not its own.
     records: bool = False
+    # It replaced a dead save's claim: that save's uploads under the id (tagged with its token) may still be there.
+    took_over: bool = False
 
     @classmethod
     def of(cls, target: CommitTarget) -> Claim:
@@ -606,7 +608,8 @@ class Claim:
         try:
             d = json.loads(data.decode("utf-8"))
             claim = cls(str(d["token"]), str(d["uid"]), str(d["host"]), int(d["pid"]), float(d["created"]))
-            return dataclasses.replace(claim, tags=d.get("tags") is True, records=d.get("records") is True)
+            flag = {name: d.get(name) is True for name in ("tags", "records", "took_over")}
+            return dataclasses.replace(claim, tags=flag["tags"], records=flag["records"], took_over=flag["took_over"])
         except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
@@ -788,16 +791,14 @@ class Commit:
         self, claims: ConditionalStorage, marker: Path, etag: str, mine: Claim, held: Claim | None, why: str
     ) -> bool:
         """Replace a dead save's claim, only if it is still the version judged; False if it changed meanwhile."""
-        if not claims.replace_object(marker, mine.to_bytes(), etag):
+        if not claims.replace_object(marker, dataclasses.replace(mine, took_over=True).to_bytes(), etag):
             return False
         logger.warning(
             "Checkpoint save of %s took over the claim of a save that is gone (%s: %s); its files are %s.",
             self._url,
             held.describe() if held is not None else "no claim",
             why,
-            "overwritten, or removed at the commit (those its records name)"
-            if mine.records
-            else "overwritten or left unlisted",
+            "overwritten, or removed at the commit (those it recorded or tagged as its own)",
         )
         return True
 
@@ -812,11 +813,12 @@ class Commit:
         ours = found is not None and held is not None and held.token == Path(self.target.tmp).name
         return held, found[1] if ours and found is not None else None
 
-    def _check_claim(self) -> None:
-        """Right before the commit: the id must still be this save's (a restart may have judged it dead)."""
+    def _check_claim(self) -> Claim | None:
+        """Right before the commit: the id must still be this save's (a restart may have judged it dead). Returns
+        the claim held (None where the marker is no claim: a save that renames)."""
         claims = self._claims
         if claims is None:
-            return
+            return None
         held, etag = self._holds_claim(claims)
         if etag is None:
             whose = held.describe() if held is not None else "no claim: the marker is gone"
@@ -824,6 +826,7 @@ class Commit:
                 f"Checkpoint {self._url} was not committed: this save no longer holds the id ({whose}); another "
                 f"save took it over, and its files are left to it. Save under another id."
             )
+        return held
 
     def _release(self, claims: ConditionalStorage) -> None:
         _, etag = self._holds_claim(claims)
@@ -871,8 +874,8 @@ class Commit:
             # in between leaves both, which readers take as incomplete and gc collects as ours (marker first
             # would leave neither: nothing to recognise, and the id refused to every later save).
             check_target(self.storage, self.target.final, self.target.overwrite)
-            self._check_claim()
-            self._clear_taken_over(manifest, metadata_json is not None)
+            held = self._check_claim()
+            self._clear_taken_over(held, manifest, metadata_json is not None)
             still_wanted()
             self._write_manifest(manifest_bytes)
             self._drop_records()
@@ -897,17 +900,21 @@ class Commit:
                 exc,
             )
 
-    def _clear_taken_over(self, manifest: Manifest, wrote_metadata: bool) -> None:
+    def _clear_taken_over(self, held: Claim | None, manifest: Manifest, wrote_metadata: bool) -> None:
         """Before the manifest: the files of the dead saves whose claims this one took over, but for the names
         this save wrote over. Every rank has finished writing (a rank that removed them at its takeover deleted
-        what the other ranks of this save were writing at the same names)."""
-        if self.storage.atomic_rename:
+        what the other ranks of this save were writing at the same names). Named at WARNING."""
+        if held is None:
             return
         kept = {posixpath.normpath(rec.path) for rec in manifest.files} | {MANIFEST_FILE_NAME, INCOMPLETE_MARKER}
         kept |= {METADATA_FILE_NAME} if wrote_metadata else set()
-        removed = _remove_taken_over(self.storage, self.root, self._token, kept)
+        if held.records:
+            removed = _remove_taken_over(self.storage, self.root, self._token, kept)
+        elif held.took_over and isinstance(self.storage, TaggedStorage):
+            removed = self._remove_untracked_uploads(self.storage, kept)
+        else:
+            return
         if removed:
-            shown = ", ".join(f"{self._url}/{rel}" for rel in removed[:_SHOWN])
             log_safely(
                 logger,
                 logging.WARNING,
@@ -915,9 +922,20 @@ class Commit:
                 "this one does not: %s%s",
                 self._url,
                 len(removed),
-                shown,
+                ", ".join(f"{self._url}/{rel}" for rel in removed[:_SHOWN]),
                 " ..." if len(removed) > _SHOWN else "",
             )
+
+    def _remove_untracked_uploads(self, storage: TaggedStorage, kept: set[str]) -> list[str]:
+        """On a store that tags uploads: the objects saves of ours wrote here under another token (the dead
+        saves'), each only if unchanged since its HEAD; a user's (untagged) object stays. One HEAD per object,
+        paid only by a save that took a claim over."""
+        by_save = storage.objects_by_save(self.root)
+        if by_save is None:
+            return []
+        dead = {rel: seen for rel, seen in by_save[0].items() if seen[0] != self._token and rel not in kept}
+        changed = set(remove_saves_objects(storage, self.root, dead))
+        return sorted(set(dead) - changed - {INCOMPLETE_MARKER})
 
     def _drop_records(self) -> None:
         """This save's records of the names its ranks wrote, once its manifest lists them: the marker goes after
