@@ -794,11 +794,11 @@ class Commit:
         if not claims.replace_object(marker, dataclasses.replace(mine, took_over=True).to_bytes(), etag):
             return False
         logger.warning(
-            "Checkpoint save of %s took over the claim of a save that is gone (%s: %s); its files are %s.",
+            "Checkpoint save of %s took over the claim of a save that is gone (%s: %s); its files are overwritten, "
+            "or removed at the commit (those it recorded or tagged as its own).",
             self._url,
             held.describe() if held is not None else "no claim",
             why,
-            "overwritten, or removed at the commit (those it recorded or tagged as its own)",
         )
         return True
 
