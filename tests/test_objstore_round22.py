@@ -11,9 +11,11 @@ same way), where a save's ranks name what they write in records beside its claim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +26,9 @@ import pytest
 import torch
 
 from tests.s3_server import S3Server
-from tests.test_objstore_round21 import _KILLED_SAVE_CHILD, USER, _entries, _root_url
+from tests.test_objstore_round21 import _KILLED_SAVE_CHILD, USER, _dead_pid, _entries, _root_url
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig
+from torch_checkpointing.commit import Claim
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.errors import CommitError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
@@ -253,3 +256,69 @@ def test_on_s3_a_save_that_takes_over_a_killed_saves_claim_removes_that_saves_ob
     left = {name[len(key) + 1 :] for name in storage.fs.find(key)}
     assert left == {"manifest.json", "model_0.pt", *USER}, left
     assert f"{config.url}/{ckpt}/optim_0.pt" in caplog.text, caplog.text
+
+
+# ------------------------------------------------------------------------------- a two-rank save, taken over
+
+_RANKS_TIMEOUT_S = 240.0
+
+
+class _SnapshotsThenFails:
+    """A pre_finalize_callback on both ranks of a sync save: once both have written their files (a barrier),
+    rank 0 copies the prefix aside as it is (marker, both ranks' records and files), then both fail."""
+
+    def __init__(self, local_ckpt: str, aside: str) -> None:
+        self.local_ckpt, self.aside = local_ckpt, aside
+
+    def __call__(self, _: str, __: object) -> None:
+        import shutil
+
+        import torch.distributed as dist
+
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.copytree(self.local_ckpt, self.aside)
+        dist.barrier()
+        raise RuntimeError("the pre-commit check failed")
+
+
+def two_ranks_save_then_fail(url: str, ckpt: str, local_ckpt: str, aside: str) -> str:
+    import torch.distributed as dist
+
+    from tests.test_objstore_round21 import _manager
+
+    rank = dist.get_rank()
+    try:
+        with _manager(url, _SnapshotsThenFails(local_ckpt, aside)) as manager:
+            manager.save(ckpt, {"model": {"w": torch.full((8,), float(rank))}, "x": rank})
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+@pytest.mark.multirank
+def test_a_save_that_takes_over_a_dead_two_rank_saves_claim_removes_every_ranks_files(tmp_path: Path) -> None:
+    """The dead save had two ranks, each with its record and files (`rank_1/model.safetensors`, `x_1.pt`): rank 0
+    of the new save (one rank, another plan) finds rank 1's names in rank 1's record. The dead prefix is the
+    two-rank save's own, copied aside by it once both ranks had written and put back after its cleanup, with
+    its claim made that of an ended process (as a kill leaves it)."""
+    from simulator.launcher import launch
+
+    url, ckpt = _root_url("file", tmp_path), "step_4"
+    local_ckpt, aside = str(tmp_path / "run" / ckpt), str(tmp_path / "aside")
+    reports = launch(two_ranks_save_then_fail, 2, args=(url, ckpt, local_ckpt, aside), timeout=_RANKS_TIMEOUT_S)
+    assert all(reports), reports  # the save failed on both ranks, and cleaned up
+    shutil.rmtree(local_ckpt, ignore_errors=True)
+    shutil.copytree(aside, local_ckpt)
+    storage = FsspecStorageConfig(url=url).create_storage()
+    claim = Claim.parse(storage.read(Path(ckpt) / INCOMPLETE_MARKER))
+    assert claim is not None
+    storage.delete(Path(ckpt) / INCOMPLETE_MARKER)
+    storage.write(Path(ckpt) / INCOMPLETE_MARKER, dataclasses.replace(claim, uid="", pid=_dead_pid()).to_bytes())
+    dead_files, _ = _entries(storage, ckpt)
+    assert {"x_1.pt", "rank_1/model.safetensors", "x_0.pt"} <= dead_files, dead_files
+    with _plain_manager(url) as manager:
+        manager.save(ckpt, {"model": {"w": torch.arange(3.0)}})
+    files, dirs = _entries(storage, ckpt)
+    assert files == {"manifest.json", "model_0.pt"}, files
+    assert not dirs, dirs
