@@ -904,13 +904,13 @@ class Commit:
         """Before the manifest: the files of the dead saves whose claims this one took over, but for the names
         this save wrote over. Every rank has finished writing (a rank that removed them at its takeover deleted
         what the other ranks of this save were writing at the same names). Named at WARNING."""
-        if held is None:
+        if held is None or not held.took_over:  # no dead save's claim was taken over: nothing of another save here
             return
         kept = {posixpath.normpath(rec.path) for rec in manifest.files} | {MANIFEST_FILE_NAME, INCOMPLETE_MARKER}
         kept |= {METADATA_FILE_NAME} if wrote_metadata else set()
         if held.records:
             removed = _remove_taken_over(self.storage, self.root, self._token, kept)
-        elif held.took_over and isinstance(self.storage, TaggedStorage):
+        elif isinstance(self.storage, TaggedStorage):
             removed = self._remove_untracked_uploads(self.storage, kept)
         else:
             return
