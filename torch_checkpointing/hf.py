@@ -443,7 +443,8 @@ def export_hf(
     `dtype` casts floating-point tensors (e.g. torch.bfloat16); `rank` exports one rank's own copy of an item
     saved per rank without sharding metadata. Non-tensor leaves (safetensors holds tensors only) are skipped.
 
-    All or nothing: the shards and index are written into a hidden sibling of `out_dir` and moved in only once
+    All or nothing: the shards and index are written into a hidden sibling of `out_dir` (a hidden folder inside
+    it when it is on another file system than its parent: `_staging_parent`) and moved in only once
     every tensor was read and verified, the index last, so a failed or killed export never leaves a directory
     that looks like a complete export; the hidden sibling of a SIGKILLed export is removed by the next export
     beside it, once its process is gone. `out_dir` may exist and hold other files (a `config.json`); one that
@@ -490,22 +491,36 @@ def _check_cast(dtype: torch.dtype | None) -> None:
 
 
 def _make_staging(out: Path) -> Path:
-    """Create `out`'s parent (if needed) and the hidden staging folder beside `out` that the export is written
-    into, naming `out` and the fix when that fails (a bare error naming the hidden folder before)."""
+    """Create `out`'s parent (if needed) and the hidden staging folder that the export is written into (beside
+    `out`, or inside it: `_staging_parent`), naming `out` and the fix when that fails (a bare error naming the
+    hidden folder before)."""
+    where = out.parent
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_stagings(out.parent)
-        staging = out.with_name(_staging_name(out.name, os.getpid(), uuid.uuid4().hex[:8]))
+        where = _staging_parent(out)
+        for parent in {out.parent, where}:
+            _remove_dead_stagings(parent)
+        staging = where / _staging_name(out.name, os.getpid(), uuid.uuid4().hex[:8])
         staging.mkdir()
     except OSError as exc:
         raise type(exc)(
             exc.errno,
             f"Could not create the export's hidden staging folder beside {out} ({exc.strerror}: {exc.filename}); "
             f"nothing was exported. An export is written beside its output folder and moved in whole, so "
-            f"{out.parent} must be a directory you can write to: choose another output folder or fix its "
+            f"{where} must be a directory you can write to: choose another output folder or fix its "
             f"permissions",
         ) from exc
     return staging
+
+
+def _staging_parent(out: Path) -> Path:
+    """Where the export is staged: beside `out`, on the file system its files move to. An existing `out` on
+    another file system than its parent (a mount point such as a container's volume, or a symbolic link to a
+    folder on another disk) is staged inside itself: a rename cannot cross file systems, and moving the shards
+    in failed with EXDEV, an overwrite's after it had removed the earlier export's index."""
+    if out.is_dir() and os.stat(out).st_dev != os.stat(out.parent).st_dev:
+        return out
+    return out.parent
 
 
 def _remove_staging(staging: Path) -> None:
