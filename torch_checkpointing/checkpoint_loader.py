@@ -45,7 +45,12 @@ from torch_checkpointing.signals import signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import iter_leaves, local_tensor
 from torch_checkpointing.types import CheckpointPath, RankInfo
-from torch_checkpointing.walk_utils import check_shared_targets, overlapping_targets, walk_checkpoint_structure
+from torch_checkpointing.walk_utils import (
+    MISSING,
+    check_shared_targets,
+    overlapping_targets,
+    walk_checkpoint_structure,
+)
 
 if TYPE_CHECKING:
     from torch_checkpointing.dtensor_resharder import ReshardJob
@@ -440,6 +445,7 @@ class CheckpointLoader:
         runner = planned_job_runner(resharder)
         if runner is not None and plan.job is not None:
             return runner.load_planned(plan.job, view)
+        before = _template_tensors(plan.item.value)
         if plan.job is None:
             unfilled = resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
         else:
@@ -447,6 +453,7 @@ class CheckpointLoader:
 
             with offering_checked_job(plan.job):
                 unfilled = resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
+        _check_filled_in_place(type(resharder).__name__, plan.item.key, before, plan.item.value)
         return _checked_unfilled(type(resharder).__name__, plan.item.key, unfilled)
 
     def _decode(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:
@@ -618,6 +625,44 @@ def _checked_unfilled(resharder: str, key: str, unfilled: object) -> list[Nested
         f"{resharder}.load for item '{key}' returned {unfilled!r}; it must return the list of nested paths it could "
         f"not fill, each a tuple such as ('layers', 0, 'w') ([] when it filled everything)."
     )
+
+
+def _template_tensors(template: Any) -> dict[NestedPath, tuple[torch.Tensor, torch.Size]]:
+    """Each tensor of a template with its shape, before a resharder's own `load` fills it."""
+    return {path: (leaf, leaf.shape) for path, leaf in iter_leaves(template) if isinstance(leaf, torch.Tensor)}
+
+
+def _check_filled_in_place(
+    resharder: str, key: str, before: dict[NestedPath, tuple[torch.Tensor, torch.Size]], template: Any
+) -> None:
+    """Refuse a custom `Resharder.load` that did not fill the template's tensors in place: one that assigned new
+    tensors into the template (`target[name] = saved`), removed or resized one, returned normally and the load
+    succeeded, strict or not, while the caller's tensors (a model's parameters) kept what they held before."""
+    after = dict(iter_leaves(template))
+    broken = {
+        str(CheckpointPath(key, path)): _how_changed(after.get(path, MISSING), *was) for path, was in before.items()
+    }
+    broken = {where: how for where, how in broken.items() if how}
+    if broken:
+        raise ConfigError(
+            f"{resharder}.load for item '{key}' did not fill the template's tensors in place: {_first(broken)} "
+            f"(assigned another object, removed, or resized), so the caller's tensors there were not restored. A "
+            f"resharder fills each template tensor in place (tensor.copy_(saved)) and returns the paths it cannot fill."
+        )
+
+
+def _how_changed(now: Any, tensor: torch.Tensor, shape: torch.Size) -> str:
+    """How a template entry that held `tensor` of `shape` changed ("" when it was filled in place)."""
+    if now is MISSING:
+        return "removed"
+    if now is not tensor:
+        return "replaced"
+    return "resized" if tensor.shape != shape else ""
+
+
+def _first(broken: dict[str, str], limit: int = 10) -> str:
+    listed = ", ".join(f"{where!r} {how}" for where, how in list(broken.items())[:limit])
+    return f"{listed}{' ...' if len(broken) > limit else ''}"
 
 
 def _names(paths: list[CheckpointPath], limit: int = 10) -> str:

@@ -79,7 +79,9 @@ class Resharder(ABC):
       there); unless a subclass overrides `load` (or `load_as_rank`), that planned job runs in place of the call.
 
     Each call runs on the caller's thread, never in the writer process. `load` fills `target` in place and
-    returns the paths it could not fill; they are reported as missing (`strict=True` refuses them). Before a
+    returns the paths it could not fill; they are reported as missing (`strict=True` refuses them). A `load`
+    that replaces, removes or resizes a template tensor instead (`target[name] = saved`) is refused with a
+    `ConfigError` once it returns: the caller's own tensor there was not restored. Before a
     `load` of your own is called, every file of the item (each rank's, as `source_metadata` lists them) has been
     checked whole (for a `DTensorResharder` subclass: every block its planned job reads), so what it reads of
     them through `storage` is what was committed; a file outside the item (or a block beyond that plan) is

@@ -1,0 +1,109 @@
+"""Round 22: a custom resharder whose `load` does not fill the template's tensors in place.
+
+The contract (`Resharder.load`, configuring_checkpoints.md): `load` fills `target` in place, so the caller's
+tensors (a model's parameters, reached through `into={"model": model.state_dict()}`) hold the checkpoint's
+values afterwards. A `load` that assigned new tensors into the template dict (`target[name] = saved[name]`),
+removed an entry, or resized a tensor returned normally: the load reported success, even a strict one, while
+the caller's tensors kept what they held before (the model resumed from its initial weights), with no error
+and no log line. Such a load now raises, naming the resharder, the item, the paths and the fix.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.dtensor_resharder import DTensorResharder
+from torch_checkpointing.errors import ConfigError
+from torch_checkpointing.resharding import Resharder
+
+pytestmark = pytest.mark.filterwarnings("ignore:Item '.*' has plain \\(non-DTensor\\) tensors")
+
+
+class _Reads(Resharder):
+    """A custom resharder reading its item's one torch file whole; subclasses differ in how they fill."""
+
+    def extract_sharding_metadata(self, item_key: str, item_value: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return DTensorResharder().extract_sharding_metadata(item_key, item_value)
+
+    def should_reshard(self, source_metadata: Any, target_metadata: Any) -> bool:
+        return source_metadata is not None
+
+    def load(
+        self, source_path: Path, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
+    ) -> list[Any]:
+        data = storage.read(source_metadata.get_file_path(0, source_path, item_key))
+        self.fill(target, torch.load(io.BytesIO(data), weights_only=True))
+        return []
+
+    def fill(self, target: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
+        for name, value in saved.items():
+            target[name].copy_(value)
+
+
+class Assigns(_Reads):
+    def fill(self, target: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
+        target.update(saved)  # new tensor objects in the template dict: the caller's are left as they were
+
+
+class Removes(_Reads):
+    def fill(self, target: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
+        target["b"].copy_(saved["b"])
+        del target["a"]
+
+
+class Resizes(_Reads):
+    def fill(self, target: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
+        target["a"].resize_(3).copy_(saved["a"][:3])
+        target["b"].copy_(saved["b"])
+
+
+def _manager(resharder: Resharder) -> CheckpointManager:
+    items = {"model": ItemSpec(resharder=resharder), "other": ItemSpec()}
+    return CheckpointManager(
+        CheckpointManager.Config(items=items, save=SyncCheckpointSaverConfig(), load=CheckpointLoaderConfig())
+    )
+
+
+def _payload() -> dict[str, dict[str, torch.Tensor]]:
+    return {"model": {"a": torch.arange(8.0) + 1, "b": torch.arange(4.0) + 1}, "other": {"x": torch.ones(2)}}
+
+
+def test_a_resharder_filling_in_place_restores_the_callers_tensors(tmp_path: Path) -> None:
+    """The guard: the well-behaved resharder loads, into the very tensors the caller holds."""
+    with _manager(_Reads()) as m:
+        m.save(str(tmp_path / "ck"), _payload())
+        a, b = torch.zeros(8), torch.zeros(4)
+        loaded = m.load(str(tmp_path / "ck"), into={"model": {"a": a, "b": b}, "other": {"x": torch.zeros(2)}})
+    assert loaded["model"]["a"] is a and torch.equal(a, _payload()["model"]["a"])
+    assert torch.equal(b, _payload()["model"]["b"])
+
+
+# Failed before round 22: every load returned normally (no error, no log line), with `a` still all zeros.
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize(("resharder", "how"), [(Assigns, "replaced"), (Removes, "removed"), (Resizes, "resized")])
+def test_a_resharder_not_filling_the_templates_tensors_in_place_is_refused(
+    tmp_path: Path, resharder: type[_Reads], how: str, strict: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    with _manager(resharder()) as m:
+        m.save(str(tmp_path / "ck"), _payload())
+        a, x = torch.zeros(8), torch.zeros(2)
+        with caplog.at_level("WARNING", logger="torch_checkpointing"), pytest.raises(ConfigError) as info:
+            m.load(
+                str(tmp_path / "ck"), into={"model": {"a": a, "b": torch.zeros(4)}, "other": {"x": x}}, strict=strict
+            )
+    said = str(info.value)
+    assert f"{resharder.__name__}.load for item 'model'" in said, said
+    assert "'model::a'" in said and how in said and "copy_" in said, said
+    assert f"{resharder.__name__}.load for item 'model' failed (ConfigError)" in caplog.text  # it may have written
+    assert not torch.equal(a[:3], _payload()["model"]["a"][:3]) or how == "resized"
+    assert torch.equal(x, torch.zeros(2))  # the engine copied into no other template
