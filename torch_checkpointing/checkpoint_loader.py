@@ -432,7 +432,7 @@ class CheckpointLoader:
 
         if plan.job is None:
             return []
-        failed = [CheckpointPath(plan.item.key, tuple(p)) for p in check_reshard_job(plan.job, ctx.storage_view())]
+        failed = [CheckpointPath(plan.item.key, tuple(p)) for p in check_reshard_job(plan.job, _source_view(ctx, plan))]
         return failed if _engine_runs(plan) else []
 
     def _reshard(self, ctx: CheckpointReadContext, plan: _Reshard) -> list[NestedPath]:
@@ -441,7 +441,7 @@ class CheckpointLoader:
 
         resharder = plan.item.spec.resharder
         assert resharder is not None
-        view = ctx.storage_view()
+        view = _source_view(ctx, plan)
         runner = planned_job_runner(resharder)
         if runner is not None and plan.job is not None:
             return runner.load_planned(plan.job, view)
@@ -462,7 +462,7 @@ class CheckpointLoader:
         try:
             return decode(
                 item.layout.serialization_format,
-                ctx.storage_view(),
+                ctx.storage_view(f"item '{item.key}'"),
                 path,
                 item.key,
                 template=item.value,
@@ -554,6 +554,11 @@ def _check_values_filled_once(plan: _Reshard, containers: dict[int, Any]) -> Non
         walk_checkpoint_structure(
             item_key=job.item_key, source=saved, target=target, dry_run=True, at=path, containers=containers
         )
+
+
+def _source_view(ctx: CheckpointReadContext, plan: _Reshard) -> Storage:
+    """The storage a resharder reads its item's files through, its errors naming the item."""
+    return ctx.storage_view(f"resharding source of item '{plan.item.key}'")
 
 
 def _partly_restored(root: Path, plan: _Reshard, done: list[str], exc: Exception) -> None:

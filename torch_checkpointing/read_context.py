@@ -45,6 +45,7 @@ from torch_checkpointing.errors import (
     CheckpointError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
+    ObjectStoreError,
     UnsafeCheckpointError,
 )
 from torch_checkpointing.futures import SettledFuture, WorkerPool, settle_all
@@ -361,11 +362,11 @@ class CheckpointReadContext:
     def _open_file(self, rel: str, record: FileRecord | None, what: str) -> CheckedFile:
         if self._dirfd is None:
             path = self.root / rel
-            if not self.storage.exists(path):
-                raise self._missing(rel, what)
             # The size from one HEAD; the bytes on demand: a resharding read then fetches only the blocks its
             # byte ranges touch (issue 14), a whole read the object once.
             with self._vanishing(rel, what):
+                if not self.storage.exists(path):
+                    raise self._missing(rel, what)
                 return CheckedFile(rel, self.storage.getsize(path), record)
         fd = self._open_contained(rel, what)
         try:
@@ -422,12 +423,23 @@ class CheckpointReadContext:
 
     @contextlib.contextmanager
     def _vanishing(self, rel: str, what: str) -> Iterator[None]:
-        """On a store without a held descriptor, a file can go between the listing and the read (another
-        process deleted or replaced the checkpoint): that is the checkpoint's state, not a caller's bug."""
+        """A call to the storage for file `rel`. On a store without a held descriptor, a file can go between the
+        listing and the read (another process deleted or replaced the checkpoint): that is the checkpoint's
+        state, not a caller's bug. Any other failure (a storage plugin's own exception, a network error) is the
+        storage's, not the file's: before, it came out bare, naming no file, or a decoder called the intact file
+        "damaged or crafted"; it is an `ObjectStoreError` naming the file and the storage."""
         try:
             yield
         except FileNotFoundError:
             raise self._missing(rel, what) from None
+        except (CheckpointError, MemoryError):
+            raise
+        except Exception as exc:
+            raise ObjectStoreError(
+                f"Reading {self._at(rel)} ({what}) through the storage {type(self.storage).__name__} failed "
+                f"({type(exc).__name__}: {exc}); the checkpoint was not found damaged. Load again once the "
+                f"storage works."
+            ) from exc
 
     def _start_whole(self, checked: CheckedFile, outer: Future[None]) -> None:
         """Check the whole file on the verify pool (decoding proceeds meanwhile); `outer` gets the outcome."""
@@ -771,9 +783,10 @@ class CheckpointReadContext:
 
     # ------------------------------------------------------------------ the storage view
 
-    def storage_view(self) -> Storage:
-        """A read-only `Storage` whose every read goes through this context (for resharders and decoders)."""
-        return _ContextStorage(self)
+    def storage_view(self, what: str | None = None) -> Storage:
+        """A read-only `Storage` whose every read goes through this context (for resharders and decoders);
+        `what` says in errors who reads through it (an item key), else each file's path is all they say."""
+        return _ContextStorage(self, what)
 
     def relative(self, path: Path | str) -> str:
         """`path` (under the checkpoint as the caller named it) relative to the checkpoint directory."""
@@ -886,35 +899,39 @@ _UNSET: Any = object()
 class _ContextStorage(Storage):
     """A read-only Storage over one read context: the seam that keeps `Resharder.load(..., storage)` working."""
 
-    def __init__(self, ctx: CheckpointReadContext) -> None:
+    def __init__(self, ctx: CheckpointReadContext, what: str | None = None) -> None:
         self._ctx = ctx
+        self._what_for = what
 
     def _rel(self, path: Path) -> str:
         return self._ctx.relative(path)
+
+    def _what(self, path: Path) -> str:
+        return self._what_for or str(path)
 
     def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase:
         return io.BytesIO(self.read(path))  # type: ignore[return-value]
 
     def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
-        return self._ctx.read_bytes(self._rel(path), str(path))
+        return self._ctx.read_bytes(self._rel(path), self._what(path))
 
     def read_range(self, path: Path, offset: int, length: int) -> bytes:
-        return self._ctx.read_range(self._rel(path), offset, length, str(path))
+        return self._ctx.read_range(self._rel(path), offset, length, self._what(path))
 
     def local_path(self, path: Path) -> str | None:
-        return self._ctx.local_path(self._rel(path), str(path))
+        return self._ctx.local_path(self._rel(path), self._what(path))
 
     def mapped_path(self, path: Path) -> str | None:
-        return self._ctx.mapped_path(self._rel(path), str(path))
+        return self._ctx.mapped_path(self._rel(path), self._what(path))
 
     def verify_range(self, path: Path, offset: int, length: int) -> None:
-        self._ctx.verify_range(self._rel(path), offset, length, str(path))
+        self._ctx.verify_range(self._rel(path), offset, length, self._what(path))
 
     def exists(self, path: Path) -> bool:
         return self._ctx.lists(self._rel(path))
 
     def getsize(self, path: Path) -> int:
-        return self._ctx.check(self._rel(path), str(path)).size
+        return self._ctx.check(self._rel(path), self._what(path)).size
 
     def isdir(self, path: Path) -> bool:
         return Path(path) == self._ctx.root or self._ctx.storage.isdir(path)
