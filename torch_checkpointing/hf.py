@@ -56,7 +56,7 @@ from torch_checkpointing.errors import (
     TemplateMismatchError,
     UnsafeCheckpointError,
 )
-from torch_checkpointing.manifest import MANIFEST_FILE_NAME, read_manifest
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME, read_manifest, read_regular_file
 from torch_checkpointing.names import fit_name
 from torch_checkpointing.read_context import (
     CheckpointReadContext,
@@ -889,12 +889,15 @@ def _regular(path: Path) -> None:
 
 
 def _regular_bytes(path: Path, limit: int) -> bytes:
+    """An index's bytes, read as an engine file is (`read_regular_file`): what it holds, not `limit` bytes
+    reserved up front (64 MiB per import, before), and never blocking on a FIFO swapped in after the type
+    check. Links are followed: the HF hub's cache links every file of a snapshot into its blobs."""
     _regular(path)
-    with open(path, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise CorruptCheckpointError(f"{path} is larger than {limit} bytes; it is not an index.")
-    return data
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return read_regular_file(fd, path, "an index", limit)
+    finally:
+        os.close(fd)
 
 
 def _leaves(template: Any) -> list[tuple[str, torch.Tensor]]:
