@@ -5,7 +5,12 @@ tensors (a model's parameters, reached through `into={"model": model.state_dict(
 values afterwards. A `load` that assigned new tensors into the template dict (`target[name] = saved[name]`),
 removed an entry, or resized a tensor returned normally: the load reported success, even a strict one, while
 the caller's tensors kept what they held before (the model resumed from its initial weights), with no error
-and no log line. Such a load now raises, naming the resharder, the item, the paths and the fix.
+and no log line.
+
+Now a removed entry counts as not filled (a strict load refuses it, a non-strict one names it), and a replaced
+or resized tensor is logged at WARNING naming the resharder, the item, the paths and the fix. Those are not
+refused: the API returns the `into` object itself, so the returned mapping holds what the resharder put there,
+which state that changes size across world sizes (a dataloader's) may legitimately need.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.dtensor_resharder import DTensorResharder
-from torch_checkpointing.errors import ConfigError
+from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.resharding import Resharder
 
 pytestmark = pytest.mark.filterwarnings("ignore:Item '.*' has plain \\(non-DTensor\\) tensors")
@@ -88,22 +93,40 @@ def test_a_resharder_filling_in_place_restores_the_callers_tensors(tmp_path: Pat
     assert torch.equal(b, _payload()["model"]["b"])
 
 
-# Failed before round 22: every load returned normally (no error, no log line), with `a` still all zeros.
-@pytest.mark.parametrize("strict", [False, True])
-@pytest.mark.parametrize(("resharder", "how"), [(Assigns, "replaced"), (Removes, "removed"), (Resizes, "resized")])
-def test_a_resharder_not_filling_the_templates_tensors_in_place_is_refused(
-    tmp_path: Path, resharder: type[_Reads], how: str, strict: bool, caplog: pytest.LogCaptureFixture
+# Failed before round 22: every load returned normally with no log line, with `a` still all zeros.
+@pytest.mark.parametrize(("resharder", "how"), [(Assigns, "replaced"), (Resizes, "resized")])
+def test_a_resharder_replacing_or_resizing_a_templates_tensor_is_named_at_warning(
+    tmp_path: Path, resharder: type[_Reads], how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with _manager(resharder()) as m:
         m.save(str(tmp_path / "ck"), _payload())
         a, x = torch.zeros(8), torch.zeros(2)
-        with caplog.at_level("WARNING", logger="torch_checkpointing"), pytest.raises(ConfigError) as info:
+        with caplog.at_level("WARNING", logger="torch_checkpointing"):
+            loaded = m.load(str(tmp_path / "ck"), into={"model": {"a": a, "b": torch.zeros(4)}, "other": {"x": x}})
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "in place" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert f"{resharder.__name__}.load for item 'model'" in said[0] and f"'model::a' {how}" in said[0], said
+    assert "copy_" in said[0], said
+    expected = _payload()["model"]["a"]
+    assert torch.equal(loaded["model"]["a"], expected if how == "replaced" else expected[:3])  # what it put there
+    assert torch.equal(x, torch.ones(2))
+
+
+# Failed before round 22: both loads returned normally, the entry gone from the result, with no log line.
+def test_a_resharder_removing_a_templates_tensor_leaves_it_not_restored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with _manager(Removes()) as m:
+        m.save(str(tmp_path / "ck"), _payload())
+        with pytest.raises(CheckpointError, match="model::a"):
             m.load(
-                str(tmp_path / "ck"), into={"model": {"a": a, "b": torch.zeros(4)}, "other": {"x": x}}, strict=strict
+                str(tmp_path / "ck"),
+                into={"model": {"a": torch.zeros(8), "b": torch.zeros(4)}, "other": {"x": torch.zeros(2)}},
+                strict=True,
             )
-    said = str(info.value)
-    assert f"{resharder.__name__}.load for item 'model'" in said, said
-    assert "'model::a'" in said and how in said and "copy_" in said, said
-    assert f"{resharder.__name__}.load for item 'model' failed (ConfigError)" in caplog.text  # it may have written
-    assert not torch.equal(a[:3], _payload()["model"]["a"][:3]) or how == "resized"
-    assert torch.equal(x, torch.zeros(2))  # the engine copied into no other template
+        with caplog.at_level("WARNING", logger="torch_checkpointing"):
+            m.load(
+                str(tmp_path / "ck"),
+                into={"model": {"a": torch.zeros(8), "b": torch.zeros(4)}, "other": {"x": torch.zeros(2)}},
+            )
+    assert "model::a" in caplog.text, caplog.text

@@ -34,6 +34,7 @@ from torch_checkpointing.errors import (
     MissingItemError,
     TemplateMismatchError,
     add_note,
+    log_safely,
     undecodable,
 )
 from torch_checkpointing.json_dataclass import RebuildGaps
@@ -453,8 +454,10 @@ class CheckpointLoader:
 
             with offering_checked_job(plan.job):
                 unfilled = resharder.load(ctx.root, plan.item.key, plan.target, plan.source, plan.item.value, view)
-        _check_filled_in_place(type(resharder).__name__, plan.item.key, before, plan.item.value)
-        return _checked_unfilled(type(resharder).__name__, plan.item.key, unfilled)
+        name = type(resharder).__name__
+        checked = _checked_unfilled(name, plan.item.key, unfilled)
+        removed = _not_filled_in_place(name, plan.item.key, before, plan.item.value)
+        return checked + [path for path in removed if path not in checked]
 
     def _decode(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:
         item = plan.item
@@ -637,23 +640,34 @@ def _template_tensors(template: Any) -> dict[NestedPath, tuple[torch.Tensor, tor
     return {path: (leaf, leaf.shape) for path, leaf in iter_leaves(template) if isinstance(leaf, torch.Tensor)}
 
 
-def _check_filled_in_place(
+def _not_filled_in_place(
     resharder: str, key: str, before: dict[NestedPath, tuple[torch.Tensor, torch.Size]], template: Any
-) -> None:
-    """Refuse a custom `Resharder.load` that did not fill the template's tensors in place: one that assigned new
-    tensors into the template (`target[name] = saved`), removed or resized one, returned normally and the load
-    succeeded, strict or not, while the caller's tensors (a model's parameters) kept what they held before."""
+) -> list[NestedPath]:
+    """What a custom `Resharder.load` did to the template's tensors other than fill them in place; returns the
+    paths it removed, which count as not filled (`strict=True` refuses them).
+
+    A replaced or resized tensor is logged at WARNING, not refused: the API returns the `into` object itself, so
+    the returned mapping holds what the resharder put there (a dataloader's state may legitimately change size),
+    but where the template held the caller's own tensors (a model's parameters, `into=model.state_dict()`) those
+    were left as they were. Before, all three passed without a word, even with `strict=True`.
+    """
     after = dict(iter_leaves(template))
-    broken = {
-        str(CheckpointPath(key, path)): _how_changed(after.get(path, MISSING), *was) for path, was in before.items()
-    }
-    broken = {where: how for where, how in broken.items() if how}
-    if broken:
-        raise ConfigError(
-            f"{resharder}.load for item '{key}' did not fill the template's tensors in place: {_first(broken)} "
-            f"(assigned another object, removed, or resized), so the caller's tensors there were not restored. A "
-            f"resharder fills each template tensor in place (tensor.copy_(saved)) and returns the paths it cannot fill."
+    changed = {path: _how_changed(after.get(path, MISSING), *was) for path, was in before.items()}
+    changed = {path: how for path, how in changed.items() if how}
+    kept = {str(CheckpointPath(key, path)): how for path, how in changed.items() if how != "removed"}
+    if kept:
+        log_safely(
+            logger,
+            logging.WARNING,
+            "%s.load for item '%s' did not fill the template's tensors in place: %s. The returned mapping holds "
+            "its new objects there, but a caller's tensor that the template held there (a model's parameter) "
+            "still holds what it held before the load. A resharder fills each template tensor with "
+            "tensor.copy_(saved), and returns the paths it cannot fill.",
+            resharder,
+            key,
+            _first(kept),
         )
+    return [path for path, how in changed.items() if how == "removed"]
 
 
 def _how_changed(now: Any, tensor: torch.Tensor, shape: torch.Size) -> str:

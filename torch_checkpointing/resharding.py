@@ -80,8 +80,9 @@ class Resharder(ABC):
 
     Each call runs on the caller's thread, never in the writer process. `load` fills `target` in place and
     returns the paths it could not fill; they are reported as missing (`strict=True` refuses them). A `load`
-    that replaces, removes or resizes a template tensor instead (`target[name] = saved`) is refused with a
-    `ConfigError` once it returns: the caller's own tensor there was not restored. Before a
+    that replaces or resizes a template tensor instead (`target[name] = saved`) is named in a WARNING once it
+    returns (the returned mapping holds the new object; the caller's own tensor there was not restored), and a
+    template tensor it removes counts as not filled. Before a
     `load` of your own is called, every file of the item (each rank's, as `source_metadata` lists them) has been
     checked whole (for a `DTensorResharder` subclass: every block its planned job reads), so what it reads of
     them through `storage` is what was committed; a file outside the item (or a block beyond that plan) is
