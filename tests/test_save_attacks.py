@@ -206,9 +206,9 @@ def test_a_killed_writer_leaves_no_temporary_directory(control: Control, tmp_pat
         writer = control.wait_blocked(CHILD_TIMEOUT)
         assert writer == manager.writer_pid
         os.kill(writer, signal.SIGKILL)
-        # The exit code is the kill's (it read "exit code None" before the writer was reaped), and the message
-        # does not claim "nothing was committed": a writer killed right after its commit did commit.
-        with pytest.raises(WriterProcessDied, match=r"exit code -9\). The id holds its previous checkpoint, or this"):
+        # The exit code is the kill's (it read "exit code None" before the writer was reaped). Killed before it
+        # began to publish (it had not told its trainer of a manifest), the save is known not to be committed.
+        with pytest.raises(WriterProcessDied, match=r"exit code -9\), before the checkpoint was in place: .* NOT com"):
             future.result(timeout=RESULT_TIMEOUT)
         control.reset()
         assert sorted(p.name for p in runs.iterdir()) == ["ck"]

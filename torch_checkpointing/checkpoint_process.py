@@ -148,7 +148,7 @@ def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
 # ------------------------------------------------------------------------------------------- the protocol
 # Every message on the pipe is one of these dataclasses (pickled by multiprocessing; tensors in shared memory
 # travel as handles). Trainer -> writer: MapSlab, DropSlab, Incoming + Write, Stop. Writer -> trainer: Ready (or
-# StartFailed), SlabDropped, Taken, Written or Failed, Stopped.
+# StartFailed), SlabDropped, Taken, Publishing, Written or Failed, Stopped.
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,17 @@ class SlabDropped:
 class Taken:
     """The writer has read a whole `Write` and starts on it. A writer that dies before sending this has written
     nothing for that request, so the trainer can hand it to a new writer; one that dies after may have committed."""
+
+
+@dataclass(frozen=True)
+class Publishing:
+    """Sent in the middle of a write, right before the writer writes anything of the checkpoint's manifest: that
+    manifest's digest (`commit.manifest_digest`). A writer that dies from then on may have swapped the checkpoint
+    into place; the trainer compares the manifest at the id with this to tell whether it did (`Commit.adopt`).
+    One that dies before sending it had published nothing. Before, a single-rank save whose writer died in the
+    commit ended "the id holds its previous checkpoint, or this one": only the writer knew its manifest."""
+
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -360,8 +371,9 @@ class Stopped:
     pass
 
 
-def _serve(storage: Any, message: Write, slab: MapSlab | None) -> Written | Failed:
-    """One write, answered with its outcome; the process stays up for the next save either way."""
+def _serve(storage: Any, message: Write, slab: MapSlab | None, conn: Connection) -> Written | Failed:
+    """One write, answered with its outcome; the process stays up for the next save either way. The trainer
+    hears which manifest is being published before it is written (`Publishing`)."""
     try:
         request = message.request
         if message.slab_generation is not None:
@@ -373,7 +385,7 @@ def _serve(storage: Any, message: Write, slab: MapSlab | None) -> Written | Fail
             for entry in request.entries:
                 if not isinstance(entry.value, OutOfBand):
                     entry.value = from_slab_refs(entry.value, slab.tensor)
-        return Written(write_checkpoint(storage, request))
+        return Written(write_checkpoint(storage, request, lambda digest: conn.send(Publishing(digest))))
     except BaseException as exc:
         return Failed(_portable(exc))
 
@@ -414,7 +426,10 @@ def _writer_main(
                 return  # the trainer went away in the middle of the request: nobody is left to answer
             if not _answer(conn, Taken()):
                 return
-            reply = _serve(storage, received, slab) if isinstance(received, Write) else Failed(_portable(received))
+            if isinstance(received, Write):
+                reply: Written | Failed = _serve(storage, received, slab, conn)
+            else:
+                reply = Failed(_portable(received))
             del received  # drop shared-memory handles before answering
             if not _answer(conn, reply):
                 return
@@ -708,7 +723,7 @@ class CheckpointProcess:
         self.wait_ready()
         if self._conn is None:
             raise WriterProcessDied("The checkpoint writer process is not running; no checkpoint was committed.")
-        pid, taken = self.pid, False
+        pid, taken, digest = self.pid, False, None
         try:
             if slab is not None and slab[0] != self._slab_generation:
                 self._conn.send(MapSlab(*slab))
@@ -717,8 +732,9 @@ class CheckpointProcess:
             self._conn.send_bytes(encoded.data)
             _send_buffers(self._conn.fileno(), encoded.buffers)
             reply = self._conn.recv()
-            while isinstance(reply, (SlabDropped, Taken)):  # SlabDropped: late, for a drop_slab() that gave up
+            while isinstance(reply, (SlabDropped, Taken, Publishing)):  # SlabDropped: late, for a drop_slab()
                 taken = taken or isinstance(reply, Taken)
+                digest = reply.digest if isinstance(reply, Publishing) else digest
                 reply = self._conn.recv()
         except (EOFError, OSError) as exc:
             code = _exit_code(self._proc)
@@ -731,6 +747,10 @@ class CheckpointProcess:
             raise WriterProcessDied(
                 _death_message(pid, code, encoded.checkpoint_dir, taken=True, stopped_by=stopped_by),
                 outcome_unknown=True,
+                manifest_digest=digest,
+                if_not_committed=_death_message(
+                    pid, code, encoded.checkpoint_dir, taken=True, stopped_by=stopped_by, committed=False
+                ),
             ) from exc
         return reply
 
@@ -815,13 +835,26 @@ class _DiedBeforeTaking(Exception):
 
 
 def _death_message(
-    pid: int | None, exitcode: int | None, checkpoint_dir: str, *, taken: bool, stopped_by: StoppedBy
+    pid: int | None,
+    exitcode: int | None,
+    checkpoint_dir: str,
+    *,
+    taken: bool,
+    stopped_by: StoppedBy,
+    committed: bool | None = None,
 ) -> str:
     """What a save whose writer died is told: which writer, how it ended, what became of the save, and of the
     writer. One sentence for both moments, so that they differ only where the facts do: before the writer
-    took the request nothing of it was written; after, it may have committed."""
+    took the request nothing of it was written; after, it may have committed (`committed` None), or the trainer
+    found that it had not (False: it looked at the id, and removed what the save wrote)."""
     how = _how_it_ended(exitcode) + (f", exit code {exitcode}" if exitcode is not None and exitcode < 0 else "")
-    if taken:
+    if taken and committed is False:
+        when = f"during the write of {checkpoint_dir} ({how})"
+        save = (
+            f", before the checkpoint was in place: {checkpoint_dir} was NOT committed. The trainer removes what the "
+            f"save wrote (a WARNING says so if it cannot); an earlier checkpoint at that id is intact. Save again."
+        )
+    elif taken:
         when = f"during the write of {checkpoint_dir} ({how})"
         save = (
             ". The id holds its previous checkpoint, or this one if the writer died right after committing it; a "

@@ -374,16 +374,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         elif outcome is not None:
             self._fail(plan, write, outcome)
         else:
-            log_safely(
-                logger,
-                logging.WARNING,
-                "The checkpoint writer process of rank %d died after it had written its files for %s, and the "
-                "checkpoint is committed with them (rank 0 published it), so the save is done; a new writer is "
-                "started for the next save. What the trainer saw: %s",
-                plan.rank,
-                plan.name,
-                exc,
-            )
+            _warn_committed_without_its_writer(plan, exc)
             log_committed(plan, 0, blocked_s)
             write.set_result(None)
 
@@ -685,6 +676,29 @@ class WriteFuture(SettledFuture[Any]):
 
         self.add_done_callback(settle)
         return copy
+
+
+def _warn_committed_without_its_writer(plan: SavePlan, died: WriterProcessDied) -> None:
+    """A save done although its writer process died in it: a WARNING, naming that writer (`died` does), so that a
+    writer that keeps dying (the OOM killer) is noticed before it costs a save."""
+    if plan.world_size == 1:
+        what = (
+            f"died after it swapped {plan.name} into place: the checkpoint is committed (the trainer "
+            f"finished what the writer left: the replaced checkpoint's removal, the parent's fsync)"
+        )
+    else:
+        what = (
+            f"of rank {plan.rank} died after it had written its files for {plan.name}, and the checkpoint "
+            f"is committed with them (rank 0 published it)"
+        )
+    log_safely(
+        logger,
+        logging.WARNING,
+        "The checkpoint writer process %s, so the save is done; a new writer is started for the next save. What "
+        "the trainer saw: %s",
+        what,
+        died,
+    )
 
 
 def log_committed(plan: SavePlan, nbytes: int, blocked_s: float) -> None:

@@ -27,7 +27,13 @@ from torch_checkpointing.commit import Commit, CommitTarget, MadeDirectory
 from torch_checkpointing.config import CheckpointWriterConfig
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME as METADATA_JSON
 from torch_checkpointing.encoding import encode
-from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, add_note, log_safely
+from torch_checkpointing.errors import (
+    CommitError,
+    CommitOutcomeUnknownError,
+    WriterProcessDied,
+    add_note,
+    log_safely,
+)
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.pickling import OutOfBand
@@ -55,6 +61,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("torch_checkpointing.writer")
+# Told the digest of the manifest about to be written (`_publish`): how a writer process's trainer learns it.
+Announce = Callable[[str], None]
 # After a failed save, how long rank 0 keeps the store up for the other ranks to read the outcome.
 _VERDICT_GRACE_S = 2.0
 _FILE_POOL = WorkerPool(1, "ckpt-file")  # grown to the writes at once (map_bounded)
@@ -204,11 +212,15 @@ def _check_distinct(records: list[FileRecord]) -> None:
 
 
 def _publish(
-    commit: Commit, request: WriteRequest, records: list[FileRecord], channel: StoreChannel | None = None
+    commit: Commit,
+    request: WriteRequest,
+    records: list[FileRecord],
+    channel: StoreChannel | None = None,
+    announce: Announce | None = None,
 ) -> None:
-    """Rank 0: the manifest over every rank's records, then the commit itself. On several ranks the manifest's
-    digest goes in the store first, for the trainer to tell whether it is in place should this writer die
-    (`Commit.adopt`)."""
+    """Rank 0: the manifest over every rank's records, then the commit itself. The manifest's digest goes first to
+    `announce` (an async writer's trainer) and, on several ranks, in the store, for the trainer to tell whether it
+    is in place should this writer die (`Commit.adopt`)."""
     plan = request.plan
     _check_distinct(records)
     metadata = plan.metadata_json.encode("utf-8") if plan.metadata_json is not None else None
@@ -223,8 +235,14 @@ def _publish(
         len(metadata) if metadata is not None else None,
         zlib.crc32(metadata) if metadata is not None else None,
     )
-    announce = None if channel is None else (lambda digest: channel.publish(_manifest_key(plan), digest))
-    commit.publish(manifest, plan.metadata_json, lambda: _check_trainer_alive(request), announce)
+
+    def before_writing(digest: str) -> None:
+        if channel is not None:
+            channel.publish(_manifest_key(plan), digest)
+        if announce is not None:
+            announce(digest)
+
+    commit.publish(manifest, plan.metadata_json, lambda: _check_trainer_alive(request), before_writing)
 
 
 def _check_trainer_alive(request: WriteRequest) -> None:
@@ -242,12 +260,14 @@ class _Progress:
     committed: bool = False
 
 
-def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
+def write_checkpoint(storage: Storage, request: WriteRequest, announce: Announce | None = None) -> int:
     """Write this rank's files and take part in the commit; returns once the checkpoint is durable.
 
     Returns the bytes this rank wrote. On failure the unfinished save is removed where this rank owns the
     outcome (single rank, or rank 0); it never becomes visible at the checkpoint's path either way. Once the
     checkpoint is committed nothing is reported as a failure: a failed `finalize_callback` is logged.
+    `announce` (the writer process's pipe to its trainer) gets the manifest's digest before it is written; if it
+    raises, nothing is published.
     """
     plan = request.plan
     commit = Commit(storage, plan.target())
@@ -257,7 +277,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest) -> int:
     try:
         with handlers_replaced(lambda signum, handler: _recording(handler, raised)):
             try:
-                nbytes = _write_and_commit(storage, request, commit, progress)
+                nbytes = _write_and_commit(storage, request, commit, progress, announce)
             except BaseException:
                 if not raised:
                     raise
@@ -366,14 +386,16 @@ def committed_before_interrupt(exc: BaseException) -> bool:
     return getattr(exc, _COMMITTED_ATTR, False) is True
 
 
-def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress) -> int:
+def _write_and_commit(
+    storage: Storage, request: WriteRequest, commit: Commit, progress: _Progress, announce: Announce | None
+) -> int:
     plan = request.plan
     before_commit = plan.pre_finalize_callback
     if plan.store is None:
         mine = _write_local_files(storage, request, commit)
         if before_commit is not None:
             before_commit(plan.checkpoint_dir, None)
-        _publish(commit, request, mine)
+        _publish(commit, request, mine, announce=announce)
         progress.committed = True
         return sum(r.size for r in mine)
     channel = StoreChannel(plan.store, plan.timeout_s)
@@ -388,7 +410,7 @@ def _write_and_commit(storage: Storage, request: WriteRequest, commit: Commit, p
 
     def publish() -> None:
         if plan.rank == 0:
-            _publish(commit, request, records, channel)
+            _publish(commit, request, records, channel, announce)
             progress.committed = True
 
     try:
@@ -498,13 +520,13 @@ def refuse_unanswered(plan: SavePlan, exc: BaseException) -> BaseException:
 
 
 def finish_for_a_dead_writer(
-    plan: SavePlan, exc: BaseException, storage: Callable[[], Storage]
+    plan: SavePlan, exc: WriterProcessDied, storage: Callable[[], Storage]
 ) -> BaseException | None:
     """(In the trainer.) This rank's writer died after it answered the commit's first agreement (its files written
     and synced): take the rest of the commit in its place. None when the checkpoint was committed; else the error
-    every rank raises. `exc` itself where this cannot stand in (single rank, a writer that had not answered yet:
-    `refuse_unanswered` is for that one). `storage` makes the trainer's own, which only rank 0 needs (and only
-    then: a trainer that cannot make one must still end a single-rank save as its writer's death).
+    every rank raises. `exc` itself where this cannot stand in (a writer that had not answered yet:
+    `refuse_unanswered` is for that one; a trainer that cannot look at the id). `storage` makes the trainer's own,
+    which only rank 0 (or the only rank) needs, and only then. A single rank settles alone (`_settle_alone`).
 
     Before, such a rank raised "died during the write ... the id holds its previous checkpoint, or this one", and
     the others waited the save's whole timeout for the dead writer. On a rank other than 0, what the writer had
@@ -512,7 +534,7 @@ def finish_for_a_dead_writer(
     may have been anywhere in the commit itself: what the id holds decides (`_stand_in_for_rank_0`).
     """
     if plan.store is None:
-        return exc
+        return _settle_alone(plan, exc, storage)
     step = _files_step(plan)
     try:
         channel, answered = _answered_the_files_step(plan, plan.store)
@@ -547,6 +569,37 @@ def finish_for_a_dead_writer(
     finally:
         _settle(channel, plan, committed)
     return None
+
+
+def _settle_alone(plan: SavePlan, died: WriterProcessDied, storage: Callable[[], Storage]) -> BaseException | None:
+    """(Single rank.) What became of the save whose writer process died in the middle of it, from what the id
+    holds: None when the checkpoint the writer announced (`died.manifest_digest`) is in place (what the writer
+    left after the swap is finished here); else what the save wrote is removed, and the error says it was not
+    committed. `died` itself where the trainer cannot look at the id (no storage of its own).
+
+    Before, such a save ended "the id holds its previous checkpoint, or this one" even once the checkpoint was
+    swapped into place: with no store, the trainer did not know which manifest its writer was writing.
+    """
+    try:
+        commit = Commit(storage(), plan.target())
+    except Exception as blind:  # it cannot look at the id: the outcome stays unknown, as it was before
+        log_safely(
+            logger,
+            logging.WARNING,
+            "The trainer cannot look at %s for its dead checkpoint writer (%s: %s): whether the save was committed "
+            "stays unknown.",
+            plan.checkpoint_dir,
+            type(blind).__name__,
+            blind,
+        )
+        return died
+    if commit.adopt(died.manifest_digest):
+        return None
+    said = died.if_not_committed or (
+        f"Checkpoint {plan.checkpoint_dir} was NOT committed: its writer process died before the checkpoint was in "
+        f"place. The trainer removes what the save wrote; an earlier checkpoint at that id is intact. Save again."
+    )
+    return WriterProcessDied(said)
 
 
 def _stand_in_for_rank_0(

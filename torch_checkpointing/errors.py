@@ -162,15 +162,28 @@ class WriterProcessDied(CheckpointError):
     """The background writer process exited before answering.
 
     `outcome_unknown`: it died during a write, which it may have committed right before it died (the id then
-    holds this save, whole); otherwise the save was not committed.
+    holds this save, whole); otherwise the save was not committed. For such a death the trainer keeps what it
+    needs to settle the outcome itself (`checkpoint_writer.finish_for_a_dead_writer`): `manifest_digest`, the
+    digest of the manifest the writer said it was about to write (None: it died before it began to publish), and
+    `if_not_committed`, this death told as the trainer tells it once it found the checkpoint not in place.
     """
 
-    def __init__(self, message: str, outcome_unknown: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        outcome_unknown: bool = False,
+        *,
+        manifest_digest: str | None = None,
+        if_not_committed: str = "",
+    ) -> None:
         super().__init__(message)
         self.outcome_unknown = outcome_unknown
+        self.manifest_digest = manifest_digest
+        self.if_not_committed = if_not_committed
 
-    def __reduce__(self) -> tuple[type[WriterProcessDied], tuple[str, bool]]:
-        return (type(self), (str(self), self.outcome_unknown))
+    def __reduce__(self) -> tuple[type[WriterProcessDied], tuple[str, bool], dict[str, str | None]]:
+        state = {"manifest_digest": self.manifest_digest, "if_not_committed": self.if_not_committed}
+        return (type(self), (str(self), self.outcome_unknown), state)
 
 
 def add_note(exc: BaseException, note: str) -> None:

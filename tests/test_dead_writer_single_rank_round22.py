@@ -1,0 +1,96 @@
+"""A single-rank async save whose writer process is SIGKILLed in the commit ends with a known outcome.
+
+* Killed while it writes the manifest (nothing in place yet): the save's Future fails saying the checkpoint was
+  NOT committed, the id still loads the earlier checkpoint, and nothing of the failed save is left beside it.
+* Killed right after it swapped the checkpoint into place (the replaced one still at its temporary name): the
+  checkpoint is committed, so the Future succeeds, a WARNING names the dead writer, and the replaced checkpoint
+  is gone.
+
+Before, both ended as `WriterProcessDied` saying the outcome was unknown ("The id holds its previous checkpoint,
+or this one"): with one rank there is no store, so the trainer did not know which manifest its writer was
+writing. The writer now tells it over the pipe before it writes the manifest (`checkpoint_process.Publishing`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.commit_round18_jobs import wait_for_the_writer
+from tests.memory_storage import Control, RecordingStorageConfig
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.errors import WriterProcessDied
+
+TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def saves(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
+    control = Control(tmp_path_factory.mktemp("control"))
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = RecordingStorageConfig(control_dir=str(control.root))
+    manager = CheckpointManager(config)
+    yield manager, control
+    control.reset()
+    manager.close()
+
+
+def _state(value: float) -> dict[str, Any]:
+    return {"model": {"w": torch.full((4,), value)}}
+
+
+def _loaded(manager: CheckpointManager, path: Path) -> float:
+    return float(manager.load(str(path), {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
+
+
+def _killed_at(manager: CheckpointManager, control: Control, moment: str, path: Path, value: float) -> Any:
+    """Save `path` again; the writer blocks at `moment` of its commit and is SIGKILLed there. The save's Future."""
+    wait_for_the_writer(manager)  # the writer killed by the test before: its replacement
+    control.block(moment)
+    try:
+        future = manager.save(str(path), _state(value))
+        pid = control.wait_blocked(TIMEOUT_S)
+        assert pid == manager.writer_pid, (pid, manager.writer_pid)  # the writer, not the trainer
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        control.reset()
+    return future, pid
+
+
+def test_a_writer_killed_writing_the_manifest_commits_nothing_and_the_error_says_so(
+    saves: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, control = saves
+    ck = tmp_path / "ck"
+    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
+    future, pid = _killed_at(manager, control, "manifest", ck, 2.0)
+    with pytest.raises(WriterProcessDied) as raised:
+        future.result(TIMEOUT_S)
+    said = str(raised.value)
+    assert "NOT committed" in said and str(ck) in said and str(pid) in said, said
+    assert "or this one" not in said, said  # not "unknown": the trainer looked
+    assert raised.value.outcome_unknown is False
+    assert _loaded(manager, ck) == 1.0  # the earlier checkpoint, intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # nothing of the failed save beside it
+
+
+def test_a_writer_killed_after_the_swap_is_a_committed_save(
+    saves: tuple[CheckpointManager, Control], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager, control = saves
+    ck = tmp_path / "ck"
+    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        future, pid = _killed_at(manager, control, "before rmdir", ck, 3.0)
+        assert future.result(TIMEOUT_S) is None
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(pid) in r.getMessage()]
+    assert warned and "committed" in warned[0] and str(ck) in warned[0], [r.getMessage() for r in caplog.records]
+    assert _loaded(manager, ck) == 3.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # the replaced checkpoint was removed
