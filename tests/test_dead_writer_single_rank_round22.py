@@ -94,3 +94,45 @@ def test_a_writer_killed_after_the_swap_is_a_committed_save(
     assert warned and "committed" in warned[0] and str(ck) in warned[0], [r.getMessage() for r in caplog.records]
     assert _loaded(manager, ck) == 3.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # the replaced checkpoint was removed
+
+
+# ------------------------------------------- a wait that timed out and killed a writer that had committed
+
+
+def _loaded_by_a_new_manager(path: Path) -> float:
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
+        return _loaded(manager, path)
+
+
+@pytest.mark.parametrize("how", ["close()", "the next save()"])
+def test_a_wait_that_timed_out_and_killed_a_writer_that_had_swapped_the_checkpoint_in_says_it_is_committed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """The writer stops after its swap (the replaced checkpoint still at its temporary name) until the wait gives
+    up and kills it; the trainer then finds the checkpoint in place and the save's Future succeeds. What close(),
+    or the next save(), says must agree: before, they raised "... was not committed" for that committed save."""
+    control, runs = Control(tmp_path / "control"), tmp_path / "runs"
+    runs.mkdir()
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = RecordingStorageConfig(control_dir=str(control.root))
+    config.save.wait_timeout_secs = 2
+    manager = CheckpointManager(config)
+    try:
+        wait_for_the_writer(manager)
+        manager.save(str(runs / "ck"), _state(1.0)).result(TIMEOUT_S)
+        control.block("before rmdir")
+        future = manager.save(str(runs / "ck"), _state(2.0))
+        assert control.wait_blocked(TIMEOUT_S) == manager.writer_pid
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            if how == "close()":
+                manager.close()
+            else:
+                manager.save(str(runs / "next"), _state(5.0)).result(TIMEOUT_S)
+        assert future.result(0) is None
+    finally:
+        control.reset()
+        manager.close()
+    said = [r.getMessage() for r in caplog.records if "did not finish within 2" in r.getMessage()]
+    assert said and "killed" in said[0] and "committed" in said[0] and "not committed" not in said[0], said
+    assert _loaded_by_a_new_manager(runs / "ck") == 2.0
+    assert sorted(p.name for p in runs.iterdir()) == ["ck"] + (["next"] if how != "close()" else [])

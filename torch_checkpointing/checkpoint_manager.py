@@ -407,9 +407,11 @@ class CheckpointManager:
         """Wait for save()/load() calls running on other threads and for the last write, then stop the writer.
 
         The waits are bounded by `save.wait_timeout_secs`: past it the writer is killed and this raises saying the
-        save was not committed. A failed last save is raised here unless its Future already reported it. Interrupted
-        while it waits for other threads' calls, it leaves the manager open (call close() again). In a child made by
-        os.fork() this only marks the copy closed: the writer process is the parent's.
+        save was not committed (or, where the killed writer had put the checkpoint in place and the save's Future
+        succeeded, logs a WARNING saying it is committed, and returns). A failed last save is raised here unless
+        its Future already reported it. Interrupted while it waits for other threads' calls, it leaves the manager
+        open (call close() again). In a child made by os.fork() this only marks the copy closed: the writer
+        process is the parent's.
         """
         if os.getpid() != self._pid:  # before taking `_calls`: a parent's thread may have held it at the fork
             self._closed = True

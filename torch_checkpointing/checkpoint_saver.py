@@ -159,24 +159,47 @@ class AsyncCheckpointSaver(CheckpointSaver):
         try:
             write.quiet_exception(timeout)
         except TimeoutError:
-            self._kill_for(write)
-            raise CheckpointError(
-                f"The checkpoint write of {write.checkpoint_id} did not finish within {timeout}s "
-                f"(save.wait_timeout_secs); the writer process was killed and {write.checkpoint_id} was not "
-                f"committed."
-            ) from None
+            fate = self._kill_for(write, timeout)
+            if fate is not None:
+                raise CheckpointError(
+                    f"The checkpoint write of {write.checkpoint_id} did not finish within {timeout}s "
+                    f"(save.wait_timeout_secs); the writer process was killed and {fate}."
+                ) from None
         self._raise_unseen(write, "")
 
-    def _kill_for(self, write: WriteFuture) -> None:
+    def _kill_for(self, write: WriteFuture, timeout: float | None) -> str | None:
         """Kill the writer a timed-out wait for `write` gave up on, then wait (bounded) for `write`'s Future to
-        fail: the thread that sent it fails it once the pipe breaks. Before, close() (and the next save())
-        raised "was not committed" while that Future was still pending, so `future.exception(timeout=0)` right
-        after close() raised TimeoutError, and `future.done()` was False, for a save just reported failed."""
+        settle: the thread that sent it settles it once the pipe breaks. Returns what became of the save, as that
+        Future says it, for the wait's error; None when it succeeded (the writer had put the checkpoint in place
+        before the kill, and the trainer finished it), which is logged instead: the wait must not call a save
+        "not committed" that its Future reports done.
+
+        Before, close() (and the next save()) raised "was not committed" while that Future was still pending, so
+        `future.exception(timeout=0)` right after close() raised TimeoutError, for a save just reported failed;
+        and then also for a save whose Future, settled, said it was committed."""
         self._process.kill()
         try:
-            write.quiet_exception(_FUTURE_AFTER_KILL_S)
+            error = write.quiet_exception(_FUTURE_AFTER_KILL_S)
         except TimeoutError:  # its failure still has to be agreed with other ranks: it resolves on its own
-            logger.debug("The killed write of %s had not failed its Future yet", write.checkpoint_id)
+            logger.debug("The killed write of %s had not settled its Future yet", write.checkpoint_id)
+            return f"whether {write.checkpoint_id} was committed is not settled yet (its Future says, once it is)"
+        if error is None:
+            log_safely(
+                logger,
+                logging.WARNING,
+                "The checkpoint write of %s did not finish within %ss (save.wait_timeout_secs) and its writer "
+                "process was killed, but the checkpoint was already in place: it is committed, and the save's "
+                "Future succeeded.",
+                write.checkpoint_id,
+                timeout,
+            )
+            return None
+        if getattr(error, "outcome_unknown", False) is True:
+            return (
+                f"{write.checkpoint_id} may have been committed right before the kill (the id holds its previous "
+                f"checkpoint or this one; a load returns one of them whole)"
+            )
+        return f"{write.checkpoint_id} was not committed"
 
     def _raise_unseen(self, write: WriteFuture, consequence: str) -> None:
         """Surface a failed save the caller never looked at (its Future was dropped), once."""
@@ -249,14 +272,15 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 self._last_write.quiet_exception(self._timeout)
             except TimeoutError as exc:
                 # As wait() does: left alive, a stopped or hung writer refused every later save until close().
-                self._kill_for(self._last_write)
-                self._last_write.retrieved = True  # this error reports it; the next save must not raise it again
-                raise CheckpointError(
-                    f"The previous checkpoint write ({self._last_write.checkpoint_id}) did not finish within "
-                    f"{self._timeout}s (save.wait_timeout_secs): the writer process was killed (stopped or hung) "
-                    f"and {self._last_write.checkpoint_id} was not committed. This save() was not started; call it "
-                    f"again (a new writer process starts)."
-                ) from exc
+                fate = self._kill_for(self._last_write, self._timeout)
+                if fate is not None:
+                    self._last_write.retrieved = True  # this error reports it; the next save must not raise it
+                    raise CheckpointError(
+                        f"The previous checkpoint write ({self._last_write.checkpoint_id}) did not finish within "
+                        f"{self._timeout}s (save.wait_timeout_secs): the writer process was killed (stopped or "
+                        f"hung) and {fate}. This save() was not started; call it again (a new writer process "
+                        f"starts)."
+                    ) from exc
             self._raise_unseen(self._last_write, " This save() was not started; call it again to retry.")
 
     def save(self, plan: SavePlan) -> Future[Any]:
