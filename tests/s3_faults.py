@@ -157,7 +157,8 @@ class HoldingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
     * `hold_on="claim"`: before it creates the `.incomplete` marker (after the manager's checks of the id);
     * `"data"`: before it uploads `model_0.pt` (after the marker is in place);
     * `"manifest"`: before it creates `manifest.json` (after every check of the commit has passed);
-    * `"marker"`: before it removes the `.incomplete` marker (the commit's last step).
+    * `"marker"`: before it removes the `.incomplete` marker (the commit's last step);
+    * `"after marker"`: right after it removed that marker (the checkpoint committed, the save not answered yet).
     """
 
     def __init__(
@@ -180,9 +181,13 @@ class HoldingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
         return fsspec.asyn.sync(self.loop, self._pipe_file, path, *args, **kwargs)
 
     def rm_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
-        if self.held_file and self.hold_on == "marker" and path.endswith("/.incomplete"):
+        marker = self.held_file and path.endswith("/.incomplete")
+        if marker and self.hold_on == "marker":
             self._hold()
-        return fsspec.asyn.sync(self.loop, self._rm_file, path, *args, **kwargs)
+        removed = fsspec.asyn.sync(self.loop, self._rm_file, path, *args, **kwargs)
+        if marker and self.hold_on == "after marker":
+            self._hold()
+        return removed
 
 
 class ReplacingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
