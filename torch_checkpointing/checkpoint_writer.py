@@ -550,7 +550,7 @@ def finish_for_a_dead_writer(
             logging.WARNING,
             "Rank 0's trainer cannot look at %s for its dead writer (%s: %s): the other ranks hear nothing from rank "
             "0 and give up after save.wait_timeout_secs.",
-            plan.checkpoint_dir,
+            plan.name,
             type(blind).__name__,
             blind,
         )
@@ -588,7 +588,7 @@ def _settle_alone(plan: SavePlan, died: WriterProcessDied, storage: Callable[[],
             logging.WARNING,
             "The trainer cannot look at %s for its dead checkpoint writer (%s: %s): whether the save was committed "
             "stays unknown.",
-            plan.checkpoint_dir,
+            plan.name,
             type(blind).__name__,
             blind,
         )
@@ -596,7 +596,7 @@ def _settle_alone(plan: SavePlan, died: WriterProcessDied, storage: Callable[[],
     if commit.adopt(died.manifest_digest):
         return None
     said = died.if_not_committed or (
-        f"Checkpoint {plan.checkpoint_dir} was NOT committed: its writer process died before the checkpoint was in "
+        f"Checkpoint {plan.name} was NOT committed: its writer process died before the checkpoint was in "
         f"place. The trainer removes what the save wrote; an earlier checkpoint at that id is intact. Save again."
     )
     return WriterProcessDied(said)
@@ -629,7 +629,7 @@ def _stand_in_for_rank_0(
             logging.WARNING,
             "Rank 0's checkpoint writer process died in the commit of %s before the checkpoint was in place: it is "
             "not committed, and its trainer removed what the save wrote. What the trainer saw: %s",
-            plan.checkpoint_dir,
+            plan.name,
             died,
         )
         raise CommitError(
@@ -661,7 +661,7 @@ def _settle(channel: StoreChannel, plan: SavePlan, committed: bool) -> None:
             logging.DEBUG,
             "Rank %d: not every rank acknowledged the outcome of %s: %s",
             plan.rank,
-            plan.checkpoint_dir,
+            plan.name,
             exc,
         )
 
