@@ -399,8 +399,7 @@ def _walk(storage: Storage, root: Path) -> list[str]:
 
 
 def _is_link(storage: Storage, path: Path) -> bool:
-    local = storage.local_path(path)
-    return local is not None and os.path.islink(local)
+    return storage.is_link(path)
 
 
 def _listing(entries: list[str]) -> str:
@@ -516,7 +515,8 @@ def _remove_emptied(storage: Storage, root: Path, removed: Iterable[str]) -> Non
     keeps it, and the directories above it)."""
     for directory in sorted(_parents(removed), key=len, reverse=True):
         with contextlib.suppress(FileNotFoundError):
-            if storage.isdir(root / directory) and not storage.ls(root / directory):
+            here = root / directory
+            if storage.isdir(here) and not _is_link(storage, here) and not storage.ls(here):
                 storage.rmdir(root / directory)
 
 

@@ -125,6 +125,13 @@ class Storage(ABC):
         """A path the OS can open (for mmap), or None when the backend is not a local filesystem."""
         return None
 
+    def is_link(self, path: Path) -> bool:
+        """Whether `path` is a symbolic link: an entry a cleanup removes at most, never walks into (through one,
+        a name under a checkpoint reaches a user's files anywhere). False where there are no links (object
+        stores) or nothing is there."""
+        local = self.local_path(path)
+        return local is not None and os.path.islink(local)
+
     def mapped_path(self, path: Path) -> str | None:
         """A path for a caller that maps the file and calls `verify_range` for each byte range before using it.
 

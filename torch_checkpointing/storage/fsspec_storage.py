@@ -757,6 +757,18 @@ class FsspecStorage(Storage):
         with self._missing_bucket_named(backend, key, "lookup of", path), self._errors("lookup of", path):
             return int(backend.io.size(key))
 
+    def is_link(self, path: Path) -> bool:
+        """On a directory store (`file://`) what the OS says: fsspec's listing and `isdir` follow a link, and
+        without this a walk under a checkpoint went through a user's `eval -> /data/eval` (`commit._walk`)."""
+        backend, key = self._fresh(path)
+        if backend.object_store:
+            return False
+        try:
+            info = backend.io.info(key)
+        except FileNotFoundError:  # nothing there, or a link to nothing: no directory to walk into either way
+            return False
+        return info.get("islink") is True
+
     def isdir(self, path: Path) -> bool:
         """Whether `path` is a prefix with objects under it; an `ObjectStoreError` in a bucket that does not exist
         (discovery asks this first: a missing run must not list as an empty one)."""

@@ -1,0 +1,67 @@
+"""Round 22 review: what a dead save's records beside its claim can make a cleanup delete, off S3 (fsspec
+`file://`), where the records name the files to remove.
+
+* A symbolic link under a dead save's prefix (a user's `eval -> /data/eval`) was walked into: fsspec follows
+  links, and only a store with local paths was checked for one. A record naming `link/secret.txt` (crafted, or a
+  save's name whose directory a user replaced by a link) made gc, and a save taking the dead claim over, delete
+  the user's file outside the prefix, through the link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_objstore_round21 import _root_url
+from tests.test_objstore_round22 import _killed_save, _plain_manager
+from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing.manifest import INCOMPLETE_MARKER
+from torch_checkpointing.retention import collect_garbage
+
+pytest.importorskip("fsspec")
+
+_CRAFTED_RECORD = f"{INCOMPLETE_MARKER}.0123456789abcdef.0"  # a record's name, of no save that ran
+
+
+def _link_out_of_the_prefix(tmp_path: Path, ckpt: str) -> Path:
+    """A user's directory outside the run, linked into the dead save's prefix as `link`, and a record naming
+    the file in it as if the save had written `link/secret.txt`. Returns the user's file."""
+    outside = tmp_path / "users_data"
+    outside.mkdir()
+    secret = outside / "secret.txt"
+    secret.write_bytes(b"the user's, outside the checkpoint")
+    prefix = tmp_path / "run" / ckpt
+    os.symlink(outside, prefix / "link")
+    record = {"token": "crafted", "rank": 0, "files": ["link/secret.txt"]}
+    (prefix / _CRAFTED_RECORD).write_text(json.dumps(record))
+    return secret
+
+
+def test_gc_of_a_dead_saves_prefix_never_deletes_through_a_link_in_it(tmp_path: Path) -> None:
+    """Before: gc deleted `users_data/secret.txt` (outside the run) through the link, then failed on removing
+    the link as a directory. Now the link is an entry gc does not walk into: the user's file stays, the dead
+    save's own files go."""
+    url, ckpt = _root_url("file", tmp_path), "step_1"
+    _killed_save(url, ckpt, user={})
+    secret = _link_out_of_the_prefix(tmp_path, ckpt)
+    report = collect_garbage(url, FsspecStorageConfig(url=url).create_storage(), unowned_after_s=0)
+    assert secret.read_bytes() == b"the user's, outside the checkpoint"
+    assert report.removed and not report.failed, report
+    assert sorted(os.listdir(tmp_path / "run" / ckpt)) == ["link"]  # the user's link stays, the save's files went
+
+
+def test_a_save_taking_a_dead_claim_over_never_deletes_through_a_link_in_its_prefix(tmp_path: Path) -> None:
+    """The same at the commit of a save that took the killed save's claim over (`_remove_taken_over`)."""
+    url, ckpt = _root_url("file", tmp_path), "step_2"
+    _killed_save(url, ckpt, user={})
+    secret = _link_out_of_the_prefix(tmp_path, ckpt)
+    try:
+        with _plain_manager(url) as manager:
+            manager.save(ckpt, {"model": {"w": torch.arange(3.0)}})
+    finally:
+        assert secret.read_bytes() == b"the user's, outside the checkpoint"
+    assert not (tmp_path / "run" / ckpt / "optim_0.pt").exists()  # the dead save's own files went
