@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.test_objstore_round21 import _root_url
-from tests.test_objstore_round22 import _killed_save, _plain_manager
+from tests.test_objstore_round22 import _CHILD_TIMEOUT_S, REPO, _env, _killed_save, _plain_manager
 from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing.commit import Claim
+from torch_checkpointing.discovery import list_checkpoints
+from torch_checkpointing.errors import IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import collect_garbage
 
@@ -65,3 +71,68 @@ def test_a_save_taking_a_dead_claim_over_never_deletes_through_a_link_in_its_pre
     finally:
         assert secret.read_bytes() == b"the user's, outside the checkpoint"
     assert not (tmp_path / "run" / ckpt / "optim_0.pt").exists()  # the dead save's own files went
+
+
+# ------------------------------------------------------------------ a gc killed while it holds a dead save's id
+
+_KILLED_AT_CHILD = r"""
+import os, signal, sys, torch
+from fsspec.implementations.local import LocalFileSystem
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.retention import collect_garbage
+
+what, url, ckpt, kill_at = sys.argv[1:5]
+
+class KilledAtOneDelete(LocalFileSystem):
+    # The process is SIGKILLed as it deletes the file named `kill_at`: no cleanup, no handler.
+    def rm_file(self, path):
+        if os.path.basename(path) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().rm_file(path)
+
+storage = FsspecStorageConfig(url=url, filesystem=KilledAtOneDelete()).create_storage()
+if what == "save":
+    config = CheckpointManager.Config(
+        save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=url, filesystem=KilledAtOneDelete())
+    )
+    with CheckpointManager(config) as manager:
+        manager.save(ckpt, {"model": {"w": torch.arange(4.0)}, "x": 1})
+else:
+    collect_garbage(url, storage, unowned_after_s=0)
+"""
+
+
+def _killed_at(what: str, url: str, ckpt: str, kill_at: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_AT_CHILD, what, url, ckpt, kill_at],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        timeout=_CHILD_TIMEOUT_S,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-3000:]
+
+
+def test_a_gc_killed_holding_a_dead_saves_id_never_makes_that_save_a_checkpoint(tmp_path: Path) -> None:
+    """The save is SIGKILLed as it removes its marker (its manifest written: not committed); gc is SIGKILLed
+    after it put its own claim in the marker, as it deletes that manifest. Before, gc's claim beside the manifest
+    read as another save's stray claim: the killed save listed and loaded as a committed checkpoint, and the
+    next gc let go of gc's claim and left it so for good. Now gc's claim names the save it collects: the id
+    stays incomplete, and the next gc removes it whole."""
+    url, ckpt = _root_url("file", tmp_path), "step_3"
+    storage = FsspecStorageConfig(url=url).create_storage()
+    _killed_at("save", url, ckpt, INCOMPLETE_MARKER)
+    prefix = tmp_path / "run" / ckpt
+    assert {"manifest.json", INCOMPLETE_MARKER} <= set(os.listdir(prefix)), os.listdir(prefix)
+    assert not list_checkpoints(url, storage)  # the killed save: not committed
+    _killed_at("gc", url, ckpt, "manifest.json")
+    held = Claim.parse((prefix / INCOMPLETE_MARKER).read_bytes())
+    assert held is not None and held.token.startswith("gc-"), held  # gc was killed holding the id
+    assert not list_checkpoints(url, storage)
+    with _plain_manager(url) as manager, pytest.raises(IncompleteCheckpointError):
+        manager.load(ckpt)
+    report = collect_garbage(url, storage, unowned_after_s=0)
+    assert not report.failed, report
+    assert not list_checkpoints(url, storage)
+    assert not prefix.exists() or not os.listdir(prefix), os.listdir(prefix)

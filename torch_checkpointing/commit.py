@@ -43,6 +43,7 @@ from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
 from torch_checkpointing.errors import CheckpointError, CommitError, log_safely
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import (
+    GC_TOKEN_PREFIX,
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
@@ -97,7 +98,6 @@ _TOKEN_RE = re.compile(r"\.tmp-(?P<uid>[0-9a-f]+)-\d+$")
 # `.incomplete.<save>.<rank>` beside the marker, before its first upload (`record_name`, `remove_recorded`).
 _DELETES_AT_ONCE = 16  # a save of many ranks has as many records, each one DELETE on the commit's path
 _DELETE_POOL = WorkerPool(1, "ckpt-delete")  # grown to the deletes at once (map_bounded)
-GC_TOKEN_PREFIX = "gc-"  # the token of gc's own claim (`Claim.for_gc`); a save's token is a hidden `.name`
 _RECORD_RE = re.compile(rf"^{re.escape(INCOMPLETE_MARKER)}\.[0-9a-f]{{16}}\.\d+$")
 
 
@@ -587,6 +587,8 @@ class Claim:
     records: bool = False
     # It replaced a dead save's claim: that save's uploads under the id (tagged with its token) may still be there.
     took_over: bool = False
+    # gc's claim only: the token of the dead save whose prefix it deletes (the manifest there names it).
+    collects: str = ""
 
     @classmethod
     def of(cls, target: CommitTarget) -> Claim:
@@ -595,12 +597,24 @@ class Claim:
         return cls(token, match["uid"] if match else "", socket.gethostname(), os.getpid(), time.time())
 
     @classmethod
-    def for_gc(cls) -> Claim:
+    def for_gc(cls, dead: Claim) -> Claim:
         """gc's own claim on a dead save's prefix while it deletes what that save recorded: a save of the id
         finds it live (this process) and waits or is refused, rather than taking the id over and writing files
-        that gc's deletes, listed before, then removed. Killed, it is as dead as the save's was."""
+        that gc's deletes, listed before, then removed. Killed, it is as dead as the save's was.
+
+        It names the save it collects (`dead`, or the one a killed gc's claim `dead` named), whose manifest may
+        still be there: readers take that manifest as unfinished, and the next gc deletes it
+        (`manifest.stray_claim`)."""
         token = f"{GC_TOKEN_PREFIX}{uuid.uuid4().hex}"
-        return cls(token, "", socket.gethostname(), os.getpid(), time.time(), records=True)
+        collects = dead.collects if dead.is_gc() else dead.token
+        return cls(token, "", socket.gethostname(), os.getpid(), time.time(), records=True, collects=collects)
+
+    def is_gc(self) -> bool:
+        return self.token.startswith(GC_TOKEN_PREFIX)
+
+    def owns(self, manifest: Manifest) -> bool:
+        """Whether `manifest` is the one this claim's save wrote (for gc's claim: the collected save's)."""
+        return manifest.claim is not None and manifest.claim in {self.token, self.collects if self.is_gc() else ""}
 
     @classmethod
     def parse(cls, data: bytes) -> Claim | None:
@@ -609,7 +623,10 @@ class Claim:
             d = json.loads(data.decode("utf-8"))
             claim = cls(str(d["token"]), str(d["uid"]), str(d["host"]), int(d["pid"]), float(d["created"]))
             flag = {name: d.get(name) is True for name in ("tags", "records", "took_over")}
-            return dataclasses.replace(claim, tags=flag["tags"], records=flag["records"], took_over=flag["took_over"])
+            collects = d.get("collects") if isinstance(d.get("collects"), str) else ""
+            return dataclasses.replace(
+                claim, tags=flag["tags"], records=flag["records"], took_over=flag["took_over"], collects=collects
+            )
         except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
@@ -618,9 +635,7 @@ class Claim:
 
     def describe(self) -> str:
         age = time.time() - self.created
-        who = (
-            "gc, removing what a dead save left" if self.token.startswith(GC_TOKEN_PREFIX) else f"job {self.uid or '?'}"
-        )
+        who = "gc, removing what a dead save left" if self.is_gc() else f"job {self.uid or '?'}"
         return f"claim {self.token!r} of {who}, pid {self.pid} on host {self.host}, {age:.0f}s old"
 
 

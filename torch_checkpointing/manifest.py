@@ -22,6 +22,7 @@ from torch_checkpointing.errors import CorruptCheckpointError, IncompleteCheckpo
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
+    "GC_TOKEN_PREFIX",
     "INCOMPLETE_MARKER",
     "MANIFEST_FILE_NAME",
     "MAX_MARKER_BYTES",
@@ -275,7 +276,25 @@ def stray_claim(marker: bytes, manifest: Manifest) -> bool:
     delete under way, a rename-mode save) or the manifest's own token is an unfinished commit or delete.
     """
     token = claim_token(marker)
-    return manifest.claim is not None and token is not None and token != manifest.claim
+    if manifest.claim is None or token is None or token == manifest.claim:
+        return False
+    return not (token.startswith(GC_TOKEN_PREFIX) and _collected(marker) == manifest.claim)
+
+
+# The token of gc's own claim (`commit.Claim.for_gc`) on a dead save's prefix while it deletes what that save left.
+GC_TOKEN_PREFIX = "gc-"
+
+
+def _collected(marker: bytes) -> str | None:
+    """The token of the dead save whose prefix gc's claim in `marker` holds while gc deletes it (`"collects"`):
+    the manifest beside it is that save's, not a checkpoint that claim strayed beside. Before, gc's claim read
+    as a stray one, and a gc killed before it deleted the manifest left the killed save a committed checkpoint."""
+    try:
+        claim = json.loads(marker.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    collects = claim.get("collects") if isinstance(claim, dict) else None
+    return collects if isinstance(collects, str) else None
 
 
 def claim_token(marker: bytes) -> str | None:

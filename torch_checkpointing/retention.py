@@ -714,7 +714,7 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
         if found is None or held is None or _dead_reason(found[0]) is None:
             return None
         if held.records:
-            etag = _hold_for_gc(storage, marker, found[1])
+            etag = _hold_for_gc(storage, marker, found[1], held)
             if etag is None:
                 return _taken_over_meanwhile(path)
             found = (found[0], etag)
@@ -737,10 +737,10 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
     return True
 
 
-def _hold_for_gc(storage: ConditionalStorage, marker: Path, etag: str) -> str | None:
-    """Replace the dead claim (only if still the version `etag`) with gc's own; the version of gc's claim, or
-    None when the marker changed meanwhile (a save of the id took it over: its files are not gc's to delete)."""
-    mine = Claim.for_gc()
+def _hold_for_gc(storage: ConditionalStorage, marker: Path, etag: str, dead: Claim) -> str | None:
+    """Replace the dead claim `dead` (only if still the version `etag`) with gc's own; the version of gc's claim,
+    or None when the marker changed meanwhile (a save of the id took it over: its files are not gc's to delete)."""
+    mine = Claim.for_gc(dead)
     if not storage.replace_object(marker, mine.to_bytes(), etag):
         return None
     found = storage.read_object(marker)
@@ -767,7 +767,7 @@ def _take_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None
         return None
     except (CheckpointError, ValueError, KeyError, UnicodeDecodeError):
         return None  # not a manifest of ours: named as left in place
-    if manifest.claim != held.token:
+    if not held.owns(manifest):  # a killed gc's claim `held` owns the manifest of the save it collected
         return None
     storage.delete(path / MANIFEST_FILE_NAME)
     return manifest
