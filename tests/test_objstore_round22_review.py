@@ -136,3 +136,42 @@ def test_a_gc_killed_holding_a_dead_saves_id_never_makes_that_save_a_checkpoint(
     assert not report.failed, report
     assert not list_checkpoints(url, storage)
     assert not prefix.exists() or not os.listdir(prefix), os.listdir(prefix)
+
+
+# ------------------------------------------------------------------ a crafted record: huge
+
+_GC_MEMORY_CHILD = r"""
+import resource, sys
+from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing.retention import collect_garbage
+
+url = sys.argv[1]
+storage = FsspecStorageConfig(url=url).create_storage()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+report = collect_garbage(url, storage, unowned_after_s=0)
+grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(grown_kib, len(report.removed), len(report.failed))
+"""
+
+
+def test_gc_never_reads_a_huge_record_whole(tmp_path: Path) -> None:
+    """A file named like a record beside a dead save's claim, 1 GiB (sparse: no disk). Before, gc read it whole
+    (its peak memory grew by over 1 GiB) to find it was not JSON. Now a record is read as a manifest is, its size
+    checked first against the manifest's limit: refused unread, named at WARNING, the dead save still removed."""
+    url, ckpt = _root_url("file", tmp_path), "step_4"
+    _killed_save(url, ckpt, user={})
+    with open(tmp_path / "run" / ckpt / _CRAFTED_RECORD, "wb") as f:
+        f.truncate(1 << 30)
+    done = subprocess.run(
+        [sys.executable, "-c", _GC_MEMORY_CHILD, url],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        timeout=_CHILD_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    grown_kib, removed, failed = (int(n) for n in done.stdout.split())
+    assert grown_kib < 128 * 1024, f"gc's peak memory grew by {grown_kib} KiB"
+    assert (removed, failed) == (1, 0), done.stderr.decode(errors="replace")[-3000:]
+    assert _CRAFTED_RECORD in done.stderr.decode(errors="replace"), done.stderr  # named, as not one of ours
+    assert not (tmp_path / "run" / ckpt).exists() or not os.listdir(tmp_path / "run" / ckpt)

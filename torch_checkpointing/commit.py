@@ -478,13 +478,17 @@ def _records_of(storage: Storage, root: Path, token: str | None = None) -> list[
 
 def _recorded_files(storage: Storage, root: Path, record: str) -> set[str]:
     """The names one record lists; a name that is not a plain path inside the root (`../x`, `/x`, `a//b`) is
-    never joined back into a path to delete. An unreadable record names nothing (logged)."""
+    never joined back into a path to delete. An unreadable record names nothing (logged).
+
+    Read as a manifest is (`read_bounded`: it lists no more than the manifest does), its size checked before a
+    byte is read: a file named like one, of 1 GiB, was read whole into gc's memory (twice over) to find it was
+    not JSON."""
     try:
-        files = json.loads(storage.read(root / record).decode("utf-8"))["files"]
+        files = json.loads(read_bounded(storage, root / record, "a record of a save's files"))["files"]
         names = {str(name) for name in files}
     except FileNotFoundError:
         return set()
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, CheckpointError) as exc:
         logger.warning("Ignoring the record %s of a save's files: it is not one of ours (%s)", root / record, exc)
         return set()
     return {n for n in names if n and posixpath.normpath(n) == n and not n.startswith(("/", "../")) and n != ".."}
