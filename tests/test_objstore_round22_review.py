@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,10 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_objstore_round21 import _root_url
+from tests.s3_server import S3Server
+from tests.test_objstore_round21 import _KILLED_SAVE_CHILD, _root_url
 from tests.test_objstore_round22 import _CHILD_TIMEOUT_S, REPO, _env, _killed_save, _plain_manager
-from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.commit import Claim
+from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import list_checkpoints
 from torch_checkpointing.errors import IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
@@ -175,3 +178,54 @@ def test_gc_never_reads_a_huge_record_whole(tmp_path: Path) -> None:
     assert (removed, failed) == (1, 0), done.stderr.decode(errors="replace")[-3000:]
     assert _CRAFTED_RECORD in done.stderr.decode(errors="replace"), done.stderr  # named, as not one of ours
     assert not (tmp_path / "run" / ckpt).exists() or not os.listdir(tmp_path / "run" / ckpt)
+
+
+# ------------------------------------------------------------------ on S3: a checkpoint inside a dead save's prefix
+
+
+def _nested_checkpoint_under_a_killed_save(s3_server: S3Server) -> tuple[FsspecStorageConfig, FsspecStorageConfig]:
+    """A save of `a` SIGKILLed mid-save (its tagged objects and claim stay), then a checkpoint `b` committed by
+    a manager whose root is `.../a` (its objects tagged with its own save's token). Returns (run, inner) configs."""
+    config = s3_server.config()
+    args = {"url": config.url, "id": "a", "user": {}}
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_SAVE_CHILD, json.dumps(args)],
+        cwd=REPO,
+        env={**_env(), **s3_server.client_env()},
+        capture_output=True,
+        timeout=_CHILD_TIMEOUT_S,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-3000:]
+    inner = dataclasses.replace(config, url=f"{config.url}/a")
+    with _manager_on(inner) as manager:
+        manager.save("b", {"w": torch.arange(5.0)})
+    return config, inner
+
+
+def _manager_on(config: FsspecStorageConfig) -> CheckpointManager:
+    return CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config))
+
+
+def _assert_inner_loads(inner: FsspecStorageConfig) -> None:
+    with _manager_on(inner) as manager:
+        assert torch.equal(manager.load("b")["w"], torch.arange(5.0))
+
+
+def test_on_s3_a_save_taking_a_dead_claim_over_never_deletes_a_checkpoint_inside_its_prefix(
+    s3_server: S3Server,
+) -> None:
+    """Before, the save of `a` that took the killed save's claim over deleted, at its commit, every object under
+    `a/` tagged by another save: the committed checkpoint `a/b`'s too (`manifest.json` and its file), so it no
+    longer loaded. A sub-prefix holding a manifest or a marker of its own is another checkpoint (or save): left."""
+    config, inner = _nested_checkpoint_under_a_killed_save(s3_server)
+    with _manager_on(config) as manager:
+        manager.save("a", {"model": {"w": torch.arange(3.0)}})
+    _assert_inner_loads(inner)
+
+
+def test_on_s3_gc_of_a_dead_saves_prefix_never_deletes_a_checkpoint_inside_it(s3_server: S3Server) -> None:
+    """The same for gc of the killed save's prefix: every tagged object under `a/` went, `a/b`'s with them."""
+    config, inner = _nested_checkpoint_under_a_killed_save(s3_server)
+    report = collect_garbage(config.url, config.create_storage(), unowned_after_s=0)
+    assert not report.failed, report
+    _assert_inner_loads(inner)

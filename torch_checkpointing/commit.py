@@ -439,8 +439,24 @@ class TaggedStorage(Protocol):
 
 def remove_saves_objects(storage: TaggedStorage, root: Path, objects: dict[str, tuple[str, str]]) -> list[str]:
     """Delete each of a save's objects under `root` only if it is still the version seen (its ETag): one a user
-    PUT over it since stays. Returns the names that changed (left in place). The marker is not touched."""
-    return storage.delete_unchanged(root, {rel: etag for rel, (_, etag) in objects.items() if rel != INCOMPLETE_MARKER})
+    PUT over it since stays. Returns the names left in place: those that changed, and those inside another
+    checkpoint or save below `root` (`_inside_nested`). The marker is not touched."""
+    inside = _inside_nested(objects)
+    doomed = {rel: etag for rel, (_, etag) in objects.items() if rel != INCOMPLETE_MARKER and rel not in inside}
+    return sorted([*storage.delete_unchanged(root, doomed), *inside])
+
+
+def _inside_nested(names: Iterable[str]) -> set[str]:
+    """The names below a sub-prefix that holds a manifest or a marker of its own: a checkpoint committed (or a
+    save made) under the dead save's id by a manager rooted inside it (`s3://bucket/a` saving `b`). Its objects
+    are tagged by a save of ours as well, and before, a cleanup of `a` deleted that committed checkpoint."""
+    names = set(names)
+    nested = {
+        posixpath.dirname(rel)
+        for rel in names
+        if "/" in rel and posixpath.basename(rel) in (MANIFEST_FILE_NAME, INCOMPLETE_MARKER)
+    }
+    return {rel for rel in names if any(rel.startswith(f"{prefix}/") for prefix in nested)}
 
 
 def warn_left_in_place(url: str, left: list[str], what: str) -> None:
