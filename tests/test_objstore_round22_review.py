@@ -15,19 +15,30 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from fsspec.implementations.local import LocalFileSystem
 
 from tests.s3_server import S3Server
 from tests.test_objstore_round21 import _KILLED_SAVE_CHILD, _root_url
-from tests.test_objstore_round22 import _CHILD_TIMEOUT_S, REPO, _env, _killed_save, _plain_manager
+from tests.test_objstore_round22 import (
+    _CHILD_TIMEOUT_S,
+    REPO,
+    _assert_loads_whole,
+    _env,
+    _killed_save,
+    _plain_manager,
+    _wait_for,
+)
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import list_checkpoints
-from torch_checkpointing.errors import IncompleteCheckpointError
+from torch_checkpointing.errors import CommitError, IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import collect_garbage
 
@@ -229,3 +240,134 @@ def test_on_s3_gc_of_a_dead_saves_prefix_never_deletes_a_checkpoint_inside_it(s3
     report = collect_garbage(config.url, config.create_storage(), unowned_after_s=0)
     assert not report.failed, report
     _assert_inner_loads(inner)
+
+
+# ------------------------------------------------------------------ off S3: a save and gc replace one dead claim
+
+_GC_PAUSED_IN_ITS_REPLACE = r"""
+import os, sys, time
+from fsspec.implementations.local import LocalFileSystem
+from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing.manifest import INCOMPLETE_MARKER
+from torch_checkpointing.retention import collect_garbage
+
+url, paused, go = sys.argv[1:4]
+
+class PausedAtTheMarkersDelete(LocalFileSystem):
+    # gc's replace of the dead claim has compared the marker with the version it judged dead, and waits right
+    # before it deletes it, until the test says go.
+    def rm_file(self, path):
+        if os.path.basename(path) == INCOMPLETE_MARKER and not os.path.exists(go):
+            open(paused, "w").close()
+            while not os.path.exists(go):
+                time.sleep(0.05)
+        return super().rm_file(path)
+
+storage = FsspecStorageConfig(url=url, filesystem=PausedAtTheMarkersDelete()).create_storage()
+report = collect_garbage(url, storage, unowned_after_s=0)
+print("removed", len(report.removed), "failed", len(report.failed))
+"""
+
+
+def test_a_save_and_gc_replacing_one_dead_claim_at_once_never_both_hold_it(tmp_path: Path) -> None:
+    """gc (one process) judged a SIGKILLed save's claim dead and compared the marker; right then a new save of
+    the id (this process) took the same claim over. Before, the compare and the delete were two steps: gc's
+    delete removed the save's new claim and put its own there, both held the id, gc deleted the files the save
+    had written so far, the save failed blaming storage the committing rank cannot read, and the file it wrote
+    afterwards (`x_0.pt`) stayed with no marker: every later save of the id was refused, and gc never collected
+    it. The marker's compare-and-act off S3 is now one step among processes (a lock on its directory): the
+    save waits for gc, and commits a checkpoint that loads."""
+    from tests.test_objstore_round21 import _state
+
+    url, ckpt = _root_url("file", tmp_path), "step_5"
+    _killed_save(url, ckpt, user={})
+    paused, go = tmp_path / "paused", tmp_path / "go"
+    gc = subprocess.Popen(
+        [sys.executable, "-c", _GC_PAUSED_IN_ITS_REPLACE, url, str(paused), str(go)],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    release = threading.Timer(3.0, go.touch)  # if the save cannot get as far as its last file meanwhile
+    try:
+        _wait_for(paused, gc)
+        release.start()
+        _GcGoesBeforeX.gc, _GcGoesBeforeX.go = gc, go
+        saved: Exception | None = None
+        try:
+            with _manager_with_fs(url, _GcGoesBeforeX()) as manager:
+                manager.save(ckpt, _state())
+        except CommitError as exc:
+            saved = exc
+        go.touch()
+        _, err = gc.communicate(timeout=_CHILD_TIMEOUT_S)
+    finally:
+        release.cancel()
+        go.touch()
+        if gc.poll() is None:
+            gc.kill()
+            gc.wait()
+    assert gc.returncode == 0, err.decode(errors="replace")[-3000:]
+    prefix = tmp_path / "run" / ckpt
+    assert saved is None, (saved, sorted(os.listdir(prefix)) if prefix.exists() else None)
+    _assert_loads_whole(url, ckpt)
+
+
+class _GcGoesBeforeX(LocalFileSystem):
+    """The save's filesystem: right before it writes `x_0.pt` (its last file), gc goes on and runs to its end."""
+
+    gc: subprocess.Popen[bytes] | None = None
+    go: Path | None = None
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if os.path.basename(path) == "x_0.pt" and "w" in mode and self.go is not None and not self.go.exists():
+            self.go.touch()
+            assert self.gc is not None
+            self.gc.wait(timeout=_CHILD_TIMEOUT_S)
+        return super()._open(path, mode, **kwargs)
+
+
+def _manager_with_fs(url: str, fs: LocalFileSystem) -> CheckpointManager:
+    from tests.test_objstore_round21 import _ITEMS
+
+    config = CheckpointManager.Config(
+        items=_ITEMS, save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=url, filesystem=fs)
+    )
+    return CheckpointManager(config)
+
+
+def test_a_process_stopped_inside_a_markers_compare_and_delete_never_hangs_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc is SIGSTOPped holding the marker's lock (inside its replace of a dead claim): a save's conditional
+    delete of that marker gives up with an ObjectStoreError naming the marker, instead of waiting for ever."""
+    from torch_checkpointing.errors import ObjectStoreError
+    from torch_checkpointing.storage import fsspec_storage
+
+    monkeypatch.setattr(fsspec_storage, "_MARKER_LOCK_WAIT_S", 1.0)
+    url, ckpt = _root_url("file", tmp_path), "step_6"
+    _killed_save(url, ckpt, user={})
+    paused, go = tmp_path / "paused", tmp_path / "go"
+    gc = subprocess.Popen(
+        [sys.executable, "-c", _GC_PAUSED_IN_ITS_REPLACE, url, str(paused), str(go)],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(paused, gc)
+        os.kill(gc.pid, signal.SIGSTOP)
+        storage = FsspecStorageConfig(url=url).create_storage()
+        marker = Path(ckpt) / INCOMPLETE_MARKER
+        found = storage.read_object(marker)
+        assert found is not None
+        with pytest.raises(ObjectStoreError, match="stayed locked") as refused:
+            storage.delete_object(marker, found[1])
+        assert f"{url}/{ckpt}/{INCOMPLETE_MARKER}" in str(refused.value), refused.value
+        assert storage.read_object(marker) == found  # nothing was changed
+    finally:
+        os.kill(gc.pid, signal.SIGCONT)
+        go.touch()
+        gc.communicate(timeout=_CHILD_TIMEOUT_S)

@@ -30,6 +30,8 @@ import logging
 import os
 import posixpath
 import re
+import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -37,6 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+try:  # POSIX: what makes a marker's compare-and-delete one step on file:// (`_marker_lock`)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
 from torch_checkpointing.config import check_number
@@ -626,15 +633,17 @@ class FsspecStorage(Storage):
         """Replace `path` only if it is still the version `etag` (S3's `If-Match`); False when it changed or went.
 
         On a store without ETags: the bytes compared with that version, a delete, then `create_object` (two
-        replacers racing: one creates). The comparison and the delete are two steps, not one atomic act.
+        replacers racing: one creates); on `file://` and `memory://` the compare and the delete are one step
+        among processes (`_marker_lock`), elsewhere two.
         """
         backend, key = self._resolve(path)
         if not backend.is_s3:
-            if not self._still(path, etag):
-                return False
-            with self._errors("delete of", path), contextlib.suppress(FileNotFoundError):
-                backend.io.rm_file(key)
-            return self.create_object(path, data)
+            with self._marker_lock(backend, key, path):
+                if not self._still(path, etag):
+                    return False
+                with self._errors("delete of", path), contextlib.suppress(FileNotFoundError):
+                    backend.io.rm_file(key)
+                return self.create_object(path, data)
         with self._errors("upload of", path):
             try:
                 backend.io.pipe_file(key, bytes(data), IfMatch=etag)
@@ -648,10 +657,17 @@ class FsspecStorage(Storage):
     def delete_object(self, path: Path, etag: str) -> bool:
         """Delete `path` only if it is still the version `etag` (S3's conditional delete); False otherwise.
 
-        On a store without ETags the bytes are compared with that version first (then deleted: two steps)."""
+        On a store without ETags the bytes are compared with that version first, then deleted (one step among
+        processes on `file://` and `memory://`: `_marker_lock`)."""
         backend, key = self._resolve(path)
-        if not backend.is_s3 and not self._still(path, etag):
-            return False
+        if backend.is_s3:
+            return self._delete_if_match(backend, key, path, etag)
+        with self._marker_lock(backend, key, path):
+            return self._still(path, etag) and self._delete_if_match(backend, key, path, etag)
+
+    def _delete_if_match(self, backend: _Backend, key: str, path: Path, etag: str) -> bool:
+        """The delete itself: on S3 conditional on `etag`; elsewhere (compared already, under the marker's lock)
+        plain."""
         with self._errors("delete of", path):
             try:
                 if backend.is_s3:
@@ -666,6 +682,34 @@ class FsspecStorage(Storage):
             finally:
                 backend.fs.invalidate_cache(key)
         return True
+
+    @contextlib.contextmanager
+    def _marker_lock(self, backend: _Backend, key: str, path: Path) -> Iterator[None]:
+        """Make a marker's compare and its delete (or replace) one step among the processes of this machine: an
+        exclusive `flock` on the marker's directory (`file://`), a lock of this process (`memory://`, which lives
+        in one). Other stores keep the two steps (see docs/storage.md).
+
+        Before, gc and a save that both judged one claim dead compared it, then both deleted and created: gc's
+        delete removed the save's new claim, both held the id, and gc deleted the save's files while it wrote.
+        A process stopped (SIGSTOP) inside this step holds the lock: the others give up after
+        `_MARKER_LOCK_WAIT_S` with an `ObjectStoreError` naming the marker, rather than wait for ever."""
+        if backend.protocols & {"memory"}:
+            with _MEMORY_MARKER_LOCK:
+                yield
+            return
+        if not backend.protocols & {"file", "local"} or fcntl is None:
+            yield
+            return
+        try:
+            fd = os.open(posixpath.dirname(key) or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:  # its directory went, the marker with it: the compare finds no such version
+            yield
+            return
+        try:
+            _flock_within(fd, _MARKER_LOCK_WAIT_S, lambda: self.remap_path(path))
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _still(self, path: Path, etag: str) -> bool:
         """Whether `path` is still the version `etag` that `read_object` returned (a store without ETags: its
@@ -824,6 +868,30 @@ def _version(backend: _Backend, key: str) -> tuple[int, str]:
     if info.get("type") == "directory":
         raise IsADirectoryError(errno.EISDIR, "a prefix (a 'directory'), not an object", key)
     return int(info["size"]), str(info.get("ETag") or "")
+
+
+# How long a marker's compare-and-delete waits for another process's (`FsspecStorage._marker_lock`): that step is
+# a read and a delete, milliseconds; a process holding it longer is stopped.
+_MARKER_LOCK_WAIT_S = 30.0
+_MEMORY_MARKER_LOCK = threading.Lock()
+
+
+def _flock_within(fd: int, wait_s: float, shown: Callable[[], str]) -> None:
+    """An exclusive flock on `fd`, or an `ObjectStoreError` after `wait_s` seconds of another holding it."""
+    assert fcntl is not None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise ObjectStoreError(
+                    f"the marker {shown()} stayed locked for {wait_s:.0f}s by another process comparing and "
+                    f"replacing it (a save or gc of this id, stopped or hung in that step); nothing was changed. "
+                    f"Find that process (lsof on the checkpoint's directory) and let it go on or end it, then retry."
+                ) from None
+            time.sleep(0.02)
 
 
 def _content_version(data: bytes) -> str:
