@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -371,3 +372,32 @@ def test_a_process_stopped_inside_a_markers_compare_and_delete_never_hangs_the_o
         os.kill(gc.pid, signal.SIGCONT)
         go.touch()
         gc.communicate(timeout=_CHILD_TIMEOUT_S)
+
+
+def test_a_filesystem_without_flock_keeps_the_two_steps_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An NFS mount without lock support answers flock with ENOLCK: the marker's replace and delete still work
+    (two steps, as before the lock), and a WARNING says once what that leaves open."""
+    import errno
+    import fcntl
+
+    from torch_checkpointing.storage import fsspec_storage
+
+    def no_lock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_lock)
+    monkeypatch.setattr(fsspec_storage, "_told_no_flock", [])
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    storage = FsspecStorageConfig(url=_root_url("file", tmp_path)).create_storage()
+    marker = Path("step_7") / INCOMPLETE_MARKER
+    storage.mkdir(marker.parent)
+    assert storage.create_object(marker, b'{"claim": "dead"}')
+    judged = storage.read_object(marker)
+    assert judged is not None
+    assert storage.replace_object(marker, b'{"claim": "new"}', judged[1])
+    assert not storage.delete_object(marker, judged[1])
+    current = storage.read_object(marker)
+    assert current is not None and storage.delete_object(marker, current[1])
+    assert caplog.text.count("takes no lock on a directory") == 1, caplog.text

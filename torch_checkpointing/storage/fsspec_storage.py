@@ -876,8 +876,14 @@ _MARKER_LOCK_WAIT_S = 30.0
 _MEMORY_MARKER_LOCK = threading.Lock()
 
 
+# Errors of a filesystem that takes no flock on a directory (an NFS mount without lock support, some FUSE ones).
+_NO_FLOCK = frozenset({errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
+_told_no_flock: list[str] = []  # the first directory said so: once per process (every commit deletes a marker)
+
+
 def _flock_within(fd: int, wait_s: float, shown: Callable[[], str]) -> None:
-    """An exclusive flock on `fd`, or an `ObjectStoreError` after `wait_s` seconds of another holding it."""
+    """An exclusive flock on `fd`, or an `ObjectStoreError` after `wait_s` seconds of another holding it. Where
+    the filesystem takes none, the step goes on unlocked (two steps, as on other stores), said once at WARNING."""
     assert fcntl is not None
     deadline = time.monotonic() + wait_s
     while True:
@@ -892,6 +898,25 @@ def _flock_within(fd: int, wait_s: float, shown: Callable[[], str]) -> None:
                     f"Find that process (lsof on the checkpoint's directory) and let it go on or end it, then retry."
                 ) from None
             time.sleep(0.02)
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise ObjectStoreError(f"locking the directory of the marker {shown()} failed: {exc}") from exc
+            _tell_no_flock(shown(), exc)
+            return
+
+
+def _tell_no_flock(marker: str, exc: OSError) -> None:
+    where = posixpath.dirname(marker)
+    if _told_no_flock:
+        return
+    _told_no_flock.append(where)
+    logger.warning(
+        "The filesystem under %s takes no lock on a directory (%s): a marker's compare and its delete or replace "
+        "there are two steps, and a save and gc of one dead id at the same moment can both take it. Give "
+        "concurrent jobs distinct ids, and run gc while no save of the ids it collects starts.",
+        where,
+        exc,
+    )
 
 
 def _content_version(data: bytes) -> str:
