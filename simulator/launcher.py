@@ -124,22 +124,25 @@ def _rank_entry(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         is_master=False,
         timeout=pg_timeout,
     )
-    dist.init_process_group(
-        "gloo",
-        store=store,
-        rank=rank,
-        world_size=world_size,
-        timeout=pg_timeout,
-    )
     try:
+        # Everything after joining the store records what it raised: the group's setup and the final barrier
+        # fail too when a peer raised and dropped its connections (init_process_group can return on one rank
+        # while another is still in gloo's connectFullMesh), and unrecorded they read as failures of their own.
         try:
+            dist.init_process_group(
+                "gloo",
+                store=store,
+                rank=rank,
+                world_size=world_size,
+                timeout=pg_timeout,
+            )
             result = fn(*args)
+            store.set(f"{_DONE_KEY}/{rank}", "1")
+            if dist.is_initialized():  # fn may have replaced the group with its own and destroyed it (torchrun)
+                dist.barrier()
         except BaseException as exc:
             _record_error(store, rank, exc)
             raise
-        store.set(f"{_DONE_KEY}/{rank}", "1")
-        if dist.is_initialized():  # fn may have replaced the group with its own and destroyed it (torchrun scripts)
-            dist.barrier()
         return result
     finally:
         if dist.is_initialized():
@@ -159,7 +162,8 @@ def _record_error(store: dist.TCPStore, rank: int, exc: BaseException) -> None:
 
     The parent can only see which process exited first, and a rank that dies takes its peers' collectives
     down with it: the exit order often blames an innocent rank. The time and kind recorded here let the
-    parent put the rank that failed on its own first.
+    parent put the rank that failed on its own first. It returns only once the store holds the record, so
+    the parent, which reads the records after it has seen a rank exit, always finds that rank's record.
     """
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
     record = {
@@ -168,8 +172,13 @@ def _record_error(store: dist.TCPStore, rank: int, exc: BaseException) -> None:
         "comm": _is_comm_error(exc),
         "traceback": [ln for ln in traceback.format_exc().splitlines() if ln.strip()][-8:],
     }
+    key = f"{_ERROR_KEY}/{rank}"
     with contextlib.suppress(Exception):  # the parent may be gone; the exit code still tells it something failed
-        store.set(f"{_ERROR_KEY}/{rank}", json.dumps(record))
+        store.set(key, json.dumps(record))
+        # set() only sends the record: it returns before the store has taken it in, so this process could exit
+        # first, and the parent would report the bare exit code. The store answers one connection's requests in
+        # order, so once it answers this check the record is there for the parent to read.
+        store.check([key])
 
 
 def _tail(path: str | None, n: int = _TAIL_LINES) -> list[str]:
