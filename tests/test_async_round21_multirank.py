@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -19,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
 
-from simulator.launcher import launch
-from tests.memory_storage import Control, RecordingStorageConfig
+from tests import async_multirank_support as shared
+from tests.memory_storage import Control
 from tests.test_async_round21 import LoadsBadly
 from torch_checkpointing import CheckpointManager
 
@@ -32,32 +30,8 @@ WORLD = 2
 WAIT_S = 30
 
 
-class _Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _state(step: int, rank: int) -> dict[str, Any]:
-    return {"model": {"w": torch.full((4,), float(step * 10 + rank))}}
-
-
 def _outcome(future: Any) -> str:
-    try:
-        future.result(WAIT_S * 4)
-    except BaseException as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "ok"
-
-
-def _loaded(manager: CheckpointManager, path: str) -> Any:
-    try:
-        return float(manager.load(path, {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
-    except BaseException as exc:
-        return f"{type(exc).__name__}: {exc}"
+    return shared.outcome(future, WAIT_S * 4)
 
 
 def _wait_locked(manager: CheckpointManager) -> None:
@@ -75,7 +49,7 @@ def _killed_before_taking(manager: CheckpointManager, root: str, rank: int, out:
         os.kill(pid, signal.SIGSTOP)  # alive, but reads nothing: the request waits in its pipe
     dist.barrier()
     started = time.monotonic()
-    future = manager.save(f"{root}/retried", _state(2, rank))
+    future = manager.save(f"{root}/retried", shared.state(2, rank))
     if rank == 1:
         _wait_locked(manager)
         time.sleep(0.3)
@@ -86,7 +60,7 @@ def _killed_before_taking(manager: CheckpointManager, root: str, rank: int, out:
     out["retried_pid"] = pid
     dist.barrier()
     out["retried_files"] = sorted(p.name for p in Path(root, "retried").glob("*.pt"))
-    out["retried_loaded"] = _loaded(manager, f"{root}/retried")
+    out["retried_loaded"] = shared.loaded(manager, f"{root}/retried")
 
 
 def _killed_in_the_commit(
@@ -97,7 +71,7 @@ def _killed_in_the_commit(
     dist.barrier()
     pid = manager.writer_pid
     started = time.monotonic()
-    future = manager.save(f"{root}/commit", _state(3, rank))
+    future = manager.save(f"{root}/commit", shared.state(3, rank))
     if rank == 1:
         controls[0].wait_blocked(WAIT_S * 2)
         assert pid is not None
@@ -108,7 +82,7 @@ def _killed_in_the_commit(
     out["commit_s"] = time.monotonic() - started
     dist.barrier()
     out["commit_files"] = sorted(p.name for p in Path(root, "commit").glob("*.pt"))
-    out["commit_loaded"] = _loaded(manager, f"{root}/commit")
+    out["commit_loaded"] = shared.loaded(manager, f"{root}/commit")
 
 
 def _unloadable_on_rank_1(manager: CheckpointManager, root: str, rank: int, out: dict[str, Any]) -> None:
@@ -116,7 +90,7 @@ def _unloadable_on_rank_1(manager: CheckpointManager, root: str, rank: int, out:
         manager.config.finalize_callback = LoadsBadly()
     dist.barrier()
     started = time.monotonic()
-    out["unloadable"] = _outcome(manager.save(f"{root}/unloadable", _state(5, rank)))
+    out["unloadable"] = _outcome(manager.save(f"{root}/unloadable", shared.state(5, rank)))
     out["unloadable_s"] = time.monotonic() - started
     manager.config.finalize_callback = None
     dist.barrier()
@@ -126,30 +100,18 @@ def _unloadable_on_rank_1(manager: CheckpointManager, root: str, rank: int, out:
 def writer_dies_on_rank_1(root: str, control_root: str) -> dict[str, Any]:
     rank = dist.get_rank()
     controls = [Control(f"{control_root}/{r}") for r in range(WORLD)]
-    config = CheckpointManager.Config.with_async_save()
-    config.storage_config = RecordingStorageConfig(control_dir=str(controls[rank].root))
-    config.save.wait_timeout_secs = WAIT_S
-    warnings = _Warnings()
-    logging.getLogger("torch_checkpointing").addHandler(warnings)
-    manager = CheckpointManager(config)
+    manager, warnings = shared.async_manager(str(controls[rank].root), WAIT_S)
     out: dict[str, Any] = {"rank": rank}
-    out["first"] = _outcome(manager.save(f"{root}/first", _state(1, rank)))
+    out["first"] = _outcome(manager.save(f"{root}/first", shared.state(1, rank)))
     _killed_before_taking(manager, root, rank, out)
     _killed_in_the_commit(manager, root, rank, controls, out)
     _unloadable_on_rank_1(manager, root, rank, out)
-    out["after"] = _outcome(manager.save(f"{root}/after", _state(4, rank)))
-    out["after_loaded"] = _loaded(manager, f"{root}/after")
-    out["warnings"] = warnings.lines
-    manager.close()
-    return out
+    return shared.after_and_close(manager, warnings, root, rank, out, WAIT_S * 4)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("round21")
-    root = tmp / "ck"
-    root.mkdir()
-    return launch(writer_dies_on_rank_1, WORLD, args=(str(root), str(tmp / "control")), timeout=600)
+    return shared.launch_job(writer_dies_on_rank_1, WORLD, tmp_path_factory.mktemp("round21"), timeout=600)
 
 
 def test_a_request_rank_1s_writer_never_took_goes_to_a_new_writer_and_commits_on_every_rank(

@@ -14,7 +14,6 @@ rank 1's writer waited the save's whole timeout for rank 0's answer to the commi
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -22,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
 
-from simulator.launcher import launch
+from tests import async_multirank_support as shared
 from tests.commit_round18_jobs import wait_for_the_writer
-from tests.memory_storage import Control, RecordingStorageConfig
+from tests.memory_storage import Control
 from torch_checkpointing import CheckpointManager
 
 pytestmark = pytest.mark.multirank
@@ -35,32 +33,8 @@ WORLD = 2
 WAIT_S = 10
 
 
-class _Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _state(step: int, rank: int) -> dict[str, Any]:
-    return {"model": {"w": torch.full((4,), float(step * 10 + rank))}}
-
-
 def _outcome(future: Any) -> str:
-    try:
-        future.result(WAIT_S * 4)
-    except BaseException as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "ok"
-
-
-def _loaded(manager: CheckpointManager, path: str) -> Any:
-    try:
-        return float(manager.load(path, {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
-    except BaseException as exc:
-        return f"{type(exc).__name__}: {exc}"
+    return shared.outcome(future, WAIT_S * 4)
 
 
 def _rank_0s_writer_killed(
@@ -74,7 +48,7 @@ def _rank_0s_writer_killed(
     dist.barrier()
     pid = None
     started = time.monotonic()
-    future = manager.save(f"{root}/ck", _state(step, rank))
+    future = manager.save(f"{root}/ck", shared.state(step, rank))
     if rank == 0:
         pid = control.wait_blocked(WAIT_S * 3)  # the blocked process: rank 0's writer
         assert pid == manager.writer_pid, (pid, manager.writer_pid)
@@ -82,7 +56,7 @@ def _rank_0s_writer_killed(
         control.reset()
     said = {"outcome": _outcome(future), "s": time.monotonic() - started, "pid": pid}
     dist.barrier()
-    said["loaded"] = _loaded(manager, f"{root}/ck")
+    said["loaded"] = shared.loaded(manager, f"{root}/ck")
     said["entries"] = sorted(p.name for p in Path(root).iterdir())
     out[moment] = said
 
@@ -90,29 +64,17 @@ def _rank_0s_writer_killed(
 def rank_0s_writer_dies_in_the_commit(root: str, control_root: str) -> dict[str, Any]:
     rank = dist.get_rank()
     control = Control(f"{control_root}/{rank}")
-    config = CheckpointManager.Config.with_async_save()
-    config.storage_config = RecordingStorageConfig(control_dir=str(control.root))
-    config.save.wait_timeout_secs = WAIT_S
-    warnings = _Warnings()
-    logging.getLogger("torch_checkpointing").addHandler(warnings)
-    manager = CheckpointManager(config)
+    manager, warnings = shared.async_manager(str(control.root), WAIT_S)
     out: dict[str, Any] = {"rank": rank}
-    out["first"] = _outcome(manager.save(f"{root}/ck", _state(1, rank)))
+    out["first"] = _outcome(manager.save(f"{root}/ck", shared.state(1, rank)))
     _rank_0s_writer_killed(manager, root, control, "manifest", 2, out)
     _rank_0s_writer_killed(manager, root, control, "before rmdir", 3, out)
-    out["after"] = _outcome(manager.save(f"{root}/after", _state(4, rank)))
-    out["after_loaded"] = _loaded(manager, f"{root}/after")
-    out["warnings"] = warnings.lines
-    manager.close()
-    return out
+    return shared.after_and_close(manager, warnings, root, rank, out, WAIT_S * 4)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("round22")
-    root = tmp / "ck"
-    root.mkdir()
-    return launch(rank_0s_writer_dies_in_the_commit, WORLD, args=(str(root), str(tmp / "control")), timeout=300)
+    return shared.launch_job(rank_0s_writer_dies_in_the_commit, WORLD, tmp_path_factory.mktemp("round22"), timeout=300)
 
 
 def test_rank_0s_writer_killed_before_the_swap_fails_every_rank_alike_at_once(results: list[dict[str, Any]]) -> None:
