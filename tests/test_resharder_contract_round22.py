@@ -15,40 +15,23 @@ which state that changes size across world sizes (a dataloader's) may legitimate
 
 from __future__ import annotations
 
-import io
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.test_verified_loads import WholeFileResharder
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
-from torch_checkpointing.dtensor_resharder import DTensorResharder
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.resharding import Resharder
 
 pytestmark = pytest.mark.filterwarnings("ignore:Item '.*' has plain \\(non-DTensor\\) tensors")
 
 
-class _Reads(Resharder):
+class _Reads(WholeFileResharder):
     """A custom resharder reading its item's one torch file whole; subclasses differ in how they fill."""
-
-    def extract_sharding_metadata(self, item_key: str, item_value: Any) -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return DTensorResharder().extract_sharding_metadata(item_key, item_value)
-
-    def should_reshard(self, source_metadata: Any, target_metadata: Any) -> bool:
-        return source_metadata is not None
-
-    def load(
-        self, source_path: Path, item_key: str, target_metadata: Any, source_metadata: Any, target: Any, storage: Any
-    ) -> list[Any]:
-        data = storage.read(source_metadata.get_file_path(0, source_path, item_key))
-        self.fill(target, torch.load(io.BytesIO(data), weights_only=True))
-        return []
 
     def fill(self, target: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
         for name, value in saved.items():
