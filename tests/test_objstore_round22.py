@@ -20,7 +20,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -43,17 +45,23 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
-def _killed_save(url: str, ckpt: str, user: dict[str, bytes] = USER) -> None:
-    """A trainer SIGKILLed mid-save (after its uploads and the `user`'s files, before any manifest)."""
-    args = {"url": url, "id": ckpt, "user": {rel: data.decode() for rel, data in user.items()}}
+def _run_until_sigkilled(script: str, *args: str, env: dict[str, str] | None = None) -> None:
+    """Runs the Python `script` with `args` in a child process (`env` added to its environment), which must end
+    SIGKILLed: it kills itself at the point the test chose."""
     done = subprocess.run(
-        [sys.executable, "-c", _KILLED_SAVE_CHILD, json.dumps(args)],
+        [sys.executable, "-c", script, *args],
         cwd=REPO,
-        env=_env(),
+        env={**_env(), **(env or {})},
         capture_output=True,
         timeout=_CHILD_TIMEOUT_S,
     )
     assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-3000:]
+
+
+def _killed_save(url: str, ckpt: str, user: dict[str, bytes] = USER, env: dict[str, str] | None = None) -> None:
+    """A trainer SIGKILLed mid-save (after its uploads and the `user`'s files, before any manifest)."""
+    args = {"url": url, "id": ckpt, "user": {rel: data.decode() for rel, data in user.items()}}
+    _run_until_sigkilled(_KILLED_SAVE_CHILD, json.dumps(args), env=env)
 
 
 def _plain_manager(url: str) -> CheckpointManager:
@@ -100,8 +108,8 @@ from torch_checkpointing.retention import collect_garbage
 url, pause_at, paused, go = sys.argv[1:5]
 
 class PausingAtOneDelete(LocalFileSystem):
-    # gc's delete of one of the dead save's files waits until the test says go: a gc slowed down (a large
-    # prefix, a slow store) while a save of the same id starts.
+    # gc's delete of a file named `pause_at` (one of the dead save's files, or the dead claim's marker) waits
+    # until the test says go: a gc slowed down (a large prefix, a slow store) while a save of the same id starts.
     def rm_file(self, path):
         if os.path.basename(path) == pause_at and not os.path.exists(go):
             open(paused, "w").close()
@@ -113,6 +121,28 @@ storage = FsspecStorageConfig(url=url, filesystem=PausingAtOneDelete()).create_s
 report = collect_garbage(url, storage, unowned_after_s=0)
 print("removed", [leftover.path for leftover in report.removed], "failed", [l.path for l in report.failed])
 """
+
+
+def _paused_gc(url: str, pause_at: str, paused: Path, go: Path) -> subprocess.Popen[bytes]:
+    """gc of `url` in a child process: right before it deletes a file named `pause_at`, it creates `paused` and
+    waits until `go` exists."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_GC_CHILD, url, pause_at, str(paused), str(go)],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _commit_error(new_manager: Callable[[], CheckpointManager], ckpt: str, state: dict[str, Any]) -> CommitError | None:
+    """Saves `state` as `ckpt` with the manager `new_manager` makes: None once it committed, else its CommitError."""
+    try:
+        with new_manager() as manager:
+            manager.save(ckpt, state)
+    except CommitError as exc:
+        return exc
+    return None
 
 
 def _assert_loads_whole(url: str, ckpt: str) -> None:
@@ -142,21 +172,10 @@ def test_gc_of_a_dead_saves_prefix_never_deletes_the_files_of_a_save_taking_the_
     url, ckpt = _root_url("file", tmp_path), "step_2"
     _killed_save(url, ckpt, user={})  # a user's file left there would refuse the last save (not a checkpoint)
     paused, go = tmp_path / "paused", tmp_path / "go"
-    gc = subprocess.Popen(
-        [sys.executable, "-c", _PAUSED_GC_CHILD, url, "optim_0.pt", str(paused), str(go)],
-        cwd=REPO,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    gc = _paused_gc(url, "optim_0.pt", paused, go)
     try:
         _wait_for(paused, gc)
-        refused = None
-        try:
-            with _manager(url) as manager:
-                manager.save(ckpt, _state())
-        except CommitError as exc:
-            refused = exc
+        refused = _commit_error(lambda: _manager(url), ckpt, _state())
         go.touch()
         out, err = gc.communicate(timeout=_CHILD_TIMEOUT_S)
     finally:
@@ -237,15 +256,7 @@ def test_on_s3_a_save_that_takes_over_a_killed_saves_claim_removes_that_saves_ob
     objects (untagged) stay."""
     config = s3_server.config()
     ckpt = "step_1"
-    args = {"url": config.url, "id": ckpt, "user": {rel: data.decode() for rel, data in USER.items()}}
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED_SAVE_CHILD, json.dumps(args)],
-        cwd=REPO,
-        env={**_env(), **s3_server.client_env()},
-        capture_output=True,
-        timeout=_CHILD_TIMEOUT_S,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-3000:]
+    _killed_save(config.url, ckpt, env=s3_server.client_env())
     caplog.set_level(logging.WARNING, logger="torch_checkpointing")
     with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)) as m:
         m.save(ckpt, {"model": {"w": torch.arange(3.0)}})

@@ -25,21 +25,24 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from tests.s3_server import S3Server
-from tests.test_objstore_round21 import _KILLED_SAVE_CHILD, _root_url
+from tests.test_objstore_round21 import _root_url
 from tests.test_objstore_round22 import (
     _CHILD_TIMEOUT_S,
     REPO,
     _assert_loads_whole,
+    _commit_error,
     _env,
     _killed_save,
+    _paused_gc,
     _plain_manager,
+    _run_until_sigkilled,
     _wait_for,
 )
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import list_checkpoints
-from torch_checkpointing.errors import CommitError, IncompleteCheckpointError
+from torch_checkpointing.errors import IncompleteCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import collect_garbage
 
@@ -119,14 +122,7 @@ else:
 
 
 def _killed_at(what: str, url: str, ckpt: str, kill_at: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED_AT_CHILD, what, url, ckpt, kill_at],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        timeout=_CHILD_TIMEOUT_S,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-3000:]
+    _run_until_sigkilled(_KILLED_AT_CHILD, what, url, ckpt, kill_at)
 
 
 def test_a_gc_killed_holding_a_dead_saves_id_never_makes_that_save_a_checkpoint(tmp_path: Path) -> None:
@@ -199,15 +195,7 @@ def _nested_checkpoint_under_a_killed_save(s3_server: S3Server) -> tuple[FsspecS
     """A save of `a` SIGKILLed mid-save (its tagged objects and claim stay), then a checkpoint `b` committed by
     a manager whose root is `.../a` (its objects tagged with its own save's token). Returns (run, inner) configs."""
     config = s3_server.config()
-    args = {"url": config.url, "id": "a", "user": {}}
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED_SAVE_CHILD, json.dumps(args)],
-        cwd=REPO,
-        env={**_env(), **s3_server.client_env()},
-        capture_output=True,
-        timeout=_CHILD_TIMEOUT_S,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-3000:]
+    _killed_save(config.url, "a", user={}, env=s3_server.client_env())
     inner = dataclasses.replace(config, url=f"{config.url}/a")
     with _manager_on(inner) as manager:
         manager.save("b", {"w": torch.arange(5.0)})
@@ -245,30 +233,6 @@ def test_on_s3_gc_of_a_dead_saves_prefix_never_deletes_a_checkpoint_inside_it(s3
 
 # ------------------------------------------------------------------ off S3: a save and gc replace one dead claim
 
-_GC_PAUSED_IN_ITS_REPLACE = r"""
-import os, sys, time
-from fsspec.implementations.local import LocalFileSystem
-from torch_checkpointing import FsspecStorageConfig
-from torch_checkpointing.manifest import INCOMPLETE_MARKER
-from torch_checkpointing.retention import collect_garbage
-
-url, paused, go = sys.argv[1:4]
-
-class PausedAtTheMarkersDelete(LocalFileSystem):
-    # gc's replace of the dead claim has compared the marker with the version it judged dead, and waits right
-    # before it deletes it, until the test says go.
-    def rm_file(self, path):
-        if os.path.basename(path) == INCOMPLETE_MARKER and not os.path.exists(go):
-            open(paused, "w").close()
-            while not os.path.exists(go):
-                time.sleep(0.05)
-        return super().rm_file(path)
-
-storage = FsspecStorageConfig(url=url, filesystem=PausedAtTheMarkersDelete()).create_storage()
-report = collect_garbage(url, storage, unowned_after_s=0)
-print("removed", len(report.removed), "failed", len(report.failed))
-"""
-
 
 def test_a_save_and_gc_replacing_one_dead_claim_at_once_never_both_hold_it(tmp_path: Path) -> None:
     """gc (one process) judged a SIGKILLed save's claim dead and compared the marker; right then a new save of
@@ -283,24 +247,13 @@ def test_a_save_and_gc_replacing_one_dead_claim_at_once_never_both_hold_it(tmp_p
     url, ckpt = _root_url("file", tmp_path), "step_5"
     _killed_save(url, ckpt, user={})
     paused, go = tmp_path / "paused", tmp_path / "go"
-    gc = subprocess.Popen(
-        [sys.executable, "-c", _GC_PAUSED_IN_ITS_REPLACE, url, str(paused), str(go)],
-        cwd=REPO,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    gc = _paused_gc(url, INCOMPLETE_MARKER, paused, go)  # in its replace of the dead claim: compared, not deleted
     release = threading.Timer(3.0, go.touch)  # if the save cannot get as far as its last file meanwhile
     try:
         _wait_for(paused, gc)
         release.start()
         _GcGoesBeforeX.gc, _GcGoesBeforeX.go = gc, go
-        saved: Exception | None = None
-        try:
-            with _manager_with_fs(url, _GcGoesBeforeX()) as manager:
-                manager.save(ckpt, _state())
-        except CommitError as exc:
-            saved = exc
+        saved = _commit_error(lambda: _manager_with_fs(url, _GcGoesBeforeX()), ckpt, _state())
         go.touch()
         _, err = gc.communicate(timeout=_CHILD_TIMEOUT_S)
     finally:
@@ -350,13 +303,7 @@ def test_a_process_stopped_inside_a_markers_compare_and_delete_never_hangs_the_o
     url, ckpt = _root_url("file", tmp_path), "step_6"
     _killed_save(url, ckpt, user={})
     paused, go = tmp_path / "paused", tmp_path / "go"
-    gc = subprocess.Popen(
-        [sys.executable, "-c", _GC_PAUSED_IN_ITS_REPLACE, url, str(paused), str(go)],
-        cwd=REPO,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    gc = _paused_gc(url, INCOMPLETE_MARKER, paused, go)  # in its replace of the dead claim: compared, not deleted
     try:
         _wait_for(paused, gc)
         os.kill(gc.pid, signal.SIGSTOP)
