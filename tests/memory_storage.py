@@ -401,3 +401,23 @@ def with_clean_controls(manager: Any, control: Control, timeout: float = 120) ->
     # Hence the saver's own wait (what close() calls first); an error it re-raises was the test's to report.
     with contextlib.suppress(Exception):
         manager._saver.wait(timeout)
+
+
+@dataclass
+class NoExchangeRecordingStorageConfig(RecordingStorageConfig):
+    """A `RecordingStorage` on a filesystem without renameat2 RENAME_EXCHANGE: a replace takes the base class's
+    two renames (the old checkpoint aside, then the new one in). `Control.block("after rename ... .old_")` stops a
+    process right after its first rename."""
+
+    def create_storage(self) -> NoExchangeRecordingStorage:
+        return NoExchangeRecordingStorage(self)
+
+
+class NoExchangeRecordingStorage(RecordingStorage):
+    def rename(self, src_path: Path, dst_path: Path, *args: Any, **kwargs: Any) -> None:
+        super().rename(src_path, dst_path, *args, **kwargs)
+        self._maybe_block(f"after rename {os.fspath(src_path)} {os.fspath(dst_path)}")
+
+    def replace_directory(self, src: Path, dst: Path) -> None:
+        self._log("replace_directory", src, dst)
+        Storage.replace_directory(self, src, dst)

@@ -748,6 +748,7 @@ class CheckpointProcess:
                 _death_message(pid, code, encoded.checkpoint_dir, taken=True, stopped_by=stopped_by),
                 outcome_unknown=True,
                 manifest_digest=digest,
+                pid=pid,
                 if_not_committed=_death_message(
                     pid, code, encoded.checkpoint_dir, taken=True, stopped_by=stopped_by, committed=False
                 ),

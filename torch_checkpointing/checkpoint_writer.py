@@ -593,7 +593,7 @@ def _settle_alone(plan: SavePlan, died: WriterProcessDied, storage: Callable[[],
             blind,
         )
         return died
-    if commit.adopt(died.manifest_digest):
+    if commit.adopt(died.manifest_digest, died.pid):
         return None
     said = died.if_not_committed or (
         f"Checkpoint {plan.name} was NOT committed: its writer process died before the checkpoint was in "
@@ -622,7 +622,7 @@ def _stand_in_for_rank_0(
             if not said.ok:
                 raise CommitError(str(said.error))
             return
-        if commit.adopt(channel.wait_value(_manifest_key(plan), 0)):
+        if commit.adopt(channel.wait_value(_manifest_key(plan), 0), getattr(died, "pid", None)):
             return
         log_safely(
             logger,

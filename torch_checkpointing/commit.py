@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -1056,7 +1057,7 @@ class Commit:
             gc = f"`torch-checkpointing gc {final.parent}` removes it once this process is gone, or delete it by hand"
             self._after_commit(lambda: self.storage.rmdir(tmp), f"remove the replaced checkpoint at {tmp} ({gc})")
 
-    def adopt(self, digest: str | None) -> bool:
+    def adopt(self, digest: str | None, writer_pid: int | None = None) -> bool:
         """(Rank 0's trainer, for its writer process that died in `publish`.) Whether the id holds this save, whose
         manifest's digest is `digest` (None: the writer died before it had one). If it does, what the writer had left
         is done here (the replaced checkpoint's removal, the parent's fsync); if not, what the save wrote is removed
@@ -1066,16 +1067,90 @@ class Commit:
         object store's request already sent can still land, the store's own business), so what the id holds then is
         the outcome; without this the trainer could only say that it did not know, and the other ranks waited the
         save's whole timeout for rank 0's answer to the commit step.
+
+        `writer_pid`, the dead writer's: on a filesystem without an atomic exchange its replace moved the replaced
+        checkpoint aside (`.old_<id>_<pid>-<nonce>`) first. Committed, that copy is removed here; not committed
+        (killed between the two renames: nothing at the id), it is put back under the id. Before, the first was
+        left beside the id, and the second said "an earlier checkpoint at that id is intact" while a load of the id
+        found nothing until someone ran gc.
         """
         found = self._manifest_at_the_id()
         self._manifest_bytes = found if found is not None and manifest_digest(found) == digest else None
         if self._manifest_bytes is None or not self.is_committed():
             self.discard()
+            if self.renames and writer_pid is not None:
+                self._put_back_aside(writer_pid)
             return False
         if self.renames:
             self._remove_replaced()
+            for aside in self._asides_of(writer_pid):
+                self._after_commit(functools.partial(self.storage.rmdir, aside), f"remove the replaced copy {aside}")
         self._sync_parent()
         return True
+
+    def _asides_of(self, pid: int | None) -> list[Path]:
+        """The copies of the id that process `pid`'s replace (the fallback without an exchange) moved aside."""
+        if pid is None or not self.renames:
+            return []
+        final = Path(self.target.final)
+        try:
+            names = self.storage.ls(final.parent)
+        except Exception:
+            return []
+        return [
+            final.parent / n
+            for n in sorted(names)
+            if (m := ASIDE_RE.match(n)) is not None and int(m["pid"]) == pid and aside_of(n, [final.name]) == final.name
+        ]
+
+    def _put_back_aside(self, pid: int) -> None:
+        """The dead writer was killed between its two renames: the id holds nothing and the replaced checkpoint is
+        aside. It goes back under the id (only a whole checkpoint, onto an id still empty); a failure is a WARNING
+        naming where it is and how to get it back."""
+        final = Path(self.target.final)
+        asides = [a for a in self._asides_of(pid) if self._is_whole(a)]
+        if len(asides) != 1:
+            return
+        aside = asides[0]
+        try:
+            local = self.storage.local_path(final)
+            if os.path.lexists(local) if local is not None else self.storage.exists(final):
+                return  # another save or program took the id since: the copy aside is gc's to judge
+            self.storage.rename(aside, final, is_directory=True)
+            self.storage.sync_directory(final.parent)
+        except Exception as exc:
+            log_safely(
+                logger,
+                logging.WARNING,
+                "The checkpoint writer process %d died between moving %s aside to %s and moving its replacement "
+                "in, and the trainer could not move it back (%s: %s): the id holds nothing. Run "
+                "`torch-checkpointing gc %s` to move it back, or rename it by hand.",
+                pid,
+                final,
+                aside,
+                type(exc).__name__,
+                exc,
+                final.parent,
+            )
+            return
+        log_safely(
+            logger,
+            logging.WARNING,
+            "The checkpoint writer process %d died between moving %s aside to %s and moving its replacement in: "
+            "the trainer moved the earlier checkpoint back under its id.",
+            pid,
+            final,
+            aside,
+        )
+
+    def _is_whole(self, path: Path) -> bool:
+        local = self.storage.local_path(path)
+        if local is not None and os.path.islink(local):
+            return False
+        try:
+            return self.storage.exists(path / MANIFEST_FILE_NAME) and not self.storage.exists(path / INCOMPLETE_MARKER)
+        except Exception:
+            return False
 
     def _warn_left_behind(self, exc: BaseException) -> None:
         """Name what the interrupted or failed removal of the replaced checkpoint left beside the id, for gc."""

@@ -165,7 +165,9 @@ class WriterProcessDied(CheckpointError):
     holds this save, whole); otherwise the save was not committed. For such a death the trainer keeps what it
     needs to settle the outcome itself (`checkpoint_writer.finish_for_a_dead_writer`): `manifest_digest`, the
     digest of the manifest the writer said it was about to write (None: it died before it began to publish), and
-    `if_not_committed`, this death told as the trainer tells it once it found the checkpoint not in place.
+    `if_not_committed`, this death told as the trainer tells it once it found the checkpoint not in place, and
+    `pid`, the dead writer's (whose hidden names, such as the aside of a replace without an atomic exchange, the
+    trainer finishes or puts back).
     """
 
     def __init__(
@@ -175,14 +177,16 @@ class WriterProcessDied(CheckpointError):
         *,
         manifest_digest: str | None = None,
         if_not_committed: str = "",
+        pid: int | None = None,
     ) -> None:
         super().__init__(message)
         self.outcome_unknown = outcome_unknown
         self.manifest_digest = manifest_digest
         self.if_not_committed = if_not_committed
+        self.pid = pid
 
-    def __reduce__(self) -> tuple[type[WriterProcessDied], tuple[str, bool], dict[str, str | None]]:
-        state = {"manifest_digest": self.manifest_digest, "if_not_committed": self.if_not_committed}
+    def __reduce__(self) -> tuple[type[WriterProcessDied], tuple[str, bool], dict[str, str | int | None]]:
+        state = {"manifest_digest": self.manifest_digest, "if_not_committed": self.if_not_committed, "pid": self.pid}
         return (type(self), (str(self), self.outcome_unknown), state)
 
 

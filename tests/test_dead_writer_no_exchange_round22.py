@@ -1,0 +1,109 @@
+"""A single-rank async save on a filesystem without an atomic exchange, whose writer is SIGKILLed in its replace.
+
+Without renameat2 RENAME_EXCHANGE a replace is two renames: the old checkpoint to `.old_<id>_<pid>-<nonce>`, then
+the new one into the id. The trainer settles the dead writer's save (`Commit.adopt`):
+
+* killed between the two renames: the id holds nothing, the earlier checkpoint is aside. Before, the trainer said
+  "NOT committed ... an earlier checkpoint at that id is intact" while a load of the id found nothing (the copy
+  stayed aside until someone ran gc). Now it puts the earlier checkpoint back, and the id loads it.
+* killed after the second rename, before the aside's removal: committed. Before, the trainer said it "finished
+  the replaced checkpoint's removal" and left `.old_ck_<pid>-<nonce>` beside the id. Now it removes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.commit_round18_jobs import wait_for_the_writer
+from tests.memory_storage import Control, NoExchangeRecordingStorageConfig
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.errors import WriterProcessDied
+
+TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def saves(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
+    control = Control(tmp_path_factory.mktemp("control"))
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = NoExchangeRecordingStorageConfig(control_dir=str(control.root))
+    manager = CheckpointManager(config)
+    yield manager, control
+    control.reset()
+    manager.close()
+
+
+def _state(value: float) -> dict[str, Any]:
+    return {"model": {"w": torch.full((4,), value)}}
+
+
+def _loaded(path: Path) -> float:
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
+        return float(manager.load(str(path), {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
+
+
+def _killed_at(manager: CheckpointManager, control: Control, moment: str, path: Path, value: float) -> Any:
+    wait_for_the_writer(manager)
+    control.block(moment)
+    try:
+        future = manager.save(str(path), _state(value))
+        pid = control.wait_blocked(TIMEOUT_S)
+        assert pid == manager.writer_pid, (pid, manager.writer_pid)
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        control.reset()
+    return future, pid
+
+
+def test_a_writer_killed_between_its_two_renames_leaves_the_earlier_checkpoint_at_the_id(
+    saves: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, control = saves
+    ck = tmp_path / "ck"
+    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
+    future, pid = _killed_at(manager, control, f"after rename {ck} {tmp_path}/.old_ck_", ck, 2.0)
+    with pytest.raises(WriterProcessDied) as raised:
+        future.result(TIMEOUT_S)
+    said = str(raised.value)
+    assert "NOT committed" in said and str(ck) in said and str(pid) in said, said
+    assert raised.value.outcome_unknown is False
+    assert _loaded(ck) == 1.0  # the earlier checkpoint, at its id, as the error says
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_a_writer_killed_after_its_second_rename_is_committed_and_leaves_nothing_aside(
+    saves: tuple[CheckpointManager, Control], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager, control = saves
+    ck = tmp_path / "ck"
+    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        future, pid = _killed_at(manager, control, f"before rmdir {tmp_path}/.old_ck_", ck, 3.0)
+        assert future.result(TIMEOUT_S) is None
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(pid) in r.getMessage()]
+    assert warned and "committed" in warned[0], [r.getMessage() for r in caplog.records]
+    assert _loaded(ck) == 3.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # the replaced checkpoint was removed
+
+
+def test_a_later_save_after_a_writer_killed_between_its_renames_replaces_the_put_back_checkpoint(
+    saves: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    manager, control = saves
+    ck = tmp_path / "ck"
+    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
+    future, _ = _killed_at(manager, control, f"after rename {ck} {tmp_path}/.old_ck_", ck, 2.0)
+    with pytest.raises(WriterProcessDied):
+        future.result(TIMEOUT_S)
+    wait_for_the_writer(manager)
+    manager.save(str(ck), _state(4.0)).result(TIMEOUT_S)
+    assert _loaded(ck) == 4.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
