@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import posixpath
@@ -224,8 +225,12 @@ class Control:
             time.sleep(0.02)
         raise TimeoutError(f"no write blocked within {timeout}s")
 
+    def fail_reads(self, pid: int, substring: str) -> None:
+        """Every read by process `pid` of a path containing `substring` raises OSError(EIO), until `reset`."""
+        (self.root / "fail_read").write_text(f"{pid}\t{substring}")
+
     def reset(self) -> None:
-        for name in ("delay_s", "block_on", "blocked", "calls.log"):
+        for name in ("delay_s", "block_on", "blocked", "calls.log", "fail_read"):
             (self.root / name).unlink(missing_ok=True)
 
     def calls(self) -> list[tuple[str, ...]]:
@@ -316,6 +321,13 @@ class RecordingStorage(LocalFileSystemStorage):
 
     def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
         self._log("read", path)
+        try:
+            pid, substring = (self.control.root / "fail_read").read_text().split("\t", 1)
+        except FileNotFoundError:
+            pass
+        else:
+            if int(pid) == os.getpid() and substring in os.fspath(path):
+                raise OSError(errno.EIO, "Input/output error (Control.fail_reads)", os.fspath(path))
         return super().read(path, read_args)
 
     def local_path(self, path: Path) -> str | None:

@@ -136,3 +136,35 @@ def test_a_wait_that_timed_out_and_killed_a_writer_that_had_swapped_the_checkpoi
     assert said and "killed" in said[0] and "committed" in said[0] and "not committed" not in said[0], said
     assert _loaded_by_a_new_manager(runs / "ck") == 2.0
     assert sorted(p.name for p in runs.iterdir()) == ["ck"] + (["next"] if how != "close()" else [])
+
+
+# ------------------------------------------- the trainer cannot read the id's manifest when it looks
+
+
+def test_a_trainer_that_cannot_read_the_manifest_at_the_id_does_not_say_not_committed(
+    saves: tuple[CheckpointManager, Control], tmp_path: Path
+) -> None:
+    """The writer swapped the checkpoint in, then was killed; the trainer's read of the id's manifest fails (EIO).
+    Before, `Commit.adopt` took the unreadable manifest for "none there": the Future said "NOT committed ... an
+    earlier checkpoint at that id is intact" while the id loaded the new checkpoint. Whether it was committed is
+    not known to the trainer then, and the error must say so; nothing at the id is removed."""
+    manager, control = saves
+    ck = tmp_path / "ck"
+    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
+    wait_for_the_writer(manager)
+    control.block("before rmdir")
+    try:
+        future = manager.save(str(ck), _state(6.0))
+        pid = control.wait_blocked(TIMEOUT_S)
+        assert pid == manager.writer_pid, (pid, manager.writer_pid)
+        control.fail_reads(os.getpid(), f"{ck}/manifest.json")
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WriterProcessDied) as raised:
+            future.result(TIMEOUT_S)
+    finally:
+        control.reset()
+    said = str(raised.value)
+    assert "NOT committed" not in said, said
+    assert raised.value.outcome_unknown is True, said
+    assert _loaded(manager, ck) == 6.0  # it was committed: the error must not have said otherwise
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

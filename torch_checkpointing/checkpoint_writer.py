@@ -593,8 +593,12 @@ def _settle_alone(plan: SavePlan, died: WriterProcessDied, storage: Callable[[],
             blind,
         )
         return died
-    if commit.adopt(died.manifest_digest, died.pid):
-        return None
+    try:
+        if commit.adopt(died.manifest_digest, died.pid):
+            return None
+    except CommitOutcomeUnknownError as unknown:  # it could not read the id: the outcome stays unknown
+        log_safely(logger, logging.WARNING, "%s", unknown)
+        return died
     said = died.if_not_committed or (
         f"Checkpoint {plan.name} was NOT committed: its writer process died before the checkpoint was in "
         f"place. The trainer removes what the save wrote; an earlier checkpoint at that id is intact. Save again."

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
-from torch_checkpointing.errors import CheckpointError, CommitError, log_safely
+from torch_checkpointing.errors import CheckpointError, CommitError, CommitOutcomeUnknownError, log_safely
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import (
     GC_TOKEN_PREFIX,
@@ -1076,7 +1076,7 @@ class Commit:
         """
         found = self._manifest_at_the_id()
         self._manifest_bytes = found if found is not None and manifest_digest(found) == digest else None
-        if self._manifest_bytes is None or not self.is_committed():
+        if self._manifest_bytes is None or not self._marker_gone():
             self.discard()
             if self.renames and writer_pid is not None:
                 self._put_back_aside(writer_pid)
@@ -1180,10 +1180,33 @@ class Commit:
         return [str(final.parent / n) for n in sorted(asides + [tmp.name] * (tmp.name in names))]
 
     def _manifest_at_the_id(self) -> bytes | None:
+        """The manifest at the id; None when there is none. One that cannot be read is no answer: taken for
+        "none there", a dead writer's save that was in place was reported NOT committed (and its id loaded it)."""
+        path = Path(self.target.final) / MANIFEST_FILE_NAME
         try:
-            return self.storage.read(Path(self.target.final) / MANIFEST_FILE_NAME)
-        except Exception:  # none there, or unreadable: not this save's
+            return self.storage.read(path)
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except Exception as exc:
+            raise self._cannot_tell(path, exc) from exc
+
+    def _marker_gone(self) -> bool:
+        """`is_committed`'s marker check, for `adopt`: a storage that cannot answer leaves the outcome unknown."""
+        marker = Path(self.target.final) / INCOMPLETE_MARKER
+        try:
+            if not self.storage.exists(marker):
+                return True
+            assert self._manifest_bytes is not None
+            return stray_claim(self.storage.read(marker), Manifest.from_json(self._manifest_bytes))
+        except Exception as exc:
+            raise self._cannot_tell(marker, exc) from exc
+
+    def _cannot_tell(self, path: Path, exc: Exception) -> CommitOutcomeUnknownError:
+        return CommitOutcomeUnknownError(
+            f"Whether checkpoint {self._url} was committed by its dead writer is not known: reading "
+            f"{self._named(path)} failed ({type(exc).__name__}: {exc}). Nothing at the id was changed; the id holds "
+            f"its previous checkpoint or this one, whole. Load it to check, or save again."
+        )
 
     def _visible(self, manifest_bytes: bytes) -> bool:
         try:
