@@ -166,3 +166,39 @@ def test_adopt_on_an_object_store_keeps_a_committed_save() -> None:
     assert manifest_digest(storage.read(Path("step_1") / MANIFEST_FILE_NAME)) == manifest
     assert storage.exists(Path("step_1") / "model_0.pt")
     assert not storage.exists(Path("step_1") / INCOMPLETE_MARKER)
+
+
+def test_a_trainer_that_cannot_read_the_id_tells_every_rank_the_outcome_is_unknown(
+    tmp_path: Path, channel: Any
+) -> None:
+    """Rank 0's writer died in the commit and its trainer's read of the id's manifest fails (EIO, not "none
+    there"). Before, `Commit.adopt` took it for "not this save": the save was removed and every rank raised
+    "died before the checkpoint was in place ... an earlier checkpoint at this id is intact" although the id held
+    this save. Then the trainer's CommitOutcomeUnknownError travelled as "commit failed on rank(s) [0]: ... not
+    known ... Nothing was committed." Now every rank raises CommitOutcomeUnknownError, and nothing is removed."""
+    from torch_checkpointing.agreement import Contribution, StoreTransport
+    from torch_checkpointing.checkpoint_writer import _agree_on_the_commit
+    from torch_checkpointing.errors import CommitOutcomeUnknownError
+
+    plan = _plan(tmp_path)
+    final, tmp = _ids(tmp_path)
+    _checkpoint(final, OURS)  # the writer had swapped it in (an exchange: the replaced one at tmp)
+    _checkpoint(tmp, EARLIER)
+    channel.publish(_manifest_key(plan), manifest_digest(OURS))
+    channel.publish(f"{_commit_step(plan)}/1", Contribution(value=None).to_json())  # rank 1's answer, in already
+    commit = _commit(tmp_path)
+    real_read = commit.storage.read
+
+    def failing_read(path: Any, *args: Any, **kwargs: Any) -> bytes:
+        if Path(path) == final / MANIFEST_FILE_NAME:
+            raise OSError(5, "Input/output error", str(path))
+        return real_read(path, *args, **kwargs)
+
+    commit.storage.read = failing_read  # type: ignore[method-assign]
+    publish = _stand_in_for_rank_0(plan, commit, channel, RuntimeError("killed by SIGKILL"))
+    with pytest.raises(CommitOutcomeUnknownError) as raised:
+        _agree_on_the_commit(plan, StoreTransport(0, 2, channel), channel, publish)
+    message = str(raised.value)
+    assert "not known" in message and "Nothing was committed" not in message, message
+    assert "intact" not in message, message
+    assert (final / MANIFEST_FILE_NAME).read_bytes() == OURS and tmp.exists()  # nothing removed by the trainer

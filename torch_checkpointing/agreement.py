@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 import torch.distributed as dist
 
 from torch_checkpointing import errors
-from torch_checkpointing.errors import CheckpointError, CommitError, add_note, log_safely
+from torch_checkpointing.errors import CheckpointError, CommitError, CommitOutcomeUnknownError, add_note, log_safely
 
 __all__ = [
     "Contribution",
@@ -74,8 +74,9 @@ class Transport(Protocol):
 
 
 def describe(exc: BaseException) -> str:
-    """The one-line reason a rank reports for a failure."""
-    if isinstance(exc, CommitError):
+    """The one-line reason a rank reports for a failure. A `CommitOutcomeUnknownError` keeps its name, so that
+    every rank raises one (`raise_if_failed`) rather than "Nothing was committed"."""
+    if isinstance(exc, CommitError) and not isinstance(exc, CommitOutcomeUnknownError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
@@ -85,6 +86,15 @@ def raise_if_failed(step: str, contributions: Sequence[Contribution], cause: Bas
     failures = _failures(contributions)
     if not failures:
         return
+    if any(why.startswith(f"{CommitOutcomeUnknownError.__name__}: ") for why in failures.values()):
+        # A rank that could not tell whether the step took effect (rank 0's trainer that could not read the id
+        # for its dead writer): before, every rank said "Nothing was committed" of a checkpoint that could be in
+        # place and load.
+        raise CommitOutcomeUnknownError(
+            f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}. Whether it was committed is not "
+            f"known: the id holds its previous checkpoint or this one, whole. Load it to check, or save again.",
+            failures,
+        ) from cause
     error = CommitError(
         f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}. Nothing was committed.", failures
     )
