@@ -33,7 +33,7 @@ os._exit(0)  # rank 0's trainer dies once rank 1 has answered the commit step: i
 
 
 def test_the_store_host_gone_at_the_commit_step_is_an_unknown_outcome_not_nothing_committed() -> None:
-    plan = SimpleNamespace(checkpoint_dir="/run/step_7")
+    plan = SimpleNamespace(checkpoint_dir="/run/step_7", name="/run/step_7")  # a SavePlan as messages read it
     step = f"Checkpoint {plan.checkpoint_dir}: the commit"
     host = subprocess.Popen(
         [sys.executable, "-c", HOST, f"ns/{step}/1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
