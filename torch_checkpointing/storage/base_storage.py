@@ -10,6 +10,7 @@ import fnmatch
 import io
 import logging
 import os
+import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,18 @@ class Storage(ABC):
         stores) or nothing is there."""
         local = self.local_path(path)
         return local is not None and os.path.islink(local)
+
+    def is_irregular(self, path: Path) -> bool:
+        """Whether what is at `path` is no regular file (a link, a FIFO, a directory, a device): never a file the
+        engine wrote (its manifest, its `.incomplete` marker), however it reads. False where nothing is there
+        and on an object store, whose objects are all plain bytes."""
+        local = self.local_path(path)
+        if local is None:
+            return False
+        try:
+            return not stat.S_ISREG(os.lstat(local).st_mode)
+        except FileNotFoundError:
+            return False
 
     def mapped_path(self, path: Path) -> str | None:
         """A path for a caller that maps the file and calls `verify_range` for each byte range before using it.

@@ -813,6 +813,20 @@ class FsspecStorage(Storage):
             return False
         return info.get("islink") is True
 
+    def is_irregular(self, path: Path) -> bool:
+        """On a directory store (`file://`) what the OS says: fsspec sizes a FIFO 0 bytes and reads through a
+        link, so an `.incomplete` FIFO beside a committed manifest read as an empty marker (a delete under way)
+        and gc tried to collect the checkpoint. Objects in an object store are all plain bytes."""
+        backend, key = self._fresh(path)
+        if backend.object_store:
+            return False
+        try:
+            with self._errors("lookup of", path):
+                info = backend.io.info(key)
+        except FileNotFoundError:  # nothing there (or a link to nothing): nothing to read either way
+            return False
+        return info.get("islink") is True or info.get("type") != "file"
+
     def isdir(self, path: Path) -> bool:
         """Whether `path` is a prefix with objects under it; an `ObjectStoreError` in a bucket that does not exist
         (discovery asks this first: a missing run must not list as an empty one)."""
