@@ -748,12 +748,14 @@ def _write_failed(file: str, what: str, code: int | None, reason: str | None) ->
 
 @contextlib.contextmanager
 def _publishing_beside(out: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `out`'s parent directory while an export moves in: two exports into one
-    `out` at once (both with --overwrite) would otherwise interleave their file moves and leave one's index over
-    a mix of both one's shards, which looks complete. Nothing is written for the lock; on a file system
-    without flock on directories the publish goes ahead unlocked, with a DEBUG line."""
+    """Hold an exclusive flock on the parent directory of the folder `out` resolves to while an export moves
+    in: two exports into one folder at once (both with --overwrite) would otherwise interleave their file moves
+    and leave one's index over a mix of both one's shards, which looks complete. Resolved, because the folder
+    reached through a link (`/a/hf -> /real/hf`) and by its real path had two parents, so two locks, and the
+    exports did not take turns. Nothing is written for the lock; on a file system without flock on directories
+    the publish goes ahead unlocked, with a DEBUG line."""
     try:
-        fd = os.open(out.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(Path(os.path.realpath(out)).parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         logger.debug("Publishing %s without a lock (%s)", out, exc)
         yield
