@@ -20,6 +20,7 @@ import torch
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import list_checkpoints, list_leftovers
+from torch_checkpointing.errors import UnsafeCheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.base_storage import Storage
@@ -93,3 +94,21 @@ def test_a_listing_warns_of_an_odd_marker_by_name(
         assert list_checkpoints(root, storage) == []
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(str(marker) in msg and "not a regular file" in msg for msg in warned), warned
+
+
+@pytest.mark.parametrize("kind", ODD_MARKERS)
+@pytest.mark.parametrize("store", STORES)
+def test_a_load_refuses_an_odd_marker_by_name(store: str, kind: str, tmp_path: Path) -> None:
+    """Before, the load said the checkpoint was incomplete ("a delete of it is under way" on `file://`), naming
+    neither the odd file nor the fix; now, as a listing does, it names the marker as no regular file."""
+    root, _, ckpt = _committed(store, tmp_path)
+    marker = _plant(kind, ckpt, tmp_path)
+    save = SyncCheckpointSaverConfig()
+    config = (
+        CheckpointManager.Config(save=save)
+        if store == "local"
+        else CheckpointManager.Config(save=save, storage_config=FsspecStorageConfig(url=root))
+    )
+    with CheckpointManager(config) as manager, pytest.raises(UnsafeCheckpointError) as refused:
+        manager.load(str(ckpt) if store == "local" else "step_1", {"x": torch.zeros(3)})
+    assert str(marker) in str(refused.value) and "not a regular file" in str(refused.value)

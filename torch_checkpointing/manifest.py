@@ -200,25 +200,24 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
             f"replaced or deleted meanwhile. Retry (the next read finds the new checkpoint or none)."
         ) from None
     manifest = parse_manifest(data, str(path))
-    if marked:
-        _refuse_odd_marker(storage, checkpoint_dir)
+    if marked and storage.is_irregular(checkpoint_dir / INCOMPLETE_MARKER):
+        raise odd_marker(storage, checkpoint_dir)
     if marked and not _stray_marker(storage, checkpoint_dir, manifest):
         raise incomplete(checkpoint_dir, storage)
     return manifest
 
 
-def _refuse_odd_marker(storage: Storage, checkpoint_dir: Path) -> None:
-    """Refuses (UnsafeCheckpointError, naming it) an `.incomplete` beside a manifest that is no regular file (a
+def odd_marker(storage: Storage, checkpoint_dir: Path | str) -> UnsafeCheckpointError:
+    """The refusal (naming it, and the fix) of an `.incomplete` beside a manifest that is no regular file (a
     FIFO, a directory, a link): the engine never writes one, so it is no delete under way. On `file://` fsspec
     read a FIFO as an empty marker, and gc tried to collect the committed checkpoint as one being deleted."""
-    where = checkpoint_dir / INCOMPLETE_MARKER
-    if storage.is_irregular(where):
-        raise UnsafeCheckpointError(
-            f"Checkpoint {shown_name(storage, checkpoint_dir)} has an {INCOMPLETE_MARKER} "
-            f"({shown_name(storage, where)}) that is not a regular file (a link, a FIFO or a directory): no marker "
-            f"the engine writes, so it is skipped, not collected. If no other program owns it, remove it; the "
-            f"checkpoint then reads as committed."
-        )
+    where = Path(checkpoint_dir) / INCOMPLETE_MARKER
+    return UnsafeCheckpointError(
+        f"Checkpoint {shown_name(storage, checkpoint_dir)} has an {INCOMPLETE_MARKER} ({shown_name(storage, where)}) "
+        f"that is not a regular file (a link, a FIFO or a directory): no marker the engine writes, so the "
+        f"checkpoint is skipped, not collected. If no other program owns it, remove it; the checkpoint then reads "
+        f"as committed."
+    )
 
 
 def shown_name(storage: Storage, path: str | os.PathLike[str]) -> str:

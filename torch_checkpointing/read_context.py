@@ -58,6 +58,7 @@ from torch_checkpointing.manifest import (
     _BadConstant,
     check_json_tree,
     incomplete,
+    odd_marker,
     parse_manifest,
     read_regular_file,
     read_stored_bounded,
@@ -227,6 +228,8 @@ class CheckpointReadContext:
             return
         text = self._read_bounded(MANIFEST_FILE_NAME)
         self.manifest = parse_manifest(text, str(self.root / MANIFEST_FILE_NAME))
+        if marked and self._irregular(INCOMPLETE_MARKER):
+            raise odd_marker(self.storage, self.root)
         if marked and not self._stray_claim(self.manifest):
             raise incomplete(self.root, self.storage)
         where = str(self.root / MANIFEST_FILE_NAME)
@@ -769,6 +772,16 @@ class CheckpointReadContext:
         except FileNotFoundError:
             return False
         return True
+
+    def _irregular(self, rel: str) -> bool:
+        """Whether the root's `rel` is no regular file (a link, a FIFO, a directory): never one the engine wrote.
+        Looked at in the pinned directory where there is one."""
+        if self._dirfd is None:
+            return self.storage.is_irregular(self.root / rel)
+        try:
+            return not stat.S_ISREG(os.stat(rel, dir_fd=self._dirfd, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            return False
 
     def _read_bounded(self, rel: str) -> bytes:
         """Read a root file that no manifest can vouch for (the manifest itself), bounded, regular only."""
