@@ -13,36 +13,22 @@ the new one into the id. The trainer settles the dead writer's save (`Commit.ado
 from __future__ import annotations
 
 import logging
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from tests.commit_round18_jobs import wait_for_the_writer
 from tests.memory_storage import Control, NoExchangeRecordingStorageConfig
+from tests.test_dead_writer_single_rank_round22 import TIMEOUT_S, async_saves_through, killed_at, state
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.errors import WriterProcessDied
-
-TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
 def saves(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
-    control = Control(tmp_path_factory.mktemp("control"))
-    config = CheckpointManager.Config.with_async_save()
-    config.storage_config = NoExchangeRecordingStorageConfig(control_dir=str(control.root))
-    manager = CheckpointManager(config)
-    yield manager, control
-    control.reset()
-    manager.close()
-
-
-def _state(value: float) -> dict[str, Any]:
-    return {"model": {"w": torch.full((4,), value)}}
+    yield from async_saves_through(NoExchangeRecordingStorageConfig, tmp_path_factory)
 
 
 def _loaded(path: Path) -> float:
@@ -50,26 +36,13 @@ def _loaded(path: Path) -> float:
         return float(manager.load(str(path), {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
 
 
-def _killed_at(manager: CheckpointManager, control: Control, moment: str, path: Path, value: float) -> Any:
-    wait_for_the_writer(manager)
-    control.block(moment)
-    try:
-        future = manager.save(str(path), _state(value))
-        pid = control.wait_blocked(TIMEOUT_S)
-        assert pid == manager.writer_pid, (pid, manager.writer_pid)
-        os.kill(pid, signal.SIGKILL)
-    finally:
-        control.reset()
-    return future, pid
-
-
 def test_a_writer_killed_between_its_two_renames_leaves_the_earlier_checkpoint_at_the_id(
     saves: tuple[CheckpointManager, Control], tmp_path: Path
 ) -> None:
     manager, control = saves
     ck = tmp_path / "ck"
-    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
-    future, pid = _killed_at(manager, control, f"after rename {ck} {tmp_path}/.old_ck_", ck, 2.0)
+    manager.save(str(ck), state(1.0)).result(TIMEOUT_S)
+    future, pid = killed_at(manager, control, f"after rename {ck} {tmp_path}/.old_ck_", ck, 2.0)
     with pytest.raises(WriterProcessDied) as raised:
         future.result(TIMEOUT_S)
     said = str(raised.value)
@@ -84,9 +57,9 @@ def test_a_writer_killed_after_its_second_rename_is_committed_and_leaves_nothing
 ) -> None:
     manager, control = saves
     ck = tmp_path / "ck"
-    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
+    manager.save(str(ck), state(1.0)).result(TIMEOUT_S)
     with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
-        future, pid = _killed_at(manager, control, f"before rmdir {tmp_path}/.old_ck_", ck, 3.0)
+        future, pid = killed_at(manager, control, f"before rmdir {tmp_path}/.old_ck_", ck, 3.0)
         assert future.result(TIMEOUT_S) is None
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(pid) in r.getMessage()]
     assert warned and "committed" in warned[0], [r.getMessage() for r in caplog.records]
@@ -99,11 +72,11 @@ def test_a_later_save_after_a_writer_killed_between_its_renames_replaces_the_put
 ) -> None:
     manager, control = saves
     ck = tmp_path / "ck"
-    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
-    future, _ = _killed_at(manager, control, f"after rename {ck} {tmp_path}/.old_ck_", ck, 2.0)
+    manager.save(str(ck), state(1.0)).result(TIMEOUT_S)
+    future, _ = killed_at(manager, control, f"after rename {ck} {tmp_path}/.old_ck_", ck, 2.0)
     with pytest.raises(WriterProcessDied):
         future.result(TIMEOUT_S)
     wait_for_the_writer(manager)
-    manager.save(str(ck), _state(4.0)).result(TIMEOUT_S)
+    manager.save(str(ck), state(4.0)).result(TIMEOUT_S)
     assert _loaded(ck) == 4.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

@@ -31,18 +31,25 @@ from torch_checkpointing.errors import WriterProcessDied
 TIMEOUT_S = 120
 
 
-@pytest.fixture(scope="module")
-def saves(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
+def async_saves_through(
+    storage_config: type[RecordingStorageConfig], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[CheckpointManager, Control]]:
+    """An async manager whose writer's storage calls the test can hold (`Control.block`), and that control."""
     control = Control(tmp_path_factory.mktemp("control"))
     config = CheckpointManager.Config.with_async_save()
-    config.storage_config = RecordingStorageConfig(control_dir=str(control.root))
+    config.storage_config = storage_config(control_dir=str(control.root))
     manager = CheckpointManager(config)
     yield manager, control
     control.reset()
     manager.close()
 
 
-def _state(value: float) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def saves(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CheckpointManager, Control]]:
+    yield from async_saves_through(RecordingStorageConfig, tmp_path_factory)
+
+
+def state(value: float) -> dict[str, Any]:
     return {"model": {"w": torch.full((4,), value)}}
 
 
@@ -50,12 +57,12 @@ def _loaded(manager: CheckpointManager, path: Path) -> float:
     return float(manager.load(str(path), {"model": {"w": torch.zeros(4)}})["model"]["w"][0])
 
 
-def _killed_at(manager: CheckpointManager, control: Control, moment: str, path: Path, value: float) -> Any:
+def killed_at(manager: CheckpointManager, control: Control, moment: str, path: Path, value: float) -> Any:
     """Save `path` again; the writer blocks at `moment` of its commit and is SIGKILLed there. The save's Future."""
     wait_for_the_writer(manager)  # the writer killed by the test before: its replacement
     control.block(moment)
     try:
-        future = manager.save(str(path), _state(value))
+        future = manager.save(str(path), state(value))
         pid = control.wait_blocked(TIMEOUT_S)
         assert pid == manager.writer_pid, (pid, manager.writer_pid)  # the writer, not the trainer
         os.kill(pid, signal.SIGKILL)
@@ -69,8 +76,8 @@ def test_a_writer_killed_writing_the_manifest_commits_nothing_and_the_error_says
 ) -> None:
     manager, control = saves
     ck = tmp_path / "ck"
-    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
-    future, pid = _killed_at(manager, control, "manifest", ck, 2.0)
+    manager.save(str(ck), state(1.0)).result(TIMEOUT_S)
+    future, pid = killed_at(manager, control, "manifest", ck, 2.0)
     with pytest.raises(WriterProcessDied) as raised:
         future.result(TIMEOUT_S)
     said = str(raised.value)
@@ -86,9 +93,9 @@ def test_a_writer_killed_after_the_swap_is_a_committed_save(
 ) -> None:
     manager, control = saves
     ck = tmp_path / "ck"
-    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
+    manager.save(str(ck), state(1.0)).result(TIMEOUT_S)
     with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
-        future, pid = _killed_at(manager, control, "before rmdir", ck, 3.0)
+        future, pid = killed_at(manager, control, "before rmdir", ck, 3.0)
         assert future.result(TIMEOUT_S) is None
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(pid) in r.getMessage()]
     assert warned and "committed" in warned[0] and str(ck) in warned[0], [r.getMessage() for r in caplog.records]
@@ -119,15 +126,15 @@ def test_a_wait_that_timed_out_and_killed_a_writer_that_had_swapped_the_checkpoi
     manager = CheckpointManager(config)
     try:
         wait_for_the_writer(manager)
-        manager.save(str(runs / "ck"), _state(1.0)).result(TIMEOUT_S)
+        manager.save(str(runs / "ck"), state(1.0)).result(TIMEOUT_S)
         control.block("before rmdir")
-        future = manager.save(str(runs / "ck"), _state(2.0))
+        future = manager.save(str(runs / "ck"), state(2.0))
         assert control.wait_blocked(TIMEOUT_S) == manager.writer_pid
         with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
             if how == "close()":
                 manager.close()
             else:
-                manager.save(str(runs / "next"), _state(5.0)).result(TIMEOUT_S)
+                manager.save(str(runs / "next"), state(5.0)).result(TIMEOUT_S)
         assert future.result(0) is None
     finally:
         control.reset()
@@ -150,11 +157,11 @@ def test_a_trainer_that_cannot_read_the_manifest_at_the_id_does_not_say_not_comm
     not known to the trainer then, and the error must say so; nothing at the id is removed."""
     manager, control = saves
     ck = tmp_path / "ck"
-    manager.save(str(ck), _state(1.0)).result(TIMEOUT_S)
+    manager.save(str(ck), state(1.0)).result(TIMEOUT_S)
     wait_for_the_writer(manager)
     control.block("before rmdir")
     try:
-        future = manager.save(str(ck), _state(6.0))
+        future = manager.save(str(ck), state(6.0))
         pid = control.wait_blocked(TIMEOUT_S)
         assert pid == manager.writer_pid, (pid, manager.writer_pid)
         control.fail_reads(os.getpid(), f"{ck}/manifest.json")
