@@ -23,7 +23,9 @@ from tests.commit_round18_jobs import wait_for_the_writer
 from tests.memory_storage import Control, NoExchangeRecordingStorageConfig
 from tests.test_dead_writer_single_rank_round22 import TIMEOUT_S, async_saves_through, killed_at, state
 from torch_checkpointing import CheckpointManager
+from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.errors import WriterProcessDied
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +82,21 @@ def test_a_later_save_after_a_writer_killed_between_its_renames_replaces_the_put
     manager.save(str(ck), state(4.0)).result(TIMEOUT_S)
     assert _loaded(ck) == 4.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_an_aside_that_is_no_whole_checkpoint_is_not_put_back_and_a_warning_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Failed before: `Commit.adopt` returned without a word when the dead writer's copy aside was not a whole
+    checkpoint (its manifest damaged), while the id held nothing."""
+    pid = 4_000_001  # above any pid_max: no live process
+    aside = tmp_path / f".old_ck_{pid}-0123abcd"
+    aside.mkdir()
+    (aside / "manifest.json").write_bytes(b'{"damaged')
+    storage = LocalFileSystemStorageConfig(use_direct_io=False).create_storage()
+    commit = Commit(storage, CommitTarget(str(tmp_path / "ck"), str(tmp_path / ".ck.tmp-0123abcd-1")))
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        assert commit.adopt(None, writer_pid=pid) is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == [aside.name]  # left for gc, not moved under the id
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(aside) in said and "gc" in said for said in warned), warned

@@ -51,6 +51,7 @@ from torch_checkpointing.manifest import (
     our_marker,
     parse_manifest,
     read_bounded,
+    read_manifest,
     shown_name,
     stray_claim,
 )
@@ -1095,7 +1096,19 @@ class Commit:
         final = Path(self.target.final)
         try:
             names = self.storage.ls(final.parent)
-        except Exception:
+        except Exception as exc:
+            log_safely(
+                logger,
+                logging.WARNING,
+                "Cannot list %s for what the dead writer process %d moved aside from %s (%s: %s); run "
+                "`torch-checkpointing gc %s`: it puts back or removes such a copy.",
+                final.parent,
+                pid,
+                final,
+                type(exc).__name__,
+                exc,
+                final.parent,
+            )
             return []
         return [
             final.parent / n
@@ -1108,8 +1121,20 @@ class Commit:
         aside. It goes back under the id (only a whole checkpoint, onto an id still empty); a failure is a WARNING
         naming where it is and how to get it back."""
         final = Path(self.target.final)
-        asides = [a for a in self._asides_of(pid) if self._is_whole(a)]
+        found = self._asides_of(pid)
+        asides = [a for a in found if self._is_whole(a)]
         if len(asides) != 1:
+            if found:  # the id holds nothing, and no one copy aside is a checkpoint to put back: gc judges them
+                log_safely(
+                    logger,
+                    logging.WARNING,
+                    "The checkpoint writer process %d died replacing %s, which holds nothing now; of what it moved "
+                    "aside (%s) no single whole checkpoint can be put back. Run `torch-checkpointing gc %s`.",
+                    pid,
+                    final,
+                    ", ".join(str(a) for a in found),
+                    final.parent,
+                )
             return
         aside = asides[0]
         try:
@@ -1144,12 +1169,13 @@ class Commit:
         )
 
     def _is_whole(self, path: Path) -> bool:
+        """Whether `path` is a committed checkpoint as a load reads it (`read_manifest`), not a link to one."""
         local = self.storage.local_path(path)
         if local is not None and os.path.islink(local):
             return False
         try:
-            return self.storage.exists(path / MANIFEST_FILE_NAME) and not self.storage.exists(path / INCOMPLETE_MARKER)
-        except Exception:
+            return read_manifest(self.storage, path) is not None
+        except (OSError, CheckpointError):  # incomplete, damaged, unreadable: not one to put back
             return False
 
     def _warn_left_behind(self, exc: BaseException) -> None:

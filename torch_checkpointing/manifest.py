@@ -304,23 +304,23 @@ def _collected(marker: bytes) -> str | None:
     """The token of the dead save whose prefix gc's claim in `marker` holds while gc deletes it (`"collects"`):
     the manifest beside it is that save's, not a checkpoint that claim strayed beside. Before, gc's claim read
     as a stray one, and a gc killed before it deleted the manifest left the killed save a committed checkpoint."""
-    try:
-        claim = json.loads(marker.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    collects = claim.get("collects") if isinstance(claim, dict) else None
-    return collects if isinstance(collects, str) else None
+    return _claim_field(marker, "collects")
 
 
 def claim_token(marker: bytes) -> str | None:
     """The save token an `.incomplete` marker's claim names (`commit.Claim`), or None: an empty marker (where
     saves rename, and a delete's) or bytes that are no claim of ours."""
+    return _claim_field(marker, "token")
+
+
+def _claim_field(marker: bytes, name: str) -> str | None:
+    """The string field `name` of the claim in `marker`; None where there is none (no JSON object, no such str)."""
     try:
         claim = json.loads(marker.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
-    token = claim.get("token") if isinstance(claim, dict) else None
-    return token if isinstance(token, str) else None
+    value = claim.get(name) if isinstance(claim, dict) else None
+    return value if isinstance(value, str) else None
 
 
 # A claim is a few hundred bytes: a larger `.incomplete` is another program's file, refused unread.
