@@ -28,7 +28,7 @@ from torch_checkpointing.commit import (
     manifest_digest,
     temporary_name,
 )
-from torch_checkpointing.errors import CommitError
+from torch_checkpointing.errors import CommitError, WriterProcessDied
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
@@ -103,7 +103,7 @@ def test_an_answer_the_writer_gave_before_it_died_is_given_again(tmp_path: Path,
     _checkpoint(tmp, OURS, marker=True)
     channel.publish(f"{_commit_step(plan)}/0", json.dumps(answer))
     channel.publish(_manifest_key(plan), manifest_digest(OURS))
-    publish = _stand_in_for_rank_0(plan, _commit(tmp_path), channel, RuntimeError("died"))
+    publish = _stand_in_for_rank_0(plan, _commit(tmp_path), channel, WriterProcessDied("died"))
     if "ok" in answer:
         publish()
     else:
@@ -122,7 +122,7 @@ def test_with_no_answer_the_id_decides_and_the_failure_says_what_became_of_the_s
     _checkpoint(tmp, OURS, marker=True)
     channel.publish(_manifest_key(plan), manifest_digest(OURS))
     with pytest.raises(CommitError) as raised:
-        _stand_in_for_rank_0(plan, _commit(tmp_path), channel, RuntimeError("killed by SIGKILL"))()
+        _stand_in_for_rank_0(plan, _commit(tmp_path), channel, WriterProcessDied("killed by SIGKILL"))()
     message = str(raised.value)
     assert "died before the checkpoint was in place" in message and "earlier checkpoint" in message, message
     assert "Save again" in message, message
@@ -195,7 +195,7 @@ def test_a_trainer_that_cannot_read_the_id_tells_every_rank_the_outcome_is_unkno
         return real_read(path, *args, **kwargs)
 
     commit.storage.read = failing_read  # type: ignore[method-assign]
-    publish = _stand_in_for_rank_0(plan, commit, channel, RuntimeError("killed by SIGKILL"))
+    publish = _stand_in_for_rank_0(plan, commit, channel, WriterProcessDied("killed by SIGKILL"))
     with pytest.raises(CommitOutcomeUnknownError) as raised:
         _agree_on_the_commit(plan, StoreTransport(0, 2, channel), channel, publish)
     message = str(raised.value)

@@ -607,7 +607,7 @@ def _settle_alone(plan: SavePlan, died: WriterProcessDied, storage: Callable[[],
 
 
 def _stand_in_for_rank_0(
-    plan: SavePlan, commit: Commit, channel: StoreChannel, died: BaseException
+    plan: SavePlan, commit: Commit, channel: StoreChannel, died: WriterProcessDied
 ) -> Callable[[], None]:
     """Rank 0's answer to the commit step, for its writer that died after every rank's files were in.
 
@@ -626,7 +626,7 @@ def _stand_in_for_rank_0(
             if not said.ok:
                 raise CommitError(str(said.error))
             return
-        if commit.adopt(channel.wait_value(_manifest_key(plan), 0), getattr(died, "pid", None)):
+        if commit.adopt(channel.wait_value(_manifest_key(plan), 0), died.pid):
             return
         log_safely(
             logger,
