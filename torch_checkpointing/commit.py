@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from torch_checkpointing.asides import copies_aside, copy_to_put_back, owner_pid
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
 from torch_checkpointing.errors import CheckpointError, CommitError, CommitOutcomeUnknownError, log_safely
 from torch_checkpointing.futures import WorkerPool
@@ -51,7 +52,6 @@ from torch_checkpointing.manifest import (
     our_marker,
     parse_manifest,
     read_bounded,
-    read_manifest,
     shown_name,
     stray_claim,
 )
@@ -1093,54 +1093,54 @@ class Commit:
         """The copies of the id that process `pid`'s replace (the fallback without an exchange) moved aside."""
         if pid is None or not self.renames:
             return []
-        final = Path(self.target.final)
         try:
-            names = self.storage.ls(final.parent)
+            found = copies_aside(self.storage, Path(self.target.final))
         except Exception as exc:
-            log_safely(
-                logger,
-                logging.WARNING,
-                "Cannot list %s for what the dead writer process %d moved aside from %s (%s: %s); run "
-                "`torch-checkpointing gc %s`: it puts back or removes such a copy.",
-                final.parent,
-                pid,
-                final,
-                type(exc).__name__,
-                exc,
-                final.parent,
-            )
+            self._cannot_list(pid, exc)
             return []
-        return [
-            final.parent / n
-            for n in sorted(names)
-            if (m := ASIDE_RE.match(n)) is not None and int(m["pid"]) == pid and aside_of(n, [final.name]) == final.name
-        ]
+        return [c for c in found if owner_pid(c) == pid]
+
+    def _cannot_list(self, pid: int, exc: Exception) -> None:
+        final = Path(self.target.final)
+        log_safely(
+            logger,
+            logging.WARNING,
+            "Cannot list %s for what the dead writer process %d moved aside from %s (%s: %s); run "
+            "`torch-checkpointing gc %s`: it puts back or removes such a copy.",
+            final.parent,
+            pid,
+            final,
+            type(exc).__name__,
+            exc,
+            final.parent,
+        )
 
     def _put_back_aside(self, pid: int) -> None:
         """The dead writer was killed between its two renames: the id holds nothing and the replaced checkpoint is
-        aside. It goes back under the id (only a whole checkpoint, onto an id still empty); a failure is a WARNING
-        naming where it is and how to get it back."""
+        aside. It goes back under the id when `asides.copy_to_put_back` (gc's rule too) chooses it; otherwise, or
+        when the rename fails, a WARNING names what is aside and how to get it back."""
         final = Path(self.target.final)
-        found = self._asides_of(pid)
-        asides = [a for a in found if self._is_whole(a)]
-        if len(asides) != 1:
-            if found:  # the id holds nothing, and no one copy aside is a checkpoint to put back: gc judges them
+        try:
+            put_back = copy_to_put_back(self.storage, final, dead_pid=pid)
+        except Exception as exc:
+            self._cannot_list(pid, exc)
+            return
+        if put_back.chosen is None:
+            if put_back.copies and put_back.id_free:  # an id taken since (another save): gc judges the copies
                 log_safely(
                     logger,
                     logging.WARNING,
-                    "The checkpoint writer process %d died replacing %s, which holds nothing now; of what it moved "
-                    "aside (%s) no single whole checkpoint can be put back. Run `torch-checkpointing gc %s`.",
+                    "The checkpoint writer process %d died replacing %s, which holds nothing now; of what is aside "
+                    "(%s) nothing can be put back: %s. Run `torch-checkpointing gc %s`.",
                     pid,
                     final,
-                    ", ".join(str(a) for a in found),
+                    ", ".join(str(a) for a in put_back.copies),
+                    put_back.why_not,
                     final.parent,
                 )
             return
-        aside = asides[0]
+        aside = put_back.chosen
         try:
-            local = self.storage.local_path(final)
-            if os.path.lexists(local) if local is not None else self.storage.exists(final):
-                return  # another save or program took the id since: the copy aside is gc's to judge
             self.storage.rename(aside, final, is_directory=True)
             self.storage.sync_directory(final.parent)
         except Exception as exc:
@@ -1167,16 +1167,6 @@ class Commit:
             final,
             aside,
         )
-
-    def _is_whole(self, path: Path) -> bool:
-        """Whether `path` is a committed checkpoint as a load reads it (`read_manifest`), not a link to one."""
-        local = self.storage.local_path(path)
-        if local is not None and os.path.islink(local):
-            return False
-        try:
-            return read_manifest(self.storage, path) is not None
-        except (OSError, CheckpointError):  # incomplete, damaged, unreadable: not one to put back
-            return False
 
     def _warn_left_behind(self, exc: BaseException) -> None:
         """Name what the interrupted or failed removal of the replaced checkpoint left beside the id, for gc."""

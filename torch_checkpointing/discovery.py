@@ -498,7 +498,7 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
-def _hidden_name_alive(pid: int, path: Path) -> bool:
+def hidden_name_alive(pid: int, path: Path) -> bool:
     """Whether the process that made a hidden name (`.old_`, `.trash-`) may still be using it. This process's own
     pid says so only for names it holds now: a job restarted in a container often gets the pid of the one that
     was killed, and that one's leftovers are garbage, not this process's work in flight."""
@@ -623,10 +623,10 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         detail = f"save {m['uid']}-{m['seq']}"
         return Leftover(str(path), "temporary", m["name"], alive, size, detail, recognised)
     if m := ASIDE_RE.match(name):
-        alive = _hidden_name_alive(int(m["pid"]), path)
+        alive = hidden_name_alive(int(m["pid"]), path)
         return Leftover(str(path), "replaced", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if m := TRASH_RE.match(name):
-        alive = _hidden_name_alive(int(m["pid"]), path)
+        alive = hidden_name_alive(int(m["pid"]), path)
         return Leftover(str(path), "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if not name.startswith(".") and storage.exists(path / INCOMPLETE_MARKER):
         if _committed_beside_marker(storage, path):

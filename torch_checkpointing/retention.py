@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from torch_checkpointing.asides import copy_to_put_back
 from torch_checkpointing.commit import (
     Claim,
     ConditionalStorage,
@@ -584,22 +585,26 @@ def _replaced_id(leftover: Leftover, root: Path, storage: Storage) -> str | None
     return aside_of(name, storage.ls(root)) if may_be_cut(name) else leftover.checkpoint_name
 
 
-def _restorable(leftover: Leftover, root: Path, storage: Storage) -> str | None:
-    """The id to move a replaced copy back under, when its replacement was killed between its two renames.
+def _to_put_back(leftovers: list[Leftover], root: Path, storage: Storage) -> dict[Path, str]:
+    """The copies aside to move back under their ids (path: id), chosen by the rule a dead writer's trainer uses
+    (`asides.copy_to_put_back`): a replace killed between its two renames (the fallback of a store without an
+    atomic exchange) leaves nothing at the id and the old checkpoint aside, and a load of the id finds nothing.
 
-    That crash (the fallback replace of a store without an atomic exchange) leaves nothing at the id and the
-    old checkpoint aside; a load of the id would find nothing. It is put back once its process is gone and
-    nothing else took the id (a later save's checkpoint there makes the copy garbage instead).
+    A copy whose name was cut does not tell gc its id, which holds nothing: such an id is left to the user.
     """
-    if leftover.kind != "replaced" or not leftover.recognised or leftover.owner_alive is not False:
-        return None
-    name = Path(leftover.path).name
-    if may_be_cut(name) or checkpoint_info(leftover.path, storage) is None:
-        return None  # a cut name does not tell the id; an incomplete copy is no checkpoint to restore
-    target = root / leftover.checkpoint_name
-    local = storage.local_path(target)
-    taken = os.path.lexists(local) if local is not None else storage.exists(target)
-    return None if taken else leftover.checkpoint_name
+    ids = {lo.checkpoint_name for lo in leftovers if lo.kind == "replaced" and not may_be_cut(Path(lo.path).name)}
+    chosen: dict[Path, str] = {}
+    for name in sorted(ids):
+        try:
+            copy = copy_to_put_back(storage, root / name).chosen
+        except STORE_ERRORS as exc:
+            logger.warning(
+                "gc could not look at the copies of %s aside (%s); left as they are", _shown(root / name), exc
+            )
+            continue
+        if copy is not None:
+            chosen[copy] = name
+    return chosen
 
 
 def _restore(storage: Storage, leftover: Leftover, target: Path) -> bool | None:
@@ -648,16 +653,17 @@ def collect_garbage(
     storage = storage or storage_for(root)
     base, now = Path(root), time.time()
     report = GcReport()
-    for leftover in list_leftovers(base, storage):
-        restore_to = _restorable(leftover, base, storage)
-        if restore_to is not None:
-            done = True if dry_run else _restore(storage, leftover, base / restore_to)
-            if done:
-                verb = "to be moved back" if dry_run else "moved back"
-                report.kept.append((leftover, f"the only copy of {restore_to}, {verb} under its id"))
-            elif done is False:
-                report.failed.append(leftover)
-            continue
+    leftovers = list_leftovers(base, storage)
+    put_back = _to_put_back(leftovers, base, storage)
+    for leftover in [lo for lo in leftovers if Path(lo.path) in put_back]:  # first: the other copies are garbage then
+        restore_to = put_back[Path(leftover.path)]
+        done = True if dry_run else _restore(storage, leftover, base / restore_to)
+        if done:
+            verb = "to be moved back" if dry_run else "moved back"
+            report.kept.append((leftover, f"the only copy of {restore_to}, {verb} under its id"))
+        elif done is False:
+            report.failed.append(leftover)
+    for leftover in [lo for lo in leftovers if Path(lo.path) not in put_back]:
         why = _why_keep(leftover, base, storage, unowned_after_s, now)
         if why is not None:
             report.kept.append((leftover, why))

@@ -1,0 +1,142 @@
+"""Which copy a killed non-exchange replace moved aside goes back under its id: one rule, for the trainer that
+settles its dead writer (`Commit.adopt`) and for gc alike.
+
+Each test failed before: the two decided differently, and each on less than a load needs.
+
+* gc put back the first `.old_` copy of an id in name order, then removed the others as "replaced": with two
+  copies of one id (a replace killed between its renames, the id saved again, and a second replace killed the
+  same way) it put back the OLDER checkpoint and deleted the newer one, so a load of the id returned stale data.
+* Both put back a copy whose manifest parses though its files do not all exist (the removal of a replaced copy
+  killed midway removes its manifest last): the id then held a checkpoint that no load can read, and gc deleted
+  the whole copy beside it as garbage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_long_names_and_removal import SUBPROCESS_TIMEOUT_S, _manager
+from torch_checkpointing.commit import Commit, CommitTarget
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+# A sync save of `sys.argv[1]` (value `sys.argv[2]`) over the checkpoint there, without an atomic exchange, that
+# SIGKILLs itself at `sys.argv[3]`: "between" its two renames, or "removing" the replaced copy after the first
+# file of it is gone.
+KILLED_CHILD = """
+import os, signal, sys
+import torch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.storage import filesystem
+
+path, value, moment = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+filesystem._renameat2 = lambda: None  # no RENAME_EXCHANGE here (NFS)
+real_rename, real_unlink = filesystem.LocalFileSystemStorage.rename, os.unlink
+def rename_then_die(self, src, dst, *args, **kwargs):
+    real_rename(self, src, dst, *args, **kwargs)
+    if moment == "between" and os.path.basename(dst).startswith(".old_"):
+        os.kill(os.getpid(), signal.SIGKILL)
+def unlink_then_die(name, *args, **kwargs):
+    real_unlink(name, *args, **kwargs)
+    if moment == "removing" and "/.old_" in os.fspath(name):
+        os.kill(os.getpid(), signal.SIGKILL)
+filesystem.LocalFileSystemStorage.rename = rename_then_die
+os.unlink = unlink_then_die
+with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+    manager.save(path, {"model": {f"t{i}": torch.full((4,), value) for i in range(3)}}, step=1)
+"""
+
+
+def _save(ckpt: Path, value: float) -> None:
+    with _manager() as manager:
+        manager.save(str(ckpt), _state(value), step=1)
+
+
+def _state(value: float) -> dict[str, dict[str, torch.Tensor]]:
+    return {"model": {f"t{i}": torch.full((4,), value) for i in range(3)}}
+
+
+def _killed_replace(ckpt: Path, value: float, moment: str) -> Path:
+    """Replace `ckpt` in a child SIGKILLed at `moment`; the copy aside it left."""
+    before = set(os.listdir(ckpt.parent))
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_CHILD, str(ckpt), str(value), moment],
+        timeout=SUBPROCESS_TIMEOUT_S,
+        capture_output=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    (aside,) = [n for n in set(os.listdir(ckpt.parent)) - before if n.startswith(".old_")]
+    return ckpt.parent / aside
+
+
+def _loaded(ckpt: Path) -> float:
+    with _manager() as manager:
+        return float(manager.load(str(ckpt), _state(0.0))["model"]["t0"][0])
+
+
+def _half_removed_copy(ckpt: Path) -> Path:
+    """`ckpt` (1.0) replaced by 2.0, the replacing process killed while it removed the replaced copy: the copy
+    keeps its manifest (removed last) but not all its files."""
+    _save(ckpt, 1.0)
+    aside = _killed_replace(ckpt, 2.0, "removing")
+    assert (aside / "manifest.json").is_file()
+    return aside
+
+
+def test_gc_puts_back_the_copy_committed_last_and_keeps_it(tmp_path: Path) -> None:
+    ckpt = tmp_path / "latest"
+    _save(ckpt, 1.0)
+    older = _killed_replace(ckpt, 2.0, "between")  # holds 1.0; nothing at the id
+    _save(ckpt, 3.0)  # the id saved again, onto nothing
+    newer = _killed_replace(ckpt, 4.0, "between")  # holds 3.0; nothing at the id
+    report = collect_garbage(tmp_path, unowned_after_s=0)
+    assert report.failed == [], report
+    assert _loaded(ckpt) == 3.0  # the last checkpoint committed at the id
+    assert not older.exists() and not newer.exists()
+
+
+def test_gc_does_not_put_back_a_copy_whose_files_are_not_all_there(tmp_path: Path) -> None:
+    ckpt = tmp_path / "latest"
+    damaged = _half_removed_copy(ckpt)
+    whole = _killed_replace(ckpt, 3.0, "between")  # holds 2.0, whole; nothing at the id
+    report = collect_garbage(tmp_path, unowned_after_s=0)
+    assert report.failed == [], report
+    assert _loaded(ckpt) == 2.0
+    assert not whole.exists() and not damaged.exists()  # put back; the half-removed copy is garbage
+
+
+def test_gc_leaves_a_half_removed_copy_of_a_deleted_id_aside(tmp_path: Path) -> None:
+    ckpt = tmp_path / "step_1"
+    damaged = _half_removed_copy(ckpt)
+    shutil.rmtree(ckpt)  # the id deleted since (by hand, or a retention pass)
+    collect_garbage(tmp_path, unowned_after_s=0)
+    assert not ckpt.exists() and damaged.exists()
+
+
+def test_the_trainer_of_a_dead_writer_does_not_put_back_a_copy_whose_files_are_not_all_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpt = tmp_path / "step_1"
+    damaged = _half_removed_copy(ckpt)
+    shutil.rmtree(ckpt)  # what a writer killed between its renames leaves: nothing at the id
+    pid = int(damaged.name.rsplit("_", 1)[1].split("-")[0])
+    storage = LocalFileSystemStorageConfig(use_direct_io=False).create_storage()
+    commit = Commit(storage, CommitTarget(str(ckpt), str(tmp_path / ".step_1.tmp-0123abcd-1")))
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        assert commit.adopt(None, writer_pid=pid) is False
+    assert not ckpt.exists() and damaged.exists()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(damaged) in said and "gc" in said for said in warned), warned
+    with pytest.raises((CheckpointError, FileNotFoundError)):
+        _loaded(ckpt)

@@ -1,0 +1,98 @@
+"""When a copy that a replace moved aside goes back under its id: the one rule for every caller.
+
+The non-exchange replace (`Storage.replace_directory`'s fallback) moves the old checkpoint to an aside name
+(`names.aside_name`) before moving the new one in; a kill between the two renames leaves nothing at the id. Both
+the trainer that settles its dead writer (`commit.Commit.adopt`) and gc (`retention.collect_garbage`) put such a
+copy back. They decided apart before, on less than a load needs, and disagreed: gc put back the first copy in name
+order (an older checkpoint, deleting the newer one beside it), and both put back copies whose files were not all
+there. Here: a copy goes back only onto an id that holds nothing (not even a link), only when no copy of the id
+may still be in a live replace's hands, only when a load would read it whole, and of several the one committed
+last, strictly; anything else puts nothing back and says why.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.names import ASIDE_RE, aside_of
+from torch_checkpointing.storage.base_storage import Storage
+
+__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "owner_pid", "taken"]
+
+
+@dataclass(frozen=True)
+class PutBack:
+    """The copy to move back under the id (None: none), every copy of the id found aside, why none is chosen, and
+    whether the id holds nothing (a copy of an id taken since is garbage or a user's to judge, not put back)."""
+
+    chosen: Path | None
+    copies: list[Path] = field(default_factory=list)
+    why_not: str = ""
+    id_free: bool = True
+
+
+def copies_aside(storage: Storage, final: Path) -> list[Path]:
+    """Every copy a replace moved aside from the id `final`, cut names included (the id is known here)."""
+    return [
+        final.parent / n
+        for n in sorted(storage.ls(final.parent))
+        if ASIDE_RE.match(n) is not None and aside_of(n, [final.name]) == final.name
+    ]
+
+
+def taken(storage: Storage, final: Path) -> bool:
+    """Whether anything (a directory, a file, a dangling link) is at `final`."""
+    local = storage.local_path(final)
+    return os.path.lexists(local) if local is not None else storage.exists(final)
+
+
+def copy_to_put_back(storage: Storage, final: Path, dead_pid: int | None = None) -> PutBack:
+    """Which copy aside goes back under the id `final` now (see the module's docstring). `dead_pid`: a process
+    the caller knows is dead (a writer it saw die), whose pid may have been given to another process since."""
+    copies = copies_aside(storage, final)
+    if not copies:
+        return PutBack(None, copies, "no copy of it is aside")
+    if taken(storage, final):
+        return PutBack(None, copies, "something is at the id", id_free=False)
+    live = [c for c in copies if _owner_may_live(c, dead_pid)]
+    if live:
+        return PutBack(None, copies, f"the replace that moved {live[0]} aside may still be running")
+    whole = {c: t for c in copies if (t := _commit_time_if_whole(storage, c)) is not None}
+    if not whole:
+        return PutBack(None, copies, "none of them is a whole checkpoint")
+    newest = max(whole, key=lambda c: whole[c])
+    if sum(t >= whole[newest] for t in whole.values()) > 1:
+        return PutBack(None, copies, "no one of them was committed last (their commit times tie or are unknown)")
+    return PutBack(newest, copies)
+
+
+def owner_pid(copy: Path) -> int:
+    """The pid of the process whose replace moved `copy` aside (one of `copies_aside`)."""
+    match = ASIDE_RE.match(copy.name)
+    if match is None:
+        raise ValueError(f"{copy} is no copy a replace moved aside")
+    return int(match["pid"])
+
+
+def _owner_may_live(copy: Path, dead_pid: int | None) -> bool:
+    pid = owner_pid(copy)
+    return pid != dead_pid and hidden_name_alive(pid, copy)
+
+
+def _commit_time_if_whole(storage: Storage, path: Path) -> float | None:
+    """The commit time of `path` when a load would read it whole (a directory, not a link, its manifest ours and
+    every file it lists there at its recorded size), -inf when that time is unknown; None when it is not whole."""
+    local = storage.local_path(path)
+    if local is not None and os.path.islink(local):
+        return None
+    try:
+        info = checkpoint_info(path, storage)
+        if info is None or damage(path, storage) is not None:
+            return None
+    except (OSError, CheckpointError):
+        return None
+    return info.commit_time if info.commit_time is not None else float("-inf")
