@@ -19,14 +19,18 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.test_long_names_and_removal import SUBPROCESS_TIMEOUT_S, _manager
+from torch_checkpointing.asides import owner_pid
 from torch_checkpointing.commit import Commit, CommitTarget
+from torch_checkpointing.discovery import OWNER_STARTED_AFTER_S
 from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.names import aside_name, new_nonce
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -140,3 +144,56 @@ def test_the_trainer_of_a_dead_writer_does_not_put_back_a_copy_whose_files_are_n
     assert any(str(damaged) in said and "gc" in said for said in warned), warned
     with pytest.raises((CheckpointError, FileNotFoundError)):
         _loaded(ckpt)
+
+
+# ------------------------------------------------------------------------------------ an owner's pid reused since
+
+
+def _process_with_pid(pid: int) -> subprocess.Popen[bytes]:
+    """A live process given `pid` (free: its owner is dead), as a pid is reused once the kernel wraps around."""
+    for _ in range(50):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(pid - 1))
+        except OSError as exc:
+            pytest.skip(f"this process cannot choose the next pid ({exc}): needs CAP_SYS_ADMIN")
+        proc = subprocess.Popen(["sleep", "600"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    pytest.fail(f"pid {pid} was never given to a new process (other processes fork meanwhile)")
+
+
+def test_gc_puts_back_a_copy_whose_dead_owners_pid_a_later_process_has(tmp_path: Path) -> None:
+    """Failed before: the owner counted alive as long as any process had its pid, so an id emptied by a killed
+    replace stayed empty (gc: "its owner is alive") while, in a container, some other process had the pid."""
+    ckpt = tmp_path / "latest"
+    _save(ckpt, 1.0)
+    aside = _killed_replace(ckpt, 2.0, "between")
+    time.sleep(OWNER_STARTED_AFTER_S + 1)
+    reuser = _process_with_pid(owner_pid(aside))
+    try:
+        report = collect_garbage(tmp_path, unowned_after_s=0)
+    finally:
+        reuser.kill()
+        reuser.wait()
+    assert report.failed == [] and not aside.exists(), report
+    assert _loaded(ckpt) == 1.0
+
+
+def test_gc_leaves_a_copy_whose_owner_started_before_it_was_moved_aside(tmp_path: Path) -> None:
+    """The guard from the other side: a live process that was running when the copy was moved aside may be the
+    replace that did it (another process of this host, between its two renames)."""
+    ckpt = tmp_path / "latest"
+    _save(ckpt, 1.0)
+    owner = subprocess.Popen(["sleep", "600"])
+    try:
+        aside = ckpt.with_name(aside_name(ckpt.name, owner.pid, new_nonce()))
+        os.rename(ckpt, aside)
+        time.sleep(OWNER_STARTED_AFTER_S + 1)
+        report = collect_garbage(tmp_path, unowned_after_s=0)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert aside.exists() and not ckpt.exists(), report

@@ -18,6 +18,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -498,11 +499,35 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
+# How much later than a hidden name was made its pid's process must have started to be judged another process.
+OWNER_STARTED_AFTER_S = 5.0
+
+
 def hidden_name_alive(pid: int, path: Path) -> bool:
     """Whether the process that made a hidden name (`.old_`, `.trash-`) may still be using it. This process's own
     pid says so only for names it holds now: a job restarted in a container often gets the pid of the one that
-    was killed, and that one's leftovers are garbage, not this process's work in flight."""
-    return held_here(path) if pid == os.getpid() else pid_alive(pid)
+    was killed, and that one's leftovers are garbage, not this process's work in flight. Another live process
+    with the pid is not its maker when it started after the name was made (a pid the kernel gave again: in a
+    container, pids are few and soon reused, and gc kept a dead replace's copy aside while the id held nothing).
+    """
+    if pid == os.getpid():
+        return held_here(path)
+    return pid_alive(pid) and not _started_after(pid, path)
+
+
+def _started_after(pid: int, path: Path) -> bool:
+    """Whether process `pid` of this host started clearly after `path` got its name (a rename sets its ctime),
+    both measured as ages now; False when either cannot be told (another host's name, no /proc)."""
+    try:
+        made_s_ago = time.time() - os.lstat(path).st_ctime
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            started_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime", "rb") as f:
+            up_s = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    running_s = up_s - started_ticks / os.sysconf("SC_CLK_TCK")
+    return running_s < made_s_ago - OWNER_STARTED_AFTER_S
 
 
 def pid_alive(pid: int) -> bool:
