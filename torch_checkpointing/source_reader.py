@@ -485,26 +485,27 @@ class FlatTensors(Mapping[str, torch.Tensor]):
         self._torch_flat: dict[str, torch.Tensor] | None = None
 
     def __getitem__(self, key: str) -> torch.Tensor:
+        """The whole tensor, read as a block: its bytes are checked against the checkpoint's block checksums
+        (a Torch file's tensor is a view of its mapping, which nothing checked before it is handed out)."""
+        handle = self._handle(key)
+        return handle.read_block((0,) * len(handle.shape), handle.shape, self._stats)
+
+    def describe(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) of a tensor without reading its bytes (a torch file's tensors are mapped views)."""
+        handle = self._handle(key)
+        return tuple(handle.shape), handle.dtype
+
+    def _handle(self, key: str) -> SourceTensor:
         if key not in self._known:
             raise KeyError(key)
         if isinstance(self._source, _TorchSourceFile):
             if self._torch_flat is None:  # mmap-backed views: flattening reads no tensor data
                 self._torch_flat = _tensors(self._source._value)
-            return self._torch_flat[key]
+            return _InMemoryTensor(self._torch_flat[key], self._stats, self._source._mapping)
         handle = self._source.tensor((key,))  # one component: its dotted key is `key` itself
         if handle is None:
             raise KeyError(key)
-        return handle.read_block((0,) * len(handle.shape), handle.shape, self._stats)
-
-    def describe(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
-        """(shape, dtype) of a tensor without reading its bytes (a torch file's tensors are mapped views)."""
-        if isinstance(self._source, _TorchSourceFile):
-            t = self[key]
-            return tuple(t.shape), t.dtype
-        handle = self._source.tensor((key,)) if key in self._known else None
-        if handle is None:
-            raise KeyError(key)
-        return tuple(handle.shape), handle.dtype
+        return handle
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
