@@ -44,14 +44,14 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (CHILD_AS_BYTES, CHILD_AS_BYTES))
 
 
-def in_child(call: str) -> dict[str, Any]:
-    """Run `call` (an expression over this module's names returning a JSON-able dict) in a fresh interpreter
+def in_child(call: str, module: str = "tests.test_crafted_round9") -> dict[str, Any]:
+    """Run `call` (an expression over `module`'s names returning a JSON-able dict) in a fresh interpreter
     with bounded time and address space; its result comes back on the last line of stdout."""
     script = textwrap.dedent(
         f"""
         import json, warnings
         warnings.simplefilter("ignore")
-        from tests.test_crafted_round9 import *
+        from {module} import *
         print("RESULT " + json.dumps({call}))
         """
     )

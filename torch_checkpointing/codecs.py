@@ -57,6 +57,7 @@ from torch_checkpointing.traversal import (
     flatten,
     is_container,
     join_key,
+    walk_sizes,
 )
 from torch_checkpointing.types import NestedPath
 
@@ -188,9 +189,30 @@ def load_torch(
         raise CorruptCheckpointError(f"File {path} for {what} is not a readable Torch file{placed}: {exc}") from exc
     except AssertionError as exc:  # torch's unpickler asserts on some records (a persistent id not a tuple)
         raise undecodable(path, what, exc) from exc
+    _refuse_shared_blowup(path, what, value)  # before the first walk of it
     if mapped is not None:
         check_storages_fit(path, value, records, mapped)
     return value
+
+
+MAX_SHARED_PATHS = 1 << 20
+"""The most positions a walk of a loaded value may visit beyond the distinct ones: what containers shared under
+several paths (a list under two keys, which torch.save keeps shared) add. A pickle's memo lets a few hundred
+bytes share one list down 60 levels, 2**60 paths, and every walk of the value (the record check, the merge, a
+flat view) would never end."""
+
+
+def _refuse_shared_blowup(path: Path, what: str, value: Any) -> None:
+    walked, distinct = walk_sizes(value)
+    if walked > distinct + MAX_SHARED_PATHS:
+        raise undecodable(
+            path,
+            what,
+            ValueError(
+                f"it holds {distinct} entries, but containers shared under several paths make a walk of it visit "
+                f"more than {distinct + MAX_SHARED_PATHS}; torch.save of a state a save could walk writes no such file"
+            ),
+        )
 
 
 def _load_refusing_pickles(

@@ -49,6 +49,7 @@ __all__ = [
     "map_leaves",
     "nodes",
     "rebuild",
+    "walk_sizes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -183,6 +184,42 @@ def _walk(value: Any, with_containers: bool) -> Iterator[Any]:
             stack.extend(reversed(list(node.values())) if isinstance(node, Mapping) else reversed(node))
         else:
             yield node
+
+
+_COUNT_CAP = 1 << 62
+
+
+def walk_sizes(value: Any) -> tuple[int, int]:
+    """(positions a tree walk of `value` visits, positions it would visit were no container reached twice):
+    containers and leaves, a shared subtree counted once per path to it in the first, once in the second.
+
+    Counted over distinct containers (iteratively, in time linear in them), never by walking: a pickle's memo
+    lets 60 lists hold 2**60 paths. The first count stops growing at 2**62 (no walk gets that far). A container
+    met again on its own path (a cycle) counts as a leaf here; the walks refuse it (`NestingError`)."""
+    walked: dict[int, int] = {}  # every value is alive while counted, so ids name containers only
+    distinct = 0
+    stack: list[tuple[Any, bool]] = [(value, False)] if _descends(value) else []
+    while stack:
+        node, done = stack.pop()
+        kids = node.values() if isinstance(node, Mapping) else node
+        if done:
+            sizes = [walked.get(id(c), 1) for c in kids]
+            walked[id(node)] = min(_COUNT_CAP, 1 + sum(sizes))
+            distinct += 1 + sum(1 for c in kids if id(c) not in walked)
+        elif id(node) not in walked:
+            walked[id(node)] = 1  # entered: counted as a leaf until done
+            stack.append((node, True))
+            stack.extend((c, False) for c in kids if id(c) not in walked and _descends(c))
+    return walked.get(id(value), 1), max(distinct, 1)
+
+
+_LEAF_TYPES = frozenset({int, float, bool, str, bytes, type(None), torch.Tensor, torch.nn.Parameter})
+
+
+def _descends(value: Any) -> bool:
+    """`is_container`, without an ABC check for the common leaf types (a large state has millions)."""
+    kind = type(value)
+    return kind is dict or kind is list or (kind not in _LEAF_TYPES and is_container(value))
 
 
 def _raise_cycle(value: Any) -> NoReturn:
