@@ -874,13 +874,14 @@ def _execute_plans(job: ReshardJob, storage: Storage, stats: ReadStats) -> list[
         stats.blocks_read += prepared.stats.blocks_read
         stats.bytes_read += prepared.stats.bytes_read
     collected = prepared.collected
-    for i, (path, index, tensor, plan) in enumerate(collected.copies):
-        block = prepared.fetched.pop(i, None)
-        if block is None:
-            block = tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
-        local = _local_of(get_path(job.target, path))
-        assert local is not None
-        local[index].copy_(block)
+    with torch.no_grad():  # a target may require grad (an nn.Parameter): filled in place, as a direct load does
+        for i, (path, index, tensor, plan) in enumerate(collected.copies):
+            block = prepared.fetched.pop(i, None)
+            if block is None:
+                block = tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
+            local = _local_of(get_path(job.target, path))
+            assert local is not None
+            local[index].copy_(block)
     for path, saved in collected.values:
         merged, _ = walk_checkpoint_structure(
             item_key=job.item_key, source=saved, target=get_path(job.target, path), at=path
