@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import types
 import typing
@@ -96,6 +97,13 @@ def _exact_leaf(tp: type, data: Any, where: str) -> Any:
     is True, `str(5)` is "5"), so it is a ValueError naming the field instead."""
     if type(data) is int and tp in (float, complex):
         return data
+    if isinstance(data, (int, float)) and not issubclass(tp, (int, float, complex, enum.Enum)):
+        # Never handed to another type: `bytearray(n)`, `bytes(n)`, `torch.Tensor(n)` read a number as a size,
+        # and a crafted file's 2**40 would be allocated (no such type gives back the same JSON number anyway).
+        raise ValueError(
+            f"{where}: the field is annotated {tp.__name__}, but its JSON value {data!r} is a number, which "
+            f"is rebuilt only as a number or an Enum member."
+        )
     try:
         value = tp(data)
     except Exception as exc:
