@@ -860,14 +860,24 @@ def _reading_shard(path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def _open_shard(path: Path) -> Iterator[Any]:
     """A shard opened with safetensors, its header checked as a checkpoint's is (a tensor named twice, which
-    safetensors resolves silently to the last entry, is refused)."""
+    safetensors resolves silently to the last entry, is refused).
+
+    Opened once, without blocking, its type checked on the descriptor and read through it only: opened by name
+    after `_regular` had checked it, a shard swapped for a FIFO meanwhile blocked the import forever, and
+    safetensors' own open by name could read another file than the header check did."""
     from safetensors import safe_open
 
-    with _reading_shard(path):
-        with open(path, "rb") as file:
-            refuse_names_twice(path, file)
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            yield f
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _refuse_irregular(os.fstat(fd).st_mode, path)
+        with _reading_shard(path):
+            with os.fdopen(os.dup(fd), "rb") as file:
+                refuse_names_twice(path, file)
+            opened = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(path)
+            with safe_open(opened, framework="pt", device="cpu") as f:
+                yield f
+    finally:
+        os.close(fd)
 
 
 def _shard_name(value: Any, index: Path) -> str:
@@ -884,9 +894,13 @@ def _regular(path: Path) -> None:
         st = os.stat(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} is named by the export but does not exist") from None
-    if not stat.S_ISREG(st.st_mode):
+    _refuse_irregular(st.st_mode, path)
+
+
+def _refuse_irregular(mode: int, path: Path) -> None:
+    if not stat.S_ISREG(mode):
         raise UnsafeCheckpointError(
-            f"{path} is not a regular file (mode {stat.filemode(st.st_mode)}); an HF export holds regular files only."
+            f"{path} is not a regular file (mode {stat.filemode(mode)}); an HF export holds regular files only."
         )
 
 
