@@ -199,14 +199,30 @@ def _tensors(value: Any) -> dict[str, torch.Tensor]:
 
 
 class _TorchSourceFile(SourceFile):
-    def __init__(self, value: Any, stats: ReadStats, mapping: _FileMapping | None = None) -> None:
+    def __init__(self, value: Any, stats: ReadStats, path: Path, mapping: _FileMapping | None = None) -> None:
         self._value = value
         self._stats = stats
+        self._path = path
         self._mapping = mapping
 
     def tensor(self, path: NestedPath) -> SourceTensor | None:
         node = local_tensor(get_path(self._value, path))
-        return _InMemoryTensor(node, self._stats, self._mapping) if isinstance(node, torch.Tensor) else None
+        return self.block_source(node, dotted_key(path)) if isinstance(node, torch.Tensor) else None
+
+    def block_source(self, tensor: torch.Tensor, name: str) -> SourceTensor:
+        """`tensor` (of this file, at dotted key `name`) for block reads: refused unless it is a dense tensor with
+        values. A meta, sparse or nested tensor cannot be sliced and copied (torch raised its own bare error,
+        for a meta tensor only in the copy, after other entries were filled)."""
+        kind = "meta" if tensor.device.type == "meta" else "nested" if tensor.is_nested else None
+        if kind is None and tensor.layout != torch.strided:
+            kind = f"sparse ({tensor.layout})"
+        if kind is not None:
+            raise CorruptCheckpointError(
+                f"{self._path} holds tensor {name!r} as a {kind} tensor, which has no dense values to read block by "
+                f"block; its sharding metadata records a dense one. The checkpoint is damaged or crafted: load an "
+                f"earlier checkpoint."
+            )
+        return _InMemoryTensor(tensor, self._stats, self._mapping)
 
     def keys(self) -> list[str]:
         return list(_tensors(self._value))
@@ -221,9 +237,9 @@ def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceF
     own record of the file (`codecs.check_storages_fit`, the check every Torch decode runs)."""
     mapped = storage.mapped_path(path)
     if mapped is None:
-        return _TorchSourceFile(load_resharding_source(storage, path), stats)
+        return _TorchSourceFile(load_resharding_source(storage, path), stats, path)
     if not _checks_reads(storage):  # a plain store records nothing to check: map it, as torch does
-        return _TorchSourceFile(load_resharding_source(storage, path, mapped), stats)
+        return _TorchSourceFile(load_resharding_source(storage, path, mapped), stats, path)
     size = storage.getsize(path)
     try:
         records = tensor_records(_RangeFile(storage, path, size))  # through the view: the zip directory is checked
@@ -234,7 +250,7 @@ def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceF
     else:
         _verify_outside(storage, path, size, records)
     value = load_resharding_source(storage, path, mapped, records)
-    return _TorchSourceFile(value, stats, _mapping_of(storage, path, mapped, size, value))
+    return _TorchSourceFile(value, stats, path, _mapping_of(storage, path, mapped, size, value))
 
 
 def _verify_outside(storage: Storage, path: Path, size: int, records: dict[int, int]) -> None:
@@ -501,7 +517,7 @@ class FlatTensors(Mapping[str, torch.Tensor]):
         if isinstance(self._source, _TorchSourceFile):
             if self._torch_flat is None:  # mmap-backed views: flattening reads no tensor data
                 self._torch_flat = _tensors(self._source._value)
-            return _InMemoryTensor(self._torch_flat[key], self._stats, self._source._mapping)
+            return self._source.block_source(self._torch_flat[key], key)
         handle = self._source.tensor((key,))  # one component: its dotted key is `key` itself
         if handle is None:
             raise KeyError(key)
