@@ -188,6 +188,15 @@ def test_safetensors_rejects_non_tensor_leaves(manager_factory: Factory, ckpt_ro
         save(m, ckpt_root / "c", {"m": {"w": torch.ones(1), "x": leaf}})
 
 
+@clause("ST-TENSORONLY-2")
+@pytest.mark.parametrize("leaf", [3, "s"], ids=repr)
+def test_safetensors_rejects_non_tensor_leaves_async(manager_factory: Factory, ckpt_root: Where, leaf: Any) -> None:
+    """The same ValueError "on write" when the write is async: from save() or from the write Future."""
+    m = manager_factory({"m": _st()}, mode="async")
+    with pytest.raises(ValueError):
+        save(m, ckpt_root / "c", {"m": {"w": torch.ones(1), "x": leaf}})
+
+
 @clause("ST-MISSING-1")
 def test_safetensors_missing_dict_leaf(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"m": _st()})

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -120,3 +122,106 @@ def test_json_per_rank_file(manager_factory: Factory, ckpt_root: Where) -> None:
     save(m, ckpt_root / "c", {"misc_state": {"step": 11, "cfg": {"lr": 0.5, "names": ["a", "b"]}}})
     data = json.loads(read_text(ckpt_root / "c" / "misc_state_0.json"))
     assert data == {"step": 11, "cfg": {"lr": 0.5, "names": ["a", "b"]}}
+
+
+# Pairs of items whose layouts resolve to the same file on rank 0: identical paths, a custom path equal to
+# another key's default file, and a {rank} path that expands to another item's fixed path.
+SHARED_FILES = {
+    "same-path": ({"a": ("same.pt", "TorchSerialization"), "b": ("same.pt", "TorchSerialization")}, ("a", "b")),
+    "a-default-file": ({"x": ("model_0.pt", "TorchSerialization")}, ("model", "x")),
+    "dot-segment": ({"a": ("./m.pt", "TorchSerialization"), "b": ("m.pt", "TorchSerialization")}, ("a", "b")),
+    "double-slash": ({"a": ("d//m.pt", "TorchSerialization"), "b": ("d/m.pt", "TorchSerialization")}, ("a", "b")),
+    "rank-expands-onto-fixed": (
+        {"x": ("m_{rank}.json", "JsonSerialization"), "y": ("m_0.json", "JsonSerialization")},
+        ("x", "y"),
+    ),
+}
+
+
+@clause("LAYOUT-UNIQUE-2")
+@pytest.mark.parametrize("case", sorted(SHARED_FILES))
+def test_two_keys_never_share_a_file(manager_factory: Factory, ckpt_root: Where, case: str) -> None:
+    """The document: "each key maps to its own unique file — there is no file sharing between keys". Two keys
+    laid out onto one file must not silently share it: the save raises, or each key loads back its own value."""
+    layouts, (k1, k2) = SHARED_FILES[case]
+    m = manager_factory({k: spec(layout=layout(path, fmt)) for k, (path, fmt) in layouts.items()})
+    payload = {k1: {"who": 1}, k2: {"who": 2}}
+    try:
+        save(m, ckpt_root / "c", payload)
+    except Exception:
+        return  # refused: no file is shared
+    out = m.load(str(ckpt_root / "c"), into={k1: None, k2: None})
+    assert (out[k1], out[k2]) == (payload[k1], payload[k2]), "one key's file was overwritten by the other's"
+
+
+ESCAPING_PATHS = ["../escape_up.pt", "sub/../../escape_up2.pt", "sub/../../../escape_up3.pt"]
+
+
+def _escaped(root: Where, inside: str) -> set[str]:
+    """Files under ``root`` named like the escape targets that do not lie under ``inside``."""
+    return {p for p in files(root) if p.rsplit("/", 1)[-1].startswith("escape") and not p.startswith(inside + "/")}
+
+
+@clause("LAYOUT-PATH-2")
+@pytest.mark.parametrize("path", ESCAPING_PATHS)
+def test_file_path_does_not_climb_out_of_the_checkpoint(manager_factory: Factory, ckpt_root: Where, path: str) -> None:
+    """The document: "file_path is relative to the checkpoint directory". A path that climbs out with ".." is
+    not a file of the checkpoint: the save raises or keeps the file inside, and never writes beside it."""
+    m = manager_factory({"x": spec(layout=layout(path, "TorchSerialization"))})
+    checkpoint = ckpt_root / "ids" / "c"
+    with contextlib.suppress(Exception):  # refusing the path is one way to hold the clause
+        save(m, checkpoint, {"x": torch.ones(2)})
+    assert not _escaped(ckpt_root, "ids/c"), f"{path!r} wrote outside the checkpoint directory"
+
+
+@clause("LAYOUT-PATH-2")
+@pytest.mark.local_only("an absolute local path is outside an object store's prefix by construction")
+def test_absolute_file_path_is_not_written_outside(manager_factory: Factory, ckpt_root: Where) -> None:
+    outside = Path(str(ckpt_root)) / "elsewhere" / "escape_abs.pt"
+    m = manager_factory({"x": spec(layout=layout(str(outside), "TorchSerialization"))})
+    with contextlib.suppress(Exception):  # refusing the path is one way to hold the clause
+        save(m, ckpt_root / "ids" / "c", {"x": torch.ones(2)})
+    assert not outside.exists(), "an absolute file_path was written outside the checkpoint directory"
+
+
+@clause("LAYOUT-DEFAULT-3")
+@pytest.mark.parametrize(("key", "rank"), [("model_state", 3), ("model", 0), ("a-b_c", 12)])
+def test_default_layout_info_is_key_rank_torch(key: str, rank: int) -> None:
+    """The document gives the default layout as ``default_layout_info(key, rank)`` returning
+    ``LayoutInfo(f"{key}_{rank}.pt", TorchSerialization())``."""
+    fn = backend.name("checkpoint_layout", "default_layout_info")
+    info = fn(key, rank)
+    assert isinstance(info, backend.name("checkpoint_layout", "LayoutInfo"))
+    assert info.file_path == f"{key}_{rank}.pt"
+    assert isinstance(info.serialization_format, backend.name("checkpoint_layout", "TorchSerialization"))
+
+
+def _bookkeeping_files(manager_factory: Factory, root: Where) -> list[str]:
+    """The files a backend writes into a checkpoint besides its item files (a save with a resharder declared,
+    so that whatever sharding metadata it records is among them)."""
+    resharder = backend.name("dtensor_resharder", "DTensorResharder")()
+    m = manager_factory({"model": spec(resharder=resharder)})
+    save(m, root, {"model": {"w": torch.ones(2)}})
+    return sorted(files(root) - {"model_0.pt"})
+
+
+@clause("LAYOUT-PATH-3")
+def test_a_layout_on_a_bookkeeping_file_name_keeps_the_checkpoint_whole(
+    manager_factory: Factory, ckpt_root: Where
+) -> None:
+    """The document: file_path "gives you full control over naming". An item laid out onto the name of a file
+    the backend itself writes into a checkpoint must not damage it: the save raises, or every item (the
+    resharded one included) loads back as saved."""
+    names = _bookkeeping_files(manager_factory, ckpt_root / "probe")
+    # A backend that writes only item files holds the clause by construction (the loop is empty).
+    resharder = backend.name("dtensor_resharder", "DTensorResharder")()
+    for i, name in enumerate(names):
+        m = manager_factory({"model": spec(resharder=resharder), "x": spec(layout=layout(name, "RawSerialization"))})
+        where = ckpt_root / f"c{i}"
+        try:
+            save(m, where, {"model": {"w": torch.full((2,), 3.0)}, "x": b"user bytes"})
+        except Exception:
+            continue  # refused: nothing shares the name
+        out = m.load(str(where), into={"model": {"w": torch.zeros(2)}, "x": None})
+        assert out["x"] == b"user bytes", f"item laid out on {name!r} did not load back"
+        assert torch.equal(out["model"]["w"], torch.full((2,), 3.0)), f"{name!r}: the resharded item did not load"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,21 @@ def test_resharder_has_two_abstract_methods(manager_factory: Factory, ckpt_root:
     m = manager_factory({"loader": spec(requires_copy=False, resharder=custom)})
     save(m, ckpt_root / "c", {"loader": {"pos": 4}})
     assert m.load(str(ckpt_root / "c"), into={"loader": {"pos": 0}})["loader"]["pos"] == 4
+
+
+# The parameters of the two abstract methods, as the document's custom resharder declares them.
+RESHARDER_SIGNATURES = {
+    "extract_sharding_metadata": ["self", "item_key", "item_value"],
+    "load": ["self", "source_path", "item_key", "target_metadata", "source_metadata", "target", "storage"],
+}
+
+
+@clause("RESHARD-SIG-1")
+@pytest.mark.parametrize("method", sorted(RESHARDER_SIGNATURES))
+def test_resharder_abstract_method_parameters(method: str) -> None:
+    base = backend.name("resharding", "Resharder")
+    params = list(inspect.signature(getattr(base, method)).parameters)
+    assert params == RESHARDER_SIGNATURES[method]
 
 
 @clause("RESHARD-AUTO-1")

@@ -162,12 +162,37 @@ def test_optional_item_may_be_absent_on_save(manager_factory: Factory, ckpt_root
     assert "extra_0.pt" not in files(ckpt_root / "c")
 
 
+@clause("REQUIRED-SAVE-3")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_missing_required_item_fails_fast_on_save(manager_factory: Factory, ckpt_root: Where, mode: str) -> None:
+    """ "With the default (True), a missing item fails fast": the save() call itself raises (an async save does
+    not hand back a Future that fails later) and nothing is written at the id."""
+    m = manager_factory({"model": spec(), "optim": spec()}, mode=mode)
+    with pytest.raises(Exception):
+        m.save(str(ckpt_root / "c"), {"model": torch.ones(1)})
+    assert not files(ckpt_root / "c")
+
+
 @clause("REQUIRED-LOAD-1")
 def test_required_item_absent_from_checkpoint_fails_load(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory()
     save(m, ckpt_root / "c", {"model": torch.ones(1)})
     with pytest.raises(Exception):
         m.load(str(ckpt_root / "c"), into={"model": torch.zeros(1), "ghost": None})
+
+
+@clause("REQUIRED-LOAD-4")
+def test_missing_required_item_fails_load_before_filling_templates(manager_factory: Factory, ckpt_root: Where) -> None:
+    """ "A missing item fails fast": the load raises before it restores the other items, so a template named
+    before the missing item in into= is left as it was."""
+    m = manager_factory()
+    save(m, ckpt_root / "c", {"model": torch.full((3,), 5.0), "misc": {"step": 4}})
+    target = torch.zeros(3)
+    misc = {"step": 0}
+    with pytest.raises(Exception):
+        m.load(str(ckpt_root / "c"), into={"model": target, "misc": misc, "ghost": torch.zeros(1)})
+    assert torch.equal(target, torch.zeros(3)), "the model template was filled before the missing item failed"
+    assert misc == {"step": 0}, "the misc template was filled before the missing item failed"
 
 
 @clause("REQUIRED-LOAD-2")
