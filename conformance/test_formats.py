@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -33,6 +33,23 @@ class StepInfo:
 
     step: int
     tag: str
+
+
+@dataclass
+class Limits:
+    """A dataclass nested in RunInfo's fields."""
+
+    low: int
+    high: int
+
+
+@dataclass
+class RunInfo:
+    """A JsonSerialization(cls=...) type whose fields are dataclasses: plain, optional and in a list."""
+
+    bounds: Limits
+    fallback: Limits | None = None
+    history: list[Limits] = field(default_factory=list)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -116,6 +133,18 @@ def test_json_cls_reconstructs_type(manager_factory: Factory, ckpt_root: Where) 
     assert out == StepInfo(9, "t")
 
 
+@clause("JSON-CLS-3")
+def test_json_cls_reconstructs_nested_dataclass_fields(manager_factory: Factory, ckpt_root: Where) -> None:
+    """ "When cls is a type, it records the Python type to reconstruct on read": a RunInfo whose `bounds` came
+    back a dict would not be the recorded type, so the fields typed as dataclasses are rebuilt too."""
+    m = manager_factory({"run": spec(layout=layout("run.json", "JsonSerialization", cls=RunInfo))})
+    saved = {"bounds": {"low": 1, "high": 2}, "fallback": {"low": 3, "high": 4}, "history": [{"low": 5, "high": 6}]}
+    save(m, ckpt_root / "c", {"run": saved})
+    out = m.load(str(ckpt_root / "c"), into={"run": None})["run"]
+    assert out == RunInfo(Limits(1, 2), Limits(3, 4), [Limits(5, 6)])
+    assert type(out.bounds) is Limits and type(out.fallback) is Limits and type(out.history[0]) is Limits
+
+
 # --------------------------------------------------------------------- raw
 @clause("RAW-BYTES-1")
 def test_raw_bytes_as_is(manager_factory: Factory, ckpt_root: Where) -> None:
@@ -195,6 +224,47 @@ def test_safetensors_rejects_non_tensor_leaves_async(manager_factory: Factory, c
     m = manager_factory({"m": _st()}, mode="async")
     with pytest.raises(ValueError):
         save(m, ckpt_root / "c", {"m": {"w": torch.ones(1), "x": leaf}})
+
+
+def _leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors of a nested dict / list, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    children = value.values() if isinstance(value, dict) else value
+    return [t for child in children for t in _leaves(child)]
+
+
+def _zeros_like(value: Any) -> Any:
+    """A template of the same structure with zero tensors."""
+    if isinstance(value, torch.Tensor):
+        return torch.zeros_like(value)
+    if isinstance(value, dict):
+        return {k: _zeros_like(v) for k, v in value.items()}
+    return [_zeros_like(v) for v in value]
+
+
+@clause("ST-FLATTEN-2")
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a.b": torch.full((2,), 1.0), "a": {"b": torch.full((2,), 2.0)}},
+        {"l": [torch.full((2,), 1.0)], "l.0": torch.full((2,), 2.0)},
+        {0: torch.full((2,), 1.0), "0": torch.full((2,), 2.0)},
+    ],
+    ids=["dotted-key-vs-nested", "dotted-key-vs-list-index", "int-key-vs-str-key"],
+)
+def test_safetensors_flatten_never_merges_two_leaves(manager_factory: Factory, ckpt_root: Where, value: Any) -> None:
+    """Flattening to dot-separated keys must keep "the value round-trips": two leaves whose dotted keys
+    coincide are not merged into one. The write raises, or each leaf loads back its own tensor."""
+    m = manager_factory({"m": _st()})
+    try:
+        save(m, ckpt_root / "c", {"m": value})
+    except Exception:
+        return  # refused: nothing merged
+    out = m.load(str(ckpt_root / "c"), into={"m": _zeros_like(value)})["m"]
+    saved, loaded = _leaves(value), _leaves(out)
+    assert len(loaded) == len(saved)
+    assert all(torch.equal(a, b) for a, b in zip(loaded, saved, strict=True)), "two leaves were merged"
 
 
 @clause("ST-MISSING-1")
