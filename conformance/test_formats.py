@@ -134,10 +134,11 @@ def test_json_cls_reconstructs_type(manager_factory: Factory, ckpt_root: Where) 
 
 
 @clause("JSON-CLS-3")
-def test_json_cls_reconstructs_nested_dataclass_fields(manager_factory: Factory, ckpt_root: Where) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_json_cls_reconstructs_nested_dataclass_fields(manager_factory: Factory, ckpt_root: Where, mode: str) -> None:
     """ "When cls is a type, it records the Python type to reconstruct on read": a RunInfo whose `bounds` came
     back a dict would not be the recorded type, so the fields typed as dataclasses are rebuilt too."""
-    m = manager_factory({"run": spec(layout=layout("run.json", "JsonSerialization", cls=RunInfo))})
+    m = manager_factory({"run": spec(layout=layout("run.json", "JsonSerialization", cls=RunInfo))}, mode=mode)
     saved = {"bounds": {"low": 1, "high": 2}, "fallback": {"low": 3, "high": 4}, "history": [{"low": 5, "high": 6}]}
     save(m, ckpt_root / "c", {"run": saved})
     out = m.load(str(ckpt_root / "c"), into={"run": None})["run"]
@@ -253,10 +254,13 @@ def _zeros_like(value: Any) -> Any:
     ],
     ids=["dotted-key-vs-nested", "dotted-key-vs-list-index", "int-key-vs-str-key"],
 )
-def test_safetensors_flatten_never_merges_two_leaves(manager_factory: Factory, ckpt_root: Where, value: Any) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_safetensors_flatten_never_merges_two_leaves(
+    manager_factory: Factory, ckpt_root: Where, value: Any, mode: str
+) -> None:
     """Flattening to dot-separated keys must keep "the value round-trips": two leaves whose dotted keys
     coincide are not merged into one. The write raises, or each leaf loads back its own tensor."""
-    m = manager_factory({"m": _st()})
+    m = manager_factory({"m": _st()}, mode=mode)
     try:
         save(m, ckpt_root / "c", {"m": value})
     except Exception:

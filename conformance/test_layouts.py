@@ -140,11 +140,12 @@ SHARED_FILES = {
 
 @clause("LAYOUT-UNIQUE-2")
 @pytest.mark.parametrize("case", sorted(SHARED_FILES))
-def test_two_keys_never_share_a_file(manager_factory: Factory, ckpt_root: Where, case: str) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_two_keys_never_share_a_file(manager_factory: Factory, ckpt_root: Where, case: str, mode: str) -> None:
     """The document: "each key maps to its own unique file — there is no file sharing between keys". Two keys
     laid out onto one file must not silently share it: the save raises, or each key loads back its own value."""
     layouts, (k1, k2) = SHARED_FILES[case]
-    m = manager_factory({k: spec(layout=layout(path, fmt)) for k, (path, fmt) in layouts.items()})
+    m = manager_factory({k: spec(layout=layout(path, fmt)) for k, (path, fmt) in layouts.items()}, mode=mode)
     payload = {k1: {"who": 1}, k2: {"who": 2}}
     try:
         save(m, ckpt_root / "c", payload)
@@ -164,10 +165,13 @@ def _escaped(root: Where, inside: str) -> set[str]:
 
 @clause("LAYOUT-PATH-2")
 @pytest.mark.parametrize("path", ESCAPING_PATHS)
-def test_file_path_does_not_climb_out_of_the_checkpoint(manager_factory: Factory, ckpt_root: Where, path: str) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_file_path_does_not_climb_out_of_the_checkpoint(
+    manager_factory: Factory, ckpt_root: Where, path: str, mode: str
+) -> None:
     """The document: "file_path is relative to the checkpoint directory". A path that climbs out with ".." is
     not a file of the checkpoint: the save raises or keeps the file inside, and never writes beside it."""
-    m = manager_factory({"x": spec(layout=layout(path, "TorchSerialization"))})
+    m = manager_factory({"x": spec(layout=layout(path, "TorchSerialization"))}, mode=mode)
     checkpoint = ckpt_root / "ids" / "c"
     with contextlib.suppress(Exception):  # refusing the path is one way to hold the clause
         save(m, checkpoint, {"x": torch.ones(2)})
@@ -206,8 +210,9 @@ def _bookkeeping_files(manager_factory: Factory, root: Where) -> list[str]:
 
 
 @clause("LAYOUT-PATH-3")
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_layout_on_a_bookkeeping_file_name_keeps_the_checkpoint_whole(
-    manager_factory: Factory, ckpt_root: Where
+    manager_factory: Factory, ckpt_root: Where, mode: str
 ) -> None:
     """The document: file_path "gives you full control over naming". An item laid out onto the name of a file
     the backend itself writes into a checkpoint must not damage it: the save raises, or every item (the
@@ -216,7 +221,8 @@ def test_a_layout_on_a_bookkeeping_file_name_keeps_the_checkpoint_whole(
     # A backend that writes only item files holds the clause by construction (the loop is empty).
     resharder = backend.name("dtensor_resharder", "DTensorResharder")()
     for i, name in enumerate(names):
-        m = manager_factory({"model": spec(resharder=resharder), "x": spec(layout=layout(name, "RawSerialization"))})
+        items = {"model": spec(resharder=resharder), "x": spec(layout=layout(name, "RawSerialization"))}
+        m = manager_factory(items, mode=mode)
         where = ckpt_root / f"c{i}"
         try:
             save(m, where, {"model": {"w": torch.full((2,), 3.0)}, "x": b"user bytes"})
