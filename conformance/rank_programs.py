@@ -338,6 +338,7 @@ def _layouts(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
         assert type(flat["w"]) is torch.Tensor and torch.equal(flat["w"], st.to_local()), "not the local shard"
 
     _check(obs, "layouts.st_dtensor", st_unwrapped)
+    _check(obs, "layouts.cross_rank_unique", lambda: _cross_rank_unique(root / "cross", rank))
 
     items = {k: v for k, v in _layout_items().items() if k != "st"}
     m = _manager(items)
@@ -367,6 +368,33 @@ def _layouts(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
             _expect_local(r["dt"]["w"], "layout.dt", (6, 4))
 
         _check(obs, "layouts.dtensor", dtensor_roundtrip)
+    finally:
+        m.close()
+
+
+def _cross_rank_unique(ckpt: Where, rank: int) -> None:
+    """LAYOUT-UNIQUE-2 across ranks: "{rank}0.pt" on rank 1 and "1{rank}.pt" on rank 0 are both "10.pt", though
+    no rank sees two of its own items on one file. The save raises (on some rank), or every rank loads back
+    its own values. Outcomes are exchanged first, so that no rank loads while another gave up."""
+    m = _manager(
+        {
+            "a": spec(layout=layout("{rank}0.pt", "TorchSerialization")),
+            "b": spec(layout=layout("1{rank}.pt", "TorchSerialization")),
+        }
+    )
+    try:
+        raised = False
+        try:
+            save(m, ckpt, {"a": torch.full((2,), 100.0 + rank), "b": torch.full((2,), 200.0 + rank)})
+        except Exception:
+            raised = True
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, raised)
+        if any(everyone):
+            return  # refused: no file is shared
+        got = m.load(str(ckpt), into={"a": torch.zeros(2), "b": torch.zeros(2)})
+        assert torch.equal(got["a"], torch.full((2,), 100.0 + rank)), f"a: {got['a']} (another item's file?)"
+        assert torch.equal(got["b"], torch.full((2,), 200.0 + rank)), f"b: {got['b']} (another item's file?)"
     finally:
         m.close()
 

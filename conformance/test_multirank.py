@@ -171,6 +171,11 @@ def test_fixed_path_is_shared(two: Results) -> None:
     expect(two, "layouts.save", "layouts.fixed")
 
 
+@clause("LAYOUT-UNIQUE-3")
+def test_no_file_shared_across_ranks(two: Results) -> None:
+    expect(two, "layouts.save", "layouts.cross_rank_unique")
+
+
 @clause("LAYOUT-DEFAULT-2")
 def test_default_layout_per_rank(two: Results) -> None:
     expect(two, "layouts.save", "layouts.default")
