@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -50,6 +50,22 @@ class RunInfo:
     bounds: Limits
     fallback: Limits | None = None
     history: list[Limits] = field(default_factory=list)
+
+
+class Span(NamedTuple):
+    """A NamedTuple for JsonSerialization(cls=...): JSON-compatible (json writes it as a list)."""
+
+    start: int
+    stop: int
+    label: str = ""
+
+
+@dataclass
+class Window:
+    """A dataclass whose field is annotated with a NamedTuple."""
+
+    span: Span
+    spans: list[Span] = field(default_factory=list)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -144,6 +160,33 @@ def test_json_cls_reconstructs_nested_dataclass_fields(manager_factory: Factory,
     out = m.load(str(ckpt_root / "c"), into={"run": None})["run"]
     assert out == RunInfo(Limits(1, 2), Limits(3, 4), [Limits(5, 6)])
     assert type(out.bounds) is Limits and type(out.fallback) is Limits and type(out.history[0]) is Limits
+
+
+# (cls, the JSON-compatible value saved, what the load must return). The dataclass is saved in its dict form,
+# as in JSON-CLS-2 and JSON-CLS-3: a dict holding NamedTuples is JSON-compatible, a dataclass instance is not.
+NAMED_TUPLE_CASES = {
+    "namedtuple": (Span, Span(1, 4, "a"), Span(1, 4, "a")),
+    "namedtuple-fields": (
+        Window,
+        {"span": Span(0, 2, "w"), "spans": [Span(2, 3, "x"), Span(3, 5, "y")]},
+        Window(Span(0, 2, "w"), [Span(2, 3, "x"), Span(3, 5, "y")]),
+    ),
+}
+
+
+@clause("JSON-CLS-4")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("case", sorted(NAMED_TUPLE_CASES))
+def test_json_cls_reconstructs_named_tuples(manager_factory: Factory, ckpt_root: Where, mode: str, case: str) -> None:
+    """ "When cls is a type, it records the Python type to reconstruct on read": a NamedTuple is a type, and its
+    instances are JSON-compatible data (json writes them as lists), so they load back as that type."""
+    cls, saved, expected = NAMED_TUPLE_CASES[case]
+    m = manager_factory({"v": spec(layout=layout("v.json", "JsonSerialization", cls=cls))}, mode=mode)
+    save(m, ckpt_root / "c", {"v": saved})
+    out = m.load(str(ckpt_root / "c"), into={"v": None})["v"]
+    assert type(out) is cls and out == expected, f"loaded {out!r}"
+    if isinstance(out, Window):
+        assert type(out.span) is Span and all(type(s) is Span for s in out.spans), f"loaded {out!r}"
 
 
 # --------------------------------------------------------------------- raw

@@ -44,7 +44,8 @@ class RebuildGaps:
 
 
 def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = None, at: tuple[Any, ...] = ()) -> Any:
-    """Rebuild `tp` from decoded JSON: dataclasses (nested, optional, in lists and dicts) are reconstructed.
+    """Rebuild `tp` from decoded JSON: dataclasses and NamedTuples (nested, optional, in lists and dicts) are
+    reconstructed.
 
     A JSON key no field of its dataclass takes is ignored, and a field the JSON lacks takes its default (None if
     optional), as the published release does; `gaps`, when given, receives their nested paths (`at` is where
@@ -75,6 +76,8 @@ def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = Non
             if gaps is not None:
                 gaps.defaulted.append((*at, f.name))
         return tp(**kwargs)
+    if _is_named_tuple(tp) and isinstance(data, list):
+        return _named_tuple(tp, data, where, gaps, at)
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (list, tuple, set, frozenset) and isinstance(data, list):
@@ -88,6 +91,30 @@ def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = Non
     if isinstance(tp, type) and tp is not Any and not isinstance(data, tp):
         return _exact_leaf(tp, data, where)
     return data
+
+
+def _is_named_tuple(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields")
+
+
+def _named_tuple(tp: Any, data: list[Any], where: str, gaps: RebuildGaps | None, at: tuple[Any, ...]) -> Any:
+    """A NamedTuple from the JSON list `json` wrote for it: its fields are positional (`tp(*values)`, never
+    `tp(list)`), each rebuilt by its annotation; fields past the end of the list take their defaults."""
+    names: tuple[str, ...] = tp._fields
+    if len(data) > len(names):
+        raise ValueError(f"{where}: {len(data)} JSON values for the {len(names)} fields of {tp.__name__} {names}")
+    hints = typing.get_type_hints(tp)
+    values = [
+        from_jsonable(hints.get(name, Any), v, f"{where}.{name}", gaps, (*at, i))
+        for i, (name, v) in enumerate(zip(names, data, strict=False))
+    ]
+    absent = names[len(data) :]
+    required = [name for name in absent if name not in tp._field_defaults]
+    if required:
+        raise ValueError(f"{where}: missing required field(s) {required} of {tp.__name__}")
+    if gaps is not None:
+        gaps.defaulted.extend((*at, len(data) + i) for i in range(len(absent)))
+    return tp(*values)
 
 
 def _exact_leaf(tp: type, data: Any, where: str) -> Any:

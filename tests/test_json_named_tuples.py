@@ -1,0 +1,69 @@
+"""`JsonSerialization(cls=...)` rebuilds NamedTuples, which `json` writes as lists.
+
+Before, the rebuild called `Span([1, 4, "a"])` (one positional argument) instead of `Span(1, 4, "a")`, so every
+save of a NamedTuple, or of a dataclass with a NamedTuple field, was refused with "missing 1 required
+positional argument", blaming values that were of the annotated type.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo
+from torch_checkpointing.json_dataclass import RebuildGaps, from_jsonable
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+
+class Span(NamedTuple):
+    start: int
+    stop: int
+    label: str = ""
+
+
+Plain = collections.namedtuple("Plain", ["a", "b"])
+
+
+@dataclass
+class Holder:
+    span: Span | None
+    plain: Plain
+
+
+def _roundtrip(tmp_path: Path, cls: type, value: Any) -> Any:
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.items = {"v": ItemSpec(layout=LayoutInfo("v.json", JsonSerialization(cls)))}
+    with CheckpointManager(config) as manager:
+        manager.save(str(tmp_path / "c"), {"v": value})
+        return manager.load(str(tmp_path / "c"), into={"v": None})["v"]
+
+
+@pytest.mark.parametrize(
+    ("cls", "value"),
+    [(Span, Span(1, 4, "a")), (Holder, Holder(Span(0, 1), Plain(1, [2, 3]))), (Holder, Holder(None, Plain(0, 0)))],
+    ids=["namedtuple", "fields", "optional-none"],
+)
+def test_a_named_tuple_round_trips_as_its_type(tmp_path: Path, cls: type, value: Any) -> None:
+    out = _roundtrip(tmp_path, cls, value)
+    assert type(out) is cls and out == value
+    if isinstance(out, Holder):
+        assert out.span is None or type(out.span) is Span
+        assert type(out.plain) is Plain
+
+
+def test_fields_past_the_end_of_the_list_take_their_defaults_and_are_reported() -> None:
+    gaps = RebuildGaps()
+    assert from_jsonable(Span, [1, 2], "v", gaps) == Span(1, 2, "")
+    assert gaps.defaulted == [(2,)]
+
+
+@pytest.mark.parametrize(("data", "words"), [([1], "missing required field(s) ['stop']"), ([1, 2, "x", 4], "4 JSON")])
+def test_a_list_that_does_not_fit_the_fields_names_the_problem(data: list[Any], words: str) -> None:
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        from_jsonable(Span, data, "v")
