@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -50,6 +50,9 @@ class RunInfo:
     bounds: Limits
     fallback: Limits | None = None
     history: list[Limits] = field(default_factory=list)
+    pair: tuple[Limits, int] | None = None
+    seen: Sequence[Limits] = ()
+    named: Mapping[str, Limits] = field(default_factory=dict)
 
 
 class Span(NamedTuple):
@@ -155,11 +158,20 @@ def test_json_cls_reconstructs_nested_dataclass_fields(manager_factory: Factory,
     """ "When cls is a type, it records the Python type to reconstruct on read": a RunInfo whose `bounds` came
     back a dict would not be the recorded type, so the fields typed as dataclasses are rebuilt too."""
     m = manager_factory({"run": spec(layout=layout("run.json", "JsonSerialization", cls=RunInfo))}, mode=mode)
-    saved = {"bounds": {"low": 1, "high": 2}, "fallback": {"low": 3, "high": 4}, "history": [{"low": 5, "high": 6}]}
+    saved = {
+        "bounds": {"low": 1, "high": 2},
+        "fallback": {"low": 3, "high": 4},
+        "history": [{"low": 5, "high": 6}],
+        "pair": [{"low": 7, "high": 8}, 9],
+        "seen": [{"low": 10, "high": 11}],
+        "named": {"k": {"low": 12, "high": 13}},
+    }
     save(m, ckpt_root / "c", {"run": saved})
     out = m.load(str(ckpt_root / "c"), into={"run": None})["run"]
-    assert out == RunInfo(Limits(1, 2), Limits(3, 4), [Limits(5, 6)])
-    assert type(out.bounds) is Limits and type(out.fallback) is Limits and type(out.history[0]) is Limits
+    nested = [out.bounds, out.fallback, out.history[0], out.pair[0], out.seen[0], out.named["k"]]
+    assert all(type(x) is Limits for x in nested), f"loaded {out!r}"
+    assert nested == [Limits(1, 2), Limits(3, 4), Limits(5, 6), Limits(7, 8), Limits(10, 11), Limits(12, 13)]
+    assert out.pair[1] == 9
 
 
 # (cls, the JSON-compatible value saved, what the load must return). The dataclass is saved in its dict form,

@@ -7,6 +7,7 @@ import enum
 import json
 import types
 import typing
+from collections import abc
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,10 +81,11 @@ def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = Non
         return _named_tuple(tp, data, where, gaps, at)
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if origin is tuple and isinstance(data, list) and args and not (len(args) == 2 and args[1] is Ellipsis):
+        return _fixed_tuple(args, data, where, gaps, at)
+    origin = _ABSTRACT_CONTAINERS.get(origin, origin)
     if origin in (list, tuple, set, frozenset) and isinstance(data, list):
-        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-            args = (args[0],)
-        inner = args[0] if len(args) == 1 else Any
+        inner = args[0] if args else Any
         items = [from_jsonable(inner, v, f"{where}[{i}]", gaps, (*at, i)) for i, v in enumerate(data)]
         return origin(items)
     if origin is dict and isinstance(data, dict) and len(args) == 2:
@@ -91,6 +93,26 @@ def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = Non
     if isinstance(tp, type) and tp is not Any and not isinstance(data, tp):
         return _exact_leaf(tp, data, where)
     return data
+
+
+# Annotations that name an abstract container: JSON gives a list or an object, rebuilt as the concrete type.
+_ABSTRACT_CONTAINERS: dict[Any, type] = {
+    abc.Sequence: list,
+    abc.MutableSequence: list,
+    abc.Mapping: dict,
+    abc.MutableMapping: dict,
+}
+
+
+def _fixed_tuple(
+    args: tuple[Any, ...], data: list[Any], where: str, gaps: RebuildGaps | None, at: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """`tuple[A, B]` from its JSON list: each position rebuilt by its own annotation."""
+    if len(args) != len(data):
+        raise ValueError(f"{where}: {len(data)} JSON values for a tuple of {len(args)} ({', '.join(map(str, args))})")
+    return tuple(
+        from_jsonable(a, v, f"{where}[{i}]", gaps, (*at, i)) for i, (a, v) in enumerate(zip(args, data, strict=True))
+    )
 
 
 def _is_named_tuple(tp: Any) -> bool:

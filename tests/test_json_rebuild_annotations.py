@@ -1,13 +1,15 @@
-"""`JsonSerialization(cls=...)` rebuilds NamedTuples, which `json` writes as lists.
+"""`JsonSerialization(cls=...)` rebuilds every annotation it can from the JSON `json` wrote.
 
-Before, the rebuild called `Span([1, 4, "a"])` (one positional argument) instead of `Span(1, 4, "a")`, so every
-save of a NamedTuple, or of a dataclass with a NamedTuple field, was refused with "missing 1 required
-positional argument", blaming values that were of the annotated type.
+NamedTuples: the rebuild called `Span([1, 4, "a"])` instead of `Span(1, 4, "a")`, so every save of one was
+refused with "missing 1 required positional argument", blaming values of the annotated type.
+Fixed-length tuples (`tuple[Inner, int]`), `Sequence[Inner]` and `Mapping[str, Inner]`: the dataclasses inside
+were left as dicts, and the load returned them so without a word.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -55,6 +57,32 @@ def test_a_named_tuple_round_trips_as_its_type(tmp_path: Path, cls: type, value:
     if isinstance(out, Holder):
         assert out.span is None or type(out.span) is Span
         assert type(out.plain) is Plain
+
+
+@dataclass
+class Inner:
+    x: int
+
+
+@dataclass
+class Annotated:
+    pair: tuple[Inner, int]
+    seen: Sequence[Inner]
+    named: Mapping[str, Inner]
+    pairs: list[tuple[Inner, Inner]]
+
+
+def test_dataclasses_inside_tuple_sequence_and_mapping_annotations_are_rebuilt(tmp_path: Path) -> None:
+    value = Annotated((Inner(1), 2), [Inner(3)], {"k": Inner(4)}, [(Inner(5), Inner(6))])
+    out = _roundtrip(tmp_path, Annotated, value)
+    assert out == value
+    inner = [out.pair[0], out.seen[0], out.named["k"], *out.pairs[0]]
+    assert all(type(x) is Inner for x in inner), out
+
+
+def test_a_fixed_tuple_of_the_wrong_length_names_the_problem() -> None:
+    with pytest.raises(ValueError, match="3 JSON values for a tuple of 2"):
+        from_jsonable(tuple[Inner, int], [{"x": 1}, 2, 3], "v")
 
 
 def test_fields_past_the_end_of_the_list_take_their_defaults_and_are_reported() -> None:
