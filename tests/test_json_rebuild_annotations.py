@@ -95,3 +95,44 @@ def test_fields_past_the_end_of_the_list_take_their_defaults_and_are_reported() 
 def test_a_list_that_does_not_fit_the_fields_names_the_problem(data: list[Any], words: str) -> None:
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         from_jsonable(Span, data, "v")
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+@dataclass
+class Loose:
+    """Annotations the rebuild cannot follow to a type: a union of two types, Any, object."""
+
+    either: Inner | int = 0
+    anything: Any = None
+    obj: object = None
+    plain: tuple[int, ...] = ()
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        (Loose(either=Inner(1)), "v::either"),
+        (Loose(anything=Inner(2)), "v::anything"),
+        (Loose(obj=[Inner(3)]), "v::obj.0"),
+        (Loose(anything=Span(1, 2)), "v::anything"),
+        (Loose(plain=Point(1, 2)), "v::plain"),
+    ],
+    ids=["union", "any", "object-list", "namedtuple-in-any", "namedtuple-as-tuple"],
+)
+def test_a_typed_value_the_annotation_would_not_rebuild_is_refused_at_save(
+    tmp_path: Path, value: Loose, where: str
+) -> None:
+    """Before, these saved, and the load returned the dataclass or NamedTuple as a dict or list, without a word
+    (load returned another value than the one committed)."""
+    with pytest.raises(ValueError, match=f"'{where}'"):
+        _roundtrip(tmp_path, Loose, value)
+    assert not (tmp_path / "c").exists()
+
+
+def test_values_the_annotations_rebuild_still_save(tmp_path: Path) -> None:
+    value = Loose(either=5, anything={"a": [1, 2]}, obj="s", plain=(1, 2))
+    assert _roundtrip(tmp_path, Loose, value) == value

@@ -854,6 +854,7 @@ def _check_loads_back(cls: type | None, key: str, value: Any, decoded: Any) -> N
             raise _not_rebuilt(cls, key, str(exc)) from None
         if isinstance(value, cls):  # an instance saves every field: each must come back (a dict may omit some)
             _check_fields_come_back(cls, key, decoded, loaded)
+        _check_types_come_back(cls, key, value, loaded)
     _check_enums_come_back(key, value, loaded)
 
 
@@ -893,6 +894,32 @@ def _first_difference(a: Any, b: Any, where: str) -> str | None:
 
 
 _ABSENT = object()
+
+
+def _check_types_come_back(cls: type, key: str, value: Any, loaded: Any) -> None:
+    """Walk the saved value beside its rebuild: a dataclass instance or NamedTuple must come back as its own
+    type. JSON writes them as objects and lists, and only an annotation naming the type rebuilds them; under
+    `Any`, `object`, a union of two types or a base class the load would return a dict or list instead."""
+    stack: list[tuple[Any, Any, str]] = [(value, loaded, "")]
+    while stack:
+        saved, back, where = stack.pop()
+        if _is_typed_json(saved) and type(back) is not type(saved):
+            raise _not_rebuilt(
+                cls,
+                key,
+                f"'{_at(key, where)}' is a {type(saved).__name__}, which the annotation there does not rebuild: "
+                f"it would load back as a {type(back).__name__}; annotate that field {type(saved).__name__}",
+            )
+        for k, v in _json_children(saved) or ():
+            child = _child(back, k)
+            if child is not _ABSENT:
+                stack.append((v, child, join_key(where, k)))
+
+
+def _is_typed_json(value: Any) -> bool:
+    """A value JSON holds only as a plain object or list: a dataclass instance or a NamedTuple."""
+    is_instance = dataclasses.is_dataclass(value) and not isinstance(value, type)
+    return is_instance or (isinstance(value, tuple) and hasattr(type(value), "_fields"))
 
 
 def _check_enums_come_back(key: str, value: Any, loaded: Any) -> None:
