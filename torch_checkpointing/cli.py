@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import errno
 import json
 import os
 import select
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO, TypeVar, cast
 
 import torch
 
@@ -169,6 +170,49 @@ def _fs_bytes(value: str) -> bytes | None:
         return None
 
 
+_T = TypeVar("_T")
+
+
+class OutputFailed(Exception):
+    """Writing the command's report to standard output failed: a full disk under `> report.txt`, stdout closed
+    (`>&-`). Not the command's own failure: what it did (a prune's deletions) stands, so it is said as such rather
+    than as a bare `[Errno 28] No space left on device` that reads as the checkpoints' disk being full."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _Output:
+    """Standard output (or a caller's stream) whose write and flush errors are `OutputFailed`. A closed stdout
+    (`sys.stdout` is None) fails its first write with EBADF, as a write to a closed descriptor does. A reader
+    gone from a pipe (`| head -1`) stays a BrokenPipeError: `main` ends that quietly."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+        self.encoding: str = getattr(stream, "encoding", None) or "utf-8"
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    def write(self, text: str) -> int:
+        return self._through(lambda stream: stream.write(text))
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            self._through(lambda stream: stream.flush())
+
+    def _through(self, call: Callable[[TextIO], _T]) -> _T:
+        if self._stream is None:
+            raise OutputFailed(OSError(errno.EBADF, "standard output is closed"))
+        try:
+            return call(self._stream)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputFailed(exc) from exc
+
+
 class Ui:
     """Tables, lines and progress: `rich` on a terminal when installed, plain text otherwise.
 
@@ -177,13 +221,13 @@ class Ui:
 
     def __init__(self, json_mode: bool, plain: bool, out: TextIO | None = None) -> None:
         self.json_mode = json_mode
-        self.out = out or sys.stdout
+        self.out = _Output(out or sys.stdout)
         self._rich: Any = None
         if not json_mode and not plain and self.out.isatty():
             try:
                 import rich.console
 
-                self._rich = rich.console.Console(file=self.out)
+                self._rich = rich.console.Console(file=cast(TextIO, self.out))
             except ImportError:
                 self._rich = None
 
@@ -193,7 +237,7 @@ class Ui:
         print(self._fit(shown(text)), file=self.out)
 
     def _fit(self, text: str) -> str:
-        return _encodable(text, getattr(self.out, "encoding", None) or "utf-8")
+        return _encodable(text, self.out.encoding)
 
     def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if self.json_mode:
@@ -832,7 +876,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ui = Ui(args.json, args.plain)
     try:
         with _sigterm_raises():
-            return int(args.run(args, ui, _storage_of(args)))
+            code = int(args.run(args, ui, _storage_of(args)))
+            ui.out.flush()  # a full disk under `> report.txt` fails here, not unseen at the interpreter's exit
+            return code
+    except OutputFailed as exc:
+        return _report_lost_output(args.command, exc)
     except BrokenPipeError as exc:
         if not _stdout_closed():  # a connection of the store's, not our reader: a failure like any other
             return _report_error(args.command, ui, exc)
@@ -878,7 +926,7 @@ def _usage_error(exc: UsageError, json_mode: bool) -> int:
     """What argparse prints for bad arguments (usage and the message, on stderr, exit 2), and with --json also
     the error document on stdout that scripts parse: before, they got an empty stdout."""
     if json_mode:
-        Ui(json_mode=True, plain=True).emit_json({"error": str(exc), "kind": "UsageError"})
+        _emit_error_document(Ui(json_mode=True, plain=True), {"error": str(exc), "kind": "UsageError"})
     exc.parser.print_usage(sys.stderr)
     print(f"{exc.parser.prog}: error: {shown(str(exc))}", file=sys.stderr)
     return EXIT_ERROR
@@ -887,11 +935,31 @@ def _usage_error(exc: UsageError, json_mode: bool) -> int:
 def _report_error(command: str, ui: Ui, exc: Exception) -> int:
     """One line on stderr (and the JSON error document in --json mode); EXIT_ERROR even when stdout is closed."""
     message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    _emit_error_document(ui, {"error": str(message), "kind": type(exc).__name__})
+    print(f"torch-checkpointing {command}: error: {shown(str(message))}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _emit_error_document(ui: Ui, doc: dict[str, str]) -> None:
+    """The --json error document, where stdout can take it. Where it cannot (a reader gone, a full disk, stdout
+    closed) the stderr line says the error alone: before, a closed pipe lost that line too."""
     try:
-        ui.emit_json({"error": str(message), "kind": type(exc).__name__})
-        print(f"torch-checkpointing {command}: error: {shown(str(message))}", file=sys.stderr)
-    except BrokenPipeError:
+        ui.emit_json(doc)
+        ui.out.flush()
+    except (BrokenPipeError, OutputFailed):
         _silence_stdout()
+
+
+def _report_lost_output(command: str, exc: OutputFailed) -> int:
+    """One line on stderr (no JSON document: it would go where the report could not), exit 2. Stdout is then
+    pointed at /dev/null, so what is still buffered for it does not fail again at the interpreter's exit."""
+    _silence_stdout()
+    print(
+        f"torch-checkpointing {command}: error: could not write the report to standard output: {shown(str(exc))}. "
+        "What the command did is not undone (a prune's or gc's deletions stand; `torch-checkpointing ls ROOT` shows "
+        "what is there now): send stdout where it can be written (a file on a disk with space, a pipe, /dev/null)",
+        file=sys.stderr,
+    )
     return EXIT_ERROR
 
 
@@ -899,10 +967,7 @@ def _report_stop(command: str, ui: Ui, signum: signal.Signals) -> int:
     """A command stopped by a signal: one line on stderr, and with --json the error document on stdout (before,
     stdout was left empty and a script's json.load of it failed instead of reading why)."""
     stop = STOPS[signum]
-    try:
-        ui.emit_json({"error": f"torch-checkpointing {command}: {stop.said}", "kind": stop.kind})
-    except BrokenPipeError:
-        _silence_stdout()
+    _emit_error_document(ui, {"error": f"torch-checkpointing {command}: {stop.said}", "kind": stop.kind})
     print(f"torch-checkpointing {command}: {stop.said}", file=sys.stderr)
     return stop.code
 
