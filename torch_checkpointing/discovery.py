@@ -15,7 +15,6 @@ import fcntl
 import logging
 import math
 import os
-import re
 import stat
 import tempfile
 import time
@@ -42,8 +41,17 @@ from torch_checkpointing.manifest import (
     read_manifest,
     read_marker,
     shown_name,
+    what_to_pass_instead,
 )
-from torch_checkpointing.names import ASIDE_RE, aside_of, held_here, previous_copy_hint
+from torch_checkpointing.names import (
+    ASIDE_RE,
+    TMP_RE,
+    TRASH_RE,
+    aside_of,
+    held_here,
+    previous_copy_hint,
+    step_from_name,
+)
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for
 from torch_checkpointing.storage.base_storage import Storage
@@ -70,13 +78,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# Names the engine gives to directories that are not (yet, or any more) a checkpoint. Kept in one place:
-# checkpoint_manager.py names temporary directories `.{name}.tmp-{uid}-{seq}`, Storage.replace_directory moves
-# a replaced checkpoint aside as `.old_{name}_{pid}-{nonce}`, and retention renames a checkpoint it deletes to
-# `.{name}.trash-{pid}-{nonce}` before removing it.
-TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<uid>[0-9a-f]+)-(?P<seq>[0-9]+)$")
-TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]+)$")
 
 LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete", "claim"]
 
@@ -164,11 +165,6 @@ class Leftover:
 # ------------------------------------------------------------------------------------------------ discovery
 
 
-def _step_from_name(name: str) -> int | None:
-    match = re.search(r"([0-9]+)$", name)
-    return int(match.group(1)) if match else None
-
-
 def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
     """The manifest of a committed checkpoint, else None (incomplete, unreadable, or not ours: all skipped).
 
@@ -241,7 +237,10 @@ def committed_manifest(storage: Storage, path: Path, missing: str | None = None)
     require_directory(storage, path, "a checkpoint directory (the one that holds manifest.json)", missing)
     manifest = read_manifest(storage, path)
     if manifest is None:
-        raise IncompleteCheckpointError(f"{shown_name(storage, path)}: no {MANIFEST_FILE_NAME}: not a checkpoint")
+        raise IncompleteCheckpointError(
+            f"{shown_name(storage, path)}: no {MANIFEST_FILE_NAME}: not a checkpoint"
+            + what_to_pass_instead(storage, path)
+        )
     return manifest
 
 
@@ -274,7 +273,7 @@ def checkpoint_info(path: str | os.PathLike[str], storage: Storage | None = None
     manifest = _manifest_or_none(storage, p)
     if manifest is None:
         return None
-    step = manifest.step if manifest.step is not None else _step_from_name(p.name)
+    step = manifest.step if manifest.step is not None else step_from_name(p.name)
     return CheckpointInfo(
         path=spelt(p),
         step=step,
@@ -408,7 +407,7 @@ def _warn_if_named_steps_disagree(latest: CheckpointInfo, checkpoints: list[Chec
 
 def _ids_number_step(info: CheckpointInfo) -> int | None:
     """The step, when it is the trailing integer of the id (what save() records without `step=`)."""
-    return info.step if info.step is not None and info.step == _step_from_name(Path(info.path).name) else None
+    return info.step if info.step is not None and info.step == step_from_name(Path(info.path).name) else None
 
 
 # How many times one id is checked again when a save replaced it while it was being checked.

@@ -18,7 +18,13 @@ from typing import Any, cast
 
 from torch_checkpointing.checkpoint_layout import SerializationFormat, untrusted_format_from_dict
 from torch_checkpointing.checksum import BlockChecksums
-from torch_checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
+from torch_checkpointing.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    UnsafeCheckpointError,
+)
+from torch_checkpointing.names import TMP_RE, TRASH_RE, step_from_name
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = [
@@ -236,16 +242,65 @@ def incomplete(checkpoint_dir: Path | str, storage: Storage) -> IncompleteCheckp
     one only while a delete of ours runs or after one stopped; on a store without rename a save writes under
     the id itself, behind its marker, so it may be a save still running (which a retry then finds committed).
     The checkpoint is named as the store names it (an object store's URL), not as the bare id."""
+    hint = what_to_pass_instead(storage, Path(checkpoint_dir))
     checkpoint_dir = shown_name(storage, checkpoint_dir)
     if storage.atomic_rename:
         return IncompleteCheckpointError(
-            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."
+            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint.{hint}"
         )
     return IncompleteCheckpointError(
         f"Checkpoint {checkpoint_dir} is incomplete: on this store a save writes under the id itself, so a save of "
         f"it is still running, or it stopped before it committed (or a delete of it is under way). Retry once "
         f"that save has committed, or load an earlier checkpoint."
     )
+
+
+def what_to_pass_instead(storage: Storage, path: Path) -> str:
+    """For the error about a directory that is no checkpoint, what the directory says was meant: the checkpoint
+    of the id whose save left this temporary or trash name, or the newest checkpoint directly under a run's root.
+    Before, both mistakes (`load("runs/exp1")`, a hidden temporary found with `ls -a`) got the path, not the fix,
+    and a load with `into=` read the root as a legacy checkpoint and said to fix the item's key. "" otherwise."""
+    parent = shown_name(storage, path.parent)
+    if m := TMP_RE.match(path.name):
+        return (
+            f" It is the temporary directory of a save of {parent}/{m['name']} that did not commit (killed, failed or "
+            f"still running): load {parent}/{m['name']} (what the last committed save of that id wrote, if any) or "
+            f"an earlier checkpoint. `torch-checkpointing gc {parent}` removes it once its save is gone."
+        )
+    if m := TRASH_RE.match(path.name):
+        return (
+            f" It is {parent}/{m['name']} being deleted (retention or prune moved it aside): load another checkpoint."
+        )
+    newest = _newest_checkpoint_under(storage, path)
+    if newest is None:
+        return ""
+    shown, count = shown_name(storage, path), newest[1]
+    return (
+        f" It holds {count} checkpoint(s): pass one of them, e.g. the newest, {shown_name(storage, path / newest[0])} "
+        f"(`torch-checkpointing ls {shown}` lists them; latest_checkpoint({shown!r}) gives the one to resume from)."
+    )
+
+
+def _newest_checkpoint_under(storage: Storage, root: Path) -> tuple[str, int] | None:
+    """The name of the newest (by step, then commit time, then name) committed checkpoint directly under `root`,
+    and how many there are; None when there is none (or `root` cannot be listed)."""
+    found: list[tuple[bool, int, float, str]] = []
+    try:
+        names = storage.ls(root)
+    except (OSError, CheckpointError):
+        return None
+    for name in names:
+        local = storage.local_path(root / name)
+        if name.startswith(".") or (local is not None and os.path.islink(local)):
+            continue  # ours in progress or being deleted, or a link: never a checkpoint of this root
+        try:
+            manifest = read_manifest(storage, root / name) if storage.isdir(root / name) else None
+        except (OSError, CheckpointError):
+            continue
+        if manifest is not None:
+            step = manifest.step if manifest.step is not None else step_from_name(name)
+            found.append((step is not None, step or 0, manifest.commit_time or 0.0, name))
+    return (max(found)[3], len(found)) if found else None
 
 
 class _OversizedFile(CorruptCheckpointError):

@@ -18,6 +18,8 @@ __all__ = [
     "ASIDE_RE",
     "NAME_MAX",
     "PATH_MAX",
+    "TMP_RE",
+    "TRASH_RE",
     "aside_name",
     "aside_of",
     "cut_from",
@@ -27,6 +29,7 @@ __all__ = [
     "may_be_cut",
     "new_nonce",
     "previous_copy_hint",
+    "step_from_name",
     "trash_name",
 ]
 
@@ -42,6 +45,19 @@ def fit_name(prefix: str, name: str, suffix: str) -> str:
     if len(raw) > room:
         name = raw[:room].decode("utf-8", errors="ignore")
     return f"{prefix}{name}{suffix}"
+
+
+# Names the engine gives to directories that are not (yet, or any more) a checkpoint: checkpoint_manager.py names
+# temporary directories `.{name}.tmp-{uid}-{seq}`, and retention renames a checkpoint it deletes to
+# `.{name}.trash-{pid}-{nonce}` before removing it (`aside_name` below makes the third kind).
+TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<uid>[0-9a-f]+)-(?P<seq>[0-9]+)$")
+TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]+)$")
+
+
+def step_from_name(name: str) -> int | None:
+    """The step an id's name gives when its save recorded none: its trailing integer (`step_000300` -> 300)."""
+    match = re.search(r"([0-9]+)$", name)
+    return int(match.group(1)) if match else None
 
 
 # What `aside_name` makes; names without the nonce were made by earlier versions and are still recognised.

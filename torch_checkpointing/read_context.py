@@ -65,6 +65,7 @@ from torch_checkpointing.manifest import (
     shown_name,
     stray_claim,
     unique_keys,
+    what_to_pass_instead,
 )
 from torch_checkpointing.names import previous_copy_hint
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
@@ -267,6 +268,8 @@ class CheckpointReadContext:
             # Its manifest is gone with it, which is no legacy checkpoint. Taken for one, a load with only
             # optional items returned {} and restored nothing.
             raise self._replaced()
+        if hint := what_to_pass_instead(self.storage, self.root):  # a run's root, a killed save's temporary
+            raise IncompleteCheckpointError(f"{self.shown}: no {MANIFEST_FILE_NAME}: not a checkpoint.{hint}")
         if not self.storage.atomic_rename:
             # Object stores (issue 14): the manifest, written last, IS the commit. Files without one are a save
             # still running or one that died; the published release never wrote to such a store.
