@@ -407,7 +407,7 @@ def _writer_main(
     while True:
         try:
             message = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the trainer is gone; with a reply of ours unread, as ECONNRESET, not EOF
             return
         if isinstance(message, Stop):
             _answer(conn, Stopped())
