@@ -574,6 +574,11 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
             age = now - os.path.getmtime(local) if local is not None else 0.0
         except FileNotFoundError:
             return "removed by another process while gc looked at it"
+        if math.isinf(unowned_after_s):  # `--older-than inf`: "< infs" named no number of seconds
+            return (
+                f"owner unknown on this host ({age:.0f}s old), kept for good: the age threshold is never reached "
+                f"(--older-than inf, unowned_after_s=inf); pass a number of seconds, or run gc where the save ran"
+            )
         if age < unowned_after_s:
             return f"owner unknown on this host and only {age:.0f}s old (< {unowned_after_s:.0f}s)"
     return None
