@@ -264,8 +264,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     def _wait_previous(self) -> None:
         if self._prewarm is not None:
-            self._prewarm.result(self._timeout)
-            self._prewarm = None
+            self._settle_prewarm()
         if self._last_write is not None:
             self._comm.run_queued_here()
             try:
@@ -283,22 +282,35 @@ class AsyncCheckpointSaver(CheckpointSaver):
                     ) from exc
             self._raise_unseen(self._last_write, " This save() was not started; call it again to retry.")
 
+    def _settle_prewarm(self) -> None:
+        """Raise a failed `prewarm_staging` copy once (a TimeoutError if it still runs: it is kept, and waited
+        for again). Before, the failed copy was kept and raised by every later save() and by close(): one
+        failed prewarm on one rank failed every save of the job, on every rank, for good."""
+        assert self._prewarm is not None
+        error = self._prewarm.exception(self._timeout)
+        self._prewarm = None
+        if error is not None:
+            raise CheckpointError(
+                f"prewarm_staging() failed ({type(error).__name__}: {error}); this save() was not started. Call "
+                f"it again: its staging copy is made anew."
+            ) from error
+
     def save(self, plan: SavePlan) -> Future[Any]:
-        """Returns once staging has started (or finished, without async staging); the Future ends with the commit."""
+        """Returns once staging has started (or finished, without async staging); the Future ends with the commit.
+
+        The other ranks agreed on the plan and their writers wait for this rank's: a failure before this rank's
+        writer gets the save (its staging copy, the staging lock, the previous write) is answered for it
+        (`_refused`), so that every rank raises the same `CommitError` at once. Before, this rank raised its own
+        error and the others' writers waited the save's whole timeout, then called this rank silent.
+        """
         plan = self._absolute(plan)
-        self._wait_previous()
-        release = _ReleaseOnce(self._staging_lock)
-        try:  # the acquire inside: a Ctrl-C landing anywhere after it releases the hold (lock.py)
-            self._staging_lock.acquire(RWLockMode.WRITE, self._lock_timeout, release)
-            payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
-            if self.config.staging_config.use_async_staging:
-                staged: Future[Any] = self._staging_pool.call(self._stage, payload, release)
-            else:
-                staged = SettledFuture()
-                staged.set_result(self._stage(payload, release))
-        except BaseException:
-            release()
-            raise
+        try:
+            staged = self._staged_for(plan)
+        except Exception as exc:
+            error = self._refused(plan, exc)
+            if error is exc:
+                raise
+            raise error from exc
         write = WriteFuture(plan.checkpoint_dir)
         try:
             self._last_write = write
@@ -320,6 +332,23 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 )
             raise
         return write
+
+    def _staged_for(self, plan: SavePlan) -> Future[Any]:
+        """Wait for the previous write, take the staging lock and start (or make) the staging copy of `plan`."""
+        self._wait_previous()
+        release = _ReleaseOnce(self._staging_lock)
+        try:  # the acquire inside: a Ctrl-C landing anywhere after it releases the hold (lock.py)
+            self._staging_lock.acquire(RWLockMode.WRITE, self._lock_timeout, release)
+            payload = {i.key: i.value for i in plan.items if i.spec.requires_copy}
+            if self.config.staging_config.use_async_staging:
+                staged: Future[Any] = self._staging_pool.call(self._stage, payload, release)
+            else:
+                staged = SettledFuture()
+                staged.set_result(self._stage(payload, release))
+        except BaseException:
+            release()
+            raise
+        return staged
 
     def _absolute(self, plan: SavePlan) -> SavePlan:
         """A local id as the caller means it now: the writer process keeps the working directory it started in.
@@ -418,13 +447,19 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def _fail_unanswered(self, plan: SavePlan, write: Future[Any], exc: BaseException) -> None:
         """A save this rank's writer will never answer: tell the other ranks (`refuse_unanswered`), then remove
         what was written into its temporary directory (by the dead writer, or by the other ranks)."""
-        error = exc
+        error: BaseException = exc
         try:
-            error = refuse_unanswered(plan, exc)
-            if error is not exc or isinstance(exc, WriterProcessDied):
-                self._discard(plan)
+            error = self._refused(plan, exc)
         finally:  # whatever the report or the cleanup did, the Future resolves (its waiter would hang)
             self._fail(plan, write, error)
+
+    def _refused(self, plan: SavePlan, exc: BaseException) -> BaseException:
+        """Answer the commit's first agreement with `exc` for this rank's writer, which will never answer it
+        (`refuse_unanswered`); returns the error every rank raises, once what was written is removed."""
+        error = refuse_unanswered(plan, exc)
+        if error is not exc or isinstance(exc, WriterProcessDied):
+            self._discard(plan)
+        return error
 
     def _encode(self, plan: SavePlan, staged: Future[Any]) -> tuple[EncodedWrite, tuple[int, Any] | None]:
         """The write request, pickled for the pipe, and the slab it points into: everything that can fail
