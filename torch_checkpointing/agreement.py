@@ -327,7 +327,9 @@ _COMPLETE = "complete"
 
 
 def _gave_up(error: CommitError) -> str:
-    return json.dumps({"message": str(error), "failures": {str(r): why for r, why in error.failures.items()}})
+    unknown = isinstance(error, CommitOutcomeUnknownError)  # kept: every rank raises the one class too
+    failures = {str(r): why for r, why in error.failures.items()}
+    return json.dumps({"message": str(error), "failures": failures, "outcome_unknown": unknown})
 
 
 def _go_on_if_complete(decided: str) -> None:
@@ -335,7 +337,8 @@ def _go_on_if_complete(decided: str) -> None:
     if decided == _COMPLETE:
         return
     error = json.loads(decided)
-    raise CommitError(str(error["message"]), {int(r): str(why) for r, why in error["failures"].items()})
+    kind = CommitOutcomeUnknownError if error.get("outcome_unknown") is True else CommitError
+    raise kind(str(error["message"]), {int(r): str(why) for r, why in error["failures"].items()})
 
 
 def _first_line(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from torch_checkpointing.errors import CommitError, log_safely
+from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, log_safely
+from torch_checkpointing.signals import start_thread
 
 __all__ = ["StoreAddress", "StoreChannel", "StoreRollCall"]
 
@@ -38,32 +40,50 @@ class StoreAddress:
 
 
 class StoreChannel:
-    """Key-value rendezvous under one namespace; every wait is bounded and names who is late."""
+    """Key-value rendezvous under one namespace; every wait is bounded and names who is late.
+
+    Every call on the store is bounded too (`_call`): a TCPStore client waits for its host's reply without a
+    timeout (its own applies to waiting for a key), so a host that is alive but does not answer (rank 0's
+    trainer stopped with SIGSTOP, frozen, or cut off by the network) held every other rank in its save, well
+    past the save's timeout, for as long as rank 0 stayed stopped.
+    """
 
     def __init__(self, address: StoreAddress, timeout_s: float, store: Any = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._store = store if store is not None else self._connect(address, timeout_s)
+        self._unanswered = False  # a call got no answer: the client is stuck behind it, so no later call is made
+        self._store = store if store is not None else self._call(lambda: self._connect(address, timeout_s))
 
     @staticmethod
     def _connect(address: StoreAddress, timeout_s: float) -> Any:
-        try:
-            return dist.TCPStore(  # type: ignore[attr-defined]
-                address.host,
-                address.port,
-                is_master=False,
-                timeout=timedelta(seconds=max(timeout_s, 1.0)),
-                wait_for_workers=False,
-            )
-        except Exception as exc:  # DistNetworkError, DistStoreError, RuntimeError
-            raise _lost_host(exc) from None
+        return dist.TCPStore(  # type: ignore[attr-defined]
+            address.host,
+            address.port,
+            is_master=False,
+            timeout=timedelta(seconds=max(timeout_s, 1.0)),
+            wait_for_workers=False,
+        )
 
     def _key(self, name: str) -> str:
         return f"{self.address.namespace}/{name}"
 
-    def _call(self, op: Callable[[], T]) -> T:
+    def _call(self, op: Callable[[], T], deliver_late: bool = False) -> T:
+        """`op()` on the store, waited for at most the channel's timeout.
+
+        `deliver_late`: the call is still made after an earlier one went unanswered (on its own thread, behind
+        the stuck one; this rank does not wait for it), so that a host that comes back hears it (a rank's
+        decision to give up on a step, which the host then raises too rather than commit alone).
+        """
+        wait_s = max(self.timeout_s, 1.0)
+        if self._unanswered:
+            if deliver_late:
+                start_thread(threading.Thread(target=_quietly, args=(op,), name="ckpt-store-late", daemon=True))
+            raise _silent_host(wait_s)
         try:
-            return op()
+            return _within(op, wait_s)
+        except _NoAnswer:
+            self._unanswered = True
+            raise _silent_host(wait_s) from None
         except Exception as exc:  # the store's host (rank 0's trainer) is gone
             raise _lost_host(exc) from None
 
@@ -108,7 +128,8 @@ class StoreChannel:
 
     def decide(self, name: str, proposal: str) -> str:
         """The value of `name`: `proposal` if no rank set it first (a compare-and-set: the first one stays)."""
-        return str(self._call(lambda: self._store.compare_set(self._key(name), "", proposal)).decode("utf-8"))
+        decided = self._call(lambda: self._store.compare_set(self._key(name), "", proposal), deliver_late=True)
+        return str(decided.decode("utf-8"))
 
     def wait_for(self, name: str, ranks: list[int], timeout_s: float) -> list[int]:
         """The ranks among `ranks` that have not published `name/<rank>` within `timeout_s` (none: all did)."""
@@ -137,6 +158,52 @@ class StoreChannel:
 
     def _get(self, key: str) -> str:
         return str(self._call(lambda: self._store.get(key)).decode("utf-8"))
+
+
+class _NoAnswer(Exception):
+    """A call on the store got no answer in time."""
+
+
+def _within(op: Callable[[], T], timeout_s: float) -> T:
+    """`op()`, run on a daemon thread and waited for at most `timeout_s`; else `_NoAnswer` (the thread is left
+    to finish, or to block, on its own)."""
+    done = threading.Event()
+    result: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            result.append((True, op()))
+        except BaseException as exc:
+            result.append((False, exc))
+        finally:
+            done.set()
+
+    start_thread(threading.Thread(target=run, name="ckpt-store-call", daemon=True))
+    if not done.wait(timeout_s):
+        raise _NoAnswer
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def _quietly(op: Callable[[], Any]) -> None:
+    try:
+        op()
+    except Exception as exc:  # nobody waits for this call any more: what became of it is only logged
+        logger.debug("A late call on the checkpoint store failed: %r", exc)
+
+
+def _silent_host(wait_s: float) -> CommitOutcomeUnknownError:
+    """The same error on every rank whose call on rank 0's store went unanswered: rank 0 is alive (its store
+    accepted the connection) but does not answer, and may still go on with the save once it does."""
+    return CommitOutcomeUnknownError(
+        f"Checkpoint commit: rank 0, which hosts the checkpoint store, did not answer within {wait_s:.0f}s (it is "
+        f"stopped, hung, or cut off from this rank); this rank gave up on the save. Whether rank 0 commits it "
+        f"when it answers again is not known: the id then holds either its previous checkpoint or this one, "
+        f"whole. Load it to check, or save again.",
+        {0: f"did not answer within {wait_s:.0f}s (stopped, hung, or cut off)"},
+    )
 
 
 def _lost_host(exc: BaseException) -> CommitError:
