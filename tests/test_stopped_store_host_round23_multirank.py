@@ -30,7 +30,7 @@ pytestmark = pytest.mark.multirank
 WORLD = 3
 TIMEOUT_S = 6  # save.wait_timeout_secs
 STOPPED_S = 60  # rank 0 is let go once ranks 1 and 2 returned, or after this long
-BOUND_S = 3 * TIMEOUT_S + 10
+BOUND_S = 3 * TIMEOUT_S + 15
 
 
 def _stop_in_write() -> None:

@@ -29,6 +29,9 @@ _POLL_S = 0.005
 # How long past the collective's own timeout rank 0 waits for the survivors of a broken one to report in.
 _ROLL_CALL_GRACE_S = 5.0
 _REASON_CHARS = 300
+# How long past the client's own timeout a call on the store is waited for: the client's own error (a host that
+# refuses the connection, a key that never came) is the clearer one where it has one.
+_CALL_GRACE_S = 2.0
 T = TypeVar("T")
 
 
@@ -74,7 +77,7 @@ class StoreChannel:
         the stuck one; this rank does not wait for it), so that a host that comes back hears it (a rank's
         decision to give up on a step, which the host then raises too rather than commit alone).
         """
-        wait_s = max(self.timeout_s, 1.0)
+        wait_s = max(self.timeout_s, 1.0) + _CALL_GRACE_S
         if self._unanswered:
             if deliver_late:
                 start_thread(threading.Thread(target=_quietly, args=(op,), name="ckpt-store-late", daemon=True))
