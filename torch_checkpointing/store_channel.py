@@ -270,6 +270,8 @@ class StoreRollCall:
                     return _lost(step, [0], "never gave its verdict", reason)
                 text = found
                 channel.publish(f"{name}/seen/{self.rank}", "1")
+        except CommitOutcomeUnknownError:  # rank 0's store accepts calls but does not answer them
+            return _lost(step, [0], "did not answer (it is stopped, hung, or cut off from the other ranks)")
         except CommitError:  # rank 0's store is unreachable: rank 0 died (or closed its manager)
             return _lost(step, [0], "went away (its checkpoint store is unreachable: it died or closed its manager)")
         verdict = json.loads(text)
