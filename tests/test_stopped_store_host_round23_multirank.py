@@ -5,8 +5,9 @@ A TCPStore client waits for its host's reply without a timeout (the client's tim
 for a key): with rank 0's trainer stopped, ranks 1 and 2 published their answers and then waited in the
 store's `check` for as long as rank 0 stayed stopped; the save's timeout (6 s here) never fired. They returned
 only once rank 0 was let go, after 60 s here, for good if it never is. Now every call on the store is bounded by
-the save's timeout, and ranks 1 and 2 raise the same error, naming rank 0, within it; their decision to give up
-still reaches the store, so rank 0, let go, raises it too rather than commit alone.
+the save's timeout, and ranks 1 and 2 raise the same error, naming rank 0, within it; rank 0, let go, fails the
+save too (where they had connected to its store before it stopped, their decision to give up reaches it, and it
+raises their error), and nothing is committed.
 
 A load with rank 0 stopped in its check: ranks 1 and 2 lose the gloo step, then report in on rank 0's store
 (the roll call), which does not answer: they said rank 0 "went away (... it died or closed its manager)". Now
@@ -134,8 +135,10 @@ def test_the_other_ranks_give_up_within_the_timeout_with_one_error_naming_rank_0
     assert got[0]["result"].startswith("CommitOutcomeUnknownError: ") and "rank 0" in got[0]["result"], got
 
 
-def test_rank_0_let_go_raises_what_the_others_raised_and_commits_nothing(ranks: list[dict[str, Any]]) -> None:
-    assert ranks[0]["result"] == ranks[1]["result"], ranks
+def test_rank_0_let_go_fails_the_save_too_and_commits_nothing(ranks: list[dict[str, Any]]) -> None:
+    # The same error as the others where they had connected to its store before it stopped (their decision to
+    # give up reaches it once it runs again); else its own, that they did not report.
+    assert ranks[0]["result"].startswith(("CommitError: ", "CommitOutcomeUnknownError: ")), ranks
     assert not any(out["stopped_exists"] for out in ranks), ranks
     assert [out["before_loaded"] for out in ranks] == [0.0, 1.0, 2.0], ranks  # the earlier checkpoint is whole
 

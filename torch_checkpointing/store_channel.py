@@ -55,7 +55,9 @@ class StoreChannel:
         self.address = address
         self.timeout_s = timeout_s
         self._unanswered = False  # a call got no answer: the client is stuck behind it, so no later call is made
-        self._store = store if store is not None else self._call(lambda: self._connect(address, timeout_s))
+        # The client's connect retries with a random back-off past its own timeout: allowed for here.
+        connect_s = 2 * (max(timeout_s, 1.0) + _CALL_GRACE_S)
+        self._store = store if store is not None else self._call(lambda: self._connect(address, timeout_s), connect_s)
 
     @staticmethod
     def _connect(address: StoreAddress, timeout_s: float) -> Any:
@@ -70,14 +72,14 @@ class StoreChannel:
     def _key(self, name: str) -> str:
         return f"{self.address.namespace}/{name}"
 
-    def _call(self, op: Callable[[], T], deliver_late: bool = False) -> T:
-        """`op()` on the store, waited for at most the channel's timeout.
+    def _call(self, op: Callable[[], T], wait_s: float | None = None, deliver_late: bool = False) -> T:
+        """`op()` on the store, waited for at most `wait_s` (default: the channel's timeout, plus a grace).
 
         `deliver_late`: the call is still made after an earlier one went unanswered (on its own thread, behind
         the stuck one; this rank does not wait for it), so that a host that comes back hears it (a rank's
         decision to give up on a step, which the host then raises too rather than commit alone).
         """
-        wait_s = max(self.timeout_s, 1.0) + _CALL_GRACE_S
+        wait_s = max(self.timeout_s, 1.0) + _CALL_GRACE_S if wait_s is None else wait_s
         if self._unanswered:
             if deliver_late:
                 start_thread(threading.Thread(target=_quietly, args=(op,), name="ckpt-store-late", daemon=True))
@@ -181,7 +183,10 @@ def _within(op: Callable[[], T], timeout_s: float) -> T:
         finally:
             done.set()
 
-    start_thread(threading.Thread(target=run, name="ckpt-store-call", daemon=True))
+    try:
+        start_thread(threading.Thread(target=run, name="ckpt-store-call", daemon=True))
+    except RuntimeError:  # no new thread now (Python 3.12+ at interpreter exit: close() from atexit): unbounded
+        return op()
     if not done.wait(timeout_s):
         raise _NoAnswer
     ok, value = result[0]
