@@ -33,16 +33,31 @@ _HEAD_LIMIT = 64 * 1024
 _POLL_S = 0.05
 
 
+LOST = -1  # a Rule's status: the server does the request, and its answer is dropped (the connection closes)
+
+
 @dataclass
 class Rule:
-    """Requests whose `METHOD /path?query` matches `pattern` get `status` (0: no answer, the connection hangs)."""
+    """Requests whose `METHOD /path?query` matches `pattern` get `status` (0: no answer, the connection hangs;
+    `LOST`: the server acts on it, the client gets no answer). `after`: matching requests let through first;
+    `times`: how many after those fail (None: every one), so a client's retry of a transient fault succeeds."""
 
     pattern: str
     status: int = 500
     code: str = "InternalError"
+    after: int = 0
+    times: int | None = None
+    _seen: int = field(default=0, repr=False)
 
     def matches(self, request_line: str) -> bool:
         return re.search(self.pattern, request_line) is not None
+
+    def fires(self, request_line: str) -> bool:
+        """Whether this request fails: counts the rule's matches (one proxy thread per request; `seen` locks)."""
+        if not self.matches(request_line):
+            return False
+        self._seen += 1
+        return self._seen > self.after and (self.times is None or self._seen <= self.after + self.times)
 
 
 @dataclass
@@ -54,6 +69,7 @@ class FaultProxy:
     seen: list[str] = field(default_factory=list)  # request lines, in arrival order
 
     def __post_init__(self) -> None:
+        self._rules_lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(_POLL_S)
         self._stopping = threading.Event()
@@ -91,23 +107,29 @@ class FaultProxy:
             if head is None:
                 return
             request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            self.seen.append(request_line)
-            if self._answer(client, head, request_line):
+            rule = self._rule_for(request_line)
+            if rule is not None and rule.status != LOST:
+                self._answer(client, rule)
                 return
             with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as upstream:
                 upstream.sendall(_closing(head))
-                self._pump(client, upstream)
+                if rule is None:
+                    self._pump(client, upstream)
+                else:
+                    _deliver_then_drop(client, upstream)
 
-    def _answer(self, client: socket.socket, head: bytes, request_line: str) -> bool:
-        """Answer the request here (True), or let it through to the server (False): the first matching rule."""
-        rule = next((r for r in self.rules if r.matches(request_line)), None)
-        if rule is not None and rule.status == 0:
+    def _rule_for(self, request_line: str) -> Rule | None:
+        """The rule that fails this request: the first whose pattern matches and that fires for it."""
+        with self._rules_lock:
+            self.seen.append(request_line)
+            return next((r for r in self.rules if r.fires(request_line)), None)
+
+    def _answer(self, client: socket.socket, rule: Rule) -> None:
+        """Answer the request here with the rule's error, or never (status 0)."""
+        if rule.status == 0:
             self._stopping.wait()  # never answer: the client's read timeout must end the request
-            return True
-        if rule is not None:
-            client.sendall(_error_response(rule))
-            return True
-        return False
+            return
+        client.sendall(_error_response(rule))
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         """Copy bytes both ways until either side closes (each request has its own connection)."""
@@ -119,6 +141,23 @@ class FaultProxy:
                 if not data:
                     return
                 peers[sock].sendall(data)
+
+
+def _deliver_then_drop(client: socket.socket, upstream: socket.socket) -> None:
+    """Copy the request to the server and let its interim `100 Continue` through, but never its answer: once the
+    server has answered (and closed: `Connection: close`), close the client's connection. The request took
+    effect, and the client cannot know (a connection lost after the request)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([client, upstream], [], [], _POLL_S)
+        for sock in readable:
+            data = sock.recv(1 << 16)
+            if sock is upstream and not data:
+                return
+            if sock is client and data:
+                upstream.sendall(data)
+            elif sock is upstream and data.startswith(b"HTTP/1.1 100"):
+                client.sendall(data)
 
 
 def _read_head(sock: socket.socket) -> bytes | None:

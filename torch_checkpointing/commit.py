@@ -669,7 +669,7 @@ def stale_reason(held: Claim | None, mine: Claim) -> str | None:
     would let two saves write the same keys again.
     """
     # Imported here: the writer process loads only the write path, and discovery brings in the loader.
-    from torch_checkpointing.discovery import owner_alive, pid_alive
+    from torch_checkpointing.discovery import job_ended_here, owner_alive, pid_alive
 
     if held is None:
         return "its marker holds no claim (a save by an earlier version, or a marker made by hand)"
@@ -680,6 +680,8 @@ def stale_reason(held: Claim | None, mine: Claim) -> str | None:
         return f"it is {age / 3600:.1f} h old (> {STALE_CLAIM_S / 3600:.0f} h)"
     if held.host != mine.host:
         return None
+    if held.pid == os.getpid() and held.uid and job_ended_here(held.uid):
+        return f"it was made in this process by job {held.uid}, whose managers here have all closed"
     alive = owner_alive(held.uid) if held.uid else None
     if alive is False:
         return f"no process of job {held.uid} holds its owner lock on this host any more"

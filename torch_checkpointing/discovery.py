@@ -17,6 +17,7 @@ import math
 import os
 import stat
 import tempfile
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -540,6 +541,37 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+# Jobs of this process: how many open managers hold each uid's owner lock, and the uids whose every manager here
+# has closed. A claim this process made for such a job is dead, although its pid is alive (`job_ended_here`).
+_jobs_lock = threading.Lock()
+_jobs_open: dict[str, int] = {}
+_jobs_ended: set[str] = set()
+
+
+def job_ended_here(uid: str) -> bool:
+    """Whether job `uid` had a manager in this process and none is open any more: its saves here have ended.
+
+    The pid a claim records cannot tell (it is this very process, alive), nor can the owner lock, whose file
+    the last manager removed when it closed."""
+    with _jobs_lock:
+        return uid in _jobs_ended and not _jobs_open.get(uid)
+
+
+def _job_opened(uid: str) -> None:
+    with _jobs_lock:
+        _jobs_open[uid] = _jobs_open.get(uid, 0) + 1
+
+
+def _job_closed(uid: str) -> None:
+    with _jobs_lock:
+        left = _jobs_open.get(uid, 1) - 1
+        if left > 0:
+            _jobs_open[uid] = left
+            return
+        _jobs_open.pop(uid, None)
+        _jobs_ended.add(uid)
+
+
 def owner_lock_path(uid: str) -> str:
     """The host-local lock file every live manager of job `uid` holds (shared) for its whole life."""
     base = os.environ.get("TORCH_CHECKPOINTING_LOCK_DIR") or os.path.join(
@@ -696,6 +728,8 @@ class OwnerLock:
 
     def __init__(self, uid: str) -> None:
         self.uid = uid
+        self._open = True  # counted in `job_ended_here` until released, whether or not the file could be locked
+        _job_opened(uid)
         self._fd: int | None = None
         self._close_when_collected: weakref.finalize[[int], OwnerLock] | None = None
         path = owner_lock_path(uid)
@@ -716,6 +750,9 @@ class OwnerLock:
 
     def release(self) -> None:
         """Drop the lock; the last holder also removes the file (upgrading to exclusive proves it is the last)."""
+        if self._open:
+            self._open = False
+            _job_closed(self.uid)
         if self._fd is None:
             return
         fd, self._fd = self._fd, None

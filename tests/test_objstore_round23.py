@@ -1,0 +1,73 @@
+"""Round 23 attacks on the object-store path, against a real S3 server (moto on loopback, tests/s3_server.py).
+
+* A save that failed while the store was failing (an upload refused, then the cleanup's deletes refused too)
+  left its claim. Once the store answered again, a new manager in the same process (a retry loop, a notebook
+  cell run again) was refused the id for the life of the process, or a day: "another save is writing it (claim
+  ... pid <this process>)". The claim's job had ended, its manager closed, but the claim's pid was alive (it is
+  this very process), and the closed manager's owner lock file was gone, so nothing could prove it dead. A
+  claim made in this process by a job whose every manager here has closed is now judged dead.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.s3_faults import FaultProxy, Rule
+from tests.s3_server import S3Server
+from tests.test_s3_attacks import state, sync_manager, through_proxy
+from torch_checkpointing.commit import Claim
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.manifest import INCOMPLETE_MARKER
+from torch_checkpointing.retention import collect_garbage
+
+
+def _w(out: dict[str, object]) -> float:
+    return float(out["model"]["w"][0])  # type: ignore[index]
+
+
+@pytest.mark.parametrize("then", ["save", "gc"])
+def test_a_save_whose_cleanup_failed_leaves_the_id_to_the_next_manager_of_this_process(
+    s3_server: S3Server, then: str
+) -> None:
+    config = s3_server.config()
+    storage = config.create_storage()
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    with FaultProxy(port) as proxy:
+        proxy.rules = [
+            Rule(r"^PUT \S*/run/step_2/model_0\.pt", 500, "InternalError"),  # the save fails
+            Rule(r"^(DELETE |POST \S*\?delete)", 500, "InternalError"),  # and so does its cleanup
+        ]
+        with sync_manager(through_proxy(config, proxy)) as failing:
+            try:
+                failing.save("run/step_2", state(2.0))
+            except CheckpointError:
+                pass
+            else:
+                raise AssertionError("the save through a failing store succeeded")
+    assert storage.exists(Path("run/step_2") / INCOMPLETE_MARKER)  # its claim is left: the store refused deletes
+    if then == "gc":  # the store answers again; gc from this same process (before: kept, "may be live")
+        report = collect_garbage(f"{config.url}/run", storage)
+        assert [Path(lo.path).name for lo in report.removed] == ["step_2"], report
+        assert not storage.exists(Path("run/step_2"))
+    with sync_manager(config) as manager:  # the store answers again; a new manager of this same process
+        manager.save("run/step_2", state(3.0))  # before: CommitError "another save is writing it (... pid <ours>)"
+        assert _w(manager.load("run/step_2")) == 3.0
+
+
+def test_a_claim_of_a_job_still_open_in_this_process_stays_live(s3_server: S3Server) -> None:
+    """The other side: while a manager of the claim's job is open here, its claim is not taken over."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as first:
+        target = Path("run/step_3")
+        first.save("run/step_1", state(1.0))
+        uid = first._ctx.uid
+        claim = Claim(f".step_3.tmp-{uid}-9", uid, socket.gethostname(), os.getpid(), time.time(), tags=True)
+        assert storage.create_object(target / INCOMPLETE_MARKER, claim.to_bytes())
+        report = collect_garbage(f"{config.url}/run", storage)
+        assert not report.removed and storage.exists(target / INCOMPLETE_MARKER), report
