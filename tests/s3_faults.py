@@ -70,6 +70,7 @@ class FaultProxy:
 
     def __post_init__(self) -> None:
         self._rules_lock = threading.Lock()
+        self._local = threading.local()  # the rule that fired for the request this thread serves
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(_POLL_S)
         self._stopping = threading.Event()
@@ -107,16 +108,16 @@ class FaultProxy:
             if head is None:
                 return
             request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            rule = self._rule_for(request_line)
-            if rule is not None and rule.status != LOST:
-                self._answer(client, rule)
+            self._local.rule = rule = self._rule_for(request_line)
+            lost = rule is not None and rule.status == LOST
+            if not lost and self._answer(client, head, request_line):
                 return
             with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as upstream:
                 upstream.sendall(_closing(head))
-                if rule is None:
-                    self._pump(client, upstream)
-                else:
+                if lost:
                     _deliver_then_drop(client, upstream)
+                else:
+                    self._pump(client, upstream)
 
     def _rule_for(self, request_line: str) -> Rule | None:
         """The rule that fails this request: the first whose pattern matches and that fires for it."""
@@ -124,12 +125,17 @@ class FaultProxy:
             self.seen.append(request_line)
             return next((r for r in self.rules if r.fires(request_line)), None)
 
-    def _answer(self, client: socket.socket, rule: Rule) -> None:
-        """Answer the request here with the rule's error, or never (status 0)."""
+    def _answer(self, client: socket.socket, head: bytes, request_line: str) -> bool:
+        """Answer the request here (True: the rule's error, or never for status 0), or let it through to the
+        server (False). Subclasses answer some requests their own way, then call this."""
+        rule: Rule | None = getattr(self._local, "rule", None)
+        if rule is None:
+            return False
         if rule.status == 0:
             self._stopping.wait()  # never answer: the client's read timeout must end the request
-            return
-        client.sendall(_error_response(rule))
+            return True
+        client.sendall(_error_response(rule, head_only=request_line.startswith("HEAD ")))
+        return True
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         """Copy bytes both ways until either side closes (each request has its own connection)."""
@@ -178,7 +184,8 @@ def _closing(head: bytes) -> bytes:
     return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + rest
 
 
-def _error_response(rule: Rule) -> bytes:
+def _error_response(rule: Rule, head_only: bool = False) -> bytes:
+    """S3's error answer; to a HEAD without its body (HTTP forbids one: the client read it as a broken answer)."""
     body = (
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{rule.code}</Code>'
         f"<Message>injected by the test proxy</Message></Error>"
@@ -187,7 +194,7 @@ def _error_response(rule: Rule) -> bytes:
         f"HTTP/1.1 {rule.status} Injected\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
         f"Connection: close\r\n\r\n"
     ).encode()
-    return head + body
+    return head if head_only else head + body
 
 
 class HoldingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]

@@ -21,7 +21,8 @@ from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing.commit import Claim
-from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints
+from torch_checkpointing.errors import CheckpointError, ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import collect_garbage
 
@@ -71,3 +72,35 @@ def test_a_claim_of_a_job_still_open_in_this_process_stays_live(s3_server: S3Ser
         assert storage.create_object(target / INCOMPLETE_MARKER, claim.to_bytes())
         report = collect_garbage(f"{config.url}/run", storage)
         assert not report.removed and storage.exists(target / INCOMPLETE_MARKER), report
+
+
+# One request of the newest checkpoint's check, failing on the server: its manifest's GET, its marker's HEAD (the
+# manifest read checks the save is not in flight), a data file's HEAD (the intact check sizes every file).
+_CHECKS_OF_THE_NEWEST = [
+    r"^GET \S*/run/step_2/manifest\.json ",
+    r"^HEAD \S*/run/step_2/\.incomplete ",
+    r"^HEAD \S*/run/step_2/model_0\.pt ",
+]
+
+
+@pytest.mark.parametrize("failing", _CHECKS_OF_THE_NEWEST, ids=["manifest-get", "marker-head", "file-head"])
+def test_a_store_failing_while_latest_checks_the_newest_raises_never_goes_back_a_step(
+    s3_server: S3Server, failing: str
+) -> None:
+    """A store error is no damage: before, the newest checkpoint was skipped ("a damaged checkpoint", at
+    WARNING) and latest() answered the one before it, so a resume went back a step, and listings dropped it."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    with FaultProxy(port) as proxy:
+        storage = through_proxy(config, proxy).create_storage()
+        root = f"{config.url}/run"
+        assert latest_checkpoint(root, storage).path.endswith("/run/step_2")  # type: ignore[union-attr]
+        proxy.rules = [Rule(failing, 500, "InternalError")]
+        with pytest.raises(ObjectStoreError, match=r"run/step_2"):
+            latest_checkpoint(root, storage)  # before: step_1
+        if "manifest" in failing or "incomplete" in failing:
+            with pytest.raises(ObjectStoreError, match=r"run/step_2"):
+                list_checkpoints(root, storage)  # before: [step_1]

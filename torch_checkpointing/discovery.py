@@ -30,6 +30,7 @@ from torch_checkpointing.errors import (
     ConfigError,
     IncompleteCheckpointError,
     MissingItemError,
+    ObjectStoreError,
     TemplateMismatchError,
 )
 from torch_checkpointing.manifest import (
@@ -171,12 +172,16 @@ def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
 
     A save in flight (the `.incomplete` marker) and somebody else's `manifest.json` are skipped quietly; a
     manifest of ours that cannot be read (truncated, a symlink, a FIFO, a field out of range) is a damaged
-    checkpoint that silently dropped out of every listing and "latest": it is skipped with a WARNING.
+    checkpoint that silently dropped out of every listing and "latest": it is skipped with a WARNING. A store
+    that failed to answer (`ObjectStoreError`) says nothing about the checkpoint: raised, or "latest" would go
+    back a step.
     """
     if not storage.exists(path / MANIFEST_FILE_NAME):
         return None
     try:
         return read_manifest(storage, path)
+    except ObjectStoreError:
+        raise
     except IncompleteCheckpointError as exc:
         logger.debug("Skipping %s: %s", path, exc)
     except RuntimeError as exc:
@@ -467,7 +472,9 @@ def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str 
     (opened the way a load opens it: no symlink, no FIFO, no path out of the directory) and recorded in a format a
     load reads; else what is wrong.
 
-    Checksums are not read (`torch-checkpointing verify` reads every byte).
+    Checksums are not read (`torch-checkpointing verify` reads every byte). A store that failed to answer is no
+    damage: its `ObjectStoreError` is raised (before, the newest checkpoint was passed over and a resume went back
+    a step).
     """
     storage = storage or storage_for(path)
     try:
@@ -482,6 +489,8 @@ def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str 
                 record.serialization_format(ctx.root / MANIFEST_FILE_NAME)
             if ctx.manifest.metadata_file is not None:
                 ctx.check(ctx.manifest.metadata_file, "sharding metadata")
+    except ObjectStoreError:
+        raise
     except (CheckpointError, OSError) as exc:
         return str(exc)
     return None
