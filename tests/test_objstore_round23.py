@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager, through_proxy
+from torch_checkpointing.cli import main as cli_main
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints
 from torch_checkpointing.errors import CheckpointError, ObjectStoreError
@@ -104,3 +106,32 @@ def test_a_store_failing_while_latest_checks_the_newest_raises_never_goes_back_a
         if "manifest" in failing or "incomplete" in failing:
             with pytest.raises(ObjectStoreError, match=r"run/step_2"):
                 list_checkpoints(root, storage)  # before: [step_1]
+
+
+@pytest.mark.parametrize("command", ["export", "diff"])
+def test_a_damaged_file_met_by_an_export_or_a_diff_is_named_once_by_its_url(
+    s3_server: S3Server,
+    tmp_path: Path,
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: `File s3://b/run/step_2/model_0.pt (s3:/b/run/step_2/model_0.pt) fails its CRC32 check`: the file
+    named a second time, in the spelling `Path` folds a URL into, where a load's message names the item."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    damaged = bytearray(storage.read(Path("run/step_2/model_0.pt")))
+    damaged[-40] ^= 0xFF
+    storage.delete(Path("run/step_2/model_0.pt"))
+    storage.write(Path("run/step_2/model_0.pt"), bytes(damaged))
+    for name, value in s3_server.client_env().items():  # the CLI reaches the store as a job would
+        monkeypatch.setenv(name, value)
+    first, second = f"{config.url}/run/step_1", f"{config.url}/run/step_2"
+    args = ["export", "--item", "model", "--to", "hf", second, str(tmp_path / "hf")] if command == "export" else []
+    assert cli_main(["--plain", *(args or ["diff", first, second])]) != 0
+    message = capsys.readouterr().err
+    assert "fails its CRC32 check" in message and "run/step_2/model_0.pt (item 'model')" in message, message
+    assert re.search(r"s3:/[^/]", message) is None, message

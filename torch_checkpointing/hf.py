@@ -169,7 +169,7 @@ class _ItemSource:
     def _setup(self, checkpoint: Path, key: str, rank: int | None) -> None:
         manifest = self._ctx.manifest
         assert manifest is not None  # allow_legacy_checkpoints=False: a directory without one raised
-        self.storage, self.checkpoint, self.key = self._ctx.storage_view(), checkpoint, key
+        self.storage, self.checkpoint, self.key = self._ctx.storage_view(f"item '{key}'"), checkpoint, key
         records = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
         if not records:
             raise KeyError(f"Checkpoint {checkpoint} has no item '{key}'; it holds {sorted(manifest.keys())}.")

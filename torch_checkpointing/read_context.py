@@ -923,7 +923,9 @@ class _ContextStorage(Storage):
         return self._ctx.relative(path)
 
     def _what(self, path: Path) -> str:
-        return self._what_for or str(path)
+        # Errors name the file themselves (by its URL): `str(path)` repeated it, in the spelling `Path` folds
+        # a URL into (`s3:/bucket/key`).
+        return self._what_for or "file"
 
     def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase:
         return io.BytesIO(self.read(path))  # type: ignore[return-value]
