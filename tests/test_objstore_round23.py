@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -23,7 +24,7 @@ from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing.cli import main as cli_main
 from torch_checkpointing.commit import Claim
-from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints
+from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints, list_leftovers
 from torch_checkpointing.errors import CheckpointError, ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import collect_garbage
@@ -135,3 +136,26 @@ def test_a_damaged_file_met_by_an_export_or_a_diff_is_named_once_by_its_url(
     message = capsys.readouterr().err
     assert "fails its CRC32 check" in message and "run/step_2/model_0.pt (item 'model')" in message, message
     assert re.search(r"s3:/[^/]", message) is None, message
+
+
+def test_leftovers_on_an_object_store_are_named_by_a_url_a_user_can_pass_on(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `list_leftovers`, gc's report and `gc --json` named them `s3:/bucket/run/...` (the spelling `Path`
+    folds a URL into), a path no tool takes, where the checkpoints' own entries are `s3://` URLs."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+    for name in ("manifest.json", "model_0.pt", "meta_0.pt"):  # what a retention delete cut short leaves: a trash
+        storage.write(Path(f"run/.step_1.trash-999999-abcd/{name}"), storage.read(Path(f"run/step_1/{name}")))
+    root = f"{config.url}/run"
+    trash = f"{root}/.step_1.trash-999999-abcd"
+    assert [lo.path for lo in list_leftovers(root, storage)] == [trash]
+    for name, value in s3_server.client_env().items():
+        monkeypatch.setenv(name, value)
+    assert cli_main(["--json", "gc", "--dry-run", root]) == 0
+    assert [lo["path"] for lo in json.loads(capsys.readouterr().out)["removed"]] == [trash]
+    assert [lo.path for lo in collect_garbage(root, storage).removed] == [trash]
+    with sync_manager(config) as manager:
+        assert _w(manager.load("run/step_1")) == 1.0

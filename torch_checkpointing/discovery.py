@@ -679,6 +679,7 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
     path = root / name
     if _is_symlink(storage, path) or not storage.isdir(path):
         return None  # a link to somebody's directory is never ours, whatever its name
+    shown = spelt(path)  # a URL as a user passes it on (`Path` folded `s3://b/run` into `s3:/b/run`)
     local = storage.local_path(path)
     size = _tree_bytes(local) if local is not None else 0
     if m := TMP_RE.match(name):
@@ -686,20 +687,20 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         # A lock file of this uid on this host proves the name is one of ours, even once its marker is gone.
         recognised = alive is not None or _marked(storage, path)
         detail = f"save {m['uid']}-{m['seq']}"
-        return Leftover(str(path), "temporary", m["name"], alive, size, detail, recognised)
+        return Leftover(shown, "temporary", m["name"], alive, size, detail, recognised)
     if m := ASIDE_RE.match(name):
         alive = hidden_name_alive(int(m["pid"]), path)
-        return Leftover(str(path), "replaced", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
+        return Leftover(shown, "replaced", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if m := TRASH_RE.match(name):
         alive = hidden_name_alive(int(m["pid"]), path)
-        return Leftover(str(path), "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
+        return Leftover(shown, "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if not name.startswith(".") and storage.exists(path / INCOMPLETE_MARKER):
         if _committed_beside_marker(storage, path):
             # Only the marker is left over (gc removes it alone), not the checkpoint it sits in.
-            return Leftover(str(path), "claim", name, None, 0, "a stopped save's claim beside a committed checkpoint")
+            return Leftover(shown, "claim", name, None, 0, "a stopped save's claim beside a committed checkpoint")
         # Another tool's `.incomplete` (a download's progress) does not make a user's folder ours.
         recognised = _our_marker(storage, path)
-        return Leftover(str(path), "incomplete", name, None, size, "has the .incomplete marker", recognised)
+        return Leftover(shown, "incomplete", name, None, size, "has the .incomplete marker", recognised)
     return None
 
 
