@@ -27,7 +27,7 @@ from torch_checkpointing.commit import Claim
 from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints, list_leftovers
 from torch_checkpointing.errors import CheckpointError, ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
-from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.retention import RetentionPolicy, collect_garbage, prune
 
 
 def _w(out: dict[str, object]) -> float:
@@ -159,3 +159,44 @@ def test_leftovers_on_an_object_store_are_named_by_a_url_a_user_can_pass_on(
     assert [lo.path for lo in collect_garbage(root, storage).removed] == [trash]
     with sync_manager(config) as manager:
         assert _w(manager.load("run/step_1")) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("failing", "whole"),
+    [
+        (r"^PUT \S*/run/step_1/\.incomplete ", True),  # the source's marker: nothing of it deleted yet
+        (r"^DELETE \S*/run/step_1/\.incomplete ", False),  # every file of it gone but its marker
+    ],
+    ids=["source-marker", "last-marker"],
+)
+def test_a_retention_delete_whose_move_to_the_trash_fails_says_where_the_checkpoint_is(
+    s3_server: S3Server, failing: str, whole: bool
+) -> None:
+    """A delete on S3 copies the checkpoint to a trash prefix, then deletes the source. Before, when the source's
+    delete failed, prune reported the checkpoint "left as it was" and left the whole copy in the trash too (twice
+    the bytes, unnamed), or, with the source's files gone, said nothing of the marker left."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    root = f"{config.url}/run"
+    with FaultProxy(port) as proxy:
+        proxy.rules = [Rule(failing, 500, "InternalError")]
+        report = prune(root, RetentionPolicy(keep_last=1), through_proxy(config, proxy).create_storage())
+    ((info, why),) = report.failed
+    assert info.path == f"{root}/step_1"
+    copies = [lo.path for lo in list_leftovers(root, storage) if "/.step_1.trash-" in lo.path]
+    assert copies == [], copies  # before: the whole copy, left in the trash
+    with sync_manager(config) as manager:
+        if whole:  # still the checkpoint it was, and nothing else is left
+            assert _w(manager.load("run/step_1")) == 1.0
+        else:  # its files gone: the report says so and names the gc that removes its marker
+            assert f"torch-checkpointing gc {root}" in why and INCOMPLETE_MARKER in why, why
+            with pytest.raises(CheckpointError):
+                manager.load("run/step_1")
+            collect_garbage(root, storage)
+            assert not storage.exists(Path("run/step_1"))
+    with sync_manager(config) as manager:
+        assert _w(manager.load("run/step_2")) == 2.0

@@ -53,7 +53,8 @@ def test_a_retention_delete_cut_after_its_first_bulk_delete_leaves_no_committed_
     monkeypatch.setattr(fsspec_storage, "_delete_batch", cut_after_the_first)
     prune(root, RetentionPolicy(keep_last=1), storage)
     monkeypatch.undo()
-    assert calls[0] == 2
+    assert calls[0] >= 2  # cut at the second; the later ones removed the copy its failed delete left in the trash
+    assert not [name for name in storage.ls(Path("run")) if ".trash-" in name]
     assert _names(storage, root) == ["step_2"]  # what is left of step_1 is no checkpoint ...
     with sync_manager(config) as manager, pytest.raises(IncompleteCheckpointError):
         manager.load("run/step_1")  # ... and says so, not "a file listed in the manifest is missing"
@@ -61,7 +62,7 @@ def test_a_retention_delete_cut_after_its_first_bulk_delete_leaves_no_committed_
     assert storage.ls(Path("run")) == ["step_2"]
 
 
-def test_a_retention_delete_whose_copy_fails_midway_leaves_a_trash_gc_collects(s3_server: S3Server) -> None:
+def test_a_retention_delete_whose_copy_fails_midway_leaves_no_trash(s3_server: S3Server) -> None:
     config = s3_server.config()
     port = int(s3_server.endpoint.rsplit(":", 1)[1])
     storage = config.create_storage()
@@ -74,8 +75,9 @@ def test_a_retention_delete_whose_copy_fails_midway_leaves_a_trash_gc_collects(s
         report = prune(root, RetentionPolicy(keep_last=1), through_proxy(config, proxy).create_storage())
     assert [c.name for c, _ in report.failed] == ["step_1"], report
     assert _names(storage, root) == ["step_1", "step_2"]  # the source is untouched
+    # The partial copy in the trash is removed by the failed delete itself (before: left for gc to collect).
     gc = collect_garbage(root, storage, unowned_after_s=0)
-    assert [Path(lo.path).name.startswith(".step_1.trash-") for lo in gc.removed] == [True], gc
+    assert gc.removed == [] and gc.failed == [], gc
     assert sorted(storage.ls(Path("run"))) == ["step_1", "step_2"]
     with sync_manager(config) as manager:
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])

@@ -253,7 +253,7 @@ def _delete_through(trash: Path, src: Path, storage: Storage, expected: Checkpoi
     try:
         storage.rename(src, trash, is_directory=True)
     except STORE_ERRORS as exc:
-        return _not_deleted(storage, src, f"rename failed: {exc}")
+        return _rename_failed(storage, src, trash, f"rename failed: {exc}")
     if expected is not None and not _still(storage, trash, expected):
         return _put_back(storage, trash, src)
     if late := _written_since_the_check(storage, trash):
@@ -267,6 +267,29 @@ def _delete_through(trash: Path, src: Path, storage: Storage, expected: Checkpoi
         storage, trash, f"checkpoint {_shown(src)}"
     )  # it is no checkpoint any more either way; gc retries a failure
     return _Outcome(True)
+
+
+def _rename_failed(storage: Storage, src: Path, trash: Path, why: str) -> _Outcome:
+    """A rename that failed midway: on a store without rename, a copy to `trash` that succeeded and a delete of
+    `src` that did not. Before, the report said "left as it was" and the whole copy stayed in the trash too,
+    unnamed (twice the bytes, and a second copy of a checkpoint the policy deletes). The copy goes: a source
+    still committed is then as it was; one whose files went is no checkpoint any more, and gc removes the rest."""
+    try:
+        copied = still_there(storage, trash)
+        src_whole = checkpoint_info(src, storage) is not None
+    except STORE_ERRORS as exc:
+        why += f"; a copy of it may be left at {_shown(trash)} ({exc}): `torch-checkpointing gc` removes it"
+        return _not_deleted(storage, src, why)
+    if copied:
+        _remove(storage, trash, f"the copy of {_shown(src)} its failed delete left")
+    if src_whole or _gone(storage, src):  # as it was, or deleted by another process meanwhile (said at INFO)
+        return _not_deleted(storage, src, why)
+    why += (
+        f"; it is no checkpoint any more (its files are gone, its {INCOMPLETE_MARKER} marker is left): "
+        f"`torch-checkpointing gc {_shown(src.parent)}` removes the rest"
+    )
+    logger.warning("Retention could not delete checkpoint %s whole (%s)", _shown(src), why)
+    return _Outcome(False, why)
 
 
 def _written_since_the_check(storage: Storage, trash: Path) -> list[str]:
