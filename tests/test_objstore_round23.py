@@ -6,6 +6,12 @@
   ... pid <this process>)". The claim's job had ended, its manager closed, but the claim's pid was alive (it is
   this very process), and the closed manager's owner lock file was gone, so nothing could prove it dead. A
   claim made in this process by a job whose every manager here has closed is now judged dead.
+* One request failing while latest() checked the newest checkpoint (its manifest's GET, its marker's HEAD, a
+  data file's HEAD) passed it over as "damaged": latest() answered the one before, a resume went back a step.
+* An export or a diff meeting a damaged file named it twice, the second time as `s3:/bucket/...`; leftovers
+  (list_leftovers, gc's report, `gc --json`) were named so too.
+* A retention delete whose copy to the trash succeeded and whose delete of the source failed left the whole
+  copy in the trash, while the report said the checkpoint was "left as it was".
 """
 
 from __future__ import annotations
