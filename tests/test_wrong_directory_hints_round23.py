@@ -87,3 +87,19 @@ def test_a_directory_that_tells_nothing_keeps_the_plain_message(tmp_path: Path) 
     (tmp_path / "empty").mkdir()
     assert _load_error(tmp_path / "empty") == f"{tmp_path / 'empty'}: no manifest.json: not a checkpoint"
     assert os.listdir(tmp_path / "empty") == []
+
+
+def test_an_incomplete_checkpoint_is_refused_without_looking_into_its_subdirectories(tmp_path: Path) -> None:
+    """The hint of an incomplete checkpoint comes from its name alone. Before, its refusal looked for a run's
+    checkpoints inside it, and each incomplete directory there was refused the same way in turn: nested marked
+    directories (a crafted tree, or saves written under a killed save's directory) made the load raise
+    RecursionError instead of IncompleteCheckpointError, and every refusal read the whole tree below it."""
+    checkpoint = tmp_path / "run" / "step_3"
+    level = checkpoint
+    for _ in range(400):
+        level.mkdir(parents=True)
+        (level / INCOMPLETE_MARKER).touch()
+        level = level / "d"
+    text = _load_error(checkpoint)
+    assert text.startswith(f"Checkpoint {checkpoint} is incomplete"), text
+    assert "checkpoint(s)" not in text, text

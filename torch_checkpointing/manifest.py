@@ -242,11 +242,12 @@ def incomplete(checkpoint_dir: Path | str, storage: Storage) -> IncompleteCheckp
     one only while a delete of ours runs or after one stopped; on a store without rename a save writes under
     the id itself, behind its marker, so it may be a save still running (which a retry then finds committed).
     The checkpoint is named as the store names it (an object store's URL), not as the bare id."""
-    hint = what_to_pass_instead(storage, Path(checkpoint_dir))
+    path = Path(checkpoint_dir)
     checkpoint_dir = shown_name(storage, checkpoint_dir)
     if storage.atomic_rename:
         return IncompleteCheckpointError(
-            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint.{hint}"
+            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."
+            + _id_its_name_tells(storage, path)
         )
     return IncompleteCheckpointError(
         f"Checkpoint {checkpoint_dir} is incomplete: on this store a save writes under the id itself, so a save of "
@@ -260,6 +261,23 @@ def what_to_pass_instead(storage: Storage, path: Path) -> str:
     of the id whose save left this temporary or trash name, or the newest checkpoint directly under a run's root.
     Before, both mistakes (`load("runs/exp1")`, a hidden temporary found with `ls -a`) got the path, not the fix,
     and a load with `into=` read the root as a legacy checkpoint and said to fix the item's key. "" otherwise."""
+    if hint := _id_its_name_tells(storage, path):
+        return hint
+    newest = _newest_checkpoint_under(storage, path)
+    if newest is None:
+        return ""
+    shown, count = shown_name(storage, path), newest[1]
+    return (
+        f" It holds {count} checkpoint(s): pass one of them, e.g. the newest, {shown_name(storage, path / newest[0])} "
+        f"(`torch-checkpointing ls {shown}` lists them; latest_checkpoint({shown!r}) gives the one to resume from)."
+    )
+
+
+def _id_its_name_tells(storage: Storage, path: Path) -> str:
+    """The hint a temporary or trash name gives (the id it was a save or a delete of), from the name alone: the
+    refusal of an incomplete checkpoint gives this one only. Looking inside for a run's checkpoints there too
+    refused each incomplete directory below the same way in turn (RecursionError on nested ones) and read the
+    whole tree under every incomplete checkpoint that discovery merely skipped."""
     parent = shown_name(storage, path.parent)
     if m := TMP_RE.match(path.name):
         return (
@@ -271,14 +289,7 @@ def what_to_pass_instead(storage: Storage, path: Path) -> str:
         return (
             f" It is {parent}/{m['name']} being deleted (retention or prune moved it aside): load another checkpoint."
         )
-    newest = _newest_checkpoint_under(storage, path)
-    if newest is None:
-        return ""
-    shown, count = shown_name(storage, path), newest[1]
-    return (
-        f" It holds {count} checkpoint(s): pass one of them, e.g. the newest, {shown_name(storage, path / newest[0])} "
-        f"(`torch-checkpointing ls {shown}` lists them; latest_checkpoint({shown!r}) gives the one to resume from)."
-    )
+    return ""
 
 
 def _newest_checkpoint_under(storage: Storage, root: Path) -> tuple[str, int] | None:
