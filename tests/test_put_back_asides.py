@@ -31,7 +31,7 @@ from torch_checkpointing.commit import Commit, CommitTarget
 from torch_checkpointing.discovery import OWNER_STARTED_AFTER_S
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.names import aside_name, new_nonce
-from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.retention import GcReport, collect_garbage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 # A sync save of `sys.argv[1]` (value `sys.argv[2]`) over the checkpoint there, without an atomic exchange, that
@@ -108,6 +108,28 @@ def test_gc_puts_back_the_copy_committed_last_and_keeps_it(tmp_path: Path) -> No
     assert report.failed == [], report
     assert _loaded(ckpt) == 3.0  # the last checkpoint committed at the id
     assert not older.exists() and not newer.exists()
+
+
+def test_a_dry_run_of_gc_tells_what_the_run_does_with_several_copies_of_an_id(tmp_path: Path) -> None:
+    """Failed before: the dry run kept the copy not put back as "the only copy of latest (no committed
+    checkpoint replaced it)" (the id, not moved in a dry run, still held nothing), and called the copy put back
+    "the only copy" too; the real run then removed the other copy."""
+    ckpt = tmp_path / "latest"
+    _save(ckpt, 1.0)
+    older = _killed_replace(ckpt, 2.0, "between")
+    _save(ckpt, 3.0)
+    newer = _killed_replace(ckpt, 4.0, "between")
+    dry = _copies_in(collect_garbage(tmp_path, dry_run=True, unowned_after_s=0))
+    assert dry == ([str(older)], [(str(newer), "the copy of latest committed last, to be moved back under its id")])
+    done = _copies_in(collect_garbage(tmp_path, unowned_after_s=0))
+    assert done == ([str(older)], [(str(newer), "the copy of latest committed last, moved back under its id")])
+    assert _loaded(ckpt) == 3.0
+
+
+def _copies_in(report: GcReport) -> tuple[list[str], list[tuple[str, str]]]:
+    """The copies aside that `report` removed, and those it kept with why (the killed saves' temporaries left out)."""
+    removed = [lo.path for lo in report.removed if lo.kind == "replaced"]
+    return removed, [(lo.path, why) for lo, why in report.kept if lo.kind == "replaced"]
 
 
 def test_gc_does_not_put_back_a_copy_whose_files_are_not_all_there(tmp_path: Path) -> None:

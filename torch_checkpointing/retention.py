@@ -558,8 +558,12 @@ def _dead_reason(marker: bytes) -> str | None:
     return stale_reason(Claim.parse(marker), me)
 
 
-def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s: float, now: float) -> str | None:
-    """None when `leftover` is garbage; else the reason to keep it."""
+def _why_keep(
+    leftover: Leftover, root: Path, storage: Storage, unowned_after_s: float, now: float, put_back: Collection[str] = ()
+) -> str | None:
+    """None when `leftover` is garbage; else the reason to keep it. `put_back`: the ids this pass moves a copy
+    back under (a dry run only says it would, so the id still holds nothing: its other copies are garbage all the
+    same, as the real run finds them)."""
     if not leftover.recognised and leftover.kind == "incomplete":
         return (
             f"its {INCOMPLETE_MARKER} is not a marker of ours (another program's file, e.g. a download's "
@@ -583,13 +587,13 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
     if leftover.owner_alive:
         return "its owner is alive"
     if leftover.kind == "replaced":
-        target = _replaced_id(leftover, root, storage)
+        target = _replaced_id(leftover, root, storage, put_back)
         if target is None:
             return (
                 f"the only copy of a checkpoint whose id starts with {leftover.checkpoint_name!r} (its name was cut "
                 f"to fit {NAME_MAX} bytes and nothing is at the id): rename it back to its id by hand"
             )
-        if not _committed(storage, root / target):
+        if target not in put_back and not _committed(storage, root / target):
             return f"the only copy of {target} (no committed checkpoint replaced it)"
     if leftover.owner_alive is None:
         local = storage.local_path(Path(leftover.path))
@@ -607,31 +611,33 @@ def _why_keep(leftover: Leftover, root: Path, storage: Storage, unowned_after_s:
     return None
 
 
-def _replaced_id(leftover: Leftover, root: Path, storage: Storage) -> str | None:
-    """The id a replaced copy was moved aside from; None when its name was cut and no sibling matches it."""
+def _replaced_id(leftover: Leftover, root: Path, storage: Storage, put_back: Collection[str]) -> str | None:
+    """The id a replaced copy was moved aside from; None when its name was cut and no sibling (nor an id a copy
+    goes back under in this pass) matches it."""
     name = Path(leftover.path).name
-    return aside_of(name, storage.ls(root)) if may_be_cut(name) else leftover.checkpoint_name
+    return aside_of(name, [*storage.ls(root), *put_back]) if may_be_cut(name) else leftover.checkpoint_name
 
 
-def _to_put_back(leftovers: list[Leftover], root: Path, storage: Storage) -> dict[Path, str]:
-    """The copies aside to move back under their ids (path: id), chosen by the rule a dead writer's trainer uses
-    (`asides.copy_to_put_back`): a replace killed between its two renames (the fallback of a store without an
-    atomic exchange) leaves nothing at the id and the old checkpoint aside, and a load of the id finds nothing.
+def _to_put_back(leftovers: list[Leftover], root: Path, storage: Storage) -> dict[Path, tuple[str, int]]:
+    """The copies aside to move back under their ids (path: the id, and how many copies of it are aside), chosen
+    by the rule a dead writer's trainer uses (`asides.copy_to_put_back`): a replace killed between its two
+    renames (the fallback of a store without an atomic exchange) leaves nothing at the id and the old checkpoint
+    aside, and a load of the id finds nothing.
 
     A copy whose name was cut does not tell gc its id, which holds nothing: such an id is left to the user.
     """
     ids = {lo.checkpoint_name for lo in leftovers if lo.kind == "replaced" and not may_be_cut(Path(lo.path).name)}
-    chosen: dict[Path, str] = {}
+    chosen: dict[Path, tuple[str, int]] = {}
     for name in sorted(ids):
         try:
-            copy = copy_to_put_back(storage, root / name).chosen
+            choice = copy_to_put_back(storage, root / name)
         except STORE_ERRORS as exc:
             logger.warning(
                 "gc could not look at the copies of %s aside (%s); left as they are", _shown(root / name), exc
             )
             continue
-        if copy is not None:
-            chosen[copy] = name
+        if choice.chosen is not None:
+            chosen[choice.chosen] = (name, len(choice.copies))
     return chosen
 
 
@@ -683,16 +689,19 @@ def collect_garbage(
     report = GcReport()
     leftovers = list_leftovers(base, storage)
     put_back = _to_put_back(leftovers, base, storage)
+    restored: set[str] = set()
     for leftover in [lo for lo in leftovers if Path(lo.path) in put_back]:  # first: the other copies are garbage then
-        restore_to = put_back[Path(leftover.path)]
+        restore_to, copies = put_back[Path(leftover.path)]
         done = True if dry_run else _restore(storage, leftover, base / restore_to)
         if done:
+            restored.add(restore_to)
+            which = f"the only copy of {restore_to}" if copies == 1 else f"the copy of {restore_to} committed last"
             verb = "to be moved back" if dry_run else "moved back"
-            report.kept.append((leftover, f"the only copy of {restore_to}, {verb} under its id"))
+            report.kept.append((leftover, f"{which}, {verb} under its id"))
         elif done is False:
             report.failed.append(leftover)
     for leftover in [lo for lo in leftovers if Path(lo.path) not in put_back]:
-        why = _why_keep(leftover, base, storage, unowned_after_s, now)
+        why = _why_keep(leftover, base, storage, unowned_after_s, now, restored)
         if why is not None:
             report.kept.append((leftover, why))
             continue
