@@ -20,7 +20,7 @@ import torch
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.errors import IncompleteCheckpointError
-from torch_checkpointing.manifest import INCOMPLETE_MARKER
+from torch_checkpointing.manifest import HINT_ENTRIES, INCOMPLETE_MARKER
 
 REPO = Path(__file__).resolve().parents[1]
 SUBPROCESS_TIMEOUT_S = 300  # a loaded 2-core machine takes ~15 s to import torch
@@ -103,3 +103,42 @@ def test_an_incomplete_checkpoint_is_refused_without_looking_into_its_subdirecto
     text = _load_error(checkpoint)
     assert text.startswith(f"Checkpoint {checkpoint} is incomplete"), text
     assert "checkpoint(s)" not in text, text
+
+
+# Loads a run's root in a child whose audit hook counts the manifests opened; prints the count, then the error.
+COUNTING_CHILD = """
+import sys
+opened = []
+sys.addaudithook(lambda event, args: opened.append(args[0]) if event == "open" and str(args[0]).endswith(
+    "manifest.json") else None)
+import torch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.errors import IncompleteCheckpointError
+with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+    try:
+        manager.load(sys.argv[1])
+    except IncompleteCheckpointError as exc:
+        print(len(opened))
+        print(exc)
+"""
+
+
+def test_the_hint_for_a_large_root_reads_a_bounded_number_of_manifests(run: Path) -> None:
+    """Before: the refusal of a run's root read the manifest of every directory in it, so passing the root of a
+    long run (on an object store: requests per checkpoint, and per file for an in-progress save's prefix, which
+    takes the same path) took as long as listing every checkpoint before it said "not a checkpoint"."""
+    with _manager() as manager:
+        for step in range(11, 211):
+            manager.save(str(run / f"step_{step}"), {"model": {"w": torch.full((4,), float(step))}})
+    done = subprocess.run(
+        [sys.executable, "-c", COUNTING_CHILD, str(run)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    count, _, text = done.stdout.partition("\n")
+    assert done.returncode == 0 and count.isdigit(), done.stderr[-2000:]
+    assert int(count) <= 2 * HINT_ENTRIES, done.stdout
+    assert str(run / "step_210") in text and "torch-checkpointing ls" in text, text

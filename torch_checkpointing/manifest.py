@@ -266,9 +266,14 @@ def what_to_pass_instead(storage: Storage, path: Path) -> str:
     newest = _newest_checkpoint_under(storage, path)
     if newest is None:
         return ""
-    shown, count = shown_name(storage, path), newest[1]
+    shown, (name, count) = shown_name(storage, path), newest
+    held = (
+        "checkpoints: pass one of them, e.g."
+        if count is None
+        else f"{count} checkpoint(s): pass one of them, e.g. the newest,"
+    )
     return (
-        f" It holds {count} checkpoint(s): pass one of them, e.g. the newest, {shown_name(storage, path / newest[0])} "
+        f" It holds {held} {shown_name(storage, path / name)} "
         f"(`torch-checkpointing ls {shown}` lists them; latest_checkpoint({shown!r}) gives the one to resume from)."
     )
 
@@ -292,18 +297,25 @@ def _id_its_name_tells(storage: Storage, path: Path) -> str:
     return ""
 
 
-def _newest_checkpoint_under(storage: Storage, root: Path) -> tuple[str, int] | None:
-    """The name of the newest (by step, then commit time, then name) committed checkpoint directly under `root`,
-    and how many there are; None when there is none (or `root` cannot be listed)."""
+# How many entries of a directory the hint of its refusal looks into, those whose names end in the highest steps
+# first. Each costs requests on an object store, and the refusal of a long run's root (or of an object-store save's
+# prefix still being written: files, no manifest) read every one before it said "not a checkpoint".
+HINT_ENTRIES = 16
+
+
+def _newest_checkpoint_under(storage: Storage, root: Path) -> tuple[str, int | None] | None:
+    """The name of the newest (by step, then commit time, then name) committed checkpoint among the first
+    `HINT_ENTRIES` entries directly under `root` (by the step their names end with), and how many there are (None
+    when not every entry was looked at); None when there is none (or `root` cannot be listed)."""
     found: list[tuple[bool, int, float, str]] = []
     try:
-        names = storage.ls(root)
+        names = sorted((n for n in storage.ls(root) if not n.startswith(".")), key=_highest_step_first)
     except (OSError, CheckpointError):
         return None
-    for name in names:
+    for name in names[:HINT_ENTRIES]:
         local = storage.local_path(root / name)
-        if name.startswith(".") or (local is not None and os.path.islink(local)):
-            continue  # ours in progress or being deleted, or a link: never a checkpoint of this root
+        if local is not None and os.path.islink(local):
+            continue  # a link: never a checkpoint of this root (hidden names, left out above, are ours in progress)
         try:
             manifest = read_manifest(storage, root / name) if storage.isdir(root / name) else None
         except (OSError, CheckpointError):
@@ -311,7 +323,12 @@ def _newest_checkpoint_under(storage: Storage, root: Path) -> tuple[str, int] | 
         if manifest is not None:
             step = manifest.step if manifest.step is not None else step_from_name(name)
             found.append((step is not None, step or 0, manifest.commit_time or 0.0, name))
-    return (max(found)[3], len(found)) if found else None
+    return (max(found)[3], len(found) if len(names) <= HINT_ENTRIES else None) if found else None
+
+
+def _highest_step_first(name: str) -> tuple[bool, int, str]:
+    step = step_from_name(name)
+    return (step is None, -(step or 0), name)
 
 
 class _OversizedFile(CorruptCheckpointError):
