@@ -168,6 +168,23 @@ def test_the_trainer_of_a_dead_writer_does_not_put_back_a_copy_whose_files_are_n
         _loaded(ckpt)
 
 
+def test_the_trainer_of_a_dead_writer_never_puts_back_another_ids_copy_whose_name_was_cut(tmp_path: Path) -> None:
+    """Failed before: the trainer chose among every copy whose cut name its id could have made. Two long ids that
+    differ only past the cut (a long run name ending in the step) make the same cut names, so the copy of the
+    other id, committed later, went back under this one: a load of it returned the other id's data."""
+    prefix = "run_" + "s" * 236  # its aside names are cut within this prefix
+    mine, other = tmp_path / f"{prefix}_step_1", tmp_path / f"{prefix}_step_2"
+    _save(mine, 1.0)
+    _save(other, 2.0)  # committed later
+    others_copy = _killed_replace(other, 20.0, "between")
+    my_copy = _killed_replace(mine, 10.0, "between")  # the dead writer's replace of `mine`
+    storage = LocalFileSystemStorageConfig(use_direct_io=False).create_storage()
+    commit = Commit(storage, CommitTarget(str(mine), str(tmp_path / ".tmp-of-the-dead-writer")))
+    assert commit.adopt(None, writer_pid=owner_pid(my_copy)) is False
+    assert _loaded(mine) == 1.0 and not my_copy.exists()
+    assert others_copy.exists() and not other.exists()  # its id is not known from its name: left for the user
+
+
 # ------------------------------------------------------------------------------------ an owner's pid reused since
 
 

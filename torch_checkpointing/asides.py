@@ -7,7 +7,9 @@ copy back. They decided apart before, on less than a load needs, and disagreed: 
 order (an older checkpoint, deleting the newer one beside it), and both put back copies whose files were not all
 there. Here: a copy goes back only onto an id that holds nothing (not even a link), only when no copy of the id
 may still be in a live replace's hands, only when a load would read it whole, and of several the one committed
-last, strictly; anything else puts nothing back and says why.
+last, strictly; anything else puts nothing back and says why. A copy whose name was cut to fit is one only for
+the trainer of the dead writer that made it: two long ids that differ past the cut make the same cut names, and
+the manifest does not record its id, so any other copy so named may be another id's checkpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive
 from torch_checkpointing.errors import CheckpointError
-from torch_checkpointing.names import ASIDE_RE, aside_of
+from torch_checkpointing.names import ASIDE_RE, aside_of, may_be_cut
 from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = ["PutBack", "copies_aside", "copy_to_put_back", "owner_pid", "taken"]
@@ -61,9 +63,10 @@ def copy_to_put_back(storage: Storage, final: Path, dead_pid: int | None = None)
     live = [c for c in copies if _owner_may_live(c, dead_pid)]
     if live:
         return PutBack(None, copies, f"the replace that moved {live[0]} aside may still be running")
-    whole = {c: t for c in copies if (t := _commit_time_if_whole(storage, c)) is not None}
+    ours = [c for c in copies if not may_be_cut(c.name) or owner_pid(c) == dead_pid]
+    whole = {c: t for c in ours if (t := _commit_time_if_whole(storage, c)) is not None}
     if not whole:
-        return PutBack(None, copies, "none of them is a whole checkpoint")
+        return PutBack(None, copies, "none of them is a whole checkpoint whose name tells it is of this id")
     newest = max(whole, key=lambda c: whole[c])
     if sum(t >= whole[newest] for t in whole.values()) > 1:
         return PutBack(None, copies, "no one of them was committed last (their commit times tie or are unknown)")
