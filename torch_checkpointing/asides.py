@@ -14,16 +14,15 @@ the manifest does not record its id, so any other copy so named may be another i
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive
+from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive, still_there
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.names import ASIDE_RE, aside_of, may_be_cut
 from torch_checkpointing.storage.base_storage import Storage
 
-__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "owner_pid", "taken"]
+__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "owner_pid"]
 
 
 @dataclass(frozen=True)
@@ -46,19 +45,13 @@ def copies_aside(storage: Storage, final: Path) -> list[Path]:
     ]
 
 
-def taken(storage: Storage, final: Path) -> bool:
-    """Whether anything (a directory, a file, a dangling link) is at `final`."""
-    local = storage.local_path(final)
-    return os.path.lexists(local) if local is not None else storage.exists(final)
-
-
 def copy_to_put_back(storage: Storage, final: Path, dead_pid: int | None = None) -> PutBack:
     """Which copy aside goes back under the id `final` now (see the module's docstring). `dead_pid`: a process
     the caller knows is dead (a writer it saw die), whose pid may have been given to another process since."""
     copies = copies_aside(storage, final)
     if not copies:
         return PutBack(None, copies, "no copy of it is aside")
-    if taken(storage, final):
+    if still_there(storage, final):  # anything, a dangling link included
         return PutBack(None, copies, "something is at the id", id_free=False)
     live = [c for c in copies if _owner_may_live(c, dead_pid)]
     if live:
@@ -89,8 +82,7 @@ def _owner_may_live(copy: Path, dead_pid: int | None) -> bool:
 def _commit_time_if_whole(storage: Storage, path: Path) -> float | None:
     """The commit time of `path` when a load would read it whole (a directory, not a link, its manifest ours and
     every file it lists there at its recorded size), -inf when that time is unknown; None when it is not whole."""
-    local = storage.local_path(path)
-    if local is not None and os.path.islink(local):
+    if storage.is_link(path):
         return None
     try:
         info = checkpoint_info(path, storage)

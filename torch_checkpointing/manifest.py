@@ -313,8 +313,7 @@ def _newest_checkpoint_under(storage: Storage, root: Path) -> tuple[str, int | N
     except (OSError, CheckpointError):
         return None
     for name in names[:HINT_ENTRIES]:
-        local = storage.local_path(root / name)
-        if local is not None and os.path.islink(local):
+        if storage.is_link(root / name):
             continue  # a link: never a checkpoint of this root (hidden names, left out above, are ours in progress)
         try:
             manifest = read_manifest(storage, root / name) if storage.isdir(root / name) else None
