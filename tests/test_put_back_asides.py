@@ -185,6 +185,38 @@ def test_the_trainer_of_a_dead_writer_never_puts_back_another_ids_copy_whose_nam
     assert others_copy.exists() and not other.exists()  # its id is not known from its name: left for the user
 
 
+# A sync save of `sys.argv[1]` (value `sys.argv[2]`) on a host whose clock is an hour ahead (stepped back since).
+CLOCK_AHEAD_CHILD = """
+import sys, time
+real_time = time.time
+time.time = lambda: real_time() + 3600
+import torch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+    manager.save(sys.argv[1], {"model": {f"t{i}": torch.full((4,), float(sys.argv[2])) for i in range(3)}}, step=1)
+"""
+
+
+def test_the_trainer_of_a_dead_writer_puts_back_what_the_id_held_when_it_died_whatever_the_clocks(
+    tmp_path: Path,
+) -> None:
+    """Failed before: the trainer chose by recorded commit time alone, so an older copy aside whose save ran while
+    the clock was ahead (a step back since: NTP, a VM restored) went back under the id instead of the one its
+    writer had just moved aside, and gc then removed the newer checkpoint as garbage."""
+    ckpt = tmp_path / "latest"
+    subprocess.run(
+        [sys.executable, "-c", CLOCK_AHEAD_CHILD, str(ckpt), "1.0"], timeout=SUBPROCESS_TIMEOUT_S, check=True
+    )
+    older = _killed_replace(ckpt, 2.0, "between")  # holds 1.0, committed "an hour from now"
+    _save(ckpt, 3.0)  # the id saved again, onto nothing, with the clock right
+    mine = _killed_replace(ckpt, 4.0, "between")  # the dead writer's replace: it moved 3.0 aside
+    storage = LocalFileSystemStorageConfig(use_direct_io=False).create_storage()
+    commit = Commit(storage, CommitTarget(str(ckpt), str(tmp_path / ".tmp-of-the-dead-writer")))
+    assert commit.adopt(None, writer_pid=owner_pid(mine)) is False
+    assert _loaded(ckpt) == 3.0 and not mine.exists() and older.exists()
+
+
 # ------------------------------------------------------------------------------------ an owner's pid reused since
 
 

@@ -9,7 +9,9 @@ there. Here: a copy goes back only onto an id that holds nothing (not even a lin
 may still be in a live replace's hands, only when a load would read it whole, and of several the one committed
 last, strictly; anything else puts nothing back and says why. A copy whose name was cut to fit is one only for
 the trainer of the dead writer that made it: two long ids that differ past the cut make the same cut names, and
-the manifest does not record its id, so any other copy so named may be another id's checkpoint.
+the manifest does not record its id, so any other copy so named may be another id's checkpoint. And for that
+trainer, its dead writer's one whole copy is the one: what the id held when the writer died, whichever commit
+time another copy records (a save while the clock was ahead, stepped back since, records a later one).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def copy_to_put_back(storage: Storage, final: Path, dead_pid: int | None = None)
     whole = {c: t for c in ours if (t := _commit_time_if_whole(storage, c)) is not None}
     if not whole:
         return PutBack(None, copies, "none of them is a whole checkpoint whose name tells it is of this id")
+    its = [c for c in whole if owner_pid(c) == dead_pid]
+    if len(its) == 1:  # what the id held when that writer died: known without comparing clocks
+        return PutBack(its[0], copies)
     newest = max(whole, key=lambda c: whole[c])
     if sum(t >= whole[newest] for t in whole.values()) > 1:
         return PutBack(None, copies, "no one of them was committed last (their commit times tie or are unknown)")
