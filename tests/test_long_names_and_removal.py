@@ -176,6 +176,23 @@ def test_a_cut_aside_with_nothing_at_its_id_is_kept_with_what_to_do(tmp_path: Pa
     assert "by hand" in report.kept[0][1], report.kept
 
 
+def test_gc_keeps_the_only_copy_of_a_long_id_whose_cut_name_another_committed_id_makes_too(tmp_path: Path) -> None:
+    """Failed before: two long ids that differ past the cut (the run's name, then the step) make the same cut
+    aside names, so gc took the copy that a replace of step 1 killed between its renames left (step 1 holding
+    nothing) for a replaced copy of step 2, which is committed, and removed the only copy of step 1."""
+    mine, other = tmp_path / f"{LONG}_1", tmp_path / f"{LONG}_2"
+    with _manager() as manager:
+        manager.save(str(mine), _state(1.0), step=1)
+        manager.save(str(other), _state(2.0), step=2)
+    dead = _dead_pid()
+    aside = tmp_path / aside_name(mine.name, dead, "0a1b2c3d")
+    assert aside == tmp_path / aside_name(other.name, dead, "0a1b2c3d")  # one cut name for both ids
+    os.rename(mine, aside)  # what the killed replace of `mine` left
+    report = collect_garbage(tmp_path, unowned_after_s=0)
+    assert aside.is_dir() and report.removed == [], report
+    assert [(Path(lo.path), "by hand" in why) for lo, why in report.kept] == [(aside, True)], report.kept
+
+
 # ------------------------------------------------------------------------------------ a removal killed midway
 
 

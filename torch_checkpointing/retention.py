@@ -55,9 +55,10 @@ from torch_checkpointing.manifest import (
     Manifest,
     our_marker,
     read_bounded,
+    read_manifest,
     read_marker,
 )
-from torch_checkpointing.names import NAME_MAX, aside_of, holding, may_be_cut, new_nonce, trash_name
+from torch_checkpointing.names import NAME_MAX, aside_of, holding, may_be_cut, new_nonce, step_from_name, trash_name
 from torch_checkpointing.storage.base_storage import Storage
 
 # What a storage raises for a refused or failed request: a filesystem's OSError, an object store's
@@ -613,9 +614,28 @@ def _why_keep(
 
 def _replaced_id(leftover: Leftover, root: Path, storage: Storage, put_back: Collection[str]) -> str | None:
     """The id a replaced copy was moved aside from; None when its name was cut and no sibling (nor an id a copy
-    goes back under in this pass) matches it."""
+    goes back under in this pass) matches it.
+
+    Two long ids that differ past the cut (a run's long name, then the step) make the same cut names: a sibling
+    whose name ends in a step other than the one the copy records is another id, not the one it was cut from.
+    Taken for it, the copy a replace of `..._1` killed between its renames left (`..._1` holding nothing) was
+    removed as a replaced copy of the committed `..._2`: the only copy of `..._1` lost.
+    """
     name = Path(leftover.path).name
-    return aside_of(name, [*storage.ls(root), *put_back]) if may_be_cut(name) else leftover.checkpoint_name
+    if not may_be_cut(name):
+        return leftover.checkpoint_name
+    step = _recorded_step(storage, Path(leftover.path))
+    ids = [s for s in [*storage.ls(root), *put_back] if step is None or step_from_name(s) in (None, step)]
+    return aside_of(name, ids)
+
+
+def _recorded_step(storage: Storage, path: Path) -> int | None:
+    """The step the manifest at `path` records; None when it records none or cannot be read."""
+    try:
+        manifest = read_manifest(storage, path)
+    except (OSError, CheckpointError):
+        return None
+    return manifest.step if manifest is not None else None
 
 
 def _to_put_back(leftovers: list[Leftover], root: Path, storage: Storage) -> dict[Path, tuple[str, int]]:
