@@ -39,6 +39,13 @@ def run(tmp_path: Path) -> Path:
     return root
 
 
+def _python(*args: str) -> subprocess.CompletedProcess[str]:
+    """A child Python run from the repository with `args`, its output captured, bounded by the timeout."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+    )
+
+
 def _load_error(path: Path) -> str:
     with _manager() as manager, pytest.raises(IncompleteCheckpointError) as info:
         manager.load(str(path))
@@ -62,13 +69,7 @@ def test_loading_a_runs_root_into_templates_is_no_legacy_checkpoint_with_a_missi
 
 
 def test_inspect_of_a_runs_root_names_its_newest_checkpoint(run: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "torch_checkpointing", "inspect", str(run)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-    )
+    done = _python("-m", "torch_checkpointing", "inspect", str(run))
     assert done.returncode == 2, done.stderr
     assert str(run / "step_10") in done.stderr and "Traceback" not in done.stderr, done.stderr
 
@@ -131,13 +132,7 @@ def test_the_hint_for_a_large_root_reads_a_bounded_number_of_manifests(run: Path
     with _manager() as manager:
         for step in range(11, 211):
             manager.save(str(run / f"step_{step}"), {"model": {"w": torch.full((4,), float(step))}})
-    done = subprocess.run(
-        [sys.executable, "-c", COUNTING_CHILD, str(run)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-    )
+    done = _python("-c", COUNTING_CHILD, str(run))
     count, _, text = done.stdout.partition("\n")
     assert done.returncode == 0 and count.isdigit(), done.stderr[-2000:]
     assert int(count) <= 2 * HINT_ENTRIES, done.stdout
