@@ -119,3 +119,18 @@ def test_a_saved_state_sharing_containers_still_loads_shared(tmp_path: Path) -> 
             m.close()
         assert loaded["a"] == shared and loaded["a"] is loaded["b"]
         assert torch.equal(loaded["c"]["t"], t) and loaded["c"]["t"] is loaded["d"]["t"]
+
+
+def test_a_saved_state_sharing_a_large_list_still_loads(tmp_path: Path) -> None:
+    """Defect: a sampler's index list of 2**20 + 10 entries under two keys (which a save walks and commits)
+    made a load walk 2**20 + 10 positions beyond the distinct ones, and the load refused the committed
+    checkpoint as crafted. What sharing adds is bounded in proportion to the file's distinct entries, too."""
+    indices = list(range((1 << 20) + 10))
+    state = {"sampler": {"order": indices}, "resume": {"order": indices}, "w": torch.arange(3.0)}
+    m = _manager(use_mmap=True)
+    try:
+        m.save(str(tmp_path / "ck"), {"model": state})
+        loaded = m.load(str(tmp_path / "ck"))["model"]
+    finally:
+        m.close()
+    assert loaded["sampler"]["order"] == indices and loaded["sampler"]["order"] is loaded["resume"]["order"]

@@ -196,21 +196,27 @@ def load_torch(
 
 
 MAX_SHARED_PATHS = 1 << 20
-"""The most positions a walk of a loaded value may visit beyond the distinct ones: what containers shared under
-several paths (a list under two keys, which torch.save keeps shared) add. A pickle's memo lets a few hundred
-bytes share one list down 60 levels, 2**60 paths, and every walk of the value (the record check, the merge, a
-flat view) would never end."""
+"""The most positions a walk of a loaded value may visit beyond the distinct ones, whatever its size: what
+containers shared under several paths (a list under two keys, which torch.save keeps shared) add."""
+
+MAX_SHARING = 64
+"""Beyond `MAX_SHARED_PATHS`, how many times its distinct entries a walk of a loaded value may visit: a saved
+state's list under two keys doubles its entries, whatever their number, so the bound grows with the file. A
+pickle's memo lets a few hundred bytes share one list down 60 levels, 2**60 paths, and every walk of the value
+(the record check, the merge, a flat view) would never end; with this bound a walk costs at most a fixed
+multiple of what the file holds."""
 
 
 def _refuse_shared_blowup(path: Path, what: str, value: Any) -> None:
     walked, distinct = walk_sizes(value)
-    if walked > distinct + MAX_SHARED_PATHS:
+    most = distinct + max(MAX_SHARED_PATHS, MAX_SHARING * distinct)
+    if walked > most:
         raise undecodable(
             path,
             what,
             ValueError(
                 f"it holds {distinct} entries, but containers shared under several paths make a walk of it visit "
-                f"more than {distinct + MAX_SHARED_PATHS}; torch.save of a state a save could walk writes no such file"
+                f"more than {most}; torch.save of a state a save could walk writes no such file"
             ),
         )
 
