@@ -12,7 +12,7 @@ import collections
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import pytest
 
@@ -136,3 +136,34 @@ def test_a_typed_value_the_annotation_would_not_rebuild_is_refused_at_save(
 def test_values_the_annotations_rebuild_still_save(tmp_path: Path) -> None:
     value = Loose(either=5, anything={"a": [1, 2]}, obj="s", plain=(1, 2))
     assert _roundtrip(tmp_path, Loose, value) == value
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class Box(Generic[T]):
+    """A generic dataclass: its fields are annotated with the type variable the user's annotation binds."""
+
+    item: T
+    items: list[T]
+    maybe: T | None = None
+
+
+@dataclass
+class Boxes:
+    inners: Box[Inner]
+    ints: Box[int]
+    spans: list[Box[Span]]
+
+
+def test_a_generic_dataclass_annotated_with_its_parameters_is_rebuilt(tmp_path: Path) -> None:
+    """Defect: a field annotated `Box[Inner]` was refused at save ("'v::inners' is a Box, which the annotation
+    there does not rebuild ... annotate that field Box", which it is); before that check, it loaded back as a
+    dict without a word. The annotation names the type and its parameter: both are rebuilt."""
+    value = Boxes(Box(Inner(1), [Inner(2)], Inner(3)), Box(4, [5]), [Box(Span(0, 1), [], None)])
+    out = _roundtrip(tmp_path, Boxes, value)
+    assert out == value
+    rebuilt = [out.inners.item, *out.inners.items, out.inners.maybe, out.spans[0].item]
+    assert [type(x) for x in rebuilt] == [Inner, Inner, Inner, Span], out
+    assert type(out.inners) is Box and type(out.spans[0]) is Box

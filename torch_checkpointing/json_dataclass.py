@@ -55,10 +55,11 @@ def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = Non
     tp, optional = _strip_optional(tp)
     if data is None and optional:
         return None
+    tp, bound = _generic_dataclass(tp)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a JSON object for {tp.__name__}, got {type(data).__name__}")
-        hints = typing.get_type_hints(tp)
+        hints = {name: _bind(hint, bound) for name, hint in typing.get_type_hints(tp).items()}
         kwargs: dict[str, Any] = {}
         fields = [f for f in dataclasses.fields(tp) if f.init]
         if ignored is not None:
@@ -93,6 +94,27 @@ def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = Non
     if isinstance(tp, type) and tp is not Any and not isinstance(data, tp):
         return _exact_leaf(tp, data, where)
     return data
+
+
+def _generic_dataclass(tp: Any) -> tuple[Any, dict[Any, Any]]:
+    """`Box[Inner]` as the dataclass `Box` and its type variables bound (`{T: Inner}`); any other `tp` as
+    itself, nothing bound."""
+    origin = typing.get_origin(tp)
+    if not (isinstance(origin, type) and dataclasses.is_dataclass(origin)):
+        return tp, {}
+    params = getattr(origin, "__parameters__", ())
+    return origin, dict(zip(params, typing.get_args(tp), strict=False))
+
+
+def _bind(hint: Any, bound: dict[Any, Any]) -> Any:
+    """A field's annotation with the type variables its generic dataclass was given (`list[T]` as
+    `list[Inner]`); one left unbound is `Any`, as for a dataclass used without parameters."""
+    if isinstance(hint, typing.TypeVar):
+        return bound.get(hint, Any)
+    params = getattr(hint, "__parameters__", ())
+    if not bound or not params:
+        return hint
+    return hint[tuple(bound.get(p, Any) for p in params)]
 
 
 # Annotations that name an abstract container: JSON gives a list or an object, rebuilt as the concrete type.
