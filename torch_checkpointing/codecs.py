@@ -860,8 +860,7 @@ def _check_loads_back(cls: type | None, key: str, value: Any, decoded: Any) -> N
             raise _not_rebuilt(cls, key, str(exc)) from None
         if isinstance(value, cls):  # an instance saves every field: each must come back (a dict may omit some)
             _check_fields_come_back(cls, key, decoded, loaded)
-        _check_types_come_back(cls, key, value, loaded)
-    _check_enums_come_back(key, value, loaded)
+    _check_kinds_come_back(cls, key, value, loaded)
 
 
 def _not_rebuilt(cls: type, key: str, why: str) -> ValueError:
@@ -902,14 +901,19 @@ def _first_difference(a: Any, b: Any, where: str) -> str | None:
 _ABSENT = object()
 
 
-def _check_types_come_back(cls: type, key: str, value: Any, loaded: Any) -> None:
-    """Walk the saved value beside its rebuild: a dataclass instance or NamedTuple must come back as its own
-    type. JSON writes them as objects and lists, and only an annotation naming the type rebuilds them; under
-    `Any`, `object`, a union of two types or a base class the load would return a dict or list instead."""
+def _check_kinds_come_back(cls: type | None, key: str, value: Any, loaded: Any) -> None:
+    """Walk the saved value beside what the load gives back, once: an Enum member must come back as itself,
+    and (with `cls`) a dataclass instance or NamedTuple as its own type. JSON writes them as a bare value, an
+    object and a list, and only an annotation naming the type rebuilds them; under `Any`, `object`, a union of
+    two types or a base class the load would return the bare value, a dict or a list instead."""
     stack: list[tuple[Any, Any, str]] = [(value, loaded, "")]
     while stack:
         saved, back, where = stack.pop()
-        if _is_typed_json(saved) and type(back) is not type(saved):
+        if isinstance(saved, enum.Enum):
+            if back is not saved:
+                raise _enum_lost(key, saved, back, where)
+            continue
+        if cls is not None and _is_typed_json(saved) and type(back) is not type(saved):
             raise _not_rebuilt(
                 cls,
                 key,
@@ -926,21 +930,6 @@ def _is_typed_json(value: Any) -> bool:
     """A value JSON holds only as a plain object or list: a dataclass instance or a NamedTuple."""
     is_instance = dataclasses.is_dataclass(value) and not isinstance(value, type)
     return is_instance or (isinstance(value, tuple) and hasattr(type(value), "_fields"))
-
-
-def _check_enums_come_back(key: str, value: Any, loaded: Any) -> None:
-    """Walk the saved value beside what the load gives back: an Enum member must come back as itself."""
-    stack: list[tuple[Any, Any, str]] = [(value, loaded, "")]
-    while stack:
-        saved, back, where = stack.pop()
-        if isinstance(saved, enum.Enum):
-            if back is not saved:
-                raise _enum_lost(key, saved, back, where)
-            continue
-        for k, v in _json_children(saved) or ():
-            child = _child(back, k)
-            if child is not _ABSENT:
-                stack.append((v, child, join_key(where, k)))
 
 
 def _child(node: Any, k: Any) -> Any:
