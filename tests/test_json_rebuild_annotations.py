@@ -167,3 +167,33 @@ def test_a_generic_dataclass_annotated_with_its_parameters_is_rebuilt(tmp_path: 
     rebuilt = [out.inners.item, *out.inners.items, out.inners.maybe, out.spans[0].item]
     assert [type(x) for x in rebuilt] == [Inner, Inner, Inner, Span], out
     assert type(out.inners) is Box and type(out.spans[0]) is Box
+
+
+def _local_classes() -> tuple[type, type, type]:
+    """Classes defined in a function: under `from __future__ import annotations` their annotations are strings
+    naming `LocalInner`, which no module namespace holds."""
+
+    @dataclass
+    class LocalInner:
+        x: int
+
+    @dataclass
+    class LocalOuter:
+        inner: LocalInner
+
+    class LocalPair(NamedTuple):
+        first: LocalInner
+
+    return LocalInner, LocalOuter, LocalPair
+
+
+@pytest.mark.parametrize("which", ["dataclass", "namedtuple"])
+def test_an_annotation_naming_a_type_out_of_reach_is_refused_naming_the_item(tmp_path: Path, which: str) -> None:
+    """Defect: typing.get_type_hints' bare NameError ("name 'LocalInner' is not defined") came out of save(),
+    naming neither the item nor the class whose annotations could not be read, nor what to do."""
+    inner, outer, pair = _local_classes()
+    cls, value = (outer, outer(inner(1))) if which == "dataclass" else (pair, pair(inner(1)))
+    with pytest.raises(ValueError, match=r"item 'v'|'v'") as caught:
+        _roundtrip(tmp_path, cls, value)
+    assert "LocalInner" in str(caught.value) and cls.__name__ in str(caught.value) and "module" in str(caught.value)
+    assert not (tmp_path / "c").exists()

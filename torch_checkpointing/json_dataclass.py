@@ -59,7 +59,7 @@ def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = Non
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a JSON object for {tp.__name__}, got {type(data).__name__}")
-        hints = {name: _bind(hint, bound) for name, hint in typing.get_type_hints(tp).items()}
+        hints = {name: _bind(hint, bound) for name, hint in _type_hints(tp, where).items()}
         kwargs: dict[str, Any] = {}
         fields = [f for f in dataclasses.fields(tp) if f.init]
         if ignored is not None:
@@ -94,6 +94,18 @@ def from_jsonable(tp: Any, data: Any, where: str, gaps: RebuildGaps | None = Non
     if isinstance(tp, type) and tp is not Any and not isinstance(data, tp):
         return _exact_leaf(tp, data, where)
     return data
+
+
+def _type_hints(tp: type, where: str) -> dict[str, Any]:
+    """`tp`'s field annotations, resolved: a string one (`from __future__ import annotations`) naming a type its
+    module does not hold (a class defined in a function) is a ValueError naming the class, not a bare NameError."""
+    try:
+        return typing.get_type_hints(tp)
+    except NameError as exc:
+        raise ValueError(
+            f"{where}: the annotations of {tp.__qualname__} cannot be resolved ({exc}): a string annotation names "
+            f"a type module {tp.__module__} does not define at its top level. Define that type at module level."
+        ) from exc
 
 
 def _generic_dataclass(tp: Any) -> tuple[Any, dict[Any, Any]]:
@@ -147,7 +159,7 @@ def _named_tuple(tp: Any, data: list[Any], where: str, gaps: RebuildGaps | None,
     names: tuple[str, ...] = tp._fields
     if len(data) > len(names):
         raise ValueError(f"{where}: {len(data)} JSON values for the {len(names)} fields of {tp.__name__} {names}")
-    hints = typing.get_type_hints(tp)
+    hints = _type_hints(tp, where)
     values = [
         from_jsonable(hints.get(name, Any), v, f"{where}.{name}", gaps, (*at, i))
         for i, (name, v) in enumerate(zip(names, data, strict=False))
