@@ -287,6 +287,19 @@ def _two_tensors_with_b_damaged(tmp_path: Path, layout: LayoutInfo | None) -> tu
     return root, name
 
 
+def assert_resharding_load_refused(root: Path, spec: ItemSpec, target: Any, match: str) -> None:
+    """A resharding load of item "model" of `root` into `target` raises a CorruptCheckpointError matching
+    `match` (the resharder's warning that it reads a plain, unsharded source is expected and ignored)."""
+    m = _manager({"model": spec})
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*plain.*")
+            with pytest.raises(CorruptCheckpointError, match=match):
+                m.load(str(root), into={"model": target})
+    finally:
+        m.close()
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["torch", "safetensors"])
 def test_a_resharding_load_that_meets_a_damaged_block_has_filled_no_target(
     tmp_path: Path, layout: LayoutInfo | None
@@ -294,14 +307,8 @@ def test_a_resharding_load_that_meets_a_damaged_block_has_filled_no_target(
     """All-or-nothing holds for resharding loads too: every planned block is checked before the first copy."""
     root, name = _two_tensors_with_b_damaged(tmp_path, layout)  # b is copied after a
     target = {"a": torch.zeros(N), "b": torch.zeros(N)}
-    m = _manager({"model": ItemSpec(resharder=AlwaysReshard(), layout=layout)})
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*plain.*")
-            with pytest.raises(CorruptCheckpointError, match=rf"{name} .* fails its CRC32 check in block"):
-                m.load(str(root), into={"model": target})
-    finally:
-        m.close()
+    spec = ItemSpec(resharder=AlwaysReshard(), layout=layout)
+    assert_resharding_load_refused(root, spec, target, rf"{name} .* fails its CRC32 check in block")
     assert not target["a"].any() and not target["b"].any()
 
 

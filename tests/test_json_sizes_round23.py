@@ -14,17 +14,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import resource
-import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.test_crafted_round9 import in_child
-from tests.test_verified_loads import _edit_manifest
-from torch_checkpointing import CheckpointManager, ItemSpec
-from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo
+from tests.test_crafted_round9 import _forge, in_child
+from tests.test_value_fidelity_json_load import _manager
 from torch_checkpointing.errors import CheckpointError
 
 
@@ -44,21 +41,9 @@ class Counted:
     ratio: float
 
 
-def _manager(cls: type) -> CheckpointManager:
-    cfg = CheckpointManager.Config.with_sync_save()
-    cfg.items = {"hparams": ItemSpec(layout=LayoutInfo("hparams.json", JsonSerialization(cls=cls)))}
-    return CheckpointManager(cfg)
-
-
 def _craft(root: Path, value: dict[str, Any]) -> None:
-    data = json.dumps(value).encode()
-    (root / "hparams.json").write_bytes(data)
-
-    def forge(d: dict[str, Any]) -> None:
-        d["items"]["hparams"]["0"].update(size=len(data), crc32=zlib.crc32(data))
-        d["items"]["hparams"]["0"].pop("blocks", None)
-
-    _edit_manifest(root, forge)
+    (root / "hparams.json").write_bytes(json.dumps(value).encode())
+    _forge(root, "hparams.json", "hparams")
 
 
 def json_outcome(root: str) -> dict[str, Any]:

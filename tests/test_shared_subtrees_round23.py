@@ -105,18 +105,23 @@ def test_an_export_of_such_a_pickle_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "hf").exists()
 
 
+def _saved_and_loaded(root: Path, state: dict[str, Any], use_mmap: bool) -> Any:
+    """`state` saved as item "model" at `root` (anything there first removed), and what a load gives back."""
+    shutil.rmtree(root, ignore_errors=True)
+    m = _manager(use_mmap=use_mmap)
+    try:
+        m.save(str(root), {"model": state})
+        return m.load(str(root))["model"]
+    finally:
+        m.close()
+
+
 def test_a_saved_state_sharing_containers_still_loads_shared(tmp_path: Path) -> None:
     """Held before and after: a list under two keys (and a tensor under two) round-trips, still shared."""
     shared, t = [1, 2, {"x": 3}], torch.arange(4.0)
     state = {"a": shared, "b": shared, "c": {"t": t}, "d": {"t": t}}
     for use_mmap in (True, False):
-        shutil.rmtree(tmp_path / "ck", ignore_errors=True)
-        m = _manager(use_mmap=use_mmap)
-        try:
-            m.save(str(tmp_path / "ck"), {"model": state})
-            loaded = m.load(str(tmp_path / "ck"))["model"]
-        finally:
-            m.close()
+        loaded = _saved_and_loaded(tmp_path / "ck", state, use_mmap)
         assert loaded["a"] == shared and loaded["a"] is loaded["b"]
         assert torch.equal(loaded["c"]["t"], t) and loaded["c"]["t"] is loaded["d"]["t"]
 
@@ -127,10 +132,5 @@ def test_a_saved_state_sharing_a_large_list_still_loads(tmp_path: Path) -> None:
     checkpoint as crafted. What sharing adds is bounded in proportion to the file's distinct entries, too."""
     indices = list(range((1 << 20) + 10))
     state = {"sampler": {"order": indices}, "resume": {"order": indices}, "w": torch.arange(3.0)}
-    m = _manager(use_mmap=True)
-    try:
-        m.save(str(tmp_path / "ck"), {"model": state})
-        loaded = m.load(str(tmp_path / "ck"))["model"]
-    finally:
-        m.close()
+    loaded = _saved_and_loaded(tmp_path / "ck", state, use_mmap=True)
     assert loaded["sampler"]["order"] == indices and loaded["sampler"]["order"] is loaded["resume"]["order"]
