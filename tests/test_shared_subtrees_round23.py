@@ -134,3 +134,18 @@ def test_a_saved_state_sharing_a_large_list_still_loads(tmp_path: Path) -> None:
     state = {"sampler": {"order": indices}, "resume": {"order": indices}, "w": torch.arange(3.0)}
     loaded = _saved_and_loaded(tmp_path / "ck", state, use_mmap=True)
     assert loaded["sampler"]["order"] == indices and loaded["sampler"]["order"] is loaded["resume"]["order"]
+
+
+def test_a_state_sharing_more_than_a_load_accepts_is_refused_at_save(tmp_path: Path) -> None:
+    """Defect: a list of 20,000 entries under 100 keys (a walk of 2,000,100 positions over 20,101 distinct
+    entries, past what a load accepts) saved and committed, and every load then refused the checkpoint as
+    crafted. The save refuses it, naming the item, and commits nothing."""
+    shared = list(range(20_000))
+    state = {f"k{i}": shared for i in range(100)}
+    m = _manager(use_mmap=True)
+    try:
+        with pytest.raises(ValueError, match=r"save item 'model'.*shared under several paths"):
+            m.save(str(tmp_path / "ck"), {"model": state})
+    finally:
+        m.close()
+    assert not (tmp_path / "ck").exists()

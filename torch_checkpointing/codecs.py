@@ -208,17 +208,22 @@ multiple of what the file holds."""
 
 
 def _refuse_shared_blowup(path: Path, what: str, value: Any) -> None:
+    blowup = shared_blowup(value)
+    if blowup is not None:
+        raise undecodable(path, what, ValueError(f"{blowup}; torch.save of a state a save accepts writes no such file"))
+
+
+def shared_blowup(value: Any) -> str | None:
+    """Why a walk of `value` visits more positions than a load accepts (`MAX_SHARED_PATHS`, `MAX_SHARING`),
+    else None: one rule for the load, which refuses such a file, and the save, which never writes one."""
     walked, distinct = walk_sizes(value)
     most = distinct + max(MAX_SHARED_PATHS, MAX_SHARING * distinct)
-    if walked > most:
-        raise undecodable(
-            path,
-            what,
-            ValueError(
-                f"it holds {distinct} entries, but containers shared under several paths make a walk of it visit "
-                f"more than {most}; torch.save of a state a save could walk writes no such file"
-            ),
-        )
+    if walked <= most:
+        return None
+    return (
+        f"it holds {distinct} entries, but containers shared under several paths make a walk of it visit "
+        f"more than {most}"
+    )
 
 
 def _load_refusing_pickles(
@@ -659,10 +664,21 @@ _TORCH_SAVE_FAILS: dict[str, Any] = {
 }
 
 
+def _refuse_shared_blowup_at_save(key: str, value: Any) -> None:
+    """Refuse a state whose file every load would refuse (`shared_blowup`), before anything is written."""
+    blowup = shared_blowup(value)
+    if blowup is not None:
+        raise ValueError(
+            f"TorchSerialization cannot save item '{key}': {blowup}, and a load refuses such a file as crafted. "
+            f"Store a container under fewer paths (keep it once and refer to it by name), or store copies."
+        )
+
+
 class TorchCodec(Codec):
     """`torch.save`; read back with torch's safe loader unless the caller trusts the file."""
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
+        _refuse_shared_blowup_at_save(key, value)
         target = _ZipWriterTarget(stream)
         try:
             _refuse_meta_tensors(key, value, "TorchSerialization")
