@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import pickle
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from tests.test_crafted_round9 import _assert_refused, _save, in_child
 from tests.test_crafted_round14 import _craft_torch, _rezip
 from tests.test_verified_loads import _manager, _reshard_save
 from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.traversal import walk_sizes
 
 LEVELS = 60
 
@@ -149,3 +151,17 @@ def test_a_state_sharing_more_than_a_load_accepts_is_refused_at_save(tmp_path: P
     finally:
         m.close()
     assert not (tmp_path / "ck").exists()
+
+
+def test_counting_the_walk_of_a_long_list_costs_less_than_unpickling_it() -> None:
+    """Defect: walk_sizes (run by every Torch load, and now every Torch save) visited each leaf of a long list
+    in Python three times: counting a list of 4M ints took about 5 times as long as unpickling it (1.6 s here).
+    A list whose entries hold no container is counted from their types, without a Python step per entry."""
+    value = {"order": list(range(4 << 20)), "w": torch.zeros(2)}
+    data = pickle.dumps(value)
+    started = time.perf_counter()
+    pickle.loads(data)
+    unpickled = time.perf_counter() - started
+    started = time.perf_counter()
+    assert walk_sizes(value) == (2 + (4 << 20) + 1, 2 + (4 << 20) + 1)
+    assert time.perf_counter() - started < 2 * unpickled

@@ -198,19 +198,26 @@ def walk_sizes(value: Any) -> tuple[int, int]:
     met again on its own path (a cycle) counts as a leaf here; the walks refuse it (`NestingError`)."""
     walked: dict[int, int] = {}  # every value is alive while counted, so ids name containers only
     distinct = 0
-    stack: list[tuple[Any, bool]] = [(value, False)] if _descends(value) else []
+    stack: list[tuple[Any, list[Any] | None]] = [(value, None)] if _descends(value) else []
     while stack:
-        node, done = stack.pop()
-        kids = node.values() if isinstance(node, Mapping) else node
-        if done:
-            sizes = [walked.get(id(c), 1) for c in kids]
-            walked[id(node)] = min(_COUNT_CAP, 1 + sum(sizes))
-            distinct += 1 + sum(1 for c in kids if id(c) not in walked)
+        node, inner = stack.pop()
+        if inner is not None:  # done: every container in it is counted
+            leaves = len(node) - len(inner)
+            walked[id(node)] = min(_COUNT_CAP, 1 + leaves + sum([walked[id(c)] for c in inner]))
+            distinct += 1 + leaves
         elif id(node) not in walked:
-            walked[id(node)] = 1  # entered: counted as a leaf until done
-            stack.append((node, True))
-            stack.extend((c, False) for c in kids if id(c) not in walked and _descends(c))
+            walked[id(node)] = 1  # entered: counted as a leaf until done (a cycle back to it stays one)
+            inner = _inner_containers(node.values() if isinstance(node, Mapping) else node)
+            stack.append((node, inner))
+            stack.extend((c, None) for c in inner if id(c) not in walked)
     return walked.get(id(value), 1), max(distinct, 1)
+
+
+def _inner_containers(kids: Iterable[Any]) -> list[Any]:
+    """The children of a container the walk descends into, in order. Judged by type, once per distinct type:
+    a list of millions of ints takes no Python step per entry."""
+    kinds = {kind for kind in set(map(type, kids)) if kind not in _LEAF_TYPES and issubclass(kind, _CONTAINERS)}
+    return [c for c in kids if type(c) in kinds] if kinds else []
 
 
 _LEAF_TYPES = frozenset({int, float, bool, str, bytes, type(None), torch.Tensor, torch.nn.Parameter})
