@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch.distributed as dist
 
@@ -32,6 +34,8 @@ _REASON_CHARS = 300
 # How long past the client's own timeout a call on the store is waited for: the client's own error (a host that
 # refuses the connection, a key that never came) is the clearer one where it has one.
 _CALL_GRACE_S = 2.0
+_CALLER_IDLE_S = 10.0
+_CALLERS_PER_HOST = 4
 T = TypeVar("T")
 
 
@@ -69,23 +73,27 @@ class StoreChannel:
             wait_for_workers=False,
         )
 
+    @property
+    def _host(self) -> tuple[str, int]:
+        return (self.address.host, self.address.port)
+
     def _key(self, name: str) -> str:
         return f"{self.address.namespace}/{name}"
 
     def _call(self, op: Callable[[], T], wait_s: float | None = None, deliver_late: bool = False) -> T:
         """`op()` on the store, waited for at most `wait_s` (default: the channel's timeout, plus a grace).
 
-        `deliver_late`: the call is still made after an earlier one went unanswered (on its own thread, behind
-        the stuck one; this rank does not wait for it), so that a host that comes back hears it (a rank's
-        decision to give up on a step, which the host then raises too rather than commit alone).
+        `deliver_late`: the call is still made after an earlier one went unanswered (by one of the host's caller
+        threads; this rank does not wait for it), so that a host that comes back hears it (a rank's decision to
+        give up on a step, which the host then raises too rather than commit alone).
         """
         wait_s = max(self.timeout_s, 1.0) + _CALL_GRACE_S if wait_s is None else wait_s
         if self._unanswered:
             if deliver_late:
-                start_thread(threading.Thread(target=_quietly, args=(op,), name="ckpt-store-late", daemon=True))
+                _Caller.submit(self._host, _Call(lambda: _quietly(op)))
             raise _silent_host(wait_s)
         try:
-            return _within(op, wait_s)
+            return _within(self._host, op, wait_s)
         except _NoAnswer:
             self._unanswered = True
             raise _silent_host(wait_s) from None
@@ -169,27 +177,112 @@ class _NoAnswer(Exception):
     """A call on the store got no answer in time."""
 
 
-def _within(op: Callable[[], T], timeout_s: float) -> T:
-    """`op()`, run on a daemon thread and waited for at most `timeout_s`; else `_NoAnswer` (the thread is left
-    to finish, or to block, on its own)."""
-    done = threading.Event()
-    result: list[tuple[bool, Any]] = []
+@dataclass
+class _Call:
+    """One call on a store host, handed to that host's caller thread (`_Caller`)."""
 
-    def run() -> None:
+    op: Callable[[], Any]
+    wanted: bool = True  # False: its caller gave up waiting, so it is not made if it has not started
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: tuple[bool, Any] = (False, None)
+
+    def run(self) -> None:
+        if not self.wanted:
+            return
         try:
-            result.append((True, op()))
+            self.outcome = (True, self.op())
         except BaseException as exc:
-            result.append((False, exc))
+            self.outcome = (False, exc)
         finally:
-            done.set()
+            self.done.set()
 
-    try:
-        start_thread(threading.Thread(target=run, name="ckpt-store-call", daemon=True))
-    except RuntimeError:  # no new thread now (Python 3.12+ at interpreter exit: close() from atexit): unbounded
-        return op()
-    if not done.wait(timeout_s):
+
+class _Caller:
+    """The daemon threads of this process that make the calls on one store host (at most `_CALLERS_PER_HOST`).
+
+    Why not a new thread per call: starting one cost about 0.3 ms (20 times the call itself), several dozen
+    times in each save; and with the host stopped, every save left one more thread blocked on it for good. Now
+    a thread is reused, and ends once idle for `_CALLER_IDLE_S`; past the cap (every thread stuck on a host that
+    does not answer) a call waits for one within its own bound, and is dropped unmade if its caller gave up.
+    """
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _callers: ClassVar[dict[tuple[str, int], _Caller]] = {}
+
+    def __init__(self, host: tuple[str, int]) -> None:
+        self.host = host
+        self.calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self.threads = 0
+        self.idle = 0  # threads waiting for a call that no queued call has taken yet
+        self.backlog = 0  # queued calls that no thread was free for
+
+    @classmethod
+    def submit(cls, host: tuple[str, int], call: _Call) -> bool:
+        """Queue `call` on `host`'s threads; False if none runs and none can be started (at interpreter exit)."""
+        with cls._lock:
+            caller = cls._callers.setdefault(host, cls(host))
+            if caller.idle > 0:
+                caller.idle -= 1
+            elif caller.threads < _CALLERS_PER_HOST:
+                try:
+                    start_thread(threading.Thread(target=caller._serve, name="ckpt-store-call", daemon=True))
+                except RuntimeError:  # Python 3.12+ at interpreter exit (close() from atexit)
+                    if caller.threads == 0:
+                        return False
+                    caller.backlog += 1
+                else:
+                    caller.threads += 1
+            else:
+                caller.backlog += 1
+            caller.calls.put(call)
+            return True
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                call = self.calls.get(timeout=_CALLER_IDLE_S)
+            except queue.Empty:
+                if self._retire():
+                    return
+                continue
+            call.run()
+            with self._lock:
+                if self.backlog > 0:
+                    self.backlog -= 1
+                else:
+                    self.idle += 1
+
+    def _retire(self) -> bool:
+        """Whether this idle thread ends (a submit holds the lock while it queues: no call is left unmade)."""
+        with self._lock:
+            if self.idle == 0 or not self.calls.empty():
+                return False
+            self.idle -= 1
+            self.threads -= 1
+            if self.threads == 0 and self._callers.get(self.host) is self:
+                del self._callers[self.host]
+            return True
+
+    @classmethod
+    def forget_all(cls) -> None:
+        """In a forked child: the parent's threads are not there (a call queued to one would never be made)."""
+        cls._lock = threading.Lock()
+        cls._callers = {}
+
+
+os.register_at_fork(after_in_child=_Caller.forget_all)
+
+
+def _within(host: tuple[str, int], op: Callable[[], T], timeout_s: float) -> T:
+    """`op()`, made by `host`'s caller thread and waited for at most `timeout_s`; else `_NoAnswer` (the call
+    is left to finish, or to block, on that thread)."""
+    call = _Call(op)
+    if not _Caller.submit(host, call):
+        return op()  # no new thread now: unbounded, as before the bound
+    if not call.done.wait(timeout_s):
+        call.wanted = False
         raise _NoAnswer
-    ok, value = result[0]
+    ok, value = call.outcome
     if not ok:
         raise value
     return value  # type: ignore[no-any-return]
