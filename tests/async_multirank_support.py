@@ -4,6 +4,7 @@ ranks, which import this module by name, so everything here is a plain module-le
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 from simulator.launcher import launch
 from tests.memory_storage import RecordingStorageConfig
 from torch_checkpointing import CheckpointManager
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 
 class WarningLines(logging.Handler):
@@ -37,6 +39,25 @@ def outcome(future: Any, timeout_s: float) -> str:
     except BaseException as exc:
         return f"{type(exc).__name__}: {exc}"
     return "ok"
+
+
+def timed(call: Callable[[], Any]) -> dict[str, Any]:
+    """`call()`: "ok" or its failure as `Type: message` (`result`), and how long it took (`elapsed`)."""
+    started = time.monotonic()
+    try:
+        call()
+        result = "ok"
+    except Exception as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    return {"result": result, "elapsed": time.monotonic() - started}
+
+
+def local_async_manager(wait_s: float) -> CheckpointManager:
+    """An async-save manager on the local file system (no direct I/O) whose saves wait `wait_s` at most."""
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = wait_s
+    return CheckpointManager(config)
 
 
 def loaded(manager: CheckpointManager, path: str) -> Any:

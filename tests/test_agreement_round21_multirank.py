@@ -23,8 +23,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.launcher import launch
-from torch_checkpointing import CheckpointManager
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from tests.async_multirank_support import local_async_manager
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 8
@@ -36,10 +35,7 @@ def _state(rank: int) -> dict[str, Any]:
 
 def _late_rank(root: str) -> dict[str, Any]:
     rank = dist.get_rank()
-    config = CheckpointManager.Config.with_async_save()
-    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
-    config.save.wait_timeout_secs = TIMEOUT_S
-    manager = CheckpointManager(config)
+    manager = local_async_manager(TIMEOUT_S)
     out: dict[str, Any] = {}
     try:
         manager.save(f"{root}/a", _state(rank)).result(120)  # type: ignore[union-attr]

@@ -52,19 +52,10 @@ def _store(rank: int, out_dir: str) -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", int(published.read_text()), WORLD, is_master=False, timeout=_STORE_WAIT)
 
 
-def _attempt(fn: Any) -> dict[str, Any]:
-    started = time.monotonic()
-    try:
-        fn()
-        result = "ok"
-    except Exception as exc:
-        result = f"{type(exc).__name__}: {exc}"
-    return {"result": result, "elapsed": time.monotonic() - started}
-
-
 def _rank(rank: int, root: str, out_dir: str, scenario: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
+    from tests.async_multirank_support import timed
     from torch_checkpointing import CheckpointManager
     from torch_checkpointing import checkpoint_manager as cm
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -91,7 +82,7 @@ def _rank(rank: int, root: str, out_dir: str, scenario: str) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
             cw._write_local_files = dying_write  # type: ignore[assignment]
-        out["rank0"] = _attempt(lambda: killed.save(f"{root}/rank0", state))
+        out["rank0"] = timed(lambda: killed.save(f"{root}/rank0", state))
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
         os._exit(0)
     # 1. rank 2 never calls save() (it is busy elsewhere): ranks 0 and 1 give up naming it, with one error.
@@ -100,7 +91,7 @@ def _rank(rank: int, root: str, out_dir: str, scenario: str) -> None:
         time.sleep(TIMEOUT_S + 12)  # past the others' roll call
         out["absent"] = None
     else:
-        out["absent"] = _attempt(lambda: first.save(f"{root}/absent", state))
+        out["absent"] = timed(lambda: first.save(f"{root}/absent", state))
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))  # rank 1 does not live to write the rest
     dist.barrier()  # the default group, not the manager's (which the failure broke)
     # 2. rank 1 is SIGKILLed in the middle of its save (in the plan step): ranks 0 and 2 name it, with one error.
@@ -114,7 +105,7 @@ def _rank(rank: int, root: str, out_dir: str, scenario: str) -> None:
             return planned(step, *args, **kwargs)
 
         cm.agree = dying  # type: ignore[assignment]
-    out["killed"] = _attempt(lambda: second.save(f"{root}/killed", state))
+    out["killed"] = timed(lambda: second.save(f"{root}/killed", state))
     out["killed_left"] = os.path.exists(f"{root}/killed")
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     os._exit(0)  # the default group lost rank 1: no clean teardown to wait for

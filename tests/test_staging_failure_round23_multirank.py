@@ -22,9 +22,8 @@ import torch
 import torch.distributed as dist
 
 from simulator.launcher import launch
-from tests.async_multirank_support import loaded, outcome, state
+from tests.async_multirank_support import loaded, local_async_manager, state, timed
 from torch_checkpointing import CheckpointManager
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 30  # save.wait_timeout_secs: the old code made rank 0 wait this long
@@ -45,12 +44,7 @@ def _file_size_limit(on: bool) -> None:
 
 def _timed(fn: Any) -> dict[str, Any]:
     """`fn()` (a save; its Future waited for): "ok" or `Type: message`, and how long it took."""
-    started = time.monotonic()
-    try:
-        result = outcome(fn(), 120)
-    except Exception as exc:
-        result = f"{type(exc).__name__}: {exc}"
-    return {"result": result, "elapsed": time.monotonic() - started}
+    return timed(lambda: fn().result(120))
 
 
 def _save_with_rank_1_limited(manager: CheckpointManager, path: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -66,10 +60,7 @@ def _save_with_rank_1_limited(manager: CheckpointManager, path: str, payload: di
 
 def _job(root: str) -> dict[str, Any]:
     rank = dist.get_rank()
-    config = CheckpointManager.Config.with_async_save()
-    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
-    config.save.wait_timeout_secs = TIMEOUT_S
-    manager = CheckpointManager(config)
+    manager = local_async_manager(TIMEOUT_S)
     out: dict[str, Any] = {}
     # 1. The first save: rank 0's writer is starting while rank 1's staging fails.
     out["first"] = _save_with_rank_1_limited(manager, f"{root}/first", _big(rank))

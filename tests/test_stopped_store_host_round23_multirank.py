@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.launcher import launch
+from tests.async_multirank_support import timed
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -60,16 +61,6 @@ def _let_rank_0_go(root: Path) -> None:
     os.kill(pid, signal.SIGCONT)
 
 
-def _timed(call: Any) -> dict[str, Any]:
-    started = time.monotonic()
-    try:
-        call()
-        result = "ok"
-    except Exception as exc:
-        result = f"{type(exc).__name__}: {exc}"
-    return {"result": result, "elapsed": time.monotonic() - started}
-
-
 def _while_rank_0_is_stopped(root: Path, call: Any) -> dict[str, Any]:
     """`call()` on every rank, rank 1 letting rank 0 go once ranks 1 and 2 returned from it."""
     rank = dist.get_rank()
@@ -78,7 +69,7 @@ def _while_rank_0_is_stopped(root: Path, call: Any) -> dict[str, Any]:
     dist.barrier()
     if rank == 1:
         threading.Thread(target=_let_rank_0_go, args=(root,), daemon=True).start()
-    out = _timed(call)
+    out = timed(call)
     (root / f"returned_{rank}").touch()
     dist.barrier()  # the default group: rank 0 has been let go and has its own outcome
     for name in ("pid_0", f"returned_{rank}"):
