@@ -102,3 +102,25 @@ def test_a_forked_child_makes_its_store_calls(host: dist.TCPStore) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_every_rank_that_rank_0_does_not_answer_raises_the_same_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rank connected before rank 0 stopped (its call goes unanswered), another connects after (its connect
+    does): before, their errors differed by the wait each had allowed ("within 8s" and "within 16s")."""
+    monkeypatch.setattr(store_channel, "_CALL_GRACE_S", 0.0)
+    proc = subprocess.Popen([sys.executable, "-c", HOST], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        connected = _channel(port, 0.5)
+        os.kill(proc.pid, signal.SIGSTOP)
+        with pytest.raises(CommitOutcomeUnknownError) as called:
+            connected.missing("k", 1)
+        with pytest.raises(CommitOutcomeUnknownError) as connecting:
+            _channel(port, 0.5).missing("k", 1)
+        assert str(called.value) == str(connecting.value)
+        assert called.value.failures == connecting.value.failures
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait(30)

@@ -91,12 +91,12 @@ class StoreChannel:
         if self._unanswered:
             if deliver_late:
                 _Caller.submit(self._host, _Call(lambda: _quietly(op)))
-            raise _silent_host(wait_s)
+            raise _silent_host(self.timeout_s)
         try:
             return _within(self._host, op, wait_s)
         except _NoAnswer:
             self._unanswered = True
-            raise _silent_host(wait_s) from None
+            raise _silent_host(self.timeout_s) from None
         except Exception as exc:  # the store's host (rank 0's trainer) is gone
             raise _lost_host(exc) from None
 
@@ -295,15 +295,18 @@ def _quietly(op: Callable[[], Any]) -> None:
         logger.debug("A late call on the checkpoint store failed: %r", exc)
 
 
-def _silent_host(wait_s: float) -> CommitOutcomeUnknownError:
+def _silent_host(timeout_s: float) -> CommitOutcomeUnknownError:
     """The same error on every rank whose call on rank 0's store went unanswered: rank 0 is alive (its store
-    accepted the connection) but does not answer, and may still go on with the save once it does."""
+    accepted the connection) but does not answer, and may still go on with the save once it does.
+
+    It names the save's timeout, not the wait that ran out: a rank that connected after rank 0 stopped waits
+    longer (the connect's own bound) than one whose call went unanswered, and their errors differed by it."""
     return CommitOutcomeUnknownError(
-        f"Checkpoint commit: rank 0, which hosts the checkpoint store, did not answer within {wait_s:.0f}s (it is "
-        f"stopped, hung, or cut off from this rank); this rank gave up on the save. Whether rank 0 commits it "
-        f"when it answers again is not known: the id then holds either its previous checkpoint or this one, "
-        f"whole. Load it to check, or save again.",
-        {0: f"did not answer within {wait_s:.0f}s (stopped, hung, or cut off)"},
+        f"Checkpoint commit: rank 0, which hosts the checkpoint store, did not answer within the save's "
+        f"timeout ({timeout_s:g}s; it is stopped, hung, or cut off from this rank); this rank gave up on the "
+        f"save. Whether rank 0 commits it when it answers again is not known: the id then holds either its "
+        f"previous checkpoint or this one, whole. Load it to check, or save again.",
+        {0: f"did not answer within the save's timeout ({timeout_s:g}s; stopped, hung, or cut off)"},
     )
 
 
