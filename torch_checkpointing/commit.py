@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from torch_checkpointing.asides import copies_aside, copy_to_put_back, owner_pid
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
 from torch_checkpointing.errors import CheckpointError, CommitError, CommitOutcomeUnknownError, log_safely
 from torch_checkpointing.futures import WorkerPool
@@ -1093,6 +1092,9 @@ class Commit:
 
     def _asides_of(self, pid: int | None) -> list[Path]:
         """The copies of the id that process `pid`'s replace (the fallback without an exchange) moved aside."""
+        # Imported here: the writer process loads only the write path, and asides bring in discovery.
+        from torch_checkpointing.asides import copies_aside, owner_pid
+
         if pid is None or not self.renames:
             return []
         try:
@@ -1121,6 +1123,8 @@ class Commit:
         """The dead writer was killed between its two renames: the id holds nothing and the replaced checkpoint is
         aside. It goes back under the id when `asides.copy_to_put_back` (gc's rule too) chooses it; otherwise, or
         when the rename fails, a WARNING names what is aside and how to get it back."""
+        from torch_checkpointing.asides import copy_to_put_back  # not on the write path: see `_asides_of`
+
         final = Path(self.target.final)
         try:
             put_back = copy_to_put_back(self.storage, final, dead_pid=pid)
