@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from torch_checkpointing.agreement import GroupTransport
-from torch_checkpointing.store_channel import StoreAddress, StoreRollCall
+from torch_checkpointing.store_channel import StoreAddress, StoreRollCall, let_go_of_host
 from torch_checkpointing.types import RankInfo
 
 __all__ = ["RankContext", "current_rank_info"]
@@ -78,5 +78,7 @@ class RankContext:
             except (ValueError, RuntimeError) as exc:  # the group is dropped either way
                 logger.debug("Destroying the manager's process group failed: %r", exc)
             self.group = None
+        if self.store_address is not None:
+            let_go_of_host(self.store_address)
         self._host_store = None
         self._roll_call = None

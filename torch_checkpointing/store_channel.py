@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, log_safely
 from torch_checkpointing.signals import start_thread
 
-__all__ = ["StoreAddress", "StoreChannel", "StoreRollCall"]
+__all__ = ["StoreAddress", "StoreChannel", "StoreRollCall", "let_go_of_host"]
 
 logger = logging.getLogger("torch_checkpointing.store_channel")
 
@@ -211,7 +211,7 @@ class _Caller:
 
     def __init__(self, host: tuple[str, int]) -> None:
         self.host = host
-        self.calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self.calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()  # None: end (`let_go`)
         self.threads = 0
         self.idle = 0  # threads waiting for a call that no queued call has taken yet
         self.backlog = 0  # queued calls that no thread was free for
@@ -245,7 +245,10 @@ class _Caller:
                 if self._retire():
                     return
                 continue
+            if call is None:
+                return
             call.run()
+            del call  # its op holds the channel's client (a socket): kept by an idle thread, it outlived its manager
             with self._lock:
                 if self.backlog > 0:
                     self.backlog -= 1
@@ -264,6 +267,15 @@ class _Caller:
             return True
 
     @classmethod
+    def let_go(cls, host: tuple[str, int]) -> None:
+        """End `host`'s threads once the calls queued before this are made: its manager closed, and an idle
+        thread kept for a host no one calls again outlived the manager (a job building managers left them)."""
+        with cls._lock:
+            caller = cls._callers.pop(host, None)
+            for _ in range(caller.threads if caller is not None else 0):
+                caller.calls.put(None)  # type: ignore[union-attr]
+
+    @classmethod
     def forget_all(cls) -> None:
         """In a forked child: the parent's threads are not there (a call queued to one would never be made)."""
         cls._lock = threading.Lock()
@@ -271,6 +283,11 @@ class _Caller:
 
 
 os.register_at_fork(after_in_child=_Caller.forget_all)
+
+
+def let_go_of_host(address: StoreAddress) -> None:
+    """The manager that calls `address`'s host closed: the threads that make its calls end (see `_Caller`)."""
+    _Caller.let_go((address.host, address.port))
 
 
 def _within(host: tuple[str, int], op: Callable[[], T], timeout_s: float) -> T:
