@@ -103,6 +103,16 @@ def test_bypass_does_not_deep_copy(manager_factory: Factory, ckpt_root: Where) -
     assert m.load(str(ckpt_root / "c"), into={"snap": None})["snap"] == {"epoch": 2, "offset": 40}
 
 
+@clause("CONFIG-DEFAULT-4")
+def test_default_requires_copy_false_applies_to_unlisted_keys(manager_factory: Factory, ckpt_root: Where) -> None:
+    """ "Config.default is the spec applied to any key not listed there": a default of `requires_copy=False`
+    makes an un-listed value bypass staging, so a picklable value that refuses `copy.deepcopy` saves async."""
+    default = spec(requires_copy=False, layout=layout("snap_{rank}.json", "JsonSerialization"))
+    m = manager_factory({}, default=default, mode="async")
+    save(m, ckpt_root / "c", {"snap": NoDeepCopy(epoch=2, offset=40)})
+    assert m.load(str(ckpt_root / "c"), into={"snap": None})["snap"] == {"epoch": 2, "offset": 40}
+
+
 @clause("COPY-STABLE-1")
 def test_bypass_value_stable_until_write_completes(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"snap": spec(requires_copy=False)}, mode="async")

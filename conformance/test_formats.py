@@ -201,6 +201,25 @@ def test_json_cls_reconstructs_named_tuples(manager_factory: Factory, ckpt_root:
         assert type(out.span) is Span and all(type(s) is Span for s in out.spans), f"loaded {out!r}"
 
 
+class Opaque:
+    """A picklable object that json.dump cannot encode."""
+
+
+NOT_JSON = {"set": {1, 2}, "tensor": torch.ones(2), "bytes": b"ab", "object": Opaque()}
+
+
+@clause("JSON-COMPAT-1")
+@pytest.mark.parametrize("case", sorted(NOT_JSON))
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_json_rejects_unencodable_values(manager_factory: Factory, ckpt_root: Where, case: str, mode: str) -> None:
+    """ "Serializes JSON-compatible data with json.dump": a value json.dump cannot encode fails the write (from
+    save() or its Future) rather than being written in some other encoding (its str(), a pickle). The type is
+    not named by the document, so any exception counts."""
+    m = manager_factory({"cfg": spec(layout=layout("cfg.json", "JsonSerialization"))}, mode=mode)
+    with pytest.raises(Exception):
+        save(m, ckpt_root / "c", {"cfg": {"ok": 1, "bad": NOT_JSON[case]}})
+
+
 # --------------------------------------------------------------------- raw
 @clause("RAW-BYTES-1")
 def test_raw_bytes_as_is(manager_factory: Factory, ckpt_root: Where) -> None:
@@ -263,6 +282,36 @@ def test_safetensors_renests_into_template(manager_factory: Factory, ckpt_root: 
     assert out["layer"]["w"] is w_obj
     assert torch.equal(out["layer"]["w"], value["layer"]["w"]) and torch.equal(out["layer"]["b"], value["layer"]["b"])
     assert torch.equal(out["stack"][0], torch.ones(2)) and torch.equal(out["stack"][1], torch.zeros(2))
+
+
+@clause("ST-RENEST-2")
+def test_safetensors_renests_tuples_and_bare_tensors(manager_factory: Factory, ckpt_root: Where) -> None:
+    """ "re-nests the flat keys back to the target's structure so the value round-trips": a tuple parent in the
+    template comes back a tuple, and an item whose value is one tensor (nothing to flatten) comes back a tensor."""
+    t = [torch.randn(3, generator=_gen(i)) for i in range(3)]
+    m = manager_factory({"m": _st(), "w": _st(path="w.safetensors")})
+    save(m, ckpt_root / "c", {"m": {"pair": (t[0], t[1])}, "w": t[2]})
+    out = m.load(str(ckpt_root / "c"), into={"m": {"pair": (torch.empty(3), torch.empty(3))}, "w": torch.empty(3)})
+    assert type(out["m"]["pair"]) is tuple, f"tuple parent came back as {type(out['m']['pair']).__name__}"
+    assert torch.equal(out["m"]["pair"][0], t[0]) and torch.equal(out["m"]["pair"][1], t[1])
+    assert isinstance(out["w"], torch.Tensor) and torch.equal(out["w"], t[2])
+
+
+@clause("ST-SHARED-1")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_safetensors_saves_tensors_sharing_storage(manager_factory: Factory, ckpt_root: Where, mode: str) -> None:
+    """Tensor leaves are what the format supports ("non-tensor leaf values are not supported" is its only
+    refusal), and a state dict's tensor leaves often share storage: tied weights (one tensor under two keys)
+    and views of one buffer. Each leaf is written and loads back its own values."""
+    base = torch.randn(4, 3, generator=_gen(7))
+    value = {"emb": base, "head": base, "rows": [base[0], base[2:]], "col": base[:, 1]}
+    m = manager_factory({"m": _st()}, mode=mode)
+    save(m, ckpt_root / "c", {"m": value})
+    template = {"emb": torch.empty(4, 3), "head": torch.empty(4, 3), "rows": [torch.empty(3), torch.empty(2, 3)]}
+    out = m.load(str(ckpt_root / "c"), into={"m": {**template, "col": torch.empty(4)}})["m"]
+    assert torch.equal(out["emb"], base) and torch.equal(out["head"], base)
+    assert torch.equal(out["rows"][0], base[0]) and torch.equal(out["rows"][1], base[2:])
+    assert torch.equal(out["col"], base[:, 1])
 
 
 @clause("ST-TENSORONLY-1")

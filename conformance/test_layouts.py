@@ -138,6 +138,17 @@ SHARED_FILES = {
 }
 
 
+def _each_key_keeps_its_value(m: Any, where: Where, k1: str, k2: str) -> None:
+    """Save two keys laid out onto one file: the save raises, or each key loads back its own value."""
+    payload = {k1: {"who": 1}, k2: {"who": 2}}
+    try:
+        save(m, where, payload)
+    except Exception:
+        return  # refused: no file is shared
+    out = m.load(str(where), into={k1: None, k2: None})
+    assert (out[k1], out[k2]) == (payload[k1], payload[k2]), "one key's file was overwritten by the other's"
+
+
 @clause("LAYOUT-UNIQUE-2")
 @pytest.mark.parametrize("case", sorted(SHARED_FILES))
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -146,13 +157,27 @@ def test_two_keys_never_share_a_file(manager_factory: Factory, ckpt_root: Where,
     laid out onto one file must not silently share it: the save raises, or each key loads back its own value."""
     layouts, (k1, k2) = SHARED_FILES[case]
     m = manager_factory({k: spec(layout=layout(path, fmt)) for k, (path, fmt) in layouts.items()}, mode=mode)
-    payload = {k1: {"who": 1}, k2: {"who": 2}}
-    try:
-        save(m, ckpt_root / "c", payload)
-    except Exception:
-        return  # refused: no file is shared
-    out = m.load(str(ckpt_root / "c"), into={k1: None, k2: None})
-    assert (out[k1], out[k2]) == (payload[k1], payload[k2]), "one key's file was overwritten by the other's"
+    _each_key_keeps_its_value(m, ckpt_root / "c", k1, k2)
+
+
+# A default layout with a fixed path, reached by two un-listed keys, or by one un-listed key and a listed one.
+DEFAULT_SHARED = {
+    "two-unlisted": ({}, ("a", "b")),
+    "unlisted-onto-listed": ({"a": ("shared_{rank}.json", "JsonSerialization")}, ("a", "b")),
+}
+
+
+@clause("LAYOUT-UNIQUE-4")
+@pytest.mark.parametrize("case", sorted(DEFAULT_SHARED))
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_default_layout_never_shares_a_file(manager_factory: Factory, ckpt_root: Where, case: str, mode: str) -> None:
+    """ "Keys not listed in items fall back to Config.default" and "each key maps to its own unique file": a
+    default whose layout has a fixed path would put every un-listed key on one file. The save raises, or each
+    key loads back its own value."""
+    listed, (k1, k2) = DEFAULT_SHARED[case]
+    default = spec(layout=layout("shared_0.json", "JsonSerialization"))
+    m = manager_factory({k: spec(layout=layout(path, fmt)) for k, (path, fmt) in listed.items()}, default, mode=mode)
+    _each_key_keeps_its_value(m, ckpt_root / "c", k1, k2)
 
 
 ESCAPING_PATHS = ["../escape_up.pt", "sub/../../escape_up2.pt", "sub/../../../escape_up3.pt"]

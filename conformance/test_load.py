@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conformance import backend
-from conformance.helpers import Where, files, save, spec
+from conformance.helpers import Where, files, layout, save, spec
 
 clause = pytest.mark.clause
 Factory = Callable[..., Any]
@@ -113,6 +113,47 @@ def test_declaring_a_resharder_is_enough(manager_factory: Factory, ckpt_root: Wh
     assert "model_0.pt" in files(ckpt_root / "c")
     out = m.load(str(ckpt_root / "c"), into={"model": {"w": torch.zeros(2, 3)}})
     assert torch.equal(out["model"]["w"], sd["w"])
+
+
+@clause("CONFIG-DEFAULT-5")
+def test_default_resharder_is_wired_for_unlisted_keys(manager_factory: Factory, ckpt_root: Where) -> None:
+    """ "Config.default is the spec applied to any key not listed there", and "when an item declares a resharder,
+    the manager auto-wires the sharding-metadata pipeline on both save and load": an un-listed key under a
+    default with a resharder has its metadata extracted from the saved value and from the `into=` value."""
+    from conformance import custom_resharder
+
+    m = manager_factory({"model": spec()}, default=spec(resharder=custom_resharder.DataloaderResharder()))
+    custom_resharder.CALLS.clear()
+    save(m, ckpt_root / "c", {"model": torch.ones(2), "loader": {"position": 7}})
+    on_save = [(c["item_key"], c["position"]) for c in custom_resharder.CALLS if c["call"] == "extract"]
+    assert on_save == [("loader", 7)], f"metadata extracted on save: {on_save}"
+    custom_resharder.CALLS.clear()
+    m.load(str(ckpt_root / "c"), into={"model": torch.zeros(2), "loader": {"position": 0}})
+    on_load = [(c["item_key"], c["position"]) for c in custom_resharder.CALLS if c["call"] == "extract"]
+    assert on_load == [("loader", 0)], f"metadata extracted on load: {on_load}"
+
+
+# A resharder item on a layout of its own: a {rank} path in a subdirectory, and a safetensors file.
+RESHARD_LAYOUTS = {
+    "torch-subdir": ("shards/model_{rank}.pt", "TorchSerialization", "shards/model_0.pt"),
+    "safetensors": ("model_{rank}.safetensors", "SafetensorsSerialization", "model_0.safetensors"),
+}
+
+
+@clause("RESHARD-LAYOUT-1")
+@pytest.mark.parametrize("case", sorted(RESHARD_LAYOUTS))
+def test_resharder_with_a_custom_layout(manager_factory: Factory, ckpt_root: Where, case: str) -> None:
+    """An ItemSpec carries "where it lands on disk, and how it is resharded on load" as separate fields, and
+    "declaring the resharder is the whole contract": a DTensorResharder item with its own layout is written to
+    that layout's file and loads back on an unchanged layout."""
+    path, fmt, written = RESHARD_LAYOUTS[case]
+    resharder = backend.name("dtensor_resharder", "DTensorResharder")
+    m = manager_factory({"model": spec(resharder=resharder(), layout=layout(path, fmt))})
+    sd = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(3)}
+    save(m, ckpt_root / "c", {"model": sd})
+    assert written in files(ckpt_root / "c")
+    out = m.load(str(ckpt_root / "c"), into={"model": {"w": torch.zeros(2, 3), "b": torch.zeros(3)}})
+    assert torch.equal(out["model"]["w"], sd["w"]) and torch.equal(out["model"]["b"], sd["b"])
 
 
 @clause("EXAMPLE-DEFAULTS-1")

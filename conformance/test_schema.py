@@ -96,6 +96,18 @@ def test_one_schema_many_payloads(manager_factory: Factory, ckpt_root: Where) ->
         assert torch.equal(out["w"], torch.full((2,), float(step)))
 
 
+@clause("CONFIG-DEFAULT-3")
+def test_default_required_false_applies_to_unlisted_keys(manager_factory: Factory, ckpt_root: Where) -> None:
+    """ "Config.default is the spec applied to any key not listed there": all of it, `required` included. An
+    un-listed key is in `into=` by construction, so `required=False` can only mean "may be absent from the
+    checkpoint" for it."""
+    writer = manager_factory({"model": spec()})
+    save(writer, ckpt_root / "c", {"model": torch.full((2,), 4.0)})
+    reader = manager_factory({"model": spec()}, default=spec(required=False))
+    out = reader.load(str(ckpt_root / "c"), into={"model": torch.zeros(2), "extra": None})
+    assert torch.equal(out["model"], torch.full((2,), 4.0))
+
+
 # --------------------------------------------------------------------------- keys
 GOOD_KEYS = ["model", "Model-State_2", "x", "0", "a-b_c-D"]
 BAD_KEYS = ["model.pt", "a.b", "a/b", "a b", "tab\tkey", "trailing\n", "", "caf\u00e9", "a$", "a:b", "x*"]
