@@ -152,6 +152,19 @@ def test_json_cls_reconstructs_type(manager_factory: Factory, ckpt_root: Where) 
     assert out == StepInfo(9, "t")
 
 
+@clause("JSON-CLS-5")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_json_cls_with_a_template_of_that_type(manager_factory: Factory, ckpt_root: Where, mode: str) -> None:
+    """The document's full example passes a live template in `into=` for every item, its JSON item included,
+    and "when cls is a type, it records the Python type to reconstruct on read": a template that is an
+    instance of `cls` is accepted, and the loaded value is a `cls` instance holding the saved fields."""
+    m = manager_factory({"info": spec(layout=layout("info.json", "JsonSerialization", cls=StepInfo))}, mode=mode)
+    save(m, ckpt_root / "c", {"info": {"step": 9, "tag": "t"}})
+    out = m.load(str(ckpt_root / "c"), into={"info": StepInfo(0, "")})["info"]
+    assert isinstance(out, StepInfo), f"loaded {out!r}"
+    assert out == StepInfo(9, "t")
+
+
 @clause("JSON-CLS-3")
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_json_cls_reconstructs_nested_dataclass_fields(manager_factory: Factory, ckpt_root: Where, mode: str) -> None:
