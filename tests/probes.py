@@ -1,5 +1,7 @@
 """Probes the tests share to look at the process from outside the engine's API.
 
+* `connections_to(port)`: the TCP connections made to a port on this machine lately (open, or closed less than
+  a minute ago), read from /proc/net/tcp: how many clients a store host was connected by, without asking either.
 * `memory_maps()`: this process's memory mappings, read from /proc/self/maps, to see which files (staging
   slabs, memory-mapped checkpoint files) are mapped right now, without asking the engine.
 * `run_fresh()`, `fresh_json()`, `modules_after()`: run code in a new interpreter, where nothing of the package
@@ -13,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +31,7 @@ __all__ = [
     "REPO",
     "MappedRegion",
     "armed_sigint",
+    "connections_to",
     "fresh_json",
     "interrupted_at",
     "memory_maps",
@@ -63,6 +67,29 @@ def _region(line: str) -> MappedRegion:
 def memory_maps() -> list[MappedRegion]:
     """Every mapping of this process, in address order, read now."""
     return [_region(line) for line in Path("/proc/self/maps").read_text(errors="surrogateescape").splitlines() if line]
+
+
+_LISTEN = "0A"
+
+
+def connections_to(port: int) -> set[int]:
+    """The client ports of every TCP connection to `port` on this machine that is open, or closed less than a
+    minute ago (its client's side is left in TIME_WAIT that long): one per client that connected.
+
+    Each line of /proc/net/tcp is one side of a connection: `local rem st ...` with addresses as `HEX:PORT`. A
+    connection on loopback has both sides listed while open; once its client closed, only the client's side.
+    """
+    clients: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, remote, state = line.split()[1:4]
+                local_port, remote_port = (int(a.rsplit(":", 1)[1], 16) for a in (local, remote))
+                if remote_port == port:
+                    clients.add(local_port)
+                elif local_port == port and state != _LISTEN:
+                    clients.add(remote_port)
+    return clients
 
 
 def run_fresh(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> str:

@@ -63,7 +63,9 @@ class TCPStoreBarrier(Barrier):
         self._channel: StoreChannel | None = None
 
     def _get_channel(self, timeout_secs: int) -> StoreChannel:
-        if self._channel is None:
+        """The channel of the earlier barriers, unless a call on it failed or went unanswered: its client may hold
+        a half-read reply, and every later barrier failed at once on it, the host back or not."""
+        if self._channel is None or self._channel.spent:
             address = StoreAddress(
                 self.config.master_address, self.config.tcpstore_port, f"barrier/{self.config.key_prefix}"
             )
@@ -74,8 +76,8 @@ class TCPStoreBarrier(Barrier):
     def execute_barrier(self, timeout_secs: int) -> None:
         channel = self._get_channel(timeout_secs)
         self._seq += 1
-        channel.publish(f"{self._seq}/{self.rank_info.role_rank}", "arrived")
         try:
+            channel.publish(f"{self._seq}/{self.rank_info.role_rank}", "arrived")
             channel.gather(
                 str(self._seq),
                 self.rank_info.role_world_size,

@@ -40,6 +40,7 @@ from torch_checkpointing.pickling import OutOfBand, callback_unpicklable, unpick
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
+from torch_checkpointing.store_channel import let_go_of_clients
 from torch_checkpointing.waiting import Flag
 
 __all__ = ["CheckpointProcess", "CheckpointProcessConfig", "EncodedWrite", "WriterProcessDied", "encode_write"]
@@ -410,6 +411,7 @@ def _writer_main(
         except (EOFError, OSError):  # the trainer is gone; with a reply of ours unread, as ECONNRESET, not EOF
             return
         if isinstance(message, Stop):
+            let_go_of_clients()  # its connections to rank 0's store close before the trainer hears it stopped
             _answer(conn, Stopped())
             _exit_now()
         elif isinstance(message, MapSlab):

@@ -1,0 +1,121 @@
+"""A process's one client of each store host (round 24): kept across channels (saves), replaced once a call
+on it failed or went unanswered, let go of when the manager closes. A real TCPStore host, in this process or in
+a child (stopped with SIGSTOP, or killed and started again on its port); connections are counted at the
+host's port from outside (`connections_to`, /proc/net/tcp).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from tests.probes import connections_to
+from torch_checkpointing import CommitError, CommitOutcomeUnknownError, store_channel
+from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
+from torch_checkpointing.store_channel import StoreAddress, StoreChannel, let_go_of_host
+from torch_checkpointing.types import RankInfo
+
+HOST = """
+import sys, time
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 1, is_master=True, wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(120)
+"""
+
+
+def _start_host(port: int = 0) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, "-c", HOST, str(port)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+    proc.wait(30)
+
+
+@pytest.fixture
+def child_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    monkeypatch.setattr(store_channel, "_CALL_GRACE_S", 0.0)
+    proc, port = _start_host()
+    try:
+        yield proc, port
+    finally:
+        let_go_of_host(_address(port))
+        _end(proc)
+
+
+def _address(port: int) -> StoreAddress:
+    return StoreAddress("127.0.0.1", port, "ns")
+
+
+def _channel(port: int, timeout_s: float = 30.0) -> StoreChannel:
+    return StoreChannel(_address(port), timeout_s)
+
+
+def test_channels_to_one_host_share_one_connection() -> None:
+    host = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    before = connections_to(host.port)
+    try:
+        for i in range(20):  # twenty saves: before, twenty connections
+            _channel(host.port).publish(f"k/{i}", "v")
+        assert len(connections_to(host.port) - before) == 1
+    finally:
+        let_go_of_host(_address(host.port))
+
+
+def test_a_client_whose_call_went_unanswered_is_replaced(child_host: tuple[subprocess.Popen[str], int]) -> None:
+    proc, port = child_host
+    stuck = _channel(port, 0.5)
+    os.kill(proc.pid, signal.SIGSTOP)
+    with pytest.raises(CommitOutcomeUnknownError, match="did not answer"):
+        stuck.missing("k", 1)
+    os.kill(proc.pid, signal.SIGCONT)
+    before = connections_to(port)
+    fresh = _channel(port, 5.0)  # the stuck client's reply may yet come: it is never read as this call's
+    fresh.publish("k/0", "v")
+    assert fresh.missing("k", 1) == []
+    _channel(port, 5.0).publish("k/1", "v")  # and the new client is kept
+    assert len(connections_to(port) - before) == 1
+
+
+def test_a_client_whose_call_failed_is_replaced() -> None:
+    """The host killed and started again on its port: the next save connects to the new one."""
+    proc, port = _start_host()
+    try:
+        _channel(port, 2.0).publish("k/0", "v")
+        _end(proc)
+        with pytest.raises(CommitError, match="lost contact with rank 0"):
+            _channel(port, 2.0).missing("k", 1)
+        proc, _ = _start_host(port)
+        again = _channel(port, 5.0)
+        again.publish("k/0", "v")  # before the rule: the dead client, kept, failed every later save
+        assert again.wait_value("k/0", 5.0) == "v"
+    finally:
+        let_go_of_host(_address(port))
+        _end(proc)
+
+
+def test_a_barrier_after_one_that_went_unanswered_is_made_again(child_host: tuple[subprocess.Popen[str], int]) -> None:
+    proc, port = child_host
+    config = TCPStoreBarrierConfig(1, False, port, "127.0.0.1", "b")
+    barrier = TCPStoreBarrier(config, RankInfo(1, 2, 1, 2))
+    rank_0 = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)  # type: ignore[attr-defined]
+    rank_0.set("barrier/b/1/0", "arrived")
+    barrier.execute_barrier(1)
+    os.kill(proc.pid, signal.SIGSTOP)
+    with pytest.raises(TimeoutError, match="did not answer"):
+        barrier.execute_barrier(1)
+    os.kill(proc.pid, signal.SIGCONT)
+    rank_0.set("barrier/b/3/0", "arrived")
+    barrier.execute_barrier(5)  # before: "did not answer" at once, on the stuck channel, for every later barrier
