@@ -33,7 +33,7 @@ from torch_checkpointing.checkpoint_writer import (
 from torch_checkpointing.codecs import refuse_before_handover
 from torch_checkpointing.commit import Commit, remove_made
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
-from torch_checkpointing.errors import CheckpointError, WriterProcessDied, committed_state, log_safely
+from torch_checkpointing.errors import CheckpointError, WriterProcessDied, add_note, committed_state, log_safely
 from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
 from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band, raised_by_a_leaf, unpicklable
@@ -311,6 +311,10 @@ class AsyncCheckpointSaver(CheckpointSaver):
             if error is exc:
                 raise
             raise error from exc
+        except BaseException as exc:  # Ctrl-C (or a signal handler's SystemExit) while it staged: answered too
+            told = self._refused(plan, _interrupted(plan, f", {type(exc).__name__}"))
+            add_note(exc, f"The save of {plan.name} was not committed; every other rank raises: {told}")
+            raise
         write = WriteFuture(plan.checkpoint_dir)
         try:
             self._last_write = write
@@ -434,10 +438,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def _abandon(self, plan: SavePlan, write: WriteFuture) -> None:
         """The save() that queued this write was interrupted and failed its Future itself (`claim`): the writer
         never gets it. Written anyway, it could commit a save its caller was told had failed."""
-        exc = CheckpointError(
-            f"The save of {plan.name} was interrupted inside save() (rank {plan.rank}) before its write "
-            f"started; nothing was written. Save again."
-        )
+        exc = _interrupted(plan)
         if write.try_set_exception(exc):  # the interrupt also cut save()'s own cleanup (and its log) short
             log_failed(plan, exc)
         if refuse_unanswered(plan, exc) is not exc:  # the other ranks' writers are told, and what they wrote goes
@@ -562,6 +563,15 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._comm.stop()
         self._process.close()
         self._stager.close()
+
+
+def _interrupted(plan: SavePlan, how: str = "") -> CheckpointError:
+    """Why a save interrupted inside save() (Ctrl-C), before its write started, failed: this rank's reason, as
+    the other ranks read it (`refuse_unanswered`). `how`: ", KeyboardInterrupt", where it is known."""
+    return CheckpointError(
+        f"The save of {plan.name} was interrupted inside save() (rank {plan.rank}{how}) before its write "
+        f"started; nothing was written. Save again."
+    )
 
 
 class _ReleaseOnce:

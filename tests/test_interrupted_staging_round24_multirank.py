@@ -1,0 +1,94 @@
+"""Ctrl-C (a real SIGINT) on one rank while its async save stages its state (two real gloo ranks, one launch;
+round 24).
+
+The ranks agree on the plan, then each rank's saver stages its tensors before handing the save to its writer
+process. A staging failure was already answered for the rank's writer (`_refused`): every rank raised the same
+`CommitError` naming it, at once. A Ctrl-C there is no `Exception`, so it was not: rank 1 raised its
+KeyboardInterrupt, its writer never heard of the save, and rank 0's writer waited the save's whole timeout,
+then said rank 1 "did not report". Now rank 1 answers for its writer before its KeyboardInterrupt goes on: rank
+0 raises at once the `CommitError` naming rank 1 and the interrupt, nothing is committed, and the next save
+goes on as usual on both ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from tests.async_multirank_support import launch_job, loaded, local_async_manager, state, timed
+from torch_checkpointing import CheckpointManager
+
+pytestmark = pytest.mark.multirank
+TIMEOUT_S = 30  # save.wait_timeout_secs: the old code made rank 0 wait this long
+FAST_S = TIMEOUT_S / 2
+
+
+def _interrupt_staging(manager: CheckpointManager) -> None:
+    """This rank's next staging copy is interrupted by a real SIGINT (Python's default handler: Ctrl-C)."""
+    stager = manager._saver.stager  # type: ignore[union-attr]
+    stage = stager.stage
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        stager.stage = stage  # once
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the handler raises in here
+        return stage(*args, **kwargs)
+
+    stager.stage = interrupted
+
+
+def _save(manager: CheckpointManager, path: str, value: dict[str, Any]) -> dict[str, Any]:
+    """The save, its Future waited for: "ok" or `Type: message` (a KeyboardInterrupt too), and how long."""
+    out: dict[str, Any] = {}
+    started = time.monotonic()
+    try:
+        manager.save(path, value).result(120)
+        out["result"] = "ok"
+    except BaseException as exc:
+        out["result"] = f"{type(exc).__name__}: {exc}"
+    out["elapsed"] = time.monotonic() - started
+    return out
+
+
+def _job(root: str, control: str) -> dict[str, Any]:
+    rank = dist.get_rank()
+    manager = local_async_manager(TIMEOUT_S)
+    out: dict[str, Any] = {"warm": timed(lambda: manager.save(f"{root}/warm", state(0, rank)).result(120))["result"]}
+    if rank == 1:
+        _interrupt_staging(manager)
+    out["interrupted"] = _save(manager, f"{root}/interrupted", state(1, rank))
+    dist.barrier()
+    out["after"] = _save(manager, f"{root}/after", state(2, rank))["result"]
+    out["after_loaded"] = loaded(manager, f"{root}/after")
+    manager.close()
+    out["left"] = sorted(p.name for p in Path(root).iterdir())
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return launch_job(_job, 2, tmp_path_factory.mktemp("interrupted"), timeout=300)
+
+
+def test_the_other_rank_raises_at_once_naming_the_interrupted_rank(ranks: list[dict[str, Any]]) -> None:
+    other = ranks[0]["interrupted"]
+    assert other["result"].startswith("CommitError: ") and "rank(s) [1]" in other["result"], ranks
+    assert "interrupted" in other["result"] and "KeyboardInterrupt" in other["result"], ranks
+    assert other["elapsed"] < FAST_S, ranks  # before: the save's whole timeout, then "did not report"
+
+
+def test_the_interrupted_rank_raises_its_keyboard_interrupt(ranks: list[dict[str, Any]]) -> None:
+    assert ranks[1]["interrupted"]["result"].startswith("KeyboardInterrupt"), ranks
+
+
+def test_nothing_is_committed_and_the_next_save_goes_on(ranks: list[dict[str, Any]]) -> None:
+    for rank, out in enumerate(ranks):
+        assert out["warm"] == "ok" and out["after"] == "ok", out
+        assert out["after_loaded"] == 20.0 + rank, out
+        assert out["left"] == ["after", "warm"], out  # no temporary directory, no interrupted checkpoint
