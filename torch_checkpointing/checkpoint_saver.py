@@ -33,7 +33,14 @@ from torch_checkpointing.checkpoint_writer import (
 from torch_checkpointing.codecs import refuse_before_handover
 from torch_checkpointing.commit import Commit, remove_made
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
-from torch_checkpointing.errors import CheckpointError, WriterProcessDied, add_note, committed_state, log_safely
+from torch_checkpointing.errors import (
+    CheckpointError,
+    CommitError,
+    WriterProcessDied,
+    add_note,
+    committed_state,
+    log_safely,
+)
 from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
 from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band, raised_by_a_leaf, unpicklable
@@ -411,6 +418,8 @@ class AsyncCheckpointSaver(CheckpointSaver):
             nbytes = self._process.write(encoded, slab_info)
         except WriterProcessDied as exc:  # it may have died before answering the other ranks, or in the commit
             self._finish_for_a_dead_writer(plan, write, exc, blocked_s)
+        except CommitError as exc:  # the ranks' agreed outcome, or rank 0's store lost: nothing left to tell
+            self._fail(plan, write, exc)
         except BaseException as exc:  # the writer is done with it; it may not have reached the agreement
             self._fail_unanswered(plan, write, exc)
         else:
