@@ -67,7 +67,8 @@ class StoreChannel:
         self._shared = store is None  # the process's client of the host (`_Clients`), not one handed in
         self._store: Any = store
         if self._shared:
-            self._store = _Clients.kept(self._host) or self._connect_once(address, timeout_s)
+            kept = _Clients.kept(self._host)
+            self._store = kept if kept is not None else self._connect_once(address, timeout_s)
 
     def _connect_once(self, address: StoreAddress, timeout_s: float) -> Any:
         """A new client of `address`'s host, kept for this process's later channels to it (`_Clients`)."""
