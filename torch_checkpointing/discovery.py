@@ -176,12 +176,14 @@ def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
     that failed to answer (`ObjectStoreError`) says nothing about the checkpoint: raised, or "latest" would go
     back a step.
     """
-    if not storage.exists(path / MANIFEST_FILE_NAME):
-        return None
     try:
+        if not storage.exists(path / MANIFEST_FILE_NAME):
+            return None
         return read_manifest(storage, path)
     except ObjectStoreError:
         raise
+    except PermissionError as exc:  # a directory this user may not look into: it may well be the newest one
+        logger.warning("Skipping %s, which cannot be read: %s", path, exc)
     except IncompleteCheckpointError as exc:
         logger.debug("Skipping %s: %s", path, exc)
     except RuntimeError as exc:
@@ -359,7 +361,7 @@ def _warn_left_aside(base: Path, names: list[str], storage: Storage) -> None:
         if ASIDE_RE.match(name) is None:
             continue
         checkpoint = aside_of(name, present)  # None: a cut name whose id holds nothing
-        if checkpoint in present or not storage.exists(base / name / MANIFEST_FILE_NAME):
+        if checkpoint in present or not _exists_or_closed(storage, base / name / MANIFEST_FILE_NAME):
             continue
         logger.warning(
             "Checkpoint %s is missing, and its previous copy is at %s (a save that replaced it was killed before "
@@ -368,6 +370,32 @@ def _warn_left_aside(base: Path, names: list[str], storage: Storage) -> None:
             base / name,
             base,
         )
+
+
+def _exists_or_closed(storage: Storage, path: Path) -> bool:
+    """`storage.exists(path)`, False where a directory on the way is closed to this user: a look that only
+    sorts the entries of a root (is this one a leftover?) names such a directory (`unreadable`) and goes on."""
+    try:
+        return storage.exists(path)
+    except PermissionError:
+        return False
+
+
+def unreadable(storage: Storage, path: Path) -> str | None:
+    """Why the local directory `path` cannot be looked into (the OS's words), or None: gc keeps such a one and
+    says so, where it said that it held nothing of ours."""
+    local = storage.local_path(path)
+    if local is None:
+        return None
+    try:
+        os.listdir(local)
+    except PermissionError as exc:
+        return (
+            f"it cannot be read ({exc.strerror}): give this user read and search permission on it, or run as its owner"
+        )
+    except OSError:
+        return None
+    return None
 
 
 def _is_symlink(storage: Storage, path: Path) -> bool:
@@ -694,7 +722,7 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
     if m := TRASH_RE.match(name):
         alive = hidden_name_alive(int(m["pid"]), path)
         return Leftover(shown, "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
-    if not name.startswith(".") and storage.exists(path / INCOMPLETE_MARKER):
+    if not name.startswith(".") and _exists_or_closed(storage, path / INCOMPLETE_MARKER):
         if _committed_beside_marker(storage, path):
             # Only the marker is left over (gc removes it alone), not the checkpoint it sits in.
             return Leftover(shown, "claim", name, None, 0, "a stopped save's claim beside a committed checkpoint")

@@ -46,6 +46,7 @@ from torch_checkpointing.discovery import (
     require_path,
     still_there,
     storage_for,
+    unreadable,
 )
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.futures import SettledFuture, WorkerPool
@@ -565,6 +566,8 @@ def _why_keep(
     """None when `leftover` is garbage; else the reason to keep it. `put_back`: the ids this pass moves a copy
     back under (a dry run only says it would, so the id still holds nothing: its other copies are garbage all the
     same, as the real run finds them)."""
+    if not leftover.recognised and (closed := unreadable(storage, Path(leftover.path))):
+        return closed  # not "holds nothing of ours": nobody can tell what it holds
     if not leftover.recognised and leftover.kind == "incomplete":
         return (
             f"its {INCOMPLETE_MARKER} is not a marker of ours (another program's file, e.g. a download's "

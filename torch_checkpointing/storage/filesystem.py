@@ -43,6 +43,28 @@ class LocalFileSystemStorageConfig(StorageConfig):
         return LocalFileSystemStorage(config=self)
 
 
+def cannot_look_into(path: str | os.PathLike[str], exc: OSError) -> PermissionError:
+    """The refusal of a lookup of `path` that a directory on its way denies: which directory, and the fix."""
+    closed = _closed_directory(os.fspath(path))
+    return PermissionError(
+        exc.errno,
+        f"Cannot tell whether {os.fspath(path)} is there: {exc.strerror} looking into {closed}. Give this user read "
+        f"and search permission on {closed} (chmod u+rx, or a group that has them), or run as its owner",
+    )
+
+
+def _closed_directory(path: str) -> str:
+    """The first directory above `path` (outermost first) that this process may not search; its parent when the
+    OS allows every one (another cause of EACCES: an ACL, a security module)."""
+    parent = os.path.dirname(path) or "."
+    ancestors = [os.fspath(p) for p in reversed(Path(parent).parents)] + [parent]
+    effective = os.access in os.supports_effective_ids
+    for directory in ancestors:
+        if os.path.isdir(directory) and not os.access(directory, os.X_OK, effective_ids=effective):
+            return directory
+    return parent
+
+
 def _renameat2() -> Any | None:
     name = ctypes.util.find_library("c")
     if not name:
@@ -180,7 +202,16 @@ class LocalFileSystemStorage(Storage):
         return os.listdir(path)
 
     def exists(self, path: Path) -> bool:
-        return os.path.exists(path)
+        """Whether `path` is there (following links, as `os.path.exists`). A directory on the way that this user
+        may not look into is no answer: PermissionError naming it, where `os.path.exists` said False, and an
+        unreadable checkpoint read as "no manifest.json: not a checkpoint" (a resume went back a step silently)."""
+        try:
+            os.stat(path)
+        except PermissionError as exc:
+            raise cannot_look_into(path, exc) from None
+        except (OSError, ValueError):  # missing, a dangling link or a link loop, a name too long
+            return False
+        return True
 
     def getsize(self, path: Path) -> int:
         return os.path.getsize(path)
