@@ -637,15 +637,18 @@ def _decode_checked(ctx: CheckpointReadContext, rec: FileRecord, key: str) -> An
 
 
 def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
-    ma, mb = committed_manifest(storage, Path(args.a)), committed_manifest(storage, Path(args.b))
-    sa, sb = _sharding(storage, args.a), _sharding(storage, args.b)
+    # B's store is what B names (A's is `storage`): with A's, a `file://` B was read as the local `file:/...`
+    # and "no such directory", and a local B beside an `s3://` A was looked up in the bucket.
+    other = storage_for(args.b)
+    ma, mb = committed_manifest(storage, Path(args.a)), committed_manifest(other, Path(args.b))
+    sa, sb = _sharding(storage, args.a), _sharding(other, args.b)
     ka, kb = ma.keys(), mb.keys()
     rows: list[dict[str, Any]] = [{"item": k, "leaf": "", "status": "only in A", "detail": ""} for k in sorted(ka - kb)]
     rows += [{"item": k, "leaf": "", "status": "only in B", "detail": ""} for k in sorted(kb - ka)]
     for key in sorted(ka & kb):
         # each side as it was saved: a resharded item compares with one saved whole (one rank, no resharder)
         la = _item_leaves(storage, Path(args.a), ma, key, _consolidated(sa, key))
-        lb = _item_leaves(storage, Path(args.b), mb, key, _consolidated(sb, key))
+        lb = _item_leaves(other, Path(args.b), mb, key, _consolidated(sb, key))
         for leaf in sorted(set(la) | set(lb)):
             if leaf not in lb:
                 rows.append({"item": key, "leaf": leaf, "status": "only in A", "detail": ""})

@@ -55,7 +55,7 @@ from torch_checkpointing.names import (
     step_from_name,
 )
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
-from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for
+from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import url_scheme
@@ -104,11 +104,19 @@ def storage_for(where: str | os.PathLike[str]) -> Storage:
     if scheme is None:
         return default_storage()
     if scheme in LOCAL_SCHEMES:
-        raise ConfigError(
-            f"{os.fspath(where)!r} is a {scheme}:// URL; pass the local path it names (e.g. "
-            f"'/{_after_scheme(os.fspath(where))}')."
-        )
+        raise local_url_refused(os.fspath(where), scheme)
     return fsspec_storage_for(scheme, os.fspath(where))
+
+
+def local_url_refused(url: str, scheme: str, lead: str = "") -> ConfigError:
+    """The refusal of a `file://` URL where a local path is read, naming the path to pass: the one a manager
+    reads for that URL (`local_path_of`: escapes decoded, `localhost` no directory). It was the URL with its
+    scheme cut off, so `file:///a/my%20run` suggested `/a/my%20run` and `file://localhost/a` `/localhost/a`."""
+    try:
+        local = local_path_of(url)
+    except ValueError as exc:  # another host's file: no path here names it
+        return ConfigError(f"{lead}{exc}")
+    return ConfigError(f"{lead}{url!r} is a {scheme}:// URL; pass the local path it names ({local!r}).")
 
 
 def spelt(path: Path) -> str:

@@ -35,7 +35,13 @@ from typing import Any
 import torch
 
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES, refuse_names_twice
-from torch_checkpointing.discovery import committed_manifest, default_storage, pid_alive, storage_for
+from torch_checkpointing.discovery import (
+    committed_manifest,
+    default_storage,
+    local_url_refused,
+    pid_alive,
+    storage_for,
+)
 from torch_checkpointing.distributed_metadata import (
     METADATA_FILE_NAME,
     DistributedItemMetadata,
@@ -73,6 +79,7 @@ from torch_checkpointing.source_reader import (
     SourceTensor,
     open_source_file,
 )
+from torch_checkpointing.storage import LOCAL_SCHEMES
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.fsspec_storage import url_scheme
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves, local_tensor
@@ -654,6 +661,21 @@ def _check_local_out_dir(out_dir: str | os.PathLike[str]) -> None:
         )
 
 
+def _check_local_directory(directory: str | os.PathLike[str]) -> None:
+    """An import reads a local directory: a URL went through `Path`, which folded `file:///abs/hf` into the
+    relative `file:/abs/hf`, and the import said that path had no index, of an export that is complete."""
+    scheme = url_scheme(directory)
+    if scheme is None:
+        return
+    url = os.fspath(directory)
+    if scheme in LOCAL_SCHEMES:
+        raise local_url_refused(url, scheme, "import_hf reads a local directory; ")
+    raise ConfigError(
+        f"import_hf reads a local directory; {url!r} is a {scheme}:// URL. Download the folder first "
+        f"(`huggingface-cli download`, `aws s3 sync`) and import that local directory."
+    )
+
+
 def _output_path(out_dir: str | os.PathLike[str]) -> Path:
     """`out_dir` made absolute ("." and "a/.." have no name to put a hidden sibling beside), refused when it is
     the file system's root, which has neither a name nor a parent to stage the export in."""
@@ -929,6 +951,7 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
     `get_slice`, so a rank reads its part only). A template tensor the directory lacks, or one whose shape or
     dtype differs, raises `TemplateMismatchError` before anything is copied.
     """
+    _check_local_directory(directory)
     base = Path(directory)
     files = _hf_files(base)
     if into is None:
