@@ -179,7 +179,15 @@ class Storage(ABC):
             return
         aside = dst.with_name(aside_name(dst.name, os.getpid(), new_nonce()))
         with holding(aside):  # this process's pid may be a killed one's: gc here must not take it for that one's
-            self.rename(dst, aside, is_directory=True)
+            try:
+                self.rename(dst, aside, is_directory=True)
+            except FileNotFoundError:
+                if self.exists(dst):
+                    raise
+                # Another process deleted it since the check (prune, a retention pass): the id is empty, so
+                # moving in is the whole replace. This failed the save.
+                self.rename(src, dst, is_directory=True)
+                return
             try:
                 self.rename(src, dst, is_directory=True)
             except BaseException:

@@ -234,6 +234,11 @@ class LocalFileSystemStorage(Storage):
         func = _renameat2() if os.path.isdir(dst) else None
         if func is None or func(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_EXCHANGE) != 0:
             err = ctypes.get_errno() if func is not None else 0
+            if err == errno.ENOENT and os.path.isdir(src) and not os.path.lexists(dst):
+                # Another process deleted the replaced checkpoint (prune, a retention pass) since the check: the
+                # id is empty, so moving in is the whole replace. It failed the save with this ENOENT.
+                self.rename(src, dst, is_directory=True)
+                return
             if err and err not in _NO_EXCHANGE:
                 raise OSError(err, f"{os.strerror(err)} (swapping {src} into place)", os.fspath(dst))
             super().replace_directory(src, dst)  # this filesystem or kernel has no atomic exchange
