@@ -191,7 +191,7 @@ def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
     except ObjectStoreError:
         raise
     except PermissionError as exc:  # a directory this user may not look into: it may well be the newest one
-        logger.warning("Skipping %s, which cannot be read: %s", path, exc)
+        _warn_unreadable_once(path, exc)
     except IncompleteCheckpointError as exc:
         logger.debug("Skipping %s: %s", path, exc)
     except RuntimeError as exc:
@@ -202,6 +202,17 @@ def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
         else:
             logger.warning("Skipping %s, a damaged checkpoint: %s", path, exc)
     return None
+
+
+# The closed directories already named in this process: a root's `lost+found`, or another user's folder, is
+# named once, not at every retention pass of a long job.
+_UNREADABLE_NAMED: set[str] = set()
+
+
+def _warn_unreadable_once(path: Path, exc: OSError) -> None:
+    level = logging.DEBUG if str(path) in _UNREADABLE_NAMED else logging.WARNING
+    _UNREADABLE_NAMED.add(str(path))
+    logger.log(level, "Skipping %s, which cannot be read: %s", path, exc)
 
 
 def still_there(storage: Storage, path: Path) -> bool:
