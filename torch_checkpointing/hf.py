@@ -969,7 +969,7 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
                 f"do not hold; the download is damaged or incomplete. Download it again."
             )
         return out
-    leaves = _leaves(into)
+    leaves = _tied_to_a_received(_leaves(into), files)
     missing = sorted(name for name, _ in leaves if name not in files)
     if missing:
         raise TemplateMismatchError(f"{directory} has no tensor(s) {missing[:10]} (of {len(missing)} missing)")
@@ -1000,6 +1000,28 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
             with _reading_shard(file):
                 _fill(sl, leaf, runs)
     return into
+
+
+def _tied_to_a_received(
+    leaves: list[tuple[str, torch.Tensor]], files: dict[str, str]
+) -> list[tuple[str, torch.Tensor]]:
+    """`leaves` without those the directory lacks that are exactly another received entry's tensor (the same
+    memory, read the same way): transformers' `save_pretrained` stores a tied weight once (no `lm_head.weight`
+    beside `embed_tokens.weight`), and filling the one fills the other. The import refused the model's own
+    state dict as a template, naming the tied entry as missing."""
+    received = [leaf for name, leaf in leaves if name in files]
+    return [(name, leaf) for name, leaf in leaves if name in files or not any(_same_view(leaf, r) for r in received)]
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if is_dtensor(a) or is_dtensor(b) or a.device != b.device or a.dtype != b.dtype or a.numel() == 0:
+        return False  # empty tensors of their own may share the null address: no tie
+    return (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() == b.storage_offset()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )
 
 
 def _warn_not_received(base: Path, files: dict[str, str], leaves: list[tuple[str, torch.Tensor]]) -> None:
