@@ -80,3 +80,17 @@ def test_the_listing_api_names_the_same_path_and_the_path_lists(run: Path) -> No
 def test_a_file_url_naming_another_host_is_refused_saying_so() -> None:
     with pytest.raises(ConfigError, match=r"names the host 'elsewhere'"):
         list_checkpoints("file://elsewhere/abs/run")
+
+
+def test_a_runs_root_passed_for_a_checkpoint_is_said_in_sentences(run: Path) -> None:
+    """`inspect ROOT` said "...: no manifest.json: not a checkpoint It holds 2 checkpoint(s) ...": the two
+    sentences ran together (a load of the root says "not a checkpoint. It holds ...")."""
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_checkpointing", "inspect", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "not a checkpoint. It holds 2 checkpoint(s)" in done.stderr, done.stderr

@@ -266,7 +266,7 @@ def committed_manifest(storage: Storage, path: Path, missing: str | None = None)
     if manifest is None:
         raise IncompleteCheckpointError(
             f"{shown_name(storage, path)}: no {MANIFEST_FILE_NAME}: not a checkpoint"
-            + what_to_pass_instead(storage, path)
+            + (f".{hint}" if (hint := what_to_pass_instead(storage, path)) else "")  # as a load says it
         )
     return manifest
 
