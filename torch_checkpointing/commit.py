@@ -51,6 +51,7 @@ from torch_checkpointing.manifest import (
     our_marker,
     parse_manifest,
     read_bounded,
+    read_marker,
     shown_name,
     stray_claim,
 )
@@ -354,7 +355,7 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
             f"Refusing to save to {shown}: a checkpoint already exists there, and this storage cannot replace "
             f"one atomically (Storage.atomic_rename=False). Delete it first, or save to a new id."
         )
-    foreign = _unlisted(entries, manifest)
+    foreign = _unlisted(storage, Path(final), entries, manifest)
     if foreign:
         raise CommitError(
             f"Refusing to replace the checkpoint {shown}: it also holds files that are not part of it "
@@ -371,12 +372,33 @@ def files_not_listed(storage: Storage, path: Path) -> list[str]:
         manifest = _read_manifest(storage, path / MANIFEST_FILE_NAME)
     except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError):
         return [e for e in entries if not e.endswith("/")]
-    return _unlisted(entries, manifest)
+    return _unlisted(storage, path, entries, manifest)
 
 
-def _unlisted(entries: list[str], manifest: Manifest) -> list[str]:
-    known = {posixpath.normpath(rec.path) for rec in manifest.files} | set(RESERVED_FILE_NAMES)
+def _unlisted(storage: Storage, root: Path, entries: list[str], manifest: Manifest) -> list[str]:
+    """The files under the checkpoint `root` that are not provably its own: its manifest, the files it lists,
+    the sharding metadata it names, and a marker of ours (only where a commit writes under the id itself).
+
+    Before, the engine's file names were taken as proof by themselves: a user's `.incomplete` (a download's
+    progress) or `metadata.json` in a checkpoint saved without one was deleted by the replace or delete."""
+    known = {posixpath.normpath(rec.path) for rec in manifest.files} | {MANIFEST_FILE_NAME}
+    if manifest.metadata_file is not None:
+        known.add(posixpath.normpath(manifest.metadata_file))
+    if INCOMPLETE_MARKER in entries and _marker_of_ours(storage, root):
+        known.add(INCOMPLETE_MARKER)
     return [e for e in entries if not e.endswith("/") and e not in known]
+
+
+def _marker_of_ours(storage: Storage, root: Path) -> bool:
+    """Whether the `.incomplete` beside a manifest is one of ours: never where saves rename (the commit removes
+    it before the checkpoint moves to its id, a delete renames it away first); elsewhere an empty marker or a
+    claim (a delete or a commit under way at the id)."""
+    if storage.atomic_rename:
+        return False
+    try:
+        return our_marker(read_marker(storage, root / INCOMPLETE_MARKER))
+    except (OSError, CheckpointError):
+        return False
 
 
 def _walk(storage: Storage, root: Path) -> list[str]:
