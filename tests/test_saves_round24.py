@@ -61,3 +61,84 @@ def test_retention_keeps_a_checkpoint_holding_a_users_file_named_like_an_engine_
     else:
         apply_retention(tmp_path, RetentionPolicy(keep_last=1))
     assert (tmp_path / "step_1" / name).read_bytes() == _USERS_FILES[name]
+
+
+# ------------------------------------------------------------------------------ shared containers, both modes
+#
+# torch.save pickles an item whole, so a list, dict or tensor reachable under two keys of one item loads back as
+# one object, and an async save must write what a sync save writes (staging.as_written). Both rebuilt the
+# containers of a tree without remembering which ones they had rebuilt: a sync save whose item held a tensor
+# needing its written form (a Parameter, a slice) wrote a shared list as two lists, and an async save (its
+# staging copy) did so for every item. Tensors tied across items are one tensor in no file (each item is a file
+# of its own), in either mode; a slice is written compacted, as a storage of its own (staging.as_written).
+
+
+def _shared_state() -> dict[str, Any]:
+    t, lst, dct = torch.arange(4.0), [1, [2, 3]], {"lr": 0.1, "betas": [0.9, 0.99]}
+    tensors = [torch.full((2,), 7.0), torch.full((3,), 8.0)]  # staged once: the tensors after keep their slots
+    return {
+        "t1": tensors,
+        "t2": tensors,
+        "z": torch.full((2,), 9.0),
+        "a": t,
+        "b": t,
+        "l1": lst,
+        "l2": lst,
+        "d1": dct,
+        "nested": {"d2": dct, "l3": lst},
+        "p": torch.nn.Parameter(torch.ones(2)),  # needs its written form: the tree is rebuilt
+    }
+
+
+def _sharing(value: dict[str, Any]) -> dict[str, bool]:
+    return {
+        "a is b": value["a"] is value["b"],
+        "t1 is t2": value["t1"] is value["t2"],
+        "l1 is l2": value["l1"] is value["l2"],
+        "l1 is l3": value["l1"] is value["nested"]["l3"],
+        "d1 is d2": value["d1"] is value["nested"]["d2"],
+    }
+
+
+def _as_torch_keeps_it(value: dict[str, Any]) -> dict[str, bool]:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    buf.seek(0)
+    return _sharing(torch.load(buf, weights_only=True))
+
+
+def _saved_and_loaded(root: Path, state: dict[str, Any], mode: str) -> dict[str, Any]:
+    from torch_checkpointing.config import AsyncCheckpointSaverConfig
+
+    save = AsyncCheckpointSaverConfig() if mode == "async" else SyncCheckpointSaverConfig()
+    with CheckpointManager(CheckpointManager.Config(save=save)) as manager:
+        future = manager.save(str(root), state)
+        if future is not None:
+            future.result(timeout=120)
+        loaded: dict[str, Any] = manager.load(str(root))
+    return loaded
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_save_keeps_what_one_item_shares_as_torch_save_does(tmp_path: Path, mode: str) -> None:
+    state = _shared_state()
+    expected = _as_torch_keeps_it(state)
+    assert all(expected.values()), expected  # torch.save keeps every one of them shared
+    loaded = _saved_and_loaded(tmp_path / "ck", {"model": state}, mode)["model"]
+    assert _sharing(loaded) == expected
+    assert loaded["l1"] == [1, [2, 3]] and loaded["d1"] == {"lr": 0.1, "betas": [0.9, 0.99]}
+    assert torch.equal(loaded["a"], torch.arange(4.0)) and torch.equal(loaded["p"], torch.ones(2))
+    assert torch.equal(loaded["t1"][1], torch.full((3,), 8.0)) and torch.equal(loaded["z"], torch.full((2,), 9.0))
+    loaded["l1"].append(4)  # one list, as the trainer's was
+    assert loaded["nested"]["l3"] == [1, [2, 3], 4]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_async_and_sync_saves_load_the_same_sharing(tmp_path: Path, mode: str) -> None:
+    """Across items nothing is shared (each item is a file), in both modes alike."""
+    t, lst = torch.arange(3.0), [1, 2]
+    loaded = _saved_and_loaded(tmp_path / "ck", {"model": {"t": t, "l": lst}, "opt": {"t": t, "l": lst}}, mode)
+    assert loaded["model"]["t"] is not loaded["opt"]["t"] and loaded["model"]["l"] is not loaded["opt"]["l"]
+    assert torch.equal(loaded["opt"]["t"], t) and loaded["opt"]["l"] == lst

@@ -34,11 +34,11 @@ from torch_checkpointing.signals import start_thread
 from torch_checkpointing.traversal import (
     NestingError,
     any_leaf,
+    distinct_leaves,
     dotted_key,
     freed_storage_said,
     is_dense_data,
     iter_leaves,
-    leaves,
     local_tensor,
     map_leaves,
     storage_freed,
@@ -487,11 +487,14 @@ class DefaultStager(CheckpointStager):
             raise named from exc
 
     def _copy(self, value: Any, slots: Iterator[int], copied: set[int]) -> Any:
-        """The staged tree: each slab tensor copied into its slot once (`_SlabPlan`), tied leaves sharing it."""
+        """The staged tree: each slab tensor copied into its slot once (`_SlabPlan`), tied leaves sharing it; a
+        container or other object shared under two paths is copied once (`map_leaves`, one deepcopy memo), as
+        the sync save's torch.save keeps it one."""
+        memo: dict[int, Any] = {}
 
         def leaf(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
-                return copy.deepcopy(x)
+                return copy.deepcopy(x, memo)
             src = tensor_for_write(x)
             if not fits_slab(src):
                 return _copy_outside_slab(src)
@@ -518,7 +521,7 @@ class _SlabPlan:
 
     def add_item(self, key: str, value: Any) -> None:
         try:
-            tensors = [t for t in map(_local_leaf, leaves(value)) if t is not None]
+            tensors = [t for t in map(_local_leaf, distinct_leaves(value)) if t is not None]  # as `_copy` meets them
         except NestingError as exc:
             raise exc.for_item(key) from None
         for t in tensors:

@@ -23,6 +23,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 import torch
@@ -36,6 +37,7 @@ __all__ = [
     "NestingError",
     "any_leaf",
     "children",
+    "distinct_leaves",
     "dotted_key",
     "find_path",
     "flatten",
@@ -159,6 +161,12 @@ def leaves(value: Any) -> Iterator[Any]:
     return _walk(value, with_containers=False)
 
 
+def distinct_leaves(value: Any) -> Iterator[Any]:
+    """The leaves `map_leaves` applies its function to, in its order: a container met again (shared under two
+    paths) is not walked again, as `map_leaves` gives back the one it rebuilt the first time."""
+    return _walk(value, with_containers=False, once=True)
+
+
 def nodes(value: Any) -> Iterator[Any]:
     """Every container (before its children) and every leaf under `value`, `value` itself first, in
     `iter_leaves` order and without building paths: a check that judges container types too (the safe-load
@@ -166,9 +174,10 @@ def nodes(value: Any) -> Iterator[Any]:
     return _walk(value, with_containers=True)
 
 
-def _walk(value: Any, with_containers: bool) -> Iterator[Any]:
+def _walk(value: Any, with_containers: bool, once: bool = False) -> Iterator[Any]:
     stack = [value]
     on_path: set[int] = set()
+    walked: set[int] = set()  # with `once`: every container entered (all alive while walked: ids stay unique)
     while stack:
         node = stack.pop()
         if type(node) is _Exit:
@@ -177,6 +186,9 @@ def _walk(value: Any, with_containers: bool) -> Iterator[Any]:
         if isinstance(node, Mapping | list | tuple):
             if id(node) in on_path:
                 _raise_cycle(value)
+            if once and id(node) in walked:
+                continue
+            walked.add(id(node))
             on_path.add(id(node))
             if with_containers:
                 yield node
@@ -284,10 +296,15 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
     `rebuild` can make one (a defaultdict, an OrderedDict, a named tuple, a dict or list subclass), else
     becomes a dict or list, logged with its path. `NestingError` for a cycle or too deep a nesting; no paths
     are built unless one is refused or logged.
+
+    A container reachable under several paths is rebuilt once and that one copy is put at each (`fn` is applied
+    to its leaves once, in `distinct_leaves` order): what torch.save's pickle keeps shared stays shared. Before,
+    each path got a copy of its own, and a save through here (an async save's staging, a sync save's written
+    form) loaded back two lists where the trainer's state, and a plain torch.save of it, had one.
     """
     fell_back: list[Any] = []
     try:
-        out = _map_leaves(value, fn, set(), fell_back)
+        out = _map_leaves(value, fn, _Rebuilt(set(), fell_back, {}))
     except RecursionError:
         raise NestingError((), cycle=False) from None
     except _Cycle:
@@ -297,20 +314,34 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
     return out
 
 
-def _map_leaves(value: Any, fn: Callable[[Any], Any], on_path: set[int], fell_back: list[Any]) -> Any:
+@dataclass
+class _Rebuilt:
+    """What one `map_leaves` walk keeps: the containers on the current path (a cycle), those that fell back to
+    a plain dict or list (logged after), and each container rebuilt so far by its id (the originals are alive
+    for the whole walk, so no id is reused)."""
+
+    on_path: set[int]
+    fell_back: list[Any]
+    done: dict[int, Any]
+
+
+def _map_leaves(value: Any, fn: Callable[[Any], Any], walk: _Rebuilt) -> Any:
+    if not isinstance(value, _CONTAINERS):
+        return fn(value)
+    if id(value) in walk.done:
+        return walk.done[id(value)]
+    _enter(value, walk.on_path)
+    out: Any
     if isinstance(value, Mapping):
-        _enter(value, on_path)
-        items = {k: _map_leaves(v, fn, on_path, fell_back) for k, v in value.items()}
-        on_path.discard(id(value))
-        return items if type(value) is dict else _rebuilt_or_plain(value, items, fell_back)
-    if isinstance(value, _SEQUENCES):
-        _enter(value, on_path)
-        items_list = [_map_leaves(v, fn, on_path, fell_back) for v in value]
-        on_path.discard(id(value))
-        if type(value) in _SEQUENCES:
-            return type(value)(items_list)
-        return _rebuilt_or_plain(value, items_list, fell_back)
-    return fn(value)
+        items = {k: _map_leaves(v, fn, walk) for k, v in value.items()}
+        out = items if type(value) is dict else _rebuilt_or_plain(value, items, walk.fell_back)
+    else:
+        items_list = [_map_leaves(v, fn, walk) for v in value]
+        plain = type(value) in _SEQUENCES
+        out = type(value)(items_list) if plain else _rebuilt_or_plain(value, items_list, walk.fell_back)
+    walk.on_path.discard(id(value))
+    walk.done[id(value)] = out
+    return out
 
 
 def _rebuilt_or_plain(original: Any, items: dict[Any, Any] | list[Any], fell_back: list[Any]) -> Any:
