@@ -142,3 +142,75 @@ def test_async_and_sync_saves_load_the_same_sharing(tmp_path: Path, mode: str) -
     loaded = _saved_and_loaded(tmp_path / "ck", {"model": {"t": t, "l": lst}, "opt": {"t": t, "l": lst}}, mode)
     assert loaded["model"]["t"] is not loaded["opt"]["t"] and loaded["model"]["l"] is not loaded["opt"]["l"]
     assert torch.equal(loaded["opt"]["t"], t) and loaded["opt"]["l"] == lst
+
+
+# ------------------------------------------------------------------ a copy aside made on another host (NFS)
+#
+# The replace without an atomic exchange (NFS) moves the old checkpoint aside under a name that carried only its
+# maker's pid and a nonce. gc, or a trainer, on another host sharing the directory took that pid for one of its
+# own host: not alive there, so the maker "was dead", and gc put the copy back (or removed it) under a replace
+# that may be running. A name now says which host (hostname and boot) made it; a copy of another host's is never
+# judged dead by its pid, only once it is older than `unowned_after_s`, as every leftover whose owner cannot be
+# checked from here.
+
+_OTHER_HOST = "import socket\nsocket.gethostname = lambda: 'another-host-sharing-the-directory'\n"
+
+
+def _killed_replace_on_another_host(ckpt: Path) -> Path:
+    """`ckpt` (1.0) replaced by 2.0 in a child that takes itself for another host, SIGKILLed between the two
+    renames: its pid is no process here, as another host's live replacer's is not. The copy aside it left."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_long_names_and_removal import SUBPROCESS_TIMEOUT_S
+    from tests.test_put_back_asides import KILLED_CHILD
+
+    with _manager() as manager:
+        manager.save(str(ckpt), {"model": {f"t{i}": torch.full((4,), 1.0) for i in range(3)}}, step=1)
+    before = set(os.listdir(ckpt.parent))
+    proc = subprocess.run(
+        [sys.executable, "-c", _OTHER_HOST + KILLED_CHILD, str(ckpt), "2.0", "between"],
+        timeout=SUBPROCESS_TIMEOUT_S,
+        capture_output=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    (aside,) = [n for n in set(os.listdir(ckpt.parent)) - before if n.startswith(".old_")]
+    assert not ckpt.exists()
+    return ckpt.parent / aside
+
+
+def test_gc_never_judges_another_hosts_copy_aside_dead_by_its_pid(tmp_path: Path) -> None:
+    from torch_checkpointing.asides import copy_to_put_back
+    from torch_checkpointing.retention import collect_garbage
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
+
+    ckpt = tmp_path / "step_1"
+    aside = _killed_replace_on_another_host(ckpt)
+    storage = LocalFileSystemStorage(LocalFileSystemStorageConfig())
+    choice = copy_to_put_back(storage, ckpt)
+    assert choice.chosen is None and "may still be running" in choice.why_not, choice
+    report = collect_garbage(tmp_path, unowned_after_s=3600)
+    assert not ckpt.exists() and aside.is_dir(), report  # neither put back nor removed under its replacer
+    assert [lo for lo in report.removed if lo.path == str(aside)] == [], report
+    assert [lo.owner_alive for lo, _ in report.kept if lo.path == str(aside)] == [None], report  # not "dead"
+    # Once older than the age after which an owner that cannot be checked counts as gone: put back, whole.
+    report = collect_garbage(tmp_path, unowned_after_s=0)
+    assert ckpt.is_dir() and not aside.exists(), report
+    with _manager() as manager:
+        assert float(manager.load(str(ckpt))["model"]["t0"][0]) == 1.0
+
+
+def test_hidden_names_say_their_host_and_keep_reading_older_ones() -> None:
+    from torch_checkpointing.names import ASIDE_RE, TRASH_RE, aside_name, aside_of, host_tag, made_here, trash_name
+
+    here, there = host_tag(), "0badc0de" if host_tag() != "0badc0de" else "0badc0df"
+    long_id = "run_" + "x" * 250 + "_1"
+    for host, made_on_this_host in ((here, True), (there, False), (None, True)):  # None: an earlier version's
+        aside = aside_name(long_id, 123, "abcdef01", host)
+        match = ASIDE_RE.match(aside)
+        assert match is not None and int(match["pid"]) == 123 and match["host"] == host
+        assert made_here(match) is made_on_this_host and aside_of(aside, ["other", long_id]) == long_id
+        trash = TRASH_RE.match(trash_name("step_1", 123, "abcdef01", host))
+        assert trash is not None and trash["name"] == "step_1" and made_here(trash) is made_on_this_host
+    assert ASIDE_RE.match(".old_step_1_123") is not None  # the oldest names: no nonce, no host

@@ -16,15 +16,17 @@ time another copy records (a save while the clock was ahead, stepped back since,
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive, still_there
 from torch_checkpointing.errors import CheckpointError
-from torch_checkpointing.names import ASIDE_RE, aside_of, may_be_cut
+from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
 from torch_checkpointing.storage.base_storage import Storage
 
-__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "owner_pid"]
+__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "made_by", "owner_pid"]
 
 
 @dataclass(frozen=True)
@@ -47,22 +49,26 @@ def copies_aside(storage: Storage, final: Path) -> list[Path]:
     ]
 
 
-def copy_to_put_back(storage: Storage, final: Path, dead_pid: int | None = None) -> PutBack:
+def copy_to_put_back(
+    storage: Storage, final: Path, dead_pid: int | None = None, unowned_after_s: float = DEFAULT_UNOWNED_AGE_S
+) -> PutBack:
     """Which copy aside goes back under the id `final` now (see the module's docstring). `dead_pid`: a process
-    the caller knows is dead (a writer it saw die), whose pid may have been given to another process since."""
+    of this host the caller knows is dead (a writer it saw die), whose pid may have been given to another process
+    since. A copy another host moved aside may be in its replace's hands until it is `unowned_after_s` old: its
+    pid names no process here."""
     copies = copies_aside(storage, final)
     if not copies:
         return PutBack(None, copies, "no copy of it is aside")
     if still_there(storage, final):  # anything, a dangling link included
         return PutBack(None, copies, "something is at the id", id_free=False)
-    live = [c for c in copies if _owner_may_live(c, dead_pid)]
+    live = [c for c in copies if _owner_may_live(c, dead_pid, unowned_after_s)]
     if live:
         return PutBack(None, copies, f"the replace that moved {live[0]} aside may still be running")
-    ours = [c for c in copies if not may_be_cut(c.name) or owner_pid(c) == dead_pid]
+    ours = [c for c in copies if not may_be_cut(c.name) or made_by(c, dead_pid)]
     whole = {c: t for c in ours if (t := _commit_time_if_whole(storage, c)) is not None}
     if not whole:
         return PutBack(None, copies, "none of them is a whole checkpoint whose name tells it is of this id")
-    its = [c for c in whole if owner_pid(c) == dead_pid]
+    its = [c for c in whole if made_by(c, dead_pid)]
     if len(its) == 1:  # what the id held when that writer died: known without comparing clocks
         return PutBack(its[0], copies)
     newest = max(whole, key=lambda c: whole[c])
@@ -79,9 +85,28 @@ def owner_pid(copy: Path) -> int:
     return int(match["pid"])
 
 
-def _owner_may_live(copy: Path, dead_pid: int | None) -> bool:
-    pid = owner_pid(copy)
-    return pid != dead_pid and hidden_name_alive(pid, copy)
+def made_by(copy: Path, pid: int | None) -> bool:
+    """Whether `copy` (one of `copies_aside`) was moved aside by process `pid` of this host."""
+    match = ASIDE_RE.match(copy.name)
+    return match is not None and pid is not None and int(match["pid"]) == pid and made_here(match)
+
+
+def _owner_may_live(copy: Path, dead_pid: int | None, unowned_after_s: float) -> bool:
+    match = ASIDE_RE.match(copy.name)
+    if match is None or made_by(copy, dead_pid):
+        return False
+    alive = hidden_name_alive(match, copy)
+    return alive if alive is not None else _age_s(copy) < unowned_after_s
+
+
+def _age_s(copy: Path) -> float:
+    """How long ago `copy` last changed, its move aside included (a rename sets its ctime, not its mtime); 0 when
+    that cannot be told (not local), so that it counts as young."""
+    try:
+        st = os.lstat(copy)
+    except OSError:
+        return 0.0
+    return time.time() - max(st.st_mtime, st.st_ctime)
 
 
 def _commit_time_if_whole(storage: Storage, path: Path) -> float | None:

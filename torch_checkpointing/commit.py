@@ -55,7 +55,7 @@ from torch_checkpointing.manifest import (
     shown_name,
     stray_claim,
 )
-from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name
+from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name, made_here
 from torch_checkpointing.signals import signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import remove_tree_marks_last
@@ -1115,7 +1115,7 @@ class Commit:
     def _asides_of(self, pid: int | None) -> list[Path]:
         """The copies of the id that process `pid`'s replace (the fallback without an exchange) moved aside."""
         # Imported here: the writer process loads only the write path, and asides bring in discovery.
-        from torch_checkpointing.asides import copies_aside, owner_pid
+        from torch_checkpointing.asides import copies_aside, made_by
 
         if pid is None or not self.renames:
             return []
@@ -1124,7 +1124,7 @@ class Commit:
         except Exception as exc:
             self._cannot_list(pid, exc)
             return []
-        return [c for c in found if owner_pid(c) == pid]
+        return [c for c in found if made_by(c, pid)]
 
     def _cannot_list(self, pid: int, exc: Exception) -> None:
         final = Path(self.target.final)
@@ -1219,7 +1219,9 @@ class Commit:
             names = self.storage.ls(final.parent)
         except Exception:
             return [str(tmp)]
-        mine = (m for n in names if (m := ASIDE_RE.match(n)) is not None and int(m["pid"]) == os.getpid())
+        mine = (
+            m for n in names if (m := ASIDE_RE.match(n)) is not None and int(m["pid"]) == os.getpid() and made_here(m)
+        )
         asides = [m.string for m in mine if aside_of(m.string, [final.name]) == final.name]
         return [str(final.parent / n) for n in sorted(asides + [tmp.name] * (tmp.name in names))]
 

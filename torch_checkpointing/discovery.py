@@ -15,6 +15,7 @@ import fcntl
 import logging
 import math
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -51,6 +52,7 @@ from torch_checkpointing.names import (
     TRASH_RE,
     aside_of,
     held_here,
+    made_here,
     previous_copy_hint,
     step_from_name,
 )
@@ -559,13 +561,19 @@ def _tree_bytes(path: str) -> int:
 OWNER_STARTED_AFTER_S = 5.0
 
 
-def hidden_name_alive(pid: int, path: Path) -> bool:
-    """Whether the process that made a hidden name (`.old_`, `.trash-`) may still be using it. This process's own
-    pid says so only for names it holds now: a job restarted in a container often gets the pid of the one that
-    was killed, and that one's leftovers are garbage, not this process's work in flight. Another live process
-    with the pid is not its maker when it started after the name was made (a pid the kernel gave again: in a
-    container, pids are few and soon reused, and gc kept a dead replace's copy aside while the id held nothing).
+def hidden_name_alive(match: re.Match[str], path: Path) -> bool | None:
+    """Whether the process that made a hidden name (`.old_`, `.trash-`: its `ASIDE_RE`/`TRASH_RE` match) may still
+    be using it; None when that cannot be told here: another host made it, and its pid names no process of this
+    host (on a shared filesystem, gc took a live replacer there for a dead one, and put its copy back under it).
+    This process's own pid says so only for names it holds now: a job restarted in a container often gets the pid
+    of the one that was killed, and that one's leftovers are garbage, not this process's work in flight. Another
+    live process with the pid is not its maker when it started after the name was made (a pid the kernel gave
+    again: in a container, pids are few and soon reused, and gc kept a dead replace's copy aside while the id held
+    nothing).
     """
+    if not made_here(match):
+        return None
+    pid = int(match["pid"])
     if pid == os.getpid():
         return held_here(path)
     return pid_alive(pid) and not _started_after(pid, path)
@@ -736,10 +744,10 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         detail = f"save {m['uid']}-{m['seq']}"
         return Leftover(shown, "temporary", m["name"], alive, size, detail, recognised)
     if m := ASIDE_RE.match(name):
-        alive = hidden_name_alive(int(m["pid"]), path)
+        alive = hidden_name_alive(m, path)
         return Leftover(shown, "replaced", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if m := TRASH_RE.match(name):
-        alive = hidden_name_alive(int(m["pid"]), path)
+        alive = hidden_name_alive(m, path)
         return Leftover(shown, "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if not name.startswith(".") and _exists_or_closed(storage, path / INCOMPLETE_MARKER):
         if _committed_beside_marker(storage, path):

@@ -8,14 +8,18 @@ id it belonged to is then found by cutting each sibling's name the same way (`cu
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import re
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable
 
 __all__ = [
     "ASIDE_RE",
+    "DEFAULT_UNOWNED_AGE_S",
     "NAME_MAX",
     "PATH_MAX",
     "TMP_RE",
@@ -26,6 +30,8 @@ __all__ = [
     "fit_name",
     "held_here",
     "holding",
+    "host_tag",
+    "made_here",
     "may_be_cut",
     "new_nonce",
     "previous_copy_hint",
@@ -51,7 +57,11 @@ def fit_name(prefix: str, name: str, suffix: str) -> str:
 # temporary directories `.{name}.tmp-{uid}-{seq}`, and retention renames a checkpoint it deletes to
 # `.{name}.trash-{pid}-{nonce}` before removing it (`aside_name` below makes the third kind).
 TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<uid>[0-9a-f]+)-(?P<seq>[0-9]+)$")
-TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]+)$")
+TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]+)(?:-(?P<host>[0-9a-f]{8}))?$")
+
+# How old a leftover whose maker cannot be checked from here (another host's) must be before it counts as gone:
+# no save, replace or delete takes a day.
+DEFAULT_UNOWNED_AGE_S = 24 * 3600.0
 
 
 def step_from_name(name: str) -> int | None:
@@ -60,8 +70,29 @@ def step_from_name(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-# What `aside_name` makes; names without the nonce were made by earlier versions and are still recognised.
-ASIDE_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>[0-9]+)(?:-(?P<nonce>[0-9a-f]{8}))?$")
+# What `aside_name` makes; names without the nonce or the host were made by earlier versions and are still
+# recognised (as this host's: they were judged so before).
+ASIDE_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>[0-9]+)(?:-(?P<nonce>[0-9a-f]{8})(?:-(?P<host>[0-9a-f]{8}))?)?$")
+
+
+@functools.cache
+def host_tag() -> str:
+    """Eight hex digits naming this host and its boot, put in every hidden name that carries a pid: a pid names a
+    process only on the host (and boot) that gave it. On a filesystem that several hosts share (NFS), another
+    host's name with a pid that is no process here was taken for a dead maker's, and its copy put back or removed
+    under a replace still running there."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return hashlib.sha256(f"{socket.gethostname()}\0{boot}".encode()).hexdigest()[:8]
+
+
+def made_here(match: re.Match[str]) -> bool:
+    """Whether the hidden name `match` (of `ASIDE_RE` or `TRASH_RE`) was made on this host, so that its pid names
+    a process here (a name of an earlier version, without a host, is taken as this host's, as it was before)."""
+    return match["host"] is None or match["host"] == host_tag()
 
 
 def new_nonce() -> str:
@@ -70,9 +101,11 @@ def new_nonce() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def aside_name(name: str, pid: int, nonce: str | None) -> str:
-    """Where the non-exchange replace moves the old checkpoint `name` while the new one moves in."""
-    return fit_name(".old_", name, f"_{pid}" if nonce is None else f"_{pid}-{nonce}")
+def aside_name(name: str, pid: int, nonce: str | None, host: str | None = None) -> str:
+    """Where the non-exchange replace moves the old checkpoint `name` while the new one moves in (`host`: the
+    maker's `host_tag`; None and no nonce only for the names earlier versions made)."""
+    suffix = f"_{pid}" if nonce is None else f"_{pid}-{nonce}"
+    return fit_name(".old_", name, suffix if host is None or nonce is None else f"{suffix}-{host}")
 
 
 def aside_of(hidden: str, siblings: Iterable[str]) -> str | None:
@@ -83,13 +116,14 @@ def aside_of(hidden: str, siblings: Iterable[str]) -> str | None:
         return None
     if not may_be_cut(hidden):
         return match["name"]
-    pid, nonce = int(match["pid"]), match["nonce"]
-    return cut_from(hidden, siblings, lambda sibling: aside_name(sibling, pid, nonce))
+    pid, nonce, host = int(match["pid"]), match["nonce"], match["host"]
+    return cut_from(hidden, siblings, lambda sibling: aside_name(sibling, pid, nonce, host))
 
 
-def trash_name(name: str, pid: int, nonce: str) -> str:
-    """What retention and gc rename a directory to before removing it (never listed as a checkpoint)."""
-    return fit_name(".", name, f".trash-{pid}-{nonce}")
+def trash_name(name: str, pid: int, nonce: str, host: str | None = None) -> str:
+    """What retention and gc rename a directory to before removing it (never listed as a checkpoint); `host` as
+    for `aside_name`."""
+    return fit_name(".", name, f".trash-{pid}-{nonce}" if host is None else f".trash-{pid}-{nonce}-{host}")
 
 
 def may_be_cut(hidden: str) -> bool:
@@ -115,7 +149,7 @@ def previous_copy_hint(local: str) -> str:
         return ""
     for entry in entries:
         match = ASIDE_RE.match(entry)
-        if match and aside_name(name, int(match["pid"]), match["nonce"]) == entry:
+        if match and aside_name(name, int(match["pid"]), match["nonce"], match["host"]) == entry:
             return (
                 f" Its previous checkpoint is at {os.path.join(parent, entry)}: a save that replaced it was killed "
                 f"before the new one moved in. Run `torch-checkpointing gc {parent}` to move it back, then load."

@@ -59,7 +59,17 @@ from torch_checkpointing.manifest import (
     read_manifest,
     read_marker,
 )
-from torch_checkpointing.names import NAME_MAX, aside_of, holding, may_be_cut, new_nonce, step_from_name, trash_name
+from torch_checkpointing.names import (
+    DEFAULT_UNOWNED_AGE_S,
+    NAME_MAX,
+    aside_of,
+    holding,
+    host_tag,
+    may_be_cut,
+    new_nonce,
+    step_from_name,
+    trash_name,
+)
 from torch_checkpointing.storage.base_storage import Storage
 
 # What a storage raises for a refused or failed request: a filesystem's OSError, an object store's
@@ -67,6 +77,7 @@ from torch_checkpointing.storage.base_storage import Storage
 STORE_ERRORS: tuple[type[Exception], ...] = (OSError, ObjectStoreError)
 
 __all__ = [
+    "DEFAULT_UNOWNED_AGE_S",
     "GcReport",
     "PruneReport",
     "RetentionPolicy",
@@ -80,8 +91,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_UNOWNED_AGE_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -207,7 +216,7 @@ _FOLDED_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 
 
 def _trash_name(path: Path) -> Path:
-    return path.with_name(trash_name(path.name, os.getpid(), new_nonce()))
+    return path.with_name(trash_name(path.name, os.getpid(), new_nonce(), host_tag()))
 
 
 def delete_checkpoint(
@@ -641,7 +650,9 @@ def _recorded_step(storage: Storage, path: Path) -> int | None:
     return manifest.step if manifest is not None else None
 
 
-def _to_put_back(leftovers: list[Leftover], root: Path, storage: Storage) -> dict[Path, tuple[str, int]]:
+def _to_put_back(
+    leftovers: list[Leftover], root: Path, storage: Storage, unowned_after_s: float
+) -> dict[Path, tuple[str, int]]:
     """The copies aside to move back under their ids (path: the id, and how many copies of it are aside), chosen
     by the rule a dead writer's trainer uses (`asides.copy_to_put_back`): a replace killed between its two
     renames (the fallback of a store without an atomic exchange) leaves nothing at the id and the old checkpoint
@@ -653,7 +664,7 @@ def _to_put_back(leftovers: list[Leftover], root: Path, storage: Storage) -> dic
     chosen: dict[Path, tuple[str, int]] = {}
     for name in sorted(ids):
         try:
-            choice = copy_to_put_back(storage, root / name)
+            choice = copy_to_put_back(storage, root / name, unowned_after_s=unowned_after_s)
         except STORE_ERRORS as exc:
             logger.warning(
                 "gc could not look at the copies of %s aside (%s); left as they are", _shown(root / name), exc
@@ -711,7 +722,7 @@ def collect_garbage(
     base, now = Path(root), time.time()
     report = GcReport()
     leftovers = list_leftovers(base, storage)
-    put_back = _to_put_back(leftovers, base, storage)
+    put_back = _to_put_back(leftovers, base, storage, unowned_after_s)
     restored: set[str] = set()
     for leftover in [lo for lo in leftovers if Path(lo.path) in put_back]:  # first: the other copies are garbage then
         restore_to, copies = put_back[Path(leftover.path)]

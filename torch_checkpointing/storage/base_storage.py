@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing.names import aside_name, holding, new_nonce
+from torch_checkpointing.names import aside_name, holding, host_tag, new_nonce
 
 _log = logging.getLogger("torch_checkpointing.storage")
 
@@ -177,7 +177,7 @@ class Storage(ABC):
         if not self.exists(dst):
             self.rename(src, dst, is_directory=True)
             return
-        aside = dst.with_name(aside_name(dst.name, os.getpid(), new_nonce()))
+        aside = dst.with_name(aside_name(dst.name, os.getpid(), new_nonce(), host_tag()))
         with holding(aside):  # this process's pid may be a killed one's: gc here must not take it for that one's
             try:
                 self.rename(dst, aside, is_directory=True)
