@@ -647,8 +647,9 @@ class CheckpointManager:
             remove_made(made)
             raise
         self._seq = seq
+        # No rank but 0 creates a directory: rank 0 made (and recorded) the id's missing parents in the agreed
+        # step. Each rank's own `mkdir` here, recorded nowhere, was left behind by a save that failed.
         final = Path(checkpoint_id)
-        self._storage.mkdir(final.parent if str(final.parent) else Path("."))
         store = None
         if ctx.store_address is not None:
             store = StoreAddress(ctx.store_address.host, ctx.store_address.port, f"{ctx.store_address.namespace}/{seq}")

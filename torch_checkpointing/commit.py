@@ -757,6 +757,29 @@ class Commit:
         """The storage as one that can claim an id, where this save writes straight under the id."""
         return None if self.renames or not isinstance(self.storage, ConditionalStorage) else self.storage
 
+    def _make_root(self) -> None:
+        """Create the temporary directory, and no directory above it: those are made (and recorded, to go again
+        with a failed save) by rank 0 alone, when the ranks agree to save (`make_parents`). Created here as well,
+        by every rank, they were recorded nowhere and outlived the save that failed: on a rank whose disk is not
+        rank 0's, or once rank 0 had removed them. A parent missing here is that rank's doing, named."""
+        local = self.storage.local_path(self.root) if self.renames else None
+        if local is None:  # a store's prefix is no directory; the id itself under a commit file
+            self.storage.mkdir(self.root)
+            return
+        try:
+            os.mkdir(local)
+        except FileExistsError:
+            if not os.path.isdir(local):
+                raise
+        except FileNotFoundError:
+            raise CommitError(
+                f"Checkpoint {self.target.final} was not saved: {os.path.dirname(os.path.abspath(local))}, which "
+                f"the save's rank 0 created for it, is not there on this rank (it removed it again, the save having "
+                f"failed, or this rank writes to another disk). Every rank must write to storage the committing rank "
+                f"reads: a shared filesystem or an object store (FsspecStorageConfig), not a node-local disk."
+            ) from None
+        self.storage.sync_directory(self.root.parent)
+
     def begin(self, rank: int = 0, names: Iterable[str] = ()) -> None:
         """Create the root with the marker in it: until `publish`, nothing here reads as a checkpoint.
 
@@ -765,7 +788,7 @@ class Commit:
         store whose uploads cannot name their save, this rank then records `names` (the files it is about to
         write, relative to the root), so that a cleanup removes those and leaves what others put there.
         """
-        self.storage.mkdir(self.root)
+        self._make_root()
         claims = self._claims
         if claims is None:
             self.storage.write(self.root / INCOMPLETE_MARKER, b"")
