@@ -214,3 +214,38 @@ def test_hidden_names_say_their_host_and_keep_reading_older_ones() -> None:
         trash = TRASH_RE.match(trash_name("step_1", 123, "abcdef01", host))
         assert trash is not None and trash["name"] == "step_1" and made_here(trash) is made_on_this_host
     assert ASIDE_RE.match(".old_step_1_123") is not None  # the oldest names: no nonce, no host
+
+
+# ------------------------------------------------- a rank never re-creates what the failed save's rank 0 removed
+#
+# A rank's files below a subdirectory (`rank_{rank}/w.pt`) had that subdirectory made by a recursive mkdir: once
+# rank 0 had removed the save's temporary directory and the id's parents it made (the save having failed on it),
+# a slower rank re-created all of them, wrote its files there, and left them, the temporary without the marker
+# that makes it gc's to collect. Now the rank's write stops with a `CommitError` naming the missing directory.
+
+
+def test_a_rank_does_not_recreate_the_directories_rank_0_removed(tmp_path: Path) -> None:
+    import shutil
+
+    from torch_checkpointing.checkpoint_layout import TorchSerialization
+    from torch_checkpointing.checkpoint_writer import SavePlan, WriteEntry, WriteRequest, _write_local_files
+    from torch_checkpointing.commit import Commit
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
+
+    made = tmp_path / "runs"  # the id's parent, made for this save by its rank 0
+
+    class RemovedByRank0AfterTheMarker(LocalFileSystemStorage):
+        """Rank 0 fails and removes what it made right after this rank has begun (its marker written)."""
+
+        def write(self, path: Path, data: bytes) -> None:
+            super().write(path, data)
+            if path.name == ".incomplete":
+                shutil.rmtree(made)
+
+    made.mkdir()
+    plan = SavePlan(checkpoint_dir=str(made / "step_1"), tmp_dir=str(made / ".step_1.tmp-ab-1"), rank=1, world_size=2)
+    entry = WriteEntry("model", "rank_1/model.pt", TorchSerialization(), {"w": torch.ones(2)})
+    storage = RemovedByRank0AfterTheMarker(LocalFileSystemStorageConfig(use_direct_io=False))
+    with pytest.raises(CommitError, match=r"runs/\.step_1\.tmp-ab-1, which the save's rank 0 created"):
+        _write_local_files(storage, WriteRequest(plan, [entry]), Commit(storage, plan.target()))
+    assert os.listdir(tmp_path) == []

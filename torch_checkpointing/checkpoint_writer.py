@@ -184,7 +184,7 @@ def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) 
     for entry in request.entries:
         parent = root / posixpath.dirname(entry.file_path)
         if parent not in directories:
-            storage.mkdir(parent)
+            commit.make_directory(parent)
             directories.add(parent)
     if request.file_write_max_threads > 1 and len(request.entries) > 1:
         # A process-wide pool: a sync save writes from the training thread, where a Ctrl-C must not wedge it.

@@ -762,23 +762,29 @@ class Commit:
         with a failed save) by rank 0 alone, when the ranks agree to save (`make_parents`). Created here as well,
         by every rank, they were recorded nowhere and outlived the save that failed: on a rank whose disk is not
         rank 0's, or once rank 0 had removed them. A parent missing here is that rank's doing, named."""
-        local = self.storage.local_path(self.root) if self.renames else None
-        if local is None:  # a store's prefix is no directory; the id itself under a commit file
-            self.storage.mkdir(self.root)
-            return
+        self._mkdir_one(self.root)
+
+    def make_directory(self, path: Path) -> None:
+        """A directory below the root for this save's files, made one level at a time from the root, which must
+        still be there: a recursive mkdir re-created the root (and the id's parents) that rank 0 had removed,
+        the save having failed, and left them there, without the marker that tells gc they are ours."""
+        here = self.root
+        for part in path.relative_to(self.root).parts:
+            here = here / part
+            self._mkdir_one(here)
+
+    def _mkdir_one(self, path: Path) -> None:
+        """`path` created, not its parent (where saves rename; a store's prefix needs none); a missing parent is
+        named."""
         try:
-            os.mkdir(local)
-        except FileExistsError:
-            if not os.path.isdir(local):
-                raise
+            self.storage.mkdir(path, recursive=not self.renames)
         except FileNotFoundError:
             raise CommitError(
-                f"Checkpoint {self.target.final} was not saved: {os.path.dirname(os.path.abspath(local))}, which "
-                f"the save's rank 0 created for it, is not there on this rank (it removed it again, the save having "
-                f"failed, or this rank writes to another disk). Every rank must write to storage the committing rank "
-                f"reads: a shared filesystem or an object store (FsspecStorageConfig), not a node-local disk."
+                f"Checkpoint {self.target.final} was not saved: {path.parent}, which the save's rank 0 created for "
+                f"it, is not there on this rank (it removed it again, the save having failed, or this rank writes "
+                f"to another disk). Every rank must write to storage the committing rank reads: a shared filesystem "
+                f"or an object store (FsspecStorageConfig), not a node-local disk."
             ) from None
-        self.storage.sync_directory(self.root.parent)
 
     def begin(self, rank: int = 0, names: Iterable[str] = ()) -> None:
         """Create the root with the marker in it: until `publish`, nothing here reads as a checkpoint.
