@@ -780,10 +780,11 @@ class Commit:
             self.storage.mkdir(path, recursive=not self.renames)
         except FileNotFoundError:
             raise CommitError(
-                f"Checkpoint {self.target.final} was not saved: {path.parent}, which the save's rank 0 created for "
-                f"it, is not there on this rank (it removed it again, the save having failed, or this rank writes "
-                f"to another disk). Every rank must write to storage the committing rank reads: a shared filesystem "
-                f"or an object store (FsspecStorageConfig), not a node-local disk."
+                f"Checkpoint {self.target.final} was not saved: {path.parent}, which the save's rank 0 created or "
+                f"found for it, is not there on this rank: removed since (by rank 0, the save having failed there, or "
+                f"by another program), or this rank writes to another disk. Every rank must write to storage the "
+                f"committing rank reads: a shared filesystem or an object store (FsspecStorageConfig), not a "
+                f"node-local disk."
             ) from None
 
     def begin(self, rank: int = 0, names: Iterable[str] = ()) -> None:
