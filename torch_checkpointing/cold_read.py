@@ -10,6 +10,8 @@ cached (`is_cached`), without reading it.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -17,7 +19,7 @@ from concurrent.futures import Executor
 from torch_checkpointing.checksum import crc32, crc32_combine
 from torch_checkpointing.futures import settle_all
 
-__all__ = ["READ_BYTES", "crc32_by_reads", "is_cached"]
+__all__ = ["READ_BYTES", "crc32_by_reads", "is_cached", "memory_file", "private_copy", "seal"]
 
 READ_BYTES = 8 * 1024 * 1024  # one pread: large enough for the disk, small enough to stay in the CPU's cache
 _PROBES = 8  # pages sampled across the file
@@ -42,13 +44,22 @@ def is_cached(fd: int, size: int) -> bool:
     return True
 
 
-def crc32_by_reads(fd: int, size: int, executor: Executor, streams: int, on_short: Callable[[int], Exception]) -> int:
+def crc32_by_reads(
+    fd: int,
+    size: int,
+    executor: Executor,
+    streams: int,
+    on_short: Callable[[int], Exception],
+    into: int | None = None,
+) -> int:
     """CRC32 of bytes [0, size) of `fd`, read in `streams` contiguous parts at once (`pread`, READ_BYTES at a
-    time) and combined. A part that ends early (the file shrank under the load) raises `on_short(offset)`."""
+    time) and combined. A part that ends early (the file shrank under the load) raises `on_short(offset)`.
+    `into`: a file (a `memory_file` of `size` bytes) each read is also written to, so the bytes checked are
+    the bytes kept, in one pass over the disk."""
     parts = max(1, min(streams, size // READ_BYTES))
     step = -(-size // parts)
     bounds = [(s, min(size, s + step)) for s in range(0, size, step)]
-    futures = [executor.submit(_crc32_range, fd, s, e, on_short) for s, e in bounds]
+    futures = [executor.submit(_crc32_range, fd, s, e, on_short, into) for s, e in bounds]
     try:
         crcs = [f.result() for f in futures]
     finally:
@@ -59,7 +70,7 @@ def crc32_by_reads(fd: int, size: int, executor: Executor, streams: int, on_shor
     return value
 
 
-def _crc32_range(fd: int, start: int, end: int, on_short: Callable[[int], Exception]) -> int:
+def _crc32_range(fd: int, start: int, end: int, on_short: Callable[[int], Exception], into: int | None) -> int:
     buffer = memoryview(bytearray(min(READ_BYTES, end - start)))
     value = 0
     offset = start
@@ -68,5 +79,70 @@ def _crc32_range(fd: int, start: int, end: int, on_short: Callable[[int], Except
         if n == 0:
             raise on_short(offset)
         value = crc32(buffer[:n], value)
+        if into is not None:
+            _write_all(into, buffer[:n], offset)
         offset += n
     return value
+
+
+def private_copy(fd: int, size: int, on_short: Callable[[int], Exception]) -> int | None:
+    """A descriptor of an anonymous in-memory copy (memfd) of bytes [0, size) of `fd`, or None where the system
+    has no memfd (there the caller reads the file itself, as before).
+
+    A load decodes what it verified from this copy, never from a mapping of the checkpoint's file: through a
+    mapping, a file written into in place after its check changed the tensors a load had returned (they were
+    views of the file), or handed out bytes nobody checked; one truncated meanwhile killed the process with
+    SIGBUS at the first touch of a page past its new end. A file ending early raises `on_short(offset)`."""
+    copy = memory_file(0)
+    if copy is None:
+        return None
+    try:
+        done = 0
+        while done < size:
+            n = _copy_some(copy, fd, done, min(size - done, 1 << 30))
+            if n == 0:
+                raise on_short(done)
+            done += n
+        seal(copy)
+    except BaseException:
+        os.close(copy)
+        raise
+    return copy
+
+
+def memory_file(size: int) -> int | None:
+    """A new anonymous file in memory of `size` bytes (zeros), or None where the system has no memfd."""
+    make = getattr(os, "memfd_create", None)
+    if make is None:
+        return None
+    fd: int = make("checkpoint-file", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
+    if size:
+        os.ftruncate(fd, size)
+    return fd
+
+
+def seal(fd: int) -> None:
+    """Seal a finished `memory_file` against shrinking and growing: no mapping of it can fault past its end."""
+    seals = getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
+    if seals and hasattr(fcntl, "F_ADD_SEALS"):
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+
+
+def _copy_some(out: int, fd: int, offset: int, count: int) -> int:
+    """Copy up to `count` bytes at `offset` of `fd` to the end of `out` in the kernel; by reads where it refuses."""
+    try:
+        return os.sendfile(out, fd, offset, count)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    data = os.pread(fd, min(count, READ_BYTES), offset)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(out, view) :]
+    return len(data)
+
+
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n

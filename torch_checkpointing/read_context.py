@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32, crc32_parallel
-from torch_checkpointing.cold_read import crc32_by_reads, is_cached
+from torch_checkpointing.cold_read import crc32_by_reads, is_cached, memory_file, private_copy, seal
 from torch_checkpointing.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -129,20 +129,33 @@ class CheckedFile:
     # reads, decoded after the check
     _whole: Future[None] | None = None
     _start_whole: Any = None  # called once to start the whole-file check; set by the context
+    _copy_private: Any = None  # called once, before it, to read a local file into memory; set by the context
+    start_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def verified(self) -> Future[None]:
-        with self.lock:
-            if self._whole is None:
-                self._whole = SettledFuture()  # the load thread waits for it: see `futures`
+        """Asking for it starts the whole check (once). A local file is first copied into memory on the asking
+        thread (every other asker waits for the copy): whatever then reads it whole reads the copy."""
+        with self.start_lock:
+            with self.lock:
+                if self._whole is not None:
+                    return self._whole
+            whole: Future[None] = SettledFuture()  # the load thread waits for it: see `futures`
+            try:
+                if self._copy_private is not None:
+                    self._copy_private(self)
+            except CheckpointError as exc:
+                whole.set_exception(exc)
+                self._whole = whole
+                return whole
+            with self.lock:
+                self._whole = whole
                 start = self._start_whole
+            if start is None:
+                whole.set_result(None)
             else:
-                return self._whole
-        if start is None:
-            self._whole.set_result(None)
-        else:
-            start(self, self._whole)
-        return self._whole
+                start(self, whole)
+            return whole
 
     @property
     def whole_started(self) -> bool:
@@ -170,6 +183,7 @@ class CheckpointReadContext:
         self.manifest: Manifest | None = None
         self._dirfd: int | None = None
         self._files: dict[str, CheckedFile] = {}
+        self._originals: list[int] = []  # the files' own descriptors, where a copy in memory replaced them
         self._by_path: dict[str, FileRecord] = {}
         self._tasks = _Tasks(_VERIFY_POOL)
         self._chunk_tasks = _Tasks(_CHUNK_POOL)
@@ -204,6 +218,8 @@ class CheckpointReadContext:
                 os.close(f.fd)
                 f.fd = None
         self._files.clear()
+        while self._originals:
+            os.close(self._originals.pop())
         if self._dirfd is not None:
             os.close(self._dirfd)
             self._dirfd = None
@@ -385,7 +401,30 @@ class CheckpointReadContext:
         except BaseException:
             os.close(fd)
             raise
-        return CheckedFile(rel, st.st_size, record, fd=fd)
+        checked = CheckedFile(rel, st.st_size, record, fd=fd)
+        checked._copy_private = self._copy_private
+        return checked
+
+    def _copy_private(self, checked: CheckedFile) -> None:
+        """Swap a local file's descriptor for one of its copy in memory, before anything reads it whole: the check
+        and every whole read then see the same bytes, and what a load returns never maps the checkpoint's file
+        (`cold_read.private_copy`). The file's own descriptor stays held until the context closes."""
+        fd = checked.fd
+        if fd is None:
+            return
+        checked.cold = checked.size >= _COLD_READ_MIN_BYTES and not is_cached(fd, checked.size)
+        if checked.cold and checked._start_whole is not None:
+            return  # copied by its check's reads, in one pass over the disk (`_file_crc32`)
+        what = checked.what
+        with self._vanishing(checked.rel, what):
+            copy = private_copy(fd, checked.size, lambda at: self._shrank(checked, at, what))
+        self._use_copy(checked, copy)
+
+    def _use_copy(self, checked: CheckedFile, copy: int | None) -> None:
+        if copy is not None:
+            assert checked.fd is not None
+            self._originals.append(checked.fd)
+            checked.fd = copy
 
     def _open_contained(self, rel: str, what: str) -> int:
         """Open `rel` below the pinned directory, refusing symlinks at every component and blocking opens."""
@@ -449,8 +488,6 @@ class CheckpointReadContext:
 
     def _start_whole(self, checked: CheckedFile, outer: Future[None]) -> None:
         """Check the whole file on the verify pool (decoding proceeds meanwhile); `outer` gets the outcome."""
-        fd = checked.fd  # asked here, not at open: a file read only by ranges is never checked whole
-        checked.cold = fd is not None and checked.size >= _COLD_READ_MIN_BYTES and not is_cached(fd, checked.size)
         assert checked.record is not None
         inner = self._tasks.submit(self._verify, checked, checked.record, checked.what)
         inner.add_done_callback(lambda f: _forward(f, outer))
@@ -490,9 +527,18 @@ class CheckpointReadContext:
         else through a mapping (or the fetched bytes of an object store's file)."""
         fd = checked.fd
         if fd is not None and checked.cold:
-            return crc32_by_reads(
-                fd, checked.size, self._chunk_tasks, _CHUNK_WORKERS, lambda at: self._shrank(checked, at, what)
-            )
+            copy = memory_file(checked.size)
+            try:
+                short = lambda at: self._shrank(checked, at, what)  # noqa: E731
+                crc = crc32_by_reads(fd, checked.size, self._chunk_tasks, _CHUNK_WORKERS, short, copy)
+                if copy is not None:
+                    seal(copy)
+            except BaseException:
+                if copy is not None:
+                    os.close(copy)
+                raise
+            self._use_copy(checked, copy)
+            return crc
         with self._whole_view(checked) as view:
             return self._crc32(view)
 
@@ -674,7 +720,7 @@ class CheckpointReadContext:
         passed)."""
         checked = self.check(rel_path, what)
         verified = checked.verified
-        if not self._read_ahead or checked.cold:
+        if not self._read_ahead or checked.cold or verified.done():
             # A cold file is decoded after its check has read it into the page cache: a decoder's small reads
             # (the pickle, the zip directory, one header per record) would each wait for the disk, and seek the
             # check's sequential reads away.
