@@ -284,11 +284,11 @@ class ReadsAnotherItem(WholeFileResharder):
         return []
 
 
-def test_a_resharder_reading_a_file_outside_its_item_says_its_template_may_be_partly_written(
+def test_a_resharder_reading_a_file_outside_its_item_puts_every_template_back(
     tmp_path: Path, new_manager: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The one case the check phase cannot cover: the load raises naming the damaged file, and says (in the
-    error's note and a WARNING) that the resharder may have written into its own template, and nothing else."""
+    error's note and a WARNING) that every template its resharder and those before it wrote into was put back."""
     m = new_manager({"model": ItemSpec(resharder=ReadsAnotherItem())})
     root = tmp_path / "ck"
     m.save(str(root), _payload())
@@ -303,3 +303,4 @@ def test_a_resharder_reading_a_file_outside_its_item_says_its_template_may_be_pa
     if hasattr(info.value, "__notes__"):
         assert any(said in note for note in info.value.__notes__)
     assert torch.equal(templates["first"]["a"], _sentinel()) and torch.equal(templates["first"]["b"], _sentinel())
+    assert torch.equal(templates["model"]["a"], _sentinel()) and torch.equal(templates["model"]["b"], _sentinel())

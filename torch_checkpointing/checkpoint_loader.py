@@ -90,6 +90,63 @@ class _Copied:
 
     loaded: dict[str, Any] = field(default_factory=dict)
     unhandled: list[CheckpointPath] = field(default_factory=list)
+    before: _TemplatesBefore | None = None  # what the custom resharders' templates held before their `load`s
+
+    def undo(self) -> None:
+        """Put every custom resharder's template back as it was, and forget that they ran."""
+        if self.before is not None:
+            self.before.put_back()
+            self.before = None
+            self.loaded.clear()
+            self.unhandled.clear()
+
+
+@dataclass
+class _TemplatesBefore:
+    """What templates held before custom resharders' own `load`s ran (user code that writes into its template
+    as it reads), so a failure of any of them puts every one back: they were run in item order, and one that
+    failed left the items before it restored and its own partly written (issue #10: a failed load changes
+    nothing in the caller's objects). Tensors are put back in place (the caller's own objects), dicts and
+    lists get their entries back."""
+
+    tensors: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (template's, its values)
+    containers: list[tuple[Any, Any]] = field(default_factory=list)  # (dict or list, its entries)
+
+    @classmethod
+    def of(cls, templates: list[Any]) -> _TemplatesBefore:
+        before = cls()
+        seen: set[int] = set()
+        for template in templates:
+            before._take(template, seen)
+        return before
+
+    def _take(self, node: Any, seen: set[int]) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, torch.Tensor):
+            local = local_tensor(node)
+            self.tensors.append((local, local.detach().clone()))
+        elif isinstance(node, dict | list):
+            self.containers.append((node, dict(node) if isinstance(node, dict) else list(node)))
+            for child in node.values() if isinstance(node, dict) else node:
+                self._take(child, seen)
+        elif isinstance(node, tuple):
+            for child in node:
+                self._take(child, seen)
+
+    def put_back(self) -> None:
+        for container, entries in self.containers:
+            if isinstance(container, dict):
+                container.clear()
+                container.update(entries)
+            else:
+                container[:] = entries
+        with torch.no_grad():
+            for tensor, values in self.tensors:
+                if tensor.shape != values.shape:
+                    tensor.resize_(values.shape)
+                tensor.copy_(values)
 
 
 @dataclass
@@ -124,6 +181,10 @@ class CheckedLoad:
         resharder fails leaves every other rank's templates as they were too."""
         with signals_deferred(f"Load of {self._ctx.root}"):
             self._loader._copy(self._ctx, self._plans, self._report, self._strict, self._copied, unchecked_only=True)
+
+    def undo_unchecked(self) -> None:
+        """Put back what `restore_unchecked` wrote (another rank's resharder failed): no template changed."""
+        self._copied.undo()
 
     def restore(self) -> dict[str, Any]:
         """Phase 2: copy into the templates, run the resharders; returns the loaded mapping. A signal arriving
@@ -259,10 +320,12 @@ class CheckpointLoader:
         known = set(report.missing)  # a planned job's unfillable paths were found by the check phase
         # A resharder's own `load` (user code) copies into its template itself, as it reads: the check phase
         # verified every file of its item whole, but a read of any other file, or its own code, can still fail
-        # midway. So it runs first, before the engine has copied into any template; run in item order, such a
-        # failure leaves the items before it restored and the rest not (`_partly_restored` says so).
+        # midway. So it runs first, before the engine has copied into any template, and a failure of any puts
+        # back every template they wrote into (`_TemplatesBefore`; `_put_back` says so).
         unchecked = [p for p in plans if isinstance(p, _Reshard) and not _engine_runs(p)]
         checked = [p for p in plans if not isinstance(p, _Reshard) or _engine_runs(p)]
+        if copied.before is None and any(p.item.key not in loaded for p in unchecked):
+            copied.before = _TemplatesBefore.of([p.item.value for p in unchecked])
         for n, plan in enumerate(unchecked if unchecked_only else [*unchecked, *checked]):
             if strict and unhandled and n >= len(unchecked):
                 raise _unfilled(ctx.root, unhandled, "no other item was")  # refused before the engine copies
@@ -275,9 +338,10 @@ class CheckpointLoader:
                 continue
             try:
                 failed = [CheckpointPath(plan.item.key, tuple(p)) for p in self._reshard(ctx, plan)]
-            except Exception as exc:
+            except BaseException as exc:
                 if not _engine_runs(plan):
-                    _partly_restored(ctx.root, plan, [p.item.key for p in unchecked if p.item.key in loaded], exc)
+                    copied.undo()
+                    _put_back(ctx.root, plan, [p.item.key for p in unchecked if p.item.key in loaded], exc)
                 raise
             unhandled.extend(p for p in failed if p not in known)
             loaded[plan.item.key] = plan.item.value
@@ -285,6 +349,7 @@ class CheckpointLoader:
             raise _unfilled(ctx.root, unhandled, "no other item was" if unchecked_only else "so were the other items")
         if unchecked_only:
             return {}
+        copied.before = None  # every resharder's `load` ran: nothing to put back, and its copies are let go
         result = {plan.item.key: loaded[plan.item.key] for plan in plans}  # in the items' order
         report.missing.extend(unhandled)
         if report.dropped:
@@ -564,17 +629,17 @@ def _source_view(ctx: CheckpointReadContext, plan: _Reshard) -> Storage:
     return ctx.storage_view(f"resharding source of item '{plan.item.key}'")
 
 
-def _partly_restored(root: Path, plan: _Reshard, done: list[str], exc: Exception) -> None:
-    """Say (WARNING, and a note on the error) that a resharder's own `load` failed after it may have written into
-    its template: what the check phase checks for it passed, so what failed is a read beyond that (which the check
-    phase could not know of) or its own code. The error it raised does not say so itself."""
+def _put_back(root: Path, plan: _Reshard, done: list[str], exc: BaseException) -> None:
+    """Say (WARNING, and a note on the error) that a resharder's own `load` failed after what the check phase
+    checks for it passed (so what failed is a read beyond that, or its own code), and that every template it and
+    the resharders before it had written into was put back. The error it raised does not say so itself."""
     name = type(plan.item.spec.resharder).__name__
     checked = "every planned block of the item" if plan.job is not None else "every file of the item"
-    before = f"; the resharders of items {done} had already restored theirs" if done else ""
+    before = f" and those of items {done}, which earlier resharders had restored," if done else ""
     said = (
         f"Load of {root}: {name}.load for item '{plan.item.key}' failed ({type(exc).__name__}) after {checked} had "
-        f"been verified; it may have written part of the template of '{plan.item.key}' before it failed{before}. "
-        f"No other template was changed. Load again (an earlier checkpoint) to restore them whole."
+        f"been verified; the template of '{plan.item.key}'{before} was put back as it was before the load. No "
+        f"template was changed."
     )
     logger.warning("%s", said)
     add_note(exc, said)

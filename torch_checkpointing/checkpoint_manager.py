@@ -357,13 +357,14 @@ class CheckpointManager:
                     f"rank 0, and broadcast it)."
                 )
             # What the check could not check (a custom resharder's own load) runs first on every rank, and is
-            # agreed on before the engine copies anything: a rank whose resharder fails leaves every rank's other
-            # templates as they were (the ranks' resharders may have filled their own items).
-            unchecked = (
-                f"{what}: running custom resharders (ranks that did not fail have already filled the items those "
-                f"resharders load; nothing else was restored)"
-            )
-            agree_outcome(unchecked, transport, checked.restore_unchecked)
+            # agreed on before the engine copies anything: a rank whose resharder fails leaves every rank's
+            # templates as they were (each rank puts back what its own resharders wrote).
+            unchecked = f"{what}: running custom resharders (every rank put its templates back; nothing was restored)"
+            try:
+                agree_outcome(unchecked, transport, checked.restore_unchecked)
+            except BaseException:
+                checked.undo_unchecked()  # another rank's resharder failed: this rank's templates go back too
+                raise
             step = f"{what}: restoring (ranks that did not fail have already filled their templates)"
             return agree_outcome(step, transport, checked.restore)[0]
 
