@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES, refuse_names_twice
+from torch_checkpointing.cold_read import private_copy
 from torch_checkpointing.discovery import (
     committed_manifest,
     default_storage,
@@ -892,6 +893,10 @@ def _open_shard(path: Path) -> Iterator[Any]:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         _refuse_irregular(os.fstat(fd).st_mode, path)
+        copy = _in_memory(fd, path)
+        if copy is not None:
+            os.close(fd)
+            fd = copy
         with _reading_shard(path):
             with os.fdopen(os.dup(fd), "rb") as file:
                 refuse_names_twice(path, file)
@@ -900,6 +905,21 @@ def _open_shard(path: Path) -> Iterator[Any]:
                 yield f
     finally:
         os.close(fd)
+
+
+def _in_memory(fd: int, path: Path) -> int | None:
+    """The shard's bytes copied into memory (`cold_read.private_copy`), its own descriptor closed: safetensors
+    maps what it opens, and a shard truncated after it was opened (a download rewritten meanwhile) killed the
+    process with SIGBUS at the first touch of a page past its new end; one written into changed the tensors a
+    flat import had returned. The header check and every read then see the same bytes. The copy costs the
+    shard's size in memory while it is open (every shard at once for an import into a template, which checks
+    them all before its first copy). None where the system has no memfd: the shard is read itself, as before."""
+    size = os.fstat(fd).st_size
+    short = lambda at: CorruptCheckpointError(  # noqa: E731
+        f"{path} ended at byte {at} while it was read, but had {size} bytes: another process truncated it. "
+        f"Download it again, or retry once the other process is done."
+    )
+    return private_copy(fd, size, short)
 
 
 def _shard_name(value: Any, index: Path) -> str:
