@@ -614,15 +614,21 @@ class CheckpointReadContext:
         assert blocks is not None
         first, last = offset // blocks.block_size, (offset + length - 1) // blocks.block_size
         with checked.lock:
-            todo = [i for i in range(first, last + 1) if not checked.checked_blocks[i]]
+            # Bytes kept are checked as they are read, even where a check phase checked their blocks: bytes read
+            # again from the file are not the ones checked (the file may have been written into since).
+            todo = (
+                list(range(first, last + 1))
+                if keep
+                else [i for i in range(first, last + 1) if not checked.checked_blocks[i]]
+            )
         if not todo:
-            return _pread_all(checked.fd, offset, length) if keep else None
+            return None
         if not keep:
             self._check_local_blocks(checked, todo)
             return None
         lo = min(offset, blocks.span(todo[0], checked.size)[0])
         hi = max(offset + length, blocks.span(todo[-1], checked.size)[1])
-        buf = _pread_buffer(checked.fd, lo, hi - lo)
+        buf = _pread_buffer(checked.fd, lo, hi - lo, self._at(checked.rel))
         view = memoryview(buf)
         self._check_blocks(checked, view, lo, todo)
         return bytes(view[offset - lo : offset - lo + length])
@@ -633,7 +639,8 @@ class CheckpointReadContext:
         assert blocks is not None and checked.fd is not None
         for run in _runs(todo, max(1, _VERIFY_CHUNK // blocks.block_size)):
             lo, hi = blocks.span(run[0], checked.size)[0], blocks.span(run[-1], checked.size)[1]
-            self._check_blocks(checked, memoryview(_pread_buffer(checked.fd, lo, hi - lo)), lo, run)
+            data = _pread_buffer(checked.fd, lo, hi - lo, self._at(checked.rel))
+            self._check_blocks(checked, memoryview(data), lo, run)
 
     def _check_blocks(self, checked: CheckedFile, view: memoryview, view_start: int, indices: list[int]) -> None:
         """Compare the CRC32 of each listed block (whose bytes `view` holds from `view_start`) with the manifest."""
@@ -737,7 +744,7 @@ class CheckpointReadContext:
             self._checked_whole(rel_path, what)
             return data
         self._checked_whole(rel_path, what)
-        return _pread_all(checked.fd, 0, checked.size)
+        return _pread_all(checked.fd, 0, checked.size, self._at(checked.rel))
 
     def read_range(self, rel_path: str, offset: int, length: int, what: str = "file") -> bytes:
         checked = self._ranged_file(rel_path, offset, length, what)
@@ -758,7 +765,7 @@ class CheckpointReadContext:
                 return self._whole_data(checked)[offset : offset + length]
             with self._vanishing(checked.rel, what):  # unverified: just these bytes
                 return self.storage.read_range(self.root / checked.rel, offset, length)
-        return _pread_all(checked.fd, offset, length)
+        return _pread_all(checked.fd, offset, length, self._at(checked.rel))
 
     def verify_range(self, rel_path: str, offset: int, length: int, what: str = "file") -> None:
         """Check bytes [offset, offset+length) before a caller uses them through `mapped_path` (a memory map)."""
@@ -874,18 +881,21 @@ def parse_json_bounded(data: bytes, where: str, max_depth: int = 64) -> Any:
     return value
 
 
-def _pread_all(fd: int, offset: int, length: int) -> bytes:
-    return bytes(_pread_buffer(fd, offset, length))
+def _pread_all(fd: int, offset: int, length: int, where: str = "File") -> bytes:
+    return bytes(_pread_buffer(fd, offset, length, where))
 
 
-def _pread_buffer(fd: int, offset: int, length: int) -> bytearray:
+def _pread_buffer(fd: int, offset: int, length: int, where: str = "File") -> bytearray:
     buf = bytearray(length)
     view = memoryview(buf)
     done = 0
     while done < length:
         n = os.preadv(fd, [view[done:]], offset + done)
         if n == 0:
-            raise CorruptCheckpointError(f"File ended after {offset + done} bytes; expected {offset + length}.")
+            raise CorruptCheckpointError(
+                f"{where} ended after {offset + done} bytes; expected {offset + length}: another process truncated "
+                f"it during the load. Load an earlier checkpoint, or retry if another process overwrote it."
+            )
         done += n
     return buf
 

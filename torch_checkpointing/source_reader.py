@@ -118,10 +118,14 @@ class _InMemoryTensor(SourceTensor):
             self._mapping.verify(*_address_range(self._t, block))
 
     def _read(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
-        self.check_block(offsets, sizes)
         block = self._t[_block_index(offsets, sizes)]
-        _advise_exact_read(self._t, block)
         self._stats.bytes_read += block.numel() * block.element_size()
+        if self._mapping is not None and block.numel():
+            read = self._mapping.read(*_address_range(self._t, block))
+            if read is not None:
+                return torch.frombuffer(read, dtype=block.dtype).as_strided(block.shape, block.stride(), 0)
+        self.check_block(offsets, sizes)
+        _advise_exact_read(self._t, block)
         return block
 
 
@@ -157,6 +161,17 @@ class _FileMapping:
     verify_range: Callable[[int, int], None]
     base: int  # the address of the file's byte 0
     size: int
+    read_range: Callable[[int, int], bytes] | None = None
+
+    def read(self, begin: int, end: int) -> bytearray | None:
+        """The checked bytes of the file at addresses [begin, end) of its mapping, read from the file (None where
+        the addresses are not known to be this file's): a block handed out as a view of the mapping was checked
+        before it was copied, not as it was copied, so a file written into meanwhile gave unchecked bytes, and
+        one truncated meanwhile killed the process with SIGBUS at the copy."""
+        offset = begin - self.base
+        if self.read_range is None or offset < 0 or end - self.base > self.size:
+            return None
+        return bytearray(self.read_range(offset, end - begin))
 
     def verify(self, begin: int, end: int) -> None:
         offset = begin - self.base
@@ -298,8 +313,9 @@ def _mapping_of(storage: Storage, path: Path, mapped: str, size: int, value: Any
     """Where torch mapped the file: the kernel's map of this process names the file's byte 0 (found by the
     file's device and inode). Without it (no /proc) every block read checks the whole file, once."""
     check: Callable[[int, int], None] = lambda offset, length: storage.verify_range(path, offset, length)  # noqa: E731
+    read: Callable[[int, int], bytes] = lambda offset, length: storage.read_range(path, offset, length)  # noqa: E731
     base = mapped_base(dense_tensors(value).values(), mapped)
-    return _FileMapping(check, base if base is not None else -(1 << 62), size)
+    return _FileMapping(check, base if base is not None else -(1 << 62), size, read)
 
 
 class _SafetensorsLocalTensor(SourceTensor):
