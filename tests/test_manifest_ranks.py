@@ -43,3 +43,19 @@ def test_a_load_of_such_a_checkpoint_names_the_manifest_and_changes_nothing(tmp_
     with manager, pytest.raises(CorruptCheckpointError, match=r"manifest\.json.*rank 5"):
         manager.load(str(root), into={"model": template})
     assert torch.equal(template, torch.full((2,), 7.0))
+
+
+@pytest.mark.parametrize("damaged", [2, 7, 10])
+def test_a_world_size_raised_by_damage_names_the_field_not_a_resharder(tmp_path: Path, damaged: int) -> None:
+    """One digit of 'world_size' damaged upwards (1 -> 7): the load said the item was saved by 7 ranks and told
+    the user to declare a resharder, the wrong fix. No file of any rank but 0 is recorded: the field is what is
+    wrong, and the load says so, changing nothing (round 24)."""
+    root = _saved(tmp_path)
+    path = root / "manifest.json"
+    path.write_text(path.read_text().replace('"world_size": 1', f'"world_size": {damaged}'))
+    template = torch.full((2,), 7.0)
+    manager = CheckpointManager(CheckpointManager.Config.with_sync_save())
+    with manager, pytest.raises(CorruptCheckpointError, match=rf"manifest\.json.*'world_size'.*{damaged}") as info:
+        manager.load(str(root), into={"model": template})
+    assert "resharder" not in str(info.value)
+    assert torch.equal(template, torch.full((2,), 7.0))

@@ -38,7 +38,7 @@ from torch_checkpointing.errors import (
     undecodable,
 )
 from torch_checkpointing.json_dataclass import RebuildGaps
-from torch_checkpointing.manifest import Manifest
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME, Manifest
 from torch_checkpointing.metadata_manager import check_extracted
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.schema import ResolvedItem
@@ -262,7 +262,7 @@ class CheckpointLoader:
         self, ctx: CheckpointReadContext, items: list[ResolvedItem], map_location: Any, strict: bool
     ) -> tuple[list[_Direct | _Reshard], _Report]:
         for item in items:
-            self._check_world_size(item, ctx.manifest)
+            self._check_world_size(ctx.root, item, ctx.manifest)
         metadata = self._distributed_metadata(ctx, items)
         plans: list[_Direct | _Reshard] = []
         for item in items:
@@ -389,7 +389,7 @@ class CheckpointLoader:
             )
         return metadata
 
-    def _check_world_size(self, item: ResolvedItem, manifest: Manifest | None) -> None:
+    def _check_world_size(self, root: Path, item: ResolvedItem, manifest: Manifest | None) -> None:
         """Refuse default-layout shards across world sizes; explicit `{rank}` layouts read this rank's own copy.
 
         The default per-rank layout is "what sharded state wants" (the design document), so reading rank r's
@@ -399,6 +399,7 @@ class CheckpointLoader:
         if manifest is None or manifest.world_size == self.rank_info.global_world_size:
             return
         if item.spec.resharder is None and item.is_default_layout and item.key in manifest.keys():  # noqa: SIM118 (a method)
+            _refuse_unbacked_world_size(root, manifest, self.rank_info.global_world_size)
             raise TemplateMismatchError(
                 f"Item '{item.key}' was saved by {manifest.world_size} rank(s) into per-rank files and is being loaded "
                 f"by {self.rank_info.global_world_size}; without a resharder rank {self.rank_info.global_rank} would "
@@ -659,6 +660,20 @@ def _engine_runs(plan: _Reshard) -> bool:
 
     resharder = plan.item.spec.resharder
     return plan.job is not None and resharder is not None and planned_job_runner(resharder) is not None
+
+
+def _refuse_unbacked_world_size(root: Path, manifest: Manifest, loading: int) -> None:
+    """A manifest recording more ranks than this load has, but no file of any rank beyond them: its 'world_size'
+    field is what is wrong (one digit damaged, 1 -> 7), not the load. Said before, the item "was saved by 7
+    ranks" and the fix offered was to declare a resharder, which would reshard from files that do not exist."""
+    ranks = sorted({rec.rank for rec in manifest.files})
+    if manifest.world_size <= loading or (ranks and ranks[-1] >= loading):
+        return  # a save by fewer ranks, or one whose other ranks' files are there: a real change of world size
+    raise CorruptCheckpointError(
+        f"Checkpoint {root}: {root / MANIFEST_FILE_NAME} records field 'world_size' = {manifest.world_size}, but "
+        f"holds files of rank(s) {ranks[:10]} only (a save by {manifest.world_size} ranks records every rank's "
+        f"files): the manifest is damaged or was edited. Load an earlier checkpoint."
+    )
 
 
 def _refuse_partial_targets(item: ResolvedItem) -> None:
