@@ -9,6 +9,7 @@ did to it (filled it in place, added or removed entries).
 from __future__ import annotations
 
 import warnings
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,15 @@ class _Filling(Resharder):
         target["added"] = torch.ones(1)
         target["nested"]["x"].fill_(9.0)
         target["nested"]["list"].append(3)
+        target["nested"]["queue"].popleft().fill_(5.0)
         if self.fail:
             raise RuntimeError(f"resharder of {item_key} failed after filling its template")
         return []
 
 
 def _templates() -> dict[str, Any]:
-    return {k: {"w": torch.full((8,), -1.0), "nested": {"x": torch.zeros(2), "list": [1, 2]}} for k in ("a", "b")}
+    nested = lambda: {"x": torch.zeros(2), "list": [1, 2], "queue": deque([torch.ones(3)])}  # noqa: E731
+    return {k: {"w": torch.full((8,), -1.0), "nested": nested()} for k in ("a", "b")}
 
 
 def test_a_failing_custom_resharder_leaves_every_template_as_it_was(tmp_path: Path) -> None:
@@ -75,4 +78,6 @@ def test_a_failing_custom_resharder_leaves_every_template_as_it_was(tmp_path: Pa
         assert torch.equal(templates[key]["w"], expected[key]["w"]), f"{key!r} was filled by the failed load"
         assert torch.equal(templates[key]["nested"]["x"], expected[key]["nested"]["x"])
         assert templates[key]["nested"]["list"] == [1, 2]
+        queue = templates[key]["nested"]["queue"]
+        assert len(queue) == 1 and torch.equal(queue[0], torch.ones(3))
     assert templates["a"]["w"] is w_a and templates["b"]["nested"]["x"] is x_b  # the caller's own objects

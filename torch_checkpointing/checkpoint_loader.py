@@ -12,6 +12,7 @@ the reason, having changed nothing in the caller's objects. So a load runs in tw
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,21 +128,25 @@ class _TemplatesBefore:
         if isinstance(node, torch.Tensor):
             local = local_tensor(node)
             self.tensors.append((local, local.detach().clone()))
-        elif isinstance(node, dict | list):
-            self.containers.append((node, dict(node) if isinstance(node, dict) else list(node)))
-            for child in node.values() if isinstance(node, dict) else node:
+        elif isinstance(node, Mapping):
+            if isinstance(node, MutableMapping):
+                self.containers.append((node, dict(node)))
+            for child in node.values():
                 self._take(child, seen)
-        elif isinstance(node, tuple):
+        elif isinstance(node, Sequence) and not isinstance(node, str | bytes | bytearray):
+            if isinstance(node, MutableSequence):
+                self.containers.append((node, list(node)))
             for child in node:
                 self._take(child, seen)
 
     def put_back(self) -> None:
         for container, entries in self.containers:
-            if isinstance(container, dict):
+            if isinstance(container, MutableMapping):
                 container.clear()
                 container.update(entries)
             else:
-                container[:] = entries
+                container.clear()
+                container.extend(entries)
         with torch.no_grad():
             for tensor, values in self.tensors:
                 if tensor.shape != values.shape:
