@@ -104,6 +104,7 @@ def private_copy(fd: int, size: int, on_short: Callable[[int], Exception]) -> in
                 raise on_short(done)
             done += n
         seal(copy)
+        os.lseek(copy, 0, os.SEEK_SET)  # read from the start, as a file just opened (the copy wrote to its end)
     except BaseException:
         os.close(copy)
         raise
