@@ -85,3 +85,43 @@ def test_file_truncated_after_load_does_not_kill_the_process(tmp_path: Path, fmt
     assert done.returncode != -signal.SIGBUS, "the load's result was a mapping of the file: SIGBUS"
     assert done.returncode == 0, done.stderr
     assert float(done.stdout) == float(torch.arange(1 << 16, dtype=torch.float32).sum())
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_load_into_templates_copies_no_file_into_memory(
+    tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a load that returns what it decoded needs a private copy: one into templates copies out of the
+    mapping into the caller's tensors. A copy of every file held the file's size in memory for the whole load
+    and made a warm 256 MiB load several times slower (python -m benchmarks, load_vs_raw_read)."""
+    import torch_checkpointing.read_context as read_context
+
+    copies: list[int] = []
+    real = read_context.private_copy
+    monkeypatch.setattr(
+        read_context, "private_copy", lambda fd, size, on_short: copies.append(size) or real(fd, size, on_short)
+    )
+    _save(tmp_path / "ckpt", fmt)
+    manager = CheckpointManager(_config(fmt))
+    template = {"m": {"w": torch.zeros(1 << 16)}}
+    manager.load(str(tmp_path / "ckpt"), template)
+    assert torch.equal(template["m"]["w"], torch.arange(1 << 16, dtype=torch.float32))
+    assert copies == []
+    manager.load(str(tmp_path / "ckpt"), {"m": None})
+    assert len(copies) == 1
+    manager.close()
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_entries_a_template_returns_as_saved_are_not_views_of_the_file(tmp_path: Path, fmt: str) -> None:
+    """A load into a template copies into its tensors out of a mapping of the file; what it returns as decoded
+    (entries the template lacks, a None in it) were views of that mapping: a write into the file changed them."""
+    manager = CheckpointManager(_config(fmt))
+    saved = {"w": torch.arange(1 << 16, dtype=torch.float32), "x": torch.full((4,), 7.0)}
+    manager.save(str(tmp_path / "ckpt"), {"m": {**saved, "y": torch.full((4,), 9.0)}})
+    file = tmp_path / "ckpt" / ("m.safetensors" if fmt == "safetensors" else "m_0.pt")
+    loaded = manager.load(str(tmp_path / "ckpt"), {"m": {"x": torch.zeros(4), "y": None}})["m"]
+    _overwrite_payload(file)
+    assert torch.equal(loaded["w"], saved["w"]), "an entry the template lacks changed with the file"
+    assert torch.equal(loaded["y"], torch.full((4,), 9.0))
+    manager.close()

@@ -11,8 +11,9 @@ the reason, having changed nothing in the caller's objects. So a load runs in tw
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -276,7 +277,7 @@ class CheckpointLoader:
                 plans.append(plan)
         for plan in plans:  # every whole-file check at once: a cold file's decode waits for its own check only
             if isinstance(plan, _Direct):
-                ctx.start_whole(plan.rel, f"item '{plan.item.key}'")
+                ctx.start_whole(plan.rel, f"item '{plan.item.key}'", private=plan.item.value is None)
         with ctx.reading_ahead():  # decoding overlaps the checksums; nothing decoded is used before they pass
             for plan in plans:
                 if isinstance(plan, _Direct):
@@ -338,7 +339,11 @@ class CheckpointLoader:
                 continue
             if isinstance(plan, _Direct):
                 loaded[plan.item.key], _ = walk_checkpoint_structure(
-                    item_key=plan.item.key, source=plan.value, target=plan.item.value, unexpected=[]
+                    item_key=plan.item.key,
+                    source=plan.value,
+                    target=plan.item.value,
+                    unexpected=[],
+                    adopt=_detached_from_file() if plan.item.value is not None else None,
                 )
                 continue
             try:
@@ -665,6 +670,15 @@ def _engine_runs(plan: _Reshard) -> bool:
 
     resharder = plan.item.spec.resharder
     return plan.job is not None and resharder is not None and planned_job_runner(resharder) is not None
+
+
+def _detached_from_file() -> Callable[[Any], Any]:
+    """Values a load into a template returns as they were decoded (where the template holds None, and entries
+    it lacks) are copies: decoded from a mapping of the checkpoint's file (`start_whole(private=False)`), they
+    were views of it, changed by a later write into the file, SIGBUS once it was truncated. One memo for the
+    item, so what the saved state shared stays shared."""
+    memo: dict[int, Any] = {}
+    return lambda value: copy.deepcopy(value, memo)
 
 
 def _refuse_unbacked_world_size(root: Path, manifest: Manifest, loading: int) -> None:

@@ -86,6 +86,7 @@ def walk_checkpoint_structure(
     at: NestedPath = (),
     copies: list[_Copy] | None = None,
     containers: dict[int, _Filled] | None = None,
+    adopt: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, list[CheckpointPath]]:
     """Merge `source` into `target`; returns the merged value and the template paths the source lacked.
 
@@ -96,10 +97,13 @@ def walk_checkpoint_structure(
     the tensor copies it found to that list and leaves the shared-memory check to the caller: a load of several
     items makes one `check_shared_targets` call over all of theirs, since two items' templates may share tensors.
     `containers` does the same for the template dicts and lists a dry run met (filled in place): one met again,
-    in this item or another given the same dict, must receive the same saved value there.
+    in this item or another given the same dict, must receive the same saved value there. `adopt` is applied to
+    every saved value returned as it is (where the template holds None, and entries the template lacks).
     """
     missing: list[CheckpointPath] = []
     walker = _Walker(item_key, missing, unexpected if unexpected is not None else [], leaf_fn, dry_run)
+    if adopt is not None and not dry_run:
+        walker.adopt = adopt
     if containers is not None:
         walker.containers = containers
     try:
@@ -246,6 +250,10 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
 
 
+def _as_it_is(value: Any) -> Any:
+    return value
+
+
 class _Walker:
     def __init__(
         self,
@@ -259,6 +267,7 @@ class _Walker:
         self._on_path: set[int] = set()  # ids of the source containers being merged: one met again is a cycle
         self.copies: list[_Copy] = []  # the tensor copies a dry run found, for `check_shared_targets`
         self.containers: dict[int, _Filled] = {}  # the template containers a dry run met, filled in place
+        self.adopt: Callable[[Any], Any] = _as_it_is  # applied to a saved value returned as it is
 
     def merge(self, path: NestedPath, source: Any, target: Any) -> Any:
         here = CheckpointPath(self.key, path)
@@ -266,7 +275,7 @@ class _Walker:
             self.missing.append(here)
             return None
         if target is None:
-            return source
+            return self.adopt(source)
         if isinstance(target, torch.Tensor):
             if not isinstance(source, torch.Tensor):
                 raise _type_error(here, target, source)
@@ -327,7 +336,7 @@ class _Walker:
         for k in source:
             if k not in target and source[k] is not MISSING:
                 self.unexpected.append(CheckpointPath(self.key, (*path, k)))
-                out[k] = source[k]
+                out[k] = self.adopt(source[k])
         if out is target or self.dry_run:
             return out
         where = str(CheckpointPath(self.key, path))
@@ -338,7 +347,7 @@ class _Walker:
             self.merge((*path, i), source[i], t) if i < len(source) else _record(self.missing, self.key, path, i, t)
             for i, t in enumerate(target)
         ]
-        extra = list(source[len(target) :])
+        extra = [self.adopt(v) for v in source[len(target) :]]
         self.unexpected.extend(CheckpointPath(self.key, (*path, i)) for i in range(len(target), len(source)))
         if self.dry_run:
             return merged
