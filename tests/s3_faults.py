@@ -40,21 +40,27 @@ LOST = -1  # a Rule's status: the server does the request, and its answer is dro
 class Rule:
     """Requests whose `METHOD /path?query` matches `pattern` get `status` (0: no answer, the connection hangs;
     `LOST`: the server acts on it, the client gets no answer). `after`: matching requests let through first;
-    `times`: how many after those fail (None: every one), so a client's retry of a transient fault succeeds."""
+    `times`: how many after those fail (None: every one), so a client's retry of a transient fault succeeds.
+    `until`: once a request matching it has come (one no earlier rule failed), the rule fails no more: a fault
+    that lasts through every retry of one step, and ends before the next step, however many retries there were."""
 
     pattern: str
     status: int = 500
     code: str = "InternalError"
     after: int = 0
     times: int | None = None
+    until: str = ""
     _seen: int = field(default=0, repr=False)
+    _ended: bool = field(default=False, repr=False)
 
     def matches(self, request_line: str) -> bool:
         return re.search(self.pattern, request_line) is not None
 
     def fires(self, request_line: str) -> bool:
         """Whether this request fails: counts the rule's matches (one proxy thread per request; `seen` locks)."""
-        if not self.matches(request_line):
+        if self.until and re.search(self.until, request_line):
+            self._ended = True
+        if self._ended or not self.matches(request_line):
             return False
         self._seen += 1
         return self._seen > self.after and (self.times is None or self._seen <= self.after + self.times)

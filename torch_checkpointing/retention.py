@@ -281,16 +281,26 @@ def _delete_through(trash: Path, src: Path, storage: Storage, expected: Checkpoi
 
 
 def _rename_failed(storage: Storage, src: Path, trash: Path, why: str) -> _Outcome:
-    """A rename that failed midway: on a store without rename, a copy to `trash` that succeeded and a delete of
-    `src` that did not. Before, the report said "left as it was" and the whole copy stayed in the trash too,
-    unnamed (twice the bytes, and a second copy of a checkpoint the policy deletes). The copy goes: a source
-    still committed is then as it was; one whose files went is no checkpoint any more, and gc removes the rest."""
+    """A rename that failed midway: on a store without rename, a copy to `trash`, then a delete of `src` that
+    did not finish. A partial copy goes. A whole copy goes only while `src` is whole too; when `src` lost files
+    (the store did the delete and its answer was lost), the copy is the only whole one left, perhaps of a save
+    that re-used the id after the check: it is put back under `src`, and the deletion reported as failed.
+
+    Before, the copy went whatever `src` held: the report said "could not delete", and the checkpoint (or a
+    re-save the policy never chose) was gone."""
     try:
-        copied = still_there(storage, trash)
+        copy_whole = checkpoint_info(trash, storage) is not None
+        copied = copy_whole or still_there(storage, trash)
         src_whole = checkpoint_info(src, storage) is not None
     except STORE_ERRORS as exc:
-        why += f"; a copy of it may be left at {_shown(trash)} ({exc}): `torch-checkpointing gc` removes it"
-        return _not_deleted(storage, src, why)
+        why += (
+            f"; a copy of it may be left at {_shown(trash)} ({exc}): if {_shown(src)} holds no checkpoint, "
+            f"rename it back"
+        )
+        logger.warning("Retention could not delete checkpoint %s (%s)", _shown(src), why)
+        return _Outcome(False, why)
+    if copy_whole and not src_whole:
+        return _put_whole_copy_back(storage, trash, src, why)
     if copied:
         _remove(storage, trash, f"the copy of {_shown(src)} its failed delete left")
     if src_whole or _gone(storage, src):  # as it was, or deleted by another process meanwhile (said at INFO)
@@ -301,6 +311,43 @@ def _rename_failed(storage: Storage, src: Path, trash: Path, why: str) -> _Outco
     )
     logger.warning("Retention could not delete checkpoint %s whole (%s)", _shown(src), why)
     return _Outcome(False, why)
+
+
+def _put_whole_copy_back(storage: Storage, trash: Path, src: Path, why: str) -> _Outcome:
+    """Move the only whole copy back under `src`, unless another save holds `src` now (its claim is not ours
+    to overwrite): then the copy stays where it is, and the report says where."""
+    held = _claimed_by_a_save(storage, src)
+    unmoved = (
+        f"{_shown(src)} is held by {held}; the checkpoint is left whole at {_shown(trash)}: rename it back by hand "
+        f"once that save is done with the id"
+        if held
+        else _move_back(storage, trash, src)
+    )
+    if unmoved and _whole(storage, src):  # copied back, and only the copy's own delete failed
+        _remove(storage, trash, f"the copy of {_shown(src)} put back")
+        unmoved = ""
+    why += f"; {unmoved}" if unmoved else f"; its files were put back whole under {_shown(src)}"
+    logger.warning("Retention could not delete checkpoint %s (%s)", _shown(src), why)
+    return _Outcome(False, why)
+
+
+def _whole(storage: Storage, path: Path) -> bool:
+    """Whether `path` holds a committed checkpoint; False when that cannot be told."""
+    try:
+        return checkpoint_info(path, storage) is not None
+    except STORE_ERRORS:
+        return False
+
+
+def _claimed_by_a_save(storage: Storage, path: Path) -> str:
+    """The save whose claim the `.incomplete` marker at `path` holds ('' when none: absent, or a delete's)."""
+    try:
+        claim = Claim.parse(read_marker(storage, path / INCOMPLETE_MARKER))
+    except FileNotFoundError:
+        return ""
+    except (OSError, CheckpointError):
+        return "a marker that cannot be read"
+    return claim.describe() if claim is not None else ""
 
 
 def _written_since_the_check(storage: Storage, trash: Path) -> list[str]:

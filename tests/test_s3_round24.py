@@ -1,0 +1,83 @@
+"""Object-store defects found in round 24, against a real S3 API server (moto) on loopback.
+
+* A retention delete on S3 copies the checkpoint to its trash name, then deletes the source. When that delete
+  failed midway (its files went, the store's answer was lost), the copy in the trash, by then the only whole copy,
+  was deleted too: the report said "could not delete", and the checkpoint was gone. A save that re-used the id
+  between the check and the copy was lost the same way, although the policy never chose it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.s3_faults import LOST, FaultProxy, Rule
+from tests.s3_server import S3Server
+from tests.test_s3_attacks import state, sync_manager, through_proxy
+from torch_checkpointing import RetentionPolicy, list_checkpoints
+from torch_checkpointing.retention import prune
+
+
+def _names(storage: Any, root: str) -> list[str]:
+    return [c.name for c in list_checkpoints(root, storage)]
+
+
+def _trash(storage: Any) -> list[str]:
+    return [name for name in storage.ls(Path("run")) if ".trash-" in name]
+
+
+def _lose_the_sources_bulk_delete(proxy: FaultProxy) -> None:
+    """The source's bulk delete (the first one: the copy to the trash came before) is done by the server, and
+    its answer is lost, and so are those of every retry the client makes, until retention looks at the copy."""
+    proxy.rules = [Rule(r"^POST \S*\?delete", LOST, until=r"^(GET|HEAD) \S*\.trash-\S*/manifest\.json")]
+
+
+def test_a_delete_whose_source_delete_fails_midway_puts_the_whole_copy_back(s3_server: S3Server) -> None:
+    config = s3_server.config()
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    storage = config.create_storage()
+    root = f"{config.url}/run"
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    with FaultProxy(port) as proxy:
+        _lose_the_sources_bulk_delete(proxy)
+        report = prune(root, RetentionPolicy(keep_last=1), through_proxy(config, proxy).create_storage())
+    assert [c.name for c, _ in report.failed] == ["step_1"], report
+    # Not deleted, as the report says: the whole copy is back under its id, and nothing is left in the trash.
+    assert _names(storage, root) == ["step_1", "step_2"]
+    assert _trash(storage) == []
+    with sync_manager(config) as manager:
+        assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])
+    # The next pass deletes it.
+    assert [c.name for c in prune(root, RetentionPolicy(keep_last=1), storage).deleted] == ["step_1"]
+    assert _names(storage, root) == ["step_2"] and _trash(storage) == []
+
+
+def test_a_save_that_reused_the_id_during_a_failed_delete_is_not_lost(s3_server: S3Server) -> None:
+    config = s3_server.config()
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    storage = config.create_storage()
+    root = f"{config.url}/run"
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    with FaultProxy(port) as proxy:
+        through = through_proxy(config, proxy).create_storage()
+        real_rename = through.rename
+
+        def resaved_first(src: Path, dst: Path, *args: Any, **kwargs: Any) -> None:
+            # Another process deletes step_1, and a trainer saves it again, between retention's check and its copy.
+            storage.rmdir(Path("run/step_1"))
+            with sync_manager(config) as manager:
+                manager.save("run/step_1", state(7.0))
+            _lose_the_sources_bulk_delete(proxy)
+            real_rename(src, dst, *args, **kwargs)
+
+        through.rename = resaved_first  # type: ignore[method-assign]
+        prune(root, RetentionPolicy(keep_last=1), through)
+    with sync_manager(config) as manager:  # the new save is whole at its id, never chosen by the policy
+        assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
+    assert _trash(storage) == []
