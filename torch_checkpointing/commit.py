@@ -640,17 +640,20 @@ class Claim:
         return cls(token, match["uid"] if match else "", socket.gethostname(), os.getpid(), time.time())
 
     @classmethod
-    def for_gc(cls, dead: Claim) -> Claim:
+    def for_gc(cls, dead: Claim, uid: str = "") -> Claim:
         """gc's own claim on a dead save's prefix while it deletes what that save recorded: a save of the id
         finds it live (this process) and waits or is refused, rather than taking the id over and writing files
         that gc's deletes, listed before, then removed. Killed, it is as dead as the save's was.
 
         It names the save it collects (`dead`, or the one a killed gc's claim `dead` named), whose manifest may
         still be there: readers take that manifest as unfinished, and the next gc deletes it
-        (`manifest.stray_claim`)."""
+        (`manifest.stray_claim`).
+
+        `uid` names the owner lock the gc pass holds while it runs ('' where it could take none): once the pass
+        is over, however it ended, the claim is dead on this host although its process lives on."""
         token = f"{GC_TOKEN_PREFIX}{uuid.uuid4().hex}"
         collects = dead.collects if dead.is_gc() else dead.token
-        return cls(token, "", socket.gethostname(), os.getpid(), time.time(), records=True, collects=collects)
+        return cls(token, uid, socket.gethostname(), os.getpid(), time.time(), records=True, collects=collects)
 
     def is_gc(self) -> bool:
         return self.token.startswith(GC_TOKEN_PREFIX)
@@ -704,6 +707,8 @@ def stale_reason(held: Claim | None, mine: Claim) -> str | None:
     if held.pid == os.getpid() and held.uid and job_ended_here(held.uid):
         return f"it was made in this process by job {held.uid}, whose managers here have all closed"
     alive = owner_alive(held.uid) if held.uid else None
+    if held.is_gc() and held.uid and alive is not True:  # the pass held its lock before it made the claim
+        return f"the gc pass that made it is over (its lock {held.uid} is held no more)"
     if alive is False:
         return f"no process of job {held.uid} holds its owner lock on this host any more"
     if alive is None and not pid_alive(held.pid):

@@ -813,6 +813,11 @@ class OwnerLock:
                 exc,
             )
 
+    @property
+    def held(self) -> bool:
+        """Whether this holder has the lock file locked (False where it could not be taken, or once released)."""
+        return self._fd is not None
+
     def release(self) -> None:
         """Drop the lock; the last holder also removes the file (upgrading to exclusive proves it is the last)."""
         if self._open:

@@ -18,7 +18,8 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Collection
+import uuid
+from collections.abc import Collection, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from torch_checkpointing.commit import (
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
+    OwnerLock,
     checkpoint_info,
     default_storage,
     list_checkpoints,
@@ -838,11 +840,13 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
         if found is None or held is None or _dead_reason(found[0]) is None:
             return None
         if held.records:
-            etag = _hold_for_gc(storage, marker, found[1], held)
-            if etag is None:
-                return _taken_over_meanwhile(path)
-            found = (found[0], etag)
-            changed, others = [], remove_recorded(storage, path, _take_manifest(storage, path, held))
+            with _gc_pass() as uid:
+                etag = _hold_for_gc(storage, marker, found[1], held, uid)
+                if etag is None:
+                    return _taken_over_meanwhile(path)
+                found = (found[0], etag)
+                changed, others = [], remove_recorded(storage, path, _take_manifest(storage, path, held))
+                storage.delete_object(marker, found[1])
         elif held.tags and isinstance(storage, TaggedStorage):
             by_save = storage.objects_by_save(path)
             if by_save is None:
@@ -851,7 +855,8 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
             changed = remove_saves_objects(storage, path, ours)
         else:
             return None
-        storage.delete_object(marker, found[1])
+        if not held.records:
+            storage.delete_object(marker, found[1])
     except STORE_ERRORS as exc:
         logger.warning("gc could not remove the unfinished save at %s (%s); left as it is", _shown(path), exc)
         return False
@@ -861,10 +866,25 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
     return True
 
 
-def _hold_for_gc(storage: ConditionalStorage, marker: Path, etag: str, dead: Claim) -> str | None:
+@contextlib.contextmanager
+def _gc_pass() -> Iterator[str]:
+    """An owner lock of one gc collection for as long as it runs; its uid, for gc's claim to name ('' where the
+    lock could not be taken: the claim is then judged by its pid and age, as before).
+
+    Before, gc's claim named no lock: a collection that failed midway left it, and while its process lived on
+    (a trainer whose retention runs gc) it stayed live to every judge on the host for 24 h, refusing saves of
+    the id and keeping the prefix from later gc passes."""
+    lock = OwnerLock(f"gc{uuid.uuid4().hex}")
+    try:
+        yield lock.uid if lock.held else ""
+    finally:
+        lock.release()
+
+
+def _hold_for_gc(storage: ConditionalStorage, marker: Path, etag: str, dead: Claim, uid: str) -> str | None:
     """Replace the dead claim `dead` (only if still the version `etag`) with gc's own; the version of gc's claim,
     or None when the marker changed meanwhile (a save of the id took it over: its files are not gc's to delete)."""
-    mine = Claim.for_gc(dead)
+    mine = Claim.for_gc(dead, uid)
     if not storage.replace_object(marker, mine.to_bytes(), etag):
         return None
     found = storage.read_object(marker)
