@@ -17,6 +17,8 @@ from tests.s3_faults import LOST, FaultProxy, Rule
 from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing import RetentionPolicy, list_checkpoints
+from torch_checkpointing.discovery import list_leftovers
+from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import prune
 
 
@@ -81,3 +83,17 @@ def test_a_save_that_reused_the_id_during_a_failed_delete_is_not_lost(s3_server:
     with sync_manager(config) as manager:  # the new save is whole at its id, never chosen by the policy
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
     assert _trash(storage) == []
+
+
+def test_leftovers_on_s3_report_the_bytes_they_hold(s3_server: S3Server) -> None:
+    """Before, every leftover on an object store was reported as 0 B (the size was summed over local files
+    only): `gc --dry-run` could not tell a stray marker from a half-written checkpoint of many GB."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    storage.write(Path("run/step_3") / INCOMPLETE_MARKER, b"")  # a save that stopped before it committed
+    storage.write(Path("run/step_3/model_0.pt"), b"x" * 1500)
+    storage.write(Path("run/step_3/nested/optim_0.pt"), b"y" * 500)
+    storage.write(Path("run/.step_1.trash-1-00000000") / INCOMPLETE_MARKER, b"")  # a delete that stopped
+    storage.write(Path("run/.step_1.trash-1-00000000/model_0.pt"), b"z" * 700)
+    sizes = {Path(lo.path).name: lo.total_bytes for lo in list_leftovers(Path(f"{config.url}/run"), storage)}
+    assert sizes == {"step_3": 2000, ".step_1.trash-1-00000000": 700}, sizes

@@ -736,7 +736,7 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         return None  # a link to somebody's directory is never ours, whatever its name
     shown = spelt(path)  # a URL as a user passes it on (`Path` folded `s3://b/run` into `s3:/b/run`)
     local = storage.local_path(path)
-    size = _tree_bytes(local) if local is not None else 0
+    size = _tree_bytes(local) if local is not None else storage.tree_bytes(path)
     if m := TMP_RE.match(name):
         alive = owner_alive(m["uid"])
         # A lock file of this uid on this host proves the name is one of ours, even once its marker is gone.

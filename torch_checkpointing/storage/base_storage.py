@@ -122,6 +122,13 @@ class Storage(ABC):
         """Bytes [offset, offset+length) of a file; backends override to avoid reading the rest."""
         return self.read(path)[offset : offset + length]
 
+    def tree_bytes(self, path: Path) -> int:
+        """The bytes of every file under the directory `path` (what removing it frees), links not followed; 0
+        when nothing is there. Backends override it with one listing."""
+        if self.is_link(path) or not self.isdir(path):
+            return self.getsize(path) if self.exists(path) and not self.is_link(path) else 0
+        return sum(self.tree_bytes(path / name) for name in self.ls(path))
+
     def local_path(self, path: Path) -> str | None:
         """A path the OS can open (for mmap), or None when the backend is not a local filesystem."""
         return None
