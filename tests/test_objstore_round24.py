@@ -9,18 +9,24 @@ on the host.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
-from tests.test_objstore_round21 import _manager, _root_url, _state
+from tests.test_objstore_round21 import _dead_pid, _manager, _root_url, _state
 from tests.test_objstore_round22 import _assert_loads_whole, _env, _killed_save
-from torch_checkpointing import FsspecStorageConfig
-from torch_checkpointing.commit import Claim
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig
+from torch_checkpointing.commit import Claim, record_name
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.errors import CommitError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.fsspec_storage import FsspecStorage
@@ -35,7 +41,7 @@ _CHILD_TIMEOUT_S = 120
 _FAILING_GC_CHILD = r"""
 import os, sys, time
 from fsspec.implementations.local import LocalFileSystem
-from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.retention import collect_garbage
 
 url, done, go = sys.argv[1:4]
@@ -125,3 +131,50 @@ def test_a_failed_gc_pass_leaves_no_claim_that_blocks_a_save_in_its_own_process(
     with _manager(url) as manager:  # the pass is over: its claim is taken over, and the save commits whole
         manager.save(ckpt, _state())
     _assert_loads_whole(url, ckpt)
+
+
+# ------------------------------------------------------- stores that cannot compare and delete in one step
+
+_TWO_STEP_BUCKET = "r24-two-step"
+
+
+class _TwoStepStore(MemoryFileSystem):  # type: ignore[misc]
+    """An object store reached as `gs://` with no conditional delete or replace (what fsspec offers for GCS and
+    Azure here): a marker's compare and its delete are two requests. In memory: no GCS can be reached from CI."""
+
+    protocol = ("gs",)
+    root_marker = ""
+
+
+def _dead_claim_at(storage: FsspecStorage, ckpt: str) -> bytes:
+    """A killed save's claim on `ckpt` (its pid gone on this host) and one file it recorded."""
+    token = f".{ckpt}.tmp-0123456789ab-1"
+    claim = Claim(token, "0123456789ab", socket.gethostname(), _dead_pid(), time.time(), records=True)
+    storage.write(Path(ckpt) / INCOMPLETE_MARKER, claim.to_bytes())
+    storage.write(Path(ckpt) / "model_0.pt", b"half a tensor")
+    storage.write(
+        Path(ckpt) / record_name(token, 0), json.dumps({"token": token, "rank": 0, "files": ["model_0.pt"]}).encode()
+    )
+    return claim.to_bytes()
+
+
+def test_a_store_without_conditional_deletes_never_takes_a_dead_claim_over_in_two_steps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, on such a store a save (or gc) that judged a claim dead compared it, then deleted it and created
+    its own: two that judged it at once could both pass the compare, and the second delete removed the first one's
+    new claim (both then wrote the id; gc deleted the files of a save writing it). Now the take-over is refused
+    with an error naming the marker and the fix, and gc leaves the prefix, saying why."""
+    config = FsspecStorageConfig(url=f"gs://{_TWO_STEP_BUCKET}/run", filesystem=_TwoStepStore())
+    storage = config.create_storage()
+    marker = _dead_claim_at(storage, "step_2")
+    manager = CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config))
+    with manager, pytest.raises(CommitError, match=r"gs://r24-two-step/run/step_2.*conditional"):
+        manager.save("step_2", _state())
+    assert storage.read(Path("step_2") / INCOMPLETE_MARKER) == marker  # the dead claim is as it was
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        report = collect_garbage(config.url, storage, unowned_after_s=0)
+    assert report.removed == [], report
+    assert storage.read(Path("step_2") / INCOMPLETE_MARKER) == marker
+    assert storage.exists(Path("step_2/model_0.pt"))
+    assert any("conditional" in r.getMessage() and "step_2" in r.getMessage() for r in caplog.records), caplog.text

@@ -685,6 +685,23 @@ class Claim:
         return f"claim {self.token!r} of {who}, pid {self.pid} on host {self.host}, {age:.0f}s old"
 
 
+def compares_atomically(storage: ConditionalStorage, path: Path) -> bool:
+    """Whether `storage` compares the marker at `path` with a version and replaces or deletes it in one step
+    (a store that does not say so is taken to: the conditional-write protocol promises it)."""
+    check = getattr(storage, "compares_atomically", None)
+    return True if check is None else bool(check(path))
+
+
+def no_conditional_delete(url: str, marker_url: str) -> str:
+    """Why another save's claim at `marker_url` is not taken over or deleted on this store, and the fix."""
+    return (
+        f"this store cannot replace or delete {marker_url} only if it is still the version judged (no conditional "
+        f"delete): done as a compare, then a delete, two processes that judged it at once could both pass the "
+        f"compare, and the second delete would remove the claim the first had just made. Delete the prefix by "
+        f"hand once no save writes it (`fsspec` rm, or the store's own tool, on {url}/), or save under another id"
+    )
+
+
 def stale_reason(held: Claim | None, mine: Claim) -> str | None:
     """Why a claim on the id is certainly dead (so it may be taken over), or None while it may be live.
 
@@ -886,6 +903,12 @@ class Commit:
         self, claims: ConditionalStorage, marker: Path, etag: str, mine: Claim, held: Claim | None, why: str
     ) -> bool:
         """Replace a dead save's claim, only if it is still the version judged; False if it changed meanwhile."""
+        if not compares_atomically(claims, marker):
+            raise CommitError(
+                f"Refusing to save to {self._url}: its {INCOMPLETE_MARKER} holds the claim of a save that is gone "
+                f"({held.describe() if held is not None else 'no claim'}: {why}), and "
+                f"{no_conditional_delete(self._url, shown_name(self.storage, str(marker)))}."
+            )
         if not claims.replace_object(marker, dataclasses.replace(mine, took_over=True).to_bytes(), etag):
             return False
         logger.warning(

@@ -30,7 +30,9 @@ from torch_checkpointing.commit import (
     Claim,
     ConditionalStorage,
     TaggedStorage,
+    compares_atomically,
     files_not_listed,
+    no_conditional_delete,
     remove_recorded,
     remove_saves_objects,
     stale_reason,
@@ -839,6 +841,8 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
         held = Claim.parse(found[0]) if found is not None else None
         if found is None or held is None or _dead_reason(found[0]) is None:
             return None
+        if not compares_atomically(storage, marker):
+            return _cannot_take_claim(storage, path, marker, "unfinished save")
         if held.records:
             with _gc_pass() as uid:
                 etag = _hold_for_gc(storage, marker, found[1], held, uid)
@@ -879,6 +883,13 @@ def _gc_pass() -> Iterator[str]:
         yield lock.uid if lock.held else ""
     finally:
         lock.release()
+
+
+def _cannot_take_claim(storage: Storage, path: Path, marker: Path, what: str) -> bool:
+    """gc leaves a dead claim on a store that cannot delete it conditionally (`commit.no_conditional_delete`)."""
+    why = no_conditional_delete(storage.remap_path(path), storage.remap_path(marker))
+    logger.warning("gc left the %s at %s: %s", what, _shown(path), why)
+    return False
 
 
 def _hold_for_gc(storage: ConditionalStorage, marker: Path, etag: str, dead: Claim, uid: str) -> str | None:
@@ -924,6 +935,8 @@ def _let_go_of_stray_claim(storage: Storage, path: Path) -> bool | None:
     if not isinstance(storage, ConditionalStorage):
         logger.warning("gc cannot remove the claim %s conditionally on this store; left as it is", _shown(marker))
         return False
+    if not compares_atomically(storage, marker):
+        return _cannot_take_claim(storage, path, marker, "stopped save's claim")
     try:
         found = storage.read_object(marker)
         if found is None:

@@ -665,6 +665,14 @@ class FsspecStorage(Storage):
         with self._marker_lock(backend, key, path):
             return self._still(path, etag) and self._delete_if_match(backend, key, path, etag)
 
+    def compares_atomically(self, path: Path) -> bool:
+        """Whether a marker's compare and its replace or delete (`replace_object`, `delete_object`) are one step
+        against every other writer: S3's conditional requests, the marker's lock on `file://` and `memory://`.
+        Elsewhere (GCS, Azure and other fsspec stores, as reached here) they are two requests, and the claim of
+        another save must not be taken over or deleted by them (`commit.compares_atomically`)."""
+        backend, _ = self._resolve(path)
+        return backend.is_s3 or bool(backend.protocols & {"memory", "file", "local"})
+
     def _delete_if_match(self, backend: _Backend, key: str, path: Path, etag: str) -> bool:
         """The delete itself: on S3 conditional on `etag`; elsewhere (compared already, under the marker's lock)
         plain."""
