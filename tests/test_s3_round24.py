@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.s3_faults import LOST, FaultProxy, Rule
@@ -97,3 +99,40 @@ def test_leftovers_on_s3_report_the_bytes_they_hold(s3_server: S3Server) -> None
     storage.write(Path("run/.step_1.trash-1-00000000/model_0.pt"), b"z" * 700)
     sizes = {Path(lo.path).name: lo.total_bytes for lo in list_leftovers(Path(f"{config.url}/run"), storage)}
     assert sizes == {"step_3": 2000, ".step_1.trash-1-00000000": 700}, sizes
+
+
+def test_a_resaved_checkpoint_moved_back_whose_trash_delete_fails_is_reported_back(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A save re-used the id between retention's check and its move to the trash: retention moves it back (a copy
+    on S3, then a delete of the trash). Before, when only that last delete failed, the report said the checkpoint
+    "could not be moved back: rename it back by hand", of one that was back whole, and a second copy stayed."""
+    config = s3_server.config()
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    storage = config.create_storage()
+    root = f"{config.url}/run"
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    with FaultProxy(port) as proxy:
+        through = through_proxy(config, proxy).create_storage()
+        real_rename, calls = through.rename, []
+
+        def resaved_before_the_move(src: Path, dst: Path, *args: Any, **kwargs: Any) -> None:
+            calls.append(dst)
+            if len(calls) == 1:  # another process deletes step_1, a trainer saves it again
+                storage.rmdir(Path("run/step_1"))
+                with sync_manager(config) as manager:
+                    manager.save("run/step_1", state(7.0))
+            else:  # the move back: the trash's delete is done by the server, its answer lost
+                proxy.rules = [Rule(r"^POST \S*\?delete", LOST, until=r"^(GET|HEAD) \S*/run/step_1/manifest\.json")]
+            real_rename(src, dst, *args, **kwargs)
+
+        through.rename = resaved_before_the_move  # type: ignore[method-assign]
+        with caplog.at_level(logging.INFO, logger="torch_checkpointing"):
+            report = prune(root, RetentionPolicy(keep_last=1), through)
+    assert len(calls) == 2 and report.failed == [], (calls, report)
+    assert "could not be moved back" not in caplog.text, caplog.text
+    assert _trash(storage) == []
+    with sync_manager(config) as manager:
+        assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])

@@ -327,20 +327,9 @@ def _put_whole_copy_back(storage: Storage, trash: Path, src: Path, why: str) -> 
         if held
         else _move_back(storage, trash, src)
     )
-    if unmoved and _whole(storage, src):  # copied back, and only the copy's own delete failed
-        _remove(storage, trash, f"the copy of {_shown(src)} put back")
-        unmoved = ""
     why += f"; {unmoved}" if unmoved else f"; its files were put back whole under {_shown(src)}"
     logger.warning("Retention could not delete checkpoint %s (%s)", _shown(src), why)
     return _Outcome(False, why)
-
-
-def _whole(storage: Storage, path: Path) -> bool:
-    """Whether `path` holds a committed checkpoint; False when that cannot be told."""
-    try:
-        return checkpoint_info(path, storage) is not None
-    except STORE_ERRORS:
-        return False
 
 
 def _claimed_by_a_save(storage: Storage, path: Path) -> str:
@@ -383,12 +372,30 @@ def _put_back(storage: Storage, trash: Path, src: Path) -> _Outcome:
 
 
 def _move_back(storage: Storage, trash: Path, src: Path) -> str:
-    """Rename `trash` back to `src`; '' when done, else what failed and the fix."""
+    """Rename `trash` back to `src`; '' when done, else what failed and the fix.
+
+    On a store without rename, a move back whose copy finished and whose delete of `trash` failed is done: `src`
+    holds that very checkpoint again, and the copy left in the trash goes (before, the report said "could not
+    be moved back: rename it back by hand" of a checkpoint that was back, and the trash kept a second copy)."""
     try:
         storage.rename(trash, src, is_directory=True)
     except STORE_ERRORS as exc:
+        if _moved_back_already(storage, trash, src):
+            _remove(storage, trash, f"the copy of {_shown(src)} moved back")
+            return ""
         return f"{_shown(src)} was moved to {_shown(trash)} and could not be moved back ({exc}): rename it back by hand"
     return ""
+
+
+def _moved_back_already(storage: Storage, copy: Path, path: Path) -> bool:
+    """Whether a move of `copy` back to `path` that raised got the checkpoint there: `path` holds a committed
+    checkpoint and `copy` is no whole copy of another one (its manifest went first in its delete, or it is the
+    same checkpoint). False when that cannot be told."""
+    try:
+        here, there = checkpoint_info(path, storage), checkpoint_info(copy, storage)
+    except STORE_ERRORS:
+        return False
+    return here is not None and (there is None or here.commit_time == there.commit_time)
 
 
 def _gone(storage: Storage, path: Path) -> bool:
