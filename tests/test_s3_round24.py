@@ -9,18 +9,22 @@
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
+import fsspec.asyn
 import pytest
+import s3fs
 import torch
 
 from tests.s3_faults import LOST, FaultProxy, Rule
 from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager, through_proxy
-from torch_checkpointing import RetentionPolicy, list_checkpoints
+from torch_checkpointing import FsspecStorageConfig, RetentionPolicy, list_checkpoints
 from torch_checkpointing.discovery import list_leftovers
-from torch_checkpointing.manifest import INCOMPLETE_MARKER
+from torch_checkpointing.errors import CommitError
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.retention import prune
 
 
@@ -135,4 +139,55 @@ def test_a_resaved_checkpoint_moved_back_whose_trash_delete_fails_is_reported_ba
     assert "could not be moved back" not in caplog.text, caplog.text
     assert _trash(storage) == []
     with sync_manager(config) as manager:
+        assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
+
+
+class _PausingAfterTheManifest(s3fs.S3FileSystem):  # type: ignore[misc]
+    """A delete of a checkpoint that stops (a slow store, a large prefix) once its manifest is gone, before its
+    files go, until the test lets it go on."""
+
+    def __init__(self, *args: Any, paused: threading.Event, go: threading.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused, self.go = paused, go
+
+    def rm_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        out = fsspec.asyn.sync(self.loop, self._rm_file, path, *args, **kwargs)
+        if path.endswith(f"/{MANIFEST_FILE_NAME}"):
+            self.paused.set()
+            self.go.wait(120)
+        return out
+
+
+def test_a_save_of_an_id_being_deleted_waits_for_the_delete_rather_than_lose_its_files(s3_server: S3Server) -> None:
+    """A delete marks the checkpoint `.incomplete` first. Before, that marker was empty, which every judge takes
+    for a dead save's claim: a save of the id took it over while the files went, said it committed, and the
+    delete's bulk delete (listed before) removed the files it had just written: the committed checkpoint failed
+    to load ("meta_0.pt ... is listed in the checkpoint's manifest but missing"). Now the marker is the delete's
+    claim, live while the delete runs: the save is refused, naming it, and a save once the delete is done commits."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+    paused, go = threading.Event(), threading.Event()
+    slow = FsspecStorageConfig(
+        url=config.url, filesystem=_PausingAfterTheManifest(**config.storage_options, paused=paused, go=go)
+    ).create_storage()
+    deleting = threading.Thread(target=slow.rmdir, args=(Path("run/step_1"),))
+    deleting.start()
+    refused: Exception | None = None
+    try:
+        assert paused.wait(60)
+        try:
+            with sync_manager(config) as manager:
+                manager.save("run/step_1", state(7.0))
+        except CommitError as exc:
+            refused = exc
+    finally:
+        go.set()
+        deleting.join(60)
+    if refused is None:  # it said it committed: what it committed must load
+        with sync_manager(config) as manager:
+            assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
+    assert refused is not None and "run/step_1" in str(refused), refused
+    with sync_manager(config) as manager:  # the delete is done: the id is free
+        manager.save("run/step_1", state(7.0))
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])

@@ -848,9 +848,9 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
         held = Claim.parse(found[0]) if found is not None else None
         if found is None or held is None or _dead_reason(found[0]) is None:
             return None
-        if not compares_atomically(storage, marker):
-            return _cannot_take_claim(storage, path, marker, "unfinished save")
         if held.records:
+            if not compares_atomically(storage, marker):
+                return _cannot_take_claim(storage, path, marker, "unfinished save")
             with _gc_pass() as uid:
                 etag = _hold_for_gc(storage, marker, found[1], held, uid)
                 if etag is None:

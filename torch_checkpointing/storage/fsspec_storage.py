@@ -30,9 +30,11 @@ import logging
 import os
 import posixpath
 import re
+import socket
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -49,7 +51,7 @@ from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_cr
 from torch_checkpointing.config import check_number
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.futures import WorkerPool
-from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME, MAX_MARKER_BYTES
+from torch_checkpointing.manifest import GC_TOKEN_PREFIX, INCOMPLETE_MARKER, MANIFEST_FILE_NAME, MAX_MARKER_BYTES
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
 __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
@@ -1093,11 +1095,44 @@ def _delete_prefix(backend: _Backend, key: str, keys: list[str], *, restore: boo
     went (a policy denying s3:DeleteObject) puts the manifest back and the marker away; one that deleted some
     files, or any refused `rmdir`, leaves an incomplete prefix that readers refuse and gc collects."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
+    committed, marked = manifest in keys, marker in keys
+    if not committed or marked:
+        _delete_marked(backend, key, keys, restore=restore)
+        return
+    with _deletes_claim() as claim:
+        _delete_marked(backend, key, keys, restore=restore, claim=claim)
+
+
+@contextlib.contextmanager
+def _deletes_claim() -> Iterator[bytes]:
+    """The `.incomplete` marker a delete of a committed checkpoint puts up while its files go: a claim naming an
+    owner lock this process holds for as long as the delete runs, so that it reads as live until the delete is
+    over, however it ends (`commit.stale_reason`), and as dead after (gc collects what a failed delete left).
+
+    Before, the marker was empty, which every judge takes for a dead save's claim: a save of the id took it over
+    while the files went and committed, and the delete's bulk delete, listed before, removed the files it had
+    just written (a committed manifest whose files were missing)."""
+    # Imported here: both import this module's package.
+    from torch_checkpointing.commit import Claim
+    from torch_checkpointing.discovery import OwnerLock
+
+    lock = OwnerLock(f"gc{uuid.uuid4().hex}")
+    try:
+        token = f"{GC_TOKEN_PREFIX}{uuid.uuid4().hex}"
+        uid = lock.uid if lock.held else ""
+        yield Claim(token, uid, socket.gethostname(), os.getpid(), time.time()).to_bytes()
+    finally:
+        lock.release()
+
+
+def _delete_marked(backend: _Backend, key: str, keys: list[str], *, restore: bool, claim: bytes = b"") -> None:
+    """`_delete_prefix` itself; `claim`: the marker a committed checkpoint gets first."""
+    manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
     rest = [k for k in keys if k not in (manifest, marker)]
     committed, marked = manifest in keys, marker in keys
     saved = backend.io.cat_file(manifest) if committed else b""
     if committed and not marked:
-        backend.io.pipe_file(marker, b"")
+        backend.io.pipe_file(marker, claim)
     try:
         if committed:
             backend.io.rm_file(manifest)
