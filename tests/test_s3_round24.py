@@ -188,6 +188,7 @@ def test_a_save_of_an_id_being_deleted_waits_for_the_delete_rather_than_lose_its
         with sync_manager(config) as manager:
             assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
     assert refused is not None and "run/step_1" in str(refused), refused
+    assert "a delete of the checkpoint" in str(refused), refused
     with sync_manager(config) as manager:  # the delete is done: the id is free
         manager.save("run/step_1", state(7.0))
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
