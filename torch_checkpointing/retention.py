@@ -333,14 +333,16 @@ def _put_whole_copy_back(storage: Storage, trash: Path, src: Path, why: str) -> 
 
 
 def _claimed_by_a_save(storage: Storage, path: Path) -> str:
-    """The save whose claim the `.incomplete` marker at `path` holds ('' when none: absent, or a delete's)."""
+    """The live claim the `.incomplete` marker at `path` holds ('' when none: absent, empty, or dead, as the
+    claim of the failed delete itself is once it is over)."""
     try:
-        claim = Claim.parse(read_marker(storage, path / INCOMPLETE_MARKER))
+        marker = read_marker(storage, path / INCOMPLETE_MARKER)
     except FileNotFoundError:
         return ""
     except (OSError, CheckpointError):
         return "a marker that cannot be read"
-    return claim.describe() if claim is not None else ""
+    claim = Claim.parse(marker)
+    return "" if claim is None or _dead_reason(marker) is not None else claim.describe()
 
 
 def _written_since_the_check(storage: Storage, trash: Path) -> list[str]:
