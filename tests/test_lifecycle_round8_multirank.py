@@ -189,15 +189,28 @@ def test_a_writer_killed_on_one_rank_fails_every_rank_at_once(tmp_path: Path) ->
         assert r["after"] == 3.0 and r["first"] == 1.0, r
 
 
-@pytest.mark.parametrize(
-    ("bad_rank", "item"),
-    [(1, "frozen"), (0, "frozen"), (1, "copied")],
-    ids=["rank1-frozen", "rank0-frozen", "rank1-copied"],
-)
+BAD_VALUES = {"rank1-frozen": (1, "frozen"), "rank0-frozen": (0, "frozen"), "rank1-copied": (1, "copied")}
+
+
+def bad_values_one_after_another(root: str) -> dict[str, dict[str, Any]]:
+    """One launch for every case of `BAD_VALUES`: each in a directory of its own, its result under its name."""
+    return {name: bad_value_on_one_rank(f"{root}/{name}", *case) for name, case in BAD_VALUES.items()}
+
+
+@pytest.fixture(scope="module")
+def bad_value_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("bad_values")
+    for name in BAD_VALUES:
+        (root / name).mkdir()
+    return launch(bad_values_one_after_another, WORLD, args=(str(root),), timeout=480)
+
+
+@pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_a_value_that_cannot_reach_one_ranks_writer_fails_every_rank_at_once(
-    tmp_path: Path, bad_rank: int, item: str
+    case: str, bad_value_results: list[dict[str, dict[str, Any]]]
 ) -> None:
-    results = launch(bad_value_on_one_rank, WORLD, args=(str(tmp_path), bad_rank, item), timeout=240)
+    bad_rank, item = BAD_VALUES[case]
+    results = [per_rank[case] for per_rank in bad_value_results]
     for r in results:
         assert r["bad"].startswith("CommitError:"), r
         assert f"'{item}'" in r["bad"] and "pickle" in r["bad"], r  # the failing rank's own reason, on every rank

@@ -99,20 +99,32 @@ def load_rank(root: str) -> tuple[str, list[str]]:
     return outcome, changed
 
 
-# Failed before round 19: rank 1's resharder met the damaged block after copying 'model.a' (and 'first'), and
-# rank 0, whose own files were intact, had filled 'first' and 'model' before the ranks agreed on the failure.
-def test_a_damaged_file_read_by_one_rank_changes_no_template_on_any_rank(tmp_path: Path) -> None:
-    root = str(tmp_path / "ck")
-    launch(save_rank, 2, args=(root,), timeout=120)
-    assert launch(load_rank, 2, args=(root,), timeout=120) == [("ok", []), ("ok", [])]
-    path = tmp_path / "ck" / "model_1.safetensors"
+def _damage(path: Path) -> None:
+    """Flip one bit inside 'model.b' of saved rank 1, which only rank 1 of 2 loading ranks reads."""
     data = bytearray(path.read_bytes())
     at = data.find(_value(1e6 + 1e5 + 5e4)[N // 2 : N // 2 + 4].numpy().tobytes())
     assert at > 0
     data[at + 2] ^= 0x10
     path.write_bytes(bytes(data))
-    results = launch(load_rank, 2, args=(root,), timeout=120)
-    for rank, (outcome, changed) in enumerate(results):
+
+
+def save_load_damage_load_rank(root: str) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+    """One launch: save, load the whole checkpoint, rank 0 damages it, load again; (first load, second load)."""
+    save_rank(root)
+    whole = load_rank(root)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        _damage(Path(root) / "model_1.safetensors")
+    dist.barrier()
+    return whole, load_rank(root)
+
+
+# Failed before round 19: rank 1's resharder met the damaged block after copying 'model.a' (and 'first'), and
+# rank 0, whose own files were intact, had filled 'first' and 'model' before the ranks agreed on the failure.
+def test_a_damaged_file_read_by_one_rank_changes_no_template_on_any_rank(tmp_path: Path) -> None:
+    reports = launch(save_load_damage_load_rank, 2, args=(str(tmp_path / "ck"),), timeout=180)
+    assert [whole for whole, _ in reports] == [("ok", []), ("ok", [])], reports
+    for rank, (_, (outcome, changed)) in enumerate(reports):
         assert outcome != "ok", f"rank {rank} loaded a damaged checkpoint"
         assert "model_1.safetensors" in outcome, f"rank {rank}: {outcome}"
         assert changed == [], f"rank {rank}: the failed load changed {changed}"

@@ -159,13 +159,29 @@ def _two_rank_load(root: str, placement: str) -> dict[str, Any]:
     return {"said": said, "unchanged": bool(torch.equal(w.to_local(), before))}
 
 
-@pytest.mark.multirank
-@pytest.mark.parametrize("placement", ["replicate", "shard"])
-def test_every_rank_refuses_tied_targets_fed_different_values(placement: str, tmp_path: Path) -> None:
+PLACEMENTS = ("replicate", "shard")
+
+
+def _two_rank_save_then_loads(root: str) -> dict[str, dict[str, Any]]:
+    """One launch for every placement: the save, then each placement's load (its report under its name)."""
+    _two_rank_save(root)
+    return {placement: _two_rank_load(root, placement) for placement in PLACEMENTS}
+
+
+@pytest.fixture(scope="module")
+def two_rank_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
     from simulator.launcher import launch
 
-    launch(_two_rank_save, 2, args=(str(tmp_path / "ck"),), timeout=90)
-    reports = launch(_two_rank_load, 2, args=(str(tmp_path / "ck"), placement), timeout=90)
-    for rank, report in enumerate(reports):
+    root = tmp_path_factory.mktemp("tied_reshard") / "ck"
+    return launch(_two_rank_save_then_loads, 2, args=(str(root),), timeout=120)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_every_rank_refuses_tied_targets_fed_different_values(
+    placement: str, two_rank_reports: list[dict[str, dict[str, Any]]]
+) -> None:
+    for rank, reports in enumerate(two_rank_reports):
+        report = reports[placement]
         assert "opt::a and opt::b share memory" in report["said"], f"rank {rank}: {report}"
         assert report["unchanged"], f"rank {rank}: the refused load changed the template"

@@ -73,22 +73,44 @@ def _flip(path: Path, needle: bytes) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_every_rank_refuses_a_damaged_shared_file(tmp_path: Path) -> None:
-    root = str(tmp_path / "ck")
-    launch(save_rank, 2, args=(root,), timeout=120)
-    assert launch(load_rank, 2, args=(root, "shared"), timeout=120) == ["ok", "ok"]
-    _flip(tmp_path / "ck" / "shared.json", b"12345")
-    reports = launch(load_rank, 2, args=(root, "shared"), timeout=120)
-    assert all(r.startswith("CorruptCheckpointError") and "shared.json" in r for r in reports), reports
+def save_twice_rank(first: str, second: str) -> None:
+    """Two identical checkpoints in one launch, one for each test to damage."""
+    save_rank(first)
+    save_rank(second)
 
 
-def test_ranks_reading_a_damaged_source_refuse_the_resharded_load(tmp_path: Path) -> None:
-    root = str(tmp_path / "ck")
-    launch(save_rank, 2, args=(root,), timeout=120)
-    assert launch(load_rank, 3, args=(root, "model"), timeout=120) == ["ok", "ok", "ok"]
+def load_damage_load_rank(root: str, key: str, damaged: str, needle: bytes) -> tuple[str, str]:
+    """(report of a load of the whole checkpoint, report of a load once rank 0 flipped a bit of `damaged`)."""
+    whole = load_rank(root, key)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        _flip(Path(root) / damaged, needle)
+    dist.barrier()
+    return whole, load_rank(root, key)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """Two checkpoints saved by 2 ranks: (for the shared-file test, for the resharded-source test)."""
+    base = tmp_path_factory.mktemp("verified")
+    roots = (str(base / "shared"), str(base / "model"))
+    launch(save_twice_rank, 2, args=roots, timeout=120)
+    return roots
+
+
+def test_every_rank_refuses_a_damaged_shared_file(saved: tuple[str, str]) -> None:
+    reports = launch(load_damage_load_rank, 2, args=(saved[0], "shared", "shared.json", b"12345"), timeout=120)
+    assert [whole for whole, _ in reports] == ["ok", "ok"], reports
+    damaged = [r for _, r in reports]
+    assert all(r.startswith("CorruptCheckpointError") and "shared.json" in r for r in damaged), reports
+
+
+def test_ranks_reading_a_damaged_source_refuse_the_resharded_load(saved: tuple[str, str]) -> None:
     # Saved rank 1 holds rows 6..11; of 3 loading ranks, ranks 1 (rows 4..7) and 2 (rows 8..11) read its file.
-    _flip(tmp_path / "ck" / "model_1.pt", torch.arange(40, 44, dtype=torch.float32).numpy().tobytes())
-    reports = launch(load_rank, 3, args=(root, "model"), timeout=120)
+    needle = torch.arange(40, 44, dtype=torch.float32).numpy().tobytes()
+    reports = launch(load_damage_load_rank, 3, args=(saved[1], "model", "model_1.pt", needle), timeout=120)
+    assert [whole for whole, _ in reports] == ["ok", "ok", "ok"], reports
+    damaged = [r for _, r in reports]
     # Rank 0 reads only model_0.pt, but the load is collective: it refuses too (tests/test_load_agreement_multirank.py).
-    assert all(r.startswith("CorruptCheckpointError") and "model_1.pt" in r for r in reports), reports
-    assert "rank(s) [1, 2]" in reports[0], reports
+    assert all(r.startswith("CorruptCheckpointError") and "model_1.pt" in r for r in damaged), reports
+    assert "rank(s) [1, 2]" in damaged[0], reports
