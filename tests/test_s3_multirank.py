@@ -52,10 +52,9 @@ def two_ranks_save_and_load(config: FsspecStorageConfig, root: str) -> dict[str,
     return out
 
 
-def test_two_ranks_save_and_load_on_s3(s3_server: S3Server) -> None:
-    config = s3_server.config()
-    reports = launch(two_ranks_save_and_load, 2, args=(config, "runs/two"), timeout=240)
-    for report in reports:
+def test_two_ranks_save_and_load_on_s3(s3_bucket: FsspecStorageConfig, two_rank_runs: list[dict[str, Any]]) -> None:
+    config = s3_bucket
+    for report in (run["two"] for run in two_rank_runs):
         assert report == {"sync_committed": True, "sync_loaded": True, "async_committed": True, "async_loaded": True}
     files = sorted(config.create_storage().ls(Path("runs/two/sync/step_1")))
     assert files == [MANIFEST_FILE_NAME, "model_0.pt", "model_1.pt", "rank_0", "rank_1"]
@@ -114,9 +113,11 @@ def reshard_load(config: RecordingStorageConfig, ckpt: str) -> dict[str, Any]:
     return out
 
 
-def test_dtensor_state_saved_by_two_ranks_reshards_onto_three_from_s3(s3_server: S3Server, tmp_path: Path) -> None:
-    config = s3_server.config()
-    launch(reshard_save, 2, args=(config, "runs/reshard/step_1"), timeout=240)
+def test_dtensor_state_saved_by_two_ranks_reshards_onto_three_from_s3(
+    s3_bucket: FsspecStorageConfig, two_rank_runs: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    config = s3_bucket
+    assert all(run["reshard_saved"] for run in two_rank_runs), two_rank_runs
     recording = RecordingStorageConfig(
         url=config.url,
         storage_options=config.storage_options,
@@ -157,10 +158,40 @@ def separate_disks(root: str) -> dict[str, Any]:
     return {"error": None}
 
 
-def test_ranks_files_invisible_to_the_committing_rank_fail_the_commit_naming_them(tmp_path: Path) -> None:
-    reports = launch(separate_disks, 2, args=(str(tmp_path),), timeout=240)
-    for report in reports:
+def test_ranks_files_invisible_to_the_committing_rank_fail_the_commit_naming_them(
+    two_rank_runs: list[dict[str, Any]], disks_root: Path
+) -> None:
+    for report in (run["separate"] for run in two_rank_runs):
         assert report["error"] is not None, "the commit succeeded although rank 0 cannot see rank 1's files"
         assert "files of rank(s) [1] (model_1.pt)" in report["error"], report["error"]  # names the unseen rank
         assert "cannot see" in report["error"] or "not visible" in report["error"]
-    assert not (tmp_path / "node0" / "runs" / "step_1" / MANIFEST_FILE_NAME).exists()
+    assert not (disks_root / "node0" / "runs" / "step_1" / MANIFEST_FILE_NAME).exists()
+
+
+# ------------------------------------------------------------------------------------------ one 2-rank launch
+
+
+def every_two_rank_run(config: FsspecStorageConfig, disks: str) -> dict[str, Any]:
+    """The 2-rank parts of the tests above in one launch (ranks are seconds each to start), each part's
+    result under its own name; the shared-disk-less commit last, as it is meant to fail."""
+    out: dict[str, Any] = {"two": two_ranks_save_and_load(config, "runs/two")}
+    reshard_save(config, "runs/reshard/step_1")
+    out["reshard_saved"] = True
+    out["separate"] = separate_disks(disks)
+    return out
+
+
+@pytest.fixture(scope="module")
+def disks_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("separate_disks")
+
+
+@pytest.fixture(scope="module")
+def s3_bucket(s3_server: S3Server) -> FsspecStorageConfig:
+    """The bucket the shared launch saves into, which the tests then read."""
+    return s3_server.config()
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(s3_bucket: FsspecStorageConfig, disks_root: Path) -> list[dict[str, Any]]:
+    return launch(every_two_rank_run, 2, args=(s3_bucket, str(disks_root)), timeout=480)
