@@ -124,8 +124,10 @@ def writer_fails_to_start_on_rank_1(root: str) -> dict[str, Any]:
     return out
 
 
-def test_a_writer_that_fails_to_start_on_one_rank_fails_every_rank_at_once(tmp_path: Path) -> None:
-    results = launch(writer_fails_to_start_on_rank_1, WORLD, args=(str(tmp_path),), timeout=240)
+def test_a_writer_that_fails_to_start_on_one_rank_fails_every_rank_at_once(
+    every_case: list[dict[str, dict[str, Any]]],
+) -> None:
+    results = [per_rank["fails_to_start"] for per_rank in every_case]
     for r in results:
         assert r["first"].startswith("CommitError:") and "failed to start" in r["first"], r
         assert list(r["failures"]) == [1], r
@@ -176,10 +178,8 @@ def writer_killed_on_rank_1(root: str, control_dir: str) -> dict[str, Any]:
     return out
 
 
-def test_a_writer_killed_on_one_rank_fails_every_rank_at_once(tmp_path: Path) -> None:
-    root = tmp_path / "ck"
-    root.mkdir()
-    results = launch(writer_killed_on_rank_1, WORLD, args=(str(root), str(tmp_path / "control")), timeout=240)
+def test_a_writer_killed_on_one_rank_fails_every_rank_at_once(every_case: list[dict[str, dict[str, Any]]]) -> None:
+    results = [per_rank["killed"] for per_rank in every_case]
     for r in results:
         assert r["killed"].startswith("CommitError:") and "died" in r["killed"] and "exit code -9" in r["killed"], r
         assert list(r["failures"]) == [1], r
@@ -192,25 +192,28 @@ def test_a_writer_killed_on_one_rank_fails_every_rank_at_once(tmp_path: Path) ->
 BAD_VALUES = {"rank1-frozen": (1, "frozen"), "rank0-frozen": (0, "frozen"), "rank1-copied": (1, "copied")}
 
 
-def bad_values_one_after_another(root: str) -> dict[str, dict[str, Any]]:
-    """One launch for every case of `BAD_VALUES`: each in a directory of its own, its result under its name."""
-    return {name: bad_value_on_one_rank(f"{root}/{name}", *case) for name, case in BAD_VALUES.items()}
+def every_case_one_after_another(root: str) -> dict[str, dict[str, Any]]:
+    """The cases of this file in one launch (ranks are seconds each to start), each in a directory of its own
+    with a manager of its own, its result under its own name."""
+    out = {"fails_to_start": writer_fails_to_start_on_rank_1(f"{root}/fails_to_start")}
+    out["killed"] = writer_killed_on_rank_1(f"{root}/killed", f"{root}/control")
+    return out | {name: bad_value_on_one_rank(f"{root}/{name}", *case) for name, case in BAD_VALUES.items()}
 
 
 @pytest.fixture(scope="module")
-def bad_value_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
-    root = tmp_path_factory.mktemp("bad_values")
-    for name in BAD_VALUES:
+def every_case(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("round8")
+    for name in ("fails_to_start", "killed", *BAD_VALUES):
         (root / name).mkdir()
-    return launch(bad_values_one_after_another, WORLD, args=(str(root),), timeout=480)
+    return launch(every_case_one_after_another, WORLD, args=(str(root),), timeout=600)
 
 
 @pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_a_value_that_cannot_reach_one_ranks_writer_fails_every_rank_at_once(
-    case: str, bad_value_results: list[dict[str, dict[str, Any]]]
+    case: str, every_case: list[dict[str, dict[str, Any]]]
 ) -> None:
     bad_rank, item = BAD_VALUES[case]
-    results = [per_rank[case] for per_rank in bad_value_results]
+    results = [per_rank[case] for per_rank in every_case]
     for r in results:
         assert r["bad"].startswith("CommitError:"), r
         assert f"'{item}'" in r["bad"] and "pickle" in r["bad"], r  # the failing rank's own reason, on every rank
