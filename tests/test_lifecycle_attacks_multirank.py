@@ -51,8 +51,10 @@ def save_inside_lock_on_rank_1(root: str) -> dict[str, Any]:
     return out
 
 
-def test_save_inside_lock_on_rank_1_is_refused_on_every_rank_at_once(tmp_path: Path) -> None:
-    results = launch(save_inside_lock_on_rank_1, WORLD, args=(str(tmp_path),), timeout=240)
+def test_save_inside_lock_on_rank_1_is_refused_on_every_rank_at_once(
+    both_cases: list[dict[str, dict[str, Any]]],
+) -> None:
+    results = [per_rank["inside_lock"] for per_rank in both_cases]
     for r in results:
         assert "inside `with manager.lock():`" in r["refused"], r
         assert "rank 1" in r["refused"] or r["rank"] == 1, r
@@ -85,11 +87,26 @@ def load_while_the_save_is_in_flight(root: str, control_dir: str) -> dict[str, A
     return out
 
 
-def test_a_collective_load_of_an_id_whose_first_save_is_in_flight_waits_for_it_on_every_rank(tmp_path: Path) -> None:
-    results = launch(
-        load_while_the_save_is_in_flight, WORLD, args=(str(tmp_path / "ckpt"), str(tmp_path / "control")), timeout=240
-    )
+def test_a_collective_load_of_an_id_whose_first_save_is_in_flight_waits_for_it_on_every_rank(
+    both_cases: list[dict[str, dict[str, Any]]],
+) -> None:
+    results = [per_rank["in_flight"] for per_rank in both_cases]
     for r in results:
         assert not r["done_before_load"], r
         assert r["loaded"] == float(r["rank"] + 1), r
         assert r["done_after_load"], r
+
+
+def both_cases_one_after_another(root: str) -> dict[str, dict[str, Any]]:
+    """Both cases in one launch (ranks are seconds each to start), each in a directory of its own."""
+    return {
+        "inside_lock": save_inside_lock_on_rank_1(f"{root}/inside_lock"),
+        "in_flight": load_while_the_save_is_in_flight(f"{root}/ckpt", f"{root}/control"),
+    }
+
+
+@pytest.fixture(scope="module")
+def both_cases(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("lifecycle_attacks")
+    (root / "inside_lock").mkdir()
+    return launch(both_cases_one_after_another, WORLD, args=(str(root),), timeout=480)
