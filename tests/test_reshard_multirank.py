@@ -156,15 +156,9 @@ def _at(value: Any, path: tuple[Any, ...]) -> Any:
     return value
 
 
-@pytest.mark.parametrize(
-    ("save_world", "save_layout", "load_world", "load_layout"),
-    [(2, "dp2", 3, "dp3_cols"), (4, "fsdp_tp_2x2", 2, "dp2_cols")],
-)
-def test_reshard_between_world_sizes(
-    tmp_path: Path, save_world: int, save_layout: str, load_world: int, load_layout: str
-) -> None:
-    launch(save_rank, save_world, args=(str(tmp_path), save_layout), timeout=90)
-    reports = launch(load_rank, load_world, args=(str(tmp_path), load_layout), timeout=90)
+@pytest.mark.parametrize("case", ["dp2_to_dp3_cols", "fsdp_tp_2x2_to_dp2_cols"])
+def test_reshard_between_world_sizes(case: str, launched: dict[str, list[dict[str, Any]]]) -> None:
+    reports = launched[case]
     for rank, report in enumerate(reports):
         assert report["mismatch"] == [], f"rank {rank}: {report}"
         assert report["failed"] == {"model": [], "optim": []}, f"rank {rank}: {report}"
@@ -229,10 +223,39 @@ def _local(value: torch.Tensor) -> torch.Tensor:
     return value.to_local() if isinstance(value, DTensor) else value
 
 
-def test_a_manager_load_plans_each_item_once_on_every_rank(tmp_path: Path) -> None:
+def test_a_manager_load_plans_each_item_once_on_every_rank(launched: dict[str, list[dict[str, Any]]]) -> None:
     # 2 ranks save row shards; 3 ranks load column shards: every rank reads both source files.
-    launch(manager_save_rank, 2, args=(str(tmp_path), "dp2"), timeout=120)
-    reports = launch(manager_load_rank, 3, args=(str(tmp_path), "dp3_cols"), timeout=120)
+    reports = launched["manager"]
     for rank, report in enumerate(reports):
         assert report["mismatch"] == [], f"rank {rank}: {report}"
         assert report["planned"] == [rank, rank], f"rank {rank}: one plan per item (model, optim), {report}"
+
+
+# ------------------------------------------------------------------------------ the launches the tests share
+
+
+def two_rank_part(root: str) -> dict[str, Any]:
+    """On 2 ranks: load the 4-rank checkpoint as dp2_cols, then save dp2 directly and through a manager."""
+    report = load_rank(f"{root}/fsdp_tp_2x2", "dp2_cols")
+    save_rank(f"{root}/dp2", "dp2")
+    manager_save_rank(f"{root}/manager", "dp2")
+    return report
+
+
+def three_rank_part(root: str) -> dict[str, Any]:
+    """On 3 ranks: both dp3_cols loads. The manager's first, in a process that has planned nothing yet."""
+    return {"manager": manager_load_rank(f"{root}/manager", "dp3_cols"), "direct": load_rank(f"{root}/dp2", "dp3_cols")}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Three launches (one per world size) instead of one per save and per load: ranks are seconds each to start."""
+    root = str(tmp_path_factory.mktemp("reshard"))
+    launch(save_rank, 4, args=(f"{root}/fsdp_tp_2x2", "fsdp_tp_2x2"), timeout=120)
+    on_two = launch(two_rank_part, 2, args=(root,), timeout=180)
+    on_three = launch(three_rank_part, 3, args=(root,), timeout=180)
+    return {
+        "fsdp_tp_2x2_to_dp2_cols": on_two,
+        "dp2_to_dp3_cols": [r["direct"] for r in on_three],
+        "manager": [r["manager"] for r in on_three],
+    }
