@@ -116,6 +116,7 @@ class Keep(logging.Handler):
         records.append([record.levelname, record.getMessage()])
 logging.getLogger("torch_checkpointing").addHandler(Keep())
 logging.getLogger("torch_checkpointing").setLevel(logging.INFO)
+print("ready", flush=True)
 sys.stdin.readline()  # start together
 deleted = apply_retention(sys.argv[1], RetentionPolicy(keep_last=1))
 print(json.dumps({"deleted": [c.name for c in deleted], "records": records}), flush=True)
@@ -140,7 +141,10 @@ def test_two_retention_runs_on_one_root_both_finish_and_delete_each_checkpoint_o
         )
         for _ in range(2)
     ]
-    time.sleep(3.0)  # both have imported torch and wait on stdin
+    for p in procs:  # both have imported torch and wait on stdin
+        assert p.stdout is not None
+        ready, _, _ = select.select([p.stdout], [], [], SUBPROCESS_TIMEOUT_S)
+        assert ready and p.stdout.readline() == "ready\n", p.stderr.read() if p.stderr and p.poll() is not None else ""
     for p in procs:
         assert p.stdin is not None
         p.stdin.write("go\n")
