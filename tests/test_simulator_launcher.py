@@ -28,10 +28,15 @@ def test_results_come_back_in_rank_order_over_a_working_process_group() -> None:
     assert sorted(lines) == ["rank 0 reduced", "rank 1 reduced", "rank 2 reduced"]
 
 
+def env_values(*keys: str) -> list[str | None]:
+    """Each rank's values of `keys`: one launch answers for several variables."""
+    return [probes.env_value(key) for key in keys]
+
+
 def test_rendezvous_env_is_loopback_and_caller_env_reaches_ranks() -> None:
-    assert launch(probes.env_value, 2, args=("MASTER_ADDR",), timeout=90) == ["127.0.0.1", "127.0.0.1"]
-    got = launch(probes.env_value, 2, args=("SIM_TEST_FLAG",), timeout=90, env={"SIM_TEST_FLAG": "on"})
-    assert got == ["on", "on"]
+    got = launch(env_values, 2, args=("MASTER_ADDR", "SIM_TEST_FLAG"), timeout=90, env={"SIM_TEST_FLAG": "on"})
+    assert [addr for addr, _ in got] == ["127.0.0.1", "127.0.0.1"]
+    assert [flag for _, flag in got] == ["on", "on"]
 
 
 def test_a_raising_rank_is_named_with_its_exception_and_log_lines() -> None:
