@@ -49,7 +49,12 @@ from torch_checkpointing.distributed_metadata import (
     unknown_types_as_stored,
 )
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata
-from torch_checkpointing.errors import CheckpointError, ConfigError, IncompleteCheckpointError
+from torch_checkpointing.errors import (
+    UNREADABLE_BY_THIS_USER,
+    CheckpointError,
+    ConfigError,
+    IncompleteCheckpointError,
+)
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest
 from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.retention import (
@@ -369,8 +374,9 @@ def _show_resume_point(ui: Ui, latest: CheckpointInfo | None, damaged: list[tupl
     intact root prints nothing more: its last row is the resume point.)"""
     if not damaged:
         return
-    for c, why in damaged:
-        ui.line(f"DAMAGED {c.name}: not a resume point: {why}")
+    for c, why in damaged:  # a file this user may not read is no damage: the operator must not delete it
+        label = "UNREADABLE" if UNREADABLE_BY_THIS_USER in why else "DAMAGED"
+        ui.line(f"{label} {c.name}: not a resume point: {why}")
     if latest is not None:
         ui.line(f"resume point (what latest_checkpoint returns): {latest.name}")
     else:

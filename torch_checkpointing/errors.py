@@ -83,6 +83,23 @@ def undecodable(path: object, what: str, exc: BaseException) -> UndecodableFileE
     )
 
 
+# What every refusal of a file this user may not read says, so that a listing tells it from damage.
+UNREADABLE_BY_THIS_USER = "this user may not read it"
+
+
+def unreadable_file(path: object, what: str, exc: OSError) -> PermissionError:
+    """The refusal of a checkpoint file that the OS will not let this user open (EACCES, EPERM); raise it
+    `from exc`. A `PermissionError`, never a `CorruptCheckpointError`: its bytes were never seen, so the
+    checkpoint may well be whole, and an operator told "corrupt" deletes it. The message names the file and
+    the fix."""
+    return PermissionError(
+        exc.errno,
+        f"Cannot read {path} ({what}): {exc.strerror}; {UNREADABLE_BY_THIS_USER}, which says nothing about its "
+        f"bytes (the checkpoint may well be intact: do not delete it). Give this user read permission on it "
+        f"(chmod u+r or a group that has it, and search permission on its directories), or run as its owner",
+    )
+
+
 # What parsing untrusted bytes raises when they are not what they claim: torch's loader (RuntimeError), pickle,
 # zipfile, struct, json, safetensors (its SafetensorError is no ValueError: a resharding load of a safetensors
 # source with bytes past its last tensor raised it bare), and the engine's own walkers (NestingError is a

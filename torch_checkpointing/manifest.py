@@ -23,6 +23,7 @@ from torch_checkpointing.errors import (
     CorruptCheckpointError,
     IncompleteCheckpointError,
     UnsafeCheckpointError,
+    unreadable_file,
 )
 from torch_checkpointing.names import TMP_RE, TRASH_RE, step_from_name
 from torch_checkpointing.storage.base_storage import Storage
@@ -461,6 +462,8 @@ def read_local_regular(local: str, path: Path | str, what: str = "a manifest", l
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeCheckpointError(f"{path} is a symbolic link; it cannot be {what}.") from None
+        if isinstance(exc, PermissionError):
+            raise unreadable_file(path, what, exc) from exc
         raise CorruptCheckpointError(f"Cannot open {path}: {exc}") from exc
     try:
         return read_regular_file(fd, path, what, limit)

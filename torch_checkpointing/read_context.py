@@ -47,6 +47,7 @@ from torch_checkpointing.errors import (
     IncompleteCheckpointError,
     ObjectStoreError,
     UnsafeCheckpointError,
+    unreadable_file,
 )
 from torch_checkpointing.futures import SettledFuture, WorkerPool, settle_all
 from torch_checkpointing.manifest import (
@@ -451,6 +452,8 @@ class CheckpointReadContext:
                             f"File {self._at(rel)} ({what}) is reached through a symbolic link or a non-directory "
                             f"({exc.strerror}); checkpoint files must be regular files inside the directory."
                         ) from None
+                    if isinstance(exc, PermissionError):
+                        raise unreadable_file(self._at("/".join(parts[: i + 1])), what, exc) from exc
                     raise CorruptCheckpointError(f"Cannot open {self._at(rel)} ({what}): {exc}") from exc
                 if current != self._dirfd:
                     os.close(current)
