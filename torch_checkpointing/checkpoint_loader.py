@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +74,8 @@ class _Direct:
     rel: str
     value: Any = None
     gaps: RebuildGaps = field(default_factory=RebuildGaps)  # a JSON item's keys and fields its class missed
+    # Into a template: the copies of the values it returns as decoded, made by the check phase (`_Detached`).
+    detached: _Detached | None = None
 
 
 @dataclass
@@ -288,11 +290,13 @@ class CheckpointLoader:
         containers: dict[int, Any] = {}  # every direct item's template dicts and lists, filled in place
         for plan in plans:
             if isinstance(plan, _Direct):
+                plan.detached = _Detached() if plan.item.value is not None else None
                 _, missing = walk_checkpoint_structure(
                     item_key=plan.item.key,
                     source=plan.value,
                     target=plan.item.value,
                     dry_run=True,
+                    adopt=plan.detached.copy if plan.detached is not None else None,
                     unexpected=report.unexpected,
                     copies=copies,
                     containers=containers,
@@ -343,7 +347,7 @@ class CheckpointLoader:
                     source=plan.value,
                     target=plan.item.value,
                     unexpected=[],
-                    adopt=_detached_from_file() if plan.item.value is not None else None,
+                    adopt=plan.detached.made if plan.detached is not None else None,
                 )
                 continue
             try:
@@ -672,13 +676,44 @@ def _engine_runs(plan: _Reshard) -> bool:
     return plan.job is not None and resharder is not None and planned_job_runner(resharder) is not None
 
 
-def _detached_from_file() -> Callable[[Any], Any]:
-    """Values a load into a template returns as they were decoded (where the template holds None, and entries
-    it lacks) are copies: decoded from a mapping of the checkpoint's file (`start_whole(private=False)`), they
-    were views of it, changed by a later write into the file, SIGBUS once it was truncated. One memo for the
-    item, so what the saved state shared stays shared."""
-    memo: dict[int, Any] = {}
-    return lambda value: copy.deepcopy(value, memo)
+class _Detached:
+    """The copies of the values a load into a template returns as they were decoded (where the template holds
+    None, and entries it lacks): decoded from a mapping of the checkpoint's file (`start_whole(private=False)`),
+    they were views of it, changed by a later write into the file, SIGBUS once it was truncated.
+
+    The check phase makes them (`copy`), so a value that cannot be copied fails the load before any template
+    changed; the copy phase returns them (`made`). One memo for the item, so what the saved state shared stays
+    shared. A tensor torch cannot deep-copy (a nested tensor: `Tensor.__deepcopy__` has no kernel for it) is
+    cloned: such a tensor is what the safe loader returns, and a load without a template returns it too."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, Any] = {}
+
+    def copy(self, value: Any) -> Any:
+        self._clone_uncopyable_tensors(value, set())
+        return copy.deepcopy(value, self.memo)
+
+    def made(self, value: Any) -> Any:
+        """The copy `copy` made of `value` (deepcopy memoizes every copy that is a new object), else `value`:
+        an immutable value deepcopy returns as it is."""
+        return self.memo.get(id(value), value)
+
+    def _clone_uncopyable_tensors(self, node: Any, seen: set[int]) -> None:
+        if id(node) in seen or id(node) in self.memo:
+            return
+        seen.add(id(node))
+        if isinstance(node, torch.Tensor):
+            try:
+                copy.deepcopy(node, self.memo)
+            except (RuntimeError, NotImplementedError):
+                self.memo[id(node)] = node.detach().clone()
+                self.memo.setdefault(id(self.memo), []).append(node)  # as deepcopy keeps its originals alive
+        elif isinstance(node, Mapping):
+            for child in node.values():
+                self._clone_uncopyable_tensors(child, seen)
+        elif isinstance(node, list | tuple):
+            for child in node:
+                self._clone_uncopyable_tensors(child, seen)
 
 
 def _refuse_unbacked_world_size(root: Path, manifest: Manifest, loading: int) -> None:

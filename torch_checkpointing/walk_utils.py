@@ -98,11 +98,12 @@ def walk_checkpoint_structure(
     items makes one `check_shared_targets` call over all of theirs, since two items' templates may share tensors.
     `containers` does the same for the template dicts and lists a dry run met (filled in place): one met again,
     in this item or another given the same dict, must receive the same saved value there. `adopt` is applied to
-    every saved value returned as it is (where the template holds None, and entries the template lacks).
+    every saved value returned as it is (where the template holds None, and entries the template lacks), in a dry
+    run too: the loader makes its copies there, before any template changes.
     """
     missing: list[CheckpointPath] = []
     walker = _Walker(item_key, missing, unexpected if unexpected is not None else [], leaf_fn, dry_run)
-    if adopt is not None and not dry_run:
+    if adopt is not None:
         walker.adopt = adopt
     if containers is not None:
         walker.containers = containers

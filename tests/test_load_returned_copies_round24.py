@@ -1,0 +1,54 @@
+"""What a load into templates returns as it was decoded (an entry the template lacks, a None in it) is a copy,
+detached from the checkpoint's file. Making those copies must neither change the caller's templates when it
+fails nor refuse what the safe loader returns.
+
+Before: the copies were `copy.deepcopy` calls made while phase 2 filled the templates. A nested tensor (which
+torch's `Tensor.__deepcopy__` cannot copy: `aten::new_empty` has no NestedTensor kernel) made a load into a
+template raise, where a load without one returns it; and it raised after the template's tensors were already
+overwritten, so a failed load changed the caller's model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
+
+
+class Uncopyable:
+    """A trusted checkpoint's own object (weights_only=False) that refuses to be deep-copied."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Uncopyable:
+        raise TypeError("Uncopyable cannot be deep-copied")
+
+
+def _save(path: Path, model: dict[str, Any]) -> None:
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(str(path), {"model": model})
+
+
+def test_a_nested_tensor_the_template_lacks_loads_as_it_does_without_a_template(tmp_path: Path) -> None:
+    nested = torch.nested.nested_tensor([torch.arange(2.0), torch.arange(3.0)])
+    _save(tmp_path / "s", {"w": torch.full((4,), 7.0), "extra": nested, "none": nested})
+    template = {"model": {"w": torch.zeros(4), "none": None}}
+    loaded = CheckpointManager(CheckpointManager.Config()).load(str(tmp_path / "s"), into=template)
+    assert torch.equal(template["model"]["w"], torch.full((4,), 7.0))
+    for key in ("extra", "none"):
+        got = loaded["model"][key]
+        assert got.is_nested and [t.tolist() for t in got.unbind()] == [[0.0, 1.0], [0.0, 1.0, 2.0]]
+    assert loaded["model"]["extra"] is loaded["model"]["none"]  # saved as one tensor: returned as one
+
+
+def test_a_value_that_cannot_be_copied_fails_the_load_before_any_template_changes(tmp_path: Path) -> None:
+    _save(tmp_path / "s", {"w": torch.full((4,), 7.0), "z": Uncopyable()})
+    template = {"model": {"w": torch.zeros(4), "z": None}}
+    manager = CheckpointManager(CheckpointManager.Config(load=CheckpointLoaderConfig(weights_only=False)))
+    with pytest.raises(TypeError, match="cannot be deep-copied"):
+        manager.load(str(tmp_path / "s"), into=template)
+    assert torch.equal(template["model"]["w"], torch.zeros(4)), "a failed load overwrote the template"
+    assert template["model"]["z"] is None
