@@ -49,7 +49,7 @@ for name in ("step_2", "step_3"):
     except Exception as exc:
         permission = isinstance(exc, PermissionError)
         out["loads"][name] = {"kind": type(exc).__name__, "text": str(exc), "permission": permission}
-for command in (["verify", "step_2"], ["verify", "step_3"], ["inspect", "step_3"], ["ls"]):
+for command in (["verify", "step_2"], ["verify", "step_3"], ["inspect", "step_3"], ["ls"], ["ls", "../solo"]):
     stdout, stderr = io.StringIO(), io.StringIO()
     where = [os.path.join(run, c) for c in command[1:]] or [run]
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -69,10 +69,12 @@ def run_root() -> Iterator[Path]:
         with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
             for step in (1, 2, 3):
                 manager.save(str(run / f"step_{step}"), {"model": {"w": torch.full((4,), float(step))}})
+            manager.save(str(base / "solo" / "step_1"), {"model": {"w": torch.ones(4)}})
         for p in [base, *base.rglob("*")]:
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
         os.chmod(run / "step_2" / "model_0.pt", 0o600)
         os.chmod(run / "step_3" / "manifest.json", 0o600)
+        os.chmod(base / "solo" / "step_1" / "model_0.pt", 0o600)
         yield run
     finally:
         shutil.rmtree(base)
@@ -128,3 +130,6 @@ def test_a_file_this_user_may_not_read_is_said_unreadable_not_damaged(run_root: 
     ls = commands["ls"]
     assert ls["code"] == 0 and "DAMAGED" not in str(ls["text"]), ls
     assert "UNREADABLE step_2" in str(ls["text"]), ls
+    solo = commands["ls ../solo"]  # its one checkpoint unreadable: no resume point, and none is damaged
+    assert solo["code"] == 0 and "UNREADABLE step_1" in str(solo["text"]), solo
+    assert "damaged" not in str(solo["text"]).lower(), solo

@@ -374,11 +374,14 @@ def _show_resume_point(ui: Ui, latest: CheckpointInfo | None, damaged: list[tupl
     intact root prints nothing more: its last row is the resume point.)"""
     if not damaged:
         return
+    labels = []
     for c, why in damaged:  # a file this user may not read is no damage: the operator must not delete it
-        label = "UNREADABLE" if UNREADABLE_BY_THIS_USER in why else "DAMAGED"
-        ui.line(f"{label} {c.name}: not a resume point: {why}")
+        labels.append("UNREADABLE" if UNREADABLE_BY_THIS_USER in why else "DAMAGED")
+        ui.line(f"{labels[-1]} {c.name}: not a resume point: {why}")
     if latest is not None:
         ui.line(f"resume point (what latest_checkpoint returns): {latest.name}")
+    elif "DAMAGED" not in labels:
+        ui.line("no resume point this user can read: every committed one is UNREADABLE (see above: permissions)")
     else:
         ui.line("no intact checkpoint: every committed one is damaged (torch-checkpointing verify names the files)")
 
