@@ -27,7 +27,7 @@ import struct
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -859,7 +859,7 @@ def _hf_files(directory: Path) -> dict[str, str]:
     if len(found) != 1:
         raise FileNotFoundError(f"{directory} has no {INDEX_FILE_NAME} and not exactly one *.safetensors file")
     _regular(found[0])
-    with _open_shard(found[0]) as f:
+    with _open_shard(found[0], private=False) as f:  # its names only: the header
         return dict.fromkeys(f.keys(), found[0].name)
 
 
@@ -881,19 +881,56 @@ def _reading_shard(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _open_shard(path: Path) -> Iterator[Any]:
+def _open_shard(path: Path, private: bool = True) -> Iterator[Any]:
     """A shard opened with safetensors, its header checked as a checkpoint's is (a tensor named twice, which
     safetensors resolves silently to the last entry, is refused).
 
     Opened once, without blocking, its type checked on the descriptor and read through it only: opened by name
     after `_regular` had checked it, a shard swapped for a FIFO meanwhile blocked the import forever, and
-    safetensors' own open by name could read another file than the header check did."""
+    safetensors' own open by name could read another file than the header check did. `private`: read from a
+    copy in memory (`_in_memory`), for tensors returned as they are read; else the shard itself is mapped, for
+    a look at its header or a copy into templates (`_MappedShard`)."""
+    with _opened_shard(path, private) as (handle, _, _):
+        yield handle
+
+
+@dataclass
+class _MappedShard:
+    """A shard an import into templates copies out of its mapping (no copy of it in memory: every shard is open
+    at once there, which held the model's size again in RAM, on every rank of a DTensor template that reads only
+    its own part). `refuse_if_shrunk` is asked before the first fill: a shard truncated after it was opened
+    is refused with nothing copied, where its mapping killed the process with SIGBUS. (One truncated during the
+    fills themselves still does: the limit of loads into templates, docs/durability.md.)"""
+
+    handle: Any
+    refuse_if_shrunk: Callable[[], None]
+
+
+@contextlib.contextmanager
+def _open_mapped_shard(path: Path) -> Iterator[_MappedShard]:
+    with _opened_shard(path, private=False) as (handle, fd, size):
+
+        def refuse_if_shrunk() -> None:
+            now = os.fstat(fd).st_size
+            if now < size:
+                raise CorruptCheckpointError(
+                    f"{path} has {now} bytes, but had {size} when this import opened it: another process truncated "
+                    f"it. Nothing was copied. Download it again, or retry once the other process is done."
+                )
+
+        yield _MappedShard(handle, refuse_if_shrunk)
+
+
+@contextlib.contextmanager
+def _opened_shard(path: Path, private: bool) -> Iterator[tuple[Any, int, int]]:
+    """(safetensors' handle, the descriptor it reads, the shard's size when it was opened)."""
     from safetensors import safe_open
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        _refuse_irregular(os.fstat(fd).st_mode, path)
-        copy = _in_memory(fd, path)
+        st = os.fstat(fd)
+        _refuse_irregular(st.st_mode, path)
+        copy = _in_memory(fd, path) if private else None
         if copy is not None:
             os.close(fd)
             fd = copy
@@ -902,7 +939,7 @@ def _open_shard(path: Path) -> Iterator[Any]:
                 refuse_names_twice(path, file)
             opened = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(path)
             with safe_open(opened, framework="pt", device="cpu") as f:
-                yield f
+                yield f, fd, st.st_size
     finally:
         os.close(fd)
 
@@ -912,8 +949,8 @@ def _in_memory(fd: int, path: Path) -> int | None:
     maps what it opens, and a shard truncated after it was opened (a download rewritten meanwhile) killed the
     process with SIGBUS at the first touch of a page past its new end; one written into changed the tensors a
     flat import had returned. The header check and every read then see the same bytes. The copy costs the
-    shard's size in memory while it is open (every shard at once for an import into a template, which checks
-    them all before its first copy). None where the system has no memfd: the shard is read itself, as before."""
+    shard's size in memory while it is open; a flat import opens one shard at a time. None where the system has
+    no memfd: the shard is read itself, as before."""
     size = os.fstat(fd).st_size
     short = lambda at: CorruptCheckpointError(  # noqa: E731
         f"{path} ended at byte {at} while it was read, but had {size} bytes: another process truncated it. "
@@ -995,27 +1032,29 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
         raise TemplateMismatchError(f"{directory} has no tensor(s) {missing[:10]} (of {len(missing)} missing)")
     _warn_not_received(base, files, leaves)
     with contextlib.ExitStack() as handles:
-        opened: dict[str, Any] = {}
+        opened: dict[str, _MappedShard] = {}
         held: dict[str, set[str]] = {}  # each opened shard's tensor names
         checks: list[tuple[str, Path, Any, torch.Tensor]] = []
         for name, leaf in leaves:
             shard = files[name]
             if shard not in opened:
-                opened[shard] = handles.enter_context(_open_shard(base / shard))
-                held[shard] = set(opened[shard].keys())
+                opened[shard] = handles.enter_context(_open_mapped_shard(base / shard))
+                held[shard] = set(opened[shard].handle.keys())
             with _reading_shard(base / shard):
                 if name not in held[shard]:
                     raise CorruptCheckpointError(
                         f"{base / INDEX_FILE_NAME} names {shard!r} for tensor {name!r}, which that shard does not "
                         f"hold; the download is damaged or incomplete."
                     )
-                checks.append((name, base / shard, opened[shard].get_slice(name), leaf))
+                checks.append((name, base / shard, opened[shard].handle.get_slice(name), leaf))
         refuse_partial_targets("", into)  # worded for this load, before anything is copied
         for name, _, sl, leaf in checks:  # every tensor checked (its local runs planned) before any is copied
             _check_fits(name, tuple(sl.get_shape()), sl.get_dtype(), leaf)
             check_writable(f"HF tensor {name!r}", local_tensor(leaf))
         fills: list[_Fill] = [(name, file, sl, leaf, _local_runs(leaf)) for name, file, sl, leaf in checks]
         _refuse_tied_differing(fills)
+        for mapped in opened.values():
+            mapped.refuse_if_shrunk()
         for _, file, sl, leaf, runs in fills:
             with _reading_shard(file):
                 _fill(sl, leaf, runs)
