@@ -42,14 +42,15 @@ out = {"loads": {}, "commands": {}}
 latest = latest_checkpoint(run)
 out["latest"] = None if latest is None else os.path.basename(latest.path)
 out["warnings"] = list(records)
-for name in ("step_2", "step_3"):
+for name in ("step_2", "step_3", "step_4"):
     try:
         CheckpointManager(CheckpointManager.Config()).load(os.path.join(run, name))
         out["loads"][name] = {"kind": "loaded", "text": ""}
     except Exception as exc:
         permission = isinstance(exc, PermissionError)
         out["loads"][name] = {"kind": type(exc).__name__, "text": str(exc), "permission": permission}
-for command in (["verify", "step_2"], ["verify", "step_3"], ["inspect", "step_3"], ["ls"], ["ls", "../solo"]):
+for command in (["verify", "step_2"], ["verify", "step_3"], ["verify", "step_4"], ["inspect", "step_3"], ["ls"],
+                ["ls", "../solo"]):
     stdout, stderr = io.StringIO(), io.StringIO()
     where = [os.path.join(run, c) for c in command[1:]] or [run]
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -61,13 +62,13 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture
 def run_root() -> Iterator[Path]:
-    """Three checkpoints under a folder an unprivileged user can reach: step_2's data file and step_3's manifest
-    readable by their owner only."""
+    """Four checkpoints under a folder an unprivileged user can reach: step_2's data file and step_3's manifest
+    readable by their owner only, step_4's directory searchable but not readable by others."""
     base = Path(tempfile.mkdtemp(prefix="round24-unreadable-files-"))
     try:
         run = base / "run"
         with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
-            for step in (1, 2, 3):
+            for step in (1, 2, 3, 4):
                 manager.save(str(run / f"step_{step}"), {"model": {"w": torch.full((4,), float(step))}})
             manager.save(str(base / "solo" / "step_1"), {"model": {"w": torch.ones(4)}})
         for p in [base, *base.rglob("*")]:
@@ -75,6 +76,7 @@ def run_root() -> Iterator[Path]:
         os.chmod(run / "step_2" / "model_0.pt", 0o600)
         os.chmod(run / "step_3" / "manifest.json", 0o600)
         os.chmod(base / "solo" / "step_1" / "model_0.pt", 0o600)
+        os.chmod(run / "step_4", 0o711)  # searchable, not readable: its directory cannot be opened
         yield run
     finally:
         shutil.rmtree(base)
@@ -107,13 +109,14 @@ def test_a_file_this_user_may_not_read_is_said_unreadable_not_damaged(run_root: 
     data, manifest = run_root / "step_2" / "model_0.pt", run_root / "step_3" / "manifest.json"
     loads = out["loads"]
     assert isinstance(loads, dict)
-    for name, path in (("step_2", data), ("step_3", manifest)):
+    for name, path in (("step_2", data), ("step_3", manifest), ("step_4", run_root / "step_4")):
         assert loads[name]["permission"] is True, loads[name]  # a PermissionError, not a CheckpointError
         _says_unreadable(str(loads[name]["text"]), path)
     commands = out["commands"]
     assert isinstance(commands, dict)
     # verify's exit 1 and FAILED mean "the bytes do not match": it could not look, so exit 2, as for a closed directory.
-    for command, path in (("verify step_2", data), ("verify step_3", manifest), ("inspect step_3", manifest)):
+    checks = [("verify step_2", data), ("verify step_3", manifest), ("verify step_4", run_root / "step_4")]
+    for command, path in [*checks, ("inspect step_3", manifest)]:
         said = commands[command]
         assert said["code"] == 2, (command, said)
         _says_unreadable(str(said["text"]), path)
@@ -129,7 +132,7 @@ def test_a_file_this_user_may_not_read_is_said_unreadable_not_damaged(run_root: 
             _says_unreadable(w, path)
     ls = commands["ls"]
     assert ls["code"] == 0 and "DAMAGED" not in str(ls["text"]), ls
-    assert "UNREADABLE step_2" in str(ls["text"]), ls
+    assert "UNREADABLE step_2" in str(ls["text"]) and "UNREADABLE step_4" in str(ls["text"]), ls
     solo = commands["ls ../solo"]  # its one checkpoint unreadable: no resume point, and none is damaged
     assert solo["code"] == 0 and "UNREADABLE step_1" in str(solo["text"]), solo
     assert "damaged" not in str(solo["text"]).lower(), solo

@@ -235,6 +235,8 @@ class CheckpointReadContext:
                 raise FileNotFoundError(f"Checkpoint path {self.shown} does not exist.{hint}") from None
             except NotADirectoryError:
                 raise FileNotFoundError(f"Checkpoint path {self.shown} is not a directory.") from None
+            except PermissionError as exc:  # searchable, not readable: unread, not damaged
+                raise unreadable_file(self.shown, "the checkpoint's directory", exc) from exc
         elif not self.storage.isdir(self.root):
             raise FileNotFoundError(f"Checkpoint path {self.shown} does not exist.")
         # Looked at first: a writer killed between writing the manifest and removing the marker leaves both.
