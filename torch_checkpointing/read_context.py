@@ -81,7 +81,8 @@ MAX_METADATA_BYTES = 256 * 1024 * 1024
 _CHUNK_WORKERS = max(1, min(4, os.cpu_count() or 1))  # threads checking pieces of one file (and ranged blocks)
 _COLD_READ_MIN_BYTES = 16 * 1024 * 1024  # smaller files: one mapping's readahead is as good
 _VERIFY_CHUNK = 16 * 1024 * 1024  # bytes read at a time when checking blocks nobody asked to keep
-_KEPT_BLOCKS = 32  # object stores: checked blocks kept for the next ranged read (the ends of each range)
+_KEPT_BLOCKS = 32  # checked blocks kept for the next ranged read (the ends of each range)
+_KEPT_BYTES = 64 * 1024 * 1024  # and at most this much of them, beyond the last read's two ends
 # Object stores: bytes a check phase fetched and checked (`verify_range`), kept for the copy phase's `read_range`
 # of the same range so they are not fetched twice. Bounded: past it, the copy phase fetches (and checks) again.
 PREFETCH_BUDGET_BYTES = 256 * 1024 * 1024
@@ -621,30 +622,38 @@ class CheckpointReadContext:
     def _checked_range(self, checked: CheckedFile, offset: int, length: int, keep: bool) -> bytes | None:
         """Check every block that [offset, offset+length) touches; return the range's bytes when `keep`."""
         if checked.fd is None:
-            return self._checked_range_remote(checked, offset, length)
+            return self._checked_range_kept(checked, offset, length, self._fetch_remote(checked))
         _read_exactly(checked)
+        if keep:
+            # Bytes kept are checked as they are read, even where a check phase checked their blocks: bytes read
+            # again from the file are not the ones checked (the file may have been written into since).
+            return self._checked_range_kept(checked, offset, length, self._fetch_local(checked))
         blocks = checked.blocks
         assert blocks is not None
         first, last = offset // blocks.block_size, (offset + length - 1) // blocks.block_size
         with checked.lock:
-            # Bytes kept are checked as they are read, even where a check phase checked their blocks: bytes read
-            # again from the file are not the ones checked (the file may have been written into since).
-            todo = (
-                list(range(first, last + 1))
-                if keep
-                else [i for i in range(first, last + 1) if not checked.checked_blocks[i]]
-            )
-        if not todo:
-            return None
-        if not keep:
+            todo = [i for i in range(first, last + 1) if not checked.checked_blocks[i]]
+        if todo:
             self._check_local_blocks(checked, todo)
-            return None
-        lo = min(offset, blocks.span(todo[0], checked.size)[0])
-        hi = max(offset + length, blocks.span(todo[-1], checked.size)[1])
-        buf = _pread_buffer(checked.fd, lo, hi - lo, self._at(checked.rel))
-        view = memoryview(buf)
-        self._check_blocks(checked, view, lo, todo)
-        return bytes(view[offset - lo : offset - lo + length])
+        return None
+
+    def _fetch_local(self, checked: CheckedFile) -> Callable[[int, int], memoryview]:
+        fd = checked.fd
+        assert fd is not None
+        return lambda lo, hi: memoryview(_pread_buffer(fd, lo, hi - lo, self._at(checked.rel)))
+
+    def _fetch_remote(self, checked: CheckedFile) -> Callable[[int, int], memoryview]:
+        def fetch(lo: int, hi: int) -> memoryview:
+            with self._vanishing(checked.rel, checked.what):
+                view = memoryview(self.storage.read_range(self.root / checked.rel, lo, hi - lo))
+            if len(view) != hi - lo:
+                raise CorruptCheckpointError(
+                    f"File {self._at(checked.rel)} returned {len(view)} bytes for [{lo}, {hi}); it was replaced "
+                    f"or truncated during the load. Retry the load."
+                )
+            return view
+
+        return fetch
 
     def _check_local_blocks(self, checked: CheckedFile, todo: list[int]) -> None:
         """Check blocks of a local file without keeping their bytes, reading a bounded run at a time."""
@@ -673,10 +682,14 @@ class CheckpointReadContext:
             for i in indices:
                 checked.checked_blocks[i] = 1
 
-    def _checked_range_remote(self, checked: CheckedFile, offset: int, length: int) -> bytes:
-        """An object store: fetch the blocks the range touches (one ranged read per run of blocks not kept from
-        an earlier read), check them, and return the range. Nothing unchecked is returned: no descriptor holds
-        the object, so bytes fetched now are checked now."""
+    def _checked_range_kept(
+        self, checked: CheckedFile, offset: int, length: int, fetch: Callable[[int, int], memoryview]
+    ) -> bytes:
+        """Fetch the blocks the range touches (one read per run of blocks not kept from an earlier read), check
+        them, and return the range. Nothing unchecked is returned: bytes fetched now are checked now, whatever
+        a check phase found before (an object store's object, a local file read again). The end blocks are kept
+        (`_keep`): a read of each of many small tensors fetched and checked its whole blocks again, a local source
+        of 100 KB tensors in 256 KiB blocks was read about seven times its size."""
         blocks = checked.blocks
         assert blocks is not None
         bs = blocks.block_size
@@ -691,13 +704,7 @@ class CheckpointReadContext:
         missing = [i for i in range(first, last + 1) if i not in pieces]
         for run in _runs(missing):
             lo, hi = blocks.span(run[0], checked.size)[0], blocks.span(run[-1], checked.size)[1]
-            with self._vanishing(checked.rel, checked.what):
-                view = memoryview(self.storage.read_range(self.root / checked.rel, lo, hi - lo))
-            if len(view) != hi - lo:
-                raise CorruptCheckpointError(
-                    f"File {self._at(checked.rel)} returned {len(view)} bytes for [{lo}, {hi}); it was replaced "
-                    f"or truncated during the load. Retry the load."
-                )
+            view = fetch(lo, hi)
             self._check_blocks(checked, view, lo, run)
             if len(run) == last - first + 1:  # one fetch covers the range: slice it, no joining
                 self._keep(checked.rel, {i: view[blocks.span(i, checked.size)[0] - lo :][:bs] for i in {first, last}})
@@ -716,7 +723,9 @@ class CheckpointReadContext:
                 if (rel, i) not in self._kept:
                     self._kept[(rel, i)] = bytes(piece)
                 self._kept.move_to_end((rel, i))
-            while len(self._kept) > _KEPT_BLOCKS:
+            while len(self._kept) > 2 and (
+                len(self._kept) > _KEPT_BLOCKS or sum(map(len, self._kept.values())) > _KEPT_BYTES
+            ):
                 self._kept.popitem(last=False)
 
     # ------------------------------------------------------------------ reading checked files
