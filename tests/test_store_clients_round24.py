@@ -119,3 +119,41 @@ def test_a_barrier_after_one_that_went_unanswered_is_made_again(child_host: tupl
     os.kill(proc.pid, signal.SIGCONT)
     rank_0.set("barrier/b/3/0", "arrived")
     barrier.execute_barrier(5)  # before: "did not answer" at once, on the stuck channel, for every later barrier
+
+
+def test_a_kept_client_whose_host_started_again_is_replaced_by_the_next_save() -> None:
+    """The host killed and started again on its port between two saves (a new job, or rank 0's trainer
+    restarted): no call noticed, so the kept client is dead. Before: the next save failed with "lost contact"
+    on a host that is up; a channel whose first call on a kept client fails connects anew and makes it again."""
+    proc, port = _start_host()
+    try:
+        _channel(port, 2.0).publish("k/0", "v")
+        _end(proc)
+        proc, _ = _start_host(port)
+        again = _channel(port, 5.0)
+        again.publish("k/0", "w")
+        assert again.wait_value("k/0", 5.0) == "w"
+    finally:
+        let_go_of_host(_address(port))
+        _end(proc)
+
+
+def test_a_new_barrier_on_a_port_whose_host_started_again_passes() -> None:
+    """A job's second TCPStoreBarrier on the same port, its host a new store: role rank 1's kept client of
+    the first host is dead, and before, the new barrier's first wait failed as a TimeoutError naming rank 0."""
+    proc, port = _start_host()
+    config = TCPStoreBarrierConfig(1, False, port, "127.0.0.1", "b")
+    try:
+        for job in range(2):
+            rank_0 = dist.TCPStore(
+                "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False
+            )  # type: ignore[attr-defined]
+            rank_0.set("barrier/b/1/0", "arrived")
+            TCPStoreBarrier(config, RankInfo(1, 2, 1, 2)).execute_barrier(5)
+            del rank_0
+            if job == 0:
+                _end(proc)
+                proc, _ = _start_host(port)
+    finally:
+        let_go_of_host(_address(port))
+        _end(proc)

@@ -68,7 +68,27 @@ class StoreChannel:
         self._store: Any = store
         if self._shared:
             kept = _Clients.kept(self._host)
-            self._store = kept if kept is not None else self._connect_once(address, timeout_s)
+            self._store = kept if kept is not None and self._still_connected(kept) else None
+            if self._store is None:
+                self._store = self._connect_once(address, timeout_s)
+
+    def _still_connected(self, kept: Any) -> bool:
+        """Whether the kept client's host still answers it. Its host may have been started again on its port
+        since the last save (a new job, rank 0's trainer restarted), its connection dead with no call having
+        noticed; a `set` on it is lost without an error (it reads no reply), so the save's first publish went
+        nowhere and the save failed on a host that is up. A call that reads a reply tells; a dead one is dropped."""
+        try:
+            _within(self._host, lambda: kept.check([self._key("connected")]), max(self.timeout_s, 1.0) + _CALL_GRACE_S)
+        except _NoAnswer:
+            self._store = kept
+            self._unanswered = True
+            self._spend()
+            raise _silent_host(self.timeout_s) from None
+        except Exception as exc:  # the host it connected to is gone; the one on its port now (if any) is new
+            logger.debug("The kept client of the checkpoint store at %s:%s is dead: %r", *self._host, exc)
+            _Clients.drop(self._host, kept)
+            return False
+        return True
 
     def _connect_once(self, address: StoreAddress, timeout_s: float) -> Any:
         """A new client of `address`'s host, kept for this process's later channels to it (`_Clients`)."""
