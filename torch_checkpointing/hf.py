@@ -64,7 +64,7 @@ from torch_checkpointing.errors import (
     UnsafeCheckpointError,
 )
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, read_manifest, read_regular_file
-from torch_checkpointing.names import fit_name
+from torch_checkpointing.names import fit_name, pid_namespace
 from torch_checkpointing.read_context import (
     CheckpointReadContext,
     ReadPolicy,
@@ -587,11 +587,7 @@ def _staging_name(name: str, pid: int, nonce: str) -> str:
 def _where() -> str:
     """This host and pid namespace, as 8 hex digits: a pid is only meaningful there. Two containers that
     share a volume (or two hosts sharing a file system) each see the other's exporting pid as gone."""
-    try:
-        namespace = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        namespace = 0
-    return f"{zlib.crc32(f'{socket.gethostname()}:{namespace}'.encode()):08x}"
+    return f"{zlib.crc32(f'{socket.gethostname()}:{pid_namespace()}'.encode()):08x}"
 
 
 def _staging_dead(path: Path, match: re.Match[str]) -> bool:

@@ -34,6 +34,7 @@ __all__ = [
     "made_here",
     "may_be_cut",
     "new_nonce",
+    "pid_namespace",
     "previous_copy_hint",
     "step_from_name",
     "trash_name",
@@ -77,16 +78,26 @@ ASIDE_RE = re.compile(r"^\.old_(?P<name>.+)_(?P<pid>[0-9]+)(?:-(?P<nonce>[0-9a-f
 
 @functools.cache
 def host_tag() -> str:
-    """Eight hex digits naming this host and its boot, put in every hidden name that carries a pid: a pid names a
-    process only on the host (and boot) that gave it. On a filesystem that several hosts share (NFS), another
-    host's name with a pid that is no process here was taken for a dead maker's, and its copy put back or removed
-    under a replace still running there."""
+    """Eight hex digits naming this host, its boot and this process's pid namespace, put in every hidden name that
+    carries a pid: a pid names a process only on the host (and boot) that gave it, and only in its pid namespace.
+    On a filesystem that several hosts share (NFS), another host's name with a pid that is no process here was
+    taken for a dead maker's, and its copy put back or removed under a replace still running there. Two
+    containers of one host share its boot and may share its hostname (a pod with hostNetwork): without the
+    namespace, gc in one put back a copy that the other's live replace had moved aside."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return hashlib.sha256(f"{socket.gethostname()}\0{boot}".encode()).hexdigest()[:8]
+    return hashlib.sha256(f"{socket.gethostname()}\0{boot}\0{pid_namespace()}".encode()).hexdigest()[:8]
+
+
+def pid_namespace() -> int:
+    """This process's pid namespace (the inode of /proc/self/ns/pid; 0 where that cannot be read)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def made_here(match: re.Match[str]) -> bool:
