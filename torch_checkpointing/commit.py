@@ -31,7 +31,6 @@ import logging
 import os
 import posixpath
 import re
-import socket
 import stat
 import time
 import uuid
@@ -55,7 +54,7 @@ from torch_checkpointing.manifest import (
     shown_name,
     stray_claim,
 )
-from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name, made_here
+from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name, made_here, same_host, this_host
 from torch_checkpointing.signals import signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import remove_tree_marks_last
@@ -637,7 +636,7 @@ class Claim:
     def of(cls, target: CommitTarget) -> Claim:
         token = Path(target.tmp).name
         match = _TOKEN_RE.search(token)
-        return cls(token, match["uid"] if match else "", socket.gethostname(), os.getpid(), time.time())
+        return cls(token, match["uid"] if match else "", this_host(), os.getpid(), time.time())
 
     @classmethod
     def for_gc(cls, dead: Claim, uid: str = "") -> Claim:
@@ -653,7 +652,7 @@ class Claim:
         is over, however it ended, the claim is dead on this host although its process lives on."""
         token = f"{GC_TOKEN_PREFIX}{uuid.uuid4().hex}"
         collects = dead.collects if dead.is_gc() else dead.token
-        return cls(token, uid, socket.gethostname(), os.getpid(), time.time(), records=True, collects=collects)
+        return cls(token, uid, this_host(), os.getpid(), time.time(), records=True, collects=collects)
 
     def is_gc(self) -> bool:
         return self.token.startswith(GC_TOKEN_PREFIX)
@@ -720,7 +719,7 @@ def stale_reason(held: Claim | None, mine: Claim) -> str | None:
     age = time.time() - held.created
     if age > STALE_CLAIM_S:
         return f"it is {age / 3600:.1f} h old (> {STALE_CLAIM_S / 3600:.0f} h)"
-    if held.host != mine.host:
+    if not same_host(held.host, mine.host):
         return None
     if held.pid == os.getpid() and held.uid and job_ended_here(held.uid):
         return f"it was made in this process by job {held.uid}, whose managers here have all closed"

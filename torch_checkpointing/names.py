@@ -36,7 +36,9 @@ __all__ = [
     "new_nonce",
     "pid_namespace",
     "previous_copy_hint",
+    "same_host",
     "step_from_name",
+    "this_host",
     "trash_name",
 ]
 
@@ -90,6 +92,20 @@ def host_tag() -> str:
     except OSError:
         boot = ""
     return hashlib.sha256(f"{socket.gethostname()}\0{boot}\0{pid_namespace()}".encode()).hexdigest()[:8]
+
+
+def this_host() -> str:
+    """This host as a claim on an object-store id names it: its hostname, then `#` and `host_tag` (boot and pid
+    namespace). By the hostname alone, a claim made in another container of this host (the same hostname, another
+    pid namespace) was judged by a pid of this one: no such process here, so a live save's claim was "dead" and
+    another save took the id over."""
+    return f"{socket.gethostname()}#{host_tag()}"
+
+
+def same_host(held: str, mine: str) -> bool:
+    """Whether a claim's `held` host is `mine` (`this_host`); a claim of an earlier version names the hostname
+    alone, and is read as this host's where the hostname is this one's, as it was before."""
+    return held == mine or held == mine.rpartition("#")[0]
 
 
 def pid_namespace() -> int:

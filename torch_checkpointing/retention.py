@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import re
-import socket
 import threading
 import time
 import uuid
@@ -72,6 +71,7 @@ from torch_checkpointing.names import (
     may_be_cut,
     new_nonce,
     step_from_name,
+    this_host,
     trash_name,
 )
 from torch_checkpointing.storage.base_storage import Storage
@@ -625,7 +625,7 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
 def _dead_reason(marker: bytes) -> str | None:
     if not our_marker(marker):
         return None  # another program's file: nothing of ours, never collected
-    me = Claim(token="", uid="", host=socket.gethostname(), pid=os.getpid(), created=time.time())
+    me = Claim(token="", uid="", host=this_host(), pid=os.getpid(), created=time.time())
     return stale_reason(Claim.parse(marker), me)
 
 

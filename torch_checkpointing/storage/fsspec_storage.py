@@ -30,7 +30,6 @@ import logging
 import os
 import posixpath
 import re
-import socket
 import threading
 import time
 import urllib.parse
@@ -52,6 +51,7 @@ from torch_checkpointing.config import check_number
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import GC_TOKEN_PREFIX, INCOMPLETE_MARKER, MANIFEST_FILE_NAME, MAX_MARKER_BYTES
+from torch_checkpointing.names import this_host
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
 __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
@@ -1120,7 +1120,7 @@ def _deletes_claim() -> Iterator[bytes]:
     try:
         token = f"{GC_TOKEN_PREFIX}{uuid.uuid4().hex}"
         uid = lock.uid if lock.held else ""
-        yield Claim(token, uid, socket.gethostname(), os.getpid(), time.time()).to_bytes()
+        yield Claim(token, uid, this_host(), os.getpid(), time.time()).to_bytes()
     finally:
         lock.release()
 
