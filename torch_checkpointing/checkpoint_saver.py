@@ -332,6 +332,10 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 write.retrieved = True  # the caller sees this failure: save() raises it
                 log_failed(plan, exc)
                 write.try_set_exception(exc)
+                # Queued here, not by the write job: the interrupt may have landed before that job was queued,
+                # and then nobody told the other ranks, whose writers waited the whole timeout.
+                how = f", {type(exc).__name__}"
+                self._comm.submit(lambda: self._abandon(plan, write, how))
             else:
                 log_safely(
                     logger,
@@ -393,8 +397,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def _write(self, plan: SavePlan, staged: Future[Any], write: WriteFuture, blocked_s: float) -> None:
         """(On the comm thread.) Whatever raises on the way, the Future resolves: its waiter, and the next save,
         would otherwise wait for it until `wait_timeout_secs`."""
-        if not write.claim():
-            self._abandon(plan, write)
+        if not write.claim():  # save() was interrupted around the hand-over: it queued `_abandon` itself
             return
         try:
             self._write_and_resolve(plan, staged, write, blocked_s)
@@ -444,10 +447,11 @@ class AsyncCheckpointSaver(CheckpointSaver):
             log_committed(plan, 0, blocked_s)
             write.set_result(None)
 
-    def _abandon(self, plan: SavePlan, write: WriteFuture) -> None:
-        """The save() that queued this write was interrupted and failed its Future itself (`claim`): the writer
-        never gets it. Written anyway, it could commit a save its caller was told had failed."""
-        exc = _interrupted(plan)
+    def _abandon(self, plan: SavePlan, write: WriteFuture, how: str = "") -> None:
+        """(On the comm thread.) The save() that made this write was interrupted and failed its Future itself
+        (`claim`): the writer never gets it. Written anyway, it could commit a save its caller was told had
+        failed. The other ranks' writers are told (`how`: ", KeyboardInterrupt")."""
+        exc = _interrupted(plan, how)
         if write.try_set_exception(exc):  # the interrupt also cut save()'s own cleanup (and its log) short
             log_failed(plan, exc)
         if refuse_unanswered(plan, exc) is not exc:  # the other ranks' writers are told, and what they wrote goes
