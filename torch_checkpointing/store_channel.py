@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -87,6 +88,9 @@ class StoreChannel:
         except Exception as exc:  # the host it connected to is gone; the one on its port now (if any) is new
             logger.debug("The kept client of the checkpoint store at %s:%s is dead: %r", *self._host, exc)
             _Clients.drop(self._host, kept)
+            if not _accepts_connections(self._host, max(self.timeout_s, 1.0)):
+                self.spent = True  # nobody there: a new client's connect would retry for its whole timeout
+                raise _lost_host(exc) from None
             return False
         return True
 
@@ -384,6 +388,16 @@ def let_go_of_host(address: StoreAddress) -> None:
 def let_go_of_clients() -> None:
     """This process is about to exit (a writer process told to stop): its clients of every host disconnect."""
     _Clients.let_go()
+
+
+def _accepts_connections(host: tuple[str, int], timeout_s: float) -> bool:
+    """Whether anything listens at `host` now: a refused connection is told at once, where a TCPStore client's
+    connect retries until its timeout (rank 0's trainer gone, its store with it)."""
+    try:
+        socket.create_connection(host, timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def _within(host: tuple[str, int], op: Callable[[], T], timeout_s: float) -> T:
