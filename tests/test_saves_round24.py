@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,34 @@ def test_async_and_sync_saves_load_the_same_sharing(tmp_path: Path, mode: str) -
     loaded = _saved_and_loaded(tmp_path / "ck", {"model": {"t": t, "l": lst}, "opt": {"t": t, "l": lst}}, mode)
     assert loaded["model"]["t"] is not loaded["opt"]["t"] and loaded["model"]["l"] is not loaded["opt"]["l"]
     assert torch.equal(loaded["opt"]["t"], t) and loaded["opt"]["l"] == lst
+
+
+class _RowsView(Mapping[int, list[Any]]):
+    """A read-only view whose values are made at each access (a list per row, as a lazy view of a table
+    gives): nothing but the walk keeps one alive, so the next one made may reuse its id."""
+
+    def __init__(self, rows: list[torch.Tensor], scale: float) -> None:
+        self._rows, self._scale = rows, scale
+
+    def __getitem__(self, key: int) -> list[Any]:
+        return [key * self._scale, self._rows[key]]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self._rows)))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_values_made_at_each_access_are_each_saved_as_themselves(tmp_path: Path, mode: str) -> None:
+    """A container met again was told by its id alone; a value made at the access and dropped once walked gave
+    its id to the next one made, which then got the first one's copy (and its tensors no slot): wrong data."""
+    rows = [torch.full((2,), float(i)) for i in range(6)]
+    state = {"view": _RowsView(rows, 10.0), "p": torch.nn.Parameter(torch.ones(2))}  # p: the tree is rebuilt
+    loaded = _saved_and_loaded(tmp_path / "ck", {"model": state}, mode)["model"]
+    assert [v[0] for v in loaded["view"].values()] == [i * 10.0 for i in range(6)]
+    assert all(torch.equal(v[1], rows[i]) for i, v in enumerate(loaded["view"].values()))
 
 
 # ------------------------------------------------------------------ a copy aside made on another host (NFS)

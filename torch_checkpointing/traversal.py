@@ -145,12 +145,13 @@ def _iter_leaves(value: Any, path: NestedPath, on_path: set[int]) -> Iterator[tu
 
 
 class _Exit:
-    """Pushed under a container's children in `leaves`: popping it means the walk has left that container."""
+    """Pushed under a container's children in `leaves`: popping it means the walk has left that container.
+    It holds the container: one a Mapping made at the access stays alive (its id its own) while on the path."""
 
-    __slots__ = ("node_id",)
+    __slots__ = ("node", "node_id")
 
-    def __init__(self, node_id: int) -> None:
-        self.node_id = node_id
+    def __init__(self, node: Any) -> None:
+        self.node, self.node_id = node, id(node)
 
 
 def leaves(value: Any) -> Iterator[Any]:
@@ -177,7 +178,9 @@ def nodes(value: Any) -> Iterator[Any]:
 def _walk(value: Any, with_containers: bool, once: bool = False) -> Iterator[Any]:
     stack = [value]
     on_path: set[int] = set()
-    walked: set[int] = set()  # with `once`: every container entered (all alive while walked: ids stay unique)
+    # With `once`: every container entered, by id, each kept alive until the walk ends. A Mapping may make its
+    # values at each access: one dropped once walked would give its id to the next made, skipped as met before.
+    walked: dict[int, Any] = {}
     while stack:
         node = stack.pop()
         if type(node) is _Exit:
@@ -188,11 +191,12 @@ def _walk(value: Any, with_containers: bool, once: bool = False) -> Iterator[Any
                 _raise_cycle(value)
             if once and id(node) in walked:
                 continue
-            walked.add(id(node))
+            if once:
+                walked[id(node)] = node
             on_path.add(id(node))
             if with_containers:
                 yield node
-            stack.append(_Exit(id(node)))
+            stack.append(_Exit(node))
             stack.extend(reversed(list(node.values())) if isinstance(node, Mapping) else reversed(node))
         else:
             yield node
@@ -317,19 +321,20 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
 @dataclass
 class _Rebuilt:
     """What one `map_leaves` walk keeps: the containers on the current path (a cycle), those that fell back to
-    a plain dict or list (logged after), and each container rebuilt so far by its id (the originals are alive
-    for the whole walk, so no id is reused)."""
+    a plain dict or list (logged after), and each container rebuilt so far by its id, with the original it was
+    rebuilt from: held until the walk ends, so that no id is reused. A Mapping may make its values at each
+    access; one dropped once rebuilt gave its id to the next one made, which got the first one's copy."""
 
     on_path: set[int]
     fell_back: list[Any]
-    done: dict[int, Any]
+    done: dict[int, tuple[Any, Any]]
 
 
 def _map_leaves(value: Any, fn: Callable[[Any], Any], walk: _Rebuilt) -> Any:
     if not isinstance(value, _CONTAINERS):
         return fn(value)
     if id(value) in walk.done:
-        return walk.done[id(value)]
+        return walk.done[id(value)][1]
     _enter(value, walk.on_path)
     out: Any
     if isinstance(value, Mapping):
@@ -340,7 +345,7 @@ def _map_leaves(value: Any, fn: Callable[[Any], Any], walk: _Rebuilt) -> Any:
         plain = type(value) in _SEQUENCES
         out = type(value)(items_list) if plain else _rebuilt_or_plain(value, items_list, walk.fell_back)
     walk.on_path.discard(id(value))
-    walk.done[id(value)] = out
+    walk.done[id(value)] = (value, out)
     return out
 
 
