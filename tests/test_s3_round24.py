@@ -188,7 +188,57 @@ def test_a_save_of_an_id_being_deleted_waits_for_the_delete_rather_than_lose_its
         with sync_manager(config) as manager:
             assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
     assert refused is not None and "run/step_1" in str(refused), refused
-    assert "a delete of the checkpoint" in str(refused), refused
+    assert "a delete (or a move) of the checkpoint" in str(refused), refused
     with sync_manager(config) as manager:  # the delete is done: the id is free
         manager.save("run/step_1", state(7.0))
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
+
+
+class _PausingBeforeTheManifestsCopy(s3fs.S3FileSystem):  # type: ignore[misc]
+    """A directory rename (a copy, then a delete) that stops once every file is copied, before the manifest is,
+    until the test lets it go on."""
+
+    def __init__(self, *args: Any, paused: threading.Event, go: threading.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused, self.go = paused, go
+
+    def cp_file(self, path1: str, path2: str, *args: Any, **kwargs: Any) -> Any:
+        if path1.endswith(f"/{MANIFEST_FILE_NAME}"):
+            self.paused.set()
+            self.go.wait(120)
+        return fsspec.asyn.sync(self.loop, self._cp_file, path1, path2, *args, **kwargs)
+
+
+def test_a_save_of_an_id_a_checkpoint_is_being_moved_to_never_mixes_their_files(s3_server: S3Server) -> None:
+    """A directory rename on S3 (retention's move back of a whole copy, gc's put-back of a trash) copies the files
+    to the id under an `.incomplete` marker, the manifest last. That marker was empty, which every judge takes
+    for a dead save's claim: a save of the id took it over, wrote its files over the copied ones and committed,
+    and the copy's manifest then replaced the save's. The save said it committed, and neither it nor the moved
+    checkpoint loaded. Now the marker is a live claim while the copy runs: the save is refused, naming it."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+    paused, go = threading.Event(), threading.Event()
+    slow = FsspecStorageConfig(
+        url=config.url, filesystem=_PausingBeforeTheManifestsCopy(**config.storage_options, paused=paused, go=go)
+    ).create_storage()
+    moving = threading.Thread(
+        target=lambda: slow.rename(Path("run/step_1"), Path("run/step_9"), is_directory=True), daemon=True
+    )
+    moving.start()
+    refused: Exception | None = None
+    try:
+        assert paused.wait(60)
+        try:
+            with sync_manager(config) as manager:
+                manager.save("run/step_9", state(7.0))
+        except CommitError as exc:
+            refused = exc
+    finally:
+        go.set()
+        moving.join(60)
+    with sync_manager(config) as manager:
+        loaded = manager.load("run/step_9")["model"]["w"]
+    assert refused is not None and "run/step_9" in str(refused), refused
+    assert "a delete (or a move) of the checkpoint" in str(refused), refused
+    assert torch.equal(loaded, state(1.0)["model"]["w"])  # the moved checkpoint, whole

@@ -680,7 +680,11 @@ class Claim:
 
     def describe(self) -> str:
         age = time.time() - self.created
-        gc = "gc, removing what a dead save left" if self.collects else "a delete of the checkpoint, under way"
+        gc = (
+            "gc, removing what a dead save left"
+            if self.collects
+            else "a delete (or a move) of the checkpoint, under way"
+        )
         who = gc if self.is_gc() else f"job {self.uid or '?'}"
         return f"claim {self.token!r} of {who}, pid {self.pid} on host {self.host}, {age:.0f}s old"
 

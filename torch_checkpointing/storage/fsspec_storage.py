@@ -1072,15 +1072,25 @@ def _objects_under(backend: _Backend, key: str, include_self: bool = False) -> l
 
 
 def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None:
-    """Copy `keys` (under `src`, its manifest last) to `dst`, marked `.incomplete` until every one is there."""
-    marker = f"{dst}/{INCOMPLETE_MARKER}"
+    """Copy `keys` (under `src`, its manifest last) to `dst`, marked `.incomplete` until every one is there.
+
+    The marker is a live claim while the copy runs (`_live_claim`): `dst` may be an id (a checkpoint moved back
+    under it). It was empty, a dead save's claim to every judge: a save of the id took it over, wrote its files
+    over the copied ones and committed, and the copy's manifest then replaced the save's (neither loaded)."""
     marked_already = f"{src}/{INCOMPLETE_MARKER}" in keys  # an unfinished save's: its copy stays unfinished
-    if not marked_already:
-        backend.io.pipe_file(marker, b"")
+    if marked_already:
+        _copy_keys(backend, src, dst, keys)
+        return
+    marker = f"{dst}/{INCOMPLETE_MARKER}"
+    with _live_claim() as claim:
+        backend.io.pipe_file(marker, claim)
+        _copy_keys(backend, src, dst, keys)
+        backend.io.rm_file(marker)
+
+
+def _copy_keys(backend: _Backend, src: str, dst: str, keys: list[str]) -> None:
     for k in sorted(keys, key=_copy_order):  # an unfinished save's own marker first, the manifest last
         backend.io.cp_file(k, dst + k[len(src) :])  # `copy` would expand `*?[` in an id as a glob
-    if not marked_already:
-        backend.io.rm_file(marker)
 
 
 def _copy_order(key: str) -> int:
@@ -1099,15 +1109,16 @@ def _delete_prefix(backend: _Backend, key: str, keys: list[str], *, restore: boo
     if not committed or marked:
         _delete_marked(backend, key, keys, restore=restore)
         return
-    with _deletes_claim() as claim:
+    with _live_claim() as claim:
         _delete_marked(backend, key, keys, restore=restore, claim=claim)
 
 
 @contextlib.contextmanager
-def _deletes_claim() -> Iterator[bytes]:
-    """The `.incomplete` marker a delete of a committed checkpoint puts up while its files go: a claim naming an
-    owner lock this process holds for as long as the delete runs, so that it reads as live until the delete is
-    over, however it ends (`commit.stale_reason`), and as dead after (gc collects what a failed delete left).
+def _live_claim() -> Iterator[bytes]:
+    """The `.incomplete` marker a delete of a committed checkpoint (or a copy of one to another prefix) puts up
+    while its files go (or come): a claim naming an owner lock this process holds for as long as the delete (or
+    copy) runs, so that it reads as live until it is over, however it ends (`commit.stale_reason`), and as dead
+    after (gc collects what a failed delete or copy left).
 
     Before, the marker was empty, which every judge takes for a dead save's claim: a save of the id took it over
     while the files went and committed, and the delete's bulk delete, listed before, removed the files it had
