@@ -64,6 +64,26 @@ def test_retention_keeps_a_checkpoint_holding_a_users_file_named_like_an_engine_
     assert (tmp_path / "step_1" / name).read_bytes() == _USERS_FILES[name]
 
 
+def test_retention_names_a_checkpoint_it_keeps_for_a_users_file_once_per_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention runs after every save of a long job. Before, each pass said again, at WARNING, that it left the
+    checkpoint holding the user's file alone (a line per save, for the whole run); now the first pass says it,
+    the later ones at DEBUG, and each pass still leaves it whole."""
+    import logging
+
+    with _manager() as manager:
+        for step in (1, 2):
+            manager.save(str(tmp_path / f"step_{step}"), _state(float(step)), step=step)
+    (tmp_path / "step_1" / "metadata.json").write_bytes(_USERS_FILES["metadata.json"])
+    with caplog.at_level(logging.DEBUG, logger="torch_checkpointing"):
+        for _ in range(3):
+            apply_retention(tmp_path, RetentionPolicy(keep_last=1))
+    said = [r.levelno for r in caplog.records if "step_1" in r.getMessage() and "metadata.json" in r.getMessage()]
+    assert said == [logging.WARNING, logging.DEBUG, logging.DEBUG], said
+    assert (tmp_path / "step_1" / "metadata.json").read_bytes() == _USERS_FILES["metadata.json"]
+
+
 # ------------------------------------------------------------------------------ shared containers, both modes
 #
 # torch.save pickles an item whole, so a list, dict or tensor reachable under two keys of one item loads back as

@@ -256,11 +256,24 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
         if _gone(storage, src):  # its manifest vanished with it: nothing there is foreign, nothing is left
             return _not_deleted(storage, src, "")
         why = _foreign_files(foreign)
-        logger.warning("Retention left checkpoint %s alone: %s.", _shown(src), why)
+        _say_kept_for_foreign_files(src, why)
         return _Outcome(False, why)
     trash = _trash_name(src)
     with holding(trash):  # gc in this process must not take it for a killed process's of the same pid
         return _delete_through(trash, src, storage, expected)
+
+
+# The checkpoints already named in this process as kept for files not theirs, with why: retention runs after
+# every save, and a user's file stays until the user moves it, so the same WARNING came again at every pass.
+_KEPT_FOR_FOREIGN_FILES: set[tuple[str, str]] = set()
+
+
+def _say_kept_for_foreign_files(src: Path, why: str) -> None:
+    """At WARNING the first time in this process (and whenever the files named change), at DEBUG after."""
+    said = (_shown(src), why)
+    level = logging.DEBUG if said in _KEPT_FOR_FOREIGN_FILES else logging.WARNING
+    _KEPT_FOR_FOREIGN_FILES.add(said)
+    logger.log(level, "Retention left checkpoint %s alone: %s.", *said)
 
 
 def _delete_through(trash: Path, src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Outcome:
