@@ -9,7 +9,11 @@
 from __future__ import annotations
 
 import logging
+import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ from tests.s3_faults import LOST, FaultProxy, Rule
 from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing import FsspecStorageConfig, RetentionPolicy, list_checkpoints
+from torch_checkpointing.commit import Claim
 from torch_checkpointing.discovery import list_leftovers
 from torch_checkpointing.errors import CommitError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
@@ -242,3 +247,45 @@ def test_a_save_of_an_id_a_checkpoint_is_being_moved_to_never_mixes_their_files(
     assert refused is not None and "run/step_9" in str(refused), refused
     assert "a delete (or a move) of the checkpoint" in str(refused), refused
     assert torch.equal(loaded, state(1.0)["model"]["w"])  # the moved checkpoint, whole
+
+
+def test_a_delete_of_a_checkpoint_beside_a_dead_claim_still_holds_the_id_while_it_runs(s3_server: S3Server) -> None:
+    """A committed checkpoint can carry a dead claim of ours beside its manifest (a delete or a move killed after
+    its marker went up, or whose marker's own delete failed: readers accept it, gc lets go of it). A delete of
+    it kept that marker as it was: dead, so a save of the id took it over while the files went, and the delete's
+    bulk delete (listed before) removed the files it had just written. The delete's own live claim replaces it."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+    dead = Claim("gc-" + "0" * 32, "", socket.gethostname(), _a_dead_pid(), time.time()).to_bytes()
+    storage.write(Path("run/step_1") / INCOMPLETE_MARKER, dead)
+    with sync_manager(config) as manager:  # committed still: a stray claim beside its manifest
+        assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])
+    paused, go = threading.Event(), threading.Event()
+    slow = FsspecStorageConfig(
+        url=config.url, filesystem=_PausingAfterTheManifest(**config.storage_options, paused=paused, go=go)
+    ).create_storage()
+    deleting = threading.Thread(target=slow.rmdir, args=(Path("run/step_1"),), daemon=True)
+    deleting.start()
+    refused: Exception | None = None
+    try:
+        assert paused.wait(60)
+        try:
+            with sync_manager(config) as manager:
+                manager.save("run/step_1", state(7.0))
+        except CommitError as exc:
+            refused = exc
+    finally:
+        go.set()
+        deleting.join(60)
+    if refused is None:  # it said it committed: what it committed must load
+        with sync_manager(config) as manager:
+            assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
+    assert refused is not None and "a delete (or a move) of the checkpoint" in str(refused), refused
+
+
+def _a_dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(60)
+    return proc.pid

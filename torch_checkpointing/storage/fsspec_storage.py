@@ -50,7 +50,13 @@ from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_cr
 from torch_checkpointing.config import check_number
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
 from torch_checkpointing.futures import WorkerPool
-from torch_checkpointing.manifest import GC_TOKEN_PREFIX, INCOMPLETE_MARKER, MANIFEST_FILE_NAME, MAX_MARKER_BYTES
+from torch_checkpointing.manifest import (
+    GC_TOKEN_PREFIX,
+    INCOMPLETE_MARKER,
+    MANIFEST_FILE_NAME,
+    MAX_MARKER_BYTES,
+    our_marker,
+)
 from torch_checkpointing.names import this_host
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
@@ -1106,11 +1112,30 @@ def _delete_prefix(backend: _Backend, key: str, keys: list[str], *, restore: boo
     files, or any refused `rmdir`, leaves an incomplete prefix that readers refuse and gc collects."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
     committed, marked = manifest in keys, marker in keys
-    if not committed or marked:
+    if not committed:
         _delete_marked(backend, key, keys, restore=restore)
         return
     with _live_claim() as claim:
+        if marked and not _dead_claim_of_ours(backend, marker, claim):  # a live save's: not ours to replace
+            _delete_marked(backend, key, keys, restore=restore)
+            return
         _delete_marked(backend, key, keys, restore=restore, claim=claim)
+
+
+def _dead_claim_of_ours(backend: _Backend, marker: str, mine: bytes) -> bool:
+    """Whether the marker beside a committed manifest is ours and dead (empty, or a claim no process holds: a
+    delete or a move killed, or whose marker's own delete failed). A delete replaces it with its own live claim:
+    kept as it was, it let a save of the id take it over while the files went, and lose them to the delete."""
+    from torch_checkpointing.commit import Claim, stale_reason  # imported here: commit imports this package
+
+    try:
+        data = backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1)
+    except Exception:  # gone meanwhile, or unreadable: nothing proves it dead
+        return False
+    mine_claim = Claim.parse(mine)
+    if mine_claim is None or len(data) > MAX_MARKER_BYTES or not our_marker(data):  # another program's file
+        return False
+    return stale_reason(Claim.parse(data), mine_claim) is not None
 
 
 @contextlib.contextmanager
@@ -1137,12 +1162,12 @@ def _live_claim() -> Iterator[bytes]:
 
 
 def _delete_marked(backend: _Backend, key: str, keys: list[str], *, restore: bool, claim: bytes = b"") -> None:
-    """`_delete_prefix` itself; `claim`: the marker a committed checkpoint gets first."""
+    """`_delete_prefix` itself; `claim`: the marker a committed checkpoint gets first (in place of a dead one)."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
     rest = [k for k in keys if k not in (manifest, marker)]
     committed, marked = manifest in keys, marker in keys
     saved = backend.io.cat_file(manifest) if committed else b""
-    if committed and not marked:
+    if committed and claim:  # over a dead marker of ours too (`_dead_claim_of_ours`)
         backend.io.pipe_file(marker, claim)
     try:
         if committed:
@@ -1151,7 +1176,7 @@ def _delete_marked(backend: _Backend, key: str, keys: list[str], *, restore: boo
             _delete_all(backend, rest)  # the marker stays if any is kept: gc collects the prefix later
     except BaseException:
         if committed and restore:
-            _restore_if_whole(backend, key, rest, saved, remove_marker=not marked)
+            _restore_if_whole(backend, key, rest, saved, remove_marker=not marked or bool(claim))
         raise
     if committed or marked:
         backend.io.rm_file(marker)
