@@ -131,14 +131,20 @@ def test_storage_config_is_used(make_sync: ManagerFactory, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("use_mmap", [False, True])
 def test_load_config_is_used(make_sync: ManagerFactory, tmp_path: Path, use_mmap: bool) -> None:
-    """use_mmap=False reads the item's bytes: the loaded tensor does not map the checkpoint's file."""
+    """use_mmap=True: the loaded tensor lies in a mapping, of a copy of the file in memory (API_SURFACE: "streamed
+    into one anonymous mmap"), never of the checkpoint's file itself (a write into that file would change it);
+    use_mmap=False reads the item's bytes: the tensor lies in no file mapping at all."""
     manager = make_sync(load=CheckpointLoaderConfig(use_mmap=use_mmap, weights_only=False))
     manager.save(str(tmp_path / "c"), {"s": {1, 2}, "w": torch.ones(100_000)})
     out = manager.load(str(tmp_path / "c"), into={"s": None, "w": None})
     assert out["s"] == {1, 2} and torch.equal(out["w"], torch.ones(100_000))
     item_file = str(tmp_path / "c" / "w_0.pt")
-    mapped = [region for region in memory_maps() if region.path == item_file]
-    assert bool(mapped) is use_mmap
+    regions = memory_maps()
+    assert not [region for region in regions if region.path == item_file]
+    pointer = out["w"].untyped_storage().data_ptr()
+    holding = [region for region in regions if region.start <= pointer < region.end]
+    assert len(holding) == 1
+    assert holding[0].path.startswith("/memfd:") is use_mmap, holding[0]
 
 
 def test_sync_lock_is_a_usable_context_manager(sync_manager: CheckpointManager) -> None:
