@@ -18,6 +18,7 @@ from math import prod
 from pathlib import Path
 from types import ModuleType
 
+from simulator.held_signals import signals_held
 from simulator.plan import DEFAULT_SCENARIOS, SCENARIOS, Plan
 
 _ARROWS = re.compile(r"\s*(?:→|->|:)\s*")
@@ -351,22 +352,9 @@ def _import_holding_signals(module: str) -> ModuleType:
     signal instead of raising it. It stays a copy: the simulator uses only a backend's public API (the house
     plan), which has no such helper, and the engine does not import the simulator.
     """
-    held: list[int] = []
-    # not for a signal the shell ignores (`cmd &`), nor on another thread, where signals cannot be set
-    holding = [
-        signum
-        for signum in (signal.SIGINT, signal.SIGTERM)
-        if signal.getsignal(signum) not in (signal.SIG_IGN, None)
-        and threading.current_thread() is threading.main_thread()
-    ]
-    previous = {signum: signal.signal(signum, lambda signum, _frame: held.append(signum)) for signum in holding}
-    try:
+    with signals_held() as held:
         imported = importlib.import_module(module)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    for signum in held[:1]:
-        signal.raise_signal(signum)  # runs the handler now restored: KeyboardInterrupt, or Terminated
+    held.deliver()  # runs the handler now restored: KeyboardInterrupt, or Terminated
     return imported
 
 

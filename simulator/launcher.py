@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
+from simulator.held_signals import signals_held
+
 __all__ = ["LaunchError", "RankFailure", "launch", "report_progress"]
 
 _PROGRESS_ENV = "SIMULATOR_PROGRESS_FILE"
@@ -333,19 +335,21 @@ class _Job:
     progress: Callable[[str], None] | None
 
     def run(self, envs: dict[int, dict[str, str]], logs: DefaultLogsSpecs) -> list[Any]:
-        ctx = start_processes(
-            name=self.name,
-            entrypoint=_rank_entry,
-            args=dict.fromkeys(range(self.world_size), (self.fn, self.args)),
-            envs=envs,
-            logs_specs=logs,
-            start_method="spawn",
-        )
+        with signals_held() as held:  # every rank started whole, then stopped by the `finally` below
+            ctx = start_processes(
+                name=self.name,
+                entrypoint=_rank_entry,
+                args=dict.fromkeys(range(self.world_size), (self.fn, self.args)),
+                envs=envs,
+                logs_specs=logs,
+                start_method="spawn",
+            )
         deadline = time.monotonic() + self.timeout
         offset = 0
         first_error_at: float | None = None
         result = None
         try:
+            held.deliver()
             while True:
                 records = self._error_records()
                 if records and first_error_at is None:
