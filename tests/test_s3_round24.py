@@ -172,26 +172,7 @@ def test_a_save_of_an_id_being_deleted_waits_for_the_delete_rather_than_lose_its
     config = s3_server.config()
     with sync_manager(config) as manager:
         manager.save("run/step_1", state(1.0))
-    paused, go = threading.Event(), threading.Event()
-    slow = FsspecStorageConfig(
-        url=config.url, filesystem=_PausingAfterTheManifest(**config.storage_options, paused=paused, go=go)
-    ).create_storage()
-    deleting = threading.Thread(target=slow.rmdir, args=(Path("run/step_1"),))
-    deleting.start()
-    refused: Exception | None = None
-    try:
-        assert paused.wait(60)
-        try:
-            with sync_manager(config) as manager:
-                manager.save("run/step_1", state(7.0))
-        except CommitError as exc:
-            refused = exc
-    finally:
-        go.set()
-        deleting.join(60)
-    if refused is None:  # it said it committed: what it committed must load
-        with sync_manager(config) as manager:
-            assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
+    refused = _save_during_a_paused_delete(config)
     assert refused is not None and "run/step_1" in str(refused), refused
     assert "a delete (or a move) of the checkpoint" in str(refused), refused
     with sync_manager(config) as manager:  # the delete is done: the id is free
@@ -262,6 +243,13 @@ def test_a_delete_of_a_checkpoint_beside_a_dead_claim_still_holds_the_id_while_i
     storage.write(Path("run/step_1") / INCOMPLETE_MARKER, dead)
     with sync_manager(config) as manager:  # committed still: a stray claim beside its manifest
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])
+    refused = _save_during_a_paused_delete(config)
+    assert refused is not None and "a delete (or a move) of the checkpoint" in str(refused), refused
+
+
+def _save_during_a_paused_delete(config: FsspecStorageConfig) -> Exception | None:
+    """Delete run/step_1 in a thread paused once its manifest is gone, save the id meanwhile, then let the delete
+    finish: the save's CommitError, or None once what it said it committed loaded back whole."""
     paused, go = threading.Event(), threading.Event()
     slow = FsspecStorageConfig(
         url=config.url, filesystem=_PausingAfterTheManifest(**config.storage_options, paused=paused, go=go)
@@ -282,7 +270,7 @@ def test_a_delete_of_a_checkpoint_beside_a_dead_claim_still_holds_the_id_while_i
     if refused is None:  # it said it committed: what it committed must load
         with sync_manager(config) as manager:
             assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
-    assert refused is not None and "a delete (or a move) of the checkpoint" in str(refused), refused
+    return refused
 
 
 def _a_dead_pid() -> int:
