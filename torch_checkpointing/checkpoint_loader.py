@@ -677,43 +677,75 @@ def _engine_runs(plan: _Reshard) -> bool:
 
 
 class _Detached:
-    """The copies of the values a load into a template returns as they were decoded (where the template holds
+    """The copies of the tensors a load into a template returns as they were decoded (where the template holds
     None, and entries it lacks): decoded from a mapping of the checkpoint's file (`start_whole(private=False)`),
     they were views of it, changed by a later write into the file, SIGBUS once it was truncated.
 
-    The check phase makes them (`copy`), so a value that cannot be copied fails the load before any template
-    changed; the copy phase returns them (`made`). One memo for the item, so what the saved state shared stays
-    shared. A tensor torch cannot deep-copy (a nested tensor: `Tensor.__deepcopy__` has no kernel for it) is
-    cloned: such a tensor is what the safe loader returns, and a load without a template returns it too."""
+    The check phase makes them (`copy`), so a tensor that cannot be copied fails the load before any template
+    changed; the copy phase returns them (`made`). Only tensors are copied: the containers around them are the
+    decode's own new objects, so their tensors are swapped in place (a tuple holding one is rebuilt), by a walk
+    without recursion: a crafted safetensors name of 50,000 dots nests that deep, and a recursive copy of it
+    raised NestingError where a strict load refuses the entry as unexpected. One memo for the item, so tensors
+    the saved state shared (views of one storage) stay shared. A tensor torch cannot deep-copy (a nested tensor:
+    `Tensor.__deepcopy__` has no kernel for it) is cloned."""
 
     def __init__(self) -> None:
         self.memo: dict[int, Any] = {}
+        self._made: dict[int, Any] = {}  # id of a decoded tensor or tuple -> its copy
+        self._kept: list[Any] = []  # the originals, alive while their ids are keys of `_made`
 
     def copy(self, value: Any) -> Any:
-        self._clone_uncopyable_tensors(value, set())
-        return copy.deepcopy(value, self.memo)
+        entered: set[int] = set()
+        stack: list[tuple[Any, bool]] = [(value, False)]
+        while stack:
+            node, children_done = stack.pop()
+            if id(node) in self._made or not _holds_children(node):
+                self._leaf(node)
+                continue
+            if children_done:
+                self._rebuild(node)
+            elif id(node) not in entered:  # a container met again on its own path (a cycle) is left as it is
+                entered.add(id(node))
+                stack.append((node, True))
+                stack.extend((child, False) for child in _children_of(node))
+        return self.made(value)
 
     def made(self, value: Any) -> Any:
-        """The copy `copy` made of `value` (deepcopy memoizes every copy that is a new object), else `value`:
-        an immutable value deepcopy returns as it is."""
-        return self.memo.get(id(value), value)
+        """The copy `copy` made of `value` (a tensor, or a tuple holding one), else `value` itself."""
+        return self._made.get(id(value), value)
 
-    def _clone_uncopyable_tensors(self, node: Any, seen: set[int]) -> None:
-        if id(node) in seen or id(node) in self.memo:
+    def _leaf(self, node: Any) -> None:
+        if not isinstance(node, torch.Tensor) or id(node) in self._made:
             return
-        seen.add(id(node))
-        if isinstance(node, torch.Tensor):
-            try:
-                copy.deepcopy(node, self.memo)
-            except (RuntimeError, NotImplementedError):
-                self.memo[id(node)] = node.detach().clone()
-                self.memo.setdefault(id(self.memo), []).append(node)  # as deepcopy keeps its originals alive
-        elif isinstance(node, Mapping):
-            for child in node.values():
-                self._clone_uncopyable_tensors(child, seen)
-        elif isinstance(node, list | tuple):
-            for child in node:
-                self._clone_uncopyable_tensors(child, seen)
+        try:
+            copied = copy.deepcopy(node, self.memo)
+        except (RuntimeError, NotImplementedError):
+            copied = node.detach().clone()
+        self._remember(node, copied)
+
+    def _rebuild(self, node: Any) -> None:
+        if isinstance(node, MutableMapping):
+            for key, child in list(node.items()):
+                node[key] = self.made(child)
+        elif isinstance(node, MutableSequence):
+            for i, child in enumerate(list(node)):
+                node[i] = self.made(child)
+        elif isinstance(node, tuple):
+            items = [self.made(child) for child in node]
+            if any(new is not old for new, old in zip(items, node, strict=True)):
+                self._remember(node, type(node)(*items) if hasattr(node, "_fields") else type(node)(items))
+
+    def _remember(self, original: Any, copied: Any) -> None:
+        self._made[id(original)] = copied
+        self._kept.append(original)
+
+
+def _holds_children(node: Any) -> bool:
+    return isinstance(node, MutableMapping | MutableSequence | tuple)
+
+
+def _children_of(node: Any) -> list[Any]:
+    return list(node.values()) if isinstance(node, Mapping) else list(node)
 
 
 def _refuse_unbacked_world_size(root: Path, manifest: Manifest, loading: int) -> None:
