@@ -14,14 +14,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 
-from tests.async_multirank_support import launch_job, loaded, local_async_manager, state, timed
-from tests.test_interrupted_staging_round24_multirank import FAST_S, TIMEOUT_S, _save
+from tests.async_multirank_support import launch_job
+from tests.test_interrupted_staging_round24_multirank import FAST_S, interrupted_save_job
 from torch_checkpointing import CheckpointManager
 
 pytestmark = pytest.mark.multirank
@@ -49,18 +47,7 @@ def _interrupt_handover(manager: CheckpointManager) -> None:
 
 
 def _job(root: str, control: str) -> dict[str, Any]:
-    rank = dist.get_rank()
-    manager = local_async_manager(TIMEOUT_S)
-    out: dict[str, Any] = {"warm": timed(lambda: manager.save(f"{root}/warm", state(0, rank)).result(120))["result"]}
-    if rank == 1:
-        _interrupt_handover(manager)
-    out["interrupted"] = _save(manager, f"{root}/interrupted", state(1, rank))
-    dist.barrier()
-    out["after"] = _save(manager, f"{root}/after", state(2, rank))["result"]
-    out["after_loaded"] = loaded(manager, f"{root}/after")
-    manager.close()
-    out["left"] = sorted(p.name for p in Path(root).iterdir())
-    return out
+    return interrupted_save_job(_interrupt_handover, root)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +58,17 @@ def _save(manager: CheckpointManager, path: str, value: dict[str, Any]) -> dict[
 
 
 def _job(root: str, control: str) -> dict[str, Any]:
+    return interrupted_save_job(_interrupt_staging, root)
+
+
+def interrupted_save_job(arm: Callable[[CheckpointManager], None], root: str) -> dict[str, Any]:
+    """A warm save on both ranks, then one whose save() `arm` interrupts on rank 1, then one more, each result
+    under its name: shared by the staging and the hand-over tests."""
     rank = dist.get_rank()
     manager = local_async_manager(TIMEOUT_S)
     out: dict[str, Any] = {"warm": timed(lambda: manager.save(f"{root}/warm", state(0, rank)).result(120))["result"]}
     if rank == 1:
-        _interrupt_staging(manager)
+        arm(manager)
     out["interrupted"] = _save(manager, f"{root}/interrupted", state(1, rank))
     dist.barrier()
     out["after"] = _save(manager, f"{root}/after", state(2, rank))["result"]
