@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,3 +251,13 @@ def layout(path: str, fmt: str, *args: Any, **kwargs: Any) -> Any:
 def spec(**kwargs: Any) -> Any:
     """ItemSpec(**kwargs) from the package top level."""
     return backend.name("", "ItemSpec")(**kwargs)
+
+
+def raised_by(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException | None:
+    """What ``fn(*args, **kwargs)`` raised, or None: lets a clause assert on it outside the ``except``, so the
+    report's reason is the clause's own message, not the first line of the chained exception."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:
+        return exc
+    return None

@@ -408,6 +408,31 @@ RESHARD_SHAPES = {
 }
 
 
+# DTensorResharder items on layouts of their own (RESHARD-LAYOUT-2): item key -> (file_path, format).
+RESHARD_LAYOUTS = {
+    "st": ("st_{rank}.safetensors", "SafetensorsSerialization"),
+    "sub": ("rank_{rank}/sub.pt", "TorchSerialization"),
+}
+
+
+def _layout_reshard_items() -> dict[str, Any]:
+    return {key: spec(resharder=_resharder(), layout=layout(*where)) for key, where in RESHARD_LAYOUTS.items()}
+
+
+def _layout_reshard_load(root: Where, mesh: DeviceMesh, placements: list[Any]) -> None:
+    """Both custom-layout items of the ``layouts`` source, loaded onto ``placements`` of ``mesh``."""
+    shape, seed = RESHARD_SHAPES["w"]
+    tmpl = {key: {"w": _zeros_dt(shape, mesh, placements)} for key in RESHARD_LAYOUTS}
+    m = _manager(_layout_reshard_items())
+    try:
+        r = m.load(str(root / "layouts"), into=tmpl)
+    finally:
+        m.close()
+    for key in RESHARD_LAYOUTS:
+        assert r[key]["w"] is tmpl[key]["w"], f"{key}: template identity lost"
+        _expect_local(tmpl[key]["w"], seed, shape)
+
+
 def _reshard_items(with_loader: bool = True, with_misc: bool = True) -> dict[str, Any]:
     items = {"model": spec(resharder=_resharder())}
     if with_misc:
@@ -438,6 +463,19 @@ def _reshard_save(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
         )
     finally:
         strided.close()
+    by_layout = _manager(_layout_reshard_items())
+    try:
+        _check(
+            obs,
+            "reshard.layouts_save",
+            lambda: save(
+                by_layout,
+                root / "layouts",
+                {key: {"w": _dt("reshard.w", (7, 4), mesh, [Shard(0)])} for key in RESHARD_LAYOUTS},
+            ),
+        )
+    finally:
+        by_layout.close()
     loader = {"position": 100 + rank, "epoch": 1}
     _custom().CALLS.clear()
     m = _manager(_reshard_items())
@@ -476,6 +514,7 @@ def _reshard_save(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     _check(obs, "reshard.mesh2d", lambda: load_as("mesh2d", "w", mesh2d, [Replicate(), Shard(0)]))
     _check(obs, "reshard.strided_to_shard", lambda: load_as("s2s", "s", mesh, [Shard(0)]))
     _check(obs, "reshard.shard_to_strided", lambda: load_as("p2s", "p", mesh, [_StridedShard(0, split_factor=2)]))
+    _check(obs, "reshard.layouts_shard1", lambda: _layout_reshard_load(root, mesh, [Shard(1)]))
 
 
 def _reshard_load_other_world(root: Where, obs: Obs) -> None:
@@ -497,6 +536,7 @@ def _reshard_load_other_world(root: Where, obs: Obs) -> None:
     if world == 1:
         _check(obs, "reshard1.r", lambda: load_key("r", [Replicate()]))
         _check(obs, "reshard1.strided", lambda: load_key("s", [Replicate()]))
+        _check(obs, "reshard1.layouts", lambda: _layout_reshard_load(root, mesh, [Replicate()]))
         _phase(obs, "custom", lambda: _custom_and_direct(root, obs))
 
 

@@ -23,10 +23,13 @@ from conformance.helpers import (
     Where,
     copy_tree,
     files,
+    layout,
+    raised_by,
     read_bytes,
     read_text,
     remove,
     save,
+    spec,
     torch_save,
     write_bytes,
 )
@@ -183,6 +186,33 @@ def test_disk_full_fails_cleanly(tmp_path: Path, mode: str) -> None:
             bad[f"RLIMIT_FSIZE={limit}"] = [p for p in problems if p]
     assert not bad, f"{mode} saves on a full disk: {bad}"
     _overwrites(out["overwrite"], out["overwrite"]["after"], "a full disk during a save over a committed id")
+
+
+# --------------------------------------------------------------- the next save after a failed write
+# Two ways an async write fails on the value alone: its format refuses it, or it does not pickle.
+FAILING_VALUES: dict[str, Callable[[], Any]] = {
+    "refused-by-format": lambda: "not bytes",
+    "not-picklable": lambda: threading.Lock(),
+}
+
+
+@clause("DUR-NEXT-1")
+@pytest.mark.parametrize("failure", sorted(FAILING_VALUES))
+def test_same_manager_saves_after_a_failed_write(
+    manager_factory: Callable[..., Any], ckpt_root: Where, failure: str
+) -> None:
+    """ "A failed async write fails its own Future ... the next save works": on the same manager, not only on a
+    new one (DUR-DISKFULL-1), and its close() does not raise an error that belonged to an earlier save."""
+    m = manager_factory(
+        {"blob": spec(requires_copy=False, layout=layout("blob_{rank}.bin", "RawSerialization"))}, mode="async"
+    )
+    with pytest.raises(Exception):
+        save(m, ckpt_root / "bad", {"blob": FAILING_VALUES[failure]()})
+    for n in range(2):
+        error = raised_by(save, m, ckpt_root / f"next{n}", {"blob": b"good %d" % n})
+        assert error is None, f"save #{n + 1} of the same manager after the failed one raised {error!r}"
+        assert m.load(str(ckpt_root / f"next{n}"), into={"blob": None})["blob"] == b"good %d" % n
+    m.close()
 
 
 # --------------------------------------------------------------- one rank fails

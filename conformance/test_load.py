@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conformance import backend
-from conformance.helpers import Where, files, layout, save, spec
+from conformance.helpers import Where, files, layout, raised_by, save, spec
 
 clause = pytest.mark.clause
 Factory = Callable[..., Any]
@@ -131,6 +131,32 @@ def test_default_resharder_is_wired_for_unlisted_keys(manager_factory: Factory, 
     m.load(str(ckpt_root / "c"), into={"model": torch.zeros(2), "loader": {"position": 0}})
     on_load = [(c["item_key"], c["position"]) for c in custom_resharder.CALLS if c["call"] == "extract"]
     assert on_load == [("loader", 0)], f"metadata extracted on load: {on_load}"
+
+
+@clause("RESHARD-AUTO-3")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_every_save_and_load_runs_the_pipeline(manager_factory: Factory, ckpt_root: Where, mode: str) -> None:
+    """The manager records "the source metadata on save and the target metadata on load": on every save and
+    every load, not only its first. Two checkpoints saved by one manager as two chunks each are loaded by
+    another manager into one chunk, each of them twice; every load must go through the resharder."""
+    from conformance import custom_resharder
+
+    def items() -> dict[str, Any]:
+        return {"loader": spec(requires_copy=False, resharder=custom_resharder.ChunkResharder())}
+
+    writer = manager_factory(items(), mode=mode)
+    saved = {name: torch.arange(6.0) + 10 * i for i, name in enumerate(("first", "second"))}
+    for name, value in saved.items():
+        save(writer, ckpt_root / name, {"loader": {"chunks": list(value.clone().chunk(2))}})
+    reader = manager_factory(items())
+    for attempt, name in enumerate(("second", "first", "second")):
+        custom_resharder.CALLS.clear()
+        target = {"chunks": [torch.zeros(6)]}
+        error = raised_by(reader.load, str(ckpt_root / name), into={"loader": target})
+        assert error is None, f"load #{attempt + 1} of the reader ({name!r}, the writer's {name} save) raised {error!r}"
+        resharded = [c for c in custom_resharder.CALLS if c["call"] == "chunk-load"]
+        assert resharded, f"load #{attempt + 1} of the reader ({name!r}) did not run the resharder"
+        assert torch.equal(target["chunks"][0], saved[name]), f"load #{attempt + 1} ({name!r}) restored wrong values"
 
 
 # A resharder item on a layout of its own: a {rank} path in a subdirectory, and a safetensors file.

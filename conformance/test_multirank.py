@@ -218,6 +218,12 @@ def test_reshard_strided(two: Results, one: Results) -> None:
     expect(one, "reshard1.strided")
 
 
+@clause("RESHARD-LAYOUT-2")
+def test_reshard_custom_layouts(two: Results, one: Results) -> None:
+    expect(two, "reshard.layouts_save", "reshard.layouts_shard1")
+    expect(one, "reshard1.layouts")
+
+
 @clause("RESHARD-CUSTOM-1", "RESHARD-ABC-1")
 def test_custom_resharder_called(one: Results) -> None:
     expect(one, "custom.load", "custom.called")
