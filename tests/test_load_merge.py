@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from tests.memory_storage import MemoryStorageConfig
 from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization, TorchSerialization
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
-from torch_checkpointing.errors import TemplateMismatchError
+from torch_checkpointing.errors import ConfigError, CorruptCheckpointError, TemplateMismatchError
 from torch_checkpointing.walk_utils import walk_checkpoint_structure
 
 
@@ -259,6 +260,33 @@ def test_map_location_on_the_local_filesystem(tmp_path: Path) -> None:
         manager.save(str(tmp_path / "c"), {"model": {"w": torch.ones(4)}})
         out = manager.load(str(tmp_path / "c"), into={"model": None}, map_location="meta")
         assert out["model"]["w"].device.type == "meta"
+    finally:
+        manager.close()
+
+
+_META_FORMATS = {"torch": TorchSerialization(), "safetensors": SafetensorsSerialization()}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "map_location"),
+    [("torch", "meta"), ("torch", torch.device("meta")), ("torch", {"cpu": "meta"}), ("safetensors", "meta")],
+)
+def test_map_location_meta_into_a_template_names_the_argument(tmp_path: Path, fmt: str, map_location: Any) -> None:
+    """A templated load copies the stored values into the template, so `map_location="meta"` leaves nothing to
+    copy. That is the caller's argument, not damage: it was a CorruptCheckpointError ("The checkpoint holds a
+    meta tensor ... re-save from a materialised model"), which sends people to re-save or delete a healthy
+    checkpoint."""
+    layout = LayoutInfo(f"model.{fmt}", _META_FORMATS[fmt])
+    manager = _manager(items={"model": ItemSpec(layout=layout)})
+    try:
+        manager.save(str(tmp_path / "c"), {"model": {"w": torch.ones(4)}})
+        template = torch.zeros(4)
+        with pytest.raises(ConfigError, match=r"map_location.*'model'") as info:
+            manager.load(str(tmp_path / "c"), into={"model": {"w": template}}, map_location=map_location)
+        assert not isinstance(info.value, CorruptCheckpointError), info.value
+        assert torch.equal(template, torch.zeros(4))
+        manager.load(str(tmp_path / "c"), into={"model": {"w": template}})  # the checkpoint is fine
+        assert torch.equal(template, torch.ones(4))
     finally:
         manager.close()
 

@@ -46,7 +46,7 @@ from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, 
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.signals import signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.traversal import iter_leaves, local_tensor
+from torch_checkpointing.traversal import iter_leaves, leaves, local_tensor
 from torch_checkpointing.types import CheckpointPath, RankInfo
 from torch_checkpointing.walk_utils import (
     MISSING,
@@ -277,6 +277,7 @@ class CheckpointLoader:
             plan = self._plan_item(ctx, item, metadata)
             if plan is not None:
                 plans.append(plan)
+        _refuse_meta_into_templates(plans, map_location)
         for plan in plans:  # every whole-file check at once: a cold file's decode waits for its own check only
             if isinstance(plan, _Direct):
                 ctx.start_whole(plan.rel, f"item '{plan.item.key}'", private=plan.item.value is None)
@@ -894,6 +895,32 @@ def _check_load_arguments(map_location: Any, strict: object) -> None:
         f"load(map_location=...) must be None, a str or torch.device ('cpu', 'meta'), a dict of device names or a "
         f"callable, as torch.load takes; got {map_location!r} ({type(map_location).__name__})."
     )
+
+
+def _refuse_meta_into_templates(plans: list[_Direct | _Reshard], map_location: Any) -> None:
+    """A template is filled by copying the decoded tensors into it, so a `map_location` that decodes them onto
+    the meta device leaves no values to copy. Refused as the argument it is, before any file is read: the
+    check would otherwise meet a meta tensor where a value belongs and report the checkpoint as damaged."""
+    if not _names_meta(map_location):
+        return
+    keys = sorted(
+        p.item.key
+        for p in plans
+        if isinstance(p, _Direct) and any(isinstance(v, torch.Tensor) for v in leaves(p.item.value))
+    )
+    if keys:
+        raise ConfigError(
+            f"load(map_location={map_location!r}) decodes the stored tensors onto the meta device, which has no "
+            f"values to copy into the template tensors of items {keys}. Drop map_location (a template is filled on "
+            f"its own device), or pass None as an item's template to get its tensors on the meta device."
+        )
+
+
+def _names_meta(map_location: Any) -> bool:
+    """Whether `map_location` (already checked by `_check_load_arguments`) sends storages to the meta device;
+    a callable's choice is not known before it runs."""
+    devices = map_location.values() if isinstance(map_location, dict) else [map_location]
+    return any(isinstance(d, (str, torch.device)) and torch.device(d).type == "meta" for d in devices)
 
 
 def _check_device(device: str | torch.device) -> None:
