@@ -7,6 +7,7 @@ setuptools' PEP 517 hooks with no build isolation and no network: a few seconds.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -118,3 +119,23 @@ def test_sdist_carries_the_harness(source: Path, tmp_path: Path) -> None:
     for needed in SDIST_MUST_HOLD:
         assert any(m == needed or m.startswith(needed + "/") for m in members), needed
     assert not any("__pycache__" in m for m in members)
+
+
+def test_docs_name_every_extra_and_what_it_installs() -> None:
+    """docs/packaging.md's "Extras" line names every extra of pyproject.toml and every package each installs:
+    it listed four of the seven extras, and `test` without moto and the `s3` extra it pulls in."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    page = (ROOT / "docs" / "packaging.md").read_text(encoding="utf-8")
+    line = next(part for part in page.split("\n* ") if part.startswith("Extras:"))
+    unnamed = []
+    for extra, requirements in extras.items():
+        named = [f"`{extra}`"]
+        for requirement in requirements:
+            project = re.split(r"[\[<>=!~;\s]", requirement, maxsplit=1)[0]
+            if project == "torch-checkpointing":  # another extra of this package, "torch-checkpointing[s3]"
+                named += [f"`{e.strip()}`" for e in requirement.split("[", 1)[1].split("]", 1)[0].split(",")]
+            else:
+                named.append(project)
+        unnamed += [f"{extra}: {name}" for name in named if name not in line]
+    assert not unnamed, f"docs/packaging.md's Extras line does not name: {unnamed}"
