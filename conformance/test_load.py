@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from conformance import backend
-from conformance.helpers import Where, files, layout, raised_by, save, spec
+from conformance.helpers import WRITE_TIMEOUT_S, Where, files, layout, raised_by, save, spec
 
 clause = pytest.mark.clause
 Factory = Callable[..., Any]
@@ -54,6 +55,35 @@ def test_returned_mapping_has_the_requested_items(manager_factory: Factory, ckpt
     out = m.load(str(ckpt_root / "c"), into={"model": torch.empty(2), "step": 0})
     assert set(out.keys()) == {"model", "step"}
     assert torch.equal(out["model"], torch.ones(2)) and out["step"] == 3
+
+
+# 16 MiB per item: large enough that an async write is still running when load() is called.
+AFTER_SAVE_NUMEL = 1 << 22
+
+
+@clause("LOAD-AFTERSAVE-1")
+@pytest.mark.parametrize("target", ["fresh-id", "committed-id"])
+def test_load_right_after_an_async_save(manager_factory: Factory, ckpt_root: Where, target: str) -> None:
+    """The document saves and then loads the same path on an async-by-default manager with nothing between
+    ("manager.save(path, ...)" then "manager.load(path, into=...)"): the load restores what that save saved,
+    whether the id was new or held an earlier checkpoint."""
+    m = manager_factory({"model": spec()}, mode="async")
+    path = ckpt_root / "c"
+    if target == "committed-id":
+        save(m, path, {"model": {"w": torch.zeros(AFTER_SAVE_NUMEL), "b": torch.zeros(3)}})
+    saved = {"w": torch.arange(AFTER_SAVE_NUMEL, dtype=torch.float32), "b": torch.full((3,), 7.0)}
+    pending = m.save(str(path), {"model": saved})
+    template = {"w": torch.empty(AFTER_SAVE_NUMEL), "b": torch.empty(3)}
+    error = raised_by(m.load, str(path), into={"model": template})
+    refused = raised_by(pending.result, timeout=WRITE_TIMEOUT_S) if isinstance(pending, Future) else None
+    if refused is not None and target == "committed-id":  # replacing a checkpoint is the backend's choice
+        last = str(refused).strip().splitlines()[-1][:200] if str(refused).strip() else ""
+        pytest.skip(f"not measured: the save over a committed id failed ({type(refused).__name__}: {last})")
+    assert refused is None, f"the save failed: {refused!r}"
+    assert error is None, f"load() right after save() of the same id raised {error!r}"
+    assert torch.equal(template["b"], saved["b"]) and torch.equal(template["w"], saved["w"]), (
+        "load() right after save() of the same id did not restore what that save saved"
+    )
 
 
 @clause("RESHARD-CTOR-1")
