@@ -420,12 +420,12 @@ def _layout_reshard_items() -> dict[str, Any]:
 
 
 def _layout_reshard_load(root: Where, mesh: DeviceMesh, placements: list[Any]) -> None:
-    """Both custom-layout items of the ``layouts`` source, loaded onto ``placements`` of ``mesh``."""
+    """Both custom-layout items of the ``reshard_layouts`` source, loaded onto ``placements`` of ``mesh``."""
     shape, seed = RESHARD_SHAPES["w"]
     tmpl = {key: {"w": _zeros_dt(shape, mesh, placements)} for key in RESHARD_LAYOUTS}
     m = _manager(_layout_reshard_items())
     try:
-        r = m.load(str(root / "layouts"), into=tmpl)
+        r = m.load(str(root / "reshard_layouts"), into=tmpl)
     finally:
         m.close()
     for key in RESHARD_LAYOUTS:
@@ -470,7 +470,7 @@ def _reshard_save(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
             "reshard.layouts_save",
             lambda: save(
                 by_layout,
-                root / "layouts",
+                root / "reshard_layouts",
                 {key: {"w": _dt("reshard.w", (7, 4), mesh, [Shard(0)])} for key in RESHARD_LAYOUTS},
             ),
         )
