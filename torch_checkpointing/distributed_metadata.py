@@ -615,7 +615,32 @@ def read_distributed_metadata(
     checked = ctx.check(name, "sharding metadata")
     if checked.size > MAX_METADATA_BYTES:
         raise CorruptCheckpointError(f"{ctx.root / name} is larger than {MAX_METADATA_BYTES} bytes.")
-    return parse_distributed_metadata(ctx.read_bytes(name, "sharding metadata"), str(ctx.root / name), keys)
+    data, where = ctx.read_bytes(name, "sharding metadata"), str(ctx.root / name)
+    if _as_stored.get():
+        return parse_distributed_metadata(data, where, keys)
+    with unknown_types_as_stored():
+        metadata = parse_distributed_metadata(data, where, keys)
+    _refuse_unregistered_types(metadata, where)
+    return metadata
+
+
+def _refuse_unregistered_types(metadata: DistributedMetadata, where: str) -> None:
+    """A sharding type no imported class registers is the loading program's omission, not damage: a load needs
+    the class, so it refuses with a `ConfigError` naming the type and the fix. Before, this read as "metadata.json
+    is malformed" (`CorruptCheckpointError`): an operator could delete a healthy checkpoint over a missing import.
+    """
+    for key, item in metadata.metadata.items():
+        for path, groups in item.nested_path_to_metadata.items():
+            for group in groups:
+                if isinstance(group.sharding_metadata, StoredShardingMetadata):
+                    kind = group.sharding_metadata.stored_type
+                    available = ", ".join(sorted(ShardingMetadata._registry))
+                    raise ConfigError(
+                        f"{where}: item {key!r} path {nested_path_to_json(path)} has sharding metadata of type "
+                        f"{kind!r}, which no class imported in this program registers (registered: {available}). "
+                        "This does not mean the checkpoint is damaged: import the module that defines that "
+                        "ShardingMetadata subclass before calling load()."
+                    )
 
 
 def parse_distributed_metadata(data: bytes, where: str, keys: Collection[str] | None = None) -> DistributedMetadata:
