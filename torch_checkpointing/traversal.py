@@ -212,7 +212,10 @@ def walk_sizes(value: Any) -> tuple[int, int]:
     Counted over distinct containers (iteratively, in time linear in them), never by walking: a pickle's memo
     lets 60 lists hold 2**60 paths. The first count stops growing at 2**62 (no walk gets that far). A container
     met again on its own path (a cycle) counts as a leaf here; the walks refuse it (`NestingError`)."""
-    walked: dict[int, int] = {}  # every value is alive while counted, so ids name containers only
+    walked: dict[int, int] = {}
+    # Every container entered, held until the count ends: a Mapping may make its values at each access, and one
+    # dropped once counted would give its id to the next one made, taken for it (met again: not counted).
+    entered: list[Any] = []
     distinct = 0
     stack: list[tuple[Any, list[Any] | None]] = [(value, None)] if _descends(value) else []
     while stack:
@@ -223,6 +226,7 @@ def walk_sizes(value: Any) -> tuple[int, int]:
             distinct += 1 + leaves
         elif id(node) not in walked:
             walked[id(node)] = 1  # entered: counted as a leaf until done (a cycle back to it stays one)
+            entered.append(node)
             inner = _inner_containers(node.values() if isinstance(node, Mapping) else node)
             stack.append((node, inner))
             stack.extend((c, None) for c in inner if id(c) not in walked)
