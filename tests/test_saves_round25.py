@@ -5,6 +5,9 @@
   a table) gave a freed container's id to the next one made, which was taken for the first one met again. The
   count then said "shared" where nothing was, and a save of such a state, sharing nothing, was refused as one a
   load would take for a crafted file.
+* The JSON encoder's check of a tree (what JSON cannot hold, cycles) marked the containers on the current path
+  by id and dropped each one while still under it: a container made at the access below a dropped one took its
+  id and was refused as "contains itself", a cycle where there was none.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing import CheckpointManager
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.traversal import walk_sizes
 
@@ -56,3 +60,32 @@ def test_a_state_of_values_made_at_each_access_sharing_nothing_is_saved(tmp_path
         manager.save(str(tmp_path / "ck"), {"model": state})
         loaded = manager.load(str(tmp_path / "ck"))["model"]
     assert isinstance(loaded["table"], _Table) and len(loaded["table"]) == 2_000
+
+
+class _Tree(Mapping[str, Any]):
+    """A read-only view of `depth` levels, made at each access, over plain JSON data at its bottom."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+
+    def __getitem__(self, key: str) -> Any:
+        return _Tree(self.depth - 1) if self.depth else {"leaf": key}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("a", "b", "c"))
+
+    def __len__(self) -> int:
+        return 3
+
+
+def _as_dicts(value: Any) -> Any:
+    return {k: _as_dicts(v) for k, v in value.items()} if isinstance(value, Mapping) else value
+
+
+def test_a_json_item_of_values_made_at_each_access_is_no_cycle(tmp_path: Path) -> None:
+    layout = LayoutInfo("misc.json", JsonSerialization())
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), items={"misc": ItemSpec(layout=layout)})
+    with CheckpointManager(config) as manager:
+        manager.save(str(tmp_path / "ck"), {"misc": _Tree(6)})  # was: NestingError "contains itself"
+        loaded = manager.load(str(tmp_path / "ck"))["misc"]
+    assert loaded == _as_dicts(_Tree(6))

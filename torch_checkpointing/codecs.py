@@ -1008,7 +1008,7 @@ def _check_json_tree(key: str, value: Any) -> None:
         if depth >= JSON_MAX_DEPTH:
             raise _too_deep(key, where)
         on_path.add(id(node))
-        stack.append((_LeftContainer(id(node)), path, where, depth))
+        stack.append((_LeftContainer(node), path, where, depth))
         for k, v in kids:
             if isinstance(node, Mapping):
                 _check_json_key(key, k, join_key(where, k))
@@ -1017,12 +1017,13 @@ def _check_json_tree(key: str, value: Any) -> None:
 
 class _LeftContainer:
     """Pushed under a container's children in `_check_json_tree`: popping it means the walk has left that
-    container, so meeting it again later is a shared subtree, not a cycle."""
+    container, so meeting it again later is a shared subtree, not a cycle. It holds the container: one a
+    Mapping made at the access, dropped while on the path, gave its id to one made below it (a "cycle")."""
 
-    __slots__ = ("node_id",)
+    __slots__ = ("node", "node_id")
 
-    def __init__(self, node_id: int) -> None:
-        self.node_id = node_id
+    def __init__(self, node: Any) -> None:
+        self.node, self.node_id = node, id(node)
 
 
 def _check_json_leaf(key: str, node: Any, where: str) -> None:
