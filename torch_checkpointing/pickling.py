@@ -31,6 +31,7 @@ __all__ = [
     "OutOfBand",
     "callback_unpicklable",
     "dumps_out_of_band",
+    "holds",
     "plain_pickle_keeps",
     "raised_by_a_leaf",
     "unpicklable",
@@ -96,6 +97,41 @@ def raised_by_a_leaf(
     elsewhere (the stream's I/O error, a signal handler) and the caller raises it as itself."""
     found = _first_failing_leaf(value, op)
     return None if found is None else unpicklable(key, value, exc, doing=doing, op=op, fix=fix)
+
+
+class _Found(Exception):
+    pass
+
+
+class _Finder(pickle.Pickler):
+    """Pickles into nothing, to find an object `pred` accepts: pickling reaches what a value holds the way the
+    copy or the file will (its `__reduce__`/`__getstate__`), with no copy made. A tensor's data is not written."""
+
+    def __init__(self, pred: Callable[[Any], bool]) -> None:
+        super().__init__(_NullSink(), protocol=pickle.HIGHEST_PROTOCOL)
+        self._pred = pred
+
+    def persistent_id(self, obj: Any) -> Any:  # called for every object pickled, containers included
+        if self._pred(obj):
+            raise _Found
+        return 0 if isinstance(obj, torch.Tensor) else None
+
+
+class _NullSink:
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def holds(value: Any, pred: Callable[[Any], bool]) -> bool:
+    """Whether `value` (a value a save takes whole) holds an object `pred` accepts, found as a pickle of it
+    would meet it. True also where the pickling fails: the caller then does the careful thing."""
+    try:
+        _Finder(pred).dump(value)
+    except _Found:
+        return True
+    except Exception:
+        return True
+    return False
 
 
 def _kind(leaf: Any) -> str:

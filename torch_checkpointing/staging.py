@@ -19,7 +19,7 @@ import tempfile
 import threading
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
@@ -29,10 +29,11 @@ import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
-from torch_checkpointing.pickling import SUB_BYTE_DTYPES, raised_by_a_leaf, unpicklable
+from torch_checkpointing.pickling import SUB_BYTE_DTYPES, holds, raised_by_a_leaf, unpicklable
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.traversal import (
     NestingError,
+    WholeValues,
     any_leaf,
     distinct_leaves,
     dotted_key,
@@ -106,7 +107,26 @@ def as_written(value: Any) -> Any:
             written[alias] = _compacted(tensor_for_write(x))
         return written[alias]
 
-    return map_leaves(value, write)
+    return map_leaves(value, write, WholeValues(copy=_copied_or_kept))
+
+
+def _copied_or_kept(value: Any, memo: dict[int, Any]) -> Any:
+    """A value taken whole that holds a tensor or a container the tree may hold too, copied so that what it
+    shares with the rebuilt tree stays shared in the file (as a torch.save of the caller's tree keeps it); any
+    other is written as it is, and so is one that cannot be deep-copied, as before (torch.save pickles it: a
+    value that does not pickle fails the save there, naming it)."""
+    if not holds(value, _may_be_in_the_tree):
+        return value
+    try:
+        return copy.deepcopy(value, memo)
+    except Exception:
+        return value
+
+
+def _may_be_in_the_tree(x: Any) -> bool:
+    # Not a plain tuple: pickling makes those (a reduce's arguments), and one of the tree holding no tensor is
+    # no tie a load could tell.
+    return isinstance(x, torch.Tensor | Mapping | list) or (isinstance(x, tuple) and type(x) is not tuple)
 
 
 def alias_of(x: torch.Tensor) -> tuple[Any, ...] | None:
@@ -404,10 +424,9 @@ class DefaultStager(CheckpointStager):
             if key not in keys_not_requiring_copy:
                 plan.add_item(key, value)
         self._ensure_slab(tuple(plan.layout))
-        slots = iter(plan.slots)
         copied: set[int] = set()
         staged = {
-            key: value if key in keys_not_requiring_copy else self._copy_item(key, value, slots, copied)
+            key: value if key in keys_not_requiring_copy else self._copy_item(key, value, plan, copied)
             for key, value in state_dict.items()
         }
         if self._non_blocking:
@@ -473,9 +492,9 @@ class DefaultStager(CheckpointStager):
         elif shared is not None:
             shared.close()
 
-    def _copy_item(self, key: str, value: Any, slots: Iterator[int], copied: set[int]) -> Any:
+    def _copy_item(self, key: str, value: Any, plan: _SlabPlan, copied: set[int]) -> Any:
         try:
-            return self._copy(value, slots, copied)
+            return self._copy(value, plan, copied)
         except NestingError as exc:
             raise exc.for_item(key) from None
         except (TypeError, copy.Error, pickle.PicklingError, AttributeError) as exc:  # a deep copy failed
@@ -486,19 +505,18 @@ class DefaultStager(CheckpointStager):
                 raise
             raise named from exc
 
-    def _copy(self, value: Any, slots: Iterator[int], copied: set[int]) -> Any:
+    def _copy(self, value: Any, plan: _SlabPlan, copied: set[int]) -> Any:
         """The staged tree: each slab tensor copied into its slot once (`_SlabPlan`), tied leaves sharing it; a
-        container or other object shared under two paths is copied once (`map_leaves`, one deepcopy memo), as
-        the sync save's torch.save keeps it one."""
-        memo: dict[int, Any] = {}
+        container or other object shared under two paths is copied once, also where one path runs through a
+        value taken whole (`map_leaves` with one deepcopy memo), as the sync save's torch.save keeps it one."""
 
         def leaf(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
-                return copy.deepcopy(x, memo)
+                return x  # a plain scalar (every other value is deep-copied by `map_leaves`)
             src = tensor_for_write(x)
-            if not fits_slab(src):
+            slot = plan.slot_of(x) if fits_slab(src) else None
+            if slot is None:
                 return _copy_outside_slab(src)
-            slot = next(slots)
             buf = self._views[slot]
             if slot not in copied:
                 copied.add(slot)
@@ -506,24 +524,30 @@ class DefaultStager(CheckpointStager):
                     buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
 
-        return map_leaves(value, leaf)
+        return map_leaves(value, leaf, WholeValues())
 
 
 class _SlabPlan:
     """Where each slab tensor of a save is staged: one slot per distinct `alias_of` (tied leaves share one, so
-    they stay tied and are copied once), in traversal order. Refuses, before anything is copied, a value no
-    walk can finish and a dtype no copy can take."""
+    they stay tied and are copied once), laid out in traversal order. Found by the tensor's alias, not by its
+    rank in the walk: the copy may meet a tensor first inside a value taken whole. A tensor without one (no
+    elements, so no memory) gets no slot. Refuses, before anything is copied, a value no walk can finish and
+    a dtype no copy can take."""
 
     def __init__(self) -> None:
         self.layout: list[tuple[tuple[int, ...], torch.dtype]] = []
-        self.slots: list[int] = []  # the slot of each slab tensor, in traversal order
         self._slot_of: dict[tuple[Any, ...], int] = {}
+        # Every tensor planned, held until the copy, which finds a slot by the memory a tensor views: a planned
+        # tensor dropped (one a Mapping made at the access) could give its memory to one made later, which would
+        # then take its slot, as if tied to it.
+        self._planned: list[torch.Tensor] = []
 
     def add_item(self, key: str, value: Any) -> None:
         try:
             tensors = [t for t in map(_local_leaf, distinct_leaves(value)) if t is not None]  # as `_copy` meets them
         except NestingError as exc:
             raise exc.for_item(key) from None
+        self._planned.extend(tensors)
         for t in tensors:
             if t.dtype in SUB_BYTE_DTYPES:
                 raise _sub_byte_refusal(key, value, t.dtype)
@@ -531,18 +555,16 @@ class _SlabPlan:
                 refusal = meta_tensor_refusal(key, value, f"Item '{key}' cannot be saved:")
                 assert refusal is not None  # `t` is one
                 raise refusal
-            if fits_slab(t):
-                self.slots.append(self._slot(t))
+            alias = alias_of(t)
+            if fits_slab(t) and alias is not None and alias not in self._slot_of:
+                self._slot_of[alias] = len(self.layout)
+                self.layout.append((tuple(t.shape), t.dtype))
 
-    def _slot(self, t: torch.Tensor) -> int:
-        alias = alias_of(t)
-        slot = self._slot_of.get(alias, -1) if alias is not None else -1
-        if slot < 0:
-            slot = len(self.layout)
-            self.layout.append((tuple(t.shape), t.dtype))
-            if alias is not None:
-                self._slot_of[alias] = slot
-        return slot
+    def slot_of(self, x: torch.Tensor) -> int | None:
+        """The slot of a tensor leaf planned here; None for one without memory, or one not planned (a Mapping
+        made it at this access, in memory of its own): copied on its own."""
+        alias = alias_of(x)
+        return None if alias is None else self._slot_of.get(alias)
 
 
 def _sub_byte_refusal(key: str, value: Any, dtype: torch.dtype) -> pickle.PicklingError:
@@ -652,7 +674,21 @@ def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
             return SlabRef(x.data_ptr() - base, tuple(x.shape), x.dtype)
         return TensorBytes.of(x)
 
-    return map_leaves(value, ref)
+    def held(x: Any) -> bool:
+        return isinstance(x, torch.Tensor) and fits_slab(x) and x.untyped_storage().data_ptr() == storage
+
+    # A staged tensor inside a value taken whole (the staging copy put it there) travels as its ref too.
+    return map_leaves(value, ref, WholeValues(copy=_copy_where(held)))
+
+
+def _copy_where(pred: Callable[[Any], bool]) -> Callable[[Any, dict[int, Any]], Any]:
+    """Copy a value taken whole only where it holds something `pred` accepts (the rest is sent as it is: a
+    second deep copy of each, after the staging copy's, was work and memory for nothing)."""
+
+    def copy_if_holding(value: Any, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(value, memo) if holds(value, pred) else value
+
+    return copy_if_holding
 
 
 def from_slab_refs(value: Any, slab: torch.Tensor | SharedSlab) -> Any:
@@ -676,7 +712,8 @@ def from_slab_refs(value: Any, slab: torch.Tensor | SharedSlab) -> Any:
             made[x] = _over_slab(memory, x)
         return made[x]
 
-    return map_leaves(value, own)
+    refs = (SlabRef, TensorBytes)
+    return map_leaves(value, own, WholeValues(_copy_where(lambda x: isinstance(x, refs)), mapped=refs))
 
 
 def _over_slab(memory: memoryview, ref: SlabRef) -> torch.Tensor:

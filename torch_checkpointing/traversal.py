@@ -6,7 +6,8 @@ resharders and the exporters agree on three rules:
 * containers are any `Mapping` (children in `items()` order) and `list`/`tuple` (children by index, named
   tuples and `torch.Size` included); everything else is a leaf, tensors and DTensors too, and so are other
   sequences and sets (a `UserList`, a `deque`, a `range`, a `set`, a `str`): the save stores such a value whole,
-  and the load's merge into a template (`walk_utils`) replaces it whole;
+  and the load's merge into a template (`walk_utils`) replaces it whole; a walk that copies the tree copies such
+  a value with what it shares with the tree (`map_leaves` with `WholeValues`);
 * a position's dotted key joins its path components with `.`, with no leading dot while the key so far is
   empty. This is an on-disk contract: safetensors files are keyed by it, so it must never change;
 * a DTensor's data on this rank is its local shard (`local_tensor`), read through DTensor's public API;
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NestingError",
+    "WholeValues",
     "any_leaf",
     "children",
     "distinct_leaves",
@@ -240,7 +242,8 @@ def _inner_containers(kids: Iterable[Any]) -> list[Any]:
     return [c for c in kids if type(c) in kinds] if kinds else []
 
 
-_LEAF_TYPES = frozenset({int, float, bool, str, bytes, type(None), torch.Tensor, torch.nn.Parameter})
+_SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
+_LEAF_TYPES = _SCALARS | {torch.Tensor, torch.nn.Parameter}
 
 
 def _descends(value: Any) -> bool:
@@ -297,7 +300,18 @@ def any_leaf(value: Any, pred: Callable[[Any], bool]) -> bool:
     return any(pred(leaf) for leaf in leaves(value))
 
 
-def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
+@dataclass(frozen=True)
+class WholeValues:
+    """How `map_leaves` treats the leaves `fn` does not map (a set, a deque, an object of the caller's: values a
+    walk takes whole): each is `copy(leaf, memo)`-ed, with one deepcopy memo for the walk that knows the tree.
+
+    `mapped`: the leaf types `fn` maps (plain scalars go to `fn` as well, and are never copied)."""
+
+    copy: Callable[[Any, dict[int, Any]], Any] = copy.deepcopy
+    mapped: tuple[type, ...] = (torch.Tensor,)
+
+
+def map_leaves(value: Any, fn: Callable[[Any], Any], whole: WholeValues | None = None) -> Any:
     """`value` with containers rebuilt and `fn` applied to every leaf.
 
     Plain dicts, lists and tuples come back as such; any other container keeps its type and attributes where
@@ -309,14 +323,28 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
     to its leaves once, in `distinct_leaves` order): what torch.save's pickle keeps shared stays shared. Before,
     each path got a copy of its own, and a save through here (an async save's staging, a sync save's written
     form) loaded back two lists where the trainer's state, and a plain torch.save of it, had one.
+
+    With `whole`, each leaf that is neither of a `whole.mapped` type nor a plain scalar is copied
+    (`WholeValues`), with one deepcopy memo for the walk that knows the tree: a container of the tree met
+    inside such a value is the one rebuilt here, a mapped leaf of the tree is `fn`'s result for it (`fn` runs
+    once per such object), as one pickle of the whole tree keeps them. Before, a list or tensor both in the
+    tree and inside a set or an object loaded back as two.
     """
     fell_back: list[Any] = []
+    walk = _Rebuilt(set(), fell_back, {})
+    if whole is not None:
+        memo = _TreeMemo(value, whole.mapped, lambda node: _made_for(node, fn, walk))
+        walk.whole = _Whole(whole, memo)
     try:
-        out = _map_leaves(value, fn, _Rebuilt(set(), fell_back, {}))
+        out = _map_leaves(value, fn, walk)
     except RecursionError:
         raise NestingError((), cycle=False) from None
     except _Cycle:
         _raise_cycle(value)
+    finally:
+        # The memo holds what the walk made (staged tensors over a slab): let it go with the walk, now, not at
+        # the next garbage collection (it and the walk refer to each other).
+        walk.whole = None
     for original in fell_back:
         _log_fallback(original, find_path(value, original))
     return out
@@ -332,11 +360,92 @@ class _Rebuilt:
     on_path: set[int]
     fell_back: list[Any]
     done: dict[int, tuple[Any, Any]]
+    whole: _Whole | None = None
+
+
+@dataclass
+class _Whole:
+    """How a `map_leaves` walk copies the values it takes whole, and the memo those copies share."""
+
+    how: WholeValues
+    memo: _TreeMemo
+
+
+_NOT_MADE = object()
+
+
+class _TreeMemo(dict[int, Any]):
+    """A deepcopy memo that knows a tree: asked for a container or tensor of the tree that the walk has not made
+    yet, it has the walk make it first (`make`), so a copy of a whole value holds what the tree holds.
+
+    The tree's nodes are found on the first question about an id not in the memo (a walk of the tree, run only
+    for a state holding a value taken whole). A container the walk is inside of (a cycle through a value taken
+    whole) is not made: deepcopy copies it, as it would without the tree."""
+
+    def __init__(self, root: Any, mapped: tuple[type, ...], make: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._root, self._mapped, self._make = root, mapped, make
+        self._nodes: dict[int, Any] | None = None
+        self.kept: list[Any] = []  # every original whose id is a key here, alive while the walk runs
+
+    def remember(self, original: Any, made: Any) -> None:
+        dict.__setitem__(self, id(original), made)
+        self.kept.append(original)
+
+    def _fill(self, key: object) -> None:
+        if not isinstance(key, int) or dict.__contains__(self, key):
+            return
+        if self._nodes is None:
+            nodes = _walk(self._root, True, once=True)
+            self._nodes = {id(n): n for n in nodes if isinstance(n, (*_CONTAINERS, *self._mapped))}
+        node = self._nodes.get(key)
+        if node is not None:
+            self._make(node)  # remembers what it made here, unless it made nothing
+
+    def get(self, key: int, default: Any = None) -> Any:
+        self._fill(key)
+        return dict.get(self, key, default)
+
+    def __getitem__(self, key: int) -> Any:
+        self._fill(key)
+        return dict.__getitem__(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        self._fill(key)
+        return dict.__contains__(self, key)
+
+
+def _made_for(node: Any, fn: Callable[[Any], Any], walk: _Rebuilt) -> Any:
+    """What the walk gives for a node of the tree, made now if not yet: `_NOT_MADE` for a container that holds
+    one the walk is inside of (a cycle through the value taken whole, which deepcopy then copies itself)."""
+    if not is_container(node):
+        return _map_leaf(node, fn, walk)
+    if id(node) in walk.on_path:
+        return _NOT_MADE
+    inside = set(walk.on_path)
+    try:
+        return _map_leaves(node, fn, walk)
+    except _Cycle:
+        walk.on_path.intersection_update(inside)  # what it had entered (the containers it made are whole)
+        return _NOT_MADE
+
+
+def _map_leaf(value: Any, fn: Callable[[Any], Any], walk: _Rebuilt) -> Any:
+    whole = walk.whole
+    if whole is None or type(value) in _SCALARS:
+        return fn(value)
+    if not isinstance(value, whole.how.mapped):
+        return whole.how.copy(value, whole.memo)
+    made = dict.get(whole.memo, id(value), _NOT_MADE)
+    if made is _NOT_MADE:
+        made = fn(value)
+        whole.memo.remember(value, made)
+    return made
 
 
 def _map_leaves(value: Any, fn: Callable[[Any], Any], walk: _Rebuilt) -> Any:
     if not isinstance(value, _CONTAINERS):
-        return fn(value)
+        return _map_leaf(value, fn, walk)
     if id(value) in walk.done:
         return walk.done[id(value)][1]
     _enter(value, walk.on_path)
@@ -350,6 +459,8 @@ def _map_leaves(value: Any, fn: Callable[[Any], Any], walk: _Rebuilt) -> Any:
         out = type(value)(items_list) if plain else _rebuilt_or_plain(value, items_list, walk.fell_back)
     walk.on_path.discard(id(value))
     walk.done[id(value)] = (value, out)
+    if walk.whole is not None:
+        walk.whole.memo.remember(value, out)
     return out
 
 
