@@ -541,14 +541,16 @@ class _SlabPlan:
         # tensor dropped (one a Mapping made at the access) could give its memory to one made later, which would
         # then take its slot, as if tied to it.
         self._planned: list[torch.Tensor] = []
+        self._slot_by_leaf: dict[int, int] = {}  # by id() of a planned leaf (held above): no second `alias_of`
 
     def add_item(self, key: str, value: Any) -> None:
         try:
-            tensors = [t for t in map(_local_leaf, distinct_leaves(value)) if t is not None]  # as `_copy` meets them
+            found = [x for x in distinct_leaves(value) if isinstance(x, torch.Tensor)]  # as `_copy` meets them
         except NestingError as exc:
             raise exc.for_item(key) from None
-        self._planned.extend(tensors)
-        for t in tensors:
+        self._planned.extend(found)
+        for x in found:
+            t = local_tensor(x)
             if t.dtype in SUB_BYTE_DTYPES:
                 raise _sub_byte_refusal(key, value, t.dtype)
             if t.device.type == "meta" or storage_freed(t):
@@ -556,13 +558,18 @@ class _SlabPlan:
                 assert refusal is not None  # `t` is one
                 raise refusal
             alias = alias_of(t)
-            if fits_slab(t) and alias is not None and alias not in self._slot_of:
-                self._slot_of[alias] = len(self.layout)
-                self.layout.append((tuple(t.shape), t.dtype))
+            if fits_slab(t) and alias is not None:
+                slot = self._slot_of.setdefault(alias, len(self.layout))
+                if slot == len(self.layout):
+                    self.layout.append((tuple(t.shape), t.dtype))
+                self._slot_by_leaf[id(x)] = slot
 
     def slot_of(self, x: torch.Tensor) -> int | None:
         """The slot of a tensor leaf planned here; None for one without memory, or one not planned (a Mapping
         made it at this access, in memory of its own): copied on its own."""
+        slot = self._slot_by_leaf.get(id(x))
+        if slot is not None:
+            return slot
         alias = alias_of(x)
         return None if alias is None else self._slot_of.get(alias)
 
@@ -620,10 +627,6 @@ def fits_slab(t: torch.Tensor) -> bool:
 
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
-
-
-def _local_leaf(x: Any) -> torch.Tensor | None:
-    return local_tensor(x) if isinstance(x, torch.Tensor) else None
 
 
 def _copy_outside_slab(t: torch.Tensor) -> torch.Tensor:
