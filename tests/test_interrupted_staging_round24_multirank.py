@@ -8,6 +8,9 @@ KeyboardInterrupt, its writer never heard of the save, and rank 0's writer waite
 then said rank 1 "did not report". Now rank 1 answers for its writer before its KeyboardInterrupt goes on: rank
 0 raises at once the `CommitError` naming rank 1 and the interrupt, nothing is committed, and the next save
 goes on as usual on both ranks.
+
+The same launch interrupts a sync save on rank 1 while it writes its files (round 25): rank 0 read rank 1's
+reason as "KeyboardInterrupt: ." (Ctrl-C's exception has no message); it now says that rank 1 was interrupted.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch.distributed as dist
 
 from tests.async_multirank_support import launch_job, loaded, local_async_manager, state, timed
 from torch_checkpointing import CheckpointManager
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 30  # save.wait_timeout_secs: the old code made rank 0 wait this long
@@ -58,7 +62,37 @@ def _save(manager: CheckpointManager, path: str, value: dict[str, Any]) -> dict[
 
 
 def _job(root: str, control: str) -> dict[str, Any]:
-    return interrupted_save_job(_interrupt_staging, root)
+    out = interrupted_save_job(_interrupt_staging, root)
+    out["sync"] = _interrupted_sync_save(str(Path(root).parent / "sync"))
+    return out
+
+
+def _interrupt_now(_checkpoint_dir: str, _: Any) -> None:
+    """A pre_finalize_callback that is interrupted by a real SIGINT (Python's default handler: Ctrl-C)."""
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)  # the handler raises in here
+
+
+def _interrupted_sync_save(root: str) -> dict[str, Any]:
+    """A sync save whose writing of the files is interrupted on rank 1 (round 25): the result on each rank, how
+    long it took, and what is left under `root`."""
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = TIMEOUT_S
+    if dist.get_rank() == 1:
+        config.pre_finalize_callback = _interrupt_now
+    manager = CheckpointManager(config)
+    started = time.monotonic()
+    try:
+        manager.save(f"{root}/interrupted", state(1, dist.get_rank()))
+        out: dict[str, Any] = {"result": "ok"}
+    except BaseException as exc:
+        out = {"result": f"{type(exc).__name__}: {exc}"}
+    out["elapsed"] = time.monotonic() - started
+    manager.close()
+    dist.barrier()
+    out["left"] = sorted(p.name for p in Path(root).iterdir()) if Path(root).exists() else []
+    return out
 
 
 def interrupted_save_job(arm: Callable[[CheckpointManager], None], root: str) -> dict[str, Any]:
@@ -99,3 +133,14 @@ def test_nothing_is_committed_and_the_next_save_goes_on(ranks: list[dict[str, An
         assert out["warm"] == "ok" and out["after"] == "ok", out
         assert out["after_loaded"] == 20.0 + rank, out
         assert out["left"] == ["after", "warm"], out  # no temporary directory, no interrupted checkpoint
+
+
+def test_a_sync_save_interrupted_on_one_rank_tells_the_others_what_happened(ranks: list[dict[str, Any]]) -> None:
+    """Round 25: rank 0 raised "... failed on rank(s) [1]: rank 1: KeyboardInterrupt: . Nothing was committed."
+    (the bare exception's empty message): nothing said that rank 1 was interrupted."""
+    other, interrupted = ranks[0]["sync"], ranks[1]["sync"]
+    assert other["result"].startswith("CommitError: ") and "rank(s) [1]" in other["result"], ranks
+    assert "rank 1: KeyboardInterrupt: the rank was interrupted (Ctrl-C" in other["result"], ranks
+    assert other["elapsed"] < FAST_S, ranks
+    assert interrupted["result"].startswith("KeyboardInterrupt: ") and "interrupted" in interrupted["result"], ranks
+    assert other["left"] == interrupted["left"] == [], ranks  # nothing committed, no temporary directory

@@ -117,3 +117,20 @@ def test_a_lost_peer_is_this_steps_failure_not_a_commit() -> None:
     with pytest.raises(CheckpointError, match="Checkpoint load of ck: rank 0: lost contact") as info:
         agree_outcome("Checkpoint load of ck", Lost(), lambda: "a")
     assert not isinstance(info.value, CommitError)
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (KeyboardInterrupt(), "KeyboardInterrupt: the rank was interrupted (Ctrl-C"),
+        (SystemExit(3), "SystemExit: the rank's process is exiting (sys.exit(3)"),
+        (ValueError(), "ValueError: raised without a message"),
+    ],
+    ids=["ctrl-c", "sys.exit", "no message"],
+)
+def test_a_peers_failure_without_words_still_says_what_happened(failure: BaseException, said: str) -> None:
+    """Round 25: the other ranks read a Ctrl-C on rank 1 as "rank 1: KeyboardInterrupt: ." (a SystemExit as its
+    bare exit code "SystemExit: 3"): nothing told them that rank 1 was interrupted or exiting."""
+    results = _run([lambda: "a", _raise(failure)])
+    assert results[1] is failure
+    assert said in str(results[0]), results[0]

@@ -74,11 +74,24 @@ class Transport(Protocol):
 
 
 def describe(exc: BaseException) -> str:
-    """The one-line reason a rank reports for a failure. A `CommitOutcomeUnknownError` keeps its name, so that
-    every rank raises one (`raise_if_failed`) rather than "Nothing was committed"."""
+    """The reason a rank reports for a failure, read by the other ranks. A `CommitOutcomeUnknownError` keeps its
+    name, so that every rank raises one (`raise_if_failed`) rather than "Nothing was committed"."""
     if isinstance(exc, CommitError) and not isinstance(exc, CommitOutcomeUnknownError):
         return str(exc)
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {_what_it_says(exc, str(exc).strip())}"
+
+
+def _what_it_says(exc: BaseException, text: str) -> str:
+    """`exc`'s message, or what it means where it says nothing. Ctrl-C's KeyboardInterrupt carries no message:
+    the other ranks read "rank 1: KeyboardInterrupt: ." and were not told that rank 1 was interrupted; a
+    SystemExit's message is its bare exit code."""
+    if isinstance(exc, SystemExit):
+        return f"the rank's process is exiting (sys.exit({exc.code!r}), e.g. from a signal handler) during this step"
+    if text:
+        return text
+    if isinstance(exc, KeyboardInterrupt):
+        return "the rank was interrupted (Ctrl-C, or SIGINT) during this step"
+    return "raised without a message"
 
 
 def raise_if_failed(step: str, contributions: Sequence[Contribution], cause: BaseException | None = None) -> None:
@@ -343,4 +356,4 @@ def _go_on_if_complete(decided: str) -> None:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    return f"{type(exc).__name__}: {_what_it_says(exc, text[0] if text else '')}"
