@@ -92,6 +92,22 @@ def connections_to(port: int) -> set[int]:
     return clients
 
 
+_ESTABLISHED = "01"
+
+
+def open_clients_of(port: int) -> set[int]:
+    """The client ports of the TCP connections to `port` on this machine that their client still holds open
+    (`connections_to` also counts those closed less than a minute ago)."""
+    clients: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, remote, state = line.split()[1:4]
+                if int(remote.rsplit(":", 1)[1], 16) == port and state == _ESTABLISHED:
+                    clients.add(int(local.rsplit(":", 1)[1], 16))
+    return clients
+
+
 def run_fresh(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> str:
     """Run `code` (dedented; `args` are its sys.argv[1:]) in a new interpreter from the checkout's root and
     return what it printed. A probe that exits non-zero fails the test with its output, not a bare status."""

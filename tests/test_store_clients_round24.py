@@ -6,6 +6,7 @@ host's port from outside (`connections_to`, /proc/net/tcp).
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from tests.probes import connections_to
+from tests.probes import connections_to, open_clients_of
 from torch_checkpointing import CommitError, CommitOutcomeUnknownError, store_channel
 from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel, let_go_of_host
@@ -157,3 +158,22 @@ def test_a_new_barrier_on_a_port_whose_host_started_again_passes() -> None:
     finally:
         let_go_of_host(_address(port))
         _end(proc)
+
+
+def test_a_barrier_lets_go_of_its_client_when_it_is_dropped() -> None:
+    """Round 25: role rank 1's TCPStoreBarrier put its client in the process's kept clients (`_Clients`), which
+    nothing let go of (the Barrier API has no close()): once the barrier was gone, its connection to the host stayed
+    open until the process exited, one per barrier host. The barrier's client is now its own, gone with it."""
+    host = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    config = TCPStoreBarrierConfig(5, False, host.port, "127.0.0.1", "b")
+    hosts_own = open_clients_of(host.port)
+    try:
+        barrier = TCPStoreBarrier(config, RankInfo(1, 2, 1, 2))
+        host.set("barrier/b/1/0", "arrived")
+        barrier.execute_barrier(5)
+        assert len(open_clients_of(host.port) - hosts_own) == 1
+        del barrier
+        gc.collect()
+        assert open_clients_of(host.port) - hosts_own == set()
+    finally:
+        let_go_of_host(_address(host.port))

@@ -64,12 +64,16 @@ class TCPStoreBarrier(Barrier):
 
     def _get_channel(self, timeout_secs: int) -> StoreChannel:
         """The channel of the earlier barriers, unless a call on it failed or went unanswered: its client may hold
-        a half-read reply, and every later barrier failed at once on it, the host back or not."""
+        a half-read reply, and every later barrier failed at once on it, the host back or not.
+
+        Its client is the barrier's own (`shared=False`), gone with the barrier: kept as the process's client of
+        the host, nothing let go of it (a barrier has no close()), and each barrier host's connection stayed open
+        until the process exited."""
         if self._channel is None or self._channel.spent:
             address = StoreAddress(
                 self.config.master_address, self.config.tcpstore_port, f"barrier/{self.config.key_prefix}"
             )
-            self._channel = StoreChannel(address, timeout_secs, store=self._host_store)
+            self._channel = StoreChannel(address, timeout_secs, store=self._host_store, shared=False)
         self._channel.timeout_s = timeout_secs
         return self._channel
 

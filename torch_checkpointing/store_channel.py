@@ -60,18 +60,21 @@ class StoreChannel:
     past the save's timeout, for as long as rank 0 stayed stopped.
     """
 
-    def __init__(self, address: StoreAddress, timeout_s: float, store: Any = None) -> None:
+    def __init__(self, address: StoreAddress, timeout_s: float, store: Any = None, shared: bool = True) -> None:
+        """`store`: a client (or the host) of the caller's to use. Else the process's client of the host
+        (`_Clients`), or with `shared=False` one of this channel's own, gone with it: for a caller that outlives
+        no manager and has no close() to let go of a kept one (a `TCPStoreBarrier`)."""
         self.address = address
         self.timeout_s = timeout_s
         self._unanswered = False  # a call got no answer: the client is stuck behind it, so no later call is made
         self.spent = False  # a call on the client failed or went unanswered: the client is not used for a new save
-        self._shared = store is None  # the process's client of the host (`_Clients`), not one handed in
+        self._shared = store is None and shared  # the process's client of the host (`_Clients`)
         self._store: Any = store
         if self._shared:
             kept = _Clients.kept(self._host)
             self._store = kept if kept is not None and self._still_connected(kept) else None
-            if self._store is None:
-                self._store = self._connect_once(address, timeout_s)
+        if self._store is None:
+            self._store = self._connect_once(address, timeout_s)
 
     def _still_connected(self, kept: Any) -> bool:
         """Whether the kept client's host still answers it. Its host may have been started again on its port
@@ -95,10 +98,12 @@ class StoreChannel:
         return True
 
     def _connect_once(self, address: StoreAddress, timeout_s: float) -> Any:
-        """A new client of `address`'s host, kept for this process's later channels to it (`_Clients`)."""
+        """A new client of `address`'s host, kept for this process's later channels to it (`_Clients`) if the
+        channel is shared."""
         # The client's connect retries with a random back-off past its own timeout: allowed for here.
         connect_s = 2 * (max(timeout_s, 1.0) + _CALL_GRACE_S)
-        return _Clients.keep(self._host, self._call(lambda: self._connect(address, timeout_s), connect_s))
+        client = self._call(lambda: self._connect(address, timeout_s), connect_s)
+        return _Clients.keep(self._host, client) if self._shared else client
 
     @staticmethod
     def _connect(address: StoreAddress, timeout_s: float) -> Any:
