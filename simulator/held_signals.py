@@ -3,17 +3,24 @@
 Two such steps: importing torch (seconds of C++ that a Python exception cannot cross) and spawning the ranks (a
 KeyboardInterrupt inside `start_processes` left a rank half started: it read its start-up data from a pipe its
 parent had closed and printed a multiprocessing traceback under the simulator's one-line "interrupted").
+
+A handler set by the step itself replaces the hold: torch's elastic `start_processes` sets its own for SIGINT
+and SIGTERM (raising its SignalException) on the main thread, so the spawn is made on a thread of its own
+(`off_the_main_thread`), where no handler runs and none is set.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-__all__ = ["Held", "signals_held"]
+__all__ = ["Held", "off_the_main_thread", "signals_held"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -44,3 +51,28 @@ def signals_held() -> Iterator[Held]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def off_the_main_thread(step: Callable[[], T]) -> T:
+    """`step()`, made on a thread of its own while this one waits for it; its exception is raised here.
+
+    Python runs signal handlers on the main thread only. Made there, inside `signals_held`, the ranks' spawn was
+    still cut: torch's `start_processes` set its own SIGINT handler over the hold, a Ctrl-C raised its
+    SignalException after rank 0 had started, and that rank, which the launcher had no handle on, was never
+    stopped (it printed a multiprocessing traceback once the simulator had exited). On another thread the step
+    is never interrupted, and torch sets no handler (it does so on the main thread only)."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, step()))
+        except BaseException as exc:
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="simulator-step")
+    thread.start()
+    thread.join()  # a held signal's handler runs meanwhile and returns; the wait goes on
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
-from simulator.held_signals import signals_held
+from simulator.held_signals import off_the_main_thread, signals_held
 
 __all__ = ["LaunchError", "RankFailure", "launch", "report_progress"]
 
@@ -336,13 +336,15 @@ class _Job:
 
     def run(self, envs: dict[int, dict[str, str]], logs: DefaultLogsSpecs) -> list[Any]:
         with signals_held() as held:  # every rank started whole, then stopped by the `finally` below
-            ctx = start_processes(
-                name=self.name,
-                entrypoint=_rank_entry,
-                args=dict.fromkeys(range(self.world_size), (self.fn, self.args)),
-                envs=envs,
-                logs_specs=logs,
-                start_method="spawn",
+            ctx = off_the_main_thread(
+                lambda: start_processes(
+                    name=self.name,
+                    entrypoint=_rank_entry,
+                    args=dict.fromkeys(range(self.world_size), (self.fn, self.args)),
+                    envs=envs,
+                    logs_specs=logs,
+                    start_method="spawn",
+                )
             )
         deadline = time.monotonic() + self.timeout
         offset = 0
