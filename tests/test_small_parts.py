@@ -83,6 +83,30 @@ def test_tcpstore_barrier_times_out_naming_the_missing_rank() -> None:
     assert "commit" not in str(raised.value) and "barrier 1" in str(raised.value), raised.value
 
 
+def test_a_barrier_whose_host_is_unreachable_times_out_in_the_barriers_words() -> None:
+    """Round 25: role rank 1 with nothing listening at the barrier's port (rank 0 gone, or not yet made) raised
+    CommitError "Checkpoint commit: lost contact with rank 0 ... closed its CheckpointManager. No checkpoint was
+    committed by this save." from a barrier, which commits nothing (its own timeouts are TimeoutErrors)."""
+    port = _free_port()
+    barrier = TCPStoreBarrierConfig(1, False, port, "127.0.0.1").create_barrier(RankInfo(1, 2, 1, 2))
+    with pytest.raises(TimeoutError, match=rf"rank 0, .*127\.0\.0\.1:{port}, is unreachable") as raised:
+        barrier.execute_barrier(1)
+    assert "commit" not in str(raised.value).lower() and "CheckpointManager" not in str(raised.value), raised.value
+
+
+def test_a_barrier_host_on_a_port_in_use_is_refused_naming_the_field() -> None:
+    """Round 25: role rank 0's barrier on a port another socket listens on raised torch's DistNetworkError, with
+    pages of C++ frames and no word of which setting to change."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = TCPStoreBarrierConfig(5, False, port, "127.0.0.1")
+        with pytest.raises(ConfigError, match=rf"tcpstore_port.*{port}.*in use") as raised:
+            config.create_barrier(RankInfo(0, 2, 0, 2))
+    assert "frame #" not in str(raised.value), raised.value
+
+
 def test_builders_make_working_savers(tmp_path: Path) -> None:
     storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
     saver = make_sync_checkpoint_saver(storage_config=storage_config)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from torch_checkpointing.errors import CommitError
+from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, ConfigError
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
 
@@ -52,14 +52,7 @@ class TCPStoreBarrier(Barrier):
         self._seq = 0
         self._host_store: Any = None  # a torch TCPStore, which torch.distributed does not export to type checkers
         if self.rank_info.role_rank == 0:
-            self._host_store = dist.TCPStore(  # type: ignore[attr-defined]
-                config.master_address,
-                config.tcpstore_port,
-                is_master=True,
-                timeout=timedelta(seconds=config.timeout_barrier_init_sec),
-                wait_for_workers=False,
-                use_libuv=config.use_checkpoint_barrier_tcpstore_libuv,
-            )
+            self._host_store = _host(config)
         self._channel: StoreChannel | None = None
 
     def _get_channel(self, timeout_secs: int) -> StoreChannel:
@@ -78,9 +71,11 @@ class TCPStoreBarrier(Barrier):
         return self._channel
 
     def execute_barrier(self, timeout_secs: int) -> None:
-        channel = self._get_channel(timeout_secs)
-        self._seq += 1
+        """Every failure is a `TimeoutError` in the barrier's words: the store's errors speak of a checkpoint's
+        commit ("... closed its CheckpointManager. No checkpoint was committed"), which a barrier is not."""
         try:
+            channel = self._get_channel(timeout_secs)
+            self._seq += 1
             channel.publish(f"{self._seq}/{self.rank_info.role_rank}", "arrived")
             channel.gather(
                 str(self._seq),
@@ -90,5 +85,37 @@ class TCPStoreBarrier(Barrier):
                 call="execute_barrier()",
                 outcome="",
             )
-        except CommitError as exc:  # a barrier that times out is a TimeoutError, as it always was
-            raise TimeoutError(str(exc)) from exc
+        except CommitError as exc:
+            spent = self._channel is None or self._channel.spent  # the host failed, not a rank's arrival
+            raise TimeoutError(self._host_failed(exc, timeout_secs) if spent else str(exc)) from exc
+
+    def _host_failed(self, exc: CommitError, timeout_secs: int) -> str:
+        where = f"rank 0, which hosts the barrier's store at {self.config.master_address}:{self.config.tcpstore_port},"
+        if isinstance(exc, CommitOutcomeUnknownError):
+            how = f"did not answer within {timeout_secs}s (it is stopped, hung, or cut off from this rank)"
+        else:
+            how = "is unreachable (it exited, or has not made its TCPStoreBarrier yet)"
+        return f"TCPStoreBarrier (barrier {self._seq + 1} of role rank {self.rank_info.role_rank}): {where} {how}."
+
+
+def _host(config: TCPStoreBarrierConfig) -> Any:
+    """Role rank 0's store for the barrier; a port it cannot listen on is a `ConfigError` naming the field (torch's
+    own error had pages of C++ frames and no word of which setting to change)."""
+    try:
+        return dist.TCPStore(  # type: ignore[attr-defined]
+            config.master_address,
+            config.tcpstore_port,
+            is_master=True,
+            timeout=timedelta(seconds=config.timeout_barrier_init_sec),
+            wait_for_workers=False,
+            use_libuv=config.use_checkpoint_barrier_tcpstore_libuv,
+        )
+    except dist.DistNetworkError as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        in_use = " (the port is in use)" if "Address already in use" in str(exc) else ""
+        raise ConfigError(
+            f"TCPStoreBarrierConfig.tcpstore_port {config.tcpstore_port}: role rank 0 cannot host the barrier's "
+            f"store at {config.master_address}:{config.tcpstore_port}{in_use}: {first} Fix: pick a port that "
+            f"nothing else listens on (each role-rank-0 TCPStoreBarrier hosts its own store), and a "
+            f"master_address of this host."
+        ) from None
