@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +65,7 @@ def _save(manager: CheckpointManager, path: str, value: dict[str, Any]) -> dict[
 def _job(root: str, control: str) -> dict[str, Any]:
     out = interrupted_save_job(_interrupt_staging, root)
     out["sync"] = _interrupted_sync_save(str(Path(root).parent / "sync"))
+    out["sync_waiting"] = _sync_save_left_while_waiting(Path(root).parent / "sync_waiting")
     return out
 
 
@@ -71,6 +73,41 @@ def _interrupt_now(_checkpoint_dir: str, _: Any) -> None:
     """A pre_finalize_callback that is interrupted by a real SIGINT (Python's default handler: Ctrl-C)."""
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(5)  # the handler raises in here
+
+
+def _sync_save_left_while_waiting(root: Path) -> dict[str, Any]:
+    """A sync save that rank 1 leaves (a real SIGINT, half a second after its files are written) while it waits
+    for rank 0's answer; rank 0 answers only once rank 1's save() has raised (round 25)."""
+    left = root / "rank_1_left"
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = TIMEOUT_S
+    if dist.get_rank() == 1:
+        config.pre_finalize_callback = lambda _dir, _: threading.Timer(
+            0.5, os.kill, (os.getpid(), signal.SIGINT)
+        ).start()
+    else:
+        config.pre_finalize_callback = lambda _dir, _: _wait_for(left)
+    manager = CheckpointManager(config)
+    started = time.monotonic()
+    try:
+        manager.save(str(root / "ck"), state(1, dist.get_rank()))
+        out: dict[str, Any] = {"result": "ok"}
+    except BaseException as exc:
+        out = {"result": f"{type(exc).__name__}: {exc}"}
+    out["elapsed"] = time.monotonic() - started
+    if dist.get_rank() == 1:
+        left.touch()
+    manager.close()
+    dist.barrier()
+    out["committed"] = (root / "ck").exists()
+    return out
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + FAST_S
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _interrupted_sync_save(root: str) -> dict[str, Any]:
@@ -144,3 +181,17 @@ def test_a_sync_save_interrupted_on_one_rank_tells_the_others_what_happened(rank
     assert other["elapsed"] < FAST_S, ranks
     assert interrupted["result"].startswith("KeyboardInterrupt: ") and "interrupted" in interrupted["result"], ranks
     assert other["left"] == interrupted["left"] == [], ranks  # nothing committed, no temporary directory
+
+
+def test_a_rank_interrupted_while_it_waits_in_a_sync_save_fails_it_on_every_rank_at_once(
+    ranks: list[dict[str, Any]],
+) -> None:
+    """Round 25: rank 1, interrupted while it waited for rank 0's answer (its own files written and reported),
+    left without a word: rank 0 committed the save, waited the save's whole timeout for rank 1's answer to the
+    commit, and returned "ok", while rank 1 had raised "nothing was committed". Now rank 1 decides the step failed
+    as it leaves: rank 0 raises at once, naming rank 1, and nothing is committed."""
+    other, interrupted = ranks[0]["sync_waiting"], ranks[1]["sync_waiting"]
+    assert other["result"].startswith("CommitError: ") and "rank 1: KeyboardInterrupt: the rank was" in other["result"]
+    assert other["elapsed"] < FAST_S, ranks  # before: the whole timeout (30 s), then "ok"
+    assert interrupted["result"].startswith("KeyboardInterrupt: ") and "nothing was committed" in interrupted["result"]
+    assert not other["committed"] and not interrupted["committed"], ranks

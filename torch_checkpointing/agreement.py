@@ -108,10 +108,14 @@ def raise_if_failed(step: str, contributions: Sequence[Contribution], cause: Bas
             f"known: the id holds its previous checkpoint or this one, whole. Load it to check, or save again.",
             failures,
         ) from cause
-    error = CommitError(
-        f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}. Nothing was committed.", failures
+    raise _failed(step, failures) from cause
+
+
+def _failed(step: str, failures: Mapping[int, str]) -> CommitError:
+    """The error every rank raises for a step that failed on the ranks `failures` names, and why."""
+    return CommitError(
+        f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}. Nothing was committed.", dict(failures)
     )
-    raise error from cause
 
 
 def agree(step: str, transport: Transport, compute: Callable[[], T]) -> list[T]:
@@ -320,7 +324,13 @@ class StoreTransport:
     channel: Any
 
     def exchange(self, step: str, mine: Contribution) -> list[Contribution]:
-        self.channel.publish(f"{step}/{self.rank}", mine.to_json())
+        try:
+            self.channel.publish(f"{step}/{self.rank}", mine.to_json())
+        except Exception:
+            raise
+        except BaseException as exc:
+            self._give_up_for(step, exc)
+            raise
         return self.answers(step)
 
     def answers(self, step: str) -> list[Contribution]:
@@ -331,9 +341,26 @@ class StoreTransport:
         except CommitError as gave_up:  # (rank 0's store gone: deciding raises that again)
             _go_on_if_complete(self.channel.decide(f"{step}/decided", _gave_up(gave_up)))
             texts = self.channel.gather(step, self.world_size, what)  # another rank found them all in
+        except Exception:
+            raise
+        except BaseException as exc:
+            self._give_up_for(step, exc)
+            raise
         else:
             _go_on_if_complete(self.channel.decide(f"{step}/decided", _COMPLETE))
         return [Contribution.from_json(t) for t in texts]
+
+    def _give_up_for(self, step: str, exc: BaseException) -> None:
+        """This rank leaves the step while it waits for the others' answers (Ctrl-C, a signal handler's
+        sys.exit()): it decides the step failed, naming itself and why, so that every other rank raises that at
+        once. Before, its answer stood as given: rank 0 went on to commit, waited the save's whole timeout for
+        this rank's answer to the commit, and the save this rank called "not committed" was in place. If another
+        rank decided first that the step is complete, the step stands (then nothing is told)."""
+        failed = _failed(step, {self.rank: describe(exc)})
+        try:
+            self.channel.decide(f"{step}/decided", _gave_up(failed))
+        except Exception as lost:  # leaving anyway: rank 0's store gone (or silent) tells the others itself
+            logger.debug("Could not tell the other ranks that rank %s left %s: %r", self.rank, step, lost)
 
 
 _COMPLETE = "complete"
