@@ -27,6 +27,7 @@ import pytest
 import torch.distributed as dist
 
 from tests.async_multirank_support import launch_job, loaded, local_async_manager, state, timed
+from tests.memory_storage import Control, RecordingStorageConfig
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -51,10 +52,15 @@ def _interrupt_staging(manager: CheckpointManager) -> None:
 
 def _save(manager: CheckpointManager, path: str, value: dict[str, Any]) -> dict[str, Any]:
     """The save, its Future waited for: "ok" or `Type: message` (a KeyboardInterrupt too), and how long."""
+    return _result_of(lambda: manager.save(path, value).result(120))
+
+
+def _result_of(call: Callable[[], Any]) -> dict[str, Any]:
+    """`call()`: "ok" or its failure as `Type: message` (a KeyboardInterrupt too), and how long it took."""
     out: dict[str, Any] = {}
     started = time.monotonic()
     try:
-        manager.save(path, value).result(120)
+        call()
         out["result"] = "ok"
     except BaseException as exc:
         out["result"] = f"{type(exc).__name__}: {exc}"
@@ -66,6 +72,28 @@ def _job(root: str, control: str) -> dict[str, Any]:
     out = interrupted_save_job(_interrupt_staging, root)
     out["sync"] = _interrupted_sync_save(Path(root).parent / "sync")
     out["sync_waiting"] = _sync_save_left_while_waiting(Path(root).parent / "sync_waiting")
+    out["sync_commit"] = _sync_save_left_during_the_commit(Path(root).parent / "sync_commit", Control(control))
+    return out
+
+
+def _sync_save_left_during_the_commit(root: Path, control: Control) -> dict[str, Any]:
+    """A sync save that rank 1 leaves (a real SIGINT) while rank 0's writing of the manifest is held, the files
+    agreed on by every rank; rank 0's manifest goes on once rank 1's save() has raised (round 25)."""
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = RecordingStorageConfig(control_dir=str(control.root))
+    config.save.wait_timeout_secs = TIMEOUT_S
+    manager = CheckpointManager(config)
+    if dist.get_rank() == 0:
+        control.block("manifest")
+    dist.barrier()
+    if dist.get_rank() == 1:
+        threading.Thread(target=lambda: (control.wait_blocked(FAST_S), os.kill(os.getpid(), signal.SIGINT))).start()
+    out = _result_of(lambda: manager.save(str(root / "ck"), state(1, dist.get_rank())))
+    if dist.get_rank() == 1:
+        (control.root / "block_on").unlink()  # rank 0's manifest goes on
+    dist.barrier()
+    out["loaded"] = loaded(manager, str(root / "ck"))
+    manager.close()
     return out
 
 
@@ -105,13 +133,7 @@ def _sync_save(root: Path, callback: Callable[[str, Any], None] | None, done: Pa
     config.save.wait_timeout_secs = TIMEOUT_S
     config.pre_finalize_callback = callback
     manager = CheckpointManager(config)
-    started = time.monotonic()
-    try:
-        manager.save(str(root / "ck"), state(1, dist.get_rank()))
-        out: dict[str, Any] = {"result": "ok"}
-    except BaseException as exc:
-        out = {"result": f"{type(exc).__name__}: {exc}"}
-    out["elapsed"] = time.monotonic() - started
+    out = _result_of(lambda: manager.save(str(root / "ck"), state(1, dist.get_rank())))
     if done is not None and dist.get_rank() == 1:
         done.touch()
     manager.close()
@@ -183,3 +205,17 @@ def test_a_rank_interrupted_while_it_waits_in_a_sync_save_fails_it_on_every_rank
     assert other["elapsed"] < FAST_S, ranks  # before: the whole timeout (30 s), then "ok"
     assert interrupted["result"].startswith("KeyboardInterrupt: ") and "nothing was committed" in interrupted["result"]
     assert other["left"] == interrupted["left"] == [], ranks  # nothing committed, no temporary directory
+
+
+def test_a_rank_interrupted_once_the_files_are_agreed_does_not_say_nothing_was_committed(
+    ranks: list[dict[str, Any]],
+) -> None:
+    """Round 25: rank 1, interrupted while rank 0 wrote the manifest (every rank's files agreed on), raised
+    "nothing was committed at <id>; an earlier checkpoint there, if any, is intact" while rank 0 committed the
+    save a moment later. It now says rank 0 commits it without this rank, and to load it to check."""
+    committer, interrupted = ranks[0]["sync_commit"], ranks[1]["sync_commit"]
+    assert committer["result"] == "ok" and committer["elapsed"] < FAST_S, ranks
+    assert interrupted["result"].startswith("KeyboardInterrupt: "), ranks
+    assert "nothing was committed" not in interrupted["result"], ranks
+    assert "rank 0 commits it without this rank" in interrupted["result"], ranks
+    assert committer["loaded"] == 10.0 and interrupted["loaded"] == 11.0, ranks  # it was committed

@@ -258,6 +258,8 @@ def _check_trainer_alive(request: WriteRequest) -> None:
 @dataclass
 class _Progress:
     committed: bool = False
+    # The ranks agreed on every rank's files and this rank is not rank 0: rank 0 commits the save without it.
+    left_to_rank_0: bool = False
 
 
 def write_checkpoint(storage: Storage, request: WriteRequest, announce: Announce | None = None) -> int:
@@ -283,7 +285,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest, announce: Announce
                     raise
                 committed = progress.committed or commit.is_committed()
                 # What torch.save made of the handler's exception was only a consequence of it.
-                raise _as_reported(raised[0], plan.name, committed) from None
+                raise _as_reported(raised[0], plan.name, committed, progress.left_to_rank_0) from None
     except BaseException as exc:
         committed = progress.committed or commit.is_committed()
         if plan.rank == 0 and not committed:
@@ -351,7 +353,9 @@ def _recording(handler: Callable[..., Any], raised: list[tuple[int, BaseExceptio
     return recorded
 
 
-def _as_reported(signalled: tuple[int, BaseException], checkpoint_dir: str, committed: bool) -> BaseException:
+def _as_reported(
+    signalled: tuple[int, BaseException], checkpoint_dir: str, committed: bool, left_to_rank_0: bool = False
+) -> BaseException:
     """The exception a signal handler raised in the middle of a save, saying what became of the save.
 
     A Python signal handler's exception (Ctrl-C's KeyboardInterrupt, a preemption handler's sys.exit() on
@@ -359,11 +363,18 @@ def _as_reported(signalled: tuple[int, BaseException], checkpoint_dir: str, comm
     like disk corruption, and a SystemExit lost its exit status. Ctrl-C under Python's default handler becomes a
     KeyboardInterrupt whose message says it; any other handler's own exception is raised as itself, with a note
     (and a log line) saying it. (`committed`: the signal may land after the swap, which replaced any earlier
-    checkpoint: the message then says the new one is in place.)
+    checkpoint: the message then says the new one is in place. `left_to_rank_0`: the ranks had agreed on every
+    rank's files, so rank 0 commits the save without this rank, which cannot tell whether it has yet: before, this
+    rank said "nothing was committed" of a checkpoint rank 0 put in place a moment later.)
     """
     signum, exc = signalled
     if committed:  # the swap has replaced any earlier checkpoint: it is not "intact" any more
         state = "it was committed before the signal landed; the new checkpoint is in place"
+    elif left_to_rank_0:
+        state = (
+            f"the ranks had agreed on every rank's files, so rank 0 commits it without this rank: {checkpoint_dir} "
+            f"holds either its earlier checkpoint or this one, whole (load it to check)"
+        )
     else:
         state = f"nothing was committed at {checkpoint_dir}; an earlier checkpoint there, if any, is intact"
     what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -374,6 +385,8 @@ def _as_reported(signalled: tuple[int, BaseException], checkpoint_dir: str, comm
         log_safely(logger, logging.WARNING, "%s (the signal handler raised %s)", said, type(exc).__name__)
         add_note(exc, said)
     setattr(exc, _COMMITTED_ATTR, committed)
+    if left_to_rank_0 and not committed:
+        exc.outcome_unknown = True  # type: ignore[attr-defined]  # `committed_state` words the log line by it
     return exc
 
 
@@ -415,6 +428,7 @@ def _write_and_commit(
 
     try:
         written = agree(_files_step(plan), transport, write)
+        progress.left_to_rank_0 = plan.rank != 0
         records.extend(FileRecord.from_dict(d) for report in written for d in report)
         _agree_on_the_commit(plan, transport, channel, publish)
         progress.committed = True
