@@ -73,9 +73,10 @@ class TCPStoreBarrier(Barrier):
     def execute_barrier(self, timeout_secs: int) -> None:
         """Every failure is a `TimeoutError` in the barrier's words: the store's errors speak of a checkpoint's
         commit ("... closed its CheckpointManager. No checkpoint was committed"), which a barrier is not."""
+        number = self._seq + 1
         try:
             channel = self._get_channel(timeout_secs)
-            self._seq += 1
+            self._seq = number
             channel.publish(f"{self._seq}/{self.rank_info.role_rank}", "arrived")
             channel.gather(
                 str(self._seq),
@@ -87,15 +88,15 @@ class TCPStoreBarrier(Barrier):
             )
         except CommitError as exc:
             spent = self._channel is None or self._channel.spent  # the host failed, not a rank's arrival
-            raise TimeoutError(self._host_failed(exc, timeout_secs) if spent else str(exc)) from exc
+            raise TimeoutError(self._host_failed(exc, timeout_secs, number) if spent else str(exc)) from exc
 
-    def _host_failed(self, exc: CommitError, timeout_secs: int) -> str:
+    def _host_failed(self, exc: CommitError, timeout_secs: int, number: int) -> str:
         where = f"rank 0, which hosts the barrier's store at {self.config.master_address}:{self.config.tcpstore_port},"
         if isinstance(exc, CommitOutcomeUnknownError):
             how = f"did not answer within {timeout_secs}s (it is stopped, hung, or cut off from this rank)"
         else:
             how = "is unreachable (it exited, or has not made its TCPStoreBarrier yet)"
-        return f"TCPStoreBarrier (barrier {self._seq + 1} of role rank {self.rank_info.role_rank}): {where} {how}."
+        return f"TCPStoreBarrier (barrier {number} of role rank {self.rank_info.role_rank}): {where} {how}."
 
 
 def _host(config: TCPStoreBarrierConfig) -> Any:
