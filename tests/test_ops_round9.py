@@ -84,7 +84,14 @@ def test_ls_of_an_intact_root_names_the_newest_as_the_resume_point(tmp_path: Pat
     empty = tmp_path / "empty"
     empty.mkdir()
     code, doc = _json_cli("ls", str(empty))
-    assert code == 0 and doc == {"root": str(empty), "checkpoints": [], "latest": None, "damaged": [], "leftovers": []}
+    assert code == 0 and doc == {
+        "root": str(empty),
+        "checkpoints": [],
+        "latest": None,
+        "damaged": [],
+        "unreadable": [],
+        "leftovers": [],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ prune

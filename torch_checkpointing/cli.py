@@ -32,10 +32,11 @@ from torch_checkpointing.cli_stops import STOPS, json_requested
 from torch_checkpointing.codecs import dtype_from_name
 from torch_checkpointing.discovery import (
     CheckpointInfo,
+    PassedOver,
     checkpoint_info,
     committed_manifest,
     default_storage,
-    list_checkpoints,
+    listing,
     require_directory,
     require_path,
     resume_point,
@@ -50,7 +51,6 @@ from torch_checkpointing.distributed_metadata import (
 )
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata
 from torch_checkpointing.errors import (
-    UNREADABLE_BY_THIS_USER,
     CheckpointError,
     ConfigError,
     IncompleteCheckpointError,
@@ -337,8 +337,11 @@ def _info(storage: Storage, path: str) -> CheckpointInfo:
 def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     root = args.root
     require_directory(storage, Path(root), _ROOT)
-    found = list_checkpoints(root, storage)
-    latest, damaged = resume_point(found, storage)
+    listed = listing(root, storage)
+    found = listed.checkpoints
+    latest, passed_over = resume_point(found, storage)
+    # A checkpoint this user may not read is no damage: a script deleting "damaged" ones must never get it.
+    unusable = passed_over + listed.unreadable
     gc = collect_garbage(root, storage, dry_run=True, unowned_after_s=args.older_than)
     verdicts = [(lo, "removable by gc") for lo in gc.removed] + [(lo, f"kept: {why}") for lo, why in gc.kept]
     verdicts.sort(key=lambda t: t[0].path)
@@ -347,7 +350,8 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
             "root": str(root),
             "checkpoints": [c.to_dict() for c in found],
             "latest": None if latest is None else latest.path,
-            "damaged": [{"path": c.path, "name": c.name, "problem": why} for c, why in damaged],
+            "damaged": [p.to_dict() for p in unusable if not p.unreadable],
+            "unreadable": [p.to_dict() for p in unusable if p.unreadable],
             "leftovers": [{**lo.to_dict(), "gc": v} for lo, v in verdicts],
         }
     )
@@ -360,7 +364,9 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         ["NAME", "STEP", "COMMITTED", "RANKS", "SIZE", "METRICS"],
         rows,
     )
-    _show_resume_point(ui, latest, damaged)
+    _show_resume_point(ui, latest, passed_over)
+    for p in listed.unreadable:
+        ui.line(f"UNREADABLE {p.name}: not listed: {p.problem}")
     if verdicts:
         owner = {True: "alive", False: "dead", None: "unknown"}
         rows = [[Path(lo.path).name, lo.kind, owner[lo.owner_alive], _human(lo.total_bytes), v] for lo, v in verdicts]
@@ -368,19 +374,17 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     return EXIT_OK
 
 
-def _show_resume_point(ui: Ui, latest: CheckpointInfo | None, damaged: list[tuple[CheckpointInfo, str]]) -> None:
-    """When the newest rows are damaged: why, and which row a resume loads. The last row of the table is what an
-    operator reads as "latest", and a load refuses a checkpoint whose recorded files are gone or resized. (An
-    intact root prints nothing more: its last row is the resume point.)"""
-    if not damaged:
+def _show_resume_point(ui: Ui, latest: CheckpointInfo | None, passed_over: list[PassedOver]) -> None:
+    """When the newest rows are damaged or unreadable: why, and which row a resume loads. The last row of the
+    table is what an operator reads as "latest", and a load refuses a checkpoint whose recorded files are gone or
+    resized. (An intact root prints nothing more: its last row is the resume point.)"""
+    if not passed_over:
         return
-    labels = []
-    for c, why in damaged:  # a file this user may not read is no damage: the operator must not delete it
-        labels.append("UNREADABLE" if UNREADABLE_BY_THIS_USER in why else "DAMAGED")
-        ui.line(f"{labels[-1]} {c.name}: not a resume point: {why}")
+    for p in passed_over:  # a file this user may not read is no damage: the operator must not delete it
+        ui.line(f"{'UNREADABLE' if p.unreadable else 'DAMAGED'} {p.name}: not a resume point: {p.problem}")
     if latest is not None:
         ui.line(f"resume point (what latest_checkpoint returns): {latest.name}")
-    elif "DAMAGED" not in labels:
+    elif all(p.unreadable for p in passed_over):
         ui.line("no resume point this user can read: every committed one is UNREADABLE (see above: permissions)")
     else:
         ui.line("no intact checkpoint: every committed one is damaged (torch-checkpointing verify names the files)")

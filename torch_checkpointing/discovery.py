@@ -65,14 +65,19 @@ from torch_checkpointing.storage.fsspec_storage import url_scheme
 __all__ = [
     "CheckpointInfo",
     "Leftover",
+    "Listing",
     "OwnerLock",
+    "PassedOver",
+    "Problem",
     "checkpoint_info",
     "committed_manifest",
     "damage",
     "latest_checkpoint",
     "list_checkpoints",
     "list_leftovers",
+    "listing",
     "newest_intact",
+    "problem_with",
     "require_directory",
     "require_path",
     "resume_point",
@@ -174,17 +179,46 @@ class Leftover:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class PassedOver:
+    """A checkpoint a resume cannot use, and why. `unreadable`: this user may not read one of its files or its
+    directory (a `PermissionError`), which says nothing about its bytes: no damage, and never a reason to delete
+    it. `listed`: whether a listing holds it (one whose manifest cannot be read is in none)."""
+
+    path: str
+    problem: str
+    unreadable: bool = False
+    listed: bool = True
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path.rstrip("/"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """`path`, `name`, `problem`, as listings' JSON documents name such a checkpoint."""
+        return {"path": self.path, "name": self.name, "problem": self.problem}
+
+
+@dataclass
+class Listing:
+    """The committed checkpoints under a root, oldest first, and the entries whose manifest or directory this
+    user may not read (each `PassedOver`, not listed): a listing that shows only the first hides the second."""
+
+    checkpoints: list[CheckpointInfo] = dataclasses.field(default_factory=list)
+    unreadable: list[PassedOver] = dataclasses.field(default_factory=list)
+
+
 # ------------------------------------------------------------------------------------------------ discovery
 
 
-def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
+def _manifest_or_none(storage: Storage, path: Path, closed: list[PassedOver] | None = None) -> Manifest | None:
     """The manifest of a committed checkpoint, else None (incomplete, unreadable, or not ours: all skipped).
 
     A save in flight (the `.incomplete` marker) and somebody else's `manifest.json` are skipped quietly; a
     manifest of ours that cannot be read (truncated, a symlink, a FIFO, a field out of range) is a damaged
     checkpoint that silently dropped out of every listing and "latest": it is skipped with a WARNING. A store
     that failed to answer (`ObjectStoreError`) says nothing about the checkpoint: raised, or "latest" would go
-    back a step.
+    back a step. One this user may not read is appended to `closed` (when given) as well as warned about.
     """
     try:
         if not storage.exists(path / MANIFEST_FILE_NAME):
@@ -194,6 +228,8 @@ def _manifest_or_none(storage: Storage, path: Path) -> Manifest | None:
         raise
     except PermissionError as exc:  # a directory this user may not look into: it may well be the newest one
         _warn_unreadable_once(path, exc)
+        if closed is not None:
+            closed.append(PassedOver(spelt(path), str(exc), unreadable=True, listed=False))
     except IncompleteCheckpointError as exc:
         logger.debug("Skipping %s: %s", path, exc)
     except RuntimeError as exc:
@@ -295,11 +331,14 @@ def _commit_time(storage: Storage, path: Path, manifest: Manifest) -> float | No
 
 def checkpoint_info(path: str | os.PathLike[str], storage: Storage | None = None) -> CheckpointInfo | None:
     """The `CheckpointInfo` of one directory, or None when it is not a committed checkpoint of ours."""
-    storage = storage or storage_for(path)
-    p = Path(path)
+    return _checkpoint_info(Path(path), storage or storage_for(path))
+
+
+def _checkpoint_info(p: Path, storage: Storage, closed: list[PassedOver] | None = None) -> CheckpointInfo | None:
+    """`checkpoint_info`; one whose manifest this user may not read is appended to `closed` (when given)."""
     if not storage.isdir(p):
         return None
-    manifest = _manifest_or_none(storage, p)
+    manifest = _manifest_or_none(storage, p, closed)
     if manifest is None:
         return None
     step = manifest.step if manifest.step is not None else step_from_name(p.name)
@@ -335,14 +374,21 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
     Temporary, incomplete, trashed and foreign directories are skipped; a missing root lists nothing. An empty
     root is refused with a `ConfigError` (pass "." for the current directory).
     """
+    return listing(root, storage).checkpoints
+
+
+def listing(root: str | os.PathLike[str], storage: Storage | None = None) -> Listing:
+    """`list_checkpoints`, and the entries under `root` skipped because this user may not read their manifest or
+    directory (each also warned about): `ls` names those too."""
     require_path(root)
     storage = storage or storage_for(root)
     base = Path(root)
     if not storage.isdir(base):
         if storage.exists(base):  # a file: a resume that took "nothing listed" for a first run would start over
             raise NotADirectoryError(f"{base} is a file, not a directory: pass {_ROOT}")
-        return []
+        return Listing()
     found: list[CheckpointInfo] = []
+    closed: list[PassedOver] = []
     names = sorted(storage.ls(base))
     _warn_left_aside(base, names, storage)
     for name in names:
@@ -351,12 +397,12 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
         if _is_symlink(storage, base / name):
             logger.debug("Skipping %s: a symbolic link, never followed out of %s", base / name, base)
             continue
-        info = checkpoint_info(base / name, storage)
+        info = _checkpoint_info(base / name, storage, closed)
         if info is not None:
             found.append(info)
     if not found:
         warn_if_a_checkpoint(base, storage)
-    return sorted(found, key=_sort_key)
+    return Listing(sorted(found, key=_sort_key), closed)
 
 
 # What a root is, in the words of the errors that name one.
@@ -474,13 +520,12 @@ def newest_intact(checkpoints: list[CheckpointInfo], storage: Storage) -> Checkp
     return resume_point(checkpoints, storage)[0]
 
 
-def resume_point(
-    checkpoints: list[CheckpointInfo], storage: Storage
-) -> tuple[CheckpointInfo | None, list[tuple[CheckpointInfo, str]]]:
+def resume_point(checkpoints: list[CheckpointInfo], storage: Storage) -> tuple[CheckpointInfo | None, list[PassedOver]]:
     """(the newest intact one of `checkpoints`, sorted oldest first, or None; the newer ones it passed over,
-    newest first, each with what is wrong with it): a listing that shows those as the newest rows must say so.
+    newest first, each with what is wrong with it and whether that is damage or only this user's permissions): a
+    listing that shows those as the newest rows must say so, and must not call an unreadable one damaged.
     """
-    passed_over: list[tuple[CheckpointInfo, str]] = []
+    passed_over: list[PassedOver] = []
     for listed in reversed(checkpoints):
         info, problem = _intact_now(listed, storage)
         if problem is None:
@@ -488,21 +533,29 @@ def resume_point(
                 _warn_if_named_steps_disagree(info, checkpoints)
             return info, passed_over
         if info is not None:
-            logger.warning("Skipping checkpoint %s as a resume point: %s", info.path, problem)
-            passed_over.append((info, problem))
+            logger.warning("Skipping checkpoint %s as a resume point: %s", info.path, problem.text)
+            passed_over.append(PassedOver(info.path, problem.text, problem.unreadable))
     return None, passed_over
 
 
-def _intact_now(info: CheckpointInfo, storage: Storage) -> tuple[CheckpointInfo | None, str | None]:
+@dataclass(frozen=True)
+class Problem:
+    """What keeps a checkpoint from loading; `unreadable` when it is this user's permissions, not its bytes."""
+
+    text: str
+    unreadable: bool = False
+
+
+def _intact_now(info: CheckpointInfo, storage: Storage) -> tuple[CheckpointInfo | None, Problem | None]:
     """(the checkpoint now at `info.path`, what is wrong with it or None).
 
     A save that replaces the id while it is checked swaps the directory and removes the old copy, whose files
     then look missing: that is no damage. When the id holds another commit than the one checked, the new one
     is checked instead; (None, problem) when the id was deleted meanwhile (nothing to warn about).
     """
-    problem: str | None = None
+    problem: Problem | None = None
     for _ in range(_REPLACED_RETRIES):
-        problem = damage(info.path, storage)
+        problem = problem_with(info.path, storage)
         if problem is None:
             return info, None
         now = checkpoint_info(info.path, storage)
@@ -525,13 +578,20 @@ def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str 
     damage: its `ObjectStoreError` is raised (before, the newest checkpoint was passed over and a resume went back
     a step).
     """
+    found = problem_with(path, storage)
+    return None if found is None else found.text
+
+
+def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -> Problem | None:
+    """`damage`, told apart from a file or directory this user may not read (a `PermissionError`, by its type:
+    its bytes were never seen, so it is no damage, and a listing must not call it so)."""
     storage = storage or storage_for(path)
     try:
         with CheckpointReadContext(
             storage, os.fspath(path), ReadPolicy(verify_checksums=False, allow_legacy_checkpoints=False)
         ) as ctx:
             if ctx.manifest is None:
-                return f"no {MANIFEST_FILE_NAME}"
+                return Problem(f"no {MANIFEST_FILE_NAME}")
             for record in ctx.manifest.files:
                 ctx.check(record.path, f"item '{record.key}' of rank {record.rank}")
                 # A format no load reads (a crafted or newer record): the checkpoint cannot be resumed from.
@@ -540,8 +600,10 @@ def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str 
                 ctx.check(ctx.manifest.metadata_file, "sharding metadata")
     except ObjectStoreError:
         raise
+    except PermissionError as exc:
+        return Problem(str(exc), unreadable=True)
     except (CheckpointError, OSError) as exc:
-        return str(exc)
+        return Problem(str(exc))
     return None
 
 

@@ -83,7 +83,7 @@ def undecodable(path: object, what: str, exc: BaseException) -> UndecodableFileE
     )
 
 
-# What every refusal of a file this user may not read says, so that a listing tells it from damage.
+# What every refusal of a file this user may not read says (listings tell it from damage by its type, PermissionError).
 UNREADABLE_BY_THIS_USER = "this user may not read it"
 
 
