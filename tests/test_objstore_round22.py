@@ -119,7 +119,7 @@ class PausingAtOneDelete(LocalFileSystem):
 
 storage = FsspecStorageConfig(url=url, filesystem=PausingAtOneDelete()).create_storage()
 report = collect_garbage(url, storage, unowned_after_s=0)
-print("removed", [leftover.path for leftover in report.removed], "failed", [l.path for l in report.failed])
+print("removed", [leftover.path for leftover in report.removed], "failed", [l.path for l, _ in report.failed])
 """
 
 

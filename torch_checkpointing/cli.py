@@ -696,13 +696,13 @@ def cmd_gc(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
             "dry_run": args.dry_run,
             "removed": [lo.to_dict() for lo in report.removed],
             "kept": [{**lo.to_dict(), "reason": why} for lo, why in report.kept],
-            "failed": [lo.to_dict() for lo in report.failed],
+            "failed": [{**lo.to_dict(), "reason": why} for lo, why in report.failed],
         }
     )
     verb = "would remove" if args.dry_run else "removed"
     rows = [[Path(lo.path).name, lo.kind, _human(lo.total_bytes), verb] for lo in report.removed]
     rows += [[Path(lo.path).name, lo.kind, _human(lo.total_bytes), f"kept: {why}"] for lo, why in report.kept]
-    rows += [[Path(lo.path).name, lo.kind, _human(lo.total_bytes), "FAILED (see log)"] for lo in report.failed]
+    rows += [[Path(lo.path).name, lo.kind, _human(lo.total_bytes), f"FAILED: {why}"] for lo, why in report.failed]
     if rows:
         ui.table(f"Leftovers under {args.root}", ["DIRECTORY", "KIND", "SIZE", "ACTION"], rows)
     freed = sum(lo.total_bytes for lo in report.removed)

@@ -232,15 +232,16 @@ def delete_checkpoint(
     re-used the id and committed since the listing must not be deleted in its place. One that another process
     (a second retention pass, an operator's `prune`) deleted meanwhile is no failure: False, at INFO.
     """
-    return _delete(Path(path), storage or storage_for(path), expected).deleted
+    return _delete(Path(path), storage or storage_for(path), expected).done
 
 
 @dataclass(frozen=True)
 class _Outcome:
-    """What one deletion did; `failure` says why a checkpoint the policy does not keep is still there (None
-    when it was deleted, or when it is no longer the one listed: deleted or re-saved by another process)."""
+    """What one deletion (or one gc step: a removal, a move back) did: `done`, or not, and then `failure` says
+    why what was to go is still there (None when another process deleted, re-saved or collected it first: not
+    a failure, and not ours to count). Reports carry the failure, so that no caller has to read the log."""
 
-    deleted: bool
+    done: bool
     failure: str | None = None
 
 
@@ -437,21 +438,26 @@ def _sync_parent(storage: Storage, path: Path) -> None:
         storage.sync_directory(path.parent)
 
 
-def _remove(storage: Storage, path: Path, what: str) -> bool | None:
+def _remove(storage: Storage, path: Path, what: str) -> _Outcome:
     """Remove a trash or leftover directory; a local store removes its manifest and marker last (see
     `LocalFileSystemStorage.rmdir`), so a removal killed midway leaves a directory gc still recognises.
 
-    None when another process (a second gc) removed it first: not a failure, and not ours to count."""
+    Not done and no failure when another process (a second gc) removed it first."""
     try:
         storage.rmdir(path)
     except STORE_ERRORS as exc:
         if _gone(storage, path):
             logger.info("%s at %s was removed by another process meanwhile", what, _shown(path))
-            return None
-        logger.warning("Could not remove %s at %s (%s); `torch-checkpointing gc` will retry", what, _shown(path), exc)
-        return False
+            return _Outcome(False)
+        return _gc_failed(f"could not remove {what} at {_shown(path)} ({exc}); `torch-checkpointing gc` will retry")
     logger.info("Deleted %s (%s)", what, _shown(path))
-    return True
+    return _Outcome(True)
+
+
+def _gc_failed(why: str) -> _Outcome:
+    """A step of gc that failed: logged at WARNING, and its reason kept for the report."""
+    logger.warning("gc: %s", why)
+    return _Outcome(False, why)
 
 
 def _identity(storage: Storage, path: str | os.PathLike[str]) -> str:
@@ -588,7 +594,7 @@ def _prune(
     report = PruneReport(metric_not_recorded=note)
     for c in doomed:
         outcome = _delete(Path(c.path), storage, c)
-        if outcome.deleted:
+        if outcome.done:
             report.deleted.append(c)
         elif outcome.failure is not None:
             report.failed.append((c, outcome.failure))
@@ -618,7 +624,7 @@ class GcReport:
 
     removed: list[Leftover] = field(default_factory=list)
     kept: list[tuple[Leftover, str]] = field(default_factory=list)
-    failed: list[Leftover] = field(default_factory=list)
+    failed: list[tuple[Leftover, str]] = field(default_factory=list)  # with why: what a script must not dig out of logs
 
 
 def _dead_claim(storage: Storage, path: Path) -> str | None:
@@ -748,8 +754,8 @@ def _to_put_back(
     return chosen
 
 
-def _restore(storage: Storage, leftover: Leftover, target: Path) -> bool | None:
-    """True once moved back; None when another gc moved it back (or away) first; False, warned, otherwise."""
+def _restore(storage: Storage, leftover: Leftover, target: Path) -> _Outcome:
+    """Done once moved back; neither done nor failed when another gc moved it back (or away) first."""
     try:
         storage.rename(Path(leftover.path), target, is_directory=True)
     except STORE_ERRORS as exc:
@@ -757,11 +763,8 @@ def _restore(storage: Storage, leftover: Leftover, target: Path) -> bool | None:
             logger.info(
                 "gc found %s already moved by another process (to %s, or away)", _shown(leftover.path), _shown(target)
             )
-            return None
-        logger.warning(
-            "gc could not move %s back to %s (%s); rename it by hand", _shown(leftover.path), _shown(target), exc
-        )
-        return False
+            return _Outcome(False)
+        return _gc_failed(f"could not move {_shown(leftover.path)} back to {_shown(target)} ({exc}); rename it by hand")
     _sync_parent(storage, target)
     logger.warning(
         "Restored checkpoint %s from %s: the save that replaced it was killed between its two renames, so the id "
@@ -769,7 +772,7 @@ def _restore(storage: Storage, leftover: Leftover, target: Path) -> bool | None:
         _shown(target),
         _shown(leftover.path),
     )
-    return True
+    return _Outcome(True)
 
 
 def _committed(storage: Storage, path: Path) -> bool:
@@ -799,29 +802,30 @@ def collect_garbage(
     restored: set[str] = set()
     for leftover in [lo for lo in leftovers if Path(lo.path) in put_back]:  # first: the other copies are garbage then
         restore_to, copies = put_back[Path(leftover.path)]
-        done = True if dry_run else _restore(storage, leftover, base / restore_to)
-        if done:
+        done = _Outcome(True) if dry_run else _restore(storage, leftover, base / restore_to)
+        if done.done:
             restored.add(restore_to)
             which = f"the only copy of {restore_to}" if copies == 1 else f"the copy of {restore_to} committed last"
             verb = "to be moved back" if dry_run else "moved back"
             report.kept.append((leftover, f"{which}, {verb} under its id"))
-        elif done is False:
-            report.failed.append(leftover)
+        elif done.failure is not None:
+            report.failed.append((leftover, done.failure))
     for leftover in [lo for lo in leftovers if Path(lo.path) not in put_back]:
         why = _why_keep(leftover, base, storage, unowned_after_s, now, restored)
         if why is not None:
             report.kept.append((leftover, why))
             continue
-        removed = True if dry_run else _collect(storage, leftover)
-        if removed:
+        removed = _Outcome(True) if dry_run else _collect(storage, leftover)
+        if removed.done:
             report.removed.append(leftover)
-        elif removed is False:
-            report.failed.append(leftover)
+        elif removed.failure is not None:
+            report.failed.append((leftover, removed.failure))
     return report
 
 
-def _collect(storage: Storage, leftover: Leftover) -> bool | None:
-    """True once removed; None when another process (a second gc) removed it first; False, warned, otherwise."""
+def _collect(storage: Storage, leftover: Leftover) -> _Outcome:
+    """Done once removed; neither done nor failed when another process (a second gc) removed it first; else the
+    failure (also warned)."""
     path = Path(leftover.path)
     if leftover.kind == "trash":
         return _remove(storage, path, f"trash of {leftover.checkpoint_name}")
@@ -836,13 +840,12 @@ def _collect(storage: Storage, leftover: Leftover) -> bool | None:
         except STORE_ERRORS as exc:
             if _gone(storage, path):
                 logger.info("gc found %s already removed by another process", _shown(path))
-                return None
-            logger.warning("gc could not move %s aside (%s); left as it was", _shown(path), exc)
-            return False
+                return _Outcome(False)
+            return _gc_failed(f"could not move {_shown(path)} aside ({exc}); left as it was")
         return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")
 
 
-def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
+def _collect_saves_objects(storage: Storage, path: Path) -> _Outcome | None:
     """A dead save's prefix on a store that records which save wrote each object: only objects saves of ours
     wrote go (each only if unchanged since seen), then the claim (only if still the one judged dead), and what
     is left (a user's PUT while the save ran, or over one of its keys) is named at WARNING. On a store without
@@ -884,12 +887,11 @@ def _collect_saves_objects(storage: Storage, path: Path) -> bool | None:
         if not held.records:
             storage.delete_object(marker, found[1])
     except STORE_ERRORS as exc:
-        logger.warning("gc could not remove the unfinished save at %s (%s); left as it is", _shown(path), exc)
-        return False
+        return _gc_failed(f"could not remove the unfinished save at {_shown(path)} ({exc}); left as it is")
     url = storage.remap_path(path)
     warn_left_in_place(url, [*others, *changed], f"gc of the unfinished save at {url}")
     logger.info("gc removed the unfinished save at %s (its claim is dead)", _shown(path))
-    return True
+    return _Outcome(True)
 
 
 @contextlib.contextmanager
@@ -907,11 +909,10 @@ def _gc_pass() -> Iterator[str]:
         lock.release()
 
 
-def _cannot_take_claim(storage: Storage, path: Path, marker: Path, what: str) -> bool:
+def _cannot_take_claim(storage: Storage, path: Path, marker: Path, what: str) -> _Outcome:
     """gc leaves a dead claim on a store that cannot delete it conditionally (`commit.no_conditional_delete`)."""
     why = no_conditional_delete(storage.remap_path(path), storage.remap_path(marker))
-    logger.warning("gc left the %s at %s: %s", what, _shown(path), why)
-    return False
+    return _gc_failed(f"left the {what} at {_shown(path)}: {why}")
 
 
 def _hold_for_gc(storage: ConditionalStorage, marker: Path, etag: str, dead: Claim, uid: str) -> str | None:
@@ -925,13 +926,11 @@ def _hold_for_gc(storage: ConditionalStorage, marker: Path, etag: str, dead: Cla
     return found[1] if found is not None and held is not None and held.token == mine.token else None
 
 
-def _taken_over_meanwhile(path: Path) -> bool:
-    logger.warning(
-        "gc left the unfinished save at %s: its claim changed after gc judged it dead (a save of that id took it "
-        "over), so what is there is that save's now",
-        _shown(path),
+def _taken_over_meanwhile(path: Path) -> _Outcome:
+    return _gc_failed(
+        f"left the unfinished save at {_shown(path)}: its claim changed after gc judged it dead (a save of that id "
+        f"took it over), so what is there is that save's now"
     )
-    return False
 
 
 def _take_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None:
@@ -950,27 +949,24 @@ def _take_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None
     return manifest
 
 
-def _let_go_of_stray_claim(storage: Storage, path: Path) -> bool | None:
+def _let_go_of_stray_claim(storage: Storage, path: Path) -> _Outcome:
     """Remove a dead save's claim from beside the committed checkpoint at `path`, only if it is still the
     claim judged dead (a conditional delete); the checkpoint itself is not touched."""
     marker = path / INCOMPLETE_MARKER
     if not isinstance(storage, ConditionalStorage):
-        logger.warning("gc cannot remove the claim %s conditionally on this store; left as it is", _shown(marker))
-        return False
+        return _gc_failed(f"cannot remove the claim {_shown(marker)} conditionally on this store; left as it is")
     if not compares_atomically(storage, marker):
         return _cannot_take_claim(storage, path, marker, "stopped save's claim")
     try:
         found = storage.read_object(marker)
         if found is None:
-            return None  # let go of meanwhile
+            return _Outcome(False)  # let go of meanwhile
         if _dead_reason(found[0]) is None or not storage.delete_object(marker, found[1]):
-            logger.warning("gc left the claim %s: it changed since it was judged dead", _shown(marker))
-            return False
+            return _gc_failed(f"left the claim {_shown(marker)}: it changed since it was judged dead")
     except STORE_ERRORS as exc:
-        logger.warning("gc could not remove the claim %s (%s); left as it is", _shown(marker), exc)
-        return False
+        return _gc_failed(f"could not remove the claim {_shown(marker)} ({exc}); left as it is")
     logger.info("gc removed a stopped save's claim %s beside a committed checkpoint", _shown(marker))
-    return True
+    return _Outcome(True)
 
 
 class RetentionRunner:
