@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from torch_checkpointing.dtensor_resharder import DTensorResharder
     from torch_checkpointing.errors import (
         CheckpointError,
+        CheckpointReplacedError,
         CommitError,
         CommitOutcomeUnknownError,
         ConfigError,
@@ -186,6 +187,7 @@ __all__ = [
     "CheckpointLoaderConfig",
     "CheckpointManager",
     "CheckpointProcessConfig",
+    "CheckpointReplacedError",
     "CheckpointSaverConfig",
     "CheckpointStagerConfig",
     "CheckpointWriterConfig",

@@ -14,6 +14,7 @@ import dataclasses
 import datetime as _dt
 import errno
 import json
+import logging
 import os
 import select
 import signal
@@ -52,6 +53,7 @@ from torch_checkpointing.distributed_metadata import (
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata
 from torch_checkpointing.errors import (
     CheckpointError,
+    CheckpointReplacedError,
     ConfigError,
     IncompleteCheckpointError,
 )
@@ -68,6 +70,8 @@ from torch_checkpointing.storage.base_storage import ReadArgs, Storage
 from torch_checkpointing.value_diff import compare, named_leaves
 
 __all__ = ["main"]
+
+logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_NO, EXIT_ERROR = 0, 1, 2
 _ROOT = "the directory that holds the checkpoints (a run's root)"
@@ -513,6 +517,8 @@ def _verify_record(ctx: CheckpointReadContext, rec: FileRecord, advance: Any) ->
     regular, listed); a file that cannot be opened so is a failed check naming why, never followed."""
     try:
         checked = ctx.check(rec.path, f"item '{rec.key}' of rank {rec.rank}")
+    except CheckpointReplacedError:
+        raise  # no damage: the command reads the checkpoint now at the path again (`_run`)
     except CheckpointError as exc:
         advance(rec.size)
         return _Check(rec.path, False, str(exc))
@@ -553,6 +559,8 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         committed_manifest(storage, root)  # the precise reason a directory is not a checkpoint
         ctx = _open(storage, root, verify=False)
         manifest = ctx.__enter__().manifest
+    except CheckpointReplacedError:
+        raise
     except (CheckpointError, RuntimeError, FileNotFoundError, NotADirectoryError) as exc:
         ui.emit_json({"checkpoint": str(root), "ok": False, "error": str(exc), "kind": type(exc).__name__, "files": []})
         ui.line(f"FAILED: {exc}")
@@ -603,6 +611,8 @@ def _verify_metadata(ctx: CheckpointReadContext, name: str) -> _Check:
     try:
         with unknown_types_as_stored():  # a user's resharder's class, which this process never imports
             read_distributed_metadata(ctx)
+    except CheckpointReplacedError:
+        raise
     except (CheckpointError, ValueError, OSError) as exc:
         return _Check(name, False, str(exc))
     return _Check(name, True)
@@ -621,6 +631,7 @@ def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, res
     recs = sorted((r for r in manifest.files if r.key == key), key=lambda r: r.rank)
     out: dict[str, Any] = {}
     with _open(storage, root, verify=True) as ctx:
+        _require_commit(ctx.manifest, manifest, root)
         if resharded:
             state = named_leaves(_decode_checked(ctx, recs[0], key)) if recs else {}
             out.update((name, leaf) for name, leaf in state.items() if not isinstance(leaf, torch.Tensor))
@@ -630,6 +641,25 @@ def _item_leaves(storage: Storage, root: Path, manifest: Manifest, key: str, res
     if resharded:
         out.update(iter_item_tensors(root, key, storage=storage))
     return out
+
+
+def _require_commit(now: Manifest | None, read: Manifest, root: Path) -> None:
+    """Raise `CheckpointReplacedError` unless `now` (the manifest at `root` now) is the commit `read` was read
+    from: a command that reads a checkpoint in several passes (diff: one per item) must not mix two commits of an
+    id a running job saves again (it compared one item of the old commit with the others of the new one)."""
+    if now is None or now.commit_time != read.commit_time or now.files != read.files:
+        raise CheckpointReplacedError(
+            f"Checkpoint {root} was replaced by a new save of its id, or deleted, while it was read; read it again."
+        )
+
+
+def _still_committed(storage: Storage, root: Path, read: Manifest) -> None:
+    """`_require_commit` for the manifest at `root` now (none when it was deleted meanwhile)."""
+    try:
+        now = committed_manifest(storage, root)
+    except (FileNotFoundError, IncompleteCheckpointError):
+        now = None
+    _require_commit(now, read, root)
 
 
 def _consolidated(sharding: dict[str, list[dict[str, Any]]], key: str) -> bool:
@@ -669,6 +699,8 @@ def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
                 rows.append({"item": key, "leaf": leaf, "status": "only in B", "detail": ""})
             elif (detail := compare(la[leaf], lb[leaf])) is not None:
                 rows.append({"item": key, "leaf": leaf, "status": "differs", "detail": detail})
+    _still_committed(storage, Path(args.a), ma)  # every item of each side from the one commit
+    _still_committed(other, Path(args.b), mb)
     same = not rows
     ui.emit_json({"a": args.a, "b": args.b, "identical": same, "differences": rows})
     if same:
@@ -894,7 +926,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ui = Ui(args.json, args.plain)
     try:
         with _sigterm_raises():
-            code = int(args.run(args, ui, _storage_of(args)))
+            code = _run(args, ui, _storage_of(args))
             ui.out.flush()  # a full disk under `> report.txt` fails here, not unseen at the interpreter's exit
             return code
     except OutputFailed as exc:
@@ -910,6 +942,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report_stop(args.command, ui, signal.SIGINT)
     except Terminated:  # SIGTERM (`timeout`, a scheduler, `kill`): the same clean-up as on Ctrl-C
         return _report_stop(args.command, ui, signal.SIGTERM)
+
+
+# How many times a command that only reads a checkpoint runs again when a save replaced it meanwhile: a job
+# re-saving its `latest` id races a long verify now and then, not five times in a row.
+_READ_AGAIN = 5
+_READERS = frozenset({"verify", "inspect", "diff", "export"})
+
+
+def _run(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
+    """The command; one that reads a checkpoint that a new save of its id replaced (or a deletion removed) while
+    it read is run again on what the path holds now. Before, `verify` said FAILED (exit 1, which a script reads
+    as damage) of a healthy checkpoint a running job had saved again, and `diff` mixed the two commits. Nothing
+    is written before a reader's end, so a run stopped this way has said nothing (an export removes its staging).
+    """
+    for attempt in range(2, _READ_AGAIN + 1):
+        try:
+            return int(args.run(args, ui, storage))
+        except CheckpointReplacedError as exc:
+            if args.command not in _READERS:
+                raise
+            logger.info("torch-checkpointing %s: %s (reading it again, try %d)", args.command, exc, attempt)
+    return int(args.run(args, ui, storage))  # the last try: a replace now is the command's error (exit 2)
 
 
 class Terminated(BaseException):

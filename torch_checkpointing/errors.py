@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 # The package's top level exports every name listed here (its lazy table reads this list).
 __all__ = [
     "CheckpointError",
+    "CheckpointReplacedError",
     "CommitError",
     "CommitOutcomeUnknownError",
     "ConfigError",
@@ -67,6 +68,13 @@ class CorruptCheckpointError(CheckpointError):
 
     The message names the file (and the field, for malformed metadata). Load an earlier checkpoint.
     """
+
+
+class CheckpointReplacedError(CorruptCheckpointError):
+    """The checkpoint was replaced by a new save of its id, or deleted, while it was read: no damage (the files
+    it listed went with the copy the save or the deletion removed). Read it again. A `CorruptCheckpointError` for
+    callers that caught that before; a tool that acts on damage (an operator's `verify || rm`) must tell the two
+    apart, and the command line reads such a checkpoint again rather than report it."""
 
 
 class UndecodableFileError(CorruptCheckpointError, ValueError, TypeError):

@@ -43,6 +43,7 @@ from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_b
 from torch_checkpointing.cold_read import crc32_by_reads, is_cached, memory_file, private_copy, seal
 from torch_checkpointing.errors import (
     CheckpointError,
+    CheckpointReplacedError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
     ObjectStoreError,
@@ -273,12 +274,27 @@ class CheckpointReadContext:
         return stray_claim(marker, manifest)
 
     def _pinned_gone(self) -> bool:
-        """Whether the directory this load pinned was removed since it was opened (a save replaced the id, or a
-        prune deleted it): then every file missing from it is that race, not damage."""
-        return self._dirfd is not None and os.fstat(self._dirfd).st_nlink == 0
+        """Whether the directory this load pinned is no longer the one at its path (a save replaced the id, or a
+        prune deleted it): then every file missing from it is that race, not damage. Removed (no link left), or
+        still being removed: the path then names another directory (the new save's) or nothing (a deletion moved
+        it to the trash). Before, only the first counted: a file gone while the replacer was still removing the
+        old copy was "listed in the manifest but missing: the checkpoint was damaged"."""
+        if self._dirfd is None:
+            return False
+        pinned = os.fstat(self._dirfd)
+        if pinned.st_nlink == 0:
+            return True
+        local = self.storage.local_path(self.root)
+        try:
+            now = os.stat(local) if local is not None else None
+        except FileNotFoundError:
+            return True
+        except OSError:  # cannot tell (a permission changed meanwhile): what is missing is reported as found
+            return False
+        return now is not None and (now.st_dev, now.st_ino) != (pinned.st_dev, pinned.st_ino)
 
-    def _replaced(self) -> CorruptCheckpointError:
-        return CorruptCheckpointError(
+    def _replaced(self) -> CheckpointReplacedError:
+        return CheckpointReplacedError(
             f"Checkpoint {self.shown} was replaced or deleted while this load ran (the directory it opened is "
             f"gone); nothing was restored. Retry the load."
         )
