@@ -129,3 +129,25 @@ def test_a_checkpoint_whose_old_copy_is_being_removed_is_said_replaced_not_damag
             ctx.check("z_extra_0.pt", "item 'z_extra'")
     assert isinstance(caught.value, CheckpointReplacedError), caught.value
     assert "damaged" not in str(caught.value) and "replaced or deleted" in str(caught.value), caught.value
+
+
+def test_inspect_during_a_resave_describes_one_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`inspect` reads the manifest, then the checkpoint's summary, then its sharding: a re-save between the
+    first two described the new commit's step and commit time over the old commit's files."""
+    ckpt = tmp_path / "run" / "latest"
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(str(ckpt), _payload(1.0), step=1)
+    real = cli.checkpoint_info
+    resaved: list[bool] = []
+
+    def info_after_a_resave(path: Any, storage: Any = None) -> Any:
+        if not resaved:
+            resaved.append(True)
+            with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+                manager.save(str(ckpt), {"a_model": {"w": torch.ones(3)}}, step=2)  # one item now
+        return real(path, storage)
+
+    monkeypatch.setattr(cli, "checkpoint_info", info_after_a_resave)
+    code, doc, err = _cli("inspect", str(ckpt))
+    assert resaved and code == 0, (code, doc, err)
+    assert doc["step"] == 2 and sorted(doc["items"]) == ["a_model"], doc

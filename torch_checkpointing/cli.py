@@ -444,6 +444,7 @@ def cmd_inspect(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     manifest = committed_manifest(storage, Path(args.checkpoint))
     info = _info(storage, args.checkpoint)
     sharding = _sharding(storage, args.checkpoint)
+    _still_committed(storage, Path(args.checkpoint), manifest)  # the three reads above describe one commit
     items: dict[str, list[FileRecord]] = {}
     for rec in sorted(manifest.files, key=lambda r: (r.key, r.rank)):
         items.setdefault(rec.key, []).append(rec)
