@@ -32,6 +32,7 @@ __all__ = [
     "GC_TOKEN_PREFIX",
     "INCOMPLETE_MARKER",
     "MANIFEST_FILE_NAME",
+    "MANIFEST_VERSION",
     "MAX_MARKER_BYTES",
     "MAX_WORLD_SIZE",
     "DuplicateKeyError",
@@ -57,6 +58,7 @@ MAX_WORLD_SIZE = 1 << 20
 MANIFEST_FILE_NAME = "manifest.json"
 INCOMPLETE_MARKER = ".incomplete"
 _KIND = "torch_checkpointing.manifest"
+MANIFEST_VERSION = 1  # the only manifest version this engine writes and reads
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ class Manifest:
         return json.dumps(
             {
                 "kind": _KIND,
-                "manifest_version": 1,
+                "manifest_version": MANIFEST_VERSION,
                 "library_version": self.library_version,
                 "world_size": self.world_size,
                 "metadata_file": self.metadata_file,
@@ -509,6 +511,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         raise CorruptCheckpointError(f"{where} is not a JSON object.")
     if d.get("kind") != _KIND:
         raise CorruptCheckpointError(f"{where} is not a torch_checkpointing manifest (kind={d.get('kind')!r}).")
+    _check_version(d, where)
     world_size = _int(d, "world_size", where, minimum=1, maximum=MAX_WORLD_SIZE)
     files: list[FileRecord] = []
     items = _field(d, "items", dict, where)
@@ -545,6 +548,24 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         _optional_int(d, "metadata_crc32", where),
         _optional(d, "claim", str, where),
     )
+
+
+def _check_version(d: dict[str, Any], where: str) -> None:
+    """Refuse a manifest of a version this engine does not read: its fields may mean something else (a newer
+    engine's), and reading it as ours could return other values than were saved, silently."""
+    version = _field(d, "manifest_version", int, where)
+    if version > MANIFEST_VERSION:
+        shown = version if version.bit_length() < 64 else f"a {version.bit_length()}-bit number"
+        raise CorruptCheckpointError(
+            f"{where}: field 'manifest_version' is {shown}; this engine reads version {MANIFEST_VERSION}. A newer "
+            f"engine wrote this checkpoint: load it with that engine or a newer one (it is not damaged; do not "
+            f"delete it)."
+        )
+    if version != MANIFEST_VERSION:
+        raise CorruptCheckpointError(
+            f"{where}: field 'manifest_version' is {version}, which no engine writes (this one writes "
+            f"{MANIFEST_VERSION}); the manifest is damaged or crafted. Load an earlier checkpoint."
+        )
 
 
 def _loads(text: str | bytes, where: str) -> Any:

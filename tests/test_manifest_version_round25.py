@@ -1,0 +1,105 @@
+"""A manifest's `manifest_version` is read, not ignored (issue #10: load returns what was committed or raises a
+`CheckpointError` naming the file and the reason).
+
+Before, `parse_manifest` never looked at the field: a manifest of version 2 (a newer engine's, whose fields may
+mean something else), or one whose version was damaged into `"1"`, `true`, `[1]` or removed, loaded as if it
+were version 1, silently. The sharding metadata's own `version` was refused when unknown; the manifest's was
+not. Now only the int 1 reads; anything else is a `CorruptCheckpointError` naming `manifest.json` and the field,
+and for a higher int saying a newer engine wrote it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.test_verified_loads import _edit_manifest, _manager
+from torch_checkpointing import CheckpointManager, CorruptCheckpointError, ItemSpec
+from torch_checkpointing.discovery import latest_checkpoint
+
+_DROP = object()
+
+
+def _save(root: Path, value: float = 1.0) -> None:
+    with _manager({"model": ItemSpec()}) as manager:
+        manager.save(str(root), {"model": {"w": torch.full((4,), value)}})
+
+
+def _set_version(root: Path, version: Any) -> None:
+    def edit(d: dict[str, Any]) -> None:
+        if version is _DROP:
+            del d["manifest_version"]
+        else:
+            d["manifest_version"] = version
+
+    _edit_manifest(root, edit)
+
+
+def _load_into_fill(root: Path) -> tuple[CorruptCheckpointError, torch.Tensor]:
+    template = torch.full((4,), -1.0)
+    with _manager({"model": ItemSpec()}) as manager, pytest.raises(CorruptCheckpointError) as caught:
+        manager.load(str(root), into={"model": {"w": template}})
+    return caught.value, template
+
+
+@pytest.mark.parametrize("version", [2, 1 << 40], ids=["2", "2**40"])
+def test_a_manifest_of_a_newer_version_is_refused_saying_so(tmp_path: Path, version: int) -> None:
+    """Defect: a version-2 manifest loaded as version 1 (no error at all)."""
+    root = tmp_path / "ck"
+    _save(root)
+    _set_version(root, version)
+    error, template = _load_into_fill(root)
+    message = str(error)
+    assert "manifest.json" in message and "'manifest_version'" in message, message
+    assert "newer" in message, message
+    assert bool((template == -1.0).all())
+
+
+_DAMAGED = {"str": "1", "bool": True, "float": 1.0, "list": [1], "null": None, "0": 0, "-1": -1, "gone": _DROP}
+
+
+@pytest.mark.parametrize("version", list(_DAMAGED.values()), ids=list(_DAMAGED))
+def test_a_damaged_manifest_version_is_refused_naming_the_field(tmp_path: Path, version: Any) -> None:
+    """Defect: a version damaged to another type, a non-positive int, or removed, loaded silently."""
+    root = tmp_path / "ck"
+    _save(root)
+    _set_version(root, version)
+    error, template = _load_into_fill(root)
+    assert "manifest.json" in str(error) and "'manifest_version'" in str(error), str(error)
+    assert bool((template == -1.0).all())
+
+
+def test_a_load_without_templates_refuses_a_newer_manifest_too(tmp_path: Path) -> None:
+    """Defect: the self-describing load (layouts read from the manifest) trusted a version-2 manifest too."""
+    root = tmp_path / "ck"
+    _save(root)
+    _set_version(root, 2)
+    manager = CheckpointManager(CheckpointManager.Config.with_sync_save())
+    with manager, pytest.raises(CorruptCheckpointError, match="manifest_version"):
+        manager.load(str(root))
+
+
+def test_latest_skips_a_newer_checkpoint_saying_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Defect: `latest_checkpoint` resumed from a checkpoint this engine cannot read (version 2). Now it resumes
+    from the newest one it reads, and the WARNING says a newer engine wrote the other."""
+    _save(tmp_path / "step_1", 1.0)
+    _save(tmp_path / "step_2", 2.0)
+    _set_version(tmp_path / "step_2", 2)
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        latest = latest_checkpoint(str(tmp_path))
+    assert latest is not None and Path(latest.path).name == "step_1", latest
+    assert any("step_2" in r.getMessage() and "newer" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_the_version_this_engine_writes_still_loads(tmp_path: Path) -> None:
+    """Pins that the fix reads what the engine writes (version 1), with and without templates."""
+    root = tmp_path / "ck"
+    _save(root, 3.0)
+    template = torch.zeros(4)
+    with _manager({"model": ItemSpec()}) as manager:
+        manager.load(str(root), into={"model": {"w": template}})
+    assert template.tolist() == [3.0] * 4
