@@ -433,10 +433,39 @@ def _read_safetensors_header(storage: Storage, path: Path) -> tuple[dict[str, An
     header = parse_safetensors_header(path, storage.read_range(path, 8, header_len))
     if not isinstance(header, dict):
         raise CorruptCheckpointError(f"{path}: its safetensors header is not a JSON object.")
-    header.pop("__metadata__", None)
+    _check_metadata(path, header.pop("__metadata__", None))
     for name, entry in header.items():
         _check_entry(path, name, entry, size - 8 - header_len)
+    _check_tiling(path, header, size - 8 - header_len)
     return header, 8 + header_len
+
+
+def _check_metadata(path: Path, metadata: Any) -> None:
+    """`__metadata__`, as the library reads it: absent, or an object of strings."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CorruptCheckpointError(f"{path}: its safetensors '__metadata__' is not an object of strings.")
+
+
+def _check_tiling(path: Path, entries: dict[str, Any], data_size: int) -> None:
+    """The library's rule, which a local load of the same file applies: the tensors, in offset order, cover the
+    data exactly, each starting where the one before ends. Checked alone, entries could overlap (two names read
+    as one tensor's bytes), leave a gap or stop short of the end: a file refused on local disk, loaded from S3."""
+    end = 0
+    for name, entry in sorted(entries.items(), key=lambda e: (e[1]["data_offsets"][0], e[1]["data_offsets"][1])):
+        begin, stop = entry["data_offsets"]
+        if begin != end:
+            raise CorruptCheckpointError(
+                f"{path}: safetensors entry {name!r} starts at data byte {begin}, not {end} where the tensor before "
+                f"it ends: its tensors overlap or leave a gap. The file is damaged or crafted."
+            )
+        end = stop
+    if end != data_size:
+        raise CorruptCheckpointError(
+            f"{path}: its safetensors tensors end at data byte {end}, but the file holds {data_size} data bytes: "
+            f"bytes no tensor covers. The file is damaged or crafted."
+        )
 
 
 def _check_entry(path: Path, name: str, entry: Any, data_size: int) -> None:
