@@ -11,6 +11,7 @@ import errno
 import json
 import math
 import os
+import posixpath
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -527,6 +528,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
                 )
             files.append(record)
     metadata_file = _optional(d, "metadata_file", str, where)
+    _check_one_record_per_file(files, metadata_file, where)
     recorded = _optional(d, "metrics", dict, where)
     metrics = None if recorded is None else {str(k): _metric_value(v) for k, v in recorded.items()}
     if metrics is not None and any(v is None for v in metrics.values()):
@@ -548,6 +550,26 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         _optional_int(d, "metadata_crc32", where),
         _optional(d, "claim", str, where),
     )
+
+
+def _check_one_record_per_file(files: list[FileRecord], metadata_file: str | None, where: str) -> None:
+    """Refuse a file listed twice (two records, or a record and 'metadata_file'), paths compared normalised.
+
+    The writer never lists one (`checkpoint_writer._check_distinct`), and readers look records up by path: with
+    two, one of them was silently dropped, so an item was checked against another record and read another
+    item's file (as a JSON object naming a key twice is refused, `unique_keys`)."""
+    owners: dict[str, str] = {}
+    named = [(f"items.{r.key}.{r.rank}", r.path) for r in files]
+    if metadata_file is not None:
+        named.append(("metadata_file", metadata_file))
+    for field_name, path in named:
+        normal = posixpath.normpath(path)
+        first = owners.setdefault(normal, field_name)
+        if first != field_name:
+            raise CorruptCheckpointError(
+                f"{where} lists file {normal!r} twice (fields '{first}' and '{field_name}'); a save lists each file "
+                f"once, so the manifest is damaged or crafted. Load an earlier checkpoint."
+            )
 
 
 def _check_version(d: dict[str, Any], where: str) -> None:
