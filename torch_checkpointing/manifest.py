@@ -535,6 +535,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         raise CorruptCheckpointError(
             f'{where}: field \'metrics\' must map names to numbers (or "NaN", "Infinity", "-Infinity").'
         )
+    metadata_size, metadata_crc32 = _metadata_record(d, metadata_file, where)
     commit_time = _optional(d, "commit_time", (int, float), where)
     if commit_time is not None and not _is_number(commit_time):  # JSON's 1e400 parses as infinity
         raise CorruptCheckpointError(f"{where}: field 'commit_time' must be a finite number, got {commit_time!r}.")
@@ -546,10 +547,33 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         _optional_int(d, "step", where),
         cast("dict[str, float] | None", metrics),
         None if commit_time is None else float(commit_time),
-        _optional_int(d, "metadata_size", where),
-        _optional_int(d, "metadata_crc32", where),
+        metadata_size,
+        metadata_crc32,
         _optional(d, "claim", str, where),
     )
+
+
+def _metadata_record(d: dict[str, Any], metadata_file: str | None, where: str) -> tuple[int | None, int | None]:
+    """The sharding metadata's size and CRC32: both (what the writer records with 'metadata_file'), or neither (a
+    manifest from before they existed: read unchecked). One alone, or either without 'metadata_file', would
+    leave the metadata unchecked under verify_checksums=True, silently: refused, naming the field."""
+    size, crc = _optional_int(d, "metadata_size", where), _optional_int(d, "metadata_crc32", where)
+    if size is None and crc is None:
+        return None, None
+    if metadata_file is None:
+        raise CorruptCheckpointError(
+            f"{where}: fields 'metadata_size'/'metadata_crc32' describe a metadata file, but field 'metadata_file' "
+            f"names none; the manifest is damaged or crafted. Load an earlier checkpoint."
+        )
+    if size is None or crc is None:
+        missing = "metadata_size" if size is None else "metadata_crc32"
+        raise CorruptCheckpointError(
+            f"{where}: required field '{missing}' is missing beside the other half of the metadata file's record; "
+            f"without it {metadata_file!r} could not be verified. The manifest is damaged or crafted."
+        )
+    if crc > 0xFFFFFFFF:
+        raise CorruptCheckpointError(f"{where}: field 'metadata_crc32' is not a 32-bit value.")
+    return size, crc
 
 
 def _check_one_record_per_file(files: list[FileRecord], metadata_file: str | None, where: str) -> None:
