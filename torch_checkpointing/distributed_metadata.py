@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from torch_checkpointing.checkpoint_layout import (
     JsonSerialization,
@@ -248,6 +248,8 @@ def _rank_number(x: Any, what: str, signed: bool = False) -> int:
     return x
 
 
+T = TypeVar("T")
+
 _decode_cache: dict[tuple[tuple[int, int, int], ...], tuple[int, ...]] = {}
 _budget: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_rank_decode_budget", default=None)
 
@@ -363,6 +365,7 @@ class DistributedItemMetadata:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistributedItemMetadata:
         paths: dict[NestedPath, list[GlobalObjectMetadata]] = {}
+        spelled: dict[Any, str] = {}
         d = json_object(d, "item metadata")
         for p, groups in json_object(d["nested_path_to_metadata"], "nested_path_to_metadata").items():
             if not isinstance(groups, JSON_ARRAY) or not groups or not all(isinstance(g, dict) for g in groups):
@@ -372,13 +375,15 @@ class DistributedItemMetadata:
                     f"got {type(groups).__name__} {str(groups)[:80]}"
                 )
             try:
-                paths[nested_path_from_json(p)] = [GlobalObjectMetadata.from_dict(g) for g in groups]
+                path = _once(nested_path_from_json(p), p, spelled, "nested_path_to_metadata")
+                paths[path] = [GlobalObjectMetadata.from_dict(g) for g in groups]
             except ValueError as exc:  # a bad value: say where it is (a missing field names itself)
                 raise ValueError(f"path {p}: {exc}") from None
-        layouts = {
-            _rank(r): (None if lay is None else layout_from_untrusted_dict(lay, f"rank_to_layout_info.{r}"))
-            for r, lay in json_object(d["rank_to_layout_info"], "rank_to_layout_info").items()
-        }
+        layouts: dict[int, LayoutInfo | None] = {}
+        ranks: dict[Any, str] = {}
+        for r, lay in json_object(d["rank_to_layout_info"], "rank_to_layout_info").items():
+            rank = _once(_rank(r), r, ranks, "rank_to_layout_info")
+            layouts[rank] = None if lay is None else layout_from_untrusted_dict(lay, f"rank_to_layout_info.{r}")
         return cls(paths, layouts)
 
 
@@ -675,8 +680,21 @@ def parse_distributed_metadata(data: bytes, where: str, keys: Collection[str] | 
         raise CorruptCheckpointError(f"Sharding metadata {where} is malformed ({field}: {exc}).") from None
 
 
+def _once(key: T, spelling: str, seen: dict[Any, str], where: str) -> T:
+    """`key`, parsed from the JSON object key `spelling`, refused when another spelling gave it before: the file's
+    duplicate-key check compares the strings, so '["w"]' and '[ "w" ]' (or "0" and "00") passed it, and the dict
+    built from them kept the last entry silently."""
+    first = seen.setdefault(key, spelling)
+    if first != spelling:
+        raise CorruptCheckpointError(
+            f"field '{where}' names {key!r} twice (as {first!r} and {spelling!r}); a save writes each once, "
+            f"so the sharding metadata is damaged or crafted."
+        )
+    return key
+
+
 def _rank(text: Any) -> int:
-    if not isinstance(text, str) or not text.isdigit():
+    if not isinstance(text, str) or not (text.isascii() and text.isdigit()):
         raise CorruptCheckpointError(f"rank_to_layout_info key {text!r} is not a rank number")
     return int(text)
 
