@@ -103,3 +103,28 @@ def test_the_version_this_engine_writes_still_loads(tmp_path: Path) -> None:
     with _manager({"model": ItemSpec()}) as manager:
         manager.load(str(root), into={"model": {"w": template}})
     assert template.tolist() == [3.0] * 4
+
+
+def test_verify_of_a_newer_checkpoint_exits_2_not_failed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Defect: `verify` said FAILED and exited 1 ("the bytes do not match") for a checkpoint a newer engine
+    wrote, and listings skipped it as "a damaged checkpoint": an operator could delete a healthy checkpoint.
+    Now exit 2 (it could not check), as for a file it may not read (round 24), and no "damaged"."""
+    from torch_checkpointing import cli
+
+    root = tmp_path / "step_2"
+    _save(root)
+    _set_version(root, 2)
+    code = cli.main(["--plain", "verify", str(root)])
+    out = capsys.readouterr()
+    assert code == 2, (code, out)
+    assert "newer" in out.out + out.err and "FAILED" not in out.out, out
+
+
+def test_listings_do_not_call_a_newer_checkpoint_damaged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Defect: the WARNING said "Skipping ..., a damaged checkpoint" for a version-2 manifest."""
+    _save(tmp_path / "step_2")
+    _set_version(tmp_path / "step_2", 2)
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        assert latest_checkpoint(str(tmp_path)) is None
+    skipped = [r.getMessage() for r in caplog.records if "step_2" in r.getMessage()]
+    assert skipped and all("a damaged checkpoint" not in m and "newer" in m for m in skipped), skipped

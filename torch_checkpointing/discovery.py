@@ -38,6 +38,7 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
+    _NewerManifest,
     our_marker,
     parse_manifest,
     read_bounded,
@@ -232,6 +233,8 @@ def _manifest_or_none(storage: Storage, path: Path, closed: list[PassedOver] | N
             closed.append(PassedOver(spelt(path), str(exc), unreadable=True, listed=False))
     except IncompleteCheckpointError as exc:
         logger.debug("Skipping %s: %s", path, exc)
+    except _NewerManifest as exc:  # healthy, for all we know: never "damaged" (an operator deletes those)
+        logger.warning("Skipping %s, which a newer engine wrote: %s", path, exc)
     except RuntimeError as exc:
         if _FOREIGN_MANIFEST in str(exc):
             logger.debug("Skipping %s: %s", path, exc)
