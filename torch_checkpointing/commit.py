@@ -800,10 +800,10 @@ class Commit:
             self._mkdir_one(here)
 
     def _mkdir_one(self, path: Path) -> None:
-        """`path` created, not its parent (where saves rename; a store's prefix needs none); a missing parent is
-        named."""
+        """`path` created, not its parent (on every store: an fsspec `file://` root has real directories too; an
+        object store's prefix needs none); a missing parent is named."""
         try:
-            self.storage.mkdir(path, recursive=not self.renames)
+            self.storage.mkdir(path, recursive=False)
         except FileNotFoundError:
             raise CommitError(
                 f"Checkpoint {self.target.final} was not saved: {path.parent}, which the save's rank 0 created or "

@@ -529,11 +529,18 @@ class FsspecStorage(Storage):
             backend.io.rm_file(key)
 
     def mkdir(self, path: Path, recursive: bool = True) -> None:
-        """A no-op on object stores (a prefix exists once an object is under it); makedirs elsewhere."""
+        """A no-op on object stores (a prefix exists once an object is under it); elsewhere `path`, and with
+        `recursive` its missing parents. Without it, a missing parent is a FileNotFoundError: a rank must not
+        re-create the directories its save's rank 0 made and removed (`Commit._mkdir_one`), and fsspec's
+        makedirs, used whatever `recursive` said, did."""
         backend, key = self._resolve(path)
-        if not backend.object_store:
-            with self._errors("mkdir of", path):
+        if backend.object_store:
+            return
+        with self._errors("mkdir of", path):
+            if recursive:
                 backend.fs.makedirs(key, exist_ok=True)
+            elif not backend.io.isdir(key):
+                _mkdir_one_level(backend, key)
 
     def rmdir(self, path: Path) -> None:
         """Delete every object under the prefix `path/` (and an object named exactly `path`), in bulk.
@@ -897,6 +904,18 @@ class FsspecStorage(Storage):
             logger.warning("%s", error)
             raise error from exc
         self._buckets_seen.add(bucket)
+
+
+def _mkdir_one_level(backend: _Backend, key: str) -> None:
+    """Make the directory `key` whose parent must be there (memory:// makes one whatever its parent: asked)."""
+    parent = posixpath.dirname(key)
+    if parent not in ("", "/", key) and not backend.io.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, "its parent directory is not there", backend.url(parent))
+    try:
+        backend.fs.mkdir(key, create_parents=False)
+    except FileExistsError:
+        if not backend.io.isdir(key):
+            raise
 
 
 def _version(backend: _Backend, key: str) -> tuple[int, str]:
