@@ -1102,13 +1102,13 @@ def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None
     The marker is a live claim while the copy runs (`_live_claim`): `dst` may be an id (a checkpoint moved back
     under it). It was empty, a dead save's claim to every judge: a save of the id took it over, wrote its files
     over the copied ones and committed, and the copy's manifest then replaced the save's (neither loaded)."""
-    marked_already = f"{src}/{INCOMPLETE_MARKER}" in keys  # an unfinished save's: its copy stays unfinished
-    if marked_already:
-        _copy_keys(backend, src, dst, keys)
-        return
     marker = f"{dst}/{INCOMPLETE_MARKER}"
+    if f"{src}/{INCOMPLETE_MARKER}" in keys:  # an unfinished save's: its copy stays unfinished, under its claim
+        _put_up_claim(backend, marker, backend.io.cat_file(f"{src}/{INCOMPLETE_MARKER}"))
+        _copy_keys(backend, src, dst, [k for k in keys if k != f"{src}/{INCOMPLETE_MARKER}"])
+        return
     with _live_claim() as claim:
-        backend.io.pipe_file(marker, claim)
+        _put_up_claim(backend, marker, claim)
         _copy_keys(backend, src, dst, keys)
         backend.io.rm_file(marker)
 
@@ -1145,16 +1145,67 @@ def _dead_claim_of_ours(backend: _Backend, marker: str, mine: bytes) -> bool:
     """Whether the marker beside a committed manifest is ours and dead (empty, or a claim no process holds: a
     delete or a move killed, or whose marker's own delete failed). A delete replaces it with its own live claim:
     kept as it was, it let a save of the id take it over while the files went, and lose them to the delete."""
-    from torch_checkpointing.commit import Claim, stale_reason  # imported here: commit imports this package
-
     try:
         data = backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1)
     except Exception:  # gone meanwhile, or unreadable: nothing proves it dead
         return False
+    return _held_by(data, mine) is None
+
+
+def _held_by(data: bytes, mine: bytes) -> str | None:
+    """Who holds an id whose marker holds `data`, judged by the process about to put its claim `mine` up: None
+    when nobody does (an empty marker, or a claim of ours no process holds), else what holds it."""
+    from torch_checkpointing.commit import Claim, stale_reason  # imported here: commit imports this package
+
     mine_claim = Claim.parse(mine)
-    if mine_claim is None or len(data) > MAX_MARKER_BYTES or not our_marker(data):  # another program's file
-        return False
-    return stale_reason(Claim.parse(data), mine_claim) is not None
+    if mine_claim is None or len(data) > MAX_MARKER_BYTES or not our_marker(data):
+        return "a file that is no claim of ours (another program's)"
+    held = Claim.parse(data)
+    if stale_reason(held, mine_claim) is not None:
+        return None
+    return held.describe() if held is not None else "a claim that cannot be read"
+
+
+def _put_up_claim(backend: _Backend, marker: str, claim: bytes) -> None:
+    """Put `claim` up as the `.incomplete` marker at `marker` only where no save holds the id: created only if
+    absent, or in place of a dead claim of ours only while it is still the version judged (S3's `If-None-Match`
+    and `If-Match`; stores without a conditional replace do it in two steps, as `compares_atomically` says).
+
+    Before, a plain PUT: the caller checked that no save held the id, but a save that claimed it after that check
+    lost its claim to the PUT, and the move's copy then wrote its files among the save's."""
+    backend.fs.invalidate_cache(marker)
+    try:
+        etag: str | None = str(backend.io.info(marker).get("ETag") or "")
+        data = backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1)
+    except FileNotFoundError:
+        etag, data = None, b""
+    if etag is not None and (held := _held_by(data, claim)) is not None:
+        raise _ClaimedMeanwhile(backend.url(marker), held)
+    try:
+        if etag is None:
+            backend.io.pipe_file(marker, claim, mode="create")
+        elif backend.is_s3 and etag:
+            backend.io.pipe_file(marker, claim, IfMatch=etag)
+        else:
+            backend.io.pipe_file(marker, claim)
+    except Exception as exc:
+        if _precondition_failed(exc) or _missing(exc):
+            raise _ClaimedMeanwhile(
+                backend.url(marker), "a claim put up after this one's check (another save)"
+            ) from exc
+        raise
+    finally:
+        backend.fs.invalidate_cache(marker)
+
+
+class _ClaimedMeanwhile(OSError):
+    """Raised inside an error scope: a marker this process meant to put up is another save's (or changed)."""
+
+    def __init__(self, marker: str, held: str) -> None:
+        super().__init__(
+            f"{marker} is held by another save ({held}): nothing was moved or deleted under it; retry once that "
+            f"save is done with the id"
+        )
 
 
 @contextlib.contextmanager
@@ -1187,7 +1238,7 @@ def _delete_marked(backend: _Backend, key: str, keys: list[str], *, restore: boo
     committed, marked = manifest in keys, marker in keys
     saved = backend.io.cat_file(manifest) if committed else b""
     if committed and claim:  # over a dead marker of ours too (`_dead_claim_of_ours`)
-        backend.io.pipe_file(marker, claim)
+        _put_up_claim(backend, marker, claim)
     try:
         if committed:
             backend.io.rm_file(manifest)
