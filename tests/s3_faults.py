@@ -73,6 +73,8 @@ class FaultProxy:
     upstream_port: int
     rules: list[Rule] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)  # request lines, in arrival order
+    # Request headers (lower case) taken out before the request reaches the server: a store that ignores them.
+    drop_headers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self._rules_lock = threading.Lock()
@@ -119,7 +121,7 @@ class FaultProxy:
             if not lost and self._answer(client, head, request_line):
                 return
             with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as upstream:
-                upstream.sendall(_closing(head))
+                upstream.sendall(_closing(head, self.drop_headers))
                 if lost:
                     _deliver_then_drop(client, upstream)
                 else:
@@ -183,10 +185,12 @@ def _read_head(sock: socket.socket) -> bytes | None:
     return data
 
 
-def _closing(head: bytes) -> bytes:
-    """The request with `Connection: close`, so every request arrives on a connection of its own."""
+def _closing(head: bytes, drop: tuple[str, ...] = ()) -> bytes:
+    """The request with `Connection: close`, so every request arrives on a connection of its own, without the
+    headers named in `drop`."""
     top, _, rest = head.partition(b"\r\n\r\n")
-    lines = [ln for ln in top.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
+    dropped = tuple(f"{name}:".encode() for name in ("connection", *drop))
+    lines = [ln for ln in top.split(b"\r\n") if not ln.lower().startswith(dropped)]
     return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + rest
 
 

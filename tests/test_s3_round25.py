@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.s3_faults import FaultProxy
 from tests.s3_server import S3Server
-from tests.test_s3_attacks import state, sync_manager
+from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.errors import ObjectStoreError
-from torch_checkpointing.manifest import INCOMPLETE_MARKER
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 
 pytest.importorskip("s3fs")
 
@@ -45,3 +46,40 @@ def test_a_move_onto_an_id_a_save_has_claimed_leaves_the_claim_and_moves_nothing
     assert storage.ls(Path("run/step_9")) == [INCOMPLETE_MARKER]  # and nothing was copied among its files
     with sync_manager(config) as manager:  # the source is as it was
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])
+
+
+# ---------------------------------------------------------------- an endpoint that ignores conditional requests
+#
+# Every guarantee of the object-store commit rests on conditional requests: a claim created only if absent
+# (`If-None-Match: *`), a dead claim replaced and an object deleted only while still the version judged
+# (`If-Match`). An S3-compatible endpoint that ignores those headers (older MinIO and Ceph releases, some
+# gateways) answered every such request with success: two saves of one id both held it, a manifest replaced
+# another, and nothing said so. Now the first claim a storage creates in a bucket is checked: the same bytes
+# again under `If-None-Match: *`, and under an `If-Match` naming no version, must both be refused.
+
+
+def test_a_save_to_an_endpoint_that_ignores_conditional_requests_is_refused(s3_server: S3Server) -> None:
+    config = s3_server.config()
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    with FaultProxy(port, drop_headers=("if-none-match", "if-match")) as proxy:
+        endpoint = proxy.endpoint
+        manager = sync_manager(through_proxy(config, proxy))
+        with manager, pytest.raises(ObjectStoreError, match=r"ignores conditional requests") as refused:
+            manager.save("run/step_1", state(1.0))
+    assert "If-None-Match" in str(refused.value) and endpoint in str(refused.value), refused.value
+    storage = config.create_storage()
+    assert not storage.exists(Path("run/step_1") / INCOMPLETE_MARKER)  # its claim went, and nothing was written
+    assert not storage.exists(Path("run/step_1") / MANIFEST_FILE_NAME)
+
+
+def test_an_endpoint_that_honours_conditional_requests_is_checked_once_per_bucket(s3_server: S3Server) -> None:
+    config = s3_server.config()
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    with FaultProxy(port) as proxy:
+        with sync_manager(through_proxy(config, proxy)) as manager:
+            manager.save("run/step_1", state(1.0))
+            manager.save("run/step_2", state(2.0))
+        puts = [line for line in proxy.seen if line.startswith("PUT ") and INCOMPLETE_MARKER in line]
+    with sync_manager(config) as manager:
+        assert torch.equal(manager.load("run/step_2")["model"]["w"], state(2.0)["model"]["w"])
+    assert len(puts) == 2 + 2, puts  # one claim a save, and the check's two refused PUTs once

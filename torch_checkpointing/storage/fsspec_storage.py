@@ -619,6 +619,8 @@ class FsspecStorage(Storage):
                 if _precondition_failed(exc):
                     return False
                 raise
+            if backend.is_s3:
+                _check_conditions_honoured(backend, key, bytes(data))
         backend.fs.invalidate_cache(key)
         return True
 
@@ -916,6 +918,56 @@ def _mkdir_one_level(backend: _Backend, key: str) -> None:
     except FileExistsError:
         if not backend.io.isdir(key):
             raise
+
+
+# The S3 endpoints (endpoint URL, bucket) seen to refuse conditional requests they must refuse, in this process.
+_CONDITIONS_HONOURED: set[tuple[str, str]] = set()
+_NO_SUCH_ETAG = '"00000000000000000000000000000000"'  # an If-Match no version of any object matches
+
+
+def _check_conditions_honoured(backend: _Backend, key: str, data: bytes) -> None:
+    """After the first claim this process creates in a bucket: the same bytes PUT again under `If-None-Match: *`
+    and under an `If-Match` no version matches must both be refused. An endpoint that ignores those headers
+    (some S3-compatible stores and gateways) rewrites the claim with the same bytes instead: the claim is then
+    deleted and the save refused, naming the endpoint. Before, every conditional request succeeded there: two
+    saves of one id both held it, a manifest replaced another, and nothing said so."""
+    bucket = backend.fs.split_path(key)[0]
+    seen = (_endpoint_of(backend.fs), bucket)
+    if seen in _CONDITIONS_HONOURED:
+        return
+    ignored = []
+    for header, condition in (("If-None-Match: *", {"mode": "create"}), ("If-Match", {"IfMatch": _NO_SUCH_ETAG})):
+        try:
+            backend.io.pipe_file(key, data, **condition)
+        except Exception as exc:
+            if not _precondition_failed(exc):
+                raise
+        else:
+            ignored.append(header)
+    if not ignored:
+        _CONDITIONS_HONOURED.add(seen)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        backend.io.rm_file(key)
+    raise ObjectStoreError(
+        f"the S3 endpoint {seen[0]} ignores conditional requests ({' and '.join(ignored)} on {backend.url(key)} "
+        f"were not refused): a save's claim on its id, its conditional manifest and its conditional deletes would "
+        f"not hold, and two saves of one id would overwrite each other unnoticed. Nothing was saved. Use a store "
+        f"that honours If-None-Match and If-Match on PutObject and DeleteObject (AWS S3, a current MinIO), or "
+        f"upgrade this one."
+    )
+
+
+def _endpoint_of(fs: Any) -> str:
+    """The endpoint an s3fs filesystem talks to, as its client was configured (AWS's own when none is)."""
+    options = getattr(fs, "client_kwargs", None) or {}
+    return str(
+        getattr(fs, "endpoint_url", None)
+        or options.get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or "AWS S3"
+    )
 
 
 def _version(backend: _Backend, key: str) -> tuple[int, str]:
