@@ -26,7 +26,7 @@ from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
 from torch_checkpointing.storage.base_storage import Storage
 
-__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "made_by", "owner_pid"]
+__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "made_by", "named_at", "owner_pid"]
 
 
 @dataclass(frozen=True)
@@ -100,13 +100,20 @@ def _owner_may_live(copy: Path, dead_pid: int | None, unowned_after_s: float) ->
 
 
 def _age_s(copy: Path) -> float:
-    """How long ago `copy` last changed, its move aside included (a rename sets its ctime, not its mtime); 0 when
-    that cannot be told (not local), so that it counts as young."""
+    """How long ago `copy` last changed, its move aside included; 0 when that cannot be told (not local), so that
+    it counts as young."""
     try:
-        st = os.lstat(copy)
+        return time.time() - named_at(copy)
     except OSError:
         return 0.0
-    return time.time() - max(st.st_mtime, st.st_ctime)
+
+
+def named_at(path: str | os.PathLike[str]) -> float:
+    """When `path` last changed, its rename to a hidden name included: a rename sets the ctime, not the mtime,
+    and a directory moved aside a moment ago kept the mtime of when it was written (days ago, for a checkpoint
+    that retention deletes). OSError when it cannot be looked at."""
+    st = os.lstat(path)
+    return max(st.st_mtime, st.st_ctime)
 
 
 def _commit_time_if_whole(storage: Storage, path: Path) -> float | None:

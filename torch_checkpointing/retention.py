@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from torch_checkpointing.asides import copy_to_put_back
+from torch_checkpointing.asides import copy_to_put_back, named_at
 from torch_checkpointing.commit import (
     Claim,
     ConditionalStorage,
@@ -690,7 +690,7 @@ def _why_keep(
     if leftover.owner_alive is None:
         local = storage.local_path(Path(leftover.path))
         try:
-            age = now - os.path.getmtime(local) if local is not None else 0.0
+            age = now - named_at(local) if local is not None else 0.0
         except FileNotFoundError:
             return "removed by another process while gc looked at it"
         if math.isinf(unowned_after_s):  # `--older-than inf`: "< infs" named no number of seconds
