@@ -22,6 +22,8 @@ from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.errors import ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
+from torch_checkpointing.names import host_tag, trash_name
+from torch_checkpointing.retention import collect_garbage
 
 pytest.importorskip("s3fs")
 
@@ -83,3 +85,28 @@ def test_an_endpoint_that_honours_conditional_requests_is_checked_once_per_bucke
     with sync_manager(config) as manager:
         assert torch.equal(manager.load("run/step_2")["model"]["w"], state(2.0)["model"]["w"])
     assert len(puts) == 2 + 2, puts  # one claim a save, and the check's two refused PUTs once
+
+
+# ------------------------------------------------------- the age of another host's hidden copy on an object store
+#
+# gc keeps a trash (or aside copy) whose maker it cannot check (another host's) until it is `unowned_after_s` old.
+# Its age came from a local path's mtime only: on an object store it was 0 for ever, so such a trash was never
+# collected ("only 0s old"), whatever its age. A move on an object store copies every object, so the newest
+# object's LastModified under the prefix is when the copy got its name.
+
+
+def test_gc_ages_another_hosts_trash_on_s3_by_when_it_was_made(s3_server: S3Server) -> None:
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+    other = "0badc0de" if host_tag() != "0badc0de" else "0badc0df"
+    trash = trash_name("step_1", 4242, "abcdef01", other)
+    storage.rename(Path("run/step_1"), Path("run") / trash, is_directory=True)  # another host's retention
+    root = f"{config.url}/run"
+    young = collect_garbage(root, storage, unowned_after_s=30)
+    assert [lo.path for lo, _ in young.kept] == [f"{root}/{trash}"], young
+    time.sleep(1.5)  # S3 times are whole seconds
+    old = collect_garbage(root, storage, unowned_after_s=1)
+    assert [lo.path for lo in old.removed] == [f"{root}/{trash}"], old
+    assert not storage.exists(Path("run") / trash)

@@ -16,7 +16,6 @@ time another copy records (a save while the clock was ahead, stepped back since,
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +23,9 @@ from pathlib import Path
 from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive, still_there
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
-from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.base_storage import Storage, named_at
 
-__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "made_by", "named_at", "owner_pid"]
+__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "made_by", "owner_pid"]
 
 
 @dataclass(frozen=True)
@@ -106,14 +105,6 @@ def _age_s(copy: Path) -> float:
         return time.time() - named_at(copy)
     except OSError:
         return 0.0
-
-
-def named_at(path: str | os.PathLike[str]) -> float:
-    """When `path` last changed, its rename to a hidden name included: a rename sets the ctime, not the mtime,
-    and a directory moved aside a moment ago kept the mtime of when it was written (days ago, for a checkpoint
-    that retention deletes). OSError when it cannot be looked at."""
-    st = os.lstat(path)
-    return max(st.st_mtime, st.st_ctime)
 
 
 def _commit_time_if_whole(storage: Storage, path: Path) -> float | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from torch_checkpointing.asides import copy_to_put_back, named_at
+from torch_checkpointing.asides import copy_to_put_back
 from torch_checkpointing.commit import (
     Claim,
     ConditionalStorage,
@@ -688,11 +688,13 @@ def _why_keep(
         if target not in put_back and not _committed(storage, root / target):
             return f"the only copy of {target} (no committed checkpoint replaced it)"
     if leftover.owner_alive is None:
-        local = storage.local_path(Path(leftover.path))
         try:
-            age = now - named_at(local) if local is not None else 0.0
+            changed = storage.changed_at(Path(leftover.path))
         except FileNotFoundError:
             return "removed by another process while gc looked at it"
+        except STORE_ERRORS as exc:
+            return f"owner unknown on this host, and its age could not be told ({exc})"
+        age = now - changed if changed is not None else 0.0
         if math.isinf(unowned_after_s):  # `--older-than inf`: "< infs" named no number of seconds
             return (
                 f"owner unknown on this host ({age:.0f}s old), kept for good: the age threshold is never reached "

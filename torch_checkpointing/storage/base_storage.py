@@ -21,6 +21,14 @@ from torch_checkpointing.names import aside_name, holding, host_tag, new_nonce
 _log = logging.getLogger("torch_checkpointing.storage")
 
 
+def named_at(path: str | os.PathLike[str]) -> float:
+    """When `path` last changed, its rename to a hidden name included: a rename sets the ctime, not the mtime,
+    and a directory moved aside a moment ago kept the mtime of when it was written (days ago, for a checkpoint
+    that retention deletes). OSError when it cannot be looked at."""
+    st = os.lstat(path)
+    return max(st.st_mtime, st.st_ctime)
+
+
 @dataclass
 class ReadArgs:
     pre_read_full_file: bool = True
@@ -139,6 +147,13 @@ class Storage(ABC):
         stores) or nothing is there."""
         local = self.local_path(path)
         return local is not None and os.path.islink(local)
+
+    def changed_at(self, path: Path) -> float | None:
+        """When what is at `path` (a hidden copy gc may collect: a trash, an aside) got its name or last changed,
+        as `time.time()` reads; None where that cannot be told (it then counts as made just now, kept).
+        FileNotFoundError when nothing is there."""
+        local = self.local_path(path)
+        return None if local is None else named_at(local)
 
     def is_irregular(self, path: Path) -> bool:
         """Whether what is at `path` is no regular file (a link, a FIFO, a directory, a device): never a file the

@@ -824,6 +824,24 @@ class FsspecStorage(Storage):
         inside = [info for name, info in found.items() if name.startswith(key + "/")]
         return sum(int(info.get("size") or 0) for info in inside if info.get("type") != "directory")
 
+    def changed_at(self, path: Path) -> float | None:
+        """On an object store, the newest LastModified of the objects under the prefix `path/` (a move copies
+        every object, so that is when a trash or aside copy got its name); before, none: gc counted another
+        host's trash as 0 s old for ever and never collected it. On a directory store, the later of its mtime
+        and ctime (as a local path's). None where the store says neither."""
+        backend, key = self._fresh(path)
+        with self._errors("listing of", path):
+            if not backend.object_store:
+                info = backend.io.info(key)
+                times = [info.get("mtime"), info.get("created")]
+            else:
+                found = backend.io.find(key, detail=True)
+                times = [_modified(info) for name, info in found.items() if name.startswith(key + "/")]
+                if not found:
+                    raise FileNotFoundError(errno.ENOENT, "nothing under this prefix", backend.url(key))
+        known = [float(t) for t in times if t is not None]
+        return max(known) if known else None
+
     def exists(self, path: Path) -> bool:
         """Whether an object or prefix is there; False in a bucket that does not exist, as s3fs answers (the
         listing, read or upload that follows says why: a save's first check calls this, and an async save's
@@ -968,6 +986,14 @@ def _endpoint_of(fs: Any) -> str:
         or os.environ.get("AWS_ENDPOINT_URL")
         or "AWS S3"
     )
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """An object's LastModified as `time.time()` reads (s3fs gives a datetime; other stores may give a number)."""
+    stamp = info.get("LastModified", info.get("mtime"))
+    if stamp is None:
+        return None
+    return float(stamp.timestamp()) if hasattr(stamp, "timestamp") else float(stamp)
 
 
 def _version(backend: _Backend, key: str) -> tuple[int, str]:
