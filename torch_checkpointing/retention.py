@@ -689,12 +689,11 @@ def _why_keep(
             return f"the only copy of {target} (no committed checkpoint replaced it)"
     if leftover.owner_alive is None:
         try:
-            changed = storage.changed_at(Path(leftover.path))
+            age = now - _last_changed(storage, leftover, now)
         except FileNotFoundError:
             return "removed by another process while gc looked at it"
         except STORE_ERRORS as exc:
             return f"owner unknown on this host, and its age could not be told ({exc})"
-        age = now - changed if changed is not None else 0.0
         if math.isinf(unowned_after_s):  # `--older-than inf`: "< infs" named no number of seconds
             return (
                 f"owner unknown on this host ({age:.0f}s old), kept for good: the age threshold is never reached "
@@ -703,6 +702,20 @@ def _why_keep(
         if age < unowned_after_s:
             return f"owner unknown on this host and only {age:.0f}s old (< {unowned_after_s:.0f}s)"
     return None
+
+
+def _last_changed(storage: Storage, leftover: Leftover, now: float) -> float:
+    """When a leftover whose owner cannot be checked last changed (`time.time()`; `now` where the store cannot
+    tell, so that it counts as young). A temporary is made by mkdir and written into: its mtime. A trash or
+    aside copy gets its name by a rename, which leaves the mtime of when it was written (days ago, for a
+    checkpoint that retention deletes): when it got its name (`Storage.changed_at`). Before, gc removed another
+    host's trash made a moment ago, under the retention still checking it."""
+    path = Path(leftover.path)
+    local = storage.local_path(path)
+    if leftover.kind == "temporary" and local is not None:
+        return os.path.getmtime(local)
+    changed = storage.changed_at(path)
+    return now if changed is None else changed
 
 
 def _replaced_id(leftover: Leftover, root: Path, storage: Storage, put_back: Collection[str]) -> str | None:
