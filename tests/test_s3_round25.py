@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.s3_faults import FaultProxy
+from tests.s3_faults import LOST, FaultProxy, Rule
 from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing.commit import Claim
@@ -110,3 +111,31 @@ def test_gc_ages_another_hosts_trash_on_s3_by_when_it_was_made(s3_server: S3Serv
     old = collect_garbage(root, storage, unowned_after_s=1)
     assert [lo.path for lo in old.removed] == [f"{root}/{trash}"], old
     assert not storage.exists(Path("run") / trash)
+
+
+# ------------------------------------------------------------- a manifest create whose answer is lost, logged
+#
+# The manifest's conditional create, done by the server with its answer lost, is retried by the client and
+# refused: the commit then finds its own manifest there and commits. But the refusal was logged at ERROR on the
+# way ("another save committed this checkpoint while this one ran. This save was not committed"), for a save
+# that committed: an operator's alerting saw a failed save that never was.
+
+
+def test_a_manifest_create_whose_answer_is_lost_logs_no_failure(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = s3_server.config()
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    with FaultProxy(port) as proxy:
+        proxy.rules = [Rule(rf"^PUT \S*/{MANIFEST_FILE_NAME} ", LOST, times=1)]
+        with (
+            caplog.at_level(logging.WARNING, logger="torch_checkpointing"),
+            sync_manager(through_proxy(config, proxy)) as manager,
+        ):
+            manager.save("run/step_1", state(1.0))
+        assert sum(MANIFEST_FILE_NAME in line and line.startswith("PUT ") for line in proxy.seen) == 2
+    with sync_manager(config) as manager:
+        assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], errors
+    assert any("the manifest in the store is this save's" in r.getMessage() for r in caplog.records)

@@ -1089,18 +1089,18 @@ def _create(fs: Any, key: str, data: bytes, url: str, tag: dict[str, Any]) -> No
 
 @contextlib.contextmanager
 def _refused_if_present(url: str) -> Iterator[None]:
-    """Turns the store's "it already exists" answer to a conditional create into an error that says so."""
+    """Turns the store's "it already exists" answer to a conditional create into an error that says so. Not
+    logged here: a create whose answer was lost meets its own manifest on the client's retry, and the commit,
+    which tells the two apart (`Commit._write_manifest`), reports a real refusal as the save's failure."""
     try:
         yield
     except Exception as exc:
         if not _precondition_failed(exc):
             raise
-        error = ObjectStoreError(
+        raise ObjectStoreError(
             f"upload of {url} refused: it already exists, so another save committed this checkpoint while this "
             f"one ran. This save was not committed; save under a new id."
-        )
-        logger.error("%s", error)
-        raise error from exc
+        ) from exc
 
 
 def _precondition_failed(exc: BaseException) -> bool:
