@@ -291,6 +291,41 @@ def test_map_location_meta_into_a_template_names_the_argument(tmp_path: Path, fm
         manager.close()
 
 
+def _to_meta(storage: Any, location: str) -> Any:
+    """A callable map_location (torch.load's form) that sends every storage to the meta device."""
+    return torch.empty(0, device="meta").untyped_storage()
+
+
+@pytest.mark.parametrize("map_location", [_to_meta, {"cpu": "meta", "cuda:0": "cpu"}])
+def test_map_location_meta_by_a_callable_or_dict_names_the_argument(tmp_path: Path, map_location: Any) -> None:
+    """Every form of map_location that sends the stored values of a templated item to the meta device is the
+    caller's argument, not damage: a callable did so unseen and the load blamed the checkpoint
+    (CorruptCheckpointError "saved from an unmaterialised model")."""
+    manager = _manager(items={"model": ItemSpec(layout=LayoutInfo("model.pt", TorchSerialization()))})
+    try:
+        manager.save(str(tmp_path / "c"), {"model": {"w": torch.ones(4)}})
+        template = torch.zeros(4)
+        with pytest.raises(ConfigError, match=r"map_location.*'model'") as info:
+            manager.load(str(tmp_path / "c"), into={"model": {"w": template}}, map_location=map_location)
+        assert not isinstance(info.value, CorruptCheckpointError), info.value
+        assert torch.equal(template, torch.zeros(4))
+    finally:
+        manager.close()
+
+
+def test_a_dict_map_location_sending_only_other_devices_to_meta_still_fills_the_template(tmp_path: Path) -> None:
+    """{"cuda:0": "meta"} leaves a checkpoint saved from the CPU where it is: the load fills the template, as it
+    did before meta refusals (it was refused as if every storage went to meta)."""
+    manager = _manager()
+    try:
+        manager.save(str(tmp_path / "c"), {"model": {"w": torch.ones(4)}})
+        template = torch.zeros(4)
+        manager.load(str(tmp_path / "c"), into={"model": {"w": template}}, map_location={"cuda:0": "meta"})
+        assert torch.equal(template, torch.ones(4))
+    finally:
+        manager.close()
+
+
 def test_walk_records_missing_paths_directly() -> None:
     target = {"a": 1, "b": [1, 2]}
     merged, missing = walk_checkpoint_structure(item_key="k", source={"a": 2, "b": [3]}, target=target)

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.serialization import default_restore_location
 
+from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.config import CheckpointLoaderConfig
 from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
@@ -541,6 +543,13 @@ class CheckpointLoader:
         return checked + [path for path in removed if path not in checked]
 
     def _decode(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:
+        watch = _MetaWatch.of(plan, map_location)
+        value = self._decode_as(ctx, plan, map_location if watch is None else watch)
+        if watch is not None and watch.sent_to_meta:
+            raise _meta_into_templates(map_location, [plan.item.key])
+        return value
+
+    def _decode_as(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:
         item = plan.item
         path = ctx.root / plan.rel
         try:
@@ -900,27 +909,56 @@ def _check_load_arguments(map_location: Any, strict: object) -> None:
 def _refuse_meta_into_templates(plans: list[_Direct | _Reshard], map_location: Any) -> None:
     """A template is filled by copying the decoded tensors into it, so a `map_location` that decodes them onto
     the meta device leaves no values to copy. Refused as the argument it is, before any file is read: the
-    check would otherwise meet a meta tensor where a value belongs and report the checkpoint as damaged."""
-    if not _names_meta(map_location):
+    check would otherwise meet a meta tensor where a value belongs and report the checkpoint as damaged. (A dict
+    or a callable sends only some storages there, known as the file is read: `_MetaWatch`.)"""
+    if not isinstance(map_location, (str, torch.device)) or torch.device(map_location).type != "meta":
         return
-    keys = sorted(
-        p.item.key
-        for p in plans
-        if isinstance(p, _Direct) and any(isinstance(v, torch.Tensor) for v in leaves(p.item.value))
-    )
+    keys = sorted(p.item.key for p in plans if isinstance(p, _Direct) and _fills_tensors(p))
     if keys:
-        raise ConfigError(
-            f"load(map_location={map_location!r}) decodes the stored tensors onto the meta device, which has no "
-            f"values to copy into the template tensors of items {keys}. Drop map_location (a template is filled on "
-            f"its own device), or pass None as an item's template to get its tensors on the meta device."
-        )
+        raise _meta_into_templates(map_location, keys)
 
 
-def _names_meta(map_location: Any) -> bool:
-    """Whether `map_location` (already checked by `_check_load_arguments`) sends storages to the meta device;
-    a callable's choice is not known before it runs."""
-    devices = map_location.values() if isinstance(map_location, dict) else [map_location]
-    return any(isinstance(d, (str, torch.device)) and torch.device(d).type == "meta" for d in devices)
+def _fills_tensors(plan: _Direct) -> bool:
+    return any(isinstance(v, torch.Tensor) for v in leaves(plan.item.value))
+
+
+def _meta_into_templates(map_location: Any, keys: list[str]) -> ConfigError:
+    return ConfigError(
+        f"load(map_location={map_location!r}) decodes the stored tensors onto the meta device, which has no "
+        f"values to copy into the template tensors of items {keys}. Drop map_location (a template is filled on "
+        f"its own device), or pass None as an item's template to get its tensors on the meta device."
+    )
+
+
+@dataclass
+class _MetaWatch:
+    """A dict or callable `map_location` as torch.load applies it, noting whether it sent a storage saved off
+    the meta device onto it. Which storages it moves is known only as the file is read: {"cuda:0": "meta"}
+    leaves a checkpoint saved from the CPU where it is (a load into templates fills them), and a callable may
+    send anything there, which the template check then blamed on the checkpoint ("saved from an
+    unmaterialised model")."""
+
+    map_location: Any
+    sent_to_meta: bool = False
+
+    @staticmethod
+    def of(plan: _Direct, map_location: Any) -> _MetaWatch | None:
+        """A watch for a Torch item filled into template tensors by a dict or callable; else None."""
+        if not isinstance(map_location, dict) and not callable(map_location):
+            return None
+        if not isinstance(plan.item.layout.serialization_format, TorchSerialization) or not _fills_tensors(plan):
+            return None
+        return _MetaWatch(map_location)
+
+    def __call__(self, storage: Any, location: str) -> Any:
+        if isinstance(self.map_location, dict):
+            placed = default_restore_location(storage, self.map_location.get(location, location))  # type: ignore[no-untyped-call]
+        else:
+            placed = self.map_location(storage, location)
+        on = getattr(placed, "device", None)
+        if isinstance(on, torch.device) and on.type == "meta" and not location.startswith("meta"):
+            self.sent_to_meta = True
+        return placed
 
 
 def _check_device(device: str | torch.device) -> None:
