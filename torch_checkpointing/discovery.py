@@ -183,8 +183,9 @@ class Leftover:
 @dataclass(frozen=True)
 class PassedOver:
     """A checkpoint a resume cannot use, and why. `unreadable`: this user may not read one of its files or its
-    directory (a `PermissionError`), which says nothing about its bytes: no damage, and never a reason to delete
-    it. `listed`: whether a listing holds it (one whose manifest cannot be read is in none)."""
+    directory (a `PermissionError`), or a newer engine wrote its manifest, which says nothing about its bytes: no
+    damage, and never a reason to delete it. `listed`: whether a listing holds it (one whose manifest cannot be
+    read is in none)."""
 
     path: str
     problem: str
@@ -203,7 +204,8 @@ class PassedOver:
 @dataclass
 class Listing:
     """The committed checkpoints under a root, oldest first, and the entries whose manifest or directory this
-    user may not read (each `PassedOver`, not listed): a listing that shows only the first hides the second."""
+    user may not read, or whose manifest a newer engine wrote (each `PassedOver`, not listed): a listing that
+    shows only the first hides the second."""
 
     checkpoints: list[CheckpointInfo] = dataclasses.field(default_factory=list)
     unreadable: list[PassedOver] = dataclasses.field(default_factory=list)
@@ -219,7 +221,8 @@ def _manifest_or_none(storage: Storage, path: Path, closed: list[PassedOver] | N
     manifest of ours that cannot be read (truncated, a symlink, a FIFO, a field out of range) is a damaged
     checkpoint that silently dropped out of every listing and "latest": it is skipped with a WARNING. A store
     that failed to answer (`ObjectStoreError`) says nothing about the checkpoint: raised, or "latest" would go
-    back a step. One this user may not read is appended to `closed` (when given) as well as warned about.
+    back a step. One this user may not read, or one a newer engine wrote, is appended to `closed` (when given)
+    as well as warned about.
     """
     try:
         if not storage.exists(path / MANIFEST_FILE_NAME):
@@ -235,6 +238,8 @@ def _manifest_or_none(storage: Storage, path: Path, closed: list[PassedOver] | N
         logger.debug("Skipping %s: %s", path, exc)
     except _NewerManifest as exc:  # healthy, for all we know: never "damaged" (an operator deletes those)
         logger.warning("Skipping %s, which a newer engine wrote: %s", path, exc)
+        if closed is not None:  # not loadable here, as one this user may not read: `ls` names it so
+            closed.append(PassedOver(spelt(path), str(exc), unreadable=True, listed=False))
     except RuntimeError as exc:
         if _FOREIGN_MANIFEST in str(exc):
             logger.debug("Skipping %s: %s", path, exc)
@@ -382,7 +387,7 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
 
 def listing(root: str | os.PathLike[str], storage: Storage | None = None) -> Listing:
     """`list_checkpoints`, and the entries under `root` skipped because this user may not read their manifest or
-    directory (each also warned about): `ls` names those too."""
+    directory, or because a newer engine wrote their manifest (each also warned about): `ls` names those too."""
     require_path(root)
     storage = storage or storage_for(root)
     base = Path(root)
