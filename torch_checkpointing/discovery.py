@@ -820,7 +820,12 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         alive = hidden_name_alive(m, path)
         return Leftover(shown, "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if not name.startswith(".") and _exists_or_closed(storage, path / INCOMPLETE_MARKER):
-        if _committed_beside_marker(storage, path):
+        beside = _beside_marker(storage, path)
+        if beside == "newer":
+            # What a marker beside a newer engine's commit means is that engine's to tell: not ours to collect.
+            logger.info("gc: %s holds a newer engine's manifest beside an %s; left alone", shown, INCOMPLETE_MARKER)
+            return None
+        if beside == "ours":
             # Only the marker is left over (gc removes it alone), not the checkpoint it sits in.
             return Leftover(shown, "claim", name, None, 0, "a stopped save's claim beside a committed checkpoint")
         # Another tool's `.incomplete` (a download's progress) does not make a user's folder ours.
@@ -829,12 +834,20 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
     return None
 
 
-def _committed_beside_marker(storage: Storage, path: Path) -> bool:
-    """Whether `path` is committed although a marker is there: another save's claim (`manifest.stray_claim`)."""
+def _beside_marker(storage: Storage, path: Path) -> str | None:
+    """What the manifest at `path`, beside a marker, is: "ours" (committed: the marker is another save's claim,
+    `manifest.stray_claim`), "newer" (a newer engine's, `_NewerManifest`), or None (none this engine reads).
+
+    A newer engine's manifest read as none made the directory an unfinished save: on an object store, once the
+    marker's claim was dead (a save of ours killed right after claiming the id the newer engine had just
+    committed), gc removed the newer engine's checkpoint, where before the version was read it removed only the
+    stray claim."""
     try:
-        return read_manifest(storage, path) is not None
+        return "ours" if read_manifest(storage, path) is not None else None
+    except _NewerManifest:
+        return "newer"
     except (OSError, CheckpointError):
-        return False
+        return None
 
 
 def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None) -> list[Leftover]:
