@@ -157,3 +157,36 @@ def test_ls_names_a_newer_checkpoint_apart_from_damaged_ones(tmp_path: Path) -> 
         assert cli.main(["--plain", "ls", str(tmp_path)]) == 0
     named = [line for line in text.getvalue().splitlines() if "step_2" in line]
     assert named and all("DAMAGED" not in line and "newer engine" in line for line in named), text.getvalue()
+
+
+def test_a_save_inside_a_newer_checkpoint_is_refused(tmp_path: Path) -> None:
+    """Defect: a save refuses an id inside a checkpoint of ours (its files would be ones that checkpoint does not
+    list, and deleting that checkpoint would take them along), but took one whose manifest a newer engine wrote
+    for a plain folder and saved inside it, once the version was read."""
+    from torch_checkpointing.errors import CommitError
+
+    _save(tmp_path / "step_2", 2.0)
+    _set_version(tmp_path / "step_2", 2)
+    with _manager({"model": ItemSpec()}) as manager, pytest.raises(CommitError, match="inside the checkpoint"):
+        manager.save(str(tmp_path / "step_2" / "inner"), {"model": {"w": torch.zeros(4)}})
+    assert not (tmp_path / "step_2" / "inner").exists()
+
+
+def test_a_save_over_a_newer_checkpoint_is_refused_saying_a_newer_engine_wrote_it(tmp_path: Path) -> None:
+    """Defect: a save to the id of a newer engine's checkpoint was refused calling its manifest "not a
+    torch_checkpointing manifest" (and then, quoted, "a newer engine wrote this checkpoint")."""
+    from torch_checkpointing.errors import CommitError
+
+    _save(tmp_path / "step_2", 2.0)
+    _set_version(tmp_path / "step_2", 2)
+    with _manager({"model": ItemSpec()}) as manager, pytest.raises(CommitError) as caught:
+        manager.save(str(tmp_path / "step_2"), {"model": {"w": torch.zeros(4)}})
+    message = str(caught.value)
+    assert "newer engine" in message and "not a torch_checkpointing manifest" not in message, message
+    assert json_version(tmp_path / "step_2") == 2  # untouched
+
+
+def json_version(root: Path) -> Any:
+    import json
+
+    return json.loads((root / "manifest.json").read_text())["manifest_version"]

@@ -47,6 +47,7 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
+    _NewerManifest,
     our_marker,
     parse_manifest,
     read_bounded,
@@ -315,11 +316,14 @@ def _refuse_working_directory(final: str, local: str) -> None:
 
 
 def _is_checkpoint(storage: Storage, manifest_path: str) -> bool:
-    """Whether this file is one of our manifests (a web app's manifest.json is not)."""
+    """Whether this file is one of our manifests (a web app's manifest.json is not), a newer engine's included:
+    this engine does not read that one, but a save inside its checkpoint is as wrong as inside one of ours."""
     if not os.path.isfile(manifest_path):
         return False
     try:
         _read_manifest(storage, Path(manifest_path))
+    except _NewerManifest:
+        return True
     except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError):
         return False
     return True
@@ -339,6 +343,12 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
     shown = shown_name(storage, final)
     try:
         manifest = _read_manifest(storage, Path(final) / MANIFEST_FILE_NAME)
+    except _NewerManifest:
+        raise CommitError(
+            f"Refusing to save to {shown}: a newer engine wrote the checkpoint there (a higher manifest_version), "
+            f"and this engine cannot tell what replacing it would lose. Save to another id, or replace it with "
+            f"that engine."
+        ) from None
     except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise CommitError(
             f"Refusing to save to {shown}: its {MANIFEST_FILE_NAME} is not a torch_checkpointing manifest ({exc}). "
