@@ -706,16 +706,30 @@ def _why_keep(
 
 def _last_changed(storage: Storage, leftover: Leftover, now: float) -> float:
     """When a leftover whose owner cannot be checked last changed (`time.time()`; `now` where the store cannot
-    tell, so that it counts as young). A temporary is made by mkdir and written into: its mtime. A trash or
-    aside copy gets its name by a rename, which leaves the mtime of when it was written (days ago, for a
-    checkpoint that retention deletes): when it got its name (`Storage.changed_at`). Before, gc removed another
-    host's trash made a moment ago, under the retention still checking it."""
+    tell, so that it counts as young). A temporary is made by mkdir and written into: the newest mtime in it
+    (`_written_at`). A trash or aside copy gets its name by a rename, which leaves the mtime of when it was
+    written (days ago, for a checkpoint that retention deletes): when it got its name (`Storage.changed_at`).
+    Before, gc removed another host's trash made a moment ago, under the retention still checking it."""
     path = Path(leftover.path)
     local = storage.local_path(path)
     if leftover.kind == "temporary" and local is not None:
-        return os.path.getmtime(local)
+        return _written_at(local)
     changed = storage.changed_at(path)
     return now if changed is None else changed
+
+
+def _written_at(local: str) -> float:
+    """The newest mtime of the directory `local` and of everything below it (FileNotFoundError when it is gone).
+
+    A directory's own mtime moves when an entry is made in it, not when a file in it is written: a save on
+    another node writing one large file (or files in a rank's directory) for longer than `unowned_after_s` read
+    as that old, and gc removed its temporary under it."""
+    newest = os.lstat(local).st_mtime
+    for where, dirs, files in os.walk(local):
+        for name in (*dirs, *files):
+            with contextlib.suppress(OSError):  # removed meanwhile
+                newest = max(newest, os.lstat(os.path.join(where, name)).st_mtime)
+    return newest
 
 
 def _replaced_id(leftover: Leftover, root: Path, storage: Storage, put_back: Collection[str]) -> str | None:
