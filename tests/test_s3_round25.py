@@ -24,7 +24,7 @@ from torch_checkpointing.commit import Claim
 from torch_checkpointing.errors import ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.names import host_tag, trash_name
-from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.retention import collect_garbage, delete_checkpoint
 
 pytest.importorskip("s3fs")
 
@@ -139,3 +139,37 @@ def test_a_manifest_create_whose_answer_is_lost_logs_no_failure(
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], errors
     assert any("the manifest in the store is this save's" in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------- a move's marker whose answer is lost
+#
+# The marker a directory move (or a delete) puts up is created only if absent. Its create, done by the server
+# with the answer lost, is retried by the client and refused: the marker is there, and it is the mover's own. The
+# move then failed, saying "held by another save", and left its claim at the destination (a rename) or gave up
+# the delete, where the plain PUT of before had simply been retried.
+
+
+@pytest.mark.parametrize("operation", ["rename", "delete"])
+def test_a_moves_marker_whose_answer_is_lost_is_taken_as_put_up(s3_server: S3Server, operation: str) -> None:
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    with FaultProxy(port) as proxy:
+        proxy.rules = [Rule(rf"^PUT \S*/{INCOMPLETE_MARKER} ", LOST, times=1)]
+        storage = through_proxy(config, proxy).create_storage()
+        if operation == "rename":
+            storage.rename(Path("run/step_1"), Path("run/step_9"), is_directory=True)
+        else:  # what retention and prune do: the checkpoint moved to its trash name, then removed
+            assert delete_checkpoint(f"{config.url}/run/step_1", storage)
+        to = "/run/step_9/" if operation == "rename" else ".trash-"  # the marker the move puts up at its destination
+        puts = [line for line in proxy.seen if line.startswith("PUT ") and to in line and INCOMPLETE_MARKER in line]
+        assert len(puts) >= 2 and puts[0] == puts[1], puts  # the lost one, and the client's retry of it
+    plain = config.create_storage()
+    left = sorted(k.split("/", 1)[1] for k in plain.fs.find(config.url[len("s3://") :]))
+    if operation == "rename":
+        assert left == [f"run/step_9/{name}" for name in ("manifest.json", "meta_0.pt", "model_0.pt")], left
+        with sync_manager(config) as manager:
+            assert torch.equal(manager.load("run/step_9")["model"]["w"], state(1.0)["model"]["w"])
+    else:
+        assert left == [], left

@@ -1267,13 +1267,25 @@ def _put_up_claim(backend: _Backend, marker: str, claim: bytes) -> None:
         else:
             backend.io.pipe_file(marker, claim)
     except Exception as exc:
-        if _precondition_failed(exc) or _missing(exc):
+        if not (_precondition_failed(exc) or _missing(exc)):
+            raise
+        if not _is_up(backend, marker, claim):
             raise _ClaimedMeanwhile(
                 backend.url(marker), "a claim put up after this one's check (another save)"
             ) from exc
-        raise
     finally:
         backend.fs.invalidate_cache(marker)
+
+
+def _is_up(backend: _Backend, marker: str, claim: bytes) -> bool:
+    """Whether the marker holds `claim` after its conditional PUT was refused: a PUT the server did, its answer
+    lost, is retried by the client and refused by the marker it put up itself. Before, the move (or delete) then
+    failed, saying another save held the id, and a move left its own claim at the destination."""
+    backend.fs.invalidate_cache(marker)
+    try:
+        return bool(backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1) == claim)
+    except Exception:  # gone again, or unreadable: nothing shows the claim is up
+        return False
 
 
 class _ClaimedMeanwhile(OSError):
