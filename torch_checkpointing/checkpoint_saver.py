@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from torch_checkpointing.checkpoint_process import CheckpointProcess, EncodedWrite, encode_write
@@ -36,6 +37,7 @@ from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.errors import (
     CheckpointError,
     CommitError,
+    ConfigError,
     WriterProcessDied,
     add_note,
     committed_state,
@@ -312,6 +314,7 @@ class AsyncCheckpointSaver(CheckpointSaver):
         """
         plan = self._absolute(plan)
         try:
+            self._refuse_process_local(plan)
             staged = self._staged_for(plan)
         except Exception as exc:
             error = self._refused(plan, exc)
@@ -347,6 +350,18 @@ class AsyncCheckpointSaver(CheckpointSaver):
                 )
             raise
         return write
+
+    def _refuse_process_local(self, plan: SavePlan) -> None:
+        """An id in a store that lives in this process alone (`memory://`) cannot be saved from the writer process:
+        its `memory://` is another, empty one. Before, the save failed there blaming another rank's disk (and,
+        before the writer's mkdir made one level, it "committed" into the writer's memory, and no load found it)."""
+        if self._trainer_storage().process_local(Path(plan.checkpoint_dir)):
+            raise ConfigError(
+                f"Cannot save {plan.checkpoint_dir} asynchronously: memory:// lives in the memory of one process, and "
+                f"an async save writes from its writer process, whose memory:// is another one that nothing here "
+                f"sees. Nothing was written. Use SyncCheckpointSaverConfig with memory://, or a store every process "
+                f"reaches (a local directory, file://, s3://)."
+            )
 
     def _staged_for(self, plan: SavePlan) -> Future[Any]:
         """Wait for the previous write, take the staging lock and start (or make) the staging copy of `plan`."""

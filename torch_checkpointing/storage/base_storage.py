@@ -148,6 +148,11 @@ class Storage(ABC):
         local = self.local_path(path)
         return local is not None and os.path.islink(local)
 
+    def process_local(self, path: Path) -> bool:
+        """Whether what is written at `path` lives in this process alone (fsspec's `memory://`): another process
+        (the async saver's writer) that writes there writes into a store of its own, which nobody here sees."""
+        return False
+
     def changed_at(self, path: Path) -> float | None:
         """When what is at `path` (a hidden copy gc may collect: a trash, an aside) got its name or last changed,
         as `time.time()` reads; None where that cannot be told (it then counts as made just now, kept).

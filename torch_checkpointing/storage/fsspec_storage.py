@@ -824,6 +824,10 @@ class FsspecStorage(Storage):
         inside = [info for name, info in found.items() if name.startswith(key + "/")]
         return sum(int(info.get("size") or 0) for info in inside if info.get("type") != "directory")
 
+    def process_local(self, path: Path) -> bool:
+        backend, _ = self._resolve(path)
+        return "memory" in backend.protocols
+
     def changed_at(self, path: Path) -> float | None:
         """On an object store, the newest LastModified of the objects under the prefix `path/` (a move copies
         every object, so that is when a trash or aside copy got its name); before, none: gc counted another
