@@ -138,7 +138,10 @@ def test_a_manifest_create_whose_answer_is_lost_logs_no_failure(
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], errors
-    assert any("the manifest in the store is this save's" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("torch_checkpointing")]
+    assert any("the manifest in the store is this save's" in m and "the save is committed" in m for m in said), said
+    # Nor at WARNING: the refusal's own words ("This save was not committed; save under a new id") are not true.
+    assert not any("not committed" in m or "under a new id" in m for m in said), said
 
 
 # ------------------------------------------------------- a move's marker whose answer is lost

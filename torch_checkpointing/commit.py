@@ -1017,7 +1017,9 @@ class Commit:
     def _write_manifest(self, manifest_bytes: bytes) -> None:
         """The manifest's conditional create. One whose answer was lost (a dropped connection) and that the
         client retried met its own manifest: "it already exists, another save committed" for this very save.
-        The manifest names this save's claim token, so bytes equal to ours in the store are ours."""
+        The manifest names this save's claim token, so bytes equal to ours in the store are ours. Said at WARNING
+        by the error's kind alone: its words ("another save committed ...; this save was not committed") are
+        not true of this save, and were logged as they were."""
         try:
             self.storage.write(self.root / MANIFEST_FILE_NAME, manifest_bytes)
         except Exception as exc:
@@ -1026,10 +1028,11 @@ class Commit:
             log_safely(
                 logger,
                 logging.WARNING,
-                "The upload of the manifest of %s answered %s: %s, but the manifest in the store is this save's.",
+                "The upload of the manifest of %s failed (%s), but the manifest in the store is this save's (the "
+                "store did the upload and its answer was lost; the client's retry met the manifest): the save is "
+                "committed.",
                 self._url,
                 type(exc).__name__,
-                exc,
             )
 
     def _clear_taken_over(self, held: Claim | None, manifest: Manifest, wrote_metadata: bool) -> None:
