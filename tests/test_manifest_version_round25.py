@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+import torch_checkpointing
 from tests.test_verified_loads import _edit_manifest, _manager
 from torch_checkpointing import CheckpointManager, CorruptCheckpointError, ItemSpec
 from torch_checkpointing.discovery import latest_checkpoint
@@ -46,6 +47,9 @@ def _load_into_fill(root: Path) -> tuple[CorruptCheckpointError, torch.Tensor]:
     return caught.value, template
 
 
+_DAMAGED_FOR_TYPE = {"0": 0, "-1": -1, "str": "2"}
+
+
 @pytest.mark.parametrize("version", [2, 1 << 40], ids=["2", "2**40"])
 def test_a_manifest_of_a_newer_version_is_refused_saying_so(tmp_path: Path, version: int) -> None:
     """Defect: a version-2 manifest loaded as version 1 (no error at all)."""
@@ -57,6 +61,17 @@ def test_a_manifest_of_a_newer_version_is_refused_saying_so(tmp_path: Path, vers
     assert "manifest.json" in message and "'manifest_version'" in message, message
     assert "newer" in message, message
     assert bool((template == -1.0).all())
+    # A caller tells it from damage by its public type (a CorruptCheckpointError for those that catch one).
+    assert isinstance(error, torch_checkpointing.NewerCheckpointError), type(error)
+
+
+@pytest.mark.parametrize("version", list(_DAMAGED_FOR_TYPE.values()), ids=list(_DAMAGED_FOR_TYPE))
+def test_a_damaged_version_is_not_a_newer_checkpoint(tmp_path: Path, version: Any) -> None:
+    root = tmp_path / "ck"
+    _save(root)
+    _set_version(root, version)
+    error, _ = _load_into_fill(root)
+    assert not isinstance(error, torch_checkpointing.NewerCheckpointError), error
 
 
 _DAMAGED = {"str": "1", "bool": True, "float": 1.0, "list": [1], "null": None, "0": 0, "-1": -1, "gone": _DROP}

@@ -56,8 +56,9 @@ from torch_checkpointing.errors import (
     CheckpointReplacedError,
     ConfigError,
     IncompleteCheckpointError,
+    NewerCheckpointError,
 )
-from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest, _NewerManifest
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest
 from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.retention import (
     DEFAULT_UNOWNED_AGE_S,
@@ -562,7 +563,7 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         manifest = ctx.__enter__().manifest
     except CheckpointReplacedError:
         raise
-    except _NewerManifest:
+    except NewerCheckpointError:
         raise  # it could not check (exit 2, as for a file it may not read): no FAILED, which means damaged
     except (CheckpointError, RuntimeError, FileNotFoundError, NotADirectoryError) as exc:
         ui.emit_json({"checkpoint": str(root), "ok": False, "error": str(exc), "kind": type(exc).__name__, "files": []})

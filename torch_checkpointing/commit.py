@@ -40,14 +40,19 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME
-from torch_checkpointing.errors import CheckpointError, CommitError, CommitOutcomeUnknownError, log_safely
+from torch_checkpointing.errors import (
+    CheckpointError,
+    CommitError,
+    CommitOutcomeUnknownError,
+    NewerCheckpointError,
+    log_safely,
+)
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import (
     GC_TOKEN_PREFIX,
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
-    _NewerManifest,
     our_marker,
     parse_manifest,
     read_bounded,
@@ -322,7 +327,7 @@ def _is_checkpoint(storage: Storage, manifest_path: str) -> bool:
         return False
     try:
         _read_manifest(storage, Path(manifest_path))
-    except _NewerManifest:
+    except NewerCheckpointError:
         return True
     except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError):
         return False
@@ -343,7 +348,7 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
     shown = shown_name(storage, final)
     try:
         manifest = _read_manifest(storage, Path(final) / MANIFEST_FILE_NAME)
-    except _NewerManifest:
+    except NewerCheckpointError:
         raise CommitError(
             f"Refusing to save to {shown}: a newer engine wrote the checkpoint there (a higher manifest_version), "
             f"and this engine cannot tell what replacing it would lose. Save to another id, or replace it with "

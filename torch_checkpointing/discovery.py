@@ -31,6 +31,7 @@ from torch_checkpointing.errors import (
     ConfigError,
     IncompleteCheckpointError,
     MissingItemError,
+    NewerCheckpointError,
     ObjectStoreError,
     TemplateMismatchError,
 )
@@ -38,7 +39,6 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
-    _NewerManifest,
     our_marker,
     parse_manifest,
     read_bounded,
@@ -236,7 +236,7 @@ def _manifest_or_none(storage: Storage, path: Path, closed: list[PassedOver] | N
             closed.append(PassedOver(spelt(path), str(exc), unreadable=True, listed=False))
     except IncompleteCheckpointError as exc:
         logger.debug("Skipping %s: %s", path, exc)
-    except _NewerManifest as exc:  # healthy, for all we know: never "damaged" (an operator deletes those)
+    except NewerCheckpointError as exc:  # healthy, for all we know: never "damaged" (an operator deletes those)
         logger.warning("Skipping %s, which a newer engine wrote: %s", path, exc)
         if closed is not None:  # not loadable here, as one this user may not read: `ls` names it so
             closed.append(PassedOver(spelt(path), str(exc), unreadable=True, listed=False))
@@ -836,7 +836,7 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
 
 def _beside_marker(storage: Storage, path: Path) -> str | None:
     """What the manifest at `path`, beside a marker, is: "ours" (committed: the marker is another save's claim,
-    `manifest.stray_claim`), "newer" (a newer engine's, `_NewerManifest`), or None (none this engine reads).
+    `manifest.stray_claim`), "newer" (a newer engine's, `NewerCheckpointError`), or None (none this engine reads).
 
     A newer engine's manifest read as none made the directory an unfinished save: on an object store, once the
     marker's claim was dead (a save of ours killed right after claiming the id the newer engine had just
@@ -844,7 +844,7 @@ def _beside_marker(storage: Storage, path: Path) -> str | None:
     stray claim."""
     try:
         return "ours" if read_manifest(storage, path) is not None else None
-    except _NewerManifest:
+    except NewerCheckpointError:
         return "newer"
     except (OSError, CheckpointError):
         return None

@@ -33,6 +33,7 @@ __all__ = [
     "CorruptCheckpointError",
     "IncompleteCheckpointError",
     "MissingItemError",
+    "NewerCheckpointError",
     "ObjectStoreError",
     "RefusedPickleError",
     "TemplateMismatchError",
@@ -75,6 +76,13 @@ class CheckpointReplacedError(CorruptCheckpointError):
     it listed went with the copy the save or the deletion removed). Read it again. A `CorruptCheckpointError` for
     callers that caught that before; a tool that acts on damage (an operator's `verify || rm`) must tell the two
     apart, and the command line reads such a checkpoint again rather than report it."""
+
+
+class NewerCheckpointError(CorruptCheckpointError):
+    """The checkpoint's manifest has a version above the one this engine reads: a newer engine wrote it. Not
+    damage: load it with that engine (do not delete it). A `CorruptCheckpointError` for callers that catch one
+    (it cannot be loaded here); a tool that acts on damage must tell the two apart, as the listings and `verify`
+    do (`ls` lists it as unreadable, `verify` exits 2, never FAILED)."""
 
 
 class UndecodableFileError(CorruptCheckpointError, ValueError, TypeError):

@@ -23,6 +23,7 @@ from torch_checkpointing.errors import (
     CheckpointError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
+    NewerCheckpointError,
     UnsafeCheckpointError,
     unreadable_file,
 )
@@ -596,20 +597,13 @@ def _check_one_record_per_file(files: list[FileRecord], metadata_file: str | Non
             )
 
 
-class _NewerManifest(CorruptCheckpointError):
-    """A manifest of a version above the one this engine reads: a newer engine's checkpoint, not a damaged one.
-
-    Callers see a `CorruptCheckpointError` (it cannot be loaded); listings and `verify` tell by this one that the
-    checkpoint may well be healthy, so they neither call it damaged nor report a failed check (exit 2)."""
-
-
 def _check_version(d: dict[str, Any], where: str) -> None:
     """Refuse a manifest of a version this engine does not read: its fields may mean something else (a newer
     engine's), and reading it as ours could return other values than were saved, silently."""
     version = _field(d, "manifest_version", int, where)
     if version > MANIFEST_VERSION:
         shown = version if version.bit_length() < 64 else f"a {version.bit_length()}-bit number"
-        raise _NewerManifest(
+        raise NewerCheckpointError(
             f"{where}: field 'manifest_version' is {shown}; this engine reads version {MANIFEST_VERSION}. A newer "
             f"engine wrote this checkpoint: load it with that engine or a newer one (it is not damaged; do not "
             f"delete it)."
