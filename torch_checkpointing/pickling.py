@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import numpy as np
 import torch
 
 from torch_checkpointing.errors import ConfigTypeError
@@ -31,7 +32,7 @@ __all__ = [
     "OutOfBand",
     "callback_unpicklable",
     "dumps_out_of_band",
-    "holds",
+    "found_in",
     "plain_pickle_keeps",
     "raised_by_a_leaf",
     "unpicklable",
@@ -99,22 +100,24 @@ def raised_by_a_leaf(
     return None if found is None else unpicklable(key, value, exc, doing=doing, op=op, fix=fix)
 
 
-class _Found(Exception):
-    pass
-
-
 class _Finder(pickle.Pickler):
-    """Pickles into nothing, to find an object `pred` accepts: pickling reaches what a value holds the way the
-    copy or the file will (its `__reduce__`/`__getstate__`), with no copy made. A tensor's data is not written."""
+    """Pickles into nothing, to find the objects `pred` accepts: pickling reaches what a value holds the way the
+    copy or the file will (its `__reduce__`/`__getstate__`), with no copy made. Neither a tensor's data nor a
+    numeric numpy array's is written (an array's pickle would copy its data)."""
 
     def __init__(self, pred: Callable[[Any], bool]) -> None:
         super().__init__(_NullSink(), protocol=pickle.HIGHEST_PROTOCOL)
         self._pred = pred
+        self.found: list[Any] = []
 
     def persistent_id(self, obj: Any) -> Any:  # called for every object pickled, containers included
         if self._pred(obj):
-            raise _Found
-        return 0 if isinstance(obj, torch.Tensor) else None
+            self.found.append(obj)
+        return 0 if isinstance(obj, torch.Tensor) or _numeric_array(obj) else None
+
+
+def _numeric_array(obj: Any) -> bool:
+    return isinstance(obj, np.ndarray) and not obj.dtype.hasobject
 
 
 class _NullSink:
@@ -122,16 +125,15 @@ class _NullSink:
         return len(data)
 
 
-def holds(value: Any, pred: Callable[[Any], bool]) -> bool:
-    """Whether `value` (a value a save takes whole) holds an object `pred` accepts, found as a pickle of it
-    would meet it. True also where the pickling fails: the caller then does the careful thing."""
+def found_in(value: Any, pred: Callable[[Any], bool]) -> list[Any] | None:
+    """The objects `pred` accepts that `value` holds, as a pickle of it would meet them (one met twice is
+    listed twice); None where the pickling fails."""
+    finder = _Finder(pred)
     try:
-        _Finder(pred).dump(value)
-    except _Found:
-        return True
+        finder.dump(value)
     except Exception:
-        return True
-    return False
+        return None
+    return finder.found
 
 
 def _kind(leaf: Any) -> str:

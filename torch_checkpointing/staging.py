@@ -29,10 +29,11 @@ import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
-from torch_checkpointing.pickling import SUB_BYTE_DTYPES, holds, raised_by_a_leaf, unpicklable
+from torch_checkpointing.pickling import SUB_BYTE_DTYPES, found_in, raised_by_a_leaf, unpicklable
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.traversal import (
     NestingError,
+    TreeMemo,
     WholeValues,
     any_leaf,
     distinct_leaves,
@@ -110,17 +111,28 @@ def as_written(value: Any) -> Any:
     return map_leaves(value, write, WholeValues(copy=_copied_or_kept))
 
 
-def _copied_or_kept(value: Any, memo: dict[int, Any]) -> Any:
+def _copied_or_kept(value: Any, memo: TreeMemo) -> Any:
     """A value taken whole that holds a tensor or a container the tree may hold too, copied so that what it
     shares with the rebuilt tree stays shared in the file (as a torch.save of the caller's tree keeps it); any
     other is written as it is, and so is one that cannot be deep-copied, as before (torch.save pickles it: a
     value that does not pickle fails the save there, naming it)."""
-    if not holds(value, _may_be_in_the_tree):
-        return value
     try:
-        return copy.deepcopy(value, memo)
+        return _copy_sharing(value, memo, _may_be_in_the_tree)
     except Exception:
         return value
+
+
+def _copy_sharing(value: Any, memo: TreeMemo, pred: Callable[[Any], bool]) -> Any:
+    """`value` deep-copied through `memo` where it holds something `pred` accepts, else `value` itself. The copy
+    shares with `value` each tensor the tree does not hold: copying its data again cost its size in memory and
+    the time to copy it on every save, for nothing (the sync save writes the caller's tensor, as torch.save does;
+    a staged item's is the staging's copy already). One that does not pickle is copied whole, the careful way."""
+    found = found_in(value, lambda x: isinstance(x, torch.Tensor) or pred(x))
+    if found is not None:
+        if not any(pred(x) for x in found):
+            return value
+        memo.keep(x for x in found if isinstance(x, torch.Tensor))
+    return copy.deepcopy(value, memo)
 
 
 def _may_be_in_the_tree(x: Any) -> bool:
@@ -684,12 +696,13 @@ def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
     return map_leaves(value, ref, WholeValues(copy=_copy_where(held)))
 
 
-def _copy_where(pred: Callable[[Any], bool]) -> Callable[[Any, dict[int, Any]], Any]:
-    """Copy a value taken whole only where it holds something `pred` accepts (the rest is sent as it is: a
-    second deep copy of each, after the staging copy's, was work and memory for nothing)."""
+def _copy_where(pred: Callable[[Any], bool]) -> Callable[[Any, TreeMemo], Any]:
+    """Copy a value taken whole only where it holds something `pred` accepts, sharing its other tensors
+    (`_copy_sharing`): the rest is sent as it is, since a second deep copy of each, after the staging copy's,
+    was work and memory for nothing."""
 
-    def copy_if_holding(value: Any, memo: dict[int, Any]) -> Any:
-        return copy.deepcopy(value, memo) if holds(value, pred) else value
+    def copy_if_holding(value: Any, memo: TreeMemo) -> Any:
+        return _copy_sharing(value, memo, pred)
 
     return copy_if_holding
 

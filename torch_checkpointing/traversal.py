@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NestingError",
+    "TreeMemo",
     "WholeValues",
     "any_leaf",
     "children",
@@ -305,9 +306,10 @@ class WholeValues:
     """How `map_leaves` treats the leaves `fn` does not map (a set, a deque, an object of the caller's: values a
     walk takes whole): each is `copy(leaf, memo)`-ed, with one deepcopy memo for the walk that knows the tree.
 
-    `mapped`: the leaf types `fn` maps (plain scalars go to `fn` as well, and are never copied)."""
+    `mapped`: the leaf types `fn` maps (plain scalars go to `fn` as well, and are never copied). A `copy` may
+    have the memo keep some of what the value holds as it is (`TreeMemo.keep`)."""
 
-    copy: Callable[[Any, dict[int, Any]], Any] = copy.deepcopy
+    copy: Callable[[Any, TreeMemo], Any] = copy.deepcopy
     mapped: tuple[type, ...] = (torch.Tensor,)
 
 
@@ -333,7 +335,7 @@ def map_leaves(value: Any, fn: Callable[[Any], Any], whole: WholeValues | None =
     fell_back: list[Any] = []
     walk = _Rebuilt(set(), fell_back, {})
     if whole is not None:
-        memo = _TreeMemo(value, whole.mapped, lambda node: _made_for(node, fn, walk))
+        memo = TreeMemo(value, whole.mapped, lambda node: _made_for(node, fn, walk))
         walk.whole = _Whole(whole, memo)
     try:
         out = _map_leaves(value, fn, walk)
@@ -368,13 +370,13 @@ class _Whole:
     """How a `map_leaves` walk copies the values it takes whole, and the memo those copies share."""
 
     how: WholeValues
-    memo: _TreeMemo
+    memo: TreeMemo
 
 
 _NOT_MADE = object()
 
 
-class _TreeMemo(dict[int, Any]):
+class TreeMemo(dict[int, Any]):
     """A deepcopy memo that knows a tree: asked for a container or tensor of the tree that the walk has not made
     yet, it has the walk make it first (`make`), so a copy of a whole value holds what the tree holds.
 
@@ -392,13 +394,24 @@ class _TreeMemo(dict[int, Any]):
         dict.__setitem__(self, id(original), made)
         self.kept.append(original)
 
-    def _fill(self, key: object) -> None:
-        if not isinstance(key, int) or dict.__contains__(self, key):
-            return
+    def keep(self, objects: Iterable[Any]) -> None:
+        """Have a copy through this memo share each of `objects` the tree does not hold with the value copied:
+        one of the tree is still what the walk made for it."""
+        nodes = self._tree_nodes()
+        for obj in objects:
+            if id(obj) not in nodes and not dict.__contains__(self, id(obj)):
+                self.remember(obj, obj)
+
+    def _tree_nodes(self) -> dict[int, Any]:
         if self._nodes is None:
             nodes = _walk(self._root, True, once=True)
             self._nodes = {id(n): n for n in nodes if isinstance(n, (*_CONTAINERS, *self._mapped))}
-        node = self._nodes.get(key)
+        return self._nodes
+
+    def _fill(self, key: object) -> None:
+        if not isinstance(key, int) or dict.__contains__(self, key):
+            return
+        node = self._tree_nodes().get(key)
         if node is not None:
             self._make(node)  # remembers what it made here, unless it made nothing
 
