@@ -294,17 +294,22 @@ def check_backend(name: str) -> None:
         )
 
 
+# Signals that end a run as SIGTERM does (the terminal closed, Ctrl-\\), where their handler is the default one:
+# left to it, the simulator died at once and its ranks ran on. One the shell ignores (`nohup`) stays ignored.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the simulator; Ctrl-C (or SIGTERM) ends it with one line on stderr and the shell's 128+signal code.
+    """Run the simulator; Ctrl-C (or SIGTERM, SIGHUP, SIGQUIT) ends it with one line on stderr and the shell's
+    128+signal code.
 
     The ranks are stopped and the run directory removed by the `finally` blocks on the way out; a traceback
     (torch's elastic launcher turns SIGINT into its own SignalException) would only hide that line.
     """
-    terminating = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and (
-        threading.current_thread() is threading.main_thread()
-    )
-    if terminating:
-        signal.signal(signal.SIGTERM, _raise_terminated)
+    on_main = threading.current_thread() is threading.main_thread()
+    ending = [s for s in ENDING_SIGNALS if on_main and signal.getsignal(s) is signal.SIG_DFL]
+    for signum in ending:
+        signal.signal(signum, _raise_terminated)
     try:
         return _main(argv)
     except BaseException as exc:
@@ -315,8 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"simulator: interrupted ({name}); ranks stopped, nothing left running", file=sys.stderr)
         return 128 + signum
     finally:
-        if terminating:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in ending:
+            signal.signal(signum, signal.SIG_DFL)
 
 
 def _interrupt_signal(exc: BaseException) -> int | None:
@@ -324,7 +329,7 @@ def _interrupt_signal(exc: BaseException) -> int | None:
     if isinstance(exc, KeyboardInterrupt):
         return int(signal.SIGINT)
     if isinstance(exc, Terminated):
-        return int(signal.SIGTERM)
+        return exc.signum
     sigval = getattr(exc, "sigval", None)  # torch.distributed.elastic's SignalException, raised on SIGINT/SIGTERM
     if type(exc).__name__ == "SignalException" and isinstance(sigval, int):
         return int(sigval)
@@ -332,12 +337,17 @@ def _interrupt_signal(exc: BaseException) -> int | None:
 
 
 class Terminated(BaseException):
-    """SIGTERM outside a launch (torch's elastic launcher raises its own SignalException inside one), raised as
-    Ctrl-C's KeyboardInterrupt is, so that the `finally` blocks stop the ranks and remove the run directory."""
+    """One of `ENDING_SIGNALS` (torch's elastic launcher no longer sets a handler: the ranks are spawned off the
+    main thread), raised as Ctrl-C's KeyboardInterrupt is, so that the `finally` blocks stop the ranks and remove
+    the run directory."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = int(signum)
 
 
-def _raise_terminated(_signum: int, _frame: object) -> None:
-    raise Terminated
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
 
 
 def _import_holding_signals(module: str) -> ModuleType:

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM held over a step that must not be cut in the middle, then delivered.
+"""Ctrl-C, SIGTERM, SIGHUP and SIGQUIT held over a step that must not be cut in the middle, then delivered.
 
 Two such steps: importing torch (seconds of C++ that a Python exception cannot cross) and spawning the ranks (a
 KeyboardInterrupt inside `start_processes` left a rank half started: it read its start-up data from a pipe its
@@ -36,12 +36,13 @@ class Held:
 
 @contextmanager
 def signals_held() -> Iterator[Held]:
-    """Hold SIGINT and SIGTERM inside the block; the caller delivers them (`Held.deliver`) where it can act on
-    them. Not for a signal the shell ignores (`cmd &`), nor off the main thread, where handlers cannot be set."""
+    """Hold SIGINT, SIGTERM, SIGHUP and SIGQUIT inside the block; the caller delivers them (`Held.deliver`) where
+    it can act on them. Not for a signal the shell ignores (`cmd &`), nor off the main thread, where handlers
+    cannot be set."""
     held = Held()
     holding = [
         signum
-        for signum in (signal.SIGINT, signal.SIGTERM)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
         if threading.current_thread() is threading.main_thread()
         and signal.getsignal(signum) not in (signal.SIG_IGN, None)
     ]

@@ -93,6 +93,18 @@ def test_ctrl_c_while_ranks_run_exits_130_with_one_line_and_nothing_left(tmp_pat
     _interrupt_and_check(proc, tmpdir, to_group)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGQUIT], ids=["sighup", "sigquit"])
+def test_a_closed_terminal_while_ranks_run_stops_every_rank_with_one_line(tmp_path: Path, signum: int) -> None:
+    """Round 25: SIGHUP (the terminal closed) or SIGQUIT (Ctrl-\\) during a launch killed the simulator at once
+    and left its ranks running, with their temp dirs, once the ranks were spawned off the main thread: the
+    handler torch's start_processes used to set for them on the main thread (kept after the spawn) was the
+    only one. Each ends the run as SIGTERM does."""
+    proc, tmpdir = _start(tmp_path, "--world", "2", "--scenario", "layouts", "--timeout", "120")
+    _wait_for_line(proc, "layouts · started", timeout=120)
+    proc.send_signal(signum)
+    _check_interrupted(proc, tmpdir, signum)
+
+
 def test_ctrl_c_before_any_rank_starts_exits_130_with_one_line(tmp_path: Path) -> None:
     """Defect: SIGINT while the simulator was still importing torch printed a KeyboardInterrupt traceback
     and exited 1."""
@@ -117,7 +129,9 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"]
+)
 def test_a_signal_while_the_ranks_are_spawned_stops_every_rank_with_one_line(tmp_path: Path, signum: int) -> None:
     """Round 25, a deterministic test of the signals held over the ranks' spawn (simulator/held_signals.py).
     The hold did not hold: torch's `start_processes` set its own handler over it, whose SignalException left the
