@@ -129,9 +129,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize(
-    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"]
-)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
 def test_a_signal_while_the_ranks_are_spawned_stops_every_rank_with_one_line(tmp_path: Path, signum: int) -> None:
     """Round 25, a deterministic test of the signals held over the ranks' spawn (simulator/held_signals.py).
     The hold did not hold: torch's `start_processes` set its own handler over it, whose SignalException left the
