@@ -357,13 +357,16 @@ class StoreTransport:
         this rank's answer to the commit, and the save this rank called "not committed" was in place. If another
         rank decided first that the step is complete, the step stands (then nothing is told)."""
         failed = _failed(step, {self.rank: describe(exc)})
-        try:
-            self.channel.decide(f"{step}/decided", _gave_up(failed))
+        try:  # briefly: the rank is leaving, and a stopped host must not hold its Ctrl-C for the save's timeout
+            self.channel.decide(f"{step}/decided", _gave_up(failed), wait_s=_LEAVING_WAIT_S)
         except Exception as lost:  # leaving anyway: rank 0's store gone (or silent) tells the others itself
             logger.debug("Could not tell the other ranks that rank %s left %s: %r", self.rank, step, lost)
 
 
 _COMPLETE = "complete"
+# How long a rank that leaves a step waits for rank 0's store to take its decision (a compare-and-set: a live
+# store answers in milliseconds).
+_LEAVING_WAIT_S = 3.0
 
 
 def _gave_up(error: CommitError) -> str:

@@ -190,9 +190,11 @@ class StoreChannel:
             delay = min(delay * 2, 0.1)
         return [self._get(k) for k in keys]
 
-    def decide(self, name: str, proposal: str) -> str:
-        """The value of `name`: `proposal` if no rank set it first (a compare-and-set: the first one stays)."""
-        decided = self._call(lambda: self._store.compare_set(self._key(name), "", proposal), deliver_late=True)
+    def decide(self, name: str, proposal: str, wait_s: float | None = None) -> str:
+        """The value of `name`: `proposal` if no rank set it first (a compare-and-set: the first one stays).
+        `wait_s`: how long to wait for the answer (default: the channel's timeout, plus a grace)."""
+        op = lambda: self._store.compare_set(self._key(name), "", proposal)  # noqa: E731
+        decided = self._call(op, wait_s, deliver_late=True)
         return str(decided.decode("utf-8"))
 
     def wait_for(self, name: str, ranks: list[int], timeout_s: float) -> list[int]:
