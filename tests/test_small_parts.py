@@ -94,15 +94,17 @@ def test_a_barrier_whose_host_is_unreachable_times_out_in_the_barriers_words() -
     assert "commit" not in str(raised.value).lower() and "CheckpointManager" not in str(raised.value), raised.value
 
 
-def test_a_barrier_host_on_a_port_in_use_is_refused_naming_the_field() -> None:
+@pytest.mark.parametrize("libuv", [False, True], ids=["classic", "libuv"])
+def test_a_barrier_host_on_a_port_in_use_is_refused_naming_the_field(libuv: bool) -> None:
     """Round 25: role rank 0's barrier on a port another socket listens on raised torch's DistNetworkError, with
-    pages of C++ frames and no word of which setting to change."""
+    pages of C++ frames and no word of which setting to change. The libuv store (torch's default) words it
+    "EADDRINUSE ... address already in use": it is said in use too."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        config = TCPStoreBarrierConfig(5, False, port, "127.0.0.1")
-        with pytest.raises(ConfigError, match=rf"tcpstore_port.*{port}.*in use") as raised:
+        config = TCPStoreBarrierConfig(5, libuv, port, "127.0.0.1")
+        with pytest.raises(ConfigError, match=rf"tcpstore_port {port}: .*\(the port is in use\)") as raised:
             config.create_barrier(RankInfo(0, 2, 0, 2))
     assert "frame #" not in str(raised.value), raised.value
 

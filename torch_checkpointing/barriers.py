@@ -112,11 +112,17 @@ def _host(config: TCPStoreBarrierConfig) -> Any:
             use_libuv=config.use_checkpoint_barrier_tcpstore_libuv,
         )
     except dist.DistNetworkError as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        in_use = " (the port is in use)" if "Address already in use" in str(exc) else ""
+        first = (str(exc).strip().splitlines() or [""])[0].rstrip(".")
+        in_use = " (the port is in use)" if _in_use(str(exc)) else ""
         raise ConfigError(
             f"TCPStoreBarrierConfig.tcpstore_port {config.tcpstore_port}: role rank 0 cannot host the barrier's "
-            f"store at {config.master_address}:{config.tcpstore_port}{in_use}: {first} Fix: pick a port that "
+            f"store at {config.master_address}:{config.tcpstore_port}{in_use}: {first}. Fix: pick a port that "
             f"nothing else listens on (each role-rank-0 TCPStoreBarrier hosts its own store), and a "
             f"master_address of this host."
         ) from None
+
+
+def _in_use(said: str) -> bool:
+    """Whether torch's listen error says the port is taken: the classic store says "Address already in use",
+    the libuv one (torch's default) "EADDRINUSE ... address already in use"."""
+    return "address already in use" in said.lower() or "EADDRINUSE" in said
