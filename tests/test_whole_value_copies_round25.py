@@ -71,3 +71,36 @@ def test_sync_and_async_saves_of_a_whole_value_load_back_what_was_saved(tmp_path
         assert loaded["holder"].shared is loaded["weight"], name
         assert torch.equal(loaded["holder"].own, torch.full((6,), 7.0)), name
         assert torch.equal(loaded["slice"], torch.arange(2.0, 5.0)), name
+
+
+class _Node:
+    """An object of the caller's, taken whole."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+
+class NoDeepCopy:
+    """Pickles (so torch.save writes it) but refuses a deep copy."""
+
+    def __init__(self) -> None:
+        self.v = 42
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> NoDeepCopy:
+        raise TypeError("this object cannot be deep-copied")
+
+
+def test_a_whole_value_whose_copy_failed_leaves_no_half_copy_to_another(tmp_path: Path) -> None:
+    """The sync written form keeps a whole value whose deep copy fails as it is; the copy's memo, shared by the
+    walk, kept what that copy had begun: an object it had made but not yet filled. Another whole value holding
+    that object took the empty one, and the save wrote it silently with none of its attributes."""
+    items = [1, 2]
+    shared = _Node(items=items, x=NoDeepCopy())
+    state = {"p": torch.nn.Parameter(torch.ones(2)), "items": items, "a": _Node(s=shared), "b": _Node(s=shared)}
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), load=CheckpointLoaderConfig(weights_only=False))
+    with CheckpointManager(config) as manager:
+        manager.save(str(tmp_path / "ck"), {"model": state})
+        loaded = manager.load(str(tmp_path / "ck"))["model"]
+    for name in ("a", "b"):
+        assert vars(loaded[name].s).keys() == {"items", "x"}, (name, vars(loaded[name].s))
+        assert loaded[name].s.items == [1, 2] and loaded[name].s.x.v == 42, name

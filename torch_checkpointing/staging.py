@@ -116,9 +116,11 @@ def _copied_or_kept(value: Any, memo: TreeMemo) -> Any:
     shares with the rebuilt tree stays shared in the file (as a torch.save of the caller's tree keeps it); any
     other is written as it is, and so is one that cannot be deep-copied, as before (torch.save pickles it: a
     value that does not pickle fails the save there, naming it)."""
+    size = len(memo)
     try:
         return _copy_sharing(value, memo, _may_be_in_the_tree)
     except Exception:
+        memo.forget_since(size)  # its half-made copies are no other value's
         return value
 
 

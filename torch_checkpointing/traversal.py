@@ -402,6 +402,15 @@ class TreeMemo(dict[int, Any]):
             if id(obj) not in nodes and not dict.__contains__(self, id(obj)):
                 self.remember(obj, obj)
 
+    def forget_since(self, size: int) -> None:
+        """Drop the copies added since the memo held `size` entries: a copy that failed partway left objects it
+        had made but not filled, which a later copy through the memo would take for finished ones. What the walk
+        made for the tree's nodes meanwhile stays: each is whole."""
+        nodes = self._tree_nodes()
+        for key in list(self)[size:]:
+            if key not in nodes:
+                dict.__delitem__(self, key)
+
     def _tree_nodes(self) -> dict[int, Any]:
         if self._nodes is None:
             nodes = _walk(self._root, True, once=True)
