@@ -25,6 +25,7 @@ from torch_checkpointing.commit import (
     MANIFEST_FILE_NAME,
     Commit,
     CommitTarget,
+    make_parents,
     manifest_digest,
     temporary_name,
 )
@@ -140,6 +141,7 @@ def _object_store_save(fail_at_the_marker: bool) -> tuple[Any, CommitTarget, str
     storage = FsspecStorageConfig(url=f"memory://r22-{uuid.uuid4().hex[:8]}/run").create_storage()
     target = CommitTarget("step_1", temporary_name("step_1", uuid.uuid4().hex[:16], 1))
     writer = Commit(storage, target)
+    make_parents(storage, target.final)  # rank 0 does so when the ranks agree to save; begin() makes one level
     writer.begin(0, ["model_0.pt"])
     storage.write(writer.root / "model_0.pt", b"x")
     record = FileRecord("model", 0, "model_0.pt", 1, zlib.crc32(b"x"), {"type": "TorchSerialization"})
