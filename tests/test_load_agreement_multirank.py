@@ -8,6 +8,8 @@ unnoticed the same way.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,7 @@ def scenarios(root: str) -> dict[str, Any]:
         out["resumed_from"] = resumed
         out["different_ids"] = _outcome(manager, str(base / ("step1" if rank == 0 else "other")))
         out["afterwards"] = _outcome(manager, str(base / "step1"))
+        out["different_commits"] = _different_commits(manager, base, rank)
     finally:
         manager.close()
     for name, collective in (("alone", True), ("alone_not_collective", False)):
@@ -77,6 +80,20 @@ def scenarios(root: str) -> dict[str, Any]:
         finally:
             alone.close()
     return out
+
+
+def _different_commits(manager: CheckpointManager, base: Path, rank: int) -> dict[str, Any]:
+    """One id that names two commits, one per rank: rank 0 finds step1 at `ck`, rank 1 finds `other` there, as
+    ranks opening an id one by one find it when a save replaces it in between (here: relative ids in two
+    working directories, so it happens every time)."""
+    here = base / f"view{rank}"
+    shutil.copytree(base / ("step1" if rank == 0 else "other"), here / "ck")
+    before = os.getcwd()
+    os.chdir(here)
+    try:
+        return _outcome(manager, "ck")
+    finally:
+        os.chdir(before)
 
 
 def test_a_load_goes_on_on_every_rank_or_on_none(tmp_path: Path) -> None:
@@ -90,6 +107,9 @@ def test_a_load_goes_on_on_every_rank_or_on_none(tmp_path: Path) -> None:
         assert different["result"] == "CheckpointError" and different["untouched"], (rank, different)
         assert "step1" in different["message"] and "other" in different["message"], (rank, different)
         assert report["afterwards"] == {"result": "ok", "w": 100.0 + rank}, (rank, report)
+        mixed = report["different_commits"]  # before: rank 0 restored step 1 and rank 1 step 3, silently
+        assert mixed["result"] == "CheckpointError" and mixed["untouched"], (rank, mixed)
+        assert "different commits" in mixed["message"] and "load again" in mixed["message"], (rank, mixed)
     alone = reports[0]["alone"]
     assert alone["result"] == "CheckpointError" and alone["untouched"], alone
     assert "rank 1: went silent" in alone["message"], alone  # bounded by wait_timeout_secs; the silent rank named

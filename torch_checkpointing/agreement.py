@@ -148,6 +148,7 @@ def agree_outcome(
     compute: Callable[[], T],
     shared: Any = None,
     discard: Callable[[T], None] | None = None,
+    shared_of: Callable[[T], Any] | None = None,
 ) -> tuple[T, list[Any]]:
     """Run `compute` on this rank and keep its result here; tell every rank only whether it succeeded.
 
@@ -156,10 +157,13 @@ def agree_outcome(
     exception (the other ranks' failures added as a note); the others raise an error of the same kind (when
     every failure was one kind of `CheckpointError`, else `CheckpointError`) naming each failed rank and why,
     after `discard`ing their own result (a checked load holds descriptors open: dropped, they leaked for good).
-    Returns `compute()`'s result and every rank's `shared` value (JSON/pickle-friendly), in rank order.
+    Returns `compute()`'s result and every rank's `shared` value (JSON/pickle-friendly), in rank order; with
+    `shared_of`, a rank whose `compute` succeeded shares `shared_of(result)` instead (what it found, e.g. which
+    commit it opened).
     """
     if transport.world_size == 1:
-        return compute(), [shared]
+        value = compute()
+        return value, [shared if shared_of is None else shared_of(value)]
     try:
         value = compute()
     except BaseException as exc:
@@ -173,6 +177,8 @@ def agree_outcome(
             add_note(exc, f"{step} failed on other rank(s) too: {_reasons(others)}")
         raise
     try:
+        if shared_of is not None:
+            shared = shared_of(value)
         contributions = _exchange_or_raise(step, transport, Contribution(value=shared))
         failures = _failures(contributions)
         if failures:

@@ -202,6 +202,11 @@ class CheckedLoad:
         with signals_deferred(f"Load of {self._ctx.root}"):
             return self._loader._copy(self._ctx, self._plans, self._report, self._strict, self._copied)
 
+    @property
+    def commit_token(self) -> str | None:
+        """Which commit of the id this load pinned (its manifest, hashed): ranks compare it before any copies."""
+        return self._ctx.commit_token
+
     def close(self) -> None:
         self._ctx.close()
 

@@ -342,20 +342,17 @@ class CheckpointManager:
                 return alone.restore()
         what = f"Checkpoint load of {checkpoint_id}"
         transport = self._ctx.transport
-        checked, ids = agree_outcome(
+        given = _comparable_id(checkpoint_id)
+        checked, found = agree_outcome(
             f"{what}: checking",
             transport,
             lambda: self._check_load(checkpoint_id, into, map_location=map_location, strict=strict),
-            shared=_comparable_id(checkpoint_id),
+            shared=[given, None],
             discard=CheckedLoad.close,
+            shared_of=lambda load: [given, load.commit_token],
         )
         with checked:
-            if len(set(ids)) > 1:
-                raise CheckpointError(
-                    f"{what}: the ranks load different checkpoints ({_by_rank(ids)}); nothing was restored on any "
-                    f"rank. Every rank must load the same id (decide it on one rank, e.g. latest_checkpoint() on "
-                    f"rank 0, and broadcast it)."
-                )
+            _refuse_different_checkpoints(what, [i for i, _ in found], [c for _, c in found])
             # What the check could not check (a custom resharder's own load) runs first on every rank, and is
             # agreed on before the engine copies anything: a rank whose resharder fails leaves every rank's
             # templates as they were (each rank puts back what its own resharders wrote).
@@ -1150,6 +1147,28 @@ def _comparable_id(checkpoint_id: Any) -> str:
     if not isinstance(text, str):
         return repr(checkpoint_id)
     return text if _URL.match(text) else os.path.normpath(os.path.expanduser(text))
+
+
+def _refuse_different_checkpoints(what: str, ids: list[str], commits: list[str | None]) -> None:
+    """Every rank raises, before any copies, unless every rank opened the same id and, in it, the same commit.
+
+    Ranks open the id one by one: a save replacing it meanwhile (a job re-saving a `latest` id) gave some ranks
+    the old commit and others the new one, each whole and checked on its own, and the load restored a state mixed
+    from two saves across ranks, silently. Each rank's commit is its pinned manifest, hashed."""
+    if len(set(ids)) > 1:
+        raise CheckpointError(
+            f"{what}: the ranks load different checkpoints ({_by_rank(ids)}); nothing was restored on any "
+            f"rank. Every rank must load the same id (decide it on one rank, e.g. latest_checkpoint() on "
+            f"rank 0, and broadcast it)."
+        )
+    if len(set(commits)) > 1:
+        shown = [c[:12] if c is not None else "no manifest" for c in commits]
+        raise CheckpointError(
+            f"{what}: the ranks opened different commits of it ({_by_rank(shown)}, each its manifest's SHA-256); "
+            f"nothing was restored on any rank. Either a save replaced the checkpoint while the ranks opened it "
+            f"(load again), or the id names different checkpoints on different ranks (a relative path, or "
+            f"node-local copies that differ): every rank must load the same checkpoint."
+        )
 
 
 def _by_rank(values: list[Any]) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import io
 import json
 import logging
@@ -184,6 +185,9 @@ class CheckpointReadContext:
         self.shown = shown_name(storage, self.root)  # how messages name it: an object store's URL
         self.policy = policy
         self.manifest: Manifest | None = None
+        # Which commit this load pinned: its manifest's bytes, hashed (None without a manifest). Ranks of one load
+        # compare it: a replace between two ranks' opening the id gave them two commits, each whole on its own.
+        self.commit_token: str | None = None
         self._dirfd: int | None = None
         self._files: dict[str, CheckedFile] = {}
         self._originals: list[int] = []  # the files' own descriptors, where a copy in memory replaced them
@@ -250,6 +254,7 @@ class CheckpointReadContext:
             return
         text = self._read_bounded(MANIFEST_FILE_NAME)
         self.manifest = parse_manifest(text, str(self.root / MANIFEST_FILE_NAME))
+        self.commit_token = hashlib.sha256(text).hexdigest()
         if marked and self._irregular(INCOMPLETE_MARKER):
             raise odd_marker(self.storage, self.root)
         if marked and not self._stray_claim(self.manifest):
