@@ -75,6 +75,7 @@ from torch_checkpointing.names import (
     trash_name,
 )
 from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.filesystem import raise_unless_removed
 
 # What a storage raises for a refused or failed request: a filesystem's OSError, an object store's
 # ObjectStoreError (a rename there is a copy and a delete, and a refused delete is no OSError).
@@ -723,11 +724,12 @@ def _written_at(local: str) -> float:
 
     A directory's own mtime moves when an entry is made in it, not when a file in it is written: a save on
     another node writing one large file (or files in a rank's directory) for longer than `unowned_after_s` read
-    as that old, and gc removed its temporary under it."""
+    as that old, and gc removed its temporary under it. What cannot be looked at (a directory this user may not
+    list) raises: passed over in silence, the newest file could be in it, and gc removed a live save's files."""
     newest = os.lstat(local).st_mtime
-    for where, dirs, files in os.walk(local):
+    for where, dirs, files in os.walk(local, onerror=raise_unless_removed):
         for name in (*dirs, *files):
-            with contextlib.suppress(OSError):  # removed meanwhile
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
                 newest = max(newest, os.lstat(os.path.join(where, name)).st_mtime)
     return newest
 

@@ -76,6 +76,14 @@ def _renameat2() -> Any | None:
     return func
 
 
+def raise_unless_removed(exc: OSError) -> None:
+    """`os.walk`'s onerror: a directory removed meanwhile is skipped; one that cannot be listed raises.
+
+    `os.walk` drops such a directory in silence by default: what was in it went unseen, as if not there."""
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
+
+
 def remove_tree_marks_last(local: str) -> None:
     """Remove the directory `local`: everything below it bottom-up, then its manifest, marker and itself.
 

@@ -1,0 +1,83 @@
+"""Round 25: gc aged another host's temporary by the newest mtime it could see, and what it could not look
+into it passed over in silence (`os.walk` drops a directory it cannot list; every lstat error was taken for
+"removed meanwhile").
+
+A live save on another node writing into a rank directory that this user cannot list read as old as the rest
+of its temporary: gc moved the temporary aside and removed what it could of it under the live save. An age
+that cannot be told now keeps the temporary, and the report says why. The failure is a real one: gc runs as an
+unprivileged user in a child, and the rank directory belongs to root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_gc_temporary_age_round25 import _started_at
+from tests.test_unreadable_files_round24 import NOBODY, SUBPROCESS_TIMEOUT_S
+from torch_checkpointing.manifest import INCOMPLETE_MARKER
+
+CHILD = """
+import json, os, sys
+from torch_checkpointing.retention import collect_garbage
+import encodings.ascii  # what gc's names read the boot id with (the interpreter may be root's alone)
+os.setgid(%(nobody)d)
+os.setuid(%(nobody)d)
+report = collect_garbage(sys.argv[1], unowned_after_s=3600)
+print("RESULT " + json.dumps({
+    "removed": [lo.path for lo in report.removed],
+    "kept": [[lo.path, why] for lo, why in report.kept],
+    "failed": [[lo.path, why] for lo, why in report.failed],
+}))
+"""
+
+
+@pytest.fixture
+def live_temporary() -> Iterator[Path]:
+    """Another host's temporary, made long ago, whose root-owned rank directory (closed to gc's user) holds a
+    file written a moment ago."""
+    base = Path(tempfile.mkdtemp(prefix="round25-gc-unlistable-"))
+    try:
+        root = base / "run"
+        temporary = root / ".step_1.tmp-feedbeef-1"  # no owner lock of it here: judged by age
+        (temporary / "rank_1").mkdir(parents=True)
+        (temporary / INCOMPLETE_MARKER).touch()
+        (temporary / "model_0.pt").write_bytes(b"x" * 10)
+        (temporary / "rank_1" / "model_1.pt").write_bytes(b"y" * 10)
+        _started_at(temporary, 10_000)
+        os.utime(temporary / "rank_1" / "model_1.pt", (time.time(), time.time()))  # being written now
+        os.chmod(base, 0o755)
+        os.chmod(temporary / "rank_1", 0o700)
+        for p in (root, temporary, temporary / INCOMPLETE_MARKER, temporary / "model_0.pt"):
+            os.chown(p, NOBODY, NOBODY)
+        yield temporary
+    finally:
+        shutil.rmtree(base)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="drops to another user: needs root")
+def test_gc_keeps_a_temporary_whose_age_it_cannot_tell(live_temporary: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD % {"nobody": NOBODY}, str(live_temporary.parent)],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
+    out = json.loads(line[len("RESULT ") :])
+    assert out["removed"] == [] and out["failed"] == [], out
+    assert [path for path, _ in out["kept"]] == [str(live_temporary)], out
+    why = out["kept"][0][1]
+    assert "age could not be told" in why and "Permission denied" in why and "rank_1" in why, why
+    assert sorted(p.name for p in live_temporary.iterdir()) == [INCOMPLETE_MARKER, "model_0.pt", "rank_1"]
