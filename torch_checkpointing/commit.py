@@ -63,7 +63,7 @@ from torch_checkpointing.manifest import (
 from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name, made_here, same_host, this_host
 from torch_checkpointing.signals import signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.storage.filesystem import remove_tree_marks_last
+from torch_checkpointing.storage.filesystem import raise_unless_removed, remove_tree_marks_last
 
 __all__ = [
     "INCOMPLETE_MARKER",
@@ -1415,7 +1415,7 @@ class Commit:
         # The engine's own files at the root (marker, metadata, manifest), written with `storage.write`, which
         # records nothing: in the save's own directory their names say whose they are.
         marks = {os.path.join(local, name) for name in RESERVED_FILE_NAMES}
-        for dirpath, dirnames, filenames in os.walk(local, topdown=False):
+        for dirpath, dirnames, filenames in os.walk(local, topdown=False, onerror=raise_unless_removed):
             for name in filenames + dirnames:
                 full = os.path.join(dirpath, name)
                 st = os.lstat(full)

@@ -87,12 +87,14 @@ def raise_unless_removed(exc: OSError) -> None:
 def remove_tree_marks_last(local: str) -> None:
     """Remove the directory `local`: everything below it bottom-up, then its manifest, marker and itself.
 
-    Symbolic links below it are unlinked, never followed; `local` itself must not be one.
+    Symbolic links below it are unlinked, never followed; `local` itself must not be one. A directory that cannot
+    be listed raises before anything in it is removed (it looked empty: its marks went, leaving a folder gc no
+    longer knows as ours).
     """
     if os.path.islink(local):
         raise OSError(errno.ENOTDIR, "Refusing to remove a symbolic link as a directory", local)
     marks = [os.path.join(local, MANIFEST_FILE_NAME), os.path.join(local, INCOMPLETE_MARKER)]
-    for dirpath, dirnames, filenames in os.walk(local, topdown=False):
+    for dirpath, dirnames, filenames in os.walk(local, topdown=False, onerror=raise_unless_removed):
         for name in filenames + dirnames:
             full = os.path.join(dirpath, name)
             if full in marks:
