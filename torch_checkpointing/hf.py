@@ -848,15 +848,56 @@ def _hf_files(directory: Path) -> dict[str, str]:
         if not isinstance(weight_map, dict):
             raise CorruptCheckpointError(f"{index}: field 'weight_map' must be an object of tensor name -> file name")
         files = {str(k): _shard_name(v, index) for k, v in weight_map.items()}
+        if not files:
+            raise CorruptCheckpointError(
+                f"{index} names no tensor (its 'weight_map' is empty); the download is damaged or incomplete. "
+                f"Download it again."
+            )
+        _refuse_incomplete_series(set(files.values()), index)
         for name in sorted(set(files.values())):
             _regular(directory / name)
         return files
     found = sorted(directory.glob("*.safetensors"))
     if len(found) != 1:
         raise FileNotFoundError(f"{directory} has no {INDEX_FILE_NAME} and not exactly one *.safetensors file")
+    _refuse_lone_shard_of_series(found[0], directory / INDEX_FILE_NAME)
     _regular(found[0])
     with _open_shard(found[0], private=False) as f:  # its names only: the header
         return dict.fromkeys(f.keys(), found[0].name)
+
+
+_SERIES_RE = re.compile(r"^(?P<stem>.+)-(?P<k>\d{5,})-of-(?P<n>\d{5,})\.safetensors$")  # `model-00002-of-00003`
+
+
+def _refuse_incomplete_series(shards: set[str], index: Path) -> None:
+    """Every `k-of-N` series the index's shard names announce must be named whole: each HF shard holds at least
+    one tensor, so an index leaving a shard of its series out lost that shard's entries, and its tensors went
+    missing from the import without a word."""
+    series: dict[tuple[str, int], set[int]] = {}
+    for shard in shards:
+        match = _SERIES_RE.match(shard)
+        if match:
+            series.setdefault((match["stem"], int(match["n"])), set()).add(int(match["k"]))
+    for (stem, n), numbers in sorted(series.items()):
+        absent = [k for k in range(1, min(n, len(numbers) + 10) + 1) if k not in numbers][:10]
+        if absent or len(numbers) != n:
+            named = ", ".join(f"{stem}-{k:05d}-of-{n:05d}.safetensors" for k in absent) or "numbers past the series"
+            raise CorruptCheckpointError(
+                f"{index} names {len(numbers)} of the {n} shards of {stem}-*-of-{n:05d} and leaves out {named}: its "
+                f"'weight_map' lost those shards' tensors (the download is damaged or incomplete, or the index was "
+                f"edited). Download the index again."
+            )
+
+
+def _refuse_lone_shard_of_series(shard: Path, index: Path) -> None:
+    """Without an index, one shard named `k-of-N` with N > 1 is a download that has not finished (the index and
+    the other shards still to come), not the whole model."""
+    match = _SERIES_RE.match(shard.name)
+    if match and int(match["n"]) > 1:
+        raise CorruptCheckpointError(
+            f"{shard} is shard {int(match['k'])} of {int(match['n'])} and {index} is missing: the download is "
+            f"incomplete. Download the index and the other shards, then import again."
+        )
 
 
 @contextlib.contextmanager
