@@ -81,3 +81,14 @@ def test_lone_single_file_and_one_of_one_still_import(tmp_path: Path) -> None:
     (tmp_path / "b").mkdir()
     save_file({"x": torch.ones(3)}, str(tmp_path / "b" / "model-00001-of-00001.safetensors"))
     assert torch.equal(import_hf(tmp_path / "b")["x"], torch.ones(3))
+
+
+def test_index_beside_a_single_model_file_is_refused(tmp_path: Path) -> None:
+    """`model.safetensors` beside an index: transformers reads the single file first (and never the index),
+    import_hf read the index: the two returned different weights from one folder. Which is the model is
+    unknown, so the import refuses naming both."""
+    weight_map = _three_shards(tmp_path / "hf")
+    _write_index(tmp_path / "hf", weight_map)
+    save_file({"w0": torch.full((2,), 9.0)}, str(tmp_path / "hf" / "model.safetensors"))
+    with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors\b.*" + INDEX_FILE_NAME.replace(".", r"\.")):
+        import_hf(tmp_path / "hf")

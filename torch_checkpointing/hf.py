@@ -843,6 +843,7 @@ def _hf_files(directory: Path) -> dict[str, str]:
     """
     index = directory / INDEX_FILE_NAME
     if os.path.lexists(index):
+        _refuse_single_file_beside(index)
         doc = parse_json_bounded(_regular_bytes(index, _MAX_INDEX_BYTES), str(index))
         weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict):
@@ -887,6 +888,19 @@ def _refuse_incomplete_series(shards: set[str], index: Path) -> None:
                 f"'weight_map' lost those shards' tensors (the download is damaged or incomplete, or the index was "
                 f"edited). Download the index again."
             )
+
+
+def _refuse_single_file_beside(index: Path) -> None:
+    """`model.safetensors` beside an index: transformers reads the single file first and never the index, so
+    importing the index returned other weights than transformers loads from the same folder. Which one is the
+    model is unknown (a folder two tools wrote into, an overwrite by hand), so neither is imported."""
+    single = index.parent / _SINGLE_FILE
+    if os.path.lexists(single):
+        raise CorruptCheckpointError(
+            f"{index.parent} holds both {_SINGLE_FILE} and {INDEX_FILE_NAME}: transformers loads {single} and "
+            f"ignores the index, so which is the model is unknown. Remove the one that is not (or the stale "
+            f"shards with the index), then import again."
+        )
 
 
 def _refuse_lone_shard_of_series(shard: Path, index: Path) -> None:
