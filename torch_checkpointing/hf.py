@@ -27,7 +27,7 @@ import struct
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1066,9 +1066,9 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
         out: dict[str, torch.Tensor] = {}
         for shard in sorted(set(files.values())):
             with _open_shard(base / shard) as f, _reading_shard(base / shard):
-                for name in f.keys():  # noqa: SIM118 (a safe_open handle)
-                    if files.get(name) != shard:  # the index places it in another shard, or nowhere
-                        raise _index_disagrees(base, name, files.get(name), shard)
+                names = list(f.keys())
+                _refuse_disagreeing(base, shard, names, files)
+                for name in names:
                     out[name] = f.get_tensor(name)
         absent = sorted(name for name in files if name not in out)
         if absent:
@@ -1091,6 +1091,7 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
             if shard not in opened:
                 opened[shard] = handles.enter_context(_open_mapped_shard(base / shard))
                 held[shard] = set(opened[shard].handle.keys())
+                _refuse_disagreeing(base, shard, held[shard], files)
             with _reading_shard(base / shard):
                 if name not in held[shard]:
                     raise CorruptCheckpointError(
@@ -1150,9 +1151,18 @@ def _warn_not_received(base: Path, files: dict[str, str], leaves: list[tuple[str
         )
 
 
+def _refuse_disagreeing(base: Path, shard: str, names: Iterable[str], files: dict[str, str]) -> None:
+    """Every tensor an opened shard holds must be one the index places in it, whether the import is flat or
+    fills a template: a templated import read the index's copy and never looked at the rest, so a download the
+    flat import refused was imported silently with a template."""
+    for name in sorted(names):
+        if files.get(name) != shard:  # the index places it in another shard, or nowhere
+            raise _index_disagrees(base, name, files.get(name), shard)
+
+
 def _index_disagrees(base: Path, name: str, indexed: str | None, shard: str) -> CorruptCheckpointError:
     """A shard holding a tensor the index places elsewhere: which copy is the model's is unknown (a flat import
-    returned whichever shard came last in name order, a templated one the index's)."""
+    returned whichever shard came last in name order)."""
     said = f"places it in {indexed!r}" if indexed is not None else "does not list it"
     return CorruptCheckpointError(
         f"{base / shard} holds tensor {name!r}, but {base / INDEX_FILE_NAME} {said}; the index and its shards "
