@@ -108,6 +108,17 @@ def open_clients_of(port: int) -> set[int]:
     return clients
 
 
+def stop(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGSTOP `pid` and wait until the kernel shows it stopped: kill() only queues the signal, and a process busy
+    on another CPU (a loaded machine) can still answer a request sent right after it."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pid {pid} did not stop within {timeout_s}s of SIGSTOP")
+        time.sleep(0.001)
+
+
 def run_fresh(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> str:
     """Run `code` (dedented; `args` are its sys.argv[1:]) in a new interpreter from the checkout's root and
     return what it printed. A probe that exits non-zero fails the test with its output, not a bare status."""

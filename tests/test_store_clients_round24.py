@@ -17,7 +17,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from tests.probes import connections_to, open_clients_of
+from tests.probes import connections_to, open_clients_of, stop
 from torch_checkpointing import CommitError, CommitOutcomeUnknownError, store_channel
 from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel, let_go_of_host
@@ -78,7 +78,7 @@ def test_channels_to_one_host_share_one_connection() -> None:
 def test_a_client_whose_call_went_unanswered_is_replaced(child_host: tuple[subprocess.Popen[str], int]) -> None:
     proc, port = child_host
     stuck = _channel(port, 0.5)
-    os.kill(proc.pid, signal.SIGSTOP)
+    stop(proc.pid)
     with pytest.raises(CommitOutcomeUnknownError, match="did not answer"):
         stuck.missing("k", 1)
     os.kill(proc.pid, signal.SIGCONT)
@@ -114,7 +114,7 @@ def test_a_barrier_after_one_that_went_unanswered_is_made_again(child_host: tupl
     rank_0 = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)  # type: ignore[attr-defined]
     rank_0.set("barrier/b/1/0", "arrived")
     barrier.execute_barrier(1)
-    os.kill(proc.pid, signal.SIGSTOP)
+    stop(proc.pid)
     with pytest.raises(TimeoutError, match="did not answer"):
         barrier.execute_barrier(1)
     os.kill(proc.pid, signal.SIGCONT)
