@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.test_unreadable_files_round24 import NOBODY, SUBPROCESS_TIMEOUT_S
+from tests.test_unreadable_files_round24 import NOBODY, run_as_nobody
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import collect_garbage
 
@@ -65,16 +63,7 @@ def blocked_leftover() -> Iterator[Path]:
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="drops to another user: needs root")
 def test_gc_says_why_it_could_not_remove_a_leftover(blocked_leftover: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD % {"nobody": NOBODY}, str(blocked_leftover)],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
-    out = json.loads(line[len("RESULT ") :])
+    out = run_as_nobody(CHILD, str(blocked_leftover))
     said = out["--json"]
     assert said["code"] == 1, said
     doc = json.loads(said["stdout"])

@@ -10,11 +10,8 @@ unprivileged user in a child, and the rank directory belongs to root.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_gc_temporary_age_round25 import _started_at
-from tests.test_unreadable_files_round24 import NOBODY, SUBPROCESS_TIMEOUT_S
+from tests.test_unreadable_files_round24 import NOBODY, run_as_nobody
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 
 CHILD = """
@@ -66,16 +63,7 @@ def live_temporary() -> Iterator[Path]:
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="drops to another user: needs root")
 def test_gc_keeps_a_temporary_whose_age_it_cannot_tell(live_temporary: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD % {"nobody": NOBODY}, str(live_temporary.parent)],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
-    out = json.loads(line[len("RESULT ") :])
+    out = run_as_nobody(CHILD, str(live_temporary.parent))
     assert out["removed"] == [] and out["failed"] == [], out
     assert [path for path, _ in out["kept"]] == [str(live_temporary)], out
     why = out["kept"][0][1]

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.test_unreadable_files_round24 import NOBODY, SUBPROCESS_TIMEOUT_S, run_root
+from tests.test_unreadable_files_round24 import run_as_nobody, run_root
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 
@@ -43,16 +41,7 @@ print("RESULT " + json.dumps(out))
 
 
 def _ls_as_unprivileged_user(run: Path) -> dict[str, dict[str, object]]:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD % {"nobody": NOBODY}, str(run)],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
-    result: dict[str, dict[str, object]] = json.loads(line[len("RESULT ") :])
+    result: dict[str, dict[str, object]] = run_as_nobody(CHILD, str(run))
     return result
 
 

@@ -10,18 +10,15 @@ the removal runs as an unprivileged user in a child.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.test_unreadable_files_round24 import NOBODY, SUBPROCESS_TIMEOUT_S
+from tests.test_unreadable_files_round24 import NOBODY, run_as_nobody
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 
 CHILD = """
@@ -60,16 +57,7 @@ def closed_checkpoint() -> Iterator[Path]:
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="drops to another user: needs root")
 def test_a_directory_that_cannot_be_listed_keeps_its_marks(closed_checkpoint: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD % {"nobody": NOBODY}, str(closed_checkpoint)],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
-    said = json.loads(line[len("RESULT ") :])
+    said = run_as_nobody(CHILD, str(closed_checkpoint))
     left = sorted(os.listdir(closed_checkpoint))  # as root
     assert left == sorted([INCOMPLETE_MARKER, MANIFEST_FILE_NAME, "model_0.pt"]), left
     assert said is not None and "Permission denied" in said, said

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +26,21 @@ from torch_checkpointing.config import SyncCheckpointSaverConfig
 
 SUBPROCESS_TIMEOUT_S = 300
 NOBODY = 65534
+
+
+def run_as_nobody(child: str, *args: str) -> Any:
+    """What `child` (Python code that drops to `NOBODY`, given as `%(nobody)d`) printed on its `RESULT ` line."""
+    done = subprocess.run(
+        [sys.executable, "-c", child % {"nobody": NOBODY}, *args],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(line[len("RESULT ") :])
+
 
 CHILD = """
 import contextlib, io, json, logging, os, sys
@@ -83,16 +99,7 @@ def run_root() -> Iterator[Path]:
 
 
 def _as_unprivileged_user(run: Path) -> dict[str, dict[str, dict[str, object]] | object]:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD % {"nobody": NOBODY}, str(run)],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
-    result: dict[str, dict[str, dict[str, object]] | object] = json.loads(line[len("RESULT ") :])
+    result: dict[str, dict[str, dict[str, object]] | object] = run_as_nobody(CHILD, str(run))
     return result
 
 
