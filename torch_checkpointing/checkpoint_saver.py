@@ -355,6 +355,8 @@ class AsyncCheckpointSaver(CheckpointSaver):
         """An id in a store that lives in this process alone (`memory://`) cannot be saved from the writer process:
         its `memory://` is another, empty one. Before, the save failed there blaming another rank's disk (and,
         before the writer's mkdir made one level, it "committed" into the writer's memory, and no load found it)."""
+        if not self._storage_config.may_be_process_local:
+            return
         if self._trainer_storage().process_local(Path(plan.checkpoint_dir)):
             raise ConfigError(
                 f"Cannot save {plan.checkpoint_dir} asynchronously: memory:// lives in the memory of one process, and "

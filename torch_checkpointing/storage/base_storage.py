@@ -14,7 +14,7 @@ import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from torch_checkpointing.names import aside_name, holding, host_tag, new_nonce
 
@@ -39,6 +39,12 @@ class ReadArgs:
 @dataclass
 class StorageConfig(ABC):
     """Picklable description of a store; `create_storage()` builds the `Storage` (in the writer process too)."""
+
+    # Whether an id of this store can live in one process alone (fsspec's `memory://`, `Storage.process_local`).
+    # Told from the class so that an async save asks a built storage only where it can be so: the trainer
+    # builds no storage of its own otherwise (one that cannot be built there, e.g. credentials only the writer
+    # holds, failed every save).
+    may_be_process_local: ClassVar[bool] = False
 
     @abstractmethod
     def create_storage(self) -> Storage: ...

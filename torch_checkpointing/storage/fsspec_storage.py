@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 try:  # POSIX: what makes a marker's compare-and-delete one step on file:// (`_marker_lock`)
     import fcntl
@@ -122,6 +122,8 @@ class FsspecStorageConfig(StorageConfig):
       `storage_options` (a subclass that adds tracing, throttling or fault injection). It must pickle, as
       fsspec filesystems do through their constructor arguments, to reach the async writer process.
     """
+
+    may_be_process_local: ClassVar[bool] = True  # memory://
 
     url: str = ""
     protocol: str = ""
