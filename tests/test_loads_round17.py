@@ -230,7 +230,8 @@ def test_a_resharding_load_refuses_a_safetensors_source_safetensors_cannot_open(
         warnings.simplefilter("ignore")
         m.save(str(root), {"m": {"w": torch.arange(16.0)}})
         _forge_file(root, "m_0.safetensors", (root / "m_0.safetensors").read_bytes() + b"xx")
-        with pytest.raises(CorruptCheckpointError, match=r"m_0\.safetensors.*SafetensorError"):
+        # Named with the file; since round 25 the engine's own header check (the library's rules) says why.
+        with pytest.raises(CorruptCheckpointError, match=r"m_0\.safetensors.*(SafetensorError|no tensor covers)"):
             m.load(str(root), into={"m": {"w": template}})
     m.close()
     assert torch.equal(template, torch.zeros(16))
