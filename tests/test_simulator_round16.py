@@ -28,8 +28,17 @@ def _start(tmp_path: Path, *argv: str, code: str | None = None) -> tuple[subproc
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_signals_as_from_a_terminal,
     )
     return proc, tmpdir
+
+
+def _signals_as_from_a_terminal() -> None:
+    """In the child, before exec: every signal these tests send at their default, as a user's shell leaves them.
+    A test run started in the background (`cmd &`, SIGINT ignored) or under `nohup` (SIGHUP ignored) passed that
+    on, and the simulator rightly keeps an ignored signal ignored: the test then saw exit code 0."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
