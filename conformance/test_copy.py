@@ -56,6 +56,28 @@ def test_async_copy_isolates_tensors(manager_factory: Factory, ckpt_root: Where)
     assert torch.count_nonzero(out["model"]["w"]).item() == 0, "in-place mutation after save() leaked in"
 
 
+@clause("COPY-STAGE-2")
+def test_every_async_save_isolates_the_live_value(manager_factory: Factory, ckpt_root: Where) -> None:
+    """The staging copy is owed on every save of a job, not only the first (which may wait for a writer to
+    start): successive saves, never waited on, each hold the value as it was when their save() was called."""
+    m = manager_factory({"model": spec()}, mode="async")
+    w, hist = torch.zeros(BIG), [0]
+    results = []
+    for step in range(4):
+        w.fill_(float(step))
+        hist[0] = step
+        results.append(m.save(str(ckpt_root / f"s{step}"), {"model": {"w": w, "hist": hist}}))
+        w.fill_(-1.0)  # the training loop's in-place update, right after save() returns
+        hist[0] = -1
+    for result in results:
+        _wait(result)
+    for step in range(4):
+        out = m.load(str(ckpt_root / f"s{step}"), into={"model": {"w": torch.empty(BIG), "hist": [0]}})["model"]
+        leaked = torch.count_nonzero(out["w"] != float(step)).item()
+        assert leaked == 0, f"save {step}: {leaked} elements are not the value at save() (mutation leaked in)"
+        assert list(out["hist"]) == [step], f"save {step}: nested list holds {list(out['hist'])}"
+
+
 @clause("COPY-DEEP-1")
 def test_async_copy_is_deep(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"model": spec()}, mode="async")
