@@ -85,7 +85,17 @@ def test_key_placeholder_stays_literal(manager_factory: Factory, ckpt_root: Wher
 
 
 @clause("LAYOUT-BRACES-2")
-@pytest.mark.parametrize("path", ["{step}/m_{rank}.pt", "m_{0}_{rank}.pt", "m_{}_{rank}.pt", "{rank_id}_{rank}.pt"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "{step}/m_{rank}.pt",
+        "m_{0}_{rank}.pt",
+        "m_{}_{rank}.pt",
+        "{rank_id}_{rank}.pt",
+        "m_{rank:03d}_{rank}.pt",
+        "m_{RANK}_{ rank }_{rank}.pt",
+    ],
+)
 def test_other_braces_stay_literal(manager_factory: Factory, ckpt_root: Where, path: str) -> None:
     m = manager_factory({"model": spec(layout=layout(path, "TorchSerialization"))})
     save(m, ckpt_root / "c", {"model": torch.ones(2)})
