@@ -510,6 +510,7 @@ def _reshard_save(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
 
     _check(obs, "reshard.shard1", lambda: load_as("shard1", "w", mesh, [Shard(1)]))
     _check(obs, "reshard.replicate", lambda: load_as("replicate", "w", mesh, [Replicate()]))
+    _check(obs, "reshard.replicate_to_shard", lambda: load_as("r2s", "r", mesh, [Shard(0)]))
     mesh2d = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
     _check(obs, "reshard.mesh2d", lambda: load_as("mesh2d", "w", mesh2d, [Replicate(), Shard(0)]))
     _check(obs, "reshard.strided_to_shard", lambda: load_as("s2s", "s", mesh, [Shard(0)]))

@@ -204,7 +204,7 @@ def test_reshard_two_to_three(three: Results) -> None:
 
 @clause("RESHARD-DT-3")
 def test_reshard_placement_change(two: Results) -> None:
-    expect(two, "reshard.save", "reshard.shard1", "reshard.replicate")
+    expect(two, "reshard.save", "reshard.shard1", "reshard.replicate", "reshard.replicate_to_shard")
 
 
 @clause("RESHARD-DT-4")
