@@ -405,7 +405,10 @@ RESHARD_SHAPES = {
     "r": ((3,), "reshard.r"),
     "s": ((8, 4), "reshard.s"),
     "p": ((8, 4), "reshard.p"),
+    "m": ((4, 6), "reshard.m"),
 }
+# The sources saved apart from the "reshard" checkpoint, each so that an engine failing it fails its clause alone.
+RESHARD_SOURCES = {"s": "strided", "m": "mesh2d"}
 
 
 # DTensorResharder items on layouts of their own (RESHARD-LAYOUT-2): item key -> (file_path, format).
@@ -463,6 +466,18 @@ def _reshard_save(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
         )
     finally:
         strided.close()
+    mesh2d = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    on_2d = _manager({"model": spec(resharder=_resharder())})
+    try:
+        _check(
+            obs,
+            "reshard.mesh2d_save",
+            lambda: save(
+                on_2d, root / "mesh2d", {"model": {"m": _dt("reshard.m", (4, 6), mesh2d, [Replicate(), Shard(1)])}}
+            ),
+        )
+    finally:
+        on_2d.close()
     by_layout = _manager(_layout_reshard_items())
     try:
         _check(
@@ -502,7 +517,7 @@ def _reshard_save(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
         tmpl = _zeros_dt(shape, mesh2, placements)
         m2 = _manager(_reshard_items(with_loader=False, with_misc=False))
         try:
-            r = m2.load(str(root / ("strided" if key == "s" else "reshard")), into={"model": {key: tmpl}})
+            r = m2.load(str(root / RESHARD_SOURCES.get(key, "reshard")), into={"model": {key: tmpl}})
         finally:
             m2.close()
         assert r["model"][key] is tmpl, "template identity lost"
@@ -511,8 +526,8 @@ def _reshard_save(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     _check(obs, "reshard.shard1", lambda: load_as("shard1", "w", mesh, [Shard(1)]))
     _check(obs, "reshard.replicate", lambda: load_as("replicate", "w", mesh, [Replicate()]))
     _check(obs, "reshard.replicate_to_shard", lambda: load_as("r2s", "r", mesh, [Shard(0)]))
-    mesh2d = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
     _check(obs, "reshard.mesh2d", lambda: load_as("mesh2d", "w", mesh2d, [Replicate(), Shard(0)]))
+    _check(obs, "reshard.mesh2d_to_1d", lambda: load_as("m21", "m", mesh, [Shard(0)]))
     _check(obs, "reshard.strided_to_shard", lambda: load_as("s2s", "s", mesh, [Shard(0)]))
     _check(obs, "reshard.shard_to_strided", lambda: load_as("p2s", "p", mesh, [_StridedShard(0, split_factor=2)]))
     _check(obs, "reshard.layouts_shard1", lambda: _layout_reshard_load(root, mesh, [Shard(1)]))
@@ -527,7 +542,7 @@ def _reshard_load_other_world(root: Where, obs: Obs) -> None:
         tmpl = _zeros_dt(shape, mesh, placements)
         m = _manager(_reshard_items(with_loader=False, with_misc=False))
         try:
-            r = m.load(str(root / ("strided" if key == "s" else "reshard")), into={"model": {key: tmpl}})
+            r = m.load(str(root / RESHARD_SOURCES.get(key, "reshard")), into={"model": {key: tmpl}})
         finally:
             m.close()
         assert r["model"][key] is tmpl, "template identity lost"

@@ -209,7 +209,7 @@ def test_reshard_placement_change(two: Results) -> None:
 
 @clause("RESHARD-DT-4")
 def test_reshard_mesh_change(two: Results) -> None:
-    expect(two, "reshard.save", "reshard.mesh2d")
+    expect(two, "reshard.save", "reshard.mesh2d", "reshard.mesh2d_save", "reshard.mesh2d_to_1d")
 
 
 @clause("RESHARD-DT-5")
