@@ -977,7 +977,7 @@ def _opened_shard(path: Path, private: bool) -> Iterator[tuple[Any, int, int]]:
     """(safetensors' handle, the descriptor it reads, the shard's size when it was opened)."""
     from safetensors import safe_open
 
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = _open_named(path)
     try:
         st = os.fstat(fd)
         _refuse_irregular(st.st_mode, path)
@@ -1023,8 +1023,26 @@ def _regular(path: Path) -> None:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is named by the export but does not exist") from None
+        raise _gone(path) from None
     _refuse_irregular(st.st_mode, path)
+
+
+def _open_named(path: Path) -> int:
+    """A file of the directory opened for reading without blocking (a FIFO swapped in is refused after, by type)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise _gone(path) from None
+
+
+def _gone(path: Path) -> CorruptCheckpointError:
+    """A file the directory names (by its index, or by a link of a hub cache) that is not there: a download that
+    did not finish or lost a file, or a deletion meanwhile. Before, a bare `FileNotFoundError`, which a caller
+    catching `CheckpointError` for a damaged download never saw (and a dangling link was worded as an export's)."""
+    return CorruptCheckpointError(
+        f"{path} is named by the directory (its index, or a link in a hub cache) but does not exist: the download "
+        f"is incomplete, or the file was deleted. Download it again; nothing was imported."
+    )
 
 
 def _refuse_irregular(mode: int, path: Path) -> None:
@@ -1039,7 +1057,7 @@ def _regular_bytes(path: Path, limit: int) -> bytes:
     reserved up front (64 MiB per import, before), and never blocking on a FIFO swapped in after the type
     check. Links are followed: the HF hub's cache links every file of a snapshot into its blobs."""
     _regular(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = _open_named(path)
     try:
         return read_regular_file(fd, path, "an index", limit)
     finally:
