@@ -26,8 +26,8 @@ from safetensors.torch import load_file
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
 from torch_checkpointing.dtensor_resharder import DTensorResharder
-from torch_checkpointing.errors import ConfigError
-from torch_checkpointing.hf import INDEX_FILE_NAME, export_hf, iter_item_tensors, parse_size
+from torch_checkpointing.errors import ConfigError, TemplateMismatchError
+from torch_checkpointing.hf import INDEX_FILE_NAME, export_hf, import_hf, iter_item_tensors, parse_size
 from torch_checkpointing.safetensors_tree import stores_dtype
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -472,3 +472,18 @@ def test_an_output_beside_another_tools_manifest_is_not_a_checkpoint(tmp_path: P
 def _read_export_of_into(root: Path, out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     export_hf(root / "c", "m", out)
     return _read_export(out)
+
+
+@pytest.mark.parametrize("value", [torch.arange(3.0), {"": torch.arange(3.0), "b": torch.ones(2)}], ids=["bare", "key"])
+def test_import_of_an_empty_named_tensor_names_the_item_key_it_was_exported_under(tmp_path: Path, value: Any) -> None:
+    """Export names the empty-named tensor by the item key; importing into the saved structure said only "has
+    no tensor(s) ['']". Now the error says why, and the template holding it under the item key round-trips."""
+    _save(tmp_path, value)
+    export_hf(tmp_path / "c", "m", tmp_path / "hf")
+    same_shape = torch.zeros(3) if isinstance(value, torch.Tensor) else {"": torch.zeros(3), "b": torch.zeros(2)}
+    with pytest.raises(TemplateMismatchError, match=r"empty name.*item's key.*'<item key>'.*'m'") as info:
+        import_hf(tmp_path / "hf", into=same_shape)
+    assert str(tmp_path / "hf") in str(info.value)
+    keyed = {"m": torch.zeros(3)} if isinstance(value, torch.Tensor) else {"m": torch.zeros(3), "b": torch.zeros(2)}
+    import_hf(tmp_path / "hf", into=keyed)
+    assert torch.equal(keyed["m"], torch.arange(3.0))

@@ -1097,6 +1097,8 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
         return out
     leaves = _tied_to_a_received(_leaves(into), files)
     missing = sorted(name for name, _ in leaves if name not in files)
+    if "" in missing:
+        raise _unnamed_template_tensor(directory, files)
     if missing:
         raise TemplateMismatchError(f"{directory} has no tensor(s) {missing[:10]} (of {len(missing)} missing)")
     _warn_not_received(base, files, leaves)
@@ -1129,6 +1131,19 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
             with _reading_shard(file):
                 _fill(sl, leaf, runs)
     return into
+
+
+def _unnamed_template_tensor(directory: str | os.PathLike[str], files: dict[str, str]) -> TemplateMismatchError:
+    """A template tensor of the empty name (a bare tensor, or the key `""`), which the directory lacks: an HF
+    tensor needs a name, and `export_hf` gives that one its item's key, which the import cannot know. Before,
+    "has no tensor(s) ['']", which said neither why nor how to import what `export_hf` had written."""
+    names = sorted(files)
+    return TemplateMismatchError(
+        f"{directory} has no tensor of the empty name that the template holds (a bare tensor, or the key ''): "
+        f"export_hf names that tensor by its item's key, as HF tensors need a name. Import into a template that "
+        f"holds it under that key ({{'<item key>': tensor, ...}}); the directory holds {names[:10]} "
+        f"(of {len(names)}). Nothing was copied."
+    )
 
 
 def _tied_to_a_received(
