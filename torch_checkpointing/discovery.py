@@ -28,6 +28,7 @@ from typing import Any, Literal
 from torch_checkpointing.checkpoint_layout import LayoutInfo
 from torch_checkpointing.errors import (
     CheckpointError,
+    CheckpointReplacedError,
     ConfigError,
     IncompleteCheckpointError,
     MissingItemError,
@@ -215,6 +216,21 @@ class Listing:
 
 
 def _manifest_or_none(storage: Storage, path: Path, closed: list[PassedOver] | None = None) -> Manifest | None:
+    """`_manifest_once`, read again when a save replaced the id while its manifest was read: that is no damage,
+    and the id holds a checkpoint (before, it was skipped as damaged, and "latest" went back a step)."""
+    for _ in range(_REPLACED_RETRIES - 1):
+        try:
+            return _manifest_once(storage, path, closed)
+        except CheckpointReplacedError as exc:
+            logger.debug("%s was replaced while its manifest was read; reading it again: %s", path, exc)
+    try:
+        return _manifest_once(storage, path, closed)
+    except CheckpointReplacedError as exc:
+        logger.warning("Skipping %s, replaced by saves again at each of %d reads: %s", path, _REPLACED_RETRIES, exc)
+        return None
+
+
+def _manifest_once(storage: Storage, path: Path, closed: list[PassedOver] | None) -> Manifest | None:
     """The manifest of a committed checkpoint, else None (incomplete, unreadable, or not ours: all skipped).
 
     A save in flight (the `.incomplete` marker) and somebody else's `manifest.json` are skipped quietly; a
@@ -236,6 +252,8 @@ def _manifest_or_none(storage: Storage, path: Path, closed: list[PassedOver] | N
             closed.append(PassedOver(spelt(path), str(exc), unreadable=True, listed=False))
     except IncompleteCheckpointError as exc:
         logger.debug("Skipping %s: %s", path, exc)
+    except CheckpointReplacedError:
+        raise
     except NewerCheckpointError as exc:  # healthy, for all we know: never "damaged" (an operator deletes those)
         logger.warning("Skipping %s, which a newer engine wrote: %s", path, exc)
         if closed is not None:  # not loadable here, as one this user may not read: `ls` names it so

@@ -21,6 +21,7 @@ from torch_checkpointing.checkpoint_layout import SerializationFormat, untrusted
 from torch_checkpointing.checksum import BlockChecksums
 from torch_checkpointing.errors import (
     CheckpointError,
+    CheckpointReplacedError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
     NewerCheckpointError,
@@ -205,8 +206,10 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
         return None
     try:
         data = read_bounded(storage, path)
-    except FileNotFoundError:  # an object store: found by one request, gone by the next
-        raise CorruptCheckpointError(
+    except (FileNotFoundError, CorruptCheckpointError) as exc:
+        if not _vanished(exc):
+            raise
+        raise CheckpointReplacedError(
             f"Checkpoint {checkpoint_dir}: its {MANIFEST_FILE_NAME} went between two reads: the checkpoint was "
             f"replaced or deleted meanwhile. Retry (the next read finds the new checkpoint or none)."
         ) from None
@@ -216,6 +219,14 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
     if marked and not _stray_marker(storage, checkpoint_dir, manifest):
         raise incomplete(checkpoint_dir, storage)
     return manifest
+
+
+def _vanished(exc: BaseException) -> bool:
+    """Whether reading a file found a moment before failed because it is gone (on a store: one request found it,
+    the next did not; on a local disk: the open, whose refusal `read_local_regular` words as damage). That is
+    a replace or a deletion in another process, not damage: listings called the checkpoint damaged (and went
+    back a step, to an older one), and `verify` said FAILED, of an id a running job had just saved again."""
+    return isinstance(exc, FileNotFoundError) or isinstance(exc.__cause__, FileNotFoundError)
 
 
 def odd_marker(storage: Storage, checkpoint_dir: Path | str) -> UnsafeCheckpointError:
