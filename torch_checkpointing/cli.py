@@ -346,7 +346,7 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     found = listed.checkpoints
     latest, passed_over = resume_point(found, storage)
     # A checkpoint this user may not read is no damage: a script deleting "damaged" ones must never get it.
-    unusable = passed_over + listed.unreadable
+    unusable = passed_over + listed.unlisted
     gc = collect_garbage(root, storage, dry_run=True, unowned_after_s=args.older_than)
     verdicts = [(lo, "removable by gc") for lo in gc.removed] + [(lo, f"kept: {why}") for lo, why in gc.kept]
     verdicts.sort(key=lambda t: t[0].path)
@@ -370,8 +370,8 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         rows,
     )
     _show_resume_point(ui, latest, passed_over)
-    for p in listed.unreadable:
-        ui.line(f"UNREADABLE {p.name}: not listed: {p.problem}")
+    for p in listed.unlisted:
+        ui.line(f"{'UNREADABLE' if p.unreadable else 'DAMAGED'} {p.name}: not listed: {p.problem}")
     if verdicts:
         owner = {True: "alive", False: "dead", None: "unknown"}
         rows = [[Path(lo.path).name, lo.kind, owner[lo.owner_alive], _human(lo.total_bytes), v] for lo, v in verdicts]

@@ -186,7 +186,7 @@ class PassedOver:
     """A checkpoint a resume cannot use, and why. `unreadable`: this user may not read one of its files or its
     directory (a `PermissionError`), or a newer engine wrote its manifest, which says nothing about its bytes: no
     damage, and never a reason to delete it. `listed`: whether a listing holds it (one whose manifest cannot be
-    read is in none)."""
+    read, or is damaged, is in none)."""
 
     path: str
     problem: str
@@ -204,12 +204,13 @@ class PassedOver:
 
 @dataclass
 class Listing:
-    """The committed checkpoints under a root, oldest first, and the entries whose manifest or directory this
-    user may not read, or whose manifest a newer engine wrote (each `PassedOver`, not listed): a listing that
-    shows only the first hides the second."""
+    """The committed checkpoints under a root, oldest first, and the entries left out of them (each `PassedOver`,
+    not listed): those whose manifest or directory this user may not read, or whose manifest a newer engine
+    wrote (`unreadable`), and those whose manifest is damaged. A listing that shows only the first hides the
+    others: a damaged newest one made an older one look like the newest, with nothing damaged."""
 
     checkpoints: list[CheckpointInfo] = dataclasses.field(default_factory=list)
-    unreadable: list[PassedOver] = dataclasses.field(default_factory=list)
+    unlisted: list[PassedOver] = dataclasses.field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------ discovery
@@ -237,8 +238,8 @@ def _manifest_once(storage: Storage, path: Path, closed: list[PassedOver] | None
     manifest of ours that cannot be read (truncated, a symlink, a FIFO, a field out of range) is a damaged
     checkpoint that silently dropped out of every listing and "latest": it is skipped with a WARNING. A store
     that failed to answer (`ObjectStoreError`) says nothing about the checkpoint: raised, or "latest" would go
-    back a step. One this user may not read, or one a newer engine wrote, is appended to `closed` (when given)
-    as well as warned about.
+    back a step. One this user may not read, one a newer engine wrote, or a damaged one is appended to `closed`
+    (when given) as well as warned about.
     """
     try:
         if not storage.exists(path / MANIFEST_FILE_NAME):
@@ -265,6 +266,8 @@ def _manifest_once(storage: Storage, path: Path, closed: list[PassedOver] | None
             logger.debug("Skipping %s: removed while it was read (a deletion in another process): %s", path, exc)
         else:
             logger.warning("Skipping %s, a damaged checkpoint: %s", path, exc)
+            if closed is not None:
+                closed.append(PassedOver(spelt(path), str(exc), listed=False))
     return None
 
 
@@ -405,7 +408,8 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
 
 def listing(root: str | os.PathLike[str], storage: Storage | None = None) -> Listing:
     """`list_checkpoints`, and the entries under `root` skipped because this user may not read their manifest or
-    directory, or because a newer engine wrote their manifest (each also warned about): `ls` names those too."""
+    directory, because a newer engine wrote their manifest, or because their manifest is damaged (each also
+    warned about): `ls` names those too."""
     require_path(root)
     storage = storage or storage_for(root)
     base = Path(root)
