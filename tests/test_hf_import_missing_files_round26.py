@@ -3,13 +3,17 @@
 An index naming a shard the folder lacks (a download stopped between files), a hub-cache link whose blob was
 removed, or a shard deleted after the index was read: each is a damaged or incomplete download, and raised a
 bare `FileNotFoundError` (worded "named by the export") that a caller catching `CheckpointError` for a damaged
-download never saw. Each is now a `CorruptCheckpointError` naming the file, with nothing imported.
+download never saw. Each is now a `CorruptCheckpointError` naming the file, with nothing imported. A file or the
+folder this user may not read is a `PermissionError` naming it and the fix, never "no index" (root ignores
+permissions, so those checks run in a child that drops to an unprivileged user).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 import torch_checkpointing.hf as hf
+from tests.test_unreadable_files_round24 import run_as_nobody
 from torch_checkpointing.errors import CorruptCheckpointError
 from torch_checkpointing.hf import INDEX_FILE_NAME, import_hf
 
@@ -81,3 +86,44 @@ def test_a_shard_deleted_after_the_index_was_read(tmp_path: Path, into: bool, mo
     with pytest.raises(CorruptCheckpointError, match=SECOND):
         import_hf(tmp_path / "hf", into=template)
     assert _untouched(template)
+
+
+CHILD = """
+import json, os, sys, torch
+from torch_checkpointing.hf import import_hf
+import_hf(sys.argv[2])  # imports what the import imports, while root can
+os.setgid(%(nobody)d)
+os.setuid(%(nobody)d)
+out = {}
+for into in (None, {"a": torch.zeros(2), "b": torch.zeros(2)}):
+    try:
+        import_hf(sys.argv[1], into=into)
+        out[str(into is None)] = {"kind": "imported", "text": ""}
+    except Exception as exc:
+        out[str(into is None)] = {"kind": type(exc).__name__, "text": str(exc)}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="drops to another user: needs root")
+@pytest.mark.parametrize("closed", [SECOND, INDEX_FILE_NAME, "folder", "unlistable folder"])
+def test_a_file_this_user_may_not_read_is_said_so_naming_it(closed: str) -> None:
+    """Before: the OS's bare "[Errno 13] Permission denied: '...'", which named no fix."""
+    base = Path(tempfile.mkdtemp(prefix="round26-hf-unreadable-"))
+    try:
+        _two_shards(base / "hf")
+        _two_shards(base / "warm")
+        for p in [base, *base.rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        target = base / "hf" if "folder" in closed else base / "hf" / closed
+        os.chmod(target, {"folder": 0o700, "unlistable folder": 0o711}.get(closed, 0o600))
+        if closed == "unlistable folder":  # searchable but not listable: the single-file layout is looked for
+            (base / "hf" / INDEX_FILE_NAME).unlink()
+            (base / "hf" / FIRST).unlink()
+        result = run_as_nobody(CHILD, str(base / "hf"), str(base / "warm"))
+    finally:
+        shutil.rmtree(base)
+    for outcome in result.values():
+        assert outcome["kind"] == "PermissionError", outcome
+        assert str(target) in outcome["text"] and "run as its owner" in outcome["text"], outcome
+        assert "damaged" not in outcome["text"].lower(), outcome

@@ -62,6 +62,7 @@ from torch_checkpointing.errors import (
     CorruptCheckpointError,
     TemplateMismatchError,
     UnsafeCheckpointError,
+    unreadable_file,
 )
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, read_manifest, read_regular_file
 from torch_checkpointing.names import fit_name, pid_namespace
@@ -842,7 +843,7 @@ def _hf_files(directory: Path) -> dict[str, str]:
     Symbolic links to regular files are followed: a Hugging Face cache snapshot is made of them.
     """
     index = directory / INDEX_FILE_NAME
-    if os.path.lexists(index):
+    if _lexists(index):
         _refuse_single_file_beside(index)
         doc = parse_json_bounded(_regular_bytes(index, _MAX_INDEX_BYTES), str(index))
         weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
@@ -858,6 +859,7 @@ def _hf_files(directory: Path) -> dict[str, str]:
         for name in sorted(set(files.values())):
             _regular(directory / name)
         return files
+    _listable(directory)
     found = sorted(directory.glob("*.safetensors"))
     if len(found) != 1:
         raise FileNotFoundError(f"{directory} has no {INDEX_FILE_NAME} and not exactly one *.safetensors file")
@@ -895,7 +897,7 @@ def _refuse_single_file_beside(index: Path) -> None:
     importing the index returned other weights than transformers loads from the same folder. Which one is the
     model is unknown (a folder two tools wrote into, an overwrite by hand), so neither is imported."""
     single = index.parent / _SINGLE_FILE
-    if os.path.lexists(single):
+    if _lexists(single):
         raise CorruptCheckpointError(
             f"{index.parent} holds both {_SINGLE_FILE} and {INDEX_FILE_NAME}: transformers loads {single} and "
             f"ignores the index, so which is the model is unknown. Remove the one that is not (or the stale "
@@ -1024,15 +1026,48 @@ def _regular(path: Path) -> None:
         st = os.stat(path)
     except FileNotFoundError:
         raise _gone(path) from None
+    except PermissionError as exc:  # a directory on the way this user may not search
+        raise unreadable_file(path, _HF_FILE, exc) from exc
     _refuse_irregular(st.st_mode, path)
 
 
+# What an HF directory's files are, in the refusal of one this user may not read.
+_HF_FILE = "a file of an HF safetensors directory"
+_HF_DIRECTORY = "an HF safetensors directory"
+
+
+def _lexists(path: Path) -> bool:
+    """`os.path.lexists`, except that a folder this user may not search is said so: it answered "no", and a
+    complete download in a folder closed to this user was refused as having "no model.safetensors.index.json"."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except PermissionError as exc:
+        raise unreadable_file(path.parent, _HF_DIRECTORY, exc) from exc
+    return True
+
+
+def _listable(directory: Path) -> None:
+    """A folder this user may search but not list is said so (`glob` finds nothing in it, silently)."""
+    try:
+        os.listdir(directory)
+    except PermissionError as exc:
+        raise unreadable_file(directory, _HF_DIRECTORY, exc) from exc
+    except FileNotFoundError:
+        return  # named by the caller's own error
+
+
 def _open_named(path: Path) -> int:
-    """A file of the directory opened for reading without blocking (a FIFO swapped in is refused after, by type)."""
+    """A file of the directory opened for reading without blocking (a FIFO swapped in is refused after, by type).
+    One this user may not read is a `PermissionError` naming it and the fix, as a checkpoint's file is: before,
+    the OS's bare "[Errno 13] Permission denied", which said neither."""
     try:
         return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise _gone(path) from None
+    except PermissionError as exc:
+        raise unreadable_file(path, _HF_FILE, exc) from exc
 
 
 def _gone(path: Path) -> CorruptCheckpointError:
