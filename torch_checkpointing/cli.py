@@ -57,6 +57,7 @@ from torch_checkpointing.errors import (
     ConfigError,
     IncompleteCheckpointError,
     NewerCheckpointError,
+    ObjectStoreError,
 )
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest
 from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
@@ -507,6 +508,13 @@ def _layout_kind(recs: list[FileRecord], world_size: int, resharded: bool) -> st
 # ------------------------------------------------------------------------------------------------ verify
 
 
+# What `verify` meets that says nothing about the checkpoint's bytes, so never its FAILED (exit 1, which
+# `verify || rm` reads as damage) but the command's error (exit 2), as `ls`, `inspect` and `diff` say it: a save
+# that replaced it meanwhile (read again, `_run`), a newer engine's manifest, a store that failed to answer (it
+# said FAILED of a store it could not reach at all), and a file this user may not read.
+_NOT_DAMAGE = (CheckpointReplacedError, NewerCheckpointError, ObjectStoreError, PermissionError)
+
+
 @dataclass
 class _Check:
     path: str
@@ -519,8 +527,8 @@ def _verify_record(ctx: CheckpointReadContext, rec: FileRecord, advance: Any) ->
     regular, listed); a file that cannot be opened so is a failed check naming why, never followed."""
     try:
         checked = ctx.check(rec.path, f"item '{rec.key}' of rank {rec.rank}")
-    except CheckpointReplacedError:
-        raise  # no damage: the command reads the checkpoint now at the path again (`_run`)
+    except _NOT_DAMAGE:
+        raise
     except CheckpointError as exc:
         advance(rec.size)
         return _Check(rec.path, False, str(exc))
@@ -561,12 +569,12 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         committed_manifest(storage, root)  # the precise reason a directory is not a checkpoint
         ctx = _open(storage, root, verify=False)
         manifest = ctx.__enter__().manifest
-    except CheckpointReplacedError:
-        raise
-    except NewerCheckpointError:
-        raise  # it could not check (exit 2, as for a file it may not read): no FAILED, which means damaged
+    except _NOT_DAMAGE:
+        raise  # it could not check (exit 2): no FAILED, which means damaged
     except (CheckpointError, RuntimeError, FileNotFoundError, NotADirectoryError) as exc:
-        ui.emit_json({"checkpoint": str(root), "ok": False, "error": str(exc), "kind": type(exc).__name__, "files": []})
+        ui.emit_json(
+            {"checkpoint": args.checkpoint, "ok": False, "error": str(exc), "kind": type(exc).__name__, "files": []}
+        )
         ui.line(f"FAILED: {exc}")
         return EXIT_NO
     with ctx:
@@ -574,7 +582,7 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         checks = _verify_all(ctx, manifest, ui)
     total = sum(r.size for r in manifest.files)
     ok = all(c.ok for c in checks)
-    ui.emit_json({"checkpoint": str(root), "ok": ok, "files": [c.__dict__ for c in checks]})
+    ui.emit_json({"checkpoint": args.checkpoint, "ok": ok, "files": [c.__dict__ for c in checks]})
     for c in checks:
         if not c.ok:
             ui.line(f"FAILED {c.path}: {c.problem}")
@@ -615,7 +623,7 @@ def _verify_metadata(ctx: CheckpointReadContext, name: str) -> _Check:
     try:
         with unknown_types_as_stored():  # a user's resharder's class, which this process never imports
             read_distributed_metadata(ctx)
-    except CheckpointReplacedError:
+    except _NOT_DAMAGE:
         raise
     except (CheckpointError, ValueError, OSError) as exc:
         return _Check(name, False, str(exc))
