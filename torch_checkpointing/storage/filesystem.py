@@ -53,6 +53,23 @@ def cannot_look_into(path: str | os.PathLike[str], exc: OSError) -> PermissionEr
     )
 
 
+def cannot_list(path: str | os.PathLike[str], exc: OSError) -> PermissionError:
+    """The refusal of a listing of the directory `path` (a run's root, a checkpoint): which directory, and the
+    fix. Before, the OS's bare "[Errno 13] Permission denied: 'run'" from `ls`, `gc`, `prune` and
+    `latest_checkpoint`, which named no fix (and, for a directory above it, not the one that is closed)."""
+    closed = (
+        os.fspath(path)
+        if os.access(os.path.dirname(os.fspath(path)) or ".", os.X_OK)
+        else _closed_directory(os.fspath(path))
+    )
+    return PermissionError(
+        exc.errno,
+        f"Cannot list {os.fspath(path)}: {exc.strerror} on {closed}; this user may not read it, which says nothing "
+        f"about what it holds. Give this user read and search permission on {closed} (chmod u+rx, or a group that "
+        f"has them), or run as its owner",
+    )
+
+
 def _closed_directory(path: str) -> str:
     """The first directory above `path` (outermost first) that this process may not search; its parent when the
     OS allows every one (another cause of EACCES: an ACL, a security module)."""
@@ -209,7 +226,10 @@ class LocalFileSystemStorage(Storage):
             os.rename(src_path, dst_path)
 
     def ls(self, path: Path) -> list[str]:
-        return os.listdir(path)
+        try:
+            return os.listdir(path)
+        except PermissionError as exc:
+            raise cannot_list(path, exc) from None
 
     def exists(self, path: Path) -> bool:
         """Whether `path` is there (following links, as `os.path.exists`). A directory on the way that this user
