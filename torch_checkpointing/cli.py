@@ -20,6 +20,7 @@ import select
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any, NoReturn, TextIO, TypeVar, cast
 
 import torch
 
+from torch_checkpointing.asides import copies_aside
 from torch_checkpointing.checksum import RunningChecksum, combine_blocks
 from torch_checkpointing.cli_stops import STOPS, json_requested
 from torch_checkpointing.codecs import dtype_from_name
@@ -572,6 +574,8 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     except _NOT_DAMAGE:
         raise  # it could not check (exit 2): no FAILED, which means damaged
     except (CheckpointError, RuntimeError, FileNotFoundError, NotADirectoryError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            _refuse_if_aside(storage, root, exc)
         ui.emit_json(
             {"checkpoint": args.checkpoint, "ok": False, "error": str(exc), "kind": type(exc).__name__, "files": []}
         )
@@ -591,6 +595,23 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         f"({_human(total)} checked)"
     )
     return EXIT_OK if ok else EXIT_NO
+
+
+def _refuse_if_aside(storage: Storage, root: Path, missing: FileNotFoundError) -> None:
+    """Raise `CheckpointReplacedError` when nothing is at `root` but a copy of it is aside: a replace without an
+    atomic exchange is between its two renames (the new copy moves in next), or was killed there (gc moves the
+    copy back). Before, `verify` said FAILED (exit 1) of that moment, and `verify || rm -rf` removed the save
+    that landed right after."""
+    try:
+        copies = copies_aside(storage, root)
+    except OSError:  # the parent is gone too: nothing was moved aside from it
+        return
+    if copies:
+        raise CheckpointReplacedError(
+            f"Checkpoint {root} is not at its path, but a copy of it is aside ({copies[0].name}): a save is "
+            f"replacing it (the new copy moves in next), or one was killed between its two renames "
+            f"(`torch-checkpointing gc {root.parent}` moves the copy back). Verify it again."
+        ) from missing
 
 
 def _verify_all(ctx: CheckpointReadContext, manifest: Manifest, ui: Ui) -> list[_Check]:
@@ -959,6 +980,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 # How many times a command that only reads a checkpoint runs again when a save replaced it meanwhile: a job
 # re-saving its `latest` id races a long verify now and then, not five times in a row.
 _READ_AGAIN = 5
+_READ_AGAIN_PAUSE_S = 0.05
+"""Times the try, the pause before each read again: a replace without an atomic exchange leaves its id empty
+between two renames, and a read again at once can land in the same gap (0.7 s in all over the 5 tries)."""
 _READERS = frozenset({"verify", "inspect", "diff", "export"})
 
 
@@ -975,6 +999,7 @@ def _run(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
             if args.command not in _READERS:
                 raise
             logger.info("torch-checkpointing %s: %s (reading it again, try %d)", args.command, exc, attempt)
+            time.sleep(_READ_AGAIN_PAUSE_S * attempt)  # a replace between its two renames: not at once
     return int(args.run(args, ui, storage))  # the last try: a replace now is the command's error (exit 2)
 
 

@@ -1,0 +1,105 @@
+"""`verify` of an id that a replace without an atomic exchange holds empty for a moment (round 26).
+
+Where the filesystem has no atomic exchange, a save that replaces a checkpoint moves the old copy aside, then
+moves the new one in: between the two renames nothing is at the id. `verify` run then said FAILED (exit 1, which
+`verify || rm -rf` reads as damage, and the removal then deletes the save that lands a moment later). A copy of
+the id aside is now a replace under way (or one killed between its renames, which gc puts back): the command reads
+the id again a moment later, and if it is still empty it says so with exit 2, never FAILED.
+
+The replace is the storage's real fallback, paused between its two renames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from torch_checkpointing import CheckpointManager, cli
+from torch_checkpointing.asides import copies_aside
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
+
+_WAIT_S = 30.0
+
+
+def _save(path: Path, value: float) -> None:
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(str(path), {"model": {"w": [value] * 4}}, step=int(value))
+
+
+def _verify(path: Path) -> tuple[int, dict[str, Any]]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(["--json", "verify", str(path)])
+    return code, json.loads(stdout.getvalue())
+
+
+class _PausedReplace(threading.Thread):
+    """The fallback replace of `dst` by `src`, paused after its first rename (the old copy aside, nothing at the
+    id) until `go` is set."""
+
+    def __init__(self, src: Path, dst: Path) -> None:
+        super().__init__(daemon=True)
+        self.src, self.dst = src, dst
+        self.gap, self.go = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.storage = LocalFileSystemStorageConfig().create_storage()
+        assert isinstance(self.storage, LocalFileSystemStorage)
+
+    def run(self) -> None:
+        real_rename, renames = self.storage.rename, []
+
+        def rename(old: Path, new: Path, is_directory: bool = False) -> None:
+            if renames:  # the second rename: the new copy moves in
+                self.gap.set()
+                self.go.wait(_WAIT_S)
+            renames.append(old)
+            real_rename(old, new, is_directory=is_directory)
+
+        self.storage.rename = rename  # type: ignore[method-assign]
+        try:
+            Storage.replace_directory(self.storage, self.src, self.dst)  # the fallback, not the exchange
+        except BaseException as exc:  # handed to the test, which asserts there was none
+            self.error = exc
+            self.gap.set()
+
+
+def _paused(tmp_path: Path) -> tuple[Path, _PausedReplace]:
+    ckpt, new = tmp_path / "run" / "latest", tmp_path / "run" / "staged"
+    _save(ckpt, 1.0)
+    _save(new, 2.0)
+    replace = _PausedReplace(new, ckpt)
+    replace.start()
+    assert replace.gap.wait(_WAIT_S) and replace.error is None, replace.error
+    assert not ckpt.exists() and copies_aside(LocalFileSystemStorageConfig().create_storage(), ckpt)
+    return ckpt, replace
+
+
+def test_verify_reads_the_id_again_once_the_new_copy_is_in(tmp_path: Path) -> None:
+    """Defect: exit 1, {"ok": false, "error": "... does not exist ..."}: the healthy re-save was called FAILED."""
+    ckpt, replace = _paused(tmp_path)
+    threading.Timer(0.05, replace.go.set).start()  # the second rename lands while verify runs
+    code, doc = _verify(ckpt)
+    replace.join(_WAIT_S)
+    assert replace.error is None, replace.error
+    assert code == 0 and doc["ok"] is True, (code, doc)
+
+
+def test_verify_of_an_id_that_stays_empty_is_no_failed_check(tmp_path: Path) -> None:
+    """The replace stays paused for the whole command: it could not check (exit 2), naming the copy aside; the
+    checkpoint is not called damaged. Before: exit 1, FAILED."""
+    ckpt, replace = _paused(tmp_path)
+    try:
+        code, doc = _verify(ckpt)
+    finally:
+        replace.go.set()
+        replace.join(_WAIT_S)
+    assert code == 2 and doc["kind"] == "CheckpointReplacedError", (code, doc)
+    assert "aside" in doc["error"] and "damaged" not in doc["error"].lower(), doc
+    code, doc = _verify(ckpt)  # the new copy moved in
+    assert code == 0 and doc["ok"] is True, (code, doc)
