@@ -955,6 +955,9 @@ class _MetaWatch:
             return None
         return _MetaWatch(map_location)
 
+    def __repr__(self) -> str:  # messages name the caller's argument, not this watch over it
+        return repr(self.map_location)
+
     def __call__(self, storage: Any, location: str) -> Any:
         if isinstance(self.map_location, dict):
             placed = default_restore_location(storage, self.map_location.get(location, location))  # type: ignore[no-untyped-call]

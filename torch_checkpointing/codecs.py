@@ -39,6 +39,7 @@ from torch_checkpointing.checkpoint_layout import (
 )
 from torch_checkpointing.errors import (
     CheckpointError,
+    ConfigError,
     ConfigTypeError,
     CorruptCheckpointError,
     RefusedPickleError,
@@ -177,6 +178,8 @@ def load_torch(
     file when not given), is a `CorruptCheckpointError` naming the file."""
     if local is None and options.use_mmap:
         local = storage.local_path(path)
+    if callable(options.map_location):
+        options = dataclasses.replace(options, map_location=CallersMapLocation(options.map_location, path, what))
     if local is not None and records is None:
         with open(local, "rb") as file:  # before torch reads it: a crafted directory is refused first
             records = _records_naming(path, file)
@@ -193,6 +196,38 @@ def load_torch(
     if mapped is not None:
         check_storages_fit(path, value, records, mapped)
     return value
+
+
+@dataclass(frozen=True)
+class CallersMapLocation:
+    """A callable `map_location` as torch.load calls it, on each storage as the file is read: what it raises, or
+    returns that is no storage, is the caller's argument at fault, a `ConfigError` naming it. Before, torch.load
+    failing inside it read as the file's damage (`UndecodableFileError`: "the file is damaged or crafted. Load an
+    earlier checkpoint"), and a caller that falls back to an earlier checkpoint, or deletes damaged ones, acted on
+    an intact checkpoint. None stays torch's "where it was saved"."""
+
+    call: Any
+    path: Path
+    what: str
+
+    def __repr__(self) -> str:  # torch's own errors name the caller's argument, not this wrapper
+        return repr(self.call)
+
+    def __call__(self, storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage | None:
+        try:
+            placed = self.call(storage, location)
+        except Exception as exc:
+            raise self._refusal(location, f"raised {type(exc).__name__}: {exc}") from exc
+        if placed is not None and not isinstance(placed, torch.UntypedStorage):
+            raise self._refusal(location, f"returned a {type(placed).__name__}, not the storage (or None)")
+        return placed
+
+    def _refusal(self, location: str, why: str) -> ConfigError:
+        return ConfigError(
+            f"load(map_location={self.call!r}) {why}, called on a storage saved on {location!r} while reading "
+            f"{self.what} from {self.path}; the checkpoint was not found damaged. Fix the callable: it takes "
+            f"(storage, location) and returns the storage moved where it belongs, e.g. storage.cpu(), or None."
+        )
 
 
 MAX_SHARED_PATHS = 1 << 20

@@ -1,0 +1,86 @@
+"""A callable `map_location` that fails is the caller's error, never a damaged checkpoint (round 26).
+
+torch.load calls a callable `map_location` on each storage as it reads the file. Before, whatever the callable
+raised (or a value that is no storage, which torch then choked on) came out as the checkpoint's damage:
+`UndecodableFileError` "the file is damaged or crafted. Load an earlier checkpoint" (a `ValueError`, a `KeyError`,
+`storage.cuda()` on a machine without CUDA), or `CorruptCheckpointError` "not a readable Torch file" (a
+`RuntimeError`, with the engine's own wrapper in the message). A caller that falls back to an earlier checkpoint,
+or deletes damaged ones, acted on an intact checkpoint. Now it is a `ConfigError` naming the argument, the
+callable's own exception as its cause, and the caller's templates are left as they were.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.errors import CheckpointError, ConfigError
+from torch_checkpointing.schema import ItemSpec
+
+
+class _Mine(Exception):
+    """The caller's own bug, raised from inside its callable."""
+
+
+def _raises(exc: BaseException) -> Any:
+    def place(storage: Any, location: str) -> Any:
+        raise exc
+
+    return place
+
+
+_FAILING = {
+    "ValueError": _raises(ValueError("my own bug")),
+    "KeyError": _raises(KeyError("cuda:7")),
+    "RuntimeError": _raises(RuntimeError("my own runtime bug")),
+    "own exception": _raises(_Mine("mine")),
+    "returns an int": lambda storage, location: 5,
+    "returns a tensor": lambda storage, location: torch.zeros(3),
+}
+
+
+def _manager() -> CheckpointManager:
+    return CheckpointManager(
+        CheckpointManager.Config(
+            items={"model": ItemSpec(), "extra": ItemSpec()},
+            save=SyncCheckpointSaverConfig(),
+            load=CheckpointLoaderConfig(),
+        )
+    )
+
+
+@pytest.mark.parametrize("templated", [False, True])
+@pytest.mark.parametrize("case", sorted(_FAILING))
+def test_a_failing_map_location_callable_is_the_callers_error(tmp_path: Path, case: str, templated: bool) -> None:
+    """Defect: UndecodableFileError / CorruptCheckpointError (a CheckpointError: "damaged or crafted")."""
+    root = str(tmp_path / "ck")
+    into = {"model": {"w": torch.zeros(3)}, "extra": {"b": torch.zeros(2)}}
+    with _manager() as m:
+        m.save(root, {"model": {"w": torch.ones(3)}, "extra": {"b": torch.ones(2)}})
+        with pytest.raises(ConfigError) as caught:
+            m.load(root, into=into if templated else None, map_location=_FAILING[case])
+        assert not isinstance(caught.value, CheckpointError), caught.value
+        message = str(caught.value)
+        assert "map_location" in message and "model_0.pt" in message, message
+        assert "damaged" not in message.replace("not found damaged", ""), message
+        assert "_MetaWatch" not in message, message
+        if case != "returns an int" and case != "returns a tensor":
+            assert caught.value.__cause__ is not None, caught.value
+        assert not any(t.any() for sd in into.values() for t in sd.values()), into  # nothing was filled
+        # the checkpoint is intact: the same load with a working callable restores it
+        loaded = m.load(root, into=into if templated else None, map_location=lambda storage, location: storage)
+    assert torch.equal((into if templated else loaded)["model"]["w"], torch.ones(3))
+
+
+def test_a_callable_returning_none_still_means_the_default_place(tmp_path: Path) -> None:
+    """torch.load reads None from the callable as "where it was saved": that keeps working."""
+    root = str(tmp_path / "ck")
+    with _manager() as m:
+        m.save(root, {"model": {"w": torch.ones(3)}, "extra": {"b": torch.ones(2)}})
+        loaded = m.load(root, map_location=lambda storage, location: None)
+    assert torch.equal(loaded["model"]["w"], torch.ones(3))
