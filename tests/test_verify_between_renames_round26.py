@@ -18,6 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from torch_checkpointing import CheckpointManager, cli
 from torch_checkpointing.asides import copies_aside
 from torch_checkpointing.config import SyncCheckpointSaverConfig
@@ -103,3 +105,37 @@ def test_verify_of_an_id_that_stays_empty_is_no_failed_check(tmp_path: Path) -> 
     assert "aside" in doc["error"] and "damaged" not in doc["error"].lower(), doc
     code, doc = _verify(ckpt)  # the new copy moved in
     assert code == 0 and doc["ok"] is True, (code, doc)
+
+
+# ------------------------------------------------------------------ the same gap, met by a load
+
+
+@pytest.mark.parametrize("into", [None, {"model": None}], ids=["self-describing", "templates"])
+def test_a_load_in_the_gap_waits_for_the_new_copy(tmp_path: Path, into: dict[str, Any] | None) -> None:
+    """Defect: FileNotFoundError "does not exist ... a save that replaced it was killed before the new one moved
+    in", while that save was alive and moved the new copy in 50 ms later; a resume-if-present job started over.
+    (A self-describing load looks for the manifest first; a load with templates opens the directory first.)"""
+    ckpt, replace = _paused(tmp_path)
+    threading.Timer(0.05, replace.go.set).start()
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        loaded = manager.load(str(ckpt), into=into)
+    replace.join(_WAIT_S)
+    assert replace.error is None, replace.error
+    assert loaded["model"]["w"] == [2.0] * 4, loaded
+
+
+def test_a_load_in_a_gap_that_lasts_says_a_save_is_replacing_it(tmp_path: Path) -> None:
+    """The replace stays paused past the load's wait: still FileNotFoundError (nothing is at the id), now saying
+    a live save is replacing it, never that it was killed (gc leaves a live replace's copy alone)."""
+    ckpt, replace = _paused(tmp_path)
+    try:
+        with (
+            CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager,
+            pytest.raises(FileNotFoundError) as caught,
+        ):
+            manager.load(str(ckpt))
+    finally:
+        replace.go.set()
+        replace.join(_WAIT_S)
+    message = str(caught.value)
+    assert "killed" not in message and "being replaced" in message and ".old_" in message, message

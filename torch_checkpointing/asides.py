@@ -25,7 +25,7 @@ from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
 from torch_checkpointing.storage.base_storage import Storage, named_at
 
-__all__ = ["PutBack", "copies_aside", "copy_to_put_back", "made_by", "owner_pid"]
+__all__ = ["PutBack", "await_replaced", "copies_aside", "copy_to_put_back", "made_by", "owner_pid", "replace_under_way"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,38 @@ def copy_to_put_back(
     if sum(t >= whole[newest] for t in whole.values()) > 1:
         return PutBack(None, copies, "no one of them was committed last (their commit times tie or are unknown)")
     return PutBack(newest, copies)
+
+
+REPLACE_GAP_WAIT_S = 2.0
+"""How long a reader of an empty id waits for a replace without an atomic exchange to move its new copy in."""
+_REPLACE_GAP_POLL_S = 0.01
+
+
+def replace_under_way(storage: Storage, final: Path) -> Path | None:
+    """A copy of the id `final` aside that a live replace may still hold (between its two renames, the new copy
+    moves in next), or None: none is aside, or only ones a killed replace left (gc puts those back)."""
+    return next((c for c in copies_aside(storage, final) if _owner_may_live(c, None, DEFAULT_UNOWNED_AGE_S)), None)
+
+
+def await_replaced(storage: Storage, final: Path, shown: str) -> None:
+    """Return once something is at the id `final`, which held nothing, while a live replace holds a copy of it
+    aside (between its two renames: the new copy moves in next), at most `REPLACE_GAP_WAIT_S`; return at once
+    when no live replace holds one. Still empty at the end: a FileNotFoundError saying a save is replacing it.
+
+    Before, a load or `verify` in that gap said the checkpoint did not exist, and that the save replacing it had
+    been killed (it was alive): a job that resumes when its checkpoint is there started over, and `verify || rm`
+    removed the save that landed right after."""
+    deadline = time.monotonic() + REPLACE_GAP_WAIT_S
+    while (copy := replace_under_way(storage, final)) is not None:
+        time.sleep(_REPLACE_GAP_POLL_S)
+        if storage.exists(final):
+            return
+        if time.monotonic() >= deadline:
+            raise FileNotFoundError(
+                f"Checkpoint path {shown} does not exist: it is being replaced by a save that did not finish "
+                f"within {REPLACE_GAP_WAIT_S:g} s (its previous copy is aside at {copy}; the new copy moves in "
+                f"next). Load it again in a moment."
+            )
 
 
 def owner_pid(copy: Path) -> int:

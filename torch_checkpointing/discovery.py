@@ -299,7 +299,7 @@ def require_directory(storage: Storage, path: Path, what: str, missing: str | No
     local = storage.local_path(path)
     if local is not None:
         missing = f"{path}: no such directory." if missing is None else missing
-        _require_local_directory(path, local, what, missing)  # one look: a save or a deletion may be under way
+        _require_local_directory(storage, path, local, what, missing)  # a save or a deletion may be under way
         return
     if storage.isdir(path):
         return
@@ -313,11 +313,17 @@ def require_directory(storage: Storage, path: Path, what: str, missing: str | No
     raise FileNotFoundError(f"{shown}: no such directory." if missing is None else missing)
 
 
-def _require_local_directory(path: Path, local: str, what: str, missing: str) -> None:
+def _require_local_directory(storage: Storage, path: Path, local: str, what: str, missing: str) -> None:
     try:
         mode = os.stat(local).st_mode
     except FileNotFoundError:
-        raise FileNotFoundError(f"{missing}{previous_copy_hint(local)}") from None
+        from torch_checkpointing.asides import await_replaced  # it lists checkpoints through this module
+
+        await_replaced(storage, path, shown_name(storage, path))
+        try:
+            mode = os.stat(local).st_mode
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{missing}{previous_copy_hint(local)}") from None
     except OSError as exc:  # a link loop, a name too long
         raise NotADirectoryError(f"{path} cannot be opened as a directory ({exc.strerror}): pass {what}") from None
     if not stat.S_ISDIR(mode):

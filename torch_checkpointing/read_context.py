@@ -234,15 +234,7 @@ class CheckpointReadContext:
     def _open(self) -> None:
         local = self.storage.local_path(self.root)
         if local is not None:
-            try:
-                self._dirfd = os.open(local, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                hint = previous_copy_hint(local)
-                raise FileNotFoundError(f"Checkpoint path {self.shown} does not exist.{hint}") from None
-            except NotADirectoryError:
-                raise FileNotFoundError(f"Checkpoint path {self.shown} is not a directory.") from None
-            except PermissionError as exc:  # searchable, not readable: unread, not damaged
-                raise unreadable_file(self.shown, "the checkpoint's directory", exc) from exc
+            self._dirfd = self._open_directory(local)
         elif not self.storage.isdir(self.root):
             raise FileNotFoundError(f"Checkpoint path {self.shown} does not exist.")
         # Looked at first: a writer killed between writing the manifest and removing the marker leaves both.
@@ -267,6 +259,24 @@ class CheckpointReadContext:
             self.manifest = m = dataclasses.replace(m, metadata_file=name)
             if m.metadata_size is not None and m.metadata_crc32 is not None:
                 self._by_path[name] = FileRecord("<sharding metadata>", 0, name, m.metadata_size, m.metadata_crc32, {})
+
+    def _open_directory(self, local: str, waited: bool = False) -> int:
+        """The checkpoint's directory, held. An id that holds nothing while a live replace holds a copy of it
+        aside (between its two renames) is opened once the new copy is in (`asides.await_replaced`)."""
+        try:
+            return os.open(local, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if waited:
+                hint = previous_copy_hint(local)
+                raise FileNotFoundError(f"Checkpoint path {self.shown} does not exist.{hint}") from None
+        except NotADirectoryError:
+            raise FileNotFoundError(f"Checkpoint path {self.shown} is not a directory.") from None
+        except PermissionError as exc:  # searchable, not readable: unread, not damaged
+            raise unreadable_file(self.shown, "the checkpoint's directory", exc) from exc
+        from torch_checkpointing.asides import await_replaced  # it reads checkpoints through this module
+
+        await_replaced(self.storage, self.root, self.shown)
+        return self._open_directory(local, waited=True)
 
     def _stray_claim(self, manifest: Manifest) -> bool:
         """Whether the marker beside this manifest is another save's claim (see `manifest.stray_claim`)."""
