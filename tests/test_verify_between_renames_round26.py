@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from torch_checkpointing import CheckpointManager, cli
+from torch_checkpointing import CheckpointManager, asides, cli
 from torch_checkpointing.asides import copies_aside
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.storage.base_storage import Storage
@@ -92,6 +92,13 @@ def test_verify_reads_the_id_again_once_the_new_copy_is_in(tmp_path: Path) -> No
     assert code == 0 and doc["ok"] is True, (code, doc)
 
 
+@pytest.fixture
+def short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replace that stays paused is waited for 0.2 s per look, not the 2 s a load gives one."""
+    monkeypatch.setattr(asides, "REPLACE_GAP_WAIT_S", 0.2)
+
+
+@pytest.mark.usefixtures("short_wait")
 def test_verify_of_an_id_that_stays_empty_is_no_failed_check(tmp_path: Path) -> None:
     """The replace stays paused for the whole command: it could not check (exit 2), naming the copy aside; the
     checkpoint is not called damaged. Before: exit 1, FAILED."""
@@ -124,6 +131,7 @@ def test_a_load_in_the_gap_waits_for_the_new_copy(tmp_path: Path, into: dict[str
     assert loaded["model"]["w"] == [2.0] * 4, loaded
 
 
+@pytest.mark.usefixtures("short_wait")
 def test_a_load_in_a_gap_that_lasts_says_a_save_is_replacing_it(tmp_path: Path) -> None:
     """The replace stays paused past the load's wait: still FileNotFoundError (nothing is at the id), now saying
     a live save is replacing it, never that it was killed (gc leaves a live replace's copy alone)."""
