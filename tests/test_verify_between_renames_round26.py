@@ -147,3 +147,16 @@ def test_a_load_in_a_gap_that_lasts_says_a_save_is_replacing_it(tmp_path: Path) 
         replace.join(_WAIT_S)
     message = str(caught.value)
     assert "killed" not in message and "being replaced" in message and ".old_" in message, message
+
+
+@pytest.mark.parametrize("into", [None, {"model": None}], ids=["self-describing", "templates"])
+@pytest.mark.parametrize("url", [False, True], ids=["path", "file-url"])
+def test_a_missing_id_under_a_missing_parent_is_named(tmp_path: Path, into: dict[str, Any] | None, url: bool) -> None:
+    """The look for a copy aside lists the parent: one that is gone too is no copy aside (the first version of
+    this fix let the listing's bare "[Errno 2] ... 'gone'" out instead of the load's own wording)."""
+    ckpt = tmp_path / "gone" / "deeper" / "step_1"
+    with (
+        CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager,
+        pytest.raises(FileNotFoundError, match=r"^Checkpoint path .*step_1 does not exist\.$"),
+    ):
+        manager.load(f"file://{ckpt}" if url else str(ckpt), into=into)

@@ -83,8 +83,13 @@ _REPLACE_GAP_POLL_S = 0.01
 
 def replace_under_way(storage: Storage, final: Path) -> Path | None:
     """A copy of the id `final` aside that a live replace may still hold (between its two renames, the new copy
-    moves in next), or None: none is aside, or only ones a killed replace left (gc puts those back)."""
-    return next((c for c in copies_aside(storage, final) if _owner_may_live(c, None, DEFAULT_UNOWNED_AGE_S)), None)
+    moves in next), or None: none is aside, or only ones a killed replace left (gc puts those back), or the parent
+    cannot be listed (gone too: nothing was moved aside from it)."""
+    try:
+        copies = copies_aside(storage, final)
+    except OSError:
+        return None
+    return next((c for c in copies if _owner_may_live(c, None, DEFAULT_UNOWNED_AGE_S)), None)
 
 
 def await_replaced(storage: Storage, final: Path, shown: str) -> None:
