@@ -267,8 +267,9 @@ class ReplacingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
 
 class DeletingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
     """Deletes every object under `prefix` (through a second, plain client: real DELETEs) right after the first
-    request of `after` ("get": a GET, "head": a HEAD) for the key `trigger` has been answered: another process
-    deleting a checkpoint while a load of it runs, between two of the load's requests."""
+    request of `after` ("get": a GET, "head": a HEAD, "copy": a server-side copy from it) for the key `trigger`
+    has been answered: another process deleting a checkpoint while a load (or a move) of it runs, between two of
+    its requests."""
 
     def __init__(self, *args: Any, prefix: str = "", trigger: str = "", after: str = "get", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -300,4 +301,9 @@ class DeletingS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
     def size(self, path: str) -> Any:
         out = fsspec.asyn.sync(self.loop, self._size, path)
         self._after("head", path)
+        return out
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> Any:
+        out = fsspec.asyn.sync(self.loop, self._cp_file, path1, path2, **kwargs)
+        self._after("copy", path1)
         return out

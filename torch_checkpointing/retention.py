@@ -265,6 +265,17 @@ def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Ou
         return _delete_through(trash, src, storage, expected)
 
 
+def _chosen(storage: Storage, src: Path, expected: CheckpointInfo | None) -> CheckpointInfo | None:
+    """The checkpoint a deletion means to delete: `expected`, or (for a caller that named none) the one at `src`
+    as the deletion starts; None when that cannot be told."""
+    if expected is not None:
+        return expected
+    try:
+        return checkpoint_info(src, storage)
+    except STORE_ERRORS:
+        return None
+
+
 # The checkpoints already named in this process as kept for files not theirs, with why: retention runs after
 # every save, and a user's file stays until the user moves it, so the same WARNING came again at every pass.
 _KEPT_FOR_FOREIGN_FILES: set[tuple[str, str]] = set()
@@ -280,10 +291,11 @@ def _say_kept_for_foreign_files(src: Path, why: str) -> None:
 
 def _delete_through(trash: Path, src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Outcome:
     """Rename `src` to `trash`, check it once more, remove it (or put it back)."""
+    chosen = _chosen(storage, src, expected)
     try:
         storage.rename(src, trash, is_directory=True)
     except STORE_ERRORS as exc:
-        return _rename_failed(storage, src, trash, f"rename failed: {exc}")
+        return _rename_failed(storage, src, trash, f"rename failed: {exc}", chosen)
     if expected is not None and not _still(storage, trash, expected):
         return _put_back(storage, trash, src)
     if late := _written_since_the_check(storage, trash):
@@ -299,16 +311,22 @@ def _delete_through(trash: Path, src: Path, storage: Storage, expected: Checkpoi
     return _Outcome(True)
 
 
-def _rename_failed(storage: Storage, src: Path, trash: Path, why: str) -> _Outcome:
+def _rename_failed(storage: Storage, src: Path, trash: Path, why: str, chosen: CheckpointInfo | None) -> _Outcome:
     """A rename that failed midway: on a store without rename, a copy to `trash`, then a delete of `src` that
     did not finish. A partial copy goes. A whole copy goes only while `src` is whole too; when `src` lost files
     (the store did the delete and its answer was lost), the copy is the only whole one left, perhaps of a save
     that re-used the id after the check: it is put back under `src`, and the deletion reported as failed.
+    A whole copy of the very checkpoint this deletion chose (`chosen`) also goes when another process deleted
+    `src` (nothing is left there) or holds it (its delete, or a save of the id, is under way): that process's
+    work, not a lost answer of this one's, is why `src` is not whole.
 
     Before, the copy went whatever `src` held: the report said "could not delete", and the checkpoint (or a
-    re-save the policy never chose) was gone."""
+    re-save the policy never chose) was gone. Then, of two passes deleting one checkpoint at once, the one whose
+    delete came second put back what the other had deleted (or left its copy in the trash, to be renamed back
+    by hand)."""
     try:
-        copy_whole = checkpoint_info(trash, storage) is not None
+        copy = checkpoint_info(trash, storage)
+        copy_whole = copy is not None
         copied = copy_whole or still_there(storage, trash)
         src_whole = checkpoint_info(src, storage) is not None
     except STORE_ERRORS as exc:
@@ -318,7 +336,9 @@ def _rename_failed(storage: Storage, src: Path, trash: Path, why: str) -> _Outco
         )
         logger.warning("Retention could not delete checkpoint %s (%s)", _shown(src), why)
         return _Outcome(False, why)
-    if copy_whole and not src_whole:
+    if copy is not None and not src_whole:
+        if _deleted_elsewhere(storage, src, copy, chosen):
+            return _drop_copy_of_deleted(storage, trash, src)
         return _put_whole_copy_back(storage, trash, src, why)
     if copied:
         _remove(storage, trash, f"the copy of {_shown(src)} its failed delete left")
@@ -330,6 +350,24 @@ def _rename_failed(storage: Storage, src: Path, trash: Path, why: str) -> _Outco
     )
     logger.warning("Retention could not delete checkpoint %s whole (%s)", _shown(src), why)
     return _Outcome(False, why)
+
+
+def _deleted_elsewhere(storage: Storage, src: Path, copy: CheckpointInfo, chosen: CheckpointInfo | None) -> bool:
+    """Whether the whole `copy` is of the checkpoint chosen for deletion, and another process deleted `src` (it
+    is gone) or is at work there (a live claim holds it)."""
+    if chosen is None or copy.commit_time != chosen.commit_time:
+        return False  # a re-save of the id the policy never chose, or nothing tells: put back
+    return _gone(storage, src) or bool(_claimed_by_a_save(storage, src))
+
+
+def _drop_copy_of_deleted(storage: Storage, trash: Path, src: Path) -> _Outcome:
+    """Remove this deletion's copy of a checkpoint another process deleted meanwhile: not done by this pass,
+    and no failure (the goal is met), said at INFO; a copy that cannot be removed is a failure, for gc."""
+    removed = _remove(storage, trash, f"the copy of {_shown(src)} another process deleted meanwhile")
+    if removed.failure is not None:
+        return removed
+    logger.info("Retention found %s deleted (or being deleted) by another process meanwhile", _shown(src))
+    return _Outcome(False)
 
 
 def _put_whole_copy_back(storage: Storage, trash: Path, src: Path, why: str) -> _Outcome:

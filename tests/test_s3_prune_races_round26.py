@@ -1,0 +1,69 @@
+"""Two retention passes (two trainers, or a trainer and an operator's `prune`) deleting one S3 prefix at once.
+
+A delete on S3 copies the checkpoint to a trash prefix, then deletes the source. When another process deleted
+the source between this pass's copy and its delete (or was deleting it then), the source was no longer whole
+and this pass took its own copy for the only whole one left: it put the copy back under the id (the checkpoint
+the other pass had just deleted came back, and `keep_last` kept every checkpoint both passes chose), or, with
+the other delete's claim still up, left it in the trash and told the operator to rename it back by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.s3_faults import DeletingS3FileSystem
+from tests.s3_server import S3Server
+from tests.test_s3_attacks import state, sync_manager
+from torch_checkpointing import FsspecStorageConfig, RetentionPolicy, list_checkpoints
+from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
+from torch_checkpointing.retention import prune
+from torch_checkpointing.storage.fsspec_storage import _live_claim
+
+
+class _DeletingMidway(DeletingS3FileSystem):  # type: ignore[misc]
+    """Another process's delete of `prefix`, caught midway: its live claim is up and the manifest is gone (the
+    order `FsspecStorage.rmdir` deletes in), its files still there; `finish()` ends it as that delete would."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._held = contextlib.ExitStack()
+
+    def _after(self, kind: str, path: str) -> None:
+        if kind != self.after or path != self.trigger or self.deleted:
+            return
+        self.deleted = [f"{self.prefix}/{MANIFEST_FILE_NAME}"]
+        self._plain.pipe_file(f"{self.prefix}/{INCOMPLETE_MARKER}", self._held.enter_context(_live_claim()))
+        self._plain.rm_file(f"{self.prefix}/{MANIFEST_FILE_NAME}")
+        self.invalidate_cache()
+
+    def finish(self) -> None:
+        self._plain.invalidate_cache()
+        self._plain.rm([k for k in self._plain.find(self.prefix) if k.startswith(self.prefix + "/")])
+        self._held.close()
+
+
+@pytest.mark.parametrize("other", [DeletingS3FileSystem, _DeletingMidway], ids=["deleted", "deleting"])
+def test_a_pass_never_puts_back_a_checkpoint_another_pass_deleted(s3_server: S3Server, other: type[Any]) -> None:
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    storage = config.create_storage()
+    prefix = storage.remap_path(Path("run/step_1")).split("://", 1)[1]
+    # Right after this pass copied the manifest (copied last: the copy is whole), before it deletes the source.
+    fs = other(**s3_server.storage_options(), prefix=prefix, trigger=f"{prefix}/{MANIFEST_FILE_NAME}", after="copy")
+    racing = FsspecStorageConfig(**{**vars(config), "filesystem": fs}).create_storage()
+    root = f"{config.url}/run"
+    report = prune(root, RetentionPolicy(keep_last=1), racing)
+    assert fs.deleted, "the other delete never ran: the pass did not copy the checkpoint"
+    if isinstance(fs, _DeletingMidway):
+        fs.finish()
+    assert report.failed == [], report.failed  # before: "its files were put back whole", or "rename it back"
+    assert [c.name for c in list_checkpoints(root, storage)] == ["step_2"]  # before: step_1 was back
+    assert [n for n in storage.ls(Path("run")) if ".trash-" in n] == []  # before: a whole copy left in the trash
+    with sync_manager(config) as manager:
+        assert float(manager.load("run/step_2")["model"]["w"][0]) == 2.0
