@@ -687,6 +687,35 @@ def _dead_reason(marker: bytes) -> str | None:
     return stale_reason(Claim.parse(marker), me)
 
 
+# Why gc keeps a leftover that goes on its own (a live save's, a young one: a later pass collects it), or that it
+# moved back (said at WARNING as it did): no person need act, so the pass after each commit tells them at INFO.
+_OWNER_ALIVE = "its owner is alive"
+_CLAIM_MAY_BE_LIVE = "a save's claim beside a committed checkpoint; that save may be live (it lets go on its own)"
+_MAY_STILL_BE_WRITTEN = (
+    "incomplete checkpoint at its final name (a store without atomic rename may still be writing it)"
+)
+_REMOVED_MEANWHILE = "removed by another process while gc looked at it"
+_YOUNG = "owner unknown on this host and only "
+_MOVED_BACK = " under its id"
+
+
+def _passes_on_its_own(why: str) -> bool:
+    return why.startswith((_OWNER_ALIVE, _CLAIM_MAY_BE_LIVE, _MAY_STILL_BE_WRITTEN, _REMOVED_MEANWHILE, _YOUNG)) or (
+        why.endswith(_MOVED_BACK)
+    )
+
+
+def _tell_kept(report: GcReport, told: set[tuple[str, str]]) -> None:
+    """Log what a pass's gc kept, with why: at WARNING the first time `told` sees a leftover kept for a reason a
+    person must act on (delete it by hand, rename it back, let gc read it), else at INFO. Before, the pass after
+    each commit dropped gc's report: such a leftover showed only in the `gc` command, and stayed for good."""
+    for leftover, why in report.kept:
+        said = (leftover.path, why)
+        level = logging.INFO if _passes_on_its_own(why) or said in told else logging.WARNING
+        told.add(said)
+        logger.log(level, "Retention's gc kept %s %s: %s", leftover.kind, _shown(leftover.path), why)
+
+
 def _why_keep(
     leftover: Leftover, root: Path, storage: Storage, unowned_after_s: float, now: float, put_back: Collection[str] = ()
 ) -> str | None:
@@ -707,16 +736,16 @@ def _why_keep(
         )
     if leftover.kind == "claim":
         if _dead_claim(storage, Path(leftover.path)) is None:
-            return "a save's claim beside a committed checkpoint; that save may be live (it lets go on its own)"
+            return _CLAIM_MAY_BE_LIVE
         return None
     if leftover.kind == "incomplete":
         dead = None if storage.atomic_rename else _dead_claim(storage, Path(leftover.path))
         if dead is None:
-            return "incomplete checkpoint at its final name (a store without atomic rename may still be writing it)"
+            return _MAY_STILL_BE_WRITTEN
         logger.info("gc: %s is an unfinished save or delete whose claim is dead (%s)", _shown(leftover.path), dead)
         return None
     if leftover.owner_alive:
-        return "its owner is alive"
+        return _OWNER_ALIVE
     if leftover.kind == "replaced":
         target = _replaced_id(leftover, root, storage, put_back)
         if target is None:
@@ -730,7 +759,7 @@ def _why_keep(
         try:
             age = now - _last_changed(storage, leftover, now)
         except FileNotFoundError:
-            return "removed by another process while gc looked at it"
+            return _REMOVED_MEANWHILE
         except STORE_ERRORS as exc:
             return f"owner unknown on this host, and its age could not be told ({exc})"
         if math.isinf(unowned_after_s):  # `--older-than inf`: "< infs" named no number of seconds
@@ -739,7 +768,7 @@ def _why_keep(
                 f"(--older-than inf, unowned_after_s=inf); pass a number of seconds, or run gc where the save ran"
             )
         if age < unowned_after_s:
-            return f"owner unknown on this host and only {age:.0f}s old (< {unowned_after_s:.0f}s)"
+            return f"{_YOUNG}{age:.0f}s old (< {unowned_after_s:.0f}s)"
     return None
 
 
@@ -876,7 +905,7 @@ def collect_garbage(
             restored.add(restore_to)
             which = f"the only copy of {restore_to}" if copies == 1 else f"the copy of {restore_to} committed last"
             verb = "to be moved back" if dry_run else "moved back"
-            report.kept.append((leftover, f"{which}, {verb} under its id"))
+            report.kept.append((leftover, f"{which}, {verb}{_MOVED_BACK}"))
         elif done.failure is not None:
             report.failed.append((leftover, done.failure))
     for leftover in [lo for lo in leftovers if Path(lo.path) not in put_back]:
@@ -1053,6 +1082,7 @@ class RetentionRunner:
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
         self._told: set[tuple[str, int]] = set()  # a metric no checkpoint records: told once, not at every save
+        self._kept_told: set[tuple[str, str]] = set()  # what gc kept for a person to act on: warned once
 
     def root_for(self, checkpoint_id: str) -> str:
         return self.policy.root or (os.path.dirname(os.path.normpath(checkpoint_id)) or ".")
@@ -1098,7 +1128,8 @@ class RetentionRunner:
             # (keep_last by step), or an id without a step ("final", a rolling "latest"), lost it at once
             _prune(root, self.policy, self._storage, dry_run=False, protect=(checkpoint_id,), told=self._told)
             if self.policy.collect_garbage:
-                collect_garbage(root, self._storage, unowned_after_s=self.policy.unowned_after_s)
+                report = collect_garbage(root, self._storage, unowned_after_s=self.policy.unowned_after_s)
+                _tell_kept(report, self._kept_told)
         except Exception:  # a retention pass never fails training
             logger.warning("Retention pass under %s failed", _shown(root), exc_info=True)
 
