@@ -13,14 +13,16 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import fsspec.asyn
 import pytest
+import s3fs
 
 from tests.s3_faults import DeletingS3FileSystem
 from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager
 from torch_checkpointing import FsspecStorageConfig, RetentionPolicy, list_checkpoints
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
-from torch_checkpointing.retention import prune
+from torch_checkpointing.retention import collect_garbage, prune
 from torch_checkpointing.storage.fsspec_storage import _live_claim
 
 
@@ -67,3 +69,53 @@ def test_a_pass_never_puts_back_a_checkpoint_another_pass_deleted(s3_server: S3S
     assert [n for n in storage.ls(Path("run")) if ".trash-" in n] == []  # before: a whole copy left in the trash
     with sync_manager(config) as manager:
         assert float(manager.load("run/step_2")["model"]["w"][0]) == 2.0
+
+
+class _ClaimedFirst(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Another process's live claim (`_live_claim`, held until `release()`) lands at the key `marker` through a
+    second, plain client right before this client's own PUT of it: after this client's check, before its create."""
+
+    def __init__(self, *args: Any, marker: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.marker, self._plain = marker, s3fs.S3FileSystem(*args, **kwargs)
+        self._held = contextlib.ExitStack()
+        self.claimed = False
+
+    def pipe_file(self, path: str, data: bytes, **kwargs: Any) -> Any:
+        if path == self.marker and not self.claimed:
+            self.claimed = True
+            self._plain.pipe_file(path, self._held.enter_context(_live_claim()))
+        return fsspec.asyn.sync(self.loop, self._pipe_file, path, data, **kwargs)
+
+    def release(self) -> None:
+        self._held.close()
+
+
+def test_a_gc_never_reports_a_copy_another_gc_is_moving_back_as_its_failure(s3_server: S3Server) -> None:
+    """Two gc passes (two trainers' retention) both choose the only copy of `step_9` to move back under its id.
+    Before, the one whose claim came second failed its copy and reported "could not move ... back ... rename it
+    by hand" (an exit 1 of `gc`, and advice to race the move under way), while the other moved it back."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_9", state(9.0))
+    storage = config.create_storage()
+    fs, bucket = storage.fs, config.url.split("://", 1)[1]
+    aside = f"{bucket}/run/.old_step_9_999999"  # a replace killed between its two renames, on another host
+    for key in fs.find(f"{bucket}/run/step_9"):
+        fs.cp_file(key, key.replace("/step_9/", "/.old_step_9_999999/"))
+    storage.rmdir(Path("run/step_9"))
+    racing = _ClaimedFirst(**s3_server.storage_options(), marker=f"{bucket}/run/step_9/{INCOMPLETE_MARKER}")
+    report = collect_garbage(
+        f"{config.url}/run",
+        FsspecStorageConfig(**{**vars(config), "filesystem": racing}).create_storage(),
+        unowned_after_s=0,
+    )
+    assert racing.claimed, "the pass never tried to move the copy back"
+    for key in fs.find(aside):  # the other gc ends its move
+        fs.cp_file(key, key.replace("/.old_step_9_999999/", "/step_9/"))
+    fs.rm_file(f"{bucket}/run/step_9/{INCOMPLETE_MARKER}")
+    fs.rm(fs.find(aside))
+    racing.release()
+    assert report.failed == [], report.failed  # before: "could not move ... back ...: rename it by hand"
+    with sync_manager(config) as manager:
+        assert float(manager.load("run/step_9")["model"]["w"][0]) == 9.0

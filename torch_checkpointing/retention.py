@@ -853,14 +853,22 @@ def _to_put_back(
 
 
 def _restore(storage: Storage, leftover: Leftover, target: Path) -> _Outcome:
-    """Done once moved back; neither done nor failed when another gc moved it back (or away) first."""
+    """Done once moved back; neither done nor failed when another gc moved it back (or away) first, or holds the
+    id while it does (on a store without rename, a move is a copy under a claim at `target`, then a delete).
+
+    Before, a move that lost to another gc's claim on an object store was reported failed, "rename it by hand",
+    while the other gc moved the copy back."""
+    path = Path(leftover.path)
     try:
-        storage.rename(Path(leftover.path), target, is_directory=True)
+        storage.rename(path, target, is_directory=True)
     except STORE_ERRORS as exc:
-        if _gone(storage, Path(leftover.path)):
-            logger.info(
-                "gc found %s already moved by another process (to %s, or away)", _shown(leftover.path), _shown(target)
-            )
+        if _gone(storage, path):
+            logger.info("gc found %s already moved by another process (to %s, or away)", _shown(path), _shown(target))
+            return _Outcome(False)
+        holder = _claimed_by_a_save(storage, target)
+        if holder or _moved_back_already(storage, path, target):
+            where = f"{_shown(target)} is held by {holder}" if holder else f"it is back at {_shown(target)}"
+            logger.info("gc left %s to another process: %s (%s)", _shown(path), where, exc)
             return _Outcome(False)
         return _gc_failed(f"could not move {_shown(leftover.path)} back to {_shown(target)} ({exc}); rename it by hand")
     _sync_parent(storage, target)
