@@ -256,16 +256,16 @@ def _manifest_once(storage: Storage, path: Path, closed: list[PassedOver] | None
     except CheckpointReplacedError:
         raise
     except NewerCheckpointError as exc:  # healthy, for all we know: never "damaged" (an operator deletes those)
-        logger.warning("Skipping %s, which a newer engine wrote: %s", path, exc)
+        logger.warning("Skipping %s, which a newer engine wrote: %s", spelt(path), exc)
         if closed is not None:  # not loadable here, as one this user may not read: `ls` names it so
             closed.append(PassedOver(spelt(path), str(exc), unreadable=True, listed=False))
     except RuntimeError as exc:
         if _FOREIGN_MANIFEST in str(exc):
-            logger.debug("Skipping %s: %s", path, exc)
+            logger.debug("Skipping %s: %s", spelt(path), exc)
         elif not still_there(storage, path / MANIFEST_FILE_NAME):
-            logger.debug("Skipping %s: removed while it was read (a deletion in another process): %s", path, exc)
+            logger.debug("Skipping %s: removed while it was read (a deletion in another process): %s", spelt(path), exc)
         else:
-            logger.warning("Skipping %s, a damaged checkpoint: %s", path, exc)
+            logger.warning("Skipping %s, a damaged checkpoint: %s", spelt(path), exc)
             if closed is not None:
                 closed.append(PassedOver(spelt(path), str(exc), listed=False))
     return None
@@ -354,7 +354,9 @@ def _commit_time(storage: Storage, path: Path, manifest: Manifest) -> float | No
         if math.isfinite(manifest.commit_time) and 0.0 <= manifest.commit_time <= _MAX_COMMIT_TIME:
             return manifest.commit_time
         logger.warning(
-            "%s records commit_time %r, which is not a unix time; it is treated as unknown", path, manifest.commit_time
+            "%s records commit_time %r, which is not a unix time; it is treated as unknown",
+            spelt(path),
+            manifest.commit_time,
         )
         return None
     local = storage.local_path(path / MANIFEST_FILE_NAME)
@@ -451,8 +453,8 @@ def warn_if_a_checkpoint(base: Path, storage: Storage) -> None:
         logger.warning(
             "%s is itself a checkpoint, not a root of checkpoints, so nothing is listed under it: pass its parent "
             "directory %s",
-            base,
-            base.parent,
+            spelt(base),
+            spelt(base.parent),
         )
 
 
@@ -469,9 +471,9 @@ def _warn_left_aside(base: Path, names: list[str], storage: Storage) -> None:
         logger.warning(
             "Checkpoint %s is missing, and its previous copy is at %s (a save that replaced it was killed before "
             "the new one moved in); it is not listed. Run `torch-checkpointing gc %s` to move it back.",
-            base / checkpoint if checkpoint is not None else f"{base}/<id cut from {name}>",
-            base / name,
-            base,
+            spelt(base / checkpoint) if checkpoint is not None else f"{spelt(base)}/<id cut from {name}>",
+            spelt(base / name),
+            spelt(base),
         )
 
 

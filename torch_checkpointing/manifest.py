@@ -210,10 +210,10 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
         if not _vanished(exc):
             raise
         raise CheckpointReplacedError(
-            f"Checkpoint {checkpoint_dir}: its {MANIFEST_FILE_NAME} went between two reads: the checkpoint was "
-            f"replaced or deleted meanwhile. Retry (the next read finds the new checkpoint or none)."
+            f"Checkpoint {shown_name(storage, checkpoint_dir)}: its {MANIFEST_FILE_NAME} went between two reads: the "
+            f"checkpoint was replaced or deleted meanwhile. Retry (the next read finds the new checkpoint or none)."
         ) from None
-    manifest = parse_manifest(data, str(path))
+    manifest = parse_manifest(data, shown_name(storage, path))  # a URL a user can pass on, not `Path`'s `s3:/b`
     if marked and storage.is_irregular(checkpoint_dir / INCOMPLETE_MARKER):
         raise odd_marker(storage, checkpoint_dir)
     if marked and not _stray_marker(storage, checkpoint_dir, manifest):
