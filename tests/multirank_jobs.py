@@ -5,17 +5,21 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import torch
 import torch.distributed as dist
 
 from tests.memory_storage import Control, RecordingStorageConfig
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo
+from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
 
 def _config(async_save: bool, **kw: Any) -> CheckpointManager.Config:
@@ -125,8 +129,26 @@ def dead_rank(root: str) -> dict[str, Any]:
     return out
 
 
+def process_local_saves(bucket: str) -> dict[str, str]:
+    """A sync and an async save on every rank to `bucket` (a `memory://` url, which each process has its own of):
+    what each raised, and what this rank's memory:// holds of the id afterwards."""
+    out: dict[str, str] = {}
+    for mode, saver in (("sync", SyncCheckpointSaverConfig()), ("async", AsyncCheckpointSaverConfig())):
+        cfg = CheckpointManager.Config(save=saver, storage_config=FsspecStorageConfig(url=bucket))
+        with CheckpointManager(cfg) as manager:
+            try:
+                manager.save(f"{mode}/step_1", {"w": torch.ones(2)})
+                out[mode] = "no error"
+            except Exception as exc:
+                cause = exc.__cause__
+                out[mode] = f"{type(exc).__name__} (from {type(cause).__name__}): {exc}"
+        out[f"{mode}_left"] = str(fsspec.filesystem("memory").exists(f"{bucket}/{mode}"))
+    return out
+
+
 def commit_checks(root: str) -> dict[str, Any]:
     """One launch for every commit-protocol check (starting ranks costs seconds)."""
     out = commit_protocol(str(Path(root) / "commit"))
     out["dead"] = dead_rank(str(Path(root) / "dead"))
+    out["process_local"] = process_local_saves(f"memory://{Path(root).name}-{uuid.uuid4().hex[:8]}/runs")
     return out

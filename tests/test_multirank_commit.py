@@ -73,3 +73,19 @@ def test_manifest_records_world_size(results: list[dict[str, Any]], tmp_path_fac
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["world_size"] == WORLD
     assert sorted(manifest["items"]["model"]) == [str(r) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_save_to_memory_on_several_ranks_is_refused_at_the_plan_naming_memory(
+    results: list[dict[str, Any]], mode: str
+) -> None:
+    """`memory://` is one process's own: on several ranks each rank wrote its files into its own memory. Before,
+    a sync save failed at the commit with a CommitError blaming "a node-local disk" and advising
+    FsspecStorageConfig (which it was), and an async save blamed the writer process only. Now every rank refuses
+    the plan, naming memory:// and what to use, before any rank writes a byte."""
+    for r in results:
+        said = r["process_local"][mode]
+        assert said.startswith("CommitError (from ConfigError)"), said
+        assert "memory://" in said and f"{WORLD} ranks" in said and "s3://" in said, said
+        assert "node-local disk" not in said, said
+        assert r["process_local"][f"{mode}_left"] == "False", r["process_local"]

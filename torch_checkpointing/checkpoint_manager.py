@@ -297,6 +297,18 @@ class CheckpointManager:
             remove_made(plan.made)
             raise
 
+    def _refuse_process_local(self, checkpoint_id: str) -> None:
+        """On several ranks, refuse an id in a store that lives in one process alone (`memory://`): each rank wrote
+        its files into its own, and the save failed at the commit blaming "a node-local disk" (or, async, the
+        writer process), after every rank had written. In the plan's agreed step, so every rank refuses it."""
+        if self._ctx.world_size > 1 and self._storage.process_local(Path(checkpoint_id)):
+            raise ConfigError(
+                f"Cannot save {checkpoint_id} on {self._ctx.world_size} ranks: memory:// lives in the memory of one "
+                f"process, and each rank would write its files into its own memory://, which the other ranks (and "
+                f"rank 0's commit) never see. Nothing was written. Use a store every rank reaches: a shared "
+                f"directory, file:// on a shared filesystem, or s3://."
+            )
+
     def _refuse_nested_save(self, path: str) -> None:
         """Refuse a save() made by the thread that is inside another save() of this manager: from that save's
         `pre_finalize_callback`/`finalize_callback`, or from a signal handler (a preemption handler's emergency
@@ -584,6 +596,7 @@ class CheckpointManager:
         def report() -> dict[str, Any]:
             self._recheck_config()  # in the agreed step: a config changed on one rank is refused on every rank
             self._saver.check_can_save(checkpoint_id)  # inside lock() on this thread: refused on every rank
+            self._refuse_process_local(checkpoint_id)
             self._saver.settle_previous()  # a previous async save's unseen failure is refused on every rank
             _refuse_live_objects(payload)
             resolved.extend(resolve(payload, self.config.items, self.config.default, ctx.rank))
