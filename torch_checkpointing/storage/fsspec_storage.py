@@ -611,11 +611,28 @@ class FsspecStorage(Storage):
     def create_object(self, path: Path, data: bytes) -> bool:
         """Create `path` only if no object is there (S3's `If-None-Match: *`); False when one is.
 
-        Elsewhere fsspec checks existence first (not atomic: two creators racing may both succeed).
+        On `file://` and `memory://` in one step too (`_create_here`). fsspec's own create there checks
+        existence, then opens the file for writing: two creators of one claim (two ranks of a save, a save and
+        gc) were both told they created it, and the second's open truncated the first's bytes, so a reader saw
+        an empty marker (no claim: taken over) or one claim's tail after the other's (no claim at all). Other
+        stores get fsspec's create (GCS and Azure: see docs/storage.md).
         """
         backend, key = self._resolve_for_write(path)
+        if backend.protocols & {"memory"}:
+            with _MEMORY_MARKER_LOCK:
+                return self._create_here(backend, key, path, data)
+        return self._create_here(backend, key, path, data)
+
+    def _create_here(self, backend: _Backend, key: str, path: Path, data: bytes) -> bool:
+        """`create_object`, its caller holding the process's lock on `memory://`."""
         with self._errors("upload of", path):
             try:
+                if backend.protocols & {"file", "local"}:
+                    created = _create_local(key, bytes(data))
+                    backend.fs.invalidate_cache(key)
+                    return created
+                if backend.protocols & {"memory"} and backend.io.exists(key):
+                    return False
                 backend.io.pipe_file(key, bytes(data), mode="create")
             except Exception as exc:
                 if _precondition_failed(exc):
@@ -662,7 +679,7 @@ class FsspecStorage(Storage):
                     return False
                 with self._errors("delete of", path), contextlib.suppress(FileNotFoundError):
                     backend.io.rm_file(key)
-                return self.create_object(path, data)
+                return self._create_here(backend, key, path, data)  # the lock is held here already
         with self._errors("upload of", path):
             try:
                 backend.io.pipe_file(key, bytes(data), IfMatch=etag)
@@ -1018,6 +1035,57 @@ def _version(backend: _Backend, key: str) -> tuple[int, str]:
 # a read and a delete, milliseconds; a process holding it longer is stopped.
 _MARKER_LOCK_WAIT_S = 30.0
 _MEMORY_MARKER_LOCK = threading.Lock()
+# Whether a file made with O_TMPFILE can be given a name (`_create_local`): Linux, with /proc mounted.
+_HAS_TMPFILE_LINKS = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+
+
+def _create_local(name: str, data: bytes) -> bool:
+    """Create the file `name` holding `data` only if nothing is there, in one step: the bytes are written into a
+    file no reader can see (unnamed where the filesystem has O_TMPFILE, else a hidden name beside it), which is
+    then linked under `name`; a link never replaces what is there. False when something is."""
+    if not _HAS_TMPFILE_LINKS:
+        return _create_local_named(name, data)
+    folder = os.open(os.path.dirname(name) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=folder)
+        except OSError:  # a filesystem without O_TMPFILE (NFS, some FUSE ones)
+            return _create_local_named(name, data)
+        try:
+            _write_all(fd, data)
+            # dir_fd makes this a linkat(), which follows the /proc link to the open file (a link() does not)
+            os.link(f"/proc/self/fd/{fd}", os.path.basename(name), src_dir_fd=folder, dst_dir_fd=folder)
+        except FileExistsError:
+            return False
+        finally:
+            os.close(fd)
+    finally:
+        os.close(folder)
+    return True
+
+
+def _create_local_named(name: str, data: bytes) -> bool:
+    """`_create_local` through a hidden file of this process beside `name`, removed once linked (or not)."""
+    hidden = os.path.join(os.path.dirname(name) or ".", f".{os.path.basename(name)}.{uuid.uuid4().hex}.creating")
+    fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        os.link(hidden, name)
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(hidden)
+    return True
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 # Errors of a filesystem that takes no flock on a directory (an NFS mount without lock support, some FUSE ones).
