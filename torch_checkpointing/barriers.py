@@ -15,6 +15,10 @@ from torch_checkpointing.types import RankInfo
 
 __all__ = ["Barrier", "BarrierConfig", "TCPStoreBarrier", "TCPStoreBarrierConfig"]
 
+# A round's outcome in rank 0's store (`TCPStoreBarrier._outcome`): passed, or failed by the rank named after it.
+_PASSED = "passed"
+_FAILED = "failed/"
+
 
 @dataclass
 class BarrierConfig(ABC):
@@ -72,23 +76,51 @@ class TCPStoreBarrier(Barrier):
 
     def execute_barrier(self, timeout_secs: int) -> None:
         """Every failure is a `TimeoutError` in the barrier's words: the store's errors speak of a checkpoint's
-        commit ("... closed its CheckpointManager. No checkpoint was committed"), which a barrier is not."""
-        number = self._seq + 1
+        commit ("... closed its CheckpointManager. No checkpoint was committed"), which a barrier is not.
+
+        The round is numbered by rank 0's store, one count per rank: a barrier made again (a writer process
+        replaced) goes on from its rank's count, where its own count began at 1 again and found that round's
+        arrivals of every rank still in the store (it passed at once, rank 0 nowhere near it). And the round's
+        outcome is decided once for every rank (`_outcome`): a rank arriving after another gave up on the round
+        found everyone's arrival and passed, while that rank raised."""
+        number = self._seq + 1  # this barrier's guess, named if the host does not answer
         try:
             channel = self._get_channel(timeout_secs)
+            number = channel.count(f"round/{self.rank_info.role_rank}")
             self._seq = number
-            channel.publish(f"{self._seq}/{self.rank_info.role_rank}", "arrived")
-            channel.gather(
-                str(self._seq),
-                self.rank_info.role_world_size,
-                f"arrival at barrier {self._seq}",
-                during="TCPStoreBarrier",
-                call="execute_barrier()",
-                outcome="",
-            )
+            channel.publish(f"{number}/{self.rank_info.role_rank}", "arrived")
+            try:
+                channel.gather(
+                    str(number),
+                    self.rank_info.role_world_size,
+                    f"arrival at barrier {number}",
+                    during="TCPStoreBarrier",
+                    call="execute_barrier()",
+                    outcome="",
+                )
+            except CommitError as exc:
+                if channel.spent:
+                    raise
+                self._outcome(channel, number, f"{_FAILED}{self.rank_info.role_rank}/{exc}")
+                return  # every rank arrived after all, and one said so first
+            self._outcome(channel, number, _PASSED)
         except CommitError as exc:
             spent = self._channel is None or self._channel.spent  # the host failed, not a rank's arrival
             raise TimeoutError(self._host_failed(exc, timeout_secs, number) if spent else str(exc)) from exc
+
+    def _outcome(self, channel: StoreChannel, number: int, proposal: str) -> None:
+        """The round's outcome, the first proposal made to rank 0's store; a failure raised as the rank that gave
+        up worded it, naming it where that is another rank."""
+        decided = channel.decide(f"{number}/outcome", proposal)
+        if decided == _PASSED:
+            return
+        who, _, why = decided[len(_FAILED) :].partition("/")
+        if decided == proposal:
+            raise TimeoutError(why)
+        raise TimeoutError(
+            f"TCPStoreBarrier (barrier {number} of role rank {self.rank_info.role_rank}): rank {who} gave up on it "
+            f"first, so it failed for every rank: {why}"
+        )
 
     def _host_failed(self, exc: CommitError, timeout_secs: int, number: int) -> str:
         where = f"rank 0, which hosts the barrier's store at {self.config.master_address}:{self.config.tcpstore_port},"

@@ -154,6 +154,10 @@ class StoreChannel:
     def publish(self, name: str, value: str) -> None:
         self._call(lambda: self._store.set(self._key(name), value))
 
+    def count(self, name: str) -> int:
+        """Add one to the host's counter `name` and return it: a number the host keeps, whoever asks next."""
+        return self._call(lambda: int(self._store.add(self._key(name), 1)))
+
     def gather(
         self,
         name: str,
