@@ -18,9 +18,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-__all__ = ["Held", "off_the_main_thread", "signals_held"]
+__all__ = ["Held", "StepTimedOut", "off_the_main_thread", "signals_held"]
 
 T = TypeVar("T")
+
+
+class StepTimedOut(TimeoutError):
+    """`off_the_main_thread`'s step ran past its time; `thread` runs it still (a daemon thread)."""
+
+    def __init__(self, timeout_s: float, thread: threading.Thread) -> None:
+        super().__init__(f"the step did not finish within {timeout_s:g}s")
+        self.thread = thread
 
 
 @dataclass
@@ -54,14 +62,19 @@ def signals_held() -> Iterator[Held]:
             signal.signal(signum, handler)
 
 
-def off_the_main_thread(step: Callable[[], T]) -> T:
-    """`step()`, made on a thread of its own while this one waits for it; its exception is raised here.
+def off_the_main_thread(step: Callable[[], T], timeout_s: float) -> T:
+    """`step()`, made on a thread of its own while this one waits for it, at most `timeout_s` seconds (then a
+    `StepTimedOut`, which holds the step's thread); its exception is raised here.
 
     Python runs signal handlers on the main thread only. Made there, inside `signals_held`, the ranks' spawn was
     still cut: torch's `start_processes` set its own SIGINT handler over the hold, a Ctrl-C raised its
     SignalException after rank 0 had started, and that rank, which the launcher had no handle on, was never
     stopped (it printed a multiprocessing traceback once the simulator had exited). On another thread the step
-    is never interrupted, and torch sets no handler (it does so on the main thread only)."""
+    is never interrupted, and torch sets no handler (it does so on the main thread only).
+
+    The wait is bounded: a spawn blocks until each rank reads what it is handed, and a rank stuck before that
+    (its interpreter's startup hung) held the launch past its timeout, signals held, for as long as it stayed
+    stuck."""
     outcome: list[tuple[bool, Any]] = []
 
     def run() -> None:
@@ -70,9 +83,11 @@ def off_the_main_thread(step: Callable[[], T]) -> T:
         except BaseException as exc:
             outcome.append((False, exc))
 
-    thread = threading.Thread(target=run, name="simulator-step")
+    thread = threading.Thread(target=run, name="simulator-step", daemon=True)
     thread.start()
-    thread.join()  # a held signal's handler runs meanwhile and returns; the wait goes on
+    thread.join(timeout_s)  # a held signal's handler runs meanwhile and returns; the wait goes on
+    if not outcome:
+        raise StepTimedOut(timeout_s, thread)
     ok, value = outcome[0]
     if not ok:
         raise value

@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
-from simulator.held_signals import off_the_main_thread, signals_held
+from simulator.held_signals import StepTimedOut, off_the_main_thread, signals_held
 
 __all__ = ["LaunchError", "RankFailure", "launch", "report_progress"]
 
@@ -54,6 +55,8 @@ _ERROR_KEY = "simulator_fn_error"
 _ROOT_CAUSE_GRACE_S = 5.0
 # After a rank failed on its own, wait this long for the ranks it takes down to record their errors.
 _CONSEQUENCE_GRACE_S = 2.0
+# How long the ranks of a spawn given up on are killed as it starts them, waiting for it to end.
+_SPAWN_STOP_S = 2.0
 # What a collective raises when another rank died under it: a consequence, not a cause.
 _COMM_ERROR = re.compile(
     r"gloo|nccl|connection (reset|closed|refused)|broken pipe|socket|peer|DistBackendError|DistNetworkError",
@@ -244,6 +247,45 @@ def _quiet_elastic_logs() -> Iterator[None]:
             lg.setLevel(level)
 
 
+def _child_pids() -> set[int]:
+    """This process's children that multiprocessing spawned to run a function (ranks; not its resource tracker,
+    which serves the whole process), as /proc lists them (none where there is no /proc)."""
+    me, found = os.getpid(), set()
+    for entry in Path("/proc").glob("[0-9]*/stat") if Path("/proc/self/stat").exists() else []:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The fields after the command's closing parenthesis: state, then the parent's pid.
+            if int(entry.read_text().rpartition(")")[2].split()[1]) != me:
+                continue
+            if b"spawn_main" in (entry.parent / "cmdline").read_bytes():
+                found.add(int(entry.parent.name))
+    return found
+
+
+def _stop_spawn(spawn: threading.Thread, before: set[int]) -> list[int]:
+    """Kill the ranks a spawn given up on has started, until it ends or `_SPAWN_STOP_S` passed (a slow rank's
+    hand-over may finish meanwhile, and the spawn start the next). The pids killed. A spawn blocked handing
+    itself to a rank stays blocked once that rank is killed (multiprocessing keeps the rank's end of the pipe open
+    until the hand-over is done) on its daemon thread, and starts no other rank."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + _SPAWN_STOP_S
+    while True:
+        killed.update(_kill_children_since(before | killed))
+        if not spawn.is_alive() or time.monotonic() > deadline:
+            break
+        spawn.join(_POLL_PERIOD_S)
+    killed.update(_kill_children_since(before | killed))  # one started right before the spawn ended
+    return sorted(killed)
+
+
+def _kill_children_since(before: set[int]) -> list[int]:
+    """SIGKILL the children this process made since `before` was listed (the ranks of a spawn given up on)."""
+    killed = sorted(_child_pids() - before)
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return killed
+
+
 def _drain_progress(path: Path, offset: int, sink: Callable[[str], None] | None) -> int:
     """Forward complete new lines of the progress file; return the new byte offset."""
     if sink is None:
@@ -335,23 +377,12 @@ class _Job:
     progress: Callable[[str], None] | None
 
     def run(self, envs: dict[int, dict[str, str]], logs: DefaultLogsSpecs) -> list[Any]:
-        with signals_held() as held:  # every rank started whole, then stopped by the `finally` below
-            ctx = off_the_main_thread(
-                lambda: start_processes(
-                    name=self.name,
-                    entrypoint=_rank_entry,
-                    args=dict.fromkeys(range(self.world_size), (self.fn, self.args)),
-                    envs=envs,
-                    logs_specs=logs,
-                    start_method="spawn",
-                )
-            )
         deadline = time.monotonic() + self.timeout
+        ctx = self._spawn(envs, logs)
         offset = 0
         first_error_at: float | None = None
         result = None
         try:
-            held.deliver()
             while True:
                 records = self._error_records()
                 if records and first_error_at is None:
@@ -371,6 +402,43 @@ class _Job:
         if result.is_failed():
             raise self._failed(result, self._error_records())
         return [result.return_values[r] for r in range(self.world_size)]
+
+    def _spawn(self, envs: dict[int, dict[str, str]], logs: DefaultLogsSpecs) -> Any:
+        """Every rank started whole (signals held meanwhile, delivered once it is), within the launch's timeout.
+        A spawn still blocked then (a rank stuck before it read what it is handed: its interpreter's startup hung)
+        is given up: the ranks it started are killed, and a `LaunchError` says so. Before, the launch waited for
+        it without bound, its timeout counted only once every rank had started."""
+        before = _child_pids()
+        spawned: Any = None
+        with signals_held() as held:
+            try:
+                spawned = off_the_main_thread(
+                    lambda: start_processes(
+                        name=self.name,
+                        entrypoint=_rank_entry,
+                        args=dict.fromkeys(range(self.world_size), (self.fn, self.args)),
+                        envs=envs,
+                        logs_specs=logs,
+                        start_method="spawn",
+                    ),
+                    self.timeout,
+                )
+            except StepTimedOut as late:
+                killed = _stop_spawn(late.thread, before)
+        if spawned is None:
+            held.deliver()
+            raise LaunchError(
+                f"{self.name}: the ranks' spawn did not finish within {self.timeout:g}s (a rank's interpreter did not "
+                f"start: look at sitecustomize, PYTHONPATH or a stalled filesystem); killed {len(killed)} rank "
+                f"process(es) it had started",
+                [],
+            )
+        try:
+            held.deliver()
+        except BaseException:
+            spawned.close(death_sig=signal.SIGKILL, timeout=5)
+            raise
+        return spawned
 
     def _error_records(self) -> dict[int, dict[str, Any]]:
         """What each rank that raised recorded about its exception (see :func:`_record_error`)."""
