@@ -1048,7 +1048,7 @@ def _create_local(name: str, data: bytes) -> bool:
     folder = os.open(os.path.dirname(name) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
-            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=folder)
+            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o666, dir_fd=folder)
         except OSError:  # a filesystem without O_TMPFILE (NFS, some FUSE ones)
             return _create_local_named(name, data)
         try:
@@ -1067,7 +1067,7 @@ def _create_local(name: str, data: bytes) -> bool:
 def _create_local_named(name: str, data: bytes) -> bool:
     """`_create_local` through a hidden file of this process beside `name`, removed once linked (or not)."""
     hidden = os.path.join(os.path.dirname(name) or ".", f".{os.path.basename(name)}.{uuid.uuid4().hex}.creating")
-    fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+    fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666)
     try:
         try:
             _write_all(fd, data)
