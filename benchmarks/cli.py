@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -20,15 +21,21 @@ from .sysinfo import machine
 
 
 def parse_size(text: str) -> int:
-    """'512M', '1G', '64MiB' or a plain byte count."""
+    """'512M', '1G', '64MiB' or a plain byte count: a positive, finite size in the digits 0-9."""
     t = text.strip().upper().removesuffix("IB").removesuffix("B")
     mult = {"K": 1 << 10, "M": MiB, "G": GiB}.get(t[-1:], 1)
     num = t[:-1] if t[-1:] in "KMG" else t
     try:
-        value = int(float(num) * mult)
+        if not num.isascii() or "_" in num:  # float() takes a full-width 5 and 1_0 as 10
+            raise ValueError(num)
+        number = float(num)
+        if not math.isfinite(number) or number * mult < 1:
+            raise ValueError(num)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"size {text!r} is not a number with an optional K/M/G suffix") from None
-    return value
+        raise argparse.ArgumentTypeError(
+            f"size {text!r} is not a positive number in the digits 0-9 with an optional K/M/G suffix"
+        ) from None
+    return int(number * mult)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,6 +33,7 @@ from torch_checkpointing.asides import copies_aside
 from torch_checkpointing.checksum import RunningChecksum, combine_blocks
 from torch_checkpointing.cli_stops import STOPS, json_requested
 from torch_checkpointing.codecs import dtype_from_name
+from torch_checkpointing.config import read_number
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     PassedOver,
@@ -894,9 +895,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_gc)
     p = sub.add_parser("prune", parents=[common], help="apply a retention policy to the checkpoints under ROOT")
     p.add_argument("root", type=_path("root"))
-    p.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest")
-    p.add_argument("--keep-every-n-steps", type=int, metavar="N", help="keep every step that is a multiple of N")
-    p.add_argument("--keep-best", type=int, metavar="N", help="keep the N best by --metric")
+    p.add_argument("--keep-last", type=_count, metavar="N", help="keep the N newest")
+    p.add_argument("--keep-every-n-steps", type=_count, metavar="N", help="keep every step that is a multiple of N")
+    p.add_argument("--keep-best", type=_count, metavar="N", help="keep the N best by --metric")
     p.add_argument("--metric", help="the metric --keep-best ranks by (a name passed in save(..., metrics={...}))")
     p.add_argument("--mode", choices=["min", "max"], default="min")
     p.add_argument("--dry-run", action="store_true")
@@ -908,7 +909,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=_path("output directory"), help="output directory")
     p.add_argument("--max-shard-size", default="5GB", help="per output file, e.g. 5GB, 500MB (default 5GB)")
     p.add_argument("--dtype", help="cast floating-point tensors, e.g. bfloat16")
-    p.add_argument("--rank", type=int, help="export one rank's copy of an item saved per rank without a resharder")
+    p.add_argument("--rank", type=_count, help="export one rank's copy of an item saved per rank without a resharder")
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export in OUT")
     p.set_defaults(run=cmd_export)
     return parser
@@ -927,9 +928,17 @@ def _path(what: str) -> Callable[[str], str]:
     return check
 
 
+def _count(text: str) -> int:
+    """An argparse type for a count or a rank: `int`, but only as typed in ASCII digits (`read_number`)."""
+    try:
+        return read_number(text, int)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r} (write it in the digits 0-9)") from None
+
+
 def _seconds(text: str) -> float:
     try:
-        return check_age(float(text), "--older-than")
+        return check_age(read_number(text, float), "--older-than")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

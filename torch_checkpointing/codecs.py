@@ -299,7 +299,7 @@ def _torch_load(storage: Storage, path: Path, local: str | None, options: Decode
     return value, None
 
 
-_TENSOR_RECORD = re.compile(r"(^|/)data/\d+$")
+_TENSOR_RECORD = re.compile(r"(^|/)data/[0-9]+$")
 _LOCAL_HEADER = 30  # bytes of a zip local file header before its name and extra field
 
 

@@ -100,12 +100,12 @@ STALE_CLAIM_S = 24 * 3600.0
 _CLAIM_ATTEMPTS = 4  # creates/takeovers tried while other savers change the marker
 _CLAIM_WAIT_S = 5.0  # how long a claim that looks live is watched before the save is refused
 _CLAIM_POLL_S = 0.25
-_TOKEN_RE = re.compile(r"\.tmp-(?P<uid>[0-9a-f]+)-\d+$")
+_TOKEN_RE = re.compile(r"\.tmp-(?P<uid>[0-9a-f]+)-[0-9]+$")
 # On a store that records no writer per object (all but S3), each rank of a save records the names it writes in
 # `.incomplete.<save>.<rank>` beside the marker, before its first upload (`record_name`, `remove_recorded`).
 _DELETES_AT_ONCE = 16  # a save of many ranks has as many records, each one DELETE on the commit's path
 _DELETE_POOL = WorkerPool(1, "ckpt-delete")  # grown to the deletes at once (map_bounded)
-_RECORD_RE = re.compile(rf"^{re.escape(INCOMPLETE_MARKER)}\.[0-9a-f]{{16}}\.\d+$")
+_RECORD_RE = re.compile(rf"^{re.escape(INCOMPLETE_MARKER)}\.[0-9a-f]{{16}}\.[0-9]+$")
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 
@@ -75,6 +76,17 @@ def check_number(
             f"{owner}.{name} must be at most {at_most:g} seconds (about {at_most / 86400:.0f} days: the longest wait "
             f"the operating system's pipe and lock waits take), got {value!r}."
         )
+
+
+_N = TypeVar("_N", int, float)
+
+
+def read_number(text: str, kind: Callable[[str], _N]) -> _N:
+    """`kind(text)` (int or float) of a number as typed: ASCII digits, no `_`, no padding. Python's own reading
+    takes any Unicode decimal digit (a full-width 5) and `1_0` as 10: a number nobody wrote, used silently."""
+    if not text.isascii() or "_" in text or text != text.strip():
+        raise ValueError(f"{text!r} is not a number written in the digits 0-9")
+    return kind(text)
 
 
 def check_text(owner: str, name: str, value: object) -> None:

@@ -59,6 +59,7 @@ from torch_checkpointing.dtensor_resharder import compute_load_plans, compute_lo
 from torch_checkpointing.errors import (
     CheckpointError,
     ConfigError,
+    ConfigTypeError,
     CorruptCheckpointError,
     TemplateMismatchError,
     UnsafeCheckpointError,
@@ -99,13 +100,23 @@ _UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 1024, 
 
 def parse_size(text: str | int) -> int:
     """`5GB`, `500MB`, `2GiB` or a byte count, the way transformers' `max_shard_size` reads; at least one byte
-    (a size of 0 or less would give every tensor a shard of its own without saying so)."""
+    (a size of 0 or less would give every tensor a shard of its own without saying so). Digits are ASCII only:
+    a regex's `\\d` also reads full-width or Arabic-Indic digits as a size nobody typed, and `True` is an int
+    that meant one byte."""
+    if isinstance(text, bool) or not isinstance(text, (int, str)):
+        raise ConfigTypeError(
+            f"max_shard_size must be a size like '5GB', '500MB', '2GiB' or an int number of bytes, got {text!r} "
+            f"({type(text).__name__})"
+        )
     if isinstance(text, int):
         size = text
     else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text, re.ASCII)
         if not match or match.group(2).upper() not in _UNITS:
-            raise ConfigError(f"Cannot read size {text!r}; write e.g. 5GB, 500MB, 2GiB or a number of bytes")
+            raise ConfigError(
+                f"Cannot read size {text!r} (max_shard_size); write e.g. 5GB, 500MB, 2GiB or a number of bytes, "
+                f"in the digits 0-9"
+            )
         size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
     if size < 1:
         raise ConfigError(f"max_shard_size {text!r} is not a positive size; write e.g. 5GB, 500MB or 2GiB")
@@ -569,13 +580,13 @@ def _refuse_unexportable(plans: list[_TensorPlan], dtype: torch.dtype | None, wh
 
 
 _SINGLE_FILE = "model.safetensors"  # an unsharded HF export's one file
-_EXPORT_FILE_RE = re.compile(r"^model(-\d{5,}-of-\d{5,})?\.safetensors$")  # 5 digits, more past 99999 shards
+_EXPORT_FILE_RE = re.compile(r"^model(-[0-9]{5,}-of-[0-9]{5,})?\.safetensors$")  # 5 digits, more past 99999 shards
 # safetensors' `save_file` writes each shard to a temporary of its own beside it (Rust's tempfile: `.tmp` and 6
 # letters or digits) and renames it: an export killed while it wrote a shard, most of its time, left one.
 _SHARD_TEMPORARY_RE = re.compile(r"^\.tmp[0-9A-Za-z]{6}$")
 # `{pid}-{where}{nonce}`: `where` (8 hex digits) names the host and pid namespace the pid belongs to; names
 # written before it was recorded have the 8-digit nonce alone.
-_STAGING_RE = re.compile(r"^\..+\.export-tmp-(?P<pid>\d+)-(?P<mark>[0-9a-f]+)$")
+_STAGING_RE = re.compile(r"^\..+\.export-tmp-(?P<pid>[0-9]+)-(?P<mark>[0-9a-f]+)$")
 # A staging of another host or pid namespace (whose pid cannot be checked here) is removed once this old.
 _FOREIGN_STAGING_AGE_S = DEFAULT_UNOWNED_AGE_S
 
@@ -752,7 +763,7 @@ def _write_export(
 def _os_errno(text: str) -> int | None:
     """The errno in safetensors' error text ("I/O error: File too large (os error 27)"), which keeps it nowhere
     else."""
-    found = re.search(r"\(os error (\d+)\)", text)
+    found = re.search(r"\(os error ([0-9]+)\)", text)
     return int(found.group(1)) if found else None
 
 
@@ -869,7 +880,7 @@ def _hf_files(directory: Path) -> dict[str, str]:
         return dict.fromkeys(f.keys(), found[0].name)
 
 
-_SERIES_RE = re.compile(r"^(?P<stem>.+)-(?P<k>\d{5,})-of-(?P<n>\d{5,})\.safetensors$")  # `model-00002-of-00003`
+_SERIES_RE = re.compile(r"^(?P<stem>.+)-(?P<k>[0-9]{5,})-of-(?P<n>[0-9]{5,})\.safetensors$")  # `model-00002-of-00003`
 
 
 def _refuse_incomplete_series(shards: set[str], index: Path) -> None:
