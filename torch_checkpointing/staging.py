@@ -124,16 +124,50 @@ def _copied_or_kept(value: Any, memo: TreeMemo) -> Any:
         return value
 
 
-def _copy_sharing(value: Any, memo: TreeMemo, pred: Callable[[Any], bool]) -> Any:
+@dataclass(frozen=True)
+class _Convert:
+    """What a copy of a value taken whole puts in place of some of the objects it holds (`wants`): `make(x)`."""
+
+    wants: Callable[[Any], bool]
+    make: Callable[[Any], Any]
+
+    def into(self, memo: TreeMemo, found: list[Any]) -> None:
+        for x in found:
+            if self.wants(x) and id(x) not in memo:  # one of the tree's is what the walk made for it
+                memo.remember(x, self.make(x))
+
+
+def _copy_sharing(value: Any, memo: TreeMemo, pred: Callable[[Any], bool], convert: _Convert | None = None) -> Any:
     """`value` deep-copied through `memo` where it holds something `pred` accepts, else `value` itself. The copy
     shares with `value` each tensor the tree does not hold: copying its data again cost its size in memory and
     the time to copy it on every save, for nothing (the sync save writes the caller's tensor, as torch.save does;
-    a staged item's is the staging's copy already). One that does not pickle is copied whole, the careful way."""
+    a staged item's is the staging's copy already). One that does not pickle is copied whole, the careful way.
+    With `convert`, what it wants (and `pred` accepts) is replaced in the copy by what it makes."""
     found = found_in(value, lambda x: isinstance(x, torch.Tensor) or pred(x))
     if found is not None:
         if not any(pred(x) for x in found):
             return value
+        if convert is not None:
+            convert.into(memo, found)
         memo.keep(x for x in found if isinstance(x, torch.Tensor))
+    return copy.deepcopy(value, memo)
+
+
+def _deep_copy_loses(x: Any) -> bool:
+    """A tensor inside a value taken whole that the async save cannot deep-copy (sparse compressed, nested, one
+    autograd made) or send to the writer as it is (a quantized one arrives without its quantizer), though
+    torch.save writes it: it is copied, and sent, as the tree's such tensors are (`_copy_outside_slab`,
+    `TensorBytes`)."""
+    if not isinstance(x, torch.Tensor) or x.device.type == "meta":
+        return False
+    return not is_dense_data(x) or x.grad_fn is not None
+
+
+def _staging_copy(value: Any, memo: TreeMemo) -> Any:
+    """The staging's deep copy of a value taken whole, with each tensor `_deep_copy_loses` copied on its own."""
+    found = found_in(value, _deep_copy_loses)
+    if found:
+        _Convert(_deep_copy_loses, lambda x: _copy_outside_slab(x.detach())).into(memo, found)
     return copy.deepcopy(value, memo)
 
 
@@ -538,7 +572,7 @@ class DefaultStager(CheckpointStager):
                     buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
 
-        return map_leaves(value, leaf, WholeValues())
+        return map_leaves(value, leaf, WholeValues(copy=_staging_copy))
 
 
 class _SlabPlan:
@@ -694,17 +728,19 @@ def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
     def held(x: Any) -> bool:
         return isinstance(x, torch.Tensor) and fits_slab(x) and x.untyped_storage().data_ptr() == storage
 
-    # A staged tensor inside a value taken whole (the staging copy put it there) travels as its ref too.
-    return map_leaves(value, ref, WholeValues(copy=_copy_where(held)))
+    # A staged tensor inside a value taken whole (the staging copy put it there) travels as its ref too, and one
+    # the pipe would not carry whole (a quantized one loses its quantizer) as its bytes.
+    as_bytes = _Convert(_deep_copy_loses, TensorBytes.of)
+    return map_leaves(value, ref, WholeValues(copy=_copy_where(lambda x: held(x) or _deep_copy_loses(x), as_bytes)))
 
 
-def _copy_where(pred: Callable[[Any], bool]) -> Callable[[Any, TreeMemo], Any]:
+def _copy_where(pred: Callable[[Any], bool], convert: _Convert | None = None) -> Callable[[Any, TreeMemo], Any]:
     """Copy a value taken whole only where it holds something `pred` accepts, sharing its other tensors
     (`_copy_sharing`): the rest is sent as it is, since a second deep copy of each, after the staging copy's,
     was work and memory for nothing."""
 
     def copy_if_holding(value: Any, memo: TreeMemo) -> Any:
-        return _copy_sharing(value, memo, pred)
+        return _copy_sharing(value, memo, pred, convert)
 
     return copy_if_holding
 
@@ -731,7 +767,9 @@ def from_slab_refs(value: Any, slab: torch.Tensor | SharedSlab) -> Any:
         return made[x]
 
     refs = (SlabRef, TensorBytes)
-    return map_leaves(value, own, WholeValues(_copy_where(lambda x: isinstance(x, refs)), mapped=refs))
+    from_bytes = _Convert(lambda x: isinstance(x, TensorBytes), TensorBytes.tensor)
+    copy_whole = _copy_where(lambda x: isinstance(x, refs), from_bytes)
+    return map_leaves(value, own, WholeValues(copy_whole, mapped=refs))
 
 
 def _over_slab(memory: memoryview, ref: SlabRef) -> torch.Tensor:
