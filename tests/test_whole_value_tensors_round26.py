@@ -57,3 +57,57 @@ def test_a_tensor_inside_a_whole_value_is_saved_by_both_modes(tmp_path: Path, ki
         tensor.dtype,
     )
     assert torch.equal(_values(got), _values(tensor))
+
+
+class Holder:
+    """An object of the caller's, taken whole."""
+
+    def __init__(self, **attrs: object) -> None:
+        self.__dict__.update(attrs)
+
+
+def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_view_inside_a_whole_value_shares_the_trees_tensor_as_torch_save_keeps_it(tmp_path: Path, mode: str) -> None:
+    """A view of a tree tensor held inside a value taken whole shared its memory after a sync save (both written
+    from the caller's memory, as torch.save writes them) and not after an async save (the tree's tensor was
+    staged into the slab, the view deep-copied with a copy of its own of the whole base)."""
+    base = torch.arange(10.0)
+    items = [1, 2]
+    state = {"w": base, "items": items, "holder": Holder(view=base[2:5], alias=base.detach(), items=items)}
+    save = SyncCheckpointSaverConfig() if mode == "sync" else AsyncCheckpointSaverConfig()
+    config = CheckpointManager.Config(save=save, load=CheckpointLoaderConfig(weights_only=False))
+    with CheckpointManager(config) as manager:
+        future = manager.save(str(tmp_path / "ck"), {"model": state})
+        if future is not None:
+            base.fill_(-1.0)  # after save() returned: what was staged is what is written
+            future.result(timeout=120)
+        loaded = manager.load(str(tmp_path / "ck"))["model"]
+    w, holder = loaded["w"], loaded["holder"]
+    assert torch.equal(w, torch.arange(10.0)) and torch.equal(holder.view, torch.arange(2.0, 5.0))
+    assert _shares(holder.view, w) and _shares(holder.alias, w), "the view no longer shares the tree's tensor"
+    assert holder.view.storage_offset() == 2 and holder.items is loaded["items"]
+    w.add_(100.0)
+    assert torch.equal(holder.view, torch.arange(102.0, 105.0))
+
+
+@pytest.mark.parametrize("own_tensor", [False, True])
+def test_a_list_shared_only_with_a_whole_value_loads_back_one_after_an_async_save(
+    tmp_path: Path, own_tensor: bool
+) -> None:
+    """A value taken whole holding a list of the tree but no tensor of the slab was sent to the writer as it was,
+    holding the staged list, while the hand-over (and the writer) rebuilt the tree's: two lists in the file."""
+    items = [1, [2, 3]]
+    holder = Holder(items=items, own=torch.ones(3)) if own_tensor else Holder(items=items)
+    state = {"w": torch.ones(2), "items": items, "holder": holder, "later": deque([items])}
+    load = CheckpointLoaderConfig(weights_only=False)
+    with CheckpointManager(CheckpointManager.Config(save=AsyncCheckpointSaverConfig(), load=load)) as manager:
+        future = manager.save(str(tmp_path / "ck"), {"model": state})
+        assert future is not None
+        future.result(timeout=120)
+        loaded = manager.load(str(tmp_path / "ck"))["model"]
+    assert loaded["holder"].items is loaded["items"] and loaded["later"][0] is loaded["items"]
+    assert loaded["items"] == [1, [2, 3]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import functools
 import io
 import math
 import mmap
@@ -39,6 +40,7 @@ from torch_checkpointing.traversal import (
     distinct_leaves,
     dotted_key,
     freed_storage_said,
+    is_container,
     is_dense_data,
     iter_leaves,
     local_tensor,
@@ -137,15 +139,18 @@ class _Convert:
                 memo.remember(x, self.make(x))
 
 
-def _copy_sharing(value: Any, memo: TreeMemo, pred: Callable[[Any], bool], convert: _Convert | None = None) -> Any:
-    """`value` deep-copied through `memo` where it holds something `pred` accepts, else `value` itself. The copy
+def _copy_sharing(
+    value: Any, memo: TreeMemo, pred: Callable[[Any], bool], convert: _Convert | None = None, *, tree: bool = False
+) -> Any:
+    """`value` deep-copied through `memo` where it holds something `pred` accepts (with `tree`, also a container
+    of the tree), else `value` itself. The copy
     shares with `value` each tensor the tree does not hold: copying its data again cost its size in memory and
     the time to copy it on every save, for nothing (the sync save writes the caller's tensor, as torch.save does;
     a staged item's is the staging's copy already). One that does not pickle is copied whole, the careful way.
     With `convert`, what it wants (and `pred` accepts) is replaced in the copy by what it makes."""
-    found = found_in(value, lambda x: isinstance(x, torch.Tensor) or pred(x))
+    found = found_in(value, lambda x: isinstance(x, torch.Tensor) or pred(x) or (tree and is_container(x)))
     if found is not None:
-        if not any(pred(x) for x in found):
+        if not any(pred(x) or (tree and is_container(x) and memo.in_tree(x)) for x in found):
             return value
         if convert is not None:
             convert.into(memo, found)
@@ -163,12 +168,25 @@ def _deep_copy_loses(x: Any) -> bool:
     return not is_dense_data(x) or x.grad_fn is not None
 
 
-def _staging_copy(value: Any, memo: TreeMemo) -> Any:
-    """The staging's deep copy of a value taken whole, with each tensor `_deep_copy_loses` copied on its own."""
+def _staging_copy(storages: dict[int, torch.UntypedStorage], value: Any, memo: TreeMemo) -> Any:
+    """The staging's deep copy of a value taken whole, with each tensor `_deep_copy_loses` copied on its own.
+    Its tensors' storages are copied through `storages` (the memo torch's deepcopy keeps them in), which the
+    tree's tensors that share one with them are copied through too (`_SlabPlan.shared`)."""
     found = found_in(value, _deep_copy_loses)
     if found:
         _Convert(_deep_copy_loses, lambda x: _copy_outside_slab(x.detach())).into(memo, found)
+    untyped_memo: dict[Any, Any] = memo
+    untyped_memo.setdefault("torch", storages)
     return copy.deepcopy(value, memo)
+
+
+def _storage_shared_copy(t: torch.Tensor, storages: dict[int, torch.UntypedStorage]) -> torch.Tensor:
+    """A copy of `t` over the copy of its storage that the staging's deep copies of values taken whole share."""
+    storage = t.untyped_storage()
+    made = storages.get(storage._cdata)
+    if made is None:
+        made = storages[storage._cdata] = storage.clone()  # type: ignore[no-untyped-call]
+    return torch.empty(0, dtype=t.dtype).set_(made, t.storage_offset(), t.size(), t.stride())
 
 
 def _may_be_in_the_tree(x: Any) -> bool:
@@ -558,13 +576,15 @@ class DefaultStager(CheckpointStager):
         container or other object shared under two paths is copied once, also where one path runs through a
         value taken whole (`map_leaves` with one deepcopy memo), as the sync save's torch.save keeps it one."""
 
+        storages: dict[int, torch.UntypedStorage] = {}
+
         def leaf(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
                 return x  # a plain scalar (every other value is deep-copied by `map_leaves`)
             src = tensor_for_write(x)
             slot = plan.slot_of(x) if fits_slab(src) else None
             if slot is None:
-                return _copy_outside_slab(src)
+                return _storage_shared_copy(src, storages) if plan.shared(x) else _copy_outside_slab(src)
             buf = self._views[slot]
             if slot not in copied:
                 copied.add(slot)
@@ -572,7 +592,7 @@ class DefaultStager(CheckpointStager):
                     buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
 
-        return map_leaves(value, leaf, WholeValues(copy=_staging_copy))
+        return map_leaves(value, leaf, WholeValues(copy=functools.partial(_staging_copy, storages)))
 
 
 class _SlabPlan:
@@ -590,13 +610,22 @@ class _SlabPlan:
         # then take its slot, as if tied to it.
         self._planned: list[torch.Tensor] = []
         self._slot_by_leaf: dict[int, int] = {}  # by id() of a planned leaf (held above): no second `alias_of`
+        self._shared: set[int] = set()  # by id() of a planned leaf: see `shared`
+
+    def shared(self, x: torch.Tensor) -> bool:
+        """Whether `x` shares its memory with a tensor inside a value taken whole: it is then copied over the
+        one copy of that memory the value's copy views, not into the slab, so the file keeps them one storage
+        (as a sync save, which writes both from the caller's memory, and torch.save do)."""
+        return id(x) in self._shared
 
     def add_item(self, key: str, value: Any) -> None:
         try:
-            found = [x for x in distinct_leaves(value) if isinstance(x, torch.Tensor)]  # as `_copy` meets them
+            leaves = list(distinct_leaves(value))
         except NestingError as exc:
             raise exc.for_item(key) from None
+        found = [x for x in leaves if isinstance(x, torch.Tensor)]  # as `_copy` meets them
         self._planned.extend(found)
+        in_whole = _storages_in_whole_values(leaves, found)
         for x in found:
             t = local_tensor(x)
             if t.dtype in SUB_BYTE_DTYPES:
@@ -606,6 +635,9 @@ class _SlabPlan:
                 assert refusal is not None  # `t` is one
                 raise refusal
             alias = alias_of(t)
+            if in_whole and alias is not None and _written_as_itself(t) and t.untyped_storage().data_ptr() in in_whole:
+                self._shared.add(id(x))  # copied with the values taken whole that view its memory, as one storage
+                continue
             if fits_slab(t) and alias is not None:
                 slot = self._slot_of.setdefault(alias, len(self.layout))
                 if slot == len(self.layout):
@@ -620,6 +652,30 @@ class _SlabPlan:
             return slot
         alias = alias_of(x)
         return None if alias is None else self._slot_of.get(alias)
+
+
+def _storages_in_whole_values(leaves: list[Any], tensors: list[torch.Tensor]) -> set[int]:
+    """The storages (by data pointer) of the dense tensors held inside the values taken whole among `leaves`
+    (a tree's) other than the tree's own `tensors`, which the copies share as they are; empty, after one pass
+    over the leaves, for a tree holding no value taken whole."""
+    wholes = [leaf for leaf in leaves if type(leaf) not in _LEAF_TYPES and not isinstance(leaf, torch.Tensor)]
+    if not wholes:
+        return set()
+    tree = {id(t) for t in tensors}
+    found: set[int] = set()
+    for whole in wholes:
+        for t in found_in(whole, lambda x: isinstance(x, torch.Tensor)) or ():
+            if id(t) not in tree and is_dense_data(t) and t.untyped_storage().data_ptr() != 0:
+                found.add(t.untyped_storage().data_ptr())
+    return found
+
+
+def _written_as_itself(t: torch.Tensor) -> bool:
+    """Whether a tree tensor's file form views its own memory (a sync save writes it from there)."""
+    return fits_slab(t) and not has_lazy_bits(t) and not _is_partial(t)
+
+
+_LEAF_TYPES = (int, float, bool, str, bytes, type(None))
 
 
 def _sub_byte_refusal(key: str, value: Any, dtype: torch.dtype) -> pickle.PicklingError:
@@ -717,12 +773,21 @@ def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
     """The staged tree as it travels to the writer: each slab tensor replaced by its SlabRef, each other tensor
     by its TensorBytes (containers and other leaves kept)."""
     base, storage = slab.data_ptr(), slab.untyped_storage().data_ptr()
+    in_whole: list[set[int]] = []  # found when first asked: most trees hold no tensor off the slab
+
+    def viewed_from_a_whole_value(x: torch.Tensor) -> bool:
+        if not in_whole:
+            leaves = list(distinct_leaves(value))
+            in_whole.append(_storages_in_whole_values(leaves, [t for t in leaves if isinstance(t, torch.Tensor)]))
+        return x.untyped_storage().data_ptr() in in_whole[0]
 
     def ref(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
         if fits_slab(x) and x.untyped_storage().data_ptr() == storage:
             return SlabRef(x.data_ptr() - base, tuple(x.shape), x.dtype)
+        if type(x) is torch.Tensor and is_dense_data(x) and viewed_from_a_whole_value(x):
+            return x  # its memory is viewed from a value taken whole too: sent with it, one storage in one pickle
         return TensorBytes.of(x)
 
     def held(x: Any) -> bool:
@@ -731,16 +796,18 @@ def to_slab_refs(value: Any, slab: torch.Tensor) -> Any:
     # A staged tensor inside a value taken whole (the staging copy put it there) travels as its ref too, and one
     # the pipe would not carry whole (a quantized one loses its quantizer) as its bytes.
     as_bytes = _Convert(_deep_copy_loses, TensorBytes.of)
-    return map_leaves(value, ref, WholeValues(copy=_copy_where(lambda x: held(x) or _deep_copy_loses(x), as_bytes)))
+    copy_whole = _copy_where(lambda x: held(x) or _deep_copy_loses(x), as_bytes)
+    return map_leaves(value, ref, WholeValues(copy=copy_whole))
 
 
 def _copy_where(pred: Callable[[Any], bool], convert: _Convert | None = None) -> Callable[[Any, TreeMemo], Any]:
-    """Copy a value taken whole only where it holds something `pred` accepts, sharing its other tensors
-    (`_copy_sharing`): the rest is sent as it is, since a second deep copy of each, after the staging copy's,
-    was work and memory for nothing."""
+    """Copy a value taken whole only where it holds something `pred` accepts or a container of the tree, sharing
+    its other tensors (`_copy_sharing`): the rest is sent as it is, since a second deep copy of each, after the
+    staging copy's, was work and memory for nothing. A container of the tree is rebuilt by the walk: a value
+    holding one sent as it was held the old one, and the file had two lists where the trainer had one."""
 
     def copy_if_holding(value: Any, memo: TreeMemo) -> Any:
-        return _copy_sharing(value, memo, pred, convert)
+        return _copy_sharing(value, memo, pred, convert, tree=True)
 
     return copy_if_holding
 

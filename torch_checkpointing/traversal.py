@@ -402,6 +402,10 @@ class TreeMemo(dict[int, Any]):
             if id(obj) not in nodes and not dict.__contains__(self, id(obj)):
                 self.remember(obj, obj)
 
+    def in_tree(self, obj: Any) -> bool:
+        """Whether `obj` is a node of the tree (a container of it, or a leaf of a mapped type)."""
+        return id(obj) in self._tree_nodes()
+
     def forget_since(self, size: int) -> None:
         """Drop the copies added since the memo held `size` entries: a copy that failed partway left objects it
         had made but not filled, which a later copy through the memo would take for finished ones. What the walk
