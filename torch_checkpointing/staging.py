@@ -577,14 +577,21 @@ class DefaultStager(CheckpointStager):
         value taken whole (`map_leaves` with one deepcopy memo), as the sync save's torch.save keeps it one."""
 
         storages: dict[int, torch.UntypedStorage] = {}
+        by_alias: dict[tuple[Any, ...], torch.Tensor] = {}  # tied leaves stay one tensor, as in a slot
 
         def leaf(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
                 return x  # a plain scalar (every other value is deep-copied by `map_leaves`)
             src = tensor_for_write(x)
+            if plan.shared(x):
+                alias = alias_of(src)
+                assert alias is not None  # `_SlabPlan.add_item` shares only tensors that have one
+                if alias not in by_alias:
+                    by_alias[alias] = _storage_shared_copy(src, storages)
+                return by_alias[alias]
             slot = plan.slot_of(x) if fits_slab(src) else None
             if slot is None:
-                return _storage_shared_copy(src, storages) if plan.shared(x) else _copy_outside_slab(src)
+                return _copy_outside_slab(src)
             buf = self._views[slot]
             if slot not in copied:
                 copied.add(slot)
@@ -671,8 +678,9 @@ def _storages_in_whole_values(leaves: list[Any], tensors: list[torch.Tensor]) ->
 
 
 def _written_as_itself(t: torch.Tensor) -> bool:
-    """Whether a tree tensor's file form views its own memory (a sync save writes it from there)."""
-    return fits_slab(t) and not has_lazy_bits(t) and not _is_partial(t)
+    """Whether a tree tensor's file form views its own memory (a sync save writes it from there); host memory
+    only, which the staging's copy of it stays in."""
+    return fits_slab(t) and t.device.type == "cpu" and not has_lazy_bits(t) and not _is_partial(t)
 
 
 _LEAF_TYPES = (int, float, bool, str, bytes, type(None))
