@@ -23,7 +23,7 @@ import torch
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.asides import copy_to_put_back
 from torch_checkpointing.config import SyncCheckpointSaverConfig
-from torch_checkpointing.discovery import pid_alive
+from torch_checkpointing.names import pid_alive
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 

@@ -60,7 +60,16 @@ from torch_checkpointing.manifest import (
     shown_name,
     stray_claim,
 )
-from torch_checkpointing.names import ASIDE_RE, aside_of, fit_name, made_here, same_host, this_host
+from torch_checkpointing.names import (
+    ASIDE_RE,
+    CREATING_RE,
+    aside_of,
+    fit_name,
+    made_here,
+    pid_alive,
+    same_host,
+    this_host,
+)
 from torch_checkpointing.signals import signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import raise_unless_removed, remove_tree_marks_last
@@ -245,9 +254,16 @@ def _failed_save_of_ours(storage: Storage, names: set[str]) -> bool:
     deleting one in place removes the marker last: the marker alone. A user's folder that merely holds a
     file named `.incomplete` (a download tool's) is not ours, and replacing it deleted every file in it.
     """
-    if INCOMPLETE_MARKER not in names:
-        return False
-    return not storage.atomic_rename or names == {INCOMPLETE_MARKER}
+    rest = {n for n in names if not _marker_being_created(n)}
+    if INCOMPLETE_MARKER not in rest:  # a marker's create killed before its link (no O_TMPFILE) leaves only that
+        return bool(names) and not rest and not storage.atomic_rename
+    return not storage.atomic_rename or rest == {INCOMPLETE_MARKER}
+
+
+def _marker_being_created(name: str) -> bool:
+    """Whether `name` holds a marker's bytes before their link under its name (`names.CREATING_RE`)."""
+    match = CREATING_RE.match(name)
+    return match is not None and match["name"] == INCOMPLETE_MARKER
 
 
 def _check_ancestors(storage: Storage, final: str, local: str) -> None:
@@ -729,7 +745,7 @@ def stale_reason(held: Claim | None, mine: Claim) -> str | None:
     would let two saves write the same keys again.
     """
     # Imported here: the writer process loads only the write path, and discovery brings in the loader.
-    from torch_checkpointing.discovery import job_ended_here, owner_alive, pid_alive
+    from torch_checkpointing.discovery import job_ended_here, owner_alive
 
     if held is None:
         return "its marker holds no claim (a save by an earlier version, or a marker made by hand)"

@@ -55,6 +55,7 @@ from torch_checkpointing.names import (
     aside_of,
     held_here,
     made_here,
+    pid_alive,
     previous_copy_hint,
     step_from_name,
 )
@@ -703,17 +704,6 @@ def _started_after(pid: int, path: Path) -> bool:
         return False
     running_s = up_s - started_ticks / os.sysconf("SC_CLK_TCK")
     return running_s < made_s_ago - OWNER_STARTED_AFTER_S
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (a pid reused since is counted alive: the safe side)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # Jobs of this process: how many open managers hold each uid's owner lock, and the uids whose every manager here

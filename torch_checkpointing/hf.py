@@ -40,7 +40,6 @@ from torch_checkpointing.discovery import (
     committed_manifest,
     default_storage,
     local_url_refused,
-    pid_alive,
     storage_for,
 )
 from torch_checkpointing.distributed_metadata import (
@@ -66,7 +65,7 @@ from torch_checkpointing.errors import (
     unreadable_file,
 )
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, read_manifest, read_regular_file
-from torch_checkpointing.names import fit_name, pid_namespace
+from torch_checkpointing.names import fit_name, pid_alive, pid_namespace
 from torch_checkpointing.read_context import (
     CheckpointReadContext,
     ReadPolicy,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 __all__ = [
     "ASIDE_RE",
+    "CREATING_RE",
     "DEFAULT_UNOWNED_AGE_S",
     "NAME_MAX",
     "PATH_MAX",
@@ -26,6 +27,7 @@ __all__ = [
     "TRASH_RE",
     "aside_name",
     "aside_of",
+    "creating_name",
     "cut_from",
     "fit_name",
     "held_here",
@@ -34,6 +36,7 @@ __all__ = [
     "made_here",
     "may_be_cut",
     "new_nonce",
+    "pid_alive",
     "pid_namespace",
     "previous_copy_hint",
     "same_host",
@@ -65,6 +68,28 @@ TRASH_RE = re.compile(r"^\.(?P<name>.+)\.trash-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f
 # How old a leftover whose maker cannot be checked from here (another host's) must be before it counts as gone:
 # no save, replace or delete takes a day.
 DEFAULT_UNOWNED_AGE_S = 24 * 3600.0
+
+
+# Where a marker's bytes are written before they are linked under its name, on a filesystem without O_TMPFILE
+# (`.{name}.creating-{pid}-{nonce}-{host}`, beside the marker): a creator killed before its link or its unlink
+# leaves one, which the next creator of the marker removes (`fsspec_storage._remove_dead_creations`).
+CREATING_RE = re.compile(r"^\.(?P<name>.+)\.creating-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]{8})-(?P<host>[0-9a-f]{8})$")
+
+
+def creating_name(name: str) -> str:
+    """This process's hidden name for the bytes of `name` while it creates it (`CREATING_RE`)."""
+    return f".{name}.creating-{os.getpid()}-{new_nonce()}-{host_tag()}"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (a pid reused since is counted alive: the safe side)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def step_from_name(name: str) -> int | None:

@@ -57,7 +57,7 @@ from torch_checkpointing.manifest import (
     MAX_MARKER_BYTES,
     our_marker,
 )
-from torch_checkpointing.names import this_host
+from torch_checkpointing.names import CREATING_RE, creating_name, made_here, pid_alive, this_host
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
 __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
@@ -1037,6 +1037,9 @@ _MARKER_LOCK_WAIT_S = 30.0
 _MEMORY_MARKER_LOCK = threading.Lock()
 # Whether a file made with O_TMPFILE can be given a name (`_create_local`): Linux, with /proc mounted.
 _HAS_TMPFILE_LINKS = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+# How old the hidden file of a marker's create (no O_TMPFILE) must be to be a dead creator's, whoever made it: a
+# live one writes a few hundred bytes into it and links it at once.
+_CREATING_STALE_S = 60.0
 
 
 def _create_local(name: str, data: bytes) -> bool:
@@ -1065,8 +1068,15 @@ def _create_local(name: str, data: bytes) -> bool:
 
 
 def _create_local_named(name: str, data: bytes) -> bool:
-    """`_create_local` through a hidden file of this process beside `name`, removed once linked (or not)."""
-    hidden = os.path.join(os.path.dirname(name) or ".", f".{os.path.basename(name)}.{uuid.uuid4().hex}.creating")
+    """`_create_local` through a hidden file of this process beside `name`, removed once linked (or not).
+
+    A creator killed between that file's create and its unlink left it there for good: in the id's folder with
+    no marker (killed before the link), it made every later save of the id refuse it as "a directory that is not
+    a checkpoint"; beside the marker (killed after), it stayed in the checkpoint committed there. So the dead
+    creators' files go first, and a save takes a folder holding only those as its own (`commit`)."""
+    folder = os.path.dirname(name) or "."
+    _remove_dead_creations(folder, os.path.basename(name))
+    hidden = os.path.join(folder, creating_name(os.path.basename(name)))
     fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666)
     try:
         try:
@@ -1080,6 +1090,37 @@ def _create_local_named(name: str, data: bytes) -> bool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(hidden)
     return True
+
+
+def _remove_dead_creations(folder: str, base: str) -> None:
+    """Remove the hidden files of `base`'s creators that are dead (`_creation_dead`), named at WARNING."""
+    with contextlib.suppress(FileNotFoundError), os.scandir(folder) as entries:
+        for entry in entries:
+            match = CREATING_RE.match(entry.name)
+            if match is None or match["name"] != base or not _creation_dead(match, entry.path):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                logger.warning(
+                    "Removed %s, the bytes of a create of %s whose process (pid %s) is gone: it was killed before "
+                    "it could link or remove them.",
+                    entry.path,
+                    os.path.join(folder, base),
+                    match["pid"],
+                )
+
+
+def _creation_dead(match: re.Match[str], path: str) -> bool:
+    """Whether the creator that made the hidden file `path` is gone: a process of this host that no longer runs,
+    or any creator once the file is older than a create takes (another host's pid is nothing here). Removing a
+    live creator's file makes its link fail (an error it raises), never a marker of the wrong bytes."""
+    pid = int(match["pid"])
+    if made_here(match) and pid != os.getpid() and not pid_alive(pid):
+        return True
+    try:
+        return time.time() - os.lstat(path).st_mtime > _CREATING_STALE_S
+    except FileNotFoundError:
+        return False
 
 
 def _write_all(fd: int, data: bytes) -> None:
