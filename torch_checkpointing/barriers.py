@@ -48,7 +48,9 @@ class TCPStoreBarrierConfig(BarrierConfig):
 
 
 class TCPStoreBarrier(Barrier):
-    """Role rank 0 hosts the store; each barrier has its own sequence number so barriers never mix."""
+    """Role rank 0 hosts the store. Rounds are numbered by that store, per rank and `key_prefix`: each rank's k-th
+    `execute_barrier` meets every other rank's k-th, whichever barrier object of the rank made it (one made again
+    goes on from its rank's count), so barriers never mix."""
 
     def __init__(self, config: TCPStoreBarrierConfig, rank_info: RankInfo | None = None) -> None:
         self.config = config
