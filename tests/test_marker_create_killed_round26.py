@@ -22,6 +22,7 @@ import torch
 
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.names import creating_name
 from torch_checkpointing.storage import fsspec_storage
 
 pytest.importorskip("fsspec")
@@ -36,6 +37,7 @@ import json, os, signal, sys
 import torch
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.names import creating_name
 from torch_checkpointing.storage import fsspec_storage
 
 args = json.loads(sys.argv[1])
@@ -87,3 +89,24 @@ def test_a_save_killed_inside_its_markers_create_leaves_the_id_to_the_next_save_
     left = sorted(os.listdir(tmp_path / "run" / ckpt))
     assert not [name for name in left if name.startswith(".")], left  # nothing of the killed create stays
     assert hidden[0] in caplog.text, caplog.text  # its removal is named
+
+
+def test_a_killed_creators_file_of_this_very_pid_goes_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job restarted in a container often gets the pid of the one that was killed: its leftover names this
+    process's pid (another nonce). Judged by the pid alone (alive) it stayed, for a minute, and the save committed
+    a checkpoint holding it."""
+    monkeypatch.setattr(fsspec_storage, "_HAS_TMPFILE_LINKS", False)
+    url, ckpt = f"file://{tmp_path}/run", "step_1"
+    folder = tmp_path / "run" / ckpt
+    folder.mkdir(parents=True)
+    left = folder / creating_name(".incomplete")  # what a killed process of this pid left before its link
+    left.write_bytes(b'{"claim": "of the killed job"}')
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=url))
+    with CheckpointManager(config) as manager:
+        manager.save(ckpt, {"model": {"w": torch.arange(3.0)}})
+        assert torch.equal(manager.load(ckpt)["model"]["w"], torch.arange(3.0))
+    assert sorted(os.listdir(folder)) == ["manifest.json", "model_0.pt"], os.listdir(folder)
+    assert left.name in caplog.text, caplog.text

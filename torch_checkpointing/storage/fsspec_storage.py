@@ -57,7 +57,7 @@ from torch_checkpointing.manifest import (
     MAX_MARKER_BYTES,
     our_marker,
 )
-from torch_checkpointing.names import CREATING_RE, creating_name, made_here, pid_alive, this_host
+from torch_checkpointing.names import CREATING_RE, creating_name, held_here, holding, made_here, pid_alive, this_host
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
 __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
@@ -1077,18 +1077,19 @@ def _create_local_named(name: str, data: bytes) -> bool:
     folder = os.path.dirname(name) or "."
     _remove_dead_creations(folder, os.path.basename(name))
     hidden = os.path.join(folder, creating_name(os.path.basename(name)))
-    fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666)
-    try:
+    with holding(hidden):  # told from one a killed process of this pid left (`_creation_dead`)
+        fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666)
         try:
-            _write_all(fd, data)
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            os.link(hidden, name)
+        except FileExistsError:
+            return False
         finally:
-            os.close(fd)
-        os.link(hidden, name)
-    except FileExistsError:
-        return False
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(hidden)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(hidden)
     return True
 
 
@@ -1111,11 +1112,12 @@ def _remove_dead_creations(folder: str, base: str) -> None:
 
 
 def _creation_dead(match: re.Match[str], path: str) -> bool:
-    """Whether the creator that made the hidden file `path` is gone: a process of this host that no longer runs,
-    or any creator once the file is older than a create takes (another host's pid is nothing here). Removing a
-    live creator's file makes its link fail (an error it raises), never a marker of the wrong bytes."""
+    """Whether the creator that made the hidden file `path` is gone: a process of this host that no longer runs
+    (this pid: one that is not creating it now, a killed job's restarted in a container with its pid), or any
+    creator once the file is older than a create takes (another host's pid is nothing here). Removing a live
+    creator's file makes its link fail (an error it raises), never a marker of the wrong bytes."""
     pid = int(match["pid"])
-    if made_here(match) and pid != os.getpid() and not pid_alive(pid):
+    if made_here(match) and (not held_here(path) if pid == os.getpid() else not pid_alive(pid)):
         return True
     try:
         return time.time() - os.lstat(path).st_mtime > _CREATING_STALE_S
