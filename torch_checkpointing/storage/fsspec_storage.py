@@ -1103,11 +1103,12 @@ def _remove_dead_creations(folder: str, base: str) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
                 logger.warning(
-                    "Removed %s, the bytes of a create of %s whose process (pid %s) is gone: it was killed before "
-                    "it could link or remove them.",
+                    "Removed %s, the bytes of a create of %s that never finished: its process (pid %s) was killed "
+                    "before it linked or removed them (it is gone, or the file is over %gs old).",
                     entry.path,
                     os.path.join(folder, base),
                     match["pid"],
+                    _CREATING_STALE_S,
                 )
 
 
