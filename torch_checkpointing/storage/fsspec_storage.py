@@ -299,6 +299,14 @@ def _own_copy(options: Any) -> Any:
     return options
 
 
+def _own_filesystem_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`_own_copy` of the caller's options, with fsspec's instance cache off unless they set it. That cache keys
+    a filesystem on its options alone, but the environment (AWS_ENDPOINT_URL, the credentials, a profile) defines
+    the store as much: a storage built after they changed got the client of the store they named before, and
+    read and wrote there, silently. A storage's filesystem is its own, as its listing cache is."""
+    return {"skip_instance_cache": True, **_own_copy(options)}
+
+
 class FsspecStorage(Storage):
     """The Storage interface over fsspec filesystems, with the object-store commit (no directory rename)."""
 
@@ -333,7 +341,7 @@ class FsspecStorage(Storage):
             if given is not None and scheme in _protocols_of(given):
                 fs = given
             else:
-                fs = _import_fsspec().filesystem(scheme, **_own_copy(self.config.storage_options))
+                fs = _import_fsspec().filesystem(scheme, **_own_filesystem_options(self.config.storage_options))
             timeout = self.config.request_timeout_s
             bounded = _BoundedFs(fs, timeout) if timeout is not None and getattr(fs, "async_impl", False) else fs
             backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme}, bounded)
