@@ -26,7 +26,7 @@ from torch_checkpointing.distributed_metadata import (
     nested_path_to_json,
 )
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ShardSpec, get_device_mesh_spec
-from torch_checkpointing.errors import CorruptCheckpointError
+from torch_checkpointing.errors import CorruptCheckpointError, NewerCheckpointError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
 
@@ -168,7 +168,10 @@ def test_nested_paths_keep_int_and_str_components() -> None:
 def test_unknown_version_is_refused() -> None:
     d = sample(1).to_dict()
     d["version"] = "9.9"
-    with pytest.raises(ValueError, match="Unsupported sharding metadata version '9.9'"):
+    with pytest.raises(NewerCheckpointError, match="'version' is '9.9'.*newer engine"):
+        DistributedMetadata.from_dict(d)
+    d["version"] = "nine"
+    with pytest.raises(ValueError, match="Unsupported sharding metadata version 'nine'"):
         DistributedMetadata.from_dict(d)
 
 

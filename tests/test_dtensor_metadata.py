@@ -24,6 +24,7 @@ from torch_checkpointing.dtensor_metadata import (
     placement_spec_from_dict,
 )
 from torch_checkpointing.dtensor_resharder import DTensorResharder
+from torch_checkpointing.errors import CorruptCheckpointError, NewerCheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +53,10 @@ def test_placement_specs_round_trip_and_print() -> None:
 
 
 def test_unknown_placement_type_is_refused() -> None:
-    with pytest.raises(ValueError, match="Unknown placement type 'Partial'"):
+    with pytest.raises(NewerCheckpointError, match="placement type 'Partial', which this engine does not know"):
         placement_spec_from_dict({"type": "Partial"})
+    with pytest.raises(CorruptCheckpointError, match="placement type 3, which no engine writes"):
+        placement_spec_from_dict({"type": 3})
 
 
 def test_device_mesh_spec_coordinates_and_interning() -> None:

@@ -111,9 +111,15 @@ def test_verify_fails_a_file_recorded_in_a_format_no_load_reads(
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["items"]["model"]["0"]["format"] = {"type": "ZstdTorchSerialization"}
     (root / "manifest.json").write_text(json.dumps(manifest))
+    # Never OK; a newer engine's format is no damage either (exit 2, round 26), a name no engine writes is.
+    assert main(["verify", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "model_0.pt" in err and "ZstdTorchSerialization" in err, err
+    manifest["items"]["model"]["0"]["format"] = {"type": "zstd.TorchSerialization"}
+    (root / "manifest.json").write_text(json.dumps(manifest))
     assert main(["verify", str(root)]) == 1
     out = capsys.readouterr().out
-    assert "model_0.pt" in out and "ZstdTorchSerialization" in out, out
+    assert "model_0.pt" in out and "zstd.TorchSerialization" in out, out
 
 
 def test_prune_by_a_metric_no_checkpoint_records_never_deletes_the_best_by_the_name_meant(

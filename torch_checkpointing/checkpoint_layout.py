@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from typing_extensions import Self
 
-from torch_checkpointing.errors import ConfigError, ConfigTypeError, CorruptCheckpointError
+from torch_checkpointing.errors import ConfigError, ConfigTypeError, CorruptCheckpointError, unknown_to_this_engine
 from torch_checkpointing.schema_constants import RANK_PLACEHOLDER
 
 
@@ -180,6 +180,9 @@ def untrusted_format_from_dict(d: Any, where: str) -> SerializationFormat:
     A record no format reads (an unknown `type`, options of the wrong type) is the checkpoint's defect, not the
     caller's: a `CorruptCheckpointError` naming `where` (the file and field), never the `ConfigError` a bad
     config gets (a load without templates, `export` and `diff` raised that bare, naming nothing)."""
+    kind = d.get("type") if isinstance(d, dict) else None
+    if isinstance(d, dict) and not (isinstance(kind, str) and kind in _BY_NAME):
+        raise unknown_to_this_engine(where, "the serialization format", kind)
     try:
         if not isinstance(d, dict):
             raise ConfigTypeError(f"a format record must be an object such as {{'type': 'TorchSerialization'}}: {d!r}")

@@ -460,6 +460,8 @@ class CheckpointLoader:
                 f"key, save the item, or declare ItemSpec(required=False) to allow checkpoints without it."
             )
         record = ctx.record(rel)
+        if record is not None:  # a format no engine writes, or a newer one's, is said so, never "load with it"
+            record.serialization_format(ctx.root / MANIFEST_FILE_NAME)
         if record is not None and record.format.get("type") != type(item.layout.serialization_format).__name__:
             raise TemplateMismatchError(
                 f"File {ctx.root / rel} for item '{item.key}' was written as {record.format.get('type')}, but the "

@@ -584,7 +584,9 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         return EXIT_NO
     with ctx:
         assert manifest is not None  # allow_legacy_checkpoints=False: a directory without one raised
-        checks = _verify_all(ctx, manifest, ui)
+        checks, newer = _verify_all(ctx, manifest, ui)
+    if newer is not None and all(c.ok for c in checks):
+        raise newer  # whole as recorded, in what this engine cannot read: the command's error (exit 2), no FAILED
     total = sum(r.size for r in manifest.files)
     ok = all(c.ok for c in checks)
     ui.emit_json({"checkpoint": args.checkpoint, "ok": ok, "files": [c.__dict__ for c in checks]})
@@ -615,21 +617,30 @@ def _refuse_if_aside(storage: Storage, root: Path, missing: FileNotFoundError) -
         ) from missing
 
 
-def _verify_all(ctx: CheckpointReadContext, manifest: Manifest, ui: Ui) -> list[_Check]:
+def _verify_all(
+    ctx: CheckpointReadContext, manifest: Manifest, ui: Ui
+) -> tuple[list[_Check], NewerCheckpointError | None]:
+    """Every file's check, and the first record in a format this engine does not know (a newer engine's): its
+    bytes are still checked, so a damaged file is FAILED whatever its format."""
     checks: list[_Check] = []
+    newer: list[NewerCheckpointError] = []
     with ui.progress(sum(r.size for r in manifest.files), f"verify {ctx.root.name}") as advance:
         for rec in sorted(manifest.files, key=lambda r: (r.key, r.rank)):
-            checks.append(_known_format(ctx, rec) or _verify_record(ctx, rec, advance))
+            checks.append(_known_format(ctx, rec, newer) or _verify_record(ctx, rec, advance))
     if manifest.metadata_file:
         checks.append(_verify_metadata(ctx, manifest.metadata_file))
-    return checks
+    return checks, (newer[0] if newer else None)
 
 
-def _known_format(ctx: CheckpointReadContext, rec: FileRecord) -> _Check | None:
-    """A failed check for a file recorded in a format no load reads (a newer engine's, or a damaged record):
-    its bytes may match, but the checkpoint does not load, and `verify` said OK."""
+def _known_format(ctx: CheckpointReadContext, rec: FileRecord, newer: list[NewerCheckpointError]) -> _Check | None:
+    """A failed check for a file recorded in a format no engine writes (a damaged or crafted record): its bytes
+    may match, but the checkpoint does not load, and `verify` said OK. A format a newer engine wrote goes to
+    `newer` instead: no damage, and `verify` said FAILED (exit 1) of a healthy checkpoint, which `verify || rm`
+    deletes."""
     try:
         rec.serialization_format(ctx.root / MANIFEST_FILE_NAME)
+    except NewerCheckpointError as exc:
+        newer.append(exc)
     except CheckpointError as exc:
         return _Check(rec.path, False, str(exc))
     return None

@@ -45,6 +45,7 @@ from torch_checkpointing.errors import (
     RefusedPickleError,
     TemplateMismatchError,
     undecodable,
+    unknown_to_this_engine,
 )
 from torch_checkpointing.json_dataclass import RebuildGaps, from_jsonable, to_jsonable
 from torch_checkpointing.manifest import DuplicateKeyError, unique_keys
@@ -118,11 +119,11 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 
 
 def safetensors_dtype(name: Any, where: object) -> torch.dtype:
-    """The torch dtype of a safetensors header's dtype name; a name not in the table is a damaged (or crafted)
-    header: `CorruptCheckpointError` naming the file, not a bare KeyError."""
+    """The torch dtype of a safetensors header's dtype name; a name not in the table is a newer library's dtype
+    (`NewerCheckpointError`: no damage) or a damaged or crafted header, naming the file, not a bare KeyError."""
     dtype = SAFETENSORS_DTYPES.get(name) if isinstance(name, str) else None
     if dtype is None:
-        raise CorruptCheckpointError(f"{where}: its safetensors header names an unknown dtype {name!r}.")
+        raise unknown_to_this_engine(f"{where}: its safetensors header", "the dtype", name)
     return dtype
 
 

@@ -639,7 +639,7 @@ def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -
                 ctx.check(ctx.manifest.metadata_file, "sharding metadata")
     except ObjectStoreError:
         raise
-    except PermissionError as exc:
+    except (PermissionError, NewerCheckpointError) as exc:  # no damage: a listing must not call it so
         return Problem(str(exc), unreadable=True)
     except (CheckpointError, OSError) as exc:
         return Problem(str(exc))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,13 @@ from torch_checkpointing.checkpoint_layout import (
     TorchSerialization,
     default_layout_info,
 )
-from torch_checkpointing.errors import ConfigError, CorruptCheckpointError, UnsafeCheckpointError
+from torch_checkpointing.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    NewerCheckpointError,
+    UnsafeCheckpointError,
+    unknown_to_this_engine,
+)
 from torch_checkpointing.manifest import MAX_WORLD_SIZE
 from torch_checkpointing.read_context import (
     MAX_METADATA_BYTES,
@@ -430,6 +437,12 @@ class DistributedMetadata:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistributedMetadata:
         version = json_object(d, "metadata.json").get("version")
+        if _newer_version(version):
+            raise NewerCheckpointError(
+                f"field 'version' is {version!r}; this engine reads sharding metadata versions "
+                f"{', '.join(READABLE_METADATA_VERSIONS)}. A newer engine wrote this checkpoint: load it with that "
+                f"engine or a newer one (it is not damaged; do not delete it)."
+            )
         if version not in READABLE_METADATA_VERSIONS:
             readable = ", ".join(repr(v) for v in READABLE_METADATA_VERSIONS)
             why = (
@@ -662,10 +675,8 @@ def parse_distributed_metadata(data: bytes, where: str, keys: Collection[str] | 
         value = {**value, "metadata": {k: v for k, v in value["metadata"].items() if k in keys}}
     try:
         return DistributedMetadata.from_dict(value)
-    except UnsafeCheckpointError as exc:
-        raise UnsafeCheckpointError(f"{where}: {exc}") from None
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{where}: {exc}") from None
+    except CorruptCheckpointError as exc:  # its kind kept: a newer engine's metadata is no damage
+        raise type(exc)(f"{where}: {exc}") from None
     except (
         ValueError,
         KeyError,
@@ -699,6 +710,14 @@ def _rank(text: Any) -> int:
     return int(text)
 
 
+def _newer_version(version: object) -> bool:
+    """Whether `version` is a `major.minor` string above every version this engine reads (a newer engine's)."""
+    if not isinstance(version, str) or re.fullmatch(r"[0-9]{1,9}\.[0-9]{1,9}", version) is None:
+        return False
+    newest = max(tuple(map(int, v.split("."))) for v in READABLE_METADATA_VERSIONS)
+    return tuple(map(int, version.split("."))) > newest
+
+
 def layout_from_untrusted_dict(d: Any, where: str) -> LayoutInfo:
     """A `LayoutInfo` read from checkpoint data: save-time path rules, one of the four formats, nothing imported."""
     if not isinstance(d, dict) or not isinstance(d.get("serialization_format"), dict):
@@ -721,7 +740,7 @@ def layout_from_untrusted_dict(d: Any, where: str) -> LayoutInfo:
         return LayoutInfo(path, SafetensorsSerialization(metadata=meta))
     simple = {"TorchSerialization": TorchSerialization, "RawSerialization": RawSerialization}.get(str(kind))
     if simple is None:
-        raise CorruptCheckpointError(f"Sharding metadata {where}: unknown serialization format type {kind!r}.")
+        raise unknown_to_this_engine(f"Sharding metadata {where}", "the serialization format", kind)
     return LayoutInfo(path, simple())
 
 

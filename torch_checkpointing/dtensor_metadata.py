@@ -22,7 +22,7 @@ from torch_checkpointing.distributed_metadata import (
     encode_rank_list,
     json_object,
 )
-from torch_checkpointing.errors import CheckpointError, TemplateMismatchError
+from torch_checkpointing.errors import CheckpointError, TemplateMismatchError, unknown_to_this_engine
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 
 if TYPE_CHECKING:
@@ -146,7 +146,8 @@ def _counts(value: Any, what: str) -> tuple[int, ...]:
 def placement_spec_from_dict(d: dict[str, Any]) -> PlacementSpec:
     cls = _PLACEMENTS.get(json_object(d, "placements[]").get("type", ""))
     if cls is None:
-        raise ValueError(f"Unknown placement type {d.get('type')!r}; known: {sorted(_PLACEMENTS)}")
+        known = f"placements[] (known: {sorted(_PLACEMENTS)})"
+        raise unknown_to_this_engine(known, "the placement type", d.get("type"))
     return cls.from_dict(d)
 
 

@@ -79,10 +79,30 @@ class CheckpointReplacedError(CorruptCheckpointError):
 
 
 class NewerCheckpointError(CorruptCheckpointError):
-    """The checkpoint's manifest has a version above the one this engine reads: a newer engine wrote it. Not
-    damage: load it with that engine (do not delete it). A `CorruptCheckpointError` for callers that catch one
-    (it cannot be loaded here); a tool that acts on damage must tell the two apart, as the listings and `verify`
-    do (`ls` lists it as unreadable, `verify` exits 2, never FAILED)."""
+    """The checkpoint records what this engine does not know: a manifest or sharding metadata version above the
+    ones it reads, or a serialization format, dtype or placement type it has no name for (`unknown_to_this_engine`).
+    A newer engine (or another tool) wrote it. Not damage: load it with that engine (do not delete it). A
+    `CorruptCheckpointError` for callers that catch one (it cannot be loaded here); a tool that acts on damage
+    must tell the two apart, as the listings and `verify` do (`ls` lists it as unreadable, `verify` exits 2,
+    never FAILED)."""
+
+
+def unknown_to_this_engine(where: str, what: str, name: object) -> CorruptCheckpointError:
+    """The refusal of a record naming `what` (a serialization format, a dtype, ...) as `name`, which this engine
+    does not know. A well-formed name (an identifier, as every engine writes them) is a newer engine's or another
+    tool's: a `NewerCheckpointError`, which `verify` and the listings never call damage, so a healthy checkpoint
+    is not deleted over an engine too old to read it. Anything else (not a string, `os.system`, empty) no engine
+    writes: damage or crafted."""
+    if isinstance(name, str) and name.isidentifier():
+        return NewerCheckpointError(
+            f"{where} records {what} {name!r}, which this engine does not know: a newer engine (or another tool) "
+            f"wrote this checkpoint. It is not damaged as far as this engine can tell (do not delete it): read it "
+            f"with the engine that wrote it, or upgrade this one."
+        )
+    return CorruptCheckpointError(
+        f"{where} records {what} {name!r}, which no engine writes; the checkpoint is damaged or crafted. Load an "
+        f"earlier checkpoint."
+    )
 
 
 class UndecodableFileError(CorruptCheckpointError, ValueError, TypeError):
