@@ -809,6 +809,8 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
             "deleted": [c.to_dict() for c in report.deleted],
             "failed": failed,
             "metric_not_recorded": report.metric_not_recorded,
+            "damaged": [p.to_dict() for p in report.not_listed if not p.unreadable],
+            "unreadable": [p.to_dict() for p in report.not_listed if p.unreadable],
         }
     )
     if report.metric_not_recorded is not None:  # on stdout beside the deletions it explains, at either level, once
@@ -817,6 +819,8 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     ui.line(f"{verb} {len(report.deleted)} checkpoint(s): {', '.join(c.name for c in report.deleted) or '-'}")
     for c, why in report.failed:
         ui.line(f"NOT DELETED {c.name}: {why}")
+    for p in report.not_listed:  # as `ls` names them: an unreadable one is no damage
+        ui.line(f"{'UNREADABLE' if p.unreadable else 'DAMAGED'} {p.name}: not weighed, left as it is: {p.problem}")
     return EXIT_NO if report.failed else EXIT_OK
 
 

@@ -41,10 +41,11 @@ from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
     OwnerLock,
+    PassedOver,
     checkpoint_info,
     default_storage,
-    list_checkpoints,
     list_leftovers,
+    listing,
     newest_intact,
     require_path,
     still_there,
@@ -586,6 +587,10 @@ class PruneReport:
     failed: list[tuple[CheckpointInfo, str]] = field(default_factory=list)
     # None, or why keep_best kept the best by the metrics recorded instead of by its own (no checkpoint records it)
     metric_not_recorded: str | None = None
+    # The entries under the root the policy could not weigh, left as they are: a damaged manifest, a newer
+    # engine's, or one this user may not read (`PassedOver.unreadable` tells damage apart). Only logged before,
+    # so a script reading the report never learned of them.
+    not_listed: list[PassedOver] = field(default_factory=list)
 
 
 def prune(
@@ -618,7 +623,8 @@ def _prune(
     to tell every time; `log_note=False` to tell nothing (the caller shows the report's note)."""
     require_path(root)
     storage = storage or storage_for(root)
-    found = list_checkpoints(root, storage)
+    listed = listing(root, storage)
+    found = listed.checkpoints
     note = _tell_metric_not_recorded(root, policy, found, told) if log_note else _note(root, policy, found)
     kept = {_identity(storage, p) for p in protect}
     protected = [c.path for c in found if _identity(storage, c.path) in kept]
@@ -628,9 +634,9 @@ def _prune(
         doomed = select_for_deletion(found, policy, protect=protected + ([] if resume is None else [resume.path]))
     if dry_run:
         report = _dry_run(doomed, storage)
-        report.metric_not_recorded = note
+        report.metric_not_recorded, report.not_listed = note, listed.unlisted
         return report
-    report = PruneReport(metric_not_recorded=note)
+    report = PruneReport(metric_not_recorded=note, not_listed=listed.unlisted)
     for c in doomed:
         outcome = _delete(Path(c.path), storage, c)
         if outcome.done:
