@@ -852,6 +852,7 @@ def _hf_files(directory: Path) -> dict[str, str]:
     plain file name in `directory` (no path out of it) naming a regular file (a FIFO would hang the read).
     Symbolic links to regular files are followed: a Hugging Face cache snapshot is made of them.
     """
+    _require_folder(directory)
     index = directory / INDEX_FILE_NAME
     if _lexists(index):
         _refuse_single_file_beside(index)
@@ -871,9 +872,9 @@ def _hf_files(directory: Path) -> dict[str, str]:
         return files
     _listable(directory)
     found = sorted(directory.glob("*.safetensors"))
-    if len(found) != 1:
-        raise FileNotFoundError(f"{directory} has no {INDEX_FILE_NAME} and not exactly one *.safetensors file")
-    _refuse_lone_shard_of_series(found[0], directory / INDEX_FILE_NAME)
+    for shard in found:  # a shard of a series without its index: a download not finished, whatever else is there
+        _refuse_lone_shard_of_series(shard, index)
+    _refuse_no_single_model(directory, found)
     _regular(found[0])
     with _open_shard(found[0], private=False) as f:  # its names only: the header
         return dict.fromkeys(f.keys(), found[0].name)
@@ -912,6 +913,45 @@ def _refuse_single_file_beside(index: Path) -> None:
             f"{index.parent} holds both {_SINGLE_FILE} and {INDEX_FILE_NAME}: transformers loads {single} and "
             f"ignores the index, so which is the model is unknown. Remove the one that is not (or the stale "
             f"shards with the index), then import again."
+        )
+
+
+# What `import_hf` takes, in its refusals of a path that is not such a folder.
+_HF_FOLDER = (
+    f"the folder an HF download or export_hf wrote (it holds {_SINGLE_FILE}, or {INDEX_FILE_NAME} and the shards "
+    f"it lists)"
+)
+
+
+def _require_folder(directory: Path) -> None:
+    """The path the caller named must be a folder: a missing one or a file is the caller's error (no damage),
+    named with what to pass. Before, a missing folder read "has no index and not exactly one *.safetensors
+    file", and a file raised the OS's NotADirectoryError naming the index inside it."""
+    try:
+        mode = os.stat(directory).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"import_hf: {directory}: no such directory; pass {_HF_FOLDER}") from None
+    except PermissionError as exc:  # a folder on the way this user may not search
+        raise unreadable_file(directory, _HF_DIRECTORY, exc) from exc
+    if not stat.S_ISDIR(mode):
+        raise NotADirectoryError(f"import_hf: {directory} is a file, not a folder; pass {_HF_FOLDER}")
+
+
+def _refuse_no_single_model(directory: Path, found: list[Path]) -> None:
+    """Without an index, the folder must hold exactly one `*.safetensors` file. None: the caller named another
+    folder (or a download not begun), a `FileNotFoundError` naming it. Several: which one is the model is unknown
+    (an adapter beside it, two tools' outputs), so none is imported: a `ConfigError` naming them and the fix. Both
+    were one bare `FileNotFoundError` that named neither the files nor the fix."""
+    if not found:
+        raise FileNotFoundError(
+            f"import_hf: {directory} holds neither {INDEX_FILE_NAME} nor a *.safetensors file; pass {_HF_FOLDER}"
+        )
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found[:10]) + (f" (of {len(found)})" if len(found) > 10 else "")
+        raise ConfigError(
+            f"import_hf: {directory} holds several *.safetensors files ({names}) and no {INDEX_FILE_NAME}, so which "
+            f"one is the model is unknown and none is imported. Move the files that are not the model out of the "
+            f"folder (or import from a folder holding the model alone), or add the index that lists its shards."
         )
 
 
