@@ -60,3 +60,25 @@ def test_prune_text_names_them_too(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_the_python_report_carries_them(tmp_path: Path) -> None:
     report = prune(_root(tmp_path), RetentionPolicy(keep_last=1), dry_run=True)
     assert sorted((p.name, p.unreadable) for p in report.not_listed) == [("step_1", False), ("step_2", True)]
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["gc", "dry-run"])
+def test_gc_json_names_a_newer_engines_checkpoint_it_leaves_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dry_run: bool
+) -> None:
+    """Defect: gc left it out of its report (an INFO line only), so `gc --json` said nothing of a directory
+    holding an `.incomplete` marker it would not collect. It is now under "kept", with why."""
+    with _manager() as manager:
+        manager.save(str(tmp_path / "x"), {"model": {"w": torch.ones(2)}})
+
+    def newer(d: dict[str, Any]) -> None:
+        d["manifest_version"] = 2
+
+    _edit_manifest(tmp_path / "x", newer)
+    (tmp_path / "x" / ".incomplete").touch()  # a claim of a save that never finished, beside its commit
+    argv = ["gc", str(tmp_path), "--older-than", "0", "--json"] + (["--dry-run"] if dry_run else [])
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [Path(k["path"]).name for k in doc["kept"]] == ["x"], doc
+    assert "newer engine" in doc["kept"][0]["reason"] and doc["removed"] == [], doc
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [".incomplete", "manifest.json", "model_0.pt"]

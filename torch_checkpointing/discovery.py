@@ -177,6 +177,9 @@ class Leftover:
     # Whether it holds what only the engine leaves there (its manifest or `.incomplete` marker, a live job's
     # owner lock) or nothing at all. A directory that merely has one of our names is somebody's own folder.
     recognised: bool = True
+    # A newer engine's committed checkpoint beside an `.incomplete` marker: what the marker means is that
+    # engine's to tell, so gc keeps it and says so (before, it was left out of gc's report: only logged).
+    newer_engine: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -852,10 +855,8 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         return Leftover(shown, "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if not name.startswith(".") and _exists_or_closed(storage, path / INCOMPLETE_MARKER):
         beside = _beside_marker(storage, path)
-        if beside == "newer":
-            # What a marker beside a newer engine's commit means is that engine's to tell: not ours to collect.
-            logger.info("gc: %s holds a newer engine's manifest beside an %s; left alone", shown, INCOMPLETE_MARKER)
-            return None
+        if beside == "newer":  # what a marker beside a newer engine's commit means is that engine's to tell
+            return Leftover(shown, "incomplete", name, None, size, "a newer engine's checkpoint", newer_engine=True)
         if beside == "ours":
             # Only the marker is left over (gc removes it alone), not the checkpoint it sits in.
             return Leftover(shown, "claim", name, None, 0, "a stopped save's claim beside a committed checkpoint")

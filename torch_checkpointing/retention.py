@@ -728,6 +728,11 @@ def _why_keep(
     """None when `leftover` is garbage; else the reason to keep it. `put_back`: the ids this pass moves a copy
     back under (a dry run only says it would, so the id still holds nothing: its other copies are garbage all the
     same, as the real run finds them)."""
+    if leftover.newer_engine:
+        return (
+            f"a newer engine's committed checkpoint beside an {INCOMPLETE_MARKER} marker: what that means is the "
+            f"newer engine's to tell (run its gc), so it is left as it is"
+        )
     if not leftover.recognised and (closed := unreadable(storage, Path(leftover.path))):
         return closed  # not "holds nothing of ours": nobody can tell what it holds
     if not leftover.recognised and leftover.kind == "incomplete":
