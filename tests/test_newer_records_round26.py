@@ -132,3 +132,13 @@ def test_a_damaged_metadata_version_is_still_damage(tmp_path: Path, capsys: pyte
     _rewrite_metadata(root, lambda d: d.update(version="four"))
     code, text = _verify(capsys, root)
     assert code == 1 and "FAILED" in text, text
+
+
+def test_ls_and_latest_pass_over_newer_sharding_metadata(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Defect: `latest_checkpoint` resumed from it (the load then refused it) and `ls` listed it as intact."""
+    _resharded(tmp_path / "step_1")
+    _rewrite_metadata(_resharded(tmp_path / "step_2"), _bump_metadata_version)
+    assert main(["ls", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in doc["unreadable"]] == ["step_2"], doc
+    assert doc["damaged"] == [] and doc["latest"].endswith("step_1"), doc

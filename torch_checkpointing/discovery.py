@@ -640,6 +640,7 @@ def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -
                 record.serialization_format(ctx.root / MANIFEST_FILE_NAME)
             if ctx.manifest.metadata_file is not None:
                 ctx.check(ctx.manifest.metadata_file, "sharding metadata")
+                _check_metadata_version(ctx)
     except ObjectStoreError:
         raise
     except (PermissionError, NewerCheckpointError) as exc:  # no damage: a listing must not call it so
@@ -647,6 +648,16 @@ def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -
     except (CheckpointError, OSError) as exc:
         return Problem(str(exc))
     return None
+
+
+def _check_metadata_version(ctx: CheckpointReadContext) -> None:
+    """Raise when no load here reads the sharding metadata: a newer engine's version (`NewerCheckpointError`, no
+    damage) or a file that is no metadata. The file is parsed, none of its items is. Before, such a checkpoint was
+    the resume point, and the resume's load refused it."""
+    from torch_checkpointing.distributed_metadata import read_distributed_metadata, unknown_types_as_stored
+
+    with unknown_types_as_stored():
+        read_distributed_metadata(ctx, keys=())
 
 
 # ------------------------------------------------------------------------------------------------ leftovers
