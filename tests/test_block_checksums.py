@@ -192,7 +192,7 @@ _BAD_BLOCKS = [
     ("crcs as ints", {"block_size": BLOCK_SIZE, "crc32": [1]}, r"blocks.crc32' has the wrong type"),
     ("one block short", {"block_size": BLOCK_SIZE, "crc32": "00"}, r"blocks.crc32' holds .* blocks"),
     ("not hex", {"block_size": BLOCK_SIZE, "crc32": None}, r"blocks.crc32' has the wrong type"),
-    ("extra key", {"block_size": BLOCK_SIZE, "crc32": "", "x": 1}, "exactly 'block_size' and 'crc32'"),
+    ("extra key", {"block_size": BLOCK_SIZE, "crc32": "", "x-y": 1}, "exactly 'block_size' and 'crc32'"),
 ]
 
 

@@ -142,3 +142,29 @@ def test_ls_and_latest_pass_over_newer_sharding_metadata(tmp_path: Path, capsys:
     doc = json.loads(capsys.readouterr().out)
     assert [p["name"] for p in doc["unreadable"]] == ["step_2"], doc
     assert doc["damaged"] == [] and doc["latest"].endswith("step_1"), doc
+
+
+def _add_block_field(name: str) -> Any:
+    def edit(d: dict[str, Any]) -> None:
+        d["items"]["model"]["0"]["blocks"][name] = "xxh3"
+
+    return edit
+
+
+def test_a_block_checksum_field_of_a_newer_engine_is_no_damage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Defect: a field beside 'blocks.crc32' (a newer engine's checksum algorithm) made the whole manifest
+    "damaged": verify exit 1, and ls listed the checkpoint under "damaged"."""
+    _save(tmp_path / "step_1")
+    root = _save(tmp_path / "step_2")
+    _edit_manifest(root, _add_block_field("algorithm"))
+    code, text = _verify(capsys, root)
+    assert code == 2 and "FAILED" not in text and "'algorithm'" in text, text
+    assert main(["ls", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in doc["unreadable"]] == ["step_2"] and doc["damaged"] == [], doc
+    _edit_manifest(root, lambda d: d["items"]["model"]["0"]["blocks"].pop("algorithm"))
+    _edit_manifest(root, _add_block_field("not a name"))  # no engine writes such a field: damage
+    code, text = _verify(capsys, root)
+    assert code == 1, text

@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch_checkpointing.errors import CorruptCheckpointError
+from torch_checkpointing.errors import CorruptCheckpointError, unknown_to_this_engine
 from torch_checkpointing.futures import settle_all
 
 __all__ = [
@@ -174,7 +174,12 @@ class BlockChecksums:
 
     @classmethod
     def from_json(cls, value: Any, size: int, where: str) -> BlockChecksums:
-        """Parse the manifest form strictly: the block count must fit the file's size."""
+        """Parse the manifest form strictly: the block count must fit the file's size. A field beside the two this
+        engine writes is a newer engine's (`unknown_to_this_engine`): what it changes is unknown here, and it is
+        no damage."""
+        extra = sorted(set(value) - {"block_size", "crc32"}) if isinstance(value, dict) else []
+        if extra and {"block_size", "crc32"} <= set(value) and all(k.isidentifier() for k in extra):
+            raise unknown_to_this_engine(where, "beside field 'blocks.crc32' the field", extra[0])
         if not isinstance(value, dict) or set(value) != {"block_size", "crc32"}:
             raise CorruptCheckpointError(
                 f"{where}: field 'blocks' must be an object with exactly 'block_size' and 'crc32'."

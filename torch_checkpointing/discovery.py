@@ -518,8 +518,8 @@ def latest_checkpoint(root: str | os.PathLike[str], storage: Storage | None = No
 
     "Intact" is what a resume needs and costs no data file read: every file the manifest records is there,
     inside the directory, a regular file of the recorded size, in a format this engine reads, and the sharding
-    metadata (of a resharded checkpoint) parses at a version this engine reads. A newer checkpoint that fails it (half deleted by
-    hand, a file lost or swapped for a link) is skipped with a WARNING naming the file.
+    metadata (of a resharded checkpoint) parses at a version this engine reads. A newer checkpoint that fails
+    it (half deleted by hand, a file lost or swapped for a link) is skipped with a WARNING naming the file.
     """
     storage = storage or storage_for(root)
     return newest_intact(list_checkpoints(root, storage), storage)
