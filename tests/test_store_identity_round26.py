@@ -62,3 +62,20 @@ def test_a_storage_built_after_the_endpoint_changed_reaches_the_new_store(
     assert not storage().exists(marker), "a storage built for the first endpoint again reached the second store"
     _point_at(monkeypatch, second_server)
     assert storage().read(marker) == b"B"
+
+
+def test_a_storage_first_used_after_the_endpoint_changed_still_reaches_its_own_store(
+    s3_server: S3Server, second_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect: botocore read AWS_ENDPOINT_URL at the storage's first request, not when it was built, so a
+    manager's storage built for A and first used once the variable named B wrote into B."""
+    for server in (s3_server, second_server):
+        server.make_bucket(_BUCKET)
+    marker = Path(f"s3://{_BUCKET}/run/first-use")
+    _point_at(monkeypatch, s3_server)
+    built_for_a = storage_for(f"s3://{_BUCKET}/run")
+    _point_at(monkeypatch, second_server)
+    built_for_a.write(marker, b"A")
+    assert not storage_for(f"s3://{_BUCKET}/run").exists(marker), "the object landed in B"
+    _point_at(monkeypatch, s3_server)
+    assert storage_for(f"s3://{_BUCKET}/run").read(marker) == b"A"

@@ -299,12 +299,27 @@ def _own_copy(options: Any) -> Any:
     return options
 
 
-def _own_filesystem_options(options: dict[str, Any]) -> dict[str, Any]:
+def _own_filesystem_options(options: dict[str, Any], scheme: str) -> dict[str, Any]:
     """`_own_copy` of the caller's options, with fsspec's instance cache off unless they set it. That cache keys
     a filesystem on its options alone, but the environment (AWS_ENDPOINT_URL, the credentials, a profile) defines
     the store as much: a storage built after they changed got the client of the store they named before, and
-    read and wrote there, silently. A storage's filesystem is its own, as its listing cache is."""
-    return {"skip_instance_cache": True, **_own_copy(options)}
+    read and wrote there, silently. A storage's filesystem is its own, as its listing cache is. For S3 the
+    endpoint the environment names is pinned at build, as the options' own is (`_pin_endpoint`)."""
+    own = {"skip_instance_cache": True, **_own_copy(options)}
+    return _pin_endpoint(own) if scheme in _S3_PROTOCOLS else own
+
+
+def _pin_endpoint(options: dict[str, Any]) -> dict[str, Any]:
+    """The S3 endpoint the environment names now, put into `options` where they name none: botocore reads
+    AWS_ENDPOINT_URL only when the client is made, at the first request, so a storage built for one store and
+    first used after the variable changed reached the other store."""
+    client_kwargs = options.get("client_kwargs")
+    if options.get("endpoint_url") or (isinstance(client_kwargs, dict) and client_kwargs.get("endpoint_url")):
+        return options
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return options
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return {**options, "endpoint_url": endpoint} if endpoint else options
 
 
 class FsspecStorage(Storage):
@@ -341,7 +356,7 @@ class FsspecStorage(Storage):
             if given is not None and scheme in _protocols_of(given):
                 fs = given
             else:
-                fs = _import_fsspec().filesystem(scheme, **_own_filesystem_options(self.config.storage_options))
+                fs = _import_fsspec().filesystem(scheme, **_own_filesystem_options(self.config.storage_options, scheme))
             timeout = self.config.request_timeout_s
             bounded = _BoundedFs(fs, timeout) if timeout is not None and getattr(fs, "async_impl", False) else fs
             backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme}, bounded)
