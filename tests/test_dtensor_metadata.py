@@ -164,3 +164,13 @@ def test_from_dict_reads_the_documented_in_process_forms_with_tuples() -> None:
     assert group.ranks == (0, 1) and group.sharding_metadata == meta
     with pytest.raises(ValueError, match="mesh_shape"):
         DeviceMeshSpec.from_dict({**mesh, "mesh_shape": "2"})  # a str is not a sequence of sizes
+
+
+@pytest.mark.parametrize(("dtype", "newer"), [("torch.float4_e2m1fn_x4", True), ("torch.os.system", False), (7, False)])
+def test_a_dtype_this_torch_does_not_know_is_a_newer_ones_not_damage(dtype: object, newer: bool) -> None:
+    """Defect: a dtype a newer torch saved (its name well formed) was "names no torch dtype", damage."""
+    mesh = {"device_type": "cpu", "mesh_shape": [1], "mesh_data": [0], "mesh_dim_names": ["dp"]}
+    data = {"global_shape": [2], "dtype": dtype, "stride": [1], "mesh_spec": mesh, "placements": []}
+    with pytest.raises(CorruptCheckpointError, match="dtype") as info:
+        DTensorShardingMetadata.from_dict(data)
+    assert isinstance(info.value, NewerCheckpointError) is newer, info.value

@@ -479,6 +479,8 @@ def _item_from_dict(key: str, d: dict[str, Any]) -> DistributedItemMetadata:
         return DistributedItemMetadata.from_dict(d)
     except ValueError as exc:
         raise ValueError(f"item {key!r} {exc}") from None
+    except CorruptCheckpointError as exc:  # a newer engine's record inside it: its kind kept, the item named
+        raise type(exc)(f"item {key!r}: {exc}") from None
 
 
 def _check_groups(

@@ -381,8 +381,9 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
         if len(stride) != len(shape):
             raise ValueError(f"field 'stride' {list(stride)} has {len(stride)} entries for a {len(shape)}-D tensor")
         dtype = d["dtype"]
-        if not isinstance(dtype, str) or dtype_from_name(dtype) is None:
-            raise ValueError(f"field 'dtype' {dtype!r} names no torch dtype")
+        if not isinstance(dtype, str) or dtype_from_name(dtype) is None:  # a newer torch's dtype is no damage
+            name = dtype.removeprefix("torch.") if isinstance(dtype, str) else dtype
+            raise unknown_to_this_engine(f"field 'dtype' ({dtype!r})", "the torch dtype", name)
         mesh = DeviceMeshSpec.from_dict(d["mesh_spec"])
         if not isinstance(d["placements"], JSON_ARRAY):
             raise ValueError(f"field 'placements' must be a list of placements, got {type(d['placements']).__name__}")
