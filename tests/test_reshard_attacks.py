@@ -184,6 +184,25 @@ def test_source_blocks_that_overlap_and_leave_a_gap_are_refused_not_half_filled(
     assert torch.equal(target, torch.full((8,), -1.0))
 
 
+@pytest.mark.parametrize("layout", ["replicated beside sharded", "two shard counts"])
+def test_replica_groups_laying_one_tensor_out_differently_are_not_called_damaged(tmp_path: Path, layout: str) -> None:
+    """Each group is a whole copy of the tensor (two replica groups, one per sub-mesh), so any one of them fills
+    the target. Pooled together their blocks overlap unequally, and the planner called that checkpoint, which our
+    own save writes, damaged ("no save lays a tensor out so"): an operator deletes what is reported damaged."""
+    full = torch.arange(8.0)
+    first: tuple[tuple[int, ...], Any] = ((0, 1), make_md((8,), torch.float32, ((2,), (0, 1), (ReplicateSpec(),))))
+    if layout == "two shard counts":
+        first = ((0, 1, 2), _shard_md(8, (0, 1, 2)))
+    second = tuple(range(len(first[0]), len(first[0]) + 2))
+    groups = [GlobalObjectMetadata(first[1], first[0]), GlobalObjectMetadata(_shard_md(8, second), second)]
+    pieces = [full.clone()] * 2 if layout != "two shard counts" else list(full.split(3))
+    for rank, part in enumerate([*pieces, full[:4], full[4:]]):
+        torch.save({"w": part.clone()}, tmp_path / f"{ITEM}_{rank}.pt")
+    target = torch.full((8,), -1.0)
+    assert _load(tmp_path, groups, len(first[0]) + 2, target) == []
+    assert torch.equal(target, full)
+
+
 def test_groups_disagreeing_on_the_global_shape_are_corrupt_not_a_changed_model(tmp_path: Path) -> None:
     for rank in range(2):
         torch.save({"w": torch.zeros(4)}, tmp_path / f"{ITEM}_{rank}.pt")

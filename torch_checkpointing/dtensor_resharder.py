@@ -286,6 +286,27 @@ def _brute_force_plans(
     return plans if covered == target_numel else None
 
 
+def _unindexed_plans(
+    nested_path: NestedPath,
+    target: DTensorShardingMetadata,
+    source_groups: list[Any],
+    rank: int,
+    stats: PlanStats,
+) -> list[LoadPlan] | None:
+    """The first group that fills the target on its own, else every group's ranks pooled.
+
+    Groups that each hold the whole tensor (replica groups on their own sub-meshes, a plain tensor beside a
+    DTensor) may cut it at different places: pooled, their blocks overlap unequally, which only damaged
+    metadata does within one layout. Each is a complete copy, so one of them is read.
+    """
+    if len(source_groups) > 1:
+        for group in source_groups:
+            plans = _brute_force_plans(nested_path, target, [group], rank, stats)
+            if plans is not None:
+                return plans
+    return _brute_force_plans(nested_path, target, source_groups, rank, stats)
+
+
 def _first_overlap(plans: list[LoadPlan]) -> tuple[LoadPlan, LoadPlan] | None:
     """Two plans writing one target element, if any. Counting covered elements is no proof of a cover: an
     overlap hides a gap of its size. A sweep along the dimension with the most distinct block starts, so
@@ -481,7 +502,7 @@ def compute_load_plans(
     stats = stats if stats is not None else PlanStats()
     src_md = _indexable(source_groups)
     if src_md is None:
-        return _brute_force_plans(nested_path, target, source_groups, rank, stats)
+        return _unindexed_plans(nested_path, target, source_groups, rank, stats)
     return _indexed_plans(nested_path, target, src_md, rank, stats)
 
 
@@ -542,7 +563,7 @@ def _plan_path(
     src_md = _indexable(groups, covering)
     if src_md is None:
         _check_groups_agree(path, groups)
-        return _brute_force_plans(path, target, groups, rank, stats)
+        return _unindexed_plans(path, target, groups, rank, stats)
     key = (target, src_md)
     if key not in same_layout:
         same_layout[key] = _indexed_plans(path, target, src_md, rank, stats)
