@@ -711,12 +711,19 @@ def _passes_on_its_own(why: str) -> bool:
     )
 
 
+# What `_tell_kept` compares a reason by: its numbers (an age, `(12s old)`) change from one pass to the next.
+_NUMBER = re.compile(r"\d+")
+
+
 def _tell_kept(report: GcReport, told: set[tuple[str, str]]) -> None:
     """Log what a pass's gc kept, with why: at WARNING the first time `told` sees a leftover kept for a reason a
     person must act on (delete it by hand, rename it back, let gc read it), else at INFO. Before, the pass after
-    each commit dropped gc's report: such a leftover showed only in the `gc` command, and stayed for good."""
+    each commit dropped gc's report: such a leftover showed only in the `gc` command, and stayed for good.
+
+    A reason is told by its words, not its numbers: `unowned_after_s=inf` keeps a leftover "(12s old), kept for
+    good", and taken whole, the age that grows between passes made it a new WARNING at every save."""
     for leftover, why in report.kept:
-        said = (leftover.path, why)
+        said = (leftover.path, _NUMBER.sub("#", why))
         level = logging.INFO if _passes_on_its_own(why) or said in told else logging.WARNING
         told.add(said)
         logger.log(level, "Retention's gc kept %s %s: %s", leftover.kind, _shown(leftover.path), why)
