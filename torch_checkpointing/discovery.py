@@ -664,16 +664,26 @@ def _check_metadata_version(ctx: CheckpointReadContext) -> None:
 # ------------------------------------------------------------------------------------------------ leftovers
 
 
+# What `_tree_bytes` could not count, already warned of in this process: the gc after every commit lists the
+# leftovers with their sizes, and the same closed directory was a new WARNING at every save.
+_SHORT_SIZES_TOLD: set[tuple[str, str]] = set()
+
+
 def _tree_bytes(path: str) -> int:
     """The bytes of the files under the leftover `path`, as `ls` and gc's report give it. What cannot be looked
-    at (a directory this user may not list) is named at WARNING, the size then being short of it: before, it was
-    passed over in silence, and a leftover holding gigabytes in a closed rank directory was shown as a few bytes.
+    at (a directory this user may not list) is named at WARNING the first time in this process (at DEBUG after),
+    the size then being short of it: before, it was passed over in silence, and a leftover holding gigabytes in a
+    closed rank directory was shown as a few bytes.
     """
     total = 0
 
     def not_counted(exc: OSError) -> None:
-        if not isinstance(exc, FileNotFoundError):  # removed meanwhile: nothing is left to count
-            logger.warning("The size given for %s is short: %s not counted (%s)", path, exc.filename, exc)
+        if isinstance(exc, FileNotFoundError):  # removed meanwhile: nothing is left to count
+            return
+        said = (path, str(exc))
+        level = logging.DEBUG if said in _SHORT_SIZES_TOLD else logging.WARNING
+        _SHORT_SIZES_TOLD.add(said)
+        logger.log(level, "The size given for %s is short: %s not counted (%s)", path, exc.filename, exc)
 
     for dirpath, _, files in os.walk(path, onerror=not_counted):
         for f in files:
