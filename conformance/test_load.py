@@ -218,8 +218,10 @@ def test_every_save_records_its_own_value(manager_factory: Factory, ckpt_root: W
         assert error is None, f"save {step} (shapes {shapes[: step + 1]}) raised {error!r}"
     for step in range(len(shapes)):
         out = m.load(str(ckpt_root / f"s{step}"), into={"model": value(step, 0.0)})["model"]
+        want = value(step, float(step + 1))
+        assert sorted(out) == sorted(want), f"checkpoint {step}: loaded entries {sorted(out)}, saved {sorted(want)}"
         for name, got in out.items():
-            assert torch.equal(got, value(step, float(step + 1))[name]), f"checkpoint {step}: {name} differs"
+            assert torch.equal(got, want[name]), f"checkpoint {step}: {name} differs"
 
 
 # A resharder item on a layout of its own: a {rank} path in a subdirectory, and a safetensors file.
