@@ -10,6 +10,7 @@ the other delete's claim still up, left it in the trash and told the operator to
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,52 @@ def test_a_gc_never_reports_a_copy_another_gc_is_moving_back_as_its_failure(s3_s
     assert report.failed == [], report.failed  # before: "could not move ... back ...: rename it by hand"
     with sync_manager(config) as manager:
         assert float(manager.load("run/step_9")["model"]["w"][0]) == 9.0
+
+
+class _ResavedMidway(DeletingS3FileSystem):  # type: ignore[misc]
+    """Another process deletes `prefix` (as `DeletingS3FileSystem`), then a trainer saves that id again and
+    commits (`resave`): both between this client's copy of the checkpoint and its delete of the source."""
+
+    def __init__(self, *args: Any, resave: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resave, self.resaved = resave, False
+
+    def _after(self, kind: str, path: str) -> None:
+        super()._after(kind, path)
+        if self.deleted and not self.resaved:
+            self.resaved = True
+            self.resave()
+            self.invalidate_cache()
+
+
+def test_a_resave_committed_between_a_deletes_copy_and_its_delete_stays(s3_server: S3Server) -> None:
+    """Round 26 review. A delete on S3 copies the checkpoint aside, then deletes the objects it listed before the
+    copy. A save that re-used the id after another process deleted the checkpoint, committed between the two, has
+    objects of the same names: the delete took its manifest and files, and the pass removed its copy of the old
+    checkpoint as deleted. A trainer told its save committed found nothing at the id."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    storage = config.create_storage()
+    prefix = storage.remap_path(Path("run/step_1")).split("://", 1)[1]
+
+    def resave() -> None:
+        with sync_manager(config) as trainer:
+            trainer.save("run/step_1", state(11.0))
+
+    fs = _ResavedMidway(
+        **s3_server.storage_options(),
+        prefix=prefix,
+        trigger=f"{prefix}/{MANIFEST_FILE_NAME}",
+        after="copy",
+        resave=resave,
+    )
+    racing = FsspecStorageConfig(**{**vars(config), "filesystem": fs}).create_storage()
+    root = f"{config.url}/run"
+    report = prune(root, RetentionPolicy(keep_last=1), racing)
+    assert fs.deleted and fs.resaved, "the race never ran: the pass did not copy the checkpoint"
+    with sync_manager(config) as manager:  # before: "run/step_1: no manifest.json: not a checkpoint"
+        assert float(manager.load("run/step_1")["model"]["w"][0]) == 11.0
+    assert report.failed == [], report.failed  # the re-save is no failure of the pass: it was never chosen
+    assert [n for n in storage.ls(Path("run")) if ".trash-" in n] == []

@@ -319,7 +319,8 @@ def _rename_failed(storage: Storage, src: Path, trash: Path, why: str, chosen: C
     that re-used the id after the check: it is put back under `src`, and the deletion reported as failed.
     A whole copy of the very checkpoint this deletion chose (`chosen`) also goes when another process deleted
     `src` (nothing is left there) or holds it (its delete, or a save of the id, is under way): that process's
-    work, not a lost answer of this one's, is why `src` is not whole.
+    work, not a lost answer of this one's, is why `src` is not whole. A `src` that holds another checkpoint than
+    the chosen one (a re-save, which the store's rename refuses to delete) is left alone, at INFO, no failure.
 
     Before, the copy went whatever `src` held: the report said "could not delete", and the checkpoint (or a
     re-save the policy never chose) was gone. Then, of two passes deleting one checkpoint at once, the one whose
@@ -329,7 +330,8 @@ def _rename_failed(storage: Storage, src: Path, trash: Path, why: str, chosen: C
         copy = checkpoint_info(trash, storage)
         copy_whole = copy is not None
         copied = copy_whole or still_there(storage, trash)
-        src_whole = checkpoint_info(src, storage) is not None
+        now = checkpoint_info(src, storage)
+        src_whole = now is not None
     except STORE_ERRORS as exc:
         why += (
             f"; a copy of it may be left at {_shown(trash)} ({exc}): if {_shown(src)} holds no checkpoint, "
@@ -343,6 +345,9 @@ def _rename_failed(storage: Storage, src: Path, trash: Path, why: str, chosen: C
         return _put_whole_copy_back(storage, trash, src, why)
     if copied:
         _remove(storage, trash, f"the copy of {_shown(src)} its failed delete left")
+    if now is not None and chosen is not None and now.commit_time != chosen.commit_time:
+        logger.info("Retention left %s alone: it was re-saved while being deleted", _shown(src))
+        return _Outcome(False)  # a save the policy never chose, which the store's delete left whole
     if src_whole or _gone(storage, src):  # as it was, or deleted by another process meanwhile (said at INFO)
         return _not_deleted(storage, src, why)
     why += (

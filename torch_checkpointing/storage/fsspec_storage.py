@@ -613,8 +613,9 @@ class FsspecStorage(Storage):
                 if keys:
                     _delete_all(backend, keys)
             elif keys:
+                copied = _manifest_of(backend, src, keys)
                 _copy_prefix(backend, src, dst, keys)
-                _delete_prefix(backend, src, keys, restore=True)
+                _delete_prefix(backend, src, keys, restore=True, copied=copied)
         fs.invalidate_cache()
 
     def replace_directory(self, src: Path, dst: Path) -> None:
@@ -1342,12 +1343,23 @@ def _copy_order(key: str) -> int:
     return 0 if name == INCOMPLETE_MARKER else 2 if name == MANIFEST_FILE_NAME else 1
 
 
-def _delete_prefix(backend: _Backend, key: str, keys: list[str], *, restore: bool = False) -> None:
+def _manifest_of(backend: _Backend, key: str, keys: list[str]) -> bytes | None:
+    """The manifest among `keys` (the objects under `key`), read before a rename copies them; None when none is."""
+    manifest = f"{key}/{MANIFEST_FILE_NAME}"
+    return bytes(backend.io.cat_file(manifest)) if manifest in keys else None
+
+
+def _delete_prefix(
+    backend: _Backend, key: str, keys: list[str], *, restore: bool = False, copied: bytes | None = None
+) -> None:
     """Delete `keys` (the objects under `key`): a committed checkpoint is first marked `.incomplete` and loses
     its manifest, then its files go in bulk, the marker last (see `FsspecStorage.rmdir`). With `restore` (the
     source of a rename, which must stay whole if it cannot go), a delete the store refuses before any file
     went (a policy denying s3:DeleteObject) puts the manifest back and the marker away; one that deleted some
-    files, or any refused `rmdir`, leaves an incomplete prefix that readers refuse and gc collects."""
+    files, or any refused `rmdir`, leaves an incomplete prefix that readers refuse and gc collects.
+
+    `copied`: the manifest a rename read before it copied `key`. Its delete goes only while `key` holds that
+    checkpoint (`_same_as_copied`)."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
     committed, marked = manifest in keys, marker in keys
     if not committed:
@@ -1355,9 +1367,38 @@ def _delete_prefix(backend: _Backend, key: str, keys: list[str], *, restore: boo
         return
     with _live_claim() as claim:
         if marked and not _dead_claim_of_ours(backend, marker, claim):  # a live save's: not ours to replace
-            _delete_marked(backend, key, keys, restore=restore)
+            _delete_marked(backend, key, keys, restore=restore, copied=copied)
             return
-        _delete_marked(backend, key, keys, restore=restore, claim=claim)
+        _delete_marked(backend, key, keys, restore=restore, claim=claim, copied=copied)
+
+
+def _same_as_copied(backend: _Backend, key: str, copied: bytes | None, claim: bytes) -> bytes:
+    """The manifest at `key`, read with this delete's `claim` up; a `_SavedAgainMeanwhile` when it is not
+    `copied` (the one a rename read before its copy), a FileNotFoundError when it is gone (the claim taken down
+    for both).
+
+    The keys a rename deletes were listed before its copy. Before, a save that re-used the id after another
+    process deleted the checkpoint, committed between the copy and the delete, lost its manifest and its files
+    (of the same names) to the delete: a trainer told its save committed found nothing at the id."""
+    error: OSError
+    try:
+        manifest = backend.io.cat_file(f"{key}/{MANIFEST_FILE_NAME}")
+        if copied is None or manifest == copied:
+            return bytes(manifest)
+        error = _SavedAgainMeanwhile(backend.url(key))
+    except FileNotFoundError as exc:  # deleted by another process meanwhile: nothing of it is ours to delete
+        error = exc
+    marker = f"{key}/{INCOMPLETE_MARKER}"
+    if claim and _is_up(backend, marker, claim):
+        backend.io.rm_file(marker)
+    raise error
+
+
+class _SavedAgainMeanwhile(OSError):
+    """Raised inside an error scope: the source of a rename holds another checkpoint than the one it copied."""
+
+    def __init__(self, src: str) -> None:
+        super().__init__(f"{src} was saved again while it was moved: the new checkpoint was left as it is")
 
 
 def _dead_claim_of_ours(backend: _Backend, marker: str, mine: bytes) -> bool:
@@ -1462,14 +1503,22 @@ def _live_claim() -> Iterator[bytes]:
         lock.release()
 
 
-def _delete_marked(backend: _Backend, key: str, keys: list[str], *, restore: bool, claim: bytes = b"") -> None:
+def _delete_marked(
+    backend: _Backend,
+    key: str,
+    keys: list[str],
+    *,
+    restore: bool,
+    claim: bytes = b"",
+    copied: bytes | None = None,
+) -> None:
     """`_delete_prefix` itself; `claim`: the marker a committed checkpoint gets first (in place of a dead one)."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
     rest = [k for k in keys if k not in (manifest, marker)]
     committed, marked = manifest in keys, marker in keys
-    saved = backend.io.cat_file(manifest) if committed else b""
     if committed and claim:  # over a dead marker of ours too (`_dead_claim_of_ours`)
         _put_up_claim(backend, marker, claim)
+    saved = _same_as_copied(backend, key, copied, claim) if committed else b""
     try:
         if committed:
             backend.io.rm_file(manifest)
