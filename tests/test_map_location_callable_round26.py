@@ -84,3 +84,42 @@ def test_a_callable_returning_none_still_means_the_default_place(tmp_path: Path)
         m.save(root, {"model": {"w": torch.ones(3)}, "extra": {"b": torch.ones(2)}})
         loaded = m.load(root, map_location=lambda storage, location: None)
     assert torch.equal(loaded["model"]["w"], torch.ones(3))
+
+
+_SAVE_TAGGED = """
+import sys, torch, torch.serialization
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.schema import ItemSpec
+# this process tags its CPU storages with a location no other torch knows (a foreign or crafted file's)
+torch.serialization.register_package(1, lambda s: "nowhere" if s.device.type == "cpu" else None, lambda s, loc: None)
+items = {"model": ItemSpec(), "extra": ItemSpec()}
+config = CheckpointManager.Config(items=items, save=SyncCheckpointSaverConfig(), load=CheckpointLoaderConfig())
+with CheckpointManager(config) as m:
+    m.save(sys.argv[1], {"model": {"w": torch.ones(3)}, "extra": {"b": torch.ones(2)}})
+"""
+
+
+@pytest.mark.parametrize("templated", [False, True])
+@pytest.mark.parametrize("map_location", [None, {"cuda:1": "cpu"}], ids=["none", "dict"])
+def test_a_stored_location_torch_cannot_restore_is_no_callers_error(
+    tmp_path: Path, map_location: Any, templated: bool
+) -> None:
+    """A dict map_location is applied by the engine's own watch (a callable) when templates are filled: a stored
+    location that dict leaves alone, which torch cannot restore here, is the file's (as with map_location=None or
+    without templates), never a ConfigError telling the caller to "fix the callable" it never passed.
+
+    Defect: with templates, ConfigError "load(map_location={'cuda:1': 'cpu'}) raised RuntimeError: don't know how
+    to restore data location ... (tagged with nowhere) ... the checkpoint was not found damaged. Fix the callable"."""
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "ck")
+    subprocess.run([sys.executable, "-c", _SAVE_TAGGED, root], check=True, timeout=120)
+    into = {"model": {"w": torch.zeros(3)}, "extra": {"b": torch.zeros(2)}}
+    with _manager() as m, pytest.raises(CheckpointError) as caught:
+        m.load(root, into=into if templated else None, map_location=map_location)
+    message = str(caught.value)
+    assert "model_0.pt" in message and "tagged with nowhere" in message, message
+    assert "callable" not in message and "_MetaWatch" not in message, message
+    assert not any(t.any() for sd in into.values() for t in sd.values()), into

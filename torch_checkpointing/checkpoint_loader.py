@@ -22,6 +22,7 @@ import torch
 from torch.serialization import default_restore_location
 
 from torch_checkpointing.checkpoint_layout import TorchSerialization
+from torch_checkpointing.codecs import EnginePlacement, callers_placement
 from torch_checkpointing.config import CheckpointLoaderConfig
 from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
@@ -550,8 +551,9 @@ class CheckpointLoader:
         return checked + [path for path in removed if path not in checked]
 
     def _decode(self, ctx: CheckpointReadContext, plan: _Direct, map_location: Any) -> Any:
-        watch = _MetaWatch.of(plan, map_location)
-        value = self._decode_as(ctx, plan, map_location if watch is None else watch)
+        placing = callers_placement(map_location, ctx.root / plan.rel, f"item '{plan.item.key}'")
+        watch = _MetaWatch.of(plan, placing)
+        value = self._decode_as(ctx, plan, placing if watch is None else watch)
         if watch is not None and watch.sent_to_meta:
             raise _meta_into_templates(map_location, [plan.item.key])
         return value
@@ -938,7 +940,7 @@ def _meta_into_templates(map_location: Any, keys: list[str]) -> ConfigError:
 
 
 @dataclass
-class _MetaWatch:
+class _MetaWatch(EnginePlacement):
     """A dict or callable `map_location` as torch.load applies it, noting whether it sent a storage saved off
     the meta device onto it. Which storages it moves is known only as the file is read: {"cuda:0": "meta"}
     leaves a checkpoint saved from the CPU where it is (a load into templates fills them), and a callable may

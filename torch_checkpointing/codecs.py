@@ -179,8 +179,7 @@ def load_torch(
     file when not given), is a `CorruptCheckpointError` naming the file."""
     if local is None and options.use_mmap:
         local = storage.local_path(path)
-    if callable(options.map_location):
-        options = dataclasses.replace(options, map_location=CallersMapLocation(options.map_location, path, what))
+    options = dataclasses.replace(options, map_location=callers_placement(options.map_location, path, what))
     if local is not None and records is None:
         with open(local, "rb") as file:  # before torch reads it: a crafted directory is refused first
             records = _records_naming(path, file)
@@ -199,8 +198,25 @@ def load_torch(
     return value
 
 
+class EnginePlacement:
+    """Base of a `map_location` the engine builds over the caller's argument, which `callers_placement` passes
+    on as it is: a `CallersMapLocation`, or the loader's watch for the meta device, whose callable of the caller's
+    is a `CallersMapLocation` already and whose dict is torch's own rule (a stored location that rule cannot
+    restore here is the file's, as without the watch). Before, the watch over a dict was taken for the caller's
+    callable: a file tagged with a location torch cannot restore was a `ConfigError` saying "fix the callable",
+    loaded with templates, and a `CorruptCheckpointError` without them."""
+
+
+def callers_placement(map_location: Any, path: Path, what: str) -> Any:
+    """`map_location` as torch.load is given it for `what` in `path`: a callable the caller passed is wrapped in a
+    `CallersMapLocation`; anything else (None, a device, a dict, an `EnginePlacement`) as it is."""
+    if callable(map_location) and not isinstance(map_location, EnginePlacement):
+        return CallersMapLocation(map_location, path, what)
+    return map_location
+
+
 @dataclass(frozen=True)
-class CallersMapLocation:
+class CallersMapLocation(EnginePlacement):
     """A callable `map_location` as torch.load calls it, on each storage as the file is read: what it raises, or
     returns that is no storage, is the caller's argument at fault, a `ConfigError` naming it. Before, torch.load
     failing inside it read as the file's damage (`UndecodableFileError`: "the file is damaged or crafted. Load an
