@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 from torch_checkpointing import CheckpointManager, asides, cli
 from torch_checkpointing.asides import copies_aside
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.names import aside_name
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
@@ -160,3 +162,30 @@ def test_a_missing_id_under_a_missing_parent_is_named(tmp_path: Path, into: dict
         pytest.raises(FileNotFoundError, match=r"^Checkpoint path .*step_1 does not exist\.$"),
     ):
         manager.load(f"file://{ckpt}" if url else str(ckpt), into=into)
+
+
+@pytest.mark.parametrize("into", [None, {"model": None}], ids=["self-describing", "templates"])
+def test_a_copy_aside_long_since_is_no_replace_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, into: dict[str, Any] | None
+) -> None:
+    """A replace killed between its renames on another host, or in an earlier container of this one (its pid
+    names no process here, so its owner cannot be told dead), leaves the id empty with its copy aside. The two
+    renames follow each other at once: a copy aside longer than `REPLACE_GAP_MAX_AGE_S` is no replace between
+    them. Defect: each load waited the full 2 s, then said "it is being replaced by a save ... Load it again in a
+    moment" (for the day gc keeps another host's copy), never that the save was killed and gc moves it back."""
+    monkeypatch.setattr(asides, "REPLACE_GAP_WAIT_S", 3.0)
+    monkeypatch.setattr(asides, "REPLACE_GAP_MAX_AGE_S", 0.3, raising=False)
+    ckpt = tmp_path / "latest"
+    _save(ckpt, 1.0)
+    ckpt.rename(tmp_path / aside_name("latest", 4242, "abcd1234", "0badf00d"))  # another host's killed replace
+    time.sleep(0.5)
+    started = time.monotonic()
+    with (
+        CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager,
+        pytest.raises(FileNotFoundError) as caught,
+    ):
+        manager.load(str(ckpt), into=into)
+    waited = time.monotonic() - started
+    message = str(caught.value)
+    assert "killed" in message and "gc" in message and "being replaced" not in message, message
+    assert waited < 1.5, waited

@@ -79,17 +79,24 @@ def copy_to_put_back(
 REPLACE_GAP_WAIT_S = 2.0
 """How long a reader of an empty id waits for a replace without an atomic exchange to move its new copy in."""
 _REPLACE_GAP_POLL_S = 0.01
+REPLACE_GAP_MAX_AGE_S = 60.0
+"""How long ago a copy may have been moved aside and still be a replace between its two renames, which follow each
+other at once (the margin is for a slow filesystem, and a file server's clock that sets the rename's ctime)."""
 
 
 def replace_under_way(storage: Storage, final: Path) -> Path | None:
     """A copy of the id `final` aside that a live replace may still hold (between its two renames, the new copy
     moves in next), or None: none is aside, or only ones a killed replace left (gc puts those back), or the parent
-    cannot be listed (gone too: nothing was moved aside from it)."""
+    cannot be listed (gone too: nothing was moved aside from it). A copy moved aside more than
+    `REPLACE_GAP_MAX_AGE_S` ago is no replace between its renames, whoever holds its pid: before, another host's
+    (or an earlier container's) killed replace, whose owner cannot be told dead here, made every load of the id
+    wait and then say "being replaced ... load it again in a moment" for the day gc keeps such a copy."""
     try:
         copies = copies_aside(storage, final)
     except OSError:
         return None
-    return next((c for c in copies if _owner_may_live(c, None, DEFAULT_UNOWNED_AGE_S)), None)
+    in_gap = (c for c in copies if _age_s(c) < REPLACE_GAP_MAX_AGE_S)
+    return next((c for c in in_gap if _owner_may_live(c, None, DEFAULT_UNOWNED_AGE_S)), None)
 
 
 def await_replaced(storage: Storage, final: Path, shown: str) -> None:
