@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.test_crafted_round9 import in_child
-from torch_checkpointing import CheckpointManager
+from torch_checkpointing import CheckpointManager, read_context
 from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.errors import CorruptCheckpointError
@@ -83,6 +83,41 @@ def test_a_file_shorter_than_its_read_is_named(tmp_path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         assert _pread_all(fd, 2, 8, str(path)) == b"x" * 8
+        with pytest.raises(CorruptCheckpointError, match=r"short\.bin ended after 10 bytes; expected 14"):
+            _pread_all(fd, 2, 12, str(path))
+    finally:
+        os.close(fd)
+
+
+_OVER_ONE_READ = (2 << 30) + (64 << 20)  # past the most one read(2) gives on Linux (2 GiB less 4 KiB)
+
+
+def test_a_file_past_one_read_is_held_once(tmp_path: Path) -> None:
+    """The one-read path holds for a file one read(2) gives whole; Linux gives at most 2 GiB less 4 KiB per read.
+    Defect: a sparse 2.06 GiB raw file (a checkpoint without a manifest) still cost twice its size (the first
+    read's 2 GiB, the rest in a buffer, then both copied into one `bytes`): {'grown_mib': 4608, ...}."""
+    root = _saved(tmp_path)
+    (root / "manifest.json").unlink()
+    blob = root / "blob_0.bin"
+    blob.unlink()
+    with open(blob, "wb") as f:
+        f.seek(_OVER_ONE_READ - 4)
+        f.write(b"tail")
+    outcome = in_child(f"raw_load_growth({str(root)!r}, None)", __name__)
+    assert (outcome["type"], outcome["size"], outcome["tail"]) == ("bytes", _OVER_ONE_READ, b"tail".hex()), outcome
+    assert outcome["grown_mib"] < 1.5 * (_OVER_ONE_READ >> 20), outcome
+
+
+def test_a_read_past_one_read_keeps_its_range_and_its_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reopened read (for a range past one read(2), here made 3 bytes) gives exactly the range asked, leaves
+    the held descriptor's position alone, and refuses a file cut short as the one-read path does."""
+    monkeypatch.setattr(read_context, "_ONE_READ", 3)
+    path = tmp_path / "short.bin"
+    path.write_bytes(b"0123456789")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _pread_all(fd, 2, 6, str(path)) == b"234567"
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 0
         with pytest.raises(CorruptCheckpointError, match=r"short\.bin ended after 10 bytes; expected 14"):
             _pread_all(fd, 2, 12, str(path))
     finally:
