@@ -1088,13 +1088,20 @@ _HF_DIRECTORY = "an HF safetensors directory"
 
 def _lexists(path: Path) -> bool:
     """`os.path.lexists`, except that a folder this user may not search is said so: it answered "no", and a
-    complete download in a folder closed to this user was refused as having "no model.safetensors.index.json"."""
+    complete download in a folder closed to this user was refused as having "no model.safetensors.index.json".
+    A path that is no folder (a file passed for the folder holding it) is a `FileNotFoundError` saying so, not
+    the OS's "Not a directory" naming the index under it."""
     try:
         os.lstat(path)
     except FileNotFoundError:
         return False
     except PermissionError as exc:
         raise unreadable_file(path.parent, _HF_DIRECTORY, exc) from exc
+    except NotADirectoryError:  # `model.safetensors` itself passed for its folder, or a path under a file
+        raise FileNotFoundError(
+            f"{path.parent} is not a directory: import_hf reads the folder that holds {_SINGLE_FILE}, or "
+            f"{INDEX_FILE_NAME} and its shards; pass that folder."
+        ) from None
     return True
 
 
