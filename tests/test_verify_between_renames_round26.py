@@ -24,6 +24,7 @@ import pytest
 from torch_checkpointing import CheckpointManager, asides, cli
 from torch_checkpointing.asides import copies_aside
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.discovery import latest_checkpoint
 from torch_checkpointing.names import aside_name
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
@@ -189,3 +190,26 @@ def test_a_copy_aside_long_since_is_no_replace_under_way(
     message = str(caught.value)
     assert "killed" in message and "gc" in message and "being replaced" not in message, message
     assert waited < 1.5, waited
+
+
+# ------------------------------------------------------------------ the same gap, met by a listing
+
+
+def test_latest_checkpoint_in_the_gap_finds_the_new_copy(tmp_path: Path) -> None:
+    """A run that saves one id again and again (`latest`): between the replace's renames the root lists no
+    checkpoint. Defect: latest_checkpoint() returned None (a resume started over, from step 0) and warned that a
+    save replacing it "was killed", while that save moved the new copy in 50 ms later."""
+    ckpt, new = tmp_path / "run" / "latest", tmp_path / "staging" / "latest"
+    _save(ckpt, 1.0)
+    _save(new, 2.0)
+    replace = _PausedReplace(new, ckpt)
+    replace.start()
+    assert replace.gap.wait(_WAIT_S) and replace.error is None, replace.error
+    threading.Timer(0.05, replace.go.set).start()
+    try:
+        latest = latest_checkpoint(str(tmp_path / "run"))
+    finally:
+        replace.go.set()
+        replace.join(_WAIT_S)
+    assert replace.error is None, replace.error
+    assert latest is not None and (Path(latest.path), latest.step) == (ckpt, 2), latest

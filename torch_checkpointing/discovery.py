@@ -431,7 +431,7 @@ def listing(root: str | os.PathLike[str], storage: Storage | None = None) -> Lis
         return Listing()
     found: list[CheckpointInfo] = []
     closed: list[PassedOver] = []
-    names = sorted(storage.ls(base))
+    names = _awaiting_replaces(base, sorted(storage.ls(base)), storage)
     _warn_left_aside(base, names, storage)
     for name in names:
         if name.startswith("."):
@@ -460,6 +460,25 @@ def warn_if_a_checkpoint(base: Path, storage: Storage) -> None:
             spelt(base),
             spelt(base.parent),
         )
+
+
+def _awaiting_replaces(base: Path, names: list[str], storage: Storage) -> list[str]:
+    """`names` (the entries of `base`), with each id that held nothing while a live replace held a copy of it
+    aside (between its two renames) once its new copy is in (`asides.await_replaced`). Before, a listing in that
+    moment had no such id: latest_checkpoint() of a run re-saving one id (`latest`) returned None, a resume started
+    over, and the WARNING said the save replacing it had been killed."""
+    from torch_checkpointing.asides import await_replaced  # it lists checkpoints through this module
+
+    present = set(names)
+    for name in names:
+        checkpoint = aside_of(name, present) if ASIDE_RE.match(name) is not None else None
+        if checkpoint is None or checkpoint in present:
+            continue
+        with contextlib.suppress(FileNotFoundError):  # still empty: a replace killed or stalled there, warned of
+            await_replaced(storage, base / checkpoint, spelt(base / checkpoint))
+        if still_there(storage, base / checkpoint):
+            present.add(checkpoint)
+    return sorted(present)
 
 
 def _warn_left_aside(base: Path, names: list[str], storage: Storage) -> None:
