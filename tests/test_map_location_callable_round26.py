@@ -123,3 +123,56 @@ def test_a_stored_location_torch_cannot_restore_is_no_callers_error(
     assert "model_0.pt" in message and "tagged with nowhere" in message, message
     assert "callable" not in message and "_MetaWatch" not in message, message
     assert not any(t.any() for sd in into.values() for t in sd.values()), into
+
+
+def _out_of_memory(storage: Any, location: str) -> Any:
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+_SAVE_THEN_LOAD_OUT_OF_MEMORY = """
+import sys, torch, torch.serialization
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.schema import ItemSpec
+items = {"model": ItemSpec(), "extra": ItemSpec()}
+config = CheckpointManager.Config(items=items, save=SyncCheckpointSaverConfig(), load=CheckpointLoaderConfig())
+with CheckpointManager(config) as m:
+    m.save(sys.argv[1], {"model": {"w": torch.ones(3)}, "extra": {"b": torch.ones(2)}})
+    def full(storage, location):  # the device a storage is restored onto is full, as torch says it
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    torch.serialization.register_package(0, lambda s: None, full)
+    into = {"model": {"w": torch.zeros(3)}, "extra": {"b": torch.zeros(2)}}
+    try:
+        m.load(sys.argv[1], into=into if sys.argv[2] == "1" else None)
+    except BaseException as exc:
+        print(type(exc).__name__, isinstance(exc, CheckpointError), exc)
+"""
+
+
+@pytest.mark.parametrize("templated", [False, True])
+def test_a_device_out_of_memory_is_neither_damage_nor_the_callers_error(tmp_path: Path, templated: bool) -> None:
+    """The device a stored tensor is restored onto has no room (torch.OutOfMemoryError, raised in torch's own
+    restore or in a callable map_location's storage.cuda()): the checkpoint is intact and the argument is right;
+    what a caller catches to retry elsewhere (torch.OutOfMemoryError) must come out as it is.
+
+    Defect: through a callable, ConfigError "... raised OutOfMemoryError ... Fix the callable"; through torch's
+    own restore, CorruptCheckpointError "not a readable Torch file: CUDA out of memory" (damage, which a caller
+    that deletes damaged checkpoints acts on)."""
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "ck")
+    into = {"model": {"w": torch.zeros(3)}, "extra": {"b": torch.zeros(2)}}
+    with _manager() as m:
+        m.save(root, {"model": {"w": torch.ones(3)}, "extra": {"b": torch.ones(2)}})
+        with pytest.raises(torch.OutOfMemoryError):
+            m.load(root, into=into if templated else None, map_location=_out_of_memory)
+    assert not any(t.any() for sd in into.values() for t in sd.values()), into
+    done = subprocess.run(
+        [sys.executable, "-c", _SAVE_THEN_LOAD_OUT_OF_MEMORY, str(tmp_path / "other"), "1" if templated else "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.startswith("OutOfMemoryError False CUDA out of memory"), (done.stdout, done.stderr[-2000:])

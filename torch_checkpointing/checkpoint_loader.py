@@ -22,7 +22,7 @@ import torch
 from torch.serialization import default_restore_location
 
 from torch_checkpointing.checkpoint_layout import TorchSerialization
-from torch_checkpointing.codecs import EnginePlacement, callers_placement
+from torch_checkpointing.codecs import OUT_OF_MEMORY, EnginePlacement, callers_placement
 from torch_checkpointing.config import CheckpointLoaderConfig
 from torch_checkpointing.distributed_metadata import (
     DistributedItemMetadata,
@@ -576,6 +576,8 @@ class CheckpointLoader:
         except (CheckpointError, ConfigError):
             ctx.check(plan.rel, item.key).verified.result()  # a damaged file explains the failure best
             raise
+        except OUT_OF_MEMORY:
+            raise  # a full device, not an undecodable file (`codecs.OUT_OF_MEMORY`)
         except _DECODE_ERRORS_OR_OS as exc:
             ctx.check(plan.rel, item.key).verified.result()
             raise undecodable(path, f"item '{item.key}'", exc) from exc

@@ -187,6 +187,8 @@ def load_torch(
         value, mapped = _load_refusing_pickles(storage, path, what, options, hint, local)
     except CheckpointError:
         raise
+    except OUT_OF_MEMORY:
+        raise  # a device with no room for a stored tensor says nothing about the file
     except RuntimeError as exc:
         placed = "" if options.map_location is None else f", or map_location={options.map_location!r} is not here"
         raise CorruptCheckpointError(f"File {path} for {what} is not a readable Torch file{placed}: {exc}") from exc
@@ -196,6 +198,13 @@ def load_torch(
     if mapped is not None:
         check_storages_fit(path, value, records, mapped)
     return value
+
+
+OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
+"""What a device with no room raises (torch's is a RuntimeError): never the file's damage, nor a wrong argument.
+Before, a tensor restored onto a full GPU was a `CorruptCheckpointError` ("not a readable Torch file: CUDA out of
+memory"), or through a callable map_location a `ConfigError` ("Fix the callable"), and a caller's
+`except torch.OutOfMemoryError` (to retry elsewhere) never saw it."""
 
 
 class EnginePlacement:
@@ -233,6 +242,8 @@ class CallersMapLocation(EnginePlacement):
     def __call__(self, storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage | None:
         try:
             placed = self.call(storage, location)
+        except OUT_OF_MEMORY:
+            raise  # a full device: the callable is right, and the caller's handler for it must see it
         except Exception as exc:
             raise self._refusal(location, f"raised {type(exc).__name__}: {exc}") from exc
         if placed is not None and not isinstance(placed, torch.UntypedStorage):
