@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.test_crafted_round9 import in_child
-from torch_checkpointing import CheckpointManager, read_context
+from torch_checkpointing import CheckpointManager
 from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.errors import CorruptCheckpointError
@@ -106,19 +106,3 @@ def test_a_file_past_one_read_is_held_once(tmp_path: Path) -> None:
     outcome = in_child(f"raw_load_growth({str(root)!r}, None)", __name__)
     assert (outcome["type"], outcome["size"], outcome["tail"]) == ("bytes", _OVER_ONE_READ, b"tail".hex()), outcome
     assert outcome["grown_mib"] < 1.5 * (_OVER_ONE_READ >> 20), outcome
-
-
-def test_a_read_past_one_read_keeps_its_range_and_its_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reopened read (for a range past one read(2), here made 3 bytes) gives exactly the range asked, leaves
-    the held descriptor's position alone, and refuses a file cut short as the one-read path does."""
-    monkeypatch.setattr(read_context, "_ONE_READ", 3)
-    path = tmp_path / "short.bin"
-    path.write_bytes(b"0123456789")
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert _pread_all(fd, 2, 6, str(path)) == b"234567"
-        assert os.lseek(fd, 0, os.SEEK_CUR) == 0
-        with pytest.raises(CorruptCheckpointError, match=r"short\.bin ended after 10 bytes; expected 14"):
-            _pread_all(fd, 2, 12, str(path))
-    finally:
-        os.close(fd)

@@ -72,6 +72,7 @@ from torch_checkpointing.manifest import (
 )
 from torch_checkpointing.names import previous_copy_hint
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
+from torch_checkpointing.storage.fsspec_storage import new_bytes
 
 __all__ = ["MAX_METADATA_BYTES", "CheckedFile", "CheckpointReadContext", "ReadPolicy", "checked_relative_path", "crc32"]
 
@@ -935,52 +936,32 @@ def parse_json_bounded(data: bytes, where: str, max_depth: int = 64) -> Any:
 
 
 def _pread_all(fd: int, offset: int, length: int, where: str = "File") -> bytes:
-    """Bytes [offset, offset+length) of `fd`, read straight into the object returned. Before, every read went
-    through a buffer copied into `bytes`: a raw item (returned as the file's bytes) cost twice its size, and a
-    checkpoint without a manifest holding a sparse file of N bytes (no disk used) cost 2N of memory. One read
-    gives at most `_ONE_READ` bytes on Linux; a longer range is read through a reopening of the same file, whose
-    reader fills one `bytes` read after read (before, the first read's bytes and a buffer of the rest were joined
-    into a third object: twice the file again)."""
-    if length > _ONE_READ and (data := _read_reopened(fd, offset, length, where)) is not None:
-        return data
-    data = os.pread(fd, min(length, _ONE_READ), offset)
-    if len(data) == length:
-        return data
-    return data + _pread_buffer(fd, offset + len(data), length - len(data), where)
-
-
-_ONE_READ = 0x7FFFF000
-"""The most bytes one read(2) gives on Linux, whatever is asked."""
-
-
-def _read_reopened(fd: int, offset: int, length: int, where: str) -> bytes | None:
-    """`length` bytes at `offset` of the file `fd` holds, read through a new opening of that same file (Linux's
-    /proc/self/fd: the held file, wherever it was renamed, and no shared position to move); None where it cannot
-    be reopened (no /proc, or this user may no longer open it)."""
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # an opening of anything else could block, or read another stream
-        return None
-    try:
-        reopened = open(f"/proc/self/fd/{fd}", "rb")  # noqa: SIM115 - closed below; None when it cannot open
-    except OSError:
-        return None
-    with reopened:
-        reopened.seek(offset)
-        data = reopened.read(length)
-    if len(data) < length:
-        raise _cut_short(where, offset + len(data), offset + length)
-    return data
+    """Bytes [offset, offset+length) of `fd`, read straight into the `bytes` returned (`new_bytes`), read after
+    read. Before, every read went through a buffer copied into `bytes`: a raw item (returned as the file's bytes)
+    cost twice its size, and a checkpoint without a manifest holding a sparse file of N bytes (no disk used) cost
+    2N of memory; then one read into the result held only up to the 2 GiB one read(2) gives on Linux, and a
+    longer file was joined from that read and a buffer of the rest into a third object, twice the file again."""
+    if length == 0:
+        return b""
+    out, view = new_bytes(length)
+    _pread_into(fd, view, offset, where)
+    return out if isinstance(out, bytes) else bytes(out)
 
 
 def _pread_buffer(fd: int, offset: int, length: int, where: str = "File") -> bytearray:
     buf = bytearray(length)
-    view = memoryview(buf)
-    done = 0
+    _pread_into(fd, memoryview(buf), offset, where)
+    return buf
+
+
+def _pread_into(fd: int, view: memoryview, offset: int, where: str) -> None:
+    """Fill `view` from `fd` at `offset`; a file that ends first was cut short meanwhile (`_cut_short`)."""
+    length, done = len(view), 0
     while done < length:
         n = os.preadv(fd, [view[done:]], offset + done)
         if n == 0:
             raise _cut_short(where, offset + done, offset + length)
         done += n
-    return buf
 
 
 def _cut_short(where: str, ended: int, expected: int) -> CorruptCheckpointError:

@@ -487,7 +487,7 @@ class FsspecStorage(Storage):
         if length <= part:
             return self._get(backend, key, offset, offset + length) if length else b""
         before = version or _version(backend, key)
-        out, view = _new_bytes(length)
+        out, view = new_bytes(length)
 
         def fetch(start: int) -> None:
             size = min(part, length - start)
@@ -1668,7 +1668,7 @@ def _bytes_api() -> tuple[Any, Any] | None:
     return make, as_string
 
 
-def _new_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
+def new_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
     """A `bytes` of `size` and a writable view of its buffer, so parts land in the result without a second copy.
 
     Readers want `bytes` (io.BytesIO shares a bytes buffer but copies a bytearray; RawSerialization returns
