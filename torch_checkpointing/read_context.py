@@ -941,11 +941,17 @@ def _pread_all(fd: int, offset: int, length: int, where: str = "File") -> bytes:
     cost twice its size, and a checkpoint without a manifest holding a sparse file of N bytes (no disk used) cost
     2N of memory; then one read into the result held only up to the 2 GiB one read(2) gives on Linux, and a
     longer file was joined from that read and a buffer of the rest into a third object, twice the file again."""
-    if length == 0:
-        return b""
+    if length <= _ONE_READ:  # one read gives it all, into the bytes it returns (a file cut short reads on)
+        data = os.pread(fd, length, offset)
+        if len(data) == length:
+            return data
     out, view = new_bytes(length)
     _pread_into(fd, view, offset, where)
     return out if isinstance(out, bytes) else bytes(out)
+
+
+_ONE_READ = 0x7FFFF000
+"""The most bytes one read(2) gives on Linux, whatever is asked for."""
 
 
 def _pread_buffer(fd: int, offset: int, length: int, where: str = "File") -> bytearray:
