@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import errno
 import functools
 import hashlib
@@ -880,13 +881,13 @@ class FsspecStorage(Storage):
         with self._errors("listing of", path):
             if not backend.object_store:
                 info = backend.io.info(key)
-                times = [info.get("mtime"), info.get("created")]
+                times = [_modified(info), _seconds(info.get("created"))]
             else:
                 found = backend.io.find(key, detail=True)
                 times = [_modified(info) for name, info in found.items() if name.startswith(key + "/")]
                 if not found:
                     raise FileNotFoundError(errno.ENOENT, "nothing under this prefix", backend.url(key))
-        known = [float(t) for t in times if t is not None]
+        known = [t for t in times if t is not None]
         return max(known) if known else None
 
     def exists(self, path: Path) -> bool:
@@ -1035,12 +1036,33 @@ def _endpoint_of(fs: Any) -> str:
     )
 
 
+# Where each fsspec store puts an object's last modification in its info dicts: s3fs `LastModified` (a
+# datetime), adlfs `last_modified` (a datetime), gcsfs `updated` (an RFC 3339 string; newer releases add `mtime`,
+# a datetime), local and memory-like stores `mtime` (seconds). Reading only the first two spellings left another
+# host's trash on GCS and Azure aged 0 for ever, never collected.
+_MODIFIED_KEYS = ("LastModified", "last_modified", "updated", "mtime")
+
+
 def _modified(info: dict[str, Any]) -> float | None:
-    """An object's LastModified as `time.time()` reads (s3fs gives a datetime; other stores may give a number)."""
-    stamp = info.get("LastModified", info.get("mtime"))
-    if stamp is None:
-        return None
-    return float(stamp.timestamp()) if hasattr(stamp, "timestamp") else float(stamp)
+    """An object's last modification as `time.time()` reads, whichever spelling and type its store gives."""
+    known = [t for t in (_seconds(info.get(k)) for k in _MODIFIED_KEYS) if t is not None]
+    return max(known) if known else None
+
+
+def _seconds(stamp: Any) -> float | None:
+    """A time as seconds since the epoch: a datetime (naive ones are UTC, as the stores mean them), a number, or
+    an ISO 8601 / RFC 3339 string; None for anything else (its age is then unknown, never 0)."""
+    if isinstance(stamp, str):
+        try:
+            stamp = datetime.datetime.fromisoformat(stamp.strip().replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if isinstance(stamp, datetime.datetime):
+        aware = stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=datetime.timezone.utc)
+        return aware.timestamp()
+    if isinstance(stamp, int | float) and not isinstance(stamp, bool):
+        return float(stamp)
+    return None
 
 
 def _version(backend: _Backend, key: str) -> tuple[int, str]:
