@@ -481,6 +481,9 @@ def test_a_writer_killed_mid_upload_commits_nothing_and_the_next_save_works(
     # The trainer saw its writer die and discarded the prefix, or left it marked: never an unmarked leftover.
     leftovers = [(Path(o.path).name, o.kind) for o in list_leftovers(run, storage)]
     assert leftovers in ([], [("step_2", "incomplete")]), leftovers
+    if not leftovers:  # discarded under its claim: the upload its killed writer had under way went with it
+        bucket, prefix, _ = storage.fs.split_path(f"{run}/")
+        assert not storage.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix).get("Uploads")
 
 
 def test_a_commit_killed_before_its_marker_is_removed_is_incomplete_and_recognised(

@@ -85,6 +85,8 @@ __all__ = [
     "ConditionalStorage",
     "MadeDirectory",
     "TaggedStorage",
+    "UploadingStorage",
+    "abort_unfinished",
     "check_target",
     "make_parents",
     "manifest_digest",
@@ -94,6 +96,7 @@ __all__ = [
     "remove_saves_objects",
     "stale_reason",
     "temporary_name",
+    "unfinished_uploads",
     "warn_left_in_place",
     "working_directory_is_not_the_programs",
 ]
@@ -488,6 +491,40 @@ class TaggedStorage(Protocol):
     def objects_by_save(self, root: Path) -> tuple[dict[str, tuple[str, str]], list[str]] | None: ...
 
     def delete_unchanged(self, root: Path, etags: dict[str, str]) -> list[str]: ...
+
+
+@runtime_checkable
+class UploadingStorage(Protocol):
+    """A store whose large uploads are multipart uploads that hold their parts, billed, until completed or
+    aborted (S3, `FsspecStorage`): what a writer killed mid-upload, or a create whose answer was lost, leaves."""
+
+    def unfinished_uploads(self, root: Path) -> list[tuple[str, str]]: ...
+
+    def abort_uploads(self, root: Path, uploads: list[tuple[str, str]]) -> list[str]: ...
+
+
+def unfinished_uploads(storage: object, root: Path) -> list[tuple[str, str]]:
+    """The unfinished multipart uploads under `root/`, listed while the caller still holds (or has judged dead)
+    the id's claim: every one is then a dead or failed save's, none of a save that claims the id later. [] where
+    the store makes none, or cannot list them (said at WARNING: they stay until a lifecycle rule aborts them)."""
+    if not isinstance(storage, UploadingStorage):
+        return []
+    try:
+        return storage.unfinished_uploads(root)
+    except Exception as exc:
+        log_safely(logger, logging.WARNING, "Could not list the unfinished uploads under %s: %s", root, exc)
+        return []
+
+
+def abort_unfinished(storage: object, root: Path, uploads: list[tuple[str, str]], what: str) -> None:
+    """Abort `uploads` (from `unfinished_uploads`, once the claim they were listed under is gone)."""
+    if not uploads or not isinstance(storage, UploadingStorage):
+        return
+    try:
+        left = storage.abort_uploads(root, uploads)
+    except Exception as exc:
+        left = [f"{len(uploads)} upload(s) ({exc})"]
+    logger.info("%s aborted %d unfinished multipart upload(s)", what, len(uploads) - len(left))
 
 
 def remove_saves_objects(storage: TaggedStorage, root: Path, objects: dict[str, tuple[str, str]]) -> list[str]:
@@ -958,6 +995,11 @@ class Commit:
     def _manifest_of_ours(self) -> Manifest | None:
         """The manifest this save wrote (deleted by now: its files are this save's), if it got that far."""
         return None if self._manifest_bytes is None else Manifest.from_json(self._manifest_bytes.decode("utf-8"))
+
+    def _let_go(self, claims: ConditionalStorage, etag: str, uploads: list[tuple[str, str]]) -> None:
+        """A failed save's last step: its claim goes (only if unchanged), then the uploads listed under it."""
+        if claims.delete_object(self.root / INCOMPLETE_MARKER, etag):
+            abort_unfinished(self.storage, self.root, uploads, f"The failed save of {self._url}")
 
     def _holds_claim(self, claims: ConditionalStorage) -> tuple[Claim | None, str | None]:
         """The claim in the marker now and, when it is this save's, the marker's ETag."""
@@ -1474,6 +1516,7 @@ class Commit:
             if held is not None:
                 logger.info("Not removing %s: it is claimed by another save (%s)", self._url, held.describe())
             return
+        uploads = unfinished_uploads(self.storage, root)  # this save's and dead ones': this save holds the claim
         if self.storage.exists(root / MANIFEST_FILE_NAME):
             if self._manifest_bytes is None or not self._visible(self._manifest_bytes):
                 return  # not this save's manifest
@@ -1484,7 +1527,7 @@ class Commit:
             self.storage.delete(root / MANIFEST_FILE_NAME)
         if held is not None and held.records:  # no tags, but its ranks recorded what they write
             left = remove_recorded(self.storage, root, self._manifest_of_ours())
-            claims.delete_object(root / INCOMPLETE_MARKER, etag)
+            self._let_go(claims, etag, uploads)
             warn_left_in_place(self._url, left, f"The failed save of {self._url}")
             return
         tagged = self.storage if isinstance(self.storage, TaggedStorage) else None
@@ -1493,9 +1536,9 @@ class Commit:
             for rel in _walk(self.storage, root):
                 if not rel.endswith("/") and rel != INCOMPLETE_MARKER:
                     self.storage.delete(root / rel)
-            claims.delete_object(root / INCOMPLETE_MARKER, etag)
+            self._let_go(claims, etag, uploads)
             return
         ours, others = by_save  # saves of ours that wrote here hold the claim no more: this one holds it
         changed = remove_saves_objects(tagged, root, ours)
-        claims.delete_object(root / INCOMPLETE_MARKER, etag)
+        self._let_go(claims, etag, uploads)
         warn_left_in_place(self._url, [*others, *changed], f"The failed save of {self._url}")

@@ -29,12 +29,14 @@ from torch_checkpointing.commit import (
     Claim,
     ConditionalStorage,
     TaggedStorage,
+    abort_unfinished,
     compares_atomically,
     files_not_listed,
     no_conditional_delete,
     remove_recorded,
     remove_saves_objects,
     stale_reason,
+    unfinished_uploads,
     warn_left_in_place,
 )
 from torch_checkpointing.discovery import (
@@ -995,6 +997,7 @@ def _collect_saves_objects(storage: Storage, path: Path) -> _Outcome | None:
         held = Claim.parse(found[0]) if found is not None else None
         if found is None or held is None or _dead_reason(found[0]) is None:
             return None
+        uploads = unfinished_uploads(storage, path)  # under the dead claim: none of a save that takes the id after
         if held.records:
             if not compares_atomically(storage, marker):
                 return _cannot_take_claim(storage, path, marker, "unfinished save")
@@ -1004,7 +1007,7 @@ def _collect_saves_objects(storage: Storage, path: Path) -> _Outcome | None:
                     return _taken_over_meanwhile(path)
                 found = (found[0], etag)
                 changed, others = [], remove_recorded(storage, path, _take_manifest(storage, path, held))
-                storage.delete_object(marker, found[1])
+                _let_go_of(storage, path, found[1], uploads)
         elif held.tags and isinstance(storage, TaggedStorage):
             by_save = storage.objects_by_save(path)
             if by_save is None:
@@ -1014,13 +1017,19 @@ def _collect_saves_objects(storage: Storage, path: Path) -> _Outcome | None:
         else:
             return None
         if not held.records:
-            storage.delete_object(marker, found[1])
+            _let_go_of(storage, path, found[1], uploads)
     except STORE_ERRORS as exc:
         return _gc_failed(f"could not remove the unfinished save at {_shown(path)} ({exc}); left as it is")
     url = storage.remap_path(path)
     warn_left_in_place(url, [*others, *changed], f"gc of the unfinished save at {url}")
     logger.info("gc removed the unfinished save at %s (its claim is dead)", _shown(path))
     return _Outcome(True)
+
+
+def _let_go_of(storage: ConditionalStorage, path: Path, etag: str, uploads: list[tuple[str, str]]) -> None:
+    """The dead save's claim goes (only if still the version judged), then the uploads listed under it."""
+    if storage.delete_object(path / INCOMPLETE_MARKER, etag):
+        abort_unfinished(storage, path, uploads, f"gc of the unfinished save at {_shown(path)}")
 
 
 @contextlib.contextmanager

@@ -70,6 +70,8 @@ MiB = 1 << 20
 MIN_PART_SIZE = 5 * MiB
 _READ_ATTEMPTS = 3  # a small object read whole: tries when it changes between its HEADs
 _DELETE_BATCH = 1000  # S3's limit of keys per DeleteObjects request
+# The store stamps an upload's start to the second: a create retried within `took_s` may read up to this earlier.
+_CLOCK_SLACK_S = 1.0
 MAX_PARTS = 10_000  # S3's limit per multipart upload: the largest file is part_size * MAX_PARTS (156 GiB at 16 MiB)
 # What to do when the store refuses a request, by its S3 error code: appended to the ObjectStoreError.
 _CREDENTIALS = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or storage_options 'key' / 'secret')"
@@ -840,6 +842,24 @@ class FsspecStorage(Storage):
         )
         return [rel for rel, k in zip(etags, kept, strict=True) if k]
 
+    # ------------------------------------------------------------------ unfinished multipart uploads
+    # An upload never completed nor aborted (its writer killed, or a CreateMultipartUpload whose answer was lost
+    # and retried) holds its parts invisibly, billed until aborted. Whoever removes a save's prefix while holding
+    # its claim aborts them: listed before the claim goes, so none of a save that claims the id after is listed.
+
+    def unfinished_uploads(self, root: Path) -> list[tuple[str, str]]:
+        """The multipart uploads under `root/` never completed nor aborted: (key, upload id). [] off S3."""
+        backend, key = self._resolve(root)
+        if not backend.is_s3:
+            return []
+        with self._errors("listing of the unfinished uploads of", root):
+            return [(u["Key"], u["UploadId"]) for u in _uploads_under(backend.io, key + "/")]
+
+    def abort_uploads(self, root: Path, uploads: list[tuple[str, str]]) -> list[str]:
+        """Abort `uploads` (from `unfinished_uploads(root)`); the URLs of those the store would not abort."""
+        backend, _ = self._resolve(root)
+        return [backend.url(k) for k, upload_id in uploads if not _abort_upload(backend.io, k, upload_id)]
+
     # ------------------------------------------------------------------ listings (never from a stale cache)
     # A store that cannot answer is an ObjectStoreError naming the URL, never a raw client error, and never
     # "nothing there": a listing that failed must not read as an empty run or a missing manifest.
@@ -1374,6 +1394,17 @@ def _manifest_of(backend: _Backend, key: str, keys: list[str]) -> bytes | None:
 def _delete_prefix(
     backend: _Backend, key: str, keys: list[str], *, restore: bool = False, copied: bytes | None = None
 ) -> None:
+    """`_delete_objects`, then the unfinished uploads of a dead or failed save under `key/` (listed before
+    anything went: see `_abandoned_uploads`). A move's source goes this way too: its uploads cannot follow it."""
+    uploads = _abandoned_uploads(backend, key, keys)
+    _delete_objects(backend, key, keys, restore=restore, copied=copied)
+    for upload_key, upload_id in uploads:
+        _abort_upload(backend.io, upload_key, upload_id)
+
+
+def _delete_objects(
+    backend: _Backend, key: str, keys: list[str], *, restore: bool = False, copied: bytes | None = None
+) -> None:
     """Delete `keys` (the objects under `key`): a committed checkpoint is first marked `.incomplete` and loses
     its manifest, then its files go in bulk, the marker last (see `FsspecStorage.rmdir`). With `restore` (the
     source of a rename, which must stay whole if it cannot go), a delete the store refuses before any file
@@ -1635,6 +1666,57 @@ class _KeptObjects(OSError):
 # ---------------------------------------------------------------------- helpers
 
 
+def _uploads_under(fs: Any, prefix: str) -> list[dict[str, Any]]:
+    """Every unfinished multipart upload whose key starts with `prefix` (`bucket/key...`), all pages."""
+    bucket, key, _ = fs.split_path(prefix)
+    found: list[dict[str, Any]] = []
+    markers: dict[str, str] = {}
+    while True:
+        page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key, **markers)
+        found += [{**u, "Key": f"{bucket}/{u['Key']}"} for u in page.get("Uploads", [])]
+        if not page.get("IsTruncated"):
+            return found
+        markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+
+def _abandoned_uploads(backend: _Backend, key: str, keys: list[str]) -> list[tuple[str, str]]:
+    """The unfinished multipart uploads under a prefix `rmdir` removes, listed before anything goes (so none of
+    a save that claims the id after is listed), and only where no live save holds it: no marker, or a claim no
+    process holds (a dead save's prefix that gc collects whole, a trash, a failed save's). [] off S3; a listing
+    that fails is said at WARNING, never the removal's failure (a lifecycle rule aborts what is left)."""
+    marker = f"{key}/{INCOMPLETE_MARKER}"
+    if not backend.is_s3:
+        return []
+    if marker in keys:
+        with _live_claim() as mine:
+            if not _dead_claim_of_ours(backend, marker, mine):
+                return []
+    try:
+        return [(u["Key"], u["UploadId"]) for u in _uploads_under(backend.io, key + "/")]
+    except Exception as exc:
+        logger.warning("Could not list the unfinished multipart uploads under %s: %s", backend.url(key), exc)
+        return []
+
+
+def _abort_upload(fs: Any, key: str, upload_id: str) -> bool:
+    """Abort one upload of `key` (`bucket/key`); whether it is gone (an upload already gone is). Logged if not."""
+    bucket, name, _ = fs.split_path(key)
+    try:
+        fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=name, UploadId=upload_id)
+    except Exception as exc:
+        if _error_code(exc) == "NoSuchUpload" or isinstance(exc, FileNotFoundError):
+            return True
+        logger.warning(
+            "Could not abort the unfinished multipart upload %s of s3://%s (%s): its parts stay billed until it "
+            "is aborted (`aws s3api abort-multipart-upload`) or a lifecycle rule for incomplete uploads removes it",
+            upload_id,
+            key,
+            exc,
+        )
+        return False
+    return True
+
+
 class _ErrorScope:
     """Turns a store's error (botocore's, aiohttp's, OSError) into an ObjectStoreError naming the object.
 
@@ -1823,7 +1905,9 @@ class _S3MultipartWriter(_ChecksummedUpload):
 
     def _send_part(self) -> None:
         if self._upload_id is None:
+            asked = time.monotonic()
             self._upload_id = self._call("create_multipart_upload", **self._tag)["UploadId"]
+            self._abort_lost_creates(time.monotonic() - asked)
             self._pool = WorkerPool(self._concurrency, "ckpt-part")
         pending = [f for f in self._parts if not f.done()]
         if len(pending) >= self._concurrency:
@@ -1841,6 +1925,26 @@ class _S3MultipartWriter(_ChecksummedUpload):
         assert self._pool is not None
         self._parts.append(self._pool.submit(self._checksum_and_upload, number, data))
         self._part_sizes.append(len(data))
+
+    def _abort_lost_creates(self, took_s: float) -> None:
+        """Abort the uploads of this key that a create whose answer was lost left: the client retried it and
+        the store made one upload per try, but only the last one's id came back. Never completed nor aborted,
+        those were billed for ever. They are the other uploads of this exact key initiated while the create
+        ran (the store's own clock, against ours' time), so another writer's earlier upload is never touched.
+        One listing per multipart file; a failure is logged, never the save's."""
+        key = f"{self._bucket}/{self._object}"
+        try:
+            uploads = [u for u in _uploads_under(self._fs, key) if u["Key"] == key]
+        except Exception as exc:
+            logger.warning("Could not list the multipart uploads of %s: %s", self._url, exc)
+            return
+        ours = next((u for u in uploads if u["UploadId"] == self._upload_id), None)
+        if ours is None:
+            return
+        since = ours["Initiated"] - datetime.timedelta(seconds=took_s + _CLOCK_SLACK_S)
+        for upload in uploads:
+            if upload is not ours and since <= upload["Initiated"] <= ours["Initiated"]:
+                _abort_upload(self._fs, key, upload["UploadId"])
 
     def _checksum_and_upload(self, number: int, data: bytes) -> tuple[dict[str, Any], list[int]]:
         crcs = block_crc32s(memoryview(data), self._running.block_size) if self._sum_parts else []
