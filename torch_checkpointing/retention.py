@@ -247,6 +247,7 @@ class _Outcome:
 
     done: bool
     failure: str | None = None
+    superseded: bool = False  # a move back not done because a save committed the id meanwhile: collect the copy
 
 
 def _delete(src: Path, storage: Storage, expected: CheckpointInfo | None) -> _Outcome:
@@ -400,8 +401,10 @@ def _claimed_by_a_save(storage: Storage, path: Path) -> str:
         marker = read_marker(storage, path / INCOMPLETE_MARKER)
     except FileNotFoundError:
         return ""
-    except (OSError, CheckpointError):
-        return "a marker that cannot be read"
+    except (OSError, CheckpointError) as exc:
+        # A local read says a missing file is one it cannot open: none is no claim (before, a move back that a
+        # new save's commit refused was "held by a marker that cannot be read" and neither kept nor collected).
+        return "" if isinstance(exc.__cause__, FileNotFoundError) else "a marker that cannot be read"
     claim = Claim.parse(marker)
     return "" if claim is None or _dead_reason(marker) is not None else claim.describe()
 
@@ -895,6 +898,14 @@ def _restore(storage: Storage, leftover: Leftover, target: Path) -> _Outcome:
             where = f"{_shown(target)} is held by {holder}" if holder else f"it is back at {_shown(target)}"
             logger.info("gc left %s to another process: %s (%s)", _shown(path), where, exc)
             return _Outcome(False)
+        if _committed(storage, target):
+            logger.info(
+                "gc did not move %s back: a save committed %s meanwhile, so the copy is garbage (%s)",
+                _shown(path),
+                _shown(target),
+                exc,
+            )
+            return _Outcome(False, superseded=True)
         return _gc_failed(f"could not move {_shown(leftover.path)} back to {_shown(target)} ({exc}); rename it by hand")
     _sync_parent(storage, target)
     logger.warning(
@@ -931,6 +942,7 @@ def collect_garbage(
     leftovers = list_leftovers(base, storage)
     put_back = _to_put_back(leftovers, base, storage, unowned_after_s)
     restored: set[str] = set()
+    superseded: list[Leftover] = []  # copies chosen to go back whose id a save committed meanwhile: garbage now
     for leftover in [lo for lo in leftovers if Path(lo.path) in put_back]:  # first: the other copies are garbage then
         restore_to, copies = put_back[Path(leftover.path)]
         done = _Outcome(True) if dry_run else _restore(storage, leftover, base / restore_to)
@@ -941,7 +953,9 @@ def collect_garbage(
             report.kept.append((leftover, f"{which}, {verb}{_MOVED_BACK}"))
         elif done.failure is not None:
             report.failed.append((leftover, done.failure))
-    for leftover in [lo for lo in leftovers if Path(lo.path) not in put_back]:
+        elif done.superseded:
+            superseded.append(leftover)
+    for leftover in [*[lo for lo in leftovers if Path(lo.path) not in put_back], *superseded]:
         why = _why_keep(leftover, base, storage, unowned_after_s, now, restored)
         if why is not None:
             report.kept.append((leftover, why))

@@ -1,0 +1,70 @@
+"""gc moving a copy aside back under its id while a new save of that id commits.
+
+A replace killed between its two renames leaves nothing at the id and the old checkpoint aside; gc moves that
+copy back. A save of the id that commits meanwhile makes the copy garbage (the id holds a newer checkpoint).
+Before, gc then reported the move failed ("rename it by hand", exit 1 of `gc`), asking a person to put an old
+checkpoint over a newer one; on an object store, where a move is a copy under a claim at the id, the copy went
+over the new save's files and its manifest, and the id loaded the old state. Now the move never lands on a
+committed checkpoint, and the copy is collected as the garbage it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.s3_server import S3Server
+from tests.test_s3_attacks import state, sync_manager
+from torch_checkpointing import CheckpointManager, SyncCheckpointSaverConfig
+from torch_checkpointing.discovery import storage_for
+from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.storage.base_storage import Storage
+
+_ASIDE = ".old_step_9_999999"  # a replace killed between its two renames (pid 999999: no process of this host)
+
+
+def _commit_first(storage: Storage, manager: CheckpointManager, run: str) -> list[tuple[Path, Path]]:
+    """Make `storage.rename` commit a new save of `run/step_9` (value 10) right before it moves anything there."""
+    moves: list[tuple[Path, Path]] = []
+    rename = storage.rename
+
+    def racing(src: Path, dst: Path, *args: Any, **kwargs: Any) -> None:
+        if Path(dst).name == "step_9" and not moves:
+            manager.save(f"{run}/step_9", state(10.0))
+        moves.append((Path(src), Path(dst)))
+        rename(src, dst, *args, **kwargs)
+
+    storage.rename = racing  # type: ignore[method-assign]
+    return moves
+
+
+def _check(run: str, storage: Storage, manager: CheckpointManager) -> None:
+    moves = _commit_first(storage, manager, run)
+    report = collect_garbage(run, storage, unowned_after_s=0)
+    assert moves and moves[0][1].name == "step_9", moves  # gc did try to move the copy back
+    assert report.failed == [], report.failed  # before: "could not move ... back ...: rename it by hand"
+    assert [Path(lo.path).name for lo in report.removed] == [_ASIDE], report  # garbage once the id is re-saved
+    assert float(manager.load(f"{run}/step_9")["model"]["w"][0]) == 10.0  # the new save, whole
+
+
+def test_local(tmp_path: Path) -> None:
+    run = str(tmp_path / "run")
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(f"{run}/step_9", state(9.0))
+        Path(f"{run}/step_9").rename(f"{run}/{_ASIDE}")
+        _check(run, storage_for(run), manager)
+
+
+def test_s3(s3_server: S3Server) -> None:
+    pytest.importorskip("s3fs")
+    config = s3_server.config()
+    storage = config.create_storage()
+    fs, bucket = storage.fs, config.url.split("://", 1)[1]
+    with sync_manager(config) as manager:
+        manager.save("run/step_9", state(9.0))
+        for key in fs.find(f"{bucket}/run/step_9"):
+            fs.cp_file(key, key.replace("/step_9/", f"/{_ASIDE}/"))
+        storage.rmdir(Path("run/step_9"))
+        _check(f"{config.url}/run", storage, manager)
