@@ -116,3 +116,17 @@ def test_a_failed_saves_cleanup_aborts_what_its_claim_covers(
     said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("Could not abort the multipart upload") for m in said), said  # the writer's own
     assert _uploads(storage, run) == [], seen
+
+
+def test_a_save_that_takes_a_dead_claim_over_aborts_the_dead_saves_uploads(s3_server: S3Server) -> None:
+    """The next save of a killed save's id takes its claim over and commits there: nothing removes the prefix
+    after that, so the killed writer's upload stayed for good."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    run = storage.remap_path(Path("run")).split("://", 1)[1]
+    storage.write(Path("run/step_1") / INCOMPLETE_MARKER, _claim(_dead_pid(), tags=True))
+    _start_upload(storage, f"{run}/step_1/model_1.pt")  # the killed save's rank 1 file: this save has no rank 1
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0, n=_BIG))
+        assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0, n=_BIG)["model"]["w"])
+    assert _uploads(storage, run) == []

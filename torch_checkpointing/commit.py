@@ -1104,6 +1104,8 @@ class Commit:
         what the other ranks of this save were writing at the same names). Named at WARNING."""
         if held is None or not held.took_over:  # no dead save's claim was taken over: nothing of another save here
             return
+        # Every rank has completed its uploads: what is still unfinished under the id is the dead saves'.
+        abort_unfinished(self.storage, self.root, unfinished_uploads(self.storage, self.root), self._url)
         kept = {posixpath.normpath(rec.path) for rec in manifest.files} | {MANIFEST_FILE_NAME, INCOMPLETE_MARKER}
         kept |= {METADATA_FILE_NAME} if wrote_metadata else set()
         if held.records:
