@@ -10,6 +10,7 @@ committed checkpoint, and the copy is collected as the garbage it is.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,9 @@ import pytest
 
 from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager
-from torch_checkpointing import CheckpointManager, SyncCheckpointSaverConfig
+from torch_checkpointing import CheckpointManager, RetentionPolicy, SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import storage_for
-from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.retention import collect_garbage, prune
 from torch_checkpointing.storage.base_storage import Storage
 
 _ASIDE = ".old_step_9_999999"  # a replace killed between its two renames (pid 999999: no process of this host)
@@ -68,3 +69,28 @@ def test_s3(s3_server: S3Server) -> None:
             fs.cp_file(key, key.replace("/step_9/", f"/{_ASIDE}/"))
         storage.rmdir(Path("run/step_9"))
         _check(f"{config.url}/run", storage, manager)
+
+
+def test_retention_never_asks_to_put_an_older_copy_over_a_newer_save(tmp_path: Path) -> None:
+    """Retention's delete of `step_1` finds it re-saved as it moves it to the trash, and moves it back; a third
+    save of `step_1` commits before that move back. Before, the report said "could not be moved back: rename it
+    back by hand" (a person doing so puts the older copy over the newer save), and the trash kept the copy."""
+    run = str(tmp_path / "run")
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(f"{run}/step_1", state(1.0))
+        manager.save(f"{run}/step_2", state(2.0))
+        storage = storage_for(run)
+        rename, seen = storage.rename, []
+
+        def resaved_first(src: Path, dst: Path, *args: Any, **kwargs: Any) -> None:
+            if "step_1" in (Path(src).name, Path(dst).name):
+                seen.append(Path(dst).name)
+                manager.save(f"{run}/step_1", state(float(len(seen) + 6)))  # 7.0, then 8.0
+            rename(src, dst, *args, **kwargs)
+
+        storage.rename = resaved_first  # type: ignore[method-assign]
+        report = prune(run, RetentionPolicy(keep_last=1), storage)
+        assert seen[-1] == "step_1", seen  # the move back was tried
+        assert report.failed == [], report.failed
+        assert sorted(os.listdir(run)) == ["step_1", "step_2"]  # no copy left aside
+        assert float(manager.load(f"{run}/step_1")["model"]["w"][0]) == 8.0

@@ -442,12 +442,20 @@ def _move_back(storage: Storage, trash: Path, src: Path) -> str:
 
     On a store without rename, a move back whose copy finished and whose delete of `trash` failed is done: `src`
     holds that very checkpoint again, and the copy left in the trash goes (before, the report said "could not
-    be moved back: rename it back by hand" of a checkpoint that was back, and the trash kept a second copy)."""
+    be moved back: rename it back by hand" of a checkpoint that was back, and the trash kept a second copy).
+    A move back refused because a save committed `src` meanwhile is done too: the copy is older than what the
+    id holds, and goes (a person told to rename it back would put an older checkpoint over a newer one)."""
     try:
         storage.rename(trash, src, is_directory=True)
     except STORE_ERRORS as exc:
         if _moved_back_already(storage, trash, src):
             _remove(storage, trash, f"the copy of {_shown(src)} moved back")
+            return ""
+        if _committed(storage, src):  # a save committed the id meanwhile: the copy is older, garbage now
+            logger.info(
+                "Retention did not move %s back: %s was saved again meanwhile (%s)", _shown(trash), _shown(src), exc
+            )
+            _remove(storage, trash, f"the copy of {_shown(src)} that a new save of it replaced")
             return ""
         return f"{_shown(src)} was moved to {_shown(trash)} and could not be moved back ({exc}): rename it back by hand"
     return ""

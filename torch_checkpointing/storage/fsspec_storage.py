@@ -1367,27 +1367,33 @@ def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None
     marker = f"{dst}/{INCOMPLETE_MARKER}"
     if f"{src}/{INCOMPLETE_MARKER}" in keys:  # an unfinished save's: its copy stays unfinished, under its claim
         _put_up_claim(backend, marker, backend.io.cat_file(f"{src}/{INCOMPLETE_MARKER}"))
-        _refuse_a_committed(backend, dst)
+        _refuse_a_committed(backend, src, dst)
         _copy_keys(backend, src, dst, [k for k in keys if k != f"{src}/{INCOMPLETE_MARKER}"])
         return
     with _live_claim() as claim:
         _put_up_claim(backend, marker, claim)
-        _refuse_a_committed(backend, dst)
+        _refuse_a_committed(backend, src, dst)
         _copy_keys(backend, src, dst, keys)
         backend.io.rm_file(marker)
 
 
-def _refuse_a_committed(backend: _Backend, dst: str) -> None:
-    """Once the move's claim is up at `dst` (no save commits there after it): refuse a `dst` that holds a
-    committed checkpoint, taking the claim down, as a local rename onto a non-empty directory fails. Before, the
-    copy went over it: gc putting a copy aside back while a new save of the id committed replaced the new
-    save's manifest and files with the old ones, and the id loaded the older state."""
+def _refuse_a_committed(backend: _Backend, src: str, dst: str) -> None:
+    """Once the move's claim is up at `dst` (no save commits there after it): refuse a `dst` that holds another
+    committed checkpoint than `src`'s, taking the claim down, as a local rename onto a non-empty directory fails.
+    Before, the copy went over it: gc putting a copy aside back while a new save of the id committed replaced
+    the new save's manifest and files with the old ones, and the id loaded the older state. The same
+    checkpoint (a delete putting back the copy of what it failed to delete) is made whole again, as before."""
     manifest = f"{dst}/{MANIFEST_FILE_NAME}"
-    backend.fs.invalidate_cache(manifest)
-    if not backend.io.exists(manifest):
+    if manifest not in _objects_under(backend, dst):  # one listing, never a cached answer
+        return
+    try:
+        same = backend.io.cat_file(manifest) == backend.io.cat_file(f"{src}/{MANIFEST_FILE_NAME}")
+    except FileNotFoundError:
+        same = False
+    if same:
         return
     backend.io.rm_file(f"{dst}/{INCOMPLETE_MARKER}")  # ours: a committed checkpoint has none, or a stray one
-    raise FileExistsError(errno.ENOTEMPTY, "a committed checkpoint is there; nothing was moved", backend.url(dst))
+    raise FileExistsError(errno.ENOTEMPTY, "another committed checkpoint is there; nothing was moved", backend.url(dst))
 
 
 def _copy_keys(backend: _Backend, src: str, dst: str, keys: list[str]) -> None:
