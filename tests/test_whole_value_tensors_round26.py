@@ -91,9 +91,7 @@ def test_a_view_inside_a_whole_value_shares_the_trees_tensor_as_torch_save_keeps
     assert torch.equal(w, torch.arange(10.0)) and torch.equal(holder.view, torch.arange(2.0, 5.0))
     assert _shares(holder.view, w) and _shares(holder.alias, w), "the view no longer shares the tree's tensor"
     assert holder.view.storage_offset() == 2 and holder.items is loaded["items"]
-    assert _shares(loaded["tied"], w)
-    if mode == "async":  # staged as one tensor, as before (a sync save with nothing to rebuild writes two views)
-        assert loaded["tied"] is w
+    assert loaded["tied"] is w  # one tensor, as docs/guide.md promises, in both modes
     w.add_(100.0)
     assert torch.equal(holder.view, torch.arange(102.0, 105.0))
 
@@ -115,3 +113,22 @@ def test_a_list_shared_only_with_a_whole_value_loads_back_one_after_an_async_sav
         loaded = manager.load(str(tmp_path / "ck"))["model"]
     assert loaded["holder"].items is loaded["items"] and loaded["later"][0] is loaded["items"]
     assert loaded["items"] == [1, [2, 3]]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_leaves_viewing_one_memory_follow_the_one_storage_rule_in_both_modes(tmp_path: Path, mode: str) -> None:
+    """docs/guide.md: leaves that are the same view of the same memory (`w`, `w.detach()`, `w[:]`) load back as
+    one tensor, every other tensor (`w.view(2, 3)`) as a storage of its own. A sync save of a tree with nothing
+    to rebuild (no parameter, no slice) handed the caller's tree to torch.save as it was: each such leaf loaded
+    back as a tensor of its own viewing the one storage (the async save, staging each alias once, kept the rule)."""
+    w = torch.arange(6.0)
+    state = {"w": w, "detached": w.detach(), "full_slice": w[:], "reshaped": w.view(2, 3)}
+    save = SyncCheckpointSaverConfig() if mode == "sync" else AsyncCheckpointSaverConfig()
+    with CheckpointManager(CheckpointManager.Config(save=save)) as manager:
+        future = manager.save(str(tmp_path / "ck"), {"model": state})
+        if future is not None:
+            future.result(timeout=120)
+        loaded = manager.load(str(tmp_path / "ck"))["model"]
+    assert loaded["detached"] is loaded["w"] and loaded["full_slice"] is loaded["w"]
+    assert not _shares(loaded["reshaped"], loaded["w"]), "a view of another shape is written as a storage of its own"
+    assert torch.equal(loaded["reshaped"], torch.arange(6.0).view(2, 3)) and torch.equal(loaded["w"], w)

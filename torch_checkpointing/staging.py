@@ -95,10 +95,12 @@ def as_written(value: Any) -> Any:
     The one storage rule of both modes: leaves that are the same view of the same memory (`alias_of`: tied
     weights, a tensor under two keys) are written once and load back as one tensor; every other tensor is
     written as a storage of its own, so a slice of a larger tensor is written compacted (its elements only,
-    contiguous), never with the whole base storage. `value` itself when no tensor needs changing."""
-    if not any_leaf(value, _needs_writing_form):
+    contiguous), never with the whole base storage. `value` itself when no tensor needs changing: torch.save
+    keeps one tensor per object and shares storages, so two leaves viewing one memory need changing too."""
+    if not any_leaf(value, _StorageSeen().needs_writing_form):
         return value
     written: dict[tuple[Any, ...], torch.Tensor] = {}
+    first_view: dict[tuple[int, torch.device], tuple[Any, ...]] = {}  # by storage: the alias written over it
 
     def write(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
@@ -107,7 +109,9 @@ def as_written(value: Any) -> Any:
         if alias is None:
             return _compacted(tensor_for_write(x))
         if alias not in written:
-            written[alias] = _compacted(tensor_for_write(x))
+            t = tensor_for_write(x)
+            own = first_view.setdefault(_storage_key(local_tensor(x)), alias) == alias
+            written[alias] = _compacted(t) if own else t.clone(memory_format=torch.contiguous_format)
         return written[alias]
 
     return map_leaves(value, write, WholeValues(copy=_copied_or_kept))
@@ -209,9 +213,12 @@ def alias_of(x: torch.Tensor) -> tuple[Any, ...] | None:
 
 def _is_partial(t: torch.Tensor) -> bool:
     """Whether `t` views its storage other than whole and contiguous (a slice, a transpose): written compacted."""
-    if not is_dense_data(t):
-        return False
-    return not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size()
+    return is_dense_data(t) and not _views_whole(t)
+
+
+def _views_whole(t: torch.Tensor) -> bool:
+    """Whether a dense tensor views its storage whole and contiguous."""
+    return t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _compacted(t: torch.Tensor) -> torch.Tensor:
@@ -222,6 +229,34 @@ def _needs_writing_form(x: Any) -> bool:
     if not isinstance(x, torch.Tensor):
         return False
     return type(x) is not torch.Tensor or x.requires_grad or has_lazy_bits(x) or _is_partial(x)
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, torch.device]:
+    return t.untyped_storage().data_ptr(), t.device
+
+
+class _StorageSeen:
+    """`needs_writing_form` of a tree's leaves in turn: also true at the second tensor object viewing a storage
+    already seen (`w` and `w.detach()`, or `w.view(2, 3)`), which torch.save would write as two tensors over
+    one storage where the one storage rule wants one tensor, or two storages. Only a leaf viewing its storage
+    whole gets this far (any other is partial), and such views of one storage all start at its first byte: the
+    data pointer tells them, without making a storage object per leaf (a pointer met on two devices is a
+    needless rebuild, no error)."""
+
+    def __init__(self) -> None:
+        self._by_pointer: dict[int, int] = {}  # the id() of the first leaf starting at each address
+
+    def needs_writing_form(self, x: Any) -> bool:
+        if not isinstance(x, torch.Tensor):
+            return False
+        if type(x) is not torch.Tensor or x.requires_grad or has_lazy_bits(x):
+            return True
+        if not is_dense_data(x):
+            return False
+        if not _views_whole(x):
+            return True
+        pointer = x.data_ptr()
+        return pointer != 0 and self._by_pointer.setdefault(pointer, id(x)) != id(x)
 
 
 def _warn_keys_not_requiring_copy() -> None:
