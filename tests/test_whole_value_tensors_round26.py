@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager
+from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.config import AsyncCheckpointSaverConfig, CheckpointLoaderConfig, SyncCheckpointSaverConfig
 
 
@@ -132,3 +132,26 @@ def test_leaves_viewing_one_memory_follow_the_one_storage_rule_in_both_modes(tmp
     assert loaded["detached"] is loaded["w"] and loaded["full_slice"] is loaded["w"]
     assert not _shares(loaded["reshaped"], loaded["w"]), "a view of another shape is written as a storage of its own"
     assert torch.equal(loaded["reshaped"], torch.arange(6.0).view(2, 3)) and torch.equal(loaded["w"], w)
+
+
+def test_a_view_inside_a_whole_value_shares_the_trees_tensor_with_requires_copy_false(tmp_path: Path) -> None:
+    """The same promise for an item the async save sends uncopied (`requires_copy=False`): its tensors' bytes
+    travel out of band, one buffer per storage, but the writer made a storage of its own over that buffer at
+    each tensor that named it, and torch.save, which tells storages apart by their C++ object, wrote the
+    view's bytes a second time: the view loaded back independent of the tree's tensor."""
+    base = torch.arange(10.0)
+    state = {"w": base, "holder": Holder(view=base[2:5], alias=base.detach())}
+    config = CheckpointManager.Config(
+        save=AsyncCheckpointSaverConfig(),
+        load=CheckpointLoaderConfig(weights_only=False),
+        items={"model": ItemSpec(requires_copy=False)},
+    )
+    with CheckpointManager(config) as manager:
+        future = manager.save(str(tmp_path / "ck"), {"model": state})
+        assert future is not None
+        future.result(timeout=120)
+        loaded = manager.load(str(tmp_path / "ck"))["model"]
+    w, holder = loaded["w"], loaded["holder"]
+    assert torch.equal(w, base) and torch.equal(holder.view, torch.arange(2.0, 5.0))
+    assert _shares(holder.view, w) and _shares(holder.alias, w), "the view no longer shares the tree's tensor"
+    assert holder.view.storage_offset() == 2

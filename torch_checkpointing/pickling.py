@@ -291,15 +291,26 @@ class _OutOfBandPickler(_WholePickler):
 
 
 class _OutOfBandUnpickler(pickle.Unpickler):
+    """One storage per buffer, however many tensors name it: pickle does not memoize persistent ids, and two
+    storages over one buffer are two to torch.save (it tells them apart by their C++ object), which wrote the
+    bytes twice and loaded back independent tensors the caller's held over one memory."""
+
     def __init__(self, stream: io.BytesIO, buffers: list[bytearray]) -> None:
         super().__init__(stream)
         self._buffers = buffers
+        self._made: dict[Any, torch.UntypedStorage] = {}
 
     def persistent_load(self, pid: Any) -> torch.UntypedStorage:
-        buffer = self._buffers[pid]
-        if not len(buffer):
-            return torch.empty(0, dtype=torch.uint8).untyped_storage()
-        return torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+        made = self._made.get(pid)
+        if made is None:
+            made = self._made[pid] = _storage_over(self._buffers[pid])
+        return made
+
+
+def _storage_over(buffer: bytearray) -> torch.UntypedStorage:
+    if not len(buffer):
+        return torch.empty(0, dtype=torch.uint8).untyped_storage()
+    return torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
 
 
 def _goes_out_of_band(t: torch.Tensor) -> bool:
