@@ -13,6 +13,7 @@ change the outcome: it is not exported (the package's top level exports only the
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import pickle
 import struct
@@ -117,6 +118,28 @@ def undecodable(path: object, what: str, exc: BaseException) -> UndecodableFileE
         f"File {path} for {what} cannot be decoded ({type(exc).__name__}: {exc}); the file is damaged or crafted. "
         f"Load an earlier checkpoint."
     )
+
+
+# How an allocation the system refused reads in what torch (its CPU allocator, an mmap of a file) and the OS raise:
+# a plain RuntimeError or an ENOMEM OSError, which the decoders' handlers would otherwise take for the file's damage.
+_ALLOCATION_REFUSED = ("can't allocate memory", "not enough memory", "cannot allocate memory")
+
+
+def raise_if_out_of_memory(exc: BaseException, path: object, what: str) -> None:
+    """Raise a `MemoryError` (from `exc`) when `exc`, met reading file `path` for `what`, is the machine out of
+    memory, else return. Before, torch's "DefaultCPUAllocator: can't allocate memory" or "unable to mmap ...:
+    Cannot allocate memory (12)" was an `UndecodableFileError` ("the file is damaged or crafted"), and a caller
+    that deletes damaged checkpoints, or falls back to an earlier one, acted on an intact checkpoint. A
+    `MemoryError` is what Python says for it, and what a caller that retries with less catches."""
+    if isinstance(exc, MemoryError):
+        raise exc
+    enomem = isinstance(exc, OSError) and exc.errno == errno.ENOMEM
+    refused = isinstance(exc, RuntimeError) and any(words in str(exc).lower() for words in _ALLOCATION_REFUSED)
+    if enomem or refused:
+        raise MemoryError(
+            f"Out of memory reading {path} for {what} ({type(exc).__name__}: {exc}); the checkpoint was not found "
+            f"damaged (do not delete it). Free memory, or load it on a machine with more, and load again."
+        ) from exc
 
 
 # What every refusal of a file this user may not read says (listings tell it from damage by its type, PermissionError).
