@@ -548,7 +548,7 @@ def test_an_overflowing_number_in_the_manifest_is_refused_naming_the_field(
 def test_deeply_nested_manifest_is_refused_without_recursion_error(tmp_path: Path, mgr: CheckpointManager) -> None:
     root = tmp_path / "ck"
     mgr.save(str(root), {"model": torch.ones(2)})
-    (root / "manifest.json").write_text("[" * 100000 + "]" * 100000)
+    (root / "manifest.json").write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
     with pytest.raises(CorruptCheckpointError, match=r"manifest.json"):
         mgr.load(str(root), into={"model": torch.zeros(2)})
 

@@ -58,6 +58,7 @@ from torch_checkpointing.errors import (
     CheckpointError,
     CheckpointReplacedError,
     ConfigError,
+    ForeignManifestError,
     IncompleteCheckpointError,
     NewerCheckpointError,
     ObjectStoreError,
@@ -515,7 +516,7 @@ def _layout_kind(recs: list[FileRecord], world_size: int, resharded: bool) -> st
 # `verify || rm` reads as damage) but the command's error (exit 2), as `ls`, `inspect` and `diff` say it: a save
 # that replaced it meanwhile (read again, `_run`), a newer engine's manifest, a store that failed to answer (it
 # said FAILED of a store it could not reach at all), and a file this user may not read.
-_NOT_DAMAGE = (CheckpointReplacedError, NewerCheckpointError, ObjectStoreError, PermissionError)
+_NOT_DAMAGE = (CheckpointReplacedError, NewerCheckpointError, ObjectStoreError, PermissionError, ForeignManifestError)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from torch_checkpointing.errors import (
     CheckpointError,
     CheckpointReplacedError,
     ConfigError,
+    ForeignManifestError,
     IncompleteCheckpointError,
     MissingItemError,
     NewerCheckpointError,
@@ -92,9 +93,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete", "claim"]
-
-# How `parse_manifest` words a manifest.json that is valid JSON but not ours (another tool's file).
-_FOREIGN_MANIFEST = "is not a torch_checkpointing manifest"
 
 # The latest datetime can show (9999-12-31); a commit time past it, or not finite, is a crafted manifest.
 _MAX_COMMIT_TIME = 253402300799.0
@@ -255,7 +253,7 @@ def _manifest_once(storage: Storage, path: Path, closed: list[PassedOver] | None
         _warn_unreadable_once(path, exc)
         if closed is not None:
             closed.append(PassedOver(spelt(path), str(exc), unreadable=True, listed=False))
-    except IncompleteCheckpointError as exc:
+    except IncompleteCheckpointError as exc:  # a save in flight, or another tool's folder (`ForeignManifestError`)
         logger.debug("Skipping %s: %s", path, exc)
     except CheckpointReplacedError:
         raise
@@ -264,9 +262,7 @@ def _manifest_once(storage: Storage, path: Path, closed: list[PassedOver] | None
         if closed is not None:  # not loadable here, as one this user may not read: `ls` names it so
             closed.append(PassedOver(spelt(path), str(exc), unreadable=True, listed=False))
     except RuntimeError as exc:
-        if _FOREIGN_MANIFEST in str(exc):
-            logger.debug("Skipping %s: %s", spelt(path), exc)
-        elif not still_there(storage, path / MANIFEST_FILE_NAME):
+        if not still_there(storage, path / MANIFEST_FILE_NAME):
             logger.debug("Skipping %s: removed while it was read (a deletion in another process): %s", spelt(path), exc)
         else:
             logger.warning("Skipping %s, a damaged checkpoint: %s", spelt(path), exc)
@@ -861,8 +857,10 @@ def _foreign_manifest(storage: Storage, path: Path) -> bool:
     removed meanwhile) still counts as ours, so that gc collects what a kill left."""
     try:
         parse_manifest(read_bounded(storage, path), str(path))
-    except CheckpointError as exc:
-        return _FOREIGN_MANIFEST in str(exc)
+    except ForeignManifestError:
+        return True
+    except CheckpointError:
+        return False
     except OSError:
         return False
     return False

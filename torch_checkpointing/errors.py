@@ -65,6 +65,13 @@ class IncompleteCheckpointError(CheckpointError):
     """The directory is not a committed checkpoint: its save never finished, or it has no manifest."""
 
 
+class ForeignManifestError(IncompleteCheckpointError):
+    """The directory's `manifest.json` is none this engine writes (another tool's: a JSON value that is no manifest
+    of ours, or bytes that name none of its fields), so the directory is not a checkpoint of ours, damaged or not.
+    Never a `CorruptCheckpointError`: before, `ls --json` listed such a folder under "damaged" and `verify` said
+    FAILED (exit 1), and a script that deletes damaged checkpoints deleted another tool's folder."""
+
+
 class CorruptCheckpointError(CheckpointError):
     """A committed checkpoint no longer matches its manifest, or a file of it cannot be parsed.
 

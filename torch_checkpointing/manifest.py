@@ -12,6 +12,7 @@ import json
 import math
 import os
 import posixpath
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from torch_checkpointing.errors import (
     CheckpointError,
     CheckpointReplacedError,
     CorruptCheckpointError,
+    ForeignManifestError,
     IncompleteCheckpointError,
     NewerCheckpointError,
     UnsafeCheckpointError,
@@ -517,13 +519,18 @@ _MAX_DEPTH = 16
 
 def parse_manifest(text: str | bytes, where: str) -> Manifest:
     """A validated `Manifest` from untrusted JSON; every defect raises `CorruptCheckpointError` naming the field."""
-    if len(text) > MAX_MANIFEST_BYTES:
-        raise CorruptCheckpointError(f"{where} is larger than {MAX_MANIFEST_BYTES} bytes; it is not a manifest.")
-    d = _loads(text, where)
+    if len(text) > MAX_MANIFEST_BYTES:  # no engine writes one: another tool's
+        raise _foreign(where, f"it is larger than the {MAX_MANIFEST_BYTES} bytes of any manifest of ours")
+    try:
+        d = _loads(text, where)
+    except CorruptCheckpointError:
+        if not _names_our_fields(text):
+            raise _foreign(where, "its bytes are no JSON object and name no field of ours") from None
+        raise  # ours, damaged: a write cut short, bytes changed
     if not isinstance(d, dict):
-        raise CorruptCheckpointError(f"{where} is not a JSON object.")
+        raise _foreign(where, f"it is a JSON {type(d).__name__}, not an object")
     if d.get("kind") != _KIND:
-        raise CorruptCheckpointError(f"{where} is not a torch_checkpointing manifest (kind={d.get('kind')!r}).")
+        raise _foreign(where, f"kind={d.get('kind')!r}")
     _check_version(d, where)
     world_size = _int(d, "world_size", where, minimum=1, maximum=MAX_WORLD_SIZE)
     files: list[FileRecord] = []
@@ -562,6 +569,29 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         metadata_size,
         metadata_crc32,
         _optional(d, "claim", str, where),
+    )
+
+
+# A top-level field of the manifest as the writer spells it (`Manifest.to_json`), or the start of a JSON object (all
+# a manifest cut within its first field keeps): what tells a manifest of ours, damaged past parsing, from another
+# tool's file (empty, other text, a JSON array).
+_OUR_FIELD = re.compile(
+    rb'"(?:kind|manifest_version|library_version|world_size|metadata_file|items|step|metrics|commit_time|'
+    rb'metadata_size|metadata_crc32|claim)"\s*:'
+)
+
+
+def _names_our_fields(text: str | bytes) -> bool:
+    data = text.encode("utf-8", "replace") if isinstance(text, str) else text
+    return data.lstrip().startswith(b"{") or _OUR_FIELD.search(data) is not None
+
+
+def _foreign(where: str, why: str) -> ForeignManifestError:
+    """The refusal of a `manifest.json` no engine of ours wrote: the directory is not a checkpoint (never damage:
+    a script that deletes damaged checkpoints would delete another tool's folder)."""
+    return ForeignManifestError(
+        f"{where} is not a torch_checkpointing manifest ({why}): the directory is another tool's, not a "
+        f"checkpoint (not damaged; do not delete it as one). Pass the path of a checkpoint of ours."
     )
 
 
