@@ -192,6 +192,27 @@ def test_a_copy_aside_long_since_is_no_replace_under_way(
     assert waited < 1.5, waited
 
 
+def test_verify_of_a_copy_aside_long_since_follows_the_loads_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rule for loads, listings and `verify`: a copy moved aside more than `REPLACE_GAP_MAX_AGE_S` ago is a
+    killed replace's (gc moves it back), not a replace under way. Defect: `verify` counted any copy aside as a
+    replace in progress, read the id again 5 times and exited 2 ("a save is replacing it ... Verify it again"),
+    where a load said at once that the checkpoint is not there."""
+    monkeypatch.setattr(asides, "REPLACE_GAP_MAX_AGE_S", 0.3, raising=False)
+    ckpt = tmp_path / "latest"
+    _save(ckpt, 1.0)
+    ckpt.rename(tmp_path / aside_name("latest", 4242, "abcd1234", "0badf00d"))  # another host's killed replace
+    time.sleep(0.5)
+    with (
+        CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager,
+        pytest.raises(FileNotFoundError) as loading,
+    ):
+        manager.load(str(ckpt))
+    code, doc = _verify(ckpt)
+    assert doc.get("kind") == type(loading.value).__name__ and code == 1, (code, doc)
+
+
 # ------------------------------------------------------------------ the same gap, met by a listing
 
 

@@ -29,7 +29,7 @@ from typing import Any, NoReturn, TextIO, TypeVar, cast
 
 import torch
 
-from torch_checkpointing.asides import copies_aside
+from torch_checkpointing.asides import replace_under_way
 from torch_checkpointing.checksum import RunningChecksum, combine_blocks
 from torch_checkpointing.cli_stops import STOPS, json_requested
 from torch_checkpointing.codecs import dtype_from_name
@@ -606,13 +606,10 @@ def _refuse_if_aside(storage: Storage, root: Path, missing: FileNotFoundError) -
     atomic exchange is between its two renames (the new copy moves in next), or was killed there (gc moves the
     copy back). Before, `verify` said FAILED (exit 1) of that moment, and `verify || rm -rf` removed the save
     that landed right after."""
-    try:
-        copies = copies_aside(storage, root)
-    except OSError:  # the parent is gone too: nothing was moved aside from it
-        return
-    if copies:
+    copy = replace_under_way(storage, root)  # loads' and listings' rule: a copy aside long since is a killed replace's
+    if copy is not None:
         raise CheckpointReplacedError(
-            f"Checkpoint {root} is not at its path, but a copy of it is aside ({copies[0].name}): a save is "
+            f"Checkpoint {root} is not at its path, but a copy of it is aside ({copy.name}): a save is "
             f"replacing it (the new copy moves in next), or one was killed between its two renames "
             f"(`torch-checkpointing gc {root.parent}` moves the copy back). Verify it again."
         ) from missing
