@@ -4,8 +4,9 @@ Before: a directory whose `manifest.json` was empty, text that is not JSON, or a
 download's) was listed by `ls --json` under "damaged", `verify` said FAILED (exit 1) and a load raised
 `CorruptCheckpointError`; a script that deletes damaged checkpoints deleted another tool's folder. A JSON object
 without our `kind` was already told apart. Now one rule (`parse_manifest`) decides: a manifest that does not parse
-is ours, damaged, only when its bytes name a field of ours (a write cut short, changed bytes); anything else is
-`ForeignManifestError`, the folder not a checkpoint: left out of listings, `latest`, prune and gc, `verify` exit 2.
+is ours, damaged, when it is empty or its bytes name a field of ours (a write cut short, changed bytes); anything
+else is `ForeignManifestError`, the folder not a checkpoint: left out of listings, `latest`, prune and gc, `verify`
+exit 2.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from torch_checkpointing import CheckpointManager, cli, latest_checkpoint
 from torch_checkpointing.errors import CorruptCheckpointError, ForeignManifestError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
-_FOREIGN = {  # none a JSON object, none naming a field of ours
-    "empty": b"",
+_FOREIGN = {  # none a JSON object, none naming a field of ours, none empty (what a crash leaves of ours)
     "text": b"name: my-extension\nversion: 3\n",
     "array": b'["a.js", "b.js"]',
     "number": b"42",
@@ -72,9 +72,11 @@ def test_another_tools_folder_is_not_called_damaged(tmp_path: Path, kind: str) -
     assert (foreign / "manifest.json").read_bytes() == _FOREIGN[kind]
 
 
-@pytest.mark.parametrize("keep", [40, 200], ids=["first-field", "into-items"])
+@pytest.mark.parametrize("keep", [0, 40, 200], ids=["empty", "first-field", "into-items"])
 def test_a_manifest_of_ours_cut_short_is_still_damaged(tmp_path: Path, keep: int) -> None:
-    """The other side of the rule: bytes that name our fields are ours, and damage stays damage."""
+    """The other side of the rule: bytes that name our fields are ours, and damage stays damage. An empty manifest
+    too: a file left empty by a crash (a filesystem that kept the rename but not the bytes) is the commonest damage
+    of all, and as another tool's it dropped out of `latest` with a DEBUG line."""
     with _manager() as m:
         m.save(str(tmp_path / "step_1"), {"model": {"w": torch.ones(4)}})
         manifest = tmp_path / "step_1" / "manifest.json"

@@ -574,7 +574,8 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
 
 # A top-level field of the manifest as the writer spells it (`Manifest.to_json`), or the start of a JSON object (all
 # a manifest cut within its first field keeps): what tells a manifest of ours, damaged past parsing, from another
-# tool's file (empty, other text, a JSON array).
+# tool's file (other text, a JSON array). An empty one counts as ours: a crash that kept the rename but not the
+# bytes leaves exactly that, and another tool's empty `manifest.json` beside a root's checkpoints is far rarer.
 _OUR_FIELD = re.compile(
     rb'"(?:kind|manifest_version|library_version|world_size|metadata_file|items|step|metrics|commit_time|'
     rb'metadata_size|metadata_crc32|claim)"\s*:'
@@ -582,8 +583,8 @@ _OUR_FIELD = re.compile(
 
 
 def _names_our_fields(text: str | bytes) -> bool:
-    data = text.encode("utf-8", "replace") if isinstance(text, str) else text
-    return data.lstrip().startswith(b"{") or _OUR_FIELD.search(data) is not None
+    data = (text.encode("utf-8", "replace") if isinstance(text, str) else text).strip()
+    return not data or data.startswith(b"{") or _OUR_FIELD.search(data) is not None
 
 
 def _foreign(where: str, why: str) -> ForeignManifestError:
