@@ -94,3 +94,34 @@ def test_retention_never_asks_to_put_an_older_copy_over_a_newer_save(tmp_path: P
         assert report.failed == [], report.failed
         assert sorted(os.listdir(run)) == ["step_1", "step_2"]  # no copy left aside
         assert float(manager.load(f"{run}/step_1")["model"]["w"][0]) == 8.0
+
+
+def test_retention_keeps_a_users_file_in_a_copy_a_new_save_superseded(tmp_path: Path) -> None:
+    """Round 26 review. An eval job writes `eval.json` into `step_1` as retention moves it to the trash; the
+    retention sees it there and moves the checkpoint back, since deleting it would delete that file. A new save of
+    `step_1` commits first, so the move back is refused. Before, the copy was "garbage" and went, `eval.json` with
+    it, at INFO, in no report: a user's file deleted by the very step that had refused to delete it."""
+    run = str(tmp_path / "run")
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(f"{run}/step_1", state(1.0))
+        manager.save(f"{run}/step_2", state(2.0))
+        storage = storage_for(run)
+        rename, seen = storage.rename, []
+
+        def late_file_then_resave(src: Path, dst: Path, *args: Any, **kwargs: Any) -> None:
+            seen.append(Path(dst).name)
+            if Path(src).name == "step_1":  # the eval job's file lands after retention's check, before its rename
+                Path(src, "eval.json").write_text('{"loss": 0.5}')
+            elif Path(dst).name == "step_1":  # the move back: a new save of the id commits first
+                manager.save(f"{run}/step_1", state(8.0))
+            rename(src, dst, *args, **kwargs)
+
+        storage.rename = late_file_then_resave  # type: ignore[method-assign]
+        report = prune(run, RetentionPolicy(keep_last=1), storage)
+        assert seen[-1] == "step_1", seen  # the move back was tried
+        kept = list(Path(run).rglob("eval.json"))
+        assert [p.read_text() for p in kept] == ['{"loss": 0.5}'], sorted(os.listdir(run))  # before: []
+        (failed,) = report.failed  # a person must move the file out: the report says where it is
+        assert "eval.json" in failed[1] and str(kept[0].parent.name) in failed[1], failed
+        assert "rename it back" not in failed[1], failed  # never: that puts the older copy over the new save
+        assert float(manager.load(f"{run}/step_1")["model"]["w"][0]) == 8.0

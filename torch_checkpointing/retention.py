@@ -452,13 +452,28 @@ def _move_back(storage: Storage, trash: Path, src: Path) -> str:
             _remove(storage, trash, f"the copy of {_shown(src)} moved back")
             return ""
         if _committed(storage, src):  # a save committed the id meanwhile: the copy is older, garbage now
-            logger.info(
-                "Retention did not move %s back: %s was saved again meanwhile (%s)", _shown(trash), _shown(src), exc
-            )
-            _remove(storage, trash, f"the copy of {_shown(src)} that a new save of it replaced")
-            return ""
+            return _superseded_copy(storage, trash, src, exc)
         return f"{_shown(src)} was moved to {_shown(trash)} and could not be moved back ({exc}): rename it back by hand"
     return ""
+
+
+def _superseded_copy(storage: Storage, trash: Path, src: Path, exc: Exception) -> str:
+    """A move back refused because a save committed `src` meanwhile: the copy goes, unless it holds files that
+    are not part of it (a late eval.json, the very reason it was being moved back): then it stays, and what to
+    do is the failure. Before, it went whatever it held: the user's file was deleted at INFO, in no report."""
+    logger.info("Retention did not move %s back: %s was saved again meanwhile (%s)", _shown(trash), _shown(src), exc)
+    try:
+        foreign = files_not_listed(storage, trash)
+    except STORE_ERRORS as err:
+        foreign = [f"(its files could not be listed: {err})"]
+    if not foreign:
+        _remove(storage, trash, f"the copy of {_shown(src)} that a new save of it replaced")
+        return ""
+    shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+    return (
+        f"{_shown(src)} was saved again while it was deleted; its older copy at {_shown(trash)} was kept, as it "
+        f"holds files that are not part of it ({shown}): move them out, then delete {_shown(trash)}"
+    )
 
 
 def _moved_back_already(storage: Storage, copy: Path, path: Path) -> bool:
