@@ -9,10 +9,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,7 +31,7 @@ from torch_checkpointing.names import this_host
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.fsspec_storage import FsspecStorage
 
-pytest.importorskip("s3fs")
+s3fs = pytest.importorskip("s3fs")
 
 _BIG = 3_000_000  # float32s: 12 MB, more than two 5 MiB parts, so the file is a multipart upload
 
@@ -130,3 +133,35 @@ def test_a_save_that_takes_a_dead_claim_over_aborts_the_dead_saves_uploads(s3_se
         manager.save("run/step_1", state(1.0, n=_BIG))
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0, n=_BIG)["model"]["w"])
     assert _uploads(storage, run) == []
+
+
+class _ListingWaitsForAPart(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Real S3 requests; a ListMultipartUploads answers only once a part of the upload is on its way (or after
+    `_WAIT_S`), as a slow listing on a bucket with many uploads answers after the first part has gone."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.part_started = threading.Event()
+        self.listing_waited_for_a_part: list[bool] = []
+
+    def call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "upload_part":
+            self.part_started.set()
+        if method == "list_multipart_uploads":
+            self.listing_waited_for_a_part.append(self.part_started.wait(_WAIT_S))
+        return super().call_s3(method, *args, **kwargs)
+
+
+_WAIT_S = 5.0
+
+
+def test_the_lost_create_check_is_off_the_uploads_path(s3_server: S3Server) -> None:
+    """Round 26 review. The writer's look for lost creates (a ListMultipartUploads) ran on the writing thread,
+    between the create and the first part: every multipart file of a save waited one more round trip (a listing,
+    paged, on a bucket with many uploads) before any byte went. It now runs beside the parts."""
+    fs = _ListingWaitsForAPart(**s3_server.storage_options())
+    config = dataclasses.replace(s3_server.config(), filesystem=fs)
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0, n=_BIG))
+        assert fs.listing_waited_for_a_part == [True]  # before: [False], the part waited for the listing
+        assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0, n=_BIG)["model"]["w"])

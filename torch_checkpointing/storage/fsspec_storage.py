@@ -1901,6 +1901,7 @@ class _S3MultipartWriter(_ChecksummedUpload):
         self._buffer = bytearray()
         self._upload_id: str | None = None
         self._parts: list[Future[tuple[dict[str, Any], list[int]]]] = []
+        self._lost_creates: Future[None] | None = None  # `_abort_lost_creates`, run beside the first parts
         self._part_sizes: list[int] = []
         self._pool: WorkerPool | None = None  # waited for on the caller's thread (a sync save): see `futures`
         self._running = RunningChecksum()
@@ -1928,8 +1929,9 @@ class _S3MultipartWriter(_ChecksummedUpload):
         if self._upload_id is None:
             asked = time.monotonic()
             self._upload_id = self._call("create_multipart_upload", **self._tag)["UploadId"]
-            self._abort_lost_creates(time.monotonic() - asked)
             self._pool = WorkerPool(self._concurrency, "ckpt-part")
+            # Beside the parts, never before them: every multipart file waited one more round trip for it.
+            self._lost_creates = self._pool.submit(self._abort_lost_creates, time.monotonic() - asked)
         pending = [f for f in self._parts if not f.done()]
         if len(pending) >= self._concurrency:
             pending[0].result()  # bounds memory: at most `max_concurrency` parts in flight
@@ -2005,6 +2007,8 @@ class _S3MultipartWriter(_ChecksummedUpload):
             parts.append(part)
             if self._sum_parts:
                 self._running.add_blocks(crcs, size)
+        if self._lost_creates is not None:
+            self._lost_creates.result()
         condition = {"IfNoneMatch": "*"} if self._exclusive else {}
         self._call("complete_multipart_upload", UploadId=self._upload_id, MultipartUpload={"Parts": parts}, **condition)
         self._fs.invalidate_cache(f"{self._bucket}/{self._object}")
