@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 from tests.s3_server import S3Server
+from tests.test_objstore_round21 import _dead_pid
 from tests.test_s3_attacks import state, sync_manager
 from torch_checkpointing import CheckpointManager, RetentionPolicy, SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import storage_for
+from torch_checkpointing.names import host_tag, trash_name
 from torch_checkpointing.retention import collect_garbage, prune
 from torch_checkpointing.storage.base_storage import Storage
 
@@ -125,3 +127,23 @@ def test_retention_keeps_a_users_file_in_a_copy_a_new_save_superseded(tmp_path: 
         assert "eval.json" in failed[1] and str(kept[0].parent.name) in failed[1], failed
         assert "rename it back" not in failed[1], failed  # never: that puts the older copy over the new save
         assert float(manager.load(f"{run}/step_1")["model"]["w"][0]) == 8.0
+
+
+def test_gc_keeps_a_trash_copy_holding_a_users_file(tmp_path: Path) -> None:
+    """Round 26 review. Retention keeps a copy in its trash when it holds a file that is not part of it (the case
+    above), and tells the user to move the file out. gc collected every trash of a dead owner whole: the next
+    job's gc deleted the user's file all the same. A trash holding only its checkpoint still goes (control)."""
+    run = tmp_path / "run"
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(str(run / "step_1"), state(1.0))
+        manager.save(str(run / "step_2"), state(2.0))
+        manager.save(str(run / "step_3"), state(3.0))
+    dead = _dead_pid()
+    with_file, plain = (run / trash_name(f"step_{i}", dead, "abcdef01", host_tag()) for i in (1, 2))
+    (run / "step_1").rename(with_file)
+    (with_file / "eval.json").write_text('{"loss": 0.5}')
+    (run / "step_2").rename(plain)
+    report = collect_garbage(str(run), storage_for(str(run)), unowned_after_s=0)
+    assert (with_file / "eval.json").read_text() == '{"loss": 0.5}'  # before: FileNotFoundError, the trash gone
+    assert [(Path(lo.path).name, "eval.json" in why) for lo, why in report.kept] == [(with_file.name, True)], report
+    assert [Path(lo.path).name for lo in report.removed] == [plain.name], report

@@ -820,7 +820,21 @@ def _why_keep(
             )
         if age < unowned_after_s:
             return f"{_YOUNG}{age:.0f}s old (< {unowned_after_s:.0f}s)"
-    return None
+    return _users_files_in_trash(storage, leftover)
+
+
+def _users_files_in_trash(storage: Storage, leftover: Leftover) -> str | None:
+    """Why a trash copy of a committed checkpoint stays: files in it that are not part of it (what retention keeps
+    a copy for, telling the user to move them out: `_superseded_copy`). Before, gc removed every dead owner's trash
+    whole, and the next job's gc deleted the user's file all the same. None for any other leftover."""
+    path = Path(leftover.path)
+    if leftover.kind != "trash" or not _committed(storage, path):  # no manifest: nothing tells its files apart
+        return None
+    try:
+        foreign = files_not_listed(storage, path)
+    except STORE_ERRORS as exc:
+        return f"what it holds could not be listed ({exc}): it may hold files that are not part of it"
+    return _foreign_files(foreign) if foreign else None
 
 
 def _last_changed(storage: Storage, leftover: Leftover, now: float) -> float:
