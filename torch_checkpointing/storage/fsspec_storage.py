@@ -1953,8 +1953,11 @@ class _S3MultipartWriter(_ChecksummedUpload):
         """Abort the uploads of this key that a create whose answer was lost left: the client retried it and
         the store made one upload per try, but only the last one's id came back. Never completed nor aborted,
         those were billed for ever. They are the other uploads of this exact key initiated while the create
-        ran (the store's own clock, against ours' time), so another writer's earlier upload is never touched.
-        One listing per multipart file; a failure is logged, never the save's."""
+        ran (the store's own clock, against ours' time), so another writer's upload begun earlier than that is
+        never touched. The store's clock cannot tell a lost try from another writer of this very key begun
+        within the window (`took_s` + `_CLOCK_SLACK_S`; only a writer still running under a claim judged dead):
+        that upload is aborted too, and its writer's next request fails (raised, never a silent loss).
+        One listing per multipart file, beside the first parts; a failure is logged, never the save's."""
         key = f"{self._bucket}/{self._object}"
         try:
             uploads = [u for u in _uploads_under(self._fs, key) if u["Key"] == key]
