@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import torch_checkpointing
+from tests.test_damage_not_newer_round26 import declare_newer_engine
 from tests.test_verified_loads import _edit_manifest, _manager
 from torch_checkpointing import CheckpointManager, CorruptCheckpointError, ItemSpec
 from torch_checkpointing.discovery import latest_checkpoint
@@ -36,6 +37,7 @@ def _set_version(root: Path, version: Any) -> None:
             del d["manifest_version"]
         else:
             d["manifest_version"] = version
+            declare_newer_engine(d)  # a newer engine says so; a version above ours without it is damage
 
     _edit_manifest(root, edit)
 

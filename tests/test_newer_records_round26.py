@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.test_cli_custom_sharding_round19 import _LoaderResharder
+from tests.test_damage_not_newer_round26 import declare_newer_engine
 from tests.test_verified_loads import _edit_manifest, _manager, _rewrite_metadata
 from torch_checkpointing import CorruptCheckpointError, ItemSpec, NewerCheckpointError
 from torch_checkpointing.cli import main
@@ -34,6 +35,7 @@ def _save(root: Path, items: dict[str, ItemSpec] | None = None, state: dict[str,
 def _set_format(root: Path, fmt: Any) -> None:
     def edit(d: dict[str, Any]) -> None:
         d["items"]["model"]["0"]["format"] = fmt
+        declare_newer_engine(d)  # even a newer engine writes no 'os.system'
 
     _edit_manifest(root, edit)
 
@@ -147,6 +149,7 @@ def test_ls_and_latest_pass_over_newer_sharding_metadata(tmp_path: Path, capsys:
 def _add_block_field(name: str) -> Any:
     def edit(d: dict[str, Any]) -> None:
         d["items"]["model"]["0"]["blocks"][name] = "xxh3"
+        declare_newer_engine(d)
 
     return edit
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.test_damage_not_newer_round26 import declare_newer_engine
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.cli import main
 from torch_checkpointing.dtensor_resharder import DTensorResharder
@@ -110,6 +111,7 @@ def test_verify_fails_a_file_recorded_in_a_format_no_load_reads(
     root = Path(_save(tmp_path / "ck", {"model": {"w": torch.ones(2)}}))
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["items"]["model"]["0"]["format"] = {"type": "ZstdTorchSerialization"}
+    declare_newer_engine(manifest)
     (root / "manifest.json").write_text(json.dumps(manifest))
     # Never OK; a newer engine's format is no damage either (exit 2, round 26), a name no engine writes is.
     assert main(["verify", str(root)]) == 2

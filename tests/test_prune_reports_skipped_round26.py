@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.test_damage_not_newer_round26 import declare_newer_engine
 from tests.test_verified_loads import _edit_manifest, _manager
 from torch_checkpointing.cli import main
 from torch_checkpointing.retention import RetentionPolicy, prune
@@ -29,6 +30,7 @@ def _root(tmp_path: Path) -> Path:
 
     def newer(d: dict[str, Any]) -> None:
         d["manifest_version"] = 2
+        declare_newer_engine(d)
 
     _edit_manifest(tmp_path / "step_2", newer)
     return tmp_path
@@ -73,6 +75,7 @@ def test_gc_json_names_a_newer_engines_checkpoint_it_leaves_alone(
 
     def newer(d: dict[str, Any]) -> None:
         d["manifest_version"] = 2
+        declare_newer_engine(d)
 
     _edit_manifest(tmp_path / "x", newer)
     (tmp_path / "x" / ".incomplete").touch()  # a claim of a save that never finished, beside its commit

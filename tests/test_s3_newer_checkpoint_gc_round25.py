@@ -24,6 +24,7 @@ import torch
 from tests.s3_server import S3Server
 from tests.test_s3_attacks import sync_manager
 from tests.test_s3_stray_claim_round16 import _CLAIMING_CHILD, REPO, _wait_for
+from torch_checkpointing import checkpoint_writer
 from torch_checkpointing import manifest as manifest_module
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
@@ -41,6 +42,7 @@ def _newer_engine_commits_beside_a_dead_claim(
         _wait_for(tmp_path / "held", child)
         with monkeypatch.context() as newer, sync_manager(config) as manager:
             newer.setattr(manifest_module, "MANIFEST_VERSION", 2)  # this save is the newer engine's
+            newer.setattr(checkpoint_writer, "__version__", "99.0.0")  # which says so in library_version
             manager.save("run/x", {"model": {"w": torch.full((10,), 2.0)}})
         (tmp_path / "release").touch()
         _wait_for(tmp_path / "claimed", child)

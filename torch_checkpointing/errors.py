@@ -92,7 +92,14 @@ class NewerCheckpointError(CorruptCheckpointError):
     A newer engine (or another tool) wrote it. Not damage: load it with that engine (do not delete it). A
     `CorruptCheckpointError` for callers that catch one (it cannot be loaded here); a tool that acts on damage
     must tell the two apart, as the listings and `verify` do (`ls` lists it as unreadable, `verify` exits 2,
-    never FAILED)."""
+    never FAILED).
+
+    `record` is what it records, without the verdict (the field and the name), for a reader that finds the
+    claim implausible (`manifest.parse_manifest`: a manifest no newer engine wrote) and calls it damage."""
+
+    def __init__(self, message: str, record: str | None = None) -> None:
+        super().__init__(message)
+        self.record = message if record is None else record
 
 
 def unknown_to_this_engine(where: str, what: str, name: object) -> CorruptCheckpointError:
@@ -105,7 +112,8 @@ def unknown_to_this_engine(where: str, what: str, name: object) -> CorruptCheckp
         return NewerCheckpointError(
             f"{where} records {what} {name!r}, which this engine does not know: a newer engine (or another tool) "
             f"wrote this checkpoint. It is not damaged as far as this engine can tell (do not delete it): read it "
-            f"with the engine that wrote it, or upgrade this one."
+            f"with the engine that wrote it, or upgrade this one.",
+            record=f"{where} records {what} {name!r}",
         )
     return CorruptCheckpointError(
         f"{where} records {what} {name!r}, which no engine writes; the checkpoint is damaged or crafted. Load an "

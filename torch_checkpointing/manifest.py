@@ -32,6 +32,7 @@ from torch_checkpointing.errors import (
 )
 from torch_checkpointing.names import TMP_RE, TRASH_RE, step_from_name
 from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.version import __version__
 
 __all__ = [
     "GC_TOKEN_PREFIX",
@@ -531,6 +532,53 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         raise _foreign(where, f"it is a JSON {type(d).__name__}, not an object")
     if d.get("kind") != _KIND:
         raise _foreign(where, f"kind={d.get('kind')!r}")
+    newer = _written_by_a_newer_engine(d)
+    try:
+        manifest = _parse_fields(d, where)
+        if not newer:
+            _check_formats_known(manifest, where)
+        return manifest
+    except NewerCheckpointError as exc:
+        if newer:
+            raise
+        raise CorruptCheckpointError(
+            f"{exc.record}, which this engine does not know, yet its field 'library_version' "
+            f"({d.get('library_version')!r}) says an engine no newer than this one ({__version__}) wrote it, and "
+            f"this engine reads everything such an engine writes: the manifest is damaged (a changed byte), not a "
+            f"newer engine's. Load an earlier checkpoint."
+        ) from None
+
+
+def _written_by_a_newer_engine(d: dict[str, Any]) -> bool:
+    """Whether the manifest declares a newer engine wrote it ('library_version' above this engine's). Only then
+    may a version or a name this engine does not know be a newer engine's: the manifest has no checksum, so a
+    changed byte in 'TorchSerialization' or 'manifest_version' of our own manifest reads as an unknown name, and
+    calling that 'a newer engine's, do not delete it' keeps a damaged checkpoint as a healthy one. This engine's
+    own version unknown (an uninstalled tree), any version declared counts as newer: never called damage."""
+    theirs, ours = _release(d.get("library_version")), _release(__version__)
+    return theirs is not None and (ours is None or theirs > ours)
+
+
+def _release(version: object) -> tuple[int, ...] | None:
+    """The numeric release of a version string ('0.3.0' of '0.3.0rc1+abc'), or None where it has none."""
+    found = re.match(r"[0-9]{1,9}(?:\.[0-9]{1,9})*", version) if isinstance(version, str) else None
+    return None if found is None else tuple(int(part) for part in found.group().split("."))
+
+
+def _check_formats_known(manifest: Manifest, where: str) -> None:
+    """Raise the `NewerCheckpointError` of a record whose format this engine does not know, for `parse_manifest`
+    to judge; any other defect of a record's format is refused when its file is read, as before."""
+    for rec in manifest.files:
+        try:
+            rec.serialization_format(where)
+        except NewerCheckpointError:
+            raise
+        except CorruptCheckpointError:
+            continue
+
+
+def _parse_fields(d: dict[str, Any], where: str) -> Manifest:
+    """The manifest's fields, each validated (a `NewerCheckpointError` is judged by `parse_manifest`)."""
     _check_version(d, where)
     world_size = _int(d, "world_size", where, minimum=1, maximum=MAX_WORLD_SIZE)
     files: list[FileRecord] = []
@@ -648,7 +696,8 @@ def _check_version(d: dict[str, Any], where: str) -> None:
         raise NewerCheckpointError(
             f"{where}: field 'manifest_version' is {shown}; this engine reads version {MANIFEST_VERSION}. A newer "
             f"engine wrote this checkpoint: load it with that engine or a newer one (it is not damaged; do not "
-            f"delete it)."
+            f"delete it).",
+            record=f"{where} records field 'manifest_version' as {shown}",
         )
     if version != MANIFEST_VERSION:
         raise CorruptCheckpointError(
