@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import torch
 
+from tests.test_cli_custom_sharding_round19 import _LoaderResharder
 from tests.test_verified_loads import _edit_manifest, _manager
-from torch_checkpointing import CorruptCheckpointError, NewerCheckpointError, __version__
+from torch_checkpointing import CorruptCheckpointError, ItemSpec, NewerCheckpointError, __version__
 from torch_checkpointing.cli import main
 
 _FLIPS = [
@@ -32,10 +33,10 @@ def _save(root: Path) -> Path:
     return root
 
 
-def _flip(root: Path, old: bytes, new: bytes) -> None:
-    data = (root / "manifest.json").read_bytes()
+def _flip(root: Path, old: bytes, new: bytes, name: str = "manifest.json") -> None:
+    data = (root / name).read_bytes()
     assert data.count(old) == 1 and len(old) == len(new), data
-    (root / "manifest.json").write_bytes(data.replace(old, new))
+    (root / name).write_bytes(data.replace(old, new))
 
 
 @pytest.mark.parametrize(("old", "new"), _FLIPS, ids=["format", "manifest_version"])
@@ -74,3 +75,20 @@ def test_the_same_names_from_a_declared_newer_engine_are_no_damage(
     assert main(["verify", str(root)]) == 2, capsys.readouterr()
     with _manager() as manager, pytest.raises(NewerCheckpointError):
         manager.load(str(root))
+
+
+def test_ls_checks_the_bytes_of_sharding_metadata_it_calls_a_newer_engines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Defect: `ls` parses metadata.json unchecked (no CRC: it reads no item's bytes) to find a newer engine's
+    version, so '"version": "3.0"' with one bit changed to "7.0" was listed "unreadable ... do not delete it",
+    though the manifest's metadata_crc32 says those bytes are not what was saved (verify says FAILED)."""
+    items = {"loader": ItemSpec(resharder=_LoaderResharder())}
+    with _manager(items) as manager:
+        for step in (1, 2):
+            manager.save(str(tmp_path / f"step_{step}"), {"loader": {"position": 3, "seen": torch.arange(4.0)}})
+    _flip(tmp_path / "step_2", b'"version": "3.0"', b'"version": "7.0"', "metadata.json")  # '3' -> '7': one bit
+    assert main(["ls", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in doc["damaged"]] == ["step_2"] and doc["unreadable"] == [], doc
+    assert "CRC32" in doc["damaged"][0]["problem"], doc

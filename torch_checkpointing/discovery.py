@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import weakref
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +31,7 @@ from torch_checkpointing.errors import (
     CheckpointError,
     CheckpointReplacedError,
     ConfigError,
+    CorruptCheckpointError,
     ForeignManifestError,
     IncompleteCheckpointError,
     MissingItemError,
@@ -672,8 +674,26 @@ def _check_metadata_version(ctx: CheckpointReadContext) -> None:
     the resume point, and the resume's load refused it."""
     from torch_checkpointing.distributed_metadata import read_distributed_metadata, unknown_types_as_stored
 
-    with unknown_types_as_stored():
-        read_distributed_metadata(ctx, keys=())
+    try:
+        with unknown_types_as_stored():
+            read_distributed_metadata(ctx, keys=())
+    except NewerCheckpointError:
+        _metadata_as_recorded(ctx)
+        raise
+
+
+def _metadata_as_recorded(ctx: CheckpointReadContext) -> None:
+    """Raise when the sharding metadata's bytes are not what the manifest records (its CRC32). A listing reads
+    no checksums, but before it calls a checkpoint a newer engine's ("do not delete it") it checks the bytes that
+    say so: a changed byte in '"version": "3.0"' reads as a newer version."""
+    assert ctx.manifest is not None and ctx.manifest.metadata_file is not None  # the caller read the metadata
+    name, recorded = ctx.manifest.metadata_file, ctx.manifest.metadata_crc32
+    actual = zlib.crc32(ctx.read_bytes(name, "sharding metadata"))
+    if recorded is not None and actual != recorded:
+        raise CorruptCheckpointError(
+            f"File {ctx.root / name} (sharding metadata) fails its CRC32 check (manifest {recorded:#010x}, file "
+            f"{actual:#010x}): the checkpoint is damaged, not a newer engine's. Load an earlier checkpoint."
+        )
 
 
 # ------------------------------------------------------------------------------------------------ leftovers
