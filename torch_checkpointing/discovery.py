@@ -43,6 +43,7 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
+    check_formats_known,
     our_marker,
     parse_manifest,
     read_bounded,
@@ -932,9 +933,13 @@ def _beside_marker(storage: Storage, path: Path) -> str | None:
     A newer engine's manifest read as none made the directory an unfinished save: on an object store, once the
     marker's claim was dead (a save of ours killed right after claiming the id the newer engine had just
     committed), gc removed the newer engine's checkpoint, where before the version was read it removed only the
-    stray claim."""
+    stray claim. A manifest recording a format only a newer engine knows is that engine's too (a load is refused
+    lazily, per file; here the whole manifest is judged): read as ours, gc removed its marker as a stray claim."""
     try:
-        return "ours" if read_manifest(storage, path) is not None else None
+        manifest = read_manifest(storage, path)
+        if manifest is not None:
+            check_formats_known(manifest, str(path / MANIFEST_FILE_NAME))
+        return "ours" if manifest is not None else None
     except NewerCheckpointError:
         return "newer"
     except (OSError, CheckpointError):

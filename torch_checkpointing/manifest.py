@@ -536,7 +536,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
     try:
         manifest = _parse_fields(d, where)
         if not newer:
-            _check_formats_known(manifest, where)
+            check_formats_known(manifest, where)
         return manifest
     except NewerCheckpointError as exc:
         if newer:
@@ -565,7 +565,7 @@ def _release(version: object) -> tuple[int, ...] | None:
     return None if found is None else tuple(int(part) for part in found.group().split("."))
 
 
-def _check_formats_known(manifest: Manifest, where: str) -> None:
+def check_formats_known(manifest: Manifest, where: str) -> None:
     """Raise the `NewerCheckpointError` of a record whose format this engine does not know, for `parse_manifest`
     to judge; any other defect of a record's format is refused when its file is read, as before."""
     for rec in manifest.files:
