@@ -29,7 +29,7 @@ place = (lambda storage, location: storage.clone()) if sys.argv[2] == "copying c
 with CheckpointManager(config) as m:
     m.save(sys.argv[1], {"model": {"w": torch.ones(64, 1024, 1024)}})  # 256 MiB
     base = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
-    for room in range(256, 2049, 32):  # MiB of address space beyond what the process holds
+    for room in range(64, 2049, 32):  # MiB of address space beyond what the process holds (64: not the file)
         resource.setrlimit(resource.RLIMIT_AS, (base + room * 2**20, resource.RLIM_INFINITY))
         try:
             m.load(sys.argv[1], map_location=place)

@@ -55,7 +55,14 @@ from torch_checkpointing.config import (
     check_instance,
 )
 from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
-from torch_checkpointing.errors import CheckpointError, CommitError, ConfigError, ConfigTypeError, log_safely
+from torch_checkpointing.errors import (
+    CheckpointError,
+    CommitError,
+    ConfigError,
+    ConfigTypeError,
+    log_safely,
+    out_of_memory_named,
+)
 from torch_checkpointing.manifest import shown_name
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.names import NAME_MAX, PATH_MAX
@@ -342,7 +349,8 @@ class CheckpointManager:
         call = object()  # see `_enter_call`
         try:
             self._enter_call("load", call)
-            return self._load(checkpoint_id, into, map_location=map_location, strict=strict)
+            with out_of_memory_named(checkpoint_id, "the load"):
+                return self._load(checkpoint_id, into, map_location=map_location, strict=strict)
         finally:
             self._call_left(self._running.pop(call, None))
 
@@ -392,7 +400,10 @@ class CheckpointManager:
         else:
             into = dict.fromkeys(self.config.items) if into is None else into
             items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
-        return self._loader.check(str(checkpoint_id), items, map_location=map_location, strict=strict, listed=listed)
+        with out_of_memory_named(checkpoint_id, "the load's check"):  # in the agreed step: every rank is told
+            return self._loader.check(
+                str(checkpoint_id), items, map_location=map_location, strict=strict, listed=listed
+            )
 
     def prewarm_staging(self, checkpoint: Mapping[str, Any]) -> None:
         """Allocate (and fill) the async staging buffers ahead of the first save."""

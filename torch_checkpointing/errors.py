@@ -19,7 +19,7 @@ import pickle
 import struct
 import sys
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from safetensors import SafetensorError
 
@@ -155,6 +155,20 @@ def raise_if_out_of_memory(exc: BaseException, path: object, what: str) -> None:
             f"Out of memory reading {path} for {what} ({type(exc).__name__}: {exc}); the checkpoint was not found "
             f"damaged (do not delete it). Free memory, or load it on a machine with more, and load again."
         ) from exc
+
+
+@contextlib.contextmanager
+def out_of_memory_named(path: object, what: str) -> Iterator[None]:
+    """`raise_if_out_of_memory` around a whole step: a shortage met anywhere in it (a map of a file to verify, an
+    allocation for a template) is a `MemoryError` naming `path`, never a bare `OSError` [Errno 12] out of
+    `load()`, nor any other error a caller takes for damage."""
+    try:
+        yield
+    except CheckpointError:
+        raise  # already said what it is (another rank's shortage in a collective step among them)
+    except (OSError, RuntimeError) as exc:
+        raise_if_out_of_memory(exc, path, what)
+        raise
 
 
 # What every refusal of a file this user may not read says (listings tell it from damage by its type, PermissionError).
