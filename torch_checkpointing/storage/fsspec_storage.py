@@ -27,6 +27,7 @@ import functools
 import hashlib
 import inspect
 import io
+import json
 import logging
 import os
 import posixpath
@@ -303,13 +304,39 @@ def _own_copy(options: Any) -> Any:
 
 
 def _own_filesystem_options(options: dict[str, Any], scheme: str) -> dict[str, Any]:
-    """`_own_copy` of the caller's options, with fsspec's instance cache off unless they set it. That cache keys
-    a filesystem on its options alone, but the environment (AWS_ENDPOINT_URL, the credentials, a profile) defines
-    the store as much: a storage built after they changed got the client of the store they named before, and
-    read and wrote there, silently. A storage's filesystem is its own, as its listing cache is. For S3 the
-    endpoint the environment names is pinned at build, as the options' own is (`_pin_endpoint`)."""
-    own = {"skip_instance_cache": True, **_own_copy(options)}
+    """`_own_copy` of the caller's options; for S3 with the endpoint the environment names pinned at build, as the
+    options' own is (`_pin_endpoint`)."""
+    own = _own_copy(options)
     return _pin_endpoint(own) if scheme in _S3_PROTOCOLS else own
+
+
+# Environment variables that choose a store or its credentials (AWS_ENDPOINT_URL, AWS_PROFILE, ...).
+_STORE_ENVIRONMENT = ("AWS_", "BOTO_", "GOOGLE_", "GCE_", "GCSFS_", "AZURE_", "FSSPEC_")
+_filesystems: dict[str, Any] = {}
+_filesystems_lock = threading.Lock()
+
+
+def _filesystem(scheme: str, options: dict[str, Any]) -> Any:
+    """The fsspec filesystem for `scheme` with the caller's `options`, shared by the storages of this process that
+    name the same store. fsspec's own instance cache keys a filesystem on its options alone, but the environment
+    (AWS_ENDPOINT_URL, the credentials, a profile) defines the store as much: a storage built after they changed
+    got the client of the store they named before, and read and wrote there, silently. A filesystem of its own
+    per storage cost 170-200 ms of client set-up at each `latest_checkpoint`, `storage_for` or manager on S3.
+    So the key here is the options and that environment, in this process; options that are no JSON (a session
+    object) get a filesystem of their own, and the caller's own `skip_instance_cache` is fsspec's to obey."""
+    own = _own_filesystem_options(options, scheme)
+    if "skip_instance_cache" in own:
+        return _import_fsspec().filesystem(scheme, **own)
+    environment = sorted((k, v) for k, v in os.environ.items() if k.upper().startswith(_STORE_ENVIRONMENT))
+    try:
+        key = json.dumps([scheme, own, environment, os.getpid()], sort_keys=True)
+    except (TypeError, ValueError):  # an option that is no JSON: no telling two stores apart by it
+        return _import_fsspec().filesystem(scheme, skip_instance_cache=True, **own)
+    with _filesystems_lock:
+        fs = _filesystems.get(key)
+        if fs is None:
+            fs = _filesystems[key] = _import_fsspec().filesystem(scheme, skip_instance_cache=True, **own)
+    return fs
 
 
 def _pin_endpoint(options: dict[str, Any]) -> dict[str, Any]:
@@ -359,7 +386,7 @@ class FsspecStorage(Storage):
             if given is not None and scheme in _protocols_of(given):
                 fs = given
             else:
-                fs = _import_fsspec().filesystem(scheme, **_own_filesystem_options(self.config.storage_options, scheme))
+                fs = _filesystem(scheme, self.config.storage_options)
             timeout = self.config.request_timeout_s
             bounded = _BoundedFs(fs, timeout) if timeout is not None and getattr(fs, "async_impl", False) else fs
             backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme}, bounded)
