@@ -86,3 +86,20 @@ def test_a_manifest_of_ours_cut_short_is_still_damaged(tmp_path: Path, keep: int
     code, out = _cli("--json", "ls", str(tmp_path))
     assert code == 0 and [d["name"] for d in json.loads(out)["damaged"]] == ["step_1"], out
     assert _cli("--json", "verify", str(tmp_path / "step_1"))[0] == 1
+
+
+def test_a_changed_kind_in_a_manifest_of_ours_is_damage(tmp_path: Path) -> None:
+    """Defect: one changed byte in 'kind' ("torch_checkpointinf") made our newest checkpoint another tool's folder:
+    `latest_checkpoint` went back to step_1 with a DEBUG line, `ls --json` listed no damage, `verify` exited 2."""
+    with _manager() as m:
+        for step in (1, 2):
+            m.save(str(tmp_path / f"step_{step}"), {"model": {"w": torch.full((4,), float(step))}})
+        manifest = tmp_path / "step_2" / "manifest.json"
+        doc = json.loads(manifest.read_bytes())
+        doc["kind"] = doc["kind"][:-1] + chr(ord(doc["kind"][-1]) ^ 1)
+        manifest.write_text(json.dumps(doc))
+        with pytest.raises(CorruptCheckpointError, match="'kind'"):
+            m.load(str(tmp_path / "step_2"))
+    code, out = _cli("--json", "ls", str(tmp_path))
+    assert code == 0 and [d["name"] for d in json.loads(out)["damaged"]] == ["step_2"], out
+    assert _cli("--json", "verify", str(tmp_path / "step_2"))[0] == 1

@@ -531,6 +531,11 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
     if not isinstance(d, dict):
         raise _foreign(where, f"it is a JSON {type(d).__name__}, not an object")
     if d.get("kind") != _KIND:
+        if d.keys() >= _OUR_SHAPE:  # ours with a changed byte in 'kind': skipped as another tool's, latest went back
+            raise CorruptCheckpointError(
+                f"{where}: field 'kind' is {d.get('kind')!r}, not {_KIND!r}, in a manifest with every other field "
+                f"of ours ({', '.join(sorted(_OUR_SHAPE))}): the manifest is damaged. Load an earlier checkpoint."
+            )
         raise _foreign(where, f"kind={d.get('kind')!r}")
     newer = _written_by_a_newer_engine(d)
     try:
@@ -628,6 +633,10 @@ _OUR_FIELD = re.compile(
     rb'"(?:kind|manifest_version|library_version|world_size|metadata_file|items|step|metrics|commit_time|'
     rb'metadata_size|metadata_crc32|claim)"\s*:'
 )
+
+
+# The fields every manifest of ours holds beside 'kind' (a browser extension's has 'manifest_version' too).
+_OUR_SHAPE = frozenset({"items", "world_size", "library_version", "manifest_version"})
 
 
 def _names_our_fields(text: str | bytes) -> bool:
