@@ -134,13 +134,14 @@ def test_a_path_that_is_no_folder_is_named_so(tmp_path: Path, under: str) -> Non
     """The file `model.safetensors` passed for the folder holding it (or a path under a file). Defect: the check
     for an index that this round made raise said the OS's bare "[Errno 20] Not a directory:
     '.../model.safetensors/model.safetensors.index.json'" (a NotADirectoryError, naming a path nobody passed);
-    before it, a FileNotFoundError. Now a FileNotFoundError saying the path is no folder, and which to pass."""
+    before it, a FileNotFoundError. Now a NotADirectoryError saying the path given is no folder, and which to
+    pass."""
     single = tmp_path / "model.safetensors"
     save_file({"w": torch.ones(2)}, str(single))
     given = single / under if under else single
-    with pytest.raises(FileNotFoundError) as caught:
+    with pytest.raises(NotADirectoryError) as caught:
         import_hf(given)
     message = str(caught.value)
-    assert "is not a directory" in message and str(given) in message, message
+    assert "not a folder" in message and str(given) in message and "pass the folder" in message, message
     assert INDEX_FILE_NAME not in message.split(":", 1)[0], message  # no made-up path comes first
     assert "Errno" not in message, message

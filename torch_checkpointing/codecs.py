@@ -226,6 +226,11 @@ def callers_placement(map_location: Any, path: Path, what: str) -> Any:
     return map_location
 
 
+def _as_given(map_location: Any) -> Any:
+    """The caller's own `map_location` (not the `CallersMapLocation` wrapping it), for messages that name it."""
+    return map_location.call if isinstance(map_location, CallersMapLocation) else map_location
+
+
 @dataclass(frozen=True)
 class CallersMapLocation(EnginePlacement):
     """A callable `map_location` as torch.load calls it, on each storage as the file is read: what it raises, or
@@ -855,7 +860,7 @@ class SafetensorsCodec(Codec):
             # a ConfigError, so the loader passes it on instead of blaming the (intact) file
             raise ConfigTypeError(
                 f"SafetensorsSerialization map_location must be a str or torch.device, got "
-                f"{type(map_location).__name__} (item '{key}'). Pass e.g. map_location='cpu'; callables and "
+                f"{type(_as_given(map_location)).__name__} (item '{key}'). Pass e.g. map_location='cpu'; callables and "
                 f"dicts work only for TorchSerialization items."
             )
         device = str(map_location) if map_location is not None else "cpu"

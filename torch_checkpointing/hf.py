@@ -931,6 +931,10 @@ def _require_folder(directory: Path) -> None:
         mode = os.stat(directory).st_mode
     except FileNotFoundError:
         raise FileNotFoundError(f"import_hf: {directory}: no such directory; pass {_HF_FOLDER}") from None
+    except NotADirectoryError:  # a path under a file
+        raise NotADirectoryError(
+            f"import_hf: {directory} is not a folder (a part of it is a file); pass {_HF_FOLDER}"
+        ) from None
     except PermissionError as exc:  # a folder on the way this user may not search
         raise unreadable_file(directory, _HF_DIRECTORY, exc) from exc
     if not stat.S_ISDIR(mode):
