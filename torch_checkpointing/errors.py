@@ -32,6 +32,7 @@ __all__ = [
     "ConfigError",
     "ConfigTypeError",
     "CorruptCheckpointError",
+    "ForeignManifestError",
     "IncompleteCheckpointError",
     "MissingItemError",
     "NewerCheckpointError",
