@@ -106,9 +106,12 @@ def test_a_class_with_its_own_reduce_is_judged_by_what_it_pickles_as(tmp_path: P
     try:
         said = _save(manager, tmp_path / "ck", {"extra": {"v": CountsItsPickling()}})
         assert len(said) == 1 and "builtins.str" in said[0] and "'extra::v'" in said[0]
-        assert CountsItsPickling.calls == 2  # the check, then the write
+        # The check, then the write; an async save's staging also looks once for tensors inside the value (it
+        # shares the tree's memory, or torch.save writes it where a deep copy loses it), and copies it.
+        per_save = 1 if kind == "sync" else 2
+        assert CountsItsPickling.calls == 1 + per_save
         assert _save(manager, tmp_path / "again", {"extra": {"v": CountsItsPickling()}}) == []
-        assert CountsItsPickling.calls == 3  # the check ran once for the type
+        assert CountsItsPickling.calls == 1 + 2 * per_save  # the check ran once for the type
         if kind == "sync":
             with pytest.raises(RefusedPickleError):  # what the warning foretold
                 manager.load(str(tmp_path / "ck"))

@@ -172,11 +172,12 @@ def _deep_copy_loses(x: Any) -> bool:
     return not is_dense_data(x) or x.grad_fn is not None
 
 
-def _staging_copy(storages: dict[int, torch.UntypedStorage], value: Any, memo: TreeMemo) -> Any:
+def _staging_copy(storages: dict[int, torch.UntypedStorage], met: WholeTensors, value: Any, memo: TreeMemo) -> Any:
     """The staging's deep copy of a value taken whole, with each tensor `_deep_copy_loses` copied on its own.
     Its tensors' storages are copied through `storages` (the memo torch's deepcopy keeps them in), which the
-    tree's tensors that share one with them are copied through too (`_SlabPlan.shared`)."""
-    found = found_in(value, _deep_copy_loses)
+    tree's tensors that share one with them are copied through too (`_SlabPlan.shared`). `met` holds the
+    tensors the plan found in each such value: one pickling pass per value and save, not two."""
+    found = [t for t in met.tensors_in(value) if _deep_copy_loses(t)]
     if found:
         _Convert(_deep_copy_loses, lambda x: _copy_outside_slab(x.detach())).into(memo, found)
     untyped_memo: dict[Any, Any] = memo
@@ -634,7 +635,8 @@ class DefaultStager(CheckpointStager):
                     buf.copy_(src, non_blocking=self._non_blocking and src.device.type != "cpu")
             return buf
 
-        return map_leaves(value, leaf, WholeValues(copy=functools.partial(_staging_copy, storages)))
+        copy_whole = functools.partial(_staging_copy, storages, plan.whole_tensors)
+        return map_leaves(value, leaf, WholeValues(copy=copy_whole))
 
 
 class _SlabPlan:
@@ -653,6 +655,7 @@ class _SlabPlan:
         self._planned: list[torch.Tensor] = []
         self._slot_by_leaf: dict[int, int] = {}  # by id() of a planned leaf (held above): no second `alias_of`
         self._shared: set[int] = set()  # by id() of a planned leaf: see `shared`
+        self.whole_tensors = WholeTensors()  # what each value taken whole holds, for the copy as well
 
     def shared(self, x: torch.Tensor) -> bool:
         """Whether `x` shares its memory with a tensor inside a value taken whole: it is then copied over the
@@ -667,7 +670,7 @@ class _SlabPlan:
             raise exc.for_item(key) from None
         found = [x for x in leaves if isinstance(x, torch.Tensor)]  # as `_copy` meets them
         self._planned.extend(found)
-        in_whole = _storages_in_whole_values(leaves, found)
+        in_whole = _storages_in_whole_values(leaves, found, self.whole_tensors)
         for x in found:
             t = local_tensor(x)
             if t.dtype in SUB_BYTE_DTYPES:
@@ -696,17 +699,39 @@ class _SlabPlan:
         return None if alias is None else self._slot_of.get(alias)
 
 
-def _storages_in_whole_values(leaves: list[Any], tensors: list[torch.Tensor]) -> set[int]:
+class WholeTensors:
+    """The tensors a pickle of each value taken whole meets, found once per value and save: finding them pickles
+    the value (a user object's `__reduce__` runs, its arrays are serialised), which the save's blocked time pays
+    for, and the plan and the copy both ask."""
+
+    def __init__(self) -> None:
+        self._found: dict[int, tuple[Any, list[Any]]] = {}  # id -> (the value, held: its id stays its own)
+
+    def tensors_in(self, value: Any) -> list[Any]:
+        held = self._found.get(id(value))
+        if held is None or held[0] is not value:
+            held = self._found[id(value)] = (value, found_in(value, _is_tensor) or [])
+        return held[1]
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def _storages_in_whole_values(
+    leaves: list[Any], tensors: list[torch.Tensor], met: WholeTensors | None = None
+) -> set[int]:
     """The storages (by data pointer) of the dense tensors held inside the values taken whole among `leaves`
     (a tree's) other than the tree's own `tensors`, which the copies share as they are; empty, after one pass
     over the leaves, for a tree holding no value taken whole."""
     wholes = [leaf for leaf in leaves if type(leaf) not in _LEAF_TYPES and not isinstance(leaf, torch.Tensor)]
     if not wholes:
         return set()
+    met = WholeTensors() if met is None else met
     tree = {id(t) for t in tensors}
     found: set[int] = set()
     for whole in wholes:
-        for t in found_in(whole, lambda x: isinstance(x, torch.Tensor)) or ():
+        for t in met.tensors_in(whole):
             if id(t) not in tree and is_dense_data(t) and t.untyped_storage().data_ptr() != 0:
                 found.add(t.untyped_storage().data_ptr())
     return found
