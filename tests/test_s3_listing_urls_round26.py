@@ -30,7 +30,7 @@ def _left_aside(storage: Any, bucket: str) -> str:
 
 
 def _damaged(storage: Any, bucket: str) -> str:
-    storage.fs.pipe_file(f"{bucket}/run/step_9/{MANIFEST_FILE_NAME}", b"garbage{")
+    storage.fs.pipe_file(f"{bucket}/run/step_9/{MANIFEST_FILE_NAME}", b'{"kind": "torch_checkpointing.manifest", ')
     return "run"
 
 
