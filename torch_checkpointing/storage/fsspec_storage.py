@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import email.utils
 import errno
 import functools
 import hashlib
@@ -923,7 +924,8 @@ class FsspecStorage(Storage):
         """On an object store, the newest LastModified of the objects under the prefix `path/` (a move copies
         every object, so that is when a trash or aside copy got its name); before, none: gc counted another
         host's trash as 0 s old for ever and never collected it. On a directory store, the later of its mtime
-        and ctime (as a local path's). None where the store says neither."""
+        and ctime (as a local path's). None where the store says neither, or where any object's time cannot be
+        read: that one may be the newest."""
         backend, key = self._fresh(path)
         with self._errors("listing of", path):
             if not backend.object_store:
@@ -934,6 +936,8 @@ class FsspecStorage(Storage):
                 times = [_modified(info) for name, info in found.items() if name.startswith(key + "/")]
                 if not found:
                     raise FileNotFoundError(errno.ENOENT, "nothing under this prefix", backend.url(key))
+                if None in times:  # that object may be the newest: left out, a young copy read as old
+                    return None
         known = [t for t in times if t is not None]
         return max(known) if known else None
 
@@ -1096,20 +1100,40 @@ def _modified(info: dict[str, Any]) -> float | None:
     return max(known) if known else None
 
 
+# An RFC 3339 / ISO 8601 time as stores write it: `T`, `t` or a space between date and time, a fraction of any
+# length, `Z`/`z` or an offset with or without its colon. Read by hand: `datetime.fromisoformat` takes a
+# different grammar on each Python version (3.10: no `z`, fractions of 3 or 6 digits only; 3.11+: no `t`/`z`).
+_ISO_STAMP_RE = re.compile(
+    r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ](?P<time>[0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,](?P<frac>[0-9]+))?"
+    r"(?P<zone>[Zz]|[+-][0-9]{2}:?[0-9]{2})?"
+)
+
+
 def _seconds(stamp: Any) -> float | None:
-    """A time as seconds since the epoch: a datetime (naive ones are UTC, as the stores mean them), a number, or
-    an ISO 8601 / RFC 3339 string; None for anything else (its age is then unknown, never 0)."""
+    """A time as seconds since the epoch: a datetime (naive ones are UTC, as the stores mean them), a number, an
+    RFC 3339 / ISO 8601 string or an HTTP (RFC 1123) date; None for anything else (its age is then unknown,
+    never 0)."""
     if isinstance(stamp, str):
-        try:
-            stamp = datetime.datetime.fromisoformat(stamp.strip().replace("Z", "+00:00"))
-        except ValueError:
-            return None
+        stamp = _parsed_stamp(stamp.strip())
     if isinstance(stamp, datetime.datetime):
         aware = stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=datetime.timezone.utc)
         return aware.timestamp()
     if isinstance(stamp, int | float) and not isinstance(stamp, bool):
         return float(stamp)
     return None
+
+
+def _parsed_stamp(text: str) -> datetime.datetime | None:
+    """`text` as an RFC 3339 time or an RFC 1123 date (`Mon, 01 Jan 2024 00:00:00 GMT`), None if it is neither."""
+    match = _ISO_STAMP_RE.fullmatch(text)
+    try:
+        if match is None:
+            return email.utils.parsedate_to_datetime(text)
+        zone = (match["zone"] or "+00:00").upper().replace("Z", "+00:00")
+        micro = (match["frac"] or "").ljust(6, "0")[:6]
+        return datetime.datetime.strptime(f"{match['date']} {match['time']}.{micro} {zone}", "%Y-%m-%d %H:%M:%S.%f %z")
+    except (ValueError, TypeError):
+        return None
 
 
 def _version(backend: _Backend, key: str) -> tuple[int, str]:
