@@ -950,8 +950,17 @@ def _count(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
+    """An argparse type for `--older-than`: seconds as a number. `1.5h` or `3d` got Python's bare "could not
+    convert string to float", which named neither the unit wanted nor how to write that age."""
     try:
-        return check_age(read_number(text, float), "--older-than")
+        value = read_number(text, float)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--older-than takes a number of seconds written in the digits 0-9, got {text!r}: e.g. 86400 for a "
+            f"day, 5400 for an hour and a half, inf for never"
+        ) from None
+    try:
+        return check_age(value, "--older-than")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
