@@ -78,8 +78,8 @@ def test_gc_reads_every_spelling_of_a_stores_time_stamp(spelling: str, tmp_path:
 
 def test_an_unreadable_stamp_never_makes_a_young_copy_old(tmp_path: Path) -> None:
     """One object (written just now) whose stamp cannot be read, beside objects an hour old: the copy's age is
-    unknown, so gc keeps it. Before, the unreadable one was left out, the copy read as an hour old, and gc
-    removed it."""
+    unknown, so gc keeps it, and says why. Before, the unreadable one was left out, the copy read as an hour
+    old, and gc removed it; and a copy of unknown age was kept as "0s old", at INFO, for ever."""
 
     def stamp(info: dict[str, Any]) -> dict[str, Any]:
         young = info["name"].endswith("manifest.json")
@@ -90,3 +90,5 @@ def test_an_unreadable_stamp_never_makes_a_young_copy_old(tmp_path: Path) -> Non
     assert report.removed == [], report
     assert [lo.path for lo, _ in report.kept] == [trash], report
     assert fs.find(trash.replace("gs:/", "")) != []
+    why = report.kept[0][1]
+    assert "age could not be told" in why and "0s old" not in why, why  # not a young copy that passes on its own

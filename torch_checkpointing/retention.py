@@ -808,11 +808,18 @@ def _why_keep(
             return f"the only copy of {target} (no committed checkpoint replaced it)"
     if leftover.owner_alive is None:
         try:
-            age = now - _last_changed(storage, leftover, now)
+            changed = _last_changed(storage, leftover)
         except FileNotFoundError:
             return _REMOVED_MEANWHILE
         except STORE_ERRORS as exc:
             return f"owner unknown on this host, and its age could not be told ({exc})"
+        if changed is None:
+            return (
+                "owner unknown on this host, and its age could not be told (the store gives no modification time "
+                "that can be read for every object in it): kept for good; run gc on the host that wrote it, or "
+                "delete it by hand once no save writes it"
+            )
+        age = now - changed
         if math.isinf(unowned_after_s):  # `--older-than inf`: "< infs" named no number of seconds
             return (
                 f"owner unknown on this host ({age:.0f}s old), kept for good: the age threshold is never reached "
@@ -837,18 +844,18 @@ def _users_files_in_trash(storage: Storage, leftover: Leftover) -> str | None:
     return _foreign_files(foreign) if foreign else None
 
 
-def _last_changed(storage: Storage, leftover: Leftover, now: float) -> float:
-    """When a leftover whose owner cannot be checked last changed (`time.time()`; `now` where the store cannot
-    tell, so that it counts as young). A temporary is made by mkdir and written into: the newest mtime in it
-    (`_written_at`). A trash or aside copy gets its name by a rename, which leaves the mtime of when it was
-    written (days ago, for a checkpoint that retention deletes): when it got its name (`Storage.changed_at`).
-    Before, gc removed another host's trash made a moment ago, under the retention still checking it."""
+def _last_changed(storage: Storage, leftover: Leftover) -> float | None:
+    """When a leftover whose owner cannot be checked last changed (`time.time()`; None where the store cannot
+    tell: kept, and said so, where "0s old" before promised a collection that never came). A temporary is made
+    by mkdir and written into: the newest mtime in it (`_written_at`). A trash or aside copy gets its name by a
+    rename, which leaves the mtime of when it was written (days ago, for a checkpoint that retention deletes):
+    when it got its name (`Storage.changed_at`). Before, gc removed another host's trash made a moment ago,
+    under the retention still checking it."""
     path = Path(leftover.path)
     local = storage.local_path(path)
     if leftover.kind == "temporary" and local is not None:
         return _written_at(local)
-    changed = storage.changed_at(path)
-    return now if changed is None else changed
+    return storage.changed_at(path)
 
 
 def _written_at(local: str) -> float:
