@@ -41,6 +41,7 @@ _SPELLINGS = {
     "offset-with-colon": _IST.isoformat(),
     "space-separator": _UTC.strftime("%Y-%m-%d %H:%M:%S.%f+00:00"),
     "rfc1123": _UTC.strftime("%a, %d %b %Y %H:%M:%S GMT"),
+    "basic-format": _UTC.strftime("%Y%m%dT%H%M%SZ"),  # ISO 8601's basic form, read by fromisoformat on 3.11+
 }
 
 

@@ -1124,16 +1124,25 @@ def _seconds(stamp: Any) -> float | None:
 
 
 def _parsed_stamp(text: str) -> datetime.datetime | None:
-    """`text` as an RFC 3339 time or an RFC 1123 date (`Mon, 01 Jan 2024 00:00:00 GMT`), None if it is neither."""
+    """`text` as an RFC 3339 time, another ISO 8601 form this Python reads, or an RFC 1123 date (`Mon, 01 Jan
+    2024 00:00:00 GMT`); None if it is none of them."""
     match = _ISO_STAMP_RE.fullmatch(text)
-    try:
-        if match is None:
-            return email.utils.parsedate_to_datetime(text)
+    if match is not None:
         zone = (match["zone"] or "+00:00").upper().replace("Z", "+00:00")
         micro = (match["frac"] or "").ljust(6, "0")[:6]
-        return datetime.datetime.strptime(f"{match['date']} {match['time']}.{micro} {zone}", "%Y-%m-%d %H:%M:%S.%f %z")
-    except (ValueError, TypeError):
+        with contextlib.suppress(ValueError):  # a 30 February
+            return datetime.datetime.strptime(
+                f"{match['date']} {match['time']}.{micro} {zone}", "%Y-%m-%d %H:%M:%S.%f %z"
+            )
         return None
+    for read in (_iso_format, email.utils.parsedate_to_datetime):
+        with contextlib.suppress(ValueError, TypeError, IndexError):
+            return read(text)
+    return None
+
+
+def _iso_format(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
 
 
 def _version(backend: _Backend, key: str) -> tuple[int, str]:
