@@ -146,9 +146,24 @@ def process_local_saves(bucket: str) -> dict[str, str]:
     return out
 
 
+def process_local_load(bucket: str) -> str:
+    """A collective load from `bucket` (a `memory://` url) where only rank 0's memory:// holds something under the
+    id (a manifest of another tool): what this rank raised."""
+    if dist.get_rank() == 0:
+        fsspec.filesystem("memory").pipe(f"{bucket}/load/step_1/manifest.json", b"{}")
+    cfg = CheckpointManager.Config(storage_config=FsspecStorageConfig(url=bucket))
+    with CheckpointManager(cfg) as manager:
+        try:
+            manager.load("load/step_1", {"w": torch.zeros(2)})
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
 def commit_checks(root: str) -> dict[str, Any]:
     """One launch for every commit-protocol check (starting ranks costs seconds)."""
     out = commit_protocol(str(Path(root) / "commit"))
     out["dead"] = dead_rank(str(Path(root) / "dead"))
     out["process_local"] = process_local_saves(f"memory://{Path(root).name}-{uuid.uuid4().hex[:8]}/runs")
+    out["process_local"]["load"] = process_local_load(f"memory://{Path(root).name}-load")  # one name on every rank
     return out

@@ -89,3 +89,15 @@ def test_a_save_to_memory_on_several_ranks_is_refused_at_the_plan_naming_memory(
         assert "memory://" in said and f"{WORLD} ranks" in said and "s3://" in said, said
         assert "node-local disk" not in said, said
         assert r["process_local"][f"{mode}_left"] == "False", r["process_local"]
+
+
+def test_a_collective_load_from_memory_on_several_ranks_is_refused_alike_on_every_rank(
+    results: list[dict[str, Any]],
+) -> None:
+    """`memory://` is one process's own, so each rank of a collective load read its own. Before, rank 0 (whose
+    memory:// held a manifest) raised ForeignManifestError and rank 1 FileNotFoundError "does not exist": two
+    stories for one load, neither naming the cause. Now every rank raises the same ConfigError, as the save's."""
+    said = [r["process_local"]["load"] for r in results]
+    assert len(set(said)) == 1, said
+    assert said[0].startswith("ConfigError: "), said
+    assert "memory://" in said[0] and f"{WORLD} ranks" in said[0] and "collective=False" in said[0], said

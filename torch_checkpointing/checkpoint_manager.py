@@ -316,6 +316,21 @@ class CheckpointManager:
                 f"directory, file:// on a shared filesystem, or s3://."
             )
 
+    def _refuse_process_local_load(self, checkpoint_id: str) -> None:
+        """On several ranks, refuse a collective load of an id in a store that lives in one process alone
+        (`memory://`), as its save is refused: each rank read its own memory://, so the ranks failed each with
+        another error (one "does not exist", one whatever its own copy lacked), or agreed on copies no save made
+        together. In the load's checked step, so every rank raises the same refusal and nothing is restored."""
+        if self._ctx.world_size > 1 and self._storage.process_local(Path(checkpoint_id)):
+            raise ConfigError(
+                f"Cannot load {checkpoint_id} collectively on {self._ctx.world_size} ranks: memory:// lives in the "
+                f"memory of one process, and each rank would read its own memory://, which holds only what that "
+                f"process put there (a checkpoint saved on several ranks never lands there). Nothing was restored. "
+                f"Load from a store every rank reaches (a shared directory, file:// on a shared filesystem, or "
+                f"s3://), or, where each process filled its own memory://, load on each rank alone with "
+                f"CheckpointLoaderConfig(collective=False)."
+            )
+
     def _refuse_nested_save(self, path: str) -> None:
         """Refuse a save() made by the thread that is inside another save() of this manager: from that save's
         `pre_finalize_callback`/`finalize_callback`, or from a signal handler (a preemption handler's emergency
@@ -366,7 +381,7 @@ class CheckpointManager:
         checked, found = agree_outcome(
             f"{what}: checking",
             transport,
-            lambda: self._check_load(checkpoint_id, into, map_location=map_location, strict=strict),
+            lambda: self._check_collective_load(checkpoint_id, into, map_location=map_location, strict=strict),
             shared=[given, None],
             discard=CheckedLoad.close,
             shared_of=lambda load: [given, load.commit_token],
@@ -384,6 +399,13 @@ class CheckpointManager:
                 raise
             step = f"{what}: restoring (ranks that did not fail have already filled their templates)"
             return agree_outcome(step, transport, checked.restore)[0]
+
+    def _check_collective_load(
+        self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
+    ) -> CheckedLoad:
+        """`_check_load` of a load every rank makes together: what one rank alone may load is refused here."""
+        self._refuse_process_local_load(self._checkpoint_path(checkpoint_id))
+        return self._check_load(checkpoint_id, into, map_location=map_location, strict=strict)
 
     def _check_load(
         self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
