@@ -1176,20 +1176,32 @@ def _create_local(name: str, data: bytes) -> bool:
         return _create_local_named(name, data)
     folder = os.open(os.path.dirname(name) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        try:
-            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o666, dir_fd=folder)
-        except OSError:  # a filesystem without O_TMPFILE (NFS, some FUSE ones)
-            return _create_local_named(name, data)
-        try:
-            _write_all(fd, data)
-            # dir_fd makes this a linkat(), which follows the /proc link to the open file (a link() does not)
-            os.link(f"/proc/self/fd/{fd}", os.path.basename(name), src_dir_fd=folder, dst_dir_fd=folder)
-        except FileExistsError:
-            return False
-        finally:
-            os.close(fd)
+        created = _create_unnamed(folder, os.path.basename(name), data)
     finally:
         os.close(folder)
+    return _create_local_named(name, data) if created is None else created
+
+
+def _create_unnamed(folder: int, base: str, data: bytes) -> bool | None:
+    """`_create_local` through an O_TMPFILE file in `folder`, linked through /proc/self/fd. None where that cannot
+    be done here (no O_TMPFILE on this filesystem; or a link through /proc refused: /proc gone since the import,
+    or mounted without the link, or an LSM's EPERM), and nothing was made: the caller takes the hidden-name way.
+    Before, a refused link raised out of the create, though the way every other filesystem takes was open."""
+    try:
+        fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o666, dir_fd=folder)
+    except OSError:  # a filesystem without O_TMPFILE (NFS, some FUSE ones)
+        return None
+    try:
+        _write_all(fd, data)
+        # dir_fd makes this a linkat(), which follows the /proc link to the open file (a link() does not)
+        os.link(f"/proc/self/fd/{fd}", base, src_dir_fd=folder, dst_dir_fd=folder)
+    except FileExistsError:
+        return False
+    except OSError as exc:  # a failure of the bytes themselves (a full disk) fails the hidden-name way too
+        logger.debug("A marker's O_TMPFILE create of %s failed (%s); creating it through a hidden name", base, exc)
+        return None
+    finally:
+        os.close(fd)
     return True
 
 
