@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -50,6 +51,8 @@ _PG_TIMEOUT_ENV = "SIMULATOR_PG_TIMEOUT"
 _TAIL_LINES = 20
 _POLL_PERIOD_S = 0.05
 _DONE_KEY = "simulator_fn_done"
+_STARTED_KEY = "simulator_fn_started"
+_HAND_OVER_FILE = "hand_over.pickle"
 _ERROR_KEY = "simulator_fn_error"
 # After a rank fails only because a peer went away, wait this long for the peer's own exception to arrive.
 _ROOT_CAUSE_GRACE_S = 5.0
@@ -116,8 +119,22 @@ def _loopback_ifname() -> str | None:
     return None
 
 
-def _rank_entry(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """Runs inside each spawned rank: join the process group, run ``fn``, leave cleanly."""
+def _hand_over(log_root: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> str:
+    """Write what every rank runs (`fn`, `args`) to a file of the launch, for `_rank_entry` to read: the path.
+
+    Handed over in the spawn itself, it went down a pipe to each rank, once per rank for every rank, and the spawn
+    blocked until that rank read it all. A rank that never did (its interpreter's startup hung) held the spawn,
+    and once the spawn was given up and the rank killed, the spawn's thread stayed blocked for good
+    (multiprocessing holds the pipe's other end until the hand-over is done). The spawn now hands each rank a
+    path and returns at once, and a rank stuck at startup is one the launch's timeout names."""
+    path = os.path.join(log_root, _HAND_OVER_FILE)
+    with open(path, "wb") as fh:
+        pickle.dump((fn, args), fh, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+def _rank_entry(hand_over: str) -> Any:
+    """Runs inside each spawned rank: join the process group, run the launch's function, leave cleanly."""
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
@@ -129,11 +146,14 @@ def _rank_entry(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         is_master=False,
         timeout=pg_timeout,
     )
+    store.set(f"{_STARTED_KEY}/{rank}", "1")
     try:
         # Everything after joining the store records what it raised: the group's setup and the final barrier
         # fail too when a peer raised and dropped its connections (init_process_group can return on one rank
         # while another is still in gloo's connectFullMesh), and unrecorded they read as failures of their own.
         try:
+            with open(hand_over, "rb") as fh:
+                fn, args = pickle.load(fh)
             dist.init_process_group(
                 "gloo",
                 store=store,
@@ -229,8 +249,8 @@ def _traceback_tail(message: Any, n: int = 8) -> list[str]:
     return lines[-n:]
 
 
-def _finished_ranks(store: dist.TCPStore, world_size: int) -> set[int]:
-    return {r for r in range(world_size) if store.check([f"{_DONE_KEY}/{r}"])}
+def _finished_ranks(store: dist.TCPStore, world_size: int, key: str = _DONE_KEY) -> set[int]:
+    return {r for r in range(world_size) if store.check([f"{key}/{r}"])}
 
 
 @contextmanager
@@ -355,7 +375,7 @@ def launch(
         rank_env.update(env or {})
         envs[rank] = rank_env
 
-    job = _Job(fn, tuple(args), world_size, timeout, name, store, progress_file, progress)
+    job = _Job(_hand_over(log_root, fn, tuple(args)), world_size, timeout, name, store, progress_file, progress)
     try:
         with _quiet_elastic_logs():
             return job.run(envs, DefaultLogsSpecs(log_dir=log_root, redirects=Std.ALL))
@@ -367,8 +387,7 @@ def launch(
 class _Job:
     """One launch in flight: the processes, the wall-clock bound and the progress tail."""
 
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
+    hand_over: str  # `_hand_over`'s file
     world_size: int
     timeout: float
     name: str
@@ -405,9 +424,10 @@ class _Job:
 
     def _spawn(self, envs: dict[int, dict[str, str]], logs: DefaultLogsSpecs) -> Any:
         """Every rank started whole (signals held meanwhile, delivered once it is), within the launch's timeout.
-        A spawn still blocked then (a rank stuck before it read what it is handed: its interpreter's startup hung)
-        is given up: the ranks it started are killed, and a `LaunchError` says so. Before, the launch waited for
-        it without bound, its timeout counted only once every rank had started."""
+        A spawn still blocked then (a rank stuck before it read what it is handed, which `_hand_over` keeps small:
+        only a spawn of very many ranks, or a huge `env`, overfills a pipe) is given up: the ranks it started are
+        killed, and a `LaunchError` lists every rank as not started. Before, the launch waited for it without
+        bound, its timeout counted only once every rank had started."""
         before = _child_pids()
         spawned: Any = None
         with signals_held() as held:
@@ -416,7 +436,7 @@ class _Job:
                     lambda: start_processes(
                         name=self.name,
                         entrypoint=_rank_entry,
-                        args=dict.fromkeys(range(self.world_size), (self.fn, self.args)),
+                        args=dict.fromkeys(range(self.world_size), (self.hand_over,)),
                         envs=envs,
                         logs_specs=logs,
                         start_method="spawn",
@@ -428,10 +448,12 @@ class _Job:
         if spawned is None:
             held.deliver()
             raise LaunchError(
-                f"{self.name}: the ranks' spawn did not finish within {self.timeout:g}s (a rank's interpreter did not "
-                f"start: look at sitecustomize, PYTHONPATH or a stalled filesystem); killed {len(killed)} rank "
+                f"{self.name}: the ranks' spawn did not finish within {self.timeout:g}s; killed {len(killed)} rank "
                 f"process(es) it had started",
-                [],
+                [
+                    RankFailure(r, f"not started: the ranks' spawn was given up after {self.timeout:g}s")
+                    for r in range(self.world_size)
+                ],
             )
         try:
             held.deliver()
@@ -498,17 +520,24 @@ class _Job:
         return RankFailure(rank, f"raised {record['error']}", _rank_log_tail(*logs, rank), list(record["traceback"]))
 
     def _timed_out(self, ctx: Any) -> LaunchError:
+        """Every rank, those that never started first (their interpreter's startup hung), then those still in the
+        function, then those that had returned from it."""
         stdouts, stderrs = dict(ctx.stdouts), dict(ctx.stderrs)
         finished = _finished_ranks(self.store, self.world_size)
+        started = _finished_ranks(self.store, self.world_size, _STARTED_KEY)
         ctx.close(death_sig=signal.SIGKILL, timeout=5)
         waiting = " (its function had returned; it was waiting for the others)"
+        never = (
+            " (it never started: its interpreter did not get as far as the launch; look at sitecustomize, "
+            "PYTHONPATH or a stalled filesystem)"
+        )
         failures = [
             RankFailure(
                 r,
-                f"timed out after {self.timeout:g}s" + (waiting if r in finished else ""),
+                f"timed out after {self.timeout:g}s" + (waiting if r in finished else "" if r in started else never),
                 _rank_log_tail(stdouts, stderrs, r),
             )
             for r in range(self.world_size)
         ]
-        failures.sort(key=lambda f: (f.rank in finished, f.rank))
+        failures.sort(key=lambda f: (f.rank in started, f.rank in finished, f.rank))
         return LaunchError(f"{self.name}: {self.world_size} ranks did not finish within {self.timeout:g}s", failures)
