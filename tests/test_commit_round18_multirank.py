@@ -52,10 +52,12 @@ def test_rank_0_whose_writer_died_after_publishing_is_told_the_save_is_done_on_e
     # Before: rank 0 raised WriterProcessDied ("the id holds its previous checkpoint, or this one") and ranks 1 and
     # 2 waited the save's whole timeout (10 s) for rank 0's answer to the commit step, then raised
     # CommitOutcomeUnknownError. Rank 0's trainer now sees its writer's checkpoint in place (`Commit.adopt`) and
-    # answers the commit step in its writer's place.
+    # answers the commit step in its writer's place. "At once" is not a number of seconds (one was: `s < 5`, which
+    # a load average of 15 broke): the save's timeout is longer than any load makes the step, and a rank that
+    # waited it out either raised or logged that not every rank answered (rank 0's answer came after it).
     for r in results:
         second = r["second"]
         assert second["error"] is None, second["error"]
-        assert second["s"] < 5, second
+        assert not [line for line in second["warned"] if "not every rank answered" in line], second
         assert second["loaded"] == [float(r["rank"] + 1)] * 4, r
         assert not [line for line in second["logged"] if "Checkpoint save of" in line], second["logged"]
