@@ -14,8 +14,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 
 from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
 from torch_checkpointing.types import RankInfo
@@ -76,3 +78,31 @@ def test_a_rank_arriving_after_another_gave_up_on_the_round_fails_it_too() -> No
     assert time.monotonic() - started < 10, "told at once, not after its own timeout"
     assert "rank(s) [1]" in str(late.value), late.value
     assert _together(host, other) == ["passed", "passed"]  # the ranks stay in step: the next round meets
+
+
+def _keys(config: TCPStoreBarrierConfig) -> int:
+    """How many keys the barrier's host store holds, read by a client of its own."""
+    client = dist.TCPStore(config.master_address, config.tcpstore_port, is_master=False, timeout=timedelta(seconds=30))
+    return int(client.num_keys())
+
+
+def test_the_host_store_holds_no_more_keys_after_many_rounds_than_after_a_few() -> None:
+    # Round 27. Before: every round left its arrivals and its outcome in rank 0's store for good, three keys a
+    # round with two ranks (a job's barrier per save grew it for the job's life): 3 -> 10 rounds went 21 -> 42.
+    # Rank 0 now removes a round's keys once every rank has arrived at the next one, so none of them still reads.
+    config = _config()
+    host, other = config.create_barrier(RankInfo(0, 2, 0, 2)), config.create_barrier(RankInfo(1, 2, 1, 2))
+    for _ in range(3):
+        assert _together(host, other) == ["passed", "passed"]
+    few = _keys(config)
+    for _ in range(7):
+        assert _together(host, other) == ["passed", "passed"]
+    assert _keys(config) == few
+    # A round one rank gave up on is removed too, and the ranks stay in step.
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\]"):
+        host.execute_barrier(1)
+    with pytest.raises(TimeoutError, match=r"rank 0 gave up"):
+        other.execute_barrier(30)
+    for _ in range(2):
+        assert _together(host, other) == ["passed", "passed"]
+    assert _keys(config) == few

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
@@ -9,11 +10,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, ConfigError
+from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, ConfigError, log_safely
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
 
 __all__ = ["Barrier", "BarrierConfig", "TCPStoreBarrier", "TCPStoreBarrierConfig"]
+
+logger = logging.getLogger(__name__)
 
 # A round's outcome in rank 0's store (`TCPStoreBarrier._outcome`): passed, or failed by the rank named after it.
 _PASSED = "passed"
@@ -56,6 +59,7 @@ class TCPStoreBarrier(Barrier):
         self.config = config
         self.rank_info = rank_info or RankInfo.single()
         self._seq = 0
+        self._kept_from = 1  # (role rank 0) the first round whose keys its store may still hold (`_forget_rounds`)
         self._host_store: Any = None  # a torch TCPStore, which torch.distributed does not export to type checkers
         if self.rank_info.role_rank == 0:
             self._host_store = _host(config)
@@ -105,10 +109,36 @@ class TCPStoreBarrier(Barrier):
                     raise
                 self._outcome(channel, number, f"{_FAILED}{self.rank_info.role_rank}/{exc}")
                 return  # every rank arrived after all, and one said so first
+            self._forget_rounds(channel, number)
             self._outcome(channel, number, _PASSED)
         except CommitError as exc:
             spent = self._channel is None or self._channel.spent  # the host failed, not a rank's arrival
             raise TimeoutError(self._host_failed(exc, timeout_secs, number) if spent else str(exc)) from exc
+
+    def _forget_rounds(self, channel: StoreChannel, number: int) -> None:
+        """(Role rank 0, its store's host, once every rank arrived at round `number`.) Remove the arrivals and
+        outcomes of the rounds before it from the store: a rank arrives at a round only after its call of the round
+        before returned, so no rank reads them any more. Rounds rank 0 itself gave up on go at the next round every
+        rank met. Before, every round's keys stayed for the store's life (a barrier per save grew it for the
+        job's). A removal that fails is said at WARNING; the round passed all the same."""
+        if self._host_store is None or number <= self._kept_from:
+            return
+        world = self.rank_info.role_world_size
+        names = [f"{n}/{r}" for n in range(self._kept_from, number) for r in range(world)]
+        names += [f"{n}/outcome" for n in range(self._kept_from, number)]
+        try:
+            channel.forget(names)
+        except CommitError as exc:
+            log_safely(
+                logger,
+                logging.WARNING,
+                "TCPStoreBarrier: removing the keys of barriers %d-%d from its store failed (%s); they stay there",
+                self._kept_from,
+                number - 1,
+                exc,
+            )
+            return
+        self._kept_from = number
 
     def _outcome(self, channel: StoreChannel, number: int, proposal: str) -> None:
         """The round's outcome, the first proposal made to rank 0's store; a failure raised as the rank that gave

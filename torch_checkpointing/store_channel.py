@@ -154,6 +154,10 @@ class StoreChannel:
     def publish(self, name: str, value: str) -> None:
         self._call(lambda: self._store.set(self._key(name), value))
 
+    def forget(self, names: list[str]) -> None:
+        """Remove the host's keys `names` (missing ones are no error): for a step that no rank reads any more."""
+        self._call(lambda: [self._store.delete_key(self._key(name)) for name in names])
+
     def count(self, name: str) -> int:
         """Add one to the host's counter `name` and return it: a number the host keeps, whoever asks next."""
         return self._call(lambda: int(self._store.add(self._key(name), 1)))
