@@ -334,7 +334,8 @@ def launch(
     """Run fn(*args) on `world_size` local processes with torch.distributed initialised as gloo on
     127.0.0.1 (free port picked at run time; MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK set),
     return the per-rank return values in rank order. `fn` must be a module-level importable function,
-    its return value picklable. Any crashed rank or the timeout kills every rank and raises LaunchError.
+    `args` and its return value picklable (`args` by plain pickle, through a file: tensors go by value).
+    Any crashed rank or the timeout kills every rank and raises LaunchError.
 
     ``progress`` receives each line ranks send with :func:`report_progress` while the run is going.
     """
