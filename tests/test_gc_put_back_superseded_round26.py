@@ -11,6 +11,8 @@ committed checkpoint, and the copy is collected as the garbage it is.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,60 +75,72 @@ def test_s3(s3_server: S3Server) -> None:
         _check(f"{config.url}/run", storage, manager)
 
 
-def test_retention_never_asks_to_put_an_older_copy_over_a_newer_save(tmp_path: Path) -> None:
-    """Retention's delete of `step_1` finds it re-saved as it moves it to the trash, and moves it back; a third
-    save of `step_1` commits before that move back. Before, the report said "could not be moved back: rename it
-    back by hand" (a person doing so puts the older copy over the newer save), and the trash kept the copy."""
+@dataclass(frozen=True)
+class TwoSaves:
+    """`run/step_1` (1.0) and `run/step_2` (2.0) committed by the open `manager`; `rename` is `storage.rename`
+    as it was, for a test's wrapper around it to call."""
+
+    run: str
+    manager: CheckpointManager
+    storage: Storage
+    rename: Callable[..., None]
+
+
+@pytest.fixture
+def two_saves(tmp_path: Path) -> Iterator[TwoSaves]:
+    """The two checkpoints retention starts from here (keep_last=1 chooses step_1), and the manager that re-saves."""
     run = str(tmp_path / "run")
     with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
         manager.save(f"{run}/step_1", state(1.0))
         manager.save(f"{run}/step_2", state(2.0))
         storage = storage_for(run)
-        rename, seen = storage.rename, []
-
-        def resaved_first(src: Path, dst: Path, *args: Any, **kwargs: Any) -> None:
-            if "step_1" in (Path(src).name, Path(dst).name):
-                seen.append(Path(dst).name)
-                manager.save(f"{run}/step_1", state(float(len(seen) + 6)))  # 7.0, then 8.0
-            rename(src, dst, *args, **kwargs)
-
-        storage.rename = resaved_first  # type: ignore[method-assign]
-        report = prune(run, RetentionPolicy(keep_last=1), storage)
-        assert seen[-1] == "step_1", seen  # the move back was tried
-        assert report.failed == [], report.failed
-        assert sorted(os.listdir(run)) == ["step_1", "step_2"]  # no copy left aside
-        assert float(manager.load(f"{run}/step_1")["model"]["w"][0]) == 8.0
+        yield TwoSaves(run, manager, storage, storage.rename)
 
 
-def test_retention_keeps_a_users_file_in_a_copy_a_new_save_superseded(tmp_path: Path) -> None:
+def test_retention_never_asks_to_put_an_older_copy_over_a_newer_save(two_saves: TwoSaves) -> None:
+    """Retention's delete of `step_1` finds it re-saved as it moves it to the trash, and moves it back; a third
+    save of `step_1` commits before that move back. Before, the report said "could not be moved back: rename it
+    back by hand" (a person doing so puts the older copy over the newer save), and the trash kept the copy."""
+    run, manager, storage, seen = two_saves.run, two_saves.manager, two_saves.storage, []
+
+    def resaved_first(src: Path, dst: Path, *args: Any, **kwargs: Any) -> None:
+        if "step_1" in (Path(src).name, Path(dst).name):
+            seen.append(Path(dst).name)
+            manager.save(f"{run}/step_1", state(float(len(seen) + 6)))  # 7.0, then 8.0
+        two_saves.rename(src, dst, *args, **kwargs)
+
+    storage.rename = resaved_first  # type: ignore[method-assign]
+    report = prune(run, RetentionPolicy(keep_last=1), storage)
+    assert seen[-1] == "step_1", seen  # the move back was tried
+    assert report.failed == [], report.failed
+    assert sorted(os.listdir(run)) == ["step_1", "step_2"]  # no copy left aside
+    assert float(manager.load(f"{run}/step_1")["model"]["w"][0]) == 8.0
+
+
+def test_retention_keeps_a_users_file_in_a_copy_a_new_save_superseded(two_saves: TwoSaves) -> None:
     """Round 26 review. An eval job writes `eval.json` into `step_1` as retention moves it to the trash; the
     retention sees it there and moves the checkpoint back, since deleting it would delete that file. A new save of
     `step_1` commits first, so the move back is refused. Before, the copy was "garbage" and went, `eval.json` with
     it, at INFO, in no report: a user's file deleted by the very step that had refused to delete it."""
-    run = str(tmp_path / "run")
-    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
-        manager.save(f"{run}/step_1", state(1.0))
-        manager.save(f"{run}/step_2", state(2.0))
-        storage = storage_for(run)
-        rename, seen = storage.rename, []
+    run, manager, storage, seen = two_saves.run, two_saves.manager, two_saves.storage, []
 
-        def late_file_then_resave(src: Path, dst: Path, *args: Any, **kwargs: Any) -> None:
-            seen.append(Path(dst).name)
-            if Path(src).name == "step_1":  # the eval job's file lands after retention's check, before its rename
-                Path(src, "eval.json").write_text('{"loss": 0.5}')
-            elif Path(dst).name == "step_1":  # the move back: a new save of the id commits first
-                manager.save(f"{run}/step_1", state(8.0))
-            rename(src, dst, *args, **kwargs)
+    def late_file_then_resave(src: Path, dst: Path, *args: Any, **kwargs: Any) -> None:
+        seen.append(Path(dst).name)
+        if Path(src).name == "step_1":  # the eval job's file lands after retention's check, before its rename
+            Path(src, "eval.json").write_text('{"loss": 0.5}')
+        elif Path(dst).name == "step_1":  # the move back: a new save of the id commits first
+            manager.save(f"{run}/step_1", state(8.0))
+        two_saves.rename(src, dst, *args, **kwargs)
 
-        storage.rename = late_file_then_resave  # type: ignore[method-assign]
-        report = prune(run, RetentionPolicy(keep_last=1), storage)
-        assert seen[-1] == "step_1", seen  # the move back was tried
-        kept = list(Path(run).rglob("eval.json"))
-        assert [p.read_text() for p in kept] == ['{"loss": 0.5}'], sorted(os.listdir(run))  # before: []
-        (failed,) = report.failed  # a person must move the file out: the report says where it is
-        assert "eval.json" in failed[1] and str(kept[0].parent.name) in failed[1], failed
-        assert "rename it back" not in failed[1], failed  # never: that puts the older copy over the new save
-        assert float(manager.load(f"{run}/step_1")["model"]["w"][0]) == 8.0
+    storage.rename = late_file_then_resave  # type: ignore[method-assign]
+    report = prune(run, RetentionPolicy(keep_last=1), storage)
+    assert seen[-1] == "step_1", seen  # the move back was tried
+    kept = list(Path(run).rglob("eval.json"))
+    assert [p.read_text() for p in kept] == ['{"loss": 0.5}'], sorted(os.listdir(run))  # before: []
+    (failed,) = report.failed  # a person must move the file out: the report says where it is
+    assert "eval.json" in failed[1] and str(kept[0].parent.name) in failed[1], failed
+    assert "rename it back" not in failed[1], failed  # never: that puts the older copy over the new save
+    assert float(manager.load(f"{run}/step_1")["model"]["w"][0]) == 8.0
 
 
 def test_gc_keeps_a_trash_copy_holding_a_users_file(tmp_path: Path) -> None:

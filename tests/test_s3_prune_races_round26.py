@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,28 @@ from tests.test_s3_attacks import state, sync_manager
 from torch_checkpointing import FsspecStorageConfig, RetentionPolicy, list_checkpoints
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.retention import collect_garbage, prune
+from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.storage.fsspec_storage import _live_claim
+
+
+@dataclass(frozen=True)
+class TwoSaves:
+    """`run/step_1` (1.0) and `run/step_2` (2.0) committed on the server; `prefix` is step_1's bucket key."""
+
+    config: FsspecStorageConfig
+    storage: Storage
+    prefix: str
+
+
+@pytest.fixture
+def two_saves(s3_server: S3Server) -> TwoSaves:
+    """The two checkpoints every retention race here starts from (keep_last=1 chooses step_1 to delete)."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    storage = config.create_storage()
+    return TwoSaves(config, storage, storage.remap_path(Path("run/step_1")).split("://", 1)[1])
 
 
 class _DeletingMidway(DeletingS3FileSystem):  # type: ignore[misc]
@@ -50,13 +72,10 @@ class _DeletingMidway(DeletingS3FileSystem):  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("other", [DeletingS3FileSystem, _DeletingMidway], ids=["deleted", "deleting"])
-def test_a_pass_never_puts_back_a_checkpoint_another_pass_deleted(s3_server: S3Server, other: type[Any]) -> None:
-    config = s3_server.config()
-    with sync_manager(config) as manager:
-        manager.save("run/step_1", state(1.0))
-        manager.save("run/step_2", state(2.0))
-    storage = config.create_storage()
-    prefix = storage.remap_path(Path("run/step_1")).split("://", 1)[1]
+def test_a_pass_never_puts_back_a_checkpoint_another_pass_deleted(
+    s3_server: S3Server, two_saves: TwoSaves, other: type[Any]
+) -> None:
+    config, storage, prefix = two_saves.config, two_saves.storage, two_saves.prefix
     # Right after this pass copied the manifest (copied last: the copy is whole), before it deletes the source.
     fs = other(**s3_server.storage_options(), prefix=prefix, trigger=f"{prefix}/{MANIFEST_FILE_NAME}", after="copy")
     racing = FsspecStorageConfig(**{**vars(config), "filesystem": fs}).create_storage()
@@ -138,17 +157,14 @@ class _ResavedMidway(DeletingS3FileSystem):  # type: ignore[misc]
             self.invalidate_cache()
 
 
-def test_a_resave_committed_between_a_deletes_copy_and_its_delete_stays(s3_server: S3Server) -> None:
+def test_a_resave_committed_between_a_deletes_copy_and_its_delete_stays(
+    s3_server: S3Server, two_saves: TwoSaves
+) -> None:
     """Round 26 review. A delete on S3 copies the checkpoint aside, then deletes the objects it listed before the
     copy. A save that re-used the id after another process deleted the checkpoint, committed between the two, has
     objects of the same names: the delete took its manifest and files, and the pass removed its copy of the old
     checkpoint as deleted. A trainer told its save committed found nothing at the id."""
-    config = s3_server.config()
-    with sync_manager(config) as manager:
-        manager.save("run/step_1", state(1.0))
-        manager.save("run/step_2", state(2.0))
-    storage = config.create_storage()
-    prefix = storage.remap_path(Path("run/step_1")).split("://", 1)[1]
+    config, storage, prefix = two_saves.config, two_saves.storage, two_saves.prefix
 
     def resave() -> None:
         with sync_manager(config) as trainer:
