@@ -338,6 +338,7 @@ def _layouts(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
         assert type(flat["w"]) is torch.Tensor and torch.equal(flat["w"], st.to_local()), "not the local shard"
 
     _check(obs, "layouts.st_dtensor", st_unwrapped)
+    _check(obs, "layouts.st_roundtrip", lambda: _st_dtensor_roundtrip(ckpt, mesh))
     _check(obs, "layouts.cross_rank_unique", lambda: _cross_rank_unique(root / "cross", rank))
 
     items = {k: v for k, v in _layout_items().items() if k != "st"}
@@ -370,6 +371,22 @@ def _layouts(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
         _check(obs, "layouts.dtensor", dtensor_roundtrip)
     finally:
         m.close()
+
+
+def _st_dtensor_roundtrip(ckpt: Where, mesh: DeviceMesh) -> None:
+    """ST-DTENSOR-2: the safetensors item saved from DTensor leaves, loaded on the same mesh into a DTensor
+    template (no resharder), fills that template with this rank's own shard. Its own manager, so that a backend
+    failing it fails this clause alone."""
+    tmpl = {"w": _zeros_dt((6, 4), mesh, [Shard(0)])}
+    w_obj = tmpl["w"]
+    m = _manager({"st": _layout_items()["st"]})
+    try:
+        out = m.load(str(ckpt), into={"st": tmpl})
+    finally:
+        m.close()
+    got = out["st"]["w"]
+    assert got is w_obj, f"DTensor template identity lost (got {type(got).__name__})"
+    _expect_local(w_obj, "layout.st", (6, 4))
 
 
 def _cross_rank_unique(ckpt: Where, rank: int) -> None:

@@ -78,6 +78,28 @@ def test_every_async_save_isolates_the_live_value(manager_factory: Factory, ckpt
         assert list(out["hist"]) == [step], f"save {step}: nested list holds {list(out['hist'])}"
 
 
+@clause("COPY-STAGE-3")
+def test_staging_copies_whatever_the_layout(manager_factory: Factory, ckpt_root: Where) -> None:
+    """ "staging deep-copies the value" is a property of `requires_copy`, not of the file the value goes to: a
+    safetensors item's tensor and a JSON item's nested containers, mutated in place right after `save()`
+    returns, leave the checkpoint as it was at `save()`."""
+    items = {
+        "st": spec(layout=layout("st.safetensors", "SafetensorsSerialization")),
+        "js": spec(layout=layout("js.json", "JsonSerialization")),
+    }
+    m = manager_factory(items, mode="async")
+    big = torch.zeros(BIG)
+    live = {"hist": [1, 2], "cfg": {"lr": 0.1}, "pad": list(range(200_000))}
+    result = m.save(str(ckpt_root / "c"), {"st": {"w": big}, "js": live})
+    big.add_(1.0)
+    live["hist"].append(3)
+    live["cfg"]["lr"] = 0.2
+    _wait(result)
+    out = m.load(str(ckpt_root / "c"), into={"st": {"w": torch.empty(BIG)}, "js": None})
+    assert torch.count_nonzero(out["st"]["w"]).item() == 0, "safetensors item: mutation after save() leaked in"
+    assert out["js"]["hist"] == [1, 2] and out["js"]["cfg"] == {"lr": 0.1}, "JSON item: mutation leaked in"
+
+
 @clause("COPY-DEEP-1")
 def test_async_copy_is_deep(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"model": spec()}, mode="async")

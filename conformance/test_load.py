@@ -33,6 +33,51 @@ def test_templates_filled_in_place(manager_factory: Factory, ckpt_root: Where) -
     assert out["step"] == 5
 
 
+Pairs = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _inplace_case(case: str) -> tuple[dict[str, Any], Any, Any, Pairs]:
+    """(items, saved value, `into=` template, [(template tensor, its saved value)]) for one LOAD-INPLACE-2 case."""
+    v = [torch.randn(3, 2, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    z = [torch.zeros(3, 2) for _ in range(3)]
+    if case in ("bare-torch", "bare-safetensors"):
+        fmt = "TorchSerialization" if case == "bare-torch" else "SafetensorsSerialization"
+        return {"m": spec(layout=layout("m_{rank}.bin", fmt))}, v[0], z[0], [(z[0], v[0])]
+    if case == "list-tuple":
+        pairs = [(z[0], v[0]), (z[1], v[1]), (z[2], v[2])]
+        return {"m": spec()}, {"l": [v[0], v[1]], "t": (v[2],)}, {"l": [z[0], z[1]], "t": (z[2],)}, pairs
+    if case == "non-contiguous":
+        t = torch.zeros(2, 3).t()  # a transposed view, as a tied or channels-last weight is
+        return {"m": spec()}, {"w": v[0]}, {"w": t}, [(t, v[0])]
+    resharder = backend.name("dtensor_resharder", "DTensorResharder")()
+    pairs = [(z[0], v[0]), (z[1], v[1])]
+    return {"m": spec(resharder=resharder)}, {"w": v[0], "b": v[1]}, {"w": z[0], "b": z[1]}, pairs
+
+
+def _tensors_of(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_of(v)]
+    return [t for v in value for t in _tensors_of(v)]
+
+
+@clause("LOAD-INPLACE-2")
+@pytest.mark.parametrize("case", ["bare-torch", "bare-safetensors", "list-tuple", "non-contiguous", "resharder"])
+def test_every_template_tensor_filled_in_place(manager_factory: Factory, ckpt_root: Where, case: str) -> None:
+    """ "Tensors in the into= templates are copied in place (identity preserved)" names no exception: a tensor
+    that is the whole item (torch and safetensors files), tensors inside lists and tuples, a non-contiguous
+    template, and an item that declares a resharder on an unchanged layout all come back as the template
+    objects, holding the saved values."""
+    items, saved, template, pairs = _inplace_case(case)
+    m = manager_factory(items)
+    save(m, ckpt_root / "c", {"m": saved})
+    got = _tensors_of(m.load(str(ckpt_root / "c"), into={"m": template})["m"])
+    for i, (obj, value) in enumerate(pairs):
+        assert any(g is obj for g in got), f"template tensor {i}: identity lost"
+        assert torch.equal(obj, value), f"template tensor {i} does not hold the saved values"
+
+
 @clause("LOAD-MODULE-1")
 def test_module_restored_without_load_state_dict(manager_factory: Factory, ckpt_root: Where) -> None:
     torch.manual_seed(0)

@@ -191,6 +191,11 @@ def test_safetensors_unwraps_dtensor(two: Results) -> None:
     expect(two, "layouts.save", "layouts.st_dtensor")
 
 
+@clause("ST-DTENSOR-2")
+def test_safetensors_dtensor_roundtrip(two: Results) -> None:
+    expect(two, "layouts.save", "layouts.st_roundtrip")
+
+
 # ----------------------------------------------------------------- resharding
 @clause("RESHARD-DT-1")
 def test_reshard_two_to_one(one: Results) -> None:
