@@ -40,7 +40,7 @@ from torch_checkpointing.errors import (
     TemplateMismatchError,
     add_note,
     log_safely,
-    raise_if_out_of_memory,
+    raise_if_short_of_resources,
     undecodable,
 )
 from torch_checkpointing.json_dataclass import RebuildGaps
@@ -580,7 +580,7 @@ class CheckpointLoader:
         except OUT_OF_MEMORY:
             raise  # a full device, not an undecodable file (`codecs.OUT_OF_MEMORY`)
         except _DECODE_ERRORS_OR_OS as exc:
-            raise_if_out_of_memory(exc, path, f"item '{item.key}'")
+            raise_if_short_of_resources(exc, path, f"item '{item.key}'")
             ctx.check(plan.rel, item.key).verified.result()
             raise undecodable(path, f"item '{item.key}'", exc) from exc
 

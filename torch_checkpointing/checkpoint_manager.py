@@ -61,7 +61,7 @@ from torch_checkpointing.errors import (
     ConfigError,
     ConfigTypeError,
     log_safely,
-    out_of_memory_named,
+    resource_shortage_named,
 )
 from torch_checkpointing.manifest import shown_name
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
@@ -364,7 +364,7 @@ class CheckpointManager:
         call = object()  # see `_enter_call`
         try:
             self._enter_call("load", call)
-            with out_of_memory_named(checkpoint_id, "the load"):
+            with resource_shortage_named(checkpoint_id, "the load"):
                 return self._load(checkpoint_id, into, map_location=map_location, strict=strict)
         finally:
             self._call_left(self._running.pop(call, None))
@@ -422,7 +422,7 @@ class CheckpointManager:
         else:
             into = dict.fromkeys(self.config.items) if into is None else into
             items = resolve(into, self.config.items, self.config.default, self._ctx.rank)
-        with out_of_memory_named(checkpoint_id, "the load's check"):  # in the agreed step: every rank is told
+        with resource_shortage_named(checkpoint_id, "the load's check"):  # in the agreed step: every rank is told
             return self._loader.check(
                 str(checkpoint_id), items, map_location=map_location, strict=strict, listed=listed
             )

@@ -44,7 +44,7 @@ from torch_checkpointing.errors import (
     CorruptCheckpointError,
     RefusedPickleError,
     TemplateMismatchError,
-    raise_if_out_of_memory,
+    raise_if_short_of_resources,
     undecodable,
     unknown_to_this_engine,
 )
@@ -191,7 +191,7 @@ def load_torch(
     except OUT_OF_MEMORY:
         raise  # a device with no room for a stored tensor says nothing about the file
     except RuntimeError as exc:
-        raise_if_out_of_memory(exc, path, what)
+        raise_if_short_of_resources(exc, path, what)
         placed = "" if options.map_location is None else f", or map_location={options.map_location!r} is not here"
         raise CorruptCheckpointError(f"File {path} for {what} is not a readable Torch file{placed}: {exc}") from exc
     except AssertionError as exc:  # torch's unpickler asserts on some records (a persistent id not a tuple)
@@ -252,7 +252,7 @@ class CallersMapLocation(EnginePlacement):
         except OUT_OF_MEMORY:
             raise  # a full device: the callable is right, and the caller's handler for it must see it
         except Exception as exc:
-            raise_if_out_of_memory(exc, self.path, self.what)  # the callable's copy found no room: not its bug
+            raise_if_short_of_resources(exc, self.path, self.what)  # the callable's copy found no room: not its bug
             raise self._refusal(location, f"raised {type(exc).__name__}: {exc}") from exc
         if placed is not None and not isinstance(placed, torch.UntypedStorage):
             raise self._refusal(location, f"returned a {type(placed).__name__}, not the storage (or None)")

@@ -129,7 +129,10 @@ class UndecodableFileError(CorruptCheckpointError, ValueError, TypeError):
 
 
 def undecodable(path: object, what: str, exc: BaseException) -> UndecodableFileError:
-    """The error for `exc`, met decoding file `path` for `what`; raise it `from exc`."""
+    """The error for `exc`, met decoding file `path` for `what`; raise it `from exc`. A process short of memory or
+    file descriptors is raised as that instead (`raise_if_short_of_resources`): never worded as the file's damage,
+    at whichever decoder met it."""
+    raise_if_short_of_resources(exc, path, what)
     return UndecodableFileError(
         f"File {path} for {what} cannot be decoded ({type(exc).__name__}: {exc}); the file is damaged or crafted. "
         f"Load an earlier checkpoint."
@@ -158,17 +161,50 @@ def raise_if_out_of_memory(exc: BaseException, path: object, what: str) -> None:
         ) from exc
 
 
+# How a process out of file descriptors reads: EMFILE (its own limit, `ulimit -n`), ENFILE (the system's), or
+# torch's RuntimeError for a refused open of the file it maps ("unable to open file <...>: Too many open files (24)").
+_NO_DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE)
+_NO_DESCRIPTOR_WORDS = ("too many open files",)
+
+
+class _OutOfDescriptors(OSError):
+    """An `OSError` that already names the file and says the checkpoint was not found damaged: raised as it is by
+    an enclosing step (`resource_shortage_named`), not worded a second time."""
+
+
+def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> None:
+    """Raise, from `exc`, what the process being short of a resource reading file `path` for `what` is, else
+    return: out of memory (`raise_if_out_of_memory`), or out of file descriptors, an `OSError` with its errno
+    that names the file and says the checkpoint was not found damaged. Before, a refused open was
+    `CorruptCheckpointError` ("Cannot open ...: [Errno 24]") and torch's refused map `UndecodableFileError` ("the
+    file is damaged or crafted"): a caller that deletes damaged checkpoints, or falls back to an earlier one,
+    acted on an intact checkpoint because its own process held too many files."""
+    raise_if_out_of_memory(exc, path, what)
+    if isinstance(exc, _OutOfDescriptors):
+        raise exc
+    code = exc.errno if isinstance(exc, OSError) else None
+    worded = isinstance(exc, RuntimeError) and any(words in str(exc).lower() for words in _NO_DESCRIPTOR_WORDS)
+    if code in _NO_DESCRIPTOR_ERRNOS or worded:
+        raise _OutOfDescriptors(
+            code or errno.EMFILE,
+            f"Out of file descriptors reading {path} for {what} ({type(exc).__name__}: {exc}); the checkpoint was "
+            f"not found damaged (do not delete it). Close files this process holds, or raise its limit (`ulimit -n`, "
+            f"RLIMIT_NOFILE), and load again.",
+        ) from exc
+
+
 @contextlib.contextmanager
-def out_of_memory_named(path: object, what: str) -> Iterator[None]:
-    """`raise_if_out_of_memory` around a whole step: a shortage met anywhere in it (a map of a file to verify, an
-    allocation for a template) is a `MemoryError` naming `path`, never a bare `OSError` [Errno 12] out of
-    `load()`, nor any other error a caller takes for damage."""
+def resource_shortage_named(path: object, what: str) -> Iterator[None]:
+    """`raise_if_short_of_resources` around a whole step: a shortage met anywhere in it (a map of a file to verify,
+    an allocation for a template, a descriptor for the checkpoint's directory) is a `MemoryError` or an `OSError`
+    naming `path`, never a bare `OSError` [Errno 12] or [Errno 24] out of `load()`, nor any other error a caller
+    takes for damage."""
     try:
         yield
     except CheckpointError:
         raise  # already said what it is (another rank's shortage in a collective step among them)
     except (OSError, RuntimeError) as exc:
-        raise_if_out_of_memory(exc, path, what)
+        raise_if_short_of_resources(exc, path, what)
         raise
 
 

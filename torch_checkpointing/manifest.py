@@ -28,6 +28,7 @@ from torch_checkpointing.errors import (
     IncompleteCheckpointError,
     NewerCheckpointError,
     UnsafeCheckpointError,
+    raise_if_short_of_resources,
     unreadable_file,
 )
 from torch_checkpointing.names import TMP_RE, TRASH_RE, step_from_name
@@ -474,7 +475,8 @@ def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest", 
 
 def read_local_regular(local: str, path: Path | str, what: str = "a manifest", limit: int | None = None) -> bytes:
     """The bytes of a local engine file (a manifest, a marker) that is a regular file of at most `limit` bytes
-    (`read_regular_file`), never blocking: a FIFO or a symlink is refused."""
+    (`read_regular_file`), never blocking: a FIFO or a symlink is refused. A process out of descriptors says so
+    (`raise_if_short_of_resources`), never "Cannot open" (damage)."""
     try:
         fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -482,6 +484,7 @@ def read_local_regular(local: str, path: Path | str, what: str = "a manifest", l
             raise UnsafeCheckpointError(f"{path} is a symbolic link; it cannot be {what}.") from None
         if isinstance(exc, PermissionError):
             raise unreadable_file(path, what, exc) from exc
+        raise_if_short_of_resources(exc, path, what)
         raise CorruptCheckpointError(f"Cannot open {path}: {exc}") from exc
     try:
         return read_regular_file(fd, path, what, limit)

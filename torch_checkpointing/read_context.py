@@ -49,6 +49,7 @@ from torch_checkpointing.errors import (
     IncompleteCheckpointError,
     ObjectStoreError,
     UnsafeCheckpointError,
+    raise_if_short_of_resources,
     unreadable_file,
 )
 from torch_checkpointing.futures import SettledFuture, WorkerPool, settle_all
@@ -489,6 +490,7 @@ class CheckpointReadContext:
                         ) from None
                     if isinstance(exc, PermissionError):
                         raise unreadable_file(self._at("/".join(parts[: i + 1])), what, exc) from exc
+                    raise_if_short_of_resources(exc, self._at(rel), what)
                     raise CorruptCheckpointError(f"Cannot open {self._at(rel)} ({what}): {exc}") from exc
                 if current != self._dirfd:
                     os.close(current)

@@ -41,7 +41,7 @@ from torch_checkpointing.errors import (
     CheckpointError,
     ConfigError,
     CorruptCheckpointError,
-    raise_if_out_of_memory,
+    raise_if_short_of_resources,
     undecodable,
 )
 from torch_checkpointing.memory_advice import MADV_RANDOM, MADV_WILLNEED, madvise
@@ -518,7 +518,7 @@ def open_source_file(storage: Storage, path: Path, fmt: SerializationFormat, sta
     except (CheckpointError, ConfigError):
         raise
     except DECODE_ERRORS as exc:
-        raise_if_out_of_memory(exc, path, "a resharding load")
+        raise_if_short_of_resources(exc, path, "a resharding load")
         raise undecodable(path, "a resharding load", exc) from exc
 
 
