@@ -227,7 +227,7 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
 
 def _vanished(exc: BaseException) -> bool:
     """Whether reading a file found a moment before failed because it is gone (on a store: one request found it,
-    the next did not; on a local disk: the open, whose refusal `read_local_regular` words as damage). That is
+    the next did not; on a local disk: the open, `FileNotFoundError` from `read_local_regular`). That is
     a replace or a deletion in another process, not damage: listings called the checkpoint damaged (and went
     back a step, to an older one), and `verify` said FAILED, of an id a running job had just saved again."""
     return isinstance(exc, FileNotFoundError) or isinstance(exc.__cause__, FileNotFoundError)
@@ -475,8 +475,11 @@ def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest", 
 
 def read_local_regular(local: str, path: Path | str, what: str = "a manifest", limit: int | None = None) -> bytes:
     """The bytes of a local engine file (a manifest, a marker) that is a regular file of at most `limit` bytes
-    (`read_regular_file`), never blocking: a FIFO or a symlink is refused. A process out of descriptors says so
-    (`raise_if_short_of_resources`), never "Cannot open" (damage)."""
+    (`read_regular_file`), never blocking: a FIFO or a symlink is refused.
+
+    A file not there is a `FileNotFoundError` naming it, as every store's read of one is (a deletion or a replace
+    in another process took it since it was found), and a process out of descriptors says so: both were a
+    `CorruptCheckpointError` ("Cannot open"), damage, which callers had to undo by looking at its cause."""
     try:
         fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -484,6 +487,10 @@ def read_local_regular(local: str, path: Path | str, what: str = "a manifest", l
             raise UnsafeCheckpointError(f"{path} is a symbolic link; it cannot be {what}.") from None
         if isinstance(exc, PermissionError):
             raise unreadable_file(path, what, exc) from exc
+        if isinstance(exc, FileNotFoundError):
+            raise FileNotFoundError(
+                exc.errno, f"{path} ({what}) is not there: removed or replaced since it was found", str(path)
+            ) from exc
         raise_if_short_of_resources(exc, path, what)
         raise CorruptCheckpointError(f"Cannot open {path}: {exc}") from exc
     try:

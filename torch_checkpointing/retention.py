@@ -399,12 +399,10 @@ def _claimed_by_a_save(storage: Storage, path: Path) -> str:
     claim of the failed delete itself is once it is over)."""
     try:
         marker = read_marker(storage, path / INCOMPLETE_MARKER)
-    except FileNotFoundError:
+    except FileNotFoundError:  # none is no claim, on a local disk too (`read_local_regular`)
         return ""
-    except (OSError, CheckpointError) as exc:
-        # A local read says a missing file is one it cannot open: none is no claim (before, a move back that a
-        # new save's commit refused was "held by a marker that cannot be read" and neither kept nor collected).
-        return "" if isinstance(exc.__cause__, FileNotFoundError) else "a marker that cannot be read"
+    except (OSError, CheckpointError):
+        return "a marker that cannot be read"
     claim = Claim.parse(marker)
     return "" if claim is None or _dead_reason(marker) is not None else claim.describe()
 
