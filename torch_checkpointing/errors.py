@@ -150,26 +150,28 @@ def raise_if_out_of_memory(exc: BaseException, path: object, what: str) -> None:
     Cannot allocate memory (12)" was an `UndecodableFileError` ("the file is damaged or crafted"), and a caller
     that deletes damaged checkpoints, or falls back to an earlier one, acted on an intact checkpoint. A
     `MemoryError` is what Python says for it, and what a caller that retries with less catches."""
-    if isinstance(exc, MemoryError):
-        raise exc
+    if isinstance(exc, MemoryError) and _NOT_DAMAGED in str(exc):
+        raise exc  # named already, by the step nearest the shortage
     enomem = isinstance(exc, OSError) and exc.errno == errno.ENOMEM
     refused = isinstance(exc, RuntimeError) and any(words in str(exc).lower() for words in _ALLOCATION_REFUSED)
-    if enomem or refused:
+    if enomem or refused or isinstance(exc, MemoryError):
+        said = f" ({type(exc).__name__}: {exc})" if str(exc) else ""
         raise MemoryError(
-            f"Out of memory reading {path} for {what} ({type(exc).__name__}: {exc}); the checkpoint was not found "
-            f"damaged (do not delete it). Free memory, or load it on a machine with more, and load again."
+            f"Out of memory reading {path} for {what}{said}; {_NOT_DAMAGED} (do not delete it). Free memory, or "
+            f"load it on a machine with more, and load again."
         ) from exc
+
+
+# What every shortage this module names says; one without it is named where it is met. A MemoryError Python
+# raised itself (the bytes of a raw item, the text of a JSON item) or a decoder raised in its own words
+# (safetensors' "Cannot allocate memory (os error 12)") left `load()` as `MemoryError()`, naming nothing.
+_NOT_DAMAGED = "the checkpoint was not found damaged"
 
 
 # How a process out of file descriptors reads: EMFILE (its own limit, `ulimit -n`), ENFILE (the system's), or
 # torch's RuntimeError for a refused open of the file it maps ("unable to open file <...>: Too many open files (24)").
 _NO_DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE)
 _NO_DESCRIPTOR_WORDS = ("too many open files",)
-
-
-class _OutOfDescriptors(OSError):
-    """An `OSError` that already names the file and says the checkpoint was not found damaged: raised as it is by
-    an enclosing step (`resource_shortage_named`), not worded a second time."""
 
 
 def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> None:
@@ -180,16 +182,16 @@ def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> 
     file is damaged or crafted"): a caller that deletes damaged checkpoints, or falls back to an earlier one,
     acted on an intact checkpoint because its own process held too many files."""
     raise_if_out_of_memory(exc, path, what)
-    if isinstance(exc, _OutOfDescriptors):
-        raise exc
+    if isinstance(exc, OSError) and _NOT_DAMAGED in str(exc):
+        raise exc  # named already, by the step nearest the shortage
     code = exc.errno if isinstance(exc, OSError) else None
     worded = isinstance(exc, RuntimeError) and any(words in str(exc).lower() for words in _NO_DESCRIPTOR_WORDS)
     if code in _NO_DESCRIPTOR_ERRNOS or worded:
-        raise _OutOfDescriptors(
+        raise OSError(
             code or errno.EMFILE,
-            f"Out of file descriptors reading {path} for {what} ({type(exc).__name__}: {exc}); the checkpoint was "
-            f"not found damaged (do not delete it). Close files this process holds, or raise its limit (`ulimit -n`, "
-            f"RLIMIT_NOFILE), and load again.",
+            f"Out of file descriptors reading {path} for {what} ({type(exc).__name__}: {exc}); {_NOT_DAMAGED} (do "
+            f"not delete it). Close files this process holds, or raise its limit (`ulimit -n`, RLIMIT_NOFILE), and "
+            f"load again.",
         ) from exc
 
 
@@ -203,7 +205,7 @@ def resource_shortage_named(path: object, what: str) -> Iterator[None]:
         yield
     except CheckpointError:
         raise  # already said what it is (another rank's shortage in a collective step among them)
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, MemoryError) as exc:
         raise_if_short_of_resources(exc, path, what)
         raise
 
