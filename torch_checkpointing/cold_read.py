@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 from torch_checkpointing.checksum import crc32, crc32_combine
 from torch_checkpointing.futures import settle_all
 
-__all__ = ["READ_BYTES", "crc32_by_reads", "is_cached", "memory_file", "private_copy", "seal"]
+__all__ = ["READ_BYTES", "crc32_by_reads", "is_cached", "memory_file", "memory_to_spare", "private_copy", "seal"]
 
 READ_BYTES = 8 * 1024 * 1024  # one pread: large enough for the disk, small enough to stay in the CPU's cache
 _PROBES = 8  # pages sampled across the file
@@ -109,6 +109,25 @@ def private_copy(fd: int, size: int, on_short: Callable[[int], Exception]) -> in
         os.close(copy)
         raise
     return copy
+
+
+def memory_to_spare() -> int | None:
+    """Bytes an in-memory file can still take: the memory the kernel says is available without swapping
+    (MemAvailable) plus free swap, or None where /proc/meminfo does not say. A memory cgroup's own limit is not
+    looked at: a load in a container is bounded by the machine's memory here, and its cgroup's OOM killer past
+    that."""
+    fields: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in ("MemAvailable", "SwapFree"):
+                    fields[name] = int(rest.split()[0]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    if "MemAvailable" not in fields:
+        return None
+    return fields["MemAvailable"] + fields.get("SwapFree", 0)
 
 
 def memory_file(size: int) -> int | None:

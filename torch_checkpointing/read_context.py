@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32, crc32_parallel
-from torch_checkpointing.cold_read import crc32_by_reads, is_cached, memory_file, private_copy, seal
+from torch_checkpointing.cold_read import crc32_by_reads, is_cached, memory_file, memory_to_spare, private_copy, seal
 from torch_checkpointing.errors import (
     CheckpointError,
     CheckpointReplacedError,
@@ -459,9 +459,26 @@ class CheckpointReadContext:
         if checked.cold and checked._start_whole is not None:
             return  # copied by its check's reads, in one pass over the disk (`_file_crc32`)
         what = checked.what
+        self._refuse_beyond_memory(checked)
         with self._vanishing(checked.rel, what):
             copy = private_copy(fd, checked.size, lambda at: self._shrank(checked, at, what))
         self._use_copy(checked, copy)
+
+    def _refuse_beyond_memory(self, checked: CheckedFile) -> None:
+        """Raise a `MemoryError` naming the file when its copy in memory (`_copy_private`) cannot fit in the memory
+        there is (`memory_to_spare`). That copy is memory RLIMIT_AS does not count: a checkpoint without a manifest
+        holding a sparse 1 TiB file (no disk used, no record to vouch for its size) was copied until the machine
+        ran out, where the load can say at once that it does not fit."""
+        if checked.size < _COLD_READ_MIN_BYTES:
+            return
+        spare = memory_to_spare()
+        if spare is not None and checked.size > spare:
+            raise MemoryError(
+                f"Out of memory reading {self._at(checked.rel)} ({checked.what}): the load copies it into memory "
+                f"before reading it, and its {checked.size} bytes are more than the {spare} this machine has "
+                f"available (memory and swap); the checkpoint was not found damaged (do not delete it). Load it on "
+                f"a machine with more memory, or free some and load again."
+            )
 
     def _use_copy(self, checked: CheckedFile, copy: int | None) -> None:
         if copy is not None:
@@ -575,6 +592,8 @@ class CheckpointReadContext:
         else through a mapping (or the fetched bytes of an object store's file)."""
         fd = checked.fd
         if fd is not None and checked.cold:
+            if checked._copy_private is not None:
+                self._refuse_beyond_memory(checked)
             copy = memory_file(checked.size) if checked._copy_private is not None else None  # `start_whole`
             try:
                 short = lambda at: self._shrank(checked, at, what)  # noqa: E731
