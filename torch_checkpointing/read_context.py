@@ -255,6 +255,8 @@ class CheckpointReadContext:
             raise incomplete(self.root, self.storage)
         where = str(self.root / MANIFEST_FILE_NAME)
         self._by_path = {checked_relative_path(r.path, where): r for r in self.manifest.files}
+        if self._dirfd is not None:
+            room_for_descriptors(_DESCRIPTORS_PER_FILE * (len(self._by_path) + 1), self.shown)
         m = self.manifest
         if m.metadata_file is not None:
             name = checked_relative_path(m.metadata_file, f"{where}: field 'metadata_file'")
@@ -942,6 +944,48 @@ class CheckpointReadContext:
                 f"Path {p} lies outside the checkpoint {self.shown} being loaded; a load reads only its own files."
             ) from None
         return checked_relative_path(rel.as_posix(), f"path {p}")
+
+
+_DESCRIPTORS_PER_FILE = 2  # a local file's own, held to the end, and its copy in memory (`_copy_private`)
+_DESCRIPTORS_SPARE = 64  # what the rest of the load (a writer's pipe, torch's own opens) and the caller may use
+
+
+def room_for_descriptors(needed: int, shown: str) -> None:
+    """Raise this process's soft limit of open files (RLIMIT_NOFILE), never past the hard one, so that `needed`
+    more can be open at once beside those open now; logged at INFO when raised.
+
+    A load holds every local file it reads open until it ends, and a save opens one at a time: a checkpoint of
+    1100 items, saved under the common soft limit of 1024, could not be loaded by the process that saved it
+    ("[Errno 24] Too many open files") where the hard limit allowed far more. Where the hard limit is too low
+    too, the opens past it fail naming the file and the fix (`errors.raise_if_short_of_resources`)."""
+    try:
+        import resource
+    except ImportError:  # no POSIX limits (Windows)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed + _DESCRIPTORS_SPARE <= soft // 2:
+        return  # plenty: the open descriptors are not counted
+    try:
+        held = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        held = soft // 2
+    wanted = held + needed + _DESCRIPTORS_SPARE
+    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if raised <= soft:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    except (OSError, ValueError) as exc:
+        logger.debug("Could not raise the soft limit of open files to %d for %s: %s", raised, shown, exc)
+        return
+    logger.info(
+        "Raised this process's soft limit of open files (RLIMIT_NOFILE) from %d to %d (hard limit %s): loading %s "
+        "holds each of its files open until the load ends.",
+        soft,
+        raised,
+        "unlimited" if hard == resource.RLIM_INFINITY else hard,
+        shown,
+    )
 
 
 def parse_json_bounded(data: bytes, where: str, max_depth: int = 64) -> Any:
