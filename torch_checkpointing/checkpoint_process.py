@@ -495,16 +495,21 @@ def _unpicklable(request: WriteRequest) -> Exception | None:
         try:
             ForkingPickler.dumps(entry.value)
         except Exception as exc:
-            return unpicklable(
-                entry.key,
-                entry.value,
-                exc,
-                doing="pickled for the async writer process",
-                op=ForkingPickler.dumps,
-                fix="Async saves need every value to pickle (requires_copy=True values are deep-copied, so e.g. a "
-                "lambda stays a lambda); make it picklable, or use CheckpointManager.Config.with_sync_save().",
-            )
+            return not_for_the_writer(entry.key, entry.value, exc)
     return None
+
+
+def not_for_the_writer(key: str, value: Any, exc: BaseException) -> pickle.PicklingError:
+    """The refusal of item `key`, whose staged `value` does not pickle for the writer process (raising `exc`)."""
+    return unpicklable(
+        key,
+        value,
+        exc,
+        doing="pickled for the async writer process",
+        op=ForkingPickler.dumps,
+        fix="Async saves need every value to pickle (requires_copy=True values are deep-copied, so e.g. a "
+        "lambda stays a lambda); make it picklable, or use CheckpointManager.Config.with_sync_save().",
+    )
 
 
 # Every writer process object this process made, started or starting: a child made by os.fork() forgets them.

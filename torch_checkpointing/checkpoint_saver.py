@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing.checkpoint_process import CheckpointProcess, EncodedWrite, encode_write
+from torch_checkpointing.checkpoint_process import CheckpointProcess, EncodedWrite, encode_write, not_for_the_writer
 from torch_checkpointing.checkpoint_writer import (
     CheckpointWriterConfig,
     SavePlan,
@@ -45,7 +45,13 @@ from torch_checkpointing.errors import (
 )
 from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
-from torch_checkpointing.pickling import OutOfBand, dumps_out_of_band, raised_by_a_leaf, unpicklable
+from torch_checkpointing.pickling import (
+    OutOfBand,
+    dumps_out_of_band,
+    fails_at_a_non_tensor,
+    raised_by_a_leaf,
+    unpicklable,
+)
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
@@ -844,10 +850,14 @@ def log_failed(plan: SavePlan, exc: BaseException) -> None:
 
 def _slab_refs(key: str, staged: Any, slab: Any) -> Any:
     """`to_slab_refs`, naming the item when a tensor the slab cannot hold does not pickle (an mkldnn tensor: a
-    bare NotImplementedError on the Future before, where a sync save names the item)."""
+    bare NotImplementedError on the Future before, where a sync save names the item), or a staged copy of a
+    value taken whole does not (its copy holds a lock): that one is refused as the writer's pickle refuses it,
+    not as a tensor."""
     try:
         return to_slab_refs(staged, slab)
     except (pickle.PicklingError, TypeError, AttributeError, KeyError, NotImplementedError, RuntimeError) as exc:
+        if fails_at_a_non_tensor(staged, pickle.dumps):
+            raise not_for_the_writer(key, staged, exc) from exc
         raise unpicklable(
             key,
             staged,

@@ -32,11 +32,19 @@ __all__ = [
     "OutOfBand",
     "callback_unpicklable",
     "dumps_out_of_band",
+    "fails_at_a_non_tensor",
     "found_in",
     "plain_pickle_keeps",
     "raised_by_a_leaf",
     "unpicklable",
 ]
+
+
+def fails_at_a_non_tensor(value: Any, op: Callable[[Any], object]) -> bool:
+    """Whether the first leaf of `value` that fails `op` is not a tensor: a caller whose error speaks of a
+    tensor (one `op` cannot take whole) words it for the object to blame instead."""
+    found = _first_failing_leaf(value, op)
+    return found is not None and not isinstance(found[1], torch.Tensor)
 
 
 def unpicklable(
