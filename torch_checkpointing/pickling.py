@@ -36,6 +36,7 @@ __all__ = [
     "found_in",
     "plain_pickle_keeps",
     "raised_by_a_leaf",
+    "tensors_found_in",
     "unpicklable",
 ]
 
@@ -124,6 +125,25 @@ class _Finder(pickle.Pickler):
         return 0 if isinstance(obj, torch.Tensor) or _numeric_array(obj) else None
 
 
+class _TensorFinder(pickle.Pickler):
+    """`_Finder` for tensors alone, through `reducer_override`: the C pickler walks the exact built-in types
+    (dict, list, tuple, str, int, float...) without calling it, where `persistent_id` ran in Python for every
+    object. On a value holding many small records that look cost more than the staging's deep copy of it."""
+
+    def __init__(self) -> None:
+        super().__init__(_NullSink(), protocol=pickle.HIGHEST_PROTOCOL)
+        self.found: list[torch.Tensor] = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            self.found.append(obj)
+            return _NOT_WRITTEN
+        return _NOT_WRITTEN if _numeric_array(obj) else NotImplemented
+
+
+_NOT_WRITTEN = (int, ())  # what a tensor or numeric array is pickled as by the finders: neither data is copied
+
+
 def _numeric_array(obj: Any) -> bool:
     return isinstance(obj, np.ndarray) and not obj.dtype.hasobject
 
@@ -131,6 +151,16 @@ def _numeric_array(obj: Any) -> bool:
 class _NullSink:
     def write(self, data: Any) -> int:
         return len(data)
+
+
+def tensors_found_in(value: Any) -> list[torch.Tensor] | None:
+    """The tensors `value` holds, as a pickle of it would meet them (each once); None where the pickling fails."""
+    finder = _TensorFinder()
+    try:
+        finder.dump(value)
+    except Exception:
+        return None
+    return finder.found
 
 
 def found_in(value: Any, pred: Callable[[Any], bool]) -> list[Any] | None:

@@ -30,7 +30,7 @@ import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
-from torch_checkpointing.pickling import SUB_BYTE_DTYPES, found_in, raised_by_a_leaf, unpicklable
+from torch_checkpointing.pickling import SUB_BYTE_DTYPES, found_in, raised_by_a_leaf, tensors_found_in, unpicklable
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.traversal import (
     NestingError,
@@ -710,12 +710,8 @@ class WholeTensors:
     def tensors_in(self, value: Any) -> list[Any]:
         held = self._found.get(id(value))
         if held is None or held[0] is not value:
-            held = self._found[id(value)] = (value, found_in(value, _is_tensor) or [])
+            held = self._found[id(value)] = (value, tensors_found_in(value) or [])
         return held[1]
-
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, torch.Tensor)
 
 
 def _storages_in_whole_values(
