@@ -1,10 +1,11 @@
-"""A value taken whole whose staging copy does not pickle is refused in the same words whatever else the save
-holds, and the words name the cause: the copy of a value, not a tensor.
+"""A value taken whole whose staging copy does not pickle is refused in words that name the cause: the copy of a
+value, not a tensor.
 
-Before, with any tensor in the staging slab, the failure surfaced while the staged tree was turned into slab
+Before, an async save of such a value (requires_copy=True) failed while the staged tree was turned into slab
 references, and the error said "(a tensor the staging slab cannot hold travels by value)" and "Make it picklable
-(an mkldnn tensor: .to_dense())", for an object holding a lock; the same object in a save with no slab tensor
-was refused with the right reason (a deep copy keeps what does not pickle) and the right fix.
+(an mkldnn tensor: .to_dense())", for an object holding a lock, whether or not the save held any tensor. The
+writer's own refusal of a value that does not pickle says why (requires_copy=True values are deep-copied) and
+gives a way out (with_sync_save()).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ class Handle:
         return LockedCopy()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def manager() -> Iterator[CheckpointManager]:
+    """One per test: a manager's staging slab outlives the save that made it."""
     config = CheckpointManager.Config.with_async_save()
     config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
     with CheckpointManager(config) as m:
@@ -56,7 +58,7 @@ def _refusal(manager: CheckpointManager, path: Path, payload: dict[str, Any]) ->
     return str(info.value)
 
 
-@pytest.mark.parametrize("with_slab", [True, False], ids=["tensors-in-slab", "no-slab"])
+@pytest.mark.parametrize("with_slab", [True, False], ids=["beside-tensors", "alone"])
 def test_a_copy_that_does_not_pickle_is_named_as_a_copy_not_a_tensor(
     manager: CheckpointManager, tmp_path: Path, with_slab: bool
 ) -> None:
