@@ -49,14 +49,18 @@ class LookCalls:
             self.count += 1
 
 
-@pytest.fixture
-def manager() -> Iterator[CheckpointManager]:
+def _manager() -> CheckpointManager:
     """Staging on the calling thread (the copy is done when save() returns), so the profile sees it."""
     config = CheckpointManager.Config(
         save=AsyncCheckpointSaverConfig(staging_config=CheckpointStagerConfig(use_async_staging=False)),
         storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
     )
-    with CheckpointManager(config) as m:
+    return CheckpointManager(config)
+
+
+@pytest.fixture
+def manager() -> Iterator[CheckpointManager]:
+    with _manager() as m:
         yield m
 
 
@@ -86,3 +90,24 @@ def test_the_look_makes_no_call_per_plain_object_of_a_value_taken_whole(
         loaded = manager.load(str(tmp_path / "large"), into={"extra": None})["extra"]["records"]
     assert len(loaded.rows) == ROWS and loaded.rows[-1] == {"i": ROWS - 1, "s": str(ROWS - 1), "f": ROWS - 1.0}
     assert torch.equal(loaded.weights, torch.ones(4))
+
+
+@pytest.mark.filterwarnings("ignore:Item 'extra..records' holds")
+def test_the_hand_over_makes_no_call_per_plain_object_of_a_value_taken_whole(tmp_path: Path) -> None:
+    """After save() returns, the comm thread turns the staged tree into what travels to the writer, and looked
+    through each staged value taken whole again (for slab tensors, and the tree's containers) the same way:
+    one call into Python per object, holding the GIL the training loop wants, before the writer got the save."""
+    calls = LookCalls()
+    threading.setprofile(calls)  # the manager's threads, started from here on, count too
+    try:
+        with _manager() as manager:
+            counts = []
+            for rows in (10, 10, ROWS):  # the first: the first save's once-per-type checks
+                before = calls.count
+                future = manager.save(str(tmp_path / f"ck{len(counts)}"), {"extra": {"records": Records(rows)}})
+                assert future is not None
+                future.result(timeout=120)
+                counts.append(calls.count - before)
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert counts[2] - counts[1] < ROWS // 10, counts

@@ -34,6 +34,7 @@ __all__ = [
     "dumps_out_of_band",
     "fails_at_a_non_tensor",
     "found_in",
+    "found_with_ids",
     "plain_pickle_keeps",
     "raised_by_a_leaf",
     "tensors_found_in",
@@ -126,19 +127,20 @@ class _Finder(pickle.Pickler):
 
 
 class _TensorFinder(pickle.Pickler):
-    """`_Finder` for tensors alone, through `reducer_override`: the C pickler walks the exact built-in types
-    (dict, list, tuple, str, int, float...) without calling it, where `persistent_id` ran in Python for every
-    object. On a value holding many small records that look cost more than the staging's deep copy of it."""
+    """`_Finder` for objects of types other than the exact built-in ones (tensors, a user's objects), through
+    `reducer_override`: the C pickler walks the exact built-in types (dict, list, tuple, str, int, float...)
+    without calling it, where `persistent_id` ran in Python for every object. On a value holding many small
+    records that look cost more than the staging's deep copy of it."""
 
-    def __init__(self) -> None:
+    def __init__(self, pred: Callable[[Any], bool] = lambda obj: isinstance(obj, torch.Tensor)) -> None:
         super().__init__(_NullSink(), protocol=pickle.HIGHEST_PROTOCOL)
-        self.found: list[torch.Tensor] = []
+        self._pred = pred
+        self.found: list[Any] = []
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
+        if self._pred(obj):
             self.found.append(obj)
-            return _NOT_WRITTEN
-        return _NOT_WRITTEN if _numeric_array(obj) else NotImplemented
+        return _NOT_WRITTEN if isinstance(obj, torch.Tensor) or _numeric_array(obj) else NotImplemented
 
 
 _NOT_WRITTEN = (int, ())  # what a tensor or numeric array is pickled as by the finders: neither data is copied
@@ -161,6 +163,18 @@ def tensors_found_in(value: Any) -> list[torch.Tensor] | None:
     except Exception:
         return None
     return finder.found
+
+
+def found_with_ids(value: Any, pred: Callable[[Any], bool]) -> tuple[list[Any], set[int]] | None:
+    """What `pred` accepts among the objects of `value` that are not of an exact built-in type (each once), and
+    the ids of every object a pickle of `value` meets but ints, floats, bools, None and the empty tuple (its
+    containers included, for the caller to match by id); None where the pickling fails."""
+    finder = _TensorFinder(pred)
+    try:
+        finder.dump(value)
+    except Exception:
+        return None
+    return finder.found, set(finder.memo.copy())
 
 
 def found_in(value: Any, pred: Callable[[Any], bool]) -> list[Any] | None:

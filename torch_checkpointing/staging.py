@@ -30,7 +30,14 @@ import torch
 
 from torch_checkpointing.config import CheckpointStagerConfig
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
-from torch_checkpointing.pickling import SUB_BYTE_DTYPES, found_in, raised_by_a_leaf, tensors_found_in, unpicklable
+from torch_checkpointing.pickling import (
+    SUB_BYTE_DTYPES,
+    found_in,
+    found_with_ids,
+    raised_by_a_leaf,
+    tensors_found_in,
+    unpicklable,
+)
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.traversal import (
     NestingError,
@@ -40,7 +47,6 @@ from torch_checkpointing.traversal import (
     distinct_leaves,
     dotted_key,
     freed_storage_said,
-    is_container,
     is_dense_data,
     iter_leaves,
     local_tensor,
@@ -152,14 +158,25 @@ def _copy_sharing(
     the time to copy it on every save, for nothing (the sync save writes the caller's tensor, as torch.save does;
     a staged item's is the staging's copy already). One that does not pickle is copied whole, the careful way.
     With `convert`, what it wants (and `pred` accepts) is replaced in the copy by what it makes."""
-    found = found_in(value, lambda x: isinstance(x, torch.Tensor) or pred(x) or (tree and is_container(x)))
+    found, ids = _look(value, pred, tree)
     if found is not None:
-        if not any(pred(x) or (tree and is_container(x) and memo.in_tree(x)) for x in found):
+        if not any(pred(x) for x in found) and not memo.holds_a_container_of_the_tree(ids):
             return value
         if convert is not None:
             convert.into(memo, found)
         memo.keep(x for x in found if isinstance(x, torch.Tensor))
     return copy.deepcopy(value, memo)
+
+
+def _look(value: Any, pred: Callable[[Any], bool], tree: bool) -> tuple[list[Any] | None, set[int]]:
+    """The tensors and the objects `pred` accepts that `value` holds (None where it does not pickle) and, with
+    `tree`, the ids of every container it holds: the tree's are found among them by id, so the look calls no
+    Python per dict, list or str (`pred` accepts none of the exact built-in types: a tensor, a SlabRef...)."""
+    wanted: Callable[[Any], bool] = lambda x: isinstance(x, torch.Tensor) or pred(x)  # noqa: E731
+    if not tree:
+        return found_in(value, wanted), set()
+    look = found_with_ids(value, wanted)
+    return (None, set()) if look is None else look
 
 
 def _deep_copy_loses(x: Any) -> bool:

@@ -402,6 +402,13 @@ class TreeMemo(dict[int, Any]):
             if id(obj) not in nodes and not dict.__contains__(self, id(obj)):
                 self.remember(obj, obj)
 
+    def holds_a_container_of_the_tree(self, ids: set[int]) -> bool:
+        """Whether one of the objects whose ids are `ids` (all alive) is a container of the tree."""
+        if not ids:
+            return False
+        nodes = self._tree_nodes()
+        return any(is_container(nodes[i]) for i in ids.intersection(nodes))
+
     def in_tree(self, obj: Any) -> bool:
         """Whether `obj` is a node of the tree (a container of it, or a leaf of a mapped type)."""
         return id(obj) in self._tree_nodes()
