@@ -148,6 +148,8 @@ class CheckpointManager:
         self._call_ended = Wakeups()
         self._running: dict[object, int] = {}
         config = config if config is not None else CheckpointManager.Config()
+        if not isinstance(config, CheckpointManager.Config):
+            raise ConfigTypeError(_not_a_config(config))
         self._validate(config)
         self.config = config
         self._fixed = _fixed_fields(config)  # what a later change is refused against (`_recheck_config`)
@@ -817,6 +819,29 @@ def _changed_fields(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
         if not (before.get(path) is now.get(path) or before.get(path) == now.get(path))
         or (path in before) != (path in now)
     ]
+
+
+def _not_a_config(value: object) -> str:
+    """The refusal of a `config` argument that is no `CheckpointManager.Config`, with the fix for the likely
+    mix-up: it failed later, naming an attribute (`'str' object has no attribute 'items'`) or a field the
+    caller never set."""
+    name = getattr(value, "__name__", "")
+    if value is CheckpointManager.Config:
+        fix = "pass an instance: CheckpointManager.Config()"
+    elif callable(value) and name in ("with_sync_save", "with_async_save"):
+        fix = f"call the preset: CheckpointManager.Config.{name}()"
+    elif isinstance(value, Mapping):
+        fix = "build the config from those fields: CheckpointManager.Config(**fields)"
+    elif isinstance(value, (SyncCheckpointSaverConfig, AsyncCheckpointSaverConfig)):
+        fix = "put it in the config: CheckpointManager(CheckpointManager.Config(save=...))"
+    elif isinstance(value, (str, os.PathLike)):
+        fix = "a directory is no config: it goes in the checkpoint id of save() and load()"
+    else:
+        fix = "e.g. CheckpointManager.Config(items={...}) or CheckpointManager.Config.with_sync_save()"
+    return (
+        f"CheckpointManager(config=...) must be a CheckpointManager.Config or None, got {type(value).__name__} "
+        f"({value!r:.80}); {fix}."
+    )
 
 
 def _unsupported_saver(save: Any) -> str:
