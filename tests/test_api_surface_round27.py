@@ -9,6 +9,7 @@ builtin_function_or_method`) the caller never set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +45,46 @@ def test_a_config_subclass_is_still_a_config(tmp_path: Path) -> None:
     with CheckpointManager(Mine(save=SyncCheckpointSaverConfig())) as manager:
         manager.save(str(tmp_path / "a"), {"step": 1})
         assert manager.load(str(tmp_path / "a"), into={"step": None}) == {"step": 1}
+
+
+def _public_path_calls() -> dict[str, Callable[[Any, Any], object]]:
+    """Every public function that takes a root or checkpoint path and an optional `storage=`."""
+    from torch_checkpointing import RetentionPolicy, latest_checkpoint, list_checkpoints, retention
+    from torch_checkpointing.hf import export_hf, iter_item_tensors
+
+    policy = RetentionPolicy(keep_last=1)
+    return {
+        "latest_checkpoint": lambda root, storage: latest_checkpoint(root, storage),
+        "list_checkpoints": lambda root, storage: list_checkpoints(root, storage),
+        "retention.prune": lambda root, storage: retention.prune(root, policy, storage),
+        "retention.apply_retention": lambda root, storage: retention.apply_retention(root, policy, storage),
+        "retention.collect_garbage": lambda root, storage: retention.collect_garbage(root, storage),
+        "retention.delete_checkpoint": lambda root, storage: retention.delete_checkpoint(root, storage),
+        "hf.iter_item_tensors": lambda root, storage: next(iter_item_tensors(root, "model", storage=storage)),
+        "hf.export_hf": lambda root, storage: export_hf(root, "model", "unused_out_dir", storage=storage),
+    }
+
+
+@pytest.mark.parametrize("call", sorted(_public_path_calls()))
+def test_a_storage_config_passed_as_storage_is_refused_naming_create_storage(call: str, tmp_path: Path) -> None:
+    """`storage=` takes a `Storage`; its config is the likely mix-up. Before: AttributeError
+    "'LocalFileSystemStorageConfig' object has no attribute 'isdir'" (or 'exists', 'stream_read')."""
+    from torch_checkpointing import LocalFileSystemStorageConfig
+
+    with pytest.raises(
+        ConfigTypeError,
+        match=r"storage= must be a Storage.*got LocalFileSystemStorageConfig.*"
+        r"\.create_storage\(\)",
+    ):
+        _public_path_calls()[call](str(tmp_path), LocalFileSystemStorageConfig())
+    with pytest.raises(ConfigTypeError, match=r"storage= must be a Storage.*got str"):
+        _public_path_calls()[call](str(tmp_path), "memory")
+
+
+@pytest.mark.parametrize("call", sorted(_public_path_calls()))
+@pytest.mark.parametrize("root", [5, None, b"runs"], ids=["int", "None", "bytes"])
+def test_a_path_of_the_wrong_type_is_refused_naming_it(call: str, root: object) -> None:
+    """Before: TypeError "expected str, bytes or os.PathLike object, not int", or for bytes "cannot use a string
+    pattern on a bytes-like object" from inside the URL check."""
+    with pytest.raises(ConfigTypeError, match=rf"must be a str or os\.PathLike path.*got {type(root).__name__}"):
+        _public_path_calls()[call](root, None)

@@ -31,6 +31,7 @@ from torch_checkpointing.errors import (
     CheckpointError,
     CheckpointReplacedError,
     ConfigError,
+    ConfigTypeError,
     CorruptCheckpointError,
     ForeignManifestError,
     IncompleteCheckpointError,
@@ -65,7 +66,7 @@ from torch_checkpointing.names import (
 )
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
-from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import url_scheme
 
@@ -90,6 +91,7 @@ __all__ = [
     "resume_point",
     "self_describing_layouts",
     "still_there",
+    "storage_of",
     "warn_if_a_checkpoint",
 ]
 
@@ -371,7 +373,7 @@ def _commit_time(storage: Storage, path: Path, manifest: Manifest) -> float | No
 
 def checkpoint_info(path: str | os.PathLike[str], storage: Storage | None = None) -> CheckpointInfo | None:
     """The `CheckpointInfo` of one directory, or None when it is not a committed checkpoint of ours."""
-    return _checkpoint_info(Path(path), storage or storage_for(path))
+    return _checkpoint_info(Path(path), storage_of(path, storage, "path"))
 
 
 def _checkpoint_info(p: Path, storage: Storage, closed: list[PassedOver] | None = None) -> CheckpointInfo | None:
@@ -401,11 +403,43 @@ def _sort_key(info: CheckpointInfo) -> tuple[int, float, str]:
 
 def require_path(where: str | os.PathLike[str], what: str = "root") -> None:
     """Refuse an empty path: `Path("")` is the current directory, so `prune(os.environ.get("ROOT", ""), ...)` or
-    `torch-checkpointing prune "$ROOT"` with ROOT unset listed, pruned and collected whatever was there."""
+    `torch-checkpointing prune "$ROOT"` with ROOT unset listed, pruned and collected whatever was there. And a
+    path of the wrong type (None, an int, bytes), which failed inside with a bare TypeError about a regex."""
+    _require_path_type(where, what)
     if os.fspath(where) in ("", b""):
         raise ConfigError(
             f"an empty {what} names no directory (an unset variable?); pass '.' for the current directory"
         )
+
+
+def _require_path_type(where: object, what: str) -> str | os.PathLike[str]:
+    """`where`, refused unless a str path or an os.PathLike one (bytes paths are not taken)."""
+    if isinstance(where, str) or (isinstance(where, os.PathLike) and isinstance(os.fspath(where), str)):
+        return where
+    fix = "decode it (.decode())" if isinstance(where, bytes) else "e.g. 'runs/my_job' or 's3://bucket/run'"
+    raise ConfigTypeError(
+        f"The {what} must be a str or os.PathLike path, got {type(where).__name__} ({where!r:.80}); {fix}."
+    )
+
+
+def storage_of(where: object, storage: object, what: str = "root") -> Storage:
+    """The storage a public call on `where` uses: `storage` when the caller passed one, else the one `where`
+    names (`storage_for`). Both arguments checked first: a StorageConfig passed for its storage, or an int path,
+    failed deep inside with an AttributeError ('... has no attribute isdir') or a bare TypeError."""
+    path = _require_path_type(where, what)
+    if storage is None:
+        return storage_for(path)
+    if isinstance(storage, Storage):
+        return storage
+    fix = (
+        f"pass {type(storage).__name__}(...).create_storage()"
+        if isinstance(storage, StorageConfig)
+        else "e.g. FsspecStorageConfig(url=...).create_storage()"
+    )
+    raise ConfigTypeError(
+        f"storage= must be a Storage or None (None: the one the {what} names), got {type(storage).__name__} "
+        f"({storage!r:.80}); {fix}."
+    )
 
 
 def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = None) -> list[CheckpointInfo]:
@@ -422,7 +456,7 @@ def listing(root: str | os.PathLike[str], storage: Storage | None = None) -> Lis
     directory, because a newer engine wrote their manifest, or because their manifest is damaged (each also
     warned about): `ls` names those too."""
     require_path(root)
-    storage = storage or storage_for(root)
+    storage = storage_of(root, storage)
     base = Path(root)
     if not storage.isdir(base):
         if storage.exists(base):  # a file: a resume that took "nothing listed" for a first run would start over
@@ -539,7 +573,7 @@ def latest_checkpoint(root: str | os.PathLike[str], storage: Storage | None = No
     metadata (of a resharded checkpoint) parses at a version this engine reads. A newer checkpoint that fails
     it (half deleted by hand, a file lost or swapped for a link) is skipped with a WARNING naming the file.
     """
-    storage = storage or storage_for(root)
+    storage = storage_of(root, storage)
     return newest_intact(list_checkpoints(root, storage), storage)
 
 
@@ -646,7 +680,7 @@ def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str 
 def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -> Problem | None:
     """`damage`, told apart from a file or directory this user may not read (a `PermissionError`, by its type:
     its bytes were never seen, so it is no damage, and a listing must not call it so)."""
-    storage = storage or storage_for(path)
+    storage = storage_of(path, storage, "path")
     try:
         with CheckpointReadContext(
             storage, os.fspath(path), ReadPolicy(verify_checksums=False, allow_legacy_checkpoints=False)
@@ -949,7 +983,7 @@ def _beside_marker(storage: Storage, path: Path) -> str | None:
 def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None) -> list[Leftover]:
     """Directories under `root` that saves, replacements or deletions of ours left behind (nothing foreign)."""
     require_path(root)
-    storage = storage or storage_for(root)
+    storage = storage_of(root, storage)
     base = Path(root)
     if not storage.isdir(base):
         return []

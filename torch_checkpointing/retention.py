@@ -51,7 +51,7 @@ from torch_checkpointing.discovery import (
     newest_intact,
     require_path,
     still_there,
-    storage_for,
+    storage_of,
     unreadable,
 )
 from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
@@ -236,7 +236,8 @@ def delete_checkpoint(
     re-used the id and committed since the listing must not be deleted in its place. One that another process
     (a second retention pass, an operator's `prune`) deleted meanwhile is no failure: False, at INFO.
     """
-    return _delete(Path(path), storage or storage_for(path), expected).done
+    storage = storage_of(path, storage, "path")
+    return _delete(Path(path), storage, expected).done
 
 
 @dataclass(frozen=True)
@@ -653,7 +654,7 @@ def _prune(
     """`prune`; `told` is what the passes sharing it were already told (see `_tell_metric_not_recorded`), None
     to tell every time; `log_note=False` to tell nothing (the caller shows the report's note)."""
     require_path(root)
-    storage = storage or storage_for(root)
+    storage = storage_of(root, storage)
     listed = listing(root, storage)
     found = listed.checkpoints
     note = _tell_metric_not_recorded(root, policy, found, told) if log_note else _note(root, policy, found)
@@ -978,7 +979,7 @@ def collect_garbage(
     """Remove what dead saves, replacements and deletions left under `root`; never a live writer's temporary."""
     check_age(unowned_after_s, "unowned_after_s")
     require_path(root)
-    storage = storage or storage_for(root)
+    storage = storage_of(root, storage)
     base, now = Path(root), time.time()
     report = GcReport()
     leftovers = list_leftovers(base, storage)
