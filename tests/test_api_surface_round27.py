@@ -88,3 +88,42 @@ def test_a_path_of_the_wrong_type_is_refused_naming_it(call: str, root: object) 
     pattern on a bytes-like object" from inside the URL check."""
     with pytest.raises(ConfigTypeError, match=rf"must be a str or os\.PathLike path.*got {type(root).__name__}"):
         _public_path_calls()[call](root, None)
+
+
+def _documented_exception_names() -> set[str]:
+    """The exception types docs/guide.md's "Errors at a glance" table and docs/durability.md name in backticks."""
+    import builtins
+    import re
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    text = (docs / "guide.md").read_text() + (docs / "durability.md").read_text()
+    names = set(re.findall(r"`(?:torch_checkpointing\.errors\.)?([A-Z][A-Za-z]*(?:Error|Died))`", text))
+    others = ("PicklingError", "UnpicklingError", "DistNetworkError")  # pickle's and torch's
+    return {n for n in names if not hasattr(builtins, n) and n not in others}
+
+
+def test_every_exception_type_the_docs_name_is_importable_from_the_package() -> None:
+    """Callers catch what the docs tell them by name. Before: the guide's table says a cycle or too deep a
+    nesting raises `NestingError`, which `torch_checkpointing` neither exported nor listed in `errors`: only
+    `torch_checkpointing.traversal`, a module no document names, had it."""
+    import torch_checkpointing
+    from torch_checkpointing import errors
+
+    named = _documented_exception_names()
+    assert "NestingError" in named and "ConfigTypeError" in named, named
+    assert sorted(n for n in named if n not in errors.__all__ or n not in torch_checkpointing.__all__) == []
+    for name in named:
+        assert issubclass(getattr(torch_checkpointing, name), Exception)
+
+
+def test_the_nesting_error_raised_by_a_save_is_the_public_one(tmp_path: Path) -> None:
+    import torch_checkpointing
+
+    cycle: dict[str, Any] = {"a": 1}
+    cycle["self"] = cycle
+    with (
+        CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager,
+        pytest.raises(torch_checkpointing.NestingError, match=r"'v::self' contains itself") as raised,
+    ):
+        manager.save(str(tmp_path / "a"), {"v": cycle})
+    assert isinstance(raised.value, ValueError)

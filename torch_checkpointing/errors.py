@@ -20,8 +20,12 @@ import struct
 import sys
 import zipfile
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError
+
+if TYPE_CHECKING:
+    from torch_checkpointing.types import NestedPath
 
 # The package's top level exports every name listed here (its lazy table reads this list).
 __all__ = [
@@ -35,6 +39,7 @@ __all__ = [
     "ForeignManifestError",
     "IncompleteCheckpointError",
     "MissingItemError",
+    "NestingError",
     "NewerCheckpointError",
     "ObjectStoreError",
     "RefusedPickleError",
@@ -56,6 +61,44 @@ class ConfigError(ValueError):
 
 class ConfigTypeError(ConfigError, TypeError):
     """A configuration field or an argument has the wrong type; also a `TypeError`, for callers that catch one."""
+
+
+class NestingError(ValueError):
+    """A value the tree walk cannot finish: it contains itself (`cycle`, `path` is the container met again),
+    or nests deeper than a recursive walk can descend. `for_item` names the item, for callers that know it.
+
+    A `ValueError`, not a `ConfigError`: most often the caller's save payload or load template, but a crafted
+    checkpoint file can decode to such a value too.
+    """
+
+    def __init__(self, path: NestedPath, cycle: bool, key: str = "") -> None:
+        self.path, self.cycle, self.key = path, cycle, key
+        super().__init__(self._describe())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by its fields, not its message: a refusal found in the async writer process reached the
+        # trainer as a RuntimeError (the default pickling called __init__ with the message alone and failed).
+        return (type(self), (self.path, self.cycle, self.key), self.__dict__)
+
+    def for_item(self, key: str) -> NestingError:
+        """The same refusal, naming item `key` (raise it `from None`: it says everything)."""
+        return NestingError(self.path, self.cycle, key)
+
+    def _describe(self) -> str:
+        from torch_checkpointing.traversal import dotted_key  # the walks' module, which raises this
+
+        dotted = dotted_key(self.path)
+        where = f"{self.key}::{dotted}" if self.key and dotted else self.key or dotted
+        if self.cycle:
+            return (
+                f"The value at '{where}' contains itself (a container that is its own ancestor), so no save can "
+                f"walk it to the end. Break the cycle (store what it refers to once, e.g. by key) before saving."
+            )
+        item = f"Item '{self.key}'" if self.key else "The value"
+        return (
+            f"{item} is nested deeper than Python's recursion limit ({sys.getrecursionlimit()}) lets the "
+            f"checkpoint walk descend. Flatten it, e.g. into a list of its rows."
+        )
 
 
 class CheckpointError(RuntimeError):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 import torch
 
+from torch_checkpointing.errors import NestingError
 from torch_checkpointing.types import NestedPath
 
 if TYPE_CHECKING:
@@ -62,38 +63,6 @@ logger = logging.getLogger(__name__)
 _SEQUENCES = (list, tuple)
 """The sequences the walk descends into; any other Sequence is a leaf (see the module docstring)."""
 _CONTAINERS = (Mapping, *_SEQUENCES)
-
-
-class NestingError(ValueError):
-    """A value the tree walk cannot finish: it contains itself (`cycle`, `path` is the container met again),
-    or nests deeper than a recursive walk can descend. `for_item` names the item, for callers that know it."""
-
-    def __init__(self, path: NestedPath, cycle: bool, key: str = "") -> None:
-        self.path, self.cycle, self.key = path, cycle, key
-        super().__init__(self._describe())
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by its fields, not its message: a refusal found in the async writer process reached the
-        # trainer as a RuntimeError (the default pickling called __init__ with the message alone and failed).
-        return (type(self), (self.path, self.cycle, self.key), self.__dict__)
-
-    def for_item(self, key: str) -> NestingError:
-        """The same refusal, naming item `key` (raise it `from None`: it says everything)."""
-        return NestingError(self.path, self.cycle, key)
-
-    def _describe(self) -> str:
-        dotted = dotted_key(self.path)
-        where = f"{self.key}::{dotted}" if self.key and dotted else self.key or dotted
-        if self.cycle:
-            return (
-                f"The value at '{where}' contains itself (a container that is its own ancestor), so no save can "
-                f"walk it to the end. Break the cycle (store what it refers to once, e.g. by key) before saving."
-            )
-        item = f"Item '{self.key}'" if self.key else "The value"
-        return (
-            f"{item} is nested deeper than Python's recursion limit ({sys.getrecursionlimit()}) lets the "
-            f"checkpoint walk descend. Flatten it, e.g. into a list of its rows."
-        )
 
 
 class _Cycle(Exception):
