@@ -9,12 +9,17 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import Self
 
 from torch_checkpointing.errors import ConfigError, ConfigTypeError, CorruptCheckpointError, unknown_to_this_engine
 from torch_checkpointing.schema_constants import RANK_PLACEHOLDER
+
+if TYPE_CHECKING:  # this module loads no torch: a config names its layouts before any tensor exists
+    from collections.abc import Mapping
+
+    import torch
 
 
 class SerializationFormat(ABC):
@@ -137,14 +142,14 @@ class SafetensorsSerialization(SerializationFormat):
         return cls(metadata=d.get("metadata"))
 
     @staticmethod
-    def prepare_tensors_for_save(data: Any) -> dict[str, Any]:
+    def prepare_tensors_for_save(data: Any) -> dict[str, torch.Tensor]:
         """The flat `dotted name -> tensor` dict a file of this format holds for `data` (API_SURFACE §4)."""
         from torch_checkpointing.safetensors_tree import flatten_tensors
 
         return flatten_tensors(data)
 
     @staticmethod
-    def unflatten_to_target(flat: Any, target: Any) -> Any:
+    def unflatten_to_target(flat: Mapping[str, torch.Tensor], target: Any) -> Any:
         """`flat` (a file's `name -> tensor` dict) re-nested in the shape of `target` (API_SURFACE §4): None for a
         list/tuple parent's missing leaves, list/tuple parents of the template's type."""
         from torch_checkpointing.safetensors_tree import unflatten_for_caller

@@ -78,6 +78,7 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 from torch_checkpointing.store_channel import StoreAddress
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
+from torch_checkpointing.types import RankInfo
 from torch_checkpointing.waiting import Wakeups
 
 __all__ = ["CheckpointManager"]
@@ -249,7 +250,8 @@ class CheckpointManager:
     # ---------------------------------------------------------------- public API
 
     @property
-    def rank_info(self) -> Any:
+    def rank_info(self) -> RankInfo:
+        """This process's rank and world size, as the manager saw them when it was built."""
         return self._ctx.rank_info
 
     @property

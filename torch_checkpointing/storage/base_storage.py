@@ -14,7 +14,9 @@ import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from typing_extensions import Buffer
 
 from torch_checkpointing.names import aside_name, holding, host_tag, new_nonce
 
@@ -87,7 +89,7 @@ class Storage(ABC):
         """A writable binary stream; closing it must make the bytes durable (fsync)."""
 
     @abstractmethod
-    def write(self, path: Path, data: Any) -> None:
+    def write(self, path: Path, data: Buffer) -> None:
         """Write `data` (any buffer) to `path` durably (fsync before returning)."""
 
     @abstractmethod
