@@ -146,3 +146,41 @@ def test_public_signatures_name_the_types_they_take_and_return() -> None:
     assert annotation(Storage.write, "data") == "Buffer"
     rank_info = CheckpointManager.rank_info.fget
     assert rank_info is not None and annotation(rank_info) == "RankInfo"
+
+
+def test_the_engine_calls_remap_path_as_the_storage_docstrings_now_say(tmp_path: Path) -> None:
+    """`Storage`'s docstring said "Never called by the engine: `glob`, `remap_path`, ..." and `remap_path`'s
+    "the engine never calls it", so a custom backend could leave it raising; retention calls it to tell which
+    checkpoints `protect` names (for a store with no local paths), and commit and load messages name paths by it.
+    """
+    from tests.memory_storage import MemoryStorage, MemoryStorageConfig
+    from torch_checkpointing import RetentionPolicy, Storage, retention
+
+    config = MemoryStorageConfig()
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)) as m:
+        for step in (1, 2, 3):
+            m.save(f"run/step_{step}", {"step": step})
+    mapped: list[Path] = []
+
+    class Naming(MemoryStorage):
+        def remap_path(self, path: Path) -> str:
+            mapped.append(Path(path))
+            return super().remap_path(path)
+
+    report = retention.prune("run", RetentionPolicy(keep_last=1), Naming(config.store), protect=["run/step_1"])
+    assert [Path(c.path).name for c in report.deleted] == ["step_2"]
+    assert Path("run/step_1") in mapped  # the engine called it, to match `protect`
+    never_called = (Storage.__doc__ or "").split("Never called by the engine:")[-1]
+    assert "remap_path" not in never_called, never_called
+    assert "never calls" not in (Storage.remap_path.__doc__ or ""), Storage.remap_path.__doc__
+
+
+def test_the_writer_config_docstring_says_its_barrier_fields_are_ignored() -> None:
+    """`CheckpointWriterConfig`'s docstring promised "barrier timeout and barrier between ranks"; both fields
+    are ignored (a FutureWarning when set): the ranks of a save commit together whatever they hold."""
+    from torch_checkpointing import CheckpointWriterConfig
+
+    with pytest.warns(FutureWarning, match="barrier_config is ignored"):
+        CheckpointWriterConfig(barrier_config=object())  # type: ignore[arg-type]
+    doc = " ".join((CheckpointWriterConfig.__doc__ or "").split())
+    assert "barrier_config" in doc and "ignored" in doc, doc

@@ -156,7 +156,12 @@ class CheckpointStagerConfig:
 
 @dataclass
 class CheckpointWriterConfig:
-    """The writer: barrier timeout and barrier between ranks, and how many threads write files."""
+    """How many threads write a rank's item files at once (`file_write_max_threads`; 1: one after another).
+
+    `barrier_config` and `checkpoint_write_barrier_timeout_sec`, the published release's barrier between ranks,
+    are accepted for old code and ignored, with a FutureWarning when set: the ranks of a save always commit
+    together, bounded by `CheckpointSaverConfig.wait_timeout_secs`.
+    """
 
     # Both ignored, and warn when set: the ranks of a save always commit together through the agreement
     # over rank 0's TCPStore, bounded by CheckpointSaverConfig.wait_timeout_secs.

@@ -71,9 +71,12 @@ class Storage(ABC):
       mapped through `mapped_path` with `verify_range` before each block is used.
     * discovery, retention and the CLI: `ls`, `isdir`, `exists`, `rename(is_directory=True)` into a trash
       name and `rmdir`; `handles_url` when a manager picks its storage from a checkpoint id.
+    * `remap_path` names a path in messages (an object store's URL), and, on a store whose `local_path` is
+      None, tells retention which listed checkpoints the ids a caller protects name: two paths of one
+      checkpoint must map to one name.
 
-    Never called by the engine: `glob`, `remap_path`, and `rename`'s `is_cross_link` and
-    `background_cleanup` (always False); they are kept for code written against the published release.
+    Never called by the engine: `glob`, and `rename`'s `is_cross_link` and `background_cleanup` (always
+    False); they are kept for code written against the published release.
     """
 
     # Whether `replace_directory` can swap a whole directory into place atomically. Stores that cannot
@@ -125,7 +128,8 @@ class Storage(ABC):
     def isdir(self, path: Path) -> bool: ...
 
     def remap_path(self, path: Path) -> str:
-        """The backend's own name for `path` (a URL for object stores), for messages; the engine never calls it."""
+        """The backend's own name for `path` (a URL for object stores): in messages, and, where `local_path` is
+        None, how retention matches the ids it must keep to the checkpoints it lists (see the class docstring)."""
         return str(path)
 
     # ---- concrete helpers; backends may override them for speed or atomicity ----
