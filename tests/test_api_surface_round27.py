@@ -9,6 +9,7 @@ builtin_function_or_method`) the caller never set.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,10 @@ def test_public_signatures_name_the_types_they_take_and_return() -> None:
     assert annotation(SafetensorsSerialization.prepare_tensors_for_save) == "dict[str, torch.Tensor]"
     assert annotation(SafetensorsSerialization.unflatten_to_target, "flat") == "Mapping[str, torch.Tensor]"
     assert annotation(Storage.write, "data") == "Buffer"
+    from torch_checkpointing import RetentionPolicy
+
+    root = next(f for f in dataclasses.fields(RetentionPolicy) if f.name == "root")
+    assert root.type == "str | os.PathLike[str] | None", root.type  # a Path root was taken, but mypy refused it
     rank_info = CheckpointManager.rank_info.fget
     assert rank_info is not None and annotation(rank_info) == "RankInfo"
 

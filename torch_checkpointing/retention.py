@@ -121,7 +121,7 @@ class RetentionPolicy:
     keep_best: int | None = None
     metric: str | None = None
     mode: Literal["min", "max"] = "min"
-    root: str | None = None
+    root: str | os.PathLike[str] | None = None
     collect_garbage: bool = True
     unowned_after_s: float = DEFAULT_UNOWNED_AGE_S
 
@@ -1182,7 +1182,8 @@ class RetentionRunner:
         self._kept_told: set[tuple[str, str]] = set()  # what gc kept for a person to act on: warned once
 
     def root_for(self, checkpoint_id: str) -> str:
-        return self.policy.root or (os.path.dirname(os.path.normpath(checkpoint_id)) or ".")
+        root = os.fspath(self.policy.root) if self.policy.root is not None else ""
+        return root or os.path.dirname(os.path.normpath(checkpoint_id)) or "."
 
     def after_commit(self, checkpoint_id: str, write: Future[object] | None) -> None:
         """Schedule the pass for `checkpoint_id`: now for a sync save (write None), else when `write` succeeds."""
