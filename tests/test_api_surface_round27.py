@@ -189,3 +189,21 @@ def test_the_writer_config_docstring_says_its_barrier_fields_are_ignored() -> No
         CheckpointWriterConfig(barrier_config=object())  # type: ignore[arg-type]
     doc = " ".join((CheckpointWriterConfig.__doc__ or "").split())
     assert "barrier_config" in doc and "ignored" in doc, doc
+
+
+@pytest.mark.parametrize(
+    ("filesystem", "fix"),
+    [("s3", r"got str"), ({"key": "x"}, r"got dict"), ("class", r"got the class MemoryFileSystem; pass an instance")],
+)
+def test_an_fsspec_config_refuses_a_filesystem_that_is_none(filesystem: object, fix: str) -> None:
+    """`FsspecStorageConfig(filesystem=...)` takes an fsspec filesystem instance. Before: a protocol name, a dict
+    of options failed with AttributeError "'str' object has no attribute 'protocol'", and the class itself was
+    taken as if it were one (its methods then called unbound, at the first request)."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from torch_checkpointing import FsspecStorageConfig
+
+    value = MemoryFileSystem if filesystem == "class" else filesystem
+    with pytest.raises(ConfigTypeError, match=r"FsspecStorageConfig\.filesystem must be an fsspec filesystem.*" + fix):
+        FsspecStorageConfig(url="memory://bucket/run", filesystem=value)
+    assert FsspecStorageConfig(url="memory://bucket/run", filesystem=MemoryFileSystem()).protocol == "memory"

@@ -188,6 +188,8 @@ class FsspecStorageConfig(StorageConfig):
         check_number(owner, "max_concurrency", self.max_concurrency, integer=True)
         if self.request_timeout_s is not None:
             check_number(owner, "request_timeout_s", self.request_timeout_s)
+        if self.filesystem is not None:
+            _check_filesystem(self.filesystem)
 
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> FsspecStorageConfig:
@@ -214,6 +216,22 @@ def _check_same_bucket(scheme: str, rest: str, name: str) -> None:
             f"Checkpoint id {scheme}://{rest.lstrip('/')} leaves its bucket {bucket!r} through '..' (it names "
             f"{scheme}://{name}). Give {scheme}://{name} as the id if that is meant; otherwise drop the '..'."
         )
+
+
+def _check_filesystem(fs: object) -> None:
+    """Refuse a `filesystem=` that is no fsspec filesystem instance (a protocol name, a dict of options, the
+    class itself): the first failed with an AttributeError about `protocol`, the class was used as an instance."""
+    base = _import_fsspec().AbstractFileSystem
+    if isinstance(fs, base):
+        return
+    if isinstance(fs, type):
+        got, fix = f"the class {fs.__name__}", f"pass an instance: {fs.__name__}(...)"
+    else:
+        got = f"{type(fs).__name__} ({fs!r:.80})"
+        fix = "e.g. fsspec.filesystem('s3', ...) or s3fs.S3FileSystem(...); or None, to build one from storage_options"
+    raise ConfigTypeError(
+        f"FsspecStorageConfig.filesystem must be an fsspec filesystem instance or None, got {got}; {fix}."
+    )
 
 
 def _protocols_of(fs: Any) -> frozenset[str]:
