@@ -26,11 +26,13 @@ class SerializationFormat(ABC):
     """Base of the four shipped formats. The writer supports only those four: a new subclass is refused."""
 
     @abstractmethod
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The format as the manifest records it: `{"type": <class name>}` plus its options."""
 
     @classmethod
     @abstractmethod
-    def from_dict(cls, d: dict[str, Any]) -> SerializationFormat: ...
+    def from_dict(cls, d: dict[str, Any]) -> SerializationFormat:
+        """The format `to_dict` recorded (`serialization_format_from_dict` picks the class by `type`)."""
 
 
 class _OptionlessFormat(SerializationFormat):
@@ -227,10 +229,12 @@ class LayoutInfo:
             )
 
     def to_dict(self) -> dict[str, Any]:
+        """`{"file_path": ..., "serialization_format": <the format's to_dict()>}`, as manifests record it."""
         return {"file_path": self.file_path, "serialization_format": self.serialization_format.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LayoutInfo:
+        """The layout `to_dict` recorded; ConfigError when `d` lacks either field or names an unknown format."""
         fields = ("file_path", "serialization_format")
         if not isinstance(d, dict) or any(k not in d for k in fields):
             raise ConfigError(

@@ -129,14 +129,18 @@ class CheckpointManager:
         retention: RetentionPolicy | None = None
 
         def build(self) -> CheckpointManager:
+            """`CheckpointManager(self)`."""
             return CheckpointManager(self)
 
         @classmethod
         def with_sync_save(cls) -> CheckpointManager.Config:
+            """A config whose saves are synchronous (`save=SyncCheckpointSaverConfig()`), every other field default."""
             return cls(save=SyncCheckpointSaverConfig())
 
         @classmethod
         def with_async_save(cls) -> CheckpointManager.Config:
+            """A config whose saves are asynchronous (`save=AsyncCheckpointSaverConfig()`, the default anyway), every
+            other field default."""
             return cls(save=AsyncCheckpointSaverConfig())
 
     def __init__(self, config: Config | None = None) -> None:

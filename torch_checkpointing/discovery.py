@@ -159,6 +159,7 @@ class CheckpointInfo:
 
     @property
     def name(self) -> str:
+        """The directory's own name, the last part of `path` (`step_100`)."""
         return os.path.basename(self.path.rstrip("/"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -202,6 +203,7 @@ class PassedOver:
 
     @property
     def name(self) -> str:
+        """The directory's own name, the last part of `path` (`step_100`)."""
         return os.path.basename(self.path.rstrip("/"))
 
     def to_dict(self) -> dict[str, Any]:

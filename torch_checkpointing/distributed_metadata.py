@@ -117,7 +117,8 @@ class ShardingMetadata(ABC):
 
     @classmethod
     @abstractmethod
-    def from_dict(cls, d: dict[str, Any]) -> ShardingMetadata: ...
+    def from_dict(cls, d: dict[str, Any]) -> ShardingMetadata:
+        """The metadata `to_dict` returned, rebuilt (it must compare equal to the original)."""
 
     @property
     @abstractmethod
@@ -335,19 +336,23 @@ class DistributedItemMetadata:
     rank_to_layout_info: dict[int, LayoutInfo | None]
 
     def get_file_path(self, rank: int, checkpoint_path: Path, item_key: str) -> Path:
+        """Where `rank` wrote the item under `checkpoint_path`: its layout's file, or the default layout's."""
         layout = self.rank_to_layout_info.get(rank) or default_layout_info(item_key, rank)
         return Path(checkpoint_path) / layout.file_path
 
     def get_layout(self, rank: int, item_key: str) -> LayoutInfo:
+        """`rank`'s layout of the item, `default_layout_info(item_key, rank)` where it recorded none."""
         return self.rank_to_layout_info.get(rank) or default_layout_info(item_key, rank)
 
     def get_metadata_for_path_and_rank(self, nested_path: NestedPath, rank: int) -> ShardingMetadata | None:
+        """The sharding metadata `rank` recorded for `nested_path`, or None when it recorded none."""
         for group in self.nested_path_to_metadata.get(tuple(nested_path), []):
             if rank in group.ranks:
                 return group.sharding_metadata
         return None
 
     def get_all_ranks(self) -> set[int]:
+        """Every rank that recorded a layout or metadata for the item."""
         ranks = set(self.rank_to_layout_info)
         for groups in self.nested_path_to_metadata.values():
             for group in groups:
@@ -355,9 +360,12 @@ class DistributedItemMetadata:
         return ranks
 
     def get_nested_paths(self) -> set[NestedPath]:
+        """The nested paths some rank recorded metadata for."""
         return set(self.nested_path_to_metadata)
 
     def to_dict(self, compact: bool = False) -> dict[str, Any]:
+        """The item's part of `metadata.json`: nested paths as compact JSON lists, rank keys as str, layouts as
+        `LayoutInfo.to_dict()` or None; `compact=True` gives version 3.0's form (rank lists as runs)."""
         return {
             "nested_path_to_metadata": {
                 nested_path_to_json(p): [g.to_dict(compact) for g in groups]
@@ -371,6 +379,7 @@ class DistributedItemMetadata:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistributedItemMetadata:
+        """The item's metadata from either form `to_dict` writes."""
         paths: dict[NestedPath, list[GlobalObjectMetadata]] = {}
         spelled: dict[Any, str] = {}
         d = json_object(d, "item metadata")

@@ -147,6 +147,7 @@ class RetentionPolicy:
 
     @property
     def active(self) -> bool:
+        """Whether any rule is set (with none, a retention pass deletes nothing)."""
         return any(v is not None for v in (self.keep_last, self.keep_every_n_steps, self.keep_best))
 
 

@@ -49,7 +49,8 @@ class StorageConfig(ABC):
     may_be_process_local: ClassVar[bool] = False
 
     @abstractmethod
-    def create_storage(self) -> Storage: ...
+    def create_storage(self) -> Storage:
+        """Build the `Storage` this config describes (the async writer process builds its own from a copy)."""
 
 
 class Storage(ABC):
@@ -85,7 +86,8 @@ class Storage(ABC):
     atomic_rename: bool = True
 
     @abstractmethod
-    def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase: ...
+    def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase:
+        """A readable binary stream of the file at `path`; FileNotFoundError when there is none."""
 
     @abstractmethod
     def stream_write(self, path: Path) -> io.IOBase:
@@ -96,10 +98,13 @@ class Storage(ABC):
         """Write `data` (any buffer) to `path` durably (fsync before returning)."""
 
     @abstractmethod
-    def delete(self, path: Path) -> None: ...
+    def delete(self, path: Path) -> None:
+        """Remove the file at `path`."""
 
     @abstractmethod
-    def mkdir(self, path: Path, recursive: bool = True) -> None: ...
+    def mkdir(self, path: Path, recursive: bool = True) -> None:
+        """Create the directory `path` (with `recursive`, its missing parents too); one already there is no error.
+        An object store may do nothing: a prefix is there once an object is under it."""
 
     @abstractmethod
     def rmdir(self, path: Path) -> None:
@@ -113,19 +118,27 @@ class Storage(ABC):
         is_directory: bool = False,
         is_cross_link: bool = False,
         background_cleanup: bool = False,
-    ) -> None: ...
+    ) -> None:
+        """Move `src_path` to `dst_path` (a directory and everything below it when `is_directory`). Atomic where
+        `atomic_rename` is True; an object store copies, then deletes. `is_cross_link` and `background_cleanup`
+        are the published release's: the engine passes False."""
 
     @abstractmethod
-    def ls(self, path: Path) -> list[str]: ...
+    def ls(self, path: Path) -> list[str]:
+        """The names (not paths) of the entries directly under the directory `path`."""
 
     @abstractmethod
-    def exists(self, path: Path) -> bool: ...
+    def exists(self, path: Path) -> bool:
+        """Whether a file or a directory is at `path`."""
 
     @abstractmethod
-    def getsize(self, path: Path) -> int: ...
+    def getsize(self, path: Path) -> int:
+        """The size in bytes of the file at `path`; FileNotFoundError when there is none."""
 
     @abstractmethod
-    def isdir(self, path: Path) -> bool: ...
+    def isdir(self, path: Path) -> bool:
+        """Whether `path` is a directory (on an object store: a prefix with objects under it); False when nothing
+        is there."""
 
     def remap_path(self, path: Path) -> str:
         """The backend's own name for `path` (a URL for object stores): in messages, and, where `local_path` is
@@ -135,6 +148,7 @@ class Storage(ABC):
     # ---- concrete helpers; backends may override them for speed or atomicity ----
 
     def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
+        """The whole file's bytes, through `stream_read`; backends override it to read in one request."""
         with self.stream_read(path, read_args) as stream:
             return stream.read()
 
