@@ -239,3 +239,19 @@ def test_every_public_method_says_what_it_does() -> None:
 
     undocumented = sorted(name for name, member in _public_members() if not inspect.getdoc(member))
     assert undocumented == []
+
+
+def test_an_fsspec_storage_refuses_an_id_it_cannot_place_with_a_config_error() -> None:
+    """A manager said so with a ConfigError, but the storage itself (its construction from a config whose `url`
+    and `protocol` disagree, and every public function given it, such as `latest_checkpoint`) raised a bare
+    ValueError: "Bad input gets a specific exception from errors.py" held for one entry point only."""
+    from torch_checkpointing import FsspecStorageConfig, latest_checkpoint
+    from torch_checkpointing.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"is a memory:// path, but this storage talks to file://"):
+        FsspecStorageConfig(url="memory://bucket/run", protocol="file").create_storage()
+    storage = FsspecStorageConfig(protocol="memory").create_storage()
+    with pytest.raises(ConfigError, match=r"'run' has no URL scheme .* no url root"):
+        latest_checkpoint("run", storage)
+    with pytest.raises(ConfigError, match=r"is a file:// path, but this storage talks to memory://"):
+        latest_checkpoint("file:///tmp/run", storage)

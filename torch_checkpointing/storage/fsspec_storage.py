@@ -419,7 +419,7 @@ class FsspecStorage(Storage):
         assert match is not None
         scheme = match.group(1).lower()
         if self.config.protocol and scheme not in self._backend(self.config.protocol).protocols:
-            raise ValueError(
+            raise ConfigError(  # the caller's id or config: a ValueError too
                 f"{text!r} is a {scheme}:// path, but this storage talks to {self.config.protocol}://; "
                 f"configure a storage for that scheme."
             )
@@ -436,7 +436,7 @@ class FsspecStorage(Storage):
         if _SCHEME.match(text):
             return self._resolve_url(text)
         if self._root is None:
-            raise ValueError(
+            raise ConfigError(
                 f"{text!r} has no URL scheme and FsspecStorageConfig has no url root to place it under; "
                 f"use a full id such as 's3://bucket/run/step_100'."
             )
