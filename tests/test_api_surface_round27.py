@@ -254,4 +254,4 @@ def test_an_fsspec_storage_refuses_an_id_it_cannot_place_with_a_config_error() -
     with pytest.raises(ConfigError, match=r"'run' has no URL scheme .* no url root"):
         latest_checkpoint("run", storage)
     with pytest.raises(ConfigError, match=r"is a file:// path, but this storage talks to memory://"):
-        latest_checkpoint("file:///tmp/run", storage)
+        latest_checkpoint("file:///srv/run", storage)
