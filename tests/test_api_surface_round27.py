@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from torch_checkpointing import CheckpointManager, SyncCheckpointSaverConfig
+from torch_checkpointing import CheckpointManager, ItemSpec, SyncCheckpointSaverConfig
 from torch_checkpointing.errors import ConfigTypeError
 
 _CONFIG_MISTAKES: dict[str, tuple[Any, str]] = {
@@ -255,3 +255,32 @@ def test_an_fsspec_storage_refuses_an_id_it_cannot_place_with_a_config_error() -
         latest_checkpoint("run", storage)
     with pytest.raises(ConfigError, match=r"is a file:// path, but this storage talks to memory://"):
         latest_checkpoint("file:///srv/run", storage)
+
+
+@dataclasses.dataclass
+class _Settings:
+    lr: float
+    warmup: int = 100
+
+
+def test_a_json_field_that_took_its_default_is_not_called_a_template_entry(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A load with no template (`into=None`) of a JSON item whose file lacks a field of the declared class
+    warned "1 template entr(ies) not in the checkpoint, left as they were ...: ['cfg::warmup']": there was no
+    template, and nothing was left as it was; the field took its default. strict=True still refuses it."""
+    import logging
+
+    from torch_checkpointing import JsonSerialization, LayoutInfo, TemplateMismatchError
+
+    items = {"cfg": ItemSpec(layout=LayoutInfo("cfg.json", JsonSerialization(_Settings)))}
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), items=items)
+    with CheckpointManager(config) as manager:
+        manager.save(str(tmp_path / "a"), {"cfg": {"lr": 0.5}})  # a dict lacking the defaulted field
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            assert manager.load(str(tmp_path / "a"))["cfg"] == _Settings(0.5)
+        said = [r.getMessage() for r in caplog.records if "cfg::warmup" in r.getMessage()]
+        assert len(said) == 1 and "template entr" not in said[0], said
+        assert "took their defaults" in said[0], said
+        with pytest.raises(TemplateMismatchError, match=r"cfg::warmup"):
+            manager.load(str(tmp_path / "a"), strict=True)

@@ -166,6 +166,7 @@ class _Report:
     missing: list[CheckpointPath] = field(default_factory=list)
     unexpected: list[CheckpointPath] = field(default_factory=list)
     dropped: list[CheckpointPath] = field(default_factory=list)  # read, but the declared class has no field
+    defaulted: list[CheckpointPath] = field(default_factory=list)  # a declared class's field the JSON lacks
 
 
 class CheckedLoad:
@@ -313,7 +314,7 @@ class CheckpointLoader:
                 )
                 report.missing.extend(missing)
                 report.dropped.extend(CheckpointPath(plan.item.key, p) for p in plan.gaps.ignored)
-                report.missing.extend(CheckpointPath(plan.item.key, p) for p in plan.gaps.defaulted)
+                report.defaulted.extend(CheckpointPath(plan.item.key, p) for p in plan.gaps.defaulted)
             else:
                 report.missing.extend(self._precheck_reshard(ctx, plan))
                 report.unexpected.extend(_tensors_not_in_template(plan))
@@ -384,6 +385,14 @@ class CheckpointLoader:
                 ctx.root,
                 len(report.dropped),
                 _names(report.dropped),
+            )
+        if report.defaulted:
+            logger.warning(
+                "Checkpoint %s restored partially: %d field(s) of the declared JsonSerialization(cls=...) class "
+                "not in the checkpoint's JSON took their defaults: %s. Pass strict=True to refuse such loads.",
+                ctx.root,
+                len(report.defaulted),
+                _names(report.defaulted),
             )
         if report.missing or report.unexpected:
             logger.warning(
@@ -885,9 +894,10 @@ def _refuse_if_incomplete(root: Path, report: _Report) -> None:
             f"JsonSerialization(cls=...) class has no field for. Nothing was restored. Declare the class the "
             f"checkpoint was saved with, or load with strict=False to drop them (with a warning)."
         )
-    if report.missing or report.unexpected:
+    missing = report.missing + report.defaulted  # a field that took its default is missing from the checkpoint too
+    if missing or report.unexpected:
         raise TemplateMismatchError(
-            f"strict load of {root}: missing from the checkpoint {_names(report.missing)}; in the checkpoint but not "
+            f"strict load of {root}: missing from the checkpoint {_names(missing)}; in the checkpoint but not "
             f"in the template {_names(report.unexpected)}. Nothing was restored. Fix the template (e.g. for an "
             f"optimizer, initialise its state first), or load with strict=False to restore the overlap."
         )
