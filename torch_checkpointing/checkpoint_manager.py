@@ -70,7 +70,7 @@ from torch_checkpointing.pickling import callback_unpicklable
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.safe_load_check import SafeLoadCheck
-from torch_checkpointing.schema import ItemSpec, ResolvedItem, resolve, validate_keys
+from torch_checkpointing.schema import ItemSpec, ResolvedItem, check_layout, resolve, validate_keys
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
@@ -156,6 +156,7 @@ class CheckpointManager:
         if not isinstance(config, CheckpointManager.Config):
             raise ConfigTypeError(_not_a_config(config))
         self._validate(config)
+        _warn_refused_layouts(config)
         self.config = config
         self._fixed = _fixed_fields(config)  # what a later change is refused against (`_recheck_config`)
         storage_config = config.storage_config or LocalFileSystemStorageConfig()
@@ -756,6 +757,23 @@ def _validate_parts(config: CheckpointManager.Config) -> None:
             f"{config.subprocess_init_args!r} ({type(config.subprocess_init_args).__name__}); one argument x "
             f"is (x,)."
         )
+
+
+def _warn_refused_layouts(config: CheckpointManager.Config) -> None:
+    """Name, when the manager is built, each layout that every `save()` will refuse.
+
+    The refusal itself stays in `save()`, where API_SURFACE §4 places it; but an async manager's first save may
+    come hours into training, and until then nothing was said."""
+    specs = [(f"Config.items[{key!r}]", key, spec) for key, spec in config.items.items()]
+    if config.default is not None:
+        specs.append(("Config.default", "<any key without an ItemSpec>", config.default))
+    for where, key, spec in specs:
+        if spec.layout is None:
+            continue
+        try:
+            check_layout(key, spec.layout)
+        except (ConfigError, ConfigTypeError) as exc:
+            logger.warning("CheckpointManager.%s: every save() of this item will be refused: %s", where, exc)
 
 
 def _check_optional(name: str, value: Any, cls: type, what: str) -> None:

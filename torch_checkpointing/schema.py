@@ -97,7 +97,8 @@ def _check_key_rule(keys: list[str]) -> None:
         )
 
 
-def _check_layout(key: str, layout: LayoutInfo) -> None:
+def check_layout(key: str, layout: LayoutInfo) -> None:
+    """Refuse a layout no save can write (what the format and the path must be), naming `key`."""
     if not isinstance(layout, LayoutInfo):
         raise ConfigTypeError(
             f"ItemSpec.layout for key '{key}' must be a LayoutInfo or None, got {type(layout).__name__}"
@@ -176,7 +177,7 @@ def resolve(
         if chosen.layout is None:
             layout, is_default = default_layout_info(key, rank), True
         else:
-            _check_layout(key, chosen.layout)
+            check_layout(key, chosen.layout)
             layout, is_default = chosen.layout.for_rank(rank), False
         normal = posixpath.normpath(layout.file_path)
         _check_name_lengths(key, normal)
