@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import errno
 import functools
+import inspect
 import logging
 import math
 import os
@@ -21,7 +22,7 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -87,6 +88,35 @@ logger = logging.getLogger("torch_checkpointing.manager")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
+_C = TypeVar("_C")
+
+
+class _Preset:
+    """`Config.with_sync_save` / `with_async_save`. On the class, a classmethod preset as API_SURFACE §5 has it:
+    `Config(save=...)`, every other field default. On a config, that config with its saver replaced (a new
+    object; the fields shared, not copied): before, the classmethod ignored the config it was called on, and
+    `Config(items=...).with_sync_save()` dropped the items, layouts and retention set there, silently."""
+
+    def __init__(self, saver: Callable[[], CheckpointSaverConfig], doc: str) -> None:
+        self._saver = saver
+        self.__doc__ = inspect.cleandoc(doc)
+        self._name = "preset"
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, config: _C | None, owner: type[_C]) -> Callable[[], _C]:
+        def preset() -> _C:
+            if config is None:
+                return owner(save=self._saver())  # type: ignore[call-arg]
+            return dataclasses.replace(config, save=self._saver())  # type: ignore[type-var]
+
+        preset.__name__ = self._name
+        preset.__qualname__ = f"{owner.__qualname__}.{self._name}"
+        preset.__doc__ = self.__doc__
+        return preset
+
+
 class CheckpointManager:
     """Saves and loads checkpoints made of top-level items, each shaped by its `ItemSpec`.
 
@@ -132,16 +162,16 @@ class CheckpointManager:
             """`CheckpointManager(self)`."""
             return CheckpointManager(self)
 
-        @classmethod
-        def with_sync_save(cls) -> CheckpointManager.Config:
-            """A config whose saves are synchronous (`save=SyncCheckpointSaverConfig()`), every other field default."""
-            return cls(save=SyncCheckpointSaverConfig())
-
-        @classmethod
-        def with_async_save(cls) -> CheckpointManager.Config:
-            """A config whose saves are asynchronous (`save=AsyncCheckpointSaverConfig()`, the default anyway), every
-            other field default."""
-            return cls(save=AsyncCheckpointSaverConfig())
+        with_sync_save = _Preset(
+            SyncCheckpointSaverConfig,
+            """A config whose saves are synchronous (`save=SyncCheckpointSaverConfig()`): on the class, every other
+            field default; on a config, that config's other fields.""",
+        )
+        with_async_save = _Preset(
+            AsyncCheckpointSaverConfig,
+            """A config whose saves are asynchronous (`save=AsyncCheckpointSaverConfig()`, the default anyway): on
+            the class, every other field default; on a config, that config's other fields.""",
+        )
 
     def __init__(self, config: Config | None = None) -> None:
         self._closed = True  # until construction succeeds, so close() does nothing
