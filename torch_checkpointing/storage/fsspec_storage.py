@@ -345,16 +345,32 @@ def _filesystem(scheme: str, options: dict[str, Any]) -> Any:
     object) get a filesystem of their own, and the caller's own `skip_instance_cache` is fsspec's to obey."""
     own = _own_filesystem_options(options, scheme)
     if "skip_instance_cache" in own:
-        return _import_fsspec().filesystem(scheme, **own)
+        return _connected(_import_fsspec().filesystem(scheme, **own))
     environment = sorted((k, v) for k, v in os.environ.items() if k.upper().startswith(_STORE_ENVIRONMENT))
     try:
         key = json.dumps([scheme, own, environment, os.getpid()], sort_keys=True)
     except (TypeError, ValueError):  # an option that is no JSON: no telling two stores apart by it
-        return _import_fsspec().filesystem(scheme, skip_instance_cache=True, **own)
+        return _connected(_import_fsspec().filesystem(scheme, skip_instance_cache=True, **own))
     with _filesystems_lock:
         fs = _filesystems.get(key)
         if fs is None:
-            fs = _filesystems[key] = _import_fsspec().filesystem(scheme, skip_instance_cache=True, **own)
+            fs = _connected(_import_fsspec().filesystem(scheme, skip_instance_cache=True, **own))
+            _filesystems[key] = fs
+    return fs
+
+
+def _connected(fs: Any) -> Any:
+    """`fs` with its S3 client made now. botocore reads the credentials, region and profile from the environment
+    when the client is made, and s3fs makes it at the first request: a storage built for one set of credentials
+    and first used after AWS_ACCESS_KEY_ID changed signed with the new ones, and every storage sharing its
+    filesystem (built for the old ones) with it. A client that cannot be made now (a profile that is not there)
+    is made, and fails naming the URL, at the first request, as before."""
+    connect = getattr(fs, "connect", None) if _protocols_of(fs) & _S3_PROTOCOLS else None
+    if connect is not None:
+        try:
+            connect()
+        except Exception as exc:  # the first request raises it again, naming the URL
+            logger.debug("S3 client not made when the storage was built (%s); the first request makes it", exc)
     return fs
 
 
