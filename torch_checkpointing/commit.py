@@ -522,9 +522,26 @@ def abort_unfinished(storage: object, root: Path, uploads: list[tuple[str, str]]
         return
     try:
         left = storage.abort_uploads(root, uploads)
-    except Exception as exc:
-        left = [f"{len(uploads)} upload(s) ({exc})"]
+    except Exception as exc:  # none known aborted: every one may still be there, billed
+        _tell_not_aborted(what, [f"{key} (upload {upload_id})" for key, upload_id in uploads], exc)
+        return
+    if left:
+        _tell_not_aborted(what, left)
     logger.info("%s aborted %d unfinished multipart upload(s)", what, len(uploads) - len(left))
+
+
+def _tell_not_aborted(what: str, left: list[str], exc: Exception | None = None) -> None:
+    """Unfinished uploads an abort left: their parts stay billed, so a person must hear of it (WARNING)."""
+    log_safely(
+        logger,
+        logging.WARNING,
+        "%s could not abort %d unfinished multipart upload(s)%s: %s. Their parts stay billed until aborted "
+        "(`aws s3api abort-multipart-upload`) or removed by a lifecycle rule for incomplete uploads.",
+        what,
+        len(left),
+        f" ({type(exc).__name__}: {exc})" if exc is not None else "",
+        ", ".join(left),
+    )
 
 
 def remove_saves_objects(storage: TaggedStorage, root: Path, objects: dict[str, tuple[str, str]]) -> list[str]:

@@ -1581,13 +1581,16 @@ class _SavedAgainMeanwhile(OSError):
         super().__init__(f"{src} was saved again while it was moved: the new checkpoint was left as it is")
 
 
-def _dead_claim_of_ours(backend: _Backend, marker: str, mine: bytes) -> bool:
+def _dead_claim_of_ours(backend: _Backend, marker: str, mine: bytes, unread: str = "") -> bool:
     """Whether the marker beside a committed manifest is ours and dead (empty, or a claim no process holds: a
     delete or a move killed, or whose marker's own delete failed). A delete replaces it with its own live claim:
-    kept as it was, it let a save of the id take it over while the files went, and lose them to the delete."""
+    kept as it was, it let a save of the id take it over while the files went, and lose them to the delete.
+    `unread`: what a marker there but unreadable leaves undone, said at WARNING (gone meanwhile is no failure)."""
     try:
         data = backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1)
-    except Exception:  # gone meanwhile, or unreadable: nothing proves it dead
+    except Exception as exc:  # gone meanwhile, or unreadable: nothing proves it dead
+        if unread and not _missing(exc):
+            logger.warning("Could not read the claim %s (%s): %s", backend.url(marker), exc, unread)
         return False
     return _held_by(data, mine) is None
 
@@ -1814,9 +1817,13 @@ def _abandoned_uploads(backend: _Backend, key: str, keys: list[str]) -> list[tup
     marker = f"{key}/{INCOMPLETE_MARKER}"
     if not backend.is_s3:
         return []
+    unread = (
+        f"the unfinished multipart uploads under {backend.url(key)}/ are not aborted, and stay billed until a "
+        f"lifecycle rule for incomplete uploads (or `aws s3api abort-multipart-upload`) removes them"
+    )
     if marker in keys:
         with _live_claim() as mine:
-            if not _dead_claim_of_ours(backend, marker, mine):
+            if not _dead_claim_of_ours(backend, marker, mine, unread):
                 return []
     try:
         return [(u["Key"], u["UploadId"]) for u in _uploads_under(backend.io, key + "/")]
