@@ -60,7 +60,16 @@ from torch_checkpointing.manifest import (
     MAX_MARKER_BYTES,
     our_marker,
 )
-from torch_checkpointing.names import CREATING_RE, creating_name, held_here, holding, made_here, pid_alive, this_host
+from torch_checkpointing.names import (
+    CREATING_RE,
+    creating_name,
+    held_here,
+    holding,
+    made_here,
+    pid_alive,
+    same_host,
+    this_host,
+)
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
 
 __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
@@ -645,7 +654,9 @@ class FsspecStorage(Storage):
                 if backend.io.exists(key):
                     _remove_tree(backend, key)
                 return
-            _delete_prefix(backend, key, _objects_under(backend, key, include_self=True))
+            keys = _objects_under(backend, key, include_self=True)
+            _refuse_a_live_save(backend, key, keys)
+            _delete_prefix(backend, key, keys)
 
     def rename(
         self,
@@ -1593,6 +1604,32 @@ def _dead_claim_of_ours(backend: _Backend, marker: str, mine: bytes, unread: str
             logger.warning("Could not read the claim %s (%s): %s", backend.url(marker), exc, unread)
         return False
     return _held_by(data, mine) is None
+
+
+def _refuse_a_live_save(backend: _Backend, key: str, keys: list[str]) -> None:
+    """Refuse to remove a prefix under the live claim of a save running in another process: its files and its
+    claim went, and the save, knowing nothing of it, went on. Held before its manifest, it committed a manifest
+    whose files were gone; held before its claim's removal, it was told "committed" over an id that held
+    nothing. Claims of this process (its own save's cleanup, gc's own claim) and dead ones are no bar, and nor
+    is a claim made on another host: nothing here can tell whether it lives, and removing the prefix is the way
+    the save's refusal gives an operator to clear one that does not (`CommitError` "another save is writing it")."""
+    from torch_checkpointing.commit import Claim, stale_reason  # imported here: commit imports this package
+
+    marker = f"{key}/{INCOMPLETE_MARKER}"
+    if marker not in keys:
+        return
+    try:
+        held = Claim.parse(backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1))
+    except FileNotFoundError:  # gone meanwhile: the save committed or was discarded
+        return
+    here = held is not None and same_host(held.host, this_host())
+    if held is None or not here or held.pid == os.getpid():
+        return
+    with _live_claim() as mine:
+        mine_claim = Claim.parse(mine)
+        if mine_claim is None or stale_reason(held, mine_claim) is not None:
+            return
+    raise _ClaimedMeanwhile(backend.url(marker), held.describe())
 
 
 def _held_by(data: bytes, mine: bytes) -> str | None:
