@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 import uuid
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from tests.memory_storage import Control, RecordingStorageConfig
 from torch_checkpointing import CheckpointManager, ItemSpec
-from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo
+from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo, RawSerialization
 from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
@@ -167,3 +168,33 @@ def commit_checks(root: str) -> dict[str, Any]:
     out["process_local"] = process_local_saves(f"memory://{Path(root).name}-{uuid.uuid4().hex[:8]}/runs")
     out["process_local"]["load"] = process_local_load(f"memory://{Path(root).name}-load")  # one name on every rank
     return out
+
+
+def shortage_on_one_rank(root: str, kind: str) -> str:
+    """A collective load of an intact checkpoint where only rank 1 is short of a resource: `descriptors` (its
+    limit of open files, soft and hard, leaves 4 beyond those open) or `memory` (its file is a sparse 1 TiB one in
+    a checkpoint without a manifest, which no machine's memory holds). What this rank raised, as "Type: message"."""
+    rank = dist.get_rank()
+    target = Path(root) / "ck"
+    if kind == "memory":
+        items = {"blob": ItemSpec(layout=LayoutInfo("blob_{rank}.bin", RawSerialization()))}
+        state: dict[str, Any] = {"blob": b"x"}
+    else:
+        items, state = {}, {f"k{i}": {"t": torch.ones(3)} for i in range(12)}
+    with CheckpointManager(_config(False, items=items)) as manager:
+        manager.save(str(target), state)
+        manager.load(str(target))  # every import a load needs, made while descriptors are there
+        dist.barrier()
+        if rank == 1 and kind == "descriptors":
+            limit = len(os.listdir("/proc/self/fd")) + 4
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))  # the hard one too: the load cannot raise it
+        if rank == 1 and kind == "memory":
+            os.truncate(target / "blob_1.bin", 1 << 40)  # no disk used
+        if rank == 0 and kind == "memory":
+            (target / "manifest.json").unlink()  # nothing vouches for the file's size
+        dist.barrier()
+        try:
+            manager.load(str(target))
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+    return "loaded"

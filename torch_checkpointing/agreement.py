@@ -155,7 +155,8 @@ def agree_outcome(
     For collective steps whose results stay on each rank (a load's checked plan, then its restore): if any rank
     failed, every rank raises, so either every rank goes on or none does. The failing rank raises its own
     exception (the other ranks' failures added as a note); the others raise an error of the same kind (when
-    every failure was one kind of `CheckpointError`, else `CheckpointError`) naming each failed rank and why,
+    every failure was one kind of `CheckpointError`, or every one a shortage of memory or of file descriptors:
+    `MemoryError`, `OSError`; else `CheckpointError`) naming each failed rank and why,
     after `discard`ing their own result (a checked load holds descriptors open: dropped, they leaked for good).
     Returns `compute()`'s result and every rank's `shared` value (JSON/pickle-friendly), in rank order; with
     `shared_of`, a rank whose `compute` succeeded shares `shared_of(result)` instead (what it found, e.g. which
@@ -182,9 +183,7 @@ def agree_outcome(
         contributions = _exchange_or_raise(step, transport, Contribution(value=shared))
         failures = _failures(contributions)
         if failures:
-            kinds = {_kind_of(why) for why in failures.values()}
-            kind = kinds.pop() if len(kinds) == 1 else CheckpointError
-            raise kind(f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}.")
+            raise _failed_elsewhere(step, failures)
     except BaseException:
         if discard is not None:
             _discard_quietly(step, discard, value)
@@ -216,6 +215,19 @@ def _failures(contributions: Sequence[Contribution]) -> dict[int, str]:
 
 def _reasons(failures: Mapping[int, str]) -> str:
     return "; ".join(f"rank {r}: {why.rstrip('.')}" for r, why in sorted(failures.items()))
+
+
+def _failed_elsewhere(step: str, failures: Mapping[int, str]) -> Exception:
+    """What a rank that did not fail raises for the others' `failures`: the same kind of error (`_kind_of`), and a
+    shortage of memory or descriptors as that (`errors.shortage_told_by_peers`). Before, a shortage was a plain
+    `CheckpointError` on every rank but the short one, and a caller's handler for it (free memory or files, then
+    load again, together) ran on that rank alone: its retry waited for ranks that had given up."""
+    message = f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}."
+    shortage = errors.shortage_told_by_peers(list(failures.values()), message)
+    if shortage is not None:
+        return shortage
+    kinds = {_kind_of(why) for why in failures.values()}
+    return (kinds.pop() if len(kinds) == 1 else CheckpointError)(message)
 
 
 def _kind_of(reason: str) -> type[CheckpointError]:

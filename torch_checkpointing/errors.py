@@ -16,6 +16,7 @@ import contextlib
 import errno
 import logging
 import pickle
+import re
 import struct
 import sys
 import zipfile
@@ -236,6 +237,28 @@ def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> 
             f"not delete it). Close files this process holds, or raise its limit (`ulimit -n`, RLIMIT_NOFILE), and "
             f"load again.",
         ) from exc
+
+
+def shortage_told_by_peers(reasons: list[str], message: str) -> MemoryError | OSError | None:
+    """The error a rank raises, saying `message`, for other ranks' failures `reasons` (each "TypeName: message")
+    when every one is a shortage this module named (`raise_if_short_of_resources`): all out of memory, a
+    `MemoryError`; all out of file descriptors, an `OSError` with the first one's errno. None otherwise. Every
+    rank of a collective step then raises the type a caller's handler for that shortage catches."""
+    named = [why for why in reasons if _NOT_DAMAGED in why]
+    if not reasons or len(named) != len(reasons):
+        return None
+    if all(why.startswith("MemoryError: ") for why in named):
+        return MemoryError(message)
+    codes = [_DESCRIPTOR_REASON_RE.match(why) for why in named]
+    if all(code is not None and int(code[1]) in _NO_DESCRIPTOR_ERRNOS for code in codes):
+        first = codes[0]
+        assert first is not None
+        return OSError(int(first[1]), message)
+    return None
+
+
+# How `agreement.describe` words an OSError that has an errno: "OSError: [Errno 24] ...".
+_DESCRIPTOR_REASON_RE = re.compile(r"OSError: \[Errno ([0-9]+)\] ")
 
 
 @contextlib.contextmanager
