@@ -957,27 +957,28 @@ def room_for_descriptors(needed: int, shown: str) -> None:
     A load holds every local file it reads open until it ends, and a save opens one at a time: a checkpoint of
     1100 items, saved under the common soft limit of 1024, could not be loaded by the process that saved it
     ("[Errno 24] Too many open files") where the hard limit allowed far more. Where the hard limit is too low
-    too, the opens past it fail naming the file and the fix (`errors.raise_if_short_of_resources`)."""
+    too, the opens past it fail naming the file and the fix (`errors.raise_if_short_of_resources`).
+
+    The descriptors open now are always counted: a process holding 930 of its 1024 (sockets, logs, pipes) could
+    not load 80 files, because files needing less than half the soft limit were taken to fit. Under a lock, so
+    that of two loads at once the one wanting less never lowers the limit the other has just raised."""
     try:
         import resource
     except ImportError:  # no POSIX limits (Windows)
         return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or needed + _DESCRIPTORS_SPARE <= soft // 2:
-        return  # plenty: the open descriptors are not counted
-    try:
-        held = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        held = soft // 2
-    wanted = held + needed + _DESCRIPTORS_SPARE
-    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if raised <= soft:
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-    except (OSError, ValueError) as exc:
-        logger.debug("Could not raise the soft limit of open files to %d for %s: %s", raised, shown, exc)
-        return
+    with _LIMIT_LOCK:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return
+        wanted = _descriptors_open(soft) + needed + _DESCRIPTORS_SPARE
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if raised <= soft:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        except (OSError, ValueError) as exc:
+            logger.debug("Could not raise the soft limit of open files to %d for %s: %s", raised, shown, exc)
+            return
     logger.info(
         "Raised this process's soft limit of open files (RLIMIT_NOFILE) from %d to %d (hard limit %s): loading %s "
         "holds each of its files open until the load ends.",
@@ -986,6 +987,18 @@ def room_for_descriptors(needed: int, shown: str) -> None:
         "unlimited" if hard == resource.RLIM_INFINITY else hard,
         shown,
     )
+
+
+_LIMIT_LOCK = threading.Lock()  # `room_for_descriptors`: one reads and raises the limit at a time
+
+
+def _descriptors_open(soft: int) -> int:
+    """How many descriptors this process has open (Linux's /proc/self/fd); half the soft limit where that
+    cannot be told (macOS, /proc not mounted)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return soft // 2
 
 
 def parse_json_bounded(data: bytes, where: str, max_depth: int = 64) -> Any:
