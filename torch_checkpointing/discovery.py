@@ -39,6 +39,7 @@ from torch_checkpointing.errors import (
     NewerCheckpointError,
     ObjectStoreError,
     TemplateMismatchError,
+    raise_if_short_of_resources,
 )
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import (
@@ -700,7 +701,9 @@ def damage(path: str | os.PathLike[str], storage: Storage | None = None) -> str 
 
 def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -> Problem | None:
     """`damage`, told apart from a file or directory this user may not read (a `PermissionError`, by its type:
-    its bytes were never seen, so it is no damage, and a listing must not call it so)."""
+    its bytes were never seen, so it is no damage, and a listing must not call it so). This process short of
+    file descriptors or memory is raised, as a store's silence is: every checkpoint read as damaged, and
+    `latest_checkpoint` returned an older one, or None (a resume from scratch), of intact checkpoints."""
     storage = storage_of(path, storage, "path")
     try:
         with CheckpointReadContext(
@@ -720,6 +723,8 @@ def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -
     except (PermissionError, NewerCheckpointError) as exc:  # no damage: a listing must not call it so
         return Problem(str(exc), unreadable=True)
     except (CheckpointError, OSError) as exc:
+        if not isinstance(exc, CheckpointError):
+            raise_if_short_of_resources(exc, path, "the check that it can be loaded")
         return Problem(str(exc))
     return None
 
