@@ -168,14 +168,28 @@ class CheckedFile:
         return self._whole is not None
 
     def local_path(self) -> str | None:
-        return f"/proc/self/fd/{self.fd}" if self.fd is not None and _HAVE_PROC_FD else None
+        """The path of the held descriptor (`/proc/self/fd/N`) for callers that open or map the file by name;
+        None where /proc does not name that very file now: they then read through the descriptor."""
+        if self.fd is None:
+            return None
+        path = f"/proc/self/fd/{self.fd}"
+        return path if _names_descriptor(path, self.fd) else None
 
     @property
     def blocks(self) -> BlockChecksums | None:
         return self.record.blocks if self.record is not None else None
 
 
-_HAVE_PROC_FD = os.path.isdir("/proc/self/fd")
+def _names_descriptor(path: str, fd: int) -> bool:
+    """Whether `path` opens the file `fd` holds, judged at each call. Judged once at import (a /proc directory
+    there), a /proc unmounted or covered since (a sandbox hiding it) made every mapped load fail, calling an
+    intact file "damaged or crafted"; and a /proc of another filesystem named whatever file it held there,
+    which the load then decoded in place of the checked one."""
+    try:
+        named, held = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 class CheckpointReadContext:
