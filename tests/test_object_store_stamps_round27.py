@@ -93,3 +93,53 @@ def test_an_unreadable_stamp_never_makes_a_young_copy_old(tmp_path: Path) -> Non
     assert fs.find(trash.replace("gs:/", "")) != []
     why = report.kept[0][1]
     assert "age could not be told" in why and "0s old" not in why, why  # not a young copy that passes on its own
+
+
+def _spelled(instant: float) -> dict[str, str]:
+    """`instant` in the ISO 8601 and HTTP forms that name a span, not an instant: a day, a week, an hour, a
+    minute (whole seconds are left to the spellings above)."""
+    at = datetime.datetime.fromtimestamp(instant, tz=datetime.timezone.utc)
+    return {
+        "date-only": at.strftime("%Y-%m-%d"),
+        "basic-date": at.strftime("%Y%m%d"),
+        "week": at.strftime("%G-W%V"),
+        "week-day": at.strftime("%G-W%V-%u"),
+        "hour": at.strftime("%Y-%m-%dT%HZ"),
+        "minutes": at.strftime("%Y-%m-%dT%H:%MZ"),
+        "basic-minutes": at.strftime("%Y%m%dT%H%MZ"),
+        "rfc1123-minutes": at.strftime("%a, %d %b %Y %H:%M GMT"),
+    }
+
+
+_SPANS = sorted(_spelled(0.0))
+
+
+@pytest.mark.parametrize("spelling", _SPANS)
+def test_a_stamp_that_names_a_span_never_makes_a_young_copy_old(spelling: str, tmp_path: Path) -> None:
+    """A stamp precise to the day (or week, hour, minute) was read as the span's first instant: a copy moved aside
+    just now with a date-only stamp read as up to a day old (a week, for a week date), and gc removed it. It is
+    read as the span's last instant (or not at all): never older than the copy is."""
+    written = time.time()
+    text = _spelled(written)[spelling]
+
+    def stamp(info: dict[str, Any]) -> dict[str, Any]:
+        return {**info, "updated": text}
+
+    fs, trash, changed, report = _gc_run(tmp_path, stamp, f"young-{spelling}")
+    assert changed is None or changed >= written - 1.0, (text, changed, written)
+    assert report.removed == [], report
+    assert fs.find(trash.replace("gs:/", "")) != []
+
+
+@pytest.mark.parametrize("spelling", [s for s in _SPANS if not s.startswith("week")])
+def test_a_stamp_that_names_a_span_long_past_is_collected(spelling: str, tmp_path: Path) -> None:
+    """Read as its span's last instant, a copy stamped days ago is still collected (as e556ad9 meant it)."""
+    text = _spelled(time.time() - 3 * 86400)[spelling]
+
+    def stamp(info: dict[str, Any]) -> dict[str, Any]:
+        return {**info, "updated": text}
+
+    fs, trash, changed, report = _gc_run(tmp_path, stamp, f"old-{spelling}")
+    assert changed is not None and changed < time.time() - 86400, (text, changed)
+    assert [lo.path for lo in report.removed] == [trash], report
+    assert fs.find(trash.replace("gs:/", "")) == []

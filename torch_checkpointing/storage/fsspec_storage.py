@@ -1145,19 +1145,26 @@ def _modified(info: dict[str, Any]) -> float | None:
     return max(known) if known else None
 
 
-# An RFC 3339 / ISO 8601 time as stores write it: `T`, `t` or a space between date and time, a fraction of any
-# length, `Z`/`z` or an offset with or without its colon. Read by hand: `datetime.fromisoformat` takes a
-# different grammar on each Python version (3.10: no `z`, fractions of 3 or 6 digits only; 3.11+: no `t`/`z`).
+# An RFC 3339 / ISO 8601 time as stores write it: extended (`2024-01-02T03:04:05`) or basic (`20240102T030405`)
+# form, `T`, `t` or a space between date and time, a fraction of any length, `Z`/`z` or an offset with or
+# without its colon or minutes; or a span (a date alone, an hour, a minute). Read by hand: `datetime.fromisoformat`
+# takes a different grammar on each Python version (3.10: no `z`, no basic form, fractions of 3 or 6 digits only;
+# 3.11+: no `t`/`z`).
 _ISO_STAMP_RE = re.compile(
-    r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ](?P<time>[0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,](?P<frac>[0-9]+))?"
-    r"(?P<zone>[Zz]|[+-][0-9]{2}:?[0-9]{2})?"
+    r"(?P<year>[0-9]{4})(?P<dash>-?)(?P<month>[0-9]{2})(?P=dash)(?P<day>[0-9]{2})"
+    r"(?:[Tt ](?P<hour>[0-9]{2})(?:(?P<colon>:?)(?P<minute>[0-9]{2})"
+    r"(?:(?P=colon)(?P<second>[0-9]{2})(?:[.,](?P<frac>[0-9]+))?)?)?"
+    r"(?P<zone>[Zz]|(?P<sign>[+-])(?P<zone_h>[0-9]{2})(?::?(?P<zone_m>[0-9]{2}))?)?)?"
 )
+# An HTTP date's time of day with its seconds; one without them names a whole minute.
+_HTTP_SECONDS_RE = re.compile(r"[0-9]:[0-9]{2}:[0-9]{2}")
 
 
 def _seconds(stamp: Any) -> float | None:
     """A time as seconds since the epoch: a datetime (naive ones are UTC, as the stores mean them), a number, an
     RFC 3339 / ISO 8601 string or an HTTP (RFC 1123) date; None for anything else (its age is then unknown,
-    never 0)."""
+    never 0). A stamp that names a span (a date alone, a minute) is its span's last instant: read as its first,
+    a copy made late on the day it names read as up to a day old, and gc removed it as such."""
     if isinstance(stamp, str):
         stamp = _parsed_stamp(stamp.strip())
     if isinstance(stamp, datetime.datetime):
@@ -1169,25 +1176,35 @@ def _seconds(stamp: Any) -> float | None:
 
 
 def _parsed_stamp(text: str) -> datetime.datetime | None:
-    """`text` as an RFC 3339 time, another ISO 8601 form this Python reads, or an RFC 1123 date (`Mon, 01 Jan
-    2024 00:00:00 GMT`); None if it is none of them."""
+    """`text` as an ISO 8601 time (RFC 3339's included) or an RFC 1123 date (`Mon, 01 Jan 2024 00:00:00 GMT`),
+    at the last instant of the span it names; None if it is none of them, or no such date (a 30 February)."""
     match = _ISO_STAMP_RE.fullmatch(text)
-    if match is not None:
-        zone = (match["zone"] or "+00:00").upper().replace("Z", "+00:00")
-        micro = (match["frac"] or "").ljust(6, "0")[:6]
-        with contextlib.suppress(ValueError):  # a 30 February
-            return datetime.datetime.strptime(
-                f"{match['date']} {match['time']}.{micro} {zone}", "%Y-%m-%d %H:%M:%S.%f %z"
-            )
+    try:
+        if match is not None:
+            return _iso_stamp(match)
+        read = email.utils.parsedate_to_datetime(text)
+    except (ValueError, TypeError, IndexError, OverflowError):
         return None
-    for read in (_iso_format, email.utils.parsedate_to_datetime):
-        with contextlib.suppress(ValueError, TypeError, IndexError):
-            return read(text)
-    return None
+    return read if _HTTP_SECONDS_RE.search(text) else read + datetime.timedelta(minutes=1)
 
 
-def _iso_format(text: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+def _iso_stamp(match: re.Match[str]) -> datetime.datetime:
+    """A match of `_ISO_STAMP_RE` as a datetime (UTC where it names no zone), at the last instant of its span:
+    the end of the day, hour or minute where it stops there. ValueError for a date or time that does not exist."""
+    zone = datetime.timezone.utc
+    if match["sign"] is not None:
+        offset = datetime.timedelta(hours=int(match["zone_h"]), minutes=int(match["zone_m"] or 0))
+        zone = datetime.timezone(offset if match["sign"] == "+" else -offset)
+    year, month, day, hour, minute, second = (
+        int(match[name] or 0) for name in ("year", "month", "day", "hour", "minute", "second")
+    )
+    micro = int((match["frac"] or "").ljust(6, "0")[:6])
+    start = datetime.datetime(year, month, day, hour, minute, second, micro, tzinfo=zone)
+    if match["hour"] is None:
+        return start + datetime.timedelta(days=1)
+    if match["minute"] is None:
+        return start + datetime.timedelta(hours=1)
+    return start if match["second"] is not None else start + datetime.timedelta(minutes=1)
 
 
 def _version(backend: _Backend, key: str) -> tuple[int, str]:
