@@ -376,8 +376,8 @@ def launch(
         rank_env.update(env or {})
         envs[rank] = rank_env
 
-    job = _Job(_hand_over(log_root, fn, tuple(args)), world_size, timeout, name, store, progress_file, progress)
-    try:
+    try:  # the hand-over under the clean-up too: args that cannot be pickled left the directory behind
+        job = _Job(_hand_over(log_root, fn, tuple(args)), world_size, timeout, name, store, progress_file, progress)
         with _quiet_elastic_logs():
             return job.run(envs, DefaultLogsSpecs(log_dir=log_root, redirects=Std.ALL))
     finally:
