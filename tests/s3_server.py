@@ -169,8 +169,9 @@ def _ready(endpoint: str) -> bool:
         return False
 
 
-def start_s3_server(log_dir: str, attempts: int = 3) -> S3Server:
-    """Start `python -m moto.server` on 127.0.0.1 and a free port; retried if another process takes the port."""
+def start_s3_server(log_dir: str, attempts: int = 3, env: dict[str, str] | None = None) -> S3Server:
+    """Start `python -m moto.server` on 127.0.0.1 and a free port; retried if another process takes the port.
+    `env`: the server's environment (a skewed clock: `tests/clock_skew.py`), this process's by default."""
     last = ""
     for _ in range(attempts):
         port = free_port()
@@ -180,7 +181,11 @@ def start_s3_server(log_dir: str, attempts: int = 3) -> S3Server:
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
+                env={
+                    **(os.environ if env is None else env),
+                    "AWS_ACCESS_KEY_ID": "testing",
+                    "AWS_SECRET_ACCESS_KEY": "testing",
+                },
             )
         server = S3Server(f"http://127.0.0.1:{port}", process, log_path)
         deadline = time.monotonic() + _START_TIMEOUT_S

@@ -52,6 +52,8 @@ class _StampedFS(MemoryFileSystem):  # type: ignore[misc]
     def _stamped(self, info: dict[str, Any]) -> dict[str, Any]:
         if info.get("type") != "file":
             return info
+        if ".clock-probe-" in info["name"]:  # gc's probe of the store's clock, written now: stamped now
+            return {**info, "mtime": info["created"]}
         return type(self).stamp({k: v for k, v in info.items() if k != "created"})
 
     def _as_bucket_key(self, info: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive, still_there
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
-from torch_checkpointing.storage.base_storage import Storage, named_at
+from torch_checkpointing.storage.base_storage import Storage, local_store_now, named_at
 
 __all__ = ["PutBack", "await_replaced", "copies_aside", "copy_to_put_back", "made_by", "owner_pid", "replace_under_way"]
 
@@ -143,10 +143,12 @@ def _owner_may_live(copy: Path, dead_pid: int | None, unowned_after_s: float) ->
 
 
 def _age_s(copy: Path) -> float:
-    """How long ago `copy` last changed, its move aside included; 0 when that cannot be told (not local), so that
+    """How long ago `copy` last changed, its move aside included, on the clock that stamped it (the file
+    server's: `local_store_now`; by this host's, a host ahead of its server took another host's live replace's
+    copy for an old one, and gc put the old copy back under it); 0 when that cannot be told (not local), so that
     it counts as young."""
     try:
-        return time.time() - named_at(copy)
+        return local_store_now(copy.parent) - named_at(copy)
     except OSError:
         return 0.0
 

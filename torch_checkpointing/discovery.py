@@ -19,7 +19,6 @@ import re
 import stat
 import tempfile
 import threading
-import time
 import weakref
 import zlib
 from dataclasses import dataclass
@@ -68,7 +67,7 @@ from torch_checkpointing.names import (
 )
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
-from torch_checkpointing.storage.base_storage import Storage, StorageConfig
+from torch_checkpointing.storage.base_storage import Storage, StorageConfig, local_store_now
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import url_scheme
 
@@ -814,9 +813,12 @@ def hidden_name_alive(match: re.Match[str], path: Path) -> bool | None:
 
 def _started_after(pid: int, path: Path) -> bool:
     """Whether process `pid` of this host started clearly after `path` got its name (a rename sets its ctime),
-    both measured as ages now; False when either cannot be told (another host's name, no /proc)."""
+    both measured as ages now; False when either cannot be told (another host's name, no /proc). The name's age
+    is read on the clock that stamped it (the file server's: `local_store_now`): by this host's, a host ahead of
+    its server by more than `OWNER_STARTED_AFTER_S` took a live replace's copy aside for a dead one's whose pid a
+    later process has, and gc put the old copy back under the id while the replace was between its renames."""
     try:
-        made_s_ago = time.time() - os.lstat(path).st_ctime
+        made_s_ago = local_store_now(path.parent) - os.lstat(path).st_ctime
         with open(f"/proc/{pid}/stat", "rb") as f:
             started_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
         with open("/proc/uptime", "rb") as f:

@@ -18,7 +18,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -763,9 +763,15 @@ def _tell_kept(report: GcReport, told: set[tuple[str, str]]) -> None:
 
 
 def _why_keep(
-    leftover: Leftover, root: Path, storage: Storage, unowned_after_s: float, now: float, put_back: Collection[str] = ()
+    leftover: Leftover,
+    root: Path,
+    storage: Storage,
+    unowned_after_s: float,
+    now: Callable[[], float],
+    put_back: Collection[str] = (),
 ) -> str | None:
-    """None when `leftover` is garbage; else the reason to keep it. `put_back`: the ids this pass moves a copy
+    """None when `leftover` is garbage; else the reason to keep it. `now`: the time by the store's clock, which
+    stamped what `_last_changed` reads (`Storage.store_now`). `put_back`: the ids this pass moves a copy
     back under (a dry run only says it would, so the id still holds nothing: its other copies are garbage all the
     same, as the real run finds them)."""
     if leftover.newer_engine:
@@ -819,7 +825,7 @@ def _why_keep(
                 "that can be read for every object in it): kept for good; run gc on the host that wrote it, or "
                 "delete it by hand once no save writes it"
             )
-        age = now - changed
+        age = now() - changed
         if math.isinf(unowned_after_s):  # `--older-than inf`: "< infs" named no number of seconds
             return (
                 f"owner unknown on this host ({age:.0f}s old), kept for good: the age threshold is never reached "
@@ -845,7 +851,7 @@ def _users_files_in_trash(storage: Storage, leftover: Leftover) -> str | None:
 
 
 def _last_changed(storage: Storage, leftover: Leftover) -> float | None:
-    """When a leftover whose owner cannot be checked last changed (`time.time()`; None where the store cannot
+    """When a leftover whose owner cannot be checked last changed (by the store's clock; None where it cannot
     tell: kept, and said so, where "0s old" before promised a collection that never came). A temporary is made
     by mkdir and written into: the newest mtime in it (`_written_at`). A trash or aside copy gets its name by a
     rename, which leaves the mtime of when it was written (days ago, for a checkpoint that retention deletes):
@@ -981,7 +987,11 @@ def collect_garbage(
     check_age(unowned_after_s, "unowned_after_s")
     require_path(root)
     storage = storage_of(root, storage)
-    base, now = Path(root), time.time()
+    base = Path(root)
+
+    def now() -> float:  # read only where an age is judged: most passes judge none, and a probe writes
+        return storage.store_now(base)
+
     report = GcReport()
     leftovers = list_leftovers(base, storage)
     put_back = _to_put_back(leftovers, base, storage, unowned_after_s)

@@ -11,12 +11,17 @@ import io
 import logging
 import os
 import stat
+import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import Buffer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 from torch_checkpointing.names import aside_name, holding, host_tag, new_nonce
 
@@ -29,6 +34,86 @@ def named_at(path: str | os.PathLike[str]) -> float:
     that retention deletes). OSError when it cannot be looked at."""
     st = os.lstat(path)
     return max(st.st_mtime, st.st_ctime)
+
+
+# How long one reading of a store's clock (`store_now`) stands for it, advanced by this host's monotonic clock: one
+# probe per folder and process at most this often (a gc or retention pass reads it once), and a store's clock
+# drifts from this host's by microseconds, not seconds, over it.
+STORE_CLOCK_REREAD_S = 30.0
+_store_clocks: dict[str, tuple[float, float]] = {}  # where: (its clock minus monotonic(), monotonic() when read)
+_store_clocks_lock = threading.Lock()
+_no_probe_told: set[str] = set()
+
+
+def clock_probe_name() -> str:
+    """The hidden name of this process's probe of a store's clock (`store_now`): no checkpoint, leftover or
+    claim of ours is so named, and listings pass over names that start with a dot."""
+    return f".clock-probe-{os.getpid()}-{new_nonce()}-{host_tag()}"
+
+
+def store_now(where: str, probe: Callable[[], float | None]) -> float:
+    """Now on the clock of the store that stamps what is at `where` (an NFS server's, an object store's), read
+    from `probe` (the stamp of something it writes there and removes) at most once per `STORE_CLOCK_REREAD_S`.
+
+    Every age the engine judges a stamp of the store by (gc's `unowned_after_s`, a copy aside "moved a moment
+    ago", a process "started after" a name was made) is this minus that stamp: before, this host's clock minus
+    the store's stamp, and a host ahead of its file server by more than a margin took a live replace's copy aside
+    for a dead one's (gc put the old copy back under it) and another host's live temporary for an old one
+    (removed). Where no probe can be written (no write access: a reader of a read-only mount), this host's clock,
+    said once per place at INFO."""
+    with _store_clocks_lock:
+        known = _store_clocks.get(where)
+    if known is not None and time.monotonic() - known[1] < STORE_CLOCK_REREAD_S:
+        return known[0] + time.monotonic()
+    read_at = time.monotonic()
+    stamp = probe()
+    if stamp is None:
+        if where not in _no_probe_told:
+            _no_probe_told.add(where)
+            _log.info(
+                "The clock of the store at %s cannot be read (no probe written); ages there are measured by "
+                "this host's clock",
+                where,
+            )
+        return time.time()
+    with _store_clocks_lock:
+        _store_clocks[where] = (stamp - read_at, read_at)
+    return stamp + (time.monotonic() - read_at)
+
+
+def local_store_now(folder: str | os.PathLike[str]) -> float:
+    """`store_now` of a local folder (an NFS mount: the server stamps ctime), probed with a file made there."""
+    where = os.path.abspath(folder)
+    return store_now(where, lambda: _probe_file_ctime(where))
+
+
+def _probe_file_ctime(folder: str) -> float | None:
+    """The ctime (set by the filesystem's clock, never by a caller) of a file made in `folder` and removed at
+    once: an unnamed one where the filesystem has O_TMPFILE (nothing is ever seen, even after a kill), else a
+    hidden name (NFS); None where neither can be made."""
+    try:
+        fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except (OSError, AttributeError):
+        fd = -1
+    if fd >= 0:
+        try:
+            return os.fstat(fd).st_ctime
+        finally:
+            os.close(fd)
+    name = os.path.join(folder, clock_probe_name())
+    try:
+        fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        _log.debug("No clock probe could be made in %s: %s", folder, exc)
+        return None
+    try:
+        return os.fstat(fd).st_ctime
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(name)
+        except OSError as exc:
+            _log.warning("Could not remove the clock probe %s (%s); it is an empty file, delete it by hand", name, exc)
 
 
 @dataclass
@@ -181,10 +266,16 @@ class Storage(ABC):
 
     def changed_at(self, path: Path) -> float | None:
         """When what is at `path` (a hidden copy gc may collect: a trash, an aside) got its name or last changed,
-        as `time.time()` reads; None where that cannot be told (it then counts as made just now, kept).
-        FileNotFoundError when nothing is there."""
+        by the store's clock (`store_now` tells its age); None where that cannot be told (it then counts as made
+        just now, kept). FileNotFoundError when nothing is there."""
         local = self.local_path(path)
         return None if local is None else named_at(local)
+
+    def store_now(self, folder: Path) -> float:
+        """Now by the clock that stamps what `changed_at` reads under `folder` (`base_storage.store_now`); this
+        host's clock where the store says no time of its own."""
+        local = self.local_path(folder)
+        return time.time() if local is None else local_store_now(local)
 
     def is_irregular(self, path: Path) -> bool:
         """Whether what is at `path` is no regular file (a link, a FIFO, a directory, a device): never a file the

@@ -70,7 +70,14 @@ from torch_checkpointing.names import (
     same_host,
     this_host,
 )
-from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
+from torch_checkpointing.storage.base_storage import (
+    ReadArgs,
+    Storage,
+    StorageConfig,
+    clock_probe_name,
+    local_store_now,
+    store_now,
+)
 
 __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
 
@@ -986,6 +993,18 @@ class FsspecStorage(Storage):
         known = [t for t in times if t is not None]
         return max(known) if known else None
 
+    def store_now(self, folder: Path) -> float:
+        """Now by the clock that stamps `changed_at`'s times under `folder`: on an object store the LastModified
+        of a probe object put under `folder/` and deleted (a PUT, a HEAD and a DELETE, at most once per
+        `STORE_CLOCK_REREAD_S`; a store that stamps whole seconds reads up to a second early, which only makes
+        ages younger); on `file://` a local probe; elsewhere (`memory://`, stamped by this process) this host's."""
+        backend, key = self._fresh(folder)
+        if backend.protocols & {"file", "local"}:
+            return local_store_now(key)
+        if not backend.object_store:
+            return time.time()
+        return store_now(backend.url(key), lambda: _probe_modified(backend, f"{key}/{clock_probe_name()}"))
+
     def exists(self, path: Path) -> bool:
         """Whether an object or prefix is there; False in a bucket that does not exist, as s3fs answers (the
         listing, read or upload that follows says why: a save's first check calls this, and an async save's
@@ -1137,6 +1156,28 @@ def _endpoint_of(fs: Any) -> str:
 # a datetime), local and memory-like stores `mtime` (seconds). Reading only the first two spellings left another
 # host's trash on GCS and Azure aged 0 for ever, never collected.
 _MODIFIED_KEYS = ("LastModified", "last_modified", "updated", "mtime")
+
+
+def _probe_modified(backend: _Backend, probe: str) -> float | None:
+    """The LastModified the store gives the empty object `probe` it is sent, which is then deleted; None where
+    it cannot be written or read (no write access)."""
+    try:
+        backend.io.pipe_file(probe, b"")
+    except Exception as exc:  # whatever the store's client raises: the caller falls back to this host's clock
+        logger.debug("No clock probe could be written at %s: %s", backend.url(probe), exc)
+        return None
+    try:
+        return _modified(backend.io.info(probe))
+    except Exception as exc:
+        logger.debug("The clock probe %s could not be read: %s", backend.url(probe), exc)
+        return None
+    finally:
+        try:
+            backend.io.rm_file(probe)
+        except Exception as exc:
+            logger.warning(
+                "Could not delete the clock probe %s (%s): an empty object, delete it", backend.url(probe), exc
+            )
 
 
 def _modified(info: dict[str, Any]) -> float | None:
