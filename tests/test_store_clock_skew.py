@@ -208,3 +208,109 @@ def test_gc_on_a_host_ahead_of_the_object_stores_clock_keeps_another_hosts_trash
         assert storage.ls(Path("run")) == [trash.name]  # the clock's probe is gone
     finally:
         server.stop()
+
+
+# `fsspec_storage._create_local(sys.argv[1], sys.argv[2])` as on NFS (no O_TMPFILE: the bytes go to a hidden
+# name, then a link); with `sys.argv[3]` set, it pauses once its hidden file is made (`.paused`, then `.go`).
+# Prints whether it created the file.
+CREATE = """
+import os, sys, time
+from torch_checkpointing.storage import fsspec_storage
+
+name, data, flag = sys.argv[1], sys.argv[2].encode(), sys.argv[3]
+fsspec_storage._HAS_TMPFILE_LINKS = False
+real_write_all = fsspec_storage._write_all
+def pause_then_write(fd, view):
+    open(flag + ".paused", "w").close()
+    deadline = time.monotonic() + 240
+    while not os.path.exists(flag + ".go") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    real_write_all(fd, view)
+if flag:
+    fsspec_storage._write_all = pause_then_write
+print(fsspec_storage._create_local(name, data))
+"""
+
+
+def test_a_create_on_a_host_ahead_of_the_file_servers_clock_leaves_another_hosts_live_create_alone(
+    tmp_path: Path,
+) -> None:
+    """Failed before: the hidden file of another host's create (a claim marker on `file://` over NFS) made a
+    moment ago was over a minute old by this host's clock, so this host removed it as a dead creator's, and the
+    live creator's link then failed (FileNotFoundError) instead of telling it lost the race."""
+    marker, flag = tmp_path / ".incomplete", tmp_path / "flag"
+    first = subprocess.Popen(
+        [sys.executable, "-c", CREATE, str(marker), "first", str(flag)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    while not Path(f"{flag}.paused").exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1].decode()[-2000:]
+        time.sleep(0.05)
+    hidden = [n for n in os.listdir(tmp_path) if ".creating-" in n]
+    second = subprocess.run(
+        [sys.executable, "-c", CREATE, str(marker), "second", ""],
+        env=skewed_env(tmp_path, SKEW_S, hostname="another-host"),
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    during = [n for n in os.listdir(tmp_path) if ".creating-" in n]
+    Path(f"{flag}.go").touch()
+    out, err = first.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert second.stdout.decode().split() == ["True"], second.stderr.decode()[-2000:]
+    assert during == hidden and len(hidden) == 1, second.stderr.decode()[-2000:]
+    assert (first.returncode, out.decode().split()) == (0, ["False"]), err.decode()[-2000:]
+    assert marker.read_bytes() == b"second"
+
+
+# `export_hf(sys.argv[1], "model", sys.argv[2])`; with `sys.argv[3]` set, paused once its first shard is written
+# into its staging folder (`.paused`, then `.go`).
+EXPORT = """
+import os, sys, time
+import safetensors.torch
+from torch_checkpointing.hf import export_hf
+
+flag = sys.argv[3]
+real_save_file = safetensors.torch.save_file
+def save_then_pause(*args, **kwargs):
+    real_save_file(*args, **kwargs)
+    if not os.path.exists(flag + ".paused"):
+        open(flag + ".paused", "w").close()
+        deadline = time.monotonic() + 240
+        while not os.path.exists(flag + ".go") and time.monotonic() < deadline:
+            time.sleep(0.05)
+if flag:
+    safetensors.torch.save_file = save_then_pause
+export_hf(sys.argv[1], "model", sys.argv[2])
+"""
+
+
+def test_an_export_on_another_host_a_day_ahead_of_the_file_servers_clock_leaves_a_live_exports_staging(
+    tmp_path: Path,
+) -> None:
+    """Failed before: another host's live export's staging folder, written a moment ago, was older than a day
+    (`DEFAULT_UNOWNED_AGE_S`) by the clock of a host two days ahead of the file server: the export beside it
+    removed it, and the live export's move into place failed."""
+    _save(tmp_path / "ckpt", 1.0)
+    flag = tmp_path / "flag"
+    first = subprocess.Popen(
+        [sys.executable, "-c", EXPORT, str(tmp_path / "ckpt"), str(tmp_path / "hf-a"), str(flag)],
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    while not Path(f"{flag}.paused").exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1].decode()[-2000:]
+        time.sleep(0.05)
+    staging = [n for n in os.listdir(tmp_path) if ".export-tmp-" in n]
+    second = subprocess.run(
+        [sys.executable, "-c", EXPORT, str(tmp_path / "ckpt"), str(tmp_path / "hf-b"), ""],
+        env=skewed_env(tmp_path, 2 * 86400.0, hostname="another-host"),
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    during = [n for n in os.listdir(tmp_path) if ".export-tmp-" in n]
+    Path(f"{flag}.go").touch()
+    _, err = first.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert second.returncode == 0, second.stderr.decode()[-2000:]
+    assert during == staging and len(staging) == 1, second.stderr.decode()[-2000:]
+    assert first.returncode == 0, err.decode()[-2000:]
+    assert sorted(os.listdir(tmp_path / "hf-a")) == sorted(os.listdir(tmp_path / "hf-b"))

@@ -24,7 +24,6 @@ import shutil
 import socket
 import stat
 import struct
-import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -82,7 +81,7 @@ from torch_checkpointing.source_reader import (
     open_source_file,
 )
 from torch_checkpointing.storage import LOCAL_SCHEMES
-from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.base_storage import Storage, local_store_now
 from torch_checkpointing.storage.fsspec_storage import url_scheme
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves, local_tensor
 from torch_checkpointing.types import CheckpointPath, NestedPath
@@ -603,14 +602,16 @@ def _where() -> str:
 
 def _staging_dead(path: Path, match: re.Match[str]) -> bool:
     """Whether the export writing `path` has certainly ended: its pid is gone and was one of this host and pid
-    namespace; a staging of another (or of an older version, which did not say) only once it is a day old."""
+    namespace; a staging of another (or of an older version, which did not say) only once it is a day old, by
+    the clock that stamped it (the file server's: `local_store_now`; by this host's, one more than a day ahead
+    of its server removed another host's live export)."""
     where = match["mark"][:8] if len(match["mark"]) == 16 else None
     if where == _where():
         return not pid_alive(int(match["pid"]))
     if where is None and not pid_alive(int(match["pid"])):
         return True  # an older version's name: judged as before, by the pid alone
     try:
-        return time.time() - path.stat().st_mtime > _FOREIGN_STAGING_AGE_S
+        return local_store_now(path.parent) - path.stat().st_mtime > _FOREIGN_STAGING_AGE_S
     except FileNotFoundError:
         return False  # removed meanwhile
 

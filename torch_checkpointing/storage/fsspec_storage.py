@@ -1356,13 +1356,15 @@ def _remove_dead_creations(folder: str, base: str) -> None:
 def _creation_dead(match: re.Match[str], path: str) -> bool:
     """Whether the creator that made the hidden file `path` is gone: a process of this host that no longer runs
     (this pid: one that is not creating it now, a killed job's restarted in a container with its pid), or any
-    creator once the file is older than a create takes (another host's pid is nothing here). Removing a live
-    creator's file makes its link fail (an error it raises), never a marker of the wrong bytes."""
+    creator once the file is older than a create takes (another host's pid is nothing here), by the clock that
+    stamped it (the file server's: `local_store_now`; by this host's, one ahead of its server removed another
+    host's live create). Removing a live creator's file makes its link fail (an error it raises), never a marker
+    of the wrong bytes."""
     pid = int(match["pid"])
     if made_here(match) and (not held_here(path) if pid == os.getpid() else not pid_alive(pid)):
         return True
     try:
-        return time.time() - os.lstat(path).st_mtime > _CREATING_STALE_S
+        return local_store_now(os.path.dirname(path)) - os.lstat(path).st_mtime > _CREATING_STALE_S
     except FileNotFoundError:
         return False
 
