@@ -39,7 +39,8 @@ SKEW_S = 600.0
 
 # A sync save of `sys.argv[1]` (value `sys.argv[2]`) without an atomic exchange (NFS) that pauses at
 # `sys.argv[3]`: "between" its two renames (the old copy aside, the id empty), or "commit" (its temporary
-# written, before it moves in). It says so by creating `sys.argv[4]`.paused, and goes on once `.go` exists.
+# written, before it moves in). It says so by creating `sys.argv[4]`.paused, and goes on 0.5 s after `.go`
+# exists.
 PAUSED_SAVE = """
 import os, sys, time
 import torch
@@ -55,6 +56,7 @@ def pause():
     deadline = time.monotonic() + 240
     while not os.path.exists(flag + ".go") and time.monotonic() < deadline:
         time.sleep(0.05)
+    time.sleep(0.5)  # what `.go`'s maker does right after it meets the save still paused
 def rename_and_pause(self, src, dst, *args, **kwargs):
     if moment == "commit" and ".tmp-" in os.path.basename(str(src)):
         pause()
@@ -164,6 +166,40 @@ def test_gc_on_another_host_ahead_of_the_file_servers_clock_leaves_a_live_replac
         failure = _finished(replace, tmp_path / "flag")
     assert during == (aside, False), report
     assert failure == "" and _loaded(ckpt) == 2.0 and _asides(root) == []
+
+
+# `latest_checkpoint(sys.argv[1])` once it lets the paused replace go on (`sys.argv[2]`.go): its path, or None.
+READ_LATEST = """
+import sys
+from pathlib import Path
+from torch_checkpointing import latest_checkpoint
+
+Path(sys.argv[2] + ".go").touch()
+info = latest_checkpoint(sys.argv[1])
+print(None if info is None else info.path)
+"""
+
+
+def test_latest_on_a_host_ahead_of_the_file_servers_clock_waits_for_a_live_replace(tmp_path: Path) -> None:
+    """Failed before: the copy a live replace had just moved aside was older than `REPLACE_GAP_MAX_AGE_S` by the
+    clock of a host ahead of the file server, so it was taken for a killed replace's: latest_checkpoint() did not
+    wait for the new copy and returned None (a resume starts over), though the replace finished 0.5 s later."""
+    root = tmp_path / "run"
+    root.mkdir()
+    ckpt = root / "latest"
+    _save(ckpt, 1.0)
+    replace = _paused_save(ckpt, 2.0, "between", tmp_path / "flag")
+    try:
+        latest = subprocess.run(
+            [sys.executable, "-c", READ_LATEST, str(root), str(tmp_path / "flag")],
+            env=skewed_env(tmp_path, SKEW_S),
+            capture_output=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )
+    finally:
+        failure = _finished(replace, tmp_path / "flag")
+    assert latest.stdout.decode().split() == [str(ckpt)], latest.stderr.decode()[-2000:]
+    assert failure == "" and _loaded(ckpt) == 2.0
 
 
 def test_gc_on_another_host_ahead_of_the_file_servers_clock_leaves_a_live_saves_temporary(tmp_path: Path) -> None:
