@@ -1314,14 +1314,16 @@ def _create_local_named(name: str, data: bytes) -> bool:
     A creator killed between that file's create and its unlink left it there for good: in the id's folder with
     no marker (killed before the link), it made every later save of the id refuse it as "a directory that is not
     a checkpoint"; beside the marker (killed after), it stayed in the checkpoint committed there. So the dead
-    creators' files go first, and a save takes a folder holding only those as its own (`commit`)."""
+    creators' files go before the link, and a save takes a folder holding only those as its own (`commit`)."""
     folder = os.path.dirname(name) or "."
-    _remove_dead_creations(folder, os.path.basename(name))
     hidden = os.path.join(folder, creating_name(os.path.basename(name)))
     with holding(hidden):  # told from one a killed process of this pid left (`_creation_dead`)
         fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666)
         try:
             try:
+                # Its ctime is now by the file server's clock, which stamped the others' (no probe of our own:
+                # one killed here would be a stray file in the id's folder, as these were).
+                _remove_dead_creations(folder, os.path.basename(name), os.fstat(fd).st_ctime)
                 _write_all(fd, data)
             finally:
                 os.close(fd)
@@ -1334,12 +1336,13 @@ def _create_local_named(name: str, data: bytes) -> bool:
     return True
 
 
-def _remove_dead_creations(folder: str, base: str) -> None:
-    """Remove the hidden files of `base`'s creators that are dead (`_creation_dead`), named at WARNING."""
+def _remove_dead_creations(folder: str, base: str, now: float) -> None:
+    """Remove the hidden files of `base`'s creators that are dead (`_creation_dead`; `now` by the clock that
+    stamped them), named at WARNING."""
     with contextlib.suppress(FileNotFoundError), os.scandir(folder) as entries:
         for entry in entries:
             match = CREATING_RE.match(entry.name)
-            if match is None or match["name"] != base or not _creation_dead(match, entry.path):
+            if match is None or match["name"] != base or not _creation_dead(match, entry.path, now):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
@@ -1353,18 +1356,18 @@ def _remove_dead_creations(folder: str, base: str) -> None:
                 )
 
 
-def _creation_dead(match: re.Match[str], path: str) -> bool:
+def _creation_dead(match: re.Match[str], path: str, now: float) -> bool:
     """Whether the creator that made the hidden file `path` is gone: a process of this host that no longer runs
     (this pid: one that is not creating it now, a killed job's restarted in a container with its pid), or any
     creator once the file is older than a create takes (another host's pid is nothing here), by the clock that
-    stamped it (the file server's: `local_store_now`; by this host's, one ahead of its server removed another
-    host's live create). Removing a live creator's file makes its link fail (an error it raises), never a marker
+    stamped it (`now`, the file server's; by this host's, one ahead of its server removed another host's live
+    create). Removing a live creator's file makes its link fail (an error it raises), never a marker
     of the wrong bytes."""
     pid = int(match["pid"])
     if made_here(match) and (not held_here(path) if pid == os.getpid() else not pid_alive(pid)):
         return True
     try:
-        return local_store_now(os.path.dirname(path)) - os.lstat(path).st_mtime > _CREATING_STALE_S
+        return now - os.lstat(path).st_mtime > _CREATING_STALE_S
     except FileNotFoundError:
         return False
 
