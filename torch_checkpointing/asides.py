@@ -81,7 +81,8 @@ REPLACE_GAP_WAIT_S = 2.0
 _REPLACE_GAP_POLL_S = 0.01
 REPLACE_GAP_MAX_AGE_S = 60.0
 """How long ago a copy may have been moved aside and still be a replace between its two renames, which follow each
-other at once (the margin is for a slow filesystem, and a file server's clock that sets the rename's ctime)."""
+other at once (the margin is for a slow filesystem); measured on the file server's clock, which set the rename's
+ctime (`_age_s`)."""
 
 
 def replace_under_way(storage: Storage, final: Path) -> Path | None:
