@@ -32,6 +32,7 @@ from tests.test_long_names_and_removal import SUBPROCESS_TIMEOUT_S, _manager
 from tests.test_s3_attacks import sync_manager
 from torch_checkpointing.names import host_tag, trash_name
 from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.storage.base_storage import local_store_now, store_now
 
 # How far ahead of the store's clock the judging process's clock runs: far past every margin the engine allows
 # (`OWNER_STARTED_AFTER_S`, the start-up of a child), well short of a day (`DEFAULT_UNOWNED_AGE_S`).
@@ -72,6 +73,7 @@ with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig()
 GC = """
 import json, sys
 from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.storage.base_storage import local_store_now, store_now
 report = collect_garbage(sys.argv[1], unowned_after_s=float(sys.argv[2]))
 print(json.dumps({"removed": [lo.path for lo in report.removed], "kept": [[lo.path, why] for lo, why in report.kept],
                   "failed": [[lo.path, why] for lo, why in report.failed]}))
@@ -350,3 +352,21 @@ def test_an_export_on_another_host_a_day_ahead_of_the_file_servers_clock_leaves_
     assert during == staging and len(staging) == 1, second.stderr.decode()[-2000:]
     assert first.returncode == 0, err.decode()[-2000:]
     assert sorted(os.listdir(tmp_path / "hf-a")) == sorted(os.listdir(tmp_path / "hf-b"))
+
+
+def test_a_store_whose_clock_cannot_be_probed_is_measured_by_this_hosts_and_tried_once_per_period(
+    tmp_path: Path,
+) -> None:
+    """Where no probe can be written (a read-only mount; a bucket this user may only read), ages fall back to
+    this host's clock, and the probe is not tried again at every age judged (on an object store, a request)."""
+    tries: list[None] = []
+
+    def refused() -> None:
+        tries.append(None)
+
+    where = str(tmp_path / "read-only")
+    for _ in range(3):
+        assert abs(store_now(where, refused) - time.time()) < 1.0
+    assert len(tries) == 1
+    assert abs(local_store_now(tmp_path) - time.time()) < 5.0  # the probe of a writable folder: this store's now
+    assert os.listdir(tmp_path) == []  # no probe left behind

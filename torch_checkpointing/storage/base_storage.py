@@ -40,7 +40,8 @@ def named_at(path: str | os.PathLike[str]) -> float:
 # probe per folder and process at most this often (a gc or retention pass reads it once), and a store's clock
 # drifts from this host's by microseconds, not seconds, over it.
 STORE_CLOCK_REREAD_S = 30.0
-_store_clocks: dict[str, tuple[float, float]] = {}  # where: (its clock minus monotonic(), monotonic() when read)
+# where: (its clock minus monotonic(), None where no probe could be written there; monotonic() when read)
+_store_clocks: dict[str, tuple[float | None, float]] = {}
 _store_clocks_lock = threading.Lock()
 _no_probe_told: set[str] = set()
 
@@ -60,14 +61,17 @@ def store_now(where: str, probe: Callable[[], float | None]) -> float:
     the store's stamp, and a host ahead of its file server by more than a margin took a live replace's copy aside
     for a dead one's (gc put the old copy back under it) and another host's live temporary for an old one
     (removed). Where no probe can be written (no write access: a reader of a read-only mount), this host's clock,
-    said once per place at INFO."""
+    said once per place at INFO (and tried again after `STORE_CLOCK_REREAD_S`, not at every age: on an object
+    store each try is a request)."""
     with _store_clocks_lock:
         known = _store_clocks.get(where)
     if known is not None and time.monotonic() - known[1] < STORE_CLOCK_REREAD_S:
-        return known[0] + time.monotonic()
+        return time.time() if known[0] is None else known[0] + time.monotonic()
     read_at = time.monotonic()
     stamp = probe()
     if stamp is None:
+        with _store_clocks_lock:
+            _store_clocks[where] = (None, read_at)
         if where not in _no_probe_told:
             _no_probe_told.add(where)
             _log.info(

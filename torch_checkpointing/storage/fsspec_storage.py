@@ -998,7 +998,7 @@ class FsspecStorage(Storage):
         of a probe object put under `folder/` and deleted (a PUT, a HEAD and a DELETE, at most once per
         `STORE_CLOCK_REREAD_S`; a store that stamps whole seconds reads up to a second early, which only makes
         ages younger); on `file://` a local probe; elsewhere (`memory://`, stamped by this process) this host's."""
-        backend, key = self._fresh(folder)
+        backend, key = self._resolve(folder)
         if backend.protocols & {"file", "local"}:
             return local_store_now(key)
         if not backend.object_store:
