@@ -2,14 +2,17 @@
 puts back something live.
 
 On NFS a file's ctime and mtime are stamped by the file server's clock, on an object store LastModified by the
-service's. Each test runs the process that judges (gc) with its clock ahead of the store's, through an
-LD_PRELOAD shim (`tests/clock_skew.py`), against a real replace or save paused in another process. Each failed
-before, when an age was this host's clock minus a store's stamp:
+service's. Each test runs the process that judges (gc, a listing, a marker's create, an export) with its clock
+ahead of the store's, through an LD_PRELOAD shim (`tests/clock_skew.py`), against a real replace, save, create
+or export paused in another process. Each failed before, when an age was this host's clock minus a store's
+stamp:
 
 * a live replace's copy moved aside was "made before its owner started" (a pid reused since), and gc put the
   old copy back under the id while the replace was between its two renames;
 * another host's live save's temporary, or its replace's copy aside, was older than `unowned_after_s`, and gc
   removed the one and put back the other;
+* latest_checkpoint() took a live replace's copy aside for a killed one's and returned None;
+* another host's live marker create and live HF export lost their hidden files to a create and an export here;
 * on S3, another host's trash made a moment ago was as old as the skew, and gc removed it.
 """
 
