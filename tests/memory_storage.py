@@ -212,6 +212,7 @@ class Control:
         """The first write into a file whose path contains `substring` hands over its bytes, then blocks.
 
         "before rmdir": the first directory removal blocks before it starts (a swap's removal of the replaced copy).
+        "after open": the first stream_write blocks once it has created its file, before it returns the stream.
         """
         (self.root / "blocked").unlink(missing_ok=True)
         (self.root / "block_on").write_text(substring)
@@ -254,6 +255,8 @@ class _BlockingStream:
         self.inner = inner
         self.storage = storage
         self.path = path
+        # The file the local stream created, as the real stream names it: a failed save removes only that.
+        self.identity = getattr(inner, "identity", None)
 
     def write(self, data: Any) -> int:
         n = self.inner.write(data)
@@ -311,7 +314,13 @@ class RecordingStorage(LocalFileSystemStorage):
             delay = 0.0
         if delay:
             time.sleep(delay)
-        return _BlockingStream(super().stream_write(path), self, os.fspath(path))
+        stream = super().stream_write(path)
+        try:
+            self._maybe_block(f"after open {os.fspath(path)}")  # `Control.block("after open")`
+        except BaseException:
+            stream.close()
+            raise
+        return _BlockingStream(stream, self, os.fspath(path))
 
     def write(self, path: Path, data: Any) -> None:
         self._log("write", path)

@@ -18,6 +18,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch_checkpointing.agreement import Contribution, StoreTransport, agree, raise_if_failed
@@ -37,7 +38,7 @@ from torch_checkpointing.errors import (
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.pickling import OutOfBand
-from torch_checkpointing.signals import handlers_replaced
+from torch_checkpointing.signals import handlers_replaced, signals_deferred
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
@@ -155,13 +156,23 @@ class _ChecksumStream:
         return self._running.result()
 
 
+def _open_owned(commit: Commit, target: Path) -> tuple[Any, tuple[int, int] | None]:
+    """The stream that creates `target`, recorded as this save's (a local file: the discard checks it is still
+    this one before removing it). A Ctrl-C between the create and the record left a file the discard took for
+    another program's, and with it the temporary directory; a signal meanwhile is handled once both are done."""
+    with signals_deferred(f"creating {target}", quiet=True):
+        opened = commit.storage.stream_write(target)
+        identity = getattr(opened, "identity", None)
+        if identity is not None:
+            commit.own(target, identity)
+    return opened, identity
+
+
 def _write_entry(commit: Commit, rank: int, entry: WriteEntry) -> FileRecord:
     value = entry.value.loads() if isinstance(entry.value, OutOfBand) else entry.value
     target = commit.root / entry.file_path
-    with commit.storage.stream_write(target) as raw:
-        identity = getattr(raw, "identity", None)
-        if identity is not None:  # a local file: the discard checks it is still this one before removing it
-            commit.own(target, identity)
+    opened, identity = _open_owned(commit, target)
+    with opened as raw:
         # Streams that checksum what they write (the local filesystem's off the encoding thread, the object
         # store's on its upload threads) are used as they are; any other backend's stream is wrapped.
         stream: Any = raw if callable(getattr(raw, "checksum", None)) else _ChecksumStream(raw)
@@ -287,9 +298,12 @@ def write_checkpoint(storage: Storage, request: WriteRequest, announce: Announce
                 # What torch.save made of the handler's exception was only a consequence of it.
                 raise _as_reported(raised[0], plan.name, committed, progress.left_to_rank_0) from None
     except BaseException as exc:
-        committed = progress.committed or commit.is_committed()
-        if plan.rank == 0 and not committed:
-            commit.discard()
+        # A second Ctrl-C (or a preemption handler's exception) landing in this clean-up left the unfinished save
+        # half removed beside the id; its handler runs once the clean-up is done (a third one interrupts it).
+        with signals_deferred(f"removing the unfinished save of {plan.name}", quiet=True):
+            committed = progress.committed or commit.is_committed()
+            if plan.rank == 0 and not committed:
+                commit.discard()
         explained = None if committed else explained_disk_fault(exc, plan.checkpoint_dir)
         if explained is not None:
             raise explained from exc

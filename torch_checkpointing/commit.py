@@ -1446,7 +1446,7 @@ class Commit:
             ):
                 self._remove_root()
             remove_made(self.target.made)
-        except Exception as exc:
+        except BaseException as exc:  # an interrupt too (a Ctrl-C sent again): what it left is named
             log_safely(
                 logger,
                 logging.WARNING,
@@ -1457,6 +1457,8 @@ class Commit:
                 exc,
                 self._named(root.parent),
             )
+            if not isinstance(exc, Exception):
+                raise
 
     def _remove_root(self) -> None:
         """The unfinished root, but only what this save created: a file it wrote that another program replaced
