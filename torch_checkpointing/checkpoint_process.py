@@ -531,7 +531,26 @@ def _forget_the_parents_writers() -> None:
         children.difference_update(set(_WRITER_PROCESSES))
 
 
+def _forget_the_parents_resource_sharer() -> None:
+    """In a child made by os.fork(): a resource sharer of the child's own, as the fork start method gives it.
+
+    A staging slab travels to the writer as a descriptor that multiprocessing's resource sharer hands over on
+    request, by key. The child inherits the parent's sharer: the parent's address and key counter, but not its
+    thread. A manager built in the child (what the refusal of the parent's manager there advises) sent its slab
+    under a key the parent's sharer answered: the parent logged `KeyError` and the child's writer died at every
+    save (`WriterProcessDied`), or, where the parent had a send of that key pending, the child's writer mapped
+    the parent's slab and the parent's writer lost it. `_afterfork` is what multiprocessing runs for its own
+    fork children; a plain os.fork() does not run it, and there is no public way to.
+    """
+    sharer_module = sys.modules.get("multiprocessing.resource_sharer")
+    sharer = getattr(sharer_module, "_resource_sharer", None)
+    reset = getattr(sharer, "_afterfork", None)
+    if callable(reset):
+        reset()
+
+
 os.register_at_fork(after_in_child=_forget_the_parents_writers)
+os.register_at_fork(after_in_child=_forget_the_parents_resource_sharer)
 
 
 class CheckpointProcess:
