@@ -212,7 +212,8 @@ class Control:
         """The first write into a file whose path contains `substring` hands over its bytes, then blocks.
 
         "before rmdir": the first directory removal blocks before it starts (a swap's removal of the replaced copy).
-        "after open": the first stream_write blocks once it has created its file, before it returns the stream.
+        "after open NAME": the first stream_write of a file whose path contains NAME blocks once it has created the
+        file, before it returns the stream.
         """
         (self.root / "blocked").unlink(missing_ok=True)
         (self.root / "block_on").write_text(substring)
@@ -316,11 +317,21 @@ class RecordingStorage(LocalFileSystemStorage):
             time.sleep(delay)
         stream = super().stream_write(path)
         try:
-            self._maybe_block(f"after open {os.fspath(path)}")  # `Control.block("after open")`
+            self._maybe_block_after_open(os.fspath(path))
         except BaseException:
             stream.close()
             raise
         return _BlockingStream(stream, self, os.fspath(path))
+
+    def _maybe_block_after_open(self, path: str) -> None:
+        """`Control.block("after open NAME")`; a plain file name blocks in the first write instead."""
+        try:
+            substring = (self.control.root / "block_on").read_text()
+        except FileNotFoundError:
+            return
+        prefix = "after open "
+        if substring.startswith(prefix) and substring[len(prefix) :] in path:
+            self._maybe_block(substring)
 
     def write(self, path: Path, data: Any) -> None:
         self._log("write", path)

@@ -100,7 +100,7 @@ def test_ctrl_c_between_a_files_create_and_its_record_leaves_nothing_beside_the_
     # temporary directory holding it stayed ("was not removed whole").
     # The second item's file, created on the training thread (one write thread, the default) once the first
     # item's file is recorded: an unrecorded file among recorded ones is what the discard leaves alone.
-    out = _run(tmp_path, "extra_0.pt")  # its first block is the one after the open
+    out = _run(tmp_path, "after open extra_0.pt")
     assert "entries: ['step']" in out, out
     assert "not removed whole" not in out, out
     assert "loaded: [1.0, 1.0, 1.0, 1.0]" in out or "interrupted after the save" in out, out
