@@ -1013,7 +1013,7 @@ class _Parts:
     """What a manager holds outside itself, for releasing it after the manager is gone (never the manager)."""
 
     pid: int
-    exit_hook: Callable[[], None]  # waits for the last save (bounded), then closes the saver
+    exit_hook: Callable[..., None]  # `_close_at_exit`: waits for the last save (bounded), then closes the saver
     loader: CheckpointLoader
     retention: RetentionRunner | None
     owner: OwnerLock
@@ -1049,7 +1049,7 @@ def _close_dropped(parts: _Parts) -> None:
         try:
             if parts.retention is not None:
                 parts.retention.close()
-            parts.exit_hook()
+            parts.exit_hook(at_exit=False)
             parts.loader.close()
         except Exception:
             log_safely(
@@ -1066,9 +1066,25 @@ def _close_dropped(parts: _Parts) -> None:
         parts.owner.release()
 
 
-def _close_at_exit(saver: CheckpointSaver, timeout: float | None, owner_pid: int) -> None:
+def _close_at_exit(saver: CheckpointSaver, timeout: float | None, owner_pid: int, at_exit: bool = True) -> None:
+    """Wait (bounded) for the last save, then close the saver: at interpreter exit, or for a dropped manager.
+
+    At exit with a save still being written, say so first: the process otherwise sat there, up to
+    `save.wait_timeout_secs`, with nothing on the log to tell a finished script from a hung one.
+    """
     if os.getpid() != owner_pid:
         return  # a child made by os.fork() exits: the writer and its last save are the parent's
+    in_flight = saver.write_in_flight() if at_exit else None
+    if in_flight is not None:
+        log_safely(
+            logger,
+            logging.WARNING,
+            "At interpreter exit, the async save of %s is still being written; the process waits for it (%s, "
+            "save.wait_timeout_secs) before it ends. Call close() (or the save's Future's result()) before the "
+            "script ends to wait where you choose.",
+            in_flight,
+            "with no bound" if timeout is None else f"at most {timeout} s",
+        )
     try:
         saver.wait(timeout)
     except Exception as exc:

@@ -90,6 +90,10 @@ class CheckpointSaver(ABC):
     def wait_for_write_of(self, checkpoint_id: str) -> None:  # noqa: B027  (sync saves are done on return)
         """Before a load of `checkpoint_id`: wait for this saver's write of it, if one is in flight."""
 
+    def write_in_flight(self) -> str | None:
+        """The id of a save still being written, if any (sync saves are done on return)."""
+        return None
+
     @property
     def stager(self) -> CheckpointStager | None:
         return None
@@ -246,6 +250,10 @@ class AsyncCheckpointSaver(CheckpointSaver):
         them. Cheap: JSON items are small, and only safetensors names are compared, never bytes."""
         for item in items:
             refuse_before_handover(item.layout.serialization_format, item.key, item.value)
+
+    def write_in_flight(self) -> str | None:
+        write = self._last_write
+        return write.checkpoint_id if write is not None and not write.done() else None
 
     def wait_for_write_of(self, checkpoint_id: str) -> None:
         """A load reads its own manager's writes: the design document's `save(path, ...)` then
