@@ -112,3 +112,58 @@ def test_a_third_ctrl_c_stops_the_removal_and_says_what_it_left(tmp_path: Path) 
     out = _run(tmp_path, ".incomplete", "before rmdir", again=2)
     assert "Could not remove the unfinished save at" in out and "KeyboardInterrupt" in out, out
     assert "torch-checkpointing gc" in out, out
+
+
+_SCRIPT_THREADS = """
+import os, signal, sys, threading, time
+import torch
+from tests.memory_storage import Control, RecordingStorageConfig
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import CheckpointWriterConfig
+
+if __name__ == "__main__":
+    root, control = sys.argv[1], Control(sys.argv[2])
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = RecordingStorageConfig(control_dir=sys.argv[2])
+    config.save.writer_config = CheckpointWriterConfig(file_write_max_threads=2)
+    manager = CheckpointManager(config)
+    control.block("model_0.pt")  # on a write thread, in the middle of the file
+
+    def ctrl_c_twice():
+        control.wait_blocked()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)  # while the save waits for its write threads to end
+        time.sleep(1.0)
+        control.reset()  # the write goes on
+
+    threading.Thread(target=ctrl_c_twice, daemon=True).start()
+    try:
+        manager.save(f"{root}/step", {"model": {"w": torch.full((4,), 2.0)}, "extra": {"s": 2}})
+    except KeyboardInterrupt:
+        still = (control.root / "block_on").exists()
+        print(f"save: KeyboardInterrupt; a write thread still writing: {still}", flush=True)
+    time.sleep(2.0)  # the blocked write, released, ends either way
+    manager.close()
+    print("entries:", sorted(os.listdir(root)), flush=True)
+"""
+
+
+def test_ctrl_c_again_while_the_write_threads_end_waits_for_them(tmp_path: Path) -> None:
+    # Before: the second Ctrl-C made the save return (and remove its files) while a write thread still wrote
+    # into them: "a write thread still writing: True".
+    script = tmp_path / "ctrl_c_threads.py"
+    script.write_text(textwrap.dedent(_SCRIPT_THREADS))
+    (tmp_path / "ckpt").mkdir()
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt"), str(tmp_path / "control")],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = f"{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, out
+    assert "save: KeyboardInterrupt; a write thread still writing: False" in done.stdout, out
+    assert "entries: []" in done.stdout, out

@@ -225,7 +225,10 @@ class WorkerPool(Executor):
             settle_all(futures)
         except BaseException as exc:  # a Ctrl-C while waiting: no new call starts, and the running ones end before
             failed.append(exc)  # the caller cleans up after them (a sync save removes the files they write)
-            settle_all(futures)
+            # A second Ctrl-C here returned while they still wrote: the save removed its files under them. Its
+            # handler runs once they have ended; the same signal once more stops the wait at once.
+            with signals_deferred(f"{self._name}: waiting for its running calls to end", quiet=True):
+                settle_all(futures)
             raise
         if failed:
             raise failed[0]  # the first to fail, in time
