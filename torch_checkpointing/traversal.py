@@ -357,6 +357,7 @@ class TreeMemo(dict[int, Any]):
         super().__init__()
         self._root, self._mapped, self._make = root, mapped, make
         self._nodes: dict[int, Any] | None = None
+        self._container_ids: set[int] | None = None
         self.kept: list[Any] = []  # every original whose id is a key here, alive while the walk runs
 
     def remember(self, original: Any, made: Any) -> None:
@@ -372,11 +373,14 @@ class TreeMemo(dict[int, Any]):
                 self.remember(obj, obj)
 
     def holds_a_container_of_the_tree(self, ids: set[int]) -> bool:
-        """Whether one of the objects whose ids are `ids` (all alive) is a container of the tree."""
+        """Whether one of the objects whose ids are `ids` (all alive) is a container of the tree. Set against
+        set, which costs the smaller of the two: matched against the tree's node dict, it walked every node once
+        per value taken whole, and an item holding a small object per layer cost layers x nodes to hand over."""
         if not ids:
             return False
-        nodes = self._tree_nodes()
-        return any(is_container(nodes[i]) for i in ids.intersection(nodes))
+        if self._container_ids is None:
+            self._container_ids = {i for i, node in self._tree_nodes().items() if is_container(node)}
+        return not ids.isdisjoint(self._container_ids)
 
     def in_tree(self, obj: Any) -> bool:
         """Whether `obj` is a node of the tree (a container of it, or a leaf of a mapped type)."""
