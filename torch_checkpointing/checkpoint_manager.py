@@ -7,7 +7,6 @@ import dataclasses
 import enum
 import errno
 import functools
-import inspect
 import logging
 import math
 import os
@@ -15,6 +14,7 @@ import posixpath
 import re
 import threading
 import time
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
@@ -91,30 +91,23 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _C = TypeVar("_C")
 
 
-class _Preset:
-    """`Config.with_sync_save` / `with_async_save`. On the class, a classmethod preset as API_SURFACE §5 has it:
-    `Config(save=...)`, every other field default. On a config, that config with its saver replaced (a new
-    object; the fields shared, not copied): before, the classmethod ignored the config it was called on, and
-    `Config(items=...).with_sync_save()` dropped the items, layouts and retention set there, silently."""
+class _Preset(classmethod):  # type: ignore[type-arg]
+    """`Config.with_sync_save` / `with_async_save`: a classmethod, as API_SURFACE §5 has it (on the class,
+    `Config(save=...)`, every other field default), that called on a config gives that config with its saver
+    replaced (a new object; the fields shared, not copied): a plain classmethod ignored the config it was called
+    on, and `Config(items=...).with_sync_save()` dropped the items, layouts and retention set there, silently.
+    Bound as a method either way, so a preset pickles and compares as the classmethod did."""
 
-    def __init__(self, saver: Callable[[], CheckpointSaverConfig], doc: str) -> None:
-        self._saver = saver
-        self.__doc__ = inspect.cleandoc(doc)
-        self._name = "preset"
+    def __get__(self, config: _C | None, owner: type[_C] | None = None) -> Callable[[], _C]:
+        if config is None:
+            bound: Callable[[], _C] = super().__get__(config, owner)
+            return bound
+        return types.MethodType(self.__func__, config)
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
 
-    def __get__(self, config: _C | None, owner: type[_C]) -> Callable[[], _C]:
-        def preset() -> _C:
-            if config is None:
-                return owner(save=self._saver())  # type: ignore[call-arg]
-            return dataclasses.replace(config, save=self._saver())  # type: ignore[type-var]
-
-        preset.__name__ = self._name
-        preset.__qualname__ = f"{owner.__qualname__}.{self._name}"
-        preset.__doc__ = self.__doc__
-        return preset
+def _with_saver(on: Any, saver: CheckpointSaverConfig) -> Any:
+    """`on` (a Config class, or a config) made into a config whose saver is `saver`."""
+    return on(save=saver) if isinstance(on, type) else dataclasses.replace(on, save=saver)
 
 
 class CheckpointManager:
@@ -162,16 +155,19 @@ class CheckpointManager:
             """`CheckpointManager(self)`."""
             return CheckpointManager(self)
 
-        with_sync_save = _Preset(
-            SyncCheckpointSaverConfig,
+        @_Preset
+        def with_sync_save(on: Any) -> CheckpointManager.Config:
             """A config whose saves are synchronous (`save=SyncCheckpointSaverConfig()`): on the class, every other
-            field default; on a config, that config's other fields.""",
-        )
-        with_async_save = _Preset(
-            AsyncCheckpointSaverConfig,
+            field default; on a config, that config's other fields."""
+            made: CheckpointManager.Config = _with_saver(on, SyncCheckpointSaverConfig())
+            return made
+
+        @_Preset
+        def with_async_save(on: Any) -> CheckpointManager.Config:
             """A config whose saves are asynchronous (`save=AsyncCheckpointSaverConfig()`, the default anyway): on
-            the class, every other field default; on a config, that config's other fields.""",
-        )
+            the class, every other field default; on a config, that config's other fields."""
+            made: CheckpointManager.Config = _with_saver(on, AsyncCheckpointSaverConfig())
+            return made
 
     def __init__(self, config: Config | None = None) -> None:
         self._closed = True  # until construction succeeds, so close() does nothing
