@@ -39,7 +39,7 @@ def test_a_default_spec_whose_layout_every_save_refuses_is_warned_about(caplog: 
     with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
         CheckpointManager(CheckpointManager.Config(default=default, save=SyncCheckpointSaverConfig())).close()
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert any("Config.default" in m and "../{rank}.bin" in m for m in said), said
+    assert any("Config.default" in m and "../{rank}.bin" in m and "without its own ItemSpec" in m for m in said), said
 
 
 def test_good_layouts_are_built_without_a_word(caplog: pytest.LogCaptureFixture) -> None:

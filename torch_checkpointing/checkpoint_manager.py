@@ -790,16 +790,18 @@ def _warn_refused_layouts(config: CheckpointManager.Config) -> None:
 
     The refusal itself stays in `save()`, where API_SURFACE §4 places it; but an async manager's first save may
     come hours into training, and until then nothing was said."""
-    specs = [(f"Config.items[{key!r}]", key, spec) for key, spec in config.items.items()]
+    specs = [(f"Config.items[{key!r}]", "this item", key, spec) for key, spec in config.items.items()]
     if config.default is not None:
-        specs.append(("Config.default", "<any key without an ItemSpec>", config.default))
-    for where, key, spec in specs:
+        specs.append(
+            ("Config.default", "a key without its own ItemSpec", "<any key without an ItemSpec>", config.default)
+        )
+    for where, what, key, spec in specs:
         if spec.layout is None:
             continue
         try:
             check_layout(key, spec.layout)
         except (ConfigError, ConfigTypeError) as exc:
-            logger.warning("CheckpointManager.%s: every save() of this item will be refused: %s", where, exc)
+            logger.warning("CheckpointManager.%s: every save() of %s will be refused: %s", where, what, exc)
 
 
 def _check_optional(name: str, value: Any, cls: type, what: str) -> None:
