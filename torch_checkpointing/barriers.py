@@ -109,8 +109,10 @@ class TCPStoreBarrier(Barrier):
                     raise
                 self._outcome(channel, number, f"{_FAILED}{self.rank_info.role_rank}/{exc}")
                 return  # every rank arrived after all, and one said so first
-            self._forget_rounds(channel, number)
-            self._outcome(channel, number, _PASSED)
+            try:
+                self._outcome(channel, number, _PASSED)
+            finally:
+                self._forget_rounds(channel, number)
         except CommitError as exc:
             spent = self._channel is None or self._channel.spent  # the host failed, not a rank's arrival
             raise TimeoutError(self._host_failed(exc, timeout_secs, number) if spent else str(exc)) from exc
@@ -120,15 +122,18 @@ class TCPStoreBarrier(Barrier):
         outcomes of the rounds before it from the store: a rank arrives at a round only after its call of the round
         before returned, so no rank reads them any more. Rounds rank 0 itself gave up on go at the next round every
         rank met. Before, every round's keys stayed for the store's life (a barrier per save grew it for the
-        job's). A removal that fails is said at WARNING; the round passed all the same."""
-        if self._host_store is None or number <= self._kept_from:
+        job's). A removal that fails is said at WARNING; the round passed all the same.
+
+        It runs after the round's outcome is decided: run before, a removal that stalled (rank 0's store slow) spent
+        the channel, and rank 0 raised on a round every other rank passed."""
+        if self._host_store is None or number <= self._kept_from or channel.spent:
             return
         world = self.rank_info.role_world_size
         names = [f"{n}/{r}" for n in range(self._kept_from, number) for r in range(world)]
         names += [f"{n}/outcome" for n in range(self._kept_from, number)]
         try:
             channel.forget(names)
-        except CommitError as exc:
+        except Exception as exc:  # housekeeping: no failure of it may change the round's outcome
             log_safely(
                 logger,
                 logging.WARNING,

@@ -1,0 +1,82 @@
+"""Round 27: public-API refusals that gave bare internals or a silent surprise, and a barrier whose housekeeping
+decided its outcome.
+
+* `TCPStoreBarrier`: role rank 0 removed the earlier rounds' keys from its store before deciding the round; a
+  removal that stalled spent its channel, so rank 0 raised while every other rank passed the same round.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Any
+
+import pytest
+
+from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
+from torch_checkpointing.types import RankInfo
+
+
+def _barrier_config() -> TCPStoreBarrierConfig:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return TCPStoreBarrierConfig(30, False, port, "127.0.0.1", key_prefix="r27b")
+
+
+def _together(*barriers: TCPStoreBarrier, timeout_s: int) -> list[str]:
+    """Every barrier's execute_barrier at once, one thread each: 'passed' or the error each raised."""
+    said = [""] * len(barriers)
+
+    def run(k: int) -> None:
+        try:
+            barriers[k].execute_barrier(timeout_s)
+            said[k] = "passed"
+        except Exception as exc:
+            said[k] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(barriers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 60)
+    return said
+
+
+class _StuckRemovals:
+    """Rank 0's own store, whose key removals stall (`stall`) or fail (`fail`); every other call goes through."""
+
+    def __init__(self, store: Any, how: str) -> None:
+        self._store = store
+        self._how = how
+        self.released = threading.Event()
+
+    def delete_key(self, key: str) -> bool:
+        if self._how == "fail":
+            raise RuntimeError("delete_key: the store refused it")
+        self.released.wait(60)
+        return bool(self._store.delete_key(key))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+@pytest.mark.parametrize("how", ["stall", "fail"])
+def test_a_stalled_or_failed_key_removal_on_rank_0_does_not_fail_its_barrier(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _barrier_config()
+    host, other = config.create_barrier(RankInfo(0, 2, 0, 2)), config.create_barrier(RankInfo(1, 2, 1, 2))
+    assert _together(host, other, timeout_s=2) == ["passed", "passed"]
+    stuck = _StuckRemovals(host._host_store, how)
+    host._host_store = stuck
+    host._channel = None  # its next channel talks to the wrapped store
+    try:
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            # Round 2 removes round 1's keys: the removal must not decide the round for rank 0 alone.
+            assert _together(host, other, timeout_s=2) == ["passed", "passed"]
+    finally:
+        stuck.released.set()
+    assert "removing the keys of barriers 1-1" in caplog.text, "the failed removal is said, not silent"
+    assert _together(host, other, timeout_s=5) == ["passed", "passed"]  # and the ranks stay in step
