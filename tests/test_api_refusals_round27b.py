@@ -10,11 +10,15 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import uuid
 from typing import Any
 
 import pytest
+import torch
 
+from torch_checkpointing import CheckpointManager, ConfigError, FsspecStorageConfig, latest_checkpoint
 from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
+from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.types import RankInfo
 
 
@@ -80,3 +84,21 @@ def test_a_stalled_or_failed_key_removal_on_rank_0_does_not_fail_its_barrier(
         stuck.released.set()
     assert "removing the keys of barriers 1-1" in caplog.text, "the failed removal is said, not silent"
     assert _together(host, other, timeout_s=5) == ["passed", "passed"]  # and the ranks stay in step
+
+
+def test_an_absolute_id_under_an_fsspec_url_root_is_refused_naming_it_and_the_fix() -> None:
+    fsspec = pytest.importorskip("fsspec")
+    root = f"memory://abs-{uuid.uuid4().hex}"
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=root))
+    with CheckpointManager(config) as manager:
+        for given in ("/abs/c3", "//abs/c3"):
+            with pytest.raises(ConfigError, match=r"'/+abs/c3' is an absolute path") as refused:
+                manager.save(given, {"w": torch.ones(2)})
+            assert f"Give 'abs/c3' to use {root}/abs/c3, or the full URL" in str(refused.value), refused.value
+            with pytest.raises(ConfigError, match=r"absolute path"):
+                manager.load(given)
+        assert not fsspec.filesystem("memory").exists(f"{root.removeprefix('memory://')}/abs/c3")
+        manager.save("abs/c3", {"w": torch.ones(2)})  # the relative id is placed under the root, as documented
+        assert torch.equal(manager.load("abs/c3")["w"], torch.ones(2))
+    with pytest.raises(ConfigError, match=r"absolute path"):
+        latest_checkpoint("/abs", FsspecStorageConfig(url=root).create_storage())

@@ -16,7 +16,7 @@ import pytest
 
 from tests.probes import modules_after
 from tests.s3_server import TEST_PART_SIZE, RecordingStorageConfig, S3Server
-from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.errors import CheckpointError, ConfigError
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME
 from torch_checkpointing.storage.fsspec_storage import (
     FsspecStorage,
@@ -92,7 +92,8 @@ def test_paths_map_to_keys(storage: FsspecStorage) -> None:
     bucket = _bucket(storage)
     assert storage.remap_path(Path("run/a.pt")) == f"s3://{bucket}/run/a.pt"
     assert storage.remap_path(Path(f"s3://{bucket}/run/a.pt")) == f"s3://{bucket}/run/a.pt"
-    assert storage.remap_path(Path("/abs/a.pt")) == f"s3://{bucket}/abs/a.pt"
+    with pytest.raises(ConfigError, match="absolute path"):  # not silently placed under the root (round 27)
+        storage.remap_path(Path("/abs/a.pt"))
     with pytest.raises(ValueError, match="gs://"):
         storage.remap_path(Path("gs://other/a.pt"))
     rootless = FsspecStorage(FsspecStorageConfig(protocol="s3", storage_options=storage.config.storage_options))

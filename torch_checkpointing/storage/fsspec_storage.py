@@ -475,7 +475,14 @@ class FsspecStorage(Storage):
         backend, root = self._root
         if text in ("", "."):
             return backend, root
-        key = backend.name(posixpath.join(root, text.lstrip("/")))
+        if text.startswith("/"):
+            # placed under the root it named another path than the one given, silently (`/abs/c3` -> root/abs/c3)
+            raise ConfigError(
+                f"Checkpoint id {text!r} is an absolute path, but FsspecStorageConfig.url "
+                f"({backend.url(root)}) is a root for relative ids only. Give {text.lstrip('/')!r} to use "
+                f"{backend.url(backend.name(posixpath.join(root, text.lstrip('/'))))}, or the full URL as the id."
+            )
+        key = backend.name(posixpath.join(root, text))
         inside, under = key.lstrip("/"), root.strip("/")
         if under and inside != under and not inside.startswith(under + "/"):
             # `..` steps out: on an object store up to another bucket, where retention and gc of this root never look
