@@ -102,3 +102,18 @@ def test_an_absolute_id_under_an_fsspec_url_root_is_refused_naming_it_and_the_fi
         assert torch.equal(manager.load("abs/c3")["w"], torch.ones(2))
     with pytest.raises(ConfigError, match=r"absolute path"):
         latest_checkpoint("/abs", FsspecStorageConfig(url=root).create_storage())
+
+
+@pytest.mark.parametrize(("url", "protocol"), [("s3://b/run", "gs"), ("memory://b/run", "file"), ("gs://b", "s3a")])
+def test_an_fsspec_url_of_another_store_than_its_protocol_is_refused_when_the_config_is_built(
+    url: str, protocol: str
+) -> None:
+    pytest.importorskip("fsspec")
+    with pytest.raises(ConfigError, match=rf"url {url!r} is a {url.split(':')[0]}:// path, but .* {protocol}://"):
+        FsspecStorageConfig(url=url, protocol=protocol)
+
+
+@pytest.mark.parametrize(("url", "protocol"), [("s3://b/run", "s3a"), ("gs://b", "gcs"), ("file:///srv/c", "local")])
+def test_an_fsspec_url_of_an_alias_of_its_protocol_is_still_accepted(url: str, protocol: str) -> None:
+    pytest.importorskip("fsspec")
+    assert FsspecStorageConfig(url=url, protocol=protocol).protocol == protocol

@@ -159,6 +159,7 @@ class FsspecStorageConfig(StorageConfig):
         if self.url and url_scheme(self.url) is None:
             raise ConfigError(f"FsspecStorageConfig.url must be a URL such as 's3://bucket/prefix' (got {self.url!r}).")
         self.protocol = (self.protocol or url_scheme(self.url) or "").lower()
+        self._check_url_protocol()
         if self.filesystem is not None:
             given = _protocols_of(self.filesystem)
             self.protocol = self.protocol or sorted(given)[0]
@@ -177,6 +178,22 @@ class FsspecStorageConfig(StorageConfig):
         self._check_endpoint()
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ConfigError(f"request_timeout_s must be positive or None (got {self.request_timeout_s})")
+
+    def _check_url_protocol(self) -> None:
+        """A `url` of another store than `protocol` (`s3://...` with `gs`) was refused only by `create_storage()`,
+        in the writer process for an async save. Aliases of one filesystem (`s3`/`s3a`, `gs`/`gcs`,
+        `file`/`local`) agree; a protocol fsspec does not know yet is left to `create_storage()`."""
+        scheme = url_scheme(self.url) if self.url else None
+        if scheme is None or scheme == self.protocol:
+            return
+        ours, theirs = _implementation(scheme), _implementation(self.protocol)
+        if ours is None or theirs is None or ours == theirs:
+            return
+        raise ConfigError(
+            f"FsspecStorageConfig.url {self.url!r} is a {scheme}:// path, but this storage talks to "
+            f"{self.protocol}:// (FsspecStorageConfig.protocol). Fix: leave protocol empty (it is taken from url), "
+            f"or give a url of {self.protocol}://."
+        )
 
     def _check_endpoint(self) -> None:
         """An `endpoint_url` without a scheme (`minio:9000`) failed only at the first request, as a client error."""
@@ -248,6 +265,20 @@ def _check_filesystem(fs: object) -> None:
     raise ConfigTypeError(
         f"FsspecStorageConfig.filesystem must be an fsspec filesystem instance or None, got {got}; {fix}."
     )
+
+
+def _implementation(protocol: str) -> str | None:
+    """The dotted name of fsspec's filesystem class for `protocol` (None: unknown, or fsspec not installed),
+    read from its registry without importing the class: `s3` and `s3a` name the same one."""
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:  # pragma: no cover - exercised only without the extra
+        return None
+    registered = registry.get(protocol)
+    if registered is not None:
+        return f"{registered.__module__}.{registered.__qualname__}"
+    known = known_implementations.get(protocol)
+    return str(known["class"]) if known else None
 
 
 def _protocols_of(fs: Any) -> frozenset[str]:
