@@ -11,6 +11,7 @@ import logging
 import socket
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,9 @@ import torch
 from torch_checkpointing import CheckpointManager, ConfigError, FsspecStorageConfig, latest_checkpoint
 from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
 from torch_checkpointing.config import SyncCheckpointSaverConfig
-from torch_checkpointing.types import RankInfo
+from torch_checkpointing.errors import ConfigTypeError
+from torch_checkpointing.types import CheckpointPath, RankInfo
+from torch_checkpointing.version import Version
 
 
 def _barrier_config() -> TCPStoreBarrierConfig:
@@ -117,3 +120,23 @@ def test_an_fsspec_url_of_another_store_than_its_protocol_is_refused_when_the_co
 def test_an_fsspec_url_of_an_alias_of_its_protocol_is_still_accepted(url: str, protocol: str) -> None:
     pytest.importorskip("fsspec")
     assert FsspecStorageConfig(url=url, protocol=protocol).protocol == protocol
+
+
+@pytest.mark.parametrize("text", ["xx", "", '["a"', "{"])
+def test_checkpoint_path_deserialize_of_text_that_is_no_json_is_a_config_error_naming_it(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"Cannot deserialize CheckpointPath from .*what serialize\(\) writes"):
+        CheckpointPath.deserialize(text)
+
+
+@pytest.mark.parametrize("given", [None, 7, b'["a"]', {"a": 1}, Path("x"), ["a"]])
+def test_checkpoint_path_deserialize_of_no_str_is_a_config_type_error_naming_it(given: object) -> None:
+    with pytest.raises(
+        ConfigTypeError, match=rf"CheckpointPath.deserialize takes the str .*got {type(given).__name__}"
+    ):
+        CheckpointPath.deserialize(given)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("given", [None, 1, b"1.0", Path("1.0")])
+def test_a_version_of_no_str_is_a_config_type_error(given: object) -> None:
+    with pytest.raises(ConfigTypeError, match=rf"Version takes a version str .*got {type(given).__name__}"):
+        Version(given)  # type: ignore[arg-type]

@@ -46,10 +46,24 @@ class CheckpointPath:
     @classmethod
     def deserialize(cls, s: str) -> CheckpointPath:
         """The inverse of `serialize()`; an empty list is a `ValueError`, and so is any JSON `serialize()` never
-        writes (not a list, a non-str item key, a component neither str nor int): a `ConfigError` naming it."""
-        from torch_checkpointing.errors import ConfigError
+        writes (not a list, a non-str item key, a component neither str nor int) or text that is no JSON: a
+        `ConfigError` naming it (no JSON was a bare JSONDecodeError). No str is a `ConfigTypeError`."""
+        from torch_checkpointing.errors import ConfigError, ConfigTypeError
 
-        parts = json.loads(s)
+        expected = (
+            "expected what serialize() writes, a JSON list of the str item key then str keys and int indices (e.g. "
+            '["model", "state", 0, "exp_avg"])'
+        )
+        if not isinstance(s, str):
+            raise ConfigTypeError(
+                f"CheckpointPath.deserialize takes the str {expected}; got {type(s).__name__} {s!r:.80}"
+            )
+        try:
+            parts = json.loads(s)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"Cannot deserialize CheckpointPath from {s!r:.200}: it is no JSON ({exc}); {expected}"
+            ) from None
         if isinstance(parts, list) and not parts:
             raise ConfigError(f'Cannot deserialize CheckpointPath from empty list: {s!r}; expected ["item", ...]')
         if (
@@ -57,8 +71,5 @@ class CheckpointPath:
             or not isinstance(parts[0], str)
             or any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in parts[1:])
         ):
-            raise ConfigError(
-                f"Cannot deserialize CheckpointPath from {s!r}: expected what serialize() writes, a JSON list of the "
-                f'str item key then str keys and int indices (e.g. ["model", "state", 0, "exp_avg"])'
-            )
+            raise ConfigError(f"Cannot deserialize CheckpointPath from {s!r}: {expected}")
         return cls(parts[0], tuple(parts[1:]))

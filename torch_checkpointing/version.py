@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from importlib import metadata
 
+from torch_checkpointing.errors import ConfigTypeError
+
 _DIST_NAME = "torch-checkpointing"
 
 
@@ -11,6 +13,10 @@ class Version:
     """A version string `X.Y.Z[+sha]`, split on the first `+`."""
 
     def __init__(self, full: str) -> None:
+        if not isinstance(full, str):  # was an AttributeError about `partition`
+            raise ConfigTypeError(
+                f"Version takes a version str such as '1.2.3+abc', got {type(full).__name__} {full!r:.80}"
+            )
         self._full = full
         self._version, _, sha = full.partition("+")
         self._sha = sha or None
