@@ -20,6 +20,8 @@ import torch
 from torch_checkpointing import CheckpointManager, ConfigError, FsspecStorageConfig, latest_checkpoint
 from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata
+from torch_checkpointing.dtensor_resharder import compute_local_shard_info
 from torch_checkpointing.errors import ConfigTypeError
 from torch_checkpointing.types import CheckpointPath, RankInfo
 from torch_checkpointing.version import Version
@@ -134,6 +136,35 @@ def test_checkpoint_path_deserialize_of_no_str_is_a_config_type_error_naming_it(
         ConfigTypeError, match=rf"CheckpointPath.deserialize takes the str .*got {type(given).__name__}"
     ):
         CheckpointPath.deserialize(given)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("given", [torch.zeros(2), None, "w", {"w": torch.zeros(2)}])
+def test_sharding_metadata_from_no_dtensor_is_a_config_type_error_naming_the_fix(given: object) -> None:
+    with pytest.raises(ConfigTypeError, match=r"from_dtensor needs a DTensor, got .*replicated") as refused:
+        DTensorShardingMetadata.from_dtensor(given)  # type: ignore[arg-type]
+    assert type(given).__name__ in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize("given", [None, [1, 2], "w"])
+def test_replicated_sharding_metadata_of_no_tensor_is_a_config_type_error(given: object) -> None:
+    with pytest.raises(ConfigTypeError, match=rf"replicated needs a torch.Tensor, got {type(given).__name__}"):
+        DTensorShardingMetadata.replicated(given, 2)  # type: ignore[arg-type]
+    with pytest.raises(ConfigTypeError, match=r"world_size must be a positive int, got '2'"):
+        DTensorShardingMetadata.replicated(torch.zeros(2), "2")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rank", ["0", None, 1.0, True])
+def test_compute_local_shard_info_of_a_rank_that_is_no_int_is_a_config_type_error(rank: object) -> None:
+    metadata = DTensorShardingMetadata.replicated(torch.zeros(4), 2)
+    with pytest.raises(ConfigTypeError, match=rf"rank must be an int, got {rank!r}"):
+        compute_local_shard_info(metadata, rank)  # type: ignore[arg-type]
+    assert compute_local_shard_info(metadata, 1) == ((4,), (0,))
+
+
+@pytest.mark.parametrize("given", [None, {}, "x", torch.zeros(2)])
+def test_compute_local_shard_info_of_no_sharding_metadata_is_a_config_type_error(given: object) -> None:
+    with pytest.raises(ConfigTypeError, match=r"needs a DTensorShardingMetadata, got"):
+        compute_local_shard_info(given, 0)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("given", [None, 1, b"1.0", Path("1.0")])

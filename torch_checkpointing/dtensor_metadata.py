@@ -22,7 +22,7 @@ from torch_checkpointing.distributed_metadata import (
     encode_rank_list,
     json_object,
 )
-from torch_checkpointing.errors import CheckpointError, TemplateMismatchError, unknown_to_this_engine
+from torch_checkpointing.errors import CheckpointError, ConfigTypeError, TemplateMismatchError, unknown_to_this_engine
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 
 if TYPE_CHECKING:
@@ -339,6 +339,14 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
 
     @classmethod
     def from_dtensor(cls, dt: DTensor, where: str = "") -> DTensorShardingMetadata:
+        """The metadata of a live DTensor; anything else is a `ConfigTypeError` (it was an AttributeError about
+        `device_mesh`), naming `replicated()` for a plain tensor that every rank holds whole."""
+        if not is_dtensor(dt):
+            raise ConfigTypeError(
+                f"DTensorShardingMetadata.from_dtensor needs a DTensor, got {type(dt).__name__}"
+                f"{' at ' + where if where else ''}. For a plain tensor every rank holds whole, use "
+                f"DTensorShardingMetadata.replicated(tensor, world_size)."
+            )
         mesh = dt.device_mesh
         mesh_spec = DeviceMeshSpec.from_mesh(mesh.device_type, mesh.mesh, mesh.mesh_dim_names)
         placements = tuple(_placement_to_spec(p, where or "being checkpointed") for p in dt.placements)
@@ -347,6 +355,14 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
     @classmethod
     def replicated(cls, tensor: torch.Tensor, world_size: int) -> DTensorShardingMetadata:
         """Metadata of a plain tensor that every rank of a `world_size` job holds whole."""
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigTypeError(
+                f"DTensorShardingMetadata.replicated needs a torch.Tensor, got {type(tensor).__name__} {tensor!r:.80}"
+            )
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ConfigTypeError(
+                f"DTensorShardingMetadata.replicated: world_size must be a positive int, got {world_size!r}"
+            )
         mesh_spec = get_device_mesh_spec(tensor.device.type, (world_size,), tuple(range(world_size)), None)
         return cls(tuple(tensor.shape), str(tensor.dtype), tuple(tensor.stride()), mesh_spec, (ReplicateSpec(),))
 

@@ -29,7 +29,7 @@ from torch_checkpointing.dtensor_metadata import (
     ShardSpec,
     StridedShardSpec,
 )
-from torch_checkpointing.errors import CorruptCheckpointError, TemplateMismatchError
+from torch_checkpointing.errors import ConfigTypeError, CorruptCheckpointError, TemplateMismatchError
 from torch_checkpointing.resharding import LoadPlan, Resharder, ReshardingInfo
 from torch_checkpointing.source_reader import ReadStats, SourceFile, SourceTensor, open_source_file
 from torch_checkpointing.storage.base_storage import Storage
@@ -129,7 +129,17 @@ def _to_runs(segments: _Segments) -> list[Run]:
 
 
 def compute_local_runs(metadata: DTensorShardingMetadata, rank: int) -> tuple[list[Run], ...]:
-    """Per tensor dimension, the runs of global indices `rank` holds, in local order."""
+    """Per tensor dimension, the runs of global indices `rank` holds, in local order.
+
+    Arguments of other types are a `ConfigTypeError`: a str rank said "Rank 0 is not in the device mesh", and
+    metadata of another kind an AttributeError about `mesh_spec`."""
+    if not isinstance(metadata, DTensorShardingMetadata):
+        raise ConfigTypeError(
+            f"compute_local_shard_info/compute_local_runs needs a DTensorShardingMetadata, got "
+            f"{type(metadata).__name__} {metadata!r:.80}"
+        )
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise ConfigTypeError(f"compute_local_shard_info/compute_local_runs: rank must be an int, got {rank!r}")
     coord = metadata.mesh_spec.get_coordinate(rank)
     if coord is None:
         raise ValueError(f"Rank {rank} is not in the device mesh {metadata.mesh_spec.mesh_data}")
