@@ -19,8 +19,10 @@ import torch
 
 from torch_checkpointing import CheckpointManager, ConfigError, FsspecStorageConfig, latest_checkpoint
 from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
+from torch_checkpointing.checkpoint_layout import JsonSerialization, SafetensorsSerialization
 from torch_checkpointing.config import SyncCheckpointSaverConfig
-from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata
+from torch_checkpointing.distributed_metadata import DistributedMetadata, GlobalObjectMetadata
+from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata, ShardSpec, StridedShardSpec
 from torch_checkpointing.dtensor_resharder import compute_local_shard_info
 from torch_checkpointing.errors import ConfigTypeError
 from torch_checkpointing.types import CheckpointPath, RankInfo
@@ -171,3 +173,57 @@ def test_compute_local_shard_info_of_no_sharding_metadata_is_a_config_type_error
 def test_a_version_of_no_str_is_a_config_type_error(given: object) -> None:
     with pytest.raises(ConfigTypeError, match=rf"Version takes a version str .*got {type(given).__name__}"):
         Version(given)  # type: ignore[arg-type]
+
+
+_NO_DICTS = [None, 7, b"x", "x", Path("x"), [1]]
+
+
+@pytest.mark.parametrize("given", _NO_DICTS)
+@pytest.mark.parametrize("fmt", [JsonSerialization, SafetensorsSerialization])
+def test_a_format_from_no_dict_is_a_config_type_error_naming_what_to_dict_writes(fmt: Any, given: object) -> None:
+    with pytest.raises(ConfigTypeError, match=rf"{fmt.__name__}.from_dict takes the dict .*got {type(given).__name__}"):
+        fmt.from_dict(given)
+    assert fmt.from_dict(fmt().to_dict()) == fmt()
+
+
+@pytest.mark.parametrize("given", _NO_DICTS)
+@pytest.mark.parametrize("record", [GlobalObjectMetadata, ShardSpec, StridedShardSpec])
+def test_a_sharding_record_from_no_dict_is_a_value_error_naming_the_field(record: Any, given: object) -> None:
+    with pytest.raises(ValueError, match=rf"field 'data' must be a JSON object, got {type(given).__name__}"):
+        record.from_dict(given)
+
+
+@pytest.mark.parametrize("text", ["x", b"{", ""])
+def test_distributed_metadata_from_text_that_is_no_json_is_a_value_error_naming_it(text: str | bytes) -> None:
+    with pytest.raises(ValueError, match=r"DistributedMetadata.from_json: the text is no JSON") as refused:
+        DistributedMetadata.from_json(text)
+    assert type(refused.value) is ValueError, "not json's own JSONDecodeError"
+    with pytest.raises(ConfigTypeError, match=r"DistributedMetadata.from_json takes the str or bytes .*got NoneType"):
+        DistributedMetadata.from_json(None)  # type: ignore[arg-type]
+
+
+def test_load_distributed_metadata_given_a_storage_config_names_create_storage(tmp_path: Path) -> None:
+    from torch_checkpointing import LocalFileSystemStorageConfig
+    from torch_checkpointing.distributed_metadata import load_distributed_metadata
+
+    with pytest.raises(ConfigTypeError, match=r"needs a Storage, got LocalFileSystemStorageConfig \(call its create"):
+        load_distributed_metadata(tmp_path, LocalFileSystemStorageConfig())  # type: ignore[arg-type]
+    with pytest.raises(ConfigTypeError, match=r"needs a Storage, got str;"):
+        load_distributed_metadata(tmp_path, str(tmp_path))  # type: ignore[arg-type]
+    assert load_distributed_metadata(tmp_path, LocalFileSystemStorageConfig().create_storage()) is None
+
+
+@pytest.mark.parametrize("given", ["pinned", {"use_pinned_memory": False}, 1])
+def test_a_default_stager_given_no_stager_config_is_a_config_type_error(given: object) -> None:
+    from torch_checkpointing.staging import DefaultStager
+
+    with pytest.raises(
+        ConfigTypeError, match=r"DefaultStager.config must be a CheckpointStagerConfig, got .*Pass one, or None"
+    ):
+        DefaultStager(given)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("given", [None, 7, b"s3://b", Path("s3://b")])
+def test_fsspec_config_from_no_url_str_is_a_config_type_error(given: object) -> None:
+    with pytest.raises(ConfigTypeError, match=r"from_url takes a URL str"):
+        FsspecStorageConfig.from_url(given)  # type: ignore[arg-type]

@@ -74,7 +74,7 @@ class JsonSerialization(SerializationFormat):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JsonSerialization:
-        name = d.get("cls")
+        name = _format_options(cls, d).get("cls")
         if not name:
             return cls()
         if not isinstance(name, str):
@@ -141,7 +141,7 @@ class SafetensorsSerialization(SerializationFormat):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SafetensorsSerialization:
-        return cls(metadata=d.get("metadata"))
+        return cls(metadata=_format_options(cls, d).get("metadata"))
 
     @staticmethod
     def prepare_tensors_for_save(data: Any) -> dict[str, torch.Tensor]:
@@ -166,6 +166,17 @@ SUPPORTED_FORMATS: tuple[type[SerializationFormat], ...] = (
     SafetensorsSerialization,
 )
 _BY_NAME = {f.__name__: f for f in SUPPORTED_FORMATS}
+
+
+def _format_options(fmt: type[SerializationFormat], d: object) -> dict[str, Any]:
+    """`d` when it is the dict `to_dict()` writes; else a `ConfigTypeError` naming the format (a format given no
+    dict raised AttributeError: 'NoneType' object has no attribute 'get')."""
+    if not isinstance(d, dict):
+        raise ConfigTypeError(
+            f"{fmt.__name__}.from_dict takes the dict its to_dict() writes (e.g. {fmt().to_dict()!r}), got "
+            f"{type(d).__name__} {d!r:.80}"
+        )
+    return d
 
 
 def serialization_format_from_dict(d: dict[str, Any]) -> SerializationFormat:

@@ -27,6 +27,7 @@ from torch_checkpointing.checkpoint_layout import (
 )
 from torch_checkpointing.errors import (
     ConfigError,
+    ConfigTypeError,
     CorruptCheckpointError,
     NewerCheckpointError,
     UnsafeCheckpointError,
@@ -39,7 +40,7 @@ from torch_checkpointing.read_context import (
     checked_relative_path,
     parse_json_bounded,
 )
-from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.traversal import dotted_key
 from torch_checkpointing.types import NestedPath
 
@@ -325,6 +326,7 @@ class GlobalObjectMetadata:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GlobalObjectMetadata:
+        d = json_object(d, "data")
         return cls(ShardingMetadata._unpack(d["sharding_metadata"]), decode_rank_list(d["ranks"], "ranks"))
 
 
@@ -480,7 +482,17 @@ class DistributedMetadata:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> DistributedMetadata:
-        return cls.from_dict(json.loads(text))
+        """`to_json()`'s text read back; text that is no JSON is a `ValueError` in these words, not json's own
+        JSONDecodeError, and an argument that is no text a `ConfigTypeError`."""
+        if not isinstance(text, (str, bytes)):
+            raise ConfigTypeError(
+                f"DistributedMetadata.from_json takes the str or bytes to_json() writes, got {type(text).__name__}"
+            )
+        try:
+            value = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"DistributedMetadata.from_json: the text is no JSON ({exc})") from None
+        return cls.from_dict(value)
 
 
 def _item_from_dict(key: str, d: dict[str, Any]) -> DistributedItemMetadata:
@@ -616,11 +628,22 @@ def load_distributed_metadata(checkpoint_dir: str | Path, storage: Storage) -> D
     """The checkpoint's metadata.json, or None when it has none (it then holds no resharded item).
 
     Loads go through `read_distributed_metadata` (verified against the manifest); this serves tools.
+    A `storage` that is none (its config, a path) is a `ConfigTypeError`: it was an AttributeError about `exists`.
     """
+    if not isinstance(storage, Storage):
+        raise _not_a_storage(storage)
     path = Path(checkpoint_dir) / METADATA_FILE_NAME
     if not storage.exists(path):
         return None
     return parse_distributed_metadata(storage.read(path), str(path))
+
+
+def _not_a_storage(given: object) -> ConfigTypeError:
+    fix = " (call its create_storage())" if isinstance(given, StorageConfig) else ""
+    return ConfigTypeError(
+        f"load_distributed_metadata needs a Storage, got {type(given).__name__}{fix}; e.g. "
+        f"load_distributed_metadata(checkpoint_dir, LocalFileSystemStorageConfig().create_storage())."
+    )
 
 
 def read_distributed_metadata(

@@ -70,6 +70,7 @@ class ShardSpec(PlacementSpec):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardSpec:
+        d = json_object(d, "data")
         return cls(_count(d["dim"], "placement field 'dim'"))
 
     def __str__(self) -> str:
@@ -107,6 +108,7 @@ class StridedShardSpec(PlacementSpec):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StridedShardSpec:
+        d = json_object(d, "data")
         split = _count(d["split_factor"], "placement field 'split_factor'")
         if split < 1:
             raise ValueError(f"placement field 'split_factor' is {split}; a split factor is at least 1")

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.config import CheckpointStagerConfig
+from torch_checkpointing.config import CheckpointStagerConfig, check_instance
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
 from torch_checkpointing.pickling import (
     SUB_BYTE_DTYPES,
@@ -493,6 +493,8 @@ class DefaultStager(CheckpointStager):
     """
 
     def __init__(self, config: CheckpointStagerConfig | None = None) -> None:
+        if config is not None:  # another object was an AttributeError about `use_pinned_memory`
+            check_instance("DefaultStager", "config", config, CheckpointStagerConfig, "Pass one, or None for defaults.")
         self.config = config or CheckpointStagerConfig()
         cuda = torch.cuda.is_available()
         if (self.config.use_pinned_memory or self.config.use_non_blocking_copy) and not cuda:

@@ -227,6 +227,10 @@ class FsspecStorageConfig(StorageConfig):
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> FsspecStorageConfig:
         """A config for the store named by `url`'s scheme, e.g. `from_url("s3://bucket/run/step_100")`."""
+        if not isinstance(url, str):  # was os.fspath's bare TypeError
+            raise ConfigTypeError(
+                f"FsspecStorageConfig.from_url takes a URL str such as 's3://bucket/run', got {url!r:.80}"
+            )
         return cls(protocol=url_scheme(url) or "", storage_options=dict(storage_options))
 
     def handles(self, checkpoint_id: str | os.PathLike[str]) -> bool:
