@@ -3,6 +3,19 @@ decided its outcome.
 
 * `TCPStoreBarrier`: role rank 0 removed the earlier rounds' keys from its store before deciding the round; a
   removal that stalled spent its channel, so rank 0 raised while every other rank passed the same round.
+* An absolute id under an fsspec `url` root (`/abs/c3` under `memory://b2`) was silently stored under the root
+  (`memory://b2/abs/c3`): docs/storage.md places relative ids under the root and takes full URLs as they are,
+  and an absolute path, which names another place, is now refused.
+* `FsspecStorageConfig(url="s3://...", protocol="gs")` was refused only by `create_storage()` (in the writer
+  process, for an async save), where the guide promises a config's faults when it is built.
+* Public names given one wrong-typed or malformed argument escaped as the internals' own errors:
+  `CheckpointPath.deserialize("xx")` a JSONDecodeError (where "[]" was a ConfigError), `Version(None)` an
+  AttributeError about `partition`, `DTensorShardingMetadata.from_dtensor(<plain tensor>)` one about
+  `device_mesh`, `compute_local_shard_info(md, "0")` "Rank 0 is not in the device mesh" (a str rank that looked
+  like one); the `from_dict` of the formats and of the sharding records given no dict an AttributeError or a
+  TypeError about subscripts, `DistributedMetadata.from_json` of text that is no JSON a JSONDecodeError,
+  `load_distributed_metadata(dir, <a StorageConfig>)` and `DefaultStager(<no config>)` an AttributeError, and
+  `FsspecStorageConfig.from_url(None)` os.fspath's TypeError.
 """
 
 from __future__ import annotations
