@@ -67,8 +67,11 @@ def store_now(where: str, probe: Callable[[], float | None]) -> float:
         known = _store_clocks.get(where)
     if known is not None and time.monotonic() - known[1] < STORE_CLOCK_REREAD_S:
         return time.time() if known[0] is None else known[0] + time.monotonic()
-    read_at = time.monotonic()
     stamp = probe()
+    # Taken once the probe is done: its stamp was made no later than now, so a probe held up (a stalled file
+    # server, a retried PUT) makes ages young by that much, never old. Taken before it, the stamp counted from
+    # the probe's start, and "now" read late by the whole stall for the period it stands.
+    read_at = time.monotonic()
     if stamp is None:
         with _store_clocks_lock:
             _store_clocks[where] = (None, read_at)
