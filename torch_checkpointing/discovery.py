@@ -56,6 +56,7 @@ from torch_checkpointing.manifest import (
 )
 from torch_checkpointing.names import (
     ASIDE_RE,
+    CLOCK_PROBE_RE,
     TMP_RE,
     TRASH_RE,
     aside_of,
@@ -67,7 +68,7 @@ from torch_checkpointing.names import (
 )
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
-from torch_checkpointing.storage.base_storage import Storage, StorageConfig, local_store_now
+from torch_checkpointing.storage.base_storage import Storage, StorageConfig, clock_probe_running, local_store_now
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import url_scheme
 
@@ -98,7 +99,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete", "claim"]
+LeftoverKind = Literal["temporary", "replaced", "trash", "incomplete", "claim", "probe"]
 
 # The latest datetime can show (9999-12-31); a commit time past it, or not finite, is a crafted manifest.
 _MAX_COMMIT_TIME = 253402300799.0
@@ -958,8 +959,12 @@ def _is_regular(local: str) -> bool:
 
 def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
     path = root / name
-    if _is_symlink(storage, path) or not storage.isdir(path):
+    if _is_symlink(storage, path):
         return None  # a link to somebody's directory is never ours, whatever its name
+    if m := CLOCK_PROBE_RE.match(name):
+        return _probe_leftover(path, m, storage)
+    if not storage.isdir(path):
+        return None
     shown = spelt(path)  # a URL as a user passes it on (`Path` folded `s3://b/run` into `s3:/b/run`)
     local = storage.local_path(path)
     size = _tree_bytes(local) if local is not None else storage.tree_bytes(path)
@@ -986,6 +991,24 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         recognised = _our_marker(storage, path)
         return Leftover(shown, "incomplete", name, None, size, "has the .incomplete marker", recognised)
     return None
+
+
+def _probe_leftover(path: Path, match: re.Match[str], storage: Storage) -> Leftover | None:
+    """A probe of the store's clock (`base_storage.store_now`) still there: the empty file or object a process
+    killed between its create and its removal left (before, kept for good: gc passed over it). Its process is
+    alive while its pid runs on this host (this process's own only while it writes it: the pid of a killed job
+    restarted in a container); another host's goes by its age. Anything else so named (a directory, a file with
+    bytes in it) is nobody's probe, and not listed."""
+    try:
+        if storage.isdir(path) or storage.getsize(path) != 0:
+            return None
+    except FileNotFoundError:
+        return None  # removed meanwhile: its prober was done
+    pid = int(match["pid"])
+    alive = None
+    if made_here(match):
+        alive = clock_probe_running(path.name) if pid == os.getpid() else pid_alive(pid)
+    return Leftover(spelt(path), "probe", path.name, alive, 0, f"clock probe of pid {pid}")
 
 
 def _beside_marker(storage: Storage, path: Path) -> str | None:

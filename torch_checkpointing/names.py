@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 __all__ = [
     "ASIDE_RE",
+    "CLOCK_PROBE_RE",
     "CREATING_RE",
     "DEFAULT_UNOWNED_AGE_S",
     "NAME_MAX",
@@ -74,6 +75,10 @@ DEFAULT_UNOWNED_AGE_S = 24 * 3600.0
 # (`.{name}.creating-{pid}-{nonce}-{host}`, beside the marker): a creator killed before its link or its unlink
 # leaves one, which the next creator of the marker removes (`fsspec_storage._remove_dead_creations`).
 CREATING_RE = re.compile(r"^\.(?P<name>.+)\.creating-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]{8})-(?P<host>[0-9a-f]{8})$")
+
+# A probe of a store's clock (`base_storage.clock_probe_name`, an empty file or object removed at once): one a
+# killed prober left is collected by gc (`discovery._probe_leftover`).
+CLOCK_PROBE_RE = re.compile(r"^\.clock-probe-(?P<pid>[0-9]+)-(?P<nonce>[0-9a-f]{8})-(?P<host>[0-9a-f]{8})$")
 
 
 def creating_name(name: str) -> str:

@@ -1030,6 +1030,8 @@ def _collect(storage: Storage, leftover: Leftover) -> _Outcome:
         return _remove(storage, path, f"trash of {leftover.checkpoint_name}")
     if leftover.kind == "claim":
         return _let_go_of_stray_claim(storage, path)
+    if leftover.kind == "probe":
+        return _remove_probe(storage, path)
     if leftover.kind == "incomplete" and (removed := _collect_saves_objects(storage, path)) is not None:
         return removed
     trash = _trash_name(path.with_name(leftover.checkpoint_name))
@@ -1042,6 +1044,22 @@ def _collect(storage: Storage, leftover: Leftover) -> _Outcome:
                 return _Outcome(False)
             return _gc_failed(f"could not move {_shown(path)} aside ({exc}); left as it was")
         return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")
+
+
+def _remove_probe(storage: Storage, path: Path) -> _Outcome:
+    """Delete a dead process's clock probe (an empty file or object: `discovery._probe_leftover`)."""
+    try:
+        storage.delete(path)
+    except FileNotFoundError:
+        logger.info("gc found the clock probe %s already removed by another process", _shown(path))
+        return _Outcome(False)
+    except STORE_ERRORS as exc:
+        if _gone(storage, path):
+            logger.info("gc found the clock probe %s already removed by another process", _shown(path))
+            return _Outcome(False)
+        return _gc_failed(f"could not delete the clock probe {_shown(path)} ({exc}); left as it was")
+    logger.info("Deleted the clock probe %s, left by a process killed while it read the store's clock", _shown(path))
+    return _Outcome(True)
 
 
 def _collect_saves_objects(storage: Storage, path: Path) -> _Outcome | None:

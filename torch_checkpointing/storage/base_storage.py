@@ -6,6 +6,7 @@ a backend only moves bytes and names; layouts, formats and resharding live elsew
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import io
 import logging
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 from typing_extensions import Buffer
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 from torch_checkpointing.names import aside_name, holding, host_tag, new_nonce
 
@@ -46,10 +47,32 @@ _store_clocks_lock = threading.Lock()
 _no_probe_told: set[str] = set()
 
 
+_probes_running: set[str] = set()  # names of this process's probes being written now (`probing`)
+
+
 def clock_probe_name() -> str:
-    """The hidden name of this process's probe of a store's clock (`store_now`): no checkpoint, leftover or
-    claim of ours is so named, and listings pass over names that start with a dot."""
+    """The hidden name of this process's probe of a store's clock (`store_now`, `CLOCK_PROBE_RE`): no
+    checkpoint, leftover or claim of ours is so named, and listings pass over names that start with a dot."""
     return f".clock-probe-{os.getpid()}-{new_nonce()}-{host_tag()}"
+
+
+@contextlib.contextmanager
+def probing(name: str) -> Iterator[None]:
+    """Mark the probe `name` (its base name) as being written by this process, for `clock_probe_running`."""
+    with _store_clocks_lock:
+        _probes_running.add(name)
+    try:
+        yield
+    finally:
+        with _store_clocks_lock:
+            _probes_running.discard(name)
+
+
+def clock_probe_running(name: str) -> bool:
+    """Whether this process is writing the probe `name` now: one with its pid that it is not writing was left
+    by a killed process that had the pid before (a job restarted in a container gets the dead one's pid)."""
+    with _store_clocks_lock:
+        return name in _probes_running
 
 
 def store_now(where: str, probe: Callable[[], float | None]) -> float:
@@ -107,11 +130,17 @@ def _probe_file_ctime(folder: str) -> float | None:
             return os.fstat(fd).st_ctime
         finally:
             os.close(fd)
-    name = os.path.join(folder, clock_probe_name())
+    base = clock_probe_name()
+    with probing(base):
+        return _probe_named(os.path.join(folder, base))
+
+
+def _probe_named(name: str) -> float | None:
+    """The ctime of the empty file `name`, made and removed (one a kill leaves there is gc's: `CLOCK_PROBE_RE`)."""
     try:
         fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        _log.debug("No clock probe could be made in %s: %s", folder, exc)
+        _log.debug("No clock probe could be made at %s: %s", name, exc)
         return None
     try:
         return os.fstat(fd).st_ctime
@@ -120,7 +149,12 @@ def _probe_file_ctime(folder: str) -> float | None:
         try:
             os.unlink(name)
         except OSError as exc:
-            _log.warning("Could not remove the clock probe %s (%s); it is an empty file, delete it by hand", name, exc)
+            _log.warning(
+                "Could not remove the clock probe %s (%s): an empty file; `torch-checkpointing gc` removes it once "
+                "this process is gone, or delete it by hand",
+                name,
+                exc,
+            )
 
 
 @dataclass

@@ -76,6 +76,7 @@ from torch_checkpointing.storage.base_storage import (
     StorageConfig,
     clock_probe_name,
     local_store_now,
+    probing,
     store_now,
 )
 
@@ -1015,8 +1016,8 @@ class FsspecStorage(Storage):
         return "memory" in backend.protocols
 
     def changed_at(self, path: Path) -> float | None:
-        """On an object store, the newest LastModified of the objects under the prefix `path/` (a move copies
-        every object, so that is when a trash or aside copy got its name); before, none: gc counted another
+        """On an object store, the newest LastModified of the object `path` and those under the prefix `path/` (a
+        move copies every object, so that is when a trash or aside copy got its name); before, none: gc counted another
         host's trash as 0 s old for ever and never collected it. On a directory store, the later of its mtime
         and ctime (as a local path's). None where the store says neither, or where any object's time cannot be
         read: that one may be the newest."""
@@ -1027,7 +1028,8 @@ class FsspecStorage(Storage):
                 times = [_modified(info), _seconds(info.get("created"))]
             else:
                 found = backend.io.find(key, detail=True)
-                times = [_modified(info) for name, info in found.items() if name.startswith(key + "/")]
+                # An object at `path` itself is its own time (a probe's a killed process left: `CLOCK_PROBE_RE`).
+                times = [_modified(info) for name, info in found.items() if name == key or name.startswith(key + "/")]
                 if not found:
                     raise FileNotFoundError(errno.ENOENT, "nothing under this prefix", backend.url(key))
                 if None in times:  # that object may be the newest: left out, a young copy read as old
@@ -1045,7 +1047,7 @@ class FsspecStorage(Storage):
             return local_store_now(key)
         if not backend.object_store:
             return time.time()
-        return store_now(backend.url(key), lambda: _probe_modified(backend, f"{key}/{clock_probe_name()}"))
+        return store_now(backend.url(key), lambda: _probe_object(backend, key))
 
     def exists(self, path: Path) -> bool:
         """Whether an object or prefix is there; False in a bucket that does not exist, as s3fs answers (the
@@ -1200,6 +1202,14 @@ def _endpoint_of(fs: Any) -> str:
 _MODIFIED_KEYS = ("LastModified", "last_modified", "updated", "mtime")
 
 
+def _probe_object(backend: _Backend, prefix: str) -> float | None:
+    """`_probe_modified` of a probe object of this process under `prefix/`, marked as being written meanwhile (a
+    gc in another thread must not take it for a killed process's: `clock_probe_running`)."""
+    name = clock_probe_name()
+    with probing(name):
+        return _probe_modified(backend, f"{prefix}/{name}")
+
+
 def _probe_modified(backend: _Backend, probe: str) -> float | None:
     """The LastModified the store gives the empty object `probe` it is sent, which is then deleted; None where
     it cannot be written or read (no write access)."""
@@ -1218,7 +1228,10 @@ def _probe_modified(backend: _Backend, probe: str) -> float | None:
             backend.io.rm_file(probe)
         except Exception as exc:
             logger.warning(
-                "Could not delete the clock probe %s (%s): an empty object, delete it", backend.url(probe), exc
+                "Could not delete the clock probe %s (%s): an empty object; `torch-checkpointing gc` removes it once "
+                "this process is gone, or delete it by hand",
+                backend.url(probe),
+                exc,
             )
 
 
