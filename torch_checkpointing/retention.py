@@ -11,6 +11,7 @@ reads manifests only; nothing here touches the writer or the staging code.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -1032,8 +1033,63 @@ def _collect(storage: Storage, leftover: Leftover) -> _Outcome:
         return _let_go_of_stray_claim(storage, path)
     if leftover.kind == "probe":
         return _remove_probe(storage, path)
-    if leftover.kind == "incomplete" and (removed := _collect_saves_objects(storage, path)) is not None:
-        return removed
+    if leftover.kind == "incomplete":
+        if (removed := _collect_saves_objects(storage, path)) is not None:
+            return removed
+        with _held_whole(storage, path) as (refused, uploads):  # an earlier version's claim: it goes whole
+            if refused is not None:
+                return refused
+            done = _move_and_remove(storage, leftover, path)
+            if done.done and uploads:  # the move's own abort passes them over: gc's claim over them is live
+                abort_unfinished(storage, path, uploads, f"gc of the unfinished save at {_shown(path)}")
+            return done
+    return _move_and_remove(storage, leftover, path)
+
+
+_Held = tuple[_Outcome | None, list[tuple[str, str]]]
+
+
+@contextlib.contextmanager
+def _held_whole(storage: Storage, path: Path) -> Iterator[_Held]:
+    """Hold the id `path`, whose dead claim (an earlier version's: it names neither tags nor records) gc judged,
+    with gc's own claim for as long as its prefix is moved and removed whole; yields (None, the unfinished
+    uploads listed under the dead claim, for the caller to abort) then, or (why not, []): the claim changed
+    since it was judged (a save took the id over). Stores without a conditional replace, and a prefix without a
+    marker, are collected unheld, as before (the move aborts the uploads itself).
+
+    Before, a save that took the dead claim over between gc's judgement and its move lost its claim and every
+    file it had uploaded to the move, went on, and committed a manifest whose files were gone."""
+    marker = path / INCOMPLETE_MARKER
+    if not isinstance(storage, ConditionalStorage) or not compares_atomically(storage, marker):
+        yield None, []
+        return
+    try:
+        found = storage.read_object(marker)
+        uploads = unfinished_uploads(storage, path)  # under the dead claim: none of a save that takes the id after
+    except STORE_ERRORS as exc:
+        yield (
+            _gc_failed(f"could not read the claim of the unfinished save at {_shown(path)} ({exc}); left as it is"),
+            [],
+        )
+        return
+    if found is None:
+        yield None, []
+        return
+    if _dead_reason(found[0]) is None:
+        yield _taken_over_meanwhile(path), []
+        return
+    dead = Claim.parse(found[0]) or Claim(token="", uid="", host="", pid=0, created=0.0)
+    with _gc_pass() as uid:
+        try:
+            held = _hold_for_gc(storage, marker, found[1], dead, uid, records=False)
+        except STORE_ERRORS as exc:
+            yield _gc_failed(f"could not hold the unfinished save at {_shown(path)} ({exc}); left as it is"), []
+            return
+        yield (None, uploads) if held is not None else (_taken_over_meanwhile(path), [])
+
+
+def _move_and_remove(storage: Storage, leftover: Leftover, path: Path) -> _Outcome:
+    """Move a leftover to a trash name, then remove that (a removal killed midway leaves a trash gc knows)."""
     trash = _trash_name(path.with_name(leftover.checkpoint_name))
     with holding(trash):
         try:
@@ -1139,10 +1195,14 @@ def _cannot_take_claim(storage: Storage, path: Path, marker: Path, what: str) ->
     return _gc_failed(f"left the {what} at {_shown(path)}: {why}")
 
 
-def _hold_for_gc(storage: ConditionalStorage, marker: Path, etag: str, dead: Claim, uid: str) -> str | None:
+def _hold_for_gc(
+    storage: ConditionalStorage, marker: Path, etag: str, dead: Claim, uid: str, *, records: bool = True
+) -> str | None:
     """Replace the dead claim `dead` (only if still the version `etag`) with gc's own; the version of gc's claim,
-    or None when the marker changed meanwhile (a save of the id took it over: its files are not gc's to delete)."""
-    mine = Claim.for_gc(dead, uid)
+    or None when the marker changed meanwhile (a save of the id took it over: its files are not gc's to delete).
+    `records=False` where gc collects the prefix whole: a gc killed while it held the id leaves a claim the next
+    gc collects whole too, never one that only lets the recorded names go (an earlier version's save has none)."""
+    mine = dataclasses.replace(Claim.for_gc(dead, uid), records=records)
     if not storage.replace_object(marker, mine.to_bytes(), etag):
         return None
     found = storage.read_object(marker)
