@@ -149,9 +149,10 @@ def _age_s(copy: Path) -> float:
     copy for an old one, and gc put the old copy back under it); 0 when that cannot be told (not local), so that
     it counts as young."""
     try:
-        return local_store_now(copy.parent) - named_at(copy)
+        named = named_at(copy)  # first: a path of a store that is no local filesystem probes no local folder
     except OSError:
         return 0.0
+    return local_store_now(copy.parent) - named
 
 
 def _commit_time_if_whole(storage: Storage, path: Path) -> float | None:

@@ -819,7 +819,8 @@ def _started_after(pid: int, path: Path) -> bool:
     its server by more than `OWNER_STARTED_AFTER_S` took a live replace's copy aside for a dead one's whose pid a
     later process has, and gc put the old copy back under the id while the replace was between its renames."""
     try:
-        made_s_ago = local_store_now(path.parent) - os.lstat(path).st_ctime
+        named = os.lstat(path).st_ctime  # first: an object store's path probes no local folder of that name
+        made_s_ago = local_store_now(path.parent) - named
         with open(f"/proc/{pid}/stat", "rb") as f:
             started_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
         with open("/proc/uptime", "rb") as f:

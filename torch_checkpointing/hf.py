@@ -611,9 +611,10 @@ def _staging_dead(path: Path, match: re.Match[str]) -> bool:
     if where is None and not pid_alive(int(match["pid"])):
         return True  # an older version's name: judged as before, by the pid alone
     try:
-        return local_store_now(path.parent) - path.stat().st_mtime > _FOREIGN_STAGING_AGE_S
+        written = path.stat().st_mtime  # first: nothing there, no probe made beside it
     except FileNotFoundError:
         return False  # removed meanwhile
+    return local_store_now(path.parent) - written > _FOREIGN_STAGING_AGE_S
 
 
 def _remove_dead_stagings(parent: Path) -> None:
