@@ -17,6 +17,7 @@ import signal
 import time
 import zlib
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -156,23 +157,27 @@ class _ChecksumStream:
         return self._running.result()
 
 
-def _open_owned(commit: Commit, target: Path) -> tuple[Any, tuple[int, int] | None]:
-    """The stream that creates `target`, recorded as this save's (a local file: the discard checks it is still
-    this one before removing it). A Ctrl-C between the create and the record left a file the discard took for
-    another program's, and with it the temporary directory; a signal meanwhile is handled once both are done."""
+def _open_owned(commit: Commit, target: Path, stack: ExitStack) -> tuple[Any, tuple[int, int] | None]:
+    """The stream that creates `target`, entered in `stack` and recorded as this save's (a local file: the
+    discard checks it is still this one before removing it). A Ctrl-C between the create and the record left a
+    file the discard took for another program's, and with it the temporary directory; a signal meanwhile is
+    handled once both are done. The stream is entered before that: a handler that raises there leaves its
+    `with` as any failure does (closed, an upload discarded). Before, the stream was returned and the signal
+    raised before the save entered it: it was never closed nor discarded, and a local file's descriptor stayed
+    open on the removed file as long as the exception lived (for good in a notebook, which keeps it)."""
     with signals_deferred(f"creating {target}", quiet=True):
-        opened = commit.storage.stream_write(target)
-        identity = getattr(opened, "identity", None)
+        raw = stack.enter_context(commit.storage.stream_write(target))
+        identity = getattr(raw, "identity", None)
         if identity is not None:
             commit.own(target, identity)
-    return opened, identity
+    return raw, identity
 
 
 def _write_entry(commit: Commit, rank: int, entry: WriteEntry) -> FileRecord:
     value = entry.value.loads() if isinstance(entry.value, OutOfBand) else entry.value
     target = commit.root / entry.file_path
-    opened, identity = _open_owned(commit, target)
-    with opened as raw:
+    with ExitStack() as stack:
+        raw, identity = _open_owned(commit, target, stack)
         # Streams that checksum what they write (the local filesystem's off the encoding thread, the object
         # store's on its upload threads) are used as they are; any other backend's stream is wrapped.
         stream: Any = raw if callable(getattr(raw, "checksum", None)) else _ChecksumStream(raw)
