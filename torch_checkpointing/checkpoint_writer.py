@@ -39,7 +39,7 @@ from torch_checkpointing.errors import (
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.pickling import OutOfBand
-from torch_checkpointing.signals import handlers_replaced, signals_deferred
+from torch_checkpointing.signals import Held, handlers_replaced, signals_deferred
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
@@ -68,6 +68,19 @@ Announce = Callable[[str], None]
 # After a failed save, how long rank 0 keeps the store up for the other ranks to read the outcome.
 _VERDICT_GRACE_S = 2.0
 _FILE_POOL = WorkerPool(1, "ckpt-file")  # grown to the writes at once (map_bounded)
+
+# What a signal held after a Ctrl-C is told as: the removal of an interrupted save, and before it the wait for its
+# write threads, each of which ends only with its file (a large file on a slow disk: minutes).
+_REMOVAL_HELD = Held(
+    "the removal of the unfinished save",
+    "it is removed",
+    "what is not removed yet stays beside the id until `torch-checkpointing gc` removes it",
+)
+_WRITES_HELD = Held(
+    "the wait for the files being written",
+    "they are written and the unfinished save removed",
+    "a file still being written may stay beside the id until `torch-checkpointing gc` removes it",
+)
 
 
 @dataclass
@@ -205,7 +218,7 @@ def _write_local_files(storage: Storage, request: WriteRequest, commit: Commit) 
     if request.file_write_max_threads > 1 and len(request.entries) > 1:
         # A process-wide pool: a sync save writes from the training thread, where a Ctrl-C must not wedge it.
         records = _FILE_POOL.map_bounded(
-            lambda e: _write_entry(commit, rank, e), request.entries, request.file_write_max_threads
+            lambda e: _write_entry(commit, rank, e), request.entries, request.file_write_max_threads, _WRITES_HELD
         )
     else:
         records = [_write_entry(commit, rank, e) for e in request.entries]
@@ -305,7 +318,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest, announce: Announce
     except BaseException as exc:
         # A second Ctrl-C (or a preemption handler's exception) landing in this clean-up left the unfinished save
         # half removed beside the id; its handler runs once the clean-up is done (a third one interrupts it).
-        with signals_deferred(f"removing the unfinished save of {plan.name}", quiet=True):
+        with signals_deferred(f"removing the unfinished save of {plan.name}", held=_REMOVAL_HELD):
             committed = progress.committed or commit.is_committed()
             if plan.rank == 0 and not committed:
                 commit.discard()

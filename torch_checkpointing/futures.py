@@ -30,7 +30,7 @@ from concurrent.futures import CancelledError, Executor, Future, InvalidStateErr
 from typing import Any, ParamSpec, TypeVar
 
 from torch_checkpointing.errors import log_safely
-from torch_checkpointing.signals import signals_deferred
+from torch_checkpointing.signals import COPY_HELD, Held, signals_deferred
 
 __all__ = ["SettledFuture", "WorkerPool", "settle_all"]
 
@@ -193,11 +193,15 @@ class WorkerPool(Executor):
         with self._guard:
             self._runners -= 1
 
-    def map_bounded(self, fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> list[R]:
+    def map_bounded(
+        self, fn: Callable[[T], R], items: Sequence[T], concurrency: int, held: Held | None = None
+    ) -> list[R]:
         """`[fn(x) for x in items]` on at most `concurrency` of the pool's threads at once; once every call has stopped,
         the first error is raised (calls not started after an error are skipped).
 
         The pool grows to the runners of every call at once, so concurrent callers do not queue behind each other.
+        `held`: what a WARNING says of a signal held while the running calls end after a Ctrl-C (calls that may
+        take long, such as a file's write); None holds it in silence.
         """
         workers = max(1, min(concurrency, len(items)))
         if workers == 1:
@@ -227,7 +231,8 @@ class WorkerPool(Executor):
             failed.append(exc)  # the caller cleans up after them (a sync save removes the files they write)
             # A second Ctrl-C here returned while they still wrote: the save removed its files under them. Its
             # handler runs once they have ended; the same signal once more stops the wait at once.
-            with signals_deferred(f"{self._name}: waiting for its running calls to end", quiet=True):
+            what = f"{self._name}: waiting for its running calls to end"
+            with signals_deferred(what, quiet=held is None, held=held or COPY_HELD):
                 settle_all(futures)
             raise
         if failed:

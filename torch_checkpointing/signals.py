@@ -15,11 +15,12 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torch_checkpointing.errors import log_safely
 
-__all__ = ["WATCHED_SIGNALS", "handlers_replaced", "signals_deferred", "start_thread"]
+__all__ = ["COPY_HELD", "WATCHED_SIGNALS", "Held", "handlers_replaced", "signals_deferred", "start_thread"]
 
 logger = logging.getLogger("torch_checkpointing")
 
@@ -29,6 +30,19 @@ WATCHED_SIGNALS = tuple(
 )
 
 Handler = Callable[[int, Any], Any]
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the WARNINGs of `signals_deferred` say of a held signal: held `during` the block, handled once
+    `until` is true, or at once when sent again, and then `cut_short` holds."""
+
+    during: str
+    until: str
+    cut_short: str
+
+
+COPY_HELD = Held("the copy into the templates", "the copy has finished", "the templates may be partly restored")
 
 
 class handlers_replaced:  # used as a function: `with handlers_replaced(replacement):`
@@ -87,9 +101,10 @@ class handlers_replaced:  # used as a function: `with handlers_replaced(replacem
 _EXIT_CODE = handlers_replaced.__exit__.__code__
 
 
-def signals_deferred(what: str, *, quiet: bool = False) -> handlers_replaced:
+def signals_deferred(what: str, *, quiet: bool = False, held: Held = COPY_HELD) -> handlers_replaced:
     """`with signals_deferred(what):` runs the Python handlers of signals that arrive inside the block after it
-    (see the module docstring).
+    (see the module docstring). A held signal is said at WARNING, in the words of `held` (a block that may last:
+    the person who pressed Ctrl-C learns that it was heard, and how to stop the block now).
 
     `quiet`: no WARNING, for a block of a few milliseconds (starting a thread), where the signal is only
     postponed.
@@ -100,16 +115,18 @@ def signals_deferred(what: str, *, quiet: bool = False) -> handlers_replaced:
         def deferred(signum: int, frame: Any) -> None:
             if signum in pending:
                 if not quiet:
-                    _warn("%s: %s again: its handler runs now, and the templates may be partly restored", what, signum)
+                    _warn("%s: %s again: its handler runs now, and %s", what, signum, held.cut_short)
                 handler(signum, frame)
                 return
             pending.append(signum)
             if not quiet:
                 _warn(
-                    "%s: %s during the copy into the templates; its handler runs once the copy has finished (send "
-                    "it again to run it now, leaving the templates partly restored)",
+                    "%s: %s during %s; its handler runs once %s (send it again to run it now: %s)",
                     what,
                     signum,
+                    held.during,
+                    held.until,
+                    held.cut_short,
                 )
 
         return deferred
@@ -151,8 +168,8 @@ def _deliver(pending: list[int]) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def _warn(message: str, what: str, signum: int) -> None:
-    log_safely(logger, logging.WARNING, message, what, _name(signum))
+def _warn(message: str, what: str, signum: int, *words: str) -> None:
+    log_safely(logger, logging.WARNING, message, what, _name(signum), *words)
 
 
 def _name(signum: int) -> str:
