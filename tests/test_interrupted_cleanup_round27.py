@@ -72,6 +72,10 @@ if __name__ == "__main__":
 """
 
 
+_REPORT = "Checkpoint save of "  # what `_as_reported` says of an interrupted save, and then:
+_NOTHING = "interrupted (Ctrl-C): nothing was committed at "
+
+
 def _run(tmp_path: Path, first_block: str, second_block: str = "", again: int = 0) -> str:
     script = tmp_path / "ctrl_c.py"
     script.write_text(textwrap.dedent(_SCRIPT))
@@ -105,6 +109,9 @@ def test_ctrl_c_again_while_the_unfinished_save_is_removed_leaves_nothing_beside
     # (a hung mount, an object store's thousands of objects) looked like a process that ignores Ctrl-C.
     assert "LOG WARNING removing the unfinished save of" in out, out
     assert "Ctrl-C during the removal of the unfinished save; its handler runs once it is removed" in out, out
+    # The Ctrl-C pressed again still tells what became of the save: before, a bare KeyboardInterrupt replaced the
+    # save's "interrupted (Ctrl-C): nothing was committed ..." ("save: KeyboardInterrupt " and nothing more).
+    assert f"save: KeyboardInterrupt {_REPORT}" in out and _NOTHING in out, out
     assert "loaded: [1.0, 1.0, 1.0, 1.0]" in out or "interrupted after the save" in out, out
 
 
@@ -129,6 +136,7 @@ def test_a_third_ctrl_c_stops_the_removal_and_says_what_it_left(tmp_path: Path) 
     out = _run(tmp_path, ".incomplete", "before rmdir", again=2)
     assert "Could not remove the unfinished save at" in out and "KeyboardInterrupt" in out, out
     assert "torch-checkpointing gc" in out, out
+    assert f"save: KeyboardInterrupt {_REPORT}" in out and _NOTHING in out, out
 
 
 _SCRIPT_THREADS = """

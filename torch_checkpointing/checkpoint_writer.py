@@ -316,12 +316,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest, announce: Announce
                 # What torch.save made of the handler's exception was only a consequence of it.
                 raise _as_reported(raised[0], plan.name, committed, progress.left_to_rank_0) from None
     except BaseException as exc:
-        # A second Ctrl-C (or a preemption handler's exception) landing in this clean-up left the unfinished save
-        # half removed beside the id; its handler runs once the clean-up is done (a third one interrupts it).
-        with signals_deferred(f"removing the unfinished save of {plan.name}", held=_REMOVAL_HELD):
-            committed = progress.committed or commit.is_committed()
-            if plan.rank == 0 and not committed:
-                commit.discard()
+        committed = _clean_up(commit, plan, progress, exc)
         explained = None if committed else explained_disk_fault(exc, plan.checkpoint_dir)
         if explained is not None:
             raise explained from exc
@@ -338,6 +333,29 @@ def write_checkpoint(storage: Storage, request: WriteRequest, announce: Announce
                 exc_info=True,
             )
     return nbytes
+
+
+def _clean_up(commit: Commit, plan: SavePlan, progress: _Progress, exc: BaseException) -> bool:
+    """After `exc`, remove the unfinished save where this rank owns the outcome; returns whether it committed.
+
+    A second Ctrl-C (or a preemption handler's exception) landing here left the unfinished save half removed
+    beside the id: its handler runs once the clean-up is done (a third one interrupts it). Python's own Ctrl-C
+    handler then raises a bare KeyboardInterrupt, which replaced the save's report of what became of it: the
+    report is raised in its place (that handler did run; a Ctrl-C pressed again is the same interrupt).
+    """
+    committed = progress.committed
+    try:
+        with signals_deferred(f"removing the unfinished save of {plan.name}", held=_REMOVAL_HELD):
+            committed = committed or commit.is_committed()
+            if plan.rank == 0 and not committed:
+                commit.discard()
+    except KeyboardInterrupt as again:
+        if type(again) is not KeyboardInterrupt or again.args:
+            raise  # a handler's own KeyboardInterrupt says what it says
+        if not isinstance(exc, KeyboardInterrupt):
+            raise _as_reported((signal.SIGINT, again), plan.name, committed, progress.left_to_rank_0) from exc
+        # else the caller raises `exc` (the first Ctrl-C, reported) as it is
+    return committed
 
 
 # What a disk fault means for the save, and what to do about it; `{parent}` is the checkpoint's directory.
