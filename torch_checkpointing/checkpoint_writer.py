@@ -69,12 +69,18 @@ Announce = Callable[[str], None]
 _VERDICT_GRACE_S = 2.0
 _FILE_POOL = WorkerPool(1, "ckpt-file")  # grown to the writes at once (map_bounded)
 
-# What a signal held after a Ctrl-C is told as: the removal of an interrupted save, and before it the wait for its
-# write threads, each of which ends only with its file (a large file on a slow disk: minutes).
+# What a held signal is told as: the create of a file (an fsspec backend's open may go over the network and hang),
+# and after a Ctrl-C the wait for the write threads, each of which ends only with its file (a large file on a slow
+# disk: minutes), then the removal of the unfinished save.
 _REMOVAL_HELD = Held(
     "the removal of the unfinished save",
     "it is removed",
     "what is not removed yet stays beside the id until `torch-checkpointing gc` removes it",
+)
+_CREATE_HELD = Held(
+    "the create of the file",
+    "it is created and recorded as this save's",
+    "the file may stay beside the id until `torch-checkpointing gc` removes it",
 )
 _WRITES_HELD = Held(
     "the wait for the files being written",
@@ -178,7 +184,7 @@ def _open_owned(commit: Commit, target: Path, stack: ExitStack) -> tuple[Any, tu
     `with` as any failure does (closed, an upload discarded). Before, the stream was returned and the signal
     raised before the save entered it: it was never closed nor discarded, and a local file's descriptor stayed
     open on the removed file as long as the exception lived (for good in a notebook, which keeps it)."""
-    with signals_deferred(f"creating {target}", quiet=True):
+    with signals_deferred(f"creating {target}", held=_CREATE_HELD):
         raw = stack.enter_context(commit.storage.stream_write(target))
         identity = getattr(raw, "identity", None)
         if identity is not None:
