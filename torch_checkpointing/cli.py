@@ -62,6 +62,7 @@ from torch_checkpointing.errors import (
     IncompleteCheckpointError,
     NewerCheckpointError,
     ObjectStoreError,
+    raise_if_short_of_resources,
 )
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest
 from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
@@ -576,6 +577,7 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     except _NOT_DAMAGE:
         raise  # it could not check (exit 2): no FAILED, which means damaged
     except (CheckpointError, RuntimeError, FileNotFoundError, NotADirectoryError) as exc:
+        raise_if_short_of_resources(exc, root, "the check of its manifest")  # the command's error, no FAILED
         if isinstance(exc, FileNotFoundError):
             _refuse_if_aside(storage, root, exc)
         ui.emit_json(
@@ -657,6 +659,7 @@ def _verify_metadata(ctx: CheckpointReadContext, name: str) -> _Check:
     except _NOT_DAMAGE:
         raise
     except (CheckpointError, ValueError, OSError) as exc:
+        raise_if_short_of_resources(exc, ctx.root / name, "the sharding metadata")  # no FAILED: not its bytes
         return _Check(name, False, str(exc))
     return _Check(name, True)
 
@@ -1000,8 +1003,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _report_error(args.command, ui, exc)
         _silence_stdout()  # `| head -1`: the reader has what it wanted
         return EXIT_OK
-    except (CheckpointError, RuntimeError, OSError, KeyError, ValueError, ImportError) as exc:
-        return _report_error(args.command, ui, exc)
+    except (CheckpointError, RuntimeError, OSError, KeyError, ValueError, ImportError, MemoryError) as exc:
+        return _report_error(args.command, ui, exc)  # a MemoryError too: uncaught, it exited 1, which means damaged
     except KeyboardInterrupt:  # Ctrl-C: what was under way has cleaned up on the way out (an export's staging)
         return _report_stop(args.command, ui, signal.SIGINT)
     except Terminated:  # SIGTERM (`timeout`, a scheduler, `kill`): the same clean-up as on Ctrl-C
@@ -1075,6 +1078,8 @@ def _usage_error(exc: UsageError, json_mode: bool) -> int:
 def _report_error(command: str, ui: Ui, exc: Exception) -> int:
     """One line on stderr (and the JSON error document in --json mode); EXIT_ERROR even when stdout is closed."""
     message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    if isinstance(exc, MemoryError) and not message:  # Python's own, which says nothing
+        message = "out of memory; the checkpoint was not found damaged. Free memory, or run it where there is more"
     _emit_error_document(ui, {"error": str(message), "kind": type(exc).__name__})
     print(f"torch-checkpointing {command}: error: {shown(str(message))}", file=sys.stderr)
     return EXIT_ERROR
