@@ -226,9 +226,9 @@ def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> 
     file is damaged or crafted"): a caller that deletes damaged checkpoints, or falls back to an earlier one,
     acted on an intact checkpoint because its own process held too many files."""
     raise_if_out_of_memory(exc, path, what)
-    if isinstance(exc, OSError) and _NOT_DAMAGED in str(exc):
-        raise exc  # named already, by the step nearest the shortage
     code = exc.errno if isinstance(exc, OSError) else None
+    if code in _NO_DESCRIPTOR_ERRNOS and _NOT_DAMAGED in str(exc):
+        raise exc  # named already, by the step nearest the shortage (its errno says so, not its words alone)
     worded = isinstance(exc, RuntimeError) and any(words in str(exc).lower() for words in _NO_DESCRIPTOR_WORDS)
     if code in _NO_DESCRIPTOR_ERRNOS or worded:
         raise OSError(
