@@ -55,7 +55,8 @@ def _load_with_spare(path: Path, verify: str, spare: int) -> str:
 @pytest.mark.parametrize("verify", ["unverified", "verified"])
 def test_a_load_out_of_descriptors_is_no_damage(tmp_path: Path, verify: str) -> None:
     """Every failure below the limit the load needs must name the checkpoint and say it was not found damaged, as
-    an error no caller takes for damage; the load must then succeed once descriptors are there.
+    an `OSError` (what a handler for the shortage catches; an `ObjectStoreError` told to "load again once the
+    storage works"); the load must then succeed once descriptors are there.
 
     Defect: CorruptCheckpointError "Cannot open .../k10_0.pt (item 'k10'): [Errno 24] Too many open files", and
     UndecodableFileError "File .../k0_0.pt for item 'k0' cannot be decoded (OSError: [Errno 24] Too many open
@@ -68,5 +69,5 @@ def test_a_load_out_of_descriptors_is_no_damage(tmp_path: Path, verify: str) -> 
     assert lines[-1].endswith("loaded"), lines
     failures = lines[:-1]
     assert len(failures) > 3, f"too few limits failed the load to show anything: {lines}"
-    wrong = [line for line in failures if " not-damage named " not in line]
+    wrong = [line for line in failures if " not-damage named " not in line or line.split()[1] != "OSError"]
     assert not wrong, "\n".join(wrong)

@@ -559,6 +559,7 @@ class CheckpointReadContext:
         except (CheckpointError, MemoryError):
             raise
         except Exception as exc:
+            raise_if_short_of_resources(exc, self._at(rel), what)  # this process's shortage, not the storage's
             raise ObjectStoreError(
                 f"Reading {self._at(rel)} ({what}) through the storage {type(self.storage).__name__} failed "
                 f"({type(exc).__name__}: {exc}); the checkpoint was not found damaged. Load again once the "
