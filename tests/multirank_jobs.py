@@ -173,24 +173,29 @@ def commit_checks(root: str) -> dict[str, Any]:
 def shortage_on_one_rank(root: str, kind: str) -> str:
     """A collective load of an intact checkpoint where only rank 1 is short of a resource: `descriptors` (its
     limit of open files, soft and hard, leaves 4 beyond those open) or `memory` (its file is a sparse 1 TiB one in
-    a checkpoint without a manifest, which no machine's memory holds). What this rank raised, as "Type: message"."""
+    a checkpoint without a manifest, which no machine's memory holds); `mixed` (3 ranks or more): rank 1 short of
+    memory and rank 2 of descriptors. What this rank raised, as "Type: message"."""
     rank = dist.get_rank()
     target = Path(root) / "ck"
-    if kind == "memory":
-        items = {"blob": ItemSpec(layout=LayoutInfo("blob_{rank}.bin", RawSerialization()))}
-        state: dict[str, Any] = {"blob": b"x"}
-    else:
-        items, state = {}, {f"k{i}": {"t": torch.ones(3)} for i in range(12)}
+    short_of_memory = rank == 1 and kind in ("memory", "mixed")
+    short_of_descriptors = rank == (2 if kind == "mixed" else 1) and kind in ("descriptors", "mixed")
+    items: dict[str, ItemSpec] = {}
+    state: dict[str, Any] = {}
+    if kind in ("memory", "mixed"):
+        items["blob"] = ItemSpec(layout=LayoutInfo("blob_{rank}.bin", RawSerialization()))
+        state["blob"] = b"x"
+    if kind in ("descriptors", "mixed"):
+        state.update({f"k{i}": {"t": torch.ones(3)} for i in range(12)})
     with CheckpointManager(_config(False, items=items)) as manager:
         manager.save(str(target), state)
         manager.load(str(target))  # every import a load needs, made while descriptors are there
         dist.barrier()
-        if rank == 1 and kind == "descriptors":
-            limit = len(os.listdir("/proc/self/fd")) + 4
+        if short_of_descriptors:
+            limit = len(os.listdir("/proc/self/fd")) + (4 if kind == "descriptors" else 0)
             resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))  # the hard one too: the load cannot raise it
-        if rank == 1 and kind == "memory":
+        if short_of_memory:
             os.truncate(target / "blob_1.bin", 1 << 40)  # no disk used
-        if rank == 0 and kind == "memory":
+        if rank == 0 and kind in ("memory", "mixed"):
             (target / "manifest.json").unlink()  # nothing vouches for the file's size
         dist.barrier()
         try:

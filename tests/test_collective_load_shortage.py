@@ -1,4 +1,4 @@
-"""A collective load that one rank cannot make for want of memory or file descriptors is told so on every rank.
+"""A collective load that ranks cannot make for want of memory or file descriptors is told so on every rank.
 
 The rank short of the resource raises a `MemoryError`, or an `OSError` with `errno.EMFILE`, saying the checkpoint
 was not found damaged (docs/guide.md); the other ranks raised a plain `CheckpointError` ("checking failed on
@@ -35,3 +35,20 @@ def test_every_rank_is_told_the_shortage_of_one(tmp_path: Path, kind: str, told:
         assert outcome.startswith(told), f"rank {rank}: {outcome}"
         assert "not found damaged" in outcome and str(tmp_path / "ck") in outcome, f"rank {rank}: {outcome}"
     assert "rank(s) [1]" in outcomes[0], outcomes[0]  # the rank that was short is named to the others
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/fd and memfd copies are Linux's")
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="the copy refused for memory is made only with memfd")
+def test_ranks_short_of_different_resources_all_raise_the_lowest_ones(tmp_path: Path) -> None:
+    """Rank 1 short of memory, rank 2 of descriptors: every rank raises rank 1's `MemoryError` (docs/guide.md),
+    naming both ranks' shortages; rank 2's own `OSError` is its cause.
+
+    Defect: rank 0 raised `CheckpointError: ... failed on rank(s) [1, 2]: rank 1: MemoryError: ...; rank 2: OSError:
+    [Errno 24] ...`, rank 1 its `MemoryError` and rank 2 its `OSError`: three types, so a handler for either
+    shortage ran on some ranks and left the others waiting in the retry's collectives."""
+    outcomes = launch(multirank_jobs.shortage_on_one_rank, 3, args=(str(tmp_path), "mixed"), timeout=300)
+    for rank, outcome in enumerate(outcomes):
+        assert outcome.startswith("MemoryError:"), f"rank {rank}: {outcome}"
+        assert "not found damaged" in outcome and str(tmp_path / "ck") in outcome, f"rank {rank}: {outcome}"
+    for rank in (0, 2):
+        assert "rank(s) [1, 2]" in outcomes[rank] and f"[Errno {errno.EMFILE}]" in outcomes[rank], outcomes[rank]

@@ -156,7 +156,9 @@ def agree_outcome(
     failed, every rank raises, so either every rank goes on or none does. The failing rank raises its own
     exception (the other ranks' failures added as a note); the others raise an error of the same kind (when
     every failure was one kind of `CheckpointError`, or every one a shortage of memory or of file descriptors:
-    `MemoryError`, `OSError`; else `CheckpointError`) naming each failed rank and why,
+    `MemoryError`, `OSError`; else `CheckpointError`) naming each failed rank and why. Where ranks were short of
+    different resources, every rank raises the lowest failed rank's shortage, a failing rank short of another one
+    too (from its own); that, `discard`ing their own result
     after `discard`ing their own result (a checked load holds descriptors open: dropped, they leaked for good).
     Returns `compute()`'s result and every rank's `shared` value (JSON/pickle-friendly), in rank order; with
     `shared_of`, a rank whose `compute` succeeded shares `shared_of(result)` instead (what it found, e.g. which
@@ -176,6 +178,7 @@ def agree_outcome(
         others = {r: why for r, why in failures.items() if r != transport.rank}
         if others:
             add_note(exc, f"{step} failed on other rank(s) too: {_reasons(others)}")
+            _raise_agreed_shortage(step, failures, exc)
         raise
     try:
         if shared_of is not None:
@@ -217,12 +220,26 @@ def _reasons(failures: Mapping[int, str]) -> str:
     return "; ".join(f"rank {r}: {why.rstrip('.')}" for r, why in sorted(failures.items()))
 
 
+def _raise_agreed_shortage(step: str, failures: Mapping[int, str], exc: Exception) -> None:
+    """Raise, from this rank's shortage `exc`, the shortage every rank agrees on (`errors.shortage_told_by_peers`)
+    when it is of another resource than this rank's: ranks short of memory and of descriptors raised a
+    `MemoryError` on one, an `OSError` on another, and a `CheckpointError` elsewhere, so a handler for either
+    shortage (free it, then load again, together) ran on some ranks and left the others waiting."""
+    agreed = errors.shortage_told_by_peers(list(failures.values()), _failed_message(step, failures))
+    if agreed is not None and isinstance(agreed, MemoryError) != isinstance(exc, MemoryError):
+        raise agreed from exc
+
+
+def _failed_message(step: str, failures: Mapping[int, str]) -> str:
+    return f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}."
+
+
 def _failed_elsewhere(step: str, failures: Mapping[int, str]) -> Exception:
     """What a rank that did not fail raises for the others' `failures`: the same kind of error (`_kind_of`), and a
     shortage of memory or descriptors as that (`errors.shortage_told_by_peers`). Before, a shortage was a plain
     `CheckpointError` on every rank but the short one, and a caller's handler for it (free memory or files, then
     load again, together) ran on that rank alone: its retry waited for ranks that had given up."""
-    message = f"{step} failed on rank(s) {sorted(failures)}: {_reasons(failures)}."
+    message = _failed_message(step, failures)
     shortage = errors.shortage_told_by_peers(list(failures.values()), message)
     if shortage is not None:
         return shortage

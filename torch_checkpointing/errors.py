@@ -240,21 +240,27 @@ def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> 
 
 
 def shortage_told_by_peers(reasons: list[str], message: str) -> MemoryError | OSError | None:
-    """The error a rank raises, saying `message`, for other ranks' failures `reasons` (each "TypeName: message")
-    when every one is a shortage this module named (`raise_if_short_of_resources`): all out of memory, a
-    `MemoryError`; all out of file descriptors, an `OSError` with the first one's errno. None otherwise. Every
-    rank of a collective step then raises the type a caller's handler for that shortage catches."""
-    named = [why for why in reasons if _NOT_DAMAGED in why]
-    if not reasons or len(named) != len(reasons):
+    """The error a rank raises, saying `message`, for the failures `reasons` (each "TypeName: message", in rank
+    order) when every one is a shortage this module named (`raise_if_short_of_resources`): the first one's
+    type, a `MemoryError` for memory, an `OSError` with its errno for file descriptors. None otherwise. Every
+    rank of a collective step then raises the type a caller's handler for that shortage catches; where ranks were
+    short of different resources, the lowest failed rank's decides, on every rank, the short ones included (each
+    rank deciding by its own had the others raise a plain `CheckpointError`, and the short ones two types)."""
+    codes = [_shortage_errno(why) for why in reasons]
+    if not codes or None in codes:
         return None
-    if all(why.startswith("MemoryError: ") for why in named):
-        return MemoryError(message)
-    codes = [_DESCRIPTOR_REASON_RE.match(why) for why in named]
-    if all(code is not None and int(code[1]) in _NO_DESCRIPTOR_ERRNOS for code in codes):
-        first = codes[0]
-        assert first is not None
-        return OSError(int(first[1]), message)
-    return None
+    first = codes[0]
+    return MemoryError(message) if first == errno.ENOMEM else OSError(first, message)
+
+
+def _shortage_errno(reason: str) -> int | None:
+    """ENOMEM for a peer's named `MemoryError`, EMFILE or ENFILE for its named descriptor shortage, else None."""
+    if _NOT_DAMAGED not in reason:
+        return None
+    if reason.startswith("MemoryError: "):
+        return errno.ENOMEM
+    code = _DESCRIPTOR_REASON_RE.match(reason)
+    return int(code[1]) if code is not None and int(code[1]) in _NO_DESCRIPTOR_ERRNOS else None
 
 
 # How `agreement.describe` words an OSError that has an errno: "OSError: [Errno 24] ...".
