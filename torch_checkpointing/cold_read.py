@@ -19,7 +19,16 @@ from concurrent.futures import Executor
 from torch_checkpointing.checksum import crc32, crc32_combine
 from torch_checkpointing.futures import settle_all
 
-__all__ = ["READ_BYTES", "crc32_by_reads", "is_cached", "memory_file", "memory_to_spare", "private_copy", "seal"]
+__all__ = [
+    "READ_BYTES",
+    "crc32_by_reads",
+    "is_cached",
+    "memory_file",
+    "memory_to_spare",
+    "private_copy",
+    "refuse_beyond_memory",
+    "seal",
+]
 
 READ_BYTES = 8 * 1024 * 1024  # one pread: large enough for the disk, small enough to stay in the CPU's cache
 _PROBES = 8  # pages sampled across the file
@@ -109,6 +118,20 @@ def private_copy(fd: int, size: int, on_short: Callable[[int], Exception]) -> in
         os.close(copy)
         raise
     return copy
+
+
+def refuse_beyond_memory(size: int, where: str, reader: str) -> None:
+    """Raise a `MemoryError` naming `where` when an in-memory copy of `size` bytes (`private_copy`, which `reader`
+    makes before reading the file) cannot fit in the memory there is (`memory_to_spare`). That copy is memory
+    RLIMIT_AS does not count: a sparse 1 TiB file (no disk used) was copied until the machine ran out, where the
+    reader can say at once that it does not fit, and never that the file is damaged."""
+    spare = memory_to_spare()
+    if spare is not None and size > spare:
+        raise MemoryError(
+            f"Out of memory reading {where}: {reader} copies it into memory before reading it, and its {size} bytes "
+            f"are more than the {spare} this machine has available (memory and swap); the checkpoint was not found "
+            f"damaged (do not delete it). Read it on a machine with more memory, or free some and try again."
+        )
 
 
 def memory_to_spare() -> int | None:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES, refuse_names_twice
-from torch_checkpointing.cold_read import private_copy
+from torch_checkpointing.cold_read import private_copy, refuse_beyond_memory
 from torch_checkpointing.discovery import (
     committed_manifest,
     default_storage,
@@ -61,6 +61,7 @@ from torch_checkpointing.errors import (
     CorruptCheckpointError,
     TemplateMismatchError,
     UnsafeCheckpointError,
+    raise_if_short_of_resources,
     unreadable_file,
 )
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, read_manifest, read_regular_file
@@ -975,14 +976,20 @@ def _refuse_lone_shard_of_series(shard: Path, index: Path) -> None:
 @contextlib.contextmanager
 def _reading_shard(path: Path) -> Iterator[None]:
     """What safetensors raises on a shard that is not what its header says (truncated, damaged, crafted): a
-    `CorruptCheckpointError` naming the shard, not a bare `SafetensorError` naming nothing."""
+    `CorruptCheckpointError` naming the shard, not a bare `SafetensorError` naming nothing. A process short of
+    memory or descriptors is told as that, naming the shard (`errors.raise_if_short_of_resources`): torch's
+    refused map of a shard larger than the memory there is came out as a bare `RuntimeError`."""
     from safetensors import SafetensorError
 
     try:
         yield
+    except (RuntimeError, OSError, MemoryError) as exc:
+        raise_if_short_of_resources(exc, path, "the import")
+        raise
     except (SafetensorError, ValueError, OverflowError, EOFError, struct.error) as exc:
         if isinstance(exc, CheckpointError):
             raise
+        raise_if_short_of_resources(exc, path, "the import")
         raise CorruptCheckpointError(
             f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc}); the download is damaged or "
             f"incomplete. Download it again."
@@ -1059,8 +1066,10 @@ def _in_memory(fd: int, path: Path) -> int | None:
     process with SIGBUS at the first touch of a page past its new end; one written into changed the tensors a
     flat import had returned. The header check and every read then see the same bytes. The copy costs the
     shard's size in memory while it is open; a flat import opens one shard at a time. None where the system has
-    no memfd: the shard is read itself, as before."""
+    no memfd: the shard is read itself, as before. A shard larger than the memory there is is refused first, as
+    a load refuses such a file (`cold_read.refuse_beyond_memory`): its copy filled the machine's memory."""
     size = os.fstat(fd).st_size
+    refuse_beyond_memory(size, str(path), "the import")
     short = lambda at: CorruptCheckpointError(  # noqa: E731
         f"{path} ended at byte {at} while it was read, but had {size} bytes: another process truncated it. "
         f"Download it again, or retry once the other process is done."

@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from torch_checkpointing.checksum import BlockChecksums, block_crc32s, combine_blocks, crc32, crc32_parallel
-from torch_checkpointing.cold_read import crc32_by_reads, is_cached, memory_file, memory_to_spare, private_copy, seal
+from torch_checkpointing.cold_read import (
+    crc32_by_reads,
+    is_cached,
+    memory_file,
+    private_copy,
+    refuse_beyond_memory,
+    seal,
+)
 from torch_checkpointing.errors import (
     CheckpointError,
     CheckpointReplacedError,
@@ -481,20 +488,11 @@ class CheckpointReadContext:
         self._use_copy(checked, copy)
 
     def _refuse_beyond_memory(self, checked: CheckedFile) -> None:
-        """Raise a `MemoryError` naming the file when its copy in memory (`_copy_private`) cannot fit in the memory
-        there is (`memory_to_spare`). That copy is memory RLIMIT_AS does not count: a checkpoint without a manifest
-        holding a sparse 1 TiB file (no disk used, no record to vouch for its size) was copied until the machine
-        ran out, where the load can say at once that it does not fit."""
-        if checked.size < _COLD_READ_MIN_BYTES:
-            return
-        spare = memory_to_spare()
-        if spare is not None and checked.size > spare:
-            raise MemoryError(
-                f"Out of memory reading {self._at(checked.rel)} ({checked.what}): the load copies it into memory "
-                f"before reading it, and its {checked.size} bytes are more than the {spare} this machine has "
-                f"available (memory and swap); the checkpoint was not found damaged (do not delete it). Load it on "
-                f"a machine with more memory, or free some and load again."
-            )
+        """`cold_read.refuse_beyond_memory` for the copy of a file (`_copy_private`): a checkpoint without a
+        manifest holding a sparse 1 TiB file (no record to vouch for its size) was copied until the machine ran
+        out. A small file's copy is not looked at."""
+        if checked.size >= _COLD_READ_MIN_BYTES:
+            refuse_beyond_memory(checked.size, f"{self._at(checked.rel)} ({checked.what})", "the load")
 
     def _use_copy(self, checked: CheckedFile, copy: int | None) -> None:
         if copy is not None:
