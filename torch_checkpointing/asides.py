@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive, still_there
-from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.errors import CheckpointError, raise_if_short_of_resources
 from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
 from torch_checkpointing.storage.base_storage import Storage, local_store_now, named_at
 
@@ -157,13 +157,16 @@ def _age_s(copy: Path) -> float:
 
 def _commit_time_if_whole(storage: Storage, path: Path) -> float | None:
     """The commit time of `path` when a load would read it whole (a directory, not a link, its manifest ours and
-    every file it lists there at its recorded size), -inf when that time is unknown; None when it is not whole."""
+    every file it lists there at its recorded size), -inf when that time is unknown; None when it is not whole.
+    This process short of memory or descriptors is raised (`errors.raise_if_short_of_resources`): nothing is
+    known of the copy then, and read as "not whole" it had gc put back an older copy and delete this one."""
     if storage.is_link(path):
         return None
     try:
         info = checkpoint_info(path, storage)
         if info is None or damage(path, storage) is not None:
             return None
-    except (OSError, CheckpointError):
+    except (OSError, CheckpointError) as exc:
+        raise_if_short_of_resources(exc, path, "the check that a copy aside is whole")
         return None
     return info.commit_time if info.commit_time is not None else float("-inf")
