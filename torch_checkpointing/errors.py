@@ -185,7 +185,14 @@ def undecodable(path: object, what: str, exc: BaseException) -> UndecodableFileE
 
 # How an allocation the system refused reads in what torch (its CPU allocator, an mmap of a file) and the OS raise:
 # a plain RuntimeError or an ENOMEM OSError, which the decoders' handlers would otherwise take for the file's damage.
-_ALLOCATION_REFUSED = ("can't allocate memory", "not enough memory", "cannot allocate memory")
+# The words must END the message, with their errno, as torch's do ("... Error code 12 (Cannot allocate memory)",
+# "unable to mmap ...: Cannot allocate memory (12)"): anywhere in it, a crafted file's record name ("failed
+# locating file data/Cannot allocate memory (12): file not found") passed a damaged file off as a shortage.
+_ALLOCATION_REFUSED_RE = re.compile(
+    r"(cannot allocate memory \((os error )?12\)|error code 12 \(cannot allocate memory\)"
+    r"|not enough memory: you tried to allocate [0-9]+ bytes\.?)$",
+    re.IGNORECASE,
+)
 
 
 def raise_if_out_of_memory(exc: BaseException, path: object, what: str) -> None:
@@ -197,7 +204,7 @@ def raise_if_out_of_memory(exc: BaseException, path: object, what: str) -> None:
     if isinstance(exc, MemoryError) and _NOT_DAMAGED in str(exc):
         raise exc  # named already, by the step nearest the shortage
     enomem = isinstance(exc, OSError) and exc.errno == errno.ENOMEM
-    refused = isinstance(exc, RuntimeError) and any(words in str(exc).lower() for words in _ALLOCATION_REFUSED)
+    refused = isinstance(exc, RuntimeError) and _ALLOCATION_REFUSED_RE.search(str(exc).strip()) is not None
     if enomem or refused or isinstance(exc, MemoryError):
         said = f" ({type(exc).__name__}: {exc})" if str(exc) else ""
         raise MemoryError(
@@ -213,9 +220,10 @@ _NOT_DAMAGED = "the checkpoint was not found damaged"
 
 
 # How a process out of file descriptors reads: EMFILE (its own limit, `ulimit -n`), ENFILE (the system's), or
-# torch's RuntimeError for a refused open of the file it maps ("unable to open file <...>: Too many open files (24)").
+# torch's RuntimeError for a refused open of the file it maps ("unable to open file <...>: Too many open files (24)"),
+# its words and errno ending the message (`_ALLOCATION_REFUSED_RE`).
 _NO_DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE)
-_NO_DESCRIPTOR_WORDS = ("too many open files",)
+_NO_DESCRIPTOR_RE = re.compile(r"too many open files( in system)? \((os error )?(24|23)\)$", re.IGNORECASE)
 
 
 def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> None:
@@ -229,7 +237,7 @@ def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> 
     code = exc.errno if isinstance(exc, OSError) else None
     if code in _NO_DESCRIPTOR_ERRNOS and _NOT_DAMAGED in str(exc):
         raise exc  # named already, by the step nearest the shortage (its errno says so, not its words alone)
-    worded = isinstance(exc, RuntimeError) and any(words in str(exc).lower() for words in _NO_DESCRIPTOR_WORDS)
+    worded = isinstance(exc, RuntimeError) and _NO_DESCRIPTOR_RE.search(str(exc).strip()) is not None
     if code in _NO_DESCRIPTOR_ERRNOS or worded:
         raise OSError(
             code or errno.EMFILE,
