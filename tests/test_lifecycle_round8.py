@@ -188,10 +188,11 @@ def children():
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
+            if int(fields[1]) != os.getpid() or "resource_tracker" in open(f"/proc/{pid}/cmdline").read():
+                continue
+        except OSError:  # it ended between the listing and the reads (ProcessLookupError on cmdline)
             continue
-        if int(fields[1]) == os.getpid() and "resource_tracker" not in open(f"/proc/{pid}/cmdline").read():
-            out.append(f"{pid}:{fields[0]}")  # a zombie shows as Z
+        out.append(f"{pid}:{fields[0]}")  # a zombie shows as Z
     return sorted(out)
 
 
