@@ -19,6 +19,7 @@ from tests.s3_server import S3Server
 from torch_checkpointing import CheckpointManager, FsspecStorageConfig, LocalFileSystemStorageConfig
 from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import checkpoint_info
+from torch_checkpointing.storage import fsspec_storage_for
 
 
 def payload(seed: int) -> dict[str, Any]:
@@ -97,6 +98,9 @@ def test_a_file_url_is_the_local_filesystem(tmp_path: Path) -> None:
 def test_without_fsspec_an_s3_id_names_the_extra_and_the_manager_stays_local(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # An S3 filesystem this process already built (another test's, in the same worker) is shared by the
+    # storages that name the same store: the refusal must not depend on whether one was built before.
+    fsspec_storage_for("s3", "s3://bucket/warm")
     monkeypatch.setitem(sys.modules, "fsspec", None)  # `import fsspec` raises ImportError, as when not installed
     with sync_manager() as manager:
         with pytest.raises(ImportError, match=r"s3://bucket/run/step_1.*pip install 'torch-checkpointing\[s3\]'"):

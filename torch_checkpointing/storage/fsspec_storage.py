@@ -395,18 +395,19 @@ def _filesystem(scheme: str, options: dict[str, Any]) -> Any:
     per storage cost 170-200 ms of client set-up at each `latest_checkpoint`, `storage_for` or manager on S3.
     So the key here is the options and that environment, in this process; options that are no JSON (a session
     object) get a filesystem of their own, and the caller's own `skip_instance_cache` is fsspec's to obey."""
+    fsspec = _import_fsspec()  # first: a filesystem shared from before must not hide a missing package
     own = _own_filesystem_options(options, scheme)
     if "skip_instance_cache" in own:
-        return _connected(_import_fsspec().filesystem(scheme, **own))
+        return _connected(fsspec.filesystem(scheme, **own))
     environment = sorted((k, v) for k, v in os.environ.items() if k.upper().startswith(_STORE_ENVIRONMENT))
     try:
         key = json.dumps([scheme, own, environment, os.getpid()], sort_keys=True)
     except (TypeError, ValueError):  # an option that is no JSON: no telling two stores apart by it
-        return _connected(_import_fsspec().filesystem(scheme, skip_instance_cache=True, **own))
+        return _connected(fsspec.filesystem(scheme, skip_instance_cache=True, **own))
     with _filesystems_lock:
         fs = _filesystems.get(key)
         if fs is None:
-            fs = _connected(_import_fsspec().filesystem(scheme, skip_instance_cache=True, **own))
+            fs = _connected(fsspec.filesystem(scheme, skip_instance_cache=True, **own))
             _filesystems[key] = fs
     return fs
 
