@@ -30,8 +30,9 @@ from typing import Any
 import pytest
 import torch
 
+from tests.test_barrier_rounds_round26 import _together
 from torch_checkpointing import CheckpointManager, ConfigError, FsspecStorageConfig, latest_checkpoint
-from torch_checkpointing.barriers import TCPStoreBarrier, TCPStoreBarrierConfig
+from torch_checkpointing.barriers import TCPStoreBarrierConfig
 from torch_checkpointing.checkpoint_layout import JsonSerialization, SafetensorsSerialization
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.distributed_metadata import DistributedMetadata, GlobalObjectMetadata
@@ -47,25 +48,6 @@ def _barrier_config() -> TCPStoreBarrierConfig:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return TCPStoreBarrierConfig(30, False, port, "127.0.0.1", key_prefix="r27b")
-
-
-def _together(*barriers: TCPStoreBarrier, timeout_s: int) -> list[str]:
-    """Every barrier's execute_barrier at once, one thread each: 'passed' or the error each raised."""
-    said = [""] * len(barriers)
-
-    def run(k: int) -> None:
-        try:
-            barriers[k].execute_barrier(timeout_s)
-            said[k] = "passed"
-        except Exception as exc:
-            said[k] = f"{type(exc).__name__}: {exc}"
-
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(barriers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s + 60)
-    return said
 
 
 class _StuckRemovals:
