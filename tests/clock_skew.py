@@ -11,13 +11,14 @@ test skips only where there is none.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-__all__ = ["skewed_env"]
+__all__ = ["skewed_env", "stated_age_s"]
 
 _SHIM = r"""
 #define _GNU_SOURCE
@@ -99,3 +100,12 @@ def skewed_env(tmp_path: Path, offset_s: float, hostname: str | None = None) -> 
     if hostname is not None:
         env["SKEWED_HOSTNAME"] = hostname
     return env
+
+
+def stated_age_s(why: str) -> int:
+    """The age gc's reason for keeping a leftover states ("... only 3s old (< 60s)"). A test compares it with a
+    bound, never with an exact value: a leftover made "a moment ago" is 0 s or 1 s old by the time gc reads it,
+    depending on how busy the machine is."""
+    ages = re.findall(r"only (\d+)s old", why)
+    assert len(ages) == 1, why
+    return int(ages[0])
