@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CONNECTS_PER_CLIENT",
     "REPO",
     "MappedRegion",
     "armed_sigint",
@@ -70,6 +71,11 @@ def memory_maps() -> list[MappedRegion]:
 
 
 _LISTEN = "0A"
+
+
+# A new client of a checkpoint store connects twice: once to check that its host listens (round 28: a refused
+# connect is told at once, where the client's own connect retries for its whole timeout), then the client itself.
+CONNECTS_PER_CLIENT = 2
 
 
 def connections_to(port: int) -> set[int]:

@@ -74,6 +74,12 @@ class StoreChannel:
             kept = _Clients.kept(self._host)
             self._store = kept if kept is not None and self._still_connected(kept) else None
         if self._store is None:
+            if self._shared and not _accepts_connections(self._host, max(timeout_s, 1.0)):
+                # The store's address is learnt from rank 0 once it listens: refused now, it is gone. A TCPStore
+                # client's connect would retry for its whole timeout (a barrier's peer, `shared=False`, may come
+                # before its host listens, and waits).
+                self.spent = True
+                raise _lost_host(ConnectionRefusedError(f"nothing listens at {address.host}:{address.port}"))
             self._store = self._connect_once(address, timeout_s)
 
     def _still_connected(self, kept: Any) -> bool:

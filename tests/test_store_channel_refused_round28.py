@@ -1,0 +1,42 @@
+"""A new channel to rank 0's store once rank 0 is gone (round 28; CI saw it as a 6 s wait in
+`test_store_host_gone_async_round24_multirank[killed]`).
+
+A rank whose process holds no client of rank 0's store yet (a trainer answering for its writer, a writer
+started after the last save) connected anew, and a TCPStore client's connect retries a refused connection for
+its whole timeout: with rank 0 killed, that rank raised "lost contact with rank 0" one `wait_timeout_secs`
+after the others. The store's address is only ever learnt from rank 0 once its store listens, so a refused
+connection to it means it is gone: the channel says so at once. A barrier's peer, which may connect before its
+host listens, still waits (its client is its own, `shared=False`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+LONG_TIMEOUT_S = 600  # the channel's; the process is bounded by a tenth of it
+
+CHANNEL = """
+import socket, sys
+from torch_checkpointing.errors import CommitError
+from torch_checkpointing.store_channel import StoreAddress, StoreChannel
+with socket.socket() as s:  # a port nothing listens on: rank 0's store, gone with its process
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+try:
+    StoreChannel(StoreAddress("127.0.0.1", port, "ns"), float(sys.argv[1]))
+except CommitError as exc:
+    print(type(exc).__name__, exc.failures)
+"""
+
+
+def test_a_new_channel_to_a_store_that_refuses_connections_raises_lost_contact_without_waiting() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CHANNEL, str(LONG_TIMEOUT_S)],
+        capture_output=True,
+        text=True,
+        timeout=LONG_TIMEOUT_S / 10,  # before: the connect retried for the whole 600 s
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split(" ", 1) == ["CommitError", "{0: 'went away (its checkpoint store is unreachable)'}\n"]
+    assert "Lost contact with rank 0's checkpoint store: ConnectionRefusedError" in done.stderr, done.stderr
