@@ -74,7 +74,7 @@ class StoreChannel:
             kept = _Clients.kept(self._host)
             self._store = kept if kept is not None and self._still_connected(kept) else None
         if self._store is None:
-            if self._shared and not _accepts_connections(self._host, max(timeout_s, 1.0)):
+            if self._shared and _refuses_connections(self._host, max(timeout_s, 1.0)):
                 # The store's address is learnt from rank 0 once it listens: refused now, it is gone. A TCPStore
                 # client's connect would retry for its whole timeout (a barrier's peer, `shared=False`, may come
                 # before its host listens, and waits).
@@ -419,6 +419,19 @@ def _accepts_connections(host: tuple[str, int], timeout_s: float) -> bool:
     except OSError:
         return False
     return True
+
+
+def _refuses_connections(host: tuple[str, int], timeout_s: float) -> bool:
+    """Whether `host` refuses a connection now (nothing listens there). A connect that times out or is dropped
+    is not a refusal: a host busy with thousands of ranks' connects drops some, and the client's own retries
+    are the remedy there."""
+    try:
+        socket.create_connection(host, timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _within(host: tuple[str, int], op: Callable[[], T], timeout_s: float) -> T:
