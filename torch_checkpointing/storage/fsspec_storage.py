@@ -384,7 +384,11 @@ def _own_filesystem_options(options: dict[str, Any], scheme: str) -> dict[str, A
 # Environment variables that choose a store or its credentials (AWS_ENDPOINT_URL, AWS_PROFILE, ...).
 _STORE_ENVIRONMENT = ("AWS_", "BOTO_", "GOOGLE_", "GCE_", "GCSFS_", "AZURE_", "FSSPEC_")
 _filesystems: dict[str, Any] = {}
-_filesystems_lock = threading.Lock()
+_filesystems_lock = threading.Lock()  # over the two dicts only: never held while a client is made
+# key -> the lock of the one thread making that store's filesystem and client (`_connected`): a client's making may
+# wait on a credential_process, an STS AssumeRole or the instance metadata service. Made under `_filesystems_lock`,
+# it held up every other thread's storage of any store for as long.
+_filesystems_building: dict[str, threading.Lock] = {}
 
 
 def _filesystem(scheme: str, options: dict[str, Any]) -> Any:
@@ -406,9 +410,17 @@ def _filesystem(scheme: str, options: dict[str, Any]) -> Any:
         return _connected(fsspec.filesystem(scheme, skip_instance_cache=True, **own))
     with _filesystems_lock:
         fs = _filesystems.get(key)
+        if fs is not None:
+            return fs
+        building = _filesystems_building.setdefault(key, threading.Lock())
+    with building:  # a storage of the same store waits for this one's client; any other store's does not
+        with _filesystems_lock:
+            fs = _filesystems.get(key)
         if fs is None:
             fs = _connected(fsspec.filesystem(scheme, skip_instance_cache=True, **own))
-            _filesystems[key] = fs
+            with _filesystems_lock:
+                _filesystems[key] = fs
+                _filesystems_building.pop(key, None)
     return fs
 
 
