@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import pickle
 import re
 import struct
@@ -195,6 +196,27 @@ _ALLOCATION_REFUSED_RE = re.compile(
 )
 
 
+# What torch appends to the message of its errors where TORCH_SHOW_CPP_STACKTRACES=1 (the only value torch takes
+# for on): its C++ backtrace, under one of these headers or both, in this order.
+_RAISED_FROM_RE = re.compile(r"\nException raised from [^\n]*\(most recent call first\):")
+_CAPTURED_TRACEBACK = "\nC++ CapturedTraceback:"
+
+
+def _torch_message(exc: BaseException) -> str:
+    """What `exc` says, without the C++ backtrace torch appends to its errors where TORCH_SHOW_CPP_STACKTRACES=1:
+    after it, the words that end torch's message (`_ALLOCATION_REFUSED_RE`) no longer ended it, and a load short
+    of memory, with that variable set to debug a job, called an intact file "not a readable Torch file". Cut at
+    the last header, only with the variable set: the text of a crafted record name before it is read whole."""
+    text = str(exc).strip()
+    if os.environ.get("TORCH_SHOW_CPP_STACKTRACES") != "1":
+        return text
+    cut = text.rfind(_CAPTURED_TRACEBACK)
+    raised = list(_RAISED_FROM_RE.finditer(text if cut < 0 else text[:cut]))
+    if raised and (cut < 0 or raised[-1].end() == cut):  # "Exception raised from ..." heads the backtrace
+        cut = raised[-1].start()
+    return text if cut < 0 else text[:cut].rstrip()
+
+
 def raise_if_out_of_memory(exc: BaseException, path: object, what: str) -> None:
     """Raise a `MemoryError` (from `exc`) when `exc`, met reading file `path` for `what`, is the machine out of
     memory, else return. Before, torch's "DefaultCPUAllocator: can't allocate memory" or "unable to mmap ...:
@@ -204,9 +226,9 @@ def raise_if_out_of_memory(exc: BaseException, path: object, what: str) -> None:
     if isinstance(exc, MemoryError) and _NOT_DAMAGED in str(exc):
         raise exc  # named already, by the step nearest the shortage
     enomem = isinstance(exc, OSError) and exc.errno == errno.ENOMEM
-    refused = isinstance(exc, RuntimeError) and _ALLOCATION_REFUSED_RE.search(str(exc).strip()) is not None
+    refused = isinstance(exc, RuntimeError) and _ALLOCATION_REFUSED_RE.search(_torch_message(exc)) is not None
     if enomem or refused or isinstance(exc, MemoryError):
-        said = f" ({type(exc).__name__}: {exc})" if str(exc) else ""
+        said = f" ({type(exc).__name__}: {_torch_message(exc)})" if str(exc) else ""
         raise MemoryError(
             f"Out of memory reading {path} for {what}{said}; {_NOT_DAMAGED} (do not delete it). Free memory, or "
             f"load it on a machine with more, and load again."
@@ -237,13 +259,13 @@ def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> 
     code = exc.errno if isinstance(exc, OSError) else None
     if code in _NO_DESCRIPTOR_ERRNOS and _NOT_DAMAGED in str(exc):
         raise exc  # named already, by the step nearest the shortage (its errno says so, not its words alone)
-    worded = isinstance(exc, RuntimeError) and _NO_DESCRIPTOR_RE.search(str(exc).strip()) is not None
+    worded = isinstance(exc, RuntimeError) and _NO_DESCRIPTOR_RE.search(_torch_message(exc)) is not None
     if code in _NO_DESCRIPTOR_ERRNOS or worded:
         raise OSError(
             code or errno.EMFILE,
-            f"Out of file descriptors reading {path} for {what} ({type(exc).__name__}: {exc}); {_NOT_DAMAGED} (do "
-            f"not delete it). Close files this process holds, or raise its limit (`ulimit -n`, RLIMIT_NOFILE), and "
-            f"load again.",
+            f"Out of file descriptors reading {path} for {what} ({type(exc).__name__}: {_torch_message(exc)}); "
+            f"{_NOT_DAMAGED} (do not delete it). Close files this process holds, or raise its limit (`ulimit -n`, "
+            f"RLIMIT_NOFILE), and load again.",
         ) from exc
 
 
