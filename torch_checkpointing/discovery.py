@@ -997,9 +997,11 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
 def _probe_leftover(path: Path, match: re.Match[str], storage: Storage) -> Leftover | None:
     """A probe of the store's clock (`base_storage.store_now`) still there: the empty file or object a process
     killed between its create and its removal left (before, kept for good: gc passed over it). Its process is
-    alive while its pid runs on this host (this process's own only while it writes it: the pid of a killed job
-    restarted in a container); another host's goes by its age. Anything else so named (a directory, a file with
-    bytes in it) is nobody's probe, and not listed."""
+    alive while its pid runs on this host in a process that ran when it was made (this process's own only while
+    it writes it: the pid of a killed job restarted in a container; another's started since is the pid given
+    again, as `hidden_name_alive` judges: counted alive, a probe stayed while any process had the pid); another
+    host's goes by its age. Anything else so named (a directory, a file with bytes in it) is nobody's probe, and
+    not listed."""
     try:
         if storage.isdir(path) or storage.getsize(path) != 0:
             return None
@@ -1008,7 +1010,7 @@ def _probe_leftover(path: Path, match: re.Match[str], storage: Storage) -> Lefto
     pid = int(match["pid"])
     alive = None
     if made_here(match):
-        alive = clock_probe_running(path.name) if pid == os.getpid() else pid_alive(pid)
+        alive = clock_probe_running(path.name) if pid == os.getpid() else hidden_name_alive(match, path)
     return Leftover(spelt(path), "probe", path.name, alive, 0, f"clock probe of pid {pid}")
 
 
