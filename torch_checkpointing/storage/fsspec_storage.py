@@ -187,8 +187,7 @@ class FsspecStorageConfig(StorageConfig):
         scheme = url_scheme(self.url) if self.url else None
         if scheme is None or scheme == self.protocol:
             return
-        ours, theirs = _implementation(scheme), _implementation(self.protocol)
-        if ours is None or theirs is None or ours == theirs:
+        if _same_filesystem(scheme, self.protocol) is not False:
             return
         raise ConfigError(
             f"FsspecStorageConfig.url {self.url!r} is a {scheme}:// path, but this storage talks to "
@@ -272,18 +271,30 @@ def _check_filesystem(fs: object) -> None:
     )
 
 
-def _implementation(protocol: str) -> str | None:
-    """The dotted name of fsspec's filesystem class for `protocol` (None: unknown, or fsspec not installed),
-    read from its registry without importing the class: `s3` and `s3a` name the same one."""
+def _same_filesystem(a: str, b: str) -> bool | None:
+    """Whether fsspec's protocols `a` and `b` name one filesystem class (`s3` and `s3a` do); None where that
+    cannot be told (a protocol fsspec does not know, its package not installed, or fsspec itself not).
+
+    While neither class is imported, told by fsspec's table of the classes' dotted names, importing nothing. Once
+    one is (fsspec registers a class when it is first used), by the classes themselves: the table names a class
+    by its package (`s3fs.S3FileSystem`), the registry by its module (`s3fs.core.S3FileSystem`), and comparing the
+    two spellings refused `s3a://` with `s3` in a process that had built an S3 filesystem before, not in another.
+    """
     try:
-        from fsspec.registry import known_implementations, registry
+        from fsspec.registry import get_filesystem_class, known_implementations, registry
     except ImportError:  # pragma: no cover - exercised only without the extra
         return None
-    registered = registry.get(protocol)
-    if registered is not None:
-        return f"{registered.__module__}.{registered.__qualname__}"
-    known = known_implementations.get(protocol)
-    return str(known["class"]) if known else None
+    if a in registry or b in registry:
+        try:  # the one not registered yet is imported here; its package is most often the other's
+            return get_filesystem_class(a) is get_filesystem_class(b)
+        except ValueError:  # a protocol fsspec does not know
+            return None
+        except ImportError:  # the other's package is not installed: not the class registered, which was imported
+            return False
+    known_a, known_b = known_implementations.get(a), known_implementations.get(b)
+    if known_a is None or known_b is None:
+        return None
+    return bool(known_a["class"] == known_b["class"])
 
 
 def _protocols_of(fs: Any) -> frozenset[str]:
