@@ -385,17 +385,48 @@ class StoreTransport:
             _go_on_if_complete(self.channel.decide(f"{step}/decided", _COMPLETE))
         return [Contribution.from_json(t) for t in texts]
 
-    def _give_up_for(self, step: str, exc: BaseException) -> None:
+    def _give_up_for(self, step: str, exc: BaseException) -> bool:
         """This rank leaves the step while it waits for the others' answers (Ctrl-C, a signal handler's
         sys.exit()): it decides the step failed, naming itself and why, so that every other rank raises that at
         once. Before, its answer stood as given: rank 0 went on to commit, waited the save's whole timeout for
         this rank's answer to the commit, and the save this rank called "not committed" was in place. If another
-        rank decided first that the step is complete, the step stands (then nothing is told)."""
+        rank decided first that the step is complete, the step stands (then nothing is told): returns whether it
+        does."""
         failed = _failed(step, {self.rank: describe(exc)})
         try:  # briefly: the rank is leaving, and a stopped host must not hold its Ctrl-C for the save's timeout
-            self.channel.decide(f"{step}/decided", _gave_up(failed), wait_s=_LEAVING_WAIT_S)
+            decided: str = self.channel.decide(f"{step}/decided", _gave_up(failed), wait_s=_LEAVING_WAIT_S)
+            return decided == _COMPLETE
         except Exception as lost:  # leaving anyway: rank 0's store gone (or silent) tells the others itself
             logger.debug("Could not tell the other ranks that rank %s left %s: %r", self.rank, step, lost)
+            return False
+
+    def agreed_as_it_left(self, step: str, exc: BaseException) -> bool:
+        """Whether `step`, which this rank left (`exc`: Ctrl-C, a signal handler's sys.exit()) once it had given
+        its own answer, succeeded all the same: another rank found every answer first, decided the step complete
+        and went on with no failure among them. Where the step was not decided yet, this rank decides that it
+        failed (`_give_up_for`).
+
+        A rank interrupted between giving its answer and hearing the decision took the step for failed; the
+        others, which had heard it first, went on to the next step without it."""
+        if not self._give_up_for(step, exc):
+            return False
+        try:  # every answer is in (the step was decided complete): no wait
+            texts = self.channel.gather(step, self.world_size, f"its answer to {step!r}", timeout_s=0)
+        except Exception as lost:
+            logger.debug("Rank %s could not read the answers to %s as it left: %r", self.rank, step, lost)
+            return False
+        return all(Contribution.from_json(text).error is None for text in texts)
+
+    def leave_before(self, step: str, exc: BaseException) -> None:
+        """This rank leaves (`exc`) before the `step` the others went on to: its answer is its failure, and the
+        step is decided failed, so that every other rank hears it at once. Before, rank 0 waited the save's whole
+        timeout for an answer to the commit that never came."""
+        try:
+            self.channel.publish(f"{step}/{self.rank}", Contribution(error=describe(exc)).to_json())
+        except Exception as lost:  # leaving anyway: rank 0's store gone (or silent) tells the others itself
+            logger.debug("Could not tell the other ranks that rank %s left before %s: %r", self.rank, step, lost)
+            return
+        self._give_up_for(step, exc)
 
 
 _COMPLETE = "complete"

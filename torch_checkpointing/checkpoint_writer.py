@@ -483,7 +483,7 @@ def _write_and_commit(
             progress.committed = True
 
     try:
-        written = agree(_files_step(plan), transport, write)
+        written = _agree_on_the_files(plan, transport, write, progress)
         progress.left_to_rank_0 = plan.rank != 0
         records.extend(FileRecord.from_dict(d) for report in written for d in report)
         _agree_on_the_commit(plan, transport, channel, publish)
@@ -491,6 +491,37 @@ def _write_and_commit(
     finally:
         _settle(channel, plan, progress.committed)
     return sum(r.size for r in records if r.rank == plan.rank)
+
+
+def _agree_on_the_files(
+    plan: SavePlan, transport: StoreTransport, write: Callable[[], list[dict[str, Any]]], progress: _Progress
+) -> list[list[dict[str, Any]]]:
+    """The files step: every rank's file records.
+
+    A rank that leaves it (Ctrl-C, a signal handler's sys.exit()) once its files are written may find that the
+    step succeeded all the same (another rank decided so first, and rank 0 goes on to commit): it then says that
+    rank 0 commits the save without it, and answers the commit step with its interrupt so that the others hear it
+    at once. Before, it said "nothing was committed" of the checkpoint rank 0 put in place, and rank 0 waited the
+    save's whole timeout for its answer to the commit.
+    """
+    wrote = False
+
+    def written() -> list[dict[str, Any]]:
+        nonlocal wrote
+        records = write()
+        wrote = True
+        return records
+
+    step = _files_step(plan)
+    try:
+        return agree(step, transport, written)
+    except Exception:
+        raise
+    except BaseException as exc:
+        if wrote and transport.agreed_as_it_left(step, exc):
+            progress.left_to_rank_0 = plan.rank != 0
+            transport.leave_before(_commit_step(plan), exc)
+        raise
 
 
 def _agree_on_the_commit(
