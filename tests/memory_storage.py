@@ -16,6 +16,7 @@ import io
 import os
 import posixpath
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -387,6 +388,10 @@ class SlowCopy:
     """
 
     copies: ClassVar[int] = 0
+    finished: ClassVar[int] = 0  # the deep copies that have returned
+    # Set: a deep copy waits for it (at most `seconds`) instead of sleeping, so that a test decides when a copy
+    # ends, whatever the machine's load.
+    gate: ClassVar[threading.Event | None] = None
 
     def __init__(self, seconds: float, payload: int = 0) -> None:
         self.seconds = seconds
@@ -394,7 +399,11 @@ class SlowCopy:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SlowCopy:
         SlowCopy.copies += 1
-        time.sleep(self.seconds)
+        if SlowCopy.gate is None:
+            time.sleep(self.seconds)
+        else:
+            SlowCopy.gate.wait(self.seconds)
+        SlowCopy.finished += 1
         return SlowCopy(self.seconds, self.payload)
 
     def __eq__(self, other: object) -> bool:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from torch_checkpointing.config import AsyncCheckpointSaverConfig
 from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
 
 RESULT_TIMEOUT = 120
+HANG_S = 60  # what a held write or copy is let go after: only a test that would otherwise hang waits it
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,25 @@ def amgr(shared: tuple[CheckpointManager, Control]) -> Iterator[tuple[Checkpoint
 def _result(fut: Future[Any] | None) -> Any:
     assert isinstance(fut, Future)
     return fut.result(timeout=RESULT_TIMEOUT)
+
+
+@contextlib.contextmanager
+def _write_held(control: Control) -> Iterator[Callable[[], bool]]:
+    """The save's first write of its model blocks (once it has handed over its bytes) until the block ends, or
+    HANG_S has passed; yields `held()`: whether it is held still, so cannot have finished.
+
+    A held write, not a slow one: "save() returned before the write" was `returned < 1.0` against a write delayed
+    1.5 s, which a busy machine's save() alone could fail. Now only the order counts: a save() (or lock()) that
+    waits for the write returns once HANG_S let it go, and `held()` is then False."""
+    control.block("model")
+    block_on = control.root / "block_on"
+    hang_bound = threading.Timer(HANG_S, lambda: block_on.unlink(missing_ok=True))
+    hang_bound.start()
+    try:
+        yield block_on.exists
+    finally:
+        hang_bound.cancel()
+        block_on.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------- default preset
@@ -133,10 +153,10 @@ def test_prewarm_allocates_the_buffers_the_save_uses(amgr: tuple[CheckpointManag
     assert not _slab_inodes() - before - prewarmed, "the save allocated a new slab instead of the prewarmed one"
     out = manager.load(str(tmp_path / "c"), into={"model": None})
     assert torch.equal(out["model"]["pw"], model["pw"])
-    control.set_delay(1.0)
-    fut = manager.save(str(tmp_path / "d"), {"model": model})
-    with pytest.raises(RuntimeError, match="write is active"):
-        manager.prewarm_staging({"model": model})
+    with _write_held(control):
+        fut = manager.save(str(tmp_path / "d"), {"model": model})
+        with pytest.raises(RuntimeError, match="write is active"):
+            manager.prewarm_staging({"model": model})
     _result(fut)
 
 
@@ -145,13 +165,11 @@ def test_prewarm_allocates_the_buffers_the_save_uses(amgr: tuple[CheckpointManag
 
 def test_save_returns_before_the_write_is_durable(amgr: tuple[CheckpointManager, Control], tmp_path: Path) -> None:
     manager, control = amgr
-    control.set_delay(1.5)
-    start = time.monotonic()
-    fut = manager.save(str(tmp_path / "c"), {"model": {"w": torch.ones(4)}})
-    returned = time.monotonic() - start
-    assert returned < 1.0, f"save() blocked {returned:.2f}s on a write"
-    assert not fut.done()
-    assert not (tmp_path / "c").exists()
+    with _write_held(control) as held:
+        fut = manager.save(str(tmp_path / "c"), {"model": {"w": torch.ones(4)}})
+        assert held(), "save() returned only once its write was let go: it waited for the write"
+        assert not fut.done()
+        assert not (tmp_path / "c").exists()
     assert _result(fut) is None
     assert (tmp_path / "c" / "manifest.json").is_file()
 
@@ -172,15 +190,13 @@ def test_default_save_returns_after_the_copy_but_before_the_write(
 ) -> None:
     """Default staging is done when save() returns: the loop may mutate at once; the write is still running."""
     manager, control = amgr
-    control.set_delay(3.0)
-    start = time.monotonic()
-    fut = manager.save(str(tmp_path / "c"), {"model": {"slow": SlowCopy(1.0, 5), "w": torch.ones(2)}})
-    returned = time.monotonic() - start
-    assert returned >= 0.5, f"save() returned before its staging copy finished ({returned:.2f}s)"
-    assert not fut.done(), "save() waited for the write"
-    start = time.monotonic()
-    with manager.lock():
-        assert time.monotonic() - start < 0.5, "lock() waited with no staging copy in flight"
+    finished = SlowCopy.finished
+    with _write_held(control) as held:
+        fut = manager.save(str(tmp_path / "c"), {"model": {"slow": SlowCopy(1.0, 5), "w": torch.ones(2)}})
+        assert SlowCopy.finished == finished + 1, "save() returned before its staging copy finished"
+        assert not fut.done(), "save() waited for the write"
+        with manager.lock():
+            assert held(), "lock() waited for the write, with no staging copy in flight"
     _result(fut)
 
 
@@ -191,20 +207,32 @@ def test_async_staging_lock_waits_for_staging_only(tmp_path: Path) -> None:
         storage_config=RecordingStorageConfig(control_dir=str(control.root)),
     )
     with CheckpointManager(config) as manager:
-        control.set_delay(3.0)
-        start = time.monotonic()
-        fut = manager.save(str(tmp_path / "c"), {"model": {"slow": SlowCopy(1.5, 5), "w": torch.ones(2)}})
-        assert time.monotonic() - start < 1.0, "with use_async_staging=True, save() must not wait for the copy"
-        start = time.monotonic()
-        with manager.lock():
-            waited = time.monotonic() - start
-            write_done = fut.done()
-        assert waited >= 0.5, f"lock() did not wait for the staging copy (waited {waited:.2f}s)"
-        assert not write_done, "lock() waited for the write, not just the staging copy"
+        with _write_held(control) as held, _copies_gated() as gate:
+            finished = SlowCopy.finished
+            fut = manager.save(str(tmp_path / "c"), {"model": {"slow": SlowCopy(HANG_S, 5), "w": torch.ones(2)}})
+            assert SlowCopy.finished == finished, "with use_async_staging=True, save() waited for the copy"
+            threading.Timer(0.5, gate.set).start()
+            with manager.lock():
+                copied = SlowCopy.finished == finished + 1
+                write_done = fut.done()
+            assert copied, "lock() did not wait for the staging copy"
+            assert held() and not write_done, "lock() waited for the write, not just the staging copy"
         _result(fut)
         with torch.serialization.safe_globals([SlowCopy]):
-            assert manager.load(str(tmp_path / "c"), into={"model": None})["model"]["slow"] == SlowCopy(1.5, 5)
+            assert manager.load(str(tmp_path / "c"), into={"model": None})["model"]["slow"] == SlowCopy(HANG_S, 5)
         control.reset()
+
+
+@contextlib.contextmanager
+def _copies_gated() -> Iterator[threading.Event]:
+    """A `SlowCopy`'s deep copy ends once the Event yielded is set (or its `seconds` passed): the test says when,
+    where a sleeping copy raced the machine's load."""
+    SlowCopy.gate = gate = threading.Event()
+    try:
+        yield gate
+    finally:
+        gate.set()
+        SlowCopy.gate = None
 
 
 def test_lock_does_not_block_between_saves(amgr: tuple[CheckpointManager, Control]) -> None:
@@ -279,11 +307,12 @@ def test_close_waits_for_the_last_write(tmp_path: Path) -> None:
     manager = CheckpointManager(
         CheckpointManager.Config(storage_config=RecordingStorageConfig(control_dir=str(control.root)))
     )
-    _result(manager.save(str(tmp_path / "warm"), {"a": 1}))  # the writer is up; now time only the write
-    control.set_delay(1.0)
-    fut = manager.save(str(tmp_path / "c"), {"model": torch.ones(3)})
-    assert not fut.done()
-    manager.close()
+    _result(manager.save(str(tmp_path / "warm"), {"a": 1}))  # the writer is up
+    with _write_held(control) as held:
+        fut = manager.save(str(tmp_path / "c"), {"model": torch.ones(3)})
+        assert held() and not fut.done()
+        threading.Timer(0.5, lambda: (control.root / "block_on").unlink(missing_ok=True)).start()  # while close() waits
+        manager.close()
     assert fut.done() and fut.exception() is None
     assert (tmp_path / "c" / "manifest.json").is_file()
     with pytest.raises(RuntimeError, match="closed"):
