@@ -183,7 +183,7 @@ def test_a_writer_killed_on_one_rank_fails_every_rank_at_once(every_case: list[d
     for r in results:
         assert r["killed"].startswith("CommitError:") and "died" in r["killed"] and "exit code -9" in r["killed"], r
         assert list(r["failures"]) == [1], r
-        assert r["killed_s"] < WAIT_S / 2, r  # before: rank 0 waited WAIT_S for rank 1's dead writer
+        assert r["killed_s"] < WAIT_S, r  # before: rank 0 waited WAIT_S (at least) for rank 1's dead writer
         assert not r["killed_exists"], r
         assert r["leftovers"] == ["after"] or r["leftovers"] == [], r
         assert r["after"] == 3.0 and r["first"] == 1.0, r
@@ -218,7 +218,7 @@ def test_a_value_that_cannot_reach_one_ranks_writer_fails_every_rank_at_once(
         assert r["bad"].startswith("CommitError:"), r
         assert f"'{item}'" in r["bad"] and "pickle" in r["bad"], r  # the failing rank's own reason, on every rank
         assert list(r["failures"]) == [bad_rank], r
-        assert r["bad_s"] < WAIT_S / 2, r  # before: the good rank waited WAIT_S for the bad one
+        assert r["bad_s"] < WAIT_S, r  # before: the good rank waited WAIT_S (at least) for the bad one
         assert not r["bad_exists"], r
         assert r["leftovers"] == [], r  # the good rank's files in the temporary directory are discarded too
         assert r["after"] == 3.0, r  # before: 'lost contact' on every rank

@@ -65,6 +65,6 @@ def test_an_item_rank_1_could_not_encode_is_refused_from_save_on_every_rank(tmp_
     for r in results:
         assert r["bad"].startswith("CommitError:"), r  # before: save() returned a Future on every rank
         assert r["failures"] == [1], r
-        assert r["bad_s"] < WAIT_S / 2, r
+        assert r["bad_s"] < WAIT_S, r  # a wait of the save's timeout at least is a rank not told at once
         assert not r["bad_exists"], r
         assert r["after"] == 3.0, r
