@@ -30,7 +30,9 @@ from torch_checkpointing import CheckpointManager
 
 pytestmark = pytest.mark.multirank
 WORLD = 2
-WAIT_S = 10
+# The save's timeout: what rank 1's writer waited before (at least), and so the bound of "at once" (it was half
+# of 10 s, for a whole save, a writer's death and its answer, which a busy 2-core machine could exceed).
+WAIT_S = 20
 
 
 def _outcome(future: Any) -> str:
@@ -84,7 +86,7 @@ def test_rank_0s_writer_killed_before_the_swap_fails_every_rank_alike_at_once(re
     assert said[0]["outcome"].startswith("CommitError:"), said
     assert "rank(s) [0]" in said[0]["outcome"] and "Nothing was committed" in said[0]["outcome"], said
     for r in results:
-        assert r["manifest"]["s"] < WAIT_S / 2, said
+        assert r["manifest"]["s"] < WAIT_S, said
         assert r["manifest"]["loaded"] == 10.0 + r["rank"], r  # the earlier checkpoint, intact
         assert r["manifest"]["entries"] == ["ck"], r  # nothing of the failed save left beside it
 
@@ -94,7 +96,7 @@ def test_rank_0s_writer_killed_after_the_swap_is_a_committed_save_on_every_rank(
     assert [s["outcome"] for s in said] == ["ok", "ok"], said
     for r in results:
         done = r["before rmdir"]
-        assert done["s"] < WAIT_S / 2, said
+        assert done["s"] < WAIT_S, said
         assert done["loaded"] == 30.0 + r["rank"], r
         assert done["entries"] == ["ck"], r  # the replaced checkpoint (in the temporary name at the kill) was removed
         assert r["after"] == "ok" and r["after_loaded"] == 40.0 + r["rank"], r
