@@ -61,6 +61,14 @@ def fresh(tmp_path: Path) -> Iterator[tuple[CheckpointManager, Control]]:
     manager.close()
 
 
+def _release_soon(control: Control) -> None:
+    """Half a second from now, the write held by `control.block(...)` goes on.
+
+    A held write, not a delayed one: "the save is still in flight" was asserted within a 1-3 s write delay,
+    which a busy machine's save() alone could outlast."""
+    threading.Timer(0.5, lambda: (control.root / "block_on").unlink(missing_ok=True)).start()
+
+
 def _state(value: float) -> dict[str, Any]:
     return {"model": {"w": torch.full((8,), value)}}
 
@@ -214,10 +222,11 @@ def test_load_of_an_id_whose_first_save_is_in_flight_waits_for_it(
     (async) config. The load raised FileNotFoundError ("still being written") instead of restoring the save."""
     manager, control = shared
     target = str(tmp_path / "in_flight")
-    control.set_delay(1.0)
+    control.block("model")
     try:
         future = manager.save(target, _state(6.0))
         assert not future.done()
+        _release_soon(control)  # while the load waits
         assert _loaded(manager, target) == 6.0
         assert future.done() and future.result() is None
     finally:
@@ -232,10 +241,11 @@ def test_load_of_an_id_being_replaced_by_this_manager_restores_the_new_save(
     manager, control = shared
     target = str(tmp_path / "replaced")
     manager.save(target, _state(1.0)).result(WAIT_S)
-    control.set_delay(1.0)
+    control.block("model")
     try:
         future = manager.save(target, _state(2.0))
         assert not future.done()
+        _release_soon(control)  # while the load waits
         assert _loaded(manager, target) == 2.0
         assert future.done()
     finally:
@@ -248,7 +258,7 @@ def test_load_of_an_id_whose_save_in_flight_fails_raises_with_that_failure_and_r
     manager, control = fresh
     target = str(tmp_path / "fails")
     manager.save(target, _state(1.0)).result(WAIT_S)
-    control.set_delay(3.0)
+    control.block("model")  # held until the writer is killed
     future = manager.save(target, _state(2.0))
     killer = threading.Timer(0.5, os.kill, (manager.writer_pid, 9))
     killer.start()
@@ -271,13 +281,18 @@ def test_load_of_another_id_does_not_wait_for_the_save_in_flight(
 ) -> None:
     manager, control = shared
     manager.save(str(tmp_path / "old"), _state(8.0)).result(WAIT_S)
-    control.set_delay(2.0)
+    control.block("model")  # held until the load of "old" has returned (or WAIT_S has passed: a load that waits)
+    hang_bound = threading.Timer(WAIT_S, lambda: (control.root / "block_on").unlink(missing_ok=True))
+    hang_bound.start()
     try:
         future = manager.save(str(tmp_path / "new"), _state(9.0))
         assert _loaded(manager, str(tmp_path / "old")) == 8.0
+        assert (control.root / "block_on").exists(), "the load of another id waited for the save in flight"
         assert not future.done()
+        _release_soon(control)
         future.result(WAIT_S)
     finally:
+        hang_bound.cancel()
         control.reset()
 
 
