@@ -197,11 +197,16 @@ def test_replacement_happens_only_once_the_new_checkpoint_is_complete(
     manager, control = crash
     target = tmp_path / "ck"
     manager.save(str(target), {**_payload(1.0), "old_only": 1}).result(timeout=RESULT_TIMEOUT)
-    control.set_delay(0.7)
-    fut = manager.save(str(target), _payload(2.0))
-    with _sync() as reader:  # another reader (this manager's own load waits for its save: test_lifecycle_attacks)
-        _assert_holds(reader, target, 1.0)  # while the new one is being written
-    assert not fut.done()
+    # The new checkpoint's write is held while another reader loads the id (a write delayed 0.7 s could end
+    # before a busy machine had started that reader).
+    control.block("model")
+    try:
+        fut = manager.save(str(target), _payload(2.0))
+        with _sync() as reader:  # another reader (this manager's own load waits for its save: test_lifecycle_attacks)
+            _assert_holds(reader, target, 1.0)  # while the new one is being written
+        assert not fut.done()
+    finally:
+        (control.root / "block_on").unlink(missing_ok=True)
     fut.result(timeout=RESULT_TIMEOUT)
     _assert_holds(manager, target, 2.0)
     assert "old_only_0.pt" not in files_under(target)

@@ -4,6 +4,7 @@ an id whose first async save is still in flight says so on every rank."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,10 @@ def load_while_the_save_is_in_flight(root: str, control_dir: str) -> dict[str, A
     config.save.wait_timeout_secs = WAIT_S
     manager = CheckpointManager(config)
     manager.save(f"{root}/warm", {"model": {"w": torch.zeros(4)}}).result(WAIT_S)
-    control.set_delay(1.0)
+    control.block("model")  # the write is held until half a second into the load (a delay of it raced save())
     future = manager.save(f"{root}/in_flight", {"model": {"w": torch.full((4,), float(rank + 1))}})
     out: dict[str, Any] = {"rank": rank, "done_before_load": future.done()}
+    threading.Timer(0.5, lambda: (control.root / "block_on").unlink(missing_ok=True)).start()
     into = {"model": {"w": torch.zeros(4)}}
     try:
         manager.load(f"{root}/in_flight", into)
