@@ -134,11 +134,16 @@ def local_url_refused(url: str, scheme: str, lead: str = "") -> ConfigError:
     return ConfigError(f"{lead}{url!r} is a {scheme}:// URL; pass the local path it names ({local!r}).")
 
 
-def spelt(path: Path) -> str:
+def spelt(path: str | os.PathLike[str]) -> str:
     """`path` as an id: a URL's `scheme://` put back where `Path` folded it, so that a manager built without a
-    storage config recognises the store (it read `s3:/b/run/step_5` as a local path)."""
-    text = str(path)
-    return text if url_scheme(text) is None else f"{text.split(':', 1)[0]}://{_after_scheme(text)}"
+    storage config recognises the store (it read `s3:/b/run/step_5` as a local path). A local path keeps its own
+    leading slash (`file:///abs/run`, as `FsspecStorage.url` names it): `file://abs/run` names the host `abs`."""
+    text = os.fspath(path)
+    scheme = url_scheme(text)
+    if scheme is None:
+        return text
+    slash = "/" if scheme in LOCAL_SCHEMES else ""
+    return f"{text.split(':', 1)[0]}://{slash}{_after_scheme(text)}"
 
 
 def _after_scheme(url: str) -> str:

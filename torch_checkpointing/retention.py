@@ -51,6 +51,7 @@ from torch_checkpointing.discovery import (
     listing,
     newest_intact,
     require_path,
+    spelt,
     still_there,
     storage_of,
     unreadable,
@@ -216,13 +217,8 @@ def _best(checkpoints: list[CheckpointInfo], metric: str, mode: str, n: int) -> 
 
 def _shown(path: str | os.PathLike[str]) -> str:
     """A path as messages name it: an object store's id as its URL (`Path` folds `s3://b/k` into `s3:/b/k`, which
-    neither `aws s3` nor this library's CLI takes back)."""
-    text = os.fspath(path)
-    # A local path keeps its own leading slash in a URL (`file:///abs`), as `FsspecStorage.remap_path` names it.
-    return _FOLDED_URL.sub(lambda m: f"{m[1]}://{'/' if m[1].lower() in ('file', 'local') else ''}", text)
-
-
-_FOLDED_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
+    neither `aws s3` nor this library's CLI takes back); `spelt`, the one place that puts a scheme back."""
+    return spelt(path)
 
 
 def _trash_name(path: Path) -> Path:
