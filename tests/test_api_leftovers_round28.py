@@ -3,19 +3,40 @@
 * A listing under an fsspec `file://` root named each checkpoint `file://tmp/run/step_1`: the path lost its
   leading slash (the URL names host `tmp`), so the `CheckpointInfo.path` a resume hands to `load`, the CLI or
   fsspec named another place.
+* The public `from_dict` of the sharding records (`DTensorShardingMetadata`, `DeviceMeshSpec`, the placements,
+  `GlobalObjectMetadata`, `DistributedItemMetadata`, `DistributedMetadata`) given a dict that lacks a field raised
+  a bare `KeyError: 'global_shape'`, one whose `type` is a list `TypeError: unhashable type`, and every other
+  bad value a plain `ValueError`: each is now a `ConfigError` naming the field.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, FsspecStorageConfig, latest_checkpoint, list_checkpoints
+from torch_checkpointing import (
+    CheckpointError,
+    CheckpointManager,
+    ConfigError,
+    FsspecStorageConfig,
+    latest_checkpoint,
+    list_checkpoints,
+)
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import list_leftovers
+from torch_checkpointing.distributed_metadata import (
+    DistributedItemMetadata,
+    DistributedMetadata,
+    GlobalObjectMetadata,
+    ShardingMetadata,
+)
+from torch_checkpointing.dtensor_metadata import DeviceMeshSpec, DTensorShardingMetadata, ShardSpec, StridedShardSpec
 from torch_checkpointing.storage import local_path_of
 
 
@@ -55,3 +76,66 @@ def test_a_listing_warning_under_a_file_url_root_names_the_absolute_path(
         list_checkpoints(url, storage=config.create_storage())
     skipped = [r.getMessage().split(",")[0] for r in caplog.records if r.getMessage().startswith("Skipping")]
     assert skipped == [f"Skipping {url}/step_3"]
+
+
+_MESH = {"device_type": "cpu", "mesh_shape": [1], "mesh_data": [0], "mesh_dim_names": None}
+_SHARDING = {"global_shape": [4], "dtype": "torch.float32", "stride": [1], "mesh_spec": _MESH, "placements": []}
+_SHARDING["placements"] = [{"type": "Shard", "dim": 0}]
+_PACKED = {"type": "DTensorShardingMetadata", "data": _SHARDING}
+_GROUP = {"sharding_metadata": _PACKED, "ranks": [0]}
+_ITEM = {"nested_path_to_metadata": {'["w"]': [_GROUP]}, "rank_to_layout_info": {"0": None}}
+_RECORDS: list[tuple[str, Any, dict[str, Any]]] = [
+    ("DTensorShardingMetadata", DTensorShardingMetadata.from_dict, _SHARDING),
+    ("DeviceMeshSpec", DeviceMeshSpec.from_dict, _MESH),
+    ("ShardSpec", ShardSpec.from_dict, {"type": "Shard", "dim": 0}),
+    ("StridedShardSpec", StridedShardSpec.from_dict, {"type": "StridedShard", "dim": 0, "split_factor": 2}),
+    ("GlobalObjectMetadata", GlobalObjectMetadata.from_dict, _GROUP),
+    ("DistributedItemMetadata", DistributedItemMetadata.from_dict, _ITEM),
+    (
+        "DistributedMetadata",
+        DistributedMetadata.from_dict,
+        {"metadata": {"m": _ITEM}, "world_size": 1, "version": "3.0"},
+    ),
+    ("packed ShardingMetadata", ShardingMetadata._unpack, _PACKED),
+]
+_REQUIRED = [
+    pytest.param(from_dict, good, field, id=f"{name}-{field}")
+    for name, from_dict, good in _RECORDS
+    for field in good
+    if field not in ("type", "mesh_dim_names", "data") or (name == "packed ShardingMetadata" and field == "type")
+]
+
+
+@pytest.mark.parametrize(("from_dict", "good", "field"), _REQUIRED)
+def test_a_sharding_record_without_a_field_is_a_config_error_naming_it(from_dict: Any, good: dict, field: str) -> None:
+    from_dict(copy.deepcopy(good))  # the whole record reads
+    record = {k: v for k, v in copy.deepcopy(good).items() if k != field}
+    with pytest.raises(ConfigError, match=re.escape(repr(field))):
+        from_dict(record)
+
+
+_WRONG = [None, "x", -1, 10**30, [], [[1]], 1.5, True]
+
+
+@pytest.mark.parametrize(
+    ("from_dict", "good", "field"),
+    [
+        pytest.param(f, g, k, id=f"{n}-{k}")
+        for n, f, g in _RECORDS
+        for k in g
+        if not (k == "type" and n != "packed ShardingMetadata")
+    ],
+)
+def test_a_sharding_record_with_a_wrong_value_is_a_config_error_naming_the_field(
+    from_dict: Any, good: dict, field: str
+) -> None:
+    for wrong in _WRONG:
+        record = {**copy.deepcopy(good), field: wrong}
+        try:
+            from_dict(record)
+        except ConfigError as exc:
+            assert field in str(exc), (wrong, str(exc))
+        except CheckpointError as exc:  # a name no engine writes (damage), or a newer engine's (a newer torch's dtype)
+            assert field == "dtype" and field in str(exc), (wrong, str(exc))
+        except Exception as exc:
+            pytest.fail(f"{field}={wrong!r}: {type(exc).__name__}: {exc}")

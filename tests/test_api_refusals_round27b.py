@@ -192,7 +192,7 @@ def test_a_sharding_record_from_no_dict_is_a_value_error_naming_the_field(record
 def test_distributed_metadata_from_text_that_is_no_json_is_a_value_error_naming_it(text: str | bytes) -> None:
     with pytest.raises(ValueError, match=r"DistributedMetadata.from_json: the text is no JSON") as refused:
         DistributedMetadata.from_json(text)
-    assert type(refused.value) is ValueError, "not json's own JSONDecodeError"
+    assert isinstance(refused.value, ConfigError), "ours, not json's own JSONDecodeError"
     with pytest.raises(ConfigTypeError, match=r"DistributedMetadata.from_json takes the str or bytes .*got NoneType"):
         DistributedMetadata.from_json(None)  # type: ignore[arg-type]
 

@@ -61,12 +61,31 @@ JSON_ARRAY = (list, tuple)
 
 
 def json_object(value: Any, what: str) -> dict[str, Any]:
-    """`value` when it is a JSON object (a dict), else a ValueError naming the field: metadata.json is untrusted,
+    """`value` when it is a JSON object (a dict), else a ConfigError naming the field: metadata.json is untrusted,
     and an array or a string where an object belongs escaped as AttributeError ("'list' object has no attribute
     'items'")."""
     if not isinstance(value, dict):
-        raise ValueError(f"field {what!r} must be a JSON object, got {type(value).__name__} {str(value)[:80]}")
+        raise ConfigError(f"field {what!r} must be a JSON object, got {type(value).__name__} {str(value)[:80]}")
     return value
+
+
+def json_field(d: dict[str, Any], name: str, record: str) -> Any:
+    """`d[name]`, or a ConfigError naming the field and the record that lacks it: a `from_dict` given a dict
+    without one raised a bare `KeyError: 'global_shape'`, which names neither the record nor the fix."""
+    try:
+        return d[name]
+    except KeyError:
+        given = ", ".join(repr(k) for k in list(d)[:8]) or "no field"
+        raise ConfigError(
+            f"The {record} record has no field {name!r} (it holds {given}); pass the dict {record}.to_dict() writes."
+        ) from None
+
+
+def within(exc: ValueError, where: str) -> ConfigError:
+    """`exc`, a refusal met inside a record, told with `where` in front: a `ConfigTypeError` stays one (the
+    wrappers re-raised every such refusal as a plain ValueError)."""
+    kind = ConfigTypeError if isinstance(exc, TypeError) else ConfigError
+    return kind(f"{where}{exc}")
 
 
 # Ranks a parse may expand from runs (distinct lists only: equal ones decode once): bounds what a small
@@ -88,6 +107,7 @@ __all__ = [
     "build_distributed_metadata",
     "decode_rank_list",
     "encode_rank_list",
+    "json_field",
     "json_object",
     "layout_from_untrusted_dict",
     "load_distributed_metadata",
@@ -97,6 +117,7 @@ __all__ = [
     "read_distributed_metadata",
     "sharding_type",
     "unknown_types_as_stored",
+    "within",
 ]
 
 
@@ -136,11 +157,13 @@ class ShardingMetadata(ABC):
     @staticmethod
     def _unpack(packed: dict[str, Any]) -> ShardingMetadata:
         if not isinstance(packed, dict) or "type" not in packed:
-            raise ValueError(
+            raise ConfigError(
                 f"Invalid ShardingMetadata format: missing 'type' in {packed!r}; "
                 "expected {'type': <registered name>, 'data': {...}}"
             )
         kind = packed["type"]
+        if not isinstance(kind, str):
+            raise ConfigError(f"field 'type' of packed ShardingMetadata must be a registered type name, got {kind!r}")
         if kind not in ShardingMetadata._registry:
             _register_builtin_types()
         cls = ShardingMetadata._registry.get(kind)
@@ -148,7 +171,7 @@ class ShardingMetadata(ABC):
             return StoredShardingMetadata(kind, packed.get("data", {}))
         if cls is None:
             available = ", ".join(sorted(ShardingMetadata._registry))
-            raise ValueError(
+            raise ConfigError(
                 f"Unknown ShardingMetadata type '{kind}'. Available types: {available}. "
                 "Import the module defining it before loading the checkpoint."
             )
@@ -165,7 +188,7 @@ class StoredShardingMetadata(ShardingMetadata, type_name="<stored>"):
 
     def __init__(self, stored_type: str, data: Any) -> None:
         if not isinstance(data, dict):
-            raise ValueError(f"the data of sharding metadata type {stored_type!r} is not an object: {data!r}")
+            raise ConfigError(f"the data of sharding metadata type {stored_type!r} is not an object: {data!r}")
         self.stored_type = stored_type
         self.data = data
 
@@ -174,7 +197,7 @@ class StoredShardingMetadata(ShardingMetadata, type_name="<stored>"):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardingMetadata:
-        raise ValueError("stored sharding metadata is never resolved from a file")
+        raise ConfigError("stored sharding metadata is never resolved from a file")
 
     @property
     def equivalent_ranks(self) -> tuple[int, ...] | None:
@@ -233,27 +256,27 @@ def decode_rank_list(value: Any, what: str) -> tuple[int, ...]:
     if isinstance(value, dict):
         runs = value.get("runs")
         if set(value) != {"runs"} or not isinstance(runs, JSON_ARRAY):
-            raise ValueError(f"{what} must be a list of ranks or {{'runs': [[start, count, step], ...]}}")
+            raise ConfigError(f"{what} must be a list of ranks or {{'runs': [[start, count, step], ...]}}")
         key = tuple(_run(r, what) for r in runs)
         return _decoded_runs(key, what)
     if not isinstance(value, JSON_ARRAY):
-        raise ValueError(f"{what} must be a list of ranks, got {type(value).__name__}")
+        raise ConfigError(f"{what} must be a list of ranks, got {type(value).__name__}")
     return tuple(_rank_number(r, what) for r in value)
 
 
 def _run(run: Any, what: str) -> tuple[int, int, int]:
     if not isinstance(run, JSON_ARRAY) or len(run) != 3:
-        raise ValueError(f"{what}: a run must be [start, count, step], got {run!r}")
+        raise ConfigError(f"{what}: a run must be [start, count, step], got {run!r}")
     start, count, step = (_rank_number(x, what, signed=True) for x in run)
     last = start + (count - 1) * step
     if not 1 <= count <= _MAX_WORLD_SIZE or not (0 <= start < _MAX_WORLD_SIZE and 0 <= last < _MAX_WORLD_SIZE):
-        raise ValueError(f"{what}: run {run!r} leaves ranks 0 to {_MAX_WORLD_SIZE - 1}")
+        raise ConfigError(f"{what}: run {run!r} leaves ranks 0 to {_MAX_WORLD_SIZE - 1}")
     return start, count, step
 
 
 def _rank_number(x: Any, what: str, signed: bool = False) -> int:
     if isinstance(x, bool) or not isinstance(x, int) or (x < 0 and not signed):
-        raise ValueError(f"{what} holds {x!r}, not a rank number")
+        raise ConfigError(f"{what} holds {x!r}, not a rank number")
     return x
 
 
@@ -270,7 +293,7 @@ def _decoded_runs(key: tuple[tuple[int, int, int], ...], what: str) -> tuple[int
     total = sum(count for _, count, _ in key)
     budget = _budget.get()
     if total > _MAX_WORLD_SIZE or (budget is not None and total > budget[0]):
-        raise ValueError(f"{what}: its runs expand to more ranks than a metadata file may describe")
+        raise ConfigError(f"{what}: its runs expand to more ranks than a metadata file may describe")
     if budget is not None:
         budget[0] -= total
     out = tuple(r for start, count, step in key for r in range(start, start + count * step, step))
@@ -297,7 +320,7 @@ def nested_path_to_json(path: NestedPath) -> str:
     """Compact JSON list; str and int components only, so the round trip is exact."""
     for comp in path:
         if isinstance(comp, bool) or not isinstance(comp, (str, int)):
-            raise ValueError(
+            raise ConfigError(
                 f"Nested path {path!r} has component {comp!r} of type {type(comp).__name__}; "
                 "only str dict keys and int indices can be recorded in sharding metadata"
             )
@@ -305,9 +328,12 @@ def nested_path_to_json(path: NestedPath) -> str:
 
 
 def nested_path_from_json(s: str) -> NestedPath:
-    parts = json.loads(s)
+    try:
+        parts = json.loads(s)
+    except ValueError:  # JSONDecodeError: a key that is no JSON at all
+        parts = None
     if not isinstance(parts, list) or any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in parts):
-        raise ValueError(f"Nested path {s!r} is not a JSON list of str and int components")
+        raise ConfigError(f"Nested path {s!r} is not a JSON list of str and int components")
     return tuple(parts)
 
 
@@ -327,7 +353,12 @@ class GlobalObjectMetadata:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GlobalObjectMetadata:
         d = json_object(d, "data")
-        return cls(ShardingMetadata._unpack(d["sharding_metadata"]), decode_rank_list(d["ranks"], "ranks"))
+        packed, ranks = (json_field(d, k, "GlobalObjectMetadata") for k in ("sharding_metadata", "ranks"))
+        try:
+            metadata = ShardingMetadata._unpack(packed)
+        except ValueError as exc:
+            raise within(exc, "field 'sharding_metadata': ") from None
+        return cls(metadata, decode_rank_list(ranks, "ranks"))
 
 
 @dataclass(frozen=True)
@@ -385,21 +416,23 @@ class DistributedItemMetadata:
         paths: dict[NestedPath, list[GlobalObjectMetadata]] = {}
         spelled: dict[Any, str] = {}
         d = json_object(d, "item metadata")
-        for p, groups in json_object(d["nested_path_to_metadata"], "nested_path_to_metadata").items():
+        by_path = json_field(d, "nested_path_to_metadata", "DistributedItemMetadata")
+        for p, groups in json_object(by_path, "nested_path_to_metadata").items():
             if not isinstance(groups, JSON_ARRAY) or not groups or not all(isinstance(g, dict) for g in groups):
                 # an empty list read as "not in the checkpoint": the template entry was silently left as it was
-                raise ValueError(
+                raise ConfigError(
                     f"nested_path_to_metadata {p}: expected a non-empty list of sharding groups (objects), "
                     f"got {type(groups).__name__} {str(groups)[:80]}"
                 )
             try:
                 path = _once(nested_path_from_json(p), p, spelled, "nested_path_to_metadata")
                 paths[path] = [GlobalObjectMetadata.from_dict(g) for g in groups]
-            except ValueError as exc:  # a bad value: say where it is (a missing field names itself)
-                raise ValueError(f"path {p}: {exc}") from None
+            except ValueError as exc:  # a bad value: say where it is
+                raise within(exc, f"path {p}: ") from None
         layouts: dict[int, LayoutInfo | None] = {}
         ranks: dict[Any, str] = {}
-        for r, lay in json_object(d["rank_to_layout_info"], "rank_to_layout_info").items():
+        layout_of = json_field(d, "rank_to_layout_info", "DistributedItemMetadata")
+        for r, lay in json_object(layout_of, "rank_to_layout_info").items():
             rank = _once(_rank(r), r, ranks, "rank_to_layout_info")
             layouts[rank] = None if lay is None else layout_from_untrusted_dict(lay, f"rank_to_layout_info.{r}")
         return cls(paths, layouts)
@@ -447,7 +480,7 @@ class DistributedMetadata:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistributedMetadata:
-        version = json_object(d, "metadata.json").get("version")
+        version = json_field(json_object(d, "metadata.json"), "version", "DistributedMetadata")
         if _newer_version(version):
             raise NewerCheckpointError(
                 f"field 'version' is {version!r}; this engine reads sharding metadata versions "
@@ -462,14 +495,16 @@ class DistributedMetadata:
                 if version == "1.0"
                 else "A newer engine wrote this checkpoint: load it with that engine or a newer one."
             )
-            raise ValueError(
-                f"Unsupported sharding metadata version {version!r}; this engine reads versions {readable}. {why}"
+            raise ConfigError(
+                f"Unsupported sharding metadata version {version!r} (field 'version'); this engine reads versions "
+                f"{readable}. {why}"
             )
-        world_size = d["world_size"]
+        world_size = json_field(d, "world_size", "DistributedMetadata")
         if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= _MAX_WORLD_SIZE:
-            raise ValueError(f"field 'world_size' must be an int in [1, {_MAX_WORLD_SIZE}], got {world_size!r}")
+            raise ConfigError(f"field 'world_size' must be an int in [1, {_MAX_WORLD_SIZE}], got {world_size!r}")
         with _decode_budget():
-            items = {k: _item_from_dict(k, v) for k, v in json_object(d["metadata"], "metadata").items()}
+            records = json_object(json_field(d, "metadata", "DistributedMetadata"), "metadata")
+            items = {k: _item_from_dict(k, v) for k, v in records.items()}
         checked: dict[tuple[int, int], None] = {}
         for key, item in items.items():
             for path, groups in item.nested_path_to_metadata.items():
@@ -491,7 +526,7 @@ class DistributedMetadata:
         try:
             value = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"DistributedMetadata.from_json: the text is no JSON ({exc})") from None
+            raise ConfigError(f"DistributedMetadata.from_json: the text is no JSON ({exc})") from None
         return cls.from_dict(value)
 
 
@@ -499,7 +534,7 @@ def _item_from_dict(key: str, d: dict[str, Any]) -> DistributedItemMetadata:
     try:
         return DistributedItemMetadata.from_dict(d)
     except ValueError as exc:
-        raise ValueError(f"item {key!r} {exc}") from None
+        raise within(exc, f"item {key!r} ") from None
     except CorruptCheckpointError as exc:  # a newer engine's record inside it: its kind kept, the item named
         raise type(exc)(f"item {key!r}: {exc}") from None
 
@@ -522,7 +557,7 @@ def _check_groups(
         for index, group in enumerate(groups):
             for rank in group.ranks:
                 if owners.setdefault(rank, index) != index:
-                    raise ValueError(f"{where}: rank {rank} is listed in two groups of different layouts")
+                    raise ConfigError(f"{where}: rank {rank} is listed in two groups of different layouts")
     for group in groups:
         md = group.sharding_metadata
         mesh = md.mesh_spec.mesh_data if isinstance(md, DTensorShardingMetadata) else None
@@ -530,21 +565,21 @@ def _check_groups(
         if key in checked:
             continue
         if not group.ranks:  # no rank holds it: the same as no group, which a load took for "not saved"
-            raise ValueError(f"{where}: a sharding group lists no ranks")
+            raise ConfigError(f"{where}: a sharding group lists no ranks")
         _check_world(where, "rank list", group.ranks, world_size)
         if mesh is not None:
             _check_world(where, "mesh", mesh, world_size)
             if len(set(mesh)) != len(mesh):
-                raise ValueError(f"{where}: its mesh lists a rank twice ({_first_repeat(mesh)})")
+                raise ConfigError(f"{where}: its mesh lists a rank twice ({_first_repeat(mesh)})")
             if not set(group.ranks) <= set(mesh):
                 outside = sorted(set(group.ranks) - set(mesh))[:5]
-                raise ValueError(f"{where}: ranks {outside} are listed for a layout whose mesh does not hold them")
+                raise ConfigError(f"{where}: ranks {outside} are listed for a layout whose mesh does not hold them")
         checked[key] = None
 
 
 def _check_world(where: str, what: str, ranks: tuple[int, ...], world_size: int) -> None:
     if ranks and max(ranks) >= world_size:
-        raise ValueError(f"{where}: its {what} names rank {max(ranks)}, but the save had world_size {world_size}")
+        raise ConfigError(f"{where}: its {what} names rank {max(ranks)}, but the save had world_size {world_size}")
 
 
 def _first_repeat(ranks: tuple[int, ...]) -> int | None:
@@ -575,7 +610,7 @@ def build_distributed_metadata(
     small for replicated/DTensor state (one entry per path instead of one per rank).
     """
     if len(per_rank) != world_size or len(rank_to_layouts) != world_size:
-        raise ValueError(
+        raise ConfigError(
             f"build_distributed_metadata needs one entry per rank: world_size={world_size}, "
             f"got {len(per_rank)} metadata dicts and {len(rank_to_layouts)} layout dicts"
         )
@@ -721,8 +756,10 @@ def parse_distributed_metadata(data: bytes, where: str, keys: Collection[str] | 
         OverflowError,
         RecursionError,
     ) as exc:
-        field = f"field {exc.args[0]!r}" if isinstance(exc, KeyError) else type(exc).__name__
-        raise CorruptCheckpointError(f"Sharding metadata {where} is malformed ({field}: {exc}).") from None
+        # A ConfigError says which field; its type name would have an operator look at their config.
+        field = f"field {exc.args[0]!r}: " if isinstance(exc, KeyError) else f"{type(exc).__name__}: "
+        field = "" if isinstance(exc, ConfigError) else field
+        raise CorruptCheckpointError(f"Sharding metadata {where} is malformed ({field}{exc}).") from None
 
 
 def _once(key: T, spelling: str, seen: dict[Any, str], where: str) -> T:

@@ -20,9 +20,16 @@ from torch_checkpointing.distributed_metadata import (
     ShardingMetadata,
     decode_rank_list,
     encode_rank_list,
+    json_field,
     json_object,
 )
-from torch_checkpointing.errors import CheckpointError, ConfigTypeError, TemplateMismatchError, unknown_to_this_engine
+from torch_checkpointing.errors import (
+    CheckpointError,
+    ConfigError,
+    ConfigTypeError,
+    TemplateMismatchError,
+    unknown_to_this_engine,
+)
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 
 if TYPE_CHECKING:
@@ -71,7 +78,7 @@ class ShardSpec(PlacementSpec):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardSpec:
         d = json_object(d, "data")
-        return cls(_count(d["dim"], "placement field 'dim'"))
+        return cls(_count(json_field(d, "dim", "ShardSpec"), "placement field 'dim'"))
 
     def __str__(self) -> str:
         return f"Shard({self.dim})"
@@ -109,10 +116,10 @@ class StridedShardSpec(PlacementSpec):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StridedShardSpec:
         d = json_object(d, "data")
-        split = _count(d["split_factor"], "placement field 'split_factor'")
+        split = _count(json_field(d, "split_factor", "StridedShardSpec"), "placement field 'split_factor'")
         if split < 1:
-            raise ValueError(f"placement field 'split_factor' is {split}; a split factor is at least 1")
-        return cls(_count(d["dim"], "placement field 'dim'"), split)
+            raise ConfigError(f"placement field 'split_factor' is {split}; a split factor is at least 1")
+        return cls(_count(json_field(d, "dim", "StridedShardSpec"), "placement field 'dim'"), split)
 
     def __str__(self) -> str:
         return f"StridedShard({self.dim}, {self.split_factor})"
@@ -135,18 +142,19 @@ _MAX_SPLIT_FACTOR = 1 << 20
 def _count(value: Any, what: str) -> int:
     """A non-negative JSON int: a float, bool or string in a field the planner computes with is damage."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_NUMEL:
-        raise ValueError(f"{what} must be an int in [0, 2**63), got {value!r}")
+        raise ConfigError(f"{what} must be an int in [0, 2**63), got {value!r}")
     return value
 
 
 def _counts(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, JSON_ARRAY):
-        raise ValueError(f"{what} must be a list of ints, got {type(value).__name__}")
+        raise ConfigError(f"{what} must be a list of ints, got {type(value).__name__}")
     return tuple(_count(n, what) for n in value)
 
 
 def placement_spec_from_dict(d: dict[str, Any]) -> PlacementSpec:
-    cls = _PLACEMENTS.get(json_object(d, "placements[]").get("type", ""))
+    kind = json_object(d, "placements[]").get("type", "")
+    cls = _PLACEMENTS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         known = f"placements[] (known: {sorted(_PLACEMENTS)})"
         raise unknown_to_this_engine(known, "the placement type", d.get("type"))
@@ -167,7 +175,7 @@ class DeviceMeshSpec:
         for n in self.mesh_shape:
             size *= n
         if size != len(self.mesh_data):
-            raise ValueError(
+            raise ConfigError(
                 f"DeviceMeshSpec mesh_shape {self.mesh_shape} holds {size} ranks "
                 f"but mesh_data has {len(self.mesh_data)}"
             )
@@ -245,18 +253,24 @@ class DeviceMeshSpec:
         """Reads both `to_dict` (an explicit rank list) and `to_compact_dict` (runs), checking what the planner
         divides by and indexes with: a mesh dimension of size 0 or less has no chunks to plan."""
         d = json_object(d, "mesh_spec")
-        device_type, names = d["device_type"], d.get("mesh_dim_names")
+        device_type, shape_given, data = (
+            json_field(d, k, "DeviceMeshSpec") for k in ("device_type", "mesh_shape", "mesh_data")
+        )
+        names = d.get("mesh_dim_names")
         if not isinstance(device_type, str):
-            raise ValueError(f"mesh field 'device_type' must be a string, got {device_type!r}")
-        shape = _counts(d["mesh_shape"], "mesh field 'mesh_shape'")
+            raise ConfigError(f"mesh field 'device_type' must be a string, got {device_type!r}")
+        shape = _counts(shape_given, "mesh field 'mesh_shape'")
         if not shape or min(shape) < 1:
-            raise ValueError(f"mesh field 'mesh_shape' {list(shape)} must list one or more sizes of at least 1")
+            raise ConfigError(f"mesh field 'mesh_shape' {list(shape)} must list one or more sizes of at least 1")
         if names is not None and (
             not isinstance(names, JSON_ARRAY) or len(names) != len(shape) or not all(isinstance(n, str) for n in names)
         ):
-            raise ValueError(f"mesh field 'mesh_dim_names' must be null or {len(shape)} strings, got {names!r}")
+            raise ConfigError(f"mesh field 'mesh_dim_names' must be null or {len(shape)} strings, got {names!r}")
         return get_device_mesh_spec(
-            device_type, shape, decode_rank_list(d["mesh_data"], "mesh_data"), None if names is None else tuple(names)
+            device_type,
+            shape,
+            decode_rank_list(data, "mesh field 'mesh_data'"),
+            None if names is None else tuple(names),
         )
 
 
@@ -330,14 +344,14 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
 
     def __post_init__(self) -> None:
         if len(self.placements) != len(self.mesh_spec.mesh_shape):
-            raise ValueError(
+            raise ConfigError(
                 f"DTensorShardingMetadata has {len(self.placements)} placements for a "
                 f"{len(self.mesh_spec.mesh_shape)}-D mesh; give one placement per mesh dimension"
             )
         for p in self.placements:
             dim = getattr(p, "dim", None)
             if dim is not None and not 0 <= dim < len(self.global_shape):
-                raise ValueError(f"Placement {p} shards dim {dim} of a {len(self.global_shape)}-D tensor")
+                raise ConfigError(f"Placement {p} shards dim {dim} of a {len(self.global_shape)}-D tensor")
 
     @classmethod
     def from_dtensor(cls, dt: DTensor, where: str = "") -> DTensorShardingMetadata:
@@ -372,7 +386,7 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
     def torch_dtype(self) -> torch.dtype:
         value = dtype_from_name(self.dtype)
         if value is None:
-            raise ValueError(f"Unknown dtype {self.dtype!r} in sharding metadata")
+            raise ConfigError(f"Unknown dtype {self.dtype!r} in sharding metadata")
         return value
 
     def to_dict(self) -> dict[str, Any]:
@@ -390,25 +404,32 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DTensorShardingMetadata:
         """Read from untrusted JSON: every number the planner computes with is checked here (a bad one is a
-        ValueError naming the field), so planning a load is arithmetic on sane values, in bounded time."""
+        ConfigError naming the field), so planning a load is arithmetic on sane values, in bounded time."""
         d = json_object(d, "data")
-        shape = _counts(d["global_shape"], "field 'global_shape'")
+        shape_given, stride_given, dtype, mesh_given, placements_given = (
+            json_field(d, k, "DTensorShardingMetadata")
+            for k in ("global_shape", "stride", "dtype", "mesh_spec", "placements")
+        )
+        shape = _counts(shape_given, "field 'global_shape'")
         if math.prod(shape) > _MAX_NUMEL:
-            raise ValueError(f"field 'global_shape' {list(shape)} holds more than 2**63 elements")
-        stride = _counts(d["stride"], "field 'stride'")
+            raise ConfigError(f"field 'global_shape' {list(shape)} holds more than 2**63 elements")
+        stride = _counts(stride_given, "field 'stride'")
         if len(stride) != len(shape):
-            raise ValueError(f"field 'stride' {list(stride)} has {len(stride)} entries for a {len(shape)}-D tensor")
-        dtype = d["dtype"]
+            raise ConfigError(
+                f"field 'stride' {list(stride)} has {len(stride)} entries for field 'global_shape' {list(shape)}, "
+                f"a {len(shape)}-D tensor"
+            )
         if not isinstance(dtype, str) or dtype_from_name(dtype) is None:  # a newer torch's dtype is no damage
             name = dtype.removeprefix("torch.") if isinstance(dtype, str) else dtype
             raise unknown_to_this_engine(f"field 'dtype' ({dtype!r})", "the torch dtype", name)
-        mesh = DeviceMeshSpec.from_dict(d["mesh_spec"])
-        if not isinstance(d["placements"], JSON_ARRAY):
-            raise ValueError(f"field 'placements' must be a list of placements, got {type(d['placements']).__name__}")
-        placements = tuple(placement_spec_from_dict(p) for p in d["placements"])
+        mesh = DeviceMeshSpec.from_dict(mesh_given)
+        if not isinstance(placements_given, JSON_ARRAY):
+            kind = type(placements_given).__name__
+            raise ConfigError(f"field 'placements' must be a list of placements, got {kind}")
+        placements = tuple(placement_spec_from_dict(p) for p in placements_given)
         for p in placements:
             if isinstance(p, StridedShardSpec) and p.split_factor > _MAX_SPLIT_FACTOR:
-                raise ValueError(f"placement field 'split_factor' {p.split_factor} exceeds {_MAX_SPLIT_FACTOR}")
+                raise ConfigError(f"placement field 'split_factor' {p.split_factor} exceeds {_MAX_SPLIT_FACTOR}")
         return cls(shape, dtype, stride, mesh, placements)
 
     @property
