@@ -7,6 +7,12 @@
   `GlobalObjectMetadata`, `DistributedItemMetadata`, `DistributedMetadata`) given a dict that lacks a field raised
   a bare `KeyError: 'global_shape'`, one whose `type` is a list `TypeError: unhashable type`, and every other
   bad value a plain `ValueError`: each is now a `ConfigError` naming the field.
+* The sharding records' constructors took anything: `DeviceMeshSpec("cpu", 2, [0, 1])` raised "'int' object is
+  not iterable", `DTensorShardingMetadata(4, ...)` "object of type 'int' has no len()", one given a mesh dict
+  an AttributeError about `mesh_shape`, `ShardSpec("a")` built and failed later comparing 'int' and 'str',
+  `get_device_mesh_spec("cpu", [[2]], ...)` "unhashable type", and `DistributedMetadata({}, 10**12)` tried to
+  build a set of 10**12 ranks. Each now refuses its argument naming the field; lists are taken as the tuples
+  the fields are (a list-built record compared unequal to, and hashed unlike, the tuple-built one).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +44,13 @@ from torch_checkpointing.distributed_metadata import (
     GlobalObjectMetadata,
     ShardingMetadata,
 )
-from torch_checkpointing.dtensor_metadata import DeviceMeshSpec, DTensorShardingMetadata, ShardSpec, StridedShardSpec
+from torch_checkpointing.dtensor_metadata import (
+    DeviceMeshSpec,
+    DTensorShardingMetadata,
+    ShardSpec,
+    StridedShardSpec,
+    get_device_mesh_spec,
+)
 from torch_checkpointing.storage import local_path_of
 
 
@@ -139,3 +153,101 @@ def test_a_sharding_record_with_a_wrong_value_is_a_config_error_naming_the_field
             assert field == "dtype" and field in str(exc), (wrong, str(exc))
         except Exception as exc:
             pytest.fail(f"{field}={wrong!r}: {type(exc).__name__}: {exc}")
+
+
+_MESH_SPEC = DeviceMeshSpec("cpu", (2,), (0, 1))
+
+
+def _sharding(**changed: Any) -> DTensorShardingMetadata:
+    fields = {"global_shape": (4,), "dtype": "torch.float32", "stride": (1,), "mesh_spec": _MESH_SPEC}
+    return DTensorShardingMetadata(**{**fields, "placements": (ShardSpec(0),), **changed})
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: ShardSpec("a"), "dim"),
+        (lambda: ShardSpec(None), "dim"),
+        (lambda: ShardSpec(True), "dim"),
+        (lambda: StridedShardSpec(0, 0), "split_factor"),
+        (lambda: StridedShardSpec("a", 2), "dim"),
+        (lambda: StridedShardSpec(0, None), "split_factor"),
+        (lambda: DeviceMeshSpec("cpu", 2, [0, 1]), "mesh_shape"),
+        (lambda: DeviceMeshSpec("cpu", None, None), "mesh_shape"),
+        (lambda: DeviceMeshSpec("cpu", (2,), None), "mesh_data"),
+        (lambda: DeviceMeshSpec("cpu", (2,), (0, "a")), "mesh_data"),
+        (lambda: DeviceMeshSpec("cpu", (1,), (-5,)), "mesh_data"),
+        (lambda: DeviceMeshSpec("cpu", (-1, -1), (0,)), "mesh_shape"),
+        (lambda: DeviceMeshSpec("cpu", (0,), ()), "mesh_shape"),
+        (lambda: DeviceMeshSpec(3, (1,), (0,)), "device_type"),
+        (lambda: DeviceMeshSpec("cpu", (1,), (0,), "dp"), "mesh_dim_names"),
+        (lambda: DeviceMeshSpec("cpu", (1,), (0,), ("a", "b")), "mesh_dim_names"),
+        (lambda: get_device_mesh_spec("cpu", 2, [0, 1]), "mesh_shape"),
+        (lambda: get_device_mesh_spec("cpu", [[2]], [0, 1]), "mesh_shape"),
+        (lambda: get_device_mesh_spec([], (1,), (0,)), "device_type"),
+        (lambda: _sharding(global_shape=4), "global_shape"),
+        (lambda: _sharding(global_shape=None), "global_shape"),
+        (lambda: _sharding(global_shape=(-4,)), "global_shape"),
+        (lambda: _sharding(stride=(1, 2)), "stride"),
+        (lambda: _sharding(stride="1"), "stride"),
+        (lambda: _sharding(dtype=None), "dtype"),
+        (lambda: _sharding(dtype="bogus"), "dtype"),
+        (lambda: _sharding(mesh_spec=None), "mesh_spec"),
+        (lambda: _sharding(mesh_spec=_MESH_SPEC.to_dict()), "mesh_spec"),
+        (lambda: _sharding(placements=ShardSpec(0)), "placements"),
+        (lambda: _sharding(placements=None), "placements"),
+        (lambda: _sharding(placements=("Shard",)), "placements"),
+        (lambda: _sharding(placements=(ShardSpec("a"),)), "dim"),
+        (lambda: GlobalObjectMetadata(None, (0,)), "sharding_metadata"),
+        (lambda: GlobalObjectMetadata(_sharding(), 0), "ranks"),
+        (lambda: GlobalObjectMetadata(_sharding(), (-1,)), "ranks"),
+        (lambda: DistributedItemMetadata(None, {}), "nested_path_to_metadata"),
+        (lambda: DistributedItemMetadata({}, None), "rank_to_layout_info"),
+        (
+            lambda: DistributedItemMetadata({("w",): [GlobalObjectMetadata(_sharding(), (0,))]}, {0: "w.pt"}),
+            "rank_to_layout_info",
+        ),
+        (
+            lambda: DistributedItemMetadata({("w",): GlobalObjectMetadata(_sharding(), (0,))}, {}),
+            "nested_path_to_metadata",
+        ),
+        (lambda: DistributedMetadata(None, 1), "metadata"),
+        (lambda: DistributedMetadata({"a": None}, 1), "metadata"),
+        (lambda: DistributedMetadata({}, "1"), "world_size"),
+        (lambda: DistributedMetadata({}, 0), "world_size"),
+        (lambda: DistributedMetadata({}, -1), "world_size"),
+        (lambda: DistributedMetadata({}, 1, version=3), "version"),
+    ],
+)
+def test_a_sharding_record_built_from_a_wrong_argument_is_refused_naming_it(build: Any, field: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        build()
+
+
+def test_a_sharding_record_built_from_lists_equals_the_one_built_from_tuples() -> None:
+    listed = DTensorShardingMetadata([4], "torch.float32", [1], DeviceMeshSpec("cpu", [2], [0, 1]), [ShardSpec(0)])
+    assert listed == _sharding()
+    assert hash(listed) == hash(_sharding())
+    assert DTensorShardingMetadata.from_dict(listed.to_dict()) == listed
+    assert GlobalObjectMetadata(listed, [0, 1]) == GlobalObjectMetadata(_sharding(), (0, 1))
+
+
+_HUGE_WORLD = """
+import resource, sys
+from torch_checkpointing.distributed_metadata import DistributedMetadata
+from torch_checkpointing.errors import ConfigError
+with open("/proc/self/status") as f:
+    vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), vm + (512 << 20)))
+try:
+    DistributedMetadata({}, 10**12)
+except ConfigError as exc:
+    print("refused:", exc)
+except MemoryError:
+    print("MemoryError")
+"""
+
+
+def test_a_distributed_metadata_of_a_huge_world_size_is_refused_before_it_allocates() -> None:
+    done = subprocess.run([sys.executable, "-c", _HUGE_WORLD], capture_output=True, text=True, timeout=300)
+    assert done.stdout.startswith("refused:") and "world_size" in done.stdout, done.stdout + done.stderr

@@ -81,6 +81,32 @@ def json_field(d: dict[str, Any], name: str, record: str) -> Any:
         ) from None
 
 
+def field_int(value: Any, field: str, record: str, minimum: int = 0) -> int:
+    """`value` when it is an int of at least `minimum` (not a bool), else a ConfigError naming `record.field`:
+    the records' constructors took anything, and failed later, far from the call, in words about `len()`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigTypeError(f"{record}.{field} must be an int, got {type(value).__name__} {value!r:.80}")
+    if value < minimum:
+        raise ConfigError(f"{record}.{field} must be at least {minimum}, got {value}")
+    return value
+
+
+def field_ints(value: Any, field: str, record: str, minimum: int = 0) -> tuple[int, ...]:
+    """`value` as a tuple of ints of at least `minimum` (a list is taken as the tuple the field is: a record built
+    from lists compared unequal to the tuple-built one, and did not hash). A tuple is returned as the object it
+    is: parsed rank lists are shared objects, which `_check_groups` tells apart by identity. The checks run in C
+    (`map`, `min`): a group lists every rank of a large job, for every tensor."""
+    if not isinstance(value, JSON_ARRAY):
+        raise ConfigTypeError(f"{record}.{field} must be a tuple of ints, got {type(value).__name__} {value!r:.80}")
+    ints = value if type(value) is tuple else tuple(value)
+    if not set(map(type, ints)) <= {int}:  # no bool, float or str (a subclass of int is refused too: no such field)
+        wrong = next(v for v in ints if type(v) is not int)
+        raise ConfigTypeError(f"{record}.{field} must hold ints only, got {type(wrong).__name__} {wrong!r:.80}")
+    if ints and min(ints) < minimum:
+        raise ConfigError(f"{record}.{field} must hold ints of at least {minimum}, got {min(ints)}")
+    return ints
+
+
 def within(exc: ValueError, where: str) -> ConfigError:
     """`exc`, a refusal met inside a record, told with `where` in front: a `ConfigTypeError` stays one (the
     wrappers re-raised every such refusal as a plain ValueError)."""
@@ -107,6 +133,8 @@ __all__ = [
     "build_distributed_metadata",
     "decode_rank_list",
     "encode_rank_list",
+    "field_int",
+    "field_ints",
     "json_field",
     "json_object",
     "layout_from_untrusted_dict",
@@ -337,12 +365,37 @@ def nested_path_from_json(s: str) -> NestedPath:
     return tuple(parts)
 
 
+# Rank tuples already checked, by identity (each kept, so its id is not reused): a parsed file's rank lists are
+# shared objects, and a group of a large job lists thousands of ranks, for every tensor.
+_CHECKED_RANKS: dict[int, tuple[int, ...]] = {}
+_CHECKED_RANKS_MAX = 1024
+
+
+def _checked_ranks(ranks: Any) -> tuple[int, ...]:
+    seen = _CHECKED_RANKS.get(id(ranks))
+    if seen is not None and seen is ranks:
+        return seen
+    checked = field_ints(ranks, "ranks", "GlobalObjectMetadata")
+    if len(_CHECKED_RANKS) >= _CHECKED_RANKS_MAX:
+        _CHECKED_RANKS.clear()
+    _CHECKED_RANKS[id(checked)] = checked
+    return checked
+
+
 @dataclass(frozen=True)
 class GlobalObjectMetadata:
     """One sharding layout and the ranks that reported exactly it."""
 
     sharding_metadata: ShardingMetadata
     ranks: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sharding_metadata, ShardingMetadata):
+            raise ConfigTypeError(
+                f"GlobalObjectMetadata.sharding_metadata must be a ShardingMetadata (e.g. a DTensorShardingMetadata), "
+                f"got {type(self.sharding_metadata).__name__}"
+            )
+        object.__setattr__(self, "ranks", _checked_ranks(self.ranks))
 
     def to_dict(self, compact: bool = False) -> dict[str, Any]:
         """Version 2.0's explicit form; `compact=True` gives version 3.0's (rank lists as runs)."""
@@ -367,6 +420,32 @@ class DistributedItemMetadata:
 
     nested_path_to_metadata: dict[NestedPath, list[GlobalObjectMetadata]]
     rank_to_layout_info: dict[int, LayoutInfo | None]
+
+    def __post_init__(self) -> None:
+        record = "DistributedItemMetadata"
+        if not isinstance(self.nested_path_to_metadata, dict):
+            raise ConfigTypeError(
+                f"{record}.nested_path_to_metadata must be a dict of nested path -> list of GlobalObjectMetadata, "
+                f"got {type(self.nested_path_to_metadata).__name__}"
+            )
+        for path, groups in self.nested_path_to_metadata.items():
+            if not isinstance(groups, list) or not all(isinstance(g, GlobalObjectMetadata) for g in groups):
+                raise ConfigTypeError(
+                    f"{record}.nested_path_to_metadata[{path!r}] must be a list of GlobalObjectMetadata, got "
+                    f"{type(groups).__name__} {groups!r:.80}"
+                )
+        if not isinstance(self.rank_to_layout_info, dict):
+            raise ConfigTypeError(
+                f"{record}.rank_to_layout_info must be a dict of rank -> LayoutInfo or None, got "
+                f"{type(self.rank_to_layout_info).__name__}"
+            )
+        for rank, layout in self.rank_to_layout_info.items():
+            field_int(rank, f"rank_to_layout_info key {rank!r}", record)
+            if layout is not None and not isinstance(layout, LayoutInfo):
+                raise ConfigTypeError(
+                    f"{record}.rank_to_layout_info[{rank}] must be a LayoutInfo or None (the default layout), got "
+                    f"{type(layout).__name__} {layout!r:.80}"
+                )
 
     def get_file_path(self, rank: int, checkpoint_path: Path, item_key: str) -> Path:
         """Where `rank` wrote the item under `checkpoint_path`: its layout's file, or the default layout's."""
@@ -447,6 +526,7 @@ class DistributedMetadata:
     version: str = METADATA_VERSION
 
     def __post_init__(self) -> None:
+        self._check_types()
         expected = set(range(self.world_size))
         owners: dict[str, tuple[str, int]] = {}
         for key, item in self.metadata.items():
@@ -468,6 +548,24 @@ class DistributedMetadata:
                         f"file path {layout.file_path}; put {{rank}} in the layout's file_path"
                     )
                 owners[layout.file_path] = (key, rank)
+
+    def _check_types(self) -> None:
+        """Each field of the type it is, `world_size` within what a save may have, before anything is computed
+        from them (a world_size of 10**12 built a set of that many ranks)."""
+        if not isinstance(self.metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, DistributedItemMetadata) for k, v in self.metadata.items()
+        ):
+            raise ConfigTypeError(
+                f"DistributedMetadata.metadata must be a dict of item key (str) -> DistributedItemMetadata, got "
+                f"{self.metadata!r:.120}"
+            )
+        field_int(self.world_size, "world_size", "DistributedMetadata", minimum=1)
+        if self.world_size > _MAX_WORLD_SIZE:
+            raise ConfigError(f"DistributedMetadata.world_size {self.world_size} exceeds {_MAX_WORLD_SIZE}")
+        if not isinstance(self.version, str):
+            raise ConfigTypeError(
+                f"DistributedMetadata.version must be a str such as {METADATA_VERSION!r}, got {self.version!r:.80}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The file's JSON; its form follows `version` (a 2.0 checkpoint rewritten stays 2.0)."""

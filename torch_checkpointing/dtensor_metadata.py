@@ -20,6 +20,8 @@ from torch_checkpointing.distributed_metadata import (
     ShardingMetadata,
     decode_rank_list,
     encode_rank_list,
+    field_int,
+    field_ints,
     json_field,
     json_object,
 )
@@ -72,6 +74,10 @@ class ShardSpec(PlacementSpec):
 
     dim: int
 
+    def __post_init__(self) -> None:
+        # Any int: a negative one is refused by the DTensorShardingMetadata that knows the tensor's dimensions.
+        field_int(self.dim, "dim", "ShardSpec", minimum=-(1 << 63))
+
     def to_dict(self) -> dict[str, Any]:
         return {"type": "Shard", "dim": self.dim}
 
@@ -109,6 +115,10 @@ class StridedShardSpec(PlacementSpec):
 
     dim: int
     split_factor: int
+
+    def __post_init__(self) -> None:
+        field_int(self.dim, "dim", "StridedShardSpec", minimum=-(1 << 63))
+        field_int(self.split_factor, "split_factor", "StridedShardSpec", minimum=1)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "StridedShard", "dim": self.dim, "split_factor": self.split_factor}
@@ -171,14 +181,11 @@ class DeviceMeshSpec:
     mesh_dim_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        size = 1
-        for n in self.mesh_shape:
-            size *= n
-        if size != len(self.mesh_data):
-            raise ConfigError(
-                f"DeviceMeshSpec mesh_shape {self.mesh_shape} holds {size} ranks "
-                f"but mesh_data has {len(self.mesh_data)}"
-            )
+        _check_mesh_fields(self.device_type, self.mesh_shape, self.mesh_data, self.mesh_dim_names)
+        object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+        object.__setattr__(self, "mesh_data", tuple(self.mesh_data))
+        if self.mesh_dim_names is not None:
+            object.__setattr__(self, "mesh_dim_names", tuple(self.mesh_dim_names))
 
     @classmethod
     def from_mesh(
@@ -274,6 +281,34 @@ class DeviceMeshSpec:
         )
 
 
+def _check_mesh_fields(device_type: Any, mesh_shape: Any, mesh_data: Any, mesh_dim_names: Any) -> None:
+    """A ConfigError naming the first field of a mesh that no device mesh has (`DeviceMeshSpec("cpu", 2, [0, 1])`
+    raised "'int' object is not iterable", and a mesh of negative sizes or ranks was built)."""
+    record = "DeviceMeshSpec"
+    if not isinstance(device_type, str) or not device_type:
+        raise ConfigTypeError(
+            f"{record}.device_type must be a device type such as 'cuda' or 'cpu', got {device_type!r}"
+        )
+    shape = field_ints(mesh_shape, "mesh_shape", record, minimum=1)
+    if not shape:
+        raise ConfigError(f"{record}.mesh_shape must list one size per mesh dimension, got {mesh_shape!r}")
+    data = field_ints(mesh_data, "mesh_data", record)
+    if math.prod(shape) != len(data):
+        raise ConfigError(
+            f"{record} mesh_shape {shape} holds {math.prod(shape)} ranks but mesh_data has {len(data)}; list every "
+            f"rank of the mesh once, in row-major order"
+        )
+    if mesh_dim_names is not None and (
+        not isinstance(mesh_dim_names, JSON_ARRAY)
+        or len(mesh_dim_names) != len(shape)
+        or not all(isinstance(n, str) for n in mesh_dim_names)
+    ):
+        raise ConfigTypeError(
+            f"{record}.mesh_dim_names must be None or a tuple of {len(shape)} str (one per mesh dimension), got "
+            f"{mesh_dim_names!r:.80}"
+        )
+
+
 def get_device_mesh_spec(
     device_type: str,
     mesh_shape: tuple[int, ...],
@@ -282,8 +317,14 @@ def get_device_mesh_spec(
 ) -> DeviceMeshSpec:
     """Interned: a model has many parameters on few meshes, so equal meshes share one object (however the
     arguments are spelled: positional or not, names given as None or left out)."""
-    names = None if mesh_dim_names is None else tuple(mesh_dim_names)
-    return _interned_mesh(device_type, tuple(mesh_shape), tuple(mesh_data), names)
+    try:
+        names = None if mesh_dim_names is None else tuple(mesh_dim_names)
+        key = (device_type, tuple(mesh_shape), tuple(mesh_data), names)
+        hash(key)
+    except TypeError:  # no tuple, or one holding a list: said by field, not as "unhashable type"
+        _check_mesh_fields(device_type, mesh_shape, mesh_data, mesh_dim_names)
+        raise
+    return _interned_mesh(*key)
 
 
 @functools.cache
@@ -343,6 +384,7 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
     placements: tuple[PlacementSpec, ...]
 
     def __post_init__(self) -> None:
+        self._check_types()
         if len(self.placements) != len(self.mesh_spec.mesh_shape):
             raise ConfigError(
                 f"DTensorShardingMetadata has {len(self.placements)} placements for a "
@@ -352,6 +394,36 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
             dim = getattr(p, "dim", None)
             if dim is not None and not 0 <= dim < len(self.global_shape):
                 raise ConfigError(f"Placement {p} shards dim {dim} of a {len(self.global_shape)}-D tensor")
+
+    def _check_types(self) -> None:
+        """Each field of the type it is (lists taken as the tuples they stand for), or a ConfigError naming it:
+        `DTensorShardingMetadata(4, ...)` raised "object of type 'int' has no len()", a mesh given as a dict an
+        AttributeError about `mesh_shape`."""
+        record = "DTensorShardingMetadata"
+        set_field = functools.partial(object.__setattr__, self)
+        set_field("global_shape", field_ints(self.global_shape, "global_shape", record))
+        set_field("stride", field_ints(self.stride, "stride", record))
+        if len(self.stride) != len(self.global_shape):
+            raise ConfigError(
+                f"{record}.stride {self.stride} has {len(self.stride)} entries for global_shape {self.global_shape}"
+            )
+        if isinstance(self.dtype, torch.dtype):
+            set_field("dtype", str(self.dtype))
+        if not isinstance(self.dtype, str) or dtype_from_name(self.dtype) is None:
+            raise ConfigError(f"{record}.dtype must name a torch dtype, e.g. 'torch.float32', got {self.dtype!r:.80}")
+        if not isinstance(self.mesh_spec, DeviceMeshSpec):
+            raise ConfigTypeError(
+                f"{record}.mesh_spec must be a DeviceMeshSpec (DeviceMeshSpec.from_dict reads its dict), got "
+                f"{type(self.mesh_spec).__name__}"
+            )
+        if not isinstance(self.placements, JSON_ARRAY) or not all(
+            isinstance(p, PlacementSpec) for p in self.placements
+        ):
+            raise ConfigTypeError(
+                f"{record}.placements must be a tuple of placement specs (ShardSpec(dim), ReplicateSpec(), "
+                f"StridedShardSpec(dim, split_factor)), one per mesh dimension, got {self.placements!r:.80}"
+            )
+        set_field("placements", tuple(self.placements))
 
     @classmethod
     def from_dtensor(cls, dt: DTensor, where: str = "") -> DTensorShardingMetadata:
