@@ -13,6 +13,7 @@
   `get_device_mesh_spec("cpu", [[2]], ...)` "unhashable type", and `DistributedMetadata({}, 10**12)` tried to
   build a set of 10**12 ranks. Each now refuses its argument naming the field; lists are taken as the tuples
   the fields are (a list-built record compared unequal to, and hashed unlike, the tuple-built one).
+* Retention under an fsspec `file://` root deleted nothing (see the last test).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch_checkpointing import (
     CheckpointManager,
     ConfigError,
     FsspecStorageConfig,
+    RetentionPolicy,
     latest_checkpoint,
     list_checkpoints,
 )
@@ -251,3 +253,22 @@ except MemoryError:
 def test_a_distributed_metadata_of_a_huge_world_size_is_refused_before_it_allocates() -> None:
     done = subprocess.run([sys.executable, "-c", _HUGE_WORLD], capture_output=True, text=True, timeout=300)
     assert done.stdout.startswith("refused:") and "world_size" in done.stdout, done.stdout + done.stderr
+
+
+def test_retention_under_a_file_url_root_deletes_what_it_does_not_keep(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention's delete renames a checkpoint to a trash name; on a `file://` root that rename copied each file
+    to a directory not yet made and failed ("rename failed: [Errno 2] No such file or directory: '.../run/
+    .step_1.trash-.../model_0.pt'"), so every checkpoint was kept and the disk filled, with a WARNING per save."""
+    url = f"file://{tmp_path / 'run'}"
+    storage = FsspecStorageConfig(url=url)
+    config = CheckpointManager.Config(
+        save=SyncCheckpointSaverConfig(), storage_config=storage, retention=RetentionPolicy(keep_last=1)
+    )
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"), CheckpointManager(config) as manager:
+        for step in (1, 2, 3):
+            manager.save(f"{url}/step_{step}", {"model": {"w": torch.full((2,), float(step)), "b": [torch.ones(1)]}})
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["step_3"]
+    assert [c.path for c in list_checkpoints(url, storage=storage.create_storage())] == [f"{url}/step_3"]
+    assert not [r.getMessage() for r in caplog.records if "could not delete" in r.getMessage()]

@@ -753,15 +753,16 @@ class FsspecStorage(Storage):
         fs = backend.io
         with self._errors(f"rename (copy, then delete) of {self.remap_path(src_path)} to", dst_path):
             if not is_directory:
-                fs.cp_file(src, dst)  # never `copy`: it expands `*`, `?` and `[` in a name as a glob
+                _copy_into_place(backend, src, dst)
                 fs.rm_file(src)
                 return
             keys = sorted(_objects_under(backend, src), key=lambda k: posixpath.basename(k) == MANIFEST_FILE_NAME)
             if not backend.object_store:
                 for k in keys:
-                    fs.cp_file(k, dst + k[len(src) :])
+                    _copy_into_place(backend, k, dst + k[len(src) :])
                 if keys:
                     _delete_all(backend, keys)
+                _remove_empty_dirs(backend, src)
             elif keys:
                 copied = _manifest_of(backend, src, keys)
                 _copy_prefix(backend, src, dst, keys)
@@ -1617,6 +1618,15 @@ def _objects_under(backend: _Backend, key: str, include_self: bool = False) -> l
     return [k for k in found if k.startswith(key + "/") or (include_self and k == key)]
 
 
+def _copy_into_place(backend: _Backend, src: str, dst: str) -> None:
+    """One file copied to `dst`, its directory made first on a directory store (`file://`), whose copy does not
+    make it: a directory rename there (retention's move to a trash name) failed on the first file with ENOENT,
+    so retention under a `file://` root deleted nothing. Never `copy`: it expands `*`, `?` and `[` as a glob."""
+    if not backend.object_store:
+        backend.io.makedirs(posixpath.dirname(dst), exist_ok=True)
+    backend.io.cp_file(src, dst)
+
+
 def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None:
     """Copy `keys` (under `src`, its manifest last) to `dst`, marked `.incomplete` until every one is there.
 
@@ -1908,6 +1918,20 @@ def _remove_tree(backend: _Backend, key: str) -> None:
     dirs = [name for name, info in found.items() if info.get("type") == "directory" and name != key]
     for name in [*sorted(dirs, key=len, reverse=True), key]:  # the deepest first
         with contextlib.suppress(FileNotFoundError):
+            backend.io.rmdir(name)
+    backend.fs.invalidate_cache()
+
+
+def _remove_empty_dirs(backend: _Backend, key: str) -> None:
+    """The directories of `key`'s tree (and `key`) that a directory rename emptied, deepest first: on `file://`
+    the source's directories stayed, so a checkpoint retention moved to the trash left an empty directory at
+    its id. One that is not empty (a file written there since the rename listed it) stays, with that file."""
+    if not backend.io.isdir(key):
+        return
+    found = backend.io.find(key, withdirs=True, detail=True)
+    dirs = [name for name, info in found.items() if info.get("type") == "directory" and name != key]
+    for name in [*sorted(dirs, key=len, reverse=True), key]:
+        with contextlib.suppress(OSError):  # not empty, or gone already
             backend.io.rmdir(name)
     backend.fs.invalidate_cache()
 
