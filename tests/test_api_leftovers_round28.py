@@ -13,7 +13,11 @@
   `get_device_mesh_spec("cpu", [[2]], ...)` "unhashable type", and `DistributedMetadata({}, 10**12)` tried to
   build a set of 10**12 ranks. Each now refuses its argument naming the field; lists are taken as the tuples
   the fields are (a list-built record compared unequal to, and hashed unlike, the tuple-built one).
-* Retention under an fsspec `file://` root deleted nothing (see the last test).
+* Retention under an fsspec `file://` root deleted nothing (see its test).
+* `DTensorShardingMetadata.replicated(t, 10**9)` built a tuple of 10**9 ranks; `DeviceMeshSpec.from_mesh` took a
+  float tensor (truncating its ranks), split a str of names into letters, and raised AttributeError for a
+  list; `compute_local_shard_info` of a rank outside the mesh was a plain ValueError; `should_reshard` given no
+  metadata an AttributeError about `items`.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ from torch_checkpointing.dtensor_metadata import (
     StridedShardSpec,
     get_device_mesh_spec,
 )
+from torch_checkpointing.dtensor_resharder import DTensorResharder, compute_local_shard_info
+from torch_checkpointing.errors import ConfigTypeError
 from torch_checkpointing.storage import local_path_of
 
 
@@ -272,3 +278,53 @@ def test_retention_under_a_file_url_root_deletes_what_it_does_not_keep(
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["step_3"]
     assert [c.path for c in list_checkpoints(url, storage=storage.create_storage())] == [f"{url}/step_3"]
     assert not [r.getMessage() for r in caplog.records if "could not delete" in r.getMessage()]
+
+
+_HUGE_REPLICATED = """
+import resource, torch
+from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata
+from torch_checkpointing.errors import ConfigError
+with open("/proc/self/status") as f:
+    vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), vm + (1 << 30)))
+try:
+    DTensorShardingMetadata.replicated(torch.ones(2), 10**9)
+except ConfigError as exc:
+    print("refused:", exc)
+except MemoryError:
+    print("MemoryError")
+"""
+
+
+def test_replicated_metadata_of_a_world_size_no_save_can_have_is_refused_before_it_allocates() -> None:
+    done = subprocess.run([sys.executable, "-c", _HUGE_REPLICATED], capture_output=True, text=True, timeout=300)
+    assert done.stdout.startswith("refused:") and "world_size" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("mesh", "names", "field"),
+    [
+        ([[0, 1]], None, "mesh"),
+        (None, None, "mesh"),
+        (torch.tensor([0.5, 1.0]), None, "mesh"),  # was truncated to ranks (0, 1)
+        (torch.tensor([[0, 1]]), "dp", "mesh_dim_names"),  # was split into ('d', 'p')
+    ],
+)
+def test_a_mesh_from_no_integer_rank_tensor_or_str_names_is_refused_naming_it(
+    mesh: Any, names: Any, field: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        DeviceMeshSpec.from_mesh("cpu", mesh, names)
+
+
+def test_local_shard_info_of_a_rank_outside_the_mesh_is_a_config_error_naming_the_mesh() -> None:
+    for rank in (-1, 2, 10**30):
+        with pytest.raises(ConfigError, match=r"not in the device mesh \(0, 1\)"):
+            compute_local_shard_info(_sharding(), rank)
+
+
+@pytest.mark.parametrize(("source", "target"), [(1, {}), ({}, {}), (None, [1]), (None, 2)])
+def test_should_reshard_given_no_metadata_is_a_config_type_error(source: Any, target: Any) -> None:
+    item = DistributedItemMetadata({}, {0: None})
+    with pytest.raises(ConfigTypeError, match="should_reshard"):
+        DTensorResharder().should_reshard(item if source is None else source, target)

@@ -32,6 +32,7 @@ from torch_checkpointing.errors import (
     TemplateMismatchError,
     unknown_to_this_engine,
 )
+from torch_checkpointing.manifest import MAX_WORLD_SIZE
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 
 if TYPE_CHECKING:
@@ -191,6 +192,24 @@ class DeviceMeshSpec:
     def from_mesh(
         cls, device_type: str, mesh: torch.Tensor, mesh_dim_names: tuple[str, ...] | None = None
     ) -> DeviceMeshSpec:
+        """The spec of a DeviceMesh's rank tensor (`mesh.mesh`). Anything but an integer tensor is refused: a
+        float tensor's ranks were truncated (0.5 read as rank 0), a list raised an AttributeError about
+        `flatten`, and a str of names was split into letters (`"dp"` as `('d', 'p')`)."""
+        if (
+            not isinstance(mesh, torch.Tensor)
+            or mesh.is_floating_point()
+            or mesh.is_complex()
+            or mesh.dtype == torch.bool
+        ):
+            kind = mesh.dtype if isinstance(mesh, torch.Tensor) else type(mesh).__name__
+            raise ConfigTypeError(
+                f"DeviceMeshSpec.from_mesh: mesh must be an integer tensor of ranks (a DeviceMesh's .mesh), got {kind}"
+            )
+        if isinstance(mesh_dim_names, str):
+            raise ConfigTypeError(
+                f"DeviceMeshSpec.from_mesh: mesh_dim_names must be a tuple of names, one per mesh dimension, got the "
+                f"str {mesh_dim_names!r}; pass ({mesh_dim_names!r},)"
+            )
         ranks = tuple(int(r) for r in mesh.flatten().tolist())
         names = None if mesh_dim_names is None else tuple(mesh_dim_names)
         return get_device_mesh_spec(device_type, tuple(mesh.shape), ranks, names)
@@ -450,6 +469,11 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ConfigTypeError(
                 f"DTensorShardingMetadata.replicated: world_size must be a positive int, got {world_size!r}"
+            )
+        if world_size > MAX_WORLD_SIZE:  # its mesh lists every rank: 10**9 of them exhausted memory
+            raise ConfigError(
+                f"DTensorShardingMetadata.replicated: world_size {world_size} exceeds {MAX_WORLD_SIZE}, the most "
+                f"ranks a checkpoint may record"
             )
         mesh_spec = get_device_mesh_spec(tensor.device.type, (world_size,), tuple(range(world_size)), None)
         return cls(tuple(tensor.shape), str(tensor.dtype), tuple(tensor.stride()), mesh_spec, (ReplicateSpec(),))

@@ -29,7 +29,7 @@ from torch_checkpointing.dtensor_metadata import (
     ShardSpec,
     StridedShardSpec,
 )
-from torch_checkpointing.errors import ConfigTypeError, CorruptCheckpointError, TemplateMismatchError
+from torch_checkpointing.errors import ConfigError, ConfigTypeError, CorruptCheckpointError, TemplateMismatchError
 from torch_checkpointing.resharding import LoadPlan, Resharder, ReshardingInfo
 from torch_checkpointing.source_reader import ReadStats, SourceFile, SourceTensor, open_source_file
 from torch_checkpointing.storage.base_storage import Storage
@@ -142,7 +142,9 @@ def compute_local_runs(metadata: DTensorShardingMetadata, rank: int) -> tuple[li
         raise ConfigTypeError(f"compute_local_shard_info/compute_local_runs: rank must be an int, got {rank!r}")
     coord = metadata.mesh_spec.get_coordinate(rank)
     if coord is None:
-        raise ValueError(f"Rank {rank} is not in the device mesh {metadata.mesh_spec.mesh_data}")
+        raise ConfigError(
+            f"Rank {rank} is not in the device mesh {metadata.mesh_spec.mesh_data}; pass a rank the mesh lists"
+        )
     segments: list[_Segments] = [[(0, n)] for n in metadata.global_shape]
     for mesh_dim, placement in enumerate(metadata.placements):
         k, c = metadata.mesh_spec.mesh_shape[mesh_dim], coord[mesh_dim]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata
+from torch_checkpointing.errors import ConfigTypeError
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
@@ -113,6 +114,17 @@ class Resharder(ABC):
         target_metadata: dict[NestedPath, ShardingMetadata] | None,
     ) -> bool:
         """Reshard iff some target path that the source also has was saved with a different layout."""
+        if source_metadata is not None and not isinstance(source_metadata, DistributedItemMetadata):
+            raise ConfigTypeError(
+                f"Resharder.should_reshard: source_metadata must be a DistributedItemMetadata or None, got "
+                f"{type(source_metadata).__name__} {source_metadata!r:.80}"
+            )
+        if target_metadata is not None and not isinstance(target_metadata, dict):
+            raise ConfigTypeError(
+                f"Resharder.should_reshard: target_metadata must be a dict of nested path -> ShardingMetadata (what "
+                f"extract_sharding_metadata returns) or None, got {type(target_metadata).__name__} "
+                f"{target_metadata!r:.80}"
+            )
         if source_metadata is None or target_metadata is None:
             return False
         for path, target in target_metadata.items():
