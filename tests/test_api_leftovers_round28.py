@@ -45,6 +45,7 @@ from torch_checkpointing import (
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import list_leftovers
 from torch_checkpointing.distributed_metadata import (
+    CheckpointMetadata,
     DistributedItemMetadata,
     DistributedMetadata,
     GlobalObjectMetadata,
@@ -225,6 +226,8 @@ def _sharding(**changed: Any) -> DTensorShardingMetadata:
         (lambda: DistributedMetadata({}, 0), "world_size"),
         (lambda: DistributedMetadata({}, -1), "world_size"),
         (lambda: DistributedMetadata({}, 1, version=3), "version"),
+        (lambda: CheckpointMetadata(None), "distributed_metadata"),
+        (lambda: CheckpointMetadata(DistributedMetadata({}, 1), [1]), "local_metadata"),
     ],
 )
 def test_a_sharding_record_built_from_a_wrong_argument_is_refused_naming_it(build: Any, field: str) -> None:

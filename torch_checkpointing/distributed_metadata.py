@@ -696,6 +696,20 @@ class CheckpointMetadata:
     distributed_metadata: DistributedMetadata
     local_metadata: dict[str, dict[NestedPath, ShardingMetadata]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.distributed_metadata, DistributedMetadata):
+            raise ConfigTypeError(
+                f"CheckpointMetadata.distributed_metadata must be a DistributedMetadata, got "
+                f"{type(self.distributed_metadata).__name__} {self.distributed_metadata!r:.80}"
+            )
+        if not isinstance(self.local_metadata, dict) or not all(
+            isinstance(v, dict) for v in self.local_metadata.values()
+        ):
+            raise ConfigTypeError(
+                f"CheckpointMetadata.local_metadata must be a dict of item key -> {{nested path: ShardingMetadata}}, "
+                f"got {self.local_metadata!r:.80}"
+            )
+
 
 def build_distributed_metadata(
     per_rank: list[dict[str, dict[NestedPath, ShardingMetadata]]],
