@@ -231,7 +231,14 @@ class FsspecStorageConfig(StorageConfig):
             raise ConfigTypeError(
                 f"FsspecStorageConfig.from_url takes a URL str such as 's3://bucket/run', got {url!r:.80}"
             )
-        return cls(protocol=url_scheme(url) or "", storage_options=dict(storage_options))
+        scheme = url_scheme(url)
+        if scheme is None:  # was a config of no protocol, refused only by the first save of a local id
+            raise ConfigError(
+                f"FsspecStorageConfig.from_url({url!r:.80}) names no store: pass a URL with its scheme, such as "
+                f"'s3://bucket/run' or 'file:///abs/run'; for a local directory, LocalFileSystemStorageConfig "
+                f"(or no storage config) is the storage."
+            )
+        return cls(protocol=scheme, storage_options=dict(storage_options))
 
     def handles(self, checkpoint_id: str | os.PathLike[str]) -> bool:
         """Whether an id belongs to this store: a URL of its protocol (any, if none is set), or relative to `url`."""
