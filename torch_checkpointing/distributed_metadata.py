@@ -429,6 +429,11 @@ class DistributedItemMetadata:
                 f"got {type(self.nested_path_to_metadata).__name__}"
             )
         for path, groups in self.nested_path_to_metadata.items():
+            if not isinstance(path, tuple) or any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in path):
+                raise ConfigTypeError(
+                    f"{record}.nested_path_to_metadata key {path!r:.80} is no nested path: give a tuple of str keys "
+                    f"and int indices, e.g. ('layers', 0, 'weight') (a str was recorded as its letters)"
+                )
             if not isinstance(groups, list) or not all(isinstance(g, GlobalObjectMetadata) for g in groups):
                 raise ConfigTypeError(
                     f"{record}.nested_path_to_metadata[{path!r}] must be a list of GlobalObjectMetadata, got "
