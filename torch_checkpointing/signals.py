@@ -3,10 +3,10 @@
 Python runs a signal handler on the main thread between two bytecodes, so a Ctrl-C (KeyboardInterrupt) or a
 preemption handler's exception (SystemExit on SIGTERM) could land between two `copy_()`s of a load and leave
 the templates half restored, the state `load()` promises never to leave (a SIGINT storm over loads left 14-17
-such loads per 6 s). While the copy runs, a signal with a Python handler is recorded and its handler runs once
-the copy has ended: the templates hold the whole checkpoint, then the handler raises as it would have. The same
-signal a second time runs its handler at once, the way out of a copy that does not end (a custom resharder that
-hangs), and a WARNING says the templates may then be partly restored.
+such loads per 6 s). While the copy runs, a signal of `WATCHED_SIGNALS` with a Python handler is recorded and its
+handler runs once the copy has ended: the templates hold the whole checkpoint, then the handler raises as it would
+have. The same signal a second time runs its handler at once, the way out of a copy that does not end (a custom
+resharder that hangs), and a WARNING says the templates may then be partly restored.
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ __all__ = ["COPY_HELD", "WATCHED_SIGNALS", "Held", "handlers_replaced", "signals
 
 logger = logging.getLogger("torch_checkpointing")
 
-# Ctrl-C, and what schedulers send to preempt a job (and jobs install handlers for).
-WATCHED_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
-)
+# The rule: every signal that a person, a scheduler or a timer sends to stop or notify a program, whose Python
+# handler may raise: Ctrl-C, preemption notices, a closed terminal, a user's timeout (SIGALRM: before, a handler
+# raising TimeoutError between a file's create and its record left the file and its directory beside the id), the
+# CPU-time limit's warning. Not the sampling profilers' timers (SIGPROF, SIGVTALRM): they fire many times a second,
+# a held sample would be taken in the wrong frame and every second one would count as "sent again"; nor the
+# notices that stop nothing (SIGCHLD, SIGWINCH), nor the synchronous faults.
+_HELD_NAMES = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGUSR1", "SIGUSR2", "SIGXCPU")
+WATCHED_SIGNALS = tuple(getattr(signal, name) for name in _HELD_NAMES if hasattr(signal, name))
 
 Handler = Callable[[int, Any], Any]
 
