@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.probes import REPO
+from torch_checkpointing.agreement import describe
 from torch_checkpointing.signals import WATCHED_SIGNALS, signals_deferred
 
 _SCRIPT = """
@@ -125,6 +126,16 @@ def test_a_timeout_handler_during_the_removal_of_the_unfinished_save_waits_for_i
     assert "SIGALRM during the removal of the unfinished save; its handler runs once it is removed" in out, out
 
 
+def test_a_keyboard_interrupt_from_sigterm_is_not_reported_as_ctrl_c(tmp_path: Path) -> None:
+    # A preemption handler's SystemExit (SIGUSR1), then a SIGTERM whose handler is `default_int_handler` during the
+    # removal. Before: "KeyboardInterrupt Checkpoint save of … interrupted (Ctrl-C): …" though nobody pressed it.
+    out = _run(tmp_path, ".incomplete", "before rmdir", "SIGUSR1", "SIGTERM")
+    assert "entries: ['step']" in out, out
+    assert "Ctrl-C" not in out, out
+    assert "save: KeyboardInterrupt Checkpoint save of " in out, out
+    assert "interrupted (SIGTERM): nothing was committed" in out, out
+
+
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGUSR1", "SIGUSR2"])
 def test_every_signal_sent_to_stop_a_program_is_held(name: str) -> None:
     # The rule: the signals that a person, a scheduler or a timer sends to stop or notify a program.
@@ -147,3 +158,9 @@ def test_sampling_and_notice_signals_are_not_held(name: str) -> None:
     # would be misplaced and every second one taken for "sent again" (a WARNING each). SIGCHLD and SIGWINCH do
     # not stop a program.
     assert getattr(signal, name) not in WATCHED_SIGNALS
+
+
+def test_a_peer_told_of_a_bare_keyboard_interrupt_is_not_told_it_was_sigint() -> None:
+    # Before: "the rank was interrupted (Ctrl-C, or SIGINT)", whichever signal's handler raised it.
+    said = describe(KeyboardInterrupt())
+    assert "SIGINT" not in said and "a signal whose handler raises KeyboardInterrupt" in said, said

@@ -90,7 +90,8 @@ def _what_it_says(exc: BaseException, text: str) -> str:
     if text:
         return text
     if isinstance(exc, KeyboardInterrupt):
-        return "the rank was interrupted (Ctrl-C, or SIGINT) during this step"
+        # Not "SIGINT" alone: any signal's handler may raise it (a SIGTERM handled by `default_int_handler`).
+        return "the rank was interrupted (Ctrl-C, or a signal whose handler raises KeyboardInterrupt) during this step"
     return "raised without a message"
 
 

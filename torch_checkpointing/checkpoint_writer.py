@@ -13,7 +13,6 @@ import errno
 import logging
 import os
 import posixpath
-import signal
 import time
 import zlib
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from torch_checkpointing.errors import (
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import FileRecord, Manifest
 from torch_checkpointing.pickling import OutOfBand
-from torch_checkpointing.signals import Held, handlers_replaced, signals_deferred
+from torch_checkpointing.signals import Held, handlers_replaced, signal_name, signals_deferred
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
@@ -347,11 +346,17 @@ def _clean_up(commit: Commit, plan: SavePlan, progress: _Progress, exc: BaseExce
     A second Ctrl-C (or a preemption handler's exception) landing here left the unfinished save half removed
     beside the id: its handler runs once the clean-up is done (a third one interrupts it). Python's own Ctrl-C
     handler then raises a bare KeyboardInterrupt, which replaced the save's report of what became of it: the
-    report is raised in its place (that handler did run; a Ctrl-C pressed again is the same interrupt).
+    report is raised in its place (that handler did run; a Ctrl-C pressed again is the same interrupt). The
+    report names the signal whose handler raised it (`raised`): before, every one was "Ctrl-C", a SIGTERM
+    handled by `signal.default_int_handler` too.
     """
     committed = progress.committed
+    raised: list[tuple[int, BaseException]] = []
     try:
-        with signals_deferred(f"removing the unfinished save of {plan.name}", held=_REMOVAL_HELD):
+        with (
+            handlers_replaced(lambda signum, handler: _recording(handler, raised)),
+            signals_deferred(f"removing the unfinished save of {plan.name}", held=_REMOVAL_HELD),
+        ):
             committed = committed or commit.is_committed()
             if plan.rank == 0 and not committed:
                 commit.discard()
@@ -359,7 +364,8 @@ def _clean_up(commit: Commit, plan: SavePlan, progress: _Progress, exc: BaseExce
         if type(again) is not KeyboardInterrupt or again.args:
             raise  # a handler's own KeyboardInterrupt says what it says
         if not isinstance(exc, KeyboardInterrupt):
-            raise _as_reported((signal.SIGINT, again), plan.name, committed, progress.left_to_rank_0) from exc
+            signum = next((n for n, e in raised if e is again), None)
+            raise _as_reported((signum, again), plan.name, committed, progress.left_to_rank_0) from exc
         # else the caller raises `exc` (the first Ctrl-C, reported) as it is
     return committed
 
@@ -410,14 +416,15 @@ def _recording(handler: Callable[..., Any], raised: list[tuple[int, BaseExceptio
 
 
 def _as_reported(
-    signalled: tuple[int, BaseException], checkpoint_dir: str, committed: bool, left_to_rank_0: bool = False
+    signalled: tuple[int | None, BaseException], checkpoint_dir: str, committed: bool, left_to_rank_0: bool = False
 ) -> BaseException:
     """The exception a signal handler raised in the middle of a save, saying what became of the save.
 
     A Python signal handler's exception (Ctrl-C's KeyboardInterrupt, a preemption handler's sys.exit() on
     SIGTERM) raised inside torch.save came out as torch's zip-writer RuntimeError ("unexpected pos"), which reads
     like disk corruption, and a SystemExit lost its exit status. Ctrl-C under Python's default handler becomes a
-    KeyboardInterrupt whose message says it; any other handler's own exception is raised as itself, with a note
+    KeyboardInterrupt whose message says it (`signum` None: which signal's handler raised it is not known, and
+    the message does not guess Ctrl-C); any other handler's own exception is raised as itself, with a note
     (and a log line) saying it. (`committed`: the signal may land after the swap, which replaced any earlier
     checkpoint: the message then says the new one is in place. `left_to_rank_0`: the ranks had agreed on every
     rank's files, so rank 0 commits the save without this rank, which cannot tell whether it has yet: before, this
@@ -433,7 +440,7 @@ def _as_reported(
         )
     else:
         state = f"nothing was committed at {checkpoint_dir}; an earlier checkpoint there, if any, is intact"
-    what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    what = signal_name(signum) if signum is not None else type(exc).__name__
     said = f"Checkpoint save of {checkpoint_dir} interrupted ({what}): {state}."
     if type(exc) is KeyboardInterrupt and not exc.args:  # Python's own Ctrl-C: the message is ours to give
         exc = KeyboardInterrupt(said)

@@ -20,7 +20,15 @@ from typing import Any
 
 from torch_checkpointing.errors import log_safely
 
-__all__ = ["COPY_HELD", "WATCHED_SIGNALS", "Held", "handlers_replaced", "signals_deferred", "start_thread"]
+__all__ = [
+    "COPY_HELD",
+    "WATCHED_SIGNALS",
+    "Held",
+    "handlers_replaced",
+    "signal_name",
+    "signals_deferred",
+    "start_thread",
+]
 
 logger = logging.getLogger("torch_checkpointing")
 
@@ -173,8 +181,10 @@ def _deliver(pending: list[int]) -> None:
 
 
 def _warn(message: str, what: str, signum: int, *words: str) -> None:
-    log_safely(logger, logging.WARNING, message, what, _name(signum), *words)
+    log_safely(logger, logging.WARNING, message, what, signal_name(signum), *words)
 
 
-def _name(signum: int) -> str:
+def signal_name(signum: int) -> str:
+    """How a message names the signal `signum`: SIGINT is Ctrl-C, any other by its own name (a SIGTERM whose
+    handler raises KeyboardInterrupt is still SIGTERM)."""
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
