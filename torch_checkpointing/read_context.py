@@ -212,6 +212,7 @@ class CheckpointReadContext:
         # compare it: a replace between two ranks' opening the id gave them two commits, each whole on its own.
         self.commit_token: str | None = None
         self._dirfd: int | None = None
+        self._holds_limit = False  # counted by `room_for_descriptors`: `descriptors_released` when closed
         self._files: dict[str, CheckedFile] = {}
         self._originals: list[int] = []  # the files' own descriptors, where a copy in memory replaced them
         self._by_path: dict[str, FileRecord] = {}
@@ -253,6 +254,9 @@ class CheckpointReadContext:
         if self._dirfd is not None:
             os.close(self._dirfd)
             self._dirfd = None
+        if self._holds_limit:
+            self._holds_limit = False
+            descriptors_released()
 
     def _open(self) -> None:
         local = self.storage.local_path(self.root)
@@ -277,7 +281,7 @@ class CheckpointReadContext:
         where = str(self.root / MANIFEST_FILE_NAME)
         self._by_path = {checked_relative_path(r.path, where): r for r in self.manifest.files}
         if self._dirfd is not None:
-            room_for_descriptors(_DESCRIPTORS_PER_FILE * (len(self._by_path) + 1), self.shown)
+            self._holds_limit = room_for_descriptors(_DESCRIPTORS_PER_FILE * (len(self._by_path) + 1), self.shown)
         m = self.manifest
         if m.metadata_file is not None:
             name = checked_relative_path(m.metadata_file, f"{where}: field 'metadata_file'")
@@ -963,9 +967,10 @@ _DESCRIPTORS_PER_FILE = 2  # a local file's own, held to the end, and its copy i
 _DESCRIPTORS_SPARE = 64  # what the rest of the load (a writer's pipe, torch's own opens) and the caller may use
 
 
-def room_for_descriptors(needed: int, shown: str) -> None:
+def room_for_descriptors(needed: int, shown: str) -> bool:
     """Raise this process's soft limit of open files (RLIMIT_NOFILE), never past the hard one, so that `needed`
-    more can be open at once beside those open now; logged at INFO when raised.
+    more can be open at once beside those open now; logged at INFO when raised. Returns whether the caller is
+    now counted among the loads in flight: it calls `descriptors_released()` once its files are closed.
 
     A load holds every local file it reads open until it ends, and a save opens one at a time: a checkpoint of
     1100 items, saved under the common soft limit of 1024, could not be loaded by the process that saved it
@@ -978,30 +983,78 @@ def room_for_descriptors(needed: int, shown: str) -> None:
     try:
         import resource
     except ImportError:  # no POSIX limits (Windows)
-        return
+        return False
     with _LIMIT_LOCK:
+        _RAISED.holders += 1
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY:
-            return
+            return True
         wanted = _descriptors_open(soft) + needed + _DESCRIPTORS_SPARE
         raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         if raised <= soft:
-            return
+            return True
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
         except (OSError, ValueError) as exc:
             logger.debug("Could not raise the soft limit of open files to %d for %s: %s", raised, shown, exc)
-            return
+            return True
+        if _RAISED.before is None:
+            _RAISED.before = soft
+        _RAISED.ours = raised
     logger.info(
         "Raised this process's soft limit of open files (RLIMIT_NOFILE) from %d to %d (hard limit %s): loading %s "
-        "holds each of its files open until the load ends.",
+        "holds each of its files open until the load ends; it is put back once no load is in flight.",
         soft,
         raised,
         "unlimited" if hard == resource.RLIM_INFINITY else hard,
         shown,
     )
+    return True
 
 
+def descriptors_released() -> None:
+    """The end of a load counted by `room_for_descriptors`. The last load in flight puts the soft limit back to
+    what it was before loads raised it, or to what the descriptors open now need where they are more.
+
+    Before, the limit stayed raised for the process's life: a job's own lower soft limit (its guard against a
+    descriptor leak, the limit its children inherit) was gone after its first large load, and said only at INFO.
+    Not at the end of each load: another load in flight on another thread holds its files open under the raised
+    limit, and its next open failed with EMFILE. Left alone where something else set the limit since."""
+    import resource
+
+    with _LIMIT_LOCK:
+        _RAISED.holders -= 1
+        before, ours = _RAISED.before, _RAISED.ours
+        if _RAISED.holders > 0 or before is None:
+            return
+        _RAISED.before = None
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        back = min(ours, max(before, _descriptors_open(before) + _DESCRIPTORS_SPARE))
+        if soft != ours or back >= soft:  # set by someone else since: theirs to keep
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (back, hard))
+        except (OSError, ValueError) as exc:
+            logger.debug("Could not put the soft limit of open files back to %d: %s", back, exc)
+            return
+    logger.info(
+        "Put this process's soft limit of open files (RLIMIT_NOFILE) back from %d to %d: no load is in flight.",
+        ours,
+        back,
+    )
+
+
+@dataclass
+class _Raised:
+    """The loads in flight (`holders`), and the soft limit before they raised it (`before`, None if they did
+    not) and what they raised it to (`ours`)."""
+
+    holders: int = 0
+    before: int | None = None
+    ours: int = 0
+
+
+_RAISED = _Raised()
 _LIMIT_LOCK = threading.Lock()  # `room_for_descriptors`: one reads and raises the limit at a time
 
 
