@@ -28,7 +28,8 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")
     mine, its = ctx.Pipe()
-    writer = ctx.Process(target=_writer_main, args=(its, LocalFileSystemStorageConfig(), _noop, ()), name="ckpt-writer")
+    args = (its, LocalFileSystemStorageConfig(), {}, _noop, ())
+    writer = ctx.Process(target=_writer_main, args=args, name="ckpt-writer")
     writer.start()
     its.close()
     assert mine.poll(240), "the writer never said Ready"

@@ -220,7 +220,7 @@ class CheckpointManager:
             self._saver = SyncCheckpointSaver(storage, config.save.writer_config)
         elif isinstance(config.save, AsyncCheckpointSaverConfig):
             self._saver = AsyncCheckpointSaver(
-                config.save, storage_config, config.subprocess_init_fn, config.subprocess_init_args
+                config.save, storage_config, config.subprocess_init_fn, config.subprocess_init_args, storage=storage
             )
         else:  # not reached: `_validate` refuses any other type
             raise ConfigTypeError(_unsupported_saver(config.save))

@@ -40,6 +40,8 @@ from torch_checkpointing.pickling import OutOfBand, callback_unpicklable, unpick
 from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import from_slab_refs
 from torch_checkpointing.storage.base_storage import StorageConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.storage.fsspec_storage import store_environment
 from torch_checkpointing.store_channel import let_go_of_clients
 from torch_checkpointing.waiting import Flag
 
@@ -392,11 +394,16 @@ def _serve(storage: Any, message: Write, slab: MapSlab | None, conn: Connection)
 
 
 def _writer_main(
-    conn: Connection, storage_config: StorageConfig, init_fn: Callable[..., None], init_args: tuple[Any, ...]
+    conn: Connection,
+    storage_config: StorageConfig,
+    environment: dict[str, str],
+    init_fn: Callable[..., None],
+    init_args: tuple[Any, ...],
 ) -> None:
     trainer_pid = os.getppid()
     _leave_group_signals_to_the_trainer(trainer_pid)
     _die_with_trainer(trainer_pid)
+    _take_store_environment(environment)
     working_directory_is_not_the_programs()
     _skip_torch_record_crc()
     storage = _set_up(conn, storage_config, init_fn, init_args)
@@ -437,6 +444,16 @@ def _writer_main(
                 return
         else:  # no reply: the trainer reads a reply only after a Write, and would take this one for the next
             logger.error("The checkpoint writer got an unknown message %s; it is dropped", type(message).__name__)
+
+
+def _take_store_environment(environment: dict[str, str]) -> None:
+    """Make the store variables (`store_environment`) those the manager was built with, before the caller's init
+    function (which may set its own) and the storage are run and built: a writer spawned again after one died
+    took the trainer's environment of that moment, and wrote where AWS_ENDPOINT_URL pointed by then while the
+    manager's own storage read the store it was built for."""
+    for name in store_environment().keys() - environment.keys():
+        del os.environ[name]
+    os.environ.update(environment)
 
 
 def _answer(conn: Connection, message: Any) -> bool:
@@ -564,6 +581,9 @@ class CheckpointProcess:
         self.config = config or CheckpointProcessConfig()
         self._storage_config = storage_config
         self._init = (subprocess_init_fn or _noop, tuple(subprocess_init_args))
+        # Every writer of this process object builds its storage with these, as the manager's own storage was.
+        self._environment = store_environment()
+        self._environment_said: frozenset[str] = frozenset()  # the changed names a WARNING has told of
         self._ctx = multiprocessing.get_context("spawn")
         self._proc: Any = None
         self._conn: Connection | None = None
@@ -592,7 +612,7 @@ class CheckpointProcess:
             parent, child = self._ctx.Pipe()
             proc = self._ctx.Process(
                 target=_writer_main,
-                args=(child, self._storage_config, *self._init),
+                args=(child, self._storage_config, self._environment, *self._init),
                 name=f"{self.config.thread_name_prefix}-writer",
                 daemon=True,
             )
@@ -718,6 +738,7 @@ class CheckpointProcess:
         """
         generation = None if slab is None else slab[0]
         encoded = request if isinstance(request, EncodedWrite) else encode_write(request, generation)
+        self._say_if_the_environment_changed(encoded.checkpoint_dir)
         with self._lock:
             try:
                 reply = self._exchange(encoded, slab)
@@ -741,6 +762,25 @@ class CheckpointProcess:
         if not isinstance(reply, Written):
             raise CheckpointError(f"Unexpected response from the checkpoint writer process: {type(reply).__name__}")
         return reply.nbytes
+
+    def _say_if_the_environment_changed(self, checkpoint_dir: str) -> None:
+        """A WARNING, once per change, naming the store variables (never their values: credentials) that differ
+        from those the manager was built with: the save still goes where they said then. Before, nothing told a
+        job that its new AWS_* values did not reach its saves."""
+        if isinstance(self._storage_config, LocalFileSystemStorageConfig):
+            return  # reads no store variable
+        now = store_environment()
+        changed = frozenset(k for k in now.keys() | self._environment.keys() if now.get(k) != self._environment.get(k))
+        if not changed or changed == self._environment_said:
+            return
+        self._environment_said = changed
+        logger.warning(
+            "%s changed since this manager was built; the save of %s, like every save and load of this manager, "
+            "uses the values it was built with (its writer process gets them too, also when one is spawned "
+            "again). Build a new CheckpointManager to use the new values.",
+            ", ".join(sorted(changed)),
+            checkpoint_dir,
+        )
 
     def _exchange(self, encoded: EncodedWrite, slab: tuple[int, Any] | None) -> Any:
         """(Holding `_lock`.) Send one request to the writer, starting one if none is up, and return its answer.

@@ -125,10 +125,15 @@ class AsyncCheckpointSaver(CheckpointSaver):
         storage_config: StorageConfig,
         subprocess_init_fn: Any = None,
         subprocess_init_args: tuple[Any, ...] = (),
+        *,
+        storage: Storage | None = None,
     ) -> None:
         self.config = config
         self._storage_config = storage_config
-        self._storage: Storage | None = None  # the trainer's own, made when a dead writer needs cleaning up after
+        # The trainer's own (the manager's, built from the same environment as the writers' storage), else made
+        # when a dead writer needs cleaning up after: from the environment of that moment, which may name
+        # another store by then.
+        self._storage: Storage | None = storage
         self._stager = DefaultStager(config.staging_config)
         self._process = CheckpointProcess(
             storage_config, config.process_config, subprocess_init_fn, subprocess_init_args

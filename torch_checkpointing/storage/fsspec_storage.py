@@ -80,7 +80,7 @@ from torch_checkpointing.storage.base_storage import (
     store_now,
 )
 
-__all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "url_scheme"]
+__all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "store_environment", "url_scheme"]
 
 logger = logging.getLogger("torch_checkpointing")
 
@@ -409,6 +409,11 @@ _filesystems_lock = threading.Lock()  # over the two dicts only: never held whil
 _filesystems_building: dict[str, threading.Lock] = {}
 
 
+def store_environment() -> dict[str, str]:
+    """The environment variables of this process that choose a store or its credentials (`_STORE_ENVIRONMENT`)."""
+    return {k: v for k, v in os.environ.items() if k.upper().startswith(_STORE_ENVIRONMENT)}
+
+
 def _filesystem(scheme: str, options: dict[str, Any]) -> Any:
     """The fsspec filesystem for `scheme` with the caller's `options`, shared by the storages of this process that
     name the same store. fsspec's own instance cache keys a filesystem on its options alone, but the environment
@@ -421,7 +426,7 @@ def _filesystem(scheme: str, options: dict[str, Any]) -> Any:
     own = _own_filesystem_options(options, scheme)
     if "skip_instance_cache" in own:
         return _connected(fsspec.filesystem(scheme, **own))
-    environment = sorted((k, v) for k, v in os.environ.items() if k.upper().startswith(_STORE_ENVIRONMENT))
+    environment = sorted(store_environment().items())
     try:
         key = json.dumps([scheme, own, environment, os.getpid()], sort_keys=True)
     except (TypeError, ValueError):  # an option that is no JSON: no telling two stores apart by it
