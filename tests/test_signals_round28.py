@@ -164,3 +164,23 @@ def test_a_peer_told_of_a_bare_keyboard_interrupt_is_not_told_it_was_sigint() ->
     # Before: "the rank was interrupted (Ctrl-C, or SIGINT)", whichever signal's handler raised it.
     said = describe(KeyboardInterrupt())
     assert "SIGINT" not in said and "a signal whose handler raises KeyboardInterrupt" in said, said
+
+
+def test_a_repeating_timer_whose_handler_returns_is_not_said_to_cut_the_block_short(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A heartbeat on SIGALRM (setitimer with an interval) whose handler returns: the second alarm in a block runs
+    # it at once and cuts nothing short. Before: "SIGALRM again: its handler runs now, and the templates may be
+    # partly restored" after a load that restored them whole.
+    beats: list[int] = []
+    before = signal.signal(signal.SIGALRM, lambda n, f: beats.append(n))
+    try:
+        with signals_deferred("Load of ck"):
+            signal.raise_signal(signal.SIGALRM)
+            signal.raise_signal(signal.SIGALRM)
+            assert beats == [signal.SIGALRM]  # the second ran at once
+        assert beats == [signal.SIGALRM, signal.SIGALRM]
+    finally:
+        signal.signal(signal.SIGALRM, before)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("SIGALRM again" in m for m in messages), messages

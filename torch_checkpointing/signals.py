@@ -126,9 +126,12 @@ def signals_deferred(what: str, *, quiet: bool = False, held: Held = COPY_HELD) 
     def deferring(signum: int, handler: Handler) -> Handler:
         def deferred(signum: int, frame: Any) -> None:
             if signum in pending:
-                if not quiet:
-                    _warn("%s: %s again: its handler runs now, and %s", what, signum, held.cut_short)
-                handler(signum, frame)
+                try:
+                    handler(signum, frame)
+                except BaseException:  # it cuts the block short; a handler that returns (a timer's) cut nothing
+                    if not quiet:
+                        _warn("%s: %s again: its handler runs now, and %s", what, signum, held.cut_short)
+                    raise
                 return
             pending.append(signum)
             if not quiet:
