@@ -65,3 +65,48 @@ def test_the_raised_soft_limit_is_put_back_once_no_load_is_in_flight(tmp_path: P
     assert "after the last: 256" in out, out
     assert "set meanwhile, kept: True" in out, out
     assert "LOG INFO Put this process's soft limit of open files (RLIMIT_NOFILE) back from " in out, out
+
+
+_TWO_AT_ONCE = """
+import resource, sys, torch
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
+
+root = sys.argv[1]
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as m:
+    m.save(f"{root}/big", {f"k{i}": {"t": torch.full((3,), float(i))} for i in range(150)})
+    m.save(f"{root}/mid", {f"k{i}": {"t": torch.full((3,), float(i))} for i in range(90)})
+storage = LocalFileSystemStorage(LocalFileSystemStorageConfig())
+# Two loads in flight (as on two threads): both open their checkpoints, then both check their files.
+with CheckpointReadContext(storage, f"{root}/big", ReadPolicy()) as big:
+    with CheckpointReadContext(storage, f"{root}/mid", ReadPolicy()) as mid:
+        for ctx in (big, mid):
+            for record in ctx.manifest.files:  # each read whole into a copy of its own, as a load without templates
+                ctx.start_whole(record.path, record.key, private=True)
+            ctx.wait_verified()
+            for record in ctx.manifest.files:
+                ctx.storage_view().read(ctx.root / record.path)
+        print("both checked", flush=True)
+print("after both:", resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/fd is Linux's")
+def test_two_loads_in_flight_each_find_room_for_their_files(tmp_path: Path) -> None:
+    # Before: the second load found room beside the first's few descriptors open so far, and did not raise the
+    # limit for its own: "OSError: [Errno 24] Out of file descriptors reading …/mid/k…_0.pt" (18 of 60 loads of
+    # four threads failed so, two after the first fix).
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit of open files ({hard}) leaves no room to raise the soft one")
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_AT_ONCE, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    out = f"{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, out
+    assert "both checked" in out, out
+    assert "after both: 256" in out, out

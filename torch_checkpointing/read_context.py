@@ -212,7 +212,7 @@ class CheckpointReadContext:
         # compare it: a replace between two ranks' opening the id gave them two commits, each whole on its own.
         self.commit_token: str | None = None
         self._dirfd: int | None = None
-        self._holds_limit = False  # counted by `room_for_descriptors`: `descriptors_released` when closed
+        self._reserved: int | None = None  # what `room_for_descriptors` reserved: `descriptors_released` on close
         self._files: dict[str, CheckedFile] = {}
         self._originals: list[int] = []  # the files' own descriptors, where a copy in memory replaced them
         self._by_path: dict[str, FileRecord] = {}
@@ -254,9 +254,9 @@ class CheckpointReadContext:
         if self._dirfd is not None:
             os.close(self._dirfd)
             self._dirfd = None
-        if self._holds_limit:
-            self._holds_limit = False
-            descriptors_released()
+        if self._reserved is not None:
+            reserved, self._reserved = self._reserved, None
+            descriptors_released(reserved)
 
     def _open(self) -> None:
         local = self.storage.local_path(self.root)
@@ -281,7 +281,8 @@ class CheckpointReadContext:
         where = str(self.root / MANIFEST_FILE_NAME)
         self._by_path = {checked_relative_path(r.path, where): r for r in self.manifest.files}
         if self._dirfd is not None:
-            self._holds_limit = room_for_descriptors(_DESCRIPTORS_PER_FILE * (len(self._by_path) + 1), self.shown)
+            needed = _DESCRIPTORS_PER_FILE * (len(self._by_path) + 1)
+            self._reserved = needed if room_for_descriptors(needed, self.shown) else None
         m = self.manifest
         if m.metadata_file is not None:
             name = checked_relative_path(m.metadata_file, f"{where}: field 'metadata_file'")
@@ -969,8 +970,9 @@ _DESCRIPTORS_SPARE = 64  # what the rest of the load (a writer's pipe, torch's o
 
 def room_for_descriptors(needed: int, shown: str) -> bool:
     """Raise this process's soft limit of open files (RLIMIT_NOFILE), never past the hard one, so that `needed`
-    more can be open at once beside those open now; logged at INFO when raised. Returns whether the caller is
-    now counted among the loads in flight: it calls `descriptors_released()` once its files are closed.
+    more can be open at once beside those open now and those the other loads in flight reserved; logged at INFO
+    when raised. Returns whether the caller is now counted among the loads in flight: it calls
+    `descriptors_released(needed)` once its files are closed.
 
     A load holds every local file it reads open until it ends, and a save opens one at a time: a checkpoint of
     1100 items, saved under the common soft limit of 1024, could not be loaded by the process that saved it
@@ -979,17 +981,22 @@ def room_for_descriptors(needed: int, shown: str) -> bool:
 
     The descriptors open now are always counted: a process holding 930 of its 1024 (sockets, logs, pipes) could
     not load 80 files, because files needing less than half the soft limit were taken to fit. Under a lock, so
-    that of two loads at once the one wanting less never lowers the limit the other has just raised."""
+    that of two loads at once the one wanting less never lowers the limit the other has just raised. What the
+    other loads in flight reserved is counted too: they open their files later, and of two loads on two threads
+    (150 and 90 files under a soft limit of 256) the second found room beside the first's few descriptors open
+    so far, and then one of them failed with EMFILE."""
     try:
         import resource
     except ImportError:  # no POSIX limits (Windows)
         return False
     with _LIMIT_LOCK:
         _RAISED.holders += 1
+        _RAISED.reserved += needed
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY:
             return True
-        wanted = _descriptors_open(soft) + needed + _DESCRIPTORS_SPARE
+        # Those open already are counted twice where a load in flight opened them: room to spare, never short.
+        wanted = _descriptors_open(soft) + _RAISED.reserved + _DESCRIPTORS_SPARE
         raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         if raised <= soft:
             return True
@@ -1012,7 +1019,7 @@ def room_for_descriptors(needed: int, shown: str) -> bool:
     return True
 
 
-def descriptors_released() -> None:
+def descriptors_released(needed: int) -> None:
     """The end of a load counted by `room_for_descriptors`. The last load in flight puts the soft limit back to
     what it was before loads raised it, or to what the descriptors open now need where they are more.
 
@@ -1024,6 +1031,7 @@ def descriptors_released() -> None:
 
     with _LIMIT_LOCK:
         _RAISED.holders -= 1
+        _RAISED.reserved -= needed
         before, ours = _RAISED.before, _RAISED.ours
         if _RAISED.holders > 0 or before is None:
             return
@@ -1046,10 +1054,11 @@ def descriptors_released() -> None:
 
 @dataclass
 class _Raised:
-    """The loads in flight (`holders`), and the soft limit before they raised it (`before`, None if they did
-    not) and what they raised it to (`ours`)."""
+    """The loads in flight (`holders`) and the descriptors they reserved (`reserved`), and the soft limit before
+    they raised it (`before`, None if they did not) and what they raised it to (`ours`)."""
 
     holders: int = 0
+    reserved: int = 0
     before: int | None = None
     ours: int = 0
 
