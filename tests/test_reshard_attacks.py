@@ -46,7 +46,9 @@ def bounded(seconds: float) -> Iterator[None]:
         raise TimeoutError(f"still running after {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # Repeated each second: the engine holds SIGALRM where it holds Ctrl-C (a load's copy phase), and only the
+    # same signal once more interrupts a block that hangs there.
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
         yield
     finally:

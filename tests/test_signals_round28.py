@@ -184,3 +184,21 @@ def test_a_repeating_timer_whose_handler_returns_is_not_said_to_cut_the_block_sh
         signal.signal(signal.SIGALRM, before)
     messages = [r.getMessage() for r in caplog.records]
     assert not any("SIGALRM again" in m for m in messages), messages
+
+
+def test_a_timeout_sent_again_cuts_a_held_block_short() -> None:
+    # The documented way out for a timeout that lands in a block that hangs: an interval timer's repeat.
+    def on_alarm(signum: int, frame: object) -> None:
+        raise TimeoutError("too long")
+
+    before = signal.signal(signal.SIGALRM, on_alarm)
+    steps = []
+    try:
+        with pytest.raises(TimeoutError), signals_deferred("Load of ck"):
+            signal.raise_signal(signal.SIGALRM)
+            steps.append("held")
+            signal.raise_signal(signal.SIGALRM)
+            steps.append("not reached")
+    finally:
+        signal.signal(signal.SIGALRM, before)
+    assert steps == ["held"]
