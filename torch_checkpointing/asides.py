@@ -94,7 +94,8 @@ def replace_under_way(storage: Storage, final: Path) -> Path | None:
     wait and then say "being replaced ... load it again in a moment" for the day gc keeps such a copy."""
     try:
         copies = copies_aside(storage, final)
-    except OSError:
+    except OSError as exc:  # short of descriptors, a load in a replace's gap said the checkpoint did not exist
+        raise_if_short_of_resources(exc, final.parent, "the check whether a replace of it is under way")
         return None
     in_gap = (c for c in copies if _age_s(c) < REPLACE_GAP_MAX_AGE_S)
     return next((c for c in in_gap if _owner_may_live(c, None, DEFAULT_UNOWNED_AGE_S)), None)

@@ -887,7 +887,8 @@ def owner_alive(uid: str) -> bool | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except OSError as exc:
+    except OSError as exc:  # short of descriptors, a live save's temporary was judged by age, and gc removed it
+        raise_if_short_of_resources(exc, path, "the check whether its job is alive")
         logger.warning("Owner lock %s cannot be opened (%s); its job's temporaries are judged by age", path, exc)
         return None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -916,7 +917,8 @@ def _marked(storage: Storage, path: Path) -> bool:
     if local is not None:
         try:
             entries = os.listdir(local)
-        except OSError:
+        except OSError as exc:
+            raise_if_short_of_resources(exc, path, "the check that the directory is ours")
             return False
         names = set(entries)
         if MANIFEST_FILE_NAME in names and _is_regular(os.path.join(local, MANIFEST_FILE_NAME)):
@@ -935,7 +937,10 @@ def _our_marker(storage: Storage, path: Path) -> bool:
     meanwhile) is not proof."""
     try:
         data = read_marker(storage, path / INCOMPLETE_MARKER)
-    except (OSError, CheckpointError):  # larger than any marker of ours, too
+    except OSError as exc:
+        raise_if_short_of_resources(exc, path / INCOMPLETE_MARKER, "the check that the marker is ours")
+        return False
+    except CheckpointError:  # larger than any marker of ours, too
         return False
     return our_marker(data)
 
@@ -951,7 +956,8 @@ def _foreign_manifest(storage: Storage, path: Path) -> bool:
         return True
     except CheckpointError:
         return False
-    except OSError:
+    except OSError as exc:  # short of descriptors, the folder counted as ours, and gc removed another tool's
+        raise_if_short_of_resources(exc, path, "the check that the manifest is ours")
         return False
     return False
 
@@ -1035,7 +1041,10 @@ def _beside_marker(storage: Storage, path: Path) -> str | None:
         return "ours" if manifest is not None else None
     except NewerCheckpointError:
         return "newer"
-    except (OSError, CheckpointError):
+    except OSError as exc:  # this process short of descriptors is no unfinished save: gc removed it whole
+        raise_if_short_of_resources(exc, path / MANIFEST_FILE_NAME, "the check whether the marker beside it is stray")
+        return None
+    except CheckpointError:
         return None
 
 

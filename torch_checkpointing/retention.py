@@ -56,7 +56,13 @@ from torch_checkpointing.discovery import (
     storage_of,
     unreadable,
 )
-from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
+from torch_checkpointing.errors import (
+    CheckpointError,
+    ConfigError,
+    ConfigTypeError,
+    ObjectStoreError,
+    raise_if_short_of_resources,
+)
 from torch_checkpointing.futures import SettledFuture, WorkerPool
 from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
@@ -711,7 +717,10 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
     """
     try:
         marker = read_marker(storage, path / INCOMPLETE_MARKER)
-    except (OSError, CheckpointError):  # a file larger than any marker is not ours, either
+    except OSError as exc:
+        raise_if_short_of_resources(exc, path / INCOMPLETE_MARKER, "the check whether its claim is dead")
+        return None
+    except CheckpointError:  # a file larger than any marker is not ours, either
         return None
     return _dead_reason(marker)
 
@@ -897,7 +906,10 @@ def _recorded_step(storage: Storage, path: Path) -> int | None:
     """The step the manifest at `path` records; None when it records none or cannot be read."""
     try:
         manifest = read_manifest(storage, path)
-    except (OSError, CheckpointError):
+    except OSError as exc:  # short of descriptors, any id of the name's start was the copy's, the wrong one too
+        raise_if_short_of_resources(exc, path / MANIFEST_FILE_NAME, "the step of a copy moved aside")
+        return None
+    except CheckpointError:
         return None
     return manifest.step if manifest is not None else None
 
