@@ -269,6 +269,23 @@ def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> 
         ) from exc
 
 
+# What CPython says where the OS refuses a thread (pthread_create: no room for its stack under RLIMIT_AS, no thread
+# left under RLIMIT_NPROC or a container's pids limit): a bare RuntimeError, with no errno and no word of why.
+_NO_THREAD = "can't start new thread"
+
+
+def raise_if_thread_not_started(exc: BaseException, name: str) -> None:
+    """Raise a `MemoryError` (from `exc`) when `exc`, met starting thread `name`, is the OS refusing a thread, else
+    return. Before, a load or save under a low RLIMIT_AS failed with `RuntimeError("can't start new thread")`,
+    named neither as a shortage (a caller that retries with less catches `MemoryError`) nor with its fix."""
+    if isinstance(exc, RuntimeError) and str(exc).startswith(_NO_THREAD):
+        raise MemoryError(
+            f"Out of memory starting thread {name} ({type(exc).__name__}: {exc}): the OS refused it a stack (the "
+            f"address-space limit, RLIMIT_AS, `ulimit -v`) or a thread (RLIMIT_NPROC, `ulimit -u`, a container's "
+            f"pids limit). Free memory, or raise the limit, and try again."
+        ) from exc
+
+
 def shortage_told_by_peers(reasons: list[str], message: str) -> MemoryError | OSError | None:
     """The error a rank raises, saying `message`, for the failures `reasons` (each "TypeName: message", in rank
     order) when every one is a shortage this module named (`raise_if_short_of_resources`): the first one's

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
 from typing import Any, ParamSpec, TypeVar
 
-from torch_checkpointing.errors import log_safely
+from torch_checkpointing.errors import log_safely, raise_if_thread_not_started
 from torch_checkpointing.signals import COPY_HELD, Held, signals_deferred
 
 __all__ = ["SettledFuture", "WorkerPool", "settle_all"]
@@ -246,10 +246,12 @@ class WorkerPool(Executor):
                 self._reset()
             if self._closed:
                 raise RuntimeError(f"{self._name}: cannot schedule work after shutdown()")
-            self._jobs.put((future, fn, args, kwargs))
             if len(self._threads) < self._workers:  # all at the first call: a process-wide pool keeps them
                 with signals_deferred(f"{self._name}: starting its threads", quiet=True):
                     self._start_threads()
+            # Queued once its threads run: a call whose thread the OS refused ran later, at the next call that
+            # started one (a load's check of a file long since given up on).
+            self._jobs.put((future, fn, args, kwargs))
         return future
 
     def _start_threads(self) -> None:
@@ -257,7 +259,11 @@ class WorkerPool(Executor):
         the pool counting a thread that never ran, and its jobs waited for good.)"""
         for i in range(len(self._threads), self._workers):
             thread = self._thread(i)
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError as exc:  # the OS refused it: a shortage, told as one (the threads started stay)
+                raise_if_thread_not_started(exc, thread.name)
+                raise
             self._threads.append(thread)
 
     def _thread(self, i: int) -> threading.Thread:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch_checkpointing.errors import log_safely
+from torch_checkpointing.errors import log_safely, raise_if_thread_not_started
 
 __all__ = [
     "COPY_HELD",
@@ -162,7 +162,11 @@ def start_thread(thread: threading.Thread) -> None:
     pool's thread never took a job). A signal that arrives meanwhile runs its handler once the thread runs.
     """
     with signals_deferred(f"starting thread {thread.name}", quiet=True):
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as exc:
+            raise_if_thread_not_started(exc, thread.name)
+            raise
 
 
 def _deliver(pending: list[int]) -> None:
