@@ -712,7 +712,7 @@ def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -
     storage = storage_of(path, storage, "path")
     try:
         with CheckpointReadContext(
-            storage, os.fspath(path), ReadPolicy(verify_checksums=False, allow_legacy_checkpoints=False)
+            storage, os.fspath(path), ReadPolicy(verify_checksums=False, allow_legacy_checkpoints=False), reads=False
         ) as ctx:
             if ctx.manifest is None:
                 return Problem(f"no {MANIFEST_FILE_NAME}")

@@ -202,7 +202,10 @@ def _names_descriptor(path: str, fd: int) -> bool:
 class CheckpointReadContext:
     """Everything one load reads from one checkpoint directory. Use as a context manager."""
 
-    def __init__(self, storage: Storage, checkpoint_id: str, policy: ReadPolicy) -> None:
+    def __init__(self, storage: Storage, checkpoint_id: str, policy: ReadPolicy, *, reads: bool = True) -> None:
+        """`reads`: False for a look that only checks the files (a listing's `discovery.problem_with`), which
+        holds one descriptor per file, not a load's two."""
+        self.reads = reads
         self.storage = storage
         self.root = Path(checkpoint_id)
         self.shown = shown_name(storage, self.root)  # how messages name it: an object store's URL
@@ -281,8 +284,10 @@ class CheckpointReadContext:
         where = str(self.root / MANIFEST_FILE_NAME)
         self._by_path = {checked_relative_path(r.path, where): r for r in self.manifest.files}
         if self._dirfd is not None:
-            needed = _DESCRIPTORS_PER_FILE * (len(self._by_path) + 1)
-            self._reserved = needed if room_for_descriptors(needed, self.shown) else None
+            per_file = _DESCRIPTORS_PER_FILE if self.reads else 1  # a look holds only each file's own
+            doing = f"loading {self.shown}" if self.reads else f"looking into {self.shown}"
+            needed = per_file * (len(self._by_path) + 1)
+            self._reserved = needed if room_for_descriptors(needed, doing) else None
         m = self.manifest
         if m.metadata_file is not None:
             name = checked_relative_path(m.metadata_file, f"{where}: field 'metadata_file'")
@@ -968,11 +973,16 @@ _DESCRIPTORS_PER_FILE = 2  # a local file's own, held to the end, and its copy i
 _DESCRIPTORS_SPARE = 64  # what the rest of the load (a writer's pipe, torch's own opens) and the caller may use
 
 
-def room_for_descriptors(needed: int, shown: str) -> bool:
+def room_for_descriptors(needed: int, doing: str) -> bool:
     """Raise this process's soft limit of open files (RLIMIT_NOFILE), never past the hard one, so that `needed`
-    more can be open at once beside those open now and those the other loads in flight reserved; logged at INFO
-    when raised. Returns whether the caller is now counted among the loads in flight: it calls
-    `descriptors_released(needed)` once its files are closed.
+    more can be open at once beside those open now and those the other loads in flight reserved, for `doing`
+    ("loading <checkpoint>"); logged at INFO when raised. Returns whether the caller is now counted among the
+    loads in flight: it calls `descriptors_released(needed)` once its files are closed.
+
+    Raised to the next power of two: raised to the count alone, each later load or listing with a few more
+    descriptors open (a job's sockets, its logs) raised it again, and said so at INFO every time. A listing holds
+    one descriptor per file it checks (`CheckpointReadContext(reads=False)`), and raised the limit for two where
+    one fitted.
 
     A load holds every local file it reads open until it ends, and a save opens one at a time: a checkpoint of
     1100 items, saved under the common soft limit of 1024, could not be loaded by the process that saved it
@@ -997,24 +1007,27 @@ def room_for_descriptors(needed: int, shown: str) -> bool:
             return True
         # Those open already are counted twice where a load in flight opened them: room to spare, never short.
         wanted = _descriptors_open(soft) + _RAISED.reserved + _DESCRIPTORS_SPARE
+        if wanted <= soft:
+            return True
+        wanted = 1 << (wanted - 1).bit_length()
         raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         if raised <= soft:
             return True
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
         except (OSError, ValueError) as exc:
-            logger.debug("Could not raise the soft limit of open files to %d for %s: %s", raised, shown, exc)
+            logger.debug("Could not raise the soft limit of open files to %d for %s: %s", raised, doing, exc)
             return True
         if _RAISED.before is None:
             _RAISED.before = soft
         _RAISED.ours = raised
     logger.info(
-        "Raised this process's soft limit of open files (RLIMIT_NOFILE) from %d to %d (hard limit %s): loading %s "
-        "holds each of its files open until the load ends; it is put back once no load is in flight.",
+        "Raised this process's soft limit of open files (RLIMIT_NOFILE) from %d to %d (hard limit %s): %s holds "
+        "each of its files open until it ends; it is put back once no load is in flight.",
         soft,
         raised,
         "unlimited" if hard == resource.RLIM_INFINITY else hard,
-        shown,
+        doing,
     )
     return True
 
