@@ -148,6 +148,8 @@ def _probe_named(name: str) -> float | None:
         os.close(fd)
         try:
             os.unlink(name)
+        except FileNotFoundError:  # removed already, by another host's gc that took it for a killed prober's
+            _log.debug("The clock probe %s was removed by another process before this one removed it", name)
         except OSError as exc:
             _log.warning(
                 "Could not remove the clock probe %s (%s): an empty file; `torch-checkpointing gc` removes it once "

@@ -1263,6 +1263,8 @@ def _probe_modified(backend: _Backend, probe: str) -> float | None:
     finally:
         try:
             backend.io.rm_file(probe)
+        except FileNotFoundError:  # deleted already, by another host's gc that took it for a killed prober's
+            logger.debug("The clock probe %s was deleted by another process before this one deleted it", probe)
         except Exception as exc:
             logger.warning(
                 "Could not delete the clock probe %s (%s): an empty object; `torch-checkpointing gc` removes it once "
