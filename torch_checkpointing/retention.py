@@ -85,7 +85,7 @@ from torch_checkpointing.names import (
     this_host,
     trash_name,
 )
-from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.base_storage import Storage, writing_nothing
 from torch_checkpointing.storage.filesystem import raise_unless_removed
 
 # What a storage raises for a refused or failed request: a filesystem's OSError, an object store's
@@ -642,7 +642,8 @@ def prune(
 
     `log_note=False` is for a caller that shows `PruneReport.metric_not_recorded` itself (the CLI's text
     output): logged as well, its WARNING reached the operator twice, on stderr and beside the deletions."""
-    return _prune(root, policy, storage, dry_run=dry_run, protect=protect, told=None, log_note=log_note)
+    with writing_nothing() if dry_run else contextlib.nullcontext():
+        return _prune(root, policy, storage, dry_run=dry_run, protect=protect, told=None, log_note=log_note)
 
 
 def _prune(
@@ -992,11 +993,17 @@ def collect_garbage(
     dry_run: bool = False,
     unowned_after_s: float = DEFAULT_UNOWNED_AGE_S,
 ) -> GcReport:
-    """Remove what dead saves, replacements and deletions left under `root`; never a live writer's temporary."""
+    """Remove what dead saves, replacements and deletions left under `root`; never a live writer's temporary.
+    `dry_run`: only say what would go, writing nothing (not even a probe of the store's clock: `writing_nothing`)."""
     check_age(unowned_after_s, "unowned_after_s")
     require_path(root)
     storage = storage_of(root, storage)
-    base = Path(root)
+    with writing_nothing() if dry_run else contextlib.nullcontext():
+        return _collect_garbage(Path(root), storage, dry_run, unowned_after_s)
+
+
+def _collect_garbage(base: Path, storage: Storage, dry_run: bool, unowned_after_s: float) -> GcReport:
+    """`collect_garbage` of the root `base`."""
 
     def now() -> float:  # read only where an age is judged: most passes judge none, and a probe writes
         return storage.store_now(base)

@@ -7,6 +7,7 @@ a backend only moves bytes and names; layouts, formats and resharding live elsew
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fnmatch
 import io
 import logging
@@ -48,6 +49,21 @@ _no_probe_told: set[str] = set()
 
 
 _probes_running: set[str] = set()  # names of this process's probes being written now (`probing`)
+# Set by `writing_nothing`: a pass that promises to change nothing (a dry run) reads clocks without a probe.
+_writing_nothing: contextvars.ContextVar[bool] = contextvars.ContextVar("store_clock_writing_nothing", default=False)
+_dry_fallback_told: set[str] = set()
+
+
+@contextlib.contextmanager
+def writing_nothing() -> Iterator[None]:
+    """Within it (in this thread), `store_now` writes no probe: a dry run of gc or retention, or `ls`, must leave
+    the store as it found it. Before, `gc --dry-run` wrote (and removed) a
+    `.clock-probe-` object or file in the root, and one killed in between was left there."""
+    token = _writing_nothing.set(True)
+    try:
+        yield
+    finally:
+        _writing_nothing.reset(token)
 
 
 def clock_probe_name() -> str:
@@ -75,7 +91,7 @@ def clock_probe_running(name: str) -> bool:
         return name in _probes_running
 
 
-def store_now(where: str, probe: Callable[[], float | None]) -> float:
+def store_now(where: str, probe: Callable[[], float | None], look: Callable[[], float | None] | None = None) -> float:
     """Now on the clock of the store that stamps what is at `where` (an NFS server's, an object store's), read
     from `probe` (the stamp of something it writes there and removes) at most once per `STORE_CLOCK_REREAD_S`.
 
@@ -85,11 +101,17 @@ def store_now(where: str, probe: Callable[[], float | None]) -> float:
     for a dead one's (gc put the old copy back under it) and another host's live temporary for an old one
     (removed). Where no probe can be written (no write access: a reader of a read-only mount), this host's clock,
     said once per place at INFO (and tried again after `STORE_CLOCK_REREAD_S`, not at every age: on an object
-    store each try is a request)."""
+    store each try is a request).
+
+    Within `writing_nothing`, `look` reads the clock instead (a reading that writes nothing: an S3 answer's `Date`,
+    an unnamed file), or, with none or where it fails, this host's clock, said once per place at INFO and never
+    kept for the passes that may write."""
     with _store_clocks_lock:
         known = _store_clocks.get(where)
     if known is not None and time.monotonic() - known[1] < STORE_CLOCK_REREAD_S:
         return time.time() if known[0] is None else known[0] + time.monotonic()
+    if _writing_nothing.get():
+        return _read_without_probe(where, look)
     stamp = probe()
     # Taken once the probe is done: its stamp was made no later than now, so a probe held up (a stalled file
     # server, a retried PUT) makes ages young by that much, never old. Taken before it, the stamp counted from
@@ -111,28 +133,54 @@ def store_now(where: str, probe: Callable[[], float | None]) -> float:
     return stamp + (time.monotonic() - read_at)
 
 
+def _read_without_probe(where: str, look: Callable[[], float | None] | None) -> float:
+    """`store_now` within `writing_nothing`: `look`'s reading (kept, as a probe's is: it is the store's clock), or
+    this host's clock (not kept: a pass that may write probes for the store's own)."""
+    stamp = look() if look is not None else None
+    read_at = time.monotonic()
+    if stamp is None:
+        if where not in _dry_fallback_told:
+            _dry_fallback_told.add(where)
+            _log.info(
+                "The clock of the store at %s cannot be read without writing there, which this pass does not do "
+                "(a dry run); ages there are measured by this host's clock",
+                where,
+            )
+        return time.time()
+    with _store_clocks_lock:
+        _store_clocks[where] = (stamp - read_at, read_at)
+    return stamp
+
+
 def local_store_now(folder: str | os.PathLike[str]) -> float:
-    """`store_now` of a local folder (an NFS mount: the server stamps ctime), probed with a file made there."""
+    """`store_now` of a local folder (an NFS mount: the server stamps ctime), probed with a file made there (within
+    `writing_nothing`, an unnamed one only)."""
     where = os.path.abspath(folder)
-    return store_now(where, lambda: _probe_file_ctime(where))
+    return store_now(where, lambda: _probe_file_ctime(where), lambda: _probe_unnamed(where))
 
 
 def _probe_file_ctime(folder: str) -> float | None:
     """The ctime (set by the filesystem's clock, never by a caller) of a file made in `folder` and removed at
     once: an unnamed one where the filesystem has O_TMPFILE (nothing is ever seen, even after a kill), else a
     hidden name (NFS); None where neither can be made."""
-    try:
-        fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-    except (OSError, AttributeError):
-        fd = -1
-    if fd >= 0:
-        try:
-            return os.fstat(fd).st_ctime
-        finally:
-            os.close(fd)
+    unnamed = _probe_unnamed(folder)
+    if unnamed is not None:
+        return unnamed
     base = clock_probe_name()
     with probing(base):
         return _probe_named(os.path.join(folder, base))
+
+
+def _probe_unnamed(folder: str) -> float | None:
+    """The ctime of an O_TMPFILE file made in `folder`, which no name ever shows; None without O_TMPFILE (NFS)."""
+    try:
+        fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except (OSError, AttributeError):
+        return None
+    try:
+        return os.fstat(fd).st_ctime
+    finally:
+        os.close(fd)
 
 
 def _probe_named(name: str) -> float | None:

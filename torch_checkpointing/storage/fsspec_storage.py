@@ -1078,13 +1078,16 @@ class FsspecStorage(Storage):
         """Now by the clock that stamps `changed_at`'s times under `folder`: on an object store the LastModified
         of a probe object put under `folder/` and deleted (a PUT, a HEAD and a DELETE, at most once per
         `STORE_CLOCK_REREAD_S`; a store that stamps whole seconds reads up to a second early, which only makes
-        ages younger); on `file://` a local probe; elsewhere (`memory://`, stamped by this process) this host's."""
+        ages younger); on `file://` a local probe; elsewhere (`memory://`, stamped by this process) this host's.
+        A pass that writes nothing (`base_storage.writing_nothing`: a dry run) reads S3's clock from the `Date` of
+        a listing's answer instead (whole seconds, cut: early by up to one, which only makes ages younger)."""
         backend, key = self._resolve(folder)
         if backend.protocols & {"file", "local"}:
             return local_store_now(key)
         if not backend.object_store:
             return time.time()
-        return store_now(backend.url(key), lambda: _probe_object(backend, key))
+        look = (lambda: _answer_date(backend, key)) if backend.is_s3 else None
+        return store_now(backend.url(key), lambda: _probe_object(backend, key), look)
 
     def exists(self, path: Path) -> bool:
         """Whether an object or prefix is there; False in a bucket that does not exist, as s3fs answers (the
@@ -1272,6 +1275,18 @@ def _probe_modified(backend: _Backend, probe: str) -> float | None:
                 backend.url(probe),
                 exc,
             )
+
+
+def _answer_date(backend: _Backend, prefix: str) -> float | None:
+    """The store's clock as the `Date` of its answer to a listing of one key under `prefix/` (nothing written);
+    None where it cannot be listed or gives no date."""
+    bucket, _, under = prefix.partition("/")
+    try:
+        answer = backend.io.call_s3("list_objects_v2", Bucket=bucket, Prefix=f"{under}/" if under else "", MaxKeys=1)
+        return _seconds(answer["ResponseMetadata"]["HTTPHeaders"]["date"])
+    except Exception as exc:  # whatever the client raises, or an answer without the header: this host's clock
+        logger.debug("The store's clock could not be read from a listing of %s: %s", backend.url(prefix), exc)
+        return None
 
 
 def _modified(info: dict[str, Any]) -> float | None:

@@ -1,0 +1,113 @@
+"""Object-store leftovers of round 27: what a dry run writes, which clock a store's ages are read on, copies aside.
+
+Each test runs the real thing: a moto S3 server in its own process (its clock skewed where the test needs a
+store whose clock is not this host's: `tests/clock_skew.py`), real files, real processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.clock_skew import skewed_env, stated_age_s
+from tests.s3_server import S3Server, missing_s3_packages, start_s3_server
+from tests.test_long_names_and_removal import _manager
+from tests.test_s3_attacks import sync_manager
+from torch_checkpointing.names import host_tag, trash_name
+from torch_checkpointing.retention import collect_garbage
+
+SKEW_S = 600.0
+TIMEOUT_S = 120
+_WRITES = re.compile(r'"(PUT|POST|DELETE) /([^/ ?]+)')
+
+
+def _other_host() -> str:
+    return "0badc0de" if host_tag() != "0badc0de" else "0badc0df"
+
+
+def _state(value: float) -> dict[str, dict[str, torch.Tensor]]:
+    return {"model": {"w": torch.full((8,), value)}}
+
+
+def _writes_to(server: S3Server, bucket: str) -> list[str]:
+    """The requests that change something (PUT, POST, DELETE) the server logged for `bucket`."""
+    log = Path(server.log_path).read_text(errors="replace")
+    return [line for line in log.splitlines() if (m := _WRITES.search(line)) and m[2] == bucket]
+
+
+@pytest.fixture
+def skewed_server(tmp_path: Path) -> Iterator[S3Server]:
+    """A moto server whose clock is `SKEW_S` behind this host's (an object store's clock is its own)."""
+    if missing := missing_s3_packages():
+        pytest.skip(f"the S3 tests need {', '.join(missing)}")
+    server = start_s3_server(str(tmp_path), env=skewed_env(tmp_path, -SKEW_S))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_dry_run_gc_on_s3_writes_nothing_and_reads_the_stores_clock(skewed_server: S3Server) -> None:
+    """Failed before: the dry run PUT (and DELETEd) a `.clock-probe-` object under the root to read the store's
+    clock. Now it writes nothing, and still ages another host's trash by the store's clock (from the `Date` of
+    a listing's answer): by this host's, made a moment ago read as `SKEW_S` old, "removable"."""
+    config = skewed_server.config()
+    storage = config.create_storage()
+    bucket = config.url.removeprefix("s3://")
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", _state(1.0))
+    trash = Path("run") / trash_name("step_1", 4242, "abcdef01", _other_host())
+    storage.rename(Path("run/step_1"), trash, is_directory=True)  # another host's retention, just now
+    before = _writes_to(skewed_server, bucket)
+    report = collect_garbage(f"{config.url}/run", storage, dry_run=True, unowned_after_s=60)
+    assert _writes_to(skewed_server, bucket) == before
+    [(_, why)] = report.kept
+    assert stated_age_s(why) < 10 and not report.removed, report  # not SKEW_S
+
+
+# A dry-run gc of `sys.argv[1]` as on NFS (no O_TMPFILE: a probe of the server's clock is a named file); prints
+# the names of the files it created, then the report's kept reasons, one a line.
+_DRY_GC_WITHOUT_TMPFILE = """
+import os, sys
+del os.O_TMPFILE
+created = []
+real_open = os.open
+def recording_open(path, flags, *args, **kwargs):
+    if flags & os.O_CREAT:
+        created.append(os.path.basename(path))
+    return real_open(path, flags, *args, **kwargs)
+os.open = recording_open
+from torch_checkpointing.retention import collect_garbage
+report = collect_garbage(sys.argv[1], dry_run=True, unowned_after_s=60)
+print(created)
+for _, why in report.kept:
+    print(why)
+"""
+
+
+def test_a_dry_run_gc_without_o_tmpfile_creates_no_probe_file(tmp_path: Path) -> None:
+    """Failed before: on a filesystem without O_TMPFILE (NFS) the dry run made (and removed) a named
+    `.clock-probe-` file in the root to read the server's clock; a dry run killed in between left it there."""
+    root = tmp_path / "run"
+    with _manager() as manager:
+        manager.save(str(root / "step_1"), _state(1.0))
+    os.rename(root / "step_1", root / trash_name("step_1", 4242, "abcdef01", _other_host()))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", _DRY_GC_WITHOUT_TMPFILE, str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    created, *kept = done.stdout.splitlines()
+    assert created == "[]", done.stdout
+    assert len(kept) == 1 and stated_age_s(kept[0]) < 10, done.stdout
