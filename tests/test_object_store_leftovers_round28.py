@@ -111,3 +111,31 @@ def test_a_dry_run_gc_without_o_tmpfile_creates_no_probe_file(tmp_path: Path) ->
     created, *kept = done.stdout.splitlines()
     assert created == "[]", done.stdout
     assert len(kept) == 1 and stated_age_s(kept[0]) < 10, done.stdout
+
+
+def test_the_clock_of_one_endpoint_is_not_taken_for_anothers_with_the_same_bucket(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    """Failed before: the store's clock was kept by URL alone, so a read of `s3://b/run` on a store whose clock is
+    `SKEW_S` ahead stood for `s3://b/run` on another endpoint for 30 s; gc there aged another host's trash made a
+    moment ago as `SKEW_S` old and removed it (a job copying between two stores, a test's server restarted)."""
+    if missing := missing_s3_packages():
+        pytest.skip(f"the S3 tests need {', '.join(missing)}")
+    ahead = start_s3_server(str(tmp_path), env=skewed_env(tmp_path, SKEW_S))
+    try:
+        bucket = f"same-{os.getpid()}-{id(tmp_path):x}"
+        first, second = ahead.config(bucket), s3_server.config(bucket)
+        ahead.make_bucket(bucket)
+        s3_server.make_bucket(bucket)
+        first.create_storage().store_now(Path("run"))  # the other store's clock, read first
+        storage = second.create_storage()
+        with sync_manager(second) as manager:
+            manager.save("run/step_1", _state(1.0))
+        trash = Path("run") / trash_name("step_1", 4242, "abcdef01", _other_host())
+        storage.rename(Path("run/step_1"), trash, is_directory=True)  # another host's retention, just now
+        report = collect_garbage(f"{second.url}/run", storage, unowned_after_s=60)
+        assert storage.exists(trash / "manifest.json"), report
+        [(_, why)] = report.kept
+        assert stated_age_s(why) < 10, report
+    finally:
+        ahead.stop()

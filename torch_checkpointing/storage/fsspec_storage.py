@@ -1087,7 +1087,7 @@ class FsspecStorage(Storage):
         if not backend.object_store:
             return time.time()
         look = (lambda: _answer_date(backend, key)) if backend.is_s3 else None
-        return store_now(backend.url(key), lambda: _probe_object(backend, key), look)
+        return store_now(_clock_place(backend, key), lambda: _probe_object(backend, key), look)
 
     def exists(self, path: Path) -> bool:
         """Whether an object or prefix is there; False in a bucket that does not exist, as s3fs answers (the
@@ -1221,6 +1221,18 @@ def _check_conditions_honoured(backend: _Backend, key: str, data: bytes) -> None
         f"that honours If-None-Match and If-Match on PutObject and DeleteObject (AWS S3, a current MinIO), or "
         f"upgrade this one."
     )
+
+
+def _clock_place(backend: _Backend, key: str) -> str:
+    """The place whose clock `store_now` keeps for `key`: its URL, and the server that answers for it (an S3
+    endpoint, an Azure account), which the URL does not name. Kept by URL alone, a read of `s3://b/run` on one
+    endpoint stood for `s3://b/run` on another (a job copying between two stores, a test's server restarted on
+    another port) for `STORE_CLOCK_REREAD_S`: with that clock ahead, gc aged a trash made a moment ago as old
+    and removed it."""
+    if backend.is_s3:
+        return f"s3://{key} at {_endpoint_of(backend.fs)}"  # `s3a://` is the same store
+    server = getattr(backend.fs, "account_name", None) or getattr(backend.fs, "endpoint_url", None)
+    return backend.url(key) if server is None else f"{backend.url(key)} at {server}"
 
 
 def _endpoint_of(fs: Any) -> str:
