@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +21,11 @@ from tests.clock_skew import skewed_env, stated_age_s
 from tests.s3_server import S3Server, missing_s3_packages, start_s3_server
 from tests.test_long_names_and_removal import _manager
 from tests.test_s3_attacks import sync_manager
-from torch_checkpointing.names import host_tag, trash_name
+from torch_checkpointing import CheckpointManager, asides
+from torch_checkpointing.asides import replace_under_way
+from torch_checkpointing.names import aside_name, host_tag, new_nonce, trash_name
 from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage
 
 SKEW_S = 600.0
 TIMEOUT_S = 120
@@ -139,3 +143,41 @@ def test_the_clock_of_one_endpoint_is_not_taken_for_anothers_with_the_same_bucke
         assert stated_age_s(why) < 10, report
     finally:
         ahead.stop()
+
+
+def _killed_replace_of_another_host(s3_server: S3Server) -> tuple[str, FsspecStorage, Path]:
+    """A root on S3 whose `step_2` another host's replace moved aside and was killed: the id holds nothing."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", _state(1.0))
+        manager.save("run/step_2", _state(2.0))
+    aside = Path("run") / aside_name("step_2", 4242, new_nonce(), _other_host())
+    storage.rename(Path("run/step_2"), aside, is_directory=True)
+    return f"{config.url}/run", storage, aside
+
+
+def test_gc_on_s3_puts_back_another_hosts_copy_aside_once_it_is_old(s3_server: S3Server) -> None:
+    """Failed before: a copy aside on an object store was always 0 s old to `copy_to_put_back`, so another host's
+    killed replace's copy was never moved back under its empty id, however old (kept as "the only copy")."""
+    root, storage, aside = _killed_replace_of_another_host(s3_server)
+    young = collect_garbage(root, storage, unowned_after_s=3600)
+    assert not storage.exists(Path("run/step_2")) and storage.exists(aside / "manifest.json"), young
+    time.sleep(2.0)  # a store's time: LastModified of whole seconds at worst
+    report = collect_garbage(root, storage, unowned_after_s=1)
+    assert storage.exists(Path("run/step_2/manifest.json")) and not storage.exists(aside), report
+
+
+def test_loading_an_id_whose_copy_aside_on_s3_is_old_says_no_replace_is_under_way(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failed before: a copy aside on an object store read as moved aside 0 s ago, so every load of its empty id
+    waited for a live replace and then said the id "is being replaced ... load it again in a moment", for as
+    long as the copy stayed (gc keeps another host's for a day), and every listing of the root waited too."""
+    root, storage, _ = _killed_replace_of_another_host(s3_server)
+    monkeypatch.setattr(asides, "REPLACE_GAP_MAX_AGE_S", 1.0)  # the 60 s a replace takes at most, shortened
+    time.sleep(2.0)
+    assert replace_under_way(storage, Path("run/step_2")) is None
+    with pytest.raises(FileNotFoundError) as raised:
+        CheckpointManager(CheckpointManager.Config(storage_config=s3_server.config())).load(f"{root}/step_2")
+    assert "being replaced" not in str(raised.value), raised.value

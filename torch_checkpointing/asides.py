@@ -23,7 +23,7 @@ from pathlib import Path
 from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive, still_there
 from torch_checkpointing.errors import CheckpointError, raise_if_short_of_resources
 from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
-from torch_checkpointing.storage.base_storage import Storage, local_store_now, named_at
+from torch_checkpointing.storage.base_storage import Storage
 
 __all__ = ["PutBack", "await_replaced", "copies_aside", "copy_to_put_back", "made_by", "owner_pid", "replace_under_way"]
 
@@ -60,7 +60,7 @@ def copy_to_put_back(
         return PutBack(None, copies, "no copy of it is aside")
     if still_there(storage, final):  # anything, a dangling link included
         return PutBack(None, copies, "something is at the id", id_free=False)
-    live = [c for c in copies if _owner_may_live(c, dead_pid, unowned_after_s)]
+    live = [c for c in copies if _owner_may_live(storage, c, dead_pid, unowned_after_s)]
     if live:
         return PutBack(None, copies, f"the replace that moved {live[0]} aside may still be running")
     ours = [c for c in copies if not may_be_cut(c.name) or made_by(c, dead_pid)]
@@ -97,8 +97,8 @@ def replace_under_way(storage: Storage, final: Path) -> Path | None:
     except OSError as exc:  # short of descriptors, a load in a replace's gap said the checkpoint did not exist
         raise_if_short_of_resources(exc, final.parent, "the check whether a replace of it is under way")
         return None
-    in_gap = (c for c in copies if _age_s(c) < REPLACE_GAP_MAX_AGE_S)
-    return next((c for c in in_gap if _owner_may_live(c, None, DEFAULT_UNOWNED_AGE_S)), None)
+    in_gap = (c for c in copies if _age_s(storage, c) < REPLACE_GAP_MAX_AGE_S)
+    return next((c for c in in_gap if _owner_may_live(storage, c, None, DEFAULT_UNOWNED_AGE_S)), None)
 
 
 def await_replaced(storage: Storage, final: Path, shown: str) -> None:
@@ -136,24 +136,26 @@ def made_by(copy: Path, pid: int | None) -> bool:
     return match is not None and pid is not None and int(match["pid"]) == pid and made_here(match)
 
 
-def _owner_may_live(copy: Path, dead_pid: int | None, unowned_after_s: float) -> bool:
+def _owner_may_live(storage: Storage, copy: Path, dead_pid: int | None, unowned_after_s: float) -> bool:
     match = ASIDE_RE.match(copy.name)
     if match is None or made_by(copy, dead_pid):
         return False
     alive = hidden_name_alive(match, copy)
-    return alive if alive is not None else _age_s(copy) < unowned_after_s
+    return alive if alive is not None else _age_s(storage, copy) < unowned_after_s
 
 
-def _age_s(copy: Path) -> float:
-    """How long ago `copy` last changed, its move aside included, on the clock that stamped it (the file
-    server's: `local_store_now`; by this host's, a host ahead of its server took another host's live replace's
-    copy for an old one, and gc put the old copy back under it); 0 when that cannot be told (not local), so that
-    it counts as young."""
+def _age_s(storage: Storage, copy: Path) -> float:
+    """How long ago `copy` last changed, its move aside included (`Storage.changed_at`: a local path's ctime, an
+    object store's newest LastModified under it), on the clock that stamped it (`Storage.store_now`: by this
+    host's, a host ahead of its server took another host's live replace's copy for an old one, and gc put the old
+    copy back under it); 0 when that cannot be told, so that it counts as young. Before, a copy on an object store
+    was always 0 s old: every load of its empty id waited for a replace for good, and gc never put another host's
+    copy back."""
     try:
-        named = named_at(copy)  # first: a path of a store that is no local filesystem probes no local folder
-    except OSError:
+        named = storage.changed_at(copy)  # first: a copy that is not there probes no folder
+    except (OSError, CheckpointError):
         return 0.0
-    return local_store_now(copy.parent) - named
+    return 0.0 if named is None else storage.store_now(copy.parent) - named
 
 
 def _commit_time_if_whole(storage: Storage, path: Path) -> float | None:
