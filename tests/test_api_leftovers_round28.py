@@ -335,7 +335,7 @@ def test_should_reshard_given_no_metadata_is_a_config_type_error(source: Any, ta
         DTensorResharder().should_reshard(item if source is None else source, target)
 
 
-@pytest.mark.parametrize("url", ["", "runs/exp1", "/abs/runs/exp1"])
+@pytest.mark.parametrize("url", ["", "runs/exp1", "/abs/runs/exp1", "bucket/run", "s3:bucket/run"])
 def test_an_fsspec_config_from_a_url_without_a_scheme_is_refused_when_built(url: str) -> None:
     """`from_url` of a path that names no store gave a config of no protocol, which refused every local id only
     at the first save (where the guide promises a config's faults when it is built)."""

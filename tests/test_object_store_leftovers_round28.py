@@ -25,7 +25,7 @@ from torch_checkpointing import CheckpointManager, asides
 from torch_checkpointing.asides import replace_under_way
 from torch_checkpointing.names import aside_name, host_tag, new_nonce, trash_name
 from torch_checkpointing.retention import collect_garbage
-from torch_checkpointing.storage.fsspec_storage import FsspecStorage
+from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
 
 SKEW_S = 600.0
 TIMEOUT_S = 120
@@ -181,3 +181,7 @@ def test_loading_an_id_whose_copy_aside_on_s3_is_old_says_no_replace_is_under_wa
     with pytest.raises(FileNotFoundError) as raised:
         CheckpointManager(CheckpointManager.Config(storage_config=s3_server.config())).load(f"{root}/step_2")
     assert "being replaced" not in str(raised.value), raised.value
+
+
+def test_from_url_still_takes_a_url() -> None:
+    assert FsspecStorageConfig.from_url("file:///data/run").protocol == "file"
