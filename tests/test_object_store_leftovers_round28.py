@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from tests.test_long_names_and_removal import _manager
 from tests.test_s3_attacks import sync_manager
 from torch_checkpointing import CheckpointManager, asides
 from torch_checkpointing.asides import replace_under_way
+from torch_checkpointing.discovery import OWNER_STARTED_AFTER_S, pid_alive
 from torch_checkpointing.names import aside_name, host_tag, new_nonce, trash_name
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
@@ -185,3 +187,47 @@ def test_loading_an_id_whose_copy_aside_on_s3_is_old_says_no_replace_is_under_wa
 
 def test_from_url_still_takes_a_url() -> None:
     assert FsspecStorageConfig.from_url("file:///data/run").protocol == "file"
+
+
+def _process_with_pid(pid: int) -> subprocess.Popen[str] | None:
+    """A live process (a `sleep`) given the pid `pid` by the kernel, as a pid is given again after its process
+    died; None where the kernel gave another (a process of the machine started in between)."""
+    script = f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid; sleep 120 & echo $!; wait"
+    shell = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert shell.stdout is not None
+    if int(shell.stdout.readline() or 0) == pid:
+        return shell
+    os.killpg(shell.pid, signal.SIGKILL)
+    shell.wait(timeout=TIMEOUT_S)
+    return None
+
+
+needs_pid_choice = pytest.mark.skipif(
+    sys.platform != "linux" or not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK),
+    reason="needs /proc/sys/kernel/ns_last_pid (root) to give a pid again",
+)
+
+
+@needs_pid_choice
+def test_gc_on_s3_tells_a_later_process_with_a_trashs_pid_from_its_maker(s3_server: S3Server) -> None:
+    """Failed before: whether the live process with a hidden name's pid started after the name was made was read
+    from a local ctime only, so on an object store a dead retention's trash (or a killed replace's copy aside)
+    whose pid the kernel gave again counted as that later process's: kept ("its owner is alive") while it ran."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", _state(1.0))
+        manager.save("run/step_2", _state(2.0))
+    pid = next(p for p in range(20000, 30000) if not pid_alive(p) and not pid_alive(p - 1))
+    trash = Path("run") / trash_name("step_1", pid, new_nonce(), host_tag())  # a dead retention's, pid `pid`
+    storage.rename(Path("run/step_1"), trash, is_directory=True)
+    time.sleep(OWNER_STARTED_AFTER_S + 1.0)
+    later = next((p for _ in range(5) if (p := _process_with_pid(pid)) is not None), None)
+    if later is None:
+        pytest.skip(f"the kernel did not give pid {pid} again (a busy machine)")
+    try:
+        report = collect_garbage(f"{config.url}/run", storage)
+        assert [Path(lo.path).name for lo in report.removed] == [trash.name], report
+    finally:
+        os.killpg(later.pid, signal.SIGKILL)
+        later.wait(timeout=TIMEOUT_S)

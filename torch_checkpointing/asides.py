@@ -140,7 +140,7 @@ def _owner_may_live(storage: Storage, copy: Path, dead_pid: int | None, unowned_
     match = ASIDE_RE.match(copy.name)
     if match is None or made_by(copy, dead_pid):
         return False
-    alive = hidden_name_alive(match, copy)
+    alive = hidden_name_alive(match, copy, storage)
     return alive if alive is not None else _age_s(storage, copy) < unowned_after_s
 
 

@@ -799,7 +799,7 @@ def _tree_bytes(path: str) -> int:
 OWNER_STARTED_AFTER_S = 5.0
 
 
-def hidden_name_alive(match: re.Match[str], path: Path) -> bool | None:
+def hidden_name_alive(match: re.Match[str], path: Path, storage: Storage | None = None) -> bool | None:
     """Whether the process that made a hidden name (`.old_`, `.trash-`: its `ASIDE_RE`/`TRASH_RE` match) may still
     be using it; None when that cannot be told here: another host made it, and its pid names no process of this
     host (on a shared filesystem, gc took a live replacer there for a dead one, and put its copy back under it).
@@ -807,33 +807,45 @@ def hidden_name_alive(match: re.Match[str], path: Path) -> bool | None:
     of the one that was killed, and that one's leftovers are garbage, not this process's work in flight. Another
     live process with the pid is not its maker when it started after the name was made (a pid the kernel gave
     again: in a container, pids are few and soon reused, and gc kept a dead replace's copy aside while the id held
-    nothing).
+    nothing). `storage`: the store `path` is on, where it is no local filesystem (its clock and stamps tell).
     """
     if not made_here(match):
         return None
     pid = int(match["pid"])
     if pid == os.getpid():
         return held_here(path)
-    return pid_alive(pid) and not _started_after(pid, path)
+    return pid_alive(pid) and not _started_after(pid, path, storage)
 
 
-def _started_after(pid: int, path: Path) -> bool:
+def _started_after(pid: int, path: Path, storage: Storage | None = None) -> bool:
     """Whether process `pid` of this host started clearly after `path` got its name (a rename sets its ctime),
     both measured as ages now; False when either cannot be told (another host's name, no /proc). The name's age
     is read on the clock that stamped it (the file server's: `local_store_now`): by this host's, a host ahead of
     its server by more than `OWNER_STARTED_AFTER_S` took a live replace's copy aside for a dead one's whose pid a
     later process has, and gc put the old copy back under the id while the replace was between its renames."""
     try:
-        named = os.lstat(path).st_ctime  # first: an object store's path probes no local folder of that name
-        made_s_ago = local_store_now(path.parent) - named
+        made_s_ago = _named_s_ago(path, storage)
         with open(f"/proc/{pid}/stat", "rb") as f:
             started_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
         with open("/proc/uptime", "rb") as f:
             up_s = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, CheckpointError):
         return False
     running_s = up_s - started_ticks / os.sysconf("SC_CLK_TCK")
-    return running_s < made_s_ago - OWNER_STARTED_AFTER_S
+    return made_s_ago is not None and running_s < made_s_ago - OWNER_STARTED_AFTER_S
+
+
+def _named_s_ago(path: Path, storage: Storage | None) -> float | None:
+    """How long ago `path` got its name, on the clock that stamped it: a local path's ctime (a rename sets it)
+    against the file server's clock; on a store that is no local filesystem, `Storage.changed_at` against
+    `Storage.store_now` (before, an object store's name was never told apart from a reused pid's: its copy
+    aside or trash counted as that later process's, kept for as long as it ran). None where it cannot be told."""
+    if storage is not None and storage.local_path(path) is None:
+        changed = storage.changed_at(path)
+        return None if changed is None else storage.store_now(path.parent) - changed
+    local = os.fspath(path) if storage is None else storage.local_path(path)
+    named = os.lstat(local or path).st_ctime  # first: an object store's path probes no local folder of that name
+    return local_store_now(os.path.dirname(os.path.abspath(local or path))) - named
 
 
 # Jobs of this process: how many open managers hold each uid's owner lock, and the uids whose every manager here
@@ -987,10 +999,10 @@ def _classify(root: Path, name: str, storage: Storage) -> Leftover | None:
         detail = f"save {m['uid']}-{m['seq']}"
         return Leftover(shown, "temporary", m["name"], alive, size, detail, recognised)
     if m := ASIDE_RE.match(name):
-        alive = hidden_name_alive(m, path)
+        alive = hidden_name_alive(m, path, storage)
         return Leftover(shown, "replaced", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if m := TRASH_RE.match(name):
-        alive = hidden_name_alive(m, path)
+        alive = hidden_name_alive(m, path, storage)
         return Leftover(shown, "trash", m["name"], alive, size, f"pid {m['pid']}", _marked(storage, path))
     if not name.startswith(".") and _exists_or_closed(storage, path / INCOMPLETE_MARKER):
         beside = _beside_marker(storage, path)
