@@ -6,6 +6,7 @@ store whose clock is not this host's: `tests/clock_skew.py`), real files, real p
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -231,3 +232,36 @@ def test_gc_on_s3_tells_a_later_process_with_a_trashs_pid_from_its_maker(s3_serv
     finally:
         os.killpg(later.pid, signal.SIGKILL)
         later.wait(timeout=TIMEOUT_S)
+
+
+def _unfinished_uploads(storage: FsspecStorage, prefix: str) -> list[str]:
+    bucket, key, _ = storage.fs.split_path(prefix)
+    return sorted(
+        u["Key"] for u in storage.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key).get("Uploads", [])
+    )
+
+
+def test_gc_on_s3_removes_a_trash_whose_marker_is_empty_and_aborts_its_uploads(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Failed before: every read of a claim was a ranged GET, which S3 refuses for an empty object (416
+    InvalidRange), and an earlier version's claim is an empty `.incomplete`. gc of a trash holding one (its
+    process dead) failed for good, "The requested range is not satisfiable; `torch-checkpointing gc` will
+    retry", and its unfinished upload stayed, billed; a delete of such a prefix failed alike."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    run = storage.remap_path(Path("run")).split("://", 1)[1]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    trash = Path("run") / trash_name("step_9", int(dead.stdout), new_nonce(), host_tag())
+    storage.write(trash / ".incomplete", b"")  # an earlier version's claim, moved to a trash name
+    storage.write(trash / "model" / "0.bin", b"what its save wrote")
+    bucket, key, _ = storage.fs.split_path(f"{run}/{trash.name}/model_0.pt")
+    storage.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)  # a writer killed mid-file
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        report = collect_garbage(f"{config.url}/run", storage)
+        storage.write(Path("run/old/.incomplete"), b"")
+        storage.write(Path("run/old/model/0.bin"), b"x")
+        storage.rmdir(Path("run/old"))
+    assert [Path(lo.path).name for lo in report.removed] == [trash.name] and not report.failed, report
+    assert _unfinished_uploads(storage, run) == [] and not storage.exists(Path("run"))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

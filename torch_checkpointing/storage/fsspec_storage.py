@@ -1791,12 +1791,28 @@ def _dead_claim_of_ours(backend: _Backend, marker: str, mine: bytes, unread: str
     kept as it was, it let a save of the id take it over while the files went, and lose them to the delete.
     `unread`: what a marker there but unreadable leaves undone, said at WARNING (gone meanwhile is no failure)."""
     try:
-        data = backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1)
+        data = _marker_bytes(backend, marker)
     except Exception as exc:  # gone meanwhile, or unreadable: nothing proves it dead
         if unread and not _missing(exc):
             logger.warning("Could not read the claim %s (%s): %s", backend.url(marker), exc, unread)
         return False
     return _held_by(data, mine) is None
+
+
+def _marker_bytes(backend: _Backend, marker: str) -> bytes:
+    """The first `MAX_MARKER_BYTES + 1` bytes of the object `marker`: all of any claim, and enough to tell a larger
+    object is none. An empty one (an earlier version's claim, a delete's, one made by hand) is b"": S3 refuses a
+    ranged GET of an empty object (416 InvalidRange), and before, removing or claiming a prefix that held one
+    failed on it ("The requested range is not satisfiable": a trash gc could never remove, uploads said not
+    aborted). FileNotFoundError when there is none."""
+    try:
+        return bytes(backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1))
+    except OSError as exc:
+        if _error_code(exc) != "InvalidRange" and exc.errno != errno.EINVAL:
+            raise
+        if int(backend.io.info(marker).get("size") or 0) != 0:  # a range past a larger object's end: never ours
+            raise
+        return b""
 
 
 def _refuse_a_live_save(backend: _Backend, key: str, keys: list[str]) -> None:
@@ -1812,7 +1828,7 @@ def _refuse_a_live_save(backend: _Backend, key: str, keys: list[str]) -> None:
     if marker not in keys:
         return
     try:
-        held = Claim.parse(backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1))
+        held = Claim.parse(_marker_bytes(backend, marker))
     except FileNotFoundError:  # gone meanwhile: the save committed or was discarded
         return
     here = held is not None and same_host(held.host, this_host())
@@ -1849,7 +1865,7 @@ def _put_up_claim(backend: _Backend, marker: str, claim: bytes) -> None:
     backend.fs.invalidate_cache(marker)
     try:
         etag: str | None = str(backend.io.info(marker).get("ETag") or "")
-        data = backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1)
+        data = _marker_bytes(backend, marker)
     except FileNotFoundError:
         etag, data = None, b""
     if etag is not None and (held := _held_by(data, claim)) is not None:
@@ -1878,7 +1894,7 @@ def _is_up(backend: _Backend, marker: str, claim: bytes) -> bool:
     failed, saying another save held the id, and a move left its own claim at the destination."""
     backend.fs.invalidate_cache(marker)
     try:
-        return bool(backend.io.cat_file(marker, start=0, end=MAX_MARKER_BYTES + 1) == claim)
+        return bool(_marker_bytes(backend, marker) == claim)
     except Exception:  # gone again, or unreadable: nothing shows the claim is up
         return False
 
