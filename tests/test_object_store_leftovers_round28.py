@@ -25,7 +25,7 @@ from tests.test_long_names_and_removal import _manager
 from tests.test_s3_attacks import sync_manager
 from torch_checkpointing import CheckpointManager, asides
 from torch_checkpointing.asides import replace_under_way
-from torch_checkpointing.discovery import OWNER_STARTED_AFTER_S, pid_alive
+from torch_checkpointing.discovery import OWNER_STARTED_AFTER_S, latest_checkpoint, pid_alive
 from torch_checkpointing.names import aside_name, host_tag, new_nonce, trash_name
 from torch_checkpointing.retention import collect_garbage
 from torch_checkpointing.storage.fsspec_storage import FsspecStorage, FsspecStorageConfig
@@ -265,3 +265,13 @@ def test_gc_on_s3_removes_a_trash_whose_marker_is_empty_and_aborts_its_uploads(
     assert [Path(lo.path).name for lo in report.removed] == [trash.name] and not report.failed, report
     assert _unfinished_uploads(storage, run) == [] and not storage.exists(Path("run"))
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_listing_on_s3_that_ages_a_copy_aside_writes_nothing(s3_server: S3Server) -> None:
+    """A listing (`latest_checkpoint`, every resume) that ages a copy aside reads the store's clock from an
+    answer's `Date`: with the copy's age read from LastModified, it PUT and DELETEd a clock probe in the run."""
+    root, storage, _ = _killed_replace_of_another_host(s3_server)
+    bucket = root.removeprefix("s3://").split("/")[0]
+    before = _writes_to(s3_server, bucket)
+    assert latest_checkpoint(root, storage) is not None
+    assert _writes_to(s3_server, bucket) == before

@@ -16,6 +16,7 @@ time another copy records (a save while the clock was ahead, stepped back since,
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive, still_there
 from torch_checkpointing.errors import CheckpointError, raise_if_short_of_resources
 from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
-from torch_checkpointing.storage.base_storage import Storage
+from torch_checkpointing.storage.base_storage import Storage, writing_nothing
 
 __all__ = ["PutBack", "await_replaced", "copies_aside", "copy_to_put_back", "made_by", "owner_pid", "replace_under_way"]
 
@@ -97,8 +98,12 @@ def replace_under_way(storage: Storage, final: Path) -> Path | None:
     except OSError as exc:  # short of descriptors, a load in a replace's gap said the checkpoint did not exist
         raise_if_short_of_resources(exc, final.parent, "the check whether a replace of it is under way")
         return None
-    in_gap = (c for c in copies if _age_s(storage, c) < REPLACE_GAP_MAX_AGE_S)
-    return next((c for c in in_gap if _owner_may_live(storage, c, None, DEFAULT_UNOWNED_AGE_S)), None)
+    # A load or listing of a store that is no local filesystem writes no probe of its clock there (S3: an answer's
+    # `Date`); a local one keeps its probe, an unnamed file or, on NFS, the server's only clock a host can read.
+    remote = storage.local_path(final) is None
+    with writing_nothing() if remote else contextlib.nullcontext():
+        in_gap = [c for c in copies if _age_s(storage, c) < REPLACE_GAP_MAX_AGE_S]
+        return next((c for c in in_gap if _owner_may_live(storage, c, None, DEFAULT_UNOWNED_AGE_S)), None)
 
 
 def await_replaced(storage: Storage, final: Path, shown: str) -> None:
