@@ -6,6 +6,7 @@ store whose clock is not this host's: `tests/clock_skew.py`), real files, real p
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,7 +25,7 @@ from tests.clock_skew import skewed_env, stated_age_s
 from tests.s3_server import S3Server, missing_s3_packages, start_s3_server
 from tests.test_long_names_and_removal import _manager
 from tests.test_s3_attacks import sync_manager
-from torch_checkpointing import CheckpointManager, asides
+from torch_checkpointing import CheckpointManager, asides, retention
 from torch_checkpointing.asides import replace_under_way
 from torch_checkpointing.discovery import OWNER_STARTED_AFTER_S, latest_checkpoint, pid_alive
 from torch_checkpointing.names import aside_name, host_tag, new_nonce, trash_name
@@ -275,3 +277,59 @@ def test_a_listing_on_s3_that_ages_a_copy_aside_writes_nothing(s3_server: S3Serv
     before = _writes_to(s3_server, bucket)
     assert latest_checkpoint(root, storage) is not None
     assert _writes_to(s3_server, bucket) == before
+
+
+# Another gc pass in its own process: it holds the prefix `sys.argv[2]` (an earlier version's unfinished save)
+# with its claim, says so, and waits to be killed, as a pass between its hold and its move.
+_HOLDING_GC = """
+import json, sys, time
+from pathlib import Path
+from torch_checkpointing import retention
+from torch_checkpointing.commit import Claim
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+
+args = json.loads(sys.argv[1])
+storage = FsspecStorageConfig(url=args["url"], storage_options=args["options"]).create_storage()
+marker = Path(sys.argv[2]) / ".incomplete"
+data, etag = storage.read_object(marker)
+with retention._gc_pass() as uid:
+    dead = Claim(token="", uid="", host="", pid=0, created=0.0)
+    assert retention._hold_for_gc(storage, marker, etag, dead, uid, records=False) is not None
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_gc_pass_beside_another_that_holds_a_dead_saves_prefix_reports_no_failure(s3_server: S3Server) -> None:
+    """Failed before: the pass that judged an earlier version's unfinished save dead, and found another gc pass
+    holding it by the time it came to hold it, reported it failed ("a save of that id took it over"; the CLI
+    exits 1): two passes at once (a job's retention beside `torch-checkpointing gc`) are no failure."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    storage.write(Path("run/old/.incomplete"), b"")  # an earlier version's killed save
+    storage.write(Path("run/old/model/0.bin"), b"what it wrote")
+    args = json.dumps({"url": config.url, "options": config.storage_options})
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    judge = retention._why_keep
+    others: list[subprocess.Popen[str]] = []
+
+    def judged_then_held_by_another_gc(leftover: Any, *args_: Any, **kwargs: Any) -> str | None:
+        why = judge(leftover, *args_, **kwargs)
+        if why is None and leftover.path.endswith("run/old") and not others:
+            other = subprocess.Popen(
+                [sys.executable, "-c", _HOLDING_GC, args, "run/old"], stdout=subprocess.PIPE, text=True, env=env
+            )
+            others.append(other)
+            assert other.stdout is not None and other.stdout.readline().strip() == "held"
+        return why
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(retention, "_why_keep", judged_then_held_by_another_gc)
+            report = collect_garbage(f"{config.url}/run", storage)
+    finally:
+        for other in others:
+            other.kill()
+            other.wait(timeout=TIMEOUT_S)
+    assert others and not report.failed and not report.removed, report
+    assert storage.exists(Path("run/old/model/0.bin"))  # the other pass's to collect

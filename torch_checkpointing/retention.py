@@ -65,9 +65,11 @@ from torch_checkpointing.errors import (
 )
 from torch_checkpointing.futures import SettledFuture, WorkerPool
 from torch_checkpointing.manifest import (
+    GC_TOKEN_PREFIX,
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     Manifest,
+    claim_token,
     our_marker,
     read_bounded,
     read_manifest,
@@ -1091,7 +1093,7 @@ def _held_whole(storage: Storage, path: Path) -> Iterator[_Held]:
         yield None, []
         return
     if _dead_reason(found[0]) is None:
-        yield _taken_over_meanwhile(path), []
+        yield _taken_over_meanwhile(storage, path), []
         return
     dead = Claim.parse(found[0]) or Claim(token="", uid="", host="", pid=0, created=0.0)
     with _gc_pass() as uid:
@@ -1100,7 +1102,7 @@ def _held_whole(storage: Storage, path: Path) -> Iterator[_Held]:
         except STORE_ERRORS as exc:
             yield _gc_failed(f"could not hold the unfinished save at {_shown(path)} ({exc}); left as it is"), []
             return
-        yield (None, uploads) if held is not None else (_taken_over_meanwhile(path), [])
+        yield (None, uploads) if held is not None else (_taken_over_meanwhile(storage, path), [])
 
 
 def _move_and_remove(storage: Storage, leftover: Leftover, path: Path) -> _Outcome:
@@ -1161,7 +1163,7 @@ def _collect_saves_objects(storage: Storage, path: Path) -> _Outcome | None:
             with _gc_pass() as uid:
                 etag = _hold_for_gc(storage, marker, found[1], held, uid)
                 if etag is None:
-                    return _taken_over_meanwhile(path)
+                    return _taken_over_meanwhile(storage, path)
                 found = (found[0], etag)
                 changed, others = [], remove_recorded(storage, path, _take_manifest(storage, path, held))
                 _let_go_of(storage, path, found[1], uploads)
@@ -1225,11 +1227,28 @@ def _hold_for_gc(
     return found[1] if found is not None and held is not None and held.token == mine.token else None
 
 
-def _taken_over_meanwhile(path: Path) -> _Outcome:
+def _taken_over_meanwhile(storage: Storage, path: Path) -> _Outcome:
+    """The claim gc judged dead changed before gc held it: a save took the id over (a failure: left as it is),
+    or another gc pass holds it, or moved it away already (two passes at once: a job's retention beside
+    `torch-checkpointing gc`, two cron jobs). That one collects it: neither done nor failed here. Before, the
+    second pass reported it failed, "a save of that id took it over", and the CLI exited 1."""
+    if _gone(storage, path) or _held_by_gc(storage, path / INCOMPLETE_MARKER):
+        logger.info("gc left the unfinished save at %s to another gc pass, which holds or removed it", _shown(path))
+        return _Outcome(False)
     return _gc_failed(
         f"left the unfinished save at {_shown(path)}: its claim changed after gc judged it dead (a save of that id "
         f"took it over), so what is there is that save's now"
     )
+
+
+def _held_by_gc(storage: Storage, marker: Path) -> bool:
+    """Whether the `.incomplete` marker at `marker` is a gc pass's claim (`commit.Claim.for_gc`)."""
+    try:
+        found = storage.read_object(marker) if isinstance(storage, ConditionalStorage) else None
+    except STORE_ERRORS:
+        return False
+    token = claim_token(found[0]) if found is not None else None
+    return token is not None and token.startswith(GC_TOKEN_PREFIX)
 
 
 def _take_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None:
