@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, TypeVar, cast
@@ -585,7 +585,7 @@ def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         )
         ui.line(f"FAILED: {exc}")
         return EXIT_NO
-    with ctx:
+    with closing(ctx):  # opened above, once: a second opening pins what a re-save put there since
         assert manifest is not None  # allow_legacy_checkpoints=False: a directory without one raised
         checks, newer = _verify_all(ctx, manifest, ui)
     if newer is not None and all(c.ok for c in checks):

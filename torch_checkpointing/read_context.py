@@ -216,6 +216,7 @@ class CheckpointReadContext:
         self.commit_token: str | None = None
         self._dirfd: int | None = None
         self._reserved: int | None = None  # what `room_for_descriptors` reserved: `descriptors_released` on close
+        self._entered = False  # once: see __enter__
         self._files: dict[str, CheckedFile] = {}
         self._originals: list[int] = []  # the files' own descriptors, where a copy in memory replaced them
         self._by_path: dict[str, FileRecord] = {}
@@ -232,6 +233,12 @@ class CheckpointReadContext:
     # ------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> CheckpointReadContext:
+        if self._entered:
+            # Opening again would pin whatever the id holds by then under the records read the first time (a
+            # re-save in between made `verify` check one commit's files against another's manifest), and drop
+            # the first directory's descriptor.
+            raise RuntimeError(f"The read context of {self.shown} is already open; open it once, then close it.")
+        self._entered = True
         try:
             self._open()
         except BaseException:
