@@ -14,10 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, cli
+from torch_checkpointing import CheckpointManager, cli, commit
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import default_storage
+from torch_checkpointing.errors import CommitError
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
+from torch_checkpointing.retention import delete_checkpoint
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorage
 
 
 def _save(path: Path, value: float) -> None:
@@ -78,3 +81,78 @@ def test_a_read_context_refuses_to_be_opened_twice(tmp_path: Path) -> None:
             ctx.__enter__()
         assert ctx.manifest is not None
     assert _descriptors() - before == set()
+
+
+@pytest.mark.parametrize("when", ["after the listing", "during the listing", "after it was found"])
+def test_a_save_whose_old_checkpoint_a_prune_deletes_while_the_save_looks_at_it_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """operations.md, "A save beside a deletion": a save replacing an id whose old checkpoint a `prune` deletes
+    at that very moment commits all the same. Only the swap kept that promise: a deletion landing while the save
+    looked at the id (its check of the target, before a byte is written) failed the save, after the listing with
+    `CommitError: Refusing to save to .../ck: its manifest.json is not a torch_checkpointing manifest ([Errno 2]
+    ... is not there: removed or replaced since it was found). Choose another id.` (a job re-saving `ck` beside a
+    `prune --keep-last 1` loop: 1 save in 500), during it with a bare `FileNotFoundError` of the listing, and
+    between finding the id and asking whether it is a directory with "it is an existing file, not a checkpoint"."""
+    ckpt = tmp_path / "run" / "ck"
+    _save(ckpt, 1.0)
+    real_walk, real_ls = commit._walk, commit.Storage.ls
+    deleted: list[bool] = []
+
+    def delete_once() -> None:
+        if not deleted:
+            deleted.append(False)  # the deletion lists the id too
+            deleted[0] = delete_checkpoint(ckpt)  # another process's prune, through the engine's own deletion
+
+    def walk_then_delete(storage: Any, root: Path) -> list[str]:
+        entries = real_walk(storage, root)
+        if Path(root) == ckpt:
+            delete_once()
+        return entries
+
+    def delete_then_list(storage: Any, path: Any) -> list[str]:
+        if Path(path) == ckpt:
+            delete_once()
+        return real_ls(storage, path)
+
+    def delete_then_look(storage: Any, path: Any) -> bool:
+        if Path(path) == ckpt:
+            delete_once()
+        return real_isdir(storage, path)
+
+    real_isdir = LocalFileSystemStorage.isdir
+    if when == "after the listing":
+        monkeypatch.setattr(commit, "_walk", walk_then_delete)
+    elif when == "after it was found":
+        monkeypatch.setattr(LocalFileSystemStorage, "isdir", delete_then_look)
+    else:
+        real_ls = LocalFileSystemStorage.ls
+        monkeypatch.setattr(LocalFileSystemStorage, "ls", delete_then_list)
+    _save(ckpt, 2.0)
+    assert deleted == [True], "the deletion never ran"
+    monkeypatch.undo()
+    with CheckpointManager() as manager:
+        state = manager.load(str(ckpt), {"model": None, "opt": None})
+    assert torch.equal(state["model"]["w"], torch.full((300,), 2.0))
+
+
+def test_a_save_gives_up_on_an_id_that_changes_at_every_look(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The look again is bounded: an id whose listed manifest is gone at every look (processes saving and deleting
+    it in a loop) is refused with a `CommitError` that says so, having written nothing, never looked at for good."""
+    ckpt = tmp_path / "run" / "ck"
+    _save(ckpt, 1.0)
+    looks: list[int] = []
+
+    def manifest_always_gone(storage: Any, path: Path) -> Any:
+        looks.append(1)
+        raise FileNotFoundError(2, "removed or replaced since it was found", str(path))
+
+    monkeypatch.setattr(commit, "_read_manifest", manifest_always_gone)
+    with pytest.raises(CommitError, match="changed 5 times while this save looked at it"):
+        _save(ckpt, 2.0)
+    monkeypatch.undo()
+    assert len(looks) == 5
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["ck"]  # nothing written beside it
+    with CheckpointManager() as manager:
+        state = manager.load(str(ckpt), {"model": None, "opt": None})
+    assert torch.equal(state["model"]["w"], torch.full((300,), 1.0))

@@ -231,11 +231,46 @@ def check_target(storage: Storage, final: str, overwrite: bool) -> bool:
         )
     if local is not None:
         _check_ancestors(storage, final, local)
+    for _ in range(_LOOK_AGAIN):
+        try:
+            return _check_what_is_there(storage, final, overwrite)
+        except _ChangedWhileLooked:
+            continue  # a deletion or another save of the id took what was listed: look at what is there now
+    raise CommitError(
+        f"Refusing to save to {shown}: what is at the id changed {_LOOK_AGAIN} times while this save looked at it "
+        f"(other processes saving or deleting it in a loop); nothing was written. Retry the save, or save to "
+        f"an id of its own."
+    )
+
+
+_LOOK_AGAIN = 5
+"""How many times `check_target` looks at an id that changed under its look before it gives up."""
+
+
+class _ChangedWhileLooked(Exception):
+    """What the check listed at the id went away before it was read: looked at again, never a refusal."""
+
+
+def _check_what_is_there(storage: Storage, final: str, overwrite: bool) -> bool:
+    """`check_target`'s look at what the id holds now.
+
+    A checkpoint a `prune` (or a retention pass) renamed to its trash, or another save exchanged, between the
+    listing and the read of its manifest raises `_ChangedWhileLooked`: before, the save failed with "its
+    manifest.json is not a torch_checkpointing manifest ... Choose another id" (or a bare FileNotFoundError
+    where the listing itself lost the directory, "it is an existing file" where the id went between being found and
+    being asked whether it is a directory), though a save beside a deletion commits by moving in."""
+    path, shown = Path(final), shown_name(storage, final)
+    local = storage.local_path(path)
     if not storage.exists(path):
         return False
     if not storage.isdir(path):
+        if not storage.exists(path):  # found, then gone: not a file, a directory deleted since
+            raise _ChangedWhileLooked
         raise CommitError(f"Refusing to save to {shown}: it is an existing file, not a checkpoint. Choose another id.")
-    entries = _walk(storage, path)
+    try:
+        entries = _walk(storage, path)
+    except FileNotFoundError as exc:
+        raise _ChangedWhileLooked from exc
     names = set(entries)
     if MANIFEST_FILE_NAME in names:
         _check_checkpoint(storage, final, entries, overwrite)
@@ -373,6 +408,8 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
             f"and this engine cannot tell what replacing it would lose. Save to another id, or replace it with "
             f"that engine."
         ) from None
+    except FileNotFoundError as exc:  # listed, then gone: deleted or replaced since
+        raise _ChangedWhileLooked from exc
     except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise CommitError(
             f"Refusing to save to {shown}: its {MANIFEST_FILE_NAME} is not a torch_checkpointing manifest ({exc}). "
