@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, cli, commit
+from torch_checkpointing import CheckpointManager, cli, commit, discovery, latest_checkpoint
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.discovery import default_storage
 from torch_checkpointing.errors import CommitError
@@ -156,3 +156,46 @@ def test_a_save_gives_up_on_an_id_that_changes_at_every_look(tmp_path: Path, mon
     with CheckpointManager() as manager:
         state = manager.load(str(ckpt), {"model": None, "opt": None})
     assert torch.equal(state["model"]["w"], torch.full((300,), 1.0))
+
+
+def _retention_pass_beside(root: Path) -> None:
+    """What a job with `keep_last=1` does between two looks of another process: it saves step_2, then its
+    retention pass deletes step_1 (through the engine's own deletion)."""
+    _save(root / "step_2", 2.0)
+    assert delete_checkpoint(root / "step_1")
+
+
+@pytest.mark.parametrize("when", ["after the listing", "after the manifests were read"])
+def test_latest_checkpoint_beside_a_retention_pass_finds_the_new_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """`latest_checkpoint(root)` of a run whose job saves and prunes (`keep_last=1`) at that moment returned None
+    (3 calls in 1200 against a job saving beside a `prune` loop), though the root held a checkpoint at every
+    instant: the listing named step_1, the pass deleted it, and what was gone was skipped as "deleted
+    meanwhile" without looking at the root again. A resume script then starts training over from step 0."""
+    root = tmp_path / "run"
+    _save(root / "step_1", 1.0)
+    ran: list[bool] = []
+    if when == "after the listing":
+        real_awaiting = discovery._awaiting_replaces
+
+        def listed_then_pruned(base: Path, names: list[str], storage: Any) -> list[str]:
+            if not ran:
+                ran.append(True)
+                _retention_pass_beside(root)
+            return real_awaiting(base, names, storage)
+
+        monkeypatch.setattr(discovery, "_awaiting_replaces", listed_then_pruned)
+    else:
+        real_problem = discovery.problem_with
+
+        def pruned_then_checked(path: Any, storage: Any) -> Any:
+            if not ran:
+                ran.append(True)
+                _retention_pass_beside(root)
+            return real_problem(path, storage)
+
+        monkeypatch.setattr(discovery, "problem_with", pruned_then_checked)
+    latest = latest_checkpoint(root)
+    assert ran, "the retention pass never ran"
+    assert latest is not None and Path(latest.path).name == "step_2", latest

@@ -39,11 +39,10 @@ from torch_checkpointing.discovery import (
     PassedOver,
     checkpoint_info,
     committed_manifest,
+    current_resume_point,
     default_storage,
-    listing,
     require_directory,
     require_path,
-    resume_point,
     storage_for,
     warn_if_a_checkpoint,
 )
@@ -348,9 +347,8 @@ def _info(storage: Storage, path: str) -> CheckpointInfo:
 def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     root = args.root
     require_directory(storage, Path(root), _ROOT)
-    listed = listing(root, storage)
+    listed, latest, passed_over = current_resume_point(root, storage)
     found = listed.checkpoints
-    latest, passed_over = resume_point(found, storage)
     # A checkpoint this user may not read is no damage: a script deleting "damaged" ones must never get it.
     unusable = passed_over + listed.unlisted
     gc = collect_garbage(root, storage, dry_run=True, unowned_after_s=args.older_than)

@@ -81,6 +81,7 @@ __all__ = [
     "Problem",
     "checkpoint_info",
     "committed_manifest",
+    "current_resume_point",
     "damage",
     "latest_checkpoint",
     "list_checkpoints",
@@ -227,6 +228,8 @@ class Listing:
 
     checkpoints: list[CheckpointInfo] = dataclasses.field(default_factory=list)
     unlisted: list[PassedOver] = dataclasses.field(default_factory=list)
+    # Entries the listing named that were gone when looked at (deleted since: a retention pass, a `prune`)
+    went: list[str] = dataclasses.field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------ discovery
@@ -484,7 +487,9 @@ def listing(root: str | os.PathLike[str], storage: Storage | None = None) -> Lis
     found, closed = _infos_of(base, candidates, storage)
     if not found:
         warn_if_a_checkpoint(base, storage)
-    return Listing(sorted(found, key=_sort_key), closed)
+    seen = {Path(c.path).name for c in found} | {Path(c.path).name for c in closed}
+    went = [n for n in candidates if n not in seen and not still_there(storage, base / n)]
+    return Listing(sorted(found, key=_sort_key), closed, went)
 
 
 # Entries of a remote root looked at once: each is a few requests' latency (a look, a manifest read), and one at
@@ -601,7 +606,7 @@ def latest_checkpoint(root: str | os.PathLike[str], storage: Storage | None = No
     it (half deleted by hand, a file lost or swapped for a link) is skipped with a WARNING naming the file.
     """
     storage = storage_of(root, storage)
-    return newest_intact(list_checkpoints(root, storage), storage)
+    return current_resume_point(root, storage)[1]
 
 
 def _warn_if_named_steps_disagree(latest: CheckpointInfo, checkpoints: list[CheckpointInfo]) -> None:
@@ -647,17 +652,46 @@ def resume_point(checkpoints: list[CheckpointInfo], storage: Storage) -> tuple[C
     newest first, each with what is wrong with it and whether that is damage or only this user's permissions): a
     listing that shows those as the newest rows must say so, and must not call an unreadable one damaged.
     """
+    info, passed_over, _ = _resume_point(checkpoints, storage)
+    return info, passed_over
+
+
+def _resume_point(
+    checkpoints: list[CheckpointInfo], storage: Storage
+) -> tuple[CheckpointInfo | None, list[PassedOver], bool]:
+    """`resume_point`, and whether one of `checkpoints` it looked at was deleted since it was listed."""
     passed_over: list[PassedOver] = []
+    deleted = False
     for listed in reversed(checkpoints):
         info, problem = _intact_now(listed, storage)
         if problem is None:
             if info is not None:
                 _warn_if_named_steps_disagree(info, checkpoints)
-            return info, passed_over
+            return info, passed_over, deleted
         if info is not None:
             logger.warning("Skipping checkpoint %s as a resume point: %s", info.path, problem.text)
             passed_over.append(PassedOver(info.path, problem.text, problem.unreadable))
-    return None, passed_over
+        else:
+            deleted = True
+    return None, passed_over, deleted
+
+
+def current_resume_point(
+    root: str | os.PathLike[str], storage: Storage
+) -> tuple[Listing, CheckpointInfo | None, list[PassedOver]]:
+    """(the listing of `root`, its `resume_point`), listed again when an entry it named was deleted before it was
+    looked at: a retention pass deletes only after a newer save committed, which a listing taken before that
+    commit does not hold. Before, `latest_checkpoint` of a run whose job saved and pruned at that moment returned
+    None (or an older checkpoint), though the root held a newer one at every instant: a resume started over."""
+    listed = listing(root, storage)
+    latest, passed_over, deleted = _resume_point(listed.checkpoints, storage)
+    for _ in range(_REPLACED_RETRIES - 1):
+        if not (deleted or listed.went):
+            break
+        logger.debug("%s: entries deleted while listed (%s); listing it again", spelt(Path(root)), listed.went)
+        listed = listing(root, storage)
+        latest, passed_over, deleted = _resume_point(listed.checkpoints, storage)
+    return listed, latest, passed_over
 
 
 @dataclass(frozen=True)
