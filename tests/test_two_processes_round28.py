@@ -199,3 +199,28 @@ def test_latest_checkpoint_beside_a_retention_pass_finds_the_new_checkpoint(
     latest = latest_checkpoint(root)
     assert ran, "the retention pass never ran"
     assert latest is not None and Path(latest.path).name == "step_2", latest
+
+
+def test_an_export_of_a_checkpoint_deleted_while_it_starts_says_it_is_gone_not_that_it_is_no_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`export` (and `verify`, `inspect`) of an id that a `prune` deleted between the command finding its
+    directory and reading its manifest said `IncompleteCheckpointError: .../ck: no manifest.json: not a
+    checkpoint` (1 export in 10 against a `prune --keep-last 1` loop), which tells the operator the directory is
+    a killed save's. The id is gone: it says so, as it does when the deletion landed a moment earlier."""
+    ckpt = tmp_path / "run" / "ck"
+    _save(ckpt, 1.0)
+    real_read = discovery.read_manifest
+    ran: list[bool] = []
+
+    def pruned_then_read(storage: Any, path: Path) -> Any:
+        if not ran and Path(path) == ckpt:
+            ran.append(False)  # the deletion reads the manifest too
+            ran[0] = delete_checkpoint(ckpt)
+        return real_read(storage, path)
+
+    monkeypatch.setattr(discovery, "read_manifest", pruned_then_read)
+    code, doc, err = _cli("export", str(ckpt), "--item", "model", "--to", "hf", str(tmp_path / "hf"))
+    assert ran == [True], "the deletion never ran"
+    assert code == 2 and doc["kind"] == "FileNotFoundError", (code, doc, err)
+    assert "no such directory" in doc["error"] and "not a checkpoint" not in doc["error"], doc

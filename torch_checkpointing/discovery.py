@@ -353,6 +353,9 @@ def committed_manifest(storage: Storage, path: Path, missing: str | None = None)
     `IncompleteCheckpointError`, both naming `path`."""
     require_directory(storage, path, "a checkpoint directory (the one that holds manifest.json)", missing)
     manifest = read_manifest(storage, path)
+    if manifest is None and not still_there(storage, path):
+        # Deleted (a prune) since it was found: gone, as a moment earlier, never a killed save's "not a checkpoint"
+        require_directory(storage, path, "a checkpoint directory (the one that holds manifest.json)", missing)
     if manifest is None:
         raise IncompleteCheckpointError(
             f"{shown_name(storage, path)}: no {MANIFEST_FILE_NAME}: not a checkpoint"
