@@ -127,6 +127,7 @@ def agree(step: str, transport: Transport, compute: Callable[[], T]) -> list[T]:
     """
     if transport.world_size == 1:
         return [compute()]  # nobody to agree with: the original error (ValueError, ...) is the clearest
+    _entering(transport)
     cause: BaseException | None = None
     try:
         mine = Contribution(value=compute())
@@ -168,6 +169,7 @@ def agree_outcome(
     if transport.world_size == 1:
         value = compute()
         return value, [shared if shared_of is None else shared_of(value)]
+    _entering(transport)
     try:
         value = compute()
     except BaseException as exc:
@@ -274,6 +276,34 @@ def _best_effort_exchange(step: str, transport: Transport, mine: Contribution) -
         logger.debug("Could not tell the other ranks about the failure at %s: %r", step, exc)
 
 
+def _entering(transport: Transport) -> None:
+    """This rank gives its answer to the next step of its call (its own failure, if `compute` fails)."""
+    if isinstance(transport, GroupTransport) and transport.steps is not None:
+        transport.steps.answered += 1
+
+
+@dataclass
+class CallSteps:
+    """The agreed steps of one collective call over the gloo group, in order (`GroupTransport.leave`): how far
+    this rank got.
+
+    A rank that leaves between two of them (Ctrl-C once every answer to one step was in, before it began the
+    next) left the others waiting in the next one: they had gone on, and waited the group's whole timeout for an
+    answer that never came, then called this rank silent. `names` are the steps as a leaving rank answers them
+    (only the call they belong to is checked, `_call_of`).
+    """
+
+    names: tuple[str, ...]
+    answered: int = 0  # steps this rank began (its answer given, or on its way)
+    agreed: int = 0  # steps this rank found agreed: every rank in this call, none failed
+
+    def owed(self) -> str | None:
+        """The next step, which the others went on to and this rank has not answered yet; None if none is."""
+        if 0 < self.agreed == self.answered < len(self.names):
+            return self.names[self.agreed]
+        return None
+
+
 class RollCall(Protocol):
     """After a collective broke: which ranks are gone, one verdict for every rank that is still there."""
 
@@ -296,6 +326,22 @@ class GroupTransport:
     world_size: int
     group: Any
     roll_call: RollCall | None = None
+    steps: CallSteps | None = None  # the call's agreed steps, where it says them (`for_steps`)
+
+    def for_steps(self, *names: str) -> GroupTransport:
+        """This transport, keeping count of how far this rank got through the call's agreed steps `names`."""
+        return dataclasses.replace(self, steps=CallSteps(names))
+
+    def leave(self, exc: BaseException) -> None:
+        """This rank leaves its call (`exc`: Ctrl-C, a signal handler's sys.exit()). Where every rank's answer to
+        one step was in and the others went on to the next, it answers that one with `exc` (briefly, as
+        `agree` does on the way out), so that they raise at once, naming it and why, and the group's
+        collectives stay in step for the next call."""
+        owed = self.steps.owed() if self.steps is not None and not isinstance(exc, Exception) else None
+        if owed is None or self.steps is None:
+            return
+        self.steps.answered += 1
+        _best_effort_exchange(owed, self, Contribution(error=describe(exc)))
 
     def exchange(self, step: str, mine: Contribution) -> list[Contribution]:
         if self.world_size == 1:
@@ -305,6 +351,8 @@ class GroupTransport:
         started = time.monotonic()
         try:
             dist.all_gather_object(out, (_call_of(step), mine.value, mine.error), group=self.group)
+            if self.steps is not None and len({c for c, _, _ in out}) == 1 and all(e is None for _, _, e in out):
+                self.steps.agreed += 1  # first: an interrupt from here on leaves with the next step owed
         except Exception as exc:  # gloo: a peer died or timed out (DistError / RuntimeError with C++ frames)
             reason = _first_line(exc)
             if self.roll_call is not None:

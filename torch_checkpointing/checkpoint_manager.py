@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from torch_checkpointing.agreement import agree, agree_outcome
+from torch_checkpointing.agreement import GroupTransport, agree, agree_outcome
 from torch_checkpointing.checkpoint_layout import ReplicatedLayoutInfo
 from torch_checkpointing.checkpoint_loader import CheckedLoad, CheckpointLoader
 from torch_checkpointing.checkpoint_saver import (
@@ -85,6 +85,11 @@ from torch_checkpointing.waiting import Wakeups
 __all__ = ["CheckpointManager"]
 
 logger = logging.getLogger("torch_checkpointing.manager")
+
+# A save's two agreed steps over the gloo group; the second is named with the id (the plan's may differ by rank)
+_PLAN_STEP = "Checkpoint save: the plan"
+_TARGET = "checking the target and building the metadata"
+_TARGET_STEP = f"Checkpoint save: {_TARGET}"
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -411,10 +416,38 @@ class CheckpointManager:
             with self._check_load(checkpoint_id, into, map_location=map_location, strict=strict) as alone:
                 return alone.restore()
         what = f"Checkpoint load of {checkpoint_id}"
-        transport = self._ctx.transport
+        checking = f"{what}: checking"
+        unchecked = f"{what}: running custom resharders (every rank put its templates back; nothing was restored)"
+        restoring = f"{what}: restoring (ranks that did not fail have already filled their templates)"
+        transport = self._ctx.transport.for_steps(checking, unchecked, restoring)
+        try:
+            return self._load_together(
+                checkpoint_id,
+                into,
+                transport,
+                (checking, unchecked, restoring),
+                map_location=map_location,
+                strict=strict,
+            )
+        except BaseException as exc:  # a rank that leaves between two steps answers the next (`leave`)
+            transport.leave(exc)
+            raise
+
+    def _load_together(
+        self,
+        checkpoint_id: str,
+        into: Mapping[str, Any] | None,
+        transport: GroupTransport,
+        steps: tuple[str, str, str],
+        *,
+        map_location: Any,
+        strict: bool,
+    ) -> Mapping[str, Any]:
+        """The collective load's agreed `steps`: checking, custom resharders, restoring."""
+        checking, unchecked, restoring = steps
         given = _comparable_id(checkpoint_id)
         checked, found = agree_outcome(
-            f"{what}: checking",
+            checking,
             transport,
             lambda: self._check_collective_load(checkpoint_id, into, map_location=map_location, strict=strict),
             shared=[given, None],
@@ -422,18 +455,17 @@ class CheckpointManager:
             shared_of=lambda load: [given, load.commit_token],
         )
         with checked:
+            what = f"Checkpoint load of {checkpoint_id}"
             _refuse_different_checkpoints(what, [i for i, _ in found], [c for _, c in found])
             # What the check could not check (a custom resharder's own load) runs first on every rank, and is
             # agreed on before the engine copies anything: a rank whose resharder fails leaves every rank's
             # templates as they were (each rank puts back what its own resharders wrote).
-            unchecked = f"{what}: running custom resharders (every rank put its templates back; nothing was restored)"
             try:
                 agree_outcome(unchecked, transport, checked.restore_unchecked)
             except BaseException:
                 checked.undo_unchecked()  # another rank's resharder failed: this rank's templates go back too
                 raise
-            step = f"{what}: restoring (ranks that did not fail have already filled their templates)"
-            return agree_outcome(step, transport, checked.restore)[0]
+            return agree_outcome(restoring, transport, checked.restore)[0]
 
     def _check_collective_load(
         self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
@@ -653,6 +685,24 @@ class CheckpointManager:
         metrics: dict[str, float] | None,
         started: float,
     ) -> SavePlan:
+        """`_plan_together`; a rank that leaves between its two steps answers the second (`GroupTransport.leave`)."""
+        transport = self._ctx.transport.for_steps(_PLAN_STEP, _TARGET_STEP)
+        try:
+            return self._plan_together(transport, checkpoint_id, payload, step=step, metrics=metrics, started=started)
+        except BaseException as exc:
+            transport.leave(exc)
+            raise
+
+    def _plan_together(
+        self,
+        transport: GroupTransport,
+        checkpoint_id: str,
+        payload: Mapping[str, Any],
+        *,
+        step: int | None,
+        metrics: dict[str, float] | None,
+        started: float,
+    ) -> SavePlan:
         """Agree with the other ranks on what is saved where, then name the temporary directory.
 
         Two agreed steps (`agreement.agree`): every rank's resolved items, id and item set; then rank 0's check
@@ -690,7 +740,7 @@ class CheckpointManager:
             }
 
         # The ids may differ (that is one of the refusals), so the plan's step is named without one.
-        reports = agree("Checkpoint save: the plan", ctx.transport, report)
+        reports = agree(_PLAN_STEP, transport, report)
         what = f"Checkpoint save of {reports[0]['id']}"
         _check_same_save(what, reports, ("id", "seq", "step"))
         self._say_rank_local_metrics(what, reports)
@@ -721,7 +771,7 @@ class CheckpointManager:
             return self._metadata.serialize([rep["metadata"] for rep in reports], layouts)
 
         try:
-            metadata_json = agree(f"{what}: checking the target and building the metadata", ctx.transport, target)[0]
+            metadata_json = agree(f"{what}: {_TARGET}", transport, target)[0]
         except BaseException:  # the metadata (a resharder's to_dict), or another rank, failed after they were made
             remove_made(made)
             raise

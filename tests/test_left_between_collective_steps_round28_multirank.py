@@ -1,0 +1,100 @@
+"""Ctrl-C on rank 1 in the moment after a collective step's answers were exchanged over the manager's gloo group,
+before it went on to the next step (two real gloo ranks, one launch; round 28).
+
+A collective load is three agreed steps (checking, custom resharders, restoring), a save's plan two (the plan,
+then the target and metadata). Rank 1, interrupted once every rank's answer to one of them was in, left without
+answering the next: rank 0 went on to it and waited the gloo group's whole timeout (save.wait_timeout_secs),
+then the roll call's grace, and raised that rank 1 "went silent: it died, hung, or never made this call", of a
+rank that had said why it left. Now a rank that leaves between two agreed steps answers the next one with why,
+so rank 0 raises at once naming rank 1's KeyboardInterrupt, and the group stays in step for the next call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from tests.async_multirank_support import launch_job, loaded, state
+from torch_checkpointing import CheckpointManager, agreement
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+pytestmark = pytest.mark.multirank
+TIMEOUT_S = 20  # save.wait_timeout_secs: the gloo group's timeout, what rank 0 waited for the unanswered step
+HANG_S = 120  # what the interrupted rank's own wait is bounded by: the SIGINT ends it at once
+
+
+def _interrupt_after(step_end: str) -> None:
+    """This rank's first exchange of a step ending in `step_end` completes (every rank's answer in, every rank in
+    the same call), then a real SIGINT (Python's own handler) lands before the exchange returns."""
+    refuse = agreement._refuse_other_calls
+
+    def interrupted(step: str, calls: list[str]) -> None:
+        refuse(step, calls)
+        if step.endswith(step_end):
+            agreement._refuse_other_calls = refuse  # once
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(HANG_S)  # the handler raises in here
+
+    agreement._refuse_other_calls = interrupted
+
+
+def _manager() -> CheckpointManager:
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = TIMEOUT_S
+    return CheckpointManager(config)
+
+
+def _said(call: Any) -> str:
+    try:
+        call()
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def _job(root: str, control_dir: str) -> dict[str, Any]:
+    rank, out = dist.get_rank(), {}
+    manager = _manager()
+    manager.save(f"{root}/ck", state(1, rank))
+    for name, step_end, call in (
+        ("load", ": checking", lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}})),
+        ("save", "the plan", lambda: manager.save(f"{root}/ck2", state(2, rank))),
+    ):
+        dist.barrier()
+        if rank == 1:
+            _interrupt_after(step_end)
+        out[name] = _said(call)
+        dist.barrier()
+        out[f"{name}_then"] = loaded(manager, f"{root}/ck")  # the group is still in step: a load together works
+    manager.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return launch_job(_job, 2, Path(tmp_path_factory.mktemp("left_between_steps")), timeout=600)
+
+
+@pytest.mark.parametrize("call", ["load", "save"])
+def test_the_interrupted_rank_raises_its_interrupt(ranks: list[dict[str, Any]], call: str) -> None:
+    assert ranks[1][call].startswith("KeyboardInterrupt"), ranks
+
+
+@pytest.mark.parametrize("call", ["load", "save"])
+def test_rank_0_hears_of_the_interrupt_instead_of_calling_rank_1_silent(ranks: list[dict[str, Any]], call: str) -> None:
+    said = ranks[0][call]
+    # Before: "... rank(s) [1] went silent: it died, hung, or never made this call ...", after the whole timeout.
+    assert "went silent" not in said, ranks
+    assert "rank 1: KeyboardInterrupt" in said, ranks
+
+
+@pytest.mark.parametrize("call", ["load", "save"])
+def test_the_ranks_load_together_afterwards(ranks: list[dict[str, Any]], call: str) -> None:
+    assert [r[f"{call}_then"] for r in ranks] == [10.0, 11.0], ranks
