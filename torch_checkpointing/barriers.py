@@ -10,7 +10,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from torch_checkpointing.errors import CommitError, CommitOutcomeUnknownError, ConfigError, log_safely
+from torch_checkpointing.agreement import describe
+from torch_checkpointing.errors import (
+    CommitError,
+    CommitOutcomeUnknownError,
+    ConfigError,
+    add_note,
+    log_safely,
+)
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 from torch_checkpointing.types import RankInfo
 
@@ -21,6 +28,8 @@ logger = logging.getLogger(__name__)
 # A round's outcome in rank 0's store (`TCPStoreBarrier._outcome`): passed, or failed by the rank named after it.
 _PASSED = "passed"
 _FAILED = "failed/"
+# How long a rank that leaves a round waits for rank 0's store to take its decision (a live store answers at once).
+_LEAVING_WAIT_S = 3.0
 
 
 @dataclass
@@ -116,6 +125,31 @@ class TCPStoreBarrier(Barrier):
         except CommitError as exc:
             spent = self._channel is None or self._channel.spent  # the host failed, not a rank's arrival
             raise TimeoutError(self._host_failed(exc, timeout_secs, number) if spent else str(exc)) from exc
+        except Exception:
+            raise
+        except BaseException as exc:
+            self._leave(number, exc)
+            raise
+
+    def _leave(self, number: int, exc: BaseException) -> None:
+        """This rank leaves round `number` (`exc`: Ctrl-C, a signal handler's sys.exit()): unless the round was
+        decided passed first, it decides that it failed, naming this rank and why, then marks its arrival, so that
+        every other rank's wait ends at once and raises that (`_outcome`). `exc` gets a note of what became of
+        the round. Before, a rank interrupted before its arrival was published left the round unanswered: the
+        others waited their whole timeout, then said it never called execute_barrier()."""
+        channel, me = self._channel, self.rank_info.role_rank
+        if channel is None or channel.spent:  # no host to tell: the others learn from their timeout
+            return
+        why = f"TCPStoreBarrier (barrier {number} of role rank {me}): rank {me} left it ({describe(exc)})"
+        try:  # briefly: the rank is leaving, and a stopped host must not hold its Ctrl-C for the barrier's timeout
+            decided = channel.decide(f"{number}/outcome", f"{_FAILED}{me}/{why}", wait_s=_LEAVING_WAIT_S)
+            if decided != _PASSED:
+                channel.publish(f"{number}/{me}", "left")
+        except Exception as lost:  # leaving anyway: the others learn from their timeout
+            logger.debug("TCPStoreBarrier: could not tell the other ranks that rank %s left: %r", me, lost)
+            return
+        how = "had passed for every rank" if decided == _PASSED else "failed for every rank: this rank left it"
+        add_note(exc, f"TCPStoreBarrier: barrier {number} of role rank {me} {how}.")
 
     def _forget_rounds(self, channel: StoreChannel, number: int) -> None:
         """(Role rank 0, its store's host, once every rank arrived at round `number`.) Remove the arrivals and
