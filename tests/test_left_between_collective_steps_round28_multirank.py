@@ -26,6 +26,7 @@ from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 20  # save.wait_timeout_secs: the gloo group's timeout, what rank 0 waited for the unanswered step
+CALLS = ["load", "save", "written"]  # interrupted after: a load's check, a save's plan, the save's target step
 HANG_S = 120  # what the interrupted rank's own wait is bounded by: the SIGINT ends it at once
 
 
@@ -66,6 +67,7 @@ def _job(root: str, control_dir: str) -> dict[str, Any]:
     for name, step_end, call in (
         ("load", ": checking", lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}})),
         ("save", "the plan", lambda: manager.save(f"{root}/ck2", state(2, rank))),
+        ("written", "building the metadata", lambda: manager.save(f"{root}/ck3", state(3, rank))),
     ):
         dist.barrier()
         if rank == 1:
@@ -73,6 +75,7 @@ def _job(root: str, control_dir: str) -> dict[str, Any]:
         out[name] = _said(call)
         dist.barrier()
         out[f"{name}_then"] = loaded(manager, f"{root}/ck")  # the group is still in step: a load together works
+    out["saved_then"] = _said(lambda: manager.save(f"{root}/ck4", state(4, rank)))  # so are the saves' numbers
     manager.close()
     return out
 
@@ -82,19 +85,24 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return launch_job(_job, 2, Path(tmp_path_factory.mktemp("left_between_steps")), timeout=600)
 
 
-@pytest.mark.parametrize("call", ["load", "save"])
+@pytest.mark.parametrize("call", CALLS)
 def test_the_interrupted_rank_raises_its_interrupt(ranks: list[dict[str, Any]], call: str) -> None:
     assert ranks[1][call].startswith("KeyboardInterrupt"), ranks
 
 
-@pytest.mark.parametrize("call", ["load", "save"])
+@pytest.mark.parametrize("call", CALLS)
 def test_rank_0_hears_of_the_interrupt_instead_of_calling_rank_1_silent(ranks: list[dict[str, Any]], call: str) -> None:
     said = ranks[0][call]
-    # Before: "... rank(s) [1] went silent: it died, hung, or never made this call ...", after the whole timeout.
-    assert "went silent" not in said, ranks
-    assert "rank 1: KeyboardInterrupt" in said, ranks
+    # Before, after the whole timeout: "... rank(s) [1] went silent: it died, hung, or never made this call ..."
+    # (load, save), "... rank(s) [1] did not report its answer to '...: writing the files' within 20s" (written).
+    assert "went silent" not in said and "did not report" not in said, ranks
+    assert ("rank 1: KeyboardInterrupt" if call != "written" else "interrupted on rank 1 (KeyboardInterrupt") in said
 
 
-@pytest.mark.parametrize("call", ["load", "save"])
+@pytest.mark.parametrize("call", CALLS)
 def test_the_ranks_load_together_afterwards(ranks: list[dict[str, Any]], call: str) -> None:
     assert [r[f"{call}_then"] for r in ranks] == [10.0, 11.0], ranks
+
+
+def test_the_ranks_save_together_afterwards(ranks: list[dict[str, Any]]) -> None:
+    assert [r["saved_then"] for r in ranks] == ["ok", "ok"], ranks

@@ -332,6 +332,10 @@ class GroupTransport:
         """This transport, keeping count of how far this rank got through the call's agreed steps `names`."""
         return dataclasses.replace(self, steps=CallSteps(names))
 
+    def agreed_every_step(self) -> bool:
+        """Whether this rank found every step of its call agreed (`for_steps`)."""
+        return self.steps is not None and self.steps.agreed == len(self.steps.names)
+
     def leave(self, exc: BaseException) -> None:
         """This rank leaves its call (`exc`: Ctrl-C, a signal handler's sys.exit()). Where every rank's answer to
         one step was in and the others went on to the next, it answers that one with `exc` (briefly, as

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from torch_checkpointing.agreement import GroupTransport, agree, agree_outcome
+from torch_checkpointing.agreement import GroupTransport, agree, agree_outcome, describe
 from torch_checkpointing.checkpoint_layout import ReplicatedLayoutInfo
 from torch_checkpointing.checkpoint_loader import CheckedLoad, CheckpointLoader
 from torch_checkpointing.checkpoint_saver import (
@@ -36,7 +36,7 @@ from torch_checkpointing.checkpoint_saver import (
     SyncCheckpointSaver,
     WriteFuture,
 )
-from torch_checkpointing.checkpoint_writer import explained_disk_fault
+from torch_checkpointing.checkpoint_writer import explained_disk_fault, refuse_unanswered
 from torch_checkpointing.commit import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
@@ -61,6 +61,7 @@ from torch_checkpointing.errors import (
     CommitError,
     ConfigError,
     ConfigTypeError,
+    add_note,
     log_safely,
     resource_shortage_named,
 )
@@ -687,15 +688,21 @@ class CheckpointManager:
     ) -> SavePlan:
         """`_plan_together`; a rank that leaves between its two steps answers the second (`GroupTransport.leave`)."""
         transport = self._ctx.transport.for_steps(_PLAN_STEP, _TARGET_STEP)
+        agreed: list[Callable[[], SavePlan]] = []  # the plan, once the second step is under way
         try:
-            return self._plan_together(transport, checkpoint_id, payload, step=step, metrics=metrics, started=started)
+            return self._plan_together(
+                transport, agreed, checkpoint_id, payload, step=step, metrics=metrics, started=started
+            )
         except BaseException as exc:
             transport.leave(exc)
+            if agreed and transport.agreed_every_step() and not isinstance(exc, Exception):
+                _refuse_the_write(agreed[0](), exc)
             raise
 
     def _plan_together(
         self,
         transport: GroupTransport,
+        agreed: list[Callable[[], SavePlan]],
         checkpoint_id: str,
         payload: Mapping[str, Any],
         *,
@@ -770,12 +777,31 @@ class CheckpointManager:
             layouts = [{key: layout for key, (_, layout) in rep["layouts"].items()} for rep in reports]
             return self._metadata.serialize([rep["metadata"] for rep in reports], layouts)
 
+        def planned(metadata_json: str | None) -> SavePlan:
+            self._seq = seq
+            return self._save_plan(checkpoint_id, seq, items, metadata_json, step, metrics, started, made)
+
+        agreed.append(lambda: planned(None))  # what a rank that leaves once this step is agreed refuses (`_plan`)
         try:
             metadata_json = agree(f"{what}: {_TARGET}", transport, target)[0]
         except BaseException:  # the metadata (a resharder's to_dict), or another rank, failed after they were made
             remove_made(made)
             raise
-        self._seq = seq
+        return planned(metadata_json)
+
+    def _save_plan(
+        self,
+        checkpoint_id: str,
+        seq: int,
+        items: list[ResolvedItem],
+        metadata_json: str | None,
+        step: int | None,
+        metrics: dict[str, float] | None,
+        started: float,
+        made: tuple[MadeDirectory, ...],
+    ) -> SavePlan:
+        """The agreed save's plan for this rank (`metadata_json`: rank 0's)."""
+        ctx = self._ctx
         # No rank but 0 creates a directory: rank 0 made (and recorded) the id's missing parents in the agreed
         # step. Each rank's own `mkdir` here, recorded nowhere, was left behind by a save that failed.
         final = Path(checkpoint_id)
@@ -801,6 +827,20 @@ class CheckpointManager:
             # An object store's checkpoint is named by its URL (a local one as the id: made absolute for the writer).
             shown=shown_name(self._storage, checkpoint_id) if self._storage.local_path(final) is None else "",
         )
+
+
+def _refuse_the_write(plan: SavePlan, exc: BaseException) -> None:
+    """This rank leaves its save (`exc`: Ctrl-C, a signal handler's sys.exit()) once every step of the plan was
+    agreed, before its write began: the other ranks' writes wait for its files, so it answers for them with its
+    interrupt (`refuse_unanswered`), and every rank raises the same error at once. Before, the others waited the
+    save's whole timeout, then said this rank "never called save()"."""
+    interrupted = CheckpointError(
+        f"The save of {plan.name} was interrupted on rank {plan.rank} ({describe(exc)}) once its plan was agreed, "
+        f"before its write started; nothing was written. Save again."
+    )
+    told = refuse_unanswered(plan, interrupted)
+    if told is not interrupted:
+        add_note(exc, f"The save of {plan.name} was not committed; every other rank raises: {told}")
 
 
 def _validate_parts(config: CheckpointManager.Config) -> None:
