@@ -21,12 +21,13 @@ import pytest
 import torch.distributed as dist
 
 from tests.async_multirank_support import launch_job, loaded, state
-from torch_checkpointing import CheckpointManager, agreement
+from torch_checkpointing import CheckpointManager, agreement, checkpoint_writer
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 20  # save.wait_timeout_secs: the gloo group's timeout, what rank 0 waited for the unanswered step
-CALLS = ["load", "save", "written"]  # interrupted after: a load's check, a save's plan, the save's target step
+# Interrupted after: a load's check, a save's plan, the save's target step; as the sync save's write begins.
+CALLS = ["load", "save", "written", "writing"]
 HANG_S = 120  # what the interrupted rank's own wait is bounded by: the SIGINT ends it at once
 
 
@@ -43,6 +44,19 @@ def _interrupt_after(step_end: str) -> None:
             time.sleep(HANG_S)  # the handler raises in here
 
     agreement._refuse_other_calls = interrupted
+
+
+def _interrupt_before_writing() -> None:
+    """The sync save's write starts (the plan agreed), then a real SIGINT lands before this rank's files step."""
+    made = checkpoint_writer.Commit
+
+    def interrupted(*args: Any) -> Any:
+        checkpoint_writer.Commit = made  # type: ignore[misc]  # once
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(HANG_S)  # the handler raises in here
+        return made(*args)
+
+    checkpoint_writer.Commit = interrupted  # type: ignore[misc]
 
 
 def _manager() -> CheckpointManager:
@@ -68,10 +82,11 @@ def _job(root: str, control_dir: str) -> dict[str, Any]:
         ("load", ": checking", lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}})),
         ("save", "the plan", lambda: manager.save(f"{root}/ck2", state(2, rank))),
         ("written", "building the metadata", lambda: manager.save(f"{root}/ck3", state(3, rank))),
+        ("writing", "", lambda: manager.save(f"{root}/ck5", state(5, rank))),
     ):
         dist.barrier()
         if rank == 1:
-            _interrupt_after(step_end)
+            _interrupt_before_writing() if step_end == "" else _interrupt_after(step_end)
         out[name] = _said(call)
         dist.barrier()
         out[f"{name}_then"] = loaded(manager, f"{root}/ck")  # the group is still in step: a load together works
@@ -96,7 +111,8 @@ def test_rank_0_hears_of_the_interrupt_instead_of_calling_rank_1_silent(ranks: l
     # Before, after the whole timeout: "... rank(s) [1] went silent: it died, hung, or never made this call ..."
     # (load, save), "... rank(s) [1] did not report its answer to '...: writing the files' within 20s" (written).
     assert "went silent" not in said and "did not report" not in said, ranks
-    assert ("rank 1: KeyboardInterrupt" if call != "written" else "interrupted on rank 1 (KeyboardInterrupt") in said
+    words = "rank 1: KeyboardInterrupt" if call in ("load", "save") else "interrupted on rank 1 (KeyboardInterrupt"
+    assert words in said, ranks
 
 
 @pytest.mark.parametrize("call", CALLS)

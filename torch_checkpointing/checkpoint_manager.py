@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from torch_checkpointing.agreement import GroupTransport, agree, agree_outcome, describe
+from torch_checkpointing.agreement import GroupTransport, agree, agree_outcome
 from torch_checkpointing.checkpoint_layout import ReplicatedLayoutInfo
 from torch_checkpointing.checkpoint_loader import CheckedLoad, CheckpointLoader
 from torch_checkpointing.checkpoint_saver import (
@@ -35,8 +35,9 @@ from torch_checkpointing.checkpoint_saver import (
     SavePlan,
     SyncCheckpointSaver,
     WriteFuture,
+    refuse_interrupted_write,
 )
-from torch_checkpointing.checkpoint_writer import explained_disk_fault, refuse_unanswered
+from torch_checkpointing.checkpoint_writer import explained_disk_fault
 from torch_checkpointing.commit import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
@@ -61,7 +62,6 @@ from torch_checkpointing.errors import (
     CommitError,
     ConfigError,
     ConfigTypeError,
-    add_note,
     log_safely,
     resource_shortage_named,
 )
@@ -696,7 +696,7 @@ class CheckpointManager:
         except BaseException as exc:
             transport.leave(exc)
             if agreed and transport.agreed_every_step() and not isinstance(exc, Exception):
-                _refuse_the_write(agreed[0](), exc)
+                refuse_interrupted_write(agreed[0](), exc)
             raise
 
     def _plan_together(
@@ -827,20 +827,6 @@ class CheckpointManager:
             # An object store's checkpoint is named by its URL (a local one as the id: made absolute for the writer).
             shown=shown_name(self._storage, checkpoint_id) if self._storage.local_path(final) is None else "",
         )
-
-
-def _refuse_the_write(plan: SavePlan, exc: BaseException) -> None:
-    """This rank leaves its save (`exc`: Ctrl-C, a signal handler's sys.exit()) once every step of the plan was
-    agreed, before its write began: the other ranks' writes wait for its files, so it answers for them with its
-    interrupt (`refuse_unanswered`), and every rank raises the same error at once. Before, the others waited the
-    save's whole timeout, then said this rank "never called save()"."""
-    interrupted = CheckpointError(
-        f"The save of {plan.name} was interrupted on rank {plan.rank} ({describe(exc)}) once its plan was agreed, "
-        f"before its write started; nothing was written. Save again."
-    )
-    told = refuse_unanswered(plan, interrupted)
-    if told is not interrupted:
-        add_note(exc, f"The save of {plan.name} was not committed; every other rank raises: {told}")
 
 
 def _validate_parts(config: CheckpointManager.Config) -> None:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from torch_checkpointing.agreement import describe
 from torch_checkpointing.checkpoint_process import CheckpointProcess, EncodedWrite, encode_write, not_for_the_writer
 from torch_checkpointing.checkpoint_writer import (
     CheckpointWriterConfig,
@@ -58,7 +59,14 @@ from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
-__all__ = ["AsyncCheckpointSaver", "CheckpointSaver", "SavePlan", "SyncCheckpointSaver", "WriteFuture"]
+__all__ = [
+    "AsyncCheckpointSaver",
+    "CheckpointSaver",
+    "SavePlan",
+    "SyncCheckpointSaver",
+    "WriteFuture",
+    "refuse_interrupted_write",
+]
 
 logger = logging.getLogger("torch_checkpointing.saver")
 # How long a wait that timed out and killed the writer then waits for that write's Future to fail (`_kill_for`).
@@ -109,6 +117,8 @@ class SyncCheckpointSaver(CheckpointSaver):
         try:
             nbytes = write_checkpoint(self._storage, plan.request(entries, self._writer_config))
         except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C, a signal handler's sys.exit(): the files may be owed
+                refuse_interrupted_write(plan, exc)
             log_failed(plan, exc)
             raise
         log_committed(plan, nbytes, blocked_s=time.monotonic() - plan.started)
@@ -612,6 +622,20 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._comm.stop()
         self._process.close()
         self._stager.close()
+
+
+def refuse_interrupted_write(plan: SavePlan, exc: BaseException) -> None:
+    """This rank leaves its save (`exc`: Ctrl-C, a signal handler's sys.exit()) once the plan was agreed, maybe
+    before it answered for its files (which the other ranks' writes wait for): where it has not, it answers with
+    its interrupt (`refuse_unanswered`), and every rank raises the same error at once; `exc` gets a note of it.
+    Before, the others waited the save's whole timeout, then said this rank "never called save()"."""
+    interrupted = CheckpointError(
+        f"The save of {plan.name} was interrupted on rank {plan.rank} ({describe(exc)}) once its plan was agreed, "
+        f"before its write started; nothing was written. Save again."
+    )
+    told = refuse_unanswered(plan, interrupted)
+    if told is not interrupted:
+        add_note(exc, f"The save of {plan.name} was not committed; every other rank raises: {told}")
 
 
 def _interrupted(plan: SavePlan, how: str = "") -> CheckpointError:
