@@ -15,6 +15,7 @@ import datetime as _dt
 import errno
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -150,7 +151,11 @@ def _json_safe(doc: Any) -> Any:
     can be encoded: a name that is not UTF-8 (os.fsdecode's lone surrogates) has each undecodable byte written
     as `\\xff`, as the text output shows it, and, as a dict value, its exact bytes beside it in hex under the key
     plus `_hex` (`bytes.fromhex(entry["path_hex"])` opens it). Before, such a name was written as a `"\\udcff"`
-    escape, which parsers refuse or replace, and Python's json.loads returned a str that `.encode()` refused."""
+    escape, which parsers refuse or replace, and Python's json.loads returned a str that `.encode()` refused.
+    A NaN or infinite float (a diverged loss among the metrics) is written as the manifest records it, the string
+    "NaN", "Infinity" or "-Infinity": json.dump wrote the bare tokens, which are not JSON."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return "NaN" if math.isnan(doc) else ("Infinity" if doc > 0 else "-Infinity")
     if isinstance(doc, os.PathLike):
         doc = os.fspath(doc)
     if isinstance(doc, str):
@@ -278,7 +283,14 @@ class Ui:
 
     def emit_json(self, doc: Any) -> None:
         if self.json_mode:
-            json.dump(_json_safe(doc), self.out, indent=2, sort_keys=True, default=lambda o: _json_safe(str(o)))
+            json.dump(
+                _json_safe(doc),
+                self.out,
+                indent=2,
+                sort_keys=True,
+                allow_nan=False,
+                default=lambda o: _json_safe(str(o)),
+            )
             self.out.write("\n")
 
     @contextmanager
