@@ -67,3 +67,61 @@ def test_json_output_writes_non_finite_metrics_as_the_manifest_does(root: Path, 
     doc = _strict(_cli("--json", *(a.format(root=root) for a in argv)).stdout)
     found = json.dumps(doc)
     assert '"loss": "NaN"' in found and '"acc": "Infinity"' in found, found
+
+
+_DIFF_UNDER_LIMITS = """
+import contextlib, io, resource, sys, torch
+from torch_checkpointing import CheckpointManager, ItemSpec, cli
+from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+root = sys.argv[1]
+items = {"st": ItemSpec(layout=LayoutInfo("st_{rank}.safetensors", SafetensorsSerialization()))}
+with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig(), items=items)) as m:
+    for name, fill in (("a", 1.0), ("b", 2.0)):
+        values = torch.full((24 << 20,), fill)
+        m.save(f"{root}/{name}", {"st": {"w": values}, "t": {"x": values.clone()}})
+
+def run(argv):
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            return str(cli.main(argv)), err.getvalue()
+        except BaseException as exc:  # what the interpreter would print as a traceback, exiting 1
+            return f"uncaught-{type(exc).__name__}", repr(exc)
+
+argv = ["diff", f"{root}/a", f"{root}/b"]
+assert run(argv)[0] == "1", run(argv)  # every import diff needs, with memory to spare; the two differ
+base = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+for room in range(0, 577, 48):  # MiB of address space beyond what the process holds
+    resource.setrlimit(resource.RLIMIT_AS, (base + room * 2**20, resource.RLIM_INFINITY))
+    try:
+        code, said = run(argv)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print(room, code, repr(said.strip()[:2000]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/statm are Linux's")
+def test_diff_out_of_memory_names_the_file_and_says_it_is_not_damage(tmp_path: Path) -> None:
+    """Every run of `diff` under a memory limit ends 1 (the answer) or 2 naming a file of either checkpoint and
+    saying the checkpoint was not found damaged.
+
+    Failed before: "0 2 'torch-checkpointing diff: error: [Errno 12] Cannot allocate memory'" (the CRC32 check's
+    map of a file), "256 2 '... error: unable to mmap 100663376 bytes from file </proc/self/fd/4>: Cannot allocate
+    memory (12)'" (a safetensors item) and "384 2 '... DefaultCPUAllocator: can't allocate memory ...'" (the
+    comparison): no file named, nothing said of damage."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DIFF_UNDER_LIMITS, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S * 2,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    short = [line for line in lines if line.split()[1] == "2"]
+    assert short, f"no limit was low enough to show anything: {lines}"
+    wrong = [line for line in lines if line.split()[1] not in ("1", "2")]
+    wrong += [line for line in short if "not found damaged" not in line or str(tmp_path) not in line]
+    assert not wrong, "\n".join(wrong)

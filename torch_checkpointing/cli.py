@@ -63,6 +63,7 @@ from torch_checkpointing.errors import (
     NewerCheckpointError,
     ObjectStoreError,
     raise_if_short_of_resources,
+    resource_shortage_named,
 )
 from torch_checkpointing.manifest import MANIFEST_FILE_NAME, FileRecord, Manifest
 from torch_checkpointing.read_context import CheckedFile, CheckpointReadContext, ReadPolicy, checked_relative_path
@@ -735,6 +736,13 @@ def _decode_checked(ctx: CheckpointReadContext, rec: FileRecord, key: str) -> An
     return value
 
 
+def _compare(args: argparse.Namespace, key: str, leaf: str, a: Any, b: Any) -> str | None:
+    """`compare`, its working memory refused naming the leaf and saying it is no damage (torch's bare
+    "DefaultCPUAllocator: can't allocate memory" before)."""
+    with resource_shortage_named(f"{args.a} and {args.b}", f"the comparison of item '{key}', leaf '{leaf}'"):
+        return compare(a, b)
+
+
 def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     # B's store is what B names (A's is `storage`): with A's, a `file://` B was read as the local `file:/...`
     # and "no such directory", and a local B beside an `s3://` A was looked up in the bucket.
@@ -753,7 +761,7 @@ def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
                 rows.append({"item": key, "leaf": leaf, "status": "only in A", "detail": ""})
             elif leaf not in la:
                 rows.append({"item": key, "leaf": leaf, "status": "only in B", "detail": ""})
-            elif (detail := compare(la[leaf], lb[leaf])) is not None:
+            elif (detail := _compare(args, key, leaf, la[leaf], lb[leaf])) is not None:
                 rows.append({"item": key, "leaf": leaf, "status": "differs", "detail": detail})
     _still_committed(storage, Path(args.a), ma)  # every item of each side from the one commit
     _still_committed(other, Path(args.b), mb)

@@ -674,6 +674,9 @@ def read_safetensors(storage: Storage, path: Path, key: str) -> dict[str, torch.
         return safetensors_load(data)
     except (SafetensorError, ValueError, OverflowError) as exc:
         raise CorruptCheckpointError(f"File {path} for item '{key}' is not a readable safetensors file: {exc}") from exc
+    except (OSError, RuntimeError, MemoryError) as exc:  # torch's refused map of it was a bare RuntimeError
+        raise_if_short_of_resources(exc, path, f"item '{key}'")
+        raise
 
 
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the limit safetensors' own reader applies

@@ -57,6 +57,7 @@ from torch_checkpointing.errors import (
     ObjectStoreError,
     UnsafeCheckpointError,
     raise_if_short_of_resources,
+    resource_shortage_named,
     unreadable_file,
 )
 from torch_checkpointing.futures import SettledFuture, WorkerPool, settle_all
@@ -597,7 +598,12 @@ class CheckpointReadContext:
         """Check every byte of a file against its record: one whole-file CRC32 (native calls release the GIL for
         the whole pass; a call per block waits for the GIL 4096 times a GiB while the loader decodes), and, with
         block CRCs, the manifest's own consistency: they must combine to its whole-file CRC. Only on a mismatch
-        are the blocks checked one by one, to name the damaged one."""
+        are the blocks checked one by one, to name the damaged one. This process short of memory or descriptors
+        (the map of the file refused) names the file and says it is no damage: it was a bare "[Errno 12]"."""
+        with resource_shortage_named(self._at(checked.rel), what):
+            self._check_crc32s(checked, record, what)
+
+    def _check_crc32s(self, checked: CheckedFile, record: FileRecord, what: str) -> None:
         blocks = record.blocks
         if blocks is not None:
             recorded = combine_blocks(blocks.crc32s, checked.size, blocks.block_size)
