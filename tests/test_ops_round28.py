@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,8 @@ import torch
 
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME
+from torch_checkpointing.names import aside_name, host_tag, new_nonce
 
 REPO = Path(__file__).resolve().parents[1]
 SUBPROCESS_TIMEOUT_S = 300  # a loaded 2-core machine takes ~15 s to import torch
@@ -125,3 +130,81 @@ def test_diff_out_of_memory_names_the_file_and_says_it_is_not_damage(tmp_path: P
     wrong = [line for line in lines if line.split()[1] not in ("1", "2")]
     wrong += [line for line in short if "not found damaged" not in line or str(tmp_path) not in line]
     assert not wrong, "\n".join(wrong)
+
+
+NOBODY = 65534
+
+_GC_AS_NOBODY = """
+import os, sys
+from torch_checkpointing import cli
+cli.main(["--plain", "ls", sys.argv[1]])  # imports what the commands import, while root can
+import encodings.ascii  # what gc's trash names read the boot id with
+os.setgid(%(nobody)d)
+os.setuid(%(nobody)d)
+sys.exit(cli.main(["--plain", "gc", "--older-than", "0", sys.argv[1]]))
+"""
+
+
+@pytest.fixture
+def copies_aside() -> Iterator[tuple[Path, Path, Path]]:
+    """A root another user may change, holding nothing at the id `ckpt` and two copies a dead writer's replaces
+    moved aside: the older one readable, the newer one's manifest closed to that user. Yields (root, older,
+    newer)."""
+    base = Path(tempfile.mkdtemp(prefix="round28-asides-"))
+    try:
+        os.chmod(base, 0o755)
+        root = base / "run"
+        with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+            for step in (1, 2):
+                manager.save(str(root / f"step_{step}"), {"model": {"w": torch.full((2,), float(step))}}, step=step)
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        older, newer = (root / aside_name("ckpt", dead.pid, new_nonce(), host_tag()) for _ in range(2))
+        (root / "step_1").rename(older)
+        (root / "step_2").rename(newer)
+        for folder, _, files in os.walk(root):
+            for path in [folder, *(os.path.join(folder, f) for f in files)]:
+                os.chown(path, NOBODY, NOBODY)
+        os.chown(newer / MANIFEST_FILE_NAME, 0, 0)
+        os.chmod(newer / MANIFEST_FILE_NAME, 0o600)
+        yield root, older, newer
+    finally:
+        shutil.rmtree(base)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="drops to another user: needs root")
+def test_gc_never_removes_a_copy_aside_it_may_not_read(copies_aside: tuple[Path, Path, Path]) -> None:
+    """Which copy was committed last cannot be told when one of them cannot be read: nothing is put back, nothing
+    removed, and the log says why.
+
+    Failed before: gc read the closed copy as "not whole", moved the older copy back under `ckpt` and removed the
+    newer one ("removed 1 leftover(s)"; `ckpt` then held step 1, and step 2 was gone)."""
+    root, older, newer = copies_aside
+    done = subprocess.run(
+        [sys.executable, "-c", _GC_AS_NOBODY % {"nobody": NOBODY}, str(root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert newer.is_dir() and older.is_dir(), said
+    assert not (root / "ckpt").exists(), said
+    assert "may not read" in done.stderr and newer.name in done.stderr, said
+
+
+def test_gc_never_removes_a_copy_aside_a_newer_engine_wrote(copies_aside: tuple[Path, Path, Path]) -> None:
+    """The same for a copy whose manifest a newer engine wrote (a higher `manifest_version` and
+    `library_version`): not ours to judge.
+
+    Failed before: the older copy was moved back under `ckpt` and the newer engine's copy removed."""
+    root, older, newer = copies_aside
+    os.chmod(newer / MANIFEST_FILE_NAME, 0o644)
+    manifest = json.loads((newer / MANIFEST_FILE_NAME).read_text())
+    (newer / MANIFEST_FILE_NAME).write_text(json.dumps({**manifest, "manifest_version": 99, "library_version": "99.0"}))
+    done = _cli("gc", "--older-than", "0", str(root))
+    said = done.stdout + done.stderr
+    assert newer.is_dir() and older.is_dir(), said
+    assert not (root / "ckpt").exists(), said
+    assert "newer engine" in done.stderr and newer.name in done.stderr, said

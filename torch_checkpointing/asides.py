@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torch_checkpointing.discovery import checkpoint_info, damage, hidden_name_alive, still_there
-from torch_checkpointing.errors import CheckpointError, raise_if_short_of_resources
+from torch_checkpointing.discovery import checkpoint_info, hidden_name_alive, problem_with, still_there
+from torch_checkpointing.errors import UNREADABLE_BY_THIS_USER, CheckpointError, raise_if_short_of_resources
 from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
 from torch_checkpointing.storage.base_storage import Storage, writing_nothing
 
@@ -166,15 +166,31 @@ def _age_s(storage: Storage, copy: Path) -> float:
 def _commit_time_if_whole(storage: Storage, path: Path) -> float | None:
     """The commit time of `path` when a load would read it whole (a directory, not a link, its manifest ours and
     every file it lists there at its recorded size), -inf when that time is unknown; None when it is not whole.
-    This process short of memory or descriptors is raised (`errors.raise_if_short_of_resources`): nothing is
-    known of the copy then, and read as "not whole" it had gc put back an older copy and delete this one."""
+    This process short of memory or descriptors is raised (`errors.raise_if_short_of_resources`), and so is a
+    copy this user may not read, or a newer engine wrote (`_unknowable`): nothing is known of the copy then, and
+    read as "not whole" it had gc put back an older copy and delete this one."""
     if storage.is_link(path):
         return None
     try:
-        info = checkpoint_info(path, storage)
-        if info is None or damage(path, storage) is not None:
-            return None
+        problem = problem_with(path, storage)
+        info = None if problem is not None else checkpoint_info(path, storage)
     except (OSError, CheckpointError) as exc:
         raise_if_short_of_resources(exc, path, "the check that a copy aside is whole")
+        if isinstance(exc, PermissionError):  # its directory, listed by the store before the check: no damage
+            raise _unknowable(path, str(exc), closed=True) from exc
+        return None
+    if problem is not None and problem.unreadable:
+        raise _unknowable(path, problem.text, closed=UNREADABLE_BY_THIS_USER in problem.text)
+    if info is None:
         return None
     return info.commit_time if info.commit_time is not None else float("-inf")
+
+
+def _unknowable(path: Path, why: str, *, closed: bool) -> OSError:
+    """The refusal to choose among copies aside when `path`, one of them, cannot be judged here: it may be the one
+    committed last. A `PermissionError` where this user may not read it (`closed`), else an `OSError` (a newer
+    engine's copy)."""
+    return (PermissionError if closed else OSError)(
+        f"which copy aside was committed last cannot be told, so none is put back: {path} cannot be judged here "
+        f"({why.rstrip('.')}). Run gc as a user that may read every copy (or with the engine that wrote it)"
+    )
