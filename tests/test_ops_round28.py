@@ -208,3 +208,89 @@ def test_gc_never_removes_a_copy_aside_a_newer_engine_wrote(copies_aside: tuple[
     assert newer.is_dir() and older.is_dir(), said
     assert not (root / "ckpt").exists(), said
     assert "newer engine" in done.stderr and newer.name in done.stderr, said
+
+
+_UNDER_LIMITS = """
+import contextlib, io, json, os, resource, shutil, sys, torch
+from torch_checkpointing import CheckpointManager, cli
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+work, which, limit = sys.argv[1:4]
+template = f"{work}/template"
+with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as m:
+    for s in range(1, 5):
+        m.save(f"{template}/step_{s}", {"model": {f"w{i}": torch.full((1 << 20,), float(s)) for i in range(4)}}, step=s)
+os.makedirs(f"{template}/.step_9.tmp-0123456789ab-1")  # a dead save's temporary: gc removes it
+open(f"{template}/.step_9.tmp-0123456789ab-1/.incomplete", "w").close()
+argv = {
+    "prune": ["prune", f"{work}/root", "--keep-last", "1"],
+    "gc": ["gc", "--older-than", "0", f"{work}/root"],
+    "export": ["export", "--item", "model", "--to", "hf", "--max-shard-size", "8MB", f"{work}/root/step_4",
+               f"{work}/out"],
+}[which]
+
+def tree():
+    found = (os.path.relpath(os.path.join(d, n), work) for d, ds, fs in os.walk(work) for n in ds + fs)
+    return sorted(p for p in found if p.split("/")[0] != "template")
+
+def fresh():
+    shutil.rmtree(f"{work}/root", ignore_errors=True)
+    shutil.rmtree(f"{work}/out", ignore_errors=True)
+    shutil.copytree(template, f"{work}/root")
+
+def run():
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            return str(cli.main(argv)), err.getvalue().strip()
+        except BaseException as exc:  # what the interpreter would print as a traceback, exiting 1
+            return f"uncaught-{type(exc).__name__}", repr(exc)
+
+fresh()
+assert run()[0] == "0"
+print("BASELINE", json.dumps(tree()), sep="\t")
+kind = resource.RLIMIT_AS if limit == "as" else resource.RLIMIT_NOFILE
+for room in (range(0, 129, 32) if limit == "as" else range(0, 4)):
+    fresh()
+    if limit == "as":  # MiB of address space beyond what the process holds
+        value = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize() + room * 2**20
+    else:  # descriptors left: the lowest free one is the first a new open takes
+        probe = os.open(os.devnull, os.O_RDONLY)
+        os.close(probe)
+        value = probe + room
+    before = resource.getrlimit(kind)
+    resource.setrlimit(kind, (value, before[1]))
+    try:
+        code, said = run()
+    finally:
+        resource.setrlimit(kind, before)
+    print("RUN", room, code, json.dumps(tree()), repr(said[-600:]), sep="\t")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/statm are Linux's")
+@pytest.mark.parametrize("limit", ["nofile", "as"])
+@pytest.mark.parametrize("command", ["prune", "gc", "export"])
+def test_a_command_short_of_descriptors_or_memory_does_all_or_says_so(tmp_path: Path, command: str, limit: str) -> None:
+    """Under a stepped RLIMIT_NOFILE or RLIMIT_AS, each run of `prune`, `gc` and `export` either leaves exactly what
+    a run with room leaves (exit 0), or exits 2 saying that nothing was found damaged, and leaves no temporaries.
+
+    Failed before: with no descriptor left, gc exited 0 keeping the dead save's temporary as one that "holds no
+    manifest.json or .incomplete of ours" (the marker's read took a second descriptor, a dup); prune said a bare
+    "[Errno 24] Too many open files"; and export under RLIMIT_AS called the intact checkpoint file "not a
+    readable Torch file ...: can't start new thread"."""
+    done = subprocess.run(
+        [sys.executable, "-c", _UNDER_LIMITS, str(tmp_path), command, limit],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    baseline = next(line.split("\t")[1] for line in lines if line.startswith("BASELINE\t"))
+    runs = [line.split("\t")[1:] for line in lines if line.startswith("RUN\t")]
+    wrong = [r for r in runs if r[1] == "0" and r[2] != baseline]
+    wrong += [r for r in runs if r[1] not in ("0", "2")]
+    wrong += [r for r in runs if r[1] == "2" and "not found damaged" not in r[3]]
+    wrong += [r for r in runs if any("/." in f"/{p}" for p in json.loads(r[2]) if ".step_9" not in p)]
+    assert not wrong, f"baseline {baseline}\n" + "\n".join(map(str, wrong))

@@ -960,7 +960,9 @@ def _marked(storage: Storage, path: Path) -> bool:
 
     Every directory the engine names `.tmp-`/`.old_`/`.trash-` has its manifest or `.incomplete` marker at the
     top until its very last file is removed (retention removes those two last), so one holding neither, and not
-    empty, is not ours, whatever its name.
+    empty, is not ours, whatever its name. This process short of descriptors or memory is raised, here and in
+    the checks below: gc called a leftover of ours "holds no manifest.json or .incomplete of ours" when it could
+    not open one.
     """
     local = storage.local_path(path)
     if local is not None:
@@ -992,6 +994,9 @@ def _our_marker(storage: Storage, path: Path) -> bool:
     except CheckpointError:  # larger than any marker of ours, too
         return False
     return our_marker(data)
+
+
+_JUDGING = "the check of whose it is (gc, ls)"
 
 
 def _foreign_manifest(storage: Storage, path: Path) -> bool:

@@ -259,6 +259,7 @@ def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> 
     code = exc.errno if isinstance(exc, OSError) else None
     if code in _NO_DESCRIPTOR_ERRNOS and _NOT_DAMAGED in str(exc):
         raise exc  # named already, by the step nearest the shortage (its errno says so, not its words alone)
+    _raise_if_no_thread(exc, path, what)
     worded = isinstance(exc, RuntimeError) and _NO_DESCRIPTOR_RE.search(_torch_message(exc)) is not None
     if code in _NO_DESCRIPTOR_ERRNOS or worded:
         raise OSError(
@@ -283,6 +284,19 @@ def raise_if_thread_not_started(exc: BaseException, name: str) -> None:
             f"Out of memory starting thread {name} ({type(exc).__name__}: {exc}): the OS refused it a stack (the "
             f"address-space limit, RLIMIT_AS, `ulimit -v`) or a thread (RLIMIT_NPROC, `ulimit -u`, a container's "
             f"pids limit). Free memory, or raise the limit, and try again."
+        ) from exc
+
+
+def _raise_if_no_thread(exc: BaseException, path: object, what: str) -> None:
+    """Python's "can't start new thread" met reading `path` (a decoder's own thread), named as the shortage it is,
+    a `MemoryError` as `raise_if_thread_not_started` names one of ours: a decoder's handler called the intact file
+    "not a readable Torch file" before."""
+    if isinstance(exc, RuntimeError) and str(exc).strip().startswith(_NO_THREAD):
+        raise MemoryError(
+            f"Out of memory starting a thread reading {path} for {what} ({type(exc).__name__}: {exc}); "
+            f"{_NOT_DAMAGED} (do not delete it). The OS refused a thread's stack (RLIMIT_AS, `ulimit -v`) or a "
+            f"thread (RLIMIT_NPROC, `ulimit -u`, a container's pids limit): free memory or raise the limit, and try "
+            f"again."
         ) from exc
 
 

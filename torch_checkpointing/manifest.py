@@ -505,7 +505,8 @@ def read_regular_file(fd: int, path: Path | str, what: str = "a manifest", limit
 
     No record can vouch for the manifest itself, so its type and size are what is checked before reading it.
     What is asked for is the size fstat gave (a read of n bytes allocates n up front: asking for `limit + 1`
-    cost 256 MiB per manifest read), and more only if the file grew meanwhile.
+    cost 256 MiB per manifest read), and more only if the file grew meanwhile. Read from `fd` itself: a
+    duplicate of it took a second descriptor, and a process with one left failed "[Errno 24]", naming nothing.
     """
     limit = MAX_MANIFEST_BYTES if limit is None else limit
     st = os.fstat(fd)
@@ -513,13 +514,21 @@ def read_regular_file(fd: int, path: Path | str, what: str = "a manifest", limit
         raise UnsafeCheckpointError(f"{path} is not a regular file; it cannot be {what}.")
     if st.st_size > limit:
         raise _OversizedFile(f"{path} is larger than {limit} bytes; it is not {what}.")
-    with os.fdopen(os.dup(fd), "rb") as f:
-        data = f.read(st.st_size + 1)
-        if len(data) > st.st_size:  # it grew since fstat: read on, to the limit
-            data += f.read(limit + 1 - len(data))
+    data = _read_up_to(fd, st.st_size + 1)
+    if len(data) > st.st_size:  # it grew since fstat: read on, to the limit
+        data += _read_up_to(fd, limit + 1 - len(data))
     if len(data) > limit:
         raise _OversizedFile(f"{path} is larger than {limit} bytes; it is not {what}.")
     return data
+
+
+def _read_up_to(fd: int, size: int) -> bytes:
+    """`size` bytes from `fd`'s offset on, fewer only at the end of the file (`os.read` may return fewer)."""
+    chunks: list[bytes] = []
+    while size > 0 and (chunk := os.read(fd, size)):
+        chunks.append(chunk)
+        size -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 # ------------------------------------------------------------------------------------------------ parsing
