@@ -294,3 +294,53 @@ def test_a_command_short_of_descriptors_or_memory_does_all_or_says_so(tmp_path: 
     wrong += [r for r in runs if r[1] == "2" and "not found damaged" not in r[3]]
     wrong += [r for r in runs if any("/." in f"/{p}" for p in json.loads(r[2]) if ".step_9" not in p)]
     assert not wrong, f"baseline {baseline}\n" + "\n".join(map(str, wrong))
+
+
+_IMPORT_UNDER_LIMITS = """
+import os, resource, sys, torch
+from torch_checkpointing import CheckpointManager, cli
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.hf import import_hf
+work = sys.argv[1]
+with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as m:
+    m.save(f"{work}/ck", {"model": {f"w{i}": torch.full((1 << 18,), float(i)) for i in range(4)}})
+argv = ["--plain", "export", "--item", "model", "--to", "hf", "--max-shard-size", "2MB", f"{work}/ck", f"{work}/hf"]
+assert cli.main(argv) == 0
+assert sorted(import_hf(f"{work}/hf")) == [f"w{i}" for i in range(4)]
+for room in range(0, 4):  # descriptors left: the lowest free one is the first a new open takes
+    probe = os.open(os.devnull, os.O_RDONLY)
+    os.close(probe)
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (probe + room, before[1]))
+    try:
+        said = "imported %d" % len(import_hf(f"{work}/hf"))
+    except Exception as exc:
+        said = f"{type(exc).__name__}: {exc}"
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
+    print("RUN", room, said.replace(chr(10), " "), sep="\\t")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_NOFILE's lowest-free rule is POSIX's")
+def test_import_hf_short_of_descriptors_names_the_file(tmp_path: Path) -> None:
+    """Each `import_hf` under a stepped RLIMIT_NOFILE imports every tensor or raises an `OSError` naming the file
+    it was opening and saying it was not found damaged.
+
+    Failed before: "OSError: [Errno 24] Too many open files: '.../model.safetensors.index.json'" (the open of the
+    index) and "OSError: [Errno 24] Too many open files" (the in-memory copy of a shard), naming neither the
+    shortage as one nor, for the copy, any file."""
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_UNDER_LIMITS, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    runs = [line.split("\t")[1:] for line in done.stdout.splitlines() if line.startswith("RUN\t")]
+    assert any(said != "imported 4" for _, said in runs), runs
+    failed = [r for r in runs if r[1] != "imported 4"]
+    wrong = [r for r in failed if not r[1].startswith("OSError: ") or "not found damaged" not in r[1]]
+    wrong += [r for r in failed if str(tmp_path / "hf") not in r[1]]
+    assert not wrong, "\n".join(map(str, wrong))

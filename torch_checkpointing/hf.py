@@ -1074,7 +1074,11 @@ def _in_memory(fd: int, path: Path) -> int | None:
         f"{path} ended at byte {at} while it was read, but had {size} bytes: another process truncated it. "
         f"Download it again, or retry once the other process is done."
     )
-    return private_copy(fd, size, short)
+    try:
+        return private_copy(fd, size, short)
+    except OSError as exc:  # the memfd's own descriptor, or its memory: a bare "[Errno 24]" before
+        raise_if_short_of_resources(exc, path, "the import")
+        raise
 
 
 def _shard_name(value: Any, index: Path) -> str:
@@ -1133,13 +1137,17 @@ def _listable(directory: Path) -> None:
 def _open_named(path: Path) -> int:
     """A file of the directory opened for reading without blocking (a FIFO swapped in is refused after, by type).
     One this user may not read is a `PermissionError` naming it and the fix, as a checkpoint's file is: before,
-    the OS's bare "[Errno 13] Permission denied", which said neither."""
+    the OS's bare "[Errno 13] Permission denied", which said neither. No descriptor left says so too (a bare
+    "[Errno 24]" before)."""
     try:
         return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise _gone(path) from None
     except PermissionError as exc:
         raise unreadable_file(path, _HF_FILE, exc) from exc
+    except OSError as exc:
+        raise_if_short_of_resources(exc, path, "the import")
+        raise
 
 
 def _gone(path: Path) -> CorruptCheckpointError:
