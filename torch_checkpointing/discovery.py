@@ -996,9 +996,6 @@ def _our_marker(storage: Storage, path: Path) -> bool:
     return our_marker(data)
 
 
-_JUDGING = "the check of whose it is (gc, ls)"
-
-
 def _foreign_manifest(storage: Storage, path: Path) -> bool:
     """Whether the `manifest.json` at `path` is another tool's (valid JSON, not ours): a name is no proof, and
     gc deleted a folder named like ours because it held a browser extension's manifest (on an object store, a
