@@ -1097,8 +1097,6 @@ def _report_error(command: str, ui: Ui, exc: Exception) -> int:
     """One line on stderr (and the JSON error document in --json mode); EXIT_ERROR even when stdout is closed."""
     exc = _shortage_named(command, exc)
     message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    if isinstance(exc, MemoryError) and not message:  # Python's own, which says nothing
-        message = "out of memory; the checkpoint was not found damaged. Free memory, or run it where there is more"
     _emit_error_document(ui, {"error": str(message), "kind": type(exc).__name__})
     print(f"torch-checkpointing {command}: error: {shown(str(message))}", file=sys.stderr)
     return EXIT_ERROR
@@ -1107,8 +1105,10 @@ def _report_error(command: str, ui: Ui, exc: Exception) -> int:
 def _shortage_named(command: str, exc: Exception) -> Exception:
     """`exc`, or where it is this process out of descriptors or memory that no step named (listing ROOT with no
     descriptor left was a bare "[Errno 24] Too many open files: 'ROOT'"), the error naming the path and the fix
-    and saying that nothing was found damaged (`errors.raise_if_short_of_resources`)."""
-    if not isinstance(exc, (OSError, RuntimeError)):
+    and saying that nothing was found damaged (`errors.raise_if_short_of_resources`). A `MemoryError` named by a
+    step that could not say whether the checkpoint is damaged (a refused thread: "Out of memory starting thread
+    ...") gets that said too: exit 2 means "could not check", and its message now says so."""
+    if not isinstance(exc, (OSError, RuntimeError, MemoryError)):
         return exc
     where = exc.filename if isinstance(exc, OSError) and exc.filename else "the checkpoint's files"
     try:
