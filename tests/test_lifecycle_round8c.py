@@ -199,17 +199,29 @@ def hold_before_commit(checkpoint_dir: str, _metadata: Any) -> None:
     time.sleep(WAIT_S)
 
 
-class StorageTheTrainerLosesAfterStart(LocalFileSystemStorageConfig):
-    """The trainer builds its storage once at construction; any later build there fails (a revoked token)."""
+class _LosesItsCredentials(LocalFileSystemStorage):
+    """The trainer's storage once its credentials lost the right to remove (`StorageTheTrainerLosesAfterStart.lost`):
+    it reads (the trainer can tell the save was not committed), and every removal fails (`Commit.discard` logs
+    it at WARNING)."""
 
-    trainer_builds: ClassVar[int] = 0
+    def __getattribute__(self, name: str) -> Any:
+        lost = StorageTheTrainerLosesAfterStart.lost and multiprocessing.parent_process() is None
+        if lost and name in ("delete", "rmdir", "rename", "replace_directory"):
+            raise PermissionError("the trainer's storage credentials expired")
+        return super().__getattribute__(name)
+
+
+class StorageTheTrainerLosesAfterStart(LocalFileSystemStorageConfig):
+    """A storage the trainer loses once `lost` is set (a revoked token); the writer's, in its own process, works.
+    Before round 28 the trainer built a new storage to clean up after a dead writer, and that build failed; it
+    now uses the manager's own storage, whose calls fail."""
+
+    lost: ClassVar[bool] = False
 
     def create_storage(self) -> LocalFileSystemStorage:
-        if multiprocessing.parent_process() is None:
-            type(self).trainer_builds += 1
-            if type(self).trainer_builds > 1:
-                raise PermissionError("the trainer's storage credentials expired")
-        return super().create_storage()
+        storage = super().create_storage()
+        storage.__class__ = _LosesItsCredentials
+        return storage
 
 
 def test_a_killed_writer_whose_cleanup_fails_still_resolves_the_future(
@@ -217,7 +229,7 @@ def test_a_killed_writer_whose_cleanup_fails_still_resolves_the_future(
 ) -> None:
     marker = tmp_path / "written"
     monkeypatch.setenv(MARKER_ENV, str(marker))  # before the writer is spawned: it inherits the environment
-    StorageTheTrainerLosesAfterStart.trainer_builds = 0
+    monkeypatch.setattr(StorageTheTrainerLosesAfterStart, "lost", False)
     config = _async_config(
         storage_config=StorageTheTrainerLosesAfterStart(use_direct_io=False), pre_finalize_callback=hold_before_commit
     )
@@ -230,13 +242,12 @@ def test_a_killed_writer_whose_cleanup_fails_still_resolves_the_future(
         assert marker.exists(), "the writer never reached the commit"
         pid = manager.writer_pid
         assert pid is not None
-        with caplog.at_level(logging.ERROR, logger="torch_checkpointing"):
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            StorageTheTrainerLosesAfterStart.lost = True
             os.kill(pid, signal.SIGKILL)
             with pytest.raises(WriterProcessDied):
                 future.result(timeout=WAIT_S)  # it never resolved: TimeoutError
-        logged = [
-            r.getMessage() for r in caplog.records if "Could not remove the temporary directory" in r.getMessage()
-        ]
+        logged = [r.getMessage() for r in caplog.records if "Could not remove the unfinished save" in r.getMessage()]
         assert logged, [r.getMessage() for r in caplog.records]
         assert (
             str(tmp_path) in logged[0] and "credentials expired" in logged[0] and "torch-checkpointing gc" in logged[0]
