@@ -122,7 +122,7 @@ def test_an_interrupted_command_with_json_still_prints_one_json_document(
     def interrupted(*_args: object, **_kwargs: object) -> object:
         raise raised
 
-    monkeypatch.setattr(cli, "listing", interrupted)
+    monkeypatch.setattr(cli, "current_resume_point", interrupted)
     assert _main(["--json", "ls", "."]) == code
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
