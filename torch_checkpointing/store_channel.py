@@ -7,6 +7,7 @@ failure is a `CommitError` that names the rank(s) that went silent or away (neve
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -36,6 +37,8 @@ _REASON_CHARS = 300
 # refuses the connection, a key that never came) is the clearer one where it has one.
 _CALL_GRACE_S = 2.0
 _CALLER_IDLE_S = 10.0
+# How often a new client's connect, not done yet, looks whether its host went away (`_within`).
+_GONE_CHECK_S = 0.5
 _CALLERS_PER_HOST = 4
 T = TypeVar("T")
 
@@ -108,7 +111,10 @@ class StoreChannel:
         channel is shared."""
         # The client's connect retries with a random back-off past its own timeout: allowed for here.
         connect_s = 2 * (max(timeout_s, 1.0) + _CALL_GRACE_S)
-        client = self._call(lambda: self._connect(address, timeout_s), connect_s)
+        # Rank 0 killed as this connect began: the client's retries of the refused connect (and of a reset one)
+        # ran past the save's timeout, where the host had been gone from the first retry.
+        gone = None if not self._shared else lambda: _refuses_connections(self._host, 1.0)
+        client = self._call(lambda: self._connect(address, timeout_s), connect_s, gone=gone)
         return _Clients.keep(self._host, client) if self._shared else client
 
     @staticmethod
@@ -128,7 +134,13 @@ class StoreChannel:
     def _key(self, name: str) -> str:
         return f"{self.address.namespace}/{name}"
 
-    def _call(self, op: Callable[[], T], wait_s: float | None = None, deliver_late: bool = False) -> T:
+    def _call(
+        self,
+        op: Callable[[], T],
+        wait_s: float | None = None,
+        deliver_late: bool = False,
+        gone: Callable[[], bool] | None = None,
+    ) -> T:
         """`op()` on the store, waited for at most `wait_s` (default: the channel's timeout, plus a grace).
 
         `deliver_late`: the call is still made after an earlier one went unanswered (by one of the host's caller
@@ -141,7 +153,7 @@ class StoreChannel:
                 _Caller.submit(self._host, _Call(lambda: _quietly(op)))
             raise _silent_host(self.timeout_s)
         try:
-            return _within(self._host, op, wait_s)
+            return _within(self._host, op, wait_s, gone)
         except _NoAnswer:
             self._unanswered = True
             self._spend()
@@ -424,7 +436,12 @@ def _accepts_connections(host: tuple[str, int], timeout_s: float) -> bool:
 def _refuses_connections(host: tuple[str, int], timeout_s: float) -> bool:
     """Whether `host` refuses a connection now (nothing listens there). A connect that times out or is dropped
     is not a refusal: a host busy with thousands of ranks' connects drops some, and the client's own retries
-    are the remedy there."""
+    are the remedy there. On this machine's loopback, its sockets are looked at instead (`_listening_here`):
+    no connection is made."""
+    if _is_loopback(host[0]):
+        listening = _listening_here(host[1])
+        if listening is not None:
+            return not listening
     try:
         socket.create_connection(host, timeout=timeout_s).close()
     except ConnectionRefusedError:
@@ -434,15 +451,51 @@ def _refuses_connections(host: tuple[str, int], timeout_s: float) -> bool:
     return False
 
 
-def _within(host: tuple[str, int], op: Callable[[], T], timeout_s: float) -> T:
+def _is_loopback(name: str) -> bool:
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+_LISTEN = "0A"  # /proc/net/tcp's state of a listening socket
+
+
+def _listening_here(port: int) -> bool | None:
+    """Whether a socket of this machine (its network namespace, as loopback is) listens on `port`; None where
+    /proc/net/tcp cannot be read. Each line is `sl local_address rem_address st ...`, addresses `HEX:PORT`."""
+    tables = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as lines:
+                rows = lines.read().splitlines()[1:]
+        except OSError:
+            continue
+        tables += 1
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False if tables else None
+
+
+def _within(host: tuple[str, int], op: Callable[[], T], timeout_s: float, gone: Callable[[], bool] | None = None) -> T:
     """`op()`, made by `host`'s caller thread and waited for at most `timeout_s`; else `_NoAnswer` (the call
-    is left to finish, or to block, on that thread)."""
+    is left to finish, or to block, on that thread). `gone`: asked every `_GONE_CHECK_S` while the call is not
+    done; once it says the host is gone, `ConnectionRefusedError` (the call is left as for `_NoAnswer`)."""
     call = _Call(op)
     if not _Caller.submit(host, call):
         return op()  # no new thread now: unbounded, as before the bound
-    if not call.done.wait(timeout_s):
-        call.wanted = False
-        raise _NoAnswer
+    deadline = time.monotonic() + timeout_s
+    while not call.done.wait(min(_GONE_CHECK_S, max(deadline - time.monotonic(), 0.0)) if gone else timeout_s):
+        if gone is None or time.monotonic() >= deadline:
+            call.wanted = False
+            raise _NoAnswer
+        if gone():
+            call.wanted = False
+            raise ConnectionRefusedError(f"nothing listens at {host[0]}:{host[1]} any more")
     ok, value = call.outcome
     if not ok:
         raise value
