@@ -426,11 +426,16 @@ def let_go_of_clients() -> None:
 def _accepts_connections(host: tuple[str, int], timeout_s: float) -> bool:
     """Whether anything listens at `host` now: a refused connection is told at once, where a TCPStore client's
     connect retries until its timeout (rank 0's trainer gone, its store with it)."""
+    return _probe(host, timeout_s) is None
+
+
+def _probe(host: tuple[str, int], timeout_s: float) -> OSError | None:
+    """How a plain connection to `host`, closed at once, failed; None if it was accepted."""
     try:
         socket.create_connection(host, timeout=timeout_s).close()
-    except OSError:
-        return False
-    return True
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _refuses_connections(host: tuple[str, int], timeout_s: float) -> bool:
@@ -442,13 +447,7 @@ def _refuses_connections(host: tuple[str, int], timeout_s: float) -> bool:
         listening = _listening_here(host[1])
         if listening is not None:
             return not listening
-    try:
-        socket.create_connection(host, timeout=timeout_s).close()
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
-    return False
+    return isinstance(_probe(host, timeout_s), ConnectionRefusedError)
 
 
 def _is_loopback(name: str) -> bool:

@@ -120,13 +120,12 @@ def store_now(where: str, probe: Callable[[], float | None], look: Callable[[], 
     if stamp is None:
         with _store_clocks_lock:
             _store_clocks[where] = (None, read_at)
-        if where not in _no_probe_told:
-            _no_probe_told.add(where)
-            _log.info(
-                "The clock of the store at %s cannot be read (no probe written); ages there are measured by "
-                "this host's clock",
-                where,
-            )
+        _say_once(
+            _no_probe_told,
+            where,
+            "The clock of the store at %s cannot be read (no probe written); ages there are measured by this host's "
+            "clock",
+        )
         return time.time()
     with _store_clocks_lock:
         _store_clocks[where] = (stamp - read_at, read_at)
@@ -139,17 +138,23 @@ def _read_without_probe(where: str, look: Callable[[], float | None] | None) -> 
     stamp = look() if look is not None else None
     read_at = time.monotonic()
     if stamp is None:
-        if where not in _dry_fallback_told:
-            _dry_fallback_told.add(where)
-            _log.info(
-                "The clock of the store at %s cannot be read without writing there, which this pass does not do "
-                "(a dry run); ages there are measured by this host's clock",
-                where,
-            )
+        _say_once(
+            _dry_fallback_told,
+            where,
+            "The clock of the store at %s cannot be read without writing there, which this pass does not do (a dry "
+            "run); ages there are measured by this host's clock",
+        )
         return time.time()
     with _store_clocks_lock:
         _store_clocks[where] = (stamp - read_at, read_at)
     return stamp
+
+
+def _say_once(told: set[str], where: str, message: str) -> None:
+    """`message` (its one `%s`: `where`) at INFO, the first time only for `where` among `told`."""
+    if where not in told:
+        told.add(where)
+        _log.info(message, where)
 
 
 def local_store_now(folder: str | os.PathLike[str]) -> float:
