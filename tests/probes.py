@@ -38,6 +38,7 @@ __all__ = [
     "memory_maps",
     "modules_after",
     "run_fresh",
+    "run_script",
     "sigint_storm",
     "stormed_child",
 ]
@@ -138,6 +139,25 @@ def run_fresh(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> str:
     )
     assert done.returncode == 0, f"the probe exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+def run_script(
+    path: Path, source: str, *args: str, timeout: float = FRESH_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """Write `source` (dedented) to `path` and run it as a script (`args`: its sys.argv[1:]) from the checkout's
+    root, the checkout on its path (a script imports `tests.memory_storage` by name, and its `__main__` guard
+    keeps spawned children from running it again). A script that exits non-zero fails the test with its output."""
+    path.write_text(textwrap.dedent(source))
+    done = subprocess.run(
+        [sys.executable, str(path), *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, f"{path.name} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done
 
 
 def fresh_json(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> Any:

@@ -7,13 +7,9 @@ nothing on the log: a finished script could not be told from a hung one. The sav
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-from tests.probes import REPO
+from tests.probes import run_script
 
 _ENDS_WITHOUT_CLOSE = """
 import logging, sys
@@ -37,18 +33,11 @@ if __name__ == "__main__":
 
 
 def _run(tmp_path: Path, wait_first: bool) -> str:
-    script = tmp_path / "ends_without_close.py"
-    script.write_text(textwrap.dedent(_ENDS_WITHOUT_CLOSE))
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "ckpt"), str(tmp_path / "control"), "wait" if wait_first else ""],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},  # the script imports tests.memory_storage
-        capture_output=True,
-        text=True,
-        timeout=180,
+    ckpt, control = str(tmp_path / "ckpt"), str(tmp_path / "control")
+    done = run_script(
+        tmp_path / "ends_without_close.py", _ENDS_WITHOUT_CLOSE, ckpt, control, "wait" if wait_first else ""
     )
     out = f"{done.stdout}\n{done.stderr}"
-    assert done.returncode == 0, out
     assert (tmp_path / "ckpt" / "step_2" / "manifest.json").is_file(), out  # the save completed at exit
     return done.stderr
 

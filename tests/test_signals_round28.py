@@ -9,16 +9,12 @@ blocking storage (`tests.memory_storage.Control`) and sends real signals from an
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.probes import REPO
+from tests.probes import run_script
 from torch_checkpointing.agreement import describe
 from torch_checkpointing.signals import WATCHED_SIGNALS, signals_deferred
 
@@ -88,19 +84,9 @@ if __name__ == "__main__":
 
 
 def _run(tmp_path: Path, first_block: str, second_block: str, first: str, second: str = "") -> str:
-    script = tmp_path / "signalled.py"
-    blocks = (first_block, second_block)
-    script.write_text(textwrap.dedent(_SCRIPT))
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "ckpt"), str(tmp_path / "control"), *blocks, first, second],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},  # the script imports tests.memory_storage
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    ckpt, control = str(tmp_path / "ckpt"), str(tmp_path / "control")
+    done = run_script(tmp_path / "signalled.py", _SCRIPT, ckpt, control, first_block, second_block, first, second)
     out = f"{done.stdout}\n{done.stderr}"
-    assert done.returncode == 0, out
     assert "loaded: [1.0, 1.0, 1.0, 1.0]" in out, out  # the earlier checkpoint is intact
     return out
 
