@@ -45,8 +45,14 @@ def test_a_condition_lock_left_held_by_a_waiter_does_not_stop_the_worker() -> No
 
 def test_shutdown_with_cancel_futures_fails_the_queued_calls() -> None:
     pool = WorkerPool(1, "t-cancel")
-    go = threading.Event()
-    running = pool.submit(go.wait, 60)
+    go, started = threading.Event(), threading.Event()
+
+    def run() -> bool:
+        started.set()
+        return go.wait(60)
+
+    running = pool.submit(run)
+    assert started.wait(30)  # running, not queued: cancel_futures fails only the calls not started
     queued = [pool.submit(lambda: "ran") for _ in range(3)]
     stopper = threading.Thread(target=pool.shutdown, kwargs={"wait": True, "cancel_futures": True})
     stopper.start()
