@@ -19,7 +19,7 @@ import torch.distributed as dist
 from simulator.launcher import launch
 from tests.async_multirank_support import loaded, local_async_manager, outcome, state
 from tests.multirank_jobs import _config
-from tests.probes import CONNECTS_PER_CLIENT, connections_to
+from tests.probes import connections_to, open_clients_of
 from torch_checkpointing import CheckpointManager
 
 pytestmark = pytest.mark.multirank
@@ -39,7 +39,7 @@ def _saves(manager: CheckpointManager, root: Path) -> dict[str, Any]:
     results = [_save(manager, root / f"{i}", state(i, rank)) for i in range(1, SAVES + 1)]
     dist.barrier()
     after = connections_to(port)
-    out = {"results": [first, *results], "new": sorted(after - before), "clients": len(after)}
+    out = {"results": [first, *results], "new": sorted(after - before), "clients": len(open_clients_of(port))}
     out["loaded"] = loaded(manager, str(root / f"{SAVES}"))
     manager.close()
     return out
@@ -77,4 +77,7 @@ def test_saves_after_the_first_connect_no_new_client_to_the_store(ranks: list[di
         assert got["loaded"] == SAVES * 10.0 + rank, got
         # Before: 2 new connections per save (one per rank's writer), 12 here.
         assert got["new"] == [], f"{len(got['new'])} connections to the store in {SAVES} saves: {got}"
-        assert got["clients"] <= 1 + WORLD * CONNECTS_PER_CLIENT, got  # the host's own client, and one per rank
+        # The clients kept open: the host's own, and one per rank. Counted open, not connected: a TCPStore client
+        # retries its whole connect (a new connection) when its first exchange fails on a busy machine, and the
+        # connections a single connect makes are counted in test_store_clients_round24.py.
+        assert got["clients"] <= 1 + WORLD, got
