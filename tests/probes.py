@@ -117,14 +117,24 @@ def open_clients_of(port: int) -> set[int]:
 
 
 def stop(pid: int, timeout_s: float = 10.0) -> None:
-    """SIGSTOP `pid` and wait until the kernel shows it stopped: kill() only queues the signal, and a process busy
-    on another CPU (a loaded machine) can still answer a request sent right after it."""
+    """SIGSTOP `pid` and wait until the kernel shows every thread of it stopped: kill() only queues the signal,
+    and a process busy on another CPU (a loaded machine) can still answer a request sent right after it. Every
+    thread, not the process's first: a group stop reaches the other threads only once one thread has taken the
+    signal, and until then a thread of its own (a TCPStore's server, a writer's reader) answers as before."""
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + timeout_s
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+    while not _all_threads_stopped(pid):
         if time.monotonic() > deadline:
             raise AssertionError(f"pid {pid} did not stop within {timeout_s}s of SIGSTOP")
         time.sleep(0.001)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 def run_fresh(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> str:

@@ -7,8 +7,6 @@ mid-file, and prints one JSON line saying what it saw.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 import torch
 
 from tests.memory_storage import Control, RecordingStorageConfig
+from tests.probes import stop
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
 
@@ -50,7 +49,7 @@ def async_save_stop_writer_and_exit(control_dir: str, target: str) -> None:
     manager = _manager(control_dir, True, 3)
     manager.save(target, _payload(1.0))
     pid = Control(control_dir).wait_blocked(120)
-    os.kill(pid, signal.SIGSTOP)
+    stop(pid)
     Control(control_dir).reset()
     _say(writer=pid)
 

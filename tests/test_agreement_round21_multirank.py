@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from simulator.launcher import launch
 from tests.async_multirank_support import local_async_manager
+from tests.probes import stop
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 8
@@ -42,7 +43,7 @@ def _late_rank(root: str) -> dict[str, Any]:
         pid = manager.writer_pid
         assert pid is not None
         if rank == 1:
-            os.kill(pid, signal.SIGSTOP)  # alive, but reads nothing: the request waits in its pipe
+            stop(pid)  # alive, but reads nothing: the request waits in its pipe
         dist.barrier()
         future = manager.save(f"{root}/b", _state(rank))
         assert future is not None

@@ -10,7 +10,6 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.probes import stop
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.checkpoint_process import CheckpointProcess, CheckpointProcessConfig
@@ -236,7 +236,7 @@ def _save_into_a_stopped_writer(manager: CheckpointManager, tmp_path: Path) -> t
     _save(manager, tmp_path / "a")
     pid = manager.writer_pid
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    stop(pid)
     future = manager.save(str(tmp_path / "b"), {"model": {"w": torch.full((3,), 2.0)}})
     assert future is not None
     return pid, future

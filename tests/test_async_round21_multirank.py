@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from tests import async_multirank_support as shared
 from tests.memory_storage import Control
+from tests.probes import stop
 from tests.test_async_round21 import LoadsBadly
 from torch_checkpointing import CheckpointManager
 
@@ -46,7 +47,7 @@ def _killed_before_taking(manager: CheckpointManager, root: str, rank: int, out:
     pid = manager.writer_pid
     assert pid is not None
     if rank == 1:
-        os.kill(pid, signal.SIGSTOP)  # alive, but reads nothing: the request waits in its pipe
+        stop(pid)  # alive, but reads nothing: the request waits in its pipe
     dist.barrier()
     started = time.monotonic()
     future = manager.save(f"{root}/retried", shared.state(2, rank))

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.probes import stop
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.errors import ConfigError, CorruptCheckpointError
 from torch_checkpointing.hf import INDEX_FILE_NAME, export_hf, import_hf
@@ -61,7 +62,7 @@ def _stop_mid_publish(ckpt: Path, out: Path, first_new: str) -> bool:
         while not os.path.lexists(out / first_new):
             assert child.poll() is None, f"the export ended (rc {child.returncode}) before it published"
             assert time.monotonic() < deadline, "the export never published"
-        os.kill(child.pid, signal.SIGSTOP)
+        stop(child.pid)
         return child.poll() is None
     finally:
         os.kill(child.pid, signal.SIGKILL)

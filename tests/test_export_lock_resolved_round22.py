@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from tests.probes import stop
 from tests.test_export_attack_round16 import _OVERWRITE, SUBPROCESS_TIMEOUT_S, _save
 from torch_checkpointing.hf import INDEX_FILE_NAME, export_hf, import_hf
 
@@ -39,7 +40,7 @@ def _stopped_once_publishing(child: subprocess.Popen[bytes], first_new: Path) ->
     while not os.path.lexists(first_new):
         assert child.poll() is None, f"the export ended (rc {child.returncode}) before it published"
         assert time.monotonic() < deadline, "the export never published"
-    os.kill(child.pid, signal.SIGSTOP)
+    stop(child.pid)
 
 
 def _staged(parent: Path, name: str, child: subprocess.Popen[bytes]) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tests.memory_storage import free_port
+from tests.probes import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +86,7 @@ def test_ctrl_c_on_a_rank_whose_host_is_stopped_is_not_held_for_the_save_timeout
         rank = _run(_RANK_1, str(port), str(timeout_s))
         assert rank.stdout is not None and rank.stdin is not None
         assert rank.stdout.readline().strip() == "connected", rank.stderr.read() if rank.stderr else ""
-        host.send_signal(signal.SIGSTOP)
+        stop(host.pid)
         rank.stdin.write("go\n")
         rank.stdin.flush()
         started = time.monotonic()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.probes import stop
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import AsyncCheckpointSaverConfig, CheckpointProcessConfig
 from torch_checkpointing.errors import CheckpointError, ConfigError
@@ -34,7 +35,7 @@ def test_a_stopped_writer_is_killed_by_the_next_saves_timeout_and_the_save_after
         first.result(timeout=120)
         pid = manager.writer_pid
         assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        stop(pid)
         try:
             stuck = manager.save(str(tmp_path / "b"), {"m": {"w": torch.full((4,), 2.0)}})
             with pytest.raises(CheckpointError, match=r"killed"):

@@ -24,6 +24,7 @@ import pytest
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from tests.probes import stop
 from tests.s3_server import S3Server
 from tests.test_objstore_round21 import _root_url
 from tests.test_objstore_round22 import (
@@ -306,7 +307,7 @@ def test_a_process_stopped_inside_a_markers_compare_and_delete_never_hangs_the_o
     gc = _paused_gc(url, INCOMPLETE_MARKER, paused, go)  # in its replace of the dead claim: compared, not deleted
     try:
         _wait_for(paused, gc)
-        os.kill(gc.pid, signal.SIGSTOP)
+        stop(gc.pid)
         storage = FsspecStorageConfig(url=url).create_storage()
         marker = Path(ckpt) / INCOMPLETE_MARKER
         found = storage.read_object(marker)

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.probes import stop
 from torch_checkpointing import CheckpointManager, latest_checkpoint, list_checkpoints
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.retention import RetentionPolicy, apply_retention, collect_garbage, delete_checkpoint
@@ -522,7 +523,7 @@ def test_an_export_in_another_pid_namespace_never_removes_a_live_exports_staging
     first = _slow_export(ckpt, exports / "a")
     try:
         staging = _staging_with_a_shard(exports, time.monotonic() + SUBPROCESS_TIMEOUT_S)
-        os.kill(first.pid, signal.SIGSTOP)
+        stop(first.pid)
         other = subprocess.run(
             [*_IN_A_NEW_PID_NAMESPACE, sys.executable, "-c", OTHER_NAMESPACE_EXPORT, str(small), str(exports / "b")],
             cwd=REPO,

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.memory_storage import Control, RecordingStorageConfig
+from tests.probes import stop
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import LayoutInfo, RawSerialization
 from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
@@ -128,7 +129,7 @@ def test_close_is_bounded_on_a_stopped_writer(control: Control, tmp_path: Path) 
     writer = control.wait_blocked(CHILD_TIMEOUT)
     outcome: list[BaseException | None] = []
     try:
-        os.kill(writer, signal.SIGSTOP)
+        stop(writer)
         control.reset()
 
         def close() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+from tests.probes import stop
 from torch_checkpointing import CommitOutcomeUnknownError, store_channel
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 
@@ -76,7 +77,7 @@ def test_saves_on_a_stopped_host_leave_a_bounded_number_of_threads_blocked(monke
             for _ in range(8)
         ]
         before = _store_threads()
-        os.kill(proc.pid, signal.SIGSTOP)
+        stop(proc.pid)
         for client in clients:  # eight saves, each with its own connection, while the host stays stopped
             with pytest.raises(CommitOutcomeUnknownError, match="did not answer"):
                 _channel(port, 0.2, client).missing("k", 1)
@@ -113,7 +114,7 @@ def test_every_rank_that_rank_0_does_not_answer_raises_the_same_error(monkeypatc
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
         connected = _channel(port, 0.5)
-        os.kill(proc.pid, signal.SIGSTOP)
+        stop(proc.pid)
         with pytest.raises(CommitOutcomeUnknownError) as called:
             connected.missing("k", 1)
         with pytest.raises(CommitOutcomeUnknownError) as connecting:

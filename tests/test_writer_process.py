@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.probes import stop
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.checkpoint_process import CheckpointProcess, CheckpointProcessConfig
@@ -106,7 +107,7 @@ def test_a_killed_writer_is_replaced_for_the_next_save_and_logged(
                 _wait_dead(pid)
                 future = manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)})
             else:
-                os.kill(pid, signal.SIGSTOP)  # alive, but reads nothing: the request waits in its pipe
+                stop(pid)  # alive, but reads nothing: the request waits in its pipe
                 future = manager.save(str(tmp_path / "b"), {"w": torch.zeros(3)})
                 _held_by_a_write(manager._saver.process)
                 time.sleep(0.2)  # the request is in the stopped writer's pipe (a save that found it dead passes too)
@@ -194,7 +195,7 @@ def test_close_kills_a_writer_that_does_not_answer_stop(tmp_path: Path, caplog: 
     assert process.write(_request(tmp_path, "c")) > 0
     pid = process.pid
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)  # alive, never answers; only SIGKILL can end it now
+    stop(pid)  # alive, never answers; only SIGKILL can end it now
     with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
         process.close()
     assert not Path(f"/proc/{pid}").exists(), "the stopped writer was neither killed nor reaped"
