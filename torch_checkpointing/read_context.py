@@ -1031,7 +1031,7 @@ def room_for_descriptors(needed: int, doing: str) -> bool:
         except (OSError, ValueError) as exc:
             logger.debug("Could not raise the soft limit of open files to %d for %s: %s", raised, doing, exc)
             return True
-        if _RAISED.before is None:
+        if _RAISED.before is None or soft != _RAISED.ours:  # the job's own limit, set while a load was in flight
             _RAISED.before = soft
         _RAISED.ours = raised
     logger.info(
@@ -1052,7 +1052,9 @@ def descriptors_released(needed: int) -> None:
     Before, the limit stayed raised for the process's life: a job's own lower soft limit (its guard against a
     descriptor leak, the limit its children inherit) was gone after its first large load, and said only at INFO.
     Not at the end of each load: another load in flight on another thread holds its files open under the raised
-    limit, and its next open failed with EMFILE. Left alone where something else set the limit since."""
+    limit, and its next open failed with EMFILE. Left alone where something else set the limit since; where a
+    later load raised it again past what the job set meanwhile, put back to the job's (before, to the limit from
+    before the first load, below the job's own)."""
     import resource
 
     with _LIMIT_LOCK:
