@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -463,8 +464,13 @@ _LISTEN = "0A"  # /proc/net/tcp's state of a listening socket
 
 
 def _listening_here(port: int) -> bool | None:
-    """Whether a socket of this machine (its network namespace, as loopback is) listens on `port`; None where
-    /proc/net/tcp cannot be read. Each line is `sl local_address rem_address st ...`, addresses `HEX:PORT`."""
+    """Whether a socket of this machine (its network namespace, as loopback is) listens on `port` where a
+    connection over loopback reaches it: on a wildcard or loopback address; None where /proc/net/tcp cannot be
+    read. Each line is `sl local_address rem_address st ...`, addresses `HEX:PORT`.
+
+    Before, a socket on any address counted: one bound to another address of this machine (a program that took
+    the port once rank 0 was gone) accepts no connection to 127.0.0.1, yet the host counted as there, and the
+    client retried its refused connect for the save's whole timeout."""
     tables = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -475,9 +481,26 @@ def _listening_here(port: int) -> bool | None:
         tables += 1
         for row in rows:
             fields = row.split()
-            if len(fields) > 3 and fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            if len(fields) > 3 and fields[3] == _LISTEN and _reached_over_loopback(fields[1], port):
                 return True
     return False if tables else None
+
+
+def _reached_over_loopback(local: str, port: int) -> bool:
+    """Whether a listening socket at `local` (/proc/net/tcp's `HEX:PORT`, the address in 32-bit words of this
+    machine's byte order) takes a connection to `port` on loopback. An address that cannot be read counts."""
+    address, _, hex_port = local.rpartition(":")
+    if int(hex_port, 16) != port:
+        return False
+    try:
+        raw = bytes.fromhex(address)
+        words = [raw[i : i + 4] for i in range(0, len(raw), 4)]
+        ip = ipaddress.ip_address(b"".join(w[::-1] if sys.byteorder == "little" else w for w in words))
+    except ValueError:
+        return True
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_unspecified or ip.is_loopback
 
 
 def _within(host: tuple[str, int], op: Callable[[], T], timeout_s: float, gone: Callable[[], bool] | None = None) -> T:
