@@ -1015,34 +1015,47 @@ def room_for_descriptors(needed: int, doing: str) -> bool:
     with _LIMIT_LOCK:
         _RAISED.holders += 1
         _RAISED.reserved += needed
+    try:
+        raised = _raised_to_fit(resource, doing)
+        if raised is not None:
+            logger.info(
+                "Raised this process's soft limit of open files (RLIMIT_NOFILE) from %d to %d (hard limit %s): %s "
+                "holds each of its files open until it ends; it is put back once no load is in flight.",
+                *raised,
+                doing,
+            )
+    except BaseException:
+        # Counted, yet the caller never learns it is (a Ctrl-C as the raise was logged): before, the count was
+        # left for the process's life, the limit never put back, and every later load reserved beside it.
+        descriptors_released(needed)
+        raise
+    return True
+
+
+def _raised_to_fit(resource: Any, doing: str) -> tuple[int, int, int | str] | None:
+    """Raise the soft limit to fit the descriptors open and those the loads in flight reserved (see
+    `room_for_descriptors`); (from, to, hard limit as told) where it was raised, else None."""
+    with _LIMIT_LOCK:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY:
-            return True
+            return None
         # Those open already are counted twice where a load in flight opened them: room to spare, never short.
         wanted = _descriptors_open(soft) + _RAISED.reserved + _DESCRIPTORS_SPARE
         if wanted <= soft:
-            return True
+            return None
         wanted = 1 << (wanted - 1).bit_length()
         raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         if raised <= soft:
-            return True
+            return None
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
         except (OSError, ValueError) as exc:
             logger.debug("Could not raise the soft limit of open files to %d for %s: %s", raised, doing, exc)
-            return True
+            return None
         if _RAISED.before is None or soft != _RAISED.ours:  # the job's own limit, set while a load was in flight
             _RAISED.before = soft
         _RAISED.ours = raised
-    logger.info(
-        "Raised this process's soft limit of open files (RLIMIT_NOFILE) from %d to %d (hard limit %s): %s holds "
-        "each of its files open until it ends; it is put back once no load is in flight.",
-        soft,
-        raised,
-        "unlimited" if hard == resource.RLIM_INFINITY else hard,
-        doing,
-    )
-    return True
+    return soft, raised, "unlimited" if hard == resource.RLIM_INFINITY else hard
 
 
 def descriptors_released(needed: int) -> None:
