@@ -1005,6 +1005,8 @@ def _foreign_manifest(storage: Storage, path: Path) -> bool:
         parse_manifest(read_bounded(storage, path), str(path))
     except ForeignManifestError:
         return True
+    except ObjectStoreError:  # the store failed the read: that proves nothing ours either (`_beside_marker`)
+        raise
     except CheckpointError:
         return False
     except OSError as exc:  # short of descriptors, the folder counted as ours, and gc removed another tool's
@@ -1084,7 +1086,11 @@ def _beside_marker(storage: Storage, path: Path) -> str | None:
     marker's claim was dead (a save of ours killed right after claiming the id the newer engine had just
     committed), gc removed the newer engine's checkpoint, where before the version was read it removed only the
     stray claim. A manifest recording a format only a newer engine knows is that engine's too (a load is refused
-    lazily, per file; here the whole manifest is judged): read as ours, gc removed its marker as a stray claim."""
+    lazily, per file; here the whole manifest is judged): read as ours, gc removed its marker as a stray claim.
+
+    A read the store failed (`ObjectStoreError`: the manifest's, or the marker's) is raised, as a shortage is:
+    taken for "none", a committed checkpoint beside a dead stray claim read as an unfinished save, and gc
+    removed it whole."""
     try:
         manifest = read_manifest(storage, path)
         if manifest is not None:
@@ -1092,6 +1098,8 @@ def _beside_marker(storage: Storage, path: Path) -> str | None:
         return "ours" if manifest is not None else None
     except NewerCheckpointError:
         return "newer"
+    except ObjectStoreError:  # the store failed the read (a 503 through every retry): that tells nothing either
+        raise
     except OSError as exc:  # this process short of descriptors is no unfinished save: gc removed it whole
         raise_if_short_of_resources(exc, path / MANIFEST_FILE_NAME, "the check whether the marker beside it is stray")
         return None
