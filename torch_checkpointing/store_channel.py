@@ -442,12 +442,12 @@ def _probe(host: tuple[str, int], timeout_s: float) -> OSError | None:
 def _refuses_connections(host: tuple[str, int], timeout_s: float) -> bool:
     """Whether `host` refuses a connection now (nothing listens there). A connect that times out or is dropped
     is not a refusal: a host busy with thousands of ranks' connects drops some, and the client's own retries
-    are the remedy there. On this machine's loopback, its sockets are looked at instead (`_listening_here`):
-    no connection is made."""
-    if _is_loopback(host[0]):
-        listening = _listening_here(host[1])
-        if listening is not None:
-            return not listening
+    are the remedy there. On this machine's loopback, its sockets are looked at first (`_listening_here`): one
+    listening there is no connection made. Only a refused connect says the host is gone: a sandbox's own /proc
+    lists no socket at all, and read as "nothing listens" every new channel to a live store raised "lost
+    contact with rank 0"."""
+    if _is_loopback(host[0]) and _listening_here(host[1]):
+        return False
     return isinstance(_probe(host, timeout_s), ConnectionRefusedError)
 
 
