@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 _Copy = tuple[CheckpointPath, torch.Tensor, torch.Tensor]  # where, what the load writes, the template tensor
 
-__all__ = ["CheckedLoad", "CheckpointLoader"]
+__all__ = ["CheckedLoad", "CheckpointLoader", "interrupted_note"]
 
 logger = logging.getLogger("torch_checkpointing.checkpoint_loader")
 # A direct decode also turns an OSError of the read into "cannot be decoded" (the file, named).
@@ -99,6 +99,8 @@ class _Copied:
     loaded: dict[str, Any] = field(default_factory=dict)
     unhandled: list[CheckpointPath] = field(default_factory=list)
     before: _TemplatesBefore | None = None  # what the custom resharders' templates held before their `load`s
+    engine_started: bool = False  # the engine began copying into the templates: no way back from here
+    whole: bool = False  # every template holds the checkpoint (the copy phase ran to its end)
 
     def undo(self) -> None:
         """Put every custom resharder's template back as it was, and forget that they ran."""
@@ -203,7 +205,23 @@ class CheckedLoad:
         """Phase 2: copy into the templates, run the resharders; returns the loaded mapping. A signal arriving
         meanwhile is handled once the copy has finished (`signals`): none leaves the templates half restored."""
         with signals_deferred(f"Load of {self._ctx.root}"):
-            return self._loader._copy(self._ctx, self._plans, self._report, self._strict, self._copied)
+            loaded = self._loader._copy(self._ctx, self._plans, self._report, self._strict, self._copied)
+            self._copied.whole = True  # before the block ends: a held signal is handled after this line
+            return loaded
+
+    def interrupted(self) -> str:
+        """What the templates hold, said of a load that a signal handler's exception left (`interrupted_note`)."""
+        if self._copied.whole:
+            return (
+                "after the copy had finished: every template holds the checkpoint, whole, as a load that returned "
+                "leaves it (only what load() returns outside the templates, entries they lack, was lost)"
+            )
+        if self._copied.engine_started:
+            return (
+                "cut short during the copy (the signal sent again runs its handler at once): the templates may be "
+                "partly restored, some entries the checkpoint's, others as they were. Load again before using them"
+            )
+        return _UNCHANGED
 
     @property
     def commit_token(self) -> str | None:
@@ -218,6 +236,19 @@ class CheckedLoad:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_UNCHANGED = "before any template was changed: nothing was restored"
+
+
+def interrupted_note(exc: BaseException, checkpoint_id: str, checked: list[CheckedLoad]) -> None:
+    """Say, on `exc` (a signal handler's KeyboardInterrupt or SystemExit leaving a load), what the caller's
+    templates hold: before, the bare KeyboardInterrupt left the caller to guess whether they were untouched or
+    restored. `checked`: the load's checked phase, once it passed (empty before)."""
+    if isinstance(exc, Exception):
+        return
+    where = checked[0].interrupted() if checked else _UNCHANGED
+    add_note(exc, f"Load of {checkpoint_id} was interrupted ({type(exc).__name__}) {where}.")
 
 
 class CheckpointLoader:
@@ -352,6 +383,7 @@ class CheckpointLoader:
                 raise _unfilled(ctx.root, unhandled, "no other item was")  # refused before the engine copies
             if plan.item.key in loaded:  # run by `restore_unchecked`
                 continue
+            copied.engine_started = copied.engine_started or n >= len(unchecked)
             if isinstance(plan, _Direct):
                 loaded[plan.item.key], _ = walk_checkpoint_structure(
                     item_key=plan.item.key,

@@ -28,7 +28,7 @@ import torch
 
 from torch_checkpointing.agreement import GroupTransport, agree, agree_outcome
 from torch_checkpointing.checkpoint_layout import ReplicatedLayoutInfo
-from torch_checkpointing.checkpoint_loader import CheckedLoad, CheckpointLoader
+from torch_checkpointing.checkpoint_loader import CheckedLoad, CheckpointLoader, interrupted_note
 from torch_checkpointing.checkpoint_saver import (
     AsyncCheckpointSaver,
     CheckpointSaver,
@@ -403,18 +403,29 @@ class CheckpointManager:
         this rank alone (for a load that only some ranks run).
         """
         call = object()  # see `_enter_call`
+        checked: list[CheckedLoad] = []  # the load's checked phase, once it passed (what an interrupt tells)
         try:
             self._enter_call("load", call)
             with resource_shortage_named(checkpoint_id, "the load"):
-                return self._load(checkpoint_id, into, map_location=map_location, strict=strict)
+                return self._load(checkpoint_id, into, map_location=map_location, strict=strict, checked=checked)
+        except BaseException as exc:
+            interrupted_note(exc, checkpoint_id, checked)
+            raise
         finally:
             self._call_left(self._running.pop(call, None))
 
     def _load(
-        self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool
+        self,
+        checkpoint_id: str,
+        into: Mapping[str, Any] | None,
+        *,
+        map_location: Any,
+        strict: bool,
+        checked: list[CheckedLoad],
     ) -> Mapping[str, Any]:
         if not self.config.load.collective:  # this rank alone (CheckpointLoaderConfig.collective)
             with self._check_load(checkpoint_id, into, map_location=map_location, strict=strict) as alone:
+                checked.append(alone)
                 return alone.restore()
         what = f"Checkpoint load of {checkpoint_id}"
         checking = f"{what}: checking"
@@ -429,6 +440,7 @@ class CheckpointManager:
                 (checking, unchecked, restoring),
                 map_location=map_location,
                 strict=strict,
+                checked_load=checked,
             )
         except BaseException as exc:  # a rank that leaves between two steps answers the next (`leave`)
             transport.leave(exc)
@@ -443,8 +455,10 @@ class CheckpointManager:
         *,
         map_location: Any,
         strict: bool,
+        checked_load: list[CheckedLoad],
     ) -> Mapping[str, Any]:
-        """The collective load's agreed `steps`: checking, custom resharders, restoring."""
+        """The collective load's agreed `steps`: checking, custom resharders, restoring (`checked_load` gets the
+        checked phase once this rank's passed)."""
         checking, unchecked, restoring = steps
         given = _comparable_id(checkpoint_id)
         checked, found = agree_outcome(
@@ -455,6 +469,7 @@ class CheckpointManager:
             discard=CheckedLoad.close,
             shared_of=lambda load: [given, load.commit_token],
         )
+        checked_load.append(checked)
         with checked:
             what = f"Checkpoint load of {checkpoint_id}"
             _refuse_different_checkpoints(what, [i for i, _ in found], [c for _, c in found])

@@ -1,0 +1,92 @@
+"""A real SIGINT at each point of a single-rank load: what the caller's templates hold, and what the
+KeyboardInterrupt says of them (round 29).
+
+The promise: load() returns exactly what was committed or raises having changed nothing. An interrupt in the
+check phase changes nothing; one during the copy is held until the copy has finished (`signals`); one after it
+(the read context closing) finds the templates whole. Before, each raised a bare KeyboardInterrupt, and the
+caller could not tell an untouched template from a restored one. Now a note says which: nothing changed, loaded
+whole, or (the signal sent again, the documented way out of a copy that does not end) cut short in the copy.
+Each point runs in a child process, so that the interrupt lands on a main thread with Python's own handler.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.probes import fresh_json
+
+CHILD = """
+import json, os, signal, sys, tempfile, time
+import torch
+from torch_checkpointing import CheckpointManager, checkpoint_loader
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+point = sys.argv[1]
+
+def state(value):
+    return {"model": {"a": torch.full((8,), float(value))}, "extra": {"b": torch.full((8,), float(value))}}
+
+def interrupt(times=1):
+    for _ in range(times):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # Python's own handler raises in here, unless the load holds it
+    time.sleep(5)
+
+def at_call(module, name, times=1, nth=1, when=lambda *a, **k: True):
+    real, seen = getattr(module, name), []
+    def wrapped(*args, **kwargs):
+        if when(*args, **kwargs):
+            seen.append(1)
+            if len(seen) == nth:
+                setattr(module, name, real)
+                interrupt(times)
+        return real(*args, **kwargs)
+    setattr(module, name, wrapped)
+
+config = CheckpointManager.Config.with_sync_save()
+config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+manager = CheckpointManager(config)
+root = tempfile.mkdtemp()
+manager.save(f"{root}/c", state(7))
+copying = lambda *a, **k: not k.get("dry_run", False) and "unexpected" in k
+if point == "check":
+    at_call(checkpoint_loader, "check_shared_targets")
+elif point == "copy":
+    at_call(checkpoint_loader, "walk_checkpoint_structure", when=copying)
+elif point == "copy_cut_short":
+    at_call(checkpoint_loader, "walk_checkpoint_structure", times=2, nth=2, when=copying)
+elif point == "after":
+    at_call(checkpoint_loader.CheckedLoad, "close")
+into = state(0)
+out = {}
+try:
+    manager.load(f"{root}/c", into)
+    out["raised"] = "nothing"
+except KeyboardInterrupt as exc:
+    out["raised"] = "KeyboardInterrupt"
+    out["notes"] = getattr(exc, "__notes__", [])
+out["held"] = {k: float(into[k][n][0]) for k, n in (("model", "a"), ("extra", "b"))}
+out["again"] = float(manager.load(f"{root}/c", state(0))["model"]["a"][0])
+manager.close()
+print(json.dumps(out))
+"""
+
+# point -> what the templates hold after the interrupt, and the words of the note that say so
+EXPECTED = {
+    "check": ({"model": 0.0, "extra": 0.0}, "before any template was changed: nothing was restored"),
+    "copy": ({"model": 7.0, "extra": 7.0}, "after the copy had finished: every template holds the checkpoint"),
+    "copy_cut_short": ({"model": 7.0, "extra": 0.0}, "cut short during the copy"),
+    "after": ({"model": 7.0, "extra": 7.0}, "after the copy had finished: every template holds the checkpoint"),
+}
+
+
+@pytest.mark.parametrize("point", sorted(EXPECTED))
+def test_the_interrupt_says_what_the_templates_hold(point: str) -> None:
+    out = fresh_json(CHILD, point)
+    held, words = EXPECTED[point]
+    assert out["raised"] == "KeyboardInterrupt", out
+    assert out["held"] == held, out
+    # Before: no note at all ([]), whatever the templates held.
+    assert len(out["notes"]) == 1 and words in out["notes"][0], out
+    assert "Load of" in out["notes"][0] and "/c" in out["notes"][0], out
+    assert out["again"] == 7.0, out  # the manager loads again afterwards

@@ -1,0 +1,120 @@
+"""A real SIGINT on rank 1 at each point of a collective load (two real gloo ranks, one launch; round 29):
+before its first copy (in the check), during its copies, after the last agreed step (the read context closing).
+
+Before, rank 1 raised a bare KeyboardInterrupt at each point, whatever its templates held. Now its note says:
+nothing was restored (the check), or every template holds the checkpoint whole (the copy, whose interrupt is
+held until it has finished, and after it). Rank 0 raises where rank 1 left before the restoring step was agreed,
+and returns where it left after; the ranks load together afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.async_multirank_support import launch_job, loaded, state
+from torch_checkpointing import CheckpointManager, checkpoint_loader
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+pytestmark = pytest.mark.multirank
+TIMEOUT_S = 20  # save.wait_timeout_secs: the gloo group's timeout
+HANG_S = 120  # what the interrupted rank's own wait is bounded by: the SIGINT ends it at once
+POINTS = ["check", "copy", "after"]
+
+
+def _interrupt_in(owner: Any, name: str, wait_s: float, when: Any = lambda *a, **k: True) -> None:
+    """A real SIGINT (Python's own handler) as `owner.name` is first called with arguments `when` accepts."""
+    real = getattr(owner, name)
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        if when(*args, **kwargs):
+            setattr(owner, name, real)  # once
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(wait_s)  # the handler raises in here, unless the load holds it
+        return real(*args, **kwargs)
+
+    setattr(owner, name, interrupted)
+
+
+def _arm(point: str) -> None:
+    if point == "check":
+        _interrupt_in(checkpoint_loader, "check_shared_targets", HANG_S)
+    elif point == "copy":  # held until the copy has finished: the wait runs to its end
+        copying = lambda *a, **k: "unexpected" in k and not k.get("dry_run", False)  # noqa: E731
+        _interrupt_in(checkpoint_loader, "walk_checkpoint_structure", 0.5, copying)
+    else:
+        _interrupt_in(checkpoint_loader.CheckedLoad, "close", HANG_S)
+
+
+def _manager() -> CheckpointManager:
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = TIMEOUT_S
+    return CheckpointManager(config)
+
+
+def _said(call: Any) -> str:
+    try:
+        call()
+    except BaseException as exc:
+        return " | ".join([f"{type(exc).__name__}: {exc}", *getattr(exc, "__notes__", [])])
+    return "ok"
+
+
+def _job(root: str, control_dir: str) -> dict[str, Any]:
+    rank, out = dist.get_rank(), {}
+    manager = _manager()
+    manager.save(f"{root}/ck", state(1, rank))
+    for point in POINTS:
+        dist.barrier()
+        if rank == 1:
+            _arm(point)
+        into = {"model": {"w": torch.zeros(4)}}
+        out[point] = _said(lambda: manager.load(f"{root}/ck", into))  # noqa: B023
+        out[f"{point}_held"] = float(into["model"]["w"][0])
+        dist.barrier()
+        out[f"{point}_then"] = loaded(manager, f"{root}/ck")
+    manager.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return launch_job(_job, 2, Path(tmp_path_factory.mktemp("interrupted_load_told")), timeout=600)
+
+
+WORDS = {
+    "check": "before any template was changed: nothing was restored",
+    "copy": "after the copy had finished: every template holds the checkpoint, whole",
+    "after": "after the copy had finished: every template holds the checkpoint, whole",
+}
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_rank_1_says_what_its_templates_hold(ranks: list[dict[str, Any]], point: str) -> None:
+    said = ranks[1][point]
+    # Before: "KeyboardInterrupt: " and nothing more, at every point.
+    assert said.startswith("KeyboardInterrupt: ") and WORDS[point] in said, ranks
+    assert ranks[1][f"{point}_held"] == (0.0 if point == "check" else 11.0), ranks
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_rank_0_is_told_at_once_or_returns(ranks: list[dict[str, Any]], point: str) -> None:
+    said = ranks[0][point]
+    if point == "after":  # every step agreed: rank 0's load returned
+        assert said == "ok" and ranks[0]["after_held"] == 10.0, ranks
+        return
+    assert "rank 1: KeyboardInterrupt" in said and "went silent" not in said, ranks
+    assert ranks[0][f"{point}_held"] == (0.0 if point == "check" else 10.0), ranks
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_the_ranks_load_together_afterwards(ranks: list[dict[str, Any]], point: str) -> None:
+    assert [r[f"{point}_then"] for r in ranks] == [10.0, 11.0], ranks
