@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from torch_checkpointing import errors
 from torch_checkpointing.errors import CheckpointError, CommitError, CommitOutcomeUnknownError, add_note, log_safely
+from torch_checkpointing.signals import Held, signals_deferred
 
 __all__ = [
     "Contribution",
@@ -354,9 +355,10 @@ class GroupTransport:
         exchange = self.roll_call.next_exchange() if self.roll_call is not None else 0
         started = time.monotonic()
         try:
-            dist.all_gather_object(out, (_call_of(step), mine.value, mine.error), group=self.group)
-            if self.steps is not None and len({c for c, _, _ in out}) == 1 and all(e is None for _, _, e in out):
-                self.steps.agreed += 1  # first: an interrupt from here on leaves with the next step owed
+            with signals_deferred(step, held=_GATHER_HELD):  # torch's two gathers: see `_GATHER_HELD`
+                dist.all_gather_object(out, (_call_of(step), mine.value, mine.error), group=self.group)
+                if self.steps is not None and len({c for c, _, _ in out}) == 1 and all(e is None for _, _, e in out):
+                    self.steps.agreed += 1  # in the hold: the interrupt held leaves with the next step owed
         except Exception as exc:  # gloo: a peer died or timed out (DistError / RuntimeError with C++ frames)
             reason = _first_line(exc)
             if self.roll_call is not None:
@@ -368,6 +370,17 @@ class GroupTransport:
             ) from None
         _refuse_other_calls(step, [call for call, _, _ in out])
         return [Contribution(value=v, error=e) for _, v, e in out]
+
+
+# `dist.all_gather_object` is two gathers (every rank's size, then the data) with Python between them: a rank
+# interrupted there left the others waiting in the second for the group's whole timeout, then calling it silent.
+# Held, the interrupt runs its handler once every answer is in (the gathers are bounded by the group's timeout),
+# and the rank leaves between two steps, which it tells the others (`GroupTransport.leave`).
+_GATHER_HELD = Held(
+    "the exchange of answers with the other ranks",
+    "every rank's answer is in (at most the process group's timeout)",
+    "the other ranks wait the process group's timeout for this rank's answer",
+)
 
 
 def _call_of(step: str) -> str:

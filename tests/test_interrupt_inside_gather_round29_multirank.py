@@ -1,0 +1,120 @@
+"""A real SIGINT on rank 1 inside torch's `dist.all_gather_object`, between its gather of every rank's size and
+its gather of the data (two real gloo ranks, one launch; round 29).
+
+Before, the KeyboardInterrupt was raised there: rank 1 left in the middle of one collective, and rank 0 waited in
+the data gather for the group's whole timeout, then raised that rank 1 "went silent". Now the interrupt is held
+until the exchange is done (bounded by the group's timeout): rank 1 raises it between two agreed steps, answers
+the next one with it, and rank 0 raises at once naming rank 1's KeyboardInterrupt; the group stays in step. A
+second SIGINT inside the exchange still runs its handler at once (the way out of an exchange that hangs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from tests.async_multirank_support import WarningLines, launch_job, loaded, state
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+pytestmark = pytest.mark.multirank
+TIMEOUT_S = 10  # save.wait_timeout_secs: the gloo group's timeout, what rank 0 waited for the data gather
+HANG_S = 120  # a wait a SIGINT run at once ends; the launch's timeout bounds it otherwise
+CALLS = ["load", "save"]
+
+
+def _interrupt_between_gathers(times: int, wait_s: float) -> None:
+    """Once the next `all_gather_object`'s size gather has returned on this rank: `times` real SIGINTs (Python's
+    own handler), then a wait of `wait_s` in which the handler raises, unless the exchange holds it."""
+    real = distributed_c10d.all_gather
+
+    def gathered(*args: Any, **kwargs: Any) -> Any:
+        distributed_c10d.all_gather = real  # once: the size gather
+        work = real(*args, **kwargs)
+        for _ in range(times):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        time.sleep(wait_s)
+        return work
+
+    distributed_c10d.all_gather = gathered
+
+
+def _manager() -> CheckpointManager:
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = TIMEOUT_S
+    return CheckpointManager(config)
+
+
+def _said(call: Any) -> str:
+    try:
+        call()
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def _job(root: str, control_dir: str) -> dict[str, Any]:
+    rank, out = dist.get_rank(), {}
+    manager = _manager()
+    warnings = WarningLines()
+    logging.getLogger("torch_checkpointing").addHandler(warnings)
+    manager.save(f"{root}/ck", state(1, rank))
+    calls = {
+        "load": lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}}),
+        "save": lambda: manager.save(f"{root}/ck2", state(2, rank)),
+        "twice": lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}}),
+    }
+    for name, call in calls.items():
+        dist.barrier()
+        if rank == 1:
+            _interrupt_between_gathers(2, HANG_S) if name == "twice" else _interrupt_between_gathers(1, 1.0)
+        out[name] = _said(call)
+        if name != "twice":  # the group broke in the middle of a collective there
+            dist.barrier()
+            out[f"{name}_then"] = loaded(manager, f"{root}/ck")
+    out["warnings"] = warnings.lines
+    out["closed"] = _said(manager.close)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return launch_job(_job, 2, Path(tmp_path_factory.mktemp("inside_gather")), timeout=600)
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_the_interrupted_rank_raises_its_interrupt(ranks: list[dict[str, Any]], call: str) -> None:
+    assert ranks[1][call].startswith("KeyboardInterrupt"), ranks
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_rank_0_hears_of_the_interrupt_instead_of_calling_rank_1_silent(ranks: list[dict[str, Any]], call: str) -> None:
+    said = ranks[0][call]
+    # Before, after the group's whole timeout: "... rank(s) [1] went silent: it died, hung, or never made this call"
+    assert "went silent" not in said and "rank 1: KeyboardInterrupt" in said, ranks
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_the_ranks_load_together_afterwards(ranks: list[dict[str, Any]], call: str) -> None:
+    assert [r[f"{call}_then"] for r in ranks] == [10.0, 11.0], ranks
+
+
+def test_the_held_interrupt_is_said(ranks: list[dict[str, Any]]) -> None:
+    held = [line for line in ranks[1]["warnings"] if "during the exchange of answers with the other ranks" in line]
+    assert len(held) == 3 and "send it again to run it now" in held[0], ranks[1]["warnings"]
+
+
+def test_a_second_sigint_runs_its_handler_at_once(ranks: list[dict[str, Any]]) -> None:
+    # Held twice, rank 1 would have slept HANG_S and then raised; the launch would have outlived its timeout.
+    assert ranks[1]["twice"].startswith("KeyboardInterrupt"), ranks
+    assert any("again: its handler runs now" in line for line in ranks[1]["warnings"]), ranks[1]["warnings"]
