@@ -62,7 +62,7 @@ def test_a_ctrl_c_after_the_swap_reports_the_commit(tmp_path: Path) -> None:
         plain.close()
     manager = _manager(_InterruptAfterSwapConfig(use_direct_io=False))
     try:
-        with pytest.raises(KeyboardInterrupt, match="interrupted \\(Ctrl-C\\): it was committed"):
+        with pytest.raises(KeyboardInterrupt, match="interrupted by SIGINT \\(Ctrl-C\\): it was committed"):
             manager.save(str(tmp_path / "ck"), {"w": torch.full((4,), 2.0)})
         assert manager.load(str(tmp_path / "ck"), into={"w": torch.zeros(4)})["w"].eq(2.0).all()
     finally:

@@ -73,7 +73,7 @@ if __name__ == "__main__":
 
 
 _REPORT = "Checkpoint save of "  # what `_as_reported` says of an interrupted save, and then:
-_NOTHING = "interrupted (Ctrl-C): nothing was committed at "
+_NOTHING = "interrupted by SIGINT (Ctrl-C): nothing was committed at "
 
 
 def _run(tmp_path: Path, first_block: str, second_block: str = "", again: int = 0) -> str:
@@ -108,7 +108,7 @@ def test_ctrl_c_again_while_the_unfinished_save_is_removed_leaves_nothing_beside
     # The held Ctrl-C is said, with the way out: before, it was held in silence, and a removal that takes long
     # (a hung mount, an object store's thousands of objects) looked like a process that ignores Ctrl-C.
     assert "LOG WARNING removing the unfinished save of" in out, out
-    assert "Ctrl-C during the removal of the unfinished save; its handler runs once it is removed" in out, out
+    assert "SIGINT (Ctrl-C) during the removal of the unfinished save; its handler runs once it is removed" in out, out
     # The Ctrl-C pressed again still tells what became of the save: before, a bare KeyboardInterrupt replaced the
     # save's "interrupted (Ctrl-C): nothing was committed ..." ("save: KeyboardInterrupt " and nothing more).
     assert f"save: KeyboardInterrupt {_REPORT}" in out and _NOTHING in out, out
@@ -129,7 +129,7 @@ def test_ctrl_c_between_a_files_create_and_its_record_leaves_nothing_beside_the_
     assert "still open: []" in out, out
     # The Ctrl-C held while the file was created is said, with the way out (a create that hangs, such as an
     # fsspec backend's open over the network, held it in silence before).
-    assert "Ctrl-C during the create of the file; its handler runs once it is created" in out, out
+    assert "SIGINT (Ctrl-C) during the create of the file; its handler runs once it is created" in out, out
     assert "loaded: [1.0, 1.0, 1.0, 1.0]" in out or "interrupted after the save" in out, out
 
 
@@ -197,4 +197,5 @@ def test_ctrl_c_again_while_the_write_threads_end_waits_for_them(tmp_path: Path)
     assert "entries: []" in done.stdout, out
     # A write thread ends only with its file (a large one on a slow disk: minutes): the held Ctrl-C is said,
     # with the way out. Before, it was held in silence.
-    assert "Ctrl-C during the wait for the files being written; its handler runs once they are written" in out, out
+    held = "SIGINT (Ctrl-C) during the wait for the files being written; its handler runs once they are written"
+    assert held in out, out

@@ -272,7 +272,7 @@ def test_a_ctrl_c_during_the_copy_is_raised_once_every_template_is_restored(tmp_
     assert result["copied"] == ["one"], result  # the interrupt really landed between the two items' copies
     assert result["outcome"] == "KeyboardInterrupt", result  # not swallowed
     assert (result["one"], result["two"]) == (True, True), result  # neither half restored nor rolled back
-    assert "Ctrl-C during the copy into the templates" in out, out
+    assert "SIGINT (Ctrl-C) during the copy into the templates" in out, out
 
 
 def test_a_second_ctrl_c_during_the_copy_interrupts_it_at_once_and_says_so(tmp_path: Path) -> None:
@@ -281,7 +281,7 @@ def test_a_second_ctrl_c_during_the_copy_interrupts_it_at_once_and_says_so(tmp_p
     result = _result_from(out, proc)
     assert result["outcome"] == "KeyboardInterrupt", result
     assert (result["one"], result["two"]) == (True, False), result  # the way out of a copy that hangs
-    assert "Ctrl-C again: its handler runs now, and the templates may be partly restored" in out, out
+    assert "SIGINT (Ctrl-C) again: its handler runs now, and the templates may be partly restored" in out, out
 
 
 def _result_from(out: str, proc: subprocess.Popen[str]) -> dict[str, object]:

@@ -49,8 +49,8 @@ def test_the_same_signal_twice_runs_its_handler_at_once(handlers: list[str], cap
         steps.append("not reached")
     assert steps == ["deferred"]
     messages = [r.getMessage() for r in caplog.records]
-    assert any("Load of ck: Ctrl-C during the copy" in m for m in messages), messages
-    assert any("Load of ck: Ctrl-C again" in m for m in messages), messages
+    assert any("Load of ck: SIGINT (Ctrl-C) during the copy" in m for m in messages), messages
+    assert any("Load of ck: SIGINT (Ctrl-C) again" in m for m in messages), messages
 
 
 def test_a_block_without_signals_changes_nothing(handlers: list[str]) -> None:

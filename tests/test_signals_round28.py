@@ -102,7 +102,7 @@ def test_a_timeout_handler_between_a_files_create_and_its_record_leaves_nothing_
     assert "SIGALRM during the create of the file; its handler runs once it is created" in out, out
     # The handler's own exception, raised as itself and saying what became of the save.
     assert "save: TimeoutError the save took too long" in out, out
-    assert "interrupted (SIGALRM): nothing was committed" in out, out
+    assert "interrupted by SIGALRM: nothing was committed" in out, out
 
 
 def test_a_timeout_handler_during_the_removal_of_the_unfinished_save_waits_for_it(tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ def test_a_keyboard_interrupt_from_sigterm_is_not_reported_as_ctrl_c(tmp_path: P
     assert "entries: ['step']" in out, out
     assert "Ctrl-C" not in out, out
     assert "save: KeyboardInterrupt Checkpoint save of " in out, out
-    assert "interrupted (SIGTERM): nothing was committed" in out, out
+    assert "interrupted by SIGTERM: nothing was committed" in out, out
 
 
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGUSR1", "SIGUSR2"])

@@ -441,7 +441,7 @@ def _as_reported(
     else:
         state = f"nothing was committed at {checkpoint_dir}; an earlier checkpoint there, if any, is intact"
     what = signal_name(signum) if signum is not None else type(exc).__name__
-    said = f"Checkpoint save of {checkpoint_dir} interrupted ({what}): {state}."
+    said = f"Checkpoint save of {checkpoint_dir} interrupted by {what}: {state}."
     if type(exc) is KeyboardInterrupt and not exc.args:  # Python's own Ctrl-C: the message is ours to give
         exc = KeyboardInterrupt(said)
     else:

@@ -192,6 +192,8 @@ def _warn(message: str, what: str, signum: int, *words: str) -> None:
 
 
 def signal_name(signum: int) -> str:
-    """How a message names the signal `signum`: SIGINT is Ctrl-C, any other by its own name (a SIGTERM whose
-    handler raises KeyboardInterrupt is still SIGTERM)."""
-    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    """How a message names the signal `signum`: by its own name (a SIGTERM whose handler raises KeyboardInterrupt
+    is still SIGTERM), SIGINT with its usual sender beside it. Not "Ctrl-C" alone: a handler is not told who sent
+    the signal (no siginfo), and a `kill -INT` or a scheduler's SIGINT was said to be a Ctrl-C nobody pressed."""
+    name = signal.Signals(signum).name
+    return f"{name} (Ctrl-C)" if signum == signal.SIGINT else name
