@@ -73,7 +73,7 @@ from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.safe_load_check import SafeLoadCheck
 from torch_checkpointing.schema import ItemSpec, ResolvedItem, check_layout, resolve, validate_keys
-from torch_checkpointing.signals import start_thread
+from torch_checkpointing.signals import Held, signals_deferred, start_thread
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -87,6 +87,14 @@ __all__ = ["CheckpointManager"]
 
 logger = logging.getLogger("torch_checkpointing.manager")
 
+# A collective load's copy holds a signal until every rank has said whether its own copy finished: before, one
+# landing in this rank's copy was raised before it answered, and the others raised that it failed, though every
+# rank's templates held the checkpoint whole.
+_RESTORE_HELD = Held(
+    "the copy into the templates and the ranks' word on it",
+    "every rank has said whether its copy finished (at most the process group's timeout)",
+    "the templates may be partly restored, and the other ranks wait the process group's timeout",
+)
 # A save's two agreed steps over the gloo group; the second is named with the id (the plan's may differ by rank)
 _PLAN_STEP = "Checkpoint save: the plan"
 _TARGET = "checking the target and building the metadata"
@@ -481,7 +489,8 @@ class CheckpointManager:
             except BaseException:
                 checked.undo_unchecked()  # another rank's resharder failed: this rank's templates go back too
                 raise
-            return agree_outcome(restoring, transport, checked.restore)[0]
+            with signals_deferred(what, held=_RESTORE_HELD):  # the copy and the ranks' word on it, as one
+                return agree_outcome(restoring, transport, checked.restore)[0]
 
     def _check_collective_load(
         self, checkpoint_id: str, into: Mapping[str, Any] | None, *, map_location: Any, strict: bool

@@ -68,11 +68,21 @@ class handlers_replaced:  # used as a function: `with handlers_replaced(replacem
     once more by each such save. A class, not a generator context manager: contextlib's `__enter__` and
     `__exit__` frames would be more such places, where the block's handlers are in force but nobody puts them
     back. Only the main thread runs signal handlers; elsewhere, and for SIG_IGN/SIG_DFL, nothing changes.
+
+    `defers` (`signals_deferred`): a signal an enclosing deferring block already holds is left to it. Before, the
+    inner block held it once more, handed it to the outer one as sent for the first time on its way out, and a
+    signal sent again inside the inner block was held as a first one by the outer: it no longer ran at once.
     """
 
-    def __init__(self, replacement: Callable[[int, Handler], Handler], after: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        replacement: Callable[[int, Handler], Handler],
+        after: Callable[[], None] = lambda: None,
+        defers: bool = False,
+    ):
         self._replacement = replacement
         self._after = after
+        self.defers = defers
         self._previous: dict[int, Handler] = {}
         self._replaced: dict[int, Handler] = {}
         self._closed = False
@@ -81,7 +91,11 @@ class handlers_replaced:  # used as a function: `with handlers_replaced(replacem
     def __enter__(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        self._previous = {n: h for n in WATCHED_SIGNALS if callable(h := signal.getsignal(n))}
+        self._previous = {
+            n: h
+            for n in WATCHED_SIGNALS
+            if callable(h := signal.getsignal(n)) and not (self.defers and _deferring_block(h) is not None)
+        }
         self._replaced = {signum: self._replacement(signum, h) for signum, h in self._previous.items()}
         try:
             for signum in self._previous:
@@ -111,6 +125,12 @@ class handlers_replaced:  # used as a function: `with handlers_replaced(replacem
 
 
 _EXIT_CODE = handlers_replaced.__exit__.__code__
+
+
+def _deferring_block(handler: Handler) -> handlers_replaced | None:
+    """The open `signals_deferred` block whose handler `handler` is, else None."""
+    block = getattr(handler, "__self__", None)
+    return block if isinstance(block, handlers_replaced) and block.defers and not block._closed else None
 
 
 def signals_deferred(what: str, *, quiet: bool = False, held: Held = COPY_HELD) -> handlers_replaced:
@@ -151,7 +171,7 @@ def signals_deferred(what: str, *, quiet: bool = False, held: Held = COPY_HELD) 
         pending.clear()
         _deliver(sent)
 
-    return handlers_replaced(deferring, deliver)
+    return handlers_replaced(deferring, deliver, defers=True)
 
 
 def start_thread(thread: threading.Thread) -> None:
