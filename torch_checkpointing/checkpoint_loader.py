@@ -48,7 +48,7 @@ from torch_checkpointing.manifest import MANIFEST_FILE_NAME, Manifest
 from torch_checkpointing.metadata_manager import check_extracted
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy, checked_relative_path
 from torch_checkpointing.schema import ResolvedItem
-from torch_checkpointing.signals import signals_deferred
+from torch_checkpointing.signals import Held, signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import iter_leaves, leaves, local_tensor
 from torch_checkpointing.types import CheckpointPath, RankInfo
@@ -198,8 +198,10 @@ class CheckedLoad:
             self._loader._copy(self._ctx, self._plans, self._report, self._strict, self._copied, unchecked_only=True)
 
     def undo_unchecked(self) -> None:
-        """Put back what `restore_unchecked` wrote (another rank's resharder failed): no template changed."""
-        self._copied.undo()
+        """Put back what `restore_unchecked` wrote (another rank's resharder failed, or this rank was interrupted):
+        no template changed. A signal arriving meanwhile is handled once they are put back."""
+        with signals_deferred(f"Load of {self._ctx.root}", held=_PUT_BACK_HELD):
+            self._copied.undo()
 
     def restore(self) -> dict[str, Any]:
         """Phase 2: copy into the templates, run the resharders; returns the loaded mapping. A signal arriving
@@ -216,10 +218,11 @@ class CheckedLoad:
                 "after the copy had finished: every template holds the checkpoint, whole, as a load that returned "
                 "leaves it (only what load() returns outside the templates, entries they lack, was lost)"
             )
-        if self._copied.engine_started:
+        if self._copied.engine_started or self._copied.before is not None:  # (custom resharders' not put back)
             return (
-                "cut short during the copy (the signal sent again runs its handler at once): the templates may be "
-                "partly restored, some entries the checkpoint's, others as they were. Load again before using them"
+                "cut short during the copy, or while the templates were put back (a signal sent again runs its "
+                "handler at once): the templates may be partly restored, some entries the checkpoint's, others as "
+                "they were. Load again before using them"
             )
         return _UNCHANGED
 
@@ -239,6 +242,9 @@ class CheckedLoad:
 
 
 _UNCHANGED = "before any template was changed: nothing was restored"
+_PUT_BACK_HELD = Held(
+    "putting the templates back as they were", "they are put back", "the templates may be partly restored"
+)
 
 
 def interrupted_note(exc: BaseException, checkpoint_id: str, checked: list[CheckedLoad]) -> None:
