@@ -2,8 +2,8 @@
 
 Exit codes: 0 success; 1 the answer is "no" (verify found damage or a path that is no committed checkpoint, diff
 found differences, gc failed to remove something); 2 the command could not run (not a checkpoint, bad arguments,
-missing path); 130 interrupted (Ctrl-C). Every command takes `--json` for scripts (one JSON document on stdout).
-Tables and progress bars use `rich` when it is installed (the `[cli]` extra) and the stream is a terminal;
+missing path); 130 interrupted (SIGINT (Ctrl-C)). Every command takes `--json` for scripts (one JSON document on
+stdout). Tables and progress bars use `rich` when it is installed (the `[cli]` extra) and the stream is a terminal;
 otherwise the output is plain text, so pipes and logs work.
 """
 
