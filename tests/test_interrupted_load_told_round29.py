@@ -16,12 +16,17 @@ import pytest
 from tests.probes import fresh_json
 
 CHILD = """
-import json, os, signal, sys, tempfile, time
+import json, logging, os, signal, sys, tempfile, time
 import torch
 from torch_checkpointing import CheckpointManager, checkpoint_loader
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 point = sys.argv[1]
+lines = []
+class Lines(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+logging.getLogger("torch_checkpointing").addHandler(Lines(logging.WARNING))
 
 def state(value):
     return {"model": {"a": torch.full((8,), float(value))}, "extra": {"b": torch.full((8,), float(value))}}
@@ -66,6 +71,7 @@ except KeyboardInterrupt as exc:
     out["raised"] = "KeyboardInterrupt"
     out["notes"] = getattr(exc, "__notes__", [])
 out["held"] = {k: float(into[k][n][0]) for k, n in (("model", "a"), ("extra", "b"))}
+out["warnings"] = lines
 out["again"] = float(manager.load(f"{root}/c", state(0))["model"]["a"][0])
 manager.close()
 print(json.dumps(out))
@@ -90,3 +96,11 @@ def test_the_interrupt_says_what_the_templates_hold(point: str) -> None:
     assert len(out["notes"]) == 1 and words in out["notes"][0], out
     assert "Load of" in out["notes"][0] and "/c" in out["notes"][0], out
     assert out["again"] == 7.0, out  # the manager loads again afterwards
+
+
+def test_a_single_rank_hold_speaks_of_the_copy_alone() -> None:
+    out = fresh_json(CHILD, "copy")
+    held = [line for line in out["warnings"] if "during the copy into the templates" in line]
+    # Before: "…: SIGINT (Ctrl-C) during the copy into the templates and the ranks' word on it; its handler runs
+    # once every rank has said whether its copy finished (at most the process group's timeout) …", on one rank.
+    assert len(held) == 1 and "rank" not in held[0] and "process group" not in held[0], out["warnings"]

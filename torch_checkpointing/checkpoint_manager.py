@@ -489,7 +489,9 @@ class CheckpointManager:
             except BaseException:
                 checked.undo_unchecked()  # another rank's resharder failed: this rank's templates go back too
                 raise
-            with signals_deferred(what, held=_RESTORE_HELD):  # the copy and the ranks' word on it, as one
+            # The copy and the ranks' word on it, as one hold; on one rank, the copy's own.
+            together = signals_deferred(what, held=_RESTORE_HELD) if transport.world_size > 1 else nullcontext()
+            with together:
                 return agree_outcome(restoring, transport, checked.restore)[0]
 
     def _check_collective_load(
