@@ -72,11 +72,12 @@ def _job(root: str, control_dir: str) -> dict[str, Any]:
     calls = {
         "load": lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}}),
         "save": lambda: manager.save(f"{root}/ck2", state(2, rank)),
+        "load0": lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}}),
         "twice": lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}}),
     }
     for name, call in calls.items():
         dist.barrier()
-        if rank == 1:
+        if rank == (0 if name == "load0" else 1):  # rank 0 hosts the store the roll call uses
             _interrupt_between_gathers(2, HANG_S) if name == "twice" else _interrupt_between_gathers(1, 1.0)
         out[name] = _said(call)
         if name != "twice":  # the group broke in the middle of a collective there
@@ -107,6 +108,12 @@ def test_rank_0_hears_of_the_interrupt_instead_of_calling_rank_1_silent(ranks: l
 @pytest.mark.parametrize("call", CALLS)
 def test_the_ranks_load_together_afterwards(ranks: list[dict[str, Any]], call: str) -> None:
     assert [r[f"{call}_then"] for r in ranks] == [10.0, 11.0], ranks
+
+
+def test_rank_1_hears_of_an_interrupt_on_rank_0(ranks: list[dict[str, Any]]) -> None:
+    assert ranks[0]["load0"].startswith("KeyboardInterrupt"), ranks
+    assert "went silent" not in ranks[1]["load0"] and "rank 0: KeyboardInterrupt" in ranks[1]["load0"], ranks
+    assert [r["load0_then"] for r in ranks] == [10.0, 11.0], ranks
 
 
 def test_the_held_interrupt_is_said(ranks: list[dict[str, Any]]) -> None:
