@@ -243,7 +243,9 @@ class CheckedLoad:
 
 _UNCHANGED = "before any template was changed: nothing was restored"
 _PUT_BACK_HELD = Held(
-    "putting the templates back as they were", "they are put back", "the templates may be partly restored"
+    "the put-back of the templates as they were before the load",
+    "they are put back",
+    "the templates may be partly restored",
 )
 
 
