@@ -40,6 +40,9 @@ _CALL_GRACE_S = 2.0
 _CALLER_IDLE_S = 10.0
 # How often a new client's connect, not done yet, looks whether its host went away (`_within`).
 _GONE_CHECK_S = 0.5
+# How long one such check's connect may wait. A refusal (the only answer that says "gone") comes at once; a
+# connect a busy host drops is no answer, and waiting the channel's whole timeout on it doubled the connect's.
+_GONE_CHECK_WAIT_S = 1.0
 _CALLERS_PER_HOST = 4
 T = TypeVar("T")
 
@@ -78,7 +81,7 @@ class StoreChannel:
             kept = _Clients.kept(self._host)
             self._store = kept if kept is not None and self._still_connected(kept) else None
         if self._store is None:
-            if self._shared and _refuses_connections(self._host, max(timeout_s, 1.0)):
+            if self._shared and _refuses_connections(self._host, _GONE_CHECK_WAIT_S):
                 # The store's address is learnt from rank 0 once it listens: refused now, it is gone. A TCPStore
                 # client's connect would retry for its whole timeout (a barrier's peer, `shared=False`, may come
                 # before its host listens, and waits).
@@ -114,7 +117,7 @@ class StoreChannel:
         connect_s = 2 * (max(timeout_s, 1.0) + _CALL_GRACE_S)
         # Rank 0 killed as this connect began: the client's retries of the refused connect (and of a reset one)
         # ran past the save's timeout, where the host had been gone from the first retry.
-        gone = None if not self._shared else lambda: _refuses_connections(self._host, 1.0)
+        gone = None if not self._shared else lambda: _refuses_connections(self._host, _GONE_CHECK_WAIT_S)
         client = self._call(lambda: self._connect(address, timeout_s), connect_s, gone=gone)
         return _Clients.keep(self._host, client) if self._shared else client
 
