@@ -34,6 +34,7 @@ from torch_checkpointing.errors import (
     WriterProcessDied,
     add_note,
     log_safely,
+    save_shortage,
 )
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import FileRecord, Manifest
@@ -322,7 +323,7 @@ def write_checkpoint(storage: Storage, request: WriteRequest, announce: Announce
                 raise _as_reported(raised[0], plan.name, committed, progress.left_to_rank_0) from None
     except BaseException as exc:
         committed = _clean_up(commit, plan, progress, exc)
-        explained = None if committed else explained_disk_fault(exc, plan.checkpoint_dir)
+        explained = None if committed else _explained(exc, plan.checkpoint_dir)
         if explained is not None:
             raise explained from exc
         raise
@@ -400,6 +401,12 @@ def explained_disk_fault(exc: BaseException, checkpoint_dir: str) -> OSError | N
         f"if any, is intact. Fix: {fix})"
     )
     return OSError(exc.errno, said, exc.filename, None, exc.filename2)
+
+
+def _explained(exc: BaseException, checkpoint_dir: str) -> BaseException | None:
+    """A failed save's error named for what it is, when we can: a disk fault, or the process short of memory,
+    a thread or descriptors (`errors.save_shortage`)."""
+    return explained_disk_fault(exc, checkpoint_dir) or save_shortage(exc, checkpoint_dir)
 
 
 def _recording(handler: Callable[..., Any], raised: list[tuple[int, BaseException]]) -> Callable[[int, Any], None]:

@@ -300,6 +300,44 @@ def _raise_if_no_thread(exc: BaseException, path: object, what: str) -> None:
         ) from exc
 
 
+def is_shortage(exc: BaseException) -> bool:
+    """Whether `exc` is the process short of memory, a thread or file descriptors, in any of the words the OS,
+    Python or torch say it: a caller that would blame the value or the file for it must not."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOMEM, *_NO_DESCRIPTOR_ERRNOS)
+    if isinstance(exc, RuntimeError):
+        text = _torch_message(exc)
+        refused = _ALLOCATION_REFUSED_RE.search(text) or _NO_DESCRIPTOR_RE.search(text)
+        return refused is not None or text.startswith(_NO_THREAD)
+    return False
+
+
+def save_shortage(exc: BaseException, checkpoint_dir: str) -> MemoryError | OSError | None:
+    """What a save of `checkpoint_dir` that failed with `exc` says when `exc` is the process short of memory (a
+    `MemoryError`) or of file descriptors (an `OSError` with its errno), naming the checkpoint, what became of it
+    and the fix; None for any other failure. Before, a save whose aligned write buffer the OS refused failed with a
+    bare `OSError: [Errno 12] Cannot allocate memory` naming a file of the hidden temporary directory, and one
+    whose pickle found no room with a bare `MemoryError()`."""
+    if not is_shortage(exc):
+        return None
+    outcome = f"checkpoint {checkpoint_dir} was not committed; an earlier checkpoint under that id, if any, is intact"
+    said = f"{type(exc).__name__}: {_torch_message(exc)}" if str(exc) else type(exc).__name__
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code in _NO_DESCRIPTOR_ERRNOS or (isinstance(exc, RuntimeError) and _NO_DESCRIPTOR_RE.search(str(exc))):
+        return OSError(
+            code or errno.EMFILE,
+            f"Out of file descriptors saving ({said}): {outcome}. Close files this process holds, or raise its "
+            f"limit (`ulimit -n`, RLIMIT_NOFILE), and save again.",
+        )
+    return MemoryError(
+        f"Out of memory saving ({said}): {outcome}. The OS refused memory (the address-space limit, RLIMIT_AS, "
+        f"`ulimit -v`; a thread: RLIMIT_NPROC, `ulimit -u`; or the machine's memory): free memory, or raise the "
+        f"limit, and save again."
+    )
+
+
 def shortage_told_by_peers(reasons: list[str], message: str) -> MemoryError | OSError | None:
     """The error a rank raises, saying `message`, for the failures `reasons` (each "TypeName: message", in rank
     order) when every one is a shortage this module named (`raise_if_short_of_resources`): the first one's

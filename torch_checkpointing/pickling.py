@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_checkpointing.errors import ConfigTypeError
+from torch_checkpointing.errors import ConfigTypeError, is_shortage
 from torch_checkpointing.traversal import dotted_key, freed_storage_said, iter_leaves, storage_freed
 from torch_checkpointing.types import NestedPath
 
@@ -105,7 +105,11 @@ def raised_by_a_leaf(
 ) -> pickle.PicklingError | None:
     """`unpicklable` for an exception of any type (a `__reduce__`/`__getstate__`/`__deepcopy__` may raise
     RuntimeError, ValueError, OSError...), or None when no leaf of `value` fails `op`: then `exc` came from
-    elsewhere (the stream's I/O error, a signal handler) and the caller raises it as itself."""
+    elsewhere (the stream's I/O error, a signal handler) and the caller raises it as itself. None too when `exc`
+    is the process short of memory (`errors.is_shortage`): the leaf's own pickle, run again to find it, failed
+    for want of memory too, and the save called a bytes object "not picklable" ("Make it picklable")."""
+    if is_shortage(exc):
+        return None
     found = _first_failing_leaf(value, op)
     return None if found is None else unpicklable(key, value, exc, doing=doing, op=op, fix=fix)
 
