@@ -97,7 +97,7 @@ def _leave_group_signals_to_the_trainer(trainer_pid: int) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # also if not inherited (a resource tracker restart)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     if hasattr(signal, "sigwaitinfo"):
-        threading.Thread(target=_take_sigterm, args=(trainer_pid,), name="ckpt-sigterm", daemon=True).start()
+        start_thread(threading.Thread(target=_take_sigterm, args=(trainer_pid,), name="ckpt-sigterm", daemon=True))
 
 
 def _take_sigterm(trainer_pid: int) -> None:
@@ -145,7 +145,7 @@ def _die_with_trainer(trainer_pid: int, poll_s: float = 0.2) -> None:
             time.sleep(poll_s)
         os._exit(1)
 
-    threading.Thread(target=watch, name="ckpt-trainer-watch", daemon=True).start()
+    start_thread(threading.Thread(target=watch, name="ckpt-trainer-watch", daemon=True))
 
 
 # ------------------------------------------------------------------------------------------- the protocol
@@ -400,9 +400,8 @@ def _writer_main(
     init_fn: Callable[..., None],
     init_args: tuple[Any, ...],
 ) -> None:
-    trainer_pid = os.getppid()
-    _leave_group_signals_to_the_trainer(trainer_pid)
-    _die_with_trainer(trainer_pid)
+    if not _start_threads(conn, os.getppid()):
+        return
     _take_store_environment(environment)
     working_directory_is_not_the_programs()
     _skip_torch_record_crc()
@@ -463,6 +462,21 @@ def _answer(conn: Connection, message: Any) -> bool:
     try:
         conn.send(message)
     except OSError:  # BrokenPipeError, ConnectionResetError: nobody reads the other end any more
+        return False
+    return True
+
+
+def _start_threads(conn: Connection, trainer_pid: int) -> bool:
+    """The writer's own threads (`_leave_group_signals_to_the_trainer`, `_die_with_trainer`); False once their
+    refusal was sent to the trainer. Before, a thread the OS refused (RLIMIT_AS, RLIMIT_NPROC) killed the writer
+    with a bare RuntimeError on its stderr, and the trainer read only an EOF: the save failed with "EOFError",
+    telling the user to guard the script's entry point."""
+    try:
+        _leave_group_signals_to_the_trainer(trainer_pid)
+        _die_with_trainer(trainer_pid)
+    except BaseException as exc:  # a MemoryError from `start_thread`, naming the shortage and the fix
+        with contextlib.suppress(OSError):
+            conn.send(StartFailed("starting the writer's own threads", _portable(exc)))
         return False
     return True
 
@@ -680,6 +694,11 @@ class CheckpointProcess:
                     "os.chdir() to a directory that exists (the next save starts the writer), or save synchronously "
                     "(CheckpointManager.Config.with_sync_save()). Nothing was saved."
                 ) from error
+            if isinstance(error, _WriterSetUpFailed) and isinstance(error.error, MemoryError):
+                raise MemoryError(  # what a caller that retries with less catches
+                    f"Checkpoint writer process failed to start: {error.step} ran out of memory in the writer "
+                    f"process: {error.error} Nothing was saved; the next save starts a new writer."
+                ) from error.error
             if isinstance(error, _WriterSetUpFailed):
                 raise CheckpointError(
                     f"Checkpoint writer process failed to start: {error.step} raised in the writer process: "
