@@ -43,6 +43,7 @@ from torch_checkpointing.errors import (
     add_note,
     committed_state,
     log_safely,
+    save_shortage,
 )
 from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import DEFAULT_ACQUIRE_TIMEOUT_SECS, RWLock, RWLockMode
@@ -515,9 +516,14 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     def _refused(self, plan: SavePlan, exc: BaseException) -> BaseException:
         """Answer the commit's first agreement with `exc` for this rank's writer, which will never answer it
-        (`refuse_unanswered`); returns the error every rank raises, once what was written is removed."""
-        error = refuse_unanswered(plan, exc)
-        if error is not exc or isinstance(exc, WriterProcessDied):
+        (`refuse_unanswered`); returns the error every rank raises, once what was written is removed. A shortage
+        (its staging copy, or torch moving it to shared memory to send it, found no room) is named as one
+        (`save_shortage`): it was torch's bare RuntimeError "DefaultCPUAllocator: can't allocate memory"."""
+        named = save_shortage(exc, plan.checkpoint_dir)
+        if named is not None:
+            named.__cause__ = exc
+        error = refuse_unanswered(plan, named or exc)
+        if error is not (named or exc) or isinstance(exc, WriterProcessDied):
             self._discard(plan)
         return error
 
