@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
@@ -454,11 +455,24 @@ class DistributedItemMetadata:
 
     def get_file_path(self, rank: int, checkpoint_path: Path, item_key: str) -> Path:
         """Where `rank` wrote the item under `checkpoint_path`: its layout's file, or the default layout's."""
-        layout = self.rank_to_layout_info.get(rank) or default_layout_info(item_key, rank)
-        return Path(checkpoint_path) / layout.file_path
+        call = "DistributedItemMetadata.get_file_path"
+        if not isinstance(checkpoint_path, (str, os.PathLike)):
+            raise ConfigTypeError(
+                f"{call}: checkpoint_path must be a path (str or Path), got {type(checkpoint_path).__name__} "
+                f"{checkpoint_path!r:.80}"
+            )
+        return Path(checkpoint_path) / self._layout(rank, item_key, call).file_path
 
     def get_layout(self, rank: int, item_key: str) -> LayoutInfo:
         """`rank`'s layout of the item, `default_layout_info(item_key, rank)` where it recorded none."""
+        return self._layout(rank, item_key, "DistributedItemMetadata.get_layout")
+
+    def _layout(self, rank: int, item_key: str, call: str) -> LayoutInfo:
+        """`get_layout`, a rank or key of the wrong type refused naming it and `call`: a str rank found no layout
+        and named the file "k_0.pt" for "0", a bool one "k_True.pt", a Path key a bare TypeError."""
+        field_int(rank, "rank", call)
+        if not isinstance(item_key, str):
+            raise ConfigTypeError(f"{call}: item_key must be a str, got {type(item_key).__name__} {item_key!r:.80}")
         return self.rank_to_layout_info.get(rank) or default_layout_info(item_key, rank)
 
     def get_metadata_for_path_and_rank(self, nested_path: NestedPath, rank: int) -> ShardingMetadata | None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata
-from torch_checkpointing.errors import ConfigTypeError
+from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata, field_int, field_ints
+from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath
 
@@ -39,6 +39,27 @@ class LoadPlan:
     src_dtype: str = ""
 
     def __post_init__(self) -> None:
+        """Refuse a field of the wrong type naming it: a plan took anything, and a resharder's copy failed later, far
+        from the plan that was wrong, in words about slices (a str `src_rank` found no file; `sizes="22"`, a
+        `TypeError` deep in the copy)."""
+        record = "LoadPlan"
+        self.offsets = field_ints(self.offsets, "offsets", record)
+        self.sizes = field_ints(self.sizes, "sizes", record)
+        self.src_offsets = field_ints(self.src_offsets, "src_offsets", record)
+        self.src_sizes = field_ints(self.src_sizes, "src_sizes", record)
+        dims = {len(self.offsets), len(self.sizes), len(self.src_offsets), len(self.src_sizes)}
+        if len(dims) > 1:
+            raise ConfigError(
+                f"{record} for {self.src_fqn!r}: offsets, sizes, src_offsets and src_sizes must have one length each "
+                f"(one entry per dimension), got {self.offsets}, {self.sizes}, {self.src_offsets}, {self.src_sizes}"
+            )
+        field_int(self.src_rank, "src_rank", record)
+        field_int(self.src_elem_size, "src_elem_size", record)
+        for name in ("src_fqn", "src_dtype"):
+            if not isinstance(getattr(self, name), str):
+                value = getattr(self, name)
+                raise ConfigTypeError(f"{record}.{name} must be a str, got {type(value).__name__} {value!r:.80}")
+        self.transpose_dims = field_ints(self.transpose_dims, "transpose_dims", record)
         if self.transpose_dims:
             warnings.warn(
                 f"LoadPlan.transpose_dims={self.transpose_dims!r} (for {self.src_fqn!r}) is ignored: no resharder "
@@ -61,6 +82,38 @@ class ReshardingInfo:
 
     nested_path_to_load_plans: dict[NestedPath, list[LoadPlan]] = field(default_factory=dict)
     non_reshardable_paths: list[NestedPath] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        """Refuse a field of the wrong type naming it (it took anything, and failed later in the copy)."""
+        record = "ReshardingInfo"
+        if not isinstance(self.nested_path_to_load_plans, dict):
+            raise ConfigTypeError(
+                f"{record}.nested_path_to_load_plans must be a dict of nested path -> list of LoadPlan, got "
+                f"{type(self.nested_path_to_load_plans).__name__} {self.nested_path_to_load_plans!r:.80}"
+            )
+        for path, plans in self.nested_path_to_load_plans.items():
+            _check_nested_path(path, f"{record}.nested_path_to_load_plans key")
+            if not isinstance(plans, list) or not all(isinstance(p, LoadPlan) for p in plans):
+                raise ConfigTypeError(
+                    f"{record}.nested_path_to_load_plans[{path!r}] must be a list of LoadPlan, got "
+                    f"{type(plans).__name__} {plans!r:.80}"
+                )
+        if not isinstance(self.non_reshardable_paths, list):
+            raise ConfigTypeError(
+                f"{record}.non_reshardable_paths must be a list of nested paths, got "
+                f"{type(self.non_reshardable_paths).__name__} {self.non_reshardable_paths!r:.80}"
+            )
+        for path in self.non_reshardable_paths:
+            _check_nested_path(path, f"{record}.non_reshardable_paths entry")
+
+
+def _check_nested_path(path: object, what: str) -> None:
+    """A nested path is a tuple of str keys and int indices, ("layers", 0, "w"); a ConfigTypeError otherwise."""
+    if not isinstance(path, tuple) or any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in path):
+        raise ConfigTypeError(
+            f"{what} must be a nested path, a tuple of str keys and int indices such as ('layers', 0, 'w'), got "
+            f"{type(path).__name__} {path!r:.80}"
+        )
 
 
 class Resharder(ABC):
