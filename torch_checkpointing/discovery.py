@@ -152,6 +152,19 @@ def _after_scheme(url: str) -> str:
     return url.split(":", 1)[1].lstrip("/")
 
 
+# What each field of `CheckpointInfo` may be (a bool is no int here).
+_INFO_FIELDS: dict[str, tuple[type, ...]] = {
+    "path": (str,),
+    "step": (int, type(None)),
+    "commit_time": (float, int, type(None)),
+    "world_size": (int,),
+    "total_bytes": (int,),
+    "metrics": (dict, type(None)),
+    "library_version": (str,),
+    "items": (tuple, list),
+}
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     """One committed checkpoint, as its manifest describes it."""
@@ -164,6 +177,20 @@ class CheckpointInfo:
     metrics: dict[str, float] | None
     library_version: str
     items: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Refuse a field of the wrong type naming it: a record built by hand (a test double, a listing of one's
+        own) took anything, and `name` or `to_dict()` failed later with a bare AttributeError or TypeError."""
+        for name, kinds in _INFO_FIELDS.items():
+            value = getattr(self, name)
+            if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+                wanted = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+                raise ConfigTypeError(
+                    f"CheckpointInfo.{name} must be {wanted}, got {type(value).__name__} {value!r:.80}"
+                )
+        if not all(isinstance(key, str) for key in self.items):
+            raise ConfigTypeError(f"CheckpointInfo.items must hold str item keys only, got {self.items!r:.80}")
+        object.__setattr__(self, "items", tuple(self.items))  # a list is taken as the tuple the field is
 
     @property
     def name(self) -> str:

@@ -34,6 +34,28 @@ class CheckpointPath:
     item_key: str
     nested_path: NestedPath = ()
 
+    def __post_init__(self) -> None:
+        """Refuse a key or path of the wrong type naming it: a list path made a location that did not hash, a bool
+        or float component one whose `serialize()` wrote what `deserialize()` refuses, an int key a bare TypeError
+        from `str()`. A list path is taken as the tuple it stands for."""
+        path = self.nested_path
+        if type(self.item_key) is str and type(path) is tuple and all(type(c) is str or type(c) is int for c in path):
+            return  # the engine's own locations: checked in C, one per leaf of every load
+        from torch_checkpointing.errors import ConfigTypeError
+
+        if not isinstance(self.item_key, str):
+            raise ConfigTypeError(
+                f"CheckpointPath.item_key must be a str, got {type(self.item_key).__name__} {self.item_key!r:.80}"
+            )
+        if not isinstance(path, (tuple, list)) or any(
+            isinstance(c, bool) or not isinstance(c, (str, int)) for c in path
+        ):
+            raise ConfigTypeError(
+                f"CheckpointPath.nested_path must be a tuple of str keys and int indices such as ('layers', 0, 'w'), "
+                f"got {type(path).__name__} {path!r:.80}"
+            )
+        object.__setattr__(self, "nested_path", tuple(path))
+
     def __str__(self) -> str:
         if not self.nested_path:
             return self.item_key
