@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from torch_checkpointing.errors import CheckpointError, WriterProcessDied
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 STORAGE = LocalFileSystemStorageConfig(use_direct_io=False)
+# How long close() may take to answer on a busy machine: it sends Stop and reads the answer, a fraction of a second
+# when idle.
+CLOSE_BOUND_S = 60.0
 
 
 def failing_init(message: str) -> None:
@@ -147,40 +151,46 @@ def test_a_request_no_writer_takes_fails_saying_nothing_was_written(tmp_path: Pa
 
 
 class _SlowToClose(logging.Handler):
-    """A log handler whose close() takes `seconds`, then writes `marker`. The writer closes every handler
-    (logging.shutdown) as it exits after answering Stop, so this makes that exit slow, like the teardown of a
-    big slab mapping, and the marker shows the exit ran to its end."""
+    """A log handler whose close() waits until `release` exists, then writes `marker`. The writer closes every
+    handler (logging.shutdown) as it exits after answering Stop, so this holds that exit for as long as the test
+    wants, like the teardown of a big slab mapping, and the marker shows the exit ran to its end."""
 
-    def __init__(self, seconds: float, marker: str) -> None:
+    def __init__(self, release: str, marker: str) -> None:
         super().__init__()
-        self.seconds, self.marker = seconds, marker
+        self.release, self.marker = release, marker
 
     def emit(self, record: logging.LogRecord) -> None:
         pass
 
     def close(self) -> None:
-        time.sleep(self.seconds)
+        deadline = time.monotonic() + 2 * CLOSE_BOUND_S  # only so that a failed test leaves no writer behind
+        while not Path(self.release).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         Path(self.marker).write_text("closed")
         super().close()
 
 
-def slow_exit(seconds: float, marker: str) -> None:
-    """In the writer: take `seconds` to exit after answering Stop."""
-    logging.getLogger("tests.slow_exit").addHandler(_SlowToClose(seconds, marker))
+def slow_exit(release: str, marker: str) -> None:
+    """In the writer: exit after answering Stop only once `release` exists."""
+    logging.getLogger("tests.slow_exit").addHandler(_SlowToClose(release, marker))
 
 
 def test_close_does_not_wait_for_the_writers_exit_but_reaps_it(tmp_path: Path) -> None:
-    marker = tmp_path / "exited"
+    release, marker = tmp_path / "release", tmp_path / "exited"
     process = CheckpointProcess(
-        STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120), slow_exit, (3.0, str(marker))
+        STORAGE, CheckpointProcessConfig(subprocess_init_timeout_secs=120), slow_exit, (str(release), str(marker))
     )
     assert process.write(_request(tmp_path, "c")) > 0
     pid = process.pid
     assert pid is not None
-    t0 = time.monotonic()
-    process.close()
-    assert time.monotonic() - t0 < 1.5, "close() waited for the writer's exit"
-    assert not marker.exists(), "the writer's exit was not slow: the test proves nothing"
+    closing = threading.Thread(target=process.close)
+    closing.start()
+    closing.join(CLOSE_BOUND_S)  # the writer cannot exit before `release` exists, made only after close() returns
+    returned, held = not closing.is_alive(), not marker.exists()
+    release.touch()
+    closing.join(CLOSE_BOUND_S)
+    assert returned, "close() waited for the writer's exit"
+    assert held, "the writer exited before it was let: the test proves nothing"
     deadline = time.monotonic() + 60
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # a zombie keeps its /proc entry
         time.sleep(0.1)
