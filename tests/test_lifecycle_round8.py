@@ -115,7 +115,10 @@ def test_a_reader_inside_its_own_read_hold_is_not_stopped_by_a_waiting_writer() 
     lock.acquire(RWLockMode.READ, timeout=1)
     writer = threading.Thread(target=lambda: lock.hold(RWLockMode.WRITE, timeout=WAIT_S).__enter__())
     writer.start()
-    time.sleep(0.2)  # the writer is waiting now
+    deadline = time.monotonic() + WAIT_S
+    while not lock._writers_waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert lock._writers_waiting, "the writer never came to wait: the test proves nothing"
     lock.acquire(RWLockMode.READ, timeout=1)  # must not wait for the writer that waits for us
     lock.release(RWLockMode.READ)
     lock.release(RWLockMode.READ)
