@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CONNECTS_PER_CLIENT",
     "REPO",
     "MappedRegion",
     "armed_sigint",
@@ -74,15 +73,11 @@ def memory_maps() -> list[MappedRegion]:
 _LISTEN = "0A"
 
 
-# A new client of a checkpoint store connects once: the check that its host listens (round 28: a refused connect
-# is told at once, where the client's own retries for its whole timeout) looks at this machine's sockets on
-# loopback, making no connection.
-CONNECTS_PER_CLIENT = 1
-
-
 def connections_to(port: int) -> set[int]:
     """The client ports of every TCP connection to `port` on this machine that is open, or closed less than a
-    minute ago (its client's side is left in TIME_WAIT that long): one per client that connected.
+    minute ago (its client's side is left in TIME_WAIT that long): one per connection made. Not one per client
+    where a client connects meanwhile: a TCPStore client retries its whole connect (a new connection) when its
+    first exchange fails on a busy machine; count the clients held open (`open_clients_of`) there.
 
     Each line of /proc/net/tcp is one side of a connection: `local rem st ...` with addresses as `HEX:PORT`. A
     connection on loopback has both sides listed while open; once its client closed, only the client's side.
