@@ -219,7 +219,9 @@ class Control:
         (self.root / "blocked").unlink(missing_ok=True)
         (self.root / "block_on").write_text(substring)
 
-    def wait_blocked(self, timeout: float = 30.0) -> int:
+    def wait_blocked(self, timeout: float = 120.0) -> int:
+        """The pid of the process that blocked (`block`). `timeout` only stops a hang: the first write of an async
+        manager includes starting its writer process, 18 s seen on 2 busy cores under coverage."""
         deadline = time.monotonic() + timeout
         marker = self.root / "blocked"
         while time.monotonic() < deadline:
