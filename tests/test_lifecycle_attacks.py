@@ -139,8 +139,12 @@ def test_save_from_another_thread_waits_for_the_lock_holder(
     with manager.lock():
         saver = threading.Thread(target=save)
         saver.start()
-        time.sleep(0.5)
+        staging_lock = manager._saver._staging_lock  # type: ignore[attr-defined]
+        deadline = time.monotonic() + WAIT_S
+        while not staging_lock._writers_waiting and saver.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
         assert saver.is_alive(), f"the other thread's save did not wait for lock(): {outcome}"
+        assert staging_lock._writers_waiting, "the save never came to wait for the lock: the test proves nothing"
     saver.join(WAIT_S)
     assert "error" not in outcome, outcome
     outcome["future"].result(WAIT_S)
