@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
 from typing import Any, ParamSpec, TypeVar
 
-from torch_checkpointing.errors import log_safely, raise_if_thread_not_started
-from torch_checkpointing.signals import COPY_HELD, Held, signals_deferred
+from torch_checkpointing.errors import log_safely
+from torch_checkpointing.signals import COPY_HELD, Held, signals_deferred, start_bounded
 
 __all__ = ["SettledFuture", "WorkerPool", "settle_all"]
 
@@ -259,11 +259,7 @@ class WorkerPool(Executor):
         the pool counting a thread that never ran, and its jobs waited for good.)"""
         for i in range(len(self._threads), self._workers):
             thread = self._thread(i)
-            try:
-                thread.start()
-            except RuntimeError as exc:  # the OS refused it: a shortage, told as one (the threads started stay)
-                raise_if_thread_not_started(exc, thread.name)
-                raise
+            start_bounded(thread)  # refused: a MemoryError naming it (the threads started stay)
             self._threads.append(thread)
 
     def _thread(self, i: int) -> threading.Thread:

@@ -175,18 +175,46 @@ def signals_deferred(what: str, *, quiet: bool = False, held: Held = COPY_HELD) 
 
 
 def start_thread(thread: threading.Thread) -> None:
-    """`thread.start()`, with the signals deferred until it has returned.
+    """`thread.start()` (bounded: `start_bounded`), with the signals deferred until it has returned.
 
     `Thread.start()` waits on an Event for the new thread to say it runs; a KeyboardInterrupt landing in that
     wait left the Event's lock held, and the new thread blocked for good before running anything (a worker
     pool's thread never took a job). A signal that arrives meanwhile runs its handler once the thread runs.
     """
     with signals_deferred(f"starting thread {thread.name}", quiet=True):
-        try:
-            thread.start()
-        except RuntimeError as exc:
-            raise_if_thread_not_started(exc, thread.name)
-            raise
+        start_bounded(thread)
+
+
+# How long a new thread may take to say it runs (`start_bounded`): far past any scheduling delay.
+_THREAD_START_S = 30.0
+
+
+class _BoundedStart(threading.Event):
+    """The Event `Thread.start()` waits on for the new thread to say it runs, with that wait bounded."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return super().wait(_THREAD_START_S if timeout is None else timeout)
+
+
+def start_bounded(thread: threading.Thread) -> None:
+    """`thread.start()`, or a `MemoryError` naming the thread and the fix where the OS refused it or where it died
+    in its own start-up before it ran. The latter under a low RLIMIT_AS: the OS made the thread, whose first
+    allocation then failed (CPython prints "Exception ignored in thread started by ... MemoryError"), and
+    `Thread.start()`, waiting without a bound for the thread to say it runs, hung the save for good."""
+    seen = getattr(thread, "_started", None)
+    if type(seen) is threading.Event and not seen.is_set():  # CPython's; a started thread's start() refuses
+        thread._started = _BoundedStart()  # type: ignore[attr-defined]
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        raise_if_thread_not_started(exc, thread.name)
+        raise
+    if not thread._started.is_set():  # type: ignore[attr-defined]
+        raise MemoryError(
+            f"Out of memory starting thread {thread.name}: the OS made it, but it died in its own start-up before "
+            f"it ran (not running within {_THREAD_START_S:g}s): the address-space limit (RLIMIT_AS, `ulimit -v`) "
+            f"or the machine's memory. Free memory, or raise the limit, and try again."
+        )
 
 
 def _deliver(pending: list[int]) -> None:
