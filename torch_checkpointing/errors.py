@@ -314,8 +314,8 @@ def is_shortage(exc: BaseException) -> bool:
     return False
 
 
-# How a shortage this module named for a save says its fix: one that says it is not named again.
-_SAVE_FIXES_SAID = re.compile(r"`ulimit -[vn]`")
+# How a shortage named for a save (here, or the writer process's start) begins: one that does is not named again.
+_SAVE_FIXES_SAID = re.compile(r"^(Out of (memory|file descriptors) saving|Checkpoint writer process failed to start)")
 
 
 def save_shortage(exc: BaseException, checkpoint_dir: str) -> MemoryError | OSError | None:
@@ -324,7 +324,7 @@ def save_shortage(exc: BaseException, checkpoint_dir: str) -> MemoryError | OSEr
     and the fix; None for any other failure. Before, a save whose aligned write buffer the OS refused failed with a
     bare `OSError: [Errno 12] Cannot allocate memory` naming a file of the hidden temporary directory, and one
     whose pickle found no room with a bare `MemoryError()`."""
-    if not is_shortage(exc) or _SAVE_FIXES_SAID.search(str(exc)):
+    if not is_shortage(exc) or _SAVE_FIXES_SAID.match(str(exc)):
         return None  # not a shortage, or named already (by the writer process, or starting it)
     outcome = f"checkpoint {checkpoint_dir} was not committed; an earlier checkpoint under that id, if any, is intact"
     said = f"{type(exc).__name__}: {_torch_message(exc)}" if str(exc) else type(exc).__name__

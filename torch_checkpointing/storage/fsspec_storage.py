@@ -2184,12 +2184,31 @@ def new_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
 
 
 class _ChecksummedUpload(io.RawIOBase):
-    """A write-only stream that checksums what it uploads (`_running`), for the manifest's record."""
+    """A write-only stream that checksums what it uploads (`_running`), for the manifest's record.
+
+    The first error of a `write` is kept, raised again by every later one, and raised in place of the error the
+    `with` block is left with: an encoder that turns a failed write into its own error (torch's "unexpected pos
+    704 vs 598") hid it before, a part's thread the OS refused (a `MemoryError` naming the limit) or a refused
+    upload among them. The local filesystem's stream does the same (`DurableFileWriter`).
+    """
 
     _running: RunningChecksum
+    _first_error: Exception | None = None
 
     def writable(self) -> bool:
         return True
+
+    def write(self, data: Any) -> int:
+        if self._first_error is not None:
+            raise self._first_error
+        try:
+            return self._write_data(data)
+        except Exception as exc:  # MemoryError among them
+            self._first_error = exc
+            raise
+
+    def _write_data(self, data: Any) -> int:
+        raise NotImplementedError
 
     def checksum(self) -> FileChecksum:
         """Size, CRC32 and block CRC32s of every byte written; complete once the stream is closed."""
@@ -2207,6 +2226,9 @@ class _ChecksummedUpload(io.RawIOBase):
             return
         self._discard()
         super().close()
+        first = self._first_error
+        if first is not None and exc is not first:
+            raise first  # its context: what the encoder made of it
 
 
 class _FsspecFileWriter(_ChecksummedUpload):
@@ -2221,7 +2243,7 @@ class _FsspecFileWriter(_ChecksummedUpload):
         with _ErrorScope(f"upload of {url}", wrap_missing=True):
             self._inner = fs.open(key, "wb", block_size=block_size)
 
-    def write(self, data: Any) -> int:
+    def _write_data(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         self._running.update(view)
         with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
@@ -2281,7 +2303,7 @@ class _S3MultipartWriter(_ChecksummedUpload):
         # Parts made of whole blocks are checksummed on their upload threads; otherwise here, in order.
         self._sum_parts = part_size % self._running.block_size == 0
 
-    def write(self, data: Any) -> int:
+    def _write_data(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         if not self._sum_parts:
             self._running.update(view)
