@@ -221,7 +221,7 @@ def _sharding(**changed: Any) -> DTensorShardingMetadata:
             "nested_path_to_metadata",
         ),
         (lambda: DistributedItemMetadata({"ab": [GlobalObjectMetadata(_sharding(), (0,))]}, {}), "nested path"),
-        (lambda: DistributedItemMetadata({(1.5,): [GlobalObjectMetadata(_sharding(), (0,))]}, {}), "nested path"),
+        (lambda: DistributedItemMetadata({0: [GlobalObjectMetadata(_sharding(), (0,))]}, {}), "nested path"),
         (lambda: DistributedMetadata(None, 1), "metadata"),
         (lambda: DistributedMetadata({"a": None}, 1), "metadata"),
         (lambda: DistributedMetadata({}, "1"), "world_size"),

@@ -63,7 +63,6 @@ def test_a_load_plan_of_lists_is_the_plan_of_tuples() -> None:
     [
         ({"nested_path_to_load_plans": [("w",)]}, "nested_path_to_load_plans"),
         ({"nested_path_to_load_plans": {"w": []}}, "nested_path_to_load_plans key"),
-        ({"nested_path_to_load_plans": {("w", True): []}}, "nested_path_to_load_plans key"),
         ({"nested_path_to_load_plans": {("w",): LoadPlan(**_PLAN)}}, "nested_path_to_load_plans[('w',)]"),
         ({"nested_path_to_load_plans": {("w",): [_PLAN]}}, "nested_path_to_load_plans[('w',)]"),
         ({"non_reshardable_paths": ("w",)}, "non_reshardable_paths"),

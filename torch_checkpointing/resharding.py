@@ -11,7 +11,7 @@ from typing import Any
 from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata, field_int, field_ints
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.types import NestedPath
+from torch_checkpointing.types import NestedPath, hashable
 
 __all__ = ["LoadPlan", "Resharder", "ReshardingInfo"]
 
@@ -108,10 +108,11 @@ class ReshardingInfo:
 
 
 def _check_nested_path(path: object, what: str) -> None:
-    """A nested path is a tuple of str keys and int indices, ("layers", 0, "w"); a ConfigTypeError otherwise."""
-    if not isinstance(path, tuple) or any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in path):
+    """A nested path is a tuple of dict keys and int indices, ("layers", 0, "w"); a ConfigTypeError otherwise. Any
+    hashable key: a value's dict keys may be bools, None or tuples (`CheckpointPath`)."""
+    if not isinstance(path, tuple) or not all(hashable(c) for c in path):
         raise ConfigTypeError(
-            f"{what} must be a nested path, a tuple of str keys and int indices such as ('layers', 0, 'w'), got "
+            f"{what} must be a nested path, a tuple of dict keys and int indices such as ('layers', 0, 'w'), got "
             f"{type(path).__name__} {path!r:.80}"
         )
 

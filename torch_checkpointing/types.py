@@ -35,9 +35,10 @@ class CheckpointPath:
     nested_path: NestedPath = ()
 
     def __post_init__(self) -> None:
-        """Refuse a key or path of the wrong type naming it: a list path made a location that did not hash, a bool
-        or float component one whose `serialize()` wrote what `deserialize()` refuses, an int key a bare TypeError
-        from `str()`. A list path is taken as the tuple it stands for."""
+        """Refuse a key or path of the wrong type naming it: a list path made a location that did not hash, an int
+        key a bare TypeError from `str()`. A list path is taken as the tuple it stands for. A component is any
+        hashable dict key or an int index: a value's dict keys may be bools, floats, None or tuples, and the engine
+        names their locations with them (refusing them refused every save and load of such a value)."""
         path = self.nested_path
         if type(self.item_key) is str and type(path) is tuple and all(type(c) is str or type(c) is int for c in path):
             return  # the engine's own locations: checked in C, one per leaf of every load
@@ -47,11 +48,9 @@ class CheckpointPath:
             raise ConfigTypeError(
                 f"CheckpointPath.item_key must be a str, got {type(self.item_key).__name__} {self.item_key!r:.80}"
             )
-        if not isinstance(path, (tuple, list)) or any(
-            isinstance(c, bool) or not isinstance(c, (str, int)) for c in path
-        ):
+        if not isinstance(path, (tuple, list)) or not all(hashable(c) for c in path):
             raise ConfigTypeError(
-                f"CheckpointPath.nested_path must be a tuple of str keys and int indices such as ('layers', 0, 'w'), "
+                f"CheckpointPath.nested_path must be a tuple of dict keys and int indices such as ('layers', 0, 'w'), "
                 f"got {type(path).__name__} {path!r:.80}"
             )
         object.__setattr__(self, "nested_path", tuple(path))
@@ -95,3 +94,12 @@ class CheckpointPath:
         ):
             raise ConfigError(f"Cannot deserialize CheckpointPath from {s!r}: {expected}")
         return cls(parts[0], tuple(parts[1:]))
+
+
+def hashable(component: object) -> bool:
+    """Whether `component` can be a dict key (a nested path's component)."""
+    try:
+        hash(component)
+    except TypeError:
+        return False
+    return True
