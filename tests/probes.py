@@ -6,6 +6,9 @@
   slabs, memory-mapped checkpoint files) are mapped right now, without asking the engine.
 * `run_fresh()`, `fresh_json()`, `modules_after()`: run code in a new interpreter, where nothing of the package
   is imported yet, to see what an import loads or starts; this test process has long since imported it all.
+* `fresh_fork_statuses()`: fork children from a new interpreter and read their exit statuses. Never fork this
+  test process: its child would inherit every earlier test's threads and garbage (a forked child of a pytest
+  worker died of SIGSEGV under CI's coverage, 1 run in many, in code the test did not call).
 * `sigint_storm()`, `stormed_child()`: SIGINT to a child process about every millisecond, real signals for the
   interrupt tests; the child prints "ready", runs until the stop file exists, then prints "RESULT <json>";
   `armed_sigint()`, in the child, makes each signal an interrupt only where the test wants one.
@@ -32,6 +35,7 @@ __all__ = [
     "MappedRegion",
     "armed_sigint",
     "connections_to",
+    "fresh_fork_statuses",
     "fresh_json",
     "interrupted_at",
     "memory_maps",
@@ -176,6 +180,40 @@ def modules_after(code: str, *, timeout: float = FRESH_TIMEOUT_S) -> set[str]:
     """The names in sys.modules once a new interpreter has run `code`."""
     report = "import json as _json, sys as _sys\nprint(_json.dumps(sorted(_sys.modules)))\n"
     return set(fresh_json(textwrap.dedent(code) + "\n" + report, timeout=timeout))
+
+
+_FORK_CHILDREN = """
+import json as _json, os as _os, signal as _signal, traceback as _traceback
+_statuses = []
+for _expression in _json.loads(_CHILDREN):
+    _pid = _os.fork()
+    if _pid == 0:
+        _code = 2
+        try:
+            _signal.alarm(int(_CHILD_TIMEOUT_S))  # a child that hangs dies of SIGALRM, and its status says so
+            _code = 0 if eval(_expression) else 1
+        except BaseException:
+            _traceback.print_exc()
+        finally:
+            _os._exit(_code)
+    _statuses.append(_os.waitstatus_to_exitcode(_os.waitpid(_pid, 0)[1]))
+print(_json.dumps(_statuses))
+"""
+
+
+def fresh_fork_statuses(setup: str, children: list[str], *, child_timeout_s: float = 60.0) -> list[int]:
+    """In a new interpreter: run `setup` (dedented), then for each expression of `children` in turn fork a child
+    that evaluates it and exits 0 if it is true, 1 if false, 2 if it raised (the traceback goes to stderr); each
+    child's exit status as `os.waitstatus_to_exitcode` gives it (-9: killed by SIGKILL, -14: it ran past
+    `child_timeout_s`)."""
+    code = (
+        textwrap.dedent(setup)
+        + f"\n_CHILDREN = {json.dumps(json.dumps(children))}\n_CHILD_TIMEOUT_S = {child_timeout_s!r}\n"
+        + _FORK_CHILDREN
+    )
+    statuses = fresh_json(code, timeout=FRESH_TIMEOUT_S + child_timeout_s * len(children))
+    assert isinstance(statuses, list) and len(statuses) == len(children), statuses
+    return [int(s) for s in statuses]
 
 
 def sigint_storm(proc: subprocess.Popen[str], seconds: float, pause_s: float = 0.001) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.probes import fresh_fork_statuses
 from torch_checkpointing import CheckpointManager, list_checkpoints
 from torch_checkpointing.commit import temporary_name
 from torch_checkpointing.config import SyncCheckpointSaverConfig
@@ -30,7 +31,6 @@ from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.names import NAME_MAX, aside_name, trash_name
 from torch_checkpointing.retention import RetentionPolicy, apply_retention, collect_garbage
 from torch_checkpointing.storage import filesystem
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
 SUBPROCESS_TIMEOUT_S = 300  # importing torch on a loaded 2-core machine takes a while; a hang never ends
 LONG = "s" * (NAME_MAX - 2)  # an id's own name may use (almost) all of NAME_MAX; `_7` makes it a step
@@ -196,25 +196,26 @@ def test_gc_keeps_the_only_copy_of_a_long_id_whose_cut_name_another_committed_id
 # ------------------------------------------------------------------------------------ a removal killed midway
 
 
-def _rmdir_killed_after(path: Path, unlinks: int) -> None:
-    """Fork a child that removes `path` with the storage's rmdir and SIGKILLs itself after `unlinks` unlinks."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child never returns
-        real_unlink, done = os.unlink, [0]
-
-        def unlink_then_die(target: Any, *args: Any, **kwargs: Any) -> None:
-            real_unlink(target, *args, **kwargs)
-            done[0] += 1
-            if done[0] == unlinks:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        os.unlink = unlink_then_die  # type: ignore[assignment]
-        try:
+def _rmdirs_killed(works: list[tuple[Path, int]]) -> None:
+    """For each (path, unlinks): a forked child removes `path` with the storage's rmdir and SIGKILLs itself after
+    `unlinks` unlinks. (Forked from a new interpreter: see `fresh_fork_statuses`.)"""
+    statuses = fresh_fork_statuses(
+        """
+        import os, signal
+        from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
+        def killed_after(path, unlinks):
+            real_unlink, done = os.unlink, [0]
+            def unlink_then_die(target, *args, **kwargs):
+                real_unlink(target, *args, **kwargs)
+                done[0] += 1
+                if done[0] == unlinks:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            os.unlink = unlink_then_die
             LocalFileSystemStorage(LocalFileSystemStorageConfig()).rmdir(path)
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+        """,
+        [f"killed_after({str(path)!r}, {unlinks})" for path, unlinks in works],
+    )
+    assert statuses == [-signal.SIGKILL] * len(works), statuses
 
 
 def _files(path: Path) -> list[Path]:
@@ -240,22 +241,22 @@ def test_a_failed_saves_temporary_removed_midway_stays_recognised_at_every_point
     shutil.copytree(saved, tmp)
     if marked:
         (tmp / ".incomplete").write_bytes(b"")
-    total = len(_files(tmp))
-    for unlinks in range(1, total):
-        work = tmp_path / f"w{unlinks}" / tmp.name
+    works = [(tmp_path / f"w{unlinks}" / tmp.name, unlinks) for unlinks in range(1, len(_files(tmp)))]
+    for work, _ in works:
         shutil.copytree(tmp, work)
-        _rmdir_killed_after(work, unlinks)
+    _rmdirs_killed(works)
+    for work, unlinks in works:
         (leftover,) = list_leftovers(work.parent)
         assert leftover.recognised, (unlinks, sorted(p.name for p in _files(work)))
         assert [Path(lo.path) for lo in collect_garbage(work.parent, unowned_after_s=0).removed] == [work]
 
 
 def test_a_checkpoint_removed_midway_is_refused_by_load_at_every_point(saved: Path, tmp_path: Path) -> None:
-    total = len(_files(saved))
-    for unlinks in range(1, total):
-        work = tmp_path / f"w{unlinks}" / "step_1"
+    works = [(tmp_path / f"w{unlinks}" / "step_1", unlinks) for unlinks in range(1, len(_files(saved)))]
+    for work, _ in works:
         shutil.copytree(saved, work)
-        _rmdir_killed_after(work, unlinks)
+    _rmdirs_killed(works)
+    for work, unlinks in works:
         assert (work / "manifest.json").is_file(), (unlinks, sorted(p.name for p in _files(work)))
         with _manager() as manager, pytest.raises((CheckpointError, FileNotFoundError)):
             manager.load(str(work))

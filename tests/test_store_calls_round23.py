@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from tests.probes import stop
+from tests.probes import fresh_fork_statuses, stop
 from torch_checkpointing import CommitOutcomeUnknownError, store_channel
 from torch_checkpointing.store_channel import StoreAddress, StoreChannel
 
@@ -89,20 +89,25 @@ def test_saves_on_a_stopped_host_leave_a_bounded_number_of_threads_blocked(monke
         proc.wait(30)
 
 
-def test_a_forked_child_makes_its_store_calls(host: dist.TCPStore) -> None:
-    """The parent's caller thread is not in the child: the child's calls are made by its own."""
-    _channel(host.port).publish("parent", "1")  # the parent's caller thread is running now
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            channel = _channel(host.port, 2.0)
-            channel.publish("child", "1")
-            code = 0 if channel.wait_value("child", 2.0) == "1" else 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+def test_a_forked_child_makes_its_store_calls() -> None:
+    """The parent's caller thread is not in the child: the child's calls are made by its own. (Forked from a new
+    interpreter: see `fresh_fork_statuses`.)"""
+    (status,) = fresh_fork_statuses(
+        """
+        import torch.distributed as dist
+        from torch_checkpointing.store_channel import StoreAddress, StoreChannel
+        host = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+        def channel(timeout_s):
+            return StoreChannel(StoreAddress("127.0.0.1", host.port, "ns"), timeout_s, None)
+        channel(30.0).publish("parent", "1")  # the parent's caller thread is running now
+        def child():
+            mine = channel(2.0)
+            mine.publish("child", "1")
+            return mine.wait_value("child", 2.0) == "1"
+        """,
+        ["child()"],
+    )
+    assert status == 0, status
 
 
 def test_every_rank_that_rank_0_does_not_answer_raises_the_same_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
+from tests.probes import fresh_fork_statuses
 from torch_checkpointing.futures import SettledFuture, WorkerPool
 
 
@@ -69,18 +70,19 @@ def test_shutdown_with_cancel_futures_fails_the_queued_calls() -> None:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
 def test_a_forked_child_runs_calls_on_its_own_threads() -> None:
-    pool = WorkerPool(2, "t-fork")
-    assert pool.submit(lambda: 1).result(5) == 1  # the parent's threads exist; a child inherits none
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through its exit status
-        try:
-            ok = pool.submit(lambda: 2).result(5) == 2
-        except BaseException:
-            ok = False
-        os._exit(0 if ok else 1)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    pool.shutdown()
+    # Forked from a new interpreter (`fresh_fork_statuses`), never from this test process: a child of a test
+    # process inherits every earlier test's threads and garbage.
+    (status,) = fresh_fork_statuses(
+        """
+        from torch_checkpointing.futures import WorkerPool
+        pool = WorkerPool(2, "t-fork")
+        assert pool.submit(lambda: 1).result(5) == 1  # the parent's threads exist; a child inherits none
+        def child():
+            return pool.submit(lambda: 2).result(5) == 2
+        """,
+        ["child()"],
+    )
+    assert status == 0, status
 
 
 def test_map_bounded_keeps_order_and_its_concurrency_bound() -> None:
