@@ -66,7 +66,8 @@ def test_a_load_plan_of_lists_is_the_plan_of_tuples() -> None:
         ({"nested_path_to_load_plans": {("w",): LoadPlan(**_PLAN)}}, "nested_path_to_load_plans[('w',)]"),
         ({"nested_path_to_load_plans": {("w",): [_PLAN]}}, "nested_path_to_load_plans[('w',)]"),
         ({"non_reshardable_paths": ("w",)}, "non_reshardable_paths"),
-        ({"non_reshardable_paths": [["w"]]}, "non_reshardable_paths entry"),
+        ({"non_reshardable_paths": ["w"]}, "non_reshardable_paths entry"),
+        ({"non_reshardable_paths": [("w", ["x"])]}, "non_reshardable_paths entry"),
     ],
 )
 def test_resharding_info_refuses_a_field_of_the_wrong_type_naming_it(kwargs: dict[str, Any], named: str) -> None:

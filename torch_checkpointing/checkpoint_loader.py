@@ -51,7 +51,7 @@ from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.signals import Held, signals_deferred
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.traversal import iter_leaves, leaves, local_tensor
-from torch_checkpointing.types import CheckpointPath, RankInfo
+from torch_checkpointing.types import CheckpointPath, RankInfo, checked_nested_path
 from torch_checkpointing.walk_utils import (
     MISSING,
     check_shared_targets,
@@ -865,8 +865,8 @@ def _tensors_not_in_template(plan: _Reshard) -> list[CheckpointPath]:
 def _checked_unfilled(resharder: str, key: str, unfilled: object) -> list[NestedPath]:
     """A custom `Resharder.load` result: the nested paths (tuples) it could not fill. A `load` without a `return`
     (None) failed with "'NoneType' object is not iterable", and a str path was split into its characters."""
-    if isinstance(unfilled, (list, tuple)) and all(isinstance(p, tuple) for p in unfilled):
-        return list(unfilled)
+    if isinstance(unfilled, (list, tuple)) and all(isinstance(p, (tuple, list)) for p in unfilled):
+        return [checked_nested_path(p, f"{resharder}.load for item '{key}' returned an entry that") for p in unfilled]
     raise ConfigTypeError(
         f"{resharder}.load for item '{key}' returned {unfilled!r}; it must return the list of nested paths it could "
         f"not fill, each a tuple such as ('layers', 0, 'w') ([] when it filled everything)."

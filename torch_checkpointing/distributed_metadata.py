@@ -43,7 +43,7 @@ from torch_checkpointing.read_context import (
 )
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.traversal import dotted_key
-from torch_checkpointing.types import NestedPath, hashable
+from torch_checkpointing.types import NestedPath, checked_nested_path
 
 METADATA_FILE_NAME = "metadata.json"
 METADATA_VERSION = "3.0"
@@ -430,11 +430,7 @@ class DistributedItemMetadata:
                 f"got {type(self.nested_path_to_metadata).__name__}"
             )
         for path, groups in self.nested_path_to_metadata.items():
-            if not isinstance(path, tuple) or not all(hashable(c) for c in path):  # dict keys: `CheckpointPath`
-                raise ConfigTypeError(
-                    f"{record}.nested_path_to_metadata key {path!r:.80} is no nested path: give a tuple of dict keys "
-                    f"and int indices, e.g. ('layers', 0, 'weight') (a str was recorded as its letters)"
-                )
+            checked_nested_path(path, f"{record}.nested_path_to_metadata key")
             if not isinstance(groups, list) or not all(isinstance(g, GlobalObjectMetadata) for g in groups):
                 raise ConfigTypeError(
                     f"{record}.nested_path_to_metadata[{path!r}] must be a list of GlobalObjectMetadata, got "

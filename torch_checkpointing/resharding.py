@@ -11,7 +11,7 @@ from typing import Any
 from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata, field_int, field_ints
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.types import NestedPath, hashable
+from torch_checkpointing.types import NestedPath, checked_nested_path
 
 __all__ = ["LoadPlan", "Resharder", "ReshardingInfo"]
 
@@ -92,7 +92,7 @@ class ReshardingInfo:
                 f"{type(self.nested_path_to_load_plans).__name__} {self.nested_path_to_load_plans!r:.80}"
             )
         for path, plans in self.nested_path_to_load_plans.items():
-            _check_nested_path(path, f"{record}.nested_path_to_load_plans key")
+            checked_nested_path(path, f"{record}.nested_path_to_load_plans key")
             if not isinstance(plans, list) or not all(isinstance(p, LoadPlan) for p in plans):
                 raise ConfigTypeError(
                     f"{record}.nested_path_to_load_plans[{path!r}] must be a list of LoadPlan, got "
@@ -103,18 +103,8 @@ class ReshardingInfo:
                 f"{record}.non_reshardable_paths must be a list of nested paths, got "
                 f"{type(self.non_reshardable_paths).__name__} {self.non_reshardable_paths!r:.80}"
             )
-        for path in self.non_reshardable_paths:
-            _check_nested_path(path, f"{record}.non_reshardable_paths entry")
-
-
-def _check_nested_path(path: object, what: str) -> None:
-    """A nested path is a tuple of dict keys and int indices, ("layers", 0, "w"); a ConfigTypeError otherwise. Any
-    hashable key: a value's dict keys may be bools, None or tuples (`CheckpointPath`)."""
-    if not isinstance(path, tuple) or not all(hashable(c) for c in path):
-        raise ConfigTypeError(
-            f"{what} must be a nested path, a tuple of dict keys and int indices such as ('layers', 0, 'w'), got "
-            f"{type(path).__name__} {path!r:.80}"
-        )
+        what = f"{record}.non_reshardable_paths entry"
+        self.non_reshardable_paths = [checked_nested_path(path, what) for path in self.non_reshardable_paths]
 
 
 class Resharder(ABC):

@@ -48,12 +48,7 @@ class CheckpointPath:
             raise ConfigTypeError(
                 f"CheckpointPath.item_key must be a str, got {type(self.item_key).__name__} {self.item_key!r:.80}"
             )
-        if not isinstance(path, (tuple, list)) or not all(hashable(c) for c in path):
-            raise ConfigTypeError(
-                f"CheckpointPath.nested_path must be a tuple of dict keys and int indices such as ('layers', 0, 'w'), "
-                f"got {type(path).__name__} {path!r:.80}"
-            )
-        object.__setattr__(self, "nested_path", tuple(path))
+        object.__setattr__(self, "nested_path", checked_nested_path(path, "CheckpointPath.nested_path"))
 
     def __str__(self) -> str:
         if not self.nested_path:
@@ -94,6 +89,26 @@ class CheckpointPath:
         ):
             raise ConfigError(f"Cannot deserialize CheckpointPath from {s!r}: {expected}")
         return cls(parts[0], tuple(parts[1:]))
+
+
+def checked_nested_path(path: object, what: str) -> NestedPath:
+    """`path` as the tuple it stands for (a list is taken as its tuple), or a `ConfigTypeError` naming `what`, the
+    value and the fix. The one check of every record that holds a nested path: `CheckpointPath`, `ReshardingInfo`
+    and `DistributedItemMetadata` each had their own, and they disagreed on a list. A component is any hashable
+    dict key or an int index: a value's dict keys may be bools, floats, None or tuples."""
+    if isinstance(path, (tuple, list)):
+        bad = [c for c in path if not hashable(c)]
+        if not bad:
+            return tuple(path)
+        why = f": component {bad[0]!r:.40} ({type(bad[0]).__name__}) can be no dict key"
+    else:
+        why = " (a str is no path: ('w',), not 'w')" if isinstance(path, str) else ""
+    from torch_checkpointing.errors import ConfigTypeError
+
+    raise ConfigTypeError(
+        f"{what} must be a nested path, a tuple of the dict keys and int indices that lead to the value, such as "
+        f"('layers', 0, 'w'); got {type(path).__name__} {path!r:.80}{why}"
+    )
 
 
 def hashable(component: object) -> bool:
