@@ -45,7 +45,7 @@ def test_checkpoint_path_string_and_json_forms() -> None:
         CheckpointPath.deserialize("[]")
 
 
-@pytest.mark.parametrize("text", ['"ab"', "{}", '{"a": 1}', "[1]", '["a", true]', '["a", 1.5]', '["a", null]', "5"])
+@pytest.mark.parametrize("text", ['"ab"', "{}", '{"a": 1}', "[1]", '["a", {}]', '["a", [1, {"b": 2}]]', "5"])
 def test_checkpoint_path_deserialize_refuses_what_serialize_never_writes(text: str) -> None:
     """API_SURFACE §6: `serialize()` is a compact JSON list `["item", "a", 0]` (a str item key, then str keys and
     int indices) and `deserialize` its inverse. Other JSON was taken apart as if it were one: '"ab"' read as item

@@ -56,19 +56,30 @@ class CheckpointPath:
         return f"{self.item_key}::" + ".".join(str(c) for c in self.nested_path)
 
     def serialize(self) -> str:
-        """Compact JSON `["item", "a", 0]`: unambiguous where `str()` is not (keys may contain dots)."""
+        """Compact JSON `["item", "a", 0]`: unambiguous where `str()` is not (keys may contain dots). A tuple
+        component is a JSON list; a component JSON cannot give back (a frozenset, bytes) is a `ConfigError`."""
+        from torch_checkpointing.errors import ConfigError
+
+        for c in self.nested_path:
+            if not _json_component(c):
+                raise ConfigError(
+                    f"CheckpointPath.serialize: component {c!r:.80} ({type(c).__name__}) of {self} has no JSON form "
+                    f"that deserialize() gives back; only str, int, float, bool, None and tuples of them do. Name "
+                    f"such a location with str() instead."
+                )
         return json.dumps([self.item_key, *self.nested_path], separators=(",", ":"))
 
     @classmethod
     def deserialize(cls, s: str) -> CheckpointPath:
         """The inverse of `serialize()`; an empty list is a `ValueError`, and so is any JSON `serialize()` never
-        writes (not a list, a non-str item key, a component neither str nor int) or text that is no JSON: a
-        `ConfigError` naming it (no JSON was a bare JSONDecodeError). No str is a `ConfigTypeError`."""
+        writes (not a list, a non-str item key, an object component) or text that is no JSON: a `ConfigError`
+        naming it (no JSON was a bare JSONDecodeError). No str is a `ConfigTypeError`. A JSON list component is
+        the tuple key it was written from."""
         from torch_checkpointing.errors import ConfigError, ConfigTypeError
 
         expected = (
-            "expected what serialize() writes, a JSON list of the str item key then str keys and int indices (e.g. "
-            '["model", "state", 0, "exp_avg"])'
+            "expected what serialize() writes, a JSON list of the str item key then the path's keys and indices: "
+            'str, int, float, bool, null or lists of them (e.g. ["model", "state", 0, "exp_avg"])'
         )
         if not isinstance(s, str):
             raise ConfigTypeError(
@@ -82,13 +93,21 @@ class CheckpointPath:
             ) from None
         if isinstance(parts, list) and not parts:
             raise ConfigError(f'Cannot deserialize CheckpointPath from empty list: {s!r}; expected ["item", ...]')
-        if (
-            not isinstance(parts, list)
-            or not isinstance(parts[0], str)
-            or any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in parts[1:])
-        ):
-            raise ConfigError(f"Cannot deserialize CheckpointPath from {s!r}: {expected}")
-        return cls(parts[0], tuple(parts[1:]))
+        if not isinstance(parts, list) or not isinstance(parts[0], str) or not all(map(_json_component, parts[1:])):
+            raise ConfigError(f"Cannot deserialize CheckpointPath from {s!r:.200}: {expected}")
+        return cls(parts[0], tuple(_tuples(c) for c in parts[1:]))
+
+
+def _json_component(c: object) -> bool:
+    """Whether JSON carries `c` and gives it back: a scalar, or a tuple (a list once parsed) of such."""
+    if c is None or isinstance(c, (str, int, float)):
+        return True
+    return isinstance(c, (tuple, list)) and all(map(_json_component, c))
+
+
+def _tuples(c: Any) -> Any:
+    """A parsed component with its lists as the tuple keys they were written from (a list is no dict key)."""
+    return tuple(_tuples(x) for x in c) if isinstance(c, list) else c
 
 
 def checked_nested_path(path: object, what: str) -> NestedPath:
