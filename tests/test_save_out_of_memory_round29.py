@@ -42,8 +42,8 @@ else:
 # "async-trainer": the limit on the trainer, whose staged tensors torch moves to shared memory as they are sent
 staging = CheckpointStagerConfig(use_shared_memory=mode != "async-trainer")
 saver = SyncCheckpointSaverConfig() if mode in ("sync", "s3") else AsyncCheckpointSaverConfig(staging_config=staging)
-# A sync save pickles the blob under the limit; an async one's crosses the writer's pipe, where a writer that cannot
-# receive it dies and the save goes to a new writer (without the limit): there it is small.
+# A sync save pickles the blob under the limit; an async one's crosses the writer's pipe: there it is small (a
+# writer with no room to receive it: tests/test_writer_receive_shortage_round30.py).
 # The trainer's slab, once shared, is shared for good: there the tensor is larger than any room below.
 floats, blob = (32 if mode == "async-trainer" else 8) << 20, (32 if mode in ("sync", "s3") else 1) << 20
 state = {"t": {"x": torch.ones(floats)}, "blob": bytes(blob)}

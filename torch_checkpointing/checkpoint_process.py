@@ -208,13 +208,17 @@ class Publishing:
 
 @dataclass(frozen=True)
 class Incoming:
-    """Sent right before each `Write` (pickled apart from it): how many bytes of out-of-band buffers follow it.
+    """Sent right before each `Write`: how many bytes its pickle has, and how many bytes of out-of-band buffers
+    follow that. Both travel raw, after this message.
 
     A request that pickled here may not unpickle in the writer (a callback's class defined under the script's
-    `if __name__ == "__main__":`, a `__reduce__` whose load raises). The writer then cannot know its buffers'
-    sizes from it, yet must read them all for the next message to start where the trainer put it.
+    `if __name__ == "__main__":`, a `__reduce__` whose load raises), and the writer may have no memory for it.
+    The writer then cannot know its buffers' sizes from it, yet must read them all for the next message to
+    start where the trainer put it. The pickle's own size is known before it is allocated: `recv_bytes()` raised
+    `MemoryError` in the middle of the message, the writer died, and the save went to a new writer.
     """
 
+    data_bytes: int
     buffer_bytes: int
 
 
@@ -314,14 +318,23 @@ def _receive_write(conn: Connection, incoming: Incoming) -> Write | BaseExceptio
     is read. Before, a request that did not unpickle here killed the writer (its traceback on stderr), was taken
     for one killed before it took the request and went to a second writer, which died the same way: the save
     failed with "died (exit code 1) before it took the write", naming neither the cause nor the fix."""
-    data = conn.recv_bytes()
+    fd = conn.fileno()
+    try:
+        data = bytearray(incoming.data_bytes)
+    except MemoryError as exc:  # told to the trainer, which names the checkpoint and the fix
+        _discard(fd, incoming.data_bytes + incoming.buffer_bytes)
+        return exc
+    _read_into(fd, memoryview(data))
     try:
         message = ForkingPickler.loads(data)
+    except MemoryError as exc:  # no room to unpickle: a shortage, not a class the writer cannot rebuild
+        _discard(fd, incoming.buffer_bytes)
+        return exc
     except Exception as exc:
-        _discard(conn.fileno(), incoming.buffer_bytes)
+        _discard(fd, incoming.buffer_bytes)
         return _not_loadable(exc)
     del data
-    failed = _receive_buffers(conn.fileno(), message)
+    failed = _receive_buffers(fd, message)
     return message if failed is None else failed
 
 
@@ -813,9 +826,8 @@ class CheckpointProcess:
             if slab is not None and slab[0] != self._slab_generation:
                 self._conn.send(MapSlab(*slab))
                 self._slab_generation = slab[0]
-            self._conn.send(Incoming(sum(buffer.nbytes for buffer in encoded.buffers)))
-            self._conn.send_bytes(encoded.data)
-            _send_buffers(self._conn.fileno(), encoded.buffers)
+            self._conn.send(Incoming(encoded.data.nbytes, sum(buffer.nbytes for buffer in encoded.buffers)))
+            _send_buffers(self._conn.fileno(), (encoded.data, *encoded.buffers))
             reply = self._conn.recv()
             while isinstance(reply, (SlabDropped, Taken, Publishing)):  # SlabDropped: late, for a drop_slab()
                 taken = taken or isinstance(reply, Taken)
