@@ -410,9 +410,12 @@ class CheckpointManager:
         earlier checkpoint falls back on every rank together. `CheckpointLoaderConfig(collective=False)` loads on
         this rank alone (for a load that only some ranks run).
         """
-        call = object()  # see `_enter_call`
+        # No signal handler runs before the `try` (building a list and binding names call nothing), so an interrupt
+        # anywhere after the function's entry is noted; `call` is made inside it (see `_enter_call`).
         checked: list[CheckedLoad] = []  # the load's checked phase, once it passed (what an interrupt tells)
+        call: object = None
         try:
+            call = object()
             self._enter_call("load", call)
             with resource_shortage_named(checkpoint_id, "the load"):
                 return self._load(checkpoint_id, into, map_location=map_location, strict=strict, checked=checked)
@@ -606,9 +609,10 @@ class CheckpointManager:
         Called first inside the `try` whose `finally` forgets the call, in its first statement, by one pop
         (`self._running.pop(call, None)`): a Ctrl-C lands only where CPython runs a signal handler (a function's
         entry, a C call's return), so it lands before the one store here or after the pop, never between a
-        registration and a `try` that would forget it. A context manager could not do this: its `__exit__`'s
-        entry is such a place, and a call it skipped stayed registered, so that close() waited for it until
-        `save.wait_timeout_secs`.
+        registration and a `try` that would forget it. A context manager could not do this: its `__exit__`'s entry
+        is such a place, and a call it skipped stayed registered, so that close() waited for it until
+        `save.wait_timeout_secs`. (`load()` makes `call` inside that `try` too, its `except` noting an interrupt
+        in `object()`: a `call` still None was never registered.)
         """
         self._check_not_forked(what)  # before taking `_calls`: a parent's thread may have held it at the fork
         with self._calls:
