@@ -43,7 +43,7 @@ from torch_checkpointing.read_context import (
 )
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.traversal import dotted_key
-from torch_checkpointing.types import NestedPath, checked_nested_path
+from torch_checkpointing.types import NestedPath, check_path_map
 
 METADATA_FILE_NAME = "metadata.json"
 METADATA_VERSION = "3.0"
@@ -424,18 +424,7 @@ class DistributedItemMetadata:
 
     def __post_init__(self) -> None:
         record = "DistributedItemMetadata"
-        if not isinstance(self.nested_path_to_metadata, dict):
-            raise ConfigTypeError(
-                f"{record}.nested_path_to_metadata must be a dict of nested path -> list of GlobalObjectMetadata, "
-                f"got {type(self.nested_path_to_metadata).__name__}"
-            )
-        for path, groups in self.nested_path_to_metadata.items():
-            checked_nested_path(path, f"{record}.nested_path_to_metadata key")
-            if not isinstance(groups, list) or not all(isinstance(g, GlobalObjectMetadata) for g in groups):
-                raise ConfigTypeError(
-                    f"{record}.nested_path_to_metadata[{path!r}] must be a list of GlobalObjectMetadata, got "
-                    f"{type(groups).__name__} {groups!r:.80}"
-                )
+        check_path_map(self.nested_path_to_metadata, f"{record}.nested_path_to_metadata", GlobalObjectMetadata)
         if not isinstance(self.rank_to_layout_info, dict):
             raise ConfigTypeError(
                 f"{record}.rank_to_layout_info must be a dict of rank -> LayoutInfo or None, got "

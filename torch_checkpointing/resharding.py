@@ -11,7 +11,7 @@ from typing import Any
 from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata, field_int, field_ints
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.storage.base_storage import Storage
-from torch_checkpointing.types import NestedPath, checked_nested_path
+from torch_checkpointing.types import NestedPath, check_path_map, checked_nested_path
 
 __all__ = ["LoadPlan", "Resharder", "ReshardingInfo"]
 
@@ -86,18 +86,7 @@ class ReshardingInfo:
     def __post_init__(self) -> None:
         """Refuse a field of the wrong type naming it (it took anything, and failed later in the copy)."""
         record = "ReshardingInfo"
-        if not isinstance(self.nested_path_to_load_plans, dict):
-            raise ConfigTypeError(
-                f"{record}.nested_path_to_load_plans must be a dict of nested path -> list of LoadPlan, got "
-                f"{type(self.nested_path_to_load_plans).__name__} {self.nested_path_to_load_plans!r:.80}"
-            )
-        for path, plans in self.nested_path_to_load_plans.items():
-            checked_nested_path(path, f"{record}.nested_path_to_load_plans key")
-            if not isinstance(plans, list) or not all(isinstance(p, LoadPlan) for p in plans):
-                raise ConfigTypeError(
-                    f"{record}.nested_path_to_load_plans[{path!r}] must be a list of LoadPlan, got "
-                    f"{type(plans).__name__} {plans!r:.80}"
-                )
+        check_path_map(self.nested_path_to_load_plans, f"{record}.nested_path_to_load_plans", LoadPlan)
         if not isinstance(self.non_reshardable_paths, list):
             raise ConfigTypeError(
                 f"{record}.non_reshardable_paths must be a list of nested paths, got "

@@ -130,6 +130,23 @@ def checked_nested_path(path: object, what: str) -> NestedPath:
     )
 
 
+def check_path_map(value: object, what: str, kind: type) -> None:
+    """`value` is a dict of nested path -> list of `kind` (what a record's per-path field holds), or a
+    `ConfigTypeError` naming `what` (`Record.field`), the entry and what it must be."""
+    from torch_checkpointing.errors import ConfigTypeError
+
+    if not isinstance(value, dict):
+        raise ConfigTypeError(
+            f"{what} must be a dict of nested path -> list of {kind.__name__}, got {type(value).__name__} {value!r:.80}"
+        )
+    for path, entries in value.items():
+        checked_nested_path(path, f"{what} key")
+        if not isinstance(entries, list) or not all(isinstance(e, kind) for e in entries):
+            raise ConfigTypeError(
+                f"{what}[{path!r}] must be a list of {kind.__name__}, got {type(entries).__name__} {entries!r:.80}"
+            )
+
+
 def hashable(component: object) -> bool:
     """Whether `component` can be a dict key (a nested path's component)."""
     try:
