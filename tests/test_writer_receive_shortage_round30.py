@@ -18,14 +18,14 @@ _SAVE_BEYOND_THE_WRITERS_LIMIT = r"""
 import contextlib, multiprocessing, os, resource, sys, torch
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import AsyncCheckpointSaverConfig
-root, mib = sys.argv[1], int(sys.argv[2])
+root, mib, room = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with CheckpointManager(CheckpointManager.Config(save=AsyncCheckpointSaverConfig())) as m:
     def save(name, state):
         m.save(f"{root}/{name}", state).result(timeout=300)
     save("warm", {"t": torch.ones(4), "blob": bytes(1 << 20)})  # every import a save needs, the writer started
     writer = multiprocessing.active_children()[0].pid
     base = int(open(f"/proc/{writer}/statm").read().split()[0]) * resource.getpagesize()
-    resource.prlimit(writer, resource.RLIMIT_AS, (base + (16 << 20), resource.RLIM_INFINITY))
+    resource.prlimit(writer, resource.RLIMIT_AS, (base + room, resource.RLIM_INFINITY))
     try:
         save("big", {"t": torch.ones(4), "blob": bytes(mib << 20)})  # in the pickled part
         print("saved")
@@ -44,16 +44,24 @@ print("committed", sorted(os.listdir(root)))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/<pid>/statm are Linux's")
-@pytest.mark.parametrize("mib", [256, 12], ids=["no-room-to-receive", "no-room-to-unpickle"])
-def test_a_request_the_writer_cannot_receive_is_a_memory_error_with_the_fix(tmp_path: Path, mib: int) -> None:
-    """Within 16 MiB of room, a 256 MiB pickle cannot be received, a 12 MiB one not unpickled (a second copy).
+@pytest.mark.parametrize(
+    ("mib", "room"),
+    [(256, 16 << 20), (12, 16 << 20), (256, 256 << 10)],
+    ids=["no-room-to-receive", "no-room-to-unpickle", "no-room-to-skip-it"],
+)
+def test_a_request_the_writer_cannot_receive_is_a_memory_error_with_the_fix(
+    tmp_path: Path, mib: int, room: int
+) -> None:
+    """Within 16 MiB of room, a 256 MiB pickle cannot be received, a 12 MiB one not unpickled (a second copy);
+    within 256 KiB, the writer has no room for a buffer to read past the request with either.
 
     Defect: "saved" / "same writer False": the writer died in `recv_bytes` ("MemoryError" on its stderr, then
     "The checkpoint writer process ... died (exit code 1) before it took the write of .../big; ... It goes to a
-    new writer"), and the new writer, without the limit, saved it."""
+    new writer"), and the new writer, without the limit, saved it. Within 256 KiB, once the pickle was read
+    knowing its size, the writer still died: the 1 MiB buffer it read past the request with was refused."""
     root = tmp_path / "ck"
     root.mkdir()
-    args = [sys.executable, "-c", _SAVE_BEYOND_THE_WRITERS_LIMIT, str(root), str(mib)]
+    args = [sys.executable, "-c", _SAVE_BEYOND_THE_WRITERS_LIMIT, str(root), str(mib), str(room)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()

@@ -359,10 +359,14 @@ def _read_into(fd: int, view: memoryview) -> None:
         view = view[n:]
 
 
+# What `_discard` reads into, made with the module: a discard follows a request the writer had no memory for, and
+# its own 1 MiB buffer, refused under a tight RLIMIT_AS, killed the writer in the middle of the request.
+_SCRATCH = memoryview(bytearray(1 << 16))
+
+
 def _discard(fd: int, size: int) -> None:
-    scratch = memoryview(bytearray(min(size, 1 << 20)))
     while size:
-        chunk = scratch[: min(len(scratch), size)]
+        chunk = _SCRATCH[: min(len(_SCRATCH), size)]
         _read_into(fd, chunk)
         size -= len(chunk)
 
