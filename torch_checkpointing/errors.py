@@ -189,9 +189,11 @@ def undecodable(path: object, what: str, exc: BaseException) -> UndecodableFileE
 # The words must END the message, with their errno, as torch's do ("... Error code 12 (Cannot allocate memory)",
 # "unable to mmap ...: Cannot allocate memory (12)"): anywhere in it, a crafted file's record name ("failed
 # locating file data/Cannot allocate memory (12): file not found") passed a damaged file off as a shortage.
+# pybind11's words (torch's bindings) are the whole message: "Could not allocate bytes object!" was a load from an
+# object store under RLIMIT_AS, its record's bytes refused, called "not a readable Torch file".
 _ALLOCATION_REFUSED_RE = re.compile(
     r"(cannot allocate memory \((os error )?12\)|error code 12 \(cannot allocate memory\)"
-    r"|not enough memory: you tried to allocate [0-9]+ bytes\.?)$",
+    r"|not enough memory: you tried to allocate [0-9]+ bytes\.?|^could not allocate [a-z]+ object!)$",
     re.IGNORECASE,
 )
 
