@@ -67,3 +67,11 @@ def test_a_record_refused_its_bytes_is_not_called_damage(loads_under_limits: lis
     file: Could not allocate bytes object!\"" (at 9 limits of 16)."""
     damage = [line for line in loads_under_limits if "CorruptCheckpointError" in line]
     assert not damage, loads_under_limits
+
+
+def test_a_download_short_of_memory_is_a_memory_error(loads_under_limits: list[str]) -> None:
+    """Every load under a limit loads, or fails with a `MemoryError` saying the checkpoint was not found damaged.
+
+    Defect: "16 ObjectStoreError False 'download of s3://.../ck/blob_0.pt failed: MemoryError: '"."""
+    outcomes = {tuple(line.split(" ", 3)[1:3]) for line in loads_under_limits}
+    assert outcomes <= {("loaded",), ("MemoryError", "True")}, loads_under_limits

@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - Windows
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
 from torch_checkpointing.config import check_number
-from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError
+from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError, is_shortage
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import (
     GC_TOKEN_PREFIX,
@@ -2114,7 +2114,11 @@ def _abort_upload(fs: Any, key: str, upload_id: str) -> bool:
 class _ErrorScope:
     """Turns a store's error (botocore's, aiohttp's, OSError) into an ObjectStoreError naming the object.
 
-    FileNotFoundError passes through unchanged: callers ask "is it there?" with it.
+    FileNotFoundError passes through unchanged: callers ask "is it there?" with it. So does this process short of
+    memory or file descriptors (`errors.is_shortage`): the step that met it names it (a load's "Out of memory
+    reading ...", a save's `errors.save_shortage`). Before, a download short of memory was an ObjectStoreError
+    ("download of ... failed: MemoryError: "), a `CheckpointError` that a caller falling back to an earlier
+    checkpoint, or deleting a damaged one, acts on, for an intact checkpoint.
     """
 
     def __init__(self, what: str, wrap_missing: bool = False) -> None:
@@ -2130,6 +2134,8 @@ class _ErrorScope:
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, CheckpointError):
             return
         if isinstance(exc, FileNotFoundError) and not self.wrap_missing:
+            return
+        if is_shortage(exc):
             return
         reason = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError says nothing by itself
