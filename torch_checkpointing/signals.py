@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -190,30 +191,62 @@ _THREAD_START_S = 30.0
 
 
 class _BoundedStart(threading.Event):
-    """The Event `Thread.start()` waits on for the new thread to say it runs, with that wait bounded."""
+    """The Event `Thread.start()` waits on for the new thread to say it runs, with that wait bounded.
+
+    A thread that says it runs only after the wait gave up (`given_up`) runs nothing: its caller was told it
+    failed (`start_bounded`). Before, a thread merely slow to be scheduled (a process stopped and continued, a
+    machine swapping) ran its target anyway: a pool's thread the pool never counted waited on its jobs for good.
+    The flag and the decision are taken under the Event's own lock, so the two cannot cross.
+    """
+
+    def __init__(self, thread: threading.Thread) -> None:
+        super().__init__()
+        self._thread = weakref.ref(thread)
+        self._waited = False
+        self.given_up = False
 
     def wait(self, timeout: float | None = None) -> bool:
-        return super().wait(_THREAD_START_S if timeout is None else timeout)
+        if self._waited:  # not the start's wait
+            return super().wait(timeout)
+        with self._cond:  # type: ignore[attr-defined]
+            self._waited = True
+            if not self._flag:  # type: ignore[attr-defined]
+                self._cond.wait(_THREAD_START_S if timeout is None else timeout)  # type: ignore[attr-defined]
+                self.given_up = not self._flag  # type: ignore[attr-defined]
+            return not self.given_up
+
+    def set(self) -> None:
+        with self._cond:  # type: ignore[attr-defined]
+            thread = self._thread() if self.given_up else None
+            if thread is not None:
+                thread.run = _nothing  # type: ignore[method-assign]  # looked up once set() has returned
+        super().set()
+
+
+def _nothing() -> None:
+    """What a thread given up on runs (`_BoundedStart`)."""
 
 
 def start_bounded(thread: threading.Thread) -> None:
     """`thread.start()`, or a `MemoryError` naming the thread and the fix where the OS refused it or where it died
     in its own start-up before it ran. The latter under a low RLIMIT_AS: the OS made the thread, whose first
     allocation then failed (CPython prints "Exception ignored in thread started by ... MemoryError"), and
-    `Thread.start()`, waiting without a bound for the thread to say it runs, hung the save for good."""
+    `Thread.start()`, waiting without a bound for the thread to say it runs, hung the save for good. A thread
+    given up on that starts after all runs nothing (`_BoundedStart`)."""
     seen = getattr(thread, "_started", None)
     if type(seen) is threading.Event and not seen.is_set():  # CPython's; a started thread's start() refuses
-        thread._started = _BoundedStart()  # type: ignore[attr-defined]
+        thread._started = _BoundedStart(thread)  # type: ignore[attr-defined]
     try:
         thread.start()
     except RuntimeError as exc:
         raise_if_thread_not_started(exc, thread.name)
         raise
-    if not thread._started.is_set():  # type: ignore[attr-defined]
+    if getattr(thread._started, "given_up", False):  # type: ignore[attr-defined]
         raise MemoryError(
             f"Out of memory starting thread {thread.name}: the OS made it, but it died in its own start-up before "
-            f"it ran (not running within {_THREAD_START_S:g}s): the address-space limit (RLIMIT_AS, `ulimit -v`) "
-            f"or the machine's memory. Free memory, or raise the limit, and try again."
+            f"it ran (not running within {_THREAD_START_S:g}s; should it start after all, it runs nothing): the "
+            f"address-space limit (RLIMIT_AS, `ulimit -v`) or the machine's memory. Free memory, or raise the "
+            f"limit, and try again."
         )
 
 
