@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import operator
 import os
 import re
 from abc import ABC, abstractmethod
@@ -106,6 +107,26 @@ def field_ints(value: Any, field: str, record: str, minimum: int = 0) -> tuple[i
     if ints and min(ints) < minimum:
         raise ConfigError(f"{record}.{field} must hold ints of at least {minimum}, got {min(ints)}")
     return ints
+
+
+def integers_as_ints(value: Any) -> Any:
+    """`value` (an integer or a list or tuple of them) with numpy's integers, an IntEnum's members and any other
+    integer (`__index__`, not a bool) as the ints they stand for; anything else as it is, for the field's check
+    to refuse. A custom resharder computing its plan with numpy (`np.cumsum` of the shard sizes) made plans torch
+    slices with, and round 29's checks refused them at every load ("must hold ints only, got int64"); so was such a
+    rank given to `DistributedItemMetadata.get_file_path`."""
+    if isinstance(value, (list, tuple)):
+        return value if all(type(v) is int for v in value) else tuple(map(_integer_as_int, value))
+    return _integer_as_int(value)
+
+
+def _integer_as_int(value: Any) -> Any:
+    if type(value) is int or type(value).__name__ in ("bool", "bool_") or not hasattr(type(value), "__index__"):
+        return value  # numpy's bool is no integer either
+    try:
+        return operator.index(value)
+    except TypeError:  # an `__index__` that refuses (a tensor of more than one element)
+        return value
 
 
 def within(exc: ValueError, where: str) -> ConfigError:
@@ -455,7 +476,7 @@ class DistributedItemMetadata:
     def _layout(self, rank: int, item_key: str, call: str) -> LayoutInfo:
         """`get_layout`, a rank or key of the wrong type refused naming it and `call`: a str rank found no layout
         and named the file "k_0.pt" for "0", a bool one "k_True.pt", a Path key a bare TypeError."""
-        field_int(rank, "rank", call)
+        rank = field_int(integers_as_ints(rank), "rank", call)
         if not isinstance(item_key, str):
             raise ConfigTypeError(f"{call}: item_key must be a str, got {type(item_key).__name__} {item_key!r:.80}")
         return self.rank_to_layout_info.get(rank) or default_layout_info(item_key, rank)

@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing.distributed_metadata import DistributedItemMetadata, ShardingMetadata, field_int, field_ints
+from torch_checkpointing.distributed_metadata import (
+    DistributedItemMetadata,
+    ShardingMetadata,
+    field_int,
+    field_ints,
+    integers_as_ints,
+)
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.storage.base_storage import Storage
 from torch_checkpointing.types import NestedPath, check_path_map, checked_nested_path
@@ -43,6 +49,8 @@ class LoadPlan:
         from the plan that was wrong, in words about slices (a str `src_rank` found no file; `sizes="22"`, a
         `TypeError` deep in the copy)."""
         record = "LoadPlan"
+        for name in _INT_FIELDS:
+            setattr(self, name, integers_as_ints(getattr(self, name)))
         self.offsets = field_ints(self.offsets, "offsets", record)
         self.sizes = field_ints(self.sizes, "sizes", record)
         self.src_offsets = field_ints(self.src_offsets, "src_offsets", record)
@@ -53,8 +61,8 @@ class LoadPlan:
                 f"{record} for {self.src_fqn!r}: offsets, sizes, src_offsets and src_sizes must have one length each "
                 f"(one entry per dimension), got {self.offsets}, {self.sizes}, {self.src_offsets}, {self.src_sizes}"
             )
-        field_int(self.src_rank, "src_rank", record)
-        field_int(self.src_elem_size, "src_elem_size", record)
+        self.src_rank = field_int(self.src_rank, "src_rank", record)
+        self.src_elem_size = field_int(self.src_elem_size, "src_elem_size", record)
         for name in ("src_fqn", "src_dtype"):
             if not isinstance(getattr(self, name), str):
                 value = getattr(self, name)
@@ -74,6 +82,9 @@ class LoadPlan:
         for s in self.sizes:
             n *= s
         return n
+
+
+_INT_FIELDS = ("offsets", "sizes", "src_offsets", "src_sizes", "transpose_dims", "src_rank", "src_elem_size")
 
 
 @dataclass
