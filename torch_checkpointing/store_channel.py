@@ -449,7 +449,7 @@ def _refuses_connections(host: tuple[str, int], timeout_s: float) -> bool:
     listening there is no connection made. Only a refused connect says the host is gone: a sandbox's own /proc
     lists no socket at all, and read as "nothing listens" every new channel to a live store raised "lost
     contact with rank 0"."""
-    if _is_loopback(host[0]) and _listening_here(host[1]):
+    if _is_loopback(host[0]) and _listening_here(host[0], host[1]):
         return False
     return isinstance(_probe(host, timeout_s), ConnectionRefusedError)
 
@@ -466,14 +466,16 @@ def _is_loopback(name: str) -> bool:
 _LISTEN = "0A"  # /proc/net/tcp's state of a listening socket
 
 
-def _listening_here(port: int) -> bool | None:
+def _listening_here(name: str, port: int) -> bool | None:
     """Whether a socket of this machine (its network namespace, as loopback is) listens on `port` where a
-    connection over loopback reaches it: on a wildcard or loopback address; None where /proc/net/tcp cannot be
-    read. Each line is `sl local_address rem_address st ...`, addresses `HEX:PORT`.
+    connection to the loopback host `name` reaches it: on a wildcard address or on that host's own address; None
+    where /proc/net/tcp cannot be read. Each line is `sl local_address rem_address st ...`, addresses `HEX:PORT`.
 
     Before, a socket on any address counted: one bound to another address of this machine (a program that took
     the port once rank 0 was gone) accepts no connection to 127.0.0.1, yet the host counted as there, and the
-    client retried its refused connect for the save's whole timeout."""
+    client retried its refused connect for the save's whole timeout. So did one on another loopback address
+    (127.0.0.2, or ::1 alone), which takes no connection to 127.0.0.1 either."""
+    wanted = _loopback_addresses(name)
     tables = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -484,14 +486,24 @@ def _listening_here(port: int) -> bool | None:
         tables += 1
         for row in rows:
             fields = row.split()
-            if len(fields) > 3 and fields[3] == _LISTEN and _reached_over_loopback(fields[1], port):
+            if len(fields) > 3 and fields[3] == _LISTEN and _reached_from(fields[1], port, wanted):
                 return True
     return False if tables else None
 
 
-def _reached_over_loopback(local: str, port: int) -> bool:
+def _loopback_addresses(name: str) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses a client's connect to the loopback host `name` tries ("localhost": either family's)."""
+    if name == "localhost":
+        return {ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")}
+    ip = ipaddress.ip_address(name)
+    return {ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None else ip}
+
+
+def _reached_from(local: str, port: int, wanted: set[ipaddress.IPv4Address | ipaddress.IPv6Address]) -> bool:
     """Whether a listening socket at `local` (/proc/net/tcp's `HEX:PORT`, the address in 32-bit words of this
-    machine's byte order) takes a connection to `port` on loopback. An address that cannot be read counts."""
+    machine's byte order) takes a connection to `port` on one of the addresses `wanted`: bound to one of them, or
+    to a wildcard of their family (IPv6's also takes IPv4 unless the socket is IPv6-only, which /proc does not
+    say: counted). An address that cannot be read counts."""
     address, _, hex_port = local.rpartition(":")
     if int(hex_port, 16) != port:
         return False
@@ -503,7 +515,9 @@ def _reached_over_loopback(local: str, port: int) -> bool:
         return True
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return ip.is_unspecified or ip.is_loopback
+    if ip.is_unspecified:
+        return ip.version == 6 or any(w.version == 4 for w in wanted)
+    return ip in wanted
 
 
 def _within(host: tuple[str, int], op: Callable[[], T], timeout_s: float, gone: Callable[[], bool] | None = None) -> T:
