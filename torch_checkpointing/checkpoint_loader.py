@@ -252,11 +252,16 @@ _PUT_BACK_HELD = Held(
 def interrupted_note(exc: BaseException, checkpoint_id: str, checked: list[CheckedLoad]) -> None:
     """Say, on `exc` (a signal handler's KeyboardInterrupt or SystemExit leaving a load), what the caller's
     templates hold: before, the bare KeyboardInterrupt left the caller to guess whether they were untouched or
-    restored. `checked`: the load's checked phase, once it passed (empty before)."""
-    if isinstance(exc, Exception):
-        return
+    restored. `checked`: the load's checked phase, once it passed (empty before).
+
+    Any other exception is told so where the templates changed: a handler may raise anything (SIGALRM's raising
+    TimeoutError, a program's bound on the call, is held during the copy too), and such a load raised a bare
+    TimeoutError with the templates whole, or partly restored. One that changed nothing says nothing more."""
     where = checked[0].interrupted() if checked else _UNCHANGED
-    add_note(exc, f"Load of {checkpoint_id} was interrupted ({type(exc).__name__}) {where}.")
+    if not isinstance(exc, Exception):
+        add_note(exc, f"Load of {checkpoint_id} was interrupted ({type(exc).__name__}) {where}.")
+    elif where != _UNCHANGED:
+        add_note(exc, f"Load of {checkpoint_id} raised {type(exc).__name__} {where}.")
 
 
 class CheckpointLoader:
