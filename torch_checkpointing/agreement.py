@@ -338,11 +338,12 @@ class GroupTransport:
         return self.steps is not None and self.steps.agreed == len(self.steps.names)
 
     def leave(self, exc: BaseException) -> None:
-        """This rank leaves its call (`exc`: Ctrl-C, a signal handler's sys.exit()). Where every rank's answer to
-        one step was in and the others went on to the next, it answers that one with `exc` (briefly, as
-        `agree` does on the way out), so that they raise at once, naming it and why, and the group's
-        collectives stay in step for the next call."""
-        owed = self.steps.owed() if self.steps is not None and not isinstance(exc, Exception) else None
+        """This rank leaves its call (`exc`: Ctrl-C, a signal handler's sys.exit() or its own exception, such as
+        SIGALRM's TimeoutError). Where every rank's answer to one step was in and the others went on to the next,
+        it answers that one with `exc` (briefly, as `agree` does on the way out), so that they raise at once,
+        naming it and why, and the group's collectives stay in step for the next call. Before, an `Exception`
+        left unanswered: the others waited the group's timeout and called this rank silent."""
+        owed = self.steps.owed() if self.steps is not None else None
         if owed is None or self.steps is None:
             return
         self.steps.answered += 1
@@ -354,20 +355,22 @@ class GroupTransport:
         out: list[Any] = [None] * self.world_size
         exchange = self.roll_call.next_exchange() if self.roll_call is not None else 0
         started = time.monotonic()
-        try:
-            with signals_deferred(step, held=_GATHER_HELD):  # torch's two gathers: see `_GATHER_HELD`
+        # The hold outside the `except`: a held handler's own exception (SIGALRM's TimeoutError) is raised as
+        # itself at the hold's end, never taken for gloo's word that a peer died.
+        with signals_deferred(step, held=_GATHER_HELD):  # torch's two gathers: see `_GATHER_HELD`
+            try:
                 dist.all_gather_object(out, (_call_of(step), mine.value, mine.error), group=self.group)
-                if self.steps is not None and len({c for c, _, _ in out}) == 1 and all(e is None for _, _, e in out):
-                    self.steps.agreed += 1  # in the hold: the interrupt held leaves with the next step owed
-        except Exception as exc:  # gloo: a peer died or timed out (DistError / RuntimeError with C++ frames)
-            reason = _first_line(exc)
-            if self.roll_call is not None:
-                raise self.roll_call.lost(exchange, step, reason, started) from None
-            raise CommitError(
-                f"{step}: rank {self.rank} lost contact with its peers ({reason}); a rank died, hung, or never "
-                f"called save(). Nothing was committed.",
-                {self.rank: f"lost contact with the other ranks: {reason}"},
-            ) from None
+            except Exception as exc:  # gloo: a peer died or timed out (DistError / RuntimeError with C++ frames)
+                reason = _first_line(exc)
+                if self.roll_call is not None:
+                    raise self.roll_call.lost(exchange, step, reason, started) from None
+                raise CommitError(
+                    f"{step}: rank {self.rank} lost contact with its peers ({reason}); a rank died, hung, or never "
+                    f"called save(). Nothing was committed.",
+                    {self.rank: f"lost contact with the other ranks: {reason}"},
+                ) from None
+            if self.steps is not None and len({c for c, _, _ in out}) == 1 and all(e is None for _, _, e in out):
+                self.steps.agreed += 1  # in the hold: the interrupt held leaves with the next step owed
         _refuse_other_calls(step, [call for call, _, _ in out])
         return [Contribution(value=v, error=e) for _, v, e in out]
 
