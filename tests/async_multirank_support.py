@@ -1,5 +1,6 @@
-"""Helpers shared by the async-save multirank tests (rounds 21 and 22): their job functions run in spawned
-ranks, which import this module by name, so everything here is a plain module-level name."""
+"""Helpers shared by the multirank tests (the async saves of rounds 21 and 22, the interrupted ranks of rounds 28
+and 29): their job functions run in spawned ranks, which import this module by name, so everything here is a
+plain module-level name."""
 
 from __future__ import annotations
 
@@ -58,6 +59,25 @@ def local_async_manager(wait_s: float) -> CheckpointManager:
     config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
     config.save.wait_timeout_secs = wait_s
     return CheckpointManager(config)
+
+
+def local_sync_manager(wait_s: float) -> CheckpointManager:
+    """A sync-save manager on the local file system (no direct I/O) whose collective steps wait `wait_s` at most
+    (save.wait_timeout_secs: the gloo group's timeout too)."""
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.wait_timeout_secs = wait_s
+    return CheckpointManager(config)
+
+
+def said(call: Callable[[], Any], *, notes: bool = False) -> str:
+    """`call()`: "ok", or what it raised (an interrupt too) as `Type: message`, with its notes after " | " where
+    `notes`."""
+    try:
+        call()
+    except BaseException as exc:
+        return " | ".join([f"{type(exc).__name__}: {exc}", *(getattr(exc, "__notes__", []) if notes else [])])
+    return "ok"
 
 
 def loaded(manager: CheckpointManager, path: str) -> Any:

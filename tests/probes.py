@@ -4,8 +4,9 @@
   a minute ago), read from /proc/net/tcp: how many clients a store host was connected by, without asking either.
 * `memory_maps()`: this process's memory mappings, read from /proc/self/maps, to see which files (staging
   slabs, memory-mapped checkpoint files) are mapped right now, without asking the engine.
-* `run_fresh()`, `fresh_json()`, `modules_after()`: run code in a new interpreter, where nothing of the package
-  is imported yet, to see what an import loads or starts; this test process has long since imported it all.
+* `run_fresh()`, `fresh_process()`, `fresh_json()`, `modules_after()`: run code in a new interpreter, where
+  nothing of the package is imported yet, to see what an import loads or starts; this test process has long
+  since imported it all.
 * `fresh_fork_statuses()`: fork children from a new interpreter and read their exit statuses. Never fork this
   test process: its child would inherit every earlier test's threads and garbage (a forked child of a pytest
   worker died of SIGSEGV under CI's coverage, 1 run in many, in code the test did not call).
@@ -37,6 +38,7 @@ __all__ = [
     "connections_to",
     "fresh_fork_statuses",
     "fresh_json",
+    "fresh_process",
     "interrupted_at",
     "memory_maps",
     "modules_after",
@@ -139,6 +141,11 @@ def _all_threads_stopped(pid: int) -> bool:
 def run_fresh(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> str:
     """Run `code` (dedented; `args` are its sys.argv[1:]) in a new interpreter from the checkout's root and
     return what it printed. A probe that exits non-zero fails the test with its output, not a bare status."""
+    return fresh_process(code, *args, timeout=timeout).stdout
+
+
+def fresh_process(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """`run_fresh`, for a probe whose stderr (its logging, say) is read too: what it printed on each."""
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
         cwd=REPO,
@@ -147,7 +154,7 @@ def run_fresh(code: str, *args: str, timeout: float = FRESH_TIMEOUT_S) -> str:
         timeout=timeout,
     )
     assert done.returncode == 0, f"the probe exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return done
 
 
 def run_script(

@@ -8,30 +8,19 @@ load in flight on another thread holds its files open under the raised limit, an
 
 from __future__ import annotations
 
-import resource
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from tests.probes import REPO
+from tests.descriptor_limits import run_under_256
 
 _SCRIPT = """
-import logging, resource, sys, torch
-from torch_checkpointing import CheckpointManager
-from torch_checkpointing.config import SyncCheckpointSaverConfig
+import logging
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
 logging.basicConfig(level=logging.INFO, format="LOG %(levelname)s %(message)s")
-root = sys.argv[1]
-soft = lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 storage = LocalFileSystemStorage(LocalFileSystemStorageConfig())
 with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as m:
-    m.save(f"{root}/big", {f"k{i}": {"t": torch.full((3,), float(i))} for i in range(150)})
+    m.save(f"{root}/big", items(150))
     m.save(f"{root}/small", {"k": {"t": torch.ones(3)}})
     out = m.load(f"{root}/big")
     assert all(float(out[f"k{i}"]["t"][0]) == i for i in range(150))
@@ -47,16 +36,8 @@ with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig()
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/fd is Linux's")
 def test_the_raised_soft_limit_is_put_back_once_no_load_is_in_flight(tmp_path: Path) -> None:
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard != resource.RLIM_INFINITY and hard < 2048:
-        pytest.skip(f"the hard limit of open files ({hard}) leaves no room to raise the soft one")
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    out = f"{done.stdout}\n{done.stderr}"
-    assert done.returncode == 0, out
+    out = run_under_256(_SCRIPT, tmp_path, hard_at_least=2048)
     assert "LOG INFO Raised this process's soft limit of open files" in out, out
     # Before: "after one load: 462" and so on, raised for good.
     assert "after one load: 256" in out, out
@@ -68,18 +49,12 @@ def test_the_raised_soft_limit_is_put_back_once_no_load_is_in_flight(tmp_path: P
 
 
 _TWO_AT_ONCE = """
-import resource, sys, torch
-from torch_checkpointing import CheckpointManager
-from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
-root = sys.argv[1]
-hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as m:
-    m.save(f"{root}/big", {f"k{i}": {"t": torch.full((3,), float(i))} for i in range(150)})
-    m.save(f"{root}/mid", {f"k{i}": {"t": torch.full((3,), float(i))} for i in range(90)})
+    m.save(f"{root}/big", items(150))
+    m.save(f"{root}/mid", items(90))
 storage = LocalFileSystemStorage(LocalFileSystemStorageConfig())
 # Two loads in flight (as on two threads): both open their checkpoints, then both check their files.
 with CheckpointReadContext(storage, f"{root}/big", ReadPolicy()) as big:
@@ -91,22 +66,14 @@ with CheckpointReadContext(storage, f"{root}/big", ReadPolicy()) as big:
             for record in ctx.manifest.files:
                 ctx.storage_view().read(ctx.root / record.path)
         print("both checked", flush=True)
-print("after both:", resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+print("after both:", soft(), flush=True)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/fd is Linux's")
 def test_two_loads_in_flight_each_find_room_for_their_files(tmp_path: Path) -> None:
     # Before: the second load found room beside the first's few descriptors open so far, and did not raise the
     # limit for its own: "OSError: [Errno 24] Out of file descriptors reading …/mid/k…_0.pt" (18 of 60 loads of
     # four threads failed so, two after the first fix).
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard != resource.RLIM_INFINITY and hard < 2048:
-        pytest.skip(f"the hard limit of open files ({hard}) leaves no room to raise the soft one")
-    done = subprocess.run(
-        [sys.executable, "-c", _TWO_AT_ONCE, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    out = f"{done.stdout}\n{done.stderr}"
-    assert done.returncode == 0, out
+    out = run_under_256(_TWO_AT_ONCE, tmp_path, hard_at_least=2048)
     assert "both checked" in out, out
     assert "after both: 256" in out, out

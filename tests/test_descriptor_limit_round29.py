@@ -7,30 +7,18 @@ load put back the limit from before the first, below what the job had set.
 
 from __future__ import annotations
 
-import resource
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from tests.probes import REPO
+from tests.descriptor_limits import run_under_256
 
 _SCRIPT = """
-import resource, sys, torch
-from torch_checkpointing import CheckpointManager
-from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
-root = sys.argv[1]
-soft = lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 storage = LocalFileSystemStorage(LocalFileSystemStorageConfig())
 with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as m:
     for name in ("a", "b"):
-        m.save(f"{root}/{name}", {f"k{i}": {"t": torch.full((3,), float(i))} for i in range(150)})
+        m.save(f"{root}/{name}", items(150))
 first = CheckpointReadContext(storage, f"{root}/a", ReadPolicy()).__enter__()
 print("raised by the first:", soft(), flush=True)
 mine = soft() + 100
@@ -44,28 +32,13 @@ assert soft() >= mine, f"put back to {soft()}, below the {mine} the job set"
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/fd is Linux's")
 def test_a_limit_set_while_a_load_is_in_flight_is_never_lowered(tmp_path: Path) -> None:
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard != resource.RLIM_INFINITY and hard < 4096:
-        pytest.skip(f"the hard limit of open files ({hard}) leaves no room to raise the soft one")
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    out = f"{done.stdout}\n{done.stderr}"
-    assert done.returncode == 0, out
+    out = run_under_256(_SCRIPT, tmp_path, hard_at_least=4096)
     assert "raised by the second" in out, out
 
 
 _CTRL_C_WHILE_RAISING = """
-import logging, os, resource, signal, sys, torch
-from torch_checkpointing import CheckpointManager
-from torch_checkpointing.config import SyncCheckpointSaverConfig
-
-root = sys.argv[1]
-soft = lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+import logging, os, signal
 
 class CtrlC(logging.Handler):  # Ctrl-C comes as the load says it raised the limit
     def emit(self, record):
@@ -73,7 +46,7 @@ class CtrlC(logging.Handler):  # Ctrl-C comes as the load says it raised the lim
             os.kill(os.getpid(), signal.SIGINT)
 
 with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as m:
-    m.save(f"{root}/big", {f"k{i}": {"t": torch.full((3,), float(i))} for i in range(150)})
+    m.save(f"{root}/big", items(150))
     logger = logging.getLogger("torch_checkpointing")
     logger.setLevel(logging.INFO)
     ctrl_c = CtrlC()
@@ -89,20 +62,8 @@ with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig()
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/fd is Linux's")
 def test_a_load_interrupted_as_it_raised_the_limit_leaves_it_to_be_put_back(tmp_path: Path) -> None:
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard != resource.RLIM_INFINITY and hard < 4096:
-        pytest.skip(f"the hard limit of open files ({hard}) leaves no room to raise the soft one")
-    done = subprocess.run(
-        [sys.executable, "-c", _CTRL_C_WHILE_RAISING, str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    out = f"{done.stdout}\n{done.stderr}"
-    assert done.returncode == 0, out
+    out = run_under_256(_CTRL_C_WHILE_RAISING, tmp_path, hard_at_least=4096)
     assert "interrupted" in out, out
     assert "after the interrupted load: 256" in out, out
     assert "after the next load: 256" in out, out

@@ -9,12 +9,9 @@ writer, so the child's writer asked the parent's sharer for a key the parent did
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-from tests.probes import REPO
+from tests.probes import run_script
 
 _FORKED_NEW_MANAGER = """
 import os, sys, time
@@ -56,17 +53,8 @@ if __name__ == "__main__":
 
 
 def test_a_manager_built_in_a_forked_child_saves_there_and_leaves_the_parents_writer_alone(tmp_path: Path) -> None:
-    script = tmp_path / "forked_new_manager.py"
-    script.write_text(textwrap.dedent(_FORKED_NEW_MANAGER))
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "ckpt")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_script(tmp_path / "forked_new_manager.py", _FORKED_NEW_MANAGER, str(tmp_path / "ckpt"), timeout=300)
     out = f"{done.stdout}\n{done.stderr}"
-    assert done.returncode == 0, out
     assert "child: saved and loaded" in done.stdout, out
     assert "child loaded [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]" in done.stdout, out
     assert "parent in flight: None" in done.stdout, out

@@ -11,9 +11,6 @@ second SIGINT inside the exchange still runs its handler at once (the way out of
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +18,8 @@ import pytest
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from tests.async_multirank_support import WarningLines, launch_job, loaded, state
-from torch_checkpointing import CheckpointManager
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from tests.async_multirank_support import WarningLines, launch_job, loaded, local_sync_manager, said, state
+from tests.sigint_at import sigint_at
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 10  # save.wait_timeout_secs: the gloo group's timeout, what rank 0 waited for the data gather
@@ -31,41 +27,9 @@ HANG_S = 120  # a wait a SIGINT run at once ends; the launch's timeout bounds it
 CALLS = ["load", "save"]
 
 
-def _interrupt_between_gathers(times: int, wait_s: float) -> None:
-    """Once the next `all_gather_object`'s size gather has returned on this rank: `times` real SIGINTs (Python's
-    own handler), then a wait of `wait_s` in which the handler raises, unless the exchange holds it."""
-    real = distributed_c10d.all_gather
-
-    def gathered(*args: Any, **kwargs: Any) -> Any:
-        distributed_c10d.all_gather = real  # once: the size gather
-        work = real(*args, **kwargs)
-        for _ in range(times):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)
-        time.sleep(wait_s)
-        return work
-
-    distributed_c10d.all_gather = gathered
-
-
-def _manager() -> CheckpointManager:
-    config = CheckpointManager.Config.with_sync_save()
-    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
-    config.save.wait_timeout_secs = TIMEOUT_S
-    return CheckpointManager(config)
-
-
-def _said(call: Any) -> str:
-    try:
-        call()
-    except BaseException as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "ok"
-
-
 def _job(root: str, control_dir: str) -> dict[str, Any]:
     rank, out = dist.get_rank(), {}
-    manager = _manager()
+    manager = local_sync_manager(TIMEOUT_S)
     warnings = WarningLines()
     logging.getLogger("torch_checkpointing").addHandler(warnings)
     manager.save(f"{root}/ck", state(1, rank))
@@ -78,13 +42,15 @@ def _job(root: str, control_dir: str) -> dict[str, Any]:
     for name, call in calls.items():
         dist.barrier()
         if rank == (0 if name == "load0" else 1):  # rank 0 hosts the store the roll call uses
-            _interrupt_between_gathers(2, HANG_S) if name == "twice" else _interrupt_between_gathers(1, 1.0)
-        out[name] = _said(call)
+            # once the next `all_gather_object`'s first gather (every rank's size) has returned on this rank
+            times, wait_s = (2, HANG_S) if name == "twice" else (1, 1.0)
+            sigint_at(distributed_c10d, "all_gather", wait_s, times=times, after=True)
+        out[name] = said(call)
         if name != "twice":  # the group broke in the middle of a collective there
             dist.barrier()
             out[f"{name}_then"] = loaded(manager, f"{root}/ck")
     out["warnings"] = warnings.lines
-    out["closed"] = _said(manager.close)
+    out["closed"] = said(manager.close)
     return out
 
 

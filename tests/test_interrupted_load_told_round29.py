@@ -16,8 +16,9 @@ import pytest
 from tests.probes import fresh_json
 
 CHILD = """
-import json, logging, os, signal, sys, tempfile, time
+import json, logging, sys, tempfile
 import torch
+from tests.sigint_at import sigint_at
 from torch_checkpointing import CheckpointManager, checkpoint_loader
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -31,23 +32,6 @@ logging.getLogger("torch_checkpointing").addHandler(Lines(logging.WARNING))
 def state(value):
     return {"model": {"a": torch.full((8,), float(value))}, "extra": {"b": torch.full((8,), float(value))}}
 
-def interrupt(times=1):
-    for _ in range(times):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # Python's own handler raises in here, unless the load holds it
-    time.sleep(5)
-
-def at_call(module, name, times=1, nth=1, when=lambda *a, **k: True):
-    real, seen = getattr(module, name), []
-    def wrapped(*args, **kwargs):
-        if when(*args, **kwargs):
-            seen.append(1)
-            if len(seen) == nth:
-                setattr(module, name, real)
-                interrupt(times)
-        return real(*args, **kwargs)
-    setattr(module, name, wrapped)
-
 config = CheckpointManager.Config.with_sync_save()
 config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
 manager = CheckpointManager(config)
@@ -55,13 +39,13 @@ root = tempfile.mkdtemp()
 manager.save(f"{root}/c", state(7))
 copying = lambda *a, **k: not k.get("dry_run", False) and "unexpected" in k
 if point == "check":
-    at_call(checkpoint_loader, "check_shared_targets")
+    sigint_at(checkpoint_loader, "check_shared_targets", 5)
 elif point == "copy":
-    at_call(checkpoint_loader, "walk_checkpoint_structure", when=copying)
+    sigint_at(checkpoint_loader, "walk_checkpoint_structure", 5, when=copying)
 elif point == "copy_cut_short":
-    at_call(checkpoint_loader, "walk_checkpoint_structure", times=2, nth=2, when=copying)
+    sigint_at(checkpoint_loader, "walk_checkpoint_structure", 5, times=2, nth=2, when=copying)
 elif point == "after":
-    at_call(checkpoint_loader.CheckedLoad, "close")
+    sigint_at(checkpoint_loader.CheckedLoad, "close", 5)
 into = state(0)
 out = {}
 try:

@@ -9,9 +9,6 @@ and returns where every rank's copy finished; the ranks load together afterwards
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.async_multirank_support import launch_job, loaded, state
-from torch_checkpointing import CheckpointManager, checkpoint_loader
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from tests.async_multirank_support import launch_job, loaded, local_sync_manager, said, state
+from tests.sigint_at import sigint_at
+from torch_checkpointing import checkpoint_loader
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 20  # save.wait_timeout_secs: the gloo group's timeout
@@ -29,55 +26,27 @@ HANG_S = 120  # what the interrupted rank's own wait is bounded by: the SIGINT e
 POINTS = ["check", "copy", "after"]
 
 
-def _interrupt_in(owner: Any, name: str, wait_s: float, when: Any = lambda *a, **k: True) -> None:
-    """A real SIGINT (Python's own handler) as `owner.name` is first called with arguments `when` accepts."""
-    real = getattr(owner, name)
-
-    def interrupted(*args: Any, **kwargs: Any) -> Any:
-        if when(*args, **kwargs):
-            setattr(owner, name, real)  # once
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(wait_s)  # the handler raises in here, unless the load holds it
-        return real(*args, **kwargs)
-
-    setattr(owner, name, interrupted)
-
-
 def _arm(point: str) -> None:
+    """A real SIGINT as the load reaches `point`, before the call there runs."""
     if point == "check":
-        _interrupt_in(checkpoint_loader, "check_shared_targets", HANG_S)
+        sigint_at(checkpoint_loader, "check_shared_targets", HANG_S)
     elif point == "copy":  # held until the copy has finished: the wait runs to its end
         copying = lambda *a, **k: "unexpected" in k and not k.get("dry_run", False)  # noqa: E731
-        _interrupt_in(checkpoint_loader, "walk_checkpoint_structure", 0.5, copying)
+        sigint_at(checkpoint_loader, "walk_checkpoint_structure", 0.5, when=copying)
     else:
-        _interrupt_in(checkpoint_loader.CheckedLoad, "close", HANG_S)
-
-
-def _manager() -> CheckpointManager:
-    config = CheckpointManager.Config.with_sync_save()
-    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
-    config.save.wait_timeout_secs = TIMEOUT_S
-    return CheckpointManager(config)
-
-
-def _said(call: Any) -> str:
-    try:
-        call()
-    except BaseException as exc:
-        return " | ".join([f"{type(exc).__name__}: {exc}", *getattr(exc, "__notes__", [])])
-    return "ok"
+        sigint_at(checkpoint_loader.CheckedLoad, "close", HANG_S)
 
 
 def _job(root: str, control_dir: str) -> dict[str, Any]:
     rank, out = dist.get_rank(), {}
-    manager = _manager()
+    manager = local_sync_manager(TIMEOUT_S)
     manager.save(f"{root}/ck", state(1, rank))
     for point in POINTS:
         dist.barrier()
         if rank == 1:
             _arm(point)
         into = {"model": {"w": torch.zeros(4)}}
-        out[point] = _said(lambda: manager.load(f"{root}/ck", into))  # noqa: B023
+        out[point] = said(lambda: manager.load(f"{root}/ck", into), notes=True)  # noqa: B023
         out[f"{point}_held"] = float(into["model"]["w"][0])
         dist.barrier()
         out[f"{point}_then"] = loaded(manager, f"{root}/ck")

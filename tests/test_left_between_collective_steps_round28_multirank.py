@@ -11,18 +11,15 @@ so rank 0 raises at once naming rank 1's KeyboardInterrupt, and the group stays 
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.distributed as dist
 
-from tests.async_multirank_support import launch_job, loaded, state
-from torch_checkpointing import CheckpointManager, agreement, checkpoint_writer
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from tests.async_multirank_support import launch_job, loaded, local_sync_manager, said, state
+from tests.sigint_at import sigint_at
+from torch_checkpointing import agreement, checkpoint_writer
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 20  # save.wait_timeout_secs: the gloo group's timeout, what rank 0 waited for the unanswered step
@@ -31,52 +28,20 @@ CALLS = ["load", "save", "written", "writing"]
 HANG_S = 120  # what the interrupted rank's own wait is bounded by: the SIGINT ends it at once
 
 
-def _interrupt_after(step_end: str) -> None:
-    """This rank's first exchange of a step ending in `step_end` completes (every rank's answer in, every rank in
-    the same call), then a real SIGINT (Python's own handler) lands before the exchange returns."""
-    refuse = agreement._refuse_other_calls
-
-    def interrupted(step: str, calls: list[str]) -> None:
-        refuse(step, calls)
-        if step.endswith(step_end):
-            agreement._refuse_other_calls = refuse  # once
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(HANG_S)  # the handler raises in here
-
-    agreement._refuse_other_calls = interrupted
-
-
-def _interrupt_before_writing() -> None:
-    """The sync save's write starts (the plan agreed), then a real SIGINT lands before this rank's files step."""
-    made = checkpoint_writer.Commit
-
-    def interrupted(*args: Any) -> Any:
-        checkpoint_writer.Commit = made  # type: ignore[misc]  # once
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(HANG_S)  # the handler raises in here
-        return made(*args)
-
-    checkpoint_writer.Commit = interrupted  # type: ignore[misc]
-
-
-def _manager() -> CheckpointManager:
-    config = CheckpointManager.Config.with_sync_save()
-    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
-    config.save.wait_timeout_secs = TIMEOUT_S
-    return CheckpointManager(config)
-
-
-def _said(call: Any) -> str:
-    try:
-        call()
-    except BaseException as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "ok"
+def _arm(step_end: str) -> None:
+    """A real SIGINT once this rank's first exchange of a step ending in `step_end` completes (every rank's answer
+    in, every rank in the same call), before the exchange returns; for "": as the sync save's write begins (the
+    plan agreed), before this rank's files step."""
+    if step_end == "":
+        sigint_at(checkpoint_writer, "Commit", HANG_S)
+        return
+    ends = lambda step, calls: step.endswith(step_end)  # noqa: E731
+    sigint_at(agreement, "_refuse_other_calls", HANG_S, when=ends, after=True)
 
 
 def _job(root: str, control_dir: str) -> dict[str, Any]:
     rank, out = dist.get_rank(), {}
-    manager = _manager()
+    manager = local_sync_manager(TIMEOUT_S)
     manager.save(f"{root}/ck", state(1, rank))
     for name, step_end, call in (
         ("load", ": checking", lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}})),
@@ -86,11 +51,11 @@ def _job(root: str, control_dir: str) -> dict[str, Any]:
     ):
         dist.barrier()
         if rank == 1:
-            _interrupt_before_writing() if step_end == "" else _interrupt_after(step_end)
-        out[name] = _said(call)
+            _arm(step_end)
+        out[name] = said(call)
         dist.barrier()
         out[f"{name}_then"] = loaded(manager, f"{root}/ck")  # the group is still in step: a load together works
-    out["saved_then"] = _said(lambda: manager.save(f"{root}/ck4", state(4, rank)))  # so are the saves' numbers
+    out["saved_then"] = said(lambda: manager.save(f"{root}/ck4", state(4, rank)))  # so are the saves' numbers
     manager.close()
     return out
 

@@ -15,8 +15,9 @@ import re
 from tests.probes import fresh_json
 
 CHILD = """
-import json, logging, os, subprocess, sys, tempfile, time
+import json, logging, tempfile
 import torch
+from tests.sigint_at import sigint_at
 from torch_checkpointing import CheckpointManager, checkpoint_loader, checkpoint_writer
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
@@ -26,35 +27,18 @@ class Lines(logging.Handler):
         lines.append(record.getMessage())
 logging.getLogger("torch_checkpointing").addHandler(Lines(logging.WARNING))
 
-def killed(wait_s):
-    subprocess.run(["kill", "-INT", str(os.getpid())], check=True)  # another process sends it
-    time.sleep(wait_s)  # Python's own handler raises in here, unless the engine holds it
-
-def once(owner, name, wait_s):
-    real = getattr(owner, name)
-    def wrapped(*args, **kwargs):
-        setattr(owner, name, real)
-        killed(wait_s)
-        return real(*args, **kwargs)
-    setattr(owner, name, wrapped)
-
 config = CheckpointManager.Config.with_sync_save()
 config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
 manager = CheckpointManager(config)
 root = tempfile.mkdtemp()
 manager.save(f"{root}/c", {"m": {"a": torch.ones(4)}})
 out = {}
-real_copy = checkpoint_loader.CheckpointLoader._copy
-def copy(*args, **kwargs):
-    killed(0.3)  # held: the copy runs once this returns
-    return real_copy(*args, **kwargs)
-checkpoint_loader.CheckpointLoader._copy = copy
+sigint_at(checkpoint_loader.CheckpointLoader, "_copy", 0.3, from_kill=True)  # held: the copy runs after it
 try:
     manager.load(f"{root}/c", {"m": {"a": torch.zeros(4)}})
 except KeyboardInterrupt as exc:
     out["load"] = str(exc)
-checkpoint_loader.CheckpointLoader._copy = real_copy
-once(checkpoint_writer, "_write_entry", 5)
+sigint_at(checkpoint_writer, "_write_entry", 5, from_kill=True)
 try:
     manager.save(f"{root}/d", {"m": {"a": torch.ones(4)}})
 except KeyboardInterrupt as exc:

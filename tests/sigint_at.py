@@ -1,0 +1,59 @@
+"""A real SIGINT sent to this process at a chosen call, for the interrupt tests: in a rank of a multi-rank job or
+in a child process, on the main thread, where Python's own handler raises KeyboardInterrupt (unless the engine
+holds the signal). Both a job's ranks and a child's code import it by name, so it is a plain module-level name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["sigint_at"]
+
+_BETWEEN_S = 0.1  # between two signals of one call: the first is taken (or held) before the next is sent
+
+
+def sigint_at(
+    owner: Any,
+    name: str,
+    wait_s: float,
+    *,
+    when: Callable[..., bool] = lambda *args, **kwargs: True,
+    nth: int = 1,
+    times: int = 1,
+    after: bool = False,
+    from_kill: bool = False,
+) -> None:
+    """At the `nth` call of `owner.name` whose arguments `when` accepts (the real one put back then: once),
+    `times` real SIGINTs to this process, then a wait of `wait_s` in which the handler raises unless the engine
+    holds the signal; before the real call runs, or once it has returned (`after`). `from_kill`: sent by
+    another process (`kill -INT`), as a scheduler does, not by this one."""
+    real, seen = getattr(owner, name), [0]
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        if not when(*args, **kwargs):
+            return real(*args, **kwargs)
+        seen[0] += 1
+        if seen[0] != nth:
+            return real(*args, **kwargs)
+        setattr(owner, name, real)
+        result = real(*args, **kwargs) if after else None
+        _send(times, from_kill)
+        time.sleep(wait_s)  # the handler raises in here, unless the engine holds the signal
+        return result if after else real(*args, **kwargs)
+
+    setattr(owner, name, interrupted)
+
+
+def _send(times: int, from_kill: bool) -> None:
+    for sent in range(times):
+        if sent:
+            time.sleep(_BETWEEN_S)
+        if from_kill:
+            subprocess.run(["kill", "-INT", str(os.getpid())], check=True)
+        else:
+            os.kill(os.getpid(), signal.SIGINT)
