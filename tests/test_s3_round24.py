@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,25 +205,8 @@ def test_a_save_of_an_id_a_checkpoint_is_being_moved_to_never_mixes_their_files(
     config = s3_server.config()
     with sync_manager(config) as manager:
         manager.save("run/step_1", state(1.0))
-    paused, go = threading.Event(), threading.Event()
-    slow = FsspecStorageConfig(
-        url=config.url, filesystem=_PausingBeforeTheManifestsCopy(**config.storage_options, paused=paused, go=go)
-    ).create_storage()
-    moving = threading.Thread(
-        target=lambda: slow.rename(Path("run/step_1"), Path("run/step_9"), is_directory=True), daemon=True
-    )
-    moving.start()
-    refused: Exception | None = None
-    try:
-        assert paused.wait(60)
-        try:
-            with sync_manager(config) as manager:
-                manager.save("run/step_9", state(7.0))
-        except CommitError as exc:
-            refused = exc
-    finally:
-        go.set()
-        moving.join(60)
+    moving = lambda slow: slow.rename(Path("run/step_1"), Path("run/step_9"), is_directory=True)  # noqa: E731
+    refused = _save_while_paused(config, _PausingBeforeTheManifestsCopy, moving, "run/step_9")
     with sync_manager(config) as manager:
         loaded = manager.load("run/step_9")["model"]["w"]
     assert refused is not None and "run/step_9" in str(refused), refused
@@ -248,28 +232,39 @@ def test_a_delete_of_a_checkpoint_beside_a_dead_claim_still_holds_the_id_while_i
 
 
 def _save_during_a_paused_delete(config: FsspecStorageConfig) -> Exception | None:
-    """Delete run/step_1 in a thread paused once its manifest is gone, save the id meanwhile, then let the delete
-    finish: the save's CommitError, or None once what it said it committed loaded back whole."""
+    """Delete run/step_1 in a thread paused once its manifest is gone, and save the id meanwhile (see
+    `_save_while_paused`)."""
+    return _save_while_paused(
+        config, _PausingAfterTheManifest, lambda slow: slow.rmdir(Path("run/step_1")), "run/step_1"
+    )
+
+
+def _save_while_paused(
+    config: FsspecStorageConfig, filesystem: type[s3fs.S3FileSystem], operation: Callable[[Any], Any], save_id: str
+) -> Exception | None:
+    """Run `operation` on a storage over `filesystem` (one that pauses it until told to go on) in a thread, save
+    `save_id` while it is paused, then let it finish: the save's CommitError, or None once what it said it
+    committed loaded back whole."""
     paused, go = threading.Event(), threading.Event()
     slow = FsspecStorageConfig(
-        url=config.url, filesystem=_PausingAfterTheManifest(**config.storage_options, paused=paused, go=go)
+        url=config.url, filesystem=filesystem(**config.storage_options, paused=paused, go=go)
     ).create_storage()
-    deleting = threading.Thread(target=slow.rmdir, args=(Path("run/step_1"),), daemon=True)
-    deleting.start()
+    running = threading.Thread(target=operation, args=(slow,), daemon=True)
+    running.start()
     refused: Exception | None = None
     try:
         assert paused.wait(60)
         try:
             with sync_manager(config) as manager:
-                manager.save("run/step_1", state(7.0))
+                manager.save(save_id, state(7.0))
         except CommitError as exc:
             refused = exc
     finally:
         go.set()
-        deleting.join(60)
+        running.join(60)
     if refused is None:  # it said it committed: what it committed must load
         with sync_manager(config) as manager:
-            assert torch.equal(manager.load("run/step_1")["model"]["w"], state(7.0)["model"]["w"])
+            assert torch.equal(manager.load(save_id)["model"]["w"], state(7.0)["model"]["w"])
     return refused
 
 
