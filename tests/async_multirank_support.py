@@ -61,7 +61,7 @@ def local_async_manager(wait_s: float) -> CheckpointManager:
     return CheckpointManager(config)
 
 
-def local_sync_manager(wait_s: float) -> CheckpointManager:
+def local_sync_manager(wait_s: int) -> CheckpointManager:
     """A sync-save manager on the local file system (no direct I/O) whose collective steps wait `wait_s` at most
     (save.wait_timeout_secs: the gloo group's timeout too)."""
     config = CheckpointManager.Config.with_sync_save()

@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["sigint_at"]
+__all__ = ["disarm", "sigint_at"]
 
 _BETWEEN_S = 0.1  # between two signals of one call: the first is taken (or held) before the next is sent
+_ARMED: list[tuple[Any, str, Any]] = []  # (owner, name, the real one) of each `sigint_at` not yet sent
 
 
 def sigint_at(
@@ -40,13 +41,28 @@ def sigint_at(
         seen[0] += 1
         if seen[0] != nth:
             return real(*args, **kwargs)
-        setattr(owner, name, real)
+        _put_back(owner, name, real)
         result = real(*args, **kwargs) if after else None
         _send(times, from_kill)
         time.sleep(wait_s)  # the handler raises in here, unless the engine holds the signal
         return result if after else real(*args, **kwargs)
 
+    _ARMED.append((owner, name, real))
     setattr(owner, name, interrupted)
+
+
+def disarm() -> int:
+    """Put back every call a `sigint_at` armed that was never reached (a step skipped where the engine failed
+    otherwise), so that it does not interrupt a later, unrelated call; returns how many."""
+    left = list(_ARMED)
+    for owner, name, real in reversed(left):  # the last armed first: it may wrap an earlier one
+        _put_back(owner, name, real)
+    return len(left)
+
+
+def _put_back(owner: Any, name: str, real: Any) -> None:
+    setattr(owner, name, real)
+    _ARMED.remove((owner, name, real))
 
 
 def _send(times: int, from_kill: bool) -> None:
