@@ -42,6 +42,16 @@ def _trash(storage: Any) -> list[str]:
     return [name for name in storage.ls(Path("run")) if ".trash-" in name]
 
 
+def _two_saved(s3_server: S3Server) -> tuple[FsspecStorageConfig, int, Any, str]:
+    """run/step_1 (of `state(1.0)`) and run/step_2 (2.0) saved on `s3_server`: its config, its port (for a
+    FaultProxy in front of it), a storage on it, and the run's URL (a retention root)."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    return config, int(s3_server.endpoint.rsplit(":", 1)[1]), config.create_storage(), f"{config.url}/run"
+
+
 def _lose_the_sources_bulk_delete(proxy: FaultProxy) -> None:
     """The source's bulk delete (the first one: the copy to the trash came before) is done by the server, and
     its answer is lost, and so are those of every retry the client makes, until retention looks at the copy."""
@@ -49,13 +59,7 @@ def _lose_the_sources_bulk_delete(proxy: FaultProxy) -> None:
 
 
 def test_a_delete_whose_source_delete_fails_midway_puts_the_whole_copy_back(s3_server: S3Server) -> None:
-    config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
-    storage = config.create_storage()
-    root = f"{config.url}/run"
-    with sync_manager(config) as manager:
-        manager.save("run/step_1", state(1.0))
-        manager.save("run/step_2", state(2.0))
+    config, port, storage, root = _two_saved(s3_server)
     with FaultProxy(port) as proxy:
         _lose_the_sources_bulk_delete(proxy)
         report = prune(root, RetentionPolicy(keep_last=1), through_proxy(config, proxy).create_storage())
@@ -71,13 +75,7 @@ def test_a_delete_whose_source_delete_fails_midway_puts_the_whole_copy_back(s3_s
 
 
 def test_a_save_that_reused_the_id_during_a_failed_delete_is_not_lost(s3_server: S3Server) -> None:
-    config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
-    storage = config.create_storage()
-    root = f"{config.url}/run"
-    with sync_manager(config) as manager:
-        manager.save("run/step_1", state(1.0))
-        manager.save("run/step_2", state(2.0))
+    config, port, storage, root = _two_saved(s3_server)
     with FaultProxy(port) as proxy:
         through = through_proxy(config, proxy).create_storage()
         real_rename = through.rename
@@ -117,13 +115,7 @@ def test_a_resaved_checkpoint_moved_back_whose_trash_delete_fails_is_reported_ba
     """A save re-used the id between retention's check and its move to the trash: retention moves it back (a copy
     on S3, then a delete of the trash). Before, when only that last delete failed, the report said the checkpoint
     "could not be moved back: rename it back by hand", of one that was back whole, and a second copy stayed."""
-    config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
-    storage = config.create_storage()
-    root = f"{config.url}/run"
-    with sync_manager(config) as manager:
-        manager.save("run/step_1", state(1.0))
-        manager.save("run/step_2", state(2.0))
+    config, port, storage, root = _two_saved(s3_server)
     with FaultProxy(port) as proxy:
         through = through_proxy(config, proxy).create_storage()
         real_rename, calls = through.rename, []
