@@ -6,6 +6,8 @@ test session runs, and each file checks its part:
 * "between" (test_left_between_collective_steps_round28_multirank): rank 1 interrupted between two agreed steps
   of a load or a save, or as a sync save's write begins;
 * "told" (test_interrupted_load_told_round29_multirank): rank 1 interrupted at each point of a load;
+* "handler_error" (test_handler_error_inside_gather_round30_multirank): on rank 1, a real SIGALRM whose handler
+  raises TimeoutError, between the two gathers of torch's `all_gather_object`;
 * "inside" (test_interrupt_inside_gather_round29_multirank): a rank interrupted inside torch's
   `all_gather_object`, between its two gathers. Last: its "twice" call leaves the group broken in a collective.
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +33,7 @@ from tests.async_multirank_support import WarningLines, launch_job, loaded, loca
 from tests.sigint_at import disarm, sigint_at
 from torch_checkpointing import agreement, checkpoint_loader, checkpoint_writer
 
-__all__ = ["BETWEEN_CALLS", "INSIDE_CALLS", "TOLD_POINTS", "interrupted_ranks"]
+__all__ = ["BETWEEN_CALLS", "HANDLER_ERROR_CALLS", "INSIDE_CALLS", "TOLD_POINTS", "interrupted_ranks"]
 
 HANG_S = 120  # a wait a SIGINT run at once ends (the interrupted rank's own): the launch's timeout bounds it
 LAUNCH_TIMEOUT_S = 900  # the three parts' launches took 600 each
@@ -39,6 +43,8 @@ BETWEEN_CALLS = ["load", "save", "written", "writing"]
 BETWEEN_TIMEOUT_S = 20  # save.wait_timeout_secs: the gloo group's timeout, what rank 0 waited for the unanswered step
 TOLD_POINTS = ["check", "copy", "after"]
 TOLD_TIMEOUT_S = 20  # save.wait_timeout_secs: the gloo group's timeout
+HANDLER_ERROR_CALLS = ["load", "save"]
+HANDLER_ERROR_TIMEOUT_S = 10  # save.wait_timeout_secs: the gloo group's timeout
 INSIDE_CALLS = ["load", "save"]
 INSIDE_TIMEOUT_S = 10  # save.wait_timeout_secs: the gloo group's timeout, what rank 0 waited for the data gather
 
@@ -56,7 +62,12 @@ def interrupted_ranks(part: str, tmp_path_factory: pytest.TempPathFactory) -> li
 
 
 def _job(root: str, control_dir: str) -> dict[str, Any]:
-    parts: dict[str, Callable[[str], dict[str, Any]]] = {"between": _between, "told": _told, "inside": _inside}
+    parts: dict[str, Callable[[str], dict[str, Any]]] = {
+        "between": _between,
+        "told": _told,
+        "handler_error": _handler_error,
+        "inside": _inside,
+    }
     out: dict[str, Any] = {}
     for part, run in parts.items():
         os.makedirs(f"{root}/{part}", exist_ok=True)
@@ -130,6 +141,48 @@ def _arm_told(point: str) -> None:
         sigint_at(checkpoint_loader, "walk_checkpoint_structure", 0.5, when=copying)
     else:
         sigint_at(checkpoint_loader.CheckedLoad, "close", HANG_S)
+
+
+def _handler_error(root: str) -> dict[str, Any]:
+    rank, out = dist.get_rank(), {}
+    before = signal.signal(signal.SIGALRM, _timed_out)
+    try:
+        manager = local_sync_manager(HANDLER_ERROR_TIMEOUT_S)
+        manager.save(f"{root}/ck", state(1, rank))
+        calls = {
+            "load": lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}}),
+            "save": lambda: manager.save(f"{root}/ck2", state(2, rank)),
+        }
+        for name, call in calls.items():
+            dist.barrier()
+            if rank == 1:
+                _alarm_between_gathers()
+            out[name] = said(call)
+            dist.barrier()
+            out[f"{name}_then"] = loaded(manager, f"{root}/ck")
+        out["closed"] = said(manager.close)
+    finally:
+        signal.signal(signal.SIGALRM, before)
+    return out
+
+
+def _alarm_between_gathers() -> None:
+    """Once the next `all_gather_object`'s size gather has returned on this rank: a real SIGALRM, whose handler
+    raises TimeoutError, then a second in which the handler runs, unless the exchange holds it."""
+    real = distributed_c10d.all_gather
+
+    def gathered(*args: Any, **kwargs: Any) -> Any:
+        distributed_c10d.all_gather = real  # once: the size gather
+        work = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGALRM)
+        time.sleep(1.0)
+        return work
+
+    distributed_c10d.all_gather = gathered
+
+
+def _timed_out(signum: int, frame: Any) -> None:
+    raise TimeoutError("the call took too long")
 
 
 def _inside(root: str) -> dict[str, Any]:

@@ -8,69 +8,25 @@ TimeoutError, a program's bound on the call; a preemption handler's own error) w
 contact with its peers (<the handler's words>); a rank died, hung, or never called save()", `from None`: the
 handler's exception gone, a healthy group called broken. The signal here is a real SIGALRM, sent on rank 1
 between the exchange's two gathers.
+
+The ranks' job is the "handler_error" part of the one launch in tests/interrupted_rank_jobs.py.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
-from torch.distributed import distributed_c10d
 
-from tests.async_multirank_support import launch_job, loaded, state
-from tests.test_interrupt_inside_gather_round29_multirank import _manager, _said
+from tests.interrupted_rank_jobs import HANDLER_ERROR_CALLS as CALLS
+from tests.interrupted_rank_jobs import interrupted_ranks
 
 pytestmark = pytest.mark.multirank
-CALLS = ["load", "save"]
-
-
-def _alarm_between_gathers() -> None:
-    """Once the next `all_gather_object`'s size gather has returned on this rank: a real SIGALRM, whose handler
-    raises TimeoutError, then a second in which the handler runs, unless the exchange holds it."""
-    real = distributed_c10d.all_gather
-
-    def gathered(*args: Any, **kwargs: Any) -> Any:
-        distributed_c10d.all_gather = real  # once: the size gather
-        work = real(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGALRM)
-        time.sleep(1.0)
-        return work
-
-    distributed_c10d.all_gather = gathered
-
-
-def _timed_out(signum: int, frame: Any) -> None:
-    raise TimeoutError("the call took too long")
-
-
-def _job(root: str, control_dir: str) -> dict[str, Any]:
-    rank, out = dist.get_rank(), {}
-    signal.signal(signal.SIGALRM, _timed_out)
-    manager = _manager()
-    manager.save(f"{root}/ck", state(1, rank))
-    calls = {
-        "load": lambda: manager.load(f"{root}/ck", {"model": {"w": state(0, 0)["model"]["w"]}}),
-        "save": lambda: manager.save(f"{root}/ck2", state(2, rank)),
-    }
-    for name, call in calls.items():
-        dist.barrier()
-        if rank == 1:
-            _alarm_between_gathers()
-        out[name] = _said(call)
-        dist.barrier()
-        out[f"{name}_then"] = loaded(manager, f"{root}/ck")
-    out["closed"] = _said(manager.close)
-    return out
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return launch_job(_job, 2, Path(tmp_path_factory.mktemp("handler_error_gather")), timeout=600)
+    return interrupted_ranks("handler_error", tmp_path_factory)
 
 
 @pytest.mark.parametrize("call", CALLS)
