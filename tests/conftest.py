@@ -18,7 +18,8 @@ from torch_checkpointing.config import SyncCheckpointSaverConfig
 
 # The session's one moto server (`s3_server`), for every test that names it: registered here rather than imported
 # into each module, which gave every importing module a server of its own and shadowed the name (ruff F811).
-pytest_plugins = ["tests.s3_server"]
+# `tests.process_state`: fails a test that leaves process-wide state (signals, rlimits, env, ...) changed behind it.
+pytest_plugins = ["tests.s3_server", "tests.process_state"]
 
 ManagerFactory = Callable[..., CheckpointManager]
 
