@@ -13,6 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from tests.memory_storage import Control, MemoryStorageConfig, controlled_manager, with_clean_controls
+from tests.probes import gloo_world1
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 
@@ -78,11 +79,8 @@ def dist_world1() -> Iterator[None]:
         yield
         return
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
+    with gloo_world1(store):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture

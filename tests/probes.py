@@ -27,6 +27,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,3 +334,19 @@ class interrupted_at:  # used as a function: `with interrupted_at(k, files) as a
 
     def __exit__(self, *exc: object) -> None:
         sys.setprofile(self._previous)
+
+
+@contextlib.contextmanager
+def gloo_world1(store: Any) -> Iterator[None]:
+    """A world-1 gloo group on `store`, destroyed after. torch's init_process_group also replaces sys.excepthook
+    (to name the rank in a traceback) and destroy_process_group leaves it: every test that made a group wrapped
+    the hook once more, for the rest of the worker's tests. Put back here."""
+    import torch.distributed as dist
+
+    excepthook = sys.excepthook
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = excepthook

@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from tests.probes import gloo_world1
 from torch_checkpointing.distributed_metadata import GlobalObjectMetadata
 from torch_checkpointing.dtensor_metadata import (
     DeviceMeshSpec,
@@ -33,12 +34,8 @@ def one_rank_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     if dist.is_initialized():
         yield
         return
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
+    with gloo_world1(dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_placement_specs_round_trip_and_print() -> None:
