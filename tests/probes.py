@@ -350,3 +350,19 @@ def gloo_world1(store: Any) -> Iterator[None]:
     finally:
         dist.destroy_process_group()
         sys.excepthook = excepthook
+
+
+@contextlib.contextmanager
+def children_import_from(repo: Path) -> Iterator[None]:
+    """`repo` first on PYTHONPATH for the processes started inside the block (a spawned rank reads it as it
+    starts), and the variable as it was after. Set for good, it grew by one entry per launch and reached every
+    later child of the pytest worker, whatever tests ran after."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(repo), before or ""])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before

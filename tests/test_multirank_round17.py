@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.probes import children_import_from
+
 pytestmark = pytest.mark.multirank
 WORLD = 3
 TIMEOUT_S = 6  # save.wait_timeout_secs: the gloo group's timeout too
@@ -114,11 +116,11 @@ def _rank(rank: int, root: str, out_dir: str, scenario: str) -> None:
 def _launch(root: Path, scenario: str) -> dict[int, dict[str, Any]]:
     out_dir = root / "out"
     out_dir.mkdir()
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank, args=(r, str(root), str(out_dir), scenario)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
+    with children_import_from(REPO):
+        for p in procs:
+            p.start()
     deadline = time.monotonic() + 240
     try:
         for p in procs:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.probes import children_import_from
 from tests.test_multirank_round17 import REPO, WORLD, _store
 
 pytestmark = pytest.mark.multirank
@@ -59,12 +60,12 @@ def _rank(rank: int, root: str, out_dir: str, how: str) -> None:
 def _launch(root: Path, how: str) -> dict[int, dict[str, Any]]:
     out_dir = root / "out"
     out_dir.mkdir()
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     procs = [
         mp.get_context("spawn").Process(target=_rank, args=(r, str(root), str(out_dir), how)) for r in range(WORLD)
     ]
-    for p in procs:
-        p.start()
+    with children_import_from(REPO):
+        for p in procs:
+            p.start()
     deadline = time.monotonic() + 200
     try:
         for p in procs[1:]:  # rank 0 is killed, or stays stopped until killed below
