@@ -1,5 +1,5 @@
 """A real SIGINT at each point of a single-rank load: what the caller's templates hold, and what the
-KeyboardInterrupt says of them (round 29).
+KeyboardInterrupt says of them (round 29; the entry of load(), round 30).
 
 The promise: load() returns exactly what was committed or raises having changed nothing. An interrupt in the
 check phase changes nothing; one during the copy is held until the copy has finished (`signals`); one after it
@@ -19,7 +19,7 @@ CHILD = """
 import json, logging, sys, tempfile
 import torch
 from tests.sigint_at import sigint_at
-from torch_checkpointing import CheckpointManager, checkpoint_loader
+from torch_checkpointing import CheckpointManager, checkpoint_loader, checkpoint_manager
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 point = sys.argv[1]
@@ -38,7 +38,10 @@ manager = CheckpointManager(config)
 root = tempfile.mkdtemp()
 manager.save(f"{root}/c", state(7))
 copying = lambda *a, **k: not k.get("dry_run", False) and "unexpected" in k
-if point == "check":
+if point == "entry":  # the call token load() makes first (a C call: a handler runs at its return)
+    checkpoint_manager.object = object
+    sigint_at(checkpoint_manager, "object", 5)
+elif point == "check":
     sigint_at(checkpoint_loader, "check_shared_targets", 5)
 elif point == "copy":
     sigint_at(checkpoint_loader, "walk_checkpoint_structure", 5, when=copying)
@@ -63,6 +66,8 @@ print(json.dumps(out))
 
 # point -> what the templates hold after the interrupt, and the words of the note that say so
 EXPECTED = {
+    # Round 30: before, one landing as load() is entered had no note ([]), the templates untouched.
+    "entry": ({"model": 0.0, "extra": 0.0}, "before any template was changed: nothing was restored"),
     "check": ({"model": 0.0, "extra": 0.0}, "before any template was changed: nothing was restored"),
     "copy": ({"model": 7.0, "extra": 7.0}, "after the copy had finished: every template holds the checkpoint"),
     "copy_cut_short": ({"model": 7.0, "extra": 0.0}, "cut short during the copy"),
