@@ -28,11 +28,13 @@ def sigint_at(
     times: int = 1,
     after: bool = False,
     from_kill: bool = False,
+    signum: int = signal.SIGINT,
 ) -> None:
     """At the `nth` call of `owner.name` whose arguments `when` accepts (the real one put back then: once),
     `times` real SIGINTs to this process, then a wait of `wait_s` in which the handler raises unless the engine
     holds the signal; before the real call runs, or once it has returned (`after`). `from_kill`: sent by
-    another process (`kill -INT`), as a scheduler does, not by this one."""
+    another process (`kill -INT`), as a scheduler does, not by this one. `signum`: another signal in place of
+    SIGINT (SIGALRM, whose handler a program has raise TimeoutError to bound a call)."""
     real, seen = getattr(owner, name), [0]
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
@@ -43,7 +45,7 @@ def sigint_at(
             return real(*args, **kwargs)
         _put_back(owner, name, real)
         result = real(*args, **kwargs) if after else None
-        _send(times, from_kill)
+        _send(times, from_kill, signum)
         time.sleep(wait_s)  # the handler raises in here, unless the engine holds the signal
         return result if after else real(*args, **kwargs)
 
@@ -65,11 +67,11 @@ def _put_back(owner: Any, name: str, real: Any) -> None:
     _ARMED.remove((owner, name, real))
 
 
-def _send(times: int, from_kill: bool) -> None:
+def _send(times: int, from_kill: bool, signum: int) -> None:
     for sent in range(times):
         if sent:
             time.sleep(_BETWEEN_S)
         if from_kill:
-            subprocess.run(["kill", "-INT", str(os.getpid())], check=True)
+            subprocess.run(["kill", "-s", signal.Signals(signum).name, str(os.getpid())], check=True)
         else:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
