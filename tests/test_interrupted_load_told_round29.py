@@ -68,26 +68,42 @@ manager.close()
 print(json.dumps(out))
 """
 
-# point -> what the templates hold after the interrupt, and the words of the note that say so
+_NOTHING = "before any template was changed: nothing was restored"
+_WHOLE = "after the copy had finished: every template holds the checkpoint"
+# (signal, point) -> what the load raised, what the templates hold after it, and the words of the note that say
+# so (None: no note). SIGINT: Python's own handler raises KeyboardInterrupt; before, no note at all ([]),
+# whatever the templates held (round 30: one landing as load() is entered, too). SIGALRM, round 30: a handler's
+# own exception (raising TimeoutError is how a program bounds a call) is held during the copy too; such a load
+# raised a bare TimeoutError having changed the templates (whole, or partly restored where the alarm was sent
+# again). One that changed nothing (the check phase's) gets no note.
 EXPECTED = {
-    # Round 30: before, one landing as load() is entered had no note ([]), the templates untouched.
-    "entry": ({"model": 0.0, "extra": 0.0}, "before any template was changed: nothing was restored"),
-    "check": ({"model": 0.0, "extra": 0.0}, "before any template was changed: nothing was restored"),
-    "copy": ({"model": 7.0, "extra": 7.0}, "after the copy had finished: every template holds the checkpoint"),
-    "copy_cut_short": ({"model": 7.0, "extra": 0.0}, "cut short during the copy"),
-    "after": ({"model": 7.0, "extra": 7.0}, "after the copy had finished: every template holds the checkpoint"),
+    ("SIGINT", "entry"): ("KeyboardInterrupt", {"model": 0.0, "extra": 0.0}, _NOTHING),
+    ("SIGINT", "check"): ("KeyboardInterrupt", {"model": 0.0, "extra": 0.0}, _NOTHING),
+    ("SIGINT", "copy"): ("KeyboardInterrupt", {"model": 7.0, "extra": 7.0}, _WHOLE),
+    ("SIGINT", "copy_cut_short"): ("KeyboardInterrupt", {"model": 7.0, "extra": 0.0}, "cut short during the copy"),
+    ("SIGINT", "after"): ("KeyboardInterrupt", {"model": 7.0, "extra": 7.0}, _WHOLE),
+    ("SIGALRM", "check"): ("TimeoutError", {"model": 0.0, "extra": 0.0}, None),
+    ("SIGALRM", "copy"): ("TimeoutError", {"model": 7.0, "extra": 7.0}, _WHOLE),
+    ("SIGALRM", "copy_cut_short"): (
+        "TimeoutError",
+        {"model": 7.0, "extra": 0.0},
+        "the templates may be partly restored",
+    ),
+    ("SIGALRM", "after"): ("TimeoutError", {"model": 7.0, "extra": 7.0}, _WHOLE),
 }
 
 
-@pytest.mark.parametrize("point", sorted(EXPECTED))
-def test_the_interrupt_says_what_the_templates_hold(point: str) -> None:
-    out = fresh_json(CHILD, point, "SIGINT")
-    held, words = EXPECTED[point]
-    assert out["raised"] == "KeyboardInterrupt", out
+@pytest.mark.parametrize(("signum", "point"), sorted(EXPECTED))
+def test_the_interrupt_says_what_the_templates_hold(signum: str, point: str) -> None:
+    out = fresh_json(CHILD, point, signum)
+    raised, held, words = EXPECTED[signum, point]
+    assert out["raised"] == raised, out
     assert out["held"] == held, out
-    # Before: no note at all ([]), whatever the templates held.
-    assert len(out["notes"]) == 1 and words in out["notes"][0], out
-    assert "Load of" in out["notes"][0] and "/c" in out["notes"][0], out
+    if words is None:
+        assert out["notes"] == [], out
+    else:
+        assert len(out["notes"]) == 1 and words in out["notes"][0] and raised in out["notes"][0], out
+        assert "Load of" in out["notes"][0] and "/c" in out["notes"][0], out
     assert out["again"] == 7.0, out  # the manager loads again afterwards
 
 
@@ -97,28 +113,3 @@ def test_a_single_rank_hold_speaks_of_the_copy_alone() -> None:
     # Before: "…: SIGINT (Ctrl-C) during the copy into the templates and the ranks' word on it; its handler runs
     # once every rank has said whether its copy finished (at most the process group's timeout) …", on one rank.
     assert len(held) == 1 and "rank" not in held[0] and "process group" not in held[0], out["warnings"]
-
-
-# Round 30: a handler's own exception. SIGALRM, whose handler raising TimeoutError is how a program bounds a
-# call, is held during the copy too; such a load raised a bare TimeoutError having changed the templates (whole,
-# or partly restored where the alarm was sent again). One that changed nothing (the check phase's) gets no note.
-ALARM_EXPECTED = {
-    "check": ({"model": 0.0, "extra": 0.0}, None),
-    "copy": ({"model": 7.0, "extra": 7.0}, "after the copy had finished: every template holds the checkpoint"),
-    "copy_cut_short": ({"model": 7.0, "extra": 0.0}, "the templates may be partly restored"),
-    "after": ({"model": 7.0, "extra": 7.0}, "after the copy had finished: every template holds the checkpoint"),
-}
-
-
-@pytest.mark.parametrize("point", sorted(ALARM_EXPECTED))
-def test_a_timeout_raised_by_a_handler_says_what_the_templates_hold(point: str) -> None:
-    """Defect: `notes == []` at every point, the templates whole or partly restored."""
-    out = fresh_json(CHILD, point, "SIGALRM")
-    held, words = ALARM_EXPECTED[point]
-    assert out["raised"] == "TimeoutError", out
-    assert out["held"] == held, out
-    if words is None:
-        assert out["notes"] == [], out
-    else:
-        assert len(out["notes"]) == 1 and words in out["notes"][0] and "TimeoutError" in out["notes"][0], out
-    assert out["again"] == 7.0, out
