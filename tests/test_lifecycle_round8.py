@@ -374,6 +374,8 @@ def test_every_call_after_close_is_refused_naming_the_fix(tmp_path: Path, sync: 
         "load": lambda: closed.load(str(tmp_path / "ck"), into=state),
         "lock": closed.lock,
         "prewarm staging": lambda: closed.prewarm_staging(state),
+        # guide.md: "any call after close()"; `with closed:` ran its block and closed it again
+        "enter a with block": closed.__enter__,
     }
     for what, call in calls.items():
         # The type and the prefix API_SURFACE §2.3 records; before, the message stopped there.

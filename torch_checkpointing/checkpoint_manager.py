@@ -577,6 +577,10 @@ class CheckpointManager:
             self._ctx.close()
 
     def __enter__(self) -> CheckpointManager:
+        """The manager itself; a closed one is refused, as every other call is: its block ran, then closed nothing
+        (a forked child's copy may enter: its `close()` only marks the copy closed)."""
+        if self._closed:
+            self._check_open("enter a with block")
         return self
 
     def __exit__(self, *exc: object) -> None:
