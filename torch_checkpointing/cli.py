@@ -45,7 +45,6 @@ from torch_checkpointing.discovery import (
     require_directory,
     require_path,
     storage_for,
-    warn_if_a_checkpoint,
 )
 from torch_checkpointing.distributed_metadata import (
     DistributedMetadata,
@@ -72,6 +71,7 @@ from torch_checkpointing.retention import (
     RetentionPolicy,
     check_age,
     collect_garbage,
+    leftovers_report,
     prune,
 )
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
@@ -364,7 +364,7 @@ def cmd_ls(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     found = listed.checkpoints
     # A checkpoint this user may not read is no damage: a script deleting "damaged" ones must never get it.
     unusable = passed_over + listed.unlisted
-    gc = collect_garbage(root, storage, dry_run=True, unowned_after_s=args.older_than)
+    gc = leftovers_report(root, storage, dry_run=True, unowned_after_s=args.older_than)  # the listing warned
     verdicts = [(lo, "removable by gc") for lo in gc.removed] + [(lo, f"kept: {why}") for lo, why in gc.kept]
     verdicts.sort(key=lambda t: t[0].path)
     ui.emit_json(
@@ -784,8 +784,6 @@ def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
 def cmd_gc(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     require_directory(storage, Path(args.root), _ROOT)
     report = collect_garbage(args.root, storage, dry_run=args.dry_run, unowned_after_s=args.older_than)
-    if not (report.removed or report.kept or report.failed):  # "removed 0" of a checkpoint hid its run's leftovers
-        warn_if_a_checkpoint(Path(args.root), storage)
     ui.emit_json(
         {
             "root": args.root,

@@ -501,8 +501,7 @@ def listing(root: str | os.PathLike[str], storage: Storage | None = None) -> Lis
     storage = storage_of(root, storage)
     base = Path(root)
     if not storage.isdir(base):
-        if storage.exists(base):  # a file: a resume that took "nothing listed" for a first run would start over
-            raise NotADirectoryError(f"{base} is a file, not a directory: pass {_ROOT}")
+        _refuse_a_file(base, storage)
         return Listing()
     names = _awaiting_replaces(base, sorted(storage.ls(base)), storage)
     _warn_left_aside(base, names, storage)
@@ -544,6 +543,13 @@ def _infos_of(base: Path, names: list[str], storage: Storage) -> tuple[list[Chec
 
 # What a root is, in the words of the errors that name one.
 _ROOT = "the directory that holds the checkpoints (a run's root)"
+
+
+def _refuse_a_file(base: Path, storage: Storage) -> None:
+    """A root that is no directory lists nothing, unless it is a file: a resume that took "nothing listed" for a
+    first run would start over, and a gc that found "nothing to collect" would never clean the run."""
+    if storage.exists(base):
+        raise NotADirectoryError(f"{base} is a file, not a directory: pass {_ROOT}")
 
 
 def warn_if_a_checkpoint(base: Path, storage: Storage) -> None:
@@ -1140,6 +1146,7 @@ def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None)
     storage = storage_of(root, storage)
     base = Path(root)
     if not storage.isdir(base):
+        _refuse_a_file(base, storage)
         return []
     out = [_classify(base, name, storage) for name in sorted(storage.ls(base))]
     # One removed while it was looked into (a gc in another process) held nothing by then: no user's folder.

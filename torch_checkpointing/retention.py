@@ -55,6 +55,7 @@ from torch_checkpointing.discovery import (
     still_there,
     storage_of,
     unreadable,
+    warn_if_a_checkpoint,
 )
 from torch_checkpointing.errors import (
     CheckpointError,
@@ -104,6 +105,7 @@ __all__ = [
     "check_age",
     "collect_garbage",
     "delete_checkpoint",
+    "leftovers_report",
     "prune",
     "select_for_deletion",
 ]
@@ -996,7 +998,23 @@ def collect_garbage(
     unowned_after_s: float = DEFAULT_UNOWNED_AGE_S,
 ) -> GcReport:
     """Remove what dead saves, replacements and deletions left under `root`; never a live writer's temporary.
-    `dry_run`: only say what would go, writing nothing (not even a probe of the store's clock: `writing_nothing`)."""
+    `dry_run`: only say what would go, writing nothing (not even a probe of the store's clock: `writing_nothing`).
+
+    A root that is a file is a `NotADirectoryError`, and a checkpoint passed for its run's root is warned about,
+    naming the parent: "nothing to collect" there hid the run's leftovers."""
+    check_age(unowned_after_s, "unowned_after_s")
+    require_path(root)
+    storage = storage_of(root, storage)
+    report = leftovers_report(root, storage, dry_run=dry_run, unowned_after_s=unowned_after_s)
+    if not (report.removed or report.kept or report.failed):
+        warn_if_a_checkpoint(Path(root), storage)
+    return report
+
+
+def leftovers_report(
+    root: str | os.PathLike[str], storage: Storage | None, *, dry_run: bool, unowned_after_s: float
+) -> GcReport:
+    """`collect_garbage`, for a caller whose listing of `root` already warned about a checkpoint root (`ls`)."""
     check_age(unowned_after_s, "unowned_after_s")
     require_path(root)
     storage = storage_of(root, storage)

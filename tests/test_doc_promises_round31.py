@@ -1,0 +1,81 @@
+"""Promises of the user-facing docs (docs/operations.md, docs/storage.md) held to by tests, one table per doc
+where the cases share a shape, each run against real files and the real public calls.
+
+Before round 31, `collect_garbage(root)` (the Python call docs/operations.md pairs with `torch-checkpointing gc`)
+took a root that is a file for an empty run (an empty report, nothing said) and a checkpoint passed for its run's
+root for a run with nothing to collect (no WARNING naming the parent): only the CLI's `gc` kept those promises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager, latest_checkpoint, list_checkpoints
+from torch_checkpointing.cli import main
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.retention import RetentionPolicy, collect_garbage, prune
+
+
+def _save_run(root: Path, steps: tuple[int, ...] = (1, 2)) -> None:
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        for step in steps:
+            manager.save(str(root / f"step_{step}"), {"model": {"w": torch.full((2,), float(step))}}, step=step)
+
+
+# Every listing, retention and gc call of docs/operations.md ("Wrong roots are said, not taken for a first run").
+ROOT_CALLS: dict[str, Callable[[Path], Any]] = {
+    "list_checkpoints": list_checkpoints,
+    "latest_checkpoint": latest_checkpoint,
+    "prune": lambda root: prune(root, RetentionPolicy(keep_last=1)),
+    "prune(dry_run)": lambda root: prune(root, RetentionPolicy(keep_last=1), dry_run=True),
+    "collect_garbage": collect_garbage,
+    "collect_garbage(dry_run)": lambda root: collect_garbage(root, dry_run=True),
+}
+
+
+@pytest.mark.parametrize("call", sorted(ROOT_CALLS))
+def test_a_root_that_is_a_file_is_refused_naming_it(tmp_path: Path, call: str) -> None:
+    """operations.md: "A root that is a file raises `NotADirectoryError` naming it" (a resume, or a cleanup
+    script, that took "nothing there" for a first run would start over, or never clean)."""
+    root = tmp_path / "run.txt"
+    root.write_text("not a run\n")
+    with pytest.raises(NotADirectoryError, match=f"{root}.* is a file, not a directory: pass the directory"):
+        ROOT_CALLS[call](root)
+    assert root.read_text() == "not a run\n"
+
+
+@pytest.mark.parametrize("call", sorted(ROOT_CALLS))
+def test_a_checkpoint_passed_for_its_root_is_said_naming_the_parent(
+    tmp_path: Path, call: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """operations.md: a root that is itself a checkpoint "lists nothing with a WARNING naming the parent to pass
+    (`gc` of one, which finds nothing to collect there, warns the same)"; and nothing under it is touched."""
+    run = tmp_path / "run"
+    _save_run(run)
+    before = sorted(p.name for p in (run / "step_2").iterdir())
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        ROOT_CALLS[call](run / "step_2")
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("is itself a checkpoint" in m and f"pass its parent directory {run}" in m for m in said), said
+    assert len(said) == 1, said  # said once, not once per layer
+    assert sorted(p.name for p in (run / "step_2").iterdir()) == before
+    assert [c.name for c in list_checkpoints(run)] == ["step_1", "step_2"]
+
+
+@pytest.mark.parametrize("command", ["ls", "gc"])
+def test_the_cli_says_a_checkpoint_root_once(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CLI's `ls` and `gc` of a checkpoint say it once (the listing and gc under them both look)."""
+    run = tmp_path / "run"
+    _save_run(run)
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        assert main([command, str(run / "step_2")]) == 0
+    said = [r.getMessage() for r in caplog.records if "is itself a checkpoint" in r.getMessage()]
+    assert len(said) == 1, said
