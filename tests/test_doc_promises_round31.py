@@ -79,3 +79,19 @@ def test_the_cli_says_a_checkpoint_root_once(
         assert main([command, str(run / "step_2")]) == 0
     said = [r.getMessage() for r in caplog.records if "is itself a checkpoint" in r.getMessage()]
     assert len(said) == 1, said
+
+
+@pytest.mark.parametrize("call", sorted(ROOT_CALLS))
+def test_a_url_root_that_is_a_file_is_named_by_its_url(call: str) -> None:
+    """storage.md: messages name a checkpoint by the full URL that `load` and the CLI take (a listing's too);
+    a `memory://` root that is an object was named `memory:/root/...`, which no call takes."""
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/doc_promises_round31/run.txt", b"not a run\n")
+    try:
+        with pytest.raises(NotADirectoryError) as raised:
+            ROOT_CALLS[call]("memory://doc_promises_round31/run.txt")
+        assert str(raised.value).startswith("memory://doc_promises_round31/run.txt is a file"), raised.value
+        assert fs.cat("/doc_promises_round31/run.txt") == b"not a run\n"
+    finally:
+        fs.rm("/doc_promises_round31", recursive=True)

@@ -273,7 +273,9 @@ def _manifest_or_none(storage: Storage, path: Path, closed: list[PassedOver] | N
     try:
         return _manifest_once(storage, path, closed)
     except CheckpointReplacedError as exc:
-        logger.warning("Skipping %s, replaced by saves again at each of %d reads: %s", path, _REPLACED_RETRIES, exc)
+        logger.warning(
+            "Skipping %s, replaced by saves again at each of %d reads: %s", spelt(path), _REPLACED_RETRIES, exc
+        )
         return None
 
 
@@ -323,7 +325,7 @@ _UNREADABLE_NAMED: set[str] = set()
 def _warn_unreadable_once(path: Path, exc: OSError) -> None:
     level = logging.DEBUG if str(path) in _UNREADABLE_NAMED else logging.WARNING
     _UNREADABLE_NAMED.add(str(path))
-    logger.log(level, "Skipping %s, which cannot be read: %s", path, exc)
+    logger.log(level, "Skipping %s, which cannot be read: %s", spelt(path), exc)
 
 
 def still_there(storage: Storage, path: Path) -> bool:
@@ -549,7 +551,7 @@ def _refuse_a_file(base: Path, storage: Storage) -> None:
     """A root that is no directory lists nothing, unless it is a file: a resume that took "nothing listed" for a
     first run would start over, and a gc that found "nothing to collect" would never clean the run."""
     if storage.exists(base):
-        raise NotADirectoryError(f"{base} is a file, not a directory: pass {_ROOT}")
+        raise NotADirectoryError(f"{spelt(base)} is a file, not a directory: pass {_ROOT}")
 
 
 def warn_if_a_checkpoint(base: Path, storage: Storage) -> None:
