@@ -14,6 +14,7 @@ import enum
 import io
 import json
 import logging
+import mmap
 import os
 import pickle
 import re
@@ -570,7 +571,7 @@ def check_storages_fit(path: Path, value: Any, records: Mapping[int, int] | None
         return  # not a zip (legacy torch.save): torch read it whole, checking each storage's size
     flat = dense_tensors(value)
     st = os.stat(mapped)
-    base = mapped_base(flat.values(), mapped)
+    base = mapped_base(flat.values(), mapped, records)
     if base is None:
         logger.debug("No mapping of %s found: its tensor records are not compared with their storages", path)
         return
@@ -596,11 +597,12 @@ def dense_tensors(value: Any) -> dict[str, torch.Tensor]:
     }
 
 
-def mapped_base(tensors: Iterable[torch.Tensor], mapped: str) -> int | None:
+def mapped_base(tensors: Iterable[torch.Tensor], mapped: str, records: Iterable[int] = ()) -> int | None:
     """The address of byte 0 of the file `mapped` where torch mapped it for these tensors (the first one with
-    data tells the mapping); None if none has data or no such mapping is found."""
+    data tells the mapping); None if none has data or no such mapping is found. `records`: the file's tensor
+    record offsets, which name the mapping's candidate starts (see `file_base_address`)."""
     pointer = next((t.untyped_storage().data_ptr() for t in tensors if t.untyped_storage().nbytes()), None)
-    return None if pointer is None else file_base_address(pointer, os.stat(mapped))
+    return None if pointer is None else file_base_address(pointer, os.stat(mapped), records)
 
 
 def _dense_parts(tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -625,9 +627,41 @@ def _dense_parts(tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     return []
 
 
-def file_base_address(pointer: int, st: os.stat_result) -> int | None:
-    """The address of byte 0 of the file `st` describes in the mapping holding `pointer` (from the kernel's
-    map of this process, matched by device and inode); None if no such mapping (or no /proc)."""
+# Candidate starts of a mapping looked up by name before the whole map is read instead.
+_NAMED_LOOKUPS = 64
+
+
+def file_base_address(pointer: int, st: os.stat_result, records: Iterable[int] = ()) -> int | None:
+    """The address of byte 0 of the file `st` describes in the mapping holding `pointer` (matched by device and
+    inode); None if no such mapping (or no /proc).
+
+    torch maps a whole file from byte 0, so the mapping starts at `pointer` less the offset of the record the
+    pointer is in: each page-aligned such start (`records`: the file's record offsets) is looked up by name in
+    /proc/self/map_files, a few microseconds each. Reading /proc/self/maps instead costs a line per mapping
+    of the process, at every file: a load of 1,000 small files while an earlier load's 1,000 lived spent 2.3 s
+    of its 3.4 s there. It remains the way where no start is found by name (an older kernel refuses the names)."""
+    page = mmap.PAGESIZE
+    length = -(-st.st_size // page) * page
+    starts = [pointer - off for off in records if 0 <= off < st.st_size and (pointer - off) % page == 0]
+    for start in starts[:_NAMED_LOOKUPS]:
+        if _maps_whole_file(start, length, st):
+            return start
+    return _base_from_process_map(pointer, st)
+
+
+def _maps_whole_file(start: int, length: int, st: os.stat_result) -> bool:
+    """Whether one mapping of this process spans exactly [start, start + length) and maps the file `st`. The
+    mapping holding the pointer is then that one (mappings do not overlap), and one of the whole file's length
+    is torch's own from byte 0 (a part of it, split off, would be shorter)."""
+    try:
+        found = os.stat(f"/proc/self/map_files/{start:x}-{start + length:x}")
+    except OSError:  # no such mapping, or a kernel that does not name them to this process
+        return False
+    return found.st_ino == st.st_ino and found.st_dev == st.st_dev
+
+
+def _base_from_process_map(pointer: int, st: os.stat_result) -> int | None:
+    """`file_base_address` from the kernel's map of this process, read line by line."""
     try:
         with open("/proc/self/maps", "rb") as maps:  # bytes: a mapped file's name need not be UTF-8
             for line in maps:

@@ -266,7 +266,7 @@ def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceF
     else:
         _verify_outside(storage, path, size, records)
     value = load_resharding_source(storage, path, mapped, records)
-    return _TorchSourceFile(value, stats, path, _mapping_of(storage, path, mapped, size, value))
+    return _TorchSourceFile(value, stats, path, _mapping_of(storage, path, mapped, size, value, records or {}))
 
 
 def _verify_outside(storage: Storage, path: Path, size: int, records: dict[int, int]) -> None:
@@ -310,12 +310,14 @@ class _RangeFile(io.RawIOBase):
         return data
 
 
-def _mapping_of(storage: Storage, path: Path, mapped: str, size: int, value: Any) -> _FileMapping:
-    """Where torch mapped the file: the kernel's map of this process names the file's byte 0 (found by the
-    file's device and inode). Without it (no /proc) every block read checks the whole file, once."""
+def _mapping_of(
+    storage: Storage, path: Path, mapped: str, size: int, value: Any, records: Mapping[int, int]
+) -> _FileMapping:
+    """Where torch mapped the file: the kernel names the file's byte 0 (found by the file's device and inode,
+    starting from its `records`' offsets). Without it (no /proc) every block read checks the whole file, once."""
     check: Callable[[int, int], None] = lambda offset, length: storage.verify_range(path, offset, length)  # noqa: E731
     read: Callable[[int, int], bytes] = lambda offset, length: storage.read_range(path, offset, length)  # noqa: E731
-    base = mapped_base(dense_tensors(value).values(), mapped)
+    base = mapped_base(dense_tensors(value).values(), mapped, records)
     return _FileMapping(check, base if base is not None else -(1 << 62), size, read)
 
 
