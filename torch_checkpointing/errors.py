@@ -316,6 +316,26 @@ def is_shortage(exc: BaseException) -> bool:
     return False
 
 
+def shortage_within(exc: BaseException) -> MemoryError | OSError | None:
+    """The shortage (`is_shortage`, as a `MemoryError` or an errno) that `exc`, a library's own error, was raised
+    from or while handling, nearest first; None where there is none. A client says the process's own shortage in
+    its words: botocore's `EndpointConnectionError` around aiohttp's refused socket (errno 24), its
+    `HTTPClientError` around the `OSError`, and each was taken for the store's failure."""
+    seen: set[int] = set()
+    inner = _chained(exc)
+    while inner is not None and id(inner) not in seen:
+        if isinstance(inner, (MemoryError, OSError)) and is_shortage(inner):
+            return inner
+        seen.add(id(inner))
+        inner = _chained(inner)
+    return None
+
+
+def _chained(exc: BaseException) -> BaseException | None:
+    """What `exc` was raised from, or (where not suppressed) while handling."""
+    return exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+
+
 # How a shortage named for a save (here, or the writer process's start) begins: one that does is not named again.
 _SAVE_FIXES_SAID = re.compile(r"^(Out of (memory|file descriptors) saving|Checkpoint writer process failed to start)")
 

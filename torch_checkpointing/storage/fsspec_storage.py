@@ -51,7 +51,14 @@ except ImportError:  # pragma: no cover - Windows
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
 from torch_checkpointing.config import check_number
-from torch_checkpointing.errors import CheckpointError, ConfigError, ConfigTypeError, ObjectStoreError, is_shortage
+from torch_checkpointing.errors import (
+    CheckpointError,
+    ConfigError,
+    ConfigTypeError,
+    ObjectStoreError,
+    is_shortage,
+    shortage_within,
+)
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import (
     GC_TOKEN_PREFIX,
@@ -2137,6 +2144,8 @@ class _ErrorScope:
             return
         if is_shortage(exc):
             return
+        if (short := shortage_within(exc)) is not None:
+            raise _shortage_named(self.what, exc, short) from exc
         reason = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError says nothing by itself
             reason += " (no answer within FsspecStorageConfig.request_timeout_s, or the client's own timeouts)"
@@ -2148,6 +2157,19 @@ class _ErrorScope:
         error = ObjectStoreError(f"{self.what} failed: {reason}")
         logger.warning("%s", error)
         raise error from exc
+
+
+def _shortage_named(what: str, exc: BaseException, short: MemoryError | OSError) -> MemoryError | OSError:
+    """The shortage `short` that the client's error `exc` wraps, as what it is (a `MemoryError`, or an `OSError`
+    of its errno) naming `what`: the step that meets it names the checkpoint and the fix, as for one raised bare."""
+    said = f"{what} failed: this process is short of {{}} ({type(exc).__name__}: {exc}), not the store; {{}}"
+    free_memory = "free memory, or raise the address-space limit (RLIMIT_AS, `ulimit -v`), and try again"
+    if isinstance(short, MemoryError):
+        return MemoryError(said.format("memory", free_memory))
+    if short.errno == errno.ENOMEM:
+        return OSError(short.errno, said.format("memory", free_memory))
+    fix = "close files this process holds, or raise its limit (`ulimit -n`, RLIMIT_NOFILE), and try again"
+    return OSError(short.errno, said.format("file descriptors", fix))
 
 
 def _run_all(fn: Callable[[int], None], args: list[int], concurrency: int) -> None:
