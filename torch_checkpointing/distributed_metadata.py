@@ -121,12 +121,22 @@ def integers_as_ints(value: Any) -> Any:
 
 
 def _integer_as_int(value: Any) -> Any:
-    if type(value) is int or type(value).__name__ in ("bool", "bool_") or not hasattr(type(value), "__index__"):
-        return value  # numpy's bool is no integer either
+    if type(value) is int or not hasattr(type(value), "__index__") or not _integer_scalar(value):
+        return value
     try:
         return operator.index(value)
     except TypeError:  # an `__index__` that refuses (a tensor of more than one element)
         return value
+
+
+def _integer_scalar(value: Any) -> bool:
+    """Whether `value`, which has `__index__`, is one integer and no bool. torch's `Tensor.__index__` also gives an
+    int for a 0-d bool tensor (a comparison's result) and for a one-element tensor of any shape: a rank of
+    `torch.tensor(True)` read shard 1, where `True` and numpy's bool are refused, and a `torch.tensor([2])` of sizes
+    was refused as "got int 2". numpy refuses its one-element arrays itself."""
+    if type(value).__name__ in ("bool", "bool_") or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return False
+    return getattr(value, "ndim", 0) == 0
 
 
 def within(exc: ValueError, where: str) -> ConfigError:
