@@ -210,17 +210,21 @@ class _BoundedStart(threading.Event):
             return super().wait(timeout)
         with self._cond:  # type: ignore[attr-defined]
             self._waited = True
-            if not self._flag:  # type: ignore[attr-defined]
+            if not self._flag:
                 self._cond.wait(_THREAD_START_S if timeout is None else timeout)  # type: ignore[attr-defined]
-                self.given_up = not self._flag  # type: ignore[attr-defined]
+                self.given_up = not self._flag
             return not self.given_up
 
     def set(self) -> None:
+        """The decision and the flag in one hold of the lock: set in a second step, a wait that ran out between
+        the two read the flag unset and told its caller the thread failed, and the thread, not given up on when it
+        looked, ran its target."""
         with self._cond:  # type: ignore[attr-defined]
             thread = self._thread() if self.given_up else None
             if thread is not None:
                 thread.run = _nothing  # type: ignore[method-assign]  # looked up once set() has returned
-        super().set()
+            self._flag = True  # what Event.set does, under the same hold
+            self._cond.notify_all()  # type: ignore[attr-defined]
 
 
 def _nothing() -> None:
