@@ -492,11 +492,21 @@ def _listening_here(name: str, port: int) -> bool | None:
 
 
 def _loopback_addresses(name: str) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
-    """The addresses a client's connect to the loopback host `name` tries ("localhost": either family's)."""
-    if name == "localhost":
-        return {ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")}
-    ip = ipaddress.ip_address(name)
-    return {ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None else ip}
+    """The addresses a client's connect to the loopback host `name` tries: "localhost" is what it resolves to
+    here, as for the client (none where it does not resolve: the connect decides). Taken for 127.0.0.1 and ::1
+    both, a socket on ::1 alone kept a "localhost" that resolves to 127.0.0.1 alone (an /etc/hosts without `::1
+    localhost`, as in many containers) counted as there, while every connect to it was refused."""
+    if name != "localhost":
+        return {_unmapped(ipaddress.ip_address(name))}
+    try:
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    return {_unmapped(ipaddress.ip_address(str(info[4][0]).partition("%")[0])) for info in found}
+
+
+def _unmapped(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None else ip
 
 
 def _reached_from(local: str, port: int, wanted: set[ipaddress.IPv4Address | ipaddress.IPv6Address]) -> bool:
@@ -516,7 +526,7 @@ def _reached_from(local: str, port: int, wanted: set[ipaddress.IPv4Address | ipa
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     if ip.is_unspecified:
-        return ip.version == 6 or any(w.version == 4 for w in wanted)
+        return bool(wanted) if ip.version == 6 else any(w.version == 4 for w in wanted)
     return ip in wanted
 
 
