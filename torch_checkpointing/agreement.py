@@ -356,23 +356,32 @@ class GroupTransport:
         exchange = self.roll_call.next_exchange() if self.roll_call is not None else 0
         started = time.monotonic()
         # The hold outside the `except`: a held handler's own exception (SIGALRM's TimeoutError) is raised as
-        # itself at the hold's end, never taken for gloo's word that a peer died.
+        # itself at the hold's end, never taken for gloo's word that a peer died. Only the gather is held: the
+        # roll call after it breaks (`_lost`) waits up to the group's timeout and more, and a Ctrl-C there, held
+        # too, ran only once it was over.
+        broken: str | None = None
         with signals_deferred(step, held=_GATHER_HELD):  # torch's two gathers: see `_GATHER_HELD`
             try:
                 dist.all_gather_object(out, (_call_of(step), mine.value, mine.error), group=self.group)
             except Exception as exc:  # gloo: a peer died or timed out (DistError / RuntimeError with C++ frames)
-                reason = _first_line(exc)
-                if self.roll_call is not None:
-                    raise self.roll_call.lost(exchange, step, reason, started) from None
-                raise CommitError(
-                    f"{step}: rank {self.rank} lost contact with its peers ({reason}); a rank died, hung, or never "
-                    f"called save(). Nothing was committed.",
-                    {self.rank: f"lost contact with the other ranks: {reason}"},
-                ) from None
-            if self.steps is not None and len({c for c, _, _ in out}) == 1 and all(e is None for _, _, e in out):
-                self.steps.agreed += 1  # in the hold: the interrupt held leaves with the next step owed
+                broken = _first_line(exc)
+            else:
+                if self.steps is not None and len({c for c, _, _ in out}) == 1 and all(e is None for _, _, e in out):
+                    self.steps.agreed += 1  # in the hold: the interrupt held leaves with the next step owed
+        if broken is not None:
+            raise self._lost(exchange, step, broken, started)
         _refuse_other_calls(step, [call for call, _, _ in out])
         return [Contribution(value=v, error=e) for _, v, e in out]
+
+    def _lost(self, exchange: int, step: str, reason: str, started: float) -> CommitError:
+        """What every survivor of a broken `exchange` raises: the roll call's verdict, where there is one."""
+        if self.roll_call is not None:
+            return self.roll_call.lost(exchange, step, reason, started)
+        return CommitError(
+            f"{step}: rank {self.rank} lost contact with its peers ({reason}); a rank died, hung, or never "
+            f"called save(). Nothing was committed.",
+            {self.rank: f"lost contact with the other ranks: {reason}"},
+        )
 
 
 # `dist.all_gather_object` is two gathers (every rank's size, then the data) with Python between them: a rank
