@@ -84,9 +84,12 @@ def json_field(d: dict[str, Any], name: str, record: str) -> Any:
 
 
 def field_int(value: Any, field: str, record: str, minimum: int = 0) -> int:
-    """`value` when it is an int of at least `minimum` (not a bool), else a ConfigError naming `record.field`:
-    the records' constructors took anything, and failed later, far from the call, in words about `len()`."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """`value` as the plain int it stands for (see `integer_as_int`) when it is at least `minimum`, else a
+    ConfigError naming `record.field`: the records' constructors took anything, and failed later, far from the
+    call, in words about `len()`. The caller stores what this returns: a numpy integer kept in a record failed
+    the record's JSON dump at save."""
+    value = integer_as_int(value)
+    if type(value) is not int:  # a bool, float or str; an int subclass is already its int
         raise ConfigTypeError(f"{record}.{field} must be an int, got {type(value).__name__} {value!r:.80}")
     if value < minimum:
         raise ConfigError(f"{record}.{field} must be at least {minimum}, got {value}")
@@ -94,33 +97,29 @@ def field_int(value: Any, field: str, record: str, minimum: int = 0) -> int:
 
 
 def field_ints(value: Any, field: str, record: str, minimum: int = 0) -> tuple[int, ...]:
-    """`value` as a tuple of ints of at least `minimum` (a list is taken as the tuple the field is: a record built
-    from lists compared unequal to the tuple-built one, and did not hash). A tuple is returned as the object it
-    is: parsed rank lists are shared objects, which `_check_groups` tells apart by identity. The checks run in C
-    (`map`, `min`): a group lists every rank of a large job, for every tensor."""
+    """`value` as a tuple of plain ints of at least `minimum` (a list is taken as the tuple the field is: a record
+    built from lists compared unequal to the tuple-built one, and did not hash; numpy's integers as the ints they
+    stand for). A tuple of ints is returned as the object it is: parsed rank lists are shared objects, which
+    `_check_groups` tells apart by identity. The checks run in C (`map`, `min`): a group lists every rank of a
+    large job, for every tensor."""
     if not isinstance(value, JSON_ARRAY):
         raise ConfigTypeError(f"{record}.{field} must be a tuple of ints, got {type(value).__name__} {value!r:.80}")
     ints = value if type(value) is tuple else tuple(value)
-    if not set(map(type, ints)) <= {int}:  # no bool, float or str (a subclass of int is refused too: no such field)
-        wrong = next(v for v in ints if type(v) is not int)
-        raise ConfigTypeError(f"{record}.{field} must hold ints only, got {type(wrong).__name__} {wrong!r:.80}")
+    if not set(map(type, ints)) <= {int}:
+        ints = tuple(map(integer_as_int, ints))
+        if not set(map(type, ints)) <= {int}:  # a bool, float or str
+            wrong = next(v for v in ints if type(v) is not int)
+            raise ConfigTypeError(f"{record}.{field} must hold ints only, got {type(wrong).__name__} {wrong!r:.80}")
     if ints and min(ints) < minimum:
         raise ConfigError(f"{record}.{field} must hold ints of at least {minimum}, got {min(ints)}")
     return ints
 
 
-def integers_as_ints(value: Any) -> Any:
-    """`value` (an integer or a list or tuple of them) with numpy's integers, an IntEnum's members and any other
-    integer (`__index__`, not a bool) as the ints they stand for; anything else as it is, for the field's check
-    to refuse. A custom resharder computing its plan with numpy (`np.cumsum` of the shard sizes) made plans torch
-    slices with, and round 29's checks refused them at every load ("must hold ints only, got int64"); so was such a
-    rank given to `DistributedItemMetadata.get_file_path`."""
-    if isinstance(value, (list, tuple)):
-        return value if all(type(v) is int for v in value) else tuple(map(_integer_as_int, value))
-    return _integer_as_int(value)
-
-
-def _integer_as_int(value: Any) -> Any:
+def integer_as_int(value: Any) -> Any:
+    """`value` as the int it stands for when it is one integer (numpy's integers, an IntEnum's member, a 0-d
+    integer tensor, anything with `__index__`) but no bool; anything else as it is, for the field's check to
+    refuse. A sharding or plan computed with numpy (`np.cumsum` of the shard sizes) was refused at save and at
+    load ("must hold ints only, got int64"), though torch slices with any such integer."""
     if type(value) is int or not hasattr(type(value), "__index__") or not _integer_scalar(value):
         return value
     try:
@@ -461,13 +460,20 @@ class DistributedItemMetadata:
                 f"{record}.rank_to_layout_info must be a dict of rank -> LayoutInfo or None, got "
                 f"{type(self.rank_to_layout_info).__name__}"
             )
+        ranks = {field_int(r, f"rank_to_layout_info key {r!r}", record): r for r in self.rank_to_layout_info}
+        if len(ranks) != len(self.rank_to_layout_info):  # `0` and an `__index__` object standing for 0
+            raise ConfigError(
+                f"{record}.rank_to_layout_info names a rank twice: {list(self.rank_to_layout_info)!r:.120}"
+            )
         for rank, layout in self.rank_to_layout_info.items():
-            field_int(rank, f"rank_to_layout_info key {rank!r}", record)
             if layout is not None and not isinstance(layout, LayoutInfo):
                 raise ConfigTypeError(
                     f"{record}.rank_to_layout_info[{rank}] must be a LayoutInfo or None (the default layout), got "
                     f"{type(layout).__name__} {layout!r:.80}"
                 )
+        if any(type(r) is not int for r in self.rank_to_layout_info):  # numpy's ranks kept failed the save's sort
+            layouts = {rank: self.rank_to_layout_info[given] for rank, given in ranks.items()}
+            object.__setattr__(self, "rank_to_layout_info", layouts)
 
     def get_file_path(self, rank: int, checkpoint_path: Path, item_key: str) -> Path:
         """Where `rank` wrote the item under `checkpoint_path`: its layout's file, or the default layout's."""
@@ -486,7 +492,7 @@ class DistributedItemMetadata:
     def _layout(self, rank: int, item_key: str, call: str) -> LayoutInfo:
         """`get_layout`, a rank or key of the wrong type refused naming it and `call`: a str rank found no layout
         and named the file "k_0.pt" for "0", a bool one "k_True.pt", a Path key a bare TypeError."""
-        rank = field_int(integers_as_ints(rank), "rank", call)
+        rank = field_int(rank, "rank", call)
         if not isinstance(item_key, str):
             raise ConfigTypeError(f"{call}: item_key must be a str, got {type(item_key).__name__} {item_key!r:.80}")
         return self.rank_to_layout_info.get(rank) or default_layout_info(item_key, rank)
@@ -594,7 +600,7 @@ class DistributedMetadata:
                 f"DistributedMetadata.metadata must be a dict of item key (str) -> DistributedItemMetadata, got "
                 f"{self.metadata!r:.120}"
             )
-        field_int(self.world_size, "world_size", "DistributedMetadata", minimum=1)
+        object.__setattr__(self, "world_size", field_int(self.world_size, "world_size", "DistributedMetadata", 1))
         if self.world_size > _MAX_WORLD_SIZE:
             raise ConfigError(f"DistributedMetadata.world_size {self.world_size} exceeds {_MAX_WORLD_SIZE}")
         if not isinstance(self.version, str):

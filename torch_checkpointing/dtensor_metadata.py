@@ -77,7 +77,7 @@ class ShardSpec(PlacementSpec):
 
     def __post_init__(self) -> None:
         # Any int: a negative one is refused by the DTensorShardingMetadata that knows the tensor's dimensions.
-        field_int(self.dim, "dim", "ShardSpec", minimum=-(1 << 63))
+        object.__setattr__(self, "dim", field_int(self.dim, "dim", "ShardSpec", minimum=-(1 << 63)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "Shard", "dim": self.dim}
@@ -118,8 +118,8 @@ class StridedShardSpec(PlacementSpec):
     split_factor: int
 
     def __post_init__(self) -> None:
-        field_int(self.dim, "dim", "StridedShardSpec", minimum=-(1 << 63))
-        field_int(self.split_factor, "split_factor", "StridedShardSpec", minimum=1)
+        object.__setattr__(self, "dim", field_int(self.dim, "dim", "StridedShardSpec", minimum=-(1 << 63)))
+        object.__setattr__(self, "split_factor", field_int(self.split_factor, "split_factor", "StridedShardSpec", 1))
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "StridedShard", "dim": self.dim, "split_factor": self.split_factor}
@@ -182,9 +182,9 @@ class DeviceMeshSpec:
     mesh_dim_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        _check_mesh_fields(self.device_type, self.mesh_shape, self.mesh_data, self.mesh_dim_names)
-        object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
-        object.__setattr__(self, "mesh_data", tuple(self.mesh_data))
+        shape, data = _check_mesh_fields(self.device_type, self.mesh_shape, self.mesh_data, self.mesh_dim_names)
+        object.__setattr__(self, "mesh_shape", shape)
+        object.__setattr__(self, "mesh_data", data)
         if self.mesh_dim_names is not None:
             object.__setattr__(self, "mesh_dim_names", tuple(self.mesh_dim_names))
 
@@ -300,9 +300,12 @@ class DeviceMeshSpec:
         )
 
 
-def _check_mesh_fields(device_type: Any, mesh_shape: Any, mesh_data: Any, mesh_dim_names: Any) -> None:
-    """A ConfigError naming the first field of a mesh that no device mesh has (`DeviceMeshSpec("cpu", 2, [0, 1])`
-    raised "'int' object is not iterable", and a mesh of negative sizes or ranks was built)."""
+def _check_mesh_fields(
+    device_type: Any, mesh_shape: Any, mesh_data: Any, mesh_dim_names: Any
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The mesh's shape and ranks as tuples of ints, or a ConfigError naming the first field of a mesh that no
+    device mesh has (`DeviceMeshSpec("cpu", 2, [0, 1])` raised "'int' object is not iterable", and a mesh of
+    negative sizes or ranks was built)."""
     record = "DeviceMeshSpec"
     if not isinstance(device_type, str) or not device_type:
         raise ConfigTypeError(
@@ -326,6 +329,7 @@ def _check_mesh_fields(device_type: Any, mesh_shape: Any, mesh_data: Any, mesh_d
             f"{record}.mesh_dim_names must be None or a tuple of {len(shape)} str (one per mesh dimension), got "
             f"{mesh_dim_names!r:.80}"
         )
+    return shape, data
 
 
 def get_device_mesh_spec(
@@ -466,10 +470,7 @@ class DTensorShardingMetadata(ShardingMetadata, type_name="DTensorShardingMetada
             raise ConfigTypeError(
                 f"DTensorShardingMetadata.replicated needs a torch.Tensor, got {type(tensor).__name__} {tensor!r:.80}"
             )
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ConfigTypeError(
-                f"DTensorShardingMetadata.replicated: world_size must be a positive int, got {world_size!r}"
-            )
+        world_size = field_int(world_size, "world_size", "DTensorShardingMetadata.replicated", minimum=1)
         if world_size > MAX_WORLD_SIZE:  # its mesh lists every rank: 10**9 of them exhausted memory
             raise ConfigError(
                 f"DTensorShardingMetadata.replicated: world_size {world_size} exceeds {MAX_WORLD_SIZE}, the most "

@@ -22,7 +22,12 @@ from typing import Any, NamedTuple
 import torch
 
 from torch_checkpointing.codecs import dtype_from_name
-from torch_checkpointing.distributed_metadata import METADATA_FILE_NAME, DistributedItemMetadata, ShardingMetadata
+from torch_checkpointing.distributed_metadata import (
+    METADATA_FILE_NAME,
+    DistributedItemMetadata,
+    ShardingMetadata,
+    field_int,
+)
 from torch_checkpointing.dtensor_metadata import (
     DTensorShardingMetadata,
     ReplicateSpec,
@@ -138,8 +143,7 @@ def compute_local_runs(metadata: DTensorShardingMetadata, rank: int) -> tuple[li
             f"compute_local_shard_info/compute_local_runs needs a DTensorShardingMetadata, got "
             f"{type(metadata).__name__} {metadata!r:.80}"
         )
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        raise ConfigTypeError(f"compute_local_shard_info/compute_local_runs: rank must be an int, got {rank!r}")
+    rank = field_int(rank, "rank", "compute_local_shard_info/compute_local_runs", minimum=-(1 << 63))
     coord = metadata.mesh_spec.get_coordinate(rank)
     if coord is None:
         raise ConfigError(

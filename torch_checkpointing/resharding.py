@@ -13,7 +13,6 @@ from torch_checkpointing.distributed_metadata import (
     ShardingMetadata,
     field_int,
     field_ints,
-    integers_as_ints,
 )
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.storage.base_storage import Storage
@@ -49,8 +48,6 @@ class LoadPlan:
         from the plan that was wrong, in words about slices (a str `src_rank` found no file; `sizes="22"`, a
         `TypeError` deep in the copy)."""
         record = "LoadPlan"
-        for name in _INT_FIELDS:
-            setattr(self, name, integers_as_ints(getattr(self, name)))
         self.offsets = field_ints(self.offsets, "offsets", record)
         self.sizes = field_ints(self.sizes, "sizes", record)
         self.src_offsets = field_ints(self.src_offsets, "src_offsets", record)
@@ -82,9 +79,6 @@ class LoadPlan:
         for s in self.sizes:
             n *= s
         return n
-
-
-_INT_FIELDS = ("offsets", "sizes", "src_offsets", "src_sizes", "transpose_dims", "src_rank", "src_elem_size")
 
 
 @dataclass
