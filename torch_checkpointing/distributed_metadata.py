@@ -44,7 +44,7 @@ from torch_checkpointing.read_context import (
 )
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.traversal import dotted_key
-from torch_checkpointing.types import NestedPath, check_path_map
+from torch_checkpointing.types import NestedPath, check_path_map, json_component, tuples_from_json
 
 METADATA_FILE_NAME = "metadata.json"
 METADATA_VERSION = "3.0"
@@ -376,14 +376,22 @@ ItemMetadata = dict[NestedPath, ShardingMetadata]
 
 
 def nested_path_to_json(path: NestedPath) -> str:
-    """Compact JSON list; str and int components only, so the round trip is exact."""
-    for comp in path:
-        if isinstance(comp, bool) or not isinstance(comp, (str, int)):
-            raise ConfigError(
-                f"Nested path {path!r} has component {comp!r} of type {type(comp).__name__}; "
-                "only str dict keys and int indices can be recorded in sharding metadata"
-            )
+    """Compact JSON list, exact in the round trip: its components are those `CheckpointPath.serialize` writes
+    (str, int, float, bool, None and tuples of them, a tuple as a JSON list)."""
+    recordable_path(path)
     return json.dumps(list(path), separators=(",", ":"))
+
+
+def recordable_path(path: NestedPath) -> NestedPath:
+    """`path` when metadata.json can record it, else the ConfigError naming the component: a record that took
+    a path (any dict key) its `to_dict` then refused failed the save late, at the metadata write."""
+    for comp in path:
+        if not json_component(comp):
+            raise ConfigError(
+                f"Nested path {path!r:.120} has component {comp!r:.80} of type {type(comp).__name__}; only str, int, "
+                "float, bool and None dict keys, int indices and tuples of them can be recorded in sharding metadata"
+            )
+    return path
 
 
 def nested_path_from_json(s: str) -> NestedPath:
@@ -391,9 +399,11 @@ def nested_path_from_json(s: str) -> NestedPath:
         parts = json.loads(s)
     except ValueError:  # JSONDecodeError: a key that is no JSON at all
         parts = None
-    if not isinstance(parts, list) or any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in parts):
-        raise ConfigError(f"Nested path {s!r} is not a JSON list of str and int components")
-    return tuple(parts)
+    if not isinstance(parts, list) or not all(map(json_component, parts)):
+        raise ConfigError(
+            f"Nested path {s!r} is not a JSON list of str, int, float, bool, null components (or lists of them)"
+        )
+    return tuple(map(tuples_from_json, parts))
 
 
 # Rank tuples already checked, by identity (each kept, so its id is not reused): a parsed file's rank lists are
@@ -455,6 +465,8 @@ class DistributedItemMetadata:
     def __post_init__(self) -> None:
         record = "DistributedItemMetadata"
         check_path_map(self.nested_path_to_metadata, f"{record}.nested_path_to_metadata", GlobalObjectMetadata)
+        for path in self.nested_path_to_metadata:
+            recordable_path(path)
         if not isinstance(self.rank_to_layout_info, dict):
             raise ConfigTypeError(
                 f"{record}.rank_to_layout_info must be a dict of rank -> LayoutInfo or None, got "

@@ -61,7 +61,7 @@ class CheckpointPath:
         from torch_checkpointing.errors import ConfigError
 
         for c in self.nested_path:
-            if not _json_component(c):
+            if not json_component(c):
                 raise ConfigError(
                     f"CheckpointPath.serialize: component {c!r:.80} ({type(c).__name__}) of {self} has no JSON form "
                     f"that deserialize() gives back; only str, int, float, bool, None and tuples of them do. Name "
@@ -93,21 +93,22 @@ class CheckpointPath:
             ) from None
         if isinstance(parts, list) and not parts:
             raise ConfigError(f'Cannot deserialize CheckpointPath from empty list: {s!r}; expected ["item", ...]')
-        if not isinstance(parts, list) or not isinstance(parts[0], str) or not all(map(_json_component, parts[1:])):
+        if not isinstance(parts, list) or not isinstance(parts[0], str) or not all(map(json_component, parts[1:])):
             raise ConfigError(f"Cannot deserialize CheckpointPath from {s!r:.200}: {expected}")
-        return cls(parts[0], tuple(_tuples(c) for c in parts[1:]))
+        return cls(parts[0], tuple(tuples_from_json(c) for c in parts[1:]))
 
 
-def _json_component(c: object) -> bool:
-    """Whether JSON carries `c` and gives it back: a scalar, or a tuple (a list once parsed) of such."""
+def json_component(c: object) -> bool:
+    """Whether JSON carries `c` and gives it back: a scalar, or a tuple (a list once parsed) of such. The one rule
+    for a path component written as JSON: `CheckpointPath.serialize` and metadata.json's nested paths."""
     if c is None or isinstance(c, (str, int, float)):
         return True
-    return isinstance(c, (tuple, list)) and all(map(_json_component, c))
+    return isinstance(c, (tuple, list)) and all(map(json_component, c))
 
 
-def _tuples(c: Any) -> Any:
+def tuples_from_json(c: Any) -> Any:
     """A parsed component with its lists as the tuple keys they were written from (a list is no dict key)."""
-    return tuple(_tuples(x) for x in c) if isinstance(c, list) else c
+    return tuple(tuples_from_json(x) for x in c) if isinstance(c, list) else c
 
 
 def checked_nested_path(path: object, what: str) -> NestedPath:
