@@ -118,6 +118,8 @@ def _told(root: str) -> dict[str, Any]:
     rank = dist.get_rank()
     out: dict[str, Any] = {}
     manager = local_sync_manager(TOLD_TIMEOUT_S)
+    warnings = WarningLines()
+    logging.getLogger("torch_checkpointing").addHandler(warnings)
     manager.save(f"{root}/ck", state(1, rank))
     for point in TOLD_POINTS:
         dist.barrier()
@@ -129,6 +131,8 @@ def _told(root: str) -> dict[str, Any]:
         dist.barrier()
         out[f"{point}_then"] = loaded(manager, f"{root}/ck")
     manager.close()
+    logging.getLogger("torch_checkpointing").removeHandler(warnings)
+    out["warnings"] = warnings.lines
     return out
 
 

@@ -56,3 +56,12 @@ def test_rank_0_is_told_at_once_or_returns(ranks: list[dict[str, Any]], point: s
 @pytest.mark.parametrize("point", TOLD_POINTS)
 def test_the_ranks_load_together_afterwards(ranks: list[dict[str, Any]], point: str) -> None:
     assert [r[f"{point}_then"] for r in ranks] == [10.0, 11.0], ranks
+
+
+def test_the_held_interrupt_says_when_a_second_one_is_acted_on(ranks: list[dict[str, Any]]) -> None:
+    """Round 31: the WARNING said "send it again to run it now", untrue while the rank waits in the ranks' gather
+    (gloo's C++ wait runs no Python handler); it says when a second signal is acted on."""
+    held = [line for line in ranks[1]["warnings"] if "during the copy into the templates and the ranks' word" in line]
+    assert len(held) == 1, ranks[1]["warnings"]
+    assert "run it now" not in held[0], held
+    assert "only when that wait returns (no Python handler runs inside gloo's wait)" in held[0], held

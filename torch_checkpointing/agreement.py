@@ -387,11 +387,18 @@ class GroupTransport:
 # `dist.all_gather_object` is two gathers (every rank's size, then the data) with Python between them: a rank
 # interrupted there left the others waiting in the second for the group's whole timeout, then calling it silent.
 # Held, the interrupt runs its handler once every answer is in (the gathers are bounded by the group's timeout),
-# and the rank leaves between two steps, which it tells the others (`GroupTransport.leave`).
+# and the rank leaves between two steps, which it tells the others (`GroupTransport.leave`). A signal sent again
+# runs its handler only when Python next runs: between the gathers at once, inside one (gloo waits in C++, where
+# no Python handler runs) when that gather returns, at the latest at the group's timeout; the WARNING says so.
 _GATHER_HELD = Held(
     "the exchange of answers with the other ranks",
     "every rank's answer is in (at most the process group's timeout)",
     "the other ranks wait the process group's timeout for this rank's answer",
+    again=(
+        "sent again, it is acted on when this rank's wait in the gather returns (no Python handler runs inside "
+        "gloo's wait): at once between torch's two gathers, else when the other ranks answer or the process "
+        "group's timeout ends"
+    ),
 )
 
 

@@ -94,6 +94,11 @@ _RESTORE_HELD = Held(
     "the copy into the templates and the ranks' word on it",
     "every rank has said whether its copy finished (at most the process group's timeout)",
     "the templates may be partly restored, and the other ranks wait the process group's timeout",
+    again=(
+        "sent again, it is acted on at once during the copy, but while this rank waits in the ranks' gather only "
+        "when that wait returns (no Python handler runs inside gloo's wait): when the other ranks answer or the "
+        "process group's timeout ends"
+    ),
 )
 # A save's two agreed steps over the gloo group; the second is named with the id (the plan's may differ by rank)
 _PLAN_STEP = "Checkpoint save: the plan"

@@ -6,7 +6,8 @@ the templates half restored, the state `load()` promises never to leave (a SIGIN
 such loads per 6 s). While the copy runs, a signal of `WATCHED_SIGNALS` with a Python handler is recorded and its
 handler runs once the copy has ended: the templates hold the whole checkpoint, then the handler raises as it would
 have. The same signal a second time runs its handler at once, the way out of a copy that does not end (a custom
-resharder that hangs), and a WARNING says the templates may then be partly restored.
+resharder that hangs), and a WARNING says the templates may then be partly restored. "At once" is when Python
+next runs: a block that waits in C++ (a gloo collective) runs no Python handler until that wait returns.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ Handler = Callable[[int, Any], Any]
 @dataclass(frozen=True)
 class Held:
     """What the WARNINGs of `signals_deferred` say of a held signal: held `during` the block, handled once
-    `until` is true, or at once when sent again, and then `cut_short` holds."""
+    `until` is true, or, sent again, as `again` says, and then `cut_short` holds. `again` says when Python runs
+    the second one's handler: at once, unless the block waits in C++ (a gloo collective), where no Python handler
+    runs until the wait returns."""
 
     during: str
     until: str
     cut_short: str
+    again: str = "send it again to run it now"
 
 
 COPY_HELD = Held("the copy into the templates", "the copy has finished", "the templates may be partly restored")
@@ -157,11 +161,12 @@ def signals_deferred(what: str, *, quiet: bool = False, held: Held = COPY_HELD) 
             pending.append(signum)
             if not quiet:
                 _warn(
-                    "%s: %s during %s; its handler runs once %s (send it again to run it now: %s)",
+                    "%s: %s during %s; its handler runs once %s (%s: %s)",
                     what,
                     signum,
                     held.during,
                     held.until,
+                    held.again,
                     held.cut_short,
                 )
 
