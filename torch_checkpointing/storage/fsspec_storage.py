@@ -56,6 +56,7 @@ from torch_checkpointing.errors import (
     ConfigError,
     ConfigTypeError,
     ObjectStoreError,
+    add_note,
     is_shortage,
     shortage_within,
 )
@@ -1042,7 +1043,7 @@ class FsspecStorage(Storage):
         backend, key = self._fresh(path)
         with self._missing_bucket_named(backend, key, "listing of", path), self._errors("listing of", path):
             names = {n.rstrip("/") for n in backend.io.ls(key, detail=False)} - {key}
-        return sorted(posixpath.basename(n) for n in names)
+            return sorted(posixpath.basename(n) for n in names)  # in the scope: a shortage here names the prefix
 
     def tree_bytes(self, path: Path) -> int:
         """The bytes of the objects under the prefix `path/` (on S3: one listing, 1000 keys a page)."""
@@ -1052,8 +1053,8 @@ class FsspecStorage(Storage):
                 found = backend.io.find(key, detail=True)
             except FileNotFoundError:
                 return 0
-        inside = [info for name, info in found.items() if name.startswith(key + "/")]
-        return sum(int(info.get("size") or 0) for info in inside if info.get("type") != "directory")
+            inside = [info for name, info in found.items() if name.startswith(key + "/")]
+            return sum(int(info.get("size") or 0) for info in inside if info.get("type") != "directory")
 
     def process_local(self, path: Path) -> bool:
         backend, _ = self._resolve(path)
@@ -2143,6 +2144,7 @@ class _ErrorScope:
         if isinstance(exc, FileNotFoundError) and not self.wrap_missing:
             return
         if is_shortage(exc):
+            _name_shortage(exc, self.what)
             return
         if (short := shortage_within(exc)) is not None:
             raise _shortage_named(self.what, exc, short) from exc
@@ -2161,15 +2163,25 @@ class _ErrorScope:
 
 def _shortage_named(what: str, exc: BaseException, short: MemoryError | OSError) -> MemoryError | OSError:
     """The shortage `short` that the client's error `exc` wraps, as what it is (a `MemoryError`, or an `OSError`
-    of its errno) naming `what`: the step that meets it names the checkpoint and the fix, as for one raised bare."""
-    said = f"{what} failed: this process is short of {{}} ({type(exc).__name__}: {exc}), not the store; {{}}"
-    free_memory = "free memory, or raise the address-space limit (RLIMIT_AS, `ulimit -v`), and try again"
-    if isinstance(short, MemoryError):
-        return MemoryError(said.format("memory", free_memory))
-    if short.errno == errno.ENOMEM:
-        return OSError(short.errno, said.format("memory", free_memory))
-    fix = "close files this process holds, or raise its limit (`ulimit -n`, RLIMIT_NOFILE), and try again"
-    return OSError(short.errno, said.format("file descriptors", fix))
+    of its errno), in the client's words and with the note naming `what`: the step that meets it names the
+    checkpoint and the fix, as for one raised bare."""
+    told = f"{type(exc).__name__}: {exc}"
+    same = MemoryError(told) if isinstance(short, MemoryError) else OSError(short.errno, told)
+    _name_shortage(same, f"{what} (told by the client as {type(exc).__name__})")
+    return same
+
+
+def _name_shortage(exc: BaseException, what: str) -> None:
+    """A note on `exc`, a shortage passing through a storage call, naming that call and its object: a listing short
+    of memory (gc's, `latest_checkpoint`'s) was a bare `MemoryError`, with no word of the bucket or prefix."""
+    lacking = "file descriptors" if isinstance(exc, OSError) and exc.errno != errno.ENOMEM else "memory"
+    if any(note.startswith("Out of ") for note in getattr(exc, "__notes__", ())):
+        return  # the scope of a call inside this one named it already
+    add_note(
+        exc,
+        f"Out of {lacking} during the {what}: this process's shortage, not the store's. Free {lacking} (or raise "
+        f"the process's limit) and try again.",
+    )
 
 
 def _run_all(fn: Callable[[int], None], args: list[int], concurrency: int) -> None:
