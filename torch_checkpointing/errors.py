@@ -317,23 +317,30 @@ def is_shortage(exc: BaseException) -> bool:
 
 
 def shortage_within(exc: BaseException) -> MemoryError | OSError | None:
-    """The shortage (`is_shortage`, as a `MemoryError` or an errno) that `exc`, a library's own error, was raised
-    from or while handling, nearest first; None where there is none. A client says the process's own shortage in
-    its words: botocore's `EndpointConnectionError` around aiohttp's refused socket (errno 24), its
-    `HTTPClientError` around the `OSError`, and each was taken for the store's failure."""
+    """The shortage (`is_shortage`, as a `MemoryError` or an errno) that `exc`, a library's own error, wraps:
+    raised from it or while handling it, or held as botocore's `error=` argument; nearest first, None where there
+    is none. A client says the process's own shortage in its words: botocore's `EndpointConnectionError` around
+    aiohttp's refused socket (errno 24), its `HTTPClientError` around the `OSError` or around a `MemoryError` met
+    in aiohttp's socket read, and each was taken for the store's failure."""
     seen: set[int] = set()
-    inner = _chained(exc)
-    while inner is not None and id(inner) not in seen:
+    todo: list[BaseException] = list(_wrapped(exc))
+    while todo and len(seen) < 16:  # bounded: a chain is a few links; a cycle or a crafted one is not walked
+        inner = todo.pop(0)
+        if id(inner) in seen:
+            continue
         if isinstance(inner, (MemoryError, OSError)) and is_shortage(inner):
             return inner
         seen.add(id(inner))
-        inner = _chained(inner)
+        todo += _wrapped(inner)
     return None
 
 
-def _chained(exc: BaseException) -> BaseException | None:
-    """What `exc` was raised from, or (where not suppressed) while handling."""
-    return exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+def _wrapped(exc: BaseException) -> list[BaseException]:
+    """What `exc` was raised from or (where not suppressed) while handling, and botocore's `kwargs['error']`."""
+    kwargs = getattr(exc, "kwargs", None)
+    held = kwargs.get("error") if isinstance(kwargs, dict) else None
+    chained = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return [e for e in (chained, held) if isinstance(e, BaseException)]
 
 
 # How a shortage named for a save (here, or the writer process's start) begins: one that does is not named again.
