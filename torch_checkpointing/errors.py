@@ -316,13 +316,15 @@ def is_shortage(exc: BaseException) -> bool:
     return False
 
 
-def shortage_within(exc: BaseException) -> MemoryError | OSError | None:
+def shortage_within(exc: BaseException, outside: BaseException | None = None) -> MemoryError | OSError | None:
     """The shortage (`is_shortage`, as a `MemoryError` or an errno) that `exc`, a library's own error, wraps:
     raised from it or while handling it, or held as botocore's `error=` argument; nearest first, None where there
     is none. A client says the process's own shortage in its words: botocore's `EndpointConnectionError` around
     aiohttp's refused socket (errno 24), its `HTTPClientError` around the `OSError` or around a `MemoryError` met
-    in aiohttp's socket read, and each was taken for the store's failure."""
-    seen: set[int] = set()
+    in aiohttp's socket read, and each was taken for the store's failure. `outside`: what the caller was handling
+    when the call began (`sys.exception()` then), and every exception the call raised is chained to: its
+    shortage is the caller's, not this call's, and is not looked into."""
+    seen: set[int] = {id(outside)} if outside is not None else set()
     todo: list[BaseException] = list(_wrapped(exc))
     while todo and len(seen) < 16:  # bounded: a chain is a few links; a cycle or a crafted one is not walked
         inner = todo.pop(0)

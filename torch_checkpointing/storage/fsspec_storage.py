@@ -33,6 +33,7 @@ import logging
 import os
 import posixpath
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -1625,10 +1626,11 @@ _CLIENT_FIXES = {
 }
 
 
-def _client_fix(exc: BaseException) -> str | None:
-    """What to do about a failure of the client's configuration or connection (see `_CLIENT_FIXES`)."""
+def _client_fix(exc: BaseException, outside: BaseException | None = None) -> str | None:
+    """What to do about a failure of the client's configuration or connection (see `_CLIENT_FIXES`); `outside`
+    as in `_error_code`."""
     seen: BaseException | None = exc
-    while seen is not None:
+    while seen is not None and seen is not outside:
         name, text = type(seen).__name__, str(seen)
         if name in _CLIENT_FIXES:
             return _CLIENT_FIXES[name]
@@ -1643,10 +1645,12 @@ def _client_fix(exc: BaseException) -> str | None:
     return None
 
 
-def _error_code(exc: BaseException) -> str | None:
-    """The S3 error code of a botocore error, found through s3fs's translation of it (its cause)."""
+def _error_code(exc: BaseException, outside: BaseException | None = None) -> str | None:
+    """The S3 error code of a botocore error, found through s3fs's translation of it (its cause). `outside`: the
+    exception the caller was handling when the call began, which ends the walk: an error raised in an `except`
+    block is chained to the one handled there, and its code is the caller's, not this call's."""
     seen: BaseException | None = exc
-    while seen is not None:
+    while seen is not None and seen is not outside:
         code = (getattr(seen, "response", None) or {}).get("Error", {}).get("Code")
         if code:
             return str(code)
@@ -2132,9 +2136,12 @@ class _ErrorScope:
     def __init__(self, what: str, wrap_missing: bool = False) -> None:
         self.what = what
         self.wrap_missing = wrap_missing  # uploads: a missing bucket is a failed upload, not "not found"
+        self.outside: BaseException | None = None
 
     def __enter__(self) -> None:
-        return None
+        # What the caller is handling (its `except` block): the call's errors are chained to it, and it is none
+        # of theirs. A store refusing a connection inside a caller's `except MemoryError:` was told as a shortage.
+        self.outside = sys.exc_info()[1]
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -2146,15 +2153,15 @@ class _ErrorScope:
         if is_shortage(exc):
             _name_shortage(exc, self.what)
             return
-        if (short := shortage_within(exc)) is not None:
+        if (short := shortage_within(exc, self.outside)) is not None:
             raise _shortage_named(self.what, exc, short) from exc
         reason = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError says nothing by itself
             reason += " (no answer within FsspecStorageConfig.request_timeout_s, or the client's own timeouts)"
-        code = _error_code(exc)
+        code = _error_code(exc, self.outside)
         if code in _FIXES:
             reason += f" ({code}: {_FIXES[code]})"
-        elif (fix := _client_fix(exc)) is not None:
+        elif (fix := _client_fix(exc, self.outside)) is not None:
             reason += f" ({fix})"
         error = ObjectStoreError(f"{self.what} failed: {reason}")
         logger.warning("%s", error)
