@@ -389,7 +389,8 @@ def recordable_path(path: NestedPath) -> NestedPath:
         if not json_component(comp):
             raise ConfigError(
                 f"Nested path {path!r:.120} has component {comp!r:.80} of type {type(comp).__name__}; only str, int, "
-                "float, bool and None dict keys, int indices and tuples of them can be recorded in sharding metadata"
+                "float (not NaN: read back, it equals no key), bool and None dict keys, int indices and tuples of them "
+                "can be recorded in sharding metadata"
             )
     return path
 
@@ -401,7 +402,8 @@ def nested_path_from_json(s: str) -> NestedPath:
         parts = None
     if not isinstance(parts, list) or not all(map(json_component, parts)):
         raise ConfigError(
-            f"Nested path {s!r} is not a JSON list of str, int, float, bool, null components (or lists of them)"
+            f"Nested path {s!r} is not a JSON list of str, int, float (not NaN), bool, null components (or lists of "
+            "them)"
         )
     return tuple(map(tuples_from_json, parts))
 

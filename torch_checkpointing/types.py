@@ -64,8 +64,8 @@ class CheckpointPath:
             if not json_component(c):
                 raise ConfigError(
                     f"CheckpointPath.serialize: component {c!r:.80} ({type(c).__name__}) of {self} has no JSON form "
-                    f"that deserialize() gives back; only str, int, float, bool, None and tuples of them do. Name "
-                    f"such a location with str() instead."
+                    f"that deserialize() gives back; only str, int, float (not NaN), bool, None and tuples of them do. "
+                    f"Name such a location with str() instead."
                 )
         return json.dumps([self.item_key, *self.nested_path], separators=(",", ":"))
 
@@ -100,8 +100,12 @@ class CheckpointPath:
 
 def json_component(c: object) -> bool:
     """Whether JSON carries `c` and gives it back: a scalar, or a tuple (a list once parsed) of such. The one rule
-    for a path component written as JSON: `CheckpointPath.serialize` and metadata.json's nested paths."""
-    if c is None or isinstance(c, (str, int, float)):
+    for a path component written as JSON: `CheckpointPath.serialize` and metadata.json's nested paths. A NaN is
+    none: read back it is a new float, equal to no key (the one saved under included), and a DTensor saved under
+    `float("nan")` loaded as a second `nan` key beside the template's, left unfilled."""
+    if isinstance(c, float):
+        return c == c  # not NaN
+    if c is None or isinstance(c, (str, int)):
         return True
     return isinstance(c, (tuple, list)) and all(map(json_component, c))
 
