@@ -83,3 +83,29 @@ def test_a_refused_connection_while_the_caller_handles_a_store_error_names_the_e
     assert isinstance(raised, ObjectStoreError), repr(raised)
     assert "AWS_ENDPOINT_URL" in str(raised), str(raised)
     assert "AccessDenied" not in str(raised), str(raised)
+
+
+_CONDITIONAL = {
+    "replace_object": lambda storage, path: storage.replace_object(path, b"claim", '"etag"'),
+    "delete_object": lambda storage, path: storage.delete_object(path, '"etag"'),
+}
+
+
+@pytest.mark.parametrize("code", ["NoSuchKey", "PreconditionFailed"])
+@pytest.mark.parametrize("call", sorted(_CONDITIONAL))
+def test_a_conditional_write_to_an_unreachable_store_inside_a_handler_raises(
+    unreachable: FsspecStorage, call: str, code: str
+) -> None:
+    """A conditional replace or delete answers False for "the object changed or went" (another save took it
+    over): inside a caller's handler of a store error with that code, an unreachable store was such an answer.
+
+    Defect: "returned False" for each, where outside a handler each raises the ObjectStoreError naming the
+    endpoint."""
+    from botocore.exceptions import ClientError
+
+    handled = ClientError({"Error": {"Code": code, "Message": "the caller's"}}, "HeadObject")
+    try:
+        raise handled
+    except ClientError:
+        with pytest.raises(ObjectStoreError, match="AWS_ENDPOINT_URL"):
+            _CONDITIONAL[call](unreachable, Path("s3://bucket/run/ck/marker"))

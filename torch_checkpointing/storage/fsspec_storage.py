@@ -1626,11 +1626,9 @@ _CLIENT_FIXES = {
 }
 
 
-def _client_fix(exc: BaseException, outside: BaseException | None = None) -> str | None:
-    """What to do about a failure of the client's configuration or connection (see `_CLIENT_FIXES`); `outside`
-    as in `_error_code`."""
-    seen: BaseException | None = exc
-    while seen is not None and seen is not outside:
+def _client_fix(exc: BaseException) -> str | None:
+    """What to do about a failure of the client's configuration or connection (see `_CLIENT_FIXES`)."""
+    for seen in _chain(exc):
         name, text = type(seen).__name__, str(seen)
         if name in _CLIENT_FIXES:
             return _CLIENT_FIXES[name]
@@ -1641,21 +1639,28 @@ def _client_fix(exc: BaseException, outside: BaseException | None = None) -> str
                 "FsspecStorageConfig.storage_options holds an option the filesystem does not take: fix or remove "
                 "it (S3: key, secret, token, endpoint_url, client_kwargs, config_kwargs, ... of s3fs.S3FileSystem)"
             )
-        seen = seen.__cause__ or seen.__context__
     return None
 
 
-def _error_code(exc: BaseException, outside: BaseException | None = None) -> str | None:
-    """The S3 error code of a botocore error, found through s3fs's translation of it (its cause). `outside`: the
-    exception the caller was handling when the call began, which ends the walk: an error raised in an `except`
-    block is chained to the one handled there, and its code is the caller's, not this call's."""
-    seen: BaseException | None = exc
-    while seen is not None and seen is not outside:
+def _error_code(exc: BaseException) -> str | None:
+    """The S3 error code of a botocore error, found through s3fs's translation of it (its cause)."""
+    for seen in _chain(exc):
         code = (getattr(seen, "response", None) or {}).get("Error", {}).get("Code")
         if code:
             return str(code)
-        seen = seen.__cause__ or seen.__context__
     return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what each link was raised from or while handling, up to (not into) what a caller was handling
+    as an open error scope of this thread began (`_ErrorScope`). Python chains an error raised in an `except`
+    block to the one handled there: the caller's S3 code was taken for the call's, and a conditional replace or
+    delete on a store that could not be reached, made in a handler of a NoSuchKey, answered "it changed or went"."""
+    stops = getattr(_SCOPES, "outside", [])
+    seen: BaseException | None = exc
+    while seen is not None and not any(seen is stop for stop in stops):
+        yield seen
+        seen = seen.__cause__ or seen.__context__
 
 
 class _ChangedWhileRead(OSError):
@@ -2123,6 +2128,10 @@ def _abort_upload(fs: Any, key: str, upload_id: str) -> bool:
     return True
 
 
+# Per thread, what the caller was handling as each open `_ErrorScope` began: where `_chain` stops.
+_SCOPES = threading.local()
+
+
 class _ErrorScope:
     """Turns a store's error (botocore's, aiohttp's, OSError) into an ObjectStoreError naming the object.
 
@@ -2142,10 +2151,21 @@ class _ErrorScope:
         # What the caller is handling (its `except` block): the call's errors are chained to it, and it is none
         # of theirs. A store refusing a connection inside a caller's `except MemoryError:` was told as a shortage.
         self.outside = sys.exc_info()[1]
+        if self.outside is not None:
+            _SCOPES.__dict__.setdefault("outside", []).append(self.outside)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        try:
+            self._translate(exc)
+        finally:
+            if self.outside is not None:  # by identity: the last of this exception's entries is this scope's
+                stack = _SCOPES.outside
+                del stack[max(i for i, e in enumerate(stack) if e is self.outside)]
+
+    def _translate(self, exc: BaseException | None) -> None:
+        """`exc`, met in the scope, raised as what it is for the caller (see the class); None: it passes as it is."""
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, CheckpointError):
             return
         if isinstance(exc, FileNotFoundError) and not self.wrap_missing:
@@ -2158,10 +2178,10 @@ class _ErrorScope:
         reason = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError says nothing by itself
             reason += " (no answer within FsspecStorageConfig.request_timeout_s, or the client's own timeouts)"
-        code = _error_code(exc, self.outside)
+        code = _error_code(exc)
         if code in _FIXES:
             reason += f" ({code}: {_FIXES[code]})"
-        elif (fix := _client_fix(exc, self.outside)) is not None:
+        elif (fix := _client_fix(exc)) is not None:
             reason += f" ({fix})"
         error = ObjectStoreError(f"{self.what} failed: {reason}")
         logger.warning("%s", error)
