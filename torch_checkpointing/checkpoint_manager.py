@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import torch
 
 from torch_checkpointing.agreement import GroupTransport, agree, agree_outcome
-from torch_checkpointing.checkpoint_layout import ReplicatedLayoutInfo
+from torch_checkpointing.checkpoint_layout import ReplicatedLayoutInfo, default_layout_info
 from torch_checkpointing.checkpoint_loader import CheckedLoad, CheckpointLoader, interrupted_note
 from torch_checkpointing.checkpoint_saver import (
     AsyncCheckpointSaver,
@@ -72,7 +72,14 @@ from torch_checkpointing.pickling import callback_unpicklable
 from torch_checkpointing.rank_context import RankContext
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.safe_load_check import SafeLoadCheck
-from torch_checkpointing.schema import ItemSpec, ResolvedItem, check_layout, resolve, validate_keys
+from torch_checkpointing.schema import (
+    ItemSpec,
+    ResolvedItem,
+    check_layout,
+    check_names_fit,
+    resolve,
+    validate_keys,
+)
 from torch_checkpointing.signals import Held, signals_deferred, start_thread
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
@@ -901,20 +908,23 @@ def _validate_parts(config: CheckpointManager.Config) -> None:
 
 
 def _warn_refused_layouts(config: CheckpointManager.Config) -> None:
-    """Name, when the manager is built, each layout that every `save()` will refuse.
+    """Name, when the manager is built, each layout that every `save()` will refuse (a path no save may write,
+    a file or folder name over NAME_MAX bytes on every rank, the default `<key>_<rank>.pt` of a long key too).
 
     The refusal itself stays in `save()`, where API_SURFACE §4 places it; but an async manager's first save may
     come hours into training, and until then nothing was said."""
-    specs = [(f"Config.items[{key!r}]", "this item", key, spec) for key, spec in config.items.items()]
-    if config.default is not None:
+    specs = [(f"Config.items[{key!r}]", "this item", key, spec.layout) for key, spec in config.items.items()]
+    if config.default is not None and config.default.layout is not None:
         specs.append(
-            ("Config.default", "a key without its own ItemSpec", "<any key without an ItemSpec>", config.default)
+            ("Config.default", "a key without its own ItemSpec", "<any key without an ItemSpec>", config.default.layout)
         )
-    for where, what, key, spec in specs:
-        if spec.layout is None:
-            continue
+    for where, what, key, layout in specs:
         try:
-            check_layout(key, spec.layout)
+            if layout is None:
+                layout = default_layout_info(key, 0)
+            else:
+                check_layout(key, layout)
+            check_names_fit(key, layout)
         except (ConfigError, ConfigTypeError) as exc:
             logger.warning("CheckpointManager.%s: every save() of %s will be refused: %s", where, what, exc)
 

@@ -192,6 +192,12 @@ def resolve(
     return resolved
 
 
+def check_names_fit(key: str, layout: LayoutInfo) -> None:
+    """Refuse a layout whose names no rank can write: with the shortest rank ('0') in place of `{rank}`, one
+    name of its path is over NAME_MAX bytes (what `resolve` refuses at every save, said when a manager is built)."""
+    _check_name_lengths(key, posixpath.normpath(layout.for_rank(0).file_path))
+
+
 def _check_name_lengths(key: str, path: str) -> None:
     """A file name over NAME_MAX is refused when the save is planned, naming the item (an ENAMETOOLONG from the
     writer before), whether it comes from a long key in the default layout or from a LayoutInfo."""
