@@ -69,7 +69,7 @@ from torch_checkpointing.names import (
 from torch_checkpointing.read_context import CheckpointReadContext, ReadPolicy
 from torch_checkpointing.storage import LOCAL_SCHEMES, fsspec_storage_for, local_path_of
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig, clock_probe_running, local_store_now
-from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import url_scheme
 
 __all__ = [
@@ -95,6 +95,7 @@ __all__ = [
     "self_describing_layouts",
     "still_there",
     "storage_of",
+    "user_path",
     "warn_if_a_checkpoint",
 ]
 
@@ -417,7 +418,8 @@ def _commit_time(storage: Storage, path: Path, manifest: Manifest) -> float | No
 
 def checkpoint_info(path: str | os.PathLike[str], storage: Storage | None = None) -> CheckpointInfo | None:
     """The `CheckpointInfo` of one directory, or None when it is not a committed checkpoint of ours."""
-    return _checkpoint_info(Path(path), storage_of(path, storage, "path"))
+    storage = storage_of(path, storage, "path")
+    return _checkpoint_info(Path(user_path(path, storage)), storage)
 
 
 def _checkpoint_info(p: Path, storage: Storage, closed: list[PassedOver] | None = None) -> CheckpointInfo | None:
@@ -495,13 +497,25 @@ def list_checkpoints(root: str | os.PathLike[str], storage: Storage | None = Non
     return listing(root, storage).checkpoints
 
 
+def user_path(where: str | os.PathLike[str], storage: Storage) -> str | os.PathLike[str]:
+    """`where` with a leading `~` expanded where it names a local path, as the manager expands a save's id.
+
+    `save("~/run/step_2", ...)` writes under the home directory; `latest_checkpoint("~/run")` looked for a
+    directory named '~' instead, found none (a missing root lists nothing) and a job resuming from the root it
+    saves under started from scratch, saying nothing. A URL, or a key on a storage passed in that is not the
+    local filesystem, is taken as it is."""
+    if url_scheme(where) is not None or not isinstance(storage, LocalFileSystemStorage):
+        return where
+    return os.path.expanduser(os.fspath(where))
+
+
 def listing(root: str | os.PathLike[str], storage: Storage | None = None) -> Listing:
     """`list_checkpoints`, and the entries under `root` skipped because this user may not read their manifest or
     directory, because a newer engine wrote their manifest, or because their manifest is damaged (each also
     warned about): `ls` names those too."""
     require_path(root)
     storage = storage_of(root, storage)
-    base = Path(root)
+    base = Path(user_path(root, storage))
     if not storage.isdir(base):
         _refuse_a_file(base, storage)
         return Listing()
@@ -644,7 +658,7 @@ def latest_checkpoint(root: str | os.PathLike[str], storage: Storage | None = No
     it (half deleted by hand, a file lost or swapped for a link) is skipped with a WARNING naming the file.
     """
     storage = storage_of(root, storage)
-    return current_resume_point(root, storage)[1]
+    return current_resume_point(user_path(root, storage), storage)[1]
 
 
 def _warn_if_named_steps_disagree(latest: CheckpointInfo, checkpoints: list[CheckpointInfo]) -> None:
@@ -782,6 +796,7 @@ def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -
     file descriptors or memory is raised, as a store's silence is: every checkpoint read as damaged, and
     `latest_checkpoint` returned an older one, or None (a resume from scratch), of intact checkpoints."""
     storage = storage_of(path, storage, "path")
+    path = user_path(path, storage)
     try:
         with CheckpointReadContext(
             storage, os.fspath(path), ReadPolicy(verify_checksums=False, allow_legacy_checkpoints=False), reads=False
@@ -1146,7 +1161,7 @@ def list_leftovers(root: str | os.PathLike[str], storage: Storage | None = None)
     """Directories under `root` that saves, replacements or deletions of ours left behind (nothing foreign)."""
     require_path(root)
     storage = storage_of(root, storage)
-    base = Path(root)
+    base = Path(user_path(root, storage))
     if not storage.isdir(base):
         _refuse_a_file(base, storage)
         return []

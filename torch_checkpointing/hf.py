@@ -40,6 +40,7 @@ from torch_checkpointing.discovery import (
     default_storage,
     local_url_refused,
     storage_of,
+    user_path,
 )
 from torch_checkpointing.distributed_metadata import (
     METADATA_FILE_NAME,
@@ -420,7 +421,9 @@ def iter_item_tensors(
     checkpoint: str | os.PathLike[str], key: str, *, rank: int | None = None, storage: Storage | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (dotted name, full tensor) for every tensor of item `key`, one at a time (consolidated across ranks)."""
-    with _ItemSource(storage_of(checkpoint, storage, "checkpoint"), Path(checkpoint), key, rank) as source:
+    source_storage = storage_of(checkpoint, storage, "checkpoint")
+    checkpoint = user_path(checkpoint, source_storage)
+    with _ItemSource(source_storage, Path(checkpoint), key, rank) as source:
         for plan in source.plans():
             yield plan.name, source.read(plan)
         source.wait_verified()
@@ -473,7 +476,9 @@ def export_hf(
     out = _output_path(out_dir)
     shard_size = parse_size(max_shard_size)
     _check_cast(dtype)
-    with _ItemSource(storage_of(checkpoint, storage, "checkpoint"), Path(checkpoint), key, rank) as source:
+    source_storage = storage_of(checkpoint, storage, "checkpoint")
+    checkpoint = user_path(checkpoint, source_storage)
+    with _ItemSource(source_storage, Path(checkpoint), key, rank) as source:
         _check_out_dir(out, Path(checkpoint), overwrite)
         plans = source.plans()
         if not plans:

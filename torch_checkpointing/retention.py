@@ -55,6 +55,7 @@ from torch_checkpointing.discovery import (
     still_there,
     storage_of,
     unreadable,
+    user_path,
     warn_if_a_checkpoint,
 )
 from torch_checkpointing.errors import (
@@ -245,7 +246,7 @@ def delete_checkpoint(
     (a second retention pass, an operator's `prune`) deleted meanwhile is no failure: False, at INFO.
     """
     storage = storage_of(path, storage, "path")
-    return _delete(Path(path), storage, expected).done
+    return _delete(Path(user_path(path, storage)), storage, expected).done
 
 
 @dataclass(frozen=True)
@@ -664,6 +665,7 @@ def _prune(
     to tell every time; `log_note=False` to tell nothing (the caller shows the report's note)."""
     require_path(root)
     storage = storage_of(root, storage)
+    root = user_path(root, storage)
     listed = listing(root, storage)
     found = listed.checkpoints
     note = _tell_metric_not_recorded(root, policy, found, told) if log_note else _note(root, policy, found)
@@ -1005,6 +1007,7 @@ def collect_garbage(
     check_age(unowned_after_s, "unowned_after_s")
     require_path(root)
     storage = storage_of(root, storage)
+    root = user_path(root, storage)
     report = leftovers_report(root, storage, dry_run=dry_run, unowned_after_s=unowned_after_s)
     if not (report.removed or report.kept or report.failed):
         warn_if_a_checkpoint(Path(root), storage)
@@ -1019,7 +1022,7 @@ def leftovers_report(
     require_path(root)
     storage = storage_of(root, storage)
     with writing_nothing() if dry_run else contextlib.nullcontext():
-        return _collect_garbage(Path(root), storage, dry_run, unowned_after_s)
+        return _collect_garbage(Path(user_path(root, storage)), storage, dry_run, unowned_after_s)
 
 
 def _collect_garbage(base: Path, storage: Storage, dry_run: bool, unowned_after_s: float) -> GcReport:
