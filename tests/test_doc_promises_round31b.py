@@ -118,3 +118,17 @@ def test_collect_garbage_of_a_tilde_root_collects_there(run_under_home: Path) ->
     collect_garbage("~/run", unowned_after_s=0)
     assert not leftover.exists()
     assert _steps(run_under_home) == ["step_1", "step_2", "step_3"]
+
+
+def test_a_retention_policy_whose_root_starts_with_a_tilde_prunes_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    config = CheckpointManager.Config(retention=RetentionPolicy(keep_last=1, root="~/run")).with_sync_save()
+    with CheckpointManager(config) as manager:
+        for step in (1, 2, 3):
+            manager.save(f"~/run/step_{step}", {"m": {"t": torch.ones(2)}})
+    assert _steps(home / "run") == ["step_3"]
