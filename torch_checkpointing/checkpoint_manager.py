@@ -55,6 +55,7 @@ from torch_checkpointing.config import (
     CheckpointSaverConfig,
     SyncCheckpointSaverConfig,
     check_instance,
+    integer_as_int,
 )
 from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
 from torch_checkpointing.errors import (
@@ -1294,7 +1295,9 @@ def _step_of(checkpoint_id: str) -> int | None:
 
 
 def _checked_step(step: Any) -> int:
-    """A non-negative int: steps order checkpoints for `latest`, and an id's own trailing step is never negative."""
+    """A non-negative int: steps order checkpoints for `latest`, and an id's own trailing step is never negative.
+    A numpy or 0-d tensor step (a training loop's counter) is taken as its int, as every integer argument is."""
+    step = integer_as_int(step)
     if isinstance(step, bool) or not isinstance(step, int):
         raise ConfigTypeError(f"save(step=...) must be an int (or None: the id's trailing number), got {step!r}.")
     if step < 0:
@@ -1319,6 +1322,7 @@ def _checked_metrics(metrics: Mapping[str, float] | None) -> dict[str, float] | 
         raise ConfigTypeError(f"save(metrics=...) must be a Mapping of name -> float, got {type(metrics).__name__}")
     out: dict[str, float] = {}
     for name, value in metrics.items():
+        value = integer_as_int(value)
         if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigTypeError(f"save(metrics=...): entry {name!r}: {value!r} must map a str to a number")
         try:

@@ -8,11 +8,12 @@ are also importable from `staging`, `checkpoint_writer` and `checkpoint_process`
 from __future__ import annotations
 
 import math
+import operator
 import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 
@@ -48,6 +49,31 @@ def check_bool(owner: str, name: str, value: object, *, allow_none: bool = False
     raise ConfigTypeError(f"{owner}.{name} must be True or False{also}, got {value!r}.")
 
 
+def integer_as_int(value: Any) -> Any:
+    """`value` as the int it stands for when it is one integer (numpy's integers, an IntEnum's member, a 0-d
+    integer tensor, anything with `__index__`) but no bool; anything else as it is, for the field's check to
+    refuse. The one rule for every integer of the public API, records and call arguments alike: a training
+    loop's step or count is often a numpy value or a 0-d tensor. A sharding or plan computed with numpy
+    (`np.cumsum` of the shard sizes) was refused at save and at load ("must hold ints only, got int64"), though
+    torch slices with any such integer."""
+    if type(value) is int or not hasattr(type(value), "__index__") or not _integer_scalar(value):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:  # an `__index__` that refuses (a tensor of more than one element)
+        return value
+
+
+def _integer_scalar(value: Any) -> bool:
+    """Whether `value`, which has `__index__`, is one integer and no bool. torch's `Tensor.__index__` also gives an
+    int for a 0-d bool tensor (a comparison's result) and for a one-element tensor of any shape: a rank of
+    `torch.tensor(True)` read shard 1, where `True` and numpy's bool are refused, and a `torch.tensor([2])` of sizes
+    was refused as "got int 2". numpy refuses its one-element arrays itself."""
+    if type(value).__name__ in ("bool", "bool_") or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return False
+    return getattr(value, "ndim", 0) == 0
+
+
 # The longest wait a pipe's poll() or a lock's acquire() takes (2**31 ms is about 24.8 days): a timeout past it
 # failed inside close() or the writer's start with a bare OverflowError, after the config had been accepted.
 MAX_OS_WAIT_S = 2_000_000
@@ -61,11 +87,13 @@ def check_number(
     positive: bool = False,
     integer: bool = False,
     at_most: float | None = None,
-) -> None:
+) -> Any:
     """A count or a timeout: a real, finite number, non-negative (or `positive`), not over `at_most`; bools and
-    strings are refused."""
+    strings are refused. Returns it as the caller keeps it: an integer scalar (numpy's, a 0-d tensor) as its
+    int, which a config pickled to the writer process or dumped as JSON must hold."""
     kinds = (int,) if integer else (int, float)
     what = "an int" if integer else "a number of seconds"
+    value = integer_as_int(value)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise ConfigTypeError(f"{owner}.{name} must be {what}, got {value!r} ({type(value).__name__}).")
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
@@ -76,6 +104,7 @@ def check_number(
             f"{owner}.{name} must be at most {at_most:g} seconds (about {at_most / 86400:.0f} days: the longest wait "
             f"the operating system's pipe and lock waits take), got {value!r}."
         )
+    return value
 
 
 _N = TypeVar("_N", int, float)
@@ -170,6 +199,7 @@ class CheckpointWriterConfig:
     file_write_max_threads: int = 1
 
     def __post_init__(self) -> None:
+        self.file_write_max_threads = integer_as_int(self.file_write_max_threads)
         if isinstance(self.file_write_max_threads, bool) or not isinstance(self.file_write_max_threads, int):
             raise ConfigTypeError(
                 f"CheckpointWriterConfig.file_write_max_threads must be an int, got {self.file_write_max_threads!r}."
@@ -199,8 +229,9 @@ class CheckpointProcessConfig:
         owner = "CheckpointProcessConfig"
         # Zero would time out before the writer could answer: the first save would fail, not this line.
         init, shutdown = self.subprocess_init_timeout_secs, self.subprocess_shutdown_timeout_secs
-        check_number(owner, "subprocess_init_timeout_secs", init, positive=True, at_most=MAX_OS_WAIT_S)
-        check_number(owner, "subprocess_shutdown_timeout_secs", shutdown, at_most=MAX_OS_WAIT_S)
+        init = check_number(owner, "subprocess_init_timeout_secs", init, positive=True, at_most=MAX_OS_WAIT_S)
+        shutdown = check_number(owner, "subprocess_shutdown_timeout_secs", shutdown, at_most=MAX_OS_WAIT_S)
+        self.subprocess_init_timeout_secs, self.subprocess_shutdown_timeout_secs = init, shutdown
         check_text(owner, "thread_name_prefix", self.thread_name_prefix)
 
 
@@ -221,6 +252,7 @@ class CheckpointSaverConfig:
             owner, "writer_config", self.writer_config, CheckpointWriterConfig, "Leave it unset for the default."
         )
         if self.wait_timeout_secs is not None:
+            self.wait_timeout_secs = integer_as_int(self.wait_timeout_secs)
             if isinstance(self.wait_timeout_secs, bool) or not isinstance(self.wait_timeout_secs, (int, float)):
                 raise ConfigTypeError(
                     f"{owner}.wait_timeout_secs must be a number of seconds or None, got {self.wait_timeout_secs!r}."

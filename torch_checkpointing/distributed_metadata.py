@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
-import operator
 import os
 import re
 from abc import ABC, abstractmethod
@@ -27,6 +26,7 @@ from torch_checkpointing.checkpoint_layout import (
     TorchSerialization,
     default_layout_info,
 )
+from torch_checkpointing.config import integer_as_int
 from torch_checkpointing.errors import (
     ConfigError,
     ConfigTypeError,
@@ -113,29 +113,6 @@ def field_ints(value: Any, field: str, record: str, minimum: int = 0) -> tuple[i
     if ints and min(ints) < minimum:
         raise ConfigError(f"{record}.{field} must hold ints of at least {minimum}, got {min(ints)}")
     return ints
-
-
-def integer_as_int(value: Any) -> Any:
-    """`value` as the int it stands for when it is one integer (numpy's integers, an IntEnum's member, a 0-d
-    integer tensor, anything with `__index__`) but no bool; anything else as it is, for the field's check to
-    refuse. A sharding or plan computed with numpy (`np.cumsum` of the shard sizes) was refused at save and at
-    load ("must hold ints only, got int64"), though torch slices with any such integer."""
-    if type(value) is int or not hasattr(type(value), "__index__") or not _integer_scalar(value):
-        return value
-    try:
-        return operator.index(value)
-    except TypeError:  # an `__index__` that refuses (a tensor of more than one element)
-        return value
-
-
-def _integer_scalar(value: Any) -> bool:
-    """Whether `value`, which has `__index__`, is one integer and no bool. torch's `Tensor.__index__` also gives an
-    int for a 0-d bool tensor (a comparison's result) and for a one-element tensor of any shape: a rank of
-    `torch.tensor(True)` read shard 1, where `True` and numpy's bool are refused, and a `torch.tensor([2])` of sizes
-    was refused as "got int 2". numpy refuses its one-element arrays itself."""
-    if type(value).__name__ in ("bool", "bool_") or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
-        return False
-    return getattr(value, "ndim", 0) == 0
 
 
 def within(exc: ValueError, where: str) -> ConfigError:

@@ -35,6 +35,7 @@ import torch
 
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES, refuse_names_twice
 from torch_checkpointing.cold_read import private_copy, refuse_beyond_memory
+from torch_checkpointing.config import integer_as_int
 from torch_checkpointing.discovery import (
     committed_manifest,
     default_storage,
@@ -103,6 +104,7 @@ def parse_size(text: str | int) -> int:
     (a size of 0 or less would give every tensor a shard of its own without saying so). Digits are ASCII only:
     a regex's `\\d` also reads full-width or Arabic-Indic digits as a size nobody typed, and `True` is an int
     that meant one byte."""
+    text = integer_as_int(text)
     if isinstance(text, bool) or not isinstance(text, (int, str)):
         raise ConfigTypeError(
             f"max_shard_size must be a size like '5GB', '500MB', '2GiB' or an int number of bytes, got {text!r} "
@@ -158,6 +160,15 @@ def _out_dtype(saved: torch.dtype, wanted: torch.dtype | None) -> torch.dtype:
     return wanted if wanted is not None and saved.is_floating_point else saved
 
 
+def _checked_rank(rank: Any) -> int | None:
+    """None or the plain int of an integer scalar: `False` looked up rank 0's file as a dict key, and a 0-d tensor
+    (hashed by identity) matched no rank at all."""
+    rank = integer_as_int(rank)
+    if rank is not None and type(rank) is not int:
+        raise ConfigTypeError(f"rank must be an int (a rank that saved the item) or None, got {rank!r:.80}")
+    return rank
+
+
 class _ItemSource:
     """Reads one item of one checkpoint as full tensors, whichever ranks and layouts wrote it.
 
@@ -167,6 +178,7 @@ class _ItemSource:
     """
 
     def __init__(self, storage: Storage, checkpoint: Path, key: str, rank: int | None) -> None:
+        rank = _checked_rank(rank)
         committed_manifest(storage, checkpoint)  # the precise reason a directory is not a checkpoint
         policy = ReadPolicy(verify_checksums=True, allow_legacy_checkpoints=False)
         self._ctx = CheckpointReadContext(storage, str(checkpoint), policy).__enter__()

@@ -40,6 +40,7 @@ from torch_checkpointing.commit import (
     unfinished_uploads,
     warn_left_in_place,
 )
+from torch_checkpointing.config import integer_as_int
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
@@ -142,7 +143,8 @@ class RetentionPolicy:
         """Refuse, where the policy is built, what the retention pass could not use (a wrong type failed later,
         inside the pass, off the training thread)."""
         for name in ("keep_last", "keep_every_n_steps", "keep_best"):
-            value = getattr(self, name)
+            value = integer_as_int(getattr(self, name))
+            object.__setattr__(self, name, value)  # frozen; kept as the plain int a manifest's step is compared with
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigTypeError(f"RetentionPolicy.{name} must be a positive int or None, got {value!r}")
             if value is not None and value < 1:
@@ -156,7 +158,7 @@ class RetentionPolicy:
             raise ConfigError("RetentionPolicy.keep_best needs metric= (the name passed in save(..., metrics={...}))")
         if self.mode not in ("min", "max"):
             raise ConfigError(f"RetentionPolicy.mode must be 'min' or 'max', got {self.mode!r}")
-        check_age(self.unowned_after_s, "RetentionPolicy.unowned_after_s")
+        object.__setattr__(self, "unowned_after_s", check_age(self.unowned_after_s, "RetentionPolicy.unowned_after_s"))
 
     @property
     def active(self) -> bool:
@@ -167,6 +169,7 @@ class RetentionPolicy:
 def check_age(value: float, name: str) -> float:
     """An age threshold in seconds: NaN compares false with every age, so it would make every temporary whose
     owner cannot be checked 'old enough' at once; a negative one is a typo for the same."""
+    value = integer_as_int(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigTypeError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
     if math.isnan(value) or value < 0:

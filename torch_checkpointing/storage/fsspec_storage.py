@@ -226,10 +226,10 @@ class FsspecStorageConfig(StorageConfig):
                 f"{owner}.storage_options must be a dict of fsspec options ({{}} when none), got "
                 f"{self.storage_options!r}."
             )
-        check_number(owner, "part_size", self.part_size, integer=True)
-        check_number(owner, "max_concurrency", self.max_concurrency, integer=True)
+        self.part_size = check_number(owner, "part_size", self.part_size, integer=True)
+        self.max_concurrency = check_number(owner, "max_concurrency", self.max_concurrency, integer=True)
         if self.request_timeout_s is not None:
-            check_number(owner, "request_timeout_s", self.request_timeout_s)
+            self.request_timeout_s = check_number(owner, "request_timeout_s", self.request_timeout_s)
         if self.filesystem is not None:
             _check_filesystem(self.filesystem)
 
