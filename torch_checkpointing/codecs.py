@@ -61,9 +61,10 @@ from torch_checkpointing.traversal import (
     flatten,
     is_container,
     join_key,
+    nan_key_path,
     walk_sizes,
 )
-from torch_checkpointing.types import NestedPath
+from torch_checkpointing.types import CheckpointPath, NestedPath
 
 if TYPE_CHECKING:
     from torch_checkpointing.source_reader import ReadStats, SourceFile
@@ -772,6 +773,18 @@ _TORCH_SAVE_FAILS: dict[str, Any] = {
 }
 
 
+def refuse_nan_keys(key: str, value: Any) -> None:
+    """Refuse a dict key that is or holds NaN before anything is written: unequal to itself, it names no location a
+    load can find again (a load into a template with it restored the entry "partially")."""
+    path = nan_key_path(value)
+    if path is not None:
+        raise ConfigError(
+            f"Cannot save item '{key}': the dict at {CheckpointPath(key, path[:-1])} has the key {path[-1]!r:.80}, "
+            f"which holds NaN; NaN equals nothing, not even itself, so no load could find that entry again. "
+            f"Rename the key (e.g. to the str 'nan'). Nothing was saved."
+        )
+
+
 def _refuse_shared_blowup_at_save(key: str, value: Any) -> None:
     """Refuse a state whose file every load would refuse (`shared_blowup`), before anything is written."""
     blowup = shared_blowup(value)
@@ -787,6 +800,7 @@ class TorchCodec(Codec):
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
         _refuse_shared_blowup_at_save(key, value)
+        refuse_nan_keys(key, value)
         target = _ZipWriterTarget(stream)
         try:
             _refuse_meta_tensors(key, value, "TorchSerialization")
@@ -940,6 +954,8 @@ def refuse_before_handover(fmt: SerializationFormat, key: str, value: Any) -> No
     async save encodes in the writer process; this lets its save() refuse such an item, as a sync save does."""
     if isinstance(fmt, JsonSerialization):
         codec_for(fmt, key).encode(fmt, key, value, io.BytesIO())
+    elif isinstance(fmt, TorchSerialization):
+        refuse_nan_keys(key, value)
     elif isinstance(fmt, SafetensorsSerialization):
         _check_safetensors_names(key, value)
 

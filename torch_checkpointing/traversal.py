@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 import torch
 
 from torch_checkpointing.errors import NestingError
-from torch_checkpointing.types import NestedPath
+from torch_checkpointing.types import NestedPath, holds_nan
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -53,6 +53,7 @@ __all__ = [
     "join_key",
     "local_tensor",
     "map_leaves",
+    "nan_key_path",
     "nodes",
     "rebuild",
     "walk_sizes",
@@ -172,6 +173,32 @@ def _walk(value: Any, with_containers: bool, once: bool = False) -> Iterator[Any
             stack.extend(reversed(list(node.values())) if isinstance(node, Mapping) else reversed(node))
         else:
             yield node
+
+
+def nan_key_path(value: Any) -> NestedPath | None:
+    """The path to the first dict whose keys hold a NaN (the key itself last), else None. NaN is unequal to itself:
+    such a key is found again by no lookup, so a load into a template holding it restored the entry "partially"
+    (missing and extra at once). Each distinct container once, its leaves judged by type in C (a list of millions
+    of ints takes no Python step per entry); only a dict with a float or tuple key is searched. A cycle is left to
+    the walks that refuse it."""
+    stack: list[tuple[Any, NestedPath]] = [(value, ())]
+    seen: dict[int, Any] = {}  # kept alive: a Mapping may make its values at each access
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen or not _descends(node):
+            continue
+        seen[id(node)] = node
+        if isinstance(node, Mapping):
+            if set(map(type, node)) & {float, tuple}:
+                bad = next((k for k in node if holds_nan(k)), None)
+                if bad is not None:
+                    return (*path, bad)
+            kids: Iterable[tuple[Any, Any]] = node.items()
+        else:
+            kids = enumerate(node)
+        if _inner_containers(node.values() if isinstance(node, Mapping) else node):
+            stack.extend((v, (*path, k)) for k, v in kids if _descends(v))
+    return None
 
 
 _COUNT_CAP = 1 << 62

@@ -61,6 +61,11 @@ class CheckpointPath:
         from torch_checkpointing.errors import ConfigError
 
         for c in self.nested_path:
+            if not json_component(c) and holds_nan(c):
+                raise ConfigError(
+                    f"CheckpointPath.serialize: component {c!r:.80} of {self} holds NaN, which equals nothing (not "
+                    f"even itself), so no location is named by it; rename that dict key (e.g. to the str 'nan')."
+                )
             if not json_component(c):
                 raise ConfigError(
                     f"CheckpointPath.serialize: component {c!r:.80} ({type(c).__name__}) of {self} has no JSON form "
@@ -101,13 +106,21 @@ class CheckpointPath:
 def json_component(c: object) -> bool:
     """Whether JSON carries `c` and gives it back: a scalar, or a tuple (a list once parsed) of such. The one rule
     for a path component written as JSON: `CheckpointPath.serialize` and metadata.json's nested paths. A NaN is
-    none: read back it is a new float, equal to no key (the one saved under included), and a DTensor saved under
-    `float("nan")` loaded as a second `nan` key beside the template's, left unfilled."""
-    if isinstance(c, float):
-        return c == c  # not NaN
+    none: `NaN` is no JSON, and read back it is a new float, equal to no key (the one saved under included): a
+    DTensor saved under `float("nan")` loaded as a second `nan` key beside the template's, left unfilled (inf is
+    written `Infinity`, which Python's reader gives back equal)."""
     if c is None or isinstance(c, (str, int)):
         return True
+    if isinstance(c, float):
+        return c == c
     return isinstance(c, (tuple, list)) and all(map(json_component, c))
+
+
+def holds_nan(c: object) -> bool:
+    """Whether a path component is or holds a NaN float (a tuple key may hold one)."""
+    if isinstance(c, float):
+        return c != c
+    return isinstance(c, (tuple, list)) and any(map(holds_nan, c))
 
 
 def tuples_from_json(c: Any) -> Any:
