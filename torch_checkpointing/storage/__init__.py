@@ -36,10 +36,11 @@ def fsspec_storage_for(scheme: str, checkpoint_id: str) -> FsspecStorage:
     Built before the manager lets go of its local storage, so a missing package fails the call that named the
     store and leaves the manager as it was. The backend module is imported here, not at package import.
     """
-    from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+    from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig, shortage_named
 
     try:
-        return FsspecStorageConfig(protocol=scheme).create_storage()
+        with shortage_named(f"set-up of the {scheme}:// client for {checkpoint_id}"):
+            return FsspecStorageConfig(protocol=scheme).create_storage()
     except ImportError as exc:
         also = (
             ""

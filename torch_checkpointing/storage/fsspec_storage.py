@@ -511,32 +511,42 @@ class FsspecStorage(Storage):
 
     # ------------------------------------------------------------------ names
 
-    def _backend(self, scheme: str) -> _Backend:
+    def _backend(self, scheme: str, url: str = "") -> _Backend:
+        """The filesystem of `scheme`, made at its first use. Making it imports the client and may start its
+        event loop, before any call's `_ErrorScope`: a shortage there was a bare OSError naming a file of fsspec's
+        or botocore's, with no word of the store; now it carries the note naming `url` (the id that needed it) or
+        the config's url. With neither (a storage of a protocol alone), the caller that knows the id names it."""
         backend = self._backends.get(scheme)
         if backend is None:
-            given = self.config.filesystem
-            if given is not None and scheme in _protocols_of(given):
-                fs = given
-            else:
-                fs = _filesystem(scheme, self.config.storage_options)
-            timeout = self.config.request_timeout_s
-            bounded = _BoundedFs(fs, timeout) if timeout is not None and getattr(fs, "async_impl", False) else fs
-            backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme}, bounded)
-            for name in backend.protocols:
-                self._backends.setdefault(name, backend)
-            self._backends[scheme] = backend
+            where = url or self.config.url
+            with shortage_named(f"set-up of the {scheme}:// client for {where}") if where else contextlib.nullcontext():
+                backend = self._new_backend(scheme)
+        return backend
+
+    def _new_backend(self, scheme: str) -> _Backend:
+        given = self.config.filesystem
+        if given is not None and scheme in _protocols_of(given):
+            fs = given
+        else:
+            fs = _filesystem(scheme, self.config.storage_options)
+        timeout = self.config.request_timeout_s
+        bounded = _BoundedFs(fs, timeout) if timeout is not None and getattr(fs, "async_impl", False) else fs
+        backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme}, bounded)
+        for name in backend.protocols:
+            self._backends.setdefault(name, backend)
+        self._backends[scheme] = backend
         return backend
 
     def _resolve_url(self, text: str) -> tuple[_Backend, str]:
         match = _SCHEME.match(text)
         assert match is not None
         scheme = match.group(1).lower()
-        if self.config.protocol and scheme not in self._backend(self.config.protocol).protocols:
+        if self.config.protocol and scheme not in self._backend(self.config.protocol, text).protocols:
             raise ConfigError(  # the caller's id or config: a ValueError too
                 f"{text!r} is a {scheme}:// path, but this storage talks to {self.config.protocol}://; "
                 f"configure a storage for that scheme."
             )
-        backend = self._backend(scheme)
+        backend = self._backend(scheme, text)
         rest = text[match.end() :]  # every slash after the scheme: `Path` may fold them
         name = backend.name(rest)
         if backend.object_store and ".." in rest.split("/"):
@@ -2170,11 +2180,11 @@ class _ErrorScope:
             return
         if isinstance(exc, FileNotFoundError) and not self.wrap_missing:
             return
-        if is_shortage(exc):
-            _name_shortage(exc, self.what)
-            return
-        if (short := shortage_within(exc, self.outside)) is not None:
-            raise _shortage_named(self.what, exc, short) from exc
+        named = _shortage_as_named(exc, self.what, self.outside)
+        if named is exc:
+            return  # raised as it is, with its note
+        if named is not None:
+            raise named from exc
         reason = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError says nothing by itself
             reason += " (no answer within FsspecStorageConfig.request_timeout_s, or the client's own timeouts)"
@@ -2188,7 +2198,31 @@ class _ErrorScope:
         raise error from exc
 
 
-def _shortage_named(what: str, exc: BaseException, short: MemoryError | OSError) -> MemoryError | OSError:
+def _shortage_as_named(exc: BaseException, what: str, outside: BaseException | None) -> BaseException | None:
+    """`exc` with the note naming `what` when it is a shortage, the shortage it wraps as itself (`_as_shortage`),
+    or None when it is none. `outside`: what the caller was handling (see `errors.shortage_within`)."""
+    if is_shortage(exc):
+        _name_shortage(exc, what)
+        return exc
+    short = shortage_within(exc, outside)
+    return None if short is None else _as_shortage(what, exc, short)
+
+
+@contextlib.contextmanager
+def shortage_named(what: str) -> Iterator[None]:
+    """A shortage met inside, named with `what`; every other error passes as it is (an unknown protocol, a missing
+    package: the caller's to fix, no store failure)."""
+    outside = sys.exc_info()[1]
+    try:
+        yield
+    except Exception as exc:
+        named = _shortage_as_named(exc, what, outside)
+        if named is not None and named is not exc:
+            raise named from exc
+        raise
+
+
+def _as_shortage(what: str, exc: BaseException, short: MemoryError | OSError) -> MemoryError | OSError:
     """The shortage `short` that the client's error `exc` wraps, as what it is (a `MemoryError`, or an `OSError`
     of its errno), in the client's words and with the note naming `what`: the step that meets it names the
     checkpoint and the fix, as for one raised bare."""
