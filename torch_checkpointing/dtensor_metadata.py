@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torch_checkpointing.codecs import dtype_from_name
+from torch_checkpointing.config import integer_as_int
 from torch_checkpointing.distributed_metadata import (
     JSON_ARRAY,
     ShardingMetadata,
@@ -339,15 +340,24 @@ def get_device_mesh_spec(
     mesh_dim_names: tuple[str, ...] | None = None,
 ) -> DeviceMeshSpec:
     """Interned: a model has many parameters on few meshes, so equal meshes share one object (however the
-    arguments are spelled: positional or not, names given as None or left out)."""
+    arguments are spelled: positional or not, names given as None or left out, ranks as ints, numpy's integers
+    or 0-d tensors). The key holds plain ints: a tensor hashes by identity, so each call with tensor ranks added
+    an entry (its tensors and a spec of its own) to the unbounded table, for the life of the process."""
     try:
         names = None if mesh_dim_names is None else tuple(mesh_dim_names)
-        key = (device_type, tuple(mesh_shape), tuple(mesh_data), names)
+        key = (device_type, _plain_ints(mesh_shape), _plain_ints(mesh_data), names)
         hash(key)
     except TypeError:  # no tuple, or one holding a list: said by field, not as "unhashable type"
         _check_mesh_fields(device_type, mesh_shape, mesh_data, mesh_dim_names)
         raise
     return _interned_mesh(*key)
+
+
+def _plain_ints(values: Any) -> tuple[Any, ...]:
+    """`values` as a tuple, its integer scalars as their ints (checked in C when they are ints already: a mesh
+    lists every rank of a large job). What is no integer stays, for `DeviceMeshSpec` to refuse by field."""
+    values = tuple(values)
+    return values if set(map(type, values)) <= {int} else tuple(map(integer_as_int, values))
 
 
 @functools.cache
