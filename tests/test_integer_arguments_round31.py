@@ -136,3 +136,12 @@ def test_iter_item_tensors_rank_refuses_a_bool(_saved: Path, rank: Any) -> None:
 
     with pytest.raises(ConfigTypeError, match="rank"):
         list(iter_item_tensors(_saved, "m", rank=rank))
+
+
+@pytest.mark.parametrize("value", _INTEGERS, ids=lambda v: f"{type(v).__name__}")
+def test_save_metrics_take_an_integer_scalar(tmp_path: Path, value: Any) -> None:
+    """Defect: ConfigTypeError "save(metrics=...): entry 'acc': 3 must map a str to a number"."""
+    with _manager() as manager:
+        manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}}, metrics={"acc": value})
+    (info,) = list_checkpoints(tmp_path)
+    assert info.metrics == {"acc": 3.0}
