@@ -293,13 +293,20 @@ def test_good_values_still_construct(name: str, build: Callable[[], object]) -> 
 # ------------------------------------------------------------------------ arguments of load()
 
 
-@pytest.fixture
-def saved(tmp_path: Path) -> tuple[CheckpointManager, str]:
-    manager = CheckpointManager(
+def _manager(items: dict[str, ItemSpec] | None = None) -> CheckpointManager:
+    """A sync manager on the local file system (no direct I/O), with `items` as its item specs."""
+    return CheckpointManager(
         CheckpointManager.Config(
-            save=SyncCheckpointSaverConfig(), storage_config=LocalFileSystemStorageConfig(use_direct_io=False)
+            items=items or {},
+            save=SyncCheckpointSaverConfig(),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
         )
     )
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> tuple[CheckpointManager, str]:
+    manager = _manager()
     path = os.fspath(tmp_path / "step_1")
     manager.save(path, {"model": {"w": torch.ones(3)}})
     yield manager, path
@@ -340,13 +347,7 @@ def test_a_bad_key_or_payload_is_a_config_error(saved: tuple[CheckpointManager, 
 
 @pytest.mark.parametrize("file_path", ["", "/abs/m.pt", "../m.pt", "manifest.json"])
 def test_a_bad_layout_path_is_a_config_error_naming_the_key(tmp_path: Path, file_path: str) -> None:
-    manager = CheckpointManager(
-        CheckpointManager.Config(
-            items={"m": ItemSpec(layout=LayoutInfo(file_path, TorchSerialization()))},
-            save=SyncCheckpointSaverConfig(),
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-        )
-    )
+    manager = _manager({"m": ItemSpec(layout=LayoutInfo(file_path, TorchSerialization()))})
     try:
         with pytest.raises(ConfigError, match="'m'"):
             manager.save(os.fspath(tmp_path / "c"), {"m": 1})
@@ -382,13 +383,7 @@ def test_a_resharder_returning_the_wrong_metadata_is_named_by_the_save(
     tmp_path: Path, result: object, names: str
 ) -> None:
     """Before: an AttributeError ('list' object has no attribute 'items', ... no attribute '_pack')."""
-    manager = CheckpointManager(
-        CheckpointManager.Config(
-            items={"model": ItemSpec(resharder=_ReturnsThis(result))},
-            save=SyncCheckpointSaverConfig(),
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-        )
-    )
+    manager = _manager({"model": ItemSpec(resharder=_ReturnsThis(result))})
     try:
         with pytest.raises(ConfigTypeError, match=rf"_ReturnsThis.extract_sharding_metadata for item 'model'.*{names}"):
             manager.save(os.fspath(tmp_path / "c"), {"model": {"w": torch.ones(2)}})
@@ -406,13 +401,7 @@ def test_a_resharder_returning_the_wrong_target_metadata_is_named_by_the_load(
 ) -> None:
     """The load extracts its target metadata itself (not through the metadata manager): the same check."""
     resharder = _ReturnsThis(_REAL)
-    manager = CheckpointManager(
-        CheckpointManager.Config(
-            items={"model": ItemSpec(resharder=resharder)},
-            save=SyncCheckpointSaverConfig(),
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-        )
-    )
+    manager = _manager({"model": ItemSpec(resharder=resharder)})
     try:
         manager.save(os.fspath(tmp_path / "c"), {"model": {"w": torch.ones(2)}})
         resharder.result = result
@@ -448,25 +437,14 @@ class _LoadReturns(DTensorResharder):
 def test_a_resharder_load_returning_the_wrong_result_is_named(tmp_path: Path, result: object) -> None:
     """Before: None failed as "'NoneType' object is not iterable"; str paths were split into characters and
     dropped as missing (strict=False) without a word."""
-    config = CheckpointManager.Config(
-        items={"model": ItemSpec(resharder=_LoadReturns(result))},
-        save=SyncCheckpointSaverConfig(),
-        storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-    )
-    manager = CheckpointManager(config)
+    manager = _manager({"model": ItemSpec(resharder=_LoadReturns(result))})
     try:
         manager.save(os.fspath(tmp_path / "c"), {"model": {"w": torch.ones(2)}})
         with pytest.raises(ConfigTypeError, match=r"_LoadReturns.load for item 'model' returned"):
             manager.load(os.fspath(tmp_path / "c"), {"model": {"w": torch.zeros(2)}})
     finally:
         manager.close()
-    manager = CheckpointManager(
-        CheckpointManager.Config(
-            items={"model": ItemSpec(resharder=_LoadReturns([("w",)]))},
-            save=SyncCheckpointSaverConfig(),
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
-        )
-    )
+    manager = _manager({"model": ItemSpec(resharder=_LoadReturns([("w",)]))})
     try:  # the right result still loads, and its paths count as missing for strict=True
         got = manager.load(os.fspath(tmp_path / "c"), {"model": {"w": torch.zeros(2)}})
         assert torch.equal(got["model"]["w"], torch.ones(2))
