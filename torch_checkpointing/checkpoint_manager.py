@@ -348,7 +348,7 @@ class CheckpointManager:
             with self._saving:  # another thread's save() waited for here is part of this one's blocked time
                 self._saving_on = (threading.get_ident(), path)
                 try:
-                    plan = self._plan(path, checkpoint, step=step, metrics=checked_metrics, started=started)
+                    plan = self._plan(_SaveRequest(path, checkpoint, step, checked_metrics, started))
                     write = self._saved_or_undone(plan)
                     if self._retention is not None:
                         self._retention.after_commit(path, write.mirror() if isinstance(write, WriteFuture) else write)
@@ -724,22 +724,12 @@ class CheckpointManager:
             reports[0]["metrics"],
         )
 
-    def _plan(
-        self,
-        checkpoint_id: str,
-        payload: Mapping[str, Any],
-        *,
-        step: int | None,
-        metrics: dict[str, float] | None,
-        started: float,
-    ) -> SavePlan:
+    def _plan(self, request: _SaveRequest) -> SavePlan:
         """`_plan_together`; a rank that leaves between its two steps answers the second (`GroupTransport.leave`)."""
         transport = self._ctx.transport.for_steps(_PLAN_STEP, _TARGET_STEP)
         agreed: list[Callable[[], SavePlan]] = []  # the plan, once the second step is under way
         try:
-            return self._plan_together(
-                transport, agreed, checkpoint_id, payload, step=step, metrics=metrics, started=started
-            )
+            return self._plan_together(transport, agreed, request)
         except BaseException as exc:
             transport.leave(exc)
             if agreed and transport.agreed_every_step() and not isinstance(exc, Exception):
@@ -750,12 +740,7 @@ class CheckpointManager:
         self,
         transport: GroupTransport,
         agreed: list[Callable[[], SavePlan]],
-        checkpoint_id: str,
-        payload: Mapping[str, Any],
-        *,
-        step: int | None,
-        metrics: dict[str, float] | None,
-        started: float,
+        request: _SaveRequest,
     ) -> SavePlan:
         """Agree with the other ranks on what is saved where, then name the temporary directory.
 
@@ -763,6 +748,7 @@ class CheckpointManager:
         of the target and its sharding metadata. Any refusal, on any rank, is the same `CommitError` everywhere.
         """
         ctx, seq = self._ctx, self._seq + 1
+        checkpoint_id, payload = request.checkpoint_id, request.payload
         resolved: list[ResolvedItem] = []
 
         def report() -> dict[str, Any]:
@@ -785,8 +771,8 @@ class CheckpointManager:
             return {
                 "id": checkpoint_id,
                 "seq": seq,
-                "step": step,
-                "metrics": _comparable_metrics(metrics),
+                "step": request.step,
+                "metrics": _comparable_metrics(request.metrics),
                 "keys": keys,
                 "resharders": resharders,
                 "layouts": layouts,
@@ -826,7 +812,7 @@ class CheckpointManager:
 
         def planned(metadata_json: str | None) -> SavePlan:
             self._seq = seq
-            return self._save_plan(checkpoint_id, seq, items, metadata_json, step, metrics, started, made)
+            return self._save_plan(request, seq, items, metadata_json, made)
 
         agreed.append(lambda: planned(None))  # what a rank that leaves once this step is agreed refuses (`_plan`)
         try:
@@ -838,17 +824,14 @@ class CheckpointManager:
 
     def _save_plan(
         self,
-        checkpoint_id: str,
+        request: _SaveRequest,
         seq: int,
         items: list[ResolvedItem],
         metadata_json: str | None,
-        step: int | None,
-        metrics: dict[str, float] | None,
-        started: float,
         made: tuple[MadeDirectory, ...],
     ) -> SavePlan:
         """The agreed save's plan for this rank (`metadata_json`: rank 0's)."""
-        ctx = self._ctx
+        ctx, checkpoint_id = self._ctx, request.checkpoint_id
         # No rank but 0 creates a directory: rank 0 made (and recorded) the id's missing parents in the agreed
         # step. Each rank's own `mkdir` here, recorded nowhere, was left behind by a save that failed.
         final = Path(checkpoint_id)
@@ -866,14 +849,26 @@ class CheckpointManager:
             timeout_s=ctx.timeout_s,
             pre_finalize_callback=self.config.pre_finalize_callback,
             finalize_callback=self.config.finalize_callback,
-            step=step,
-            metrics=metrics,
+            step=request.step,
+            metrics=request.metrics,
             overwrite=self.config.save.overwrite,
-            started=started,
+            started=request.started,
             made=made,
             # An object store's checkpoint is named by its URL (a local one as the id: made absolute for the writer).
             shown=shown_name(self._storage, checkpoint_id) if self._storage.local_path(final) is None else "",
         )
+
+
+@dataclass(frozen=True)
+class _SaveRequest:
+    """One `save` call's checked arguments, as its plan steps (`_plan`, `_plan_together`, `_save_plan`) pass
+    them on: one parameter, where each step restated all five."""
+
+    checkpoint_id: str
+    payload: Mapping[str, Any]
+    step: int | None
+    metrics: dict[str, float] | None
+    started: float
 
 
 def _validate_parts(config: CheckpointManager.Config) -> None:
