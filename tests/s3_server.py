@@ -54,9 +54,14 @@ def missing_s3_packages() -> list[str]:
 class S3Server:
     """A running moto server; `config()` gives a storage config (with a fresh bucket) that reaches it."""
 
-    endpoint: str
+    port: int
     process: subprocess.Popen[bytes]
     log_path: str
+
+    @property
+    def endpoint(self) -> str:
+        """The server's URL; a test that puts a proxy in front of it uses `port`."""
+        return f"http://127.0.0.1:{self.port}"
 
     def client_env(self) -> dict[str, str]:
         """The environment variables a job on a real store would have (its ranks and writer processes inherit
@@ -187,7 +192,7 @@ def start_s3_server(log_dir: str, attempts: int = 3, env: dict[str, str] | None 
                     "AWS_SECRET_ACCESS_KEY": "testing",
                 },
             )
-        server = S3Server(f"http://127.0.0.1:{port}", process, log_path)
+        server = S3Server(port, process, log_path)
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline and process.poll() is None:
             if _ready(server.endpoint):

@@ -46,7 +46,7 @@ def test_a_save_whose_cleanup_failed_leaves_the_id_to_the_next_manager_of_this_p
 ) -> None:
     config = s3_server.config()
     storage = config.create_storage()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         proxy.rules = [
             Rule(r"^PUT \S*/run/step_2/model_0\.pt", 500, "InternalError"),  # the save fails
@@ -102,7 +102,7 @@ def test_a_store_failing_while_latest_checks_the_newest_raises_never_goes_back_a
     with sync_manager(config) as manager:
         manager.save("run/step_1", state(1.0))
         manager.save("run/step_2", state(2.0))
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         storage = through_proxy(config, proxy).create_storage()
         root = f"{config.url}/run"
@@ -186,7 +186,7 @@ def test_a_retention_delete_whose_move_to_the_trash_fails_says_where_the_checkpo
     with sync_manager(config) as manager:
         manager.save("run/step_1", state(1.0))
         manager.save("run/step_2", state(2.0))
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     root = f"{config.url}/run"
     with FaultProxy(port) as proxy:
         proxy.rules = [Rule(failing, 500, "InternalError")]

@@ -334,7 +334,7 @@ def test_5xx_answers_fail_the_save_and_the_load_naming_the_url_and_commit_nothin
     s3_server: S3Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         through = through_proxy(config, proxy)
         storage = config.create_storage()
@@ -368,7 +368,7 @@ def test_a_server_that_stops_answering_is_bounded_by_the_configured_timeouts(s3_
     An upload blocked sending its body used to wait forever: the client's read timeout does not cover it.
     `request_timeout_s` ends each request; the save commits nothing; the manager stays usable."""
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     payload = state(1.0, n=TEST_PART_SIZE // 2)  # two parts: the hang lands mid multipart upload / mid read
     with FaultProxy(port) as proxy:
         through = through_proxy(config, proxy, request_timeout_s=5.0)

@@ -44,7 +44,7 @@ def _manager(config: FsspecStorageConfig, **load: Any) -> CheckpointManager:
 
 @pytest.fixture
 def proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
-    with FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as p:
+    with FaultProxy(s3_server.port) as p:
         yield p
 
 

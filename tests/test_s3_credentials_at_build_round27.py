@@ -42,7 +42,7 @@ def test_a_storage_first_used_after_the_credentials_changed_signs_with_those_it_
     """Defect: the write below was signed with `_OTHER_KEY` (read from the environment at the first request) and
     refused: ObjectStoreError ... InvalidAccessKeyId."""
     bucket = s3_server.config().url.split("://", 1)[1]
-    with _KeyCheckingProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy:
+    with _KeyCheckingProxy(s3_server.port) as proxy:
         for name, value in s3_server.client_env().items():
             monkeypatch.setenv(name, value)
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)

@@ -24,7 +24,7 @@ from torch_checkpointing.retention import collect_garbage
 
 def test_a_delete_that_fails_midway_leaves_an_incomplete_save_that_gc_collects(s3_server: S3Server) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     storage = config.create_storage()
     with FaultProxy(port) as proxy:
         through = through_proxy(config, proxy)

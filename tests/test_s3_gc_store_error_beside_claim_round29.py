@@ -43,7 +43,7 @@ def test_gc_whose_read_beside_a_claim_fails_on_the_store_keeps_the_checkpoint(s3
     assert _DEAD_CLAIM.created < STALE_CLAIM_S
     fs.pipe(f"{config.url}/run/x/.incomplete", _DEAD_CLAIM.to_bytes())
     written = _names(s3_server, f"{config.url}/run/x")
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         storage = through_proxy(config, proxy).create_storage()
         proxy.rules = [Rule(rf"^GET \S*{what}", 503, "SlowDown")]

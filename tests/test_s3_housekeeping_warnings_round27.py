@@ -89,7 +89,7 @@ def test_uploads_a_move_could_not_judge_are_aborted_by_the_gc_holding_the_id(
     run = storage.remap_path(Path("run")).split("://", 1)[1]
     storage.write(Path("run/step_1") / INCOMPLETE_MARKER, _claim(_dead_pid(), tags=False))  # an earlier engine's
     _start_upload(storage, f"{run}/step_1/model_0.pt")
-    with _ClaimUnreadableOnceMoved(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy:
+    with _ClaimUnreadableOnceMoved(s3_server.port) as proxy:
         proxy.bucket = run.split("/", 1)[0]  # type: ignore[attr-defined]
         with caplog.at_level(logging.INFO, logger="torch_checkpointing"):
             report = collect_garbage(

@@ -71,7 +71,7 @@ def _through(config: FsspecStorageConfig, proxy: FaultProxy) -> Any:
 def test_a_listing_on_s3_reads_several_manifests_at_once_and_keeps_its_order(s3_server: S3Server) -> None:
     """Defect: the manifests were read one at a time (most in flight: 1), a round trip each."""
     config = _saved_run(s3_server)
-    with _RoundTripProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy:
+    with _RoundTripProxy(s3_server.port) as proxy:
         storage = _through(config, proxy)
         listed = list_checkpoints(f"{config.url}/run", storage)
         assert [info.step for info in listed] == list(range(1, _STEPS + 1))
@@ -85,7 +85,7 @@ def test_a_manifest_the_store_fails_to_serve_fails_the_concurrent_listing_naming
     """A store that fails one read among many still fails the listing (never a shorter listing, where "latest"
     goes back a step), naming the checkpoint, as the one-at-a-time listing did."""
     config = _saved_run(s3_server)
-    with FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy:
+    with FaultProxy(s3_server.port) as proxy:
         proxy.rules = [Rule(r"^GET \S*/run/step_4/manifest\.json", 503, "ServiceUnavailable")]
         storage = _through(config, proxy)
         with pytest.raises(ObjectStoreError, match=r"run/step_4"):

@@ -33,7 +33,7 @@ def test_an_oversized_manifest_is_refused_without_downloading_it(s3_server: S3Se
     storage = config.create_storage()
     storage.write(Path("run/huge/model_0.pt"), b"x")
     storage.write(Path("run/huge") / MANIFEST_FILE_NAME, b" " * HUGE)
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         through = through_proxy(config, proxy)
         with sync_manager(through) as manager:

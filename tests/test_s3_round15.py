@@ -68,7 +68,7 @@ def test_a_retention_delete_cut_after_its_first_bulk_delete_leaves_no_committed_
 
 def test_a_retention_delete_whose_copy_fails_midway_leaves_no_trash(s3_server: S3Server) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     storage = config.create_storage()
     root = f"{config.url}/run"
     with sync_manager(config) as manager:

@@ -140,7 +140,7 @@ def test_a_refused_removal_of_the_marker_fails_the_save_and_leaves_the_id_to_the
     config = s3_server.config()
     storage = config.create_storage()
     with (
-        FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy,
+        FaultProxy(s3_server.port) as proxy,
         sync_manager(through_proxy(config, proxy)) as manager,
     ):
         manager.save("run/step_1", state(1.0))

@@ -59,7 +59,7 @@ def _failing_save_with_user_puts(
     storage = config.create_storage()
     before(storage)
     held, release = tmp_path / "held", tmp_path / "release"
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     failed: list[BaseException] = []
     with FaultProxy(port) as proxy:
         options = fast_failing(s3_server.storage_options(), proxy.endpoint)

@@ -49,7 +49,7 @@ def _two_saved(s3_server: S3Server) -> tuple[FsspecStorageConfig, int, Any, str]
     with sync_manager(config) as manager:
         manager.save("run/step_1", state(1.0))
         manager.save("run/step_2", state(2.0))
-    return config, int(s3_server.endpoint.rsplit(":", 1)[1]), config.create_storage(), f"{config.url}/run"
+    return config, s3_server.port, config.create_storage(), f"{config.url}/run"
 
 
 def _lose_the_sources_bulk_delete(proxy: FaultProxy) -> None:

@@ -63,7 +63,7 @@ def test_a_move_onto_an_id_a_save_has_claimed_leaves_the_claim_and_moves_nothing
 
 def test_a_save_to_an_endpoint_that_ignores_conditional_requests_is_refused(s3_server: S3Server) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port, drop_headers=("if-none-match", "if-match")) as proxy:
         endpoint = proxy.endpoint
         manager = sync_manager(through_proxy(config, proxy))
@@ -77,7 +77,7 @@ def test_a_save_to_an_endpoint_that_ignores_conditional_requests_is_refused(s3_s
 
 def test_an_endpoint_that_honours_conditional_requests_is_checked_once_per_bucket(s3_server: S3Server) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         with sync_manager(through_proxy(config, proxy)) as manager:
             manager.save("run/step_1", state(1.0))
@@ -125,7 +125,7 @@ def test_a_manifest_create_whose_answer_is_lost_logs_no_failure(
     s3_server: S3Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         proxy.rules = [Rule(rf"^PUT \S*/{MANIFEST_FILE_NAME} ", LOST, times=1)]
         with (
@@ -157,7 +157,7 @@ def test_a_moves_marker_whose_answer_is_lost_is_taken_as_put_up(s3_server: S3Ser
     config = s3_server.config()
     with sync_manager(config) as manager:
         manager.save("run/step_1", state(1.0))
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         proxy.rules = [Rule(rf"^PUT \S*/{INCOMPLETE_MARKER} ", LOST, times=1)]
         storage = through_proxy(config, proxy).create_storage()

@@ -176,7 +176,7 @@ def test_a_delete_the_store_refuses_per_key_fails_naming_the_objects_and_keeps_t
     """Before: s3fs dropped the per-key errors, rmdir removed the marker and returned: the files stayed, with
     nothing that marked them as a save's (gc could not find them) and no word said."""
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with sync_manager(config) as manager:
         manager.save("run/step_1", state(1.0))
         manager.save("run/step_2", state(2.0))
@@ -242,7 +242,7 @@ def test_lookups_in_a_bucket_that_does_not_exist_raise_instead_of_reporting_an_e
 
 def test_a_miss_in_a_bucket_that_exists_stays_a_miss_and_checks_the_bucket_once(s3_server: S3Server) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         storage = through_proxy(config, proxy).create_storage()
         assert latest_checkpoint(f"{config.url}/run", storage) is None
@@ -260,7 +260,7 @@ def test_refused_credentials_name_the_fix_and_the_earlier_checkpoint_stays(
     s3_server: S3Server, code: str, fix: str
 ) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy, sync_manager(through_proxy(config, proxy)) as manager:
         manager.save("run/step_1", state(1.0))
         proxy.rules = [Rule(r"^(PUT|POST) ", 403, code)]
@@ -288,7 +288,7 @@ def test_one_failing_request_of_a_save_fails_it_naming_the_object_and_leaves_not
     s3_server: S3Server, rule: Rule, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     bucket = config.url.split("://", 1)[1]
     plain = config.create_storage()
     caplog.set_level(logging.WARNING, logger="torch_checkpointing")
@@ -312,16 +312,17 @@ def test_one_failing_request_of_a_save_fails_it_naming_the_object_and_leaves_not
 # ------------------------------------------------------------------------------------------ a server killed mid-save
 
 
-def _restart_on(endpoint: str, log_dir: Path) -> subprocess.Popen[bytes]:
+def _restart_on(port: int, log_dir: Path) -> subprocess.Popen[bytes]:
     """A new moto process on the port of one that was killed (its objects died with it: moto keeps no disk)."""
-    port = endpoint.rsplit(":", 1)[1]
     with open(log_dir / "moto-restarted.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port], stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and process.poll() is None:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", int(port)), timeout=1):
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
             return process
         time.sleep(0.1)
     process.kill()
@@ -355,7 +356,7 @@ def test_a_server_killed_mid_upload_fails_the_save_naming_the_object_and_a_resta
             assert time.monotonic() - start < BOUND_S
             killer.join(10)
             assert str(failed.value) in caplog.text
-            restarted = _restart_on(server.endpoint, tmp_path)
+            restarted = _restart_on(server.port, tmp_path)
             server.make_bucket(bucket)
             signal_file.unlink()
             manager.save("run/step_2", state(2.0))

@@ -26,7 +26,7 @@ def test_a_store_that_refuses_the_delete_is_a_failure_named_in_the_report(
     s3_server: S3Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = s3_server.config()
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with sync_manager(config) as manager:
         manager.save("ret/step_1", state(1.0))
         manager.save("ret/step_2", state(2.0))

@@ -66,7 +66,7 @@ def test_a_create_whose_answer_is_lost_leaves_no_unfinished_upload(s3_server: S3
     run = storage.remap_path(Path("run")).split("://", 1)[1]
     other = f"{run}/step_1/model_0.pt.part"  # another writer's upload, of a key the save's keys are prefixes of
     _start_upload(storage, other)
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         proxy.rules = [Rule(r"^POST \S*\?uploads", LOST, times=1)]
         with sync_manager(through_proxy(config, proxy)) as manager:
@@ -101,7 +101,7 @@ def test_a_failed_saves_cleanup_aborts_what_its_claim_covers(
     config = s3_server.config()
     storage = config.create_storage()
     run = storage.remap_path(Path("run")).split("://", 1)[1]
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     seen: dict[str, BaseException] = {}
     with FaultProxy(port) as proxy:
         # Every abort is lost, as a writer killed mid-file never sends its own; the save's last file fails.

@@ -47,7 +47,7 @@ def test_verify_of_a_store_that_fails_to_answer_exits_2_never_failed(s3_server: 
     env = s3_server.client_env()
     code, doc = _cli_json(env, "verify", ckpt)
     assert code == 0 and doc["ok"] is True and doc["checkpoint"] == ckpt, doc  # the control, and its URL as given
-    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    port = s3_server.port
     with FaultProxy(port) as proxy:
         if failing == "unreachable":
             env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_port()}"  # nothing listens there
