@@ -443,33 +443,38 @@ with CheckpointManager(CheckpointManager.Config(save=AsyncCheckpointSaverConfig(
 """
 
 
-def test_a_writer_killed_mid_upload_commits_nothing_and_the_next_save_works(
-    s3_server: S3Server, tmp_path: Path
-) -> None:
-    config = s3_server.config()
-    run = f"{config.url}/run-{uuid.uuid4().hex[:6]}"
-    args = {
-        "earlier": f"{run}/step_1",
-        "id": f"{run}/step_2",
-        "fresh": f"{run}/step_3",
-        "config": {
-            "url": config.url,
-            "storage_options": config.storage_options,
-            "part_size": config.part_size,
-            "signal_file": str(tmp_path / "part-uploaded"),
-            "part_delay_s": 30.0,
-        },
+def run_with_slow_parts(
+    script: str, config: FsspecStorageConfig, signal_file: Path, args: dict[str, Any]
+) -> tuple[int, str]:
+    """Run `script` in a child (`python -c script ARGS`); ARGS is `args` plus, under "config", the fields of a
+    `SlowPartsStorageConfig` on `config`'s bucket whose parts each take 30 s and which touches `signal_file`
+    once the first is up. Returns the child's exit status and its output (stdout then stderr)."""
+    slow = {
+        "url": config.url,
+        "storage_options": config.storage_options,
+        "part_size": config.part_size,
+        "signal_file": str(signal_file),
+        "part_delay_s": 30.0,
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-c", KILLED_WRITER_CHILD, json.dumps(args)],
+        [sys.executable, "-c", script, json.dumps({**args, "config": slow})],
         cwd=REPO,
         env=env,
         capture_output=True,
         timeout=300,
     )
-    output = (done.stdout + done.stderr).decode(errors="replace")
-    assert done.returncode == 0 and "KILLED SAVE FAILED" in output and "FRESH SAVED" in output, output[-3000:]
+    return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+
+
+def test_a_writer_killed_mid_upload_commits_nothing_and_the_next_save_works(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    config = s3_server.config()
+    run = f"{config.url}/run-{uuid.uuid4().hex[:6]}"
+    ids = {"earlier": f"{run}/step_1", "id": f"{run}/step_2", "fresh": f"{run}/step_3"}
+    returncode, output = run_with_slow_parts(KILLED_WRITER_CHILD, config, tmp_path / "part-uploaded", ids)
+    assert returncode == 0 and "KILLED SAVE FAILED" in output and "FRESH SAVED" in output, output[-3000:]
     storage = config.create_storage()
     assert [c.name for c in list_checkpoints(run, storage)] == ["step_1", "step_3"]
     latest = latest_checkpoint(run, storage)

@@ -20,13 +20,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.s3_faults import FaultProxy, HoldingS3FileSystem, Rule
 from tests.s3_server import S3Server
-from tests.test_s3_attacks import REPO, fast_failing, state, sync_manager
+from tests.test_s3_attacks import REPO, fast_failing, run_with_slow_parts, state, sync_manager
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
@@ -171,27 +170,9 @@ def test_the_trainers_cleanup_after_a_killed_writer_removes_only_what_the_save_w
     config = s3_server.config()
     ckpt = f"run-{uuid.uuid4().hex[:6]}/step_1"
     user = {f"{ckpt}/eval/results.json": '{"acc": 0.7}', f"{ckpt}/NOTES.txt": "keep me"}
-    args: dict[str, Any] = {
-        "id": ckpt,
-        "user": user,
-        "config": {
-            "url": config.url,
-            "storage_options": config.storage_options,
-            "part_size": config.part_size,
-            "signal_file": str(tmp_path / "part-uploaded"),
-            "part_delay_s": 30.0,
-        },
-    }
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, "-c", KILLED_WRITER_CHILD, json.dumps(args)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        timeout=300,
-    )
-    output = (done.stdout + done.stderr).decode(errors="replace")
-    assert done.returncode == 0 and "KILLED SAVE FAILED" in output, output[-3000:]
+    args = {"id": ckpt, "user": user}
+    returncode, output = run_with_slow_parts(KILLED_WRITER_CHILD, config, tmp_path / "part-uploaded", args)
+    assert returncode == 0 and "KILLED SAVE FAILED" in output, output[-3000:]
     storage = config.create_storage()
     for key, data in user.items():
         assert storage.read(Path(key)) == data.encode(), (key, output[-3000:])
