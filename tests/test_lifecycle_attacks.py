@@ -16,9 +16,6 @@ Each test drives a real async manager (a spawned writer process, real files). Wh
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +26,7 @@ import pytest
 import torch
 
 from tests.memory_storage import Control, RecordingStorageConfig, SlowCopy
-from tests.probes import REPO
+from tests.probes import run_script
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.errors import CheckpointError
 
@@ -357,17 +354,8 @@ if __name__ == "__main__":
 
 
 def test_a_manager_in_a_forked_child_is_refused_and_leaves_the_parents_writer_alone(tmp_path: Path) -> None:
-    script = tmp_path / "forked.py"
-    script.write_text(textwrap.dedent(_FORKED))
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "ckpt")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = run_script(tmp_path / "forked.py", _FORKED, str(tmp_path / "ckpt"), timeout=180)
     out = done.stdout
-    assert done.returncode == 0, f"{out}\n{done.stderr}"
     for name in ("save", "load", "lock", "prewarm"):
         assert f"child {name}: refused:" in out, f"{out}\n{done.stderr}"
     assert "os.fork()" in out and "in the child" in out, out
@@ -429,18 +417,8 @@ if __name__ == "__main__":
 
 @pytest.mark.filterwarnings("ignore:Item 'slow' holds")
 def test_ctrl_c_in_close_while_another_threads_save_runs_leaves_a_manager_that_closes_later(tmp_path: Path) -> None:
-    script = tmp_path / "close_interrupted.py"
-    script.write_text(textwrap.dedent(_CLOSE_INTERRUPTED))
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "ckpt")],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},  # the script imports tests.memory_storage
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = run_script(tmp_path / "close_interrupted.py", _CLOSE_INTERRUPTED, str(tmp_path / "ckpt"), timeout=180)
     out = done.stdout
-    assert done.returncode == 0, f"{out}\n{done.stderr}"
     assert "close: interrupted" in out, f"{out}\n{done.stderr}"
     assert "save: {'result': None}" in out, f"{out}\n{done.stderr}"
     assert "writer: stopped" in out, f"{out}\n{done.stderr}"
@@ -477,18 +455,9 @@ if __name__ == "__main__":
 
 
 def test_a_forked_child_exiting_during_the_parents_save_leaves_that_save_alone(tmp_path: Path) -> None:
-    script = tmp_path / "forked_in_flight.py"
-    script.write_text(textwrap.dedent(_FORKED_IN_FLIGHT))
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "ckpt"), str(tmp_path / "control")],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},  # the script imports tests.memory_storage
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    args = (str(tmp_path / "ckpt"), str(tmp_path / "control"))
+    done = run_script(tmp_path / "forked_in_flight.py", _FORKED_IN_FLIGHT, *args, timeout=180)
     out = done.stdout
-    assert done.returncode == 0, f"{out}\n{done.stderr}"
     child_s = float(out.split(" in ")[1].split("s")[0])
     assert child_s < 10, f"the child's exit waited on the parent's save:\n{out}"
     assert "parent save: None" in out, f"{out}\n{done.stderr}"
