@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from simulator.launcher import launch
 from tests.memory_storage import Control, RecordingStorageConfig
+from tests.rank_outcomes import record_outcome
 from torch_checkpointing import CheckpointManager, ItemSpec
-from torch_checkpointing.errors import CommitError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 pytestmark = pytest.mark.multirank
@@ -60,14 +60,7 @@ def bad_value_on_one_rank(root: str, bad_rank: int, item: str) -> dict[str, Any]
 
     manager.save(f"{root}/first", state(1.0, False)).result(WAIT_S * 3)
     started = time.monotonic()
-    try:
-        manager.save(f"{root}/bad", state(2.0, rank == bad_rank)).result(WAIT_S * 3)
-        out["bad"] = "no error"
-    except CommitError as exc:
-        out["bad"] = f"CommitError: {exc}"
-        out["failures"] = dict(exc.failures)
-    except BaseException as exc:
-        out["bad"] = f"{type(exc).__name__}: {exc}"
+    record_outcome(out, "bad", lambda: manager.save(f"{root}/bad", state(2.0, rank == bad_rank)).result(WAIT_S * 3))
     out["bad_s"] = time.monotonic() - started
     dist.barrier()
     out["bad_exists"] = Path(root, "bad").exists()
@@ -103,14 +96,9 @@ def writer_fails_to_start_on_rank_1(root: str) -> dict[str, Any]:
     manager = CheckpointManager(config)
     out: dict[str, Any] = {"rank": rank}
     started = time.monotonic()
-    try:
-        manager.save(f"{root}/first", {"model": {"w": torch.full((4,), 1.0)}}).result(WAIT_S * 3)
-        out["first"] = "no error"
-    except CommitError as exc:
-        out["first"] = f"CommitError: {exc}"
-        out["failures"] = dict(exc.failures)
-    except BaseException as exc:
-        out["first"] = f"{type(exc).__name__}: {exc}"
+    record_outcome(
+        out, "first", lambda: manager.save(f"{root}/first", {"model": {"w": torch.full((4,), 1.0)}}).result(WAIT_S * 3)
+    )
     out["first_s"] = time.monotonic() - started
     out["first_at"] = time.monotonic()  # CLOCK_MONOTONIC is one clock for every process on this machine
     dist.barrier()
@@ -130,7 +118,7 @@ def test_a_writer_that_fails_to_start_on_one_rank_fails_every_rank_at_once(
     results = [per_rank["fails_to_start"] for per_rank in every_case]
     for r in results:
         assert r["first"].startswith("CommitError:") and "failed to start" in r["first"], r
-        assert list(r["failures"]) == [1], r
+        assert r["failures"] == [1], r
         assert not r["first_exists"], r
         assert r["after"] == 3.0, r
     # Before, rank 0 raised WAIT_S after rank 1 did. Compared with each other, not with the start: both ranks'
@@ -155,14 +143,7 @@ def writer_killed_on_rank_1(root: str, control_dir: str) -> dict[str, Any]:
     future = manager.save(f"{root}/killed", {"model": {"w": torch.full((4,), 2.0)}})
     if rank == 1:
         os.kill(control.wait_blocked(WAIT_S), signal.SIGKILL)
-    try:
-        future.result(WAIT_S * 3)
-        out["killed"] = "no error"
-    except CommitError as exc:
-        out["killed"] = f"CommitError: {exc}"
-        out["failures"] = dict(exc.failures)
-    except BaseException as exc:
-        out["killed"] = f"{type(exc).__name__}: {exc}"
+    record_outcome(out, "killed", lambda: future.result(WAIT_S * 3))
     out["killed_s"] = time.monotonic() - started
     dist.barrier()
     control.reset()
@@ -182,7 +163,7 @@ def test_a_writer_killed_on_one_rank_fails_every_rank_at_once(every_case: list[d
     results = [per_rank["killed"] for per_rank in every_case]
     for r in results:
         assert r["killed"].startswith("CommitError:") and "died" in r["killed"] and "exit code -9" in r["killed"], r
-        assert list(r["failures"]) == [1], r
+        assert r["failures"] == [1], r
         assert r["killed_s"] < WAIT_S, r  # before: rank 0 waited WAIT_S (at least) for rank 1's dead writer
         assert not r["killed_exists"], r
         assert r["leftovers"] == ["after"] or r["leftovers"] == [], r
@@ -217,7 +198,7 @@ def test_a_value_that_cannot_reach_one_ranks_writer_fails_every_rank_at_once(
     for r in results:
         assert r["bad"].startswith("CommitError:"), r
         assert f"'{item}'" in r["bad"] and "pickle" in r["bad"], r  # the failing rank's own reason, on every rank
-        assert list(r["failures"]) == [bad_rank], r
+        assert r["failures"] == [bad_rank], r
         assert r["bad_s"] < WAIT_S, r  # before: the good rank waited WAIT_S (at least) for the bad one
         assert not r["bad_exists"], r
         assert r["leftovers"] == [], r  # the good rank's files in the temporary directory are discarded too

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from simulator.launcher import launch
+from tests.rank_outcomes import record_outcome
 from torch_checkpointing import CheckpointManager, ItemSpec
 from torch_checkpointing.checkpoint_layout import JsonSerialization, LayoutInfo, SafetensorsSerialization
-from torch_checkpointing.errors import CommitError
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 pytestmark = pytest.mark.multirank
@@ -41,14 +41,8 @@ def unencodable_on_rank_1(root: str, fmt_name: str) -> dict[str, Any]:
     bad: Any = {"seen": {1, 2}} if json_fmt else {"a.b": torch.ones(2), "a": {"b": torch.ones(2)}}
     with CheckpointManager(config) as manager:
         started = time.monotonic()
-        try:
-            manager.save(f"{root}/bad", {"model": torch.ones(4), "meta": bad if rank == 1 else good})
-            out["bad"] = "save() returned"
-        except CommitError as exc:
-            out["bad"] = f"CommitError: {exc}"
-            out["failures"] = sorted(exc.failures)
-        except BaseException as exc:
-            out["bad"] = f"{type(exc).__name__}: {exc}"
+        payload = {"model": torch.ones(4), "meta": bad if rank == 1 else good}
+        record_outcome(out, "bad", lambda: manager.save(f"{root}/bad", payload), returned="save() returned")
         out["bad_s"] = time.monotonic() - started
         dist.barrier()
         out["bad_exists"] = Path(root, "bad").exists()
