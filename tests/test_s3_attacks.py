@@ -69,6 +69,21 @@ def state(seed: float, n: int = 1000) -> dict[str, Any]:
     return {"model": {"w": torch.full((n,), float(seed))}, "meta": {"seed": seed}}
 
 
+def checkpoint_names(storage: Any, root: str) -> list[str]:
+    """The names of the committed checkpoints under `root`, as `list_checkpoints` orders them."""
+    return [c.name for c in list_checkpoints(root, storage)]
+
+
+def two_saved(s3_server: S3Server) -> tuple[FsspecStorageConfig, int, Any, str]:
+    """run/step_1 (of `state(1.0)`) and run/step_2 (2.0) saved on a new bucket of `s3_server`: its config, the
+    server's port (for a FaultProxy in front of it), a storage on it, and the run's URL (a retention root)."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+        manager.save("run/step_2", state(2.0))
+    return config, s3_server.port, config.create_storage(), f"{config.url}/run"
+
+
 @pytest.fixture
 def storage(s3_server: S3Server) -> FsspecStorage:
     return s3_server.config().create_storage()

@@ -19,17 +19,13 @@ import torch
 
 from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import S3Server
-from tests.test_s3_attacks import state, sync_manager, through_proxy
+from tests.test_s3_attacks import checkpoint_names, state, sync_manager, through_proxy, two_saved
 from torch_checkpointing import CheckpointManager, RetentionPolicy, latest_checkpoint, list_checkpoints
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.errors import ConfigError
 from torch_checkpointing.hf import export_hf
 from torch_checkpointing.retention import collect_garbage, prune
 from torch_checkpointing.storage import fsspec_storage
-
-
-def _names(storage: Any, root: str) -> list[str]:
-    return [c.name for c in list_checkpoints(root, storage)]
 
 
 def test_a_retention_delete_cut_after_its_first_bulk_delete_leaves_no_committed_half(
@@ -58,7 +54,7 @@ def test_a_retention_delete_cut_after_its_first_bulk_delete_leaves_no_committed_
     assert not [name for name in storage.ls(Path("run")) if ".trash-" in name]
     # The source had lost files, so its whole copy in the trash went back under its id (round 24: before, the
     # copy was deleted too and the checkpoint was gone, reported as "could not delete").
-    assert _names(storage, root) == ["step_1", "step_2"]
+    assert checkpoint_names(storage, root) == ["step_1", "step_2"]
     with sync_manager(config) as manager:
         assert torch.equal(manager.load("run/step_1")["k3"]["w"], torch.full((4,), 3.0))
     collect_garbage(root, storage, unowned_after_s=0)
@@ -67,18 +63,12 @@ def test_a_retention_delete_cut_after_its_first_bulk_delete_leaves_no_committed_
 
 
 def test_a_retention_delete_whose_copy_fails_midway_leaves_no_trash(s3_server: S3Server) -> None:
-    config = s3_server.config()
-    port = s3_server.port
-    storage = config.create_storage()
-    root = f"{config.url}/run"
-    with sync_manager(config) as manager:
-        manager.save("run/step_1", state(1.0))
-        manager.save("run/step_2", state(2.0))
+    config, port, storage, root = two_saved(s3_server)
     with FaultProxy(port) as proxy:
         proxy.rules = [Rule(r"^PUT \S*\.trash-\S*/model_0\.pt")]  # the copy of one data file to the trash name
         report = prune(root, RetentionPolicy(keep_last=1), through_proxy(config, proxy).create_storage())
     assert [c.name for c, _ in report.failed] == ["step_1"], report
-    assert _names(storage, root) == ["step_1", "step_2"]  # the source is untouched
+    assert checkpoint_names(storage, root) == ["step_1", "step_2"]  # the source is untouched
     # The partial copy in the trash is removed by the failed delete itself (before: left for gc to collect).
     gc = collect_garbage(root, storage, unowned_after_s=0)
     assert gc.removed == [] and gc.failed == [], gc
@@ -98,7 +88,7 @@ def test_the_pass_after_a_save_keeps_it_when_the_policy_root_is_a_full_url(s3_se
         for step in (1000, 2000, 0):  # a run restarted at step 0
             manager.save(f"run/step_{step}", state(float(step)))
     # step_0 just saved, step_2000 the newest by step (always kept); before, step_0 was deleted at once
-    assert _names(config.create_storage(), root) == ["step_0", "step_2000"]
+    assert checkpoint_names(config.create_storage(), root) == ["step_0", "step_2000"]
 
 
 # ------------------------------------------------------------------------ a URL root without a storage passed

@@ -25,8 +25,8 @@ import torch
 
 from tests.s3_faults import LOST, FaultProxy, Rule
 from tests.s3_server import S3Server
-from tests.test_s3_attacks import state, sync_manager, through_proxy
-from torch_checkpointing import FsspecStorageConfig, RetentionPolicy, list_checkpoints
+from tests.test_s3_attacks import checkpoint_names, state, sync_manager, through_proxy, two_saved
+from torch_checkpointing import FsspecStorageConfig, RetentionPolicy
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.discovery import list_leftovers
 from torch_checkpointing.errors import CommitError
@@ -34,22 +34,8 @@ from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.retention import prune
 
 
-def _names(storage: Any, root: str) -> list[str]:
-    return [c.name for c in list_checkpoints(root, storage)]
-
-
 def _trash(storage: Any) -> list[str]:
     return [name for name in storage.ls(Path("run")) if ".trash-" in name]
-
-
-def _two_saved(s3_server: S3Server) -> tuple[FsspecStorageConfig, int, Any, str]:
-    """run/step_1 (of `state(1.0)`) and run/step_2 (2.0) saved on `s3_server`: its config, its port (for a
-    FaultProxy in front of it), a storage on it, and the run's URL (a retention root)."""
-    config = s3_server.config()
-    with sync_manager(config) as manager:
-        manager.save("run/step_1", state(1.0))
-        manager.save("run/step_2", state(2.0))
-    return config, s3_server.port, config.create_storage(), f"{config.url}/run"
 
 
 def _lose_the_sources_bulk_delete(proxy: FaultProxy) -> None:
@@ -59,23 +45,23 @@ def _lose_the_sources_bulk_delete(proxy: FaultProxy) -> None:
 
 
 def test_a_delete_whose_source_delete_fails_midway_puts_the_whole_copy_back(s3_server: S3Server) -> None:
-    config, port, storage, root = _two_saved(s3_server)
+    config, port, storage, root = two_saved(s3_server)
     with FaultProxy(port) as proxy:
         _lose_the_sources_bulk_delete(proxy)
         report = prune(root, RetentionPolicy(keep_last=1), through_proxy(config, proxy).create_storage())
     assert [c.name for c, _ in report.failed] == ["step_1"], report
     # Not deleted, as the report says: the whole copy is back under its id, and nothing is left in the trash.
-    assert _names(storage, root) == ["step_1", "step_2"]
+    assert checkpoint_names(storage, root) == ["step_1", "step_2"]
     assert _trash(storage) == []
     with sync_manager(config) as manager:
         assert torch.equal(manager.load("run/step_1")["model"]["w"], state(1.0)["model"]["w"])
     # The next pass deletes it.
     assert [c.name for c in prune(root, RetentionPolicy(keep_last=1), storage).deleted] == ["step_1"]
-    assert _names(storage, root) == ["step_2"] and _trash(storage) == []
+    assert checkpoint_names(storage, root) == ["step_2"] and _trash(storage) == []
 
 
 def test_a_save_that_reused_the_id_during_a_failed_delete_is_not_lost(s3_server: S3Server) -> None:
-    config, port, storage, root = _two_saved(s3_server)
+    config, port, storage, root = two_saved(s3_server)
     with FaultProxy(port) as proxy:
         through = through_proxy(config, proxy).create_storage()
         real_rename = through.rename
@@ -115,7 +101,7 @@ def test_a_resaved_checkpoint_moved_back_whose_trash_delete_fails_is_reported_ba
     """A save re-used the id between retention's check and its move to the trash: retention moves it back (a copy
     on S3, then a delete of the trash). Before, when only that last delete failed, the report said the checkpoint
     "could not be moved back: rename it back by hand", of one that was back whole, and a second copy stayed."""
-    config, port, storage, root = _two_saved(s3_server)
+    config, port, storage, root = two_saved(s3_server)
     with FaultProxy(port) as proxy:
         through = through_proxy(config, proxy).create_storage()
         real_rename, calls = through.rename, []
