@@ -15,7 +15,7 @@ import pytest
 
 from tests.probes import fresh_process
 
-__all__ = ["UNDER_256", "run_under_256", "skip_without_room"]
+__all__ = ["OUT_OF_DESCRIPTORS", "UNDER_256", "run_under_256", "skip_without_room"]
 
 # The child's names: `root` (its argv[1]), `soft()` (its soft limit now), `hard`, `items(n)` (n one-tensor items)
 UNDER_256 = """
@@ -28,6 +28,33 @@ soft = lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 items = lambda n: {f"k{i}": {"t": torch.full((3,), float(i))} for i in range(n)}
+"""
+
+# A child's start that defines `hold_every_descriptor()` (opens /dev/null until the limit refuses; returns the
+# descriptors, for the child to close) and `report(calls)`: each call's name, then "done" or its error's type,
+# errno, message and notes, on one line.
+OUT_OF_DESCRIPTORS = """
+import os
+
+
+def hold_every_descriptor():
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        return held
+
+
+def report(calls):
+    for name, call in calls.items():
+        try:
+            call()
+            print(name, "done")
+        except BaseException as exc:
+            notes = " | ".join(getattr(exc, "__notes__", ()))
+            said = f"{exc} NOTES {notes}".replace("\\n", " ")
+            print(name, type(exc).__name__, getattr(exc, "errno", None), said, flush=True)
 """
 
 

@@ -15,9 +15,10 @@ import sys
 
 import pytest
 
+from tests.descriptor_limits import OUT_OF_DESCRIPTORS
 from tests.s3_server import S3Server
 
-_OUT_OF_DESCRIPTORS = r"""
+_CHILD = r"""
 import os, resource, sys, torch
 from torch_checkpointing import CheckpointManager, list_checkpoints
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
@@ -35,23 +36,13 @@ m.load(path)
 list_checkpoints(sys.argv[1], listing)  # every import and client, made with descriptors to spare
 n = len(os.listdir("/proc/self/fd"))
 resource.setrlimit(resource.RLIMIT_NOFILE, (n + 40, n + 40))  # the hard one too: a load may raise the soft one
-held = []
-try:
-    while True:
-        held.append(os.open(os.devnull, os.O_RDONLY))
-except OSError:
-    pass
+held = hold_every_descriptor()
 calls = {
     "save": lambda: m.save(f"{sys.argv[1]}/ck2", {"t": {"x": torch.ones(8)}}),
     "load": lambda: m.load(path),
     "list": lambda: list_checkpoints(sys.argv[1], listing),
 }
-for name, call in calls.items():
-    try:
-        call()
-        print(name, "done")
-    except BaseException as exc:
-        print(name, type(exc).__name__, getattr(exc, "errno", None), repr(str(exc)[:300]))
+report(calls)
 for fd in held:
     os.close(fd)
 print("after", m.load(path)["t"]["x"].sum().item())
@@ -63,7 +54,7 @@ def outcomes(s3_server: S3Server) -> dict[str, str]:
     """What each call out of descriptors did: its name -> "done", or the exception's type, errno and message."""
     if not sys.platform.startswith("linux"):
         pytest.skip("/proc/self/fd is Linux's")
-    args = [sys.executable, "-c", _OUT_OF_DESCRIPTORS, s3_server.config().url]
+    args = [sys.executable, "-c", OUT_OF_DESCRIPTORS + _CHILD, s3_server.config().url]
     env = {**os.environ, **s3_server.client_env()}
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

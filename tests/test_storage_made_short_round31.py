@@ -15,32 +15,22 @@ import sys
 
 import pytest
 
+from tests.descriptor_limits import OUT_OF_DESCRIPTORS
 from tests.s3_server import S3Server
 
-_OUT_OF_DESCRIPTORS = r"""
+_CHILD = r"""
 import os, sys
 from torch_checkpointing import latest_checkpoint
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 url, made = sys.argv[1], sys.argv[2]
 if made == "imported":  # the client's modules loaded before: the event loop's pipe is what fails
     import s3fs  # noqa: F401
-held = []
-try:
-    while True:
-        held.append(os.open(os.devnull, os.O_RDONLY))
-except OSError:
-    pass
+held = hold_every_descriptor()
 calls = {
     "latest": lambda: latest_checkpoint(url),
     "config": lambda: FsspecStorageConfig(url=url).create_storage(),
 }
-for name, call in calls.items():
-    try:
-        call()
-        print(name, "done")
-    except BaseException as exc:
-        notes = " | ".join(getattr(exc, "__notes__", ()))
-        print(name, type(exc).__name__, getattr(exc, "errno", None), f"{exc} NOTES {notes}".replace("\n", " "))
+report(calls)
 for fd in held:
     os.close(fd)
 print("after", latest_checkpoint(url))
@@ -53,7 +43,7 @@ def outcomes(request: pytest.FixtureRequest, s3_server: S3Server) -> tuple[str, 
     if not sys.platform.startswith("linux"):
         pytest.skip("descriptors are held until the limit: Linux's")
     url = s3_server.config().url
-    args = [sys.executable, "-c", _OUT_OF_DESCRIPTORS, url, request.param]
+    args = [sys.executable, "-c", OUT_OF_DESCRIPTORS + _CHILD, url, request.param]
     env = {**os.environ, **s3_server.client_env()}
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
