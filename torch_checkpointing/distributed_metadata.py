@@ -48,6 +48,9 @@ from torch_checkpointing.types import NestedPath, check_path_map, json_component
 
 METADATA_FILE_NAME = "metadata.json"
 METADATA_VERSION = "3.0"
+# 3.0 whose nested paths hold a component other than a str or an int (a bool, float or None dict key, a tuple key):
+# an engine reading up to 3.0 refused those as a malformed file, and calls this version a newer engine's instead.
+METADATA_VERSION_ANY_KEY = "3.1"
 # How deep metadata.json may nest for a load to read it (every value counts, a number as much as an object), and
 # so how deep a ShardingMetadata's data may (its object is the 8th level: the file, metadata, the item,
 # nested_path_to_metadata, the path's groups, a group, sharding_metadata, data).
@@ -55,7 +58,7 @@ METADATA_MAX_DEPTH = 64
 STORED_DATA_DEPTH = METADATA_MAX_DEPTH - 7
 # 2.0 lists every rank of every mesh and group explicitly; 3.0 (same structure) writes such lists as
 # arithmetic runs, so a tensor's entry no longer grows with the world size. Both are read.
-READABLE_METADATA_VERSIONS = ("2.0", "3.0")
+READABLE_METADATA_VERSIONS = ("2.0", "3.0", METADATA_VERSION_ANY_KEY)
 _MAX_WORLD_SIZE = MAX_WORLD_SIZE  # one bound for the manifest and the sharding metadata
 # What a `from_dict` takes for a JSON array: the list a file gives, or the tuple of the in-process form API_SURFACE
 # shows (`"ranks": (0,)`, `"mesh_shape": (1,)`); a tuple was refused as "not a list", so documented dicts never read.
@@ -559,6 +562,8 @@ class DistributedMetadata:
 
     def __post_init__(self) -> None:
         self._check_types()
+        if self.version == METADATA_VERSION and not self._paths_of_str_and_int():
+            object.__setattr__(self, "version", METADATA_VERSION_ANY_KEY)
         expected = set(range(self.world_size))
         owners: dict[str, tuple[str, int]] = {}
         for key, item in self.metadata.items():
@@ -580,6 +585,12 @@ class DistributedMetadata:
                         f"file path {layout.file_path}; put {{rank}} in the layout's file_path"
                     )
                 owners[layout.file_path] = (key, rank)
+
+    def _paths_of_str_and_int(self) -> bool:
+        """Whether every nested path holds str and int components only (what an engine reading up to 3.0 reads)."""
+        return all(
+            type(c) in (str, int) for item in self.metadata.values() for p in item.nested_path_to_metadata for c in p
+        )
 
     def _check_types(self) -> None:
         """Each field of the type it is, `world_size` within what a save may have, before anything is computed
