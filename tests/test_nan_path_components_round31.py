@@ -75,11 +75,16 @@ def test_an_equal_key_fills_the_templates_entry(tmp_path: Path, saved: Any, temp
     assert type(back) is type(saved) and str(back) == str(saved)
 
 
-def test_an_async_save_refuses_a_nan_key_from_save(tmp_path: Path) -> None:
-    """Not through the Future once the writer process encoded it: save() itself raises, as a sync save does."""
+def test_an_async_save_refuses_a_nan_key_through_its_future(tmp_path: Path) -> None:
+    """The writer process's encode refuses it: the Future raises the same ConfigError, nothing is committed, and
+    the next save works. Not from save() itself: the search walks every container of the item, and on the
+    trainer's thread it made a no-copy save of an Adam state of 2,000 parameters block ~4 ms instead of ~0.5."""
     from torch_checkpointing.config import AsyncCheckpointSaverConfig
 
     config = CheckpointManager.Config(save=AsyncCheckpointSaverConfig(), load=CheckpointLoaderConfig())
-    with CheckpointManager(config) as manager, pytest.raises(ConfigError, match=r"item 'm'.*NaN"):
-        manager.save(str(tmp_path / "ck"), {"m": {"a": {_NAN: 1}}})
-    assert list_checkpoints(tmp_path) == []
+    with CheckpointManager(config) as manager:
+        future = manager.save(str(tmp_path / "ck"), {"m": {"a": {_NAN: 1}}})
+        with pytest.raises(ConfigError, match=r"item 'm'.*NaN.*Rename"):
+            future.result()
+        manager.save(str(tmp_path / "ok"), {"m": {"a": 1}}).result()
+    assert [info.path for info in list_checkpoints(tmp_path)] == [str(tmp_path / "ok")]
