@@ -145,3 +145,17 @@ def test_save_metrics_take_an_integer_scalar(tmp_path: Path, value: Any) -> None
         manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}}, metrics={"acc": value})
     (info,) = list_checkpoints(tmp_path)
     assert info.metrics == {"acc": 3.0}
+
+
+@pytest.mark.parametrize(("name", "build"), _ARGUMENTS, ids=[n for n, _ in _ARGUMENTS])
+def test_a_meta_tensor_is_refused_as_a_config_error(name: str, build: Callable[[Any], Any]) -> None:
+    """Defect: a 0-d integer tensor on the meta device (no value to read) escaped as torch's bare RuntimeError
+    "Tensor.item() cannot be called on meta tensors", naming neither the argument nor the fix."""
+    with pytest.raises(ConfigTypeError):
+        build(torch.tensor(3, device="meta"))
+
+
+def test_save_step_refuses_a_meta_tensor(tmp_path: Path) -> None:
+    with _manager() as manager, pytest.raises(ConfigTypeError, match="step"):
+        manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}}, step=torch.tensor(3, device="meta"))
+    assert list_checkpoints(tmp_path) == []

@@ -68,8 +68,11 @@ def _integer_scalar(value: Any) -> bool:
     """Whether `value`, which has `__index__`, is one integer and no bool. torch's `Tensor.__index__` also gives an
     int for a 0-d bool tensor (a comparison's result) and for a one-element tensor of any shape: a rank of
     `torch.tensor(True)` read shard 1, where `True` and numpy's bool are refused, and a `torch.tensor([2])` of sizes
-    was refused as "got int 2". numpy refuses its one-element arrays itself."""
+    was refused as "got int 2". numpy refuses its one-element arrays itself. A meta tensor holds no value to
+    read: its `__index__` raised torch's bare RuntimeError, naming neither the argument nor the fix."""
     if type(value).__name__ in ("bool", "bool_") or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return False
+    if getattr(value, "is_meta", False) is True:
         return False
     return getattr(value, "ndim", 0) == 0
 
