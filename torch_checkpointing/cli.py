@@ -75,6 +75,7 @@ from torch_checkpointing.retention import (
     prune,
 )
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage
+from torch_checkpointing.storage.fsspec_storage import url_scheme
 from torch_checkpointing.value_diff import compare, named_leaves
 
 __all__ = ["main"]
@@ -948,14 +949,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _path(what: str) -> Callable[[str], str]:
-    """An argparse type refusing an empty path (`prune "$ROOT"` with ROOT unset pruned the current directory)."""
+    """An argparse type refusing an empty path (`prune "$ROOT"` with ROOT unset pruned the current directory),
+    and expanding a local path's leading `~` as save() does: a shell leaves it alone when quoted or after `=`,
+    and `ls '~/run'` said "no such directory" of the root the job saves under. A URL is taken as it is."""
 
     def check(text: str) -> str:
         try:
             require_path(text, what)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-        return text
+        return text if url_scheme(text) is not None else os.path.expanduser(text)
 
     return check
 
