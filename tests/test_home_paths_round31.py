@@ -61,3 +61,13 @@ def test_the_cli_leaves_a_url_alone(home: Path, capsys: pytest.CaptureFixture[st
     """`file://~/run` names the host '~': refused as before, not read as the home directory."""
     assert main(["ls", "file://~/run"]) != 0
     assert "host" in capsys.readouterr().err
+
+
+def test_export_hf_writes_under_the_home_directory(home: Path) -> None:
+    """Defect: `export_hf(..., "~/hf")` wrote a folder named '~' under the working directory."""
+    from torch_checkpointing.hf import export_hf, import_hf
+
+    export_hf("~/run/step_1", "m", "~/hf")
+    assert (home / "hf" / "model.safetensors.index.json").is_file()
+    assert not Path("~").exists()
+    assert torch.equal(import_hf("~/hf")["x"], torch.ones(2))

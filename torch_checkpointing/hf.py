@@ -706,8 +706,9 @@ def _check_local_directory(directory: str | os.PathLike[str]) -> None:
 
 def _output_path(out_dir: str | os.PathLike[str]) -> Path:
     """`out_dir` made absolute ("." and "a/.." have no name to put a hidden sibling beside), refused when it is
-    the file system's root, which has neither a name nor a parent to stage the export in."""
-    out = Path(os.path.abspath(out_dir))
+    the file system's root, which has neither a name nor a parent to stage the export in. A leading `~` is
+    expanded, as the checkpoint's path is: `~/hf` was written as a folder named '~' in the working directory."""
+    out = Path(os.path.abspath(os.path.expanduser(out_dir)))
     if not out.name:
         raise ConfigError(
             f"Export output {os.fspath(out_dir)!r} is the file system's root: an export is staged beside its "
@@ -1210,7 +1211,7 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
     dtype differs, raises `TemplateMismatchError` before anything is copied.
     """
     _check_local_directory(directory)
-    base = Path(directory)
+    base = Path(os.path.expanduser(directory))  # `~/hf`, as export_hf writes it
     files = _hf_files(base)
     if into is None:
         out: dict[str, torch.Tensor] = {}
