@@ -159,3 +159,19 @@ def test_save_step_refuses_a_meta_tensor(tmp_path: Path) -> None:
     with _manager() as manager, pytest.raises(ConfigTypeError, match="step"):
         manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}}, step=torch.tensor(3, device="meta"))
     assert list_checkpoints(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), torch.tensor(0.5)], ids=["np.float32", "float-tensor"])
+def test_a_metric_that_is_no_python_number_is_refused_naming_the_fix(tmp_path: Path, value: Any) -> None:
+    """Defect: "save(metrics=...): entry 'loss': np.float32(0.5) must map a str to a number": it is a number,
+    and the message said neither which type is wanted nor how to get it."""
+    with _manager() as manager, pytest.raises(ConfigTypeError, match=r"float\(") as caught:
+        manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}}, metrics={"loss": value})
+    assert "'loss'" in str(caught.value) and type(value).__name__ in str(caught.value)
+    assert list_checkpoints(tmp_path) == []
+
+
+def test_a_metric_name_that_is_no_str_is_refused_naming_it(tmp_path: Path) -> None:
+    with _manager() as manager, pytest.raises(ConfigTypeError, match="name 7 .*str") as caught:
+        manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}}, metrics={7: 0.5})
+    assert "must map a str to a number" not in str(caught.value)

@@ -1318,8 +1318,12 @@ def _checked_metrics(metrics: Mapping[str, float] | None) -> dict[str, float] | 
     out: dict[str, float] = {}
     for name, value in metrics.items():
         value = integer_as_int(value)
-        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigTypeError(f"save(metrics=...): entry {name!r}: {value!r} must map a str to a number")
+        if not isinstance(name, str):
+            raise ConfigTypeError(
+                f"save(metrics=...): the name {name!r:.80} ({type(name).__name__}) must be a str, such as 'loss'"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigTypeError(_not_a_metric(name, value))
         try:
             out[name] = float(value)
         except OverflowError:
@@ -1328,6 +1332,14 @@ def _checked_metrics(metrics: Mapping[str, float] | None) -> dict[str, float] | 
                 f"holds; pass it as a float (math.inf if that is what it means). Nothing was saved."
             ) from None
     return out
+
+
+def _not_a_metric(name: str, value: object) -> str:
+    """Why a metric is refused, with the fix: "must map a str to a number" said of np.float32(0.5), a number."""
+    return (
+        f"save(metrics=...): entry {name!r}: {value!r:.80} ({type(value).__name__}) is not a Python int or float; "
+        f"pass float(value) (a numpy scalar's or 0-d tensor's number; a bool is no metric)"
+    )
 
 
 def _layout_report(items: list[ResolvedItem]) -> dict[str, tuple[str, Any]]:
