@@ -350,14 +350,21 @@ def get_device_mesh_spec(
     except TypeError:  # no tuple, or one holding a list: said by field, not as "unhashable type"
         _check_mesh_fields(device_type, mesh_shape, mesh_data, mesh_dim_names)
         raise
+    if not _ints_only(key[1]) or not _ints_only(key[2]):
+        # Refused by field, never looked up: `True` and `1.0` equal 1, and found a mesh of ints interned before.
+        return DeviceMeshSpec(*key)
     return _interned_mesh(*key)
+
+
+def _ints_only(values: tuple[Any, ...]) -> bool:
+    return set(map(type, values)) <= {int}
 
 
 def _plain_ints(values: Any) -> tuple[Any, ...]:
     """`values` as a tuple, its integer scalars as their ints (checked in C when they are ints already: a mesh
     lists every rank of a large job). What is no integer stays, for `DeviceMeshSpec` to refuse by field."""
     values = tuple(values)
-    return values if set(map(type, values)) <= {int} else tuple(map(integer_as_int, values))
+    return values if _ints_only(values) else tuple(map(integer_as_int, values))
 
 
 @functools.cache
