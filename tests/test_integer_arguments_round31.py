@@ -175,3 +175,27 @@ def test_a_metric_name_that_is_no_str_is_refused_naming_it(tmp_path: Path) -> No
     with _manager() as manager, pytest.raises(ConfigTypeError, match="name 7 .*str") as caught:
         manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}}, metrics={7: 0.5})
     assert "must map a str to a number" not in str(caught.value)
+
+
+_HUGE = 10**400  # an int past what a float holds (math.isfinite and float() raise OverflowError)
+
+
+_SECONDS = [(n, b) for n, b in _ARGUMENTS if n.endswith(("_s", "_secs"))]
+
+
+@pytest.mark.parametrize(("name", "build"), _SECONDS, ids=[n for n, _ in _SECONDS])
+def test_an_int_past_a_float_is_refused_naming_the_argument(name: str, build: Callable[[Any], Any]) -> None:
+    """Defect: RetentionPolicy, the process timeouts and FsspecStorageConfig raised a bare OverflowError "int too
+    large to convert to float" naming no argument; the saver's wait_timeout_secs was taken, and the manager's
+    build raised that OverflowError."""
+    with pytest.raises((ConfigTypeError, ValueError)) as caught:
+        build(_HUGE)
+    assert not isinstance(caught.value, OverflowError)
+    assert name.split(".")[-1] in str(caught.value)
+
+
+def test_a_manager_with_a_wait_past_a_float_is_refused_naming_it() -> None:
+    """Defect: the config was taken, and CheckpointManager(config) raised a bare OverflowError."""
+    with pytest.raises(ValueError, match="wait_timeout_secs") as caught:
+        CheckpointManager.Config(save=SyncCheckpointSaverConfig(wait_timeout_secs=_HUGE))
+    assert not isinstance(caught.value, OverflowError)

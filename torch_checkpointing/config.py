@@ -99,7 +99,9 @@ def check_number(
     value = integer_as_int(value)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise ConfigTypeError(f"{owner}.{name} must be {what}, got {value!r} ({type(value).__name__}).")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+    if not integer:
+        refuse_past_a_float(f"{owner}.{name}", value)
+    if (isinstance(value, float) and not math.isfinite(value)) or value < 0 or (positive and value == 0):
         bound = "positive" if positive else "non-negative"
         raise ConfigError(f"{owner}.{name} must be a finite, {bound} number, got {value!r}.")
     if at_most is not None and value > at_most:
@@ -108,6 +110,21 @@ def check_number(
             f"the operating system's pipe and lock waits take), got {value!r}."
         )
     return value
+
+
+def refuse_past_a_float(what: str, value: object) -> None:
+    """Refuse an int of seconds past what a float holds: every wait takes its seconds as a float, and such an int
+    raised a bare OverflowError ("int too large to convert to float") naming no argument, at the check or later
+    where the wait began (a manager's build)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return
+    try:
+        float(value)
+    except OverflowError:
+        raise ConfigError(
+            f"{what} is an int of {abs(value).bit_length()} bits, past what a float holds (about 1.8e308); pass a "
+            f"number of seconds that fits a float (math.inf where the argument takes it for 'never')."
+        ) from None
 
 
 _N = TypeVar("_N", int, float)
@@ -260,6 +277,7 @@ class CheckpointSaverConfig:
                 raise ConfigTypeError(
                     f"{owner}.wait_timeout_secs must be a number of seconds or None, got {self.wait_timeout_secs!r}."
                 )
+            refuse_past_a_float(f"{owner}.wait_timeout_secs", self.wait_timeout_secs)
             if not self.wait_timeout_secs >= 0:  # also refuses NaN, which no wait could ever reach
                 raise ConfigError(
                     f"wait_timeout_secs must be non-negative or None ({owner}.wait_timeout_secs="

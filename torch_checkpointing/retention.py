@@ -40,7 +40,7 @@ from torch_checkpointing.commit import (
     unfinished_uploads,
     warn_left_in_place,
 )
-from torch_checkpointing.config import integer_as_int
+from torch_checkpointing.config import integer_as_int, refuse_past_a_float
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
@@ -172,6 +172,7 @@ def check_age(value: float, name: str) -> float:
     value = integer_as_int(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigTypeError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
+    refuse_past_a_float(name, value)
     if math.isnan(value) or value < 0:
         raise ConfigError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
     return float(value)
