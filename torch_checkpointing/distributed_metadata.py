@@ -587,9 +587,14 @@ class DistributedMetadata:
                 owners[layout.file_path] = (key, rank)
 
     def _paths_of_str_and_int(self) -> bool:
-        """Whether every nested path holds str and int components only (what an engine reading up to 3.0 reads)."""
+        """Whether every nested path holds str and int components only (what an engine reading up to 3.0 reads).
+        An IntEnum member or a str subclass is written as the same plain JSON int or string: only a bool, of the
+        ints, is not (an exact-type test called their files 3.1, which that engine refused as a newer one's)."""
         return all(
-            type(c) in (str, int) for item in self.metadata.values() for p in item.nested_path_to_metadata for c in p
+            isinstance(c, (str, int)) and not isinstance(c, bool)
+            for item in self.metadata.values()
+            for p in item.nested_path_to_metadata
+            for c in p
         )
 
     def _check_types(self) -> None:
