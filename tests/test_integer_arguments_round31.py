@@ -199,3 +199,12 @@ def test_a_manager_with_a_wait_past_a_float_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="wait_timeout_secs") as caught:
         CheckpointManager.Config(save=SyncCheckpointSaverConfig(wait_timeout_secs=_HUGE))
     assert not isinstance(caught.value, OverflowError)
+
+
+@pytest.mark.parametrize("name", ["part_size", "max_concurrency"])
+def test_a_count_past_what_the_os_takes_is_refused_naming_it(name: str) -> None:
+    """A count is handed to reads and thread pools, which take at most sys.maxsize. Defect: 10**400 raised a bare
+    OverflowError from math.isfinite (before round 31's seconds fix), then was taken, to fail at the first upload."""
+    with pytest.raises(ValueError, match=rf"FsspecStorageConfig\.{name} must be at most") as caught:
+        FsspecStorageConfig(url="memory://b", **{name: _HUGE})
+    assert not isinstance(caught.value, OverflowError)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,6 +102,10 @@ def check_number(
         raise ConfigTypeError(f"{owner}.{name} must be {what}, got {value!r} ({type(value).__name__}).")
     if not integer:
         refuse_past_a_float(f"{owner}.{name}", value)
+    elif isinstance(value, int) and value > sys.maxsize:  # counts go to reads and thread pools: a C ssize_t
+        raise ConfigError(
+            f"{owner}.{name} must be at most sys.maxsize ({sys.maxsize}), got an int of {value.bit_length()} bits."
+        )
     if (isinstance(value, float) and not math.isfinite(value)) or value < 0 or (positive and value == 0):
         bound = "positive" if positive else "non-negative"
         raise ConfigError(f"{owner}.{name} must be a finite, {bound} number, got {value!r}.")
