@@ -421,10 +421,11 @@ def _attach_slab(dup: Any, nbytes: int, where: str) -> SharedSlab:
 
 
 def _slab_fd(directory: str | None) -> tuple[int, str]:
-    """A descriptor for a new, empty slab, and where it lives (for messages)."""
+    """A descriptor for a new, empty slab, and where it lives (for messages). A leading `~` in `directory` is
+    the home directory, as in every other path the engine takes (it was looked up as a folder named '~')."""
     if directory is None and hasattr(os, "memfd_create"):
         return os.memfd_create("torch_checkpointing-staging", getattr(os, "MFD_CLOEXEC", 0)), _MEMFD_WHERE
-    directory = directory or tempfile.gettempdir()
+    directory = os.path.expanduser(os.fspath(directory)) if directory else tempfile.gettempdir()
     try:
         fd, path = tempfile.mkstemp(prefix=".torch_checkpointing-staging-", suffix=".slab", dir=directory)
     except OSError as exc:
