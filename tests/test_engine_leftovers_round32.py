@@ -3,12 +3,18 @@ largest rank of the world."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import LayoutInfo, TorchSerialization
+from torch_checkpointing.checkpoint_manager import _warn_refused_layouts
+from torch_checkpointing.errors import ConfigError
+from torch_checkpointing.schema import check_names_fit
 from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
 
 
@@ -22,10 +28,47 @@ def test_staging_dir_with_a_tilde_is_the_home_directory(tmp_path: Path, monkeypa
     try:
         staged = stager.stage({"model": {"w": torch.ones(10)}})
         assert torch.equal(staged["model"]["w"], torch.ones(10))
-        slabs = [
-            line for line in Path("/proc/self/maps").read_text().splitlines() if ".torch_checkpointing-staging-" in line
-        ]
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        slabs = [line for line in maps if ".torch_checkpointing-staging-" in line]
         assert slabs and all(os.fspath(tmp_path / "stg") in line for line in slabs), slabs
     finally:
         stager.close()
     assert not (tmp_path / "~").exists()
+
+
+# One name that fits with ranks 0..9 (255 bytes at most) and not with rank 10 (256 bytes).
+_LONG_FILE = "x" * 254 + "{rank}"
+_LONG_KEY = "k" * 250  # the default '<key>_<rank>.pt': 255 bytes at rank 9, 256 at rank 10
+
+
+@pytest.mark.parametrize("world_size", [1, 10])
+def test_a_name_that_fits_at_every_rank_passes(world_size: int) -> None:
+    check_names_fit("a", LayoutInfo(_LONG_FILE, TorchSerialization()), world_size)
+
+
+@pytest.mark.parametrize("world_size", [11, 100])
+def test_a_name_too_long_at_the_largest_rank_is_refused(world_size: int) -> None:
+    """A name that fits at rank 0 but not at rank world_size - 1 is refused by every save at that world size;
+    it was checked with rank 0 only, so the manager said nothing when built."""
+    with pytest.raises(ConfigError, match="256 bytes"):
+        check_names_fit("a", LayoutInfo(_LONG_FILE, TorchSerialization()), world_size)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        CheckpointManager.Config(items={"a": ItemSpec(layout=LayoutInfo(_LONG_FILE, TorchSerialization()))}),
+        CheckpointManager.Config(items={_LONG_KEY: ItemSpec()}),  # the default '<key>_<rank>.pt'
+    ],
+    ids=["layout", "default-layout"],
+)
+def test_manager_build_warns_with_the_world_size(
+    config: CheckpointManager.Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The manager's build-time warning judges names at the largest rank of the world it runs in."""
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        _warn_refused_layouts(config, 10)
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        _warn_refused_layouts(config, 11)
+    assert [r for r in caplog.records if "every save() of this item will be refused" in r.getMessage()]

@@ -70,7 +70,7 @@ from torch_checkpointing.manifest import shown_name
 from torch_checkpointing.metadata_manager import DefaultMetadataManager
 from torch_checkpointing.names import NAME_MAX, PATH_MAX
 from torch_checkpointing.pickling import callback_unpicklable
-from torch_checkpointing.rank_context import RankContext
+from torch_checkpointing.rank_context import RankContext, current_rank_info
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.safe_load_check import SafeLoadCheck
 from torch_checkpointing.schema import (
@@ -209,7 +209,7 @@ class CheckpointManager:
         if not isinstance(config, CheckpointManager.Config):
             raise ConfigTypeError(_not_a_config(config))
         self._validate(config)
-        _warn_refused_layouts(config)
+        _warn_refused_layouts(config, current_rank_info().global_world_size)
         self.config = config
         self._fixed = _fixed_fields(config)  # what a later change is refused against (`_recheck_config`)
         storage_config = config.storage_config or LocalFileSystemStorageConfig()
@@ -903,9 +903,10 @@ def _validate_parts(config: CheckpointManager.Config) -> None:
         )
 
 
-def _warn_refused_layouts(config: CheckpointManager.Config) -> None:
-    """Name, when the manager is built, each layout that every `save()` will refuse (a path no save may write,
-    a file or folder name over NAME_MAX bytes on every rank, the default `<key>_<rank>.pt` of a long key too).
+def _warn_refused_layouts(config: CheckpointManager.Config, world_size: int) -> None:
+    """Name, when the manager is built, each layout that every `save()` of a `world_size` job will refuse (a path
+    no save may write, a file or folder name over NAME_MAX bytes at its largest rank, the default
+    `<key>_<rank>.pt` of a long key too).
 
     The refusal itself stays in `save()`, where API_SURFACE §4 places it; but an async manager's first save may
     come hours into training, and until then nothing was said."""
@@ -917,10 +918,10 @@ def _warn_refused_layouts(config: CheckpointManager.Config) -> None:
     for where, what, key, layout in specs:
         try:
             if layout is None:
-                layout = default_layout_info(key, 0)
+                layout = default_layout_info(key, world_size - 1)
             else:
                 check_layout(key, layout)
-            check_names_fit(key, layout)
+            check_names_fit(key, layout, world_size)
         except (ConfigError, ConfigTypeError) as exc:
             logger.warning("CheckpointManager.%s: every save() of %s will be refused: %s", where, what, exc)
 

@@ -192,10 +192,12 @@ def resolve(
     return resolved
 
 
-def check_names_fit(key: str, layout: LayoutInfo) -> None:
-    """Refuse a layout whose names no rank can write: with the shortest rank ('0') in place of `{rank}`, one
-    name of its path is over NAME_MAX bytes (what `resolve` refuses at every save, said when a manager is built)."""
-    _check_name_lengths(key, posixpath.normpath(layout.for_rank(0).file_path))
+def check_names_fit(key: str, layout: LayoutInfo, world_size: int = 1) -> None:
+    """Refuse a layout whose names some rank of a `world_size` job cannot write: with the longest rank
+    (`world_size - 1`) in place of `{rank}`, one name of its path is over NAME_MAX bytes (what `resolve` refuses
+    at every save of that job, said when a manager is built). Rank 0 alone missed a name that fits up to rank 9
+    and not at rank 10."""
+    _check_name_lengths(key, posixpath.normpath(layout.for_rank(max(world_size, 1) - 1).file_path))
 
 
 def _check_name_lengths(key: str, path: str) -> None:
