@@ -798,7 +798,7 @@ class Claim:
             return None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode("utf-8")
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, allow_nan=False).encode("utf-8")
 
     def describe(self) -> str:
         age = time.time() - self.created
@@ -961,7 +961,9 @@ class Commit:
             )
         if not tags:
             record = {"token": self._token, "rank": rank, "files": sorted(set(names))}
-            self.storage.write(self.root / record_name(self._token, rank), json.dumps(record).encode("utf-8"))
+            self.storage.write(
+                self.root / record_name(self._token, rank), json.dumps(record, allow_nan=False).encode("utf-8")
+            )
 
     @property
     def _token(self) -> str:

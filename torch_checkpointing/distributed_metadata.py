@@ -44,7 +44,14 @@ from torch_checkpointing.read_context import (
 )
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.traversal import dotted_key
-from torch_checkpointing.types import NestedPath, check_path_map, json_component, tuples_from_json
+from torch_checkpointing.types import (
+    CheckpointPath,
+    NestedPath,
+    check_path_map,
+    holds_infinity,
+    json_component,
+    tuples_from_json,
+)
 
 METADATA_FILE_NAME = "metadata.json"
 METADATA_VERSION = "3.0"
@@ -375,6 +382,19 @@ def recordable_path(path: NestedPath) -> NestedPath:
     return path
 
 
+def _refuse_infinite_key(key: str, path: NestedPath) -> None:
+    """A path under an infinite float key is refused where metadata.json is written: JSON has no infinity, and
+    the bare `Infinity` Python writes makes jq, `JSON.parse` and every strict parser refuse the whole file. The
+    record itself takes it (a file an older engine wrote with `Infinity` still reads)."""
+    for depth, comp in enumerate(path):
+        if holds_infinity(comp):
+            raise ConfigError(
+                f"Cannot save item {key!r}: the dict at {CheckpointPath(key, path[:depth])} has the key {comp!r:.80}, "
+                f"which is or holds an infinite float; metadata.json is strict JSON, which has no infinity. Rename "
+                f"the key (e.g. to the str 'inf'). Nothing was saved."
+            )
+
+
 def nested_path_from_json(s: str) -> NestedPath:
     try:
         parts = json.loads(s)
@@ -618,6 +638,9 @@ class DistributedMetadata:
     def to_dict(self) -> dict[str, Any]:
         """The file's JSON; its form follows `version` (a 2.0 checkpoint rewritten stays 2.0)."""
         compact = self.version != "2.0"
+        for key, item in self.metadata.items():
+            for path in item.nested_path_to_metadata:
+                _refuse_infinite_key(key, path)
         return {
             "metadata": {k: v.to_dict(compact) for k, v in self.metadata.items()},
             "world_size": self.world_size,
@@ -658,8 +681,9 @@ class DistributedMetadata:
         return cls(items, world_size, version)
 
     def to_json(self) -> str:
-        """The bytes of metadata.json. Not indented: Python encodes indented JSON without its C encoder."""
-        return json.dumps(self.to_dict(), sort_keys=True)
+        """The bytes of metadata.json, strict JSON. Not indented: Python encodes indented JSON without its C
+        encoder."""
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> DistributedMetadata:

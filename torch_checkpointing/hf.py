@@ -771,7 +771,7 @@ def _write_export(
     report.tensors = len(weight_map)
     index = {"metadata": {"total_size": report.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
     try:
-        (staging / INDEX_FILE_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        (staging / INDEX_FILE_NAME).write_text(json.dumps(index, indent=2, sort_keys=True, allow_nan=False) + "\n")
         _fsync(staging / INDEX_FILE_NAME)
         _fsync(staging)
     except OSError as exc:  # a disk full or a file-size limit: bare "[Errno 27] File too large" before

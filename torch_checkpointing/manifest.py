@@ -147,6 +147,7 @@ class Manifest:
             },
             sort_keys=True,
             indent=2,
+            allow_nan=False,  # parsed strictly: a non-finite value fails the save here, not every later read
         )
 
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -108,7 +109,8 @@ def json_component(c: object) -> bool:
     for a path component written as JSON: `CheckpointPath.serialize` and metadata.json's nested paths. A NaN is
     none: `NaN` is no JSON, and read back it is a new float, equal to no key (the one saved under included): a
     DTensor saved under `float("nan")` loaded as a second `nan` key beside the template's, left unfilled (inf is
-    written `Infinity`, which Python's reader gives back equal)."""
+    written `Infinity`, which Python's reader gives back equal; metadata.json, strict JSON, refuses it at save:
+    `holds_infinity`)."""
     if c is None or isinstance(c, (str, int)):
         return True
     if isinstance(c, float):
@@ -121,6 +123,14 @@ def holds_nan(c: object) -> bool:
     if isinstance(c, float):
         return c != c
     return isinstance(c, (tuple, list)) and any(map(holds_nan, c))
+
+
+def holds_infinity(c: object) -> bool:
+    """Whether a path component is or holds an infinite float: JSON has no infinity (Python writes the bare token
+    `Infinity`, which strict parsers refuse), so a file we write must not record one."""
+    if isinstance(c, float):
+        return c in (math.inf, -math.inf)
+    return isinstance(c, (tuple, list)) and any(map(holds_infinity, c))
 
 
 def tuples_from_json(c: Any) -> Any:
