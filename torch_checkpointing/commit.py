@@ -274,7 +274,7 @@ def _check_what_is_there(storage: Storage, final: str, overwrite: bool) -> bool:
     names = set(entries)
     if MANIFEST_FILE_NAME in names:
         _check_checkpoint(storage, final, entries, overwrite)
-    elif entries and not _failed_save_of_ours(storage, names):
+    elif entries and not _failed_save_of_ours(storage, path, names):
         raise CommitError(
             f"Refusing to save to {shown}: it is a directory that is not a checkpoint (no {MANIFEST_FILE_NAME}); "
             f"it holds {_listing(entries)}. Saving would replace it. Choose another id (e.g. a subdirectory)."
@@ -284,18 +284,30 @@ def _check_what_is_there(storage: Storage, final: str, overwrite: bool) -> bool:
     return True
 
 
-def _failed_save_of_ours(storage: Storage, names: set[str]) -> bool:
+def _failed_save_of_ours(storage: Storage, root: Path, names: set[str]) -> bool:
     """Whether a directory without a manifest is what a failed save or delete of ours leaves at an id.
 
     On a store without rename a save writes under the id itself, behind its marker: the marker and any of
     its files. Where saves rename, nothing of ours is ever written at the id but a committed checkpoint, and
-    deleting one in place removes the marker last: the marker alone. A user's folder that merely holds a
-    file named `.incomplete` (a download tool's) is not ours, and replacing it deleted every file in it.
+    deleting one in place removes the marker last: the marker alone, an empty regular file. A user's folder that
+    merely holds a file named `.incomplete` (a download tool's) is not ours, and replacing it deleted every file
+    in it; nor is a lone `.incomplete` that is a link or holds bytes (taken by its name, it was removed).
     """
     rest = {n for n in names if not _marker_being_created(n)}
     if INCOMPLETE_MARKER not in rest:  # a marker's create killed before its link (no O_TMPFILE) leaves only that
         return bool(names) and not rest and not storage.atomic_rename
-    return not storage.atomic_rename or rest == {INCOMPLETE_MARKER}
+    if not storage.atomic_rename:
+        return True
+    return rest == {INCOMPLETE_MARKER} and _lone_marker_of_ours(storage, root)
+
+
+def _lone_marker_of_ours(storage: Storage, root: Path) -> bool:
+    """Whether the `.incomplete` alone at an id where saves rename is the empty regular file we leave: read
+    as every marker is (`read_marker`: no link followed, no FIFO), so a link or another program's file is not."""
+    try:
+        return not read_marker(storage, root / INCOMPLETE_MARKER)
+    except (OSError, CheckpointError):
+        return False
 
 
 def _marker_being_created(name: str) -> bool:
@@ -446,8 +458,9 @@ def files_not_listed(storage: Storage, path: Path) -> list[str]:
 
 
 def _unlisted(storage: Storage, root: Path, entries: list[str], manifest: Manifest) -> list[str]:
-    """The files under the checkpoint `root` that are not provably its own: its manifest, the files it lists,
-    the sharding metadata it names, and a marker of ours (only where a commit writes under the id itself).
+    """The files under the checkpoint `root` that are not provably its own (its manifest, the files it lists,
+    the sharding metadata it names, and a marker of ours, only where a commit writes under the id itself), and
+    the empty folders none of those belongs in.
 
     Before, the engine's file names were taken as proof by themselves: a user's `.incomplete` (a download's
     progress) or `metadata.json` in a checkpoint saved without one was deleted by the replace or delete."""
@@ -456,7 +469,20 @@ def _unlisted(storage: Storage, root: Path, entries: list[str], manifest: Manife
         known.add(posixpath.normpath(manifest.metadata_file))
     if INCOMPLETE_MARKER in entries and _marker_of_ours(storage, root):
         known.add(INCOMPLETE_MARKER)
-    return [e for e in entries if not e.endswith("/") and e not in known]
+    return [e for e in entries if not e.endswith("/") and e not in known] + _empty_folders(entries, known)
+
+
+def _empty_folders(entries: list[str], known: set[str]) -> list[str]:
+    """The folders among `_walk`'s entries with nothing below them and no file of the checkpoint's meant to be
+    in them: another program's (a save makes a folder only for the files its layout puts there), which replacing
+    or deleting the checkpoint removed though its manifest does not list it. An emptied folder of a listed file
+    (a removal killed midway, which removes the manifest last) is still the checkpoint's."""
+    holding = {e.rstrip("/").rpartition("/")[0] + "/" for e in entries if "/" in e.rstrip("/")}
+    empty = [e for e in entries if e.endswith("/") and e not in holding]
+    if not empty:
+        return []
+    ours = {path[: i + 1] for path in known for i, c in enumerate(path) if c == "/"}
+    return [e for e in empty if e not in ours]
 
 
 def _marker_of_ours(storage: Storage, root: Path) -> bool:
