@@ -4,6 +4,7 @@ largest rank of the world."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from torch_checkpointing.checkpoint_manager import _warn_refused_layouts
 from torch_checkpointing.errors import ConfigError
 from torch_checkpointing.schema import check_names_fit
 from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
+from torch_checkpointing.traversal import nan_key_path, tree_sizes, walk_sizes
 
 
 def test_staging_dir_with_a_tilde_is_the_home_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,3 +74,31 @@ def test_manager_build_warns_with_the_world_size(
     with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
         _warn_refused_layouts(config, 11)
     assert [r for r in caplog.records if "every save() of this item will be refused" in r.getMessage()]
+
+
+_NAN = float("nan")
+_SHARED = {"s": 1, _NAN: 2}
+_CYCLE: list[object] = [{"a": 1}]
+_CYCLE.append(_CYCLE)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"m": {"w": torch.ones(1)}, "o": {"state": {0: {"step": 1}}, "groups": [{"params": [0]}]}},
+        {_NAN: 1},
+        {"a": [{"b": 1, _NAN: 2}]},
+        {(1, _NAN): 3},
+        {(1, 2.5): 3, math.inf: 4, "x": [{-0.0: 1}]},
+        {"one": _SHARED, "two": [_SHARED, (_SHARED,)]},
+        {"c": _CYCLE},
+        [[{"deep": {"deeper": {(_NAN, "t"): 0}}}]],
+        torch.ones(2),
+    ],
+    ids=["adam-like", "top", "nested", "tuple-key", "no-nan", "shared", "cycle", "deep", "leaf"],
+)
+def test_the_saves_one_walk_finds_what_the_two_did(value: object) -> None:
+    """The writer's encode walks a torch item once (`tree_sizes`) where it walked it twice (`walk_sizes`, then
+    `nan_key_path`): the one walk must count the same and find a NaN key wherever the path search does."""
+    assert tree_sizes(value, nan_keys=True) == (*walk_sizes(value), nan_key_path(value) is not None)
+    assert tree_sizes(value, nan_keys=False) == (*walk_sizes(value), False)

@@ -62,6 +62,7 @@ from torch_checkpointing.traversal import (
     is_container,
     join_key,
     nan_key_path,
+    tree_sizes,
     walk_sizes,
 )
 from torch_checkpointing.types import CheckpointPath, NestedPath
@@ -289,7 +290,10 @@ def _refuse_shared_blowup(path: Path, what: str, value: Any) -> None:
 def shared_blowup(value: Any) -> str | None:
     """Why a walk of `value` visits more positions than a load accepts (`MAX_SHARED_PATHS`, `MAX_SHARING`),
     else None: one rule for the load, which refuses such a file, and the save, which never writes one."""
-    walked, distinct = walk_sizes(value)
+    return _blowup(*walk_sizes(value))
+
+
+def _blowup(walked: int, distinct: int) -> str | None:
     most = distinct + max(MAX_SHARED_PATHS, MAX_SHARING * distinct)
     if walked <= most:
         return None
@@ -773,9 +777,10 @@ _TORCH_SAVE_FAILS: dict[str, Any] = {
 }
 
 
-def refuse_nan_keys(key: str, value: Any) -> None:
+def _refuse_nan_key(key: str, value: Any) -> None:
     """Refuse a dict key that is or holds NaN before anything is written: unequal to itself, it names no location a
-    load can find again (a load into a template with it restored the entry "partially")."""
+    load can find again (a load into a template with it restored the entry "partially"). Called once the save's
+    walk (`tree_sizes`) found one: this pass finds where."""
     path = nan_key_path(value)
     if path is not None:
         raise ConfigError(
@@ -785,22 +790,25 @@ def refuse_nan_keys(key: str, value: Any) -> None:
         )
 
 
-def _refuse_shared_blowup_at_save(key: str, value: Any) -> None:
-    """Refuse a state whose file every load would refuse (`shared_blowup`), before anything is written."""
-    blowup = shared_blowup(value)
+def _refuse_what_no_load_takes(key: str, value: Any) -> None:
+    """Refuse, before anything is written and in one pass over the item's containers, a state whose file every
+    load would refuse (`shared_blowup`) and a dict key holding NaN (`_refuse_nan_key`)."""
+    walked, distinct, nan_key = tree_sizes(value, nan_keys=True)
+    blowup = _blowup(walked, distinct)
     if blowup is not None:
         raise ValueError(
             f"TorchSerialization cannot save item '{key}': {blowup}, and a load refuses such a file as crafted. "
             f"Store a container under fewer paths (keep it once and refer to it by name), or store copies."
         )
+    if nan_key:
+        _refuse_nan_key(key, value)
 
 
 class TorchCodec(Codec):
     """`torch.save`; read back with torch's safe loader unless the caller trusts the file."""
 
     def encode(self, fmt: SerializationFormat, key: str, value: Any, stream: IO[bytes]) -> None:
-        _refuse_shared_blowup_at_save(key, value)
-        refuse_nan_keys(key, value)
+        _refuse_what_no_load_takes(key, value)
         target = _ZipWriterTarget(stream)
         try:
             _refuse_meta_tensors(key, value, "TorchSerialization")
@@ -952,7 +960,7 @@ def refuse_before_handover(fmt: SerializationFormat, key: str, value: Any) -> No
     """Raise what encoding `value` as `fmt` would raise, where finding out costs little next to the save: a
     JSON item is encoded (JSON items are small), a safetensors item's names are compared (never its bytes). An
     async save encodes in the writer process; this lets its save() refuse such an item, as a sync save does. A
-    torch item's NaN dict keys (`refuse_nan_keys`) are left to the writer's encode: finding one walks every
+    torch item's NaN dict keys (`_refuse_what_no_load_takes`) are left to the writer's encode: finding one walks every
     container of the item, and on the caller's thread that cost a no-copy save of an Adam state ~4 ms of blocked
     time for an error seen through the Future just as well."""
     if isinstance(fmt, JsonSerialization):

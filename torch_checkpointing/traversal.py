@@ -56,6 +56,7 @@ __all__ = [
     "nan_key_path",
     "nodes",
     "rebuild",
+    "tree_sizes",
     "walk_sizes",
 ]
 
@@ -189,10 +190,8 @@ def nan_key_path(value: Any) -> NestedPath | None:
             continue
         seen[id(node)] = node
         if isinstance(node, Mapping):
-            if set(map(type, node)) & {float, tuple}:
-                bad = next((k for k in node if holds_nan(k)), None)
-                if bad is not None:
-                    return (*path, bad)
+            if _has_nan_key(node):
+                return (*path, next(k for k in node if holds_nan(k)))
             kids: Iterable[tuple[Any, Any]] = node.items()
         else:
             kids = enumerate(node)
@@ -211,7 +210,16 @@ def walk_sizes(value: Any) -> tuple[int, int]:
     Counted over distinct containers (iteratively, in time linear in them), never by walking: a pickle's memo
     lets 60 lists hold 2**60 paths. The first count stops growing at 2**62 (no walk gets that far). A container
     met again on its own path (a cycle) counts as a leaf here; the walks refuse it (`NestingError`)."""
+    walked, distinct, _ = tree_sizes(value, nan_keys=False)
+    return walked, distinct
+
+
+def tree_sizes(value: Any, *, nan_keys: bool) -> tuple[int, int, bool]:
+    """`walk_sizes`, and with `nan_keys` whether some dict's key is or holds NaN, in the same pass: a save's
+    encode needs both, and two passes over each distinct container cost it twice. Where one is found,
+    `nan_key_path` finds its path (a second pass only for the save it refuses)."""
     walked: dict[int, int] = {}
+    nan_found = False
     # Every container entered, held until the count ends: a Mapping may make its values at each access, and one
     # dropped once counted would give its id to the next one made, taken for it (met again: not counted).
     entered: list[Any] = []
@@ -226,10 +234,19 @@ def walk_sizes(value: Any) -> tuple[int, int]:
         elif id(node) not in walked:
             walked[id(node)] = 1  # entered: counted as a leaf until done (a cycle back to it stays one)
             entered.append(node)
-            inner = _inner_containers(node.values() if isinstance(node, Mapping) else node)
+            mapping = isinstance(node, Mapping)
+            if nan_keys and mapping and not nan_found:
+                nan_found = _has_nan_key(node)
+            inner = _inner_containers(node.values() if mapping else node)
             stack.append((node, inner))
             stack.extend((c, None) for c in inner if id(c) not in walked)
-    return walked.get(id(value), 1), max(distinct, 1)
+    return walked.get(id(value), 1), max(distinct, 1), nan_found
+
+
+def _has_nan_key(node: Mapping[Any, Any]) -> bool:
+    """Whether a key of `node` is or holds NaN; only a dict with a float or tuple key is searched (the key types
+    judged in C, no Python step per str key)."""
+    return bool(set(map(type, node)) & {float, tuple}) and any(map(holds_nan, node))
 
 
 def _inner_containers(kids: Iterable[Any]) -> list[Any]:
