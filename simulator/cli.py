@@ -260,7 +260,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         parent = report.parent if str(report.parent) else Path(".")
         if report.is_dir():
             raise argparse.ArgumentTypeError(f"--json {str(report)!r}: is a directory; name a file to write")
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
+        if not parent.is_dir() or not _can_create_in(parent):
             raise argparse.ArgumentTypeError(
                 f"--json {str(report)!r}: {str(parent)!r} is not a writable directory; create it or name another path"
             )
@@ -271,11 +271,25 @@ def _check_creatable(keep: Path) -> None:
     existing = keep.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    if not existing.is_dir() or not _can_create_in(existing):
         raise argparse.ArgumentTypeError(
             f"--keep {str(keep)!r}: {str(existing)!r} is not a writable directory (read-only or no permission); "
             "name a directory you can write to, or leave --keep out for a temporary one"
         )
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether this process can create an entry in `folder`, found by creating (and removing) one.
+
+    `os.access` answers yes to root for any folder, also where nothing can be created (/proc, a read-only
+    mount): such a --keep failed with a traceback, such a --json after every scenario had run.
+    """
+    try:
+        probe = tempfile.mkdtemp(prefix=".simulator-probe-", dir=folder)
+    except OSError:
+        return False
+    os.rmdir(probe)
+    return True
 
 
 def check_backend(name: str) -> None:
@@ -381,7 +395,10 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error(str(exc))
     keep: Path | None = args.keep
     if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
+        try:
+            keep.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"--keep {str(keep)!r}: cannot be created ({exc}); name a directory you can write to")
         root = str(keep.resolve())
     else:
         root = tempfile.mkdtemp(prefix="simulator-")
