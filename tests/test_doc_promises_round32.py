@@ -38,3 +38,55 @@ def test_simulator_refuses_an_output_path_no_process_can_write_before_launching(
     assert flag in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "VERDICT" not in out.stdout, "the ranks were launched before the refusal"
     assert not list(tmp_path.glob("simulator-*")), "a refused run left its temporary directory behind"
+
+
+def test_a_root_in_a_folder_literally_named_tilde_lists_paths_that_load_it_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/api_differences.md (29): `~` is the home directory, a folder literally named `~` is spelled `./~`.
+    A listing of `./~/run` named its checkpoints `~/run/step_1` (`Path` drops the `./`), an id that save() and
+    load() read as the home directory: `latest_checkpoint("./~/run")` was None beside a listed checkpoint, and a
+    load of the listed path read the home directory's `run/step_1`."""
+    import torch
+
+    from torch_checkpointing import CheckpointManager, latest_checkpoint, list_checkpoints
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
+        manager.save("./~/run/step_1", {"model": {"w": torch.ones(2)}})
+        (listed,) = list_checkpoints("./~/run")
+        latest = latest_checkpoint("./~/run")
+        assert latest is not None and latest.path == listed.path
+        assert torch.equal(manager.load(listed.path)["model"]["w"], torch.ones(2))
+    assert (work / "~" / "run" / "step_1").is_dir() and not (home / "run").exists()
+
+
+def test_retention_of_saves_under_a_folder_named_tilde_never_prunes_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/api_differences.md (29): a folder literally named `~` is spelled `./~`. The manager normalised a save
+    id `./~/run/step_3` to `~/run/step_3`; retention took `~/run` as its root, expanded it, and pruned the
+    checkpoints under the HOME directory's `run/` (steps 1 and 2 deleted there), leaving `./~/run` untouched."""
+    import torch
+
+    from torch_checkpointing import CheckpointManager, RetentionPolicy, SyncCheckpointSaverConfig
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    state = {"model": {"w": torch.ones(2)}}
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        for step in (1, 2, 3):
+            manager.save(f"~/run/step_{step}", state)
+    pruning = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), retention=RetentionPolicy(keep_last=1))
+    with CheckpointManager(pruning) as manager:
+        for step in (1, 2, 3):
+            manager.save(f"./~/run/step_{step}", state)
+    assert sorted(p.name for p in (home / "run").iterdir()) == ["step_1", "step_2", "step_3"]
+    assert sorted(p.name for p in (work / "~" / "run").iterdir()) == ["step_3"]

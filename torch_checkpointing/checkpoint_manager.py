@@ -57,7 +57,7 @@ from torch_checkpointing.config import (
     check_instance,
     integer_as_int,
 )
-from torch_checkpointing.discovery import OwnerLock, self_describing_layouts
+from torch_checkpointing.discovery import OwnerLock, literal_tilde, self_describing_layouts
 from torch_checkpointing.errors import (
     CheckpointError,
     CommitError,
@@ -1033,7 +1033,7 @@ def _local_path(checkpoint_id: str) -> str:
         raise ConfigError(
             f"Checkpoint id {checkpoint_id!r} names no directory of its own; pass a path such as 'runs/step_100'."
         )
-    return normal
+    return literal_tilde(normal)
 
 
 def _check_working_directory(checkpoint_id: str) -> None:
@@ -1422,7 +1422,7 @@ def _comparable_id(checkpoint_id: Any) -> str:
     text = os.fspath(checkpoint_id) if isinstance(checkpoint_id, os.PathLike) else checkpoint_id
     if not isinstance(text, str):
         return repr(checkpoint_id)
-    return text if _URL.match(text) else os.path.normpath(os.path.expanduser(text))
+    return text if _URL.match(text) else literal_tilde(os.path.normpath(os.path.expanduser(text)))
 
 
 def _refuse_different_checkpoints(what: str, ids: list[str], commits: list[str | None]) -> None:

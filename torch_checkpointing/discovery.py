@@ -139,13 +139,24 @@ def local_url_refused(url: str, scheme: str, lead: str = "") -> ConfigError:
 def spelt(path: str | os.PathLike[str]) -> str:
     """`path` as an id: a URL's `scheme://` put back where `Path` folded it, so that a manager built without a
     storage config recognises the store (it read `s3:/b/run/step_5` as a local path). A local path keeps its own
-    leading slash (`file:///abs/run`, as `FsspecStorage.url` names it): `file://abs/run` names the host `abs`."""
+    leading slash (`file:///abs/run`, as `FsspecStorage.url` names it): `file://abs/run` names the host `abs`.
+    A relative path under a folder named `~` keeps the `./` that `Path` drops: a save or load reads `~/run` as
+    the home directory."""
     text = os.fspath(path)
     scheme = url_scheme(text)
     if scheme is None:
-        return text
+        return literal_tilde(text)
     slash = "/" if scheme in LOCAL_SCHEMES else ""
     return f"{text.split(':', 1)[0]}://{slash}{_after_scheme(text)}"
+
+
+def literal_tilde(path: str) -> str:
+    """A normalised local `path` with the `./` that `normpath` and `Path` drop put back before a leading `~`.
+
+    `./~/run` is a folder named `~`; normalised to `~/run` it names the home directory wherever it is used again
+    (a listing's path loaded back, retention's root): retention of saves under `./~/run` pruned the home
+    directory's `run/`."""
+    return f"./{path}" if path.startswith("~") else path
 
 
 def _after_scheme(url: str) -> str:

@@ -50,6 +50,7 @@ from torch_checkpointing.discovery import (
     default_storage,
     list_leftovers,
     listing,
+    literal_tilde,
     newest_intact,
     require_path,
     spelt,
@@ -514,7 +515,7 @@ def _not_deleted(storage: Storage, src: Path, why: str) -> _Outcome:
 
 
 def _still(storage: Storage, path: Path, expected: CheckpointInfo) -> bool:
-    current = checkpoint_info(path, storage)
+    current = checkpoint_info(literal_tilde(os.fspath(path)), storage)  # a `Path` spells `./~/run` as `~/run`
     return current is not None and current.commit_time == expected.commit_time
 
 
@@ -1331,7 +1332,7 @@ class RetentionRunner:
 
     def root_for(self, checkpoint_id: str) -> str:
         root = os.fspath(self.policy.root) if self.policy.root is not None else ""
-        return root or os.path.dirname(os.path.normpath(checkpoint_id)) or "."
+        return root or literal_tilde(os.path.dirname(os.path.normpath(checkpoint_id)) or ".")
 
     def after_commit(self, checkpoint_id: str, write: Future[object] | None) -> None:
         """Schedule the pass for `checkpoint_id`: now for a sync save (write None), else when `write` succeeds."""
