@@ -205,20 +205,25 @@ def _write_summary(tr: Any, clauses: dict[str, Any], status: dict[str, str]) -> 
         tr.write_line(line)
 
 
-def _compare(tr: Any, config: pytest.Config, clauses: dict[str, Any], status: dict[str, str]) -> None:
+def _stale_clauses(config: pytest.Config, clauses: dict[str, Any], status: dict[str, str]) -> dict[str, Any]:
+    """Clause id -> its status in the --compare-report file, for each clause this run gave another status."""
     committed_path = config.getoption("--compare-report")
     if not committed_path or set(clauses) - set(status):
-        return  # only a run that measured every clause can be compared
+        return {}  # only a run that measured every clause can be compared
     committed = json.loads(Path(committed_path).read_text())["clauses"]
-    diff = sorted(c for c in clauses if committed.get(c) != status.get(c))
-    if diff:
-        for cid in diff:
-            tr.write_line(f"REPORT DIFFERS {cid}: committed {committed.get(cid)}, this run {status.get(cid)}")
+    return {c: committed.get(c) for c in clauses if committed.get(c) != status.get(c)}
+
+
+def _compare(tr: Any, config: pytest.Config, clauses: dict[str, Any], status: dict[str, str]) -> None:
+    stale = _stale_clauses(config, clauses, status)
+    for cid in sorted(stale):
+        tr.write_line(f"REPORT DIFFERS {cid}: committed {stale[cid]}, this run {status.get(cid)}")
+    if stale:
+        committed_path = config.getoption("--compare-report")
         tr.write_line(
             f"{committed_path} is stale: rerun with --clause-report {committed_path}, then "
             "python -m conformance.report docs"
         )
-        config._conformance_stale = True  # type: ignore[attr-defined]
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -249,7 +254,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if getattr(session.config, "_conformance_stale", False) and exitstatus == 0:
+    """A stale --compare-report fails the run. Decided here, not in the terminal summary that prints the
+    differences: pytest calls the summary from inside this hook, after the exit status is read."""
+    config = session.config
+    if hasattr(config, "workerinput") or not _OUTCOMES or exitstatus != 0:
+        return
+    if _stale_clauses(config, load_clauses(), fold(_OUTCOMES)):
         session.exitstatus = 1
 
 

@@ -90,3 +90,52 @@ def test_retention_of_saves_under_a_folder_named_tilde_never_prunes_the_home_dir
             manager.save(f"./~/run/step_{step}", state)
     assert sorted(p.name for p in (home / "run").iterdir()) == ["step_1", "step_2", "step_3"]
     assert sorted(p.name for p in (work / "~" / "run").iterdir()) == ["step_3"]
+
+
+def _suite_with_one_clause(tmp_path: Path) -> Path:
+    """A copy of the suite whose register holds only `SPEC-FIELDS-1`, so that one test is a run that measured
+    every clause (the only kind --compare-report compares)."""
+    import shutil
+
+    copy = tmp_path / "checkout"
+    for folder in ("conformance", "simulator"):
+        shutil.copytree(ROOT / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__", "reports"))
+    register = (copy / "conformance" / "CLAUSES.md").read_text(encoding="utf-8").splitlines()
+    kept = [line for line in register if not line.startswith("| `") or line.startswith("| `SPEC-FIELDS-1`")]
+    (copy / "conformance" / "CLAUSES.md").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    return copy
+
+
+def test_conformance_compare_report_fails_the_run_when_the_committed_report_is_stale(tmp_path: Path) -> None:
+    """docs/conformance.md: "`tox -e conformance` fails when a full run of ours disagrees with
+    `conformance/reports/ours.json` (`--compare-report`)". The comparison ran in the terminal summary, after the
+    session's exit status had been decided: the run printed "REPORT DIFFERS" and "... is stale", then exited 0,
+    so the tox environment passed with a stale report."""
+    import json
+
+    copy = _suite_with_one_clause(tmp_path)
+    committed = tmp_path / "committed.json"
+    committed.write_text(json.dumps({"clauses": {"SPEC-FIELDS-1": "failed"}}), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), str(ROOT)])}
+    args = ["-p", "no:cacheprovider", "-q", "conformance/test_schema.py", "-k", "four_fields"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "--compare-report", str(committed)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=copy,
+        env=env,
+    )
+    assert "1 passed" in out.stdout and "REPORT DIFFERS SPEC-FIELDS-1" in out.stdout, out.stdout[-3000:]
+    assert out.returncode == 1, out.stdout[-3000:]
+
+    committed.write_text(json.dumps({"clauses": {"SPEC-FIELDS-1": "passed"}}), encoding="utf-8")
+    agreeing = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "--compare-report", str(committed)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=copy,
+        env=env,
+    )
+    assert agreeing.returncode == 0 and "REPORT DIFFERS" not in agreeing.stdout, agreeing.stdout[-3000:]
