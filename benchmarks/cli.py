@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import sys
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -153,12 +155,27 @@ def run(cfg: BenchConfig, command: str, log: Any = print) -> dict[str, Any]:
     return doc
 
 
+def _check_writable(parser: argparse.ArgumentParser, flag: str, folder: Path) -> None:
+    """Refuse, before any section runs, a folder nothing can be written in: the results were lost to a traceback
+    at the end of the run, a quarter of an hour later for the full one."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)  # the run makes it too
+        os.rmdir(tempfile.mkdtemp(prefix=".benchmarks-probe-", dir=folder))
+    except OSError as exc:
+        parser.error(f"{flag} {str(folder)!r}: nothing can be written there ({exc}); name a writable directory")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.markdown is not None:
         print(markdown_section(json.loads(args.markdown.read_text())))
         return 0
     cfg = config_from_args(args)
+    _check_writable(parser, "--workdir", cfg.work_parent)
+    _check_writable(parser, "--out", cfg.out_json.parent)
+    if args.sweep is not None and args.plot is not None:
+        _check_writable(parser, "--plot", args.plot.parent)
     command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     if args.sweep is not None:
         from .sweep import run_sweep

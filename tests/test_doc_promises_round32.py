@@ -139,3 +139,29 @@ def test_conformance_compare_report_fails_the_run_when_the_committed_report_is_s
         env=env,
     )
     assert agreeing.returncode == 0 and "REPORT DIFFERS" not in agreeing.stdout, agreeing.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("flag", "target"),
+    [("--out", "/proc/benchmarks/results.json"), ("--workdir", "/proc/benchmarks-work")],
+)
+def test_benchmarks_refuse_an_output_path_no_process_can_write_before_measuring(
+    tmp_path: Path, flag: str, target: str
+) -> None:
+    """docs/performance.md: the figures "go to bench-out/results.json" (`--out`), the checkpoints to a temporary
+    directory under `--workdir`. Neither was checked up front: an unwritable `--out` ended, after every section had
+    run (a quarter of an hour for the full run), in a FileNotFoundError traceback with the results lost; an
+    unwritable `--workdir`, in a traceback."""
+    args = ["--sections", "scale", "--scale-dp", "2", "--scale-layers", "1", "--runs", "1"]
+    defaults = ["--out", str(tmp_path / "results.json"), "--workdir", str(tmp_path / "work")]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args, *defaults, flag, target],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert flag in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "targets pass" not in out.stdout, "the sections ran before the refusal"
