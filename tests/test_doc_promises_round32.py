@@ -165,3 +165,23 @@ def test_benchmarks_refuse_an_output_path_no_process_can_write_before_measuring(
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert flag in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "targets pass" not in out.stdout, "the sections ran before the refusal"
+
+
+@pytest.mark.packaging
+def test_the_wheel_is_pure_python_with_the_one_console_script(tmp_path: Path) -> None:
+    """docs/packaging.md: "The wheel is pure Python (`py3-none-any`)" and "the wheel installs one console script,
+    `torch-checkpointing` (the CLI of docs/operations.md, also `python -m torch_checkpointing`)"."""
+    import configparser
+    import importlib
+    import zipfile
+
+    from tests.test_packaging import _build, _checkout_copy
+
+    wheel = _build(_checkout_copy(tmp_path), "build_wheel", tmp_path / "out")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    with zipfile.ZipFile(wheel) as zf:
+        (entry_points,) = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        parsed = configparser.ConfigParser()
+        parsed.read_string(zf.read(entry_points).decode())
+    assert dict(parsed["console_scripts"]) == {"torch-checkpointing": "torch_checkpointing.__main__:run"}
+    assert callable(importlib.import_module("torch_checkpointing.__main__").run)
