@@ -21,7 +21,7 @@ import re
 import struct
 import sys
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError
@@ -324,17 +324,35 @@ def shortage_within(exc: BaseException, outside: BaseException | None = None) ->
     in aiohttp's socket read, and each was taken for the store's failure. `outside`: what the caller was handling
     when the call began (`sys.exception()` then), and every exception the call raised is chained to: its
     shortage is the caller's, not this call's, and is not looked into."""
-    seen: set[int] = {id(outside)} if outside is not None else set()
-    todo: list[BaseException] = list(_wrapped(exc))
-    while todo and len(seen) < 16:  # bounded: a chain is a few links; a cycle or a crafted one is not walked
-        inner = todo.pop(0)
-        if id(inner) in seen:
-            continue
+    links = exception_chain(exc, () if outside is None else (outside,))
+    next(links)  # `exc` itself: the caller asks `is_shortage` of it
+    for inner in links:
         if isinstance(inner, (MemoryError, OSError)) and is_shortage(inner):
             return inner
-        seen.add(id(inner))
-        todo += _wrapped(inner)
     return None
+
+
+# The most links `exception_chain` walks: a real chain is a few; a cycle or a crafted one is cut here.
+CHAIN_LIMIT = 16
+
+
+def exception_chain(exc: BaseException, stop: Iterable[BaseException] = ()) -> Iterator[BaseException]:
+    """`exc`, then what each link was raised from, or (where not suppressed) while handling, and botocore's
+    `kwargs['error']`: nearest first, each once (a cycle ends), at most `CHAIN_LIMIT` links, and never into an
+    exception of `stop` (by identity) nor past it. `stop`: what the caller was handling when the call that raised
+    `exc` began: Python chains an error raised in an `except` block to the one handled there, and that one's
+    S3 code or shortage is the caller's, not the call's. The one walker of the package: two walked chains their
+    own ways before, one of them endlessly round a cycle of causes and into what a caller was handling."""
+    stops = {id(e) for e in stop}
+    seen: set[int] = set()
+    todo = [exc]
+    while todo and len(seen) < CHAIN_LIMIT:
+        link = todo.pop(0)
+        if id(link) in seen or id(link) in stops:
+            continue
+        seen.add(id(link))
+        yield link
+        todo += _wrapped(link)
 
 
 def _wrapped(exc: BaseException) -> list[BaseException]:

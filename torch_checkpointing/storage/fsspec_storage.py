@@ -58,6 +58,7 @@ from torch_checkpointing.errors import (
     ConfigTypeError,
     ObjectStoreError,
     add_note,
+    exception_chain,
     is_shortage,
     shortage_within,
 )
@@ -1662,15 +1663,12 @@ def _error_code(exc: BaseException) -> str | None:
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """`exc`, then what each link was raised from or while handling, up to (not into) what a caller was handling
-    as an open error scope of this thread began (`_ErrorScope`). Python chains an error raised in an `except`
-    block to the one handled there: the caller's S3 code was taken for the call's, and a conditional replace or
-    delete on a store that could not be reached, made in a handler of a NoSuchKey, answered "it changed or went"."""
-    stops = getattr(_SCOPES, "outside", [])
-    seen: BaseException | None = exc
-    while seen is not None and not any(seen is stop for stop in stops):
-        yield seen
-        seen = seen.__cause__ or seen.__context__
+    """`exc` and its links (`errors.exception_chain`), up to (not into) what a caller was handling as an open
+    error scope of this thread began (`_ErrorScope`). Python chains an error raised in an
+    `except` block to the one handled there: the caller's S3 code was taken for the call's, and a conditional
+    replace or delete on a store that could not be reached, made in a handler of a NoSuchKey, answered "it
+    changed or went"."""
+    return exception_chain(exc, getattr(_SCOPES, "outside", ()))
 
 
 class _ChangedWhileRead(OSError):
@@ -2142,6 +2140,20 @@ def _abort_upload(fs: Any, key: str, upload_id: str) -> bool:
 _SCOPES = threading.local()
 
 
+def _push_outside() -> BaseException | None:
+    """What this thread is handling now, if anything, made a stop of `_chain` until `_pop_outside`."""
+    outside = sys.exc_info()[1]
+    if outside is not None:
+        _SCOPES.__dict__.setdefault("outside", []).append(outside)
+    return outside
+
+
+def _pop_outside(outside: BaseException | None) -> None:
+    if outside is not None:  # by identity: the last of this exception's entries is its latest push
+        stack = _SCOPES.outside
+        del stack[max(i for i, e in enumerate(stack) if e is outside)]
+
+
 class _ErrorScope:
     """Turns a store's error (botocore's, aiohttp's, OSError) into an ObjectStoreError naming the object.
 
@@ -2160,9 +2172,7 @@ class _ErrorScope:
     def __enter__(self) -> None:
         # What the caller is handling (its `except` block): the call's errors are chained to it, and it is none
         # of theirs. A store refusing a connection inside a caller's `except MemoryError:` was told as a shortage.
-        self.outside = sys.exc_info()[1]
-        if self.outside is not None:
-            _SCOPES.__dict__.setdefault("outside", []).append(self.outside)
+        self.outside = _push_outside()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -2170,9 +2180,7 @@ class _ErrorScope:
         try:
             self._translate(exc)
         finally:
-            if self.outside is not None:  # by identity: the last of this exception's entries is this scope's
-                stack = _SCOPES.outside
-                del stack[max(i for i, e in enumerate(stack) if e is self.outside)]
+            _pop_outside(self.outside)
 
     def _translate(self, exc: BaseException | None) -> None:
         """`exc`, met in the scope, raised as what it is for the caller (see the class); None: it passes as it is."""
