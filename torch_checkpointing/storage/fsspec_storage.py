@@ -1178,6 +1178,12 @@ class FsspecStorage(Storage):
         bucket = backend.fs.split_path(key)[0] if backend.is_s3 else ""
         if not bucket or bucket in self._buckets_seen:
             return
+        with _caller_handling():  # the lookup's "not found" (a NoSuchKey) is no answer of this HEAD
+            self._ask_bucket(backend, bucket, what, path)
+        self._buckets_seen.add(bucket)
+
+    def _ask_bucket(self, backend: _Backend, bucket: str, what: str, path: Path | str) -> None:
+        """HEAD the bucket: an `ObjectStoreError` if the store says it does not exist; any other failure passes."""
         try:
             backend.io.call_s3("head_bucket", Bucket=bucket)
         except Exception as exc:
@@ -1190,7 +1196,6 @@ class FsspecStorage(Storage):
             )
             logger.warning("%s", error)
             raise error from exc
-        self._buckets_seen.add(bucket)
 
 
 def _mkdir_one_level(backend: _Backend, key: str) -> None:
@@ -1664,7 +1669,7 @@ def _error_code(exc: BaseException) -> str | None:
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     """`exc` and its links (`errors.exception_chain`), up to (not into) what a caller was handling as an open
-    error scope of this thread began (`_ErrorScope`). Python chains an error raised in an
+    error scope of this thread began (`_ErrorScope`, `_caller_handling`). Python chains an error raised in an
     `except` block to the one handled there: the caller's S3 code was taken for the call's, and a conditional
     replace or delete on a store that could not be reached, made in a handler of a NoSuchKey, answered "it
     changed or went"."""
@@ -2152,6 +2157,17 @@ def _pop_outside(outside: BaseException | None) -> None:
     if outside is not None:  # by identity: the last of this exception's entries is its latest push
         stack = _SCOPES.outside
         del stack[max(i for i, e in enumerate(stack) if e is outside)]
+
+
+@contextlib.contextmanager
+def _caller_handling() -> Iterator[None]:
+    """Within: an error of a call made here is told by its own chain only, not by what the caller is handling
+    (see `_chain`), for code that asks the store in an `except` block and reads the code of what it met."""
+    outside = _push_outside()
+    try:
+        yield
+    finally:
+        _pop_outside(outside)
 
 
 class _ErrorScope:
