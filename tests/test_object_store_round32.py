@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import re
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,8 @@ import pytest
 
 from tests.s3_faults import LOST, FaultProxy, Rule
 from tests.s3_server import S3Server
-from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+from torch_checkpointing.errors import ConfigError, ObjectStoreError
+from torch_checkpointing.storage.fsspec_storage import MAX_PARTS, MIN_PART_SIZE, FsspecStorageConfig, MiB
 
 # One try, short timeouts: a dropped connection fails in seconds, not after the client's backoff.
 _FAST_FAIL = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 1, "mode": "standard"}}
@@ -68,3 +70,48 @@ def test_a_refused_bucket_check_after_a_missing_object_is_no_missing_bucket(s3_s
         with pytest.raises(FileNotFoundError):
             storage.read_range(Path("run/absent.pt"), 0, 10)
         assert proxy.seen == [f"GET /{bucket}/run/absent.pt HTTP/1.1"]  # the HEAD of the bucket was refused
+
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("where", [{"url": "s3://bucket/run"}, {"protocol": "s3a"}, {}])
+def test_a_part_size_past_s3s_largest_part_is_refused_naming_it(where: dict[str, str]) -> None:
+    """S3 takes parts of 5 MiB to 5 GiB. Before, `part_size=5 GiB + 1` was taken, and every file larger than
+    5 GiB failed at its upload (EntityTooLarge), after the save had staged and encoded everything."""
+    with pytest.raises(ConfigError, match=r"FsspecStorageConfig\.part_size .*5368709120") as caught:
+        FsspecStorageConfig(part_size=5 * GiB + 1, **where)
+    assert "5 MiB to 5 GiB" in str(caught.value)
+    assert FsspecStorageConfig(part_size=5 * GiB, **where).part_size == 5 * GiB
+
+
+def test_a_part_size_past_5_gib_stays_allowed_on_a_store_without_that_rule() -> None:
+    assert FsspecStorageConfig(url="memory://run", part_size=6 * GiB).part_size == 6 * GiB
+
+
+def test_a_part_size_under_5_mib_is_refused_naming_the_argument() -> None:
+    with pytest.raises(ConfigError, match=r"FsspecStorageConfig\.part_size .*5242880"):
+        FsspecStorageConfig(url="s3://bucket/run", part_size=5 * MiB - 1)
+
+
+def test_an_object_needing_more_than_10000_parts_is_refused_before_its_upload(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """A file of more than `part_size` x 10,000 bytes cannot be one S3 object at that part size. Before, its
+    upload began, and failed after 10,000 parts had been sent (50 GiB at 5 MiB) with no word of the size it
+    needed; now it is refused before any request, naming the object, its size and the part_size it needs."""
+    config = s3_server.config(part_size=MIN_PART_SIZE)
+    size = MIN_PART_SIZE * MAX_PARTS + 1
+    sparse = tmp_path / "huge.bin"
+    with open(sparse, "wb") as out:  # sparse: no disk, and its pages are read only if an upload reads them
+        out.truncate(size)
+    with FaultProxy(s3_server.port) as proxy, open(sparse, "rb") as raw:
+        proxy.rules = [Rule(r"^(PUT|POST) ", 500, "InternalError")]  # the old code's first upload request ends it
+        storage = _through(config, proxy).create_storage()
+        data = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)  # closed when unreferenced
+        with pytest.raises(ObjectStoreError) as caught:
+            storage.write(Path("run/step_1/model_0.pt"), data)
+        said = str(caught.value)
+        assert "run/step_1/model_0.pt" in said and str(size) in said and "10000 parts" in said
+        assert f"part_size to at least {MIN_PART_SIZE + 1}" in said
+        assert not [line for line in proxy.seen if not line.startswith(("HEAD ", "GET "))]  # nothing uploaded

@@ -95,8 +95,11 @@ __all__ = ["FsspecStorage", "FsspecStorageConfig", "ObjectStoreError", "store_en
 logger = logging.getLogger("torch_checkpointing")
 
 MiB = 1 << 20
-# S3 refuses multipart parts under 5 MiB (all but the last); GCS and the others accept them too.
+GiB = 1 << 30
+# S3 takes multipart parts of 5 MiB (all but the last) to 5 GiB, and one PUT of up to 5 GiB; GCS and the others
+# take parts outside that range too.
 MIN_PART_SIZE = 5 * MiB
+MAX_PART_SIZE = 5 * GiB
 _READ_ATTEMPTS = 3  # a small object read whole: tries when it changes between its HEADs
 _DELETE_BATCH = 1000  # S3's limit of keys per DeleteObjects request
 # The store stamps an upload's start to the second: a create retried within `took_s` may read up to this earlier.
@@ -179,8 +182,7 @@ class FsspecStorageConfig(StorageConfig):
                     f"FsspecStorageConfig.filesystem speaks {sorted(given)}, not the configured {self.protocol}://; "
                     f"pass a filesystem of that protocol or leave url/protocol to match it."
                 )
-        if self.part_size < MIN_PART_SIZE and self.protocol in ("", *_S3_PROTOCOLS):
-            raise ConfigError(f"part_size must be at least {MIN_PART_SIZE} bytes on S3 (got {self.part_size})")
+        self._check_s3_part_size()
         if self.part_size < 1 or self.max_concurrency < 1:
             raise ConfigError(
                 f"part_size and max_concurrency must be positive (FsspecStorageConfig.part_size={self.part_size}, "
@@ -189,6 +191,18 @@ class FsspecStorageConfig(StorageConfig):
         self._check_endpoint()
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ConfigError(f"request_timeout_s must be positive or None (got {self.request_timeout_s})")
+
+    def _check_s3_part_size(self) -> None:
+        """S3's part sizes (`MIN_PART_SIZE`..`MAX_PART_SIZE`), for S3 and for ids that may name it (no protocol).
+        A part_size past 5 GiB was taken before: every file larger than 5 GiB then failed at its upload (S3's
+        EntityTooLarge), after the save had staged and encoded it."""
+        if self.protocol not in ("", *_S3_PROTOCOLS) or MIN_PART_SIZE <= self.part_size <= MAX_PART_SIZE:
+            return
+        raise ConfigError(
+            f"FsspecStorageConfig.part_size must be at least {MIN_PART_SIZE} and at most {MAX_PART_SIZE} bytes on "
+            f"S3 (5 MiB to 5 GiB, the sizes S3 takes for a multipart part; got {self.part_size}): pass a part_size "
+            f"in that range."
+        )
 
     def _check_url_protocol(self) -> None:
         """A `url` of another store than `protocol` (`s3://...` with `gs`) was refused only by `create_storage()`,
@@ -716,6 +730,7 @@ class FsspecStorage(Storage):
         """
         view = memoryview(data).cast("B")
         if len(view) > self.config.part_size:
+            self._check_parts(path, len(view))
             with self.stream_write(path) as stream:
                 stream.write(view)
             return
@@ -727,6 +742,27 @@ class FsspecStorage(Storage):
             return
         with self._errors("upload of", path):
             backend.io.pipe_file(key, bytes(view), **tag)
+
+    def _check_parts(self, path: Path, size: int) -> None:
+        """An `ObjectStoreError` naming `path` when its `size` bytes need more than S3's `MAX_PARTS` parts of
+        `part_size`: refused before any request. Its upload began before, and failed after 10,000 parts had been
+        sent (50 GiB at 5 MiB), saying nothing of the part size it needed."""
+        backend, key = self._resolve_for_write(path)
+        part_size = self.config.part_size
+        if not backend.is_s3 or size <= part_size * MAX_PARTS:
+            return
+        needed = -(-size // MAX_PARTS)
+        fix = (
+            f"raise FsspecStorageConfig.part_size to at least {needed}"
+            if needed <= MAX_PART_SIZE
+            else f"no part size up to S3's {MAX_PART_SIZE} bytes fits it: save it in smaller pieces"
+        )
+        error = ObjectStoreError(
+            f"upload of {backend.url(key)}: {size} bytes need more than {MAX_PARTS} parts of {part_size} bytes "
+            f"(S3's limit per object): {fix}."
+        )
+        logger.warning("%s", error)
+        raise error
 
     def delete(self, path: Path) -> None:
         backend, key = self._resolve(path)
