@@ -115,3 +115,22 @@ def test_an_object_needing_more_than_10000_parts_is_refused_before_its_upload(
         assert "run/step_1/model_0.pt" in said and str(size) in said and "10000 parts" in said
         assert f"part_size to at least {MIN_PART_SIZE + 1}" in said
         assert not [line for line in proxy.seen if not line.startswith(("HEAD ", "GET "))]  # nothing uploaded
+
+
+def test_a_bucket_deleted_after_its_first_check_is_named_not_read_as_empty(s3_server: S3Server) -> None:
+    """The bucket check asks the store once per storage; a bucket deleted after that (a lifecycle job, an
+    operator) made every later listing and read a bare "not found", though the store's own answer said
+    NoSuchBucket: a resume listed no checkpoint and started from scratch. Now that answer is the error."""
+    config = s3_server.config()
+    bucket = config.url.removeprefix("s3://")
+    storage = config.create_storage()
+    with pytest.raises(FileNotFoundError):
+        storage.getsize(Path("run/absent.pt"))  # the first miss: the bucket is checked, and there
+    storage.fs.call_s3("delete_bucket", Bucket=bucket)
+    for what, lookup in (
+        ("listing of", lambda: storage.ls(Path("run"))),
+        ("download of", lambda: storage.read(Path("run/step_1/model_0.pt"))),
+        ("ranged read of", lambda: storage.read_range(Path("run/step_1/model_0.pt"), 0, 4)),
+    ):
+        with pytest.raises(ObjectStoreError, match=rf"{what} s3://{bucket}/run.* the bucket '{bucket}' does not"):
+            lookup()

@@ -901,8 +901,8 @@ class FsspecStorage(Storage):
                     # A claim is small: of a larger object (another program's) its first bytes tell that.
                     data = self._get(backend, key, 0, min(before[0], MAX_MARKER_BYTES + 1)) if before[0] else b""
                     after = _version(backend, key)
-                except FileNotFoundError:
-                    self._check_bucket(backend, key, "download of", path)
+                except FileNotFoundError as exc:
+                    self._check_bucket(backend, key, "download of", path, exc)
                     return None
                 if after == before:
                     return data, before[1] or _content_version(data)
@@ -1199,19 +1199,25 @@ class FsspecStorage(Storage):
         """A "not found" inside is re-raised as it is, unless the bucket itself is missing (then that error)."""
         try:
             yield
-        except FileNotFoundError:
-            self._check_bucket(backend, key, what, path)
+        except FileNotFoundError as exc:
+            self._check_bucket(backend, key, what, path, exc)
             raise
 
-    def _check_bucket(self, backend: _Backend, key: str, what: str, path: Path | str) -> None:
+    def _check_bucket(
+        self, backend: _Backend, key: str, what: str, path: Path | str, told: BaseException | None = None
+    ) -> None:
         """After a lookup found nothing: on S3, an `ObjectStoreError` if the bucket itself does not exist.
 
         s3fs answers a key in a missing bucket as a missing key (`exists` False, an empty run), so a typo in the
         bucket read as "no checkpoint yet" and a resume started from scratch. One HEAD of the bucket per storage,
         on its first miss; an answer other than "no such bucket" (a store that denies ListBucket, or is failing)
-        leaves the lookup's own answer standing.
+        leaves the lookup's own answer standing. `told`: the lookup's own "not found"; where the store said
+        NoSuchBucket in it, that is the answer, even for a bucket checked before (deleted since: a listing then
+        read as an empty run).
         """
         bucket = backend.fs.split_path(key)[0] if backend.is_s3 else ""
+        if bucket and told is not None and _error_code(told) == "NoSuchBucket":
+            raise self._no_bucket(bucket, what, path) from told
         if not bucket or bucket in self._buckets_seen:
             return
         with _caller_handling():  # the lookup's "not found" (a NoSuchKey) is no answer of this HEAD
@@ -1226,12 +1232,16 @@ class FsspecStorage(Storage):
             if not (_missing(exc) or _error_code(exc) == "NoSuchBucket"):
                 self._buckets_seen.add(bucket)  # asked once: a role without ListBucket must not pay this per miss
                 return
-            error = ObjectStoreError(
-                f"{what} {self.remap_path(Path(os.fspath(path)))} failed: the bucket {bucket!r} does not exist "
-                f"(NoSuchBucket: {_FIXES['NoSuchBucket']})"
-            )
-            logger.warning("%s", error)
-            raise error from exc
+            raise self._no_bucket(bucket, what, path) from exc
+
+    def _no_bucket(self, bucket: str, what: str, path: Path | str) -> ObjectStoreError:
+        """The error (logged) of a lookup of `path` in `bucket`, which does not exist."""
+        error = ObjectStoreError(
+            f"{what} {self.remap_path(Path(os.fspath(path)))} failed: the bucket {bucket!r} does not exist "
+            f"(NoSuchBucket: {_FIXES['NoSuchBucket']})"
+        )
+        logger.warning("%s", error)
+        return error
 
 
 def _mkdir_one_level(backend: _Backend, key: str) -> None:
