@@ -61,7 +61,11 @@ def integer_as_int(value: Any) -> Any:
         return value
     try:
         return operator.index(value)
-    except TypeError:  # an `__index__` that refuses (a tensor of more than one element)
+    except MemoryError:
+        raise
+    except Exception:  # an `__index__` that refuses, or has no value to give: no integer here
+        # TypeError for a tensor of more than one element; a fake or traced tensor (torch.compile's) holds no value
+        # and raised torch's bare DataDependentOutputException (a RuntimeError), naming neither argument nor fix.
         return value
 
 
