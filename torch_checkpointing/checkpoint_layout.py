@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import Self
 
+from torch_checkpointing.config import integer_as_int
 from torch_checkpointing.errors import ConfigError, ConfigTypeError, CorruptCheckpointError, unknown_to_this_engine
 from torch_checkpointing.schema_constants import RANK_PLACEHOLDER
 
@@ -278,4 +279,10 @@ class ReplicatedLayoutInfo(LayoutInfo):
 
 
 def default_layout_info(key: str, rank: int) -> LayoutInfo:
+    """`<key>_<rank>.pt`, the rank an integer scalar's plain int: `True` named "k_True.pt" and `1.0` "k_1.0.pt",
+    files no rank writes."""
+    if type(rank) is not int:
+        rank = integer_as_int(rank)
+        if type(rank) is not int:
+            raise ConfigTypeError(f"default_layout_info: rank must be an int, got {type(rank).__name__} {rank!r:.80}")
     return LayoutInfo(f"{key}_{rank}.pt", TorchSerialization())

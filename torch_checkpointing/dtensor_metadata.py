@@ -220,6 +220,10 @@ class DeviceMeshSpec:
         return torch.tensor(self.mesh_data, dtype=torch.int64).reshape(self.mesh_shape)
 
     def get_coordinate(self, rank: int) -> tuple[int, ...] | None:
+        """`rank`'s place in the mesh, None where it has none. The rank an integer scalar's plain int: a tensor
+        (hashed by identity) found no place, and `True` found rank 1's."""
+        if type(rank) is not int:
+            rank = field_int(rank, "rank", "DeviceMeshSpec.get_coordinate", minimum=-(1 << 63))  # as an int: None
         return self.coordinates().get(rank)
 
     def coordinates(self) -> dict[int, tuple[int, ...]]:
