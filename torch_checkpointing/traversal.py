@@ -176,12 +176,16 @@ def _walk(value: Any, with_containers: bool, once: bool = False) -> Iterator[Any
             yield node
 
 
+# The key types searched by no NaN test: the keys of almost every dict (a set difference of them is one C step).
+_NO_NAN_KEYS = frozenset({str, int, bool, type(None)})
+
+
 def nan_key_path(value: Any) -> NestedPath | None:
     """The path to the first dict whose keys hold a NaN (the key itself last), else None. NaN is unequal to itself:
     such a key is found again by no lookup, so a load into a template holding it restored the entry "partially"
     (missing and extra at once). Each distinct container once, its leaves judged by type in C (a list of millions
-    of ints takes no Python step per entry); only a dict with a float or tuple key is searched. A cycle is left to
-    the walks that refuse it."""
+    of ints takes no Python step per entry); only a dict with a key of another type than str, int, bool or None is
+    searched (numpy's NaN, a float64 or a float32 key, was saved). A cycle is left to the walks that refuse it."""
     stack: list[tuple[Any, NestedPath]] = [(value, ())]
     seen: dict[int, Any] = {}  # kept alive: a Mapping may make its values at each access
     while stack:
@@ -244,9 +248,10 @@ def tree_sizes(value: Any, *, nan_keys: bool) -> tuple[int, int, bool]:
 
 
 def _has_nan_key(node: Mapping[Any, Any]) -> bool:
-    """Whether a key of `node` is or holds NaN; only a dict with a float or tuple key is searched (the key types
-    judged in C, no Python step per str key)."""
-    return bool(set(map(type, node)) & {float, tuple}) and any(map(holds_nan, node))
+    """Whether a key of `node` is or holds NaN; only a dict with a key of another type than str, int, bool or None
+    is searched (a float, a tuple, numpy's float32 or float64; the key types judged in C, no Python step per str
+    key)."""
+    return bool(set(map(type, node)) - _NO_NAN_KEYS) and any(map(holds_nan, node))
 
 
 def _inner_containers(kids: Iterable[Any]) -> list[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -119,9 +120,10 @@ def json_component(c: object) -> bool:
 
 
 def holds_nan(c: object) -> bool:
-    """Whether a path component is or holds a NaN float (a tuple key may hold one)."""
-    if isinstance(c, float):
-        return c != c
+    """Whether a path component is or holds a NaN (a tuple key may hold one): a float's, or any other real
+    number's, such as numpy's `float32` (no float) and `float64` (a float subclass), unequal to itself as well."""
+    if isinstance(c, float) or (isinstance(c, numbers.Real) and not isinstance(c, numbers.Integral)):
+        return bool(c != c)
     return isinstance(c, (tuple, list)) and any(map(holds_nan, c))
 
 
