@@ -1,4 +1,5 @@
-"""A `~` staging directory means the home directory, as every other path argument's `~` does (round 32)."""
+"""A `~` path means the home directory where round 31 left it literal (round 32): a staging directory and the
+ids that retention protects."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from torch_checkpointing import CheckpointManager, list_checkpoints, retention
+from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.retention import RetentionPolicy
 from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
 
 
@@ -41,3 +45,28 @@ def test_a_home_staging_dir_stages_under_the_home_directory(tmp_path: Path, monk
     finally:
         stager.close()
     assert not (work / "~").exists()
+
+
+@pytest.fixture
+def home_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Steps 1 to 3 saved as '~/run/step_N', HOME a fresh directory, the working directory another."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), load=CheckpointLoaderConfig())
+    with CheckpointManager(config) as manager:
+        for step in (1, 2, 3):
+            manager.save(f"~/run/step_{step}", {"m": {"x": torch.ones(2)}})
+    return home
+
+
+@pytest.mark.parametrize("root", ["~/run", "{home}/run"], ids=["home-root", "absolute-root"])
+@pytest.mark.parametrize("prune_call", ["prune", "apply_retention"])
+def test_a_home_protect_id_keeps_its_checkpoint(home_run: Path, root: str, prune_call: str) -> None:
+    """Defect: `prune(root, RetentionPolicy(keep_last=1), protect=["~/run/step_1"])` deleted step_1: the id was
+    compared as a path named '~' under the working directory, which no listed checkpoint is."""
+    call = getattr(retention, prune_call)
+    call(root.format(home=home_run), RetentionPolicy(keep_last=1), protect=["~/run/step_1"])
+    assert [info.step for info in list_checkpoints(home_run / "run")] == [1, 3]

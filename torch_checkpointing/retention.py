@@ -550,9 +550,10 @@ def _identity(storage: Storage, path: str | os.PathLike[str]) -> str:
     """One name per checkpoint however it is spelt: a save's id (relative to the working directory or to an
     object store's `url` root, or a full URL) and the path a listing under the policy's `root` gives for it.
     Compared as written, a root spelt otherwise than the ids protected nothing, and the pass after a save
-    deleted that save's checkpoint."""
+    deleted that save's checkpoint. A local `~` is the home directory, as a save's id: `protect=["~/run/step_1"]`
+    named a folder '~' under the working directory, and the checkpoint it meant was deleted."""
     try:
-        local = storage.local_path(Path(path))
+        local = storage.local_path(Path(user_path(path, storage)))
         return os.path.realpath(local) if local is not None else storage.remap_path(Path(path)).rstrip("/")
     except (ValueError, OSError):  # a name this store does not resolve: as written
         return os.path.normpath(os.fspath(path))
