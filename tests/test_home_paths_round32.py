@@ -1,5 +1,5 @@
-"""A `~` path means the home directory where round 31 left it literal (round 32): a staging directory and the
-ids that retention protects."""
+"""A `~` path means the home directory where round 31 left it literal (round 32): a staging directory, the ids
+that retention protects, and the checkpoint `load_distributed_metadata` reads."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, list_checkpoints, retention
+from torch_checkpointing import CheckpointManager, DTensorResharder, ItemSpec, list_checkpoints, retention
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
+from torch_checkpointing.distributed_metadata import load_distributed_metadata
 from torch_checkpointing.retention import RetentionPolicy
 from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 
 def _slab_files() -> set[str]:
@@ -70,3 +72,17 @@ def test_a_home_protect_id_keeps_its_checkpoint(home_run: Path, root: str, prune
     call = getattr(retention, prune_call)
     call(root.format(home=home_run), RetentionPolicy(keep_last=1), protect=["~/run/step_1"])
     assert [info.step for info in list_checkpoints(home_run / "run")] == [1, 3]
+
+
+def test_load_distributed_metadata_reads_a_home_checkpoint(home_run: Path) -> None:
+    """Defect: `load_distributed_metadata("~/run/resharded", storage)` returned None, the answer for a checkpoint
+    that holds no metadata.json, of one that holds it."""
+    config = CheckpointManager.Config(
+        items={"m": ItemSpec(resharder=DTensorResharder())}, save=SyncCheckpointSaverConfig()
+    )
+    with CheckpointManager(config) as manager:
+        manager.save("~/run/resharded", {"m": {"x": torch.ones(2)}})
+    storage = LocalFileSystemStorageConfig().create_storage()
+    expected = load_distributed_metadata(home_run / "run" / "resharded", storage)
+    assert expected is not None
+    assert load_distributed_metadata("~/run/resharded", storage) == expected

@@ -848,10 +848,13 @@ def load_distributed_metadata(checkpoint_dir: str | Path, storage: Storage) -> D
 
     Loads go through `read_distributed_metadata` (verified against the manifest); this serves tools.
     A `storage` that is none (its config, a path) is a `ConfigTypeError`: it was an AttributeError about `exists`.
+    A local `~` is the home directory, as a save's id: `"~/run/step_1"` found no file there and said None.
     """
+    from torch_checkpointing.discovery import user_path  # a tool's entry, on top of discovery (no cycle at import)
+
     if not isinstance(storage, Storage):
         raise _not_a_storage(storage)
-    path = Path(checkpoint_dir) / METADATA_FILE_NAME
+    path = Path(user_path(checkpoint_dir, storage)) / METADATA_FILE_NAME
     if not storage.exists(path):
         return None
     return parse_distributed_metadata(storage.read(path), str(path))
