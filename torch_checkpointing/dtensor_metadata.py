@@ -347,6 +347,9 @@ def get_device_mesh_spec(
     arguments are spelled: positional or not, names given as None or left out, ranks as ints, numpy's integers
     or 0-d tensors). The key holds plain ints: a tensor hashes by identity, so each call with tensor ranks added
     an entry (its tensors and a spec of its own) to the unbounded table, for the life of the process."""
+    if not _arrays(mesh_shape, mesh_data) or not (mesh_dim_names is None or isinstance(mesh_dim_names, JSON_ARRAY)):
+        # `tuple()` takes any iterable: a dict's keys were a shape, and a str "xy" the names ('x', 'y')
+        _check_mesh_fields(device_type, mesh_shape, mesh_data, mesh_dim_names)
     try:
         names = None if mesh_dim_names is None else tuple(mesh_dim_names)
         key = (device_type, _plain_ints(mesh_shape), _plain_ints(mesh_data), names)
@@ -358,6 +361,10 @@ def get_device_mesh_spec(
         # Refused by field, never looked up: `True` and `1.0` equal 1, and found a mesh of ints interned before.
         return DeviceMeshSpec(*key)
     return _interned_mesh(*key)
+
+
+def _arrays(*values: Any) -> bool:
+    return all(isinstance(v, JSON_ARRAY) for v in values)
 
 
 def _ints_only(values: tuple[Any, ...]) -> bool:
