@@ -17,6 +17,7 @@ import logging
 import pickle
 import sys
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -90,12 +91,28 @@ class SafeLoadCheck:
         defaultdict, a dict subclass): the safe unpickler refuses a container's class as it does a leaf's."""
         for node in nodes(item.value):  # no paths built: this runs inside save()'s blocked time
             written = _as_written(node)
-            kind = type(written)
-            if kind in _PLAIN_CONTAINERS or kind in _ALWAYS_LOADED or kind in self._verdicts:
-                continue
-            refusal = self._verdicts[kind] = _verdict(written, _MAX_REDUCE_DEPTH)
+            if isinstance(written, Mapping) and not _ALWAYS_LOADED.issuperset(map(type, written)):
+                self._check_keys(item, written)
+            refusal = self._judged(written)
             if refusal is not None:
-                _warn(item.key, find_path(item.value, node), kind, refusal)
+                _warn(item.key, find_path(item.value, node), type(written), refusal)
+
+    def _check_keys(self, item: ResolvedItem, mapping: Mapping[Any, Any]) -> None:
+        """Judge a dict's keys (a tuple key's parts too), which the file pickles as it does the values: a numpy
+        integer or the caller's own object as a key was saved without a word, and every default load refused it."""
+        for key in mapping:
+            for part in nodes(key) if type(key) is tuple else (key,):
+                refusal = self._judged(part)
+                if refusal is not None:
+                    _warn(item.key, find_path(item.value, mapping), type(part), refusal, (key,))
+
+    def _judged(self, node: Any) -> _Refusal | None:
+        """Why the safe loader refuses `node`, where its type is judged here for the first time; else None."""
+        kind = type(node)
+        if kind in _PLAIN_CONTAINERS or kind in _ALWAYS_LOADED or kind in self._verdicts:
+            return None
+        refusal = self._verdicts[kind] = _verdict(node, _MAX_REDUCE_DEPTH)
+        return refusal
 
 
 def _as_written(node: Any) -> Any:
@@ -229,12 +246,14 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _warn(key: str, path: str, kind: type, refusal: _Refusal) -> None:
+def _warn(key: str, path: str, kind: type, refusal: _Refusal, dict_key: tuple[Any, ...] = ()) -> None:
+    """`dict_key`: (the dict key,) where that key is (or holds) the refused value, not a value under `path`."""
     name = f"{kind.__module__}.{kind.__qualname__}"
     where = f"'{key}::{path}'" if path else f"'{key}'"
+    held = f"has the dict key {dict_key[0]!r:.60}, a" if dict_key else "holds a"
     pickled = f" (pickled by its own __reduce__ as {refusal.allow})" if refusal.via_reduce else ""
     warnings.warn(
-        f"Item {where} holds a {name}{pickled}, which the default load of this checkpoint will refuse (torch's "
+        f"Item {where} {held} {name}{pickled}, which the default load of this checkpoint will refuse (torch's "
         f"safe unpickler, CheckpointLoaderConfig.weights_only=True; it says: {refusal.reason}). Before loading, "
         f"allow it with torch.serialization.add_safe_globals([{refusal.allow}]); or save it as plain data (a "
         f"dict, or JsonSerialization); or load with CheckpointLoaderConfig(weights_only=False) if you trust the "
