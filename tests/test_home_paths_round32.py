@@ -4,17 +4,26 @@ that retention protects, and the checkpoint `load_distributed_metadata` reads.""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, DTensorResharder, ItemSpec, list_checkpoints, retention
+from torch_checkpointing import (
+    CheckpointManager,
+    DTensorResharder,
+    ItemSpec,
+    latest_checkpoint,
+    list_checkpoints,
+    retention,
+)
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.distributed_metadata import load_distributed_metadata
 from torch_checkpointing.retention import RetentionPolicy
 from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
 
 def _slab_files() -> set[str]:
@@ -86,3 +95,18 @@ def test_load_distributed_metadata_reads_a_home_checkpoint(home_run: Path) -> No
     expected = load_distributed_metadata(home_run / "run" / "resharded", storage)
     assert expected is not None
     assert load_distributed_metadata("~/run/resharded", storage) == expected
+
+
+def test_an_object_store_key_starting_with_a_tilde_is_a_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Defect: with `FsspecStorageConfig(url="memory://...")`, `save("~/a", ...)` expanded the key to the local home
+    directory and refused it ("Checkpoint id '/home/.../a' is an absolute path, but FsspecStorageConfig.url ...
+    is a root for relative ids only"), naming a path the caller never gave, while `latest_checkpoint("~", storage)`
+    on the same store reads the key '~' as it is (`discovery.user_path`)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    url = f"memory://bucket-{uuid.uuid4().hex}/root"
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=url))
+    with CheckpointManager(config) as manager:
+        manager.save("~/a", {"m": {"x": torch.ones(2)}})
+    found = latest_checkpoint("~", FsspecStorageConfig(url=url).create_storage())
+    assert found is not None and found.path == "~/a"  # under the url root, as listed
+    assert list(tmp_path.iterdir()) == []

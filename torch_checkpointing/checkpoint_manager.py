@@ -674,7 +674,7 @@ class CheckpointManager:
             return checkpoint_id
         if scheme in LOCAL_SCHEMES and _writes_local_paths(self.config.storage_config):
             checkpoint_id, scheme = local_path_of(checkpoint_id), None
-        normal = checkpoint_id if scheme is not None else _local_path(checkpoint_id)
+        normal = checkpoint_id if scheme is not None else _local_path(checkpoint_id, self.config.storage_config)
         if scheme is None and not posixpath.isabs(normal):
             _check_working_directory(normal)
         if self.config.storage_config is None:
@@ -1027,8 +1027,12 @@ def _unsupported_saver(save: Any) -> str:
     )
 
 
-def _local_path(checkpoint_id: str) -> str:
-    normal = posixpath.normpath(os.path.expanduser(checkpoint_id)) if checkpoint_id.strip() else ""
+def _local_path(checkpoint_id: str, storage_config: Any) -> str:
+    """A scheme-less id, normalised; a leading `~` expanded, except under an fsspec store's url root, where
+    '~/a' is a key (as `discovery.user_path` reads it), and was refused as the home directory's absolute path."""
+    if not isinstance(storage_config, FsspecStorageConfig):
+        checkpoint_id = os.path.expanduser(checkpoint_id)
+    normal = posixpath.normpath(checkpoint_id) if checkpoint_id.strip() else ""
     if normal.strip("/") in ("", ".", "..") or normal.endswith(("/..", "/.")):  # normpath keeps a leading "//"
         raise ConfigError(
             f"Checkpoint id {checkpoint_id!r} names no directory of its own; pass a path such as 'runs/step_100'."
