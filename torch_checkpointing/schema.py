@@ -5,6 +5,7 @@ Resolution happens before anything is staged or written, so every schema error l
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from collections.abc import Mapping
@@ -115,6 +116,7 @@ def check_layout(key: str, layout: LayoutInfo) -> None:
         raise ConfigError(f"Layout file_path for key '{key}' must name a file relative to the checkpoint, got {path!r}")
     if "\x00" in path:  # the OS refuses it when the file is opened: mid-save, as a bare ValueError naming nothing
         raise ConfigError(f"Layout file_path {path!r} for key '{key}' holds a NUL character; remove it.")
+    _refuse_unnameable(key, path)
     if posixpath.isabs(path) or path.startswith("\\"):
         raise ConfigError(
             f"Layout file_path {path!r} for key '{key}' is absolute; it must be relative to the checkpoint "
@@ -190,6 +192,18 @@ def resolve(
         resolved.append(ResolvedItem(key, payload[key], chosen, layout, is_default))
     _refuse_file_under_file(owners, rank)
     return resolved
+
+
+def _refuse_unnameable(key: str, path: str) -> None:
+    """A path the OS cannot be given: a surrogate outside U+DC80..U+DCFF (the bytes of a non-UTF-8 name, which
+    `os.fsencode` gives back) has no bytes. It was a bare UnicodeEncodeError, at the save or the manager's build."""
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"Layout file_path {path!r} for key '{key}' holds {path[exc.start]!r}, a lone surrogate that no file name "
+            f"can hold; remove it (only U+DC80..U+DCFF, the bytes of a name that is no UTF-8, have a form on disk)."
+        ) from None
 
 
 def check_names_fit(key: str, layout: LayoutInfo, world_size: int = 1) -> None:
