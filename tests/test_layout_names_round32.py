@@ -1,9 +1,10 @@
-"""A layout file_path no file system can name (a lone surrogate) is refused naming the item (round 32).
+"""A path no file system can name (a lone surrogate) is refused naming the item or the checkpoint (round 32).
 
 `os.fsencode` writes a str path with "surrogateescape", which carries only the surrogates U+DC80..U+DCFF (the
 bytes a non-UTF-8 name decoded to); any other surrogate cannot become bytes. Round 31's name-length check of a
 layout, run when a manager is built, encoded the path and raised a bare UnicodeEncodeError from
-`CheckpointManager(config)`; before, the save raised it, naming neither the item nor the fix.
+`CheckpointManager(config)`; before, the save raised it, naming neither the item nor the fix. A manifest read
+back may hold one too (JSON's `\ud800` escape): the load's one check of a path read from checkpoint data refuses it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from torch_checkpointing import CheckpointManager, ItemSpec, list_checkpoints
 from torch_checkpointing.checkpoint_layout import LayoutInfo, TorchSerialization
-from torch_checkpointing.errors import ConfigError
+from torch_checkpointing.errors import ConfigError, UnsafeCheckpointError
 
 
 def _config(path: str) -> CheckpointManager.Config:
@@ -47,3 +48,23 @@ def test_a_non_utf8_name_a_file_system_holds_is_still_taken(tmp_path: Path) -> N
         manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}})
         assert torch.equal(manager.load(str(tmp_path / "ck"))["m"]["x"], torch.ones(2))
     assert (tmp_path / "ck" / "m\udcff.pt").exists()
+
+
+def _crafted(tmp_path: Path) -> Path:
+    """A committed checkpoint whose manifest names its item file with a lone surrogate (a JSON escape)."""
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
+        manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}})
+    manifest = tmp_path / "ck" / "manifest.json"
+    text = manifest.read_text()
+    assert text.count('"m_0.pt"') == 1
+    manifest.write_text(text.replace('"m_0.pt"', '"m_0\\ud800.pt"'))
+    return tmp_path / "ck"
+
+
+def test_a_manifest_path_with_a_lone_surrogate_is_refused_as_unsafe(tmp_path: Path) -> None:
+    """Defect: the load raised a bare UnicodeEncodeError from os.open, naming neither the checkpoint nor the
+    manifest, and `verify` said only "error: 'utf-8' codec can't encode character"."""
+    path = _crafted(tmp_path)
+    manager = CheckpointManager(CheckpointManager.Config.with_sync_save())
+    with manager, pytest.raises(UnsafeCheckpointError, match=r"surrogate"):
+        manager.load(str(path))

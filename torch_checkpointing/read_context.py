@@ -112,6 +112,13 @@ def checked_relative_path(path: Any, what: str) -> str:
     """The normalised form of a path read from checkpoint data, refused unless relative and inside."""
     if not isinstance(path, str) or not path or "\x00" in path:
         raise UnsafeCheckpointError(f"{what}: file path {path!r} is not a non-empty string.")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError as exc:  # JSON's "\ud800": a bare UnicodeEncodeError from the open, naming nothing
+        raise UnsafeCheckpointError(
+            f"{what}: file path {path!r} holds {path[exc.start]!r}, a lone surrogate that no file name can hold; the "
+            f"file is crafted or damaged."
+        ) from None
     if posixpath.isabs(path) or path.startswith("\\") or (len(path) > 1 and path[1] == ":"):
         raise UnsafeCheckpointError(f"{what}: file path {path!r} is absolute; checkpoint paths must be relative.")
     normal = posixpath.normpath(path)
