@@ -10,13 +10,15 @@ back may hold one too (JSON's `\ud800` escape): the load's one check of a path r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, ItemSpec, list_checkpoints
+from torch_checkpointing import CheckpointManager, ItemSpec, latest_checkpoint, list_checkpoints
 from torch_checkpointing.checkpoint_layout import LayoutInfo, TorchSerialization
 from torch_checkpointing.errors import ConfigError, UnsafeCheckpointError
+from torch_checkpointing.retention import collect_garbage
 
 
 def _config(path: str) -> CheckpointManager.Config:
@@ -68,3 +70,23 @@ def test_a_manifest_path_with_a_lone_surrogate_is_refused_as_unsafe(tmp_path: Pa
     manager = CheckpointManager(CheckpointManager.Config.with_sync_save())
     with manager, pytest.raises(UnsafeCheckpointError, match=r"surrogate"):
         manager.load(str(path))
+
+
+@pytest.mark.parametrize("call", ["save", "load"])
+def test_a_checkpoint_id_with_a_lone_surrogate_is_refused_naming_it(tmp_path: Path, call: str) -> None:
+    """Defect: save() and load() raised a bare UnicodeEncodeError ("surrogates not allowed") from deep inside."""
+    manager = CheckpointManager(CheckpointManager.Config.with_sync_save())
+    with manager, pytest.raises(ConfigError, match=r"Checkpoint id .*surrogate"):
+        if call == "save":
+            manager.save(str(tmp_path / "c\ud800"), {"m": {"x": torch.ones(2)}})
+        else:
+            manager.load(str(tmp_path / "c\ud800"))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("call", [list_checkpoints, latest_checkpoint, collect_garbage], ids=lambda f: f.__name__)
+def test_a_root_with_a_lone_surrogate_is_refused(tmp_path: Path, call: Any) -> None:
+    """Defect: list_checkpoints gave [], latest_checkpoint None and collect_garbage "nothing to collect" (the
+    directory test took the path's encoding error for "no such directory"): a resume started from scratch."""
+    with pytest.raises(ConfigError, match="surrogate"):
+        call(str(tmp_path / "run\ud800"))

@@ -470,8 +470,17 @@ def require_path(where: str | os.PathLike[str], what: str = "root") -> None:
 
 
 def _require_path_type(where: object, what: str) -> str | os.PathLike[str]:
-    """`where`, refused unless a str path or an os.PathLike one (bytes paths are not taken)."""
+    """`where`, refused unless a str path or an os.PathLike one (bytes paths are not taken) that a file system or
+    a URL can hold: a lone surrogate (no bytes) made every directory test say "no such directory", and a root
+    holding one listed nothing, which a resume took for a first run."""
     if isinstance(where, str) or (isinstance(where, os.PathLike) and isinstance(os.fspath(where), str)):
+        try:
+            os.fsencode(where)
+        except UnicodeEncodeError as exc:
+            text = os.fspath(where)
+            raise ConfigError(
+                f"The {what} {text!r} holds {text[exc.start]!r}, a lone surrogate that no path can hold; remove it."
+            ) from None
         return where
     fix = "decode it (.decode())" if isinstance(where, bytes) else "e.g. 'runs/my_job' or 's3://bucket/run'"
     raise ConfigTypeError(
