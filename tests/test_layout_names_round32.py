@@ -90,3 +90,23 @@ def test_a_root_with_a_lone_surrogate_is_refused(tmp_path: Path, call: Any) -> N
     directory test took the path's encoding error for "no such directory"): a resume started from scratch."""
     with pytest.raises(ConfigError, match="surrogate"):
         call(str(tmp_path / "run\ud800"))
+
+
+def test_a_staging_dir_with_a_lone_surrogate_is_refused_by_the_config(tmp_path: Path) -> None:
+    """Defect: taken; the first staged save raised a bare UnicodeEncodeError from tempfile.mkstemp."""
+    from torch_checkpointing.staging import CheckpointStagerConfig
+
+    with pytest.raises(ConfigError, match=r"staging_dir.*surrogate"):
+        CheckpointStagerConfig(staging_dir=str(tmp_path / "s\ud800"))
+
+
+def test_hf_directories_with_a_lone_surrogate_are_refused(tmp_path: Path) -> None:
+    """Defect: import_hf raised a bare UnicodeEncodeError; export_hf would create its output only to raise one."""
+    from torch_checkpointing.hf import export_hf, import_hf
+
+    with pytest.raises(ConfigError, match="surrogate"):
+        import_hf(str(tmp_path / "hf\ud800"))
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
+        manager.save(str(tmp_path / "ck"), {"m": {"x": torch.ones(2)}})
+    with pytest.raises(ConfigError, match="surrogate"):
+        export_hf(str(tmp_path / "ck"), "m", str(tmp_path / "out\ud800"))

@@ -56,6 +56,7 @@ from torch_checkpointing.config import (
     SyncCheckpointSaverConfig,
     check_instance,
     integer_as_int,
+    refuse_unencodable,
 )
 from torch_checkpointing.discovery import OwnerLock, literal_tilde, self_describing_layouts
 from torch_checkpointing.errors import (
@@ -668,13 +669,7 @@ class CheckpointManager:
             )
         if "\x00" in checkpoint_id:  # no path holds one: a bare "embedded null byte" ValueError, naming nothing
             raise ConfigError(f"Checkpoint id {checkpoint_id!r} holds a NUL character, which no path can; remove it.")
-        try:
-            os.fsencode(checkpoint_id)
-        except UnicodeEncodeError as exc:  # a bare "surrogates not allowed" from the first mkdir or open
-            raise ConfigError(
-                f"Checkpoint id {checkpoint_id!r} holds {checkpoint_id[exc.start]!r}, a lone surrogate that no path "
-                f"can hold; remove it."
-            ) from None
+        refuse_unencodable("Checkpoint id", checkpoint_id)  # a bare "surrogates not allowed" from the first mkdir
         url = _URL.match(checkpoint_id)
         scheme = url.group(1).lower() if url is not None else None
         if scheme is not None and self._storage.handles_url(checkpoint_id):

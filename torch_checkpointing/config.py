@@ -82,6 +82,18 @@ def _integer_scalar(value: Any) -> bool:
     return getattr(value, "ndim", 0) == 0
 
 
+def refuse_unencodable(what: str, path: str | os.PathLike[str]) -> None:
+    """Refuse a path holding a lone surrogate (one outside U+DC80..U+DCFF, the bytes of a name that is no UTF-8),
+    which no file name can hold: it failed at its first use, as a bare UnicodeEncodeError naming nothing."""
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError as exc:
+        text = os.fspath(path)
+        raise ConfigError(
+            f"{what} {text!r} holds {text[exc.start]!r}, a lone surrogate that no path can hold; remove it."
+        ) from None
+
+
 # The longest wait a pipe's poll() or a lock's acquire() takes (2**31 ms is about 24.8 days): a timeout past it
 # failed inside close() or the writer's start with a bare OverflowError, after the config had been accepted.
 MAX_OS_WAIT_S = 2_000_000
@@ -206,6 +218,7 @@ class CheckpointStagerConfig:
             )
         if not os.fspath(self.staging_dir):
             raise ConfigError(f"{owner}.staging_dir is empty; name a directory, or leave it None (anonymous memory).")
+        refuse_unencodable(f"{owner}.staging_dir", self.staging_dir)
         if not self.use_shared_memory:
             raise ConfigError(
                 f"{owner}.staging_dir={self.staging_dir!r} is used only with use_shared_memory=True (it holds the "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torch_checkpointing.checkpoint_layout import LayoutInfo
+from torch_checkpointing.config import refuse_unencodable
 from torch_checkpointing.errors import (
     CheckpointError,
     CheckpointReplacedError,
@@ -474,13 +475,7 @@ def _require_path_type(where: object, what: str) -> str | os.PathLike[str]:
     a URL can hold: a lone surrogate (no bytes) made every directory test say "no such directory", and a root
     holding one listed nothing, which a resume took for a first run."""
     if isinstance(where, str) or (isinstance(where, os.PathLike) and isinstance(os.fspath(where), str)):
-        try:
-            os.fsencode(where)
-        except UnicodeEncodeError as exc:
-            text = os.fspath(where)
-            raise ConfigError(
-                f"The {what} {text!r} holds {text[exc.start]!r}, a lone surrogate that no path can hold; remove it."
-            ) from None
+        refuse_unencodable(f"The {what}", where)
         return where
     fix = "decode it (.decode())" if isinstance(where, bytes) else "e.g. 'runs/my_job' or 's3://bucket/run'"
     raise ConfigTypeError(

@@ -35,7 +35,7 @@ import torch
 
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES, refuse_names_twice
 from torch_checkpointing.cold_read import private_copy, refuse_beyond_memory
-from torch_checkpointing.config import integer_as_int
+from torch_checkpointing.config import integer_as_int, refuse_unencodable
 from torch_checkpointing.discovery import (
     committed_manifest,
     default_storage,
@@ -694,6 +694,7 @@ def _check_local_directory(directory: str | os.PathLike[str]) -> None:
     relative `file:/abs/hf`, and the import said that path had no index, of an export that is complete."""
     scheme = url_scheme(directory)
     if scheme is None:
+        refuse_unencodable("import_hf's directory", directory)
         return
     url = os.fspath(directory)
     if scheme in LOCAL_SCHEMES:
@@ -708,6 +709,7 @@ def _output_path(out_dir: str | os.PathLike[str]) -> Path:
     """`out_dir` made absolute ("." and "a/.." have no name to put a hidden sibling beside), refused when it is
     the file system's root, which has neither a name nor a parent to stage the export in. A leading `~` is
     expanded, as the checkpoint's path is: `~/hf` was written as a folder named '~' in the working directory."""
+    refuse_unencodable("Export output", out_dir)
     out = Path(os.path.abspath(os.path.expanduser(out_dir)))
     if not out.name:
         raise ConfigError(
