@@ -137,16 +137,16 @@ def local_url_refused(url: str, scheme: str, lead: str = "") -> ConfigError:
     return ConfigError(f"{lead}{url!r} is a {scheme}:// URL; pass the local path it names ({local!r}).")
 
 
-def spelt(path: str | os.PathLike[str]) -> str:
+def spelt(path: str | os.PathLike[str], local: bool = True) -> str:
     """`path` as an id: a URL's `scheme://` put back where `Path` folded it, so that a manager built without a
     storage config recognises the store (it read `s3:/b/run/step_5` as a local path). A local path keeps its own
     leading slash (`file:///abs/run`, as `FsspecStorage.url` names it): `file://abs/run` names the host `abs`.
-    A relative path under a folder named `~` keeps the `./` that `Path` drops: a save or load reads `~/run` as
-    the home directory."""
+    A relative `local` path under a folder named `~` keeps the `./` that `Path` drops: a save or load reads
+    `~/run` as the home directory (a key under an object store's `url` root is no local path: `~/a` stays)."""
     text = os.fspath(path)
     scheme = url_scheme(text)
     if scheme is None:
-        return literal_tilde(text)
+        return literal_tilde(text) if local else text
     slash = "/" if scheme in LOCAL_SCHEMES else ""
     return f"{text.split(':', 1)[0]}://{slash}{_after_scheme(text)}"
 
@@ -443,7 +443,7 @@ def _checkpoint_info(p: Path, storage: Storage, closed: list[PassedOver] | None 
         return None
     step = manifest.step if manifest.step is not None else step_from_name(p.name)
     return CheckpointInfo(
-        path=spelt(p),
+        path=spelt(p, local=isinstance(storage, LocalFileSystemStorage)),
         step=step,
         commit_time=_commit_time(storage, p, manifest),
         world_size=manifest.world_size,
