@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,27 +14,7 @@ from torch_checkpointing.checkpoint_layout import LayoutInfo, TorchSerialization
 from torch_checkpointing.checkpoint_manager import _warn_refused_layouts
 from torch_checkpointing.errors import ConfigError
 from torch_checkpointing.schema import check_names_fit
-from torch_checkpointing.staging import CheckpointStagerConfig, DefaultStager
 from torch_checkpointing.traversal import nan_key_path, tree_sizes, walk_sizes
-
-
-def test_staging_dir_with_a_tilde_is_the_home_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every other path argument expands `~`; the staging directory was taken literally (FileNotFoundError
-    naming '~/stg', or a slab in a './~' directory where one existed)."""
-    monkeypatch.setenv("HOME", os.fspath(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "stg").mkdir()
-    stager = DefaultStager(CheckpointStagerConfig(staging_dir="~/stg"))
-    try:
-        staged = stager.stage({"model": {"w": torch.ones(10)}})
-        assert torch.equal(staged["model"]["w"], torch.ones(10))
-        maps = Path("/proc/self/maps").read_text().splitlines()
-        slabs = [line for line in maps if ".torch_checkpointing-staging-" in line]
-        assert slabs and all(os.fspath(tmp_path / "stg") in line for line in slabs), slabs
-    finally:
-        stager.close()
-    assert not (tmp_path / "~").exists()
-
 
 # One name that fits with ranks 0..9 (255 bytes at most) and not with rank 10 (256 bytes).
 _LONG_FILE = "x" * 254 + "{rank}"
