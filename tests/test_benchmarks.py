@@ -18,6 +18,7 @@ from benchmarks.cli import main, parse_size
 from benchmarks.config import BenchConfig, MiB
 from benchmarks.report import RATIO_KEYS, TARGET_KEYS, compute_ratios, format_table, summary
 from benchmarks.sweep import plot
+from tests.s3_server import S3Server
 
 
 @pytest.mark.multirank
@@ -285,3 +286,79 @@ def test_the_timed_loads_start_no_process(tmp_path: Path, monkeypatch: pytest.Mo
         saver.close()
     assert len(started) == 8  # two clock reads per load: cold and warm, verified and not
     assert not any(started), f"processes started while loads were timed: {started}"
+
+
+def test_the_s3_counting_storage_forwards_every_public_storage_method() -> None:
+    """A method it did not forward would run `Storage`'s default over the forwarded ones (a `read_range` reading
+    the whole stream): the benchmark would measure another load than the engine's."""
+    from benchmarks.s3 import CountingStorage
+    from torch_checkpointing.storage.base_storage import Storage
+
+    public = {name for name, value in vars(Storage).items() if callable(value) and not name.startswith("_")}
+    assert public, "no public Storage methods found: the check would pass on nothing"
+    assert sorted(public - set(vars(CountingStorage))) == []
+
+
+def test_the_s3_counting_storage_counts_what_its_reads_return(tmp_path: Path) -> None:
+    """`read`, `read_range` and a stream read all the way count their bytes; writes and listings count none."""
+    pytest.importorskip("fsspec")
+    from benchmarks.s3 import CountingStorageConfig
+    from torch_checkpointing import FsspecStorageConfig
+    from torch_checkpointing.storage.base_storage import ReadArgs
+
+    config = CountingStorageConfig(FsspecStorageConfig(url=f"memory://bench-count-{tmp_path.name}"))
+    storage = config.create_storage()
+    storage.write(Path("a/x"), b"0123456789")
+    assert storage.ls(Path("a")) == ["x"] and config.fetched == 0
+    assert storage.read(Path("a/x")) == b"0123456789"
+    assert storage.read_range(Path("a/x"), 2, 3) == b"234"
+    with storage.stream_read(Path("a/x"), ReadArgs(pre_read_full_file=False)) as stream:
+        assert stream.read() == b"0123456789"
+    assert config.fetched == 10 + 3 + 10
+    storage.rmdir(Path("a"))
+
+
+def test_the_s3_counting_storage_counts_the_bytes_of_every_get_a_load_sends(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The s3 section's count, taken on the public Storage API, is the bytes of the GETs the resharding load sent
+    (logged by the S3 filesystem itself): what the count inside the engine's S3 storage measured before."""
+    import os
+    import warnings
+
+    import torch
+
+    from benchmarks.s3 import CountingStorageConfig
+    from tests.s3_server import RecordingStorageConfig, logged_gets
+    from tests.test_verified_loads import AlwaysReshard
+    from torch_checkpointing import CheckpointManager, ItemSpec
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+    from torch_checkpointing.config import SyncCheckpointSaverConfig
+    from torch_checkpointing.storage.base_storage import StorageConfig
+
+    base = s3_server.config()
+    log = tmp_path / "gets.log"
+    recording = RecordingStorageConfig(
+        url=base.url, storage_options=base.storage_options, part_size=base.part_size, gets_log=str(log)
+    )
+    layout = LayoutInfo("model/{rank}.safetensors", SafetensorsSerialization())
+
+    def manager(storage_config: StorageConfig) -> CheckpointManager:
+        items = {"model": ItemSpec(resharder=AlwaysReshard(), layout=layout)}
+        conf = CheckpointManager.Config(items=items, save=SyncCheckpointSaverConfig(), storage_config=storage_config)
+        return CheckpointManager(conf)
+
+    values = {"a": torch.arange(3 * MiB // 4, dtype=torch.float32), "b": torch.ones(MiB // 4)}
+    with manager(recording) as m, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*plain.*")
+        m.save("run/step_1", {"model": values})
+    counting = CountingStorageConfig(recording)
+    before = len(logged_gets(log, os.getpid()))
+    target = {"a": torch.zeros(3 * MiB // 4)}
+    with manager(counting) as m, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*plain.*")
+        m.load("run/step_1", into={"model": target}, strict=False)
+    assert torch.equal(target["a"], values["a"])
+    gets = logged_gets(log, os.getpid())[before:]
+    assert any(start > 0 for _, start, _ in gets), f"no ranged GET: the resharding read path was not taken: {gets}"
+    assert counting.fetched == sum(end - start for _, start, end in gets) > 0

@@ -1,9 +1,10 @@
 """The house plan's import rules, checked on the source (ARCHITECTURE: "which part may use which").
 
 * Nothing in ``torch_checkpointing/`` imports ``simulator``, ``conformance``, ``tests`` or ``benchmarks``.
-* ``simulator/`` and ``conformance/`` reach the backend only through the modules the API surface requires
-  (its module map), and never through a private name, whether they import it or look it up by string
-  (``backend.name("config", "X")``, ``located(...)``, ``backend_module(...)``).
+* ``simulator/``, ``conformance/``, ``benchmarks/`` and the examples in ``docs/examples/`` reach the backend only
+  through the modules the API surface requires (its module map), and never through a private name, whether they
+  import it, look it up by string (``backend.name("config", "X")``, ``located(...)``, ``backend_module(...)``)
+  or reach it as an attribute (``manager._storage``, ``super()._get(...)`` in a subclass of a backend class).
 * Operations (discovery, retention, the CLI, the HF export) sit on the public API and the manifest: they
   never import the writer, the writer process, the saver or the staging code.
 
@@ -48,6 +49,12 @@ PUBLIC_MODULES = frozenset(
 # The one underscore name the module map lists as public (`dtensor_metadata._PlacementSpec`).
 LISTED_PRIVATE_NAMES = frozenset({"_PlacementSpec"})
 LOOKUP_FUNCTIONS = frozenset({"name", "located", "module", "backend_module"})
+# The parts that use the backend through its public API only (ARCHITECTURE: "public API of <backend>").
+PUBLIC_API_USERS = ("simulator", "conformance", "benchmarks", "docs/examples")
+# Private attributes these parts may reach: their own (`self._x`, `cls._x`) and the standard library's one
+# way to die like a killed process, which a fault test needs (`os._exit`).
+OWN_OBJECTS = frozenset({"self", "cls"})
+ALLOWED_PRIVATE_ATTRIBUTES = frozenset({"os._exit"})
 ENGINE_FORBIDDEN = frozenset({"simulator", "conformance", "tests", "benchmarks"})
 OPERATIONS = ("discovery.py", "retention.py", "cli.py", "hf.py", "value_diff.py")
 OPERATIONS_FORBIDDEN = frozenset({"checkpoint_writer", "checkpoint_process", "checkpoint_saver", "staging"})
@@ -123,10 +130,22 @@ def _lookup_violations(tree: ast.AST, where: str) -> Iterator[str]:
             yield f"{where}:{node.lineno}: looks up the private name {sub}.{attr}"
 
 
+def _attribute_violations(tree: ast.AST, where: str) -> Iterator[str]:
+    """`x._name` on anything but the code's own objects: a manager's `_storage`, a backend class's private method
+    overridden and called through `super()`. Private dunders (`__init__`) are the language's, not the backend's."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _public_name_problem(node.attr) or node.attr.startswith("__"):
+            continue
+        owner = ast.unparse(node.value)
+        if owner not in OWN_OBJECTS and f"{owner}.{node.attr}" not in ALLOWED_PRIVATE_ATTRIBUTES:
+            yield f"{where}:{node.lineno}: reaches the private attribute {owner}.{node.attr}"
+
+
 def public_api_violations(source: str, where: str) -> list[str]:
-    """Backend modules and names the simulator or the conformance suite may not use."""
+    """Backend modules and names the simulator, the conformance suite, the benchmarks and the examples may not
+    use."""
     tree = ast.parse(source)
-    return [*_import_violations(tree, where), *_lookup_violations(tree, where)]
+    return [*_import_violations(tree, where), *_lookup_violations(tree, where), *_attribute_violations(tree, where)]
 
 
 def operations_violations(source: str, where: str) -> list[str]:
@@ -159,8 +178,8 @@ def test_engine_imports_nothing_stacked_above_it() -> None:
     assert _check(_sources(PACKAGE), engine_violations) == []
 
 
-@pytest.mark.parametrize("folder", ["simulator", "conformance"])
-def test_simulator_and_conformance_use_only_the_public_api(folder: str) -> None:
+@pytest.mark.parametrize("folder", PUBLIC_API_USERS)
+def test_parts_above_the_engine_use_only_the_public_api(folder: str) -> None:
     assert _check(_sources(folder), public_api_violations) == []
 
 
@@ -179,6 +198,9 @@ def test_operations_never_reach_into_the_save_machinery() -> None:
         (public_api_violations, "x = backend.name('codecs', 'encode')\n"),
         (public_api_violations, "x = located('config', '_private')\n"),
         (public_api_violations, "m = backend_module('checkpoint_saver')\n"),
+        (public_api_violations, "from torch_checkpointing.storage.fsspec_storage import FsspecStorage\n"),
+        (public_api_violations, "n = manager._storage.fetched\n"),
+        (public_api_violations, "class C(Base):\n    def _get(self, k):\n        return super()._get(k)\n"),
         (operations_violations, "from .staging import DefaultStager\n"),
         (operations_violations, "from . import checkpoint_writer\n"),
         (operations_violations, "from torch_checkpointing import staging\n"),
@@ -195,6 +217,7 @@ def test_each_checker_sees_a_planted_violation(checker: Checker, source: str) ->
         (engine_violations, "import torch\nfrom .errors import CheckpointError\n"),
         (public_api_violations, "from torch_checkpointing.dtensor_metadata import _PlacementSpec\n"),
         (public_api_violations, "x = backend.name('', 'CheckpointManager')\n"),
+        (public_api_violations, "self._n = 1\ncls._seen = set()\nos._exit(1)\nsuper().__init__()\n"),
         (operations_violations, "from .checkpoint_layout import LayoutInfo\nfrom . import manifest\n"),
     ],
 )
