@@ -104,6 +104,18 @@ def _import_violations(tree: ast.AST, where: str) -> Iterator[str]:
         for name in names:
             if _public_name_problem(name):
                 yield f"{where}:{line}: imports the private name {mod}.{name}"
+            elif _is_backend_module(sub, name) and _joined(sub, name) not in PUBLIC_MODULES:
+                yield f"{where}:{line}: imports {mod}.{name}, a module the API surface does not require"
+
+
+def _joined(sub: str, name: str) -> str:
+    return f"{sub}.{name}" if sub else name
+
+
+def _is_backend_module(sub: str, name: str) -> bool:
+    """Whether `from <backend>.<sub> import <name>` imports a module (`from torch_checkpointing import commit`)."""
+    where = ROOT / PACKAGE / Path(*sub.split(".") if sub else ()) / name
+    return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
 
 
 def _called_name(node: ast.Call) -> str:
@@ -130,15 +142,27 @@ def _lookup_violations(tree: ast.AST, where: str) -> Iterator[str]:
             yield f"{where}:{node.lineno}: looks up the private name {sub}.{attr}"
 
 
-def _attribute_violations(tree: ast.AST, where: str) -> Iterator[str]:
-    """`x._name` on anything but the code's own objects: a manager's `_storage`, a backend class's private method
-    overridden and called through `super()`. Private dunders (`__init__`) are the language's, not the backend's."""
+def _attributes_reached(tree: ast.AST) -> Iterator[tuple[int, ast.expr, str]]:
+    """(line, owner, name) of every `owner.name` and `getattr(owner, "name", ...)`."""
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Attribute) or not _public_name_problem(node.attr) or node.attr.startswith("__"):
+        if isinstance(node, ast.Attribute):
+            yield node.lineno, node.value, node.attr
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            name = _literal(node.args[1]) if len(node.args) > 1 else None
+            if name is not None:
+                yield node.lineno, node.args[0], name
+
+
+def _attribute_violations(tree: ast.AST, where: str) -> Iterator[str]:
+    """`x._name` (or `getattr(x, "_name")`) on anything but the code's own objects: a manager's `_storage`, a
+    backend class's private method overridden and called through `super()`. Private dunders (`__init__`) are the
+    language's, not the backend's."""
+    for line, node, name in _attributes_reached(tree):
+        if not _public_name_problem(name) or name.startswith("__"):
             continue
-        owner = ast.unparse(node.value)
-        if owner not in OWN_OBJECTS and f"{owner}.{node.attr}" not in ALLOWED_PRIVATE_ATTRIBUTES:
-            yield f"{where}:{node.lineno}: reaches the private attribute {owner}.{node.attr}"
+        owner = ast.unparse(node)
+        if owner not in OWN_OBJECTS and f"{owner}.{name}" not in ALLOWED_PRIVATE_ATTRIBUTES:
+            yield f"{where}:{line}: reaches the private attribute {owner}.{name}"
 
 
 def public_api_violations(source: str, where: str) -> list[str]:
@@ -201,6 +225,9 @@ def test_operations_never_reach_into_the_save_machinery() -> None:
         (public_api_violations, "from torch_checkpointing.storage.fsspec_storage import FsspecStorage\n"),
         (public_api_violations, "n = manager._storage.fetched\n"),
         (public_api_violations, "class C(Base):\n    def _get(self, k):\n        return super()._get(k)\n"),
+        (public_api_violations, "from torch_checkpointing import commit\n"),
+        (public_api_violations, "from torch_checkpointing import CheckpointManager, read_context\n"),
+        (public_api_violations, "n = getattr(manager, '_storage')\n"),
         (operations_violations, "from .staging import DefaultStager\n"),
         (operations_violations, "from . import checkpoint_writer\n"),
         (operations_violations, "from torch_checkpointing import staging\n"),
@@ -218,6 +245,8 @@ def test_each_checker_sees_a_planted_violation(checker: Checker, source: str) ->
         (public_api_violations, "from torch_checkpointing.dtensor_metadata import _PlacementSpec\n"),
         (public_api_violations, "x = backend.name('', 'CheckpointManager')\n"),
         (public_api_violations, "self._n = 1\ncls._seen = set()\nos._exit(1)\nsuper().__init__()\n"),
+        (public_api_violations, "from torch_checkpointing import CheckpointManager, checkpoint_layout\n"),
+        (public_api_violations, "n = getattr(fn, '__name__', '?')\nm = getattr(self, '_seen')\n"),
         (operations_violations, "from .checkpoint_layout import LayoutInfo\nfrom . import manifest\n"),
     ],
 )
