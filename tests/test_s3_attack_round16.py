@@ -240,9 +240,12 @@ class StartingSaveS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
         self._plain = s3fs.S3FileSystem(*args, **kwargs)
         self.created = False
 
-    def isdir(self, path: str) -> Any:
-        out = fsspec.asyn.sync(self.loop, self._isdir, path)
-        if path.rstrip("/") == self.trigger and not self.created:
+    def call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The storage's "is it a prefix?" is its own listing of `trigger/` (s3fs's `isdir` hid a NoSuchBucket)."""
+        out = fsspec.asyn.sync(self.loop, self._call_s3, method, *args, **kwargs)
+        bucket, _, key = self.trigger.partition("/")
+        looked = method == "list_objects_v2" and (kwargs.get("Bucket"), kwargs.get("Prefix")) == (bucket, key + "/")
+        if looked and not self.created:
             self.created = True
             self._plain.pipe_file(f"{self.trigger}/.incomplete", b"")
             self.invalidate_cache()

@@ -370,6 +370,55 @@ class _BoundedFs:
         return attr
 
 
+class _BucketGone(ObjectStoreError):
+    """A request's "not found" that the store said of the bucket (NoSuchBucket), not of a key.
+
+    s3fs raises both as FileNotFoundError, which every "if it is still there" caller suppresses: a bucket deleted
+    after the storage's first look (a lifecycle rule, an operator) read as an empty run, a delete in it as done.
+    Not a FileNotFoundError, it passes every such `except`; an `_ErrorScope` names its object in it.
+    """
+
+    def __init__(self, bucket: str, request: str) -> None:
+        self.reason = f"the bucket {bucket!r} does not exist (NoSuchBucket: {_FIXES['NoSuchBucket']})"
+        super().__init__(f"{request} failed: {self.reason}")
+
+
+class _NamesMissingBucket:
+    """An S3 filesystem whose calls raise `_BucketGone` where the store said NoSuchBucket (see there)."""
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._fs, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except FileNotFoundError as exc:
+                if _error_code(exc) != "NoSuchBucket":
+                    raise
+                raise _BucketGone(_bucket_of(self._fs, args, kwargs), f"{name} of {_target(args, kwargs)}") from exc
+
+        return call
+
+
+def _bucket_of(fs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The bucket a call named: its `Bucket=` (boto's calls), else its first path's."""
+    if "Bucket" in kwargs:
+        return str(kwargs["Bucket"])
+    return str(fs.split_path(args[0])[0]) if args and isinstance(args[0], str) else "?"
+
+
+def _target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    if "Bucket" in kwargs:
+        return f"s3://{kwargs['Bucket']}/{kwargs.get('Key') or kwargs.get('Prefix') or ''}"
+    return f"s3://{args[0]}" if args and isinstance(args[0], str) else "the bucket"
+
+
 @dataclass
 class _Backend:
     """One fsspec filesystem and what the names on it look like; `io` is the filesystem for requests."""
@@ -547,6 +596,8 @@ class FsspecStorage(Storage):
         timeout = self.config.request_timeout_s
         bounded = _BoundedFs(fs, timeout) if timeout is not None and getattr(fs, "async_impl", False) else fs
         backend = _Backend(fs, scheme, _protocols_of(fs) | {scheme}, bounded)
+        if backend.is_s3:
+            backend.io = _NamesMissingBucket(bounded)
         for name in backend.protocols:
             self._backends.setdefault(name, backend)
         self._backends[scheme] = backend
@@ -1186,9 +1237,12 @@ class FsspecStorage(Storage):
 
     def isdir(self, path: Path) -> bool:
         """Whether `path` is a prefix with objects under it; an `ObjectStoreError` in a bucket that does not exist
-        (discovery asks this first: a missing run must not list as an empty one)."""
+        (discovery asks this first: a missing run must not list as an empty one). On S3 its own listing, whose
+        NoSuchBucket s3fs's `isdir` swallowed: a bucket deleted after the first check read as an empty run."""
         backend, key = self._fresh(path)
         with self._errors("lookup of", path):
+            if backend.is_s3:
+                return _has_objects_under(backend, key)  # the listing says NoSuchBucket: no bucket check
             found = bool(backend.io.isdir(key))
         if not found:
             self._check_bucket(backend, key, "lookup of", path)
@@ -1242,6 +1296,16 @@ class FsspecStorage(Storage):
         )
         logger.warning("%s", error)
         return error
+
+
+def _has_objects_under(backend: _Backend, key: str) -> bool:
+    """Whether the prefix `key/` holds an object (the bucket's root: any). One listing of one key, as s3fs's
+    `isdir`, which answers False for a bucket that does not exist: its listing's NoSuchBucket is raised here."""
+    bucket, rest, _ = backend.fs.split_path(key)
+    prefix = rest.rstrip("/") + "/" if rest else ""
+    extra = getattr(backend.fs, "req_kw", None) or {}
+    page = backend.io.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=1, **extra)
+    return bool(page.get("Contents") or page.get("CommonPrefixes"))
 
 
 def _mkdir_one_level(backend: _Backend, key: str) -> None:
@@ -2246,6 +2310,10 @@ class _ErrorScope:
 
     def _translate(self, exc: BaseException | None) -> None:
         """`exc`, met in the scope, raised as what it is for the caller (see the class); None: it passes as it is."""
+        if isinstance(exc, _BucketGone):
+            error = ObjectStoreError(f"{self.what} failed: {exc.reason}")
+            logger.warning("%s", error)
+            raise error from exc
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, CheckpointError):
             return
         if isinstance(exc, FileNotFoundError) and not self.wrap_missing:
