@@ -57,11 +57,7 @@ def cannot_list(path: str | os.PathLike[str], exc: OSError) -> PermissionError:
     """The refusal of a listing of the directory `path` (a run's root, a checkpoint): which directory, and the
     fix. Before, the OS's bare "[Errno 13] Permission denied: 'run'" from `ls`, `gc`, `prune` and
     `latest_checkpoint`, which named no fix (and, for a directory above it, not the one that is closed)."""
-    closed = (
-        os.fspath(path)
-        if os.access(os.path.dirname(os.fspath(path)) or ".", os.X_OK)
-        else _closed_directory(os.fspath(path))
-    )
+    closed = os.fspath(path) if _reached(os.fspath(path)) else _closed_directory(os.fspath(path))
     return PermissionError(
         exc.errno,
         f"Cannot list {os.fspath(path)}: {exc.strerror} on {closed}; this user may not read it, which says nothing "
@@ -70,15 +66,34 @@ def cannot_list(path: str | os.PathLike[str], exc: OSError) -> PermissionError:
     )
 
 
+def _reached(path: str) -> bool:
+    """Whether a lookup of `path`'s own entry passes every directory on its way (a refusal of it is its own)."""
+    try:
+        os.lstat(path)
+    except PermissionError:
+        return False
+    except OSError:  # missing, or a name too long: no directory on the way refused it
+        return True
+    return True
+
+
 def _closed_directory(path: str) -> str:
-    """The first directory above `path` (outermost first) that this process may not search; its parent when the
-    OS allows every one (another cause of EACCES: an ACL, a security module)."""
+    """The first directory on the way to `path` (outermost first) in which a lookup is refused, found by the
+    lookups themselves; its parent when none is (the refusal is of `path` itself: an ACL, a security module).
+
+    Not by `os.access` and `os.path.isdir`: `os.access` says yes to root for every directory, though /proc, a
+    security module or a FUSE mount still refuse root, and a link that cannot be followed (`/proc/<pid>/root` of
+    a process this one may not trace) is no `isdir`, so the message named a directory below the closed one.
+    """
     parent = os.path.dirname(path) or "."
     ancestors = [os.fspath(p) for p in reversed(Path(parent).parents)] + [parent]
-    effective = os.access in os.supports_effective_ids
-    for directory in ancestors:
-        if os.path.isdir(directory) and not os.access(directory, os.X_OK, effective_ids=effective):
+    for directory, step in zip(ancestors, [*ancestors[1:], path], strict=True):
+        try:
+            os.lstat(step)  # its own entry: a link on the way is followed by the next step's lookup
+        except PermissionError:
             return directory
+        except OSError:  # missing, or no directory: nothing further down was refused
+            return parent
     return parent
 
 
