@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import math
 import os
@@ -535,9 +536,28 @@ def _remove(storage: Storage, path: Path, what: str) -> _Outcome:
         if _gone(storage, path):
             logger.info("%s at %s was removed by another process meanwhile", what, _shown(path))
             return _Outcome(False)
-        return _gc_failed(f"could not remove {what} at {_shown(path)} ({exc}); `torch-checkpointing gc` will retry")
+        return _gc_failed(f"could not remove {what} at {_shown(path)} ({exc}); {_removal_next_step(exc)}")
     logger.info("Deleted %s (%s)", what, _shown(path))
     return _Outcome(True)
+
+
+# What lifts a refusal that every retry of a removal meets again; a retry said "will retry" and failed the same way.
+_REMOVAL_FIXES = {
+    errno.EACCES: "this user may not remove it: run gc as the owner of the folder the error names, or change "
+    "that folder's owner or mode",
+    errno.EPERM: "the filesystem refused it: check the attributes of the file the error names (`lsattr`: "
+    "immutable or append-only) and clear them (`chattr -i`)",
+    errno.EROFS: "its filesystem is read-only: remount it read-write",
+}
+
+
+def _removal_next_step(exc: BaseException) -> str:
+    """What to do after a failed removal: the fix where the OS refused it (each gc meets that again until someone
+    lifts it), else that gc will try again (a store outage, a shortage passes)."""
+    fix = _REMOVAL_FIXES.get(exc.errno) if isinstance(exc, OSError) and exc.errno is not None else None
+    if fix is None:
+        return "`torch-checkpointing gc` will retry"
+    return f"{fix}, then run `torch-checkpointing gc` again"
 
 
 def _gc_failed(why: str) -> _Outcome:
