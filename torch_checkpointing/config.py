@@ -148,6 +148,21 @@ def refuse_past_a_float(what: str, value: object) -> None:
         ) from None
 
 
+def wait_seconds(what: str, value: object) -> float | None:
+    """A wait's timeout as a float (None: no limit). Waits compute a deadline from it: NaN compared false with
+    every deadline and waited forever, an int past what a float holds raised a bare OverflowError, and a str a
+    bare TypeError, none naming the argument. A negative one times out at once, as the stdlib's waits do."""
+    if value is None:
+        return None
+    value = integer_as_int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigTypeError(f"{what} must be a number of seconds or None (no limit), got {value!r}.")
+    refuse_past_a_float(what, value)
+    if math.isnan(value):
+        raise ConfigError(f"{what} is NaN, which no wait ever reaches; pass a number of seconds, or None for no limit.")
+    return float(value)
+
+
 _N = TypeVar("_N", int, float)
 
 

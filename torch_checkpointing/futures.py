@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
 from typing import Any, ParamSpec, TypeVar
 
+from torch_checkpointing.config import wait_seconds
 from torch_checkpointing.errors import log_safely
 from torch_checkpointing.signals import COPY_HELD, Held, signals_deferred, start_bounded
 
@@ -148,6 +149,7 @@ class SettledFuture(Future[T]):
         return self._wait(timeout)[1]
 
     def _wait(self, timeout: float | None) -> tuple[Any, BaseException | None]:
+        timeout = wait_seconds("timeout (of a Future's result() or exception())", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while (outcome := self._outcome) is None:
             left = _SLICE_S if deadline is None else min(_SLICE_S, deadline - time.monotonic())

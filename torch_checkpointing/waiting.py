@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+from torch_checkpointing.config import wait_seconds
+
 __all__ = ["RECHECK_S", "Flag", "Wakeups"]
 
 RECHECK_S = 0.1
@@ -38,6 +40,7 @@ class Wakeups:
         """Wait until `ready()` (called holding `mutex`) is true, or `timeout` seconds (None: no limit); whether
         it became true. `ready()` returning True ends the wait with the mutex released: a caller that must act on
         the state atomically does so inside `ready()`."""
+        timeout = wait_seconds("timeout (of a lock's hold or a flag's wait)", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter: threading.Lock | None = None
         try:
