@@ -181,22 +181,47 @@ def check_age(value: float, name: str) -> float:
 
 
 def select_for_deletion(
-    checkpoints: list[CheckpointInfo], policy: RetentionPolicy, *, protect: Collection[str] = ()
+    checkpoints: list[CheckpointInfo],
+    policy: RetentionPolicy,
+    *,
+    protect: Collection[str | os.PathLike[str]] = (),
+    storage: Storage | None = None,
 ) -> list[CheckpointInfo]:
     """The checkpoints `policy` does not keep, given all committed ones sorted oldest first.
 
-    The paths in `protect` are kept whatever the rules say (`apply_retention` protects the newest intact one,
-    which is what `latest_checkpoint` resumes from when the newest one is damaged).
+    The checkpoints `protect` names are kept whatever the rules say (`apply_retention` protects the newest
+    intact one, which is what `latest_checkpoint` resumes from when the newest one is damaged), however their ids
+    are spelt, as `prune` matches them (`storage`: the one the checkpoints are on, None: the one their paths name).
     """
     if not policy.active or not checkpoints:
         return []
-    keep = {checkpoints[-1].path, *protect}  # the newest committed one, always
+    return _select(checkpoints, policy, _protected(checkpoints, protect, storage))
+
+
+def _select(checkpoints: list[CheckpointInfo], policy: RetentionPolicy, protected: list[str]) -> list[CheckpointInfo]:
+    """`select_for_deletion` with `protected` the listed paths of the protected checkpoints."""
+    if not policy.active or not checkpoints:
+        return []
+    keep = {checkpoints[-1].path, *protected}  # the newest committed one, always
     if policy.keep_last is not None:
         keep.update(c.path for c in checkpoints[-policy.keep_last :])
     if policy.keep_every_n_steps is not None:
         keep.update(c.path for c in checkpoints if c.step is not None and c.step % policy.keep_every_n_steps == 0)
     keep.update(c.path for c in _kept_as_best(checkpoints, policy))
     return [c for c in checkpoints if c.path not in keep]
+
+
+def _protected(
+    checkpoints: list[CheckpointInfo], protect: Collection[str | os.PathLike[str]], storage: Storage | None
+) -> list[str]:
+    """The listed paths of the checkpoints `protect` names. Compared as written, a protected id spelt `~/run/a`,
+    relative to the working directory or with a trailing `/` matched no listed path, and its checkpoint was
+    selected for deletion."""
+    if not protect:
+        return []
+    store = storage_of(checkpoints[0].path, storage, "checkpoint path")
+    kept = {_identity(store, p) for p in protect}
+    return [c.path for c in checkpoints if _identity(store, c.path) in kept]
 
 
 def _kept_as_best(checkpoints: list[CheckpointInfo], policy: RetentionPolicy) -> list[CheckpointInfo]:
@@ -695,12 +720,11 @@ def _prune(
     listed = listing(root, storage)
     found = listed.checkpoints
     note = _tell_metric_not_recorded(root, policy, found, told) if log_note else _note(root, policy, found)
-    kept = {_identity(storage, p) for p in protect}
-    protected = [c.path for c in found if _identity(storage, c.path) in kept]
-    doomed = select_for_deletion(found, policy, protect=protected)
+    protected = _protected(found, protect, storage) if found else []
+    doomed = _select(found, policy, protected)
     if doomed:
         resume = newest_intact(found, storage)  # only worth its stats when something is to be deleted
-        doomed = select_for_deletion(found, policy, protect=protected + ([] if resume is None else [resume.path]))
+        doomed = _select(found, policy, protected + ([] if resume is None else [resume.path]))
     if dry_run:
         report = _dry_run(doomed, storage)
         report.metric_not_recorded, report.not_listed = note, listed.unlisted
