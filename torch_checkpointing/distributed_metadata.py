@@ -48,6 +48,7 @@ from torch_checkpointing.types import (
     CheckpointPath,
     NestedPath,
     check_path_map,
+    conversion_hint,
     holds_infinity,
     json_component,
     tuples_from_json,
@@ -369,15 +370,17 @@ def nested_path_to_json(path: NestedPath) -> str:
     return json.dumps(list(path), separators=(",", ":"))
 
 
-def recordable_path(path: NestedPath) -> NestedPath:
-    """`path` when metadata.json can record it, else the ConfigError naming the component: a record that took
+def recordable_path(path: NestedPath, item: str | None = None) -> NestedPath:
+    """`path` when metadata.json can record it, else the ConfigError naming the component (and `item`, the key
+    of the item being saved, where known) and the conversion that fixes a numpy scalar key: a record that took
     a path (any dict key) its `to_dict` then refused failed the save late, at the metadata write."""
     for comp in path:
         if not json_component(comp):
+            where = f"Item {item!r}: nested path" if item is not None else "Nested path"
             raise ConfigError(
-                f"Nested path {path!r:.120} has component {comp!r:.80} of type {type(comp).__name__}; only str, int, "
+                f"{where} {path!r:.120} has component {comp!r:.80} of type {type(comp).__name__}; only str, int, "
                 "float (not NaN: read back, it equals no key), bool and None dict keys, int indices and tuples of them "
-                "can be recorded in sharding metadata"
+                f"can be recorded in sharding metadata.{conversion_hint(comp)}"
             )
     return path
 

@@ -17,6 +17,7 @@ from torch_checkpointing.distributed_metadata import (
     ItemMetadata,
     ShardingMetadata,
     build_distributed_metadata,
+    recordable_path,
 )
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.read_context import MAX_METADATA_BYTES
@@ -85,6 +86,7 @@ def check_extracted(resharder: str, key: str, extracted: object) -> None:
                 f"{where} returned the entry {path!r}: {type(meta).__name__}; each key must be a nested path (a "
                 f"tuple such as ('w',)) and each value a ShardingMetadata (e.g. DTensorShardingMetadata)."
             )
+        recordable_path(path, key)  # here, where the item is known: the records built from it name none
 
 
 def check_storable(resharder: str, key: str, extracted: dict[Any, ShardingMetadata]) -> None:

@@ -27,6 +27,7 @@ import torch
 from torch_checkpointing.checkpoint_layout import TorchSerialization
 from torch_checkpointing.schema import ResolvedItem
 from torch_checkpointing.traversal import NestingError, find_path, is_container, local_tensor, nodes
+from torch_checkpointing.types import conversion_hint
 
 __all__ = ["SafeLoadCheck"]
 
@@ -257,6 +258,7 @@ def _warn(key: str, path: str, kind: type, refusal: _Refusal, dict_key: tuple[An
         f"safe unpickler, CheckpointLoaderConfig.weights_only=True; it says: {refusal.reason}). Before loading, "
         f"allow it with torch.serialization.add_safe_globals([{refusal.allow}]); or save it as plain data (a "
         f"dict, or JsonSerialization); or load with CheckpointLoaderConfig(weights_only=False) if you trust the "
-        f"files. (Checked on the first save of each item; said once per type per manager.)",
+        f"files.{conversion_hint(dict_key[0]) if dict_key else ''} (Checked on the first save of each item; said "
+        f"once per type per manager.)",
         stacklevel=_user_stacklevel(),
     )

@@ -71,8 +71,8 @@ class CheckpointPath:
             if not json_component(c):
                 raise ConfigError(
                     f"CheckpointPath.serialize: component {c!r:.80} ({type(c).__name__}) of {self} has no JSON form "
-                    f"that deserialize() gives back; only str, int, float (not NaN), bool, None and tuples of them do. "
-                    f"Name such a location with str() instead."
+                    f"that deserialize() gives back; only str, int, float (not NaN), bool, None and tuples of them do."
+                    f"{conversion_hint(c) or ' Name such a location with str() instead.'}"
                 )
         return json.dumps([self.item_key, *self.nested_path], separators=(",", ":"))
 
@@ -117,6 +117,25 @@ def json_component(c: object) -> bool:
     if isinstance(c, float):
         return c == c
     return isinstance(c, (tuple, list)) and all(map(json_component, c))
+
+
+def conversion_hint(c: object) -> str:
+    """The conversion that makes a path component one JSON records, as a sentence ('' when none helps): numpy's
+    scalars (`np.int64`, `np.float32`, `np.bool_`: no int, float or bool) are what a key taken from an array is,
+    and the refusal listing the types taken left the fix, `int(key)`, to be guessed."""
+    if isinstance(c, (tuple, list)):
+        return next(filter(None, map(conversion_hint, c)), "")
+    kind = type(c)
+    if json_component(c) or not (isinstance(c, numbers.Number) or kind.__module__ == "numpy"):
+        return ""
+    try:
+        plain = c.item()  # type: ignore[attr-defined]
+    except Exception:
+        return ""
+    if type(plain) not in (bool, int, float) or not json_component(plain):
+        return ""
+    name = type(plain).__name__
+    return f" Convert the key {c!r:.40} to the {name} it stands for with {name}(key) (a {kind.__name__} is no {name})."
 
 
 def holds_nan(c: object) -> bool:
