@@ -58,7 +58,7 @@ from torch_checkpointing.config import (
     integer_as_int,
     refuse_unencodable,
 )
-from torch_checkpointing.discovery import OwnerLock, literal_tilde, self_describing_layouts
+from torch_checkpointing.discovery import OwnerLock, expands_home, literal_tilde, self_describing_layouts
 from torch_checkpointing.errors import (
     CheckpointError,
     CommitError,
@@ -485,7 +485,7 @@ class CheckpointManager:
         """The collective load's agreed `steps`: checking, custom resharders, restoring (`checked_load` gets the
         checked phase once this rank's passed)."""
         checking, unchecked, restoring = steps
-        given = _comparable_id(checkpoint_id)
+        given = _comparable_id(checkpoint_id, self._expands_home())
         checked, found = agree_outcome(
             checking,
             transport,
@@ -676,7 +676,7 @@ class CheckpointManager:
             return checkpoint_id
         if scheme in LOCAL_SCHEMES and _writes_local_paths(self.config.storage_config):
             checkpoint_id, scheme = local_path_of(checkpoint_id), None
-        normal = checkpoint_id if scheme is not None else _local_path(checkpoint_id, self.config.storage_config)
+        normal = checkpoint_id if scheme is not None else _local_path(checkpoint_id, self._expands_home())
         if scheme is None and not posixpath.isabs(normal):
             _check_working_directory(normal)
         if self.config.storage_config is None:
@@ -684,6 +684,11 @@ class CheckpointManager:
         else:
             _check_storage_takes(self.config.storage_config, scheme, normal)
         return normal
+
+    def _expands_home(self) -> bool:
+        """Whether a scheme-less id's leading `~` is the home directory (`discovery.expands_home`); without a
+        storage config a scheme-less id is a local path, whichever store an earlier URL id picked."""
+        return self.config.storage_config is None or expands_home(self._storage)
 
     def _pick_storage(self, scheme: str | None, checkpoint_id: str) -> None:
         """The first id fixes the storage of a manager built without one; later ids must be of that storage.
@@ -1029,10 +1034,11 @@ def _unsupported_saver(save: Any) -> str:
     )
 
 
-def _local_path(checkpoint_id: str, storage_config: Any) -> str:
-    """A scheme-less id, normalised; a leading `~` expanded, except under an fsspec store's url root, where
-    '~/a' is a key (as `discovery.user_path` reads it), and was refused as the home directory's absolute path."""
-    if not isinstance(storage_config, FsspecStorageConfig):
+def _local_path(checkpoint_id: str, expand_home: bool) -> str:
+    """A scheme-less id, normalised; a leading `~` expanded where `expand_home` (the local filesystem), not under
+    an object store's root, where '~/a' is a key (as `discovery.user_path` reads it), and was refused as the home
+    directory's absolute path."""
+    if expand_home:
         checkpoint_id = os.path.expanduser(checkpoint_id)
     normal = posixpath.normpath(checkpoint_id) if checkpoint_id.strip() else ""
     if normal.strip("/") in ("", ".", "..") or normal.endswith(("/..", "/.")):  # normpath keeps a leading "//"
@@ -1423,12 +1429,15 @@ def _writes_local_paths(storage_config: Any) -> bool:
     return storage_config is None or isinstance(storage_config, LocalFileSystemStorageConfig)
 
 
-def _comparable_id(checkpoint_id: Any) -> str:
-    """What ranks compare to tell that they load the same checkpoint: the id as given, paths normalised."""
+def _comparable_id(checkpoint_id: Any, expand_home: bool) -> str:
+    """What ranks compare to tell that they load the same checkpoint: the id as given, paths normalised (a `~`
+    expanded where `expand_home`, as `_local_path` does)."""
     text = os.fspath(checkpoint_id) if isinstance(checkpoint_id, os.PathLike) else checkpoint_id
     if not isinstance(text, str):
         return repr(checkpoint_id)
-    return text if _URL.match(text) else literal_tilde(os.path.normpath(os.path.expanduser(text)))
+    if _URL.match(text):
+        return text
+    return literal_tilde(os.path.normpath(os.path.expanduser(text) if expand_home else text))
 
 
 def _refuse_different_checkpoints(what: str, ids: list[str], commits: list[str | None]) -> None:

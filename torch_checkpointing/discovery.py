@@ -519,9 +519,17 @@ def user_path(where: str | os.PathLike[str], storage: Storage) -> str | os.PathL
     directory named '~' instead, found none (a missing root lists nothing) and a job resuming from the root it
     saves under started from scratch, saying nothing. A URL, or a key on a storage passed in that is not the
     local filesystem, is taken as it is."""
-    if url_scheme(where) is not None or not isinstance(storage, LocalFileSystemStorage):
+    if url_scheme(where) is not None or not expands_home(storage):
         return where
     return os.path.expanduser(os.fspath(where))
+
+
+def expands_home(storage: Storage) -> bool:
+    """Whether a leading `~` of a scheme-less path on `storage` is the home directory: on the local filesystem
+    only; under any other store's root it is a key. The one rule for the manager's ids and the readers' roots:
+    the manager expanded it for every storage config but `FsspecStorageConfig`, so a custom config building an
+    object store had `save("~/a")` refused as the home directory's absolute path, while readers took `~/a`."""
+    return isinstance(storage, LocalFileSystemStorage)
 
 
 def listing(root: str | os.PathLike[str], storage: Storage | None = None) -> Listing:
