@@ -324,10 +324,9 @@ def shortage_within(exc: BaseException, outside: BaseException | None = None) ->
     in aiohttp's socket read, and each was taken for the store's failure. `outside`: what the caller was handling
     when the call began (`sys.exception()` then), and every exception the call raised is chained to: its
     shortage is the caller's, not this call's, and is not looked into."""
-    links = exception_chain(exc, () if outside is None else (outside,))
-    next(links)  # `exc` itself: the caller asks `is_shortage` of it
-    for inner in links:
-        if isinstance(inner, (MemoryError, OSError)) and is_shortage(inner):
+    for inner in exception_chain(exc, () if outside is None else (outside,)):
+        # `exc` itself is the caller's to ask `is_shortage` of; it is no link when it is `outside` (re-raised)
+        if inner is not exc and isinstance(inner, (MemoryError, OSError)) and is_shortage(inner):
             return inner
     return None
 
