@@ -621,6 +621,12 @@ class FsspecStorage(Storage):
 
     def _resolve(self, path: Path | str) -> tuple[_Backend, str]:
         """The filesystem and its name for a path: `bucket/key` for `s3://bucket/key` (or `s3:/bucket/key`)."""
+        backend, key = self._resolve_name(path)
+        if backend.object_store:
+            _refuse_non_utf8_key(backend, key)
+        return backend, key
+
+    def _resolve_name(self, path: Path | str) -> tuple[_Backend, str]:
         text = os.fspath(path)
         if _SCHEME.match(text):
             return self._resolve_url(text)
@@ -1784,6 +1790,20 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
     replace or delete on a store that could not be reached, made in a handler of a NoSuchKey, answered "it
     changed or went"."""
     return exception_chain(exc, getattr(_SCOPES, "outside", ()))
+
+
+def _refuse_non_utf8_key(backend: _Backend, key: str) -> None:
+    """An object store's keys are UTF-8: a surrogate (even one `os.fsdecode` made of a byte of a file name that is
+    no UTF-8) has no form there. Its request failed as an `ObjectStoreError` ("... UnicodeEncodeError ..."), a
+    store failure that a caller retries or falls back from, for a name no retry can store."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"{backend.url(key)!r} holds {key[exc.start]!r}, which an object store's key (UTF-8) cannot hold: a lone "
+            f"surrogate, such as the one that stands for a byte of a local file name that is no UTF-8. Name the "
+            f"checkpoint or root in text that UTF-8 encodes."
+        ) from None
 
 
 class _ChangedWhileRead(OSError):
