@@ -11,6 +11,7 @@ from typing import Any
 import torch.distributed as dist
 
 from torch_checkpointing.agreement import describe
+from torch_checkpointing.config import MAX_OS_WAIT_S, check_number
 from torch_checkpointing.errors import (
     CommitError,
     CommitOutcomeUnknownError,
@@ -32,9 +33,22 @@ _FAILED = "failed/"
 _LEAVING_WAIT_S = 3.0
 
 
+def barrier_seconds(owner: str, name: str, value: object) -> Any:
+    """A barrier's timeout: a finite number of seconds the store's waits take (`check_number`, at most
+    `MAX_OS_WAIT_S`); an integer scalar as its int."""
+    return check_number(owner, name, value, at_most=MAX_OS_WAIT_S)
+
+
 @dataclass
 class BarrierConfig(ABC):
     timeout_barrier_init_sec: int
+
+    def __post_init__(self) -> None:
+        """The store's timeout, refused naming the field: NaN, an int past a float or a str failed only when the
+        barrier's store was made, with a bare ValueError or OverflowError."""
+        self.timeout_barrier_init_sec = barrier_seconds(
+            type(self).__name__, "timeout_barrier_init_sec", self.timeout_barrier_init_sec
+        )
 
     @abstractmethod
     def create_barrier(self, rank_info: RankInfo) -> Barrier: ...
@@ -98,6 +112,7 @@ class TCPStoreBarrier(Barrier):
         arrivals of every rank still in the store (it passed at once, rank 0 nowhere near it). And the round's
         outcome is decided once for every rank (`_outcome`): a rank arriving after another gave up on the round
         found everyone's arrival and passed, while that rank raised."""
+        timeout_secs = barrier_seconds("TCPStoreBarrier.execute_barrier", "timeout_secs", timeout_secs)
         number = self._seq + 1  # this barrier's guess, named if the host does not answer
         try:
             channel = self._get_channel(timeout_secs)
