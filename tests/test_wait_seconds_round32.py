@@ -16,6 +16,7 @@ from torch_checkpointing.checkpoint_saver import WriteFuture
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.futures import SettledFuture
 from torch_checkpointing.lock import RWLock, RWLockMode
+from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.waiting import Flag
 
 _BAD = [10**400, float("nan"), "5"]
@@ -93,3 +94,15 @@ def test_usable_timeouts_still_wait(value: object) -> None:
         assert future.result(timeout=value) == 7  # type: ignore[arg-type]
     else:
         assert isinstance(_bounded(lambda: future.result(timeout=value)), TimeoutError)
+
+
+@pytest.mark.parametrize("value", _BAD, ids=_IDS)
+@pytest.mark.parametrize("method", ["wait", "close"])
+def test_retention_runner_refuses_an_unusable_timeout(method: str, value: object) -> None:
+    """Before, `close(timeout=nan)` with no pass pending took it, and with one pending logged "Retention passes did
+    not finish within nans of close()" for a pass that never got a usable wait."""
+    runner = RetentionRunner(RetentionPolicy(keep_last=1), rank=0)
+    try:
+        _refused(_bounded(lambda: getattr(runner, method)(value)))
+    finally:
+        runner.close()

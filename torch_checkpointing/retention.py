@@ -41,7 +41,7 @@ from torch_checkpointing.commit import (
     unfinished_uploads,
     warn_left_in_place,
 )
-from torch_checkpointing.config import integer_as_int, refuse_past_a_float
+from torch_checkpointing.config import integer_as_int, refuse_past_a_float, wait_seconds
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
@@ -1427,13 +1427,16 @@ class RetentionRunner:
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the passes scheduled so far (tests, and close())."""
+        wait_seconds("RetentionRunner.wait's timeout", timeout)  # with no pass pending, too
         with self._lock:
             pending = list(self._pending)
         for f in pending:
             f.result(timeout)
 
     def close(self, timeout: float | None = 600.0) -> None:
-        """Finish the passes already scheduled (a save that committed gets its pass), then stop the worker."""
+        """Finish the passes already scheduled (a save that committed gets its pass), then stop the worker. A
+        timeout no wait can honour is refused (it was logged as passes that "did not finish within nans")."""
+        wait_seconds("RetentionRunner.close's timeout", timeout)
         try:
             self.wait(timeout)
         except Exception:
