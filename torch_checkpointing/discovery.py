@@ -491,6 +491,7 @@ def storage_of(where: object, storage: object, what: str = "root") -> Storage:
     if storage is None:
         return storage_for(path)
     if isinstance(storage, Storage):
+        _refuse_url_not_taken(path, storage, what)
         return storage
     fix = (
         f"pass {type(storage).__name__}(...).create_storage()"
@@ -500,6 +501,21 @@ def storage_of(where: object, storage: object, what: str = "root") -> Storage:
     raise ConfigTypeError(
         f"storage= must be a Storage or None (None: the one the {what} names), got {type(storage).__name__} "
         f"({storage!r:.80}); {fix}."
+    )
+
+
+def _refuse_url_not_taken(where: str | os.PathLike[str], storage: Storage, what: str) -> None:
+    """A URL on a storage that does not take URLs (`Storage.handles_url`, the manager's rule for ids) is refused.
+    Read as a path, `file:///abs/run` on the local filesystem was a relative folder named `file:`: a listing found
+    nothing there and `latest_checkpoint` returned None (a resume from scratch) beside committed checkpoints."""
+    scheme = url_scheme(where)
+    if scheme is None or storage.handles_url(os.fspath(where)):
+        return
+    if scheme in LOCAL_SCHEMES and isinstance(storage, LocalFileSystemStorage):
+        raise local_url_refused(os.fspath(where), scheme, f"The {what} ")
+    raise ConfigError(
+        f"The {what} {os.fspath(where)!r} is a {scheme}:// URL, which the storage passed ({type(storage).__name__}) "
+        f"does not take; pass storage=None to read the store the URL names, or a path on that storage."
     )
 
 
