@@ -13,8 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_checkpointing import CheckpointManager, latest_checkpoint, list_checkpoints, retention
+from torch_checkpointing import (
+    CheckpointManager,
+    DTensorResharder,
+    ItemSpec,
+    latest_checkpoint,
+    list_checkpoints,
+    retention,
+)
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.distributed_metadata import load_distributed_metadata
 from torch_checkpointing.errors import ConfigError
 from torch_checkpointing.retention import RetentionPolicy
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -50,3 +58,17 @@ def test_an_object_store_url_root_on_the_local_storage_is_refused(run: Path, cal
     storage = LocalFileSystemStorageConfig().create_storage()
     with pytest.raises(ConfigError, match="s3://"):
         _CALLS[call]("s3://bucket/run", storage)
+
+
+def test_load_distributed_metadata_refuses_a_file_url_on_the_local_storage(tmp_path: Path) -> None:
+    """Before, `load_distributed_metadata("file:///abs/run/step_1", storage)` answered None, the answer for a
+    checkpoint without resharded items, of one that holds metadata.json."""
+    config = CheckpointManager.Config(
+        items={"m": ItemSpec(resharder=DTensorResharder())}, save=SyncCheckpointSaverConfig()
+    )
+    with CheckpointManager(config) as manager:
+        manager.save(str(tmp_path / "step_1"), {"m": {"x": torch.ones(2)}})
+    storage = LocalFileSystemStorageConfig().create_storage()
+    assert load_distributed_metadata(tmp_path / "step_1", storage) is not None
+    with pytest.raises(ConfigError, match="pass the local path it names"):
+        load_distributed_metadata(f"file://{tmp_path}/step_1", storage)

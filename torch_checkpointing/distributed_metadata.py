@@ -851,12 +851,16 @@ def load_distributed_metadata(checkpoint_dir: str | Path, storage: Storage) -> D
 
     Loads go through `read_distributed_metadata` (verified against the manifest); this serves tools.
     A `storage` that is none (its config, a path) is a `ConfigTypeError`: it was an AttributeError about `exists`.
-    A local `~` is the home directory, as a save's id: `"~/run/step_1"` found no file there and said None.
+    A local `~` is the home directory, as a save's id: `"~/run/step_1"` found no file there and said None. A URL
+    the storage does not take is refused (`discovery.storage_of`): `file:///abs/step_1` on the local filesystem
+    was a relative folder named `file:`, and said None of a checkpoint holding metadata.json.
     """
-    from torch_checkpointing.discovery import user_path  # a tool's entry, on top of discovery (no cycle at import)
+    # a tool's entry, on top of discovery (no cycle at import)
+    from torch_checkpointing.discovery import storage_of, user_path
 
     if not isinstance(storage, Storage):
         raise _not_a_storage(storage)
+    storage_of(checkpoint_dir, storage, "checkpoint_dir")
     path = Path(user_path(checkpoint_dir, storage)) / METADATA_FILE_NAME
     if not storage.exists(path):
         return None
