@@ -56,9 +56,10 @@ from torch_checkpointing.config import (
     SyncCheckpointSaverConfig,
     check_instance,
     integer_as_int,
+    literal_tilde,
     refuse_unencodable,
 )
-from torch_checkpointing.discovery import OwnerLock, expands_home, literal_tilde, self_describing_layouts
+from torch_checkpointing.discovery import OwnerLock, expands_home, self_describing_layouts
 from torch_checkpointing.errors import (
     CheckpointError,
     CommitError,
@@ -662,6 +663,8 @@ class CheckpointManager:
         URLs. Without a storage config, the first id picks the storage (`_pick_storage`)."""
         if isinstance(checkpoint_id, os.PathLike):
             checkpoint_id = os.fspath(checkpoint_id)
+            if isinstance(checkpoint_id, str):  # a Path's `~` is a folder of that name (`config.home_expanded`)
+                checkpoint_id = literal_tilde(checkpoint_id)
         if not isinstance(checkpoint_id, str):
             raise ConfigTypeError(
                 f"A checkpoint id must be a str or a path (e.g. 'runs/step_100'), got {checkpoint_id!r} "
@@ -1435,6 +1438,8 @@ def _comparable_id(checkpoint_id: Any, expand_home: bool) -> str:
     text = os.fspath(checkpoint_id) if isinstance(checkpoint_id, os.PathLike) else checkpoint_id
     if not isinstance(text, str):
         return repr(checkpoint_id)
+    if isinstance(checkpoint_id, os.PathLike):  # a Path's `~` is a folder of that name, as `_checkpoint_path` reads it
+        text = literal_tilde(text)
     if _URL.match(text):
         return text
     return literal_tilde(os.path.normpath(os.path.expanduser(text) if expand_home else text))

@@ -82,6 +82,26 @@ def _integer_scalar(value: Any) -> bool:
     return getattr(value, "ndim", 0) == 0
 
 
+def literal_tilde(path: str) -> str:
+    """A normalised local `path` with the `./` that `normpath` and `Path` drop put back before a leading `~`.
+
+    `./~/run` is a folder named `~`; normalised to `~/run` it names the home directory wherever it is used again
+    (a listing's path loaded back, retention's root): retention of saves under `./~/run` pruned the home
+    directory's `run/`."""
+    return f"./{path}" if path.startswith("~") else path
+
+
+def home_expanded(path: str | os.PathLike[str]) -> str:
+    """`path` as text, a leading `~` of a `str` the home directory (as a shell reads it); a `Path`'s `~` is a
+    folder of that name, as pathlib and `open()` read it (`.expanduser()` is how a Path names the home directory).
+
+    `Path("./~/run")` is `~/run` to pathlib (the `./` dropped), and expanded, `delete_checkpoint(Path("./~/run/
+    step_3"))` deleted the home directory's `run/step_3`, a checkpoint the caller never named."""
+    if isinstance(path, str):
+        return os.path.expanduser(path)
+    return literal_tilde(os.fspath(path))
+
+
 def refuse_unencodable(what: str, path: str | os.PathLike[str]) -> None:
     """Refuse a path holding a lone surrogate (one outside U+DC80..U+DCFF, the bytes of a name that is no UTF-8),
     which no file name can hold: it failed at its first use, as a bare UnicodeEncodeError naming nothing."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torch_checkpointing.checkpoint_layout import LayoutInfo
-from torch_checkpointing.config import refuse_unencodable
+from torch_checkpointing.config import home_expanded, literal_tilde, refuse_unencodable
 from torch_checkpointing.errors import (
     CheckpointError,
     CheckpointReplacedError,
@@ -149,15 +149,6 @@ def spelt(path: str | os.PathLike[str], local: bool = True) -> str:
         return literal_tilde(text) if local else text
     slash = "/" if scheme in LOCAL_SCHEMES else ""
     return f"{text.split(':', 1)[0]}://{slash}{_after_scheme(text)}"
-
-
-def literal_tilde(path: str) -> str:
-    """A normalised local `path` with the `./` that `normpath` and `Path` drop put back before a leading `~`.
-
-    `./~/run` is a folder named `~`; normalised to `~/run` it names the home directory wherever it is used again
-    (a listing's path loaded back, retention's root): retention of saves under `./~/run` pruned the home
-    directory's `run/`."""
-    return f"./{path}" if path.startswith("~") else path
 
 
 def _after_scheme(url: str) -> str:
@@ -534,10 +525,10 @@ def user_path(where: str | os.PathLike[str], storage: Storage) -> str | os.PathL
     `save("~/run/step_2", ...)` writes under the home directory; `latest_checkpoint("~/run")` looked for a
     directory named '~' instead, found none (a missing root lists nothing) and a job resuming from the root it
     saves under started from scratch, saying nothing. A URL, or a key on a storage passed in that is not the
-    local filesystem, is taken as it is."""
+    local filesystem, is taken as it is; so is a `Path`'s `~` (`config.home_expanded`)."""
     if url_scheme(where) is not None or not expands_home(storage):
         return where
-    return os.path.expanduser(os.fspath(where))
+    return home_expanded(where)
 
 
 def expands_home(storage: Storage) -> bool:

@@ -35,7 +35,7 @@ import torch
 
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES, refuse_names_twice
 from torch_checkpointing.cold_read import private_copy, refuse_beyond_memory
-from torch_checkpointing.config import integer_as_int, refuse_unencodable
+from torch_checkpointing.config import home_expanded, integer_as_int, refuse_unencodable
 from torch_checkpointing.discovery import (
     committed_manifest,
     default_storage,
@@ -710,7 +710,7 @@ def _output_path(out_dir: str | os.PathLike[str]) -> Path:
     the file system's root, which has neither a name nor a parent to stage the export in. A leading `~` is
     expanded, as the checkpoint's path is: `~/hf` was written as a folder named '~' in the working directory."""
     refuse_unencodable("Export output", out_dir)
-    out = Path(os.path.abspath(os.path.expanduser(out_dir)))
+    out = Path(os.path.abspath(home_expanded(out_dir)))
     if not out.name:
         raise ConfigError(
             f"Export output {os.fspath(out_dir)!r} is the file system's root: an export is staged beside its "
@@ -1213,7 +1213,7 @@ def import_hf(directory: str | os.PathLike[str], into: Any = None) -> Any:
     dtype differs, raises `TemplateMismatchError` before anything is copied.
     """
     _check_local_directory(directory)
-    base = Path(os.path.expanduser(directory))  # `~/hf`, as export_hf writes it
+    base = Path(home_expanded(directory))  # `~/hf`, as export_hf writes it
     files = _hf_files(base)
     if into is None:
         out: dict[str, torch.Tensor] = {}

@@ -41,7 +41,7 @@ from torch_checkpointing.commit import (
     unfinished_uploads,
     warn_left_in_place,
 )
-from torch_checkpointing.config import integer_as_int, refuse_past_a_float, wait_seconds
+from torch_checkpointing.config import integer_as_int, literal_tilde, refuse_past_a_float, wait_seconds
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
@@ -51,7 +51,6 @@ from torch_checkpointing.discovery import (
     default_storage,
     list_leftovers,
     listing,
-    literal_tilde,
     newest_intact,
     require_path,
     spelt,
@@ -541,7 +540,7 @@ def _not_deleted(storage: Storage, src: Path, why: str) -> _Outcome:
 
 
 def _still(storage: Storage, path: Path, expected: CheckpointInfo) -> bool:
-    current = checkpoint_info(literal_tilde(os.fspath(path)), storage)  # a `Path` spells `./~/run` as `~/run`
+    current = checkpoint_info(path, storage)  # a Path's `~` is a folder of that name (`config.home_expanded`)
     return current is not None and current.commit_time == expected.commit_time
 
 
@@ -1358,6 +1357,12 @@ def _let_go_of_stray_claim(storage: Storage, path: Path) -> _Outcome:
     return _Outcome(True)
 
 
+def _as_text(path: str | os.PathLike[str]) -> str:
+    """A root as text, a `Path`'s `~` kept a folder of that name (`config.home_expanded`); a str's `~` is read
+    where it is used (`discovery.user_path`: the home directory on the local filesystem, a key on a store)."""
+    return path if isinstance(path, str) else literal_tilde(os.fspath(path))
+
+
 class RetentionRunner:
     """Runs the retention pass after each commit, off the training thread, on one rank only.
 
@@ -1376,7 +1381,7 @@ class RetentionRunner:
         self._kept_told: set[tuple[str, str]] = set()  # what gc kept for a person to act on: warned once
 
     def root_for(self, checkpoint_id: str) -> str:
-        root = os.fspath(self.policy.root) if self.policy.root is not None else ""
+        root = _as_text(self.policy.root) if self.policy.root is not None else ""
         return root or literal_tilde(os.path.dirname(os.path.normpath(checkpoint_id)) or ".")
 
     def after_commit(self, checkpoint_id: str, write: Future[object] | None) -> None:

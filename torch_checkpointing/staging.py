@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.config import CheckpointStagerConfig, check_instance
+from torch_checkpointing.config import CheckpointStagerConfig, check_instance, home_expanded
 from torch_checkpointing.memory_advice import MADV_DONTNEED, madvise, populate_write
 from torch_checkpointing.pickling import (
     SUB_BYTE_DTYPES,
@@ -425,7 +425,7 @@ def _slab_fd(directory: str | None) -> tuple[int, str]:
     the home directory, as in every other path the engine takes (it was looked up as a folder named '~')."""
     if directory is None and hasattr(os, "memfd_create"):
         return os.memfd_create("torch_checkpointing-staging", getattr(os, "MFD_CLOEXEC", 0)), _MEMFD_WHERE
-    directory = os.path.expanduser(os.fspath(directory)) if directory else tempfile.gettempdir()
+    directory = home_expanded(directory) if directory else tempfile.gettempdir()
     try:
         fd, path = tempfile.mkstemp(prefix=".torch_checkpointing-staging-", suffix=".slab", dir=directory)
     except OSError as exc:
