@@ -77,3 +77,12 @@ def test_isdir_and_tree_bytes_in_a_bucket_that_exists_answer_as_before(s3_server
     assert not storage.isdir(Path("run/step_2")) and not storage.isdir(Path("run/step_1/model_0.pt"))
     assert storage.isdir(Path(""))  # the bucket's root
     assert storage.tree_bytes(Path("run")) == len(b"weights") and storage.tree_bytes(Path("nothing")) == 0
+
+
+def test_an_empty_bucket_s_root_is_a_directory_with_nothing_saved(s3_server: S3Server) -> None:
+    """The other side: the root of a bucket that exists but holds nothing (a run not yet saved to) is a directory
+    that lists no checkpoint. The listing that replaced s3fs's `isdir` told it "a file, not a directory"."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    assert latest_checkpoint(config.url, storage) is None
+    assert list_checkpoints(config.url, storage) == []

@@ -1305,13 +1305,14 @@ class FsspecStorage(Storage):
 
 
 def _has_objects_under(backend: _Backend, key: str) -> bool:
-    """Whether the prefix `key/` holds an object (the bucket's root: any). One listing of one key, as s3fs's
-    `isdir`, which answers False for a bucket that does not exist: its listing's NoSuchBucket is raised here."""
+    """Whether the prefix `key/` holds an object; a bucket's root is a directory when the bucket exists, empty or
+    not (an empty bucket's root, a run not yet saved to, was told "a file, not a directory"). One listing of one
+    key, as s3fs's `isdir`, which answers False for a bucket that does not exist: its NoSuchBucket is raised here."""
     bucket, rest, _ = backend.fs.split_path(key)
     prefix = rest.rstrip("/") + "/" if rest else ""
     extra = getattr(backend.fs, "req_kw", None) or {}
     page = backend.io.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=1, **extra)
-    return bool(page.get("Contents") or page.get("CommonPrefixes"))
+    return not rest or bool(page.get("Contents") or page.get("CommonPrefixes"))
 
 
 def _mkdir_one_level(backend: _Backend, key: str) -> None:
