@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.home_dirs import home_and_work
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,11 +53,7 @@ def test_a_root_in_a_folder_literally_named_tilde_lists_paths_that_load_it_back(
 
     from torch_checkpointing import CheckpointManager, latest_checkpoint, list_checkpoints
 
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(work)
+    home, work = home_and_work(tmp_path, monkeypatch)
     with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
         manager.save("./~/run/step_1", {"model": {"w": torch.ones(2)}})
         (listed,) = list_checkpoints("./~/run")
@@ -75,11 +73,7 @@ def test_retention_of_saves_under_a_folder_named_tilde_never_prunes_the_home_dir
 
     from torch_checkpointing import CheckpointManager, RetentionPolicy, SyncCheckpointSaverConfig
 
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(work)
+    home, work = home_and_work(tmp_path, monkeypatch)
     state = {"model": {"w": torch.ones(2)}}
     with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
         for step in (1, 2, 3):

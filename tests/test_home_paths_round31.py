@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.home_dirs import home_and_work
 from torch_checkpointing import CheckpointManager, list_checkpoints
 from torch_checkpointing.cli import main
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
@@ -21,12 +22,7 @@ from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSav
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Steps 1 and 2 saved as '~/run/step_N', HOME a fresh directory; the working directory holds no 'run'."""
-    home = tmp_path / "home"
-    home.mkdir()
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(work)
+    home, _ = home_and_work(tmp_path, monkeypatch)
     config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), load=CheckpointLoaderConfig())
     with CheckpointManager(config) as manager:
         for step in (1, 2):

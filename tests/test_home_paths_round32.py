@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.home_dirs import home_and_work
 from torch_checkpointing import (
     CheckpointManager,
     DTensorResharder,
@@ -61,11 +62,7 @@ def test_a_home_staging_dir_stages_under_the_home_directory(tmp_path: Path, monk
 @pytest.fixture
 def home_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Steps 1 to 3 saved as '~/run/step_N', HOME a fresh directory, the working directory another."""
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(work)
+    home, _ = home_and_work(tmp_path, monkeypatch)
     config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), load=CheckpointLoaderConfig())
     with CheckpointManager(config) as manager:
         for step in (1, 2, 3):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.home_dirs import home_and_work
 from torch_checkpointing import CheckpointManager, SyncCheckpointSaverConfig, list_checkpoints
 from torch_checkpointing.hf import export_hf
 from torch_checkpointing.retention import RetentionPolicy, delete_checkpoint, prune
@@ -27,11 +28,7 @@ def _save(manager: CheckpointManager, where: str | os.PathLike[str], step: int) 
 @pytest.fixture
 def two_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     """Steps 1..3 under a folder literally named `~` in the working directory, and under $HOME/run."""
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(work)
+    home, work = home_and_work(tmp_path, monkeypatch)
     with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
         for step in (1, 2, 3):
             _save(manager, f"./~/run/step_{step}", step)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.home_dirs import home_and_work
 from torch_checkpointing import CheckpointManager, latest_checkpoint
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
@@ -56,11 +57,7 @@ def test_a_custom_object_store_config_reads_tilde_as_a_key(monkeypatch: pytest.M
 
 
 def test_a_custom_local_config_reads_tilde_as_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(work)
+    home, work = home_and_work(tmp_path, monkeypatch)
     manager_config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=WrappedLocal())
     with CheckpointManager(manager_config) as manager:
         manager.save("~/run/step_1", {"m": {"x": torch.ones(2)}})
