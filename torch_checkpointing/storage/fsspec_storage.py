@@ -350,7 +350,22 @@ _BOUNDED_CALLS = frozenset(
 )
 
 
-class _BoundedFs:
+class _FsWrapper:
+    """A filesystem whose attributes are the wrapped one's (`_fs`), forwarded by `__getattr__`.
+
+    A copy (pickle, `copy.deepcopy`) is made without its state and then asked for `__setstate__`: that lookup
+    reached `self._fs`, itself looked up through `__getattr__`, and the copy died of a RecursionError."""
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_fs":  # only a copy whose state is not set yet gets here
+            raise AttributeError(name)
+        return getattr(self._fs, name)
+
+
+class _BoundedFs(_FsWrapper):
     """A filesystem whose blocking calls give up after `timeout_s` (fsspec cancels the request and raises
     `FSTimeoutError`). The HTTP client's read timeout does not cover a body sent to a server that stopped
     reading it: without this, an upload to a hung server waits forever.
@@ -360,11 +375,11 @@ class _BoundedFs:
     """
 
     def __init__(self, fs: Any, timeout_s: float) -> None:
-        self._fs = fs
+        super().__init__(fs)
         self._timeout_s = timeout_s
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._fs, name)
+        attr = super().__getattr__(name)
         if name in _BOUNDED_CALLS and inspect.iscoroutinefunction(getattr(attr, "__wrapped__", None)):
             return functools.partial(attr, timeout=self._timeout_s)
         return attr
@@ -383,14 +398,11 @@ class _BucketGone(ObjectStoreError):
         super().__init__(f"{request} failed: {self.reason}")
 
 
-class _NamesMissingBucket:
+class _NamesMissingBucket(_FsWrapper):
     """An S3 filesystem whose calls raise `_BucketGone` where the store said NoSuchBucket (see there)."""
 
-    def __init__(self, fs: Any) -> None:
-        self._fs = fs
-
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._fs, name)
+        attr = super().__getattr__(name)
         if not callable(attr):
             return attr
 
