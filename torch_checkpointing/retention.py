@@ -49,6 +49,7 @@ from torch_checkpointing.discovery import (
     PassedOver,
     checkpoint_info,
     default_storage,
+    expands_home,
     list_leftovers,
     listing,
     newest_intact,
@@ -91,8 +92,10 @@ from torch_checkpointing.names import (
     this_host,
     trash_name,
 )
+from torch_checkpointing.storage import LOCAL_SCHEMES, local_path_of
 from torch_checkpointing.storage.base_storage import Storage, writing_nothing
 from torch_checkpointing.storage.filesystem import raise_unless_removed
+from torch_checkpointing.storage.fsspec_storage import url_scheme
 
 # What a storage raises for a refused or failed request: a filesystem's OSError, an object store's
 # ObjectStoreError (a rename there is a copy and a delete, and a refused delete is no OSError).
@@ -1381,8 +1384,18 @@ class RetentionRunner:
         self._kept_told: set[tuple[str, str]] = set()  # what gc kept for a person to act on: warned once
 
     def root_for(self, checkpoint_id: str) -> str:
-        root = _as_text(self.policy.root) if self.policy.root is not None else ""
+        root = self._local_root(_as_text(self.policy.root)) if self.policy.root is not None else ""
         return root or literal_tilde(os.path.dirname(os.path.normpath(checkpoint_id)) or ".")
+
+    def _local_root(self, root: str) -> str:
+        """A `file://` root on the local filesystem as the path it names, as the manager reads a `file://` id: the
+        readers refuse the URL there, so a root spelt as the ids were failed every pass, and nothing was pruned.
+        Another host's file stays a URL, whose refusal each pass logs."""
+        if url_scheme(root) not in LOCAL_SCHEMES or not expands_home(self._storage):
+            return root
+        with contextlib.suppress(ValueError):
+            return local_path_of(root)
+        return root
 
     def after_commit(self, checkpoint_id: str, write: Future[object] | None) -> None:
         """Schedule the pass for `checkpoint_id`: now for a sync save (write None), else when `write` succeeds."""
