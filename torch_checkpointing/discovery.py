@@ -92,6 +92,7 @@ __all__ = [
     "problem_with",
     "require_directory",
     "require_path",
+    "require_path_type",
     "resume_point",
     "self_describing_layouts",
     "still_there",
@@ -454,14 +455,14 @@ def require_path(where: str | os.PathLike[str], what: str = "root") -> None:
     """Refuse an empty path: `Path("")` is the current directory, so `prune(os.environ.get("ROOT", ""), ...)` or
     `torch-checkpointing prune "$ROOT"` with ROOT unset listed, pruned and collected whatever was there. And a
     path of the wrong type (None, an int, bytes), which failed inside with a bare TypeError about a regex."""
-    _require_path_type(where, what)
+    require_path_type(where, what)
     if os.fspath(where) in ("", b""):
         raise ConfigError(
             f"an empty {what} names no directory (an unset variable?); pass '.' for the current directory"
         )
 
 
-def _require_path_type(where: object, what: str) -> str | os.PathLike[str]:
+def require_path_type(where: object, what: str) -> str | os.PathLike[str]:
     """`where`, refused unless a str path or an os.PathLike one (bytes paths are not taken) that a file system or
     a URL can hold: a lone surrogate (no bytes) made every directory test say "no such directory", and a root
     holding one listed nothing, which a resume took for a first run."""
@@ -478,7 +479,7 @@ def storage_of(where: object, storage: object, what: str = "root") -> Storage:
     """The storage a public call on `where` uses: `storage` when the caller passed one, else the one `where`
     names (`storage_for`). Both arguments checked first: a StorageConfig passed for its storage, or an int path,
     failed deep inside with an AttributeError ('... has no attribute isdir') or a bare TypeError."""
-    path = _require_path_type(where, what)
+    path = require_path_type(where, what)
     if storage is None:
         return storage_for(path)
     if isinstance(storage, Storage):

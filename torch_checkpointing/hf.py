@@ -40,6 +40,7 @@ from torch_checkpointing.discovery import (
     committed_manifest,
     default_storage,
     local_url_refused,
+    require_path_type,
     storage_of,
     user_path,
 )
@@ -679,8 +680,9 @@ def _enclosing_checkpoint(target: Path) -> Path | None:
 
 
 def _check_local_out_dir(out_dir: str | os.PathLike[str]) -> None:
-    """An export is written to a local directory: a URL there made a local folder named `s3:`."""
-    scheme = url_scheme(out_dir)
+    """An export is written to a local directory: a URL there made a local folder named `s3:`. A path of no path
+    type (bytes, None) is refused naming it, as the readers refuse a root: it failed in a regex, naming nothing."""
+    scheme = url_scheme(require_path_type(out_dir, "export's output"))
     if scheme is not None:
         raise ConfigError(
             f"The export's output {os.fspath(out_dir)!r} is a {scheme}:// URL, but an export is written to "
@@ -692,9 +694,8 @@ def _check_local_out_dir(out_dir: str | os.PathLike[str]) -> None:
 def _check_local_directory(directory: str | os.PathLike[str]) -> None:
     """An import reads a local directory: a URL went through `Path`, which folded `file:///abs/hf` into the
     relative `file:/abs/hf`, and the import said that path had no index, of an export that is complete."""
-    scheme = url_scheme(directory)
+    scheme = url_scheme(require_path_type(directory, "import_hf's directory"))
     if scheme is None:
-        refuse_unencodable("import_hf's directory", directory)
         return
     url = os.fspath(directory)
     if scheme in LOCAL_SCHEMES:
