@@ -593,6 +593,17 @@ def _gc_failed(why: str) -> _Outcome:
     return _Outcome(False, why)
 
 
+def as_local_id(storage: Storage, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """A `file://` URL on the local filesystem as the path it names, as the manager reads a `file://` id (the
+    readers refuse the URL there). A policy root spelt as the ids failed every retention pass, and a checkpoint
+    protected by its id matched no listed path and was deleted. Another host's file stays a URL."""
+    if url_scheme(path) not in LOCAL_SCHEMES or not expands_home(storage):
+        return path  # as it came: a Path's `~` is a folder of that name
+    with contextlib.suppress(ValueError):
+        return local_path_of(os.fspath(path))
+    return path
+
+
 def _identity(storage: Storage, path: str | os.PathLike[str]) -> str:
     """One name per checkpoint however it is spelt: a save's id (relative to the working directory or to an
     object store's `url` root, or a full URL) and the path a listing under the policy's `root` gives for it.
@@ -600,7 +611,7 @@ def _identity(storage: Storage, path: str | os.PathLike[str]) -> str:
     deleted that save's checkpoint. A local `~` is the home directory, as a save's id: `protect=["~/run/step_1"]`
     named a folder '~' under the working directory, and the checkpoint it meant was deleted."""
     try:
-        local = storage.local_path(Path(user_path(path, storage)))
+        local = storage.local_path(Path(user_path(as_local_id(storage, path), storage)))
         return os.path.realpath(local) if local is not None else storage.remap_path(Path(path)).rstrip("/")
     except (ValueError, OSError):  # a name this store does not resolve: as written
         return os.path.normpath(os.fspath(path))
@@ -1384,18 +1395,8 @@ class RetentionRunner:
         self._kept_told: set[tuple[str, str]] = set()  # what gc kept for a person to act on: warned once
 
     def root_for(self, checkpoint_id: str) -> str:
-        root = self._local_root(_as_text(self.policy.root)) if self.policy.root is not None else ""
+        root = os.fspath(as_local_id(self._storage, _as_text(self.policy.root))) if self.policy.root is not None else ""
         return root or literal_tilde(os.path.dirname(os.path.normpath(checkpoint_id)) or ".")
-
-    def _local_root(self, root: str) -> str:
-        """A `file://` root on the local filesystem as the path it names, as the manager reads a `file://` id: the
-        readers refuse the URL there, so a root spelt as the ids were failed every pass, and nothing was pruned.
-        Another host's file stays a URL, whose refusal each pass logs."""
-        if url_scheme(root) not in LOCAL_SCHEMES or not expands_home(self._storage):
-            return root
-        with contextlib.suppress(ValueError):
-            return local_path_of(root)
-        return root
 
     def after_commit(self, checkpoint_id: str, write: Future[object] | None) -> None:
         """Schedule the pass for `checkpoint_id`: now for a sync save (write None), else when `write` succeeds."""
