@@ -229,8 +229,8 @@ class CheckpointStagerConfig:
     # Where the shared staging slab lives (with use_shared_memory). None: anonymous shared memory (memfd),
     # which a small /dev/shm (64 MiB in containers) does not limit. A directory: an unlinked file there,
     # mapped shared; it must have room for the whole staged state (about the size of the payload's tensors).
-    # A leading `~` is the home directory, as in every other path the engine takes.
-    staging_dir: str | None = None
+    # A leading `~` of a str is the home directory, as in every other path the engine takes (a Path's is literal).
+    staging_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         owner = "CheckpointStagerConfig"

@@ -342,7 +342,7 @@ class SharedSlab:
         self.tensor = _map_shared(fd, nbytes)
 
     @classmethod
-    def allocate(cls, nbytes: int, directory: str | None) -> SharedSlab:
+    def allocate(cls, nbytes: int, directory: str | os.PathLike[str] | None) -> SharedSlab:
         fd, where = _slab_fd(directory)
         try:
             if where != _MEMFD_WHERE:
@@ -420,7 +420,7 @@ def _attach_slab(dup: Any, nbytes: int, where: str) -> SharedSlab:
     return slab
 
 
-def _slab_fd(directory: str | None) -> tuple[int, str]:
+def _slab_fd(directory: str | os.PathLike[str] | None) -> tuple[int, str]:
     """A descriptor for a new, empty slab, and where it lives (for messages). A leading `~` in `directory` is
     the home directory, as in every other path the engine takes (it was looked up as a folder named '~')."""
     if directory is None and hasattr(os, "memfd_create"):
