@@ -65,3 +65,16 @@ def test_a_custom_local_config_reads_tilde_as_home(monkeypatch: pytest.MonkeyPat
     found = latest_checkpoint("~/run", WrappedLocal().create_storage())
     assert found is not None and Path(found.path).resolve() == (home / "run" / "step_1").resolve()
     assert list(work.iterdir()) == []
+
+
+def test_a_custom_local_config_takes_a_file_url_id_as_its_path(tmp_path: Path) -> None:
+    """A `file://` id is the local path it names where the storage is the local filesystem, as readers and
+    retention read it (`retention.as_local_id`); the manager asked the config's type, and refused it for a
+    config of the caller's own ("does not take it (not its scheme)")."""
+    manager_config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=WrappedLocal())
+    with CheckpointManager(manager_config) as manager:
+        manager.save(f"file://{tmp_path}/run/step_1", {"m": {"x": torch.ones(2)}})
+        loaded = manager.load(f"file://{tmp_path}/run/step_1", into={"m": {"x": torch.zeros(2)}})
+    assert torch.equal(loaded["m"]["x"], torch.ones(2))
+    found = latest_checkpoint(tmp_path / "run")
+    assert found is not None and found.path == str(tmp_path / "run" / "step_1")

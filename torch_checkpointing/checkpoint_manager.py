@@ -677,7 +677,7 @@ class CheckpointManager:
         scheme = url.group(1).lower() if url is not None else None
         if scheme is not None and self._storage.handles_url(checkpoint_id):
             return checkpoint_id
-        if scheme in LOCAL_SCHEMES and _writes_local_paths(self.config.storage_config):
+        if scheme in LOCAL_SCHEMES and self._expands_home():  # the local filesystem: a file:// id is its path
             checkpoint_id, scheme = local_path_of(checkpoint_id), None
         normal = checkpoint_id if scheme is not None else _local_path(checkpoint_id, self._expands_home())
         if scheme is None and not posixpath.isabs(normal):
@@ -689,8 +689,9 @@ class CheckpointManager:
         return normal
 
     def _expands_home(self) -> bool:
-        """Whether a scheme-less id's leading `~` is the home directory (`discovery.expands_home`); without a
-        storage config a scheme-less id is a local path, whichever store an earlier URL id picked."""
+        """Whether a scheme-less id's leading `~` is the home directory, and a `file://` id the local path it
+        names (`discovery.expands_home`: the storage is the local filesystem, whatever config built it); without
+        a storage config a scheme-less id is a local path, whichever store an earlier URL id picked."""
         return self.config.storage_config is None or expands_home(self._storage)
 
     def _pick_storage(self, scheme: str | None, checkpoint_id: str) -> None:
@@ -1422,14 +1423,6 @@ def _refuse_file_under_file_across_ranks(owners: Mapping[str, tuple[int, str]]) 
                 )
                 raise CommitError(reason, {parent_rank: reason, r: reason})
             parent = posixpath.dirname(parent)
-
-
-def _writes_local_paths(storage_config: Any) -> bool:
-    """Whether a file:// id means a local path here: with no storage config (the first id picks the local
-    filesystem) or a local one; any other storage refuses the scheme it does not take."""
-    from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
-
-    return storage_config is None or isinstance(storage_config, LocalFileSystemStorageConfig)
 
 
 def _comparable_id(checkpoint_id: Any, expand_home: bool) -> str:
