@@ -253,7 +253,7 @@ def test_an_fsspec_storage_refuses_an_id_it_cannot_place_with_a_config_error() -
     storage = FsspecStorageConfig(protocol="memory").create_storage()
     with pytest.raises(ConfigError, match=r"'run' has no URL scheme .* no url root"):
         latest_checkpoint("run", storage)
-    with pytest.raises(ConfigError, match=r"is a file:// path, but this storage talks to memory://"):
+    with pytest.raises(ConfigError, match=r"'file:///srv/run' is a file:// URL, which the storage passed"):
         latest_checkpoint("file:///srv/run", storage)
 
 
