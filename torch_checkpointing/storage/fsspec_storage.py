@@ -399,13 +399,35 @@ class _BucketGone(ObjectStoreError):
 
 
 class _NamesMissingBucket(_FsWrapper):
-    """An S3 filesystem whose calls raise `_BucketGone` where the store said NoSuchBucket (see there)."""
+    """An S3 filesystem whose calls raise `_BucketGone` where the store said NoSuchBucket (see there).
+
+    Each method's wrapper is made once and kept (`_calls`): it was made anew at every lookup, so at every request.
+    The kept wrappers are no state of a copy (they close over this instance's filesystem)."""
+
+    def __init__(self, fs: Any) -> None:
+        super().__init__(fs)
+        self._calls: dict[str, Callable[..., Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_fs": self._fs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._fs = state["_fs"]
+        self._calls = {}
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_calls":  # only a copy whose state is not set yet gets here
+            raise AttributeError(name)
+        call = self._calls.get(name)
+        if call is not None:
+            return call
         attr = super().__getattr__(name)
         if not callable(attr):
             return attr
+        call = self._calls[name] = self._wrapped(name, attr)
+        return call
 
+    def _wrapped(self, name: str, attr: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(attr)
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
