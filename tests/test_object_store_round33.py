@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import mmap
 import pickle
 from pathlib import Path
 
+import pytest
+
 from tests.s3_server import S3Server
+from torch_checkpointing.errors import ObjectStoreError
+from torch_checkpointing.storage.fsspec_storage import MAX_PARTS, MIN_PART_SIZE
 
 
 def test_repeated_requests_reuse_one_wrapper_per_method(s3_server: S3Server) -> None:
@@ -18,3 +24,21 @@ def test_repeated_requests_reuse_one_wrapper_per_method(s3_server: S3Server) -> 
     assert storage.exists(Path("run/absent")) is False  # the wrapper still works
     copied = pickle.loads(pickle.dumps(io))  # the kept wrappers are no state of a copy
     assert copied.call_s3 is copied.call_s3 and copied.call_s3 is not io.call_s3
+
+
+def test_an_object_needing_more_than_10000_parts_is_refused_once_not_also_logged(
+    s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The refusal, made before any request, reaches the caller: it was logged as a WARNING as well, the one
+    failure told twice."""
+    storage = s3_server.config(part_size=MIN_PART_SIZE).create_storage()
+    size = MIN_PART_SIZE * MAX_PARTS + 1
+    sparse = tmp_path / "huge.bin"
+    with open(sparse, "wb") as out:  # sparse: no disk, and its pages are never read
+        out.truncate(size)
+    caplog.set_level(logging.DEBUG, logger="torch_checkpointing")
+    with open(sparse, "rb") as raw:
+        data = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)  # closed when unreferenced
+        with pytest.raises(ObjectStoreError, match="10000 parts") as caught:
+            storage.write(Path("run/step_1/model_0.pt"), data)
+    assert str(caught.value) not in caplog.text, caplog.text

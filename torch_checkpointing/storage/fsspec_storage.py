@@ -848,12 +848,10 @@ class FsspecStorage(Storage):
             if needed <= MAX_PART_SIZE
             else f"no part size up to S3's {MAX_PART_SIZE} bytes fits it: save it in smaller pieces"
         )
-        error = ObjectStoreError(
+        raise ObjectStoreError(  # raised only: the caller hears of it, before any request
             f"upload of {backend.url(key)}: {size} bytes need more than {MAX_PARTS} parts of {part_size} bytes "
             f"(S3's limit per object): {fix}."
         )
-        logger.warning("%s", error)
-        raise error
 
     def delete(self, path: Path) -> None:
         backend, key = self._resolve(path)
