@@ -11,6 +11,7 @@ import pytest
 
 from tests.s3_server import S3Server
 from torch_checkpointing.errors import ObjectStoreError
+from torch_checkpointing.storage import fsspec_storage
 from torch_checkpointing.storage.fsspec_storage import MAX_PARTS, MIN_PART_SIZE
 
 
@@ -42,3 +43,25 @@ def test_an_object_needing_more_than_10000_parts_is_refused_once_not_also_logged
         with pytest.raises(ObjectStoreError, match="10000 parts") as caught:
             storage.write(Path("run/step_1/model_0.pt"), data)
     assert str(caught.value) not in caplog.text, caplog.text
+
+
+def test_a_stream_past_the_part_limit_says_what_was_sent_and_leaves_no_upload(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of unknown length that needs more parts than S3 takes (the limit lowered to 3 here, 10,000 on
+    S3: 50 GiB at 5 MiB). Before, its error said only "more than 10000 parts", not how much had been sent nor
+    whether the upload was aborted; now it says both, and the store keeps no unfinished upload of it."""
+    monkeypatch.setattr(fsspec_storage, "MAX_PARTS", 3)
+    config = s3_server.config(part_size=MIN_PART_SIZE)
+    bucket = config.url.removeprefix("s3://")
+    storage = config.create_storage()
+    part = bytes(MIN_PART_SIZE)
+    with pytest.raises(ObjectStoreError) as caught, storage.stream_write(Path("run/step_1/model_0.pt")) as stream:
+        for _ in range(5):
+            stream.write(part)
+    said = str(caught.value)
+    assert "run/step_1/model_0.pt" in said and "3 parts" in said, said
+    assert f"{3 * MIN_PART_SIZE} bytes" in said and "aborted" in said, said
+    left = storage.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
+    assert left == [], left
+    assert not storage.exists(Path("run/step_1/model_0.pt"))

@@ -2627,14 +2627,24 @@ class _S3MultipartWriter(_ChecksummedUpload):
                 fut.result()  # fail fast: no point encoding the rest of the file
         number = len(self._parts) + 1
         if number > MAX_PARTS:
-            raise ObjectStoreError(
-                f"upload of {self._url}: more than {MAX_PARTS} parts of {self._part_size} bytes (S3's limit); "
-                f"raise FsspecStorageConfig.part_size for files this large."
-            )
+            self._refuse_part_past_limit()
         data, self._buffer = bytes(self._buffer), bytearray()
         assert self._pool is not None
         self._parts.append(self._pool.submit(self._checksum_and_upload, number, data))
         self._part_sizes.append(len(data))
+
+    def _refuse_part_past_limit(self) -> None:
+        """The stream outgrew S3's `MAX_PARTS` (its length was unknown up front): the upload is aborted here and
+        the error says how much had been sent and that nothing is stored. Before, it said only "more than 10000
+        parts", with no word of the bytes sent nor of the upload, which the caller's `with` aborted later."""
+        sent = sum(self._part_sizes)
+        aborted = self._abort()
+        fate = "it was aborted: nothing is stored" if aborted else "it could not be aborted (see the WARNING)"
+        raise ObjectStoreError(
+            f"upload of {self._url}: the stream went on past {sent} bytes, {MAX_PARTS} parts of {self._part_size} "
+            f"bytes (S3's limit per object); {fate}. Raise FsspecStorageConfig.part_size past a "
+            f"10,000th of the file's size (more than {sent // MAX_PARTS + 1} bytes), or save it in smaller pieces."
+        )
 
     def _abort_lost_creates(self, took_s: float) -> None:
         """Abort the uploads of this key that a create whose answer was lost left: the client retried it and
@@ -2703,19 +2713,23 @@ class _S3MultipartWriter(_ChecksummedUpload):
         self._call("complete_multipart_upload", UploadId=self._upload_id, MultipartUpload={"Parts": parts}, **condition)
         self._fs.invalidate_cache(f"{self._bucket}/{self._object}")
 
-    def _abort(self) -> None:
+    def _abort(self) -> bool:
+        """Drop the upload and its parts; False when the store would not abort it (logged)."""
         self._buffer = bytearray()
         if self._pool is not None:
             for fut in self._parts:
                 fut.cancel()
         if self._upload_id is None:
-            return
+            return True
         self._shutdown()
         try:
             self._fs.call_s3("abort_multipart_upload", Bucket=self._bucket, Key=self._object, UploadId=self._upload_id)
         except Exception as exc:  # the store's lifecycle rule for incomplete uploads cleans up after us
             logger.warning("Could not abort the multipart upload of %s: %s", self._url, exc)
-        self._upload_id = None
+            return False
+        finally:
+            self._upload_id = None
+        return True
 
     def _shutdown(self) -> None:
         if self._pool is not None:
