@@ -8,11 +8,29 @@ import pickle
 from pathlib import Path
 
 import pytest
+import torch
 
+from tests.s3_faults import FaultProxy
 from tests.s3_server import S3Server
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_layout import (
+    LayoutInfo,
+    RawSerialization,
+    SafetensorsSerialization,
+    SerializationFormat,
+    TorchSerialization,
+)
+from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.errors import ObjectStoreError
 from torch_checkpointing.storage import fsspec_storage
-from torch_checkpointing.storage.fsspec_storage import MAX_PARTS, MIN_PART_SIZE
+from torch_checkpointing.storage.fsspec_storage import MAX_PARTS, MIN_PART_SIZE, FsspecStorageConfig
+
+_FAST_FAIL = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 1, "mode": "standard"}}
+
+
+def _through(config: FsspecStorageConfig, proxy: FaultProxy) -> FsspecStorageConfig:
+    options = {**config.storage_options, "config_kwargs": _FAST_FAIL, "endpoint_url": proxy.endpoint}
+    return FsspecStorageConfig(url=config.url, part_size=config.part_size, storage_options=options)
 
 
 def test_repeated_requests_reuse_one_wrapper_per_method(s3_server: S3Server) -> None:
@@ -61,7 +79,32 @@ def test_a_stream_past_the_part_limit_says_what_was_sent_and_leaves_no_upload(
             stream.write(part)
     said = str(caught.value)
     assert "run/step_1/model_0.pt" in said and "3 parts" in said, said
-    assert f"{3 * MIN_PART_SIZE} bytes" in said and "aborted" in said, said
+    assert f"{3 * MIN_PART_SIZE} bytes had been sent" in said and "aborted" in said, said
     left = storage.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
     assert left == [], left
     assert not storage.exists(Path("run/step_1/model_0.pt"))
+
+
+@pytest.mark.parametrize("fmt", [RawSerialization(), SafetensorsSerialization(), TorchSerialization()])
+def test_a_save_whose_item_is_known_too_large_sends_none_of_it(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, fmt: SerializationFormat
+) -> None:
+    """An item whose size is known up front (bytes, a tensor: written in one piece) that needs more parts than
+    S3 takes (the limit lowered to 3 here, 10,000 on S3). Before, its parts were uploaded up to the limit
+    (10,000 of them, 50 GiB at 5 MiB) before the save failed; now none is, and the error names the size."""
+    monkeypatch.setattr(fsspec_storage, "MAX_PARTS", 3)
+    config = s3_server.config(part_size=MIN_PART_SIZE)
+    size = 3 * MIN_PART_SIZE + 1
+    value: object = bytes(size) if isinstance(fmt, RawSerialization) else torch.zeros(size, dtype=torch.uint8)
+    manager = CheckpointManager(
+        CheckpointManager.Config(
+            save=SyncCheckpointSaverConfig(),
+            storage_config=_through(config, proxy := FaultProxy(s3_server.port)),
+            items={"blob": ItemSpec(layout=LayoutInfo("blob_{rank}.bin", fmt))},
+        )
+    )
+    with proxy, manager, pytest.raises(ObjectStoreError) as caught:
+        manager.save("run/step_1", {"blob": value})
+    said = f"{caught.value}"
+    assert "0 bytes had been sent" in said and "3 parts" in said, said
+    assert not [line for line in proxy.seen if "partNumber=" in line], proxy.seen

@@ -2590,6 +2590,7 @@ class _S3MultipartWriter(_ChecksummedUpload):
         self._parts: list[Future[tuple[dict[str, Any], list[int]]]] = []
         self._lost_creates: Future[None] | None = None  # `_abort_lost_creates`, run beside the first parts
         self._part_sizes: list[int] = []
+        self._uploaded = 0  # bytes handed to parts: `sum(_part_sizes)`, kept so a write need not add them up
         self._pool: WorkerPool | None = None  # waited for on the caller's thread (a sync save): see `futures`
         self._running = RunningChecksum()
         # Parts made of whole blocks are checksummed on their upload threads; otherwise here, in order.
@@ -2597,6 +2598,9 @@ class _S3MultipartWriter(_ChecksummedUpload):
 
     def _write_data(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        written = self._uploaded + len(self._buffer) + len(view)
+        if written > self._part_size * MAX_PARTS:
+            self._refuse_past_limit(written)  # before any byte of `view` is sent
         if not self._sum_parts:
             self._running.update(view)
         pos = 0
@@ -2626,24 +2630,27 @@ class _S3MultipartWriter(_ChecksummedUpload):
             if fut.done() and fut.exception() is not None:
                 fut.result()  # fail fast: no point encoding the rest of the file
         number = len(self._parts) + 1
-        if number > MAX_PARTS:
-            self._refuse_part_past_limit()
         data, self._buffer = bytes(self._buffer), bytearray()
         assert self._pool is not None
         self._parts.append(self._pool.submit(self._checksum_and_upload, number, data))
         self._part_sizes.append(len(data))
+        self._uploaded += len(data)
 
-    def _refuse_part_past_limit(self) -> None:
-        """The stream outgrew S3's `MAX_PARTS` (its length was unknown up front): the upload is aborted here and
-        the error says how much had been sent and that nothing is stored. Before, it said only "more than 10000
-        parts", with no word of the bytes sent nor of the upload, which the caller's `with` aborted later."""
-        sent = sum(self._part_sizes)
+    def _refuse_past_limit(self, written: int) -> None:
+        """The stream's `written` bytes need more than S3's `MAX_PARTS` parts: the upload is aborted here and the
+        error says how much had been sent and that nothing is stored. A write that alone passes the limit (a
+        tensor, a bytes or safetensors item, each one write) is refused before any of its bytes is sent.
+        Before, the limit was met only at the 10,001st part, after 10,000 parts of a file known too large at
+        its first write had been uploaded, and the error said neither how much was sent nor whether the
+        upload was aborted."""
+        sent = self._uploaded
         aborted = self._abort()
-        fate = "it was aborted: nothing is stored" if aborted else "it could not be aborted (see the WARNING)"
+        fate = "the upload was aborted (nothing is stored)" if aborted else "the upload could not be aborted (logged)"
         raise ObjectStoreError(
-            f"upload of {self._url}: the stream went on past {sent} bytes, {MAX_PARTS} parts of {self._part_size} "
-            f"bytes (S3's limit per object); {fate}. Raise FsspecStorageConfig.part_size past a "
-            f"10,000th of the file's size (more than {sent // MAX_PARTS + 1} bytes), or save it in smaller pieces."
+            f"upload of {self._url}: {written} bytes written need more than {MAX_PARTS} parts of "
+            f"{self._part_size} bytes (S3's limit per object); {sent} bytes had been sent, and {fate}: raise "
+            f"FsspecStorageConfig.part_size to at least {-(-written // MAX_PARTS)} (more if the file is larger "
+            f"still), or save it in smaller pieces."
         )
 
     def _abort_lost_creates(self, took_s: float) -> None:
