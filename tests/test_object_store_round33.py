@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import mmap
 import pickle
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,9 +23,13 @@ from torch_checkpointing.checkpoint_layout import (
     TorchSerialization,
 )
 from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.discovery import latest_checkpoint, list_checkpoints
 from torch_checkpointing.errors import ObjectStoreError
+from torch_checkpointing.manifest import MANIFEST_FILE_NAME
 from torch_checkpointing.storage import fsspec_storage
-from torch_checkpointing.storage.fsspec_storage import MAX_PARTS, MIN_PART_SIZE, FsspecStorageConfig
+from torch_checkpointing.storage.fsspec_storage import MAX_PARTS, MIN_PART_SIZE, FsspecStorage, FsspecStorageConfig
+
+s3fs = pytest.importorskip("s3fs")  # the optional S3 extra: every test here needs the server
 
 _FAST_FAIL = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 1, "mode": "standard"}}
 
@@ -108,3 +114,58 @@ def test_a_save_whose_item_is_known_too_large_sends_none_of_it(
     said = f"{caught.value}"
     assert "0 bytes had been sent" in said and "3 parts" in said, said
     assert not [line for line in proxy.seen if "partNumber=" in line], proxy.seen
+
+
+class _BucketDeletedAtManifestLookup(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Real S3 requests; the first lookup of a manifest first empties and deletes the bucket (a lifecycle rule
+    or an operator acting between a listing and the lookups that follow it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dropped = False
+
+    def _drop_bucket_at_manifest(self, path: str) -> None:
+        if self.dropped or not path.endswith(MANIFEST_FILE_NAME):
+            return
+        self.dropped = True
+        bucket = self.split_path(path)[0]
+        for key in self.find(bucket):
+            self.rm_file(key)
+        self.call_s3("delete_bucket", Bucket=bucket)
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        self._drop_bucket_at_manifest(path)
+        return bool(super().exists(path, **kwargs))
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        self._drop_bucket_at_manifest(path)
+        return dict(super().info(path, **kwargs))
+
+
+@pytest.mark.parametrize("lookup", [list_checkpoints, latest_checkpoint])
+def test_a_bucket_deleted_between_the_listing_and_the_manifest_lookup_is_named(
+    s3_server: S3Server, lookup: Callable[[str, FsspecStorage], object]
+) -> None:
+    """`list_checkpoints` (the CLI's `list`, retention) lists the run (the bucket answers), then asks `exists` of
+    each manifest. Before, that lookup answered False in a bucket deleted meanwhile (s3fs swallows its
+    NoSuchBucket): every checkpoint was skipped and the run listed empty, `[]`. Now the lookup names the bucket."""
+    config = s3_server.config()
+    bucket = config.url.removeprefix("s3://")
+    storage = config.create_storage()
+    storage.write(Path("run/step_1") / MANIFEST_FILE_NAME, b"{}")
+    fs = _BucketDeletedAtManifestLookup(**s3_server.storage_options())
+    racing = FsspecStorageConfig(url=config.url, part_size=config.part_size, filesystem=fs).create_storage()
+    with pytest.raises(ObjectStoreError, match=rf"the bucket '{bucket}' does not exist") as caught:
+        found = lookup(f"{config.url}/run", racing)
+        pytest.fail(f"{lookup.__name__} answered {found!r} in a bucket deleted under it")
+    assert f"s3://{bucket}/run/step_1/{MANIFEST_FILE_NAME}" in str(caught.value)
+    assert fs.dropped
+
+
+def test_a_save_to_a_bucket_never_seen_still_fails_at_its_upload(s3_server: S3Server) -> None:
+    """The other side: `exists` in a bucket this storage never saw stays False (a save's first check); the
+    upload that follows names the bucket."""
+    storage = s3_server.config(bucket="never-made-r33").create_storage()
+    assert storage.exists(Path("run/step_1")) is False
+    with pytest.raises(ObjectStoreError, match="never-made-r33.*NoSuchBucket"):
+        storage.write(Path("run/step_1/a.json"), b"{}")

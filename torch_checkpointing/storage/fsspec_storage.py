@@ -595,6 +595,7 @@ class FsspecStorage(Storage):
         self.config = config
         self._backends: dict[str, _Backend] = {}
         self._buckets_seen: set[str] = set()  # buckets known to exist: a miss in them is only a miss
+        self._buckets_answered: set[str] = set()  # buckets a request answered in: `exists` names their loss
         self._owners: dict[str, str] = {}  # prefix -> the claim token its uploads carry (`own_writes`)
         self._root: tuple[_Backend, str] | None = self._resolve_url(config.url) if config.url else None
         if config.protocol:
@@ -1235,12 +1236,31 @@ class FsspecStorage(Storage):
         return store_now(_clock_place(backend, key), lambda: _probe_object(backend, key), look)
 
     def exists(self, path: Path) -> bool:
-        """Whether an object or prefix is there; False in a bucket that does not exist, as s3fs answers (the
-        listing, read or upload that follows says why: a save's first check calls this, and an async save's
-        failure belongs in its Future)."""
+        """Whether an object or prefix is there. On S3, in a bucket this storage has seen exist and the store now
+        says does not, an `ObjectStoreError` naming the bucket: s3fs's `exists` answered False, so a bucket
+        deleted between a listing and this lookup made `latest_checkpoint` skip every checkpoint (a resume from
+        scratch). A bucket never seen stays False: a save's first check calls this, and the save then fails
+        on its upload (an async save in its Future); every listing raises it first."""
         backend, key = self._fresh(path)
         with self._errors("lookup of", path):
-            return bool(backend.io.exists(key))
+            return self._s3_exists(backend, key) if backend.is_s3 else bool(backend.io.exists(key))
+
+    def _s3_exists(self, backend: _Backend, key: str) -> bool:
+        """s3fs's own lookup (a HEAD, then a listing of `key/` on a miss), whose NoSuchBucket it answered False."""
+        bucket, rest, _ = backend.fs.split_path(key)
+        try:
+            if rest:
+                backend.io.info(key)
+            elif not _has_objects_under(backend, key):  # a bucket's root: there when the bucket is
+                return False
+        except FileNotFoundError:  # `_NamesMissingBucket` raised a NoSuchBucket as `_BucketGone`, none of these
+            return False
+        except _BucketGone:
+            if bucket in self._buckets_seen or bucket in self._buckets_answered:
+                raise
+            return False
+        self._buckets_answered.add(bucket)
+        return True
 
     def getsize(self, path: Path) -> int:
         backend, key = self._fresh(path)
@@ -1280,7 +1300,9 @@ class FsspecStorage(Storage):
         backend, key = self._fresh(path)
         with self._errors("lookup of", path):
             if backend.is_s3:
-                return _has_objects_under(backend, key)  # the listing says NoSuchBucket: no bucket check
+                found = _has_objects_under(backend, key)  # the listing says NoSuchBucket: no bucket check
+                self._buckets_answered.add(backend.fs.split_path(key)[0])
+                return found
             found = bool(backend.io.isdir(key))
         if not found:
             self._check_bucket(backend, key, "lookup of", path)
