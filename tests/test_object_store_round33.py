@@ -169,3 +169,25 @@ def test_a_save_to_a_bucket_never_seen_still_fails_at_its_upload(s3_server: S3Se
     assert storage.exists(Path("run/step_1")) is False
     with pytest.raises(ObjectStoreError, match="never-made-r33.*NoSuchBucket"):
         storage.write(Path("run/step_1/a.json"), b"{}")
+
+
+def test_a_stream_closed_after_a_failed_write_stores_nothing(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An encoder that catches a failed write and closes the stream anyway (close() rather than leaving its
+    `with` on the error). Before, close() committed what was there: the parts sent before the part limit was
+    met (a truncated file), or, once that write aborted the upload, its empty buffer as the object."""
+    monkeypatch.setattr(fsspec_storage, "MAX_PARTS", 3)
+    config = s3_server.config(part_size=MIN_PART_SIZE)
+    storage = config.create_storage()
+    path = Path("run/step_1/model_0.pt")
+    stream = storage.stream_write(path)
+    with pytest.raises(ObjectStoreError) as failed:
+        for _ in range(5):
+            stream.write(bytes(MIN_PART_SIZE))
+    with pytest.raises(ObjectStoreError) as closing:
+        stream.close()
+    assert closing.value is failed.value
+    assert not storage.exists(path)
+    left = storage.fs.call_s3("list_multipart_uploads", Bucket=config.url.removeprefix("s3://")).get("Uploads", [])
+    assert left == [], left

@@ -2532,6 +2532,19 @@ class _ChecksummedUpload(io.RawIOBase):
         """Drop a failed upload: nothing may appear under its name."""
         raise NotImplementedError
 
+    def _refuse_if_failed(self) -> None:
+        """At close(): after a failed write (an encoder that caught its error and closed the stream), the upload
+        is discarded and that error raised again. Before, close() committed what there was: a file truncated at
+        the failed part, or, where the failing write had aborted the upload, its empty buffer as the object."""
+        first = self._first_error
+        if first is None:
+            return
+        try:
+            self._discard()
+        finally:
+            io.RawIOBase.close(self)
+        raise first
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
@@ -2565,6 +2578,7 @@ class _FsspecFileWriter(_ChecksummedUpload):
 
     def close(self) -> None:
         if not self.closed:
+            self._refuse_if_failed()
             try:
                 with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
                     self._inner.close()
@@ -2709,6 +2723,7 @@ class _S3MultipartWriter(_ChecksummedUpload):
     def close(self) -> None:
         if self.closed:
             return
+        self._refuse_if_failed()
         try:
             self._commit()
         except BaseException:
