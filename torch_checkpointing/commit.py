@@ -28,6 +28,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import posixpath
 import re
@@ -756,6 +757,11 @@ def _parents(names: Iterable[str]) -> set[str]:
     return out
 
 
+def _no_constant(name: str) -> float:
+    """`json.loads`' `parse_constant` for a claim: `NaN`/`Infinity` are no JSON, and none of our writers emits them."""
+    raise ValueError(f"the non-standard JSON constant {name}")
+
+
 @dataclass(frozen=True)
 class Claim:
     """Which save writes under an object-store id: the body of its `.incomplete` marker.
@@ -811,16 +817,21 @@ class Claim:
 
     @classmethod
     def parse(cls, data: bytes) -> Claim | None:
-        """The claim a marker holds; None for an empty or foreign marker (an earlier version wrote b"")."""
+        """The claim a marker holds; None for an empty or foreign marker (an earlier version wrote b""), or one
+        holding a number no claim of ours holds: a `pid` of `1e999` (parsed as infinity) failed gc and every save
+        of the id with a bare OverflowError, and a `created` of NaN or infinity never aged past `STALE_CLAIM_S`."""
         try:
-            d = json.loads(data.decode("utf-8"))
-            claim = cls(str(d["token"]), str(d["uid"]), str(d["host"]), int(d["pid"]), float(d["created"]))
+            d = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+            created = float(d["created"])
+            if not math.isfinite(created):
+                return None
+            claim = cls(str(d["token"]), str(d["uid"]), str(d["host"]), int(d["pid"]), created)
             flag = {name: d.get(name) is True for name in ("tags", "records", "took_over")}
             collects = d.get("collects") if isinstance(d.get("collects"), str) else ""
             return dataclasses.replace(
                 claim, tags=flag["tags"], records=flag["records"], took_over=flag["took_over"], collects=collects
             )
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError, OverflowError):
             return None
 
     def to_bytes(self) -> bytes:
