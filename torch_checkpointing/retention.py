@@ -156,6 +156,8 @@ class RetentionPolicy:
         for name, value, cls in (("metric", self.metric, str), ("root", self.root, (str, os.PathLike))):
             if value is not None and not isinstance(value, cls):
                 raise ConfigTypeError(f"RetentionPolicy.{name} cannot be {value!r} ({type(value).__name__})")
+        if self.root is not None:  # an empty root, or one no path can hold, failed every pass after every save
+            require_path(self.root, "RetentionPolicy.root")
         if not isinstance(self.collect_garbage, bool):
             raise ConfigTypeError(f"RetentionPolicy.collect_garbage must be a bool, got {self.collect_garbage!r}")
         if self.keep_best is not None and not self.metric:
