@@ -54,6 +54,7 @@ from torch_checkpointing.discovery import (
     listing,
     newest_intact,
     require_path,
+    require_path_type,
     spelt,
     still_there,
     storage_of,
@@ -197,9 +198,26 @@ def select_for_deletion(
     intact one, which is what `latest_checkpoint` resumes from when the newest one is damaged), however their ids
     are spelt, as `prune` matches them (`storage`: the one the checkpoints are on, None: the one their paths name).
     """
+    protect = _checked_protect(protect)
     if not policy.active or not checkpoints:
         return []
     return _select(checkpoints, policy, _protected(checkpoints, protect, storage))
+
+
+def _checked_protect(protect: Collection[str | os.PathLike[str]]) -> tuple[str | os.PathLike[str], ...]:
+    """`protect` as a tuple of ids, each refused unless it can name a checkpoint: an empty id, or one holding a
+    lone surrogate, protected nothing, silently; bytes or an int failed inside with a bare TypeError; and a lone
+    str was taken as its characters, each an id naming nothing."""
+    if isinstance(protect, (str, bytes, os.PathLike)):
+        raise ConfigTypeError(
+            f"protect= takes a collection of checkpoint ids, got the single id {protect!r:.80}: pass [{protect!r:.80}]"
+        )
+    ids = tuple(protect)
+    for entry in ids:
+        require_path_type(entry, "protected id (protect=)")
+        if not os.fspath(entry):
+            raise ConfigError("an empty protected id (protect=) names no checkpoint (an unset variable?)")
+    return ids
 
 
 def _select(checkpoints: list[CheckpointInfo], policy: RetentionPolicy, protected: list[str]) -> list[CheckpointInfo]:
@@ -678,7 +696,7 @@ def apply_retention(
     storage: Storage | None = None,
     *,
     dry_run: bool = False,
-    protect: Collection[str] = (),
+    protect: Collection[str | os.PathLike[str]] = (),
 ) -> list[CheckpointInfo]:
     """Delete the committed checkpoints under `root` that `policy` does not keep (never one in `protect`);
     returns those (to be) deleted."""
@@ -706,7 +724,7 @@ def prune(
     storage: Storage | None = None,
     *,
     dry_run: bool = False,
-    protect: Collection[str] = (),
+    protect: Collection[str | os.PathLike[str]] = (),
     log_note: bool = True,
 ) -> PruneReport:
     """`apply_retention`, reporting the deletions that failed as well as those done.
@@ -723,13 +741,14 @@ def _prune(
     storage: Storage | None,
     *,
     dry_run: bool,
-    protect: Collection[str],
+    protect: Collection[str | os.PathLike[str]],
     told: set[tuple[str, int]] | None,
     log_note: bool = True,
 ) -> PruneReport:
     """`prune`; `told` is what the passes sharing it were already told (see `_tell_metric_not_recorded`), None
     to tell every time; `log_note=False` to tell nothing (the caller shows the report's note)."""
     require_path(root)
+    protect = _checked_protect(protect)
     storage = storage_of(root, storage)
     root = user_path(root, storage)
     listed = listing(root, storage)
