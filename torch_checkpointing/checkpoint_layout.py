@@ -125,6 +125,14 @@ class SafetensorsSerialization(SerializationFormat):
                 f"SafetensorsSerialization metadata keys and values must be str (safetensors contract); "
                 f"offending entries: {bad!r}. Convert them with str() first."
             )
+        for text in (t for entry in self.metadata.items() for t in entry):
+            try:
+                text.encode("utf-8")  # the file's header is UTF-8: a lone surrogate failed every save, unnamed
+            except UnicodeEncodeError as exc:
+                raise ConfigError(
+                    f"SafetensorsSerialization metadata {text!r} holds {text[exc.start]!r}, a lone surrogate "
+                    f"that a safetensors header (UTF-8) cannot hold; remove it."
+                ) from None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SafetensorsSerialization):

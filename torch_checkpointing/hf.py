@@ -586,6 +586,15 @@ def _refuse_unexportable(plans: list[_TensorPlan], dtype: torch.dtype | None, wh
             f"safetensors reserves for a file's metadata (the shard would not load). Rename that key before "
             f"saving; nothing was exported."
         )
+    for plan in plans:
+        try:
+            plan.name.encode("utf-8")  # a shard's header is UTF-8: safetensors failed with a bare UnicodeEncodeError
+        except UnicodeEncodeError as exc:
+            raise ConfigError(
+                f"Cannot export {what}: the tensor at path {plan.path!r} is named {plan.name!r}, which holds "
+                f"{plan.name[exc.start]!r}, a lone surrogate that a safetensors header (UTF-8) cannot hold. Rename "
+                f"that key before saving; nothing was exported."
+            ) from None
     written = [(p.name, _out_dtype(p.dtype, dtype)) for p in plans]
     bad = [(name, kind) for name, kind in written if not stores_dtype(kind)]
     if bad:

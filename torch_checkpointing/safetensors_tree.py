@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.errors import TemplateMismatchError
+from torch_checkpointing.errors import ConfigError, TemplateMismatchError
 from torch_checkpointing.staging import freed_refusal, tensor_for_write
 from torch_checkpointing.traversal import (
     dotted_key,
@@ -59,8 +59,22 @@ def named_leaves(data: Any, item_key: str = "") -> Iterator[tuple[str, Any]]:
         name = dotted_key(path)
         if name in paths:
             raise same_name_error(item_key, name, paths[name], path)
+        _refuse_non_utf8(item_key, name)
         paths[name] = path
         yield name, value
+
+
+def _refuse_non_utf8(item_key: str, name: str) -> None:
+    """A name holding a lone surrogate (one a str decoded with surrogateescape or surrogatepass carries): a
+    safetensors file's names are UTF-8, and the save failed with a bare UnicodeEncodeError naming nothing."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"SafetensorsSerialization cannot store item '{item_key}': its key {name!r} holds {name[exc.start]!r}, "
+            f"a lone surrogate, and a safetensors file's names are UTF-8. Rename the dict key, or use "
+            f"TorchSerialization for this item."
+        ) from None
 
 
 def same_name_error(item_key: str, name: str, first: NestedPath, second: NestedPath) -> ValueError:
