@@ -448,13 +448,14 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
 
 def files_not_listed(storage: Storage, path: Path) -> list[str]:
     """The files under a checkpoint directory that its manifest does not list (a user's notes, a nested
-    checkpoint): what replacing or deleting the checkpoint would lose. Every file when no manifest can be read
-    (then the directory is not ours to remove)."""
+    checkpoint): what replacing or deleting the checkpoint would lose. Every file and every empty folder when no
+    manifest can be read (then the directory is not ours to remove: a directory of empty folders was deleted,
+    which a save refuses to replace as "not a checkpoint")."""
     entries = _walk(storage, path)
     try:
         manifest = _read_manifest(storage, path / MANIFEST_FILE_NAME)
     except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError):
-        return [e for e in entries if not e.endswith("/")]
+        return [e for e in entries if not e.endswith("/")] + _empty_folders(entries, set())
     return _unlisted(storage, path, entries, manifest)
 
 
