@@ -10,6 +10,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import TYPE_CHECKING
 
+from torch_checkpointing.errors import ConfigError
+
 if TYPE_CHECKING:
     from torch_checkpointing.storage.fsspec_storage import FsspecStorage
 
@@ -20,10 +22,11 @@ LOCAL_SCHEMES = frozenset({"file", "local"})
 
 
 def local_path_of(url: str) -> str:
-    """The path a `file:///abs/path` (or `file://localhost/...`) URL names; ValueError for another host."""
+    """The path a `file:///abs/path` (or `file://localhost/...`) URL names; a ConfigError (a ValueError) for another
+    host: `save("file://~/run")` raised a bare ValueError where the readers' ConfigError said the same."""
     parts = urllib.parse.urlsplit(url)
     if parts.netloc not in ("", "localhost"):
-        raise ValueError(
+        raise ConfigError(
             f"Checkpoint id {url!r} names the host {parts.netloc!r}; a {parts.scheme}:// id must be a local path "
             f"such as '{parts.scheme}:///abs/runs/step_100' (three slashes), or a plain path."
         )
