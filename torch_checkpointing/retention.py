@@ -616,12 +616,11 @@ def _gc_failed(why: str) -> _Outcome:
 def as_local_id(storage: Storage, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """A `file://` URL on the local filesystem as the path it names, as the manager reads a `file://` id (the
     readers refuse the URL there). A policy root spelt as the ids failed every retention pass, and a checkpoint
-    protected by its id matched no listed path and was deleted. Another host's file stays a URL."""
+    protected by its id matched no listed path and was deleted. One naming another host (`file://~/run`: the host
+    `~`) is the ConfigError the readers give it: kept as a URL, a protected id so spelt protected nothing."""
     if url_scheme(path) not in LOCAL_SCHEMES or not expands_home(storage):
         return path  # as it came: a Path's `~` is a folder of that name
-    with contextlib.suppress(ValueError):
-        return local_path_of(os.fspath(path))
-    return path
+    return local_path_of(os.fspath(path))
 
 
 def _identity(storage: Storage, path: str | os.PathLike[str]) -> str:
@@ -630,8 +629,9 @@ def _identity(storage: Storage, path: str | os.PathLike[str]) -> str:
     Compared as written, a root spelt otherwise than the ids protected nothing, and the pass after a save
     deleted that save's checkpoint. A local `~` is the home directory, as a save's id: `protect=["~/run/step_1"]`
     named a folder '~' under the working directory, and the checkpoint it meant was deleted."""
+    path = as_local_id(storage, path)  # outside the try: another host's file:// id is refused, not taken as written
     try:
-        local = storage.local_path(Path(user_path(as_local_id(storage, path), storage)))
+        local = storage.local_path(Path(user_path(path, storage)))
         return os.path.realpath(local) if local is not None else storage.remap_path(Path(path)).rstrip("/")
     except (ValueError, OSError):  # a name this store does not resolve: as written
         return os.path.normpath(os.fspath(path))
@@ -1454,8 +1454,9 @@ class RetentionRunner:
         scheduled.set_result(None)
 
     def _run(self, checkpoint_id: str) -> None:
-        root = self.root_for(checkpoint_id)
+        root: str | os.PathLike[str] = self.policy.root or checkpoint_id  # named if the root itself is refused
         try:
+            root = self.root_for(checkpoint_id)
             # never the checkpoint this pass follows: a run restarted at step 0 beside step_1000 and step_2000
             # (keep_last by step), or an id without a step ("final", a rolling "latest"), lost it at once
             _prune(root, self.policy, self._storage, dry_run=False, protect=(checkpoint_id,), told=self._told)
