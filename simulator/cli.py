@@ -264,6 +264,23 @@ def check_outputs(args: argparse.Namespace) -> None:
             raise argparse.ArgumentTypeError(
                 f"--json {str(report)!r}: {str(parent)!r} is not a writable directory; create it or name another path"
             )
+        why = _unwritable_file(report)
+        if why is not None:
+            raise argparse.ArgumentTypeError(f"--json {str(report)!r}: exists and cannot be written ({why})")
+
+
+def _unwritable_file(path: Path) -> str | None:
+    """Why an existing `path` cannot be opened for writing (None if it can, or is not there): found by opening
+    it, without truncating it or waiting on a FIFO. Its folder's probe passed a file set immutable or read-only,
+    and the report's write failed after the whole run."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    return None
 
 
 def _check_creatable(keep: Path) -> None:
