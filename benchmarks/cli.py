@@ -165,6 +165,21 @@ def _check_writable(parser: argparse.ArgumentParser, flag: str, folder: Path) ->
         parser.error(f"{flag} {str(folder)!r}: nothing can be written there ({exc}); name a writable directory")
 
 
+def _check_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
+    """Refuse, before any section runs, an existing `path` the run writes at its end: a directory, or a file
+    that cannot be opened for writing (set immutable, read-only to this user). Its folder's probe passed them,
+    and the write failed in a traceback after every section had run. Opened without truncating it, and without
+    waiting on a FIFO."""
+    if path.is_dir():
+        parser.error(f"{flag} {str(path)!r}: is a directory; name a file to write")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        parser.error(f"{flag} {str(path)!r}: exists and cannot be written ({exc.strerror or exc})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -174,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
     _check_writable(parser, "--workdir", cfg.work_parent)
     _check_writable(parser, "--out", cfg.out_json.parent)
+    _check_file(parser, "--out", cfg.out_json if args.sweep is None else cfg.out_json.with_name("sweep.json"))
     if args.sweep is not None and args.plot is not None:
         _check_writable(parser, "--plot", args.plot.parent)
+        _check_file(parser, "--plot", args.plot)
     command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     if args.sweep is not None:
         from .sweep import run_sweep
