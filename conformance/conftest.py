@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -88,11 +89,35 @@ def pytest_configure(config: pytest.Config) -> None:
     adapter = config.getoption("--backend-adapter", default=None)
     if adapter:  # an environment variable, so rank and writer subprocesses use it too
         os.environ[backend.ADAPTER_ENV] = adapter
+    for flag in ("--clause-report", "--clause-report-md"):
+        _refuse_unwritable(config.getoption(flag), flag)
+    committed = config.getoption("--compare-report")
+    if committed and not Path(committed).is_file():
+        raise pytest.UsageError(f"--compare-report {committed!r}: no such file; name the committed clause report")
     url = config.getoption("--storage-url", default=None)
     if url:  # likewise; set before xdist starts its workers, so they share one run prefix
         os.environ[helpers.STORAGE_URL_ENV] = url
     if helpers.storage_url():
         helpers.run_id()
+
+
+def _refuse_unwritable(path: str | None, flag: str) -> None:
+    """A report path the run could not write at its end (it is written in the terminal summary, after every
+    clause): a directory, a folder that is missing or read-only, a file set immutable. Found by opening the file
+    (never truncated) or by creating a probe beside it, before any test runs; a full run's results were lost to
+    a traceback."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise pytest.UsageError(f"{flag} {path!r}: is a directory; name a file to write")
+    try:
+        if target.exists():
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".conformance-probe-", dir=target.parent))
+    except OSError as exc:
+        raise pytest.UsageError(f"{flag} {path!r}: cannot be written there ({exc}); name a writable path") from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
