@@ -8,6 +8,7 @@ are also importable from `staging`, `checkpoint_writer` and `checkpoint_process`
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import os
 import sys
@@ -82,6 +83,24 @@ def _integer_scalar(value: Any) -> bool:
     return getattr(value, "ndim", 0) == 0
 
 
+def real_as_number(what: str, value: Any) -> Any:
+    """`value` as the int or float a number of seconds is kept as: an integer scalar as its int (`integer_as_int`),
+    any other real number but a bool (numpy's float32, a `Fraction`: `numbers.Real`) as its float; anything else
+    as it is, for the caller's check to refuse. np.float64 (a float subclass) was taken and np.float32 refused,
+    though every wait uses a number of seconds only as a float. A `Decimal` is no `numbers.Real` (it does not
+    mix with floats) and stays refused, as the stdlib's waits refuse it."""
+    value = integer_as_int(value)
+    if isinstance(value, (bool, int)) or not isinstance(value, numbers.Real):
+        return value
+    try:
+        return float(value)
+    except OverflowError:  # a Fraction (or another Real) past what a float holds
+        raise ConfigError(
+            f"{what} is {value!r:.80}, past what a float holds (about 1.8e308); pass a number of seconds that fits "
+            f"a float (math.inf where the argument takes it for 'never')."
+        ) from None
+
+
 def literal_tilde(path: str) -> str:
     """A normalised local `path` with the `./` that `normpath` and `Path` drop put back before a leading `~`.
 
@@ -133,7 +152,7 @@ def check_number(
     int, which a config pickled to the writer process or dumped as JSON must hold."""
     kinds = (int,) if integer else (int, float)
     what = "an int" if integer else "a number of seconds"
-    value = integer_as_int(value)
+    value = integer_as_int(value) if integer else real_as_number(f"{owner}.{name}", value)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise ConfigTypeError(f"{owner}.{name} must be {what}, got {value!r} ({type(value).__name__}).")
     if not integer:
@@ -174,7 +193,7 @@ def wait_seconds(what: str, value: object) -> float | None:
     bare TypeError, none naming the argument. A negative one times out at once, as the stdlib's waits do."""
     if value is None:
         return None
-    value = integer_as_int(value)
+    value = real_as_number(what, value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigTypeError(f"{what} must be a number of seconds or None (no limit), got {value!r}.")
     refuse_past_a_float(what, value)
@@ -330,7 +349,7 @@ class CheckpointSaverConfig:
             owner, "writer_config", self.writer_config, CheckpointWriterConfig, "Leave it unset for the default."
         )
         if self.wait_timeout_secs is not None:
-            self.wait_timeout_secs = integer_as_int(self.wait_timeout_secs)
+            self.wait_timeout_secs = real_as_number(f"{owner}.wait_timeout_secs", self.wait_timeout_secs)
             if isinstance(self.wait_timeout_secs, bool) or not isinstance(self.wait_timeout_secs, (int, float)):
                 raise ConfigTypeError(
                     f"{owner}.wait_timeout_secs must be a number of seconds or None, got {self.wait_timeout_secs!r}."

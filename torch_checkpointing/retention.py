@@ -41,7 +41,13 @@ from torch_checkpointing.commit import (
     unfinished_uploads,
     warn_left_in_place,
 )
-from torch_checkpointing.config import integer_as_int, literal_tilde, refuse_past_a_float, wait_seconds
+from torch_checkpointing.config import (
+    integer_as_int,
+    literal_tilde,
+    real_as_number,
+    refuse_past_a_float,
+    wait_seconds,
+)
 from torch_checkpointing.discovery import (
     CheckpointInfo,
     Leftover,
@@ -176,7 +182,7 @@ class RetentionPolicy:
 def check_age(value: float, name: str) -> float:
     """An age threshold in seconds: NaN compares false with every age, so it would make every temporary whose
     owner cannot be checked 'old enough' at once; a negative one is a typo for the same."""
-    value = integer_as_int(value)
+    value = real_as_number(name, value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigTypeError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
     refuse_past_a_float(name, value)
