@@ -59,6 +59,7 @@ from torch_checkpointing.signals import start_thread
 from torch_checkpointing.staging import CheckpointStager, DefaultStager, to_slab_refs
 from torch_checkpointing.storage.base_storage import Storage, StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+from torch_checkpointing.waiting import Deadline
 
 __all__ = [
     "AsyncCheckpointSaver",
@@ -183,16 +184,18 @@ class AsyncCheckpointSaver(CheckpointSaver):
     def wait(self, timeout: float | None) -> None:
         """Wait (bounded) for the last write; past `timeout` the writer is killed and this raises saying so.
 
-        Re-raises the last write's failure unless the caller already retrieved it from its Future.
+        Re-raises the last write's failure unless the caller already retrieved it from its Future. `timeout`
+        bounds both waits together (the prewarm's and the write's), not each.
         """
+        deadline = Deadline(timeout)
         if self._prewarm is not None:
-            self._prewarm.result(timeout)
+            self._prewarm.result(deadline.left())
         write = self._last_write
         if write is None:
             return
         self._comm.run_queued_here()
         try:
-            write.quiet_exception(timeout)
+            write.quiet_exception(deadline.left())
         except TimeoutError:
             fate = self._kill_for(write, timeout)
             if fate is not None:

@@ -103,6 +103,7 @@ from torch_checkpointing.storage import LOCAL_SCHEMES, local_path_of
 from torch_checkpointing.storage.base_storage import Storage, writing_nothing
 from torch_checkpointing.storage.filesystem import raise_unless_removed
 from torch_checkpointing.storage.fsspec_storage import url_scheme
+from torch_checkpointing.waiting import Deadline
 
 # What a storage raises for a refused or failed request: a filesystem's OSError, an object store's
 # ObjectStoreError (a rename there is a copy and a delete, and a refused delete is no OSError).
@@ -1474,21 +1475,29 @@ class RetentionRunner:
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the passes scheduled so far (tests, and close())."""
-        wait_seconds("RetentionRunner.wait's timeout", timeout)  # with no pass pending, too
+        deadline = Deadline(wait_seconds("RetentionRunner.wait's timeout", timeout))  # none pending, too
         with self._lock:
             pending = list(self._pending)
-        for f in pending:
-            f.result(timeout)
+        for f in pending:  # `timeout` in all, not each
+            f.result(deadline.left())
 
     def close(self, timeout: float | None = 600.0) -> None:
-        """Finish the passes already scheduled (a save that committed gets its pass), then stop the worker. A
-        timeout no wait can honour is refused (it was logged as passes that "did not finish within nans")."""
+        """Finish the passes already scheduled (a save that committed gets its pass), then stop the worker, all
+        within `timeout`. A timeout no wait can honour is refused (it was logged as passes that "did not finish
+        within nans"). Past it, the passes go on on the worker's (daemon) thread: joining it waited for as long
+        as a pass hung (a store that stopped answering)."""
         wait_seconds("RetentionRunner.close's timeout", timeout)
+        finished = True
         try:
             self.wait(timeout)
-        except Exception:
-            logger.warning("Retention passes did not finish within %ss of close()", timeout)
+        except TimeoutError:
+            finished = False
+            logger.warning(
+                "Retention passes did not finish within %ss of close(); they go on in the background, on a daemon "
+                "thread that interpreter exit stops",
+                timeout,
+            )
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=finished)

@@ -22,9 +22,22 @@ from contextlib import AbstractContextManager
 
 from torch_checkpointing.config import wait_seconds
 
-__all__ = ["RECHECK_S", "Flag", "Wakeups"]
+__all__ = ["RECHECK_S", "Deadline", "Flag", "Wakeups"]
 
 RECHECK_S = 0.1
+
+
+class Deadline:
+    """One timeout shared by waits made one after another, each given what is left of it: a loop that gave each
+    wait the whole timeout waited up to N times it (`concurrent.futures.wait` and `Future.result` bound the
+    whole wait). Takes a timeout `wait_seconds` has read; None: no limit."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self._at = None if timeout is None else time.monotonic() + timeout
+
+    def left(self) -> float | None:
+        """The seconds left (0 once passed: a wait then only looks), None for no limit."""
+        return None if self._at is None else max(0.0, self._at - time.monotonic())
 
 
 class Wakeups:
