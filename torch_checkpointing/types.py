@@ -23,6 +23,25 @@ class RankInfo:
     role_rank: int
     role_world_size: int
 
+    def __post_init__(self) -> None:
+        """Four ints, each rank inside its world, an integer scalar taken as its int: `True` equals 1 but is
+        named "True", and a barrier built with `RankInfo(True, 2, True, 2)` published its arrival under `0/True`
+        while rank 0 waited for `0/1`, until both timed out naming rank 1 as never arrived."""
+        from torch_checkpointing.config import integer_as_int
+        from torch_checkpointing.errors import ConfigError, ConfigTypeError
+
+        for name in ("global_rank", "global_world_size", "role_rank", "role_world_size"):
+            value = integer_as_int(getattr(self, name))
+            if type(value) is not int:
+                raise ConfigTypeError(f"RankInfo.{name} must be an int, got {type(value).__name__} {value!r:.80}")
+            setattr(self, name, value)
+        for rank, world in (("global_rank", "global_world_size"), ("role_rank", "role_world_size")):
+            if not 0 <= getattr(self, rank) < getattr(self, world):
+                raise ConfigError(
+                    f"RankInfo.{rank}={getattr(self, rank)} is outside its world (RankInfo.{world}="
+                    f"{getattr(self, world)}): a rank is 0 to world size - 1."
+                )
+
     @classmethod
     def single(cls) -> RankInfo:
         """Rank 0 of a one-process job."""
