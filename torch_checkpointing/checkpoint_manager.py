@@ -661,10 +661,7 @@ class CheckpointManager:
     def _checkpoint_path(self, checkpoint_id: Any) -> str:
         """The id as the storage will see it: `~` expanded, `file://` a path; a URL only where the storage takes
         URLs. Without a storage config, the first id picks the storage (`_pick_storage`)."""
-        if isinstance(checkpoint_id, os.PathLike):
-            checkpoint_id = os.fspath(checkpoint_id)
-            if isinstance(checkpoint_id, str):  # a Path's `~` is a folder of that name (`config.home_expanded`)
-                checkpoint_id = literal_tilde(checkpoint_id)
+        checkpoint_id = _id_text(checkpoint_id)
         if not isinstance(checkpoint_id, str):
             raise ConfigTypeError(
                 f"A checkpoint id must be a str or a path (e.g. 'runs/step_100'), got {checkpoint_id!r} "
@@ -1036,6 +1033,16 @@ def _unsupported_saver(save: Any) -> str:
         f"AsyncCheckpointSaverConfig (or build the config with CheckpointManager.Config.with_sync_save() / "
         f"with_async_save())."
     )
+
+
+def _id_text(checkpoint_id: Any) -> Any:
+    """A path-like id as its text, its `~` a folder of that name (`config.home_expanded`: a `Path`'s `~` is
+    literal, a `str`'s the home directory where the storage is local); any other id as it is, for the caller to
+    take or refuse. The one reading of a path-like id: a save's, a load's, and what the ranks compare."""
+    if not isinstance(checkpoint_id, os.PathLike):
+        return checkpoint_id
+    text = os.fspath(checkpoint_id)
+    return literal_tilde(text) if isinstance(text, str) else text
 
 
 def _local_path(checkpoint_id: str, expand_home: bool) -> str:
@@ -1428,11 +1435,9 @@ def _refuse_file_under_file_across_ranks(owners: Mapping[str, tuple[int, str]]) 
 def _comparable_id(checkpoint_id: Any, expand_home: bool) -> str:
     """What ranks compare to tell that they load the same checkpoint: the id as given, paths normalised (a `~`
     expanded where `expand_home`, as `_local_path` does)."""
-    text = os.fspath(checkpoint_id) if isinstance(checkpoint_id, os.PathLike) else checkpoint_id
+    text = _id_text(checkpoint_id)
     if not isinstance(text, str):
         return repr(checkpoint_id)
-    if isinstance(checkpoint_id, os.PathLike):  # a Path's `~` is a folder of that name, as `_checkpoint_path` reads it
-        text = literal_tilde(text)
     if _URL.match(text):
         return text
     return literal_tilde(os.path.normpath(os.path.expanduser(text) if expand_home else text))
