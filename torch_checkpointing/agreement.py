@@ -360,16 +360,28 @@ class GroupTransport:
         # roll call after it breaks (`_lost`) waits up to the group's timeout and more, and a Ctrl-C there, held
         # too, ran only once it was over.
         broken: str | None = None
-        with signals_deferred(step, held=_GATHER_HELD):  # torch's two gathers: see `_GATHER_HELD`
-            try:
-                dist.all_gather_object(out, (_call_of(step), mine.value, mine.error), group=self.group)
-            except Exception as exc:  # gloo: a peer died or timed out (DistError / RuntimeError with C++ frames)
-                broken = _first_line(exc)
-            else:
-                if self.steps is not None and len({c for c, _, _ in out}) == 1 and all(e is None for _, _, e in out):
-                    self.steps.agreed += 1  # in the hold: the interrupt held leaves with the next step owed
-        if broken is not None:
-            raise self._lost(exchange, step, broken, started)
+        lost: CommitError | None = None
+        try:
+            with signals_deferred(step, held=_GATHER_HELD):  # torch's two gathers: see `_GATHER_HELD`
+                try:
+                    dist.all_gather_object(out, (_call_of(step), mine.value, mine.error), group=self.group)
+                except Exception as exc:  # gloo: a peer died or timed out (DistError / RuntimeError with C++ frames)
+                    broken = _first_line(exc)
+                else:
+                    if (
+                        self.steps is not None
+                        and len({c for c, _, _ in out}) == 1
+                        and all(e is None for _, _, e in out)
+                    ):
+                        self.steps.agreed += 1  # in the hold: the interrupt held leaves with the next step owed
+            if broken is not None:
+                lost = self._lost(exchange, step, broken, started)
+        except BaseException as exc:  # a Ctrl-C (held in the gather, or in the roll call) is raised as itself
+            if broken is not None:
+                _say_lost_under(step, broken, exc)
+            raise
+        if lost is not None:
+            raise lost
         _refuse_other_calls(step, [call for call, _, _ in out])
         return [Contribution(value=v, error=e) for _, v, e in out]
 
@@ -382,6 +394,21 @@ class GroupTransport:
             f"called save(). Nothing was committed.",
             {self.rank: f"lost contact with the other ranks: {reason}"},
         )
+
+
+def _say_lost_under(step: str, broken: str, exc: BaseException) -> None:
+    """The exchange broke (a peer died, hung or was cut off) as this rank was interrupted: the interrupt is what
+    the user asked for, and is raised; the lost peer, which it would hide, is said here. Before, a Ctrl-C as a
+    peer died came out as a bare KeyboardInterrupt, and that death was said nowhere on this rank."""
+    log_safely(
+        logger,
+        logging.WARNING,
+        "%s: this rank lost contact with the other ranks (%s: a rank died, hung, or was cut off) as it was "
+        "interrupted; raising the interrupt (%s). This step was not agreed with the other ranks.",
+        step,
+        broken,
+        describe(exc),
+    )
 
 
 # `dist.all_gather_object` is two gathers (every rank's size, then the data) with Python between them: a rank
