@@ -15,10 +15,13 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
+from torch_checkpointing import CheckpointManager, SyncCheckpointSaverConfig
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
 
@@ -112,3 +115,52 @@ def test_close_returns_at_its_timeout_while_a_pass_hangs(tmp_path: Path, caplog:
         assert any("did not finish within" in r.getMessage() for r in caplog.records), caplog.text
     finally:
         storage.release.set()
+
+
+@dataclass
+class _StuckRetentionConfig(LocalFileSystemStorageConfig):
+    """The local filesystem, whose listings hang on the retention thread (a store that stopped answering the
+    pass), until `_STUCK.release` is set. Sync saves only: the storage is built in this process."""
+
+    def create_storage(self) -> LocalFileSystemStorage:
+        return _StuckOnRetention(self)
+
+
+class _StuckOnRetention(LocalFileSystemStorage):
+    def ls(self, path: Path) -> list[str]:
+        if threading.current_thread().name.startswith("ckpt-retention"):
+            _STUCK.entered.set()
+            _STUCK.release.wait(_HANG_S)
+        return super().ls(path)
+
+
+class _Stuck:
+    entered = threading.Event()
+    release = threading.Event()
+
+
+_STUCK = _Stuck()
+
+
+def test_manager_close_is_bounded_by_wait_timeout_secs_while_a_retention_pass_hangs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect: close() with save.wait_timeout_secs=1 waited for the hung retention pass up to RetentionRunner's
+    own 600 s (and, before this round, for as long as it hung)."""
+    config = CheckpointManager.Config(
+        save=SyncCheckpointSaverConfig(wait_timeout_secs=1),
+        storage_config=_StuckRetentionConfig(use_direct_io=False),
+        retention=RetentionPolicy(keep_last=1),
+    )
+    _STUCK.entered.clear()
+    _STUCK.release.clear()
+    manager = CheckpointManager(config)
+    try:
+        manager.save(str(tmp_path / "step_1"), {"m": {"x": torch.ones(2)}}, step=1)
+        assert _STUCK.entered.wait(_HANG_S)
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            assert _bounded(manager.close, hang_s=_HANG_S / 2) is None
+        assert any("did not finish within" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        _STUCK.release.set()
+        manager.close()

@@ -91,7 +91,7 @@ from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 from torch_checkpointing.store_channel import StoreAddress
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 from torch_checkpointing.types import RankInfo
-from torch_checkpointing.waiting import Wakeups
+from torch_checkpointing.waiting import Deadline, Wakeups
 
 __all__ = ["CheckpointManager"]
 
@@ -265,11 +265,12 @@ class CheckpointManager:
         self._dropped = weakref.finalize(self, _close_dropped, parts)
         self._dropped.atexit = False  # at exit, the exit hook does it
 
-    def _detach_storage(self) -> None:
+    def _detach_storage(self, deadline: Deadline | None = None) -> None:
+        """`deadline`: close()'s, which the retention passes still running share (None: their own 600 s)."""
         self._dropped.detach()
         atexit.unregister(self._exit_hook)
         if self._retention is not None:
-            self._retention.close()
+            self._retention.close(self._bounded(deadline))
         self._saver.close()
         self._loader.close()
 
@@ -561,7 +562,8 @@ class CheckpointManager:
     def close(self) -> None:
         """Wait for save()/load() calls running on other threads and for the last write, then stop the writer.
 
-        The waits are bounded by `save.wait_timeout_secs`: past it the writer is killed and this raises saying the
+        The waits (for other threads' calls, the last write, the retention passes) are bounded by
+        `save.wait_timeout_secs` together, not each: past it the writer is killed and this raises saying the
         save was not committed (or, where the killed writer had put the checkpoint in place and the save's Future
         succeeded, logs a WARNING saying it is committed, and returns). A failed last save is raised here unless
         its Future already reported it. Interrupted while it waits for other threads' calls, it leaves the manager
@@ -573,22 +575,23 @@ class CheckpointManager:
             atexit.unregister(self._exit_hook)
             return
         closing = False
+        deadline = Deadline(self.config.save.wait_timeout_secs)  # one for every wait of close(), not one each
         try:
             with self._calls:
                 if self._closed:
                     return
                 self._closed = closing = True  # refuses new calls from here on; one line: no interrupt between
-            self._wait_for_running_calls()
+            self._wait_for_running_calls(deadline)
         except BaseException:  # Ctrl-C while waiting: nothing is closed yet, so the manager stays usable
             if closing:
                 self._closed = False
             raise
         atexit.unregister(self._exit_hook)
         try:
-            self._saver.wait(self.config.save.wait_timeout_secs)
+            self._saver.wait(deadline.left())
         finally:
             self._owner.release()
-            self._detach_storage()
+            self._detach_storage(deadline)
             self._ctx.close()
 
     def __enter__(self) -> CheckpointManager:
@@ -647,10 +650,16 @@ class CheckpointManager:
         with self._calls:
             self._call_ended.notify_all()
 
-    def _wait_for_running_calls(self) -> None:
+    def _bounded(self, deadline: Deadline | None) -> float:
+        """What is left of close()'s `deadline` for a wait that must end: with no limit (wait_timeout_secs None)
+        or no deadline, `save.wait_timeout_secs`'s default."""
+        left = deadline.left() if deadline is not None else None
+        return self._ctx.timeout_s if left is None else left
+
+    def _wait_for_running_calls(self, deadline: Deadline) -> None:
         """Calls on this thread are not waited for: close() inside them would wait for itself."""
         me = threading.get_ident()
-        timeout = self._ctx.timeout_s  # save.wait_timeout_secs, or its default when None: always bounded
+        timeout = self._bounded(deadline)  # save.wait_timeout_secs, or its default when None: always bounded
         if not self._call_ended.wait_for(self._calls, lambda: not (set(self._running.values()) - {me}), timeout):
             logger.error(
                 "close(): a save()/load() on another thread was still running after %ss (save.wait_timeout_secs); "
