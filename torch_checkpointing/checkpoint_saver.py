@@ -196,11 +196,11 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self._comm.run_queued_here()
         try:
             write.quiet_exception(deadline.left())
-        except TimeoutError:
-            fate = self._kill_for(write, timeout)
+        except TimeoutError:  # named by save.wait_timeout_secs: `timeout` may be what close() had left of it
+            fate = self._kill_for(write, self._timeout)
             if fate is not None:
                 raise CheckpointError(
-                    f"The checkpoint write of {write.checkpoint_id} did not finish within {timeout}s "
+                    f"The checkpoint write of {write.checkpoint_id} did not finish within {self._timeout}s "
                     f"(save.wait_timeout_secs); the writer process was killed and {fate}."
                 ) from None
         self._raise_unseen(write, "")
