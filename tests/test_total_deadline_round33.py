@@ -11,7 +11,10 @@ by the timeout gives up on B, and one that gave B a fresh timeout after A saw it
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -21,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.probes import stop
 from torch_checkpointing import CheckpointManager, SyncCheckpointSaverConfig
 from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
@@ -164,3 +168,39 @@ def test_manager_close_is_bounded_by_wait_timeout_secs_while_a_retention_pass_ha
     finally:
         _STUCK.release.set()
         manager.close()
+
+
+_SHUTDOWN_S = 3  # CheckpointProcessConfig.subprocess_shutdown_timeout_secs
+_CONTINUED_S = 4.5  # past it, yet within the Stop's wait + a fresh timeout for the join (6 s)
+
+
+def test_the_writers_shutdown_is_bounded_by_its_timeout_in_all(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect: close() waited subprocess_shutdown_timeout_secs for the writer to answer Stop, then as long again
+    for it to exit: a writer SIGSTOPped, continued at 1.5 x the timeout, answered and exited on its own, where
+    the timeout had passed and it is killed."""
+    config = CheckpointManager.Config.with_async_save()
+    config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+    config.save.process_config.subprocess_shutdown_timeout_secs = _SHUTDOWN_S
+    manager = CheckpointManager(config)
+    manager.save(str(tmp_path / "step_1"), {"m": {"x": torch.ones(2)}}, step=1).result(_HANG_S)
+    proc = manager._saver.process._proc
+    stop(proc.pid)
+    timer = threading.Timer(_CONTINUED_S, _continue, (proc.pid,))
+    timer.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            assert _bounded(manager.close) is None
+        timer.join()
+        proc.join(_HANG_S)
+        assert proc.exitcode == -signal.SIGKILL, proc.exitcode
+        assert any("did not exit within" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        timer.cancel()
+        _continue(proc.pid)
+
+
+def _continue(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # killed and reaped by then
+        os.kill(pid, signal.SIGCONT)

@@ -43,7 +43,7 @@ from torch_checkpointing.storage.base_storage import StorageConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 from torch_checkpointing.storage.fsspec_storage import store_environment
 from torch_checkpointing.store_channel import let_go_of_clients
-from torch_checkpointing.waiting import Flag
+from torch_checkpointing.waiting import Deadline, Flag
 
 __all__ = ["CheckpointProcess", "CheckpointProcessConfig", "EncodedWrite", "WriterProcessDied", "encode_write"]
 
@@ -874,9 +874,13 @@ class CheckpointProcess:
             proc.join(5)
 
     def close(self) -> None:
-        """Stop the writer; every wait is bounded (a stuck or stopped writer is killed)."""
+        """Stop the writer; every wait is bounded (a stuck or stopped writer is killed). The wait for the writer's
+        answer to Stop and the wait for its exit share `subprocess_shutdown_timeout_secs` (each had all of it: a
+        writer that stopped answering was killed at twice the timeout); a write in progress is waited for first,
+        up to that timeout of its own."""
         self._closing = True
-        if not self._lock.acquire(timeout=self.config.subprocess_shutdown_timeout_secs):
+        timeout = self.config.subprocess_shutdown_timeout_secs
+        if not self._lock.acquire(timeout=timeout):
             self.kill()  # a write still waits on it: ending the process ends that wait
             self._abort_start()  # or it waits for a restarted writer still being spawned: end that one too
             if not self._lock.acquire(timeout=10):
@@ -899,16 +903,17 @@ class CheckpointProcess:
         finally:
             self._lock.release()
         stopped = False
+        deadline = Deadline(timeout)
         try:
             if conn is not None:
                 conn.send(Stop())
-                stopped = conn.poll(self.config.subprocess_shutdown_timeout_secs) and isinstance(conn.recv(), Stopped)
+                stopped = conn.poll(_left(deadline)) and isinstance(conn.recv(), Stopped)
         except (OSError, EOFError) as exc:  # the writer is gone already: the join below reaps it
             logger.debug("Could not send Stop to the writer process: %r", exc)
         if stopped:
-            _reap_in_background(proc, self.config.subprocess_shutdown_timeout_secs)
+            _reap_in_background(proc, timeout)  # off close()'s wait: the kernel tears it down
         else:
-            _reap(proc, self.config.subprocess_shutdown_timeout_secs)
+            _reap(proc, _left(deadline), timeout)
         if conn is not None:
             conn.close()
 
@@ -1049,11 +1054,18 @@ def _exit_code(proc: Any) -> int | None:
     return proc.exitcode  # type: ignore[no-any-return]
 
 
-def _reap(proc: Any, timeout_s: float) -> None:
-    """Wait for the writer to exit (kill it past `timeout_s`), so that no zombie is left."""
+def _left(deadline: Deadline) -> float:
+    """What is left of a deadline made from a number of seconds (never None)."""
+    return deadline.left() or 0.0
+
+
+def _reap(proc: Any, timeout_s: float, said_s: float | None = None) -> None:
+    """Wait for the writer to exit (kill it past `timeout_s`), so that no zombie is left. `said_s`: the timeout
+    the WARNING names, where `timeout_s` is what is left of it."""
     proc.join(timeout_s)
     if proc.exitcode is None and not multiprocessing.connection.wait([proc.sentinel], 0):  # not exited
-        logger.warning("The checkpoint writer process %s did not exit within %ss; killing it", proc.pid, timeout_s)
+        shown = timeout_s if said_s is None else said_s
+        logger.warning("The checkpoint writer process %s did not exit within %ss; killing it", proc.pid, shown)
         proc.kill()
         proc.join(5)
 
