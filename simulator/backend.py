@@ -12,6 +12,7 @@ import importlib
 import os
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 BACKEND_ENV = "SIMULATOR_BACKEND"
 DEFAULT_BACKEND = "torch_checkpointing"
@@ -45,12 +46,14 @@ class Backend:
     base_storage: ModuleType
     filesystem: ModuleType
 
+    # The two classes are the backend's, picked at run time (`--backend`): no static type describes them (their
+    # ``Config`` and fields are the design document's), so they are typed as what they are, unknown until imported.
     @property
-    def CheckpointManager(self) -> type:
+    def CheckpointManager(self) -> Any:
         return self.top.CheckpointManager
 
     @property
-    def ItemSpec(self) -> type:
+    def ItemSpec(self) -> Any:
         return self.top.ItemSpec
 
 

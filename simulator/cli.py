@@ -344,15 +344,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except BaseException as exc:
-        signum = _interrupt_signal(exc)
-        if signum is None:
+        code = _interrupt_signal(exc)
+        if code is None:
             raise
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        name = "Ctrl-C" if code == signal.SIGINT else signal.Signals(code).name
         print(f"simulator: interrupted ({name}); ranks stopped, nothing left running", file=sys.stderr)
-        return 128 + signum
+        return 128 + code
     finally:
-        for signum in ending:
-            signal.signal(signum, signal.SIG_DFL)
+        for sig in ending:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def _interrupt_signal(exc: BaseException) -> int | None:

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # a re-export torch does not mark public
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
 from simulator.held_signals import StepTimedOut, off_the_main_thread, signals_held
@@ -139,7 +140,7 @@ def _rank_entry(hand_over: str) -> Any:
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     pg_timeout = timedelta(seconds=float(os.environ[_PG_TIMEOUT_ENV]))
-    store = dist.TCPStore(
+    store = TCPStore(
         "127.0.0.1",
         int(os.environ[_STORE_PORT_ENV]),
         world_size,
@@ -182,7 +183,7 @@ def _is_comm_error(exc: BaseException) -> bool:
     return bool(_COMM_ERROR.search(f"{type(exc).__name__}: {exc}"))
 
 
-def _record_error(store: dist.TCPStore, rank: int, exc: BaseException) -> None:
+def _record_error(store: TCPStore, rank: int, exc: BaseException) -> None:
     """Tell the parent, before this process exits, what this rank raised and when.
 
     The parent can only see which process exited first, and a rank that dies takes its peers' collectives
@@ -249,7 +250,7 @@ def _traceback_tail(message: Any, n: int = 8) -> list[str]:
     return lines[-n:]
 
 
-def _finished_ranks(store: dist.TCPStore, world_size: int, key: str = _DONE_KEY) -> set[int]:
+def _finished_ranks(store: TCPStore, world_size: int, key: str = _DONE_KEY) -> set[int]:
     return {r for r in range(world_size) if store.check([f"{key}/{r}"])}
 
 
@@ -352,7 +353,7 @@ def launch(
     log_root = tempfile.mkdtemp(prefix=f"{name}-ranks-")
     progress_file = Path(log_root) / "progress.log"
     progress_file.touch()
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
+    store = TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
     port = store.port
     ifname = _loopback_ifname()
     envs: dict[int, dict[str, str]] = {}
@@ -392,7 +393,7 @@ class _Job:
     world_size: int
     timeout: float
     name: str
-    store: dist.TCPStore
+    store: TCPStore
     progress_file: Path
     progress: Callable[[str], None] | None
 

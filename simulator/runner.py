@@ -61,9 +61,9 @@ def run_phase(plan: Plan, phase: str) -> int:
     except Exception as exc:  # e.g. the backend (or one of its public modules) does not import
         label = str(plan.save_world) if phase == "save" else plan.world_label
         note = f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"
-        rows = [CheckResult(name, phase, label, "-", FAIL, notes=[note]) for name in plan.scenarios]
-        _write(out, phase, rows)
-        return len(rows)
+        failed = [CheckResult(name, phase, label, "-", FAIL, notes=[note]) for name in plan.scenarios]
+        _write(out, phase, failed)
+        return len(failed)
     count = 0
     for name in plan.scenarios:
         if plan.storage_url and name in LOCAL_ONLY:

@@ -18,7 +18,7 @@ import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from simulator.backend import backend_module
 
@@ -45,6 +45,27 @@ def fsspec_storage_config(url: str) -> Any:
     return config_cls(url=url)
 
 
+class _BackendStorage(Protocol):
+    """The storage methods of the design document that the wrapper forwards to the backend's storage (whose class
+    is the backend's, picked at run time)."""
+
+    def handles_url(self, checkpoint_id: str) -> bool: ...
+    def read(self, path: Path, read_args: Any = None) -> bytes: ...
+    def stream_write(self, path: Path) -> io.IOBase: ...
+    def write(self, path: Path, data: Any) -> None: ...
+    def delete(self, path: Path) -> None: ...
+    def mkdir(self, path: Path, recursive: bool = True) -> None: ...
+    def rmdir(self, path: Path) -> None: ...
+    def rename(
+        self, src_path: Path, dst_path: Path, is_directory: bool, is_cross_link: bool, background_cleanup: bool
+    ) -> None: ...
+    def ls(self, path: Path) -> list[str]: ...
+    def exists(self, path: Path) -> bool: ...
+    def getsize(self, path: Path) -> int: ...
+    def isdir(self, path: Path) -> bool: ...
+    def remap_path(self, path: Path) -> str: ...
+
+
 @dataclass
 class InstrumentedStorageConfig(_base.StorageConfig):  # type: ignore[misc, name-defined]
     """Buffered local storage (no O_DIRECT), or the fsspec store at ``url``; sleeps ``write_delay_s`` per write."""
@@ -58,7 +79,7 @@ class InstrumentedStorageConfig(_base.StorageConfig):  # type: ignore[misc, name
 
 class InstrumentedStorage(_base.Storage):  # type: ignore[misc, name-defined]
     def __init__(self, config: InstrumentedStorageConfig) -> None:
-        self._inner = (
+        self._inner: _BackendStorage = (
             fsspec_storage_config(config.url).create_storage()
             if config.url
             else _fs.LocalFileSystemStorage(_fs.LocalFileSystemStorageConfig(use_direct_io=False))
@@ -88,6 +109,7 @@ class InstrumentedStorage(_base.Storage):  # type: ignore[misc, name-defined]
         return data
 
     def read_range(self, path: Path, offset: int, length: int) -> bytes:
+        data: bytes
         if hasattr(self._inner, "read_range"):
             data = self._inner.read_range(path, offset, length)
         else:

@@ -43,7 +43,7 @@ def placements(mesh_ndim: int, tensor_ndim: int, side: str) -> tuple[Placement, 
 
 def placement_label(mesh_ndim: int) -> str:
     def fmt(p: tuple[Placement, ...]) -> str:
-        text = ",".join("R" if isinstance(x, Replicate) else f"S({x.dim})" for x in p)
+        text = ",".join(f"S({x.dim})" if isinstance(x, Shard) else "R" for x in p)
         return text if len(p) == 1 else f"[{text}]"
 
     return f"{fmt(placements(mesh_ndim, 2, 'save'))}→{fmt(placements(mesh_ndim, 2, 'load'))}"
@@ -78,9 +78,10 @@ def _sharded(
     seed: int, mesh: DeviceMesh, side: str, fill: float | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     params, state = full_state(seed)
-    pick = (
-        (lambda t: _shard(t, mesh, side)) if fill is None else (lambda t: _shard(torch.full_like(t, fill), mesh, side))
-    )
+
+    def pick(t: torch.Tensor) -> DTensor:
+        return _shard(t if fill is None else torch.full_like(t, fill), mesh, side)
+
     model = {n: pick(t) for n, t in params.items()}
     opt = torch.optim.AdamW(list(model.values()), **HYPER, foreach=False)  # type: ignore[arg-type]
     optim = {
