@@ -23,11 +23,16 @@ def make_manager(
     `verify_checksums` is the loader's setting (None: the default, verifying); `collective=False` lets one rank
     load while the others do not (CheckpointLoaderConfig.collective).
     """
-    from torch_checkpointing import CheckpointManager
+    from torch_checkpointing import AsyncCheckpointSaverConfig, CheckpointManager
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
     conf = CheckpointManager.Config.with_sync_save() if sync_save else CheckpointManager.Config.with_async_save()
     if overlap_staging:
+        if not isinstance(conf.save, AsyncCheckpointSaverConfig):
+            raise ValueError(
+                "make_manager(overlap_staging=True, sync_save=True): a sync save has no staging copy to move off "
+                "save(); pass sync_save=False to overlap the staging"
+            )
         conf.save.staging_config.use_async_staging = True
     conf.storage_config = LocalFileSystemStorageConfig(use_direct_io=cfg.direct_io)
     if items:
