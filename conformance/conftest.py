@@ -6,11 +6,12 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pluggy import Result
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,7 +173,9 @@ def _skip_reason(report: pytest.TestReport) -> str:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Result[pytest.TestReport], None]:
     """Tag reports: not measured (missing name, setup error, not-measured skip) and adapter use."""
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
@@ -198,7 +201,7 @@ def _first_line(text: str) -> str:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     props = dict(report.user_properties)
     ids = props.get(_CLAUSE_PROP)
-    if not ids:
+    if not isinstance(ids, list) or not ids:  # set by pytest_collection_modifyitems, a list through xdist too
         return
     if _ADAPTED_PROP in props:
         _ADAPTED_CLAUSES.update(ids)

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -38,6 +38,7 @@ from conformance import backend
 from conformance.helpers import WRITE_TIMEOUT_S, Where, location, read_bytes, save, storage_config, write_bytes
 
 SUBPROCESS_TIMEOUT_S = 180.0
+_W = TypeVar("_W", bound=Where)  # a location made on disk stays the kind it was
 # The payloads: every item in a different format, values that tell OLD and NEW apart everywhere.
 ITEMS = ("model", "extra", "misc", "st")
 
@@ -101,7 +102,7 @@ def same(a: Any, b: Any) -> bool:
         )
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return set(a) == set(b) and all(same(a[k], b[k]) for k in a)
-    return a == b
+    return bool(a == b)
 
 
 def classify(path: Where | str, versions: Mapping[str, int]) -> str:
@@ -173,7 +174,10 @@ def run_json(command: str, args: Mapping[str, Any], timeout: float = SUBPROCESS_
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"faults {command} exited {proc.returncode}:\n{err[-3000:]}")
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    if not isinstance(result, dict):
+        raise RuntimeError(f"faults {command} printed {lines[-1][:300]!r}, not a JSON object")
+    return result
 
 
 def _fork_session(fn: Callable[[], None]) -> int:
@@ -270,7 +274,7 @@ def _timed_save(case: Where, mode: str, kill_after: float | None) -> dict[str, A
     return {"elapsed": elapsed, "status": status, **_overwrite_outcome(message, kill_after is not None)}
 
 
-def _mkdir(where: Where) -> Where:
+def _mkdir(where: _W) -> _W:
     """A local case directory is made (a backend need not make an id's parents); a store has no directories."""
     if isinstance(where, Path):
         where.mkdir(parents=True, exist_ok=True)
@@ -540,14 +544,23 @@ def truncate(path: Where) -> None:
     write_bytes(path, data[: len(data) // 2])
 
 
-def replace_with_symlink(path: Path, target: Path) -> None:
+def replace_with_symlink(where: Where, target: Path) -> None:
+    path = _local(where, "a symbolic link")
     path.unlink()
     path.symlink_to(target)
 
 
-def replace_with_fifo(path: Path) -> None:
+def replace_with_fifo(where: Where) -> None:
+    path = _local(where, "a FIFO")
     path.unlink()
     os.mkfifo(path)
+
+
+def _local(where: Where, what: str) -> Path:
+    """``where`` as a local path: ``what`` is a filesystem's special file, which an object store cannot hold."""
+    if not isinstance(where, Path):
+        raise TypeError(f"{what} cannot replace {where}: it is on an object store, not a local filesystem")
+    return where
 
 
 if __name__ == "__main__":

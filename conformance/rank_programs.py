@@ -11,6 +11,7 @@ error raised by a phase outside any check (read by ``test_multirank.expect``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import traceback
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from conformance import backend
 from conformance.golden.cases import DTENSOR_GLOBALS, DTENSOR_ST, seeded
 from conformance.helpers import (
+    SaveMode,
     Where,
     files,
     layout,
@@ -91,7 +93,7 @@ def _custom() -> ModuleType:
     return importlib.import_module("conformance.custom_resharder")
 
 
-def _manager(items: dict[str, Any], mode: str = "sync") -> Any:
+def _manager(items: dict[str, Any], mode: SaveMode = "sync") -> Any:
     return backend.name("", "CheckpointManager")(make_config(items, mode=mode))
 
 
@@ -123,11 +125,10 @@ class Net(torch.nn.Module):
 
     def __init__(self, mesh: DeviceMesh, seed_prefix: str | None) -> None:
         super().__init__()
-        make = (
-            (lambda n, s: _dt(f"{seed_prefix}.{n}", s, mesh, [Shard(0)]))
-            if seed_prefix
-            else (lambda n, s: _zeros_dt(s, mesh, [Shard(0)]))
-        )
+
+        def make(n: str, s: tuple[int, ...]) -> DTensor:
+            return _dt(f"{seed_prefix}.{n}", s, mesh, [Shard(0)]) if seed_prefix else _zeros_dt(s, mesh, [Shard(0)])
+
         self.w = torch.nn.Parameter(make("w", (6, 4)))
         self.b = torch.nn.Parameter(make("b", (6,)))
 
@@ -136,6 +137,8 @@ def _train(net: Net, steps: int, grad: float) -> torch.optim.Optimizer:
     opt = torch.optim.Adam(net.parameters(), lr=0.1, foreach=False)
     for _ in range(steps):
         for p in net.parameters():
+            if not isinstance(p, DTensor):  # nn.Parameter keeps a DTensor's class
+                raise TypeError(f"Net's parameters are DTensors; got a {type(p).__name__}")
             p.grad = distribute_tensor(torch.full(p.shape, grad), p.device_mesh, list(p.placements))
         opt.step()
     return opt
@@ -344,7 +347,7 @@ def _layouts(root: Where, obs: Obs, rank: int, mesh: DeviceMesh) -> None:
     items = {k: v for k, v in _layout_items().items() if k != "st"}
     m = _manager(items)
     try:
-        tmpl = {
+        tmpl: dict[str, Any] = {
             "a": {"x": torch.zeros(1)},
             "b": None,
             "d": torch.zeros(2),
@@ -707,7 +710,7 @@ def two_rank_program(root: str) -> Obs:
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (2,))
     for prefix, phase in (("full", _full_example_save), ("layouts", _layouts), ("reshard", _reshard_save)):
-        _phase(obs, prefix, lambda phase=phase: phase(location(root), obs, rank, mesh))
+        _phase(obs, prefix, functools.partial(phase, location(root), obs, rank, mesh))
         dist.barrier()
     return obs
 

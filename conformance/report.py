@@ -126,7 +126,9 @@ def _one_line(text: str, limit: int = 200) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def load_reports(columns: Sequence[tuple[str, str]] = COLUMNS, root: Path = REPORTS) -> list[tuple[str, dict]]:
+def load_reports(
+    columns: Sequence[tuple[str, str]] = COLUMNS, root: Path = REPORTS
+) -> list[tuple[str, dict[str, Any]]]:
     """(label, report) for each committed report that exists."""
     return [(label, json.loads((root / f).read_text())) for label, f in columns if (root / f).exists()]
 
@@ -163,8 +165,8 @@ def render_docs_block(
             for cid in part:
                 counts[rep["clauses"].get(cid, "not run")] += 1
             adapted = sum(1 for cid in part if cid in rep.get("adapted", ()))
-            cells = " | ".join(str(counts[k]) for k in STATUSES)
-            lines.append(f"| {label} | {len(part)} | {cells} | {adapted} |")
+            tally = " | ".join(str(counts[k]) for k in STATUSES)
+            lines.append(f"| {label} | {len(part)} | {tally} | {adapted} |")
     labels = [label for label, _ in reports]
     lines += [
         "",

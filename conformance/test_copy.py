@@ -89,11 +89,12 @@ def test_staging_copies_whatever_the_layout(manager_factory: Factory, ckpt_root:
     }
     m = manager_factory(items, mode="async")
     big = torch.zeros(BIG)
-    live = {"hist": [1, 2], "cfg": {"lr": 0.1}, "pad": list(range(200_000))}
+    hist, cfg = [1, 2], {"lr": 0.1}
+    live = {"hist": hist, "cfg": cfg, "pad": list(range(200_000))}
     result = m.save(str(ckpt_root / "c"), {"st": {"w": big}, "js": live})
     big.add_(1.0)
-    live["hist"].append(3)
-    live["cfg"]["lr"] = 0.2
+    hist.append(3)
+    cfg["lr"] = 0.2
     _wait(result)
     out = m.load(str(ckpt_root / "c"), into={"st": {"w": torch.empty(BIG)}, "js": None})
     assert torch.count_nonzero(out["st"]["w"]).item() == 0, "safetensors item: mutation after save() leaked in"
@@ -103,10 +104,11 @@ def test_staging_copies_whatever_the_layout(manager_factory: Factory, ckpt_root:
 @clause("COPY-DEEP-1")
 def test_async_copy_is_deep(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"model": spec()}, mode="async")
-    live = {"hist": [1, 2], "cfg": {"lr": 0.1}, "pad": list(range(200_000))}
+    hist, cfg = [1, 2], {"lr": 0.1}
+    live = {"hist": hist, "cfg": cfg, "pad": list(range(200_000))}
     result = m.save(str(ckpt_root / "c"), {"model": live})
-    live["hist"].append(3)
-    live["cfg"]["lr"] = 0.2
+    hist.append(3)
+    cfg["lr"] = 0.2
     _wait(result)
     out = m.load(str(ckpt_root / "c"), into={"model": None})
     assert list(out["model"]["hist"]) == [1, 2], "nested list mutation leaked in (copy was not deep)"
@@ -130,9 +132,9 @@ def test_device_tensors_are_staged_to_host(manager_factory: Factory, ckpt_root: 
 def test_bypass_leaves_the_value_unchanged(manager_factory: Factory, ckpt_root: Where) -> None:
     m = manager_factory({"snap": spec(requires_copy=False)}, mode="async")
     t = torch.arange(1024.0)
-    ptr, shared = t.untyped_storage().data_ptr(), t.is_shared()
+    ptr, shared = t.untyped_storage().data_ptr(), t.untyped_storage().is_shared()
     save(m, ckpt_root / "c", {"snap": {"t": t}})
-    ptr_after, shared_after = t.untyped_storage().data_ptr(), t.is_shared()
+    ptr_after, shared_after = t.untyped_storage().data_ptr(), t.untyped_storage().is_shared()
     assert ptr_after == ptr, "the saved tensor's storage was replaced"
     assert shared_after == shared, "the saved tensor was moved into shared memory"
     assert torch.equal(t, torch.arange(1024.0))

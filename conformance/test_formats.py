@@ -78,7 +78,7 @@ def _gen(seed: int) -> torch.Generator:
 # ------------------------------------------------------------------- torch
 @clause("TORCH-ROUNDTRIP-1", "TORCH-FILE-1", "LOAD-INPLACE-1")
 def test_torch_nested_state_roundtrip(manager_factory: Factory, ckpt_root: Where) -> None:
-    value = {
+    value: dict[str, Any] = {
         "w": torch.randn(3, 2, generator=_gen(0)),
         "nested": {"b": torch.arange(4, dtype=torch.int64), "lst": [torch.ones(1), 2, "x"], "tup": (1.5, None)},
         "flag": True,
@@ -89,7 +89,7 @@ def test_torch_nested_state_roundtrip(manager_factory: Factory, ckpt_root: Where
     save(m, ckpt_root / "c", {"state": value})
     on_disk = torch_load(ckpt_root / "c" / "state_0.pt")
     assert torch.equal(on_disk["w"], value["w"]) and on_disk["nested"]["tup"] == (1.5, None)
-    template = {
+    template: dict[str, Any] = {
         "w": torch.zeros(3, 2),
         "nested": {"b": torch.zeros(4, dtype=torch.int64), "lst": [torch.zeros(1), 0, ""], "tup": (0.0, None)},
         "flag": False,
@@ -283,13 +283,16 @@ def test_safetensors_flattens_to_dotted_keys(manager_factory: Factory, ckpt_root
 
 @clause("ST-RENEST-1", "LOAD-INPLACE-1")
 def test_safetensors_renests_into_template(manager_factory: Factory, ckpt_root: Where) -> None:
-    value = {
+    value: dict[str, Any] = {
         "layer": {"w": torch.randn(3, generator=_gen(1)), "b": torch.randn(1, generator=_gen(2))},
         "stack": [torch.ones(2), torch.zeros(2)],
     }
     m = manager_factory({"m": _st()})
     save(m, ckpt_root / "c", {"m": value})
-    template = {"layer": {"w": torch.empty(3), "b": torch.empty(1)}, "stack": [torch.empty(2), torch.empty(2)]}
+    template: dict[str, Any] = {
+        "layer": {"w": torch.empty(3), "b": torch.empty(1)},
+        "stack": [torch.empty(2), torch.empty(2)],
+    }
     w_obj = template["layer"]["w"]
     out = m.load(str(ckpt_root / "c"), into={"m": template})["m"]
     assert out["layer"]["w"] is w_obj

@@ -27,7 +27,7 @@ def test_layoutinfo_is_a_frozen_dataclass() -> None:
     assert li.file_path == "model.pt"
     assert isinstance(li.serialization_format, backend.name("checkpoint_layout", "TorchSerialization"))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        li.file_path = "other.pt"  # type: ignore[misc]
+        li.file_path = "other.pt"
 
 
 @clause("LAYOUT-PATH-1")
@@ -105,7 +105,7 @@ def test_other_braces_stay_literal(manager_factory: Factory, ckpt_root: Where, p
 
 @clause("LAYOUT-DEFAULT-1", "KEY-CHARSET-1", "TORCH-FILE-1")
 def test_default_layout_is_key_rank_pt(manager_factory: Factory, ckpt_root: Where) -> None:
-    value = {"w": torch.arange(3.0), "n": 2}
+    value: dict[str, Any] = {"w": torch.arange(3.0), "n": 2}
     m = manager_factory({"model_state": spec(layout=None)})
     save(m, ckpt_root / "c", {"model_state": value})
     assert "model_state_0.pt" in files(ckpt_root / "c")

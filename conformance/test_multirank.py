@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ def _shared_dir(factory: pytest.TempPathFactory, worker_id: str) -> Path:
     return base.parent if worker_id != "master" else base
 
 
-def _once(shared: Path, name: str, run: Any) -> Results:
+def _once(shared: Path, name: str, run: Callable[[], Results]) -> Results:
     """Run ``run()`` once per session across xdist workers; errors are replayed to every worker."""
     lock, out = shared / f"{name}.lock", shared / f"{name}.pickle"
     with open(lock, "w") as fh:
@@ -48,6 +48,8 @@ def _once(shared: Path, name: str, run: Any) -> Results:
     if status == "error":
         # Not a clause failure: nothing was measured. The summary lists the reason once for all its clauses.
         pytest.skip(f"{NOT_MEASURED}launch {name} could not run: {value}")
+    if not isinstance(value, list):
+        raise TypeError(f"launch {name} recorded a {type(value).__name__}, not its ranks' list of results")
     return value
 
 
