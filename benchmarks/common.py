@@ -52,4 +52,4 @@ def timed(fn: Callable[[], Any], device: str = "cpu") -> float:
 def as_bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a host tensor, without a copy (any dtype, bf16 included)."""
     flat = t.detach().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data

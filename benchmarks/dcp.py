@@ -4,10 +4,14 @@ state and directory (single process, no process group)."""
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from .common import build_state, fresh_dir, now, remove, sync
 from .config import BenchConfig
@@ -24,7 +28,7 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     for i in range(cfg.runs):
         path = root / f"sync_{i}"
         t0 = now()
-        dcp.save(state, checkpoint_id=str(path))
+        dcp_save(state, checkpoint_id=str(path))
         saves.append(now() - t0)
         remove(path)
     # async_save: blocked = until the call returns (it stages before returning),
@@ -33,9 +37,9 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
     for i in range(cfg.runs + 1):
         path = root / f"async_{i}"
         t0 = now()
-        fut = dcp.async_save(state, checkpoint_id=str(path))
+        fut = dcp_async_save(state, checkpoint_id=str(path))
         t1 = now()
-        fut.result()
+        _durable(fut)
         t2 = now()
         if i > 0:
             blocked.append(t1 - t0)
@@ -57,11 +61,11 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
         for _ in range(cfg.runs):
             drop_page_cache(path)
             t0 = now()
-            dcp.load(templates, checkpoint_id=str(path))
+            dcp_load(templates, checkpoint_id=str(path))
             sync(cfg.device)
             cold.append(now() - t0)
             t0 = now()
-            dcp.load(templates, checkpoint_id=str(path))
+            dcp_load(templates, checkpoint_id=str(path))
             sync(cfg.device)
             warm.append(now() - t0)
         if not same_values(templates, state):
@@ -74,10 +78,15 @@ def run(cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
         for a, b in zip(tensors_of(snap), tensors_of(state), strict=True):
             a.copy_(b)
         p2 = root / "mutation_probe"
-        fut = dcp.async_save(state, checkpoint_id=str(p2))
+        fut = dcp_async_save(state, checkpoint_id=str(p2))
         mutate(state)
-        fut.result()
-        dcp.load(templates, checkpoint_id=str(p2))
+        _durable(fut)
+        dcp_load(templates, checkpoint_id=str(p2))
         out["async_stages_copy"] = same_values(templates, snap)
     remove(root)
     return out
+
+
+def _durable(saved: Future[Any] | AsyncSaveResponse) -> None:
+    """Wait until an async_save is on disk: its Future, or (with an async stager) its upload future."""
+    (saved.upload_completion if isinstance(saved, AsyncSaveResponse) else saved).result()

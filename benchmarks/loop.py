@@ -26,7 +26,7 @@ class _Trainer:
         self.device = cfg.device
         self.model = model_for_state_bytes(cfg.loop_state_bytes).to(cfg.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.width = self.model.net[0].in_features
+        self.width = self.model.width
         self.batch = 64
         self.x = torch.randn(self.batch, self.width, device=cfg.device)
 

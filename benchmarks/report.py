@@ -55,7 +55,10 @@ def _r(results: Results, section: str) -> dict[str, Any]:
         raise NotMeasured(f"section '{section}' was not run in this invocation (--sections / --scale)")
     if "result" not in sec:
         raise LookupError(f"section '{section}' failed: {sec.get('error')}")
-    return sec["result"]
+    result = sec["result"]
+    if not isinstance(result, dict):
+        raise LookupError(f"section '{section}' recorded a {type(result).__name__} as its result, not a mapping")
+    return result
 
 
 def _m(results: Results, section: str, key: str) -> float:

@@ -102,13 +102,15 @@ class MLP(torch.nn.Module):
 
     def __init__(self, width: int, depth: int) -> None:
         super().__init__()
+        self.width = width
         layers: list[torch.nn.Module] = []
         for _ in range(depth):
             layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
         self.net = torch.nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        y: torch.Tensor = self.net(x)  # Linear and GELU layers: a tensor (Module.__call__ is untyped)
+        return y
 
 
 def model_for_state_bytes(state_bytes: int, width: int = 512) -> MLP:

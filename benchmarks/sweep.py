@@ -93,7 +93,7 @@ def run_sweep(cfg: BenchConfig, sizes: list[int], plot_path: Path, command: str,
         )
         log(f"[sweep] {size / 2**20:.0f} MiB")
         points.append({"size": size, "results": run_all(c, log)})
-    doc = {
+    doc: dict[str, Any] = {
         "command": command,
         "machine": machine(),
         "sizes": sizes,
