@@ -166,6 +166,7 @@ class RetentionPolicy:
                 raise ConfigTypeError(f"RetentionPolicy.{name} cannot be {value!r} ({type(value).__name__})")
         if self.root is not None:  # an empty root, or one no path can hold, failed every pass after every save
             require_path(self.root, "RetentionPolicy.root")
+            _refuse_a_hosts_file_url(self.root)
         if not isinstance(self.collect_garbage, bool):
             raise ConfigTypeError(f"RetentionPolicy.collect_garbage must be a bool, got {self.collect_garbage!r}")
         if self.keep_best is not None and not self.metric:
@@ -178,6 +179,17 @@ class RetentionPolicy:
     def active(self) -> bool:
         """Whether any rule is set (with none, a retention pass deletes nothing)."""
         return any(v is not None for v in (self.keep_last, self.keep_every_n_steps, self.keep_best))
+
+
+def _refuse_a_hosts_file_url(root: str | os.PathLike[str]) -> None:
+    """A `file://` root naming a host (`file://~/run`: two slashes) is the ConfigError `local_path_of` gives,
+    here where the policy is built: taken, every retention pass after a save failed (a WARNING) and nothing was
+    deleted."""
+    if url_scheme(root) in LOCAL_SCHEMES:
+        try:
+            local_path_of(os.fspath(root))
+        except ConfigError as exc:
+            raise ConfigError(f"RetentionPolicy.root: {exc}") from None
 
 
 def check_age(value: float, name: str) -> float:
