@@ -261,7 +261,16 @@ class CheckpointManager:
         atexit.register(self._exit_hook)
         # A manager dropped without close() gives its writer, threads, slab and descriptors back once collected,
         # not only at interpreter exit (a loop building a manager per call kept a writer process per call).
-        parts = _Parts(self._pid, self._exit_hook, self._loader, self._retention, self._owner, self._ctx)
+        parts = _Parts(
+            self._pid,
+            self._exit_hook,
+            self._saver,
+            config.save.wait_timeout_secs,
+            self._loader,
+            self._retention,
+            self._owner,
+            self._ctx,
+        )
         self._dropped = weakref.finalize(self, _close_dropped, parts)
         self._dropped.atexit = False  # at exit, the exit hook does it
 
@@ -1165,7 +1174,9 @@ class _Parts:
     """What a manager holds outside itself, for releasing it after the manager is gone (never the manager)."""
 
     pid: int
-    exit_hook: Callable[..., None]  # `_close_at_exit`: waits for the last save (bounded), then closes the saver
+    exit_hook: Callable[..., None]  # `_close_at_exit`, unregistered once the dropped manager is closed
+    saver: CheckpointSaver
+    wait_timeout: float | None  # save.wait_timeout_secs: the last save's wait and the retention passes', together
     loader: CheckpointLoader
     retention: RetentionRunner | None
     owner: OwnerLock
@@ -1197,11 +1208,14 @@ def _close_dropped(parts: _Parts) -> None:
         ", process group and store" if parts.ctx.world_size > 1 else "",
     )
 
-    def close() -> None:
+    def close() -> None:  # close()'s order: the last save, its retention pass, then the writer
         try:
+            deadline = Deadline(parts.wait_timeout)
+            _wait_for_last_save(parts.saver, deadline.left(), "A CheckpointManager dropped without close()")
             if parts.retention is not None:
-                parts.retention.close()
-            parts.exit_hook(at_exit=False)
+                left = deadline.left()
+                parts.retention.close(parts.ctx.timeout_s if left is None else left)
+            parts.saver.close()
             parts.loader.close()
         except Exception:
             log_safely(
@@ -1238,11 +1252,17 @@ def _close_at_exit(saver: CheckpointSaver, timeout: float | None, owner_pid: int
             "with no bound" if timeout is None else f"at most {timeout} s",
         )
     try:
-        saver.wait(timeout)
-    except Exception as exc:
-        logger.error("At interpreter exit, the last checkpoint save: %s: %s", type(exc).__name__, exc)
+        _wait_for_last_save(saver, timeout, "At interpreter exit" if at_exit else "A dropped CheckpointManager")
     finally:
         saver.close()
+
+
+def _wait_for_last_save(saver: CheckpointSaver, timeout: float | None, who: str) -> None:
+    """Wait (bounded) for the last save where nobody is left to raise to: its failure is logged."""
+    try:
+        saver.wait(timeout)
+    except Exception as exc:
+        logger.error("%s, the last checkpoint save: %s: %s", who, type(exc).__name__, exc)
 
 
 def _refuse_live_objects(payload: Any) -> None:
