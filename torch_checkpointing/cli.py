@@ -829,6 +829,7 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
             "metric_not_recorded": report.metric_not_recorded,
             "damaged": [p.to_dict() for p in report.not_listed if not p.unreadable],
             "unreadable": [p.to_dict() for p in report.not_listed if p.unreadable],
+            "trash_left": [{"path": path, "reason": why} for path, why in report.trash_left],
         }
     )
     if report.metric_not_recorded is not None:  # on stdout beside the deletions it explains, at either level, once
@@ -839,7 +840,9 @@ def cmd_prune(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
         ui.line(f"NOT DELETED {c.name}: {why}")
     for p in report.not_listed:  # as `ls` names them: an unreadable one is no damage
         ui.line(f"{'UNREADABLE' if p.unreadable else 'DAMAGED'} {p.name}: not weighed, left as it is: {p.problem}")
-    return EXIT_NO if report.failed else EXIT_OK
+    for path, why in report.trash_left:
+        ui.line(f"TRASH LEFT {path}: {why}")
+    return EXIT_NO if report.failed or report.trash_left else EXIT_OK
 
 
 def _check_prune_flags(args: argparse.Namespace) -> None:

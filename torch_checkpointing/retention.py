@@ -11,6 +11,7 @@ reads manifests only; nothing here touches the writer or the staging code.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import errno
 import logging
@@ -602,7 +603,10 @@ def _remove(storage: Storage, path: Path, what: str) -> _Outcome:
         if _gone(storage, path):
             logger.info("%s at %s was removed by another process meanwhile", what, _shown(path))
             return _Outcome(False)
-        return _gc_failed(f"could not remove {what} at {_shown(path)} ({exc}); {_removal_next_step(exc)}")
+        failed = _gc_failed(f"could not remove {what} at {_shown(path)} ({exc}); {_removal_next_step(exc)}")
+        if (left := _TRASH_LEFT.get()) is not None:
+            left.append((_shown(path), failed.failure or ""))
+        return failed
     logger.info("Deleted %s (%s)", what, _shown(path))
     return _Outcome(True)
 
@@ -735,6 +739,9 @@ class PruneReport:
     # engine's, or one this user may not read (`PassedOver.unreadable` tells damage apart). Only logged before,
     # so a script reading the report never learned of them.
     not_listed: list[PassedOver] = field(default_factory=list)
+    # The trash folders left where a removal failed after its rename (path, why: the fix where the OS refused
+    # it): the checkpoint is deleted, its files are not. Only logged before, and the CLI exited 0.
+    trash_left: list[tuple[str, str]] = field(default_factory=list)
 
 
 def prune(
@@ -783,13 +790,30 @@ def _prune(
         report.metric_not_recorded, report.not_listed = note, listed.unlisted
         return report
     report = PruneReport(metric_not_recorded=note, not_listed=listed.unlisted)
-    for c in doomed:
-        outcome = _delete(Path(c.path), storage, c)
-        if outcome.done:
-            report.deleted.append(c)
-        elif outcome.failure is not None:
-            report.failed.append((c, outcome.failure))
+    with _noting_trash_left() as report.trash_left:
+        for c in doomed:
+            outcome = _delete(Path(c.path), storage, c)
+            if outcome.done:
+                report.deleted.append(c)
+            elif outcome.failure is not None:
+                report.failed.append((c, outcome.failure))
     return report
+
+
+# The trash folders a prune's removals left, collected for its report while `_noting_trash_left` runs: the
+# deletions that leave one (a rename done, its removal refused) are many steps down, and each dropped the failure.
+_TRASH_LEFT: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar("trash_left", default=None)
+
+
+@contextlib.contextmanager
+def _noting_trash_left() -> Iterator[list[tuple[str, str]]]:
+    """The list every removal that fails in this block adds (its path, why) to."""
+    left: list[tuple[str, str]] = []
+    token = _TRASH_LEFT.set(left)
+    try:
+        yield left
+    finally:
+        _TRASH_LEFT.reset(token)
 
 
 def _dry_run(doomed: list[CheckpointInfo], storage: Storage) -> PruneReport:
