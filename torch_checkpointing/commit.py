@@ -664,21 +664,30 @@ def _records_of(storage: Storage, root: Path, token: str | None = None) -> list[
     return [name for name in names if _save_of(name) == _save_of(record_name(token, 0))]
 
 
-def _recorded_files(storage: Storage, root: Path, record: str) -> set[str]:
+def _recorded_files(storage: Storage, root: Path, record: str) -> set[str] | None:
     """The names one record lists; a name that is not a plain path inside the root (`../x`, `/x`, `a//b`) is
-    never joined back into a path to delete. An unreadable record names nothing (logged).
+    never joined back into a path to delete. A record gone names nothing; one that is not ours (unreadable, or
+    its "files" no list of names: `"abc"` was read as the names a, b, c, each deleted) is None, logged: its
+    names are never used, and it is left in place.
 
     Read as a manifest is (`read_bounded`: it lists no more than the manifest does), its size checked before a
     byte is read: a file named like one, of 1 GiB, was read whole into gc's memory (twice over) to find it was
     not JSON."""
     try:
         files = json.loads(read_bounded(storage, root / record, "a record of a save's files"))["files"]
-        names = {str(name) for name in files}
+        if not isinstance(files, list) or not all(isinstance(name, str) for name in files):
+            raise TypeError(f'its "files" is not a list of names: {files!r:.80}')
+        names = set(files)
     except FileNotFoundError:
         return set()
     except (UnicodeDecodeError, ValueError, TypeError, KeyError, CheckpointError) as exc:
-        logger.warning("Ignoring the record %s of a save's files: it is not one of ours (%s)", root / record, exc)
-        return set()
+        logger.warning(
+            "Ignoring the record %s of a save's files: it is not one of ours (%s); none of the names it lists is "
+            "deleted, and it is left in place (delete it by hand if it is garbage)",
+            storage.remap_path(root / record),
+            exc,
+        )
+        return None
     return {n for n in names if n and posixpath.normpath(n) == n and not n.startswith(("/", "../")) and n != ".."}
 
 
@@ -690,8 +699,7 @@ def remove_recorded(storage: Storage, root: Path, manifest: Manifest | None) -> 
 
     A file a user put at one of the recorded names cannot be told apart from the save's and goes with it.
     """
-    records = _records_of(storage, root)
-    ours = set().union(*(_recorded_files(storage, root, record) for record in records))
+    records, ours = _our_records(storage, root, _records_of(storage, root))
     if manifest is not None:
         ours |= {posixpath.normpath(rec.path) for rec in manifest.files} | {METADATA_FILE_NAME}
     entries = _walk(storage, root)
@@ -700,6 +708,13 @@ def remove_recorded(storage: Storage, root: Path, manifest: Manifest | None) -> 
     _delete_all(storage, root, records)
     _remove_emptied(storage, root, ours)
     return sorted(set(left) - {INCOMPLETE_MARKER, *records})
+
+
+def _our_records(storage: Storage, root: Path, records: list[str]) -> tuple[list[str], set[str]]:
+    """Of `records`, those that are ours, and the names they list together (one not ours is named and left)."""
+    read = {record: _recorded_files(storage, root, record) for record in records}
+    ours = [record for record, names in read.items() if names is not None]
+    return ours, set().union(*(read[record] or set() for record in ours))
 
 
 def _remove_emptied(storage: Storage, root: Path, removed: Iterable[str]) -> None:
@@ -727,7 +742,8 @@ def _remove_taken_over(storage: Storage, root: Path, token: str, kept: set[str])
     dead = [record for record in _records_of(storage, root) if _save_of(record) != _save_of(record_name(token, 0))]
     if not dead:
         return []
-    names = set().union(*(_recorded_files(storage, root, record) for record in dead)) - kept
+    dead, names = _our_records(storage, root, dead)
+    names -= kept
     present = sorted(names & set(_walk(storage, root)))
     _delete_all(storage, root, present)
     _delete_all(storage, root, dead)
