@@ -23,6 +23,7 @@ import torch
 
 from tests.clock_skew import skewed_env, stated_age_s
 from tests.s3_server import S3Server, missing_s3_packages, start_s3_server
+from tests.test_gc_users_files_round33 import earlier_versions_killed_save
 from tests.test_long_names_and_removal import _manager
 from tests.test_s3_attacks import sync_manager
 from torch_checkpointing import CheckpointManager, asides, retention
@@ -308,8 +309,7 @@ def test_a_gc_pass_beside_another_that_holds_a_dead_saves_prefix_reports_no_fail
     exits 1): two passes at once (a job's retention beside `torch-checkpointing gc`) are no failure."""
     config = s3_server.config()
     storage = config.create_storage()
-    storage.write(Path("run/old/.incomplete"), b"")  # an earlier version's killed save
-    storage.write(Path("run/old/model/0.bin"), b"what it wrote")
+    written = earlier_versions_killed_save(storage, config, "run/old")  # an earlier version's killed save
     args = json.dumps({"url": config.url, "options": config.storage_options})
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     judge = retention._why_keep
@@ -334,4 +334,4 @@ def test_a_gc_pass_beside_another_that_holds_a_dead_saves_prefix_reports_no_fail
             other.kill()
             other.wait(timeout=TIMEOUT_S)
     assert others and not report.failed and not report.removed, report
-    assert storage.exists(Path("run/old/model/0.bin"))  # the other pass's to collect
+    assert all(storage.exists(Path("run/old") / name) for name in written)  # the other pass's to collect

@@ -710,6 +710,22 @@ def remove_recorded(storage: Storage, root: Path, manifest: Manifest | None) -> 
     return sorted(set(left) - {INCOMPLETE_MARKER, *records})
 
 
+def unlisted_files(storage: Storage, root: Path, claim: Claim | None) -> list[str]:
+    """The files under the dead save's prefix `root` that nothing tells apart as ours, where its marker's claim
+    (`claim`; None: an empty marker, an earlier version's) records none of what the save wrote: all but the
+    marker and, where a manifest of that save's is there, `manifest.json`, `metadata.json` and what it lists."""
+    ours = {INCOMPLETE_MARKER}
+    try:
+        manifest: Manifest | None = Manifest.from_json(read_bounded(storage, root / MANIFEST_FILE_NAME))
+    except FileNotFoundError:
+        manifest = None
+    except (CheckpointError, ValueError, KeyError, UnicodeDecodeError):
+        manifest = None  # not a manifest of ours: it is listed with the rest
+    if manifest is not None and (claim is None or claim.owns(manifest)):
+        ours |= {posixpath.normpath(rec.path) for rec in manifest.files} | {MANIFEST_FILE_NAME, METADATA_FILE_NAME}
+    return [rel for rel in _walk(storage, root) if not rel.endswith("/") and rel not in ours]
+
+
 def _our_records(storage: Storage, root: Path, records: list[str]) -> tuple[list[str], set[str]]:
     """Of `records`, those that are ours, and the names they list together (one not ours is named and left)."""
     read = {record: _recorded_files(storage, root, record) for record in records}

@@ -40,6 +40,7 @@ from torch_checkpointing.commit import (
     remove_saves_objects,
     stale_reason,
     unfinished_uploads,
+    unlisted_files,
     warn_left_in_place,
 )
 from torch_checkpointing.config import (
@@ -859,6 +860,43 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
     return _dead_reason(marker)
 
 
+def _not_told_apart(storage: Storage, path: Path) -> str | None:
+    """Why the dead save's prefix at `path` is left whole: its marker records none of the files the save wrote
+    (empty, or an earlier version's claim), and it holds files no manifest of ours lists, which may be a user's.
+    None where what is ours is told apart (records, tags: `_collect_saves_objects`; a gc pass's claim, whose
+    pass judged the prefix) or all of it is ours.
+
+    Before, gc removed such a prefix whole on an object store: a user's `notes.txt` beside an empty marker was
+    deleted; on a local disk it was kept, said at INFO as "may still be writing it", naming no file."""
+    try:
+        claim = Claim.parse(read_marker(storage, path / INCOMPLETE_MARKER))
+        if claim is not None and (claim.records or claim.is_gc() or _tagged(storage, claim)):
+            return None
+        others = unlisted_files(storage, path, claim)
+    except FileNotFoundError:
+        return None  # removed meanwhile: the collection says so
+    except (OSError, ObjectStoreError, CheckpointError) as exc:
+        if isinstance(exc, OSError):
+            raise_if_short_of_resources(exc, path, "the check that a dead save's files are told apart from a user's")
+        return f"what it holds could not be told apart from a user's files ({exc}); left as it is"
+    if not others:
+        return None
+    shown = ", ".join(others[:_SHOWN_FILES]) + (" ..." if len(others) > _SHOWN_FILES else "")
+    return (
+        f"its {INCOMPLETE_MARKER} records none of the files its save wrote, and it holds files no manifest of ours "
+        f"lists ({shown}): they may be yours, so nothing in it is removed. Move yours out and run gc again, or "
+        f"delete {_shown(path)} by hand if all of it is garbage"
+    )
+
+
+_SHOWN_FILES = 5
+
+
+def _tagged(storage: Storage, claim: Claim) -> bool:
+    """Whether the store records which save wrote each object and the claim's save tagged its uploads."""
+    return claim.tags and isinstance(storage, TaggedStorage)
+
+
 def _dead_reason(marker: bytes) -> str | None:
     if not our_marker(marker):
         return None  # another program's file: nothing of ours, never collected
@@ -936,8 +974,10 @@ def _why_keep(
             return _CLAIM_MAY_BE_LIVE
         return None
     if leftover.kind == "incomplete":
-        dead = None if storage.atomic_rename else _dead_claim(storage, Path(leftover.path))
-        if dead is None:
+        dead = _dead_claim(storage, Path(leftover.path))
+        if dead is not None and (mixed := _not_told_apart(storage, Path(leftover.path))):
+            return mixed
+        if dead is None or storage.atomic_rename:
             return _MAY_STILL_BE_WRITTEN
         logger.info("gc: %s is an unfinished save or delete whose claim is dead (%s)", _shown(leftover.path), dead)
         return None
