@@ -20,7 +20,8 @@ from torch_checkpointing.config import SyncCheckpointSaverConfig
 # The session's one moto server (`s3_server`), for every test that names it: registered here rather than imported
 # into each module, which gave every importing module a server of its own and shadowed the name (ruff F811).
 # `tests.process_state`: fails a test that leaves process-wide state (signals, rlimits, env, ...) changed behind it.
-pytest_plugins = ["tests.s3_server", "tests.process_state"]
+# `tests.dropped_managers`: fails a test that drops a CheckpointManager without close().
+pytest_plugins = ["tests.s3_server", "tests.process_state", "tests.dropped_managers"]
 
 ManagerFactory = Callable[..., CheckpointManager]
 
