@@ -35,7 +35,8 @@ def test_a_nested_tensor_the_template_lacks_loads_as_it_does_without_a_template(
     nested = torch.nested.nested_tensor([torch.arange(2.0), torch.arange(3.0)])
     _save(tmp_path / "s", {"w": torch.full((4,), 7.0), "extra": nested, "none": nested})
     template = {"model": {"w": torch.zeros(4), "none": None}}
-    loaded = CheckpointManager(CheckpointManager.Config()).load(str(tmp_path / "s"), into=template)
+    with CheckpointManager(CheckpointManager.Config()) as manager:
+        loaded = manager.load(str(tmp_path / "s"), into=template)
     assert torch.equal(template["model"]["w"], torch.full((4,), 7.0))
     for key in ("extra", "none"):
         got = loaded["model"][key]
@@ -48,8 +49,8 @@ def test_an_object_that_cannot_be_deep_copied_loads_where_the_template_holds_non
     every returned value whole made a trusted checkpoint's object that refuses deepcopy fail the load."""
     _save(tmp_path / "s", {"w": torch.full((4,), 7.0), "z": Uncopyable()})
     template = {"model": {"w": torch.zeros(4), "z": None}}
-    manager = CheckpointManager(CheckpointManager.Config(load=CheckpointLoaderConfig(weights_only=False)))
-    loaded = manager.load(str(tmp_path / "s"), into=template)
+    with CheckpointManager(CheckpointManager.Config(load=CheckpointLoaderConfig(weights_only=False))) as manager:
+        loaded = manager.load(str(tmp_path / "s"), into=template)
     assert torch.equal(template["model"]["w"], torch.full((4,), 7.0))
     assert isinstance(loaded["model"]["z"], Uncopyable)
 

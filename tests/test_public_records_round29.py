@@ -90,7 +90,7 @@ def test_a_value_whose_dict_keys_are_not_str_saves_and_loads(tmp_path: Path, key
     """A dict key the engine walks names a location: refusing every component but str and int (this round's first
     check) refused every save of such a value: "ConfigTypeError: CheckpointPath.nested_path must be a tuple of str
     keys and int indices ..., got tuple (True,)" (the value fidelity harness found it with tuple keys)."""
-    manager = CheckpointManager(CheckpointManager.Config.with_sync_save())
-    manager.save(str(tmp_path / "c"), {"m": {key: torch.ones(2)}})
-    got = manager.load(str(tmp_path / "c"), {"m": {key: torch.zeros(2)}})
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
+        manager.save(str(tmp_path / "c"), {"m": {key: torch.ones(2)}})
+        got = manager.load(str(tmp_path / "c"), {"m": {key: torch.zeros(2)}})
     assert got["m"][key].tolist() == [1.0, 1.0]

@@ -32,19 +32,19 @@ def test_a_source_of_many_small_tensors_is_read_about_twice_not_once_per_tensor_
 ) -> None:
     config = CheckpointManager.Config.with_sync_save()
     config.items = {"model": ItemSpec(resharder=AlwaysReshard())}
-    manager = CheckpointManager(config)
-    state = {f"t{i}": torch.full((25_000,), float(i)) for i in range(200)}  # 100 KB each
-    manager.save(str(tmp_path / "ck"), {"model": state})
-    size = os.path.getsize(tmp_path / "ck" / "model_0.pt")
-    read: list[int] = []
-    real = read_context._pread_buffer
+    with CheckpointManager(config) as manager:
+        state = {f"t{i}": torch.full((25_000,), float(i)) for i in range(200)}  # 100 KB each
+        manager.save(str(tmp_path / "ck"), {"model": state})
+        size = os.path.getsize(tmp_path / "ck" / "model_0.pt")
+        read: list[int] = []
+        real = read_context._pread_buffer
 
-    def spy(fd: int, offset: int, length: int, where: str = "File") -> bytearray:
-        read.append(length)
-        return real(fd, offset, length, where)
+        def spy(fd: int, offset: int, length: int, where: str = "File") -> bytearray:
+            read.append(length)
+            return real(fd, offset, length, where)
 
-    monkeypatch.setattr(read_context, "_pread_buffer", spy)
-    template = {key: torch.zeros(25_000) for key in state}
-    manager.load(str(tmp_path / "ck"), {"model": template})
+        monkeypatch.setattr(read_context, "_pread_buffer", spy)
+        template = {key: torch.zeros(25_000) for key in state}
+        manager.load(str(tmp_path / "ck"), {"model": template})
     assert all(torch.equal(template[key], state[key]) for key in state)
     assert sum(read) <= 2.5 * size, f"read {sum(read) / size:.2f} times the source's {size} bytes"
