@@ -115,7 +115,8 @@ def test_a_ctrl_c_while_the_writer_imports_torch_leaves_the_first_save_to_the_tr
             proc.wait()
     assert "save committed after Ctrl-C" in out, f"stdout:\n{out}\nstderr:\n{err[-3000:]}"
     into = {"model": {"w": torch.zeros(1000)}}
-    CheckpointManager(CheckpointManager.Config.with_sync_save()).load(str(target), into=into)
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
+        manager.load(str(target), into=into)
     assert torch.equal(into["model"]["w"], torch.arange(1000.0))
 
 
@@ -169,5 +170,6 @@ def test_a_preemption_sigterm_to_the_group_leaves_the_save_in_flight_to_the_trai
     assert "save committed after SIGTERM" in out, report
     assert "writer exit code after the trainer's terminate(): -15" in out, report
     into = {"model": {"w": torch.zeros(64 * 2**20)}}
-    CheckpointManager(CheckpointManager.Config.with_sync_save()).load(str(tmp_path / "big"), into=into)
+    with CheckpointManager(CheckpointManager.Config.with_sync_save()) as manager:
+        manager.load(str(tmp_path / "big"), into=into)
     assert torch.equal(into["model"]["w"], torch.arange(64 * 2**20, dtype=torch.float32))
