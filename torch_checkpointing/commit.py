@@ -915,6 +915,8 @@ def stale_reason(held: Claim | None, mine: Claim) -> str | None:
     age = time.time() - held.created
     if age > STALE_CLAIM_S:
         return f"it is {age / 3600:.1f} h old (> {STALE_CLAIM_S / 3600:.0f} h)"
+    if -age > STALE_CLAIM_S:  # it would never age past the limit in time: the id was refused to every save
+        return f"it was made {-age / 3600:.1f} h in the future (> {STALE_CLAIM_S / 3600:.0f} h: no clock is that far)"
     if not same_host(held.host, mine.host):
         return None
     if held.pid == os.getpid() and held.uid and job_ended_here(held.uid):

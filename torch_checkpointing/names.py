@@ -87,10 +87,16 @@ def creating_name(name: str) -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (a pid reused since is counted alive: the safe side)."""
+    """Whether a process with this pid exists on this host (a pid reused since is counted alive: the safe side).
+
+    A pid no process can have is no process: `os.kill` reads 0 and below as process groups (0: our own, always
+    there, so a claim holding it was "alive"), and one past a C pid_t raised a bare OverflowError from gc and
+    from every save of the id (a claim or hidden name holds what its writer, or a hand, put there)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
