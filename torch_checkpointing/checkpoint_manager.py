@@ -279,7 +279,7 @@ class CheckpointManager:
         self._dropped.detach()
         atexit.unregister(self._exit_hook)
         if self._retention is not None:
-            self._retention.close(self._bounded(deadline))
+            self._retention.close(self._bounded(deadline), said=self._timeout_said())
         self._saver.close()
         self._loader.close()
 
@@ -665,15 +665,20 @@ class CheckpointManager:
         left = deadline.left() if deadline is not None else None
         return self._ctx.timeout_s if left is None else left
 
+    def _timeout_said(self) -> str:
+        """close()'s timeout as its messages name it: the one set, never what was left of it."""
+        set_s = self.config.save.wait_timeout_secs
+        return f"{self._ctx.timeout_s if set_s is None else set_s}s (save.wait_timeout_secs)"
+
     def _wait_for_running_calls(self, deadline: Deadline) -> None:
         """Calls on this thread are not waited for: close() inside them would wait for itself."""
         me = threading.get_ident()
         timeout = self._bounded(deadline)  # save.wait_timeout_secs, or its default when None: always bounded
         if not self._call_ended.wait_for(self._calls, lambda: not (set(self._running.values()) - {me}), timeout):
             logger.error(
-                "close(): a save()/load() on another thread was still running after %ss (save.wait_timeout_secs); "
-                "closing anyway, so that call fails with the writer stopped under it.",
-                timeout,
+                "close(): a save()/load() on another thread was still running after %s; closing anyway, so that "
+                "call fails with the writer stopped under it.",
+                self._timeout_said(),
             )
 
     def _checkpoint_path(self, checkpoint_id: Any) -> str:

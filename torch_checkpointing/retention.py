@@ -1557,11 +1557,12 @@ class RetentionRunner:
         for f in pending:  # `timeout` in all, not each
             f.result(deadline.left())
 
-    def close(self, timeout: float | None = 600.0) -> None:
+    def close(self, timeout: float | None = 600.0, *, said: str | None = None) -> None:
         """Finish the passes already scheduled (a save that committed gets its pass), then stop the worker, all
         within `timeout`. A timeout no wait can honour is refused (it was logged as passes that "did not finish
         within nans"). Past it, the passes go on on the worker's (daemon) thread: joining it waited for as long
-        as a pass hung (a store that stopped answering)."""
+        as a pass hung (a store that stopped answering). `said`: the timeout as the WARNING names it, where
+        `timeout` is what a caller's deadline had left of it (the WARNING named the remainder, "1.9998s")."""
         wait_seconds("RetentionRunner.close's timeout", timeout)
         finished = True
         try:
@@ -1569,9 +1570,9 @@ class RetentionRunner:
         except TimeoutError:
             finished = False
             logger.warning(
-                "Retention passes did not finish within %ss of close(); they go on in the background, on a daemon "
+                "Retention passes did not finish within %s of close(); they go on in the background, on a daemon "
                 "thread that interpreter exit stops",
-                timeout,
+                said or f"{timeout}s",
             )
         with self._lock:
             pool, self._pool = self._pool, None
