@@ -90,8 +90,12 @@ def real_as_number(what: str, value: Any) -> Any:
     though every wait uses a number of seconds only as a float. A `Decimal` is no `numbers.Real` (it does not
     mix with floats) and stays refused, as the stdlib's waits refuse it."""
     value = integer_as_int(value)
-    if isinstance(value, (bool, int)) or not isinstance(value, numbers.Real):
+    if isinstance(value, (bool, int)):
         return value
+    if not isinstance(value, numbers.Real):
+        value = _float_scalar(value)
+        if not isinstance(value, float):
+            return value
     try:
         return float(value)
     except OverflowError:  # a Fraction (or another Real) past what a float holds
@@ -99,6 +103,22 @@ def real_as_number(what: str, value: Any) -> Any:
             f"{what} is {value!r:.80}, past what a float holds (about 1.8e308); pass a number of seconds that fits "
             f"a float (math.inf where the argument takes it for 'never')."
         ) from None
+
+
+def _float_scalar(value: Any) -> Any:
+    """A 0-d floating tensor or numpy array as its float, as `integer_as_int` takes a 0-d integer one (a
+    timeout computed with torch: `torch.tensor(2)` was taken, `torch.tensor(2.0)` refused); anything else as it
+    is. One that holds no value (a fake tensor) stays as it is, for the caller to refuse."""
+    dtype = getattr(value, "dtype", None)
+    floating = getattr(dtype, "is_floating_point", False) is True or getattr(dtype, "kind", None) == "f"
+    if not floating or getattr(value, "ndim", None) != 0 or not hasattr(value, "item"):
+        return value
+    try:
+        return float(value.item())  # item(): float() of a tensor that requires grad warns
+    except MemoryError:
+        raise
+    except Exception:
+        return value
 
 
 def literal_tilde(path: str) -> str:
