@@ -168,7 +168,7 @@ class RetentionPolicy:
                 raise ConfigTypeError(f"RetentionPolicy.{name} cannot be {value!r} ({type(value).__name__})")
         if self.root is not None:  # an empty root, or one no path can hold, failed every pass after every save
             require_path(self.root, "RetentionPolicy.root")
-            _refuse_a_hosts_file_url(self.root)
+            _refuse_url_naming_nothing(os.fspath(self.root))
         if not isinstance(self.collect_garbage, bool):
             raise ConfigTypeError(f"RetentionPolicy.collect_garbage must be a bool, got {self.collect_garbage!r}")
         if self.keep_best is not None and not self.metric:
@@ -183,15 +183,23 @@ class RetentionPolicy:
         return any(v is not None for v in (self.keep_last, self.keep_every_n_steps, self.keep_best))
 
 
-def _refuse_a_hosts_file_url(root: str | os.PathLike[str]) -> None:
-    """A `file://` root naming a host (`file://~/run`: two slashes) is the ConfigError `local_path_of` gives,
-    here where the policy is built: taken, every retention pass after a save failed (a WARNING) and nothing was
-    deleted."""
-    if url_scheme(root) in LOCAL_SCHEMES:
-        try:
-            local_path_of(os.fspath(root))
-        except ConfigError as exc:
-            raise ConfigError(f"RetentionPolicy.root: {exc}") from None
+def _refuse_url_naming_nothing(root: str) -> None:
+    """A root spelt as a URL that names no directory: a `file://` one naming a host (`file://~/run`) failed every
+    pass with the readers' ConfigError, an empty `file://` (`f"file://{ROOT}"`, ROOT unset) pruned each saved
+    id's parent instead, and one with nothing after its scheme (`s3://`) names no bucket."""
+    scheme = url_scheme(root)
+    if scheme is None:
+        return
+    try:
+        named = local_path_of(root) if scheme in LOCAL_SCHEMES else root.split("://", 1)[-1].strip("/")
+    except ConfigError as exc:
+        raise ConfigError(f"RetentionPolicy.root: {exc}") from None
+    if not named:
+        example = f"{scheme}:///abs/runs" if scheme in LOCAL_SCHEMES else f"{scheme}://bucket/runs"
+        raise ConfigError(
+            f"RetentionPolicy.root {root!r} names no directory (an unset variable?); name one, e.g. "
+            f"{example!r}, or leave root unset for each saved id's parent."
+        )
 
 
 def check_age(value: float, name: str) -> float:
