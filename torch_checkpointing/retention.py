@@ -20,6 +20,7 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future
@@ -188,18 +189,28 @@ def _refuse_url_naming_nothing(root: str) -> None:
     pass with the readers' ConfigError, an empty `file://` (`f"file://{ROOT}"`, ROOT unset) pruned each saved
     id's parent instead, and one with nothing after its scheme (`s3://`) names no bucket."""
     scheme = url_scheme(root)
-    if scheme is None:
-        return
-    try:
-        named = local_path_of(root) if scheme in LOCAL_SCHEMES else root.split("://", 1)[-1].strip("/")
-    except ConfigError as exc:
-        raise ConfigError(f"RetentionPolicy.root: {exc}") from None
-    if not named:
+    if scheme in LOCAL_SCHEMES:
+        try:
+            local_path_of(root)
+        except ConfigError as exc:
+            raise ConfigError(f"RetentionPolicy.root: {exc}") from None
+    if scheme is not None and _url_names_nothing(root):
         example = f"{scheme}:///abs/runs" if scheme in LOCAL_SCHEMES else f"{scheme}://bucket/runs"
         raise ConfigError(
             f"RetentionPolicy.root {root!r} names no directory (an unset variable?); name one, e.g. "
             f"{example!r}, or leave root unset for each saved id's parent."
         )
+
+
+def _url_names_nothing(text: str) -> bool:
+    """Whether `text` is a URL with nothing after its scheme and host: `file://` or `file://localhost` (the empty
+    path), `s3://` (no bucket). What `f"file://{ROOT}"` is with ROOT unset: an empty path, spelt as a URL."""
+    scheme = url_scheme(text)
+    if scheme is None or "://" not in text:
+        return False
+    if scheme in LOCAL_SCHEMES:
+        return not urllib.parse.urlsplit(text).path
+    return not text.split("://", 1)[1].strip("/")
 
 
 def check_age(value: float, name: str) -> float:
@@ -244,8 +255,10 @@ def _checked_protect(protect: Collection[str | os.PathLike[str]]) -> tuple[str |
     ids = tuple(protect)
     for entry in ids:
         require_path_type(entry, "protected id (protect=)")
-        if not os.fspath(entry):
-            raise ConfigError("an empty protected id (protect=) names no checkpoint (an unset variable?)")
+        if not os.fspath(entry) or _url_names_nothing(os.fspath(entry)):
+            raise ConfigError(
+                f"an empty protected id (protect=), {os.fspath(entry)!r}, names no checkpoint (an unset variable?)"
+            )
     return ids
 
 
