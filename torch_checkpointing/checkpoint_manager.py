@@ -91,9 +91,11 @@ from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 from torch_checkpointing.store_channel import StoreAddress
 from torch_checkpointing.traversal import dotted_key, is_dtensor, iter_leaves
 from torch_checkpointing.types import RankInfo
-from torch_checkpointing.waiting import Deadline, Wakeups
+from torch_checkpointing.waiting import Deadline, Flag, Wakeups
 
 __all__ = ["CheckpointManager"]
+
+_CLOSE_GRACE_S = 10.0  # what a close() waiting for another thread's allows past that one's own bounded waits
 
 logger = logging.getLogger("torch_checkpointing.manager")
 
@@ -200,6 +202,8 @@ class CheckpointManager:
 
     def __init__(self, config: Config | None = None) -> None:
         self._closed = True  # until construction succeeds, so close() does nothing
+        self._closer: int | None = None  # the thread whose close() is under way: a second close() waits for it
+        self._close_ended = Flag()
         self._pid = os.getpid()  # a child made by os.fork() has a copy of this manager, not its writer
         # Which threads are inside save()/load()/prewarm_staging() now: close() from another thread waits for them.
         # Each call registered by its token -> thread ident, one store in, one pop out (`_enter_call`); `_calls`
@@ -576,32 +580,65 @@ class CheckpointManager:
         save was not committed (or, where the killed writer had put the checkpoint in place and the save's Future
         succeeded, logs a WARNING saying it is committed, and returns). A failed last save is raised here unless
         its Future already reported it. Interrupted while it waits for other threads' calls, it leaves the manager
-        open (call close() again). In a child made by os.fork() this only marks the copy closed: the writer
-        process is the parent's.
+        open (call close() again). Called while another thread's close() is under way, it waits for that one.
+        In a child made by os.fork() this only marks the copy closed: the writer process is the parent's.
         """
         if os.getpid() != self._pid:  # before taking `_calls`: a parent's thread may have held it at the fork
             self._closed = True
             atexit.unregister(self._exit_hook)
             return
         closing = False
+        closer = None
         deadline = Deadline(self.config.save.wait_timeout_secs)  # one for every wait of close(), not one each
         try:
             with self._calls:
                 if self._closed:
-                    return
-                self._closed = closing = True  # refuses new calls from here on; one line: no interrupt between
+                    closer = self._closer
+                else:
+                    self._closed = closing = True  # refuses new calls from here on; one line: no interrupt between
+                    self._closer = threading.get_ident()
+                    self._close_ended.clear()
+            if not closing:
+                self._await_close_by(closer, deadline)
+                return
             self._wait_for_running_calls(deadline)
         except BaseException:  # Ctrl-C while waiting: nothing is closed yet, so the manager stays usable
             if closing:
                 self._closed = False
+                self._end_close()
             raise
         atexit.unregister(self._exit_hook)
         try:
             self._saver.wait(deadline.left())
         finally:
-            self._owner.release()
-            self._detach_storage(deadline)
-            self._ctx.close()
+            try:
+                self._owner.release()
+                self._detach_storage(deadline)
+                self._ctx.close()
+            finally:
+                self._end_close()
+
+    def _end_close(self) -> None:
+        self._closer = None
+        self._close_ended.set()
+
+    def _await_close_by(self, closer: int | None, deadline: Deadline) -> None:
+        """A close() while another thread's close() is under way waits for it: it returned at once, with the last
+        write still going, and a script whose first close() ran on a daemon thread ended there, losing that
+        checkpoint in silence. Not inside the close() under way (a signal handler's), nor in a save Future's
+        done-callback (the close() under way waits for the writes queued behind it): either would wait for
+        itself."""
+        if closer is None or closer == threading.get_ident() or self._saver.on_callback_thread():
+            return
+        left = deadline.left()
+        shutdown_s = getattr(getattr(self.config.save, "process_config", None), "subprocess_shutdown_timeout_secs", 0)
+        if self._close_ended.wait(None if left is None else left + shutdown_s + _CLOSE_GRACE_S):
+            return
+        logger.warning(
+            "close(): another thread's close() of this manager was still running after %s and the writer's "
+            "shutdown timeout; returning without it, so its last save may not be committed yet.",
+            self._timeout_said(),
+        )
 
     def __enter__(self) -> CheckpointManager:
         """The manager itself; a closed one is refused, as every other call is: its block ran, then closed nothing

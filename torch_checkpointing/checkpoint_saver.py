@@ -104,6 +104,11 @@ class CheckpointSaver(ABC):
         """The id of a save still being written, if any (sync saves are done on return)."""
         return None
 
+    def on_callback_thread(self) -> bool:
+        """Whether the caller is the thread that runs the save Futures' done-callbacks (sync saves have none):
+        a wait there for anything behind the callback waits for itself."""
+        return False
+
     @property
     def stager(self) -> CheckpointStager | None:
         return None
@@ -180,6 +185,9 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     def lock(self) -> AbstractContextManager[Any]:
         return self._staging_lock.hold(RWLockMode.READ, self._lock_timeout)
+
+    def on_callback_thread(self) -> bool:
+        return self._comm.is_current()
 
     def wait(self, timeout: float | None) -> None:
         """Wait (bounded) for the last write; past `timeout` the writer is killed and this raises saying so.
@@ -708,6 +716,10 @@ class _DaemonWorker:
     def _start(self) -> None:
         self._thread = threading.Thread(target=self._run, args=(self._jobs,), name=self._name, daemon=True)
         start_thread(self._thread)
+
+    def is_current(self) -> bool:
+        """Whether the caller is this worker's thread."""
+        return threading.current_thread() is self._thread
 
     def run_queued_here(self) -> None:
         """On this worker's own thread (a save Future's done-callback, which runs here): run the jobs queued
