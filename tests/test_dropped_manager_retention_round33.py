@@ -45,6 +45,7 @@ class _GatedStorage(LocalFileSystemStorage):
         super().rename(src_path, dst_path, *args, **kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.drops_manager  # it tests what a dropped manager's finalizer does
 def test_a_dropped_manager_closes_retention_after_the_last_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
