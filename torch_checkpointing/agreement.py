@@ -397,16 +397,23 @@ class GroupTransport:
 
 
 def _say_lost_under(step: str, broken: str, exc: BaseException) -> None:
-    """The exchange broke (a peer died, hung or was cut off) as this rank was interrupted: the interrupt is what
-    the user asked for, and is raised; the lost peer, which it would hide, is said here. Before, a Ctrl-C as a
-    peer died came out as a bare KeyboardInterrupt, and that death was said nowhere on this rank."""
+    """The exchange broke (a peer died, hung or was cut off) and then `exc` was raised: an interrupt, which the
+    user asked for, or the roll call's own failure. Either is raised; the lost peer, which it would hide, is said
+    here. Before, a Ctrl-C as a peer died came out as a bare KeyboardInterrupt, that death said nowhere on this
+    rank; and a failed roll call was logged as an interrupt."""
+    what = (
+        "as it was interrupted; raising the interrupt"
+        if not isinstance(exc, Exception)
+        else "and deciding which rank was lost failed; raising that failure"
+    )
     log_safely(
         logger,
         logging.WARNING,
-        "%s: this rank lost contact with the other ranks (%s: a rank died, hung, or was cut off) as it was "
-        "interrupted; raising the interrupt (%s). This step was not agreed with the other ranks.",
+        "%s: this rank lost contact with the other ranks (%s: a rank died, hung, or was cut off) %s (%s). This "
+        "step was not agreed with the other ranks.",
         step,
         broken,
+        what,
         describe(exc),
     )
 
