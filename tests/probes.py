@@ -15,6 +15,7 @@
   `armed_sigint()`, in the child, makes each signal an interrupt only where the test wants one.
 * `interrupted_at()`: a KeyboardInterrupt raised at one chosen point (a line, a call's entry or a return) of the
   Python frames of chosen files, on the calling thread: every point a signal handler could raise at, in turn.
+* `published_store()`: the TCPStore of ranks spawned by a test, on a port rank 0's kernel picks.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -366,3 +368,21 @@ def children_import_from(repo: Path) -> Iterator[None]:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = before
+
+
+def published_store(rank: int, world: int, out_dir: str, timeout: timedelta) -> Any:
+    """A TCPStore for a spawned `rank` of `world`: rank 0 hosts it on a port the kernel picks and publishes the
+    port in `out_dir`, the others wait for it there (at most `timeout`). A port picked free in the parent could
+    be taken by another process before rank 0, seconds later, binds it."""
+    import torch.distributed as dist
+
+    published = Path(out_dir, "port")
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timeout)
+        Path(out_dir, "port.tmp").write_text(str(store.port))
+        os.replace(Path(out_dir, "port.tmp"), published)
+        return store
+    deadline = time.monotonic() + timeout.total_seconds()
+    while not published.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return dist.TCPStore("127.0.0.1", int(published.read_text()), world, is_master=False, timeout=timeout)

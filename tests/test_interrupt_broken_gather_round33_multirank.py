@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.probes import children_import_from
+from tests.probes import children_import_from, published_store
 
 pytestmark = pytest.mark.multirank
 
@@ -36,19 +36,6 @@ TIMEOUT_S = 6  # save.wait_timeout_secs: the gloo group's timeout too
 HANG_S = 120  # only to stop a hang
 REPO = Path(__file__).resolve().parent.parent
 _STORE_WAIT = timedelta(seconds=60)
-
-
-def _store(rank: int, out_dir: str) -> dist.TCPStore:
-    published = Path(out_dir, "port")
-    if rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False, timeout=_STORE_WAIT)
-        Path(out_dir, "port.tmp").write_text(str(store.port))
-        os.replace(Path(out_dir, "port.tmp"), published)
-        return store
-    deadline = time.monotonic() + _STORE_WAIT.total_seconds()
-    while not published.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return dist.TCPStore("127.0.0.1", int(published.read_text()), WORLD, is_master=False, timeout=_STORE_WAIT)
 
 
 def _arm(point: str) -> None:
@@ -73,7 +60,7 @@ def _rank(rank: int, root: str, out_dir: str, point: str) -> None:
     from tests.async_multirank_support import WarningLines, local_sync_manager, said
     from torch_checkpointing import checkpoint_manager as cm
 
-    store = _store(rank, out_dir)
+    store = published_store(rank, WORLD, out_dir, _STORE_WAIT)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=_STORE_WAIT)
     manager = local_sync_manager(TIMEOUT_S)
     state = {"model": {"w": torch.full((8,), float(rank))}}

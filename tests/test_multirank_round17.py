@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.probes import children_import_from
+from tests.probes import children_import_from, published_store
 
 pytestmark = pytest.mark.multirank
 WORLD = 3
@@ -37,21 +37,6 @@ TIMEOUT_S = 6  # save.wait_timeout_secs: the gloo group's timeout too
 BOUND_S = 2 * TIMEOUT_S + 15  # the roll call waits at most the collective's timeout and a grace past it
 REPO = Path(__file__).resolve().parent.parent
 _STORE_WAIT = timedelta(seconds=120)
-
-
-def _store(rank: int, out_dir: str) -> dist.TCPStore:
-    """Rank 0 hosts the store on a port the kernel picks and publishes it in `out_dir` (a port picked in the
-    parent could be taken by another process before rank 0, seconds later, binds it)."""
-    published = Path(out_dir, "port")
-    if rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False, timeout=_STORE_WAIT)
-        Path(out_dir, "port.tmp").write_text(str(store.port))
-        os.replace(Path(out_dir, "port.tmp"), published)
-        return store
-    deadline = time.monotonic() + _STORE_WAIT.total_seconds()
-    while not published.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return dist.TCPStore("127.0.0.1", int(published.read_text()), WORLD, is_master=False, timeout=_STORE_WAIT)
 
 
 def _rank(rank: int, root: str, out_dir: str, scenario: str) -> None:
@@ -62,7 +47,7 @@ def _rank(rank: int, root: str, out_dir: str, scenario: str) -> None:
     from torch_checkpointing import checkpoint_manager as cm
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
-    store = _store(rank, out_dir)
+    store = published_store(rank, WORLD, out_dir, _STORE_WAIT)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=_STORE_WAIT)
 
     def manager() -> CheckpointManager:
