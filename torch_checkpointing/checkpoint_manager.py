@@ -57,6 +57,7 @@ from torch_checkpointing.config import (
     check_instance,
     integer_as_int,
     literal_tilde,
+    recheck,
     refuse_unencodable,
 )
 from torch_checkpointing.discovery import OwnerLock, expands_home, self_describing_layouts
@@ -215,6 +216,8 @@ class CheckpointManager:
         if not isinstance(config, CheckpointManager.Config):
             raise ConfigTypeError(_not_a_config(config))
         self._validate(config)
+        for name in _FIXED_CONFIGS:  # edits since each was built (the items are checked at every call)
+            recheck(getattr(config, name))
         _warn_refused_layouts(config, current_rank_info().global_world_size)
         self.config = config
         self._fixed = _fixed_fields(config)  # what a later change is refused against (`_recheck_config`)
@@ -1004,6 +1007,9 @@ def _check_optional(name: str, value: Any, cls: type, what: str) -> None:
 def _wants_metadata(config: CheckpointManager.Config) -> bool:
     return any(s.resharder is not None for s in [*config.items.values(), config.default] if s)
 
+
+# The configuration dataclasses a manager builds its saver, loader, storage and retention from, at construction.
+_FIXED_CONFIGS = ("save", "load", "storage_config", "retention")
 
 # Read at each call (and checked then by `_validate`); every other Config field is fixed at construction.
 _LIVE_FIELDS = frozenset({"items", "default", "pre_finalize_callback", "finalize_callback"})

@@ -7,6 +7,7 @@ are also importable from `staging`, `checkpoint_writer` and `checkpoint_process`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import operator
@@ -243,6 +244,22 @@ def check_instance(owner: str, name: str, value: object, cls: type, fix: str) ->
     """A nested configuration object: None here would fail much later, inside the saver or the writer process."""
     if not isinstance(value, cls):
         raise ConfigTypeError(f"{owner}.{name} must be a {cls.__name__}, got {value!r}. {fix}")
+
+
+def recheck(config: object) -> None:
+    """Run the checks of a configuration dataclass and of every one it holds again, as at construction.
+
+    Users edit a config after building it (`config.save.process_config.x = ...`), which `__post_init__` never
+    sees: `subprocess_shutdown_timeout_secs = math.inf` set so was taken by the manager, and its close() raised a
+    bare OverflowError from the lock's wait. Whoever builds from a config calls this first, so an edited field is
+    refused with the same error, naming it, as at construction."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        return
+    for f in dataclasses.fields(config):
+        recheck(getattr(config, f.name, None))
+    post_init = getattr(config, "__post_init__", None)
+    if post_init is not None:
+        post_init()
 
 
 def _cuda_available() -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch_checkpointing.config import check_bool
+from torch_checkpointing.config import check_bool, recheck
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER, MANIFEST_FILE_NAME
 from torch_checkpointing.storage.base_storage import ReadArgs, Storage, StorageConfig
@@ -40,6 +40,7 @@ class LocalFileSystemStorageConfig(StorageConfig):
         check_bool("LocalFileSystemStorageConfig", "use_direct_io", self.use_direct_io)
 
     def create_storage(self) -> LocalFileSystemStorage:
+        recheck(self)  # a field set since construction
         return LocalFileSystemStorage(config=self)
 
 

@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
-from torch_checkpointing.config import check_number
+from torch_checkpointing.config import check_number, recheck
 from torch_checkpointing.errors import (
     CheckpointError,
     ConfigError,
@@ -272,6 +272,7 @@ class FsspecStorageConfig(StorageConfig):
         return not self.protocol or scheme == self.protocol
 
     def create_storage(self) -> FsspecStorage:
+        recheck(self)  # a field set since construction
         return FsspecStorage(self)
 
 

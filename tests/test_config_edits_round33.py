@@ -1,0 +1,56 @@
+"""A config edited after it was built: checked where the manager is built, and never half-applied to a running one."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.errors import ConfigError, ConfigTypeError
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("edit", "error", "field"),
+    [
+        (
+            lambda c: setattr(c.save.process_config, "subprocess_shutdown_timeout_secs", math.inf),
+            ConfigError,
+            "subprocess_shutdown_timeout_secs",
+        ),
+        (
+            lambda c: setattr(c.save.process_config, "subprocess_init_timeout_secs", 0),
+            ConfigError,
+            "subprocess_init_timeout_secs",
+        ),
+        (lambda c: setattr(c.save.writer_config, "file_write_max_threads", 0), ConfigError, "file_write_max_threads"),
+        (lambda c: setattr(c.save.staging_config, "use_shared_memory", "no"), ConfigTypeError, "use_shared_memory"),
+        (lambda c: setattr(c.load, "use_mmap", "no"), ConfigTypeError, "use_mmap"),
+    ],
+)
+def test_a_field_set_after_the_config_was_built_is_checked_when_the_manager_is(edit, error, field) -> None:  # type: ignore[no-untyped-def]
+    config = CheckpointManager.Config.with_async_save()
+    edit(config)
+    with pytest.raises(error, match=field):
+        CheckpointManager(config).close()  # close(): a manager built anyway (the defect) keeps no writer behind
+
+
+def test_a_storage_config_field_set_after_it_was_built_is_checked_when_the_manager_is() -> None:
+    storage = LocalFileSystemStorageConfig()
+    storage.use_direct_io = "yes"  # type: ignore[assignment]
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = storage
+    with pytest.raises(ConfigTypeError, match="use_direct_io"):
+        CheckpointManager(config).close()
+    with pytest.raises(ConfigTypeError, match="use_direct_io"):
+        storage.create_storage()
