@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 import os
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
@@ -18,6 +21,15 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _ends(pid: int) -> bool:
+    """Whether process `pid` ends: a stopped writer is reaped in the background, after close() returns. The
+    bound only stops a hang (it exits within a second)."""
+    deadline = time.monotonic() + 60
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
 
 
 @pytest.mark.parametrize(
@@ -54,3 +66,15 @@ def test_a_storage_config_field_set_after_it_was_built_is_checked_when_the_manag
         CheckpointManager(config).close()
     with pytest.raises(ConfigTypeError, match="use_direct_io"):
         storage.create_storage()
+
+
+def test_a_timeout_edited_on_a_running_manager_does_not_break_its_close(tmp_path: Path) -> None:
+    manager = CheckpointManager.Config.with_async_save().build()
+    manager.save(str(tmp_path / "step_1"), {"w": torch.ones(2)}).result(timeout=120)
+    pid = manager.writer_pid
+    assert pid is not None and _alive(pid)
+    manager.config.save.process_config.subprocess_shutdown_timeout_secs = math.inf
+    manager.config.save.wait_timeout_secs = math.nan
+    manager.close()  # with the values it was built with
+    assert _ends(pid)
+    manager.close()  # a second close() of a closed manager does nothing

@@ -59,6 +59,7 @@ from torch_checkpointing.config import (
     literal_tilde,
     recheck,
     refuse_unencodable,
+    snapshot,
 )
 from torch_checkpointing.discovery import OwnerLock, expands_home, self_describing_layouts
 from torch_checkpointing.errors import (
@@ -157,7 +158,13 @@ class CheckpointManager:
     * Every other field (`save` and everything in it, `load`, `storage_config`, `subprocess_init_fn`/`_args`,
       `retention`) built the saver, the writer process, the loader and the timeouts at construction; a change
       (a field set, or the object replaced) is refused by the next call with a ConfigError naming the field.
-      Build a new CheckpointManager for a new setting.
+      Build a new CheckpointManager for a new setting. The saver, the writer process, the loader and `close()`
+      read copies of `save` and `load` taken at construction, so such a change never reaches them, not even
+      half-way (a timeout edited before `close()` is not the one it waits by).
+
+    A config edited between its construction and the manager's is checked again when the manager is built (and a
+    storage config when `create_storage()` builds from it): a bad value is the ConfigError/ConfigTypeError naming
+    the field that its construction would have raised.
 
     What is compared is a snapshot of the values of those fields, taken at construction: the configuration
     dataclasses are walked field by field and plain values (numbers, strings, flags, tuples, dicts) copied;
@@ -221,9 +228,12 @@ class CheckpointManager:
         _warn_refused_layouts(config, current_rank_info().global_world_size)
         self.config = config
         self._fixed = _fixed_fields(config)  # what a later change is refused against (`_recheck_config`)
+        # What the saver, writer, loader and close() read: copies, which no edit of `config` reaches.
+        self._save_config = snapshot(config.save)
+        self._load_config = snapshot(config.load)
         storage_config = config.storage_config or LocalFileSystemStorageConfig()
         storage = storage_config.create_storage()
-        timeout = config.save.wait_timeout_secs
+        timeout = self._save_config.wait_timeout_secs
         self._ctx = RankContext(float(timeout if timeout is not None else DEFAULT_WAIT_TIMEOUT_SECS))
         self._seq = 0
         # One save() at a time from this process's threads: a save's plan (temporary name, first-save metadata)
@@ -249,22 +259,22 @@ class CheckpointManager:
 
     def _attach_storage(self, storage_config: StorageConfig, storage: Storage) -> None:
         """Build what holds the storage: the saver (an async one starts its writer process), loader, retention."""
-        config = self.config
+        config, save = self.config, self._save_config
         self._storage = storage
         self._saver: CheckpointSaver
-        if isinstance(config.save, SyncCheckpointSaverConfig):
-            self._saver = SyncCheckpointSaver(storage, config.save.writer_config)
-        elif isinstance(config.save, AsyncCheckpointSaverConfig):
+        if isinstance(save, SyncCheckpointSaverConfig):
+            self._saver = SyncCheckpointSaver(storage, save.writer_config)
+        elif isinstance(save, AsyncCheckpointSaverConfig):
             self._saver = AsyncCheckpointSaver(
-                config.save, storage_config, config.subprocess_init_fn, config.subprocess_init_args, storage=storage
+                save, storage_config, config.subprocess_init_fn, config.subprocess_init_args, storage=storage
             )
         else:  # not reached: `_validate` refuses any other type
-            raise ConfigTypeError(_unsupported_saver(config.save))
-        self._loader = CheckpointLoader(storage, config.load, self._ctx.rank_info)
+            raise ConfigTypeError(_unsupported_saver(save))
+        self._loader = CheckpointLoader(storage, self._load_config, self._ctx.rank_info)
         self._retention = RetentionRunner(config.retention, self._ctx.rank, storage) if config.retention else None
         # A save still in flight at interpreter exit gets its bounded wait (and the writer its stop) even when
         # the script never calls close() or drops the manager; registered per manager, unregistered by close().
-        self._exit_hook = functools.partial(_close_at_exit, self._saver, config.save.wait_timeout_secs, self._pid)
+        self._exit_hook = functools.partial(_close_at_exit, self._saver, save.wait_timeout_secs, self._pid)
         atexit.register(self._exit_hook)
         # A manager dropped without close() gives its writer, threads, slab and descriptors back once collected,
         # not only at interpreter exit (a loop building a manager per call kept a writer process per call).
@@ -272,7 +282,7 @@ class CheckpointManager:
             self._pid,
             self._exit_hook,
             self._saver,
-            config.save.wait_timeout_secs,
+            save.wait_timeout_secs,
             self._loader,
             self._retention,
             self._owner,
@@ -466,7 +476,7 @@ class CheckpointManager:
         strict: bool,
         checked: list[CheckedLoad],
     ) -> Mapping[str, Any]:
-        if not self.config.load.collective:  # this rank alone (CheckpointLoaderConfig.collective)
+        if not self._load_config.collective:  # this rank alone (CheckpointLoaderConfig.collective)
             with self._check_load(checkpoint_id, into, map_location=map_location, strict=strict) as alone:
                 checked.append(alone)
                 return alone.restore()
@@ -592,7 +602,7 @@ class CheckpointManager:
             return
         closing = False
         closer = None
-        deadline = Deadline(self.config.save.wait_timeout_secs)  # one for every wait of close(), not one each
+        deadline = Deadline(self._save_config.wait_timeout_secs)  # one for every wait of close(), not one each
         try:
             with self._calls:
                 if self._closed:
@@ -634,7 +644,7 @@ class CheckpointManager:
         if closer is None or closer == threading.get_ident() or self._saver.on_callback_thread():
             return
         left = deadline.left()
-        shutdown_s = getattr(getattr(self.config.save, "process_config", None), "subprocess_shutdown_timeout_secs", 0)
+        shutdown_s = getattr(getattr(self._save_config, "process_config", None), "subprocess_shutdown_timeout_secs", 0)
         if self._close_ended.wait(None if left is None else left + shutdown_s + _CLOSE_GRACE_S):
             return
         logger.warning(
@@ -707,7 +717,7 @@ class CheckpointManager:
 
     def _timeout_said(self) -> str:
         """close()'s timeout as its messages name it: the one set, never what was left of it."""
-        set_s = self.config.save.wait_timeout_secs
+        set_s = self._save_config.wait_timeout_secs
         return f"{self._ctx.timeout_s if set_s is None else set_s}s (save.wait_timeout_secs)"
 
     def _wait_for_running_calls(self, deadline: Deadline) -> None:
@@ -833,7 +843,7 @@ class CheckpointManager:
             if self._storage.local_path(Path(checkpoint_id)) is not None:
                 _check_paths_fit(checkpoint_id, temporary_name(checkpoint_id, ctx.uid, seq), resolved)
             self._saver.refuse_unencodable(resolved)  # an async save encodes in its writer: refused here instead
-            if self.config.load.weights_only:  # this manager's own load would refuse what torch's loader refuses
+            if self._load_config.weights_only:  # this manager's own load would refuse what torch's loader refuses
                 self._safe_load.warn_refused(resolved)
             metadata = self._metadata.extract_object_metadata(resolved) if self._metadata else None
             keys = sorted(i.key for i in resolved)
@@ -866,7 +876,7 @@ class CheckpointManager:
             nonlocal made
             if ctx.rank != 0:
                 return None
-            check_target(self._storage, checkpoint_id, self.config.save.overwrite)
+            check_target(self._storage, checkpoint_id, self._save_config.overwrite)
             # Made by rank 0 before any other rank gets past this step, so rank 0 knows every parent the save
             # created; a failure anywhere from here removes them again (`remove_made`).
             try:
@@ -922,7 +932,7 @@ class CheckpointManager:
             finalize_callback=self.config.finalize_callback,
             step=request.step,
             metrics=request.metrics,
-            overwrite=self.config.save.overwrite,
+            overwrite=self._save_config.overwrite,
             started=request.started,
             made=made,
             # An object store's checkpoint is named by its URL (a local one as the id: made absolute for the writer).

@@ -7,6 +7,7 @@ are also importable from `staging`, `checkpoint_writer` and `checkpoint_process`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import numbers
@@ -260,6 +261,23 @@ def recheck(config: object) -> None:
     post_init = getattr(config, "__post_init__", None)
     if post_init is not None:
         post_init()
+
+
+_D = TypeVar("_D")
+
+
+def snapshot(config: _D) -> _D:
+    """A copy of a configuration dataclass and of every one it holds; any other value (a callback, a client) is
+    shared. What a manager builds its saver, writer process and loader from, so that an edit of the caller's
+    config never reaches a running manager half-way (its close() read a timeout set since, and raised)."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        return config
+    made = copy.copy(config)
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name, None)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            object.__setattr__(made, f.name, snapshot(value))  # frozen ones too
+    return made
 
 
 def _cuda_available() -> bool:
