@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -78,3 +79,22 @@ def test_a_timeout_edited_on_a_running_manager_does_not_break_its_close(tmp_path
     manager.close()  # with the values it was built with
     assert _ends(pid)
     manager.close()  # a second close() of a closed manager does nothing
+
+
+def test_a_users_own_post_init_is_not_run_again_when_the_manager_is_built(tmp_path: Path) -> None:
+    """Only the engine's own checks run again: a user's StorageConfig subclass whose __post_init__ counts (or
+    appends, or opens a client) ran it a second time at every manager built from the config."""
+    runs: list[int] = []
+
+    @dataclasses.dataclass
+    class CountingConfig(LocalFileSystemStorageConfig):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            runs.append(1)
+
+    config = CheckpointManager.Config.with_sync_save()
+    config.storage_config = CountingConfig(use_direct_io=False)
+    assert runs == [1]
+    with CheckpointManager(config) as manager:
+        manager.save(str(tmp_path / "step_1"), {"m": {"x": torch.ones(2)}})
+    assert runs == [1]

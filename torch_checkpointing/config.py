@@ -253,14 +253,16 @@ def recheck(config: object) -> None:
     Users edit a config after building it (`config.save.process_config.x = ...`), which `__post_init__` never
     sees: `subprocess_shutdown_timeout_secs = math.inf` set so was taken by the manager, and its close() raised a
     bare OverflowError from the lock's wait. Whoever builds from a config calls this first, so an edited field is
-    refused with the same error, naming it, as at construction."""
+    refused with the same error, naming it, as at construction. Only the engine's own checks run again (the
+    nearest `__post_init__` of ours in the class's MRO): a user's subclass's may not be safe to run twice."""
     if not dataclasses.is_dataclass(config) or isinstance(config, type):
         return
     for f in dataclasses.fields(config):
         recheck(getattr(config, f.name, None))
-    post_init = getattr(config, "__post_init__", None)
-    if post_init is not None:
-        post_init()
+    for cls in type(config).__mro__:
+        if "__post_init__" in vars(cls) and cls.__module__.split(".")[0] == "torch_checkpointing":
+            vars(cls)["__post_init__"](config)
+            return
 
 
 _D = TypeVar("_D")
