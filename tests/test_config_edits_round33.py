@@ -13,6 +13,7 @@ import torch
 
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
+from torch_checkpointing.retention import RetentionPolicy, RetentionRunner
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 
@@ -98,3 +99,25 @@ def test_a_users_own_post_init_is_not_run_again_when_the_manager_is_built(tmp_pa
     with CheckpointManager(config) as manager:
         manager.save(str(tmp_path / "step_1"), {"m": {"x": torch.ones(2)}})
     assert runs == [1]
+
+
+def test_an_interrupt_while_close_waits_for_retention_still_stops_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() waits for the retention passes, then stops the writer. A Ctrl-C in the first wait skipped the
+    second: the writer process stayed up, and the manager, marked closed, returned at a second close()."""
+    config = CheckpointManager.Config.with_async_save()
+    config.retention = RetentionPolicy(keep_last=1)
+    manager = config.build()
+    manager.save(str(tmp_path / "run" / "step_1"), {"w": torch.ones(2)}).result(timeout=120)
+    pid = manager.writer_pid
+    assert pid is not None and _alive(pid)
+
+    def interrupted(self: RetentionRunner, *args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RetentionRunner, "close", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        manager.close()
+    assert _ends(pid)
+    manager.close()  # closed by then: returns

@@ -292,13 +292,19 @@ class CheckpointManager:
         self._dropped.atexit = False  # at exit, the exit hook does it
 
     def _detach_storage(self, deadline: Deadline | None = None) -> None:
-        """`deadline`: close()'s, which the retention passes still running share (None: their own 600 s)."""
+        """`deadline`: close()'s, which the retention passes still running share (None: their own 600 s). Each
+        part is closed whatever the one before raised: a Ctrl-C while the retention passes were waited for left the
+        writer process running, under a manager marked closed."""
         self._dropped.detach()
         atexit.unregister(self._exit_hook)
-        if self._retention is not None:
-            self._retention.close(self._bounded(deadline), said=self._timeout_said())
-        self._saver.close()
-        self._loader.close()
+        try:
+            if self._retention is not None:
+                self._retention.close(self._bounded(deadline), said=self._timeout_said())
+        finally:
+            try:
+                self._saver.close()
+            finally:
+                self._loader.close()
 
     def _recheck_config(self) -> None:
         """At each call: `config` may have been changed since construction (the class docstring's contract)."""
