@@ -53,6 +53,7 @@ from torch_checkpointing.manifest import (
     GC_TOKEN_PREFIX,
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
+    UNNAMED_SAVE,
     Manifest,
     our_marker,
     parse_manifest,
@@ -838,7 +839,7 @@ class Claim:
         `uid` names the owner lock the gc pass holds while it runs ('' where it could take none): once the pass
         is over, however it ended, the claim is dead on this host although its process lives on."""
         token = f"{GC_TOKEN_PREFIX}{uuid.uuid4().hex}"
-        collects = dead.collects if dead.is_gc() else dead.token
+        collects = (dead.collects if dead.is_gc() else dead.token) or UNNAMED_SAVE
         return cls(token, uid, this_host(), os.getpid(), time.time(), records=True, collects=collects)
 
     def is_gc(self) -> bool:

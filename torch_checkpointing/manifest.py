@@ -42,6 +42,7 @@ __all__ = [
     "MANIFEST_VERSION",
     "MAX_MARKER_BYTES",
     "MAX_WORLD_SIZE",
+    "UNNAMED_SAVE",
     "DuplicateKeyError",
     "FileRecord",
     "Manifest",
@@ -396,18 +397,23 @@ def stray_claim(marker: bytes, manifest: Manifest) -> bool:
     token = claim_token(marker)
     if manifest.claim is None or token is None or token == manifest.claim:
         return False
-    return not (token.startswith(GC_TOKEN_PREFIX) and _collected(marker) == manifest.claim)
+    return not (token.startswith(GC_TOKEN_PREFIX) and _collected(marker))
 
 
 # The token of gc's own claim (`commit.Claim.for_gc`) on a dead save's prefix while it deletes what that save left.
 GC_TOKEN_PREFIX = "gc-"
 
+# What gc's claim names as the save it collects when that save's claim named none (an earlier version's empty
+# marker): never a save's token, so it owns no manifest, and the claim still reads as gc's (`_collected`).
+UNNAMED_SAVE = "an earlier version's save (no token)"
+
 
 def _collected(marker: bytes) -> str | None:
-    """The token of the dead save whose prefix gc's claim in `marker` holds while gc deletes it (`"collects"`):
-    the manifest beside it is that save's, not a checkpoint that claim strayed beside. Before, gc's claim read
-    as a stray one, and a gc killed before it deleted the manifest left the killed save a committed checkpoint."""
-    return _claim_field(marker, "collects")
+    """What gc's claim in `marker` collects (`"collects"`: the dead save's token, or `UNNAMED_SAVE`): gc holds
+    only a prefix it collects, so the manifest beside it is on its way out, never a checkpoint the claim strayed
+    beside. Before, only a claim naming the manifest's own token counted: a gc killed while it held an earlier
+    version's unfinished save (an empty marker, no token to name) left that save a committed checkpoint."""
+    return _claim_field(marker, "collects") or None
 
 
 def claim_token(marker: bytes) -> str | None:
