@@ -891,9 +891,11 @@ def _not_told_apart(storage: Storage, path: Path) -> str | None:
     deleted; on a local disk it was kept, said at INFO as "may still be writing it", naming no file."""
     try:
         claim = Claim.parse(read_marker(storage, path / INCOMPLETE_MARKER))
-        if claim is not None and (claim.records or claim.is_gc() or _tagged(storage, claim)):
+        if claim is not None and (claim.records or claim.is_gc()):
             return None
         others = unlisted_files(storage, path, claim)
+        if others and claim is not None and _tagged(storage, claim, path):
+            return None
     except FileNotFoundError:
         return None  # removed meanwhile: the collection says so
     except (OSError, ObjectStoreError, CheckpointError) as exc:
@@ -913,9 +915,12 @@ def _not_told_apart(storage: Storage, path: Path) -> str | None:
 _SHOWN_FILES = 5
 
 
-def _tagged(storage: Storage, claim: Claim) -> bool:
-    """Whether the store records which save wrote each object and the claim's save tagged its uploads."""
-    return claim.tags and isinstance(storage, TaggedStorage)
+def _tagged(storage: Storage, claim: Claim, path: Path) -> bool:
+    """Whether the claim's save tagged its uploads and the store lists, under `path`, which save wrote each object
+    (`objects_by_save`: None off S3). Before, a tagged claim read where no such listing comes (on `file://`)
+    counted as told apart, and gc collected its prefix whole, a user's file with it. Asked only where files
+    nothing else tells apart are there: on S3 it costs a HEAD per object."""
+    return claim.tags and isinstance(storage, TaggedStorage) and storage.objects_by_save(path) is not None
 
 
 def _dead_reason(marker: bytes) -> str | None:
