@@ -397,7 +397,7 @@ def stray_claim(marker: bytes, manifest: Manifest) -> bool:
     token = claim_token(marker)
     if manifest.claim is None or token is None or token == manifest.claim:
         return False
-    return not (token.startswith(GC_TOKEN_PREFIX) and _collected(marker))
+    return not (token.startswith(GC_TOKEN_PREFIX) and _collected(marker) in (manifest.claim, UNNAMED_SAVE))
 
 
 # The token of gc's own claim (`commit.Claim.for_gc`) on a dead save's prefix while it deletes what that save left.
@@ -409,10 +409,11 @@ UNNAMED_SAVE = "an earlier version's save (no token)"
 
 
 def _collected(marker: bytes) -> str | None:
-    """What gc's claim in `marker` collects (`"collects"`: the dead save's token, or `UNNAMED_SAVE`): gc holds
-    only a prefix it collects, so the manifest beside it is on its way out, never a checkpoint the claim strayed
-    beside. Before, only a claim naming the manifest's own token counted: a gc killed while it held an earlier
-    version's unfinished save (an empty marker, no token to name) left that save a committed checkpoint."""
+    """What gc's claim in `marker` collects (`"collects"`: the dead save's token, or `UNNAMED_SAVE`): beside the
+    manifest of that save (or of an earlier version's, whose marker named no token), the manifest is on its way
+    out, never a checkpoint the claim strayed beside. Before, an earlier version's unfinished save (an empty
+    marker, no token to name) held by a gc that was killed was left a committed checkpoint. A gc claim naming
+    another save's token beside a manifest still strays: that manifest is another save's commit."""
     return _claim_field(marker, "collects") or None
 
 
