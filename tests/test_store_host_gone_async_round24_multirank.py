@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.probes import children_import_from
-from tests.test_multirank_round17 import REPO, WORLD, _store
+from tests.probes import children_import_from, published_store
+from tests.test_multirank_round17 import _STORE_WAIT, REPO, WORLD
 
 pytestmark = pytest.mark.multirank
 TIMEOUT_S = 10  # save.wait_timeout_secs
@@ -38,7 +38,9 @@ def _rank(rank: int, root: str, out_dir: str, how: str) -> None:
     from tests.async_multirank_support import local_async_manager, state, timed
     from torch_checkpointing import checkpoint_manager as cm
 
-    dist.init_process_group("gloo", store=_store(rank, out_dir), rank=rank, world_size=WORLD)
+    dist.init_process_group(
+        "gloo", store=published_store(rank, WORLD, out_dir, _STORE_WAIT), rank=rank, world_size=WORLD
+    )
     manager = local_async_manager(TIMEOUT_S)
     out: dict[str, Any] = {"warm": timed(lambda: manager.save(f"{root}/warm", state(0, rank)).result(60))}
     dist.barrier()
