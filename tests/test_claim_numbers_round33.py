@@ -39,9 +39,13 @@ def test_a_claim_holding_a_non_finite_number_is_no_claim(pid: str, created: str)
 
 @pytest.mark.parametrize(("pid", "created"), _UNREADABLE)
 def test_gc_collects_and_a_save_takes_over_such_a_claim(s3_server: S3Server, pid: str, created: str) -> None:
+    gc_collects_and_a_save_takes_over(s3_server, _CLAIM.format(pid=pid, created=created).encode())
+
+
+def gc_collects_and_a_save_takes_over(s3_server: S3Server, marker: bytes) -> None:
+    """A dead claim `marker` on two ids: gc collects the one, a save takes the other over and commits."""
     config = s3_server.config()
     storage = config.create_storage()
-    marker = _CLAIM.format(pid=pid, created=created).encode()
     storage.write(Path("gc/step_1/.incomplete"), marker)
     storage.write(Path("save/step_1/.incomplete"), marker)
     report = collect_garbage(f"{config.url}/gc", unowned_after_s=0.0, storage=storage)

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
-import torch
 
 from tests.s3_server import S3Server
-from torch_checkpointing import CheckpointManager, SyncCheckpointSaverConfig, list_checkpoints
+from tests.test_claim_numbers_round33 import gc_collects_and_a_save_takes_over
 from torch_checkpointing.commit import STALE_CLAIM_S
 from torch_checkpointing.names import pid_alive, this_host
-from torch_checkpointing.retention import collect_garbage
 
 _YEAR_S = 365 * 86400.0
 
@@ -49,14 +46,5 @@ _DEAD = [
 @pytest.mark.parametrize(("pid", "ahead_s"), _DEAD)
 def test_gc_collects_and_a_save_takes_over_such_a_claim(s3_server: S3Server, pid: int, ahead_s: float) -> None:
     assert ahead_s == 0.0 or ahead_s > STALE_CLAIM_S
-    config = s3_server.config()
-    storage = config.create_storage()
     marker = _claim(pid, time.time() + ahead_s, this_host() if ahead_s == 0.0 else "elsewhere#0badc0de")
-    storage.write(Path("gc/step_1/.incomplete"), marker)
-    storage.write(Path("save/step_1/.incomplete"), marker)
-    report = collect_garbage(f"{config.url}/gc", unowned_after_s=0.0, storage=storage)
-    assert [leftover.path for leftover in report.removed] == [f"{config.url}/gc/step_1"], report
-    manager_config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=config)
-    with CheckpointManager(manager_config) as manager:
-        manager.save("save/step_1", {"m": {"x": torch.ones(2)}}, step=1)
-    assert [info.step for info in list_checkpoints(f"{config.url}/save", storage)] == [1]
+    gc_collects_and_a_save_takes_over(s3_server, marker)
