@@ -801,9 +801,9 @@ class CheckpointWriterArgs:
 
     def __post_init__(self) -> None:
         if self.metric_prefix != "train.checkpoint_write":
-            from torch_checkpointing.config import _warn_ignored
+            from torch_checkpointing.config import warn_ignored
 
-            _warn_ignored("CheckpointWriterArgs.metric_prefix", "the engine reports no metrics; leave it unset.")
+            warn_ignored(self, "CheckpointWriterArgs.metric_prefix", "the engine reports no metrics; leave it unset.")
 
     def build(self) -> CheckpointWriter:
         return CheckpointWriter(self)

@@ -17,6 +17,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch_checkpointing.errors import ConfigError, ConfigTypeError
@@ -40,9 +41,42 @@ _DEFAULT_METRIC_PREFIX = "train.checkpoint_write"
 _DEFAULT_BARRIER_TIMEOUT_SECS = 600
 
 
-def _warn_ignored(field_name: str, why: str) -> None:
-    """A field kept for configs written against the published release, which the engine does not read."""
-    warnings.warn(f"{field_name} is ignored and will be removed: {why}", FutureWarning, stacklevel=4)
+_WARNED = "_torch_checkpointing_warned"  # a config's attribute: the fields it was warned about
+
+
+def warn_ignored(config: object, field_name: str, why: str) -> None:
+    """A field kept for configs written against the published release, which the engine does not read: warned
+    about once per config object. `recheck` runs the checks again at every manager build, and a script building
+    one manager per evaluation from one config was told once per manager (under `-W always`; under the default
+    filters once more, at a line inside the engine)."""
+    said: set[str] = vars(config).setdefault(_WARNED, set())
+    if field_name in said:
+        return
+    said.add(field_name)
+    message = f"{field_name} is ignored and will be removed: {why}"
+    warnings.warn(message, FutureWarning, stacklevel=_callers_level())
+
+
+def _callers_level() -> int:
+    """The `stacklevel` naming the first frame outside the engine (the user's line that built or edited the
+    config, or built the manager): a fixed level named a line of `recheck` when the check ran from there."""
+    frame: FrameType | None = sys._getframe(2)  # level 1 is `warn_ignored`, the caller of `warnings.warn`
+    level = 2
+    while frame is not None and _in_the_engine(frame):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _in_the_engine(frame: FrameType) -> bool:
+    """A frame of the engine's code, or a dataclass's generated `__init__` (compiled from a string)."""
+    if frame.f_globals.get("__name__", "").split(".")[0] == __name__.split(".")[0]:
+        return True
+    code = frame.f_code
+    return (
+        code.co_name == "__init__"
+        and code.co_filename.startswith("<")
+        and dataclasses.is_dataclass(frame.f_locals.get("self"))
+    )
 
 
 def check_bool(owner: str, name: str, value: object, *, allow_none: bool = False) -> None:
@@ -318,7 +352,7 @@ class CheckpointStagerConfig:
         if self.staging_dir is not None:
             self._check_staging_dir(owner)
         if self.metric_prefix != _DEFAULT_METRIC_PREFIX:
-            _warn_ignored("CheckpointStagerConfig.metric_prefix", "the engine reports no metrics; leave it unset.")
+            warn_ignored(self, "CheckpointStagerConfig.metric_prefix", "the engine reports no metrics; leave it unset.")
 
     def _check_staging_dir(self, owner: str) -> None:
         """A path, and only where it is used: with use_shared_memory=False it was silently ignored."""
@@ -365,9 +399,11 @@ class CheckpointWriterConfig:
             )
         how = "multi-rank saves always commit together, bounded by CheckpointSaverConfig.wait_timeout_secs."
         if self.barrier_config is not None:
-            _warn_ignored("CheckpointWriterConfig.barrier_config", how)
+            warn_ignored(self, "CheckpointWriterConfig.barrier_config", how)
         if self.checkpoint_write_barrier_timeout_sec != _DEFAULT_BARRIER_TIMEOUT_SECS:
-            _warn_ignored("CheckpointWriterConfig.checkpoint_write_barrier_timeout_sec", f"{how} Set that instead.")
+            warn_ignored(
+                self, "CheckpointWriterConfig.checkpoint_write_barrier_timeout_sec", f"{how} Set that instead."
+            )
 
 
 @dataclass
