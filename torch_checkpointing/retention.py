@@ -106,7 +106,7 @@ from torch_checkpointing.storage import LOCAL_SCHEMES, local_path_of
 from torch_checkpointing.storage.base_storage import Storage, writing_nothing
 from torch_checkpointing.storage.filesystem import raise_unless_removed
 from torch_checkpointing.storage.fsspec_storage import url_scheme
-from torch_checkpointing.waiting import Deadline
+from torch_checkpointing.waiting import Deadline, Flag
 
 # What a storage raises for a refused or failed request: a filesystem's OSError, an object store's
 # ObjectStoreError (a rename there is a copy and a delete, and a refused delete is no OSError).
@@ -814,12 +814,24 @@ def _prune(
     report = PruneReport(metric_not_recorded=note, not_listed=listed.unlisted)
     with _noting_trash_left() as report.trash_left:
         for c in doomed:
+            if _stopped():
+                break
             outcome = _delete(Path(c.path), storage, c)
             if outcome.done:
                 report.deleted.append(c)
             elif outcome.failure is not None:
                 report.failed.append((c, outcome.failure))
     return report
+
+
+# Set on a RetentionRunner's pass: close() sets it when it stops waiting for the pass, which then ends at its next
+# safe point (before its next deletion, removal or move back), instead of deleting on after close() returned.
+_STOP: contextvars.ContextVar[Flag | None] = contextvars.ContextVar("retention_stop", default=None)
+
+
+def _stopped() -> bool:
+    stop = _STOP.get()
+    return stop is not None and stop.is_set()
 
 
 # The trash folders a prune's removals left, collected for its report while `_noting_trash_left` runs: the
@@ -1230,6 +1242,8 @@ def _collect_garbage(base: Path, storage: Storage, dry_run: bool, unowned_after_
     restored: set[str] = set()
     superseded: list[Leftover] = []  # copies chosen to go back whose id a save committed meanwhile: garbage now
     for leftover in [lo for lo in leftovers if Path(lo.path) in put_back]:  # first: the other copies are garbage then
+        if _stopped():
+            return report
         restore_to, copies = put_back[Path(leftover.path)]
         done = _Outcome(True) if dry_run else _restore(storage, leftover, base / restore_to)
         if done.done:
@@ -1242,6 +1256,8 @@ def _collect_garbage(base: Path, storage: Storage, dry_run: bool, unowned_after_
         elif done.superseded:
             superseded.append(leftover)
     for leftover in [*[lo for lo in leftovers if Path(lo.path) not in put_back], *superseded]:
+        if _stopped():
+            return report
         why = _why_keep(leftover, base, storage, unowned_after_s, now, restored)
         if why is not None:
             report.kept.append((leftover, why))
@@ -1523,6 +1539,8 @@ class RetentionRunner:
         self._lock = threading.Lock()
         self._told: set[tuple[str, int]] = set()  # a metric no checkpoint records: told once, not at every save
         self._kept_told: set[tuple[str, str]] = set()  # what gc kept for a person to act on: warned once
+        self._stop = Flag()  # set by close() once it stops waiting: the pass running ends at its next safe point
+        self._root_running: str | None = None  # the root of the pass running, for close()'s WARNING
 
     def root_for(self, checkpoint_id: str) -> str:
         root = os.fspath(as_local_id(self._storage, _as_text(self.policy.root))) if self.policy.root is not None else ""
@@ -1563,17 +1581,24 @@ class RetentionRunner:
         scheduled.set_result(None)
 
     def _run(self, checkpoint_id: str) -> None:
+        if self._stop.is_set():  # scheduled before close() gave up on the passes: it deletes nothing now
+            return
         root: str | os.PathLike[str] = self.policy.root or checkpoint_id  # named if the root itself is refused
+        token = _STOP.set(self._stop)
         try:
             root = self.root_for(checkpoint_id)
+            self._root_running = _shown(root)
             # never the checkpoint this pass follows: a run restarted at step 0 beside step_1000 and step_2000
             # (keep_last by step), or an id without a step ("final", a rolling "latest"), lost it at once
             _prune(root, self.policy, self._storage, dry_run=False, protect=(checkpoint_id,), told=self._told)
-            if self.policy.collect_garbage:
+            if self.policy.collect_garbage and not self._stop.is_set():
                 report = collect_garbage(root, self._storage, unowned_after_s=self.policy.unowned_after_s)
                 _tell_kept(report, self._kept_told)
         except Exception:  # a retention pass never fails training
             logger.warning("Retention pass under %s failed", _shown(root), exc_info=True)
+        finally:
+            self._root_running = None
+            _STOP.reset(token)
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the passes scheduled so far (tests, and close())."""
@@ -1586,21 +1611,37 @@ class RetentionRunner:
     def close(self, timeout: float | None = 600.0, *, said: str | None = None) -> None:
         """Finish the passes already scheduled (a save that committed gets its pass), then stop the worker, all
         within `timeout`. A timeout no wait can honour is refused (it was logged as passes that "did not finish
-        within nans"). Past it, the passes go on on the worker's (daemon) thread: joining it waited for as long
-        as a pass hung (a store that stopped answering). `said`: the timeout as the WARNING names it, where
-        `timeout` is what a caller's deadline had left of it (the WARNING named the remainder, "1.9998s")."""
+        within nans"). Past it, the pass running stops at its next safe point, before its next deletion: it went
+        on deleting checkpoints after close() returned, while the script took the manager for closed. Only the
+        step under way finishes, on the worker's (daemon) thread: joining it waited for as long as a pass hung (a
+        store that stopped answering). `said`: the timeout as the WARNING names it, where `timeout` is what a
+        caller's deadline had left of it (the WARNING named the remainder, "1.9998s")."""
         wait_seconds("RetentionRunner.close's timeout", timeout)
         finished = True
         try:
             self.wait(timeout)
         except TimeoutError:
             finished = False
-            logger.warning(
-                "Retention passes did not finish within %s of close(); they go on in the background, on a daemon "
-                "thread that interpreter exit stops",
-                said or f"{timeout}s",
-            )
+            self._stop.set()
+            self._say_stopped(said or f"{timeout}s")
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=finished)
+
+    def _say_stopped(self, timeout: str) -> None:
+        root = self._root_running
+        if root is None:  # the pass had not started (its save's write had not settled): it will not
+            logger.warning(
+                "Retention passes did not finish within %s of close(); they are stopped before deleting anything.",
+                timeout,
+            )
+            return
+        logger.warning(
+            "The retention pass under %s did not finish within %s of close(); it is stopped: no further "
+            "checkpoint is deleted. The one deletion under way finishes in the background, on a daemon thread (cut "
+            "short at interpreter exit, it leaves a trash folder that no load takes for a checkpoint and "
+            "`torch-checkpointing gc` removes); the next pass deletes what this one left.",
+            root,
+            timeout,
+        )
