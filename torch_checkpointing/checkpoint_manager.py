@@ -97,9 +97,12 @@ from torch_checkpointing.waiting import Deadline, Flag, Wakeups
 
 __all__ = ["CheckpointManager"]
 
-_CLOSE_GRACE_S = 10.0  # what a close() waiting for another thread's allows past that one's own bounded waits
 
 logger = logging.getLogger("torch_checkpointing.manager")
+# What a close() waiting for another thread's allows past that one's waits (save.wait_timeout_secs, then the
+# saver's `close_bound_s`) for its last steps, which wait on nothing: releasing the loader, the owner lock and the
+# process group. Without it, a second close() that began a moment after the first gave up a moment before it.
+_RELEASE_S = 1.0
 
 # A collective load's copy holds a signal until every rank has said whether its own copy finished: before, one
 # landing in this rank's copy was raised before it answered, and the others raised that it failed, though every
@@ -649,14 +652,15 @@ class CheckpointManager:
         itself."""
         if closer is None or closer == threading.get_ident() or self._saver.on_callback_thread():
             return
-        left = deadline.left()
-        shutdown_s = getattr(getattr(self._save_config, "process_config", None), "subprocess_shutdown_timeout_secs", 0)
-        if self._close_ended.wait(None if left is None else left + shutdown_s + _CLOSE_GRACE_S):
+        left = deadline.left()  # what that close() can still take: its waits, then the saver's (`close_bound_s`)
+        if self._close_ended.wait(None if left is None else left + self._saver.close_bound_s() + _RELEASE_S):
             return
         logger.warning(
             "close(): another thread's close() of this manager was still running after %s and the writer's "
-            "shutdown timeout; returning without it, so its last save may not be committed yet.",
+            "shutdown (%.0f s more: subprocess_shutdown_timeout_secs, and killing a stuck writer); returning "
+            "without it, so its last save may not be committed yet.",
             self._timeout_said(),
+            self._saver.close_bound_s(),
         )
 
     def __enter__(self) -> CheckpointManager:

@@ -871,25 +871,34 @@ class CheckpointProcess:
         if proc is not None and proc.is_alive():
             self._killed_pid = proc.pid
             proc.kill()
-            proc.join(5)
+            proc.join(KILLED_EXIT_S)
+
+    def shutdown_bound_s(self) -> float:
+        """The most `close()` takes: `subprocess_shutdown_timeout_secs`, and where it kills the writer, the
+        kernel's end of it (`KILLED_EXIT_S`, twice: the lock a write gives back, then the reap). What a second
+        close() waiting for this one allows (it allowed a fixed 10 s, whatever the timeout set)."""
+        return float(self.config.subprocess_shutdown_timeout_secs) + 2 * KILLED_EXIT_S
 
     def close(self) -> None:
-        """Stop the writer; every wait is bounded (a stuck or stopped writer is killed). The wait for the writer's
-        answer to Stop and the wait for its exit share `subprocess_shutdown_timeout_secs` (each had all of it: a
-        writer that stopped answering was killed at twice the timeout); a write in progress is waited for first,
-        up to that timeout of its own."""
+        """Stop the writer; every wait is bounded (a stuck or stopped writer is killed). The wait for a write in
+        progress, for the writer's answer to Stop and for its exit share `subprocess_shutdown_timeout_secs`
+        (each had all of it: a writer that stopped answering was killed at twice the timeout); past it,
+        `KILLED_EXIT_S` for the killed writer to end (`shutdown_bound_s`). A manager's close() waits for its last
+        write before, so the lock is free here unless the writer was killed meanwhile."""
         self._closing = True
         timeout = self.config.subprocess_shutdown_timeout_secs
+        deadline = Deadline(timeout)
         if not self._lock.acquire(timeout=timeout):
             self.kill()  # a write still waits on it: ending the process ends that wait
             self._abort_start()  # or it waits for a restarted writer still being spawned: end that one too
-            if not self._lock.acquire(timeout=10):
+            if not self._lock.acquire(timeout=KILLED_EXIT_S):
                 logger.warning(
-                    "close(): %ss (CheckpointProcessConfig.subprocess_shutdown_timeout_secs) and 10 s more after "
+                    "close(): %ss (CheckpointProcessConfig.subprocess_shutdown_timeout_secs) and %s s more after "
                     "killing the writer process %s, a save still waits for the checkpoint writer (a write in "
                     "progress, or a writer being started); close() returns without waiting longer. That save is "
                     "not committed and fails; a writer still being spawned is killed once its spawn returns.",
                     self.config.subprocess_shutdown_timeout_secs,
+                    KILLED_EXIT_S,
                     None if self._proc is None else self._proc.pid,
                 )
                 return
@@ -903,7 +912,6 @@ class CheckpointProcess:
         finally:
             self._lock.release()
         stopped = False
-        deadline = Deadline(timeout)
         try:
             if conn is not None:
                 conn.send(Stop())
@@ -916,6 +924,11 @@ class CheckpointProcess:
             _reap(proc, _left(deadline), timeout)
         if conn is not None:
             conn.close()
+
+
+# How long a SIGKILLed writer is given to end (the kernel's teardown, a fraction of a second): no wait of the user's
+# settings, so close()'s bound states it (`CheckpointProcess.shutdown_bound_s`, docs/operations.md).
+KILLED_EXIT_S = 5.0
 
 
 # Who ended a writer that died under a save, when the engine did: close(), or a save's timeout (kill()).
@@ -1067,7 +1080,7 @@ def _reap(proc: Any, timeout_s: float, said_s: float | None = None) -> None:
         shown = timeout_s if said_s is None else said_s
         logger.warning("The checkpoint writer process %s did not exit within %ss; killing it", proc.pid, shown)
         proc.kill()
-        proc.join(5)
+        proc.join(KILLED_EXIT_S)
 
 
 def _reap_in_background(proc: Any, timeout_s: float) -> None:

@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from torch_checkpointing.agreement import describe
-from torch_checkpointing.checkpoint_process import CheckpointProcess, EncodedWrite, encode_write, not_for_the_writer
+from torch_checkpointing.checkpoint_process import (
+    KILLED_EXIT_S,
+    CheckpointProcess,
+    EncodedWrite,
+    encode_write,
+    not_for_the_writer,
+)
 from torch_checkpointing.checkpoint_writer import (
     CheckpointWriterConfig,
     SavePlan,
@@ -109,6 +115,10 @@ class CheckpointSaver(ABC):
         a wait there for anything behind the callback waits for itself."""
         return False
 
+    def close_bound_s(self) -> float:
+        """The most `close()` takes, and a `wait` past its timeout once it killed the writer (sync: nothing)."""
+        return 0.0
+
     @property
     def stager(self) -> CheckpointStager | None:
         return None
@@ -185,6 +195,11 @@ class AsyncCheckpointSaver(CheckpointSaver):
 
     def lock(self) -> AbstractContextManager[Any]:
         return self._staging_lock.hold(RWLockMode.READ, self._lock_timeout)
+
+    def close_bound_s(self) -> float:
+        """A write's writer killed past the timeout (`_kill_for`: its end, then its Future settling), then the
+        writer's shutdown."""
+        return KILLED_EXIT_S + _FUTURE_AFTER_KILL_S + self._process.shutdown_bound_s()
 
     def on_callback_thread(self) -> bool:
         return self._comm.is_current()
