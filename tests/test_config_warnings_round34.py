@@ -14,11 +14,13 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 import torch_checkpointing
 from torch_checkpointing import CheckpointManager, SyncCheckpointSaverConfig
 from torch_checkpointing.config import CheckpointWriterConfig
+from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
 _MANAGERS = 3
 _SAID = "checkpoint_write_barrier_timeout_sec is ignored"
@@ -96,3 +98,20 @@ def test_a_script_is_told_once_under_w_always(tmp_path: Path) -> None:
     said = [line for line in _run_script(tmp_path, "-W", "always").splitlines() if _SAID in line]
     assert len(said) == 1, said
     assert "train.py" in said[0], said[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is about a machine without CUDA")
+def test_pinned_memory_without_cuda_is_told_once_per_config(tmp_path: Path) -> None:
+    """The same for the stager's "asks for pinned memory ... CUDA is not available": given by every manager's
+    stager (built from the manager's copy of the config), at a line of the engine."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = CheckpointManager.Config.with_async_save()
+        config.save.staging_config.use_pinned_memory = True
+        config.storage_config = LocalFileSystemStorageConfig(use_direct_io=False)
+        for step in range(2):
+            with CheckpointManager(config) as manager:
+                manager.save(str(tmp_path / f"step_{step}"), {"m": {"x": torch.ones(2)}}, step=step).result(300)
+    told = [w for w in caught if "asks for pinned memory" in str(w.message)]
+    assert len(told) == 1, [(w.filename, w.lineno) for w in told]
+    assert not told[0].filename.startswith(os.path.dirname(torch_checkpointing.__file__)), told[0].filename

@@ -49,12 +49,17 @@ def warn_ignored(config: object, field_name: str, why: str) -> None:
     about once per config object. `recheck` runs the checks again at every manager build, and a script building
     one manager per evaluation from one config was told once per manager (under `-W always`; under the default
     filters once more, at a line inside the engine)."""
+    warn_once(config, field_name, f"{field_name} is ignored and will be removed: {why}", FutureWarning)
+
+
+def warn_once(config: object, key: str, message: str, category: type[Warning]) -> None:
+    """Warn about `config` once per object for `key`, naming the user's line (`_callers_level`). A copy made
+    after the warning (a manager's `snapshot`) shares the note, so a check run again on it stays quiet."""
     said: set[str] = vars(config).setdefault(_WARNED, set())
-    if field_name in said:
+    if key in said:
         return
-    said.add(field_name)
-    message = f"{field_name} is ignored and will be removed: {why}"
-    warnings.warn(message, FutureWarning, stacklevel=_callers_level())
+    warnings.warn(message, category, stacklevel=_callers_level())
+    said.add(key)  # after: under `-W error` the warning is raised, and each build from the config raises it
 
 
 def _callers_level() -> int:
@@ -353,6 +358,19 @@ class CheckpointStagerConfig:
             self._check_staging_dir(owner)
         if self.metric_prefix != _DEFAULT_METRIC_PREFIX:
             warn_ignored(self, "CheckpointStagerConfig.metric_prefix", "the engine reports no metrics; leave it unset.")
+        self.warn_without_cuda()
+
+    def warn_without_cuda(self) -> None:
+        """Pinned memory or non-blocking copies asked for where CUDA is not available: said once per config,
+        when it is built (or the first manager built from it after an edit), not at every manager's stager."""
+        if (self.use_pinned_memory or self.use_non_blocking_copy) and not _cuda_available():
+            warn_once(
+                self,
+                "no CUDA",
+                "CheckpointStagerConfig asks for pinned memory / non-blocking copies but CUDA is not available; "
+                "staging uses plain host memory.",
+                UserWarning,
+            )
 
     def _check_staging_dir(self, owner: str) -> None:
         """A path, and only where it is used: with use_shared_memory=False it was silently ignored."""

@@ -498,12 +498,7 @@ class DefaultStager(CheckpointStager):
             check_instance("DefaultStager", "config", config, CheckpointStagerConfig, "Pass one, or None for defaults.")
         self.config = config or CheckpointStagerConfig()
         cuda = torch.cuda.is_available()
-        if (self.config.use_pinned_memory or self.config.use_non_blocking_copy) and not cuda:
-            warnings.warn(
-                "CheckpointStagerConfig asks for pinned memory / non-blocking copies but CUDA is not "
-                "available; staging uses plain host memory.",
-                stacklevel=2,
-            )
+        self.config.warn_without_cuda()  # quiet where its config (or the one it was copied from) said it
         self._pin = self.config.use_pinned_memory and cuda
         self._non_blocking = self.config.use_non_blocking_copy and cuda
         self._slab: torch.Tensor | None = None
