@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,19 +238,51 @@ def select_for_deletion(
     intact one, which is what `latest_checkpoint` resumes from when the newest one is damaged), however their ids
     are spelt, as `prune` matches them (`storage`: the one the checkpoints are on, None: the one their paths name).
     """
+    checkpoints = _checked_checkpoints(checkpoints)
+    _check_policy(policy)
     protect = _checked_protect(protect)
     if not policy.active or not checkpoints:
         return []
     return _select(checkpoints, policy, _protected(checkpoints, protect, storage))
 
 
+def _checked_checkpoints(checkpoints: object) -> list[CheckpointInfo]:
+    """`select_for_deletion`'s checkpoints as a list, each refused unless a CheckpointInfo: None was taken as no
+    checkpoints, silently; an int, a generator or a list of paths failed inside with a bare TypeError or
+    AttributeError ("'str' object has no attribute 'path'")."""
+    fix = "pass list_checkpoints(root), the committed checkpoints oldest first"
+    if isinstance(checkpoints, (str, bytes, os.PathLike)) or not isinstance(checkpoints, Iterable):
+        raise ConfigTypeError(f"checkpoints must be a list of CheckpointInfo, got {checkpoints!r:.80}; {fix}")
+    listed = list(checkpoints)
+    for entry in listed:
+        if not isinstance(entry, CheckpointInfo):
+            raise ConfigTypeError(
+                f"checkpoints must hold CheckpointInfo only, got {type(entry).__name__} {entry!r:.80}; {fix}"
+            )
+    return listed
+
+
+def _check_policy(policy: object) -> None:
+    """A policy of another type (None, a dict of its fields) failed inside with a bare AttributeError."""
+    if not isinstance(policy, RetentionPolicy):
+        raise ConfigTypeError(
+            f"policy must be a RetentionPolicy, got {type(policy).__name__} {policy!r:.80}; build one, e.g. "
+            f"RetentionPolicy(keep_last=3)"
+        )
+
+
 def _checked_protect(protect: Collection[str | os.PathLike[str]]) -> tuple[str | os.PathLike[str], ...]:
     """`protect` as a tuple of ids, each refused unless it can name a checkpoint: an empty id, or one holding a
-    lone surrogate, protected nothing, silently; bytes or an int failed inside with a bare TypeError; and a lone
-    str was taken as its characters, each an id naming nothing."""
+    lone surrogate, protected nothing, silently; bytes or an int failed inside with a bare TypeError, as did a
+    `protect=None`; and a lone str was taken as its characters, each an id naming nothing."""
     if isinstance(protect, (str, bytes, os.PathLike)):
         raise ConfigTypeError(
             f"protect= takes a collection of checkpoint ids, got the single id {protect!r:.80}: pass [{protect!r:.80}]"
+        )
+    if not isinstance(protect, Iterable):  # None or an int failed at tuple() with a bare TypeError
+        raise ConfigTypeError(
+            f"protect= takes a collection of checkpoint ids, got {type(protect).__name__} {protect!r:.80}: pass () "
+            f"to protect nothing, or a list of ids"
         )
     ids = tuple(protect)
     for entry in ids:
@@ -796,6 +828,7 @@ def _prune(
     """`prune`; `told` is what the passes sharing it were already told (see `_tell_metric_not_recorded`), None
     to tell every time; `log_note=False` to tell nothing (the caller shows the report's note)."""
     require_path(root)
+    _check_policy(policy)
     protect = _checked_protect(protect)
     storage = storage_of(root, storage)
     root = user_path(root, storage)
