@@ -172,16 +172,22 @@ class FsspecStorageConfig(StorageConfig):
         self._check_types()
         if self.url and url_scheme(self.url) is None:
             raise ConfigError(f"FsspecStorageConfig.url must be a URL such as 's3://bucket/prefix' (got {self.url!r}).")
+        if self.protocol and self.protocol == getattr(self, "_protocol_taken", None):
+            # this check filled it in when the config was built; the url (or filesystem) may have been edited since
+            # (`config.recheck`): taken again from them, or an edited url was refused as naming another protocol
+            self.protocol = ""
+        taken = not self.protocol
         self.protocol = (self.protocol or url_scheme(self.url) or "").lower()
         self._check_url_protocol()
-        if self.filesystem is not None:
-            given = _protocols_of(self.filesystem)
+        given = _protocols_of(self.filesystem) if self.filesystem is not None else None
+        if given is not None:
             self.protocol = self.protocol or sorted(given)[0]
-            if self.protocol not in given:
-                raise ConfigError(
-                    f"FsspecStorageConfig.filesystem speaks {sorted(given)}, not the configured {self.protocol}://; "
-                    f"pass a filesystem of that protocol or leave url/protocol to match it."
-                )
+        self._protocol_taken = self.protocol if taken else None
+        if given is not None and self.protocol not in given:
+            raise ConfigError(
+                f"FsspecStorageConfig.filesystem speaks {sorted(given)}, not the configured {self.protocol}://; "
+                f"pass a filesystem of that protocol or leave url/protocol to match it."
+            )
         self._check_s3_part_size()
         if self.part_size < 1 or self.max_concurrency < 1:
             raise ConfigError(
