@@ -204,13 +204,14 @@ def _refuse_url_naming_nothing(root: str) -> None:
 
 def _url_names_nothing(text: str) -> bool:
     """Whether `text` is a URL with nothing after its scheme and host: `file://` or `file://localhost` (the empty
-    path), `s3://` (no bucket). What `f"file://{ROOT}"` is with ROOT unset: an empty path, spelt as a URL."""
+    path), `s3://` or `s3:/` (no bucket: the one-slash spelling is what `Path` folds a URL into, and a URL to
+    every reader). What `f"file://{ROOT}"` is with ROOT unset: an empty path, spelt as a URL."""
     scheme = url_scheme(text)
-    if scheme is None or "://" not in text:
+    if scheme is None:
         return False
     if scheme in LOCAL_SCHEMES:
-        return not urllib.parse.urlsplit(text).path
-    return not text.split("://", 1)[1].strip("/")
+        return "://" in text and not urllib.parse.urlsplit(text).path
+    return not text.split(":", 1)[1].strip("/")
 
 
 def check_age(value: float, name: str) -> float:
