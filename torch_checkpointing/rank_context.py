@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from torch_checkpointing.agreement import GroupTransport
+from torch_checkpointing.config import MAX_OS_WAIT_S
 from torch_checkpointing.store_channel import StoreAddress, StoreRollCall, let_go_of_host
 from torch_checkpointing.types import RankInfo
 
@@ -35,8 +36,13 @@ class RankContext:
     """Everything a manager needs to talk to its peers; trivial on a single rank."""
 
     def __init__(self, timeout_s: float, store_host: str | None = None, store_port: int | None = None) -> None:
+        """`timeout_s`: save.wait_timeout_secs (its default where None). Past `MAX_OS_WAIT_S` (math.inf for
+        'never', 1e12), as long as torch's store and gloo group can wait: handed to them as it was, inf and 1e300
+        raised a bare OverflowError here, and 1e12 overflowed their millisecond clocks, so every save failed at
+        once saying rank 0 was lost."""
         self.rank_info = current_rank_info()
-        self.timeout_s = timeout_s
+        self.timeout_s = min(timeout_s, MAX_OS_WAIT_S)
+        timeout_s = self.timeout_s
         self.group: Any = None
         self._host_store: Any = None
         self.store_address: StoreAddress | None = None
