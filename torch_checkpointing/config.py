@@ -416,6 +416,10 @@ class CheckpointWriterConfig:
                 f"{self.file_write_max_threads}); 1 writes the files one after another."
             )
         how = "multi-rank saves always commit together, bounded by CheckpointSaverConfig.wait_timeout_secs."
+        # Ignored, but kept as the plain number every timeout of the configs is (a tensor rode to each writer)
+        self.checkpoint_write_barrier_timeout_sec = real_as_number(
+            "CheckpointWriterConfig.checkpoint_write_barrier_timeout_sec", self.checkpoint_write_barrier_timeout_sec
+        )
         if self.barrier_config is not None:
             warn_ignored(self, "CheckpointWriterConfig.barrier_config", how)
         if self.checkpoint_write_barrier_timeout_sec != _DEFAULT_BARRIER_TIMEOUT_SECS:
