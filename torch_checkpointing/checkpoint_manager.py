@@ -161,9 +161,11 @@ class CheckpointManager:
     * Every other field (`save` and everything in it, `load`, `storage_config`, `subprocess_init_fn`/`_args`,
       `retention`) built the saver, the writer process, the loader and the timeouts at construction; a change
       (a field set, or the object replaced) is refused by the next call with a ConfigError naming the field.
-      Build a new CheckpointManager for a new setting. The saver, the writer process, the loader and `close()`
-      read copies of `save` and `load` taken at construction, so such a change never reaches them, not even
-      half-way (a timeout edited before `close()` is not the one it waits by).
+      Build a new CheckpointManager for a new setting. The saver, the writer process, the loader, the storage
+      and `close()` read copies of `save`, `load` and `storage_config` (their dicts and lists too) taken at
+      construction, so such a change never reaches them, not even half-way (a timeout edited before `close()`
+      is not the one it waits by; a `storage_options` entry edited in place, which is not refused, never
+      reaches a writer restarted after a crash).
 
     A config edited between its construction and the manager's is checked again when the manager is built (and a
     storage config when `create_storage()` builds from it): a bad value is the ConfigError/ConfigTypeError naming
@@ -234,7 +236,9 @@ class CheckpointManager:
         # What the saver, writer, loader and close() read: copies, which no edit of `config` reaches.
         self._save_config = snapshot(config.save)
         self._load_config = snapshot(config.load)
-        storage_config = config.storage_config or LocalFileSystemStorageConfig()
+        # The storage and the writer process are built from a copy too: an edit of `storage_options` (not refused,
+        # see `_fixed_fields`) reached a writer restarted after a crash, while the trainer kept the first.
+        storage_config = snapshot(config.storage_config or LocalFileSystemStorageConfig())
         storage = storage_config.create_storage()
         timeout = self._save_config.wait_timeout_secs
         self._ctx = RankContext(float(timeout if timeout is not None else DEFAULT_WAIT_TIMEOUT_SECS))

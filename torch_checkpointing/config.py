@@ -308,17 +308,28 @@ _D = TypeVar("_D")
 
 
 def snapshot(config: _D) -> _D:
-    """A copy of a configuration dataclass and of every one it holds; any other value (a callback, a client) is
-    shared. What a manager builds its saver, writer process and loader from, so that an edit of the caller's
-    config never reaches a running manager half-way (its close() read a timeout set since, and raised)."""
+    """A copy of a configuration dataclass and of every one it holds, and of the dicts and lists in them; any
+    other value (a callback, a client) is shared. What a manager builds its saver, writer process, loader and
+    storage from, so that an edit of the caller's config never reaches a running manager half-way (its close()
+    read a timeout set since, and raised; a writer restarted after a crash took `storage_options` edited since,
+    while the trainer kept the first)."""
     if not dataclasses.is_dataclass(config) or isinstance(config, type):
         return config
     made = copy.copy(config)
     for f in dataclasses.fields(config):
         value = getattr(config, f.name, None)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            object.__setattr__(made, f.name, snapshot(value))  # frozen ones too
+        if isinstance(value, (dict, list)) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
+            object.__setattr__(made, f.name, _copied(value))  # frozen ones too
     return made
+
+
+def _copied(value: Any) -> Any:
+    """`value` with its dicts, lists and configuration dataclasses copied, all the way down (`snapshot`)."""
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()} if type(value) is dict else copy.copy(value)
+    if isinstance(value, list):
+        return [_copied(v) for v in value] if type(value) is list else copy.copy(value)
+    return snapshot(value)
 
 
 def _cuda_available() -> bool:
