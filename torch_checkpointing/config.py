@@ -138,12 +138,15 @@ def real_as_number(what: str, value: Any) -> Any:
         if not isinstance(value, float):
             return value
     try:
-        return float(value)
+        result = float(value)
     except OverflowError:  # a Fraction (or another Real) past what a float holds
+        result = math.inf
+    if math.isinf(result) and value != result:  # numpy's longdouble gave inf in silence: no limit at all
         raise ConfigError(
             f"{what} is {value!r:.80}, past what a float holds (about 1.8e308); pass a number of seconds that fits "
             f"a float (math.inf where the argument takes it for 'never')."
-        ) from None
+        )
+    return result
 
 
 def _float_scalar(value: Any) -> Any:
