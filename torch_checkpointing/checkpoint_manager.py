@@ -606,7 +606,8 @@ class CheckpointManager:
         save was not committed (or, where the killed writer had put the checkpoint in place and the save's Future
         succeeded, logs a WARNING saying it is committed, and returns). A failed last save is raised here unless
         its Future already reported it. Interrupted while it waits for other threads' calls, it leaves the manager
-        open (call close() again). Called while another thread's close() is under way, it waits for that one.
+        open (call close() again). Called while another thread's close() is under way, it waits for that one, and
+        closes the manager itself where that one was interrupted.
         In a child made by os.fork() this only marks the copy closed: the writer process is the parent's.
         """
         if os.getpid() != self._pid:  # before taking `_calls`: a parent's thread may have held it at the fork
@@ -614,19 +615,23 @@ class CheckpointManager:
             atexit.unregister(self._exit_hook)
             return
         closing = False
-        closer = None
         deadline = Deadline(self._save_config.wait_timeout_secs)  # one for every wait of close(), not one each
         try:
-            with self._calls:
-                if self._closed:
-                    closer = self._closer
-                else:
-                    self._closed = closing = True  # refuses new calls from here on; one line: no interrupt between
-                    self._closer = threading.get_ident()
-                    self._close_ended.clear()
-            if not closing:
+            while not closing:
+                with self._calls:
+                    if self._closed:
+                        closer = self._closer
+                    else:
+                        self._closed = closing = True  # refuses new calls from here on; one line: no interrupt
+                        self._closer = threading.get_ident()
+                        self._close_ended.clear()
+                if closing:
+                    break
                 self._await_close_by(closer, deadline)
-                return
+                if self._closed:  # closed, or still closing past what that close() can take (said there)
+                    return
+                # that close() was interrupted and left the manager open: this one closes it (it returned over
+                # a manager still open, its writer running)
             self._wait_for_running_calls(deadline)
         except BaseException:  # Ctrl-C while waiting: nothing is closed yet, so the manager stays usable
             if closing:
@@ -640,9 +645,11 @@ class CheckpointManager:
             try:
                 self._owner.release()
                 self._detach_storage(deadline)
-                self._ctx.close()
             finally:
-                self._end_close()
+                try:  # a Ctrl-C or a failure in the parts above kept the process group and store until exit
+                    self._ctx.close()
+                finally:
+                    self._end_close()
 
     def _end_close(self) -> None:
         self._closer = None
