@@ -55,6 +55,7 @@ from torch_checkpointing.manifest import (
     MANIFEST_FILE_NAME,
     UNNAMED_SAVE,
     Manifest,
+    gc_collects,
     our_marker,
     parse_manifest,
     read_bounded,
@@ -846,8 +847,14 @@ class Claim:
         return self.token.startswith(GC_TOKEN_PREFIX)
 
     def owns(self, manifest: Manifest) -> bool:
-        """Whether `manifest` is the one this claim's save wrote (for gc's claim: the collected save's)."""
-        return manifest.claim is not None and manifest.claim in {self.token, self.collects if self.is_gc() else ""}
+        """Whether `manifest` is the one this claim's save wrote (for gc's claim: the collected save's; one that
+        collects `UNNAMED_SAVE` names no token to compare, and owns the manifest it holds, as `stray_claim` reads
+        it)."""
+        if manifest.claim is None:
+            return False
+        if self.is_gc() and self.collects == UNNAMED_SAVE:
+            return True
+        return manifest.claim in {self.token, self.collects if self.is_gc() else ""}
 
     @classmethod
     def parse(cls, data: bytes) -> Claim | None:
@@ -861,7 +868,7 @@ class Claim:
                 return None
             claim = cls(str(d["token"]), str(d["uid"]), str(d["host"]), int(d["pid"]), created)
             flag = {name: d.get(name) is True for name in ("tags", "records", "took_over")}
-            collects = d.get("collects") if isinstance(d.get("collects"), str) else ""
+            collects = gc_collects(d) if isinstance(d, dict) else ""
             return dataclasses.replace(
                 claim, tags=flag["tags"], records=flag["records"], took_over=flag["took_over"], collects=collects
             )

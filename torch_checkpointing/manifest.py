@@ -48,6 +48,7 @@ __all__ = [
     "Manifest",
     "check_json_tree",
     "claim_token",
+    "gc_collects",
     "incomplete",
     "our_marker",
     "parse_manifest",
@@ -414,7 +415,26 @@ def _collected(marker: bytes) -> str | None:
     out, never a checkpoint the claim strayed beside. Before, an earlier version's unfinished save (an empty
     marker, no token to name) held by a gc that was killed was left a committed checkpoint. A gc claim naming
     another save's token beside a manifest still strays: that manifest is another save's commit."""
-    return _claim_field(marker, "collects") or None
+    try:
+        claim = json.loads(marker.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return (gc_collects(claim) or None) if isinstance(claim, dict) else None
+
+
+def gc_collects(claim: dict[str, object]) -> str:
+    """The `"collects"` of gc's claim `claim` (parsed JSON); '' where it names none (a delete's claim).
+
+    An earlier build's gc wrote no such field at all: it held a dead save's prefix as this build's does, and
+    deleted that save's manifest first, so the manifest it was killed beside is the one it collected, which
+    named a token it did not record: `UNNAMED_SAVE`. Before, its claim read as a stray claim beside a committed
+    checkpoint: the killed save listed and loaded, and the next gc let go of the claim, committing it for good.
+    """
+    if "collects" not in claim:
+        token = claim.get("token")
+        return UNNAMED_SAVE if isinstance(token, str) and token.startswith(GC_TOKEN_PREFIX) else ""
+    value = claim["collects"]
+    return value if isinstance(value, str) else ""
 
 
 def claim_token(marker: bytes) -> str | None:
