@@ -83,6 +83,7 @@ from torch_checkpointing.manifest import (
     GC_TOKEN_PREFIX,
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
+    UNNAMED_SAVE,
     Manifest,
     claim_token,
     our_marker,
@@ -930,13 +931,19 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
 def _not_told_apart(storage: Storage, path: Path) -> str | None:
     """Why the dead save's prefix at `path` is left whole: its marker records none of the files the save wrote
     (empty, or an earlier version's claim), and it holds files no manifest of ours lists, which may be a user's.
-    None where what is ours is told apart (records, tags: `_collect_saves_objects`; a gc pass's claim, whose
-    pass judged the prefix) or all of it is ours.
+    None where what is ours is told apart (records, tags: `_collect_saves_objects`; a claim of gc, or of a delete,
+    whose pass judged the prefix) or all of it is ours.
 
     Before, gc removed such a prefix whole on an object store: a user's `notes.txt` beside an empty marker was
-    deleted; on a local disk it was kept, said at INFO as "may still be writing it", naming no file."""
+    deleted; on a local disk it was kept, said at INFO as "may still be writing it", naming no file.
+
+    A killed gc's claim over an earlier version's save (`UNNAMED_SAVE`, no records) is judged as that save's empty
+    marker was: its pass judged what was there then, not a file a user added after it was killed (deleted with
+    the prefix before)."""
     try:
         claim = Claim.parse(read_marker(storage, path / INCOMPLETE_MARKER))
+        if claim is not None and claim.is_gc() and claim.collects == UNNAMED_SAVE and not claim.records:
+            claim = None
         if claim is not None and (claim.records or claim.is_gc()):
             return None
         others = unlisted_files(storage, path, claim)
