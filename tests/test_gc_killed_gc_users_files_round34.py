@@ -19,6 +19,7 @@ import pytest
 
 from tests.s3_server import S3Server, missing_s3_packages
 from tests.test_gc_users_files_round33 import earlier_versions_killed_save
+from tests.test_s3_attacks import sync_manager
 from tests.test_s3_gc_old_claim_takeover_round27 import _KILLED_GC
 from torch_checkpointing import FsspecStorageConfig
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
@@ -67,3 +68,58 @@ def test_s3_keeps_a_users_file_put_where_a_killed_gc_held_the_id(s3_server: S3Se
     report = collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
     assert storage.read(Path("run/z/notes.txt")) == b"mine", report
     _check_kept(report)
+
+
+# ------------------------------------------------------------------ a delete killed midway on S3
+
+_KILLED_DELETE = r"""
+import json, os, signal, sys
+from pathlib import Path
+from torch_checkpointing.storage import fsspec_storage
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
+
+a = json.loads(sys.argv[1])
+real = fsspec_storage._delete_all
+def killed(backend, keys):  # the manifest is gone already; one file goes, then the process is SIGKILLed
+    real(backend, keys[:1])
+    os.kill(os.getpid(), signal.SIGKILL)
+fsspec_storage._delete_all = killed
+FsspecStorageConfig(url=a["url"], storage_options=a["options"]).create_storage().rmdir(Path(a["id"]))
+"""
+
+
+def _kill_delete_midway(s3_server: S3Server, checkpoint_id: str) -> FsspecStorageConfig:
+    """A checkpoint committed at `checkpoint_id` in a new bucket, then a delete of it SIGKILLed midway; the config."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save(checkpoint_id, {"a": 1, "b": 2, "c": 3})
+    args = json.dumps({"url": config.url, "options": s3_server.storage_options(), "id": checkpoint_id})
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _KILLED_DELETE, args], env=env, capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-2000:]
+    storage = config.create_storage()
+    assert not storage.exists(Path(checkpoint_id) / "manifest.json")
+    assert b'"gc-' in storage.read(Path(checkpoint_id) / INCOMPLETE_MARKER)  # the delete's claim, left up
+    return config
+
+
+@pytest.mark.skipif(bool(missing_s3_packages()), reason="needs the s3 extra")
+def test_s3_keeps_a_users_file_put_where_a_killed_delete_left_files(s3_server: S3Server) -> None:
+    """Defect: gc collected run/z whole, notes.txt (put there after the delete was killed) with it."""
+    config = _kill_delete_midway(s3_server, "run/z")
+    storage = config.create_storage()
+    storage.write(Path("run/z/notes.txt"), b"mine")
+    report = collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
+    assert storage.read(Path("run/z/notes.txt")) == b"mine", report
+    _check_kept(report)
+
+
+@pytest.mark.skipif(bool(missing_s3_packages()), reason="needs the s3 extra")
+def test_s3_still_collects_what_a_killed_delete_left_of_the_checkpoint(s3_server: S3Server) -> None:
+    """The checkpoint's own files (tagged by the save that wrote them) are told apart: collected whole, as before."""
+    config = _kill_delete_midway(s3_server, "run/z")
+    storage = config.create_storage()
+    report = collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
+    assert [Path(lo.path).name for lo in report.removed] == ["z"] and not report.kept, report
+    assert not storage.exists(Path("run/z"))

@@ -931,24 +931,27 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
 def _not_told_apart(storage: Storage, path: Path) -> str | None:
     """Why the dead save's prefix at `path` is left whole: its marker records none of the files the save wrote
     (empty, or an earlier version's claim), and it holds files no manifest of ours lists, which may be a user's.
-    None where what is ours is told apart (records, tags: `_collect_saves_objects`; a claim of gc, or of a delete,
-    whose pass judged the prefix) or all of it is ours.
+    None where what is ours is told apart (records, tags: `_collect_saves_objects`; a killed gc's claim over a
+    save whose names it recorded) or all of it is ours.
 
     Before, gc removed such a prefix whole on an object store: a user's `notes.txt` beside an empty marker was
     deleted; on a local disk it was kept, said at INFO as "may still be writing it", naming no file.
 
-    A killed gc's claim over an earlier version's save (`UNNAMED_SAVE`, no records) is judged as that save's empty
-    marker was: its pass judged what was there then, not a file a user added after it was killed (deleted with
-    the prefix before)."""
+    A claim of gc or of a delete that records nothing (`_records_nothing`) is judged as an empty marker is:
+    before, every gc claim counted as told apart, and a file a user put into a prefix whose gc or delete had
+    been killed was deleted with it. Where the store lists which save wrote each object (S3's tags), the
+    objects a save of ours wrote are told apart from the rest."""
     try:
         claim = Claim.parse(read_marker(storage, path / INCOMPLETE_MARKER))
-        if claim is not None and claim.is_gc() and claim.collects == UNNAMED_SAVE and not claim.records:
+        if claim is not None and _records_nothing(claim):
             claim = None
         if claim is not None and (claim.records or claim.is_gc()):
             return None
         others = unlisted_files(storage, path, claim)
         if others and claim is not None and _tagged(storage, claim, path):
             return None
+        if others and claim is None:
+            others = _not_saved_by_us(storage, path, others)
     except FileNotFoundError:
         return None  # removed meanwhile: the collection says so
     except (OSError, ObjectStoreError, CheckpointError) as exc:
@@ -963,6 +966,19 @@ def _not_told_apart(storage: Storage, path: Path) -> str | None:
         f"lists ({shown}): they may be yours, so nothing in it is removed. Move yours out and run gc again, or "
         f"delete {_shown(path)} by hand if all of it is garbage"
     )
+
+
+def _records_nothing(claim: Claim) -> bool:
+    """Whether `claim` is gc's or a delete's (or a move's) that records none of the files under it: a delete's
+    names no save (`"collects": ""`), and a killed gc's over an earlier version's save names `UNNAMED_SAVE`;
+    whoever made it judged what was there then, not what a user put there after it was killed."""
+    return claim.is_gc() and not claim.records and claim.collects in ("", UNNAMED_SAVE)
+
+
+def _not_saved_by_us(storage: Storage, path: Path, names: list[str]) -> list[str]:
+    """Of `names` under `path`, those no save of ours wrote, where the store lists that (S3's tags); else all."""
+    by_save = storage.objects_by_save(path) if isinstance(storage, TaggedStorage) else None
+    return names if by_save is None else [name for name in names if name not in by_save[0]]
 
 
 _SHOWN_FILES = 5
