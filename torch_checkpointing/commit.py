@@ -1644,6 +1644,24 @@ class Commit:
         except Exception:  # a message must not fail on a name the store cannot map
             return str(path)
 
+    def _keep_untold(self, root: Path) -> None:
+        """This save's claim says the store records which save wrote each object, but it lists no such record
+        under the id: nothing tells the save's files from those others put there while it ran. They all stay, and
+        so does the claim, dead once this process is gone, for gc (which keeps such a prefix whole and names its
+        files: `retention._not_told_apart`). Before, every object under the id but the marker was deleted."""
+        left = [rel for rel in _walk(self.storage, root) if not rel.endswith("/") and rel != INCOMPLETE_MARKER]
+        shown = ", ".join(left[:_SHOWN]) + (" ..." if len(left) > _SHOWN else "")
+        log_safely(
+            logger,
+            logging.WARNING,
+            "The failed save of %s left its files in place: this store lists no record of which save wrote each "
+            "object, so they cannot be told apart from files others put there (%s). Move yours out, then delete "
+            "%s by hand.",
+            self._url,
+            shown or "none",
+            self._url,
+        )
+
     def _discard_claimed(self, claims: ConditionalStorage) -> None:
         """Only under this save's own claim: the files first, the marker (the claim) last, and only if unchanged.
 
@@ -1672,11 +1690,8 @@ class Commit:
             return
         tagged = self.storage if isinstance(self.storage, TaggedStorage) else None
         by_save = tagged.objects_by_save(root) if tagged is not None else None
-        if tagged is None or by_save is None:  # a claim of an earlier version: everything under it is the save's
-            for rel in _walk(self.storage, root):
-                if not rel.endswith("/") and rel != INCOMPLETE_MARKER:
-                    self.storage.delete(root / rel)
-            self._let_go(claims, etag, uploads)
+        if tagged is None or by_save is None:
+            self._keep_untold(root)
             return
         ours, others = by_save  # saves of ours that wrote here hold the claim no more: this one holds it
         changed = remove_saves_objects(tagged, root, ours)
