@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from tests.test_gc_users_files_round33 import earlier_versions_killed_save
 from tests.test_s3_attacks import sync_manager
 from tests.test_s3_gc_old_claim_takeover_round27 import _KILLED_GC
 from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing.commit import Claim
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.retention import GcReport, collect_garbage
 
@@ -55,6 +58,33 @@ def test_fsspec_file_keeps_a_users_file_put_where_a_killed_gc_held_the_id(tmp_pa
     report = collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
     assert (tmp_path / "run/z/notes.txt").read_text() == "mine", report
     _check_kept(report)
+
+
+def test_fsspec_file_keeps_a_users_file_where_a_killed_gc_held_an_earlier_claim_naming_its_save(
+    tmp_path: Path,
+) -> None:
+    """The same where the dead save's claim named its token but neither tags nor records (an earlier version's
+    claim): gc's claim then collects that token, and was counted as told apart all the same."""
+    config = FsspecStorageConfig(url=f"file://{tmp_path}")
+    storage = config.create_storage()
+    (tmp_path / "run" / "z").mkdir(parents=True)
+    earlier_versions_killed_save(storage, config, "run/z")
+    token = json.loads((tmp_path / "run/z/manifest.json").read_text())["claim"]
+    dead = Claim(token, "", socket.gethostname(), _a_dead_pid(), time.time() - 60)
+    (tmp_path / "run/z" / INCOMPLETE_MARKER).write_bytes(dead.to_bytes())
+    _kill_gc_holding(config.url, {})
+    held = Claim.parse((tmp_path / "run/z" / INCOMPLETE_MARKER).read_bytes())
+    assert held is not None and held.is_gc() and held.collects == token, held  # gc's claim, up when killed
+    (tmp_path / "run/z/notes.txt").write_text("mine")
+    report = collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
+    assert (tmp_path / "run/z/notes.txt").read_text() == "mine", report
+    _check_kept(report)
+
+
+def _a_dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(60)
+    return proc.pid
 
 
 @pytest.mark.skipif(bool(missing_s3_packages()), reason="needs the s3 extra")

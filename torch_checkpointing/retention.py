@@ -83,7 +83,6 @@ from torch_checkpointing.manifest import (
     GC_TOKEN_PREFIX,
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
-    UNNAMED_SAVE,
     Manifest,
     claim_token,
     our_marker,
@@ -969,10 +968,10 @@ def _not_told_apart(storage: Storage, path: Path) -> str | None:
 
 
 def _records_nothing(claim: Claim) -> bool:
-    """Whether `claim` is gc's or a delete's (or a move's) that records none of the files under it: a delete's
-    names no save (`"collects": ""`), and a killed gc's over an earlier version's save names `UNNAMED_SAVE`;
-    whoever made it judged what was there then, not what a user put there after it was killed."""
-    return claim.is_gc() and not claim.records and claim.collects in ("", UNNAMED_SAVE)
+    """Whether `claim` is gc's or a delete's (or a move's) that records none of the files under it: a delete's,
+    and a killed gc's over an earlier version's save, which it collected whole. Whoever made it judged what was
+    there then, not what a user put there after it was killed."""
+    return claim.is_gc() and not claim.records
 
 
 def _not_saved_by_us(storage: Storage, path: Path, names: list[str]) -> list[str]:
