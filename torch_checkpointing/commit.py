@@ -669,8 +669,9 @@ def _records_of(storage: Storage, root: Path, token: str | None = None) -> list[
 def _recorded_files(storage: Storage, root: Path, record: str) -> set[str] | None:
     """The names one record lists; a name that is not a plain path inside the root (`../x`, `/x`, `a//b`) is
     never joined back into a path to delete. A record gone names nothing; one that is not ours (unreadable, or
-    its "files" no list of names: `"abc"` was read as the names a, b, c, each deleted) is None, logged: its
-    names are never used, and it is left in place.
+    its "files" no list of names: `"abc"` was read as the names a, b, c, each deleted; JSON nested past the
+    parser's recursion, whose bare RecursionError failed the gc pass) is None, logged: its names are never used,
+    and it is left in place.
 
     Read as a manifest is (`read_bounded`: it lists no more than the manifest does), its size checked before a
     byte is read: a file named like one, of 1 GiB, was read whole into gc's memory (twice over) to find it was
@@ -682,7 +683,7 @@ def _recorded_files(storage: Storage, root: Path, record: str) -> set[str] | Non
         names = set(files)
     except FileNotFoundError:
         return set()
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError, CheckpointError) as exc:
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, RecursionError, CheckpointError) as exc:
         logger.warning(
             "Ignoring the record %s of a save's files: it is not one of ours (%s); none of the names it lists is "
             "deleted, and it is left in place (delete it by hand if it is garbage)",
@@ -860,7 +861,9 @@ class Claim:
     def parse(cls, data: bytes) -> Claim | None:
         """The claim a marker holds; None for an empty or foreign marker (an earlier version wrote b""), or one
         holding a number no claim of ours holds: a `pid` of `1e999` (parsed as infinity) failed gc and every save
-        of the id with a bare OverflowError, and a `created` of NaN or infinity never aged past `STALE_CLAIM_S`."""
+        of the id with a bare OverflowError, and a `created` of NaN or infinity never aged past `STALE_CLAIM_S`.
+        JSON nested deeper than the parser recurses (a RecursionError) is no claim either: a crafted 10 KB
+        marker failed the whole gc pass."""
         try:
             d = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
             created = float(d["created"])
@@ -872,7 +875,7 @@ class Claim:
             return dataclasses.replace(
                 claim, tags=flag["tags"], records=flag["records"], took_over=flag["took_over"], collects=collects
             )
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError, OverflowError):
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError):
             return None
 
     def to_bytes(self) -> bytes:

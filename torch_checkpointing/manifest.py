@@ -447,7 +447,7 @@ def _claim_field(marker: bytes, name: str) -> str | None:
     """The string field `name` of the claim in `marker`; None where there is none (no JSON object, no such str)."""
     try:
         claim = json.loads(marker.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # nested past the parser's depth: no claim either
         return None
     value = claim.get(name) if isinstance(claim, dict) else None
     return value if isinstance(value, str) else None
