@@ -697,17 +697,25 @@ def _recorded_files(storage: Storage, root: Path, record: str) -> set[str] | Non
 def remove_recorded(storage: Storage, root: Path, manifest: Manifest | None) -> list[str]:
     """Remove, under a claimed prefix of a store that records no writer per object, what saves of ours wrote
     there: the names their records list (every save's: those whose claims were taken over are as dead), the
-    files `manifest` (this claim's own, already deleted) lists, the records, and the directories left empty.
-    Returns the other files (a user's, another program's), left in place. The marker is not touched.
+    files `manifest` (the dead save's own, or this claim's) lists, then that manifest, then the records, and the
+    directories left empty. Returns the other files (a user's, another program's), left in place. The marker is
+    not touched.
+
+    The manifest goes after the files it lists, never before: it may be the only list of them (a save killed
+    after its manifest, its records gone), and a gc killed between the two left them for good, named as a
+    user's ("left in place ... not written by this save"), the id refused to every later save. Beside the
+    claim this runs under (gc's names the save it collects), the manifest is no committed checkpoint.
 
     A file a user put at one of the recorded names cannot be told apart from the save's and goes with it.
     """
     records, ours = _our_records(storage, root, _records_of(storage, root))
     if manifest is not None:
-        ours |= {posixpath.normpath(rec.path) for rec in manifest.files} | {METADATA_FILE_NAME}
+        ours |= {posixpath.normpath(rec.path) for rec in manifest.files} | {METADATA_FILE_NAME, MANIFEST_FILE_NAME}
     entries = _walk(storage, root)
     left = [rel for rel in entries if not rel.endswith("/") and rel not in ours]
-    _delete_all(storage, root, sorted(ours & set(entries)))
+    present = ours & set(entries)
+    _delete_all(storage, root, sorted(present - {MANIFEST_FILE_NAME}))
+    _delete_all(storage, root, sorted(present & {MANIFEST_FILE_NAME}))
     _delete_all(storage, root, records)
     _remove_emptied(storage, root, ours)
     return sorted(set(left) - {INCOMPLETE_MARKER, *records})

@@ -1451,7 +1451,7 @@ def _collect_saves_objects(storage: Storage, path: Path) -> _Outcome | None:
                 if etag is None:
                     return _taken_over_meanwhile(storage, path)
                 found = (found[0], etag)
-                changed, others = [], remove_recorded(storage, path, _take_manifest(storage, path, held))
+                changed, others = [], remove_recorded(storage, path, _dead_saves_manifest(storage, path, held))
                 _let_go_of(storage, path, found[1], uploads)
         elif held.tags and isinstance(storage, TaggedStorage):
             by_save = storage.objects_by_save(path)
@@ -1537,9 +1537,10 @@ def _held_by_gc(storage: Storage, marker: Path) -> bool:
     return token is not None and token.startswith(GC_TOKEN_PREFIX)
 
 
-def _take_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None:
-    """The manifest of the dead save `held`, deleted first (as a delete's is): the save died after writing it
-    and before removing its marker, perhaps with its records gone already, so the files it lists are its own.
+def _dead_saves_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None:
+    """The manifest of the dead save `held`: the save died after writing it and before removing its marker,
+    perhaps with its records gone already, so the files it lists are its own. `remove_recorded` deletes it after
+    those files (it was deleted here, first: a gc killed before the files went left them unlisted for good).
     None when there is none, or it is another save's (left in place)."""
     try:
         manifest = Manifest.from_json(read_bounded(storage, path / MANIFEST_FILE_NAME))
@@ -1549,7 +1550,6 @@ def _take_manifest(storage: Storage, path: Path, held: Claim) -> Manifest | None
         return None  # not a manifest of ours: named as left in place
     if not held.owns(manifest):  # a killed gc's claim `held` owns the manifest of the save it collected
         return None
-    storage.delete(path / MANIFEST_FILE_NAME)
     return manifest
 
 
