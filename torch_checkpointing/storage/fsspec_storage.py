@@ -1010,13 +1010,20 @@ class FsspecStorage(Storage):
 
         On a store without ETags: the bytes compared with that version, a delete, then `create_object` (two
         replacers racing: one creates); on `file://` and `memory://` the compare and the delete are one step
-        among processes (`_marker_lock`), elsewhere two.
+        among processes (`_marker_lock`), elsewhere two. On `file://` the delete and the create are one rename
+        (`_replace_local`): a process killed between the two left no marker, and beside a dead save's manifest
+        that made the save gc was collecting a committed checkpoint.
         """
         backend, key = self._resolve(path)
         if not backend.is_s3:
             with self._marker_lock(backend, key, path):
                 if not self._still(path, etag):
                     return False
+                if backend.protocols & {"file", "local"}:  # one step, also against a kill: see `_replace_local`
+                    with self._errors("upload of", path):
+                        _replace_local(key, bytes(data))
+                    backend.fs.invalidate_cache(key)
+                    return True
                 with self._errors("delete of", path), contextlib.suppress(FileNotFoundError):
                     backend.io.rm_file(key)
                 return self._create_here(backend, key, path, data)  # the lock is held here already
@@ -1630,6 +1637,26 @@ def _create_unnamed(folder: int, base: str, data: bytes) -> bool | None:
     finally:
         os.close(fd)
     return True
+
+
+def _replace_local(name: str, data: bytes) -> None:
+    """Put `data` at `name` in place of what is there, in one step: written under a hidden name of this process
+    beside it (`_create_local_named`'s, whose dead leftovers every create and replace removes), then renamed
+    over it. Killed at any point, `name` holds the old bytes or the new, never nothing."""
+    folder = os.path.dirname(name) or "."
+    hidden = os.path.join(folder, creating_name(os.path.basename(name)))
+    with holding(hidden):
+        fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666)
+        try:
+            try:
+                _remove_dead_creations(folder, os.path.basename(name), os.fstat(fd).st_ctime)
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(hidden, name)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(hidden)
 
 
 def _create_local_named(name: str, data: bytes) -> bool:
