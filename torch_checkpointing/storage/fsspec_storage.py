@@ -820,7 +820,8 @@ class FsspecStorage(Storage):
         return _FsspecFileWriter(backend.io, key, self.config.part_size, url)
 
     def write(self, path: Path, data: Any) -> None:
-        """One PUT (a multipart upload when larger than a part). On S3 a manifest is created, never replaced.
+        """One PUT (a multipart upload when larger than a part). On S3 a manifest is created, never replaced. On
+        `file://`, which writes in place, through `stream_write`: a write that fails leaves no partial file.
 
         The manifest's appearance is the commit on a store without rename. Two saves of one id that both pass
         the commit's "no manifest yet" check would otherwise both succeed, the later manifest silently
@@ -828,12 +829,14 @@ class FsspecStorage(Storage):
         (`If-None-Match: *`) lets only the first land, and the second fails with an `ObjectStoreError`.
         """
         view = memoryview(data).cast("B")
-        if len(view) > self.config.part_size:
+        backend, key = self._resolve_for_write(path)
+        if len(view) > self.config.part_size or backend.protocols & {"file", "local"}:
+            # `file://` writes in place: the stream drops what a failed write left (`_FsspecFileWriter._discard`),
+            # where `pipe_file` left a truncated file (a save's manifest, refusing the id to every later save)
             self._check_parts(path, len(view))
             with self.stream_write(path) as stream:
                 stream.write(view)
             return
-        backend, key = self._resolve_for_write(path)
         url = backend.url(key)
         tag = self._tag(key) if backend.is_s3 else {}
         if backend.is_s3 and _is_commit_file(key):
@@ -2611,21 +2614,45 @@ class _FsspecFileWriter(_ChecksummedUpload):
             return int(self._inner.write(view))
 
     def close(self) -> None:
+        """Finish the file. Where it is written in place (file://) a close that fails (its flush of the buffered
+        tail met a full disk) removes the partial file: a write the OS took only in part raised nothing, so the
+        failure first showed here, and the truncated file stayed under its name."""
         if not self.closed:
             self._refuse_if_failed()
             try:
                 with _ErrorScope(f"upload of {self._url}", wrap_missing=True):
                     self._inner.close()
+            except BaseException:
+                if _writes_in_place(self._inner):
+                    self._remove_partial()
+                raise
             finally:
                 super().close()
 
     def _discard(self) -> None:
+        """Drop what was written. In place (file://) the partial file is removed even where closing it fails: the
+        close flushes the buffered tail of the very write that failed and fails again, and that bare OSError
+        replaced the upload's error, the partial file left."""
         try:
             self._inner.discard()  # object stores: the upload is dropped, nothing appears
         except Exception:  # filesystems that write in place (file://) cannot discard: remove the partial file
-            self._inner.close()
-            if self._fs.exists(self._key):
-                self._fs.rm_file(self._key)
+            self._remove_partial()
+
+    def _remove_partial(self) -> None:
+        try:
+            self._inner.close()  # a no-op where it is closed already
+        except Exception as exc:  # the failure the caller is told of, met again: not raised twice
+            logger.debug("Closing the dropped upload of %s failed too: %s", self._url, exc)
+        if self._fs.exists(self._key):
+            self._fs.rm_file(self._key)
+
+
+def _writes_in_place(inner: Any) -> bool:
+    """Whether the fsspec file `inner` writes its bytes under their name as they come (a local file), so that a
+    failed close leaves a partial file; an object store's upload leaves nothing."""
+    from fsspec.implementations.local import LocalFileSystem  # fsspec is imported at its first use
+
+    return isinstance(getattr(inner, "fs", None), LocalFileSystem)
 
 
 class _S3MultipartWriter(_ChecksummedUpload):
