@@ -399,16 +399,18 @@ def _refuse_infinite_key(key: str, path: NestedPath) -> None:
 
 
 def nested_path_from_json(s: str) -> NestedPath:
+    """The nested path `s` (JSON) names; a ConfigError for text that is no JSON list of components, or one nested
+    past what the parser or the component checks recurse through (a bare RecursionError before)."""
     try:
         parts = json.loads(s)
-    except ValueError:  # JSONDecodeError: a key that is no JSON at all
-        parts = None
-    if not isinstance(parts, list) or not all(map(json_component, parts)):
-        raise ConfigError(
-            f"Nested path {s!r} is not a JSON list of str, int, float (not NaN), bool, null components (or lists of "
-            "them)"
-        )
-    return tuple(map(tuples_from_json, parts))
+        if isinstance(parts, list) and all(map(json_component, parts)):
+            return tuple(map(tuples_from_json, parts))
+    except (ValueError, RecursionError):  # JSONDecodeError: a key that is no JSON at all
+        pass
+    raise ConfigError(
+        f"Nested path {s!r:.200} is not a JSON list of str, int, float (not NaN), bool, null components (or lists "
+        "of them)"
+    )
 
 
 # Rank tuples already checked, by identity (each kept, so its id is not reused): a parsed file's rank lists are
@@ -698,7 +700,7 @@ class DistributedMetadata:
             )
         try:
             value = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # nested past the parser's depth
             raise ConfigError(f"DistributedMetadata.from_json: the text is no JSON ({exc})") from None
         return cls.from_dict(value)
 

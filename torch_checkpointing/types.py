@@ -113,15 +113,18 @@ class CheckpointPath:
             )
         try:
             parts = json.loads(s)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # no JSON, or nested past the parser's depth
             raise ConfigError(
                 f"Cannot deserialize CheckpointPath from {s!r:.200}: it is no JSON ({exc}); {expected}"
             ) from None
         if isinstance(parts, list) and not parts:
             raise ConfigError(f'Cannot deserialize CheckpointPath from empty list: {s!r}; expected ["item", ...]')
-        if not isinstance(parts, list) or not isinstance(parts[0], str) or not all(map(json_component, parts[1:])):
-            raise ConfigError(f"Cannot deserialize CheckpointPath from {s!r:.200}: {expected}")
-        return cls(parts[0], tuple(tuples_from_json(c) for c in parts[1:]))
+        try:  # components nested past what the checks recurse through: a bare RecursionError before
+            if isinstance(parts, list) and isinstance(parts[0], str) and all(map(json_component, parts[1:])):
+                return cls(parts[0], tuple(tuples_from_json(c) for c in parts[1:]))
+        except RecursionError:
+            pass
+        raise ConfigError(f"Cannot deserialize CheckpointPath from {s!r:.200}: {expected}")
 
 
 def json_component(c: object) -> bool:
