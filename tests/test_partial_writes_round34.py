@@ -88,3 +88,34 @@ def test_a_save_whose_manifest_write_failed_leaves_the_id_to_the_next_save(tmp_p
     with CheckpointManager(config) as manager:
         manager.save("step_1", {"model": {"w": torch.arange(3.0)}})
     assert [Path(info.path).name for info in list_checkpoints(url, storage)] == ["step_1"]
+
+
+_OPEN_REFUSED = r"""
+import gc, logging, sys
+from pathlib import Path
+from torch_checkpointing import FsspecStorageConfig
+logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
+storage = FsspecStorageConfig(url=sys.argv[1]).create_storage()
+try:
+    storage.write(Path("no/such/folder.bin"), b"x")
+except Exception as exc:
+    print("RAISED", type(exc).__name__, exc)
+gc.collect()  # the half-made stream, its traceback dropped, is finalized
+print("COLLECTED")
+"""
+
+
+def test_a_stream_that_could_not_open_is_dropped_quietly(tmp_path: Path) -> None:
+    """Its open refused (no such folder), the half-made stream was closed by the finalizer, whose close reached
+    for the file it never opened: a second "upload ... failed: AttributeError ... '_inner'" at WARNING."""
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_REFUSED, f"file://{tmp_path}"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        timeout=120,
+    )
+    out = done.stdout.decode()
+    assert "RAISED ObjectStoreError" in out and "FileNotFoundError" in out and "COLLECTED" in out, out
+    assert "AttributeError" not in out + done.stderr.decode(), out
+    assert os.listdir(tmp_path) == []

@@ -2616,7 +2616,10 @@ class _FsspecFileWriter(_ChecksummedUpload):
     def close(self) -> None:
         """Finish the file. Where it is written in place (file://) a close that fails (its flush of the buffered
         tail met a full disk) removes the partial file: a write the OS took only in part raised nothing, so the
-        failure first showed here, and the truncated file stayed under its name."""
+        failure first showed here, and the truncated file stayed under its name. A stream whose open failed has
+        nothing to close: its finalizer's close logged a second failure, an AttributeError."""
+        if not self.closed and not hasattr(self, "_inner"):  # its open failed (raised): the finalizer's close
+            io.RawIOBase.close(self)
         if not self.closed:
             self._refuse_if_failed()
             try:
