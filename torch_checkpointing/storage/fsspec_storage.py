@@ -913,7 +913,8 @@ class FsspecStorage(Storage):
         For a directory on an object store, `dst` first gets an `.incomplete` marker and the manifest is copied
         last, so `dst` never looks committed before all its files are and a copy killed midway leaves a prefix
         gc recognises as ours (before: files nothing claimed, kept for good). The source then goes as `rmdir`
-        deletes: marked, manifest first, marker last, never a committed manifest whose files are gone.
+        deletes: marked, manifest first, marker last, never a committed manifest whose files are gone. On a
+        directory store (`file://`) the source's files go in that order too (`_in_delete_order`).
         """
         (backend, src), (other, dst) = self._resolve(src_path), self._resolve_for_write(dst_path)
         if other is not backend:
@@ -929,7 +930,7 @@ class FsspecStorage(Storage):
                 for k in keys:
                     _copy_into_place(backend, k, dst + k[len(src) :])
                 if keys:
-                    _delete_all(backend, keys)
+                    _delete_all(backend, _in_delete_order(src, keys))
                 _remove_empty_dirs(backend, src)
             elif keys:
                 copied = _manifest_of(backend, src, keys)
@@ -1918,6 +1919,15 @@ def _copy_into_place(backend: _Backend, src: str, dst: str) -> None:
     if not backend.object_store:
         backend.io.makedirs(posixpath.dirname(dst), exist_ok=True)
     backend.io.cp_file(src, dst)
+
+
+def _in_delete_order(key: str, keys: list[str]) -> list[str]:
+    """`keys` (the files under `key`) in the order a directory store deletes them: the manifest first, the marker
+    last, so that at no point is `key` a manifest without its marker (a committed checkpoint to every reader).
+    A move's source on `file://` went in listing order, the marker first: a gc killed moving an unfinished save
+    aside left it a committed checkpoint, listed and loaded."""
+    manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
+    return sorted(keys, key=lambda k: (k != manifest) + (k == marker))
 
 
 def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None:
