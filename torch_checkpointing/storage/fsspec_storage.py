@@ -2226,14 +2226,17 @@ def _delete_marked(
 
 def _remove_tree(backend: _Backend, key: str) -> None:
     """Remove a directory tree (or one file) by its own name: fsspec's `rm(recursive=True)` expands `*`, `?` and
-    `[` in it as a glob, and removing `run/step*1` removed `run/stepX1` and `run/step11` with it."""
+    `[` in it as a glob, and removing `run/step*1` removed `run/stepX1` and `run/step11` with it. Its files go
+    manifest first, marker last (`_in_delete_order`): in listing order the marker went first, and a removal
+    killed among the files left a manifest without its marker (a committed checkpoint) or, in gc's trash,
+    files beside neither, which no later gc recognised."""
     if not backend.io.isdir(key):
         backend.io.rm_file(key)
         return
     found = backend.io.find(key, withdirs=True, detail=True)
-    for name, info in found.items():
-        if info.get("type") != "directory":
-            backend.io.rm_file(name)
+    files = [name for name, info in found.items() if info.get("type") != "directory"]
+    for name in _in_delete_order(key, files):
+        backend.io.rm_file(name)
     dirs = [name for name, info in found.items() if info.get("type") == "directory" and name != key]
     for name in [*sorted(dirs, key=len, reverse=True), key]:  # the deepest first
         with contextlib.suppress(FileNotFoundError):
