@@ -56,8 +56,10 @@ def _save_old_checkpoints(root: Path) -> None:
             manager.save(str(root / f"step_{step}"), {"m": {"x": torch.ones(2)}}, step=step)
 
 
-def _retention_threads_end() -> None:
-    for thread in threading.enumerate():
+def _retention_threads_end(before: set[threading.Thread]) -> None:
+    """This test's retention threads (not those an earlier test left to end on their own: one that never ends
+    there, a store that stopped answering, failed this test)."""
+    for thread in set(threading.enumerate()) - before:
         if thread.name.startswith("ckpt-retention"):
             thread.join(_HANG_S)
             assert not thread.is_alive(), "the retention pass never ended"
@@ -68,6 +70,7 @@ def _checkpoints(root: Path) -> list[str]:
 
 
 def test_a_pass_close_gave_up_on_deletes_nothing_more(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    before = set(threading.enumerate())
     _save_old_checkpoints(tmp_path)
     config = CheckpointManager.Config(
         save=SyncCheckpointSaverConfig(wait_timeout_secs=_WAIT_S),
@@ -86,7 +89,7 @@ def test_a_pass_close_gave_up_on_deletes_nothing_more(tmp_path: Path, caplog: py
     finally:
         _RELEASE.set()
         manager.close()
-    _retention_threads_end()
+    _retention_threads_end(before)
     assert _checkpoints(tmp_path) == left_at_close, "the pass deleted checkpoints after close() returned"
     said = [r.getMessage() for r in caplog.records if "did not finish within" in r.getMessage()]
     assert len(said) == 1, caplog.text
