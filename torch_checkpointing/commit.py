@@ -1140,7 +1140,7 @@ class Commit:
         return True
 
     def _manifest_of_ours(self) -> Manifest | None:
-        """The manifest this save wrote (deleted by now: its files are this save's), if it got that far."""
+        """The manifest this save wrote (its files are this save's), if it got that far."""
         return None if self._manifest_bytes is None else Manifest.from_json(self._manifest_bytes.decode("utf-8"))
 
     def _let_go(self, claims: ConditionalStorage, etag: str, uploads: list[tuple[str, str]]) -> None:
@@ -1686,14 +1686,14 @@ class Commit:
                 logger.info("Not removing %s: it is claimed by another save (%s)", self._url, held.describe())
             return
         uploads = unfinished_uploads(self.storage, root)  # this save's and dead ones': this save holds the claim
-        if self.storage.exists(root / MANIFEST_FILE_NAME):
-            if self._manifest_bytes is None or not self._visible(self._manifest_bytes):
-                return  # not this save's manifest
-            # This save's own manifest, beside its own claim: the commit failed at its last step (the marker's
-            # removal). Left there, the id read as incomplete to loads yet "a checkpoint already exists" to the
-            # next save of it, until gc outlived this process. It goes first, as a delete's does (its records
-            # may be gone already: the files it lists are this save's too).
-            self.storage.delete(root / MANIFEST_FILE_NAME)
+        # Beside this save's own claim, a manifest not this save's is left; this save's own (the commit failed at
+        # its last step, the marker's removal) goes with the files below, after those it lists (`remove_recorded`):
+        # its records are gone by then, and deleted first, a kill before the files left them named by nothing, to
+        # gc "not written by this save", the id refused to every later save.
+        if self.storage.exists(root / MANIFEST_FILE_NAME) and (
+            self._manifest_bytes is None or not self._visible(self._manifest_bytes)
+        ):
+            return
         if held is not None and held.records:  # no tags, but its ranks recorded what they write
             left = remove_recorded(self.storage, root, self._manifest_of_ours())
             self._let_go(claims, etag, uploads)
