@@ -54,12 +54,37 @@ def warn_ignored(config: object, field_name: str, why: str) -> None:
 
 def warn_once(config: object, key: str, message: str, category: type[Warning]) -> None:
     """Warn about `config` once per object for `key`, naming the user's line (`_callers_level`). A copy made
-    after the warning (a manager's `snapshot`) shares the note, so a check run again on it stays quiet."""
+    after the warning (a manager's `snapshot`) shares the note, so a check run again on it stays quiet. Noted only
+    where no filter ignored it (`_ignored_at`)."""
     said: set[str] = vars(config).setdefault(_WARNED, set())
     if key in said:
         return
-    warnings.warn(message, category, stacklevel=_callers_level())
-    said.add(key)  # after: under `-W error` the warning is raised, and each build from the config raises it
+    level = _callers_level()
+    ignored = _ignored_at(message, category, level)
+    warnings.warn(message, category, stacklevel=level)
+    if not ignored:  # after: under `-W error` the warning is raised, and each build from the config raises it
+        said.add(key)
+
+
+def _ignored_at(message: str, category: type[Warning], level: int) -> bool:
+    """Whether the filters in force ignore `message` warned at `stacklevel=level` of `warn_once`'s caller (the
+    first filter matching it decides, as in `warnings`). A config built inside `catch_warnings()` with "ignore"
+    was noted as told, and no later check outside it said anything: Python itself forgets what a filter ignored
+    once the filters change."""
+    try:  # level 1 is `warn_once`, as this function is called from there
+        frame = sys._getframe(level)
+        module, lineno = frame.f_globals.get("__name__", "<string>"), frame.f_lineno
+    except ValueError:  # no frame outside the engine: `warnings` names "sys", line 1
+        module, lineno = "sys", 1
+    for action, text, cls, mod, line in warnings.filters:
+        if (
+            (text is None or text.match(message))
+            and issubclass(category, cls)
+            and (mod is None or mod.match(module))
+            and line in (0, lineno)
+        ):
+            return action == "ignore"
+    return bool(getattr(warnings, "defaultaction", "default") == "ignore")  # not in the stubs
 
 
 def _callers_level() -> int:
