@@ -1,13 +1,17 @@
-"""A config's once-only warning is noted as given only where it was given, as Python's filters decide it.
+"""A config's once-only warning is noted as given only where it was given (as Python's filters decide it),
+and only on that config object.
 
 `config.warn_once` notes each warning on the config so that the managers built from it do not repeat it. The note
 was taken even where a filter in force ignored the warning (a config built inside `warnings.catch_warnings()` with
 "ignore", as a library wrapping it does): every later check was quiet, so the user, whose own filters show it, was
-never told (Python itself forgets what a filter ignored once the filters change).
+never told (Python itself forgets what a filter ignored once the filters change). And a `copy.copy` of a config
+shared its note: a field warned about on the copy was taken as said on the original, whose own edit of it was
+never told.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 from torch_checkpointing.config import CheckpointWriterConfig, recheck
@@ -56,4 +60,26 @@ def test_a_shown_warning_is_not_repeated() -> None:
         warnings.simplefilter("always")
         config = CheckpointWriterConfig(checkpoint_write_barrier_timeout_sec=5)
         recheck(config)
+    assert _told(caught, _TIMEOUT) == 1
+
+
+def test_a_copy_warned_about_a_field_leaves_the_original_to_be_told_of_its_own_edit() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        original = CheckpointWriterConfig(barrier_config=object())
+        duplicate = copy.copy(original)
+        duplicate.checkpoint_write_barrier_timeout_sec = 7
+        recheck(duplicate)
+        original.checkpoint_write_barrier_timeout_sec = 9
+        recheck(original)
+    assert _told(caught, _TIMEOUT) == 2
+    assert _told(caught, "barrier_config is ignored") == 1  # what was said before the copy: said for both
+
+
+def test_a_copy_keeps_what_was_said_before_it() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        original = CheckpointWriterConfig(checkpoint_write_barrier_timeout_sec=5)
+        recheck(copy.copy(original))
+        recheck(copy.deepcopy(original))
     assert _told(caught, _TIMEOUT) == 1

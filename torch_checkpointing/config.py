@@ -54,16 +54,17 @@ def warn_ignored(config: object, field_name: str, why: str) -> None:
 
 def warn_once(config: object, key: str, message: str, category: type[Warning]) -> None:
     """Warn about `config` once per object for `key`, naming the user's line (`_callers_level`). A copy made
-    after the warning (a manager's `snapshot`) shares the note, so a check run again on it stays quiet. Noted only
-    where no filter ignored it (`_ignored_at`)."""
-    said: set[str] = vars(config).setdefault(_WARNED, set())
+    after the warning (a manager's `snapshot`) keeps the note as it was, so a check run again on it stays quiet;
+    what is warned on one of them after the copy is noted on that one only (a shared set took a field warned on
+    the copy as said on the original). Noted only where no filter ignored it (`_ignored_at`)."""
+    said: frozenset[str] = vars(config).get(_WARNED, frozenset())
     if key in said:
         return
     level = _callers_level()
     ignored = _ignored_at(message, category, level)
     warnings.warn(message, category, stacklevel=level)
     if not ignored:  # after: under `-W error` the warning is raised, and each build from the config raises it
-        said.add(key)
+        vars(config)[_WARNED] = said | {key}  # a new set: a copy of the config keeps what was said before it only
 
 
 def _ignored_at(message: str, category: type[Warning], level: int) -> bool:
