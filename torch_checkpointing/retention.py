@@ -194,18 +194,35 @@ def _refuse_url_naming_nothing(root: str) -> None:
             local_path_of(root)
         except ConfigError as exc:
             raise ConfigError(f"RetentionPolicy.root: {exc}") from None
-    if scheme is not None and _url_names_nothing(root):
+    folded = _folded_bare_scheme(root)
+    if _url_names_nothing(root):
+        scheme = scheme or folded
         example = f"{scheme}:///abs/runs" if scheme in LOCAL_SCHEMES else f"{scheme}://bucket/runs"
+        folder = f" (a local folder so named is './{root}')" if folded else ""
         raise ConfigError(
             f"RetentionPolicy.root {root!r} names no directory (an unset variable?); name one, e.g. "
-            f"{example!r}, or leave root unset for each saved id's parent."
+            f"{example!r}, or leave root unset for each saved id's parent{folder}."
         )
+
+
+# `s3://` or `file://` (`f"s3://{BUCKET}"`, BUCKET unset) once `pathlib.Path` folded it: the scheme and its colon
+_FOLDED_BARE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
+
+
+def _folded_bare_scheme(text: str) -> str | None:
+    """The scheme of `text` where it is a URL `Path` folded to its scheme alone (`Path("s3://")` is `s3:`): no
+    URL to `url_scheme`, it was taken as a local folder named `s3:`, and every pass pruned that (none), silently."""
+    match = _FOLDED_BARE_URL.fullmatch(text)
+    return match.group(1).lower() if match else None
 
 
 def _url_names_nothing(text: str) -> bool:
     """Whether `text` is a URL with nothing after its scheme and host: `file://` or `file://localhost` (the empty
     path), `s3://` or `s3:/` (no bucket: the one-slash spelling is what `Path` folds a URL into, and a URL to
-    every reader). What `f"file://{ROOT}"` is with ROOT unset: an empty path, spelt as a URL."""
+    every reader), or the scheme alone (`s3:`, `file:`: `Path` folds `s3://` and `file://` so). What
+    `f"file://{ROOT}"` is with ROOT unset: an empty path, spelt as a URL."""
+    if _folded_bare_scheme(text) is not None:
+        return True
     scheme = url_scheme(text)
     if scheme is None:
         return False
