@@ -1685,22 +1685,33 @@ class RetentionRunner:
         """Finish the passes already scheduled (a save that committed gets its pass), then stop the worker, all
         within `timeout`. A timeout no wait can honour is refused (it was logged as passes that "did not finish
         within nans"). Past it, the pass running stops at its next safe point, before its next deletion: it went
-        on deleting checkpoints after close() returned, while the script took the manager for closed. Only the
+        on deleting checkpoints after close() returned, while the script took the manager for closed; so does
+        an interrupt (Ctrl-C) of the wait, which close() raises over a manager closed for good. Only the
         step under way finishes, on the worker's (daemon) thread: joining it waited for as long as a pass hung (a
         store that stopped answering). `said`: the timeout as the WARNING names it, where `timeout` is what a
         caller's deadline had left of it (the WARNING named the remainder, "1.9998s")."""
         wait_seconds("RetentionRunner.close's timeout", timeout)
-        finished = True
         try:
             self.wait(timeout)
         except TimeoutError:
-            finished = False
-            self._stop.set()
+            self._give_up()
             self._say_stopped(said or f"{timeout}s")
+            return
+        except BaseException:  # Ctrl-C: close() gives up on the passes as at its timeout (they went on deleting)
+            self._give_up()
+            raise
+        self._shut_down(wait=True)
+
+    def _give_up(self) -> None:
+        """Stop the pass running at its next safe point, and the worker once it ends, without waiting."""
+        self._stop.set()
+        self._shut_down(wait=False)
+
+    def _shut_down(self, *, wait: bool) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=finished)
+            pool.shutdown(wait=wait)
 
     def _say_stopped(self, timeout: str) -> None:
         root = self._root_running
