@@ -213,7 +213,9 @@ class FsspecStorageConfig(StorageConfig):
     def _check_url_protocol(self) -> None:
         """A `url` of another store than `protocol` (`s3://...` with `gs`) was refused only by `create_storage()`,
         in the writer process for an async save. Aliases of one filesystem (`s3`/`s3a`, `gs`/`gcs`,
-        `file`/`local`) agree; a protocol fsspec does not know yet is left to `create_storage()`."""
+        `file`/`local`) agree; a protocol fsspec does not know yet is left to `create_storage()`. The fix names
+        `dataclasses.replace`: its copy is built from the old fields, so a protocol filled in from the first url
+        reads as the user's, and "leave protocol empty" was what that user had done."""
         scheme = url_scheme(self.url) if self.url else None
         if scheme is None or scheme == self.protocol:
             return
@@ -221,8 +223,9 @@ class FsspecStorageConfig(StorageConfig):
             return
         raise ConfigError(
             f"FsspecStorageConfig.url {self.url!r} is a {scheme}:// path, but this storage talks to "
-            f"{self.protocol}:// (FsspecStorageConfig.protocol). Fix: leave protocol empty (it is taken from url), "
-            f"or give a url of {self.protocol}://."
+            f"{self.protocol}:// (FsspecStorageConfig.protocol). Fix: leave protocol empty (it is taken from url; "
+            f"a copy made by dataclasses.replace(config, url=...) carries the protocol its first url filled in, as "
+            f"if set: pass protocol='' with the new url), or give a url of {self.protocol}://."
         )
 
     def _check_endpoint(self) -> None:
