@@ -15,6 +15,7 @@ import operator
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
@@ -41,7 +42,21 @@ _DEFAULT_METRIC_PREFIX = "train.checkpoint_write"
 _DEFAULT_BARRIER_TIMEOUT_SECS = 600
 
 
-_WARNED = "_torch_checkpointing_warned"  # a config's attribute: the fields it was warned about
+# What the engine noted about a configuration object (the fields it warned about, a value it filled in), by the
+# object's id, dropped with the object. Kept in the object's own `__dict__`, the notes broke rebuilding a config
+# from its fields, `type(c)(**vars(c))` ("unexpected keyword argument '_protocol_taken'").
+_NOTES: dict[int, dict[str, Any]] = {}
+_WARNED = "warned"  # the note of the fields a config was warned about
+
+
+def notes_of(config: object) -> dict[str, Any]:
+    """The engine's notes about `config` (a dataclass instance: any object that takes a weak reference)."""
+    key = id(config)
+    notes = _NOTES.get(key)
+    if notes is None:
+        notes = _NOTES[key] = {}
+        weakref.finalize(config, _NOTES.pop, key, None)
+    return notes
 
 
 def warn_ignored(config: object, field_name: str, why: str) -> None:
@@ -57,14 +72,14 @@ def warn_once(config: object, key: str, message: str, category: type[Warning]) -
     after the warning (a manager's `snapshot`) keeps the note as it was, so a check run again on it stays quiet;
     what is warned on one of them after the copy is noted on that one only (a shared set took a field warned on
     the copy as said on the original). Noted only where no filter ignored it (`_ignored_at`)."""
-    said: frozenset[str] = vars(config).get(_WARNED, frozenset())
+    said: frozenset[str] = notes_of(config).get(_WARNED, frozenset())
     if key in said:
         return
     level = _callers_level()
     ignored = _ignored_at(message, category, level)
     warnings.warn(message, category, stacklevel=level)
     if not ignored:  # after: under `-W error` the warning is raised, and each build from the config raises it
-        vars(config)[_WARNED] = said | {key}  # a new set: a copy of the config keeps what was said before it only
+        notes_of(config)[_WARNED] = said | {key}  # a new set: a snapshot keeps what was said before it only
 
 
 def _ignored_at(message: str, category: type[Warning], level: int) -> bool:
@@ -345,6 +360,7 @@ def snapshot(config: _D) -> _D:
     if not dataclasses.is_dataclass(config) or isinstance(config, type):
         return config
     made = copy.copy(config)
+    notes_of(made).update(notes_of(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name, None)
         if isinstance(value, (dict, list)) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):

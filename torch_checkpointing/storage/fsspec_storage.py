@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
-from torch_checkpointing.config import check_number, recheck
+from torch_checkpointing.config import check_number, notes_of, recheck
 from torch_checkpointing.errors import (
     CheckpointError,
     ConfigError,
@@ -172,7 +172,7 @@ class FsspecStorageConfig(StorageConfig):
         self._check_types()
         if self.url and url_scheme(self.url) is None:
             raise ConfigError(f"FsspecStorageConfig.url must be a URL such as 's3://bucket/prefix' (got {self.url!r}).")
-        if self.protocol and self.protocol == getattr(self, "_protocol_taken", None):
+        if self.protocol and self.protocol == notes_of(self).get("protocol taken"):
             # this check filled it in when the config was built; the url (or filesystem) may have been edited since
             # (`config.recheck`): taken again from them, or an edited url was refused as naming another protocol
             self.protocol = ""
@@ -182,7 +182,7 @@ class FsspecStorageConfig(StorageConfig):
         given = _protocols_of(self.filesystem) if self.filesystem is not None else None
         if given is not None:
             self.protocol = self.protocol or sorted(given)[0]
-        self._protocol_taken = self.protocol if taken else None
+        notes_of(self)["protocol taken"] = self.protocol if taken else None
         if given is not None and self.protocol not in given:
             raise ConfigError(
                 f"FsspecStorageConfig.filesystem speaks {sorted(given)}, not the configured {self.protocol}://; "
