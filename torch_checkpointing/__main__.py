@@ -1,7 +1,9 @@
 """`python -m torch_checkpointing ...` and the `torch-checkpointing` command: the operations CLI (see
 torch_checkpointing.cli)."""
 
+import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -22,7 +24,32 @@ def run() -> int:
             print(json.dumps({"error": said, "kind": stop.kind}, indent=2, sort_keys=True))
         print(said, file=sys.stderr)
         return stop.code
-    return main()
+    code = main()
+    _exit_on_a_late_stop(code)
+    return code
+
+
+def _exit_on_a_late_stop(code: int) -> None:
+    """From here on, a Ctrl-C or SIGTERM ends the process at once with the command's own exit `code`.
+
+    The command has finished and written its whole report; the interpreter's exit after it (torch's teardown,
+    about half a second) is no part of it. A SIGTERM landing there killed the process by its default action:
+    exit 143 with no line on stderr for a command that had done its work and said so (a prune's reported
+    deletions, a complete export), which a script reads as a command stopped midway. Not for a signal the
+    shell ignores or a caller handles, nor off the main thread (as `_import_cli_holding`).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def finish(_signum: int, _frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe: its loss was reported when lost
+                stream.flush()
+        os._exit(code)
+
+    for signum in STOPS:
+        if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
+            signal.signal(signum, finish)
 
 
 def _import_cli_holding(held: list[int]) -> Callable[[], int]:

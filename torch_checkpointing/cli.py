@@ -1014,10 +1014,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(_usage_error(exc, json_requested(argv))) from None
     ui = Ui(args.json, args.plain)
     try:
-        with _sigterm_raises():
+        with _stops_raise() as stopping:
             code = _run(args, ui, _storage_of(args))
             ui.out.flush()  # a full disk under `> report.txt` fails here, not unseen at the interpreter's exit
-            return code
+            stopping.decided = True
+        return code
     except OutputFailed as exc:
         return _report_lost_output(args.command, exc)
     except BrokenPipeError as exc:
@@ -1063,28 +1064,43 @@ class Terminated(BaseException):
     """SIGTERM, raised as Ctrl-C's KeyboardInterrupt is (not an Exception: no `except Exception` swallows it)."""
 
 
+@dataclass
+class _Stopping:
+    """Whether a Ctrl-C or SIGTERM still stops the command: not once its result is decided and its report out."""
+
+    decided: bool = False
+
+
 @contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises `Terminated` while a command runs, so that what it was doing cleans up on the way out.
+def _stops_raise() -> Iterator[_Stopping]:
+    """SIGTERM raises `Terminated` (Ctrl-C `KeyboardInterrupt`) while a command runs, so that what it was doing
+    cleans up on the way out, and neither once the command has decided its result and written its report.
 
     Before, SIGTERM killed the process outright: an export's staging folder, with the shards written so far, was
-    left beside its output. Only where SIGTERM has its default action (not when a caller handles or ignores it)
-    and on the main thread, which alone may set a handler.
+    left beside its output. And a stop landing after the report was out turned a finished command into 143 or
+    130, with `--json` a second document after the whole first one. Only where the signal has its default action
+    (not when a caller handles or ignores it) and on the main thread, which alone may set a handler.
     """
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or threading.current_thread() is not (
-        threading.main_thread()
-    ):
-        yield
+    stopping = _Stopping()
+    if threading.current_thread() is not threading.main_thread():
+        yield stopping
         return
 
-    def terminate(_signum: int, _frame: object) -> None:
-        raise Terminated
+    def stop(signum: int, _frame: object) -> None:
+        if stopping.decided:
+            return  # the command is done; the caller's exit code stands (`__main__` ends the process with it)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
-    signal.signal(signal.SIGTERM, terminate)
+    previous = {
+        signum: signal.signal(signum, stop)
+        for signum in STOPS
+        if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL)
+    }
     try:
-        yield
+        yield stopping
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _usage_error(exc: UsageError, json_mode: bool) -> int:

@@ -1,0 +1,70 @@
+"""A signal that lands after a CLI command has finished and written its whole report (round 34).
+
+The command's outcome is decided once its report is out; the interpreter's exit after it (torch's teardown,
+about half a second) is no part of the command. A SIGTERM (`timeout`, a scheduler) or Ctrl-C landing there
+killed the process by the signal's default action: exit 143 or 130 with no line on stderr, for a command that
+had done its work and said so (a prune whose deletions were reported, an export that was complete), which a
+script reads as a command stopped midway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_checkpointing import CheckpointManager
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH_TIMEOUT_S = 120  # the CLI takes seconds (importing torch); this only stops a hang
+
+
+def _run_root(tmp_path: Path) -> Path:
+    root = tmp_path / "run"
+    with CheckpointManager(CheckpointManager.Config(save=SyncCheckpointSaverConfig())) as manager:
+        manager.save(str(root / "step_1"), {"model": {"w": torch.ones(2)}})
+    return root
+
+
+def _whole_report(stdout: object) -> dict[str, object]:
+    """Read the --json document line by line until it parses: the command has then written all of it."""
+    text = ""
+    for line in stdout:  # type: ignore[attr-defined]
+        text += line
+        try:
+            return json.loads(text)  # type: ignore[no-any-return]
+        except json.JSONDecodeError:
+            continue
+    raise AssertionError(f"the CLI ended before a whole JSON document: {text!r}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_after_the_whole_report_keeps_the_commands_exit_code(tmp_path: Path, signum: int) -> None:
+    root = _run_root(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch_checkpointing", "--json", "ls", str(root)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # our own Ctrl-C handling: SIGINT at its default, as from a terminal
+    )
+    try:
+        report = _whole_report(proc.stdout)
+        assert report["latest"] == str(root / "step_1"), report
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (proc.returncode, stderr)
+    assert "interrupted" not in stderr and "terminated" not in stderr, stderr
