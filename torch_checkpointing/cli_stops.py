@@ -31,6 +31,8 @@ STOPS = {
 
 
 def json_requested(argv: Sequence[str]) -> bool:
-    """Whether `--json` is among the options (before a `--`, after which it would be a path)."""
+    """Whether `--json` is among the options (before a `--`, after which it would be a path), spelt as argparse
+    takes it: `--js` and `--jso` too, a prefix of no other option of the CLI. Looking for `--json` alone, a
+    script that wrote `--jso` got its report as JSON, but an empty stdout for a usage error."""
     argv = list(argv)
-    return "--json" in argv[: argv.index("--") if "--" in argv else None]
+    return any(len(arg) > 2 and "--json".startswith(arg) for arg in argv[: argv.index("--") if "--" in argv else None])
