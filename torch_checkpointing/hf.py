@@ -18,6 +18,7 @@ import dataclasses
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +122,22 @@ def parse_size(text: str | int) -> int:
                 f"Cannot read size {text!r} (max_shard_size); write e.g. 5GB, 500MB, 2GiB or a number of bytes, "
                 f"in the digits 0-9"
             )
-        size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+        size = _exact_size(match.group(1), _UNITS[match.group(2).upper()], text)
     if size < 1:
         raise ConfigError(f"max_shard_size {text!r} is not a positive size; write e.g. 5GB, 500MB or 2GiB")
     return size
+
+
+def _exact_size(number: str, unit: int, text: str) -> int:
+    """`number` (ASCII digits, perhaps a fraction) times `unit`, in whole bytes, exactly: through a float a count
+    past 2**53 bytes came back another count, and one past a float's range raised a bare OverflowError."""
+    try:
+        return math.floor(Fraction(number) * unit)
+    except ValueError:  # more digits than Python turns into an int (sys.get_int_max_str_digits)
+        raise ConfigError(
+            f"Cannot read size {text[:40]!r}... (max_shard_size, {len(number)} digits); write e.g. 5GB, 500MB, "
+            f"2GiB or a number of bytes"
+        ) from None
 
 
 @dataclass(frozen=True)
