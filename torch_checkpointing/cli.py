@@ -297,16 +297,20 @@ class Ui:
 
     @contextmanager
     def progress(self, total: int, description: str) -> Iterator[Any]:
-        """A bytes progress bar on stderr when it is a terminal (and rich is there); a no-op advance otherwise."""
+        """A bytes progress bar on stderr when it is a terminal (and rich is there); a no-op advance otherwise.
+
+        `description` names a checkpoint: shown as data, as every line is, and never as rich markup (a checkpoint
+        named `[bold red]x` was drawn as a red `x`, and an escape sequence in a name reached the terminal)."""
         if self.json_mode or not sys.stderr.isatty():
             yield lambda n: None
             return
+        description = _encodable(shown(description), sys.stderr.encoding or "utf-8")
         try:
             from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
         except ImportError:
             yield _PlainProgress(total, description)
             return
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        columns = (TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(), TransferSpeedColumn())
         with Progress(*columns, transient=True, console=_stderr_console()) as bar:
             task = bar.add_task(description, total=total)
             yield lambda n: bar.advance(task, n)
