@@ -1018,7 +1018,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(_usage_error(exc, json_requested(argv))) from None
     ui = Ui(args.json, args.plain)
     try:
-        with _stops_raise() as stopping:
+        with _stops_raise() as stopping, _warnings_shown():
             code = _run(args, ui, _storage_of(args))
             ui.out.flush()  # a full disk under `> report.txt` fails here, not unseen at the interpreter's exit
             stopping.decided = True
@@ -1105,6 +1105,37 @@ def _stops_raise() -> Iterator[_Stopping]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+class _ShownHandler(logging.Handler):
+    """The engine's WARNINGs on stderr as Python's last-resort handler wrote them (the message alone), with
+    names shown as data (`shown`): they name checkpoints and files, which whoever can write into a root names,
+    and a name's escape sequence reached the terminal where every line the CLI prints escapes it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            lines = [shown(record.getMessage())]
+            if record.exc_info:  # a traceback keeps its lines, each shown as data
+                lines += map(shown, logging.Formatter().formatException(record.exc_info).splitlines())
+            print(_encodable("\n".join(lines), sys.stderr.encoding or "utf-8"), file=sys.stderr, flush=True)
+        except Exception:  # logging's own rule: a failing handler reports, never raises
+            self.handleError(record)
+
+
+@contextmanager
+def _warnings_shown() -> Iterator[None]:
+    """While a command runs, its WARNINGs go through `_ShownHandler`, where nothing else would print them (no
+    handler configured: Python's last resort would). A program that configured logging keeps its own."""
+    package = logging.getLogger("torch_checkpointing")
+    if package.hasHandlers():
+        yield
+        return
+    handler = _ShownHandler(logging.WARNING)
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
 
 
 def _usage_error(exc: UsageError, json_mode: bool) -> int:
