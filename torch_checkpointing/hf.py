@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import logging
@@ -743,10 +744,23 @@ def _output_path(out_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
+def _resolved_output(out: Path) -> Path:
+    """`out` with its links resolved; one that is or lies under a loop of symbolic links is named with the fix
+    (pathlib's bare `RuntimeError: Symlink loop from ...` before; Python 3.13 raises an OSError instead)."""
+    try:
+        return out.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise OSError(
+            errno.ELOOP,
+            f"Export output {out} goes through a loop of symbolic links ({exc}); nothing was exported: choose "
+            f"another output folder or fix the link",
+        ) from None
+
+
 def _check_out_dir(out: Path, checkpoint: Path, overwrite: bool) -> None:
     """Refuse an output that is inside the checkpoint (or any other), is not a directory, or holds an export
     (unless `overwrite`): nothing is written before these are known."""
-    target, source = out.resolve(), checkpoint.resolve()
+    target, source = _resolved_output(out), checkpoint.resolve()
     if target == source or source in target.parents:
         raise ConfigError(f"Export output {out} lies inside the checkpoint {checkpoint}; choose a directory outside it")
     other = _enclosing_checkpoint(target)
@@ -984,6 +998,14 @@ def _require_folder(directory: Path) -> None:
         ) from None
     except PermissionError as exc:  # a folder on the way this user may not search
         raise unreadable_file(directory, _HF_DIRECTORY, exc) from exc
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise OSError(
+            errno.ELOOP,
+            f"import_hf: {directory} goes through a loop of symbolic links ({exc.strerror}); fix the link, or "
+            f"pass {_HF_FOLDER}",
+        ) from None
     if not stat.S_ISDIR(mode):
         raise NotADirectoryError(f"import_hf: {directory} is a file, not a folder; pass {_HF_FOLDER}")
 
