@@ -593,10 +593,20 @@ _ROOT = "the directory that holds the checkpoints (a run's root)"
 
 
 def _refuse_a_file(base: Path, storage: Storage) -> None:
-    """A root that is no directory lists nothing, unless it is a file: a resume that took "nothing listed" for a
-    first run would start over, and a gc that found "nothing to collect" would never clean the run."""
+    """A root that is no directory lists nothing, unless it is a file, or a symbolic link to nothing (an unmounted
+    volume, a run folder moved away): a resume that took "nothing listed" for a first run would start over, and a
+    gc that found "nothing to collect" would never clean the run."""
     if storage.exists(base):
         raise NotADirectoryError(f"{spelt(base)} is a file, not a directory: pass {_ROOT}")
+    if _is_symlink(storage, base):
+        local = storage.local_path(base)
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"{spelt(base)} is a symbolic link to {os.readlink(local) if local else '?'}, which does not exist (an "
+            f"unmounted volume, a folder moved away): mount or restore it, or pass the directory the checkpoints "
+            f"are in",
+            os.fspath(base),
+        )
 
 
 def warn_if_a_checkpoint(base: Path, storage: Storage) -> None:
