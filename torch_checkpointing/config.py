@@ -59,6 +59,22 @@ def notes_of(config: object) -> dict[str, Any]:
     return notes
 
 
+class CarriesNotes:
+    """A config whose copies (`copy.copy`, `copy.deepcopy`, a pickle: what the async writer process receives)
+    carry the engine's notes about it, outside its `__dict__` still. A note that decides a check run again (the
+    protocol `FsspecStorageConfig` filled in from its url) was lost on a copy: the copy's edited url was refused
+    as naming another protocol than the one its first url filled in."""
+
+    def __getstate__(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return dict(vars(self)), dict(_NOTES.get(id(self), {}))
+
+    def __setstate__(self, state: tuple[dict[str, Any], dict[str, Any]] | dict[str, Any]) -> None:
+        fields, notes = state if isinstance(state, tuple) else (state, {})  # a pickle from before: fields alone
+        vars(self).update(fields)
+        if notes:
+            notes_of(self).update(notes)
+
+
 def warn_ignored(config: object, field_name: str, why: str) -> None:
     """A field kept for configs written against the published release, which the engine does not read: warned
     about once per config object. `recheck` runs the checks again at every manager build, and a script building

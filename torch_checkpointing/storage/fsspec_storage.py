@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
-from torch_checkpointing.config import check_number, notes_of, recheck
+from torch_checkpointing.config import CarriesNotes, check_number, notes_of, recheck
 from torch_checkpointing.errors import (
     CheckpointError,
     ConfigError,
@@ -139,7 +139,7 @@ def url_scheme(checkpoint_id: str | os.PathLike[str]) -> str | None:
 
 
 @dataclass
-class FsspecStorageConfig(StorageConfig):
+class FsspecStorageConfig(StorageConfig, CarriesNotes):
     """Where and how to reach an fsspec filesystem; every field pickles (the writer process rebuilds from it).
 
     * `url`: an optional root (`s3://bucket/runs/exp1`). Relative checkpoint ids are placed under it; full URL
