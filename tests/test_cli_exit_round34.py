@@ -68,3 +68,48 @@ def test_a_signal_after_the_whole_report_keeps_the_commands_exit_code(tmp_path: 
             proc.wait()
     assert proc.returncode == 0, (proc.returncode, stderr)
     assert "interrupted" not in stderr and "terminated" not in stderr, stderr
+
+
+def _caught(pid: int, signum: int) -> bool:
+    """Whether process `pid` runs a handler of its own for `signum` (its /proc status): once Python's
+    finalization has put its handlers back, a signal takes its default action there, or is ignored."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == "SigCgt":
+            return bool(int(value.strip(), 16) & (1 << (signum - 1)))
+    raise KeyError("SigCgt")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads a process's signal masks from /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_in_the_interpreters_finalization_keeps_the_commands_exit_code(tmp_path: Path, signum: int) -> None:
+    """Sent once the process no longer catches the signal: Python's finalization puts every handler it set back
+    to the default action, before torch's teardown (the half second the command's end waits on)."""
+    root = _run_root(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch_checkpointing", "--json", "ls", str(root)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    sent = False
+    try:
+        _whole_report(proc.stdout)
+        while proc.poll() is None:
+            try:
+                if not _caught(proc.pid, signum):
+                    proc.send_signal(signum)
+                    sent = True
+                    break
+            except (FileNotFoundError, ProcessLookupError, KeyError):  # gone meanwhile, or a zombie's status
+                break
+        _, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert sent, "the process ended before it stopped catching the signal"
+    assert proc.returncode == 0, (proc.returncode, stderr)

@@ -1,6 +1,7 @@
 """`python -m torch_checkpointing ...` and the `torch-checkpointing` command: the operations CLI (see
 torch_checkpointing.cli)."""
 
+import atexit
 import contextlib
 import json
 import os
@@ -47,9 +48,19 @@ def _exit_on_a_late_stop(code: int) -> None:
                 stream.flush()
         os._exit(code)
 
-    for signum in STOPS:
-        if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
-            signal.signal(signum, finish)
+    taken = [signum for signum in STOPS if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL)]
+    for signum in taken:
+        signal.signal(signum, finish)
+    atexit.register(_ignore, taken)
+
+
+def _ignore(signums: list[signal.Signals]) -> None:
+    """Ignore `signums` for the rest of the interpreter's exit. Its finalization puts every Python handler back
+    to the default action (an ignored signal it leaves ignored), and torch's teardown comes after it: a SIGTERM
+    there still killed the process (exit 143, no line) for all `finish` was set. Run at exit, where no Python
+    code of the command is left; the process ends with its exit code on its own."""
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _import_cli_holding(held: list[int]) -> Callable[[], int]:
