@@ -54,8 +54,10 @@ def notes_of(config: object) -> dict[str, Any]:
     key = id(config)
     notes = _NOTES.get(key)
     if notes is None:
-        notes = _NOTES[key] = {}
+        # first: an object without weak references raises here, before a note kept by an id that another object
+        # takes once this one is gone
         weakref.finalize(config, _NOTES.pop, key, None)
+        notes = _NOTES[key] = {}
     return notes
 
 
@@ -376,7 +378,9 @@ def snapshot(config: _D) -> _D:
     if not dataclasses.is_dataclass(config) or isinstance(config, type):
         return config
     made = copy.copy(config)
-    notes_of(made).update(notes_of(config))
+    noted = _NOTES.get(id(config))
+    if noted:  # only where there are any: a user's dataclass in a config's dict may take no weak reference (slots)
+        notes_of(made).update(noted)
     for f in dataclasses.fields(config):
         value = getattr(config, f.name, None)
         if isinstance(value, (dict, list)) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
