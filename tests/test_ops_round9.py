@@ -174,7 +174,9 @@ def test_a_file_as_the_root_of_latest_is_an_error_not_a_first_run(tmp_path: Path
             raise AssertionError(f"{call.__name__}({afile}) did not raise")
     assert latest_checkpoint(tmp_path / "not-yet") is None
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
-    assert list_checkpoints(tmp_path / "dangling") == []  # a link to a root not made yet: a first run too
+    # a link to nothing (an unmounted volume) is no first run: a save refuses it too (round 34)
+    with pytest.raises(FileNotFoundError, match="dangling.* is a symbolic link to .*nowhere"):
+        list_checkpoints(tmp_path / "dangling")
 
 
 def test_a_checkpoint_passed_as_the_root_says_to_pass_its_parent(
