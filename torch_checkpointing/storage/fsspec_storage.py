@@ -68,7 +68,10 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     MAX_MARKER_BYTES,
+    Manifest,
     our_marker,
+    read_local_regular,
+    stray_claim,
 )
 from torch_checkpointing.names import (
     CREATING_RE,
@@ -1925,12 +1928,27 @@ def _copy_into_place(backend: _Backend, src: str, dst: str) -> None:
 
 
 def _in_delete_order(key: str, keys: list[str]) -> list[str]:
-    """`keys` (the files under `key`) in the order a directory store deletes them: the manifest first, the marker
-    last, so that at no point is `key` a manifest without its marker (a committed checkpoint to every reader).
+    """`keys` (the files under `key`) in the order a directory store deletes them: the marker last, so that at no
+    point is `key` a manifest without its marker (a committed checkpoint to every reader); the manifest first
+    where it is a committed one, else (an unfinished save's, beside its marker) after the files it lists, so
+    that a removal killed among them leaves them listed, to the next gc, as the save's own (deleted first, the
+    files were named by nothing, and gc kept the folder whole for a person to empty).
     A move's source on `file://` went in listing order, the marker first: a gc killed moving an unfinished save
     aside left it a committed checkpoint, listed and loaded."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
+    if manifest in keys and marker in keys and _unfinished(manifest, marker):
+        return sorted(keys, key=lambda k: 2 * (k == marker) + (k == manifest))
     return sorted(keys, key=lambda k: (k != manifest) + (k == marker))
+
+
+def _unfinished(manifest: str, marker: str) -> bool:
+    """Whether the local `manifest` beside `marker` is an unfinished commit (not a claim stray beside a committed
+    checkpoint: `stray_claim`); False where either cannot be read as ours."""
+    try:
+        claim = read_local_regular(marker, marker, f"an {INCOMPLETE_MARKER} marker", MAX_MARKER_BYTES)
+        return not stray_claim(claim, Manifest.from_json(read_local_regular(manifest, manifest)))
+    except (OSError, ValueError, CheckpointError):
+        return False
 
 
 def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None:
