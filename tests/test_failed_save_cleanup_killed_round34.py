@@ -12,18 +12,16 @@ A real process killed with SIGKILL at a chosen delete, on real files (fsspec `fi
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
 import pytest
-import torch
 
+from tests.test_gc_killed_mid_files_round34 import gc_leaves_the_id_free
 from tests.test_objstore_round21 import _root_url
-from tests.test_objstore_round22 import _plain_manager, _run_until_sigkilled
+from tests.test_objstore_round22 import _run_until_sigkilled
 from torch_checkpointing import FsspecStorageConfig
 from torch_checkpointing.discovery import list_checkpoints
-from torch_checkpointing.retention import collect_garbage
 
 pytest.importorskip("fsspec")
 
@@ -64,11 +62,4 @@ def test_a_failed_save_killed_among_its_files_leaves_them_to_the_next_gc(
     _run_until_sigkilled(_CHILD, url, ckpt, kill_at)
     assert kill_at in os.listdir(prefix), os.listdir(prefix)  # killed among its files
     assert not list_checkpoints(url, storage)
-    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
-        report = collect_garbage(url, storage, unowned_after_s=0)
-    assert not report.failed, report
-    assert "not written by this save" not in caplog.text, caplog.text
-    assert not prefix.exists() or not os.listdir(prefix), os.listdir(prefix)
-    with _plain_manager(url) as manager:  # the id is free again
-        manager.save(ckpt, {"model": {"w": torch.arange(3.0)}})
-    assert [Path(info.path).name for info in list_checkpoints(url, storage)] == [ckpt]
+    gc_leaves_the_id_free(url, ckpt, prefix, caplog)

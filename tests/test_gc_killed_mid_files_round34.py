@@ -48,6 +48,13 @@ def test_a_gc_killed_among_the_files_its_manifest_lists_leaves_them_to_the_next(
     assert not list_checkpoints(url, storage)  # never a committed checkpoint
     with _plain_manager(url) as manager, pytest.raises(IncompleteCheckpointError):
         manager.load(ckpt)
+    gc_leaves_the_id_free(url, ckpt, prefix, caplog)
+
+
+def gc_leaves_the_id_free(url: str, ckpt: str, prefix: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The next gc removes all that is under `prefix` (no failure, no file "left in place" as not the save's),
+    and a save of `ckpt` then commits."""
+    storage = FsspecStorageConfig(url=url).create_storage()
     with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
         report = collect_garbage(url, storage, unowned_after_s=0)
     assert not report.failed, report
