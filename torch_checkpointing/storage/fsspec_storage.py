@@ -1651,31 +1651,31 @@ def _create_unnamed(folder: int, base: str, data: bytes) -> bool | None:
 
 def _replace_local(name: str, data: bytes) -> None:
     """Put `data` at `name` in place of what is there, in one step: written under a hidden name of this process
-    beside it (`_create_local_named`'s, whose dead leftovers every create and replace removes), then renamed
-    over it. Killed at any point, `name` holds the old bytes or the new, never nothing."""
-    folder = os.path.dirname(name) or "."
-    hidden = os.path.join(folder, creating_name(os.path.basename(name)))
-    with holding(hidden):
-        fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666)
-        try:
-            try:
-                _remove_dead_creations(folder, os.path.basename(name), os.fstat(fd).st_ctime)
-                _write_all(fd, data)
-            finally:
-                os.close(fd)
-            os.replace(hidden, name)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(hidden)
+    beside it (`_written_beside`), then renamed over it. Killed at any point, `name` holds the old bytes or the
+    new, never nothing."""
+    with _written_beside(name, data) as hidden:
+        os.replace(hidden, name)
 
 
 def _create_local_named(name: str, data: bytes) -> bool:
-    """`_create_local` through a hidden file of this process beside `name`, removed once linked (or not).
+    """`_create_local` through a hidden file of this process beside `name` (`_written_beside`), linked to it."""
+    try:
+        with _written_beside(name, data) as hidden:
+            os.link(hidden, name)
+    except FileExistsError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _written_beside(name: str, data: bytes) -> Iterator[str]:
+    """`data` in a hidden file of this process beside `name`, for the block to link or rename into place; removed
+    after it, whatever it did.
 
     A creator killed between that file's create and its unlink left it there for good: in the id's folder with
     no marker (killed before the link), it made every later save of the id refuse it as "a directory that is not
     a checkpoint"; beside the marker (killed after), it stayed in the checkpoint committed there. So the dead
-    creators' files go before the link, and a save takes a folder holding only those as its own (`commit`)."""
+    creators' files go first, and a save takes a folder holding only those as its own (`commit`)."""
     folder = os.path.dirname(name) or "."
     hidden = os.path.join(folder, creating_name(os.path.basename(name)))
     with holding(hidden):  # told from one a killed process of this pid left (`_creation_dead`)
@@ -1688,13 +1688,10 @@ def _create_local_named(name: str, data: bytes) -> bool:
                 _write_all(fd, data)
             finally:
                 os.close(fd)
-            os.link(hidden, name)
-        except FileExistsError:
-            return False
+            yield hidden
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(hidden)
-    return True
 
 
 def _remove_dead_creations(folder: str, base: str, now: float) -> None:
