@@ -220,9 +220,19 @@ def test_the_trainer_of_a_dead_writer_puts_back_what_the_id_held_when_it_died_wh
 # ------------------------------------------------------------------------------------ an owner's pid reused since
 
 
+_PID_WAIT_S = 120.0  # only to stop a hang
+
+
 def _process_with_pid(pid: int) -> subprocess.Popen[bytes]:
-    """A live process given `pid` (free: its owner is dead), as a pid is reused once the kernel wraps around."""
-    for _ in range(50):
+    """A live process given `pid` (free: its owner is dead), as a pid is reused once the kernel wraps around.
+
+    Another process may hold `pid` meanwhile (the tests beside this one rewind the pid counter too, and fork):
+    tried again once it has ended. Fifty tries back to back failed a full parallel run while one held it."""
+    deadline = time.monotonic() + _PID_WAIT_S
+    while time.monotonic() < deadline:
+        if os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.05)
+            continue
         try:
             with open("/proc/sys/kernel/ns_last_pid", "w") as f:
                 f.write(str(pid - 1))
