@@ -34,6 +34,20 @@ def _run_root(tmp_path: Path) -> Path:
     return root
 
 
+def _ls_json(root: Path) -> subprocess.Popen[str]:
+    """`torch-checkpointing --json ls root`, in its own session: our own Ctrl-C handling, SIGINT at its default,
+    as from a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch_checkpointing", "--json", "ls", str(root)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def _whole_report(stdout: object) -> dict[str, object]:
     """Read the --json document line by line until it parses: the command has then written all of it."""
     text = ""
@@ -56,15 +70,7 @@ _AFTER_THE_REPORT_S = 0.2
 def test_a_signal_after_the_whole_report_keeps_the_commands_exit_code(tmp_path: Path, signum: int) -> None:
     root = _run_root(tmp_path)
     for _ in range(3):  # again where the process had ended before the signal went (a fast machine)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "torch_checkpointing", "--json", "ls", str(root)],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # our own Ctrl-C handling: SIGINT at its default, as from a terminal
-        )
+        proc = _ls_json(root)
         try:
             report = _whole_report(proc.stdout)
             assert report["latest"] == str(root / "step_1"), report
@@ -100,15 +106,7 @@ def test_a_signal_in_the_interpreters_finalization_keeps_the_commands_exit_code(
     """Sent once the process no longer catches the signal: Python's finalization puts every handler it set back
     to the default action, before torch's teardown (the half second the command's end waits on)."""
     root = _run_root(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch_checkpointing", "--json", "ls", str(root)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _ls_json(root)
     sent = False
     try:
         _whole_report(proc.stdout)

@@ -56,7 +56,7 @@ def _save_old_checkpoints(root: Path) -> None:
             manager.save(str(root / f"step_{step}"), {"m": {"x": torch.ones(2)}}, step=step)
 
 
-def _retention_threads_end(before: set[threading.Thread]) -> None:
+def retention_threads_end(before: set[threading.Thread]) -> None:
     """This test's retention threads (not those an earlier test left to end on their own: one that never ends
     there, a store that stopped answering, failed this test)."""
     for thread in set(threading.enumerate()) - before:
@@ -89,7 +89,7 @@ def test_a_pass_close_gave_up_on_deletes_nothing_more(tmp_path: Path, caplog: py
     finally:
         _RELEASE.set()
         manager.close()
-    _retention_threads_end(before)
+    retention_threads_end(before)
     assert _checkpoints(tmp_path) == left_at_close, "the pass deleted checkpoints after close() returned"
     said = [r.getMessage() for r in caplog.records if "did not finish within" in r.getMessage()]
     assert len(said) == 1, caplog.text

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.test_retention_after_close_round34 import retention_threads_end
 from torch_checkpointing import CheckpointManager, SyncCheckpointSaverConfig
 from torch_checkpointing.retention import RetentionPolicy
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorage, LocalFileSystemStorageConfig
@@ -50,15 +51,6 @@ class _HeldRemoval(LocalFileSystemStorage):
 
 def _checkpoints(root: Path) -> list[str]:
     return sorted(name for name in os.listdir(root) if name.startswith("step_"))
-
-
-def _retention_threads_end(before: set[threading.Thread]) -> None:
-    """This test's retention threads (not those an earlier test left to end on their own: joining one of those
-    failed this test in a full run)."""
-    for thread in set(threading.enumerate()) - before:
-        if thread.name.startswith("ckpt-retention"):
-            thread.join(_HANG_S)
-            assert not thread.is_alive(), "the retention worker was never shut down"
 
 
 def test_a_pass_whose_close_was_interrupted_deletes_nothing_more(tmp_path: Path) -> None:
@@ -91,4 +83,4 @@ def test_a_pass_whose_close_was_interrupted_deletes_nothing_more(tmp_path: Path)
     runner.wait(_HANG_S)  # the pass has ended, stopped or not
     assert len(left_at_close) > 1, "the pass ended before the interrupt: the test did not reach what it checks"
     assert _checkpoints(tmp_path) == left_at_close, "the pass deleted checkpoints after close() was interrupted"
-    _retention_threads_end(before)  # and its worker was shut down, not left waiting for more passes
+    retention_threads_end(before)  # and its worker was shut down, not left waiting for more passes
