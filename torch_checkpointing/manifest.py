@@ -415,11 +415,8 @@ def _collected(marker: bytes) -> str | None:
     out, never a checkpoint the claim strayed beside. Before, an earlier version's unfinished save (an empty
     marker, no token to name) held by a gc that was killed was left a committed checkpoint. A gc claim naming
     another save's token beside a manifest still strays: that manifest is another save's commit."""
-    try:
-        claim = json.loads(marker.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return (gc_collects(claim) or None) if isinstance(claim, dict) else None
+    claim = _claim_object(marker)
+    return (gc_collects(claim) or None) if claim is not None else None
 
 
 def gc_collects(claim: dict[str, object]) -> str:
@@ -445,12 +442,19 @@ def claim_token(marker: bytes) -> str | None:
 
 def _claim_field(marker: bytes, name: str) -> str | None:
     """The string field `name` of the claim in `marker`; None where there is none (no JSON object, no such str)."""
+    claim = _claim_object(marker)
+    value = claim.get(name) if claim is not None else None
+    return value if isinstance(value, str) else None
+
+
+def _claim_object(marker: bytes) -> dict[str, Any] | None:
+    """The JSON object in `marker`; None for anything else (not UTF-8, no JSON, no object, or nested past the
+    parser's depth: a crafted 10 KB `[[[...` failed the whole gc pass with a bare RecursionError)."""
     try:
         claim = json.loads(marker.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):  # nested past the parser's depth: no claim either
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
-    value = claim.get(name) if isinstance(claim, dict) else None
-    return value if isinstance(value, str) else None
+    return claim if isinstance(claim, dict) else None
 
 
 # A claim is a few hundred bytes: a larger `.incomplete` is another program's file, refused unread.
