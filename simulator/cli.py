@@ -18,7 +18,7 @@ from math import prod
 from pathlib import Path
 from types import ModuleType
 
-from simulator.held_signals import signals_held
+from simulator.held_signals import exit_on_a_late_stop, signals_held
 from simulator.plan import DEFAULT_SCENARIOS, SCENARIOS, Plan
 
 _ARROWS = re.compile(r"\s*(?:→|->|:)\s*")
@@ -352,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + code
     finally:
         for sig in ending:
-            signal.signal(sig, signal.SIG_DFL)
+            if signal.getsignal(sig) is _raise_terminated:  # not once the verdict's exit code took it over
+                signal.signal(sig, signal.SIG_DFL)
 
 
 def _interrupt_signal(exc: BaseException) -> int | None:
@@ -424,12 +425,19 @@ def _main(argv: Sequence[str] | None) -> int:
         report = run_plan(plan, timeout=args.timeout, out=sys.stdout, keep=keep is not None)
         if args.json is not None:
             args.json.write_text(report.to_json())
-    finally:
+    except BaseException:
         if keep is None:
             _remove_run_directory(root)
+        raise
     if keep is not None:
         print(f"checkpoints kept under {plan.checkpoints_at}")
-    return 0 if report.passed else 1
+    code = 0 if report.passed else 1
+    exit_on_a_late_stop(code, over=(_raise_terminated,))  # the report is out: a stop no longer changes the code
+    if keep is None:
+        with signals_held() as held:  # a stop now waits for the removal, then ends the process with `code`
+            _remove_run_directory(root)
+        held.deliver()
+    return code
 
 
 def _remove_run_directory(root: str) -> None:

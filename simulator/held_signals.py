@@ -11,16 +11,23 @@ and SIGTERM (raising its SignalException) on the main thread, so the spawn is ma
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import signal
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-__all__ = ["Held", "StepTimedOut", "off_the_main_thread", "signals_held"]
+__all__ = ["STOPPING", "Held", "StepTimedOut", "exit_on_a_late_stop", "off_the_main_thread", "signals_held"]
 
 T = TypeVar("T")
+
+# The signals that stop a run: Ctrl-C, `kill`/`timeout`, the terminal closed, Ctrl-\\.
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 class StepTimedOut(TimeoutError):
@@ -50,7 +57,7 @@ def signals_held() -> Iterator[Held]:
     held = Held()
     holding = [
         signum
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+        for signum in STOPPING
         if threading.current_thread() is threading.main_thread()
         and signal.getsignal(signum) not in (signal.SIG_IGN, None)
     ]
@@ -92,3 +99,36 @@ def off_the_main_thread(step: Callable[[], T], timeout_s: float) -> T:
     if not ok:
         raise value
     return value  # type: ignore[no-any-return]
+
+
+def exit_on_a_late_stop(code: int, *, over: Collection[object] = ()) -> None:
+    """From here on, a stopping signal ends the process at once with the run's own exit `code`.
+
+    Called once the report and its verdict are out: what follows (removing the run directory, the interpreter's
+    exit with torch's teardown) is no part of the run. A SIGTERM there killed the process by its default action
+    (no line, no verdict's code), a Ctrl-C raised a KeyboardInterrupt in the exit. Only a signal at its default
+    or at one of the handlers `over` (the caller's own) is taken; not one the shell ignores, nor off the main
+    thread. The package CLI's entry point (`torch_checkpointing.__main__`) does the same for its commands; the
+    simulator reaches a backend through its public API only, so it keeps its own.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def finish(_signum: int, _frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe: its loss was reported when lost
+                stream.flush()
+        os._exit(code)
+
+    ours = (signal.default_int_handler, signal.SIG_DFL, *over)
+    taken = [signum for signum in STOPPING if any(signal.getsignal(signum) is h for h in ours)]
+    for signum in taken:
+        signal.signal(signum, finish)
+    atexit.register(_ignore, taken)
+
+
+def _ignore(signums: list[signal.Signals]) -> None:
+    """Ignore `signums` for the rest of the interpreter's exit: its finalization puts every Python handler back
+    to the default action before torch's teardown, where a SIGTERM still killed the process."""
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
