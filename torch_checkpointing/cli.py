@@ -347,7 +347,7 @@ def _open(storage: Storage, path: str | Path, *, verify: bool) -> CheckpointRead
     pinned, paths contained, regular files only (no symlink out, no FIFO to hang on), only listed files read.
     Checksums are checked as files are read when `verify` (diff); verify and inspect check or show them."""
     return CheckpointReadContext(
-        storage, str(path), ReadPolicy(verify_checksums=verify, allow_legacy_checkpoints=False)
+        storage, str(path), ReadPolicy(verify_checksums=verify, allow_legacy_checkpoints=False), operation="command"
     )
 
 

@@ -72,10 +72,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CODECS",
+    "RESHARDING_LOAD",
     "SAFETENSORS_DTYPES",
     "TRUST_HINT",
     "Codec",
     "DecodeOptions",
+    "SourcePurpose",
     "check_storages_fit",
     "codec_for",
     "dense_tensors",
@@ -98,6 +100,20 @@ TRUST_HINT = (
     "with torch.serialization.add_safe_globals([...])."
 )
 _RESHARD_HINT = "Keep resharded items to tensors, DTensors and plain containers/scalars."
+
+
+@dataclass(frozen=True)
+class SourcePurpose:
+    """Who reads an item's files by blocks, as the readers' refusals name it. A resharding load and an export
+    share the readers (`Codec.open_source`), and a message written for one named it in the other: an export of a
+    crafted file was refused "for a resharding load", with the fix "Keep resharded items to tensors"."""
+
+    source: str  # the file being read: "Refused to load {source} from PATH"
+    operation: str  # "File PATH for {operation} cannot be decoded"
+    hint: str  # the fix for a Torch file torch's safe loader refuses
+
+
+RESHARDING_LOAD = SourcePurpose("a resharding source", "a resharding load", _RESHARD_HINT)
 
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -162,9 +178,17 @@ class Codec(ABC):
         """Read one item file back whole."""
 
     @abstractmethod
-    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
-        """Open one source rank's file for block reads; nothing is read eagerly beyond headers where the format
-        allows it."""
+    def open_source(
+        self,
+        fmt: SerializationFormat,
+        storage: Storage,
+        path: Path,
+        stats: ReadStats,
+        *,
+        purpose: SourcePurpose = RESHARDING_LOAD,
+    ) -> SourceFile:
+        """Open one source rank's file for block reads, for `purpose` (which its refusals name); nothing is read
+        eagerly beyond headers where the format allows it."""
 
 
 def load_torch(
@@ -690,12 +714,17 @@ def _needs_dtensor_module(exc: pickle.UnpicklingError) -> bool:
 
 
 def load_resharding_source(
-    storage: Storage, path: Path, local: str | None = None, records: Mapping[int, int] | None = None
+    storage: Storage,
+    path: Path,
+    local: str | None = None,
+    records: Mapping[int, int] | None = None,
+    purpose: SourcePurpose = RESHARDING_LOAD,
 ) -> Any:
-    """A Torch file's whole value for block reads by a resharder: on the CPU, torch's safe loader, mapped
-    (from `local` when given, its tensor `records` already walked where given) where the storage allows."""
+    """A Torch file's whole value for block reads (by a resharder, or for `purpose`): on the CPU, torch's safe
+    loader, mapped (from `local` when given, its tensor `records` already walked where given) where the storage
+    allows."""
     options = DecodeOptions(map_location="cpu")
-    return load_torch(storage, path, "a resharding source", options, _RESHARD_HINT, local, records)
+    return load_torch(storage, path, purpose.source, options, purpose.hint, local, records)
 
 
 def read_safetensors(storage: Storage, path: Path, key: str) -> dict[str, torch.Tensor]:
@@ -830,10 +859,18 @@ class TorchCodec(Codec):
     def decode(self, fmt: SerializationFormat, storage: Storage, path: Path, key: str, options: DecodeOptions) -> Any:
         return load_torch(storage, path, f"item '{key}'", options)
 
-    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+    def open_source(
+        self,
+        fmt: SerializationFormat,
+        storage: Storage,
+        path: Path,
+        stats: ReadStats,
+        *,
+        purpose: SourcePurpose = RESHARDING_LOAD,
+    ) -> SourceFile:
         from torch_checkpointing.source_reader import open_torch_source
 
-        return open_torch_source(storage, path, stats)
+        return open_torch_source(storage, path, stats, purpose)
 
 
 def _nested_too_deep(fmt_name: str, key: str) -> ValueError:
@@ -854,7 +891,15 @@ def _refuse_meta_tensors(key: str, value: Any, fmt_name: str) -> None:
 class _TensorlessCodec(Codec):
     """A format that holds no tensors: as a resharding source, every path reads as absent."""
 
-    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+    def open_source(
+        self,
+        fmt: SerializationFormat,
+        storage: Storage,
+        path: Path,
+        stats: ReadStats,
+        *,
+        purpose: SourcePurpose = RESHARDING_LOAD,
+    ) -> SourceFile:
         from torch_checkpointing.source_reader import _EmptySourceFile
 
         return _EmptySourceFile()
@@ -928,7 +973,15 @@ class SafetensorsCodec(Codec):
             flat = {k: v.to(device) for k, v in flat.items()}
         return flat if options.template is None else unflatten_to_target(flat, options.template)
 
-    def open_source(self, fmt: SerializationFormat, storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+    def open_source(
+        self,
+        fmt: SerializationFormat,
+        storage: Storage,
+        path: Path,
+        stats: ReadStats,
+        *,
+        purpose: SourcePurpose = RESHARDING_LOAD,
+    ) -> SourceFile:
         from torch_checkpointing.source_reader import open_safetensors_source
 
         return open_safetensors_source(storage, path, stats)

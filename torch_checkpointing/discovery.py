@@ -840,7 +840,11 @@ def problem_with(path: str | os.PathLike[str], storage: Storage | None = None) -
     path = user_path(path, storage)
     try:
         with CheckpointReadContext(
-            storage, os.fspath(path), ReadPolicy(verify_checksums=False, allow_legacy_checkpoints=False), reads=False
+            storage,
+            os.fspath(path),
+            ReadPolicy(verify_checksums=False, allow_legacy_checkpoints=False),
+            reads=False,
+            operation="check",
         ) as ctx:
             if ctx.manifest is None:
                 return Problem(f"no {MANIFEST_FILE_NAME}")

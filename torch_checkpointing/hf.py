@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from torch_checkpointing.codecs import SAFETENSORS_DTYPES, refuse_names_twice
+from torch_checkpointing.codecs import SAFETENSORS_DTYPES, SourcePurpose, refuse_names_twice
 from torch_checkpointing.cold_read import private_copy, refuse_beyond_memory
 from torch_checkpointing.config import home_expanded, integer_as_int, refuse_unencodable
 from torch_checkpointing.discovery import (
@@ -197,7 +197,7 @@ class _ItemSource:
         rank = _checked_rank(rank)
         committed_manifest(storage, checkpoint)  # the precise reason a directory is not a checkpoint
         policy = ReadPolicy(verify_checksums=True, allow_legacy_checkpoints=False)
-        self._ctx = CheckpointReadContext(storage, str(checkpoint), policy).__enter__()
+        self._ctx = CheckpointReadContext(storage, str(checkpoint), policy, operation="export").__enter__()
         try:
             self._setup(checkpoint, key, rank)
         except BaseException:
@@ -246,7 +246,8 @@ class _ItemSource:
             if fmt is None and self.item_metadata is not None:
                 fmt = self.item_metadata.get_layout(rank, self.key).serialization_format
             assert fmt is not None
-            self._open[rank] = open_source_file(self.storage, self.checkpoint / self._path(rank), fmt, self._stats)
+            path = self.checkpoint / self._path(rank)
+            self._open[rank] = open_source_file(self.storage, path, fmt, self._stats, _export_purpose(self.key))
         return self._open[rank]
 
     def _path(self, rank: int) -> str:
@@ -363,6 +364,16 @@ class _ItemSource:
             f"for {self.key}::{plan.name} does not fit the saved shards ({why}). Nothing was exported; export from "
             f"an intact checkpoint."
         )
+
+
+def _export_purpose(key: str) -> SourcePurpose:
+    """How the shared block readers name an export in their refusals (not "a resharding load")."""
+    return SourcePurpose(
+        f"item '{key}' for the export",
+        f"the export of item '{key}'",
+        "An export reads Torch files with torch's safe loader only, so it takes items of tensors and plain "
+        "containers/scalars; nothing was exported.",
+    )
 
 
 def _check_tensor_names(value: Any, what: str) -> None:

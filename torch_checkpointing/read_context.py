@@ -92,6 +92,8 @@ T = TypeVar("T")
 MAX_METADATA_BYTES = 256 * 1024 * 1024
 _CHUNK_WORKERS = max(1, min(4, os.cpu_count() or 1))  # threads checking pieces of one file (and ranged blocks)
 _COLD_READ_MIN_BYTES = 16 * 1024 * 1024  # smaller files: one mapping's readahead is as good
+# What an operation that met its checkpoint replaced under it did not do (`CheckpointReadContext._replaced`).
+_UNDONE = {"load": "nothing was restored", "export": "nothing was exported"}
 _VERIFY_CHUNK = 16 * 1024 * 1024  # bytes read at a time when checking blocks nobody asked to keep
 _KEPT_BLOCKS = 32  # checked blocks kept for the next ranged read (the ends of each range)
 _KEPT_BYTES = 64 * 1024 * 1024  # and at most this much of them, beyond the last read's two ends
@@ -210,10 +212,14 @@ def _names_descriptor(path: str, fd: int) -> bool:
 class CheckpointReadContext:
     """Everything one load reads from one checkpoint directory. Use as a context manager."""
 
-    def __init__(self, storage: Storage, checkpoint_id: str, policy: ReadPolicy, *, reads: bool = True) -> None:
+    def __init__(
+        self, storage: Storage, checkpoint_id: str, policy: ReadPolicy, *, reads: bool = True, operation: str = "load"
+    ) -> None:
         """`reads`: False for a look that only checks the files (a listing's `discovery.problem_with`), which
-        holds one descriptor per file, not a load's two."""
+        holds one descriptor per file, not a load's two. `operation`: what reads the checkpoint ("load",
+        "export", "check", "command"), as its errors name it: they told an export or a `verify` to retry the load."""
         self.reads = reads
+        self.operation = operation
         self.storage = storage
         self.root = Path(checkpoint_id)
         self.shown = shown_name(storage, self.root)  # how messages name it: an object store's URL
@@ -360,8 +366,9 @@ class CheckpointReadContext:
 
     def _replaced(self) -> CheckpointReplacedError:
         return CheckpointReplacedError(
-            f"Checkpoint {self.shown} was replaced or deleted while this load ran (the directory it opened is "
-            f"gone); nothing was restored. Retry the load."
+            f"Checkpoint {self.shown} was replaced or deleted while this {self.operation} ran (the directory it "
+            f"opened is gone); {_UNDONE.get(self.operation, 'nothing read from it was used')}. Retry the "
+            f"{self.operation}."
         )
 
     def _no_manifest(self) -> None:
@@ -517,7 +524,7 @@ class CheckpointReadContext:
         manifest holding a sparse 1 TiB file (no record to vouch for its size) was copied until the machine ran
         out. A small file's copy is not looked at."""
         if checked.size >= _COLD_READ_MIN_BYTES:
-            refuse_beyond_memory(checked.size, f"{self._at(checked.rel)} ({checked.what})", "the load")
+            refuse_beyond_memory(checked.size, f"{self._at(checked.rel)} ({checked.what})", f"the {self.operation}")
 
     def _use_copy(self, checked: CheckedFile, copy: int | None) -> None:
         if copy is not None:
@@ -563,8 +570,8 @@ class CheckpointReadContext:
         if self.manifest is not None:
             return CorruptCheckpointError(
                 f"File {self._at(rel)} ({what}) is listed in the checkpoint's manifest but missing: the checkpoint "
-                f"was damaged, or replaced or deleted while this load ran (retry the load if another process "
-                f"overwrote it)."
+                f"was damaged, or replaced or deleted while this {self.operation} ran (retry the {self.operation} "
+                f"if another process overwrote it)."
             )
         return CorruptCheckpointError(f"File {self._at(rel)} ({what}) does not exist.")
 
@@ -656,7 +663,8 @@ class CheckpointReadContext:
 
     def _shrank(self, checked: CheckedFile, at: int, what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(
-            f"File {self._at(checked.rel)} ({what}) ends at byte {at} while this load read it, but its size was "
+            f"File {self._at(checked.rel)} ({what}) ends at byte {at} while this {self.operation} read it, but its "
+            f"size was "
             f"{checked.size}: another process truncated it. Load an earlier checkpoint, or retry if another process "
             f"overwrote it."
         )
@@ -706,7 +714,7 @@ class CheckpointReadContext:
                 if len(data) != checked.size:
                     raise CorruptCheckpointError(
                         f"File {self._at(checked.rel)} changed size while it was read ({checked.size} bytes, then "
-                        f"{len(data)}): it was replaced during the load. Retry the load."
+                        f"{len(data)}): it was replaced during the {self.operation}. Retry the {self.operation}."
                     )
                 checked.data = data
             return checked.data
@@ -747,7 +755,7 @@ class CheckpointReadContext:
             if len(view) != hi - lo:
                 raise CorruptCheckpointError(
                     f"File {self._at(checked.rel)} returned {len(view)} bytes for [{lo}, {hi}); it was replaced "
-                    f"or truncated during the load. Retry the load."
+                    f"or truncated during the {self.operation}. Retry the {self.operation}."
                 )
             return view
 
@@ -984,7 +992,8 @@ class CheckpointReadContext:
             rel = p.relative_to(self.root)
         except ValueError:
             raise UnsafeCheckpointError(
-                f"Path {p} lies outside the checkpoint {self.shown} being loaded; a load reads only its own files."
+                f"Path {p} lies outside the checkpoint {self.shown} being read; a {self.operation} reads only its "
+                f"own files."
             ) from None
         return checked_relative_path(rel.as_posix(), f"path {p}")
 
@@ -1173,8 +1182,8 @@ def _pread_into(fd: int, view: memoryview, offset: int, where: str) -> None:
 
 def _cut_short(where: str, ended: int, expected: int) -> CorruptCheckpointError:
     return CorruptCheckpointError(
-        f"{where} ended after {ended} bytes; expected {expected}: another process truncated it during the load. "
-        f"Load an earlier checkpoint, or retry if another process overwrote it."
+        f"{where} ended after {ended} bytes; expected {expected}: another process truncated it while it was "
+        f"read. Use an earlier checkpoint, or retry if another process overwrote it."
     )
 
 

@@ -27,7 +27,9 @@ import torch
 from torch_checkpointing.checkpoint_layout import SerializationFormat
 from torch_checkpointing.codecs import (
     MAX_SAFETENSORS_HEADER,
+    RESHARDING_LOAD,
     SAFETENSORS_DTYPES,
+    SourcePurpose,
     codec_for,
     dense_tensors,
     load_resharding_source,
@@ -247,15 +249,17 @@ class _TorchSourceFile(SourceFile):
         return get_path(self._value, path, MISSING)
 
 
-def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
+def open_torch_source(
+    storage: Storage, path: Path, stats: ReadStats, purpose: SourcePurpose = RESHARDING_LOAD
+) -> SourceFile:
     """A Torch file for block reads: memory-mapped where the storage maps files, each block's bytes checked
     before use (through a verifying view); else read whole. Every mapped tensor is checked to lie inside its
     own record of the file (`codecs.check_storages_fit`, the check every Torch decode runs)."""
     mapped = storage.mapped_path(path)
     if mapped is None:
-        return _TorchSourceFile(load_resharding_source(storage, path), stats, path)
+        return _TorchSourceFile(load_resharding_source(storage, path, purpose=purpose), stats, path)
     if not _checks_reads(storage):  # a plain store records nothing to check: map it, as torch does
-        return _TorchSourceFile(load_resharding_source(storage, path, mapped), stats, path)
+        return _TorchSourceFile(load_resharding_source(storage, path, mapped, purpose=purpose), stats, path)
     size = storage.getsize(path)
     try:
         records = tensor_records(_RangeFile(storage, path, size))  # through the view: the zip directory is checked
@@ -265,7 +269,7 @@ def open_torch_source(storage: Storage, path: Path, stats: ReadStats) -> SourceF
         storage.verify_range(path, 0, size)  # not a zip (legacy torch.save): torch reads all of it
     else:
         _verify_outside(storage, path, size, records)
-    value = load_resharding_source(storage, path, mapped, records)
+    value = load_resharding_source(storage, path, mapped, records, purpose)
     return _TorchSourceFile(value, stats, path, _mapping_of(storage, path, mapped, size, value, records or {}))
 
 
@@ -510,18 +514,25 @@ class _SafetensorsRangeFile(SourceFile):
         return sorted(self._entries)
 
 
-def open_source_file(storage: Storage, path: Path, fmt: SerializationFormat, stats: ReadStats) -> SourceFile:
-    """Open one source rank's item file for block reads; nothing is read eagerly beyond headers."""
+def open_source_file(
+    storage: Storage,
+    path: Path,
+    fmt: SerializationFormat,
+    stats: ReadStats,
+    purpose: SourcePurpose = RESHARDING_LOAD,
+) -> SourceFile:
+    """Open one source rank's item file for block reads, for `purpose` (which its refusals name); nothing is
+    read eagerly beyond headers."""
     if not storage.exists(path):
         raise FileNotFoundError(f"Source file {path} named by the checkpoint's sharding metadata does not exist")
     stats.files_opened.append(str(path))
     try:
-        return codec_for(fmt).open_source(fmt, storage, path, stats)
+        return codec_for(fmt).open_source(fmt, storage, path, stats, purpose=purpose)
     except (CheckpointError, ConfigError):
         raise
     except DECODE_ERRORS as exc:
-        raise_if_short_of_resources(exc, path, "a resharding load")
-        raise undecodable(path, "a resharding load", exc) from exc
+        raise_if_short_of_resources(exc, path, purpose.operation)
+        raise undecodable(path, purpose.operation, exc) from exc
 
 
 def open_safetensors_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
