@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -106,6 +107,7 @@ def test_an_interrupt_while_close_waits_for_retention_still_stops_the_writer(
 ) -> None:
     """close() waits for the retention passes, then stops the writer. A Ctrl-C in the first wait skipped the
     second: the writer process stayed up, and the manager, marked closed, returned at a second close()."""
+    before = set(threading.enumerate())
     config = CheckpointManager.Config.with_async_save()
     config.retention = RetentionPolicy(keep_last=1)
     manager = config.build()
@@ -113,7 +115,12 @@ def test_an_interrupt_while_close_waits_for_retention_still_stops_the_writer(
     pid = manager.writer_pid
     assert pid is not None and _alive(pid)
 
+    real_close = RetentionRunner.close
+
     def interrupted(self: RetentionRunner, *args: object, **kwargs: object) -> None:
+        # The runner stops its worker as a Ctrl-C in its wait has it do (a close() that only raised left the
+        # worker waiting for work for the rest of the session); the Ctrl-C lands in that close() all the same.
+        real_close(self, *args, **kwargs)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(RetentionRunner, "close", interrupted)
@@ -121,3 +128,13 @@ def test_an_interrupt_while_close_waits_for_retention_still_stops_the_writer(
         manager.close()
     assert _ends(pid)
     manager.close()  # closed by then: returns
+    _retention_threads_end(before)
+
+
+def _retention_threads_end(before: set[threading.Thread]) -> None:
+    """This test's retention worker ended: one left waiting for work outlived the test (the rest of the session),
+    in every later test's thread list."""
+    for thread in set(threading.enumerate()) - before:
+        if thread.name.startswith("ckpt-retention"):
+            thread.join(60)
+            assert not thread.is_alive(), f"{thread.name} outlived the test"
