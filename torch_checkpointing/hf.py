@@ -360,9 +360,9 @@ class _ItemSource:
 
     def _corrupt(self, plan: _TensorPlan, why: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(
-            f"{self.checkpoint / METADATA_FILE_NAME} is damaged or crafted: the global_shape {plan.shape} it records "
-            f"for {self.key}::{plan.name} does not fit the saved shards ({why}). Nothing was exported; export from "
-            f"an intact checkpoint."
+            f"{self.checkpoint / METADATA_FILE_NAME} is damaged or crafted: the {plan.shape} {plan.dtype} tensor it "
+            f"records for {self.key}::{plan.name} (global shape and dtype) does not fit the saved shards ({why}). "
+            f"Nothing was exported; export from an intact checkpoint."
         )
 
 
