@@ -666,6 +666,9 @@ class CheckpointProcess:
                 raise _WriterSetUpFailed(hello.step, hello.error)
             if not isinstance(hello, Ready):
                 raise CheckpointError(f"Checkpoint writer process sent {type(hello).__name__} instead of Ready")
+            if self._closing:  # close() gave up on this start (`_end_start`): no writer may outlive it
+                proc.kill()
+                raise CheckpointError("Checkpoint writer process started after close(); it was stopped")
             self._proc, self._conn = proc, parent
         except BaseException as exc:
             self._start_error = _killed_at_start(proc) if isinstance(exc, EOFError) else None
@@ -856,22 +859,40 @@ class CheckpointProcess:
             ) from exc
         return reply
 
-    def _abort_start(self) -> None:
+    def _abort_start(self, end: Deadline) -> None:
         """close() before the writer is ready: nothing can be in flight (writes hold the lock close() holds), so
-        the spawning child, still importing torch, is killed instead of waited for (seconds on a busy machine)."""
+        the spawning child, still importing torch, is killed instead of waited for (seconds on a busy machine).
+        Its end is waited for until `end`, a wait close() counts (a fixed 5 s of its own overran its bound)."""
         starting = self._starting
         with contextlib.suppress(ValueError):  # the spawn failed meanwhile, and closed its process object
             if starting is not None and starting.is_alive():
                 starting.kill()
-                starting.join(5)
+                starting.join(_left(end))
 
-    def kill(self) -> None:
-        """SIGKILL the writer now (it may be stopped or stuck); a write waiting on it fails as WriterProcessDied."""
+    def kill(self, end: Deadline | None = None) -> None:
+        """SIGKILL the writer now (it may be stopped or stuck); a write waiting on it fails as WriterProcessDied.
+        Its end is waited for until `end` (`KILLED_EXIT_S` from now by default)."""
         proc = self._proc
         if proc is not None and proc.is_alive():
             self._killed_pid = proc.pid
             proc.kill()
-            proc.join(KILLED_EXIT_S)
+            proc.join(_left(end or Deadline(KILLED_EXIT_S)))
+
+    def _end_start(self, end: Deadline) -> bool:
+        """(close(), holding `_lock`.) Kill the writer being started and wait until `end` for its start to
+        report; whether it did. Before, the wait was `subprocess_init_timeout_secs`: a start whose pipe a process
+        forked by `subprocess_init_fn` kept open reported only then, and close() overran its bound by that much.
+        One that reports later finds `_closing` set and kills the writer it got (`_start`)."""
+        self._abort_start(end)
+        if self._ready.wait(_left(end)):
+            return True
+        logger.warning(
+            "close(): the checkpoint writer process being started did not end within %ss of being killed (a "
+            "process it started, e.g. in subprocess_init_fn, may hold its pipe open); close() returns without "
+            "waiting longer.",
+            KILLED_EXIT_S,
+        )
+        return False
 
     def shutdown_bound_s(self) -> float:
         """The most `close()` takes: `subprocess_shutdown_timeout_secs`, and where it kills the writer, the
@@ -889,9 +910,10 @@ class CheckpointProcess:
         timeout = self.config.subprocess_shutdown_timeout_secs
         deadline = Deadline(timeout)
         if not self._lock.acquire(timeout=timeout):
-            self.kill()  # a write still waits on it: ending the process ends that wait
-            self._abort_start()  # or it waits for a restarted writer still being spawned: end that one too
-            if not self._lock.acquire(timeout=KILLED_EXIT_S):
+            killed = Deadline(KILLED_EXIT_S)  # one wait for the kills' effect: each had its own 5 s
+            self.kill(killed)  # a write still waits on it: ending the process ends that wait
+            self._abort_start(killed)  # or it waits for a restarted writer still being spawned: end that one too
+            if not self._lock.acquire(timeout=_left(killed)):
                 logger.warning(
                     "close(): %ss (CheckpointProcessConfig.subprocess_shutdown_timeout_secs) and %s s more after "
                     "killing the writer process %s, a save still waits for the checkpoint writer (a write in "
@@ -903,9 +925,9 @@ class CheckpointProcess:
                 )
                 return
         try:
-            if not self._ready.is_set():
-                self._abort_start()
-            if not self._ready.wait(self.config.subprocess_init_timeout_secs + 5) or self._proc is None:
+            if not self._ready.is_set() and not self._end_start(Deadline(_left(deadline) + KILLED_EXIT_S)):
+                return
+            if self._proc is None:
                 return
             proc, conn = self._proc, self._conn
             self._proc = self._conn = None
