@@ -14,9 +14,11 @@ ItemKey: TypeAlias = str
 STATE_DICT: TypeAlias = Mapping[str, Any]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RankInfo:
-    """Who this process is in the job; `role_*` equals `global_*` for plain jobs."""
+    """Who this process is in the job; `role_*` equals `global_*` for plain jobs. Frozen: a barrier keeps the
+    object it was given, and a field assigned after the checks below (`role_rank = True`, a rank past its world)
+    reached it unchecked; `dataclasses.replace` makes another, checked."""
 
     global_rank: int
     global_world_size: int
@@ -34,7 +36,7 @@ class RankInfo:
             value = integer_as_int(getattr(self, name))
             if type(value) is not int:
                 raise ConfigTypeError(f"RankInfo.{name} must be an int, got {type(value).__name__} {value!r:.80}")
-            setattr(self, name, value)
+            object.__setattr__(self, name, value)  # frozen: the checked value in place of the one given
         for rank, world in (("global_rank", "global_world_size"), ("role_rank", "role_world_size")):
             if not 0 <= getattr(self, rank) < getattr(self, world):
                 raise ConfigError(
