@@ -14,6 +14,7 @@ import numbers
 import operator
 import os
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -47,18 +48,23 @@ _DEFAULT_BARRIER_TIMEOUT_SECS = 600
 # from its fields, `type(c)(**vars(c))` ("unexpected keyword argument '_protocol_taken'").
 _NOTES: dict[int, dict[str, Any]] = {}
 _WARNED = "warned"  # the note of the fields a config was warned about
+# Held while a note is made and while `warn_once` reads, warns and notes: two threads building managers from one
+# config both read "not said" and warned twice, and two first notes of one object each made a dict, one lost.
+# Reentrant: a `showwarning` hook may itself build a config.
+_NOTES_LOCK = threading.RLock()
 
 
 def notes_of(config: object) -> dict[str, Any]:
     """The engine's notes about `config` (a dataclass instance: any object that takes a weak reference)."""
     key = id(config)
-    notes = _NOTES.get(key)
-    if notes is None:
-        # first: an object without weak references raises here, before a note kept by an id that another object
-        # takes once this one is gone
-        weakref.finalize(config, _NOTES.pop, key, None)
-        notes = _NOTES[key] = {}
-    return notes
+    with _NOTES_LOCK:
+        notes = _NOTES.get(key)
+        if notes is None:
+            # first: an object without weak references raises here, before a note kept by an id that another
+            # object takes once this one is gone
+            weakref.finalize(config, _NOTES.pop, key, None)
+            notes = _NOTES[key] = {}
+        return notes
 
 
 class CarriesNotes:
@@ -90,14 +96,15 @@ def warn_once(config: object, key: str, message: str, category: type[Warning]) -
     after the warning (a manager's `snapshot`) keeps the note as it was, so a check run again on it stays quiet;
     what is warned on one of them after the copy is noted on that one only (a shared set took a field warned on
     the copy as said on the original). Noted only where no filter ignored it (`_ignored_at`)."""
-    said: frozenset[str] = notes_of(config).get(_WARNED, frozenset())
-    if key in said:
-        return
-    level = _callers_level()
-    ignored = _ignored_at(message, category, level)
-    warnings.warn(message, category, stacklevel=level)
-    if not ignored:  # after: under `-W error` the warning is raised, and each build from the config raises it
-        notes_of(config)[_WARNED] = said | {key}  # a new set: a snapshot keeps what was said before it only
+    with _NOTES_LOCK:  # read, warn and note as one: a second thread read "not said" meanwhile, and warned too
+        said: frozenset[str] = notes_of(config).get(_WARNED, frozenset())
+        if key in said:
+            return
+        level = _callers_level()
+        ignored = _ignored_at(message, category, level)
+        warnings.warn(message, category, stacklevel=level)
+        if not ignored:  # after: under `-W error` the warning is raised, and each build from the config raises it
+            notes_of(config)[_WARNED] = said | {key}  # a new set: a snapshot keeps what was said before it only
 
 
 def _ignored_at(message: str, category: type[Warning], level: int) -> bool:
