@@ -1613,7 +1613,10 @@ class RetentionRunner:
         self._told: set[tuple[str, int]] = set()  # a metric no checkpoint records: told once, not at every save
         self._kept_told: set[tuple[str, str]] = set()  # what gc kept for a person to act on: warned once
         self._stop = Flag()  # set by close() once it stops waiting: the pass running ends at its next safe point
-        self._root_running: str | None = None  # the root of the pass running, for close()'s WARNING
+        # What close()'s WARNING says, read with `_stop` set under `_lock` (`_give_up`): read after, a pass that
+        # finished in between was said to have stopped "before deleting anything".
+        self._root_running: str | None = None  # the root of the pass running
+        self._not_started = 0  # passes scheduled that have not begun (a save's write unsettled, or queued)
 
     def root_for(self, checkpoint_id: str) -> str:
         root = os.fspath(as_local_id(self._storage, _as_text(self.policy.root))) if self.policy.root is not None else ""
@@ -1627,12 +1630,14 @@ class RetentionRunner:
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(scheduled)
+            self._not_started += 1
         if write is None:
             self._submit(checkpoint_id, scheduled)
             return
 
         def on_done(f: Future[object]) -> None:
             if f.cancelled() or f.exception() is not None:
+                self._never_runs()
                 scheduled.set_result(None)  # a failed save deletes nothing
             else:
                 self._submit(checkpoint_id, scheduled)
@@ -1651,12 +1656,21 @@ class RetentionRunner:
             if pool is not None:
                 pool.submit(run)
                 return
+        self._never_runs()
         scheduled.set_result(None)
 
+    def _never_runs(self) -> None:
+        """A pass scheduled will not run (its save failed, or the runner is closed)."""
+        with self._lock:
+            self._not_started -= 1
+
     def _run(self, checkpoint_id: str) -> None:
-        if self._stop.is_set():  # scheduled before close() gave up on the passes: it deletes nothing now
-            return
         root: str | os.PathLike[str] = self.policy.root or checkpoint_id  # named if the root itself is refused
+        with self._lock:
+            self._not_started -= 1
+            if self._stop.is_set():  # scheduled before close() gave up on the passes: it deletes nothing now
+                return
+            self._root_running = _shown(root)
         token = _STOP.set(self._stop)
         try:
             root = self.root_for(checkpoint_id)
@@ -1670,7 +1684,8 @@ class RetentionRunner:
         except Exception:  # a retention pass never fails training
             logger.warning("Retention pass under %s failed", _shown(root), exc_info=True)
         finally:
-            self._root_running = None
+            with self._lock:
+                self._root_running = None
             _STOP.reset(token)
 
     def wait(self, timeout: float | None = None) -> None:
@@ -1694,18 +1709,22 @@ class RetentionRunner:
         try:
             self.wait(timeout)
         except TimeoutError:
-            self._give_up()
-            self._say_stopped(said or f"{timeout}s")
+            running, not_started = self._give_up()
+            self._say_stopped(said or f"{timeout}s", running, not_started)
             return
         except BaseException:  # Ctrl-C: close() gives up on the passes as at its timeout (they went on deleting)
             self._give_up()
             raise
         self._shut_down(wait=True)
 
-    def _give_up(self) -> None:
-        """Stop the pass running at its next safe point, and the worker once it ends, without waiting."""
-        self._stop.set()
+    def _give_up(self) -> tuple[str | None, int]:
+        """Stop the pass running at its next safe point, and the worker once it ends, without waiting. Returns
+        the root of the pass stopped running (None: none was) and how many had not begun, as of the stop."""
+        with self._lock:
+            self._stop.set()
+            stopped = self._root_running, self._not_started
         self._shut_down(wait=False)
+        return stopped
 
     def _shut_down(self, *, wait: bool) -> None:
         with self._lock:
@@ -1713,13 +1732,16 @@ class RetentionRunner:
         if pool is not None:
             pool.shutdown(wait=wait)
 
-    def _say_stopped(self, timeout: str) -> None:
-        root = self._root_running
-        if root is None:  # the pass had not started (its save's write had not settled): it will not
-            logger.warning(
-                "Retention passes did not finish within %s of close(); they are stopped before deleting anything.",
-                timeout,
-            )
+    def _say_stopped(self, timeout: str, root: str | None, not_started: int) -> None:
+        """What became of the passes as of the stop (`_give_up`); nothing where they all finished meanwhile."""
+        if root is None:
+            if not_started:  # their saves' writes had not settled, or they were queued: they will not run
+                logger.warning(
+                    "Retention passes did not finish within %s of close(); %d not yet begun are stopped before "
+                    "deleting anything.",
+                    timeout,
+                    not_started,
+                )
             return
         logger.warning(
             "The retention pass under %s did not finish within %s of close(); it is stopped: no further "
