@@ -57,6 +57,7 @@ from torch_checkpointing.config import (
     check_instance,
     integer_as_int,
     literal_tilde,
+    real_as_number,
     recheck,
     refuse_unencodable,
     snapshot,
@@ -1087,7 +1088,18 @@ def _flatten(value: Any, path: str, out: dict[str, Any], walk_dicts: bool = True
         for key, item in value.items():
             _flatten(item, f"{path}[{key!r}]", out)
     else:
+        value = _as_taken(value)
         out[path] = value if isinstance(value, _PLAIN) else _Same(value)
+
+
+def _as_taken(value: Any) -> Any:
+    """A number as the plain int or float the config's checks take it as (numpy's integers and floats, a 0-d
+    tensor); anything else as it is. Compared as the object itself, `np.int64(5)` set on a field built as 5 was
+    refused as "changed after this manager was built"."""
+    try:
+        return real_as_number("", value)
+    except ConfigError:  # past a float: the field's own check refuses it, naming it
+        return value
 
 
 def _changed_fields(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
