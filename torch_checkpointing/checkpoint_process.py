@@ -623,6 +623,7 @@ class CheckpointProcess:
         self._lock = threading.Lock()
         self._closing = False
         self._starting: Any = None  # the process being spawned, until it is ready
+        self._stopping: Any = None  # the process close() is stopping, out of `_proc` (`_kill_left`)
         self._killed_pid: int | None = None  # the writer kill() ended: a request it had not taken is not handed on
         self._start_at_next_save = False  # a start now would fail as the last one did (no working directory)
         self._start_in_background()
@@ -905,7 +906,26 @@ class CheckpointProcess:
         progress, for the writer's answer to Stop and for its exit share `subprocess_shutdown_timeout_secs`
         (each had all of it: a writer that stopped answering was killed at twice the timeout); past it,
         `KILLED_EXIT_S` for the killed writer to end (`shutdown_bound_s`). A manager's close() waits for its last
-        write before, so the lock is free here unless the writer was killed meanwhile."""
+        write before, so the lock is free here unless the writer was killed meanwhile.
+
+        Interrupted in one of its waits (Ctrl-C), it kills the writer before it raises (`_kill_left`)."""
+        try:
+            self._close()
+        except BaseException:
+            self._kill_left()
+            raise
+
+    def _kill_left(self) -> None:
+        """SIGKILL, without waiting, every writer an interrupted close() had not ended: running, being stopped or
+        being started. Before, a Ctrl-C in the wait for the writer's answer to Stop left it running under a
+        closed manager, no one left to end it, and a writer that does not answer (stopped, stuck) hung the
+        interpreter's exit for good: multiprocessing only SIGTERMs its daemon children there, then joins them."""
+        for proc in (self._proc, self._stopping, self._starting):
+            with contextlib.suppress(ValueError):  # a process object closed meanwhile: ended and reaped
+                if proc is not None and proc.is_alive():
+                    proc.kill()
+
+    def _close(self) -> None:
         self._closing = True
         timeout = self.config.subprocess_shutdown_timeout_secs
         deadline = Deadline(timeout)
@@ -930,6 +950,7 @@ class CheckpointProcess:
             if self._proc is None:
                 return
             proc, conn = self._proc, self._conn
+            self._stopping = proc
             self._proc = self._conn = None
         finally:
             self._lock.release()
@@ -944,6 +965,7 @@ class CheckpointProcess:
             _reap_in_background(proc, timeout)  # off close()'s wait: the kernel tears it down
         else:
             _reap(proc, _left(deadline), timeout)
+        self._stopping = None
         if conn is not None:
             conn.close()
 
