@@ -2664,13 +2664,22 @@ class _FsspecFileWriter(_ChecksummedUpload):
                 super().close()
 
     def _discard(self) -> None:
-        """Drop what was written. In place (file://) the partial file is removed even where closing it fails: the
-        close flushes the buffered tail of the very write that failed and fails again, and that bare OSError
-        replaced the upload's error, the partial file left."""
-        try:
-            self._inner.discard()  # object stores: the upload is dropped, nothing appears
-        except Exception:  # filesystems that write in place (file://) cannot discard: remove the partial file
+        """Drop what was written. In place (file://, memory://) the partial file is removed even where closing it
+        fails: the close flushes the buffered tail of the very write that failed and fails again, and that bare
+        OSError replaced the upload's error, the partial file left. memory://'s `discard()` is a no-op on a file
+        committed at its open: taken for a dropped upload, the bytes written so far stayed, a partial object.
+
+        Elsewhere the store's upload is discarded and the file marked closed: left open, its finalizer's close
+        flushed the dropped buffer (an upload of the partial bytes; on s3fs an "Exception ignored" traceback)."""
+        if _writes_in_place(self._inner):
             self._remove_partial()
+            return
+        try:
+            self._inner.discard()
+        except Exception:  # a store that cannot discard: what it holds under the name goes
+            self._remove_partial()
+        else:
+            _mark_closed(self._inner)
 
     def _remove_partial(self) -> None:
         try:
@@ -2682,11 +2691,22 @@ class _FsspecFileWriter(_ChecksummedUpload):
 
 
 def _writes_in_place(inner: Any) -> bool:
-    """Whether the fsspec file `inner` writes its bytes under their name as they come (a local file), so that a
-    failed close leaves a partial file; an object store's upload leaves nothing."""
+    """Whether the fsspec file `inner` puts its bytes under their name as they come (a local file; a memory file,
+    there from its open), so that a failed write or close leaves a partial file; an object store's upload leaves
+    nothing."""
     from fsspec.implementations.local import LocalFileSystem  # fsspec is imported at its first use
+    from fsspec.implementations.memory import MemoryFileSystem
 
-    return isinstance(getattr(inner, "fs", None), LocalFileSystem)
+    return isinstance(getattr(inner, "fs", None), (LocalFileSystem, MemoryFileSystem))
+
+
+def _mark_closed(inner: Any) -> None:
+    """A discarded buffered fsspec file (`AbstractBufferedFile`) marked closed, so that neither a later close nor
+    its finalizer flushes what it held; other files are left as they are."""
+    from fsspec.spec import AbstractBufferedFile
+
+    if isinstance(inner, AbstractBufferedFile):
+        inner.closed = True
 
 
 class _S3MultipartWriter(_ChecksummedUpload):
