@@ -737,8 +737,11 @@ class FsspecStorage(Storage):
         if args.pre_read_full_file:
             return io.BytesIO(self.read(path))  # type: ignore[return-value]
         backend, key = self._resolve(path)
-        with self._errors("download of", path):
-            return backend.fs.open(key, "rb", block_size=self.config.part_size)  # type: ignore[no-any-return]
+        if backend.protocols & {"file", "local"}:
+            with self._errors("download of", path):
+                return backend.fs.open(key, "rb", block_size=self.config.part_size)  # type: ignore[no-any-return]
+        with self._missing_bucket_named(backend, key, "download of", path), self._errors("download of", path):
+            return _RangedStream(self, path, _version(backend, key))
 
     def read(self, path: Path, read_args: ReadArgs | None = None) -> bytes:
         """The object as it is now: its size from a fresh HEAD (never fsspec's listing cache, which another
@@ -2563,6 +2566,55 @@ def new_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
     make, as_string = api
     out = make(None, size)
     return out, memoryview((ctypes.c_char * size).from_address(as_string(out))).cast("B")
+
+
+class _RangedStream(io.RawIOBase):
+    """An object read as a stream by the storage's own ranged reads (`FsspecStorage.read_range`): each bounded
+    by `request_timeout_s`, its errors named. fsspec's file made its own unbounded requests (a server that
+    accepted and never answered held `verify` for minutes), raised the client's bare errors, and on memory://
+    was the one stored file itself, whose position every reader of the object moved.
+
+    Sized at its open (`version`); at the end the object must still be that version, or the bytes read may
+    come from two (an `ObjectStoreError`, as for a ranged read)."""
+
+    def __init__(self, storage: FsspecStorage, path: Path, version: tuple[int, str]) -> None:
+        super().__init__()
+        self._storage = storage
+        self._path = path
+        self._version = version
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        size = min(len(view), self._version[0] - self._pos)
+        if size <= 0:
+            return 0
+        view[:size] = self._storage.read_range(self._path, self._pos, size)
+        self._pos += size
+        if self._pos == self._version[0]:
+            self._check_unchanged()
+        return size
+
+    def readall(self) -> bytes:
+        """The rest in one ranged read, not in `DEFAULT_BUFFER_SIZE` requests."""
+        rest = self._storage.read_range(self._path, self._pos, self._version[0] - self._pos)
+        self._pos = self._version[0]
+        self._check_unchanged()
+        return rest
+
+    def _check_unchanged(self) -> None:
+        storage, path = self._storage, self._path
+        backend, key = storage._resolve(path)
+        with storage._missing_bucket_named(backend, key, "download of", path), storage._errors("download of", path):
+            now = _version(backend, key)
+            if now != self._version:
+                raise _ChangedWhileRead(
+                    f"the object changed while it was read (size {self._version[0]}, ETag {self._version[1] or '?'} "
+                    f"at its open; size {now[0]}, ETag {now[1] or '?'} at its end)"
+                )
 
 
 class _ChecksummedUpload(io.RawIOBase):
