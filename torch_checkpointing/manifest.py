@@ -492,17 +492,17 @@ def read_stored_bounded(storage: Storage, path: Path, what: str = "a manifest", 
     """Every byte of an engine file on a store with no local path (an object store), its size checked first
     against `limit` (default `MAX_MANIFEST_BYTES`).
 
-    The size comes from one HEAD and the read asks for exactly that many bytes (a store's `read_range` returns
-    them or raises), so a crafted 300 MiB manifest is refused unread instead of downloaded whole (29 s and its
+    The size and the bytes come from one version of the file (`Storage.read_sized`), and no more than `limit`
+    bytes are read, so a crafted 300 MiB manifest is refused unread instead of downloaded whole (29 s and its
     size in memory on S3).
     """
     limit = MAX_MANIFEST_BYTES if limit is None else limit
     if storage.is_irregular(path):  # `file://`: fsspec sizes a FIFO 0 bytes and reads through a link
         raise UnsafeCheckpointError(f"{shown_name(storage, path)} is not a regular file; it cannot be {what}.")
-    size = storage.getsize(path)
-    if size > limit:
+    size, data = storage.read_sized(path, limit)
+    if data is None:
         raise _OversizedFile(f"{path} is {size} bytes, larger than {limit}; it is not {what}.")
-    return storage.read_range(path, 0, size) if size else b""
+    return data
 
 
 def read_local_regular(local: str, path: Path | str, what: str = "a manifest", limit: int | None = None) -> bytes:

@@ -337,6 +337,16 @@ class Storage(ABC):
         """Bytes [offset, offset+length) of a file; backends override to avoid reading the rest."""
         return self.read(path)[offset : offset + length]
 
+    def read_sized(self, path: Path, limit: int) -> tuple[int, bytes | None]:
+        """The size of the file at `path` and, when it is at most `limit` bytes, all of its bytes (None when larger:
+        nothing read). A backend whose file can be replaced between a size and a read overrides it to take both
+        from one version (S3: one GET, sized by its own answer): else a replace in between read the first bytes
+        of the new version as the whole of the old."""
+        size = self.getsize(path)
+        if size > limit:
+            return size, None
+        return size, self.read_range(path, 0, size) if size else b""
+
     def tree_bytes(self, path: Path) -> int:
         """The bytes of every file under the directory `path` (what removing it frees), links not followed; 0
         when nothing is there. Backends override it with one listing."""

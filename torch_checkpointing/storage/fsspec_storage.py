@@ -767,6 +767,20 @@ class FsspecStorage(Storage):
         with self._missing_bucket_named(backend, key, "ranged read of", path), self._errors("ranged read of", path):
             return self._read_span(backend, key, offset, length)
 
+    def read_sized(self, path: Path, limit: int) -> tuple[int, bytes | None]:
+        """On S3 a HEAD, then a GET held to its ETag (`If-Match`, `_get_sized`): a HEAD then a plain GET met two
+        versions when the object was replaced between them (the id saved again, a move putting a copy back), and
+        the new one's first bytes were read as the whole old manifest: a healthy checkpoint refused as damaged,
+        or as a failed read. A larger object than `limit` is never fetched. Elsewhere the base's size and read."""
+        backend, key = self._resolve(path)
+        if not backend.is_s3:
+            return super().read_sized(path, limit)
+        with self._missing_bucket_named(backend, key, "download of", path), self._errors("download of", path):
+            try:
+                return _get_sized(backend, key, limit, self.config.request_timeout_s)
+            except FileNotFoundError as exc:  # s3fs's says "The specified key does not exist.", naming nothing
+                raise FileNotFoundError(errno.ENOENT, "no such object", backend.url(key)) from exc
+
     def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
         data = bytes(backend.io.cat_file(key, start=start, end=end))
         if len(data) != end - start:
@@ -1613,6 +1627,38 @@ _HAS_TMPFILE_LINKS = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
 # How old the hidden file of a marker's create (no O_TMPFILE) must be to be a dead creator's, whoever made it: a
 # live one writes a few hundred bytes into it and links it at once.
 _CREATING_STALE_S = 60.0
+
+
+def _get_sized(backend: _Backend, key: str, limit: int, timeout_s: float | None) -> tuple[int, bytes | None]:
+    """(size, bytes) of one version of the S3 object `key`: its size and ETag from a HEAD, then (at most `limit`
+    bytes: else bytes None and no GET) one GET of that many bytes `If-Match` that ETag. A version replaced in
+    between fails the GET's condition and is read again, from its HEAD."""
+    import fsspec.asyn
+
+    bucket, name, _ = backend.fs.split_path(key)
+    for _ in range(_READ_ATTEMPTS):
+        size, etag = _version(backend, key)
+        if size > limit or size == 0:
+            return size, None if size else b""
+        if not etag:  # a store that names no version: nothing to hold the GET to
+            return size, bytes(backend.io.cat_file(key, start=0, end=size))
+        try:
+            answer = backend.io.call_s3(
+                "get_object", Bucket=bucket, Key=name, Range=f"bytes=0-{size - 1}", IfMatch=etag
+            )
+        except Exception as exc:
+            if _precondition_failed(exc):
+                continue
+            raise
+        body = answer["Body"]
+        try:
+            data = bytes(fsspec.asyn.sync(backend.fs.loop, body.read, timeout=timeout_s))
+        finally:
+            body.close()
+        if len(data) != size:
+            raise EOFError(f"the object is {size} bytes (ETag {etag}), but its GET gave {len(data)}")
+        return size, data
+    raise _ChangedWhileRead(f"the object kept changing while it was read ({_READ_ATTEMPTS} attempts)")
 
 
 def _create_local(name: str, data: bytes) -> bool:
