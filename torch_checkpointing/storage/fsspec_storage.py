@@ -61,6 +61,7 @@ from torch_checkpointing.errors import (
     exception_chain,
     is_shortage,
     shortage_within,
+    warn_raised,
 )
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import (
@@ -1395,7 +1396,7 @@ class FsspecStorage(Storage):
             f"{what} {self.remap_path(Path(os.fspath(path)))} failed: the bucket {bucket!r} does not exist "
             f"(NoSuchBucket: {_FIXES['NoSuchBucket']})"
         )
-        logger.warning("%s", error)
+        warn_raised(logger, error)
         return error
 
 
@@ -2504,7 +2505,7 @@ class _ErrorScope:
         """`exc`, met in the scope, raised as what it is for the caller (see the class); None: it passes as it is."""
         if isinstance(exc, _BucketGone):
             error = ObjectStoreError(f"{self.what} failed: {exc.reason}")
-            logger.warning("%s", error)
+            warn_raised(logger, error)
             raise error from exc
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, CheckpointError):
             return
@@ -2524,7 +2525,7 @@ class _ErrorScope:
         elif (fix := _client_fix(exc)) is not None:
             reason += f" ({fix})"
         error = ObjectStoreError(f"{self.what} failed: {reason}")
-        logger.warning("%s", error)
+        warn_raised(logger, error)
         raise error from exc
 
 
