@@ -588,7 +588,7 @@ def warn_raised(log: logging.Logger, error: BaseException) -> None:
     """A WARNING of `error`, which the caller raises next: one who swallows it still leaves a trace. The record
     carries the error (`RAISED_ERROR`), so that whoever reports that very error (the CLI's `error:` line) leaves
     the WARNING out: `torch-checkpointing ls s3://nobucket` told the missing bucket twice."""
-    log.warning("%s", error, extra={RAISED_ERROR: error})
+    log.warning("%s", error, extra={RAISED_ERROR: error}, stacklevel=2)
 
 
 def log_safely(log: logging.Logger, level: int, msg: str, *args: object, exc_info: bool = False) -> None:

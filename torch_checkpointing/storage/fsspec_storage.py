@@ -2520,7 +2520,9 @@ class _ErrorScope:
         if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError says nothing by itself
             reason += " (no answer within FsspecStorageConfig.request_timeout_s, or the client's own timeouts)"
         code = _error_code(exc)
-        if code in _FIXES:
+        if code == "403":  # a HEAD's refusal: no body, so no S3 code but its status
+            reason += f" (AccessDenied: {_FIXES['AccessDenied']})"
+        elif code in _FIXES:
             reason += f" ({code}: {_FIXES[code]})"
         elif (fix := _client_fix(exc)) is not None:
             reason += f" ({fix})"
