@@ -75,6 +75,7 @@ def test_a_stream_from_a_server_that_never_answers_gives_up_after_the_request_ti
     assert "ObjectStoreError:" in done.stdout, done.stdout + done.stderr
     assert "s3://stalled/run/step_1/model.bin" in done.stdout
     assert "request_timeout_s" in done.stdout
+    assert "check that the endpoint is up" in done.stdout, done.stdout  # and what to do about it
 
 
 def test_two_streams_of_one_memory_object_each_read_all_of_it() -> None:

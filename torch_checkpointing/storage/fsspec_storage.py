@@ -2518,7 +2518,10 @@ class _ErrorScope:
             raise named from exc
         reason = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError says nothing by itself
-            reason += " (no answer within FsspecStorageConfig.request_timeout_s, or the client's own timeouts)"
+            reason += (
+                " (no answer within FsspecStorageConfig.request_timeout_s, or the client's own timeouts: check that "
+                "the endpoint is up and reachable from here, or raise the timeout for a store this slow)"
+            )
         code = _error_code(exc)
         if code == "403":  # a HEAD's refusal: no body, so no S3 code but its status
             reason += f" (AccessDenied: {_FIXES['AccessDenied']})"
