@@ -61,3 +61,18 @@ def test_a_dropped_buffered_upload_is_not_flushed_when_collected(s3_server: S3Se
     fs.invalidate_cache()
     assert not fs.exists(f"{bucket}/model.bin")
     assert [f"{u.exc_type.__name__}: {u.exc_value}" for u in unraisable] == []
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+def test_a_stream_dropped_unclosed_leaves_nothing_under_its_name(scheme: str, tmp_path: Path) -> None:
+    """`io.IOBase`'s finalizer closes a stream, and the close finished the file: a stream a caller dropped
+    without closing it (its own error, outside any `with`) left its bytes so far as a whole object. S3's
+    stream aborts there; every fsspec stream now discards."""
+    root = f"memory://round35-{uuid.uuid4().hex}" if scheme == "memory" else f"file://{tmp_path}"
+    storage = FsspecStorage(FsspecStorageConfig(url=root))
+    storage.mkdir(Path("step_1"))
+    stream = storage.stream_write(Path("step_1/model.bin"))
+    stream.write(b"x" * 100)
+    del stream
+    gc.collect()
+    assert not storage.exists(Path("step_1/model.bin")), storage.ls(Path("step_1"))

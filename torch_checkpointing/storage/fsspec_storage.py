@@ -2704,6 +2704,18 @@ class _ChecksummedUpload(io.RawIOBase):
         """Drop a failed upload: nothing may appear under its name."""
         raise NotImplementedError
 
+    def __del__(self) -> None:
+        """`io.IOBase`'s finalizer would close() and so finish a half-written file (a stream its caller dropped
+        unclosed, outside any `with`): it is discarded instead."""
+        if self.closed:
+            return
+        try:
+            self._discard()
+        except Exception as exc:  # a finalizer cannot raise: the caller is gone
+            logger.warning("Could not drop the unfinished upload %s: %s", getattr(self, "_url", "?"), exc)
+        finally:
+            io.RawIOBase.close(self)
+
     def _refuse_if_failed(self) -> None:
         """At close(): after a failed write (an encoder that caught its error and closed the stream), the upload
         is discarded and that error raised again. Before, close() committed what there was: a file truncated at
@@ -2775,6 +2787,8 @@ class _FsspecFileWriter(_ChecksummedUpload):
 
         Elsewhere the store's upload is discarded and the file marked closed: left open, its finalizer's close
         flushed the dropped buffer (an upload of the partial bytes; on s3fs an "Exception ignored" traceback)."""
+        if not hasattr(self, "_inner"):  # its open failed: nothing was written
+            return
         if _writes_in_place(self._inner):
             self._remove_partial()
             return
@@ -3001,9 +3015,3 @@ class _S3MultipartWriter(_ChecksummedUpload):
 
     def _discard(self) -> None:
         self._abort()
-
-    def __del__(self) -> None:
-        # IOBase.__del__ would close() and so complete a half-written upload; abort it instead.
-        if not self.closed:
-            self._abort()
-            io.RawIOBase.close(self)
