@@ -28,13 +28,19 @@ class InstrumentedS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
         self.gets_log, self.signal_file, self.part_delay_s = gets_log, signal_file, part_delay_s
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
-        self.gets.append((path, start or 0, end or 0))
-        if self.gets_log:
-            with open(self.gets_log, "a") as log:
-                log.write(f"{os.getpid()}\t{path}\t{start or 0}\t{end or 0}\n")
+        self._record(path, start or 0, end or 0)
         return super().cat_file(path, start=start, end=end, **kwargs)
 
+    def _record(self, path: str, start: int, end: int) -> None:
+        self.gets.append((path, start, end))
+        if self.gets_log:
+            with open(self.gets_log, "a") as log:
+                log.write(f"{os.getpid()}\t{path}\t{start}\t{end}\n")
+
     def call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "get_object":  # the storage's own GET (a manifest's or a small object's, held to its ETag)
+            first, _, last = str(kwargs.get("Range", "bytes=0-")).removeprefix("bytes=").partition("-")
+            self._record(f"{kwargs['Bucket']}/{kwargs['Key']}", int(first or 0), int(last) + 1 if last else 0)
         out = super().call_s3(method, *args, **kwargs)
         if method == "upload_part":
             if self.signal_file:

@@ -77,3 +77,43 @@ def test_a_manifest_replaced_between_its_head_and_its_get_loads_one_version(s3_s
     assert seed in (1.0, 2.0), seed
     assert sorted(loaded) == sorted(_state(seed, 3 if seed == 1.0 else items)), sorted(loaded)
     assert all(bool((item["w"] == seed).all()) for item in loaded.values())
+
+
+class _GrownBeforeGet(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Before the first GET of `victim`, PUTs `replacement` over it (a real PUT): after the read's HEAD."""
+
+    def __init__(self, *args: Any, victim: str = "", replacement: bytes = b"", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.victim, self.replacement, self.replaced = victim, replacement, False
+
+    async def _call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if (
+            method == "get_object"
+            and not self.replaced
+            and f"{kwargs.get('Bucket')}/{kwargs.get('Key')}" == self.victim
+        ):
+            self.replaced = True
+            await self._pipe_file(self.victim, self.replacement)
+        return await super()._call_s3(method, *args, **kwargs)
+
+    def call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return fsspec.asyn.sync(self.loop, self._call_s3, method, *args, **kwargs)
+
+
+@pytest.mark.parametrize("grown", [True, False], ids=["larger", "smaller"])
+def test_a_whole_read_of_an_object_replaced_after_its_head_is_one_version(s3_server: S3Server, grown: bool) -> None:
+    """`read()` sized the object by a HEAD and fetched that many bytes: replaced by a larger one in between,
+    it returned the new version's first bytes as the whole object, silently (a load without checksums took
+    them for the tensor)."""
+    config = s3_server.config()
+    key = f"{config.url.removeprefix('s3://')}/run/blob.bin"
+    old, new = b"a" * 1000, b"b" * (2000 if grown else 500)
+    config.create_storage().write(Path("run/blob.bin"), old)
+    racing = FsspecStorageConfig(
+        url=config.url,
+        part_size=config.part_size,
+        filesystem=_GrownBeforeGet(**config.storage_options, victim=key, replacement=new),
+    )
+    data = racing.create_storage().read(Path("run/blob.bin"))
+    assert racing.filesystem.replaced
+    assert data in (old, new), (len(data), data[:4])

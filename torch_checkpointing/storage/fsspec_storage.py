@@ -753,8 +753,13 @@ class FsspecStorage(Storage):
         """
         backend, key = self._resolve(path)
         with self._missing_bucket_named(backend, key, "download of", path), self._errors("download of", path):
-            version = _version(backend, key)
-            return self._read_span(backend, key, 0, version[0], version)
+            if not backend.is_s3:
+                version = _version(backend, key)
+                return self._read_span(backend, key, 0, version[0], version)
+            # One part: one GET held to the HEAD's ETag (a plain GET of the HEAD's size read a larger replacement's
+            # first bytes as the whole object). Larger: concurrent GETs, the version checked after them.
+            version, data = _get_sized(backend, key, self.config.part_size, self.config.request_timeout_s)
+            return data if data is not None else self._read_span(backend, key, 0, version[0], version)
 
     def read_range(self, path: Path, offset: int, length: int) -> bytes:
         """Ranged GETs only (concurrent ones for a long range): the rest of the object is never fetched.
@@ -778,7 +783,8 @@ class FsspecStorage(Storage):
             return super().read_sized(path, limit)
         with self._missing_bucket_named(backend, key, "download of", path), self._errors("download of", path):
             try:
-                return _get_sized(backend, key, limit, self.config.request_timeout_s)
+                version, data = _get_sized(backend, key, limit, self.config.request_timeout_s)
+                return version[0], data
             except FileNotFoundError as exc:  # s3fs's says "The specified key does not exist.", naming nothing
                 raise FileNotFoundError(errno.ENOENT, "no such object", backend.url(key)) from exc
 
@@ -1630,19 +1636,21 @@ _HAS_TMPFILE_LINKS = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
 _CREATING_STALE_S = 60.0
 
 
-def _get_sized(backend: _Backend, key: str, limit: int, timeout_s: float | None) -> tuple[int, bytes | None]:
-    """(size, bytes) of one version of the S3 object `key`: its size and ETag from a HEAD, then (at most `limit`
+def _get_sized(
+    backend: _Backend, key: str, limit: int, timeout_s: float | None
+) -> tuple[tuple[int, str], bytes | None]:
+    """((size, ETag), bytes) of one version of the S3 object `key`: its version from a HEAD, then (at most `limit`
     bytes: else bytes None and no GET) one GET of that many bytes `If-Match` that ETag. A version replaced in
     between fails the GET's condition and is read again, from its HEAD."""
     import fsspec.asyn
 
     bucket, name, _ = backend.fs.split_path(key)
     for _ in range(_READ_ATTEMPTS):
-        size, etag = _version(backend, key)
+        version = size, etag = _version(backend, key)
         if size > limit or size == 0:
-            return size, None if size else b""
+            return version, None if size else b""
         if not etag:  # a store that names no version: nothing to hold the GET to
-            return size, bytes(backend.io.cat_file(key, start=0, end=size))
+            return version, bytes(backend.io.cat_file(key, start=0, end=size))
         try:
             answer = backend.io.call_s3(
                 "get_object", Bucket=bucket, Key=name, Range=f"bytes=0-{size - 1}", IfMatch=etag
@@ -1658,7 +1666,7 @@ def _get_sized(backend: _Backend, key: str, limit: int, timeout_s: float | None)
             body.close()
         if len(data) != size:
             raise EOFError(f"the object is {size} bytes (ETag {etag}), but its GET gave {len(data)}")
-        return size, data
+        return version, data
     raise _ChangedWhileRead(f"the object kept changing while it was read ({_READ_ATTEMPTS} attempts)")
 
 
