@@ -123,6 +123,12 @@ _FIXES = {
     "ExpiredToken": "the session token has expired: refresh the credentials (AWS_SESSION_TOKEN, the role)",
     "InvalidToken": "the session token is malformed: check AWS_SESSION_TOKEN (or storage_options 'token')",
 }
+# The store's own failure, through every retry the client made: nothing of the caller's to fix.
+_STORE_FAILING = (
+    "the store failed the request through every retry: try again later (more retries: storage_options "
+    "config_kwargs {'retries': {'max_attempts': N}})"
+)
+_FIXES.update(dict.fromkeys(("InternalError", "ServiceUnavailable", "SlowDown", "500", "502", "503"), _STORE_FAILING))
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 _VERSION_ID = "?versionId="  # s3fs's version marker in a path
