@@ -342,11 +342,30 @@ def _load_refusing_pickles(
 
             return _torch_load(storage, path, local, options)
     except pickle.UnpicklingError as exc:
+        damage = _not_a_pickle(exc)
+        if damage is not None:
+            raise CorruptCheckpointError(
+                f"File {path} for {what} is not a readable Torch file: its pickle stream is damaged ({damage}), so "
+                f"no loader, safe or not, reads it. Nothing was loaded; load an intact checkpoint."
+            ) from exc
         if not options.weights_only:
             raise
         raise RefusedPickleError(
             f"Refused to load {what} from {path} with torch's safe loader (weights_only=True): {exc}\n{hint}"
         ) from exc
+
+
+# What torch's safe unpickler says of bytes that are no pickle it reads (a byte that is no opcode of protocol 2, the
+# one torch.save writes; a string longer than the file): damage, never a reason to switch the safety off (the unsafe
+# loader would run whatever protocol-0 text such bytes hold). A global or class it refuses reads otherwise ("GLOBAL x
+# was not an allowed global", "Trying to call reduce for unrecognized function"), and keeps the trust hint.
+_NO_PICKLE = re.compile(r"Unsupported operand \d+|String is too long|pickle data was truncated")
+
+
+def _not_a_pickle(exc: pickle.UnpicklingError) -> str | None:
+    """What in `exc` says the bytes are no pickle a Torch file holds, or None for a refusal of what one names."""
+    found = _NO_PICKLE.search(str(exc))
+    return None if found is None else found.group(0)
 
 
 def _torch_load(storage: Storage, path: Path, local: str | None, options: DecodeOptions) -> tuple[Any, str | None]:
