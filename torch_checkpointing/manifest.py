@@ -875,4 +875,24 @@ def _record(rec: Any, key: str, rank_text: str, where: str) -> FileRecord:
         raise CorruptCheckpointError(f"{where} records key {record.key!r} rank {record.rank}; it is filed elsewhere.")
     if record.crc32 > 0xFFFFFFFF:
         raise CorruptCheckpointError(f"{where}: field 'crc32' is not a 32-bit value.")
+    _refuse_reserved_path(record.path, where)
     return record
+
+
+# The names the engine writes at the top of a checkpoint besides item files (commit.RESERVED_FILE_NAMES, which a
+# layout may not use; spelled here because the module naming the metadata file imports this one).
+_RESERVED_TOP = frozenset({MANIFEST_FILE_NAME, INCOMPLETE_MARKER, "metadata.json"})
+
+
+def _refuse_reserved_path(path: str, where: str) -> None:
+    """A record whose file is (or lies under) a reserved name is no save's: a layout using one is refused at save
+    time. Read as an item's file, the manifest itself was checked against the item's record and the load blamed
+    the caller's layout; `inspect` listed it and exited 0."""
+    normal = posixpath.normpath(path)
+    top = normal.split("/")[0]
+    if top in _RESERVED_TOP:
+        under = "" if normal == top else f", under {top!r}"
+        raise CorruptCheckpointError(
+            f"{where}: field 'path' is {path!r}{under}, a name the engine reserves for its own files; no save "
+            f"records an item's file there, so the manifest is damaged or crafted. Load an earlier checkpoint."
+        )
