@@ -345,6 +345,7 @@ class CheckpointLoader:
         containers: dict[int, Any] = {}  # every direct item's template dicts and lists, filled in place
         for plan in plans:
             if isinstance(plan, _Direct):
+                self._check_saved_shards(ctx, plan, metadata)
                 plan.detached = _Detached() if plan.item.value is not None else None
                 _, missing = walk_checkpoint_structure(
                     item_key=plan.item.key,
@@ -526,6 +527,18 @@ class CheckpointLoader:
             )
         ctx.check(rel, f"item '{item.key}'")
         return _Direct(item, rel)
+
+    def _check_saved_shards(
+        self, ctx: CheckpointReadContext, plan: _Direct, metadata: DistributedMetadata | None
+    ) -> None:
+        """A directly read item's tensors against the shards its sharding metadata records for this rank, before the
+        template is compared with them: metadata they do not fit is damage, not a changed model."""
+        source = metadata.metadata.get(plan.item.key) if metadata is not None else None
+        if source is None or plan.item.value is None:
+            return
+        from torch_checkpointing.dtensor_resharder import check_saved_shards
+
+        check_saved_shards(ctx.root, plan.item.key, source, self.rank_info.global_rank, plan.value)
 
     def _plan_reshard(
         self, ctx: CheckpointReadContext, item: ResolvedItem, metadata: DistributedMetadata | None

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
@@ -55,6 +55,7 @@ __all__ = [
     "PlanStats",
     "ReshardJob",
     "check_reshard_job",
+    "check_saved_shards",
     "compute_load_plans",
     "compute_local_runs",
     "compute_local_shard_info",
@@ -208,13 +209,26 @@ def _source_ranks(source_groups: list[Any]) -> list[tuple[int, DTensorShardingMe
     return sorted(ranks.items())
 
 
-def _check_global_shape(fqn: str, src_md: DTensorShardingMetadata, target: DTensorShardingMetadata) -> None:
-    """A target whose global shape differs from the saved one is a changed model, not a layout to reshard."""
+class _GlobalShapeChanged(TemplateMismatchError):
+    """The target's global shape differs from the one the sharding metadata records at `nested_path`.
+
+    A changed model, not a layout to reshard; but only once the saved shards are seen to fit the recorded shape
+    (`_judge_shape_change`): a crafted or damaged global_shape reads the same from the metadata alone."""
+
+    def __init__(self, message: str, nested_path: NestedPath) -> None:
+        super().__init__(message)
+        self.nested_path = nested_path
+
+
+def _check_global_shape(
+    nested_path: NestedPath, src_md: DTensorShardingMetadata, target: DTensorShardingMetadata
+) -> None:
     if tuple(src_md.global_shape) != tuple(target.global_shape):
-        raise TemplateMismatchError(
-            f"Cannot reshard {fqn or '<item>'}: saved with global shape {tuple(src_md.global_shape)} but the "
-            f"target has {tuple(target.global_shape)}. The model changed since the save; load into a model of "
-            f"the saved shape, or leave this entry out of the template."
+        raise _GlobalShapeChanged(
+            f"Cannot reshard {dotted_key(nested_path) or '<item>'}: saved with global shape "
+            f"{tuple(src_md.global_shape)} but the target has {tuple(target.global_shape)}. The model changed since "
+            f"the save; load into a model of the saved shape, or leave this entry out of the template.",
+            nested_path,
         )
 
 
@@ -278,7 +292,7 @@ def _brute_force_plans(
     plans: list[LoadPlan] = []
     seen: set[tuple[tuple[Run, ...], ...]] = set()
     for src_rank, src_md in _source_ranks(source_groups):
-        _check_global_shape(fqn, src_md, target)
+        _check_global_shape(nested_path, src_md, target)
         if stats is not None:
             stats.chunk_checks += 1
         src_runs = compute_local_runs(src_md, src_rank)
@@ -485,7 +499,7 @@ def _indexed_plans(
     stats: PlanStats,
 ) -> list[LoadPlan] | None:
     fqn = dotted_key(nested_path)
-    _check_global_shape(fqn, src_md, target)
+    _check_global_shape(nested_path, src_md, target)
     target_runs = compute_local_runs(target, rank)
     target_numel = _numel(target_runs)
     if target_numel == 0:
@@ -631,10 +645,15 @@ class ReshardJob:
     values_rank: int | None = None
     # What the check phase read for the copy phase (at most one entry; a list, as the job is frozen).
     prepared: list[_Prepared] = dataclasses.field(default_factory=list, compare=False, repr=False)
+    # A target of another global shape than the metadata records: the job only reads the saved shards to tell a
+    # changed model from damaged metadata, and refuses (`_judge_shape_change`).
+    shape_changed: _GlobalShapeChanged | None = None
 
     @property
     def source_ranks(self) -> list[int]:
         """The source ranks whose files the job reads."""
+        if self.shape_changed is not None:
+            return [rank for rank, _ in _judged_shards(self, self.shape_changed.nested_path)]
         ranks = {p.src_rank for plans in self.info.nested_path_to_load_plans.values() for p in plans}
         return sorted(ranks if self.values_rank is None else {*ranks, self.values_rank})
 
@@ -652,6 +671,17 @@ def plan_reshard_job(
         info = plan_resharding(target_metadata, source_metadata, rank)
     except CorruptCheckpointError as exc:
         raise CorruptCheckpointError(f"{Path(source_path) / METADATA_FILE_NAME}: item '{item_key}': {exc}") from None
+    except _GlobalShapeChanged as exc:  # judged once the saved shards can be read
+        return ReshardJob(
+            info=ReshardingInfo(),
+            target=target,
+            target_metadata=target_metadata,
+            source_metadata=source_metadata,
+            source_path=Path(source_path),
+            item_key=item_key,
+            rank=rank,
+            shape_changed=exc,
+        )
     except TemplateMismatchError as exc:
         raise TemplateMismatchError(f"Checkpoint {source_path}, item '{item_key}': {exc}") from None
     values = tuple(_value_entries(target))
@@ -829,6 +859,8 @@ def _prepare(job: ReshardJob, storage: Storage, stats: ReadStats) -> _Prepared:
     """Check every copy, and fetch every block that is a request to a store: a store can fail, or serve
     another object, between two requests, and a block copied before such a failure would leave the target
     half restored. Blocks of open files (memory maps) are views, read in the copy itself."""
+    if job.shape_changed is not None:
+        _judge_shape_change(job, job.shape_changed, storage, stats)
     collected = _collect(job, storage, stats)
     fetched = {
         i: tensor.read_block(plan.src_offsets, plan.src_sizes, stats)
@@ -836,6 +868,65 @@ def _prepare(job: ReshardJob, storage: Storage, stats: ReadStats) -> _Prepared:
         if tensor.reads_on_demand
     }
     return _Prepared(collected, fetched, stats)
+
+
+def _judged_shards(job: ReshardJob, path: NestedPath) -> list[tuple[int, DTensorShardingMetadata]]:
+    """One source rank of each layout group of `path` (its lowest with a place in its mesh) with its metadata:
+    one shard per group tells whether the saved shards fit the global shape that group records."""
+    judged: list[tuple[int, DTensorShardingMetadata]] = []
+    for group in job.source_metadata.nested_path_to_metadata.get(tuple(path), []):
+        md = group.sharding_metadata
+        if not isinstance(md, DTensorShardingMetadata):  # planned only when every group's is (`_plan`)
+            continue
+        rank = next((r for r in group.ranks if md.mesh_spec.get_coordinate(r) is not None), None)
+        if rank is not None:
+            judged.append((rank, md))
+    return judged
+
+
+def _judge_shape_change(job: ReshardJob, changed: _GlobalShapeChanged, storage: Storage, stats: ReadStats) -> NoReturn:
+    """Refuse a target whose global shape differs from the recorded one: as damaged metadata (naming metadata.json)
+    when a saved shard does not have the shape the recorded global shape gives its rank, else as a changed model.
+    From the metadata alone the two read the same, and a crafted global_shape blamed the caller's model."""
+    path, where = changed.nested_path, f"{job.item_key}::{dotted_key(changed.nested_path)}"
+    for rank, md in _judged_shards(job, path):
+        file_path = job.source_metadata.get_file_path(rank, job.source_path, job.item_key)
+        fmt = job.source_metadata.get_layout(rank, job.item_key).serialization_format
+        tensor = open_source_file(storage, file_path, fmt, stats).tensor(path)
+        expected = compute_local_shard_info(md, rank)[0]
+        held = None if tensor is None else tuple(tensor.shape)
+        if held != expected:
+            raise CorruptCheckpointError(
+                f"{job.source_path / METADATA_FILE_NAME} is damaged or crafted: it records {where} as a tensor of "
+                f"global shape {tuple(md.global_shape)}, which gives rank {rank} a {expected} shard, but "
+                f"{file_path} holds {'no such tensor' if held is None else held}; the saved shards do not fit the "
+                f"global shape it records. Nothing was loaded; load an intact checkpoint."
+            )
+    raise TemplateMismatchError(f"Checkpoint {job.source_path}, item '{job.item_key}': {changed}") from None
+
+
+def check_saved_shards(root: Path, item_key: str, source: DistributedItemMetadata, rank: int, value: Any) -> None:
+    """Refuse (naming metadata.json) a tensor of `rank`'s own file, decoded as `value`, whose shape is not the shard
+    that its recorded global shape and placements give `rank`.
+
+    A load whose template has the recorded layout reads the file directly and compares its tensors with the
+    template: a crafted global_shape, and a template built to it, was a TemplateMismatchError blaming the model."""
+    expected: dict[DTensorShardingMetadata, tuple[int, ...]] = {}
+    for path, leaf in iter_leaves(value):
+        groups = source.nested_path_to_metadata.get(tuple(path)) if isinstance(leaf, torch.Tensor) else None
+        md = next((g.sharding_metadata for g in groups or () if rank in g.ranks), None)
+        if not isinstance(md, DTensorShardingMetadata) or md.mesh_spec.get_coordinate(rank) is None:
+            continue
+        if md not in expected:
+            expected[md] = compute_local_shard_info(md, rank)[0]
+        held = tuple(local_tensor(leaf).shape)
+        if held != expected[md]:
+            raise CorruptCheckpointError(
+                f"{Path(root) / METADATA_FILE_NAME} is damaged or crafted: it records {item_key}::{dotted_key(path)} "
+                f"as a tensor of global shape {tuple(md.global_shape)}, which gives rank {rank} a {expected[md]} "
+                f"shard, but that rank's file holds {held}; the saved shards do not fit the global shape it records. "
+                f"Nothing was loaded; load an intact checkpoint."
+            )
 
 
 def _check_tied_targets(job: ReshardJob, prepared: _Prepared) -> None:
