@@ -82,3 +82,31 @@ def test_a_changed_model_is_still_named_so(tmp_path: Path, mesh: Any) -> None:
     _save(checkpoint, mesh)
     with CheckpointManager(_config()) as manager, pytest.raises(TemplateMismatchError, match="model changed"):
         manager.load(str(checkpoint), {"model": {"w": _template(mesh, (6, 2), True)}})
+
+
+def _record_dtype(checkpoint: Path, dtype: str) -> None:
+    path = checkpoint / "metadata.json"
+    metadata = json.loads(path.read_text())
+    group = metadata["metadata"]["model"]["nested_path_to_metadata"]['["w"]'][0]
+    group["sharding_metadata"]["data"]["dtype"] = dtype
+    data = json.dumps(metadata).encode()
+    path.write_bytes(data)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["metadata_crc32"], manifest["metadata_size"] = zlib.crc32(data), len(data)
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_recorded_dtype_the_shard_lacks_is_damage_in_a_direct_read(tmp_path: Path, mesh: Any) -> None:
+    """A DTensor template built to the recorded (float64) layout is read directly: the float32 shard is damage,
+    not a "Dtype mismatch" blaming the template."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    checkpoint = tmp_path / "step_1"
+    _save(checkpoint, mesh)
+    _record_dtype(checkpoint, "torch.float64")
+    target = distribute_tensor(torch.zeros(4, 2, dtype=torch.float64), mesh, [Shard(0)])
+    with CheckpointManager(_config()) as manager, pytest.raises(CorruptCheckpointError) as refused:
+        manager.load(str(checkpoint), {"model": {"w": target}})
+    said = str(refused.value)
+    assert not isinstance(refused.value, TemplateMismatchError), said
+    assert "metadata.json" in said and "torch.float64" in said and "torch.float32" in said, said

@@ -906,26 +906,28 @@ def _judge_shape_change(job: ReshardJob, changed: _GlobalShapeChanged, storage: 
 
 
 def check_saved_shards(root: Path, item_key: str, source: DistributedItemMetadata, rank: int, value: Any) -> None:
-    """Refuse (naming metadata.json) a tensor of `rank`'s own file, decoded as `value`, whose shape is not the shard
-    that its recorded global shape and placements give `rank`.
+    """Refuse (naming metadata.json) a tensor of `rank`'s own file, decoded as `value`, that is not the shard its
+    recorded global shape, dtype and placements give `rank`.
 
     A load whose template has the recorded layout reads the file directly and compares its tensors with the
-    template: a crafted global_shape, and a template built to it, was a TemplateMismatchError blaming the model."""
-    expected: dict[DTensorShardingMetadata, tuple[int, ...]] = {}
+    template: a crafted global_shape or dtype, and a template built to it, was a TemplateMismatchError blaming
+    the model."""
+    expected: dict[DTensorShardingMetadata, tuple[tuple[int, ...], str]] = {}
     for path, leaf in iter_leaves(value):
         groups = source.nested_path_to_metadata.get(tuple(path)) if isinstance(leaf, torch.Tensor) else None
         md = next((g.sharding_metadata for g in groups or () if rank in g.ranks), None)
         if not isinstance(md, DTensorShardingMetadata) or md.mesh_spec.get_coordinate(rank) is None:
             continue
         if md not in expected:
-            expected[md] = compute_local_shard_info(md, rank)[0]
-        held = tuple(local_tensor(leaf).shape)
+            expected[md] = (compute_local_shard_info(md, rank)[0], md.dtype)
+        local = local_tensor(leaf)
+        held = (tuple(local.shape), str(local.dtype))
         if held != expected[md]:
             raise CorruptCheckpointError(
                 f"{Path(root) / METADATA_FILE_NAME} is damaged or crafted: it records {item_key}::{dotted_key(path)} "
-                f"as a tensor of global shape {tuple(md.global_shape)}, which gives rank {rank} a {expected[md]} "
-                f"shard, but that rank's file holds {held}; the saved shards do not fit the global shape it records. "
-                f"Nothing was loaded; load an intact checkpoint."
+                f"as a {md.dtype} tensor of global shape {tuple(md.global_shape)}, which gives rank {rank} a "
+                f"{expected[md][0]} {md.dtype} shard, but that rank's file holds a {held[0]} {held[1]} one; the saved "
+                f"shards do not fit what it records. Nothing was loaded; load an intact checkpoint."
             )
 
 
