@@ -110,3 +110,27 @@ def test_a_recorded_dtype_the_shard_lacks_is_damage_in_a_direct_read(tmp_path: P
     said = str(refused.value)
     assert not isinstance(refused.value, TemplateMismatchError), said
     assert "metadata.json" in said and "torch.float64" in said and "torch.float32" in said, said
+
+
+@pytest.mark.parametrize("recorded, target, error", [(12, 8, CorruptCheckpointError), (8, 12, TemplateMismatchError)])
+def test_two_source_ranks_judged_by_their_shards(tmp_path: Path, recorded: int, target: int, error: type) -> None:
+    """Two ranks saved [0, 4) and [4, 8) of a Shard(0) tensor. Metadata recording 12 elements (6 a rank) over a
+    target of the 8 saved is damage naming metadata.json; intact metadata (8) and a target of 12 a changed model."""
+    from tests.test_reshard_plans import ITEM, local_storage, make_md
+    from torch_checkpointing.distributed_metadata import DistributedItemMetadata, GlobalObjectMetadata
+    from torch_checkpointing.dtensor_metadata import ReplicateSpec, ShardSpec
+
+    for rank, part in enumerate(torch.arange(8.0).split(4)):
+        torch.save({"w": part.clone()}, tmp_path / f"{ITEM}_{rank}.pt")
+    saved = make_md((recorded,), torch.float32, ((2,), (0, 1), (ShardSpec(0),)))
+    source = DistributedItemMetadata({("w",): [GlobalObjectMetadata(saved, (0, 1))]}, dict.fromkeys(range(2)))
+    into = torch.full((target,), -1.0)
+    dst = make_md((target,), torch.float32, ((1,), (0,), (ReplicateSpec(),)))
+    with pytest.raises(error) as refused:
+        DTensorResharder().load_as_rank(0, tmp_path, ITEM, {("w",): dst}, source, {"w": into}, local_storage())
+    said = str(refused.value)
+    if error is CorruptCheckpointError:
+        assert "metadata.json" in said and "(6,)" in said and "(4,)" in said and "model changed" not in said, said
+    else:
+        assert "model changed" in said, said
+    assert torch.equal(into, torch.full((target,), -1.0))
