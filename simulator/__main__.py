@@ -1,6 +1,6 @@
 """`python -m simulator --world 4→8`."""
 
-from simulator.cli import main
+from simulator.cli import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

@@ -335,14 +335,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     128+signal code.
 
     The ranks are stopped and the run directory removed by the `finally` blocks on the way out; a traceback
-    (torch's elastic launcher turns SIGINT into its own SignalException) would only hide that line.
+    (torch's elastic launcher turns SIGINT into its own SignalException) would only hide that line. The
+    caller's signal handlers are as they were once it returns (`run` is the process entry point).
     """
+    return _guarded(argv, late_stop=False)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """`main` as the process's entry point (`python -m simulator`): once the verdict is out, a stopping signal
+    ends the process with the verdict's exit code (`exit_on_a_late_stop`), through the interpreter's exit.
+    Not for a process that goes on: its later Ctrl-C would end it at once with this run's code."""
+    return _guarded(argv, late_stop=True)
+
+
+def _guarded(argv: Sequence[str] | None, *, late_stop: bool) -> int:
     on_main = threading.current_thread() is threading.main_thread()
     ending = [s for s in ENDING_SIGNALS if on_main and signal.getsignal(s) is signal.SIG_DFL]
     for signum in ending:
         signal.signal(signum, _raise_terminated)
     try:
-        return _main(argv)
+        return _main(argv, late_stop=late_stop)
     except BaseException as exc:
         code = _interrupt_signal(exc)
         if code is None:
@@ -400,7 +412,7 @@ def _import_holding_signals(module: str) -> ModuleType:
     return imported
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def _main(argv: Sequence[str] | None, *, late_stop: bool) -> int:
     run_plan = _import_holding_signals("simulator.run").run_plan
 
     parser = build_parser()
@@ -432,9 +444,10 @@ def _main(argv: Sequence[str] | None) -> int:
     if keep is not None:
         print(f"checkpoints kept under {plan.checkpoints_at}")
     code = 0 if report.passed else 1
-    exit_on_a_late_stop(code, over=(_raise_terminated,))  # the report is out: a stop no longer changes the code
+    if late_stop:  # the report is out: a stop no longer changes the code
+        exit_on_a_late_stop(code, over=(_raise_terminated,))
     if keep is None:
-        with signals_held() as held:  # a stop now waits for the removal, then ends the process with `code`
+        with signals_held() as held:  # a stop now waits for the removal, then ends the run (`late_stop`: with `code`)
             _remove_run_directory(root)
         held.deliver()
     return code
