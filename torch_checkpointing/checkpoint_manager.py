@@ -1103,13 +1103,21 @@ def _as_taken(value: Any) -> Any:
 
 
 def _changed_fields(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """The dotted paths whose value differs (NaN is never equal to itself: compared by identity first)."""
+    """The dotted paths whose value differs."""
     return [
         path
         for path in sorted(before.keys() | now.keys())
-        if not (before.get(path) is now.get(path) or before.get(path) == now.get(path))
-        or (path in before) != (path in now)
+        if not _same_value(before.get(path), now.get(path)) or (path in before) != (path in now)
     ]
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two snapshot values are one: NaN is never equal to itself, and a numpy or torch NaN taken as a
+    float (`_as_taken`) is a new float at each look, so two NaN floats are the same value (compared by identity
+    only, an untouched `np.float64("nan")` was "changed after this manager was built")."""
+    if a is b or a == b:
+        return True
+    return type(a) is float and type(b) is float and math.isnan(a) and math.isnan(b)
 
 
 def _not_a_config(value: object) -> str:
