@@ -371,6 +371,13 @@ class CheckpointReadContext:
             f"{self.operation}."
         )
 
+    def _verification_asked(self) -> str:
+        """Who asked for a manifest: a load by its policy; any other reader always does (a `damage()` check was
+        told "this load asked for verification (verify_checksums=True ...)", though it loaded nothing)."""
+        if self.operation == "load":
+            return "this load asked for verification (verify_checksums=True or allow_legacy_checkpoints=False)"
+        return f"this {self.operation} reads only checkpoints whose manifest vouches for them"
+
     def _no_manifest(self) -> None:
         if self._pinned_gone():
             # Its manifest is gone with it, which is no legacy checkpoint. Taken for one, a load with only
@@ -390,9 +397,8 @@ class CheckpointReadContext:
             raise IncompleteCheckpointError(
                 f"Checkpoint {self.shown} has no {MANIFEST_FILE_NAME}, so nothing says its save committed and "
                 f"nothing can be verified (its manifest was removed, or it was written without one by the "
-                f"published release), and this load asked for verification (verify_checksums=True or "
-                f"allow_legacy_checkpoints=False). Load an intact checkpoint, or, if you trust this one, load it "
-                f"with the defaults (unverified, with a warning)."
+                f"published release), and {self._verification_asked()}. Load an intact checkpoint, or, if you "
+                f"trust this one, load it with the defaults (unverified, with a warning)."
             )
         logger.warning(
             "Loading %s without a manifest (allow_legacy_checkpoints=True): files are checked for containment "
