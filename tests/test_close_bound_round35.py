@@ -7,11 +7,14 @@ then neither closes its pipe nor its process sentinel, so every wait on them run
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from torch_checkpointing.checkpoint_process import CheckpointProcess, CheckpointProcessConfig
 from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -63,3 +66,26 @@ def test_close_during_a_slow_init_keeps_to_its_bound_though_a_helper_holds_the_w
     finally:
         os.kill(helper, signal.SIGKILL)  # lets a close() still waiting end
         closer.join(CLOSE_HANG_S)
+
+
+def test_close_that_gives_up_on_a_start_says_how_long_it_waited(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its WARNING said the start "did not end within 5.0s of being killed" (`KILLED_EXIT_S`), after a wait of
+    `subprocess_shutdown_timeout_secs` and 5 s more."""
+    marker = tmp_path / "helper_pid"
+    process = CheckpointProcess(
+        LocalFileSystemStorageConfig(use_direct_io=False),
+        CheckpointProcessConfig(subprocess_init_timeout_secs=HANG_S, subprocess_shutdown_timeout_secs=3),
+        fork_a_helper_then_take_long,
+        (str(marker),),
+    )
+    helper = _wait_for(marker)
+    try:
+        with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+            process.close()
+    finally:
+        os.kill(helper, signal.SIGKILL)
+    said = [r.getMessage() for r in caplog.records if "being started" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert "within 8s" in said[0] and "subprocess_shutdown_timeout_secs" in said[0], said[0]

@@ -879,18 +879,21 @@ class CheckpointProcess:
             proc.kill()
             proc.join(_left(end or Deadline(KILLED_EXIT_S)))
 
-    def _end_start(self, end: Deadline) -> bool:
-        """(close(), holding `_lock`.) Kill the writer being started and wait until `end` for its start to
-        report; whether it did. Before, the wait was `subprocess_init_timeout_secs`: a start whose pipe a process
-        forked by `subprocess_init_fn` kept open reported only then, and close() overran its bound by that much.
-        One that reports later finds `_closing` set and kills the writer it got (`_start`)."""
+    def _end_start(self, wait_s: float) -> bool:
+        """(close(), holding `_lock`.) Kill the writer being started and wait `wait_s` for its start to report;
+        whether it did. Before, the wait was `subprocess_init_timeout_secs`: a start whose pipe a process forked
+        by `subprocess_init_fn` kept open reported only then, and close() overran its bound by that much. One
+        that reports later finds `_closing` set and kills the writer it got (`_start`)."""
+        end = Deadline(wait_s)
         self._abort_start(end)
         if self._ready.wait(_left(end)):
             return True
         logger.warning(
-            "close(): the checkpoint writer process being started did not end within %ss of being killed (a "
-            "process it started, e.g. in subprocess_init_fn, may hold its pipe open); close() returns without "
-            "waiting longer.",
+            "close(): the start of the checkpoint writer process being started did not end within %.0fs "
+            "(what is left of CheckpointProcessConfig.subprocess_shutdown_timeout_secs, and %s s more), though "
+            "the writer was killed (a process it started, e.g. in subprocess_init_fn, may hold its pipe open); "
+            "close() returns without waiting longer.",
+            wait_s,
             KILLED_EXIT_S,
         )
         return False
@@ -945,7 +948,7 @@ class CheckpointProcess:
                 )
                 return
         try:
-            if not self._ready.is_set() and not self._end_start(Deadline(_left(deadline) + KILLED_EXIT_S)):
+            if not self._ready.is_set() and not self._end_start(_left(deadline) + KILLED_EXIT_S):
                 return
             if self._proc is None:
                 return
