@@ -185,6 +185,30 @@ def _checked_rank(rank: Any) -> int | None:
     return rank
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What reads an item through `_ItemSource`, as its refusals name it: an export, or `iter_item_tensors` (what
+    `torch-checkpointing diff` compares by), which an export's words ("retry the export", "nothing was exported")
+    misled."""
+
+    operation: str  # the read context's operation: "while this {operation} ran ... retry the {operation}"
+    undone: str  # what a refusal of a damaged checkpoint adds: what became of the call, and the fix
+    did: str  # "item 'model' for {did}" in the block readers' refusals
+
+    def purpose(self, key: str) -> SourcePurpose:
+        """How the shared block readers name this read in their refusals (not "a resharding load")."""
+        return SourcePurpose(
+            f"item '{key}' for {self.did}",
+            f"{self.did} of item '{key}'",
+            f"Torch files are read for {self.did} with torch's safe loader only, so it takes items of tensors and "
+            f"plain containers/scalars. {self.undone}",
+        )
+
+
+_EXPORT = _Reading("export", "Nothing was exported; export from an intact checkpoint.", "the export")
+_ITER = _Reading("read", "Read the tensors of an intact checkpoint.", "iter_item_tensors' read")
+
+
 class _ItemSource:
     """Reads one item of one checkpoint as full tensors, whichever ranks and layouts wrote it.
 
@@ -193,11 +217,12 @@ class _ItemSource:
     FIFO), and what is read is checked against the recorded checksums. Close it (a context manager) when done.
     """
 
-    def __init__(self, storage: Storage, checkpoint: Path, key: str, rank: int | None) -> None:
+    def __init__(self, storage: Storage, checkpoint: Path, key: str, rank: int | None, reading: _Reading) -> None:
         rank = _checked_rank(rank)
+        self._reading = reading
         committed_manifest(storage, checkpoint)  # the precise reason a directory is not a checkpoint
         policy = ReadPolicy(verify_checksums=True, allow_legacy_checkpoints=False)
-        self._ctx = CheckpointReadContext(storage, str(checkpoint), policy, operation="export").__enter__()
+        self._ctx = CheckpointReadContext(storage, str(checkpoint), policy, operation=reading.operation).__enter__()
         try:
             self._setup(checkpoint, key, rank)
         except BaseException:
@@ -247,7 +272,7 @@ class _ItemSource:
                 fmt = self.item_metadata.get_layout(rank, self.key).serialization_format
             assert fmt is not None
             path = self.checkpoint / self._path(rank)
-            self._open[rank] = open_source_file(self.storage, path, fmt, self._stats, _export_purpose(self.key))
+            self._open[rank] = open_source_file(self.storage, path, fmt, self._stats, self._reading.purpose(self.key))
         return self._open[rank]
 
     def _path(self, rank: int) -> str:
@@ -262,8 +287,7 @@ class _ItemSource:
             raise CorruptCheckpointError(
                 f"{self.checkpoint / METADATA_FILE_NAME} is damaged or crafted: it names {path} as rank {rank}'s "
                 f"file of item '{self.key}', but {self.checkpoint / MANIFEST_FILE_NAME} lists no such file of that "
-                f"item (its files: {sorted(set(self._paths.values()))}). Nothing was exported; export from an "
-                f"intact checkpoint."
+                f"item (its files: {sorted(set(self._paths.values()))}). {self._reading.undone}"
             )
         return path
 
@@ -306,7 +330,7 @@ class _ItemSource:
             source = self._source(self.plain_rank)  # one open of the file, shared with the block reads
             _check_tensor_names(source.entry(()), f"{self.checkpoint}::{self.key}")
             _refuse_sparse(source.entry(()), f"{self.checkpoint}::{self.key}")
-            _refuse_expanded(source.entry(()), self.checkpoint / self._path(self.plain_rank), self.key)
+            _refuse_expanded(source.entry(()), self.checkpoint / self._path(self.plain_rank), self.key, self._reading)
             self._flat = FlatTensors(source)
         return self._flat
 
@@ -362,18 +386,8 @@ class _ItemSource:
         return CorruptCheckpointError(
             f"{self.checkpoint / METADATA_FILE_NAME} is damaged or crafted: the {plan.shape} {plan.dtype} tensor it "
             f"records for {self.key}::{plan.name} (global shape and dtype) does not fit the saved shards ({why}). "
-            f"Nothing was exported; export from an intact checkpoint."
+            f"{self._reading.undone}"
         )
-
-
-def _export_purpose(key: str) -> SourcePurpose:
-    """How the shared block readers name an export in their refusals (not "a resharding load")."""
-    return SourcePurpose(
-        f"item '{key}' for the export",
-        f"the export of item '{key}'",
-        "An export reads Torch files with torch's safe loader only, so it takes items of tensors and plain "
-        "containers/scalars; nothing was exported.",
-    )
 
 
 def _check_tensor_names(value: Any, what: str) -> None:
@@ -413,7 +427,7 @@ def _refuse_sparse(value: Any, what: str) -> None:
             )
 
 
-def _refuse_expanded(value: Any, file: Path, key: str) -> None:
+def _refuse_expanded(value: Any, file: Path, key: str, reading: _Reading) -> None:
     """A tensor with more elements than its storage holds (a stride-0 `expand`), refused as crafted: no save of
     ours writes one (they are written dense), and an export writes it dense, so a file of a few bytes became a
     shard of any size (and the memory to assemble it): a crafted 1.5 KB checkpoint exported 512 MiB."""
@@ -425,7 +439,7 @@ def _refuse_expanded(value: Any, file: Path, key: str) -> None:
             raise CorruptCheckpointError(
                 f"{file} is damaged or crafted: the tensor at path {path!r} of item '{key}' has {tuple(leaf.shape)} "
                 f"elements ({needed} bytes) over a storage of {leaf.untyped_storage().nbytes()} bytes (a stride-0 "
-                f"view), which no save writes. Nothing was exported; export from an intact checkpoint."
+                f"view), which no save writes. {reading.undone}"
             )
 
 
@@ -462,7 +476,7 @@ def iter_item_tensors(
     """Yield (dotted name, full tensor) for every tensor of item `key`, one at a time (consolidated across ranks)."""
     source_storage = storage_of(checkpoint, storage, "checkpoint")
     checkpoint = user_path(checkpoint, source_storage)
-    with _ItemSource(source_storage, Path(checkpoint), key, rank) as source:
+    with _ItemSource(source_storage, Path(checkpoint), key, rank, _ITER) as source:
         for plan in source.plans():
             yield plan.name, source.read(plan)
         source.wait_verified()
@@ -517,7 +531,7 @@ def export_hf(
     _check_cast(dtype)
     source_storage = storage_of(checkpoint, storage, "checkpoint")
     checkpoint = user_path(checkpoint, source_storage)
-    with _ItemSource(source_storage, Path(checkpoint), key, rank) as source:
+    with _ItemSource(source_storage, Path(checkpoint), key, rank, _EXPORT) as source:
         _check_out_dir(out, Path(checkpoint), overwrite)
         plans = source.plans()
         if not plans:
