@@ -373,19 +373,30 @@ class _ItemSource:
                 raise self._corrupt(plan, f"rank {rank}'s file {self._path(rank)} holds no such tensor")
             md = next(g.sharding_metadata for g in groups if rank in g.ranks)
             expected, _ = compute_local_shard_info(md, rank)
-            if tuple(src.shape) != tuple(expected) or src.dtype != plan.dtype:
+            wrong = [
+                name
+                for name, differs in (
+                    ("global_shape", tuple(src.shape) != tuple(expected)),
+                    ("dtype", src.dtype != plan.dtype),
+                )
+                if differs
+            ]
+            if wrong:
                 raise self._corrupt(
                     plan,
                     f"it gives rank {rank} a {tuple(expected)} {plan.dtype} shard, but its file "
                     f"{self._path(rank)} holds {tuple(src.shape)} {src.dtype}",
+                    " and ".join(wrong),
                 )
             sources[rank] = src
         return sources
 
-    def _corrupt(self, plan: _TensorPlan, why: str) -> CorruptCheckpointError:
+    def _corrupt(self, plan: _TensorPlan, why: str, fields: str = "global_shape") -> CorruptCheckpointError:
+        """`fields`: the metadata fields that disagree with the shards, named as the file spells them (a dtype
+        that disagreed was blamed on the global_shape; then the global_shape went unnamed where it was wrong)."""
         return CorruptCheckpointError(
-            f"{self.checkpoint / METADATA_FILE_NAME} is damaged or crafted: the {plan.shape} {plan.dtype} tensor it "
-            f"records for {self.key}::{plan.name} (global shape and dtype) does not fit the saved shards ({why}). "
+            f"{self.checkpoint / METADATA_FILE_NAME} is damaged or crafted: the {fields} it records for "
+            f"{self.key}::{plan.name} (a {plan.shape} {plan.dtype} tensor) does not fit the saved shards ({why}). "
             f"{self._reading.undone}"
         )
 
