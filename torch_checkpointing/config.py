@@ -54,6 +54,17 @@ _WARNED = "warned"  # the note of the fields a config was warned about
 _NOTES_LOCK = threading.RLock()
 
 
+def _new_notes_lock() -> None:
+    """(In a child just forked.) A fresh lock: one held by another thread of the parent at the fork (warning, in a
+    `showwarning` hook) stayed held in the child for good, where no thread is left to release it."""
+    global _NOTES_LOCK
+    _NOTES_LOCK = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX: nothing forks elsewhere
+    os.register_at_fork(after_in_child=_new_notes_lock)
+
+
 def notes_of(config: object) -> dict[str, Any]:
     """The engine's notes about `config` (a dataclass instance: any object that takes a weak reference)."""
     key = id(config)
