@@ -9,6 +9,7 @@ next gc must keep it, naming it and the fix, as it does beside a save's dead cla
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -110,7 +111,7 @@ from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
 a = json.loads(sys.argv[1])
 real = fsspec_storage._delete_all
-def killed(backend, keys):  # the manifest is gone already; one file goes, then the process is SIGKILLed
+def killed(backend, keys):  # the claim is up, the manifest not gone yet; one file goes, then SIGKILL
     real(backend, keys[:1])
     os.kill(os.getpid(), signal.SIGKILL)
 fsspec_storage._delete_all = killed
@@ -129,20 +130,27 @@ def _kill_delete_midway(s3_server: S3Server, checkpoint_id: str) -> FsspecStorag
     done = subprocess.run([sys.executable, "-c", _KILLED_DELETE, args], env=env, capture_output=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-2000:]
     storage = config.create_storage()
-    assert not storage.exists(Path(checkpoint_id) / "manifest.json")
-    assert b'"gc-' in storage.read(Path(checkpoint_id) / INCOMPLETE_MARKER)  # the delete's claim, left up
+    held = Claim.parse(storage.read(Path(checkpoint_id) / INCOMPLETE_MARKER))  # the delete's claim, left up
+    assert held is not None and held.is_gc() and held.records and held.collects, held
+    assert storage.exists(Path(checkpoint_id) / "manifest.json")  # it goes after the files it lists (round 35)
     return config
 
 
 @pytest.mark.skipif(bool(missing_s3_packages()), reason="needs the s3 extra")
-def test_s3_keeps_a_users_file_put_where_a_killed_delete_left_files(s3_server: S3Server) -> None:
-    """Defect: gc collected run/z whole, notes.txt (put there after the delete was killed) with it."""
+def test_s3_keeps_a_users_file_put_where_a_killed_delete_left_files(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect: gc collected run/z whole, notes.txt (put there after the delete was killed) with it. Since round
+    35 the delete's claim owns the manifest it leaves until the last: gc removes the files that manifest lists,
+    and leaves notes.txt, named at WARNING (before, the prefix was kept whole for a person to sort out)."""
     config = _kill_delete_midway(s3_server, "run/z")
     storage = config.create_storage()
     storage.write(Path("run/z/notes.txt"), b"mine")
-    report = collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        report = collect_garbage(f"{config.url}/run", storage, unowned_after_s=0)
     assert storage.read(Path("run/z/notes.txt")) == b"mine", report
-    _check_kept(report)
+    assert "run/z/notes.txt" in caplog.text and not report.failed, (report, caplog.text)
+    assert sorted(storage.ls(Path("run/z"))) == ["notes.txt"], report
 
 
 @pytest.mark.skipif(bool(missing_s3_packages()), reason="needs the s3 extra")

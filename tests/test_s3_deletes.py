@@ -3,8 +3,9 @@
 Before, the prefix was deleted in one bulk request in no particular order: a delete that failed midway (a 5xx,
 a killed process) could leave a committed manifest whose files were gone, or files with neither manifest nor
 marker, which gc does not recognise as ours and so never collects. Now the checkpoint is marked `.incomplete`
-and loses its manifest first, its files go next, the marker last. Against a real S3 API server (moto), with
-the bulk delete failed by a loopback proxy.
+(a claim naming the manifest's save: from then on it reads as incomplete), its files go next, then its manifest
+(round 35: it went first, and a failure among the files left them named by nothing), the marker last. Against
+a real S3 API server (moto), with the bulk delete failed by a loopback proxy.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def test_a_delete_that_fails_midway_leaves_an_incomplete_save_that_gc_collects(s
             with pytest.raises(ObjectStoreError, match=r"run/step_1"):
                 through.create_storage().rmdir(Path("run/step_1"))
             proxy.rules = []
-            assert not storage.exists(Path("run/step_1") / MANIFEST_FILE_NAME)
-            assert storage.exists(Path("run/step_1") / INCOMPLETE_MARKER)
+            assert storage.exists(Path("run/step_1") / MANIFEST_FILE_NAME)  # the list of what is left ...
+            assert storage.exists(Path("run/step_1") / INCOMPLETE_MARKER)  # ... owned by the delete's claim
             assert storage.exists(Path("run/step_1/model_0.pt"))  # the files are still there ...
             with pytest.raises(IncompleteCheckpointError):  # ... but nothing loads them as a checkpoint
                 manager.load("run/step_1")

@@ -859,10 +859,10 @@ class Claim:
         """Whether `manifest` is the one this claim's save wrote (for gc's claim: the collected save's; one that
         collects `UNNAMED_SAVE` names no token to compare, and owns the manifest it holds, as `stray_claim` reads
         it)."""
+        if self.is_gc() and self.collects == UNNAMED_SAVE:
+            return True  # a manifest naming no save too: a delete's claim names it so (an earlier version's save)
         if manifest.claim is None:
             return False
-        if self.is_gc() and self.collects == UNNAMED_SAVE:
-            return True
         return manifest.claim in {self.token, self.collects if self.is_gc() else ""}
 
     @classmethod
@@ -892,7 +892,7 @@ class Claim:
     def describe(self) -> str:
         age = time.time() - self.created
         gc = (
-            "gc, removing what a dead save left"
+            "a delete (or a move) of the checkpoint, or gc of what a dead save left, under way"
             if self.collects
             else "a delete (or a move) of the checkpoint, under way"
         )

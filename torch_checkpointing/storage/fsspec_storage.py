@@ -69,9 +69,9 @@ from torch_checkpointing.manifest import (
     INCOMPLETE_MARKER,
     MANIFEST_FILE_NAME,
     MAX_MARKER_BYTES,
+    UNNAMED_SAVE,
     Manifest,
     our_marker,
-    read_local_regular,
     stray_claim,
 )
 from torch_checkpointing.names import (
@@ -946,11 +946,12 @@ class FsspecStorage(Storage):
     ) -> None:
         """A server-side copy then delete: NOT atomic on an object store (which is why atomic_rename is False).
 
-        For a directory on an object store, `dst` first gets an `.incomplete` marker and the manifest is copied
-        last, so `dst` never looks committed before all its files are and a copy killed midway leaves a prefix
-        gc recognises as ours (before: files nothing claimed, kept for good). The source then goes as `rmdir`
-        deletes: marked, manifest first, marker last, never a committed manifest whose files are gone. On a
-        directory store (`file://`) the source's files go in that order too (`_in_delete_order`).
+        For a directory, `dst` first gets an `.incomplete` marker and the manifest is copied last, so `dst` never
+        looks committed before all its files are and a copy killed midway leaves a prefix gc recognises as ours
+        (before: files nothing claimed, kept for good; on `file://`, a trash folder gc kept as "not ours"). The
+        source then goes as `rmdir` deletes it (`_delete_objects`): claimed, its files, its manifest, the marker
+        last. On `file://` the source's manifest went first, unclaimed: a delete killed among its files left them
+        at the id with no manifest and no marker, which gc never named and every later save of the id refused.
         """
         (backend, src), (other, dst) = self._resolve(src_path), self._resolve_for_write(dst_path)
         if other is not backend:
@@ -962,16 +963,12 @@ class FsspecStorage(Storage):
                 fs.rm_file(src)
                 return
             keys = sorted(_objects_under(backend, src), key=lambda k: posixpath.basename(k) == MANIFEST_FILE_NAME)
-            if not backend.object_store:
-                for k in keys:
-                    _copy_into_place(backend, k, dst + k[len(src) :])
-                if keys:
-                    _delete_all(backend, _in_delete_order(src, keys))
-                _remove_empty_dirs(backend, src)
-            elif keys:
+            if keys:
                 copied = _manifest_of(backend, src, keys)
                 _copy_prefix(backend, src, dst, keys)
                 _delete_prefix(backend, src, keys, restore=True, copied=copied)
+            if not backend.object_store:
+                _remove_empty_dirs(backend, src)
         fs.invalidate_cache()
 
     def replace_directory(self, src: Path, dst: Path) -> None:
@@ -1988,30 +1985,6 @@ def _copy_into_place(backend: _Backend, src: str, dst: str) -> None:
     backend.io.cp_file(src, dst)
 
 
-def _in_delete_order(key: str, keys: list[str]) -> list[str]:
-    """`keys` (the files under `key`) in the order a directory store deletes them: the marker last, so that at no
-    point is `key` a manifest without its marker (a committed checkpoint to every reader); the manifest first
-    where it is a committed one, else (an unfinished save's, beside its marker) after the files it lists, so
-    that a removal killed among them leaves them listed, to the next gc, as the save's own (deleted first, the
-    files were named by nothing, and gc kept the folder whole for a person to empty).
-    A move's source on `file://` went in listing order, the marker first: a gc killed moving an unfinished save
-    aside left it a committed checkpoint, listed and loaded."""
-    manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
-    if manifest in keys and marker in keys and _unfinished(manifest, marker):
-        return sorted(keys, key=lambda k: 2 * (k == marker) + (k == manifest))
-    return sorted(keys, key=lambda k: (k != manifest) + (k == marker))
-
-
-def _unfinished(manifest: str, marker: str) -> bool:
-    """Whether the local `manifest` beside `marker` is an unfinished commit (not a claim stray beside a committed
-    checkpoint: `stray_claim`); False where either cannot be read as ours."""
-    try:
-        claim = read_local_regular(marker, marker, f"an {INCOMPLETE_MARKER} marker", MAX_MARKER_BYTES)
-        return not stray_claim(claim, Manifest.from_json(read_local_regular(manifest, manifest)))
-    except (OSError, ValueError, CheckpointError):
-        return False
-
-
 def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None:
     """Copy `keys` (under `src`, its manifest last) to `dst`, marked `.incomplete` until every one is there.
 
@@ -2019,6 +1992,8 @@ def _copy_prefix(backend: _Backend, src: str, dst: str, keys: list[str]) -> None
     under it). It was empty, a dead save's claim to every judge: a save of the id took it over, wrote its files
     over the copied ones and committed, and the copy's manifest then replaced the save's (neither loaded)."""
     marker = f"{dst}/{INCOMPLETE_MARKER}"
+    if not backend.object_store:  # a directory store: the claim needs its folder (`_copy_into_place` makes the rest)
+        backend.io.makedirs(dst, exist_ok=True)
     if f"{src}/{INCOMPLETE_MARKER}" in keys:  # an unfinished save's: its copy stays unfinished, under its claim
         _put_up_claim(backend, marker, backend.io.cat_file(f"{src}/{INCOMPLETE_MARKER}"))
         _refuse_a_committed(backend, src, dst)
@@ -2052,7 +2027,7 @@ def _refuse_a_committed(backend: _Backend, src: str, dst: str) -> None:
 
 def _copy_keys(backend: _Backend, src: str, dst: str, keys: list[str]) -> None:
     for k in sorted(keys, key=_copy_order):  # an unfinished save's own marker first, the manifest last
-        backend.io.cp_file(k, dst + k[len(src) :])  # `copy` would expand `*?[` in an id as a glob
+        _copy_into_place(backend, k, dst + k[len(src) :])
 
 
 def _copy_order(key: str) -> int:
@@ -2093,11 +2068,37 @@ def _delete_objects(
     if not committed:
         _delete_marked(backend, key, keys, restore=restore)
         return
-    with _live_claim() as claim:
+    collects = _save_of(backend, manifest, copied)
+    with _live_claim(collects) as claim:
         if marked and not _dead_claim_of_ours(backend, marker, claim):  # a live save's: not ours to replace
-            _delete_marked(backend, key, keys, restore=restore, copied=copied)
+            owned = _owned_by_marker(backend, marker, manifest, copied)
+            _delete_marked(backend, key, keys, restore=restore, copied=copied, owns=owned)
             return
-        _delete_marked(backend, key, keys, restore=restore, claim=claim, copied=copied)
+        _delete_marked(backend, key, keys, restore=restore, claim=claim, copied=copied, owns=bool(collects))
+
+
+def _save_of(backend: _Backend, manifest: str, copied: bytes | None) -> str:
+    """The save whose manifest `manifest` (or `copied`, the one a rename read) is, as the claim of its delete names
+    it (`Claim.collects`): its claim token, `UNNAMED_SAVE` for a manifest naming none; '' where it is no manifest
+    of ours (then its delete's claim owns nothing, and the manifest goes first, as before)."""
+    try:
+        data = copied if copied is not None else bytes(backend.io.cat_file(manifest))
+        return Manifest.from_json(data).claim or UNNAMED_SAVE
+    except FileNotFoundError:
+        return UNNAMED_SAVE  # gone meanwhile: `_same_as_copied` finds it so, and takes the claim down
+    except (CheckpointError, ValueError, KeyError, UnicodeDecodeError):
+        return ""
+
+
+def _owned_by_marker(backend: _Backend, marker: str, manifest: str, copied: bytes | None) -> bool:
+    """Whether the live claim at `marker` owns the manifest beside it (no stray claim: `stray_claim`), as gc's
+    own does while it moves a dead save it holds aside: that manifest then goes after the files it lists. False
+    where either cannot be read as ours."""
+    try:
+        data = copied if copied is not None else bytes(backend.io.cat_file(manifest))
+        return not stray_claim(_marker_bytes(backend, marker), Manifest.from_json(data))
+    except Exception:  # gone, unreadable, or not ours: the manifest goes first, as beside a stray claim
+        return False
 
 
 def _same_as_copied(backend: _Backend, key: str, copied: bytes | None, claim: bytes) -> bytes:
@@ -2215,7 +2216,9 @@ def _put_up_claim(backend: _Backend, marker: str, claim: bytes) -> None:
     if etag is not None and (held := _held_by(data, claim)) is not None:
         raise _ClaimedMeanwhile(backend.url(marker), held)
     try:
-        if etag is None:
+        if backend.protocols & {"file", "local"}:
+            _put_up_local(marker, claim, created=etag is None)
+        elif etag is None:
             backend.io.pipe_file(marker, claim, mode="create")
         elif backend.is_s3 and etag:
             backend.io.pipe_file(marker, claim, IfMatch=etag)
@@ -2230,6 +2233,16 @@ def _put_up_claim(backend: _Backend, marker: str, claim: bytes) -> None:
             ) from exc
     finally:
         backend.fs.invalidate_cache(marker)
+
+
+def _put_up_local(marker: str, claim: bytes, *, created: bool) -> None:
+    """`_put_up_claim`'s write on `file://`, in one step as a save's claim is (`_create_local`, `_replace_local`):
+    a plain write let a save find the marker there and empty (a dead claim to every judge) before its bytes were.
+    A marker made since the check is `FileExistsError`, for the caller to judge."""
+    if not created:
+        _replace_local(marker, claim)
+    elif not _create_local(marker, claim):
+        raise FileExistsError(errno.EEXIST, "a claim was made since the check", marker)
 
 
 def _is_up(backend: _Backend, marker: str, claim: bytes) -> bool:
@@ -2254,7 +2267,7 @@ class _ClaimedMeanwhile(OSError):
 
 
 @contextlib.contextmanager
-def _live_claim() -> Iterator[bytes]:
+def _live_claim(collects: str = "") -> Iterator[bytes]:
     """The `.incomplete` marker a delete of a committed checkpoint (or a copy of one to another prefix) puts up
     while its files go (or come): a claim naming an owner lock this process holds for as long as the delete (or
     copy) runs, so that it reads as live until it is over, however it ends (`commit.stale_reason`), and as dead
@@ -2262,7 +2275,11 @@ def _live_claim() -> Iterator[bytes]:
 
     Before, the marker was empty, which every judge takes for a dead save's claim: a save of the id took it over
     while the files went and committed, and the delete's bulk delete, listed before, removed the files it had
-    just written (a committed manifest whose files were missing)."""
+    just written (a committed manifest whose files were missing).
+
+    `collects`: the save whose manifest the delete removes (`_save_of`). The claim then owns that manifest, as
+    gc's own claim does (`Claim.for_gc`): readers take the id as incomplete from the moment the claim is up, and
+    the manifest is the record of what the delete removes (`records`), gone only after the files it lists."""
     # Imported here: both import this module's package.
     from torch_checkpointing.commit import Claim
     from torch_checkpointing.discovery import OwnerLock
@@ -2271,7 +2288,8 @@ def _live_claim() -> Iterator[bytes]:
     try:
         token = f"{GC_TOKEN_PREFIX}{uuid.uuid4().hex}"
         uid = lock.uid if lock.held else ""
-        yield Claim(token, uid, this_host(), os.getpid(), time.time()).to_bytes()
+        claim = Claim(token, uid, this_host(), os.getpid(), time.time(), records=bool(collects), collects=collects)
+        yield claim.to_bytes()
     finally:
         lock.release()
 
@@ -2284,19 +2302,30 @@ def _delete_marked(
     restore: bool,
     claim: bytes = b"",
     copied: bytes | None = None,
+    owns: bool = False,
 ) -> None:
-    """`_delete_prefix` itself; `claim`: the marker a committed checkpoint gets first (in place of a dead one)."""
+    """`_delete_prefix` itself; `claim`: the marker a committed checkpoint gets first (in place of a dead one).
+
+    Under that claim (it names the manifest's save: `_live_claim`) the manifest goes after the files it lists:
+    killed among them, the delete leaves them listed beside a claim gc collects by that list (`remove_recorded`),
+    a user's file put there since left in place and named. Deleted first, the files were named by nothing: on an
+    untagged store gc kept them whole for a person, on `file://` nothing named them at all. Beside another
+    save's live claim that strays beside it, or where the manifest is none of ours (`owns` False: the claim up,
+    this delete's or the live one found, does not own it), the manifest still goes first."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
     rest = [k for k in keys if k not in (manifest, marker)]
     committed, marked = manifest in keys, marker in keys
     if committed and claim:  # over a dead marker of ours too (`_dead_claim_of_ours`)
         _put_up_claim(backend, marker, claim)
     saved = _same_as_copied(backend, key, copied, claim) if committed else b""
+    owned = committed and owns
     try:
-        if committed:
+        if committed and not owned:
             backend.io.rm_file(manifest)
         if rest:
             _delete_all(backend, rest)  # the marker stays if any is kept: gc collects the prefix later
+        if owned:
+            backend.io.rm_file(manifest)
     except BaseException:
         if committed and restore:
             _restore_if_whole(backend, key, rest, saved, remove_marker=not marked or bool(claim))
@@ -2308,17 +2337,18 @@ def _delete_marked(
 
 def _remove_tree(backend: _Backend, key: str) -> None:
     """Remove a directory tree (or one file) by its own name: fsspec's `rm(recursive=True)` expands `*`, `?` and
-    `[` in it as a glob, and removing `run/step*1` removed `run/stepX1` and `run/step11` with it. Its files go
-    manifest first, marker last (`_in_delete_order`): in listing order the marker went first, and a removal
-    killed among the files left a manifest without its marker (a committed checkpoint) or, in gc's trash,
-    files beside neither, which no later gc recognised."""
+    `[` in it as a glob, and removing `run/step*1` removed `run/stepX1` and `run/step11` with it. Its files go as
+    an object store's do (`_delete_objects`): a committed checkpoint claimed first, its manifest after the files
+    it lists, the marker last. In listing order the marker went first, and a removal killed among the files left
+    a manifest without its marker (a committed checkpoint); manifest first, it left in gc's trash files beside
+    neither, which no later gc recognised."""
     if not backend.io.isdir(key):
         backend.io.rm_file(key)
         return
     found = backend.io.find(key, withdirs=True, detail=True)
     files = [name for name, info in found.items() if info.get("type") != "directory"]
-    for name in _in_delete_order(key, files):
-        backend.io.rm_file(name)
+    if files:
+        _delete_objects(backend, key, files)
     dirs = [name for name, info in found.items() if info.get("type") == "directory" and name != key]
     for name in [*sorted(dirs, key=len, reverse=True), key]:  # the deepest first
         with contextlib.suppress(FileNotFoundError):

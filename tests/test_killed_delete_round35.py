@@ -1,0 +1,143 @@
+"""A delete of a committed checkpoint SIGKILLed at each of its steps, on `file://` (fsspec: no rename, so the
+move to the trash is a copy, then a delete of the id's files).
+
+Before, the id's committed manifest went first: killed then, the id held the checkpoint's files with no manifest
+and no marker. Nothing listed or loaded it, but gc did not name them, nothing told the operator, and every later
+save of the id was refused ("a directory that is not a checkpoint"). The trash's own removal, killed past its
+manifest, left a trash folder gc kept as "not ours" for a person to delete. Now the delete first puts up its
+claim (the `.incomplete` marker gc reads), naming the save whose manifest it deletes, and the manifest goes after
+the files it lists: at every kill point the id is whole and loads exactly, or does not list or load, and the next
+gc removes what is left of ours, never a user's file (`notes.txt` put in the folder after the kill), which it names.
+
+Real processes killed with SIGKILL at a chosen file operation, on real files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_objstore_round21 import _root_url
+from tests.test_objstore_round22 import _plain_manager, _run_until_sigkilled
+from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing.discovery import list_checkpoints
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.retention import collect_garbage
+
+pytest.importorskip("fsspec")
+
+_CHILD = r"""
+import os, signal, sys, torch
+from fsspec.implementations.local import LocalFileSystem
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.retention import delete_checkpoint
+
+url, ckpt, op, name, nth = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+seen = []
+
+def _at(kind, path):
+    if kind == op and os.path.basename(path) == name:
+        seen.append(path)
+        if len(seen) == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+class KilledAt(LocalFileSystem):
+    # SIGKILLed at the `nth` removal (rm) or copy (cp) of a file named `name`: no cleanup, no handler.
+    def rm_file(self, path):
+        _at("rm", path)
+        return super().rm_file(path)
+
+    def cp_file(self, path1, path2, **kwargs):
+        _at("cp", path1)
+        return super().cp_file(path1, path2, **kwargs)
+
+config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=url))
+with CheckpointManager(config) as manager:
+    manager.save(ckpt, {"model": {"w": torch.arange(4.0)}, "x": 1})
+delete_checkpoint(ckpt, FsspecStorageConfig(url=url, filesystem=KilledAt()).create_storage())
+"""
+
+# (operation, file name, which one of that name): the copy to the trash, the removal of the id's files (the
+# first removals of each name), the removal of the trash's (the second).
+_KILL_POINTS = [
+    ("cp", "model_0.pt", 1),
+    ("cp", "manifest.json", 1),
+    ("rm", "model_0.pt", 1),
+    ("rm", "x_0.pt", 1),
+    ("rm", "manifest.json", 1),
+    ("rm", ".incomplete", 1),
+    ("rm", "model_0.pt", 2),
+    ("rm", "manifest.json", 2),
+    ("rm", ".incomplete", 2),
+]
+
+
+def _whole_or_absent(url: str, ckpt: str) -> None:
+    """The id is a committed checkpoint that loads exactly, or it neither lists nor loads."""
+    storage = FsspecStorageConfig(url=url).create_storage()
+    listed = [Path(info.path).name for info in list_checkpoints(url, storage)]
+    with _plain_manager(url) as manager:
+        if listed == [ckpt]:
+            state = manager.load(ckpt)
+            assert torch.equal(state["model"]["w"], torch.arange(4.0)) and state["x"] == 1, state
+            return
+        assert listed == [], listed
+        with pytest.raises((CheckpointError, FileNotFoundError)):
+            manager.load(ckpt)
+
+
+def _ours_left(run: Path) -> list[str]:
+    """What is under the run's root besides the user's `notes.txt`."""
+    return sorted(
+        os.path.relpath(os.path.join(where, name), run)
+        for where, _, files in os.walk(run)
+        for name in files
+        if name != "notes.txt"
+    )
+
+
+@pytest.mark.parametrize(("op", "name", "nth"), _KILL_POINTS)
+def test_a_killed_delete_leaves_the_id_whole_or_to_the_next_gc(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, op: str, name: str, nth: int
+) -> None:
+    url, ckpt = _root_url("file", tmp_path), "step_1"
+    run = tmp_path / "run"
+    _run_until_sigkilled(_CHILD, url, ckpt, op, name, str(nth))
+    _whole_or_absent(url, ckpt)
+    storage = FsspecStorageConfig(url=url).create_storage()
+    committed = bool(list_checkpoints(url, storage))
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        report = collect_garbage(url, storage, unowned_after_s=0)
+    assert not report.failed, report
+    assert not report.kept, report.kept
+    _whole_or_absent(url, ckpt)
+    if committed:
+        assert _ours_left(run) == ["step_1/manifest.json", "step_1/model_0.pt", "step_1/x_0.pt"], _ours_left(run)
+        return
+    assert _ours_left(run) == [], _ours_left(run)  # gc finished the delete
+    with _plain_manager(url) as manager:  # and the id is free again
+        manager.save(ckpt, {"model": {"w": torch.arange(3.0)}})
+    assert [Path(info.path).name for info in list_checkpoints(url, storage)] == [ckpt]
+
+
+@pytest.mark.parametrize(("op", "name", "nth"), [("rm", "model_0.pt", 1), ("rm", "x_0.pt", 1)])
+def test_a_users_file_put_where_a_delete_was_killed_survives_gc_and_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, op: str, name: str, nth: int
+) -> None:
+    url, ckpt = _root_url("file", tmp_path), "step_1"
+    run = tmp_path / "run"
+    _run_until_sigkilled(_CHILD, url, ckpt, op, name, str(nth))
+    (run / ckpt).mkdir(exist_ok=True)
+    (run / ckpt / "notes.txt").write_text("mine")
+    storage = FsspecStorageConfig(url=url).create_storage()
+    with caplog.at_level(logging.WARNING, logger="torch_checkpointing"):
+        report = collect_garbage(url, storage, unowned_after_s=0)
+    assert (run / ckpt / "notes.txt").read_text() == "mine"
+    assert _ours_left(run) == [], _ours_left(run)
+    assert "notes.txt" in caplog.text, (report, caplog.text)
+    assert not list_checkpoints(url, storage)
