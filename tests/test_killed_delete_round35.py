@@ -25,7 +25,7 @@ from tests.test_objstore_round21 import _root_url
 from tests.test_objstore_round22 import _plain_manager, _run_until_sigkilled
 from torch_checkpointing import FsspecStorageConfig
 from torch_checkpointing.discovery import list_checkpoints
-from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.errors import CheckpointError, CommitError
 from torch_checkpointing.retention import collect_garbage
 
 pytest.importorskip("fsspec")
@@ -141,3 +141,19 @@ def test_a_users_file_put_where_a_delete_was_killed_survives_gc_and_is_named(
     assert _ours_left(run) == [], _ours_left(run)
     assert "notes.txt" in caplog.text, (report, caplog.text)
     assert not list_checkpoints(url, storage)
+
+
+def test_a_save_of_the_id_a_killed_delete_left_says_what_is_there_and_the_fix(tmp_path: Path) -> None:
+    """The killed delete left its claim beside the manifest and some of the files. Before, a save of the id was
+    refused as if a whole checkpoint were there: "a checkpoint already exists there, and this storage cannot
+    replace one atomically ... Delete it first", though nothing there lists or loads. Now the refusal says it is
+    an unfinished save or delete and names gc; after that gc, the save commits."""
+    url, ckpt = _root_url("file", tmp_path), "step_1"
+    _run_until_sigkilled(_CHILD, url, ckpt, "rm", "model_0.pt", "1")
+    with _plain_manager(url) as manager, pytest.raises(CommitError, match=r"unfinished .*torch-checkpointing gc"):
+        manager.save(ckpt, {"model": {"w": torch.arange(3.0)}})
+    storage = FsspecStorageConfig(url=url).create_storage()
+    assert not collect_garbage(url, storage, unowned_after_s=0).failed
+    with _plain_manager(url) as manager:
+        manager.save(ckpt, {"model": {"w": torch.arange(3.0)}})
+        assert torch.equal(manager.load(ckpt)["model"]["w"], torch.arange(3.0))

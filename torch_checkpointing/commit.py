@@ -430,6 +430,14 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
             f"Refusing to save to {shown}: its {MANIFEST_FILE_NAME} is not a torch_checkpointing manifest ({exc}). "
             f"Choose another id."
         ) from None
+    if _unfinished_at(storage, Path(final), manifest):
+        raise CommitError(
+            f"Refusing to save to {shown}: it holds an unfinished save or delete of ours, no checkpoint (its "
+            f"{MANIFEST_FILE_NAME} beside the {INCOMPLETE_MARKER} claim of a save or delete that is running, or was "
+            f"killed); its files are not this save's to overwrite. Run `torch-checkpointing gc "
+            f"{shown_name(storage, str(Path(final).parent))}` (it removes them once that claim is dead), then save "
+            f"again; or save to another id."
+        )
     if not overwrite:
         raise CommitError(
             f"Refusing to save to {shown}: a checkpoint already exists there and overwrite is off "
@@ -446,6 +454,20 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
             f"Refusing to replace the checkpoint {shown}: it also holds files that are not part of it "
             f"({_listing(foreign)}); replacing it would delete them. Move them out, or save to another id."
         )
+
+
+def _unfinished_at(storage: Storage, root: Path, manifest: Manifest) -> bool:
+    """Whether the manifest at `root` is an unfinished save's or delete's: on a store where the marker is a claim,
+    one of ours beside it that is no stray claim (`stray_claim`). Before, a save of an id a killed delete left
+    (its claim, its manifest, some files) was refused as over "a checkpoint [that] already exists there ...
+    Delete it first", though nothing there lists or loads, and no fix was named."""
+    if storage.atomic_rename:
+        return False
+    try:
+        marker = read_marker(storage, root / INCOMPLETE_MARKER)
+    except (OSError, CheckpointError):
+        return False
+    return our_marker(marker) and not stray_claim(marker, manifest)
 
 
 def files_not_listed(storage: Storage, path: Path) -> list[str]:
