@@ -14,15 +14,20 @@ Real processes killed with SIGKILL at a chosen file operation, on real files.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 import torch
 
 from tests.test_objstore_round21 import _root_url
-from tests.test_objstore_round22 import _plain_manager, _run_until_sigkilled
+from tests.test_objstore_round22 import _CHILD_TIMEOUT_S, REPO, _env, _plain_manager, _run_until_sigkilled
 from torch_checkpointing import FsspecStorageConfig
 from torch_checkpointing.discovery import list_checkpoints
 from torch_checkpointing.errors import CheckpointError, CommitError
@@ -157,3 +162,56 @@ def test_a_save_of_the_id_a_killed_delete_left_says_what_is_there_and_the_fix(tm
     with _plain_manager(url) as manager:
         manager.save(ckpt, {"model": {"w": torch.arange(3.0)}})
         assert torch.equal(manager.load(ckpt)["model"]["w"], torch.arange(3.0))
+
+
+_RACER = r"""
+import json, os, sys, time, torch
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+from torch_checkpointing.retention import RetentionPolicy, prune
+
+what, url, go = sys.argv[1:4]
+storage = FsspecStorageConfig(url=url).create_storage()
+deadline = time.monotonic() + 60
+while not os.path.exists(go) and time.monotonic() < deadline:  # all start together
+    time.sleep(0.001)
+if what == "prune":
+    report = prune(url, RetentionPolicy(keep_last=2), storage)
+    print(json.dumps({"deleted": [c.name for c in report.deleted], "failed": [w for _, w in report.failed]}))
+else:
+    config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=url))
+    with CheckpointManager(config) as manager:
+        manager.save(what, {"model": {"w": torch.full((4,), 9.0)}, "x": 9})
+    print(json.dumps({"saved": what}))
+"""
+
+
+def test_two_prunes_and_a_save_of_a_new_id_at_once_touch_nothing_but_the_pruned(tmp_path: Path) -> None:
+    """Two processes prune one `file://` root (keep_last=2) while a third saves a new id: each pruned checkpoint
+    is deleted by one of them (the other finds it gone or being deleted: no failure), the kept ones and the new
+    save load exactly, and gc finds nothing left."""
+    url = _root_url("file", tmp_path)
+    with _plain_manager(url) as manager:
+        for step in range(1, 7):
+            manager.save(f"step_{step}", {"model": {"w": torch.full((4,), float(step))}, "x": step})
+    go = tmp_path / "go"
+    racers = [
+        subprocess.Popen([sys.executable, "-c", _RACER, what, url, str(go)], cwd=REPO, env=_env(), stdout=PIPE)
+        for what in ("prune", "prune", "step_9")
+    ]
+    time.sleep(1.0)  # the children import meanwhile; only then are they let go at once
+    go.touch()
+    outs = [json.loads(racer.communicate(timeout=_CHILD_TIMEOUT_S)[0]) for racer in racers]
+    assert [racer.returncode for racer in racers] == [0, 0, 0], outs
+    deleted = outs[0]["deleted"] + outs[1]["deleted"]
+    assert not outs[0]["failed"] and not outs[1]["failed"], outs
+    assert len(deleted) == len(set(deleted)) and {"step_1", "step_2", "step_3", "step_4"} <= set(deleted), outs
+    storage = FsspecStorageConfig(url=url).create_storage()
+    listed = sorted(Path(info.path).name for info in list_checkpoints(url, storage))
+    assert listed == sorted({"step_5", "step_6", "step_9"} - set(deleted)), (listed, outs)
+    with _plain_manager(url) as manager:
+        for name in listed:
+            state = manager.load(name)
+            assert torch.equal(state["model"]["w"], torch.full((4,), float(state["x"]))), name
+    report = collect_garbage(url, storage, unowned_after_s=0)
+    assert not (report.removed or report.kept or report.failed), report
