@@ -985,9 +985,10 @@ def _not_told_apart(storage: Storage, path: Path) -> str | None:
 
 
 def _records_nothing(claim: Claim) -> bool:
-    """Whether `claim` is gc's or a delete's (or a move's) that records none of the files under it: a delete's,
-    and a killed gc's over an earlier version's save, which it collected whole. Whoever made it judged what was
-    there then, not what a user put there after it was killed."""
+    """Whether `claim` is gc's or a delete's (or a move's) that records none of the files under it: a move's, an
+    earlier version's delete's (a delete's claim now names the manifest it removes last, which lists its files:
+    `fsspec_storage._live_claim`), and a killed gc's over an earlier version's save, which it collected whole.
+    Whoever made it judged what was there then, not what a user put there after it was killed."""
     return claim.is_gc() and not claim.records
 
 
