@@ -518,10 +518,30 @@ def _rename_failed(storage: Storage, src: Path, trash: Path, why: str, chosen: C
 
 def _deleted_elsewhere(storage: Storage, src: Path, copy: CheckpointInfo, chosen: CheckpointInfo | None) -> bool:
     """Whether the whole `copy` is of the checkpoint chosen for deletion, and another process deleted `src` (it
-    is gone) or is at work there (a live claim holds it)."""
+    is gone, or holds no file: a directory store's folder that delete emptied stays until its last step) or is
+    at work there (a live claim holds it). Before, an emptied folder at `src` counted as a checkpoint that lost
+    its files: the copy was put back, the checkpoint the other process deleted listed and loaded again."""
     if chosen is None or copy.commit_time != chosen.commit_time:
         return False  # a re-save of the id the policy never chose, or nothing tells: put back
-    return _gone(storage, src) or bool(_claimed_by_a_save(storage, src))
+    return _gone(storage, src) or _emptied(storage, src) or bool(_claimed_by_a_save(storage, src))
+
+
+def _emptied(storage: Storage, path: Path) -> bool:
+    """Whether `path` holds no file at all (folders only, or none: not even a marker or a manifest, which a
+    delete of this process's own, its answer lost, leaves); False where that cannot be told."""
+    folders = [path]
+    try:
+        while folders:
+            folder = folders.pop()
+            for name in storage.ls(folder):
+                if not storage.isdir(folder / name) or storage.is_link(folder / name):
+                    return False
+                folders.append(folder / name)
+    except FileNotFoundError:
+        return True
+    except STORE_ERRORS:
+        return False
+    return True
 
 
 def _drop_copy_of_deleted(storage: Storage, trash: Path, src: Path) -> _Outcome:
