@@ -922,9 +922,10 @@ class FsspecStorage(Storage):
     def rmdir(self, path: Path) -> None:
         """Delete every object under the prefix `path/` (and an object named exactly `path`), in bulk.
 
-        A committed checkpoint is first marked `.incomplete` and loses its manifest, then its files go in bulk,
-        the marker last: a delete that fails or is killed midway leaves a prefix that readers refuse and gc
-        collects as an incomplete save, never a committed checkpoint missing files, nor files nothing claims.
+        A committed checkpoint is first claimed (`.incomplete`), then its files go in bulk, its manifest after them
+        (first where the claim does not own it: `_delete_marked`), the marker last: a delete that fails or is
+        killed midway leaves a prefix that readers refuse and gc collects, never a committed checkpoint missing
+        files.
         """
         backend, key = self._resolve(path)
         with self._errors("delete of", path):
@@ -2055,11 +2056,11 @@ def _delete_prefix(
 def _delete_objects(
     backend: _Backend, key: str, keys: list[str], *, restore: bool = False, copied: bytes | None = None
 ) -> None:
-    """Delete `keys` (the objects under `key`): a committed checkpoint is first marked `.incomplete` and loses
-    its manifest, then its files go in bulk, the marker last (see `FsspecStorage.rmdir`). With `restore` (the
-    source of a rename, which must stay whole if it cannot go), a delete the store refuses before any file
-    went (a policy denying s3:DeleteObject) puts the manifest back and the marker away; one that deleted some
-    files, or any refused `rmdir`, leaves an incomplete prefix that readers refuse and gc collects.
+    """Delete `keys` (the objects under `key`): a committed checkpoint is first claimed (`.incomplete`), then its
+    files go in bulk, its manifest after them, the marker last (see `FsspecStorage.rmdir`, `_delete_marked`).
+    With `restore` (the source of a rename, which must stay whole if it cannot go), a delete the store refuses
+    before any file went (a policy denying s3:DeleteObject) puts the manifest back and the marker away; one that
+    deleted some files, or any refused `rmdir`, leaves an incomplete prefix that readers refuse and gc collects.
 
     `copied`: the manifest a rename read before it copied `key`. Its delete goes only while `key` holds that
     checkpoint (`_same_as_copied`)."""
@@ -2311,14 +2312,15 @@ def _delete_marked(
     a user's file put there since left in place and named. Deleted first, the files were named by nothing: on an
     untagged store gc kept them whole for a person, on `file://` nothing named them at all. Beside another
     save's live claim that strays beside it, or where the manifest is none of ours (`owns` False: the claim up,
-    this delete's or the live one found, does not own it), the manifest still goes first."""
+    this delete's or the live one found, does not own it), or is another save's than the one this delete's claim
+    names (`_strays_beside`), the manifest still goes first."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
     rest = [k for k in keys if k not in (manifest, marker)]
     committed, marked = manifest in keys, marker in keys
     if committed and claim:  # over a dead marker of ours too (`_dead_claim_of_ours`)
         _put_up_claim(backend, marker, claim)
     saved = _same_as_copied(backend, key, copied, claim) if committed else b""
-    owned = committed and owns
+    owned = committed and owns and not (claim and _strays_beside(claim, saved))
     try:
         if committed and not owned:
             backend.io.rm_file(manifest)
@@ -2333,6 +2335,18 @@ def _delete_marked(
     if committed or marked:
         backend.io.rm_file(marker)
     backend.fs.invalidate_cache()
+
+
+def _strays_beside(claim: bytes, manifest: bytes) -> bool:
+    """Whether this delete's `claim` is a stray claim beside `manifest`, the one read with it up (`stray_claim`):
+    it names the save of the manifest read before it went up, which other processes may have deleted and saved
+    again since. Readers then take `manifest` as committed, so it must go first. Before, it went after its files:
+    a delete killed among them left the new save listed and loading with its files gone, and gc let go of the
+    claim, committing it so. True where `manifest` is none of ours."""
+    try:
+        return stray_claim(claim, Manifest.from_json(manifest))
+    except (CheckpointError, ValueError, KeyError, UnicodeDecodeError):
+        return True
 
 
 def _remove_tree(backend: _Backend, key: str) -> None:

@@ -1,0 +1,96 @@
+"""A delete of a checkpoint by its id (`FsspecStorage.rmdir`) that reads the manifest, then finds the id deleted
+and saved again by other processes before its claim goes up, and is SIGKILLed among the files.
+
+The delete's claim names the save whose manifest it read first (`collects`); beside the new save's manifest that
+claim is a stray claim (`stray_claim`), so readers take the new checkpoint as committed. Before, the delete still
+removed the files first and the manifest last under it: killed in between, the id listed and "loaded" the new
+checkpoint with its files gone, and gc let go of the claim, committing it so for good. Now a manifest that the
+claim up does not own goes first, as beside any stray claim: the id does not list or load.
+
+Real processes: the delete is SIGKILLed at a chosen file operation, on real files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_objstore_round21 import _root_url
+from tests.test_objstore_round22 import _plain_manager, _run_until_sigkilled
+from torch_checkpointing import FsspecStorageConfig
+from torch_checkpointing.discovery import list_checkpoints
+from torch_checkpointing.errors import CheckpointError
+from torch_checkpointing.retention import collect_garbage
+
+pytest.importorskip("fsspec")
+
+_CHILD = r"""
+import os, shutil, signal, subprocess, sys, torch
+from pathlib import Path
+from fsspec.implementations.local import LocalFileSystem
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+
+url, ckpt, folder, killed_at = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+SAVE = '''
+import sys, torch
+from torch_checkpointing import CheckpointManager, FsspecStorageConfig
+from torch_checkpointing.config import SyncCheckpointSaverConfig
+config = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=FsspecStorageConfig(url=sys.argv[1]))
+with CheckpointManager(config) as manager:
+    manager.save(sys.argv[2], {"model": {"w": torch.arange(float(sys.argv[3]))}, "x": int(sys.argv[3])})
+'''
+
+def _save(n):
+    subprocess.run([sys.executable, "-c", SAVE, url, ckpt, str(n)], check=True)
+
+class Interleaved(LocalFileSystem):
+    # Right after the delete reads the manifest: another process deletes the id, a third saves it again.
+    # The delete is then SIGKILLed at its first removal of a file named `killed_at`.
+    read = False
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        data = super().cat_file(path, start=start, end=end, **kwargs)
+        if os.path.basename(path) == "manifest.json" and not Interleaved.read:
+            Interleaved.read = True
+            shutil.rmtree(folder)
+            _save(3)
+        return data
+
+    def rm_file(self, path):
+        if os.path.basename(path) == killed_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().rm_file(path)
+
+_save(4)
+storage = FsspecStorageConfig(url=url, filesystem=Interleaved()).create_storage()
+storage.rmdir(Path(ckpt))
+"""
+
+
+def _whole_or_absent(url: str, ckpt: str) -> None:
+    """The id is the second save, whole and loading exactly, or it neither lists nor loads."""
+    storage = FsspecStorageConfig(url=url).create_storage()
+    listed = [Path(info.path).name for info in list_checkpoints(url, storage)]
+    with _plain_manager(url) as manager:
+        if listed == [ckpt]:
+            state = manager.load(ckpt)
+            assert torch.equal(state["model"]["w"], torch.arange(3.0)) and state["x"] == 3, state
+            return
+        assert listed == [], listed
+        with pytest.raises((CheckpointError, FileNotFoundError)):
+            manager.load(ckpt)
+
+
+@pytest.mark.parametrize("killed_at", ["manifest.json", "x_0.pt"])
+def test_a_delete_killed_after_the_id_was_saved_again_leaves_no_checkpoint_missing_files(
+    tmp_path: Path, killed_at: str
+) -> None:
+    url, ckpt = _root_url("file", tmp_path), "step_1"
+    _run_until_sigkilled(_CHILD, url, ckpt, str(tmp_path / "run" / ckpt), killed_at)
+    _whole_or_absent(url, ckpt)
+    report = collect_garbage(url, FsspecStorageConfig(url=url).create_storage(), unowned_after_s=0)
+    assert not report.failed, report
+    _whole_or_absent(url, ckpt)
