@@ -1645,7 +1645,8 @@ def _get_sized(
 ) -> tuple[tuple[int, str], bytes | None]:
     """((size, ETag), bytes) of one version of the S3 object `key`: its version from a HEAD, then (at most `limit`
     bytes: else bytes None and no GET) one GET of that many bytes `If-Match` that ETag. A version replaced in
-    between fails the GET's condition and is read again, from its HEAD."""
+    between fails the GET's condition and is read again, from its HEAD; so does one served by a store that ignores
+    the condition, told by the ETag its answer names (`_served_another`)."""
     import fsspec.asyn
 
     bucket, name, _ = backend.fs.split_path(key)
@@ -1665,6 +1666,8 @@ def _get_sized(
             raise
         body = answer["Body"]
         try:
+            if _served_another(answer, etag):
+                continue
             data = bytes(fsspec.asyn.sync(backend.fs.loop, body.read, timeout=timeout_s))
         finally:
             body.close()
@@ -1672,6 +1675,14 @@ def _get_sized(
             raise EOFError(f"the object is {size} bytes (ETag {etag}), but its GET gave {len(data)}")
         return version, data
     raise _ChangedWhileRead(f"the object kept changing while it was read ({_READ_ATTEMPTS} attempts)")
+
+
+def _served_another(answer: dict[str, Any], etag: str) -> bool:
+    """Whether a GET held to `etag` (`If-Match`) was answered with another version, as a store that ignores the
+    condition does: before, the first bytes of a larger replacement came back as the whole object, silently. An
+    answer naming no ETag cannot tell, and is taken as the version asked for."""
+    served = answer.get("ETag")
+    return bool(served) and str(served) != etag
 
 
 def _create_local(name: str, data: bytes) -> bool:
