@@ -2366,12 +2366,17 @@ def _remove_tree(backend: _Backend, key: str) -> None:
     an object store's do (`_delete_objects`): a committed checkpoint claimed first, its manifest after the files
     it lists, the marker last. In listing order the marker went first, and a removal killed among the files left
     a manifest without its marker (a committed checkpoint); manifest first, it left in gc's trash files beside
-    neither, which no later gc recognised."""
+    neither, which no later gc recognised.
+
+    A tree under a live save's claim is refused (`_refuse_a_live_save`), as on an object store. Before, on
+    `file://` the save's claim and files went, and the save failed on a bare FileNotFoundError over an id that
+    held nothing."""
     if not backend.io.isdir(key):
         backend.io.rm_file(key)
         return
     found = backend.io.find(key, withdirs=True, detail=True)
     files = [name for name, info in found.items() if info.get("type") != "directory"]
+    _refuse_a_live_save(backend, key, files)
     if files:
         _delete_objects(backend, key, files)
     dirs = [name for name, info in found.items() if info.get("type") == "directory" and name != key]
