@@ -45,18 +45,22 @@ def _names(s3_server: S3Server, prefix: str) -> list[str]:
 
 
 def _out_of_descriptors_reading(storage: Storage, name: str) -> list[str]:
-    """Make every read of a file called `name` fail as a process out of descriptors does (EMFILE); returns
-    the paths refused, so that a test knows the shortage was met."""
+    """Make every read of a file called `name` fail as a process out of descriptors does (EMFILE), by whichever
+    of the storage's read calls the engine reads it with (`read_sized` since manifests are read as one version);
+    returns the paths refused, so that a test knows the shortage was met."""
     refused: list[str] = []
-    read_range = storage.read_range
 
-    def short(path: Any, *args: Any, **kwargs: Any) -> bytes:
-        if Path(str(path)).name == name:
-            refused.append(str(path))
-            raise OSError(errno.EMFILE, "Too many open files")
-        return read_range(path, *args, **kwargs)
+    def shorted(read: Any) -> Any:
+        def short(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if Path(str(path)).name == name:
+                refused.append(str(path))
+                raise OSError(errno.EMFILE, "Too many open files")
+            return read(path, *args, **kwargs)
 
-    storage.read_range = short  # type: ignore[method-assign]
+        return short
+
+    for method in ("read", "read_range", "read_sized"):
+        setattr(storage, method, shorted(getattr(storage, method)))
     return refused
 
 
