@@ -2105,11 +2105,14 @@ def _save_of(backend: _Backend, manifest: str, copied: bytes | None) -> str:
 def _owned_by_marker(backend: _Backend, marker: str, manifest: str, copied: bytes | None) -> bool:
     """Whether the live claim at `marker` owns the manifest beside it (no stray claim: `stray_claim`), as gc's
     own does while it moves a dead save it holds aside: that manifest then goes after the files it lists. False
-    where either cannot be read as ours."""
+    where either is gone or not ours (the manifest then goes first, as beside a stray claim).
+
+    A store's error reading either (403, a 503 after the client's retries, EMFILE) is raised, before anything is
+    deleted: it was taken for "not ours", and the delete went on in that order under a claim it never read."""
     try:
         data = copied if copied is not None else bytes(backend.io.cat_file(manifest))
         return not stray_claim(_marker_bytes(backend, marker), Manifest.from_json(data))
-    except Exception:  # gone, unreadable, or not ours: the manifest goes first, as beside a stray claim
+    except (FileNotFoundError, CheckpointError, ValueError, KeyError, UnicodeDecodeError):
         return False
 
 
@@ -2260,11 +2263,12 @@ def _put_up_local(marker: str, claim: bytes, *, created: bool) -> None:
 def _is_up(backend: _Backend, marker: str, claim: bytes) -> bool:
     """Whether the marker holds `claim` after its conditional PUT was refused: a PUT the server did, its answer
     lost, is retried by the client and refused by the marker it put up itself. Before, the move (or delete) then
-    failed, saying another save held the id, and a move left its own claim at the destination."""
+    failed, saying another save held the id, and a move left its own claim at the destination. A store's error
+    reading it (403, a 503 after retries) is raised: it was told as another save's claim."""
     backend.fs.invalidate_cache(marker)
     try:
         return bool(_marker_bytes(backend, marker) == claim)
-    except Exception:  # gone again, or unreadable: nothing shows the claim is up
+    except FileNotFoundError:  # gone again: the claim is not up
         return False
 
 
