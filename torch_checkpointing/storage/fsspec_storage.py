@@ -1122,23 +1122,8 @@ class FsspecStorage(Storage):
         delete removed the save's new claim, both held the id, and gc deleted the save's files while it wrote.
         A process stopped (SIGSTOP) inside this step holds the lock: the others give up after
         `_MARKER_LOCK_WAIT_S` with an `ObjectStoreError` naming the marker, rather than wait for ever."""
-        if backend.protocols & {"memory"}:
-            with _MEMORY_MARKER_LOCK:
-                yield
-            return
-        if not backend.protocols & {"file", "local"} or fcntl is None:
+        with _locked_marker(backend, key, lambda: self.remap_path(path)):
             yield
-            return
-        try:
-            fd = os.open(posixpath.dirname(key) or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:  # its directory went, the marker with it: the compare finds no such version
-            yield
-            return
-        try:
-            _flock_within(fd, _MARKER_LOCK_WAIT_S, lambda: self.remap_path(path))
-            yield
-        finally:
-            os.close(fd)  # releases the lock
 
     def _still(self, path: Path, etag: str) -> bool:
         """Whether `path` is still the version `etag` that `read_object` returned (a store without ETags: its
@@ -1814,6 +1799,30 @@ _NO_FLOCK = frozenset({errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSU
 _told_no_flock: list[str] = []  # the first directory said so: once per process (every commit deletes a marker)
 
 
+@contextlib.contextmanager
+def _locked_marker(backend: _Backend, key: str, shown: Callable[[], str]) -> Iterator[None]:
+    """`FsspecStorage._marker_lock` itself, for the module's own compare-and-replace of a marker (`_replace_judged`):
+    one lock per marker directory among the processes of this machine, whoever takes it. `shown`: the marker's
+    name in an error."""
+    if backend.protocols & {"memory"}:
+        with _MEMORY_MARKER_LOCK:
+            yield
+        return
+    if not backend.protocols & {"file", "local"} or fcntl is None:
+        yield
+        return
+    try:
+        fd = os.open(posixpath.dirname(key) or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:  # its directory went, the marker with it: the compare finds no such version
+        yield
+        return
+    try:
+        _flock_within(fd, _MARKER_LOCK_WAIT_S, shown)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _flock_within(fd: int, wait_s: float, shown: Callable[[], str]) -> None:
     """An exclusive flock on `fd`, or an `ObjectStoreError` after `wait_s` seconds of another holding it. Where
     the filesystem takes none, the step goes on unlocked (two steps, as on other stores), said once at WARNING."""
@@ -2231,14 +2240,14 @@ def _put_up_claim(backend: _Backend, marker: str, claim: bytes) -> None:
     if etag is not None and (held := _held_by(data, claim)) is not None:
         raise _ClaimedMeanwhile(backend.url(marker), held)
     try:
-        if backend.protocols & {"file", "local"}:
-            _put_up_local(marker, claim, created=etag is None)
+        if etag is None and backend.protocols & {"file", "local"}:
+            _create_claim_local(marker, claim)
         elif etag is None:
             backend.io.pipe_file(marker, claim, mode="create")
         elif backend.is_s3 and etag:
             backend.io.pipe_file(marker, claim, IfMatch=etag)
         else:
-            backend.io.pipe_file(marker, claim)
+            _replace_judged(backend, marker, claim, data)
     except Exception as exc:
         if not (_precondition_failed(exc) or _missing(exc)):
             raise
@@ -2250,14 +2259,28 @@ def _put_up_claim(backend: _Backend, marker: str, claim: bytes) -> None:
         backend.fs.invalidate_cache(marker)
 
 
-def _put_up_local(marker: str, claim: bytes, *, created: bool) -> None:
-    """`_put_up_claim`'s write on `file://`, in one step as a save's claim is (`_create_local`, `_replace_local`):
-    a plain write let a save find the marker there and empty (a dead claim to every judge) before its bytes were.
-    A marker made since the check is `FileExistsError`, for the caller to judge."""
-    if not created:
-        _replace_local(marker, claim)
-    elif not _create_local(marker, claim):
+def _create_claim_local(marker: str, claim: bytes) -> None:
+    """`_put_up_claim`'s create on `file://`, in one step as a save's claim is (`_create_local`): a plain write let
+    a save find the marker there and empty (a dead claim to every judge) before its bytes were. A marker made
+    since the check is `FileExistsError`, for the caller to judge."""
+    if not _create_local(marker, claim):
         raise FileExistsError(errno.EEXIST, "a claim was made since the check", marker)
+
+
+def _replace_judged(backend: _Backend, marker: str, claim: bytes, judged: bytes) -> None:
+    """`_put_up_claim`'s replace off S3: `claim` in place of the dead claim `judged`, only while the marker still
+    holds it, compared under the lock a save's take-over of it holds (`_locked_marker`, as `replace_object`; one
+    step on `file://` and `memory://`, two elsewhere). On `file://` in one rename (`_replace_local`).
+
+    Before, the write went unlocked and uncompared: a save that took the same dead claim over after this check
+    lost its claim to it, and the delete then removed the id under the save, which held it too."""
+    with _locked_marker(backend, marker, lambda: backend.url(marker)):
+        if _marker_bytes(backend, marker) != judged:
+            raise _ClaimedMeanwhile(backend.url(marker), "a claim put up after this one's check (another save)")
+        if backend.protocols & {"file", "local"}:
+            _replace_local(marker, claim)
+        else:
+            backend.io.pipe_file(marker, claim)
 
 
 def _is_up(backend: _Backend, marker: str, claim: bytes) -> bool:
