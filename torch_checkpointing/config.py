@@ -7,6 +7,7 @@ are also importable from `staging`, `checkpoint_writer` and `checkpoint_process`
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -17,7 +18,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -63,6 +64,15 @@ def _new_notes_lock() -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX: nothing forks elsewhere
     os.register_at_fork(after_in_child=_new_notes_lock)
+
+
+@contextlib.contextmanager
+def notes_held() -> Iterator[None]:
+    """Hold the notes' lock (the one `warn_once` holds) while a check reads a note, decides on it, and writes it:
+    two threads checking one config at once otherwise each read the other's half-done work, and one's note was
+    lost (`FsspecStorageConfig`'s "protocol taken"). Reentrant; the lock a fork leaves to the child is a new one."""
+    with _NOTES_LOCK:
+        yield
 
 
 def notes_of(config: object) -> dict[str, Any]:

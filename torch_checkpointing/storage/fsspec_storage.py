@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 from torch_checkpointing.checksum import FileChecksum, RunningChecksum, block_crc32s
-from torch_checkpointing.config import CarriesNotes, check_number, notes_of, recheck
+from torch_checkpointing.config import CarriesNotes, check_number, notes_held, notes_of, recheck
 from torch_checkpointing.errors import (
     CheckpointError,
     ConfigError,
@@ -182,17 +182,8 @@ class FsspecStorageConfig(StorageConfig, CarriesNotes):
         self._check_types()
         if self.url and url_scheme(self.url) is None:
             raise ConfigError(f"FsspecStorageConfig.url must be a URL such as 's3://bucket/prefix' (got {self.url!r}).")
-        if self.protocol and self.protocol == notes_of(self).get("protocol taken"):
-            # this check filled it in when the config was built; the url (or filesystem) may have been edited since
-            # (`config.recheck`): taken again from them, or an edited url was refused as naming another protocol
-            self.protocol = ""
-        taken = not self.protocol
-        self.protocol = (self.protocol or url_scheme(self.url) or "").lower()
-        self._check_url_protocol()
-        given = _protocols_of(self.filesystem) if self.filesystem is not None else None
-        if given is not None:
-            self.protocol = self.protocol or sorted(given)[0]
-        notes_of(self)["protocol taken"] = self.protocol if taken else None
+        with notes_held():  # two threads checking it at once (two managers built from it): one note lost
+            given = self._take_protocol()
         if given is not None and self.protocol not in given:
             raise ConfigError(
                 f"FsspecStorageConfig.filesystem speaks {sorted(given)}, not the configured {self.protocol}://; "
@@ -207,6 +198,22 @@ class FsspecStorageConfig(StorageConfig, CarriesNotes):
         self._check_endpoint()
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ConfigError(f"request_timeout_s must be positive or None (got {self.request_timeout_s})")
+
+    def _take_protocol(self) -> frozenset[str] | None:
+        """Fill the protocol in from the url (or the filesystem) where the user gave none, noting that it was
+        filled in; the protocols the filesystem given speaks (None: none given)."""
+        if self.protocol and self.protocol == notes_of(self).get("protocol taken"):
+            # this check filled it in when the config was built; the url (or filesystem) may have been edited since
+            # (`config.recheck`): taken again from them, or an edited url was refused as naming another protocol
+            self.protocol = ""
+        taken = not self.protocol
+        self.protocol = (self.protocol or url_scheme(self.url) or "").lower()
+        self._check_url_protocol()
+        given = _protocols_of(self.filesystem) if self.filesystem is not None else None
+        if given is not None:
+            self.protocol = self.protocol or sorted(given)[0]
+        notes_of(self)["protocol taken"] = self.protocol if taken else None
+        return given
 
     def _check_s3_part_size(self) -> None:
         """S3's part sizes (`MIN_PART_SIZE`..`MAX_PART_SIZE`), for S3 and for ids that may name it (no protocol).
