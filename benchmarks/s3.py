@@ -148,6 +148,10 @@ class CountingStorage(Storage):
     def read_range(self, path: Path, offset: int, length: int) -> bytes:
         return self._count(self.inner.read_range(path, offset, length))
 
+    def read_sized(self, path: Path, limit: int) -> tuple[int, bytes | None]:
+        size, data = self.inner.read_sized(path, limit)
+        return size, None if data is None else self._count(data)
+
     def stream_read(self, path: Path, read_args: ReadArgs | None = None) -> io.RawIOBase:
         return _CountingReader(self.inner.stream_read(path, read_args), self._count)
 

@@ -300,7 +300,8 @@ def test_the_s3_counting_storage_forwards_every_public_storage_method() -> None:
 
 
 def test_the_s3_counting_storage_counts_what_its_reads_return(tmp_path: Path) -> None:
-    """`read`, `read_range` and a stream read all the way count their bytes; writes and listings count none."""
+    """`read`, `read_range`, `read_sized` and a stream read all the way count their bytes; writes and listings
+    count none."""
     pytest.importorskip("fsspec")
     from benchmarks.s3 import CountingStorageConfig
     from torch_checkpointing import FsspecStorageConfig
@@ -315,6 +316,9 @@ def test_the_s3_counting_storage_counts_what_its_reads_return(tmp_path: Path) ->
     with storage.stream_read(Path("a/x"), ReadArgs(pre_read_full_file=False)) as stream:
         assert stream.read() == b"0123456789"
     assert config.fetched == 10 + 3 + 10
+    assert storage.read_sized(Path("a/x"), 100) == (10, b"0123456789")
+    assert storage.read_sized(Path("a/x"), 5) == (10, None)  # larger than the limit: nothing read, nothing counted
+    assert config.fetched == 10 + 3 + 10 + 10
     storage.rmdir(Path("a"))
 
 
