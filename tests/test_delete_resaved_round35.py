@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.test_killed_delete_round35 import _whole_or_absent as whole_or_absent
 from tests.test_objstore_round21 import _root_url
-from tests.test_objstore_round22 import _plain_manager, _run_until_sigkilled
+from tests.test_objstore_round22 import _run_until_sigkilled
 from torch_checkpointing import FsspecStorageConfig
-from torch_checkpointing.discovery import list_checkpoints
-from torch_checkpointing.errors import CheckpointError
 from torch_checkpointing.retention import collect_garbage
 
 pytest.importorskip("fsspec")
@@ -72,16 +71,7 @@ storage.rmdir(Path(ckpt))
 
 def _whole_or_absent(url: str, ckpt: str) -> None:
     """The id is the second save, whole and loading exactly, or it neither lists nor loads."""
-    storage = FsspecStorageConfig(url=url).create_storage()
-    listed = [Path(info.path).name for info in list_checkpoints(url, storage)]
-    with _plain_manager(url) as manager:
-        if listed == [ckpt]:
-            state = manager.load(ckpt)
-            assert torch.equal(state["model"]["w"], torch.arange(3.0)) and state["x"] == 3, state
-            return
-        assert listed == [], listed
-        with pytest.raises((CheckpointError, FileNotFoundError)):
-            manager.load(ckpt)
+    whole_or_absent(url, ckpt, w=torch.arange(3.0), x=3)
 
 
 @pytest.mark.parametrize("killed_at", ["manifest.json", "x_0.pt"])

@@ -82,14 +82,16 @@ _KILL_POINTS = [
 ]
 
 
-def _whole_or_absent(url: str, ckpt: str) -> None:
-    """The id is a committed checkpoint that loads exactly, or it neither lists nor loads."""
+def _whole_or_absent(url: str, ckpt: str, w: torch.Tensor | None = None, x: int = 1) -> None:
+    """The id is a committed checkpoint that loads exactly (`w`, default `arange(4.0)`, and `x`), or it neither
+    lists nor loads."""
+    w = torch.arange(4.0) if w is None else w
     storage = FsspecStorageConfig(url=url).create_storage()
     listed = [Path(info.path).name for info in list_checkpoints(url, storage)]
     with _plain_manager(url) as manager:
         if listed == [ckpt]:
             state = manager.load(ckpt)
-            assert torch.equal(state["model"]["w"], torch.arange(4.0)) and state["x"] == 1, state
+            assert torch.equal(state["model"]["w"], w) and state["x"] == x, state
             return
         assert listed == [], listed
         with pytest.raises((CheckpointError, FileNotFoundError)):
