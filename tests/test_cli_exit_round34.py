@@ -15,7 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -107,9 +109,16 @@ def test_a_signal_in_the_interpreters_finalization_keeps_the_commands_exit_code(
     to the default action, before torch's teardown (the half second the command's end waits on)."""
     root = _run_root(tmp_path)
     proc = _ls_json(root)
+    stderr = signal_once_uncaught(proc, signum, _whole_report)
+    assert proc.returncode == 0, (proc.returncode, stderr)
+
+
+def signal_once_uncaught(proc: subprocess.Popen[str], signum: int, read_report: Callable[[Any], object]) -> str:
+    """Read `proc`'s report (`read_report(proc.stdout)`), send `signum` the moment `proc` no longer catches it (its
+    interpreter's finalization), and wait for it to end; its stderr. Fails where it ended before that moment."""
     sent = False
     try:
-        _whole_report(proc.stdout)
+        read_report(proc.stdout)
         while proc.poll() is None:
             try:
                 if not _caught(proc.pid, signum):
@@ -124,4 +133,4 @@ def test_a_signal_in_the_interpreters_finalization_keeps_the_commands_exit_code(
             proc.kill()
             proc.wait()
     assert sent, "the process ended before it stopped catching the signal"
-    assert proc.returncode == 0, (proc.returncode, stderr)
+    return str(stderr)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_cli_exit_round34 import signal_once_uncaught
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 120  # the simulator takes seconds (importing torch); this only stops a hang
 _AFTER_THE_VERDICT_S = 0.2  # the run directory's removal and the interpreter's exit are the window meant
@@ -46,15 +48,6 @@ def _read_to_the_verdict(stdout: object) -> str:
         if line.startswith("VERDICT:"):
             return text
     raise AssertionError(f"the simulator ended before its verdict: {text!r}")
-
-
-def _caught(pid: int, signum: int) -> bool:
-    """Whether process `pid` runs a handler of its own for `signum` (its /proc status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name == "SigCgt":
-            return bool(int(value.strip(), 16) & (1 << (signum - 1)))
-    raise KeyError("SigCgt")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
@@ -84,21 +77,5 @@ def test_a_signal_after_the_verdict_keeps_the_runs_exit_code(tmp_path: Path, sig
 def test_a_signal_in_the_interpreters_finalization_keeps_the_runs_exit_code(tmp_path: Path, signum: int) -> None:
     """Sent once the process no longer catches the signal: Python's finalization puts its handlers back."""
     proc = _refused_run(tmp_path)
-    sent = False
-    try:
-        _read_to_the_verdict(proc.stdout)
-        while proc.poll() is None:
-            try:
-                if not _caught(proc.pid, signum):
-                    proc.send_signal(signum)
-                    sent = True
-                    break
-            except (FileNotFoundError, ProcessLookupError, KeyError):  # gone meanwhile, or a zombie's status
-                break
-        _, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert sent, "the process ended before it stopped catching the signal"
+    stderr = signal_once_uncaught(proc, signum, _read_to_the_verdict)
     assert proc.returncode == 1, (proc.returncode, stderr)
