@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import warnings
@@ -667,37 +668,27 @@ def plan_reshard_job(
     target: Any,
 ) -> ReshardJob:
     """Plan filling `target` (rank `rank`'s templates of one item) from the checkpoint at `source_path`."""
-    try:
-        info = plan_resharding(target_metadata, source_metadata, rank)
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{Path(source_path) / METADATA_FILE_NAME}: item '{item_key}': {exc}") from None
-    except _GlobalShapeChanged as exc:  # judged once the saved shards can be read
-        return ReshardJob(
-            info=ReshardingInfo(),
-            target=target,
-            target_metadata=target_metadata,
-            source_metadata=source_metadata,
-            source_path=Path(source_path),
-            item_key=item_key,
-            rank=rank,
-            shape_changed=exc,
-        )
-    except TemplateMismatchError as exc:
-        raise TemplateMismatchError(f"Checkpoint {source_path}, item '{item_key}': {exc}") from None
-    values = tuple(_value_entries(target))
-    planned = sorted({p.src_rank for plans in info.nested_path_to_load_plans.values() for p in plans})
-    ranks = planned or sorted(source_metadata.rank_to_layout_info)  # a rank that reads no block: any file
-    return ReshardJob(
-        info=info,
+    job = functools.partial(
+        ReshardJob,
         target=target,
         target_metadata=target_metadata,
         source_metadata=source_metadata,
         source_path=Path(source_path),
         item_key=item_key,
         rank=rank,
-        values=values,
-        values_rank=ranks[0] if values and ranks else None,
     )
+    try:
+        info = plan_resharding(target_metadata, source_metadata, rank)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{Path(source_path) / METADATA_FILE_NAME}: item '{item_key}': {exc}") from None
+    except _GlobalShapeChanged as exc:  # judged once the saved shards can be read
+        return job(info=ReshardingInfo(), shape_changed=exc)
+    except TemplateMismatchError as exc:
+        raise TemplateMismatchError(f"Checkpoint {source_path}, item '{item_key}': {exc}") from None
+    values = tuple(_value_entries(target))
+    planned = sorted({p.src_rank for plans in info.nested_path_to_load_plans.values() for p in plans})
+    ranks = planned or sorted(source_metadata.rank_to_layout_info)  # a rank that reads no block: any file
+    return job(info=info, values=values, values_rank=ranks[0] if values and ranks else None)
 
 
 def _value_entries(node: Any, path: NestedPath = ()) -> Iterator[NestedPath]:
