@@ -95,7 +95,10 @@ class CarriesNotes:
     as naming another protocol than the one its first url filled in."""
 
     def __getstate__(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        return dict(vars(self)), dict(_NOTES.get(id(self), {}))
+        """Fields and notes as one: a check rewrites both under the notes' lock (`notes_held`), and a copy taken
+        meanwhile without it caught the check half-way (an `FsspecStorageConfig` whose protocol it had cleared)."""
+        with _NOTES_LOCK:
+            return dict(vars(self)), dict(_NOTES.get(id(self), {}))
 
     def __setstate__(self, state: tuple[dict[str, Any], dict[str, Any]] | dict[str, Any]) -> None:
         fields, notes = state if isinstance(state, tuple) else (state, {})  # a pickle from before: fields alone
