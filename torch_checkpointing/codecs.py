@@ -17,6 +17,7 @@ import logging
 import mmap
 import os
 import pickle
+import pickletools
 import re
 import struct
 import sys
@@ -342,7 +343,7 @@ def _load_refusing_pickles(
 
             return _torch_load(storage, path, local, options)
     except pickle.UnpicklingError as exc:
-        damage = _not_a_pickle(exc)
+        damage = _pickle_damage(storage, path, local)
         if damage is not None:
             raise CorruptCheckpointError(
                 f"File {path} for {what} is not a readable Torch file: its pickle stream is damaged ({damage}), so "
@@ -355,17 +356,62 @@ def _load_refusing_pickles(
         ) from exc
 
 
-# What torch's safe unpickler says of bytes that are no pickle it reads (a byte that is no opcode of protocol 2, the
-# one torch.save writes; a string longer than the file): damage, never a reason to switch the safety off (the unsafe
-# loader would run whatever protocol-0 text such bytes hold). A global or class it refuses reads otherwise ("GLOBAL x
-# was not an allowed global", "Trying to call reduce for unrecognized function"), and keeps the trust hint.
-_NO_PICKLE = re.compile(r"Unsupported operand \d+|String is too long|pickle data was truncated")
+def _pickle_damage(storage: Storage, path: Path, local: str | None) -> str | None:
+    """Why the file's bytes are no pickle any loader reads, or None where torch's safe loader refused what an
+    intact pickle names (a global it does not allow, an opcode of a newer protocol). Decided from the bytes, not
+    from the words of torch's error: a regex on them called a `pickle_protocol=4` file, which the unsafe loader
+    reads, damage; a file cut inside a global's name ("GLOBAL torch._utils._re was not an allowed global") was a
+    refusal whose hint told the user to switch the safety off."""
+    if local is not None:
+        with open(local, "rb") as file:
+            return pickle_damage(file)
+    return pickle_damage(io.BytesIO(storage.read(path)))
 
 
-def _not_a_pickle(exc: pickle.UnpicklingError) -> str | None:
-    """What in `exc` says the bytes are no pickle a Torch file holds, or None for a refusal of what one names."""
-    found = _NO_PICKLE.search(str(exc))
-    return None if found is None else found.group(0)
+_LEGACY_PICKLES = 5
+"""The pickles a legacy (non-zip) torch.save file opens with: its magic number, protocol version, system info,
+the value, and its storages' keys; the storages' raw bytes follow."""
+
+
+def pickle_damage(file: IO[bytes]) -> str | None:
+    """Why `file` holds no Torch file's pickle stream, else None: a zip's data.pkl, or a legacy file's pickles,
+    walked opcode by opcode (`pickletools.genops` reads each opcode and its argument, and runs nothing)."""
+    file.seek(0)
+    if file.read(4) == b"PK\x03\x04":
+        try:
+            stream = _zip_pickle(file)
+        except (CorruptCheckpointError, struct.error, ValueError, OverflowError) as exc:
+            return f"its zip directory is damaged: {exc}"
+        return "its zip holds no data.pkl" if stream is None else _opcode_damage(io.BytesIO(stream), 1)
+    file.seek(0)
+    return _opcode_damage(file, _LEGACY_PICKLES)
+
+
+def _zip_pickle(file: IO[bytes]) -> bytes | None:
+    """The bytes of a Torch zip's `<archive>/data.pkl` (stored uncompressed, as torch.save writes it)."""
+    walked = _central_directory(file)
+    if walked is None:
+        return None
+    for name, size, header_offset in walked[0]:
+        if name.count(b"/") == 1 and name.endswith(b"/data.pkl"):
+            file.seek(_payload_offset(file, name, header_offset))
+            return file.read(size)
+    return None
+
+
+def _opcode_damage(file: IO[bytes], pickles: int) -> str | None:
+    """Why the first `pickles` pickles in `file` do not parse (an unknown opcode, an argument running past the
+    end, no STOP), else None."""
+    if file.read(1) != pickle.PROTO:  # torch.save writes protocol 2 or later: a pickle opening with its number
+        return "it opens with neither a zip header nor a pickle's protocol opcode"
+    file.seek(-1, os.SEEK_CUR)
+    for _ in range(pickles):
+        try:
+            for _ in pickletools.genops(file):
+                pass
+        except ValueError as exc:
+            return str(exc)
+    return None
 
 
 def _torch_load(storage: Storage, path: Path, local: str | None, options: DecodeOptions) -> tuple[Any, str | None]:
