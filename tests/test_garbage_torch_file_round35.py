@@ -8,13 +8,12 @@ global the safe loader refuses keeps that refusal and its trust hint.
 from __future__ import annotations
 
 import io
-import json
-import zlib
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.crafted_files import replace_item_file
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.errors import CorruptCheckpointError, RefusedPickleError
@@ -26,17 +25,6 @@ class _NotAllowed:
 
 def _config() -> CheckpointManager.Config:
     return CheckpointManager.Config(save=SyncCheckpointSaverConfig())
-
-
-def _replace_file(checkpoint: Path, data: bytes) -> Path:
-    """The item's file holds `data`, its record's size and checksum made to match (no block checksums)."""
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    record = manifest["items"]["model"]["0"]
-    (checkpoint / record["path"]).write_bytes(data)
-    record["crc32"], record["size"] = zlib.crc32(data), len(data)
-    record.pop("blocks", None)
-    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
-    return checkpoint / record["path"]
 
 
 def _saved(tmp_path: Path) -> Path:
@@ -61,7 +49,7 @@ def _damaged_pickle() -> bytes:
 )
 def test_bytes_that_are_no_pickle_are_damage(tmp_path: Path, data: bytes) -> None:
     checkpoint = _saved(tmp_path)
-    path = _replace_file(checkpoint, data)
+    path = replace_item_file(checkpoint, data)
     with CheckpointManager(_config()) as manager, pytest.raises(CorruptCheckpointError) as refused:
         manager.load(str(checkpoint))
     said = str(refused.value)
@@ -74,6 +62,6 @@ def test_a_refused_global_keeps_the_trust_hint(tmp_path: Path) -> None:
     checkpoint = _saved(tmp_path)
     buf = io.BytesIO()
     torch.save({"w": _NotAllowed()}, buf)
-    _replace_file(checkpoint, buf.getvalue())
+    replace_item_file(checkpoint, buf.getvalue())
     with CheckpointManager(_config()) as manager, pytest.raises(RefusedPickleError, match="weights_only=False"):
         manager.load(str(checkpoint))

@@ -10,14 +10,13 @@ or not, reads", and a torch release rewording its errors would turn damage into 
 from __future__ import annotations
 
 import io
-import json
 import random
-import zlib
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.crafted_files import replace_item_file
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import CheckpointLoaderConfig, SyncCheckpointSaverConfig
 from torch_checkpointing.errors import CorruptCheckpointError, RefusedPickleError
@@ -44,13 +43,7 @@ def _checkpoint_holding(tmp_path: Path, data: bytes) -> tuple[Path, Path]:
     checkpoint = tmp_path / "step_1"
     with CheckpointManager(_config()) as manager:
         manager.save(str(checkpoint), {"model": {"w": torch.ones(3)}})
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    record = manifest["items"]["model"]["0"]
-    (checkpoint / record["path"]).write_bytes(data)
-    record["crc32"], record["size"] = zlib.crc32(data), len(data)
-    record.pop("blocks", None)
-    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
-    return checkpoint, checkpoint / record["path"]
+    return checkpoint, replace_item_file(checkpoint, data)
 
 
 def _random_bytes() -> bytes:
