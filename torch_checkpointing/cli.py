@@ -736,9 +736,8 @@ def _decode_checked(ctx: CheckpointReadContext, rec: FileRecord, key: str) -> An
     from torch_checkpointing.encoding import decode
 
     fmt = rec.serialization_format(ctx.root / MANIFEST_FILE_NAME)
-    value = decode(
-        fmt, ctx.storage_view(f"item '{key}'"), ctx.root / checked_relative_path(rec.path, str(ctx.root)), key
-    )
+    path = ctx.root / checked_relative_path(rec.path, str(ctx.root))
+    value = decode(fmt, ctx.storage_view(f"item '{key}'"), path, key, operation=ctx.operation)
     ctx.wait_verified()
     return value
 

@@ -46,6 +46,7 @@ from torch_checkpointing.errors import (
     CorruptCheckpointError,
     RefusedPickleError,
     TemplateMismatchError,
+    on_another,
     raise_if_short_of_resources,
     undecodable,
     unknown_to_this_engine,
@@ -88,6 +89,7 @@ __all__ = [
     "load_torch",
     "mapped_base",
     "read_safetensors",
+    "records_naming",
     "safetensors_dtype",
     "tensor_records",
     "tensor_records_of",
@@ -112,6 +114,7 @@ class SourcePurpose:
     source: str  # the file being read: "Refused to load {source} from PATH"
     operation: str  # "File PATH for {operation} cannot be decoded"
     hint: str  # the fix for a Torch file torch's safe loader refuses
+    by: str = "load"  # the read context's operation, whose fix a damaged file's refusal names (`on_another`)
 
 
 RESHARDING_LOAD = SourcePurpose("a resharding source", "a resharding load", _RESHARD_HINT)
@@ -165,6 +168,7 @@ class DecodeOptions:
     use_mmap: bool = True
     # Receives where a JSON item and its declared dataclass disagreed without failing (see `RebuildGaps`).
     gaps: RebuildGaps | None = None
+    operation: str = "load"  # the read context's operation, whose fix a damaged file's refusal names (`on_another`)
 
 
 class Codec(ABC):
@@ -205,13 +209,13 @@ def load_torch(
     from the storage's local path (with `options.use_mmap`), else from its bytes. A refusal by torch's safe
     loader is a `RefusedPickleError` naming `what`, the file and `hint`; a container torch cannot read, or a
     mapped tensor whose storage runs past its record (`records`: payload offset to size, walked from the
-    file when not given), is a `CorruptCheckpointError` naming the file."""
+    file when not given), is a `CorruptCheckpointError` naming the file and the fix for `options.operation`."""
     if local is None and options.use_mmap:
         local = storage.local_path(path)
     options = dataclasses.replace(options, map_location=callers_placement(options.map_location, path, what))
     if local is not None and records is None:
         with open(local, "rb") as file:  # before torch reads it: a crafted directory is refused first
-            records = _records_naming(path, file)
+            records = records_naming(path, file, options.operation)
     try:
         value, mapped = _load_refusing_pickles(storage, path, what, options, hint, local)
     except CheckpointError:
@@ -223,10 +227,10 @@ def load_torch(
         placed = "" if options.map_location is None else f", or map_location={options.map_location!r} is not here"
         raise CorruptCheckpointError(f"File {path} for {what} is not a readable Torch file{placed}: {exc}") from exc
     except AssertionError as exc:  # torch's unpickler asserts on some records (a persistent id not a tuple)
-        raise undecodable(path, what, exc) from exc
-    _refuse_shared_blowup(path, what, value)  # before the first walk of it
+        raise undecodable(path, what, exc, options.operation) from exc
+    _refuse_shared_blowup(path, what, value, options.operation)  # before the first walk of it
     if mapped is not None:
-        check_storages_fit(path, value, records, mapped)
+        check_storages_fit(path, value, records, mapped, options.operation)
     return value
 
 
@@ -306,10 +310,11 @@ pickle's memo lets a few hundred bytes share one list down 60 levels, 2**60 path
 multiple of what the file holds."""
 
 
-def _refuse_shared_blowup(path: Path, what: str, value: Any) -> None:
+def _refuse_shared_blowup(path: Path, what: str, value: Any, operation: str) -> None:
     blowup = shared_blowup(value)
     if blowup is not None:
-        raise undecodable(path, what, ValueError(f"{blowup}; torch.save of a state a save accepts writes no such file"))
+        why = ValueError(f"{blowup}; torch.save of a state a save accepts writes no such file")
+        raise undecodable(path, what, why, operation)
 
 
 def shared_blowup(value: Any) -> str | None:
@@ -347,7 +352,7 @@ def _load_refusing_pickles(
         if damage is not None:
             raise CorruptCheckpointError(
                 f"File {path} for {what} is not a readable Torch file: its pickle stream is damaged ({damage}), so "
-                f"no loader, safe or not, reads it. Nothing was loaded; load an intact checkpoint."
+                f"no loader, safe or not, reads it. {on_another(options.operation)}"
             ) from exc
         if not options.weights_only:
             raise
@@ -424,7 +429,7 @@ def _torch_load(storage: Storage, path: Path, local: str | None, options: Decode
             if "mmap" not in str(exc):  # only legacy (non-zip) files refuse mmap; re-raise the rest
                 raise
     data = io.BytesIO(storage.read(path))
-    _records_naming(path, data)  # refuses a crafted zip directory before torch walks it
+    records_naming(path, data, options.operation)  # refuses a crafted zip directory before torch walks it
     data.seek(0)
     value = torch.load(data, map_location=map_location, weights_only=weights_only)
     return value, None
@@ -643,12 +648,15 @@ def _whole_extra_fields(extra: bytes, claimed: int) -> bool:
     return at == claimed
 
 
-def _records_naming(path: Path, file: io.RawIOBase | IO[bytes]) -> dict[int, int] | None:
-    """`tensor_records`, its refusal naming the file."""
+def records_naming(path: Path, file: io.RawIOBase | IO[bytes], operation: str) -> dict[int, int] | None:
+    """`tensor_records`, its refusal naming the file and the fix for `operation`. A refusal of the bytes read
+    (a verifying view's checksum, naming the file and its fix) is passed on as it is: it was worded twice."""
     try:
         return tensor_records(file)
     except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{path}: {exc} Load an earlier checkpoint.") from None
+        if str(path) in str(exc):
+            raise
+        raise CorruptCheckpointError(f"{path}: {exc} {on_another(operation)}") from None
 
 
 def tensor_records_of(local: str) -> dict[int, int] | None:
@@ -657,7 +665,7 @@ def tensor_records_of(local: str) -> dict[int, int] | None:
         return tensor_records(file)
 
 
-def check_storages_fit(path: Path, value: Any, records: Mapping[int, int] | None, mapped: str) -> None:
+def check_storages_fit(path: Path, value: Any, records: Mapping[int, int] | None, mapped: str, operation: str) -> None:
     """Each tensor's storage lies inside its own record of the mapped file. torch's memory-mapped load does
     not compare a record's size with the storage the pickle declares: a shorter record hands back the bytes
     after it (other records, the zip directory) as tensor data."""
@@ -677,8 +685,8 @@ def check_storages_fit(path: Path, value: Any, records: Mapping[int, int] | None
         if held is None or storage.nbytes() > held:
             raise CorruptCheckpointError(
                 f"{path}: tensor {key!r} declares {storage.nbytes()} bytes of storage, but its record in the file "
-                f"holds {held if held is not None else 'no'} bytes there; the file is damaged or crafted. Load an "
-                f"earlier checkpoint."
+                f"holds {held if held is not None else 'no'} bytes there; the file is damaged or crafted. "
+                f"{on_another(operation)}"
             )
 
 
@@ -788,7 +796,7 @@ def load_resharding_source(
     """A Torch file's whole value for block reads (by a resharder, or for `purpose`): on the CPU, torch's safe
     loader, mapped (from `local` when given, its tensor `records` already walked where given) where the storage
     allows."""
-    options = DecodeOptions(map_location="cpu")
+    options = DecodeOptions(map_location="cpu", operation=purpose.by)
     return load_torch(storage, path, purpose.source, options, purpose.hint, local, records)
 
 

@@ -33,8 +33,10 @@ def decode(
     weights_only: bool = True,
     use_mmap: bool = True,
     gaps: RebuildGaps | None = None,
+    operation: str = "load",
 ) -> Any:
-    """Read one item file back. Safetensors values are re-nested against `template` when one is given; where a
-    JSON item and its declared dataclass disagree without failing is recorded in `gaps` when given."""
-    options = DecodeOptions(template, map_location, weights_only, use_mmap, gaps)
+    """Read one item file back, for `operation` (the read context's, which a damaged file's refusal names).
+    Safetensors values are re-nested against `template` when one is given; where a JSON item and its declared
+    dataclass disagree without failing is recorded in `gaps` when given."""
+    options = DecodeOptions(template, map_location, weights_only, use_mmap, gaps, operation)
     return codec_for(fmt, key).decode(fmt, storage, path, key, options)

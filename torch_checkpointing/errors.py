@@ -173,15 +173,25 @@ class UndecodableFileError(CorruptCheckpointError, ValueError, TypeError):
     (and API_SURFACE, for a JSON item missing a dataclass field) catch them."""
 
 
-def undecodable(path: object, what: str, exc: BaseException) -> UndecodableFileError:
-    """The error for `exc`, met decoding file `path` for `what`; raise it `from exc`. A process short of memory or
-    file descriptors is raised as that instead (`raise_if_short_of_resources`): never worded as the file's damage,
-    at whichever decoder met it."""
+def undecodable(path: object, what: str, exc: BaseException, operation: str = "load") -> UndecodableFileError:
+    """The error for `exc`, met decoding file `path` for `what` by `operation` (which its fix names); raise it
+    `from exc`. A process short of memory or file descriptors is raised as that instead
+    (`raise_if_short_of_resources`): never worded as the file's damage, at whichever decoder met it."""
     raise_if_short_of_resources(exc, path, what)
     return UndecodableFileError(
         f"File {path} for {what} cannot be decoded ({type(exc).__name__}: {exc}); the file is damaged or crafted. "
-        f"Load an earlier checkpoint."
+        f"{on_another(operation)}"
     )
+
+
+_ON_ANOTHER = {"load": "Load", "export": "Export from", "read": "Read from"}
+
+
+def on_another(operation: str, checkpoint: str = "an earlier checkpoint") -> str:
+    """The fix a refusal of a damaged checkpoint offers `operation` (a read context's: "load", "export", "read"
+    of `iter_item_tensors`; a CLI command or a listing's check uses one): the same on another checkpoint. Every
+    such refusal said "Load an earlier checkpoint", also to an export, a diff and a verify."""
+    return f"{_ON_ANOTHER.get(operation, 'Use')} {checkpoint}."
 
 
 # How an allocation the system refused reads in what torch (its CPU allocator, an mmap of a file) and the OS raise:

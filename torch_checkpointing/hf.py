@@ -67,6 +67,7 @@ from torch_checkpointing.errors import (
     CorruptCheckpointError,
     TemplateMismatchError,
     UnsafeCheckpointError,
+    on_another,
     raise_if_short_of_resources,
     unreadable_file,
 )
@@ -192,8 +193,14 @@ class _Reading:
     misled."""
 
     operation: str  # the read context's operation: "while this {operation} ran ... retry the {operation}"
-    undone: str  # what a refusal of a damaged checkpoint adds: what became of the call, and the fix
+    nothing: str  # what became of the call when it refused: "Nothing was exported"
     did: str  # "item 'model' for {did}" in the block readers' refusals
+    one_rank: str  # how to read one rank's copy of an item saved per rank
+
+    @property
+    def undone(self) -> str:
+        """What a refusal of a damaged checkpoint adds: what became of the call, and the fix."""
+        return f"{self.nothing}. {on_another(self.operation, 'an intact checkpoint')}"
 
     def purpose(self, key: str) -> SourcePurpose:
         """How the shared block readers name this read in their refusals (not "a resharding load")."""
@@ -202,11 +209,12 @@ class _Reading:
             f"{self.did} of item '{key}'",
             f"Torch files are read for {self.did} with torch's safe loader only, so it takes items of tensors and "
             f"plain containers/scalars. {self.undone}",
+            self.operation,
         )
 
 
-_EXPORT = _Reading("export", "Nothing was exported; export from an intact checkpoint.", "the export")
-_ITER = _Reading("read", "Read the tensors of an intact checkpoint.", "iter_item_tensors' read")
+_EXPORT = _Reading("export", "Nothing was exported", "the export", "export one rank's copy (rank=R / --rank R)")
+_ITER = _Reading("read", "No tensor was read", "iter_item_tensors' read", "read one rank's copy (rank=R)")
 
 
 class _ItemSource:
@@ -256,8 +264,7 @@ class _ItemSource:
         if rank is None and len(records) > 1 and self.item_metadata is None:
             raise ValueError(
                 f"Item '{key}' was saved as {len(records)} per-rank files without sharding metadata, so they cannot be "
-                f"consolidated; save it with ItemSpec(resharder=DTensorResharder()), or export one rank's copy "
-                f"(rank=R / --rank R)."
+                f"consolidated; save it with ItemSpec(resharder=DTensorResharder()), or {self._reading.one_rank}."
             )
         self.plain_rank = rank if rank is not None else records[0].rank
         self._ambiguous = rank is None and len(records) > 1
@@ -309,15 +316,15 @@ class _ItemSource:
                 if self._ambiguous:
                     raise ValueError(
                         f"Tensor {name!r} of item '{self.key}' has no DTensor sharding metadata but the item was saved "
-                        f"as {len(self._paths)} per-rank files: which rank's copy to export is ambiguous. Export one "
-                        f"rank's copy (rank=R / --rank R)."
+                        f"as {len(self._paths)} per-rank files: which rank's copy to {self._reading.operation} is "
+                        f"ambiguous; {self._reading.one_rank}."
                     )
                 shape, dtype = flat.describe(name)  # from the header (or a mapping): no tensor bytes read
                 path = tuple(name.split(".")) if name else ()
                 out.append(_TensorPlan(name, path, shape, dtype, False, name))
         # A bare-tensor item has the empty name; HF needs one: the item key.
         named = [p if p.name else dataclasses.replace(p, name=self.key) for p in out]
-        _check_unique_names(named, f"{self.checkpoint}::{self.key}")
+        _check_unique_names(named, f"{self.checkpoint}::{self.key}", self._reading)
         return named
 
     def _plain(self) -> FlatTensors:
@@ -328,8 +335,8 @@ class _ItemSource:
         of them; they are refused here, naming both paths."""
         if self._flat is None:
             source = self._source(self.plain_rank)  # one open of the file, shared with the block reads
-            _check_tensor_names(source.entry(()), f"{self.checkpoint}::{self.key}")
-            _refuse_sparse(source.entry(()), f"{self.checkpoint}::{self.key}")
+            _check_tensor_names(source.entry(()), f"{self.checkpoint}::{self.key}", self._reading)
+            _refuse_sparse(source.entry(()), f"{self.checkpoint}::{self.key}", self._reading)
             _refuse_expanded(source.entry(()), self.checkpoint / self._path(self.plain_rank), self.key, self._reading)
             self._flat = FlatTensors(source)
         return self._flat
@@ -401,9 +408,9 @@ class _ItemSource:
         )
 
 
-def _check_tensor_names(value: Any, what: str) -> None:
-    """Refuse two tensor leaves of a saved value that one safetensors name would hold, and log the non-tensor
-    leaves the export leaves out. `value` is `MISSING` for formats that hold flat tensors only."""
+def _check_tensor_names(value: Any, what: str, reading: _Reading) -> None:
+    """Refuse two tensor leaves of a saved value that one name (a safetensors name in an export) would hold, and
+    log the non-tensor leaves `reading` leaves out. `value` is `MISSING` for formats that hold flat tensors only."""
     seen: dict[str, NestedPath] = {}
     skipped: list[str] = []
     for path, leaf in iter_leaves(value) if value is not MISSING else ():
@@ -411,30 +418,31 @@ def _check_tensor_names(value: Any, what: str) -> None:
         if not isinstance(leaf, torch.Tensor):
             skipped.append(name)
         elif name in seen:
-            raise _merged_names_error(what, name, seen[name], path)
+            raise _merged_names_error(what, name, seen[name], path, reading)
         else:
             seen[name] = path
     if skipped:
         listed = ", ".join(repr(n) for n in skipped[:10])
         more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
         logger.info(
-            "%s: %d non-tensor leaves are not among its tensors to export (safetensors holds tensors only): %s%s",
+            "%s: %d non-tensor leaves are not among the tensors %s takes (it takes tensors only): %s%s",
             what,
             len(skipped),
+            reading.did,
             listed,
             more,
         )
 
 
-def _refuse_sparse(value: Any, what: str) -> None:
+def _refuse_sparse(value: Any, what: str, reading: _Reading) -> None:
     """A sparse (or other non-strided) tensor, refused before a shard is written and naming it: safetensors
     holds dense tensors only (torch's error from inside the writer named neither the tensor nor the fix)."""
     for path, leaf in iter_leaves(value) if value is not MISSING else ():
         if isinstance(leaf, torch.Tensor) and leaf.layout != torch.strided:
             raise ValueError(
-                f"Cannot export {what}: the tensor at path {path!r} is {leaf.layout}, and safetensors holds dense "
-                f"tensors only. Save it dense (tensor.to_dense()), or leave it out of the exported item; nothing "
-                f"was exported."
+                f"Cannot {reading.operation} {what}: the tensor at path {path!r} is {leaf.layout}, and {reading.did} "
+                f"takes dense tensors only. Save it dense (tensor.to_dense()), or leave it out of the item. "
+                f"{reading.nothing}."
             )
 
 
@@ -454,22 +462,22 @@ def _refuse_expanded(value: Any, file: Path, key: str, reading: _Reading) -> Non
             )
 
 
-def _check_unique_names(plans: list[_TensorPlan], what: str) -> None:
+def _check_unique_names(plans: list[_TensorPlan], what: str, reading: _Reading) -> None:
     """Refuse two planned tensors of one name (sharded paths from metadata.json included): a shard file and the
     index hold one tensor per name."""
     seen: dict[str, NestedPath] = {}
     for plan in plans:
         if plan.name in seen:
-            raise _merged_names_error(what, plan.name, seen[plan.name], plan.path)
+            raise _merged_names_error(what, plan.name, seen[plan.name], plan.path, reading)
         seen[plan.name] = plan.path
 
 
-def _merged_names_error(what: str, name: str, first: NestedPath, second: NestedPath) -> ValueError:
+def _merged_names_error(what: str, name: str, first: NestedPath, second: NestedPath, reading: _Reading) -> ValueError:
     return ValueError(
-        f"Cannot export {what}: the tensors at paths {first!r} and {second!r} both take the safetensors name "
-        f"{name!r} (a dict key holding a '.', an int key beside an equal str key, or an empty key, which is "
-        f"exported under the item key), and an HF export holds one tensor per name. Rename those keys in the "
-        f"model's state before saving; nothing was exported."
+        f"Cannot {reading.operation} {what}: the tensors at paths {first!r} and {second!r} both take the name "
+        f"{name!r} (a dict key holding a '.', an int key beside an equal str key, or an empty key, which takes the "
+        f"item key), and {reading.did} holds one tensor per name. Rename those keys in the model's state before "
+        f"saving. {reading.nothing}."
     )
 
 

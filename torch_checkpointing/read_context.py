@@ -56,6 +56,7 @@ from torch_checkpointing.errors import (
     IncompleteCheckpointError,
     ObjectStoreError,
     UnsafeCheckpointError,
+    on_another,
     raise_if_short_of_resources,
     resource_shortage_named,
     unreadable_file,
@@ -391,14 +392,15 @@ class CheckpointReadContext:
             raise IncompleteCheckpointError(
                 f"Checkpoint {self.shown} has no {MANIFEST_FILE_NAME}: on this store (no atomic rename) the manifest "
                 f"is written last and is the commit, so this is a save that is still running or never finished. "
-                f"Load an earlier checkpoint."
+                f"{on_another(self.operation)}"
             )
         if not self.policy.allow_legacy_checkpoints:
+            trusted = " Or, if you trust this one, load it with the defaults (unverified, with a warning)."
             raise IncompleteCheckpointError(
                 f"Checkpoint {self.shown} has no {MANIFEST_FILE_NAME}, so nothing says its save committed and "
                 f"nothing can be verified (its manifest was removed, or it was written without one by the "
-                f"published release), and {self._verification_asked()}. Load an intact checkpoint, or, if you "
-                f"trust this one, load it with the defaults (unverified, with a warning)."
+                f"published release), and {self._verification_asked()}. "
+                f"{on_another(self.operation, 'an intact checkpoint')}{trusted if self.operation == 'load' else ''}"
             )
         logger.warning(
             "Loading %s without a manifest (allow_legacy_checkpoints=True): files are checked for containment "
@@ -439,7 +441,7 @@ class CheckpointReadContext:
                 if self.manifest is not None and record is None and rel != self.manifest.metadata_file:
                     raise UnsafeCheckpointError(
                         f"File {self._at(rel)} ({what}) is not listed in the checkpoint's manifest; an unlisted "
-                        f"file is never read. Load an untouched copy of the checkpoint."
+                        f"file is never read. {on_another(self.operation, 'an untouched copy of the checkpoint')}"
                     )
                 checked = self._open_file(rel, record, what)
                 self._prepare(checked, what)
@@ -502,7 +504,8 @@ class CheckpointReadContext:
             if not stat.S_ISREG(st.st_mode):
                 raise UnsafeCheckpointError(
                     f"File {self._at(rel)} ({what}) is not a regular file (mode {stat.filemode(st.st_mode)}); "
-                    f"a checkpoint holds only regular files. Load an untouched copy of the checkpoint."
+                    f"a checkpoint holds only regular files. "
+                    f"{on_another(self.operation, 'an untouched copy of the checkpoint')}"
                 )
         except BaseException:
             os.close(fd)
@@ -598,8 +601,8 @@ class CheckpointReadContext:
             raise_if_short_of_resources(exc, self._at(rel), what)  # this process's shortage, not the storage's
             raise ObjectStoreError(
                 f"Reading {self._at(rel)} ({what}) through the storage {type(self.storage).__name__} failed "
-                f"({type(exc).__name__}: {exc}); the checkpoint was not found damaged. Load again once the "
-                f"storage works."
+                f"({type(exc).__name__}: {exc}); the checkpoint was not found damaged. Retry the {self.operation} "
+                f"once the storage works."
             ) from exc
 
     def _start_whole(self, checked: CheckedFile, outer: Future[None]) -> None:
@@ -631,7 +634,7 @@ class CheckpointReadContext:
                 raise CorruptCheckpointError(
                     f"File {self._at(checked.rel)} ({what}): its manifest record is inconsistent (the block "
                     f"CRC32s combine to {recorded:#010x}, the file's CRC32 is recorded as {record.crc32:#010x}): "
-                    f"the manifest is damaged. Load an earlier checkpoint."
+                    f"the manifest is damaged. {on_another(self.operation)}"
                 )
         actual = self._file_crc32(checked, what)
         if actual != record.crc32:
@@ -639,7 +642,7 @@ class CheckpointReadContext:
                 self._name_damaged_block(checked, blocks, what)
             raise CorruptCheckpointError(
                 f"File {self._at(checked.rel)} ({what}) fails its CRC32 check (manifest {record.crc32:#010x}, "
-                f"file {actual:#010x}): the checkpoint is damaged. Load an earlier checkpoint."
+                f"file {actual:#010x}): the checkpoint is damaged. {on_another(self.operation)}"
             )
         if blocks is not None:
             with checked.lock:
@@ -671,7 +674,7 @@ class CheckpointReadContext:
         return CorruptCheckpointError(
             f"File {self._at(checked.rel)} ({what}) ends at byte {at} while this {self.operation} read it, but its "
             f"size was "
-            f"{checked.size}: another process truncated it. Load an earlier checkpoint, or retry if another process "
+            f"{checked.size}: another process truncated it. {on_another(self.operation)} Retry if another process "
             f"overwrote it."
         )
 
@@ -690,7 +693,7 @@ class CheckpointReadContext:
         return CorruptCheckpointError(
             f"File {self._at(checked.rel)} ({what}) fails its CRC32 check in block {index} of "
             f"{blocks.block_count()} (bytes [{start}, {end})): manifest {want:#010x}, file {got:#010x}. The "
-            f"checkpoint is damaged; load an earlier checkpoint."
+            f"checkpoint is damaged. {on_another(self.operation)}"
         )
 
     @contextlib.contextmanager

@@ -35,14 +35,15 @@ from torch_checkpointing.codecs import (
     load_resharding_source,
     mapped_base,
     parse_safetensors_header,
+    records_naming,
     safetensors_dtype,
-    tensor_records,
 )
 from torch_checkpointing.errors import (
     DECODE_ERRORS,
     CheckpointError,
     ConfigError,
     CorruptCheckpointError,
+    on_another,
     raise_if_short_of_resources,
     undecodable,
 )
@@ -217,10 +218,13 @@ def _tensors(value: Any) -> dict[str, torch.Tensor]:
 
 
 class _TorchSourceFile(SourceFile):
-    def __init__(self, value: Any, stats: ReadStats, path: Path, mapping: _FileMapping | None = None) -> None:
+    def __init__(
+        self, value: Any, stats: ReadStats, path: Path, operation: str, mapping: _FileMapping | None = None
+    ) -> None:
         self._value = value
         self._stats = stats
         self._path = path
+        self._operation = operation  # the read context's, whose fix a refusal names
         self._mapping = mapping
 
     def tensor(self, path: NestedPath) -> SourceTensor | None:
@@ -237,8 +241,8 @@ class _TorchSourceFile(SourceFile):
         if kind is not None:
             raise CorruptCheckpointError(
                 f"{self._path} holds tensor {name!r} as a {kind} tensor, which has no dense values to read block by "
-                f"block; its sharding metadata records a dense one. The checkpoint is damaged or crafted: load an "
-                f"earlier checkpoint."
+                f"block; its sharding metadata records a dense one. The checkpoint is damaged or crafted. "
+                f"{on_another(self._operation)}"
             )
         return _InMemoryTensor(tensor, self._stats, self._mapping)
 
@@ -257,20 +261,19 @@ def open_torch_source(
     own record of the file (`codecs.check_storages_fit`, the check every Torch decode runs)."""
     mapped = storage.mapped_path(path)
     if mapped is None:
-        return _TorchSourceFile(load_resharding_source(storage, path, purpose=purpose), stats, path)
+        return _TorchSourceFile(load_resharding_source(storage, path, purpose=purpose), stats, path, purpose.by)
     if not _checks_reads(storage):  # a plain store records nothing to check: map it, as torch does
-        return _TorchSourceFile(load_resharding_source(storage, path, mapped, purpose=purpose), stats, path)
+        return _TorchSourceFile(load_resharding_source(storage, path, mapped, purpose=purpose), stats, path, purpose.by)
     size = storage.getsize(path)
-    try:
-        records = tensor_records(_RangeFile(storage, path, size))  # through the view: the zip directory is checked
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{path}: {exc} Load an earlier checkpoint.") from None
+    records = records_naming(path, _RangeFile(storage, path, size), purpose.by)  # the zip directory, checked
     if records is None:
         storage.verify_range(path, 0, size)  # not a zip (legacy torch.save): torch reads all of it
     else:
         _verify_outside(storage, path, size, records)
     value = load_resharding_source(storage, path, mapped, records, purpose)
-    return _TorchSourceFile(value, stats, path, _mapping_of(storage, path, mapped, size, value, records or {}))
+    return _TorchSourceFile(
+        value, stats, path, purpose.by, _mapping_of(storage, path, mapped, size, value, records or {})
+    )
 
 
 def _verify_outside(storage: Storage, path: Path, size: int, records: dict[int, int]) -> None:
@@ -532,7 +535,7 @@ def open_source_file(
         raise
     except DECODE_ERRORS as exc:
         raise_if_short_of_resources(exc, path, purpose.operation)
-        raise undecodable(path, purpose.operation, exc) from exc
+        raise undecodable(path, purpose.operation, exc, purpose.by) from exc
 
 
 def open_safetensors_source(storage: Storage, path: Path, stats: ReadStats) -> SourceFile:
