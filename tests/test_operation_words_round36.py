@@ -9,9 +9,6 @@ fix twice ("... load an earlier checkpoint. Load an earlier checkpoint.").
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,13 +17,11 @@ import pytest
 import torch
 
 from tests.crafted_files import replace_item_file
+from tests.test_cli import _cli
 from torch_checkpointing import CheckpointManager
 from torch_checkpointing.config import SyncCheckpointSaverConfig
 from torch_checkpointing.errors import CorruptCheckpointError
 from torch_checkpointing.hf import export_hf, iter_item_tensors
-
-REPO = Path(__file__).resolve().parents[1]
-LAUNCH_TIMEOUT_S = 120  # the CLI takes seconds (importing torch); this only stops a hang
 
 
 def _save(checkpoint: Path, state: dict[str, Any]) -> Path:
@@ -103,14 +98,7 @@ def test_iter_item_tensors_refuses_without_naming_an_export(tmp_path: Path, stat
 def test_cli_diff_of_a_damaged_checkpoint_names_no_load(tmp_path: Path) -> None:
     damaged = _garbage(tmp_path)
     intact = _save(tmp_path / "step_2", {"w": torch.ones(100)})
-    done = subprocess.run(
-        [sys.executable, "-m", "torch_checkpointing", "diff", str(damaged), str(intact)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=LAUNCH_TIMEOUT_S,
-    )
+    done = _cli("diff", str(damaged), str(intact))
     assert done.returncode == 2, done
     said = done.stderr
     assert str(damaged / "model_0.pt") in said and "damaged" in said, said
