@@ -369,8 +369,8 @@ def _pickle_damage(storage: Storage, path: Path, local: str | None) -> str | Non
     refusal whose hint told the user to switch the safety off."""
     if local is not None:
         with open(local, "rb") as file:
-            return pickle_damage(file)
-    return pickle_damage(io.BytesIO(storage.read(path)))
+            return _stream_damage(file)
+    return _stream_damage(io.BytesIO(storage.read(path)))
 
 
 _LEGACY_PICKLES = 5
@@ -378,7 +378,7 @@ _LEGACY_PICKLES = 5
 the value, and its storages' keys; the storages' raw bytes follow."""
 
 
-def pickle_damage(file: IO[bytes]) -> str | None:
+def _stream_damage(file: IO[bytes]) -> str | None:
     """Why `file` holds no Torch file's pickle stream, else None: a zip's data.pkl, or a legacy file's pickles,
     walked opcode by opcode (`pickletools.genops` reads each opcode and its argument, and runs nothing)."""
     file.seek(0)
