@@ -871,13 +871,7 @@ def _tensors_not_in_template(plan: _Reshard) -> list[CheckpointPath]:
     resharder = plan.item.spec.resharder
     if job is None or resharder is None or planned_job_runner(resharder) is None:
         return []
-    received = set(job.target_metadata)
-    covered = job.values
-    return [
-        CheckpointPath(plan.item.key, tuple(path))
-        for path in job.source_metadata.nested_path_to_metadata
-        if path not in received and not any(path[: len(entry)] == entry for entry in covered)
-    ]
+    return [CheckpointPath(plan.item.key, path) for path in job.not_received]
 
 
 def _checked_unfilled(resharder: str, key: str, unfilled: object) -> list[NestedPath]:

@@ -655,8 +655,35 @@ class ReshardJob:
         """The source ranks whose files the job reads."""
         if self.shape_changed is not None:
             return [rank for rank, _ in _judged_shards(self, self.shape_changed.nested_path)]
+        return sorted(self._read_ranks)
+
+    @functools.cached_property
+    def _read_ranks(self) -> set[int]:
         ranks = {p.src_rank for plans in self.info.nested_path_to_load_plans.values() for p in plans}
-        return sorted(ranks if self.values_rank is None else {*ranks, self.values_rank})
+        return ranks if self.values_rank is None else {*ranks, self.values_rank}
+
+    @functools.cached_property
+    def not_received(self) -> list[NestedPath]:
+        """The paths the metadata records that no target entry receives (what a strict load refuses as not in the
+        template), in the metadata's order."""
+        received, covered = set(self.target_metadata), set(self.values)
+        return [
+            tuple(path)
+            for path in self.source_metadata.nested_path_to_metadata
+            if tuple(path) not in received and not any(path[:n] in covered for n in range(1, len(path) + 1))
+        ]
+
+    def holder_of(self, path: NestedPath) -> int | None:
+        """The source rank whose file is checked to hold `path` (`_refuse_unsaved`): one with a place in its mesh
+        (a shard) that the job reads anyway; None where there is none (no file is opened only for the check: a
+        rank's template that leaves out other stages' tensors would open every other rank's file)."""
+        ranks: set[int] = set()
+        for group in self.source_metadata.nested_path_to_metadata[path]:
+            md = group.sharding_metadata
+            if isinstance(md, DTensorShardingMetadata):
+                read = self._read_ranks.intersection(group.ranks)
+                ranks.update(rank for rank in read if md.mesh_spec.get_coordinate(rank) is not None)
+        return min(ranks) if ranks else None
 
 
 def plan_reshard_job(
@@ -728,12 +755,29 @@ def _collect(job: ReshardJob, storage: Storage, stats: ReadStats) -> _Collected:
             opened[src_rank] = open_source_file(storage, file_path, fmt, stats)
         return opened[src_rank]
 
+    _refuse_unsaved(job, source_of)
     copies, failed, targets = _collect_copies(job, source_of)
     values: list[tuple[NestedPath, Any]] = []
     if job.values_rank is not None:
         values, unfilled = _collect_values(job, source_of(job.values_rank))
         failed.extend(unfilled)
     return _Collected(copies, values, failed, targets)
+
+
+def _refuse_unsaved(job: ReshardJob, source_of: Callable[[int], SourceFile]) -> None:
+    """Refuse (naming metadata.json) a path the metadata records, no target entry receives, and the file of a rank
+    it lists does not hold: a strict load reported it as in the checkpoint but not in the template, blaming the
+    caller's model for what only a damaged or crafted metadata.json holds. Paths the target receives are checked
+    by their copies."""
+    for path in job.not_received:
+        rank = job.holder_of(path)
+        if rank is not None and source_of(rank).tensor(path) is None:
+            raise CorruptCheckpointError(
+                f"{job.source_path / METADATA_FILE_NAME} is damaged or crafted: it records "
+                f"{job.item_key}::{dotted_key(path)} as a tensor of rank {rank}, but "
+                f"{job.source_metadata.get_file_path(rank, job.source_path, job.item_key)} holds no such tensor. "
+                f"Nothing was loaded; load an intact checkpoint."
+            )
 
 
 def _collect_values(job: ReshardJob, source: SourceFile) -> tuple[list[tuple[NestedPath, Any]], list[NestedPath]]:
