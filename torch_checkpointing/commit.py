@@ -66,6 +66,8 @@ from torch_checkpointing.manifest import (
 from torch_checkpointing.names import (
     ASIDE_RE,
     CREATING_RE,
+    TMP_RE,
+    TRASH_RE,
     aside_of,
     fit_name,
     made_here,
@@ -319,13 +321,50 @@ def _marker_being_created(name: str) -> bool:
     return match is not None and match["name"] == INCOMPLETE_MARKER
 
 
+# What each of the engine's working directories is, as `inside_working_directory` names it.
+_WORKING_KINDS = (
+    (TMP_RE, "the temporary directory of a save"),
+    (TRASH_RE, "the trash of a deletion"),
+    (ASIDE_RE, "a replaced checkpoint's copy aside"),
+)
+
+
+def inside_working_directory(path: str | os.PathLike[str]) -> str | None:
+    """Why nothing may be written at `path`: it is or lies in one of the engine's working directories (named,
+    with what it is); None when it does not.
+
+    A save's temporary is renamed to its id at the commit, and it, a deletion's trash and a replaced copy aside
+    are removed whole by gc (and every retention pass) once their maker is gone: a checkpoint or an export put in
+    one would become part of another checkpoint, or go with it. A folder so named counts as gc counts it: while it
+    holds a manifest or the `.incomplete` marker at its top (a user's `.old_runs_2` holds neither)."""
+    folder = os.path.abspath(path)
+    while True:
+        name = os.path.basename(folder)
+        what = next((what for pattern, what in _WORKING_KINDS if pattern.match(name)), None)
+        if what is not None and any(os.path.lexists(os.path.join(folder, top)) for top in _OURS_AT_TOP):
+            return (
+                f"it lies inside {folder}, {what}, which the engine renames into place or removes whole "
+                f"(`torch-checkpointing gc`) once its maker is gone"
+            )
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+_OURS_AT_TOP = (MANIFEST_FILE_NAME, INCOMPLETE_MARKER)  # at the top of each until its last file goes
+
+
 def _check_ancestors(storage: Storage, final: str, local: str) -> None:
-    """Refuse an id the save cannot create (under a file or a dangling link) or one inside a checkpoint of ours.
+    """Refuse an id the save cannot create (under a file or a dangling link) or one inside a checkpoint of ours or
+    one of our working directories (`names.inside_working_directory`).
 
     Saved inside another checkpoint, the new one would be files that checkpoint does not list: it could no
     longer be replaced, and deleting it (retention, gc) would take the inner one along.
     """
     ancestor = os.path.dirname(os.path.abspath(local))
+    if (why := inside_working_directory(ancestor)) is not None:
+        raise CommitError(f"Refusing to save to {final}: {why}. Choose an id outside it.")
     while True:
         if os.path.isdir(ancestor):
             if _is_checkpoint(storage, os.path.join(ancestor, MANIFEST_FILE_NAME)):

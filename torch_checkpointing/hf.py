@@ -38,6 +38,7 @@ import torch
 
 from torch_checkpointing.codecs import SAFETENSORS_DTYPES, SourcePurpose, refuse_names_twice
 from torch_checkpointing.cold_read import private_copy, refuse_beyond_memory
+from torch_checkpointing.commit import inside_working_directory
 from torch_checkpointing.config import home_expanded, integer_as_int, refuse_unencodable
 from torch_checkpointing.discovery import (
     committed_manifest,
@@ -802,11 +803,13 @@ def _resolved_output(out: Path) -> Path:
 
 
 def _check_out_dir(out: Path, checkpoint: Path, overwrite: bool) -> None:
-    """Refuse an output that is inside the checkpoint (or any other), is not a directory, or holds an export
-    (unless `overwrite`): nothing is written before these are known."""
+    """Refuse an output that is inside the checkpoint (or any other, or a working directory of the engine), is
+    not a directory, or holds an export (unless `overwrite`): nothing is written before these are known."""
     target, source = _resolved_output(out), checkpoint.resolve()
     if target == source or source in target.parents:
         raise ConfigError(f"Export output {out} lies inside the checkpoint {checkpoint}; choose a directory outside it")
+    if (why := inside_working_directory(target)) is not None:
+        raise ConfigError(f"Export output {out}: {why}; choose a directory outside it")
     other = _enclosing_checkpoint(target)
     if other is not None:
         raise ConfigError(
