@@ -454,7 +454,7 @@ def _delete_through(trash: Path, src: Path, storage: Storage, expected: Checkpoi
     try:
         storage.rename(src, trash, is_directory=True)
     except STORE_ERRORS as exc:
-        return _rename_failed(storage, src, trash, f"rename failed: {exc}", chosen)
+        return _rename_failed(storage, src, trash, f"rename failed: {exc}{_refusal_fix(exc)}", chosen)
     if expected is not None and not _still(storage, trash, expected):
         return _put_back(storage, trash, src)
     if late := _written_since_the_check(storage, trash):
@@ -713,13 +713,25 @@ _REMOVAL_FIXES = {
 }
 
 
+def _removal_fix(exc: BaseException) -> str | None:
+    """What lifts the OS's refusal `exc` (`_REMOVAL_FIXES`), None for any other failure."""
+    return _REMOVAL_FIXES.get(exc.errno) if isinstance(exc, OSError) and exc.errno is not None else None
+
+
 def _removal_next_step(exc: BaseException) -> str:
     """What to do after a failed removal: the fix where the OS refused it (each gc meets that again until someone
     lifts it), else that gc will try again (a store outage, a shortage passes)."""
-    fix = _REMOVAL_FIXES.get(exc.errno) if isinstance(exc, OSError) and exc.errno is not None else None
+    fix = _removal_fix(exc)
     if fix is None:
         return "`torch-checkpointing gc` will retry"
     return f"{fix}, then run `torch-checkpointing gc` again"
+
+
+def _refusal_fix(exc: BaseException) -> str:
+    """`; FIX` for a rename (the first step of every removal) that the OS refused, which each later gc or prune
+    meets again until someone lifts it ("Read-only file system" alone named no way out); "" for any other."""
+    fix = _removal_fix(exc)
+    return "" if fix is None else f"; {fix}"
 
 
 def _gc_failed(why: str) -> _Outcome:
@@ -1439,7 +1451,7 @@ def _move_and_remove(storage: Storage, leftover: Leftover, path: Path) -> _Outco
             if _gone(storage, path):
                 logger.info("gc found %s already removed by another process", _shown(path))
                 return _Outcome(False)
-            return _gc_failed(f"could not move {_shown(path)} aside ({exc}); left as it was")
+            return _gc_failed(f"could not move {_shown(path)} aside ({exc}); left as it was{_refusal_fix(exc)}")
         return _remove(storage, trash, f"{leftover.kind} directory of {leftover.checkpoint_name}")
 
 
