@@ -257,6 +257,14 @@ class Storage(ABC):
       None, tells retention which listed checkpoints the ids a caller protects name: two paths of one
       checkpoint must map to one name.
 
+    What a subclass that overrides a read (to count, route or decrypt) can rely on: every byte the engine reads
+    comes from `read` (a whole file), `read_range` (a part) or `stream_read`, and every size from `getsize` (or
+    `read_sized`). `read_sized` is `getsize`, then `read_range(path, 0, size)`; a backend answers it in one
+    request of its own (FsspecStorage on S3: one version of the object) only while it owns those two, so a
+    subclass that overrides either is called for every manifest. The defaults derive `read_range` from `read` and
+    `read` from `stream_read`; a backend that fetches them otherwise (FsspecStorage: ranged GETs) needs all three
+    overridden by a subclass that changes the bytes.
+
     Never called by the engine: `glob`, and `rename`'s `is_cross_link` and `background_cleanup` (always
     False); they are kept for code written against the published release.
     """
@@ -339,9 +347,10 @@ class Storage(ABC):
 
     def read_sized(self, path: Path, limit: int) -> tuple[int, bytes | None]:
         """The size of the file at `path` and, when it is at most `limit` bytes, all of its bytes (None when larger:
-        nothing read). A backend whose file can be replaced between a size and a read overrides it to take both
-        from one version (S3: one GET, sized by its own answer): else a replace in between read the first bytes
-        of the new version as the whole of the old."""
+        nothing read): `getsize`, then `read_range`. A backend whose file can be replaced between a size and a read
+        overrides it to take both from one version (S3: one GET, sized by its own answer): else a replace in
+        between read the first bytes of the new version as the whole of the old. Such an override stands for that
+        pair: it calls them where a subclass overrides either (see the class docstring)."""
         size = self.getsize(path)
         if size > limit:
             return size, None

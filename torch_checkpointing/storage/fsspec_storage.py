@@ -790,9 +790,10 @@ class FsspecStorage(Storage):
         """On S3 a HEAD, then a GET held to its ETag (`If-Match`, `_get_sized`): a HEAD then a plain GET met two
         versions when the object was replaced between them (the id saved again, a move putting a copy back), and
         the new one's first bytes were read as the whole old manifest: a healthy checkpoint refused as damaged,
-        or as a failed read. A larger object than `limit` is never fetched. Elsewhere the base's size and read."""
+        or as a failed read. A larger object than `limit` is never fetched. Elsewhere, and in a subclass that
+        overrides `getsize` or `read_range` (to count, route or decrypt reads), the base's: those two, in turn."""
         backend, key = self._resolve(path)
-        if not backend.is_s3:
+        if not backend.is_s3 or not self._sizes_and_ranges_own():
             return super().read_sized(path, limit)
         with self._missing_bucket_named(backend, key, "download of", path), self._errors("download of", path):
             try:
@@ -800,6 +801,11 @@ class FsspecStorage(Storage):
                 return version[0], data
             except FileNotFoundError as exc:  # s3fs's says "The specified key does not exist.", naming nothing
                 raise FileNotFoundError(errno.ENOENT, "no such object", backend.url(key)) from exc
+
+    def _sizes_and_ranges_own(self) -> bool:
+        """Whether `getsize` and `read_range` are this class's, which `read_sized`'s one GET stands for."""
+        kind = type(self)
+        return kind.getsize is FsspecStorage.getsize and kind.read_range is FsspecStorage.read_range
 
     def _get(self, backend: _Backend, key: str, start: int, end: int) -> bytes:
         data = bytes(backend.io.cat_file(key, start=start, end=end))
