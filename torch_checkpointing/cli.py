@@ -54,7 +54,6 @@ from torch_checkpointing.distributed_metadata import (
 )
 from torch_checkpointing.dtensor_metadata import DTensorShardingMetadata
 from torch_checkpointing.errors import (
-    RAISED_ERROR,
     CheckpointError,
     CheckpointReplacedError,
     ConfigError,
@@ -62,7 +61,6 @@ from torch_checkpointing.errors import (
     IncompleteCheckpointError,
     NewerCheckpointError,
     ObjectStoreError,
-    exception_chain,
     raise_if_short_of_resources,
     resource_shortage_named,
 )
@@ -1111,30 +1109,7 @@ def _stops_raise() -> Iterator[_Stopping]:
 class _ShownHandler(logging.Handler):
     """The engine's WARNINGs on stderr as Python's last-resort handler wrote them (the message alone), with
     names shown as data (`shown`): they name checkpoints and files, which whoever can write into a root names,
-    and a name's escape sequence reached the terminal where every line the CLI prints escapes it.
-
-    A WARNING of an error its logger raised next (`errors.warn_raised`) is held until the command ends, and left
-    out when the command ends with that very error, which its `error:` line tells: a missing bucket was told
-    twice. Held ones the command got past (a caller handled the error) are shown then."""
-
-    def __init__(self, level: int) -> None:
-        super().__init__(level)
-        self.held: list[logging.LogRecord] = []
-
-    def handle(self, record: logging.LogRecord) -> bool:
-        if isinstance(getattr(record, RAISED_ERROR, None), BaseException):
-            self.held.append(record)
-            return True
-        return bool(super().handle(record))
-
-    def show_held(self, ended_with: BaseException | None) -> None:
-        """The held WARNINGs, but those of `ended_with` (or an error it was raised from, whose words it repeats)."""
-        chain = {id(e) for e in exception_chain(ended_with)} if ended_with is not None else set()
-        held, self.held = self.held, []
-        for record in held:
-            error = getattr(record, RAISED_ERROR)
-            if id(error) not in chain or str(error) not in str(ended_with):
-                super().handle(record)
+    and a name's escape sequence reached the terminal where every line the CLI prints escapes it."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -1156,15 +1131,10 @@ def _warnings_shown() -> Iterator[None]:
         return
     handler = _ShownHandler(logging.WARNING)
     package.addHandler(handler)
-    ended_with: BaseException | None = None
     try:
         yield
-    except BaseException as exc:
-        ended_with = exc
-        raise
     finally:
         package.removeHandler(handler)
-        handler.show_held(ended_with)
 
 
 def _usage_error(exc: UsageError, json_mode: bool) -> int:

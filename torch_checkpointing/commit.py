@@ -46,6 +46,7 @@ from torch_checkpointing.errors import (
     CommitError,
     CommitOutcomeUnknownError,
     NewerCheckpointError,
+    ObjectStoreError,
     log_safely,
 )
 from torch_checkpointing.futures import WorkerPool
@@ -311,6 +312,8 @@ def _lone_marker_of_ours(storage: Storage, root: Path) -> bool:
     as every marker is (`read_marker`: no link followed, no FIFO), so a link or another program's file is not."""
     try:
         return not read_marker(storage, root / INCOMPLETE_MARKER)
+    except ObjectStoreError:  # the store failed the read: that tells nothing of the marker, and is the caller's
+        raise
     except (OSError, CheckpointError):
         return False
 
@@ -464,6 +467,8 @@ def _check_checkpoint(storage: Storage, final: str, entries: list[str], overwrit
         ) from None
     except FileNotFoundError as exc:  # listed, then gone: deleted or replaced since
         raise _ChangedWhileLooked from exc
+    except ObjectStoreError:  # the store failed the read (refused, failing): no word on whose manifest it is
+        raise
     except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise CommitError(
             f"Refusing to save to {shown}: its {MANIFEST_FILE_NAME} is not a torch_checkpointing manifest ({exc}). "
@@ -504,6 +509,8 @@ def _unfinished_at(storage: Storage, root: Path, manifest: Manifest) -> bool:
         return False
     try:
         marker = read_marker(storage, root / INCOMPLETE_MARKER)
+    except ObjectStoreError:  # the store failed the read: that tells nothing of the marker, and is the caller's
+        raise
     except (OSError, CheckpointError):
         return False
     return our_marker(marker) and not stray_claim(marker, manifest)

@@ -1086,6 +1086,8 @@ def _our_marker(storage: Storage, path: Path) -> bool:
     except OSError as exc:
         raise_if_short_of_resources(exc, path / INCOMPLETE_MARKER, "the check that the marker is ours")
         return False
+    except ObjectStoreError:  # the store failed the read: no proof either way (`_foreign_manifest`)
+        raise
     except CheckpointError:  # larger than any marker of ours, too
         return False
     return our_marker(data)

@@ -590,17 +590,6 @@ class ObjectStoreError(CheckpointError):
     """
 
 
-RAISED_ERROR = "raised_error"
-"""The attribute of a log record (`warn_raised`) that carries the error its caller raises next."""
-
-
-def warn_raised(log: logging.Logger, error: BaseException) -> None:
-    """A WARNING of `error`, which the caller raises next: one who swallows it still leaves a trace. The record
-    carries the error (`RAISED_ERROR`), so that whoever reports that very error (the CLI's `error:` line) leaves
-    the WARNING out: `torch-checkpointing ls s3://nobucket` told the missing bucket twice."""
-    log.warning("%s", error, extra={RAISED_ERROR: error}, stacklevel=2)
-
-
 def log_safely(log: logging.Logger, level: int, msg: str, *args: object, exc_info: bool = False) -> None:
     """`log.log(...)` that never raises: a `logging.Handler` whose `emit` raises (one that does not catch its own
     I/O error) propagates out of the logging call, and on a save's completion path that made a committed save

@@ -61,7 +61,6 @@ from torch_checkpointing.errors import (
     exception_chain,
     is_shortage,
     shortage_within,
-    warn_raised,
 )
 from torch_checkpointing.futures import WorkerPool
 from torch_checkpointing.manifest import (
@@ -1399,13 +1398,11 @@ class FsspecStorage(Storage):
             raise self._no_bucket(bucket, what, path) from exc
 
     def _no_bucket(self, bucket: str, what: str, path: Path | str) -> ObjectStoreError:
-        """The error (logged) of a lookup of `path` in `bucket`, which does not exist."""
-        error = ObjectStoreError(
+        """The error of a lookup of `path` in `bucket`, which does not exist."""
+        return ObjectStoreError(
             f"{what} {self.remap_path(Path(os.fspath(path)))} failed: the bucket {bucket!r} does not exist "
             f"(NoSuchBucket: {_FIXES['NoSuchBucket']})"
         )
-        warn_raised(logger, error)
-        return error
 
 
 def _has_objects_under(backend: _Backend, key: str) -> bool:
@@ -2618,9 +2615,7 @@ class _ErrorScope:
     def _translate(self, exc: BaseException | None) -> None:
         """`exc`, met in the scope, raised as what it is for the caller (see the class); None: it passes as it is."""
         if isinstance(exc, _BucketGone):
-            error = ObjectStoreError(f"{self.what} failed: {exc.reason}")
-            warn_raised(logger, error)
-            raise error from exc
+            raise ObjectStoreError(f"{self.what} failed: {exc.reason}") from exc
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, CheckpointError):
             return
         if isinstance(exc, FileNotFoundError) and not self.wrap_missing:
@@ -2643,9 +2638,7 @@ class _ErrorScope:
             reason += f" ({code}: {_FIXES[code]})"
         elif (fix := _client_fix(exc)) is not None:
             reason += f" ({fix})"
-        error = ObjectStoreError(f"{self.what} failed: {reason}")
-        warn_raised(logger, error)
-        raise error from exc
+        raise ObjectStoreError(f"{self.what} failed: {reason}") from exc
 
 
 def _shortage_as_named(exc: BaseException, what: str, outside: BaseException | None) -> BaseException | None:
