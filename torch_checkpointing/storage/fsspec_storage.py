@@ -161,7 +161,9 @@ class FsspecStorageConfig(StorageConfig, CarriesNotes):
     * `request_timeout_s`: the longest one request to the store may take (one part, one ranged GET, one HEAD
       or listing, s3fs's own retries included) before it fails with an `ObjectStoreError`; None: no bound.
       The HTTP client's own timeouts (`storage_options={"config_kwargs": {"read_timeout": ...}}`) cover
-      connecting and waiting for an answer, but not sending a body to a server that stopped reading it.
+      connecting and waiting for an answer, but not sending a body to a server that stopped reading it. Not
+      bounded by it: a file streamed to a store other than S3 (GCS, Azure: the backend's own file object
+      uploads its parts), where the backend's own timeout options are the bound.
     * `filesystem`: an fsspec filesystem instance to use for its protocols instead of building one from
       `storage_options` (a subclass that adds tracing, throttling or fault injection). It must pickle, as
       fsspec filesystems do through their constructor arguments, to reach the async writer process.
@@ -2850,7 +2852,11 @@ class _ChecksummedUpload(io.RawIOBase):
 
 
 class _FsspecFileWriter(_ChecksummedUpload):
-    """An fsspec file opened for writing; leaving its `with` block on an error discards what was written."""
+    """An fsspec file opened for writing; leaving its `with` block on an error discards what was written.
+
+    Its writes and close are the backend file's own part uploads, which `request_timeout_s` does not bound (the
+    file makes its requests itself): on GCS or Azure the backend's own timeout options do. No such store runs
+    beside the tests to show a stalled upload; `docs/storage.md` says so."""
 
     def __init__(self, fs: Any, key: str, block_size: int, url: str) -> None:
         super().__init__()
