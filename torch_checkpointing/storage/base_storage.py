@@ -241,14 +241,15 @@ class Storage(ABC):
 
     * save, in the process that writes (the trainer for sync saves; the writer process, which builds its
       own storage with `StorageConfig.create_storage()`, for async ones): rank 0 first checks the target
-      (`exists`, `isdir`, `ls`, `read` of an existing manifest); every rank then `mkdir`s the save's
+      (`exists`, `isdir`, `ls`, `read_sized` of an existing manifest); every rank then `mkdir`s the save's
       temporary directory (with `atomic_rename=False`: the final one) and the item files' directories,
       writes each item file through `stream_write` (closing it makes the bytes durable) and calls
       `sync_directory`; rank 0 writes the small files (`write`: the `.incomplete` marker, `metadata.json`,
       `manifest.json`), `delete`s the marker and moves the directory into place with `replace_directory`
       (whose default uses `exists`, `rename(is_directory=True)` and `rmdir`). A failed save is removed
       with `rmdir`.
-    * load, on every rank: `exists`, `isdir`, `read` (manifest, metadata), `getsize`, then per file either
+    * load, on every rank: `exists`, `isdir`, `read_sized` (the manifest: `local_path` first, and a local one
+      is opened directly), `read` (metadata), `getsize`, then per file either
       `local_path` (mapped) or `read`/`stream_read`; resharding sources are read with `read_range`, or
       mapped through `mapped_path` with `verify_range` before each block is used.
     * discovery, retention and the CLI: `ls`, `isdir`, `exists`, `rename(is_directory=True)` into a trash
@@ -258,12 +259,13 @@ class Storage(ABC):
       checkpoint must map to one name.
 
     What a subclass that overrides a read (to count, route or decrypt) can rely on: every byte the engine reads
-    comes from `read` (a whole file), `read_range` (a part) or `stream_read`, and every size from `getsize` (or
-    `read_sized`). `read_sized` is `getsize`, then `read_range(path, 0, size)`; a backend answers it in one
-    request of its own (FsspecStorage on S3: one version of the object) only while it owns those two, so a
-    subclass that overrides either is called for every manifest. The defaults derive `read_range` from `read` and
-    `read` from `stream_read`; a backend that fetches them otherwise (FsspecStorage: ranged GETs) needs all three
-    overridden by a subclass that changes the bytes.
+    comes from `read` (a whole file), `read_range` (a part) or `stream_read`, and the size of a file it reads
+    from `getsize` (or `read_sized`). `read_sized` is `getsize`, then `read_range(path, 0, size)`; a backend
+    answers it in one request of its own (FsspecStorage on S3: one version of the object) only while it owns
+    those two, so a subclass that overrides either is called for every manifest (of a store whose `local_path`
+    is None: a local one is opened directly). The defaults derive
+    `read_range` from `read` and `read` from `stream_read`; a backend that fetches them otherwise (FsspecStorage:
+    ranged GETs) needs all three overridden by a subclass that changes the bytes.
 
     Never called by the engine: `glob`, and `rename`'s `is_cross_link` and `background_cleanup` (always
     False); they are kept for code written against the published release.
