@@ -642,6 +642,10 @@ class CheckpointManager:
         atexit.unregister(self._exit_hook)
         try:
             self._saver.wait(deadline.left())
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._say_close_interrupted(exc)
+            raise
         finally:
             try:
                 self._owner.release()
@@ -651,6 +655,23 @@ class CheckpointManager:
                     self._ctx.close()
                 finally:
                     self._end_close()
+
+    def _say_close_interrupted(self, exc: BaseException) -> None:
+        """An interrupt (Ctrl-C, a handler's SystemExit) in close()'s wait for the last save: the writer's shutdown
+        that follows still lets the write in progress commit or be discarded first, up to its own timeout, and a
+        Ctrl-C seemed ignored for all of it (an hour where the timeout is), with no word on how to cut it short."""
+        in_flight = self._saver.write_in_flight()
+        if in_flight is None:
+            return
+        logger.warning(
+            "close() was interrupted (%s) while the async save of %s was still being written. It now stops the "
+            "writer process, first waiting up to %.0f s (CheckpointProcessConfig.subprocess_shutdown_timeout_secs, "
+            "then killing a stuck writer) for that write to commit or be discarded; interrupt again to kill the "
+            "writer at once (that save is then not committed).",
+            type(exc).__name__,
+            in_flight,
+            self._saver.close_bound_s(),
+        )
 
     def _end_close(self) -> None:
         self._closer = None
