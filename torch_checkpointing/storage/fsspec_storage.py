@@ -1020,7 +1020,7 @@ class FsspecStorage(Storage):
         with self._errors("upload of", path):
             try:
                 if backend.protocols & {"file", "local"}:
-                    created = _create_local(key, bytes(data))
+                    created = _create_claim_here(key, bytes(data))
                     backend.fs.invalidate_cache(key)
                     return created
                 if backend.protocols & {"memory"} and backend.io.exists(key):
@@ -1093,12 +1093,16 @@ class FsspecStorage(Storage):
         """Delete `path` only if it is still the version `etag` (S3's conditional delete); False otherwise.
 
         On a store without ETags the bytes are compared with that version first, then deleted (one step among
-        processes on `file://` and `memory://`: `_marker_lock`)."""
+        processes on `file://` and `memory://`: `_marker_lock`). There a claim's folder goes with it when nothing
+        else is in it (`_remove_emptied_folder`)."""
         backend, key = self._resolve(path)
         if backend.is_s3:
             return self._delete_if_match(backend, key, path, etag)
         with self._marker_lock(backend, key, path):
-            return self._still(path, etag) and self._delete_if_match(backend, key, path, etag)
+            deleted = self._still(path, etag) and self._delete_if_match(backend, key, path, etag)
+            if deleted and posixpath.basename(key) == INCOMPLETE_MARKER:
+                _remove_emptied_folder(backend, posixpath.dirname(key))
+            return deleted
 
     def compares_atomically(self, path: Path) -> bool:
         """Whether a marker's compare and its replace or delete (`replace_object`, `delete_object`) are one step
@@ -1418,6 +1422,16 @@ def _has_objects_under(backend: _Backend, key: str) -> bool:
     return not rest or bool(page.get("Contents") or page.get("CommonPrefixes"))
 
 
+def _remove_emptied_folder(backend: _Backend, key: str) -> None:
+    """The directory `key` of a directory store (`file://`, `memory://`), if it is empty: on an object store a
+    prefix is gone with its last object. Before, the id's folder stayed once a save's or a delete's claim went
+    (a failed save let go, gc collected a killed save or delete): an empty `step_1/` that `ls` showed and
+    `inspect` called "not a checkpoint". One that holds anything (a user's file, a manifest) stays as it is."""
+    with contextlib.suppress(OSError):  # not empty, or removed meanwhile
+        backend.io.rmdir(key)
+    backend.fs.invalidate_cache(key)
+
+
 def _mkdir_one_level(backend: _Backend, key: str) -> None:
     """Make the directory `key` whose parent must be there (memory:// makes one whatever its parent: asked)."""
     parent = posixpath.dirname(key)
@@ -1680,6 +1694,18 @@ def _served_another(answer: dict[str, Any], etag: str) -> bool:
     answer naming no ETag cannot tell, and is taken as the version asked for."""
     served = answer.get("ETag")
     return bool(served) and str(served) != etag
+
+
+def _create_claim_here(name: str, data: bytes) -> bool:
+    """`_create_local` of a save's claim. Its folder, gone since the save made it (emptied, it went with a dead
+    save's claim that gc collected: `_remove_emptied_folder`), is made again, one level as that mkdir did (a
+    missing parent still raises). Before, the save failed on a bare FileNotFoundError."""
+    try:
+        return _create_local(name, data)
+    except FileNotFoundError:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.dirname(name) or ".")
+        return _create_local(name, data)
 
 
 def _create_local(name: str, data: bytes) -> bool:
