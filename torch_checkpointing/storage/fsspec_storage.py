@@ -939,7 +939,7 @@ class FsspecStorage(Storage):
         A committed checkpoint is first claimed (`.incomplete`), then its files go in bulk, its manifest after them
         (first where the claim does not own it: `_delete_marked`), the marker last: a delete that fails or is
         killed midway leaves a prefix that readers refuse and gc collects, never a committed checkpoint missing
-        files.
+        files. A checkpoint saved at `path` after the listing is left whole (`_manifest_listed`).
         """
         backend, key = self._resolve(path)
         with self._errors("delete of", path):
@@ -947,9 +947,10 @@ class FsspecStorage(Storage):
                 if backend.io.exists(key):
                     _remove_tree(backend, key)
                 return
+            read = _manifest_now(backend, key)
             keys = _objects_under(backend, key, include_self=True)
             _refuse_a_live_save(backend, key, keys)
-            _delete_prefix(backend, key, keys)
+            _delete_prefix(backend, key, keys, copied=_manifest_listed(backend, key, keys, read))
 
     def rename(
         self,
@@ -2120,8 +2121,8 @@ def _delete_objects(
     before any file went (a policy denying s3:DeleteObject) puts the manifest back and the marker away; one that
     deleted some files, or any refused `rmdir`, leaves an incomplete prefix that readers refuse and gc collects.
 
-    `copied`: the manifest a rename read before it copied `key`. Its delete goes only while `key` holds that
-    checkpoint (`_same_as_copied`)."""
+    `copied`: the manifest a rename read before it copied `key`, or a delete before it listed `key`
+    (`_manifest_listed`). Its delete goes only while `key` holds that checkpoint (`_same_as_copied`)."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
     committed, marked = manifest in keys, marker in keys
     if not committed:
@@ -2134,6 +2135,33 @@ def _delete_objects(
             _delete_marked(backend, key, keys, restore=restore, copied=copied, owns=owned)
             return
         _delete_marked(backend, key, keys, restore=restore, claim=claim, copied=copied, owns=bool(collects))
+
+
+def _manifest_now(backend: _Backend, key: str) -> bytes | None:
+    """The manifest at `key`, read before a delete lists `key` (`_manifest_listed`); None where there is none.
+    Never from a cached listing (s3fs sizes a file from it first): one taken before a save committed there said
+    "no manifest", and the delete refused the checkpoint it was asked to delete as saved meanwhile."""
+    backend.fs.invalidate_cache()
+    try:
+        return bytes(backend.io.cat_file(f"{key}/{MANIFEST_FILE_NAME}"))
+    except FileNotFoundError:
+        return None
+
+
+def _manifest_listed(backend: _Backend, key: str, keys: list[str], read: bytes | None) -> bytes | None:
+    """The manifest among `keys` (the objects listed under `key`) as `_manifest_now` read it before that listing,
+    for the delete to hold the id to once its claim is up (`_same_as_copied`, as a rename's copy is); None where
+    none is listed. A manifest listed but not there before is a save committed meanwhile: `_SavedAgainMeanwhile`,
+    nothing deleted.
+
+    The names were listed before the claim went up. Before, a delete by the id (`rmdir`, no rename first) whose
+    checkpoint other processes deleted and saved again in between removed the listed names the two saves share,
+    and the new manifest: the new save's other files were left at the id with neither manifest nor marker."""
+    if f"{key}/{MANIFEST_FILE_NAME}" not in keys:
+        return None
+    if read is None:
+        raise _SavedAgainMeanwhile(backend.url(key))
+    return read
 
 
 def _save_of(backend: _Backend, manifest: str, copied: bytes | None) -> str:
@@ -2186,10 +2214,11 @@ def _same_as_copied(backend: _Backend, key: str, copied: bytes | None, claim: by
 
 
 class _SavedAgainMeanwhile(OSError):
-    """Raised inside an error scope: the source of a rename holds another checkpoint than the one it copied."""
+    """Raised inside an error scope: the source of a rename (or a delete) holds another checkpoint than the one it
+    copied (or listed)."""
 
     def __init__(self, src: str) -> None:
-        super().__init__(f"{src} was saved again while it was moved: the new checkpoint was left as it is")
+        super().__init__(f"{src} was saved again while it was moved or deleted: the new checkpoint was left as it is")
 
 
 def _dead_claim_of_ours(backend: _Backend, marker: str, mine: bytes, unread: str = "") -> bool:
@@ -2388,15 +2417,15 @@ def _delete_marked(
     a user's file put there since left in place and named. Deleted first, the files were named by nothing: on an
     untagged store gc kept them whole for a person, on `file://` nothing named them at all. Beside another
     save's live claim that strays beside it, or where the manifest is none of ours (`owns` False: the claim up,
-    this delete's or the live one found, does not own it), or is another save's than the one this delete's claim
-    names (`_strays_beside`), the manifest still goes first."""
+    this delete's or the live one found, does not own it), the manifest still goes first. Another save's manifest
+    than the one this delete's claim names is never deleted: it is not `copied` (`_same_as_copied`)."""
     manifest, marker = f"{key}/{MANIFEST_FILE_NAME}", f"{key}/{INCOMPLETE_MARKER}"
     rest = [k for k in keys if k not in (manifest, marker)]
     committed, marked = manifest in keys, marker in keys
     if committed and claim:  # over a dead marker of ours too (`_dead_claim_of_ours`)
         _put_up_claim(backend, marker, claim)
     saved = _same_as_copied(backend, key, copied, claim) if committed else b""
-    owned = committed and owns and not (claim and _strays_beside(claim, saved))
+    owned = committed and owns
     try:
         if committed and not owned:
             backend.io.rm_file(manifest)
@@ -2413,18 +2442,6 @@ def _delete_marked(
     backend.fs.invalidate_cache()
 
 
-def _strays_beside(claim: bytes, manifest: bytes) -> bool:
-    """Whether this delete's `claim` is a stray claim beside `manifest`, the one read with it up (`stray_claim`):
-    it names the save of the manifest read before it went up, which other processes may have deleted and saved
-    again since. Readers then take `manifest` as committed, so it must go first. Before, it went after its files:
-    a delete killed among them left the new save listed and loading with its files gone, and gc let go of the
-    claim, committing it so. True where `manifest` is none of ours."""
-    try:
-        return stray_claim(claim, Manifest.from_json(manifest))
-    except (CheckpointError, ValueError, KeyError, UnicodeDecodeError):
-        return True
-
-
 def _remove_tree(backend: _Backend, key: str) -> None:
     """Remove a directory tree (or one file) by its own name: fsspec's `rm(recursive=True)` expands `*`, `?` and
     `[` in it as a glob, and removing `run/step*1` removed `run/stepX1` and `run/step11` with it. Its files go as
@@ -2439,11 +2456,12 @@ def _remove_tree(backend: _Backend, key: str) -> None:
     if not backend.io.isdir(key):
         backend.io.rm_file(key)
         return
+    read = _manifest_now(backend, key)
     found = backend.io.find(key, withdirs=True, detail=True)
     files = [name for name, info in found.items() if info.get("type") != "directory"]
     _refuse_a_live_save(backend, key, files)
     if files:
-        _delete_objects(backend, key, files)
+        _delete_objects(backend, key, files, copied=_manifest_listed(backend, key, files, read))
     dirs = [name for name, info in found.items() if info.get("type") == "directory" and name != key]
     for name in [*sorted(dirs, key=len, reverse=True), key]:  # the deepest first
         with contextlib.suppress(FileNotFoundError):
