@@ -354,7 +354,7 @@ def _open(storage: Storage, path: str | Path, *, verify: bool) -> CheckpointRead
 def _info(storage: Storage, path: str) -> CheckpointInfo:
     info = checkpoint_info(path, storage)
     if info is None:
-        committed_manifest(storage, Path(path))  # raises the precise reason
+        committed_manifest(storage, Path(path), operation="command")  # raises the precise reason
         raise IncompleteCheckpointError(f"{path}: not a committed checkpoint")
     return info
 
@@ -464,7 +464,7 @@ def _placement(p: Mapping[str, Any]) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
-    manifest = committed_manifest(storage, Path(args.checkpoint))
+    manifest = committed_manifest(storage, Path(args.checkpoint), operation="command")
     info = _info(storage, args.checkpoint)
     sharding = _sharding(storage, args.checkpoint)
     _still_committed(storage, Path(args.checkpoint), manifest)  # the three reads above describe one commit
@@ -587,7 +587,7 @@ def _chunks(ctx: CheckpointReadContext, checked: CheckedFile) -> Iterator[bytes]
 def cmd_verify(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     root = Path(args.checkpoint)
     try:
-        committed_manifest(storage, root)  # the precise reason a directory is not a checkpoint
+        committed_manifest(storage, root, operation="command")  # the precise reason a directory is not a checkpoint
         ctx = _open(storage, root, verify=False)
         manifest = ctx.__enter__().manifest
     except _NOT_DAMAGE:
@@ -718,7 +718,7 @@ def _require_commit(now: Manifest | None, read: Manifest, root: Path) -> None:
 def _still_committed(storage: Storage, root: Path, read: Manifest) -> None:
     """`_require_commit` for the manifest at `root` now (none when it was deleted meanwhile)."""
     try:
-        now = committed_manifest(storage, root)
+        now = committed_manifest(storage, root, operation="command")
     except (FileNotFoundError, IncompleteCheckpointError):
         now = None
     _require_commit(now, read, root)
@@ -751,7 +751,8 @@ def cmd_diff(args: argparse.Namespace, ui: Ui, storage: Storage) -> int:
     # B's store is what B names (A's is `storage`): with A's, a `file://` B was read as the local `file:/...`
     # and "no such directory", and a local B beside an `s3://` A was looked up in the bucket.
     other = storage_for(args.b)
-    ma, mb = committed_manifest(storage, Path(args.a)), committed_manifest(other, Path(args.b))
+    ma = committed_manifest(storage, Path(args.a), operation="command")
+    mb = committed_manifest(other, Path(args.b), operation="command")
     sa, sb = _sharding(storage, args.a), _sharding(other, args.b)
     ka, kb = ma.keys(), mb.keys()
     rows: list[dict[str, Any]] = [{"item": k, "leaf": "", "status": "only in A", "detail": ""} for k in sorted(ka - kb)]

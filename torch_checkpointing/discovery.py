@@ -39,6 +39,7 @@ from torch_checkpointing.errors import (
     NewerCheckpointError,
     ObjectStoreError,
     TemplateMismatchError,
+    on_another,
     raise_if_short_of_resources,
 )
 from torch_checkpointing.futures import WorkerPool
@@ -297,7 +298,7 @@ def _manifest_once(storage: Storage, path: Path, closed: list[PassedOver] | None
     try:
         if not storage.exists(path / MANIFEST_FILE_NAME):
             return None
-        return read_manifest(storage, path)
+        return read_manifest(storage, path, "check")
     except ObjectStoreError:
         raise
     except PermissionError as exc:  # a directory this user may not look into: it may well be the newest one
@@ -381,12 +382,12 @@ def _require_local_directory(storage: Storage, path: Path, local: str, what: str
         raise NotADirectoryError(f"{path} is a file, not a directory: pass {what}")
 
 
-def committed_manifest(storage: Storage, path: Path, missing: str | None = None) -> Manifest:
-    """The manifest of the committed checkpoint at `path`, for a caller that needs one: a missing directory is
-    a FileNotFoundError (saying `missing`, see require_directory), a directory without a manifest an
-    `IncompleteCheckpointError`, both naming `path`."""
+def committed_manifest(storage: Storage, path: Path, missing: str | None = None, operation: str = "load") -> Manifest:
+    """The manifest of the committed checkpoint at `path`, for a caller that needs one (`operation`, whose fix a
+    damaged manifest's refusal names): a missing directory is a FileNotFoundError (saying `missing`, see
+    require_directory), a directory without a manifest an `IncompleteCheckpointError`, both naming `path`."""
     require_directory(storage, path, "a checkpoint directory (the one that holds manifest.json)", missing)
-    manifest = read_manifest(storage, path)
+    manifest = read_manifest(storage, path, operation)
     if manifest is None and not still_there(storage, path):
         # Deleted (a prune) since it was found: gone, as a moment earlier, never a killed save's "not a checkpoint"
         require_directory(storage, path, "a checkpoint directory (the one that holds manifest.json)", missing)
@@ -890,7 +891,7 @@ def _metadata_as_recorded(ctx: CheckpointReadContext) -> None:
     if recorded is not None and actual != recorded:
         raise CorruptCheckpointError(
             f"File {ctx.root / name} (sharding metadata) fails its CRC32 check (manifest {recorded:#010x}, file "
-            f"{actual:#010x}): the checkpoint is damaged, not a newer engine's. Load an earlier checkpoint."
+            f"{actual:#010x}): the checkpoint is damaged, not a newer engine's. {on_another(ctx.operation)}"
         )
 
 

@@ -229,7 +229,8 @@ class _ItemSource:
     def __init__(self, storage: Storage, checkpoint: Path, key: str, rank: int | None, reading: _Reading) -> None:
         rank = _checked_rank(rank)
         self._reading = reading
-        committed_manifest(storage, checkpoint)  # the precise reason a directory is not a checkpoint
+        # the precise reason a directory is not a checkpoint
+        committed_manifest(storage, checkpoint, operation=reading.operation)
         policy = ReadPolicy(verify_checksums=True, allow_legacy_checkpoints=False)
         self._ctx = CheckpointReadContext(storage, str(checkpoint), policy, operation=reading.operation).__enter__()
         try:

@@ -28,6 +28,7 @@ from torch_checkpointing.errors import (
     IncompleteCheckpointError,
     NewerCheckpointError,
     UnsafeCheckpointError,
+    on_another,
     raise_if_short_of_resources,
     unreadable_file,
 )
@@ -198,8 +199,9 @@ def _metric_value(value: Any) -> float | None:
     return float(value) if _is_number(value) else None
 
 
-def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
-    """The manifest, None for a directory written without one (the published release), or an error if incomplete.
+def read_manifest(storage: Storage, checkpoint_dir: Path, operation: str = "load") -> Manifest | None:
+    """The manifest, None for a directory written without one (the published release), or an error if incomplete
+    or damaged, naming the fix for `operation` (the reader's: `on_another`).
 
     Loads read the manifest through `CheckpointReadContext` (pinned directory, bounded read); this helper serves
     discovery and tools that only look.
@@ -209,7 +211,7 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
     path = checkpoint_dir / MANIFEST_FILE_NAME
     if not storage.exists(path):
         if marked:
-            raise incomplete(checkpoint_dir, storage)
+            raise incomplete(checkpoint_dir, storage, operation)
         return None
     try:
         data = read_bounded(storage, path)
@@ -220,11 +222,12 @@ def read_manifest(storage: Storage, checkpoint_dir: Path) -> Manifest | None:
             f"Checkpoint {shown_name(storage, checkpoint_dir)}: its {MANIFEST_FILE_NAME} went between two reads: the "
             f"checkpoint was replaced or deleted meanwhile. Retry (the next read finds the new checkpoint or none)."
         ) from None
-    manifest = parse_manifest(data, shown_name(storage, path))  # a URL a user can pass on, not `Path`'s `s3:/b`
+    # named by a URL a user can pass on, not `Path`'s `s3:/b`
+    manifest = parse_manifest(data, shown_name(storage, path), operation)
     if marked and storage.is_irregular(checkpoint_dir / INCOMPLETE_MARKER):
         raise odd_marker(storage, checkpoint_dir)
     if marked and not _stray_marker(storage, checkpoint_dir, manifest):
-        raise incomplete(checkpoint_dir, storage)
+        raise incomplete(checkpoint_dir, storage, operation)
     return manifest
 
 
@@ -260,22 +263,23 @@ def shown_name(storage: Storage, path: str | os.PathLike[str]) -> str:
         return os.fspath(path)
 
 
-def incomplete(checkpoint_dir: Path | str, storage: Storage) -> IncompleteCheckpointError:
+def incomplete(checkpoint_dir: Path | str, storage: Storage, operation: str = "load") -> IncompleteCheckpointError:
     """The refusal of a checkpoint whose `.incomplete` marker is there. Where saves rename, a final name holds
     one only while a delete of ours runs or after one stopped; on a store without rename a save writes under
     the id itself, behind its marker, so it may be a save still running (which a retry then finds committed).
-    The checkpoint is named as the store names it (an object store's URL), not as the bare id."""
+    The checkpoint is named as the store names it (an object store's URL), not as the bare id; the fix is
+    `operation`'s (`on_another`)."""
     path = Path(checkpoint_dir)
     checkpoint_dir = shown_name(storage, checkpoint_dir)
     if storage.atomic_rename:
         return IncompleteCheckpointError(
-            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. Load an earlier checkpoint."
+            f"Checkpoint {checkpoint_dir} is incomplete: its save never committed. {on_another(operation)}"
             + _id_its_name_tells(storage, path)
         )
     return IncompleteCheckpointError(
         f"Checkpoint {checkpoint_dir} is incomplete: on this store a save writes under the id itself, so a save of "
         f"it is still running, or it stopped before it committed (or a delete of it is under way). Retry once "
-        f"that save has committed, or load an earlier checkpoint."
+        f"that save has committed. {on_another(operation)}"
     )
 
 
@@ -569,8 +573,21 @@ MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 _MAX_DEPTH = 16
 
 
-def parse_manifest(text: str | bytes, where: str) -> Manifest:
-    """A validated `Manifest` from untrusted JSON; every defect raises `CorruptCheckpointError` naming the field."""
+def parse_manifest(text: str | bytes, where: str, operation: str = "load") -> Manifest:
+    """A validated `Manifest` from untrusted JSON; every defect raises `CorruptCheckpointError` naming the field
+    and the fix for `operation` (the reader's, `on_another`): every one said "Load an earlier checkpoint", also to
+    an export, a CLI command and a listing."""
+    try:
+        return _parsed(text, where)
+    except (NewerCheckpointError, CheckpointReplacedError):
+        raise  # no damage: its own fix
+    except CorruptCheckpointError as exc:
+        exc.args = (f"{exc} {on_another(operation)}",)
+        raise
+
+
+def _parsed(text: str | bytes, where: str) -> Manifest:
+    """`parse_manifest`, a damaged manifest's refusal without its fix."""
     if len(text) > MAX_MANIFEST_BYTES:  # no engine writes one: another tool's
         raise _foreign(where, f"it is larger than the {MAX_MANIFEST_BYTES} bytes of any manifest of ours")
     try:
@@ -585,7 +602,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         if d.keys() >= _OUR_SHAPE:  # ours with a changed byte in 'kind': skipped as another tool's, latest went back
             raise CorruptCheckpointError(
                 f"{where}: field 'kind' is {d.get('kind')!r}, not {_KIND!r}, in a manifest with every other field "
-                f"of ours ({', '.join(sorted(_OUR_SHAPE))}): the manifest is damaged. Load an earlier checkpoint."
+                f"of ours ({', '.join(sorted(_OUR_SHAPE))}): the manifest is damaged."
             )
         raise _foreign(where, f"kind={d.get('kind')!r}")
     newer = _written_by_a_newer_engine(d)
@@ -601,7 +618,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
             f"{exc.record}, which this engine does not know, yet its field 'library_version' "
             f"({d.get('library_version')!r}) says an engine no newer than this one ({__version__}) wrote it, and "
             f"this engine reads everything such an engine writes: the manifest is damaged (a changed byte), not a "
-            f"newer engine's. Load an earlier checkpoint."
+            f"newer engine's."
         ) from None
 
 
@@ -714,7 +731,7 @@ def _metadata_record(d: dict[str, Any], metadata_file: str | None, where: str) -
     if metadata_file is None:
         raise CorruptCheckpointError(
             f"{where}: fields 'metadata_size'/'metadata_crc32' describe a metadata file, but field 'metadata_file' "
-            f"names none; the manifest is damaged or crafted. Load an earlier checkpoint."
+            f"names none; the manifest is damaged or crafted."
         )
     if size is None or crc is None:
         missing = "metadata_size" if size is None else "metadata_crc32"
@@ -743,7 +760,7 @@ def _check_one_record_per_file(files: list[FileRecord], metadata_file: str | Non
         if first != field_name:
             raise CorruptCheckpointError(
                 f"{where} lists file {normal!r} twice (fields '{first}' and '{field_name}'); a save lists each file "
-                f"once, so the manifest is damaged or crafted. Load an earlier checkpoint."
+                f"once, so the manifest is damaged or crafted."
             )
 
 
@@ -762,7 +779,7 @@ def _check_version(d: dict[str, Any], where: str) -> None:
     if version != MANIFEST_VERSION:
         raise CorruptCheckpointError(
             f"{where}: field 'manifest_version' is {version}, which no engine writes (this one writes "
-            f"{MANIFEST_VERSION}); the manifest is damaged or crafted. Load an earlier checkpoint."
+            f"{MANIFEST_VERSION}); the manifest is damaged or crafted."
         )
 
 
@@ -894,5 +911,5 @@ def _refuse_reserved_path(path: str, where: str) -> None:
         under = "" if normal == top else f", under {top!r}"
         raise CorruptCheckpointError(
             f"{where}: field 'path' is {path!r}{under}, a name the engine reserves for its own files; no save "
-            f"records an item's file there, so the manifest is damaged or crafted. Load an earlier checkpoint."
+            f"records an item's file there, so the manifest is damaged or crafted."
         )

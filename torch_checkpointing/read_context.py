@@ -293,16 +293,16 @@ class CheckpointReadContext:
         marked = self._exists(INCOMPLETE_MARKER)
         if not self._exists(MANIFEST_FILE_NAME):
             if marked:
-                raise incomplete(self.root, self.storage)
+                raise incomplete(self.root, self.storage, self.operation)
             self._no_manifest()
             return
         text = self._read_bounded(MANIFEST_FILE_NAME)
-        self.manifest = parse_manifest(text, str(self.root / MANIFEST_FILE_NAME))
+        self.manifest = parse_manifest(text, str(self.root / MANIFEST_FILE_NAME), self.operation)
         self.commit_token = hashlib.sha256(text).hexdigest()
         if marked and self._irregular(INCOMPLETE_MARKER):
             raise odd_marker(self.storage, self.root)
         if marked and not self._stray_claim(self.manifest):
-            raise incomplete(self.root, self.storage)
+            raise incomplete(self.root, self.storage, self.operation)
         where = str(self.root / MANIFEST_FILE_NAME)
         self._by_path = {checked_relative_path(r.path, where): r for r in self.manifest.files}
         if self._dirfd is not None:
