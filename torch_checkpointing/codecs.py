@@ -102,6 +102,22 @@ TRUST_HINT = (
     "CheckpointManager.Config(load=CheckpointLoaderConfig(weights_only=False)), or allow the listed classes "
     "with torch.serialization.add_safe_globals([...])."
 )
+
+
+def trust_hint(operation: str) -> str:
+    """The fix for a Torch file torch's safe loader refuses, for `operation` (a read context's): a load's option,
+    or, to a reader that has none (a CLI command, which said "opt in with CheckpointManager.Config(...)"), that
+    it refuses for safety and how to read the file from Python, trusting it."""
+    if operation == "load":
+        return TRUST_HINT
+    return (
+        f"This {operation} reads Torch files with torch's safe loader only, for safety: it has no option to trust "
+        f"a file. If you trust this checkpoint, load it in Python with "
+        f"CheckpointManager.Config(load=CheckpointLoaderConfig(weights_only=False)), or allow the listed classes "
+        f"there with torch.serialization.add_safe_globals([...])."
+    )
+
+
 _RESHARD_HINT = "Keep resharded items to tensors, DTensors and plain containers/scalars."
 
 
@@ -201,13 +217,14 @@ def load_torch(
     path: Path,
     what: str,
     options: DecodeOptions,
-    hint: str = TRUST_HINT,
+    hint: str | None = None,
     local: str | None = None,
     records: Mapping[int, int] | None = None,
 ) -> Any:
     """`torch.load` of one file: memory-mapped from `local` when given (a mapping the caller verifies), else
     from the storage's local path (with `options.use_mmap`), else from its bytes. A refusal by torch's safe
-    loader is a `RefusedPickleError` naming `what`, the file and `hint`; a container torch cannot read, or a
+    loader is a `RefusedPickleError` naming `what`, the file and `hint` (`trust_hint` of `options.operation` when
+    not given); a container torch cannot read, or a
     mapped tensor whose storage runs past its record (`records`: payload offset to size, walked from the
     file when not given), is a `CorruptCheckpointError` naming the file and the fix for `options.operation`."""
     if local is None and options.use_mmap:
@@ -217,7 +234,8 @@ def load_torch(
         with open(local, "rb") as file:  # before torch reads it: a crafted directory is refused first
             records = records_naming(path, file, options.operation)
     try:
-        value, mapped = _load_refusing_pickles(storage, path, what, options, hint, local)
+        fix = hint if hint is not None else trust_hint(options.operation)
+        value, mapped = _load_refusing_pickles(storage, path, what, options, fix, local)
     except CheckpointError:
         raise
     except OUT_OF_MEMORY:
