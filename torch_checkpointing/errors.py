@@ -243,7 +243,7 @@ def raise_if_out_of_memory(exc: BaseException, path: object, what: str) -> None:
         said = f" ({type(exc).__name__}: {_torch_message(exc)})" if str(exc) else ""
         raise MemoryError(
             f"Out of memory reading {path} for {what}{said}; {_NOT_DAMAGED} (do not delete it). Free memory, or "
-            f"load it on a machine with more, and load again."
+            f"run it on a machine with more, and try again."
         ) from exc
 
 
@@ -278,7 +278,7 @@ def raise_if_short_of_resources(exc: BaseException, path: object, what: str) -> 
             code or errno.EMFILE,
             f"Out of file descriptors reading {path} for {what} ({type(exc).__name__}: {_torch_message(exc)}); "
             f"{_NOT_DAMAGED} (do not delete it). Close files this process holds, or raise its limit (`ulimit -n`, "
-            f"RLIMIT_NOFILE), and load again.",
+            f"RLIMIT_NOFILE), and try again.",
         ) from exc
 
 
