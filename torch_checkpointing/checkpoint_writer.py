@@ -324,6 +324,9 @@ def write_checkpoint(storage: Storage, request: WriteRequest, announce: Announce
     except BaseException as exc:
         committed = _clean_up(commit, plan, progress, exc)
         explained = None if committed else _explained(exc, plan.checkpoint_dir)
+        reported = exc if explained is None else explained
+        if commit.outcome_unknown and isinstance(reported, Exception):  # its report: "it may have been committed"
+            setattr(reported, "outcome_unknown", True)  # noqa: B010 - not an attribute of every exception class
         if explained is not None:
             raise explained from exc
         raise

@@ -1034,6 +1034,9 @@ class Commit:
         # Whether other processes (the other ranks) also write under the root: files this one did not record
         # may then be theirs. False (one rank): a file it did not record is another program's, left alone.
         self.others_write = True
+        # Whether a read that would tell if this save committed failed (told once, at WARNING): the save's
+        # report then says it may have been committed, not "nothing was committed there".
+        self.outcome_unknown = False
 
     def is_committed(self) -> bool:
         """Whether the id now holds this save: its manifest is the one `publish` wrote and no marker is left
@@ -1047,7 +1050,8 @@ class Commit:
                 return True
             # Another save's claim that appeared beside it since (see `stray_claim`) does not undo the commit.
             return stray_claim(self.storage.read(marker), Manifest.from_json(self._manifest_bytes))
-        except Exception:  # cannot tell: not committed, so the save reports a failure
+        except Exception as exc:  # cannot tell: not committed, so the save reports a failure, and says why
+            self._tell_unknown(marker, exc)
             return False
 
     def own(self, path: Path, identity: tuple[int, int], size: int | None = None) -> None:
@@ -1610,10 +1614,33 @@ class Commit:
         )
 
     def _visible(self, manifest_bytes: bytes) -> bool:
+        """Whether the manifest at the id is this save's. No manifest there: no. One the store would not read:
+        no as well (the save reports a failure), told at WARNING, since the id may hold this save after all."""
+        path = Path(self.target.final) / MANIFEST_FILE_NAME
         try:
-            return self.storage.read(Path(self.target.final) / MANIFEST_FILE_NAME) == manifest_bytes
-        except Exception:
+            return self.storage.read(path) == manifest_bytes
+        except (FileNotFoundError, NotADirectoryError):
             return False
+        except Exception as exc:
+            self._tell_unknown(path, exc)
+            return False
+
+    def _tell_unknown(self, path: Path, exc: Exception) -> None:
+        """The WARNING of a read that left a failed save's commit unknown: before, the read's error was dropped
+        and the save reported NOT committed, while the id may hold it whole. Told once per save."""
+        if self.outcome_unknown:
+            return
+        self.outcome_unknown = True
+        log_safely(
+            logger,
+            logging.WARNING,
+            "Could not tell whether checkpoint %s was committed: reading %s failed (%s: %s). The save fails, but "
+            "the id may hold it, whole; load it to check, or save again.",
+            self._url,
+            self._named(path),
+            type(exc).__name__,
+            exc,
+        )
 
     def _after_commit(self, action: Callable[[], None], what: str) -> None:
         """Run a step after the commit: its failure is a WARNING; a signal handler's exception is raised too."""
