@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch_checkpointing.discovery import checkpoint_info, hidden_name_alive, problem_with, still_there
-from torch_checkpointing.errors import UNREADABLE_BY_THIS_USER, CheckpointError, raise_if_short_of_resources
+from torch_checkpointing.errors import (
+    UNREADABLE_BY_THIS_USER,
+    CheckpointError,
+    ObjectStoreError,
+    raise_if_short_of_resources,
+)
 from torch_checkpointing.names import ASIDE_RE, DEFAULT_UNOWNED_AGE_S, aside_of, made_here, may_be_cut
 from torch_checkpointing.storage.base_storage import Storage, writing_nothing
 
@@ -158,6 +163,8 @@ def _age_s(storage: Storage, copy: Path) -> float:
     copy back."""
     try:
         named = storage.changed_at(copy)  # first: a copy that is not there probes no folder
+    except ObjectStoreError:  # the store failed the read: not "young", which kept the copy and said nothing
+        raise
     except (OSError, CheckpointError):
         return 0.0
     return 0.0 if named is None else storage.store_now(copy.parent) - named

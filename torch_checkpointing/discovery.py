@@ -962,6 +962,8 @@ def _started_after(pid: int, path: Path, storage: Storage | None = None) -> bool
             started_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
         with open("/proc/uptime", "rb") as f:
             up_s = float(f.read().split()[0])
+    except ObjectStoreError:  # the store failed the name's age: no proof either way (`_our_marker`)
+        raise
     except (OSError, ValueError, IndexError, CheckpointError):
         return False
     running_s = up_s - started_ticks / os.sysconf("SC_CLK_TCK")
