@@ -19,7 +19,7 @@ from tests.s3_server import S3Server
 from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing.errors import ObjectStoreError
 from torch_checkpointing.names import aside_name, host_tag
-from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.retention import collect_garbage, delete_checkpoint
 from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
 pytest.importorskip("s3fs")
@@ -109,3 +109,26 @@ def test_a_failed_read_of_a_copy_asides_age_is_told_by_gc(
             told = _warnings(caplog, "AccessDenied")
     assert len(told) == 1, [r.getMessage() for r in caplog.records]
     assert "run/.old_step_1_" in told[0], told
+
+
+def test_a_failed_read_of_a_checkpoints_manifest_fails_its_delete_as_the_stores_error(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A delete first tells the checkpoint's own files from others' (`files_not_listed`), by its manifest. A
+    store that refused that read (403) had its error dropped: every file, the manifest too, was called "not part
+    of it", and the delete refused for files the user should move out. Now the delete is refused for what it is:
+    its files could not be listed, the store's error named."""
+    config = s3_server.config()
+    with sync_manager(config) as manager:
+        manager.save("run/step_1", state(1.0))
+    bucket = config.url.removeprefix("s3://")
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    rule = Rule(rf"^GET /{bucket}/run/step_1/manifest\.json", status=403, code="AccessDenied")
+    with FaultProxy(s3_server.port, [rule]) as proxy:
+        failing = through_proxy(config, proxy)
+        assert not delete_checkpoint(f"{failing.url}/run/step_1", failing.create_storage())
+    told = _warnings(caplog, "run/step_1")
+    assert len(told) == 1 and "AccessDenied" in told[0], told
+    assert "not part of it" not in told[0], told
+    with sync_manager(config) as manager:  # left whole
+        assert float(manager.load("run/step_1")["model"]["w"][0]) == 1.0

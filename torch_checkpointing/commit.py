@@ -524,6 +524,8 @@ def files_not_listed(storage: Storage, path: Path) -> list[str]:
     entries = _walk(storage, path)
     try:
         manifest = _read_manifest(storage, path / MANIFEST_FILE_NAME)
+    except ObjectStoreError:  # the store failed the read: its files were all called foreign, the error dropped
+        raise
     except (OSError, CheckpointError, ValueError, KeyError, UnicodeDecodeError):
         return [e for e in entries if not e.endswith("/")] + _empty_folders(entries, set())
     return _unlisted(storage, path, entries, manifest)
