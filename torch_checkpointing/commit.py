@@ -360,7 +360,7 @@ _OURS_AT_TOP = (MANIFEST_FILE_NAME, INCOMPLETE_MARKER)  # at the top of each unt
 
 def _check_ancestors(storage: Storage, final: str, local: str) -> None:
     """Refuse an id the save cannot create (under a file or a dangling link) or one inside a checkpoint of ours or
-    one of our working directories (`names.inside_working_directory`).
+    one of our working directories (`inside_working_directory`).
 
     Saved inside another checkpoint, the new one would be files that checkpoint does not list: it could no
     longer be replaced, and deleting it (retention, gc) would take the inner one along.
