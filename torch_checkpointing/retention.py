@@ -971,6 +971,8 @@ def _dead_claim(storage: Storage, path: Path) -> str | None:
     except OSError as exc:
         raise_if_short_of_resources(exc, path / INCOMPLETE_MARKER, "the check whether its claim is dead")
         return None
+    except ObjectStoreError:  # no answer about the claim: told where the caller reports it
+        raise
     except CheckpointError:  # a file larger than any marker is not ours, either
         return None
     return _dead_reason(marker)
