@@ -16,10 +16,11 @@ import pytest
 
 from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import S3Server
-from tests.test_s3_attacks import through_proxy
+from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing.commit import Claim
 from torch_checkpointing.errors import ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
+from torch_checkpointing.names import aside_name, host_tag, may_be_cut
 from torch_checkpointing.retention import collect_garbage
 
 pytest.importorskip("s3fs")
@@ -60,3 +61,43 @@ def test_a_failed_read_of_a_dead_saves_claim_is_told_by_gc(
             told = _warnings(caplog, "AccessDenied")
     assert len(told) == 1, [r.getMessage() for r in caplog.records]
     assert "run/step_1/.incomplete" in told[0] and "AccessDenied" in told[0], told
+
+
+def _a_dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(60)
+    return proc.pid
+
+
+def test_a_failed_read_of_the_step_of_a_copy_aside_is_told_by_gc(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A copy aside whose name was cut tells gc its id by the step its manifest records (`_recorded_step`): two
+    long ids that differ past the cut make the same cut names. A store that refused that read (403) had its error
+    dropped: any id of the name's start was taken for the copy's, and the copy removed as replaced, nothing said.
+    Now gc stops with the store's error, the copy left."""
+    config = s3_server.config()
+    long_id = "r" * 240 + "_step_1"
+    with sync_manager(config) as manager:
+        manager.save(f"run/{long_id}", state(1.0))
+    bucket = config.url.removeprefix("s3://")
+    fs = config.create_storage().fs
+    aside = aside_name(long_id, _a_dead_pid(), "0123abcd", host_tag())
+    assert may_be_cut(aside)
+    fs.copy(f"{bucket}/run/{long_id}", f"{bucket}/run/{aside}", recursive=True)  # a replace's copy left aside
+    fs.invalidate_cache()
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    # The listing's read of the copy's manifest goes through; the next one (its step) fails, that one alone.
+    rule = Rule(rf"^GET /{bucket}/run/\.old_[^?]*/manifest\.json", 403, "AccessDenied", after=1, times=1)
+    with FaultProxy(s3_server.port, [rule]) as proxy:
+        failing = through_proxy(config, proxy)
+        try:
+            collect_garbage(f"{failing.url}/run", failing.create_storage(), unowned_after_s=0)
+        except ObjectStoreError as exc:
+            told = [str(exc)]
+        else:
+            told = _warnings(caplog, "AccessDenied")
+    assert len(told) == 1, [r.getMessage() for r in caplog.records]
+    assert f"run/{aside}/manifest.json" in told[0] and "AccessDenied" in told[0], told
+    fs.invalidate_cache()
+    assert fs.exists(f"{bucket}/run/{aside}/manifest.json")

@@ -1229,6 +1229,8 @@ def _recorded_step(storage: Storage, path: Path) -> int | None:
     except OSError as exc:  # short of descriptors, any id of the name's start was the copy's, the wrong one too
         raise_if_short_of_resources(exc, path / MANIFEST_FILE_NAME, "the step of a copy moved aside")
         return None
+    except ObjectStoreError:  # no answer about the step: with none, any id of the name's start would do
+        raise
     except CheckpointError:
         return None
     return manifest.step if manifest is not None else None
