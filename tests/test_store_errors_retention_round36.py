@@ -16,8 +16,10 @@ import pytest
 
 from tests.s3_faults import FaultProxy, Rule
 from tests.s3_server import S3Server
+from tests.test_gc_older_claims_round34 import _earlier_builds_gc_claim
 from tests.test_s3_attacks import state, sync_manager, through_proxy
 from torch_checkpointing.commit import Claim
+from torch_checkpointing.discovery import list_checkpoints
 from torch_checkpointing.errors import ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.names import aside_name, host_tag, may_be_cut
@@ -101,3 +103,34 @@ def test_a_failed_read_of_the_step_of_a_copy_aside_is_told_by_gc(
     assert f"run/{aside}/manifest.json" in told[0] and "AccessDenied" in told[0], told
     fs.invalidate_cache()
     assert fs.exists(f"{bucket}/run/{aside}/manifest.json")
+
+
+def test_a_failed_read_of_a_dead_saves_manifest_is_told_by_gc(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gc collects a dead save held by a killed gc's claim by the files its manifest lists
+    (`_dead_saves_manifest`). A store that refused that read (403) had its error dropped: the save's own files
+    were left, named as "not written by this save (put there by a user ...)", the claim let go of, and what was
+    left (manifest and data, no marker) became a committed checkpoint. Now the collection fails with the
+    store's error, the claim kept (the next gc collects it), nothing committed."""
+    config = s3_server.config()
+    storage = config.create_storage()
+    with sync_manager(config) as manager:
+        manager.save("run/z", {"x": 1})
+    storage.write(Path("run/z") / INCOMPLETE_MARKER, _earlier_builds_gc_claim())  # that build's gc, killed
+    bucket = config.url.removeprefix("s3://")
+    caplog.set_level(logging.WARNING, logger="torch_checkpointing")
+    # The listing's read of the manifest goes through; gc's read of the dead save's manifest fails, it alone.
+    rule = Rule(rf"^GET /{bucket}/run/z/manifest\.json", 403, "AccessDenied", after=1, times=1)
+    with FaultProxy(s3_server.port, [rule]) as proxy:
+        failing = through_proxy(config, proxy)
+        try:
+            collect_garbage(f"{failing.url}/run", failing.create_storage(), unowned_after_s=0)
+        except ObjectStoreError as exc:
+            told = [str(exc)]
+        else:
+            told = _warnings(caplog, "AccessDenied")
+    assert len(told) == 1, [r.getMessage() for r in caplog.records]
+    assert "run/z/manifest.json" in told[0] and "AccessDenied" in told[0], told
+    assert not _warnings(caplog, "not written by this save"), [r.getMessage() for r in caplog.records]
+    assert not list_checkpoints(f"{config.url}/run", storage)

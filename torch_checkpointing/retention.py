@@ -1600,6 +1600,8 @@ def _dead_saves_manifest(storage: Storage, path: Path, held: Claim) -> Manifest 
         manifest = Manifest.from_json(read_bounded(storage, path / MANIFEST_FILE_NAME))
     except FileNotFoundError:
         return None
+    except ObjectStoreError:  # no answer about whose manifest it is: left unread, its save's files were "not ours"
+        raise
     except (CheckpointError, ValueError, KeyError, UnicodeDecodeError):
         return None  # not a manifest of ours: named as left in place
     if not held.owns(manifest):  # a killed gc's claim `held` owns the manifest of the save it collected
