@@ -24,12 +24,27 @@ from torch_checkpointing.errors import ObjectStoreError
 from torch_checkpointing.manifest import INCOMPLETE_MARKER
 from torch_checkpointing.names import aside_name, host_tag, may_be_cut
 from torch_checkpointing.retention import collect_garbage
+from torch_checkpointing.storage.fsspec_storage import FsspecStorageConfig
 
 pytest.importorskip("s3fs")
 
 
 def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and text in r.getMessage()]
+
+
+def _told_by_gc(
+    s3_server: S3Server, config: FsspecStorageConfig, rule: Rule, caplog: pytest.LogCaptureFixture
+) -> list[str]:
+    """What a gc of `run`, its requests failed by `rule`, told of the store's failure: its raise, or its
+    WARNINGs naming the error."""
+    with FaultProxy(s3_server.port, [rule]) as proxy:
+        failing = through_proxy(config, proxy)
+        try:
+            collect_garbage(f"{failing.url}/run", failing.create_storage(), unowned_after_s=0)
+        except ObjectStoreError as exc:
+            return [str(exc)]
+    return _warnings(caplog, "AccessDenied")
 
 
 def _dead_claim() -> bytes:
@@ -53,14 +68,7 @@ def test_a_failed_read_of_a_dead_saves_claim_is_told_by_gc(
     caplog.set_level(logging.WARNING, logger="torch_checkpointing")
     # The first read (the listing's, which tells the marker ours) goes through; gc's read of the claim fails.
     rule = Rule(rf"^GET /{bucket}/run/step_1/\.incomplete", 403, "AccessDenied", after=1)
-    with FaultProxy(s3_server.port, [rule]) as proxy:
-        failing = through_proxy(config, proxy)
-        try:
-            collect_garbage(f"{failing.url}/run", failing.create_storage(), unowned_after_s=0)
-        except ObjectStoreError as exc:
-            told = [str(exc)]
-        else:
-            told = _warnings(caplog, "AccessDenied")
+    told = _told_by_gc(s3_server, config, rule, caplog)
     assert len(told) == 1, [r.getMessage() for r in caplog.records]
     assert "run/step_1/.incomplete" in told[0] and "AccessDenied" in told[0], told
 
@@ -91,14 +99,7 @@ def test_a_failed_read_of_the_step_of_a_copy_aside_is_told_by_gc(
     caplog.set_level(logging.WARNING, logger="torch_checkpointing")
     # The listing's read of the copy's manifest goes through; the next one (its step) fails, that one alone.
     rule = Rule(rf"^GET /{bucket}/run/\.old_[^?]*/manifest\.json", 403, "AccessDenied", after=1, times=1)
-    with FaultProxy(s3_server.port, [rule]) as proxy:
-        failing = through_proxy(config, proxy)
-        try:
-            collect_garbage(f"{failing.url}/run", failing.create_storage(), unowned_after_s=0)
-        except ObjectStoreError as exc:
-            told = [str(exc)]
-        else:
-            told = _warnings(caplog, "AccessDenied")
+    told = _told_by_gc(s3_server, config, rule, caplog)
     assert len(told) == 1, [r.getMessage() for r in caplog.records]
     assert f"run/{aside}/manifest.json" in told[0] and "AccessDenied" in told[0], told
     fs.invalidate_cache()
@@ -122,14 +123,7 @@ def test_a_failed_read_of_a_dead_saves_manifest_is_told_by_gc(
     caplog.set_level(logging.WARNING, logger="torch_checkpointing")
     # The listing's read of the manifest goes through; gc's read of the dead save's manifest fails, it alone.
     rule = Rule(rf"^GET /{bucket}/run/z/manifest\.json", 403, "AccessDenied", after=1, times=1)
-    with FaultProxy(s3_server.port, [rule]) as proxy:
-        failing = through_proxy(config, proxy)
-        try:
-            collect_garbage(f"{failing.url}/run", failing.create_storage(), unowned_after_s=0)
-        except ObjectStoreError as exc:
-            told = [str(exc)]
-        else:
-            told = _warnings(caplog, "AccessDenied")
+    told = _told_by_gc(s3_server, config, rule, caplog)
     assert len(told) == 1, [r.getMessage() for r in caplog.records]
     assert "run/z/manifest.json" in told[0] and "AccessDenied" in told[0], told
     assert not _warnings(caplog, "not written by this save"), [r.getMessage() for r in caplog.records]
