@@ -213,11 +213,11 @@ def test_an_export_of_a_checkpoint_deleted_while_it_starts_says_it_is_gone_not_t
     real_read = discovery.read_manifest
     ran: list[bool] = []
 
-    def pruned_then_read(storage: Any, path: Path) -> Any:
+    def pruned_then_read(storage: Any, path: Path, *rest: Any) -> Any:
         if not ran and Path(path) == ckpt:
             ran.append(False)  # the deletion reads the manifest too
             ran[0] = delete_checkpoint(ckpt)
-        return real_read(storage, path)
+        return real_read(storage, path, *rest)
 
     monkeypatch.setattr(discovery, "read_manifest", pruned_then_read)
     code, doc, err = _cli("export", str(ckpt), "--item", "model", "--to", "hf", str(tmp_path / "hf"))
