@@ -45,7 +45,8 @@ def _killed_save(run: Path) -> Path:
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             found = [p for p in run.iterdir() if TMP_RE.match(p.name)] if run.is_dir() else []
-            if found:
+            # killed once its claim is in: a bare folder of that name holds nothing gc (or the refusal) calls ours
+            if found and (found[0] / ".incomplete").exists():
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=60)
                 return found[0]
